@@ -1,0 +1,234 @@
+"""kvtier's configuration: one typed, validated value, parsed once at the edge.
+
+Sources, later ones winning key by key:
+
+1. the defaults below;
+2. the TOML, YAML or JSON file named by ``KVTIER_CONFIG``;
+3. ``KVTIER_<KEY>`` environment variables (``KVTIER_HOST_CAPACITY=8GiB``);
+4. the mapping given in code: vLLM's ``kv_connector_extra_config`` or ``KVStore(config=...)``.
+
+An unknown key or a bad value raises :class:`~kvtier.errors.ConfigError` naming the key,
+its source and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.units import parse_size
+
+CONFIG_FILE_VAR = "KVTIER_CONFIG"
+ENV_PREFIX = "KVTIER_"
+_RESERVED_ENV = {CONFIG_FILE_VAR, "KVTIER_LOG_LEVEL"}
+
+
+class Compression(StrEnum):
+    NONE = "none"
+    ZSTD = "zstd"
+
+
+class WritePolicy(StrEnum):
+    WRITE_THROUGH = "write_through"
+    WRITE_BACK = "write_back"
+
+
+class LoadPolicy(StrEnum):
+    ALWAYS = "always"
+    AUTO = "auto"
+
+
+class EvictionPolicyName(StrEnum):
+    LRU = "lru"
+    FIFO = "fifo"
+
+
+class ODirect(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class KVTierConfig:
+    """Every kvtier setting, validated. Build it with :func:`load_config`."""
+
+    chunk_tokens: int = 256
+    gpu_capacity: int = 0
+    host_capacity: int = 4 * 1024**3
+    disk_capacity: int = 64 * 1024**3
+    disk_paths: tuple[str, ...] = ()
+    compression: Compression = Compression.NONE
+    write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
+    load_policy: LoadPolicy = LoadPolicy.AUTO
+    eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
+    io_threads: int = 8
+    o_direct: ODirect = ODirect.AUTO
+    metrics_port: int | None = None
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def check_block_tokens(self, block_tokens: int) -> None:
+        """Raise ``ConfigError`` unless ``chunk_tokens`` is a multiple of the engine block."""
+        if self.chunk_tokens % block_tokens:
+            raise ConfigError(
+                f"kvtier config: chunk_tokens={self.chunk_tokens} "
+                f"({self.sources.get('chunk_tokens', 'default')}) must be a multiple of the "
+                f"engine's block size {block_tokens}; use e.g. {block_tokens * 2}"
+            )
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (strings, ints, lists) keyed by config key, for printing or JSON."""
+        out: dict[str, Any] = {}
+        for name in KEYS:
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+            if isinstance(value, StrEnum):
+                out[name] = str(value)
+        return out
+
+
+def _int_in(low: int, high: int) -> Callable[[object], int]:
+    def parse(value: object) -> int:
+        if isinstance(value, bool):
+            raise ValueError
+        number = int(value)  # type: ignore[call-overload]
+        if isinstance(value, float) and number != value:
+            raise ValueError
+        if not low <= number <= high:
+            raise ValueError
+        return number
+
+    return parse
+
+
+def _enum(kind: type[StrEnum]) -> Callable[[object], StrEnum]:
+    def parse(value: object) -> StrEnum:
+        if kind is ODirect and isinstance(value, bool | str):
+            value = {"true": "on", "false": "off", "1": "on", "0": "off"}.get(
+                str(value).lower(), value
+            )
+        return kind(str(value).lower())
+
+    return parse
+
+
+def _paths(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        text = value.strip()
+        value = json.loads(text) if text.startswith("[") else text.split(",")
+    if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
+        raise ValueError
+    paths = tuple(p.strip() for p in value if p.strip())
+    if len(set(paths)) != len(paths):
+        raise ValueError
+    return paths
+
+
+def _optional_port(value: object) -> int | None:
+    if value is None or str(value).strip().lower() in ("", "0", "none", "off"):
+        return None
+    return _int_in(1, 65535)(value)
+
+
+def _size(value: object) -> int:
+    return parse_size(value)  # type: ignore[arg-type]
+
+
+# key -> (parser, allowed values as shown in errors)
+_PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
+    "chunk_tokens": (_int_in(1, 1 << 20), "a positive integer, a multiple of the engine block size"),
+    "gpu_capacity": (_size, "a size such as 2GiB, or 0 for no device pool"),
+    "host_capacity": (_size, "a size such as 512MiB or 4GiB"),
+    "disk_capacity": (_size, "a size such as 100GiB"),
+    "disk_paths": (_paths, "a list of distinct directories, or one comma-separated string"),
+    "compression": (_enum(Compression), "none | zstd"),
+    "write_policy": (_enum(WritePolicy), "write_through | write_back"),
+    "load_policy": (_enum(LoadPolicy), "always | auto"),
+    "eviction_policy": (_enum(EvictionPolicyName), "lru | fifo"),
+    "io_threads": (_int_in(1, 256), "an integer from 1 to 256"),
+    "o_direct": (_enum(ODirect), "auto | true | false"),
+    "metrics_port": (_optional_port, "a TCP port 1-65535, or 0/none for no metrics endpoint"),
+}
+KEYS: tuple[str, ...] = tuple(_PARSERS)
+
+
+def _parse_key(key: str, value: object, source: str) -> object:
+    if key not in _PARSERS:
+        close = difflib.get_close_matches(key, KEYS, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"kvtier config: unknown key '{key}' ({source}){hint} "
+            f"Known keys: {', '.join(KEYS)}"
+        )
+    parse, allowed = _PARSERS[key]
+    try:
+        return parse(value)
+    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"kvtier config: bad value {value!r} for '{key}' ({source}); allowed: {allowed}"
+        ) from exc
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Return the mapping in a .toml, .yaml/.yml or .json config file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"kvtier config: cannot read {CONFIG_FILE_VAR} file {path}: {exc}") from exc
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ConfigError(
+            f"kvtier config: {path} has suffix '{path.suffix}'; use .toml, .yaml, .yml or .json"
+        )
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # each parser has its own error type; all mean "bad file"
+        raise ConfigError(f"kvtier config: cannot parse {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"kvtier config: {path} must hold a table of keys, not {type(data).__name__}")
+    return data.get("kvtier", data) if isinstance(data.get("kvtier"), dict) else data
+
+
+def load_config(
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> KVTierConfig:
+    """Build the config from defaults, ``KVTIER_CONFIG``, ``KVTIER_<KEY>`` and ``overrides``."""
+    environ = os.environ if environ is None else environ
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if environ.get(CONFIG_FILE_VAR):
+        file_path = environ[CONFIG_FILE_VAR]
+        layers.append((f"file {file_path}", read_config_file(file_path)))
+    env_values = {
+        name[len(ENV_PREFIX):].lower(): value
+        for name, value in environ.items()
+        if name.startswith(ENV_PREFIX) and name not in _RESERVED_ENV
+    }
+    layers.append(("environment " + ENV_PREFIX + "{KEY}", env_values))
+    layers.append(("given config", overrides or {}))
+
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for label, mapping in layers:
+        for key, raw in mapping.items():
+            source = label.replace("{KEY}", str(key).upper())
+            values[key] = _parse_key(str(key), raw, source)
+            sources[key] = source
+    return dataclasses.replace(KVTierConfig(), **values, sources=sources)

@@ -1,0 +1,1 @@
+"""Byte movement below the bookkeeping: aligned and pinned buffers, disk I/O."""

@@ -1,0 +1,61 @@
+"""The shape of a model's KV cache, as the standalone store sees it.
+
+A sequence's KV is one tensor ``(num_layers, 2, num_tokens, kv_heads * head_size)``: for each
+layer, K then V, token by token. A chunk is the same with ``num_tokens = chunk_tokens``; the
+store keeps chunks contiguous in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvtier.keys import Namespace
+
+LAYOUT_NAME = "layers,kv,tokens,hidden"
+LAYOUT_VERSION = 1
+
+DTYPE_BYTES = {
+    "float32": 4, "bfloat16": 2, "float16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "uint8": 1, "int8": 1,
+}
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """KV shape of one model shard: layers, KV heads, head size and element type."""
+
+    num_layers: int
+    kv_heads: int
+    head_size: int
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if min(self.num_layers, self.kv_heads, self.head_size) <= 0:
+            raise ValueError(f"{self}: layers, kv_heads and head_size must be positive")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype {self.dtype!r} not supported; use one of {sorted(DTYPE_BYTES)}")
+
+    @property
+    def hidden(self) -> int:
+        return self.kv_heads * self.head_size
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of KV per token, all layers, K and V."""
+        return self.num_layers * 2 * self.hidden * DTYPE_BYTES[self.dtype]
+
+    def shape(self, num_tokens: int) -> tuple[int, int, int, int]:
+        return (self.num_layers, 2, num_tokens, self.hidden)
+
+    def namespace(self, model: str, chunk_tokens: int, *, block_tokens: int | None = None,
+                  model_revision: str = "") -> Namespace:
+        """The namespace of this layout's chunks for ``model``."""
+        return Namespace(
+            model=model,
+            model_revision=model_revision,
+            kv_dtype=self.dtype,
+            layout=f"{LAYOUT_NAME}:{self.num_layers}x2x{self.hidden}",
+            layout_version=LAYOUT_VERSION,
+            block_tokens=block_tokens or chunk_tokens,
+            chunk_tokens=chunk_tokens,
+        )

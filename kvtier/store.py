@@ -1,0 +1,152 @@
+"""The tier stack: bookkeeping across tiers, hottest first. Never touches bytes.
+
+It answers "how long a prefix is cached, and where", plans where a new chunk goes and which
+victims move down to make room, and tracks pins. A caller (the standalone store, or the vLLM
+connector's scheduler side) moves the bytes as planned and reports each outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtier.keys import ChunkKey
+from kvtier.tiers.base import TierName
+from kvtier.tiers.index import SlotIndex
+
+
+@dataclass(frozen=True)
+class Location:
+    """A slot in a tier."""
+
+    tier: TierName
+    slot: int
+
+
+@dataclass(frozen=True)
+class Move:
+    """Copy chunk ``key`` from ``src`` into the reserved ``dst``; then ``finish(key, dst, ok)``."""
+
+    key: ChunkKey
+    src: Location
+    dst: Location
+
+
+@dataclass(frozen=True)
+class StorePlan:
+    """Where to write chunk ``key`` (``dst``, reserved) and what must move first.
+
+    Run ``demotions`` in order (each moves a victim out of a slot about to be reused, down a
+    tier), finishing each, then write the chunk into ``dst`` and ``finish(key, dst, ok)``.
+    """
+
+    key: ChunkKey
+    dst: Location
+    demotions: tuple[Move, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """The longest cached prefix: one location per chunk, the hottest tier holding it."""
+
+    locations: tuple[Location, ...]
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.locations)
+
+    def chunks_in(self, tier: TierName) -> int:
+        return sum(loc.tier is tier for loc in self.locations)
+
+
+class TierStack:
+    """Tiers' indexes, hottest first, and the rules that move chunks between them.
+
+    Contract:
+
+    - ``match_prefix(keys)`` is the longest run ``keys[:n]`` whose every key is visible in
+      some tier, each with its hottest location. It pins nothing.
+    - ``pin_prefix(keys)`` is the same, with every returned location pinned; ``unpin`` each.
+    - ``plan_store(key, tier)`` reserves a slot for ``key`` in ``tier``, or returns ``None``
+      when the key is already there (visible or being written) or no slot can be freed. A
+      victim evicted to make room is planned to move one tier down unless that tier already
+      holds it or has no room (then it is dropped and counted in ``drops``).
+    - ``finish(key, dst, ok)`` ends each reservation: visible on success, freed on failure.
+    - Not thread-safe: the owner holds one lock around calls; bytes move outside the lock,
+      which is safe because reserved slots are invisible and pinned ones are never evicted.
+    """
+
+    def __init__(self, levels: Sequence[tuple[TierName, SlotIndex]]) -> None:
+        self.order: tuple[TierName, ...] = tuple(name for name, _ in levels)
+        self.indexes: dict[TierName, SlotIndex] = dict(levels)
+        if len(self.indexes) != len(levels):
+            raise ValueError(f"tier listed twice in {self.order}")
+        self.drops = 0
+        self.demotions = 0
+
+    def locate(self, key: ChunkKey) -> Location | None:
+        """The hottest visible location of ``key``."""
+        for name in self.order:
+            slot = self.indexes[name].slot_of(key)
+            if slot is not None:
+                return Location(name, slot)
+        return None
+
+    def match_prefix(self, keys: Sequence[ChunkKey]) -> PrefixMatch:
+        locations = []
+        for key in keys:
+            location = self.locate(key)
+            if location is None:
+                break
+            locations.append(location)
+        return PrefixMatch(tuple(locations))
+
+    def pin_prefix(self, keys: Sequence[ChunkKey]) -> PrefixMatch:
+        match = self.match_prefix(keys)
+        for key, location in zip(keys, match.locations, strict=False):
+            self.indexes[location.tier].pin(key)
+        return match
+
+    def unpin(self, key: ChunkKey, location: Location) -> None:
+        self.indexes[location.tier].unpin(key)
+
+    def touch(self, key: ChunkKey) -> None:
+        for index in self.indexes.values():
+            index.touch(key)
+
+    def plan_store(self, key: ChunkKey, tier: TierName) -> StorePlan | None:
+        reservation = self.indexes[tier].reserve(key)
+        if reservation is None:
+            return None
+        dst = Location(tier, reservation.slot)
+        victim = reservation.victim
+        if victim is None:
+            return StorePlan(key, dst)
+        return StorePlan(key, dst, self._plan_demotion(victim, dst))
+
+    def _plan_demotion(self, victim: ChunkKey, src: Location) -> tuple[Move, ...]:
+        position = self.order.index(src.tier)
+        lower = self.order[position + 1] if position + 1 < len(self.order) else None
+        if lower is None:
+            self.drops += 1
+            return ()
+        if self.indexes[lower].has_entry(victim):
+            self.indexes[lower].touch(victim)
+            return ()
+        plan = self.plan_store(victim, lower)
+        if plan is None:
+            self.drops += 1
+            return ()
+        self.demotions += 1
+        return (*plan.demotions, Move(victim, src, plan.dst))
+
+    def finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
+        index = self.indexes[dst.tier]
+        if ok:
+            index.commit(key)
+        else:
+            index.abort(key)
+
+    def discard(self, key: ChunkKey) -> int:
+        """Drop ``key`` from every tier (for example after a failed checksum)."""
+        return sum(index.discard(key) for index in self.indexes.values())

@@ -1,0 +1,1 @@
+"""The tiers: bookkeeping (index, policy) and the memory that holds the bytes."""

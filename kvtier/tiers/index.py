@@ -1,0 +1,185 @@
+"""Bookkeeping for one tier: which chunk is in which slot. Never touches bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from kvtier.keys import ChunkKey
+from kvtier.tiers.policy import EvictionPolicy
+
+
+class EntryState(Enum):
+    WRITING = "writing"  # reserved; bytes being written; invisible
+    READY = "ready"  # visible to lookups
+    DOOMED = "doomed"  # discarded while pinned; freed at the last unpin
+
+
+@dataclass
+class _Entry:
+    slot: int
+    state: EntryState
+    pins: int = 0
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A slot held for ``key`` until ``commit`` or ``abort``.
+
+    ``victim`` is the key evicted to make room, if any: it is gone from the index, but its
+    bytes stay in ``slot`` until the holder overwrites them, so the holder may first copy the
+    victim down to a lower tier.
+    """
+
+    key: ChunkKey
+    slot: int
+    victim: ChunkKey | None = None
+
+
+class SlotIndex:
+    """Two-phase bookkeeping of ``num_slots`` fixed-size slots.
+
+    Contract (checked by ``tests/test_index.py`` for every policy):
+
+    - ``reserve(key)`` returns a :class:`Reservation` on a free slot, or on the slot of the
+      policy's victim; ``None`` when the key is already present in any state, or when every
+      slot is pinned or being written ("no room"). A reserved key is invisible.
+    - ``commit(key)`` makes a reserved key visible; ``abort(key)`` frees its slot.
+    - ``pin(key)`` returns the slot of a visible key and keeps it from eviction until the
+      matching ``unpin``; pins count. ``None`` when the key is not visible.
+    - ``discard(key)`` drops a visible key at once (corrupt or stale); a pinned one becomes
+      invisible now and its slot is freed at its last ``unpin``.
+    - ``adopt(key, slot)`` records a key found already in a slot (recovery after restart).
+    - Only visible, unpinned keys are ever evicted. Not thread-safe: the owner locks.
+    """
+
+    def __init__(self, num_slots: int, policy: EvictionPolicy) -> None:
+        if num_slots < 0:
+            raise ValueError(f"num_slots must not be negative, got {num_slots}")
+        self.num_slots = num_slots
+        self._policy = policy
+        self._entries: dict[ChunkKey, _Entry] = {}
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # may hold adopted slots
+        self._is_free = bytearray(b"\x01") * num_slots
+        self._num_free = num_slots
+        self._num_visible = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        """Number of visible keys."""
+        return self._num_visible
+
+    def __contains__(self, key: object) -> bool:
+        entry = self._entries.get(key)  # type: ignore[call-overload]
+        return entry is not None and entry.state is EntryState.READY
+
+    @property
+    def free_slots(self) -> int:
+        return self._num_free
+
+    def keys(self) -> list[ChunkKey]:
+        """Visible keys, in no particular order."""
+        return [k for k, e in self._entries.items() if e.state is EntryState.READY]
+
+    def slot_of(self, key: ChunkKey) -> int | None:
+        """Slot of a visible key, without touching or pinning it."""
+        entry = self._entries.get(key)
+        return entry.slot if entry is not None and entry.state is EntryState.READY else None
+
+    def has_entry(self, key: ChunkKey) -> bool:
+        """True when the key is visible or being written."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.state is not EntryState.DOOMED
+
+    def reserve(self, key: ChunkKey) -> Reservation | None:
+        if key in self._entries:
+            return None
+        victim: ChunkKey | None = None
+        if self._num_free:
+            slot = self._take_free()
+        else:
+            victim = self._policy.victim(self._unpinned)  # type: ignore[assignment]
+            if victim is None:
+                return None
+            self._policy.remove(victim)
+            slot = self._entries.pop(victim).slot
+            self._num_visible -= 1
+            self.evictions += 1
+        self._entries[key] = _Entry(slot, EntryState.WRITING)
+        return Reservation(key, slot, victim)
+
+    def commit(self, key: ChunkKey) -> None:
+        entry = self._entries[key]
+        assert entry.state is EntryState.WRITING, f"commit of a key in state {entry.state}"
+        entry.state = EntryState.READY
+        self._num_visible += 1
+        self._policy.insert(key)
+
+    def abort(self, key: ChunkKey) -> None:
+        entry = self._entries.pop(key)
+        assert entry.state is EntryState.WRITING, f"abort of a key in state {entry.state}"
+        self._release(entry.slot)
+
+    def adopt(self, key: ChunkKey, slot: int) -> bool:
+        """Record ``key`` as visible in ``slot``; False if the key or the slot is taken."""
+        if key in self._entries or not 0 <= slot < self.num_slots or not self._is_free[slot]:
+            return False
+        self._is_free[slot] = 0
+        self._num_free -= 1
+        self._entries[key] = _Entry(slot, EntryState.READY)
+        self._num_visible += 1
+        self._policy.insert(key)
+        return True
+
+    def pin(self, key: ChunkKey) -> int | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.state is not EntryState.READY:
+            return None
+        entry.pins += 1
+        self._policy.touch(key)
+        return entry.slot
+
+    def unpin(self, key: ChunkKey) -> None:
+        entry = self._entries[key]
+        assert entry.pins > 0, "unpin without a pin"
+        entry.pins -= 1
+        if entry.pins == 0 and entry.state is EntryState.DOOMED:
+            del self._entries[key]
+            self._release(entry.slot)
+
+    def touch(self, key: ChunkKey) -> None:
+        """Record an access to a visible key (it counts as recent for the policy)."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.state is EntryState.READY:
+            self._policy.touch(key)
+
+    def discard(self, key: ChunkKey) -> bool:
+        """Drop a visible key; True if it was visible."""
+        entry = self._entries.get(key)
+        if entry is None or entry.state is not EntryState.READY:
+            return False
+        self._num_visible -= 1
+        self._policy.remove(key)
+        if entry.pins:
+            entry.state = EntryState.DOOMED
+            return True
+        del self._entries[key]
+        self._release(entry.slot)
+        return True
+
+    def _unpinned(self, key: ChunkKey) -> bool:
+        return self._entries[key].pins == 0
+
+    def _take_free(self) -> int:
+        while True:  # skip slots adopted since they were listed
+            slot = self._free.pop()
+            if self._is_free[slot]:
+                self._is_free[slot] = 0
+                self._num_free -= 1
+                return slot
+
+    def _release(self, slot: int) -> None:
+        assert not self._is_free[slot], "slot freed twice"
+        self._is_free[slot] = 1
+        self._num_free += 1
+        self._free.append(slot)

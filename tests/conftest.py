@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+import torch
+
+from kvtier.layout import KVLayout
+
+# 2 layers x K,V x 2 heads x 16 dims in bf16: 256 B per token; 16-token chunks of 4 KiB.
+SMALL = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype="bfloat16")
+CHUNK = 16
+CHUNK_BYTES = SMALL.token_bytes * CHUNK
+
+
+def make_kv(tokens, layout=SMALL) -> torch.Tensor:
+    """KV whose bytes are a pure function of the token ids and their positions.
+
+    Any chunk read back from the wrong prefix or the wrong slot differs from this.
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    prefix = np.cumsum(tokens * 2654435761 % 65521) % 65521  # depends on the whole prefix
+    values = (prefix[None, None, :, None] * 31 + np.arange(layout.hidden)[None, None, None, :]
+              + np.arange(2)[None, :, None, None] * 7 + np.arange(layout.num_layers)[:, None, None, None] * 13)
+    as_int16 = torch.from_numpy((values % 32749).astype(np.int16))
+    return as_int16.view(getattr(torch, layout.dtype)).contiguous()
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
+                                              b.contiguous().view(torch.uint8))
+
+
+@pytest.fixture
+def layout() -> KVLayout:
+    return SMALL

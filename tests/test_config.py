@@ -1,0 +1,153 @@
+import json
+
+import pytest
+
+from kvtier.config import (
+    KEYS,
+    Compression,
+    KVTierConfig,
+    LoadPolicy,
+    ODirect,
+    WritePolicy,
+    load_config,
+)
+from kvtier.errors import ConfigError
+
+
+def test_defaults_without_any_source():
+    config = load_config(environ={})
+    assert config == KVTierConfig()
+    assert config.chunk_tokens == 256
+    assert config.host_capacity == 4 * 2**30
+    assert config.disk_paths == ()
+    assert config.compression is Compression.NONE
+    assert config.write_policy is WritePolicy.WRITE_THROUGH
+    assert config.load_policy is LoadPolicy.AUTO
+    assert config.o_direct is ODirect.AUTO
+    assert config.metrics_port is None
+    assert config.sources == {}
+
+
+def test_every_key_parses_from_strings_as_from_env():
+    env = {
+        "KVTIER_CHUNK_TOKENS": "512", "KVTIER_GPU_CAPACITY": "1GiB",
+        "KVTIER_HOST_CAPACITY": "512MiB", "KVTIER_DISK_CAPACITY": "100GB",
+        "KVTIER_DISK_PATHS": "/mnt/a, /mnt/b", "KVTIER_COMPRESSION": "ZSTD",
+        "KVTIER_WRITE_POLICY": "write_back", "KVTIER_LOAD_POLICY": "always",
+        "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
+        "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400",
+    }
+    config = load_config(environ=env)
+    assert set(config.sources) == set(KEYS)
+    assert config.as_dict() == {
+        "chunk_tokens": 512, "gpu_capacity": 2**30, "host_capacity": 512 * 2**20,
+        "disk_capacity": 100 * 10**9, "disk_paths": ["/mnt/a", "/mnt/b"],
+        "compression": "zstd", "write_policy": "write_back", "load_policy": "always",
+        "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
+    }
+    assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
+
+
+def test_typed_values_from_a_mapping():
+    config = load_config(
+        {"disk_paths": ["/x"], "o_direct": True, "io_threads": 4, "metrics_port": 0},
+        environ={},
+    )
+    assert config.disk_paths == ("/x",)
+    assert config.o_direct is ODirect.ON
+    assert config.metrics_port is None
+
+
+def test_disk_paths_accept_a_json_list_string():
+    assert load_config(environ={"KVTIER_DISK_PATHS": '["/a", "/b,c"]'}).disk_paths == ("/a", "/b,c")
+
+
+def test_precedence_file_then_env_then_given(tmp_path):
+    path = tmp_path / "kvtier.toml"
+    path.write_text('host_capacity = "1GiB"\nio_threads = 2\nchunk_tokens = 128\n')
+    env = {"KVTIER_CONFIG": str(path), "KVTIER_IO_THREADS": "3", "KVTIER_CHUNK_TOKENS": "64"}
+    config = load_config({"chunk_tokens": 32}, environ=env)
+    assert (config.host_capacity, config.io_threads, config.chunk_tokens) == (2**30, 3, 32)
+    assert config.sources["host_capacity"] == f"file {path}"
+    assert config.sources["chunk_tokens"] == "given config"
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("c.toml", '[kvtier]\nhost_capacity = "2GiB"\n'),
+    ("c.yaml", "host_capacity: 2GiB\n"),
+    ("c.yml", "kvtier:\n  host_capacity: 2GiB\n"),
+    ("c.json", json.dumps({"host_capacity": "2GiB"})),
+])
+def test_file_formats(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    assert load_config(environ={"KVTIER_CONFIG": str(path)}).host_capacity == 2 * 2**30
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("compression", "lz4", "none | zstd"),
+    ("write_policy", "sometimes", "write_through | write_back"),
+    ("load_policy", "never", "always | auto"),
+    ("eviction_policy", "random", "lru | fifo"),
+    ("o_direct", "maybe", "auto | true | false"),
+    ("io_threads", 0, "1 to 256"),
+    ("io_threads", 2.5, "1 to 256"),
+    ("io_threads", True, "1 to 256"),
+    ("chunk_tokens", -4, "positive integer"),
+    ("host_capacity", "lots", "512MiB"),
+    ("metrics_port", 70000, "1-65535"),
+    ("disk_paths", 7, "list of distinct directories"),
+    ("disk_paths", ["/a", "/a"], "list of distinct directories"),
+])
+def test_bad_values_name_the_key_and_allowed_values(key, value, allowed):
+    with pytest.raises(ConfigError) as info:
+        load_config({key: value}, environ={})
+    message = str(info.value)
+    assert f"'{key}'" in message and allowed in message and "given config" in message
+
+
+def test_unknown_key_suggests_the_close_one():
+    with pytest.raises(ConfigError, match="unknown key 'host_capacty'.*did you mean 'host_capacity'"):
+        load_config({"host_capacty": "1GiB"}, environ={})
+
+
+def test_unknown_environment_variable_is_an_error():
+    with pytest.raises(ConfigError, match=r"unknown key 'disk_pth' \(environment KVTIER_DISK_PTH\)"):
+        load_config(environ={"KVTIER_DISK_PTH": "/x"})
+
+
+def test_reserved_variables_are_not_keys():
+    assert load_config(environ={"KVTIER_LOG_LEVEL": "debug"}) == KVTierConfig()
+
+
+def test_bad_file_value_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('compression = "brotli"\n')
+    with pytest.raises(ConfigError, match=f"'compression' \\(file {path}\\)"):
+        load_config(environ={"KVTIER_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize(("name", "text", "match"), [
+    ("c.ini", "x=1", "suffix '.ini'"),
+    ("c.toml", "host_capacity = ", "cannot parse"),
+    ("c.yaml", "a: [1,", "cannot parse"),
+    ("c.json", "[1, 2]", "must hold a table"),
+])
+def test_bad_files_give_clear_errors(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_config(environ={"KVTIER_CONFIG": str(path)})
+
+
+def test_missing_file_is_named(tmp_path):
+    missing = tmp_path / "nope.toml"
+    with pytest.raises(ConfigError, match=f"cannot read KVTIER_CONFIG file {missing}"):
+        load_config(environ={"KVTIER_CONFIG": str(missing)})
+
+
+def test_chunk_tokens_must_be_a_multiple_of_the_engine_block():
+    config = load_config({"chunk_tokens": 96}, environ={})
+    config.check_block_tokens(32)
+    with pytest.raises(ConfigError, match="chunk_tokens=96 .*multiple of the engine's block size 64"):
+        config.check_block_tokens(64)

@@ -1,0 +1,164 @@
+"""The SlotIndex contract (two-phase stores, pins, eviction), for every policy."""
+
+import pytest
+
+from kvtier.config import EvictionPolicyName
+from kvtier.keys import ChunkKey
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import make_policy
+
+
+def k(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "little"))
+
+
+@pytest.fixture(params=list(EvictionPolicyName))
+def make_index(request):
+    return lambda slots: SlotIndex(slots, make_policy(request.param))
+
+
+def fill(index, keys):
+    for key in keys:
+        index.reserve(key)
+        index.commit(key)
+
+
+def test_reserved_keys_are_invisible_until_commit(make_index):
+    index = make_index(2)
+    reservation = index.reserve(k(1))
+    assert reservation.key == k(1) and reservation.victim is None
+    assert k(1) not in index and index.pin(k(1)) is None and len(index) == 0
+    assert index.has_entry(k(1))
+    index.commit(k(1))
+    assert k(1) in index and index.slot_of(k(1)) == reservation.slot and len(index) == 1
+
+
+def test_abort_frees_the_slot(make_index):
+    index = make_index(1)
+    index.reserve(k(1))
+    assert index.free_slots == 0
+    index.abort(k(1))
+    assert index.free_slots == 1 and not index.has_entry(k(1))
+    assert index.reserve(k(2)) is not None
+
+
+def test_reserving_a_present_key_returns_none(make_index):
+    index = make_index(4)
+    index.reserve(k(1))
+    assert index.reserve(k(1)) is None  # being written
+    index.commit(k(1))
+    assert index.reserve(k(1)) is None  # visible
+
+
+def test_slots_are_distinct(make_index):
+    index = make_index(8)
+    slots = {index.reserve(k(i)).slot for i in range(8)}
+    assert slots == set(range(8))
+
+
+def test_full_index_evicts_a_visible_unpinned_key(make_index):
+    index = make_index(2)
+    fill(index, [k(1), k(2)])
+    reservation = index.reserve(k(3))
+    assert reservation.victim == k(1)  # first in, never touched: LRU and FIFO agree
+    assert reservation.slot not in (index.slot_of(k(2)),)
+    assert k(1) not in index and index.evictions == 1
+
+
+def test_pinned_keys_are_never_evicted(make_index):
+    index = make_index(2)
+    fill(index, [k(1), k(2)])
+    index.pin(k(1))
+    assert index.reserve(k(3)).victim == k(2)
+    assert index.reserve(k(4)) is None  # k1 pinned, k3 being written: no room
+    index.unpin(k(1))
+    assert index.reserve(k(4)).victim == k(1)
+
+
+def test_pins_count(make_index):
+    index = make_index(1)
+    fill(index, [k(1)])
+    index.pin(k(1))
+    index.pin(k(1))
+    index.unpin(k(1))
+    assert index.reserve(k(2)) is None
+    index.unpin(k(1))
+    assert index.reserve(k(2)).victim == k(1)
+
+
+def test_keys_being_written_are_never_evicted(make_index):
+    index = make_index(1)
+    index.reserve(k(1))
+    assert index.reserve(k(2)) is None
+
+
+def test_discard_frees_an_unpinned_key(make_index):
+    index = make_index(1)
+    fill(index, [k(1)])
+    assert index.discard(k(1))
+    assert k(1) not in index and index.free_slots == 1
+    assert not index.discard(k(1))
+
+
+def test_discard_of_a_pinned_key_frees_it_at_last_unpin(make_index):
+    index = make_index(1)
+    fill(index, [k(1)])
+    index.pin(k(1))
+    assert index.discard(k(1))
+    assert k(1) not in index and index.pin(k(1)) is None and len(index) == 0
+    assert index.reserve(k(2)) is None  # slot still held by the reader
+    index.unpin(k(1))
+    assert index.free_slots == 1
+    assert index.reserve(k(2)).victim is None
+
+
+def test_adopt_records_recovered_keys(make_index):
+    index = make_index(3)
+    assert index.adopt(k(1), 2)
+    assert not index.adopt(k(2), 2)  # slot taken
+    assert not index.adopt(k(1), 0)  # key taken
+    assert not index.adopt(k(3), 3)  # out of range
+    assert index.slot_of(k(1)) == 2
+    slots = {index.reserve(k(i)).slot for i in (4, 5)}
+    assert slots == {0, 1}
+    assert index.reserve(k(6)).victim == k(1)
+
+
+def test_zero_slots_never_hold_anything(make_index):
+    index = make_index(0)
+    assert index.reserve(k(1)) is None
+
+
+def test_misuse_is_caught():
+    index = SlotIndex(2, make_policy("lru"))
+    index.reserve(k(1))
+    index.commit(k(1))
+    with pytest.raises(AssertionError):
+        index.commit(k(1))
+    with pytest.raises(AssertionError):
+        index.unpin(k(1))
+    with pytest.raises(ValueError):
+        SlotIndex(-1, make_policy("lru"))
+
+
+def test_lru_keeps_recently_touched_keys():
+    index = SlotIndex(2, make_policy("lru"))
+    fill(index, [k(1), k(2)])
+    index.touch(k(1))
+    assert index.reserve(k(3)).victim == k(2)
+
+
+def test_a_pin_counts_as_an_access_for_lru():
+    index = SlotIndex(2, make_policy("lru"))
+    fill(index, [k(1), k(2)])
+    index.pin(k(1))
+    index.unpin(k(1))
+    assert index.reserve(k(3)).victim == k(2)
+
+
+def test_a_pin_keeps_fifo_order():
+    index = SlotIndex(2, make_policy("fifo"))
+    fill(index, [k(1), k(2)])
+    index.pin(k(1))
+    index.unpin(k(1))
+    assert index.reserve(k(3)).victim == k(1)

@@ -1,0 +1,192 @@
+"""KVStore: the standalone tiered store, end to end through real tiers."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier import KVStore
+from kvtier.errors import ConfigError, LayoutError
+from kvtier.tiers.base import TierName
+from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+
+GPU, HOST = TierName.GPU, TierName.HOST
+
+
+def make_store(host_chunks=8, gpu_chunks=0, **extra) -> KVStore:
+    config = {"chunk_tokens": CHUNK, "host_capacity": host_chunks * CHUNK_BYTES,
+              "gpu_capacity": gpu_chunks * CHUNK_BYTES, **extra}
+    return KVStore(SMALL, config)
+
+
+def seq(start: int, length: int) -> list[int]:
+    return list(range(start, start + length))
+
+
+def read(store: KVStore, tokens) -> tuple[int, torch.Tensor]:
+    out = torch.zeros(SMALL.shape(len(tokens)), dtype=torch.bfloat16)
+    return store.get(tokens, out), out
+
+
+def test_round_trip_gives_the_same_bytes():
+    with make_store() as store:
+        tokens = seq(0, 4 * CHUNK)
+        assert store.put(tokens, make_kv(tokens)) == 4 * CHUNK
+        n, out = read(store, tokens)
+        assert n == 4 * CHUNK and same_bytes(out, make_kv(tokens))
+
+
+def test_empty_and_short_sequences_store_nothing():
+    with make_store() as store:
+        assert store.put([], make_kv([])) == 0
+        assert store.put(seq(0, CHUNK - 1), make_kv(seq(0, CHUNK - 1))) == 0
+        assert store.lookup([]).tokens == 0
+        assert read(store, seq(0, CHUNK - 1))[0] == 0
+
+
+def test_partial_trailing_chunk_is_not_stored():
+    with make_store() as store:
+        tokens = seq(0, 2 * CHUNK + 5)
+        assert store.put(tokens, make_kv(tokens)) == 2 * CHUNK
+        assert store.lookup(tokens).tokens == 2 * CHUNK
+
+
+def test_lookup_finds_the_longest_shared_prefix():
+    with make_store() as store:
+        tokens = seq(0, 3 * CHUNK)
+        store.put(tokens, make_kv(tokens))
+        diverging = tokens[: CHUNK + 3] + [99999] + tokens[CHUNK + 4:]
+        assert store.lookup(diverging).tokens == CHUNK
+        assert store.lookup(tokens + seq(500, 2 * CHUNK)).tokens == 3 * CHUNK
+        n, out = read(store, diverging)
+        assert n == CHUNK and same_bytes(out[:, :, :CHUNK], make_kv(tokens)[:, :, :CHUNK])
+
+
+def test_get_loads_no_more_than_out_holds():
+    with make_store() as store:
+        tokens = seq(0, 3 * CHUNK)
+        store.put(tokens, make_kv(tokens))
+        out = torch.zeros(SMALL.shape(CHUNK + 4), dtype=torch.bfloat16)
+        assert store.get(tokens, out) == CHUNK
+        assert same_bytes(out[:, :, :CHUNK], make_kv(tokens)[:, :, :CHUNK])
+        assert not out[:, :, CHUNK:].view(torch.int16).any()
+
+
+def test_storing_again_only_refreshes():
+    with make_store() as store:
+        tokens = seq(0, 2 * CHUNK)
+        store.put(tokens, make_kv(tokens))
+        assert store.put(tokens, make_kv(tokens)) == 0
+        assert store.stats().chunks_skipped == 2
+
+
+def test_lru_evicts_the_least_recently_used_chunk():
+    with make_store(host_chunks=2) as store:
+        a, b, c = seq(0, CHUNK), seq(1000, CHUNK), seq(2000, CHUNK)
+        store.put(a, make_kv(a))
+        store.put(b, make_kv(b))
+        read(store, a)  # a is now more recent than b
+        store.put(c, make_kv(c))
+        assert [store.lookup(t).tokens for t in (a, b, c)] == [CHUNK, 0, CHUNK]
+        assert store.stats().evictions == {"host": 1}
+
+
+def test_fifo_evicts_the_oldest_chunk():
+    with make_store(host_chunks=2, eviction_policy="fifo") as store:
+        a, b, c = seq(0, CHUNK), seq(1000, CHUNK), seq(2000, CHUNK)
+        store.put(a, make_kv(a))
+        store.put(b, make_kv(b))
+        read(store, a)
+        store.put(c, make_kv(c))
+        assert [store.lookup(t).tokens for t in (a, b, c)] == [0, CHUNK, CHUNK]
+
+
+def test_device_pool_sits_above_host_and_demotes_into_it():
+    with make_store(host_chunks=4, gpu_chunks=2) as store:
+        assert list(store.tiers) == [GPU, HOST]
+        tokens = seq(0, 4 * CHUNK)
+        store.put(tokens, make_kv(tokens))  # 4 chunks, 2 gpu slots: 2 demoted to host
+        hit = store.lookup(tokens)
+        assert hit.tokens == 4 * CHUNK and hit.chunks_by_tier == {GPU: 2, HOST: 2}
+        assert store.stats().demotions == 2
+        n, out = read(store, tokens)
+        assert n == 4 * CHUNK and same_bytes(out, make_kv(tokens))
+
+
+def test_reading_from_host_promotes_to_the_device_pool():
+    with make_store(host_chunks=4, gpu_chunks=1) as store:
+        a, b = seq(0, CHUNK), seq(1000, CHUNK)
+        store.put(a, make_kv(a))
+        store.put(b, make_kv(b))  # a demoted to host
+        assert store.lookup(a).chunks_by_tier == {HOST: 1}
+        n, out = read(store, a)
+        assert n == CHUNK and same_bytes(out, make_kv(a))
+        assert store.lookup(a).chunks_by_tier == {GPU: 1}
+        assert store.lookup(b).chunks_by_tier == {HOST: 1}
+        stats = store.stats()
+        assert stats.chunks_promoted == 1 and stats.chunks_loaded == {HOST: 1}
+
+
+def test_chunks_fall_out_of_the_last_tier():
+    with make_store(host_chunks=2, gpu_chunks=1) as store:
+        for i in range(4):
+            store.put(seq(i * 1000, CHUNK), make_kv(seq(i * 1000, CHUNK)))
+        assert store.lookup(seq(0, CHUNK)).tokens == 0
+        assert store.stats().drops == 1
+
+
+@pytest.mark.parametrize("bad", [
+    torch.zeros((2, 2, 32, 32), dtype=torch.float16),  # dtype
+    torch.zeros((3, 2, 32, 32), dtype=torch.bfloat16),  # layers
+    torch.zeros((2, 2, 32, 31), dtype=torch.bfloat16),  # hidden
+    torch.zeros((2, 2, 16, 32), dtype=torch.bfloat16),  # too few tokens
+])
+def test_tensors_of_the_wrong_layout_are_refused(bad):
+    with make_store() as store, pytest.raises(LayoutError, match="tensor of shape"):
+        store.put(seq(0, 2 * CHUNK), bad)
+
+
+def test_capacity_below_one_chunk_is_a_config_error():
+    with pytest.raises(ConfigError, match="raise host_capacity or lower chunk_tokens"):
+        KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": CHUNK_BYTES - 1})
+
+
+def test_config_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("KVTIER_CHUNK_TOKENS", "32")
+    monkeypatch.setenv("KVTIER_HOST_CAPACITY", "1MiB")
+    with KVStore(SMALL) as store:
+        assert store.chunk_tokens == 32 and store.tiers[HOST].num_slots == 128
+
+
+def test_threads_putting_and_getting_overlapping_prefixes_never_see_wrong_bytes():
+    """Many threads, shared prefixes, a store much smaller than the data: every read is
+    either a miss or exactly the bytes stored for that prefix."""
+    store = make_store(host_chunks=12, gpu_chunks=4)
+    roots = [seq(r * 10_000, 2 * CHUNK) for r in range(4)]
+    errors: list[str] = []
+
+    def work(worker: int) -> None:
+        rng = np.random.default_rng(worker)
+        for _ in range(150):
+            root = roots[rng.integers(len(roots))]
+            tail = [int(x) for x in rng.integers(0, 4, size=int(rng.integers(0, 3)) * CHUNK)]
+            tokens = root + tail
+            if rng.random() < 0.5:
+                store.put(tokens, make_kv(tokens))
+            else:
+                n, out = read(store, tokens)
+                if n % CHUNK or not same_bytes(out[:, :, :n], make_kv(tokens)[:, :, :n]):
+                    errors.append(f"worker {worker}: wrong bytes for {n} tokens")
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "deadlock"
+    assert errors == []
+    indexes = store._stack.indexes
+    assert all(i.free_slots + len(i) == i.num_slots for i in indexes.values()), "slot leaked"
+    assert store.stats().chunks_loaded.total() > 0
+    store.close()

@@ -1,0 +1,83 @@
+"""The eviction-policy contract, run against every policy."""
+
+import pytest
+
+from kvtier.config import EvictionPolicyName
+from kvtier.tiers.policy import FIFOPolicy, LRUPolicy, make_policy
+
+
+@pytest.fixture(params=list(EvictionPolicyName))
+def policy(request):
+    return make_policy(request.param)
+
+
+def test_empty_policy_has_no_victim(policy):
+    assert policy.victim() is None
+    assert len(policy) == 0
+
+
+def test_victim_is_not_removed(policy):
+    policy.insert("a")
+    assert policy.victim() == "a"
+    assert policy.victim() == "a"
+    assert len(policy) == 1
+
+
+def test_removed_keys_are_never_victims(policy):
+    for key in "abc":
+        policy.insert(key)
+    policy.remove("a")
+    assert policy.victim() == "b"
+    policy.remove("b")
+    policy.remove("c")
+    assert policy.victim() is None
+
+
+def test_victims_come_from_inserted_keys_only(policy):
+    keys = [f"k{i}" for i in range(50)]
+    for key in keys:
+        policy.insert(key)
+    for key in keys[::3]:
+        policy.touch(key)
+    seen = []
+    while (victim := policy.victim()) is not None:
+        seen.append(victim)
+        policy.remove(victim)
+    assert sorted(seen) == sorted(keys)
+
+
+def test_victim_skips_keys_the_owner_refuses(policy):
+    for key in "abc":
+        policy.insert(key)
+    assert policy.victim(lambda key: key != "a") == "b"
+    assert policy.victim(lambda key: False) is None
+    assert len(policy) == 3
+
+
+def test_double_insert_is_a_bug(policy):
+    policy.insert("a")
+    with pytest.raises(AssertionError):
+        policy.insert("a")
+
+
+def test_lru_order_follows_touches():
+    policy = LRUPolicy()
+    for key in "abc":
+        policy.insert(key)
+    policy.touch("a")
+    assert policy.victim() == "b"
+
+
+def test_fifo_order_ignores_touches():
+    policy = FIFOPolicy()
+    for key in "abc":
+        policy.insert(key)
+    policy.touch("a")
+    assert policy.victim() == "a"
+
+
+def test_make_policy_by_name():
+    assert isinstance(make_policy("lru"), LRUPolicy)
+    assert type(make_policy("fifo")) is FIFOPolicy
+    with pytest.raises(ValueError):
+        make_policy("random")

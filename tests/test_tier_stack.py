@@ -1,0 +1,115 @@
+"""TierStack: prefix matching, placement, demotion and pins across tiers."""
+
+from kvtier.keys import ChunkKey
+from kvtier.store import Location, Move, TierStack
+from kvtier.tiers.base import TierName
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import LRUPolicy
+
+GPU, HOST = TierName.GPU, TierName.HOST
+
+
+def k(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "little"))
+
+
+def stack(gpu_slots=2, host_slots=3) -> TierStack:
+    return TierStack([(GPU, SlotIndex(gpu_slots, LRUPolicy())),
+                      (HOST, SlotIndex(host_slots, LRUPolicy()))])
+
+
+def store(s: TierStack, key, tier=GPU):
+    plan = s.plan_store(key, tier)
+    for move in plan.demotions:
+        s.finish(move.key, move.dst, True)
+    s.finish(key, plan.dst, True)
+    return plan
+
+
+def test_empty_prefix_and_empty_stack():
+    s = stack()
+    assert s.match_prefix([]).num_chunks == 0
+    assert s.match_prefix([k(1), k(2)]).num_chunks == 0
+
+
+def test_prefix_stops_at_the_first_miss():
+    s = stack()
+    store(s, k(1))
+    store(s, k(3))
+    match = s.match_prefix([k(1), k(2), k(3)])
+    assert match.num_chunks == 1 and match.locations[0].tier is GPU
+
+
+def test_full_hit_across_tiers():
+    s = stack()
+    store(s, k(1), HOST)
+    store(s, k(2), GPU)
+    match = s.match_prefix([k(1), k(2)])
+    assert [loc.tier for loc in match.locations] == [HOST, GPU]
+    assert match.chunks_in(HOST) == 1 and match.chunks_in(GPU) == 1
+
+
+def test_eviction_demotes_the_victim_one_tier_down():
+    s = stack(gpu_slots=1)
+    first = store(s, k(1))
+    plan = s.plan_store(k(2), GPU)
+    (move,) = plan.demotions
+    assert move == Move(k(1), Location(GPU, first.dst.slot), move.dst) and move.dst.tier is HOST
+    assert s.locate(k(1)) is None  # in flight: a miss, never stale bytes
+    s.finish(move.key, move.dst, True)
+    s.finish(k(2), plan.dst, True)
+    assert s.locate(k(1)).tier is HOST and s.locate(k(2)).tier is GPU
+    assert s.demotions == 1
+
+
+def test_a_victim_already_below_is_not_copied_again():
+    s = stack(gpu_slots=1)
+    store(s, k(1), HOST)
+    store(s, k(1), GPU)
+    assert s.plan_store(k(2), GPU).demotions == ()
+    assert s.locate(k(1)).tier is HOST
+
+
+def test_victims_of_the_last_tier_are_dropped():
+    s = stack(gpu_slots=1, host_slots=1)
+    store(s, k(1))
+    store(s, k(2))  # k1 -> host
+    plan = store(s, k(3))  # k2 -> host evicts k1 (dropped)
+    assert [m.key for m in plan.demotions] == [k(2)]
+    assert s.locate(k(1)) is None and s.drops == 1
+
+
+def test_cascade_runs_deepest_move_first():
+    s = TierStack([(GPU, SlotIndex(1, LRUPolicy())), (HOST, SlotIndex(1, LRUPolicy())),
+                   (TierName.DISK, SlotIndex(1, LRUPolicy()))])
+    store(s, k(1))
+    store(s, k(2))  # k1 -> host
+    plan = s.plan_store(k(3), GPU)  # k2 -> host, which first moves k1 -> disk
+    assert [(m.key, m.src.tier, m.dst.tier) for m in plan.demotions] == [
+        (k(1), HOST, TierName.DISK), (k(2), GPU, HOST)]
+
+
+def test_failed_demotion_leaves_a_miss():
+    s = stack(gpu_slots=1)
+    store(s, k(1))
+    plan = s.plan_store(k(2), GPU)
+    s.finish(k(1), plan.demotions[0].dst, False)
+    s.finish(k(2), plan.dst, True)
+    assert s.locate(k(1)) is None and s.indexes[HOST].free_slots == 3
+
+
+def test_pinned_prefix_survives_pressure():
+    s = stack(gpu_slots=1, host_slots=1)
+    store(s, k(1))
+    match = s.pin_prefix([k(1)])
+    assert s.plan_store(k(2), GPU) is None  # the only gpu slot is pinned
+    s.unpin(k(1), match.locations[0])
+    assert s.plan_store(k(2), GPU) is not None
+
+
+def test_discard_removes_every_copy():
+    s = stack()
+    store(s, k(1), HOST)
+    store(s, k(1), GPU)
+    assert s.discard(k(1)) == 2
+    assert s.locate(k(1)) is None

@@ -1,0 +1,25 @@
+import pytest
+
+from kvtier.units import format_size, parse_size
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("4096", 4096), (4096, 4096), ("0", 0), ("512MiB", 512 * 2**20), ("4GiB", 4 * 2**30),
+    ("4gib", 4 * 2**30), ("1.5GiB", 3 * 2**29), ("100GB", 100 * 10**9), ("2 TiB", 2 * 2**40),
+    ("64k", 64000), ("64KiB", 65536), ("7b", 7),
+])
+def test_parse_size_accepts_common_spellings(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "4 GiBs", "-1", -1, "1e3", "four", True, "4 G iB"])
+def test_parse_size_rejects_garbage(text):
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_format_size_picks_binary_units():
+    assert format_size(0) == "0 B"
+    assert format_size(1536) == "1.5 KiB"
+    assert format_size(4 * 2**30) == "4 GiB"
+    assert format_size(3 * 2**40) == "3 TiB"
