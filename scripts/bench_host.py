@@ -78,8 +78,11 @@ def main() -> None:
     parser.add_argument("--size", default="1GiB", help="bytes per pass (default 1GiB)")
     parser.add_argument("--chunk", default="1MiB", help="chunk size (default 1MiB)")
     parser.add_argument("--repeats", type=int, default=3, help="passes; the best counts")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result = measure(parse_size(args.size), parse_size(args.chunk), args.repeats)
     print(f"host tier, {format_size(result['bytes'])} in {result['chunks']} chunks of "
           f"{format_size(result['chunk_bytes'])} (torch threads: {result['torch_threads']})")

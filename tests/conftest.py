@@ -17,8 +17,10 @@ def make_kv(tokens, layout=SMALL) -> torch.Tensor:
     """
     tokens = np.asarray(tokens, dtype=np.int64)
     prefix = np.cumsum(tokens * 2654435761 % 65521) % 65521  # depends on the whole prefix
-    values = (prefix[None, None, :, None] * 31 + np.arange(layout.hidden)[None, None, None, :]
-              + np.arange(2)[None, :, None, None] * 7 + np.arange(layout.num_layers)[:, None, None, None] * 13)
+    layer = np.arange(layout.num_layers)[:, None, None, None]
+    kv_index = np.arange(2)[None, :, None, None]
+    lane = np.arange(layout.hidden)[None, None, None, :]
+    values = prefix[None, None, :, None] * 31 + lane + kv_index * 7 + layer * 13
     as_int16 = torch.from_numpy((values % 32749).astype(np.int16))
     return as_int16.view(getattr(torch, layout.dtype)).contiguous()
 

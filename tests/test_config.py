@@ -107,7 +107,7 @@ def test_bad_values_name_the_key_and_allowed_values(key, value, allowed):
 
 
 def test_unknown_key_suggests_the_close_one():
-    with pytest.raises(ConfigError, match="unknown key 'host_capacty'.*did you mean 'host_capacity'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'host_capacty'.*did you mean 'host_capacity'"):
         load_config({"host_capacty": "1GiB"}, environ={})
 
 
@@ -149,5 +149,5 @@ def test_missing_file_is_named(tmp_path):
 def test_chunk_tokens_must_be_a_multiple_of_the_engine_block():
     config = load_config({"chunk_tokens": 96}, environ={})
     config.check_block_tokens(32)
-    with pytest.raises(ConfigError, match="chunk_tokens=96 .*multiple of the engine's block size 64"):
+    with pytest.raises(ConfigError, match=r"chunk_tokens=96 .*multiple of the engine's block size 64"):
         config.check_block_tokens(64)

@@ -51,7 +51,7 @@ def test_only_full_chunks_have_keys():
 
 def test_keys_are_chained_over_the_whole_prefix():
     a = token_chunk_keys(NS, list(range(96)))
-    b = token_chunk_keys(NS, [999] + list(range(1, 96)))  # first token differs
+    b = token_chunk_keys(NS, [999, *list(range(1, 96))])  # first token differs
     assert len(set(a)) == 3
     assert all(x != y for x, y in zip(a, b, strict=True))
     assert token_chunk_keys(NS, list(range(64))) == a[:2]

@@ -56,7 +56,7 @@ def test_lookup_finds_the_longest_shared_prefix():
     with make_store() as store:
         tokens = seq(0, 3 * CHUNK)
         store.put(tokens, make_kv(tokens))
-        diverging = tokens[: CHUNK + 3] + [99999] + tokens[CHUNK + 4:]
+        diverging = [*tokens[:CHUNK + 3], 99999, *tokens[CHUNK + 4:]]
         assert store.lookup(diverging).tokens == CHUNK
         assert store.lookup(tokens + seq(500, 2 * CHUNK)).tokens == 3 * CHUNK
         n, out = read(store, diverging)

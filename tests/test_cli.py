@@ -1,0 +1,41 @@
+"""The ``kvtier`` command as a user runs it: a separate process."""
+
+import json
+import os
+import subprocess
+import sys
+
+KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
+
+
+def run(*args, env=None):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    return subprocess.run([*KVTIER, *args], capture_output=True, text=True,
+                          env={**clean, **(env or {})}, timeout=60)
+
+
+def test_help_lists_the_commands():
+    result = run("--help")
+    assert result.returncode == 0
+    assert "config" in result.stdout and "version" in result.stdout
+
+
+def test_config_json_shows_values_and_sources():
+    result = run("config", "--json", env={"KVTIER_HOST_CAPACITY": "2GiB"})
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["config"]["host_capacity"] == 2 * 2**30
+    assert data["sources"] == {"host_capacity": "environment KVTIER_HOST_CAPACITY"}
+
+
+def test_config_table_is_readable():
+    result = run("config", env={"KVTIER_HOST_CAPACITY": "2GiB"})
+    assert result.returncode == 0
+    assert "2 GiB" in result.stdout and "KVTIER_HOST_CAPACITY" in result.stdout
+
+
+def test_bad_config_exits_2_with_the_key_named():
+    result = run("config", env={"KVTIER_COMPRESSION": "lz4"})
+    assert result.returncode == 2
+    assert "'compression'" in result.stderr and "none | zstd" in result.stderr
+    assert "Traceback" not in result.stderr
