@@ -59,6 +59,14 @@ class ODirect(StrEnum):
 
 
 @dataclass(frozen=True)
+class DiskFloor:
+    """Free space to leave on each disk filesystem: a fraction of it, and at least ``bytes``."""
+
+    fraction: float = 0.0
+    bytes: int = 0
+
+
+@dataclass(frozen=True)
 class KVTierConfig:
     """Every kvtier setting, validated. Build it with :func:`load_config`."""
 
@@ -67,6 +75,7 @@ class KVTierConfig:
     host_capacity: int = 4 * 1024**3
     disk_capacity: int = 64 * 1024**3
     disk_paths: tuple[str, ...] = ()
+    disk_min_free: DiskFloor = DiskFloor(fraction=0.05)
     compression: Compression = Compression.NONE
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     load_policy: LoadPolicy = LoadPolicy.AUTO
@@ -93,6 +102,8 @@ class KVTierConfig:
             out[name] = list(value) if isinstance(value, tuple) else value
             if isinstance(value, StrEnum):
                 out[name] = str(value)
+            if isinstance(value, DiskFloor):
+                out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
         return out
 
 
@@ -139,6 +150,16 @@ def _optional_port(value: object) -> int | None:
     return _int_in(1, 65535)(value)
 
 
+def _floor(value: object) -> DiskFloor:
+    text = str(value).strip()
+    if text.endswith("%"):
+        fraction = float(text[:-1]) / 100
+        if not 0 <= fraction < 1:
+            raise ValueError
+        return DiskFloor(fraction=fraction)
+    return DiskFloor(bytes=parse_size(value))  # type: ignore[arg-type]
+
+
 def _size(value: object) -> int:
     return parse_size(value)  # type: ignore[arg-type]
 
@@ -150,6 +171,7 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "host_capacity": (_size, "a size such as 512MiB or 4GiB"),
     "disk_capacity": (_size, "a size such as 100GiB"),
     "disk_paths": (_paths, "a list of distinct directories, or one comma-separated string"),
+    "disk_min_free": (_floor, "a percentage of each filesystem such as 5%, or a size such as 20GiB"),
     "compression": (_enum(Compression), "none | zstd"),
     "write_policy": (_enum(WritePolicy), "write_through | write_back"),
     "load_policy": (_enum(LoadPolicy), "always | auto"),

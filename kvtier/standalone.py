@@ -6,33 +6,55 @@
     n = store.get(tokens, out)            # fills out[:, :, :n] and returns n
 
 Bookkeeping runs under one lock; bytes move outside it, so puts and gets from many threads
-overlap.
+overlap. Disk writes run in the background on the I/O engine; disk reads of one ``get`` run
+in parallel.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from kvtier.config import KVTierConfig, load_config
+from kvtier.config import Compression, KVTierConfig, ODirect, WritePolicy, load_config
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.io.buffers import align_up
+from kvtier.io.engine import IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
-from kvtier.layout import KVLayout
+from kvtier.layout import DTYPE_BYTES, KVLayout
+from kvtier.stats import FailureLog, StoreStats
 from kvtier.store import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.gpu import DevicePool
 from kvtier.tiers.host import HostTier
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 from kvtier.tiers.policy import make_policy
+from kvtier.transfers import Transfers
 
 Tokens = Sequence[int] | np.ndarray
+GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
+_O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}
+
+
+@dataclass
+class _Fetch:
+    """One chunk of a ``get``: where it is pinned, and its disk read into host if any."""
+
+    key: ChunkKey
+    loc: Location
+    read: Future | None = None
+    plan: StorePlan | None = None  # the host slot the read fills
+    staged: Location | None = None  # that slot once the read checked out (pinned)
+
+
+_NO_ROOM = object()
 
 
 @dataclass(frozen=True)
@@ -43,63 +65,74 @@ class PrefixHit:
     chunks_by_tier: Mapping[TierName, int] = field(default_factory=dict)
 
 
-@dataclass
-class StoreStats:
-    """Counters since the store was made."""
-
-    chunks_stored: int = 0
-    chunks_skipped: int = 0  # already cached, or no room
-    chunks_loaded: Counter = field(default_factory=Counter)  # by tier
-    chunks_promoted: int = 0
-    evictions: dict[str, int] = field(default_factory=dict)
-    demotions: int = 0
-    drops: int = 0
-
-
 class KVStore:
-    """A tiered KV store: device pool (``gpu_capacity``), then host memory (``host_capacity``).
+    """A tiered KV store: device pool (``gpu_capacity``), host memory (``host_capacity``),
+    then disk (``disk_paths``, ``disk_capacity``).
 
     Chunks of ``chunk_tokens`` tokens are keyed by their whole prefix, placed in the hottest
-    tier, moved down a tier when evicted, and promoted to the hottest tier when read.
+    tier, moved down a tier when evicted, and promoted to the hottest tier when read. With
+    ``write_through`` every chunk that reaches host memory is also written to disk in the
+    background (dropped, and counted, when the disk queue is full); with ``write_back`` a
+    chunk is written when host memory evicts it. Chunks on disk survive restarts.
     """
 
-    def __init__(
-        self,
-        layout: KVLayout,
-        config: KVTierConfig | Mapping[str, Any] | None = None,
-        *,
-        model: str = "model",
-        device: torch.device | str | None = None,
-    ) -> None:
-        self.config = config if isinstance(config, KVTierConfig) else load_config(config)
+    def __init__(self, layout: KVLayout, config: KVTierConfig | Mapping[str, Any] | None = None,
+                 *, model: str = "model", device: torch.device | str | None = None) -> None:
+        self.config = cfg = config if isinstance(config, KVTierConfig) else load_config(config)
         self.layout = layout
-        self.chunk_tokens = self.config.chunk_tokens
+        self.chunk_tokens = cfg.chunk_tokens
         self.namespace = layout.namespace(model, self.chunk_tokens)
         self.chunk_bytes = layout.token_bytes * self.chunk_tokens
         self.slot_bytes = align_up(self.chunk_bytes)
-        self._dtype = getattr(torch, layout.dtype)
         self._lock = threading.Lock()
-        self.tiers: dict[TierName, MemoryTier] = {}
-        if self.config.gpu_capacity >= self.slot_bytes:
-            self.tiers[TierName.GPU] = DevicePool(
-                self.config.gpu_capacity // self.slot_bytes, self.slot_bytes, device
-            )
-        if self.config.host_capacity >= self.slot_bytes:
-            self.tiers[TierName.HOST] = HostTier(
-                self.config.host_capacity // self.slot_bytes, self.slot_bytes
-            )
-        if not self.tiers:
-            raise ConfigError(
-                f"kvtier config: host_capacity={self.config.host_capacity} and gpu_capacity="
-                f"{self.config.gpu_capacity} hold no chunk of {self.chunk_bytes} bytes "
-                f"({self.chunk_tokens} tokens); raise host_capacity or lower chunk_tokens"
-            )
-        self._stack = TierStack([
-            (name, SlotIndex(tier.num_slots, make_policy(self.config.eviction_policy)))
-            for name, tier in self.tiers.items()
-        ])
-        self._top = self._stack.order[0]
         self._stats = StoreStats()
+        self._failures = FailureLog()
+        self.tiers: dict[TierName, MemoryTier] = {}
+        if cfg.gpu_capacity >= self.slot_bytes:
+            self.tiers[GPU] = DevicePool(cfg.gpu_capacity // self.slot_bytes, self.slot_bytes, device)
+        if cfg.host_capacity >= self.slot_bytes:
+            self.tiers[HOST] = HostTier(cfg.host_capacity // self.slot_bytes, self.slot_bytes)
+        self._check_tiers()
+        self.disk = self._open_disk() if cfg.disk_paths else None
+        policy = cfg.eviction_policy
+        levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in self.tiers.items()]
+        if self.disk is not None:
+            levels.append((DISK, SlotIndex(self.disk.num_slots, make_policy(policy))))
+        self._stack = TierStack(levels)
+        self._top = self._stack.order[0]
+        self._transfers = Transfers(self.tiers, self.disk, self.chunk_bytes,
+                                    getattr(torch, layout.dtype), layout.shape(self.chunk_tokens))
+        self._engine: IOEngine | None = None
+        if self.disk is not None:
+            self._engine = IOEngine(self.disk.queues, cfg.io_threads)
+            self._max_pending = 4 * cfg.io_threads
+            self._recover()
+        host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
+        self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
+
+    def _check_tiers(self) -> None:
+        if HOST not in self.tiers and (self.config.disk_paths or not self.tiers):
+            raise ConfigError(
+                f"kvtier config: host_capacity={self.config.host_capacity} holds no chunk of "
+                f"{self.chunk_bytes} bytes ({self.chunk_tokens} tokens), and the disk tier and "
+                "the store need at least one; raise host_capacity or lower chunk_tokens"
+            )
+
+    def _open_disk(self) -> DiskTier:
+        cfg = self.config
+        return DiskTier(cfg.disk_paths, self.namespace, self.chunk_bytes, cfg.disk_capacity,
+                        compression=cfg.compression is Compression.ZSTD,
+                        element_bytes=DTYPE_BYTES[self.layout.dtype],
+                        o_direct=_O_DIRECT[cfg.o_direct], floor=cfg.disk_min_free)
+
+    def _recover(self) -> None:
+        report = self.disk.recover(threads=self.config.io_threads)
+        index = self._stack.indexes[DISK]
+        for found in sorted(report.slots, key=lambda r: r.header.generation):  # oldest evicts first
+            index.adopt(found.header.key, found.slot)
+        self._stats.recovered_chunks = len(index)
+        self._stats.torn_slots = report.torn
+        self._retire_down_paths()
 
     # -- public API ---------------------------------------------------------------------
 
@@ -117,20 +150,25 @@ class KVStore:
         self._check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         stored = 0
         for i, key in enumerate(keys):
-            with self._lock:
-                if self._stack.locate(key) is not None:
-                    self._stack.touch(key)
-                    plan = None
-                else:
-                    plan = self._stack.plan_store(key, self._top)
+            plan = self._plan_put(key)
+            if plan is None and self._engine is not None and self._engine.pending():
+                self._engine.drain(timeout=30)  # slots held by background writes: wait, retry
+                plan = self._plan_put(key)
             if plan is None:
-                self._count(chunks_skipped=1)
+                self._count("chunks_skipped")
                 continue
-            self._write(plan, lambda dst, i=i: dst.copy_(self._chunk_of(kv, i)))
-            stored += 1
-        self._sync()
-        self._count(chunks_stored=stored)
+            chunk = self._chunk_of(kv, i)
+            stored += self._write(plan, lambda dst, chunk=chunk: self._transfers.view(dst).copy_(chunk))
+        with self._lock:
+            self._stats.chunks_stored += stored
         return stored * self.chunk_tokens
+
+    def _plan_put(self, key: ChunkKey) -> StorePlan | None:
+        with self._lock:
+            if self._stack.locate(key) is not None or self._stack.indexes[self._top].has_entry(key):
+                self._stack.touch(key)
+                return None
+            return self._stack.plan_store(key, self._top)
 
     def lookup(self, tokens: Tokens) -> PrefixHit:
         """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
@@ -144,38 +182,66 @@ class KVStore:
         """Copy the longest cached prefix of ``tokens`` into ``out``; return its length.
 
         ``out`` has shape ``(layers, 2, m, kv_heads * head_size)``; at most ``m`` tokens
-        (whole chunks) are loaded into ``out[:, :, :n]``. Chunks read from a colder tier are
-        promoted to the hottest one.
+        (whole chunks) are loaded into ``out[:, :, :n]``. Disk chunks are read in parallel
+        and verified; a chunk that fails its check ends the prefix there and is dropped.
+        Chunks read from a colder tier are promoted to the hottest one.
         """
         self._check_tensor(out, 0, "out")
         keys = self.keys(tokens)[: out.shape[2] // self.chunk_tokens]
-        with self._lock:
-            match = self._stack.pin_prefix(keys)
+        window: deque[_Fetch] = deque()  # chunks pinned, their disk reads in flight
+        loaded: list[TierName] = []
+        issued, ended = 0, False
         try:
-            for i, (key, loc) in enumerate(zip(keys, match.locations, strict=False)):
-                source = self._view(loc)
-                self._chunk_of(out, i).copy_(source)
-                if loc.tier is not self._top:
-                    self._promote(key, source)
+            while True:
+                while not ended and issued < len(keys) and len(window) < self._read_ahead:
+                    fetch = self._begin_fetch(keys[issued])
+                    if fetch is _NO_ROOM and window:
+                        break  # host slots held by this window: complete one first
+                    if not isinstance(fetch, _Fetch):
+                        ended = True
+                        break
+                    window.append(fetch)
+                    issued += 1
+                if not window:
+                    break
+                fetch = window.popleft()
+                try:
+                    source = self._complete_fetch(fetch)
+                    if source is None:
+                        ended = True
+                        break
+                    self._chunk_of(out, len(loaded)).copy_(self._transfers.view(source))
+                    if source.tier is not self._top:
+                        self._promote(fetch.key, source)
+                    loaded.append(fetch.loc.tier)
+                finally:
+                    self._release(fetch)
         finally:
+            for fetch in window:  # past a failure: finish the reads, keep what arrived
+                self._complete_fetch(fetch)
+                self._release(fetch)
             self._sync()
             with self._lock:
-                for key, loc in zip(keys, match.locations, strict=False):
-                    self._stack.unpin(key, loc)
-                self._stats.chunks_loaded.update(loc.tier for loc in match.locations)
-        return match.num_chunks * self.chunk_tokens
+                self._stats.chunks_loaded.update(loaded)
+        return len(loaded) * self.chunk_tokens
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for background disk writes; True when none is left."""
+        return self._engine.drain(timeout) if self._engine is not None else True
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
         with self._lock:
-            s = self._stats
-            return StoreStats(
-                s.chunks_stored, s.chunks_skipped, Counter(s.chunks_loaded), s.chunks_promoted,
-                {str(n): i.evictions for n, i in self._stack.indexes.items()},
-                self._stack.demotions, self._stack.drops,
-            )
+            self._stats.evictions = {str(n): i.evictions for n, i in self._stack.indexes.items()}
+            self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
+            return self._stats.snapshot()
 
     def close(self) -> None:
+        """Finish background writes and release memory, files and threads."""
+        if self._engine is not None:
+            self._engine.close()
+        if self.disk is not None:
+            self.disk.close()
         for tier in self.tiers.values():
             tier.close()
 
@@ -185,60 +251,183 @@ class KVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ----------------------------------------------------------------------
+    # -- writes -------------------------------------------------------------------------
 
-    def _view(self, loc: Location) -> torch.Tensor:
-        """The chunk in ``loc`` as a ``(layers, 2, chunk_tokens, hidden)`` tensor view."""
-        raw = self.tiers[loc.tier].slot(loc.slot)[: self.chunk_bytes]
-        return raw.view(self._dtype).view(self.layout.shape(self.chunk_tokens))
-
-    def _chunk_of(self, kv: torch.Tensor, i: int) -> torch.Tensor:
-        return kv[:, :, i * self.chunk_tokens:(i + 1) * self.chunk_tokens]
-
-    def _write(self, plan: StorePlan, fill) -> None:
-        """Run the plan's demotions, then ``fill(dst_view)``; finish every reservation."""
+    def _write(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
+        """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
         ok = False
         try:
             for move in plan.demotions:
                 self._move(move)
-            fill(self._view(plan.dst))
+            fill(plan.dst)
             self._sync()
             ok = True
         finally:
-            with self._lock:
-                self._stack.finish(plan.key, plan.dst, ok)
+            self._finish(plan.key, plan.dst, ok)
+        return ok
 
     def _move(self, move: Move) -> None:
-        ok = False
+        result = IOResult(IOStatus.IO_ERROR, detail="move did not run")
         try:
-            self._view(move.dst).copy_(self._view(move.src))
+            result = self._transfers.copy(move.key, move.src, move.dst)
             self._sync()
-            ok = True
+        finally:
+            self._finish(move.key, move.dst, result.ok)
+            if move.dst.tier is DISK:
+                with self._lock:
+                    self._account_write(result)
+
+    def _finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
+        with self._lock:
+            self._stack.finish(key, dst, ok)
+            if ok and dst.tier is HOST:
+                self._write_through(key, dst.slot)
+
+    def _write_through(self, key: ChunkKey, host_slot: int) -> None:
+        """Start a background disk write of a chunk that just reached host (lock held)."""
+        if self.disk is None or self.config.write_policy is not WritePolicy.WRITE_THROUGH:
+            return
+        if self._stack.indexes[DISK].has_entry(key):
+            return
+        plan = self._stack.plan_store(key, DISK)
+        if plan is None:
+            return
+        queue = self.disk.queue_of(plan.dst.slot)
+        if self._engine.pending(queue) >= self._max_pending:
+            self._stack.finish(key, plan.dst, False)
+            self._stats.dropped_writes += 1
+            return
+        src = Location(HOST, host_slot)
+        self._stack.indexes[HOST].pin(key)
+        self._engine.submit(queue, lambda: self._background_write(key, src, plan.dst))
+
+    def _background_write(self, key: ChunkKey, src: Location, dst: Location) -> None:
+        result = IOResult(IOStatus.IO_ERROR, detail="write did not run")
+        try:
+            result = self._transfers.copy(key, src, dst)
         finally:
             with self._lock:
-                self._stack.finish(move.key, move.dst, ok)
+                self._stack.finish(key, dst, result.ok)
+                self._stack.unpin(key, src)
+                self._account_write(result)
 
-    def _promote(self, key: ChunkKey, source: torch.Tensor) -> None:
+    def _promote(self, key: ChunkKey, source: Location) -> None:
         with self._lock:
             plan = self._stack.plan_store(key, self._top)
         if plan is not None:
-            self._write(plan, lambda dst: dst.copy_(source))
-            self._count(chunks_promoted=1)
+            self._write(plan, lambda dst: self._transfers.view(dst).copy_(self._transfers.view(source)))
+            self._count("chunks_promoted")
+
+    # -- disk reads ---------------------------------------------------------------------
+
+    def _begin_fetch(self, key: ChunkKey) -> _Fetch | object | None:
+        """Pin ``key`` where it is hottest; from disk, reserve a host slot and start the read.
+
+        ``None`` when the key is not cached, ``_NO_ROOM`` when no host slot is free for it.
+        """
+        with self._lock:
+            loc = self._stack.locate(key)
+            if loc is None:
+                return None
+            self._stack.indexes[loc.tier].pin(key)
+            if loc.tier is not DISK:
+                return _Fetch(key, loc)
+            plan = self._stack.plan_store(key, HOST)
+            if plan is None:
+                self._stack.unpin(key, loc)
+                return _NO_ROOM
+        for move in plan.demotions:
+            self._move(move)
+        job = lambda: self._transfers.copy(key, loc, plan.dst)  # noqa: E731
+        return _Fetch(key, loc, self._engine.submit(self.disk.queue_of(loc.slot), job), plan)
+
+    def _complete_fetch(self, fetch: _Fetch) -> Location | None:
+        """Where the chunk can be copied from, or ``None`` when its disk read failed.
+
+        A successful read makes the host copy visible and pins it for the fetch; a failed
+        one drops the disk copy (and blanks a corrupt slot's header).
+        """
+        if fetch.read is None or fetch.staged is not None:
+            return fetch.staged or fetch.loc
+        try:
+            result = fetch.read.result()
+        except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
+            result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
+        fetch.read = None
+        with self._lock:
+            self._stack.finish(fetch.key, fetch.plan.dst, result.ok)
+            if result.ok:
+                self._stats.disk_reads += 1
+                self._stats.disk_read_bytes += result.nbytes
+                self._stack.indexes[HOST].pin(fetch.key)
+                fetch.staged = fetch.plan.dst
+                return fetch.staged
+            self._stack.discard(fetch.key)
+            self._account_failure(result, "read")
+        if result.status is IOStatus.CORRUPT:
+            self.disk.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
+        return None
+
+    def _release(self, fetch: _Fetch) -> None:
+        with self._lock:
+            self._stack.unpin(fetch.key, fetch.loc)
+            if fetch.staged is not None:
+                self._stack.unpin(fetch.key, fetch.staged)
+
+    # -- accounting ---------------------------------------------------------------------
+
+    def _account_write(self, result: IOResult) -> None:
+        if result.ok:
+            self._stats.disk_writes += 1
+            self._stats.disk_write_bytes += result.nbytes
+        else:
+            self._account_failure(result, "write")
+
+    def _account_failure(self, result: IOResult, op: str) -> None:
+        """Count and log (once per kind) a failed disk request (lock held)."""
+        counter = {IOStatus.CORRUPT: "corruptions", IOStatus.IO_ERROR: "io_errors",
+                   IOStatus.NO_SPACE: "no_space"}.get(result.status)
+        if counter is not None:
+            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
+        self._failures.note(f"disk {op} {result.status.value}", result.detail)
+        if result.status is IOStatus.PATH_DOWN:
+            self._retire_down_paths()
+
+    def _retire_down_paths(self) -> None:
+        """Take the slots of paths that went out of service away from the index."""
+        for index, reason in self.disk.down_paths.items():
+            root = self.disk.roots[index]
+            if root not in self._stats.paths_down:
+                self._stats.paths_down[root] = reason
+                self._stack.indexes[DISK].retire(self.disk.slots_of_path(index))
+
+    def _unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
+        with self._lock:
+            for key, loc in held:
+                self._stack.unpin(key, loc)
+
+    def _count_loaded(self, tiers: list[TierName]) -> None:
+        with self._lock:
+            self._stats.chunks_loaded.update(tiers)
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            setattr(self._stats, name, getattr(self._stats, name) + 1)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _chunk_of(self, kv: torch.Tensor, i: int) -> torch.Tensor:
+        return kv[:, :, i * self.chunk_tokens:(i + 1) * self.chunk_tokens]
 
     def _sync(self) -> None:
-        gpu = self.tiers.get(TierName.GPU)
+        gpu = self.tiers.get(GPU)
         if gpu is not None and gpu.device.type == "cuda":
             torch.cuda.synchronize(gpu.device)
-
-    def _count(self, **deltas: int) -> None:
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self._stats, name, getattr(self._stats, name) + delta)
 
     def _check_tensor(self, kv: torch.Tensor, min_tokens: int, what: str) -> None:
         want = self.layout.shape(min_tokens)
         if (kv.dim() != 4 or kv.shape[:2] != want[:2] or kv.shape[3] != want[3]
-                or kv.shape[2] < min_tokens or kv.dtype != self._dtype):
+                or kv.shape[2] < min_tokens or kv.dtype != getattr(torch, self.layout.dtype)):
             raise LayoutError(
                 f"{what} must be a {self.layout.dtype} tensor of shape (layers={want[0]}, 2, "
                 f"tokens>={min_tokens}, hidden={want[3]}), got {kv.dtype} {tuple(kv.shape)}"

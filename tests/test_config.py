@@ -32,7 +32,8 @@ def test_every_key_parses_from_strings_as_from_env():
     env = {
         "KVTIER_CHUNK_TOKENS": "512", "KVTIER_GPU_CAPACITY": "1GiB",
         "KVTIER_HOST_CAPACITY": "512MiB", "KVTIER_DISK_CAPACITY": "100GB",
-        "KVTIER_DISK_PATHS": "/mnt/a, /mnt/b", "KVTIER_COMPRESSION": "ZSTD",
+        "KVTIER_DISK_PATHS": "/mnt/a, /mnt/b", "KVTIER_DISK_MIN_FREE": "10%",
+        "KVTIER_COMPRESSION": "ZSTD",
         "KVTIER_WRITE_POLICY": "write_back", "KVTIER_LOAD_POLICY": "always",
         "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
         "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400",
@@ -41,7 +42,7 @@ def test_every_key_parses_from_strings_as_from_env():
     assert set(config.sources) == set(KEYS)
     assert config.as_dict() == {
         "chunk_tokens": 512, "gpu_capacity": 2**30, "host_capacity": 512 * 2**20,
-        "disk_capacity": 100 * 10**9, "disk_paths": ["/mnt/a", "/mnt/b"],
+        "disk_capacity": 100 * 10**9, "disk_paths": ["/mnt/a", "/mnt/b"], "disk_min_free": "10%",
         "compression": "zstd", "write_policy": "write_back", "load_policy": "always",
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
     }
@@ -98,6 +99,8 @@ def test_file_formats(tmp_path, name, text):
     ("metrics_port", 70000, "1-65535"),
     ("disk_paths", 7, "list of distinct directories"),
     ("disk_paths", ["/a", "/a"], "list of distinct directories"),
+    ("disk_min_free", "120%", "percentage"),
+    ("disk_min_free", "lots", "percentage"),
 ])
 def test_bad_values_name_the_key_and_allowed_values(key, value, allowed):
     with pytest.raises(ConfigError) as info:

@@ -50,6 +50,8 @@ class SlotIndex:
     - ``discard(key)`` drops a visible key at once (corrupt or stale); a pinned one becomes
       invisible now and its slot is freed at its last ``unpin``.
     - ``adopt(key, slot)`` records a key found already in a slot (recovery after restart).
+    - ``retire(slots)`` takes slots out of service for good (a failed disk): their visible
+      keys are discarded, and none of them is handed out again.
     - Only visible, unpinned keys are ever evicted. Not thread-safe: the owner locks.
     """
 
@@ -61,6 +63,7 @@ class SlotIndex:
         self._entries: dict[ChunkKey, _Entry] = {}
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # may hold adopted slots
         self._is_free = bytearray(b"\x01") * num_slots
+        self._retired = bytearray(num_slots)
         self._num_free = num_slots
         self._num_visible = 0
         self.evictions = 0
@@ -95,9 +98,8 @@ class SlotIndex:
         if key in self._entries:
             return None
         victim: ChunkKey | None = None
-        if self._num_free:
-            slot = self._take_free()
-        else:
+        slot = self._take_free() if self._num_free else None
+        while slot is None:
             victim = self._policy.victim(self._unpinned)  # type: ignore[assignment]
             if victim is None:
                 return None
@@ -105,6 +107,8 @@ class SlotIndex:
             slot = self._entries.pop(victim).slot
             self._num_visible -= 1
             self.evictions += 1
+            if self._retired[slot]:  # committed on a slot retired meanwhile: drop it
+                victim, slot = None, None
         self._entries[key] = _Entry(slot, EntryState.WRITING)
         return Reservation(key, slot, victim)
 
@@ -167,6 +171,22 @@ class SlotIndex:
         self._release(entry.slot)
         return True
 
+    def retire(self, slots: range) -> list[ChunkKey]:
+        """Take ``slots`` out of service; return the visible keys that were dropped."""
+        by_slot = {e.slot: k for k, e in self._entries.items() if e.state is EntryState.READY}
+        dropped = []
+        for slot in slots:
+            if self._retired[slot]:
+                continue
+            self._retired[slot] = 1
+            if self._is_free[slot]:
+                self._is_free[slot] = 0
+                self._num_free -= 1
+            elif slot in by_slot:
+                self.discard(by_slot[slot])
+                dropped.append(by_slot[slot])
+        return dropped
+
     def _unpinned(self, key: ChunkKey) -> bool:
         return self._entries[key].pins == 0
 
@@ -180,6 +200,8 @@ class SlotIndex:
 
     def _release(self, slot: int) -> None:
         assert not self._is_free[slot], "slot freed twice"
+        if self._retired[slot]:
+            return
         self._is_free[slot] = 1
         self._num_free += 1
         self._free.append(slot)

@@ -1,0 +1,416 @@
+"""The cold tier: fixed-size slots in large preallocated files on one or more disk paths.
+
+Slot ``s`` lives on path ``s % P`` (chunks stripe across drives), in that path's slot
+files. A slot is a 4 KiB header and the payload, read and written with one vectored call.
+This class moves and checks bytes only; which chunk goes in which slot is the bookkeeping's
+business (``SlotIndex`` under the ``TierStack``). Every method here blocks: the owner runs
+them on the I/O engine's threads (queue ``queue_of(slot)``).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from kvtier.config import DiskFloor
+from kvtier.io import codec as codecs
+from kvtier.io.buffers import AlignedBuffer, align_up
+from kvtier.io.cachedir import CacheDir, aligned_view
+from kvtier.io.format import (
+    HEADER_BYTES,
+    INDEX_ENTRY_BYTES,
+    Codec,
+    HeaderError,
+    SlotHeader,
+    decode_header,
+    is_blank,
+    payload_checksum,
+)
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.tiers.base import TierName
+
+log = logging.getLogger(__name__)
+
+FILE_BYTES = 8 * 1024**3
+_PATH_FATAL = {errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EBADF, errno.ENODEV,
+               errno.ENXIO, errno.ESTALE, errno.ENOTDIR}
+_EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
+_HEALTH_EVERY_S = 1.0
+
+
+class IOStatus(Enum):
+    OK = "ok"
+    CORRUPT = "corrupt"  # header or payload does not check out: a miss, the slot is bad
+    IO_ERROR = "io_error"  # the device failed this request
+    NO_SPACE = "no_space"  # free-space floor reached, or ENOSPC
+    PATH_DOWN = "path_down"  # the path is out of service
+
+
+@dataclass(frozen=True)
+class IOResult:
+    status: IOStatus
+    nbytes: int = 0
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is IOStatus.OK
+
+
+@dataclass(frozen=True)
+class RecoveredSlot:
+    slot: int
+    header: SlotHeader
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    slots: list[RecoveredSlot]
+    scanned: int
+    torn: int  # headers that do not check out
+    duplicates: int  # older copies of a key found in another slot
+
+
+class _Path:
+    """One disk path's state: its directory (or why it is out of service) and health."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.dir: CacheDir | None = None
+        self.down_reason = ""
+        self.eio_run = 0
+        self.inode = 0
+        self.checked_at = 0.0
+
+
+class DiskTier:
+    """Slots of ``stride`` bytes striped over ``paths``; see the module docstring.
+
+    Contract: ``write`` makes a slot hold a chunk (header last-writer-wins); ``read`` returns
+    OK only when the header names this namespace and key and the payload checksum matches,
+    so a torn, stale, foreign or flipped slot is CORRUPT and never yields bytes; errors come
+    back as an :class:`IOResult`, never as exceptions; a path that fails for good goes down
+    (``down_paths``) and every later request to it is PATH_DOWN.
+    """
+
+    name = TierName.DISK
+
+    def __init__(self, paths: Sequence[str], namespace: Namespace, raw_bytes: int,
+                 capacity: int, *, compression: bool = False, element_bytes: int = 2,
+                 o_direct: bool | None = None, floor: DiskFloor | None = None) -> None:
+        if not paths:
+            raise ValueError("DiskTier needs at least one path")
+        self.namespace, self.ns_digest = namespace, namespace.digest()
+        self.raw_bytes = raw_bytes
+        self.stride = HEADER_BYTES + align_up(raw_bytes)
+        self.compression, self.element_bytes = compression, element_bytes
+        self._paths = [_Path(p) for p in paths]
+        per_path = (capacity // len(paths)) // self.stride
+        self.num_slots = per_path * len(paths)
+        self.file_slots = max(1, min(per_path, FILE_BYTES // self.stride))
+        meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
+                "raw_bytes": raw_bytes, "file_slots": self.file_slots}
+        for path in self._paths:
+            try:
+                path.dir = CacheDir(Path(path.root), namespace.id, meta, num_slots=per_path,
+                                    stride=self.stride, file_slots=self.file_slots,
+                                    o_direct=o_direct, floor=floor or DiskFloor())
+                path.inode = os.stat(path.dir.path).st_ino
+            except OSError as exc:
+                self._take_down(path, f"cannot open: {exc}")
+        self._lengths = np.zeros(self.num_slots, dtype=np.int64)
+        self._codecs = np.zeros(self.num_slots, dtype=np.uint8)
+        self._generation = itertools.count(time.time_ns())
+        self._local = threading.local()
+
+    # -- layout -------------------------------------------------------------------------
+
+    @property
+    def queues(self) -> list[str]:
+        return [f"disk{i}" for i in range(len(self._paths))]
+
+    def queue_of(self, slot: int) -> str:
+        return f"disk{slot % len(self._paths)}"
+
+    def slots_of_path(self, index: int) -> range:
+        return range(index, self.num_slots, len(self._paths))
+
+    @property
+    def roots(self) -> list[str]:
+        return [p.root for p in self._paths]
+
+    @property
+    def down_paths(self) -> dict[int, str]:
+        """Paths out of service by index, with the reason."""
+        return {i: p.down_reason for i, p in enumerate(self._paths) if p.dir is None}
+
+    @property
+    def o_direct(self) -> dict[str, bool]:
+        return {p.root: p.dir.o_direct for p in self._paths if p.dir is not None}
+
+    def _where(self, slot: int) -> tuple[_Path, int, int]:
+        path = self._paths[slot % len(self._paths)]
+        number, offset = path.dir.locate(slot // len(self._paths)) if path.dir else (0, 0)
+        return path, number, offset
+
+    def _header_buffer(self) -> np.ndarray:
+        """This thread's aligned header buffer."""
+        if not hasattr(self._local, "header"):
+            self._local.header = AlignedBuffer(HEADER_BYTES, pin=False)
+        return self._local.header.array
+
+    def _payload_buffer(self) -> np.ndarray:
+        """This thread's aligned buffer for compressed payloads."""
+        if not hasattr(self._local, "payload"):
+            self._local.payload = AlignedBuffer(self.stride, pin=False)
+        return self._local.payload.array
+
+    # -- I/O ----------------------------------------------------------------------------
+
+    def write(self, slot: int, key: ChunkKey, src: np.ndarray) -> IOResult:
+        """Write chunk ``key`` from ``src`` (a page-aligned uint8 buffer of >= raw bytes)."""
+        path, number, offset = self._where(slot)
+        if not self._healthy(path):
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+        header_buf = self._header_buffer()
+        raw = src[: self.raw_bytes]
+        codec, payload, scratch = Codec.NONE, raw, None
+        if self.compression:
+            packed = codecs.encode(raw, self.element_bytes)
+            if packed is not None:
+                codec, blob = packed
+                scratch = self._payload_buffer()
+                payload = scratch[: len(blob)]
+                payload[:] = np.frombuffer(blob, dtype=np.uint8)
+        header = SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
+                            payload_checksum(payload), next(self._generation), time.time_ns())
+        header.encode(into=header_buf)
+        body = aligned_view(src if codec is Codec.NONE else scratch, payload.size)
+        try:
+            if not path.dir.ensure_allocated(number, offset + self.stride):
+                return IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: free-space floor reached")
+            written = os.pwritev(path.dir.fd(number), [header_buf, body], offset)
+        except OSError as exc:
+            return self._failed(path, exc)
+        path.eio_run = 0
+        if written != HEADER_BYTES + body.size:
+            return IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")
+        self._lengths[slot], self._codecs[slot] = payload.size, codec
+        try:
+            path.dir.write_index(slot // len(self._paths), header_buf)
+        except OSError as exc:
+            return self._failed(path, exc)
+        return IOResult(IOStatus.OK, written)
+
+    def read(self, slot: int, key: ChunkKey, dst: np.ndarray) -> IOResult:
+        """Read chunk ``key`` into ``dst[:raw_bytes]``, verified; CORRUPT leaves ``dst`` junk."""
+        path, number, offset = self._where(slot)
+        if path.dir is None:
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+        header_buf = self._header_buffer()
+        length, codec = int(self._lengths[slot]) or self.raw_bytes, Codec(self._codecs[slot])
+        target = aligned_view(dst if codec is Codec.NONE else self._payload_buffer(), length)
+        try:
+            got = os.preadv(path.dir.fd(number), [header_buf, target], offset)
+        except OSError as exc:
+            return self._failed(path, exc)
+        path.eio_run = 0
+        problem = self._check(header_buf, key, target, got - HEADER_BYTES, codec)
+        if problem:
+            return IOResult(IOStatus.CORRUPT, got, problem)
+        if codec is not Codec.NONE:
+            try:
+                codecs.decode(codec, target[:length], dst[: self.raw_bytes])
+            except ValueError as exc:
+                return IOResult(IOStatus.CORRUPT, got, str(exc))
+        return IOResult(IOStatus.OK, got)
+
+    def _check(self, header_buf: np.ndarray, key: ChunkKey, payload: np.ndarray, got: int,
+               codec: Codec) -> str:
+        try:
+            header = decode_header(header_buf)
+        except HeaderError as exc:
+            return str(exc)
+        if header.namespace != self.ns_digest or header.key != key:
+            return "slot holds another chunk (stale or foreign)"
+        if header.codec is not codec or header.raw_bytes != self.raw_bytes:
+            return "slot header does not match what was written"
+        if got < header.payload_bytes:
+            return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
+        if payload_checksum(payload[: header.payload_bytes]) != header.payload_checksum:
+            return "payload checksum mismatch"
+        return ""
+
+    def invalidate(self, slot: int) -> IOResult:
+        """Blank a slot's header so the chunk is not found again after a restart."""
+        path, number, offset = self._where(slot)
+        if path.dir is None or path.dir.file_size(number) <= offset:
+            return IOResult(IOStatus.OK)
+        header_buf = self._header_buffer()
+        header_buf[:] = 0
+        try:
+            path.dir.write_index(slot // len(self._paths), header_buf)
+            os.pwritev(path.dir.fd(number), [header_buf], offset)
+        except OSError as exc:
+            return self._failed(path, exc)
+        return IOResult(IOStatus.OK, HEADER_BYTES)
+
+    # -- health -------------------------------------------------------------------------
+
+    def _failed(self, path: _Path, exc: OSError) -> IOResult:
+        if exc.errno == errno.ENOSPC:
+            return IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: {exc}")
+        if exc.errno in _PATH_FATAL:
+            self._take_down(path, str(exc))
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+        path.eio_run += 1
+        if path.eio_run >= _EIO_LIMIT:
+            self._take_down(path, f"{_EIO_LIMIT} I/O errors in a row, last: {exc}")
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+        return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: {exc}")
+
+    def _healthy(self, path: _Path) -> bool:
+        """Up, and (checked once a second) its directory still the one opened."""
+        if path.dir is None:
+            return False
+        now = time.monotonic()
+        if now - path.checked_at >= _HEALTH_EVERY_S:
+            path.checked_at = now
+            try:
+                inode = os.stat(path.dir.path).st_ino
+            except OSError as exc:
+                inode = -1
+                reason = f"directory gone: {exc}"
+            else:
+                reason = "directory replaced"
+            if inode != path.inode:
+                self._take_down(path, reason)
+                return False
+        return True
+
+    def _take_down(self, path: _Path, reason: str) -> None:
+        if path.dir is None and path.down_reason:
+            return
+        path.down_reason = f"{path.root}: {reason}"
+        log.error("kvtier disk path out of service: %s", path.down_reason)
+        if path.dir is not None:
+            directory, path.dir = path.dir, None
+            directory.close()
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def recover(self, threads: int = 8) -> RecoveryReport:
+        """Rebuild the slot map: from each path's index file, or by scanning slot headers
+        (``threads`` at a time) where the index is missing. Newest copy of each key wins."""
+        found: list[tuple[int, SlotHeader]] = []
+        scanned = torn = 0
+        for index, path in enumerate(self._paths):
+            if path.dir is None:
+                continue
+            entries = path.dir.read_index()
+            if entries:
+                part, n, bad = self._parse_index(index, entries)
+            else:
+                part, n, bad = self.scan_headers(self.slots_of_path(index), threads)
+                for slot, header in part:  # rebuild the index for the next start
+                    path.dir.write_index(slot // len(self._paths),
+                                         np.frombuffer(header.encode(), dtype=np.uint8))
+            found += part
+            scanned += n
+            torn += bad
+        best: dict[ChunkKey, RecoveredSlot] = {}
+        duplicates = 0
+        for slot, header in found:
+            previous = best.get(header.key)
+            if previous is not None:
+                duplicates += 1
+                if previous.header.generation > header.generation:
+                    continue
+            best[header.key] = RecoveredSlot(slot, header)
+        newest = max((r.header.generation for r in best.values()), default=0)
+        self._generation = itertools.count(max(newest + 1, time.time_ns()))
+        for recovered in best.values():
+            self._lengths[recovered.slot] = recovered.header.payload_bytes
+            self._codecs[recovered.slot] = recovered.header.codec
+        return RecoveryReport(list(best.values()), scanned, torn, duplicates)
+
+    def _parse_index(self, index: int, entries: bytes) -> tuple[list[tuple[int, SlotHeader]], int, int]:
+        found, torn, paths = [], 0, len(self._paths)
+        directory = self._paths[index].dir
+        count = min(len(entries) // INDEX_ENTRY_BYTES, len(self.slots_of_path(index)))
+        for local in range(count):
+            entry = entries[local * INDEX_ENTRY_BYTES:(local + 1) * INDEX_ENTRY_BYTES]
+            if is_blank(entry):
+                continue
+            header = self._valid_header(entry)
+            number, offset = directory.locate(local)
+            if header is None or directory.file_size(number) < offset + self.stride:
+                torn += 1
+            else:
+                found.append((local * paths + index, header))
+        return found, count, torn
+
+    def scan_headers(self, slots: range, threads: int = 8) -> tuple[list[tuple[int, SlotHeader]], int, int]:
+        """(valid headers, slots scanned, bad slots) read from the slots themselves."""
+        step = -(-len(slots) // threads) or 1
+        parts = [slots[i:i + step] for i in range(0, len(slots), step)]
+        with ThreadPoolExecutor(max(1, min(len(parts), threads))) as pool:
+            scans = list(pool.map(self._scan, parts))
+        return ([f for part in scans for f in part[0]], sum(p[1] for p in scans),
+                sum(p[2] for p in scans))
+
+    def _scan(self, slots: range) -> tuple[list[tuple[int, SlotHeader]], int, int]:
+        """(valid headers found, slots scanned, bad slots) over ``slots``."""
+        found, scanned, torn = [], 0, 0
+        header_buf = self._header_buffer()
+        for slot in slots:
+            path, number, offset = self._where(slot)
+            if path.dir is None or path.dir.file_size(number) < offset + self.stride:
+                continue  # path down, or never written this far
+            scanned += 1
+            header, bad = self._read_header(path, number, offset, header_buf)
+            torn += bad
+            if header is not None:
+                found.append((slot, header))
+        return found, scanned, torn
+
+    def _read_header(self, path: _Path, number: int, offset: int,
+                     buf: np.ndarray) -> tuple[SlotHeader | None, bool]:
+        """(the slot's header if valid and of this namespace, whether the slot is bad)."""
+        try:
+            if os.preadv(path.dir.fd(number), [buf], offset) != HEADER_BYTES:
+                return None, True
+        except OSError as exc:
+            self._failed(path, exc)
+            return None, True
+        if is_blank(buf):
+            return None, False
+        header = self._valid_header(buf)
+        return header, header is None
+
+    def _valid_header(self, data) -> SlotHeader | None:
+        """The header in ``data`` if it checks out and belongs to this namespace and size."""
+        try:
+            header = decode_header(data)
+        except HeaderError:
+            return None
+        if (header.namespace != self.ns_digest or header.raw_bytes != self.raw_bytes
+                or header.payload_bytes > self.stride - HEADER_BYTES):
+            return None
+        return header
+
+    def close(self) -> None:
+        for path in self._paths:
+            if path.dir is not None:
+                path.dir.close()
