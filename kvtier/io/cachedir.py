@@ -129,13 +129,20 @@ class CacheDir:
                                 "give each instance its own disk_paths") from None
         return fd
 
+    def slots_in_file(self, number: int) -> int:
+        return max(0, min(self.file_slots, self.num_slots - number * self.file_slots))
+
     def _trim_extra_files(self) -> None:
-        """Delete slot files beyond the current capacity (after disk_capacity shrank)."""
-        files = -(-self.num_slots // self.file_slots) if self.num_slots else 0
-        for extra in self.path.glob("slots-*.kvt"):
-            number = extra.stem.split("-")[-1]
-            if number.isdigit() and int(number) >= files:
-                extra.unlink()
+        """Cut slot files down to the current capacity (after disk_capacity shrank)."""
+        for path in self.path.glob("slots-*.kvt"):
+            number = path.stem.split("-")[-1]
+            if not number.isdigit():
+                continue
+            limit = self.slots_in_file(int(number)) * self.stride
+            if limit == 0:
+                path.unlink()
+            elif path.stat().st_size > limit:
+                os.truncate(path, limit)
         index = self.path / INDEX_FILE
         if index.exists() and index.stat().st_size > self.num_slots * INDEX_ENTRY_BYTES:
             os.truncate(index, self.num_slots * INDEX_ENTRY_BYTES)
@@ -179,12 +186,19 @@ class CacheDir:
             size = self._sizes[number]
             if size >= end:
                 return True
-            target = min(max(end, size + GROW_BYTES), self.file_slots * self.stride)
-            if not floor_allows(self.floor, str(self.path), target - size):
-                return False
-            os.posix_fallocate(fd, size, target - size)
-            self._sizes[number] = target
-            return True
+            step = min(max(end, size + GROW_BYTES), self.slots_in_file(number) * self.stride)
+            for target in dict.fromkeys((step, end)):  # a big step, else just what is needed
+                if not floor_allows(self.floor, str(self.path), target - size):
+                    continue
+                try:
+                    os.posix_fallocate(fd, size, target - size)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC or target == end:
+                        raise
+                    continue
+                self._sizes[number] = target
+                return True
+            return False
 
     def close(self) -> None:
         for fd in self._fds.values():

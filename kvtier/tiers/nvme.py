@@ -118,7 +118,7 @@ class DiskTier:
         self._paths = [_Path(p) for p in paths]
         per_path = (capacity // len(paths)) // self.stride
         self.num_slots = per_path * len(paths)
-        self.file_slots = max(1, min(per_path, FILE_BYTES // self.stride))
+        self.file_slots = max(1, FILE_BYTES // self.stride)  # fixed: slots never move
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
         for path in self._paths:

@@ -1,0 +1,81 @@
+"""Shared helpers for the disk-tier tests: small tiers, chunk bytes, fault injection."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.tiers.nvme import DiskTier
+
+RAW = 8192 + 512  # not a page multiple: exercises padding
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=16)
+
+
+def key(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "little"))
+
+
+def chunk(i: int, raw: int = RAW) -> AlignedBuffer:
+    """An aligned buffer whose first ``raw`` bytes are a pure function of ``i``."""
+    buffer = AlignedBuffer(raw, pin=False)
+    rng = np.random.default_rng(i)
+    buffer.array[:raw] = rng.integers(0, 256, size=raw, dtype=np.uint8)
+    return buffer
+
+
+def make_tier(paths, slots_per_path=8, **kwargs) -> DiskTier:
+    stride = 4096 + -(-RAW // 4096) * 4096
+    return DiskTier([str(p) for p in paths], NS, RAW, slots_per_path * len(paths) * stride, **kwargs)
+
+
+def slot_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*/slots-*.kvt"))
+
+
+@contextlib.contextmanager
+def failing_io(monkeypatch, match: str, err: int = errno.EIO, calls=("preadv", "pwritev")):
+    """Make ``os.preadv``/``os.pwritev`` fail with ``err`` on files whose path contains
+    ``match`` (the fault stays inside that path; other paths keep working)."""
+    real = {name: getattr(os, name) for name in calls}
+
+    def wrap(name):
+        def call(fd, *args):
+            if match in os.readlink(f"/proc/self/fd/{fd}"):
+                raise OSError(err, os.strerror(err))
+            return real[name](fd, *args)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(os, name, wrap(name))
+    yield
+    for name in calls:
+        monkeypatch.setattr(os, name, real[name])
+
+
+@contextlib.contextmanager
+def small_filesystem(size: str):
+    """A fresh tmpfs of ``size`` mounted on a temp dir (root only; skips elsewhere)."""
+    where = tempfile.mkdtemp(prefix="kvtier-fs-")
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", where],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        os.rmdir(where)
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield Path(where)
+    finally:
+        subprocess.run(["umount", "-l", where], check=False)
+        os.rmdir(where)
+
+
+def remount(where: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)

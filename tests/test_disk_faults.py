@@ -1,0 +1,208 @@
+"""Disk faults: the store keeps serving, counts the fault, and never returns a wrong byte."""
+
+import errno
+import logging
+import os
+import shutil
+
+import pytest
+
+from kvtier import KVStore
+from kvtier.io.format import HEADER_BYTES
+from kvtier.tiers import nvme
+from tests.conftest import CHUNK, SMALL, make_kv
+from tests.disk_helpers import failing_io, remount, small_filesystem
+from tests.test_disk_store import STRIDE, config, exact, seq
+
+
+def stored(path, chunks=6, **extra):
+    """A store on ``path`` holding ``chunks`` chunks of seq(0) on disk, then reopened."""
+    tokens = seq(0, chunks)
+    with KVStore(SMALL, config(path, **extra)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+        assert store.stats().disk_writes == chunks
+    return KVStore(SMALL, config(path, **extra)), tokens
+
+
+def slot_of(store, tokens, i):
+    return store._stack.indexes[nvme.TierName.DISK].slot_of(store.keys(tokens)[i])
+
+
+def flip(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+def test_a_flipped_payload_byte_ends_the_prefix_there(tmp_path, caplog):
+    store, tokens = stored(tmp_path)
+    slot = slot_of(store, tokens, 3)
+    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    flip(data, slot * STRIDE + HEADER_BYTES + 1234)
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        assert exact(store, tokens) == 3 * CHUNK
+        assert exact(store, tokens) == 3 * CHUNK  # the bad chunk is gone, not re-read
+    stats = store.stats()
+    assert stats.corruptions == 1
+    assert store.lookup(tokens).tokens == 3 * CHUNK
+    assert sum("corrupt" in r.message for r in caplog.records) == 1
+    store.close()
+    with KVStore(SMALL, config(tmp_path)) as again:  # blanked: not recovered again
+        assert again.stats().recovered_chunks == 5
+
+
+def test_a_flipped_header_byte_is_caught(tmp_path):
+    store, tokens = stored(tmp_path)
+    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    flip(data, slot_of(store, tokens, 0) * STRIDE + 50)
+    assert exact(store, tokens) == 0
+    assert store.stats().corruptions == 1
+    store.close()
+
+
+def test_truncated_slot_file_gives_misses(tmp_path):
+    store, tokens = stored(tmp_path)
+    store.close()
+    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    os.truncate(data, 2 * STRIDE + 100)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        n = exact(store, tokens)
+        assert n < 6 * CHUNK
+        assert store.stats().corruptions + store.stats().torn_slots >= 1
+
+
+def test_read_errors_are_counted_then_the_path_is_taken_out(tmp_path, monkeypatch, caplog):
+    singles = [seq(i * 1000, 1) for i in range(5)]
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        for tokens in singles:
+            store.put(tokens, make_kv(tokens))
+        store.flush()
+    store = KVStore(SMALL, config(tmp_path, host_chunks=8))
+    with failing_io(monkeypatch, "slots-", calls=("preadv",)):
+        for tokens in singles:
+            assert exact(store, tokens) == 0
+    stats = store.stats()
+    assert stats.io_errors == 2  # the third error in a row takes the path out
+    assert list(stats.paths_down) == [str(tmp_path)]
+    assert all(store.lookup(tokens).tokens == 0 for tokens in singles)
+    later = seq(500, 2)
+    store.put(later, make_kv(later))  # host memory still serves
+    assert exact(store, later) == 2 * CHUNK
+    store.close()
+
+
+def test_write_errors_are_counted_and_serving_goes_on(tmp_path, monkeypatch):
+    with KVStore(SMALL, config(tmp_path, host_chunks=16)) as store:
+        with failing_io(monkeypatch, "slots-", calls=("pwritev",)):
+            store.put(seq(0, 2), make_kv(seq(0, 2)))
+            store.flush()
+        stats = store.stats()
+        assert stats.io_errors == 2 and stats.disk_writes == 0
+        assert exact(store, seq(0, 2)) == 2 * CHUNK
+
+
+def test_two_paths_one_failing(tmp_path, monkeypatch):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir(mode=0o700)
+    bad.mkdir(mode=0o700)
+    cfg = {**config(good, host_chunks=2), "disk_paths": [str(good), str(bad)]}
+    tokens = seq(0, 10)
+    with KVStore(SMALL, cfg) as store:
+        with failing_io(monkeypatch, str(bad) + "/"):
+            store.put(tokens, make_kv(tokens))
+            store.flush()
+            for i in range(10):
+                exact(store, seq(1000 * i, 1) if i else tokens)
+        stats = store.stats()
+        assert list(stats.paths_down) == [str(bad)]
+        assert stats.disk_writes >= 4  # the good path took its share
+        later = seq(5000, 6)
+        store.put(later, make_kv(later))
+        store.flush()
+        assert exact(store, later) == 6 * CHUNK
+        assert store.lookup(later).tokens == 6 * CHUNK
+
+
+def test_enospc_on_a_full_filesystem(tmp_path):
+    with small_filesystem("256k") as fs:
+        cfg = config(fs, host_chunks=2, disk_chunks=200)
+        with KVStore(SMALL, cfg) as store:
+            for i in range(40):
+                store.put(seq(i * 100, 1), make_kv(seq(i * 100, 1)))
+            store.flush()
+            stats = store.stats()
+            assert stats.no_space > 0 and stats.disk_writes > 0
+            assert not stats.paths_down
+            for i in range(40):
+                exact(store, seq(i * 100, 1))
+
+
+def test_free_space_floor_stops_writes_before_the_disk_fills(tmp_path):
+    with KVStore(SMALL, {**config(tmp_path), "disk_min_free": "99.9%"}) as store:
+        store.put(seq(0, 3), make_kv(seq(0, 3)))
+        store.flush()
+        stats = store.stats()
+        assert stats.no_space == 3 and stats.disk_writes == 0
+        assert not list(tmp_path.glob("*/slots-*.kvt")) or all(
+            f.stat().st_size == 0 for f in tmp_path.glob("*/slots-*.kvt"))
+
+
+def test_a_read_only_path_is_taken_out(tmp_path):
+    with small_filesystem("4m") as fs:
+        remount(fs, "ro")
+        try:
+            with KVStore(SMALL, config(fs, host_chunks=4)) as store:
+                assert "Read-only" in store.stats().paths_down[str(fs)]
+                store.put(seq(0, 2), make_kv(seq(0, 2)))
+                assert exact(store, seq(0, 2)) == 2 * CHUNK
+        finally:
+            remount(fs, "rw")
+
+
+def test_a_vanished_directory_is_taken_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvme, "_HEALTH_EVERY_S", 0.0)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
+        store.put(seq(0, 2), make_kv(seq(0, 2)))
+        store.flush()
+        shutil.rmtree(next(tmp_path.iterdir()))
+        store.put(seq(100, 3), make_kv(seq(100, 3)))
+        store.flush()
+        assert "directory gone" in store.stats().paths_down[str(tmp_path)]
+        exact(store, seq(100, 3))
+
+
+def test_a_symlinked_disk_path_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with KVStore(SMALL, config(link)) as store:
+        assert "symlink" in store.stats().paths_down[str(link)]
+        store.put(seq(0, 2), make_kv(seq(0, 2)))
+        assert exact(store, seq(0, 2)) == 2 * CHUNK
+    assert list(real.iterdir()) == []
+
+
+def test_a_world_writable_disk_path_is_refused(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with KVStore(SMALL, config(open_dir)) as store:
+        assert "world-writable" in store.stats().paths_down[str(open_dir)]
+
+
+def test_a_missing_disk_path_is_named(tmp_path):
+    with KVStore(SMALL, config(tmp_path / "nope")) as store:
+        assert "does not exist" in store.stats().paths_down[str(tmp_path / "nope")]
+
+
+@pytest.mark.parametrize("err", [errno.EROFS, errno.EACCES])
+def test_fatal_errors_take_the_path_out_at_once(tmp_path, monkeypatch, err):
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        with failing_io(monkeypatch, "slots-", err=err, calls=("pwritev",)):
+            store.put(seq(0, 1), make_kv(seq(0, 1)))
+            store.flush()
+        assert str(tmp_path) in store.stats().paths_down

@@ -1,0 +1,162 @@
+"""KVStore with a disk tier: write policies, restart, streaming loads, bounds, isolation."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+from kvtier import KVLayout, KVStore
+from kvtier.tiers.base import TierName
+from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+
+HOST, DISK = TierName.HOST, TierName.DISK
+STRIDE = 4096 + CHUNK_BYTES
+
+
+def config(path, host_chunks=4, disk_chunks=64, **extra):
+    return {"chunk_tokens": CHUNK, "host_capacity": host_chunks * CHUNK_BYTES,
+            "disk_paths": [str(path)], "disk_capacity": disk_chunks * STRIDE,
+            "disk_min_free": 0, "io_threads": 2, **extra}
+
+
+def seq(start, chunks):
+    return list(range(start, start + chunks * CHUNK))
+
+
+def load(store, tokens, layout=SMALL):
+    out = torch.zeros(layout.shape(len(tokens)), dtype=getattr(torch, layout.dtype))
+    n = store.get(tokens, out)
+    return n, out[:, :, :n]
+
+
+def exact(store, tokens) -> int:
+    """Load ``tokens`` and check every byte loaded; return the tokens loaded."""
+    n, got = load(store, tokens)
+    assert same_bytes(got, make_kv(tokens)[:, :, :n]), "wrong bytes served"
+    return n
+
+
+def test_restart_serves_chunks_from_disk(tmp_path):
+    tokens = seq(0, 6)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert store.stats().recovered_chunks == 6
+        assert store.lookup(tokens).chunks_by_tier == {DISK: 6}
+        assert exact(store, tokens) == 6 * CHUNK
+        assert store.stats().chunks_loaded == {DISK: 6}
+        assert store.lookup(tokens[:4 * CHUNK]).chunks_by_tier[HOST] >= 1  # promoted
+
+
+def test_write_through_writes_every_chunk_in_the_background(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=16)) as store:
+        store.put(seq(0, 5), make_kv(seq(0, 5)))
+        store.flush()
+        stats = store.stats()
+        assert stats.disk_writes == 5 and stats.disk_write_bytes == 5 * STRIDE
+        assert store.lookup(seq(0, 5)).chunks_by_tier == {HOST: 5}
+
+
+def test_write_back_writes_only_what_host_evicts(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=4, write_policy="write_back")) as store:
+        store.put(seq(0, 3), make_kv(seq(0, 3)))
+        store.flush()
+        assert store.stats().disk_writes == 0
+        store.put(seq(1000, 3), make_kv(seq(1000, 3)))
+        store.flush()
+        assert store.stats().disk_writes == 2  # two of the first three made room
+        assert exact(store, seq(0, 3)) == 3 * CHUNK
+
+
+def test_a_load_larger_than_host_memory_streams_through_it(tmp_path):
+    tokens = seq(0, 12)
+    with KVStore(SMALL, config(tmp_path, host_chunks=4)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+        assert store.lookup(tokens).tokens == 12 * CHUNK
+        assert exact(store, tokens) == 12 * CHUNK
+
+
+def test_disk_capacity_is_a_hard_bound(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_chunks=8)) as store:
+        for i in range(30):
+            store.put(seq(i * 1000, 1), make_kv(seq(i * 1000, 1)))
+        store.flush()
+        assert store.stats().evictions["disk"] > 0
+        files = list(tmp_path.glob("*/slots-*.kvt"))
+        assert sum(f.stat().st_size for f in files) <= 8 * STRIDE
+        cached = sum(store.lookup(seq(i * 1000, 1)).tokens > 0 for i in range(30))
+        assert cached <= 8 + 2
+        for i in range(30):
+            exact(store, seq(i * 1000, 1))
+
+
+def test_shrinking_the_disk_keeps_within_the_new_bound(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_chunks=16)) as store:
+        store.put(seq(0, 16), make_kv(seq(0, 16)))
+        store.flush()
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_chunks=4)) as store:
+        assert store.stats().recovered_chunks <= 4
+        assert sum(f.stat().st_size for f in tmp_path.glob("*/slots-*.kvt")) <= 4 * STRIDE
+        exact(store, seq(0, 16))
+
+
+def test_full_write_queue_drops_writes_instead_of_blocking(tmp_path, monkeypatch):
+    release = threading.Event()
+    real = os.pwritev
+
+    def stuck(fd, buffers, offset):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(timeout=60)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", stuck)
+    store = KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (store.put(seq(0, 12), make_kv(seq(0, 12))), done.set()))
+    worker.start()
+    worker.join(timeout=30)
+    assert done.is_set(), "put waited for the disk"
+    assert store.stats().dropped_writes == 12 - 4  # queue depth 4 x io_threads
+    release.set()
+    store.flush()
+    assert store.stats().disk_writes == 4
+    assert exact(store, seq(0, 12)) == 12 * CHUNK
+    store.close()
+
+
+def test_namespaces_sharing_a_directory_never_see_each_other(tmp_path):
+    fp16 = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype="float16")
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path)) as a, KVStore(fp16, config(tmp_path)) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        assert b.lookup(tokens).tokens == 0
+    with KVStore(fp16, config(tmp_path)) as b:
+        assert b.stats().recovered_chunks == 0 and b.lookup(tokens).tokens == 0
+    with KVStore(SMALL, config(tmp_path), model="other-model") as c:
+        assert c.lookup(tokens).tokens == 0
+    assert len(list(tmp_path.iterdir())) == 3  # one directory per namespace
+
+
+def test_two_stores_on_one_namespace_do_not_share_files(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path)) as first, KVStore(SMALL, config(tmp_path)) as second:
+        assert second.stats().paths_down and not first.stats().paths_down
+        second.put(tokens, make_kv(tokens))  # serves from host, never touches the files
+        assert exact(second, tokens) == 2 * CHUNK
+        first.put(tokens, make_kv(tokens))
+        first.flush()
+        assert first.stats().disk_writes == 2
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_compression_round_trips_through_the_store(tmp_path, compression):
+    tokens = seq(0, 6)
+    with KVStore(SMALL, config(tmp_path, compression=compression)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+    with KVStore(SMALL, config(tmp_path)) as store:  # reading needs no compression setting
+        assert exact(store, tokens) == 6 * CHUNK

@@ -1,0 +1,196 @@
+"""The DiskTier contract on real files: round trips, verification, recovery, striping."""
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.io.format import HEADER_BYTES
+from kvtier.tiers.nvme import IOStatus
+from tests.disk_helpers import NS, RAW, chunk, key, make_tier, slot_files
+
+
+@pytest.fixture(params=[False, True], ids=["raw", "zstd"])
+def compression(request):
+    return request.param
+
+
+def read_back(tier, slot, k):
+    out = AlignedBuffer(RAW, pin=False)
+    return tier.read(slot, k, out.array), out.array[:RAW]
+
+
+def test_round_trip(tmp_path, compression):
+    tier = make_tier([tmp_path], compression=compression)
+    data = chunk(1)
+    if compression:  # compressible bytes so the codec is really used
+        data.array[: RAW // 2] = 7
+    assert tier.write(3, key(1), data.array).ok
+    result, got = read_back(tier, 3, key(1))
+    assert result.ok and np.array_equal(got, data.array[:RAW])
+    if compression:
+        assert result.nbytes < HEADER_BYTES + RAW
+    tier.close()
+
+
+def test_wrong_key_blank_slot_and_other_namespace_are_corrupt(tmp_path):
+    tier = make_tier([tmp_path])
+    tier.write(0, key(1), chunk(1).array)
+    assert read_back(tier, 0, key(2))[0].status is IOStatus.CORRUPT
+    assert read_back(tier, 5, key(5))[0].status is IOStatus.CORRUPT  # never written
+    tier.close()
+
+
+def test_every_flipped_byte_is_caught(tmp_path):
+    tier = make_tier([tmp_path], slots_per_path=1)
+    tier.write(0, key(1), chunk(1).array)
+    (path,) = slot_files(tmp_path)
+    rng = np.random.default_rng(0)
+    for offset in [0, 9, 40, 72, 90, HEADER_BYTES, HEADER_BYTES + RAW - 1,
+                   *rng.integers(HEADER_BYTES, HEADER_BYTES + RAW, size=8)]:
+        original = path.read_bytes()
+        flipped = bytearray(original)
+        flipped[offset] ^= 0x10
+        path.write_bytes(bytes(flipped))
+        result, _ = read_back(tier, 0, key(1))
+        assert result.status is IOStatus.CORRUPT, f"flip at {offset} not caught"
+        path.write_bytes(original)
+    assert read_back(tier, 0, key(1))[0].ok
+    tier.close()
+
+
+def test_truncated_file_is_corrupt_not_a_crash(tmp_path):
+    tier = make_tier([tmp_path], slots_per_path=2)
+    tier.write(1, key(1), chunk(1).array)
+    (path,) = slot_files(tmp_path)
+    size = tier.stride + HEADER_BYTES + 100
+    tier.close()
+    os.truncate(path, size)
+    tier = make_tier([tmp_path], slots_per_path=2)
+    tier.recover()
+    assert read_back(tier, 1, key(1))[0].status is IOStatus.CORRUPT
+    tier.close()
+
+
+def test_recovery_finds_what_was_written(tmp_path, compression):
+    tier = make_tier([tmp_path], compression=compression)
+    for slot in range(5):
+        assert tier.write(slot, key(slot), chunk(slot).array).ok
+    tier.close()
+    tier = make_tier([tmp_path])
+    report = tier.recover()
+    assert sorted((r.slot, r.header.key) for r in report.slots) == [(s, key(s)) for s in range(5)]
+    assert report.torn == 0
+    for slot in range(5):
+        result, got = read_back(tier, slot, key(slot))
+        assert result.ok and np.array_equal(got, chunk(slot).array[:RAW])
+    tier.close()
+
+
+def test_recovery_without_the_index_scans_slot_headers(tmp_path):
+    tier = make_tier([tmp_path])
+    for slot in range(3):
+        tier.write(slot, key(slot), chunk(slot).array)
+    tier.close()
+    (index,) = tmp_path.glob("*/index.kvt")
+    index.unlink()
+    tier = make_tier([tmp_path])
+    assert len(tier.recover().slots) == 3
+    tier.close()
+    tier = make_tier([tmp_path])  # the scan rebuilt the index
+    assert (tmp_path / NS.id / "index.kvt").stat().st_size > 0
+    assert len(tier.recover().slots) == 3
+    tier.close()
+
+
+def test_recovery_keeps_the_newest_copy_of_a_key(tmp_path):
+    tier = make_tier([tmp_path])
+    tier.write(0, key(9), chunk(1).array)
+    tier.write(4, key(9), chunk(2).array)
+    tier.close()
+    tier = make_tier([tmp_path])
+    report = tier.recover()
+    assert [(r.slot, r.header.key) for r in report.slots] == [(4, key(9))]
+    assert report.duplicates == 1
+    tier.close()
+
+
+def test_torn_headers_are_dropped_at_recovery(tmp_path):
+    tier = make_tier([tmp_path])
+    for slot in range(3):
+        tier.write(slot, key(slot), chunk(slot).array)
+    tier.close()
+    (index,) = tmp_path.glob("*/index.kvt")
+    data = bytearray(index.read_bytes())
+    data[128 + 50] ^= 1  # slot 1's entry
+    index.write_bytes(bytes(data))
+    tier = make_tier([tmp_path])
+    report = tier.recover()
+    assert sorted(r.slot for r in report.slots) == [0, 2] and report.torn == 1
+    tier.close()
+
+
+def test_invalidated_slots_do_not_come_back(tmp_path):
+    tier = make_tier([tmp_path])
+    tier.write(2, key(2), chunk(2).array)
+    assert tier.invalidate(2).ok
+    assert read_back(tier, 2, key(2))[0].status is IOStatus.CORRUPT
+    tier.close()
+    tier = make_tier([tmp_path])
+    assert tier.recover().slots == []
+    tier.close()
+
+
+def test_chunks_stripe_across_paths(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(mode=0o700)
+    b.mkdir(mode=0o700)
+    tier = make_tier([a, b], slots_per_path=4)
+    assert tier.num_slots == 8 and tier.queues == ["disk0", "disk1"]
+    assert list(tier.slots_of_path(1)) == [1, 3, 5, 7]
+    for slot in range(4):
+        tier.write(slot, key(slot), chunk(slot).array)
+    assert slot_files(a) and slot_files(b)
+    assert {tier.queue_of(s) for s in range(4)} == {"disk0", "disk1"}
+    tier.close()
+
+
+def test_files_and_directories_are_private(tmp_path):
+    tier = make_tier([tmp_path])
+    tier.write(0, key(0), chunk(0).array)
+    directory = tmp_path / NS.id
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    for path in directory.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    tier.close()
+
+
+def test_few_large_files_not_one_per_chunk(tmp_path):
+    tier = make_tier([tmp_path], slots_per_path=64)
+    for slot in range(64):
+        tier.write(slot, key(slot), chunk(slot).array)
+    assert len(slot_files(tmp_path)) == 1
+    tier.close()
+
+
+def test_o_direct_is_probed_and_can_be_turned_off(tmp_path):
+    tier = make_tier([tmp_path], o_direct=False)
+    assert tier.o_direct == {str(tmp_path): False}
+    tier.close()
+    tier = make_tier([tmp_path])
+    assert isinstance(tier.o_direct[str(tmp_path)], bool)
+    tier.close()
+
+
+def test_a_namespace_is_held_by_one_process_at_a_time(tmp_path):
+    first = make_tier([tmp_path])
+    second = make_tier([tmp_path])
+    assert "in use by another kvtier process" in second.down_paths[0]
+    assert second.write(0, key(0), chunk(0).array).status is IOStatus.PATH_DOWN
+    first.close()
+    second.close()
+    third = make_tier([tmp_path])
+    assert third.down_paths == {}
+    third.close()
