@@ -194,3 +194,46 @@ def test_a_namespace_is_held_by_one_process_at_a_time(tmp_path):
     third = make_tier([tmp_path])
     assert third.down_paths == {}
     third.close()
+
+
+def test_neighbouring_slots_move_in_one_call_each_way(tmp_path, monkeypatch):
+    tier = make_tier([tmp_path], slots_per_path=16)
+    calls = {"preadv": 0, "pwritev": 0}
+    for name in calls:
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name: (
+            calls.__setitem__(_name, calls[_name] + 1), _real(*a))[1])
+    chunks = {slot: chunk(slot) for slot in (3, 4, 5, 6, 9)}
+    results = tier.write_many([(s, key(s), c.array) for s, c in chunks.items()])
+    assert all(r.ok for r in results) and calls["pwritev"] == 2  # 3-6, then 9
+    outs = {slot: AlignedBuffer(RAW, pin=False) for slot in chunks}
+    results = tier.read_many([(s, key(s), outs[s].array) for s in (9, 5, 3, 4, 6)])
+    assert all(r.ok for r in results) and calls["preadv"] == 2
+    for slot, data in chunks.items():
+        assert np.array_equal(outs[slot].array[:RAW], data.array[:RAW])
+    tier.close()
+
+
+def test_one_bad_slot_in_a_batch_fails_alone(tmp_path):
+    tier = make_tier([tmp_path], slots_per_path=8)
+    tier.write_many([(s, key(s), chunk(s).array) for s in range(4)])
+    (path,) = slot_files(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[2 * tier.stride + HEADER_BYTES + 7] ^= 1
+    path.write_bytes(bytes(data))
+    outs = [AlignedBuffer(RAW, pin=False) for _ in range(4)]
+    results = tier.read_many([(s, key(s), outs[s].array) for s in range(4)])
+    assert [r.status for r in results] == [IOStatus.OK, IOStatus.OK, IOStatus.CORRUPT, IOStatus.OK]
+    assert np.array_equal(outs[3].array[:RAW], chunk(3).array[:RAW])
+    tier.close()
+
+
+def test_a_batch_past_the_end_of_a_truncated_file(tmp_path):
+    tier = make_tier([tmp_path], slots_per_path=8)
+    tier.write_many([(s, key(s), chunk(s).array) for s in range(4)])
+    (path,) = slot_files(tmp_path)
+    os.truncate(path, 2 * tier.stride + 100)
+    outs = [AlignedBuffer(RAW, pin=False) for _ in range(4)]
+    results = tier.read_many([(s, key(s), outs[s].array) for s in range(4)])
+    assert [r.ok for r in results] == [True, True, False, False]
+    tier.close()

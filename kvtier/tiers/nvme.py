@@ -25,7 +25,7 @@ import numpy as np
 
 from kvtier.config import DiskFloor
 from kvtier.io import codec as codecs
-from kvtier.io.buffers import AlignedBuffer, align_up
+from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.cachedir import CacheDir, aligned_view
 from kvtier.io.format import (
     HEADER_BYTES,
@@ -37,6 +37,7 @@ from kvtier.io.format import (
     is_blank,
     payload_checksum,
 )
+from kvtier.io.slotindex import SlotLayout, newest_per_key, parse_index, valid_header
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.base import TierName
 
@@ -47,6 +48,7 @@ _PATH_FATAL = {errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EBADF
                errno.ENXIO, errno.ESTALE, errno.ENOTDIR}
 _EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
 _HEALTH_EVERY_S = 1.0
+MAX_RUN = 16  # slots per vectored call
 
 
 class IOStatus(Enum):
@@ -108,16 +110,19 @@ class DiskTier:
 
     def __init__(self, paths: Sequence[str], namespace: Namespace, raw_bytes: int,
                  capacity: int, *, compression: bool = False, element_bytes: int = 2,
-                 o_direct: bool | None = None, floor: DiskFloor | None = None) -> None:
+                 o_direct: bool | None = None, floor: DiskFloor | None = None,
+                 verify_payload: bool = True) -> None:
         if not paths:
             raise ValueError("DiskTier needs at least one path")
         self.namespace, self.ns_digest = namespace, namespace.digest()
         self.raw_bytes = raw_bytes
-        self.stride = HEADER_BYTES + align_up(raw_bytes)
         self.compression, self.element_bytes = compression, element_bytes
+        self.verify_payload = verify_payload  # False only to measure what verifying costs
         self._paths = [_Path(p) for p in paths]
-        per_path = (capacity // len(paths)) // self.stride
-        self.num_slots = per_path * len(paths)
+        self.layout = SlotLayout(raw_bytes, len(paths), capacity)
+        self.stride = self.layout.stride
+        per_path = self.layout.per_path
+        self.num_slots = self.layout.num_slots
         self.file_slots = max(1, FILE_BYTES // self.stride)  # fixed: slots never move
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
@@ -165,10 +170,14 @@ class DiskTier:
         return path, number, offset
 
     def _header_buffer(self) -> np.ndarray:
-        """This thread's aligned header buffer."""
+        """This thread's aligned buffer for one header."""
+        return self._header_buffers(1)
+
+    def _header_buffers(self, count: int) -> np.ndarray:
+        """This thread's aligned buffer for ``count`` headers (at most ``MAX_RUN``)."""
         if not hasattr(self._local, "header"):
-            self._local.header = AlignedBuffer(HEADER_BYTES, pin=False)
-        return self._local.header.array
+            self._local.header = AlignedBuffer(MAX_RUN * HEADER_BYTES, pin=False)
+        return self._local.header.array[: count * HEADER_BYTES]
 
     def _payload_buffer(self) -> np.ndarray:
         """This thread's aligned buffer for compressed payloads."""
@@ -180,61 +189,124 @@ class DiskTier:
 
     def write(self, slot: int, key: ChunkKey, src: np.ndarray) -> IOResult:
         """Write chunk ``key`` from ``src`` (a page-aligned uint8 buffer of >= raw bytes)."""
-        path, number, offset = self._where(slot)
-        if not self._healthy(path):
-            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
-        header_buf = self._header_buffer()
+        return self.write_many([(slot, key, src)])[0]
+
+    def read(self, slot: int, key: ChunkKey, dst: np.ndarray) -> IOResult:
+        """Read chunk ``key`` into ``dst[:raw_bytes]``, verified; CORRUPT leaves ``dst`` junk."""
+        return self.read_many([(slot, key, dst)])[0]
+
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """Write several chunks; slots adjacent in one file go in one vectored call."""
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        for run in self._runs([slot for slot, _, _ in items], single=self.compression):
+            path, number, offset = self._where(items[run[0]][0])
+            if not self._healthy(path):
+                for i in run:
+                    results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+                continue
+            headers = self._header_buffers(len(run))
+            iov, sizes = [], []
+            for j, i in enumerate(run):
+                slot, key, src = items[i]
+                header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+                codec, body, size = self._encode(key, src, header_buf)
+                iov += [header_buf, body]
+                sizes.append((slot, codec, size, header_buf))
+            for i, result in zip(run, self._write_run(path, number, offset, iov, sizes), strict=True):
+                results[i] = result
+        return results
+
+    def _encode(self, key: ChunkKey, src: np.ndarray, header_buf: np.ndarray):
+        """(codec, aligned body to write, payload size); the header goes in ``header_buf``."""
         raw = src[: self.raw_bytes]
-        codec, payload, scratch = Codec.NONE, raw, None
+        codec, payload, body_source = Codec.NONE, raw, src
         if self.compression:
             packed = codecs.encode(raw, self.element_bytes)
             if packed is not None:
                 codec, blob = packed
-                scratch = self._payload_buffer()
-                payload = scratch[: len(blob)]
+                body_source = self._payload_buffer()
+                payload = body_source[: len(blob)]
                 payload[:] = np.frombuffer(blob, dtype=np.uint8)
-        header = SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
-                            payload_checksum(payload), next(self._generation), time.time_ns())
-        header.encode(into=header_buf)
-        body = aligned_view(src if codec is Codec.NONE else scratch, payload.size)
-        try:
-            if not path.dir.ensure_allocated(number, offset + self.stride):
-                return IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: free-space floor reached")
-            written = os.pwritev(path.dir.fd(number), [header_buf, body], offset)
-        except OSError as exc:
-            return self._failed(path, exc)
-        path.eio_run = 0
-        if written != HEADER_BYTES + body.size:
-            return IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")
-        self._lengths[slot], self._codecs[slot] = payload.size, codec
-        try:
-            path.dir.write_index(slot // len(self._paths), header_buf)
-        except OSError as exc:
-            return self._failed(path, exc)
-        return IOResult(IOStatus.OK, written)
+        SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
+                   payload_checksum(payload), next(self._generation), time.time_ns()
+                   ).encode(into=header_buf)
+        return codec, aligned_view(body_source, payload.size), payload.size
 
-    def read(self, slot: int, key: ChunkKey, dst: np.ndarray) -> IOResult:
-        """Read chunk ``key`` into ``dst[:raw_bytes]``, verified; CORRUPT leaves ``dst`` junk."""
-        path, number, offset = self._where(slot)
-        if path.dir is None:
-            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
-        header_buf = self._header_buffer()
-        length, codec = int(self._lengths[slot]) or self.raw_bytes, Codec(self._codecs[slot])
-        target = aligned_view(dst if codec is Codec.NONE else self._payload_buffer(), length)
+    def _write_run(self, path: _Path, number: int, offset: int, iov: list, sizes: list) -> list[IOResult]:
+        expected = sum(b.size for b in iov)
         try:
-            got = os.preadv(path.dir.fd(number), [header_buf, target], offset)
+            if not path.dir.ensure_allocated(number, offset + len(sizes) * self.stride):
+                failed = IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: free-space floor reached")
+                return [failed] * len(sizes)
+            written = os.pwritev(path.dir.fd(number), iov, offset)
+            if written != expected:
+                return [IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")] * len(sizes)
+            for slot, codec, size, header_buf in sizes:
+                self._lengths[slot], self._codecs[slot] = size, codec
+                path.dir.write_index(slot // len(self._paths), header_buf)
         except OSError as exc:
-            return self._failed(path, exc)
+            return [self._failed(path, exc)] * len(sizes)
         path.eio_run = 0
-        problem = self._check(header_buf, key, target, got - HEADER_BYTES, codec)
+        return [IOResult(IOStatus.OK, written // len(sizes))] * len(sizes)
+
+    def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """Read and verify several chunks; slots adjacent in one file go in one call."""
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        compressed = {i for i, (slot, _, _) in enumerate(items) if self._codecs[slot]}
+        for run in self._runs([slot for slot, _, _ in items], single=bool(compressed)):
+            path, number, offset = self._where(items[run[0]][0])
+            if path.dir is None:
+                for i in run:
+                    results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+                continue
+            headers = self._header_buffers(len(run))
+            iov = []
+            for j, i in enumerate(run):
+                slot, _, dst = items[i]
+                length = int(self._lengths[slot]) or self.raw_bytes
+                buffer = dst if i not in compressed else self._payload_buffer()
+                iov += [headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], aligned_view(buffer, length)]
+            try:
+                got = os.preadv(path.dir.fd(number), iov, offset)
+            except OSError as exc:
+                for i in run:
+                    results[i] = self._failed(path, exc)
+                continue
+            path.eio_run = 0
+            for j, i in enumerate(run):
+                arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + iov[2 * j + 1].size)
+                results[i] = self._verify(items[i], iov[2 * j], iov[2 * j + 1], arrived)
+        return results
+
+    def _verify(self, item: tuple[int, ChunkKey, np.ndarray], header_buf: np.ndarray,
+                target: np.ndarray, arrived: int) -> IOResult:
+        slot, key, dst = item
+        codec = Codec(self._codecs[slot])
+        problem = self._check(header_buf, key, target, arrived - HEADER_BYTES, codec)
         if problem:
-            return IOResult(IOStatus.CORRUPT, got, problem)
+            return IOResult(IOStatus.CORRUPT, arrived, problem)
         if codec is not Codec.NONE:
             try:
-                codecs.decode(codec, target[:length], dst[: self.raw_bytes])
+                codecs.decode(codec, target[: int(self._lengths[slot])], dst[: self.raw_bytes])
             except ValueError as exc:
-                return IOResult(IOStatus.CORRUPT, got, str(exc))
-        return IOResult(IOStatus.OK, got)
+                return IOResult(IOStatus.CORRUPT, arrived, str(exc))
+        return IOResult(IOStatus.OK, arrived)
+
+    def _runs(self, slots: list[int], single: bool) -> list[list[int]]:
+        """Indexes of ``slots`` grouped into runs of neighbours in one file (sorted)."""
+        order = sorted(range(len(slots)), key=lambda i: slots[i])
+        runs: list[list[int]] = []
+        paths = len(self._paths)
+        for i in order:
+            last = runs[-1] if runs else None
+            if (not single and last is not None and len(last) < MAX_RUN
+                    and slots[i] == slots[last[-1]] + paths
+                    and (slots[i] // paths) // self.file_slots
+                    == (slots[last[-1]] // paths) // self.file_slots):
+                last.append(i)
+            else:
+                runs.append([i])
+        return runs
 
     def _check(self, header_buf: np.ndarray, key: ChunkKey, payload: np.ndarray, got: int,
                codec: Codec) -> str:
@@ -248,7 +320,8 @@ class DiskTier:
             return "slot header does not match what was written"
         if got < header.payload_bytes:
             return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
-        if payload_checksum(payload[: header.payload_bytes]) != header.payload_checksum:
+        stored = payload[: header.payload_bytes]
+        if self.verify_payload and payload_checksum(stored) != header.payload_checksum:
             return "payload checksum mismatch"
         return ""
 
@@ -329,15 +402,8 @@ class DiskTier:
             found += part
             scanned += n
             torn += bad
-        best: dict[ChunkKey, RecoveredSlot] = {}
-        duplicates = 0
-        for slot, header in found:
-            previous = best.get(header.key)
-            if previous is not None:
-                duplicates += 1
-                if previous.header.generation > header.generation:
-                    continue
-            best[header.key] = RecoveredSlot(slot, header)
+        newest, duplicates = newest_per_key(found)
+        best = {key: RecoveredSlot(slot, header) for key, (slot, header) in newest.items()}
         newest = max((r.header.generation for r in best.values()), default=0)
         self._generation = itertools.count(max(newest + 1, time.time_ns()))
         for recovered in best.values():
@@ -346,20 +412,16 @@ class DiskTier:
         return RecoveryReport(list(best.values()), scanned, torn, duplicates)
 
     def _parse_index(self, index: int, entries: bytes) -> tuple[list[tuple[int, SlotHeader]], int, int]:
-        found, torn, paths = [], 0, len(self._paths)
         directory = self._paths[index].dir
-        count = min(len(entries) // INDEX_ENTRY_BYTES, len(self.slots_of_path(index)))
-        for local in range(count):
-            entry = entries[local * INDEX_ENTRY_BYTES:(local + 1) * INDEX_ENTRY_BYTES]
-            if is_blank(entry):
-                continue
-            header = self._valid_header(entry)
-            number, offset = directory.locate(local)
-            if header is None or directory.file_size(number) < offset + self.stride:
+        found, torn = parse_index(entries, self.ns_digest, self.layout, index)
+        present = []
+        for slot, header in found:  # entries for slots past the end of a truncated file
+            number, offset = directory.locate(slot // len(self._paths))
+            if directory.file_size(number) < offset + self.stride:
                 torn += 1
             else:
-                found.append((local * paths + index, header))
-        return found, count, torn
+                present.append((slot, header))
+        return present, min(len(entries) // INDEX_ENTRY_BYTES, self.layout.per_path), torn
 
     def scan_headers(self, slots: range, threads: int = 8) -> tuple[list[tuple[int, SlotHeader]], int, int]:
         """(valid headers, slots scanned, bad slots) read from the slots themselves."""
@@ -396,19 +458,8 @@ class DiskTier:
             return None, True
         if is_blank(buf):
             return None, False
-        header = self._valid_header(buf)
+        header = valid_header(buf, self.ns_digest, self.layout)
         return header, header is None
-
-    def _valid_header(self, data) -> SlotHeader | None:
-        """The header in ``data`` if it checks out and belongs to this namespace and size."""
-        try:
-            header = decode_header(data)
-        except HeaderError:
-            return None
-        if (header.namespace != self.ns_digest or header.raw_bytes != self.raw_bytes
-                or header.payload_bytes > self.stride - HEADER_BYTES):
-            return None
-        return header
 
     def close(self) -> None:
         for path in self._paths:

@@ -1,0 +1,39 @@
+"""fio on the same directory, I/O size and queue depth: the ceiling kvtier is compared to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def have_fio() -> bool:
+    return shutil.which("fio") is not None
+
+
+def fio_bandwidth(directory: Path, rw: str, block: int, size: int, depth: int,
+                  direct: bool = True) -> float:
+    """GiB/s of fio reading or writing ``size`` bytes of ``directory`` sequentially in
+    ``block``-byte I/Os with ``depth`` in flight: the better of one libaio job at iodepth
+    ``depth`` and ``depth`` psync jobs on their own regions. Writes overwrite a file laid out
+    first, as kvtier's slots are overwritten in steady state."""
+    target = directory / "fio-bench.dat"
+    size -= size % (block * depth)
+    common = ["fio", "--name=kvtier", f"--filename={target}", f"--bs={block}", f"--rw={rw}",
+              f"--direct={int(direct)}", "--output-format=json", "--group_reporting",
+              f"--end_fsync={int(not direct)}"]  # O_DIRECT data is on the device already
+    shapes = [[f"--size={size}", "--ioengine=libaio", f"--iodepth={depth}"],
+              [f"--size={size // depth}", "--ioengine=psync", f"--numjobs={depth}",
+               f"--offset_increment={size // depth}"]]
+    best = 0.0
+    try:
+        subprocess.run([*common[:3], f"--size={size}", "--rw=write", "--bs=4M"],
+                       capture_output=True, check=True)  # lay the file out once
+        for shape in shapes:
+            result = subprocess.run([*common, *shape], capture_output=True, check=True, text=True)
+            job = json.loads(result.stdout)["jobs"][0][rw]
+            best = max(best, job["bw_bytes"] / 2**30)
+    finally:
+        target.unlink(missing_ok=True)
+    return best

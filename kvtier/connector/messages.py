@@ -1,0 +1,97 @@
+"""What the scheduler side tells the workers each step, and what they report back.
+
+Plain frozen dataclasses (pickled between processes). Slots are decided by the scheduler
+side's bookkeeping; workers only move bytes and report outcomes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
+
+
+@dataclass(frozen=True)
+class DiskWrite:
+    """Write host slot ``host_slot`` to disk slot ``disk_slot`` (write-back demotion, run
+    before anything reuses the host slot)."""
+
+    key: bytes
+    host_slot: int
+    disk_slot: int
+
+
+@dataclass(frozen=True)
+class ChunkStore:
+    """Copy a computed chunk's GPU pages into ``host_slot``; then, if ``disk_slot`` is set,
+    write it there in the background (write-through)."""
+
+    key: bytes
+    block_ids: tuple[int, ...]
+    host_slot: int
+    disk_slot: int | None = None
+
+
+@dataclass(frozen=True)
+class ChunkLoad:
+    """Fill GPU blocks ``block_ids`` from the chunk's pages ``first_block`` onwards.
+
+    The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
+    disk into ``host_slot`` and verified. ``host_slot`` is None when no host slot could be
+    had: the load fails and the blocks are recomputed.
+    """
+
+    key: bytes
+    block_ids: tuple[int, ...]
+    first_block: int
+    host_slot: int | None
+    disk_slot: int | None = None
+
+
+@dataclass(frozen=True)
+class RequestLoad:
+    req_id: str
+    chunks: tuple[ChunkLoad, ...]
+    demotions: tuple[DiskWrite, ...] = ()
+
+
+@dataclass
+class KVTierMetadata(KVConnectorMetadata):
+    """Scheduler -> workers, once per step."""
+
+    loads: list[RequestLoad] = field(default_factory=list)
+    demotions: list[DiskWrite] = field(default_factory=list)  # before ``stores``
+    stores: list[ChunkStore] = field(default_factory=list)
+
+
+@dataclass
+class KVTierWorkerMeta(KVConnectorWorkerMetadata):
+    """Workers -> scheduler: outcomes since the last report, counted over ranks.
+
+    ``host_stored``/``disk_written`` count successes per chunk key; ``*_failed`` count
+    failures. ``load_failed`` holds keys whose load failed on some rank; ``paths_down`` the
+    disk path indexes a worker took out of service.
+    """
+
+    host_stored: Counter = field(default_factory=Counter)
+    host_failed: Counter = field(default_factory=Counter)
+    disk_written: Counter = field(default_factory=Counter)
+    disk_failed: Counter = field(default_factory=Counter)
+    load_failed: set = field(default_factory=set)
+    paths_down: set = field(default_factory=set)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
+        assert isinstance(other, KVTierWorkerMeta)
+        return KVTierWorkerMeta(
+            self.host_stored + other.host_stored, self.host_failed + other.host_failed,
+            self.disk_written + other.disk_written, self.disk_failed + other.disk_failed,
+            self.load_failed | other.load_failed, self.paths_down | other.paths_down,
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.host_stored or self.host_failed or self.disk_written
+                    or self.disk_failed or self.load_failed or self.paths_down)

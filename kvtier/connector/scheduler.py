@@ -1,0 +1,253 @@
+"""The connector's scheduler side: all of kvtier's bookkeeping for a vLLM engine.
+
+It lives in the engine-core process, next to vLLM's scheduler, and never touches bytes: it
+decides which chunks to load and store, in which host and disk slots, and tells the workers
+through ``KVTierMetadata``; the workers report outcomes back through ``KVTierWorkerMeta``.
+Every reservation is two-phase: a chunk becomes visible only after all ranks reported it
+stored; chunks being loaded stay pinned until the load is over.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.config import KVTierConfig, LoadPolicy, WritePolicy
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import (
+    ChunkLoad,
+    ChunkStore,
+    DiskWrite,
+    KVTierMetadata,
+    KVTierWorkerMeta,
+    RequestLoad,
+)
+from kvtier.connector.policy import LoadDecider
+from kvtier.io.buffers import align_up
+from kvtier.io.slotindex import SlotLayout, read_disk_index
+from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
+from kvtier.store import Location, Move, StorePlan, TierStack
+from kvtier.tiers.base import TierName
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import make_policy
+
+log = logging.getLogger("kvtier")
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+@dataclass
+class _Load:
+    """A request's load in flight: what is pinned, and staging slots to finish."""
+
+    pinned: list[tuple[ChunkKey, Location]]
+    staged: list[StorePlan]
+    tokens: int
+    tiers: dict[TierName, int]
+
+
+@dataclass
+class _Pending:
+    """Chunks the workers are storing: host reservations, then write-through disk writes."""
+
+    host: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
+    disk: dict[ChunkKey, tuple[Location, Location]] = field(default_factory=dict)
+
+
+class SchedulerSide:
+    """Bookkeeping for one engine (all TP ranks share one index; each rank keeps its own
+    shard of every chunk in the same slots, under its own namespace)."""
+
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry,
+                 namespaces: list[Namespace], world_size: int) -> None:
+        self.config, self.geometry, self.world_size = config, geometry, world_size
+        slot_bytes = align_up(geometry.chunk_bytes)
+        levels = [(HOST, SlotIndex(config.host_capacity // slot_bytes,
+                                   make_policy(config.eviction_policy)))]
+        self.disk_layout = None
+        if config.disk_paths:
+            self.disk_layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths),
+                                          config.disk_capacity)
+            levels.append((DISK, SlotIndex(self.disk_layout.num_slots,
+                                           make_policy(config.eviction_policy))))
+        self.stack = TierStack(levels)
+        self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
+        self._namespace = namespaces[0]
+        self._requests: dict[str, Any] = {}  # req id -> vllm Request
+        self._stored_upto: dict[str, int] = {}  # req id -> chunks already offered for store
+        self._loads: dict[str, _Load] = {}
+        self._new_loads: list[RequestLoad] = []
+        self._pending = _Pending()
+        self._finished_while_loading: set[str] = set()
+        self.recovered = self._recover(namespaces) if self.disk_layout else 0
+
+    def _recover(self, namespaces: list[Namespace]) -> int:
+        """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, self.disk_layout)
+                    for ns in namespaces]
+        common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
+                  if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
+        index = self.stack.indexes[DISK]
+        for key, slot, _ in sorted(common, key=lambda item: item[2].generation):
+            index.adopt(key, slot)
+        log.info("kvtier: %d chunks found on disk", len(index))
+        return len(index)
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def chunk_keys(self, request: Any, limit_tokens: int) -> list[ChunkKey]:
+        """Keys of the full chunks among the first ``limit_tokens`` tokens of ``request``."""
+        per = self.geometry.hashes_per_chunk
+        hashes = request.block_hashes
+        count = min(len(hashes) // per, limit_tokens // self.geometry.chunk_tokens)
+        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
+                for c in range(count)]
+
+    # -- loads --------------------------------------------------------------------------
+
+    def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
+        """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token)."""
+        self._requests[request.request_id] = request
+        if request.request_id in self._loads:
+            return 0, False
+        block = self.geometry.block_tokens
+        limit = (request.num_tokens - 1) // block * block
+        match = self.stack.match_prefix(self.chunk_keys(request, limit))
+        hit = min(match.num_chunks * self.geometry.chunk_tokens, limit)
+        wanted = hit - num_computed
+        if wanted <= 0:
+            return 0, False
+        from_disk = sum(1 for loc in match.locations if loc.tier is DISK)
+        if not self.decider.should_load(wanted, from_disk * self.geometry.chunk_bytes,
+                                        len(match.locations) * self.geometry.chunk_bytes):
+            return 0, False
+        return wanted, True
+
+    def plan_load(self, request: Any, block_ids: list[int], num_computed: int,
+                  num_external: int) -> None:
+        """Pin the chunks covering ``[num_computed, num_computed + num_external)`` and queue
+        their load into the request's GPU blocks."""
+        geo = self.geometry
+        start, end = num_computed, num_computed + num_external
+        keys = self.chunk_keys(request, -(-end // geo.chunk_tokens) * geo.chunk_tokens)
+        load = _Load([], [], num_external, {})
+        chunks, demotions = [], []
+        for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
+            first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
+            last = min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
+            ids = tuple(block_ids[c * geo.blocks_per_chunk + first:c * geo.blocks_per_chunk + last])
+            chunks.append(self._plan_chunk_load(keys[c] if c < len(keys) else None, ids, first,
+                                                load, demotions))
+        self._loads[request.request_id] = load
+        self._new_loads.append(RequestLoad(request.request_id, tuple(chunks), tuple(demotions)))
+
+    def _plan_chunk_load(self, key: ChunkKey | None, ids: tuple[int, ...], first: int,
+                         load: _Load, demotions: list[DiskWrite]) -> ChunkLoad:
+        location = self.stack.locate(key) if key is not None else None
+        if location is None:  # gone since the match: the workers report these blocks failed
+            return ChunkLoad(key or b"", ids, first, None)
+        self.stack.indexes[location.tier].pin(key)
+        load.pinned.append((key, location))
+        load.tiers[location.tier] = load.tiers.get(location.tier, 0) + 1
+        if location.tier is HOST:
+            return ChunkLoad(key, ids, first, location.slot)
+        plan = self.stack.plan_store(key, HOST)  # a host slot to stage the disk read in
+        if plan is None:
+            return ChunkLoad(key, ids, first, None, location.slot)
+        demotions += self._demotion_writes(plan.demotions)
+        load.staged.append(plan)
+        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot)
+
+    def _demotion_writes(self, moves: tuple[Move, ...]) -> list[DiskWrite]:
+        """Host victims that must reach disk before their slot is reused (write-back)."""
+        writes = []
+        for move in moves:
+            assert move.src.tier is HOST and move.dst.tier is DISK, move
+            writes.append(DiskWrite(move.key, move.src.slot, move.dst.slot))
+            self._pending.disk[move.key] = (move.dst, None)
+        return writes
+
+    def finish_load(self, req_id: str, failed: set[bytes]) -> None:
+        load = self._loads.pop(req_id, None)
+        if load is None:
+            return
+        for plan in load.staged:
+            ok = plan.key not in failed
+            self.stack.finish(plan.key, plan.dst, ok)
+        for key, location in load.pinned:
+            self.stack.unpin(key, location)
+            if key in failed:
+                self.stack.discard(key)
+
+    # -- stores -------------------------------------------------------------------------
+
+    def plan_stores(self, request: Any, block_ids: list[int], num_computed_after: int,
+                    meta: KVTierMetadata) -> None:
+        """Offer every chunk of ``request`` that is fully computed after this step."""
+        req_id = request.request_id
+        keys = self.chunk_keys(request, num_computed_after)
+        geo = self.geometry
+        for c in range(self._stored_upto.get(req_id, 0), len(keys)):
+            ids = block_ids[c * geo.blocks_per_chunk:(c + 1) * geo.blocks_per_chunk]
+            if len(ids) < geo.blocks_per_chunk:
+                break
+            self._stored_upto[req_id] = c + 1
+            self._plan_store(keys[c], tuple(ids), meta)
+
+    def _plan_store(self, key: ChunkKey, ids: tuple[int, ...], meta: KVTierMetadata) -> None:
+        if self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key):
+            self.stack.touch(key)
+            return
+        plan = self.stack.plan_store(key, HOST)
+        if plan is None:
+            return
+        meta.demotions += self._demotion_writes(plan.demotions)
+        disk = None
+        if (DISK in self.stack.indexes and self.config.write_policy is WritePolicy.WRITE_THROUGH
+                and not self.stack.indexes[DISK].has_entry(key)):
+            disk_plan = self.stack.plan_store(key, DISK)
+            disk = disk_plan.dst if disk_plan is not None else None
+        self._pending.host[key] = (plan.dst, disk)
+        if disk is not None:
+            self._pending.disk[key] = (disk, plan.dst)
+        meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None))
+
+    # -- outcomes -----------------------------------------------------------------------
+
+    def worker_report(self, report: KVTierWorkerMeta) -> None:
+        """Apply the workers' outcomes: a chunk counts as stored when every rank stored it."""
+        for key in set(report.host_stored) | set(report.host_failed):
+            if key not in self._pending.host:
+                continue
+            ok = report.host_stored[key] >= self.world_size and not report.host_failed[key]
+            dst, disk = self._pending.host.pop(key)
+            self.stack.finish(key, dst, ok)
+            if disk is not None and key in self._pending.disk:
+                if ok:
+                    self.stack.indexes[HOST].pin(key)  # until its disk write is over
+                else:
+                    self._pending.disk.pop(key)
+                    self.stack.finish(key, disk, False)
+        for key in set(report.disk_written) | set(report.disk_failed):
+            if key not in self._pending.disk:
+                continue
+            ok = report.disk_written[key] >= self.world_size and not report.disk_failed[key]
+            dst, host = self._pending.disk.pop(key)
+            self.stack.finish(key, dst, ok)
+            if host is not None:
+                self.stack.unpin(key, host)
+        if report.paths_down and self.disk_layout is not None:
+            for index in report.paths_down:
+                self.stack.indexes[DISK].retire(range(index, self.disk_layout.num_slots,
+                                                      self.disk_layout.num_paths))
+
+    def build_meta(self) -> KVTierMetadata:
+        meta = KVTierMetadata(loads=self._new_loads)
+        self._new_loads = []
+        return meta
+
+    def request_finished(self, req_id: str) -> bool:
+        """True while a load into the request's blocks is still running."""
+        self._requests.pop(req_id, None)
+        self._stored_upto.pop(req_id, None)
+        return req_id in self._loads

@@ -1,0 +1,97 @@
+"""Reading what the disk tier holds from its index files and slot headers, without I/O
+threads or locks: shared by the disk tier at start-up and by the vLLM scheduler side."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvtier.io.cachedir import INDEX_FILE, check_safe_dir
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
+from kvtier.keys import ChunkKey, Namespace
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Where the disk tier's slots are: ``per_path`` slots on each of ``num_paths`` paths,
+    slot ``s`` on path ``s % num_paths``, ``stride`` bytes each, ``raw_bytes`` of payload."""
+
+    raw_bytes: int
+    num_paths: int
+    capacity: int
+
+    @property
+    def stride(self) -> int:
+        return HEADER_BYTES + -(-self.raw_bytes // 4096) * 4096
+
+    @property
+    def per_path(self) -> int:
+        return (self.capacity // self.num_paths) // self.stride
+
+    @property
+    def num_slots(self) -> int:
+        return self.per_path * self.num_paths
+
+
+def valid_header(data, namespace_digest: bytes, layout: SlotLayout) -> SlotHeader | None:
+    """The header in ``data`` if it checks out and belongs to this namespace and size."""
+    try:
+        header = decode_header(data)
+    except HeaderError:
+        return None
+    if (header.namespace != namespace_digest or header.raw_bytes != layout.raw_bytes
+            or header.payload_bytes > layout.stride - HEADER_BYTES):
+        return None
+    return header
+
+
+def parse_index(entries: bytes, namespace_digest: bytes, layout: SlotLayout,
+                path_index: int) -> tuple[list[tuple[int, SlotHeader]], int]:
+    """(valid (slot, header) pairs, bad entries) in one path's index file contents."""
+    found, bad = [], 0
+    count = min(len(entries) // INDEX_ENTRY_BYTES, layout.per_path)
+    for local in range(count):
+        entry = entries[local * INDEX_ENTRY_BYTES:(local + 1) * INDEX_ENTRY_BYTES]
+        if is_blank(entry):
+            continue
+        header = valid_header(entry, namespace_digest, layout)
+        if header is None:
+            bad += 1
+        else:
+            found.append((local * layout.num_paths + path_index, header))
+    return found, bad
+
+
+Found = tuple[int, SlotHeader]  # (slot, its header)
+
+
+def newest_per_key(found: Iterable[Found]) -> tuple[dict[ChunkKey, Found], int]:
+    """The newest slot of every key, and how many older copies lost."""
+    best: dict[ChunkKey, tuple[int, SlotHeader]] = {}
+    duplicates = 0
+    for slot, header in found:
+        previous = best.get(header.key)
+        if previous is not None:
+            duplicates += 1
+            if previous[1].generation > header.generation:
+                continue
+        best[header.key] = (slot, header)
+    return best, duplicates
+
+
+def read_disk_index(roots: list[str], namespace: Namespace,
+                    layout: SlotLayout) -> dict[ChunkKey, tuple[int, SlotHeader]]:
+    """What a namespace holds on ``roots``, from the index files alone (missing, unsafe or
+    unreadable paths hold nothing). Reads only: the process that writes holds the lock."""
+    found: list[tuple[int, SlotHeader]] = []
+    for index, root in enumerate(roots):
+        directory = Path(root) / namespace.id
+        try:
+            check_safe_dir(Path(root))
+            check_safe_dir(directory)
+            entries = (directory / INDEX_FILE).read_bytes()
+        except OSError:
+            continue
+        found += parse_index(entries, namespace.digest(), layout, index)[0]
+    return newest_per_key(found)[0]
