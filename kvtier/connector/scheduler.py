@@ -10,10 +10,12 @@ stored; chunks being loaded stay pinned until the load is over.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.config import KVTierConfig, LoadPolicy, WritePolicy
+from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import (
     ChunkLoad,
@@ -23,7 +25,6 @@ from kvtier.connector.messages import (
     KVTierWorkerMeta,
     RequestLoad,
 )
-from kvtier.connector.policy import LoadDecider
 from kvtier.io.buffers import align_up
 from kvtier.io.slotindex import SlotLayout, read_disk_index
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
@@ -78,7 +79,8 @@ class SchedulerSide:
         self._loads: dict[str, _Load] = {}
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
-        self._finished_while_loading: set[str] = set()
+        self._load_failures: dict[str, set[bytes]] = {}
+        self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
         self.recovered = self._recover(namespaces) if self.disk_layout else 0
 
     def _recover(self, namespaces: list[Namespace]) -> int:
@@ -95,24 +97,38 @@ class SchedulerSide:
 
     # -- keys ---------------------------------------------------------------------------
 
-    def chunk_keys(self, request: Any, limit_tokens: int) -> list[ChunkKey]:
-        """Keys of the full chunks among the first ``limit_tokens`` tokens of ``request``."""
+    def chunk_keys(self, request: Any, count: int) -> list[ChunkKey]:
+        """Keys of the request's first ``count`` chunks (fewer if its tokens run out)."""
         per = self.geometry.hashes_per_chunk
         hashes = request.block_hashes
-        count = min(len(hashes) // per, limit_tokens // self.geometry.chunk_tokens)
+        count = min(len(hashes) // per, count)
         return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
                 for c in range(count)]
+
+    def track(self, request: Any) -> None:
+        self._requests[request.request_id] = request
+
+    def request(self, req_id: str) -> Any | None:
+        return self._requests.get(req_id)
+
+    def load_tiers(self, req_id: str, tokens: int) -> dict[TierName, int]:
+        """Tokens of a planned load by the tier they come from."""
+        load = self._loads.get(req_id)
+        if load is None or not load.tiers:
+            return {}
+        disk = min(tokens, load.tiers.get(DISK, 0) * self.geometry.chunk_tokens)
+        return {DISK: disk, HOST: tokens - disk}
 
     # -- loads --------------------------------------------------------------------------
 
     def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
         """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token)."""
-        self._requests[request.request_id] = request
+        self.track(request)
         if request.request_id in self._loads:
             return 0, False
-        block = self.geometry.block_tokens
-        limit = (request.num_tokens - 1) // block * block
-        match = self.stack.match_prefix(self.chunk_keys(request, limit))
+        block, chunk = self.geometry.block_tokens, self.geometry.chunk_tokens
+        limit = (request.num_tokens - 1) // block * block  # vLLM computes at least one token
+        match = self.stack.match_prefix(self.chunk_keys(request, -(-limit // chunk)))
         hit = min(match.num_chunks * self.geometry.chunk_tokens, limit)
         wanted = hit - num_computed
         if wanted <= 0:
@@ -129,7 +145,7 @@ class SchedulerSide:
         their load into the request's GPU blocks."""
         geo = self.geometry
         start, end = num_computed, num_computed + num_external
-        keys = self.chunk_keys(request, -(-end // geo.chunk_tokens) * geo.chunk_tokens)
+        keys = self.chunk_keys(request, -(-end // geo.chunk_tokens))
         load = _Load([], [], num_external, {})
         chunks, demotions = [], []
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
@@ -149,6 +165,7 @@ class SchedulerSide:
         self.stack.indexes[location.tier].pin(key)
         load.pinned.append((key, location))
         load.tiers[location.tier] = load.tiers.get(location.tier, 0) + 1
+        self.counters[f"load_chunks_{location.tier}"] += 1
         if location.tier is HOST:
             return ChunkLoad(key, ids, first, location.slot)
         plan = self.stack.plan_store(key, HOST)  # a host slot to stage the disk read in
@@ -167,7 +184,9 @@ class SchedulerSide:
             self._pending.disk[move.key] = (move.dst, None)
         return writes
 
-    def finish_load(self, req_id: str, failed: set[bytes]) -> None:
+    def finish_load(self, req_id: str) -> None:
+        """The workers finished loading ``req_id``: keep what arrived, drop what failed."""
+        failed = self._load_failures.pop(req_id, set())
         load = self._loads.pop(req_id, None)
         if load is None:
             return
@@ -178,6 +197,7 @@ class SchedulerSide:
             self.stack.unpin(key, location)
             if key in failed:
                 self.stack.discard(key)
+                self.counters["load_failed_chunks"] += 1
 
     # -- stores -------------------------------------------------------------------------
 
@@ -185,8 +205,8 @@ class SchedulerSide:
                     meta: KVTierMetadata) -> None:
         """Offer every chunk of ``request`` that is fully computed after this step."""
         req_id = request.request_id
-        keys = self.chunk_keys(request, num_computed_after)
         geo = self.geometry
+        keys = self.chunk_keys(request, num_computed_after // geo.chunk_tokens)
         for c in range(self._stored_upto.get(req_id, 0), len(keys)):
             ids = block_ids[c * geo.blocks_per_chunk:(c + 1) * geo.blocks_per_chunk]
             if len(ids) < geo.blocks_per_chunk:
@@ -216,12 +236,17 @@ class SchedulerSide:
 
     def worker_report(self, report: KVTierWorkerMeta) -> None:
         """Apply the workers' outcomes: a chunk counts as stored when every rank stored it."""
+        for disk_bytes, host_bytes, seconds in report.load_samples:
+            self.decider.observe_load(disk_bytes, host_bytes, seconds)
+        for req_id, keys in report.load_failed.items():
+            self._load_failures.setdefault(req_id, set()).update(keys)
         for key in set(report.host_stored) | set(report.host_failed):
             if key not in self._pending.host:
                 continue
             ok = report.host_stored[key] >= self.world_size and not report.host_failed[key]
             dst, disk = self._pending.host.pop(key)
             self.stack.finish(key, dst, ok)
+            self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
             if disk is not None and key in self._pending.disk:
                 if ok:
                     self.stack.indexes[HOST].pin(key)  # until its disk write is over
@@ -234,6 +259,7 @@ class SchedulerSide:
             ok = report.disk_written[key] >= self.world_size and not report.disk_failed[key]
             dst, host = self._pending.disk.pop(key)
             self.stack.finish(key, dst, ok)
+            self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
             if host is not None:
                 self.stack.unpin(key, host)
         if report.paths_down and self.disk_layout is not None:

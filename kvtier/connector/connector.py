@@ -1,0 +1,160 @@
+"""``KVTierConnector``: the thin vLLM adapter, routing each call to the side that owns it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvtier.config import load_config
+from kvtier.connector.geometry import geometry_from_vllm
+from kvtier.connector.messages import KVTierMetadata, KVTierWorkerMeta
+from kvtier.connector.scheduler import SchedulerSide
+from kvtier.connector.stats import KVTierStats
+from kvtier.connector.worker import WorkerSide
+from kvtier.tiers.base import TierName
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+log = logging.getLogger("kvtier")
+
+
+class KVTierConnector(KVConnectorBase_V1):
+    """Tiered KV offload (host memory, then disk) for vLLM; see docs/vllm.md."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.config = load_config(extra)
+        self.geometry = geometry_from_vllm(vllm_config, kv_cache_config, self.config)
+        model = vllm_config.model_config
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        namespaces = [self.geometry.namespace(str(model.model), str(model.revision or ""), tp, r)
+                      for r in range(tp)]
+        self._local_computed: dict[str, int] = {}
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        if role is KVConnectorRole.SCHEDULER:
+            self._recompute_failed_loads()
+            self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp)
+        else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            self._worker = WorkerSide(self.config, self.geometry,
+                                      namespaces[get_tensor_model_parallel_rank()])
+
+    def _recompute_failed_loads(self) -> None:
+        """A chunk that fails to load is a cache miss: vLLM must recompute it, not fail the
+        request (vLLM's default policy for connectors, read right after this constructor)."""
+        transfer = self._kv_transfer_config
+        if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+            log.info("kvtier: setting kv_load_failure_policy to 'recompute' (a failed load "
+                     "is a cache miss)")
+            transfer.kv_load_failure_policy = "recompute"
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a dropped save is a later miss
+
+    # -- worker side --------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._worker.start_loads(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: the request waits until the whole load is over
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # whole pages are copied once the step is over, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        self._worker.save(self._meta())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, self._worker.finished() or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_invalid_blocks()
+
+    def build_connector_worker_meta(self) -> KVTierWorkerMeta | None:
+        return self._worker.report()
+
+    def get_kv_connector_stats(self) -> KVTierStats | None:
+        return self._worker.stats() if self._worker is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVTierStats:
+        return KVTierStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    def _meta(self) -> KVTierMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVTierMetadata)
+        return meta
+
+    # -- scheduler side -----------------------------------------------------------------
+
+    def on_new_request(self, request: Any) -> None:
+        self._scheduler.track(request)
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int,
+                                   *args: Any) -> tuple[int | None, bool]:
+        self._local_computed[request.request_id] = num_computed_tokens
+        return self._scheduler.num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if num_external_tokens:
+            self._scheduler.plan_load(request, blocks.get_block_ids()[0],
+                                      self._local_computed.get(request.request_id, 0),
+                                      num_external_tokens)
+
+    def get_external_cache_hit_sources(self, request: Any,
+                                       num_external_tokens: int) -> dict[CacheHitSource, int]:
+        tiers = self._scheduler.load_tiers(request.request_id, num_external_tokens)
+        names = {TierName.HOST: CacheHitSource.HOST, TierName.DISK: CacheHitSource.DISK}
+        return {names[tier]: tokens for tier, tokens in tiers.items() if tokens}
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        scheduler = self._scheduler
+        meta = scheduler.build_meta()
+        scheduled = scheduler_output.num_scheduled_tokens
+        new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
+        cached = scheduler_output.scheduled_cached_reqs
+        computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        prefill = sum(n for req_id, n in scheduled.items() if req_id in new_ids or n > 1)
+        scheduler.decider.observe_step(sum(scheduled.values()), prefill)
+        for req_id, tokens in scheduled.items():
+            request = scheduler.request(req_id)
+            if request is None or self._kv_cache_manager is None:
+                continue
+            block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
+            scheduler.plan_stores(request, block_ids, computed[req_id] + tokens, meta)
+        return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        report = connector_output.kv_connector_worker_meta
+        if isinstance(report, KVTierWorkerMeta):
+            self._scheduler.worker_report(report)
+        for req_id in connector_output.finished_recving or ():
+            self._scheduler.finish_load(req_id)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
+        self._local_computed.pop(request.request_id, None)
+        return self._scheduler.request_finished(request.request_id), None

@@ -1,0 +1,76 @@
+"""kvtier's numbers in vLLM's connector statistics (logged by vLLM with its own metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+_COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
+             "load_bytes_disk", "load_failures", "stores", "store_bytes", "disk_writes",
+             "disk_write_bytes", "disk_write_failures", "corruptions", "io_errors", "no_space",
+             "paths_down")
+
+
+@dataclass
+class KVTierStats(KVConnectorStats):
+    """Counters and load times since the last report, summed over workers."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in _COUNTERS:
+            self.data.setdefault(name, 0)
+        self.data.setdefault("load_seconds", [])
+
+    def record_load(self, load, disk_bytes: int, host_bytes: int, seconds: float,
+                    failed: int) -> None:
+        from_disk = sum(1 for c in load.chunks if c.disk_slot is not None)
+        self.data["loads"] += 1
+        self.data["chunks_from_disk"] += from_disk
+        self.data["chunks_from_host"] += len(load.chunks) - from_disk
+        self.data["load_bytes_host"] += host_bytes
+        self.data["load_bytes_disk"] += disk_bytes
+        self.data["load_failures"] += failed
+        self.data["load_seconds"].append(seconds)
+
+    def record_stores(self, chunks: int, nbytes: int) -> None:
+        self.data["stores"] += chunks
+        self.data["store_bytes"] += nbytes
+
+    def record_disk_writes(self, results: Sequence) -> None:
+        for result in results:
+            if result.ok:
+                self.data["disk_writes"] += 1
+                self.data["disk_write_bytes"] += result.nbytes
+            else:
+                self.data["disk_write_failures"] += 1
+
+    def record_failure(self, status: str) -> None:
+        name = {"corrupt": "corruptions", "io_error": "io_errors", "no_space": "no_space",
+                "path_down": "paths_down"}.get(status)
+        if name:
+            self.data[name] += 1
+
+    def reset(self) -> None:
+        self.data = {}
+        self.__post_init__()
+
+    def aggregate(self, other: KVConnectorStats) -> KVTierStats:
+        for name in _COUNTERS:
+            self.data[name] += other.data.get(name, 0)
+        self.data["load_seconds"] = self.data["load_seconds"] + list(other.data.get("load_seconds", []))
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {name: self.data[name] for name in _COUNTERS}
+        seconds = sorted(self.data["load_seconds"])
+        if seconds:
+            out["load_ms_p50"] = round(1000 * seconds[len(seconds) // 2], 2)
+            out["load_ms_max"] = round(1000 * seconds[-1], 2)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data[name] for name in _COUNTERS)

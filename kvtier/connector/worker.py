@@ -1,0 +1,237 @@
+"""The connector's worker side: moves bytes as the scheduler side planned.
+
+One per model-runner process (TP rank). It owns the host slots and this rank's disk files,
+copies pages between vLLM's paged cache and host slots, drives disk reads and writes, and
+reports every outcome back (``KVTierWorkerMeta``), finished loads (``get_finished``) and the
+blocks of chunks that failed to load (so vLLM recomputes them).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from kvtier.config import Compression, KVTierConfig, ODirect
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import ChunkStore, DiskWrite, KVTierMetadata, KVTierWorkerMeta, RequestLoad
+from kvtier.connector.pages import PagedKV
+from kvtier.connector.stats import KVTierStats
+from kvtier.io.buffers import align_up
+from kvtier.io.engine import IOEngine
+from kvtier.keys import Namespace
+from kvtier.stats import FailureLog
+from kvtier.tiers.host import HostTier
+from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
+
+log = logging.getLogger("kvtier")
+_O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}
+
+
+class WorkerSide:
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespace: Namespace) -> None:
+        self.config, self.geometry, self.namespace = config, geometry, namespace
+        self.pages: PagedKV | None = None
+        self.host: HostTier | None = None
+        self.disk: DiskTier | None = None
+        self._engine: IOEngine | None = None
+        self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
+        self._lock = threading.Lock()
+        self._report = KVTierWorkerMeta()
+        self._stats = KVTierStats()
+        self._finished_loads: set[str] = set()
+        self._invalid_blocks: set[int] = set()
+        self._invalid_to_report: set[int] = set()
+        self._failures = FailureLog()
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Take vLLM's KV tensors and allocate the host slots and disk files."""
+        self.pages = PagedKV(list(kv_caches.values()), self.geometry)
+        slot_bytes = align_up(self.geometry.chunk_bytes)
+        self.host = HostTier(self.config.host_capacity // slot_bytes, slot_bytes)
+        if self.config.disk_paths:
+            self.disk = DiskTier(
+                self.config.disk_paths, self.namespace, self.geometry.chunk_bytes,
+                self.config.disk_capacity, compression=self.config.compression is Compression.ZSTD,
+                element_bytes=torch.empty((), dtype=next(iter(kv_caches.values())).dtype).element_size(),
+                o_direct=_O_DIRECT[self.config.o_direct], floor=self.config.disk_min_free)
+            self.disk.recover(threads=self.config.io_threads)
+            self._engine = IOEngine(self.disk.queues, self.config.io_threads)
+            for index, reason in self.disk.down_paths.items():
+                self._report.paths_down.add(index)
+                log.error("kvtier: disk path out of service: %s", reason)
+        log.info("kvtier worker: %d host slots of %d bytes, disk %s", self.host.num_slots,
+                 slot_bytes, f"{self.disk.num_slots} slots" if self.disk else "off")
+
+    # -- loads --------------------------------------------------------------------------
+
+    def start_loads(self, meta: KVTierMetadata) -> None:
+        for load in meta.loads:
+            self._loader.submit(self._load, load)
+
+    def _load(self, load: RequestLoad) -> None:
+        """Background: disk reads (in parallel), then host -> GPU pages, in chunk order."""
+        start = time.perf_counter()
+        failed_keys: set[bytes] = set()
+        invalid: set[int] = set()
+        disk_bytes = host_bytes = 0
+        try:
+            self._demote(load.demotions)
+            reads = self._submit_reads(load)
+            broken = False
+            for chunk in load.chunks:
+                result = reads.get(chunk.key)
+                ok = chunk.host_slot is not None and (result is None or result.result().ok)
+                if result is not None and not result.result().ok:
+                    with self._lock:
+                        self._note_failure(result.result(), "read")
+                if broken or not ok:
+                    broken = True
+                    invalid.update(chunk.block_ids)
+                    if chunk.key:
+                        failed_keys.add(chunk.key)
+                    continue
+                self.pages.scatter(self.host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+                moved = len(chunk.block_ids) * self.geometry.page_bytes * self.geometry.num_layers
+                host_bytes += moved
+                disk_bytes += moved if result is not None else 0
+            self.pages.synchronize()
+        except Exception as exc:  # never take the engine down: recompute instead
+            log.exception("kvtier: load of %s failed: %s", load.req_id, exc)
+            invalid.update(b for c in load.chunks for b in c.block_ids)
+            failed_keys.update(c.key for c in load.chunks if c.key)
+        seconds = time.perf_counter() - start
+        with self._lock:
+            self._finished_loads.add(load.req_id)
+            self._invalid_blocks |= invalid
+            if failed_keys:
+                self._report.load_failed[load.req_id] = failed_keys
+            self._report.load_samples.append((disk_bytes, host_bytes, seconds))
+            self._stats.record_load(load, disk_bytes, host_bytes, seconds, len(failed_keys))
+
+    def _submit_reads(self, load: RequestLoad) -> dict[bytes, Future]:
+        """Start the disk reads of a load, neighbouring slots together, one job per path."""
+        wanted = [c for c in load.chunks if c.disk_slot is not None and c.host_slot is not None]
+        if not wanted or self.disk is None:
+            return {}
+        futures: dict[bytes, Future] = {}
+        for queue in self.disk.queues:
+            mine = [c for c in wanted if self.disk.queue_of(c.disk_slot) == queue]
+            if not mine:
+                continue
+            items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in mine]
+            batch = self._engine.submit(queue, lambda items=items: self.disk.read_many(items))
+            for i, chunk in enumerate(mine):
+                futures[chunk.key] = _Item(batch, i)
+        return futures
+
+    # -- stores -------------------------------------------------------------------------
+
+    def save(self, meta: KVTierMetadata) -> None:
+        """After the forward: write-back demotions, then GPU pages -> host slots (waited
+        for), then write-through disk writes in the background."""
+        self._demote(meta.demotions)
+        stored: list[ChunkStore] = []
+        for store in meta.stores:
+            try:
+                self.pages.gather(store.block_ids, self.host.slot(store.host_slot))
+                stored.append(store)
+            except Exception as exc:
+                log.exception("kvtier: copy of a chunk to host failed: %s", exc)
+                with self._lock:
+                    self._report.host_failed[store.key] += 1
+        self.pages.synchronize()
+        with self._lock:
+            for store in stored:
+                self._report.host_stored[store.key] += 1
+            self._stats.record_stores(len(stored), len(stored) * self.geometry.chunk_bytes)
+        writes = [s for s in stored if s.disk_slot is not None]
+        if writes and self.disk is not None:
+            self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
+
+    def _demote(self, demotions: Sequence[DiskWrite]) -> None:
+        """Write-back demotions: written now, since their host slots are about to be reused."""
+        if demotions and self.disk is not None:
+            for _, future in self._submit_writes([(d.disk_slot, d.key, d.host_slot)
+                                                   for d in demotions]):
+                future.result()
+
+    def _submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[bytes], Future]]:
+        started = []
+        for queue in self.disk.queues:
+            mine = [(d, k, self.host.slot_array(h)) for d, k, h in items
+                    if self.disk.queue_of(d) == queue]
+            if mine:
+                future = self._engine.submit(queue, lambda mine=mine: self._write(mine))
+                started.append(([k for _, k, _ in mine], future))
+        return started
+
+    def _write(self, items: list) -> None:
+        results = self.disk.write_many(items)
+        with self._lock:
+            for (_, key, _), result in zip(items, results, strict=True):
+                if result.ok:
+                    self._report.disk_written[key] += 1
+                else:
+                    self._report.disk_failed[key] += 1
+                    self._note_failure(result, "write")
+            self._stats.record_disk_writes(results)
+
+    def _note_failure(self, result: IOResult, op: str) -> None:
+        """Count and log (once per kind) a failed disk request (lock held)."""
+        self._failures.note(f"disk {op} {result.status.value}", result.detail)
+        self._stats.record_failure(result.status.value)
+        if result.status is IOStatus.PATH_DOWN and self.disk is not None:
+            self._report.paths_down |= set(self.disk.down_paths)
+
+    # -- reports ------------------------------------------------------------------------
+
+    def finished(self) -> set[str]:
+        """Requests whose load is over since the last call (their failed blocks are
+        reported by ``take_invalid_blocks`` in the same step)."""
+        with self._lock:
+            done, self._finished_loads = self._finished_loads, set()
+            self._invalid_to_report |= self._invalid_blocks
+            self._invalid_blocks = set()
+        return done
+
+    def take_invalid_blocks(self) -> set[int]:
+        with self._lock:
+            invalid, self._invalid_to_report = self._invalid_to_report, set()
+        return invalid
+
+    def report(self) -> KVTierWorkerMeta | None:
+        with self._lock:
+            report, self._report = self._report, KVTierWorkerMeta()
+        return None if report.is_empty() else report
+
+    def stats(self) -> KVTierStats | None:
+        with self._lock:
+            stats, self._stats = self._stats, KVTierStats()
+        return None if stats.is_empty() else stats
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=True)
+        if self._engine is not None:
+            self._engine.close()
+        if self.disk is not None:
+            self.disk.close()
+        if self.host is not None:
+            self.host.close()
+
+
+class _Item:
+    """One chunk's result out of a batched read."""
+
+    def __init__(self, batch: Future, index: int) -> None:
+        self._batch, self._index = batch, index
+
+    def result(self) -> IOResult:
+        try:
+            return self._batch.result()[self._index]
+        except Exception as exc:
+            return IOResult(IOStatus.IO_ERROR, detail=repr(exc))

