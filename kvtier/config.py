@@ -80,7 +80,7 @@ class KVTierConfig:
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     load_policy: LoadPolicy = LoadPolicy.AUTO
     eviction_policy: EvictionPolicyName = EvictionPolicyName.LRU
-    io_threads: int = 8
+    io_threads: int = 16
     o_direct: ODirect = ODirect.AUTO
     metrics_port: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)

@@ -5,7 +5,8 @@ ExampleConnector, each in its own engine process, all in one run.
     python scripts/ttft.py --model mid --lengths 1024,4096,8192 --json out/ttft_mid.json
 
 Modes (same prompts, same thread binding, vLLM's own prefix cache off so that a repeat is
-served by the connector or recomputed):
+served by the connector or recomputed; before each disk-hit run, the connector's files are
+dropped from the page cache so that both connectors really read the disk):
   recompute        no connector: every prompt is computed
   kvtier host      kvtier: a prompt's second run loads its KV from host memory
   kvtier disk      kvtier, in a new engine process (empty host memory): loads from disk
@@ -31,6 +32,14 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_model import make_model  # noqa: E402
+
+from kvtier.bench.naive import drop_cache  # noqa: E402
+
+
+def drop_page_cache(*directories: Path) -> None:
+    """Evict every file under ``directories`` from the page cache, so that a "disk hit"
+    reads the disk for kvtier and ExampleConnector alike."""
+    drop_cache([p for d in directories for p in d.rglob("*") if p.is_file()])
 
 
 def run(spec: dict, work: Path, name: str, threads: str) -> dict:
@@ -75,11 +84,13 @@ def main() -> None:
         host = run({**base, "connector": "kvtier", "extra": extra, "phases": once * 2}, work,
                    "kvtier-host", args.threads)
         console.print("[dim]kvtier: new process, disk hits[/dim]")
+        drop_page_cache(disk)
         disk_run = run({**base, "connector": "kvtier", "extra": extra, "phases": once}, work,
                        "kvtier-disk", args.threads)
         console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
         ex = {**base, "connector": "example", "extra": {"path": str(example)}}
         run({**ex, "phases": once}, work, "example-store", args.threads)
+        drop_page_cache(example)
         example_run = run({**ex, "phases": once}, work, "example-load", args.threads)
     finally:
         if args.disk is None:

@@ -152,8 +152,6 @@ class KVTierConnector(KVConnectorBase_V1):
         report = connector_output.kv_connector_worker_meta
         if isinstance(report, KVTierWorkerMeta):
             self._scheduler.worker_report(report)
-        for req_id in connector_output.finished_recving or ():
-            self._scheduler.finish_load(req_id)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)

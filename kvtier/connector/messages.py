@@ -84,6 +84,7 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     load_failed: dict = field(default_factory=dict)
     paths_down: set = field(default_factory=set)
     load_samples: list = field(default_factory=list)  # (disk bytes, host bytes, seconds)
+    loads_done: Counter = field(default_factory=Counter)  # request id -> ranks done
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
         assert isinstance(other, KVTierWorkerMeta)
@@ -93,10 +94,10 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
             {req: self.load_failed.get(req, set()) | other.load_failed.get(req, set())
              for req in self.load_failed.keys() | other.load_failed.keys()},
             self.paths_down | other.paths_down,
-            self.load_samples + other.load_samples,
+            self.load_samples + other.load_samples, self.loads_done + other.loads_done,
         )
 
     def is_empty(self) -> bool:
         return not (self.host_stored or self.host_failed or self.disk_written
                     or self.disk_failed or self.load_failed or self.paths_down
-                    or self.load_samples)
+                    or self.load_samples or self.loads_done)

@@ -45,6 +45,7 @@ class _Load:
     staged: list[StorePlan]
     tokens: int
     tiers: dict[TierName, int]
+    from_disk: bool = False  # asynchronous: the request waits for it between steps
 
 
 @dataclass
@@ -80,6 +81,7 @@ class SchedulerSide:
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
+        self._loads_done: Counter = Counter()
         self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
         self.recovered = self._recover(namespaces) if self.disk_layout else 0
 
@@ -133,11 +135,14 @@ class SchedulerSide:
         wanted = hit - num_computed
         if wanted <= 0:
             return 0, False
-        from_disk = sum(1 for loc in match.locations if loc.tier is DISK)
+        needed = match.locations[num_computed // chunk:]
+        from_disk = sum(1 for loc in needed if loc.tier is DISK)
         if not self.decider.should_load(wanted, from_disk * self.geometry.chunk_bytes,
-                                        len(match.locations) * self.geometry.chunk_bytes):
+                                        len(needed) * self.geometry.chunk_bytes):
             return 0, False
-        return wanted, True
+        # From host memory the copy is quick: done before this step's forward. From disk the
+        # request waits (asynchronously) while other requests go on.
+        return wanted, from_disk > 0
 
     def plan_load(self, request: Any, block_ids: list[int], num_computed: int,
                   num_external: int) -> None:
@@ -154,6 +159,7 @@ class SchedulerSide:
             ids = tuple(block_ids[c * geo.blocks_per_chunk + first:c * geo.blocks_per_chunk + last])
             chunks.append(self._plan_chunk_load(keys[c] if c < len(keys) else None, ids, first,
                                                 load, demotions))
+        load.from_disk = any(c.disk_slot is not None for c in chunks)
         self._loads[request.request_id] = load
         self._new_loads.append(RequestLoad(request.request_id, tuple(chunks), tuple(demotions)))
 
@@ -240,6 +246,11 @@ class SchedulerSide:
             self.decider.observe_load(disk_bytes, host_bytes, seconds)
         for req_id, keys in report.load_failed.items():
             self._load_failures.setdefault(req_id, set()).update(keys)
+        for req_id, ranks in report.loads_done.items():
+            self._loads_done[req_id] += ranks
+            if self._loads_done[req_id] >= self.world_size:
+                del self._loads_done[req_id]
+                self.finish_load(req_id)
         for key in set(report.host_stored) | set(report.host_failed):
             if key not in self._pending.host:
                 continue
@@ -273,7 +284,9 @@ class SchedulerSide:
         return meta
 
     def request_finished(self, req_id: str) -> bool:
-        """True while a load into the request's blocks is still running."""
+        """True while an asynchronous load into the request's blocks is still running (a
+        load from host memory is over before the request's first forward)."""
         self._requests.pop(req_id, None)
         self._stored_upto.pop(req_id, None)
-        return req_id in self._loads
+        load = self._loads.get(req_id)
+        return load is not None and load.from_disk

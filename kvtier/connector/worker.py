@@ -9,6 +9,7 @@ blocks of chunks that failed to load (so vLLM recomputes them).
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
 log = logging.getLogger("kvtier")
 _O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}
+SWITCH_INTERVAL_S = 0.0005
 
 
 class WorkerSide:
@@ -44,12 +46,17 @@ class WorkerSide:
         self._report = KVTierWorkerMeta()
         self._stats = KVTierStats()
         self._finished_loads: set[str] = set()
+        self._pending_loads: list[tuple[RequestLoad, Future | _Done, float]] = []
         self._invalid_blocks: set[int] = set()
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            # The engine loop is a busy Python thread: without this, every disk thread waits
+            # up to 5 ms for the GIL each time one of its reads returns.
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.pages = PagedKV(list(kv_caches.values()), self.geometry)
         slot_bytes = align_up(self.geometry.chunk_bytes)
         self.host = HostTier(self.config.host_capacity // slot_bytes, slot_bytes)
@@ -70,26 +77,52 @@ class WorkerSide:
     # -- loads --------------------------------------------------------------------------
 
     def start_loads(self, meta: KVTierMetadata) -> None:
+        """Loads from host memory run now (vLLM calls this before the forward that needs
+        them); loads with disk chunks start their reads and finish in a later step."""
         for load in meta.loads:
-            self._loader.submit(self._load, load)
+            if not any(c.disk_slot is not None for c in load.chunks):
+                self._complete(load, {}, time.perf_counter())
+            elif load.demotions:  # write-back victims must leave the staging slots first
+                started = time.perf_counter()
+                job = self._loader.submit(lambda load=load: (self._demote(load.demotions),
+                                                             self._submit_reads(load))[1])
+                self._pending_loads.append((load, job, started))
+            else:
+                self._pending_loads.append((load, _Done(self._submit_reads(load)),
+                                            time.perf_counter()))
 
-    def _load(self, load: RequestLoad) -> None:
-        """Background: disk reads (in parallel), then host -> GPU pages, in chunk order."""
-        start = time.perf_counter()
+    def _finish_ready_loads(self) -> None:
+        """Complete the asynchronous loads whose disk reads are all over (this thread)."""
+        waiting = []
+        for load, reads_job, started in self._pending_loads:
+            if not reads_job.done():
+                waiting.append((load, reads_job, started))
+                continue
+            try:
+                reads = reads_job.result()
+            except Exception as exc:
+                log.exception("kvtier: disk reads of %s failed to start: %s", load.req_id, exc)
+                reads = {c.key: _Failed(repr(exc)) for c in load.chunks if c.disk_slot is not None}
+            if all(r.done() for r in reads.values()):
+                self._complete(load, reads, started)
+                self._finished_loads.add(load.req_id)
+            else:
+                waiting.append((load, reads_job, started))
+        self._pending_loads = waiting
+
+    def _complete(self, load: RequestLoad, reads: dict, started: float) -> None:
+        """Host -> GPU pages in chunk order, up to the first chunk that failed."""
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
         disk_bytes = host_bytes = 0
         try:
-            self._demote(load.demotions)
-            reads = self._submit_reads(load)
             broken = False
             for chunk in load.chunks:
-                result = reads.get(chunk.key)
-                ok = chunk.host_slot is not None and (result is None or result.result().ok)
-                if result is not None and not result.result().ok:
+                result = reads[chunk.key].result() if chunk.key in reads else None
+                if result is not None and not result.ok:
                     with self._lock:
-                        self._note_failure(result.result(), "read")
-                if broken or not ok:
+                        self._note_failure(result, "read")
+                if broken or chunk.host_slot is None or (result is not None and not result.ok):
                     broken = True
                     invalid.update(chunk.block_ids)
                     if chunk.key:
@@ -104,10 +137,10 @@ class WorkerSide:
             log.exception("kvtier: load of %s failed: %s", load.req_id, exc)
             invalid.update(b for c in load.chunks for b in c.block_ids)
             failed_keys.update(c.key for c in load.chunks if c.key)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - started
         with self._lock:
-            self._finished_loads.add(load.req_id)
             self._invalid_blocks |= invalid
+            self._report.loads_done[load.req_id] += 1
             if failed_keys:
                 self._report.load_failed[load.req_id] = failed_keys
             self._report.load_samples.append((disk_bytes, host_bytes, seconds))
@@ -120,13 +153,15 @@ class WorkerSide:
             return {}
         futures: dict[bytes, Future] = {}
         for queue in self.disk.queues:
-            mine = [c for c in wanted if self.disk.queue_of(c.disk_slot) == queue]
-            if not mine:
-                continue
-            items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in mine]
-            batch = self._engine.submit(queue, lambda items=items: self.disk.read_many(items))
-            for i, chunk in enumerate(mine):
-                futures[chunk.key] = _Item(batch, i)
+            mine = sorted((c for c in wanted if self.disk.queue_of(c.disk_slot) == queue),
+                          key=lambda c: c.disk_slot)
+            size = -(-len(mine) // self.config.io_threads)  # spread over the path's threads
+            for start in range(0, len(mine), size or 1):
+                group = mine[start:start + size]
+                items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in group]
+                batch = self._engine.submit(queue, lambda items=items: self.disk.read_many(items))
+                for i, chunk in enumerate(group):
+                    futures[chunk.key] = _Item(batch, i)
         return futures
 
     # -- stores -------------------------------------------------------------------------
@@ -191,8 +226,9 @@ class WorkerSide:
     # -- reports ------------------------------------------------------------------------
 
     def finished(self) -> set[str]:
-        """Requests whose load is over since the last call (their failed blocks are
-        reported by ``take_invalid_blocks`` in the same step)."""
+        """Asynchronous loads over since the last call (their failed blocks are reported by
+        ``take_invalid_blocks`` in the same step)."""
+        self._finish_ready_loads()
         with self._lock:
             done, self._finished_loads = self._finished_loads, set()
             self._invalid_to_report |= self._invalid_blocks
@@ -224,11 +260,34 @@ class WorkerSide:
             self.host.close()
 
 
+class _Done:
+    """An already-available value behind the ``done``/``result`` interface of a future."""
+
+    def __init__(self, value) -> None:
+        self._value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return self._value
+
+
+class _Failed(_Done):
+    """A read that could not be started."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(IOResult(IOStatus.IO_ERROR, detail=detail))
+
+
 class _Item:
     """One chunk's result out of a batched read."""
 
     def __init__(self, batch: Future, index: int) -> None:
         self._batch, self._index = batch, index
+
+    def done(self) -> bool:
+        return self._batch.done()
 
     def result(self) -> IOResult:
         try:
