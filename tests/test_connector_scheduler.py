@@ -1,0 +1,169 @@
+"""The connector's scheduler-side bookkeeping, driven directly with stand-in requests."""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvtier.config import load_config
+from kvtier.connector.decider import LoadDecider
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import KVTierMetadata, KVTierWorkerMeta
+from kvtier.connector.scheduler import SchedulerSide
+from kvtier.tiers.base import TierName
+
+BLOCK, CHUNK = 16, 32
+GEO = KVGeometry(num_layers=2, page_bytes=4096, block_tokens=BLOCK, hash_block_tokens=BLOCK,
+                 chunk_tokens=CHUNK, kv_dtype="bfloat16", page_shape="t")
+
+
+@dataclass
+class Request:
+    request_id: str
+    num_tokens: int
+    block_hashes: list = field(default_factory=list)
+
+
+def request(name: str, tokens: int, seed: int = 0) -> Request:
+    return Request(name, tokens, [bytes([seed, i]) * 16 for i in range(tokens // BLOCK)])
+
+
+def scheduler(world: int = 1, disk=None, **extra) -> SchedulerSide:
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes, "load_policy": "always",
+           **extra}
+    if disk is not None:
+        cfg.update(disk_paths=[str(disk)], disk_capacity=8 * (4096 + GEO.chunk_bytes))
+    namespaces = [GEO.namespace("m", "", world, r) for r in range(world)]
+    return SchedulerSide(load_config(cfg, environ={}), GEO, namespaces, world)
+
+
+def store_all(side: SchedulerSide, req: Request, world: int = 1, disk_ok: bool = True):
+    meta = KVTierMetadata()
+    side.plan_stores(req, list(range(100, 100 + req.num_tokens // BLOCK)), req.num_tokens, meta)
+    done = Counter({s.key: world for s in meta.stores})
+    written = Counter({s.key: world for s in meta.stores if s.disk_slot is not None})
+    report = KVTierWorkerMeta(host_stored=done)
+    if disk_ok:
+        report.disk_written = written
+    else:
+        report.disk_failed = written
+    side.worker_report(report)
+    return meta
+
+
+def test_stores_become_visible_only_when_reported():
+    side = scheduler()
+    req = request("a", 100)  # 6 full blocks: 3 full chunks
+    meta = KVTierMetadata()
+    side.plan_stores(req, list(range(10, 16)), 100, meta)
+    assert [s.block_ids for s in meta.stores] == [(10, 11), (12, 13), (14, 15)]
+    assert side.num_new_matched_tokens(request("b", 100), 0) == (0, False)
+    side.worker_report(KVTierWorkerMeta(host_stored=Counter({s.key: 1 for s in meta.stores})))
+    assert side.num_new_matched_tokens(request("b", 100), 0) == (96, False)  # from host: sync
+
+
+def test_the_last_token_is_always_computed():
+    side = scheduler()
+    store_all(side, request("a", 96))
+    assert side.num_new_matched_tokens(request("b", 96), 0) == (80, False)  # 96 - 1 -> 80
+
+
+def test_a_store_is_not_visible_until_every_rank_reported():
+    side = scheduler(world=2)
+    meta = KVTierMetadata()
+    req = request("a", 64)
+    side.plan_stores(req, [1, 2, 3, 4], 64, meta)
+    keys = Counter({s.key: 1 for s in meta.stores})
+    side.worker_report(KVTierWorkerMeta(host_stored=keys))
+    side.worker_report(KVTierWorkerMeta(host_stored=keys, host_failed=keys))
+    assert side.num_new_matched_tokens(request("b", 65), 0) == (0, False)
+
+
+def test_a_load_pins_its_chunks_until_the_workers_are_done():
+    side = scheduler()
+    store_all(side, request("a", 64))
+    side.num_new_matched_tokens(request("b", 65), 0)
+    side.plan_load(request("b", 65), [7, 8, 9, 10, 11], 0, 64)
+    (load,) = side.build_meta().loads
+    assert [c.block_ids for c in load.chunks] == [(7, 8), (9, 10)]
+    assert side.request_finished("b") is False  # from host: over before the forward
+    for other in range(5):  # pressure: the pinned chunks must survive
+        store_all(side, request(f"x{other}", 64, seed=other + 1))
+    assert side.stack.match_prefix([c.key for c in load.chunks]).num_chunks == 2
+    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
+    assert side.stack.indexes[TierName.HOST]._entries[load.chunks[0].key].pins == 0
+
+
+def test_a_partial_local_hit_loads_only_the_missing_blocks():
+    side = scheduler()
+    store_all(side, request("a", 96))
+    assert side.num_new_matched_tokens(request("b", 97), 16) == (80, False)
+    side.plan_load(request("b", 97), list(range(20, 27)), 16, 80)
+    (load,) = side.build_meta().loads
+    assert [(c.first_block, c.block_ids) for c in load.chunks] == [(1, (21,)), (0, (22, 23)),
+                                                                   (0, (24, 25))]
+
+
+def test_failed_loads_drop_the_chunk():
+    side = scheduler()
+    store_all(side, request("a", 64))
+    side.plan_load(request("b", 65), [1, 2, 3, 4, 5], 0, 64)
+    (load,) = side.build_meta().loads
+    bad = load.chunks[1].key
+    side.worker_report(KVTierWorkerMeta(load_failed={"b": {bad}}, loads_done=Counter({"b": 1})))
+    assert side.num_new_matched_tokens(request("c", 65), 0) == (32, False)
+    assert side.counters["load_failed_chunks"] == 1
+
+
+def test_write_through_then_restart_finds_the_chunks_on_disk(tmp_path):
+    side = scheduler(disk=tmp_path)
+    meta = store_all(side, request("a", 64))
+    assert all(s.disk_slot is not None for s in meta.stores)
+    assert side.counters["disk_written_chunks"] == 2
+    # the worker writes the files; here a disk tier stands in for it
+    from kvtier.io.buffers import AlignedBuffer
+    from kvtier.tiers.nvme import DiskTier
+
+    disk = DiskTier([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
+                    8 * (4096 + GEO.chunk_bytes))
+    buffer = AlignedBuffer(GEO.chunk_bytes)
+    assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in meta.stores)
+    disk.close()
+    again = scheduler(disk=tmp_path)
+    assert again.recovered == 2
+    matched, from_disk = again.num_new_matched_tokens(request("b", 65), 0)
+    assert (matched, from_disk) == (64, True)  # from disk: asynchronous
+    again.plan_load(request("b", 65), [1, 2, 3, 4, 5], 0, 64)
+    assert again.request_finished("b") is True  # the load is still running
+    (load,) = again.build_meta().loads
+    assert all(c.disk_slot is not None and c.host_slot is not None for c in load.chunks)
+
+
+def test_failed_disk_writes_leave_the_host_copy(tmp_path):
+    side = scheduler(disk=tmp_path)
+    store_all(side, request("a", 64), disk_ok=False)
+    assert side.counters["disk_failed_chunks"] == 2
+    hit = side.num_new_matched_tokens(request("b", 65), 0)
+    assert hit == (64, False)
+
+
+def test_a_path_reported_down_is_retired(tmp_path):
+    side = scheduler(disk=tmp_path)
+    store_all(side, request("a", 64))
+    side.worker_report(KVTierWorkerMeta(paths_down={0}))
+    assert side.stack.indexes[TierName.DISK].free_slots == 0
+
+
+def test_auto_policy_skips_loads_slower_than_recompute():
+    decider = LoadDecider(enabled=True)
+    assert decider.should_load(1000, 10**9, 10**9)  # nothing measured yet: load
+    decider.observe_load(0, 10**6, 0.001)  # host: 1 GB/s
+    decider.observe_load(10**6, 10**6, 0.101)  # disk: ~10 MB/s
+    decider.observe_step(2000, 2000)
+    decider._last_step = (decider._last_step[0] - 1.0, 2000)  # that step took 1 s: 2k tok/s
+    decider.observe_step(0, 0)
+    assert decider.should_load(2000, 0, 10**7)  # 10 ms from host against 1 s of prefill
+    assert not decider.should_load(2000, 10**8, 10**8)  # 10 s from disk against 1 s
+    assert LoadDecider(enabled=False).should_load(1, 10**12, 10**12)
