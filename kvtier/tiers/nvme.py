@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -29,17 +28,16 @@ from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.cachedir import CacheDir, aligned_view
 from kvtier.io.format import (
     HEADER_BYTES,
-    INDEX_ENTRY_BYTES,
     Codec,
     HeaderError,
     SlotHeader,
     decode_header,
-    is_blank,
     payload_checksum,
 )
-from kvtier.io.slotindex import SlotLayout, newest_per_key, parse_index, valid_header
+from kvtier.io.slotindex import SlotLayout
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.base import TierName
+from kvtier.tiers.disk_recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +68,6 @@ class IOResult:
         return self.status is IOStatus.OK
 
 
-@dataclass(frozen=True)
-class RecoveredSlot:
-    slot: int
-    header: SlotHeader
-
-
-@dataclass(frozen=True)
-class RecoveryReport:
-    slots: list[RecoveredSlot]
-    scanned: int
-    torn: int  # headers that do not check out
-    duplicates: int  # older copies of a key found in another slot
-
-
 class _Path:
     """One disk path's state: its directory (or why it is out of service) and health."""
 
@@ -96,7 +80,7 @@ class _Path:
         self.checked_at = 0.0
 
 
-class DiskTier:
+class DiskTier(DiskRecovery):
     """Slots of ``stride`` bytes striped over ``paths``; see the module docstring.
 
     Contract: ``write`` makes a slot hold a chunk (header last-writer-wins); ``read`` returns
@@ -380,86 +364,6 @@ class DiskTier:
         if path.dir is not None:
             directory, path.dir = path.dir, None
             directory.close()
-
-    # -- recovery -----------------------------------------------------------------------
-
-    def recover(self, threads: int = 8) -> RecoveryReport:
-        """Rebuild the slot map: from each path's index file, or by scanning slot headers
-        (``threads`` at a time) where the index is missing. Newest copy of each key wins."""
-        found: list[tuple[int, SlotHeader]] = []
-        scanned = torn = 0
-        for index, path in enumerate(self._paths):
-            if path.dir is None:
-                continue
-            entries = path.dir.read_index()
-            if entries:
-                part, n, bad = self._parse_index(index, entries)
-            else:
-                part, n, bad = self.scan_headers(self.slots_of_path(index), threads)
-                for slot, header in part:  # rebuild the index for the next start
-                    path.dir.write_index(slot // len(self._paths),
-                                         np.frombuffer(header.encode(), dtype=np.uint8))
-            found += part
-            scanned += n
-            torn += bad
-        newest, duplicates = newest_per_key(found)
-        best = {key: RecoveredSlot(slot, header) for key, (slot, header) in newest.items()}
-        newest = max((r.header.generation for r in best.values()), default=0)
-        self._generation = itertools.count(max(newest + 1, time.time_ns()))
-        for recovered in best.values():
-            self._lengths[recovered.slot] = recovered.header.payload_bytes
-            self._codecs[recovered.slot] = recovered.header.codec
-        return RecoveryReport(list(best.values()), scanned, torn, duplicates)
-
-    def _parse_index(self, index: int, entries: bytes) -> tuple[list[tuple[int, SlotHeader]], int, int]:
-        directory = self._paths[index].dir
-        found, torn = parse_index(entries, self.ns_digest, self.layout, index)
-        present = []
-        for slot, header in found:  # entries for slots past the end of a truncated file
-            number, offset = directory.locate(slot // len(self._paths))
-            if directory.file_size(number) < offset + self.stride:
-                torn += 1
-            else:
-                present.append((slot, header))
-        return present, min(len(entries) // INDEX_ENTRY_BYTES, self.layout.per_path), torn
-
-    def scan_headers(self, slots: range, threads: int = 8) -> tuple[list[tuple[int, SlotHeader]], int, int]:
-        """(valid headers, slots scanned, bad slots) read from the slots themselves."""
-        step = -(-len(slots) // threads) or 1
-        parts = [slots[i:i + step] for i in range(0, len(slots), step)]
-        with ThreadPoolExecutor(max(1, min(len(parts), threads))) as pool:
-            scans = list(pool.map(self._scan, parts))
-        return ([f for part in scans for f in part[0]], sum(p[1] for p in scans),
-                sum(p[2] for p in scans))
-
-    def _scan(self, slots: range) -> tuple[list[tuple[int, SlotHeader]], int, int]:
-        """(valid headers found, slots scanned, bad slots) over ``slots``."""
-        found, scanned, torn = [], 0, 0
-        header_buf = self._header_buffer()
-        for slot in slots:
-            path, number, offset = self._where(slot)
-            if path.dir is None or path.dir.file_size(number) < offset + self.stride:
-                continue  # path down, or never written this far
-            scanned += 1
-            header, bad = self._read_header(path, number, offset, header_buf)
-            torn += bad
-            if header is not None:
-                found.append((slot, header))
-        return found, scanned, torn
-
-    def _read_header(self, path: _Path, number: int, offset: int,
-                     buf: np.ndarray) -> tuple[SlotHeader | None, bool]:
-        """(the slot's header if valid and of this namespace, whether the slot is bad)."""
-        try:
-            if os.preadv(path.dir.fd(number), [buf], offset) != HEADER_BYTES:
-                return None, True
-        except OSError as exc:
-            self._failed(path, exc)
-            return None, True
-        if is_blank(buf):
-            return None, False
-        header = valid_header(buf, self.ns_digest, self.layout)
-        return header, header is None
 
     def close(self) -> None:
         for path in self._paths:
