@@ -71,6 +71,17 @@ def test_after_a_restart_chunks_load_from_disk(runs):
     assert restart["kvtier"].get("load_failed_chunks", 0) == 0
 
 
+def test_the_cli_reads_a_cache_the_connector_wrote(runs):
+    from tests.test_cli_cache import as_json
+
+    code, data = as_json("inspect", runs["disk"])
+    (ns,) = data["namespaces"]
+    assert code == 0 and ns["status"] == "ok" and ns["kv_dtype"] == "float32"
+    assert ns["chunks"] >= 4 * 3 and ns["chunk_tokens"] == CHUNK and not ns["in_use"]
+    code, data = as_json("verify", runs["disk"])
+    assert code == 0 and data["problems"] == 0 and data["namespaces"][0]["ok"] == ns["chunks"]
+
+
 def test_concurrent_overlapping_requests_keep_their_outputs(runs):
     assert tokens(runs["first"], 2) == tokens(runs["baseline"], 1)
     assert tokens(runs["first"], 3) == tokens(runs["baseline"], 1)

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from typing import Annotated
-
-import typer
-
 from kvtier import __version__
+from kvtier.cli import cache_commands, gpu  # noqa: F401  (registers their commands)
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
 from kvtier.config import load_config
 from kvtier.errors import ConfigError
 from kvtier.units import format_size
-
-app = typer.Typer(
-    help="kvtier: tiered KV-cache offload for LLM serving (GPU, host memory, NVMe).",
-    no_args_is_help=True,
-    add_completion=False,
-)
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 @app.command()
 def version() -> None:
     """Print kvtier's version."""
-    typer.echo(__version__)
+    console.print(__version__)
 
 
 @app.command()
@@ -37,20 +26,18 @@ def config(as_json: JsonFlag = False) -> None:
     try:
         cfg = load_config()
     except ConfigError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
+        raise fail(str(exc).removeprefix("kvtier ")) from exc
     values = cfg.as_dict()
     if as_json:
-        typer.echo(json.dumps({"config": values, "sources": dict(cfg.sources)}, indent=2))
+        emit_json({"config": values, "sources": dict(cfg.sources)})
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("key", "value", "source", title="kvtier configuration")
     for key, value in values.items():
         shown = format_size(value) if key.endswith("_capacity") else str(value)
         table.add_row(key, shown, cfg.sources.get(key, "default"))
-    Console().print(table)
+    console.print(table)
 
 
 def main() -> None:

@@ -1,0 +1,159 @@
+"""``kvtier inspect | verify | gc | clear PATH``: a cache root's namespaces, offline."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
+from kvtier.ops.cache import CacheRootError, NamespaceDir, cache_root, namespaces
+from kvtier.ops.inspect import inspect_namespace
+from kvtier.ops.reclaim import clear as clear_namespaces
+from kvtier.ops.reclaim import gc as gc_namespaces
+from kvtier.ops.verify import verify_namespace
+from kvtier.units import format_size, parse_duration, parse_size
+
+PathArg = Annotated[str, typer.Argument(help="A cache root: one of the disk_paths.")]
+NamespaceOpt = Annotated[str | None, typer.Option("--namespace", "-n",
+                                                  help="Only namespaces whose id starts so.")]
+
+
+def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
+    try:
+        found = namespaces(cache_root(path))
+    except CacheRootError as exc:
+        raise fail(exc.strerror) from exc
+    if prefix:
+        found = [d for d in found if d.id.startswith(prefix)]
+    return found
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@app.command()
+def inspect(path: PathArg, namespace: NamespaceOpt = None, as_json: JsonFlag = False) -> None:
+    """Show every namespace under PATH: what it holds and whether it is in use.
+
+    Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
+    compression ratio, and status (ok, stale: another format version, orphaned: no metadata).
+    """
+    reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
+    if as_json:
+        emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
+        return
+    from rich.table import Table
+
+    table = Table("namespace", "status", "model", "dtype", "chunk", "tp", "chunks", "fill",
+                  "stored", "ratio", "age min/med/max", title=f"kvtier cache {path}")
+    for r in reports:
+        ages = "/".join(_age(r.age_seconds.get(k)) for k in ("min", "median", "max"))
+        status = r.status + (" (in use)" if r.in_use else "")
+        table.add_row(r.id[:12], status, r.model[-30:], r.kv_dtype, str(r.chunk_tokens), r.tp,
+                      f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
+                      f"{r.compression_ratio:.2f}", ages)
+    console.print(table)
+    if not reports:
+        console.print("no kvtier namespaces here")
+
+
+@app.command()
+def verify(path: PathArg, namespace: NamespaceOpt = None,
+           repair: Annotated[bool, typer.Option(help="Free bad slots and fix the index.")] = False,
+           as_json: JsonFlag = False) -> None:
+    """Check every slot's header and payload under PATH; exit 1 when anything is wrong.
+
+    --repair frees corrupt, torn and foreign slots and fixes the index (the namespace must
+    not be in use).
+    """
+    from rich.progress import Progress
+
+    dirs = _dirs(path, namespace)
+    reports = []
+    with Progress(console=console, transient=True, disable=as_json) as bar:
+        for directory in dirs:
+            total = sum(f.stat().st_size for f in directory.slot_files) // (directory.stride or 1)
+            task = bar.add_task(f"verify {directory.id[:12]}", total=total)
+            try:
+                reports.append(verify_namespace(directory, repair,
+                                                lambda n, task=task: bar.advance(task, n)))
+            except CacheRootError as exc:
+                raise fail(exc.strerror) from exc
+    problems = sum(r.problems for r in reports)
+    if as_json:
+        emit_json({"path": path, "problems": problems, "namespaces": [asdict(r) for r in reports]})
+    else:
+        from rich.table import Table
+
+        table = Table("namespace", "slots", "ok", "free", "corrupt", "torn", "foreign",
+                      "unindexed", "stale index", "repaired", title=f"kvtier verify {path}")
+        for r in reports:
+            table.add_row(r.id[:12], str(r.slots), str(r.ok), str(r.free), str(len(r.corrupt)),
+                          str(len(r.torn)), str(len(r.foreign)), str(len(r.unindexed)),
+                          str(len(r.stale_index)), str(r.repaired))
+        console.print(table)
+    if problems and not repair:
+        raise typer.Exit(1)
+
+
+@app.command()
+def gc(path: PathArg, namespace: NamespaceOpt = None,
+       older_than: Annotated[str | None, typer.Option(help="Free chunks older than this (7d, 12h).")] = None,
+       target: Annotated[str | None, typer.Option(help="Free the oldest until this much is stored.")] = None,
+       stale: Annotated[bool, typer.Option(help="Remove namespaces of another format version "
+                                                 "or without metadata.")] = False,
+       dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go.")] = False,
+       as_json: JsonFlag = False) -> None:
+    """Reclaim space under PATH by age, size target or stale namespace.
+
+    Freed slots are punched out of the files. Namespaces that a running kvtier process holds
+    are never touched.
+    """
+    if older_than is None and target is None and not stale:
+        raise fail("gc: say what to reclaim: --older-than, --target and/or --stale")
+    try:
+        age = parse_duration(older_than) if older_than is not None else None
+        size = parse_size(target) if target is not None else None
+    except ValueError as exc:
+        raise fail(f"gc: {exc}") from exc
+    report = gc_namespaces(_dirs(path, namespace), older_than_s=age, target_bytes=size,
+                           stale=stale, dry_run=dry_run)
+    if as_json:
+        emit_json(asdict(report))
+        return
+    verb = "would free" if dry_run else "freed"
+    console.print(f"{verb} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
+                  f"removed {len(report.namespaces_removed)} namespaces"
+                  + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else ""))
+
+
+@app.command()
+def clear(path: PathArg, namespace: NamespaceOpt = None,
+          yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
+          as_json: JsonFlag = False) -> None:
+    """Remove one namespace (--namespace) or every namespace under PATH.
+
+    Asks first unless --yes; never removes a namespace in use (exit 1 then).
+    """
+    dirs = _dirs(path, namespace)
+    if not dirs:
+        matching = f" matching {namespace}" if namespace else ""
+        raise fail(f"clear: no kvtier namespace under {path}{matching}")
+    if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {path}?"):
+        raise typer.Exit(1)
+    removed, busy = clear_namespaces(dirs)
+    if as_json:
+        emit_json({"removed": removed, "in_use": busy})
+    else:
+        console.print(f"removed {len(removed)} namespace(s)"
+                      + (f"; {len(busy)} in use, left alone" if busy else ""))
+    if busy:
+        raise typer.Exit(1)

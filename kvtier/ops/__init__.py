@@ -1,0 +1,1 @@
+"""Offline operations on cache directories: inspect, verify, reclaim, clear."""

@@ -1,0 +1,200 @@
+"""``kvtier inspect | verify | gc | clear | gpu`` on caches written by the store."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvtier import KVStore
+from tests.conftest import SMALL, make_kv
+from tests.test_disk_store import STRIDE, config, seq
+
+KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
+
+
+def kvtier(*args, stdin=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    return subprocess.run([*KVTIER, *map(str, args)], capture_output=True, text=True,
+                          input=stdin, env=env, timeout=120)
+
+
+def as_json(*args):
+    result = kvtier(*args, "--json")
+    return result.returncode, json.loads(result.stdout)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A cache root holding 6 chunks of one namespace, written by a KVStore and closed."""
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    with KVStore(SMALL, config(root)) as store:
+        store.put(seq(0, 6), make_kv(seq(0, 6)))
+        store.flush()
+    return root
+
+
+def slot_file(root):
+    (path,) = root.glob("*/slots-0000.kvt")
+    return path
+
+
+def flip(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x55
+    path.write_bytes(bytes(data))
+
+
+def recovered(root):
+    with KVStore(SMALL, config(root)) as store:
+        return store.stats().recovered_chunks
+
+
+def test_inspect_shows_the_namespace(cache):
+    code, data = as_json("inspect", cache)
+    assert code == 0
+    (ns,) = data["namespaces"]
+    assert ns["status"] == "ok" and not ns["in_use"]
+    assert ns["chunks"] == 6 and ns["kv_dtype"] == "bfloat16" and ns["chunk_tokens"] == 16
+    assert ns["tp"] == "0/1" and ns["compression_ratio"] == pytest.approx(1.0)
+    assert 0 <= ns["age_seconds"]["min"] <= ns["age_seconds"]["max"] < 600
+    table = kvtier("inspect", cache)
+    assert table.returncode == 0 and ns["id"][:12] in table.stdout
+
+
+def test_inspect_sees_a_namespace_in_use(cache):
+    with KVStore(SMALL, config(cache)):
+        _, data = as_json("inspect", cache)
+    assert data["namespaces"][0]["in_use"] is True
+
+
+def test_verify_passes_a_good_cache(cache):
+    code, data = as_json("verify", cache)
+    assert code == 0 and data["problems"] == 0
+    assert data["namespaces"][0]["ok"] == 6
+
+
+def test_verify_finds_and_repairs_a_corrupt_payload(cache):
+    flip(slot_file(cache), 2 * STRIDE + 4096 + 100)
+    code, data = as_json("verify", cache)
+    assert code == 1 and data["namespaces"][0]["corrupt"] == [2]
+    code, data = as_json("verify", cache, "--repair")
+    assert code == 0 and data["namespaces"][0]["repaired"] >= 1
+    code, data = as_json("verify", cache)
+    assert code == 0 and data["namespaces"][0]["ok"] == 5
+    assert recovered(cache) == 5
+
+
+def test_verify_finds_a_torn_header(cache):
+    flip(slot_file(cache), 4 * STRIDE + 30)
+    code, data = as_json("verify", cache)
+    assert code == 1 and data["namespaces"][0]["torn"] == [4]
+
+
+def test_verify_reindexes_slots_the_index_lost(cache):
+    (index,) = cache.glob("*/index.kvt")
+    index.write_bytes(bytes(index.stat().st_size))
+    code, data = as_json("verify", cache)
+    assert code == 1 and len(data["namespaces"][0]["unindexed"]) == 6
+    assert as_json("verify", cache, "--repair")[0] == 0
+    assert as_json("verify", cache)[0] == 0
+
+
+def test_verify_refuses_to_repair_a_namespace_in_use(cache):
+    flip(slot_file(cache), 4096 + 5)
+    with KVStore(SMALL, config(cache)):
+        result = kvtier("verify", cache, "--repair")
+    assert result.returncode == 2 and "in use" in result.stderr
+
+
+def test_gc_by_age_dry_run_then_for_real(cache):
+    code, data = as_json("gc", cache, "--older-than", "0s", "--dry-run")
+    assert code == 0 and data["chunks_freed"] == 6 and data["dry_run"]
+    assert recovered(cache) == 6
+    blocks_before = slot_file(cache).stat().st_blocks
+    code, data = as_json("gc", cache, "--older-than", "0s")
+    assert data["chunks_freed"] == 6
+    assert recovered(cache) == 0
+    assert slot_file(cache).stat().st_blocks < blocks_before  # space really given back
+    assert as_json("verify", cache)[0] == 0
+
+
+def test_gc_to_a_size_target_keeps_the_newest(cache):
+    with KVStore(SMALL, config(cache)) as store:
+        store.put(seq(5000, 2), make_kv(seq(5000, 2)))
+        store.flush()
+    code, data = as_json("gc", cache, "--target", str(2 * SMALL.token_bytes * 16))
+    assert code == 0 and data["chunks_freed"] == 6
+    with KVStore(SMALL, config(cache)) as store:
+        assert store.lookup(seq(5000, 2)).tokens == 32 and store.lookup(seq(0, 6)).tokens == 0
+
+
+def test_gc_never_touches_a_namespace_in_use(cache):
+    with KVStore(SMALL, config(cache)):
+        code, data = as_json("gc", cache, "--older-than", "0s")
+    assert code == 0 and data["chunks_freed"] == 0 and len(data["skipped_in_use"]) == 1
+    assert recovered(cache) == 6
+
+
+def test_gc_removes_stale_namespaces(cache):
+    stale = cache / ("ab" * 16)
+    stale.mkdir(mode=0o700)
+    (stale / "namespace.json").write_text(json.dumps({"namespace": json.dumps(
+        {"format_version": 99, "model": "old"}), "stride": 8192, "raw_bytes": 4096,
+        "file_slots": 10}))
+    (stale / "slots-0000.kvt").write_bytes(bytes(8192))
+    code, data = as_json("gc", cache, "--stale")
+    assert code == 0 and data["namespaces_removed"] == ["ab" * 16] and not stale.exists()
+    assert recovered(cache) == 6
+
+
+def test_gc_needs_something_to_do(cache):
+    result = kvtier("gc", cache)
+    assert result.returncode == 2 and "--older-than" in result.stderr
+
+
+def test_clear_asks_then_removes(cache):
+    assert kvtier("clear", cache, stdin="n\n").returncode == 1
+    assert recovered(cache) == 6
+    code, data = as_json("clear", cache, "--yes")
+    assert code == 0 and len(data["removed"]) == 1
+    assert list(cache.iterdir()) == []
+
+
+def test_clear_leaves_a_namespace_in_use(cache):
+    with KVStore(SMALL, config(cache)):
+        code, data = as_json("clear", cache, "--yes")
+    assert code == 1 and len(data["in_use"]) == 1
+
+
+def test_symlinks_are_never_followed_out_of_the_root(cache, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "namespace.json").write_text("{}")
+    (outside / "slots-0000.kvt").write_bytes(b"precious")
+    (cache / ("cd" * 16)).symlink_to(outside)
+    _, data = as_json("inspect", cache)
+    assert len(data["namespaces"]) == 1  # the link is not a namespace
+    assert as_json("clear", cache, "--yes")[0] == 0
+    assert (outside / "slots-0000.kvt").read_bytes() == b"precious"
+    link_root = tmp_path / "link-root"
+    link_root.symlink_to(cache)
+    result = kvtier("inspect", link_root)
+    assert result.returncode == 2 and "symlink" in result.stderr
+
+
+def test_a_missing_root_is_a_clear_error(tmp_path):
+    result = kvtier("verify", tmp_path / "nope")
+    assert result.returncode == 2 and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_gpu_without_a_gpu_says_so(tmp_path):
+    result = kvtier("gpu")
+    if result.returncode == 0:
+        pytest.skip("this machine has a GPU")
+    assert result.returncode == 1 and "gpu:" in result.stderr and "Traceback" not in result.stderr
+    code, data = as_json("gpu")
+    assert code == 1 and data["gpus"] == [] and data["error"]
