@@ -129,9 +129,9 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
     if as_json:
         emit_json(asdict(report))
         return
-    verb = "would free" if dry_run else "freed"
-    console.print(f"{verb} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
-                  f"removed {len(report.namespaces_removed)} namespaces"
+    free, remove = ("would free", "would remove") if dry_run else ("freed", "removed")
+    console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
+                  f"{remove} {len(report.namespaces_removed)} namespaces"
                   + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else ""))
 
 
