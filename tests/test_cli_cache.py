@@ -198,3 +198,33 @@ def test_gpu_without_a_gpu_says_so(tmp_path):
     assert result.returncode == 1 and "gpu:" in result.stderr and "Traceback" not in result.stderr
     code, data = as_json("gpu")
     assert code == 1 and data["gpus"] == [] and data["error"]
+
+
+def test_bench_writes_table_json_and_plot(tmp_path):
+    out = tmp_path / "out"
+    result = kvtier("bench", "--model", "custom", "--layers", "2", "--kv-heads", "2",
+                    "--head-dim", "64", "--chunk-tokens", "64", "--size", "4MiB", "--depths", "1,2",
+                    "--prompt-tokens", "1024,4096", "--prefill-tps", "5000",
+                    "--disk-path", tmp_path / "disk", "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert "kvtier bench: custom" in result.stdout and "TTFT estimate" in result.stdout
+    data = json.loads((out / "bench.json").read_text())
+    assert data["chunk_bytes"] == 2 * 2 * 2 * 64 * 2 * 64
+    assert data["host"]["store_gib_s"] > 0 and data["host"]["load_latency"]["p99_ms"] > 0
+    assert [row["depth"] for row in data["disk"]["depths"]] == [1, 2]
+    assert all(row["load_gib_s"] > 0 and row["store_latency"]["p50_ms"] > 0
+               for row in data["disk"]["depths"])
+    assert data["disk"]["naive"]["load_gib_s"] > 0
+    if data["disk"]["fio"]:
+        assert all(row["load_vs_fio"] > 0 for row in data["disk"]["depths"])
+    ttft = data["ttft"]
+    assert ttft["prefill_tps"] == 5000 and not ttft["prefill_assumed"]
+    assert [row["tokens"] for row in ttft["rows"]] == [1024, 4096]
+    assert ttft["rows"][0]["recompute_s"] == pytest.approx(1024 / 5000)
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((tmp_path / "disk").iterdir()) == []  # cleaned up after itself
+
+
+def test_bench_refuses_an_unknown_model(tmp_path):
+    result = kvtier("bench", "--model", "gpt-9", "--out", tmp_path)
+    assert result.returncode == 2 and "presets" in result.stderr

@@ -69,11 +69,20 @@ def kv_like_bytes(size: int) -> np.ndarray:
     return np.resize(raw, size)
 
 
-def _run_all(engine: IOEngine, count: int, batch: int, op: Callable[[range], list]) -> float:
-    """Seconds to run ``op`` over ``range(count)`` in batches of ``batch`` neighbours."""
+def _run_all(engine: IOEngine, count: int, batch: int, op: Callable[[range], list],
+             latencies: list[float] | None = None) -> float:
+    """Seconds to run ``op`` over ``range(count)`` in batches of ``batch`` neighbours;
+    each batch's service time (from the start of its I/O to its end) goes to ``latencies``."""
+    latencies = [] if latencies is None else latencies
+
+    def job(b: int) -> list:
+        started = time.perf_counter()
+        results = op(range(b, min(b + batch, count)))
+        latencies.append(time.perf_counter() - started)
+        return results
+
     start = time.perf_counter()
-    futures = [engine.submit("disk0", lambda b=b: op(range(b, min(b + batch, count))))
-               for b in range(0, count, batch)]
+    futures = [engine.submit("disk0", lambda b=b: job(b)) for b in range(0, count, batch)]
     results = [r for f in futures for r in f.result()]
     elapsed = time.perf_counter() - start
     bad = [r for r in results if not r.ok]
@@ -81,12 +90,22 @@ def _run_all(engine: IOEngine, count: int, batch: int, op: Callable[[range], lis
     return elapsed
 
 
+@dataclass(frozen=True)
+class DiskFigures:
+    write_gib_s: float
+    read_gib_s: float
+    read_unverified_gib_s: float
+    stored_ratio: float
+    aiofiles_read_gib_s: float | None
+    write_latency_s: tuple[float, ...]  # per batch, start of its I/O to its end, last pass
+    read_latency_s: tuple[float, ...]
+
+
 def measure_disk_tier(directory: Path, chunk_bytes: int, total: int, depth: int, *,
                       o_direct: bool, compression: bool, host: HostTier,
                       with_aiofiles: bool = False, repeats: int = 3,
-                      batch: int = 1) -> tuple[float, ...]:
-    """(write, verified read, unverified read GiB/s, raw/stored ratio, aiofiles read GiB/s
-    or None) in ``directory``."""
+                      batch: int = 1) -> DiskFigures:
+    """Store and load ``total`` bytes of chunks through a disk tier in ``directory``."""
     count = min(total // chunk_bytes, host.num_slots)
     namespace = Namespace(model="bench", kv_dtype="bfloat16", layout=f"bench:{chunk_bytes}",
                           block_tokens=1, chunk_tokens=1)
@@ -109,15 +128,21 @@ def measure_disk_tier(directory: Path, chunk_bytes: int, total: int, depth: int,
     try:
         _run_all(engine, count, batch, write)  # first pass allocates; timed ones overwrite
         files = sorted(work.glob("*/slots-*.kvt"))
-        write_s = min(_timed_write(engine, count, batch, write, files, o_direct)
-                      for _ in range(repeats))
+        write_latency: list[float] = []
+        write_s = min(_timed_write(engine, count, batch, write, files, o_direct,
+                                   write_latency if r == repeats - 1 else None)
+                      for r in range(repeats))
         stored[0] //= repeats + 1
-        reads = {True: [], False: []}
+        reads: dict[bool, list[float]] = {True: [], False: []}
+        read_latency: list[float] = []
         for _ in range(repeats):  # verified and unverified reads interleaved, best of each
             for verify in (True, False):
                 disk.verify_payload = verify
                 drop_cache(files)
-                reads[verify].append(_run_all(engine, count, batch, read))
+                if verify:
+                    read_latency.clear()
+                reads[verify].append(_run_all(engine, count, batch, read,
+                                              read_latency if verify else None))
         aio = None
         if with_aiofiles:
             drop_cache(files)
@@ -128,12 +153,13 @@ def measure_disk_tier(directory: Path, chunk_bytes: int, total: int, depth: int,
         shutil.rmtree(work)
     gib = count * chunk_bytes / 2**30
     ratio = count * (4096 + chunk_bytes) / max(stored[0], 1)
-    return gib / write_s, gib / min(reads[True]), gib / min(reads[False]), ratio, aio
+    return DiskFigures(gib / write_s, gib / min(reads[True]), gib / min(reads[False]), ratio, aio,
+                       tuple(write_latency), tuple(read_latency))
 
 
 def _timed_write(engine: IOEngine, count: int, batch: int, write, files: list[Path],
-                 o_direct: bool) -> float:
-    elapsed = _run_all(engine, count, batch, write)
+                 o_direct: bool, latencies: list[float] | None = None) -> float:
+    elapsed = _run_all(engine, count, batch, write, latencies)
     if not o_direct:
         start = time.perf_counter()
         drop_cache(files)  # buffered writes count once they reach the device
@@ -169,15 +195,19 @@ def bench_directory(label: str, directory: Path, chunk_sizes: list[int], depths:
                     figures = measure_disk_tier(directory, chunk_bytes, total, depth,
                                                 o_direct=o_direct, compression=False, host=host,
                                                 with_aiofiles=baselines, batch=batch)
-                    results.append(DiskResult(label, chunk_bytes, depth, batch, o_direct, False,
-                                              count * chunk_bytes, *figures, *fio, *naive))
+                    results.append(DiskResult(
+                        label, chunk_bytes, depth, batch, o_direct, False, count * chunk_bytes,
+                        figures.write_gib_s, figures.read_gib_s, figures.read_unverified_gib_s,
+                        figures.stored_ratio, figures.aiofiles_read_gib_s, *fio, *naive))
         if compression_size:
             depth = max(depths)
             progress(f"{label}: {chunk_bytes >> 20} MiB chunks, depth {depth}, zstd")
             small = compression_size // chunk_bytes * chunk_bytes
             figures = measure_disk_tier(directory, chunk_bytes, small, depth,
                                         o_direct=True, compression=True, host=host)
-            results.append(DiskResult(label, chunk_bytes, depth, 1, True, True, small, *figures))
+            results.append(DiskResult(label, chunk_bytes, depth, 1, True, True, small,
+                                      figures.write_gib_s, figures.read_gib_s,
+                                      figures.read_unverified_gib_s, figures.stored_ratio))
         host.close()
     return results
 

@@ -28,7 +28,7 @@ def fio_bandwidth(directory: Path, rw: str, block: int, size: int, depth: int,
                f"--offset_increment={size // depth}"]]
     best = 0.0
     try:
-        subprocess.run([*common[:3], f"--size={size}", "--rw=write", "--bs=4M"],
+        subprocess.run([*common[:3], f"--size={size}", "--rw=write", f"--bs={block}"],
                        capture_output=True, check=True)  # lay the file out once
         for shape in shapes:
             result = subprocess.run([*common, *shape], capture_output=True, check=True, text=True)
