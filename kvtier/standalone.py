@@ -28,7 +28,8 @@ from kvtier.io.buffers import align_up
 from kvtier.io.engine import IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
-from kvtier.stats import FailureLog, StoreStats
+from kvtier.metrics import MetricsServer, Sample
+from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.gpu import DevicePool
@@ -107,6 +108,8 @@ class KVStore:
             self._engine = IOEngine(self.disk.queues, cfg.io_threads)
             self._max_pending = 4 * cfg.io_threads
             self._recover()
+        self._metrics = (MetricsServer(cfg.metrics_port, self.metric_samples)
+                         if cfg.metrics_port else None)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
         self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
 
@@ -223,6 +226,7 @@ class KVStore:
             self._sync()
             with self._lock:
                 self._stats.chunks_loaded.update(loaded)
+                self._stats.chunks_missed += len(keys) - len(loaded)
         return len(loaded) * self.chunk_tokens
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -236,8 +240,18 @@ class KVStore:
             self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
             return self._stats.snapshot()
 
+    def metric_samples(self) -> list[Sample]:
+        """The store's metrics (what ``metrics_port`` serves)."""
+        stats = self.stats()
+        with self._lock:
+            used = {str(name): len(index) for name, index in self._stack.indexes.items()}
+            slots = {str(name): index.num_slots for name, index in self._stack.indexes.items()}
+        return store_samples(stats, slots, used, self._engine.pending() if self._engine else 0)
+
     def close(self) -> None:
         """Finish background writes and release memory, files and threads."""
+        if self._metrics is not None:
+            self._metrics.close()
         if self._engine is not None:
             self._engine.close()
         if self.disk is not None:

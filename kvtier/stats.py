@@ -17,6 +17,7 @@ class StoreStats:
     chunks_stored: int = 0
     chunks_skipped: int = 0  # already cached, or no room
     chunks_loaded: Counter = field(default_factory=Counter)
+    chunks_missed: int = 0  # full chunks asked for by get() and not loaded
     chunks_promoted: int = 0
     evictions: dict[str, int] = field(default_factory=dict)
     demotions: int = 0
@@ -49,3 +50,40 @@ class FailureLog:
             return
         self._seen.add(kind)
         log.warning("kvtier %s: %s (further ones are counted, not logged)", kind, detail)
+
+
+def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int],
+                  queue_depth: int) -> list:
+    """Metric samples of a store: its counters, its tiers' capacity and fill, its I/O queue."""
+    from kvtier.metrics import Sample
+
+    loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
+    for tier, count in stats.chunks_loaded.items():
+        loaded.add(count, tier=str(tier))
+    evictions = Sample("evictions_total", "counter", "Chunks evicted, by tier")
+    for tier, count in stats.evictions.items():
+        evictions.add(count, tier=tier)
+    capacity = Sample("slots", "gauge", "Chunk slots, by tier")
+    fill = Sample("used_slots", "gauge", "Chunk slots holding a chunk, by tier")
+    for tier in slots:
+        capacity.add(slots[tier], tier=tier)
+        fill.add(used[tier], tier=tier)
+    disk_bytes = Sample("disk_bytes_total", "counter", "Bytes moved to and from disk "
+                        "(write: for SSD wear accounting)")
+    disk_bytes.add(stats.disk_read_bytes, direction="read").add(stats.disk_write_bytes, direction="write")
+    disk_ops = Sample("disk_chunks_total", "counter", "Chunks read from and written to disk")
+    disk_ops.add(stats.disk_reads, direction="read").add(stats.disk_writes, direction="write")
+    plain = [("chunks_stored_total", "counter", "Chunks stored", stats.chunks_stored),
+             ("chunks_missed_total", "counter", "Chunks asked for and not cached", stats.chunks_missed),
+             ("chunks_promoted_total", "counter", "Chunks copied to a hotter tier", stats.chunks_promoted),
+             ("demotions_total", "counter", "Chunks moved down a tier", stats.demotions),
+             ("drops_total", "counter", "Chunks evicted from the last tier", stats.drops),
+             ("corruptions_total", "counter", "Slots that failed their checks", stats.corruptions),
+             ("io_errors_total", "counter", "Disk requests that failed with an I/O error", stats.io_errors),
+             ("no_space_total", "counter", "Disk writes refused for space", stats.no_space),
+             ("dropped_writes_total", "counter", "Write-through writes dropped under back-pressure",
+              stats.dropped_writes),
+             ("io_queue_depth", "gauge", "Disk requests queued or running", queue_depth),
+             ("paths_down", "gauge", "Disk paths out of service", len(stats.paths_down))]
+    return [loaded, evictions, capacity, fill, disk_bytes, disk_ops,
+            *(Sample(name, kind, text).add(value) for name, kind, text, value in plain)]

@@ -9,7 +9,8 @@ SPEC: {"model": DIR, "connector": "kvtier" | "example" | null, "extra": {...},
 Each phase runs its prompts one at a time (``together: false``, timing each: with
 ``max_tokens: 1`` the time is the time to first token) or all in one batch. OUT gets, per
 phase and prompt, the generated token ids, vLLM's cached-token count and the seconds taken,
-plus kvtier's scheduler-side counters when the engine runs in this process.
+plus kvtier's scheduler-side counters when the engine runs in this process, and the metrics
+kvtier serves when the extra config sets ``metrics_port``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ def main() -> None:
                             "cached": output.num_cached_tokens or 0, "seconds": elapsed})
         out["phases"].append(results)
     out["kvtier"] = kvtier_counters(llm)
+    port = spec.get("extra", {}).get("metrics_port")
+    if port:  # what kvtier's scheduler side and worker 0 serve, read while the engine is up
+        from kvtier.cli.stats import read_metrics
+
+        out["metrics"] = {"scheduler": read_metrics(f"127.0.0.1:{port}"),
+                          "worker": read_metrics(f"127.0.0.1:{port + 1}")}
     with open(sys.argv[2], "w") as f:
         json.dump(out, f)
     del llm

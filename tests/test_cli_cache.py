@@ -228,3 +228,39 @@ def test_bench_writes_table_json_and_plot(tmp_path):
 def test_bench_refuses_an_unknown_model(tmp_path):
     result = kvtier("bench", "--model", "gpt-9", "--out", tmp_path)
     assert result.returncode == 2 and "presets" in result.stderr
+
+
+def test_a_store_serves_metrics_that_stats_prints(tmp_path):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    (tmp_path / "m").mkdir(mode=0o700)
+    with KVStore(SMALL, {**config(tmp_path / "m"), "metrics_port": port}) as store:
+        store.put(seq(0, 3), make_kv(seq(0, 3)))
+        store.flush()
+        out = torch_zeros(3)
+        store.get(seq(0, 3), out)
+        store.get(seq(9000, 1), torch_zeros(1))
+        code, data = as_json("stats", f"127.0.0.1:{port}")
+        table = kvtier("stats", f"http://127.0.0.1:{port}/metrics")
+    assert code == 0 and table.returncode == 0 and "chunks_stored_total" in table.stdout
+    values = {(s["name"], tuple(sorted(s["labels"].items()))): s["value"] for s in data["samples"]}
+    assert values[("kvtier_chunks_stored_total", ())] == 3
+    assert values[("kvtier_chunks_loaded_total", (("tier", "host"),))] == 3
+    assert values[("kvtier_chunks_missed_total", ())] == 1
+    assert values[("kvtier_disk_bytes_total", (("direction", "write"),))] == 3 * STRIDE
+    assert values[("kvtier_slots", (("tier", "disk"),))] == 64
+    assert values[("kvtier_used_slots", (("tier", "host"),))] == 3
+
+
+def test_stats_of_a_dead_address_is_a_clear_error():
+    result = kvtier("stats", "127.0.0.1:9")
+    assert result.returncode == 1 and "cannot read metrics" in result.stderr
+
+
+def torch_zeros(chunks):
+    import torch
+
+    return torch.zeros(SMALL.shape(chunks * 16), dtype=torch.bfloat16)

@@ -18,6 +18,15 @@ SHARED = prompts(1, 4, 1000)  # four long prompts, each run twice
 BURST = prompts(2, 12, 700, shared=520)  # concurrent requests with overlapping prefixes
 
 
+def free_port() -> int:
+    """A port free now (kvtier's worker will serve on the next one)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def spec(model, connector=None, extra=None, phases=()):
     return {"model": str(model), "connector": connector, "extra": extra or {},
             "dtype": "float32", "prefix_caching": False, "phases": list(phases)}
@@ -41,7 +50,8 @@ def runs(tmp_path_factory):
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
                                                     phase(BURST, together=True),
                                                     phase(BURST, together=True)]), work, "first")
-    restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart")
+    restart = run_engine(spec(model, "kvtier", dict(extra, metrics_port=free_port()),
+                              [phase(SHARED)]), work, "restart")
     return {"work": work, "model": model, "disk": disk, "extra": extra, "baseline": baseline,
             "first": first, "restart": restart}
 
@@ -69,6 +79,18 @@ def test_after_a_restart_chunks_load_from_disk(runs):
     assert all(r["cached"] == 3 * CHUNK for r in restart["phases"][0])
     assert restart["kvtier"]["load_chunks_disk"] == 4 * 3
     assert restart["kvtier"].get("load_failed_chunks", 0) == 0
+
+
+def test_the_engine_serves_kvtier_metrics(runs):
+    def value(side, name, **labels):
+        return next(s["value"] for s in runs["restart"]["metrics"][side]
+                    if s["name"] == f"kvtier_{name}" and s["labels"] == labels)
+
+    assert value("scheduler", "chunks_loaded_total", tier="disk") == 4 * 3
+    assert value("scheduler", "slots", tier="host") > 0
+    assert value("scheduler", "used_slots", tier="disk") >= 4 * 3
+    assert value("worker", "load_bytes_total", tier="disk") > 0
+    assert value("worker", "worker_loads_total") == 4
 
 
 def test_the_cli_reads_a_cache_the_connector_wrote(runs):

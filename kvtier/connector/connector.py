@@ -18,6 +18,7 @@ from kvtier.connector.messages import KVTierMetadata, KVTierWorkerMeta
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.stats import KVTierStats
 from kvtier.connector.worker import WorkerSide
+from kvtier.metrics import MetricsServer
 from kvtier.tiers.base import TierName
 
 if TYPE_CHECKING:
@@ -44,14 +45,20 @@ class KVTierConnector(KVConnectorBase_V1):
         self._local_computed: dict[str, int] = {}
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._metrics = None
+        port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
             self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp)
+            if port:
+                self._metrics = MetricsServer(port, self._scheduler.metric_samples)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-            self._worker = WorkerSide(self.config, self.geometry,
-                                      namespaces[get_tensor_model_parallel_rank()])
+            rank = get_tensor_model_parallel_rank()
+            self._worker = WorkerSide(self.config, self.geometry, namespaces[rank])
+            if port:
+                self._metrics = MetricsServer(port + 1 + rank, self._worker.metric_samples)
 
     def _recompute_failed_loads(self) -> None:
         """A chunk that fails to load is a cache miss: vLLM must recompute it, not fail the
@@ -100,6 +107,8 @@ class KVTierConnector(KVConnectorBase_V1):
         return KVTierStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
         if self._worker is not None:
             self._worker.close()
 

@@ -278,6 +278,32 @@ class SchedulerSide:
                 self.stack.indexes[DISK].retire(range(index, self.disk_layout.num_slots,
                                                       self.disk_layout.num_paths))
 
+    def metric_samples(self) -> list:
+        """The scheduler side's metrics (served on ``metrics_port``)."""
+        from kvtier.metrics import Sample
+
+        loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
+        evictions = Sample("evictions_total", "counter", "Chunks evicted, by tier")
+        slots = Sample("slots", "gauge", "Chunk slots, by tier")
+        used = Sample("used_slots", "gauge", "Chunk slots holding a chunk, by tier")
+        for tier, index in self.stack.indexes.items():
+            loaded.add(self.counters[f"load_chunks_{tier}"], tier=str(tier))
+            evictions.add(index.evictions, tier=str(tier))
+            slots.add(index.num_slots, tier=str(tier))
+            used.add(len(index), tier=str(tier))
+        plain = [("chunks_stored_total", "Chunks stored in host memory", "stored_chunks"),
+                 ("chunks_written_total", "Chunks written to disk", "disk_written_chunks"),
+                 ("store_failures_total", "Chunks that failed to store", "store_failed_chunks"),
+                 ("disk_write_failures_total", "Chunks that failed to reach disk", "disk_failed_chunks"),
+                 ("load_failures_total", "Chunks that failed to load (recomputed)",
+                  "load_failed_chunks")]
+        return [loaded, evictions, slots, used,
+                *(Sample(name, "counter", text).add(self.counters[key]) for name, text, key in plain),
+                Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
+                       "faster (load_policy auto)").add(self.decider.skipped),
+                Sample("drops_total", "counter", "Chunks evicted from the last tier").add(
+                    self.stack.drops)]
+
     def build_meta(self) -> KVTierMetadata:
         meta = KVTierMetadata(loads=self._new_loads)
         self._new_loads = []

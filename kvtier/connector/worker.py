@@ -44,7 +44,8 @@ class WorkerSide:
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._lock = threading.Lock()
         self._report = KVTierWorkerMeta()
-        self._stats = KVTierStats()
+        self._stats = KVTierStats()  # since the last report to vLLM
+        self._totals = KVTierStats()  # since start, for the metrics endpoint
         self._finished_loads: set[str] = set()
         self._pending_loads: list[tuple[RequestLoad, Future | _Done, float]] = []
         self._invalid_blocks: set[int] = set()
@@ -144,7 +145,8 @@ class WorkerSide:
             if failed_keys:
                 self._report.load_failed[load.req_id] = failed_keys
             self._report.load_samples.append((disk_bytes, host_bytes, seconds))
-            self._stats.record_load(load, disk_bytes, host_bytes, seconds, len(failed_keys))
+            self._record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
+                                                   len(failed_keys)))
 
     def _submit_reads(self, load: RequestLoad) -> dict[bytes, Future]:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
@@ -183,7 +185,8 @@ class WorkerSide:
         with self._lock:
             for store in stored:
                 self._report.host_stored[store.key] += 1
-            self._stats.record_stores(len(stored), len(stored) * self.geometry.chunk_bytes)
+            self._record(lambda st: st.record_stores(len(stored),
+                                                     len(stored) * self.geometry.chunk_bytes))
         writes = [s for s in stored if s.disk_slot is not None]
         if writes and self.disk is not None:
             self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
@@ -214,16 +217,43 @@ class WorkerSide:
                 else:
                     self._report.disk_failed[key] += 1
                     self._note_failure(result, "write")
-            self._stats.record_disk_writes(results)
+            self._record(lambda st: st.record_disk_writes(results))
 
     def _note_failure(self, result: IOResult, op: str) -> None:
         """Count and log (once per kind) a failed disk request (lock held)."""
         self._failures.note(f"disk {op} {result.status.value}", result.detail)
-        self._stats.record_failure(result.status.value)
+        self._record(lambda st: st.record_failure(result.status.value))
         if result.status is IOStatus.PATH_DOWN and self.disk is not None:
             self._report.paths_down |= set(self.disk.down_paths)
 
     # -- reports ------------------------------------------------------------------------
+
+    def _record(self, update) -> None:
+        """Apply ``update`` to the interval and the running statistics (lock held)."""
+        update(self._stats)
+        update(self._totals)
+
+    def metric_samples(self) -> list:
+        """This worker's metrics (served on ``metrics_port + 1 + rank``)."""
+        from kvtier.metrics import Sample
+
+        with self._lock:
+            data = dict(self._totals.data)
+        load_bytes = Sample("load_bytes_total", "counter", "Bytes copied into GPU blocks, by the "
+                            "tier they came from")
+        load_bytes.add(data["load_bytes_host"] - data["load_bytes_disk"], tier="host")
+        load_bytes.add(data["load_bytes_disk"], tier="disk")
+        samples = [load_bytes,
+                   Sample("load_seconds_total", "counter", "Time spent loading").add(
+                       sum(data["load_seconds"])),
+                   Sample("io_queue_depth", "gauge", "Disk requests queued or running").add(
+                       self._engine.pending() if self._engine else 0)]
+        for name in ("loads", "stores", "store_bytes", "disk_writes", "disk_write_bytes",
+                     "disk_write_failures", "load_failures", "corruptions", "io_errors",
+                     "no_space", "paths_down"):
+            samples.append(Sample(f"worker_{name}_total", "counter", name.replace("_", " ")).add(
+                data[name]))
+        return samples
 
     def finished(self) -> set[str]:
         """Asynchronous loads over since the last call (their failed blocks are reported by

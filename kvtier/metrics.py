@@ -1,0 +1,58 @@
+"""Prometheus metrics of a store or a connector side, served on ``metrics_port``.
+
+Nothing is updated on the hot paths: each scrape asks the owner for a snapshot of its
+counters (``collect()``), so metrics cost nothing between scrapes. prometheus-client is
+imported only when a port is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+log = logging.getLogger("kvtier")
+
+
+@dataclass
+class Sample:
+    """One metric: ``kvtier_<name>``, a counter (``_total``) or a gauge, with labels."""
+
+    name: str
+    kind: str  # "counter" | "gauge"
+    help: str
+    values: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
+
+    def add(self, value: float, **labels: str) -> Sample:
+        self.values[tuple(sorted(labels.items()))] = float(value)
+        return self
+
+
+class MetricsServer:
+    """Serves ``collect()``'s samples over HTTP on ``port`` (all interfaces: put it behind a
+    firewall as any metrics endpoint). ``close()`` stops it."""
+
+    def __init__(self, port: int, collect: Callable[[], Iterable[Sample]]) -> None:
+        from prometheus_client import start_http_server
+        from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+
+        families = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+
+        class _Collector:
+            def collect(self):
+                for sample in collect():
+                    keys = sorted({k for labels in sample.values for k, _ in labels})
+                    family = families[sample.kind](f"kvtier_{sample.name}", sample.help, labels=keys)
+                    for labels, value in sample.values.items():
+                        family.add_metric([dict(labels)[k] for k in keys], value)
+                    yield family
+
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector())
+        self.port = port
+        self._server, self._thread = start_http_server(port, registry=self.registry)
+        log.info("kvtier metrics on port %d", port)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
