@@ -129,3 +129,14 @@ def test_a_bad_extra_config_stops_start_up_with_the_key_named(runs):
                          runs["work"], "bad", check=False)
     assert process.returncode != 0
     assert "'host_capacity'" in process.stderr and "allowed" in process.stderr
+
+
+def test_gc_and_clear_work_on_the_connector_cache(runs):
+    """Last in this module: it empties the cache the other tests read."""
+    from tests.test_cli_cache import as_json
+
+    code, data = as_json("gc", runs["disk"], "--older-than", "0s", "--dry-run")
+    assert code == 0 and data["chunks_freed"] >= 4 * 3 and not data["skipped_in_use"]
+    code, data = as_json("clear", runs["disk"], "--yes")
+    assert code == 0 and len(data["removed"]) == 1
+    assert as_json("inspect", runs["disk"])[1]["namespaces"] == []
