@@ -225,6 +225,18 @@ def test_bench_writes_table_json_and_plot(tmp_path):
     assert list((tmp_path / "disk").iterdir()) == []  # cleaned up after itself
 
 
+def test_bench_stripes_over_several_disk_paths(tmp_path):
+    out = tmp_path / "out"
+    result = kvtier("bench", "--model", "custom", "--layers", "2", "--kv-heads", "2",
+                    "--head-dim", "64", "--chunk-tokens", "64", "--size", "4MiB", "--depths", "2",
+                    "--disk-path", tmp_path / "a", "--disk-path", tmp_path / "b", "--no-baselines",
+                    "--out", out, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads((out / "bench.json").read_text())
+    assert len(data["disk_paths"]) == 2 and data["disk"]["depths"][0]["load_gib_s"] > 0
+    assert data["disk"]["naive"] is None and "load_vs_fio" not in data["disk"]["depths"][0]
+
+
 def test_bench_refuses_an_unknown_model(tmp_path):
     result = kvtier("bench", "--model", "gpt-9", "--out", tmp_path)
     assert result.returncode == 2 and "presets" in result.stderr

@@ -8,6 +8,7 @@ buffered file per chunk (one at a time) on the same directory.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
@@ -70,7 +71,8 @@ def kv_like_bytes(size: int) -> np.ndarray:
 
 
 def _run_all(engine: IOEngine, count: int, batch: int, op: Callable[[range], list],
-             latencies: list[float] | None = None) -> float:
+             latencies: list[float] | None = None,
+             queue_of: Callable[[int], str] = lambda slot: "disk0") -> float:
     """Seconds to run ``op`` over ``range(count)`` in batches of ``batch`` neighbours;
     each batch's service time (from the start of its I/O to its end) goes to ``latencies``."""
     latencies = [] if latencies is None else latencies
@@ -82,7 +84,7 @@ def _run_all(engine: IOEngine, count: int, batch: int, op: Callable[[range], lis
         return results
 
     start = time.perf_counter()
-    futures = [engine.submit("disk0", lambda b=b: job(b)) for b in range(0, count, batch)]
+    futures = [engine.submit(queue_of(b), lambda b=b: job(b)) for b in range(0, count, batch)]
     results = [r for f in futures for r in f.result()]
     elapsed = time.perf_counter() - start
     bad = [r for r in results if not r.ok]
@@ -101,17 +103,21 @@ class DiskFigures:
     read_latency_s: tuple[float, ...]
 
 
-def measure_disk_tier(directory: Path, chunk_bytes: int, total: int, depth: int, *,
+def measure_disk_tier(directory: Path | list[Path], chunk_bytes: int, total: int, depth: int, *,
                       o_direct: bool, compression: bool, host: HostTier,
                       with_aiofiles: bool = False, repeats: int = 3,
                       batch: int = 1) -> DiskFigures:
-    """Store and load ``total`` bytes of chunks through a disk tier in ``directory``."""
+    """Store and load ``total`` bytes of chunks through a disk tier in ``directory`` (or
+    striped over several directories, ``depth`` threads each)."""
     count = min(total // chunk_bytes, host.num_slots)
     namespace = Namespace(model="bench", kv_dtype="bfloat16", layout=f"bench:{chunk_bytes}",
                           block_tokens=1, chunk_tokens=1)
     stride = 4096 + host.slot_bytes
-    work = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=directory))
-    disk = DiskTier([str(work)], namespace, chunk_bytes, count * stride, compression=compression,
+    directories = directory if isinstance(directory, list) else [directory]
+    works = [Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=d)) for d in directories]
+    count -= count % len(works)
+    disk = DiskTier([str(w) for w in works], namespace, chunk_bytes, count * stride,
+                    compression=compression,
                     o_direct=o_direct, floor=DiskFloor())
     engine = IOEngine(disk.queues, depth)
     keys = [ChunkKey(i.to_bytes(16, "little")) for i in range(count)]
@@ -126,10 +132,11 @@ def measure_disk_tier(directory: Path, chunk_bytes: int, total: int, depth: int,
         return disk.read_many([(i, keys[i], host.slot_array(i)) for i in batch_slots])
 
     try:
-        _run_all(engine, count, batch, write)  # first pass allocates; timed ones overwrite
-        files = sorted(work.glob("*/slots-*.kvt"))
+        run = functools.partial(_run_all, engine, count, batch, queue_of=disk.queue_of)
+        run(write)  # the first pass allocates; the timed ones overwrite
+        files = sorted(f for w in works for f in w.glob("*/slots-*.kvt"))
         write_latency: list[float] = []
-        write_s = min(_timed_write(engine, count, batch, write, files, o_direct,
+        write_s = min(_timed_write(run, write, files, o_direct,
                                    write_latency if r == repeats - 1 else None)
                       for r in range(repeats))
         stored[0] //= repeats + 1
@@ -141,25 +148,25 @@ def measure_disk_tier(directory: Path, chunk_bytes: int, total: int, depth: int,
                 drop_cache(files)
                 if verify:
                     read_latency.clear()
-                reads[verify].append(_run_all(engine, count, batch, read,
-                                              read_latency if verify else None))
+                reads[verify].append(run(read, read_latency if verify else None))
         aio = None
-        if with_aiofiles:
+        if with_aiofiles and len(works) == 1:
             drop_cache(files)
             aio = aiofiles_read_gib_s(files[0], stride, count, depth, o_direct) * chunk_bytes / stride
     finally:
         engine.close()
         disk.close()
-        shutil.rmtree(work)
+        for work in works:
+            shutil.rmtree(work)
     gib = count * chunk_bytes / 2**30
     ratio = count * (4096 + chunk_bytes) / max(stored[0], 1)
     return DiskFigures(gib / write_s, gib / min(reads[True]), gib / min(reads[False]), ratio, aio,
                        tuple(write_latency), tuple(read_latency))
 
 
-def _timed_write(engine: IOEngine, count: int, batch: int, write, files: list[Path],
-                 o_direct: bool, latencies: list[float] | None = None) -> float:
-    elapsed = _run_all(engine, count, batch, write, latencies)
+def _timed_write(run, write, files: list[Path], o_direct: bool,
+                 latencies: list[float] | None = None) -> float:
+    elapsed = run(write, latencies)
     if not o_direct:
         start = time.perf_counter()
         drop_cache(files)  # buffered writes count once they reach the device

@@ -38,7 +38,7 @@ class BenchSpec:
     size: int = 1 << 30
     depths: list[int] = field(default_factory=lambda: [1, 4, 16])
     disk: bool = True
-    disk_path: Path | None = None  # default: a temporary directory
+    disk_paths: list[Path] = field(default_factory=list)  # default: a temporary directory
     compression: bool = False
     baselines: bool = True
     prompt_tokens: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536])
@@ -87,29 +87,30 @@ def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
     rows = []
     try:
         for depth in spec.depths:
-            figures = measure_disk_tier(spec.disk_path, chunk_bytes, count * chunk_bytes, depth,
+            figures = measure_disk_tier(spec.disk_paths, chunk_bytes, count * chunk_bytes, depth,
                                         o_direct=True, compression=spec.compression, host=host,
                                         repeats=2)
             row = {"depth": depth, "store_gib_s": figures.write_gib_s,
                    "load_gib_s": figures.read_gib_s, "stored_ratio": figures.stored_ratio,
                    "store_latency": _percentiles(figures.write_latency_s),
                    "load_latency": _percentiles(figures.read_latency_s)}
-            if spec.baselines and have_fio():
-                block = 4096 + host.slot_bytes
-                row["fio_write_gib_s"] = fio_bandwidth(spec.disk_path, "write", block,
-                                                       count * chunk_bytes, depth)
-                row["fio_read_gib_s"] = fio_bandwidth(spec.disk_path, "read", block,
-                                                      count * chunk_bytes, depth)
+            if spec.baselines and have_fio():  # paths are independent: their ceilings add up
+                block, share = 4096 + host.slot_bytes, count * chunk_bytes // len(spec.disk_paths)
+                row["fio_write_gib_s"] = sum(fio_bandwidth(p, "write", block, share, depth)
+                                             for p in spec.disk_paths)
+                row["fio_read_gib_s"] = sum(fio_bandwidth(p, "read", block, share, depth)
+                                            for p in spec.disk_paths)
                 row["store_vs_fio"] = row["store_gib_s"] / row["fio_write_gib_s"]
                 row["load_vs_fio"] = row["load_gib_s"] / row["fio_read_gib_s"]
             rows.append(row)
             advance(1)
         naive = None
         if spec.baselines:
-            write, read = naive_round_trip(spec.disk_path / "naive",
-                                           [host.slot_array(i)[:chunk_bytes] for i in range(count)])
+            where = spec.disk_paths[0] / "naive"
+            write, read = naive_round_trip(where, [host.slot_array(i)[:chunk_bytes]
+                                                   for i in range(count)])
             naive = {"store_gib_s": write, "load_gib_s": read}
-            shutil.rmtree(spec.disk_path / "naive", ignore_errors=True)
+            shutil.rmtree(where, ignore_errors=True)
         advance(1)
     finally:
         host.close()
@@ -133,17 +134,18 @@ def ttft_estimate(spec: BenchSpec, host: dict, disk: dict | None) -> dict:
 
 def run(spec: BenchSpec, progress: Callable[[str, int], Callable[[int], None]]) -> dict:
     """Everything ``kvtier bench`` measures; ``progress(label, total)`` gives an advance()."""
-    owned = spec.disk and spec.disk_path is None
+    owned = spec.disk and not spec.disk_paths
     if owned:
-        spec.disk_path = Path(tempfile.mkdtemp(prefix="kvtier-bench-"))
+        spec.disk_paths = [Path(tempfile.mkdtemp(prefix="kvtier-bench-"))]
     try:
         count = max(1, spec.size // (spec.layout.token_bytes * spec.chunk_tokens))
         host = bench_host(spec, progress("host tier", 2 * count))
         disk = bench_disk(spec, progress("disk tier", len(spec.depths) + 1)) if spec.disk else None
     finally:
         if owned:
-            shutil.rmtree(spec.disk_path, ignore_errors=True)
+            shutil.rmtree(spec.disk_paths[0], ignore_errors=True)
     layout = asdict(spec.layout)
     return {"preset": spec.name, "layout": layout, "chunk_tokens": spec.chunk_tokens,
+            "disk_paths": [str(p) for p in spec.disk_paths] if not owned else ["(temporary)"],
             "chunk_bytes": spec.layout.token_bytes * spec.chunk_tokens, "size": spec.size,
             "host": host, "disk": disk, "ttft": ttft_estimate(spec, host, disk)}

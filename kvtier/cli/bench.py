@@ -25,8 +25,9 @@ def bench(
     chunk_tokens: Annotated[int, Opt(help="Tokens per chunk.")] = 256,
     size: Annotated[str, Opt(help="Bytes moved per pass.")] = "1GiB",
     depths: Annotated[str, Opt(help="Disk queue depths (I/O threads).")] = "1,4,16",
-    disk_path: Annotated[Path | None, Opt(help="Directory for the disk tier (default: a "
-                                               "temporary directory).")] = None,
+    disk_path: Annotated[list[Path] | None, Opt(help="Directory for the disk tier; repeat it to "
+                                                     "stripe over several drives (default: a "
+                                                     "temporary directory).")] = None,
     no_disk: Annotated[bool, Opt("--no-disk", help="Host tier only.")] = False,
     compression: Annotated[bool, Opt(help="zstd on the disk tier.")] = False,
     baselines: Annotated[bool, Opt(help="Also fio (when installed) and the naive "
@@ -54,13 +55,14 @@ def bench(
             raise ValueError(f"unknown model {model!r}; presets: {', '.join(PRESETS)}, custom")
         spec = BenchSpec(layout=layout, name=name, chunk_tokens=chunk_tokens, size=parse_size(size),
                          depths=[int(d) for d in depths.split(",")], disk=not no_disk,
-                         disk_path=disk_path, compression=compression, baselines=baselines,
+                         disk_paths=list(disk_path or []), compression=compression,
+                         baselines=baselines,
                          prompt_tokens=[int(t) for t in prompt_tokens.split(",")],
                          prefill_tps=prefill_tps)
     except ValueError as exc:
         raise fail(f"bench: {exc}") from exc
-    if disk_path is not None:
-        disk_path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for path in disk_path or []:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     from rich.progress import Progress
 
