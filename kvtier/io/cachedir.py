@@ -66,6 +66,19 @@ def check_safe_dir(path: Path) -> None:
                             f"to this process (uid {os.geteuid()})")
 
 
+def lock_namespace(directory: Path, advice: str) -> int:
+    """Hold ``directory``'s lock file (``flock``, exclusive) and return its descriptor; raise
+    ``CacheDirError`` (EBUSY) with ``advice`` when another process holds it."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CacheDirError(errno.EBUSY, f"{directory} is in use by another kvtier process; "
+                            f"{advice}") from None
+    return fd
+
+
 def probe_o_direct(directory: Path) -> bool:
     """True when O_DIRECT writes and reads of one aligned page work in ``directory``."""
     probe = directory / ".o_direct_probe"
@@ -120,14 +133,7 @@ class CacheDir:
         self.index_fd = os.open(self.path / INDEX_FILE, os.O_RDWR | os.O_CREAT, 0o600)
 
     def _take_lock(self) -> int:
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise CacheDirError(errno.EBUSY, f"{self.path} is in use by another kvtier process; "
-                                "give each instance its own disk_paths") from None
-        return fd
+        return lock_namespace(self.path, "give each instance its own disk_paths")
 
     def slots_in_file(self, number: int) -> int:
         return max(0, min(self.file_slots, self.num_slots - number * self.file_slots))

@@ -14,13 +14,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.io.cachedir import INDEX_FILE, LOCK_FILE, META_FILE
+from kvtier.io.cachedir import INDEX_FILE, LOCK_FILE, META_FILE, CacheDirError, lock_namespace
 from kvtier.io.format import INDEX_ENTRY_BYTES, SlotHeader, is_blank
 from kvtier.io.slotindex import SlotLayout, valid_header
 
-
-class CacheRootError(OSError):
-    """A path that is not a cache root kvtier may operate on."""
+CacheRootError = CacheDirError  # a path the commands must not operate on, and why
 
 
 @dataclass(frozen=True)
@@ -111,14 +109,7 @@ def in_use(directory: NamespaceDir) -> bool:
 
 def hold(directory: NamespaceDir) -> int:
     """Take the namespace's lock for an operation that changes it; raise if it is in use."""
-    fd = os.open(directory.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise CacheRootError(errno.EBUSY, f"{directory.path} is in use by a running kvtier "
-                             "process; stop it first") from None
-    return fd
+    return lock_namespace(directory.path, "stop it first")
 
 
 def index_entries(directory: NamespaceDir) -> list[tuple[int, SlotHeader | None]]:
