@@ -230,6 +230,7 @@ def test_bench_stripes_over_several_disk_paths(tmp_path):
     result = kvtier("bench", "--model", "custom", "--layers", "2", "--kv-heads", "2",
                     "--head-dim", "64", "--chunk-tokens", "64", "--size", "4MiB", "--depths", "2",
                     "--disk-path", tmp_path / "a", "--disk-path", tmp_path / "b", "--no-baselines",
+                    "--duration", "1s",
                     "--out", out, "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads((out / "bench.json").read_text())

@@ -23,3 +23,19 @@ def test_format_size_picks_binary_units():
     assert format_size(1536) == "1.5 KiB"
     assert format_size(4 * 2**30) == "4 GiB"
     assert format_size(3 * 2**40) == "3 TiB"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800),
+                                               ("1.5h", 5400), ("7d", 604800), ("2w", 1209600)])
+def test_parse_duration(text, seconds):
+    from kvtier.units import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "3 days", "-1s"])
+def test_parse_duration_rejects_garbage(text):
+    from kvtier.units import parse_duration
+
+    with pytest.raises(ValueError):
+        parse_duration(text)

@@ -105,10 +105,12 @@ class DiskFigures:
 
 def measure_disk_tier(directory: Path | list[Path], chunk_bytes: int, total: int, depth: int, *,
                       o_direct: bool, compression: bool, host: HostTier,
-                      with_aiofiles: bool = False, repeats: int = 3,
-                      batch: int = 1) -> DiskFigures:
+                      with_aiofiles: bool = False, repeats: int = 3, batch: int = 1,
+                      min_seconds: float = 0.0) -> DiskFigures:
     """Store and load ``total`` bytes of chunks through a disk tier in ``directory`` (or
-    striped over several directories, ``depth`` threads each)."""
+    striped over several directories, ``depth`` threads each): at least ``repeats`` timed
+    passes each way, more until writes and verified reads have each taken ``min_seconds``/2;
+    the best pass counts."""
     count = min(total // chunk_bytes, host.num_slots)
     namespace = Namespace(model="bench", kv_dtype="bfloat16", layout=f"bench:{chunk_bytes}",
                           block_tokens=1, chunk_tokens=1)
@@ -136,14 +138,16 @@ def measure_disk_tier(directory: Path | list[Path], chunk_bytes: int, total: int
         run(write)  # the first pass allocates; the timed ones overwrite
         files = sorted(f for w in works for f in w.glob("*/slots-*.kvt"))
         write_latency: list[float] = []
-        write_s = min(_timed_write(run, write, files, o_direct,
-                                   write_latency if r == repeats - 1 else None)
-                      for r in range(repeats))
-        stored[0] //= repeats + 1
+        writes: list[float] = []
+        while len(writes) < repeats or sum(writes) < min_seconds / 2:
+            write_latency.clear()
+            writes.append(_timed_write(run, write, files, o_direct, write_latency))
+        write_s = min(writes)
+        stored[0] //= len(writes) + 1
         reads: dict[bool, list[float]] = {True: [], False: []}
         read_latency: list[float] = []
-        for _ in range(repeats):  # verified and unverified reads interleaved, best of each
-            for verify in (True, False):
+        while len(reads[True]) < repeats or sum(reads[True]) < min_seconds / 2:
+            for verify in (True, False):  # verified and unverified interleaved, best of each
                 disk.verify_payload = verify
                 drop_cache(files)
                 if verify:

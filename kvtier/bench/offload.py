@@ -43,6 +43,7 @@ class BenchSpec:
     baselines: bool = True
     prompt_tokens: list[int] = field(default_factory=lambda: [1024, 4096, 16384, 65536])
     prefill_tps: float | None = None
+    seconds_per_depth: float = 0.0  # keep measuring each depth at least this long
 
 
 def _percentiles(seconds) -> dict[str, float]:
@@ -89,7 +90,7 @@ def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
         for depth in spec.depths:
             figures = measure_disk_tier(spec.disk_paths, chunk_bytes, count * chunk_bytes, depth,
                                         o_direct=True, compression=spec.compression, host=host,
-                                        repeats=2)
+                                        repeats=2, min_seconds=spec.seconds_per_depth)
             row = {"depth": depth, "store_gib_s": figures.write_gib_s,
                    "load_gib_s": figures.read_gib_s, "stored_ratio": figures.stored_ratio,
                    "store_latency": _percentiles(figures.write_latency_s),

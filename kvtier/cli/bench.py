@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
-from kvtier.units import format_size, parse_size
+from kvtier.units import format_size, parse_duration, parse_size
 
 Opt = typer.Option
 
@@ -29,6 +29,8 @@ def bench(
                                                      "stripe over several drives (default: a "
                                                      "temporary directory).")] = None,
     no_disk: Annotated[bool, Opt("--no-disk", help="Host tier only.")] = False,
+    duration: Annotated[str | None, Opt(help="Measure each disk queue depth at least this long "
+                                             "(e.g. 30s), repeating passes; the best counts.")] = None,
     compression: Annotated[bool, Opt(help="zstd on the disk tier.")] = False,
     baselines: Annotated[bool, Opt(help="Also fio (when installed) and the naive "
                                         "one-file-per-chunk baseline.")] = True,
@@ -58,7 +60,8 @@ def bench(
                          disk_paths=list(disk_path or []), compression=compression,
                          baselines=baselines,
                          prompt_tokens=[int(t) for t in prompt_tokens.split(",")],
-                         prefill_tps=prefill_tps)
+                         prefill_tps=prefill_tps,
+                         seconds_per_depth=parse_duration(duration) if duration else 0.0)
     except ValueError as exc:
         raise fail(f"bench: {exc}") from exc
     for path in disk_path or []:
