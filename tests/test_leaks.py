@@ -21,6 +21,8 @@ def test_store_lifecycles_leak_no_fds_or_threads(tmp_path):
                 store.put(tokens, make_kv(tokens))
                 exact(store, tokens)
             store.flush()
+            stats = store.stats()
+            assert stats.disk_writes > 0 and not stats.paths_down  # the disk tier was in use
 
     cycle(0)  # warm up: imports, first thread pools
     gc.collect()
