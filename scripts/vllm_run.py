@@ -4,7 +4,8 @@
 
 SPEC: {"model": DIR, "connector": "kvtier" | "example" | null, "extra": {...},
        "dtype": "float32", "prefix_caching": false, "max_model_len": 9216,
-       "phases": [{"prompts": [[token ids], ...], "max_tokens": 8, "together": false}, ...]}
+       "phases": [{"prompts": [[token ids], ...], "max_tokens": 8, "together": false,
+                   "salt": null}, ...]}
 
 Each phase runs its prompts one at a time (``together: false``, timing each: with
 ``max_tokens: 1`` the time is the time to first token) or all in one batch. OUT gets, per
@@ -62,7 +63,8 @@ def main() -> None:
     for phase in spec["phases"]:
         params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0,
                                 ignore_eos=True, detokenize=False)
-        prompts = [TokensPrompt(prompt_token_ids=p) for p in phase["prompts"]]
+        salt = {"cache_salt": phase["salt"]} if phase.get("salt") else {}
+        prompts = [TokensPrompt(prompt_token_ids=p, **salt) for p in phase["prompts"]]
         results = []
         if phase.get("together"):
             start = time.perf_counter()

@@ -32,8 +32,8 @@ def spec(model, connector=None, extra=None, phases=()):
             "dtype": "float32", "prefix_caching": False, "phases": list(phases)}
 
 
-def phase(batch, together=False, max_tokens=8):
-    return {"prompts": batch, "together": together, "max_tokens": max_tokens}
+def phase(batch, together=False, max_tokens=8, salt=None):
+    return {"prompts": batch, "together": together, "max_tokens": max_tokens, "salt": salt}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,10 @@ def runs(tmp_path_factory):
                           work, "baseline")
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
                                                     phase(BURST, together=True),
-                                                    phase(BURST, together=True)]), work, "first")
+                                                    phase(BURST, together=True),
+                                                    phase(SHARED, salt="tenant-b"),
+                                                    phase(SHARED, salt="tenant-b")]),
+                       work, "first")
     restart = run_engine(spec(model, "kvtier", dict(extra, metrics_port=free_port()),
                               [phase(SHARED)]), work, "restart")
     return {"work": work, "model": model, "disk": disk, "extra": extra, "baseline": baseline,
@@ -79,6 +82,13 @@ def test_after_a_restart_chunks_load_from_disk(runs):
     assert all(r["cached"] == 3 * CHUNK for r in restart["phases"][0])
     assert restart["kvtier"]["load_chunks_disk"] == 4 * 3
     assert restart["kvtier"].get("load_failed_chunks", 0) == 0
+
+
+def test_a_cache_salt_keeps_tenants_apart(runs):
+    first = runs["first"]
+    assert all(r["cached"] == 0 for r in first["phases"][4])  # tenant b: a's chunks invisible
+    assert all(r["cached"] == 3 * CHUNK for r in first["phases"][5])  # b's own chunks hit
+    assert tokens(first, 4) == tokens(first, 5) == tokens(runs["baseline"], 0)
 
 
 def test_the_engine_serves_kvtier_metrics(runs):
