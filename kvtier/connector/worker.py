@@ -81,16 +81,24 @@ class WorkerSide:
         """Loads from host memory run now (vLLM calls this before the forward that needs
         them); loads with disk chunks start their reads and finish in a later step."""
         for load in meta.loads:
-            if not any(c.disk_slot is not None for c in load.chunks):
-                self._complete(load, {}, time.perf_counter())
-            elif load.demotions:  # write-back victims must leave the staging slots first
-                started = time.perf_counter()
-                job = self._loader.submit(lambda load=load: (self._demote(load.demotions),
-                                                             self._submit_reads(load))[1])
-                self._pending_loads.append((load, job, started))
-            else:
-                self._pending_loads.append((load, _Done(self._submit_reads(load)),
-                                            time.perf_counter()))
+            from_disk = any(c.disk_slot is not None for c in load.chunks)
+            try:
+                if not from_disk:
+                    self._complete(load, {}, time.perf_counter())
+                elif load.demotions:  # write-back victims must leave the staging slots first
+                    job = self._loader.submit(lambda load=load: (self._demote(load.demotions),
+                                                                 self._submit_reads(load))[1])
+                    self._pending_loads.append((load, job, time.perf_counter()))
+                else:
+                    self._pending_loads.append((load, _Done(self._submit_reads(load)),
+                                                time.perf_counter()))
+            except Exception as exc:  # never take the step down: the blocks are recomputed
+                log.exception("kvtier: load of %s could not start: %s", load.req_id, exc)
+                failed = {c.key: _Failed(repr(exc)) for c in load.chunks}
+                self._complete(load, failed, time.perf_counter())
+                if from_disk:
+                    with self._lock:
+                        self._finished_loads.add(load.req_id)
 
     def _finish_ready_loads(self) -> None:
         """Complete the asynchronous loads whose disk reads are all over (this thread)."""
@@ -170,8 +178,15 @@ class WorkerSide:
 
     def save(self, meta: KVTierMetadata) -> None:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
-        for), then write-through disk writes in the background."""
-        self._demote(meta.demotions)
+        for), then write-through disk writes in the background. Failures are reported as
+        failed stores, never raised into the engine's step."""
+        try:
+            self._demote(meta.demotions)
+        except Exception as exc:
+            log.exception("kvtier: write-back of evicted chunks failed: %s", exc)
+            with self._lock:
+                for demotion in meta.demotions:
+                    self._report.disk_failed[demotion.key] += 1
         stored: list[ChunkStore] = []
         for store in meta.stores:
             try:
@@ -189,7 +204,13 @@ class WorkerSide:
                                                      len(stored) * self.geometry.chunk_bytes))
         writes = [s for s in stored if s.disk_slot is not None]
         if writes and self.disk is not None:
-            self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
+            try:
+                self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
+            except Exception as exc:
+                log.exception("kvtier: disk writes could not start: %s", exc)
+                with self._lock:
+                    for store in writes:
+                        self._report.disk_failed[store.key] += 1
 
     def _demote(self, demotions: Sequence[DiskWrite]) -> None:
         """Write-back demotions: written now, since their host slots are about to be reused."""

@@ -1,0 +1,93 @@
+"""The connector's worker side with a synthetic paged cache: copies, disk I/O, failures."""
+
+import errno
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from kvtier.config import load_config
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import ChunkLoad, ChunkStore, KVTierMetadata, RequestLoad
+from kvtier.connector.worker import WorkerSide
+from tests.disk_helpers import failing_io
+
+LAYERS, BLOCKS, BLOCK, HIDDEN = 2, 16, 16, 64
+GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, 2 * BLOCK, "bfloat16", "t")
+
+
+def worker(tmp_path, disk=True) -> tuple[WorkerSide, list[torch.Tensor]]:
+    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes}
+    if disk:
+        extra.update(disk_paths=[str(tmp_path)], disk_capacity=8 * (4096 + GEO.chunk_bytes),
+                     disk_min_free=0)
+    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0))
+    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
+    side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    return side, kv
+
+
+def same(a, b) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_store_to_host_and_disk_then_load_back(tmp_path):
+    side, kv = worker(tmp_path)
+    original = [t.clone() for t in kv]
+    side.save(KVTierMetadata(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=5)]))
+    side._engine.drain()
+    report = side.report()
+    assert report.host_stored[b"k" * 16] == 1 and report.disk_written[b"k" * 16] == 1
+    for t in kv:
+        t[8:10].zero_()
+    load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, disk_slot=5),))
+    side.start_loads(KVTierMetadata(loads=[load]))
+    side._engine.drain()
+    assert side.finished() == {"r"} and side.take_invalid_blocks() == set()
+    assert all(same(kv[i][8:10], original[i][3:5]) for i in range(LAYERS))
+    assert side.report().loads_done["r"] == 1
+    side.close()
+
+
+def test_a_host_load_is_done_before_the_forward(tmp_path):
+    side, kv = worker(tmp_path, disk=False)
+    original = [t.clone() for t in kv]
+    side.save(KVTierMetadata(stores=[ChunkStore(b"h" * 16, (1, 2), host_slot=2)]))
+    side.start_loads(KVTierMetadata(loads=[RequestLoad("r", (ChunkLoad(b"h" * 16, (7,), 1, 2),))]))
+    assert all(same(kv[i][7], original[i][2]) for i in range(LAYERS))
+    assert side.finished() == set()  # synchronous: not reported to vLLM as an async load
+    assert side.report().loads_done["r"] == 1
+    side.close()
+
+
+def test_a_failed_disk_read_reports_the_blocks_for_recompute(tmp_path, monkeypatch):
+    side, _ = worker(tmp_path)
+    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0),
+                                     ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=1)]))
+    side._engine.drain()
+    side.report()
+    chunks = (ChunkLoad(b"a" * 16, (10, 11), 0, 2, disk_slot=0),
+              ChunkLoad(b"b" * 16, (12, 13), 0, 3, disk_slot=1))
+    with failing_io(monkeypatch, "slots-", err=errno.EIO, calls=("preadv",)):
+        side.start_loads(KVTierMetadata(loads=[RequestLoad("r", chunks)]))
+        side._engine.drain()
+        assert side.finished() == {"r"}
+    assert side.take_invalid_blocks() == {10, 11, 12, 13}
+    assert side.report().load_failed["r"] == {b"a" * 16, b"b" * 16}
+    side.close()
+
+
+def test_a_copy_that_fails_is_a_failed_store_not_a_crash(tmp_path):
+    side, _ = worker(tmp_path, disk=False)
+    side.save(KVTierMetadata(stores=[ChunkStore(b"x" * 16, (BLOCKS + 5, 0), host_slot=0)]))
+    assert side.report().host_failed[b"x" * 16] == 1
+    side.close()
+
+
+def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
+    side, _ = worker(tmp_path)
+    load = RequestLoad("r", (ChunkLoad(b"z" * 16, (5, 6), 0, host_slot=None, disk_slot=3),))
+    side.start_loads(KVTierMetadata(loads=[load]))
+    assert side.finished() == {"r"} and side.take_invalid_blocks() == {5, 6}
+    side.close()
