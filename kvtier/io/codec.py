@@ -1,8 +1,9 @@
 """Payload codecs: byte-plane shuffle then zstd for 16-bit KV.
 
 Shuffling puts the high bytes of every bf16/fp16 element together, where zstd finds more to
-compress (bf16 KV: ratio ~1.46 shuffled against ~1.29 plain at level 1). It pays only where
-the disk link is slower than the codec (~1 GB/s per core each way), so it is off by default.
+compress (measured on normally distributed bf16 values at level 1: 1.46x smaller; about
+0.25 GB/s to compress and 2.7 GB/s to decompress on one core here). It pays only where the
+disk link is slower than the codec, so it is off by default.
 """
 
 from __future__ import annotations

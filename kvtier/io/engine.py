@@ -2,9 +2,8 @@
 
 Each disk path gets its own queue with its own threads, so a slow or failing drive does not
 hold up the others. Jobs are callables doing positional, vectored reads and writes
-(``os.preadv``/``os.pwritev`` release the GIL), so threads overlap real I/O. Measured here:
-a thread pool over O_DIRECT ``preadv`` at >= 1 MiB reaches fio's throughput; aiofiles reached
-82-91% at 1 MiB and 28-62% at 256 KiB, so it is not used on this path.
+(``os.preadv``/``os.pwritev`` release the GIL), so threads overlap real I/O. aiofiles, measured
+on the same reads, was never consistently faster (docs/benchmarks.md), so it is not used.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ only if the header parses, its checksum matches, and namespace and key are the o
 for; the payload is trusted only if its checksum matches too. A torn, stale or foreign slot
 is therefore a miss, never wrong bytes.
 
-Checksums are XXH3-64 (~30 GB/s on one core here, against ~6 GB/s of fast-NVMe reads: under
-10% of a load's time). They catch corruption and torn writes, not an attacker who can write
+Checksums are XXH3-64 (~32 GiB/s on one core here; docs/benchmarks.md measures what checking
+every read costs). They catch corruption and torn writes, not an attacker who can write
 the cache files: see docs/reliability.md.
 """
 
