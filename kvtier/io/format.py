@@ -27,6 +27,7 @@ INDEX_ENTRY_BYTES = 128  # a header's meaningful prefix, as kept in the per-dire
 _LAYOUT = struct.Struct("<8sHHBBH16s16sQQQQQ")
 _CHECKSUM = struct.Struct("<Q")
 assert _LAYOUT.size + _CHECKSUM.size <= INDEX_ENTRY_BYTES <= HEADER_BYTES
+assert KEY_BYTES == 16, "the header keeps namespace digests and chunk keys in 16 bytes"
 
 
 class Codec(IntEnum):
@@ -103,5 +104,3 @@ def decode_header(data: bytes | memoryview) -> SlotHeader:
 def payload_checksum(payload: bytes | memoryview) -> int:
     return xxhash.xxh3_64_intdigest(payload)
 
-
-assert KEY_BYTES == 16

@@ -5,10 +5,9 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from kvtier.keys import FORMAT_VERSION
-from kvtier.ops.cache import NamespaceDir, cache_root, in_use, index_entries, namespaces
+from kvtier.ops.cache import NamespaceDir, in_use, index_entries
 
 
 @dataclass
@@ -71,6 +70,3 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         report.age_seconds = {"min": min(ages), "median": statistics.median(ages), "max": max(ages)}
     return report
 
-
-def inspect_root(path: str | Path) -> list[NamespaceReport]:
-    return [inspect_namespace(d) for d in namespaces(cache_root(path))]
