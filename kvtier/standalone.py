@@ -135,6 +135,9 @@ class KVStore:
             index.adopt(found.header.key, found.slot)
         self._stats.recovered_chunks = len(index)
         self._stats.torn_slots = report.torn
+        if report.torn:
+            self._failures.note("torn slots at start", f"{report.torn} slots with a bad header "
+                                "or checksum dropped (a crash mid-write, or damage)")
         self._retire_down_paths()
 
     # -- public API ---------------------------------------------------------------------
@@ -310,6 +313,8 @@ class KVStore:
         if self._engine.pending(queue) >= self._max_pending:
             self._stack.finish(key, plan.dst, False)
             self._stats.dropped_writes += 1
+            self._failures.note("write-through dropped", "the disk write queue is full; "
+                                "chunks stay in host memory only (counted in dropped_writes)")
             return
         src = Location(HOST, host_slot)
         self._stack.indexes[HOST].pin(key)
@@ -403,9 +408,10 @@ class KVStore:
                    IOStatus.NO_SPACE: "no_space"}.get(result.status)
         if counter is not None:
             setattr(self._stats, counter, getattr(self._stats, counter) + 1)
-        self._failures.note(f"disk {op} {result.status.value}", result.detail)
         if result.status is IOStatus.PATH_DOWN:
-            self._retire_down_paths()
+            self._retire_down_paths()  # the disk tier logged it, once per path
+        else:
+            self._failures.note(f"disk {op} {result.status.value}", result.detail)
 
     def _retire_down_paths(self) -> None:
         """Take the slots of paths that went out of service away from the index."""

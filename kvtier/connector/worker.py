@@ -67,11 +67,12 @@ class WorkerSide:
                 self.config.disk_capacity, compression=self.config.compression is Compression.ZSTD,
                 element_bytes=torch.empty((), dtype=next(iter(kv_caches.values())).dtype).element_size(),
                 o_direct=_O_DIRECT[self.config.o_direct], floor=self.config.disk_min_free)
-            self.disk.recover(threads=self.config.io_threads)
+            report = self.disk.recover(threads=self.config.io_threads)
+            if report.torn:
+                self._failures.note("torn slots at start", f"{report.torn} slots with a bad "
+                                    "header or checksum dropped (a crash mid-write, or damage)")
             self._engine = IOEngine(self.disk.queues, self.config.io_threads)
-            for index, reason in self.disk.down_paths.items():
-                self._report.paths_down.add(index)
-                log.error("kvtier: disk path out of service: %s", reason)
+            self._report.paths_down |= set(self.disk.down_paths)  # logged by the tier
         log.info("kvtier worker: %d host slots of %d bytes, disk %s", self.host.num_slots,
                  slot_bytes, f"{self.disk.num_slots} slots" if self.disk else "off")
 
@@ -93,7 +94,7 @@ class WorkerSide:
                     self._pending_loads.append((load, _Done(self._submit_reads(load)),
                                                 time.perf_counter()))
             except Exception as exc:  # never take the step down: the blocks are recomputed
-                log.exception("kvtier: load of %s could not start: %s", load.req_id, exc)
+                self._unexpected("load could not start", load.req_id, exc)
                 failed = {c.key: _Failed(repr(exc)) for c in load.chunks}
                 self._complete(load, failed, time.perf_counter())
                 if from_disk:
@@ -110,7 +111,7 @@ class WorkerSide:
             try:
                 reads = reads_job.result()
             except Exception as exc:
-                log.exception("kvtier: disk reads of %s failed to start: %s", load.req_id, exc)
+                self._unexpected("disk reads could not start", load.req_id, exc)
                 reads = {c.key: _Failed(repr(exc)) for c in load.chunks if c.disk_slot is not None}
             if all(r.done() for r in reads.values()):
                 self._complete(load, reads, started)
@@ -143,7 +144,7 @@ class WorkerSide:
                 disk_bytes += moved if result is not None else 0
             self.pages.synchronize()
         except Exception as exc:  # never take the engine down: recompute instead
-            log.exception("kvtier: load of %s failed: %s", load.req_id, exc)
+            self._unexpected("load failed", load.req_id, exc)
             invalid.update(b for c in load.chunks for b in c.block_ids)
             failed_keys.update(c.key for c in load.chunks if c.key)
         seconds = time.perf_counter() - started
@@ -183,7 +184,7 @@ class WorkerSide:
         try:
             self._demote(meta.demotions)
         except Exception as exc:
-            log.exception("kvtier: write-back of evicted chunks failed: %s", exc)
+            self._unexpected("write-back of evicted chunks failed", "", exc)
             with self._lock:
                 for demotion in meta.demotions:
                     self._report.disk_failed[demotion.key] += 1
@@ -193,7 +194,7 @@ class WorkerSide:
                 self.pages.gather(store.block_ids, self.host.slot(store.host_slot))
                 stored.append(store)
             except Exception as exc:
-                log.exception("kvtier: copy of a chunk to host failed: %s", exc)
+                self._unexpected("copy of a chunk to host failed", store.key.hex(), exc)
                 with self._lock:
                     self._report.host_failed[store.key] += 1
         self.pages.synchronize()
@@ -207,7 +208,7 @@ class WorkerSide:
             try:
                 self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
             except Exception as exc:
-                log.exception("kvtier: disk writes could not start: %s", exc)
+                self._unexpected("disk writes could not start", "", exc)
                 with self._lock:
                     for store in writes:
                         self._report.disk_failed[store.key] += 1
@@ -241,11 +242,18 @@ class WorkerSide:
             self._record(lambda st: st.record_disk_writes(results))
 
     def _note_failure(self, result: IOResult, op: str) -> None:
-        """Count and log (once per kind) a failed disk request (lock held)."""
-        self._failures.note(f"disk {op} {result.status.value}", result.detail)
+        """Count and log (once per kind) a failed disk request (lock held); a path going
+        down is logged by the disk tier, once per path."""
+        if result.status is not IOStatus.PATH_DOWN:
+            self._failures.note(f"disk {op} {result.status.value}", result.detail)
         self._record(lambda st: st.record_failure(result.status.value))
         if result.status is IOStatus.PATH_DOWN and self.disk is not None:
             self._report.paths_down |= set(self.disk.down_paths)
+
+    def _unexpected(self, what: str, about: str, exc: BaseException) -> None:
+        """An exception that was not an I/O result (a bug, or a fault no path reports): the
+        blocks are recomputed or the store fails; logged with its traceback once per kind."""
+        self._failures.note(f"{what} ({type(exc).__name__})", f"{about} {exc!r}".strip(), exc)
 
     # -- reports ------------------------------------------------------------------------
 
