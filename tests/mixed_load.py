@@ -1,0 +1,55 @@
+"""One process of tests/test_processes.py: a store under mixed load from several threads.
+
+    python -m tests.mixed_load DIR SECONDS SEED OUT.json
+
+Threads put and get overlapping prefixes (the families of scripts/soak.py) and check every
+byte they get back. Open descriptors and resident memory are sampled once warmed up (a third
+of the way) and at the end. Writes what happened to OUT.json.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from soak import LAYOUT, config, resident_mib, worker
+
+from kvtier import KVStore
+
+THREADS = 3
+
+
+def sample() -> dict:
+    return {"fds": len(os.listdir("/proc/self/fd")), "rss_mib": resident_mib()}
+
+
+if __name__ == "__main__":
+    directory, seconds, seed, out = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    counts, lock, stop = Counter(), threading.Lock(), threading.Event()
+    store = KVStore(LAYOUT, config(directory))
+    recovered = store.stats().recovered_chunks
+    threads = [threading.Thread(target=worker, args=(store, stop, seed * 100 + i, counts, lock))
+               for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds / 3)
+    warm = sample()
+    time.sleep(2 * seconds / 3)
+    end = sample()
+    stop.set()
+    for t in threads:
+        t.join()
+    store.flush()
+    stats = store.stats()
+    store.close()
+    Path(out).write_text(json.dumps({
+        "counts": dict(counts), "warm": warm, "end": end, "recovered": recovered,
+        "paths_down": stats.paths_down, "disk_writes": stats.disk_writes,
+        "disk_reads": stats.disk_reads, "corruptions": stats.corruptions,
+        "closed_fds": sample()["fds"],
+    }))

@@ -1,0 +1,57 @@
+"""Two processes storing and loading overlapping prefixes at once, then a third that restarts
+on what they left: no wrong byte, no exception, descriptors and memory stable."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SECONDS = 6
+
+
+def run_two(first: Path, second: Path, out: Path) -> list[dict]:
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.mixed_load", str(path), str(SECONDS),
+                               str(seed), str(out / f"p{seed}.json")], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for seed, path in enumerate([first, second])]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, output[-3000:]
+    return [json.loads((out / f"p{seed}.json").read_text()) for seed in range(2)]
+
+
+def check_clean(result: dict) -> None:
+    counts = result["counts"]
+    assert counts["wrong_bytes_served"] == 0 and counts.get("escaped_exceptions", 0) == 0, counts
+    assert counts["puts"] > 20 and counts["gets"] > 20 and counts["hit_tokens"] > 0
+    assert result["end"]["fds"] == result["warm"]["fds"], result
+    assert result["end"]["rss_mib"] - result["warm"]["rss_mib"] < 48, result
+
+
+@pytest.mark.parametrize("sharing", ["one directory", "a directory each"])
+def test_two_processes_then_a_restart(tmp_path, sharing):
+    first = tmp_path / "cache"
+    second = first if sharing == "one directory" else tmp_path / "cache2"
+    for path in {first, second}:
+        path.mkdir(mode=0o700)
+    results = run_two(first, second, tmp_path)
+    for result in results:
+        check_clean(result)
+    with_disk = [r for r in results if not r["paths_down"]]
+    if sharing == "one directory":
+        # One process holds the namespace; the other serves from host memory and says why.
+        assert len(with_disk) == 1
+        (other,) = [r for r in results if r["paths_down"]]
+        assert "in use by another kvtier process" in next(iter(other["paths_down"].values()))
+    else:
+        assert len(with_disk) == 2
+    assert all(r["disk_writes"] > 0 for r in with_disk)
+
+    again = run_two(first, second, tmp_path)  # restart on what the first two left
+    for result in again:
+        check_clean(result)
+        if not result["paths_down"]:
+            assert result["recovered"] > 0 and result["disk_reads"] > 0
