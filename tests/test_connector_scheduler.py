@@ -30,11 +30,11 @@ def request(name: str, tokens: int, seed: int = 0) -> Request:
     return Request(name, tokens, [bytes([seed, i]) * 16 for i in range(tokens // BLOCK)])
 
 
-def scheduler(world: int = 1, disk=None, **extra) -> SchedulerSide:
+def scheduler(world: int = 1, disk=None, disk_slots=8, **extra) -> SchedulerSide:
     cfg = {"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes, "load_policy": "always",
            **extra}
     if disk is not None:
-        cfg.update(disk_paths=[str(disk)], disk_capacity=8 * (4096 + GEO.chunk_bytes))
+        cfg.update(disk_paths=[str(disk)], disk_capacity=disk_slots * (4096 + GEO.chunk_bytes))
     namespaces = [GEO.namespace("m", "", world, r) for r in range(world)]
     return SchedulerSide(load_config(cfg, environ={}), GEO, namespaces, world)
 
@@ -167,3 +167,74 @@ def test_auto_policy_skips_loads_slower_than_recompute():
     assert decider.should_load(2000, 0, 10**7)  # 10 ms from host against 1 s of prefill
     assert not decider.should_load(2000, 10**8, 10**8)  # 10 s from disk against 1 s
     assert LoadDecider(enabled=False).should_load(1, 10**12, 10**12)
+
+
+def on_disk_only(side: SchedulerSide, req: Request) -> None:
+    """Store ``req`` (host and disk), then push it out of host memory with other chunks."""
+    store_all(side, req)
+    for other in range(2):
+        store_all(side, request(f"push{other}", 64, seed=50 + other))
+    keys = side.chunk_keys(req, req.num_tokens // CHUNK)
+    assert all(side.stack.locate(k).tier is TierName.DISK for k in keys)
+
+
+def hold_host_slots(side: SchedulerSide, count: int) -> None:
+    """A load from host memory in flight, pinning ``count`` host slots."""
+    held = request("held", count * CHUNK + 1, seed=90)
+    store_all(side, held)
+    assert side.num_new_matched_tokens(held, 0) == (count * CHUNK, False)
+    side.plan_load(held, list(range(200, 200 + 2 * count + 1)), 0, count * CHUNK)
+    side.build_meta()
+
+
+def test_a_store_with_no_free_host_slot_is_offered_again_next_step():
+    side = scheduler()
+    hold_host_slots(side, 4)  # every host slot pinned by a load
+    req = request("a", 64, seed=3)
+    meta = KVTierMetadata()
+    side.plan_stores(req, [1, 2, 3, 4], 64, meta)
+    assert meta.stores == []
+    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"held": 1})))
+    meta = KVTierMetadata()
+    side.plan_stores(req, [1, 2, 3, 4], 65, meta)  # the request's next step
+    assert [s.block_ids for s in meta.stores] == [(1, 2), (3, 4)]
+
+
+def test_a_match_from_disk_is_capped_by_the_host_slots_it_can_stage_in(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32)
+    on_disk_only(side, request("a", 96))
+    hold_host_slots(side, 3)  # one host slot left to stage a disk read in
+    assert side.num_new_matched_tokens(request("b", 97), 0) == (32, True)
+
+
+def test_a_chunk_without_a_staging_slot_is_recomputed_and_stays_cached(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32)
+    on_disk_only(side, request("a", 96))
+    b = request("b", 97)
+    assert side.num_new_matched_tokens(b, 0) == (96, True)
+    hold_host_slots(side, 2)  # taken between the match and the allocation
+    side.plan_load(b, list(range(1, 8)), 0, 96)
+    (load,) = side.build_meta().loads
+    assert load.asynchronous and side.request_finished("b") is True
+    staged = [c for c in load.chunks if c.host_slot is not None]
+    assert len(staged) == 2 and all(c.disk_slot is not None for c in staged)
+    assert load.chunks[2].host_slot is None and load.chunks[2].disk_slot is None
+    assert side.counters["load_skipped_chunks"] == 1
+    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
+    assert side.counters.get("load_failed_chunks", 0) == 0
+    keys = side.chunk_keys(b, 3)
+    assert side.stack.match_prefix(keys).num_chunks == 3  # nothing dropped
+
+
+def test_an_asynchronous_load_stays_asynchronous_when_its_chunks_went_away(tmp_path):
+    """vLLM waits for an asynchronous load to be reported finished, whatever it holds."""
+    side = scheduler(disk=tmp_path)
+    on_disk_only(side, request("a", 64))
+    b = request("b", 65)
+    assert side.num_new_matched_tokens(b, 0) == (64, True)
+    for key in side.chunk_keys(b, 2):
+        side.stack.discard(key)
+    side.plan_load(b, list(range(1, 6)), 0, 64)
+    (load,) = side.build_meta().loads
+    assert load.asynchronous and all(c.host_slot is None for c in load.chunks)
+    assert side.request_finished("b") is True

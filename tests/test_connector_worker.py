@@ -41,7 +41,8 @@ def test_store_to_host_and_disk_then_load_back(tmp_path):
     assert report.host_stored[b"k" * 16] == 1 and report.disk_written[b"k" * 16] == 1
     for t in kv:
         t[8:10].zero_()
-    load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, disk_slot=5),))
+    load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, disk_slot=5),),
+                       asynchronous=True)
     side.start_loads(KVTierMetadata(loads=[load]))
     side._engine.drain()
     assert side.finished() == {"r"} and side.take_invalid_blocks() == set()
@@ -70,7 +71,7 @@ def test_a_failed_disk_read_reports_the_blocks_for_recompute(tmp_path, monkeypat
     chunks = (ChunkLoad(b"a" * 16, (10, 11), 0, 2, disk_slot=0),
               ChunkLoad(b"b" * 16, (12, 13), 0, 3, disk_slot=1))
     with failing_io(monkeypatch, "slots-", err=errno.EIO, calls=("preadv",)):
-        side.start_loads(KVTierMetadata(loads=[RequestLoad("r", chunks)]))
+        side.start_loads(KVTierMetadata(loads=[RequestLoad("r", chunks, asynchronous=True)]))
         side._engine.drain()
         assert side.finished() == {"r"}
     assert side.take_invalid_blocks() == {10, 11, 12, 13}
@@ -87,7 +88,8 @@ def test_a_copy_that_fails_is_a_failed_store_not_a_crash(tmp_path):
 
 def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
     side, _ = worker(tmp_path)
-    load = RequestLoad("r", (ChunkLoad(b"z" * 16, (5, 6), 0, host_slot=None, disk_slot=3),))
+    load = RequestLoad("r", (ChunkLoad(b"z" * 16, (5, 6), 0, host_slot=None, disk_slot=3),),
+                       asynchronous=True)
     side.start_loads(KVTierMetadata(loads=[load]))
     assert side.finished() == {"r"} and side.take_invalid_blocks() == {5, 6}
     side.close()

@@ -88,6 +88,8 @@ class IndexMachine(RuleBasedStateMachine):
         held = self._held_slots()
         assert len(held) == len(self.writing) + len(self.ready) + len(self.doomed)
         assert self.index.free_slots == SLOTS - len(held)
+        unpinned = [k for k in self.ready if not self.pins.get(k)]
+        assert self.index.reusable_slots == SLOTS - len(held) + len(unpinned)
 
 
 TestIndexMachine = IndexMachine.TestCase

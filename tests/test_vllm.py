@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.vllm,
 CHUNK = 256
 SHARED = prompts(1, 4, 1000)  # four long prompts, each run twice
 BURST = prompts(2, 12, 700, shared=520)  # concurrent requests with overlapping prefixes
+PRESSURE = prompts(3, 16, 1100, shared=300)  # 16 at once, 49 distinct chunks of 1 MiB
 
 
 def free_port() -> int:
@@ -45,8 +46,8 @@ def runs(tmp_path_factory):
     disk.mkdir(mode=0o700)
     extra = {"chunk_tokens": CHUNK, "host_capacity": "64MiB", "disk_paths": [str(disk)],
              "disk_capacity": "256MiB", "load_policy": "always"}
-    baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True)]),
-                          work, "baseline")
+    baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True),
+                                              phase(PRESSURE, together=True)]), work, "baseline")
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
                                                     phase(BURST, together=True),
                                                     phase(BURST, together=True),
@@ -55,8 +56,14 @@ def runs(tmp_path_factory):
                        work, "first")
     restart = run_engine(spec(model, "kvtier", dict(extra, metrics_port=free_port()),
                               [phase(SHARED)]), work, "restart")
+    squeezed = work / "squeezed"
+    squeezed.mkdir(mode=0o700)
+    pressure = run_engine(spec(model, "kvtier", dict(extra, host_capacity="6MiB",
+                                                     disk_paths=[str(squeezed)]),
+                               [phase(PRESSURE, together=True), phase(PRESSURE, together=True)]),
+                          work, "pressure")
     return {"work": work, "model": model, "disk": disk, "extra": extra, "baseline": baseline,
-            "first": first, "restart": restart}
+            "first": first, "restart": restart, "pressure": pressure}
 
 
 def tokens(run, index):
@@ -118,6 +125,17 @@ def test_concurrent_overlapping_requests_keep_their_outputs(runs):
     assert tokens(runs["first"], 2) == tokens(runs["baseline"], 1)
     assert tokens(runs["first"], 3) == tokens(runs["baseline"], 1)
     assert all(r["cached"] == 2 * CHUNK for r in runs["first"]["phases"][3])
+
+
+def test_many_concurrent_requests_under_host_tier_pressure(runs):
+    """Six host slots for 16 concurrent requests of 4 chunks: stores and disk loads compete
+    for host slots, and whatever does not fit is recomputed; outputs stay the same."""
+    pressure = runs["pressure"]
+    assert tokens(pressure, 0) == tokens(pressure, 1) == tokens(runs["baseline"], 2)
+    counters = pressure["kvtier"]
+    assert counters["load_chunks_disk"] > 0  # evicted from host, loaded back from disk
+    assert counters.get("load_failed_chunks", 0) == 0
+    assert sum(r["cached"] for r in pressure["phases"][1]) > 0
 
 
 def test_a_chunk_corrupted_on_disk_is_recomputed(runs):

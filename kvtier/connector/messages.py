@@ -57,6 +57,7 @@ class RequestLoad:
     req_id: str
     chunks: tuple[ChunkLoad, ...]
     demotions: tuple[DiskWrite, ...] = ()
+    asynchronous: bool = False  # vLLM waits for the worker to report it finished
 
 
 @dataclass

@@ -45,7 +45,8 @@ class _Load:
     staged: list[StorePlan]
     tokens: int
     tiers: dict[TierName, int]
-    from_disk: bool = False  # asynchronous: the request waits for it between steps
+    asynchronous: bool = False  # from disk: the request waits for it between steps
+    cut: bool = False  # a chunk could not be loaded: it and the ones after are recomputed
 
 
 @dataclass
@@ -78,6 +79,7 @@ class SchedulerSide:
         self._requests: dict[str, Any] = {}  # req id -> vllm Request
         self._stored_upto: dict[str, int] = {}  # req id -> chunks already offered for store
         self._loads: dict[str, _Load] = {}
+        self._asynchronous: dict[str, bool] = {}  # req id -> what the last match promised
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
@@ -135,14 +137,25 @@ class SchedulerSide:
         wanted = hit - num_computed
         if wanted <= 0:
             return 0, False
-        needed = match.locations[num_computed // chunk:]
+        first = num_computed // chunk
+        needed = match.locations[first:first + self._stageable(match.locations[first:])]
+        wanted = min(hit, (first + len(needed)) * chunk) - num_computed
+        if wanted <= 0:
+            return 0, False
         from_disk = sum(1 for loc in needed if loc.tier is DISK)
         if not self.decider.should_load(wanted, from_disk * self.geometry.chunk_bytes,
                                         len(needed) * self.geometry.chunk_bytes):
             return 0, False
         # From host memory the copy is quick: done before this step's forward. From disk the
         # request waits (asynchronously) while other requests go on.
+        self._asynchronous[request.request_id] = from_disk > 0
         return wanted, from_disk > 0
+
+    def _stageable(self, locations: list[Location]) -> int:
+        """How many of ``locations`` (in order) host memory can take now: each chunk holds a
+        host slot while it loads (its own, pinned, or one a disk read is staged in)."""
+        room = self.stack.indexes[HOST].reusable_slots
+        return min(len(locations), room)
 
     def plan_load(self, request: Any, block_ids: list[int], num_computed: int,
                   num_external: int) -> None:
@@ -151,7 +164,8 @@ class SchedulerSide:
         geo = self.geometry
         start, end = num_computed, num_computed + num_external
         keys = self.chunk_keys(request, -(-end // geo.chunk_tokens))
-        load = _Load([], [], num_external, {})
+        load = _Load([], [], num_external, {},
+                     asynchronous=self._asynchronous.pop(request.request_id, False))
         chunks, demotions = [], []
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
             first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
@@ -159,24 +173,33 @@ class SchedulerSide:
             ids = tuple(block_ids[c * geo.blocks_per_chunk + first:c * geo.blocks_per_chunk + last])
             chunks.append(self._plan_chunk_load(keys[c] if c < len(keys) else None, ids, first,
                                                 load, demotions))
-        load.from_disk = any(c.disk_slot is not None for c in chunks)
         self._loads[request.request_id] = load
-        self._new_loads.append(RequestLoad(request.request_id, tuple(chunks), tuple(demotions)))
+        self._new_loads.append(RequestLoad(request.request_id, tuple(chunks), tuple(demotions),
+                                           load.asynchronous))
 
     def _plan_chunk_load(self, key: ChunkKey | None, ids: tuple[int, ...], first: int,
                          load: _Load, demotions: list[DiskWrite]) -> ChunkLoad:
-        location = self.stack.locate(key) if key is not None else None
-        if location is None:  # gone since the match: the workers report these blocks failed
+        """One chunk of a load: pinned where it is, a disk chunk with a host slot to stage
+        its read in. A chunk gone since the match, on disk in a synchronous load, or with no
+        host slot free is not loaded, nor is any chunk after it: the workers report their
+        blocks invalid and vLLM recomputes them (the chunks stay cached)."""
+        location = self.stack.locate(key) if key is not None and not load.cut else None
+        if location is not None and location.tier is DISK:
+            self.stack.indexes[DISK].pin(key)
+            plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
+            if plan is None:
+                self.stack.unpin(key, location)
+                location = None
+        if location is None:
+            load.cut = True
+            self.counters["load_skipped_chunks"] += 1
             return ChunkLoad(key or b"", ids, first, None)
-        self.stack.indexes[location.tier].pin(key)
         load.pinned.append((key, location))
         load.tiers[location.tier] = load.tiers.get(location.tier, 0) + 1
         self.counters[f"load_chunks_{location.tier}"] += 1
         if location.tier is HOST:
+            self.stack.indexes[HOST].pin(key)
             return ChunkLoad(key, ids, first, location.slot)
-        plan = self.stack.plan_store(key, HOST)  # a host slot to stage the disk read in
-        if plan is None:
-            return ChunkLoad(key, ids, first, None, location.slot)
         demotions += self._demotion_writes(plan.demotions)
         load.staged.append(plan)
         return ChunkLoad(key, ids, first, plan.dst.slot, location.slot)
@@ -209,24 +232,28 @@ class SchedulerSide:
 
     def plan_stores(self, request: Any, block_ids: list[int], num_computed_after: int,
                     meta: KVTierMetadata) -> None:
-        """Offer every chunk of ``request`` that is fully computed after this step."""
+        """Offer, in order, every chunk of ``request`` that is fully computed after this step.
+
+        A chunk that finds no free host slot (all held by stores and loads in flight) stops
+        the offer there; the request's next step offers it again, while its blocks are
+        still the request's own."""
         req_id = request.request_id
         geo = self.geometry
         keys = self.chunk_keys(request, num_computed_after // geo.chunk_tokens)
         for c in range(self._stored_upto.get(req_id, 0), len(keys)):
             ids = block_ids[c * geo.blocks_per_chunk:(c + 1) * geo.blocks_per_chunk]
-            if len(ids) < geo.blocks_per_chunk:
+            if len(ids) < geo.blocks_per_chunk or not self._plan_store(keys[c], tuple(ids), meta):
                 break
             self._stored_upto[req_id] = c + 1
-            self._plan_store(keys[c], tuple(ids), meta)
 
-    def _plan_store(self, key: ChunkKey, ids: tuple[int, ...], meta: KVTierMetadata) -> None:
+    def _plan_store(self, key: ChunkKey, ids: tuple[int, ...], meta: KVTierMetadata) -> bool:
+        """Plan one chunk's store; False when no host slot is free for it now."""
         if self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key):
             self.stack.touch(key)
-            return
+            return True
         plan = self.stack.plan_store(key, HOST)
         if plan is None:
-            return
+            return False
         meta.demotions += self._demotion_writes(plan.demotions)
         disk = None
         if (DISK in self.stack.indexes and self.config.write_policy is WritePolicy.WRITE_THROUGH
@@ -237,6 +264,7 @@ class SchedulerSide:
         if disk is not None:
             self._pending.disk[key] = (disk, plan.dst)
         meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None))
+        return True
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -314,5 +342,6 @@ class SchedulerSide:
         load from host memory is over before the request's first forward)."""
         self._requests.pop(req_id, None)
         self._stored_upto.pop(req_id, None)
+        self._asynchronous.pop(req_id, None)
         load = self._loads.get(req_id)
-        return load is not None and load.from_disk
+        return load is not None and load.asynchronous

@@ -82,9 +82,8 @@ class WorkerSide:
         """Loads from host memory run now (vLLM calls this before the forward that needs
         them); loads with disk chunks start their reads and finish in a later step."""
         for load in meta.loads:
-            from_disk = any(c.disk_slot is not None for c in load.chunks)
             try:
-                if not from_disk:
+                if not load.asynchronous:
                     self._complete(load, {}, time.perf_counter())
                 elif load.demotions:  # write-back victims must leave the staging slots first
                     job = self._loader.submit(lambda load=load: (self._demote(load.demotions),
@@ -97,7 +96,7 @@ class WorkerSide:
                 self._unexpected("load could not start", load.req_id, exc)
                 failed = {c.key: _Failed(repr(exc)) for c in load.chunks}
                 self._complete(load, failed, time.perf_counter())
-                if from_disk:
+                if load.asynchronous:
                     with self._lock:
                         self._finished_loads.add(load.req_id)
 
@@ -121,7 +120,9 @@ class WorkerSide:
         self._pending_loads = waiting
 
     def _complete(self, load: RequestLoad, reads: dict, started: float) -> None:
-        """Host -> GPU pages in chunk order, up to the first chunk that failed."""
+        """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
+        the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
+        dropped from the cache: chunks whose disk read failed."""
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
         disk_bytes = host_bytes = 0
@@ -130,13 +131,12 @@ class WorkerSide:
             for chunk in load.chunks:
                 result = reads[chunk.key].result() if chunk.key in reads else None
                 if result is not None and not result.ok:
+                    failed_keys.add(chunk.key)
                     with self._lock:
                         self._note_failure(result, "read")
-                if broken or chunk.host_slot is None or (result is not None and not result.ok):
+                if broken or chunk.host_slot is None or chunk.key in failed_keys:
                     broken = True
                     invalid.update(chunk.block_ids)
-                    if chunk.key:
-                        failed_keys.add(chunk.key)
                     continue
                 self.pages.scatter(self.host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
                 moved = len(chunk.block_ids) * self.geometry.page_bytes * self.geometry.num_layers

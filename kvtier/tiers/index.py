@@ -66,6 +66,7 @@ class SlotIndex:
         self._retired = bytearray(num_slots)
         self._num_free = num_slots
         self._num_visible = 0
+        self._num_pinned = 0  # visible keys with at least one pin
         self.evictions = 0
 
     def __len__(self) -> int:
@@ -79,6 +80,11 @@ class SlotIndex:
     @property
     def free_slots(self) -> int:
         return self._num_free
+
+    @property
+    def reusable_slots(self) -> int:
+        """Slots a ``reserve`` could get now: free ones and those of unpinned visible keys."""
+        return self._num_free + self._num_visible - self._num_pinned
 
     def keys(self) -> list[ChunkKey]:
         """Visible keys, in no particular order."""
@@ -140,6 +146,7 @@ class SlotIndex:
         if entry is None or entry.state is not EntryState.READY:
             return None
         entry.pins += 1
+        self._num_pinned += entry.pins == 1
         self._policy.touch(key)
         return entry.slot
 
@@ -150,6 +157,8 @@ class SlotIndex:
         if entry.pins == 0 and entry.state is EntryState.DOOMED:
             del self._entries[key]
             self._release(entry.slot)
+        elif entry.pins == 0:
+            self._num_pinned -= 1
 
     def touch(self, key: ChunkKey) -> None:
         """Record an access to a visible key (it counts as recent for the policy)."""
@@ -166,6 +175,7 @@ class SlotIndex:
         self._policy.remove(key)
         if entry.pins:
             entry.state = EntryState.DOOMED
+            self._num_pinned -= 1
             return True
         del self._entries[key]
         self._release(entry.slot)

@@ -103,6 +103,7 @@ class DiskTier(DiskRecovery):
         self.compression, self.element_bytes = compression, element_bytes
         self.verify_payload = verify_payload  # False only to measure what verifying costs
         self._paths = [_Path(p) for p in paths]
+        self._down_lock = threading.Lock()  # I/O threads may find a path failing together
         self.layout = SlotLayout(raw_bytes, len(paths), capacity)
         self.stride = self.layout.stride
         per_path = self.layout.per_path
@@ -357,12 +358,13 @@ class DiskTier(DiskRecovery):
         return True
 
     def _take_down(self, path: _Path, reason: str) -> None:
-        if path.dir is None and path.down_reason:
-            return
-        path.down_reason = f"{path.root}: {reason}"
-        log.error("kvtier disk path out of service: %s", path.down_reason)
-        if path.dir is not None:
+        with self._down_lock:
+            if path.dir is None and path.down_reason:
+                return
+            path.down_reason = f"{path.root}: {reason}"
             directory, path.dir = path.dir, None
+        log.error("kvtier disk path out of service: %s", path.down_reason)
+        if directory is not None:
             directory.close()
 
     def close(self) -> None:
