@@ -152,7 +152,7 @@ def test_failed_disk_writes_leave_the_host_copy(tmp_path):
 def test_a_path_reported_down_is_retired(tmp_path):
     side = scheduler(disk=tmp_path)
     store_all(side, request("a", 64))
-    side.worker_report(KVTierWorkerMeta(paths_down={0}))
+    side.worker_report(KVTierWorkerMeta(paths_down=Counter({0: 1})))
     assert side.stack.indexes[TierName.DISK].free_slots == 0
 
 
@@ -238,3 +238,14 @@ def test_an_asynchronous_load_stays_asynchronous_when_its_chunks_went_away(tmp_p
     (load,) = side.build_meta().loads
     assert load.asynchronous and all(c.host_slot is None for c in load.chunks)
     assert side.request_finished("b") is True
+
+
+def test_a_path_comes_back_when_every_rank_has_it_back(tmp_path):
+    side = scheduler(world=2, disk=tmp_path)
+    disk = side.stack.indexes[TierName.DISK]
+    side.worker_report(KVTierWorkerMeta(paths_down=Counter({0: 2})))
+    assert disk.free_slots == 0
+    side.worker_report(KVTierWorkerMeta(paths_up=Counter({0: 1})))
+    assert disk.free_slots == 0  # one rank still without it
+    side.worker_report(KVTierWorkerMeta(paths_up=Counter({0: 1})))
+    assert disk.free_slots == disk.num_slots

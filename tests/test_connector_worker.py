@@ -93,3 +93,25 @@ def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
     side.start_loads(KVTierMetadata(loads=[load]))
     assert side.finished() == {"r"} and side.take_invalid_blocks() == {5, 6}
     side.close()
+
+
+def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, monkeypatch):
+    from collections import Counter
+
+    from kvtier.tiers import nvme
+
+    monkeypatch.setattr(nvme, "_RETRY_FIRST_S", 0.0)
+    side, _ = worker(tmp_path)
+    with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
+        side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0)]))
+        side._engine.drain()
+    report = side.report()
+    assert report.paths_down == Counter({0: 1}) and report.disk_failed[b"a" * 16] == 1
+    side.save(KVTierMetadata())  # each step tries a path that is due
+    side._engine.drain()
+    report = side.report()
+    assert report.paths_up == Counter({0: 1}) and not report.paths_down
+    side.save(KVTierMetadata(stores=[ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=0)]))
+    side._engine.drain()
+    assert side.report().disk_written[b"b" * 16] == 1
+    side.close()

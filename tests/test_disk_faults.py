@@ -219,3 +219,54 @@ def test_enospc_from_the_write_call_is_a_failed_store(tmp_path, monkeypatch):
         store.put(seq(100, 2), make_kv(seq(100, 2)))  # space came back: writes go on
         store.flush()
         assert store.stats().disk_writes == 2
+
+
+def test_a_path_taken_out_is_tried_again_and_comes_back(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(nvme, "_RETRY_FIRST_S", 0.0)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store, \
+            caplog.at_level(logging.WARNING, logger="kvtier"):
+        with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
+            store.put(seq(0, 1), make_kv(seq(0, 1)))
+            store.flush()
+            assert str(tmp_path) in store.stats().paths_down
+        later = seq(50_000, 3)
+        store.put(later, make_kv(later))  # due at once here: tried again in the background
+        store.flush()
+        assert not store.stats().paths_down
+        store.put(seq(60_000, 3), make_kv(seq(60_000, 3)))
+        store.flush()
+        assert store.stats().disk_writes >= 3
+        assert any("back in service" in r.getMessage() for r in caplog.records)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as again:
+        assert exact(again, seq(60_000, 3)) == 3 * CHUNK  # written after it came back
+
+
+def test_a_path_still_failing_is_tried_less_and_less_often(tmp_path, monkeypatch):
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
+        with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
+            store.put(seq(0, 1), make_kv(seq(0, 1)))
+            store.flush()
+        disk = store.disk
+        assert disk.revive_due() == []  # not before its first retry time
+        monkeypatch.setattr(nvme.time, "monotonic", lambda: 1e12)
+        assert disk.revive_due() == [0]
+        monkeypatch.setattr(nvme.CacheDir, "__init__", lambda *a, **k: (_ for _ in ()).throw(
+            OSError(errno.EIO, "still failing")))
+        assert disk.revive(0) is False
+        assert disk._paths[0].retry_every == 2 * nvme._RETRY_FIRST_S
+        assert disk.revive_due() == []
+
+
+def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path, monkeypatch):
+    monkeypatch.setattr(nvme, "_RETRY_FIRST_S", 0.0)
+    first = KVStore(SMALL, config(tmp_path))
+    second = KVStore(SMALL, config(tmp_path))
+    assert "in use" in second.stats().paths_down[str(tmp_path)]
+    first.close()
+    tokens = seq(0, 2)
+    second.put(tokens, make_kv(tokens))  # tries the path again
+    second.flush()
+    second.put(seq(100, 2), make_kv(seq(100, 2)))
+    second.flush()
+    assert not second.stats().paths_down and second.stats().disk_writes >= 2
+    second.close()

@@ -20,21 +20,22 @@ class IndexMachine(RuleBasedStateMachine):
         self.ready: dict[ChunkKey, int] = {}  # key -> slot
         self.pins: dict[ChunkKey, int] = {}  # visible or doomed key -> pin count
         self.doomed: dict[ChunkKey, int] = {}  # key -> slot held by readers
+        self.retired: set[int] = set()
 
     @rule(key=KEYS)
     def reserve(self, key):
         result = self.index.reserve(key)
         present = key in self.writing or key in self.ready or key in self.doomed
         evictable = [k for k in self.ready if not self.pins.get(k)]
-        used = len(self.writing) + len(self.ready) + len(self.doomed)
-        if present or (used == SLOTS and not evictable):
+        free = SLOTS - len(self._held_slots() | self.retired)
+        if present or (free == 0 and not evictable):
             assert result is None
             return
         assert result is not None
         if result.victim is not None:
-            assert used == SLOTS and result.victim in evictable
+            assert free == 0 and result.victim in evictable
             assert self.ready.pop(result.victim) == result.slot
-        assert result.slot not in self._held_slots()
+        assert result.slot not in self._held_slots() | self.retired
         self.writing[key] = result.slot
 
     @precondition(lambda self: self.writing)
@@ -77,6 +78,27 @@ class IndexMachine(RuleBasedStateMachine):
     def touch(self, key):
         self.index.touch(key)
 
+    @rule(data=st.data())
+    def retire(self, data):
+        pinned = sorted(self.ready[k] for k in self.pins if k in self.ready)
+        slot = data.draw(st.sampled_from(pinned) if pinned else st.integers(0, SLOTS - 1))
+        if slot in self.writing.values():
+            return  # the owners retire a failed disk's slots; writes to it fail and abort
+        owner = [k for k, s in self.ready.items() if s == slot]
+        assert self.index.retire(range(slot, slot + 1)) == owner
+        for key in owner:
+            self.ready.pop(key)
+            if self.pins.get(key):
+                self.doomed[key] = slot
+        self.retired.add(slot)
+
+    @precondition(lambda self: self.retired)
+    @rule(data=st.data())
+    def unretire(self, data):
+        slot = data.draw(st.sampled_from(sorted(self.retired)))
+        self.index.unretire(range(slot, slot + 1))
+        self.retired.discard(slot)
+
     def _held_slots(self):
         return {*self.writing.values(), *self.ready.values(), *self.doomed.values()}
 
@@ -87,9 +109,10 @@ class IndexMachine(RuleBasedStateMachine):
         assert all(self.index.slot_of(k) == s for k, s in self.ready.items())
         held = self._held_slots()
         assert len(held) == len(self.writing) + len(self.ready) + len(self.doomed)
-        assert self.index.free_slots == SLOTS - len(held)
+        free = SLOTS - len(held | self.retired)
+        assert self.index.free_slots == free
         unpinned = [k for k in self.ready if not self.pins.get(k)]
-        assert self.index.reusable_slots == SLOTS - len(held) + len(unpinned)
+        assert self.index.reusable_slots == free + len(unpinned)
 
 
 TestIndexMachine = IndexMachine.TestCase

@@ -42,7 +42,7 @@ class ChunkLoad:
 
     The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
     disk into ``host_slot`` and verified. ``host_slot`` is None when no host slot could be
-    had: the load fails and the blocks are recomputed.
+    had: this chunk and the ones after it are not loaded, and vLLM recomputes their blocks.
     """
 
     key: bytes
@@ -75,7 +75,8 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
 
     ``host_stored``/``disk_written`` count successes per chunk key; ``*_failed`` count
     failures. ``load_failed`` maps a request to the keys whose load failed on some rank;
-    ``paths_down`` holds the disk path indexes a worker took out of service.
+    ``paths_down``/``paths_up`` count, by disk path index, the ranks that took the path out
+    of service / brought it back since the last report.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -83,9 +84,10 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     disk_written: Counter = field(default_factory=Counter)
     disk_failed: Counter = field(default_factory=Counter)
     load_failed: dict = field(default_factory=dict)
-    paths_down: set = field(default_factory=set)
+    paths_down: Counter = field(default_factory=Counter)
     load_samples: list = field(default_factory=list)  # (disk bytes, host bytes, seconds)
     loads_done: Counter = field(default_factory=Counter)  # request id -> ranks done
+    paths_up: Counter = field(default_factory=Counter)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
         assert isinstance(other, KVTierWorkerMeta)
@@ -94,11 +96,12 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
             self.disk_written + other.disk_written, self.disk_failed + other.disk_failed,
             {req: self.load_failed.get(req, set()) | other.load_failed.get(req, set())
              for req in self.load_failed.keys() | other.load_failed.keys()},
-            self.paths_down | other.paths_down,
+            self.paths_down + other.paths_down,
             self.load_samples + other.load_samples, self.loads_done + other.loads_done,
+            self.paths_up + other.paths_up,
         )
 
     def is_empty(self) -> bool:
         return not (self.host_stored or self.host_failed or self.disk_written
                     or self.disk_failed or self.load_failed or self.paths_down
-                    or self.load_samples or self.loads_done)
+                    or self.load_samples or self.loads_done or self.paths_up)

@@ -84,6 +84,7 @@ class SchedulerSide:
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
         self._loads_done: Counter = Counter()
+        self._ranks_down: Counter = Counter()  # disk path index -> ranks without it
         self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
         self.recovered = self._recover(namespaces) if self.disk_layout else 0
 
@@ -301,10 +302,22 @@ class SchedulerSide:
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
             if host is not None:
                 self.stack.unpin(key, host)
-        if report.paths_down and self.disk_layout is not None:
-            for index in report.paths_down:
-                self.stack.indexes[DISK].retire(range(index, self.disk_layout.num_slots,
-                                                      self.disk_layout.num_paths))
+        if self.disk_layout is not None:
+            self._paths_changed(report)
+
+    def _paths_changed(self, report: KVTierWorkerMeta) -> None:
+        """A disk path's slots leave the index when a rank takes it out of service, and
+        come back (empty) when every rank that did has it back."""
+        layout, index = self.disk_layout, self.stack.indexes[DISK]
+        for path, ranks in report.paths_down.items():
+            if not self._ranks_down[path]:
+                index.retire(range(path, layout.num_slots, layout.num_paths))
+            self._ranks_down[path] += ranks
+        for path, ranks in report.paths_up.items():
+            self._ranks_down[path] -= ranks
+            if self._ranks_down[path] <= 0:
+                del self._ranks_down[path]
+                index.unretire(range(path, layout.num_slots, layout.num_paths))
 
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""

@@ -51,6 +51,8 @@ class WorkerSide:
         self._invalid_blocks: set[int] = set()
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
+        self._down_reported: set[int] = set()  # disk paths reported out of service
+        self._reviving: set[int] = set()
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
@@ -72,7 +74,7 @@ class WorkerSide:
                 self._failures.note("torn slots at start", f"{report.torn} slots with a bad "
                                     "header or checksum dropped (a crash mid-write, or damage)")
             self._engine = IOEngine(self.disk.queues, self.config.io_threads)
-            self._report.paths_down |= set(self.disk.down_paths)  # logged by the tier
+            self._report_down_paths()  # logged by the tier
         log.info("kvtier worker: %d host slots of %d bytes, disk %s", self.host.num_slots,
                  slot_bytes, f"{self.disk.num_slots} slots" if self.disk else "off")
 
@@ -181,6 +183,7 @@ class WorkerSide:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
         failed stores, never raised into the engine's step."""
+        self._try_down_paths()
         try:
             self._demote(meta.demotions)
         except Exception as exc:
@@ -248,7 +251,35 @@ class WorkerSide:
             self._failures.note(f"disk {op} {result.status.value}", result.detail)
         self._record(lambda st: st.record_failure(result.status.value))
         if result.status is IOStatus.PATH_DOWN and self.disk is not None:
-            self._report.paths_down |= set(self.disk.down_paths)
+            self._report_down_paths()
+
+    def _report_down_paths(self) -> None:
+        """Report each disk path that went out of service, once (lock held)."""
+        for index in set(self.disk.down_paths) - self._down_reported:
+            self._down_reported.add(index)
+            self._report.paths_down[index] += 1
+
+    def _try_down_paths(self) -> None:
+        """Start, in the background, a try of each reported-down disk path that is due."""
+        if self.disk is None or not self._down_reported:
+            return
+        for index in self.disk.revive_due():
+            with self._lock:
+                if index in self._reviving:
+                    continue
+                self._reviving.add(index)
+            self._engine.submit(self.disk.queues[index], lambda index=index: self._revive(index))
+
+    def _revive(self, index: int) -> None:
+        back = False
+        try:
+            back = self.disk.revive(index)
+        finally:
+            with self._lock:
+                self._reviving.discard(index)
+                if back and index in self._down_reported:
+                    self._down_reported.discard(index)
+                    self._report.paths_up[index] += 1
 
     def _unexpected(self, what: str, about: str, exc: BaseException) -> None:
         """An exception that was not an I/O result (a bug, or a fault no path reports): the

@@ -86,21 +86,21 @@ class DiskRecovery:
         found, scanned, torn = [], 0, 0
         header_buf = self._header_buffer()
         for slot in slots:
-            path, number, offset = self._where(slot)
-            if path.dir is None or path.dir.file_size(number) < offset + self.stride:
+            path, directory, number, offset = self._where(slot)
+            if directory is None or directory.file_size(number) < offset + self.stride:
                 continue  # path down, or never written this far
             scanned += 1
-            header, bad = self._read_header(path, number, offset, header_buf)
+            header, bad = self._read_header(path, directory, number, offset, header_buf)
             torn += bad
             if header is not None:
                 found.append((slot, header))
         return found, scanned, torn
 
-    def _read_header(self, path, number: int, offset: int,
+    def _read_header(self, path, directory, number: int, offset: int,
                      buf: np.ndarray) -> tuple[SlotHeader | None, bool]:
         """(the slot's header if valid and of this namespace, whether the slot is bad)."""
         try:
-            if os.preadv(path.dir.fd(number), [buf], offset) != HEADER_BYTES:
+            if os.preadv(directory.fd(number), [buf], offset) != HEADER_BYTES:
                 return None, True
         except OSError as exc:
             self._failed(path, exc)

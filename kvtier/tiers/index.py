@@ -50,8 +50,9 @@ class SlotIndex:
     - ``discard(key)`` drops a visible key at once (corrupt or stale); a pinned one becomes
       invisible now and its slot is freed at its last ``unpin``.
     - ``adopt(key, slot)`` records a key found already in a slot (recovery after restart).
-    - ``retire(slots)`` takes slots out of service for good (a failed disk): their visible
-      keys are discarded, and none of them is handed out again.
+    - ``retire(slots)`` takes slots out of service (a failed disk): their visible keys are
+      discarded, and none of them is handed out again until ``unretire(slots)`` puts them
+      back, empty (the disk came back).
     - Only visible, unpinned keys are ever evicted. Not thread-safe: the owner locks.
     """
 
@@ -196,6 +197,19 @@ class SlotIndex:
                 self.discard(by_slot[slot])
                 dropped.append(by_slot[slot])
         return dropped
+
+    def unretire(self, slots: range) -> None:
+        """Put retired ``slots`` back in service; one still held (pinned by a reader, or
+        being written) is freed when its holder lets go."""
+        held = {e.slot for e in self._entries.values()}
+        for slot in slots:
+            if not self._retired[slot]:
+                continue
+            self._retired[slot] = 0
+            if slot not in held:
+                self._is_free[slot] = 1
+                self._num_free += 1
+                self._free.append(slot)
 
     def _unpinned(self, key: ChunkKey) -> bool:
         return self._entries[key].pins == 0

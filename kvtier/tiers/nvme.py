@@ -46,6 +46,7 @@ _PATH_FATAL = {errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EBADF
                errno.ENXIO, errno.ESTALE, errno.ENOTDIR}
 _EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
 _HEALTH_EVERY_S = 1.0
+_RETRY_FIRST_S, _RETRY_MAX_S = 30.0, 600.0  # a path out of service is tried again, backing off
 MAX_RUN = 16  # slots per vectored call
 
 
@@ -78,6 +79,9 @@ class _Path:
         self.eio_run = 0
         self.inode = 0
         self.checked_at = 0.0
+        self.stale: CacheDir | None = None  # taken down; closed before the path is reopened
+        self.retry_at = 0.0
+        self.retry_every = _RETRY_FIRST_S
 
 
 class DiskTier(DiskRecovery):
@@ -111,12 +115,12 @@ class DiskTier(DiskRecovery):
         self.file_slots = max(1, FILE_BYTES // self.stride)  # fixed: slots never move
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
+        self._open_args = dict(namespace_id=namespace.id, meta=meta, num_slots=per_path,
+                               stride=self.stride, file_slots=self.file_slots,
+                               o_direct=o_direct, floor=floor or DiskFloor())
         for path in self._paths:
             try:
-                path.dir = CacheDir(Path(path.root), namespace.id, meta, num_slots=per_path,
-                                    stride=self.stride, file_slots=self.file_slots,
-                                    o_direct=o_direct, floor=floor or DiskFloor())
-                path.inode = os.stat(path.dir.path).st_ino
+                path.dir, path.inode = self._open(path)
             except OSError as exc:
                 self._take_down(path, f"cannot open: {exc}")
         self._lengths = np.zeros(self.num_slots, dtype=np.int64)
@@ -149,10 +153,13 @@ class DiskTier(DiskRecovery):
     def o_direct(self) -> dict[str, bool]:
         return {p.root: p.dir.o_direct for p in self._paths if p.dir is not None}
 
-    def _where(self, slot: int) -> tuple[_Path, int, int]:
+    def _where(self, slot: int) -> tuple[_Path, CacheDir | None, int, int]:
+        """A slot's path, that path's open directory now (None when out of service: another
+        thread may take it down at any time, so callers use this one), file and offset."""
         path = self._paths[slot % len(self._paths)]
-        number, offset = path.dir.locate(slot // len(self._paths)) if path.dir else (0, 0)
-        return path, number, offset
+        directory = path.dir
+        number, offset = directory.locate(slot // len(self._paths)) if directory else (0, 0)
+        return path, directory, number, offset
 
     def _header_buffer(self) -> np.ndarray:
         """This thread's aligned buffer for one header."""
@@ -184,8 +191,8 @@ class DiskTier(DiskRecovery):
         """Write several chunks; slots adjacent in one file go in one vectored call."""
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
         for run in self._runs([slot for slot, _, _ in items], single=self.compression):
-            path, number, offset = self._where(items[run[0]][0])
-            if not self._healthy(path):
+            path, directory, number, offset = self._where(items[run[0]][0])
+            if directory is None or not self._healthy(path, directory):
                 for i in run:
                     results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
                 continue
@@ -197,7 +204,8 @@ class DiskTier(DiskRecovery):
                 codec, body, size = self._encode(key, src, header_buf)
                 iov += [header_buf, body]
                 sizes.append((slot, codec, size, header_buf))
-            for i, result in zip(run, self._write_run(path, number, offset, iov, sizes), strict=True):
+            for i, result in zip(run, self._write_run(path, directory, number, offset, iov, sizes),
+                                 strict=True):
                 results[i] = result
         return results
 
@@ -217,18 +225,19 @@ class DiskTier(DiskRecovery):
                    ).encode(into=header_buf)
         return codec, aligned_view(body_source, payload.size), payload.size
 
-    def _write_run(self, path: _Path, number: int, offset: int, iov: list, sizes: list) -> list[IOResult]:
+    def _write_run(self, path: _Path, directory: CacheDir, number: int, offset: int, iov: list,
+                   sizes: list) -> list[IOResult]:
         expected = sum(b.size for b in iov)
         try:
-            if not path.dir.ensure_allocated(number, offset + len(sizes) * self.stride):
+            if not directory.ensure_allocated(number, offset + len(sizes) * self.stride):
                 failed = IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: free-space floor reached")
                 return [failed] * len(sizes)
-            written = os.pwritev(path.dir.fd(number), iov, offset)
+            written = os.pwritev(directory.fd(number), iov, offset)
             if written != expected:
                 return [IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")] * len(sizes)
             for slot, codec, size, header_buf in sizes:
                 self._lengths[slot], self._codecs[slot] = size, codec
-                path.dir.write_index(slot // len(self._paths), header_buf)
+                directory.write_index(slot // len(self._paths), header_buf)
         except OSError as exc:
             return [self._failed(path, exc)] * len(sizes)
         path.eio_run = 0
@@ -239,8 +248,8 @@ class DiskTier(DiskRecovery):
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
         compressed = {i for i, (slot, _, _) in enumerate(items) if self._codecs[slot]}
         for run in self._runs([slot for slot, _, _ in items], single=bool(compressed)):
-            path, number, offset = self._where(items[run[0]][0])
-            if path.dir is None:
+            path, directory, number, offset = self._where(items[run[0]][0])
+            if directory is None:
                 for i in run:
                     results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
                 continue
@@ -252,7 +261,7 @@ class DiskTier(DiskRecovery):
                 buffer = dst if i not in compressed else self._payload_buffer()
                 iov += [headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], aligned_view(buffer, length)]
             try:
-                got = os.preadv(path.dir.fd(number), iov, offset)
+                got = os.preadv(directory.fd(number), iov, offset)
             except OSError as exc:
                 for i in run:
                     results[i] = self._failed(path, exc)
@@ -312,14 +321,14 @@ class DiskTier(DiskRecovery):
 
     def invalidate(self, slot: int) -> IOResult:
         """Blank a slot's header so the chunk is not found again after a restart."""
-        path, number, offset = self._where(slot)
-        if path.dir is None or path.dir.file_size(number) <= offset:
+        path, directory, number, offset = self._where(slot)
+        if directory is None or directory.file_size(number) <= offset:
             return IOResult(IOStatus.OK)
         header_buf = self._header_buffer()
         header_buf[:] = 0
         try:
-            path.dir.write_index(slot // len(self._paths), header_buf)
-            os.pwritev(path.dir.fd(number), [header_buf], offset)
+            directory.write_index(slot // len(self._paths), header_buf)
+            os.pwritev(directory.fd(number), [header_buf], offset)
         except OSError as exc:
             return self._failed(path, exc)
         return IOResult(IOStatus.OK, HEADER_BYTES)
@@ -338,15 +347,21 @@ class DiskTier(DiskRecovery):
             return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
         return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: {exc}")
 
-    def _healthy(self, path: _Path) -> bool:
-        """Up, and (checked once a second) its directory still the one opened."""
-        if path.dir is None:
-            return False
+    def _open(self, path: _Path) -> tuple[CacheDir, int]:
+        directory = CacheDir(Path(path.root), **self._open_args)
+        try:
+            return directory, os.stat(directory.path).st_ino
+        except OSError:
+            directory.close()
+            raise
+
+    def _healthy(self, path: _Path, directory: CacheDir) -> bool:
+        """Its directory (checked once a second) still the one opened."""
         now = time.monotonic()
         if now - path.checked_at >= _HEALTH_EVERY_S:
             path.checked_at = now
             try:
-                inode = os.stat(path.dir.path).st_ino
+                inode = os.stat(directory.path).st_ino
             except OSError as exc:
                 inode = -1
                 reason = f"directory gone: {exc}"
@@ -358,16 +373,53 @@ class DiskTier(DiskRecovery):
         return True
 
     def _take_down(self, path: _Path, reason: str) -> None:
+        """Out of service. Its files stay open (a request may still be using them) until
+        the path is tried again, ``retry_every`` seconds on, or the tier closes."""
         with self._down_lock:
             if path.dir is None and path.down_reason:
                 return
             path.down_reason = f"{path.root}: {reason}"
-            directory, path.dir = path.dir, None
-        log.error("kvtier disk path out of service: %s", path.down_reason)
-        if directory is not None:
-            directory.close()
+            if path.dir is not None:
+                path.stale, path.dir = path.dir, None
+            path.retry_at = time.monotonic() + path.retry_every
+        log.error("kvtier disk path out of service: %s (tried again in %.0f s)",
+                  path.down_reason, path.retry_every)
+
+    def revive_due(self) -> list[int]:
+        """Indexes of paths out of service whose next try is due (no I/O: cheap to call)."""
+        now = time.monotonic()
+        return [i for i, p in enumerate(self._paths) if p.dir is None and now >= p.retry_at]
+
+    def revive(self, index: int) -> bool:
+        """Try to bring path ``index`` back (blocking: run it on the path's queue).
+
+        The path is opened as at start, with every check (ownership, permissions, lock,
+        O_DIRECT); True when it is back in service, its slots empty to the bookkeeping.
+        Otherwise the next try waits twice as long, up to ten minutes.
+        """
+        path = self._paths[index]
+        with self._down_lock:
+            if path.dir is not None:
+                return False
+            path.retry_at = time.monotonic() + min(2 * path.retry_every, _RETRY_MAX_S)
+            path.retry_every = min(2 * path.retry_every, _RETRY_MAX_S)
+            stale, path.stale = path.stale, None
+        if stale is not None:
+            stale.close()
+        try:
+            directory, inode = self._open(path)
+        except OSError as exc:
+            log.debug("kvtier disk path %s still out of service: %s", path.root, exc)
+            return False
+        with self._down_lock:
+            was, path.down_reason = path.down_reason, ""
+            path.eio_run, path.inode, path.checked_at = 0, inode, time.monotonic()
+            path.dir = directory
+        log.warning("kvtier disk path back in service: %s (was out: %s)", path.root, was)
+        return True
 
     def close(self) -> None:
         for path in self._paths:
-            if path.dir is not None:
-                path.dir.close()
+            for directory in (path.dir, path.stale):
+                if directory is not None:
+                    directory.close()
