@@ -199,10 +199,14 @@ class KVStore:
         window: deque[_Fetch] = deque()  # chunks pinned, their disk reads in flight
         loaded: list[TierName] = []
         issued, ended = 0, False
+        held = self._hold_disk_chunks(keys)
         try:
             while True:
                 while not ended and issued < len(keys) and len(window) < self._read_ahead:
                     fetch = self._begin_fetch(keys[issued])
+                    if fetch is _NO_ROOM and not window and self._engine.pending():
+                        self._engine.drain(timeout=30)  # host slots held by background writes
+                        fetch = self._begin_fetch(keys[issued])
                     if fetch is _NO_ROOM and window:
                         break  # host slots held by this window: complete one first
                     if not isinstance(fetch, _Fetch):
@@ -229,10 +233,24 @@ class KVStore:
                 self._complete_fetch(fetch)
                 self._release(fetch)
             self._sync()
+            self._unpin(held)
             with self._lock:
                 self._stats.chunks_loaded.update(loaded)
                 self._stats.chunks_missed += len(keys) - len(loaded)
         return len(loaded) * self.chunk_tokens
+
+    def _hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
+        """Pin the disk chunks of the cached prefix of ``keys`` for a whole ``get``: making
+        room in host memory for one read demotes host chunks to disk, which must not evict
+        a later chunk of the same prefix."""
+        held = []
+        with self._lock:
+            match = self._stack.match_prefix(keys)
+            for key, loc in zip(keys, match.locations, strict=False):
+                if loc.tier is DISK:
+                    self._stack.indexes[DISK].pin(key)
+                    held.append((key, loc))
+        return held
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for background disk writes; True when none is left."""
