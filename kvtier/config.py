@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.errors import ConfigError
-from kvtier.units import parse_size
+from kvtier.units import parse_duration, parse_size
 
 CONFIG_FILE_VAR = "KVTIER_CONFIG"
 ENV_PREFIX = "KVTIER_"
@@ -76,6 +76,7 @@ class KVTierConfig:
     disk_capacity: int = 64 * 1024**3
     disk_paths: tuple[str, ...] = ()
     disk_min_free: DiskFloor = DiskFloor(fraction=0.05)
+    disk_retry: float | None = 30.0  # seconds before a path out of service is tried again
     compression: Compression = Compression.NONE
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     load_policy: LoadPolicy = LoadPolicy.AUTO
@@ -104,6 +105,8 @@ class KVTierConfig:
                 out[name] = str(value)
             if isinstance(value, DiskFloor):
                 out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
+            if name == "disk_retry":
+                out[name] = "off" if value is None else f"{value:g}s"
         return out
 
 
@@ -160,6 +163,15 @@ def _floor(value: object) -> DiskFloor:
     return DiskFloor(bytes=parse_size(value))  # type: ignore[arg-type]
 
 
+def _retry(value: object) -> float | None:
+    if str(value).strip().lower() in ("off", "none", "never"):
+        return None
+    seconds = parse_duration(value)  # type: ignore[arg-type]
+    if not 0 < seconds <= 86400:
+        raise ValueError
+    return seconds
+
+
 def _size(value: object) -> int:
     return parse_size(value)  # type: ignore[arg-type]
 
@@ -172,6 +184,7 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "disk_capacity": (_size, "a size such as 100GiB"),
     "disk_paths": (_paths, "a list of distinct directories, or one comma-separated string"),
     "disk_min_free": (_floor, "a percentage of each filesystem such as 5%, or a size such as 20GiB"),
+    "disk_retry": (_retry, "a duration such as 30s or 5m (at most 1d), or off"),
     "compression": (_enum(Compression), "none | zstd"),
     "write_policy": (_enum(WritePolicy), "write_through | write_back"),
     "load_policy": (_enum(LoadPolicy), "always | auto"),

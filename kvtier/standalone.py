@@ -127,7 +127,8 @@ class KVStore:
         return DiskTier(cfg.disk_paths, self.namespace, self.chunk_bytes, cfg.disk_capacity,
                         compression=cfg.compression is Compression.ZSTD,
                         element_bytes=DTYPE_BYTES[self.layout.dtype],
-                        o_direct=_O_DIRECT[cfg.o_direct], floor=cfg.disk_min_free)
+                        o_direct=_O_DIRECT[cfg.o_direct], floor=cfg.disk_min_free,
+                        retry=cfg.disk_retry)
 
     def _recover(self) -> None:
         report = self.disk.recover(threads=self.config.io_threads)
@@ -452,6 +453,7 @@ class KVStore:
             with self._lock:
                 self._reviving.discard(index)
                 if back:
+                    self._stats.paths_back += 1
                     self._stats.paths_down.pop(self.disk.roots[index], None)
                     self._stack.indexes[DISK].unretire(self.disk.slots_of_path(index))
 

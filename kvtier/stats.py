@@ -34,6 +34,7 @@ class StoreStats:
     recovered_chunks: int = 0  # found on disk at start
     torn_slots: int = 0  # bad slots found at start
     paths_down: dict[str, str] = field(default_factory=dict)
+    paths_back: int = 0  # times a path out of service was tried again and came back
 
     def snapshot(self) -> StoreStats:
         return copy.deepcopy(self)
@@ -98,6 +99,7 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
              ("dropped_writes_total", "counter", "Write-through writes dropped under back-pressure",
               stats.dropped_writes),
              ("io_queue_depth", "gauge", "Disk requests queued or running", queue_depth),
-             ("paths_down", "gauge", "Disk paths out of service", len(stats.paths_down))]
+             ("paths_down", "gauge", "Disk paths out of service", len(stats.paths_down)),
+             ("paths_back_total", "counter", "Disk paths that came back into service", stats.paths_back)]
     return [loaded, evictions, capacity, fill, disk_bytes, disk_ops,
             *(Sample(name, kind, text).add(value) for name, kind, text, value in plain)]

@@ -6,7 +6,8 @@ Several threads put and get overlapping prefixes through a KVStore with a small 
 a disk tier, and check every byte they get back. Meanwhile faults are injected: bytes flipped
 in the slot files, slot files truncated, I/O errors and slow I/O from a wrapper around
 preadv/pwritev, and, between phases, a second process writing to the same directory killed
-with SIGKILL before the store is reopened. Reported: operations, hits, faults injected by
+with SIGKILL before the store is reopened. A path taken out of service by an EIO burst is tried
+again after 2 s (``disk_retry``; 30 s by default). Reported: operations, hits, faults injected by
 kind, exceptions that escaped (must be 0), wrong bytes served (must be 0), and the drift of
 open file descriptors and resident memory from the first phase to the last.
 """
@@ -39,7 +40,7 @@ CHUNK = 32
 def config(path: Path) -> dict:
     return {"chunk_tokens": CHUNK, "host_capacity": 24 * LAYOUT.token_bytes * CHUNK,
             "disk_paths": [str(path)], "disk_capacity": 200 * (4096 + LAYOUT.token_bytes * CHUNK),
-            "disk_min_free": 0, "io_threads": 4}
+            "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s"}
 
 
 def expected_kv(tokens) -> torch.Tensor:
@@ -182,7 +183,8 @@ def main() -> None:
         stats = store.stats()
         for name in ("corruptions", "io_errors", "no_space", "dropped_writes"):
             counts[f"counted {name}"] += getattr(stats, name)
-        counts["paths_down"] += len(stats.paths_down)
+        counts["paths_down at phase end"] += len(stats.paths_down)
+        counts["paths back in service"] += stats.paths_back
         store.close()
         samples.append({"fds": len(os.listdir("/proc/self/fd")), "rss_mib": resident_mib()})
         kill_a_writer(path, rng)

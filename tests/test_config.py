@@ -33,6 +33,7 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_CHUNK_TOKENS": "512", "KVTIER_GPU_CAPACITY": "1GiB",
         "KVTIER_HOST_CAPACITY": "512MiB", "KVTIER_DISK_CAPACITY": "100GB",
         "KVTIER_DISK_PATHS": "/mnt/a, /mnt/b", "KVTIER_DISK_MIN_FREE": "10%",
+        "KVTIER_DISK_RETRY": "2m",
         "KVTIER_COMPRESSION": "ZSTD",
         "KVTIER_WRITE_POLICY": "write_back", "KVTIER_LOAD_POLICY": "always",
         "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
@@ -43,7 +44,7 @@ def test_every_key_parses_from_strings_as_from_env():
     assert config.as_dict() == {
         "chunk_tokens": 512, "gpu_capacity": 2**30, "host_capacity": 512 * 2**20,
         "disk_capacity": 100 * 10**9, "disk_paths": ["/mnt/a", "/mnt/b"], "disk_min_free": "10%",
-        "compression": "zstd", "write_policy": "write_back", "load_policy": "always",
+        "disk_retry": "120s", "compression": "zstd", "write_policy": "write_back", "load_policy": "always",
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
     }
     assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
@@ -154,3 +155,14 @@ def test_chunk_tokens_must_be_a_multiple_of_the_engine_block():
     config.check_block_tokens(32)
     with pytest.raises(ConfigError, match=r"chunk_tokens=96 .*multiple of the engine's block size 64"):
         config.check_block_tokens(64)
+
+
+@pytest.mark.parametrize(("given", "seconds"), [("45s", 45.0), ("0.5", 0.5), ("off", None)])
+def test_disk_retry(given, seconds):
+    assert load_config({"disk_retry": given}, environ={}).disk_retry == seconds
+
+
+@pytest.mark.parametrize("bad", ["0s", "-1", "2d", "soon"])
+def test_a_bad_disk_retry_is_named(bad):
+    with pytest.raises(ConfigError, match=r"'disk_retry'.*allowed: a duration"):
+        load_config({"disk_retry": bad}, environ={})

@@ -1,6 +1,7 @@
 """The connector's worker side with a synthetic paged cache: copies, disk I/O, failures."""
 
 import errno
+import time
 
 import pytest
 import torch
@@ -17,8 +18,8 @@ LAYERS, BLOCKS, BLOCK, HIDDEN = 2, 16, 16, 64
 GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, 2 * BLOCK, "bfloat16", "t")
 
 
-def worker(tmp_path, disk=True) -> tuple[WorkerSide, list[torch.Tensor]]:
-    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes}
+def worker(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor]]:
+    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes, **config}
     if disk:
         extra.update(disk_paths=[str(tmp_path)], disk_capacity=8 * (4096 + GEO.chunk_bytes),
                      disk_min_free=0)
@@ -98,15 +99,13 @@ def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
 def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, monkeypatch):
     from collections import Counter
 
-    from kvtier.tiers import nvme
-
-    monkeypatch.setattr(nvme, "_RETRY_FIRST_S", 0.0)
-    side, _ = worker(tmp_path)
+    side, _ = worker(tmp_path, disk_retry=0.001)
     with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
         side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0)]))
         side._engine.drain()
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and report.disk_failed[b"a" * 16] == 1
+    time.sleep(0.01)  # past disk_retry
     side.save(KVTierMetadata())  # each step tries a path that is due
     side._engine.drain()
     report = side.report()

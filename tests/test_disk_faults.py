@@ -4,6 +4,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 
 import pytest
 
@@ -222,17 +223,17 @@ def test_enospc_from_the_write_call_is_a_failed_store(tmp_path, monkeypatch):
 
 
 def test_a_path_taken_out_is_tried_again_and_comes_back(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(nvme, "_RETRY_FIRST_S", 0.0)
-    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store, \
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_retry=0.001)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
             store.put(seq(0, 1), make_kv(seq(0, 1)))
             store.flush()
             assert str(tmp_path) in store.stats().paths_down
+        time.sleep(0.01)  # past disk_retry
         later = seq(50_000, 3)
-        store.put(later, make_kv(later))  # due at once here: tried again in the background
+        store.put(later, make_kv(later))  # tried again in the background
         store.flush()
-        assert not store.stats().paths_down
+        assert not store.stats().paths_down and store.stats().paths_back == 1
         store.put(seq(60_000, 3), make_kv(seq(60_000, 3)))
         store.flush()
         assert store.stats().disk_writes >= 3
@@ -253,16 +254,25 @@ def test_a_path_still_failing_is_tried_less_and_less_often(tmp_path, monkeypatch
         monkeypatch.setattr(nvme.CacheDir, "__init__", lambda *a, **k: (_ for _ in ()).throw(
             OSError(errno.EIO, "still failing")))
         assert disk.revive(0) is False
-        assert disk._paths[0].retry_every == 2 * nvme._RETRY_FIRST_S
+        assert disk._paths[0].retry_every == 60  # from disk_retry's default 30 s
         assert disk.revive_due() == []
 
 
-def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path, monkeypatch):
-    monkeypatch.setattr(nvme, "_RETRY_FIRST_S", 0.0)
+def test_disk_retry_off_leaves_a_path_out(tmp_path, monkeypatch):
+    with KVStore(SMALL, config(tmp_path, disk_retry="off")) as store:
+        with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
+            store.put(seq(0, 1), make_kv(seq(0, 1)))
+            store.flush()
+        monkeypatch.setattr(nvme.time, "monotonic", lambda: 1e12)
+        assert store.disk.revive_due() == [] and store.disk.revive(0) is False
+
+
+def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path):
     first = KVStore(SMALL, config(tmp_path))
-    second = KVStore(SMALL, config(tmp_path))
+    second = KVStore(SMALL, config(tmp_path, disk_retry=0.001))
     assert "in use" in second.stats().paths_down[str(tmp_path)]
     first.close()
+    time.sleep(0.01)  # past disk_retry
     tokens = seq(0, 2)
     second.put(tokens, make_kv(tokens))  # tries the path again
     second.flush()

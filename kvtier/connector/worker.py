@@ -68,7 +68,8 @@ class WorkerSide:
                 self.config.disk_paths, self.namespace, self.geometry.chunk_bytes,
                 self.config.disk_capacity, compression=self.config.compression is Compression.ZSTD,
                 element_bytes=torch.empty((), dtype=next(iter(kv_caches.values())).dtype).element_size(),
-                o_direct=_O_DIRECT[self.config.o_direct], floor=self.config.disk_min_free)
+                o_direct=_O_DIRECT[self.config.o_direct], floor=self.config.disk_min_free,
+                retry=self.config.disk_retry)
             report = self.disk.recover(threads=self.config.io_threads)
             if report.torn:
                 self._failures.note("torn slots at start", f"{report.torn} slots with a bad "

@@ -46,7 +46,7 @@ _PATH_FATAL = {errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EBADF
                errno.ENXIO, errno.ESTALE, errno.ENOTDIR}
 _EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
 _HEALTH_EVERY_S = 1.0
-_RETRY_FIRST_S, _RETRY_MAX_S = 30.0, 600.0  # a path out of service is tried again, backing off
+_RETRY_MAX_S = 600.0  # the longest wait between two tries of a path out of service
 MAX_RUN = 16  # slots per vectored call
 
 
@@ -72,7 +72,7 @@ class IOResult:
 class _Path:
     """One disk path's state: its directory (or why it is out of service) and health."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, retry: float | None) -> None:
         self.root = root
         self.dir: CacheDir | None = None
         self.down_reason = ""
@@ -81,7 +81,7 @@ class _Path:
         self.checked_at = 0.0
         self.stale: CacheDir | None = None  # taken down; closed before the path is reopened
         self.retry_at = 0.0
-        self.retry_every = _RETRY_FIRST_S
+        self.retry_every = retry  # None: never tried again
 
 
 class DiskTier(DiskRecovery):
@@ -99,14 +99,14 @@ class DiskTier(DiskRecovery):
     def __init__(self, paths: Sequence[str], namespace: Namespace, raw_bytes: int,
                  capacity: int, *, compression: bool = False, element_bytes: int = 2,
                  o_direct: bool | None = None, floor: DiskFloor | None = None,
-                 verify_payload: bool = True) -> None:
+                 retry: float | None = 30.0, verify_payload: bool = True) -> None:
         if not paths:
             raise ValueError("DiskTier needs at least one path")
         self.namespace, self.ns_digest = namespace, namespace.digest()
         self.raw_bytes = raw_bytes
         self.compression, self.element_bytes = compression, element_bytes
         self.verify_payload = verify_payload  # False only to measure what verifying costs
-        self._paths = [_Path(p) for p in paths]
+        self._paths = [_Path(p, retry) for p in paths]
         self._down_lock = threading.Lock()  # I/O threads may find a path failing together
         self.layout = SlotLayout(raw_bytes, len(paths), capacity)
         self.stride = self.layout.stride
@@ -381,28 +381,31 @@ class DiskTier(DiskRecovery):
             path.down_reason = f"{path.root}: {reason}"
             if path.dir is not None:
                 path.stale, path.dir = path.dir, None
-            path.retry_at = time.monotonic() + path.retry_every
-        log.error("kvtier disk path out of service: %s (tried again in %.0f s)",
-                  path.down_reason, path.retry_every)
+            if path.retry_every is not None:
+                path.retry_at = time.monotonic() + path.retry_every
+        log.error("kvtier disk path out of service: %s (%s)", path.down_reason,
+                  "not tried again: disk_retry is off" if path.retry_every is None
+                  else f"tried again in {path.retry_every:g} s")
 
     def revive_due(self) -> list[int]:
         """Indexes of paths out of service whose next try is due (no I/O: cheap to call)."""
         now = time.monotonic()
-        return [i for i, p in enumerate(self._paths) if p.dir is None and now >= p.retry_at]
+        return [i for i, p in enumerate(self._paths)
+                if p.dir is None and p.retry_every is not None and now >= p.retry_at]
 
     def revive(self, index: int) -> bool:
         """Try to bring path ``index`` back (blocking: run it on the path's queue).
 
         The path is opened as at start, with every check (ownership, permissions, lock,
         O_DIRECT); True when it is back in service, its slots empty to the bookkeeping.
-        Otherwise the next try waits twice as long, up to ten minutes.
+        Otherwise the next try waits twice as long, up to ten minutes (or ``retry``).
         """
         path = self._paths[index]
         with self._down_lock:
-            if path.dir is not None:
+            if path.dir is not None or path.retry_every is None:
                 return False
-            path.retry_at = time.monotonic() + min(2 * path.retry_every, _RETRY_MAX_S)
-            path.retry_every = min(2 * path.retry_every, _RETRY_MAX_S)
+            path.retry_every = max(path.retry_every, min(2 * path.retry_every, _RETRY_MAX_S))
+            path.retry_at = time.monotonic() + path.retry_every
             stale, path.stale = path.stale, None
         if stale is not None:
             stale.close()
