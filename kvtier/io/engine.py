@@ -2,8 +2,9 @@
 
 Each disk path gets its own queue with its own threads, so a slow or failing drive does not
 hold up the others. Jobs are callables doing positional, vectored reads and writes
-(``os.preadv``/``os.pwritev`` release the GIL), so threads overlap real I/O. aiofiles, measured
-on the same reads, was never consistently faster (docs/benchmarks.md), so it is not used.
+(``os.preadv``/``os.pwritev`` release the GIL), so threads overlap real I/O. aiofiles and io_uring
+(the PyPI binding), measured on the same reads, were never consistently faster, and io_uring
+falls behind beside a busy Python thread (docs/benchmarks.md), so neither is used.
 """
 
 from __future__ import annotations
