@@ -32,6 +32,7 @@ from kvtier.metrics import MetricsServer, Sample
 from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.tiers.disk_retry import DiskRetries
 from kvtier.tiers.gpu import DevicePool
 from kvtier.tiers.host import HostTier
 from kvtier.tiers.index import SlotIndex
@@ -107,7 +108,7 @@ class KVStore:
         if self.disk is not None:
             self._engine = IOEngine(self.disk.queues, cfg.io_threads)
             self._max_pending = 4 * cfg.io_threads
-            self._reviving: set[int] = set()  # disk paths being tried again
+            self._retries = DiskRetries(self.disk, self._engine, self._lock, self._path_back)
             self._recover()
         self._metrics = (MetricsServer(cfg.metrics_port, self.metric_samples)
                          if cfg.metrics_port else None)
@@ -156,7 +157,8 @@ class KVStore:
         """
         keys = self.keys(tokens)
         self._check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
-        self._try_down_paths()
+        if self.disk is not None and self._stats.paths_down:
+            self._retries.poll()
         stored = 0
         for i, key in enumerate(keys):
             plan = self._plan_put(key)
@@ -434,28 +436,11 @@ class KVStore:
         else:
             self._failures.note(f"disk {op} {result.status.value}", result.detail)
 
-    def _try_down_paths(self) -> None:
-        """Start, in the background, a try of each disk path out of service that is due."""
-        if self.disk is None or not self._stats.paths_down:
-            return
-        for index in self.disk.revive_due():
-            with self._lock:
-                if index in self._reviving:
-                    continue
-                self._reviving.add(index)
-            self._engine.submit(self.disk.queues[index], lambda index=index: self._revive(index))
-
-    def _revive(self, index: int) -> None:
-        back = False
-        try:
-            back = self.disk.revive(index)
-        finally:
-            with self._lock:
-                self._reviving.discard(index)
-                if back:
-                    self._stats.paths_back += 1
-                    self._stats.paths_down.pop(self.disk.roots[index], None)
-                    self._stack.indexes[DISK].unretire(self.disk.slots_of_path(index))
+    def _path_back(self, index: int) -> None:
+        """A disk path came back into service, empty (lock held)."""
+        self._stats.paths_back += 1
+        self._stats.paths_down.pop(self.disk.roots[index], None)
+        self._stack.indexes[DISK].unretire(self.disk.slots_of_path(index))
 
     def _retire_down_paths(self) -> None:
         """Take the slots of paths that went out of service away from the index."""

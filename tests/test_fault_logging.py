@@ -170,15 +170,20 @@ def test_torn_slots_found_at_start(tmp_path, caplog):
     once(caplog, "torn slots at start")
 
 
-def test_write_through_dropped_under_slow_io(tmp_path, caplog, monkeypatch):
-    real = os.pwritev
+def slow_io(monkeypatch, name: str, seconds: float = 0.05) -> None:
+    """Make ``os.<name>`` on slot files take ``seconds`` longer."""
+    real = getattr(os, name)
 
     def slow(fd, *args):
         if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            time.sleep(0.05)
+            time.sleep(seconds)
         return real(fd, *args)
 
-    monkeypatch.setattr(os, "pwritev", slow)
+    monkeypatch.setattr(os, name, slow)
+
+
+def test_write_through_dropped_under_slow_io(tmp_path, caplog, monkeypatch):
+    slow_io(monkeypatch, "pwritev")
     with KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         put_all(store, singles(16))
@@ -191,14 +196,7 @@ def test_slow_io_is_served_and_not_a_failure(tmp_path, caplog, monkeypatch):
     prefixes = singles()
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
         put_all(store, prefixes)
-    real = os.preadv
-
-    def slow(fd, *args):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            time.sleep(0.05)
-        return real(fd, *args)
-
-    monkeypatch.setattr(os, "preadv", slow)
+    slow_io(monkeypatch, "preadv")
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         assert all(exact(store, tokens) == CHUNK for tokens in prefixes)

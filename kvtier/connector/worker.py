@@ -26,6 +26,7 @@ from kvtier.io.buffers import align_up
 from kvtier.io.engine import IOEngine
 from kvtier.keys import Namespace
 from kvtier.stats import FailureLog
+from kvtier.tiers.disk_retry import DiskRetries
 from kvtier.tiers.host import HostTier
 from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
@@ -52,7 +53,7 @@ class WorkerSide:
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
         self._down_reported: set[int] = set()  # disk paths reported out of service
-        self._reviving: set[int] = set()
+        self._retries: DiskRetries | None = None
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
@@ -75,6 +76,7 @@ class WorkerSide:
                 self._failures.note("torn slots at start", f"{report.torn} slots with a bad "
                                     "header or checksum dropped (a crash mid-write, or damage)")
             self._engine = IOEngine(self.disk.queues, self.config.io_threads)
+            self._retries = DiskRetries(self.disk, self._engine, self._lock, self._path_back)
             self._report_down_paths()  # logged by the tier
         log.info("kvtier worker: %d host slots of %d bytes, disk %s", self.host.num_slots,
                  slot_bytes, f"{self.disk.num_slots} slots" if self.disk else "off")
@@ -184,7 +186,8 @@ class WorkerSide:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
         failed stores, never raised into the engine's step."""
-        self._try_down_paths()
+        if self._retries is not None and self._down_reported:
+            self._retries.poll()
         try:
             self._demote(meta.demotions)
         except Exception as exc:
@@ -260,27 +263,11 @@ class WorkerSide:
             self._down_reported.add(index)
             self._report.paths_down[index] += 1
 
-    def _try_down_paths(self) -> None:
-        """Start, in the background, a try of each reported-down disk path that is due."""
-        if self.disk is None or not self._down_reported:
-            return
-        for index in self.disk.revive_due():
-            with self._lock:
-                if index in self._reviving:
-                    continue
-                self._reviving.add(index)
-            self._engine.submit(self.disk.queues[index], lambda index=index: self._revive(index))
-
-    def _revive(self, index: int) -> None:
-        back = False
-        try:
-            back = self.disk.revive(index)
-        finally:
-            with self._lock:
-                self._reviving.discard(index)
-                if back and index in self._down_reported:
-                    self._down_reported.discard(index)
-                    self._report.paths_up[index] += 1
+    def _path_back(self, index: int) -> None:
+        """A disk path came back into service (lock held): the scheduler side un-retires it."""
+        if index in self._down_reported:
+            self._down_reported.discard(index)
+            self._report.paths_up[index] += 1
 
     def _unexpected(self, what: str, about: str, exc: BaseException) -> None:
         """An exception that was not an I/O result (a bug, or a fault no path reports): the
