@@ -49,3 +49,14 @@ def test_a_layout_that_does_not_match_is_refused():
     wrong = KVGeometry(LAYERS, 999, BLOCK, BLOCK, 2 * BLOCK, "bfloat16", "t")
     with pytest.raises(ValueError, match="layout changed"):
         PagedKV(kv, wrong)
+
+
+@pytest.mark.parametrize("bad", [[BLOCKS], [3, BLOCKS + 4], [-1]])
+def test_block_ids_outside_the_cache_are_refused_not_skipped(bad):
+    pages = PagedKV(paged(False), geometry())
+    host = HostTier(2, 4096)
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        pages.scatter(host.slot(0), bad, first=0)
+    with pytest.raises(IndexError, match="outside the KV cache"):
+        pages.gather(bad, host.slot(0))
+    host.close()

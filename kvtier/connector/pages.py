@@ -28,6 +28,7 @@ class PagedKV:
             raise ValueError(f"kvtier: KV pages of {sorted(sizes)} bytes, expected "
                              f"{geometry.page_bytes} (vLLM's KV cache layout changed?)")
         self.device = self.pages[0].device
+        self.num_blocks = min(p.shape[0] for p in self.pages)
         self.geometry = geometry
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
@@ -41,8 +42,16 @@ class PagedKV:
     def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor(block_ids, dtype=torch.long, device=self.device)
 
+    def _check(self, block_ids: Sequence[int]) -> None:
+        """Block ids in range, checked on the host: a slice past the end copies nothing
+        without a word, and an index past the end on CUDA is a device-side assert."""
+        if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
+            raise IndexError(f"kvtier: block ids {min(block_ids)}..{max(block_ids)} outside the "
+                             f"KV cache's {self.num_blocks} blocks")
+
     def gather(self, block_ids: Sequence[int], slot: torch.Tensor) -> None:
         """Copy the pages of ``block_ids`` (every layer) into ``slot`` (host bytes)."""
+        self._check(block_ids)
         chunk = slot[: self.geometry.chunk_bytes].view(self.geometry.num_layers, -1,
                                                        self.geometry.page_bytes)
         if self._stream is None:
@@ -58,6 +67,7 @@ class PagedKV:
 
     def scatter(self, slot: torch.Tensor, block_ids: Sequence[int], first: int) -> None:
         """Copy pages ``first ...`` of the chunk in ``slot`` into ``block_ids``."""
+        self._check(block_ids)
         chunk = slot[: self.geometry.chunk_bytes].view(self.geometry.num_layers, -1,
                                                        self.geometry.page_bytes)
         if self._stream is None:
