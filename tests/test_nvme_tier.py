@@ -1,7 +1,9 @@
 """The DiskTier contract on real files: round trips, verification, recovery, striping."""
 
+import errno
 import os
 import stat
+import time
 
 import numpy as np
 import pytest
@@ -237,3 +239,37 @@ def test_a_batch_past_the_end_of_a_truncated_file(tmp_path):
     results = tier.read_many([(s, key(s), outs[s].array) for s in range(4)])
     assert [r.ok for r in results] == [True, True, False, False]
     tier.close()
+
+
+def test_a_failure_on_a_directory_already_replaced_leaves_the_new_one_up(tmp_path):
+    """A request still running on a path's old directory when the path came back must
+    not take the revived path down again, nor reopen files of the closed directory."""
+    disk = make_tier([tmp_path], retry=0.001)
+    path = disk._paths[0]
+    old = path.dir
+    disk._take_down(path, "test")
+    time.sleep(0.01)
+    assert disk.revive(0) and path.dir is not old
+    with pytest.raises(OSError) as closed:
+        old.fd(0)
+    result = disk._failed(path, closed.value, old)
+    assert result.status is IOStatus.IO_ERROR and not disk.down_paths
+    disk.close()
+
+
+def test_a_failed_open_does_not_keep_the_namespace_locked(tmp_path, monkeypatch):
+    from kvtier.io import cachedir
+
+    real = cachedir.probe_o_direct
+
+    def broken(directory):
+        raise OSError(errno.EIO, "probe failed")
+
+    monkeypatch.setattr(cachedir, "probe_o_direct", broken)
+    disk = make_tier([tmp_path])
+    assert "probe failed" in disk.down_paths[0]
+    monkeypatch.setattr(cachedir, "probe_o_direct", real)
+    again = make_tier([tmp_path])  # same process: a leaked lock would refuse it (EBUSY)
+    assert not again.down_paths
+    again.close()
+    disk.close()

@@ -116,21 +116,25 @@ class CacheDir:
         check_safe_dir(self.path)
         self._fds: dict[int, int] = {}
         self.index_fd = -1
+        self.closed = False
         self._lock_fd = self._take_lock()
-        (self.path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-        os.chmod(self.path / META_FILE, 0o600)
-        probed = probe_o_direct(self.path)
-        if o_direct and not probed:
+        try:  # anything failing from here on must not keep the namespace locked
+            (self.path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+            os.chmod(self.path / META_FILE, 0o600)
+            probed = probe_o_direct(self.path)
+            if o_direct and not probed:
+                raise CacheDirError(errno.EINVAL, f"O_DIRECT does not work in {self.path}; set "
+                                    "o_direct to auto or false")
+            self.o_direct = probed if o_direct is None else o_direct
+            self.num_slots, self.stride, self.file_slots = num_slots, stride, file_slots
+            self.floor = floor
+            self._sizes: dict[int, int] = {}
+            self._grow_lock = threading.Lock()
+            self._trim_extra_files()
+            self.index_fd = os.open(self.path / INDEX_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except BaseException:
             self.close()
-            raise CacheDirError(errno.EINVAL, f"O_DIRECT does not work in {self.path}; set "
-                                "o_direct to auto or false")
-        self.o_direct = probed if o_direct is None else o_direct
-        self.num_slots, self.stride, self.file_slots = num_slots, stride, file_slots
-        self.floor = floor
-        self._sizes: dict[int, int] = {}
-        self._grow_lock = threading.Lock()
-        self._trim_extra_files()
-        self.index_fd = os.open(self.path / INDEX_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+            raise
 
     def _take_lock(self) -> int:
         return lock_namespace(self.path, "give each instance its own disk_paths")
@@ -167,11 +171,14 @@ class CacheDir:
         return divmod(local_slot, self.file_slots)[0], (local_slot % self.file_slots) * self.stride
 
     def fd(self, number: int) -> int:
-        """The open descriptor of slot file ``number`` (created empty when missing)."""
+        """The open descriptor of slot file ``number`` (created empty when missing); EBADF
+        once closed (a request that outlived its path's take-down must not reopen files)."""
         fd = self._fds.get(number)
         if fd is None:
             with self._grow_lock:
                 fd = self._fds.get(number)
+                if self.closed:
+                    raise OSError(errno.EBADF, f"{self.path} was closed")
                 if fd is None:
                     flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if self.o_direct else 0)
                     fd = os.open(self.path / SLOT_FILE.format(number), flags, 0o600)
@@ -207,6 +214,7 @@ class CacheDir:
             return False
 
     def close(self) -> None:
+        self.closed = True
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

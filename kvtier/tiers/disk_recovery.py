@@ -103,7 +103,7 @@ class DiskRecovery:
             if os.preadv(directory.fd(number), [buf], offset) != HEADER_BYTES:
                 return None, True
         except OSError as exc:
-            self._failed(path, exc)
+            self._failed(path, exc, directory)
             return None, True
         if is_blank(buf):
             return None, False

@@ -239,7 +239,7 @@ class DiskTier(DiskRecovery):
                 self._lengths[slot], self._codecs[slot] = size, codec
                 directory.write_index(slot // len(self._paths), header_buf)
         except OSError as exc:
-            return [self._failed(path, exc)] * len(sizes)
+            return [self._failed(path, exc, directory)] * len(sizes)
         path.eio_run = 0
         return [IOResult(IOStatus.OK, written // len(sizes))] * len(sizes)
 
@@ -264,7 +264,7 @@ class DiskTier(DiskRecovery):
                 got = os.preadv(directory.fd(number), iov, offset)
             except OSError as exc:
                 for i in run:
-                    results[i] = self._failed(path, exc)
+                    results[i] = self._failed(path, exc, directory)
                 continue
             path.eio_run = 0
             for j, i in enumerate(run):
@@ -322,28 +322,36 @@ class DiskTier(DiskRecovery):
     def invalidate(self, slot: int) -> IOResult:
         """Blank a slot's header so the chunk is not found again after a restart."""
         path, directory, number, offset = self._where(slot)
-        if directory is None or directory.file_size(number) <= offset:
+        if directory is None:
             return IOResult(IOStatus.OK)
         header_buf = self._header_buffer()
         header_buf[:] = 0
         try:
+            if directory.file_size(number) <= offset:
+                return IOResult(IOStatus.OK)
             directory.write_index(slot // len(self._paths), header_buf)
             os.pwritev(directory.fd(number), [header_buf], offset)
         except OSError as exc:
-            return self._failed(path, exc)
+            return self._failed(path, exc, directory)
         return IOResult(IOStatus.OK, HEADER_BYTES)
 
     # -- health -------------------------------------------------------------------------
 
-    def _failed(self, path: _Path, exc: OSError) -> IOResult:
+    def _failed(self, path: _Path, exc: OSError, directory: CacheDir) -> IOResult:
+        """The result of a request that failed with ``exc`` on ``directory`` (the path's
+        directory when the request started: a failure of a directory already replaced by
+        a revive says nothing about the new one)."""
         if exc.errno == errno.ENOSPC:
             return IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: {exc}")
+        if path.dir is not directory:
+            return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: {exc} (before the path "
+                            "was taken out or tried again)")
         if exc.errno in _PATH_FATAL:
-            self._take_down(path, str(exc))
+            self._take_down(path, str(exc), directory)
             return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
         path.eio_run += 1
         if path.eio_run >= _EIO_LIMIT:
-            self._take_down(path, f"{_EIO_LIMIT} I/O errors in a row, last: {exc}")
+            self._take_down(path, f"{_EIO_LIMIT} I/O errors in a row, last: {exc}", directory)
             return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
         return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: {exc}")
 
@@ -368,15 +376,17 @@ class DiskTier(DiskRecovery):
             else:
                 reason = "directory replaced"
             if inode != path.inode:
-                self._take_down(path, reason)
+                self._take_down(path, reason, directory)
                 return False
         return True
 
-    def _take_down(self, path: _Path, reason: str) -> None:
-        """Out of service. Its files stay open (a request may still be using them) until
-        the path is tried again, ``retry_every`` seconds on, or the tier closes."""
+    def _take_down(self, path: _Path, reason: str, directory: CacheDir | None = None) -> None:
+        """Out of service, unless ``directory`` (what the failing request used) is no longer
+        the path's. Its files stay open (a request may still be using them) until the path
+        is tried again, ``retry_every`` seconds on, or the tier closes."""
         with self._down_lock:
-            if path.dir is None and path.down_reason:
+            if (path.dir is None and path.down_reason) or (
+                    directory is not None and path.dir is not directory):
                 return
             path.down_reason = f"{path.root}: {reason}"
             if path.dir is not None:
