@@ -249,3 +249,29 @@ def test_a_path_comes_back_when_every_rank_has_it_back(tmp_path):
     assert disk.free_slots == 0  # one rank still without it
     side.worker_report(KVTierWorkerMeta(paths_up=Counter({0: 1})))
     assert disk.free_slots == disk.num_slots
+
+
+def test_ranks_whose_disk_writes_end_in_different_steps_all_count(tmp_path):
+    side = scheduler(world=2, disk=tmp_path)
+    meta = KVTierMetadata()
+    side.plan_stores(request("a", 64), [1, 2, 3, 4], 64, meta)
+    keys = [s.key for s in meta.stores]
+    side.worker_report(KVTierWorkerMeta(host_stored=Counter({k: 2 for k in keys}),
+                                        disk_written=Counter({k: 1 for k in keys})))  # rank 0
+    assert side.counters.get("disk_written_chunks", 0) == 0  # rank 1 still writing
+    side.worker_report(KVTierWorkerMeta(disk_written=Counter({k: 1 for k in keys})))  # rank 1
+    assert side.counters["disk_written_chunks"] == 2
+    assert all(side.stack.indexes[TierName.DISK].slot_of(k) is not None for k in keys)
+
+
+def test_one_rank_failing_its_disk_write_in_a_later_step_fails_the_chunk(tmp_path):
+    side = scheduler(world=2, disk=tmp_path)
+    meta = KVTierMetadata()
+    side.plan_stores(request("a", 64), [1, 2, 3, 4], 64, meta)
+    keys = [s.key for s in meta.stores]
+    side.worker_report(KVTierWorkerMeta(host_stored=Counter({k: 2 for k in keys}),
+                                        disk_written=Counter({k: 1 for k in keys})))
+    side.worker_report(KVTierWorkerMeta(disk_failed=Counter({k: 1 for k in keys})))
+    assert side.counters["disk_failed_chunks"] == 2
+    assert all(side.stack.indexes[TierName.DISK].slot_of(k) is None for k in keys)
+    assert side.stack.indexes[TierName.HOST]._entries[keys[0]].pins == 0

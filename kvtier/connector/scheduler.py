@@ -85,6 +85,8 @@ class SchedulerSide:
         self._load_failures: dict[str, set[bytes]] = {}
         self._loads_done: Counter = Counter()
         self._ranks_down: Counter = Counter()  # disk path index -> ranks without it
+        self._host_outcomes: dict[bytes, list[int]] = {}  # key -> [ranks done, ranks failed]
+        self._disk_outcomes: dict[bytes, list[int]] = {}
         self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
         self.recovered = self._recover(namespaces) if self.disk_layout else 0
 
@@ -283,7 +285,10 @@ class SchedulerSide:
         for key in set(report.host_stored) | set(report.host_failed):
             if key not in self._pending.host:
                 continue
-            ok = report.host_stored[key] >= self.world_size and not report.host_failed[key]
+            ok = self._tally(self._host_outcomes, key, report.host_stored[key],
+                             report.host_failed[key])
+            if ok is None:
+                continue
             dst, disk = self._pending.host.pop(key)
             self.stack.finish(key, dst, ok)
             self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
@@ -296,7 +301,10 @@ class SchedulerSide:
         for key in set(report.disk_written) | set(report.disk_failed):
             if key not in self._pending.disk:
                 continue
-            ok = report.disk_written[key] >= self.world_size and not report.disk_failed[key]
+            ok = self._tally(self._disk_outcomes, key, report.disk_written[key],
+                             report.disk_failed[key])
+            if ok is None:
+                continue
             dst, host = self._pending.disk.pop(key)
             self.stack.finish(key, dst, ok)
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
@@ -304,6 +312,19 @@ class SchedulerSide:
                 self.stack.unpin(key, host)
         if self.disk_layout is not None:
             self._paths_changed(report)
+
+    def _tally(self, outcomes: dict[bytes, list[int]], key: bytes, done: int,
+               failed: int) -> bool | None:
+        """Add one report's outcomes for ``key`` (ranks may report in different steps, as
+        background disk writes end when they end): None while ranks are still to report,
+        then True when none of them failed."""
+        counts = outcomes.setdefault(key, [0, 0])
+        counts[0] += done
+        counts[1] += failed
+        if counts[0] + counts[1] < self.world_size:
+            return None
+        del outcomes[key]
+        return counts[1] == 0
 
     def _paths_changed(self, report: KVTierWorkerMeta) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
