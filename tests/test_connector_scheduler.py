@@ -275,3 +275,26 @@ def test_one_rank_failing_its_disk_write_in_a_later_step_fails_the_chunk(tmp_pat
     assert side.counters["disk_failed_chunks"] == 2
     assert all(side.stack.indexes[TierName.DISK].slot_of(k) is None for k in keys)
     assert side.stack.indexes[TierName.HOST]._entries[keys[0]].pins == 0
+
+
+def test_host_chunks_already_pinned_by_other_loads_need_no_room():
+    side = scheduler()
+    shared = request("a", 65)
+    store_all(side, shared)
+    assert side.num_new_matched_tokens(request("first", 65), 0) == (64, False)
+    side.plan_load(request("first", 65), list(range(1, 6)), 0, 64)  # pins both chunks
+    hold_host_slots(side, 2)  # the other two host slots pinned too: nothing reusable
+    assert side.stack.indexes[TierName.HOST].reusable_slots == 0
+    assert side.num_new_matched_tokens(request("second", 65), 0) == (64, False)
+
+
+def test_a_chunk_being_read_for_another_request_makes_the_next_one_wait(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32)
+    on_disk_only(side, request("a", 64))
+    b, c = request("b", 65), request("c", 65)
+    assert side.num_new_matched_tokens(b, 0) == (64, True)
+    side.plan_load(b, list(range(1, 6)), 0, 64)  # staging a's chunks into host memory
+    side.build_meta()
+    assert side.num_new_matched_tokens(c, 0) == (None, False)  # ask again: soon in host
+    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
+    assert side.num_new_matched_tokens(c, 0) == (64, False)

@@ -128,20 +128,26 @@ class SchedulerSide:
 
     # -- loads --------------------------------------------------------------------------
 
-    def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int, bool]:
-        """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token)."""
+    def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
+        """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token);
+        None (ask again next step) while one of them is being read from disk for another
+        request: it will then be in host memory."""
         self.track(request)
         if request.request_id in self._loads:
             return 0, False
         block, chunk = self.geometry.block_tokens, self.geometry.chunk_tokens
         limit = (request.num_tokens - 1) // block * block  # vLLM computes at least one token
-        match = self.stack.match_prefix(self.chunk_keys(request, -(-limit // chunk)))
+        keys = self.chunk_keys(request, -(-limit // chunk))
+        match = self.stack.match_prefix(keys)
         hit = min(match.num_chunks * self.geometry.chunk_tokens, limit)
         wanted = hit - num_computed
         if wanted <= 0:
             return 0, False
         first = num_computed // chunk
-        needed = match.locations[first:first + self._stageable(match.locations[first:])]
+        loadable = self._loadable(keys[first:match.num_chunks], match.locations[first:])
+        if loadable is None:
+            return None, False
+        needed = match.locations[first:first + loadable]
         wanted = min(hit, (first + len(needed)) * chunk) - num_computed
         if wanted <= 0:
             return 0, False
@@ -154,11 +160,21 @@ class SchedulerSide:
         self._asynchronous[request.request_id] = from_disk > 0
         return wanted, from_disk > 0
 
-    def _stageable(self, locations: list[Location]) -> int:
-        """How many of ``locations`` (in order) host memory can take now: each chunk holds a
-        host slot while it loads (its own, pinned, or one a disk read is staged in)."""
-        room = self.stack.indexes[HOST].reusable_slots
-        return min(len(locations), room)
+    def _loadable(self, keys: list[ChunkKey], locations: list[Location]) -> int | None:
+        """How many of the matched chunks (in order) can load now: each holds a host slot
+        while it loads (a disk read needs one to stage in; a host chunk not yet pinned takes
+        one out of reach when this load pins it). None when one of them is being staged
+        into host memory by another load."""
+        host = self.stack.indexes[HOST]
+        room = host.reusable_slots
+        for n, (key, loc) in enumerate(zip(keys, locations, strict=True)):
+            if loc.tier is DISK and host.has_entry(key):
+                return None
+            cost = 0 if loc.tier is HOST and host.pinned(key) else 1
+            if cost > room:
+                return n
+            room -= cost
+        return len(locations)
 
     def plan_load(self, request: Any, block_ids: list[int], num_computed: int,
                   num_external: int) -> None:

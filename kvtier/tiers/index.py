@@ -96,6 +96,11 @@ class SlotIndex:
         entry = self._entries.get(key)
         return entry.slot if entry is not None and entry.state is EntryState.READY else None
 
+    def pinned(self, key: ChunkKey) -> bool:
+        """True when ``key`` is visible and pinned."""
+        entry = self._entries.get(key)
+        return entry is not None and entry.state is EntryState.READY and entry.pins > 0
+
     def has_entry(self, key: ChunkKey) -> bool:
         """True when the key is visible or being written."""
         entry = self._entries.get(key)
