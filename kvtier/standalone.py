@@ -232,14 +232,18 @@ class KVStore:
                 finally:
                     self._release(fetch)
         finally:
-            for fetch in window:  # past a failure: finish the reads, keep what arrived
-                self._complete_fetch(fetch)
-                self._release(fetch)
-            self._sync()
-            self._unpin(held)
-            with self._lock:
-                self._stats.chunks_loaded.update(loaded)
-                self._stats.chunks_missed += len(keys) - len(loaded)
+            try:
+                for fetch in window:  # past a failure: finish the reads, keep what arrived
+                    try:
+                        self._complete_fetch(fetch)
+                    finally:
+                        self._release(fetch)
+                self._sync()
+            finally:
+                self._unpin(held)
+                with self._lock:
+                    self._stats.chunks_loaded.update(loaded)
+                    self._stats.chunks_missed += len(keys) - len(loaded)
         return len(loaded) * self.chunk_tokens
 
     def _hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:

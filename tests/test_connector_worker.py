@@ -114,3 +114,28 @@ def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, mon
     side._engine.drain()
     assert side.report().disk_written[b"b" * 16] == 1
     side.close()
+
+
+def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkeypatch):
+    from kvtier.connector.messages import DiskWrite
+
+    side, _ = worker(tmp_path)
+    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side._engine.drain()
+    side.report()
+
+    def broken(items):
+        raise RuntimeError("write path broken")
+
+    monkeypatch.setattr(side.disk, "write_many", broken)
+    load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
+                       demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
+                       asynchronous=True)
+    side.start_loads(KVTierMetadata(loads=[load]))
+    deadline = time.monotonic() + 10
+    while side.finished() != {"r"}:
+        assert time.monotonic() < deadline, "the load was never reported finished"
+        time.sleep(0.01)
+    assert side.report().disk_failed[b"v" * 16] == 1  # its disk reservation is given back
+    assert side.take_invalid_blocks() == {10, 11}
+    side.close()

@@ -160,3 +160,21 @@ def test_compression_round_trips_through_the_store(tmp_path, compression):
         store.flush()
     with KVStore(SMALL, config(tmp_path)) as store:  # reading needs no compression setting
         assert exact(store, tokens) == 6 * CHUNK
+
+
+def test_a_get_that_fails_midway_leaves_no_pin(tmp_path, monkeypatch):
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
+        tokens = seq(0, 4)
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+
+        def device_lost():
+            raise RuntimeError("device lost")
+
+        monkeypatch.setattr(store, "_sync", device_lost)
+        with pytest.raises(RuntimeError, match="device lost"):
+            load(store, tokens)
+        monkeypatch.undo()
+        for index in store._stack.indexes.values():
+            assert all(entry.pins == 0 for entry in index._entries.values())
+        assert exact(store, tokens) == 4 * CHUNK

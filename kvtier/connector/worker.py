@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import torch
 
@@ -91,8 +92,7 @@ class WorkerSide:
                 if not load.asynchronous:
                     self._complete(load, {}, time.perf_counter())
                 elif load.demotions:  # write-back victims must leave the staging slots first
-                    job = self._loader.submit(lambda load=load: (self._demote(load.demotions),
-                                                                 self._submit_reads(load))[1])
+                    job = self._loader.submit(self._demote_then_read, load)
                     self._pending_loads.append((load, job, time.perf_counter()))
                 else:
                     self._pending_loads.append((load, _Done(self._submit_reads(load)),
@@ -168,16 +168,23 @@ class WorkerSide:
         if not wanted or self.disk is None:
             return {}
         futures: dict[bytes, Future] = {}
-        for queue in self.disk.queues:
-            mine = sorted((c for c in wanted if self.disk.queue_of(c.disk_slot) == queue),
-                          key=lambda c: c.disk_slot)
-            size = -(-len(mine) // self.config.io_threads)  # spread over the path's threads
-            for start in range(0, len(mine), size or 1):
-                group = mine[start:start + size]
-                items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in group]
-                batch = self._engine.submit(queue, lambda items=items: self.disk.read_many(items))
-                for i, chunk in enumerate(group):
-                    futures[chunk.key] = _Item(batch, i)
+        batches: list[Future] = []
+        try:
+            for queue in self.disk.queues:
+                mine = sorted((c for c in wanted if self.disk.queue_of(c.disk_slot) == queue),
+                              key=lambda c: c.disk_slot)
+                size = -(-len(mine) // self.config.io_threads)  # spread over the path's threads
+                for start in range(0, len(mine), size or 1):
+                    group = mine[start:start + size]
+                    items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in group]
+                    batch = self._engine.submit(queue, lambda items=items: self.disk.read_many(items))
+                    batches.append(batch)
+                    for i, chunk in enumerate(group):
+                        futures[chunk.key] = _Item(batch, i)
+        except BaseException:
+            # The load fails and its staging slots go back: no read may still be filling them.
+            wait_futures(batches)
+            raise
         return futures
 
     # -- stores -------------------------------------------------------------------------
@@ -219,6 +226,16 @@ class WorkerSide:
                 with self._lock:
                     for store in writes:
                         self._report.disk_failed[store.key] += 1
+
+    def _demote_then_read(self, load: RequestLoad) -> dict[bytes, Future]:
+        try:
+            self._demote(load.demotions)
+        except Exception:
+            with self._lock:  # the scheduler side frees their disk reservations
+                for demotion in load.demotions:
+                    self._report.disk_failed[demotion.key] += 1
+            raise
+        return self._submit_reads(load)
 
     def _demote(self, demotions: Sequence[DiskWrite]) -> None:
         """Write-back demotions: written now, since their host slots are about to be reused."""

@@ -408,7 +408,8 @@ class DiskTier(DiskRecovery):
 
         The path is opened as at start, with every check (ownership, permissions, lock,
         O_DIRECT); True when it is back in service, its slots empty to the bookkeeping.
-        Otherwise the next try waits twice as long, up to ten minutes (or ``retry``).
+        Each try doubles the wait before the next one, up to ten minutes (or ``retry``), and
+        the wait does not shrink again: a path that keeps failing is tried less and less.
         """
         path = self._paths[index]
         with self._down_lock:
