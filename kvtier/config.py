@@ -77,6 +77,7 @@ class KVTierConfig:
     disk_paths: tuple[str, ...] = ()
     disk_min_free: DiskFloor = DiskFloor(fraction=0.05)
     disk_retry: float | None = 30.0  # seconds before a path out of service is tried again
+    load_timeout: float | None = 10.0  # seconds a disk load may take before it is recomputed
     compression: Compression = Compression.NONE
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     load_policy: LoadPolicy = LoadPolicy.AUTO
@@ -105,7 +106,7 @@ class KVTierConfig:
                 out[name] = str(value)
             if isinstance(value, DiskFloor):
                 out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
-            if name == "disk_retry":
+            if name in ("disk_retry", "load_timeout"):
                 out[name] = "off" if value is None else f"{value:g}s"
         return out
 
@@ -163,7 +164,7 @@ def _floor(value: object) -> DiskFloor:
     return DiskFloor(bytes=parse_size(value))  # type: ignore[arg-type]
 
 
-def _retry(value: object) -> float | None:
+def _seconds_or_off(value: object) -> float | None:
     if str(value).strip().lower() in ("off", "none", "never"):
         return None
     seconds = parse_duration(value)  # type: ignore[arg-type]
@@ -184,7 +185,8 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "disk_capacity": (_size, "a size such as 100GiB"),
     "disk_paths": (_paths, "a list of distinct directories, or one comma-separated string"),
     "disk_min_free": (_floor, "a percentage of each filesystem such as 5%, or a size such as 20GiB"),
-    "disk_retry": (_retry, "a duration such as 30s or 5m (at most 1d), or off"),
+    "disk_retry": (_seconds_or_off, "a duration such as 30s or 5m (at most 1d), or off"),
+    "load_timeout": (_seconds_or_off, "a duration such as 10s or 2m (at most 1d), or off"),
     "compression": (_enum(Compression), "none | zstd"),
     "write_policy": (_enum(WritePolicy), "write_through | write_back"),
     "load_policy": (_enum(LoadPolicy), "always | auto"),

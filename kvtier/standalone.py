@@ -13,6 +13,7 @@ in parallel.
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -203,6 +204,8 @@ class KVStore:
         loaded: list[TierName] = []
         issued, ended = 0, False
         held = self._hold_disk_chunks(keys)
+        timeout = self.config.load_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
                 while not ended and issued < len(keys) and len(window) < self._read_ahead:
@@ -221,7 +224,7 @@ class KVStore:
                     break
                 fetch = window.popleft()
                 try:
-                    source = self._complete_fetch(fetch)
+                    source = self._complete_fetch(fetch, deadline)
                     if source is None:
                         ended = True
                         break
@@ -235,7 +238,7 @@ class KVStore:
             try:
                 for fetch in window:  # past a failure: finish the reads, keep what arrived
                     try:
-                        self._complete_fetch(fetch)
+                        self._complete_fetch(fetch, deadline)
                     finally:
                         self._release(fetch)
                 self._sync()
@@ -387,8 +390,9 @@ class KVStore:
         job = lambda: self._transfers.copy(key, loc, plan.dst)  # noqa: E731
         return _Fetch(key, loc, self._engine.submit(self.disk.queue_of(loc.slot), job), plan)
 
-    def _complete_fetch(self, fetch: _Fetch) -> Location | None:
-        """Where the chunk can be copied from, or ``None`` when its disk read failed.
+    def _complete_fetch(self, fetch: _Fetch, deadline: float | None) -> Location | None:
+        """Where the chunk can be copied from, or ``None`` when its disk read failed or was
+        not over by ``deadline`` (``time.monotonic()``; None: no limit).
 
         A successful read makes the host copy visible and pins it for the fetch; a failed
         one drops the disk copy (and blanks a corrupt slot's header).
@@ -396,7 +400,9 @@ class KVStore:
         if fetch.read is None or fetch.staged is not None:
             return fetch.staged or fetch.loc
         try:
-            result = fetch.read.result()
+            result = fetch.read.result(timeout=self._time_left(deadline))
+        except TimeoutError:
+            return self._give_up(fetch)
         except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
         fetch.read = None
@@ -412,6 +418,27 @@ class KVStore:
             self._account_failure(result, "read")
         if result.status is IOStatus.CORRUPT:
             self.disk.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
+        return None
+
+    @staticmethod
+    def _time_left(deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+    def _give_up(self, fetch: _Fetch) -> None:
+        """A read not over within ``load_timeout`` (a hung disk): a miss now. Its host slot
+        stays reserved until the read ends, since the read may still write into it."""
+        read, plan, fetch.read = fetch.read, fetch.plan, None
+        with self._lock:
+            self._stack.discard(fetch.key)
+            self._stats.load_timeouts += 1
+            self._failures.note("disk read timed_out", f"no answer from disk after "
+                                f"{self.config.load_timeout:g} s (load_timeout)")
+
+        def ended(_: Future) -> None:
+            with self._lock:
+                self._stack.finish(plan.key, plan.dst, False)
+
+        read.add_done_callback(ended)
         return None
 
     def _release(self, fetch: _Fetch) -> None:

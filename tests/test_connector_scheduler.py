@@ -298,3 +298,22 @@ def test_a_chunk_being_read_for_another_request_makes_the_next_one_wait(tmp_path
     assert side.num_new_matched_tokens(c, 0) == (None, False)  # ask again: soon in host
     side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
     assert side.num_new_matched_tokens(c, 0) == (64, False)
+
+
+def test_a_read_given_up_on_keeps_its_staging_slot_until_it_ends(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32)
+    on_disk_only(side, request("a", 64))
+    b = request("b", 65)
+    assert side.num_new_matched_tokens(b, 0) == (64, True)
+    side.plan_load(b, list(range(1, 6)), 0, 64)
+    (load,) = side.build_meta().loads
+    host = side.stack.indexes[TierName.HOST]
+    late = load.chunks[1].key
+    free = host.free_slots
+    side.worker_report(KVTierWorkerMeta(load_failed={"b": {late}}, loads_done=Counter({"b": 1}),
+                                        reads_stalled=Counter({late: 1})))
+    assert side.counters["load_failed_chunks"] == 1
+    assert host.has_entry(late) and host.free_slots == free  # the read may still write there
+    assert side.stack.match_prefix(side.chunk_keys(b, 2)).num_chunks == 1  # not served again
+    side.worker_report(KVTierWorkerMeta(reads_over=Counter({late: 1})))
+    assert not host.has_entry(late) and host.free_slots == free + 1

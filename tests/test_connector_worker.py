@@ -1,6 +1,8 @@
 """The connector's worker side with a synthetic paged cache: copies, disk I/O, failures."""
 
 import errno
+import os
+import threading
 import time
 
 import pytest
@@ -138,4 +140,37 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
         time.sleep(0.01)
     assert side.report().disk_failed[b"v" * 16] == 1  # its disk reservation is given back
     assert side.take_invalid_blocks() == {10, 11}
+    side.close()
+
+
+def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path, monkeypatch):
+    side, _ = worker(tmp_path, load_timeout=0.2)
+    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side._engine.drain()
+    side.report()
+    release = threading.Event()
+    real = os.preadv
+
+    def hung(fd, *args):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(30)
+        return real(fd, *args)
+
+    monkeypatch.setattr(os, "preadv", hung)
+    load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
+                       asynchronous=True)
+    side.start_loads(KVTierMetadata(loads=[load]))
+    assert side.finished() == set()  # not yet: within load_timeout
+    deadline = time.monotonic() + 10
+    while side.finished() != {"r"}:
+        assert time.monotonic() < deadline, "a hung read held the request"
+        time.sleep(0.02)
+    assert side.take_invalid_blocks() == {10, 11}
+    report = side.report()
+    assert report.load_failed["r"] == {b"a" * 16} and report.reads_stalled[b"a" * 16] == 1
+    assert not report.reads_over
+    release.set()
+    side._engine.drain()
+    side.finished()
+    assert side.report().reads_over[b"a" * 16] == 1  # now the staging slot may be reused
     side.close()

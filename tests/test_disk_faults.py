@@ -4,6 +4,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 
 import pytest
@@ -280,3 +281,38 @@ def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path):
     second.flush()
     assert not second.stats().paths_down and second.stats().disk_writes >= 2
     second.close()
+
+
+def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, caplog):
+    tokens = seq(0, 4)
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+    release = threading.Event()
+    real = os.preadv
+
+    def hung(fd, *args):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(30)
+        return real(fd, *args)
+
+    with KVStore(SMALL, config(tmp_path, host_chunks=8, load_timeout=0.2)) as store, \
+            caplog.at_level(logging.WARNING, logger="kvtier"):
+        host = store._stack.indexes[nvme.TierName.HOST]
+        monkeypatch.setattr(os, "preadv", hung)
+        started = time.monotonic()
+        assert exact(store, tokens) == 0  # the first chunk's read hangs: nothing to serve
+        assert time.monotonic() - started < 5
+        assert store.stats().load_timeouts >= 1
+        assert host.free_slots < 8  # the hung reads' slots stay reserved
+        release.set()
+        store.flush()
+        deadline = time.monotonic() + 10
+        while host.free_slots < 8:  # given back once the reads ended (their callbacks ran)
+            assert time.monotonic() < deadline, "the hung reads' slots were never given back"
+            time.sleep(0.01)
+        monkeypatch.setattr(os, "preadv", real)
+        later = seq(10_000, 2)
+        store.put(later, make_kv(later))
+        assert exact(store, later) == 2 * CHUNK
+    assert sum("timed_out" in r.getMessage() for r in caplog.records) == 1

@@ -76,7 +76,10 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     ``host_stored``/``disk_written`` count successes per chunk key; ``*_failed`` count
     failures. ``load_failed`` maps a request to the keys whose load failed on some rank;
     ``paths_down``/``paths_up`` count, by disk path index, the ranks that took the path out
-    of service / brought it back since the last report.
+    of service / brought it back since the last report. ``reads_stalled`` counts the ranks
+    whose read of a chunk was given up (``load_timeout``) while it may still be filling the
+    chunk's staging slot; ``reads_over`` those whose read has ended since: only then may the
+    slot be reused.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -88,6 +91,8 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     load_samples: list = field(default_factory=list)  # (disk bytes, host bytes, seconds)
     loads_done: Counter = field(default_factory=Counter)  # request id -> ranks done
     paths_up: Counter = field(default_factory=Counter)
+    reads_stalled: Counter = field(default_factory=Counter)
+    reads_over: Counter = field(default_factory=Counter)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
         assert isinstance(other, KVTierWorkerMeta)
@@ -98,10 +103,12 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
              for req in self.load_failed.keys() | other.load_failed.keys()},
             self.paths_down + other.paths_down,
             self.load_samples + other.load_samples, self.loads_done + other.loads_done,
-            self.paths_up + other.paths_up,
+            self.paths_up + other.paths_up, self.reads_stalled + other.reads_stalled,
+            self.reads_over + other.reads_over,
         )
 
     def is_empty(self) -> bool:
         return not (self.host_stored or self.host_failed or self.disk_written
                     or self.disk_failed or self.load_failed or self.paths_down
-                    or self.load_samples or self.loads_done or self.paths_up)
+                    or self.load_samples or self.loads_done or self.paths_up
+                    or self.reads_stalled or self.reads_over)

@@ -86,6 +86,8 @@ class SchedulerSide:
         self._loads_done: Counter = Counter()
         self._ranks_down: Counter = Counter()  # disk path index -> ranks without it
         self._host_outcomes: dict[bytes, list[int]] = {}  # key -> [ranks done, ranks failed]
+        self._stalled_ranks: Counter = Counter()  # key -> ranks whose given-up read still runs
+        self._stalled_plans: dict[bytes, StorePlan] = {}  # their staging slots, held till then
         self._disk_outcomes: dict[bytes, list[int]] = {}
         self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
         self.recovered = self._recover(namespaces) if self.disk_layout else 0
@@ -240,6 +242,9 @@ class SchedulerSide:
             return
         for plan in load.staged:
             ok = plan.key not in failed
+            if not ok and self._stalled_ranks[plan.key] > 0:
+                self._stalled_plans[plan.key] = plan  # a read may still be filling the slot
+                continue
             self.stack.finish(plan.key, plan.dst, ok)
         for key, location in load.pinned:
             self.stack.unpin(key, location)
@@ -293,6 +298,7 @@ class SchedulerSide:
             self.decider.observe_load(disk_bytes, host_bytes, seconds)
         for req_id, keys in report.load_failed.items():
             self._load_failures.setdefault(req_id, set()).update(keys)
+        self._stalled_ranks.update(report.reads_stalled)
         for req_id, ranks in report.loads_done.items():
             self._loads_done[req_id] += ranks
             if self._loads_done[req_id] >= self.world_size:
@@ -326,6 +332,13 @@ class SchedulerSide:
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
             if host is not None:
                 self.stack.unpin(key, host)
+        for key, ranks in report.reads_over.items():
+            self._stalled_ranks[key] -= ranks
+            if self._stalled_ranks[key] <= 0:
+                del self._stalled_ranks[key]
+                plan = self._stalled_plans.pop(key, None)
+                if plan is not None:
+                    self.stack.finish(plan.key, plan.dst, False)
         if self.disk_layout is not None:
             self._paths_changed(report)
 

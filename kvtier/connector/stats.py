@@ -11,7 +11,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 _COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
              "load_bytes_disk", "load_failures", "stores", "store_bytes", "disk_writes",
              "disk_write_bytes", "disk_write_failures", "corruptions", "io_errors", "no_space",
-             "paths_down")
+             "paths_down", "load_timeouts")
 
 
 @dataclass
@@ -50,7 +50,7 @@ class KVTierStats(KVConnectorStats):
 
     def record_failure(self, status: str) -> None:
         name = {"corrupt": "corruptions", "io_error": "io_errors", "no_space": "no_space",
-                "path_down": "paths_down"}.get(status)
+                "path_down": "paths_down", "timed_out": "load_timeouts"}.get(status)
         if name:
             self.data[name] += 1
 

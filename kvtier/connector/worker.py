@@ -54,6 +54,7 @@ class WorkerSide:
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
         self._down_reported: set[int] = set()  # disk paths reported out of service
+        self._stalled: list[tuple[bytes, _Item]] = []  # reads given up on, still running
         self._retries: DiskRetries | None = None
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -106,8 +107,11 @@ class WorkerSide:
                         self._finished_loads.add(load.req_id)
 
     def _finish_ready_loads(self) -> None:
-        """Complete the asynchronous loads whose disk reads are all over (this thread)."""
+        """Complete the asynchronous loads whose disk reads are all over, or whose time
+        (``load_timeout``) is up (this thread)."""
         waiting = []
+        timeout = self.config.load_timeout
+        now = time.perf_counter()
         for load, reads_job, started in self._pending_loads:
             if not reads_job.done():
                 waiting.append((load, reads_job, started))
@@ -117,12 +121,29 @@ class WorkerSide:
             except Exception as exc:
                 self._unexpected("disk reads could not start", load.req_id, exc)
                 reads = {c.key: _Failed(repr(exc)) for c in load.chunks if c.disk_slot is not None}
-            if all(r.done() for r in reads.values()):
-                self._complete(load, reads, started)
-                self._finished_loads.add(load.req_id)
-            else:
+            late = {key for key, read in reads.items() if not read.done()}
+            if late and (timeout is None or now - started < timeout):
                 waiting.append((load, reads_job, started))
+                continue
+            if late:  # a hung disk: recompute; the slots stay taken until the reads end
+                detail = f"no answer from disk after {timeout:g} s (load_timeout); recomputed"
+                self._stalled += [(key, reads[key]) for key in late]
+                with self._lock:
+                    self._report.reads_stalled.update(late)
+                reads = {key: _Failed(detail, IOStatus.TIMED_OUT) if key in late else read
+                         for key, read in reads.items()}
+            self._complete(load, reads, started)
+            self._finished_loads.add(load.req_id)
         self._pending_loads = waiting
+        self._release_stalled()
+
+    def _release_stalled(self) -> None:
+        """Report the given-up reads that have ended: their staging slots may be reused."""
+        ended = [key for key, read in self._stalled if read.done()]
+        if ended:
+            self._stalled = [(key, read) for key, read in self._stalled if not read.done()]
+            with self._lock:
+                self._report.reads_over.update(ended)
 
     def _complete(self, load: RequestLoad, reads: dict, started: float) -> None:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
@@ -315,7 +336,7 @@ class WorkerSide:
                        self._engine.pending() if self._engine else 0)]
         for name in ("loads", "stores", "store_bytes", "disk_writes", "disk_write_bytes",
                      "disk_write_failures", "load_failures", "corruptions", "io_errors",
-                     "no_space", "paths_down"):
+                     "no_space", "paths_down", "load_timeouts"):
             samples.append(Sample(f"worker_{name}_total", "counter", name.replace("_", " ")).add(
                 data[name]))
         return samples
@@ -369,10 +390,10 @@ class _Done:
 
 
 class _Failed(_Done):
-    """A read that could not be started."""
+    """A read that could not be started, or was given up on."""
 
-    def __init__(self, detail: str) -> None:
-        super().__init__(IOResult(IOStatus.IO_ERROR, detail=detail))
+    def __init__(self, detail: str, status: IOStatus = IOStatus.IO_ERROR) -> None:
+        super().__init__(IOResult(status, detail=detail))
 
 
 class _Item:

@@ -56,6 +56,7 @@ class IOStatus(Enum):
     IO_ERROR = "io_error"  # the device failed this request
     NO_SPACE = "no_space"  # free-space floor reached, or ENOSPC
     PATH_DOWN = "path_down"  # the path is out of service
+    TIMED_OUT = "timed_out"  # not over within load_timeout: a miss (the read may still end)
 
 
 @dataclass(frozen=True)
