@@ -58,7 +58,7 @@ def main() -> None:
               dtype=spec.get("dtype", "bfloat16"), max_model_len=spec.get("max_model_len", 9216),
               enable_prefix_caching=spec.get("prefix_caching", False),
               max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384),
-              seed=0, **kwargs)
+              tensor_parallel_size=spec.get("tensor_parallel_size", 1), seed=0, **kwargs)
     out = {"phases": []}
     for phase in spec["phases"]:
         params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0,

@@ -36,14 +36,15 @@ def prompts(seed: int, count: int, length: int, shared: int = 0) -> list[list[in
 
 
 def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
-               timeout: int = 900) -> dict | subprocess.CompletedProcess:
+               timeout: int = 900, env: dict | None = None) -> dict | subprocess.CompletedProcess:
     """Run ``spec`` in a new process; return its JSON output (or the process on failure
     when ``check`` is false)."""
     spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
+    extra_env = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "all",
-                "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING"})
+                "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING", **extra_env})
     process = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_run.py"),
                               str(spec_path), str(out_path)], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=timeout)

