@@ -55,9 +55,12 @@ class _Fetch:
     read: Future | None = None
     plan: StorePlan | None = None  # the host slot the read fills
     staged: Location | None = None  # that slot once the read checked out (pinned)
+    deadline: float | None = None  # time.monotonic() by which the read must be over
+    given_up: bool = False  # not over by its deadline, or not needed any more
 
 
 _NO_ROOM = object()
+_PRESENT = object()
 
 
 @dataclass(frozen=True)
@@ -160,13 +163,15 @@ class KVStore:
         self._check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         if self.disk is not None and self._stats.paths_down:
             self._retries.poll()
-        stored = 0
+        stored, may_wait = 0, True
         for i, key in enumerate(keys):
             plan = self._plan_put(key)
-            if plan is None and self._engine is not None and self._engine.pending():
-                self._engine.drain(timeout=30)  # slots held by background writes: wait, retry
+            if plan is None and may_wait and self._engine is not None and self._engine.pending():
+                # Slots held by background writes: wait for them once (not for long if the
+                # disk is hung), then try again.
+                may_wait = self._engine.drain(timeout=self._drain_timeout())
                 plan = self._plan_put(key)
-            if plan is None:
+            if plan is None or plan is _PRESENT:
                 self._count("chunks_skipped")
                 continue
             chunk = self._chunk_of(kv, i)
@@ -175,12 +180,18 @@ class KVStore:
             self._stats.chunks_stored += stored
         return stored * self.chunk_tokens
 
-    def _plan_put(self, key: ChunkKey) -> StorePlan | None:
+    def _plan_put(self, key: ChunkKey) -> StorePlan | object | None:
+        """A plan to store ``key``; ``_PRESENT`` when it is cached or being written, None
+        when no slot is free now."""
         with self._lock:
             if self._stack.locate(key) is not None or self._stack.indexes[self._top].has_entry(key):
                 self._stack.touch(key)
-                return None
+                return _PRESENT
             return self._stack.plan_store(key, self._top)
+
+    def _drain_timeout(self) -> float:
+        timeout = self.config.load_timeout
+        return 30.0 if timeout is None else min(30.0, timeout)
 
     def lookup(self, tokens: Tokens) -> PrefixHit:
         """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
@@ -204,14 +215,14 @@ class KVStore:
         loaded: list[TierName] = []
         issued, ended = 0, False
         held = self._hold_disk_chunks(keys)
-        timeout = self.config.load_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        may_wait = True
         try:
             while True:
                 while not ended and issued < len(keys) and len(window) < self._read_ahead:
                     fetch = self._begin_fetch(keys[issued])
-                    if fetch is _NO_ROOM and not window and self._engine.pending():
-                        self._engine.drain(timeout=30)  # host slots held by background writes
+                    if fetch is _NO_ROOM and not window and may_wait and self._engine.pending():
+                        # host slots held by background writes: wait for them once
+                        may_wait = self._engine.drain(timeout=self._drain_timeout())
                         fetch = self._begin_fetch(keys[issued])
                     if fetch is _NO_ROOM and window:
                         break  # host slots held by this window: complete one first
@@ -224,7 +235,7 @@ class KVStore:
                     break
                 fetch = window.popleft()
                 try:
-                    source = self._complete_fetch(fetch, deadline)
+                    source = self._complete_fetch(fetch)
                     if source is None:
                         ended = True
                         break
@@ -236,9 +247,9 @@ class KVStore:
                     self._release(fetch)
         finally:
             try:
-                for fetch in window:  # past a failure: finish the reads, keep what arrived
+                for fetch in window:  # past the end of the prefix: not needed any more
                     try:
-                        self._complete_fetch(fetch, deadline)
+                        self._drop_unused(fetch)
                     finally:
                         self._release(fetch)
                 self._sync()
@@ -388,21 +399,27 @@ class KVStore:
         for move in plan.demotions:
             self._move(move)
         job = lambda: self._transfers.copy(key, loc, plan.dst)  # noqa: E731
-        return _Fetch(key, loc, self._engine.submit(self.disk.queue_of(loc.slot), job), plan)
+        timeout = self.config.load_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return _Fetch(key, loc, self._engine.submit(self.disk.queue_of(loc.slot), job), plan,
+                      deadline=deadline)
 
-    def _complete_fetch(self, fetch: _Fetch, deadline: float | None) -> Location | None:
+    def _complete_fetch(self, fetch: _Fetch) -> Location | None:
         """Where the chunk can be copied from, or ``None`` when its disk read failed or was
-        not over by ``deadline`` (``time.monotonic()``; None: no limit).
+        not over by its deadline (``load_timeout`` after it was started).
 
         A successful read makes the host copy visible and pins it for the fetch; a failed
         one drops the disk copy (and blanks a corrupt slot's header).
         """
+        if fetch.given_up:
+            return None
         if fetch.read is None or fetch.staged is not None:
             return fetch.staged or fetch.loc
         try:
-            result = fetch.read.result(timeout=self._time_left(deadline))
+            result = fetch.read.result(timeout=self._time_left(fetch.deadline))
         except TimeoutError:
-            return self._give_up(fetch)
+            self._give_up(fetch, timed_out=True)
+            return None
         except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
         fetch.read = None
@@ -424,22 +441,34 @@ class KVStore:
     def _time_left(deadline: float | None) -> float | None:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-    def _give_up(self, fetch: _Fetch) -> None:
-        """A read not over within ``load_timeout`` (a hung disk): a miss now. Its host slot
-        stays reserved until the read ends, since the read may still write into it."""
-        read, plan, fetch.read = fetch.read, fetch.plan, None
-        with self._lock:
-            self._stack.discard(fetch.key)
-            self._stats.load_timeouts += 1
-            self._failures.note("disk read timed_out", f"no answer from disk after "
-                                f"{self.config.load_timeout:g} s (load_timeout)")
+    def _drop_unused(self, fetch: _Fetch) -> None:
+        """A fetch past the end of the prefix: keep what already arrived, else let go of the
+        read without waiting (its slot is freed when it ends; the chunk stays cached)."""
+        if fetch.read is not None and not fetch.read.done():
+            self._give_up(fetch, timed_out=False)
+        else:
+            self._complete_fetch(fetch)
+
+    def _give_up(self, fetch: _Fetch, timed_out: bool) -> None:
+        """Stop waiting for a fetch's read. Its host slot stays reserved until the read
+        ends, since the read may still write into it. A read past its deadline (a hung disk)
+        also drops the chunk, counts, and counts against its path's health."""
+        read, plan, fetch.read, fetch.given_up = fetch.read, fetch.plan, None, True
+        if timed_out:
+            went_down = self.disk.note_timeout(fetch.loc.slot)
+            with self._lock:
+                self._stack.discard(fetch.key)
+                self._stats.load_timeouts += 1
+                self._failures.note("disk read timed_out", f"no answer from disk after "
+                                    f"{self.config.load_timeout:g} s (load_timeout)")
+                if went_down:
+                    self._retire_down_paths()
 
         def ended(_: Future) -> None:
             with self._lock:
                 self._stack.finish(plan.key, plan.dst, False)
 
         read.add_done_callback(ended)
-        return None
 
     def _release(self, fetch: _Fetch) -> None:
         with self._lock:

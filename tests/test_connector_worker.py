@@ -174,3 +174,36 @@ def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path, 
     side.finished()
     assert side.report().reads_over[b"a" * 16] == 1  # now the staging slot may be reused
     side.close()
+
+
+def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypatch):
+    from collections import Counter
+
+    side, _ = worker(tmp_path, load_timeout=0.1)
+    keys = [bytes([i]) * 16 for i in range(3)]
+    side.save(KVTierMetadata(stores=[ChunkStore(k, (2 * i, 2 * i + 1), i, disk_slot=i)
+                                     for i, k in enumerate(keys)]))
+    side._engine.drain()
+    side.report()
+    release = threading.Event()
+    real = os.preadv
+
+    def hung(fd, *args):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(30)
+        return real(fd, *args)
+
+    monkeypatch.setattr(os, "preadv", hung)
+    for i, key in enumerate(keys):
+        load = RequestLoad(f"r{i}", (ChunkLoad(key, (10, 11), 0, host_slot=3 + i, disk_slot=i),),
+                           asynchronous=True)
+        side.start_loads(KVTierMetadata(loads=[load]))
+        deadline = time.monotonic() + 10
+        while f"r{i}" not in side.finished():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    report = side.report()
+    assert report.paths_down == Counter({0: 1}) and sum(report.reads_stalled.values()) == 3
+    assert not report.load_samples  # cut short: no measure of the disk's speed
+    release.set()
+    side.close()

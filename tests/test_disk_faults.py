@@ -284,9 +284,10 @@ def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path):
 
 
 def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, caplog):
-    tokens = seq(0, 4)
+    tokens, others = seq(0, 4), [seq(1000 * i, 1) for i in range(1, 3)]
     with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
-        store.put(tokens, make_kv(tokens))
+        for prefix in [tokens, *others]:
+            store.put(prefix, make_kv(prefix))
         store.flush()
     release = threading.Event()
     real = os.preadv
@@ -303,12 +304,18 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
         started = time.monotonic()
         assert exact(store, tokens) == 0  # the first chunk's read hangs: nothing to serve
         assert time.monotonic() - started < 5
-        assert store.stats().load_timeouts >= 1
+        assert store.stats().load_timeouts == 1
         assert host.free_slots < 8  # the hung reads' slots stay reserved
+        started = time.monotonic()
+        store.put(tokens, make_kv(tokens))  # computed again and stored: no wait on the hung reads
+        assert time.monotonic() - started < 5
+        for prefix in others:  # two more reads without an answer: the path is taken out
+            assert exact(store, prefix) == 0
+        assert store.stats().load_timeouts == 3 and str(tmp_path) in store.stats().paths_down
         release.set()
         store.flush()
         deadline = time.monotonic() + 10
-        while host.free_slots < 8:  # given back once the reads ended (their callbacks ran)
+        while host.reusable_slots < 8:  # given back once the reads ended (their callbacks ran)
             assert time.monotonic() < deadline, "the hung reads' slots were never given back"
             time.sleep(0.01)
         monkeypatch.setattr(os, "preadv", real)

@@ -128,24 +128,33 @@ class WorkerSide:
             if late:  # a hung disk: recompute; the slots stay taken until the reads end
                 detail = f"no answer from disk after {timeout:g} s (load_timeout); recomputed"
                 self._stalled += [(key, reads[key]) for key in late]
+                slots = {c.key: c.disk_slot for c in load.chunks}
+                went_down = [self.disk.note_timeout(slots[key]) for key in late]
                 with self._lock:
                     self._report.reads_stalled.update(late)
+                    if any(went_down):
+                        self._report_down_paths()
                 reads = {key: _Failed(detail, IOStatus.TIMED_OUT) if key in late else read
                          for key, read in reads.items()}
-            self._complete(load, reads, started)
+            self._complete(load, reads, started, timed=not late)
             self._finished_loads.add(load.req_id)
         self._pending_loads = waiting
         self._release_stalled()
 
     def _release_stalled(self) -> None:
         """Report the given-up reads that have ended: their staging slots may be reused."""
-        ended = [key for key, read in self._stalled if read.done()]
+        ended = [(key, read) for key, read in self._stalled if read.done()]
         if ended:
             self._stalled = [(key, read) for key, read in self._stalled if not read.done()]
             with self._lock:
-                self._report.reads_over.update(ended)
+                self._report.reads_over.update(key for key, _ in ended)
+                for _, read in ended:  # what the late reads came to (a path may be down)
+                    result = read.result()
+                    if not result.ok:
+                        self._note_failure(result, "read")
 
-    def _complete(self, load: RequestLoad, reads: dict, started: float) -> None:
+    def _complete(self, load: RequestLoad, reads: dict, started: float,
+                  timed: bool = True) -> None:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
         the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
         dropped from the cache: chunks whose disk read failed."""
@@ -179,7 +188,8 @@ class WorkerSide:
             self._report.loads_done[load.req_id] += 1
             if failed_keys:
                 self._report.load_failed[load.req_id] = failed_keys
-            self._report.load_samples.append((disk_bytes, host_bytes, seconds))
+            if timed:  # a load cut short by load_timeout says nothing of the disk's speed
+                self._report.load_samples.append((disk_bytes, host_bytes, seconds))
             self._record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
                                                    len(failed_keys)))
 

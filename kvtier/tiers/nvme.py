@@ -356,6 +356,20 @@ class DiskTier(DiskRecovery):
             return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
         return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: {exc}")
 
+    def note_timeout(self, slot: int) -> bool:
+        """A request on ``slot``'s path got no answer within the owner's time limit: it counts
+        as an I/O error towards taking the path out. True when the path went down."""
+        path = self._paths[slot % len(self._paths)]
+        directory = path.dir
+        if directory is None:
+            return False
+        path.eio_run += 1
+        if path.eio_run < _EIO_LIMIT:
+            return False
+        self._take_down(path, f"{_EIO_LIMIT} requests in a row failed or got no answer in time",
+                        directory)
+        return path.dir is None
+
     def _open(self, path: _Path) -> tuple[CacheDir, int]:
         directory = CacheDir(Path(path.root), **self._open_args)
         try:
