@@ -207,3 +207,46 @@ def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypat
     assert not report.load_samples  # cut short: no measure of the disk's speed
     release.set()
     side.close()
+
+
+def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
+    from kvtier.connector.messages import DiskWrite
+
+    side, _ = worker(tmp_path, load_timeout=0.2)
+    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side._engine.drain()
+    side.report()
+    release = threading.Event()
+    reads = []
+    real_write, real_read = os.pwritev, os.preadv
+
+    def hung_write(fd, *args):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(30)
+        return real_write(fd, *args)
+
+    def counted_read(fd, *args):
+        reads.append(fd)
+        return real_read(fd, *args)
+
+    monkeypatch.setattr(os, "pwritev", hung_write)
+    monkeypatch.setattr(os, "preadv", counted_read)
+    load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
+                       demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
+                       asynchronous=True)
+    side.start_loads(KVTierMetadata(loads=[load]))
+    deadline = time.monotonic() + 10
+    while side.finished() != {"r"}:
+        assert time.monotonic() < deadline, "a hung write-back held the request"
+        time.sleep(0.02)
+    assert side.take_invalid_blocks() == {10, 11}
+    report = side.report()
+    assert report.reads_stalled[b"a" * 16] == 1 and not report.reads_over
+    release.set()
+    side._loader.shutdown(wait=True)
+    side._engine.drain()
+    side.finished()
+    report = side.report()
+    assert report.reads_over[b"a" * 16] == 1 and report.disk_written[b"v" * 16] == 1
+    assert reads == []  # given up on: its read never started
+    side.close()

@@ -54,7 +54,8 @@ class WorkerSide:
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
         self._down_reported: set[int] = set()  # disk paths reported out of service
-        self._stalled: list[tuple[bytes, _Item]] = []  # reads given up on, still running
+        self._stalled: list[tuple[bytes, _Item | _JobReads]] = []  # given up on, still running
+        self._abandoned: set[str] = set()  # loads given up on before their reads started
         self._retries: DiskRetries | None = None
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -114,7 +115,10 @@ class WorkerSide:
         now = time.perf_counter()
         for load, reads_job, started in self._pending_loads:
             if not reads_job.done():
-                waiting.append((load, reads_job, started))
+                if timeout is not None and now - started >= timeout:
+                    self._abandon(load, reads_job, started, timeout)
+                else:
+                    waiting.append((load, reads_job, started))
                 continue
             try:
                 reads = reads_job.result()
@@ -140,6 +144,22 @@ class WorkerSide:
             self._finished_loads.add(load.req_id)
         self._pending_loads = waiting
         self._release_stalled()
+
+    def _abandon(self, load: RequestLoad, job: Future, started: float, timeout: float) -> None:
+        """A load still writing back its staging slots' previous chunks after ``timeout``:
+        recompute it. Its reads will not start; its staging slots stay taken until the job
+        (and any read it did start) is over, as the write-back still reads from them."""
+        with self._lock:
+            self._abandoned.add(load.req_id)
+        staged = [c.key for c in load.chunks if c.disk_slot is not None and c.host_slot is not None]
+        over = _JobReads(job)
+        self._stalled += [(key, over) for key in staged]
+        with self._lock:
+            self._report.reads_stalled.update(staged)
+        detail = f"write-back before the load not over after {timeout:g} s (load_timeout)"
+        self._complete(load, {key: _Failed(detail, IOStatus.TIMED_OUT) for key in staged},
+                       started, timed=False)
+        self._finished_loads.add(load.req_id)
 
     def _release_stalled(self) -> None:
         """Report the given-up reads that have ended: their staging slots may be reused."""
@@ -263,9 +283,14 @@ class WorkerSide:
             self._demote(load.demotions)
         except Exception:
             with self._lock:  # the scheduler side frees their disk reservations
+                self._abandoned.discard(load.req_id)
                 for demotion in load.demotions:
                     self._report.disk_failed[demotion.key] += 1
             raise
+        with self._lock:
+            if load.req_id in self._abandoned:  # given up on meanwhile: read nothing
+                self._abandoned.discard(load.req_id)
+                return {}
         return self._submit_reads(load)
 
     def _demote(self, demotions: Sequence[DiskWrite]) -> None:
@@ -404,6 +429,25 @@ class _Failed(_Done):
 
     def __init__(self, detail: str, status: IOStatus = IOStatus.IO_ERROR) -> None:
         super().__init__(IOResult(status, detail=detail))
+
+
+class _JobReads:
+    """Over when a load's write-back-then-read job and every read it started are over."""
+
+    def __init__(self, job: Future) -> None:
+        self._job = job
+
+    def done(self) -> bool:
+        if not self._job.done():
+            return False
+        try:
+            reads = self._job.result()
+        except Exception:
+            return True
+        return all(read.done() for read in reads.values())
+
+    def result(self) -> IOResult:
+        return IOResult(IOStatus.OK)
 
 
 class _Item:
