@@ -7,7 +7,8 @@ a disk tier, and check every byte they get back. Meanwhile faults are injected: 
 in the slot files, slot files truncated, I/O errors and slow I/O from a wrapper around
 preadv/pwritev, and, between phases, a second process writing to the same directory killed
 with SIGKILL before the store is reopened. A path taken out of service by an EIO burst is tried
-again after 2 s (``disk_retry``; 30 s by default). Reported: operations, hits, faults injected by
+again after 2 s (``disk_retry``; 30 s by default); I/O calls that take 1.5 s stand for a hung
+drive, given up on after 1 s (``load_timeout``). Reported: operations, hits, faults injected by
 kind, exceptions that escaped (must be 0), wrong bytes served (must be 0), and the drift of
 open file descriptors and resident memory from the first phase to the last.
 """
@@ -40,7 +41,7 @@ CHUNK = 32
 def config(path: Path) -> dict:
     return {"chunk_tokens": CHUNK, "host_capacity": 24 * LAYOUT.token_bytes * CHUNK,
             "disk_paths": [str(path)], "disk_capacity": 200 * (4096 + LAYOUT.token_bytes * CHUNK),
-            "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s"}
+            "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s", "load_timeout": "1s"}
 
 
 def expected_kv(tokens) -> torch.Tensor:
@@ -75,7 +76,7 @@ class Faults:
             if self.mode is not None and "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
                 if self.mode == "eio":
                     raise OSError(errno.EIO, "injected I/O error")
-                time.sleep(0.02)  # slow I/O
+                time.sleep(1.5 if self.mode == "hang" else 0.02)  # a hung drive, or slow I/O
             return real(fd, *args)
 
         return call
@@ -108,7 +109,7 @@ def worker(store: KVStore, stop: threading.Event, seed: int, counts: Counter, lo
 def inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts: Counter, lock) -> None:
     rng = random.Random(seed)
     while not stop.wait(0.3):
-        kind = rng.choice(["flip", "flip", "truncate", "eio", "slow"])
+        kind = rng.choice(["flip", "flip", "truncate", "eio", "slow", "hang"])
         files = list(path.glob("*/slots-*.kvt"))
         if kind in ("flip", "truncate") and files:
             target = rng.choice(files)
@@ -123,7 +124,7 @@ def inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts:
                     f.write(bytes([byte[0] ^ 0xFF]))
                 else:
                     f.truncate(rng.randrange(size))
-        elif kind in ("eio", "slow"):
+        elif kind in ("eio", "slow", "hang"):
             faults.mode = kind
             time.sleep(0.15)
             faults.mode = None
@@ -181,7 +182,7 @@ def main() -> None:
             t.join()
         faults.mode = None
         stats = store.stats()
-        for name in ("corruptions", "io_errors", "no_space", "dropped_writes"):
+        for name in ("corruptions", "io_errors", "no_space", "dropped_writes", "load_timeouts"):
             counts[f"counted {name}"] += getattr(stats, name)
         counts["paths_down at phase end"] += len(stats.paths_down)
         counts["paths back in service"] += stats.paths_back
