@@ -264,14 +264,8 @@ class KVStore:
         """Pin the disk chunks of the cached prefix of ``keys`` for a whole ``get``: making
         room in host memory for one read demotes host chunks to disk, which must not evict
         a later chunk of the same prefix."""
-        held = []
         with self._lock:
-            match = self._stack.match_prefix(keys)
-            for key, loc in zip(keys, match.locations, strict=False):
-                if loc.tier is DISK:
-                    self._stack.indexes[DISK].pin(key)
-                    held.append((key, loc))
-        return held
+            return self._stack.pin_prefix(keys, DISK)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for background disk writes; True when none is left."""

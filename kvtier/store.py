@@ -66,7 +66,8 @@ class TierStack:
 
     - ``match_prefix(keys)`` is the longest run ``keys[:n]`` whose every key is visible in
       some tier, each with its hottest location. It pins nothing.
-    - ``pin_prefix(keys)`` is the same, with every returned location pinned; ``unpin`` each.
+    - ``pin_prefix(keys, tier=None)`` pins the locations of that match (only those in
+      ``tier`` when given) and returns the ``(key, location)`` pairs pinned; ``unpin`` each.
     - ``plan_store(key, tier)`` reserves a slot for ``key`` in ``tier``, or returns ``None``
       when the key is already there (visible or being written) or no slot can be freed. A
       victim evicted to make room is planned to move one tier down unless that tier already
@@ -101,11 +102,14 @@ class TierStack:
             locations.append(location)
         return PrefixMatch(tuple(locations))
 
-    def pin_prefix(self, keys: Sequence[ChunkKey]) -> PrefixMatch:
-        match = self.match_prefix(keys)
-        for key, location in zip(keys, match.locations, strict=False):
+    def pin_prefix(self, keys: Sequence[ChunkKey],
+                   tier: TierName | None = None) -> list[tuple[ChunkKey, Location]]:
+        pinned = [(key, location)
+                  for key, location in zip(keys, self.match_prefix(keys).locations, strict=False)
+                  if tier is None or location.tier is tier]
+        for key, location in pinned:
             self.indexes[location.tier].pin(key)
-        return match
+        return pinned
 
     def unpin(self, key: ChunkKey, location: Location) -> None:
         self.indexes[location.tier].unpin(key)

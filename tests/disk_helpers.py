@@ -7,6 +7,8 @@ import errno
 import os
 import subprocess
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,32 @@ def failing_io(monkeypatch, match: str, err: int = errno.EIO, calls=("preadv", "
     yield
     for name in calls:
         monkeypatch.setattr(os, name, real[name])
+
+
+def delayed_io(monkeypatch, name: str, seconds: float | None = None) -> threading.Event:
+    """Make ``os.<name>`` (``preadv``/``pwritev``) on slot files wait first: ``seconds``, or,
+    with None, until the returned event is set (30 s at most), as on a hung drive."""
+    real = getattr(os, name)
+    release = threading.Event()
+
+    def call(fd, *args):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            if seconds is None:
+                release.wait(30)
+            else:
+                time.sleep(seconds)
+        return real(fd, *args)
+
+    monkeypatch.setattr(os, name, call)
+    return release
+
+
+def wait_until(condition, what: str, seconds: float = 10.0) -> None:
+    """Poll ``condition()`` until it holds; fail with ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 
 import errno
 import os
-import threading
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from kvtier.config import load_config
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import ChunkLoad, ChunkStore, KVTierMetadata, RequestLoad
 from kvtier.connector.worker import WorkerSide
-from tests.disk_helpers import failing_io
+from tests.disk_helpers import delayed_io, failing_io, wait_until
 
 LAYERS, BLOCKS, BLOCK, HIDDEN = 2, 16, 16, 64
 GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, 2 * BLOCK, "bfloat16", "t")
@@ -134,10 +133,7 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
                        demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
                        asynchronous=True)
     side.start_loads(KVTierMetadata(loads=[load]))
-    deadline = time.monotonic() + 10
-    while side.finished() != {"r"}:
-        assert time.monotonic() < deadline, "the load was never reported finished"
-        time.sleep(0.01)
+    wait_until(lambda: side.finished() == {"r"}, "the load was never reported finished")
     assert side.report().disk_failed[b"v" * 16] == 1  # its disk reservation is given back
     assert side.take_invalid_blocks() == {10, 11}
     side.close()
@@ -148,23 +144,12 @@ def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path, 
     side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     side.report()
-    release = threading.Event()
-    real = os.preadv
-
-    def hung(fd, *args):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            release.wait(30)
-        return real(fd, *args)
-
-    monkeypatch.setattr(os, "preadv", hung)
+    release = delayed_io(monkeypatch, "preadv")
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        asynchronous=True)
     side.start_loads(KVTierMetadata(loads=[load]))
     assert side.finished() == set()  # not yet: within load_timeout
-    deadline = time.monotonic() + 10
-    while side.finished() != {"r"}:
-        assert time.monotonic() < deadline, "a hung read held the request"
-        time.sleep(0.02)
+    wait_until(lambda: side.finished() == {"r"}, "a hung read held the request")
     assert side.take_invalid_blocks() == {10, 11}
     report = side.report()
     assert report.load_failed["r"] == {b"a" * 16} and report.reads_stalled[b"a" * 16] == 1
@@ -185,23 +170,12 @@ def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypat
                                      for i, k in enumerate(keys)]))
     side._engine.drain()
     side.report()
-    release = threading.Event()
-    real = os.preadv
-
-    def hung(fd, *args):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            release.wait(30)
-        return real(fd, *args)
-
-    monkeypatch.setattr(os, "preadv", hung)
+    release = delayed_io(monkeypatch, "preadv")
     for i, key in enumerate(keys):
         load = RequestLoad(f"r{i}", (ChunkLoad(key, (10, 11), 0, host_slot=3 + i, disk_slot=i),),
                            asynchronous=True)
         side.start_loads(KVTierMetadata(loads=[load]))
-        deadline = time.monotonic() + 10
-        while f"r{i}" not in side.finished():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        wait_until(lambda i=i: f"r{i}" in side.finished(), "a hung read held the request")
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and sum(report.reads_stalled.values()) == 3
     assert not report.load_samples  # cut short: no measure of the disk's speed
@@ -216,29 +190,20 @@ def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
     side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     side.report()
-    release = threading.Event()
+    release = delayed_io(monkeypatch, "pwritev")
     reads = []
-    real_write, real_read = os.pwritev, os.preadv
-
-    def hung_write(fd, *args):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            release.wait(30)
-        return real_write(fd, *args)
+    real_read = os.preadv
 
     def counted_read(fd, *args):
         reads.append(fd)
         return real_read(fd, *args)
 
-    monkeypatch.setattr(os, "pwritev", hung_write)
     monkeypatch.setattr(os, "preadv", counted_read)
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
                        asynchronous=True)
     side.start_loads(KVTierMetadata(loads=[load]))
-    deadline = time.monotonic() + 10
-    while side.finished() != {"r"}:
-        assert time.monotonic() < deadline, "a hung write-back held the request"
-        time.sleep(0.02)
+    wait_until(lambda: side.finished() == {"r"}, "a hung write-back held the request")
     assert side.take_invalid_blocks() == {10, 11}
     report = side.report()
     assert report.reads_stalled[b"a" * 16] == 1 and not report.reads_over

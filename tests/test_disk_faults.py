@@ -4,7 +4,6 @@ import errno
 import logging
 import os
 import shutil
-import threading
 import time
 
 import pytest
@@ -13,7 +12,7 @@ from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers import nvme
 from tests.conftest import CHUNK, SMALL, make_kv
-from tests.disk_helpers import failing_io, remount, small_filesystem
+from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem, wait_until
 from tests.test_disk_store import STRIDE, config, exact, seq
 
 
@@ -289,18 +288,10 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
         for prefix in [tokens, *others]:
             store.put(prefix, make_kv(prefix))
         store.flush()
-    release = threading.Event()
-    real = os.preadv
-
-    def hung(fd, *args):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            release.wait(30)
-        return real(fd, *args)
-
     with KVStore(SMALL, config(tmp_path, host_chunks=8, load_timeout=0.2)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         host = store._stack.indexes[nvme.TierName.HOST]
-        monkeypatch.setattr(os, "preadv", hung)
+        release = delayed_io(monkeypatch, "preadv")
         started = time.monotonic()
         assert exact(store, tokens) == 0  # the first chunk's read hangs: nothing to serve
         assert time.monotonic() - started < 5
@@ -314,11 +305,8 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
         assert store.stats().load_timeouts == 3 and str(tmp_path) in store.stats().paths_down
         release.set()
         store.flush()
-        deadline = time.monotonic() + 10
-        while host.reusable_slots < 8:  # given back once the reads ended (their callbacks ran)
-            assert time.monotonic() < deadline, "the hung reads' slots were never given back"
-            time.sleep(0.01)
-        monkeypatch.setattr(os, "preadv", real)
+        # given back once the reads ended (their callbacks ran); reads no longer wait now
+        wait_until(lambda: host.reusable_slots == 8, "the hung reads' slots were never given back")
         later = seq(10_000, 2)
         store.put(later, make_kv(later))
         assert exact(store, later) == 2 * CHUNK

@@ -5,7 +5,6 @@ import itertools
 import logging
 import os
 import shutil
-import time
 
 import pytest
 
@@ -13,7 +12,7 @@ from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers import nvme
 from tests.conftest import CHUNK, SMALL, make_kv
-from tests.disk_helpers import failing_io, remount, small_filesystem
+from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem
 from tests.test_disk_faults import flip, slot_of
 from tests.test_disk_store import STRIDE, config, exact, seq
 
@@ -170,20 +169,8 @@ def test_torn_slots_found_at_start(tmp_path, caplog):
     once(caplog, "torn slots at start")
 
 
-def slow_io(monkeypatch, name: str, seconds: float = 0.05) -> None:
-    """Make ``os.<name>`` on slot files take ``seconds`` longer."""
-    real = getattr(os, name)
-
-    def slow(fd, *args):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            time.sleep(seconds)
-        return real(fd, *args)
-
-    monkeypatch.setattr(os, name, slow)
-
-
 def test_write_through_dropped_under_slow_io(tmp_path, caplog, monkeypatch):
-    slow_io(monkeypatch, "pwritev")
+    delayed_io(monkeypatch, "pwritev", 0.05)
     with KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         put_all(store, singles(16))
@@ -196,7 +183,7 @@ def test_slow_io_is_served_and_not_a_failure(tmp_path, caplog, monkeypatch):
     prefixes = singles()
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
         put_all(store, prefixes)
-    slow_io(monkeypatch, "preadv")
+    delayed_io(monkeypatch, "preadv", 0.05)
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         assert all(exact(store, tokens) == CHUNK for tokens in prefixes)

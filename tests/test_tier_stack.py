@@ -101,9 +101,10 @@ def test_failed_demotion_leaves_a_miss():
 def test_pinned_prefix_survives_pressure():
     s = stack(gpu_slots=1, host_slots=1)
     store(s, k(1))
-    match = s.pin_prefix([k(1)])
+    ((key, location),) = s.pin_prefix([k(1)])
     assert s.plan_store(k(2), GPU) is None  # the only gpu slot is pinned
-    s.unpin(k(1), match.locations[0])
+    assert s.pin_prefix([k(1)], HOST) == []  # not in that tier: nothing pinned
+    s.unpin(key, location)
     assert s.plan_store(k(2), GPU) is not None
 
 
