@@ -109,7 +109,7 @@ def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
         if spec.baselines:
             where = spec.disk_paths[0] / "naive"
             write, read = naive_round_trip(where, [host.slot_array(i)[:chunk_bytes]
-                                                   for i in range(count)])
+                                                   for i in range(count)], passes=2)
             naive = {"store_gib_s": write, "load_gib_s": read}
             shutil.rmtree(where, ignore_errors=True)
         advance(1)
