@@ -12,6 +12,7 @@ in parallel.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, deque
@@ -26,7 +27,7 @@ import torch
 from kvtier.config import Compression, KVTierConfig, ODirect, WritePolicy, load_config
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.io.buffers import align_up
-from kvtier.io.engine import IOEngine
+from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.metrics import MetricsServer, Sample
@@ -43,6 +44,7 @@ from kvtier.transfers import Transfers
 
 Tokens = Sequence[int] | np.ndarray
 GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
+log = logging.getLogger("kvtier")
 _O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}
 
 
@@ -286,16 +288,25 @@ class KVStore:
             slots = {str(name): index.num_slots for name, index in self._stack.indexes.items()}
         return store_samples(stats, slots, used, self._engine.pending() if self._engine else 0)
 
-    def close(self) -> None:
-        """Finish background writes and release memory, files and threads."""
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Finish background writes and release memory, files and threads; True when done.
+
+        Waits at most ``timeout`` seconds for disk jobs. Jobs still running then (a hung
+        drive) are left behind: queued ones are cancelled, and the host memory and disk files
+        the running ones use stay open until the process exits (False is returned).
+        """
         if self._metrics is not None:
             self._metrics.close()
-        if self._engine is not None:
-            self._engine.close()
+        if self._engine is not None and not self._engine.close(timeout):
+            log.error("kvtier store closed with disk jobs still running after %g s (a hung "
+                      "drive?): queued writes were dropped; host memory and cache files stay "
+                      "open until the process exits", timeout)
+            return False
         if self.disk is not None:
             self.disk.close()
         for tier in self.tiers.values():
             tier.close()
+        return True
 
     def __enter__(self) -> KVStore:
         return self
@@ -307,10 +318,10 @@ class KVStore:
 
     def _write(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
         """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
+        if not self._demote(plan):
+            return False
         ok = False
         try:
-            for move in plan.demotions:
-                self._move(move)
             fill(plan.dst)
             self._sync()
             ok = True
@@ -318,16 +329,64 @@ class KVStore:
             self._finish(plan.key, plan.dst, ok)
         return ok
 
-    def _move(self, move: Move) -> None:
-        result = IOResult(IOStatus.IO_ERROR, detail="move did not run")
+    def _demote(self, plan: StorePlan) -> bool:
+        """Run the plan's demotions, deepest first. False when a write to disk is not over
+        by ``load_timeout`` (a hung drive): the later moves and the plan itself then fail,
+        and their slots stay reserved until that write ends, as it still reads from them."""
+        for i, move in enumerate(plan.demotions):
+            try:
+                hung = self._move(move)
+            except BaseException:
+                self._fail_reservations(plan, i + 1)
+                raise
+            if hung is not None:
+                hung.add_done_callback(lambda _, i=i: self._fail_reservations(plan, i + 1))
+                return False
+        return True
+
+    def _fail_reservations(self, plan: StorePlan, first_move: int) -> None:
+        with self._lock:
+            for move in plan.demotions[first_move:]:
+                self._stack.finish(move.key, move.dst, False)
+            self._stack.finish(plan.key, plan.dst, False)
+
+    def _move(self, move: Move) -> Future | None:
+        """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
+        I/O engine; one not over by ``load_timeout`` is left running and returned: it is
+        counted and logged, and its reservation is finished when it ends."""
+        if move.dst.tier is not DISK:
+            result = IOResult(IOStatus.IO_ERROR, detail="move did not run")
+            try:
+                result = self._transfers.copy(move.key, move.src, move.dst)
+                self._sync()
+            finally:
+                self._finish(move.key, move.dst, result.ok)
+            return None
+        write = self._engine.submit(self.disk.queue_of(move.dst.slot),
+                                    lambda: self._transfers.copy(move.key, move.src, move.dst))
         try:
-            result = self._transfers.copy(move.key, move.src, move.dst)
-            self._sync()
-        finally:
-            self._finish(move.key, move.dst, result.ok)
-            if move.dst.tier is DISK:
-                with self._lock:
-                    self._account_write(result)
+            self._moved(move, write.result(timeout=self.config.load_timeout))
+            return None
+        except TimeoutError:
+            pass
+        except Exception as exc:  # a bug or an unexpected error: a failed write, never a crash
+            self._moved(move, IOResult(IOStatus.IO_ERROR, detail=repr(exc)))
+            return None
+        went_down = self.disk.note_timeout(move.dst.slot)
+        with self._lock:
+            self._stats.load_timeouts += 1
+            self._failures.note("disk write-back timed_out", f"a chunk moving to disk got no "
+                                f"answer after {self.config.load_timeout:g} s (load_timeout); "
+                                "the put or get that needed its host slot went on without it")
+            if went_down:
+                self._retire_down_paths()
+        write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
+        return write
+
+    def _moved(self, move: Move, result: IOResult) -> None:
+        self._finish(move.key, move.dst, result.ok)
+        with self._lock:
+            self._account_write(result)
 
     def _finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
         with self._lock:
@@ -377,7 +436,8 @@ class KVStore:
     def _begin_fetch(self, key: ChunkKey) -> _Fetch | object | None:
         """Pin ``key`` where it is hottest; from disk, reserve a host slot and start the read.
 
-        ``None`` when the key is not cached, ``_NO_ROOM`` when no host slot is free for it.
+        ``None`` when the key is not cached or its host slot's previous chunk could not be
+        written back in time (a hung drive), ``_NO_ROOM`` when no host slot is free for it.
         """
         with self._lock:
             loc = self._stack.locate(key)
@@ -390,8 +450,10 @@ class KVStore:
             if plan is None:
                 self._stack.unpin(key, loc)
                 return _NO_ROOM
-        for move in plan.demotions:
-            self._move(move)
+        if not self._demote(plan):  # a hung drive: end the prefix here, the chunk stays cached
+            with self._lock:
+                self._stack.unpin(key, loc)
+            return None
         job = lambda: self._transfers.copy(key, loc, plan.dst)  # noqa: E731
         timeout = self.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -535,3 +597,10 @@ class KVStore:
                 f"{what} must be a {self.layout.dtype} tensor of shape (layers={want[0]}, 2, "
                 f"tokens>={min_tokens}, hidden={want[3]}), got {kv.dtype} {tuple(kv.shape)}"
             )
+
+
+def _result_of(write: Future) -> IOResult:
+    try:
+        return write.result()
+    except BaseException as exc:  # cancelled at close, or an unexpected error
+        return IOResult(IOStatus.IO_ERROR, detail=repr(exc))

@@ -30,7 +30,7 @@ class StoreStats:
     dropped_writes: int = 0  # write-through skipped under back-pressure
     corruptions: int = 0  # slots whose header or checksum did not check out
     io_errors: int = 0
-    load_timeouts: int = 0  # disk reads given up on after load_timeout
+    load_timeouts: int = 0  # disk reads (and write-back moves) given up on after load_timeout
     no_space: int = 0  # writes refused by the free-space floor or ENOSPC
     recovered_chunks: int = 0  # found on disk at start
     torn_slots: int = 0  # bad slots found at start
@@ -96,8 +96,8 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
              ("drops_total", "counter", "Chunks evicted from the last tier", stats.drops),
              ("corruptions_total", "counter", "Slots that failed their checks", stats.corruptions),
              ("io_errors_total", "counter", "Disk requests that failed with an I/O error", stats.io_errors),
-             ("load_timeouts_total", "counter", "Disk reads given up on after load_timeout",
-              stats.load_timeouts),
+             ("load_timeouts_total", "counter",
+              "Disk reads (and write-back moves) given up on after load_timeout", stats.load_timeouts),
              ("no_space_total", "counter", "Disk writes refused for space", stats.no_space),
              ("dropped_writes_total", "counter", "Write-through writes dropped under back-pressure",
               stats.dropped_writes),

@@ -215,3 +215,36 @@ def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
     assert report.reads_over[b"a" * 16] == 1 and report.disk_written[b"v" * 16] == 1
     assert reads == []  # given up on: its read never started
     side.close()
+
+
+def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from kvtier.connector.messages import DiskWrite
+
+    side, _ = worker(tmp_path, load_timeout=60)
+    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side._engine.drain()
+    release = delayed_io(monkeypatch, "pwritev")
+    side.save(KVTierMetadata(stores=[ChunkStore(bytes([i]) * 16, (4, 5), 2 + i, disk_slot=1 + i)
+                                     for i in range(3)]))  # background writes that hang
+    load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
+                       demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=6),),
+                       asynchronous=True)  # a load stuck behind its write-back
+    side.start_loads(KVTierMetadata(loads=[load]))
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="kvtier"):
+        assert side.close(timeout=0.3) is False
+    assert time.monotonic() - started < 5
+    assert any("hung drive" in r.getMessage() for r in caplog.records)
+    assert not side.disk._paths[0].dir.closed and side.host.buffer.array is not None
+    release.set()
+    wait_until(lambda: side._engine.pending() == 0, "the hung writes never ended")
+
+
+def test_shutdown_finishes_background_writes_first(tmp_path):
+    side, _ = worker(tmp_path)
+    side.save(KVTierMetadata(stores=[ChunkStore(bytes([i]) * 16, (4, 5), i, disk_slot=i)
+                                     for i in range(4)]))
+    assert side.close() is True
+    assert side.report().disk_written.total() == 4 and side.disk._paths[0].dir.closed

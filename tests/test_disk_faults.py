@@ -311,3 +311,65 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
         store.put(later, make_kv(later))
         assert exact(store, later) == 2 * CHUNK
     assert sum("timed_out" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_path, monkeypatch,
+                                                                          caplog):
+    store = KVStore(SMALL, config(tmp_path, host_chunks=8))
+    release = delayed_io(monkeypatch, "pwritev")
+    tokens = seq(0, 6)
+    store.put(tokens, make_kv(tokens))  # write-through: 2 writes hang, 4 wait behind them
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="kvtier"):
+        assert store.close(timeout=0.3) is False
+    assert time.monotonic() - started < 5
+    assert any("hung drive" in r.getMessage() for r in caplog.records)
+    assert not store.disk._paths[0].dir.closed  # a late write still uses its file
+    assert store.tiers[nvme.TierName.HOST].buffer.array is not None  # and its host slot
+    release.set()  # the two running writes end; the four queued behind them never start
+    wait_until(lambda: store.stats().disk_writes == 2, "the hung writes never ended")
+    assert store._engine.pending() == 0
+
+
+def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_path, monkeypatch,
+                                                                          caplog):
+    first, second = seq(0, 2), seq(1000, 1)
+    store = KVStore(SMALL, config(tmp_path, host_chunks=2, write_policy="write_back",
+                                  load_timeout=0.2))
+    host = store._stack.indexes[nvme.TierName.HOST]
+    store.put(first, make_kv(first))  # host full; nothing on disk yet
+    release = delayed_io(monkeypatch, "pwritev")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        assert store.put(second, make_kv(second)) == 0  # its host slot's chunk never reached disk
+    assert time.monotonic() - started < 5
+    stats = store.stats()
+    assert stats.load_timeouts == 1 and stats.chunks_stored == 2
+    assert sum("write-back timed_out" in r.getMessage() for r in caplog.records) == 1
+    assert host.reusable_slots == 1  # the victim's slot stays taken while the write reads it
+    assert store.lookup(first).tokens == 0  # the victim (the first chunk) is not visible yet
+    release.set()
+    wait_until(lambda: host.reusable_slots == 2, "the slot was never given back")
+    assert store.stats().disk_writes == 1
+    assert store.put(second, make_kv(second)) == CHUNK  # the drive answers again
+    assert exact(store, second) == CHUNK and exact(store, first) == 2 * CHUNK
+    assert store.close()
+
+
+def test_a_get_whose_staging_slot_cannot_be_written_back_ends_its_prefix(tmp_path, monkeypatch):
+    first, second = seq(0, 2), seq(1000, 2)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, write_policy="write_back",
+                               load_timeout=0.2)) as store:
+        store.put(first, make_kv(first))
+        store.put(second, make_kv(second))  # the first prefix moves to disk
+        store.flush()
+        assert store.lookup(first).chunks_by_tier == {nvme.TierName.DISK: 2}
+        release = delayed_io(monkeypatch, "pwritev")
+        started = time.monotonic()
+        assert exact(store, first) == 0  # staging it needs the second prefix written back
+        assert time.monotonic() - started < 5 and store.stats().load_timeouts == 1
+        release.set()
+        store.flush()
+        wait_until(lambda: store._engine.pending() == 0, "the write never ended")
+        assert exact(store, first) == 2 * CHUNK  # still cached, and served once the drive answers
+        assert exact(store, second) == 2 * CHUNK

@@ -24,7 +24,7 @@ from kvtier.connector.messages import ChunkStore, DiskWrite, KVTierMetadata, KVT
 from kvtier.connector.pages import PagedKV
 from kvtier.connector.stats import KVTierStats
 from kvtier.io.buffers import align_up
-from kvtier.io.engine import IOEngine
+from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
 from kvtier.keys import Namespace
 from kvtier.stats import FailureLog
 from kvtier.tiers.disk_retry import DiskRetries
@@ -401,14 +401,27 @@ class WorkerSide:
             stats, self._stats = self._stats, KVTierStats()
         return None if stats.is_empty() else stats
 
-    def close(self) -> None:
-        self._loader.shutdown(wait=True)
-        if self._engine is not None:
-            self._engine.close()
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Finish loads and background writes, then release host memory, files and threads;
+        True when done. Waits at most ``timeout`` seconds: with disk jobs still running then
+        (a hung drive), queued ones are cancelled and the memory and files the running ones
+        use stay open until the process exits, so vLLM's shutdown goes on."""
+        deadline = time.monotonic() + timeout
+        loads = [job for _, job, _ in self._pending_loads if isinstance(job, Future)]
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        done = not wait_futures(loads, timeout=timeout).not_done
+        if self._engine is not None:  # after the loads: they submit reads to the engine
+            done = self._engine.close(max(0.0, deadline - time.monotonic())) and done
+        if not done:
+            log.error("kvtier worker shut down with disk jobs still running after %g s (a hung "
+                      "drive?): queued writes were dropped; host memory and cache files stay "
+                      "open until the process exits", timeout)
+            return False
         if self.disk is not None:
             self.disk.close()
         if self.host is not None:
             self.host.close()
+        return True
 
 
 class _Done:

@@ -12,10 +12,12 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
+
+CLOSE_TIMEOUT_S = 30.0  # how long closing waits for queued and running jobs
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,12 @@ class IOEngine:
     - ``poll()`` returns, without blocking, the :class:`Completion` of every tagged job that
       finished since the last ``poll``; untagged jobs are followed through their futures.
     - ``pending(queue)`` counts jobs submitted and not finished (for back-pressure).
-    - ``drain(timeout)`` waits until no job is pending; ``close()`` drains, then stops.
+    - ``drain(timeout)`` waits until no job is pending.
+    - ``close(timeout)`` drains for at most ``timeout``, then stops the threads. Jobs still
+      running then (an I/O call blocked on a hung drive) cannot be stopped: the jobs not
+      started yet are cancelled, ``close`` returns False at once, and the memory and files
+      the running jobs use must stay valid until they end (the caller leaves them to the
+      process's exit).
     """
 
     def __init__(self, queues: Sequence[str], threads_per_queue: int) -> None:
@@ -54,8 +61,8 @@ class IOEngine:
 
     def submit(self, queue_name: str, job: Callable[[], Any], tag: Hashable | None = None) -> Future:
         with self._lock:
+            future = self._pools[queue_name].submit(job)  # raises once closed
             self._pending[queue_name] += 1
-            future = self._pools[queue_name].submit(job)
             self._inflight.add(future)
         future.add_done_callback(lambda f: self._finished(queue_name, f, tag))
         return future
@@ -65,7 +72,7 @@ class IOEngine:
             self._pending[queue_name] -= 1
             self._inflight.discard(future)
         if tag is not None:
-            error = future.exception()
+            error = CancelledError() if future.cancelled() else future.exception()
             self._completions.put(Completion(tag, None if error else future.result(), error))
 
     def poll(self) -> list[Completion]:
@@ -87,6 +94,9 @@ class IOEngine:
         _, not_done = wait_futures(futures, timeout=timeout)
         return not not_done
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> bool:
+        """Drain for at most ``timeout`` seconds, then stop; True when every job ended."""
+        drained = self.drain(timeout)
         for pool in self._pools.values():
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=drained, cancel_futures=not drained)
+        return drained
