@@ -373,3 +373,31 @@ def test_a_get_whose_staging_slot_cannot_be_written_back_ends_its_prefix(tmp_pat
         wait_until(lambda: store._engine.pending() == 0, "the write never ended")
         assert exact(store, first) == 2 * CHUNK  # still cached, and served once the drive answers
         assert exact(store, second) == 2 * CHUNK
+
+
+def test_a_path_that_holds_after_coming_back_starts_its_back_off_again(tmp_path, monkeypatch):
+    from tests.disk_helpers import chunk, key, make_tier
+
+    clock = [1000.0]
+    monkeypatch.setattr(nvme.time, "monotonic", lambda: clock[0])
+    tier = make_tier([tmp_path], retry=30.0)
+    path = tier._paths[0]
+
+    def fail(i):
+        with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
+            assert not tier.write(i, key(i), chunk(i).array).ok
+        assert tier.down_paths
+
+    fail(0)
+    assert path.retry_at == clock[0] + 30
+    clock[0] += 30
+    assert tier.revive(0) and path.retry_every == 60
+    clock[0] += 59
+    fail(1)  # failed again within its wait: the back-off goes on growing
+    assert path.retry_at == clock[0] + 60
+    clock[0] += 60
+    assert tier.revive(0) and path.retry_every == 120
+    clock[0] += 120
+    fail(2)  # held for its whole wait: a new fault starts from disk_retry
+    assert path.retry_every == 30 and path.retry_at == clock[0] + 30
+    tier.close()

@@ -83,6 +83,8 @@ class _Path:
         self.stale: CacheDir | None = None  # taken down; closed before the path is reopened
         self.retry_at = 0.0
         self.retry_every = retry  # None: never tried again
+        self.retry_first = retry
+        self.back_at = 0.0  # when it last came back into service
 
 
 class DiskTier(DiskRecovery):
@@ -407,7 +409,10 @@ class DiskTier(DiskRecovery):
             if path.dir is not None:
                 path.stale, path.dir = path.dir, None
             if path.retry_every is not None:
-                path.retry_at = time.monotonic() + path.retry_every
+                now = time.monotonic()
+                if path.back_at and now - path.back_at >= path.retry_every:
+                    path.retry_every = path.retry_first  # it held longer than its last wait
+                path.retry_at = now + path.retry_every
         log.error("kvtier disk path out of service: %s (%s)", path.down_reason,
                   "not tried again: disk_retry is off" if path.retry_every is None
                   else f"tried again in {path.retry_every:g} s")
@@ -423,8 +428,9 @@ class DiskTier(DiskRecovery):
 
         The path is opened as at start, with every check (ownership, permissions, lock,
         O_DIRECT); True when it is back in service, its slots empty to the bookkeeping.
-        Each try doubles the wait before the next one, up to ten minutes (or ``retry``), and
-        the wait does not shrink again: a path that keeps failing is tried less and less.
+        Each try doubles the wait before the next one, up to ten minutes (or ``retry``): a
+        path that keeps failing is tried less and less. One that comes back and then stays in
+        service for at least its current wait starts again from ``retry`` when it next fails.
         """
         path = self._paths[index]
         with self._down_lock:
@@ -443,7 +449,7 @@ class DiskTier(DiskRecovery):
         with self._down_lock:
             was, path.down_reason = path.down_reason, ""
             path.eio_run, path.inode, path.checked_at = 0, inode, time.monotonic()
-            path.dir = directory
+            path.dir, path.back_at = directory, path.checked_at
         log.warning("kvtier disk path back in service: %s (was out: %s)", path.root, was)
         return True
 
