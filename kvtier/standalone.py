@@ -112,7 +112,10 @@ class KVStore:
                                     getattr(torch, layout.dtype), layout.shape(self.chunk_tokens))
         self._engine: IOEngine | None = None
         if self.disk is not None:
-            self._engine = IOEngine(self.disk.queues, cfg.io_threads)
+            # write-back moves get their own lane per path: a put or get waiting on one must
+            # not queue behind background writes and read-ahead
+            self._engine = IOEngine([*self.disk.queues, *map(_moves_lane, self.disk.queues)],
+                                    cfg.io_threads)
             self._max_pending = 4 * cfg.io_threads
             self._retries = DiskRetries(self.disk, self._engine, self._lock, self._path_back)
             self._recover()
@@ -362,7 +365,7 @@ class KVStore:
             finally:
                 self._finish(move.key, move.dst, result.ok)
             return None
-        write = self._engine.submit(self.disk.queue_of(move.dst.slot),
+        write = self._engine.submit(_moves_lane(self.disk.queue_of(move.dst.slot)),
                                     lambda: self._transfers.copy(move.key, move.src, move.dst))
         try:
             self._moved(move, write.result(timeout=self.config.load_timeout))
@@ -597,6 +600,10 @@ class KVStore:
                 f"{what} must be a {self.layout.dtype} tensor of shape (layers={want[0]}, 2, "
                 f"tokens>={min_tokens}, hidden={want[3]}), got {kv.dtype} {tuple(kv.shape)}"
             )
+
+
+def _moves_lane(queue: str) -> str:
+    return f"{queue}:moves"
 
 
 def _result_of(write: Future) -> IOResult:

@@ -8,9 +8,11 @@ in the slot files, slot files truncated, I/O errors and slow I/O from a wrapper 
 preadv/pwritev, and, between phases, a second process writing to the same directory killed
 with SIGKILL before the store is reopened. A path taken out of service by an EIO burst is tried
 again after 2 s (``disk_retry``; 30 s by default); I/O calls that take 1.5 s stand for a hung
-drive, given up on after 1 s (``load_timeout``). Reported: operations, hits, faults injected by
-kind, exceptions that escaped (must be 0), wrong bytes served (must be 0), and the drift of
-open file descriptors and resident memory from the first phase to the last.
+drive, given up on after 1 s (``load_timeout``). Phases alternate write-through and
+write-back (where putting a chunk may first have to write an evicted one to disk). Reported:
+operations, hits, faults injected by kind, exceptions that escaped (must be 0), wrong bytes
+served (must be 0), and the drift of open file descriptors and resident memory from the
+first phase to the last.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=64, dtype="bfloat16")
 CHUNK = 32
 
 
-def config(path: Path) -> dict:
+def config(path: Path, write_policy: str = "write_through") -> dict:
     return {"chunk_tokens": CHUNK, "host_capacity": 24 * LAYOUT.token_bytes * CHUNK,
             "disk_paths": [str(path)], "disk_capacity": 200 * (4096 + LAYOUT.token_bytes * CHUNK),
-            "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s", "load_timeout": "1s"}
+            "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s", "load_timeout": "1s",
+            "write_policy": write_policy}
 
 
 def expected_kv(tokens) -> torch.Tensor:
@@ -164,10 +167,13 @@ def main() -> None:
     faults, counts, lock = Faults(), Counter(), threading.Lock()
     rng = random.Random(0)
     deadline = time.monotonic() + 60 * args.minutes
+    phase_s = min(15.0, 30 * args.minutes)  # two phases at least: both write policies
     samples = []
     phase = 0
     while time.monotonic() < deadline:
-        store = KVStore(LAYOUT, config(path))
+        policy = ("write_through", "write_back")[phase % 2]
+        store = KVStore(LAYOUT, config(path, policy))
+        counts[f"phases {policy}"] += 1
         counts["restarts"] += 1
         counts["recovered_chunks"] += store.stats().recovered_chunks
         stop = threading.Event()
@@ -176,7 +182,7 @@ def main() -> None:
         threads.append(threading.Thread(target=inject, args=(path, faults, stop, phase, counts, lock)))
         for t in threads:
             t.start()
-        time.sleep(min(15.0, max(1.0, deadline - time.monotonic())))
+        time.sleep(min(phase_s, max(1.0, deadline - time.monotonic())))
         stop.set()
         for t in threads:
             t.join()

@@ -20,3 +20,4 @@ def test_a_short_soak_serves_no_wrong_byte(tmp_path):
     assert counts["gets"] > 100 and counts["puts"] > 100
     assert sum(v for k, v in counts.items() if k.startswith("fault ")) >= 10
     assert counts["fault kill -9 of a writer"] >= 1 and data["fd_drift"] == 0
+    assert counts["phases write_through"] >= 1 and counts["phases write_back"] >= 1
