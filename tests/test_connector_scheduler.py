@@ -200,11 +200,49 @@ def test_a_store_with_no_free_host_slot_is_offered_again_next_step():
     assert [s.block_ids for s in meta.stores] == [(1, 2), (3, 4)]
 
 
-def test_a_match_from_disk_is_capped_by_the_host_slots_it_can_stage_in(tmp_path):
+def test_a_match_from_disk_waits_for_staging_slots_then_is_capped_by_them(tmp_path):
+    from kvtier.connector.scheduler import ROOM_WAIT_STEPS
+
     side = scheduler(disk=tmp_path, disk_slots=32)
     on_disk_only(side, request("a", 96))
     hold_host_slots(side, 3)  # one host slot left to stage a disk read in
-    assert side.num_new_matched_tokens(request("b", 97), 0) == (32, True)
+    b = request("b", 97)
+    for _ in range(ROOM_WAIT_STEPS):  # the held slots may come back within a step or two
+        assert side.num_new_matched_tokens(b, 0) == (None, False)
+    assert side.num_new_matched_tokens(b, 0) == (32, True)  # they did not: cut, rest recomputed
+    assert side.counters["room_waits"] == ROOM_WAIT_STEPS and side.counters["load_cut_chunks"] == 2
+
+
+def test_a_match_from_disk_gets_its_staging_slots_when_a_load_ends(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32)
+    on_disk_only(side, request("a", 96))
+    hold_host_slots(side, 3)
+    b = request("b", 97)
+    assert side.num_new_matched_tokens(b, 0) == (None, False)
+    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"held": 1})))  # its pins go
+    assert side.num_new_matched_tokens(b, 0) == (96, True)  # every hit loads
+    assert side.counters.get("load_cut_chunks", 0) == 0
+
+
+def test_a_match_larger_than_host_memory_is_cut_at_once(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32, host_capacity=2 * GEO.chunk_bytes)
+    a = request("a", 96)  # three chunks, two host slots
+    store_all(side, a)
+    store_all(side, a)  # the third once a host slot is free
+    on_disk_only(side, a)
+    assert side.num_new_matched_tokens(request("b", 97), 0) == (64, True)
+    assert side.counters.get("room_waits", 0) == 0 and side.counters["load_cut_chunks"] == 1
+
+
+def test_no_wait_for_room_when_recomputing_is_faster(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32, load_policy="auto")
+    on_disk_only(side, request("a", 96))
+    hold_host_slots(side, 3)
+    side.decider.prefill_seconds_per_token.add(1e-9)  # recomputing costs next to nothing
+    side.decider.host_seconds_per_byte.add(1e-9)
+    side.decider.disk_seconds_per_byte.add(1e-6)
+    assert side.num_new_matched_tokens(request("b", 97), 0) == (0, False)
+    assert side.counters.get("room_waits", 0) == 0
 
 
 def test_a_chunk_without_a_staging_slot_is_recomputed_and_stays_cached(tmp_path):
@@ -317,3 +355,12 @@ def test_a_read_given_up_on_keeps_its_staging_slot_until_it_ends(tmp_path):
     assert side.stack.match_prefix(side.chunk_keys(b, 2)).num_chunks == 1  # not served again
     side.worker_report(KVTierWorkerMeta(reads_over=Counter({late: 1})))
     assert not host.has_entry(late) and host.free_slots == free + 1
+
+
+def test_a_request_that_ends_while_waiting_for_room_leaves_nothing_behind(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32)
+    on_disk_only(side, request("a", 96))
+    hold_host_slots(side, 3)
+    assert side.num_new_matched_tokens(request("b", 97), 0) == (None, False)
+    assert side.request_finished("b") is False  # aborted while waiting: no load in flight
+    assert "b" not in side._room_waits and "b" not in side._requests

@@ -129,13 +129,15 @@ def test_concurrent_overlapping_requests_keep_their_outputs(runs):
 
 def test_many_concurrent_requests_under_host_tier_pressure(runs):
     """Six host slots for 16 concurrent requests of 4 chunks: stores and disk loads compete
-    for host slots, and whatever does not fit is recomputed; outputs stay the same."""
+    for host slots; requests wait a few steps for slots to stage their hits in, and what
+    still does not fit is recomputed; outputs stay the same."""
     pressure = runs["pressure"]
     assert tokens(pressure, 0) == tokens(pressure, 1) == tokens(runs["baseline"], 2)
     counters = pressure["kvtier"]
-    assert counters["load_chunks_disk"] > 0  # evicted from host, loaded back from disk
     assert counters.get("load_failed_chunks", 0) == 0
-    assert sum(r["cached"] for r in pressure["phases"][1]) > 0
+    assert counters["room_waits"] > 0
+    assert counters["load_chunks_disk"] >= 8  # evicted from host, loaded back from disk
+    assert all(r["cached"] > 0 for r in pressure["phases"][1])  # every request hit
 
 
 def test_a_chunk_corrupted_on_disk_is_recomputed(runs):

@@ -51,7 +51,9 @@ class LoadDecider:
                 self.prefill_seconds_per_token.add((now - started) / tokens)
         self._last_step = (now, prefill_tokens if prefill_tokens == scheduled_tokens else 0)
 
-    def should_load(self, tokens: int, disk_bytes: int, total_bytes: int) -> bool:
+    def would_load(self, tokens: int, disk_bytes: int, total_bytes: int) -> bool:
+        """Whether loading ``total_bytes`` (``disk_bytes`` of them from disk) beats
+        recomputing ``tokens``, as far as measured so far."""
         if not self.enabled:
             return True
         prefill = self.prefill_seconds_per_token.value
@@ -59,8 +61,11 @@ class LoadDecider:
         disk = self.disk_seconds_per_byte.value if disk_bytes else 0.0
         if prefill is None or host is None or disk is None:
             return True
-        load_s = disk * disk_bytes + host * total_bytes
-        if load_s < prefill * tokens:
+        return disk * disk_bytes + host * total_bytes < prefill * tokens
+
+    def should_load(self, tokens: int, disk_bytes: int, total_bytes: int) -> bool:
+        """``would_load``, counting the hits it turns down (``skipped``)."""
+        if self.would_load(tokens, disk_bytes, total_bytes):
             return True
         self.skipped += 1
         return False

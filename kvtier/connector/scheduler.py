@@ -35,6 +35,9 @@ from kvtier.tiers.policy import make_policy
 
 log = logging.getLogger("kvtier")
 HOST, DISK = TierName.HOST, TierName.DISK
+# Steps a request may wait for host slots held by loads and stores in flight (given back
+# within a step or two) before its hits that do not fit are cut and recomputed.
+ROOM_WAIT_STEPS = 4
 
 
 @dataclass
@@ -80,6 +83,7 @@ class SchedulerSide:
         self._stored_upto: dict[str, int] = {}  # req id -> chunks already offered for store
         self._loads: dict[str, _Load] = {}
         self._asynchronous: dict[str, bool] = {}  # req id -> what the last match promised
+        self._room_waits: Counter = Counter()  # req id -> steps waited for host slots
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
@@ -131,9 +135,11 @@ class SchedulerSide:
     # -- loads --------------------------------------------------------------------------
 
     def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
-        """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token);
+        """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token).
+
         None (ask again next step) while one of them is being read from disk for another
-        request: it will then be in host memory."""
+        request (it will then be in host memory), or while host slots to stage them in are
+        held by loads and stores in flight (see ``_wait_for_room``)."""
         self.track(request)
         if request.request_id in self._loads:
             return 0, False
@@ -146,10 +152,16 @@ class SchedulerSide:
         if wanted <= 0:
             return 0, False
         first = num_computed // chunk
-        loadable = self._loadable(keys[first:match.num_chunks], match.locations[first:])
+        matched = match.locations[first:]
+        loadable = self._loadable(keys[first:match.num_chunks], matched)
         if loadable is None:
             return None, False
-        needed = match.locations[first:first + loadable]
+        if loadable < len(matched):
+            if self._wait_for_room(request.request_id, matched, wanted):
+                return None, False
+            self.counters["load_cut_chunks"] += len(matched) - loadable
+        self._room_waits.pop(request.request_id, None)
+        needed = matched[:loadable]
         wanted = min(hit, (first + len(needed)) * chunk) - num_computed
         if wanted <= 0:
             return 0, False
@@ -161,6 +173,24 @@ class SchedulerSide:
         # request waits (asynchronously) while other requests go on.
         self._asynchronous[request.request_id] = from_disk > 0
         return wanted, from_disk > 0
+
+    def _wait_for_room(self, req_id: str, matched: list[Location], wanted: int) -> bool:
+        """Whether a request whose hits do not all fit in the host slots free now should ask
+        again next step rather than recompute the rest: the slots are held by loads and
+        stores in flight, which give them back within a step or two. Not when the hits could
+        never fit in host memory, when loading them would not pay (``load_policy``), or once
+        the request has waited ``ROOM_WAIT_STEPS`` steps."""
+        if len(matched) > self.stack.indexes[HOST].num_slots:
+            return False
+        if self._room_waits[req_id] >= ROOM_WAIT_STEPS:
+            return False
+        chunk_bytes = self.geometry.chunk_bytes
+        from_disk = sum(1 for loc in matched if loc.tier is DISK)
+        if not self.decider.would_load(wanted, from_disk * chunk_bytes, len(matched) * chunk_bytes):
+            return False
+        self._room_waits[req_id] += 1
+        self.counters["room_waits"] += 1
+        return True
 
     def _loadable(self, keys: list[ChunkKey], locations: list[Location]) -> int | None:
         """How many of the matched chunks (in order) can load now: each holds a host slot
@@ -387,7 +417,12 @@ class SchedulerSide:
                  ("store_failures_total", "Chunks that failed to store", "store_failed_chunks"),
                  ("disk_write_failures_total", "Chunks that failed to reach disk", "disk_failed_chunks"),
                  ("load_failures_total", "Chunks that failed to load (recomputed)",
-                  "load_failed_chunks")]
+                  "load_failed_chunks"),
+                 ("load_cut_chunks_total", "Hits recomputed for want of a free host slot to "
+                  "stage them in (host_capacity too small for the loads running at once)",
+                  "load_cut_chunks"),
+                 ("room_waits_total", "Steps a request waited for host slots to stage its "
+                  "hits in", "room_waits")]
         return [loaded, evictions, slots, used,
                 *(Sample(name, "counter", text).add(self.counters[key]) for name, text, key in plain),
                 Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
@@ -406,5 +441,6 @@ class SchedulerSide:
         self._requests.pop(req_id, None)
         self._stored_upto.pop(req_id, None)
         self._asynchronous.pop(req_id, None)
+        self._room_waits.pop(req_id, None)
         load = self._loads.get(req_id)
         return load is not None and load.asynchronous
