@@ -365,16 +365,23 @@ class KVStore:
             finally:
                 self._finish(move.key, move.dst, result.ok)
             return None
-        write = self._engine.submit(_moves_lane(self.disk.queue_of(move.dst.slot)),
-                                    lambda: self._transfers.copy(move.key, move.src, move.dst))
         try:
-            self._moved(move, write.result(timeout=self.config.load_timeout))
-            return None
+            write = self._engine.submit(_moves_lane(self.disk.queue_of(move.dst.slot)),
+                                        lambda: self._transfers.copy(move.key, move.src, move.dst))
+        except BaseException:  # the engine is closed: nothing runs
+            self._finish(move.key, move.dst, False)
+            raise
+        try:
+            result = write.result(timeout=self.config.load_timeout)
         except TimeoutError:
-            pass
-        except Exception as exc:  # a bug or an unexpected error: a failed write, never a crash
-            self._moved(move, IOResult(IOStatus.IO_ERROR, detail=repr(exc)))
-            return None
+            return self._left_running(move, write)
+        except Exception as exc:  # the copy raised: a failed write, never a crash
+            result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
+        self._moved(move, result)
+        return None
+
+    def _left_running(self, move: Move, write: Future) -> Future:
+        """A write-back past ``load_timeout``: counted, logged once, and finished when it ends."""
         went_down = self.disk.note_timeout(move.dst.slot)
         with self._lock:
             self._stats.load_timeouts += 1
@@ -430,8 +437,8 @@ class KVStore:
     def _promote(self, key: ChunkKey, source: Location) -> None:
         with self._lock:
             plan = self._stack.plan_store(key, self._top)
-        if plan is not None:
-            self._write(plan, lambda dst: self._transfers.view(dst).copy_(self._transfers.view(source)))
+        copy = lambda dst: self._transfers.view(dst).copy_(self._transfers.view(source))  # noqa: E731
+        if plan is not None and self._write(plan, copy):
             self._count("chunks_promoted")
 
     # -- disk reads ---------------------------------------------------------------------

@@ -200,17 +200,30 @@ def test_a_store_with_no_free_host_slot_is_offered_again_next_step():
     assert [s.block_ids for s in meta.stores] == [(1, 2), (3, 4)]
 
 
-def test_a_match_from_disk_waits_for_staging_slots_then_is_capped_by_them(tmp_path):
-    from kvtier.connector.scheduler import ROOM_WAIT_STEPS
+def test_a_match_from_disk_waits_for_staging_slots_then_is_capped_by_them(tmp_path, monkeypatch):
+    from kvtier.connector import scheduler as module
 
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
     side = scheduler(disk=tmp_path, disk_slots=32)
     on_disk_only(side, request("a", 96))
     hold_host_slots(side, 3)  # one host slot left to stage a disk read in
     b = request("b", 97)
-    for _ in range(ROOM_WAIT_STEPS):  # the held slots may come back within a step or two
+    for _ in range(3):  # the held slots may come back within a step or two: ask again
         assert side.num_new_matched_tokens(b, 0) == (None, False)
+        clock[0] += module.ROOM_WAIT_S / 3 - 1e-6
+    clock[0] += 1e-5
     assert side.num_new_matched_tokens(b, 0) == (32, True)  # they did not: cut, rest recomputed
-    assert side.counters["room_waits"] == ROOM_WAIT_STEPS and side.counters["load_cut_chunks"] == 2
+    assert side.counters["room_waits"] == 3 and side.counters["load_cut_chunks"] == 2
+
+
+def test_slots_held_by_reads_a_hung_disk_never_answered_are_not_waited_for(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32, host_capacity=3 * GEO.chunk_bytes)
+    on_disk_only(side, request("a", 96))
+    stalled = side.stack.plan_store(b"x" * 16, TierName.HOST)  # as a given-up read holds it
+    side._stalled_plans[b"x" * 16] = stalled
+    assert side.num_new_matched_tokens(request("b", 97), 0) == (64, True)  # two fit, at once
+    assert side.counters.get("room_waits", 0) == 0
 
 
 def test_a_match_from_disk_gets_its_staging_slots_when_a_load_ends(tmp_path):

@@ -240,6 +240,8 @@ def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, monkeypatch, caplog)
     assert not side.disk._paths[0].dir.closed and side.host.buffer.array is not None
     release.set()
     wait_until(lambda: side._engine.pending() == 0, "the hung writes never ended")
+    side._loader.shutdown(wait=True)
+    assert side.close()
 
 
 def test_shutdown_finishes_background_writes_first(tmp_path):

@@ -329,6 +329,8 @@ def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_pa
     release.set()  # the two running writes end; the four queued behind them never start
     wait_until(lambda: store.stats().disk_writes == 2, "the hung writes never ended")
     assert store._engine.pending() == 0
+    assert store.close()  # nothing runs any more: memory and files go now
+    assert store.disk._paths[0].dir.closed
 
 
 def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_path, monkeypatch,

@@ -10,6 +10,7 @@ stored; chunks being loaded stay pinned until the load is over.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +36,9 @@ from kvtier.tiers.policy import make_policy
 
 log = logging.getLogger("kvtier")
 HOST, DISK = TierName.HOST, TierName.DISK
-# Steps a request may wait for host slots held by loads and stores in flight (given back
+# How long a request may wait for host slots held by loads and stores in flight (given back
 # within a step or two) before its hits that do not fit are cut and recomputed.
-ROOM_WAIT_STEPS = 4
+ROOM_WAIT_S = 0.25
 
 
 @dataclass
@@ -83,7 +84,7 @@ class SchedulerSide:
         self._stored_upto: dict[str, int] = {}  # req id -> chunks already offered for store
         self._loads: dict[str, _Load] = {}
         self._asynchronous: dict[str, bool] = {}  # req id -> what the last match promised
-        self._room_waits: Counter = Counter()  # req id -> steps waited for host slots
+        self._room_waits: dict[str, float] = {}  # req id -> when it began to wait for host slots
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
@@ -156,19 +157,19 @@ class SchedulerSide:
         loadable = self._loadable(keys[first:match.num_chunks], matched)
         if loadable is None:
             return None, False
-        if loadable < len(matched):
-            if self._wait_for_room(request.request_id, matched, wanted):
-                return None, False
-            self.counters["load_cut_chunks"] += len(matched) - loadable
+        if loadable < len(matched) and self._wait_for_room(request.request_id, matched, wanted):
+            return None, False
         self._room_waits.pop(request.request_id, None)
         needed = matched[:loadable]
         wanted = min(hit, (first + len(needed)) * chunk) - num_computed
         if wanted <= 0:
+            self.counters["load_cut_chunks"] += len(matched) - loadable
             return 0, False
         from_disk = sum(1 for loc in needed if loc.tier is DISK)
         if not self.decider.should_load(wanted, from_disk * self.geometry.chunk_bytes,
                                         len(needed) * self.geometry.chunk_bytes):
             return 0, False
+        self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
         # request waits (asynchronously) while other requests go on.
         self._asynchronous[request.request_id] = from_disk > 0
@@ -178,17 +179,18 @@ class SchedulerSide:
         """Whether a request whose hits do not all fit in the host slots free now should ask
         again next step rather than recompute the rest: the slots are held by loads and
         stores in flight, which give them back within a step or two. Not when the hits could
-        never fit in host memory, when loading them would not pay (``load_policy``), or once
-        the request has waited ``ROOM_WAIT_STEPS`` steps."""
-        if len(matched) > self.stack.indexes[HOST].num_slots:
+        not fit even then (host memory too small, or slots held by reads a hung disk has not
+        answered), when loading them would not pay (``load_policy``), or once the request has
+        waited ``ROOM_WAIT_S``."""
+        if len(matched) > self.stack.indexes[HOST].num_slots - len(self._stalled_plans):
             return False
-        if self._room_waits[req_id] >= ROOM_WAIT_STEPS:
+        now = time.monotonic()
+        if now - self._room_waits.setdefault(req_id, now) >= ROOM_WAIT_S:
             return False
         chunk_bytes = self.geometry.chunk_bytes
         from_disk = sum(1 for loc in matched if loc.tier is DISK)
         if not self.decider.would_load(wanted, from_disk * chunk_bytes, len(matched) * chunk_bytes):
             return False
-        self._room_waits[req_id] += 1
         self.counters["room_waits"] += 1
         return True
 
@@ -421,8 +423,8 @@ class SchedulerSide:
                  ("load_cut_chunks_total", "Hits recomputed for want of a free host slot to "
                   "stage them in (host_capacity too small for the loads running at once)",
                   "load_cut_chunks"),
-                 ("room_waits_total", "Steps a request waited for host slots to stage its "
-                  "hits in", "room_waits")]
+                 ("room_waits_total", "Times a request was asked to come back next step "
+                  "while host slots to stage its hits in were in use", "room_waits")]
         return [loaded, evictions, slots, used,
                 *(Sample(name, "counter", text).add(self.counters[key]) for name, text, key in plain),
                 Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "

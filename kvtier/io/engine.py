@@ -44,7 +44,8 @@ class IOEngine:
       running then (an I/O call blocked on a hung drive) cannot be stopped: the jobs not
       started yet are cancelled, ``close`` returns False at once, and the memory and files
       the running jobs use must stay valid until they end (the caller leaves them to the
-      process's exit).
+      process's exit). The process's own exit still waits for those threads, as the kernel
+      waits for the I/O they are blocked in.
     """
 
     def __init__(self, queues: Sequence[str], threads_per_queue: int) -> None:
