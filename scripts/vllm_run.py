@@ -4,6 +4,7 @@
 
 SPEC: {"model": DIR, "connector": "kvtier" | "example" | null, "extra": {...},
        "dtype": "float32", "prefix_caching": false, "max_model_len": 9216,
+       "num_gpu_blocks": null (vLLM's own KV cache size, in blocks; null: from kv_cache_gib),
        "phases": [{"prompts": [[token ids], ...], "max_tokens": 8, "together": false,
                    "salt": null}, ...]}
 
@@ -58,7 +59,8 @@ def main() -> None:
               dtype=spec.get("dtype", "bfloat16"), max_model_len=spec.get("max_model_len", 9216),
               enable_prefix_caching=spec.get("prefix_caching", False),
               max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384),
-              tensor_parallel_size=spec.get("tensor_parallel_size", 1), seed=0, **kwargs)
+              tensor_parallel_size=spec.get("tensor_parallel_size", 1),
+              num_gpu_blocks_override=spec.get("num_gpu_blocks"), seed=0, **kwargs)
     out = {"phases": []}
     for phase in spec["phases"]:
         params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0,

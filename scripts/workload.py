@@ -1,0 +1,123 @@
+"""Serving throughput on repeated prefixes: vLLM's own prefix cache alone, and with kvtier.
+
+    python scripts/workload.py                          # tiny model (about a minute)
+    python scripts/workload.py --model mid --json out/workload_mid.json
+
+A RAG-like load: ``--docs`` documents of ``--doc-tokens`` tokens; every request is one
+document followed by a new question of ``--question-tokens`` tokens, and asks for
+``--max-tokens`` tokens. A first round sends every document once (both engines compute
+them all); then ``--rounds`` rounds of ``--batch`` requests sent together, each on a document
+drawn at random (the same draws for both engines). vLLM's prefix cache is on in both and
+limited to ``--gpu-share`` of the documents' blocks, as when a GPU holds the running batch
+but not every document: the documents it evicted are recomputed by vLLM alone and loaded by
+kvtier (from host memory, or with a small ``--host-capacity`` mostly from disk). Reported
+per engine: the seconds of the timed rounds, prompt tokens per second, and
+the prompt tokens served from a cache; the ratio is taken in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from make_model import make_model  # noqa: E402
+
+CPU_BLOCK_TOKENS = 128  # vLLM's KV block on CPU
+
+
+def run(spec: dict, work: Path, name: str, threads: str) -> dict:
+    spec_path, out_path = work / f"{name}.json", work / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    env.update({"VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_LOGGING_LEVEL": "WARNING",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_run.py"), str(spec_path),
+                    str(out_path)], check=True, env=env, cwd=ROOT)
+    return json.loads(out_path.read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["tiny", "mid"], default="tiny")
+    parser.add_argument("--docs", type=int, default=24)
+    parser.add_argument("--doc-tokens", type=int, default=2048)
+    parser.add_argument("--question-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--gpu-share", type=float, default=0.4,
+                        help="vLLM's KV cache as a share of the documents' blocks (default 0.4)")
+    parser.add_argument("--host-capacity", default="2GiB",
+                        help="kvtier's host tier (default 2GiB: every document fits)")
+    parser.add_argument("--threads", default="all", help="VLLM_CPU_OMP_THREADS_BIND for every run")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(100, 30000, size=args.doc_tokens).tolist() for _ in range(args.docs)]
+
+    def request(doc: int) -> list[int]:
+        return docs[doc] + rng.integers(100, 30000, size=args.question_tokens).tolist()
+
+    length = args.doc_tokens + args.question_tokens + args.max_tokens
+    request_blocks = -(-length // CPU_BLOCK_TOKENS)
+    blocks = max(int(args.gpu_share * args.docs * request_blocks), (args.batch + 1) * request_blocks)
+    warm = [{"prompts": [request(d) for d in range(args.docs)], "together": True,
+             "max_tokens": args.max_tokens}]
+    rounds = [{"prompts": [request(int(d)) for d in rng.integers(0, args.docs, size=args.batch)],
+               "together": True, "max_tokens": args.max_tokens} for _ in range(args.rounds)]
+    model = make_model(ROOT / "out" / "models" / args.model, args.model)
+    base = {"model": str(model), "dtype": "bfloat16", "prefix_caching": True,
+            "max_model_len": length + 64, "max_num_batched_tokens": 8192,
+            "num_gpu_blocks": blocks, "phases": warm + rounds}
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="kvtier-workload-") as tmp:
+        work = Path(tmp)
+        disk = work / "disk"
+        disk.mkdir(mode=0o700)
+        extra = {"chunk_tokens": 256, "host_capacity": args.host_capacity, "disk_paths": [str(disk)],
+                 "disk_capacity": "8GiB", "load_policy": "always"}
+        console.print(f"[dim]vLLM prefix cache only ({blocks} blocks)[/dim]")
+        alone = run(base, work, "alone", args.threads)
+        console.print("[dim]vLLM prefix cache + kvtier[/dim]")
+        tiered = run({**base, "connector": "kvtier", "extra": extra}, work, "kvtier", args.threads)
+
+    prompt_tokens = sum(len(p) for r in rounds for p in r["prompts"])
+    rows = []
+    for name, out in (("prefix cache only", alone), ("prefix cache + kvtier", tiered)):
+        timed = out["phases"][1:]
+        seconds = sum(phase[0]["seconds"] for phase in timed)
+        cached = sum(r["cached"] for phase in timed for r in phase)
+        rows.append({"engine": name, "seconds": seconds, "prompt_tokens_per_s": prompt_tokens / seconds,
+                     "cached_share": cached / prompt_tokens,
+                     "round_seconds": [phase[0]["seconds"] for phase in timed]})
+    speedup = rows[1]["prompt_tokens_per_s"] / rows[0]["prompt_tokens_per_s"]
+    table = Table(title=f"{args.rounds} rounds of {args.batch} requests on {args.docs} documents "
+                        f"of {args.doc_tokens} tokens, {args.model} model (same run)")
+    for column in ("engine", "seconds", "prompt tokens/s", "prompt tokens from a cache"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(row["engine"], f"{row['seconds']:.2f}", f"{row['prompt_tokens_per_s']:.0f}",
+                      f"{row['cached_share']:.0%}")
+    console.print(table)
+    console.print(f"throughput with kvtier: {speedup:.2f}x vLLM's prefix cache alone")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+                                         "gpu_blocks": blocks, "rows": rows,
+                                         "speedup": speedup, "kvtier": tiered["kvtier"]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
