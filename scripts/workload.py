@@ -1,18 +1,26 @@
 """Serving throughput on repeated prefixes: vLLM's own prefix cache alone, and with kvtier.
 
-    python scripts/workload.py                          # tiny model (about a minute)
+    python scripts/workload.py                          # tiny model, RAG load (about a minute)
     python scripts/workload.py --model mid --json out/workload_mid.json
+    python scripts/workload.py --model mid --pattern chat --json out/workload_chat.json
 
-A RAG-like load: ``--docs`` documents of ``--doc-tokens`` tokens; every request is one
-document followed by a new question of ``--question-tokens`` tokens, and asks for
-``--max-tokens`` tokens. A first round sends every document once (both engines compute
-them all); then ``--rounds`` rounds of ``--batch`` requests sent together, each on a document
-drawn at random (the same draws for both engines). vLLM's prefix cache is on in both and
-limited to ``--gpu-share`` of the documents' blocks, as when a GPU holds the running batch
-but not every document: the documents it evicted are recomputed by vLLM alone and loaded by
-kvtier (from host memory, or with a small ``--host-capacity`` mostly from disk). Reported
-per engine: the seconds of the timed rounds, prompt tokens per second, and
-the prompt tokens served from a cache; the ratio is taken in this run.
+``--pattern rag``: ``--docs`` documents of ``--doc-tokens`` tokens; every request is one
+document followed by a new question of ``--question-tokens`` tokens. A first round sends every
+document once (both engines compute them all); then ``--rounds`` rounds of ``--batch``
+requests sent together, each on a document drawn at random.
+
+``--pattern chat``: ``--docs`` conversations that open with the same system prompt of
+``--doc-tokens`` tokens; a first round opens every conversation, then each of ``--rounds``
+rounds takes ``--batch`` conversations drawn at random one turn further: the history so far
+(earlier prompts and replies) and a new message of ``--question-tokens`` tokens.
+
+Every request asks for ``--max-tokens`` tokens, and both engines get the same draws. vLLM's
+prefix cache is on in both and limited to ``--gpu-share`` of what the whole load would keep
+(at least the running batch), as when a GPU holds the running batch but not every document or
+conversation: what it evicted is recomputed by vLLM alone and loaded by kvtier (from host
+memory, or with a small ``--host-capacity`` mostly from disk). Reported per engine: the
+seconds of the timed rounds, prompt tokens per second, and the share of prompt tokens served
+from a cache; the ratio is taken in this run.
 """
 
 from __future__ import annotations
@@ -47,9 +55,45 @@ def run(spec: dict, work: Path, name: str, threads: str) -> dict:
     return json.loads(out_path.read_text())
 
 
+def tokens(rng: np.random.Generator, count: int) -> list[int]:
+    return rng.integers(100, 30000, size=count).tolist()
+
+
+def phase(prompts: list[list[int]], max_tokens: int) -> dict:
+    return {"prompts": prompts, "together": True, "max_tokens": max_tokens}
+
+
+def rag_load(args, rng) -> tuple[list[dict], list[dict], int, int]:
+    """(first round, timed rounds, longest request, tokens the whole load would keep)."""
+    docs = [tokens(rng, args.doc_tokens) for _ in range(args.docs)]
+    warm = [phase([d + tokens(rng, args.question_tokens) for d in docs], args.max_tokens)]
+    rounds = [phase([docs[d] + tokens(rng, args.question_tokens)
+                     for d in rng.integers(0, args.docs, size=args.batch)], args.max_tokens)
+              for _ in range(args.rounds)]
+    length = args.doc_tokens + args.question_tokens + args.max_tokens
+    return warm, rounds, length, args.docs * length
+
+
+def chat_load(args, rng) -> tuple[list[dict], list[dict], int, int]:
+    """Conversations one turn further per round; a reply enters the history as the
+    assistant's turn (its tokens are drawn here, the same for both engines)."""
+    system = tokens(rng, args.doc_tokens)
+    history = [system + tokens(rng, args.question_tokens) for _ in range(args.docs)]
+    warm = [phase([list(h) for h in history], args.max_tokens)]
+    rounds = []
+    for _ in range(args.rounds):
+        chosen = rng.choice(args.docs, size=min(args.batch, args.docs), replace=False)
+        for c in chosen:
+            history[c] += tokens(rng, args.max_tokens) + tokens(rng, args.question_tokens)
+        rounds.append(phase([list(history[c]) for c in chosen], args.max_tokens))
+    length = max(len(h) for h in history) + args.max_tokens
+    return warm, rounds, length, sum(len(h) for h in history)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "mid"], default="tiny")
+    parser.add_argument("--pattern", choices=["rag", "chat"], default="rag")
     parser.add_argument("--docs", type=int, default=24)
     parser.add_argument("--doc-tokens", type=int, default=2048)
     parser.add_argument("--question-tokens", type=int, default=64)
@@ -57,7 +101,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gpu-share", type=float, default=0.4,
-                        help="vLLM's KV cache as a share of the documents' blocks (default 0.4)")
+                        help="vLLM's KV cache as a share of what the load keeps (default 0.4)")
     parser.add_argument("--host-capacity", default="2GiB",
                         help="kvtier's host tier (default 2GiB: every document fits)")
     parser.add_argument("--threads", default="all", help="VLLM_CPU_OMP_THREADS_BIND for every run")
@@ -65,18 +109,10 @@ def main() -> None:
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
-    docs = [rng.integers(100, 30000, size=args.doc_tokens).tolist() for _ in range(args.docs)]
-
-    def request(doc: int) -> list[int]:
-        return docs[doc] + rng.integers(100, 30000, size=args.question_tokens).tolist()
-
-    length = args.doc_tokens + args.question_tokens + args.max_tokens
+    make = chat_load if args.pattern == "chat" else rag_load
+    warm, rounds, length, footprint = make(args, rng)
     request_blocks = -(-length // CPU_BLOCK_TOKENS)
-    blocks = max(int(args.gpu_share * args.docs * request_blocks), (args.batch + 1) * request_blocks)
-    warm = [{"prompts": [request(d) for d in range(args.docs)], "together": True,
-             "max_tokens": args.max_tokens}]
-    rounds = [{"prompts": [request(int(d)) for d in rng.integers(0, args.docs, size=args.batch)],
-               "together": True, "max_tokens": args.max_tokens} for _ in range(args.rounds)]
+    blocks = max(int(args.gpu_share * footprint / CPU_BLOCK_TOKENS), (args.batch + 1) * request_blocks)
     model = make_model(ROOT / "out" / "models" / args.model, args.model)
     base = {"model": str(model), "dtype": "bfloat16", "prefix_caching": True,
             "max_model_len": length + 64, "max_num_batched_tokens": 8192,
@@ -103,7 +139,8 @@ def main() -> None:
                      "cached_share": cached / prompt_tokens,
                      "round_seconds": [phase[0]["seconds"] for phase in timed]})
     speedup = rows[1]["prompt_tokens_per_s"] / rows[0]["prompt_tokens_per_s"]
-    table = Table(title=f"{args.rounds} rounds of {args.batch} requests on {args.docs} documents "
+    what = "documents" if args.pattern == "rag" else "conversations opening with a system prompt"
+    table = Table(title=f"{args.rounds} rounds of {args.batch} requests on {args.docs} {what} "
                         f"of {args.doc_tokens} tokens, {args.model} model (same run)")
     for column in ("engine", "seconds", "prompt tokens/s", "prompt tokens from a cache"):
         table.add_column(column, justify="right")

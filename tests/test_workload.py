@@ -24,3 +24,18 @@ def test_workload_reports_both_engines_and_kvtier_serves_more_from_cache(tmp_pat
     assert len(alone["round_seconds"]) == len(tiered["round_seconds"]) == 2
     assert tiered["cached_share"] > alone["cached_share"]  # documents vLLM evicted, kvtier kept
     assert data["kvtier"]["load_chunks_host"] > 0 and data["speedup"] > 0
+
+
+def test_the_chat_load_carries_each_conversation_forward(tmp_path):
+    out = tmp_path / "chat.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "workload.py"), "--pattern", "chat", "--docs", "6",
+         "--doc-tokens", "256", "--question-tokens", "256", "--batch", "2", "--rounds", "3",
+         "--max-tokens", "2", "--gpu-share", "0.3", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = json.loads(out.read_text())
+    alone, tiered = data["rows"]
+    assert len(tiered["round_seconds"]) == 3
+    assert tiered["cached_share"] >= alone["cached_share"] > 0  # the system prompt at least
+    assert data["kvtier"]["stored_chunks"] > 0
