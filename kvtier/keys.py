@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import NewType
 
 import numpy as np
@@ -65,7 +66,11 @@ class Namespace:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> bytes:
-        """16-byte stable digest of every field."""
+        """16-byte stable digest of every field (computed once: keys of every chunk use it)."""
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> bytes:
         return hashlib.blake2b(
             self.canonical_json().encode(), digest_size=KEY_BYTES, person=b"kvtier-ns"
         ).digest()

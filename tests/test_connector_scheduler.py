@@ -377,3 +377,22 @@ def test_a_request_that_ends_while_waiting_for_room_leaves_nothing_behind(tmp_pa
     assert side.num_new_matched_tokens(request("b", 97), 0) == (None, False)
     assert side.request_finished("b") is False  # aborted while waiting: no load in flight
     assert "b" not in side._room_waits and "b" not in side._requests
+
+
+def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):
+    from kvtier.connector import scheduler as module
+
+    side = scheduler()
+    req = request("a", 96)
+    store_all(side, req)  # three chunks offered
+    calls = []
+    real = module.block_hash_chunk_key
+    monkeypatch.setattr(module, "block_hash_chunk_key", lambda *a: calls.append(a) or real(*a))
+    assert not side.completes_chunks("a", 96 + 1)  # a decode step: nothing new to store
+    side.plan_stores(req, list(range(100, 106)), 96 + 1, KVTierMetadata())
+    assert calls == []
+    longer = request("a", 128)
+    assert side.completes_chunks("a", 128)
+    meta = KVTierMetadata()
+    side.plan_stores(longer, list(range(100, 108)), 128, meta)
+    assert len(calls) == 1 and len(meta.stores) == 1  # only the chunk just completed

@@ -88,3 +88,13 @@ def test_keys_are_stable_across_processes_and_hash_seeds():
     assert len(outputs) == 1
     here = f"{NS.id} {token_chunk_keys(NS, range(64))[-1].hex()} {block_hash_chunk_key(NS, b'x').hex()}"
     assert outputs.pop().strip() == here
+
+
+def test_a_namespace_digest_is_computed_once(monkeypatch):
+    from kvtier import keys
+
+    ns = keys.Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=32)
+    first = ns.digest()
+    monkeypatch.setattr(keys.hashlib, "blake2b", lambda *a, **k: (_ for _ in ()).throw(
+        AssertionError("digest computed again")))
+    assert ns.digest() == first and ns.id == first.hex()

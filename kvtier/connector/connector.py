@@ -151,8 +151,9 @@ class KVTierConnector(KVConnectorBase_V1):
         scheduler.decider.observe_step(sum(scheduled.values()), prefill)
         for req_id, tokens in scheduled.items():
             request = scheduler.request(req_id)
-            if request is None or self._kv_cache_manager is None:
-                continue
+            if (request is None or self._kv_cache_manager is None
+                    or not scheduler.completes_chunks(req_id, computed[req_id] + tokens)):
+                continue  # most decode steps complete no chunk: nothing to look up
             block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
             scheduler.plan_stores(request, block_ids, computed[req_id] + tokens, meta)
         return meta

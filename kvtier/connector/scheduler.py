@@ -111,13 +111,14 @@ class SchedulerSide:
 
     # -- keys ---------------------------------------------------------------------------
 
-    def chunk_keys(self, request: Any, count: int) -> list[ChunkKey]:
-        """Keys of the request's first ``count`` chunks (fewer if its tokens run out)."""
+    def chunk_keys(self, request: Any, count: int, first: int = 0) -> list[ChunkKey]:
+        """Keys of the request's chunks ``first`` to ``count - 1`` (fewer if its tokens run
+        out)."""
         per = self.geometry.hashes_per_chunk
         hashes = request.block_hashes
         count = min(len(hashes) // per, count)
         return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
-                for c in range(count)]
+                for c in range(first, count)]
 
     def track(self, request: Any) -> None:
         self._requests[request.request_id] = request
@@ -286,6 +287,10 @@ class SchedulerSide:
 
     # -- stores -------------------------------------------------------------------------
 
+    def completes_chunks(self, req_id: str, num_computed_after: int) -> bool:
+        """Whether the request has chunks computed and not yet offered for store."""
+        return num_computed_after // self.geometry.chunk_tokens > self._stored_upto.get(req_id, 0)
+
     def plan_stores(self, request: Any, block_ids: list[int], num_computed_after: int,
                     meta: KVTierMetadata) -> None:
         """Offer, in order, every chunk of ``request`` that is fully computed after this step.
@@ -295,10 +300,11 @@ class SchedulerSide:
         still the request's own."""
         req_id = request.request_id
         geo = self.geometry
-        keys = self.chunk_keys(request, num_computed_after // geo.chunk_tokens)
-        for c in range(self._stored_upto.get(req_id, 0), len(keys)):
+        first = self._stored_upto.get(req_id, 0)  # a decode step usually completes none
+        keys = self.chunk_keys(request, num_computed_after // geo.chunk_tokens, first)
+        for c, key in enumerate(keys, start=first):
             ids = block_ids[c * geo.blocks_per_chunk:(c + 1) * geo.blocks_per_chunk]
-            if len(ids) < geo.blocks_per_chunk or not self._plan_store(keys[c], tuple(ids), meta):
+            if len(ids) < geo.blocks_per_chunk or not self._plan_store(key, tuple(ids), meta):
                 break
             self._stored_upto[req_id] = c + 1
 
