@@ -78,6 +78,7 @@ class KVTierConfig:
     disk_min_free: DiskFloor = DiskFloor(fraction=0.05)
     disk_retry: float | None = 30.0  # seconds before a path out of service is tried again
     load_timeout: float | None = 10.0  # seconds a disk load may take before it is recomputed
+    staging_wait: float | None = 0.25  # seconds a request may wait for host slots to stage in
     compression: Compression = Compression.NONE
     write_policy: WritePolicy = WritePolicy.WRITE_THROUGH
     load_policy: LoadPolicy = LoadPolicy.AUTO
@@ -106,7 +107,7 @@ class KVTierConfig:
                 out[name] = str(value)
             if isinstance(value, DiskFloor):
                 out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
-            if name in ("disk_retry", "load_timeout"):
+            if name in ("disk_retry", "load_timeout", "staging_wait"):
                 out[name] = "off" if value is None else f"{value:g}s"
         return out
 
@@ -187,6 +188,7 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "disk_min_free": (_floor, "a percentage of each filesystem such as 5%, or a size such as 20GiB"),
     "disk_retry": (_seconds_or_off, "a duration such as 30s or 5m (at most 1d), or off"),
     "load_timeout": (_seconds_or_off, "a duration such as 10s or 2m (at most 1d), or off"),
+    "staging_wait": (_seconds_or_off, "a duration such as 250ms or 1s (at most 1d), or off"),
     "compression": (_enum(Compression), "none | zstd"),
     "write_policy": (_enum(WritePolicy), "write_through | write_back"),
     "load_policy": (_enum(LoadPolicy), "always | auto"),

@@ -40,12 +40,13 @@ def format_size(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|[smhdw]?)\s*$")
+_SECONDS = {"": 1, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(value: str) -> float:
-    """Seconds in ``value`` ("90s", "30m", "12h", "7d", "2w", or a bare number of seconds)."""
+    """Seconds in ``value`` ("250ms", "90s", "30m", "12h", "7d", "2w", or a bare number of
+    seconds)."""
     match = _DURATION.match(str(value).lower())
     if not match:
         raise ValueError(f"not a duration: {value!r} (write e.g. 30m, 12h, 7d)")

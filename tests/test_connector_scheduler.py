@@ -211,7 +211,7 @@ def test_a_match_from_disk_waits_for_staging_slots_then_is_capped_by_them(tmp_pa
     b = request("b", 97)
     for _ in range(3):  # the held slots may come back within a step or two: ask again
         assert side.num_new_matched_tokens(b, 0) == (None, False)
-        clock[0] += module.ROOM_WAIT_S / 3 - 1e-6
+        clock[0] += side.config.staging_wait / 3 - 1e-6
     clock[0] += 1e-5
     assert side.num_new_matched_tokens(b, 0) == (32, True)  # they did not: cut, rest recomputed
     assert side.counters["room_waits"] == 3 and side.counters["load_cut_chunks"] == 2
@@ -396,3 +396,11 @@ def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):
     meta = KVTierMetadata()
     side.plan_stores(longer, list(range(100, 108)), 128, meta)
     assert len(calls) == 1 and len(meta.stores) == 1  # only the chunk just completed
+
+
+def test_staging_wait_off_cuts_at_once(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=32, staging_wait="off")
+    on_disk_only(side, request("a", 96))
+    hold_host_slots(side, 3)
+    assert side.num_new_matched_tokens(request("b", 97), 0) == (32, True)
+    assert side.counters.get("room_waits", 0) == 0

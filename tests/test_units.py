@@ -26,14 +26,15 @@ def test_format_size_picks_binary_units():
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90", 90), ("90s", 90), ("30m", 1800),
-                                               ("1.5h", 5400), ("7d", 604800), ("2w", 1209600)])
+                                               ("1.5h", 5400), ("7d", 604800), ("2w", 1209600),
+                                               ("250ms", 0.25)])
 def test_parse_duration(text, seconds):
     from kvtier.units import parse_duration
 
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "soon", "3 days", "-1s"])
+@pytest.mark.parametrize("text", ["", "soon", "3 days", "-1s", "5sm"])
 def test_parse_duration_rejects_garbage(text):
     from kvtier.units import parse_duration
 

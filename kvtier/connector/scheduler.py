@@ -36,9 +36,6 @@ from kvtier.tiers.policy import make_policy
 
 log = logging.getLogger("kvtier")
 HOST, DISK = TierName.HOST, TierName.DISK
-# How long a request may wait for host slots held by loads and stores in flight (given back
-# within a step or two) before its hits that do not fit are cut and recomputed.
-ROOM_WAIT_S = 0.25
 
 
 @dataclass
@@ -182,11 +179,12 @@ class SchedulerSide:
         stores in flight, which give them back within a step or two. Not when the hits could
         not fit even then (host memory too small, or slots held by reads a hung disk has not
         answered), when loading them would not pay (``load_policy``), or once the request has
-        waited ``ROOM_WAIT_S``."""
-        if len(matched) > self.stack.indexes[HOST].num_slots - len(self._stalled_plans):
+        waited ``staging_wait``."""
+        limit = self.config.staging_wait
+        if limit is None or len(matched) > self.stack.indexes[HOST].num_slots - len(self._stalled_plans):
             return False
         now = time.monotonic()
-        if now - self._room_waits.setdefault(req_id, now) >= ROOM_WAIT_S:
+        if now - self._room_waits.setdefault(req_id, now) >= limit:
             return False
         chunk_bytes = self.geometry.chunk_bytes
         from_disk = sum(1 for loc in matched if loc.tier is DISK)
