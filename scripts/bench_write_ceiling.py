@@ -8,7 +8,8 @@ huge-page host buffer like the host tier's, overwriting a preallocated file) are
 
 - ``bare``: one ``os.pwritev`` per slot and nothing else: the ceiling of any Python writer;
 - ``checksummed``: the same after XXH3-64 of the payload, as every slot header needs;
-- ``disk tier``: ``DiskTier.write_many`` (header, checksum, bookkeeping, index entry).
+- ``disk tier``: ``DiskTier.write_many`` (header, checksum, bookkeeping, index entry; its
+  slots spread over the tier's files, the other two write one file).
 
 The ratio ``disk tier / checksummed`` is the cost of kvtier's own bookkeeping; ``checksummed /
 bare`` the cost of checking every byte on a machine whose cores also do the device's copies.
@@ -39,33 +40,34 @@ from kvtier.units import parse_size
 def measure(directory: Path, chunk: int, total: int, depth: int, passes: int = 5) -> dict:
     count = total // chunk
     host = HostTier(count, -(-chunk // PAGE) * PAGE)
-    host.buffer.array[:] = kv_like_bytes(host.buffer.size)
     work = Path(tempfile.mkdtemp(prefix="kvtier-ceiling-", dir=directory))
-    stride = PAGE + host.slot_bytes
-    namespace = Namespace(model="ceiling", kv_dtype="bfloat16", layout=f"ceiling:{chunk}",
-                          block_tokens=1, chunk_tokens=1)
-    (work / "tier").mkdir(mode=0o700)
-    disk = DiskTier([str(work / "tier")], namespace, chunk, count * stride, o_direct=True,
-                    floor=DiskFloor())
-    keys = [ChunkKey(i.to_bytes(16, "little")) for i in range(count)]
-    raw = os.open(work / "bare.bin", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
-    os.posix_fallocate(raw, 0, count * stride)
-    header = host.buffer.array[:PAGE]  # any page-aligned 4 KiB stands for the header
-
-    def bare(i: int) -> None:
-        os.pwritev(raw, [header, host.slot_array(i)], i * stride)
-
-    def checksummed(i: int) -> None:
-        xxhash.xxh3_64_intdigest(host.slot_array(i)[:chunk])
-        os.pwritev(raw, [header, host.slot_array(i)], i * stride)
-
-    def tier(i: int) -> None:
-        (result,) = disk.write_many([(i, keys[i], host.slot_array(i))])
-        assert result.ok, result
-
-    ways = {"bare": bare, "checksummed": checksummed, "disk tier": tier}
-    best = dict.fromkeys(ways, 0.0)
+    disk, raw = None, -1
     try:
+        host.buffer.array[:] = kv_like_bytes(host.buffer.size)
+        stride = PAGE + host.slot_bytes
+        namespace = Namespace(model="ceiling", kv_dtype="bfloat16", layout=f"ceiling:{chunk}",
+                              block_tokens=1, chunk_tokens=1)
+        (work / "tier").mkdir(mode=0o700)
+        disk = DiskTier([str(work / "tier")], namespace, chunk, count * stride, o_direct=True,
+                        floor=DiskFloor())
+        keys = [ChunkKey(i.to_bytes(16, "little")) for i in range(count)]
+        raw = os.open(work / "bare.bin", os.O_RDWR | os.O_CREAT | os.O_DIRECT, 0o600)
+        os.posix_fallocate(raw, 0, count * stride)
+        header = host.buffer.array[:PAGE]  # any page-aligned 4 KiB stands for the header
+
+        def bare(i: int) -> None:
+            os.pwritev(raw, [header, host.slot_array(i)], i * stride)
+
+        def checksummed(i: int) -> None:
+            xxhash.xxh3_64_intdigest(host.slot_array(i)[:chunk])
+            os.pwritev(raw, [header, host.slot_array(i)], i * stride)
+
+        def tier(i: int) -> None:
+            (result,) = disk.write_many([(i, keys[i], host.slot_array(i))])
+            assert result.ok, result
+
+        ways = {"bare": bare, "checksummed": checksummed, "disk tier": tier}
+        best = dict.fromkeys(ways, 0.0)
         with ThreadPoolExecutor(depth) as pool:
             for way in ways.values():  # lay the files out: the timed passes overwrite
                 list(pool.map(way, range(count)))
@@ -75,8 +77,10 @@ def measure(directory: Path, chunk: int, total: int, depth: int, passes: int = 5
                     list(pool.map(way, range(count)))
                     best[name] = max(best[name], count * chunk / 2**30 / (time.perf_counter() - start))
     finally:
-        os.close(raw)
-        disk.close()
+        if raw >= 0:
+            os.close(raw)
+        if disk is not None:
+            disk.close()
         host.close()
         shutil.rmtree(work)
     return {"chunk_bytes": chunk, "depth": depth, "bytes": count * chunk,

@@ -82,7 +82,7 @@ def chat_load(args, rng) -> tuple[list[dict], list[dict], int, int]:
     warm = [phase([list(h) for h in history], args.max_tokens)]
     rounds = []
     for _ in range(args.rounds):
-        chosen = rng.choice(args.docs, size=min(args.batch, args.docs), replace=False)
+        chosen = rng.choice(args.docs, size=args.batch, replace=False)
         for c in chosen:
             history[c] += tokens(rng, args.max_tokens) + tokens(rng, args.question_tokens)
         rounds.append(phase([list(history[c]) for c in chosen], args.max_tokens))
@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
+    if args.pattern == "chat":
+        args.batch = min(args.batch, args.docs)  # a round takes each conversation at most once
     rng = np.random.default_rng(0)
     make = chat_load if args.pattern == "chat" else rag_load
     warm, rounds, length, footprint = make(args, rng)

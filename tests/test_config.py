@@ -33,7 +33,7 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_CHUNK_TOKENS": "512", "KVTIER_GPU_CAPACITY": "1GiB",
         "KVTIER_HOST_CAPACITY": "512MiB", "KVTIER_DISK_CAPACITY": "100GB",
         "KVTIER_DISK_PATHS": "/mnt/a, /mnt/b", "KVTIER_DISK_MIN_FREE": "10%",
-        "KVTIER_DISK_RETRY": "2m", "KVTIER_LOAD_TIMEOUT": "off", "KVTIER_STAGING_WAIT": "250ms",
+        "KVTIER_DISK_RETRY": "2m", "KVTIER_LOAD_TIMEOUT": "off", "KVTIER_STAGING_WAIT": "500ms",
         "KVTIER_COMPRESSION": "ZSTD",
         "KVTIER_WRITE_POLICY": "write_back", "KVTIER_LOAD_POLICY": "always",
         "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
@@ -44,7 +44,7 @@ def test_every_key_parses_from_strings_as_from_env():
     assert config.as_dict() == {
         "chunk_tokens": 512, "gpu_capacity": 2**30, "host_capacity": 512 * 2**20,
         "disk_capacity": 100 * 10**9, "disk_paths": ["/mnt/a", "/mnt/b"], "disk_min_free": "10%",
-        "disk_retry": "120s", "load_timeout": "off", "staging_wait": "0.25s", "compression": "zstd",
+        "disk_retry": "120s", "load_timeout": "off", "staging_wait": "0.5s", "compression": "zstd",
         "write_policy": "write_back", "load_policy": "always",
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
     }

@@ -23,7 +23,7 @@ def test_workload_reports_both_engines_and_kvtier_serves_more_from_cache(tmp_pat
     assert alone["engine"] == "prefix cache only" and tiered["engine"] == "prefix cache + kvtier"
     assert len(alone["round_seconds"]) == len(tiered["round_seconds"]) == 2
     assert tiered["cached_share"] > alone["cached_share"]  # documents vLLM evicted, kvtier kept
-    assert data["kvtier"]["load_chunks_host"] > 0 and data["speedup"] > 0
+    assert data["kvtier"]["load_chunks_host"] > 0  # the hits came from kvtier's host tier
 
 
 def test_the_chat_load_carries_each_conversation_forward(tmp_path):
