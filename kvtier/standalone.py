@@ -382,14 +382,9 @@ class KVStore:
 
     def _left_running(self, move: Move, write: Future) -> Future:
         """A write-back past ``load_timeout``: counted, logged once, and finished when it ends."""
-        went_down = self.disk.note_timeout(move.dst.slot)
-        with self._lock:
-            self._stats.load_timeouts += 1
-            self._failures.note("disk write-back timed_out", f"a chunk moving to disk got no "
-                                f"answer after {self.config.load_timeout:g} s (load_timeout); "
-                                "the put or get that needed its host slot went on without it")
-            if went_down:
-                self._retire_down_paths()
+        self._timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
+                        f"no answer after {self.config.load_timeout:g} s (load_timeout); the put "
+                        "or get that needed its host slot went on without it")
         write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
         return write
 
@@ -521,20 +516,26 @@ class KVStore:
         also drops the chunk, counts, and counts against its path's health."""
         read, plan, fetch.read, fetch.given_up = fetch.read, fetch.plan, None, True
         if timed_out:
-            went_down = self.disk.note_timeout(fetch.loc.slot)
             with self._lock:
                 self._stack.discard(fetch.key)
-                self._stats.load_timeouts += 1
-                self._failures.note("disk read timed_out", f"no answer from disk after "
-                                    f"{self.config.load_timeout:g} s (load_timeout)")
-                if went_down:
-                    self._retire_down_paths()
+            self._timed_out(fetch.loc.slot, "disk read timed_out", f"no answer from disk after "
+                            f"{self.config.load_timeout:g} s (load_timeout)")
 
         def ended(_: Future) -> None:
             with self._lock:
                 self._stack.finish(plan.key, plan.dst, False)
 
         read.add_done_callback(ended)
+
+    def _timed_out(self, slot: int, kind: str, detail: str) -> None:
+        """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;
+        it counts against its path's health too."""
+        went_down = self.disk.note_timeout(slot)
+        with self._lock:
+            self._stats.load_timeouts += 1
+            self._failures.note(kind, detail)
+            if went_down:
+                self._retire_down_paths()
 
     def _release(self, fetch: _Fetch) -> None:
         with self._lock:

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,19 +38,9 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_model import make_model  # noqa: E402
+from ttft import run  # noqa: E402  (one engine run in its own process)
 
 CPU_BLOCK_TOKENS = 128  # vLLM's KV block on CPU
-
-
-def run(spec: dict, work: Path, name: str, threads: str) -> dict:
-    spec_path, out_path = work / f"{name}.json", work / f"{name}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-    env.update({"VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_LOGGING_LEVEL": "WARNING",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_run.py"), str(spec_path),
-                    str(out_path)], check=True, env=env, cwd=ROOT)
-    return json.loads(out_path.read_text())
 
 
 def tokens(rng: np.random.Generator, count: int) -> list[int]:

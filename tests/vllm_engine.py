@@ -35,6 +35,22 @@ def prompts(seed: int, count: int, length: int, shared: int = 0) -> list[list[in
     return [common + rng.integers(100, 30000, size=length - shared).tolist() for _ in range(count)]
 
 
+def spec(model, connector=None, extra=None, phases=(), **engine) -> dict:
+    """A scripts/vllm_run.py spec: float32, vLLM's prefix cache off, ``engine`` settings added."""
+    return {"model": str(model), "connector": connector, "extra": extra or {},
+            "dtype": "float32", "prefix_caching": False, "phases": list(phases), **engine}
+
+
+def phase(batch, together=False, max_tokens=8, salt=None) -> dict:
+    return {"prompts": batch, "together": together, "max_tokens": max_tokens, "salt": salt}
+
+
+def disk_extra(disk: Path, chunk_tokens: int) -> dict:
+    """kvtier's config for the engine tests: 64 MiB of host memory, a 256 MiB disk tier."""
+    return {"chunk_tokens": chunk_tokens, "host_capacity": "64MiB", "disk_paths": [str(disk)],
+            "disk_capacity": "256MiB", "load_policy": "always"}
+
+
 def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
                timeout: int = 900, env: dict | None = None) -> dict | subprocess.CompletedProcess:
     """Run ``spec`` in a new process; return its JSON output (or the process on failure

@@ -164,8 +164,7 @@ class SchedulerSide:
             self.counters["load_cut_chunks"] += len(matched) - loadable
             return 0, False
         from_disk = sum(1 for loc in needed if loc.tier is DISK)
-        if not self.decider.should_load(wanted, from_disk * self.geometry.chunk_bytes,
-                                        len(needed) * self.geometry.chunk_bytes):
+        if not self.decider.should_load(wanted, *self._load_bytes(needed)):
             return 0, False
         self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
@@ -186,12 +185,15 @@ class SchedulerSide:
         now = time.monotonic()
         if now - self._room_waits.setdefault(req_id, now) >= limit:
             return False
-        chunk_bytes = self.geometry.chunk_bytes
-        from_disk = sum(1 for loc in matched if loc.tier is DISK)
-        if not self.decider.would_load(wanted, from_disk * chunk_bytes, len(matched) * chunk_bytes):
+        if not self.decider.would_load(wanted, *self._load_bytes(matched)):
             return False
         self.counters["room_waits"] += 1
         return True
+
+    def _load_bytes(self, locations: list[Location]) -> tuple[int, int]:
+        """(bytes read from disk, bytes in all) to load the chunks at ``locations``."""
+        chunk_bytes = self.geometry.chunk_bytes
+        return sum(chunk_bytes for loc in locations if loc.tier is DISK), len(locations) * chunk_bytes
 
     def _loadable(self, keys: list[ChunkKey], locations: list[Location]) -> int | None:
         """How many of the matched chunks (in order) can load now: each holds a host slot
