@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
+from kvtier import config_values as values
+from kvtier.config_file import CONFIG_FILE_VAR, read_config_file
 from kvtier.errors import ConfigError
-from kvtier.units import parse_duration, parse_size
+from kvtier.units import parse_size
 
-CONFIG_FILE_VAR = "KVTIER_CONFIG"
+__all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
+
 ENV_PREFIX = "KVTIER_"
 _RESERVED_ENV = {CONFIG_FILE_VAR, "KVTIER_LOG_LEVEL"}
 
@@ -86,6 +86,7 @@ class KVTierConfig:
     io_threads: int = 16
     o_direct: ODirect = ODirect.AUTO
     metrics_port: int | None = None
+    model: str | None = None  # names the standalone KVStore's cache namespace; None: not set
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def check_block_tokens(self, block_tokens: int) -> None:
@@ -109,54 +110,29 @@ class KVTierConfig:
                 out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
             if name in ("disk_retry", "load_timeout", "staging_wait"):
                 out[name] = "off" if value is None else f"{value:g}s"
+            if name == "model":
+                out[name] = value or ""
         return out
 
 
-def _int_in(low: int, high: int) -> Callable[[object], int]:
-    def parse(value: object) -> int:
-        if isinstance(value, bool):
-            raise ValueError
-        number = int(value)  # type: ignore[call-overload]
-        if isinstance(value, float) and number != value:
-            raise ValueError
-        if not low <= number <= high:
-            raise ValueError
-        return number
-
-    return parse
-
-
 def _enum(kind: type[StrEnum]) -> Callable[[object], StrEnum]:
+    """One of ``kind``'s values, in any case (o_direct also takes true/false/1/0)."""
+
     def parse(value: object) -> StrEnum:
+        text = values.scalar(value).lower()
         if kind is ODirect and isinstance(value, bool | str):
-            value = {"true": "on", "false": "off", "1": "on", "0": "off"}.get(
-                str(value).lower(), value
-            )
-        return kind(str(value).lower())
+            text = {"true": "on", "false": "off", "1": "on", "0": "off"}.get(text, text)
+        try:
+            return kind(text)
+        except ValueError:
+            raise ValueError from None  # the allowed values say it all
 
     return parse
-
-
-def _paths(value: object) -> tuple[str, ...]:
-    if isinstance(value, str):
-        text = value.strip()
-        value = json.loads(text) if text.startswith("[") else text.split(",")
-    if not isinstance(value, list | tuple) or not all(isinstance(p, str) for p in value):
-        raise ValueError
-    paths = tuple(p.strip() for p in value if p.strip())
-    if len(set(paths)) != len(paths):
-        raise ValueError
-    return paths
-
-
-def _optional_port(value: object) -> int | None:
-    if value is None or str(value).strip().lower() in ("", "0", "none", "off"):
-        return None
-    return _int_in(1, 65535)(value)
 
 
 def _floor(value: object) -> DiskFloor:
-    text = str(value).strip()
+    """A percentage below 100 ("5%"), or a size (see ``parse_size``)."""
+    text = values.scalar(value).strip()
     if text.endswith("%"):
         fraction = float(text[:-1]) / 100
         if not 0 <= fraction < 1:
@@ -165,83 +141,51 @@ def _floor(value: object) -> DiskFloor:
     return DiskFloor(bytes=parse_size(value))  # type: ignore[arg-type]
 
 
-def _seconds_or_off(value: object) -> float | None:
-    if str(value).strip().lower() in ("off", "none", "never"):
-        return None
-    seconds = parse_duration(value)  # type: ignore[arg-type]
-    if not 0 < seconds <= 86400:
-        raise ValueError
-    return seconds
-
-
-def _size(value: object) -> int:
-    return parse_size(value)  # type: ignore[arg-type]
-
-
 # key -> (parser, allowed values as shown in errors)
 _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
-    "chunk_tokens": (_int_in(1, 1 << 20), "a positive integer, a multiple of the engine block size"),
-    "gpu_capacity": (_size, "a size such as 2GiB, or 0 for no device pool"),
-    "host_capacity": (_size, "a size such as 512MiB or 4GiB"),
-    "disk_capacity": (_size, "a size such as 100GiB"),
-    "disk_paths": (_paths, "a list of distinct directories, or one comma-separated string"),
+    "chunk_tokens": (values.int_in(1, 1 << 20), "a positive integer, a multiple of the engine block size"),
+    "gpu_capacity": (values.size, "a size such as 2GiB, or 0 for no device pool"),
+    "host_capacity": (values.size, "a size such as 512MiB or 4GiB"),
+    "disk_capacity": (values.size, "a size such as 100GiB"),
+    "disk_paths": (values.paths, "a list of distinct directories, or one comma-separated string"),
     "disk_min_free": (_floor, "a percentage of each filesystem such as 5%, or a size such as 20GiB"),
-    "disk_retry": (_seconds_or_off, "a duration such as 30s or 5m (at most 1d), or off"),
-    "load_timeout": (_seconds_or_off, "a duration such as 10s or 2m (at most 1d), or off"),
-    "staging_wait": (_seconds_or_off, "a duration such as 250ms or 1s (at most 1d), or off"),
+    "disk_retry": (values.seconds_or_off, "a duration such as 30s or 5m (at most 1d), or off"),
+    "load_timeout": (values.seconds_or_off, "a duration such as 10s or 2m (at most 1d), or off"),
+    "staging_wait": (values.seconds_or_off, "a duration such as 250ms or 1s (at most 1d), or off"),
     "compression": (_enum(Compression), "none | zstd"),
     "write_policy": (_enum(WritePolicy), "write_through | write_back"),
     "load_policy": (_enum(LoadPolicy), "always | auto"),
     "eviction_policy": (_enum(EvictionPolicyName), "lru | fifo"),
-    "io_threads": (_int_in(1, 256), "an integer from 1 to 256"),
+    "io_threads": (values.int_in(1, 256), "an integer from 1 to 256"),
     "o_direct": (_enum(ODirect), "auto | true | false"),
-    "metrics_port": (_optional_port, "a TCP port 1-65535, or 0/none for no metrics endpoint"),
+    "metrics_port": (values.optional_port, "a TCP port 1-65535, or 0/none for no metrics endpoint"),
+    "model": (values.model, "a model name of 1 to 512 printable characters, e.g. Qwen/Qwen3-0.6B"),
 }
 KEYS: tuple[str, ...] = tuple(_PARSERS)
 
 
-def _parse_key(key: str, value: object, source: str) -> object:
+def _parse_key(key: object, value: object, source: str) -> object:
+    if not isinstance(key, str):
+        raise ConfigError(
+            f"kvtier config: key {values.shown(key)} ({source}) is not a string; "
+            f"known keys: {', '.join(KEYS)}"
+        )
     if key not in _PARSERS:
         close = difflib.get_close_matches(key, KEYS, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise ConfigError(
-            f"kvtier config: unknown key '{key}' ({source}){hint} "
+            f"kvtier config: unknown key {values.shown(key)} ({source}){hint} "
             f"Known keys: {', '.join(KEYS)}"
         )
     parse, allowed = _PARSERS[key]
     try:
         return parse(value)
-    except (ValueError, TypeError, json.JSONDecodeError) as exc:
+    except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
         raise ConfigError(
-            f"kvtier config: bad value {value!r} for '{key}' ({source}); allowed: {allowed}"
+            f"kvtier config: bad value {values.shown(value)} for '{key}' ({source})"
+            f"{': ' + reason if reason else ''}; allowed: {allowed}"
         ) from exc
-
-
-def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Return the mapping in a .toml, .yaml/.yml or .json config file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"kvtier config: cannot read {CONFIG_FILE_VAR} file {path}: {exc}") from exc
-    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
-        raise ConfigError(
-            f"kvtier config: {path} has suffix '{path.suffix}'; use .toml, .yaml, .yml or .json"
-        )
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-    except Exception as exc:  # each parser has its own error type; all mean "bad file"
-        raise ConfigError(f"kvtier config: cannot parse {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"kvtier config: {path} must hold a table of keys, not {type(data).__name__}")
-    return data.get("kvtier", data) if isinstance(data.get("kvtier"), dict) else data
 
 
 def load_config(
@@ -263,11 +207,11 @@ def load_config(
     layers.append(("environment " + ENV_PREFIX + "{KEY}", env_values))
     layers.append(("given config", overrides or {}))
 
-    values: dict[str, object] = {}
+    parsed: dict[str, object] = {}
     sources: dict[str, str] = {}
     for label, mapping in layers:
         for key, raw in mapping.items():
-            source = label.replace("{KEY}", str(key).upper())
-            values[key] = _parse_key(str(key), raw, source)
+            source = label.replace("{KEY}", key.upper()) if isinstance(key, str) else label
+            parsed[key] = _parse_key(key, raw, source)
             sources[key] = source
-    return dataclasses.replace(KVTierConfig(), **values, sources=sources)
+    return dataclasses.replace(KVTierConfig(), **parsed, sources=sources)

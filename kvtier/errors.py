@@ -18,3 +18,11 @@ class ConfigError(KVTierError, ValueError):
 
 class LayoutError(KVTierError, ValueError):
     """A tensor handed to the store does not match the store's KV layout."""
+
+
+class TokenError(KVTierError, ValueError):
+    """Token ids that are not a 1-D sequence of integers in int64's range."""
+
+
+class StoreClosedError(KVTierError, RuntimeError):
+    """The store was used after ``close()``."""

@@ -21,6 +21,8 @@ from typing import NewType
 
 import numpy as np
 
+from kvtier.errors import TokenError
+
 FORMAT_VERSION = 1
 KEY_BYTES = 16
 
@@ -71,9 +73,7 @@ class Namespace:
 
     @cached_property
     def _digest(self) -> bytes:
-        return hashlib.blake2b(
-            self.canonical_json().encode(), digest_size=KEY_BYTES, person=b"kvtier-ns"
-        ).digest()
+        return _namespace_digest(self.canonical_json())
 
     @property
     def id(self) -> str:
@@ -81,10 +81,33 @@ class Namespace:
         return self.digest().hex()
 
 
+def _namespace_digest(canonical_json: str) -> bytes:
+    return hashlib.blake2b(canonical_json.encode(), digest_size=KEY_BYTES,
+                           person=b"kvtier-ns").digest()
+
+
+def namespace_id_of(canonical_json: str) -> str:
+    """The id of the namespace whose canonical JSON is given (what a namespace directory is
+    named after, so its description can be checked against its name)."""
+    return _namespace_digest(canonical_json).hex()
+
+
+_INT64 = np.iinfo(np.int64)
+
+
 def _as_int64(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-    array = np.asarray(tokens)
+    """Token ids as little-endian int64; ``TokenError`` for anything else (ids outside int64
+    would wrap, and two different prompts would share keys)."""
+    try:
+        array = np.asarray(tokens)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise TokenError(f"tokens must be a 1-D sequence of integers: {exc}") from None
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise ValueError(f"tokens must be a 1-D sequence of integers, got {array.dtype} {array.shape}")
+        raise TokenError(f"tokens must be a 1-D sequence of integers in int64's range, got "
+                         f"{array.dtype} {array.shape}")
+    if array.size and array.dtype.kind == "u" and array.max() > _INT64.max:
+        raise TokenError(f"token id {int(array.max())} is outside int64's range; token ids "
+                         "must be integers from -2**63 to 2**63-1")
     return array.astype("<i8", copy=False)
 
 

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kvtier.errors import ConfigError
+
 log = logging.getLogger("kvtier")
 
 
@@ -56,3 +58,13 @@ class MetricsServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def serve_metrics(port: int, collect: Callable[[], Iterable[Sample]]) -> MetricsServer:
+    """A :class:`MetricsServer`; ``ConfigError`` naming ``metrics_port`` when it cannot listen."""
+    try:
+        return MetricsServer(port, collect)
+    except OSError as exc:
+        raise ConfigError(f"kvtier config: metrics_port={port} cannot be served "
+                          f"({exc.strerror or exc}); choose a free port, or 0 for no metrics "
+                          "endpoint") from exc

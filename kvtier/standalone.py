@@ -25,18 +25,18 @@ import numpy as np
 import torch
 
 from kvtier.config import Compression, KVTierConfig, ODirect, WritePolicy, load_config
-from kvtier.errors import ConfigError, LayoutError
+from kvtier.errors import ConfigError, LayoutError, StoreClosedError
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
-from kvtier.metrics import MetricsServer, Sample
+from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk_retry import DiskRetries
 from kvtier.tiers.gpu import DevicePool
-from kvtier.tiers.host import HostTier
+from kvtier.tiers.host import make_host_tier
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 from kvtier.tiers.policy import make_policy
@@ -66,6 +66,19 @@ _PRESENT = object()
 
 
 @dataclass(frozen=True)
+class FlushResult:
+    """What ``flush`` did: chunks it wrote, host chunks still not on disk when it returned,
+    and whether it stopped at its timeout. True when every host chunk is on disk."""
+
+    written: int
+    not_written: int
+    timed_out: bool = False
+
+    def __bool__(self) -> bool:
+        return self.not_written == 0 and not self.timed_out
+
+
+@dataclass(frozen=True)
 class PrefixHit:
     """How much of a token sequence is cached: ``tokens`` (whole chunks) and where."""
 
@@ -85,21 +98,33 @@ class KVStore:
     """
 
     def __init__(self, layout: KVLayout, config: KVTierConfig | Mapping[str, Any] | None = None,
-                 *, model: str = "model", device: torch.device | str | None = None) -> None:
+                 *, model: str | None = None, device: torch.device | str | None = None) -> None:
         self.config = cfg = config if isinstance(config, KVTierConfig) else load_config(config)
         self.layout = layout
         self.chunk_tokens = cfg.chunk_tokens
-        self.namespace = layout.namespace(model, self.chunk_tokens)
+        self.namespace = layout.namespace(_model_name(model, cfg), self.chunk_tokens)
         self.chunk_bytes = layout.token_bytes * self.chunk_tokens
         self.slot_bytes = align_up(self.chunk_bytes)
         self._lock = threading.Lock()
         self._stats = StoreStats()
         self._failures = FailureLog()
         self.tiers: dict[TierName, MemoryTier] = {}
+        self.disk: DiskTier | None = None
+        self._engine: IOEngine | None = None
+        self._metrics: MetricsServer | None = None
+        self._closed = False
+        try:  # a failed start must not keep memory, files or the namespace lock
+            self._start(device)
+        except BaseException:
+            self._release_all()
+            raise
+
+    def _start(self, device: torch.device | str | None) -> None:
+        cfg = self.config
         if cfg.gpu_capacity >= self.slot_bytes:
             self.tiers[GPU] = DevicePool(cfg.gpu_capacity // self.slot_bytes, self.slot_bytes, device)
         if cfg.host_capacity >= self.slot_bytes:
-            self.tiers[HOST] = HostTier(cfg.host_capacity // self.slot_bytes, self.slot_bytes)
+            self.tiers[HOST] = make_host_tier(cfg.host_capacity, self.slot_bytes)
         self._check_tiers()
         self.disk = self._open_disk() if cfg.disk_paths else None
         policy = cfg.eviction_policy
@@ -109,8 +134,8 @@ class KVStore:
         self._stack = TierStack(levels)
         self._top = self._stack.order[0]
         self._transfers = Transfers(self.tiers, self.disk, self.chunk_bytes,
-                                    getattr(torch, layout.dtype), layout.shape(self.chunk_tokens))
-        self._engine: IOEngine | None = None
+                                    getattr(torch, self.layout.dtype),
+                                    self.layout.shape(self.chunk_tokens))
         if self.disk is not None:
             # write-back moves get their own lane per path: a put or get waiting on one must
             # not queue behind background writes and read-ahead
@@ -119,8 +144,8 @@ class KVStore:
             self._max_pending = 4 * cfg.io_threads
             self._retries = DiskRetries(self.disk, self._engine, self._lock, self._path_back)
             self._recover()
-        self._metrics = (MetricsServer(cfg.metrics_port, self.metric_samples)
-                         if cfg.metrics_port else None)
+        if cfg.metrics_port:
+            self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
         self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
 
@@ -152,10 +177,24 @@ class KVStore:
                                 "or checksum dropped (a crash mid-write, or damage)")
         self._retire_down_paths()
 
+    def _release_all(self) -> None:
+        """Give back what a start that failed had taken (nothing is running yet)."""
+        if self._metrics is not None:
+            self._metrics.close()
+        if self._engine is not None:
+            self._engine.close(0)
+        if self.disk is not None:
+            self.disk.close()
+        for tier in self.tiers.values():
+            tier.close()
+
     # -- public API ---------------------------------------------------------------------
 
     def keys(self, tokens: Tokens) -> list[ChunkKey]:
-        """Chunk keys of the full chunks of ``tokens``."""
+        """Chunk keys of the full chunks of ``tokens`` (``TokenError`` unless they are
+        integers in int64's range)."""
+        if self._closed:
+            raise StoreClosedError("kvtier store is closed; open a new KVStore")
         return token_chunk_keys(self.namespace, tokens)
 
     def put(self, tokens: Tokens, kv: torch.Tensor) -> int:
@@ -214,8 +253,9 @@ class KVStore:
         and verified; a chunk that fails its check ends the prefix there and is dropped.
         Chunks read from a colder tier are promoted to the hottest one.
         """
+        keys = self.keys(tokens)
         self._check_tensor(out, 0, "out")
-        keys = self.keys(tokens)[: out.shape[2] // self.chunk_tokens]
+        keys = keys[: out.shape[2] // self.chunk_tokens]
         window: deque[_Fetch] = deque()  # chunks pinned, their disk reads in flight
         loaded: list[TierName] = []
         issued, ended = 0, False
@@ -272,9 +312,40 @@ class KVStore:
         with self._lock:
             return self._stack.pin_prefix(keys, DISK)
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait for background disk writes; True when none is left."""
-        return self._engine.drain(timeout) if self._engine is not None else True
+    def flush(self, timeout: float | None = None) -> FlushResult:
+        """Write every chunk held in host memory that is not on disk yet (write-through
+        writes dropped under back-pressure included, and write-back chunks not evicted yet),
+        then wait for every disk write, at most ``timeout`` seconds. True when every host
+        chunk is on disk; ``not_written`` says how many are not (disk full or failing, a
+        hung drive, or no disk tier)."""
+        if self._closed:
+            raise StoreClosedError("kvtier store is closed; open a new KVStore")
+        if self._engine is None:
+            return FlushResult(0, 0 if self.disk is None else len(self._stack.indexes[HOST]))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        written, batch, tried = 0, self._max_pending * len(self.disk.queues), set()
+        while True:  # a batch at a time, so that puts meanwhile still find host slots free
+            with self._lock:
+                todo = [item for item in self._host_only() if item[0] not in tried][:batch]
+                tried.update(key for key, _ in todo)
+                started = [f for f in map(self._flush_one, todo) if f is not None]
+            drained = self._engine.drain(self._time_left(deadline))
+            written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
+            if not todo or not drained:
+                break
+        with self._lock:
+            left = len(self._host_only())
+        return FlushResult(written, left, timed_out=not drained)
+
+    def _host_only(self) -> list[tuple[ChunkKey, int]]:
+        """(key, host slot) of host chunks with no disk copy and none being written (lock held)."""
+        host, disk = self._stack.indexes[HOST], self._stack.indexes[DISK]
+        visible = host.keys()
+        return [(key, host.slot_of(key)) for key in visible if not disk.has_entry(key)]
+
+    def _flush_one(self, item: tuple[ChunkKey, int]) -> Future | None:
+        """Start the disk write of one host chunk (lock held); None when the disk has no room."""
+        return self._start_disk_write(*item)
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
@@ -298,8 +369,10 @@ class KVStore:
         drive) are left behind: queued ones are cancelled, and the host memory and disk files
         the running ones use stay open until the process exits (False is returned).
         """
+        self._closed = True  # no call is served from now on
         if self._metrics is not None:
             self._metrics.close()
+            self._metrics = None
         if self._engine is not None and not self._engine.close(timeout):
             log.error("kvtier store closed with disk jobs still running after %g s (a hung "
                       "drive?): queued writes were dropped; host memory and cache files stay "
@@ -400,26 +473,32 @@ class KVStore:
                 self._write_through(key, dst.slot)
 
     def _write_through(self, key: ChunkKey, host_slot: int) -> None:
-        """Start a background disk write of a chunk that just reached host (lock held)."""
+        """Start a background disk write of a chunk that just reached host (lock held);
+        dropped when the disk queue is full (``flush`` writes it later)."""
         if self.disk is None or self.config.write_policy is not WritePolicy.WRITE_THROUGH:
             return
-        if self._stack.indexes[DISK].has_entry(key):
-            return
+        if not self._stack.indexes[DISK].has_entry(key):
+            self._start_disk_write(key, host_slot, may_drop=True)
+
+    def _start_disk_write(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> Future | None:
+        """Reserve a disk slot for a host chunk and queue its write (lock held); None when
+        there is no room, or the queue is full and ``may_drop``."""
         plan = self._stack.plan_store(key, DISK)
         if plan is None:
-            return
+            return None
         queue = self.disk.queue_of(plan.dst.slot)
-        if self._engine.pending(queue) >= self._max_pending:
+        if may_drop and self._engine.pending(queue) >= self._max_pending:
             self._stack.finish(key, plan.dst, False)
             self._stats.dropped_writes += 1
             self._failures.note("write-through dropped", "the disk write queue is full; "
-                                "chunks stay in host memory only (counted in dropped_writes)")
-            return
+                                "chunks stay in host memory until flush() or eviction "
+                                "writes them (counted in dropped_writes)")
+            return None
         src = Location(HOST, host_slot)
         self._stack.indexes[HOST].pin(key)
-        self._engine.submit(queue, lambda: self._background_write(key, src, plan.dst))
+        return self._engine.submit(queue, lambda: self._background_write(key, src, plan.dst))
 
-    def _background_write(self, key: ChunkKey, src: Location, dst: Location) -> None:
+    def _background_write(self, key: ChunkKey, src: Location, dst: Location) -> bool:
         result = IOResult(IOStatus.IO_ERROR, detail="write did not run")
         try:
             result = self._transfers.copy(key, src, dst)
@@ -428,6 +507,7 @@ class KVStore:
                 self._stack.finish(key, dst, result.ok)
                 self._stack.unpin(key, src)
                 self._account_write(result)
+        return result.ok
 
     def _promote(self, key: ChunkKey, source: Location) -> None:
         with self._lock:
@@ -582,10 +662,6 @@ class KVStore:
             for key, loc in held:
                 self._stack.unpin(key, loc)
 
-    def _count_loaded(self, tiers: list[TierName]) -> None:
-        with self._lock:
-            self._stats.chunks_loaded.update(tiers)
-
     def _count(self, name: str) -> None:
         with self._lock:
             setattr(self._stats, name, getattr(self._stats, name) + 1)
@@ -608,6 +684,16 @@ class KVStore:
                 f"{what} must be a {self.layout.dtype} tensor of shape (layers={want[0]}, 2, "
                 f"tokens>={min_tokens}, hidden={want[3]}), got {kv.dtype} {tuple(kv.shape)}"
             )
+
+
+def _model_name(model: str | None, cfg: KVTierConfig) -> str:
+    name = model if model is not None else cfg.model
+    if not name or not isinstance(name, str):
+        raise ConfigError(
+            "kvtier KVStore: no model name: pass KVStore(layout, config, model='org/name') or "
+            "set the 'model' config key; it keeps apart the KV of models with the same layout"
+        )
+    return name
 
 
 def _moves_lane(queue: str) -> str:

@@ -1,7 +1,11 @@
-"""Byte sizes as people write them: "512MiB", "4GiB", "1.5GB", "4096"."""
+"""Byte sizes and durations as people write them: "512MiB", "4GiB", "1.5GB", "4096", "30s"."""
 
+import decimal
+import math
 import re
+import reprlib
 
+MAX_SIZE = 2**60  # 1 EiB: more than any tier kvtier will ever be given
 _UNITS = {
     "": 1,
     "b": 1,
@@ -9,26 +13,53 @@ _UNITS = {
     "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
-def parse_size(value: str | int) -> int:
+def parse_size(value: str | int | float) -> int:
     """Return the number of bytes in ``value`` ("4GiB" -> 4294967296).
 
     Binary units (KiB, MiB, GiB, TiB) are powers of 1024, decimal ones (KB, MB, GB, TB)
-    powers of 1000; a bare number is bytes. Raises ``ValueError`` on anything else.
+    powers of 1000; a bare number is bytes. The result must be a whole number of bytes
+    ("1.5GiB" is, "1.5" is not) from 0 to 2**60 (1 EiB). A float is taken only when it is
+    integral (4294967296.0). Raises ``ValueError`` on anything else.
     """
     if isinstance(value, bool):
         raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"not a whole number of bytes: {value!r}")
+        value = int(value)
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size must not be negative: {value}")
-        return value
+        return _bounded(value)
     match = _SIZE.match(str(value))
     unit = match and _UNITS.get(match.group(2).lower())
     if not match or unit is None:
-        raise ValueError(f"not a size: {value!r} (write e.g. 512MiB, 4GiB, 100GB or bytes)")
-    return int(float(match.group(1)) * unit)
+        raise ValueError(f"not a size: {reprlib.repr(value)} (write e.g. 512MiB, 4GiB, 100GB or bytes)")
+    return _bounded(_exact_bytes(match.group(1), unit))
+
+
+def _exact_bytes(number: str, unit: int) -> int:
+    """``number`` (ASCII digits, maybe with a fraction) times ``unit``, computed exactly."""
+    whole, _, fraction = number.partition(".")
+    if len(whole.lstrip("0")) > len(str(MAX_SIZE)):
+        raise ValueError("size must be at most 2**60 bytes (1 EiB)")
+    if not fraction:
+        return int(whole.lstrip("0") or "0") * unit
+    with decimal.localcontext() as context:
+        context.prec = len(number) + 40  # enough digits that the product is exact
+        amount = decimal.Decimal(number) * unit
+        if amount != amount.to_integral_value():
+            raise ValueError("not a whole number of bytes")
+        return int(amount)
+
+
+def _bounded(num_bytes: int) -> int:
+    if num_bytes < 0:
+        raise ValueError("size must not be negative")
+    if num_bytes > MAX_SIZE:
+        raise ValueError("size must be at most 2**60 bytes (1 EiB)")
+    return num_bytes
 
 
 def format_size(num_bytes: float) -> str:
@@ -40,14 +71,18 @@ def format_size(num_bytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|[smhdw]?)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|[smhdw]?)\s*$", re.ASCII)
 _SECONDS = {"": 1, "ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(value: str) -> float:
     """Seconds in ``value`` ("250ms", "90s", "30m", "12h", "7d", "2w", or a bare number of
-    seconds)."""
+    seconds). Raises ``ValueError`` on anything else, and on a duration too long to be a
+    finite float (inf, nan, hundreds of digits)."""
     match = _DURATION.match(str(value).lower())
     if not match:
-        raise ValueError(f"not a duration: {value!r} (write e.g. 30m, 12h, 7d)")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+        raise ValueError(f"not a duration: {reprlib.repr(value)} (write e.g. 30m, 12h, 7d)")
+    seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration too long: {reprlib.repr(value)}")
+    return seconds

@@ -42,7 +42,8 @@ def measure(total: int, chunk: int, repeats: int) -> dict:
     out = torch.zeros_like(kv)
     nbytes = kv.numel() * kv.element_size()
 
-    store = KVStore(LAYOUT, {"host_capacity": nbytes, "chunk_tokens": chunk_tokens})
+    store = KVStore(LAYOUT, {"host_capacity": nbytes, "chunk_tokens": chunk_tokens},
+                    model="bench-host")
     # Each repeat stores new tokens: from the second on, every put also evicts a chunk.
     sequences = [np.arange(num_tokens, dtype=np.int64) + r * num_tokens for r in range(repeats)]
 

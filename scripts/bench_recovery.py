@@ -39,7 +39,7 @@ def main() -> None:
     chunk_bytes = LAYOUT.token_bytes * CHUNK_TOKENS
     stride = 4096 + chunk_bytes
     config = {"chunk_tokens": CHUNK_TOKENS, "host_capacity": "64MiB", "disk_paths": [str(work)],
-              "disk_capacity": args.chunks * stride, "disk_min_free": 0}
+              "disk_capacity": args.chunks * stride, "disk_min_free": 0, "model": "model"}
     namespace = LAYOUT.namespace("model", CHUNK_TOKENS)
     try:
         disk = DiskTier([str(work)], namespace, chunk_bytes, args.chunks * stride, floor=DiskFloor())

@@ -30,7 +30,7 @@ from kvtier.tiers.host import HostTier
 def store_round_trip() -> dict:
     layout = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
     config = {"chunk_tokens": 256, "gpu_capacity": "256MiB", "host_capacity": "1GiB"}
-    with KVStore(layout, config) as store:
+    with KVStore(layout, config, model="gpu-check") as store:
         assert store.tiers["gpu"].device.type == "cuda" and store.tiers["host"].pinned
         tokens = list(range(8 * 256))  # 8 chunks of 32 MiB: 256 MiB, demotes to host
         kv = torch.randn(layout.shape(len(tokens)), dtype=torch.bfloat16, device="cuda")

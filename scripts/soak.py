@@ -44,7 +44,7 @@ def config(path: Path, write_policy: str = "write_through") -> dict:
     return {"chunk_tokens": CHUNK, "host_capacity": 24 * LAYOUT.token_bytes * CHUNK,
             "disk_paths": [str(path)], "disk_capacity": 200 * (4096 + LAYOUT.token_bytes * CHUNK),
             "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s", "load_timeout": "1s",
-            "write_policy": write_policy}
+            "write_policy": write_policy, "model": "soak-model"}
 
 
 def expected_kv(tokens) -> torch.Tensor:

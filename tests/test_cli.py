@@ -39,3 +39,17 @@ def test_bad_config_exits_2_with_the_key_named():
     assert result.returncode == 2
     assert "'compression'" in result.stderr and "none | zstd" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bench_bad_argument_exits_2_with_one_line_and_no_traceback(tmp_path):
+    result = run("bench", "--depths", "0", "--size", "4MiB", "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "kvtier: bench: --depths must each be from 1 to 256, got [0]"
+    assert not (tmp_path / "out").exists()
+
+
+def test_stats_with_nothing_listening_exits_1_with_one_line():
+    result = run("stats", "127.0.0.1:1", "--timeout", "2")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtier: stats: cannot read metrics from")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from kvtier import KVStore
+from kvtier.keys import namespace_id_of
 from tests.conftest import SMALL, make_kv
 from tests.test_disk_store import STRIDE, config, seq
 
@@ -131,22 +132,22 @@ def test_gc_to_a_size_target_keeps_the_newest(cache):
         assert store.lookup(seq(5000, 2)).tokens == 32 and store.lookup(seq(0, 6)).tokens == 0
 
 
-def test_gc_never_touches_a_namespace_in_use(cache):
+def test_gc_never_touches_a_namespace_in_use(cache):  # finding 15: exit 1 as documented
     with KVStore(SMALL, config(cache)):
         code, data = as_json("gc", cache, "--older-than", "0s")
-    assert code == 0 and data["chunks_freed"] == 0 and len(data["skipped_in_use"]) == 1
+    assert code == 1 and data["chunks_freed"] == 0 and len(data["skipped_in_use"]) == 1
     assert recovered(cache) == 6
 
 
 def test_gc_removes_stale_namespaces(cache):
-    stale = cache / ("ab" * 16)
+    described = json.dumps({"format_version": 99, "model": "old"})
+    stale = cache / namespace_id_of(described)
     stale.mkdir(mode=0o700)
-    (stale / "namespace.json").write_text(json.dumps({"namespace": json.dumps(
-        {"format_version": 99, "model": "old"}), "stride": 8192, "raw_bytes": 4096,
-        "file_slots": 10}))
+    (stale / "namespace.json").write_text(json.dumps({"namespace": described, "stride": 8192,
+                                                      "raw_bytes": 4096, "file_slots": 10}))
     (stale / "slots-0000.kvt").write_bytes(bytes(8192))
     code, data = as_json("gc", cache, "--stale")
-    assert code == 0 and data["namespaces_removed"] == ["ab" * 16] and not stale.exists()
+    assert code == 0 and data["namespaces_removed"] == [stale.name] and not stale.exists()
     assert recovered(cache) == 6
 
 

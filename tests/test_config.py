@@ -25,6 +25,8 @@ def test_defaults_without_any_source():
     assert config.load_policy is LoadPolicy.AUTO
     assert config.o_direct is ODirect.AUTO
     assert config.metrics_port is None
+    assert config.model is None
+    assert config.as_dict()["model"] == ""
     assert config.sources == {}
 
 
@@ -37,7 +39,7 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_COMPRESSION": "ZSTD",
         "KVTIER_WRITE_POLICY": "write_back", "KVTIER_LOAD_POLICY": "always",
         "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
-        "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400",
+        "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400", "KVTIER_MODEL": "org/m",
     }
     config = load_config(environ=env)
     assert set(config.sources) == set(KEYS)
@@ -47,6 +49,7 @@ def test_every_key_parses_from_strings_as_from_env():
         "disk_retry": "120s", "load_timeout": "off", "staging_wait": "0.5s", "compression": "zstd",
         "write_policy": "write_back", "load_policy": "always",
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
+        "model": "org/m",
     }
     assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
 

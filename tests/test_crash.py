@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def crash_config(path):
     return {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES, "disk_paths": [str(path)],
-            "disk_capacity": 96 * (4096 + CHUNK_BYTES), "disk_min_free": 0, "io_threads": 4}
+            "disk_capacity": 96 * (4096 + CHUNK_BYTES), "disk_min_free": 0, "io_threads": 4,
+            "model": "test-model"}
 
 
 def sequence(seed: int, i: int, chunks: int) -> list[int]:

@@ -17,7 +17,7 @@ STRIDE = 4096 + CHUNK_BYTES
 def config(path, host_chunks=4, disk_chunks=64, **extra):
     return {"chunk_tokens": CHUNK, "host_capacity": host_chunks * CHUNK_BYTES,
             "disk_paths": [str(path)], "disk_capacity": disk_chunks * STRIDE,
-            "disk_min_free": 0, "io_threads": 2, **extra}
+            "disk_min_free": 0, "io_threads": 2, "model": "test-model", **extra}
 
 
 def seq(start, chunks):
@@ -59,14 +59,14 @@ def test_write_through_writes_every_chunk_in_the_background(tmp_path):
         assert store.lookup(seq(0, 5)).chunks_by_tier == {HOST: 5}
 
 
-def test_write_back_writes_only_what_host_evicts(tmp_path):
+def test_write_back_writes_only_what_host_evicts_until_a_flush(tmp_path):
     with KVStore(SMALL, config(tmp_path, host_chunks=4, write_policy="write_back")) as store:
         store.put(seq(0, 3), make_kv(seq(0, 3)))
-        store.flush()
         assert store.stats().disk_writes == 0
-        store.put(seq(1000, 3), make_kv(seq(1000, 3)))
-        store.flush()
+        store.put(seq(1000, 3), make_kv(seq(1000, 3)))  # evictions are written within put
         assert store.stats().disk_writes == 2  # two of the first three made room
+        flushed = store.flush()  # finding 16: every host chunk reaches disk
+        assert flushed and flushed.written == 4 and store.stats().disk_writes == 6
         assert exact(store, seq(0, 3)) == 3 * CHUNK
 
 
@@ -121,8 +121,8 @@ def test_full_write_queue_drops_writes_instead_of_blocking(tmp_path, monkeypatch
     assert done.is_set(), "put waited for the disk"
     assert store.stats().dropped_writes == 12 - 4  # queue depth 4 x io_threads
     release.set()
-    store.flush()
-    assert store.stats().disk_writes == 4
+    flushed = store.flush()  # finding 16: flush writes the dropped chunks too
+    assert flushed and flushed.written == 8 and store.stats().disk_writes == 12
     assert exact(store, seq(0, 12)) == 12 * CHUNK
     store.close()
 

@@ -99,7 +99,8 @@ def test_write_errors(tmp_path, caplog, every_other_call_fails):
         every_other_call_fails(("pwritev",))
         put_all(store, singles())
         stats = store.stats()
-        assert stats.io_errors == MANY // 2 and stats.disk_writes == MANY // 2
+        # flush tries the failed half once more: half of those fail again
+        assert stats.io_errors == MANY // 2 + MANY // 4 and stats.disk_writes == MANY - MANY // 4
         assert all(exact(store, tokens) == CHUNK for tokens in singles())
     once(caplog, "disk write io_error")
 
@@ -109,7 +110,7 @@ def test_enospc_from_the_write_call(tmp_path, caplog, monkeypatch):
             caplog.at_level(logging.WARNING, logger="kvtier"):
         with failing_io(monkeypatch, "slots-", err=errno.ENOSPC, calls=("pwritev",)):
             put_all(store, singles())
-        assert store.stats().no_space == MANY
+        assert store.stats().no_space == 2 * MANY  # at the put, and again at flush
     once(caplog, "disk write no_space")
 
 
@@ -126,7 +127,7 @@ def test_the_free_space_floor(tmp_path, caplog):
     with KVStore(SMALL, {**config(tmp_path, host_chunks=2 * MANY), "disk_min_free": "99.9%"}) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         put_all(store, singles())
-        assert store.stats().no_space == MANY
+        assert store.stats().no_space == 2 * MANY  # at the put, and again at flush
     once(caplog, "disk write no_space")
 
 

@@ -17,7 +17,7 @@ GPU, HOST = TierName.GPU, TierName.HOST
 def make_store(host_chunks=8, gpu_chunks=0, **extra) -> KVStore:
     config = {"chunk_tokens": CHUNK, "host_capacity": host_chunks * CHUNK_BYTES,
               "gpu_capacity": gpu_chunks * CHUNK_BYTES, **extra}
-    return KVStore(SMALL, config)
+    return KVStore(SMALL, config, model="test-model")
 
 
 def seq(start: int, length: int) -> list[int]:
@@ -149,12 +149,13 @@ def test_tensors_of_the_wrong_layout_are_refused(bad):
 
 def test_capacity_below_one_chunk_is_a_config_error():
     with pytest.raises(ConfigError, match="raise host_capacity or lower chunk_tokens"):
-        KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": CHUNK_BYTES - 1})
+        KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": CHUNK_BYTES - 1}, model="m")
 
 
 def test_config_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVTIER_CHUNK_TOKENS", "32")
     monkeypatch.setenv("KVTIER_HOST_CAPACITY", "1MiB")
+    monkeypatch.setenv("KVTIER_MODEL", "env-model")
     with KVStore(SMALL) as store:
         assert store.chunk_tokens == 32 and store.tiers[HOST].num_slots == 128
 

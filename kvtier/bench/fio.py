@@ -19,7 +19,7 @@ def fio_bandwidth(directory: Path, rw: str, block: int, size: int, depth: int,
     ``depth`` and ``depth`` psync jobs on their own regions. Writes overwrite a file laid out
     first, as kvtier's slots are overwritten in steady state."""
     target = directory / "fio-bench.dat"
-    size -= size % (block * depth)
+    size = max(size - size % (block * depth), block * depth)  # whole I/Os, at least one each
     common = ["fio", "--name=kvtier", f"--filename={target}", f"--bs={block}", f"--rw={rw}",
               f"--direct={int(direct)}", "--output-format=json", "--group_reporting",
               f"--end_fsync={int(not direct)}"]  # O_DIRECT data is on the device already
@@ -29,11 +29,14 @@ def fio_bandwidth(directory: Path, rw: str, block: int, size: int, depth: int,
     best = 0.0
     try:
         subprocess.run([*common[:3], f"--size={size}", "--rw=write", f"--bs={block}"],
-                       capture_output=True, check=True)  # lay the file out once
+                       capture_output=True, check=True, text=True)  # lay the file out once
         for shape in shapes:
             result = subprocess.run([*common, *shape], capture_output=True, check=True, text=True)
             job = json.loads(result.stdout)["jobs"][0][rw]
             best = max(best, job["bw_bytes"] / 2**30)
+    except subprocess.CalledProcessError as exc:  # a full or failing disk, as kvtier's own I/O
+        said = (exc.stderr or exc.stdout or "").strip() or "no output"
+        raise OSError(f"fio failed on {directory}: {said.splitlines()[-1]}") from exc
     finally:
         target.unlink(missing_ok=True)
     return best

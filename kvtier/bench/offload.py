@@ -3,6 +3,8 @@ that means for time to first token against recomputing the prefix."""
 
 from __future__ import annotations
 
+import math
+import os
 import shutil
 import tempfile
 import time
@@ -16,9 +18,11 @@ import torch
 from kvtier.bench.disk import kv_like_bytes, measure_disk_tier
 from kvtier.bench.fio import fio_bandwidth, have_fio
 from kvtier.bench.naive import naive_round_trip
+from kvtier.io.buffers import align_up
 from kvtier.layout import KVLayout
 from kvtier.standalone import KVStore
 from kvtier.tiers.host import HostTier
+from kvtier.units import format_size
 
 PRESETS = {  # per-GPU-shard KV shapes of common models (no tensor parallelism)
     "llama-3-8b": KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16"),
@@ -28,6 +32,8 @@ PRESETS = {  # per-GPU-shard KV shapes of common models (no tensor parallelism)
 # Rough prefill speeds of one H100 in tokens/s, used only when --prefill-tps is not given,
 # and reported as assumed.
 ASSUMED_PREFILL_TPS = {"llama-3-8b": 12_000, "qwen2.5-32b": 3_000, "llama-3-70b": 1_500}
+MAX_DEPTH = 256  # I/O threads per disk path
+MIN_CHUNK_BYTES = 4096  # one page: the disk tier's unit of O_DIRECT I/O
 
 
 @dataclass
@@ -45,6 +51,50 @@ class BenchSpec:
     prefill_tps: float | None = None
     seconds_per_depth: float = 0.0  # keep measuring each depth at least this long
 
+    def __post_init__(self) -> None:
+        """Refuse, with ``ValueError`` naming the ``kvtier bench`` option, what cannot run.
+        A size under one chunk per disk path is rounded up to that."""
+        _check_counts(self)
+        _check_chunk(self)
+        self.size = max(self.size, self.chunk_bytes * max(1, len(self.disk_paths)))
+        _check_memory(self)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.layout.token_bytes * self.chunk_tokens
+
+
+def _check_counts(spec: BenchSpec) -> None:
+    bad = [d for d in spec.depths if not 1 <= d <= MAX_DEPTH]
+    if not spec.depths or bad:
+        raise ValueError(f"--depths must each be from 1 to {MAX_DEPTH}, got {bad or 'none'}")
+    bad = [t for t in spec.prompt_tokens if t < 1]
+    if not spec.prompt_tokens or bad:
+        raise ValueError(f"--prompt-tokens must each be at least 1, got {bad or 'none'}")
+    tps = spec.prefill_tps
+    if tps is not None and not (math.isfinite(tps) and tps > 0):
+        raise ValueError(f"--prefill-tps must be a positive number of tokens/s, got {tps:g}")
+    if not (math.isfinite(spec.seconds_per_depth) and spec.seconds_per_depth >= 0):
+        raise ValueError(f"--duration must not be negative, got {spec.seconds_per_depth:g} s")
+
+
+def _check_chunk(spec: BenchSpec) -> None:
+    if spec.chunk_tokens < 1:
+        raise ValueError(f"--chunk-tokens must be at least 1, got {spec.chunk_tokens}")
+    if spec.chunk_bytes < MIN_CHUNK_BYTES:
+        raise ValueError(f"--chunk-tokens {spec.chunk_tokens} makes {spec.chunk_bytes}-byte chunks "
+                         f"of this model's KV; the smallest chunk is {MIN_CHUNK_BYTES} bytes")
+    if spec.size < 1:
+        raise ValueError(f"--size must be at least 1 byte, got {spec.size}")
+
+
+def _check_memory(spec: BenchSpec) -> None:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if spec.size > memory // 2:
+        raise ValueError(f"a pass of {format_size(spec.size)} (--size, at least one chunk per "
+                         f"disk path) is more than half of this machine's memory "
+                         f"({format_size(memory)}); the host tier holds it all")
+
 
 def _percentiles(seconds) -> dict[str, float]:
     values = np.asarray(seconds, dtype=float) * 1000
@@ -56,13 +106,13 @@ def _percentiles(seconds) -> dict[str, float]:
 def bench_host(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
     """Put and get ``spec.size`` bytes, one chunk per call, through a host-only KVStore."""
     layout, chunk = spec.layout, spec.chunk_tokens
-    count = max(1, spec.size // (layout.token_bytes * chunk))
+    count = max(1, spec.size // spec.chunk_bytes)
     kv = torch.empty(layout.shape(chunk), dtype=getattr(torch, layout.dtype))
     kv.view(torch.uint8).view(-1).copy_(torch.from_numpy(kv_like_bytes(kv.numel() * kv.element_size())))
     out = torch.empty_like(kv)
-    config = {"chunk_tokens": chunk, "host_capacity": (count + 1) * layout.token_bytes * chunk}
+    config = {"chunk_tokens": chunk, "host_capacity": (count + 1) * align_up(spec.chunk_bytes)}
     put_s, get_s = [], []
-    with KVStore(layout, config) as store:
+    with KVStore(layout, config, model=f"kvtier-bench/{spec.name}") as store:
         for i in range(count):
             tokens = np.arange(chunk) + i * chunk
             start = time.perf_counter()
@@ -81,9 +131,9 @@ def bench_host(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
 
 def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
     """The disk tier at each queue depth, with fio and the naive baseline beside it."""
-    chunk_bytes = spec.layout.token_bytes * spec.chunk_tokens
+    chunk_bytes = spec.chunk_bytes
     count = max(1, spec.size // chunk_bytes)
-    host = HostTier(count, -(-chunk_bytes // 4096) * 4096)
+    host = HostTier(count, align_up(chunk_bytes))
     host.buffer.array[:] = kv_like_bytes(host.buffer.size)
     rows = []
     try:
@@ -121,7 +171,9 @@ def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
 
 def ttft_estimate(spec: BenchSpec, host: dict, disk: dict | None) -> dict:
     """Seconds to load N tokens' KV from host and from disk, against recomputing them."""
-    tps = spec.prefill_tps or ASSUMED_PREFILL_TPS.get(spec.name, 5_000)
+    tps = spec.prefill_tps
+    if tps is None:
+        tps = ASSUMED_PREFILL_TPS.get(spec.name, 5_000)
     best_disk = max((r["load_gib_s"] for r in disk["depths"]), default=None) if disk else None
     rows = []
     for tokens in spec.prompt_tokens:
@@ -139,7 +191,7 @@ def run(spec: BenchSpec, progress: Callable[[str, int], Callable[[int], None]]) 
     if owned:
         spec.disk_paths = [Path(tempfile.mkdtemp(prefix="kvtier-bench-"))]
     try:
-        count = max(1, spec.size // (spec.layout.token_bytes * spec.chunk_tokens))
+        count = max(1, spec.size // spec.chunk_bytes)
         host = bench_host(spec, progress("host tier", 2 * count))
         disk = bench_disk(spec, progress("disk tier", len(spec.depths) + 1)) if spec.disk else None
     finally:
@@ -148,5 +200,5 @@ def run(spec: BenchSpec, progress: Callable[[str, int], Callable[[int], None]]) 
     layout = asdict(spec.layout)
     return {"preset": spec.name, "layout": layout, "chunk_tokens": spec.chunk_tokens,
             "disk_paths": [str(p) for p in spec.disk_paths] if not owned else ["(temporary)"],
-            "chunk_bytes": spec.layout.token_bytes * spec.chunk_tokens, "size": spec.size,
+            "chunk_bytes": spec.chunk_bytes, "size": spec.size,
             "host": host, "disk": disk, "ttft": ttft_estimate(spec, host, disk)}

@@ -29,7 +29,8 @@ def plot(result: dict, path: Path) -> Path:
     bw.set_ylabel("GiB/s")
     bw.set_title(f"disk tier, {result['chunk_bytes'] / 2**20:.0f} MiB chunks")
     bw.grid(True, alpha=0.3)
-    bw.legend()
+    if disk:
+        bw.legend()
 
     rows = result["ttft"]["rows"]
     tokens = [r["tokens"] for r in rows]

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
+from kvtier.layout import KVLayout
 from kvtier.units import format_size, parse_duration, parse_size
 
+if TYPE_CHECKING:
+    from kvtier.bench.offload import BenchSpec
+
 Opt = typer.Option
+T = TypeVar("T")
 
 
 @app.command()
@@ -22,9 +30,10 @@ def bench(
     kv_heads: Annotated[int | None, Opt(help="Custom: KV heads.")] = None,
     head_dim: Annotated[int | None, Opt(help="Custom: head size.")] = None,
     dtype: Annotated[str, Opt(help="Custom: KV dtype.")] = "bfloat16",
-    chunk_tokens: Annotated[int, Opt(help="Tokens per chunk.")] = 256,
+    chunk_tokens: Annotated[int, Opt(help="Tokens per chunk (a chunk must be at least "
+                                             "4 KiB).")] = 256,
     size: Annotated[str, Opt(help="Bytes moved per pass.")] = "1GiB",
-    depths: Annotated[str, Opt(help="Disk queue depths (I/O threads).")] = "1,4,16",
+    depths: Annotated[str, Opt(help="Disk queue depths (I/O threads), 1 to 256.")] = "1,4,16",
     disk_path: Annotated[list[Path] | None, Opt(help="Directory for the disk tier; repeat it to "
                                                      "stripe over several drives (default: a "
                                                      "temporary directory).")] = None,
@@ -42,52 +51,117 @@ def bench(
     as_json: JsonFlag = False,
 ) -> None:
     """Measure store/load bandwidth and chunk latency of the host and disk tiers, against fio
-    and a naive baseline, and estimate TTFT of loading against recomputing."""
-    from kvtier.bench.offload import PRESETS, BenchSpec, run
-    from kvtier.layout import KVLayout
+    and a naive baseline, and estimate TTFT of loading against recomputing.
+
+    Exits 2, before any work, on a bad argument; 1 when the run fails (a full or failing disk)."""
+    from kvtier.bench.offload import BenchSpec
+    from kvtier.errors import ConfigError
 
     try:
-        if model == "custom" or layers or kv_heads or head_dim:
-            if not (layers and kv_heads and head_dim):
-                raise ValueError("a custom model needs --layers, --kv-heads and --head-dim")
-            layout, name = KVLayout(layers, kv_heads, head_dim, dtype), "custom"
-        elif model in PRESETS:
-            layout, name = PRESETS[model], model
-        else:
-            raise ValueError(f"unknown model {model!r}; presets: {', '.join(PRESETS)}, custom")
-        spec = BenchSpec(layout=layout, name=name, chunk_tokens=chunk_tokens, size=parse_size(size),
-                         depths=[int(d) for d in depths.split(",")], disk=not no_disk,
+        layout, name = _layout(model, layers, kv_heads, head_dim, dtype)
+        spec = BenchSpec(layout=layout, name=name, chunk_tokens=chunk_tokens,
+                         size=_parsed("--size", parse_size, size),
+                         depths=_ints("--depths", depths), disk=not no_disk,
                          disk_paths=list(disk_path or []), compression=compression,
-                         baselines=baselines,
-                         prompt_tokens=[int(t) for t in prompt_tokens.split(",")],
+                         baselines=baselines, prompt_tokens=_ints("--prompt-tokens", prompt_tokens),
                          prefill_tps=prefill_tps,
-                         seconds_per_depth=parse_duration(duration) if duration else 0.0)
+                         seconds_per_depth=_parsed("--duration", parse_duration, duration or "0"))
+        _check_directories(spec, out)
     except ValueError as exc:
         raise fail(f"bench: {exc}") from exc
-    for path in disk_path or []:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-
-    from rich.progress import Progress
-
-    with Progress(console=console, transient=True, disable=as_json) as bar:
-        def progress(label: str, total: int):
-            task = bar.add_task(label, total=total)
-            return lambda n: bar.advance(task, n)
-
-        result = run(spec, progress)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
-    png = None
     try:
-        from kvtier.bench.plot import plot
-
-        png = plot(result, out / "bench.png")
-    except ImportError:
-        console.print("matplotlib is not installed: no plot (pip install 'kvtier[bench]')")
+        result = _measure(spec, quiet=as_json)
+    except ConfigError as exc:  # a KVTIER_* variable the bench's store cannot take
+        raise fail(f"bench: {str(exc).removeprefix('kvtier ')}") from exc
+    except (OSError, MemoryError) as exc:
+        raise fail(f"bench: the run failed: {str(exc) or type(exc).__name__}", code=1) from exc
+    try:
+        png = _write(result, out)
+    except OSError as exc:
+        raise fail(f"bench: cannot write the results to {out}: {exc.strerror or exc}", code=1) from exc
     if as_json:
         emit_json(result)
         return
     _print(result, png, out)
+
+
+def _layout(model: str, layers: int | None, kv_heads: int | None, head_dim: int | None,
+            dtype: str) -> tuple[KVLayout, str]:
+    from kvtier.bench.offload import PRESETS
+
+    dims = (layers, kv_heads, head_dim)
+    if model == "custom" or any(d is not None for d in dims):
+        if None in dims:
+            raise ValueError("a custom model needs --layers, --kv-heads and --head-dim")
+        if min(dims) < 1:
+            raise ValueError(f"--layers, --kv-heads and --head-dim must be at least 1, got {dims}")
+        return KVLayout(layers, kv_heads, head_dim, dtype), "custom"
+    if model not in PRESETS:
+        raise ValueError(f"unknown model {model!r}; presets: {', '.join(PRESETS)}, custom")
+    return PRESETS[model], model
+
+
+def _parsed(option: str, parse: Callable[[str], T], text: str) -> T:
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
+def _ints(option: str, text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{option} takes whole numbers separated by commas, got {text!r}") from None
+
+
+def _check_directories(spec: BenchSpec, out: Path) -> None:
+    """Before any work: each disk path and ``--out`` is a directory (made if missing) that
+    this user can write into. A disk path may not be a symbolic link."""
+    for path in spec.disk_paths if spec.disk else []:
+        if path.is_symlink():
+            raise ValueError(f"--disk-path {path} is a symbolic link; give the directory itself")
+        _writable_directory("--disk-path", path, mode=0o700)
+    _writable_directory("--out", out)
+
+
+def _writable_directory(option: str, path: Path, mode: int = 0o777) -> None:
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} exists and is not a directory")
+    probe = path / f".kvtier-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{option} {path} is not a directory this user can write into: "
+                         f"{exc.strerror or exc}") from exc
+
+
+def _measure(spec: BenchSpec, quiet: bool) -> dict:
+    from rich.progress import Progress
+
+    from kvtier.bench.offload import run
+
+    with Progress(console=console, transient=True, disable=quiet) as bar:
+        def progress(label: str, total: int):
+            task = bar.add_task(label, total=total)
+            return lambda n: bar.advance(task, n)
+
+        return run(spec, progress)
+
+
+def _write(result: dict, out: Path) -> Path | None:
+    """bench.json and, with matplotlib, bench.png in ``out``; the PNG's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    try:
+        from kvtier.bench.plot import plot
+
+        return plot(result, out / "bench.png")
+    except ImportError:
+        console.print("matplotlib is not installed: no plot (pip install 'kvtier[bench]')")
+        return None
 
 
 def _print(result: dict, png: Path | None, out: Path) -> None:

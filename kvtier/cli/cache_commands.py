@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
-from kvtier.ops.cache import CacheRootError, NamespaceDir, cache_root, namespaces
+from kvtier.ops.cache import NamespaceDir, cache_root, namespaces
 from kvtier.ops.inspect import inspect_namespace
 from kvtier.ops.reclaim import clear as clear_namespaces
 from kvtier.ops.reclaim import gc as gc_namespaces
-from kvtier.ops.verify import verify_namespace
+from kvtier.ops.verify import VerifyReport, verify_namespace
 from kvtier.units import format_size, parse_duration, parse_size
 
 PathArg = Annotated[str, typer.Argument(help="A cache root: one of the disk_paths.")]
@@ -21,10 +22,12 @@ NamespaceOpt = Annotated[str | None, typer.Option("--namespace", "-n",
 
 
 def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
+    if not path:
+        raise fail("PATH is empty; name a cache directory (one of the disk_paths)")
     try:
         found = namespaces(cache_root(path))
-    except CacheRootError as exc:
-        raise fail(exc.strerror) from exc
+    except OSError as exc:
+        raise fail(exc.strerror or str(exc)) from exc
     if prefix:
         found = [d for d in found if d.id.startswith(prefix)]
     return found
@@ -44,11 +47,15 @@ def inspect(path: PathArg, namespace: NamespaceOpt = None, as_json: JsonFlag = F
     """Show every namespace under PATH: what it holds and whether it is in use.
 
     Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
-    compression ratio, and status (ok, stale: another format version, orphaned: no metadata).
+    compression ratio, and status (ok; stale: another format version; orphaned: no metadata;
+    damaged: metadata not trusted; unsafe: an entry kvtier would not use). Exit 1 when a
+    namespace is damaged or unsafe.
     """
     reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
     if as_json:
         emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
+        if any(r.status in ("damaged", "unsafe") for r in reports):
+            raise typer.Exit(1)
         return
     from rich.table import Table
 
@@ -61,8 +68,13 @@ def inspect(path: PathArg, namespace: NamespaceOpt = None, as_json: JsonFlag = F
                       f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
                       f"{r.compression_ratio:.2f}", ages)
     console.print(table)
+    for r in reports:
+        if r.problem:
+            console.print(f"{r.id[:12]}: {r.problem}")
     if not reports:
         console.print("no kvtier namespaces here")
+    if any(r.status in ("damaged", "unsafe") for r in reports):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -80,13 +92,14 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
     reports = []
     with Progress(console=console, transient=True, disable=as_json) as bar:
         for directory in dirs:
-            total = sum(f.stat().st_size for f in directory.slot_files) // (directory.stride or 1)
-            task = bar.add_task(f"verify {directory.id[:12]}", total=total)
+            task = bar.add_task(f"verify {directory.id[:12]}", total=None)
             try:
                 reports.append(verify_namespace(directory, repair,
                                                 lambda n, task=task: bar.advance(task, n)))
-            except CacheRootError as exc:
-                raise fail(exc.strerror) from exc
+            except OSError as exc:
+                if repair and exc.errno == errno.EBUSY:
+                    raise fail(exc.strerror) from exc
+                reports.append(VerifyReport(directory.id, problem=exc.strerror or str(exc)))
     problems = sum(r.problems for r in reports)
     if as_json:
         emit_json({"path": path, "problems": problems, "namespaces": [asdict(r) for r in reports]})
@@ -94,13 +107,17 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
         from rich.table import Table
 
         table = Table("namespace", "slots", "ok", "free", "corrupt", "torn", "foreign",
-                      "unindexed", "stale index", "repaired", title=f"kvtier verify {path}")
+                      "mismatched", "unindexed", "stale index", "repaired",
+                      title=f"kvtier verify {path}")
         for r in reports:
             table.add_row(r.id[:12], str(r.slots), str(r.ok), str(r.free), str(len(r.corrupt)),
-                          str(len(r.torn)), str(len(r.foreign)), str(len(r.unindexed)),
-                          str(len(r.stale_index)), str(r.repaired))
+                          str(len(r.torn)), str(len(r.foreign)), str(len(r.mismatched)),
+                          str(len(r.unindexed)), str(len(r.stale_index)), str(r.repaired))
         console.print(table)
-    if problems and not repair:
+        for r in reports:
+            if r.problem:
+                console.print(f"{r.id[:12]}: {r.problem}")
+    if (problems and not repair) or any(r.problem for r in reports):
         raise typer.Exit(1)
 
 
@@ -114,8 +131,8 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
        as_json: JsonFlag = False) -> None:
     """Reclaim space under PATH by age, size target or stale namespace.
 
-    Freed slots are punched out of the files. Namespaces that a running kvtier process holds
-    are never touched.
+    Freed slots are punched out of the files. Namespaces that a running kvtier process holds,
+    and anything kvtier cannot prove it wrote, are never touched (exit 1 then).
     """
     if older_than is None and target is None and not stale:
         raise fail("gc: say what to reclaim: --older-than, --target and/or --stale")
@@ -128,11 +145,17 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
                            stale=stale, dry_run=dry_run)
     if as_json:
         emit_json(asdict(report))
-        return
-    free, remove = ("would free", "would remove") if dry_run else ("freed", "removed")
-    console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
-                  f"{remove} {len(report.namespaces_removed)} namespaces"
-                  + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else ""))
+    else:
+        free, remove = ("would free", "would remove") if dry_run else ("freed", "removed")
+        console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
+                      f"{remove} {len(report.namespaces_removed)} namespaces"
+                      + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else "")
+                      + (f"; left alone {len(report.skipped_unsafe)} not provably kvtier's or unsafe"
+                         if report.skipped_unsafe else ""))
+        for name, entries in report.left.items():
+            console.print(f"{name[:12]}: left {', '.join(entries)}")
+    if report.left_alone:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -141,7 +164,8 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
           as_json: JsonFlag = False) -> None:
     """Remove one namespace (--namespace) or every namespace under PATH.
 
-    Asks first unless --yes; never removes a namespace in use (exit 1 then).
+    Asks first unless --yes. Removes only what kvtier provably wrote; never a namespace in
+    use, nor entries kvtier did not write (exit 1 then, naming them).
     """
     dirs = _dirs(path, namespace)
     if not dirs:
@@ -149,11 +173,13 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
         raise fail(f"clear: no kvtier namespace under {path}{matching}")
     if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {path}?"):
         raise typer.Exit(1)
-    removed, busy = clear_namespaces(dirs)
+    removed, busy, left = clear_namespaces(dirs)
     if as_json:
-        emit_json({"removed": removed, "in_use": busy})
+        emit_json({"removed": removed, "in_use": busy, "left": left})
     else:
         console.print(f"removed {len(removed)} namespace(s)"
                       + (f"; {len(busy)} in use, left alone" if busy else ""))
-    if busy:
+        for name, entries in left.items():
+            console.print(f"{name[:12]}: left {', '.join(entries)}")
+    if busy or left:
         raise typer.Exit(1)

@@ -18,7 +18,7 @@ from kvtier.connector.messages import KVTierMetadata, KVTierWorkerMeta
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.stats import KVTierStats
 from kvtier.connector.worker import WorkerSide
-from kvtier.metrics import MetricsServer
+from kvtier.metrics import serve_metrics
 from kvtier.tiers.base import TierName
 
 if TYPE_CHECKING:
@@ -51,14 +51,14 @@ class KVTierConnector(KVConnectorBase_V1):
             self._recompute_failed_loads()
             self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp)
             if port:
-                self._metrics = MetricsServer(port, self._scheduler.metric_samples)
+                self._metrics = serve_metrics(port, self._scheduler.metric_samples)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank()
             self._worker = WorkerSide(self.config, self.geometry, namespaces[rank])
             if port:
-                self._metrics = MetricsServer(port + 1 + rank, self._worker.metric_samples)
+                self._metrics = serve_metrics(port + 1 + rank, self._worker.metric_samples)
 
     def _recompute_failed_loads(self) -> None:
         """A chunk that fails to load is a cache miss: vLLM must recompute it, not fail the

@@ -72,6 +72,7 @@ class SchedulerSide:
         if config.disk_paths:
             self.disk_layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths),
                                           config.disk_capacity)
+            self.disk_layout.check_bounded()
             levels.append((DISK, SlotIndex(self.disk_layout.num_slots,
                                            make_policy(config.eviction_policy))))
         self.stack = TierStack(levels)

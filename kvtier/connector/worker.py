@@ -28,7 +28,7 @@ from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
 from kvtier.keys import Namespace
 from kvtier.stats import FailureLog
 from kvtier.tiers.disk_retry import DiskRetries
-from kvtier.tiers.host import HostTier
+from kvtier.tiers.host import HostTier, make_host_tier
 from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
 log = logging.getLogger("kvtier")
@@ -66,7 +66,7 @@ class WorkerSide:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.pages = PagedKV(list(kv_caches.values()), self.geometry)
         slot_bytes = align_up(self.geometry.chunk_bytes)
-        self.host = HostTier(self.config.host_capacity // slot_bytes, slot_bytes)
+        self.host = make_host_tier(self.config.host_capacity, slot_bytes)
         if self.config.disk_paths:
             self.disk = DiskTier(
                 self.config.disk_paths, self.namespace, self.geometry.chunk_bytes,

@@ -5,8 +5,8 @@ namespace is, for the CLI), ``lock`` (held with ``flock`` by the process using i
 ``slots-NNNN.kvt`` files (mode 0600) of fixed-size slots, and ``index.kvt``: a copy of each
 slot's header, 128 bytes per slot, written after the slot, so that start-up reads one small
 file instead of every slot's header. The slot's own header stays the truth: every read
-checks it. Files grow in large preallocated
-steps, never past the capacity, and never below the filesystem's free-space floor.
+checks it. Every entry is opened through :mod:`kvtier.io.safefs`. Files grow in large
+preallocated steps, never past the capacity, and never below the filesystem's free-space floor.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import fcntl
 import json
 import logging
 import os
-import stat
+import re
+import secrets
 import threading
 from pathlib import Path
 
@@ -25,6 +26,9 @@ import numpy as np
 from kvtier.config import DiskFloor
 from kvtier.io.buffers import PAGE, AlignedBuffer
 from kvtier.io.format import INDEX_ENTRY_BYTES
+from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+
+__all__ = ["CacheDir", "CacheDirError", "SafeDir"]
 
 log = logging.getLogger(__name__)
 
@@ -35,56 +39,36 @@ INDEX_FILE = "index.kvt"
 LOCK_FILE = "lock"
 
 
-class CacheDirError(OSError):
-    """A cache directory that must not be used; the message says why and what to do."""
+SLOT_NAME = re.compile(r"slots-(\d{4,9})\.kvt")  # the slot files kvtier writes
+MAX_META_BYTES = 1 << 20  # namespace.json is a few hundred bytes; anything larger is not ours
 
 
-def floor_allows(floor: DiskFloor, path: str, grow: int) -> bool:
-    """True when growing by ``grow`` bytes leaves the filesystem above ``floor``."""
-    st = os.statvfs(path)
+def floor_allows(floor: DiskFloor, fd: int, grow: int) -> bool:
+    """True when growing by ``grow`` bytes leaves the filesystem of ``fd`` above ``floor``."""
+    st = os.fstatvfs(fd)
     free = st.f_bavail * st.f_frsize
     return free - grow >= max(floor.bytes, int(floor.fraction * st.f_blocks * st.f_frsize))
 
 
-def check_safe_dir(path: Path) -> None:
-    """Refuse a symlink, a non-directory, a directory of another user or a world-writable one."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise CacheDirError(errno.ENOENT, f"cache path {path} does not exist; create it "
-                            "(mode 0700) or fix disk_paths") from None
-    if stat.S_ISLNK(info.st_mode):
-        raise CacheDirError(errno.ELOOP, f"cache path {path} is a symlink to {os.readlink(path)}; "
-                            "name the real directory in disk_paths")
-    if not stat.S_ISDIR(info.st_mode):
-        raise CacheDirError(errno.ENOTDIR, f"cache path {path} is not a directory")
-    if info.st_mode & stat.S_IWOTH:
-        raise CacheDirError(errno.EPERM, f"cache path {path} is world-writable (mode "
-                            f"{stat.S_IMODE(info.st_mode):o}); use a private directory (0700)")
-    if info.st_uid != os.geteuid():
-        raise CacheDirError(errno.EPERM, f"cache path {path} belongs to uid {info.st_uid}, not "
-                            f"to this process (uid {os.geteuid()})")
-
-
-def lock_namespace(directory: Path, advice: str) -> int:
+def lock_namespace(directory: SafeDir, advice: str) -> int:
     """Hold ``directory``'s lock file (``flock``, exclusive) and return its descriptor; raise
     ``CacheDirError`` (EBUSY) with ``advice`` when another process holds it."""
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = directory.open_file(LOCK_FILE, os.O_RDWR, create=True)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise CacheDirError(errno.EBUSY, f"{directory} is in use by another kvtier process; "
-                            f"{advice}") from None
+        raise CacheDirError(errno.EBUSY, f"{directory.path} is in use by another kvtier "
+                            f"process; {advice}") from None
     return fd
 
 
-def probe_o_direct(directory: Path) -> bool:
+def probe_o_direct(directory: SafeDir) -> bool:
     """True when O_DIRECT writes and reads of one aligned page work in ``directory``."""
-    probe = directory / ".o_direct_probe"
+    name = f".o_direct_probe-{os.getpid()}-{secrets.token_hex(4)}"
     buffer = AlignedBuffer(PAGE, pin=False)
     try:
-        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o600)
+        fd = directory.open_file(name, os.O_RDWR | os.O_EXCL | os.O_DIRECT, create=True)
     except OSError:
         buffer.close()
         return False
@@ -95,33 +79,32 @@ def probe_o_direct(directory: Path) -> bool:
         return False
     finally:
         os.close(fd)
-        probe.unlink(missing_ok=True)
+        directory.remove_file(name)
         buffer.close()
 
 
 class CacheDir:
     """The slot files of one namespace on one disk path, opened and locked.
 
-    ``stride`` bytes per slot, ``file_slots`` slots per file, ``num_slots`` in all. Raises
-    :class:`CacheDirError` when the path is unsafe or another process holds the namespace.
+    ``stride`` bytes per slot, ``file_slots`` slots per file, ``num_slots`` in all. Every
+    file is opened through :class:`SafeDir` (no symlink followed, regular files of this user
+    only). Raises :class:`CacheDirError` when the path is unsafe or another process holds the
+    namespace; nothing stays open or locked then.
     """
 
     def __init__(self, root: Path, namespace_id: str, meta: dict, *, num_slots: int,
                  stride: int, file_slots: int, o_direct: bool | None,
                  floor: DiskFloor) -> None:
-        check_safe_dir(root)
-        self.root = root
         self.path = root / namespace_id
-        self.path.mkdir(mode=0o700, exist_ok=True)
-        check_safe_dir(self.path)
         self._fds: dict[int, int] = {}
-        self.index_fd = -1
+        self.index_fd = self._lock_fd = -1
         self.closed = False
-        self._lock_fd = self._take_lock()
+        with SafeDir.open(root) as top:
+            self.dir = top.subdir(namespace_id, create=True)
         try:  # anything failing from here on must not keep the namespace locked
-            (self.path / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-            os.chmod(self.path / META_FILE, 0o600)
-            probed = probe_o_direct(self.path)
+            self._lock_fd = self._take_lock()
+            self.dir.replace_file(META_FILE, json.dumps(meta, indent=2, sort_keys=True).encode())
+            probed = probe_o_direct(self.dir)
             if o_direct and not probed:
                 raise CacheDirError(errno.EINVAL, f"O_DIRECT does not work in {self.path}; set "
                                     "o_direct to auto or false")
@@ -130,41 +113,50 @@ class CacheDir:
             self.floor = floor
             self._sizes: dict[int, int] = {}
             self._grow_lock = threading.Lock()
+            self.index_fd = self.dir.open_file(INDEX_FILE, os.O_RDWR, create=True)
             self._trim_extra_files()
-            self.index_fd = os.open(self.path / INDEX_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         except BaseException:
             self.close()
             raise
 
     def _take_lock(self) -> int:
-        return lock_namespace(self.path, "give each instance its own disk_paths")
+        return lock_namespace(self.dir, "give each instance its own disk_paths")
+
+    @property
+    def inode(self) -> int:
+        return self.dir.inode()
 
     def slots_in_file(self, number: int) -> int:
         return max(0, min(self.file_slots, self.num_slots - number * self.file_slots))
 
     def _trim_extra_files(self) -> None:
-        """Cut slot files down to the current capacity (after disk_capacity shrank)."""
-        for path in self.path.glob("slots-*.kvt"):
-            number = path.stem.split("-")[-1]
-            if not number.isdigit():
+        """Check every slot file, and cut them down to the current capacity (after
+        disk_capacity shrank); a slot file that is not a regular file of ours is refused."""
+        for name in self.dir.names():
+            match = SLOT_NAME.fullmatch(name)
+            if not match:
                 continue
-            limit = self.slots_in_file(int(number)) * self.stride
+            number = int(match.group(1))
+            limit = self.slots_in_file(number) * self.stride
+            fd = self.dir.open_file(name, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size > limit:
+                    os.ftruncate(fd, limit)
+            finally:
+                os.close(fd)
             if limit == 0:
-                path.unlink()
-            elif path.stat().st_size > limit:
-                os.truncate(path, limit)
-        index = self.path / INDEX_FILE
-        if index.exists() and index.stat().st_size > self.num_slots * INDEX_ENTRY_BYTES:
-            os.truncate(index, self.num_slots * INDEX_ENTRY_BYTES)
+                self.dir.remove_file(name)
+        if os.fstat(self.index_fd).st_size > self.num_slots * INDEX_ENTRY_BYTES:
+            os.ftruncate(self.index_fd, self.num_slots * INDEX_ENTRY_BYTES)
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file."""
         os.pwrite(self.index_fd, entry[:INDEX_ENTRY_BYTES], local_slot * INDEX_ENTRY_BYTES)
 
     def read_index(self) -> bytes:
-        """The whole index file (empty when it was never written)."""
-        size = os.fstat(self.index_fd).st_size
-        return os.pread(self.index_fd, size, 0) if size else b""
+        """The index file (empty when it was never written), at most one entry per slot."""
+        size = min(os.fstat(self.index_fd).st_size, self.num_slots * INDEX_ENTRY_BYTES)
+        return read_at(self.index_fd, size, 0)
 
     def locate(self, local_slot: int) -> tuple[int, int]:
         """(file number, byte offset) of a slot of this directory."""
@@ -180,12 +172,11 @@ class CacheDir:
                 if self.closed:
                     raise OSError(errno.EBADF, f"{self.path} was closed")
                 if fd is None:
-                    flags = os.O_RDWR | os.O_CREAT | (os.O_DIRECT if self.o_direct else 0)
-                    fd = os.open(self.path / SLOT_FILE.format(number), flags, 0o600)
+                    flags = os.O_RDWR | (os.O_DIRECT if self.o_direct else 0)
+                    fd = self.dir.open_file(SLOT_FILE.format(number), flags, create=True)
                     self._sizes[number] = os.fstat(fd).st_size
                     self._fds[number] = fd
         return fd
-
     def file_size(self, number: int) -> int:
         self.fd(number)
         return self._sizes[number]
@@ -201,7 +192,7 @@ class CacheDir:
                 return True
             step = min(max(end, size + GROW_BYTES), self.slots_in_file(number) * self.stride)
             for target in dict.fromkeys((step, end)):  # a big step, else just what is needed
-                if not floor_allows(self.floor, str(self.path), target - size):
+                if not floor_allows(self.floor, self.dir.fd, target - size):
                     continue
                 try:
                     os.posix_fallocate(fd, size, target - size)
@@ -224,6 +215,7 @@ class CacheDir:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        self.dir.close()
 
 
 def aligned_view(buffer: np.ndarray, length: int) -> np.ndarray:

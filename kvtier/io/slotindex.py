@@ -3,13 +3,19 @@ threads or locks: shared by the disk tier at start-up and by the vLLM scheduler 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from kvtier.io.cachedir import INDEX_FILE, check_safe_dir
+from kvtier.errors import ConfigError
+from kvtier.io.cachedir import INDEX_FILE, SafeDir
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
+from kvtier.io.safefs import read_at
 from kvtier.keys import ChunkKey, Namespace
+
+FILE_BYTES = 8 * 1024**3  # a slot file holds at most this much (whole slots)
+MAX_SLOTS = 1 << 24  # slots per namespace: bookkeeping costs ~30 bytes of memory each
+MAX_RAW_BYTES = 1 << 30  # the largest chunk kvtier stores
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,27 @@ class SlotLayout:
     @property
     def num_slots(self) -> int:
         return self.per_path * self.num_paths
+
+    @property
+    def file_slots(self) -> int:
+        """Slots per slot file (fixed for a stride: slots never move)."""
+        return file_slots_for(self.stride)
+
+    def check_bounded(self) -> None:
+        """Raise ``ConfigError`` when the disk tier would need more slots (or a larger chunk)
+        than kvtier keeps bookkeeping for."""
+        if self.raw_bytes > MAX_RAW_BYTES:
+            raise ConfigError(f"kvtier config: a chunk of {self.raw_bytes} bytes is larger than "
+                              f"the {MAX_RAW_BYTES} kvtier stores; lower chunk_tokens")
+        if self.num_slots > MAX_SLOTS:
+            raise ConfigError(
+                f"kvtier config: disk_capacity={self.capacity} holds {self.num_slots} chunks of "
+                f"{self.stride} bytes, more than the {MAX_SLOTS} slots kvtier keeps track of; "
+                "raise chunk_tokens or lower disk_capacity")
+
+
+def file_slots_for(stride: int) -> int:
+    return max(1, FILE_BYTES // stride)
 
 
 def valid_header(data, namespace_digest: bytes, layout: SlotLayout) -> SlotHeader | None:
@@ -80,17 +107,28 @@ def newest_per_key(found: Iterable[Found]) -> tuple[dict[ChunkKey, Found], int]:
     return best, duplicates
 
 
+def read_index_file(directory: SafeDir, slots: int) -> bytes:
+    """The first ``slots`` entries of a namespace's index file (fewer when it is shorter;
+    empty when missing)."""
+    try:
+        fd = directory.open_file(INDEX_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return read_at(fd, min(os.fstat(fd).st_size, slots * INDEX_ENTRY_BYTES), 0)
+    finally:
+        os.close(fd)
+
+
 def read_disk_index(roots: list[str], namespace: Namespace,
                     layout: SlotLayout) -> dict[ChunkKey, tuple[int, SlotHeader]]:
     """What a namespace holds on ``roots``, from the index files alone (missing, unsafe or
     unreadable paths hold nothing). Reads only: the process that writes holds the lock."""
     found: list[tuple[int, SlotHeader]] = []
     for index, root in enumerate(roots):
-        directory = Path(root) / namespace.id
         try:
-            check_safe_dir(Path(root))
-            check_safe_dir(directory)
-            entries = (directory / INDEX_FILE).read_bytes()
+            with SafeDir.open(root) as top, top.subdir(namespace.id) as directory:
+                entries = read_index_file(directory, layout.per_path)
         except OSError:
             continue
         found += parse_index(entries, namespace.digest(), layout, index)[0]

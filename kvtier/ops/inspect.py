@@ -6,15 +6,15 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from kvtier.keys import FORMAT_VERSION
-from kvtier.ops.cache import NamespaceDir, in_use, index_entries
+from kvtier.ops.cache import NamespaceDir, in_use, index_entries, slot_file_sizes
 
 
 @dataclass
 class NamespaceReport:
     id: str
-    status: str  # ok | stale (another format version) | orphaned (no readable namespace.json)
+    status: str  # ok | stale | damaged | orphaned | unsafe: see NamespaceDir.status
     in_use: bool
+    problem: str = ""  # why the metadata is not trusted, or what is unsafe
     model: str = ""
     kv_dtype: str = ""
     layout: str = ""
@@ -44,21 +44,33 @@ class NamespaceReport:
 
 
 def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> NamespaceReport:
+    """What ``directory`` holds, from its metadata, file sizes and index (no slot is read)."""
     ns = directory.namespace
-    files = directory.slot_files
-    version = ns.get("format_version", 0)
-    status = "orphaned" if not ns else ("ok" if version == FORMAT_VERSION else "stale")
     report = NamespaceReport(
-        id=directory.id, status=status, in_use=in_use(directory), model=ns.get("model", ""),
-        kv_dtype=ns.get("kv_dtype", ""), layout=ns.get("layout", ""),
-        chunk_tokens=ns.get("chunk_tokens", 0), block_tokens=ns.get("block_tokens", 0),
-        tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "", format_version=version,
-        files=len(files), file_bytes=sum(f.stat().st_size for f in files))
-    if directory.stride:
-        report.slots = report.file_bytes // directory.stride
-    now = time.time() if now is None else now
+        id=directory.id, status=directory.status, in_use=in_use(directory),
+        problem=directory.problem, model=str(ns.get("model", "")),
+        kv_dtype=str(ns.get("kv_dtype", "")), layout=str(ns.get("layout", "")),
+        chunk_tokens=_int(ns.get("chunk_tokens")), block_tokens=_int(ns.get("block_tokens")),
+        tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "",
+        format_version=_int(ns.get("format_version")))
+    if not directory.readable:
+        return report
+    try:
+        with directory.open() as handle:
+            sizes = slot_file_sizes(directory, handle)
+            entries = index_entries(directory, handle, sizes)
+    except OSError as exc:
+        report.status, report.problem = "unsafe", exc.strerror or str(exc)
+        return report
+    report.files, report.file_bytes = len(sizes), sum(sizes.values())
+    report.slots = sum(size // directory.meta.stride for size in sizes.values())
+    _count_entries(report, entries, time.time() if now is None else now)
+    return report
+
+
+def _count_entries(report: NamespaceReport, entries: list, now: float) -> None:
     ages = []
-    for _, header in index_entries(directory):
+    for _, header in entries:
         if header is None:
             report.bad_index_entries += 1
             continue
@@ -68,5 +80,7 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         ages.append(max(0.0, now - header.created_ns / 1e9))
     if ages:
         report.age_seconds = {"min": min(ages), "median": statistics.median(ages), "max": max(ages)}
-    return report
 
+
+def _int(value: object) -> int:
+    return value if type(value) is int else 0

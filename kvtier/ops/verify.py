@@ -1,7 +1,15 @@
-"""``kvtier verify``: check every slot's header and payload; optionally free the bad ones."""
+"""``kvtier verify``: check every slot's header and payload; optionally free the bad ones.
+
+Only a namespace whose ``namespace.json`` is trusted is read (its geometry checked against
+the chunk size), only as far as its files can hold slots, and holes in the files (slots freed
+by ``gc``, never written) are skipped without reading. ``--repair`` changes nothing when a
+slot shows that the metadata disagrees with the slots (a good header of this namespace for
+another chunk size): blanking then would destroy good chunks.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +23,8 @@ from kvtier.io.format import (
     is_blank,
     payload_checksum,
 )
-from kvtier.ops.cache import NamespaceDir, hold, index_entries
+from kvtier.io.safefs import SafeDir, read_at
+from kvtier.ops.cache import NamespaceDir, hold, index_entries, slot_file_sizes, slot_files
 
 
 @dataclass
@@ -26,100 +35,174 @@ class VerifyReport:
     free: int = 0
     corrupt: list[int] = field(default_factory=list)  # header fine, payload wrong or short
     torn: list[int] = field(default_factory=list)  # header does not check out
-    foreign: list[int] = field(default_factory=list)  # another namespace's or size's slot
+    foreign: list[int] = field(default_factory=list)  # another namespace's slot
+    mismatched: list[int] = field(default_factory=list)  # this namespace, another chunk size
     unindexed: list[int] = field(default_factory=list)  # good slot the index does not name
     stale_index: list[int] = field(default_factory=list)  # index names a slot that is not there
+    problem: str = ""  # why the namespace could not be verified (or repaired) at all
     repaired: int = 0
 
     @property
     def problems(self) -> int:
-        return (len(self.corrupt) + len(self.torn) + len(self.foreign) + len(self.unindexed)
-                + len(self.stale_index))
+        return (len(self.corrupt) + len(self.torn) + len(self.foreign) + len(self.mismatched)
+                + len(self.unindexed) + len(self.stale_index) + bool(self.problem))
 
 
-def verify_namespace(directory: NamespaceDir, repair: bool = False,
+@dataclass
+class _Scan:
+    """What one pass over the slots found, and what repairing would write."""
+
+    blanks: list[tuple[int, int]] = field(default_factory=list)  # (file number, offset)
+    fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
+
+
+def verify_namespace(ns: NamespaceDir, repair: bool = False,
                      progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Read every slot of ``directory``; with ``repair`` (the namespace must not be in use)
-    blank bad slots and wrong index entries, and index good slots the index missed."""
-    report = VerifyReport(directory.id)
-    if not directory.meta:
+    """Read every slot of ``ns``; with ``repair`` (the namespace must not be in use) blank
+    bad slots and wrong index entries, and index good slots the index missed."""
+    report = VerifyReport(ns.id)
+    if not ns.readable:
+        report.problem = f"{ns.status}: {ns.problem or 'written by another format version'}"
         return report
-    lock = hold(directory) if repair else -1
-    try:
-        indexed = {slot: header for slot, header in index_entries(directory)}
-        digest = bytes.fromhex(directory.id)
-        stride, file_slots = directory.stride, directory.file_slots
-        fixes: list[tuple[int, bytes | None]] = []  # (slot, index entry to write or None=blank)
-        seen: set[int] = set()
-        for path in directory.slot_files:
-            fd = os.open(path, os.O_RDWR if repair else os.O_RDONLY)
-            try:
-                for local in range(os.fstat(fd).st_size // stride):
-                    slot = int(path.stem.split("-")[-1]) * file_slots + local
-                    verdict, header_bytes = _check_slot(fd, local * stride, stride, digest,
-                                                        directory.meta["raw_bytes"])
-                    report.slots += 1
-                    seen.add(slot)
-                    _classify(report, slot, verdict, indexed, header_bytes, fixes)
-                    if repair and verdict in ("corrupt", "torn", "foreign"):
-                        os.pwrite(fd, bytes(HEADER_BYTES), local * stride)
-                    if progress:
-                        progress(1)
-            finally:
-                os.close(fd)
-        for slot in indexed:
-            if slot not in seen:  # the index names a slot past the end of the files
-                report.stale_index.append(slot)
-                fixes.append((slot, None))
-        if repair:
-            report.repaired = _rewrite_index(directory, fixes)
-    finally:
-        if lock >= 0:
-            os.close(lock)
+    with ns.open() as directory:
+        lock = hold(directory) if repair else -1
+        try:
+            scan = _scan(ns, directory, report, progress)
+            if repair and report.mismatched:
+                report.problem = ("slots of this namespace hold another chunk size than "
+                                  "namespace.json says: not repaired (it would blank good chunks)")
+            elif repair:
+                report.repaired = _apply(directory, scan)
+        finally:
+            if lock >= 0:
+                os.close(lock)
     return report
 
 
-def _check_slot(fd: int, offset: int, stride: int, digest: bytes, raw_bytes: int) -> tuple[str, bytes]:
-    data = os.pread(fd, stride, offset)
-    header_bytes = data[:INDEX_ENTRY_BYTES]
+def _scan(ns: NamespaceDir, directory: SafeDir, report: VerifyReport,
+          progress: Callable[[int], None] | None) -> _Scan:
+    sizes = slot_file_sizes(ns, directory)
+    indexed = dict(index_entries(ns, directory, sizes))
+    scan, seen = _Scan(), set()
+    stride, per_file = ns.meta.stride, ns.meta.file_slots
+    names = slot_files(directory)
+    for number, size in sizes.items():
+        fd = directory.open_file(names[number], os.O_RDONLY)
+        try:
+            for local, verdict, entry in _slots_of_file(fd, size // stride, ns):
+                if isinstance(local, range):  # a hole: free slots, never read
+                    report.slots += len(local)
+                    report.free += len(local)
+                    _stale(report, [number * per_file + i for i in local], indexed, scan, seen)
+                    if progress:
+                        progress(len(local))
+                    continue
+                slot = number * per_file + local
+                report.slots += 1
+                seen.add(slot)
+                _classify(report, slot, verdict, indexed, entry, scan)
+                if verdict in ("corrupt", "torn", "foreign"):
+                    scan.blanks.append((number, local * stride))
+                if progress:
+                    progress(1)
+        finally:
+            os.close(fd)
+    for slot in indexed:
+        if slot not in seen:  # the index names a slot past the end of the files
+            report.stale_index.append(slot)
+            scan.fixes.append((slot, None))
+    return scan
+
+
+def _slots_of_file(fd: int, count: int, ns: NamespaceDir):
+    """(slot in file, verdict, its index entry bytes) for slots ``0..count``; slots in a hole
+    of a sparse file are free and not read."""
+    stride, digest = ns.meta.stride, bytes.fromhex(ns.id)
+    local = 0
+    while local < count:
+        start = _next_data(fd, local * stride)
+        first = count if start is None else min(count, start // stride)
+        if first > local:
+            yield range(local, first), "free", b""
+        if first >= count:
+            return
+        data = read_at(fd, stride, first * stride)
+        yield first, _verdict(data, digest, ns.meta.raw_bytes), data[:INDEX_ENTRY_BYTES]
+        local = first + 1
+
+
+def _next_data(fd: int, offset: int) -> int | None:
+    """The offset of the next byte of data at or after ``offset``; None when only a hole
+    follows. Filesystems without SEEK_DATA report all of a file as data."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return None
+        return offset
+
+
+def _verdict(data: bytes, digest: bytes, raw_bytes: int) -> str:
     if len(data) < HEADER_BYTES or is_blank(data):
-        return "free", header_bytes
+        return "free"
     try:
         header = decode_header(data[:HEADER_BYTES])
     except HeaderError:
-        return "torn", header_bytes
-    if header.namespace != digest or header.raw_bytes != raw_bytes:
-        return "foreign", header_bytes
+        return "torn"
+    if header.namespace != digest:
+        return "foreign"
+    if header.raw_bytes != raw_bytes:
+        return "mismatched"
     payload = data[HEADER_BYTES:HEADER_BYTES + header.payload_bytes]
     if len(payload) < header.payload_bytes or payload_checksum(payload) != header.payload_checksum:
-        return "corrupt", header_bytes
-    return "ok", header_bytes
+        return "corrupt"
+    return "ok"
+
+
+def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
+           seen: set[int]) -> None:
+    """Free slots: any the index names are stale entries."""
+    seen.update(slots)
+    for slot in slots:
+        if slot in indexed:
+            report.stale_index.append(slot)
+            scan.fixes.append((slot, None))
 
 
 def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
-              header_bytes: bytes, fixes: list) -> None:
+              entry: bytes, scan: _Scan) -> None:
     if verdict == "free":
         report.free += 1
     elif verdict == "ok":
         report.ok += 1
-        if slot not in indexed or indexed[slot] is None:
+        if indexed.get(slot) is None:
             report.unindexed.append(slot)
-            fixes.append((slot, header_bytes))
+            scan.fixes.append((slot, entry))
         return
     else:
         getattr(report, verdict).append(slot)
     if slot in indexed:  # the index names a slot that holds nothing good
         if verdict == "free":
             report.stale_index.append(slot)
-        fixes.append((slot, None))
+        scan.fixes.append((slot, None))
 
 
-def _rewrite_index(directory: NamespaceDir, fixes: list[tuple[int, bytes | None]]) -> int:
-    fd = os.open(directory.path / INDEX_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+def _apply(directory: SafeDir, scan: _Scan) -> int:
+    """Blank the bad slots' headers and rewrite the index entries; the count of fixes."""
+    files: dict[int, int] = {}
+    names = slot_files(directory)
     try:
-        for slot, entry in fixes:
-            os.pwrite(fd, entry if entry is not None else bytes(INDEX_ENTRY_BYTES),
-                      slot * INDEX_ENTRY_BYTES)
+        for number, offset in scan.blanks:
+            if number not in files:
+                files[number] = directory.open_file(names[number], os.O_RDWR)
+            os.pwrite(files[number], bytes(HEADER_BYTES), offset)
+    finally:
+        for fd in files.values():
+            os.close(fd)
+    fd = directory.open_file(INDEX_FILE, os.O_RDWR, create=True)
+    try:
+        for slot, entry in scan.fixes:
+            os.pwrite(fd, entry or bytes(INDEX_ENTRY_BYTES), slot * INDEX_ENTRY_BYTES)
     finally:
         os.close(fd)
-    return len(fixes)
+    return len(scan.fixes)

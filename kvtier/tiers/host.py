@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from kvtier.errors import ConfigError
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.units import format_size
 
 
 class HostTier(MemoryTier):
@@ -40,3 +44,23 @@ class HostTier(MemoryTier):
     def close(self) -> None:
         self._whole = None  # type: ignore[assignment]
         self.buffer.close()
+
+
+def physical_memory() -> int:
+    """Bytes of memory the machine has."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def make_host_tier(capacity: int, slot_bytes: int) -> HostTier:
+    """The host tier for ``host_capacity=capacity``: ``ConfigError`` naming the key when the
+    machine has less memory, or the allocation is refused (rather than a bare ENOMEM, or the
+    OOM killer once the memory is touched)."""
+    memory = physical_memory()
+    if capacity > memory:
+        raise ConfigError(f"kvtier config: host_capacity={format_size(capacity)} is more than "
+                          f"this machine's {format_size(memory)} of memory; lower host_capacity")
+    try:
+        return HostTier(capacity // slot_bytes, slot_bytes)
+    except (OSError, MemoryError) as exc:
+        raise ConfigError(f"kvtier config: host_capacity={format_size(capacity)} could not be "
+                          f"allocated ({exc}); lower host_capacity") from exc

@@ -62,7 +62,8 @@ class SlotIndex:
         self.num_slots = num_slots
         self._policy = policy
         self._entries: dict[ChunkKey, _Entry] = {}
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # may hold adopted slots
+        self._free: list[int] = []  # slots given back (may hold adopted ones since)
+        self._fresh = 0  # slots from here on were never handed out (may be adopted since)
         self._is_free = bytearray(b"\x01") * num_slots
         self._retired = bytearray(num_slots)
         self._num_free = num_slots
@@ -221,7 +222,10 @@ class SlotIndex:
 
     def _take_free(self) -> int:
         while True:  # skip slots adopted since they were listed
-            slot = self._free.pop()
+            if self._free:
+                slot = self._free.pop()
+            else:
+                slot, self._fresh = self._fresh, self._fresh + 1
             if self._is_free[slot]:
                 self._is_free[slot] = 0
                 self._num_free -= 1

@@ -41,7 +41,6 @@ from kvtier.tiers.disk_recovery import DiskRecovery, RecoveredSlot, RecoveryRepo
 
 log = logging.getLogger(__name__)
 
-FILE_BYTES = 8 * 1024**3
 _PATH_FATAL = {errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EBADF, errno.ENODEV,
                errno.ENXIO, errno.ESTALE, errno.ENOTDIR}
 _EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
@@ -112,10 +111,11 @@ class DiskTier(DiskRecovery):
         self._paths = [_Path(p, retry) for p in paths]
         self._down_lock = threading.Lock()  # I/O threads may find a path failing together
         self.layout = SlotLayout(raw_bytes, len(paths), capacity)
+        self.layout.check_bounded()
         self.stride = self.layout.stride
         per_path = self.layout.per_path
         self.num_slots = self.layout.num_slots
-        self.file_slots = max(1, FILE_BYTES // self.stride)  # fixed: slots never move
+        self.file_slots = self.layout.file_slots
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
         self._open_args = dict(namespace_id=namespace.id, meta=meta, num_slots=per_path,
@@ -126,7 +126,7 @@ class DiskTier(DiskRecovery):
                 path.dir, path.inode = self._open(path)
             except OSError as exc:
                 self._take_down(path, f"cannot open: {exc}")
-        self._lengths = np.zeros(self.num_slots, dtype=np.int64)
+        self._lengths = np.zeros(self.num_slots, dtype=np.uint32)  # payload <= MAX_RAW_BYTES
         self._codecs = np.zeros(self.num_slots, dtype=np.uint8)
         self._generation = itertools.count(time.time_ns())
         self._local = threading.local()
@@ -375,7 +375,7 @@ class DiskTier(DiskRecovery):
     def _open(self, path: _Path) -> tuple[CacheDir, int]:
         directory = CacheDir(Path(path.root), **self._open_args)
         try:
-            return directory, os.stat(directory.path).st_ino
+            return directory, directory.inode
         except OSError:
             directory.close()
             raise
@@ -386,7 +386,7 @@ class DiskTier(DiskRecovery):
         if now - path.checked_at >= _HEALTH_EVERY_S:
             path.checked_at = now
             try:
-                inode = os.stat(directory.path).st_ino
+                inode = os.stat(directory.path, follow_symlinks=False).st_ino
             except OSError as exc:
                 inode = -1
                 reason = f"directory gone: {exc}"

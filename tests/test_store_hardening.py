@@ -1,0 +1,121 @@
+"""KVStore at its public edge: bad input gets a clear error, a failed start leaves nothing
+held, and flush() puts every host chunk on disk. Each test names its hardening finding."""
+
+import socket
+import threading
+
+import pytest
+
+from kvtier import KVStore
+from kvtier.errors import ConfigError, StoreClosedError, TokenError
+from kvtier.tiers.host import physical_memory
+from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv
+from tests.disk_helpers import delayed_io
+from tests.test_disk_store import config, exact, load, seq
+
+
+def no_model(path, **extra):
+    return {k: v for k, v in config(path, **extra).items() if k != "model"}
+
+
+def test_finding3_a_store_without_a_model_name_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="model"):
+        KVStore(SMALL, no_model(tmp_path))
+    assert not list(tmp_path.iterdir())  # refused before anything was made
+
+
+def test_finding3_the_model_comes_from_config_or_the_argument(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, {**no_model(tmp_path), "model": "org/a"}) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    with KVStore(SMALL, no_model(tmp_path), model="org/b") as b:
+        assert b.lookup(tokens).tokens == 0  # same layout, another model: nothing shared
+    with KVStore(SMALL, no_model(tmp_path), model="org/a") as a:
+        assert exact(a, tokens) == 2 * CHUNK
+
+
+def test_finding4_token_ids_outside_int64_are_an_error(tmp_path):
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put([-1] * CHUNK, make_kv([-1] * CHUNK))
+        huge = [2**64 - 1] * CHUNK  # wrapped, it would be the key of [-1] * 16
+        for call in (lambda: store.lookup(huge), lambda: store.put(huge, make_kv([0] * CHUNK)),
+                     lambda: load(store, huge), lambda: store.lookup([2**63] * CHUNK),
+                     lambda: store.lookup([1.5] * CHUNK)):
+            with pytest.raises(TokenError):
+                call()
+        assert store.lookup([-1] * CHUNK).tokens == CHUNK
+
+
+def test_finding10_a_failed_start_leaves_no_lock_and_names_the_port(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"metrics_port={port}"):
+            KVStore(SMALL, config(tmp_path, metrics_port=port))
+    with KVStore(SMALL, config(tmp_path)) as again:  # a leaked lock would refuse the disk
+        assert not again.disk.down_paths
+
+
+def test_finding12_host_capacity_above_memory_names_the_key():
+    with pytest.raises(ConfigError, match="host_capacity"):
+        KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": 2 * physical_memory()},
+                model="m")
+
+
+def test_finding12_calls_after_close_are_a_clear_error(tmp_path):
+    store = KVStore(SMALL, config(tmp_path))
+    store.put(seq(0, 1), make_kv(seq(0, 1)))
+    assert store.close() and store.close()  # closing twice is fine
+    for call in (lambda: store.put(seq(0, 1), make_kv(seq(0, 1))), lambda: load(store, seq(0, 1)),
+                 lambda: store.lookup(seq(0, 1)), store.flush):
+        with pytest.raises(StoreClosedError, match="closed"):
+            call()
+
+
+def test_finding16_flush_writes_what_a_burst_of_puts_dropped(tmp_path, monkeypatch):
+    tokens = [seq(i * 1000, 1) for i in range(32)]
+    with KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1)) as store:
+        delayed_io(monkeypatch, "pwritev", seconds=0.02)  # a burst faster than the disk
+        for t in tokens:
+            store.put(t, make_kv(t))
+        assert store.stats().dropped_writes > 0
+        flushed = store.flush()
+        assert flushed and flushed.not_written == 0
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as again:
+        assert again.stats().recovered_chunks == 32
+        assert all(exact(again, t) == CHUNK for t in tokens)
+
+
+def test_finding16_flush_says_how_many_it_could_not_write(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=8, disk_chunks=3)) as store:
+        store.put(seq(0, 6), make_kv(seq(0, 6)))
+        flushed = store.flush()
+        # the disk holds 3 chunks: the others stay in host memory only
+        assert not flushed and flushed.not_written == 3 and not flushed.timed_out
+
+
+def test_finding16_flush_meanwhile_puts_in_other_threads(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=16, disk_chunks=256)) as store:
+        stop = threading.Event()
+
+        def put_forever():
+            i = 0
+            while not stop.is_set() and i < 2000:
+                store.put(seq(10_000 + i * 100, 1), make_kv(seq(10_000 + i * 100, 1)))
+                i += 1
+
+        worker = threading.Thread(target=put_forever)
+        worker.start()
+        try:
+            for _ in range(5):
+                assert not store.flush(timeout=30).timed_out
+        finally:
+            stop.set()
+            worker.join(timeout=60)
+        assert store.flush(timeout=30)
+
+
+def test_chunk_bytes_of_the_test_layout():
+    assert CHUNK_BYTES == 4096  # the figures above assume one page per chunk
