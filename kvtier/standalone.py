@@ -324,14 +324,17 @@ class KVStore:
             return FlushResult(0, 0 if self.disk is None else len(self._stack.indexes[HOST]))
         deadline = None if timeout is None else time.monotonic() + timeout
         written, batch, tried = 0, self._max_pending * len(self.disk.queues), set()
+        started: list[Future] = []
         while True:  # a batch at a time, so that puts meanwhile still find host slots free
+            drained = self._engine.drain(self._time_left(deadline))  # writes in flight first
+            written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
+            if not drained:
+                break
             with self._lock:
                 todo = [item for item in self._host_only() if item[0] not in tried][:batch]
                 tried.update(key for key, _ in todo)
                 started = [f for f in map(self._flush_one, todo) if f is not None]
-            drained = self._engine.drain(self._time_left(deadline))
-            written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
-            if not todo or not drained:
+            if not todo:
                 break
         with self._lock:
             left = len(self._host_only())

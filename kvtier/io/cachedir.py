@@ -149,6 +149,11 @@ class CacheDir:
         if os.fstat(self.index_fd).st_size > self.num_slots * INDEX_ENTRY_BYTES:
             os.ftruncate(self.index_fd, self.num_slots * INDEX_ENTRY_BYTES)
 
+    def slot_file_numbers(self) -> list[int]:
+        """Numbers of the slot files there are, within the capacity."""
+        numbers = (SLOT_NAME.fullmatch(name) for name in self.dir.names())
+        return sorted(n for n in (int(m.group(1)) for m in numbers if m) if self.slots_in_file(n))
+
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file."""
         os.pwrite(self.index_fd, entry[:INDEX_ENTRY_BYTES], local_slot * INDEX_ENTRY_BYTES)

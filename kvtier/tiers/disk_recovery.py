@@ -44,7 +44,7 @@ class DiskRecovery:
             if entries:
                 part, n, bad = self._parse_index(index, entries)
             else:
-                part, n, bad = self.scan_headers(self.slots_of_path(index), threads)
+                part, n, bad = self.scan_headers(self._written_slots(index), threads)
                 for slot, header in part:  # rebuild the index for the next start
                     path.dir.write_index(slot // len(self._paths),
                                          np.frombuffer(header.encode(), dtype=np.uint8))
@@ -72,7 +72,20 @@ class DiskRecovery:
                 present.append((slot, header))
         return present, min(len(entries) // INDEX_ENTRY_BYTES, self.layout.per_path), torn
 
-    def scan_headers(self, slots: range, threads: int = 8) -> tuple[list[tuple[int, SlotHeader]], int, int]:
+    def _written_slots(self, index: int) -> list[int]:
+        """Slots of path ``index`` that lie within its slot files as they are (a slot past the
+        end of a file, or of a file never made, holds nothing): a scan costs what was written,
+        not what the capacity allows."""
+        directory, paths = self._paths[index].dir, len(self._paths)
+        slots: list[int] = []
+        for number in directory.slot_file_numbers():
+            first = number * directory.file_slots
+            count = min(directory.file_size(number) // self.stride, directory.slots_in_file(number))
+            slots += range((first * paths) + index, (first + count) * paths + index, paths)
+        return slots
+
+    def scan_headers(self, slots: list[int] | range,
+                     threads: int = 8) -> tuple[list[tuple[int, SlotHeader]], int, int]:
         """(valid headers, slots scanned, bad slots) read from the slots themselves."""
         step = -(-len(slots) // threads) or 1
         parts = [slots[i:i + step] for i in range(0, len(slots), step)]
@@ -81,7 +94,7 @@ class DiskRecovery:
         return ([f for part in scans for f in part[0]], sum(p[1] for p in scans),
                 sum(p[2] for p in scans))
 
-    def _scan(self, slots: range) -> tuple[list[tuple[int, SlotHeader]], int, int]:
+    def _scan(self, slots: list[int] | range) -> tuple[list[tuple[int, SlotHeader]], int, int]:
         """(valid headers found, slots scanned, bad slots) over ``slots``."""
         found, scanned, torn = [], 0, 0
         header_buf = self._header_buffer()
