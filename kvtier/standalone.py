@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtier.config import Compression, KVTierConfig, ODirect, WritePolicy, load_config
+from kvtier.config import KVTierConfig, WritePolicy, load_config
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
@@ -34,7 +34,7 @@ from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
-from kvtier.tiers.disk_retry import DiskRetries
+from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
 from kvtier.tiers.gpu import DevicePool
 from kvtier.tiers.host import make_host_tier
 from kvtier.tiers.index import SlotIndex
@@ -45,7 +45,6 @@ from kvtier.transfers import Transfers
 Tokens = Sequence[int] | np.ndarray
 GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
 log = logging.getLogger("kvtier")
-_O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}
 
 
 @dataclass
@@ -109,8 +108,7 @@ class KVStore:
         self._stats = StoreStats()
         self._failures = FailureLog()
         self.tiers: dict[TierName, MemoryTier] = {}
-        self.disk: DiskTier | None = None
-        self._engine: IOEngine | None = None
+        self._lane: DiskLane | NoDisk = NoDisk()
         self._metrics: MetricsServer | None = None
         self._closed = False
         try:  # a failed start must not keep memory, files or the namespace lock
@@ -126,24 +124,21 @@ class KVStore:
         if cfg.host_capacity >= self.slot_bytes:
             self.tiers[HOST] = make_host_tier(cfg.host_capacity, self.slot_bytes)
         self._check_tiers()
-        self.disk = self._open_disk() if cfg.disk_paths else None
+        # write-back moves get their own queue per path: a put or get waiting on one must not
+        # queue behind background writes and read-ahead
+        self._lane = open_lane(cfg, self.namespace, self.chunk_bytes, DTYPE_BYTES[self.layout.dtype],
+                               lock=self._lock, on_back=self._path_back, failures=self._failures,
+                               move_lanes=True)
         policy = cfg.eviction_policy
         levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in self.tiers.items()]
-        if self.disk is not None:
-            levels.append((DISK, SlotIndex(self.disk.num_slots, make_policy(policy))))
+        levels.append((DISK, SlotIndex(self._lane.num_slots, make_policy(policy))))  # 0 without disk
         self._stack = TierStack(levels)
         self._top = self._stack.order[0]
-        self._transfers = Transfers(self.tiers, self.disk, self.chunk_bytes,
+        self._transfers = Transfers(self.tiers, self._lane.tier, self.chunk_bytes,
                                     getattr(torch, self.layout.dtype),
                                     self.layout.shape(self.chunk_tokens))
-        if self.disk is not None:
-            # write-back moves get their own lane per path: a put or get waiting on one must
-            # not queue behind background writes and read-ahead
-            self._engine = IOEngine([*self.disk.queues, *map(_moves_lane, self.disk.queues)],
-                                    cfg.io_threads)
-            self._max_pending = 4 * cfg.io_threads
-            self._retries = DiskRetries(self.disk, self._engine, self._lock, self._path_back)
-            self._recover()
+        self._max_pending = 4 * cfg.io_threads
+        self._recover()
         if cfg.metrics_port:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
@@ -157,34 +152,29 @@ class KVStore:
                 "the store need at least one; raise host_capacity or lower chunk_tokens"
             )
 
-    def _open_disk(self) -> DiskTier:
-        cfg = self.config
-        return DiskTier(cfg.disk_paths, self.namespace, self.chunk_bytes, cfg.disk_capacity,
-                        compression=cfg.compression is Compression.ZSTD,
-                        element_bytes=DTYPE_BYTES[self.layout.dtype],
-                        o_direct=_O_DIRECT[cfg.o_direct], floor=cfg.disk_min_free,
-                        retry=cfg.disk_retry)
+    @property
+    def disk(self) -> DiskTier | None:
+        """The disk tier (None without ``disk_paths``), for inspection."""
+        return self._lane.tier
+
+    @property
+    def _engine(self) -> IOEngine | None:
+        return self._lane.engine
 
     def _recover(self) -> None:
-        report = self.disk.recover(threads=self.config.io_threads)
+        report = self._lane.recover(threads=self.config.io_threads)
         index = self._stack.indexes[DISK]
         for found in sorted(report.slots, key=lambda r: r.header.generation):  # oldest evicts first
             index.adopt(found.header.key, found.slot)
         self._stats.recovered_chunks = len(index)
         self._stats.torn_slots = report.torn
-        if report.torn:
-            self._failures.note("torn slots at start", f"{report.torn} slots with a bad header "
-                                "or checksum dropped (a crash mid-write, or damage)")
         self._retire_down_paths()
 
     def _release_all(self) -> None:
         """Give back what a start that failed had taken (nothing is running yet)."""
         if self._metrics is not None:
             self._metrics.close()
-        if self._engine is not None:
-            self._engine.close(0)
-        if self.disk is not None:
-            self.disk.close()
+        self._lane.close(0)
         for tier in self.tiers.values():
             tier.close()
 
@@ -205,15 +195,14 @@ class KVStore:
         """
         keys = self.keys(tokens)
         self._check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
-        if self.disk is not None and self._stats.paths_down:
-            self._retries.poll()
+        self._lane.poll()
         stored, may_wait = 0, True
         for i, key in enumerate(keys):
             plan = self._plan_put(key)
-            if plan is None and may_wait and self._engine is not None and self._engine.pending():
+            if plan is None and may_wait and self._lane.pending():
                 # Slots held by background writes: wait for them once (not for long if the
                 # disk is hung), then try again.
-                may_wait = self._engine.drain(timeout=self._drain_timeout())
+                may_wait = self._lane.drain(timeout=self._drain_timeout())
                 plan = self._plan_put(key)
             if plan is None or plan is _PRESENT:
                 self._count("chunks_skipped")
@@ -265,9 +254,9 @@ class KVStore:
             while True:
                 while not ended and issued < len(keys) and len(window) < self._read_ahead:
                     fetch = self._begin_fetch(keys[issued])
-                    if fetch is _NO_ROOM and not window and may_wait and self._engine.pending():
+                    if fetch is _NO_ROOM and not window and may_wait and self._lane.pending():
                         # host slots held by background writes: wait for them once
-                        may_wait = self._engine.drain(timeout=self._drain_timeout())
+                        may_wait = self._lane.drain(timeout=self._drain_timeout())
                         fetch = self._begin_fetch(keys[issued])
                     if fetch is _NO_ROOM and window:
                         break  # host slots held by this window: complete one first
@@ -320,13 +309,13 @@ class KVStore:
         hung drive, or no disk tier)."""
         if self._closed:
             raise StoreClosedError("kvtier store is closed; open a new KVStore")
-        if self._engine is None:
-            return FlushResult(0, 0 if self.disk is None else len(self._stack.indexes[HOST]))
+        if not self._lane.num_slots:
+            return FlushResult(0, 0)  # no disk tier: nothing to write to
         deadline = None if timeout is None else time.monotonic() + timeout
-        written, batch, tried = 0, self._max_pending * len(self.disk.queues), set()
+        written, batch, tried = 0, self._max_pending * len(self._lane.queues), set()
         started: list[Future] = []
         while True:  # a batch at a time, so that puts meanwhile still find host slots free
-            drained = self._engine.drain(self._time_left(deadline))  # writes in flight first
+            drained = self._lane.drain(self._time_left(deadline))  # writes in flight first
             written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
             if not drained:
                 break
@@ -353,17 +342,22 @@ class KVStore:
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
         with self._lock:
-            self._stats.evictions = {str(n): i.evictions for n, i in self._stack.indexes.items()}
+            self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
             self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
             return self._stats.snapshot()
+
+    def _tiers_in_use(self) -> list[tuple[TierName, SlotIndex]]:
+        """The tiers' indexes, without the empty disk level of a store without disk_paths."""
+        return [(name, index) for name, index in self._stack.indexes.items()
+                if name is not DISK or self.config.disk_paths]
 
     def metric_samples(self) -> list[Sample]:
         """The store's metrics (what ``metrics_port`` serves)."""
         stats = self.stats()
         with self._lock:
-            used = {str(name): len(index) for name, index in self._stack.indexes.items()}
-            slots = {str(name): index.num_slots for name, index in self._stack.indexes.items()}
-        return store_samples(stats, slots, used, self._engine.pending() if self._engine else 0)
+            used = {str(name): len(index) for name, index in self._tiers_in_use()}
+            slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
+        return store_samples(stats, slots, used, self._lane.pending())
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish background writes and release memory, files and threads; True when done.
@@ -376,13 +370,8 @@ class KVStore:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        if self._engine is not None and not self._engine.close(timeout):
-            log.error("kvtier store closed with disk jobs still running after %g s (a hung "
-                      "drive?): queued writes were dropped; host memory and cache files stay "
-                      "open until the process exits", timeout)
+        if not self._lane.close(timeout):  # a hung drive: its I/O still uses host memory
             return False
-        if self.disk is not None:
-            self.disk.close()
         for tier in self.tiers.values():
             tier.close()
         return True
@@ -442,8 +431,8 @@ class KVStore:
                 self._finish(move.key, move.dst, result.ok)
             return None
         try:
-            write = self._engine.submit(_moves_lane(self.disk.queue_of(move.dst.slot)),
-                                        lambda: self._transfers.copy(move.key, move.src, move.dst))
+            write = self._lane.submit(self._lane.move_queue_of(move.dst.slot),
+                                      lambda: self._transfers.copy(move.key, move.src, move.dst))
         except BaseException:  # the engine is closed: nothing runs
             self._finish(move.key, move.dst, False)
             raise
@@ -478,7 +467,7 @@ class KVStore:
     def _write_through(self, key: ChunkKey, host_slot: int) -> None:
         """Start a background disk write of a chunk that just reached host (lock held);
         dropped when the disk queue is full (``flush`` writes it later)."""
-        if self.disk is None or self.config.write_policy is not WritePolicy.WRITE_THROUGH:
+        if self.config.write_policy is not WritePolicy.WRITE_THROUGH:
             return
         if not self._stack.indexes[DISK].has_entry(key):
             self._start_disk_write(key, host_slot, may_drop=True)
@@ -489,8 +478,8 @@ class KVStore:
         plan = self._stack.plan_store(key, DISK)
         if plan is None:
             return None
-        queue = self.disk.queue_of(plan.dst.slot)
-        if may_drop and self._engine.pending(queue) >= self._max_pending:
+        queue = self._lane.queue_of(plan.dst.slot)
+        if may_drop and self._lane.pending(queue) >= self._max_pending:
             self._stack.finish(key, plan.dst, False)
             self._stats.dropped_writes += 1
             self._failures.note("write-through dropped", "the disk write queue is full; "
@@ -499,7 +488,7 @@ class KVStore:
             return None
         src = Location(HOST, host_slot)
         self._stack.indexes[HOST].pin(key)
-        return self._engine.submit(queue, lambda: self._background_write(key, src, plan.dst))
+        return self._lane.submit(queue, lambda: self._background_write(key, src, plan.dst))
 
     def _background_write(self, key: ChunkKey, src: Location, dst: Location) -> bool:
         result = IOResult(IOStatus.IO_ERROR, detail="write did not run")
@@ -545,7 +534,7 @@ class KVStore:
         job = lambda: self._transfers.copy(key, loc, plan.dst)  # noqa: E731
         timeout = self.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        return _Fetch(key, loc, self._engine.submit(self.disk.queue_of(loc.slot), job), plan,
+        return _Fetch(key, loc, self._lane.submit(self._lane.queue_of(loc.slot), job), plan,
                       deadline=deadline)
 
     def _complete_fetch(self, fetch: _Fetch) -> Location | None:
@@ -578,7 +567,7 @@ class KVStore:
             self._stack.discard(fetch.key)
             self._account_failure(result, "read")
         if result.status is IOStatus.CORRUPT:
-            self.disk.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
+            self._lane.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
         return None
 
     @staticmethod
@@ -613,7 +602,7 @@ class KVStore:
     def _timed_out(self, slot: int, kind: str, detail: str) -> None:
         """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;
         it counts against its path's health too."""
-        went_down = self.disk.note_timeout(slot)
+        went_down = self._lane.note_timeout(slot)
         with self._lock:
             self._stats.load_timeouts += 1
             self._failures.note(kind, detail)
@@ -637,28 +626,23 @@ class KVStore:
 
     def _account_failure(self, result: IOResult, op: str) -> None:
         """Count and log (once per kind) a failed disk request (lock held)."""
-        counter = {IOStatus.CORRUPT: "corruptions", IOStatus.IO_ERROR: "io_errors",
-                   IOStatus.NO_SPACE: "no_space"}.get(result.status)
-        if counter is not None:
-            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
+        counter = self._lane.note_failure(result, op)
         if result.status is IOStatus.PATH_DOWN:
             self._retire_down_paths()  # the disk tier logged it, once per path
-        else:
-            self._failures.note(f"disk {op} {result.status.value}", result.detail)
+        elif counter is not None:
+            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
 
     def _path_back(self, index: int) -> None:
         """A disk path came back into service, empty (lock held)."""
         self._stats.paths_back += 1
-        self._stats.paths_down.pop(self.disk.roots[index], None)
-        self._stack.indexes[DISK].unretire(self.disk.slots_of_path(index))
+        self._stats.paths_down.pop(self._lane.roots[index], None)
+        self._stack.indexes[DISK].unretire(self._lane.slots_of_path(index))
 
     def _retire_down_paths(self) -> None:
-        """Take the slots of paths that went out of service away from the index."""
-        for index, reason in self.disk.down_paths.items():
-            root = self.disk.roots[index]
-            if root not in self._stats.paths_down:
-                self._stats.paths_down[root] = reason
-                self._stack.indexes[DISK].retire(self.disk.slots_of_path(index))
+        """Take the slots of paths that went out of service away from the index (lock held)."""
+        for index, reason in self._lane.newly_down().items():
+            self._stats.paths_down[self._lane.roots[index]] = reason
+            self._stack.indexes[DISK].retire(self._lane.slots_of_path(index))
 
     def _unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
         with self._lock:
@@ -697,10 +681,6 @@ def _model_name(model: str | None, cfg: KVTierConfig) -> str:
             "set the 'model' config key; it keeps apart the KV of models with the same layout"
         )
     return name
-
-
-def _moves_lane(queue: str) -> str:
-    return f"{queue}:moves"
 
 
 def _result_of(write: Future) -> IOResult:

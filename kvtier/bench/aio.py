@@ -20,7 +20,7 @@ def aiofiles_read_gib_s(path: Path, block: int, count: int, depth: int,
     buffers = [AlignedBuffer(block, pin=False) for _ in range(depth)]
 
     async def worker(handle, index: int) -> None:
-        view = memoryview(buffers[index].array)
+        view = buffers[index].array.data
         for i in range(index, count, depth):
             await handle.seek(i * block)
             got = await handle.readinto(view)

@@ -53,11 +53,13 @@ class DiskResult:
         out = asdict(self)
         out["verify_cost"] = 1 - self.read_gib_s / self.read_unverified_gib_s
         if self.fio_read_gib_s:
+            assert self.fio_write_gib_s is not None, "fio figures come in pairs"
             out["read_vs_fio"] = self.read_gib_s / self.fio_read_gib_s
             out["write_vs_fio"] = self.write_gib_s / self.fio_write_gib_s
         if self.aiofiles_read_gib_s:
             out["aiofiles_vs_kvtier"] = self.aiofiles_read_gib_s / self.read_gib_s
         if self.naive_read_gib_s:
+            assert self.naive_write_gib_s is not None, "naive figures come in pairs"
             out["read_vs_naive"] = self.read_gib_s / self.naive_read_gib_s
             out["write_vs_naive"] = self.write_gib_s / self.naive_write_gib_s
         return out
@@ -84,7 +86,7 @@ def _run_all(engine: IOEngine, count: int, batch: int, op: Callable[[range], lis
         return results
 
     start = time.perf_counter()
-    futures = [engine.submit(queue_of(b), lambda b=b: job(b)) for b in range(0, count, batch)]
+    futures = [engine.submit(queue_of(b), functools.partial(job, b)) for b in range(0, count, batch)]
     results = [r for f in futures for r in f.result()]
     elapsed = time.perf_counter() - start
     bad = [r for r in results if not r.ok]
@@ -189,12 +191,12 @@ def bench_directory(label: str, directory: Path, chunk_sizes: list[int], depths:
         count = total // chunk_bytes
         host = HostTier(count, -(-chunk_bytes // 4096) * 4096)
         host.buffer.array[:] = kv_like_bytes(host.buffer.size)
-        naive = (None, None)
+        naive: tuple[float | None, float | None] = (None, None)
         if baselines:
             naive = naive_round_trip(directory / f"naive-{chunk_bytes}",
                                      [host.slot_array(i)[:chunk_bytes] for i in range(count)])
         for depth in depths:
-            fio = (None, None)
+            fio: tuple[float | None, float | None] = (None, None)
             if baselines and have_fio():
                 block, size = 4096 + host.slot_bytes, count * chunk_bytes
                 fio = (fio_bandwidth(directory, "write", block, size, depth),
@@ -227,8 +229,8 @@ def bench_directory(label: str, directory: Path, chunk_sizes: list[int], depths:
 
 def checksum_gib_s(size: int = 256 * 2**20) -> float:
     """XXH3-64 speed on one core over ``size`` bytes (verification cost per byte read)."""
-    data = kv_like_bytes(size)
+    raw = kv_like_bytes(size)
     start = time.perf_counter()
     for _ in range(4):
-        xxhash.xxh3_64_intdigest(data)
+        xxhash.xxh3_64_intdigest(raw.data)
     return 4 * size / 2**30 / (time.perf_counter() - start)

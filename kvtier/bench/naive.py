@@ -34,7 +34,7 @@ def naive_round_trip(directory: Path, chunks: list[np.ndarray], passes: int = 3)
         start = time.perf_counter()
         for path, chunk in zip(paths, chunks, strict=True):
             with open(path, "wb") as f:
-                f.write(chunk)
+                f.write(chunk.data)
         os.sync()
         write_s = min(write_s, time.perf_counter() - start)
         drop_cache(paths)

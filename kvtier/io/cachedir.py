@@ -73,8 +73,8 @@ def probe_o_direct(directory: SafeDir) -> bool:
         buffer.close()
         return False
     try:
-        os.pwritev(fd, [buffer.array], 0)
-        return os.preadv(fd, [buffer.array], 0) == PAGE
+        os.pwritev(fd, [buffer.array.data], 0)
+        return os.preadv(fd, [buffer.array.data], 0) == PAGE
     except OSError:
         return False
     finally:
@@ -156,7 +156,7 @@ class CacheDir:
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file."""
-        os.pwrite(self.index_fd, entry[:INDEX_ENTRY_BYTES], local_slot * INDEX_ENTRY_BYTES)
+        os.pwrite(self.index_fd, entry[:INDEX_ENTRY_BYTES].data, local_slot * INDEX_ENTRY_BYTES)
 
     def read_index(self) -> bytes:
         """The index file (empty when it was never written), at most one entry per slot."""

@@ -53,7 +53,7 @@ def encode(raw: np.ndarray, element_bytes: int) -> tuple[Codec, bytes] | None:
         codec, planes = Codec.ZSTD_SHUFFLE2, _shuffle(raw)
     else:
         codec, planes = Codec.ZSTD, raw
-    packed = _compressor().compress(planes)
+    packed = _compressor().compress(planes.data)
     if len(packed) + 4096 > raw.size:
         return None
     return codec, packed
