@@ -138,7 +138,8 @@ def _floor(value: object) -> DiskFloor:
         if not 0 <= fraction < 1:
             raise ValueError
         return DiskFloor(fraction=fraction)
-    return DiskFloor(bytes=parse_size(value))  # type: ignore[arg-type]
+    assert isinstance(value, str | int | float), "scalar() refuses anything else"
+    return DiskFloor(bytes=parse_size(value))
 
 
 # key -> (parser, allowed values as shown in errors)
@@ -207,7 +208,7 @@ def load_config(
     layers.append(("environment " + ENV_PREFIX + "{KEY}", env_values))
     layers.append(("given config", overrides or {}))
 
-    parsed: dict[str, object] = {}
+    parsed: dict[str, Any] = {}  # each value of its field's type, as its parser returns it
     sources: dict[str, str] = {}
     for label, mapping in layers:
         for key, raw in mapping.items():

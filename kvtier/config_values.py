@@ -103,7 +103,8 @@ def seconds_or_off(value: object) -> float | None:
 def size(value: object) -> int:
     """A size: a whole number of bytes from 0 to 2**60, such as 4096, "512MiB" or "1.5GiB"."""
     scalar(value)  # refuses a list or mapping before parse_size turns it into text
-    return parse_size(value)  # type: ignore[arg-type]
+    assert isinstance(value, str | int | float), "scalar() refuses anything else"
+    return parse_size(value)
 
 
 def model(value: object) -> str | None:

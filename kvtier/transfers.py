@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kvtier.keys import ChunkKey
 from kvtier.store import Location
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.host import HostTier
@@ -31,7 +32,7 @@ class Transfers:
         raw = self.memory[loc.tier].slot(loc.slot)[: self.chunk_bytes]
         return raw.view(self._dtype).view(self._shape)
 
-    def copy(self, key: bytes, src: Location, dst: Location) -> IOResult:
+    def copy(self, key: ChunkKey, src: Location, dst: Location) -> IOResult:
         if src.tier in self.memory and dst.tier in self.memory:
             self.view(dst).copy_(self.view(src))
             return IOResult(IOStatus.OK, self.chunk_bytes)

@@ -147,12 +147,11 @@ def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
                    "load_latency": _percentiles(figures.read_latency_s)}
             if spec.baselines and have_fio():  # paths are independent: their ceilings add up
                 block, share = 4096 + host.slot_bytes, count * chunk_bytes // len(spec.disk_paths)
-                row["fio_write_gib_s"] = sum(fio_bandwidth(p, "write", block, share, depth)
-                                             for p in spec.disk_paths)
-                row["fio_read_gib_s"] = sum(fio_bandwidth(p, "read", block, share, depth)
-                                            for p in spec.disk_paths)
-                row["store_vs_fio"] = row["store_gib_s"] / row["fio_write_gib_s"]
-                row["load_vs_fio"] = row["load_gib_s"] / row["fio_read_gib_s"]
+                fio_write = sum(fio_bandwidth(p, "write", block, share, depth) for p in spec.disk_paths)
+                fio_read = sum(fio_bandwidth(p, "read", block, share, depth) for p in spec.disk_paths)
+                row["fio_write_gib_s"], row["fio_read_gib_s"] = fio_write, fio_read
+                row["store_vs_fio"] = figures.write_gib_s / fio_write
+                row["load_vs_fio"] = figures.read_gib_s / fio_read
             rows.append(row)
             advance(1)
         naive = None

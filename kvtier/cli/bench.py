@@ -91,9 +91,9 @@ def _layout(model: str, layers: int | None, kv_heads: int | None, head_dim: int 
 
     dims = (layers, kv_heads, head_dim)
     if model == "custom" or any(d is not None for d in dims):
-        if None in dims:
+        if layers is None or kv_heads is None or head_dim is None:
             raise ValueError("a custom model needs --layers, --kv-heads and --head-dim")
-        if min(dims) < 1:
+        if min(layers, kv_heads, head_dim) < 1:
             raise ValueError(f"--layers, --kv-heads and --head-dim must be at least 1, got {dims}")
         return KVLayout(layers, kv_heads, head_dim, dtype), "custom"
     if model not in PRESETS:

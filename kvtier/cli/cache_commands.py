@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 from dataclasses import asdict
 from typing import Annotated
 
@@ -94,11 +95,10 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
         for directory in dirs:
             task = bar.add_task(f"verify {directory.id[:12]}", total=None)
             try:
-                reports.append(verify_namespace(directory, repair,
-                                                lambda n, task=task: bar.advance(task, n)))
+                reports.append(verify_namespace(directory, repair, functools.partial(bar.advance, task)))
             except OSError as exc:
                 if repair and exc.errno == errno.EBUSY:
-                    raise fail(exc.strerror) from exc
+                    raise fail(exc.strerror or str(exc)) from exc
                 reports.append(VerifyReport(directory.id, problem=exc.strerror or str(exc)))
     problems = sum(r.problems for r in reports)
     if as_json:

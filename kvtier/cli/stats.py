@@ -82,8 +82,10 @@ def metrics_url(url: str) -> SplitResult:
 def fetch(parts: SplitResult, timeout: float, limit: int = MAX_BODY) -> bytes:
     """The body served at ``parts``, all of it within ``timeout`` seconds and ``limit`` bytes."""
     deadline = time.monotonic() + timeout
+    host = parts.hostname
+    assert host, "fetch() takes an address checked by metrics_url()"
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=timeout)
+    conn = kind(host, parts.port, timeout=timeout)
     sock = None
     try:
         conn.connect()

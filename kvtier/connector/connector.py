@@ -73,13 +73,23 @@ class KVTierConnector(KVConnectorBase_V1):
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped save is a later miss
 
+    @property
+    def _worker_side(self) -> WorkerSide:
+        assert self._worker is not None, "a worker call on the scheduler's connector"
+        return self._worker
+
+    @property
+    def _scheduler_side(self) -> SchedulerSide:
+        assert self._scheduler is not None, "a scheduler call on a worker's connector"
+        return self._scheduler
+
     # -- worker side --------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._worker.register(kv_caches)
+        self._worker_side.register(kv_caches)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        self._worker.start_loads(self._meta())
+        self._worker_side.start_loads(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: the request waits until the whole load is over
@@ -88,16 +98,16 @@ class KVTierConnector(KVConnectorBase_V1):
         return  # whole pages are copied once the step is over, in wait_for_save
 
     def wait_for_save(self) -> None:
-        self._worker.save(self._meta())
+        self._worker_side.save(self._meta())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return None, self._worker.finished() or None
+        return None, self._worker_side.finished() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.take_invalid_blocks()
+        return self._worker_side.take_invalid_blocks()
 
     def build_connector_worker_meta(self) -> KVTierWorkerMeta | None:
-        return self._worker.report()
+        return self._worker_side.report()
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
         return self._worker.stats() if self._worker is not None else None
@@ -120,27 +130,27 @@ class KVTierConnector(KVConnectorBase_V1):
     # -- scheduler side -----------------------------------------------------------------
 
     def on_new_request(self, request: Any) -> None:
-        self._scheduler.track(request)
+        self._scheduler_side.track(request)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int,
                                    *args: Any) -> tuple[int | None, bool]:
         self._local_computed[request.request_id] = num_computed_tokens
-        return self._scheduler.num_new_matched_tokens(request, num_computed_tokens)
+        return self._scheduler_side.num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens:
-            self._scheduler.plan_load(request, blocks.get_block_ids()[0],
-                                      self._local_computed.get(request.request_id, 0),
-                                      num_external_tokens)
+            self._scheduler_side.plan_load(request, blocks.get_block_ids()[0],
+                                           self._local_computed.get(request.request_id, 0),
+                                           num_external_tokens)
 
     def get_external_cache_hit_sources(self, request: Any,
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
-        tiers = self._scheduler.load_tiers(request.request_id, num_external_tokens)
+        tiers = self._scheduler_side.load_tiers(request.request_id, num_external_tokens)
         names = {TierName.HOST: CacheHitSource.HOST, TierName.DISK: CacheHitSource.DISK}
         return {names[tier]: tokens for tier, tokens in tiers.items() if tokens}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        scheduler = self._scheduler
+        scheduler = self._scheduler_side
         meta = scheduler.build_meta()
         scheduled = scheduler_output.num_scheduled_tokens
         new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
@@ -161,8 +171,8 @@ class KVTierConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         report = connector_output.kv_connector_worker_meta
         if isinstance(report, KVTierWorkerMeta):
-            self._scheduler.worker_report(report)
+            self._scheduler_side.worker_report(report)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)
-        return self._scheduler.request_finished(request.request_id), None
+        return self._scheduler_side.request_finished(request.request_id), None

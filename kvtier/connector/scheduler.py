@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,8 @@ class _Pending:
     """Chunks the workers are storing: host reservations, then write-through disk writes."""
 
     host: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
-    disk: dict[ChunkKey, tuple[Location, Location]] = field(default_factory=dict)
+    # disk slot, and the host slot pinned until the write is over (None: a demotion's)
+    disk: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
 
 
 class SchedulerSide:
@@ -68,7 +70,7 @@ class SchedulerSide:
         slot_bytes = align_up(geometry.chunk_bytes)
         levels = [(HOST, SlotIndex(config.host_capacity // slot_bytes,
                                    make_policy(config.eviction_policy)))]
-        self.disk_layout = None
+        self.disk_layout: SlotLayout | None = None
         if config.disk_paths:
             self.disk_layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths),
                                           config.disk_capacity)
@@ -93,11 +95,11 @@ class SchedulerSide:
         self._stalled_plans: dict[bytes, StorePlan] = {}  # their staging slots, held till then
         self._disk_outcomes: dict[bytes, list[int]] = {}
         self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
-        self.recovered = self._recover(namespaces) if self.disk_layout else 0
+        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout else 0
 
-    def _recover(self, namespaces: list[Namespace]) -> int:
+    def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
         """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
-        per_rank = [read_disk_index(list(self.config.disk_paths), ns, self.disk_layout)
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout)
                     for ns in namespaces]
         common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
                   if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
@@ -173,7 +175,7 @@ class SchedulerSide:
         self._asynchronous[request.request_id] = from_disk > 0
         return wanted, from_disk > 0
 
-    def _wait_for_room(self, req_id: str, matched: list[Location], wanted: int) -> bool:
+    def _wait_for_room(self, req_id: str, matched: Sequence[Location], wanted: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
         again next step rather than recompute the rest: the slots are held by loads and
         stores in flight, which give them back within a step or two. Not when the hits could
@@ -191,12 +193,12 @@ class SchedulerSide:
         self.counters["room_waits"] += 1
         return True
 
-    def _load_bytes(self, locations: list[Location]) -> tuple[int, int]:
+    def _load_bytes(self, locations: Sequence[Location]) -> tuple[int, int]:
         """(bytes read from disk, bytes in all) to load the chunks at ``locations``."""
         chunk_bytes = self.geometry.chunk_bytes
         return sum(chunk_bytes for loc in locations if loc.tier is DISK), len(locations) * chunk_bytes
 
-    def _loadable(self, keys: list[ChunkKey], locations: list[Location]) -> int | None:
+    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location]) -> int | None:
         """How many of the matched chunks (in order) can load now: each holds a host slot
         while it loads (a disk read needs one to stage in; a host chunk not yet pinned takes
         one out of reach when this load pins it). None when one of them is being staged
@@ -221,7 +223,8 @@ class SchedulerSide:
         keys = self.chunk_keys(request, -(-end // geo.chunk_tokens))
         load = _Load([], [], num_external, {},
                      asynchronous=self._asynchronous.pop(request.request_id, False))
-        chunks, demotions = [], []
+        chunks: list[ChunkLoad] = []
+        demotions: list[DiskWrite] = []
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
             first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
             last = min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
@@ -239,13 +242,14 @@ class SchedulerSide:
         host slot free is not loaded, nor is any chunk after it: the workers report their
         blocks invalid and vLLM recomputes them (the chunks stay cached)."""
         location = self.stack.locate(key) if key is not None and not load.cut else None
-        if location is not None and location.tier is DISK:
+        plan = None
+        if key is not None and location is not None and location.tier is DISK:
             self.stack.indexes[DISK].pin(key)
             plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
             if plan is None:
                 self.stack.unpin(key, location)
                 location = None
-        if location is None:
+        if key is None or location is None:
             load.cut = True
             self.counters["load_skipped_chunks"] += 1
             return ChunkLoad(key or b"", ids, first, None)
@@ -255,6 +259,7 @@ class SchedulerSide:
         if location.tier is HOST:
             self.stack.indexes[HOST].pin(key)
             return ChunkLoad(key, ids, first, location.slot)
+        assert plan is not None, "a disk chunk loads through a host staging slot"
         demotions += self._demotion_writes(plan.demotions)
         load.staged.append(plan)
         return ChunkLoad(key, ids, first, plan.dst.slot, location.slot)
@@ -379,7 +384,7 @@ class SchedulerSide:
                 if plan is not None:
                     self.stack.finish(plan.key, plan.dst, False)
         if self.disk_layout is not None:
-            self._paths_changed(report)
+            self._paths_changed(report, self.disk_layout)
 
     def _tally(self, outcomes: dict[bytes, list[int]], key: bytes, done: int,
                failed: int) -> bool | None:
@@ -394,10 +399,10 @@ class SchedulerSide:
         del outcomes[key]
         return counts[1] == 0
 
-    def _paths_changed(self, report: KVTierWorkerMeta) -> None:
+    def _paths_changed(self, report: KVTierWorkerMeta, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
         come back (empty) when every rank that did has it back."""
-        layout, index = self.disk_layout, self.stack.indexes[DISK]
+        index = self.stack.indexes[DISK]
         for path, ranks in report.paths_down.items():
             if not self._ranks_down[path]:
                 index.retire(range(path, layout.num_slots, layout.num_paths))

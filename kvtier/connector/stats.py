@@ -48,11 +48,9 @@ class KVTierStats(KVConnectorStats):
             else:
                 self.data["disk_write_failures"] += 1
 
-    def record_failure(self, status: str) -> None:
-        name = {"corrupt": "corruptions", "io_error": "io_errors", "no_space": "no_space",
-                "path_down": "paths_down", "timed_out": "load_timeouts"}.get(status)
-        if name:
-            self.data[name] += 1
+    def record_failure(self, counter: str) -> None:
+        """One more failure of the kind ``counter`` (a name of ``FAILURE_COUNTERS``)."""
+        self.data[counter] += 1
 
     def reset(self) -> None:
         self.data = {}

@@ -18,7 +18,7 @@ from concurrent.futures import wait as wait_futures
 
 import torch
 
-from kvtier.config import Compression, KVTierConfig, ODirect
+from kvtier.config import KVTierConfig
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import ChunkStore, DiskWrite, KVTierMetadata, KVTierWorkerMeta, RequestLoad
 from kvtier.connector.pages import PagedKV
@@ -27,12 +27,11 @@ from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
 from kvtier.keys import Namespace
 from kvtier.stats import FailureLog
-from kvtier.tiers.disk_retry import DiskRetries
+from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
 from kvtier.tiers.host import HostTier, make_host_tier
 from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
 log = logging.getLogger("kvtier")
-_O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -41,8 +40,7 @@ class WorkerSide:
         self.config, self.geometry, self.namespace = config, geometry, namespace
         self.pages: PagedKV | None = None
         self.host: HostTier | None = None
-        self.disk: DiskTier | None = None
-        self._engine: IOEngine | None = None
+        self._lane: DiskLane | NoDisk = NoDisk()
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._lock = threading.Lock()
         self._report = KVTierWorkerMeta()
@@ -53,10 +51,17 @@ class WorkerSide:
         self._invalid_blocks: set[int] = set()
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
-        self._down_reported: set[int] = set()  # disk paths reported out of service
         self._stalled: list[tuple[bytes, _Item | _JobReads]] = []  # given up on, still running
         self._abandoned: set[str] = set()  # loads given up on before their reads started
-        self._retries: DiskRetries | None = None
+
+    @property
+    def disk(self) -> DiskTier | None:
+        """This rank's disk tier (None without ``disk_paths``), for inspection."""
+        return self._lane.tier
+
+    @property
+    def _engine(self) -> IOEngine | None:
+        return self._lane.engine
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
@@ -67,22 +72,15 @@ class WorkerSide:
         self.pages = PagedKV(list(kv_caches.values()), self.geometry)
         slot_bytes = align_up(self.geometry.chunk_bytes)
         self.host = make_host_tier(self.config.host_capacity, slot_bytes)
-        if self.config.disk_paths:
-            self.disk = DiskTier(
-                self.config.disk_paths, self.namespace, self.geometry.chunk_bytes,
-                self.config.disk_capacity, compression=self.config.compression is Compression.ZSTD,
-                element_bytes=torch.empty((), dtype=next(iter(kv_caches.values())).dtype).element_size(),
-                o_direct=_O_DIRECT[self.config.o_direct], floor=self.config.disk_min_free,
-                retry=self.config.disk_retry)
-            report = self.disk.recover(threads=self.config.io_threads)
-            if report.torn:
-                self._failures.note("torn slots at start", f"{report.torn} slots with a bad "
-                                    "header or checksum dropped (a crash mid-write, or damage)")
-            self._engine = IOEngine(self.disk.queues, self.config.io_threads)
-            self._retries = DiskRetries(self.disk, self._engine, self._lock, self._path_back)
+        element_bytes = next(iter(kv_caches.values())).element_size()
+        self._lane = open_lane(self.config, self.namespace, self.geometry.chunk_bytes,
+                               element_bytes, lock=self._lock, on_back=self._path_back,
+                               failures=self._failures)
+        self._lane.recover(threads=self.config.io_threads)
+        with self._lock:
             self._report_down_paths()  # logged by the tier
         log.info("kvtier worker: %d host slots of %d bytes, disk %s", self.host.num_slots,
-                 slot_bytes, f"{self.disk.num_slots} slots" if self.disk else "off")
+                 slot_bytes, f"{self._lane.num_slots} slots" if self._lane.num_slots else "off")
 
     # -- loads --------------------------------------------------------------------------
 
@@ -133,7 +131,7 @@ class WorkerSide:
                 detail = f"no answer from disk after {timeout:g} s (load_timeout); recomputed"
                 self._stalled += [(key, reads[key]) for key in late]
                 slots = {c.key: c.disk_slot for c in load.chunks}
-                went_down = [self.disk.note_timeout(slots[key]) for key in late]
+                went_down = [self._lane.note_timeout(slots[key]) for key in late]
                 with self._lock:
                     self._report.reads_stalled.update(late)
                     if any(went_down):
@@ -216,19 +214,19 @@ class WorkerSide:
     def _submit_reads(self, load: RequestLoad) -> dict[bytes, Future]:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
         wanted = [c for c in load.chunks if c.disk_slot is not None and c.host_slot is not None]
-        if not wanted or self.disk is None:
+        if not wanted:
             return {}
         futures: dict[bytes, Future] = {}
         batches: list[Future] = []
         try:
-            for queue in self.disk.queues:
-                mine = sorted((c for c in wanted if self.disk.queue_of(c.disk_slot) == queue),
+            for queue in self._lane.queues:
+                mine = sorted((c for c in wanted if self._lane.queue_of(c.disk_slot) == queue),
                               key=lambda c: c.disk_slot)
                 size = -(-len(mine) // self.config.io_threads)  # spread over the path's threads
                 for start in range(0, len(mine), size or 1):
                     group = mine[start:start + size]
                     items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in group]
-                    batch = self._engine.submit(queue, lambda items=items: self.disk.read_many(items))
+                    batch = self._lane.submit(queue, lambda items=items: self._lane.read_many(items))
                     batches.append(batch)
                     for i, chunk in enumerate(group):
                         futures[chunk.key] = _Item(batch, i)
@@ -244,8 +242,7 @@ class WorkerSide:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
         failed stores, never raised into the engine's step."""
-        if self._retries is not None and self._down_reported:
-            self._retries.poll()
+        self._lane.poll()
         try:
             self._demote(meta.demotions)
         except Exception as exc:
@@ -269,7 +266,7 @@ class WorkerSide:
             self._record(lambda st: st.record_stores(len(stored),
                                                      len(stored) * self.geometry.chunk_bytes))
         writes = [s for s in stored if s.disk_slot is not None]
-        if writes and self.disk is not None:
+        if writes:
             try:
                 self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
             except Exception as exc:
@@ -295,23 +292,23 @@ class WorkerSide:
 
     def _demote(self, demotions: Sequence[DiskWrite]) -> None:
         """Write-back demotions: written now, since their host slots are about to be reused."""
-        if demotions and self.disk is not None:
+        if demotions:
             for _, future in self._submit_writes([(d.disk_slot, d.key, d.host_slot)
                                                    for d in demotions]):
                 future.result()
 
     def _submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[bytes], Future]]:
         started = []
-        for queue in self.disk.queues:
+        for queue in self._lane.queues:
             mine = [(d, k, self.host.slot_array(h)) for d, k, h in items
-                    if self.disk.queue_of(d) == queue]
+                    if self._lane.queue_of(d) == queue]
             if mine:
-                future = self._engine.submit(queue, lambda mine=mine: self._write(mine))
+                future = self._lane.submit(queue, lambda mine=mine: self._write(mine))
                 started.append(([k for _, k, _ in mine], future))
         return started
 
     def _write(self, items: list) -> None:
-        results = self.disk.write_many(items)
+        results = self._lane.write_many(items)
         with self._lock:
             for (_, key, _), result in zip(items, results, strict=True):
                 if result.ok:
@@ -324,23 +321,20 @@ class WorkerSide:
     def _note_failure(self, result: IOResult, op: str) -> None:
         """Count and log (once per kind) a failed disk request (lock held); a path going
         down is logged by the disk tier, once per path."""
-        if result.status is not IOStatus.PATH_DOWN:
-            self._failures.note(f"disk {op} {result.status.value}", result.detail)
-        self._record(lambda st: st.record_failure(result.status.value))
-        if result.status is IOStatus.PATH_DOWN and self.disk is not None:
+        counter = self._lane.note_failure(result, op)
+        if counter is not None:
+            self._record(lambda st: st.record_failure(counter))
+        if result.status is IOStatus.PATH_DOWN:
             self._report_down_paths()
 
     def _report_down_paths(self) -> None:
         """Report each disk path that went out of service, once (lock held)."""
-        for index in set(self.disk.down_paths) - self._down_reported:
-            self._down_reported.add(index)
+        for index in self._lane.newly_down():
             self._report.paths_down[index] += 1
 
     def _path_back(self, index: int) -> None:
         """A disk path came back into service (lock held): the scheduler side un-retires it."""
-        if index in self._down_reported:
-            self._down_reported.discard(index)
-            self._report.paths_up[index] += 1
+        self._report.paths_up[index] += 1
 
     def _unexpected(self, what: str, about: str, exc: BaseException) -> None:
         """An exception that was not an I/O result (a bug, or a fault no path reports): the
@@ -368,7 +362,7 @@ class WorkerSide:
                    Sample("load_seconds_total", "counter", "Time spent loading").add(
                        sum(data["load_seconds"])),
                    Sample("io_queue_depth", "gauge", "Disk requests queued or running").add(
-                       self._engine.pending() if self._engine else 0)]
+                       self._lane.pending())]
         for name in ("loads", "stores", "store_bytes", "disk_writes", "disk_write_bytes",
                      "disk_write_failures", "load_failures", "corruptions", "io_errors",
                      "no_space", "paths_down", "load_timeouts"):
@@ -410,15 +404,12 @@ class WorkerSide:
         loads = [job for _, job, _ in self._pending_loads if isinstance(job, Future)]
         self._loader.shutdown(wait=False, cancel_futures=True)
         done = not wait_futures(loads, timeout=timeout).not_done
-        if self._engine is not None:  # after the loads: they submit reads to the engine
-            done = self._engine.close(max(0.0, deadline - time.monotonic())) and done
         if not done:
-            log.error("kvtier worker shut down with disk jobs still running after %g s (a hung "
-                      "drive?): queued writes were dropped; host memory and cache files stay "
-                      "open until the process exits", timeout)
-            return False
-        if self.disk is not None:
-            self.disk.close()
+            log.error("kvtier worker shut down with loads still running after %g s (a hung "
+                      "drive?)", timeout)
+        # after the loads: they submit reads to the lane
+        if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done:
+            return False  # host memory and cache files stay open for the running I/O
         if self.host is not None:
             self.host.close()
         return True

@@ -80,7 +80,7 @@ class AlignedBuffer:
             torch.cuda.cudart().cudaHostUnregister(self.address)
             self.pinned = False
         self._tensor = None
-        self.array = None  # type: ignore[assignment]
+        self.array = None  # type: ignore[assignment]  # closed: a later use fails at once
         try:
             self._mmap.close()
         except BufferError:

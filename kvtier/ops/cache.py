@@ -59,11 +59,13 @@ def parse_meta(data: bytes, namespace_id: str) -> NamespaceMeta:
     namespace = json.loads(meta["namespace"])
     if not isinstance(namespace, dict):
         raise MetaError("not a kvtier namespace description")
-    numbers = {k: meta.get(k) for k in ("stride", "raw_bytes", "file_slots")}
-    for key, value in numbers.items():
+    numbers: dict[str, int] = {}
+    for key in ("stride", "raw_bytes", "file_slots"):
+        value = meta.get(key)
         if type(value) is not int or not 0 < value <= MAX_RAW_BYTES + HEADER_BYTES:
             raise MetaError(f"{key} is {value!r}, not a size kvtier writes")
-    result = NamespaceMeta(namespace, **numbers)  # type: ignore[arg-type]
+        numbers[key] = value
+    result = NamespaceMeta(namespace, **numbers)
     if result.format_version == FORMAT_VERSION:
         stride = SlotLayout(result.raw_bytes, 1, 0).stride
         if result.stride != stride or result.file_slots != file_slots_for(stride):
@@ -108,6 +110,12 @@ class NamespaceDir:
     def readable(self) -> bool:
         """True when its slots can be read with its metadata's geometry."""
         return self.status == "ok"
+
+    @property
+    def readable_meta(self) -> NamespaceMeta:
+        """``meta`` of a ``readable`` directory (code that reads slots runs only on those)."""
+        assert self.meta is not None, f"namespace {self.id} has no trusted namespace.json"
+        return self.meta
 
     def open(self) -> SafeDir:
         with SafeDir.open(self.root) as top:

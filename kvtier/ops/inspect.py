@@ -63,7 +63,7 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         report.status, report.problem = "unsafe", exc.strerror or str(exc)
         return report
     report.files, report.file_bytes = len(sizes), sum(sizes.values())
-    report.slots = sum(size // directory.meta.stride for size in sizes.values())
+    report.slots = sum(size // directory.readable_meta.stride for size in sizes.values())
     _count_entries(report, entries, time.time() if now is None else now)
     return report
 

@@ -126,7 +126,8 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
 
 def _free(directory: NamespaceDir, slots: list[int]) -> None:
     """Blank the slots' index entries and headers, and punch their space out of the files."""
-    stride, per_file = directory.meta.stride, directory.meta.file_slots
+    meta = directory.readable_meta
+    stride, per_file = meta.stride, meta.file_slots
     with directory.open() as handle:
         lock = hold(handle)
         try:

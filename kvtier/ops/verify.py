@@ -83,8 +83,9 @@ def _scan(ns: NamespaceDir, directory: SafeDir, report: VerifyReport,
           progress: Callable[[int], None] | None) -> _Scan:
     sizes = slot_file_sizes(ns, directory)
     indexed = dict(index_entries(ns, directory, sizes))
-    scan, seen = _Scan(), set()
-    stride, per_file = ns.meta.stride, ns.meta.file_slots
+    scan = _Scan()
+    seen: set[int] = set()
+    stride, per_file = ns.readable_meta.stride, ns.readable_meta.file_slots
     names = slot_files(directory)
     for number, size in sizes.items():
         fd = directory.open_file(names[number], os.O_RDONLY)
@@ -117,7 +118,8 @@ def _scan(ns: NamespaceDir, directory: SafeDir, report: VerifyReport,
 def _slots_of_file(fd: int, count: int, ns: NamespaceDir):
     """(slot in file, verdict, its index entry bytes) for slots ``0..count``; slots in a hole
     of a sparse file are free and not read."""
-    stride, digest = ns.meta.stride, bytes.fromhex(ns.id)
+    meta, digest = ns.readable_meta, bytes.fromhex(ns.id)
+    stride = meta.stride
     local = 0
     while local < count:
         start = _next_data(fd, local * stride)
@@ -127,7 +129,7 @@ def _slots_of_file(fd: int, count: int, ns: NamespaceDir):
         if first >= count:
             return
         data = read_at(fd, stride, first * stride)
-        yield first, _verdict(data, digest, ns.meta.raw_bytes), data[:INDEX_ENTRY_BYTES]
+        yield first, _verdict(data, digest, meta.raw_bytes), data[:INDEX_ENTRY_BYTES]
         local = first + 1
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
+import numpy as np
+
 from kvtier.config import Compression, KVTierConfig, ODirect
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
-from kvtier.keys import Namespace
+from kvtier.keys import ChunkKey, Namespace
 from kvtier.stats import FailureLog
 from kvtier.tiers.disk_recovery import RecoveryReport
 from kvtier.tiers.disk_retry import DiskRetries
@@ -92,6 +94,14 @@ class DiskLane:
 
     def invalidate(self, slot: int) -> IOResult:
         return self.tier.invalidate(slot)
+
+    def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """Blocking, verified reads (run them in a job on the slots' queue)."""
+        return self.tier.read_many(items)
+
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """Blocking writes (run them in a job on the slots' queue)."""
+        return self.tier.write_many(items)
 
     def note_timeout(self, slot: int) -> bool:
         """A request on ``slot``'s path given up after ``load_timeout``: it counts against the

@@ -42,7 +42,7 @@ class HostTier(MemoryTier):
         return self.buffer.array[start:start + self.slot_bytes]
 
     def close(self) -> None:
-        self._whole = None  # type: ignore[assignment]
+        self._whole = None
         self.buffer.close()
 
 

@@ -56,7 +56,7 @@ class SlotIndex:
     - Only visible, unpinned keys are ever evicted. Not thread-safe: the owner locks.
     """
 
-    def __init__(self, num_slots: int, policy: EvictionPolicy) -> None:
+    def __init__(self, num_slots: int, policy: EvictionPolicy[ChunkKey]) -> None:
         if num_slots < 0:
             raise ValueError(f"num_slots must not be negative, got {num_slots}")
         self.num_slots = num_slots
@@ -76,7 +76,7 @@ class SlotIndex:
         return self._num_visible
 
     def __contains__(self, key: object) -> bool:
-        entry = self._entries.get(key)  # type: ignore[call-overload]
+        entry = self._entries.get(key)  # type: ignore[call-overload]  # typeshed: get() takes only the key type
         return entry is not None and entry.state is EntryState.READY
 
     @property
@@ -113,7 +113,7 @@ class SlotIndex:
         victim: ChunkKey | None = None
         slot = self._take_free() if self._num_free else None
         while slot is None:
-            victim = self._policy.victim(self._unpinned)  # type: ignore[assignment]
+            victim = self._policy.victim(self._unpinned)
             if victim is None:
                 return None
             self._policy.remove(victim)

@@ -16,62 +16,65 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 from kvtier.config import EvictionPolicyName
 
+K = TypeVar("K", bound=Hashable)
 
-class EvictionPolicy(ABC):
+
+class EvictionPolicy(ABC, Generic[K]):
     """Chooses which evictable key goes first. See the module docstring for the contract."""
 
     @abstractmethod
-    def insert(self, key: Hashable) -> None: ...
+    def insert(self, key: K) -> None: ...
 
     @abstractmethod
-    def remove(self, key: Hashable) -> None: ...
+    def remove(self, key: K) -> None: ...
 
     @abstractmethod
-    def touch(self, key: Hashable) -> None: ...
+    def touch(self, key: K) -> None: ...
 
     @abstractmethod
-    def victim(self, evictable: Callable[[Hashable], bool] = lambda key: True) -> Hashable | None:
+    def victim(self, evictable: Callable[[K], bool] = lambda key: True) -> K | None:
         ...
 
     @abstractmethod
     def __len__(self) -> int: ...
 
 
-class LRUPolicy(EvictionPolicy):
+class LRUPolicy(EvictionPolicy[K]):
     """Least recently inserted or touched goes first."""
 
     def __init__(self) -> None:
-        self._order: OrderedDict[Hashable, None] = OrderedDict()
+        self._order: OrderedDict[K, None] = OrderedDict()
 
-    def insert(self, key: Hashable) -> None:
+    def insert(self, key: K) -> None:
         assert key not in self._order, "insert of a key already tracked"
         self._order[key] = None
 
-    def remove(self, key: Hashable) -> None:
+    def remove(self, key: K) -> None:
         del self._order[key]
 
-    def touch(self, key: Hashable) -> None:
+    def touch(self, key: K) -> None:
         self._order.move_to_end(key)
 
-    def victim(self, evictable: Callable[[Hashable], bool] = lambda key: True) -> Hashable | None:
+    def victim(self, evictable: Callable[[K], bool] = lambda key: True) -> K | None:
         return next((key for key in self._order if evictable(key)), None)
 
     def __len__(self) -> int:
         return len(self._order)
 
 
-class FIFOPolicy(LRUPolicy):
+class FIFOPolicy(LRUPolicy[K]):
     """First inserted goes first; accesses do not reorder."""
 
-    def touch(self, key: Hashable) -> None:
+    def touch(self, key: K) -> None:
         assert key in self._order, "touch of an untracked key"
 
 
-def make_policy(name: EvictionPolicyName | str) -> EvictionPolicy:
-    """The policy named by the ``eviction_policy`` config key."""
+def make_policy(name: EvictionPolicyName | str) -> EvictionPolicy[Any]:
+    """The policy named by the ``eviction_policy`` config key, for keys of any type."""
     return {EvictionPolicyName.LRU: LRUPolicy, EvictionPolicyName.FIFO: FIFOPolicy}[
         EvictionPolicyName(name)
     ]()
