@@ -19,6 +19,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from enum import Enum
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -60,8 +62,12 @@ class _Fetch:
     given_up: bool = False  # not over by its deadline, or not needed any more
 
 
-_NO_ROOM = object()
-_PRESENT = object()
+class _Skip(Enum):
+    """Why a chunk was not planned (``put``) or fetched (``get``)."""
+
+    PRESENT = "present"  # put: cached already, or being written
+    NO_ROOM = "no room"  # no slot free now
+    END = "end"  # get: not cached, or its staging slot could not be written back in time
 
 
 @dataclass(frozen=True)
@@ -199,28 +205,29 @@ class KVStore:
         stored, may_wait = 0, True
         for i, key in enumerate(keys):
             plan = self._plan_put(key)
-            if plan is None and may_wait and self._lane.pending():
+            if plan is _Skip.NO_ROOM and may_wait and self._lane.pending():
                 # Slots held by background writes: wait for them once (not for long if the
                 # disk is hung), then try again.
                 may_wait = self._lane.drain(timeout=self._drain_timeout())
                 plan = self._plan_put(key)
-            if plan is None or plan is _PRESENT:
+            if not isinstance(plan, StorePlan):
                 self._count("chunks_skipped")
                 continue
-            chunk = self._chunk_of(kv, i)
-            stored += self._write(plan, lambda dst, chunk=chunk: self._transfers.view(dst).copy_(chunk))
+            stored += self._write(plan, partial(self._copy_in, self._chunk_of(kv, i)))
         with self._lock:
             self._stats.chunks_stored += stored
         return stored * self.chunk_tokens
 
-    def _plan_put(self, key: ChunkKey) -> StorePlan | object | None:
-        """A plan to store ``key``; ``_PRESENT`` when it is cached or being written, None
-        when no slot is free now."""
+    def _copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
+        self._transfers.view(dst).copy_(chunk)
+
+    def _plan_put(self, key: ChunkKey) -> StorePlan | _Skip:
+        """A plan to store ``key``, or why there is none."""
         with self._lock:
             if self._stack.locate(key) is not None or self._stack.indexes[self._top].has_entry(key):
                 self._stack.touch(key)
-                return _PRESENT
-            return self._stack.plan_store(key, self._top)
+                return _Skip.PRESENT
+            return self._stack.plan_store(key, self._top) or _Skip.NO_ROOM
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout
@@ -254,11 +261,11 @@ class KVStore:
             while True:
                 while not ended and issued < len(keys) and len(window) < self._read_ahead:
                     fetch = self._begin_fetch(keys[issued])
-                    if fetch is _NO_ROOM and not window and may_wait and self._lane.pending():
+                    if fetch is _Skip.NO_ROOM and not window and may_wait and self._lane.pending():
                         # host slots held by background writes: wait for them once
                         may_wait = self._lane.drain(timeout=self._drain_timeout())
                         fetch = self._begin_fetch(keys[issued])
-                    if fetch is _NO_ROOM and window:
+                    if fetch is _Skip.NO_ROOM and window:
                         break  # host slots held by this window: complete one first
                     if not isinstance(fetch, _Fetch):
                         ended = True
@@ -312,7 +319,8 @@ class KVStore:
         if not self._lane.num_slots:
             return FlushResult(0, 0)  # no disk tier: nothing to write to
         deadline = None if timeout is None else time.monotonic() + timeout
-        written, batch, tried = 0, self._max_pending * len(self._lane.queues), set()
+        written, batch = 0, self._max_pending * len(self._lane.queues)
+        tried: set[ChunkKey] = set()
         started: list[Future] = []
         while True:  # a batch at a time, so that puts meanwhile still find host slots free
             drained = self._lane.drain(self._time_left(deadline))  # writes in flight first
@@ -332,8 +340,12 @@ class KVStore:
     def _host_only(self) -> list[tuple[ChunkKey, int]]:
         """(key, host slot) of host chunks with no disk copy and none being written (lock held)."""
         host, disk = self._stack.indexes[HOST], self._stack.indexes[DISK]
-        visible = host.keys()
-        return [(key, host.slot_of(key)) for key in visible if not disk.has_entry(key)]
+        found, visible = [], host.keys()
+        for key in visible:
+            slot = host.slot_of(key)
+            if slot is not None and not disk.has_entry(key):
+                found.append((key, slot))
+        return found
 
     def _flush_one(self, item: tuple[ChunkKey, int]) -> Future | None:
         """Start the disk write of one host chunk (lock held); None when the disk has no room."""
@@ -408,11 +420,11 @@ class KVStore:
                 self._fail_reservations(plan, i + 1)
                 raise
             if hung is not None:
-                hung.add_done_callback(lambda _, i=i: self._fail_reservations(plan, i + 1))
+                hung.add_done_callback(partial(self._fail_reservations, plan, i + 1))
                 return False
         return True
 
-    def _fail_reservations(self, plan: StorePlan, first_move: int) -> None:
+    def _fail_reservations(self, plan: StorePlan, first_move: int, _: Future | None = None) -> None:
         with self._lock:
             for move in plan.demotions[first_move:]:
                 self._stack.finish(move.key, move.dst, False)
@@ -432,7 +444,7 @@ class KVStore:
             return None
         try:
             write = self._lane.submit(self._lane.move_queue_of(move.dst.slot),
-                                      lambda: self._transfers.copy(move.key, move.src, move.dst))
+                                      partial(self._transfers.copy, move.key, move.src, move.dst))
         except BaseException:  # the engine is closed: nothing runs
             self._finish(move.key, move.dst, False)
             raise
@@ -504,34 +516,33 @@ class KVStore:
     def _promote(self, key: ChunkKey, source: Location) -> None:
         with self._lock:
             plan = self._stack.plan_store(key, self._top)
-        copy = lambda dst: self._transfers.view(dst).copy_(self._transfers.view(source))  # noqa: E731
-        if plan is not None and self._write(plan, copy):
+        if plan is not None and self._write(plan, partial(self._copy_in, self._transfers.view(source))):
             self._count("chunks_promoted")
 
     # -- disk reads ---------------------------------------------------------------------
 
-    def _begin_fetch(self, key: ChunkKey) -> _Fetch | object | None:
+    def _begin_fetch(self, key: ChunkKey) -> _Fetch | _Skip:
         """Pin ``key`` where it is hottest; from disk, reserve a host slot and start the read.
 
-        ``None`` when the key is not cached or its host slot's previous chunk could not be
-        written back in time (a hung drive), ``_NO_ROOM`` when no host slot is free for it.
+        ``END`` when the key is not cached or its host slot's previous chunk could not be
+        written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
         """
         with self._lock:
             loc = self._stack.locate(key)
             if loc is None:
-                return None
+                return _Skip.END
             self._stack.indexes[loc.tier].pin(key)
             if loc.tier is not DISK:
                 return _Fetch(key, loc)
             plan = self._stack.plan_store(key, HOST)
             if plan is None:
                 self._stack.unpin(key, loc)
-                return _NO_ROOM
+                return _Skip.NO_ROOM
         if not self._demote(plan):  # a hung drive: end the prefix here, the chunk stays cached
             with self._lock:
                 self._stack.unpin(key, loc)
-            return None
-        job = lambda: self._transfers.copy(key, loc, plan.dst)  # noqa: E731
+            return _Skip.END
+        job = partial(self._transfers.copy, key, loc, plan.dst)
         timeout = self.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         return _Fetch(key, loc, self._lane.submit(self._lane.queue_of(loc.slot), job), plan,
@@ -555,14 +566,15 @@ class KVStore:
             return None
         except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
-        fetch.read = None
+        fetch.read, plan = None, fetch.plan
+        assert plan is not None, "a disk read always fills a reserved host slot"
         with self._lock:
-            self._stack.finish(fetch.key, fetch.plan.dst, result.ok)
+            self._stack.finish(fetch.key, plan.dst, result.ok)
             if result.ok:
                 self._stats.disk_reads += 1
                 self._stats.disk_read_bytes += result.nbytes
                 self._stack.indexes[HOST].pin(fetch.key)
-                fetch.staged = fetch.plan.dst
+                fetch.staged = plan.dst
                 return fetch.staged
             self._stack.discard(fetch.key)
             self._account_failure(result, "read")
@@ -587,6 +599,7 @@ class KVStore:
         ends, since the read may still write into it. A read past its deadline (a hung disk)
         also drops the chunk, counts, and counts against its path's health."""
         read, plan, fetch.read, fetch.given_up = fetch.read, fetch.plan, None, True
+        assert read is not None and plan is not None, "only a disk read in flight is given up"
         if timed_out:
             with self._lock:
                 self._stack.discard(fetch.key)

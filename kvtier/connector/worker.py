@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from functools import partial
+from typing import Any, Protocol
 
 import torch
 
@@ -25,7 +27,7 @@ from kvtier.connector.pages import PagedKV
 from kvtier.connector.stats import KVTierStats
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
-from kvtier.keys import Namespace
+from kvtier.keys import ChunkKey, Namespace
 from kvtier.stats import FailureLog
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
 from kvtier.tiers.host import HostTier, make_host_tier
@@ -47,11 +49,11 @@ class WorkerSide:
         self._stats = KVTierStats()  # since the last report to vLLM
         self._totals = KVTierStats()  # since start, for the metrics endpoint
         self._finished_loads: set[str] = set()
-        self._pending_loads: list[tuple[RequestLoad, Future | _Done, float]] = []
+        self._pending_loads: list[tuple[RequestLoad, _Outcome, float]] = []
         self._invalid_blocks: set[int] = set()
         self._invalid_to_report: set[int] = set()
         self._failures = FailureLog()
-        self._stalled: list[tuple[bytes, _Item | _JobReads]] = []  # given up on, still running
+        self._stalled: list[tuple[bytes, _Outcome]] = []  # given up on, still running
         self._abandoned: set[str] = set()  # loads given up on before their reads started
 
     @property
@@ -62,6 +64,10 @@ class WorkerSide:
     @property
     def _engine(self) -> IOEngine | None:
         return self._lane.engine
+
+    def _attached(self) -> tuple[PagedKV, HostTier]:
+        assert self.pages is not None and self.host is not None, "register() comes first"
+        return self.pages, self.host
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
@@ -130,7 +136,7 @@ class WorkerSide:
             if late:  # a hung disk: recompute; the slots stay taken until the reads end
                 detail = f"no answer from disk after {timeout:g} s (load_timeout); recomputed"
                 self._stalled += [(key, reads[key]) for key in late]
-                slots = {c.key: c.disk_slot for c in load.chunks}
+                slots = {c.key: c.disk_slot for c in load.chunks if c.disk_slot is not None}
                 went_down = [self._lane.note_timeout(slots[key]) for key in late]
                 with self._lock:
                     self._report.reads_stalled.update(late)
@@ -143,7 +149,7 @@ class WorkerSide:
         self._pending_loads = waiting
         self._release_stalled()
 
-    def _abandon(self, load: RequestLoad, job: Future, started: float, timeout: float) -> None:
+    def _abandon(self, load: RequestLoad, job: _Outcome, started: float, timeout: float) -> None:
         """A load still writing back its staging slots' previous chunks after ``timeout``:
         recompute it. Its reads will not start; its staging slots stay taken until the job
         (and any read it did start) is over, as the write-back still reads from them."""
@@ -176,6 +182,7 @@ class WorkerSide:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
         the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
         dropped from the cache: chunks whose disk read failed."""
+        pages, host = self._attached()
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
         disk_bytes = host_bytes = 0
@@ -191,11 +198,11 @@ class WorkerSide:
                     broken = True
                     invalid.update(chunk.block_ids)
                     continue
-                self.pages.scatter(self.host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+                pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
                 moved = len(chunk.block_ids) * self.geometry.page_bytes * self.geometry.num_layers
                 host_bytes += moved
                 disk_bytes += moved if result is not None else 0
-            self.pages.synchronize()
+            pages.synchronize()
         except Exception as exc:  # never take the engine down: recompute instead
             self._unexpected("load failed", load.req_id, exc)
             invalid.update(b for c in load.chunks for b in c.block_ids)
@@ -211,25 +218,26 @@ class WorkerSide:
             self._record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
                                                    len(failed_keys)))
 
-    def _submit_reads(self, load: RequestLoad) -> dict[bytes, Future]:
+    def _submit_reads(self, load: RequestLoad) -> dict[bytes, _Outcome]:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
-        wanted = [c for c in load.chunks if c.disk_slot is not None and c.host_slot is not None]
+        _, host = self._attached()
+        wanted = sorted((c.disk_slot, c.host_slot, c.key) for c in load.chunks
+                        if c.disk_slot is not None and c.host_slot is not None)
         if not wanted:
             return {}
-        futures: dict[bytes, Future] = {}
+        futures: dict[bytes, _Outcome] = {}
         batches: list[Future] = []
         try:
             for queue in self._lane.queues:
-                mine = sorted((c for c in wanted if self._lane.queue_of(c.disk_slot) == queue),
-                              key=lambda c: c.disk_slot)
+                mine = [w for w in wanted if self._lane.queue_of(w[0]) == queue]
                 size = -(-len(mine) // self.config.io_threads)  # spread over the path's threads
                 for start in range(0, len(mine), size or 1):
                     group = mine[start:start + size]
-                    items = [(c.disk_slot, c.key, self.host.slot_array(c.host_slot)) for c in group]
-                    batch = self._lane.submit(queue, lambda items=items: self._lane.read_many(items))
+                    items = [(disk, ChunkKey(key), host.slot_array(slot)) for disk, slot, key in group]
+                    batch = self._lane.submit(queue, partial(self._lane.read_many, items))
                     batches.append(batch)
-                    for i, chunk in enumerate(group):
-                        futures[chunk.key] = _Item(batch, i)
+                    for i, (_, _, key) in enumerate(group):
+                        futures[key] = _Item(batch, i)
         except BaseException:
             # The load fails and its staging slots go back: no read may still be filling them.
             wait_futures(batches)
@@ -242,6 +250,7 @@ class WorkerSide:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
         failed stores, never raised into the engine's step."""
+        pages, host = self._attached()
         self._lane.poll()
         try:
             self._demote(meta.demotions)
@@ -253,29 +262,29 @@ class WorkerSide:
         stored: list[ChunkStore] = []
         for store in meta.stores:
             try:
-                self.pages.gather(store.block_ids, self.host.slot(store.host_slot))
+                pages.gather(store.block_ids, host.slot(store.host_slot))
                 stored.append(store)
             except Exception as exc:
                 self._unexpected("copy of a chunk to host failed", store.key.hex(), exc)
                 with self._lock:
                     self._report.host_failed[store.key] += 1
-        self.pages.synchronize()
+        pages.synchronize()
         with self._lock:
             for store in stored:
                 self._report.host_stored[store.key] += 1
             self._record(lambda st: st.record_stores(len(stored),
                                                      len(stored) * self.geometry.chunk_bytes))
-        writes = [s for s in stored if s.disk_slot is not None]
+        writes = [(s.disk_slot, s.key, s.host_slot) for s in stored if s.disk_slot is not None]
         if writes:
             try:
-                self._submit_writes([(s.disk_slot, s.key, s.host_slot) for s in writes])
+                self._submit_writes(writes)
             except Exception as exc:
                 self._unexpected("disk writes could not start", "", exc)
                 with self._lock:
-                    for store in writes:
-                        self._report.disk_failed[store.key] += 1
+                    for _, key, _ in writes:
+                        self._report.disk_failed[key] += 1
 
-    def _demote_then_read(self, load: RequestLoad) -> dict[bytes, Future]:
+    def _demote_then_read(self, load: RequestLoad) -> dict[bytes, _Outcome]:
         try:
             self._demote(load.demotions)
         except Exception:
@@ -297,13 +306,14 @@ class WorkerSide:
                                                    for d in demotions]):
                 future.result()
 
-    def _submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[bytes], Future]]:
+    def _submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
+        _, host = self._attached()
         started = []
         for queue in self._lane.queues:
-            mine = [(d, k, self.host.slot_array(h)) for d, k, h in items
+            mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
                     if self._lane.queue_of(d) == queue]
             if mine:
-                future = self._lane.submit(queue, lambda mine=mine: self._write(mine))
+                future = self._lane.submit(queue, partial(self._write, mine))
                 started.append(([k for _, k, _ in mine], future))
         return started
 
@@ -415,6 +425,14 @@ class WorkerSide:
         return True
 
 
+class _Outcome(Protocol):
+    """What a load waits on: a ``Future`` or one of the stand-ins below."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
 class _Done:
     """An already-available value behind the ``done``/``result`` interface of a future."""
 
@@ -438,7 +456,7 @@ class _Failed(_Done):
 class _JobReads:
     """Over when a load's write-back-then-read job and every read it started are over."""
 
-    def __init__(self, job: Future) -> None:
+    def __init__(self, job: _Outcome) -> None:
         self._job = job
 
     def done(self) -> bool:

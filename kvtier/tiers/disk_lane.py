@@ -161,7 +161,6 @@ def _moves(queue: str) -> str:
     return f"{queue}:moves"
 
 
-
 class NoDisk:
     """The lane of a store without ``disk_paths``: no slots, nothing queued, nothing down.
 
@@ -182,6 +181,23 @@ class NoDisk:
 
     def submit(self, queue: str, job: Callable[[], Any]) -> Future:
         raise AssertionError("no disk tier: nothing may be submitted")
+
+    def queue_of(self, slot: int) -> str:
+        raise AssertionError("no disk tier: it has no slots")
+
+    move_queue_of = queue_of
+
+    def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        raise AssertionError("no disk tier: nothing may be read")
+
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        raise AssertionError("no disk tier: nothing may be written")
+
+    def invalidate(self, slot: int) -> IOResult:
+        return IOResult(IOStatus.OK)
+
+    def note_failure(self, result: IOResult, op: str) -> str | None:
+        return FAILURE_COUNTERS.get(result.status)
 
     def pending(self, queue: str | None = None) -> int:
         return 0

@@ -6,13 +6,19 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader, is_blank
-from kvtier.io.slotindex import newest_per_key, parse_index, valid_header
+from kvtier.io.slotindex import SlotLayout, newest_per_key, parse_index, valid_header
+
+if TYPE_CHECKING:  # nvme.py imports this module
+    from kvtier.io.cachedir import CacheDir
+    from kvtier.tiers.nvme import IOResult, _Path
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,18 @@ class RecoveryReport:
 class DiskRecovery:
     """Start-up recovery of ``DiskTier`` (uses its paths, layout and per-slot arrays)."""
 
+    # what this part uses of DiskTier, which sets all of these in its __init__
+    _paths: list[_Path]
+    ns_digest: bytes
+    layout: SlotLayout
+    stride: int
+    _lengths: np.ndarray
+    _codecs: np.ndarray
+    _generation: Iterator[int]
+    _header_buffer: Callable[[], np.ndarray]
+    _where: Callable[[int], tuple[_Path, CacheDir | None, int, int]]
+    _failed: Callable[[_Path, OSError, CacheDir], IOResult]
+
     def recover(self, threads: int = 8) -> RecoveryReport:
         """Rebuild the slot map: from each path's index file, or by scanning slot headers
         (``threads`` at a time) where the index is missing. Newest copy of each key wins."""
@@ -42,26 +60,27 @@ class DiskRecovery:
                 continue
             entries = path.dir.read_index()
             if entries:
-                part, n, bad = self._parse_index(index, entries)
+                part, n, bad = self._parse_index(index, path.dir, entries)
             else:
-                part, n, bad = self.scan_headers(self._written_slots(index), threads)
+                part, n, bad = self.scan_headers(self._written_slots(index, path.dir), threads)
                 for slot, header in part:  # rebuild the index for the next start
+                    encoded = cast(bytes, header.encode())  # bytes: no ``into`` given
                     path.dir.write_index(slot // len(self._paths),
-                                         np.frombuffer(header.encode(), dtype=np.uint8))
+                                         np.frombuffer(encoded, dtype=np.uint8))
             found += part
             scanned += n
             torn += bad
         newest, duplicates = newest_per_key(found)
         best = {key: RecoveredSlot(slot, header) for key, (slot, header) in newest.items()}
-        newest = max((r.header.generation for r in best.values()), default=0)
-        self._generation = itertools.count(max(newest + 1, time.time_ns()))
+        last_generation = max((r.header.generation for r in best.values()), default=0)
+        self._generation = itertools.count(max(last_generation + 1, time.time_ns()))
         for recovered in best.values():
             self._lengths[recovered.slot] = recovered.header.payload_bytes
             self._codecs[recovered.slot] = recovered.header.codec
         return RecoveryReport(list(best.values()), scanned, torn, duplicates)
 
-    def _parse_index(self, index: int, entries: bytes) -> tuple[list[tuple[int, SlotHeader]], int, int]:
-        directory = self._paths[index].dir
+    def _parse_index(self, index: int, directory: CacheDir,
+                     entries: bytes) -> tuple[list[tuple[int, SlotHeader]], int, int]:
         found, torn = parse_index(entries, self.ns_digest, self.layout, index)
         present = []
         for slot, header in found:  # entries for slots past the end of a truncated file
@@ -72,11 +91,11 @@ class DiskRecovery:
                 present.append((slot, header))
         return present, min(len(entries) // INDEX_ENTRY_BYTES, self.layout.per_path), torn
 
-    def _written_slots(self, index: int) -> list[int]:
-        """Slots of path ``index`` that lie within its slot files as they are (a slot past the
-        end of a file, or of a file never made, holds nothing): a scan costs what was written,
-        not what the capacity allows."""
-        directory, paths = self._paths[index].dir, len(self._paths)
+    def _written_slots(self, index: int, directory: CacheDir) -> list[int]:
+        """Slots of path ``index`` (open in ``directory``) that lie within its slot files as
+        they are (a slot past the end of a file, or of a file never made, holds nothing): a scan
+        costs what was written, not what the capacity allows."""
+        paths = len(self._paths)
         slots: list[int] = []
         for number in directory.slot_file_numbers():
             first = number * directory.file_slots
@@ -96,7 +115,8 @@ class DiskRecovery:
 
     def _scan(self, slots: list[int] | range) -> tuple[list[tuple[int, SlotHeader]], int, int]:
         """(valid headers found, slots scanned, bad slots) over ``slots``."""
-        found, scanned, torn = [], 0, 0
+        found: list[tuple[int, SlotHeader]] = []
+        scanned = torn = 0
         header_buf = self._header_buffer()
         for slot in slots:
             path, directory, number, offset = self._where(slot)
@@ -109,16 +129,16 @@ class DiskRecovery:
                 found.append((slot, header))
         return found, scanned, torn
 
-    def _read_header(self, path, directory, number: int, offset: int,
+    def _read_header(self, path: _Path, directory: CacheDir, number: int, offset: int,
                      buf: np.ndarray) -> tuple[SlotHeader | None, bool]:
         """(the slot's header if valid and of this namespace, whether the slot is bad)."""
         try:
-            if os.preadv(directory.fd(number), [buf], offset) != HEADER_BYTES:
+            if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
                 return None, True
         except OSError as exc:
             self._failed(path, exc, directory)
             return None, True
-        if is_blank(buf):
+        if is_blank(buf.data):
             return None, False
         header = valid_header(buf, self.ns_digest, self.layout)
         return header, header is None

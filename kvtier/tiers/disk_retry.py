@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 
 from kvtier.io.engine import IOEngine
 from kvtier.tiers.nvme import DiskTier
@@ -28,7 +29,7 @@ class DiskRetries:
                 if index in self._trying:
                     continue
                 self._trying.add(index)
-            self._engine.submit(self._disk.queues[index], lambda index=index: self._try(index))
+            self._engine.submit(self._disk.queues[index], partial(self._try, index))
 
     def _try(self, index: int) -> None:
         back = False

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from kvtier.io.slotindex import SlotLayout
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.base import TierName
 from kvtier.tiers.disk_recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,19 @@ class IOResult:
     @property
     def ok(self) -> bool:
         return self.status is IOStatus.OK
+
+
+@dataclass(frozen=True)
+class _OpenArgs:
+    """What every ``CacheDir`` of this tier is opened with, besides its root."""
+
+    namespace_id: str
+    meta: dict[str, object]
+    num_slots: int
+    stride: int
+    file_slots: int
+    o_direct: bool | None
+    floor: DiskFloor
 
 
 class _Path:
@@ -118,9 +135,9 @@ class DiskTier(DiskRecovery):
         self.file_slots = self.layout.file_slots
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
-        self._open_args = dict(namespace_id=namespace.id, meta=meta, num_slots=per_path,
-                               stride=self.stride, file_slots=self.file_slots,
-                               o_direct=o_direct, floor=floor or DiskFloor())
+        self._open_args = _OpenArgs(namespace.id, meta, num_slots=per_path, stride=self.stride,
+                                    file_slots=self.file_slots, o_direct=o_direct,
+                                    floor=floor or DiskFloor())
         for path in self._paths:
             try:
                 path.dir, path.inode = self._open(path)
@@ -224,7 +241,7 @@ class DiskTier(DiskRecovery):
                 payload = body_source[: len(blob)]
                 payload[:] = np.frombuffer(blob, dtype=np.uint8)
         SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
-                   payload_checksum(payload), next(self._generation), time.time_ns()
+                   payload_checksum(payload.data), next(self._generation), time.time_ns()
                    ).encode(into=header_buf)
         return codec, aligned_view(body_source, payload.size), payload.size
 
@@ -257,14 +274,14 @@ class DiskTier(DiskRecovery):
                     results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
                 continue
             headers = self._header_buffers(len(run))
-            iov = []
+            iov: list[np.ndarray] = []
             for j, i in enumerate(run):
                 slot, _, dst = items[i]
                 length = int(self._lengths[slot]) or self.raw_bytes
                 buffer = dst if i not in compressed else self._payload_buffer()
                 iov += [headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], aligned_view(buffer, length)]
             try:
-                got = os.preadv(directory.fd(number), iov, offset)
+                got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset)
             except OSError as exc:
                 for i in run:
                     results[i] = self._failed(path, exc, directory)
@@ -284,7 +301,7 @@ class DiskTier(DiskRecovery):
             return IOResult(IOStatus.CORRUPT, arrived, problem)
         if codec is not Codec.NONE:
             try:
-                codecs.decode(codec, target[: int(self._lengths[slot])], dst[: self.raw_bytes])
+                codecs.decode(codec, target[: int(self._lengths[slot])].data, dst[: self.raw_bytes])
             except ValueError as exc:
                 return IOResult(IOStatus.CORRUPT, arrived, str(exc))
         return IOResult(IOStatus.OK, arrived)
@@ -308,7 +325,7 @@ class DiskTier(DiskRecovery):
     def _check(self, header_buf: np.ndarray, key: ChunkKey, payload: np.ndarray, got: int,
                codec: Codec) -> str:
         try:
-            header = decode_header(header_buf)
+            header = decode_header(header_buf.data)
         except HeaderError as exc:
             return str(exc)
         if header.namespace != self.ns_digest or header.key != key:
@@ -318,7 +335,7 @@ class DiskTier(DiskRecovery):
         if got < header.payload_bytes:
             return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
         stored = payload[: header.payload_bytes]
-        if self.verify_payload and payload_checksum(stored) != header.payload_checksum:
+        if self.verify_payload and payload_checksum(stored.data) != header.payload_checksum:
             return "payload checksum mismatch"
         return ""
 
@@ -333,7 +350,7 @@ class DiskTier(DiskRecovery):
             if directory.file_size(number) <= offset:
                 return IOResult(IOStatus.OK)
             directory.write_index(slot // len(self._paths), header_buf)
-            os.pwritev(directory.fd(number), [header_buf], offset)
+            os.pwritev(directory.fd(number), [header_buf.data], offset)
         except OSError as exc:
             return self._failed(path, exc, directory)
         return IOResult(IOStatus.OK, HEADER_BYTES)
@@ -373,7 +390,10 @@ class DiskTier(DiskRecovery):
         return path.dir is None
 
     def _open(self, path: _Path) -> tuple[CacheDir, int]:
-        directory = CacheDir(Path(path.root), **self._open_args)
+        args = self._open_args
+        directory = CacheDir(Path(path.root), args.namespace_id, args.meta, num_slots=args.num_slots,
+                             stride=args.stride, file_slots=args.file_slots,
+                             o_direct=args.o_direct, floor=args.floor)
         try:
             return directory, directory.inode
         except OSError:
@@ -410,7 +430,8 @@ class DiskTier(DiskRecovery):
                 path.stale, path.dir = path.dir, None
             if path.retry_every is not None:
                 now = time.monotonic()
-                if path.back_at and now - path.back_at >= path.retry_every:
+                if (path.back_at and path.retry_first is not None
+                        and now - path.back_at >= path.retry_every):
                     path.retry_every = path.retry_first  # it held longer than its last wait
                 path.retry_at = now + path.retry_every
         log.error("kvtier disk path out of service: %s (%s)", path.down_reason,
