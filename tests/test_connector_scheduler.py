@@ -3,14 +3,10 @@
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pytest
-
-pytest.importorskip("vllm")
-
 from kvtier.config import load_config
 from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import KVTierMetadata, KVTierWorkerMeta
+from kvtier.connector.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.tiers.base import TierName
 
@@ -40,11 +36,11 @@ def scheduler(world: int = 1, disk=None, disk_slots=8, **extra) -> SchedulerSide
 
 
 def store_all(side: SchedulerSide, req: Request, world: int = 1, disk_ok: bool = True):
-    meta = KVTierMetadata()
+    meta = StepPlan()
     side.plan_stores(req, list(range(100, 100 + req.num_tokens // BLOCK)), req.num_tokens, meta)
     done = Counter({s.key: world for s in meta.stores})
     written = Counter({s.key: world for s in meta.stores if s.disk_slot is not None})
-    report = KVTierWorkerMeta(host_stored=done)
+    report = WorkerReport(host_stored=done)
     if disk_ok:
         report.disk_written = written
     else:
@@ -56,11 +52,11 @@ def store_all(side: SchedulerSide, req: Request, world: int = 1, disk_ok: bool =
 def test_stores_become_visible_only_when_reported():
     side = scheduler()
     req = request("a", 100)  # 6 full blocks: 3 full chunks
-    meta = KVTierMetadata()
+    meta = StepPlan()
     side.plan_stores(req, list(range(10, 16)), 100, meta)
     assert [s.block_ids for s in meta.stores] == [(10, 11), (12, 13), (14, 15)]
     assert side.num_new_matched_tokens(request("b", 100), 0) == (0, False)
-    side.worker_report(KVTierWorkerMeta(host_stored=Counter({s.key: 1 for s in meta.stores})))
+    side.worker_report(WorkerReport(host_stored=Counter({s.key: 1 for s in meta.stores})))
     assert side.num_new_matched_tokens(request("b", 100), 0) == (96, False)  # from host: sync
 
 
@@ -72,12 +68,12 @@ def test_the_last_token_is_always_computed():
 
 def test_a_store_is_not_visible_until_every_rank_reported():
     side = scheduler(world=2)
-    meta = KVTierMetadata()
+    meta = StepPlan()
     req = request("a", 64)
     side.plan_stores(req, [1, 2, 3, 4], 64, meta)
     keys = Counter({s.key: 1 for s in meta.stores})
-    side.worker_report(KVTierWorkerMeta(host_stored=keys))
-    side.worker_report(KVTierWorkerMeta(host_stored=keys, host_failed=keys))
+    side.worker_report(WorkerReport(host_stored=keys))
+    side.worker_report(WorkerReport(host_stored=keys, host_failed=keys))
     assert side.num_new_matched_tokens(request("b", 65), 0) == (0, False)
 
 
@@ -92,7 +88,7 @@ def test_a_load_pins_its_chunks_until_the_workers_are_done():
     for other in range(5):  # pressure: the pinned chunks must survive
         store_all(side, request(f"x{other}", 64, seed=other + 1))
     assert side.stack.match_prefix([c.key for c in load.chunks]).num_chunks == 2
-    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
+    side.worker_report(WorkerReport(loads_done=Counter({"b": 1})))
     assert side.stack.indexes[TierName.HOST]._entries[load.chunks[0].key].pins == 0
 
 
@@ -112,7 +108,7 @@ def test_failed_loads_drop_the_chunk():
     side.plan_load(request("b", 65), [1, 2, 3, 4, 5], 0, 64)
     (load,) = side.build_meta().loads
     bad = load.chunks[1].key
-    side.worker_report(KVTierWorkerMeta(load_failed={"b": {bad}}, loads_done=Counter({"b": 1})))
+    side.worker_report(WorkerReport(load_failed={"b": {bad}}, loads_done=Counter({"b": 1})))
     assert side.num_new_matched_tokens(request("c", 65), 0) == (32, False)
     assert side.counters["load_failed_chunks"] == 1
 
@@ -152,7 +148,7 @@ def test_failed_disk_writes_leave_the_host_copy(tmp_path):
 def test_a_path_reported_down_is_retired(tmp_path):
     side = scheduler(disk=tmp_path)
     store_all(side, request("a", 64))
-    side.worker_report(KVTierWorkerMeta(paths_down=Counter({0: 1})))
+    side.worker_report(WorkerReport(paths_down=Counter({0: 1})))
     assert side.stack.indexes[TierName.DISK].free_slots == 0
 
 
@@ -191,11 +187,11 @@ def test_a_store_with_no_free_host_slot_is_offered_again_next_step():
     side = scheduler()
     hold_host_slots(side, 4)  # every host slot pinned by a load
     req = request("a", 64, seed=3)
-    meta = KVTierMetadata()
+    meta = StepPlan()
     side.plan_stores(req, [1, 2, 3, 4], 64, meta)
     assert meta.stores == []
-    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"held": 1})))
-    meta = KVTierMetadata()
+    side.worker_report(WorkerReport(loads_done=Counter({"held": 1})))
+    meta = StepPlan()
     side.plan_stores(req, [1, 2, 3, 4], 65, meta)  # the request's next step
     assert [s.block_ids for s in meta.stores] == [(1, 2), (3, 4)]
 
@@ -232,7 +228,7 @@ def test_a_match_from_disk_gets_its_staging_slots_when_a_load_ends(tmp_path):
     hold_host_slots(side, 3)
     b = request("b", 97)
     assert side.num_new_matched_tokens(b, 0) == (None, False)
-    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"held": 1})))  # its pins go
+    side.worker_report(WorkerReport(loads_done=Counter({"held": 1})))  # its pins go
     assert side.num_new_matched_tokens(b, 0) == (96, True)  # every hit loads
     assert side.counters.get("load_cut_chunks", 0) == 0
 
@@ -271,7 +267,7 @@ def test_a_chunk_without_a_staging_slot_is_recomputed_and_stays_cached(tmp_path)
     assert len(staged) == 2 and all(c.disk_slot is not None for c in staged)
     assert load.chunks[2].host_slot is None and load.chunks[2].disk_slot is None
     assert side.counters["load_skipped_chunks"] == 1
-    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
+    side.worker_report(WorkerReport(loads_done=Counter({"b": 1})))
     assert side.counters.get("load_failed_chunks", 0) == 0
     keys = side.chunk_keys(b, 3)
     assert side.stack.match_prefix(keys).num_chunks == 3  # nothing dropped
@@ -294,35 +290,35 @@ def test_an_asynchronous_load_stays_asynchronous_when_its_chunks_went_away(tmp_p
 def test_a_path_comes_back_when_every_rank_has_it_back(tmp_path):
     side = scheduler(world=2, disk=tmp_path)
     disk = side.stack.indexes[TierName.DISK]
-    side.worker_report(KVTierWorkerMeta(paths_down=Counter({0: 2})))
+    side.worker_report(WorkerReport(paths_down=Counter({0: 2})))
     assert disk.free_slots == 0
-    side.worker_report(KVTierWorkerMeta(paths_up=Counter({0: 1})))
+    side.worker_report(WorkerReport(paths_up=Counter({0: 1})))
     assert disk.free_slots == 0  # one rank still without it
-    side.worker_report(KVTierWorkerMeta(paths_up=Counter({0: 1})))
+    side.worker_report(WorkerReport(paths_up=Counter({0: 1})))
     assert disk.free_slots == disk.num_slots
 
 
 def test_ranks_whose_disk_writes_end_in_different_steps_all_count(tmp_path):
     side = scheduler(world=2, disk=tmp_path)
-    meta = KVTierMetadata()
+    meta = StepPlan()
     side.plan_stores(request("a", 64), [1, 2, 3, 4], 64, meta)
     keys = [s.key for s in meta.stores]
-    side.worker_report(KVTierWorkerMeta(host_stored=Counter({k: 2 for k in keys}),
+    side.worker_report(WorkerReport(host_stored=Counter({k: 2 for k in keys}),
                                         disk_written=Counter({k: 1 for k in keys})))  # rank 0
     assert side.counters.get("disk_written_chunks", 0) == 0  # rank 1 still writing
-    side.worker_report(KVTierWorkerMeta(disk_written=Counter({k: 1 for k in keys})))  # rank 1
+    side.worker_report(WorkerReport(disk_written=Counter({k: 1 for k in keys})))  # rank 1
     assert side.counters["disk_written_chunks"] == 2
     assert all(side.stack.indexes[TierName.DISK].slot_of(k) is not None for k in keys)
 
 
 def test_one_rank_failing_its_disk_write_in_a_later_step_fails_the_chunk(tmp_path):
     side = scheduler(world=2, disk=tmp_path)
-    meta = KVTierMetadata()
+    meta = StepPlan()
     side.plan_stores(request("a", 64), [1, 2, 3, 4], 64, meta)
     keys = [s.key for s in meta.stores]
-    side.worker_report(KVTierWorkerMeta(host_stored=Counter({k: 2 for k in keys}),
+    side.worker_report(WorkerReport(host_stored=Counter({k: 2 for k in keys}),
                                         disk_written=Counter({k: 1 for k in keys})))
-    side.worker_report(KVTierWorkerMeta(disk_failed=Counter({k: 1 for k in keys})))
+    side.worker_report(WorkerReport(disk_failed=Counter({k: 1 for k in keys})))
     assert side.counters["disk_failed_chunks"] == 2
     assert all(side.stack.indexes[TierName.DISK].slot_of(k) is None for k in keys)
     assert side.stack.indexes[TierName.HOST]._entries[keys[0]].pins == 0
@@ -347,7 +343,7 @@ def test_a_chunk_being_read_for_another_request_makes_the_next_one_wait(tmp_path
     side.plan_load(b, list(range(1, 6)), 0, 64)  # staging a's chunks into host memory
     side.build_meta()
     assert side.num_new_matched_tokens(c, 0) == (None, False)  # ask again: soon in host
-    side.worker_report(KVTierWorkerMeta(loads_done=Counter({"b": 1})))
+    side.worker_report(WorkerReport(loads_done=Counter({"b": 1})))
     assert side.num_new_matched_tokens(c, 0) == (64, False)
 
 
@@ -361,12 +357,12 @@ def test_a_read_given_up_on_keeps_its_staging_slot_until_it_ends(tmp_path):
     host = side.stack.indexes[TierName.HOST]
     late = load.chunks[1].key
     free = host.free_slots
-    side.worker_report(KVTierWorkerMeta(load_failed={"b": {late}}, loads_done=Counter({"b": 1}),
+    side.worker_report(WorkerReport(load_failed={"b": {late}}, loads_done=Counter({"b": 1}),
                                         reads_stalled=Counter({late: 1})))
     assert side.counters["load_failed_chunks"] == 1
     assert host.has_entry(late) and host.free_slots == free  # the read may still write there
     assert side.stack.match_prefix(side.chunk_keys(b, 2)).num_chunks == 1  # not served again
-    side.worker_report(KVTierWorkerMeta(reads_over=Counter({late: 1})))
+    side.worker_report(WorkerReport(reads_over=Counter({late: 1})))
     assert not host.has_entry(late) and host.free_slots == free + 1
 
 
@@ -389,11 +385,11 @@ def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):
     real = module.block_hash_chunk_key
     monkeypatch.setattr(module, "block_hash_chunk_key", lambda *a: calls.append(a) or real(*a))
     assert not side.completes_chunks("a", 96 + 1)  # a decode step: nothing new to store
-    side.plan_stores(req, list(range(100, 106)), 96 + 1, KVTierMetadata())
+    side.plan_stores(req, list(range(100, 106)), 96 + 1, StepPlan())
     assert calls == []
     longer = request("a", 128)
     assert side.completes_chunks("a", 128)
-    meta = KVTierMetadata()
+    meta = StepPlan()
     side.plan_stores(longer, list(range(100, 108)), 128, meta)
     assert len(calls) == 1 and len(meta.stores) == 1  # only the chunk just completed
 

@@ -4,14 +4,11 @@ import errno
 import os
 import time
 
-import pytest
 import torch
-
-pytest.importorskip("vllm")
 
 from kvtier.config import load_config
 from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkLoad, ChunkStore, KVTierMetadata, RequestLoad
+from kvtier.connector.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
 from kvtier.connector.worker import WorkerSide
 from tests.disk_helpers import delayed_io, failing_io, wait_until
 
@@ -37,7 +34,7 @@ def same(a, b) -> bool:
 def test_store_to_host_and_disk_then_load_back(tmp_path):
     side, kv = worker(tmp_path)
     original = [t.clone() for t in kv]
-    side.save(KVTierMetadata(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=5)]))
+    side.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=5)]))
     side._engine.drain()
     report = side.report()
     assert report.host_stored[b"k" * 16] == 1 and report.disk_written[b"k" * 16] == 1
@@ -45,7 +42,7 @@ def test_store_to_host_and_disk_then_load_back(tmp_path):
         t[8:10].zero_()
     load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, disk_slot=5),),
                        asynchronous=True)
-    side.start_loads(KVTierMetadata(loads=[load]))
+    side.start_loads(StepPlan(loads=[load]))
     side._engine.drain()
     assert side.finished() == {"r"} and side.take_invalid_blocks() == set()
     assert all(same(kv[i][8:10], original[i][3:5]) for i in range(LAYERS))
@@ -56,8 +53,8 @@ def test_store_to_host_and_disk_then_load_back(tmp_path):
 def test_a_host_load_is_done_before_the_forward(tmp_path):
     side, kv = worker(tmp_path, disk=False)
     original = [t.clone() for t in kv]
-    side.save(KVTierMetadata(stores=[ChunkStore(b"h" * 16, (1, 2), host_slot=2)]))
-    side.start_loads(KVTierMetadata(loads=[RequestLoad("r", (ChunkLoad(b"h" * 16, (7,), 1, 2),))]))
+    side.save(StepPlan(stores=[ChunkStore(b"h" * 16, (1, 2), host_slot=2)]))
+    side.start_loads(StepPlan(loads=[RequestLoad("r", (ChunkLoad(b"h" * 16, (7,), 1, 2),))]))
     assert all(same(kv[i][7], original[i][2]) for i in range(LAYERS))
     assert side.finished() == set()  # synchronous: not reported to vLLM as an async load
     assert side.report().loads_done["r"] == 1
@@ -66,14 +63,14 @@ def test_a_host_load_is_done_before_the_forward(tmp_path):
 
 def test_a_failed_disk_read_reports_the_blocks_for_recompute(tmp_path, monkeypatch):
     side, _ = worker(tmp_path)
-    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0),
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0),
                                      ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=1)]))
     side._engine.drain()
     side.report()
     chunks = (ChunkLoad(b"a" * 16, (10, 11), 0, 2, disk_slot=0),
               ChunkLoad(b"b" * 16, (12, 13), 0, 3, disk_slot=1))
     with failing_io(monkeypatch, "slots-", err=errno.EIO, calls=("preadv",)):
-        side.start_loads(KVTierMetadata(loads=[RequestLoad("r", chunks, asynchronous=True)]))
+        side.start_loads(StepPlan(loads=[RequestLoad("r", chunks, asynchronous=True)]))
         side._engine.drain()
         assert side.finished() == {"r"}
     assert side.take_invalid_blocks() == {10, 11, 12, 13}
@@ -83,7 +80,7 @@ def test_a_failed_disk_read_reports_the_blocks_for_recompute(tmp_path, monkeypat
 
 def test_a_copy_that_fails_is_a_failed_store_not_a_crash(tmp_path):
     side, _ = worker(tmp_path, disk=False)
-    side.save(KVTierMetadata(stores=[ChunkStore(b"x" * 16, (BLOCKS + 5, 0), host_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"x" * 16, (BLOCKS + 5, 0), host_slot=0)]))
     assert side.report().host_failed[b"x" * 16] == 1
     side.close()
 
@@ -92,7 +89,7 @@ def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
     side, _ = worker(tmp_path)
     load = RequestLoad("r", (ChunkLoad(b"z" * 16, (5, 6), 0, host_slot=None, disk_slot=3),),
                        asynchronous=True)
-    side.start_loads(KVTierMetadata(loads=[load]))
+    side.start_loads(StepPlan(loads=[load]))
     assert side.finished() == {"r"} and side.take_invalid_blocks() == {5, 6}
     side.close()
 
@@ -102,16 +99,16 @@ def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, mon
 
     side, _ = worker(tmp_path, disk_retry=0.001)
     with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
-        side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0)]))
+        side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0)]))
         side._engine.drain()
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and report.disk_failed[b"a" * 16] == 1
     time.sleep(0.01)  # past disk_retry
-    side.save(KVTierMetadata())  # each step tries a path that is due
+    side.save(StepPlan())  # each step tries a path that is due
     side._engine.drain()
     report = side.report()
     assert report.paths_up == Counter({0: 1}) and not report.paths_down
-    side.save(KVTierMetadata(stores=[ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     assert side.report().disk_written[b"b" * 16] == 1
     side.close()
@@ -121,7 +118,7 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
     from kvtier.connector.messages import DiskWrite
 
     side, _ = worker(tmp_path)
-    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     side.report()
 
@@ -132,7 +129,7 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
                        asynchronous=True)
-    side.start_loads(KVTierMetadata(loads=[load]))
+    side.start_loads(StepPlan(loads=[load]))
     wait_until(lambda: side.finished() == {"r"}, "the load was never reported finished")
     assert side.report().disk_failed[b"v" * 16] == 1  # its disk reservation is given back
     assert side.take_invalid_blocks() == {10, 11}
@@ -141,13 +138,13 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
 
 def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path, monkeypatch):
     side, _ = worker(tmp_path, load_timeout=0.2)
-    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     side.report()
     release = delayed_io(monkeypatch, "preadv")
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        asynchronous=True)
-    side.start_loads(KVTierMetadata(loads=[load]))
+    side.start_loads(StepPlan(loads=[load]))
     assert side.finished() == set()  # not yet: within load_timeout
     wait_until(lambda: side.finished() == {"r"}, "a hung read held the request")
     assert side.take_invalid_blocks() == {10, 11}
@@ -166,7 +163,7 @@ def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypat
 
     side, _ = worker(tmp_path, load_timeout=0.1)
     keys = [bytes([i]) * 16 for i in range(3)]
-    side.save(KVTierMetadata(stores=[ChunkStore(k, (2 * i, 2 * i + 1), i, disk_slot=i)
+    side.save(StepPlan(stores=[ChunkStore(k, (2 * i, 2 * i + 1), i, disk_slot=i)
                                      for i, k in enumerate(keys)]))
     side._engine.drain()
     side.report()
@@ -174,7 +171,7 @@ def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypat
     for i, key in enumerate(keys):
         load = RequestLoad(f"r{i}", (ChunkLoad(key, (10, 11), 0, host_slot=3 + i, disk_slot=i),),
                            asynchronous=True)
-        side.start_loads(KVTierMetadata(loads=[load]))
+        side.start_loads(StepPlan(loads=[load]))
         wait_until(lambda i=i: f"r{i}" in side.finished(), "a hung read held the request")
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and sum(report.reads_stalled.values()) == 3
@@ -187,7 +184,7 @@ def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
     from kvtier.connector.messages import DiskWrite
 
     side, _ = worker(tmp_path, load_timeout=0.2)
-    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     side.report()
     release = delayed_io(monkeypatch, "pwritev")
@@ -202,7 +199,7 @@ def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
                        asynchronous=True)
-    side.start_loads(KVTierMetadata(loads=[load]))
+    side.start_loads(StepPlan(loads=[load]))
     wait_until(lambda: side.finished() == {"r"}, "a hung write-back held the request")
     assert side.take_invalid_blocks() == {10, 11}
     report = side.report()
@@ -223,15 +220,15 @@ def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, monkeypatch, caplog)
     from kvtier.connector.messages import DiskWrite
 
     side, _ = worker(tmp_path, load_timeout=60)
-    side.save(KVTierMetadata(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
     side._engine.drain()
     release = delayed_io(monkeypatch, "pwritev")
-    side.save(KVTierMetadata(stores=[ChunkStore(bytes([i]) * 16, (4, 5), 2 + i, disk_slot=1 + i)
+    side.save(StepPlan(stores=[ChunkStore(bytes([i]) * 16, (4, 5), 2 + i, disk_slot=1 + i)
                                      for i in range(3)]))  # background writes that hang
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=6),),
                        asynchronous=True)  # a load stuck behind its write-back
-    side.start_loads(KVTierMetadata(loads=[load]))
+    side.start_loads(StepPlan(loads=[load]))
     started = time.monotonic()
     with caplog.at_level(logging.ERROR, logger="kvtier"):
         assert side.close(timeout=0.3) is False
@@ -246,7 +243,7 @@ def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, monkeypatch, caplog)
 
 def test_shutdown_finishes_background_writes_first(tmp_path):
     side, _ = worker(tmp_path)
-    side.save(KVTierMetadata(stores=[ChunkStore(bytes([i]) * 16, (4, 5), i, disk_slot=i)
+    side.save(StepPlan(stores=[ChunkStore(bytes([i]) * 16, (4, 5), i, disk_slot=i)
                                      for i in range(4)]))
     assert side.close() is True
     assert side.report().disk_written.total() == 4 and side.disk._paths[0].dir.closed

@@ -194,18 +194,17 @@ def test_slow_io_is_served_and_not_a_failure(tmp_path, caplog, monkeypatch):
 
 
 def test_the_workers_unexpected_failures_are_logged_once_per_kind(tmp_path, caplog):
-    pytest.importorskip("vllm")
-    from kvtier.connector.messages import ChunkLoad, ChunkStore, KVTierMetadata, RequestLoad
+    from kvtier.connector.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
     from tests.test_connector_worker import BLOCKS, worker
 
     side, _ = worker(tmp_path, disk=False)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         bad = [ChunkStore(bytes([i]) * 16, (BLOCKS + i, 0), host_slot=i) for i in range(4)]
-        side.save(KVTierMetadata(stores=bad))
-        side.save(KVTierMetadata(stores=bad))
+        side.save(StepPlan(stores=bad))
+        side.save(StepPlan(stores=bad))
         for i in range(4):
             load = RequestLoad(f"r{i}", (ChunkLoad(b"h" * 16, (3,), 0, host_slot=10_000),))
-            side.start_loads(KVTierMetadata(loads=[load]))
+            side.start_loads(StepPlan(loads=[load]))
     assert sum(side.report().host_failed.values()) == 8
     side.finished()
     assert side.take_invalid_blocks() == {3}

@@ -29,3 +29,11 @@ def test_only_the_connector_imports_vllm():
                 for line in path.read_text().splitlines())
     ]
     assert offenders == []
+
+
+def test_scheduler_and_worker_sides_import_without_vllm():
+    code = ("import sys; sys.modules['vllm'] = None;"  # any import of vllm now fails
+            "import kvtier.connector.scheduler, kvtier.connector.worker, kvtier.connector.messages;"
+            "print('ok')")
+    out = subprocess.check_output([sys.executable, "-c", code], text=True)
+    assert out.strip() == "ok"

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config import load_config
+from kvtier.connector.counters import WorkerCounters
 from kvtier.connector.geometry import geometry_from_vllm
-from kvtier.connector.messages import KVTierMetadata, KVTierWorkerMeta
+from kvtier.connector.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.stats import KVTierStats
 from kvtier.connector.worker import WorkerSide
 from kvtier.metrics import serve_metrics
 from kvtier.tiers.base import TierName
@@ -26,6 +29,29 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 log = logging.getLogger("kvtier")
+
+
+@dataclass
+class KVTierMetadata(StepPlan, KVConnectorMetadata):
+    """A step's plan (``StepPlan``) as vLLM's connector metadata."""
+
+
+@dataclass
+class KVTierWorkerMeta(WorkerReport, KVConnectorWorkerMetadata):
+    """A worker's report (``WorkerReport``) as vLLM's worker metadata."""
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
+        assert isinstance(other, KVTierWorkerMeta)
+        return self.merged(other)
+
+
+@dataclass
+class KVTierStats(WorkerCounters, KVConnectorStats):
+    """A worker's counters (``WorkerCounters``) as vLLM's connector statistics."""
+
+    def aggregate(self, other: KVConnectorStats) -> KVTierStats:
+        self.merge(other)
+        return self
 
 
 class KVTierConnector(KVConnectorBase_V1):
@@ -107,10 +133,12 @@ class KVTierConnector(KVConnectorBase_V1):
         return self._worker_side.take_invalid_blocks()
 
     def build_connector_worker_meta(self) -> KVTierWorkerMeta | None:
-        return self._worker_side.report()
+        report = self._worker_side.report()
+        return None if report is None else KVTierWorkerMeta.of(report)
 
     def get_kv_connector_stats(self) -> KVTierStats | None:
-        return self._worker.stats() if self._worker is not None else None
+        stats = self._worker.stats() if self._worker is not None else None
+        return None if stats is None else KVTierStats(data=stats.data)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVTierStats:
@@ -151,7 +179,8 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         scheduler = self._scheduler_side
-        meta = scheduler.build_meta()
+        meta = KVTierMetadata()
+        scheduler.build_meta(meta)
         scheduled = scheduler_output.num_scheduled_tokens
         new_ids = {r.req_id for r in scheduler_output.scheduled_new_reqs}
         cached = scheduler_output.scheduled_cached_reqs

@@ -1,18 +1,15 @@
 """What the scheduler side tells the workers each step, and what they report back.
 
-Plain frozen dataclasses (pickled between processes). Slots are decided by the scheduler
-side's bookkeeping; workers only move bytes and report outcomes.
+Plain dataclasses (pickled between processes), importable without vLLM: ``connector.py``
+gives vLLM its own subclasses of ``StepPlan`` and ``WorkerReport``. Slots are decided by the
+scheduler side's bookkeeping; workers only move bytes and report outcomes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-    KVConnectorWorkerMetadata,
-)
+from dataclasses import dataclass, field, fields
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class RequestLoad:
 
 
 @dataclass
-class KVTierMetadata(KVConnectorMetadata):
+class StepPlan:
     """Scheduler -> workers, once per step."""
 
     loads: list[RequestLoad] = field(default_factory=list)
@@ -70,7 +67,7 @@ class KVTierMetadata(KVConnectorMetadata):
 
 
 @dataclass
-class KVTierWorkerMeta(KVConnectorWorkerMetadata):
+class WorkerReport:
     """Workers -> scheduler: outcomes since the last report, counted over ranks.
 
     ``host_stored``/``disk_written`` count successes per chunk key; ``*_failed`` count
@@ -94,9 +91,14 @@ class KVTierWorkerMeta(KVConnectorWorkerMetadata):
     reads_stalled: Counter = field(default_factory=Counter)
     reads_over: Counter = field(default_factory=Counter)
 
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVTierWorkerMeta:
-        assert isinstance(other, KVTierWorkerMeta)
-        return KVTierWorkerMeta(
+    @classmethod
+    def of(cls, report: WorkerReport) -> Self:
+        """The same outcomes as a ``cls`` (for vLLM's subclass)."""
+        return cls(**{f.name: getattr(report, f.name) for f in fields(WorkerReport)})
+
+    def merged(self, other: WorkerReport) -> Self:
+        """Both reports' outcomes, added up (two ranks, or two steps)."""
+        return type(self)(
             self.host_stored + other.host_stored, self.host_failed + other.host_failed,
             self.disk_written + other.disk_written, self.disk_failed + other.disk_failed,
             {req: self.load_failed.get(req, set()) | other.load_failed.get(req, set())

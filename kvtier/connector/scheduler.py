@@ -2,7 +2,7 @@
 
 It lives in the engine-core process, next to vLLM's scheduler, and never touches bytes: it
 decides which chunks to load and store, in which host and disk slots, and tells the workers
-through ``KVTierMetadata``; the workers report outcomes back through ``KVTierWorkerMeta``.
+through ``StepPlan``; the workers report outcomes back through ``WorkerReport``.
 Every reservation is two-phase: a chunk becomes visible only after all ranks reported it
 stored; chunks being loaded stay pinned until the load is over.
 """
@@ -23,9 +23,9 @@ from kvtier.connector.messages import (
     ChunkLoad,
     ChunkStore,
     DiskWrite,
-    KVTierMetadata,
-    KVTierWorkerMeta,
     RequestLoad,
+    StepPlan,
+    WorkerReport,
 )
 from kvtier.io.buffers import align_up
 from kvtier.io.slotindex import SlotLayout, read_disk_index
@@ -298,7 +298,7 @@ class SchedulerSide:
         return num_computed_after // self.geometry.chunk_tokens > self._stored_upto.get(req_id, 0)
 
     def plan_stores(self, request: Any, block_ids: list[int], num_computed_after: int,
-                    meta: KVTierMetadata) -> None:
+                    meta: StepPlan) -> None:
         """Offer, in order, every chunk of ``request`` that is fully computed after this step.
 
         A chunk that finds no free host slot (all held by stores and loads in flight) stops
@@ -314,7 +314,7 @@ class SchedulerSide:
                 break
             self._stored_upto[req_id] = c + 1
 
-    def _plan_store(self, key: ChunkKey, ids: tuple[int, ...], meta: KVTierMetadata) -> bool:
+    def _plan_store(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
         """Plan one chunk's store; False when no host slot is free for it now."""
         if self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key):
             self.stack.touch(key)
@@ -336,7 +336,7 @@ class SchedulerSide:
 
     # -- outcomes -----------------------------------------------------------------------
 
-    def worker_report(self, report: KVTierWorkerMeta) -> None:
+    def worker_report(self, report: WorkerReport) -> None:
         """Apply the workers' outcomes: a chunk counts as stored when every rank stored it."""
         for disk_bytes, host_bytes, seconds in report.load_samples:
             self.decider.observe_load(disk_bytes, host_bytes, seconds)
@@ -399,7 +399,7 @@ class SchedulerSide:
         del outcomes[key]
         return counts[1] == 0
 
-    def _paths_changed(self, report: KVTierWorkerMeta, layout: SlotLayout) -> None:
+    def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
         come back (empty) when every rank that did has it back."""
         index = self.stack.indexes[DISK]
@@ -444,9 +444,11 @@ class SchedulerSide:
                 Sample("drops_total", "counter", "Chunks evicted from the last tier").add(
                     self.stack.drops)]
 
-    def build_meta(self) -> KVTierMetadata:
-        meta = KVTierMetadata(loads=self._new_loads)
-        self._new_loads = []
+    def build_meta(self, meta: StepPlan | None = None) -> StepPlan:
+        """This step's plan, in ``meta`` when given (vLLM's subclass); stores are added to it
+        by ``plan_stores``."""
+        meta = StepPlan() if meta is None else meta
+        meta.loads, self._new_loads = self._new_loads, []
         return meta
 
     def request_finished(self, req_id: str) -> bool:

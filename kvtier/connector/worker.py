@@ -2,7 +2,7 @@
 
 One per model-runner process (TP rank). It owns the host slots and this rank's disk files,
 copies pages between vLLM's paged cache and host slots, drives disk reads and writes, and
-reports every outcome back (``KVTierWorkerMeta``), finished loads (``get_finished``) and the
+reports every outcome back (``WorkerReport``), finished loads (``get_finished``) and the
 blocks of chunks that failed to load (so vLLM recomputes them).
 """
 
@@ -21,10 +21,10 @@ from typing import Any, Protocol
 import torch
 
 from kvtier.config import KVTierConfig
+from kvtier.connector.counters import WorkerCounters
 from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkStore, DiskWrite, KVTierMetadata, KVTierWorkerMeta, RequestLoad
+from kvtier.connector.messages import ChunkStore, DiskWrite, RequestLoad, StepPlan, WorkerReport
 from kvtier.connector.pages import PagedKV
-from kvtier.connector.stats import KVTierStats
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
 from kvtier.keys import ChunkKey, Namespace
@@ -45,9 +45,9 @@ class WorkerSide:
         self._lane: DiskLane | NoDisk = NoDisk()
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._lock = threading.Lock()
-        self._report = KVTierWorkerMeta()
-        self._stats = KVTierStats()  # since the last report to vLLM
-        self._totals = KVTierStats()  # since start, for the metrics endpoint
+        self._report = WorkerReport()
+        self._stats = WorkerCounters()  # since the last report to vLLM
+        self._totals = WorkerCounters()  # since start, for the metrics endpoint
         self._finished_loads: set[str] = set()
         self._pending_loads: list[tuple[RequestLoad, _Outcome, float]] = []
         self._invalid_blocks: set[int] = set()
@@ -90,7 +90,7 @@ class WorkerSide:
 
     # -- loads --------------------------------------------------------------------------
 
-    def start_loads(self, meta: KVTierMetadata) -> None:
+    def start_loads(self, meta: StepPlan) -> None:
         """Loads from host memory run now (vLLM calls this before the forward that needs
         them); loads with disk chunks start their reads and finish in a later step."""
         for load in meta.loads:
@@ -246,7 +246,7 @@ class WorkerSide:
 
     # -- stores -------------------------------------------------------------------------
 
-    def save(self, meta: KVTierMetadata) -> None:
+    def save(self, meta: StepPlan) -> None:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
         failed stores, never raised into the engine's step."""
@@ -395,14 +395,14 @@ class WorkerSide:
             invalid, self._invalid_to_report = self._invalid_to_report, set()
         return invalid
 
-    def report(self) -> KVTierWorkerMeta | None:
+    def report(self) -> WorkerReport | None:
         with self._lock:
-            report, self._report = self._report, KVTierWorkerMeta()
+            report, self._report = self._report, WorkerReport()
         return None if report.is_empty() else report
 
-    def stats(self) -> KVTierStats | None:
+    def stats(self) -> WorkerCounters | None:
         with self._lock:
-            stats, self._stats = self._stats, KVTierStats()
+            stats, self._stats = self._stats, WorkerCounters()
         return None if stats.is_empty() else stats
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:

@@ -1,12 +1,11 @@
-"""kvtier's numbers in vLLM's connector statistics (logged by vLLM with its own metrics)."""
+"""A worker's counters and load times, importable without vLLM: ``connector.py`` hands them
+to vLLM as its connector statistics (``KVTierStats``), which vLLM logs with its own."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 _COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
              "load_bytes_disk", "load_failures", "stores", "store_bytes", "disk_writes",
@@ -15,7 +14,7 @@ _COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
 
 
 @dataclass
-class KVTierStats(KVConnectorStats):
+class WorkerCounters:
     """Counters and load times since the last report, summed over workers."""
 
     data: dict[str, Any] = field(default_factory=dict)
@@ -56,7 +55,8 @@ class KVTierStats(KVConnectorStats):
         self.data = {}
         self.__post_init__()
 
-    def aggregate(self, other: KVConnectorStats) -> KVTierStats:
+    def merge(self, other: Any) -> WorkerCounters:
+        """Add ``other``'s counters (anything with the same ``data``) to these; return self."""
         for name in _COUNTERS:
             self.data[name] += other.data.get(name, 0)
         self.data["load_seconds"] = self.data["load_seconds"] + list(other.data.get("load_seconds", []))
