@@ -11,8 +11,8 @@ __all__ = ["ChunkKey", "KVLayout", "KVStore", "KVTierConfig", "Namespace", "Pref
            "load_config"]
 
 _LAZY = {
-    "KVStore": "kvtier.standalone",
-    "PrefixHit": "kvtier.standalone",
+    "KVStore": "kvtier.kvstore",
+    "PrefixHit": "kvtier.kvstore",
     "KVLayout": "kvtier.layout",
     "KVTierConfig": "kvtier.config",
     "load_config": "kvtier.config",
@@ -23,8 +23,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from kvtier.config import KVTierConfig, load_config
     from kvtier.keys import ChunkKey, Namespace
+    from kvtier.kvstore import KVStore, PrefixHit
     from kvtier.layout import KVLayout
-    from kvtier.standalone import KVStore, PrefixHit
 
 
 def __getattr__(name: str):

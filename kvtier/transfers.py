@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.store import Location
+from kvtier.tier_stack import Location
 from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
-from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
 
 class Transfers:

@@ -28,8 +28,8 @@ from kvtier.config import DiskFloor
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.engine import IOEngine
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
-from kvtier.tiers.nvme import DiskTier
 from kvtier.units import format_size, parse_size
 
 HEADER = 4096

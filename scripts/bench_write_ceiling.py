@@ -32,8 +32,8 @@ from kvtier.bench.disk import kv_like_bytes
 from kvtier.config import DiskFloor
 from kvtier.io.buffers import PAGE
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
-from kvtier.tiers.nvme import DiskTier
 from kvtier.units import parse_size
 
 

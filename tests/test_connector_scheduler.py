@@ -120,7 +120,7 @@ def test_write_through_then_restart_finds_the_chunks_on_disk(tmp_path):
     assert side.counters["disk_written_chunks"] == 2
     # the worker writes the files; here a disk tier stands in for it
     from kvtier.io.buffers import AlignedBuffer
-    from kvtier.tiers.nvme import DiskTier
+    from kvtier.tiers.disk import DiskTier
 
     disk = DiskTier([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
                     8 * (4096 + GEO.chunk_bytes))

@@ -10,7 +10,7 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
-from kvtier.tiers import nvme
+from kvtier.tiers import disk as disk_module
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem, wait_until
 from tests.test_disk_store import STRIDE, config, exact, seq
@@ -27,7 +27,7 @@ def stored(path, chunks=6, **extra):
 
 
 def slot_of(store, tokens, i):
-    return store._stack.indexes[nvme.TierName.DISK].slot_of(store.keys(tokens)[i])
+    return store._stack.indexes[disk_module.TierName.DISK].slot_of(store.keys(tokens)[i])
 
 
 def flip(path, offset):
@@ -167,7 +167,7 @@ def test_a_read_only_path_is_taken_out(tmp_path):
 
 
 def test_a_vanished_directory_is_taken_out(tmp_path, monkeypatch):
-    monkeypatch.setattr(nvme, "_HEALTH_EVERY_S", 0.0)
+    monkeypatch.setattr(disk_module, "_HEALTH_EVERY_S", 0.0)
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
         store.put(seq(0, 2), make_kv(seq(0, 2)))
         store.flush()
@@ -252,9 +252,9 @@ def test_a_path_still_failing_is_tried_less_and_less_often(tmp_path, monkeypatch
             store.flush()
         disk = store.disk
         assert disk.revive_due() == []  # not before its first retry time
-        monkeypatch.setattr(nvme.time, "monotonic", lambda: 1e12)
+        monkeypatch.setattr(disk_module.time, "monotonic", lambda: 1e12)
         assert disk.revive_due() == [0]
-        monkeypatch.setattr(nvme.CacheDir, "__init__", lambda *a, **k: (_ for _ in ()).throw(
+        monkeypatch.setattr(disk_module.CacheDir, "__init__", lambda *a, **k: (_ for _ in ()).throw(
             OSError(errno.EIO, "still failing")))
         assert disk.revive(0) is False
         assert disk._paths[0].retry_every == 60  # from disk_retry's default 30 s
@@ -266,7 +266,7 @@ def test_disk_retry_off_leaves_a_path_out(tmp_path, monkeypatch):
         with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
             store.put(seq(0, 1), make_kv(seq(0, 1)))
             store.flush()
-        monkeypatch.setattr(nvme.time, "monotonic", lambda: 1e12)
+        monkeypatch.setattr(disk_module.time, "monotonic", lambda: 1e12)
         assert store.disk.revive_due() == [] and store.disk.revive(0) is False
 
 
@@ -293,7 +293,7 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
         store.flush()
     with KVStore(SMALL, config(tmp_path, host_chunks=8, load_timeout=0.2)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
-        host = store._stack.indexes[nvme.TierName.HOST]
+        host = store._stack.indexes[disk_module.TierName.HOST]
         release = delayed_io(monkeypatch, "preadv")
         started = time.monotonic()
         assert exact(store, tokens) == 0  # the first chunk's read hangs: nothing to serve
@@ -328,7 +328,7 @@ def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_pa
     assert time.monotonic() - started < 5
     assert any("hung drive" in r.getMessage() for r in caplog.records)
     assert not store.disk._paths[0].dir.closed  # a late write still uses its file
-    assert store.tiers[nvme.TierName.HOST].buffer.array is not None  # and its host slot
+    assert store.tiers[disk_module.TierName.HOST].buffer.array is not None  # and its host slot
     release.set()  # the two running writes end; the four queued behind them never start
     wait_until(lambda: store.stats().disk_writes == 2, "the hung writes never ended")
     assert store._engine.pending() == 0
@@ -341,7 +341,7 @@ def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_pa
     first, second = seq(0, 2), seq(1000, 1)
     store = KVStore(SMALL, config(tmp_path, host_chunks=2, write_policy="write_back",
                                   load_timeout=0.2))
-    host = store._stack.indexes[nvme.TierName.HOST]
+    host = store._stack.indexes[disk_module.TierName.HOST]
     store.put(first, make_kv(first))  # host full; nothing on disk yet
     release = delayed_io(monkeypatch, "pwritev")
     started = time.monotonic()
@@ -367,7 +367,7 @@ def test_a_get_whose_staging_slot_cannot_be_written_back_ends_its_prefix(tmp_pat
                                load_timeout=0.2)) as store:
         store.put(first, make_kv(first))
         store.put(second, make_kv(second))  # the first prefix moves to disk, within put
-        assert store.lookup(first).chunks_by_tier == {nvme.TierName.DISK: 2}
+        assert store.lookup(first).chunks_by_tier == {disk_module.TierName.DISK: 2}
         release = delayed_io(monkeypatch, "pwritev")
         started = time.monotonic()
         assert exact(store, first) == 0  # staging it needs the second prefix written back
@@ -383,7 +383,7 @@ def test_a_path_that_holds_after_coming_back_starts_its_back_off_again(tmp_path,
     from tests.disk_helpers import chunk, key, make_tier
 
     clock = [1000.0]
-    monkeypatch.setattr(nvme.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(disk_module.time, "monotonic", lambda: clock[0])
     tier = make_tier([tmp_path], retry=30.0)
     path = tier._paths[0]
 

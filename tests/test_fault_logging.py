@@ -10,7 +10,7 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
-from kvtier.tiers import nvme
+from kvtier.tiers import disk as disk_module
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem
 from tests.test_disk_faults import flip, slot_of
@@ -132,7 +132,7 @@ def test_the_free_space_floor(tmp_path, caplog):
 
 
 def test_a_path_that_goes_away(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(nvme, "_HEALTH_EVERY_S", 0.0)
+    monkeypatch.setattr(disk_module, "_HEALTH_EVERY_S", 0.0)
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         put_all(store, singles(2))

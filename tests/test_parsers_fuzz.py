@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.io.format import HEADER_BYTES, MAGIC, Codec, HeaderError, SlotHeader, decode_header
-from kvtier.io.slotindex import SlotLayout, parse_index, valid_header
+from kvtier.io.index_file import SlotLayout, parse_index, valid_header
 from kvtier.keys import ChunkKey
 
 NS = bytes(range(16))

@@ -1,7 +1,7 @@
 """TierStack: prefix matching, placement, demotion and pins across tiers."""
 
 from kvtier.keys import ChunkKey
-from kvtier.store import Location, Move, TierStack
+from kvtier.tier_stack import Location, Move, TierStack
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import LRUPolicy

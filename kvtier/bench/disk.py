@@ -26,8 +26,8 @@ from kvtier.bench.naive import drop_cache, naive_round_trip
 from kvtier.config import DiskFloor
 from kvtier.io.engine import IOEngine
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
-from kvtier.tiers.nvme import DiskTier
 
 
 @dataclass(frozen=True)

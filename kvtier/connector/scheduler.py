@@ -28,9 +28,9 @@ from kvtier.connector.messages import (
     WorkerReport,
 )
 from kvtier.io.buffers import align_up
-from kvtier.io.slotindex import SlotLayout, read_disk_index
+from kvtier.io.index_file import SlotLayout, read_disk_index
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
-from kvtier.store import Location, Move, StorePlan, TierStack
+from kvtier.tier_stack import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy

@@ -27,11 +27,12 @@ from kvtier.connector.messages import ChunkStore, DiskWrite, RequestLoad, StepPl
 from kvtier.connector.pages import PagedKV
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.stats import FailureLog
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
 from kvtier.tiers.host import HostTier, make_host_tier
-from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
 log = logging.getLogger("kvtier")
 SWITCH_INTERVAL_S = 0.0005

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from kvtier.io.cachedir import INDEX_FILE, LOCK_FILE, MAX_META_BYTES, META_FILE, SLOT_NAME, lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
+from kvtier.io.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, valid_header
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
-from kvtier.io.slotindex import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, valid_header
 from kvtier.keys import FORMAT_VERSION, namespace_id_of
 
 CacheRootError = CacheDirError  # a path the commands must not operate on, and why

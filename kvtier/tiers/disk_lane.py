@@ -14,11 +14,12 @@ import numpy as np
 
 from kvtier.config import Compression, KVTierConfig, ODirect
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.stats import FailureLog
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_recovery import RecoveryReport
 from kvtier.tiers.disk_retry import DiskRetries
-from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 
 log = logging.getLogger("kvtier")
 _O_DIRECT = {ODirect.AUTO: None, ODirect.ON: True, ODirect.OFF: False}

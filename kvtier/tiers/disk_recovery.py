@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader, is_blank
-from kvtier.io.slotindex import SlotLayout, newest_per_key, parse_index, valid_header
+from kvtier.io.index_file import SlotLayout, newest_per_key, parse_index, valid_header
 
-if TYPE_CHECKING:  # nvme.py imports this module
+if TYPE_CHECKING:  # disk.py imports this module
     from kvtier.io.cachedir import CacheDir
-    from kvtier.tiers.nvme import IOResult, _Path
+    from kvtier.io.result import IOResult
+    from kvtier.tiers.disk import _Path
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from functools import partial
 
 from kvtier.io.engine import IOEngine
-from kvtier.tiers.nvme import DiskTier
+from kvtier.tiers.disk import DiskTier
 
 
 class DiskRetries:

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -35,7 +34,8 @@ from kvtier.io.format import (
     decode_header,
     payload_checksum,
 )
-from kvtier.io.slotindex import SlotLayout
+from kvtier.io.index_file import SlotLayout
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.base import TierName
 from kvtier.tiers.disk_recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
@@ -51,26 +51,6 @@ _EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
 _HEALTH_EVERY_S = 1.0
 _RETRY_MAX_S = 600.0  # the longest wait between two tries of a path out of service
 MAX_RUN = 16  # slots per vectored call
-
-
-class IOStatus(Enum):
-    OK = "ok"
-    CORRUPT = "corrupt"  # header or payload does not check out: a miss, the slot is bad
-    IO_ERROR = "io_error"  # the device failed this request
-    NO_SPACE = "no_space"  # free-space floor reached, or ENOSPC
-    PATH_DOWN = "path_down"  # the path is out of service
-    TIMED_OUT = "timed_out"  # not over within load_timeout: a miss (the read may still end)
-
-
-@dataclass(frozen=True)
-class IOResult:
-    status: IOStatus
-    nbytes: int = 0
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status is IOStatus.OK
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """``KVStore``: the tiered store in one process, for use without a serving engine.
 
-    store = KVStore(KVLayout(num_layers=32, kv_heads=8, head_size=128), {"host_capacity": "8GiB"})
+    store = KVStore(KVLayout(num_layers=32, kv_heads=8, head_size=128), {"host_capacity": "8GiB"},
+                    model="meta-llama/Llama-3.1-8B")
     store.put(tokens, kv)                 # kv: (layers, 2, len(tokens), kv_heads * head_size)
     hit = store.lookup(tokens)            # hit.tokens cached, hit.chunks_by_tier
     n = store.get(tokens, out)            # fills out[:, :, :n] and returns n
@@ -30,17 +31,18 @@ from kvtier.config import KVTierConfig, WritePolicy, load_config
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
-from kvtier.store import Location, Move, StorePlan, TierStack
+from kvtier.tier_stack import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
 from kvtier.tiers.gpu import DevicePool
 from kvtier.tiers.host import make_host_tier
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.nvme import DiskTier, IOResult, IOStatus
 from kvtier.tiers.policy import make_policy
 from kvtier.transfers import Transfers
 

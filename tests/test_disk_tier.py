@@ -10,7 +10,7 @@ import pytest
 
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.format import HEADER_BYTES
-from kvtier.tiers.nvme import IOStatus
+from kvtier.io.result import IOStatus
 from tests.disk_helpers import NS, RAW, chunk, key, make_tier, slot_files
 
 
