@@ -17,26 +17,27 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from enum import Enum
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from kvtier.config import KVTierConfig, WritePolicy, load_config
+from kvtier.config import KVTierConfig, load_config
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
-from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
-from kvtier.tier_stack import Location, Move, StorePlan, TierStack
+from kvtier.store_reads import Fetch, Fetcher
+from kvtier.store_shared import Skip, StoreShared, time_left
+from kvtier.store_writes import PlanRunner
+from kvtier.tier_stack import StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
@@ -49,27 +50,6 @@ from kvtier.transfers import Transfers
 Tokens = Sequence[int] | np.ndarray
 GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
 log = logging.getLogger("kvtier")
-
-
-@dataclass
-class _Fetch:
-    """One chunk of a ``get``: where it is pinned, and its disk read into host if any."""
-
-    key: ChunkKey
-    loc: Location
-    read: Future | None = None
-    plan: StorePlan | None = None  # the host slot the read fills
-    staged: Location | None = None  # that slot once the read checked out (pinned)
-    deadline: float | None = None  # time.monotonic() by which the read must be over
-    given_up: bool = False  # not over by its deadline, or not needed any more
-
-
-class _Skip(Enum):
-    """Why a chunk was not planned (``put``) or fetched (``get``)."""
-
-    PRESENT = "present"  # put: cached already, or being written
-    NO_ROOM = "no room"  # no slot free now
-    END = "end"  # get: not cached, or its staging slot could not be written back in time
 
 
 @dataclass(frozen=True)
@@ -118,6 +98,7 @@ class KVStore:
         self.tiers: dict[TierName, MemoryTier] = {}
         self._lane: DiskLane | NoDisk = NoDisk()
         self._metrics: MetricsServer | None = None
+        self._shared: StoreShared  # made in _start, once the tiers are open
         self._closed = False
         try:  # a failed start must not keep memory, files or the namespace lock
             self._start(device)
@@ -135,8 +116,8 @@ class KVStore:
         # write-back moves get their own queue per path: a put or get waiting on one must not
         # queue behind background writes and read-ahead
         self._lane = open_lane(cfg, self.namespace, self.chunk_bytes, DTYPE_BYTES[self.layout.dtype],
-                               lock=self._lock, on_back=self._path_back, failures=self._failures,
-                               move_lanes=True)
+                               lock=self._lock, on_back=lambda index: self._shared.path_back(index),
+                               failures=self._failures, move_lanes=True)
         policy = cfg.eviction_policy
         levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in self.tiers.items()]
         levels.append((DISK, SlotIndex(self._lane.num_slots, make_policy(policy))))  # 0 without disk
@@ -146,6 +127,11 @@ class KVStore:
                                     getattr(torch, self.layout.dtype),
                                     self.layout.shape(self.chunk_tokens))
         self._max_pending = 4 * cfg.io_threads
+        self._shared = StoreShared(cfg, self._lock, self._stack, self._top, self._lane,
+                                   self._transfers, self._stats, self._failures, self.tiers,
+                                   self._max_pending)
+        self._runner = PlanRunner(self._shared)
+        self._fetcher = Fetcher(self._shared, self._runner)
         self._recover()
         if cfg.metrics_port:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
@@ -176,7 +162,7 @@ class KVStore:
             index.adopt(found.header.key, found.slot)
         self._stats.recovered_chunks = len(index)
         self._stats.torn_slots = report.torn
-        self._retire_down_paths()
+        self._shared.retire_down_paths()
 
     def _release_all(self) -> None:
         """Give back what a start that failed had taken (nothing is running yet)."""
@@ -207,29 +193,26 @@ class KVStore:
         stored, may_wait = 0, True
         for i, key in enumerate(keys):
             plan = self._plan_put(key)
-            if plan is _Skip.NO_ROOM and may_wait and self._lane.pending():
+            if plan is Skip.NO_ROOM and may_wait and self._lane.pending():
                 # Slots held by background writes: wait for them once (not for long if the
                 # disk is hung), then try again.
                 may_wait = self._lane.drain(timeout=self._drain_timeout())
                 plan = self._plan_put(key)
             if not isinstance(plan, StorePlan):
-                self._count("chunks_skipped")
+                self._shared.count("chunks_skipped")
                 continue
-            stored += self._write(plan, partial(self._copy_in, self._chunk_of(kv, i)))
+            stored += self._runner.run(plan, partial(self._runner.copy_in, self._chunk_of(kv, i)))
         with self._lock:
             self._stats.chunks_stored += stored
         return stored * self.chunk_tokens
 
-    def _copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
-        self._transfers.view(dst).copy_(chunk)
-
-    def _plan_put(self, key: ChunkKey) -> StorePlan | _Skip:
+    def _plan_put(self, key: ChunkKey) -> StorePlan | Skip:
         """A plan to store ``key``, or why there is none."""
         with self._lock:
             if self._stack.locate(key) is not None or self._stack.indexes[self._top].has_entry(key):
                 self._stack.touch(key)
-                return _Skip.PRESENT
-            return self._stack.plan_store(key, self._top) or _Skip.NO_ROOM
+                return Skip.PRESENT
+            return self._stack.plan_store(key, self._top) or Skip.NO_ROOM
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout
@@ -254,22 +237,22 @@ class KVStore:
         keys = self.keys(tokens)
         self._check_tensor(out, 0, "out")
         keys = keys[: out.shape[2] // self.chunk_tokens]
-        window: deque[_Fetch] = deque()  # chunks pinned, their disk reads in flight
+        window: deque[Fetch] = deque()  # chunks pinned, their disk reads in flight
         loaded: list[TierName] = []
         issued, ended = 0, False
-        held = self._hold_disk_chunks(keys)
+        held = self._fetcher.hold_disk_chunks(keys)
         may_wait = True
         try:
             while True:
                 while not ended and issued < len(keys) and len(window) < self._read_ahead:
-                    fetch = self._begin_fetch(keys[issued])
-                    if fetch is _Skip.NO_ROOM and not window and may_wait and self._lane.pending():
+                    fetch = self._fetcher.begin(keys[issued])
+                    if fetch is Skip.NO_ROOM and not window and may_wait and self._lane.pending():
                         # host slots held by background writes: wait for them once
                         may_wait = self._lane.drain(timeout=self._drain_timeout())
-                        fetch = self._begin_fetch(keys[issued])
-                    if fetch is _Skip.NO_ROOM and window:
+                        fetch = self._fetcher.begin(keys[issued])
+                    if fetch is Skip.NO_ROOM and window:
                         break  # host slots held by this window: complete one first
-                    if not isinstance(fetch, _Fetch):
+                    if not isinstance(fetch, Fetch):
                         ended = True
                         break
                     window.append(fetch)
@@ -278,37 +261,30 @@ class KVStore:
                     break
                 fetch = window.popleft()
                 try:
-                    source = self._complete_fetch(fetch)
+                    source = self._fetcher.complete(fetch)
                     if source is None:
                         ended = True
                         break
                     self._chunk_of(out, len(loaded)).copy_(self._transfers.view(source))
                     if source.tier is not self._top:
-                        self._promote(fetch.key, source)
+                        self._runner.promote(fetch.key, source)
                     loaded.append(fetch.loc.tier)
                 finally:
-                    self._release(fetch)
+                    self._fetcher.release(fetch)
         finally:
             try:
                 for fetch in window:  # past the end of the prefix: not needed any more
                     try:
-                        self._drop_unused(fetch)
+                        self._fetcher.drop_unused(fetch)
                     finally:
-                        self._release(fetch)
-                self._sync()
+                        self._fetcher.release(fetch)
+                self._shared.sync()
             finally:
-                self._unpin(held)
+                self._fetcher.unpin(held)
                 with self._lock:
                     self._stats.chunks_loaded.update(loaded)
                     self._stats.chunks_missed += len(keys) - len(loaded)
         return len(loaded) * self.chunk_tokens
-
-    def _hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
-        """Pin the disk chunks of the cached prefix of ``keys`` for a whole ``get``: making
-        room in host memory for one read demotes host chunks to disk, which must not evict
-        a later chunk of the same prefix."""
-        with self._lock:
-            return self._stack.pin_prefix(keys, DISK)
 
     def flush(self, timeout: float | None = None) -> FlushResult:
         """Write every chunk held in host memory that is not on disk yet (write-through
@@ -325,7 +301,7 @@ class KVStore:
         tried: set[ChunkKey] = set()
         started: list[Future] = []
         while True:  # a batch at a time, so that puts meanwhile still find host slots free
-            drained = self._lane.drain(self._time_left(deadline))  # writes in flight first
+            drained = self._lane.drain(time_left(deadline))  # writes in flight first
             written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
             if not drained:
                 break
@@ -351,7 +327,7 @@ class KVStore:
 
     def _flush_one(self, item: tuple[ChunkKey, int]) -> Future | None:
         """Start the disk write of one host chunk (lock held); None when the disk has no room."""
-        return self._start_disk_write(*item)
+        return self._runner.start_disk_write(*item)
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
@@ -396,287 +372,10 @@ class KVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- writes -------------------------------------------------------------------------
-
-    def _write(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
-        """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
-        if not self._demote(plan):
-            return False
-        ok = False
-        try:
-            fill(plan.dst)
-            self._sync()
-            ok = True
-        finally:
-            self._finish(plan.key, plan.dst, ok)
-        return ok
-
-    def _demote(self, plan: StorePlan) -> bool:
-        """Run the plan's demotions, deepest first. False when a write to disk is not over
-        by ``load_timeout`` (a hung drive): the later moves and the plan itself then fail,
-        and their slots stay reserved until that write ends, as it still reads from them."""
-        for i, move in enumerate(plan.demotions):
-            try:
-                hung = self._move(move)
-            except BaseException:
-                self._fail_reservations(plan, i + 1)
-                raise
-            if hung is not None:
-                hung.add_done_callback(partial(self._fail_reservations, plan, i + 1))
-                return False
-        return True
-
-    def _fail_reservations(self, plan: StorePlan, first_move: int, _: Future | None = None) -> None:
-        with self._lock:
-            for move in plan.demotions[first_move:]:
-                self._stack.finish(move.key, move.dst, False)
-            self._stack.finish(plan.key, plan.dst, False)
-
-    def _move(self, move: Move) -> Future | None:
-        """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
-        I/O engine; one not over by ``load_timeout`` is left running and returned: it is
-        counted and logged, and its reservation is finished when it ends."""
-        if move.dst.tier is not DISK:
-            result = IOResult(IOStatus.IO_ERROR, detail="move did not run")
-            try:
-                result = self._transfers.copy(move.key, move.src, move.dst)
-                self._sync()
-            finally:
-                self._finish(move.key, move.dst, result.ok)
-            return None
-        try:
-            write = self._lane.submit(self._lane.move_queue_of(move.dst.slot),
-                                      partial(self._transfers.copy, move.key, move.src, move.dst))
-        except BaseException:  # the engine is closed: nothing runs
-            self._finish(move.key, move.dst, False)
-            raise
-        try:
-            result = write.result(timeout=self.config.load_timeout)
-        except TimeoutError:
-            return self._left_running(move, write)
-        except Exception as exc:  # the copy raised: a failed write, never a crash
-            result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
-        self._moved(move, result)
-        return None
-
-    def _left_running(self, move: Move, write: Future) -> Future:
-        """A write-back past ``load_timeout``: counted, logged once, and finished when it ends."""
-        self._timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
-                        f"no answer after {self.config.load_timeout:g} s (load_timeout); the put "
-                        "or get that needed its host slot went on without it")
-        write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
-        return write
-
-    def _moved(self, move: Move, result: IOResult) -> None:
-        self._finish(move.key, move.dst, result.ok)
-        with self._lock:
-            self._account_write(result)
-
-    def _finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
-        with self._lock:
-            self._stack.finish(key, dst, ok)
-            if ok and dst.tier is HOST:
-                self._write_through(key, dst.slot)
-
-    def _write_through(self, key: ChunkKey, host_slot: int) -> None:
-        """Start a background disk write of a chunk that just reached host (lock held);
-        dropped when the disk queue is full (``flush`` writes it later)."""
-        if self.config.write_policy is not WritePolicy.WRITE_THROUGH:
-            return
-        if not self._stack.indexes[DISK].has_entry(key):
-            self._start_disk_write(key, host_slot, may_drop=True)
-
-    def _start_disk_write(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> Future | None:
-        """Reserve a disk slot for a host chunk and queue its write (lock held); None when
-        there is no room, or the queue is full and ``may_drop``."""
-        plan = self._stack.plan_store(key, DISK)
-        if plan is None:
-            return None
-        queue = self._lane.queue_of(plan.dst.slot)
-        if may_drop and self._lane.pending(queue) >= self._max_pending:
-            self._stack.finish(key, plan.dst, False)
-            self._stats.dropped_writes += 1
-            self._failures.note("write-through dropped", "the disk write queue is full; "
-                                "chunks stay in host memory until flush() or eviction "
-                                "writes them (counted in dropped_writes)")
-            return None
-        src = Location(HOST, host_slot)
-        self._stack.indexes[HOST].pin(key)
-        return self._lane.submit(queue, lambda: self._background_write(key, src, plan.dst))
-
-    def _background_write(self, key: ChunkKey, src: Location, dst: Location) -> bool:
-        result = IOResult(IOStatus.IO_ERROR, detail="write did not run")
-        try:
-            result = self._transfers.copy(key, src, dst)
-        finally:
-            with self._lock:
-                self._stack.finish(key, dst, result.ok)
-                self._stack.unpin(key, src)
-                self._account_write(result)
-        return result.ok
-
-    def _promote(self, key: ChunkKey, source: Location) -> None:
-        with self._lock:
-            plan = self._stack.plan_store(key, self._top)
-        if plan is not None and self._write(plan, partial(self._copy_in, self._transfers.view(source))):
-            self._count("chunks_promoted")
-
-    # -- disk reads ---------------------------------------------------------------------
-
-    def _begin_fetch(self, key: ChunkKey) -> _Fetch | _Skip:
-        """Pin ``key`` where it is hottest; from disk, reserve a host slot and start the read.
-
-        ``END`` when the key is not cached or its host slot's previous chunk could not be
-        written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
-        """
-        with self._lock:
-            loc = self._stack.locate(key)
-            if loc is None:
-                return _Skip.END
-            self._stack.indexes[loc.tier].pin(key)
-            if loc.tier is not DISK:
-                return _Fetch(key, loc)
-            plan = self._stack.plan_store(key, HOST)
-            if plan is None:
-                self._stack.unpin(key, loc)
-                return _Skip.NO_ROOM
-        if not self._demote(plan):  # a hung drive: end the prefix here, the chunk stays cached
-            with self._lock:
-                self._stack.unpin(key, loc)
-            return _Skip.END
-        job = partial(self._transfers.copy, key, loc, plan.dst)
-        timeout = self.config.load_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        return _Fetch(key, loc, self._lane.submit(self._lane.queue_of(loc.slot), job), plan,
-                      deadline=deadline)
-
-    def _complete_fetch(self, fetch: _Fetch) -> Location | None:
-        """Where the chunk can be copied from, or ``None`` when its disk read failed or was
-        not over by its deadline (``load_timeout`` after it was started).
-
-        A successful read makes the host copy visible and pins it for the fetch; a failed
-        one drops the disk copy (and blanks a corrupt slot's header).
-        """
-        if fetch.given_up:
-            return None
-        if fetch.read is None or fetch.staged is not None:
-            return fetch.staged or fetch.loc
-        try:
-            result = fetch.read.result(timeout=self._time_left(fetch.deadline))
-        except TimeoutError:
-            self._give_up(fetch, timed_out=True)
-            return None
-        except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
-            result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
-        fetch.read, plan = None, fetch.plan
-        assert plan is not None, "a disk read always fills a reserved host slot"
-        with self._lock:
-            self._stack.finish(fetch.key, plan.dst, result.ok)
-            if result.ok:
-                self._stats.disk_reads += 1
-                self._stats.disk_read_bytes += result.nbytes
-                self._stack.indexes[HOST].pin(fetch.key)
-                fetch.staged = plan.dst
-                return fetch.staged
-            self._stack.discard(fetch.key)
-            self._account_failure(result, "read")
-        if result.status is IOStatus.CORRUPT:
-            self._lane.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
-        return None
-
-    @staticmethod
-    def _time_left(deadline: float | None) -> float | None:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    def _drop_unused(self, fetch: _Fetch) -> None:
-        """A fetch past the end of the prefix: keep what already arrived, else let go of the
-        read without waiting (its slot is freed when it ends; the chunk stays cached)."""
-        if fetch.read is not None and not fetch.read.done():
-            self._give_up(fetch, timed_out=False)
-        else:
-            self._complete_fetch(fetch)
-
-    def _give_up(self, fetch: _Fetch, timed_out: bool) -> None:
-        """Stop waiting for a fetch's read. Its host slot stays reserved until the read
-        ends, since the read may still write into it. A read past its deadline (a hung disk)
-        also drops the chunk, counts, and counts against its path's health."""
-        read, plan, fetch.read, fetch.given_up = fetch.read, fetch.plan, None, True
-        assert read is not None and plan is not None, "only a disk read in flight is given up"
-        if timed_out:
-            with self._lock:
-                self._stack.discard(fetch.key)
-            self._timed_out(fetch.loc.slot, "disk read timed_out", f"no answer from disk after "
-                            f"{self.config.load_timeout:g} s (load_timeout)")
-
-        def ended(_: Future) -> None:
-            with self._lock:
-                self._stack.finish(plan.key, plan.dst, False)
-
-        read.add_done_callback(ended)
-
-    def _timed_out(self, slot: int, kind: str, detail: str) -> None:
-        """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;
-        it counts against its path's health too."""
-        went_down = self._lane.note_timeout(slot)
-        with self._lock:
-            self._stats.load_timeouts += 1
-            self._failures.note(kind, detail)
-            if went_down:
-                self._retire_down_paths()
-
-    def _release(self, fetch: _Fetch) -> None:
-        with self._lock:
-            self._stack.unpin(fetch.key, fetch.loc)
-            if fetch.staged is not None:
-                self._stack.unpin(fetch.key, fetch.staged)
-
-    # -- accounting ---------------------------------------------------------------------
-
-    def _account_write(self, result: IOResult) -> None:
-        if result.ok:
-            self._stats.disk_writes += 1
-            self._stats.disk_write_bytes += result.nbytes
-        else:
-            self._account_failure(result, "write")
-
-    def _account_failure(self, result: IOResult, op: str) -> None:
-        """Count and log (once per kind) a failed disk request (lock held)."""
-        counter = self._lane.note_failure(result, op)
-        if result.status is IOStatus.PATH_DOWN:
-            self._retire_down_paths()  # the disk tier logged it, once per path
-        elif counter is not None:
-            setattr(self._stats, counter, getattr(self._stats, counter) + 1)
-
-    def _path_back(self, index: int) -> None:
-        """A disk path came back into service, empty (lock held)."""
-        self._stats.paths_back += 1
-        self._stats.paths_down.pop(self._lane.roots[index], None)
-        self._stack.indexes[DISK].unretire(self._lane.slots_of_path(index))
-
-    def _retire_down_paths(self) -> None:
-        """Take the slots of paths that went out of service away from the index (lock held)."""
-        for index, reason in self._lane.newly_down().items():
-            self._stats.paths_down[self._lane.roots[index]] = reason
-            self._stack.indexes[DISK].retire(self._lane.slots_of_path(index))
-
-    def _unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
-        with self._lock:
-            for key, loc in held:
-                self._stack.unpin(key, loc)
-
-    def _count(self, name: str) -> None:
-        with self._lock:
-            setattr(self._stats, name, getattr(self._stats, name) + 1)
-
     # -- helpers ------------------------------------------------------------------------
 
     def _chunk_of(self, kv: torch.Tensor, i: int) -> torch.Tensor:
         return kv[:, :, i * self.chunk_tokens:(i + 1) * self.chunk_tokens]
-
-    def _sync(self) -> None:
-        gpu = self.tiers.get(GPU)
-        if gpu is not None and gpu.device.type == "cuda":
-            torch.cuda.synchronize(gpu.device)
 
     def _check_tensor(self, kv: torch.Tensor, min_tokens: int, what: str) -> None:
         want = self.layout.shape(min_tokens)
@@ -696,10 +395,3 @@ def _model_name(model: str | None, cfg: KVTierConfig) -> str:
             "set the 'model' config key; it keeps apart the KV of models with the same layout"
         )
     return name
-
-
-def _result_of(write: Future) -> IOResult:
-    try:
-        return write.result()
-    except BaseException as exc:  # cancelled at close, or an unexpected error
-        return IOResult(IOStatus.IO_ERROR, detail=repr(exc))

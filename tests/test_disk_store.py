@@ -171,7 +171,7 @@ def test_a_get_that_fails_midway_leaves_no_pin(tmp_path, monkeypatch):
         def device_lost():
             raise RuntimeError("device lost")
 
-        monkeypatch.setattr(store, "_sync", device_lost)
+        monkeypatch.setattr(store._shared, "sync", device_lost)
         with pytest.raises(RuntimeError, match="device lost"):
             load(store, tokens)
         monkeypatch.undo()

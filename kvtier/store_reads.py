@@ -1,0 +1,147 @@
+"""Fetching the chunks of a ``get``: pinned where they are hottest, disk chunks read into
+host slots in parallel and verified, each read bounded by ``load_timeout``."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.store_shared import DISK, HOST, Skip, StoreShared, time_left
+from kvtier.store_writes import PlanRunner
+from kvtier.tier_stack import Location, StorePlan
+
+
+@dataclass
+class Fetch:
+    """One chunk of a ``get``: where it is pinned, and its disk read into host if any."""
+
+    key: ChunkKey
+    loc: Location
+    read: Future | None = None
+    plan: StorePlan | None = None  # the host slot the read fills
+    staged: Location | None = None  # that slot once the read checked out (pinned)
+    deadline: float | None = None  # time.monotonic() by which the read must be over
+    given_up: bool = False  # not over by its deadline, or not needed any more
+
+
+class Fetcher:
+    """Starts and completes the fetches of a ``get``.
+
+    Contract: ``begin(key)`` pins the chunk where it is hottest and, from disk, reserves a
+    host slot and starts the read (``Skip.NO_ROOM`` when no host slot is free, ``Skip.END``
+    when the prefix ends there); ``complete(fetch)`` says where the chunk can be copied
+    from, or None when its read failed (the chunk is dropped) or was not over in time;
+    ``release(fetch)`` unpins what ``begin`` and ``complete`` pinned.
+    """
+
+    def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
+        self.shared, self.runner = shared, runner
+
+    def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
+        """Pin the disk chunks of the cached prefix of ``keys`` for a whole ``get``: making
+        room in host memory for one read demotes host chunks to disk, which must not evict
+        a later chunk of the same prefix."""
+        with self.shared.lock:
+            return self.shared.stack.pin_prefix(keys, DISK)
+
+    def begin(self, key: ChunkKey) -> Fetch | Skip:
+        """Pin ``key`` where it is hottest; from disk, reserve a host slot and start the read.
+
+        ``END`` when the key is not cached or its host slot's previous chunk could not be
+        written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
+        """
+        with self.shared.lock:
+            loc = self.shared.stack.locate(key)
+            if loc is None:
+                return Skip.END
+            self.shared.stack.indexes[loc.tier].pin(key)
+            if loc.tier is not DISK:
+                return Fetch(key, loc)
+            plan = self.shared.stack.plan_store(key, HOST)
+            if plan is None:
+                self.shared.stack.unpin(key, loc)
+                return Skip.NO_ROOM
+        if not self.runner.demote(plan):  # a hung drive: end the prefix here, the chunk stays cached
+            with self.shared.lock:
+                self.shared.stack.unpin(key, loc)
+            return Skip.END
+        job = partial(self.shared.transfers.copy, key, loc, plan.dst)
+        timeout = self.shared.config.load_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return Fetch(key, loc, self.shared.lane.submit(self.shared.lane.queue_of(loc.slot), job), plan,
+                      deadline=deadline)
+
+    def complete(self, fetch: Fetch) -> Location | None:
+        """Where the chunk can be copied from, or ``None`` when its disk read failed or was
+        not over by its deadline (``load_timeout`` after it was started).
+
+        A successful read makes the host copy visible and pins it for the fetch; a failed
+        one drops the disk copy (and blanks a corrupt slot's header).
+        """
+        if fetch.given_up:
+            return None
+        if fetch.read is None or fetch.staged is not None:
+            return fetch.staged or fetch.loc
+        try:
+            result = fetch.read.result(timeout=time_left(fetch.deadline))
+        except TimeoutError:
+            self._give_up(fetch, timed_out=True)
+            return None
+        except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
+            result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
+        fetch.read, plan = None, fetch.plan
+        assert plan is not None, "a disk read always fills a reserved host slot"
+        with self.shared.lock:
+            self.shared.stack.finish(fetch.key, plan.dst, result.ok)
+            if result.ok:
+                self.shared.stats.disk_reads += 1
+                self.shared.stats.disk_read_bytes += result.nbytes
+                self.shared.stack.indexes[HOST].pin(fetch.key)
+                fetch.staged = plan.dst
+                return fetch.staged
+            self.shared.stack.discard(fetch.key)
+            self.shared.account_failure(result, "read")
+        if result.status is IOStatus.CORRUPT:
+            self.shared.lane.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
+        return None
+
+    def drop_unused(self, fetch: Fetch) -> None:
+        """A fetch past the end of the prefix: keep what already arrived, else let go of the
+        read without waiting (its slot is freed when it ends; the chunk stays cached)."""
+        if fetch.read is not None and not fetch.read.done():
+            self._give_up(fetch, timed_out=False)
+        else:
+            self.complete(fetch)
+
+    def _give_up(self, fetch: Fetch, timed_out: bool) -> None:
+        """Stop waiting for a fetch's read. Its host slot stays reserved until the read
+        ends, since the read may still write into it. A read past its deadline (a hung disk)
+        also drops the chunk, counts, and counts against its path's health."""
+        read, plan, fetch.read, fetch.given_up = fetch.read, fetch.plan, None, True
+        assert read is not None and plan is not None, "only a disk read in flight is given up"
+        if timed_out:
+            with self.shared.lock:
+                self.shared.stack.discard(fetch.key)
+            self.shared.timed_out(fetch.loc.slot, "disk read timed_out", f"no answer from disk after "
+                            f"{self.shared.config.load_timeout:g} s (load_timeout)")
+
+        def ended(_: Future) -> None:
+            with self.shared.lock:
+                self.shared.stack.finish(plan.key, plan.dst, False)
+
+        read.add_done_callback(ended)
+
+    def release(self, fetch: Fetch) -> None:
+        with self.shared.lock:
+            self.shared.stack.unpin(fetch.key, fetch.loc)
+            if fetch.staged is not None:
+                self.shared.stack.unpin(fetch.key, fetch.staged)
+
+    def unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
+        with self.shared.lock:
+            for key, loc in held:
+                self.shared.stack.unpin(key, loc)
