@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 
 from kvtier.io.result import IOResult, IOStatus
@@ -15,17 +16,25 @@ from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
 
 
+class FetchState(Enum):
+    HOT = "hot"  # in a memory tier: copy from ``loc``
+    READING = "reading"  # its disk read into ``plan.dst`` is in flight
+    STAGED = "staged"  # the read checked out: copy from ``plan.dst`` (pinned)
+    FAILED = "failed"  # the read failed: the chunk was dropped
+    GIVEN_UP = "given up"  # not over by its deadline, or not needed any more
+
+
 @dataclass
 class Fetch:
-    """One chunk of a ``get``: where it is pinned, and its disk read into host if any."""
+    """One chunk of a ``get``: where it is pinned (``loc``), and its disk read into a host
+    slot (``plan.dst``) if it comes from disk."""
 
     key: ChunkKey
     loc: Location
+    state: FetchState = FetchState.HOT
     read: Future | None = None
     plan: StorePlan | None = None  # the host slot the read fills
-    staged: Location | None = None  # that slot once the read checked out (pinned)
     deadline: float | None = None  # time.monotonic() by which the read must be over
-    given_up: bool = False  # not over by its deadline, or not needed any more
 
 
 class Fetcher:
@@ -72,8 +81,8 @@ class Fetcher:
         job = partial(self.shared.transfers.copy, key, loc, plan.dst)
         timeout = self.shared.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        return Fetch(key, loc, self.shared.lane.submit(self.shared.lane.queue_of(loc.slot), job), plan,
-                      deadline=deadline)
+        read = self.shared.lane.submit(self.shared.lane.queue_of(loc.slot), job)
+        return Fetch(key, loc, FetchState.READING, read, plan, deadline)
 
     def complete(self, fetch: Fetch) -> Location | None:
         """Where the chunk can be copied from, or ``None`` when its disk read failed or was
@@ -82,27 +91,28 @@ class Fetcher:
         A successful read makes the host copy visible and pins it for the fetch; a failed
         one drops the disk copy (and blanks a corrupt slot's header).
         """
-        if fetch.given_up:
-            return None
-        if fetch.read is None or fetch.staged is not None:
-            return fetch.staged or fetch.loc
+        if fetch.state is FetchState.HOT:
+            return fetch.loc
+        if fetch.state is not FetchState.READING:
+            return fetch.plan.dst if fetch.state is FetchState.STAGED and fetch.plan else None
+        read, plan = fetch.read, fetch.plan
+        assert read is not None and plan is not None, "a disk read always fills a reserved slot"
         try:
-            result = fetch.read.result(timeout=time_left(fetch.deadline))
+            result = read.result(timeout=time_left(fetch.deadline))
         except TimeoutError:
             self._give_up(fetch, timed_out=True)
             return None
         except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
-        fetch.read, plan = None, fetch.plan
-        assert plan is not None, "a disk read always fills a reserved host slot"
         with self.shared.lock:
             self.shared.stack.finish(fetch.key, plan.dst, result.ok)
             if result.ok:
                 self.shared.stats.disk_reads += 1
                 self.shared.stats.disk_read_bytes += result.nbytes
                 self.shared.stack.indexes[HOST].pin(fetch.key)
-                fetch.staged = plan.dst
-                return fetch.staged
+                fetch.state = FetchState.STAGED
+                return plan.dst
+            fetch.state = FetchState.FAILED
             self.shared.stack.discard(fetch.key)
             self.shared.account_failure(result, "read")
         if result.status is IOStatus.CORRUPT:
@@ -112,7 +122,7 @@ class Fetcher:
     def drop_unused(self, fetch: Fetch) -> None:
         """A fetch past the end of the prefix: keep what already arrived, else let go of the
         read without waiting (its slot is freed when it ends; the chunk stays cached)."""
-        if fetch.read is not None and not fetch.read.done():
+        if fetch.state is FetchState.READING and fetch.read is not None and not fetch.read.done():
             self._give_up(fetch, timed_out=False)
         else:
             self.complete(fetch)
@@ -121,13 +131,13 @@ class Fetcher:
         """Stop waiting for a fetch's read. Its host slot stays reserved until the read
         ends, since the read may still write into it. A read past its deadline (a hung disk)
         also drops the chunk, counts, and counts against its path's health."""
-        read, plan, fetch.read, fetch.given_up = fetch.read, fetch.plan, None, True
+        read, plan, fetch.state = fetch.read, fetch.plan, FetchState.GIVEN_UP
         assert read is not None and plan is not None, "only a disk read in flight is given up"
         if timed_out:
             with self.shared.lock:
                 self.shared.stack.discard(fetch.key)
-            self.shared.timed_out(fetch.loc.slot, "disk read timed_out", f"no answer from disk after "
-                            f"{self.shared.config.load_timeout:g} s (load_timeout)")
+            self.shared.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
+                                  f"after {self.shared.config.load_timeout:g} s (load_timeout)")
 
         def ended(_: Future) -> None:
             with self.shared.lock:
@@ -138,8 +148,8 @@ class Fetcher:
     def release(self, fetch: Fetch) -> None:
         with self.shared.lock:
             self.shared.stack.unpin(fetch.key, fetch.loc)
-            if fetch.staged is not None:
-                self.shared.stack.unpin(fetch.key, fetch.staged)
+            if fetch.state is FetchState.STAGED and fetch.plan is not None:
+                self.shared.stack.unpin(fetch.key, fetch.plan.dst)
 
     def unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
         with self.shared.lock:
