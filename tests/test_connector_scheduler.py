@@ -372,7 +372,7 @@ def test_a_request_that_ends_while_waiting_for_room_leaves_nothing_behind(tmp_pa
     hold_host_slots(side, 3)
     assert side.num_new_matched_tokens(request("b", 97), 0) == (None, False)
     assert side.request_finished("b") is False  # aborted while waiting: no load in flight
-    assert "b" not in side._room_waits and "b" not in side._requests
+    assert side.request("b") is None
 
 
 def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):

@@ -60,6 +60,16 @@ class _Pending:
     disk: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
 
 
+@dataclass
+class _Tracked:
+    """What the scheduler side keeps of one request until vLLM says it finished."""
+
+    request: Any  # vLLM's Request
+    stored_upto: int = 0  # chunks already offered for store
+    asynchronous: bool = False  # what the last match promised vLLM
+    waiting_since: float | None = None  # when it began to wait for host slots to stage in
+
+
 class SchedulerSide:
     """Bookkeeping for one engine (all TP ranks share one index; each rank keeps its own
     shard of every chunk in the same slots, under its own namespace)."""
@@ -80,11 +90,8 @@ class SchedulerSide:
         self.stack = TierStack(levels)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self._namespace = namespaces[0]
-        self._requests: dict[str, Any] = {}  # req id -> vllm Request
-        self._stored_upto: dict[str, int] = {}  # req id -> chunks already offered for store
+        self._tracked: dict[str, _Tracked] = {}  # req id -> what is kept of it
         self._loads: dict[str, _Load] = {}
-        self._asynchronous: dict[str, bool] = {}  # req id -> what the last match promised
-        self._room_waits: dict[str, float] = {}  # req id -> when it began to wait for host slots
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
@@ -120,11 +127,14 @@ class SchedulerSide:
         return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
                 for c in range(first, count)]
 
-    def track(self, request: Any) -> None:
-        self._requests[request.request_id] = request
+    def track(self, request: Any) -> _Tracked:
+        tracked = self._tracked.setdefault(request.request_id, _Tracked(request))
+        tracked.request = request
+        return tracked
 
     def request(self, req_id: str) -> Any | None:
-        return self._requests.get(req_id)
+        tracked = self._tracked.get(req_id)
+        return tracked.request if tracked is not None else None
 
     def load_tiers(self, req_id: str, tokens: int) -> dict[TierName, int]:
         """Tokens of a planned load by the tier they come from."""
@@ -142,7 +152,7 @@ class SchedulerSide:
         None (ask again next step) while one of them is being read from disk for another
         request (it will then be in host memory), or while host slots to stage them in are
         held by loads and stores in flight (see ``_wait_for_room``)."""
-        self.track(request)
+        tracked = self.track(request)
         if request.request_id in self._loads:
             return 0, False
         block, chunk = self.geometry.block_tokens, self.geometry.chunk_tokens
@@ -158,9 +168,9 @@ class SchedulerSide:
         loadable = self._loadable(keys[first:match.num_chunks], matched)
         if loadable is None:
             return None, False
-        if loadable < len(matched) and self._wait_for_room(request.request_id, matched, wanted):
+        if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted):
             return None, False
-        self._room_waits.pop(request.request_id, None)
+        tracked.waiting_since = None
         needed = matched[:loadable]
         wanted = min(hit, (first + len(needed)) * chunk) - num_computed
         if wanted <= 0:
@@ -172,10 +182,10 @@ class SchedulerSide:
         self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
         # request waits (asynchronously) while other requests go on.
-        self._asynchronous[request.request_id] = from_disk > 0
+        tracked.asynchronous = from_disk > 0
         return wanted, from_disk > 0
 
-    def _wait_for_room(self, req_id: str, matched: Sequence[Location], wanted: int) -> bool:
+    def _wait_for_room(self, tracked: _Tracked, matched: Sequence[Location], wanted: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
         again next step rather than recompute the rest: the slots are held by loads and
         stores in flight, which give them back within a step or two. Not when the hits could
@@ -186,7 +196,9 @@ class SchedulerSide:
         if limit is None or len(matched) > self.stack.indexes[HOST].num_slots - len(self._stalled_plans):
             return False
         now = time.monotonic()
-        if now - self._room_waits.setdefault(req_id, now) >= limit:
+        if tracked.waiting_since is None:
+            tracked.waiting_since = now
+        if now - tracked.waiting_since >= limit:
             return False
         if not self.decider.would_load(wanted, *self._load_bytes(matched)):
             return False
@@ -221,8 +233,9 @@ class SchedulerSide:
         geo = self.geometry
         start, end = num_computed, num_computed + num_external
         keys = self.chunk_keys(request, -(-end // geo.chunk_tokens))
-        load = _Load([], [], num_external, {},
-                     asynchronous=self._asynchronous.pop(request.request_id, False))
+        tracked = self.track(request)
+        load = _Load([], [], num_external, {}, asynchronous=tracked.asynchronous)
+        tracked.asynchronous = False  # what the match promised is used up
         chunks: list[ChunkLoad] = []
         demotions: list[DiskWrite] = []
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
@@ -295,7 +308,9 @@ class SchedulerSide:
 
     def completes_chunks(self, req_id: str, num_computed_after: int) -> bool:
         """Whether the request has chunks computed and not yet offered for store."""
-        return num_computed_after // self.geometry.chunk_tokens > self._stored_upto.get(req_id, 0)
+        tracked = self._tracked.get(req_id)
+        stored = tracked.stored_upto if tracked is not None else 0
+        return num_computed_after // self.geometry.chunk_tokens > stored
 
     def plan_stores(self, request: Any, block_ids: list[int], num_computed_after: int,
                     meta: StepPlan) -> None:
@@ -304,15 +319,15 @@ class SchedulerSide:
         A chunk that finds no free host slot (all held by stores and loads in flight) stops
         the offer there; the request's next step offers it again, while its blocks are
         still the request's own."""
-        req_id = request.request_id
+        tracked = self.track(request)
         geo = self.geometry
-        first = self._stored_upto.get(req_id, 0)  # a decode step usually completes none
+        first = tracked.stored_upto  # a decode step usually completes none
         keys = self.chunk_keys(request, num_computed_after // geo.chunk_tokens, first)
         for c, key in enumerate(keys, start=first):
             ids = block_ids[c * geo.blocks_per_chunk:(c + 1) * geo.blocks_per_chunk]
             if len(ids) < geo.blocks_per_chunk or not self._plan_store(key, tuple(ids), meta):
                 break
-            self._stored_upto[req_id] = c + 1
+            tracked.stored_upto = c + 1
 
     def _plan_store(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
         """Plan one chunk's store; False when no host slot is free for it now."""
@@ -454,9 +469,6 @@ class SchedulerSide:
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a
         load from host memory is over before the request's first forward)."""
-        self._requests.pop(req_id, None)
-        self._stored_upto.pop(req_id, None)
-        self._asynchronous.pop(req_id, None)
-        self._room_waits.pop(req_id, None)
+        self._tracked.pop(req_id, None)
         load = self._loads.get(req_id)
         return load is not None and load.asynchronous
