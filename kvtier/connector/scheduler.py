@@ -27,6 +27,7 @@ from kvtier.connector.messages import (
     StepPlan,
     WorkerReport,
 )
+from kvtier.connector.rank_counts import RankCount, RankOutcomes
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
@@ -95,12 +96,12 @@ class SchedulerSide:
         self._new_loads: list[RequestLoad] = []
         self._pending = _Pending()
         self._load_failures: dict[str, set[bytes]] = {}
-        self._loads_done: Counter = Counter()
-        self._ranks_down: Counter = Counter()  # disk path index -> ranks without it
-        self._host_outcomes: dict[bytes, list[int]] = {}  # key -> [ranks done, ranks failed]
-        self._stalled_ranks: Counter = Counter()  # key -> ranks whose given-up read still runs
+        self._loads_done = RankCount()  # req id -> ranks whose load is over
+        self._ranks_down = RankCount()  # disk path index -> ranks without it
+        self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
+        self._stalled_ranks = RankCount()  # key -> ranks whose given-up read still runs
         self._stalled_plans: dict[bytes, StorePlan] = {}  # their staging slots, held till then
-        self._disk_outcomes: dict[bytes, list[int]] = {}
+        self._disk_outcomes = RankOutcomes(world_size)
         self.counters: Counter = Counter()  # chunks loaded by tier, stored, written, failed
         self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout else 0
 
@@ -357,17 +358,15 @@ class SchedulerSide:
             self.decider.observe_load(disk_bytes, host_bytes, seconds)
         for req_id, keys in report.load_failed.items():
             self._load_failures.setdefault(req_id, set()).update(keys)
-        self._stalled_ranks.update(report.reads_stalled)
+        for key, ranks in report.reads_stalled.items():
+            self._stalled_ranks.up(key, ranks)
         for req_id, ranks in report.loads_done.items():
-            self._loads_done[req_id] += ranks
-            if self._loads_done[req_id] >= self.world_size:
-                del self._loads_done[req_id]
+            if self._loads_done.reached(req_id, ranks, self.world_size):
                 self.finish_load(req_id)
         for key in set(report.host_stored) | set(report.host_failed):
             if key not in self._pending.host:
                 continue
-            ok = self._tally(self._host_outcomes, key, report.host_stored[key],
-                             report.host_failed[key])
+            ok = self._host_outcomes.add(key, report.host_stored[key], report.host_failed[key])
             if ok is None:
                 continue
             dst, disk = self._pending.host.pop(key)
@@ -382,8 +381,7 @@ class SchedulerSide:
         for key in set(report.disk_written) | set(report.disk_failed):
             if key not in self._pending.disk:
                 continue
-            ok = self._tally(self._disk_outcomes, key, report.disk_written[key],
-                             report.disk_failed[key])
+            ok = self._disk_outcomes.add(key, report.disk_written[key], report.disk_failed[key])
             if ok is None:
                 continue
             dst, host = self._pending.disk.pop(key)
@@ -392,40 +390,22 @@ class SchedulerSide:
             if host is not None:
                 self.stack.unpin(key, host)
         for key, ranks in report.reads_over.items():
-            self._stalled_ranks[key] -= ranks
-            if self._stalled_ranks[key] <= 0:
-                del self._stalled_ranks[key]
+            if self._stalled_ranks.down(key, ranks):
                 plan = self._stalled_plans.pop(key, None)
                 if plan is not None:
                     self.stack.finish(plan.key, plan.dst, False)
         if self.disk_layout is not None:
             self._paths_changed(report, self.disk_layout)
 
-    def _tally(self, outcomes: dict[bytes, list[int]], key: bytes, done: int,
-               failed: int) -> bool | None:
-        """Add one report's outcomes for ``key`` (ranks may report in different steps, as
-        background disk writes end when they end): None while ranks are still to report,
-        then True when none of them failed."""
-        counts = outcomes.setdefault(key, [0, 0])
-        counts[0] += done
-        counts[1] += failed
-        if counts[0] + counts[1] < self.world_size:
-            return None
-        del outcomes[key]
-        return counts[1] == 0
-
     def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
         come back (empty) when every rank that did has it back."""
         index = self.stack.indexes[DISK]
         for path, ranks in report.paths_down.items():
-            if not self._ranks_down[path]:
+            if self._ranks_down.up(path, ranks):
                 index.retire(range(path, layout.num_slots, layout.num_paths))
-            self._ranks_down[path] += ranks
         for path, ranks in report.paths_up.items():
-            self._ranks_down[path] -= ranks
-            if self._ranks_down[path] <= 0:
-                del self._ranks_down[path]
+            if self._ranks_down.down(path, ranks):
                 index.unretire(range(path, layout.num_slots, layout.num_paths))
 
     def metric_samples(self) -> list:
