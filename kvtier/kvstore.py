@@ -297,20 +297,16 @@ class KVStore:
         if not self._lane.num_slots:
             return FlushResult(0, 0)  # no disk tier: nothing to write to
         deadline = None if timeout is None else time.monotonic() + timeout
-        written, batch = 0, self._max_pending * len(self._lane.queues)
-        tried: set[ChunkKey] = set()
-        started: list[Future] = []
-        while True:  # a batch at a time, so that puts meanwhile still find host slots free
-            drained = self._lane.drain(time_left(deadline))  # writes in flight first
-            written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
-            if not drained:
-                break
+        batch = self._max_pending * len(self._lane.queues)
+        drained = self._lane.drain(time_left(deadline))  # writes in flight first: they may fail
+        with self._lock:
+            todo = deque(self._host_only())  # each tried once, even if it fails again
+        written = 0
+        while drained and todo:  # a batch at a time, so that puts meanwhile find host slots
             with self._lock:
-                todo = [item for item in self._host_only() if item[0] not in tried][:batch]
-                tried.update(key for key, _ in todo)
-                started = [f for f in map(self._flush_one, todo) if f is not None]
-            if not todo:
-                break
+                started = self._start_flush_writes(todo, batch)
+            drained = self._lane.drain(time_left(deadline))
+            written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
         with self._lock:
             left = len(self._host_only())
         return FlushResult(written, left, timed_out=not drained)
@@ -325,9 +321,20 @@ class KVStore:
                 found.append((key, slot))
         return found
 
-    def _flush_one(self, item: tuple[ChunkKey, int]) -> Future | None:
-        """Start the disk write of one host chunk (lock held); None when the disk has no room."""
-        return self._runner.start_disk_write(*item)
+    def _start_flush_writes(self, todo: deque[tuple[ChunkKey, int]], batch: int) -> list[Future]:
+        """Start the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
+        and not on disk (lock held); a chunk the disk has no room for is skipped."""
+        host, disk = self._stack.indexes[HOST], self._stack.indexes[DISK]
+        started: list[Future] = []
+        while todo and len(started) < batch:
+            key, _ = todo.popleft()
+            slot = host.slot_of(key)  # it may have moved or gone since the flush began
+            if slot is None or disk.has_entry(key):
+                continue
+            write = self._runner.start_disk_write(key, slot)
+            if write is not None:
+                started.append(write)
+        return started
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""

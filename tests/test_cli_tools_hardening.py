@@ -336,3 +336,14 @@ def test_finding14_bench_store_is_named_after_the_preset(monkeypatch):
                              size=1, disk=False)
     offload.bench_host(spec, lambda n: None)
     assert names == ["kvtier-bench/llama-3-8b"]
+
+
+def test_bench_leaves_the_users_entries_in_its_disk_path_alone(tmp_path):
+    disk = tmp_path / "disk"
+    (disk / "naive").mkdir(parents=True, mode=0o700)
+    (disk / "naive" / "keep.txt").write_text("the user's")
+    args = [a for a in TINY if a != "--no-baselines"]
+    result = invoke(*args, "--out", str(tmp_path / "out"), "--disk-path", str(disk))
+    assert result.exit_code == 0, result.output
+    assert (disk / "naive" / "keep.txt").read_text() == "the user's"
+    assert sorted(p.name for p in disk.iterdir()) == ["naive"]  # and nothing of its own is left

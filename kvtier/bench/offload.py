@@ -156,7 +156,8 @@ def bench_disk(spec: BenchSpec, advance: Callable[[int], None]) -> dict:
             advance(1)
         naive = None
         if spec.baselines:
-            where = spec.disk_paths[0] / "naive"
+            # a directory of its own: a "naive" entry of the user's is never touched
+            where = Path(tempfile.mkdtemp(prefix="kvtier-naive-", dir=spec.disk_paths[0]))
             write, read = naive_round_trip(where, [host.slot_array(i)[:chunk_bytes]
                                                    for i in range(count)], passes=2)
             naive = {"store_gib_s": write, "load_gib_s": read}

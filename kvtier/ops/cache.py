@@ -130,7 +130,7 @@ def cache_root(path: str | Path) -> Path:
 
 def namespaces(root: Path) -> list[NamespaceDir]:
     """The namespace directories directly under ``root`` (other entries are not kvtier's)."""
-    found = []
+    found: list[NamespaceDir] = []
     with SafeDir.open(root) as top:
         for name in top.names():
             info = top.lstat(name) if NAMESPACE_NAME.fullmatch(name) else None
@@ -138,10 +138,12 @@ def namespaces(root: Path) -> list[NamespaceDir]:
                 continue
             try:
                 with top.subdir(name) as directory:
-                    found.append(_describe(root, name, directory))
+                    described = _describe(root, name, directory)
             except OSError as exc:
-                found.append(NamespaceDir(root, name, None, exc.strerror or str(exc), unsafe=True))
-    return [d for d in found if d is not None]
+                described = NamespaceDir(root, name, None, exc.strerror or str(exc), unsafe=True)
+            if described is not None:
+                found.append(described)
+    return found
 
 
 def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
