@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -29,13 +27,15 @@ import torch
 from kvtier.config import KVTierConfig, load_config
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError
 from kvtier.io.buffers import align_up
-from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
+from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
-from kvtier.store_reads import Fetch, Fetcher
-from kvtier.store_shared import Skip, StoreShared, time_left
+from kvtier.store_flush import Flusher, FlushResult
+from kvtier.store_get import PrefixRead
+from kvtier.store_reads import Fetcher
+from kvtier.store_shared import Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
@@ -50,19 +50,6 @@ from kvtier.transfers import Transfers
 Tokens = Sequence[int] | np.ndarray
 GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
 log = logging.getLogger("kvtier")
-
-
-@dataclass(frozen=True)
-class FlushResult:
-    """What ``flush`` did: chunks it wrote, host chunks still not on disk when it returned,
-    and whether it stopped at its timeout. True when every host chunk is on disk."""
-
-    written: int
-    not_written: int
-    timed_out: bool = False
-
-    def __bool__(self) -> bool:
-        return self.not_written == 0 and not self.timed_out
 
 
 @dataclass(frozen=True)
@@ -82,10 +69,14 @@ class KVStore:
     ``write_through`` every chunk that reaches host memory is also written to disk in the
     background (dropped, and counted, when the disk queue is full); with ``write_back`` a
     chunk is written when host memory evicts it. Chunks on disk survive restarts.
+
+    ``io_engine`` builds the disk's I/O engine (an ``IOExecutor``; tests pass one that can
+    hold or fail jobs).
     """
 
     def __init__(self, layout: KVLayout, config: KVTierConfig | Mapping[str, Any] | None = None,
-                 *, model: str | None = None, device: torch.device | str | None = None) -> None:
+                 *, model: str | None = None, device: torch.device | str | None = None,
+                 io_engine: EngineFactory = IOEngine) -> None:
         self.config = cfg = config if isinstance(config, KVTierConfig) else load_config(config)
         self.layout = layout
         self.chunk_tokens = cfg.chunk_tokens
@@ -100,6 +91,7 @@ class KVStore:
         self._metrics: MetricsServer | None = None
         self._shared: StoreShared  # made in _start, once the tiers are open
         self._closed = False
+        self._io_engine = io_engine
         try:  # a failed start must not keep memory, files or the namespace lock
             self._start(device)
         except BaseException:
@@ -117,7 +109,8 @@ class KVStore:
         # queue behind background writes and read-ahead
         self._lane = open_lane(cfg, self.namespace, self.chunk_bytes, DTYPE_BYTES[self.layout.dtype],
                                lock=self._lock, on_back=lambda index: self._shared.path_back(index),
-                               failures=self._failures, move_lanes=True)
+                               failures=self._failures, move_lanes=True,
+                               engine_factory=self._io_engine)
         policy = cfg.eviction_policy
         levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in self.tiers.items()]
         levels.append((DISK, SlotIndex(self._lane.num_slots, make_policy(policy))))  # 0 without disk
@@ -132,6 +125,7 @@ class KVStore:
                                    self._max_pending)
         self._runner = PlanRunner(self._shared)
         self._fetcher = Fetcher(self._shared, self._runner)
+        self._flusher = Flusher(self._shared, self._runner)
         self._recover()
         if cfg.metrics_port:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
@@ -150,10 +144,6 @@ class KVStore:
     def disk(self) -> DiskTier | None:
         """The disk tier (None without ``disk_paths``), for inspection."""
         return self._lane.tier
-
-    @property
-    def _engine(self) -> IOEngine | None:
-        return self._lane.engine
 
     def _recover(self) -> None:
         report = self._lane.recover(threads=self.config.io_threads)
@@ -237,54 +227,9 @@ class KVStore:
         keys = self.keys(tokens)
         self._check_tensor(out, 0, "out")
         keys = keys[: out.shape[2] // self.chunk_tokens]
-        window: deque[Fetch] = deque()  # chunks pinned, their disk reads in flight
-        loaded: list[TierName] = []
-        issued, ended = 0, False
-        held = self._fetcher.hold_disk_chunks(keys)
-        may_wait = True
-        try:
-            while True:
-                while not ended and issued < len(keys) and len(window) < self._read_ahead:
-                    fetch = self._fetcher.begin(keys[issued])
-                    if fetch is Skip.NO_ROOM and not window and may_wait and self._lane.pending():
-                        # host slots held by background writes: wait for them once
-                        may_wait = self._lane.drain(timeout=self._drain_timeout())
-                        fetch = self._fetcher.begin(keys[issued])
-                    if fetch is Skip.NO_ROOM and window:
-                        break  # host slots held by this window: complete one first
-                    if not isinstance(fetch, Fetch):
-                        ended = True
-                        break
-                    window.append(fetch)
-                    issued += 1
-                if not window:
-                    break
-                fetch = window.popleft()
-                try:
-                    source = self._fetcher.complete(fetch)
-                    if source is None:
-                        ended = True
-                        break
-                    self._chunk_of(out, len(loaded)).copy_(self._transfers.view(source))
-                    if source.tier is not self._top:
-                        self._runner.promote(fetch.key, source)
-                    loaded.append(fetch.loc.tier)
-                finally:
-                    self._fetcher.release(fetch)
-        finally:
-            try:
-                for fetch in window:  # past the end of the prefix: not needed any more
-                    try:
-                        self._fetcher.drop_unused(fetch)
-                    finally:
-                        self._fetcher.release(fetch)
-                self._shared.sync()
-            finally:
-                self._fetcher.unpin(held)
-                with self._lock:
-                    self._stats.chunks_loaded.update(loaded)
-                    self._stats.chunks_missed += len(keys) - len(loaded)
-        return len(loaded) * self.chunk_tokens
+        read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
+                          self._drain_timeout())
+        return read.run(keys, partial(self._chunk_of, out)) * self.chunk_tokens
 
     def flush(self, timeout: float | None = None) -> FlushResult:
         """Write every chunk held in host memory that is not on disk yet (write-through
@@ -294,47 +239,7 @@ class KVStore:
         hung drive, or no disk tier)."""
         if self._closed:
             raise StoreClosedError("kvtier store is closed; open a new KVStore")
-        if not self._lane.num_slots:
-            return FlushResult(0, 0)  # no disk tier: nothing to write to
-        deadline = None if timeout is None else time.monotonic() + timeout
-        batch = self._max_pending * len(self._lane.queues)
-        drained = self._lane.drain(time_left(deadline))  # writes in flight first: they may fail
-        with self._lock:
-            todo = deque(self._host_only())  # each tried once, even if it fails again
-        written = 0
-        while drained and todo:  # a batch at a time, so that puts meanwhile find host slots
-            with self._lock:
-                started = self._start_flush_writes(todo, batch)
-            drained = self._lane.drain(time_left(deadline))
-            written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
-        with self._lock:
-            left = len(self._host_only())
-        return FlushResult(written, left, timed_out=not drained)
-
-    def _host_only(self) -> list[tuple[ChunkKey, int]]:
-        """(key, host slot) of host chunks with no disk copy and none being written (lock held)."""
-        host, disk = self._stack.indexes[HOST], self._stack.indexes[DISK]
-        found, visible = [], host.keys()
-        for key in visible:
-            slot = host.slot_of(key)
-            if slot is not None and not disk.has_entry(key):
-                found.append((key, slot))
-        return found
-
-    def _start_flush_writes(self, todo: deque[tuple[ChunkKey, int]], batch: int) -> list[Future]:
-        """Start the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
-        and not on disk (lock held); a chunk the disk has no room for is skipped."""
-        host, disk = self._stack.indexes[HOST], self._stack.indexes[DISK]
-        started: list[Future] = []
-        while todo and len(started) < batch:
-            key, _ = todo.popleft()
-            slot = host.slot_of(key)  # it may have moved or gone since the flush began
-            if slot is None or disk.has_entry(key):
-                continue
-            write = self._runner.start_disk_write(key, slot)
-            if write is not None:
-                started.append(write)
-        return started
+        return self._flusher.flush(timeout)
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""

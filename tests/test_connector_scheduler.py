@@ -1,5 +1,6 @@
 """The connector's scheduler-side bookkeeping, driven directly with stand-in requests."""
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -88,8 +89,10 @@ def test_a_load_pins_its_chunks_until_the_workers_are_done():
     for other in range(5):  # pressure: the pinned chunks must survive
         store_all(side, request(f"x{other}", 64, seed=other + 1))
     assert side.stack.match_prefix([c.key for c in load.chunks]).num_chunks == 2
+    host, key = side.stack.indexes[TierName.HOST], load.chunks[0].key
+    assert host.pinned(key)
     side.worker_report(WorkerReport(loads_done=Counter({"b": 1})))
-    assert side.stack.indexes[TierName.HOST]._entries[load.chunks[0].key].pins == 0
+    assert key in host and not host.pinned(key)
 
 
 def test_a_partial_local_hit_loads_only_the_missing_blocks():
@@ -153,12 +156,13 @@ def test_a_path_reported_down_is_retired(tmp_path):
 
 
 def test_auto_policy_skips_loads_slower_than_recompute():
-    decider = LoadDecider(enabled=True)
+    clock = [100.0]
+    decider = LoadDecider(enabled=True, clock=lambda: clock[0])
     assert decider.should_load(1000, 10**9, 10**9)  # nothing measured yet: load
     decider.observe_load(0, 10**6, 0.001)  # host: 1 GB/s
     decider.observe_load(10**6, 10**6, 0.101)  # disk: ~10 MB/s
     decider.observe_step(2000, 2000)
-    decider._last_step = (decider._last_step[0] - 1.0, 2000)  # that step took 1 s: 2k tok/s
+    clock[0] += 1.0  # that step took 1 s: 2k tok/s
     decider.observe_step(0, 0)
     assert decider.should_load(2000, 0, 10**7)  # 10 ms from host against 1 s of prefill
     assert not decider.should_load(2000, 10**8, 10**8)  # 10 s from disk against 1 s
@@ -197,10 +201,8 @@ def test_a_store_with_no_free_host_slot_is_offered_again_next_step():
 
 
 def test_a_match_from_disk_waits_for_staging_slots_then_is_capped_by_them(tmp_path, monkeypatch):
-    from kvtier.connector import scheduler as module
-
     clock = [100.0]
-    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     side = scheduler(disk=tmp_path, disk_slots=32)
     on_disk_only(side, request("a", 96))
     hold_host_slots(side, 3)  # one host slot left to stage a disk read in
@@ -215,9 +217,16 @@ def test_a_match_from_disk_waits_for_staging_slots_then_is_capped_by_them(tmp_pa
 
 def test_slots_held_by_reads_a_hung_disk_never_answered_are_not_waited_for(tmp_path):
     side = scheduler(disk=tmp_path, disk_slots=32, host_capacity=3 * GEO.chunk_bytes)
-    on_disk_only(side, request("a", 96))
-    stalled = side.stack.plan_store(b"x" * 16, TierName.HOST)  # as a given-up read holds it
-    side._stalled_plans[b"x" * 16] = stalled
+    hung = request("hung", 33, seed=7)
+    store_all(side, hung)
+    on_disk_only(side, request("a", 96))  # pushes hung's chunk out of host memory too
+    assert side.num_new_matched_tokens(hung, 0) == (32, True)
+    side.plan_load(hung, [1, 2, 3], 0, 32)
+    (load,) = side.build_meta().loads
+    late = load.chunks[0].key  # its read is given up on and never ends: its slot stays held
+    side.worker_report(WorkerReport(load_failed={"hung": {late}}, loads_done=Counter({"hung": 1}),
+                                    reads_stalled=Counter({late: 1})))
+    assert side.stack.indexes[TierName.HOST].has_entry(late)
     assert side.num_new_matched_tokens(request("b", 97), 0) == (64, True)  # two fit, at once
     assert side.counters.get("room_waits", 0) == 0
 
@@ -321,7 +330,8 @@ def test_one_rank_failing_its_disk_write_in_a_later_step_fails_the_chunk(tmp_pat
     side.worker_report(WorkerReport(disk_failed=Counter({k: 1 for k in keys})))
     assert side.counters["disk_failed_chunks"] == 2
     assert all(side.stack.indexes[TierName.DISK].slot_of(k) is None for k in keys)
-    assert side.stack.indexes[TierName.HOST]._entries[keys[0]].pins == 0
+    host = side.stack.indexes[TierName.HOST]
+    assert keys[0] in host and not host.pinned(keys[0])  # the host copy stays, unpinned
 
 
 def test_host_chunks_already_pinned_by_other_loads_need_no_room():

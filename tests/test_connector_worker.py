@@ -1,8 +1,8 @@
 """The connector's worker side with a synthetic paged cache: copies, disk I/O, failures."""
 
 import errno
-import os
 import time
+from collections import Counter
 
 import torch
 
@@ -10,21 +10,40 @@ from kvtier.config import load_config
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
 from kvtier.connector.worker import WorkerSide
-from tests.disk_helpers import delayed_io, failing_io, wait_until
+from tests.disk_helpers import failing_io, wait_until
+from tests.fake_io import FakeEngine
 
 LAYERS, BLOCKS, BLOCK, HIDDEN = 2, 16, 16, 64
 GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, 2 * BLOCK, "bfloat16", "t")
 
 
 def worker(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor]]:
+    side, kv, _ = worker_and_engine(tmp_path, disk, **config)
+    return side, kv
+
+
+def worker_and_engine(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor],
+                                                              FakeEngine | None]:
+    """A worker over a synthetic paged cache, and its I/O engine (None without disk)."""
     extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes, **config}
     if disk:
         extra.update(disk_paths=[str(tmp_path)], disk_capacity=8 * (4096 + GEO.chunk_bytes),
                      disk_min_free=0)
-    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0))
+    make, engines = FakeEngine.factory()
+    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
+                      io_engine=make)
     kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
     side.register({f"layer{i}": t for i, t in enumerate(kv)})
-    return side, kv
+    return side, kv, engines[0] if engines else None
+
+
+def outcomes(side: WorkerSide, into: dict) -> dict:
+    """Step the worker once and add its report's counts to ``into``."""
+    side.finished()
+    report = side.report()
+    for name in ("reads_over", "disk_written") if report else ():
+        into.setdefault(name, Counter()).update(getattr(report, name))
+    return into
 
 
 def same(a, b) -> bool:
@@ -35,7 +54,7 @@ def test_store_to_host_and_disk_then_load_back(tmp_path):
     side, kv = worker(tmp_path)
     original = [t.clone() for t in kv]
     side.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=5)]))
-    side._engine.drain()
+    side.drain()
     report = side.report()
     assert report.host_stored[b"k" * 16] == 1 and report.disk_written[b"k" * 16] == 1
     for t in kv:
@@ -43,7 +62,7 @@ def test_store_to_host_and_disk_then_load_back(tmp_path):
     load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, disk_slot=5),),
                        asynchronous=True)
     side.start_loads(StepPlan(loads=[load]))
-    side._engine.drain()
+    side.drain()
     assert side.finished() == {"r"} and side.take_invalid_blocks() == set()
     assert all(same(kv[i][8:10], original[i][3:5]) for i in range(LAYERS))
     assert side.report().loads_done["r"] == 1
@@ -65,13 +84,13 @@ def test_a_failed_disk_read_reports_the_blocks_for_recompute(tmp_path, monkeypat
     side, _ = worker(tmp_path)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0),
                                      ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=1)]))
-    side._engine.drain()
+    side.drain()
     side.report()
     chunks = (ChunkLoad(b"a" * 16, (10, 11), 0, 2, disk_slot=0),
               ChunkLoad(b"b" * 16, (12, 13), 0, 3, disk_slot=1))
     with failing_io(monkeypatch, "slots-", err=errno.EIO, calls=("preadv",)):
         side.start_loads(StepPlan(loads=[RequestLoad("r", chunks, asynchronous=True)]))
-        side._engine.drain()
+        side.drain()
         assert side.finished() == {"r"}
     assert side.take_invalid_blocks() == {10, 11, 12, 13}
     assert side.report().load_failed["r"] == {b"a" * 16, b"b" * 16}
@@ -100,16 +119,16 @@ def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, mon
     side, _ = worker(tmp_path, disk_retry=0.001)
     with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
         side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0)]))
-        side._engine.drain()
+        side.drain()
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and report.disk_failed[b"a" * 16] == 1
     time.sleep(0.01)  # past disk_retry
     side.save(StepPlan())  # each step tries a path that is due
-    side._engine.drain()
+    side.drain()
     report = side.report()
     assert report.paths_up == Counter({0: 1}) and not report.paths_down
     side.save(StepPlan(stores=[ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=0)]))
-    side._engine.drain()
+    side.drain()
     assert side.report().disk_written[b"b" * 16] == 1
     side.close()
 
@@ -119,7 +138,7 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
 
     side, _ = worker(tmp_path)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
-    side._engine.drain()
+    side.drain()
     side.report()
 
     def broken(items):
@@ -136,12 +155,12 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
     side.close()
 
 
-def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path, monkeypatch):
-    side, _ = worker(tmp_path, load_timeout=0.2)
+def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path):
+    side, _, engine = worker_and_engine(tmp_path, load_timeout=0.2)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
-    side._engine.drain()
+    side.drain()
     side.report()
-    release = delayed_io(monkeypatch, "preadv")
+    engine.hold()  # a drive that does not answer
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        asynchronous=True)
     side.start_loads(StepPlan(loads=[load]))
@@ -151,23 +170,21 @@ def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path, 
     report = side.report()
     assert report.load_failed["r"] == {b"a" * 16} and report.reads_stalled[b"a" * 16] == 1
     assert not report.reads_over
-    release.set()
-    side._engine.drain()
+    engine.release()
+    side.drain()
     side.finished()
     assert side.report().reads_over[b"a" * 16] == 1  # now the staging slot may be reused
     side.close()
 
 
-def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypatch):
-    from collections import Counter
-
-    side, _ = worker(tmp_path, load_timeout=0.1)
+def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path):
+    side, _, engine = worker_and_engine(tmp_path, load_timeout=0.1)
     keys = [bytes([i]) * 16 for i in range(3)]
     side.save(StepPlan(stores=[ChunkStore(k, (2 * i, 2 * i + 1), i, disk_slot=i)
                                      for i, k in enumerate(keys)]))
-    side._engine.drain()
+    side.drain()
     side.report()
-    release = delayed_io(monkeypatch, "preadv")
+    engine.hold()
     for i, key in enumerate(keys):
         load = RequestLoad(f"r{i}", (ChunkLoad(key, (10, 11), 0, host_slot=3 + i, disk_slot=i),),
                            asynchronous=True)
@@ -176,26 +193,19 @@ def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path, monkeypat
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and sum(report.reads_stalled.values()) == 3
     assert not report.load_samples  # cut short: no measure of the disk's speed
-    release.set()
+    engine.release()
     side.close()
 
 
-def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
+def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path):
     from kvtier.connector.messages import DiskWrite
 
-    side, _ = worker(tmp_path, load_timeout=0.2)
+    side, _, engine = worker_and_engine(tmp_path, load_timeout=0.2)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
-    side._engine.drain()
+    side.drain()
     side.report()
-    release = delayed_io(monkeypatch, "pwritev")
-    reads = []
-    real_read = os.preadv
-
-    def counted_read(fd, *args):
-        reads.append(fd)
-        return real_read(fd, *args)
-
-    monkeypatch.setattr(os, "preadv", counted_read)
+    before = engine.submitted["disk0"]
+    engine.hold()
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
                        demotions=(DiskWrite(b"v" * 16, host_slot=0, disk_slot=3),),
                        asynchronous=True)
@@ -204,25 +214,23 @@ def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path, monkeypatch):
     assert side.take_invalid_blocks() == {10, 11}
     report = side.report()
     assert report.reads_stalled[b"a" * 16] == 1 and not report.reads_over
-    release.set()
-    side._loader.shutdown(wait=True)
-    side._engine.drain()
-    side.finished()
-    report = side.report()
-    assert report.reads_over[b"a" * 16] == 1 and report.disk_written[b"v" * 16] == 1
-    assert reads == []  # given up on: its read never started
+    engine.release()
+    seen: dict = {}
+    wait_until(lambda: outcomes(side, seen).get("reads_over"), "the staging slot stayed taken")
+    assert seen["reads_over"][b"a" * 16] == 1 and seen["disk_written"][b"v" * 16] == 1
+    assert engine.submitted["disk0"] == before + 1  # the write-back only: no read started
     side.close()
 
 
-def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, monkeypatch, caplog):
+def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, caplog):
     import logging
 
     from kvtier.connector.messages import DiskWrite
 
-    side, _ = worker(tmp_path, load_timeout=60)
+    side, _, engine = worker_and_engine(tmp_path, load_timeout=60)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
-    side._engine.drain()
-    release = delayed_io(monkeypatch, "pwritev")
+    side.drain()
+    engine.hold()
     side.save(StepPlan(stores=[ChunkStore(bytes([i]) * 16, (4, 5), 2 + i, disk_slot=1 + i)
                                      for i in range(3)]))  # background writes that hang
     load = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=0, disk_slot=0),),
@@ -235,9 +243,7 @@ def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, monkeypatch, caplog)
     assert time.monotonic() - started < 5
     assert any("hung drive" in r.getMessage() for r in caplog.records)
     assert not side.disk._paths[0].dir.closed and side.host.buffer.array is not None
-    release.set()
-    wait_until(lambda: side._engine.pending() == 0, "the hung writes never ended")
-    side._loader.shutdown(wait=True)
+    engine.release()
     assert side.close()
 
 

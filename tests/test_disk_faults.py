@@ -12,7 +12,8 @@ from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers import disk as disk_module
 from tests.conftest import CHUNK, SMALL, make_kv
-from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem, wait_until
+from tests.disk_helpers import failing_io, remount, small_filesystem, wait_until
+from tests.fake_io import FakeEngine
 from tests.test_disk_store import STRIDE, config, exact, seq
 
 
@@ -285,16 +286,17 @@ def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path):
     second.close()
 
 
-def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, caplog):
+def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, caplog):
     tokens, others = seq(0, 4), [seq(1000 * i, 1) for i in range(1, 3)]
     with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
         for prefix in [tokens, *others]:
             store.put(prefix, make_kv(prefix))
         store.flush()
-    with KVStore(SMALL, config(tmp_path, host_chunks=8, load_timeout=0.2)) as store, \
+    make, engines = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, host_chunks=8, load_timeout=0.2), io_engine=make) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
         host = store._stack.indexes[disk_module.TierName.HOST]
-        release = delayed_io(monkeypatch, "preadv")
+        engines[0].hold()  # a drive that does not answer
         started = time.monotonic()
         assert exact(store, tokens) == 0  # the first chunk's read hangs: nothing to serve
         assert time.monotonic() - started < 5
@@ -306,7 +308,7 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
         for prefix in others:  # two more reads without an answer: the path is taken out
             assert exact(store, prefix) == 0
         assert store.stats().load_timeouts == 3 and str(tmp_path) in store.stats().paths_down
-        release.set()
+        engines[0].release()
         store.flush()
         # given back once the reads ended (their callbacks ran); reads no longer wait now
         wait_until(lambda: host.reusable_slots == 8, "the hung reads' slots were never given back")
@@ -316,10 +318,10 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, monkeypatch, 
     assert sum("timed_out" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_path, monkeypatch,
-                                                                          caplog):
-    store = KVStore(SMALL, config(tmp_path, host_chunks=8))
-    release = delayed_io(monkeypatch, "pwritev")
+def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_path, caplog):
+    make, engines = FakeEngine.factory()
+    store = KVStore(SMALL, config(tmp_path, host_chunks=8), io_engine=make)
+    engines[0].hold()
     tokens = seq(0, 6)
     store.put(tokens, make_kv(tokens))  # write-through: 2 writes hang, 4 wait behind them
     started = time.monotonic()
@@ -329,21 +331,21 @@ def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_pa
     assert any("hung drive" in r.getMessage() for r in caplog.records)
     assert not store.disk._paths[0].dir.closed  # a late write still uses its file
     assert store.tiers[disk_module.TierName.HOST].buffer.array is not None  # and its host slot
-    release.set()  # the two running writes end; the four queued behind them never start
+    engines[0].release()  # the two running writes end; the four queued behind them never start
     wait_until(lambda: store.stats().disk_writes == 2, "the hung writes never ended")
-    assert store._engine.pending() == 0
+    assert engines[0].pending() == 0
     assert store.close()  # nothing runs any more: memory and files go now
     assert store.disk._paths[0].dir.closed
 
 
-def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_path, monkeypatch,
-                                                                          caplog):
+def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_path, caplog):
     first, second = seq(0, 2), seq(1000, 1)
+    make, engines = FakeEngine.factory()
     store = KVStore(SMALL, config(tmp_path, host_chunks=2, write_policy="write_back",
-                                  load_timeout=0.2))
+                                  load_timeout=0.2), io_engine=make)
     host = store._stack.indexes[disk_module.TierName.HOST]
     store.put(first, make_kv(first))  # host full; nothing on disk yet
-    release = delayed_io(monkeypatch, "pwritev")
+    engines[0].hold()
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         assert store.put(second, make_kv(second)) == 0  # its host slot's chunk never reached disk
@@ -353,7 +355,7 @@ def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_pa
     assert sum("write-back timed_out" in r.getMessage() for r in caplog.records) == 1
     assert host.reusable_slots == 1  # the victim's slot stays taken while the write reads it
     assert store.lookup(first).tokens == 0  # the victim (the first chunk) is not visible yet
-    release.set()
+    engines[0].release()
     wait_until(lambda: host.reusable_slots == 2, "the slot was never given back")
     assert store.stats().disk_writes == 1
     assert store.put(second, make_kv(second)) == CHUNK  # the drive answers again
@@ -361,20 +363,21 @@ def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_pa
     assert store.close()
 
 
-def test_a_get_whose_staging_slot_cannot_be_written_back_ends_its_prefix(tmp_path, monkeypatch):
+def test_a_get_whose_staging_slot_cannot_be_written_back_ends_its_prefix(tmp_path):
     first, second = seq(0, 2), seq(1000, 2)
+    make, engines = FakeEngine.factory()
     with KVStore(SMALL, config(tmp_path, host_chunks=2, write_policy="write_back",
-                               load_timeout=0.2)) as store:
+                               load_timeout=0.2), io_engine=make) as store:
         store.put(first, make_kv(first))
         store.put(second, make_kv(second))  # the first prefix moves to disk, within put
         assert store.lookup(first).chunks_by_tier == {disk_module.TierName.DISK: 2}
-        release = delayed_io(monkeypatch, "pwritev")
+        engines[0].hold()
         started = time.monotonic()
         assert exact(store, first) == 0  # staging it needs the second prefix written back
         assert time.monotonic() - started < 5 and store.stats().load_timeouts == 1
-        release.set()
+        engines[0].release()
         store.flush()
-        wait_until(lambda: store._engine.pending() == 0, "the write never ended")
+        assert engines[0].drain(10), "the write never ended"
         assert exact(store, first) == 2 * CHUNK  # still cached, and served once the drive answers
         assert exact(store, second) == 2 * CHUNK
 

@@ -230,6 +230,29 @@ def test_one_bad_slot_in_a_batch_fails_alone(tmp_path):
     tier.close()
 
 
+def test_one_unreadable_slot_in_a_batch_fails_alone_and_keeps_the_path(tmp_path, monkeypatch):
+    """A bad sector under one slot: the vectored read over its neighbours fails with EIO;
+    they are read again one by one, so only that slot fails, and one error does not count
+    as many towards taking the path out."""
+    tier = make_tier([tmp_path], slots_per_path=8)
+    tier.write_many([(s, key(s), chunk(s).array) for s in range(4)])
+    real, bad = os.preadv, 2 * tier.stride
+
+    def preadv(fd, buffers, offset):
+        size = sum(memoryview(b).nbytes for b in buffers)
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}") and offset <= bad < offset + size:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    outs = [AlignedBuffer(RAW, pin=False) for _ in range(4)]
+    results = tier.read_many([(s, key(s), outs[s].array) for s in range(4)])
+    assert [r.status for r in results] == [IOStatus.OK, IOStatus.OK, IOStatus.IO_ERROR, IOStatus.OK]
+    assert all(np.array_equal(outs[s].array[:RAW], chunk(s).array[:RAW]) for s in (0, 1, 3))
+    assert tier.down_paths == {}
+    tier.close()
+
+
 def test_a_batch_past_the_end_of_a_truncated_file(tmp_path):
     tier = make_tier([tmp_path], slots_per_path=8)
     tier.write_many([(s, key(s), chunk(s).array) for s in range(4)])
@@ -245,14 +268,14 @@ def test_a_failure_on_a_directory_already_replaced_leaves_the_new_one_up(tmp_pat
     """A request still running on a path's old directory when the path came back must
     not take the revived path down again, nor reopen files of the closed directory."""
     disk = make_tier([tmp_path], retry=0.001)
-    path = disk._paths[0]
+    path = disk.paths[0]
     old = path.dir
-    disk._take_down(path, "test")
+    disk.paths.take_down(path, "test")
     time.sleep(0.01)
     assert disk.revive(0) and path.dir is not old
     with pytest.raises(OSError) as closed:
         old.fd(0)
-    result = disk._failed(path, closed.value, old)
+    result = disk.paths.failed(path, closed.value, old)
     assert result.status is IOStatus.IO_ERROR and not disk.down_paths
     disk.close()
 

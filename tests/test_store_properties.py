@@ -19,6 +19,7 @@ from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import EntryState
 from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
+from tests.fake_io import FakeEngine
 from tests.test_disk_store import config, exact, seq
 
 HOST, DISK = TierName.HOST, TierName.DISK
@@ -37,11 +38,10 @@ MAX_FRESH = 150
 PREFIXES = st.tuples(st.integers(0, len(FAMILIES) - 1), st.integers(1, MAX_CHUNKS), st.sampled_from([0, 7]))
 
 
-def crash(store: KVStore) -> None:
+def crash(store: KVStore, engine: FakeEngine) -> None:
     """Stop ``store`` as kill -9 would, at a job boundary: queued disk writes are cancelled,
     files, the namespace lock and memory are let go without draining or closing in order."""
-    for pool in store._engine._pools.values():
-        pool.shutdown(wait=True, cancel_futures=True)
+    engine.stop()
     store.disk.close()  # slot files, index file and the lock's descriptor
     for tier in store.tiers.values():
         tier.close()
@@ -64,8 +64,11 @@ class StoreMachine(RuleBasedStateMachine):
         self.fresh = 0
 
     def open(self) -> KVStore:
-        return KVStore(SMALL, config(self.root, host_chunks=HOST_CHUNKS, disk_chunks=self.disk_chunks,
-                                     write_policy=self.policy))
+        make, engines = FakeEngine.factory()
+        store = KVStore(SMALL, config(self.root, host_chunks=HOST_CHUNKS, disk_chunks=self.disk_chunks,
+                                      write_policy=self.policy), io_engine=make)
+        self.engine = engines[0]
+        return store
 
     def teardown(self) -> None:
         try:
@@ -139,7 +142,7 @@ class StoreMachine(RuleBasedStateMachine):
         before, dropped = self.disk_keys(), self.store.stats().dropped_writes
         if not flush:
             dropped = None  # queued writes may be lost: only what was durable must survive
-        crash(self.store)
+        crash(self.store, self.engine)
         self.store = self.open()
         found = self.check_recovered()
         assert before <= found, "a crash lost chunks that were already on disk"
@@ -201,7 +204,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def bookkeeping(self):
-        self.check_bookkeeping(self.store._engine.pending())  # read first: it only falls meanwhile
+        self.check_bookkeeping(self.engine.pending())  # read first: it only falls meanwhile
 
     @invariant()
     def no_faults(self):

@@ -9,6 +9,7 @@ Until both have been measured, loads go ahead, which is also how they get measur
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _ALPHA = 0.2  # weight of a new sample in the moving averages
@@ -24,10 +25,13 @@ class _Ewma:
 
 
 class LoadDecider:
-    """Decides per request whether loading beats recomputing; see the module docstring."""
+    """Decides per request whether loading beats recomputing; see the module docstring.
 
-    def __init__(self, enabled: bool) -> None:
+    ``clock`` (seconds, monotonic) times the engine's steps."""
+
+    def __init__(self, enabled: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
+        self._clock = clock
         self.disk_seconds_per_byte = _Ewma()
         self.host_seconds_per_byte = _Ewma()
         self.prefill_seconds_per_token = _Ewma()
@@ -44,7 +48,7 @@ class LoadDecider:
 
     def observe_step(self, scheduled_tokens: int, prefill_tokens: int) -> None:
         """Called once per engine step; the previous step's time is now known."""
-        now = time.monotonic()
+        now = self._clock()
         if self._last_step is not None:
             started, tokens = self._last_step
             if tokens >= _MIN_PREFILL_TOKENS:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvtier.config import Compression, KVTierConfig, ODirect
-from kvtier.io.engine import CLOSE_TIMEOUT_S, IOEngine
+from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine, IOExecutor
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.stats import FailureLog
@@ -38,7 +38,8 @@ class DiskLane:
     - ``tier`` moves and checks bytes (:class:`DiskTier`); ``submit(queue, job)`` runs a
       blocking I/O job on that queue's threads (one queue per path, and with ``move_lanes``
       a second one per path, ``move_queue_of(slot)``, for moves a caller waits on) and
-      returns its ``Future`` at once; ``pending`` and ``drain`` as :class:`IOEngine`.
+      returns its ``Future`` at once; ``pending`` and ``drain`` as :class:`IOExecutor`. The
+      engine is built by ``engine_factory`` (:class:`IOEngine` unless a test passes its own).
     - ``recover()`` rebuilds what the tier holds from disk (torn slots logged once).
     - ``poll()`` starts the due tries of paths out of service; it does no I/O. A path that
       comes back calls ``on_back(index)`` with ``lock`` held, after ``newly_down`` forgets it.
@@ -51,7 +52,7 @@ class DiskLane:
       one ERROR and returns False: the files stay open for the running ones.
     """
 
-    def __init__(self, tier: DiskTier, engine: IOEngine, lock: threading.Lock,
+    def __init__(self, tier: DiskTier, engine: IOExecutor, lock: threading.Lock,
                  on_back: Callable[[int], None], failures: FailureLog, move_lanes: bool) -> None:
         self.tier, self.engine, self.failures = tier, engine, failures
         self._move_lanes = move_lanes
@@ -62,14 +63,14 @@ class DiskLane:
     @classmethod
     def open(cls, config: KVTierConfig, namespace: Namespace, raw_bytes: int, element_bytes: int,
              *, lock: threading.Lock, on_back: Callable[[int], None], failures: FailureLog,
-             move_lanes: bool = False) -> DiskLane:
+             move_lanes: bool = False, engine_factory: EngineFactory = IOEngine) -> DiskLane:
         tier = DiskTier(config.disk_paths, namespace, raw_bytes, config.disk_capacity,
                         compression=config.compression is Compression.ZSTD,
                         element_bytes=element_bytes, o_direct=_O_DIRECT[config.o_direct],
                         floor=config.disk_min_free, retry=config.disk_retry)
         queues = [*tier.queues, *map(_moves, tier.queues)] if move_lanes else tier.queues
         try:
-            engine = IOEngine(queues, config.io_threads)
+            engine = engine_factory(queues, config.io_threads)
         except BaseException:
             tier.close()
             raise

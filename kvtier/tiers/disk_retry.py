@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from functools import partial
 
-from kvtier.io.engine import IOEngine
+from kvtier.io.engine import IOExecutor
 from kvtier.tiers.disk import DiskTier
 
 
@@ -18,7 +18,7 @@ class DiskRetries:
     queue of that path, so a hung mount holds up only that path's own threads.
     """
 
-    def __init__(self, disk: DiskTier, engine: IOEngine, lock: threading.Lock,
+    def __init__(self, disk: DiskTier, engine: IOExecutor, lock: threading.Lock,
                  on_back: Callable[[int], None]) -> None:
         self._disk, self._engine, self._lock, self._on_back = disk, engine, lock, on_back
         self._trying: set[int] = set()

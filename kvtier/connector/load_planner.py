@@ -1,0 +1,203 @@
+"""Load planning: which cached chunks of a request to load into its GPU blocks, from where.
+
+A match (``LoadPlanner.match``) tells vLLM how many tokens beyond those computed can load,
+pinning nothing. The plan (``LoadPlanner.plan``) pins each chunk where it is, reserves a
+host slot for a disk chunk to stage its read in, and queues one ``RequestLoad`` for the
+workers. Once every rank reported the load over, ``LoadPlanner.finish`` ends the pins and
+staging reservations and drops the chunks whose load failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from kvtier.config import KVTierConfig
+from kvtier.connector.decider import LoadDecider
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import ChunkLoad, DiskWrite, RequestLoad
+from kvtier.connector.records import Load, PendingStores, StalledReads, Tracked
+from kvtier.keys import ChunkKey
+from kvtier.tier_stack import Location, TierStack
+from kvtier.tiers.base import TierName
+
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+class LoadPlanner:
+    """The loads of one engine: at most one in flight per request.
+
+    Contract: ``match`` returns the tokens loadable beyond those computed and whether the
+    load is asynchronous (from disk), or None for "ask again next step"; it reserves
+    nothing. ``plan`` records a ``Load`` (``in_flight``) and queues its ``RequestLoad``,
+    handed out once by ``take_new``. ``note_failed`` collects the keys some rank failed to
+    load; ``finish`` then ends the load: staged chunks become visible (failed ones are
+    freed, or held in ``StalledReads`` while a read given up on still runs), pins end, and
+    failed chunks are discarded from every tier.
+    """
+
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
+                 decider: LoadDecider, counters: Counter, pending: PendingStores,
+                 stalled: StalledReads) -> None:
+        self.config, self.geometry, self.stack, self.decider = config, geometry, stack, decider
+        self.counters, self._pending, self._stalled = counters, pending, stalled
+        self._loads: dict[str, Load] = {}
+        self._new: list[RequestLoad] = []
+        self._failures: dict[str, set[bytes]] = {}
+
+    def in_flight(self, req_id: str) -> Load | None:
+        return self._loads.get(req_id)
+
+    def take_new(self) -> list[RequestLoad]:
+        """The loads planned since the last call."""
+        new, self._new = self._new, []
+        return new
+
+    # -- match ----------------------------------------------------------------------------
+
+    def match(self, tracked: Tracked, keys: list[ChunkKey], limit: int,
+              num_computed: int) -> tuple[int | None, bool]:
+        """Tokens loadable beyond ``num_computed`` (at most ``limit``) of the request whose
+        chunks have ``keys``; see ``SchedulerSide.num_new_matched_tokens``."""
+        chunk = self.geometry.chunk_tokens
+        match = self.stack.match_prefix(keys)
+        hit = min(match.num_chunks * chunk, limit)
+        wanted = hit - num_computed
+        if wanted <= 0:
+            return 0, False
+        first = num_computed // chunk
+        matched = match.locations[first:]
+        loadable = self._loadable(keys[first:match.num_chunks], matched)
+        if loadable is None:
+            return None, False
+        if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted):
+            return None, False
+        tracked.waiting_since = None
+        needed = matched[:loadable]
+        wanted = min(hit, (first + len(needed)) * chunk) - num_computed
+        if wanted <= 0:
+            self.counters["load_cut_chunks"] += len(matched) - loadable
+            return 0, False
+        from_disk = sum(1 for loc in needed if loc.tier is DISK)
+        if not self.decider.should_load(wanted, *self._load_bytes(needed)):
+            return 0, False
+        self.counters["load_cut_chunks"] += len(matched) - loadable
+        # From host memory the copy is quick: done before this step's forward. From disk the
+        # request waits (asynchronously) while other requests go on.
+        tracked.asynchronous = from_disk > 0
+        return wanted, from_disk > 0
+
+    def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int) -> bool:
+        """Whether a request whose hits do not all fit in the host slots free now should ask
+        again next step rather than recompute the rest: the slots are held by loads and
+        stores in flight, which give them back within a step or two. Not when the hits could
+        not fit even then (host memory too small, or slots held by reads a hung disk has not
+        answered), when loading them would not pay (``load_policy``), or once the request has
+        waited ``staging_wait``."""
+        limit = self.config.staging_wait
+        if limit is None or len(matched) > self.stack.indexes[HOST].num_slots - len(self._stalled):
+            return False
+        now = time.monotonic()
+        if tracked.waiting_since is None:
+            tracked.waiting_since = now
+        if now - tracked.waiting_since >= limit:
+            return False
+        if not self.decider.would_load(wanted, *self._load_bytes(matched)):
+            return False
+        self.counters["room_waits"] += 1
+        return True
+
+    def _load_bytes(self, locations: Sequence[Location]) -> tuple[int, int]:
+        """(bytes read from disk, bytes in all) to load the chunks at ``locations``."""
+        chunk_bytes = self.geometry.chunk_bytes
+        return sum(chunk_bytes for loc in locations if loc.tier is DISK), len(locations) * chunk_bytes
+
+    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location]) -> int | None:
+        """How many of the matched chunks (in order) can load now: each holds a host slot
+        while it loads (a disk read needs one to stage in; a host chunk not yet pinned takes
+        one out of reach when this load pins it). None when one of them is being staged
+        into host memory by another load."""
+        host = self.stack.indexes[HOST]
+        room = host.reusable_slots
+        for n, (key, loc) in enumerate(zip(keys, locations, strict=True)):
+            if loc.tier is DISK and host.has_entry(key):
+                return None
+            cost = 0 if loc.tier is HOST and host.pinned(key) else 1
+            if cost > room:
+                return n
+            room -= cost
+        return len(locations)
+
+    # -- plan -----------------------------------------------------------------------------
+
+    def plan(self, req_id: str, tracked: Tracked, keys: list[ChunkKey], block_ids: list[int],
+             num_computed: int, num_external: int) -> None:
+        """Pin the chunks covering ``[num_computed, num_computed + num_external)`` and queue
+        their load into the request's GPU blocks."""
+        geo = self.geometry
+        start, end = num_computed, num_computed + num_external
+        load = Load([], [], num_external, {}, asynchronous=tracked.asynchronous)
+        tracked.asynchronous = False  # what the match promised is used up
+        chunks: list[ChunkLoad] = []
+        demotions: list[DiskWrite] = []
+        for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
+            first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
+            last = min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
+            ids = tuple(block_ids[c * geo.blocks_per_chunk + first:c * geo.blocks_per_chunk + last])
+            chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
+                                           load, demotions))
+        self._loads[req_id] = load
+        self._new.append(RequestLoad(req_id, tuple(chunks), tuple(demotions), load.asynchronous))
+
+    def _plan_chunk(self, key: ChunkKey | None, ids: tuple[int, ...], first: int,
+                    load: Load, demotions: list[DiskWrite]) -> ChunkLoad:
+        """One chunk of a load: pinned where it is, a disk chunk with a host slot to stage
+        its read in. A chunk gone since the match, on disk in a synchronous load, or with no
+        host slot free is not loaded, nor is any chunk after it: the workers report their
+        blocks invalid and vLLM recomputes them (the chunks stay cached)."""
+        location = self.stack.locate(key) if key is not None and not load.cut else None
+        plan = None
+        if key is not None and location is not None and location.tier is DISK:
+            self.stack.indexes[DISK].pin(key)
+            plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
+            if plan is None:
+                self.stack.unpin(key, location)
+                location = None
+        if key is None or location is None:
+            load.cut = True
+            self.counters["load_skipped_chunks"] += 1
+            return ChunkLoad(key or b"", ids, first, None)
+        load.pinned.append((key, location))
+        load.tiers[location.tier] = load.tiers.get(location.tier, 0) + 1
+        self.counters[f"load_chunks_{location.tier}"] += 1
+        if location.tier is HOST:
+            self.stack.indexes[HOST].pin(key)
+            return ChunkLoad(key, ids, first, location.slot)
+        assert plan is not None, "a disk chunk loads through a host staging slot"
+        demotions += self._pending.demotion_writes(plan.demotions)
+        load.staged.append(plan)
+        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot)
+
+    # -- finish ---------------------------------------------------------------------------
+
+    def note_failed(self, req_id: str, keys: set[bytes]) -> None:
+        """Some rank failed to load ``keys`` of ``req_id``'s load."""
+        self._failures.setdefault(req_id, set()).update(keys)
+
+    def finish(self, req_id: str) -> None:
+        """The workers finished loading ``req_id``: keep what arrived, drop what failed."""
+        failed = self._failures.pop(req_id, set())
+        load = self._loads.pop(req_id, None)
+        if load is None:
+            return
+        for plan in load.staged:
+            ok = plan.key not in failed
+            if not ok and self._stalled.hold(plan):  # a read may still be filling the slot
+                continue
+            self.stack.finish(plan.key, plan.dst, ok)
+        for key, location in load.pinned:
+            self.stack.unpin(key, location)
+            if key in failed:
+                self.stack.discard(key)
+                self.counters["load_failed_chunks"] += 1

@@ -1,0 +1,111 @@
+"""What the workers said: a ``WorkerReport`` applied to the scheduler side's bookkeeping.
+
+Ranks report in different steps (a background disk write ends when it ends), so each
+outcome is counted over ranks (``rank_counts``) and applied once every rank has spoken:
+a chunk becomes visible only when every rank stored it, a load ends only when every rank
+is done with it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvtier.connector.decider import LoadDecider
+from kvtier.connector.load_planner import LoadPlanner
+from kvtier.connector.messages import WorkerReport
+from kvtier.connector.rank_counts import RankCount, RankOutcomes
+from kvtier.connector.records import PendingStores, StalledReads
+from kvtier.io.index_file import SlotLayout
+from kvtier.tier_stack import TierStack
+from kvtier.tiers.base import TierName
+
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+class Outcomes:
+    """Applies the workers' reports, in this order: load bandwidth samples (to the
+    decider); loads (failed keys, reads given up on, loads every rank is done with, which
+    ``LoadPlanner.finish`` ends); host stores; disk writes; given-up reads that ended; disk
+    paths out of service and back.
+
+    Contract: a pending host store ends (``TierStack.finish``) once every rank reported
+    it, visible only when none failed; a stored chunk's write-through copy keeps its host
+    slot pinned until the disk write ends, and is dropped when the host store failed. A
+    pending disk write ends the same way. A disk path's slots are retired when a first
+    rank takes it out of service and come back (empty) when every rank that did has it
+    back. Outcomes of keys not pending are ignored.
+    """
+
+    def __init__(self, world_size: int, stack: TierStack, counters: Counter,
+                 loads: LoadPlanner, decider: LoadDecider, pending: PendingStores,
+                 stalled: StalledReads, disk_layout: SlotLayout | None) -> None:
+        self.world_size, self.stack, self.counters = world_size, stack, counters
+        self._loads, self._decider, self._layout = loads, decider, disk_layout
+        self._pending, self._stalled = pending, stalled
+        self._loads_done = RankCount()  # req id -> ranks whose load is over
+        self._ranks_down = RankCount()  # disk path index -> ranks without it
+        self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
+        self._disk_outcomes = RankOutcomes(world_size)
+
+    def apply(self, report: WorkerReport) -> None:
+        for disk_bytes, host_bytes, seconds in report.load_samples:
+            self._decider.observe_load(disk_bytes, host_bytes, seconds)
+        self._loads_over(report)
+        self._host_stores(report)
+        self._disk_writes(report)
+        for key, ranks in report.reads_over.items():
+            plan = self._stalled.over(key, ranks)
+            if plan is not None:
+                self.stack.finish(plan.key, plan.dst, False)
+        if self._layout is not None:
+            self._paths_changed(report, self._layout)
+
+    def _loads_over(self, report: WorkerReport) -> None:
+        for req_id, keys in report.load_failed.items():
+            self._loads.note_failed(req_id, keys)
+        for key, ranks in report.reads_stalled.items():
+            self._stalled.stalled(key, ranks)
+        for req_id, ranks in report.loads_done.items():
+            if self._loads_done.reached(req_id, ranks, self.world_size):
+                self._loads.finish(req_id)
+
+    def _host_stores(self, report: WorkerReport) -> None:
+        for key in set(report.host_stored) | set(report.host_failed):
+            if key not in self._pending.host:
+                continue
+            ok = self._host_outcomes.add(key, report.host_stored[key], report.host_failed[key])
+            if ok is None:
+                continue
+            dst, disk = self._pending.host.pop(key)
+            self.stack.finish(key, dst, ok)
+            self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
+            if disk is not None and key in self._pending.disk:
+                if ok:
+                    self.stack.indexes[HOST].pin(key)  # until its disk write is over
+                else:
+                    self._pending.disk.pop(key)
+                    self.stack.finish(key, disk, False)
+
+    def _disk_writes(self, report: WorkerReport) -> None:
+        for key in set(report.disk_written) | set(report.disk_failed):
+            if key not in self._pending.disk:
+                continue
+            ok = self._disk_outcomes.add(key, report.disk_written[key], report.disk_failed[key])
+            if ok is None:
+                continue
+            dst, host = self._pending.disk.pop(key)
+            self.stack.finish(key, dst, ok)
+            self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
+            if host is not None:
+                self.stack.unpin(key, host)
+
+    def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
+        """A disk path's slots leave the index when a rank takes it out of service, and
+        come back (empty) when every rank that did has it back."""
+        index = self.stack.indexes[DISK]
+        for path, ranks in report.paths_down.items():
+            if self._ranks_down.up(path, ranks):
+                index.retire(range(path, layout.num_slots, layout.num_paths))
+        for path, ranks in report.paths_up.items():
+            if self._ranks_down.down(path, ranks):
+                index.unretire(range(path, layout.num_slots, layout.num_paths))

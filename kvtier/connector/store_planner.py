@@ -1,0 +1,65 @@
+"""Store planning: offering a request's computed chunks to host memory, and to disk.
+
+Each chunk fully computed is offered once, in order: it gets a host slot (write-through:
+and a disk slot) and a ``ChunkStore`` in the step's plan, and stays invisible until every
+rank reported it stored (``Outcomes``).
+"""
+
+from __future__ import annotations
+
+from kvtier.config import KVTierConfig, WritePolicy
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import ChunkStore, StepPlan
+from kvtier.connector.records import PendingStores, Tracked
+from kvtier.keys import ChunkKey
+from kvtier.tier_stack import TierStack
+from kvtier.tiers.base import TierName
+
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+class StorePlanner:
+    """Plans the stores of one engine's requests.
+
+    Contract: ``plan`` offers the request's chunks from ``tracked.stored_upto`` on. A chunk
+    already cached (or being stored) is only touched; any other gets reservations recorded
+    in ``PendingStores``, with the demotions their victims need added to the plan's. The
+    offer stops at the first chunk that finds no host slot free (all held by stores and
+    loads in flight), leaving ``stored_upto`` there so that the request's next step offers
+    it again.
+    """
+
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
+                 pending: PendingStores) -> None:
+        self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
+
+    def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: list[int],
+             meta: StepPlan) -> None:
+        """Offer ``keys``, the request's chunks from ``tracked.stored_upto`` on, stored
+        from ``block_ids`` (all the request's blocks)."""
+        per = self.geometry.blocks_per_chunk
+        for c, key in enumerate(keys, start=tracked.stored_upto):
+            ids = block_ids[c * per:(c + 1) * per]
+            if len(ids) < per or not self._plan_one(key, tuple(ids), meta):
+                break
+            tracked.stored_upto = c + 1
+
+    def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
+        """Plan one chunk's store; False when no host slot is free for it now."""
+        if self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key):
+            self.stack.touch(key)
+            return True
+        plan = self.stack.plan_store(key, HOST)
+        if plan is None:
+            return False
+        meta.demotions += self._pending.demotion_writes(plan.demotions)
+        disk = None
+        if (DISK in self.stack.indexes and self.config.write_policy is WritePolicy.WRITE_THROUGH
+                and not self.stack.indexes[DISK].has_entry(key)):
+            disk_plan = self.stack.plan_store(key, DISK)
+            disk = disk_plan.dst if disk_plan is not None else None
+        self._pending.host[key] = (plan.dst, disk)
+        if disk is not None:
+            self._pending.disk[key] = (disk, plan.dst)
+        meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None))
+        return True

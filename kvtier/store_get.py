@@ -1,0 +1,93 @@
+"""One ``KVStore.get``: the read window over a prefix's chunks, copied out in order."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import torch
+
+from kvtier.keys import ChunkKey
+from kvtier.store_reads import Fetch, Fetcher
+from kvtier.store_shared import Skip, StoreShared
+from kvtier.store_writes import PlanRunner
+from kvtier.tiers.base import TierName
+
+
+class PrefixRead:
+    """Reads ``keys`` in order into the caller's tensor, up to the first chunk not served.
+
+    Up to ``read_ahead`` chunks are fetched at once (pinned, their disk reads in flight);
+    each is verified, copied out and promoted to the top tier in turn. The first chunk not
+    cached, failing its check or given up on ends the prefix; the fetches past it are
+    dropped. Whatever happens, every pin and staging slot is given back.
+    """
+
+    def __init__(self, shared: StoreShared, fetcher: Fetcher, runner: PlanRunner,
+                 read_ahead: int, drain_timeout: float) -> None:
+        self._shared, self._fetcher, self._runner = shared, fetcher, runner
+        self._read_ahead, self._drain_timeout = read_ahead, drain_timeout
+        self._window: deque[Fetch] = deque()
+        self._issued, self._ended, self._may_wait = 0, False, True
+        self.loaded: list[TierName] = []
+
+    def run(self, keys: list[ChunkKey], chunk_out: Callable[[int], torch.Tensor]) -> int:
+        """Copy the prefix into ``chunk_out(i)`` for its i-th chunk; return its chunks."""
+        held = self._fetcher.hold_disk_chunks(keys)
+        try:
+            while self._fill(keys):
+                fetch = self._window.popleft()
+                try:
+                    if not self._copy(fetch, chunk_out(len(self.loaded))):
+                        break
+                finally:
+                    self._fetcher.release(fetch)
+        finally:
+            self._finish(held, len(keys))
+        return len(self.loaded)
+
+    def _fill(self, keys: list[ChunkKey]) -> bool:
+        """Begin fetches up to the window's size; True while one is waiting."""
+        while not self._ended and self._issued < len(keys) and len(self._window) < self._read_ahead:
+            fetch = self._begin(keys[self._issued])
+            if fetch is Skip.NO_ROOM and self._window:
+                break  # host slots held by this window: complete one first
+            if not isinstance(fetch, Fetch):
+                self._ended = True
+                break
+            self._window.append(fetch)
+            self._issued += 1
+        return bool(self._window)
+
+    def _begin(self, key: ChunkKey) -> Fetch | Skip:
+        fetch = self._fetcher.begin(key)
+        lane = self._shared.lane
+        if fetch is Skip.NO_ROOM and not self._window and self._may_wait and lane.pending():
+            # host slots held by background writes: wait for them once
+            self._may_wait = lane.drain(timeout=self._drain_timeout)
+            fetch = self._fetcher.begin(key)
+        return fetch
+
+    def _copy(self, fetch: Fetch, dst: torch.Tensor) -> bool:
+        source = self._fetcher.complete(fetch)
+        if source is None:
+            return False
+        dst.copy_(self._shared.transfers.view(source))
+        if source.tier is not self._shared.top:
+            self._runner.promote(fetch.key, source)
+        self.loaded.append(fetch.loc.tier)
+        return True
+
+    def _finish(self, held: list, wanted: int) -> None:
+        try:
+            for fetch in self._window:  # past the end of the prefix: not needed any more
+                try:
+                    self._fetcher.drop_unused(fetch)
+                finally:
+                    self._fetcher.release(fetch)
+            self._shared.sync()
+        finally:
+            self._fetcher.unpin(held)
+            with self._shared.lock:
+                self._shared.stats.chunks_loaded.update(self.loaded)
+                self._shared.stats.chunks_missed += wanted - len(self.loaded)

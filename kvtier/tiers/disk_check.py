@@ -1,0 +1,30 @@
+"""Checking a disk slot read back: what makes its bytes the chunk asked for, or CORRUPT."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvtier.io.format import Codec, HeaderError, decode_header, payload_checksum
+from kvtier.keys import ChunkKey
+
+
+def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: np.ndarray, got: int,
+                 codec: Codec, ns_digest: bytes, raw_bytes: int, verify_payload: bool) -> str:
+    """Why the slot read into ``header_buf`` and ``payload`` (``got`` payload bytes arrived)
+    does not hold chunk ``key`` of namespace ``ns_digest`` as written with ``codec``; empty
+    when it does. The header must decode and name this namespace, key, codec and raw size,
+    the whole payload must have arrived and, with ``verify_payload``, match its checksum."""
+    try:
+        header = decode_header(header_buf.data)
+    except HeaderError as exc:
+        return str(exc)
+    if header.namespace != ns_digest or header.key != key:
+        return "slot holds another chunk (stale or foreign)"
+    if header.codec is not codec or header.raw_bytes != raw_bytes:
+        return "slot header does not match what was written"
+    if got < header.payload_bytes:
+        return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
+    stored = payload[: header.payload_bytes]
+    if verify_payload and payload_checksum(stored.data) != header.payload_checksum:
+        return "payload checksum mismatch"
+    return ""
