@@ -1,8 +1,13 @@
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 
 from kvtier.layout import KVLayout
+from kvtier.tier_stack import TierStack
+from kvtier.tiers.index import SlotIndex
 
 # 2 layers x K,V x 2 heads x 16 dims in bf16: 256 B per token; 16-token chunks of 4 KiB.
 SMALL = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype="bfloat16")
@@ -33,3 +38,17 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.fixture
 def layout() -> KVLayout:
     return SMALL
+
+
+@contextlib.contextmanager
+def bookkeeping(store) -> Iterator[TierStack]:
+    """A store's bookkeeping under its lock, for tests that check its invariants (white-box:
+    the one place tests reach into a ``KVStore``)."""
+    with store._lock:
+        yield store._stack
+
+
+def index_of(store, tier) -> SlotIndex:
+    """One tier's index of a store (read its counts; change it only through the store)."""
+    with bookkeeping(store) as stack:
+        return stack.indexes[tier]

@@ -242,7 +242,7 @@ def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, caplog):
         assert side.close(timeout=0.3) is False
     assert time.monotonic() - started < 5
     assert any("hung drive" in r.getMessage() for r in caplog.records)
-    assert not side.disk._paths[0].dir.closed and side.host.buffer.array is not None
+    assert not side.disk.paths[0].dir.closed and side.host.buffer.array is not None
     engine.release()
     assert side.close()
 
@@ -252,4 +252,4 @@ def test_shutdown_finishes_background_writes_first(tmp_path):
     side.save(StepPlan(stores=[ChunkStore(bytes([i]) * 16, (4, 5), i, disk_slot=i)
                                      for i in range(4)]))
     assert side.close() is True
-    assert side.report().disk_written.total() == 4 and side.disk._paths[0].dir.closed
+    assert side.report().disk_written.total() == 4 and side.disk.paths[0].dir.closed

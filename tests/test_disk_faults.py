@@ -11,7 +11,7 @@ import pytest
 from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers import disk as disk_module
-from tests.conftest import CHUNK, SMALL, make_kv
+from tests.conftest import CHUNK, SMALL, bookkeeping, index_of, make_kv
 from tests.disk_helpers import failing_io, remount, small_filesystem, wait_until
 from tests.fake_io import FakeEngine
 from tests.test_disk_store import STRIDE, config, exact, seq
@@ -28,7 +28,8 @@ def stored(path, chunks=6, **extra):
 
 
 def slot_of(store, tokens, i):
-    return store._stack.indexes[disk_module.TierName.DISK].slot_of(store.keys(tokens)[i])
+    with bookkeeping(store) as stack:
+        return stack.indexes[disk_module.TierName.DISK].slot_of(store.keys(tokens)[i])
 
 
 def flip(path, offset):
@@ -258,7 +259,7 @@ def test_a_path_still_failing_is_tried_less_and_less_often(tmp_path, monkeypatch
         monkeypatch.setattr(disk_module.CacheDir, "__init__", lambda *a, **k: (_ for _ in ()).throw(
             OSError(errno.EIO, "still failing")))
         assert disk.revive(0) is False
-        assert disk._paths[0].retry_every == 60  # from disk_retry's default 30 s
+        assert disk.paths[0].retry_every == 60  # from disk_retry's default 30 s
         assert disk.revive_due() == []
 
 
@@ -295,7 +296,7 @@ def test_a_hung_disk_read_is_given_up_after_load_timeout(tmp_path, caplog):
     make, engines = FakeEngine.factory()
     with KVStore(SMALL, config(tmp_path, host_chunks=8, load_timeout=0.2), io_engine=make) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
-        host = store._stack.indexes[disk_module.TierName.HOST]
+        host = index_of(store, disk_module.TierName.HOST)
         engines[0].hold()  # a drive that does not answer
         started = time.monotonic()
         assert exact(store, tokens) == 0  # the first chunk's read hangs: nothing to serve
@@ -329,13 +330,13 @@ def test_close_on_a_hung_drive_returns_in_time_and_keeps_what_the_io_uses(tmp_pa
         assert store.close(timeout=0.3) is False
     assert time.monotonic() - started < 5
     assert any("hung drive" in r.getMessage() for r in caplog.records)
-    assert not store.disk._paths[0].dir.closed  # a late write still uses its file
+    assert not store.disk.paths[0].dir.closed  # a late write still uses its file
     assert store.tiers[disk_module.TierName.HOST].buffer.array is not None  # and its host slot
     engines[0].release()  # the two running writes end; the four queued behind them never start
     wait_until(lambda: store.stats().disk_writes == 2, "the hung writes never ended")
     assert engines[0].pending() == 0
     assert store.close()  # nothing runs any more: memory and files go now
-    assert store.disk._paths[0].dir.closed
+    assert store.disk.paths[0].dir.closed
 
 
 def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_path, caplog):
@@ -343,7 +344,7 @@ def test_a_write_back_move_on_a_hung_drive_is_given_up_after_load_timeout(tmp_pa
     make, engines = FakeEngine.factory()
     store = KVStore(SMALL, config(tmp_path, host_chunks=2, write_policy="write_back",
                                   load_timeout=0.2), io_engine=make)
-    host = store._stack.indexes[disk_module.TierName.HOST]
+    host = index_of(store, disk_module.TierName.HOST)
     store.put(first, make_kv(first))  # host full; nothing on disk yet
     engines[0].hold()
     started = time.monotonic()
@@ -388,7 +389,7 @@ def test_a_path_that_holds_after_coming_back_starts_its_back_off_again(tmp_path,
     clock = [1000.0]
     monkeypatch.setattr(disk_module.time, "monotonic", lambda: clock[0])
     tier = make_tier([tmp_path], retry=30.0)
-    path = tier._paths[0]
+    path = tier.paths[0]
 
     def fail(i):
         with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from kvtier import KVLayout, KVStore
+from kvtier.store_shared import StoreShared
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
 
 HOST, DISK = TierName.HOST, TierName.DISK
 STRIDE = 4096 + CHUNK_BYTES
@@ -168,13 +169,13 @@ def test_a_get_that_fails_midway_leaves_no_pin(tmp_path, monkeypatch):
         store.put(tokens, make_kv(tokens))
         store.flush()
 
-        def device_lost():
+        def device_lost(self):
             raise RuntimeError("device lost")
 
-        monkeypatch.setattr(store._shared, "sync", device_lost)
+        monkeypatch.setattr(StoreShared, "sync", device_lost)
         with pytest.raises(RuntimeError, match="device lost"):
             load(store, tokens)
         monkeypatch.undo()
-        for index in store._stack.indexes.values():
-            assert all(entry.pins == 0 for entry in index._entries.values())
+        with bookkeeping(store) as stack:
+            assert all(index.census().pins == 0 for index in stack.indexes.values())
         assert exact(store, tokens) == 4 * CHUNK

@@ -9,7 +9,7 @@ import torch
 from kvtier import KVStore
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
 
 GPU, HOST = TierName.GPU, TierName.HOST
 
@@ -187,7 +187,8 @@ def test_threads_putting_and_getting_overlapping_prefixes_never_see_wrong_bytes(
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "deadlock"
     assert errors == []
-    indexes = store._stack.indexes
-    assert all(i.free_slots + len(i) == i.num_slots for i in indexes.values()), "slot leaked"
+    with bookkeeping(store) as stack:
+        indexes = stack.indexes.values()
+        assert all(i.free_slots + len(i) == i.num_slots for i in indexes), "slot leaked"
     assert store.stats().chunks_loaded.total() > 0
     store.close()

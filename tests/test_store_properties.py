@@ -17,8 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvtier import KVStore
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
-from kvtier.tiers.index import EntryState
-from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
+from tests.conftest import CHUNK, SMALL, bookkeeping, make_kv, same_bytes
 from tests.fake_io import FakeEngine
 from tests.test_disk_store import config, exact, seq
 
@@ -76,11 +75,9 @@ class StoreMachine(RuleBasedStateMachine):
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def indexes(self):
-        return self.store._stack.indexes
-
     def disk_keys(self) -> set[bytes]:
-        return set(self.indexes()[DISK].keys())
+        with bookkeeping(self.store) as stack:
+            return set(stack.indexes[DISK].keys())
 
     def tokens(self, prefix) -> list[int]:
         family, chunks, tail = prefix
@@ -168,11 +165,13 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.stats().recovered_chunks == len(found)
         assert found <= self.ever, "recovered a chunk never put"
         assert len(found) <= self.disk_chunks
-        disk, index = self.store.disk, self.indexes()[DISK]
+        with bookkeeping(self.store) as stack:
+            slots = {key: stack.indexes[DISK].slot_of(key) for key in found}
+        disk = self.store.disk
         buffer = AlignedBuffer(self.store.slot_bytes, pin=False)
         try:
             for key in found:
-                assert disk.read(index.slot_of(key), key, buffer.array).ok
+                assert disk.read(slots[key], key, buffer.array).ok
                 raw = torch.from_numpy(buffer.array[: self.store.chunk_bytes].copy())
                 got = raw.view(torch.bfloat16).view(SMALL.shape(CHUNK))
                 assert same_bytes(got, make_kv(self.tokens_of[key])[:, :, -CHUNK:]), "wrong bytes on disk"
@@ -191,16 +190,14 @@ class StoreMachine(RuleBasedStateMachine):
 
     def check_bookkeeping(self, pending: int) -> None:
         """No pins but those of ``pending`` background writes, no slot over capacity."""
-        with self.store._lock:
-            for name, index in self.indexes().items():
-                entries = index._entries.values()
-                pins = sum(e.pins for e in entries)
-                writing = sum(e.state is EntryState.WRITING for e in entries)
-                assert not any(e.state is EntryState.DOOMED for e in entries)
-                assert pins <= (pending if name is HOST else 0), f"pins left in {name}"
-                assert writing <= (pending if name is DISK else 0), f"reservations left in {name}"
-                assert len(index) <= len(index._entries) <= index.num_slots
-                assert index.free_slots + len(index._entries) == index.num_slots
+        with bookkeeping(self.store) as stack:
+            for name, index in stack.indexes.items():
+                census = index.census()
+                assert census.doomed == 0
+                assert census.pins <= (pending if name is HOST else 0), f"pins left in {name}"
+                assert census.writing <= (pending if name is DISK else 0), f"reservations left in {name}"
+                assert len(index) <= census.entries <= index.num_slots
+                assert index.free_slots + census.entries == index.num_slots
 
     @invariant()
     def bookkeeping(self):
@@ -215,18 +212,17 @@ class StoreMachine(RuleBasedStateMachine):
     @invariant()
     def loses_chunks_only_by_eviction(self):
         """A chunk put leaves the store only when the disk evicts it or a demotion drops it."""
-        with self.store._lock:
-            stack = self.store._stack
+        with bookkeeping(self.store) as stack:
             lost = sum(stack.locate(k) is None for k in self.put_since_open)
             assert lost <= stack.indexes[DISK].evictions + stack.drops, "chunks vanished"
 
     @invariant()
     def keeps_what_was_put(self):
         if self.keeps_all:
-            with self.store._lock:
+            with bookkeeping(self.store) as stack:
                 held = self.durable | self.since_open
-                assert all(self.store._stack.locate(k) for k in held), "a chunk put was lost"
-                assert self.durable <= set(self.indexes()[DISK].keys()), "durable chunk left the disk"
+                assert all(stack.locate(k) for k in held), "a chunk put was lost"
+                assert self.durable <= set(stack.indexes[DISK].keys()), "durable chunk left the disk"
 
 
 class WriteBackMachine(StoreMachine):

@@ -11,32 +11,28 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from functools import partial
 
-import numpy as np
 import torch
 
 from kvtier.config import KVTierConfig
 from kvtier.connector.counters import WorkerCounters
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_tracker import (
-    BatchReads,
     LoadTracker,
     Reads,
     ReadyLoad,
     failed_read,
     resolved,
 )
-from kvtier.connector.messages import ChunkStore, DiskWrite, RequestLoad, StepPlan, WorkerReport
+from kvtier.connector.messages import ChunkStore, RequestLoad, StepPlan, WorkerReport
 from kvtier.connector.pages import PagedKV
+from kvtier.connector.worker_disk import WorkerDisk
 from kvtier.connector.worker_ledger import WorkerLedger
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
-from kvtier.io.result import IOResult, IOStatus
-from kvtier.keys import ChunkKey, Namespace
+from kvtier.keys import Namespace
 from kvtier.metrics import Sample
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
@@ -72,6 +68,7 @@ class WorkerSide:
         self.host: HostTier | None = None
         self._io_engine = io_engine
         self._lane: DiskLane | NoDisk = NoDisk()
+        self._disk: WorkerDisk  # made in register(), with the lane and the host slots
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
@@ -100,6 +97,7 @@ class WorkerSide:
                                element_bytes, lock=self._lock, on_back=self._ledger.path_back,
                                failures=self._ledger.failures, engine_factory=self._io_engine)
         self._ledger.lane = self._lane
+        self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads)
         self._lane.recover(threads=self.config.io_threads)
         with self._lock:
             self._ledger.note_down_paths()  # logged by the tier
@@ -120,7 +118,7 @@ class WorkerSide:
                     self._loads.add(load, self._loader.submit(self._demote_then_read, load),
                                     started)
                 else:
-                    self._loads.add(load, resolved(self._submit_reads(load)), started)
+                    self._loads.add(load, resolved(self._disk.submit_reads(load)), started)
             except Exception as exc:  # never take the step down: the blocks are recomputed
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
@@ -192,41 +190,6 @@ class WorkerSide:
             self._ledger.record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
                                                           len(failed_keys)))
 
-    def _submit_reads(self, load: RequestLoad) -> Reads:
-        """Start the disk reads of a load, neighbouring slots together, one job per path."""
-        _, host = self._attached()
-        wanted = sorted((c.disk_slot, c.host_slot, c.key) for c in load.chunks
-                        if c.disk_slot is not None and c.host_slot is not None)
-        futures: Reads = {}
-        batches: list[Future] = []
-        try:
-            for queue in self._lane.queues if wanted else ():
-                mine = [w for w in wanted if self._lane.queue_of(w[0]) == queue]
-                size = -(-len(mine) // self.config.io_threads)  # spread over the path's threads
-                for start in range(0, len(mine), size or 1):
-                    group = mine[start:start + size]
-                    items = [(disk, ChunkKey(key), host.slot_array(slot)) for disk, slot, key in group]
-                    reads = BatchReads(len(items))
-                    batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items)))
-                    reads.watch(batch)
-                    batches.append(batch)
-                    futures.update(zip([key for _, _, key in group], reads.items, strict=True))
-        except BaseException:
-            # The load fails and its staging slots go back: no read may still be filling them.
-            wait_futures(batches)
-            raise
-        return futures
-
-    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
-        """Verified reads (an I/O thread); a corrupt slot's header is blanked before the
-        load reports it failed, so it is not recovered again after a restart and a slot
-        the scheduler side frees is never blanked under a later write."""
-        results = self._lane.read_many(items)
-        for (slot, _, _), result in zip(items, results, strict=True):
-            if result.status is IOStatus.CORRUPT:
-                self._lane.invalidate(slot)
-        return results
-
     # -- stores -------------------------------------------------------------------------
 
     def save(self, meta: StepPlan) -> None:
@@ -236,7 +199,7 @@ class WorkerSide:
         pages, host = self._attached()
         self._lane.poll()
         try:
-            self._demote(meta.demotions)
+            self._disk.demote(meta.demotions)
         except Exception as exc:
             self._ledger.unexpected("write-back of evicted chunks failed", "", exc)
             with self._lock:
@@ -260,7 +223,7 @@ class WorkerSide:
         writes = [(s.disk_slot, s.key, s.host_slot) for s in stored if s.disk_slot is not None]
         if writes:
             try:
-                self._submit_writes(writes)
+                self._disk.submit_writes(writes)
             except Exception as exc:
                 self._ledger.unexpected("disk writes could not start", "", exc)
                 with self._lock:
@@ -269,7 +232,7 @@ class WorkerSide:
 
     def _demote_then_read(self, load: RequestLoad) -> Reads:
         try:
-            self._demote(load.demotions)
+            self._disk.demote(load.demotions)
         except Exception:
             self._loads.forget(load.req_id)
             with self._lock:  # the scheduler side frees their disk reservations
@@ -278,36 +241,7 @@ class WorkerSide:
             raise
         if not self._loads.should_read(load.req_id):  # given up on meanwhile: read nothing
             return {}
-        return self._submit_reads(load)
-
-    def _demote(self, demotions: Sequence[DiskWrite]) -> None:
-        """Write-back demotions: written now, since their host slots are about to be reused."""
-        if demotions:
-            for _, future in self._submit_writes([(d.disk_slot, d.key, d.host_slot)
-                                                   for d in demotions]):
-                future.result()
-
-    def _submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
-        _, host = self._attached()
-        started = []
-        for queue in self._lane.queues:
-            mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
-                    if self._lane.queue_of(d) == queue]
-            if mine:
-                future = self._lane.submit(queue, partial(self._write, mine))
-                started.append(([k for _, k, _ in mine], future))
-        return started
-
-    def _write(self, items: list) -> None:
-        results = self._lane.write_many(items)
-        with self._lock:
-            for (_, key, _), result in zip(items, results, strict=True):
-                if result.ok:
-                    self._ledger.pending.disk_written[key] += 1
-                else:
-                    self._ledger.pending.disk_failed[key] += 1
-                    self._ledger.note_failure(result, "write")
-            self._ledger.record(lambda st: st.record_disk_writes(results))
+        return self._disk.submit_reads(load)
 
     # -- reports ------------------------------------------------------------------------
 

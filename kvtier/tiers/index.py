@@ -36,6 +36,17 @@ class Reservation:
     victim: ChunkKey | None = None
 
 
+@dataclass(frozen=True)
+class IndexCensus:
+    """A count of one index's entries by state, and the pins they hold."""
+
+    entries: int
+    ready: int
+    writing: int
+    doomed: int
+    pins: int
+
+
 class SlotIndex:
     """Two-phase bookkeeping of ``num_slots`` fixed-size slots.
 
@@ -101,6 +112,13 @@ class SlotIndex:
         """True when ``key`` is visible and pinned."""
         entry = self._entries.get(key)
         return entry is not None and entry.state is EntryState.READY and entry.pins > 0
+
+    def census(self) -> IndexCensus:
+        """Entries by state and pins held (for checks of the bookkeeping and inspection)."""
+        states = [entry.state for entry in self._entries.values()]
+        return IndexCensus(len(states), states.count(EntryState.READY),
+                           states.count(EntryState.WRITING), states.count(EntryState.DOOMED),
+                           sum(entry.pins for entry in self._entries.values()))
 
     def has_entry(self, key: ChunkKey) -> bool:
         """True when the key is visible or being written."""

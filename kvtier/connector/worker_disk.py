@@ -1,0 +1,99 @@
+"""One rank's disk reads and writes between its host slots and its disk lane, grouped per
+path and into neighbouring runs, with their outcomes written into the worker's ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from functools import partial
+
+import numpy as np
+
+from kvtier.connector.load_tracker import BatchReads, Reads
+from kvtier.connector.messages import DiskWrite, RequestLoad
+from kvtier.connector.worker_ledger import WorkerLedger
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.tiers.disk_lane import DiskLane, NoDisk
+from kvtier.tiers.host import HostTier
+
+
+class WorkerDisk:
+    """Starts a load's disk reads and a step's disk writes on the lane's queues.
+
+    Contract: ``submit_reads(load)`` returns at once a ``Future`` per disk chunk (settled
+    before its job is over); ``submit_writes(items)`` returns the started write jobs, whose
+    outcomes go into the ledger's report (``disk_written`` / ``disk_failed``);
+    ``demote(demotions)`` writes and waits (write-back victims leaving their host slots).
+    A corrupt slot's header is blanked by its read job, before the load can report it.
+    """
+
+    def __init__(self, lane: DiskLane | NoDisk, host: HostTier, ledger: WorkerLedger,
+                 threads: int) -> None:
+        self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
+
+    def submit_reads(self, load: RequestLoad) -> Reads:
+        """Start the disk reads of a load, neighbouring slots together, one job per path."""
+        host = self._host
+        wanted = sorted((c.disk_slot, c.host_slot, c.key) for c in load.chunks
+                        if c.disk_slot is not None and c.host_slot is not None)
+        futures: Reads = {}
+        batches: list[Future] = []
+        try:
+            for queue in self._lane.queues if wanted else ():
+                mine = [w for w in wanted if self._lane.queue_of(w[0]) == queue]
+                size = -(-len(mine) // self._threads)  # spread over the path's threads
+                for start in range(0, len(mine), size or 1):
+                    group = mine[start:start + size]
+                    items = [(disk, ChunkKey(key), host.slot_array(slot)) for disk, slot, key in group]
+                    reads = BatchReads(len(items))
+                    batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items)))
+                    reads.watch(batch)
+                    batches.append(batch)
+                    futures.update(zip([key for _, _, key in group], reads.items, strict=True))
+        except BaseException:
+            # The load fails and its staging slots go back: no read may still be filling them.
+            wait_futures(batches)
+            raise
+        return futures
+
+    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """Verified reads (an I/O thread); a corrupt slot's header is blanked before the
+        load reports it failed, so it is not recovered again after a restart and a slot
+        the scheduler side frees is never blanked under a later write."""
+        results = self._lane.read_many(items)
+        for (slot, _, _), result in zip(items, results, strict=True):
+            if result.status is IOStatus.CORRUPT:
+                self._lane.invalidate(slot)
+        return results
+
+    def demote(self, demotions: Sequence[DiskWrite]) -> None:
+        """Write-back demotions: written now, since their host slots are about to be reused."""
+        if demotions:
+            for _, future in self.submit_writes([(d.disk_slot, d.key, d.host_slot)
+                                                   for d in demotions]):
+                future.result()
+
+    def submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
+        host = self._host
+        started = []
+        for queue in self._lane.queues:
+            mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
+                    if self._lane.queue_of(d) == queue]
+            if mine:
+                future = self._lane.submit(queue, partial(self._write, mine))
+                started.append(([k for _, k, _ in mine], future))
+        return started
+
+    def _write(self, items: list) -> None:
+        results = self._lane.write_many(items)
+        with self._ledger.lock:
+            for (_, key, _), result in zip(items, results, strict=True):
+                if result.ok:
+                    self._ledger.pending.disk_written[key] += 1
+                else:
+                    self._ledger.pending.disk_failed[key] += 1
+                    self._ledger.note_failure(result, "write")
+            self._ledger.record(lambda st: st.record_disk_writes(results))
+
