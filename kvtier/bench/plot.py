@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 def plot(result: dict, path: Path) -> Path:
+    """Draw ``result`` (what ``kvtier bench`` writes to bench.json) as a PNG at ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (bw, ttft) = plt.subplots(1, 2, figsize=(12, 4.5))
+    _plot_bandwidth(bw, result)
+    _plot_ttft(ttft, result)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_bandwidth(bw: Axes, result: dict) -> None:
+    """kvtier's disk store and load GiB/s by queue depth, with fio's and the naive baseline's
+    when measured; without a disk tier, only the axes' labels and title."""
     disk = result.get("disk")
     if disk:
         depths = [r["depth"] for r in disk["depths"]]
@@ -32,6 +48,9 @@ def plot(result: dict, path: Path) -> Path:
     if disk:
         bw.legend()
 
+
+def _plot_ttft(ttft: Axes, result: dict) -> None:
+    """Seconds to first token by prompt length: recompute, load from host, load from disk."""
     rows = result["ttft"]["rows"]
     tokens = [r["tokens"] for r in rows]
     ttft.plot(tokens, [r["recompute_s"] for r in rows], "x-", label="recompute (prefill)")
@@ -47,7 +66,3 @@ def plot(result: dict, path: Path) -> Path:
                    f"{result['ttft']['prefill_tps']:.0f} tok/s{assumed}")
     ttft.grid(True, which="both", alpha=0.3)
     ttft.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

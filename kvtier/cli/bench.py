@@ -22,53 +22,87 @@ Opt = typer.Option
 T = TypeVar("T")
 
 
+ModelOpt = Annotated[str, Opt(help="KV shape preset: llama-3-8b, qwen2.5-32b, llama-3-70b, or "
+                                  "custom (then --layers, --kv-heads, --head-dim).")]
+LayersOpt = Annotated[int | None, Opt(help="Custom: layers.")]
+KVHeadsOpt = Annotated[int | None, Opt(help="Custom: KV heads.")]
+HeadDimOpt = Annotated[int | None, Opt(help="Custom: head size.")]
+DtypeOpt = Annotated[str, Opt(help="Custom: KV dtype.")]
+ChunkTokensOpt = Annotated[int, Opt(help="Tokens per chunk (a chunk must be at least 4 KiB).")]
+SizeOpt = Annotated[str, Opt(help="Bytes moved per pass.")]
+DepthsOpt = Annotated[str, Opt(help="Disk queue depths (I/O threads), 1 to 256.")]
+DiskPathOpt = Annotated[list[Path] | None, Opt(help="Directory for the disk tier; repeat it to stripe over "
+                                                    "several drives (default: a temporary directory).")]
+NoDiskOpt = Annotated[bool, Opt("--no-disk", help="Host tier only.")]
+DurationOpt = Annotated[str | None, Opt(help="Measure each disk queue depth at least this long (e.g. 30s), "
+                                             "repeating passes; the best counts.")]
+CompressionOpt = Annotated[bool, Opt(help="zstd on the disk tier.")]
+BaselinesOpt = Annotated[bool, Opt(help="Also fio (when installed) and the naive "
+                                        "one-file-per-chunk baseline.")]
+PromptTokensOpt = Annotated[str, Opt(help="Prompt lengths for the TTFT estimate.")]
+PrefillTpsOpt = Annotated[float | None, Opt(help="Prefill speed in tokens/s for the TTFT estimate "
+                                                 "(default: a per-preset guess).")]
+OutOpt = Annotated[Path, Opt(help="Directory for bench.json and bench.png.")]
+
+
 @app.command()
 def bench(
-    model: Annotated[str, Opt(help="KV shape preset: llama-3-8b, qwen2.5-32b, llama-3-70b, or "
-                                   "custom (then --layers, --kv-heads, --head-dim).")] = "llama-3-8b",
-    layers: Annotated[int | None, Opt(help="Custom: layers.")] = None,
-    kv_heads: Annotated[int | None, Opt(help="Custom: KV heads.")] = None,
-    head_dim: Annotated[int | None, Opt(help="Custom: head size.")] = None,
-    dtype: Annotated[str, Opt(help="Custom: KV dtype.")] = "bfloat16",
-    chunk_tokens: Annotated[int, Opt(help="Tokens per chunk (a chunk must be at least "
-                                             "4 KiB).")] = 256,
-    size: Annotated[str, Opt(help="Bytes moved per pass.")] = "1GiB",
-    depths: Annotated[str, Opt(help="Disk queue depths (I/O threads), 1 to 256.")] = "1,4,16",
-    disk_path: Annotated[list[Path] | None, Opt(help="Directory for the disk tier; repeat it to "
-                                                     "stripe over several drives (default: a "
-                                                     "temporary directory).")] = None,
-    no_disk: Annotated[bool, Opt("--no-disk", help="Host tier only.")] = False,
-    duration: Annotated[str | None, Opt(help="Measure each disk queue depth at least this long "
-                                             "(e.g. 30s), repeating passes; the best counts.")] = None,
-    compression: Annotated[bool, Opt(help="zstd on the disk tier.")] = False,
-    baselines: Annotated[bool, Opt(help="Also fio (when installed) and the naive "
-                                        "one-file-per-chunk baseline.")] = True,
-    prompt_tokens: Annotated[str, Opt(help="Prompt lengths for the TTFT estimate.")] = (
-        "1024,4096,16384,65536"),
-    prefill_tps: Annotated[float | None, Opt(help="Prefill speed in tokens/s for the TTFT "
-                                                  "estimate (default: a per-preset guess).")] = None,
-    out: Annotated[Path, Opt(help="Directory for bench.json and bench.png.")] = Path("kvtier-bench"),
+    model: ModelOpt = "llama-3-8b",
+    layers: LayersOpt = None,
+    kv_heads: KVHeadsOpt = None,
+    head_dim: HeadDimOpt = None,
+    dtype: DtypeOpt = "bfloat16",
+    chunk_tokens: ChunkTokensOpt = 256,
+    size: SizeOpt = "1GiB",
+    depths: DepthsOpt = "1,4,16",
+    disk_path: DiskPathOpt = None,
+    no_disk: NoDiskOpt = False,
+    duration: DurationOpt = None,
+    compression: CompressionOpt = False,
+    baselines: BaselinesOpt = True,
+    prompt_tokens: PromptTokensOpt = "1024,4096,16384,65536",
+    prefill_tps: PrefillTpsOpt = None,
+    out: OutOpt = Path("kvtier-bench"),
     as_json: JsonFlag = False,
 ) -> None:
     """Measure store/load bandwidth and chunk latency of the host and disk tiers, against fio
     and a naive baseline, and estimate TTFT of loading against recomputing.
 
     Exits 2, before any work, on a bad argument; 1 when the run fails (a full or failing disk)."""
-    from kvtier.bench.offload import BenchSpec
-    from kvtier.errors import ConfigError
-
     try:
-        layout, name = _layout(model, layers, kv_heads, head_dim, dtype)
-        spec = BenchSpec(layout=layout, name=name, chunk_tokens=chunk_tokens,
-                         size=_parsed("--size", parse_size, size),
-                         depths=_ints("--depths", depths), disk=not no_disk,
-                         disk_paths=list(disk_path or []), compression=compression,
-                         baselines=baselines, prompt_tokens=_ints("--prompt-tokens", prompt_tokens),
-                         prefill_tps=prefill_tps,
-                         seconds_per_depth=_parsed("--duration", parse_duration, duration or "0"))
+        spec = _spec(model=model, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype,
+                     chunk_tokens=chunk_tokens, size=size, depths=depths, disk_paths=disk_path,
+                     no_disk=no_disk, duration=duration, compression=compression,
+                     baselines=baselines, prompt_tokens=prompt_tokens, prefill_tps=prefill_tps)
         _check_directories(spec, out)
     except ValueError as exc:
         raise fail(f"bench: {exc}") from exc
+    _run_and_report(spec, out, as_json=as_json)
+
+
+def _spec(*, model: str, layers: int | None, kv_heads: int | None, head_dim: int | None, dtype: str,
+          chunk_tokens: int, size: str, depths: str, disk_paths: list[Path] | None, no_disk: bool,
+          duration: str | None, compression: bool, baselines: bool, prompt_tokens: str,
+          prefill_tps: float | None) -> BenchSpec:
+    """The run the options ask for; ``ValueError``, naming the option, for one that cannot be."""
+    from kvtier.bench.offload import BenchSpec
+
+    layout, name = _layout(model, layers, kv_heads, head_dim, dtype)
+    return BenchSpec(layout=layout, name=name, chunk_tokens=chunk_tokens,
+                     size=_parsed("--size", parse_size, size),
+                     depths=_ints("--depths", depths), disk=not no_disk,
+                     disk_paths=list(disk_paths or []), compression=compression,
+                     baselines=baselines, prompt_tokens=_ints("--prompt-tokens", prompt_tokens),
+                     prefill_tps=prefill_tps,
+                     seconds_per_depth=_parsed("--duration", parse_duration, duration or "0"))
+
+
+def _run_and_report(spec: BenchSpec, out: Path, as_json: bool) -> None:
+    """Run ``spec``, write the results into ``out``, then print the tables (or, ``as_json``,
+    only the JSON). Exits 2 on a ``KVTIER_*`` variable the bench's store cannot take, 1 when
+    the run or the writing fails."""
+    from kvtier.errors import ConfigError
+
     try:
         result = _measure(spec, quiet=as_json)
     except ConfigError as exc:  # a KVTIER_* variable the bench's store cannot take
