@@ -1,0 +1,96 @@
+"""Two checkouts of kvtier side by side through ``KVStore``'s public API: put + flush, then
+get after a restart (page cache dropped), passes interleaved, best of N each.
+
+    git worktree add /tmp/kvtier-before <commit>
+    .venv/bin/python scripts/ab_store.py --tree /tmp/kvtier-before --tree . \\
+        --dir /mnt/kvtier-ram/ab --chunk-mib 1,2,32 --total-gib 1 --passes 3
+
+Each pass runs in a fresh process that imports kvtier from its tree. The layout is
+Llama-3-8B's (32 layers, 8 KV heads, 128 dims, bf16: 128 KiB a token), 512 MiB of host
+memory, so most chunks of a pass come back from disk; every byte read is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r'''
+import json, os, sys, time, torch
+sys.path.insert(0, sys.argv[1])
+from kvtier import KVStore, KVLayout
+root, chunk_mib, total_gib = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+layout = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
+chunk_tokens = chunk_mib * 2**20 // layout.token_bytes
+tokens = int(total_gib * 2**30) // layout.token_bytes // chunk_tokens * chunk_tokens
+cfg = {"chunk_tokens": chunk_tokens, "host_capacity": "512MiB", "disk_paths": [root],
+       "disk_capacity": f"{int(total_gib * 1.3 * 1024)}MiB", "disk_min_free": 0}
+kv = torch.randn(layout.shape(tokens)).to(torch.bfloat16)
+ids = list(range(tokens))
+with KVStore(layout, cfg, model="ab") as store:
+    start = time.perf_counter()
+    store.put(ids, kv)
+    flushed = store.flush()
+    put_s = time.perf_counter() - start
+    assert flushed, flushed
+with open("/proc/sys/vm/drop_caches", "w") as f:
+    os.sync(); f.write("3")
+out = torch.empty_like(kv)
+with KVStore(layout, cfg, model="ab") as store:
+    start = time.perf_counter()
+    got = store.get(ids, out)
+    get_s = time.perf_counter() - start
+assert got == tokens and torch.equal(out.view(torch.int16), kv.view(torch.int16)), "wrong bytes"
+gib = tokens * layout.token_bytes / 2**30
+print(json.dumps({"put_flush_gib_s": gib / put_s, "get_gib_s": gib / get_s}))
+'''
+
+
+def one_pass(tree: str, root: Path, chunk_mib: int, total_gib: float) -> dict[str, float]:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, tree, str(root), str(chunk_mib),
+                           str(total_gib)], capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"{tree}: pass failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", required=True, help="a kvtier checkout")
+    parser.add_argument("--dir", type=Path, required=True, help="scratch directory (erased)")
+    parser.add_argument("--chunk-mib", default="1,2,32")
+    parser.add_argument("--total-gib", type=float, default=1.0)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    trees = [os.path.abspath(t) for t in args.tree]
+    rows = []
+    try:
+        for chunk in (int(c) for c in args.chunk_mib.split(",")):
+            best: dict[str, dict[str, float]] = {t: {} for t in trees}
+            for _ in range(args.passes):
+                for tree in trees:
+                    for name, value in one_pass(tree, args.dir, chunk, args.total_gib).items():
+                        best[tree][name] = max(best[tree].get(name, 0.0), value)
+            rows.append({"chunk_mib": chunk, "best": best})
+            first = best[trees[0]]
+            print(f"{chunk} MiB chunks: " + "; ".join(
+                f"{Path(t).name}: put+flush {b['put_flush_gib_s']:.2f} GiB/s "
+                f"({b['put_flush_gib_s'] / first['put_flush_gib_s']:.2f}x), get "
+                f"{b['get_gib_s']:.2f} GiB/s ({b['get_gib_s'] / first['get_gib_s']:.2f}x)"
+                for t, b in best.items()))
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
