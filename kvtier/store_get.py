@@ -12,6 +12,7 @@ from kvtier.store_reads import Fetch, Fetcher
 from kvtier.store_shared import Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tiers.base import TierName
+from kvtier.transfers import as_raw
 
 
 class PrefixRead:
@@ -47,16 +48,24 @@ class PrefixRead:
         return len(self.loaded)
 
     def _fill(self, keys: list[ChunkKey]) -> bool:
-        """Begin fetches up to the window's size; True while one is waiting."""
-        while not self._ended and self._issued < len(keys) and len(self._window) < self._read_ahead:
-            fetch = self._begin(keys[self._issued])
-            if fetch is Skip.NO_ROOM and self._window:
-                break  # host slots held by this window: complete one first
-            if not isinstance(fetch, Fetch):
-                self._ended = True
-                break
-            self._window.append(fetch)
-            self._issued += 1
+        """Once the window is down to half its size, begin fetches up to its size and start
+        their reads together (so they go to the disk in groups); True while one waits."""
+        if len(self._window) > self._read_ahead // 2:
+            return True
+        begun: list[Fetch] = []
+        try:
+            while not self._ended and self._issued < len(keys) and len(self._window) < self._read_ahead:
+                fetch = self._begin(keys[self._issued])
+                if fetch is Skip.NO_ROOM and self._window:
+                    break  # host slots held by this window: complete one first
+                if not isinstance(fetch, Fetch):
+                    self._ended = True
+                    break
+                self._window.append(fetch)
+                begun.append(fetch)
+                self._issued += 1
+        finally:
+            self._fetcher.start(begun)
         return bool(self._window)
 
     def _begin(self, key: ChunkKey) -> Fetch | Skip:
@@ -72,7 +81,7 @@ class PrefixRead:
         source = self._fetcher.complete(fetch)
         if source is None:
             return False
-        dst.copy_(self._shared.transfers.view(source))
+        as_raw(dst).copy_(self._shared.transfers.view(source))
         if source.tier is not self._shared.top:
             self._runner.promote(fetch.key, source)
         self.loaded.append(fetch.loc.tier)

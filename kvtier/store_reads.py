@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 
+from kvtier.io.batch_reads import BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, HOST, Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
+
+READ_GROUP_BYTES = 8 * 2**20  # one read job's chunks, at most (at least one chunk)
 
 
 class FetchState(Enum):
@@ -41,9 +44,10 @@ class Fetcher:
     """Starts and completes the fetches of a ``get``.
 
     Contract: ``begin(key)`` pins the chunk where it is hottest and, from disk, reserves a
-    host slot and starts the read (``Skip.NO_ROOM`` when no host slot is free, ``Skip.END``
-    when the prefix ends there); ``complete(fetch)`` says where the chunk can be copied
-    from, or None when its read failed (the chunk is dropped) or was not over in time;
+    host slot for its read (``Skip.NO_ROOM`` when no host slot is free, ``Skip.END`` when
+    the prefix ends there); ``start(fetches)`` starts the reads of fetches begun, grouped;
+    ``complete(fetch)`` says where the chunk can be copied from, or None when its read
+    failed (the chunk is dropped) or was not over in time;
     ``release(fetch)`` unpins what ``begin`` and ``complete`` pinned.
     """
 
@@ -78,11 +82,40 @@ class Fetcher:
             with self.shared.lock:
                 self.shared.stack.unpin(key, loc)
             return Skip.END
-        job = partial(self.shared.transfers.copy, key, loc, plan.dst)
+        return Fetch(key, loc, FetchState.READING, None, plan)
+
+    def start(self, fetches: list[Fetch]) -> None:
+        """Start the disk reads of fetches ``begin`` reserved: a job per path and group of
+        up to ``READ_GROUP_BYTES`` (neighbouring slots move in one call; small chunks read
+        one by one lose more to the hand-offs between threads than they gain in
+        parallel). Every fetch gets its read, whatever fails."""
+        reading = sorted((f for f in fetches if f.state is FetchState.READING and f.read is None),
+                         key=lambda f: f.loc.slot)
+        if not reading:
+            return
         timeout = self.shared.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        read = self.shared.lane.submit(self.shared.lane.queue_of(loc.slot), job)
-        return Fetch(key, loc, FetchState.READING, read, plan, deadline)
+        lane = self.shared.lane
+        per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
+        groups: list[tuple[str, list[Fetch], BatchReads]] = []
+        for queue in lane.queues:
+            mine = [f for f in reading if lane.queue_of(f.loc.slot) == queue]
+            for first in range(0, len(mine), per_group):
+                group = mine[first:first + per_group]
+                reads = BatchReads(len(group))
+                for fetch, read in zip(group, reads.items, strict=True):
+                    fetch.read, fetch.deadline = read, deadline
+                groups.append((queue, group, reads))
+        for i, (queue, group, reads) in enumerate(groups):
+            items = [(f.key, f.loc, f.plan.dst) for f in group if f.plan is not None]
+            try:
+                job = lane.submit(queue, partial(reads.run, partial(
+                    self.shared.transfers.read_many, items)))
+            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
+                for _, _, unstarted in groups[i:]:
+                    unstarted.fail(repr(exc))
+                raise
+            reads.watch(job)
 
     def complete(self, fetch: Fetch) -> Location | None:
         """Where the chunk can be copied from, or ``None`` when its disk read failed or was

@@ -14,6 +14,7 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, HOST, StoreShared
 from kvtier.tier_stack import Location, Move, StorePlan
+from kvtier.transfers import as_raw
 
 
 class PlanRunner:
@@ -30,7 +31,7 @@ class PlanRunner:
         self.shared = shared
 
     def copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
-        self.shared.transfers.view(dst).copy_(chunk)
+        self.shared.transfers.view(dst).copy_(as_raw(chunk))
 
     def run(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
         """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""

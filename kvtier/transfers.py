@@ -11,6 +11,14 @@ from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
 
+# the integer type of each element size: copies through it move bytes and never convert
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_raw(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s memory as integers of the same size (same shape and strides)."""
+    return tensor.view(_RAW[tensor.element_size()])
+
 
 class Transfers:
     """Copies between the tiers of one store.
@@ -26,12 +34,13 @@ class Transfers:
         self.memory = memory
         self.disk = disk
         self.chunk_bytes = chunk_bytes
-        self._dtype, self._shape = dtype, chunk_shape
+        self._raw, self._shape = _RAW[dtype.itemsize], chunk_shape
 
     def view(self, loc: Location) -> torch.Tensor:
-        """The chunk in a memory slot as a ``(layers, 2, chunk_tokens, hidden)`` view."""
+        """The chunk in a memory slot as a ``(layers, 2, chunk_tokens, hidden)`` view of
+        integers of the KV's element size (copy to and from it through ``as_raw``)."""
         raw = self.memory[loc.tier].slot(loc.slot)[: self.chunk_bytes]
-        return raw.view(self._dtype).view(self._shape)
+        return raw.view(self._raw).view(self._shape)
 
     def copy(self, key: ChunkKey, src: Location, dst: Location) -> IOResult:
         if src.tier in self.memory and dst.tier in self.memory:
@@ -44,3 +53,11 @@ class Transfers:
         if src.tier is TierName.DISK and dst.tier is TierName.HOST:
             return self.disk.read(src.slot, key, host.slot_array(dst.slot))
         raise ValueError(f"no transfer from {src.tier} to {dst.tier}")
+
+    def read_many(self, items: list[tuple[ChunkKey, Location, Location]]) -> list[IOResult]:
+        """Verified disk-to-host reads of several chunks (key, disk slot, host slot);
+        neighbouring disk slots move in one call."""
+        host = self.memory.get(TierName.HOST)
+        assert isinstance(host, HostTier) and self.disk is not None, "reads need host and disk"
+        return self.disk.read_many([(src.slot, key, host.slot_array(dst.slot))
+                                    for key, src, dst in items])

@@ -10,6 +10,7 @@ from kvtier import KVLayout, KVStore
 from kvtier.store_shared import StoreShared
 from kvtier.tiers.base import TierName
 from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
+from tests.fake_io import FakeEngine
 
 HOST, DISK = TierName.HOST, TierName.DISK
 STRIDE = 4096 + CHUNK_BYTES
@@ -49,6 +50,22 @@ def test_restart_serves_chunks_from_disk(tmp_path):
         assert exact(store, tokens) == 6 * CHUNK
         assert store.stats().chunks_loaded == {DISK: 6}
         assert store.lookup(tokens[:4 * CHUNK]).chunks_by_tier[HOST] >= 1  # promoted
+
+
+def test_a_get_reads_neighbouring_small_chunks_in_one_job(tmp_path):
+    """Small chunks of one prefix on disk go to the I/O threads together (a job, and a
+    vectored call per run of neighbouring slots, for each refill of the read window: here
+    4 chunks, then 2 once it is down to half), not one hand-off per chunk."""
+    tokens = seq(0, 6)
+    with KVStore(SMALL, config(tmp_path, host_chunks=16)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+    make, engines = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, host_chunks=16), io_engine=make) as store:
+        before = sum(engines[0].submitted.values())
+        assert exact(store, tokens) == 6 * CHUNK
+        assert sum(engines[0].submitted.values()) - before == 2
+        assert store.stats().chunks_loaded == {DISK: 6}
 
 
 def test_write_through_writes_every_chunk_in_the_background(tmp_path):

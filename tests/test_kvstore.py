@@ -192,3 +192,35 @@ def test_threads_putting_and_getting_overlapping_prefixes_never_see_wrong_bytes(
         assert all(i.free_slots + len(i) == i.num_slots for i in indexes), "slot leaked"
     assert store.stats().chunks_loaded.total() > 0
     store.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn", "int8"])
+def test_every_bit_pattern_comes_back_through_host_device_pool_and_disk(tmp_path, dtype):
+    """Copies move bytes: NaN payloads, negative zeros and subnormals come back bit for bit
+    from the device pool, host memory and disk alike (a converting copy may not)."""
+    from kvtier.io.buffers import align_up
+    from kvtier.layout import KVLayout
+
+    layout = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype=dtype)
+    tokens = list(range(3 * CHUNK))
+    raw = np.frombuffer(np.random.default_rng(7).bytes(len(tokens) * layout.token_bytes),
+                        dtype=np.uint8).copy()  # every bit pattern of the dtype, NaNs included
+    raw = torch.from_numpy(raw)
+    kv = raw.view(getattr(torch, dtype)).view(layout.shape(len(tokens)))
+    slot = align_up(layout.token_bytes * CHUNK)
+    cfg = {"chunk_tokens": CHUNK, "gpu_capacity": slot, "host_capacity": 2 * slot,
+           "disk_paths": [str(tmp_path)], "disk_capacity": 8 * (4096 + slot),
+           "disk_min_free": 0, "model": "bits"}
+    with KVStore(layout, cfg) as store:
+        for end in range(CHUNK, len(tokens) + 1, CHUNK):  # one chunk at a time, each written
+            store.put(tokens[:end], kv)
+            assert store.flush()
+        assert store.lookup(tokens).chunks_by_tier == {GPU: 1, HOST: 2}
+        out = torch.zeros_like(kv)
+        assert store.get(tokens, out) == len(tokens)
+        assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
+    with KVStore(layout, cfg) as store:  # after a restart: every chunk comes from disk
+        assert store.lookup(tokens).chunks_by_tier == {TierName.DISK: 3}
+        out = torch.zeros_like(kv)
+        assert store.get(tokens, out) == len(tokens)
+        assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))

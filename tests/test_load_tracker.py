@@ -5,8 +5,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from kvtier.connector.load_tracker import BatchReads, LoadTracker, resolved, when_all_over
+from kvtier.connector.load_tracker import LoadTracker, resolved, when_all_over
 from kvtier.connector.messages import ChunkLoad, RequestLoad
+from kvtier.io.batch_reads import BatchReads
 from kvtier.io.result import IOResult, IOStatus
 
 OK = IOResult(IOStatus.OK, 8)

@@ -32,39 +32,6 @@ def failed_read(detail: str, status: IOStatus = IOStatus.IO_ERROR) -> Future[IOR
     return resolved(IOResult(status, detail=detail))
 
 
-class BatchReads:
-    """The per-chunk futures of one batched read. The read job settles them itself before
-    it returns, so whoever sees the job over (a drain of the engine) sees them over too;
-    all fail if the job raises or is cancelled before it runs."""
-
-    def __init__(self, count: int) -> None:
-        self.items: list[Future[IOResult]] = [Future() for _ in range(count)]
-
-    def run(self, read: Callable[[], list[IOResult]]) -> list[IOResult]:
-        """Run ``read`` (in the job) and settle the items with its results."""
-        try:
-            results = read()
-        except BaseException as exc:
-            self._fail(repr(exc))
-            raise
-        for item, result in zip(self.items, results, strict=True):
-            item.set_result(result)
-        return results
-
-    def watch(self, job: Future) -> None:
-        """Fail the items if ``job`` is cancelled (it will never run)."""
-        def over(done: Future) -> None:
-            if done.cancelled():
-                self._fail("read cancelled")
-
-        job.add_done_callback(over)
-
-    def _fail(self, detail: str) -> None:
-        for item in self.items:
-            if not item.done():
-                item.set_result(IOResult(IOStatus.IO_ERROR, detail=detail))
-
-
 def when_all_over(job: Future[Reads]) -> Future[IOResult]:
     """Over (OK) once ``job`` and every read it started are over."""
     over: Future[IOResult] = Future()

@@ -10,9 +10,10 @@ from functools import partial
 
 import numpy as np
 
-from kvtier.connector.load_tracker import BatchReads, Reads
+from kvtier.connector.load_tracker import Reads
 from kvtier.connector.messages import DiskWrite, RequestLoad
 from kvtier.connector.worker_ledger import WorkerLedger
+from kvtier.io.batch_reads import BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.tiers.disk_lane import DiskLane, NoDisk

@@ -1,0 +1,42 @@
+"""The per-chunk futures of one batched disk read, settled by the read job itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from kvtier.io.result import IOResult, IOStatus
+
+
+class BatchReads:
+    """The per-chunk futures of one batched read. The read job settles them itself before
+    it returns, so whoever sees the job over (a drain of the engine) sees them over too;
+    all fail if the job raises or is cancelled before it runs."""
+
+    def __init__(self, count: int) -> None:
+        self.items: list[Future[IOResult]] = [Future() for _ in range(count)]
+
+    def run(self, read: Callable[[], list[IOResult]]) -> list[IOResult]:
+        """Run ``read`` (in the job) and settle the items with its results."""
+        try:
+            results = read()
+        except BaseException as exc:
+            self.fail(repr(exc))
+            raise
+        for item, result in zip(self.items, results, strict=True):
+            item.set_result(result)
+        return results
+
+    def watch(self, job: Future) -> None:
+        """Fail the items if ``job`` is cancelled (it will never run)."""
+        def over(done: Future) -> None:
+            if done.cancelled():
+                self.fail("read cancelled")
+
+        job.add_done_callback(over)
+
+    def fail(self, detail: str) -> None:
+        """Fail every item not settled yet."""
+        for item in self.items:
+            if not item.done():
+                item.set_result(IOResult(IOStatus.IO_ERROR, detail=detail))
