@@ -9,14 +9,12 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 
-from kvtier.io.batch_reads import BatchReads
+from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, HOST, Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
-
-READ_GROUP_BYTES = 8 * 2**20  # one read job's chunks, at most (at least one chunk)
 
 
 class FetchState(Enum):

@@ -7,6 +7,10 @@ from concurrent.futures import Future
 
 from kvtier.io.result import IOResult, IOStatus
 
+# the chunks of one batched read job, at most (at least one chunk): small chunks read one by
+# one lose more to the hand-offs between threads than they gain in parallel
+READ_GROUP_BYTES = 8 * 2**20
+
 
 class BatchReads:
     """The per-chunk futures of one batched read. The read job settles them itself before
