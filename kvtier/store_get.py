@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
 from kvtier.store_reads import Fetch, Fetcher
 from kvtier.store_shared import Skip, StoreShared
@@ -28,6 +29,8 @@ class PrefixRead:
                  read_ahead: int, drain_timeout: float) -> None:
         self._shared, self._fetcher, self._runner = shared, fetcher, runner
         self._read_ahead, self._drain_timeout = read_ahead, drain_timeout
+        group = max(1, READ_GROUP_BYTES // shared.transfers.chunk_bytes)
+        self._refill = min(group, read_ahead)  # free places in the window worth a refill
         self._window: deque[Fetch] = deque()
         self._issued, self._ended, self._may_wait = 0, False, True
         self.loaded: list[TierName] = []
@@ -48,9 +51,10 @@ class PrefixRead:
         return len(self.loaded)
 
     def _fill(self, keys: list[ChunkKey]) -> bool:
-        """Once the window is down to half its size, begin fetches up to its size and start
-        their reads together (so they go to the disk in groups); True while one waits."""
-        if len(self._window) > self._read_ahead // 2:
+        """Once a whole read group fits in the window, begin fetches up to its size and
+        start their reads together (so they go to the disk in groups); True while one
+        waits."""
+        if self._window and self._read_ahead - len(self._window) < self._refill:
             return True
         begun: list[Fetch] = []
         try:

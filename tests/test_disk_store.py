@@ -55,7 +55,8 @@ def test_restart_serves_chunks_from_disk(tmp_path):
 def test_a_get_reads_neighbouring_small_chunks_in_one_job(tmp_path):
     """Small chunks of one prefix on disk go to the I/O threads together (a job, and a
     vectored call per run of neighbouring slots, for each refill of the read window: here
-    4 chunks, then 2 once it is down to half), not one hand-off per chunk."""
+    its 4 places, then the 2 chunks left once it is empty: a read group of these small
+    chunks is larger than the window), not one hand-off per chunk."""
     tokens = seq(0, 6)
     with KVStore(SMALL, config(tmp_path, host_chunks=16)) as store:
         store.put(tokens, make_kv(tokens))
