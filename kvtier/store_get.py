@@ -19,8 +19,9 @@ from kvtier.transfers import as_raw
 class PrefixRead:
     """Reads ``keys`` in order into the caller's tensor, up to the first chunk not served.
 
-    Up to ``read_ahead`` chunks are fetched at once (pinned, their disk reads in flight);
-    each is verified, copied out and promoted to the top tier in turn. The first chunk not
+    Up to ``read_ahead`` chunks are fetched at once (pinned, their disk reads in flight, in
+    groups of neighbouring slots: ``Fetcher.start``); each is verified, copied out and
+    promoted to the top tier in turn. The first chunk not
     cached, failing its check or given up on ends the prefix; the fetches past it are
     dropped. Whatever happens, every pin and staging slot is given back.
     """
