@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from kvtier.config import KVTierConfig, load_config
-from kvtier.errors import ConfigError, LayoutError, StoreClosedError
+from kvtier.errors import ConfigError, StoreClosedError
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
@@ -178,7 +178,7 @@ class KVStore:
         rounded down to whole chunks. Chunks already cached are only marked recent.
         """
         keys = self.keys(tokens)
-        self._check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
+        self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         self._lane.poll()
         stored, may_wait = 0, True
         for i, key in enumerate(keys):
@@ -225,7 +225,7 @@ class KVStore:
         Chunks read from a colder tier are promoted to the hottest one.
         """
         keys = self.keys(tokens)
-        self._check_tensor(out, 0, "out")
+        self.layout.check_tensor(out, 0, "out")
         keys = keys[: out.shape[2] // self.chunk_tokens]
         read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
                           self._drain_timeout())
@@ -288,15 +288,6 @@ class KVStore:
 
     def _chunk_of(self, kv: torch.Tensor, i: int) -> torch.Tensor:
         return kv[:, :, i * self.chunk_tokens:(i + 1) * self.chunk_tokens]
-
-    def _check_tensor(self, kv: torch.Tensor, min_tokens: int, what: str) -> None:
-        want = self.layout.shape(min_tokens)
-        if (kv.dim() != 4 or kv.shape[:2] != want[:2] or kv.shape[3] != want[3]
-                or kv.shape[2] < min_tokens or kv.dtype != getattr(torch, self.layout.dtype)):
-            raise LayoutError(
-                f"{what} must be a {self.layout.dtype} tensor of shape (layers={want[0]}, 2, "
-                f"tokens>={min_tokens}, hidden={want[3]}), got {kv.dtype} {tuple(kv.shape)}"
-            )
 
 
 def _model_name(model: str | None, cfg: KVTierConfig) -> str:

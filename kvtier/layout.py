@@ -8,7 +8,9 @@ store keeps chunks contiguous in that order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from kvtier.errors import LayoutError
 from kvtier.keys import Namespace
 
 LAYOUT_NAME = "layers,kv,tokens,hidden"
@@ -46,6 +48,18 @@ class KVLayout:
 
     def shape(self, num_tokens: int) -> tuple[int, int, int, int]:
         return (self.num_layers, 2, num_tokens, self.hidden)
+
+    def check_tensor(self, kv: Any, min_tokens: int, what: str) -> None:
+        """``LayoutError`` unless ``kv`` is a tensor of this layout's dtype and shape, with
+        at least ``min_tokens`` tokens."""
+        want = self.shape(min_tokens)
+        dtype = str(getattr(kv, "dtype", "")).removeprefix("torch.")
+        if (kv.dim() != 4 or kv.shape[:2] != want[:2] or kv.shape[3] != want[3]
+                or kv.shape[2] < min_tokens or dtype != self.dtype):
+            raise LayoutError(
+                f"{what} must be a {self.dtype} tensor of shape (layers={want[0]}, 2, "
+                f"tokens>={min_tokens}, hidden={want[3]}), got {kv.dtype} {tuple(kv.shape)}"
+            )
 
     def namespace(self, model: str, chunk_tokens: int, *, block_tokens: int | None = None,
                   model_revision: str = "") -> Namespace:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -28,20 +27,12 @@ import torch
 
 from kvtier import KVLayout, KVStore
 from kvtier.bench.fio import fio_bandwidth, have_fio
+from kvtier.bench.naive import drop_page_cache
 from kvtier.config_values import parse_size
 
 LAYOUT = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
 PREFIX_CHUNKS = 8
 FIO_DEPTHS = (1, 4, 8, 16, 32)
-
-
-def drop_page_cache() -> None:
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3")
-    except OSError:
-        pass  # not root: reads may come from the page cache (O_DIRECT ones do not)
 
 
 class Workload:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from kvtier.bench.fio import fio_bandwidth, have_fio
+from kvtier.bench.naive import drop_page_cache
 from kvtier.config import load_config
 from kvtier.config_values import parse_size
 from kvtier.connector.geometry import KVGeometry
@@ -109,9 +109,7 @@ def measure(directory: Path, chunk_tokens: int, total: int, per_request: int,
         for _ in range(passes):
             for t in target:
                 t.zero_()
-            os.sync()
-            with open("/proc/sys/vm/drop_caches", "w") as f:
-                f.write("3")
+            drop_page_cache()
             best = max(best, chunks * geo.chunk_bytes / 2**30 / load_all(
                 geo, root, chunks, per_request, target))
             assert all(torch.equal(a.view(torch.int16), b.view(torch.int16))

@@ -20,6 +20,17 @@ def drop_cache(paths: list[Path]) -> None:
             os.close(fd)
 
 
+def drop_page_cache() -> None:
+    """Write back and drop the whole page cache (root only; otherwise only O_DIRECT reads
+    are sure to reach the device)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+    except OSError:
+        pass
+
+
 def naive_round_trip(directory: Path, chunks: list[np.ndarray], passes: int = 3) -> tuple[float, float]:
     """(write GiB/s, read GiB/s) of one file per chunk, one at a time, buffered; the best
     of ``passes`` each way, as kvtier's own figures are.

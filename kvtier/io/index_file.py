@@ -44,6 +44,22 @@ class SlotLayout:
         """Slots per slot file (fixed for a stride: slots never move)."""
         return file_slots_for(self.stride)
 
+    def runs(self, slots: list[int], max_run: int) -> list[list[int]]:
+        """Indexes of ``slots`` grouped into runs of neighbours in one slot file (sorted),
+        at most ``max_run`` each: each run moves in one vectored call."""
+        order = sorted(range(len(slots)), key=lambda i: slots[i])
+        paths, file_slots = self.num_paths, self.file_slots
+        runs: list[list[int]] = []
+        for i in order:
+            last = runs[-1] if runs else None
+            if (last is not None and len(last) < max_run
+                    and slots[i] == slots[last[-1]] + paths
+                    and (slots[i] // paths) // file_slots == (slots[last[-1]] // paths) // file_slots):
+                last.append(i)
+            else:
+                runs.append([i])
+        return runs
+
     def check_bounded(self) -> None:
         """Raise ``ConfigError`` when the disk tier would need more slots (or a larger chunk)
         than kvtier keeps bookkeeping for."""

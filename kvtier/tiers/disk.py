@@ -140,7 +140,7 @@ class DiskTier:
     def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Write several chunks; slots adjacent in one file go in one vectored call."""
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
-        for run in self._runs([slot for slot, _, _ in items], single=self.compression):
+        for run in self.layout.runs([slot for slot, _, _ in items], 1 if self.compression else MAX_RUN):
             path, directory, number, offset = self._where(items[run[0]][0])
             if directory is None or not self._health.healthy(path, directory):
                 for i in run:
@@ -197,7 +197,7 @@ class DiskTier:
         """Read and verify several chunks; slots adjacent in one file go in one call."""
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
         compressed = {i for i, (slot, _, _) in enumerate(items) if self._codecs[slot]}
-        for run in self._runs([slot for slot, _, _ in items], single=bool(compressed)):
+        for run in self.layout.runs([slot for slot, _, _ in items], 1 if compressed else MAX_RUN):
             path, directory, number, offset = self._where(items[run[0]][0])
             if directory is None:
                 for i in run:
@@ -242,22 +242,6 @@ class DiskTier:
             except ValueError as exc:
                 return IOResult(IOStatus.CORRUPT, arrived, str(exc))
         return IOResult(IOStatus.OK, arrived)
-
-    def _runs(self, slots: list[int], single: bool) -> list[list[int]]:
-        """Indexes of ``slots`` grouped into runs of neighbours in one file (sorted)."""
-        order = sorted(range(len(slots)), key=lambda i: slots[i])
-        runs: list[list[int]] = []
-        paths = len(self._paths)
-        for i in order:
-            last = runs[-1] if runs else None
-            if (not single and last is not None and len(last) < MAX_RUN
-                    and slots[i] == slots[last[-1]] + paths
-                    and (slots[i] // paths) // self.file_slots
-                    == (slots[last[-1]] // paths) // self.file_slots):
-                last.append(i)
-            else:
-                runs.append([i])
-        return runs
 
     def invalidate(self, slot: int) -> IOResult:
         """Blank a slot's header so the chunk is not found again after a restart."""
