@@ -27,11 +27,13 @@ import torch
 from kvtier.config import KVTierConfig, load_config
 from kvtier.errors import ConfigError, StoreClosedError
 from kvtier.io.buffers import align_up
+from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
+from kvtier.store_direct import DirectTarget, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_get import PrefixRead
 from kvtier.store_reads import Fetcher
@@ -92,6 +94,7 @@ class KVStore:
         self._shared: StoreShared  # made in _start, once the tiers are open
         self._closed = False
         self._io_engine = io_engine
+        self._direct = DirectBuffers()
         try:  # a failed start must not keep memory, files or the namespace lock
             self._start(device)
         except BaseException:
@@ -222,14 +225,25 @@ class KVStore:
         ``out`` has shape ``(layers, 2, m, kv_heads * head_size)``; at most ``m`` tokens
         (whole chunks) are loaded into ``out[:, :, :n]``. Disk chunks are read in parallel
         and verified; a chunk that fails its check ends the prefix there and is dropped.
-        Chunks read from a colder tier are promoted to the hottest one.
+        Chunks read from a colder tier are promoted to the hottest one; into a tensor from
+        :meth:`empty_kv`, a chunk's first read from disk lands in ``out`` directly and it is
+        promoted on its next read. ``out[:, :, n:]`` may have been written.
         """
         keys = self.keys(tokens)
         self.layout.check_tensor(out, 0, "out")
         keys = keys[: out.shape[2] // self.chunk_tokens]
+        direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
         read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
-                          self._drain_timeout())
+                          self._drain_timeout(), direct)
         return read.run(keys, partial(self._chunk_of, out)) * self.chunk_tokens
+
+    def empty_kv(self, num_tokens: int) -> torch.Tensor:
+        """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk
+        chunks straight into, with no copy through host memory. Reuse it across gets, as
+        its pages are faulted in once; its memory is freed with the last view of it."""
+        if self._closed:
+            raise StoreClosedError("kvtier store is closed; open a new KVStore")
+        return empty_kv(self._direct, self.layout, num_tokens)
 
     def flush(self, timeout: float | None = None) -> FlushResult:
         """Write every chunk held in host memory that is not on disk yet (write-through

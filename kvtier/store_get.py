@@ -9,8 +9,9 @@ import torch
 
 from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
+from kvtier.store_direct import DirectTarget
 from kvtier.store_reads import Fetch, Fetcher
-from kvtier.store_shared import Skip, StoreShared
+from kvtier.store_shared import DISK, Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tiers.base import TierName
 from kvtier.transfers import as_raw
@@ -21,14 +22,17 @@ class PrefixRead:
 
     Up to ``read_ahead`` chunks are fetched at once (pinned, their disk reads in flight, in
     groups of neighbouring slots: ``Fetcher.start``); each is verified, copied out and
-    promoted to the top tier in turn. The first chunk not
+    promoted to the top tier in turn. With a ``direct`` target (the caller's tensor is a
+    direct buffer) a chunk's first read from disk lands in the tensor itself: nothing to
+    copy, and it stays on disk until it is read again. The first chunk not
     cached, failing its check or given up on ends the prefix; the fetches past it are
     dropped. Whatever happens, every pin and staging slot is given back.
     """
 
     def __init__(self, shared: StoreShared, fetcher: Fetcher, runner: PlanRunner,
-                 read_ahead: int, drain_timeout: float) -> None:
+                 read_ahead: int, drain_timeout: float, direct: DirectTarget | None = None) -> None:
         self._shared, self._fetcher, self._runner = shared, fetcher, runner
+        self._direct = direct
         self._read_ahead, self._drain_timeout = read_ahead, drain_timeout
         group = max(1, READ_GROUP_BYTES // shared.transfers.chunk_bytes)
         self._refill = min(group, read_ahead)  # free places in the window worth a refill
@@ -43,7 +47,7 @@ class PrefixRead:
             while self._fill(keys):
                 fetch = self._window.popleft()
                 try:
-                    if not self._copy(fetch, chunk_out(len(self.loaded))):
+                    if not self._copy(fetch, chunk_out):
                         break
                 finally:
                     self._fetcher.release(fetch)
@@ -52,9 +56,9 @@ class PrefixRead:
         return len(self.loaded)
 
     def _fill(self, keys: list[ChunkKey]) -> bool:
-        """Once a whole read group fits in the window, begin fetches up to its size and
-        start their reads together (so they go to the disk in groups); True while one
-        waits."""
+        """Once a whole read group fits in the window, begin fetches up to its size, starting
+        the reads of each group together as soon as it is begun (so they go to the disk in
+        groups); True while one waits."""
         if self._window and self._read_ahead - len(self._window) < self._refill:
             return True
         begun: list[Fetch] = []
@@ -69,26 +73,31 @@ class PrefixRead:
                 self._window.append(fetch)
                 begun.append(fetch)
                 self._issued += 1
+                if len(begun) == self._refill:
+                    started, begun = begun, []
+                    self._fetcher.start(started)
         finally:
             self._fetcher.start(begun)
         return bool(self._window)
 
     def _begin(self, key: ChunkKey) -> Fetch | Skip:
-        fetch = self._fetcher.begin(key)
+        direct = None if self._direct is None else (self._direct, self._issued)
+        fetch = self._fetcher.begin(key, direct)
         lane = self._shared.lane
         if fetch is Skip.NO_ROOM and not self._window and self._may_wait and lane.pending():
             # host slots held by background writes: wait for them once
             self._may_wait = lane.drain(timeout=self._drain_timeout)
-            fetch = self._fetcher.begin(key)
+            fetch = self._fetcher.begin(key, direct)
         return fetch
 
-    def _copy(self, fetch: Fetch, dst: torch.Tensor) -> bool:
+    def _copy(self, fetch: Fetch, chunk_out: Callable[[int], torch.Tensor]) -> bool:
         source = self._fetcher.complete(fetch)
         if source is None:
             return False
-        as_raw(dst).copy_(self._shared.transfers.view(source))
-        if source.tier is not self._shared.top:
-            self._runner.promote(fetch.key, source)
+        if source.tier is not DISK:  # else read straight into the caller's tensor
+            as_raw(chunk_out(len(self.loaded))).copy_(self._shared.transfers.view(source))
+            if source.tier is not self._shared.top:
+                self._runner.promote(fetch.key, source)
         self.loaded.append(fetch.loc.tier)
         return True
 

@@ -1,5 +1,6 @@
-"""Fetching the chunks of a ``get``: pinned where they are hottest, disk chunks read into
-host slots in parallel and verified, each read bounded by ``load_timeout``."""
+"""Fetching the chunks of a ``get``: pinned where they are hottest, disk chunks read in
+parallel and verified (into host slots, or straight into the caller's tensor), each read
+bounded by ``load_timeout``."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 
+import numpy as np
+
 from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
+from kvtier.store_direct import DirectTarget
 from kvtier.store_shared import DISK, HOST, Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
@@ -19,16 +23,18 @@ from kvtier.tier_stack import Location, StorePlan
 
 class FetchState(Enum):
     HOT = "hot"  # in a memory tier: copy from ``loc``
-    READING = "reading"  # its disk read into ``plan.dst`` is in flight
+    READING = "reading"  # its disk read (into ``plan.dst`` or ``direct``) is in flight
     STAGED = "staged"  # the read checked out: copy from ``plan.dst`` (pinned)
+    LANDED = "landed"  # the read into the caller's tensor checked out: nothing to copy
     FAILED = "failed"  # the read failed: the chunk was dropped
     GIVEN_UP = "given up"  # not over by its deadline, or not needed any more
 
 
 @dataclass
 class Fetch:
-    """One chunk of a ``get``: where it is pinned (``loc``), and its disk read into a host
-    slot (``plan.dst``) if it comes from disk."""
+    """One chunk of a ``get``: where it is pinned (``loc``), and, from disk, its read into
+    a host slot (``plan.dst``) or straight into the caller's tensor (``direct``: the target
+    and the chunk's place in it)."""
 
     key: ChunkKey
     loc: Location
@@ -36,21 +42,40 @@ class Fetch:
     read: Future | None = None
     plan: StorePlan | None = None  # the host slot the read fills
     deadline: float | None = None  # time.monotonic() by which the read must be over
+    direct: tuple[DirectTarget, int] | None = None
+
+    def target(self) -> Location | list[np.ndarray]:
+        """Where the read lands: the host slot, or the pieces of the caller's tensor."""
+        if self.direct is not None:
+            target, index = self.direct
+            return target.pieces(index)
+        assert self.plan is not None, "a disk read lands in a host slot or the caller's tensor"
+        return self.plan.dst
+
+
+def _fingerprint(key: ChunkKey) -> int:
+    return int.from_bytes(key[:8], "little") | 1  # never 0, the mark of "not read yet"
 
 
 class Fetcher:
     """Starts and completes the fetches of a ``get``.
 
-    Contract: ``begin(key)`` pins the chunk where it is hottest and, from disk, reserves a
-    host slot for its read (``Skip.NO_ROOM`` when no host slot is free, ``Skip.END`` when
-    the prefix ends there); ``start(fetches)`` starts the reads of fetches begun, grouped;
-    ``complete(fetch)`` says where the chunk can be copied from, or None when its read
-    failed (the chunk is dropped) or was not over in time;
+    Contract: ``begin(key, direct)`` pins the chunk where it is hottest and, from disk,
+    reserves a host slot for its read (``Skip.NO_ROOM`` when no host slot is free,
+    ``Skip.END`` when the prefix ends there), or with a ``direct`` target reads it straight
+    there on the chunk's first read from disk (its second one goes through a host slot,
+    which promotes it); ``start(fetches)`` starts the reads of fetches begun, grouped;
+    ``complete(fetch)`` says where the chunk can be copied from (for a direct read: its disk
+    slot, the bytes being in place), or None when its read failed (the chunk is dropped) or
+    was not over in time (a direct read's pages are then detached from the caller);
     ``release(fetch)`` unpins what ``begin`` and ``complete`` pinned.
     """
 
     def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
         self.shared, self.runner = shared, runner
+        # per disk slot, the fingerprint of the chunk last read from it straight into a
+        # caller's tensor (lock held): its next read promotes it
+        self._read_direct = np.zeros(shared.lane.num_slots, dtype=np.uint64)
 
     def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
         """Pin the disk chunks of the cached prefix of ``keys`` for a whole ``get``: making
@@ -59,8 +84,8 @@ class Fetcher:
         with self.shared.lock:
             return self.shared.stack.pin_prefix(keys, DISK)
 
-    def begin(self, key: ChunkKey) -> Fetch | Skip:
-        """Pin ``key`` where it is hottest; from disk, reserve a host slot and start the read.
+    def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None) -> Fetch | Skip:
+        """Pin ``key`` where it is hottest; from disk, choose where its read lands.
 
         ``END`` when the key is not cached or its host slot's previous chunk could not be
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
@@ -72,6 +97,8 @@ class Fetcher:
             self.shared.stack.indexes[loc.tier].pin(key)
             if loc.tier is not DISK:
                 return Fetch(key, loc)
+            if direct is not None and self._read_direct[loc.slot] != _fingerprint(key):
+                return Fetch(key, loc, FetchState.READING, direct=direct)
             plan = self.shared.stack.plan_store(key, HOST)
             if plan is None:
                 self.shared.stack.unpin(key, loc)
@@ -105,7 +132,7 @@ class Fetcher:
                     fetch.read, fetch.deadline = read, deadline
                 groups.append((queue, group, reads))
         for i, (queue, group, reads) in enumerate(groups):
-            items = [(f.key, f.loc, f.plan.dst) for f in group if f.plan is not None]
+            items = [(f.key, f.loc, f.target()) for f in group]
             try:
                 job = lane.submit(queue, partial(reads.run, partial(
                     self.shared.transfers.read_many, items)))
@@ -124,10 +151,12 @@ class Fetcher:
         """
         if fetch.state is FetchState.HOT:
             return fetch.loc
+        if fetch.state is FetchState.LANDED:
+            return fetch.loc
         if fetch.state is not FetchState.READING:
             return fetch.plan.dst if fetch.state is FetchState.STAGED and fetch.plan else None
         read, plan = fetch.read, fetch.plan
-        assert read is not None and plan is not None, "a disk read always fills a reserved slot"
+        assert read is not None, "a fetch from disk has its read started"
         try:
             result = read.result(timeout=time_left(fetch.deadline))
         except TimeoutError:
@@ -136,10 +165,15 @@ class Fetcher:
         except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
         with self.shared.lock:
-            self.shared.stack.finish(fetch.key, plan.dst, result.ok)
+            if plan is not None:
+                self.shared.stack.finish(fetch.key, plan.dst, result.ok)
             if result.ok:
                 self.shared.stats.disk_reads += 1
                 self.shared.stats.disk_read_bytes += result.nbytes
+                if plan is None:
+                    self._read_direct[fetch.loc.slot] = _fingerprint(fetch.key)
+                    fetch.state = FetchState.LANDED
+                    return fetch.loc
                 self.shared.stack.indexes[HOST].pin(fetch.key)
                 fetch.state = FetchState.STAGED
                 return plan.dst
@@ -152,8 +186,11 @@ class Fetcher:
 
     def drop_unused(self, fetch: Fetch) -> None:
         """A fetch past the end of the prefix: keep what already arrived, else let go of the
-        read without waiting (its slot is freed when it ends; the chunk stays cached)."""
-        if fetch.state is FetchState.READING and fetch.read is not None and not fetch.read.done():
+        read without waiting (its slot is freed when it ends; the chunk stays cached). A read
+        into the caller's tensor is waited for, as long as ``complete`` would: the caller
+        gets its tensor back once nothing can write into it any more."""
+        if fetch.direct is None and fetch.state is FetchState.READING and fetch.read is not None \
+                and not fetch.read.done():
             self._give_up(fetch, timed_out=False)
         else:
             self.complete(fetch)
@@ -163,18 +200,24 @@ class Fetcher:
         ends, since the read may still write into it. A read past its deadline (a hung disk)
         also drops the chunk, counts, and counts against its path's health."""
         read, plan, fetch.state = fetch.read, fetch.plan, FetchState.GIVEN_UP
-        assert read is not None and plan is not None, "only a disk read in flight is given up"
+        assert read is not None, "only a disk read in flight is given up"
+        if fetch.direct is not None:
+            target, index = fetch.direct
+            target.detach(index)  # the late read lands in memory the caller no longer sees
         if timed_out:
             with self.shared.lock:
                 self.shared.stack.discard(fetch.key)
             self.shared.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
                                   f"after {self.shared.config.load_timeout:g} s (load_timeout)")
 
-        def ended(_: Future) -> None:
-            with self.shared.lock:
-                self.shared.stack.finish(plan.key, plan.dst, False)
+        if plan is not None:  # its host slot is free once the read ends
+            key, dst = plan.key, plan.dst
 
-        read.add_done_callback(ended)
+            def ended(_: Future) -> None:
+                with self.shared.lock:
+                    self.shared.stack.finish(key, dst, False)
+
+            read.add_done_callback(ended)
 
     def release(self, fetch: Fetch) -> None:
         with self.shared.lock:

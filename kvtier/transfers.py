@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kvtier.io.result import IOResult, IOStatus
@@ -54,10 +55,12 @@ class Transfers:
             return self.disk.read(src.slot, key, host.slot_array(dst.slot))
         raise ValueError(f"no transfer from {src.tier} to {dst.tier}")
 
-    def read_many(self, items: list[tuple[ChunkKey, Location, Location]]) -> list[IOResult]:
-        """Verified disk-to-host reads of several chunks (key, disk slot, host slot);
-        neighbouring disk slots move in one call."""
+    def read_many(self, items: list[tuple[ChunkKey, Location, Location | list[np.ndarray]]]
+                  ) -> list[IOResult]:
+        """Verified disk reads of several chunks (key, disk slot, and a host slot or the
+        pieces the payload is scattered over); neighbouring disk slots move in one call."""
         host = self.memory.get(TierName.HOST)
         assert isinstance(host, HostTier) and self.disk is not None, "reads need host and disk"
-        return self.disk.read_many([(src.slot, key, host.slot_array(dst.slot))
-                                    for key, src, dst in items])
+        return self.disk.read_many([
+            (src.slot, key, dst if isinstance(dst, list) else host.slot_array(dst.slot))
+            for key, src, dst in items])

@@ -4,20 +4,25 @@
     .venv/bin/python scripts/bench_store.py --dir /mnt/kvtier-ram --chunks 1MiB,2MiB,32MiB \\
         --json out/bench_store.json
 
-For each chunk size: ``put`` 2 GiB of prefixes (8 chunks each, Llama-3-8B layout) into a store
-with 512 MiB of host memory and its disk on ``--dir``, then ``flush()`` (put + flush); close,
-open a new store on the same directory, page cache dropped, and ``get`` every prefix into the
-caller's tensor (one tensor per prefix size, reused, as a serving engine reuses its buffers;
-every byte checked). Against fio's best read and write on the same directory with I/Os of the
-chunk's size (over libaio and psync, queue depths 1 to 32). Host only: the same prefixes put
-and got with every chunk in host memory, against ``numpy.copyto`` of the same bytes into and
-out of memory the size of the store's host slots. Best of ``--passes``.
+For each chunk size: ``put`` 2 GiB of prefixes (``--prefix-tokens`` each, 2048 by default:
+256 MiB of Llama-3-8B's KV) into a store with 512 MiB of host memory and its disk on
+``--dir``, then ``flush()`` (put + flush); close, open a new store on the same directory, page
+cache dropped, and ``get`` every prefix into the caller's tensor, reused from get to get as a
+serving engine reuses its buffers (every byte checked): into a tensor from ``store.empty_kv``
+(disk chunks read straight into it; "cores" is how many of the machine's cores were busy
+meanwhile), then after another restart the same with payload checksums off (what verifying
+costs), then after a third into a plain torch tensor (read through host slots). Against fio's
+best read and write on the same directory with I/Os of the chunk's size (over libaio and
+psync, queue depths 1 to 32). Host only: the same prefixes put and got with every chunk in
+host memory, against ``numpy.copyto`` of the same bytes into and out of memory the size of
+the store's host slots. Best of ``--passes``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -31,18 +36,18 @@ from kvtier.bench.naive import drop_page_cache
 from kvtier.config_values import parse_size
 
 LAYOUT = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
-PREFIX_CHUNKS = 8
+PREFIX_TOKENS = 2048  # a prompt's cached prefix: 256 MiB of this layout's KV
 FIO_DEPTHS = (1, 4, 8, 16, 32)
 
 
 class Workload:
-    """``count`` prefixes of ``PREFIX_CHUNKS`` chunks, each its own tokens, one KV tensor
-    (the bytes are the same for every prefix; the keys are not)."""
+    """``count`` prefixes of ``prefix_tokens`` tokens (whole chunks, at least one), each its
+    own tokens, one KV tensor (the bytes are the same for every prefix; the keys are not)."""
 
-    def __init__(self, chunk_bytes: int, total: int) -> None:
+    def __init__(self, chunk_bytes: int, total: int, prefix_tokens: int = PREFIX_TOKENS) -> None:
         self.chunk_tokens = chunk_bytes // LAYOUT.token_bytes
-        self.prefix_tokens = self.chunk_tokens * PREFIX_CHUNKS
-        self.count = max(1, total // (chunk_bytes * PREFIX_CHUNKS))
+        self.prefix_tokens = max(1, prefix_tokens // self.chunk_tokens) * self.chunk_tokens
+        self.count = max(1, total // (self.prefix_tokens * LAYOUT.token_bytes))
         self.bytes = self.count * self.prefix_tokens * LAYOUT.token_bytes
         self.kv = torch.randn(LAYOUT.shape(self.prefix_tokens)).to(torch.bfloat16)
         self.out = torch.zeros_like(self.kv)  # touched once: no page faults in the timing
@@ -64,19 +69,58 @@ def put_all(store: KVStore, work: Workload) -> float:
     return time.perf_counter() - start
 
 
-def get_all(store: KVStore, work: Workload) -> float:
+def get_all(store: KVStore, work: Workload, out: torch.Tensor | None = None) -> float:
+    out = work.out if out is None else out
     seconds = 0.0
     for i in range(work.count):
         start = time.perf_counter()
-        got = store.get(work.tokens(i), work.out)
+        got = store.get(work.tokens(i), out)
         seconds += time.perf_counter() - start
         assert got == work.prefix_tokens, f"prefix {i}: {got} of {work.prefix_tokens} tokens"
-        assert torch.equal(work.out.view(torch.int16), work.kv.view(torch.int16)), "wrong bytes"
+        assert torch.equal(out.view(torch.int16), work.kv.view(torch.int16)), "wrong bytes"
+        out.view(torch.int16).fill_(0)  # the next get must fill it again
     return seconds
 
 
-def disk_pass(work: Workload, root: Path) -> tuple[float, float]:
-    """GiB/s of put + flush, and of get after a restart."""
+class Busy:
+    """Cores of the whole machine busy (not idle, not waiting for I/O) between ``start`` and
+    ``stop``, from /proc/stat."""
+
+    def __init__(self) -> None:
+        self.cores = 0.0
+
+    @staticmethod
+    def _ticks() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+        return sum(fields[:8]), fields[3] + fields[4]  # all, idle + iowait
+
+    def __enter__(self) -> Busy:
+        self._start, self._wall = self._ticks(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        (total, idle), (total0, idle0) = self._ticks(), self._start
+        wall = time.perf_counter() - self._wall
+        self.cores = (total - total0 - (idle - idle0)) / os.sysconf("SC_CLK_TCK") / wall
+
+
+def get_after_restart(work: Workload, cfg: dict, direct: bool, verify: bool = True) -> tuple[float, float]:
+    """GiB/s of getting every prefix from a new store on the same directory (page cache
+    dropped), and the cores busy meanwhile."""
+    drop_page_cache()
+    with KVStore(LAYOUT, cfg, model="bench") as store:
+        out = store.empty_kv(work.prefix_tokens) if direct else None
+        if store.disk is not None:
+            store.disk.verify_payload = verify
+        with Busy() as busy:
+            seconds = get_all(store, work, out)
+    return work.bytes / 2**30 / seconds, busy.cores
+
+
+def disk_pass(work: Workload, root: Path) -> tuple[float, ...]:
+    """GiB/s of put + flush; of get after a restart into a tensor from ``empty_kv`` and the
+    cores busy meanwhile; the same unverified; and get into a plain torch tensor."""
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     cfg = work.config(512 * 2**20, root)
@@ -86,11 +130,10 @@ def disk_pass(work: Workload, root: Path) -> tuple[float, float]:
         flushed = store.flush()
         put_s = time.perf_counter() - start
         assert flushed, flushed
-    drop_page_cache()
-    with KVStore(LAYOUT, cfg, model="bench") as store:
-        get_s = get_all(store, work)
-    gib = work.bytes / 2**30
-    return gib / put_s, gib / get_s
+    get, cores = get_after_restart(work, cfg, direct=True)
+    unverified, _ = get_after_restart(work, cfg, direct=True, verify=False)
+    plain, _ = get_after_restart(work, cfg, direct=False)
+    return work.bytes / 2**30 / put_s, get, cores, unverified, plain
 
 
 def host_pass(work: Workload) -> tuple[float, float, float, float]:
@@ -126,38 +169,46 @@ def fio_best(directory: Path, chunk_bytes: int, total: int) -> tuple[float | Non
     return write, read
 
 
-def measure(directory: Path, chunk_bytes: int, total: int, passes: int) -> dict:
-    work = Workload(chunk_bytes, total)
+def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_tokens: int) -> dict:
+    work = Workload(chunk_bytes, total, prefix_tokens)
     root = directory / "kvtier-bench-store"
-    best = {"put_flush": 0.0, "get": 0.0, "host_put": 0.0, "host_get": 0.0, "copyto_in": 0.0,
-            "copyto_out": 0.0}
+    best = dict.fromkeys(["put_flush", "get", "get_cores", "get_unverified", "get_plain", "host_put",
+                          "host_get", "copyto_in", "copyto_out"], 0.0)
     try:
         for _ in range(passes):
-            put_flush, get = disk_pass(work, root)
-            figures = (put_flush, get, *host_pass(work))
-            for name, value in zip(best, figures, strict=True):
-                best[name] = max(best[name], value)
+            figures = dict(zip(best, (*disk_pass(work, root), *host_pass(work)), strict=True))
+            if figures["get"] > best["get"]:  # the cores busy during the best get
+                best["get_cores"] = figures["get_cores"]
+            for name, value in figures.items():
+                if name != "get_cores":
+                    best[name] = max(best[name], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     fio_write, fio_read = fio_best(directory, chunk_bytes, work.bytes)
-    row: dict = {"chunk_bytes": chunk_bytes, "bytes": work.bytes, **best,
+    row: dict = {"chunk_bytes": chunk_bytes, "bytes": work.bytes, "prefix_tokens": work.prefix_tokens, **best,
                  "fio_write": fio_write, "fio_read": fio_read}
     if fio_write and fio_read:
         row["put_flush_vs_fio"], row["get_vs_fio"] = best["put_flush"] / fio_write, best["get"] / fio_read
+        row["get_plain_vs_fio"] = best["get_plain"] / fio_read
+        row["get_unverified_vs_fio"] = best["get_unverified"] / fio_read
     row["host_put_vs_copyto"] = best["host_put"] / best["copyto_in"]
     row["host_get_vs_copyto"] = best["host_get"] / best["copyto_out"]
     return row
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| chunk | put+flush GiB/s | fio write | put+flush/fio | get GiB/s | fio read | get/fio "
-          "| host put/copyto | host get/copyto |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    def ratio(r: dict, name: str) -> str:
+        return f"{r[name]:.2f}" if name in r else "-"
+
+    print("| chunk | put+flush GiB/s | fio write | put+flush/fio | get GiB/s | cores | fio read "
+          "| get/fio | unverified/fio | plain tensor/fio | host put/copyto | host get/copyto |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        fio = (f"{r['fio_write']:.2f} | {r['put_flush_vs_fio']:.2f}", f"{r['fio_read']:.2f} | "
-               f"{r['get_vs_fio']:.2f}") if r.get("fio_read") else ("- | -", "- | -")
-        print(f"| {r['chunk_bytes'] >> 20} MiB | {r['put_flush']:.2f} | {fio[0]} | {r['get']:.2f} | "
-              f"{fio[1]} | {r['host_put_vs_copyto']:.2f} | {r['host_get_vs_copyto']:.2f} |")
+        print(f"| {r['chunk_bytes'] >> 20} MiB | {r['put_flush']:.2f} | {r['fio_write'] or 0:.2f} | "
+              f"{ratio(r, 'put_flush_vs_fio')} | {r['get']:.2f} | {r['get_cores']:.1f} | "
+              f"{r['fio_read'] or 0:.2f} | {ratio(r, 'get_vs_fio')} | {ratio(r, 'get_unverified_vs_fio')} | "
+              f"{ratio(r, 'get_plain_vs_fio')} | {r['host_put_vs_copyto']:.2f} | "
+              f"{r['host_get_vs_copyto']:.2f} |")
 
 
 def main() -> None:
@@ -166,12 +217,14 @@ def main() -> None:
     parser.add_argument("--chunks", default="1MiB,2MiB,32MiB")
     parser.add_argument("--size", default="2GiB", help="bytes put per pass")
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--prefix-tokens", type=int, default=PREFIX_TOKENS,
+                        help="tokens per prefix, rounded down to whole chunks (at least one)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     total = parse_size(args.size)
     rows = []
     for chunk in args.chunks.split(","):
-        rows.append(measure(args.dir, parse_size(chunk), total, args.passes))
+        rows.append(measure(args.dir, parse_size(chunk), total, args.passes, args.prefix_tokens))
         print(json.dumps(rows[-1]), flush=True)
     print_table(rows)
     if args.json:

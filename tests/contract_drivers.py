@@ -1,6 +1,8 @@
 """Two drivers with one small interface over kvtier's two front ends, for tests/test_contract.py.
 
-``StoreDriver`` drives ``kvtier.KVStore``; ``ConnectorDriver`` drives the vLLM connector's
+``StoreDriver`` drives ``kvtier.KVStore`` (``DirectStoreDriver`` the same, loading into
+tensors from ``KVStore.empty_kv``, which disk chunks are read straight into);
+``ConnectorDriver`` drives the vLLM connector's
 ``SchedulerSide`` and ``WorkerSide`` directly, round-tripping ``StepPlan`` and
 ``WorkerReport`` as vLLM would, without an engine. Both use public methods only.
 
@@ -30,9 +32,10 @@ from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.worker import WorkerSide
 from kvtier.io.format import HEADER_BYTES
 
-# 2 layers, 2 KV heads x 16 dims, bf16: 128 B per token and layer; 32-token chunks of 8 KiB,
+# 2 layers, 2 KV heads x 32 dims, bf16: 128 B per token, layer and K or V; 32-token chunks
+# of 16 KiB (a page per layer and K or V: readable straight into a tensor from ``empty_kv``),
 # two 16-token engine blocks each on the connector side.
-LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype="bfloat16")
+LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=32, dtype="bfloat16")
 CHUNK = 32
 BLOCK = 16
 NUM_BLOCKS = 64  # engine blocks per layer on the connector side
@@ -189,6 +192,29 @@ class StoreDriver(Driver):
 
     def chunk_key(self, tokens: Sequence[int], k: int) -> bytes:
         return bytes(self._store.keys(list(tokens))[k])
+
+
+class DirectStoreDriver(StoreDriver):
+    """``KVStore`` loading into a tensor from ``empty_kv``, reused from load to load as a
+    serving engine reuses its buffers (filled with ``FILL`` before each load)."""
+
+    name = "kvstore-direct"
+
+    def __init__(self, settings: Settings) -> None:
+        self._out: torch.Tensor | None = None
+        super().__init__(settings)
+
+    def open(self) -> None:
+        super().open()
+        self._out = None  # the new store's own buffer
+
+    def load(self, tokens: Sequence[int]) -> Loaded:
+        if self._out is None or self._out.shape[2] < len(tokens):
+            self._out = self._store.empty_kv(max(len(tokens), 1))
+        out = self._out[:, :, :len(tokens)]
+        out.view(torch.int16).fill_(FILL)
+        n = self._store.get(list(tokens), out)
+        return Loaded(n, out[:, :, :n].clone())
 
 
 @dataclass
@@ -363,4 +389,5 @@ class ConnectorDriver(Driver):
         return bytes(scheduler.chunk_keys(self._request(tokens, len(tokens)), k + 1)[k])
 
 
-DRIVERS: dict[str, type[Driver]] = {"kvstore": StoreDriver, "connector": ConnectorDriver}
+DRIVERS: dict[str, type[Driver]] = {"kvstore": StoreDriver, "kvstore-direct": DirectStoreDriver,
+                                     "connector": ConnectorDriver}

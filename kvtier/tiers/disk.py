@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 _HEALTH_EVERY_S = 1.0  # how often a path's directory is checked; read when a tier opens
 MAX_RUN = 16  # slots per vectored call
+IOV_MAX = 1024  # buffers per vectored call (Linux)
+# where a chunk read lands: one buffer, or pieces its payload is scattered over in order
+Target = np.ndarray | list[np.ndarray]
 
 
 class DiskTier:
@@ -193,11 +196,17 @@ class DiskTier:
         path.eio_run = 0
         return [IOResult(IOStatus.OK, written // len(sizes))] * len(sizes)
 
-    def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
-        """Read and verify several chunks; slots adjacent in one file go in one call."""
+    def read_many(self, items: Sequence[tuple[int, ChunkKey, Target]]) -> list[IOResult]:
+        """Read and verify several chunks; slots adjacent in one file go in one call.
+
+        A target is one buffer (a host slot: at least the raw bytes, page-aligned) or a list
+        of pieces the payload is scattered over in order (exactly the raw bytes; each piece
+        page-aligned when the path is O_DIRECT); a CORRUPT result leaves it junk."""
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
         compressed = {i for i, (slot, _, _) in enumerate(items) if self._codecs[slot]}
-        for run in self.layout.runs([slot for slot, _, _ in items], 1 if compressed else MAX_RUN):
+        pieces = max(len(t) if isinstance(t, list) else 1 for _, _, t in items) if items else 1
+        max_run = 1 if compressed else max(1, min(MAX_RUN, IOV_MAX // (1 + pieces)))
+        for run in self.layout.runs([slot for slot, _, _ in items], max_run):
             path, directory, number, offset = self._where(items[run[0]][0])
             if directory is None:
                 for i in run:
@@ -205,11 +214,18 @@ class DiskTier:
                 continue
             headers = self._header_buffers(len(run))
             iov: list[np.ndarray] = []
+            landed: list[tuple[np.ndarray, list[np.ndarray]]] = []  # (header, payload) per slot
             for j, i in enumerate(run):
                 slot, _, dst = items[i]
                 length = int(self._lengths[slot]) or self.raw_bytes
-                buffer = dst if i not in compressed else self._payload_buffer()
-                iov += [headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], aligned_view(buffer, length)]
+                if isinstance(dst, list) and i not in compressed:
+                    payload = dst
+                else:
+                    buffer = self._payload_buffer() if i in compressed else dst
+                    assert isinstance(buffer, np.ndarray), "a compressed slot reads into one buffer"
+                    payload = [aligned_view(buffer, length)]
+                landed.append((headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], payload))
+                iov += [landed[-1][0], *payload]
             try:
                 got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset)
             except OSError as exc:
@@ -223,25 +239,39 @@ class DiskTier:
                         results[i] = results[run[0]]
                 continue
             path.eio_run = 0
-            for j, i in enumerate(run):
-                arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + iov[2 * j + 1].size)
-                results[i] = self._verify(items[i], iov[2 * j], iov[2 * j + 1], arrived)
+            for j, (i, (header_buf, payload)) in enumerate(zip(run, landed, strict=True)):
+                size = sum(p.size for p in payload)
+                arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + size)
+                results[i] = self._verify(items[i], header_buf, payload, arrived)
         return results
 
-    def _verify(self, item: tuple[int, ChunkKey, np.ndarray], header_buf: np.ndarray,
-                target: np.ndarray, arrived: int) -> IOResult:
+    def _verify(self, item: tuple[int, ChunkKey, Target], header_buf: np.ndarray,
+                payload: list[np.ndarray], arrived: int) -> IOResult:
         slot, key, dst = item
         codec = Codec(self._codecs[slot])
-        problem = slot_problem(header_buf, key, target, arrived - HEADER_BYTES, codec,
+        problem = slot_problem(header_buf, key, payload, arrived - HEADER_BYTES, codec,
                                self.ns_digest, self.raw_bytes, self.verify_payload)
         if problem:
             return IOResult(IOStatus.CORRUPT, arrived, problem)
         if codec is not Codec.NONE:
             try:
-                codecs.decode(codec, target[: int(self._lengths[slot])].data, dst[: self.raw_bytes])
+                self._decode(codec, payload[0][: int(self._lengths[slot])], dst)
             except ValueError as exc:
                 return IOResult(IOStatus.CORRUPT, arrived, str(exc))
         return IOResult(IOStatus.OK, arrived)
+
+    def _decode(self, codec: Codec, stored: np.ndarray, dst: Target) -> None:
+        if isinstance(dst, np.ndarray):
+            codecs.decode(codec, stored.data, dst[: self.raw_bytes])
+            return
+        if not hasattr(self._local, "raw"):
+            self._local.raw = AlignedBuffer(self.raw_bytes, pin=False)
+        raw = self._local.raw.array[: self.raw_bytes]
+        codecs.decode(codec, stored.data, raw)
+        done = 0
+        for piece in dst:
+            piece[:] = raw[done:done + piece.size]
+            done += piece.size
 
     def invalidate(self, slot: int) -> IOResult:
         """Blank a slot's header so the chunk is not found again after a restart."""

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import xxhash
 
 from kvtier.io.format import Codec, HeaderError, decode_header, payload_checksum
 from kvtier.keys import ChunkKey
 
 
-def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: np.ndarray, got: int,
+def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray], got: int,
                  codec: Codec, ns_digest: bytes, raw_bytes: int, verify_payload: bool) -> str:
-    """Why the slot read into ``header_buf`` and ``payload`` (``got`` payload bytes arrived)
+    """Why the slot read into ``header_buf`` and ``payload`` (pieces in order; ``got``
+    payload bytes arrived)
     does not hold chunk ``key`` of namespace ``ns_digest`` as written with ``codec``; empty
     when it does. The header must decode and name this namespace, key, codec and raw size,
     the whole payload must have arrived and, with ``verify_payload``, match its checksum."""
@@ -24,7 +26,19 @@ def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: np.ndarray, got
         return "slot header does not match what was written"
     if got < header.payload_bytes:
         return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
-    stored = payload[: header.payload_bytes]
-    if verify_payload and payload_checksum(stored.data) != header.payload_checksum:
+    if verify_payload and checksum_of(payload, header.payload_bytes) != header.payload_checksum:
         return "payload checksum mismatch"
     return ""
+
+
+def checksum_of(pieces: list[np.ndarray], nbytes: int) -> int:
+    """The payload checksum of the first ``nbytes`` of ``pieces`` taken in order."""
+    if len(pieces) == 1:
+        return payload_checksum(pieces[0][:nbytes].data)
+    digest = xxhash.xxh3_64()
+    for piece in pieces:
+        if nbytes <= 0:
+            break
+        digest.update(piece[:nbytes].data)
+        nbytes -= piece.size
+    return digest.intdigest()

@@ -1,0 +1,196 @@
+"""Reads straight into the caller's tensor: ``KVStore.empty_kv`` and ``DirectBuffer``."""
+
+from __future__ import annotations
+
+import gc
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier import KVLayout, KVStore
+from kvtier.errors import StoreClosedError
+from kvtier.io.buffers import PAGE
+from kvtier.io.direct_buffer import DirectBuffers
+from kvtier.tiers.base import TierName
+from tests.conftest import make_kv, same_bytes
+from tests.fake_io import FakeEngine
+
+# 2 layers, 2 KV heads x 32 dims, bf16: a 32-token chunk is one page per layer and K or V
+LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=32, dtype="bfloat16")
+CHUNK = 32
+CHUNK_BYTES = LAYOUT.token_bytes * CHUNK
+TOKENS = list(range(1000, 1000 + 4 * CHUNK))
+DISK, HOST = TierName.DISK, TierName.HOST
+
+
+def config(root, **extra) -> dict:
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "disk_paths": [str(root)],
+           "disk_capacity": 64 * (4096 + CHUNK_BYTES), "disk_min_free": 0, "io_threads": 2}
+    cfg.update(extra)
+    return cfg
+
+
+def stored_on_disk(root, tokens=TOKENS, layout=LAYOUT, **extra) -> torch.Tensor:
+    kv = make_kv(tokens, layout)
+    with KVStore(layout, config(root, **extra), model="m") as store:
+        store.put(tokens, kv)
+        assert store.flush(timeout=10)
+    return kv
+
+
+def direct_buffers() -> int:
+    """Mappings of direct buffers this process holds (caller's and alias)."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if re.search(r"memfd:kvtier-direct", line))
+
+
+def test_empty_kv_rows_start_on_pages_and_hold_zeros(tmp_path):
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        out = store.empty_kv(100)
+    assert out.shape == LAYOUT.shape(100) and out.dtype == torch.bfloat16
+    assert out.stride(3) == 1 and out.stride(2) == LAYOUT.hidden
+    assert (out.stride(1) * out.element_size()) % PAGE == 0 and out.data_ptr() % PAGE == 0
+    assert not out.view(torch.int16).any()
+    with pytest.raises(ValueError, match="positive"):
+        KVStore(LAYOUT, config(tmp_path), model="m").empty_kv(0)
+
+
+def test_a_first_disk_read_lands_in_the_tensor_and_the_second_promotes(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        out = store.empty_kv(len(TOKENS))
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.lookup(TOKENS).chunks_by_tier == {DISK: 4}  # no copy through host memory
+        assert store.stats().disk_reads == 4
+        out.view(torch.int16).fill_(0)
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.lookup(TOKENS).chunks_by_tier == {HOST: 4}  # read again: promoted
+        out.view(torch.int16).fill_(0)
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.stats().disk_reads == 8
+
+
+def test_a_plain_tensor_is_read_through_host_memory_and_promoted(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        out = torch.zeros(LAYOUT.shape(len(TOKENS)), dtype=torch.bfloat16)
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.lookup(TOKENS).chunks_by_tier == {HOST: 4}
+
+
+def test_a_view_of_the_tensor_is_read_into_directly(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        big = store.empty_kv(3 * len(TOKENS))
+        out = big[:, :, CHUNK:CHUNK + len(TOKENS)]  # starts a page into each row
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.lookup(TOKENS).chunks_by_tier == {DISK: 4}
+        assert not big[:, :, :CHUNK].view(torch.int16).any()  # nothing outside the view
+        assert not big[:, :, CHUNK + len(TOKENS):].view(torch.int16).any()
+
+
+def test_rows_that_are_not_whole_pages_are_read_through_host_memory(tmp_path):
+    narrow = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype="bfloat16")  # 2 KiB rows
+    kv = stored_on_disk(tmp_path, layout=narrow)
+    with KVStore(narrow, config(tmp_path), model="m") as store:
+        out = store.empty_kv(len(TOKENS))
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.lookup(TOKENS).chunks_by_tier == {HOST: 4}
+
+
+def test_compressed_slots_are_decoded_into_the_tensor(tmp_path):
+    kv = stored_on_disk(tmp_path, compression="zstd")
+    with KVStore(LAYOUT, config(tmp_path, compression="zstd"), model="m") as store:
+        out = store.empty_kv(len(TOKENS))
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+        assert store.lookup(TOKENS).chunks_by_tier == {DISK: 4}
+
+
+def test_a_read_given_up_on_never_writes_into_the_callers_tensor(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    make, engines = FakeEngine.factory()
+    with KVStore(LAYOUT, config(tmp_path, load_timeout=0.2), model="m", io_engine=make) as store:
+        out = store.empty_kv(len(TOKENS))
+        engines[0].hold()
+        # a hung drive: the read is given up on (one: its path stays in service)
+        assert store.get(TOKENS[:CHUNK], out) == 0
+        out.view(torch.int16).fill_(7)  # the caller uses its tensor again at once
+        engines[0].release()  # the late read now runs, into the pages the caller left
+        assert engines[0].drain(timeout=10)
+        assert not store.stats().paths_down  # so the late read did read
+        assert bool((out.view(torch.int16) == 7).all())
+        assert store.stats().load_timeouts == 1
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:  # the slots were never bad
+        out = store.empty_kv(len(TOKENS))
+        assert store.get(TOKENS, out) == len(TOKENS) and same_bytes(out, kv)
+
+
+def test_a_tensor_whose_read_was_given_up_on_is_read_through_host_from_then_on(tmp_path):
+    other = list(range(5000, 5000 + len(TOKENS)))
+    stored_on_disk(tmp_path)
+    kv = make_kv(other, LAYOUT)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        store.put(other, kv)
+        assert store.flush(timeout=10)
+    make, engines = FakeEngine.factory()
+    with KVStore(LAYOUT, config(tmp_path, load_timeout=0.2), model="m", io_engine=make) as store:
+        out = store.empty_kv(len(TOKENS))
+        engines[0].hold()
+        assert store.get(TOKENS[:CHUNK], out) == 0  # one read given up on: the path stays up
+        engines[0].release()
+        assert engines[0].drain(timeout=10)
+        assert store.get(other, out) == len(other) and same_bytes(out, kv)
+        assert store.lookup(other).chunks_by_tier == {HOST: 4}  # through host slots
+        fresh = store.empty_kv(len(TOKENS))  # another buffer is read into directly
+        assert store.get(other[:CHUNK], fresh) == CHUNK
+
+
+def test_the_memory_goes_with_the_last_view(tmp_path):
+    gc.collect()  # buffers of earlier tests go first
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        before = direct_buffers()
+        out = store.empty_kv(len(TOKENS))
+        view = out[:, :, :CHUNK]
+        assert direct_buffers() == before + 2
+        del out
+        gc.collect()
+        assert direct_buffers() == before + 2  # the view still holds it
+        del view
+        gc.collect()
+        assert direct_buffers() == before
+
+
+def test_empty_kv_on_a_closed_store_is_refused(tmp_path):
+    store = KVStore(LAYOUT, config(tmp_path), model="m")
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.empty_kv(CHUNK)
+
+
+def test_a_detached_range_no_longer_sees_the_alias():
+    buffers = DirectBuffers()
+    buffer = buffers.new(3 * PAGE)
+    caller = buffer.array()
+    caller[:] = 1
+    assert bool((buffer.alias == 1).all())
+    buffer.detach([(PAGE, PAGE)])
+    buffer.alias[:] = 9  # a late read writing through the alias
+    assert caller[0] == 9 and caller[2 * PAGE] == 9  # still shared
+    assert not caller[PAGE:2 * PAGE].any()  # fresh pages: zeros, never the late bytes
+    assert buffer.detached
+    assert buffers.find(buffer.address + 10, 100) is not None
+    assert buffers.find(buffer.address, 4 * PAGE) is None  # past its end
+    with pytest.raises(ValueError, match="whole pages"):
+        buffer.detach([(1, PAGE)])
+
+
+def test_buffers_are_forgotten_once_freed():
+    buffers = DirectBuffers()
+    buffer = buffers.new(PAGE)
+    address = buffer.address
+    del buffer
+    gc.collect()
+    assert buffers.find(address, 1) is None
+    assert np.frombuffer(buffers.new(PAGE).alias, dtype=np.uint8).size == PAGE
