@@ -212,20 +212,8 @@ class DiskTier:
                 for i in run:
                     results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
                 continue
-            headers = self._header_buffers(len(run))
-            iov: list[np.ndarray] = []
-            landed: list[tuple[np.ndarray, list[np.ndarray]]] = []  # (header, payload) per slot
-            for j, i in enumerate(run):
-                slot, _, dst = items[i]
-                length = int(self._lengths[slot]) or self.raw_bytes
-                if isinstance(dst, list) and i not in compressed:
-                    payload = dst
-                else:
-                    buffer = self._payload_buffer() if i in compressed else dst
-                    assert isinstance(buffer, np.ndarray), "a compressed slot reads into one buffer"
-                    payload = [aligned_view(buffer, length)]
-                landed.append((headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], payload))
-                iov += [landed[-1][0], *payload]
+            landed = self._landing(run, items, compressed)
+            iov = [buffer for header_buf, payload, _ in landed for buffer in (header_buf, *payload)]
             try:
                 got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset)
             except OSError as exc:
@@ -239,11 +227,28 @@ class DiskTier:
                         results[i] = results[run[0]]
                 continue
             path.eio_run = 0
-            for j, (i, (header_buf, payload)) in enumerate(zip(run, landed, strict=True)):
-                size = sum(p.size for p in payload)
+            for j, (i, (header_buf, payload, size)) in enumerate(zip(run, landed, strict=True)):
                 arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + size)
                 results[i] = self._verify(items[i], header_buf, payload, arrived)
         return results
+
+    def _landing(self, run: list[int], items: Sequence[tuple[int, ChunkKey, Target]],
+                 compressed: set[int]) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
+        """Where each slot of ``run`` lands: (its header buffer, its payload's buffers, their
+        size); a compressed payload goes to this thread's payload buffer first."""
+        headers = self._header_buffers(len(run))
+        landed = []
+        for j, i in enumerate(run):
+            slot, _, dst = items[i]
+            header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+            if isinstance(dst, list) and i not in compressed:
+                landed.append((header_buf, dst, self.raw_bytes))  # pieces: the raw bytes exactly
+                continue
+            buffer = self._payload_buffer() if i in compressed else dst
+            assert isinstance(buffer, np.ndarray), "a compressed slot reads into one buffer"
+            payload = aligned_view(buffer, int(self._lengths[slot]) or self.raw_bytes)
+            landed.append((header_buf, [payload], payload.size))
+        return landed
 
     def _verify(self, item: tuple[int, ChunkKey, Target], header_buf: np.ndarray,
                 payload: list[np.ndarray], arrived: int) -> IOResult:

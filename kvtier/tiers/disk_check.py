@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import xxhash
 
@@ -36,9 +39,11 @@ def checksum_of(pieces: list[np.ndarray], nbytes: int) -> int:
     if len(pieces) == 1:
         return payload_checksum(pieces[0][:nbytes].data)
     digest = xxhash.xxh3_64()
+    update: Callable[[Any], None] = digest.update  # numpy arrays are buffers
     for piece in pieces:
-        if nbytes <= 0:
-            break
-        digest.update(piece[:nbytes].data)
+        if nbytes >= piece.size:
+            update(piece)  # a whole piece, as is: no slice to make
+        elif nbytes > 0:
+            update(piece[:nbytes])
         nbytes -= piece.size
     return digest.intdigest()
