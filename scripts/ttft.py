@@ -1,16 +1,22 @@
 """Time to first token on long prompts: recompute, kvtier (host and disk hits), and vLLM's
-ExampleConnector, each in its own engine process, all in one run.
+ExampleConnector, each in its own engine process, all in one run; LMCache as a peer on request.
 
     python scripts/ttft.py                       # tiny model, 1k/2k/4k tokens (a minute or two)
     python scripts/ttft.py --model mid --lengths 1024,4096,8192 --json out/ttft_mid.json
+    python scripts/ttft.py --peers lmcache       # also LMCache (venv: scripts/peers/setup_lmcache.sh)
 
 Modes (same prompts, same thread binding, vLLM's own prefix cache off so that a repeat is
 served by the connector or recomputed; before each disk-hit run, the connector's files are
-dropped from the page cache so that both connectors really read the disk):
+dropped from the page cache so that every connector really reads the disk):
   recompute        no connector: every prompt is computed
   kvtier host      kvtier: a prompt's second run loads its KV from host memory
   kvtier disk      kvtier, in a new engine process (empty host memory): loads from disk
   example disk     vLLM's ExampleConnector, in a new process: loads the files it wrote
+  lmcache host     LMCache multi-process mode (--peers lmcache): the second run in the same
+                   engine, served from the server's L1 host memory
+  lmcache disk     a new LMCache server (empty L1) and a new engine: served from its fs L2
+  recompute mp     no connector, in LMCache's venv with vLLM's multiprocessing on as the
+                   LMCache arms need (the other arms run in one process): their baseline
 TTFT is timed as a request for one output token. Ratios are to recompute, in this run.
 """
 
@@ -32,25 +38,118 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_model import make_model  # noqa: E402
+from peers import lmcache  # noqa: E402
 
 from kvtier.bench.naive import drop_cache  # noqa: E402
+
+PEER_NOTES = [
+    "LMCache runs a server process that competes with the engine for this machine's cores.",
+    "LMCache arms and 'recompute mp' run vLLM with multiprocessing on (LMCache breaks its "
+    "single-process mode); the other arms run in one process.",
+    "vLLM OffloadingConnector (CPUOffloadingSpec, TieringOffloadingSpec + fs): refused on the CPU build, "
+    "'Exception: CPU Offloading is currently only supported on CUDA-alike and XPU GPUs' (not an arm).",
+    "vLLM SimpleCPUOffloadConnector (cpu and disk): refused on the CPU build, \"AttributeError: type "
+    "object '_StreamPlaceholder' has no attribute 'priority_range'\" (not an arm).",
+]
 
 
 def drop_page_cache(*directories: Path) -> None:
     """Evict every file under ``directories`` from the page cache, so that a "disk hit"
-    reads the disk for kvtier and ExampleConnector alike."""
+    reads the disk for every connector alike."""
     drop_cache([p for d in directories for p in d.rglob("*") if p.is_file()])
 
 
-def run(spec: dict, work: Path, name: str, threads: str) -> dict:
+def run(spec: dict, work: Path, name: str, threads: str, python: Path | None = None) -> dict:
+    """Run ``spec`` in a new engine process; with ``python`` (a peer's venv), in that venv
+    with vLLM's multiprocessing on."""
     spec_path, out_path = work / f"{name}.json", work / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
     env.update({"VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_LOGGING_LEVEL": "WARNING",
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_run.py"), str(spec_path),
-                    str(out_path)], check=True, env=env, cwd=ROOT)
+    if python is not None:
+        # In one process vLLM never reads the binding ("all": every core, unbound); its
+        # multiprocess executor rejects "all", and "nobind" is the same thing there.
+        env.update({**lmcache.QUIET, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+                    "VLLM_CPU_OMP_THREADS_BIND": "nobind" if threads == "all" else threads})
+    subprocess.run([str(python or sys.executable), str(ROOT / "scripts" / "vllm_run.py"),
+                    str(spec_path), str(out_path)], check=True, env=env, cwd=ROOT)
     return json.loads(out_path.read_text())
+
+
+def lmcache_arms(python: Path, base: dict, once: list, work: Path, threads: str,
+                 console: Console) -> dict:
+    """LMCache host hits (second run, same engine and server), then disk hits (new server,
+    new engine, L2 files out of the page cache)."""
+    console.print("[dim]recompute, multiprocess engine in LMCache's venv[/dim]")
+    mp = run({**base, "phases": once * 2}, work, "recompute-mp", threads, python)
+    console.print("[dim]LMCache: store, then hits from the server's L1[/dim]")
+    with lmcache.server(python, work, "lmcache-server-1") as srv:
+        spec = {**base, "connector": "lmcache", "extra": lmcache.connector_extra(srv["port"])}
+        host = run({**spec, "phases": once * 2}, work, "lmcache-host", threads, python)
+        lmcache.wait_l2_settled(srv["l2"])
+    console.print("[dim]LMCache: new server and new process, hits from its fs L2[/dim]")
+    with lmcache.server(python, work, "lmcache-server-2") as srv:
+        spec = {**base, "connector": "lmcache", "extra": lmcache.connector_extra(srv["port"])}
+        drop_page_cache(srv["l2"])
+        disk = run({**spec, "phases": once}, work, "lmcache-disk", threads, python)
+    names = ("lmcache-server-1", "lmcache-server-2")
+    logs = {name: lmcache.log_lines(work / f"{name}.log") for name in names}
+    retrieved = {name: lmcache.retrieved_tokens(work / f"{name}.log") for name in names}
+    return {"recompute-mp": mp, "lmcache-host": host, "lmcache-disk": disk, "logs": logs,
+            "retrieved": retrieved}
+
+
+# (mode, run name, phase of the hit; None: a baseline, the faster of its two runs)
+MODES = [("recompute", "recompute", None), ("kvtier host", "kvtier-host", 1),
+         ("kvtier disk", "kvtier-disk", 0), ("example disk", "example-load", 0),
+         ("recompute mp", "recompute-mp", None), ("lmcache host", "lmcache-host", 1),
+         ("lmcache disk", "lmcache-disk", 0)]
+
+
+def figures(i: int, runs: dict) -> dict:
+    """(seconds, tokens reused, first tokens) per mode for prompt ``i``."""
+    out = {}
+    for mode, name, phase in MODES:
+        if name not in runs:
+            continue
+        results = [p[i] for p in runs[name]["phases"]]
+        if phase is None:
+            out[mode] = (min(r["seconds"] for r in results), 0, results[0]["tokens"])
+        else:
+            out[mode] = (results[phase]["seconds"], results[phase]["cached"], results[phase]["tokens"])
+    return out
+
+
+def make_rows(lengths: list[int], runs: dict) -> list[dict]:
+    rows = []
+    for i, n in enumerate(lengths):
+        modes = figures(i, runs)
+        base_s, _, base_tokens = modes["recompute"]
+        for mode, (seconds, cached, tokens) in modes.items():
+            rows.append({"tokens": n, "mode": mode, "ttft_s": seconds, "hit_tokens": cached,
+                         "vs_recompute": seconds / base_s, "first_token": tokens,
+                         "same_as_recompute": tokens == base_tokens})
+    return rows
+
+
+def print_table(console: Console, model: str, rows: list[dict], notes: list[str]) -> None:
+    table = Table(title=f"TTFT, {model} model (ratios to recompute, same run)",
+                  caption="\n".join(notes) or None)
+    for column in ("prompt tokens", "mode", "TTFT s", "hit tokens", "x recompute", "token = recompute"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(str(row["tokens"]), row["mode"], f"{row['ttft_s']:.3f}", str(row["hit_tokens"]),
+                      f"{row['vs_recompute']:.3f}", "yes" if row["same_as_recompute"] else "NO")
+    console.print(table)
+
+
+def lmcache_python(venv: Path) -> Path:
+    python = lmcache.venv_python(venv)
+    if python is None:
+        print(f"LMCache venv missing or broken at {venv}: run {lmcache.SETUP} {venv}", file=sys.stderr)
+        sys.exit(2)
+    return python
 
 
 def main() -> None:
@@ -59,9 +158,14 @@ def main() -> None:
     parser.add_argument("--lengths", default="1024,2048,4096", help="prompt lengths in tokens")
     parser.add_argument("--disk", type=Path, help="directory for the disk tier (default: a temp dir)")
     parser.add_argument("--threads", default="all", help="VLLM_CPU_OMP_THREADS_BIND for every run")
+    parser.add_argument("--peers", choices=["lmcache"], help="also run this peer's arms")
+    parser.add_argument("--lmcache-venv", type=Path, default=ROOT / ".venv-lmcache",
+                        help=f"LMCache's venv (built by {lmcache.SETUP})")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
+    console = Console()
+    peer_python = lmcache_python(args.lmcache_venv) if args.peers == "lmcache" else None
     lengths = [int(n) for n in args.lengths.split(",")]
     model = make_model(ROOT / "out" / "models" / args.model, args.model)
     work = Path(tempfile.mkdtemp(prefix="kvtier-ttft-"))
@@ -76,48 +180,43 @@ def main() -> None:
     extra = {"chunk_tokens": 256, "host_capacity": "2GiB", "disk_paths": [str(disk)],
              "disk_capacity": "8GiB", "load_policy": "always"}
     once = [{"prompts": prompts, "max_tokens": 1}]
-    console = Console()
+    runs, peer = {}, None
     try:
         console.print("[dim]recompute[/dim]")
-        recompute = run({**base, "phases": once * 2}, work, "recompute", args.threads)
+        runs["recompute"] = run({**base, "phases": once * 2}, work, "recompute", args.threads)
         console.print("[dim]kvtier: store, then host hits[/dim]")
-        host = run({**base, "connector": "kvtier", "extra": extra, "phases": once * 2}, work,
-                   "kvtier-host", args.threads)
+        runs["kvtier-host"] = run({**base, "connector": "kvtier", "extra": extra, "phases": once * 2},
+                                  work, "kvtier-host", args.threads)
         console.print("[dim]kvtier: new process, disk hits[/dim]")
         drop_page_cache(disk)
-        disk_run = run({**base, "connector": "kvtier", "extra": extra, "phases": once}, work,
-                       "kvtier-disk", args.threads)
+        runs["kvtier-disk"] = run({**base, "connector": "kvtier", "extra": extra, "phases": once}, work,
+                                  "kvtier-disk", args.threads)
         console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
         ex = {**base, "connector": "example", "extra": {"path": str(example)}}
         run({**ex, "phases": once}, work, "example-store", args.threads)
         drop_page_cache(example)
-        example_run = run({**ex, "phases": once}, work, "example-load", args.threads)
+        runs["example-load"] = run({**ex, "phases": once}, work, "example-load", args.threads)
+        if peer_python is not None:
+            peer = lmcache_arms(peer_python, base, once, work, args.threads, console)
+            runs.update({k: peer[k] for k in ("recompute-mp", "lmcache-host", "lmcache-disk")})
     finally:
         if args.disk is None:
             shutil.rmtree(work, ignore_errors=True)
 
-    rows = []
-    for i, n in enumerate(lengths):
-        base_s = min(recompute["phases"][0][i]["seconds"], recompute["phases"][1][i]["seconds"])
-        figures = {"recompute": (base_s, 0),
-                   "kvtier host": (host["phases"][1][i]["seconds"], host["phases"][1][i]["cached"]),
-                   "kvtier disk": (disk_run["phases"][0][i]["seconds"], disk_run["phases"][0][i]["cached"]),
-                   "example disk": (example_run["phases"][0][i]["seconds"],
-                                    example_run["phases"][0][i]["cached"])}
-        for mode, (seconds, cached) in figures.items():
-            rows.append({"tokens": n, "mode": mode, "ttft_s": seconds, "hit_tokens": cached,
-                         "vs_recompute": seconds / base_s})
-    table = Table(title=f"TTFT, {args.model} model (ratios to recompute, same run)")
-    for column in ("prompt tokens", "mode", "TTFT s", "hit tokens", "x recompute"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(str(row["tokens"]), row["mode"], f"{row['ttft_s']:.3f}",
-                      str(row["hit_tokens"]), f"{row['vs_recompute']:.3f}")
-    console.print(table)
+    rows = make_rows(lengths, runs)
+    print_table(console, args.model, rows, PEER_NOTES if peer else [])
+    if peer:
+        for name, lines in peer["logs"].items():
+            print(f"{name} log:")
+            for line in lines:
+                print(f"  {line}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"model": args.model, "rows": rows,
-                                         "kvtier_disk_counters": disk_run["kvtier"]}, indent=2))
+        result = {"model": args.model, "rows": rows, "kvtier_disk_counters": runs["kvtier-disk"]["kvtier"]}
+        if peer:
+            result.update({"notes": PEER_NOTES, "lmcache_logs": peer["logs"],
+                           "lmcache_retrieved_tokens": peer["retrieved"]})
+        args.json.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python scripts/vllm_run.py SPEC.json OUT.json
 
-SPEC: {"model": DIR, "connector": "kvtier" | "example" | null, "extra": {...},
+SPEC: {"model": DIR, "connector": "kvtier" | "example" | "lmcache" | null, "extra": {...},
        "dtype": "float32", "prefix_caching": false, "max_model_len": 9216,
        "num_gpu_blocks": null (vLLM's own KV cache size, in blocks; null: from kv_cache_gib),
        "phases": [{"prompts": [[token ids], ...], "max_tokens": 8, "together": false,
@@ -31,6 +31,9 @@ def connector_config(spec: dict) -> dict | None:
     if kind == "example":
         return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                 "kv_connector_extra_config": {"shared_storage_path": spec["extra"]["path"]}}
+    if kind == "lmcache":  # LMCacheMPConnector; extra: its lmcache.mp.* keys (scripts/peers/lmcache.py)
+        return {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": spec.get("extra", {})}
     return None
 
 
