@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, HOST, StoreShared, time_left
-from kvtier.store_writes import PlanRunner
+from kvtier.store_writes import PlanRunner, StartedWrite
 
 
 @dataclass(frozen=True)
@@ -28,8 +27,10 @@ class FlushResult:
 class Flusher:
     """Writes the host chunks that have no disk copy, ``batch`` at a time (so that puts
     meanwhile find host slots), each tried once; writes already in flight are waited for
-    first, as they may fail. The disk may evict a chunk that is also in host memory to make
-    room: such a chunk is written again in a later round."""
+    first, as they may fail. A batch is queued whole before its jobs start, so it goes to
+    the disk in groups of neighbouring slots (``PlanRunner``). The disk may evict a chunk
+    that is also in host memory to make room: such a chunk is written again in a later
+    round."""
 
     def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
         self._shared, self._runner = shared, runner
@@ -54,8 +55,10 @@ class Flusher:
             while drained and todo:
                 with self._shared.lock:
                     started = self._start_writes(todo, batch)
+                for write in started:
+                    self._runner.start(write)
                 drained = lane.drain(time_left(deadline))
-                written += sum(1 for f in started if f.done() and not f.cancelled() and f.result())
+                written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         with self._shared.lock:
             left = len(self._host_only())
         return FlushResult(written, left, timed_out=not drained)
@@ -71,12 +74,13 @@ class Flusher:
                 found.append((key, slot))
         return found
 
-    def _start_writes(self, todo: deque[tuple[ChunkKey, int]], batch: int) -> list[Future]:
-        """Start the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
-        and not on disk (lock held); a chunk the disk has no room for is skipped."""
+    def _start_writes(self, todo: deque[tuple[ChunkKey, int]], batch: int) -> list[StartedWrite]:
+        """Queue the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
+        and not on disk (lock held; start them once it is released): they go to the disk in
+        groups of neighbouring slots. A chunk the disk has no room for is skipped."""
         indexes = self._shared.stack.indexes
         host, disk = indexes[HOST], indexes[DISK]
-        started: list[Future] = []
+        started: list[StartedWrite] = []
         while todo and len(started) < batch:
             key, _ = todo.popleft()
             slot = host.slot_of(key)  # it may have moved or gone since the flush began

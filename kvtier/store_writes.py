@@ -3,18 +3,45 @@ and write-back to disk, promotions. One ``PlanRunner`` per ``KVStore``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
 import torch
 
 from kvtier.config import WritePolicy
+from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, HOST, StoreShared
 from kvtier.tier_stack import Location, Move, StorePlan
+from kvtier.tiers.host import HostTier
 from kvtier.transfers import as_raw
+
+# background write jobs running at once per path (at most io_threads): each writes up to
+# WRITE_GROUP_BYTES, and chunks queued meanwhile wait to go together in the next one
+WRITE_JOBS_PER_PATH = 2
+
+
+@dataclass(frozen=True)
+class DiskWrite:
+    """A host chunk (``src``, pinned) being written to its reserved disk slot (``dst``)."""
+
+    key: ChunkKey
+    src: Location
+    dst: Location
+
+
+@dataclass(frozen=True)
+class StartedWrite:
+    """A queued disk write: its outcome (``future``), and the job to submit once the lock is
+    released (``group``, when the write opened one)."""
+
+    future: Future[IOResult]
+    groups: WriteGroups[DiskWrite]
+    group: WriteGroup[DiskWrite] | None
 
 
 class PlanRunner:
@@ -25,13 +52,33 @@ class PlanRunner:
     ``load_timeout`` (a hung drive) fails the plan, its slots staying reserved until that
     write ends. A chunk that reaches host memory is written to disk in the background under
     ``write_through`` (dropped, and counted, when the path's queue is full).
+
+    Background writes (write-through and ``flush``) are group commits: at most
+    ``WRITE_JOBS_PER_PATH`` jobs per path write at once, and the chunks queued meanwhile go
+    together in the next job, up to ``WRITE_GROUP_BYTES`` (``WriteGroups``). A path's
+    queue is full when ``max_pending`` chunks are queued or being written on it. Each chunk
+    keeps its host slot pinned until its write ends, has its disk reservation finished and
+    its outcome counted on its own, and its future is settled inside the job.
     """
 
     def __init__(self, shared: StoreShared) -> None:
         self.shared = shared
+        lane, cfg = shared.lane, shared.config
+        per_group = WRITE_GROUP_BYTES // max(1, shared.transfers.chunk_bytes)
+        jobs = min(cfg.io_threads, WRITE_JOBS_PER_PATH)
+        self._groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
+                                           self._settle_group, per_group, jobs)
+                        for queue in lane.queues}
 
     def copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
-        self.shared.transfers.view(dst).copy_(as_raw(chunk))
+        """Copy ``chunk`` into its slot. With a disk tier, a copy between CPU tensors runs on
+        this thread alone (numpy): torch's copy hands parts to its worker threads, which
+        then wait spinning for more and take the cores the disk I/O needs."""
+        target, source = self.shared.transfers.view(dst), as_raw(chunk)
+        if self._groups and target.device.type == "cpu" and source.device.type == "cpu":
+            np.copyto(target.numpy(), source.numpy())
+        else:
+            target.copy_(source)
 
     def run(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
         """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
@@ -108,47 +155,76 @@ class PlanRunner:
             self.shared.account_write(result)
 
     def finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
+        """Finish a reservation; a chunk that reached host memory starts its write-through."""
         with self.shared.lock:
             self.shared.stack.finish(key, dst, ok)
-            if ok and dst.tier is HOST:
-                self._write_through(key, dst.slot)
+            write = self._write_through(key, dst.slot) if ok and dst.tier is HOST else None
+        if write is not None:
+            self.start(write)
 
-    def _write_through(self, key: ChunkKey, host_slot: int) -> None:
-        """Start a background disk write of a chunk that just reached host (lock held);
-        dropped when the disk queue is full (``flush`` writes it later)."""
+    def _write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
+        """Queue the background disk write of a chunk that just reached host (lock held);
+        dropped when its path's queue is full (``flush`` writes it later)."""
         if self.shared.config.write_policy is not WritePolicy.WRITE_THROUGH:
-            return
-        if not self.shared.stack.indexes[DISK].has_entry(key):
-            self.start_disk_write(key, host_slot, may_drop=True)
+            return None
+        if self.shared.stack.indexes[DISK].has_entry(key):
+            return None
+        return self.start_disk_write(key, host_slot, may_drop=True)
 
-    def start_disk_write(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> Future | None:
-        """Reserve a disk slot for a host chunk and queue its write (lock held); None when
-        there is no room, or the queue is full and ``may_drop``."""
+    def start_disk_write(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> StartedWrite | None:
+        """Reserve a disk slot for a host chunk and queue its write (lock held; pass the
+        result to ``start`` once the lock is released). None when there is no room, or the
+        path's queue is full (``max_pending`` chunks queued or being written) and
+        ``may_drop``. The host slot stays pinned until the write ends."""
         plan = self.shared.stack.plan_store(key, DISK)
         if plan is None:
             return None
-        queue = self.shared.lane.queue_of(plan.dst.slot)
-        if may_drop and self.shared.lane.pending(queue) >= self.shared.max_pending:
+        groups = self._groups[self.shared.lane.queue_of(plan.dst.slot)]
+        if may_drop and groups.pending >= self.shared.max_pending:
             self.shared.stack.finish(key, plan.dst, False)
             self.shared.stats.dropped_writes += 1
             self.shared.failures.note("write-through dropped", "the disk write queue is full; "
                                 "chunks stay in host memory until flush() or eviction "
                                 "writes them (counted in dropped_writes)")
             return None
-        src = Location(HOST, host_slot)
         self.shared.stack.indexes[HOST].pin(key)
-        return self.shared.lane.submit(queue, lambda: self._background_write(key, src, plan.dst))
+        future, group = groups.add(DiskWrite(key, Location(HOST, host_slot), plan.dst))
+        return StartedWrite(future, groups, group)
 
-    def _background_write(self, key: ChunkKey, src: Location, dst: Location) -> bool:
-        result = IOResult(IOStatus.IO_ERROR, detail="write did not run")
-        try:
-            result = self.shared.transfers.copy(key, src, dst)
-        finally:
-            with self.shared.lock:
-                self.shared.stack.finish(key, dst, result.ok)
-                self.shared.stack.unpin(key, src)
-                self.shared.account_write(result)
-        return result.ok
+    @property
+    def writes_pending(self) -> int:
+        """Chunks whose background disk writes are queued or running, over every path."""
+        return sum(groups.pending for groups in self._groups.values())
+
+    def start(self, write: StartedWrite) -> None:
+        """Submit the job ``start_disk_write`` opened, if any (lock not held)."""
+        if write.group is not None:
+            write.groups.start(write.group)
+
+    def _write_group(self, writes: list[DiskWrite]) -> list[IOResult]:
+        """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
+        chunk that failed (I/O error, no space) along with others is written once more on its
+        own, so one bad sector, or the last free bytes, fail only the chunks they concern."""
+        host = self.shared.tiers[HOST]
+        assert isinstance(host, HostTier), "disk writes come from host slots"
+        items = [(w.dst.slot, w.key, host.slot_array(w.src.slot)) for w in writes]
+        results = self.shared.lane.write_many(items)
+        if len(items) > 1:
+            for i, result in enumerate(results):
+                if result.status in (IOStatus.IO_ERROR, IOStatus.NO_SPACE):
+                    results[i] = self.shared.lane.write_many([items[i]])[0]
+        return results
+
+    def _settle_group(self, writes: Sequence[DiskWrite], results: Sequence[IOResult] | None) -> None:
+        """Finish each write's disk reservation, unpin its host slot and count its outcome
+        (a write that never ran, at close, is not counted)."""
+        with self.shared.lock:
+            for i, write in enumerate(writes):
+                ok = results is not None and results[i].ok
+                self.shared.stack.finish(write.key, write.dst, ok)
+                self.shared.stack.unpin(write.key, write.src)
+                if results is not None:
+                    self.shared.account_write(results[i])
 
     def promote(self, key: ChunkKey, source: Location) -> None:
         with self.shared.lock:

@@ -52,3 +52,9 @@ def index_of(store, tier) -> SlotIndex:
     """One tier's index of a store (read its counts; change it only through the store)."""
     with bookkeeping(store) as stack:
         return stack.indexes[tier]
+
+
+def background_writes(store) -> int:
+    """Chunks whose background disk writes are queued or running (white-box, as above: each
+    holds a pin on its host slot and a reservation on its disk slot until it ends)."""
+    return store._runner.writes_pending
