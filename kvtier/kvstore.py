@@ -273,7 +273,8 @@ class KVStore:
         with self._lock:
             used = {str(name): len(index) for name, index in self._tiers_in_use()}
             slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
-        return store_samples(stats, slots, used, self._lane.pending())
+        # engine jobs, and the chunks waiting to go to the disk together in a write job
+        return store_samples(stats, slots, used, self._lane.pending() + self._runner.writes_waiting)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish background writes and release memory, files and threads; True when done.

@@ -196,6 +196,11 @@ class PlanRunner:
         """Chunks whose background disk writes are queued or running, over every path."""
         return sum(groups.pending for groups in self._groups.values())
 
+    @property
+    def writes_waiting(self) -> int:
+        """Chunks whose background disk writes wait for a job, over every path."""
+        return sum(groups.waiting for groups in self._groups.values())
+
     def start(self, write: StartedWrite) -> None:
         """Submit the job ``start_disk_write`` opened, if any (lock not held)."""
         if write.group is not None:

@@ -179,6 +179,8 @@ def test_writes_past_a_full_queue_are_dropped_and_counted(tmp_path, fake):
         store.put(tokens, make_kv(tokens))  # the queue holds 4 chunks: one job, three waiting
         assert store.stats().dropped_writes == 8 and engines[0].submitted["disk0"] == 1
         assert held(store) == (4, 4)
+        depth = next(m for m in store.metric_samples() if m.name == "io_queue_depth")
+        assert list(depth.values.values()) == [4]  # the job, and the three chunks behind it
         engines[0].release("disk0")
         flushed = store.flush(timeout=10)
         assert flushed and flushed.written == 8 and store.stats().disk_writes == 12

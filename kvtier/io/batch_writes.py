@@ -53,7 +53,8 @@ class WriteGroups(Generic[T]):
       new job takes the groups waiting. A job cancelled (the engine closed), or one
       ``submit`` refuses, settles its group and those waiting with None; once the engine
       takes no more jobs, a running job drops the groups waiting instead of writing them.
-    - ``pending`` counts the items added and not settled (back-pressure).
+    - ``pending`` counts the items added and not settled (back-pressure); ``waiting`` those
+      not in a job yet.
     """
 
     def __init__(self, submit: Callable[[Callable[[], None]], Future],
@@ -69,6 +70,12 @@ class WriteGroups(Generic[T]):
     @property
     def pending(self) -> int:
         return self._pending
+
+    @property
+    def waiting(self) -> int:
+        """Items added and not in a job yet."""
+        with self._lock:
+            return sum(len(group.items) for group in self._waiting)
 
     def add(self, item: T) -> tuple[Future[IOResult], WriteGroup[T] | None]:
         """Queue ``item``: its future, and the group to ``start`` if it opened one."""
