@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
@@ -20,14 +19,14 @@ import numpy as np
 
 from kvtier.config import DiskFloor
 from kvtier.io import codec as codecs
-from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.cachedir import CacheDir, aligned_view
 from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader, payload_checksum
 from kvtier.io.index_file import SlotLayout
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.base import TierName
-from kvtier.tiers.disk_check import slot_problem
+from kvtier.tiers.disk_check import decode_into, slot_problem
 from kvtier.tiers.disk_paths import DiskPaths, OpenArgs, PathState
 from kvtier.tiers.disk_recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
 
@@ -78,7 +77,7 @@ class DiskTier:
         self._lengths = np.zeros(self.num_slots, dtype=np.uint32)  # payload <= MAX_RAW_BYTES
         self._codecs = np.zeros(self.num_slots, dtype=np.uint8)
         self._generation = itertools.count(time.time_ns())
-        self._local = threading.local()
+        self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, self.stride, raw_bytes)
 
     # -- layout -------------------------------------------------------------------------
 
@@ -118,18 +117,6 @@ class DiskTier:
         number, offset = directory.locate(slot // len(self._paths)) if directory else (0, 0)
         return path, directory, number, offset
 
-    def _header_buffers(self, count: int) -> np.ndarray:
-        """This thread's aligned buffer for ``count`` headers (at most ``MAX_RUN``)."""
-        if not hasattr(self._local, "header"):
-            self._local.header = AlignedBuffer(MAX_RUN * HEADER_BYTES, pin=False)
-        return self._local.header.array[: count * HEADER_BYTES]
-
-    def _payload_buffer(self) -> np.ndarray:
-        """This thread's aligned buffer for compressed payloads."""
-        if not hasattr(self._local, "payload"):
-            self._local.payload = AlignedBuffer(self.stride, pin=False)
-        return self._local.payload.array
-
     # -- I/O ----------------------------------------------------------------------------
 
     def write(self, slot: int, key: ChunkKey, src: np.ndarray) -> IOResult:
@@ -149,7 +136,7 @@ class DiskTier:
                 for i in run:
                     results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
                 continue
-            headers = self._header_buffers(len(run))
+            headers = self._scratch.headers(len(run))
             iov, sizes = [], []
             for j, i in enumerate(run):
                 slot, key, src = items[i]
@@ -170,7 +157,7 @@ class DiskTier:
             packed = codecs.encode(raw, self.element_bytes)
             if packed is not None:
                 codec, blob = packed
-                body_source = self._payload_buffer()
+                body_source = self._scratch.payload()
                 payload = body_source[: len(blob)]
                 payload[:] = np.frombuffer(blob, dtype=np.uint8)
         SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
@@ -236,7 +223,7 @@ class DiskTier:
                  compressed: set[int]) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
         """Where each slot of ``run`` lands: (its header buffer, its payload's buffers, their
         size); a compressed payload goes to this thread's payload buffer first."""
-        headers = self._header_buffers(len(run))
+        headers = self._scratch.headers(len(run))
         landed = []
         for j, i in enumerate(run):
             slot, _, dst = items[i]
@@ -244,7 +231,7 @@ class DiskTier:
             if isinstance(dst, list) and i not in compressed:
                 landed.append((header_buf, dst, self.raw_bytes))  # pieces: the raw bytes exactly
                 continue
-            buffer = self._payload_buffer() if i in compressed else dst
+            buffer = self._scratch.payload() if i in compressed else dst
             assert isinstance(buffer, np.ndarray), "a compressed slot reads into one buffer"
             payload = aligned_view(buffer, int(self._lengths[slot]) or self.raw_bytes)
             landed.append((header_buf, [payload], payload.size))
@@ -260,30 +247,17 @@ class DiskTier:
             return IOResult(IOStatus.CORRUPT, arrived, problem)
         if codec is not Codec.NONE:
             try:
-                self._decode(codec, payload[0][: int(self._lengths[slot])], dst)
+                decode_into(codec, payload[0][: int(self._lengths[slot])], dst, self._scratch)
             except ValueError as exc:
                 return IOResult(IOStatus.CORRUPT, arrived, str(exc))
         return IOResult(IOStatus.OK, arrived)
-
-    def _decode(self, codec: Codec, stored: np.ndarray, dst: Target) -> None:
-        if isinstance(dst, np.ndarray):
-            codecs.decode(codec, stored.data, dst[: self.raw_bytes])
-            return
-        if not hasattr(self._local, "raw"):
-            self._local.raw = AlignedBuffer(self.raw_bytes, pin=False)
-        raw = self._local.raw.array[: self.raw_bytes]
-        codecs.decode(codec, stored.data, raw)
-        done = 0
-        for piece in dst:
-            piece[:] = raw[done:done + piece.size]
-            done += piece.size
 
     def invalidate(self, slot: int) -> IOResult:
         """Blank a slot's header so the chunk is not found again after a restart."""
         path, directory, number, offset = self._where(slot)
         if directory is None:
             return IOResult(IOStatus.OK)
-        header_buf = self._header_buffers(1)
+        header_buf = self._scratch.headers(1)
         header_buf[:] = 0
         try:
             if directory.file_size(number) <= offset:

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from kvtier.io import codec as codecs
 from kvtier.io.format import Codec, HeaderError, decode_header, payload_checksum
+from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey
 
 
@@ -47,3 +49,18 @@ def checksum_of(pieces: list[np.ndarray], nbytes: int) -> int:
             update(piece[:nbytes])
         nbytes -= piece.size
     return digest.intdigest()
+
+
+def decode_into(codec: Codec, stored: np.ndarray, dst: np.ndarray | list[np.ndarray],
+                scratch: ThreadScratch) -> None:
+    """Decode a compressed payload into ``dst``: one buffer, or pieces filled in order
+    (decoded into this thread's scratch first). ``ValueError`` when it does not decode."""
+    if isinstance(dst, np.ndarray):
+        codecs.decode(codec, stored.data, dst[: scratch.raw_bytes])
+        return
+    raw = scratch.raw()
+    codecs.decode(codec, stored.data, raw)
+    done = 0
+    for piece in dst:
+        piece[:] = raw[done:done + piece.size]
+        done += piece.size
