@@ -19,6 +19,7 @@ from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.tiers.disk import IOV_MAX
 
 _GEOMETRIES = 64  # tensor geometries whose rows are remembered between gets
+_UNKNOWN = object()
 
 
 def empty_kv(buffers: DirectBuffers, layout: KVLayout, num_tokens: int) -> torch.Tensor:
@@ -59,12 +60,17 @@ class DirectTarget:
         if buffer is None or buffer.detached:
             return None
         geometry = (out.data_ptr(), tuple(out.shape), out.stride(), out.element_size(), chunk_tokens)
-        if geometry not in buffers.geometry:
-            if len(buffers.geometry) >= _GEOMETRIES:
-                buffers.geometry.clear()
-            buffers.geometry[geometry] = _rows(out, buffer, chunk_tokens)
-        found = buffers.geometry[geometry]
-        return None if found is None else cls(buffer, *found)
+        cache = buffers.geometry
+        found = cache.get(geometry, _UNKNOWN)  # one read: another thread may clear it
+        if found is _UNKNOWN:
+            found = _rows(out, buffer, chunk_tokens)
+            if len(cache) >= _GEOMETRIES:
+                cache.clear()
+            cache[geometry] = found
+        if not isinstance(found, tuple):
+            return None
+        first, piece, row_bytes = found
+        return cls(buffer, first, piece, row_bytes)
 
     def pieces(self, i: int) -> list[np.ndarray]:
         size = self._piece
@@ -89,9 +95,10 @@ def _rows(out: torch.Tensor, buffer: DirectBuffer, chunk_tokens: int) -> tuple[n
     piece = chunk_tokens * out.shape[3] * element
     rows = np.add.outer(np.arange(layers) * out.stride(0), np.arange(kinds) * out.stride(1))
     first = (out.data_ptr() - buffer.address) + rows.reshape(-1).astype(np.int64) * element
-    if piece % PAGE or np.any(first % PAGE):
-        return None
-    return first, piece, out.shape[2] * out.shape[3] * element
+    row_bytes = out.shape[2] * out.shape[3] * element
+    if piece % PAGE or np.any(first % PAGE) or np.any(np.diff(np.sort(first)) < row_bytes):
+        return None  # rows that overlap (a broadcast view) would read over each other
+    return first, piece, row_bytes
 
 
 def _extent(out: torch.Tensor) -> int:

@@ -103,11 +103,16 @@ class PrefixRead:
 
     def _finish(self, held: list, wanted: int) -> None:
         try:
+            error: BaseException | None = None
             for fetch in self._window:  # past the end of the prefix: not needed any more
                 try:
                     self._fetcher.drop_unused(fetch)
+                except BaseException as exc:  # the others are still let go of, each of them
+                    error = error or exc
                 finally:
                     self._fetcher.release(fetch)
+            if error is not None:
+                raise error
             self._shared.sync()
         finally:
             self._fetcher.unpin(held)

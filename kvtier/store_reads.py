@@ -103,7 +103,13 @@ class Fetcher:
             if plan is None:
                 self.shared.stack.unpin(key, loc)
                 return Skip.NO_ROOM
-        if not self.runner.demote(plan):  # a hung drive: end the prefix here, the chunk stays cached
+        try:
+            demoted = self.runner.demote(plan)
+        except BaseException:  # the engine closed meanwhile: its reservations are finished
+            with self.shared.lock:
+                self.shared.stack.unpin(key, loc)
+            raise
+        if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
             with self.shared.lock:
                 self.shared.stack.unpin(key, loc)
             return Skip.END
@@ -164,6 +170,9 @@ class Fetcher:
             return None
         except Exception as exc:  # a bug or an unexpected error: a miss, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
+        except BaseException:  # the wait was interrupted: the read may still land
+            self._give_up(fetch, timed_out=False)
+            raise
         with self.shared.lock:
             if plan is not None:
                 self.shared.stack.finish(fetch.key, plan.dst, result.ok)

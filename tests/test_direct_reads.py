@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -194,3 +195,35 @@ def test_buffers_are_forgotten_once_freed():
     gc.collect()
     assert buffers.find(address, 1) is None
     assert np.frombuffer(buffers.new(PAGE).alias, dtype=np.uint8).size == PAGE
+
+
+def test_a_buffer_freed_while_the_registry_is_busy_does_not_hang_it():
+    buffers = DirectBuffers()
+    view = buffers.new(PAGE).array()
+    address = view.ctypes.data
+    done = threading.Event()
+
+    def free_inside():  # as a garbage collection inside find() would free a buffer
+        nonlocal view
+        with buffers._lock:  # white-box: the moment the registry holds its lock
+            view = None
+            gc.collect()
+        done.set()
+
+    worker = threading.Thread(target=free_inside, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert done.is_set(), "the registry waited on its own lock"
+    assert buffers.find(address, 1) is None
+
+
+def test_rows_that_overlap_are_read_through_host_and_the_cache_survives(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        base = store.empty_kv(len(TOKENS))
+        out = base[:, :1].expand(-1, 2, -1, -1)  # K and V rows on the same memory
+        with pytest.raises(RuntimeError, match="single memory location"):
+            store.get(TOKENS, out)  # torch refuses the copy into it, as for any such tensor
+        assert store.stats().corruptions == 0
+        fresh = store.empty_kv(len(TOKENS))
+        assert store.get(TOKENS, fresh) == len(TOKENS) and same_bytes(fresh, kv)

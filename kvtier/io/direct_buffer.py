@@ -16,6 +16,7 @@ import mmap
 import os
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,33 +109,44 @@ class DirectBuffers:
     """The direct buffers one store made, found again from a tensor's address.
 
     A buffer stays registered while its memory lives (views of ``array`` hold it);
-    ``find(address, nbytes)`` is the live buffer holding that whole byte range, if any.
+    ``find(address, nbytes)`` is the live buffer holding that whole byte range, if any. A
+    buffer's death is noted without a lock (its weakref callback may run inside any
+    allocation, with the lock held on the same thread) and handled at the next call.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
+        self._dead: deque[int] = deque()  # start addresses of buffers freed, not yet forgotten
         # per tensor geometry, where its rows are (DirectTarget's cache; None: not readable into)
         self.geometry: dict[tuple, tuple[np.ndarray, int, int] | None] = {}
 
     def new(self, size: int) -> DirectBuffer:
         buffer = DirectBuffer.allocate(size)
         start = buffer.address
+        freed = weakref.ref(buffer._caller, lambda _: self._dead.append(start))
+        entry = _Entry(start, start + buffer.size, freed)
         with self._lock:
-            self._entries[start] = _Entry(start, start + buffer.size,
-                                          weakref.ref(buffer._caller, lambda _: self._forget(start)))
+            self._forget_dead()
+            self._entries[start] = entry
         return buffer
 
-    def _forget(self, start: int) -> None:
-        with self._lock:
-            self._entries.pop(start, None)
+    def _forget_dead(self) -> None:
+        """Drop the entries of buffers freed (lock held); their addresses may be reused."""
+        while self._dead:
+            start = self._dead.popleft()
+            entry = self._entries.get(start)
+            if entry is not None and entry.mapping() is None:
+                del self._entries[start]
             self.geometry.clear()
 
     def find(self, address: int, nbytes: int) -> DirectBuffer | None:
         with self._lock:
+            self._forget_dead()
             entries = list(self._entries.values())
         for entry in entries:
             if entry.start <= address and address + nbytes <= entry.end:
                 mapping = entry.mapping()
-                return DirectBuffer(mapping) if mapping is not None else None
+                if mapping is not None:
+                    return DirectBuffer(mapping)
         return None

@@ -68,13 +68,24 @@ class IOEngine:
         self._pending = dict.fromkeys(self._pools, 0)
         self._inflight: set[Future] = set()
         self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, queue_name: str, job: Callable[[], Any]) -> Future:
+        # never hold our lock around the pool's submit: closing holds the pool's lock while
+        # cancelled jobs' callbacks take ours, and a job may submit another (a write group)
         with self._lock:
-            future = self._pools[queue_name].submit(job)  # raises once closed
+            if self._closed:
+                raise RuntimeError("kvtier I/O engine is closed")
             self._pending[queue_name] += 1
+        try:
+            future = self._pools[queue_name].submit(job)  # raises once shut down
+        except BaseException:
+            with self._lock:
+                self._pending[queue_name] -= 1
+            raise
+        with self._lock:
             self._inflight.add(future)
-        future.add_done_callback(lambda f: self._finished(queue_name, f))
+        future.add_done_callback(lambda f: self._finished(queue_name, f))  # at once if over
         return future
 
     def _finished(self, queue_name: str, future: Future) -> None:
@@ -94,6 +105,8 @@ class IOEngine:
 
     def close(self, timeout: float | None = None) -> bool:
         drained = self.drain(timeout)
+        with self._lock:
+            self._closed = True  # from now on submit refuses, before the pools shut down
         for pool in self._pools.values():
             pool.shutdown(wait=drained, cancel_futures=not drained)
         return drained
