@@ -296,3 +296,25 @@ def test_a_failed_open_does_not_keep_the_namespace_locked(tmp_path, monkeypatch)
     assert not again.down_paths
     again.close()
     disk.close()
+
+
+def test_an_uncompressed_header_claiming_a_shorter_payload_is_corrupt(tmp_path):
+    """A header (checksum and all, as anyone who can write the file can make it) saying an
+    uncompressed payload is shorter than the chunk would leave the rest unverified."""
+    from kvtier.io.format import SlotHeader, decode_header, payload_checksum
+
+    tier = make_tier([tmp_path], slots_per_path=1)
+    data = chunk(1)
+    assert tier.write(0, key(1), data.array).ok
+    (path,) = slot_files(tmp_path)
+    raw = bytearray(path.read_bytes())
+    header = decode_header(bytes(raw[:HEADER_BYTES]))
+    short = 4096
+    forged = SlotHeader(header.namespace, header.key, header.codec, short, header.raw_bytes,
+                        payload_checksum(bytes(raw[HEADER_BYTES:HEADER_BYTES + short])),
+                        header.generation, header.created_ns)
+    raw[:HEADER_BYTES] = forged.encode()
+    raw[HEADER_BYTES + short + 10] ^= 0xFF  # a wrong byte past the claimed payload
+    path.write_bytes(bytes(raw))
+    assert read_back(tier, 0, key(1))[0].status is IOStatus.CORRUPT
+    tier.close()

@@ -29,6 +29,8 @@ def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray
         return "slot holds another chunk (stale or foreign)"
     if header.codec is not codec or header.raw_bytes != raw_bytes:
         return "slot header does not match what was written"
+    if codec is Codec.NONE and header.payload_bytes != raw_bytes:
+        return f"uncompressed payload of {header.payload_bytes} bytes, the chunk has {raw_bytes}"
     if got < header.payload_bytes:
         return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
     if verify_payload and checksum_of(payload, header.payload_bytes) != header.payload_checksum:
