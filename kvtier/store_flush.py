@@ -55,8 +55,7 @@ class Flusher:
             while drained and todo:
                 with self._shared.lock:
                     started = self._start_writes(todo, batch)
-                for write in started:
-                    self._runner.start(write)
+                self._runner.start_all(started)
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         with self._shared.lock:

@@ -206,6 +206,18 @@ class PlanRunner:
         if write.group is not None:
             write.groups.start(write.group)
 
+    def start_all(self, writes: list[StartedWrite]) -> None:
+        """``start`` each; once one is refused (the engine closed), the rest are let go of
+        (settled as never written, their pins and reservations given back), then it raises."""
+        for i, write in enumerate(writes):
+            try:
+                self.start(write)
+            except BaseException:
+                for rest in writes[i + 1:]:
+                    if rest.group is not None:
+                        rest.groups.abandon(rest.group)
+                raise
+
     def _write_group(self, writes: list[DiskWrite]) -> list[IOResult]:
         """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
         chunk that failed (I/O error, no space) along with others is written once more on its

@@ -211,3 +211,17 @@ def test_flush_after_grouped_write_through_keeps_every_chunk_across_a_restart(tm
     with KVStore(SMALL, config(tmp_path, host_chunks=8, disk_chunks=128)) as again:
         assert again.stats().recovered_chunks == 60
         assert all(exact(again, tokens) == 6 * CHUNK for tokens in prefixes)
+
+
+def test_a_flush_the_closed_engine_refuses_gives_back_every_pin(tmp_path, fake):
+    make, engines = fake
+    tokens = seq(0, 8)
+    store = KVStore(SMALL, config(tmp_path, host_chunks=16, io_threads=2, write_policy="write_back"),
+                    io_engine=make)
+    store.put(tokens, make_kv(tokens))  # write-back: nothing goes to the disk yet
+    engines[0].stop()  # as if the engine had closed meanwhile
+    with pytest.raises(RuntimeError):
+        store.flush(timeout=10)
+    assert held(store) == (0, 0)  # every chunk queued was let go of, none left pinned
+    assert exact(store, tokens) == len(tokens)  # still served from host memory
+    store.close()

@@ -97,7 +97,7 @@ class WriteGroups(Generic[T]):
         try:
             job = self._submit(partial(self._run, group))
         except BaseException:
-            self._abandon(group)
+            self.abandon(group)
             raise
         job.add_done_callback(partial(self._ended, group))
 
@@ -158,7 +158,7 @@ class WriteGroups(Generic[T]):
         """A job is over. One cancelled never ran; one that raised (failed by the engine
         before it ran, or a bug) hands the groups waiting to a new job."""
         if job.cancelled():
-            self._abandon(group)  # never submit here: cancelling runs inside the engine's close
+            self.abandon(group)  # never submit here: cancelling runs inside the engine's close
             return
         error = job.exception()
         if error is None:
@@ -169,8 +169,9 @@ class WriteGroups(Generic[T]):
             with contextlib.suppress(BaseException):  # closed meanwhile: start settled what waited
                 self.start(following)
 
-    def _abandon(self, group: WriteGroup[T]) -> None:
-        """``group`` and every group waiting never run: settle them with None."""
+    def abandon(self, group: WriteGroup[T]) -> None:
+        """``group`` (one ``add`` returned, never started) and every group waiting never run:
+        settle them with None."""
         with self._lock:
             dropped = [group, *self._waiting]
             self._waiting.clear()
