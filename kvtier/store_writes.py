@@ -67,7 +67,7 @@ class PlanRunner:
         per_group = WRITE_GROUP_BYTES // max(1, shared.transfers.chunk_bytes)
         jobs = min(cfg.io_threads, WRITE_JOBS_PER_PATH)
         self._groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
-                                           self._settle_group, per_group, jobs)
+                                           self._settle_group, per_group, jobs, lambda: lane.closed)
                         for queue in lane.queues}
 
     def copy_in(self, chunk: torch.Tensor, dst: Location) -> None:

@@ -81,3 +81,7 @@ class FakeEngine:
 
     def close(self, timeout: float | None = None) -> bool:
         return self._engine.close(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed

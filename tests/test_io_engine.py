@@ -45,8 +45,9 @@ def test_close_waits_for_every_job_when_they_end_in_time(make):
     done = []
     for i in range(5):
         engine.submit("a", lambda i=i: time.sleep(0.01) or done.append(i))
+    assert not engine.closed
     assert engine.close(10)
-    assert done == [0, 1, 2, 3, 4]
+    assert done == [0, 1, 2, 3, 4] and engine.closed
 
 
 @ENGINES
@@ -61,7 +62,7 @@ def test_close_with_a_hung_job_returns_in_time_and_cancels_the_queued_ones(make)
         assert engine.close(0.3) is False
         assert time.monotonic() - started < 5
         assert other.result() == "other"  # a healthy queue's job still finished
-        assert all(f.cancelled() for f in queued) and not hung.done()
+        assert all(f.cancelled() for f in queued) and not hung.done() and engine.closed
         with pytest.raises(RuntimeError):
             engine.submit("a", lambda: None)
     finally:
@@ -88,3 +89,33 @@ def test_fake_engine_holds_and_fails_queues_on_demand():
     assert isinstance(engine.submit("b", lambda: "never").exception(5), OSError)
     assert engine.submitted == {"a": 1, "b": 2}
     assert engine.close(5)
+
+
+@ENGINES
+def test_a_job_may_submit_another_while_the_engine_closes(make):
+    """A job submitting a follow-on job (a write group) while ``close`` cancels the queued
+    ones: both return, the follow-on refused or run, never a deadlock."""
+    engine = make(["a"], 2)
+    release = threading.Event()
+    outcomes: list[str] = []
+
+    def chained():
+        release.wait(10)
+        for _ in range(200):
+            try:
+                engine.submit("a", lambda: None)
+            except RuntimeError:
+                outcomes.append("refused")
+                return
+        outcomes.append("ran")
+
+    engine.submit("a", chained)
+    queued = [engine.submit("a", lambda: release.wait(10)) for _ in range(20)]
+    closer = threading.Thread(target=lambda: engine.close(0.2), daemon=True)
+    closer.start()
+    time.sleep(0.1)
+    release.set()
+    closer.join(timeout=10)
+    assert not closer.is_alive(), "close deadlocked against a job submitting"
+    wait_until(lambda: outcomes, "the chained job never ended")
+    assert len(queued) == 20

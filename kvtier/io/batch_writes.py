@@ -59,8 +59,9 @@ class WriteGroups(Generic[T]):
 
     def __init__(self, submit: Callable[[Callable[[], None]], Future],
                  write: Callable[[list[T]], list[IOResult]], settle: Settle[T], per_group: int,
-                 jobs: int) -> None:
+                 jobs: int, closed: Callable[[], bool]) -> None:
         self._submit, self._write, self._settle = submit, write, settle
+        self._closed = closed  # whether the engine takes no more jobs
         self._per_group, self._jobs = max(1, per_group), max(1, jobs)
         self._lock = threading.Lock()
         self._waiting: deque[WriteGroup[T]] = deque()
@@ -119,7 +120,7 @@ class WriteGroups(Generic[T]):
             if not self._waiting:
                 self._running -= 1
                 return None
-        if not self._engine_open():
+        if self._closed():
             with self._lock:
                 dropped = list(self._waiting)
                 self._waiting.clear()
@@ -132,14 +133,6 @@ class WriteGroups(Generic[T]):
                 return self._waiting.popleft()
             self._running -= 1
             return None
-
-    def _engine_open(self) -> bool:
-        """Whether the engine still takes jobs: it is asked with an empty one."""
-        try:
-            self._submit(_nothing)
-        except RuntimeError:
-            return False
-        return True
 
     def _over(self, group: WriteGroup[T], results: Sequence[IOResult] | None) -> None:
         """Settle ``group`` (once), then its futures."""
@@ -178,10 +171,6 @@ class WriteGroups(Generic[T]):
             self._running -= 1
         for each in dropped:
             self._over(each, None)
-
-
-def _nothing() -> None:
-    pass
 
 
 _NOT_RUN = IOResult(IOStatus.IO_ERROR, detail="write not run: the I/O engine closed")

@@ -32,6 +32,7 @@ class IOExecutor(Protocol):
     - ``pending(queue=None)`` counts jobs submitted and not finished (for back-pressure), of
       one queue or of all.
     - ``drain(timeout)`` waits until no job is pending; True if none is left.
+    - ``closed`` is True once ``close`` has drained (or given up) and ``submit`` refuses.
     - ``close(timeout)`` drains for at most ``timeout``, then stops. Jobs still running then
       (an I/O call blocked on a hung drive) cannot be stopped: the jobs not started yet are
       cancelled, ``close`` returns False at once, and the memory and files the running jobs
@@ -45,6 +46,9 @@ class IOExecutor(Protocol):
     def drain(self, timeout: float | None = None) -> bool: ...
 
     def close(self, timeout: float | None = None) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
 
 
 # builds an engine for these queues with this many threads each
@@ -102,6 +106,10 @@ class IOEngine:
             futures = set(self._inflight)
         _, not_done = wait_futures(futures, timeout=timeout)
         return not not_done
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self, timeout: float | None = None) -> bool:
         drained = self.drain(timeout)

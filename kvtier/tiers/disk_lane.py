@@ -123,6 +123,11 @@ class DiskLane:
     def drain(self, timeout: float | None = None) -> bool:
         return self.engine.drain(timeout)
 
+    @property
+    def closed(self) -> bool:
+        """The engine takes no more jobs."""
+        return self.engine.closed
+
     def recover(self, threads: int) -> RecoveryReport:
         report = self.tier.recover(threads=threads)
         if report.torn:
@@ -205,6 +210,10 @@ class NoDisk:
         return 0
 
     def drain(self, timeout: float | None = None) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
         return True
 
     def recover(self, threads: int) -> RecoveryReport:
