@@ -26,22 +26,13 @@ WRITE_JOBS_PER_PATH = 2
 
 
 @dataclass(frozen=True)
-class DiskWrite:
-    """A host chunk (``src``, pinned) being written to its reserved disk slot (``dst``)."""
-
-    key: ChunkKey
-    src: Location
-    dst: Location
-
-
-@dataclass(frozen=True)
 class StartedWrite:
     """A queued disk write: its outcome (``future``), and the job to submit once the lock is
     released (``group``, when the write opened one)."""
 
     future: Future[IOResult]
-    groups: WriteGroups[DiskWrite]
-    group: WriteGroup[DiskWrite] | None
+    groups: WriteGroups[Move]
+    group: WriteGroup[Move] | None
 
 
 class PlanRunner:
@@ -188,7 +179,7 @@ class PlanRunner:
                                 "writes them (counted in dropped_writes)")
             return None
         self.shared.stack.indexes[HOST].pin(key)
-        future, group = groups.add(DiskWrite(key, Location(HOST, host_slot), plan.dst))
+        future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
         return StartedWrite(future, groups, group)
 
     @property
@@ -218,7 +209,7 @@ class PlanRunner:
                         rest.groups.abandon(rest.group)
                 raise
 
-    def _write_group(self, writes: list[DiskWrite]) -> list[IOResult]:
+    def _write_group(self, writes: list[Move]) -> list[IOResult]:
         """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
         chunk that failed (I/O error, no space) along with others is written once more on its
         own, so one bad sector, or the last free bytes, fail only the chunks they concern."""
@@ -232,7 +223,7 @@ class PlanRunner:
                     results[i] = self.shared.lane.write_many([items[i]])[0]
         return results
 
-    def _settle_group(self, writes: Sequence[DiskWrite], results: Sequence[IOResult] | None) -> None:
+    def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
         """Finish each write's disk reservation, unpin its host slot and count its outcome
         (a write that never ran, at close, is not counted)."""
         with self.shared.lock:
