@@ -1,7 +1,9 @@
-"""Serving throughput on repeated prefixes: vLLM's own prefix cache alone, and with kvtier.
+"""Serving throughput on repeated prefixes: vLLM's own prefix cache alone, with kvtier, with
+vLLM's ExampleConnector and with LMCache beside its own baseline (``--peers example,lmcache``).
 
-    python scripts/workload.py                          # tiny model, RAG load (about a minute)
+    python scripts/workload.py                          # tiny model, RAG load (a few minutes)
     python scripts/workload.py --model mid --json out/workload_mid.json
+    python scripts/workload.py --model mid --peers example,lmcache  # scripts/peers/setup_lmcache.sh
     python scripts/workload.py --model mid --pattern chat --json out/workload_chat.json
 
 ``--pattern rag``: ``--docs`` documents of ``--doc-tokens`` tokens; every request is one
@@ -14,13 +16,17 @@ requests sent together, each on a document drawn at random.
 rounds takes ``--batch`` conversations drawn at random one turn further: the history so far
 (earlier prompts and replies) and a new message of ``--question-tokens`` tokens.
 
-Every request asks for ``--max-tokens`` tokens, and both engines get the same draws. vLLM's
-prefix cache is on in both and limited to ``--gpu-share`` of what the whole load would keep
+Every request asks for ``--max-tokens`` tokens, and every engine gets the same draws. vLLM's
+prefix cache is on in every engine and limited to ``--gpu-share`` of what the whole load would keep
 (at least the running batch), as when a GPU holds the running batch but not every document or
 conversation: what it evicted is recomputed by vLLM alone and loaded by kvtier (from host
 memory, or with a small ``--host-capacity`` mostly from disk). Reported per engine: the
 seconds of the timed rounds, prompt tokens per second, and the share of prompt tokens served
-from a cache; the ratio is taken in this run.
+from a cache; the ratios are taken in this run. ExampleConnector saves a request's KV under its
+prompt rounded down to whole blocks, so it hits a document (or history) followed by a question
+shorter than a block, and recomputes everything else. LMCache's engine runs with vLLM's
+multiprocessing on (it breaks the single-process mode the others use), so its ratio is to
+"prefix cache only (multiprocess)", run in its venv; its server's L1 is ``--host-capacity``.
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_model import make_model  # noqa: E402
-from ttft import run  # noqa: E402  (one engine run in its own process)
+from peers import lmcache  # noqa: E402
+from ttft import lmcache_python, run  # noqa: E402  (one engine run in its own process)
+
+from kvtier.units import parse_size  # noqa: E402
 
 CPU_BLOCK_TOKENS = 128  # vLLM's KV block on CPU
 
@@ -78,6 +87,47 @@ def chat_load(args, rng) -> tuple[list[dict], list[dict], int, int]:
     return warm, rounds, length, sum(len(h) for h in history)
 
 
+ENGINES = [("alone", "prefix cache only"), ("kvtier", "prefix cache + kvtier"),
+           ("example", "prefix cache + ExampleConnector"),
+           ("alone-mp", "prefix cache only (multiprocess)"), ("lmcache", "prefix cache + LMCache")]
+
+
+def peer_list(text: str) -> list[str]:
+    peers = [p for p in text.split(",") if p]
+    unknown = set(peers) - {"example", "lmcache"}
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {sorted(unknown)}: choose from example, lmcache")
+    return peers
+
+
+def run_engines(args, base: dict, work: Path, console: Console) -> dict:
+    """Every engine on the same load, one after the other; LMCache's (and its multiprocess
+    baseline) in its venv with a server whose L1 is as large as kvtier's host tier."""
+    disk, example = work / "disk", work / "example"
+    disk.mkdir(mode=0o700)
+    example.mkdir()
+    extra = {"chunk_tokens": 256, "host_capacity": args.host_capacity, "disk_paths": [str(disk)],
+             "disk_capacity": "8GiB", "load_policy": "always"}
+    specs = {"alone": base, "kvtier": {**base, "connector": "kvtier", "extra": extra},
+             "example": {**base, "connector": "example", "extra": {"path": str(example)}}}
+    outs = {}
+    for key, name in ENGINES[:3]:
+        if key == "example" and "example" not in args.peers:
+            continue
+        console.print(f"[dim]{name}[/dim]")
+        outs[key] = run(specs[key], work, key, args.threads)
+    if "lmcache" in args.peers:
+        python = lmcache_python(args.lmcache_venv)
+        console.print(f"[dim]{ENGINES[3][1]}[/dim]")
+        outs["alone-mp"] = run(base, work, "alone-mp", args.threads, python)
+        console.print(f"[dim]{ENGINES[4][1]}[/dim]")
+        l1_gb = parse_size(args.host_capacity) / 1e9
+        with lmcache.server(python, work, "lmcache-server", l1_gb=l1_gb) as srv:
+            spec = {**base, "connector": "lmcache", "extra": lmcache.connector_extra(srv["port"])}
+            outs["lmcache"] = run(spec, work, "lmcache", args.threads, python)
+    return outs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "mid"], default="tiny")
@@ -91,8 +141,12 @@ def main() -> None:
     parser.add_argument("--gpu-share", type=float, default=0.4,
                         help="vLLM's KV cache as a share of what the load keeps (default 0.4)")
     parser.add_argument("--host-capacity", default="2GiB",
-                        help="kvtier's host tier (default 2GiB: every document fits)")
+                        help="kvtier's host tier and LMCache's L1 (default 2GiB: every document fits)")
     parser.add_argument("--threads", default="all", help="VLLM_CPU_OMP_THREADS_BIND for every run")
+    parser.add_argument("--peers", type=peer_list, default=[],
+                        help="comma-separated peers to run as well: example, lmcache")
+    parser.add_argument("--lmcache-venv", type=Path, default=ROOT / ".venv-lmcache",
+                        help=f"LMCache's venv (built by {lmcache.SETUP})")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
@@ -108,42 +162,47 @@ def main() -> None:
             "max_model_len": length + 64, "max_num_batched_tokens": 8192,
             "num_gpu_blocks": blocks, "phases": warm + rounds}
     console = Console()
+    console.print(f"[dim]vLLM's KV cache: {blocks} blocks[/dim]")
     with tempfile.TemporaryDirectory(prefix="kvtier-workload-") as tmp:
-        work = Path(tmp)
-        disk = work / "disk"
-        disk.mkdir(mode=0o700)
-        extra = {"chunk_tokens": 256, "host_capacity": args.host_capacity, "disk_paths": [str(disk)],
-                 "disk_capacity": "8GiB", "load_policy": "always"}
-        console.print(f"[dim]vLLM prefix cache only ({blocks} blocks)[/dim]")
-        alone = run(base, work, "alone", args.threads)
-        console.print("[dim]vLLM prefix cache + kvtier[/dim]")
-        tiered = run({**base, "connector": "kvtier", "extra": extra}, work, "kvtier", args.threads)
+        outs = run_engines(args, base, Path(tmp), console)
 
     prompt_tokens = sum(len(p) for r in rounds for p in r["prompts"])
     rows = []
-    for name, out in (("prefix cache only", alone), ("prefix cache + kvtier", tiered)):
-        timed = out["phases"][1:]
+    for key, name in ENGINES:
+        if key not in outs:
+            continue
+        timed = outs[key]["phases"][1:]
         seconds = sum(phase[0]["seconds"] for phase in timed)
         cached = sum(r["cached"] for phase in timed for r in phase)
-        rows.append({"engine": name, "seconds": seconds, "prompt_tokens_per_s": prompt_tokens / seconds,
+        baseline = "alone-mp" if key in ("alone-mp", "lmcache") else "alone"
+        rows.append({"engine": name, "key": key, "baseline": baseline, "seconds": seconds,
+                     "prompt_tokens_per_s": prompt_tokens / seconds,
                      "cached_share": cached / prompt_tokens,
                      "round_seconds": [phase[0]["seconds"] for phase in timed]})
-    speedup = rows[1]["prompt_tokens_per_s"] / rows[0]["prompt_tokens_per_s"]
+    by_key = {row["key"]: row for row in rows}
+    for row in rows:
+        row["vs_baseline"] = row["prompt_tokens_per_s"] / by_key[row["baseline"]]["prompt_tokens_per_s"]
+    speedup = by_key["kvtier"]["vs_baseline"]
     what = "documents" if args.pattern == "rag" else "conversations opening with a system prompt"
     table = Table(title=f"{args.rounds} rounds of {args.batch} requests on {args.docs} {what} "
-                        f"of {args.doc_tokens} tokens, {args.model} model (same run)")
-    for column in ("engine", "seconds", "prompt tokens/s", "prompt tokens from a cache"):
+                        f"of {args.doc_tokens} tokens, {args.model} model (same run)",
+                  caption="x own baseline: to 'prefix cache only' in the same process mode")
+    for column in ("engine", "seconds", "prompt tokens/s", "x own baseline", "prompt tokens from a cache"):
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(row["engine"], f"{row['seconds']:.2f}", f"{row['prompt_tokens_per_s']:.0f}",
-                      f"{row['cached_share']:.0%}")
+                      f"{row['vs_baseline']:.2f}", f"{row['cached_share']:.0%}")
     console.print(table)
     console.print(f"throughput with kvtier: {speedup:.2f}x vLLM's prefix cache alone")
+    if "lmcache" in by_key:
+        ratio = by_key["kvtier"]["prompt_tokens_per_s"] / by_key["lmcache"]["prompt_tokens_per_s"]
+        console.print(f"kvtier / LMCache prompt tokens/s: {ratio:.2f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
+                                                                "lmcache_venv": str(args.lmcache_venv)},
                                          "gpu_blocks": blocks, "rows": rows,
-                                         "speedup": speedup, "kvtier": tiered["kvtier"]}, indent=2))
+                                         "speedup": speedup, "kvtier": outs["kvtier"]["kvtier"]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,16 +11,19 @@ from tests.vllm_engine import ROOT, have_vllm
 pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM not installed")
 
 
-def test_workload_reports_both_engines_and_kvtier_serves_more_from_cache(tmp_path):
+def test_workload_reports_every_engine_and_kvtier_serves_more_from_cache(tmp_path):
     out = tmp_path / "workload.json"
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "workload.py"), "--docs", "12", "--doc-tokens", "512",
          "--batch", "3", "--rounds", "2", "--max-tokens", "2", "--gpu-share", "0.3",
-         "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+         "--peers", "example", "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
     data = json.loads(out.read_text())
-    alone, tiered = data["rows"]
+    alone, tiered, example = data["rows"]
     assert alone["engine"] == "prefix cache only" and tiered["engine"] == "prefix cache + kvtier"
+    assert example["engine"] == "prefix cache + ExampleConnector" and example["baseline"] == "alone"
+    assert tiered["vs_baseline"] == pytest.approx(data["speedup"])
+    assert example["cached_share"] >= alone["cached_share"]  # it hits a document + a short question
     assert len(alone["round_seconds"]) == len(tiered["round_seconds"]) == 2
     assert tiered["cached_share"] > alone["cached_share"]  # documents vLLM evicted, kvtier kept
     assert data["kvtier"]["load_chunks_host"] > 0  # the hits came from kvtier's host tier

@@ -49,9 +49,10 @@ def connector_extra(port: int) -> dict:
     return {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": port, "lmcache.mp.mq_timeout": 60}
 
 
-def server_command(python: Path, port: int, http_port: int, l2: Path, lifetime_s: int) -> list[str]:
+def server_command(python: Path, port: int, http_port: int, l2: Path, lifetime_s: int,
+                   l1_gb: float) -> list[str]:
     return ["timeout", "--kill-after=10", str(lifetime_s), str(python), "-m", "lmcache.cli.main",
-            "server", "--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", "1",
+            "server", "--host", "127.0.0.1", "--port", str(port), "--l1-size-gb", f"{l1_gb:g}",
             "--eviction-policy", "LRU", "--chunk-size", str(CHUNK_TOKENS),
             "--supported-transfer-mode", "auto",
             "--l2-adapter", f'{{"type":"fs","base_path":"{l2}"}}',
@@ -89,8 +90,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def server(python: Path, work: Path, name: str, lifetime_s: int = 3600) -> Iterator[dict]:
-    """Run an ``lmcache server`` whose L2 is ``work/lmcache-l2``; yield its port and log path."""
+def server(python: Path, work: Path, name: str, lifetime_s: int = 3600,
+           l1_gb: float = 1) -> Iterator[dict]:
+    """Run an ``lmcache server`` whose L2 is ``work/lmcache-l2`` and whose L1 holds ``l1_gb``
+    GB; yield its port and log path."""
     l2, scratch = work / "lmcache-l2", work / f"{name}-tmp"
     l2.mkdir(exist_ok=True)
     scratch.mkdir(exist_ok=True)
@@ -98,7 +101,7 @@ def server(python: Path, work: Path, name: str, lifetime_s: int = 3600) -> Itera
     log = work / f"{name}.log"
     env = {**os.environ, **QUIET, "TMPDIR": str(scratch)}
     with log.open("w") as out:
-        proc = subprocess.Popen(server_command(python, port, http_port, l2, lifetime_s), env=env,
+        proc = subprocess.Popen(server_command(python, port, http_port, l2, lifetime_s, l1_gb), env=env,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=work, start_new_session=True)
     try:
         wait_ready(proc, http_port, log)
