@@ -53,7 +53,7 @@ def worker(geo: KVGeometry, root: Path, chunks: int, host_slots: int,
 
 def blocks_of(geo: KVGeometry, chunk: int) -> tuple[int, ...]:
     per = geo.blocks_per_chunk
-    return tuple(range(chunk * per, (chunk + 1) * per))
+    return tuple(range(1 + chunk * per, 1 + (chunk + 1) * per))  # block 0: vLLM's null block
 
 
 def store_all(geo: KVGeometry, root: Path, chunks: int, host_slots: int,
@@ -97,7 +97,7 @@ def measure(directory: Path, chunk_tokens: int, total: int, per_request: int,
             passes: int) -> dict:
     geo = geometry(chunk_tokens)
     chunks = max(1, total // geo.chunk_bytes)
-    blocks = chunks * geo.blocks_per_chunk
+    blocks = 1 + chunks * geo.blocks_per_chunk
     source = [torch.randn(blocks, 2, BLOCK, HIDDEN).to(torch.bfloat16) for _ in range(LAYERS)]
     target = [torch.zeros_like(t) for t in source]
     root = directory / "kvtier-bench-worker"

@@ -59,7 +59,8 @@ def pages_check(rounds: int = 20) -> dict:
     assert host.pinned, "host slots are not pinned"
     per_chunk = geometry.blocks_per_chunk
     generator = torch.Generator().manual_seed(0)
-    ids = [torch.randperm(blocks, generator=generator)[:per_chunk].tolist() for _ in range(slots)]
+    ids = [(torch.randperm(blocks - 1, generator=generator)[:per_chunk] + 1).tolist()  # 0: null block
+           for _ in range(slots)]
     for s in range(slots):
         pages.gather(ids[s], host.slot(s))
     pages.synchronize()
@@ -67,10 +68,10 @@ def pages_check(rounds: int = 20) -> dict:
     picked = torch.tensor(ids[3], device="cuda")
     gathered_ok = all(torch.equal(view[layer].cuda(), pages.pages[layer][picked])
                       for layer in range(layers))
-    targets = list(range(per_chunk))
+    targets = list(range(1, per_chunk + 1))
     pages.scatter(host.slot(3), targets, 0)
     pages.synchronize()
-    scattered_ok = all(torch.equal(pages.pages[layer][:per_chunk].cpu(), view[layer])
+    scattered_ok = all(torch.equal(pages.pages[layer][1:per_chunk + 1].cpu(), view[layer])
                        for layer in range(layers))
 
     nbytes = slots * geometry.chunk_bytes

@@ -1,10 +1,14 @@
-"""Write a small random-weight Llama (config, weights, no tokenizer) for tests and demos.
+"""Write a small random-weight model (config, weights, no tokenizer) for tests and demos.
 
-    python scripts/make_model.py out/models/tiny            # hidden 256, 4 layers
-    python scripts/make_model.py out/models/mid --size mid  # hidden 1024, 12 layers
+    python scripts/make_model.py out/models/tiny                     # Llama, hidden 256, 4 layers
+    python scripts/make_model.py out/models/mid --size mid           # Llama, hidden 1024, 12 layers
+    python scripts/make_model.py out/models/gemma3 --family gemma3   # sliding-window + full layers
 
-The weights are random (seeded), so outputs are meaningless but deterministic; vLLM runs it
-with skip_tokenizer_init=True and prompts given as token ids. Nothing is downloaded.
+Families: ``llama`` (every layer full attention: one KV cache group) and ``gemma3`` (Gemma 3's
+text model: sliding-window layers (a 256-token window) alternating with full-attention ones,
+two KV cache groups under vLLM's hybrid KV cache manager). The weights are random (seeded),
+so outputs are meaningless but deterministic; vLLM runs the model with
+skip_tokenizer_init=True and prompts given as token ids. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -19,25 +23,49 @@ SIZES = {
     "mid": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
             "num_attention_heads": 16, "num_key_value_heads": 4},
 }
+FAMILIES = ("llama", "gemma3")
+SLIDING_WINDOW = 256  # tokens (two of vLLM's CPU blocks)
 VOCAB = 32000
 MAX_POSITIONS = 16384
 
 
-def make_model(path: Path, size: str = "tiny", seed: int = 0) -> Path:
-    """Write the model to ``path`` unless it is already there; return ``path``."""
-    marker = path / "kvtier-model.json"
-    if marker.exists() and json.loads(marker.read_text()) == {"size": size, "seed": seed}:
-        return path
-    import torch
+def _llama(size: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS,
                          torch_dtype="bfloat16", tie_word_embeddings=False, **SIZES[size])
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    return LlamaForCausalLM(config)
+
+
+def _gemma3(size: str):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    shape = SIZES[size]
+    layers = shape["num_hidden_layers"]
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16",
+        head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+        sliding_window=SLIDING_WINDOW,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        **shape)
+    return Gemma3ForCausalLM(config)
+
+
+def make_model(path: Path, size: str = "tiny", seed: int = 0, family: str = "llama") -> Path:
+    """Write the model to ``path`` unless it is already there; return ``path``."""
+    marker = path / "kvtier-model.json"
+    wanted = {"size": size, "seed": seed} | ({"family": family} if family != "llama" else {})
+    if marker.exists() and json.loads(marker.read_text()) == wanted:
+        return path
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}: choose from {', '.join(FAMILIES)}")
+    import torch
+
+    torch.manual_seed(seed)
+    model = (_gemma3 if family == "gemma3" else _llama)(size).to(torch.bfloat16)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
-    marker.write_text(json.dumps({"size": size, "seed": seed}))
+    marker.write_text(json.dumps(wanted))
     return path
 
 
@@ -45,9 +73,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", type=Path)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--family", choices=FAMILIES, default="llama")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print(make_model(args.path, args.size, args.seed))
+    print(make_model(args.path, args.size, args.seed, args.family))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ SPEC: {"model": DIR, "connector": "kvtier" | "example" | "lmcache" | null, "extr
 Each phase runs its prompts one at a time (``together: false``, timing each: with
 ``max_tokens: 1`` the time is the time to first token) or all in one batch. OUT gets, per
 phase and prompt, the generated token ids, vLLM's cached-token count and the seconds taken,
-plus kvtier's scheduler-side counters when the engine runs in this process, and the metrics
-kvtier serves when the extra config sets ``metrics_port``.
+plus kvtier's scheduler-side counters and vLLM's KV cache groups when the engine runs in this
+process, and the metrics kvtier serves when the extra config sets ``metrics_port``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,16 @@ def kvtier_counters(llm) -> dict | None:
     try:
         scheduler = llm.llm_engine.engine_core.engine_core.scheduler
         return dict(scheduler.connector._scheduler.counters)
+    except AttributeError:
+        return None
+
+
+def kv_cache_groups(llm) -> list[str] | None:
+    """The kinds of vLLM's KV cache groups (engine core in this process only): more than one
+    when the hybrid KV cache manager is on for a hybrid model."""
+    try:
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        return [type(g.kv_cache_spec).__name__ for g in scheduler.kv_cache_config.kv_cache_groups]
     except AttributeError:
         return None
 
@@ -86,6 +96,7 @@ def main() -> None:
                             "cached": output.num_cached_tokens or 0, "seconds": elapsed})
         out["phases"].append(results)
     out["kvtier"] = kvtier_counters(llm)
+    out["kv_cache_groups"] = kv_cache_groups(llm)
     port = spec.get("extra", {}).get("metrics_port")
     if port:  # what kvtier's scheduler side and worker 0 serve, read while the engine is up
         from kvtier.cli.stats import read_metrics

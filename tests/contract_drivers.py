@@ -312,14 +312,14 @@ class ConnectorDriver(Driver):
     def store(self, tokens: Sequence[int]) -> None:
         scheduler, worker = self._sides
         full = len(tokens) // BLOCK
-        block_ids = list(range(full))
+        block_ids = list(range(1, full + 1))  # block 0 is vLLM's null block
         kv = expected_kv(tokens)
         for layer, pages in enumerate(self.pages):  # the forward pass writes the pages
-            for b in block_ids:
-                pages[b].copy_(kv[layer, :, b * BLOCK:(b + 1) * BLOCK])
+            for i, b in enumerate(block_ids):
+                pages[b].copy_(kv[layer, :, i * BLOCK:(i + 1) * BLOCK])
         req = self._request(tokens, len(tokens))
         meta = scheduler.build_meta()
-        scheduler.plan_stores(req, block_ids, len(tokens), meta)
+        scheduler.plan_stores(req, (block_ids,), len(tokens), meta)
         worker.start_loads(meta)
         worker.save(meta)
         self.writing.update(s.key for s in meta.stores if s.disk_slot is not None)
@@ -364,7 +364,7 @@ class ConnectorDriver(Driver):
         block_ids = list(range(first, first + -(-req.num_tokens // BLOCK)))
         for pages in self.pages:
             pages[first:].view(torch.int16).fill_(FILL)
-        scheduler.plan_load(req, block_ids, 0, n)
+        scheduler.plan_load(req, (block_ids,), 0, n)
         meta = scheduler.build_meta()
         worker.start_loads(meta)
         if from_disk:

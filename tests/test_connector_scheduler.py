@@ -38,7 +38,7 @@ def scheduler(world: int = 1, disk=None, disk_slots=8, **extra) -> SchedulerSide
 
 def store_all(side: SchedulerSide, req: Request, world: int = 1, disk_ok: bool = True):
     meta = StepPlan()
-    side.plan_stores(req, list(range(100, 100 + req.num_tokens // BLOCK)), req.num_tokens, meta)
+    side.plan_stores(req, (list(range(100, 100 + req.num_tokens // BLOCK)),), req.num_tokens, meta)
     done = Counter({s.key: world for s in meta.stores})
     written = Counter({s.key: world for s in meta.stores if s.disk_slot is not None})
     report = WorkerReport(host_stored=done)
@@ -54,7 +54,7 @@ def test_stores_become_visible_only_when_reported():
     side = scheduler()
     req = request("a", 100)  # 6 full blocks: 3 full chunks
     meta = StepPlan()
-    side.plan_stores(req, list(range(10, 16)), 100, meta)
+    side.plan_stores(req, (list(range(10, 16)),), 100, meta)
     assert [s.block_ids for s in meta.stores] == [(10, 11), (12, 13), (14, 15)]
     assert side.num_new_matched_tokens(request("b", 100), 0) == (0, False)
     side.worker_report(WorkerReport(host_stored=Counter({s.key: 1 for s in meta.stores})))
@@ -71,7 +71,7 @@ def test_a_store_is_not_visible_until_every_rank_reported():
     side = scheduler(world=2)
     meta = StepPlan()
     req = request("a", 64)
-    side.plan_stores(req, [1, 2, 3, 4], 64, meta)
+    side.plan_stores(req, ([1, 2, 3, 4],), 64, meta)
     keys = Counter({s.key: 1 for s in meta.stores})
     side.worker_report(WorkerReport(host_stored=keys))
     side.worker_report(WorkerReport(host_stored=keys, host_failed=keys))
@@ -82,7 +82,7 @@ def test_a_load_pins_its_chunks_until_the_workers_are_done():
     side = scheduler()
     store_all(side, request("a", 64))
     side.num_new_matched_tokens(request("b", 65), 0)
-    side.plan_load(request("b", 65), [7, 8, 9, 10, 11], 0, 64)
+    side.plan_load(request("b", 65), ([7, 8, 9, 10, 11],), 0, 64)
     (load,) = side.build_meta().loads
     assert [c.block_ids for c in load.chunks] == [(7, 8), (9, 10)]
     assert side.request_finished("b") is False  # from host: over before the forward
@@ -99,7 +99,7 @@ def test_a_partial_local_hit_loads_only_the_missing_blocks():
     side = scheduler()
     store_all(side, request("a", 96))
     assert side.num_new_matched_tokens(request("b", 97), 16) == (80, False)
-    side.plan_load(request("b", 97), list(range(20, 27)), 16, 80)
+    side.plan_load(request("b", 97), (list(range(20, 27)),), 16, 80)
     (load,) = side.build_meta().loads
     assert [(c.first_block, c.block_ids) for c in load.chunks] == [(1, (21,)), (0, (22, 23)),
                                                                    (0, (24, 25))]
@@ -108,7 +108,7 @@ def test_a_partial_local_hit_loads_only_the_missing_blocks():
 def test_failed_loads_drop_the_chunk():
     side = scheduler()
     store_all(side, request("a", 64))
-    side.plan_load(request("b", 65), [1, 2, 3, 4, 5], 0, 64)
+    side.plan_load(request("b", 65), ([1, 2, 3, 4, 5],), 0, 64)
     (load,) = side.build_meta().loads
     bad = load.chunks[1].key
     side.worker_report(WorkerReport(load_failed={"b": {bad}}, loads_done=Counter({"b": 1})))
@@ -134,7 +134,7 @@ def test_write_through_then_restart_finds_the_chunks_on_disk(tmp_path):
     assert again.recovered == 2
     matched, from_disk = again.num_new_matched_tokens(request("b", 65), 0)
     assert (matched, from_disk) == (64, True)  # from disk: asynchronous
-    again.plan_load(request("b", 65), [1, 2, 3, 4, 5], 0, 64)
+    again.plan_load(request("b", 65), ([1, 2, 3, 4, 5],), 0, 64)
     assert again.request_finished("b") is True  # the load is still running
     (load,) = again.build_meta().loads
     assert all(c.disk_slot is not None and c.host_slot is not None for c in load.chunks)
@@ -183,7 +183,7 @@ def hold_host_slots(side: SchedulerSide, count: int) -> None:
     held = request("held", count * CHUNK + 1, seed=90)
     store_all(side, held)
     assert side.num_new_matched_tokens(held, 0) == (count * CHUNK, False)
-    side.plan_load(held, list(range(200, 200 + 2 * count + 1)), 0, count * CHUNK)
+    side.plan_load(held, (list(range(200, 200 + 2 * count + 1)),), 0, count * CHUNK)
     side.build_meta()
 
 
@@ -192,11 +192,11 @@ def test_a_store_with_no_free_host_slot_is_offered_again_next_step():
     hold_host_slots(side, 4)  # every host slot pinned by a load
     req = request("a", 64, seed=3)
     meta = StepPlan()
-    side.plan_stores(req, [1, 2, 3, 4], 64, meta)
+    side.plan_stores(req, ([1, 2, 3, 4],), 64, meta)
     assert meta.stores == []
     side.worker_report(WorkerReport(loads_done=Counter({"held": 1})))
     meta = StepPlan()
-    side.plan_stores(req, [1, 2, 3, 4], 65, meta)  # the request's next step
+    side.plan_stores(req, ([1, 2, 3, 4],), 65, meta)  # the request's next step
     assert [s.block_ids for s in meta.stores] == [(1, 2), (3, 4)]
 
 
@@ -221,7 +221,7 @@ def test_slots_held_by_reads_a_hung_disk_never_answered_are_not_waited_for(tmp_p
     store_all(side, hung)
     on_disk_only(side, request("a", 96))  # pushes hung's chunk out of host memory too
     assert side.num_new_matched_tokens(hung, 0) == (32, True)
-    side.plan_load(hung, [1, 2, 3], 0, 32)
+    side.plan_load(hung, ([1, 2, 3],), 0, 32)
     (load,) = side.build_meta().loads
     late = load.chunks[0].key  # its read is given up on and never ends: its slot stays held
     side.worker_report(WorkerReport(load_failed={"hung": {late}}, loads_done=Counter({"hung": 1}),
@@ -269,7 +269,7 @@ def test_a_chunk_without_a_staging_slot_is_recomputed_and_stays_cached(tmp_path)
     b = request("b", 97)
     assert side.num_new_matched_tokens(b, 0) == (96, True)
     hold_host_slots(side, 2)  # taken between the match and the allocation
-    side.plan_load(b, list(range(1, 8)), 0, 96)
+    side.plan_load(b, (list(range(1, 8)),), 0, 96)
     (load,) = side.build_meta().loads
     assert load.asynchronous and side.request_finished("b") is True
     staged = [c for c in load.chunks if c.host_slot is not None]
@@ -290,7 +290,7 @@ def test_an_asynchronous_load_stays_asynchronous_when_its_chunks_went_away(tmp_p
     assert side.num_new_matched_tokens(b, 0) == (64, True)
     for key in side.chunk_keys(b, 2):
         side.stack.discard(key)
-    side.plan_load(b, list(range(1, 6)), 0, 64)
+    side.plan_load(b, (list(range(1, 6)),), 0, 64)
     (load,) = side.build_meta().loads
     assert load.asynchronous and all(c.host_slot is None for c in load.chunks)
     assert side.request_finished("b") is True
@@ -310,7 +310,7 @@ def test_a_path_comes_back_when_every_rank_has_it_back(tmp_path):
 def test_ranks_whose_disk_writes_end_in_different_steps_all_count(tmp_path):
     side = scheduler(world=2, disk=tmp_path)
     meta = StepPlan()
-    side.plan_stores(request("a", 64), [1, 2, 3, 4], 64, meta)
+    side.plan_stores(request("a", 64), ([1, 2, 3, 4],), 64, meta)
     keys = [s.key for s in meta.stores]
     side.worker_report(WorkerReport(host_stored=Counter({k: 2 for k in keys}),
                                         disk_written=Counter({k: 1 for k in keys})))  # rank 0
@@ -323,7 +323,7 @@ def test_ranks_whose_disk_writes_end_in_different_steps_all_count(tmp_path):
 def test_one_rank_failing_its_disk_write_in_a_later_step_fails_the_chunk(tmp_path):
     side = scheduler(world=2, disk=tmp_path)
     meta = StepPlan()
-    side.plan_stores(request("a", 64), [1, 2, 3, 4], 64, meta)
+    side.plan_stores(request("a", 64), ([1, 2, 3, 4],), 64, meta)
     keys = [s.key for s in meta.stores]
     side.worker_report(WorkerReport(host_stored=Counter({k: 2 for k in keys}),
                                         disk_written=Counter({k: 1 for k in keys})))
@@ -339,7 +339,7 @@ def test_host_chunks_already_pinned_by_other_loads_need_no_room():
     shared = request("a", 65)
     store_all(side, shared)
     assert side.num_new_matched_tokens(request("first", 65), 0) == (64, False)
-    side.plan_load(request("first", 65), list(range(1, 6)), 0, 64)  # pins both chunks
+    side.plan_load(request("first", 65), (list(range(1, 6)),), 0, 64)  # pins both chunks
     hold_host_slots(side, 2)  # the other two host slots pinned too: nothing reusable
     assert side.stack.indexes[TierName.HOST].reusable_slots == 0
     assert side.num_new_matched_tokens(request("second", 65), 0) == (64, False)
@@ -350,7 +350,7 @@ def test_a_chunk_being_read_for_another_request_makes_the_next_one_wait(tmp_path
     on_disk_only(side, request("a", 64))
     b, c = request("b", 65), request("c", 65)
     assert side.num_new_matched_tokens(b, 0) == (64, True)
-    side.plan_load(b, list(range(1, 6)), 0, 64)  # staging a's chunks into host memory
+    side.plan_load(b, (list(range(1, 6)),), 0, 64)  # staging a's chunks into host memory
     side.build_meta()
     assert side.num_new_matched_tokens(c, 0) == (None, False)  # ask again: soon in host
     side.worker_report(WorkerReport(loads_done=Counter({"b": 1})))
@@ -362,7 +362,7 @@ def test_a_read_given_up_on_keeps_its_staging_slot_until_it_ends(tmp_path):
     on_disk_only(side, request("a", 64))
     b = request("b", 65)
     assert side.num_new_matched_tokens(b, 0) == (64, True)
-    side.plan_load(b, list(range(1, 6)), 0, 64)
+    side.plan_load(b, (list(range(1, 6)),), 0, 64)
     (load,) = side.build_meta().loads
     host = side.stack.indexes[TierName.HOST]
     late = load.chunks[1].key
@@ -395,12 +395,12 @@ def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):
     real = module.block_hash_chunk_key
     monkeypatch.setattr(module, "block_hash_chunk_key", lambda *a: calls.append(a) or real(*a))
     assert not side.completes_chunks("a", 96 + 1)  # a decode step: nothing new to store
-    side.plan_stores(req, list(range(100, 106)), 96 + 1, StepPlan())
+    side.plan_stores(req, (list(range(100, 106)),), 96 + 1, StepPlan())
     assert calls == []
     longer = request("a", 128)
     assert side.completes_chunks("a", 128)
     meta = StepPlan()
-    side.plan_stores(longer, list(range(100, 108)), 128, meta)
+    side.plan_stores(longer, (list(range(100, 108)),), 128, meta)
     assert len(calls) == 1 and len(meta.stores) == 1  # only the chunk just completed
 
 

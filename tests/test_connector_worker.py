@@ -82,7 +82,7 @@ def test_a_host_load_is_done_before_the_forward(tmp_path):
 
 def test_a_failed_disk_read_reports_the_blocks_for_recompute(tmp_path, monkeypatch):
     side, _ = worker(tmp_path)
-    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0),
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (14, 15), 0, disk_slot=0),
                                      ChunkStore(b"b" * 16, (2, 3), 1, disk_slot=1)]))
     side.drain()
     side.report()
@@ -118,7 +118,7 @@ def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, mon
 
     side, _ = worker(tmp_path, disk_retry=0.001)
     with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
-        side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (0, 1), 0, disk_slot=0)]))
+        side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (14, 15), 0, disk_slot=0)]))
         side.drain()
     report = side.report()
     assert report.paths_down == Counter({0: 1}) and report.disk_failed[b"a" * 16] == 1
@@ -180,7 +180,7 @@ def test_a_hung_disk_read_is_given_up_and_its_slot_held_until_it_ends(tmp_path):
 def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path):
     side, _, engine = worker_and_engine(tmp_path, load_timeout=0.1)
     keys = [bytes([i]) * 16 for i in range(3)]
-    side.save(StepPlan(stores=[ChunkStore(k, (2 * i, 2 * i + 1), i, disk_slot=i)
+    side.save(StepPlan(stores=[ChunkStore(k, (2 * i + 1, 2 * i + 2), i, disk_slot=i)
                                      for i, k in enumerate(keys)]))
     side.drain()
     side.report()

@@ -28,6 +28,15 @@ def tiny_model(where: Path) -> Path:
     return make_model(where / "tiny", "tiny")
 
 
+def hybrid_model(where: Path) -> Path:
+    """A tiny random Gemma-3-style model: sliding-window (256 tokens) and full-attention
+    layers, alternating (two KV cache groups under vLLM's hybrid KV cache manager)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from make_model import make_model
+
+    return make_model(where / "gemma3-tiny", "tiny", family="gemma3")
+
+
 def prompts(seed: int, count: int, length: int, shared: int = 0) -> list[list[int]]:
     """``count`` prompts of ``length`` random token ids; the first ``shared`` are common."""
     rng = np.random.default_rng(seed)

@@ -10,7 +10,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -54,8 +56,11 @@ class KVTierStats(WorkerCounters, KVConnectorStats):
         return self
 
 
-class KVTierConnector(KVConnectorBase_V1):
-    """Tiered KV offload (host memory, then disk) for vLLM; see docs/vllm.md."""
+class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
+    """Tiered KV offload (host memory, then disk) for vLLM; see docs/vllm.md.
+
+    Serves hybrid models with vLLM's hybrid KV cache manager on (``SupportsHMA``): a chunk
+    holds every KV cache group's pages (see ``geometry``)."""
 
     _cache_hit_source = CacheHitSource.HOST
 
@@ -129,6 +134,11 @@ class KVTierConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return None, self._worker_side.finished() or None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        finished = self._worker_side.finished()
+        return KVConnectorTransferResults(finished_recving=finished,
+                                          failed_recving=self._worker_side.take_failed_loads())
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker_side.take_invalid_blocks()
 
@@ -167,7 +177,7 @@ class KVTierConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens:
-            self._scheduler_side.plan_load(request, blocks.get_block_ids()[0],
+            self._scheduler_side.plan_load(request, blocks.get_block_ids(),
                                            self._local_computed.get(request.request_id, 0),
                                            num_external_tokens)
 
@@ -193,7 +203,7 @@ class KVTierConnector(KVConnectorBase_V1):
             if (request is None or self._kv_cache_manager is None
                     or not scheduler.completes_chunks(req_id, computed[req_id] + tokens)):
                 continue  # most decode steps complete no chunk: nothing to look up
-            block_ids = self._kv_cache_manager.get_block_ids(req_id)[0]
+            block_ids = self._kv_cache_manager.get_block_ids(req_id)
             scheduler.plan_stores(request, block_ids, computed[req_id] + tokens, meta)
         return meta
 
@@ -205,3 +215,7 @@ class KVTierConnector(KVConnectorBase_V1):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)
         return self._scheduler_side.request_finished(request.request_id), None
+
+    def request_finished_all_groups(self, request: Any,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
+        return self.request_finished(request, block_ids[0] if block_ids else [])

@@ -4,6 +4,13 @@ The scheduler side derives it from vLLM's ``KVCacheConfig``; the worker side che
 against the KV tensors it is handed. A chunk in a host slot or on disk is the chunk's pages,
 layer by layer: ``(num_layers, blocks_per_chunk, page_bytes)``, whole pages copied as bytes
 (so the bytes are whatever vLLM keeps in a page, in whatever layout it uses).
+
+A hybrid model (vLLM's hybrid KV cache manager on) has several KV cache groups: full
+attention, sliding window, chunked local attention, each with its own block table. A chunk
+then covers every group: the layers are in group order (the first group's layers, then the
+next group's), and a chunk's block ids are each group's blocks for its tokens, group after
+group. A group keeps no block for tokens that fell out of its window (vLLM's null block):
+those pages are neither stored (the chunk is not offered) nor loaded (nothing to fill).
 """
 
 from __future__ import annotations
@@ -29,6 +36,14 @@ class KVGeometry:
     chunk_tokens: int
     kv_dtype: str
     page_shape: str  # per-block tensor shape, as vLLM lays it out
+    group_layers: tuple[int, ...] = ()  # layers per KV cache group (hybrid); () = one group
+    layer_names: tuple[str, ...] = ()  # vLLM's layer names in chunk order; () = as registered
+    group_kinds: tuple[str, ...] = ()  # "full", "mla", "sliding256", "local512" per group
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """Layers per KV cache group, in chunk order."""
+        return self.group_layers or (self.num_layers,)
 
     @property
     def blocks_per_chunk(self) -> int:
@@ -43,9 +58,13 @@ class KVGeometry:
         return self.num_layers * self.blocks_per_chunk * self.page_bytes
 
     def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int) -> Namespace:
+        layout = f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}"
+        if len(self.groups) > 1:  # which layers hold what, in chunk order
+            layout += ":" + "+".join(f"{n}{kind}" for n, kind in zip(self.groups, self.group_kinds,
+                                                                     strict=True))
         return Namespace(
             model=model, model_revision=revision, kv_dtype=self.kv_dtype,
-            layout=f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}",
+            layout=layout,
             layout_version=LAYOUT_VERSION, block_tokens=self.block_tokens,
             chunk_tokens=self.chunk_tokens, tp_size=tp_size, tp_rank=tp_rank,
         )
@@ -54,12 +73,15 @@ class KVGeometry:
 def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KVGeometry:
     """Build the geometry from vLLM's configs; ``ConfigError`` for what kvtier cannot serve."""
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
+    model = vllm_config.model_config.model
+    kinds = [_group_kind(model, i, group) for i, group in enumerate(groups)]
+    specs = [group.kv_cache_spec for group in groups]
+    spec = specs[0]
+    if len({(s.block_size, s.page_size_bytes) for s in specs}) != 1:
         raise ConfigError(
-            f"kvtier: this model has {len(groups)} KV cache groups (hybrid attention); kvtier "
-            "serves models with one group of full-attention layers"
-        )
-    spec = groups[0].kv_cache_spec
+            f"kvtier: the KV cache groups of {model} have different block sizes or page sizes "
+            f"({', '.join(f'{s.block_size} tokens / {s.page_size_bytes} bytes' for s in specs)}); "
+            "kvtier stores every group's pages of a chunk together and needs them alike")
     block = spec.block_size
     if config.chunk_tokens % block:
         config.check_block_tokens(block)
@@ -69,9 +91,46 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1:
         raise ConfigError("kvtier: pipeline parallelism is not supported yet; use TP only")
-    page_shape = f"{block}x{spec.num_kv_heads}x{spec.head_size}x{str(spec.dtype).removeprefix('torch.')}"
+    shapes = {_page_shape(s) for s in specs}
+    if len(shapes) != 1:
+        raise ConfigError(f"kvtier: the KV cache groups of {model} lay their pages out "
+                          f"differently ({', '.join(sorted(shapes))}); kvtier needs one page shape")
+    hybrid = len(groups) > 1
     return KVGeometry(
-        num_layers=len(groups[0].layer_names), page_bytes=spec.page_size_bytes,
+        num_layers=sum(len(g.layer_names) for g in groups), page_bytes=spec.page_size_bytes,
         block_tokens=block, hash_block_tokens=hash_block, chunk_tokens=config.chunk_tokens,
-        kv_dtype=str(spec.dtype).removeprefix("torch."), page_shape=page_shape,
+        kv_dtype=str(spec.dtype).removeprefix("torch."), page_shape=shapes.pop(),
+        group_layers=tuple(len(g.layer_names) for g in groups) if hybrid else (),
+        layer_names=tuple(name for g in groups for name in g.layer_names),
+        group_kinds=tuple(kinds) if hybrid else (),
     )
+
+
+def _page_shape(spec) -> str:
+    return f"{spec.block_size}x{spec.num_kv_heads}x{spec.head_size}x{str(spec.dtype).removeprefix('torch.')}"
+
+
+def _group_kind(model: str, index: int, group) -> str:
+    """What a KV cache group keeps, as named in the namespace; ``ConfigError`` for a group
+    whose state is not paged attention KV."""
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    spec = group.kv_cache_spec
+    if isinstance(spec, SlidingWindowSpec):
+        return f"sliding{spec.sliding_window}"
+    if isinstance(spec, ChunkedLocalAttentionSpec):
+        return f"local{spec.attention_chunk_size}"
+    if type(spec) is FullAttentionSpec:
+        return "full"
+    if type(spec) is MLAAttentionSpec:  # one latent page per block and layer
+        return "mla"
+    raise ConfigError(
+        f"kvtier: KV cache group {index} of {model} ({len(group.layer_names)} layers, e.g. "
+        f"{group.layer_names[0]}) keeps {type(spec).__name__} state, not paged attention KV "
+        "(full, sliding-window or chunked local attention); kvtier cannot store it. Serve "
+        "this model without kvtier.")

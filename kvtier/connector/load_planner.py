@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from kvtier.config import KVTierConfig
 from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkLoad, DiskWrite, RequestLoad
+from kvtier.connector.messages import ChunkLoad, DiskWrite, GroupBlocks, RequestLoad, chunk_blocks
 from kvtier.connector.records import Load, PendingStores, StalledReads, Tracked
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location, TierStack
@@ -84,9 +84,10 @@ class LoadPlanner:
             return 0, False
         self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
-        # request waits (asynchronously) while other requests go on.
-        tracked.asynchronous = from_disk > 0
-        return wanted, from_disk > 0
+        # request waits (asynchronously) while other requests go on. A hybrid model's loads
+        # are all asynchronous: vLLM takes a failed load back as a request only then.
+        tracked.asynchronous = from_disk > 0 or len(self.geometry.groups) > 1
+        return wanted, tracked.asynchronous
 
     def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
@@ -131,7 +132,7 @@ class LoadPlanner:
 
     # -- plan -----------------------------------------------------------------------------
 
-    def plan(self, req_id: str, tracked: Tracked, keys: list[ChunkKey], block_ids: list[int],
+    def plan(self, req_id: str, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              num_computed: int, num_external: int) -> None:
         """Pin the chunks covering ``[num_computed, num_computed + num_external)`` and queue
         their load into the request's GPU blocks."""
@@ -144,7 +145,8 @@ class LoadPlanner:
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
             first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
             last = min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
-            ids = tuple(block_ids[c * geo.blocks_per_chunk + first:c * geo.blocks_per_chunk + last])
+            ids = chunk_blocks(block_ids, c * geo.blocks_per_chunk + first,
+                               c * geo.blocks_per_chunk + last)
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
                                            load, demotions))
         self._loads[req_id] = load

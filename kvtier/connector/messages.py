@@ -8,8 +8,21 @@ scheduler side's bookkeeping; workers only move bytes and report outcomes.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Self
+
+# vLLM's null block: block 0 of the pool, which holds nothing. A sliding-window group's blocks
+# for tokens out of its window are the null block; a load skips them, a store never has one.
+NULL_BLOCK = 0
+
+GroupBlocks = Sequence[Sequence[int]]  # a request's block ids in each KV cache group
+
+
+def chunk_blocks(groups: GroupBlocks, start: int, stop: int) -> tuple[int, ...]:
+    """Blocks ``start`` to ``stop - 1`` of every group, group after group: the ``block_ids``
+    of a ``ChunkStore`` or ``ChunkLoad``."""
+    return tuple(b for ids in groups for b in ids[start:stop])
 
 
 @dataclass(frozen=True)
@@ -25,7 +38,8 @@ class DiskWrite:
 @dataclass(frozen=True)
 class ChunkStore:
     """Copy a computed chunk's GPU pages into ``host_slot``; then, if ``disk_slot`` is set,
-    write it there in the background (write-through)."""
+    write it there in the background (write-through). ``block_ids``: the chunk's blocks in
+    each KV cache group, group after group (one group but for hybrid models)."""
 
     key: bytes
     block_ids: tuple[int, ...]
@@ -35,7 +49,9 @@ class ChunkStore:
 
 @dataclass(frozen=True)
 class ChunkLoad:
-    """Fill GPU blocks ``block_ids`` from the chunk's pages ``first_block`` onwards.
+    """Fill GPU blocks ``block_ids`` (each KV cache group's, group after group, as many per
+    group; ``NULL_BLOCK`` where a group keeps none) from the chunk's pages ``first_block``
+    onwards.
 
     The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
     disk into ``host_slot`` and verified. ``host_slot`` is None when no host slot could be

@@ -1,19 +1,26 @@
 """Copying whole pages between vLLM's paged KV cache and kvtier's host slots.
 
-A chunk in a host slot is ``(num_layers, blocks_per_chunk, page_bytes)``. On the CPU, pages
-move as slice copies, one per run of consecutive block ids per layer (memcpy, GIL released;
-measured 10x faster than ``index_copy_`` here). On CUDA, pages are gathered on the device and
-copied to pinned host memory on a side stream (and back), and the caller waits on the stream
-before reporting completion.
+A chunk in a host slot is ``(num_layers, blocks_per_chunk, page_bytes)``, layers in KV cache
+group order (see ``geometry``); its block ids are each group's blocks, group after group.
+On the CPU, pages move as slice copies, one per run of consecutive block ids per layer
+(memcpy, GIL released; measured 10x faster than ``index_copy_`` here); into the cache they
+are numpy copies, which run on the calling thread alone, so a disk read job may scatter what
+it read without starting a team of OpenMP threads beside the engine's. On CUDA, pages are
+gathered on the device and copied to pinned host memory on a side stream (and back), and the
+caller waits on the stream before reporting completion. A load skips vLLM's null block (a
+sliding-window group keeps no page for tokens out of its window).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import NULL_BLOCK
 
 
 class PagedKV:
@@ -28,8 +35,11 @@ class PagedKV:
             raise ValueError(f"kvtier: KV pages of {sorted(sizes)} bytes, expected "
                              f"{geometry.page_bytes} (vLLM's KV cache layout changed?)")
         self.device = self.pages[0].device
+        self._arrays = [p.numpy() for p in self.pages] if self.device.type == "cpu" else []
         self.num_blocks = min(p.shape[0] for p in self.pages)
         self.geometry = geometry
+        bounds = list(itertools.accumulate(geometry.groups, initial=0))
+        self._groups = [range(a, b) for a, b in itertools.pairwise(bounds)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     @staticmethod
@@ -42,44 +52,78 @@ class PagedKV:
     def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor(block_ids, dtype=torch.long, device=self.device)
 
-    def _check(self, block_ids: Sequence[int]) -> None:
-        """Block ids in range, checked on the host: a slice past the end copies nothing
-        without a word, and an index past the end on CUDA is a device-side assert."""
+    def _per_group(self, block_ids: Sequence[int]) -> list[tuple[range, Sequence[int]]]:
+        """(layers, block ids) of each KV cache group, after checking the ids on the host:
+        a slice past the end copies nothing without a word, and an index past the end on
+        CUDA is a device-side assert."""
         if block_ids and (min(block_ids) < 0 or max(block_ids) >= self.num_blocks):
             raise IndexError(f"kvtier: block ids {min(block_ids)}..{max(block_ids)} outside the "
                              f"KV cache's {self.num_blocks} blocks")
+        count, odd = divmod(len(block_ids), len(self._groups))
+        if odd:
+            raise ValueError(f"kvtier: {len(block_ids)} block ids for {len(self._groups)} KV "
+                             "cache groups (each group's blocks, group after group)")
+        return [(layers, block_ids[g * count:(g + 1) * count])
+                for g, layers in enumerate(self._groups)]
+
+    def _chunk(self, slot: torch.Tensor) -> torch.Tensor:
+        return slot[: self.geometry.chunk_bytes].view(self.geometry.num_layers, -1,
+                                                      self.geometry.page_bytes)
 
     def gather(self, block_ids: Sequence[int], slot: torch.Tensor) -> None:
         """Copy the pages of ``block_ids`` (every layer) into ``slot`` (host bytes)."""
-        self._check(block_ids)
-        chunk = slot[: self.geometry.chunk_bytes].view(self.geometry.num_layers, -1,
-                                                       self.geometry.page_bytes)
+        if NULL_BLOCK in block_ids:
+            raise ValueError("kvtier: a store of vLLM's null block (a page out of a sliding "
+                             "window holds nothing)")
+        groups, chunk = self._per_group(block_ids), self._chunk(slot)
         if self._stream is None:
-            for start, first, count in _runs(block_ids):
-                for layer, pages in enumerate(self.pages):
-                    chunk[layer, start:start + count].copy_(pages[first:first + count])
+            for layers, ids in groups:
+                for start, first, count in _runs(ids):
+                    for layer in layers:
+                        chunk[layer, start:start + count].copy_(self.pages[layer][first:first + count])
             return
-        ids = self._ids(block_ids)
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            for layer, pages in enumerate(self.pages):
-                chunk[layer, : len(block_ids)].copy_(pages.index_select(0, ids), non_blocking=True)
+            for layers, ids in groups:
+                index = self._ids(ids)
+                for layer in layers:
+                    chunk[layer, : len(ids)].copy_(self.pages[layer].index_select(0, index),
+                                                   non_blocking=True)
+
+    def bytes_of(self, block_ids: Sequence[int]) -> int:
+        """Bytes a load of ``block_ids`` copies (the null block's pages are not)."""
+        return sum(len(layers) * sum(1 for b in ids if b != NULL_BLOCK)
+                   for layers, ids in self._per_group(block_ids)) * self.geometry.page_bytes
+
+    @property
+    def any_thread(self) -> bool:
+        """Whether ``scatter`` may run on any thread (the CPU: plain copies), not only the
+        engine's (CUDA: its side stream)."""
+        return self._stream is None
 
     def scatter(self, slot: torch.Tensor, block_ids: Sequence[int], first: int) -> None:
-        """Copy pages ``first ...`` of the chunk in ``slot`` into ``block_ids``."""
-        self._check(block_ids)
-        chunk = slot[: self.geometry.chunk_bytes].view(self.geometry.num_layers, -1,
-                                                       self.geometry.page_bytes)
+        """Copy pages ``first ...`` of the chunk in ``slot`` into ``block_ids`` (the null
+        block skipped)."""
+        groups, chunk = self._per_group(block_ids), self._chunk(slot)
         if self._stream is None:
-            for start, block, count in _runs(block_ids):
-                for layer, pages in enumerate(self.pages):
-                    pages[block:block + count].copy_(chunk[layer, first + start:first + start + count])
+            rows = chunk.numpy()
+            for layers, ids in groups:
+                for start, block, count in _runs(ids):
+                    at = first + start
+                    for layer in layers:
+                        np.copyto(self._arrays[layer][block:block + count], rows[layer, at:at + count])
             return
-        ids = self._ids(block_ids)
-        span = slice(first, first + len(block_ids))
         with torch.cuda.stream(self._stream):
-            for layer, pages in enumerate(self.pages):
-                pages.index_copy_(0, ids, chunk[layer, span].to(self.device, non_blocking=True))
+            for layers, ids in groups:
+                kept = [i for i, block in enumerate(ids) if block != NULL_BLOCK]
+                if not kept:
+                    continue
+                index, picked = self._ids([ids[i] for i in kept]), self._ids(kept)
+                for layer in layers:
+                    span = chunk[layer, first:first + len(ids)].to(self.device, non_blocking=True)
+                    if len(kept) < len(ids):
+                        span = span.index_select(0, picked)
+                    self.pages[layer].index_copy_(0, index, span)
 
     def synchronize(self) -> None:
         """Wait for copies started on the side stream (no-op on the CPU)."""
@@ -88,10 +132,13 @@ class PagedKV:
 
 
 def _runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(index in ``block_ids``, first block id, length) of each run of consecutive ids."""
+    """(index in ``block_ids``, first block id, length) of each run of consecutive ids, the
+    null block left out."""
     runs: list[tuple[int, int, int]] = []
     for i, block in enumerate(block_ids):
-        if runs and runs[-1][1] + runs[-1][2] == block:
+        if block == NULL_BLOCK:
+            continue
+        if runs and runs[-1][1] + runs[-1][2] == block and runs[-1][0] + runs[-1][2] == i:
             start, first, count = runs[-1]
             runs[-1] = (start, first, count + 1)
         else:

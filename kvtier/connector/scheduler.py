@@ -21,7 +21,7 @@ from kvtier.config import KVTierConfig, LoadPolicy
 from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_planner import LoadPlanner
-from kvtier.connector.messages import StepPlan, WorkerReport
+from kvtier.connector.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.outcomes import Outcomes
 from kvtier.connector.records import PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler_metrics import metric_samples
@@ -120,10 +120,10 @@ class SchedulerSide:
         keys = self.chunk_keys(request, -(-limit // chunk))
         return self._loads.match(tracked, keys, limit, num_computed)
 
-    def plan_load(self, request: Any, block_ids: list[int], num_computed: int,
+    def plan_load(self, request: Any, block_ids: GroupBlocks, num_computed: int,
                   num_external: int) -> None:
         """Pin the chunks covering ``[num_computed, num_computed + num_external)`` and queue
-        their load into the request's GPU blocks."""
+        their load into the request's GPU blocks (``block_ids``: per KV cache group)."""
         end = num_computed + num_external
         keys = self.chunk_keys(request, -(-end // self.geometry.chunk_tokens))
         self._loads.plan(request.request_id, self.track(request), keys, block_ids, num_computed,
@@ -141,9 +141,10 @@ class SchedulerSide:
         stored = tracked.stored_upto if tracked is not None else 0
         return num_computed_after // self.geometry.chunk_tokens > stored
 
-    def plan_stores(self, request: Any, block_ids: list[int], num_computed_after: int,
+    def plan_stores(self, request: Any, block_ids: GroupBlocks, num_computed_after: int,
                     meta: StepPlan) -> None:
-        """Offer, in order, every chunk of ``request`` that is fully computed after this step.
+        """Offer, in order, every chunk of ``request`` that is fully computed after this step
+        (``block_ids``: the request's blocks per KV cache group).
 
         A chunk that finds no free host slot (all held by stores and loads in flight) stops
         the offer there; the request's next step offers it again, while its blocks are

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kvtier.config import KVTierConfig, WritePolicy
 from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkStore, StepPlan
+from kvtier.connector.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
 from kvtier.connector.records import PendingStores, Tracked
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import TierStack
@@ -33,14 +33,18 @@ class StorePlanner:
                  pending: PendingStores) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
 
-    def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: list[int],
+    def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan) -> None:
         """Offer ``keys``, the request's chunks from ``tracked.stored_upto`` on, stored
-        from ``block_ids`` (all the request's blocks)."""
+        from ``block_ids`` (all the request's blocks, per KV cache group). A chunk some
+        group keeps no page of (out of its sliding window by now: vLLM's null block) cannot
+        be stored, nor can any after it."""
         per = self.geometry.blocks_per_chunk
         for c, key in enumerate(keys, start=tracked.stored_upto):
-            ids = block_ids[c * per:(c + 1) * per]
-            if len(ids) < per or not self._plan_one(key, tuple(ids), meta):
+            ids = chunk_blocks(block_ids, c * per, (c + 1) * per)
+            if len(ids) < per * len(block_ids) or NULL_BLOCK in ids:
+                break
+            if not self._plan_one(key, ids, meta):
                 break
             tracked.stored_upto = c + 1
 

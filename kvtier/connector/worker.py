@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
@@ -18,6 +19,7 @@ import torch
 
 from kvtier.config import KVTierConfig
 from kvtier.connector.counters import WorkerCounters
+from kvtier.connector.early_scatter import EarlyScatter
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_tracker import (
     LoadTracker,
@@ -26,7 +28,7 @@ from kvtier.connector.load_tracker import (
     failed_read,
     resolved,
 )
-from kvtier.connector.messages import ChunkStore, RequestLoad, StepPlan, WorkerReport
+from kvtier.connector.messages import NULL_BLOCK, ChunkStore, RequestLoad, StepPlan, WorkerReport
 from kvtier.connector.pages import PagedKV
 from kvtier.connector.worker_disk import WorkerDisk
 from kvtier.connector.worker_ledger import WorkerLedger
@@ -73,6 +75,7 @@ class WorkerSide:
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
         self._loads = LoadTracker(config.load_timeout)
+        self._early: dict[str, EarlyScatter] = {}  # loads whose read jobs copy into pages
 
     @property
     def disk(self) -> DiskTier | None:
@@ -83,13 +86,24 @@ class WorkerSide:
         assert self.pages is not None and self.host is not None, "register() comes first"
         return self.pages, self.host
 
+    def _in_chunk_order(self, kv_caches: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """vLLM's KV tensors in the order of the layers in a chunk (KV cache group by
+        group), or as registered when the geometry names no layers."""
+        names = self.geometry.layer_names
+        if not names:
+            return list(kv_caches.values())
+        if set(names) != set(kv_caches):
+            raise ValueError(f"kvtier: vLLM registered KV tensors for {sorted(kv_caches)} but "
+                             f"its KV cache groups name {sorted(names)}")
+        return [kv_caches[name] for name in names]
+
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             # The engine loop is a busy Python thread: without this, every disk thread waits
             # up to 5 ms for the GIL each time one of its reads returns.
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self.pages = PagedKV(list(kv_caches.values()), self.geometry)
+        self.pages = PagedKV(self._in_chunk_order(kv_caches), self.geometry)
         slot_bytes = align_up(self.geometry.chunk_bytes)
         self.host = make_host_tier(self.config.host_capacity, slot_bytes)
         element_bytes = next(iter(kv_caches.values())).element_size()
@@ -115,10 +129,11 @@ class WorkerSide:
                 if not load.asynchronous:
                     self._complete(load, {}, started)
                 elif load.demotions:  # write-back victims must leave the staging slots first
-                    self._loads.add(load, self._loader.submit(self._demote_then_read, load),
-                                    started)
+                    self._loads.add(load, self._loader.submit(
+                        self._demote_then_read, load, self._early_scatter(load)), started)
                 else:
-                    self._loads.add(load, resolved(self._disk.submit_reads(load)), started)
+                    self._loads.add(load, resolved(self._disk.submit_reads(
+                        load, self._early_scatter(load))), started)
             except Exception as exc:  # never take the step down: the blocks are recomputed
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
@@ -150,12 +165,33 @@ class WorkerSide:
             if any(went_down):
                 self._ledger.note_down_paths()
 
+    def _early_scatter(self, load: RequestLoad) -> Callable[[bytes], None] | None:
+        """Where pages may be copied on any thread (the CPU), a load's read jobs copy each
+        chunk into its blocks as it lands; ``_complete`` closes the gate first. Made on the
+        engine's thread before the load's job starts, so a job that outlives the load
+        (given up on) finds the gate closed."""
+        pages, host = self._attached()
+        if not pages.any_thread:
+            return None
+        chunks = {c.key: c for c in load.chunks if c.host_slot is not None}
+
+        def copy(key: bytes) -> None:
+            chunk = chunks[key]
+            assert chunk.host_slot is not None
+            pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+
+        gate = self._early[load.req_id] = EarlyScatter(copy)
+        return gate.land
+
     def _complete(self, load: RequestLoad, reads: Reads, started: float,
                   timed: bool = True) -> None:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
-        the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
-        dropped from the cache: chunks whose disk read failed."""
+        the later ones are reported invalid, for vLLM to recompute); chunks the read jobs
+        copied already are not copied again. Reported failed, to be dropped from the cache:
+        chunks whose disk read failed."""
         pages, host = self._attached()
+        gate = self._early.pop(load.req_id, None)
+        landed = gate.close() if gate is not None else set()  # no read job writes pages now
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
         disk_bytes = host_bytes = 0
@@ -169,20 +205,22 @@ class WorkerSide:
                         self._ledger.note_failure(result, "read")
                 if broken or chunk.host_slot is None or chunk.key in failed_keys:
                     broken = True
-                    invalid.update(chunk.block_ids)
+                    invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
                     continue
-                pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
-                moved = len(chunk.block_ids) * self.geometry.page_bytes * self.geometry.num_layers
+                if chunk.key not in landed:
+                    pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+                moved = pages.bytes_of(chunk.block_ids)
                 host_bytes += moved
                 disk_bytes += moved if result is not None else 0
             pages.synchronize()
         except Exception as exc:  # never take the engine down: recompute instead
             self._ledger.unexpected("load failed", load.req_id, exc)
-            invalid.update(b for c in load.chunks for b in c.block_ids)
+            invalid.update(b for c in load.chunks for b in c.block_ids if b != NULL_BLOCK)
             failed_keys.update(c.key for c in load.chunks if c.key)
         seconds = time.perf_counter() - started
         with self._lock:
-            self._ledger.load_over(load.req_id, invalid, load.asynchronous)
+            self._ledger.load_over(load.req_id, invalid, load.asynchronous,
+                                   whole=len(self.geometry.groups) > 1)
             if failed_keys:
                 self._ledger.pending.load_failed[load.req_id] = failed_keys
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
@@ -230,7 +268,7 @@ class WorkerSide:
                     for _, key, _ in writes:
                         self._ledger.pending.disk_failed[key] += 1
 
-    def _demote_then_read(self, load: RequestLoad) -> Reads:
+    def _demote_then_read(self, load: RequestLoad, landed: Callable[[bytes], None] | None) -> Reads:
         try:
             self._disk.demote(load.demotions)
         except Exception:
@@ -241,7 +279,7 @@ class WorkerSide:
             raise
         if not self._loads.should_read(load.req_id):  # given up on meanwhile: read nothing
             return {}
-        return self._disk.submit_reads(load)
+        return self._disk.submit_reads(load, landed)
 
     # -- reports ------------------------------------------------------------------------
 
@@ -257,6 +295,11 @@ class WorkerSide:
 
     def take_invalid_blocks(self) -> set[int]:
         return self._ledger.take_invalid_blocks()
+
+    def take_failed_loads(self) -> set[str]:
+        """Loads among the last ``finished()`` that vLLM must recompute whole (hybrid models:
+        vLLM cannot map a block id back to its request when there are several groups)."""
+        return self._ledger.take_failed_loads()
 
     def report(self) -> WorkerReport | None:
         return self._ledger.report()

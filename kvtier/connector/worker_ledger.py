@@ -1,6 +1,7 @@
 """What a worker owes the rest of the engine: its report to the scheduler side, its counters
 (to vLLM each step, and since start for the metrics endpoint), the loads it finished and the
-blocks vLLM must recompute, and failures logged once per kind."""
+blocks (or, for hybrid models, the loads) vLLM must recompute, and failures logged once per
+kind."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class WorkerLedger:
         self._finished: set[str] = set()
         self._invalid: set[int] = set()
         self._invalid_to_report: set[int] = set()
+        self._failed: set[str] = set()  # loads failed as a whole (hybrid models)
+        self._failed_to_report: set[str] = set()
 
     # -- with the lock held ---------------------------------------------------------------
 
@@ -59,9 +62,16 @@ class WorkerLedger:
         """A disk path came back into service: the scheduler side un-retires it."""
         self.pending.paths_up[index] += 1
 
-    def load_over(self, req_id: str, invalid: set[int], asynchronous: bool) -> None:
-        """A load is over; vLLM recomputes its ``invalid`` blocks."""
-        self._invalid |= invalid
+    def load_over(self, req_id: str, invalid: set[int], asynchronous: bool,
+                  whole: bool = False) -> None:
+        """A load is over; vLLM recomputes its ``invalid`` blocks. With ``whole`` (a hybrid
+        model, whose block ids vLLM cannot map back to requests) an asynchronous load with
+        any block invalid is reported failed instead, and vLLM recomputes the request."""
+        if whole and invalid:
+            assert asynchronous, "a hybrid model's loads are all asynchronous"
+            self._failed.add(req_id)
+        else:
+            self._invalid |= invalid
         self.pending.loads_done[req_id] += 1
         if asynchronous:
             self._finished.add(req_id)
@@ -80,7 +90,15 @@ class WorkerLedger:
             done, self._finished = self._finished, set()
             self._invalid_to_report |= self._invalid
             self._invalid = set()
+            self._failed_to_report |= self._failed
+            self._failed = set()
         return done
+
+    def take_failed_loads(self) -> set[str]:
+        """Loads failed as a whole among those the last ``take_finished`` returned."""
+        with self.lock:
+            failed, self._failed_to_report = self._failed_to_report, set()
+        return failed
 
     def take_invalid_blocks(self) -> set[int]:
         with self.lock:
