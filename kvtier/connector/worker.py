@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
@@ -19,7 +18,6 @@ import torch
 
 from kvtier.config import KVTierConfig
 from kvtier.connector.counters import WorkerCounters
-from kvtier.connector.early_scatter import EarlyScatter
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_tracker import (
     LoadTracker,
@@ -75,7 +73,6 @@ class WorkerSide:
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
         self._loads = LoadTracker(config.load_timeout)
-        self._early: dict[str, EarlyScatter] = {}  # loads whose read jobs copy into pages
 
     @property
     def disk(self) -> DiskTier | None:
@@ -129,11 +126,10 @@ class WorkerSide:
                 if not load.asynchronous:
                     self._complete(load, {}, started)
                 elif load.demotions:  # write-back victims must leave the staging slots first
-                    self._loads.add(load, self._loader.submit(
-                        self._demote_then_read, load, self._early_scatter(load)), started)
+                    self._loads.add(load, self._loader.submit(self._demote_then_read, load),
+                                    started)
                 else:
-                    self._loads.add(load, resolved(self._disk.submit_reads(
-                        load, self._early_scatter(load))), started)
+                    self._loads.add(load, resolved(self._disk.submit_reads(load)), started)
             except Exception as exc:  # never take the step down: the blocks are recomputed
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
@@ -165,33 +161,12 @@ class WorkerSide:
             if any(went_down):
                 self._ledger.note_down_paths()
 
-    def _early_scatter(self, load: RequestLoad) -> Callable[[bytes], None] | None:
-        """Where pages may be copied on any thread (the CPU), a load's read jobs copy each
-        chunk into its blocks as it lands; ``_complete`` closes the gate first. Made on the
-        engine's thread before the load's job starts, so a job that outlives the load
-        (given up on) finds the gate closed."""
-        pages, host = self._attached()
-        if not pages.any_thread:
-            return None
-        chunks = {c.key: c for c in load.chunks if c.host_slot is not None}
-
-        def copy(key: bytes) -> None:
-            chunk = chunks[key]
-            assert chunk.host_slot is not None
-            pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
-
-        gate = self._early[load.req_id] = EarlyScatter(copy)
-        return gate.land
-
     def _complete(self, load: RequestLoad, reads: Reads, started: float,
                   timed: bool = True) -> None:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
-        the later ones are reported invalid, for vLLM to recompute); chunks the read jobs
-        copied already are not copied again. Reported failed, to be dropped from the cache:
-        chunks whose disk read failed."""
+        the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
+        dropped from the cache: chunks whose disk read failed."""
         pages, host = self._attached()
-        gate = self._early.pop(load.req_id, None)
-        landed = gate.close() if gate is not None else set()  # no read job writes pages now
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
         disk_bytes = host_bytes = 0
@@ -207,8 +182,7 @@ class WorkerSide:
                     broken = True
                     invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
                     continue
-                if chunk.key not in landed:
-                    pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+                pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
                 moved = pages.bytes_of(chunk.block_ids)
                 host_bytes += moved
                 disk_bytes += moved if result is not None else 0
@@ -268,7 +242,7 @@ class WorkerSide:
                     for _, key, _ in writes:
                         self._ledger.pending.disk_failed[key] += 1
 
-    def _demote_then_read(self, load: RequestLoad, landed: Callable[[bytes], None] | None) -> Reads:
+    def _demote_then_read(self, load: RequestLoad) -> Reads:
         try:
             self._disk.demote(load.demotions)
         except Exception:
@@ -279,7 +253,7 @@ class WorkerSide:
             raise
         if not self._loads.should_read(load.req_id):  # given up on meanwhile: read nothing
             return {}
-        return self._disk.submit_reads(load, landed)
+        return self._disk.submit_reads(load)
 
     # -- reports ------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ path and into neighbouring runs, with their outcomes written into the worker's l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from functools import partial
@@ -34,10 +34,8 @@ class WorkerDisk:
                  threads: int) -> None:
         self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
 
-    def submit_reads(self, load: RequestLoad, landed: Callable[[bytes], None] | None = None) -> Reads:
-        """Start the disk reads of a load, neighbouring slots together, one job per path;
-        ``landed(key)`` runs in the job for each chunk read and verified, before its
-        future is settled."""
+    def submit_reads(self, load: RequestLoad) -> Reads:
+        """Start the disk reads of a load, neighbouring slots together, one job per path."""
         host = self._host
         wanted = sorted((c.disk_slot, c.host_slot, c.key) for c in load.chunks
                         if c.disk_slot is not None and c.host_slot is not None)
@@ -51,8 +49,7 @@ class WorkerDisk:
                     group = mine[start:start + size]
                     items = [(disk, ChunkKey(key), host.slot_array(slot)) for disk, slot, key in group]
                     reads = BatchReads(len(items))
-                    batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items,
-                                                                                landed)))
+                    batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items)))
                     reads.watch(batch)
                     batches.append(batch)
                     futures.update(zip([key for _, _, key in group], reads.items, strict=True))
@@ -62,17 +59,14 @@ class WorkerDisk:
             raise
         return futures
 
-    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]],
-              landed: Callable[[bytes], None] | None) -> list[IOResult]:
+    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Verified reads (an I/O thread); a corrupt slot's header is blanked before the
         load reports it failed, so it is not recovered again after a restart and a slot
         the scheduler side frees is never blanked under a later write."""
         results = self._lane.read_many(items)
-        for (slot, key, _), result in zip(items, results, strict=True):
+        for (slot, _, _), result in zip(items, results, strict=True):
             if result.status is IOStatus.CORRUPT:
                 self._lane.invalidate(slot)
-            elif result.ok and landed is not None:
-                landed(key)
         return results
 
     def demote(self, demotions: Sequence[DiskWrite]) -> None:
