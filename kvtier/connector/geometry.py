@@ -3,7 +3,8 @@
 The scheduler side derives it from vLLM's ``KVCacheConfig``; the worker side checks it
 against the KV tensors it is handed. A chunk in a host slot or on disk is the chunk's pages,
 layer by layer: ``(num_layers, blocks_per_chunk, page_bytes)``, whole pages copied as bytes
-(so the bytes are whatever vLLM keeps in a page, in whatever layout it uses).
+(so the bytes are whatever vLLM keeps in a page, in whatever layout it uses: see
+``page_view`` for layouts whose pages are one run per head).
 
 A hybrid model (vLLM's hybrid KV cache manager on) has several KV cache groups: full
 attention, sliding window, chunked local attention, each with its own block table. A chunk
@@ -39,6 +40,7 @@ class KVGeometry:
     group_layers: tuple[int, ...] = ()  # layers per KV cache group (hybrid); () = one group
     layer_names: tuple[str, ...] = ()  # vLLM's layer names in chunk order; () = as registered
     group_kinds: tuple[str, ...] = ()  # "full", "mla", "sliding256", "local512" per group
+    page_order: str = "HNC"  # a page's dims in memory: heads, tokens, content (page_view)
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -59,6 +61,8 @@ class KVGeometry:
 
     def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int) -> Namespace:
         layout = f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}"
+        if self.page_order != "HNC":  # tokens outside heads: other bytes in a page
+            layout += f":{self.page_order}"
         if len(self.groups) > 1:  # which layers hold what, in chunk order
             layout += ":" + "+".join(f"{n}{kind}" for n, kind in zip(self.groups, self.group_kinds,
                                                                      strict=True))
@@ -103,7 +107,25 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         group_layers=tuple(len(g.layer_names) for g in groups) if hybrid else (),
         layer_names=tuple(name for g in groups for name in g.layer_names),
         group_kinds=tuple(kinds) if hybrid else (),
+        page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
     )
+
+
+def _page_order(layout_name: str | None) -> str:
+    """The order of a page's dims in memory under vLLM's ``KVCacheLayout`` ``layout_name``
+    ("HNC": heads, then tokens, then content; "NHC": tokens outside heads). A page's bytes
+    in a chunk are its memory bytes, so the order is part of the namespace."""
+    if layout_name is None:
+        return "HNC"  # before vLLM named its layouts, pages were heads outside tokens
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    try:
+        layout = KVCacheLayout[layout_name]
+    except KeyError:
+        raise ConfigError(f"kvtier: vLLM's KV cache layout {layout_name!r} is not one kvtier "
+                          f"knows ({', '.join(m.name for m in KVCacheLayout)}); upgrade kvtier or "
+                          "set VLLM_KV_CACHE_LAYOUT to one of those") from None
+    return "".join("LBHNC"[axis] for axis in layout.value if axis >= 2)
 
 
 def _page_shape(spec) -> str:

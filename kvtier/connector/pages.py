@@ -14,6 +14,7 @@ sliding-window group keeps no page for tokens out of its window).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,16 +22,19 @@ import torch
 
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import NULL_BLOCK
+from kvtier.connector.page_view import page_view
 
 
 class PagedKV:
-    """The engine's per-layer KV tensors seen as ``(num_blocks, page_bytes)`` byte pages."""
+    """The engine's per-layer KV tensors seen as byte pages, ``(num_blocks, *runs)`` each
+    (``page_view``: one run, or one per head where the heads are outside the block)."""
 
     def __init__(self, layers: Sequence[torch.Tensor], geometry: KVGeometry) -> None:
         if len(layers) != geometry.num_layers:
             raise ValueError(f"kvtier: {len(layers)} KV tensors, expected {geometry.num_layers}")
-        self.pages = [self._as_pages(t) for t in layers]
-        sizes = {p.shape[1] for p in self.pages}
+        self.pages = [page_view(_manager_blocks(t, geometry.page_bytes)) for t in layers]
+        self._runs = [tuple(p.shape[1:]) for p in self.pages]
+        sizes = {math.prod(runs) for runs in self._runs}
         if sizes != {geometry.page_bytes}:
             raise ValueError(f"kvtier: KV pages of {sorted(sizes)} bytes, expected "
                              f"{geometry.page_bytes} (vLLM's KV cache layout changed?)")
@@ -41,13 +45,6 @@ class PagedKV:
         bounds = list(itertools.accumulate(geometry.groups, initial=0))
         self._groups = [range(a, b) for a, b in itertools.pairwise(bounds)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-
-    @staticmethod
-    def _as_pages(tensor: torch.Tensor) -> torch.Tensor:
-        pages = tensor.flatten(1)
-        if pages.stride(1) != 1:
-            raise ValueError("kvtier: a KV page is not contiguous; cannot copy it as bytes")
-        return pages.view(torch.uint8)
 
     def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
         return torch.tensor(block_ids, dtype=torch.long, device=self.device)
@@ -80,15 +77,16 @@ class PagedKV:
             for layers, ids in groups:
                 for start, first, count in _runs(ids):
                     for layer in layers:
-                        chunk[layer, start:start + count].copy_(self.pages[layer][first:first + count])
+                        chunk[layer, start:start + count].view(count, *self._runs[layer]).copy_(
+                            self.pages[layer][first:first + count])
             return
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             for layers, ids in groups:
                 index = self._ids(ids)
                 for layer in layers:
-                    chunk[layer, : len(ids)].copy_(self.pages[layer].index_select(0, index),
-                                                   non_blocking=True)
+                    chunk[layer, : len(ids)].view(len(ids), *self._runs[layer]).copy_(
+                        self.pages[layer].index_select(0, index), non_blocking=True)
 
     def bytes_of(self, block_ids: Sequence[int]) -> int:
         """Bytes a load of ``block_ids`` copies (the null block's pages are not)."""
@@ -105,7 +103,8 @@ class PagedKV:
                 for start, block, count in _runs(ids):
                     at = first + start
                     for layer in layers:
-                        np.copyto(self._arrays[layer][block:block + count], rows[layer, at:at + count])
+                        np.copyto(self._arrays[layer][block:block + count],
+                                  rows[layer, at:at + count].reshape(count, *self._runs[layer]))
             return
         with torch.cuda.stream(self._stream):
             for layers, ids in groups:
@@ -114,7 +113,8 @@ class PagedKV:
                     continue
                 index, picked = self._ids([ids[i] for i in kept]), self._ids(kept)
                 for layer in layers:
-                    span = chunk[layer, first:first + len(ids)].to(self.device, non_blocking=True)
+                    span = chunk[layer, first:first + len(ids)].view(len(ids), *self._runs[layer])
+                    span = span.to(self.device, non_blocking=True)
                     if len(kept) < len(ids):
                         span = span.index_select(0, picked)
                     self.pages[layer].index_copy_(0, index, span)
@@ -123,6 +123,16 @@ class PagedKV:
         """Wait for copies started on the side stream (no-op on the CPU)."""
         if self._stream is not None:
             self._stream.synchronize()
+
+
+def _manager_blocks(tensor: torch.Tensor, page_bytes: int) -> torch.Tensor:
+    """A layer whose attention kernel splits each of vLLM's blocks into ``k`` kernel blocks
+    (dim 0 has ``k`` entries per block, evenly strided) seen with one entry per block."""
+    kernel_page = tensor[0].numel() * tensor.element_size()
+    if kernel_page >= page_bytes or page_bytes % kernel_page or tensor.shape[0] % (
+            page_bytes // kernel_page):
+        return tensor  # one entry per block (or a mismatch, refused by the page size check)
+    return tensor.unflatten(0, (-1, page_bytes // kernel_page))
 
 
 def _runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
