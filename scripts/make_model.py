@@ -4,9 +4,12 @@
     python scripts/make_model.py out/models/mid --size mid           # Llama, hidden 1024, 12 layers
     python scripts/make_model.py out/models/gemma3 --family gemma3   # sliding-window + full layers
 
-Families: ``llama`` (every layer full attention: one KV cache group) and ``gemma3`` (Gemma 3's
+Families: ``llama`` (every layer full attention: one KV cache group); ``gemma3`` (Gemma 3's
 text model: sliding-window layers (a 256-token window) alternating with full-attention ones,
-two KV cache groups under vLLM's hybrid KV cache manager). The weights are random (seeded),
+two KV cache groups under vLLM's hybrid KV cache manager); ``mistral`` (every layer a
+256-token sliding window: one group whose blocks out of the window are dropped); ``deepseek``
+(DeepSeek-V2's multi-head latent attention, MLA: one latent page per layer and block, no
+separate K and V; dense MLP layers only). The weights are random (seeded),
 so outputs are meaningless but deterministic; vLLM runs the model with
 skip_tokenizer_init=True and prompts given as token ids. Nothing is downloaded.
 """
@@ -23,7 +26,7 @@ SIZES = {
     "mid": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
             "num_attention_heads": 16, "num_key_value_heads": 4},
 }
-FAMILIES = ("llama", "gemma3")
+FAMILIES = ("llama", "gemma3", "mistral", "deepseek")  # see BUILDERS
 SLIDING_WINDOW = 256  # tokens (two of vLLM's CPU blocks)
 VOCAB = 32000
 MAX_POSITIONS = 16384
@@ -51,6 +54,34 @@ def _gemma3(size: str):
     return Gemma3ForCausalLM(config)
 
 
+def _mistral(size: str):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS,
+                           torch_dtype="bfloat16", tie_word_embeddings=False,
+                           sliding_window=SLIDING_WINDOW, **SIZES[size])
+    return MistralForCausalLM(config)
+
+
+def _deepseek(size: str):
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    shape = SIZES[size]
+    heads = shape["num_attention_heads"]
+    config = DeepseekV2Config(
+        vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16",
+        hidden_size=shape["hidden_size"], intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_hidden_layers"], num_attention_heads=heads,
+        num_key_value_heads=heads, kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64,
+        qk_nope_head_dim=32, v_head_dim=32, head_dim=64,
+        first_k_dense_replace=shape["num_hidden_layers"], n_routed_experts=2,
+        tie_word_embeddings=False)
+    return DeepseekV2ForCausalLM(config)
+
+
+BUILDERS = {"llama": _llama, "gemma3": _gemma3, "mistral": _mistral, "deepseek": _deepseek}
+
+
 def make_model(path: Path, size: str = "tiny", seed: int = 0, family: str = "llama") -> Path:
     """Write the model to ``path`` unless it is already there; return ``path``."""
     marker = path / "kvtier-model.json"
@@ -62,7 +93,7 @@ def make_model(path: Path, size: str = "tiny", seed: int = 0, family: str = "lla
     import torch
 
     torch.manual_seed(seed)
-    model = (_gemma3 if family == "gemma3" else _llama)(size).to(torch.bfloat16)
+    model = BUILDERS[family](size).to(torch.bfloat16)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     marker.write_text(json.dumps(wanted))

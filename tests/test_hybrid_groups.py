@@ -55,8 +55,16 @@ def test_a_hybrid_model_has_every_group_in_chunk_order():
 
 def test_a_one_group_model_keeps_its_namespace():
     geo = geometry_from_vllm(*vllm_configs(full()), CONFIG)
-    assert geo.groups == (2,) and geo.group_kinds == ()
+    assert geo.groups == (2,) and geo.group_kinds == ("full",)
     assert geo.namespace("m", "", 1, 0).layout == f"vllm-pages:2x{BLOCK}x2x64xbfloat16"
+
+
+def test_loads_fail_whole_where_vllm_cannot_recompute_from_a_block():
+    """Several groups (block ids not unique) or a sliding window (recomputing from a failed
+    block needs the window before it, which the load skipped): the request is recomputed."""
+    assert not geometry_from_vllm(*vllm_configs(full()), CONFIG).loads_whole
+    assert geometry_from_vllm(*vllm_configs(sliding()), CONFIG).loads_whole
+    assert geometry_from_vllm(*vllm_configs(sliding(), full()), CONFIG).loads_whole
 
 
 def test_groups_kvtier_cannot_store_are_refused_with_the_group_named():

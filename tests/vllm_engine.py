@@ -28,13 +28,14 @@ def tiny_model(where: Path) -> Path:
     return make_model(where / "tiny", "tiny")
 
 
-def hybrid_model(where: Path) -> Path:
-    """A tiny random Gemma-3-style model: sliding-window (256 tokens) and full-attention
-    layers, alternating (two KV cache groups under vLLM's hybrid KV cache manager)."""
+def family_model(where: Path, family: str) -> Path:
+    """A tiny random model of ``family`` (scripts/make_model.py): ``gemma3`` (sliding-window
+    and full-attention layers: two KV cache groups), ``mistral`` (a sliding window on every
+    layer), ``deepseek`` (MLA)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_model import make_model
 
-    return make_model(where / "gemma3-tiny", "tiny", family="gemma3")
+    return make_model(where / f"{family}-tiny", "tiny", family=family)
 
 
 def prompts(seed: int, count: int, length: int, shared: int = 0) -> list[list[int]]:

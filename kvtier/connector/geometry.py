@@ -48,6 +48,16 @@ class KVGeometry:
         return self.group_layers or (self.num_layers,)
 
     @property
+    def loads_whole(self) -> bool:
+        """Whether a failed load must be recomputed whole, as a request, not from its first
+        failed block: with several groups vLLM cannot map a block id back to a request, and
+        with a sliding window (or chunked local attention) recomputing from a failed block
+        would need the window before it, which the load skipped (the null block). Such
+        loads are all asynchronous, the only kind vLLM takes back as a failed request."""
+        return len(self.groups) > 1 or any(k.startswith(("sliding", "local"))
+                                           for k in self.group_kinds)
+
+    @property
     def blocks_per_chunk(self) -> int:
         return self.chunk_tokens // self.block_tokens
 
@@ -106,7 +116,7 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         kv_dtype=str(spec.dtype).removeprefix("torch."), page_shape=shapes.pop(),
         group_layers=tuple(len(g.layer_names) for g in groups) if hybrid else (),
         layer_names=tuple(name for g in groups for name in g.layer_names),
-        group_kinds=tuple(kinds) if hybrid else (),
+        group_kinds=tuple(kinds),
         page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
     )
 

