@@ -8,6 +8,9 @@
    (the connector's copy path), every byte compared.
 3. Bandwidth of that path (GPU pages -> host slots, and back) as a ratio to plain torch copies
    of the same bytes between a contiguous GPU tensor and pinned host memory, in the same run.
+4. The same gather/scatter for each of vLLM's six KV cache layouts (pages one run, or one run
+   per head), with a sliding-window load that skips vLLM's null block, every byte compared,
+   and each layout's gather bandwidth.
 Exits 2 with a message on a machine without a GPU.
 """
 
@@ -110,6 +113,47 @@ def pages_check(rounds: int = 20) -> dict:
             "d2h_vs_torch": d2h / ref_d2h, "h2d_vs_torch": h2d / ref_h2d}
 
 
+# vLLM's KVCacheLayout members: the physical order of the logical axes [L, B, H, N, C]
+LAYOUTS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "LHBNC": (0, 2, 1, 3, 4),
+           "BLHNC": (1, 0, 2, 3, 4), "BLNHC": (1, 0, 3, 2, 4), "BHLNC": (1, 2, 0, 3, 4)}
+
+
+def layout_views(order: tuple[int, ...], shape: tuple[int, ...]) -> list[torch.Tensor]:
+    """Per-layer logical [B, H, N, C] bf16 views of one CUDA allocation laid out in ``order``."""
+    physical = [shape[axis] for axis in order]
+    raw = torch.randn(physical, dtype=torch.bfloat16, device="cuda")
+    logical = raw.permute([order.index(axis) for axis in range(5)])  # back to [L, B, H, N, C]
+    return list(logical.unbind(0))
+
+
+def layouts_check(rounds: int = 5) -> dict:
+    layers, blocks, heads, block, head = 32, 1024, 8, 16, 256  # C: K and V of 128 dims
+    out = {}
+    for name, order in LAYOUTS.items():
+        kv = layout_views(order, (layers, blocks, heads, block, head))
+        page_bytes = heads * block * head * 2
+        geometry = KVGeometry(layers, page_bytes, block, block, 256, "bfloat16", "test")
+        pages, host = PagedKV(kv, geometry), HostTier(4, geometry.chunk_bytes)
+        per = geometry.blocks_per_chunk
+        ids = list(range(1, per + 1))
+        original = [t.clone() for t in kv]
+        pages.gather(ids, host.slot(0))
+        window = [0] * (per // 2) + list(range(200, 200 + per // 2))  # the first half: null
+        pages.scatter(host.slot(0), window, 0)
+        pages.synchronize()
+        ok = all(torch.equal(kv[layer][200:200 + per // 2], original[layer][1 + per // 2:1 + per])
+                 and torch.equal(kv[layer][0], original[layer][0]) for layer in range(layers))
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for r in range(rounds):
+            pages.gather(ids, host.slot(1 + r % 3))
+        pages.synchronize()
+        seconds = time.perf_counter() - start
+        out[name] = {"identical": ok, "d2h_gib_s": rounds * geometry.chunk_bytes / seconds / 2**30}
+        host.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
@@ -118,13 +162,14 @@ def main() -> None:
         print("gpu_check: no CUDA GPU on this machine; nothing to check", file=sys.stderr)
         raise SystemExit(2)
     result = {"device": torch.cuda.get_device_name(), "store": store_round_trip(),
-              "pages": pages_check()}
+              "pages": pages_check(), "layouts": layouts_check()}
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
     ok = result["store"]["identical"] and result["pages"]["gather_identical"] \
-        and result["pages"]["scatter_identical"]
+        and result["pages"]["scatter_identical"] \
+        and all(check["identical"] for check in result["layouts"].values())
     raise SystemExit(0 if ok else 1)
 
 

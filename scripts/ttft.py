@@ -4,6 +4,7 @@ ExampleConnector, each in its own engine process, all in one run; LMCache as a p
     python scripts/ttft.py                       # tiny model, 1k/2k/4k tokens (a minute or two)
     python scripts/ttft.py --model mid --lengths 1024,4096,8192 --json out/ttft_mid.json
     python scripts/ttft.py --peers lmcache       # also LMCache (venv: scripts/peers/setup_lmcache.sh)
+    python scripts/ttft.py --model mid --family gemma3   # a hybrid model (HMA on for kvtier)
 
 Modes (same prompts, same thread binding, vLLM's own prefix cache off so that a repeat is
 served by the connector or recomputed; before each disk-hit run, the connector's files are
@@ -12,6 +13,8 @@ dropped from the page cache so that every connector really reads the disk):
   kvtier host      kvtier: a prompt's second run loads its KV from host memory
   kvtier disk      kvtier, in a new engine process (empty host memory): loads from disk
   example disk     vLLM's ExampleConnector, in a new process: loads the files it wrote
+                   (each disk arm's engine first serves an unrelated prompt: a new engine's
+                   first request pays one-time costs that a serving engine has paid)
   lmcache host     LMCache multi-process mode (--peers lmcache): the second run in the same
                    engine, served from the server's L1 host memory
   lmcache disk     a new LMCache server (empty L1) and a new engine: served from its fs L2
@@ -37,7 +40,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_model import make_model  # noqa: E402
+from make_model import FAMILIES, make_model  # noqa: E402
 from peers import lmcache  # noqa: E402
 
 from kvtier.bench.naive import drop_cache  # noqa: E402
@@ -77,7 +80,7 @@ def run(spec: dict, work: Path, name: str, threads: str, python: Path | None = N
     return json.loads(out_path.read_text())
 
 
-def lmcache_arms(python: Path, base: dict, once: list, work: Path, threads: str,
+def lmcache_arms(python: Path, base: dict, once: list, warm: list, work: Path, threads: str,
                  console: Console) -> dict:
     """LMCache host hits (second run, same engine and server), then disk hits (new server,
     new engine, L2 files out of the page cache)."""
@@ -92,7 +95,7 @@ def lmcache_arms(python: Path, base: dict, once: list, work: Path, threads: str,
     with lmcache.server(python, work, "lmcache-server-2") as srv:
         spec = {**base, "connector": "lmcache", "extra": lmcache.connector_extra(srv["port"])}
         drop_page_cache(srv["l2"])
-        disk = run({**spec, "phases": once}, work, "lmcache-disk", threads, python)
+        disk = run({**spec, "phases": warm + once}, work, "lmcache-disk", threads, python)
     names = ("lmcache-server-1", "lmcache-server-2")
     logs = {name: lmcache.log_lines(work / f"{name}.log") for name in names}
     retrieved = {name: lmcache.retrieved_tokens(work / f"{name}.log") for name in names}
@@ -102,9 +105,9 @@ def lmcache_arms(python: Path, base: dict, once: list, work: Path, threads: str,
 
 # (mode, run name, phase of the hit; None: a baseline, the faster of its two runs)
 MODES = [("recompute", "recompute", None), ("kvtier host", "kvtier-host", 1),
-         ("kvtier disk", "kvtier-disk", 0), ("example disk", "example-load", 0),
+         ("kvtier disk", "kvtier-disk", 1), ("example disk", "example-load", 1),
          ("recompute mp", "recompute-mp", None), ("lmcache host", "lmcache-host", 1),
-         ("lmcache disk", "lmcache-disk", 0)]
+         ("lmcache disk", "lmcache-disk", 1)]
 
 
 def figures(i: int, runs: dict) -> dict:
@@ -113,11 +116,13 @@ def figures(i: int, runs: dict) -> dict:
     for mode, name, phase in MODES:
         if name not in runs:
             continue
-        results = [p[i] for p in runs[name]["phases"]]
+        phases = runs[name]["phases"]
         if phase is None:
+            results = [p[i] for p in phases]
             out[mode] = (min(r["seconds"] for r in results), 0, results[0]["tokens"])
         else:
-            out[mode] = (results[phase]["seconds"], results[phase]["cached"], results[phase]["tokens"])
+            hit = phases[phase][i]
+            out[mode] = (hit["seconds"], hit["cached"], hit["tokens"])
     return out
 
 
@@ -155,6 +160,9 @@ def lmcache_python(venv: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "mid"], default="tiny")
+    parser.add_argument("--family", choices=FAMILIES, default="llama",
+                        help="model family (scripts/make_model.py): llama, gemma3 (hybrid "
+                             "sliding-window + full), mistral (sliding window), deepseek (MLA)")
     parser.add_argument("--lengths", default="1024,2048,4096", help="prompt lengths in tokens")
     parser.add_argument("--disk", type=Path, help="directory for the disk tier (default: a temp dir)")
     parser.add_argument("--threads", default="all", help="VLLM_CPU_OMP_THREADS_BIND for every run")
@@ -167,7 +175,8 @@ def main() -> None:
     console = Console()
     peer_python = lmcache_python(args.lmcache_venv) if args.peers == "lmcache" else None
     lengths = [int(n) for n in args.lengths.split(",")]
-    model = make_model(ROOT / "out" / "models" / args.model, args.model)
+    name = args.model if args.family == "llama" else f"{args.model}-{args.family}"
+    model = make_model(ROOT / "out" / "models" / name, args.model, family=args.family)
     work = Path(tempfile.mkdtemp(prefix="kvtier-ttft-"))
     disk = args.disk or work / "disk"
     disk.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -180,6 +189,11 @@ def main() -> None:
     extra = {"chunk_tokens": 256, "host_capacity": "2GiB", "disk_paths": [str(disk)],
              "disk_capacity": "8GiB", "load_policy": "always"}
     once = [{"prompts": prompts, "max_tokens": 1}]
+    # A new engine's first request pays one-time costs (first forward of each shape, first
+    # touch of the KV cache's memory); a restarted server has served other requests before a
+    # repeated prompt comes back, so the disk arms serve an unrelated prompt first.
+    warm = [{"prompts": [np.random.default_rng(1).integers(100, 30000, size=min(lengths)).tolist()],
+             "max_tokens": 1}]
     runs, peer = {}, None
     try:
         console.print("[dim]recompute[/dim]")
@@ -189,22 +203,22 @@ def main() -> None:
                                   work, "kvtier-host", args.threads)
         console.print("[dim]kvtier: new process, disk hits[/dim]")
         drop_page_cache(disk)
-        runs["kvtier-disk"] = run({**base, "connector": "kvtier", "extra": extra, "phases": once}, work,
-                                  "kvtier-disk", args.threads)
+        runs["kvtier-disk"] = run({**base, "connector": "kvtier", "extra": extra,
+                                   "phases": warm + once}, work, "kvtier-disk", args.threads)
         console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
         ex = {**base, "connector": "example", "extra": {"path": str(example)}}
         run({**ex, "phases": once}, work, "example-store", args.threads)
         drop_page_cache(example)
-        runs["example-load"] = run({**ex, "phases": once}, work, "example-load", args.threads)
+        runs["example-load"] = run({**ex, "phases": warm + once}, work, "example-load", args.threads)
         if peer_python is not None:
-            peer = lmcache_arms(peer_python, base, once, work, args.threads, console)
+            peer = lmcache_arms(peer_python, base, once, warm, work, args.threads, console)
             runs.update({k: peer[k] for k in ("recompute-mp", "lmcache-host", "lmcache-disk")})
     finally:
         if args.disk is None:
             shutil.rmtree(work, ignore_errors=True)
 
     rows = make_rows(lengths, runs)
-    print_table(console, args.model, rows, PEER_NOTES if peer else [])
+    print_table(console, name, rows, PEER_NOTES if peer else [])
     if peer:
         for name, lines in peer["logs"].items():
             print(f"{name} log:")
@@ -212,7 +226,8 @@ def main() -> None:
                 print(f"  {line}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {"model": args.model, "rows": rows, "kvtier_disk_counters": runs["kvtier-disk"]["kvtier"]}
+        result = {"model": name, "kv_cache_groups": runs["kvtier-host"].get("kv_cache_groups"),
+                  "rows": rows, "kvtier_disk_counters": runs["kvtier-disk"]["kvtier"]}
         if peer:
             result.update({"notes": PEER_NOTES, "lmcache_logs": peer["logs"],
                            "lmcache_retrieved_tokens": peer["retrieved"]})

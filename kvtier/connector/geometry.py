@@ -104,7 +104,11 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         config.check_block_tokens(hash_block)
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1:
-        raise ConfigError("kvtier: pipeline parallelism is not supported yet; use TP only")
+        raise ConfigError(
+            "kvtier: pipeline parallelism is not supported: each pipeline stage holds only its "
+            "own layers, while kvtier's chunks hold every layer of a rank and count a chunk "
+            "stored when every rank of one tensor-parallel group has it; serve with "
+            "tensor_parallel_size instead of pipeline_parallel_size")
     shapes = {_page_shape(s) for s in specs}
     if len(shapes) != 1:
         raise ConfigError(f"kvtier: the KV cache groups of {model} lay their pages out "
