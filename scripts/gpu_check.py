@@ -138,6 +138,11 @@ def layouts_check(rounds: int = 5) -> dict:
         ids = list(range(1, per + 1))
         original = [t.clone() for t in kv]
         pages.gather(ids, host.slot(0))
+        pages.synchronize()
+        tokens_outside = order.index(3) < order.index(2)  # NHC: tokens outside heads
+        first = original[0][ids[0]].view(torch.uint8)  # [H, N, C bytes]
+        expected = (first.permute(1, 0, 2) if tokens_outside else first).contiguous().flatten()
+        bytes_ok = torch.equal(host.slot(0)[:page_bytes].cuda(), expected)
         window = [0] * (per // 2) + list(range(200, 200 + per // 2))  # the first half: null
         pages.scatter(host.slot(0), window, 0)
         pages.synchronize()
@@ -149,7 +154,8 @@ def layouts_check(rounds: int = 5) -> dict:
             pages.gather(ids, host.slot(1 + r % 3))
         pages.synchronize()
         seconds = time.perf_counter() - start
-        out[name] = {"identical": ok, "d2h_gib_s": rounds * geometry.chunk_bytes / seconds / 2**30}
+        out[name] = {"identical": ok and bytes_ok, "page_bytes_in_memory_order": bytes_ok,
+                     "d2h_gib_s": rounds * geometry.chunk_bytes / seconds / 2**30}
         host.close()
     return out
 

@@ -33,11 +33,12 @@ def sliding(window=64, **kw):
                                         sliding_window=window)
 
 
-def vllm_configs(*specs, pp=1):
+def vllm_configs(*specs, pp=1, cache_dtype="auto"):
     groups = [spec_types.KVCacheGroupSpec([f"layers.{g}.{i}" for i in range(2)], s)
               for g, s in enumerate(specs)]
     vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="tiny-gemma"),
-                                  parallel_config=SimpleNamespace(pipeline_parallel_size=pp))
+                                  parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+                                  cache_config=SimpleNamespace(cache_dtype=cache_dtype))
     return vllm_config, SimpleNamespace(kv_cache_groups=groups)
 
 
@@ -65,6 +66,20 @@ def test_loads_fail_whole_where_vllm_cannot_recompute_from_a_block():
     assert not geometry_from_vllm(*vllm_configs(full()), CONFIG).loads_whole
     assert geometry_from_vllm(*vllm_configs(sliding()), CONFIG).loads_whole
     assert geometry_from_vllm(*vllm_configs(sliding(), full()), CONFIG).loads_whole
+
+
+def test_pages_packed_otherwise_never_share_a_namespace():
+    """Padding, another packing of the same shape, or another fp8 format: other page bytes."""
+    def layout(*specs, **kw):
+        return geometry_from_vllm(*vllm_configs(*specs, **kw), CONFIG).namespace("m", "", 1, 0)
+
+    plain = layout(full())
+    padded = spec_types.FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64,
+                                          dtype=torch.bfloat16,
+                                          page_size_padded=2 * full().page_size_bytes)
+    assert layout(padded) != plain
+    assert layout(full(), cache_dtype="fp8_e4m3") != layout(full(), cache_dtype="fp8_e5m2")
+    assert layout(full(), cache_dtype="fp8_e4m3") != plain
 
 
 def test_groups_kvtier_cannot_store_are_refused_with_the_group_named():
@@ -121,6 +136,30 @@ def test_a_chunk_out_of_a_groups_window_is_not_stored_nor_any_after_it():
     side.plan_stores(request("b", 2 * CHUNK, seed=1), ([1, 2, 3, 4], [11, 12, 13, 14]),
                      2 * CHUNK, meta)
     assert [s.block_ids for s in meta.stores] == [(1, 2, 11, 12), (3, 4, 13, 14)]
+
+
+def test_after_a_hit_past_the_window_the_requests_new_chunks_are_stored():
+    """A multi-turn chat: the history was a hit, so vLLM's window has dropped its early pages
+    (null blocks); those chunks are cached already, and the new turn's chunk is stored."""
+    side, meta = hybrid_scheduler(), StepPlan()
+    first = request("a", 2 * CHUNK)
+    side.plan_stores(first, ([1, 2, 3, 4], [11, 12, 13, 14]), 2 * CHUNK, meta)
+    side.worker_report(WorkerReport(host_stored={s.key: 1 for s in meta.stores}))
+    turn = request("b", 3 * CHUNK)  # a new request: the same history, one chunk further
+    meta = StepPlan()
+    window = [NULL_BLOCK, NULL_BLOCK, NULL_BLOCK, 24, 25, 26]
+    side.plan_stores(turn, (window, [31, 32, 33, 34, 35, 36]), 3 * CHUNK, meta)
+    assert [s.block_ids for s in meta.stores] == [(25, 26, 35, 36)]
+    assert not side.completes_chunks("b", 3 * CHUNK)
+
+
+def test_a_request_whose_unstored_pages_left_the_window_stops_asking():
+    side, meta = hybrid_scheduler(), StepPlan()
+    req = request("a", 3 * CHUNK)
+    side.plan_stores(req, ([NULL_BLOCK, NULL_BLOCK, 3, 4, 5, 6], [11, 12, 13, 14, 15, 16]),
+                     3 * CHUNK, meta)
+    assert meta.stores == []
+    assert not side.completes_chunks("a", 4 * CHUNK)  # no key hashed at every decode step
 
 
 def test_a_hybrid_hit_loads_asynchronously_into_every_group():

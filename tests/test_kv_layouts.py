@@ -82,14 +82,19 @@ def test_the_namespace_tells_page_orders_apart(name):
 
 def test_kernel_blocks_are_grouped_into_vllms_blocks():
     """An attention kernel with smaller blocks than vLLM's: each block is two kernel blocks
-    (dim 0 has twice the entries); a page is still the block's bytes."""
-    blocks = torch.randn(BLOCKS, 2, HEADS, BLOCK // 2, HEAD).to(torch.bfloat16)
-    kernel = blocks.flatten(0, 1)  # (2 * BLOCKS, H, N / 2, C)
-    geo = KVGeometry(1, blocks[0].numel() * 2, BLOCK, BLOCK, BLOCK, "bfloat16", "t")
+    (dim 0 has twice the entries). With tokens outside heads a page's bytes are those of an
+    engine that does not split; with heads outside tokens they would not be: refused."""
+    raw = torch.randn(BLOCKS, BLOCK, HEADS, HEAD).to(torch.bfloat16)  # memory [B][N][H][C]
+    kernel = raw.view(2 * BLOCKS, BLOCK // 2, HEADS, HEAD).permute(0, 2, 1, 3)  # [2B, H, N/2, C]
+    geo = KVGeometry(1, raw[0].numel() * 2, BLOCK, BLOCK, BLOCK, "bfloat16", "t")
     pages, host = PagedKV([kernel], geo), HostTier(1, 4096)
-    original = blocks.clone()
+    original = raw.clone()
     pages.gather([3], host.slot(0))
+    assert torch.equal(host.slot(0)[: geo.chunk_bytes], original[3].flatten().view(torch.uint8))
     pages.scatter(host.slot(0), [8], first=0)
-    assert torch.equal(blocks[8].view(torch.int16), original[3].view(torch.int16))
+    assert torch.equal(raw[8].view(torch.int16), original[3].view(torch.int16))
     assert pages.num_blocks == BLOCKS
+    heads_outside = torch.randn(BLOCKS, 2, HEADS, BLOCK // 2, HEAD).to(torch.bfloat16).flatten(0, 1)
+    with pytest.raises(ValueError, match="kernel blocks laid out with heads outside tokens"):
+        PagedKV([heads_outside], geo)
     host.close()

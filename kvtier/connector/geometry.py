@@ -16,6 +16,7 @@ those pages are neither stored (the chunk is not offered) nor loaded (nothing to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
@@ -109,7 +110,8 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
             "own layers, while kvtier's chunks hold every layer of a rank and count a chunk "
             "stored when every rank of one tensor-parallel group has it; serve with "
             "tensor_parallel_size instead of pipeline_parallel_size")
-    shapes = {_page_shape(s) for s in specs}
+    cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
+    shapes = {_page_shape(s, cache_dtype) for s in specs}
     if len(shapes) != 1:
         raise ConfigError(f"kvtier: the KV cache groups of {model} lay their pages out "
                           f"differently ({', '.join(sorted(shapes))}); kvtier needs one page shape")
@@ -142,8 +144,24 @@ def _page_order(layout_name: str | None) -> str:
     return "".join("LBHNC"[axis] for axis in layout.value if axis >= 2)
 
 
-def _page_shape(spec) -> str:
-    return f"{spec.block_size}x{spec.num_kv_heads}x{spec.head_size}x{str(spec.dtype).removeprefix('torch.')}"
+def _page_shape(spec, cache_dtype: str = "auto") -> str:
+    """What a page holds, for the namespace: block, heads, head size and dtype; then, where
+    the attention backend packs pages otherwise (heads or states merged, inline scales,
+    padding, a quantized cache), the page's logical shape in bytes and what differs."""
+    dtype = str(spec.dtype).removeprefix("torch.")
+    shape = f"{spec.block_size}x{spec.num_kv_heads}x{spec.head_size}x{dtype}"
+    kv_parts = 1 if type(spec).__name__.startswith("MLA") else 2  # one latent, or K and V
+    plain = (spec.num_kv_heads, spec.block_size,
+             kv_parts * spec.head_size * spec.dtype.itemsize)
+    logical = (getattr(spec, "num_heads", plain[0]),
+               spec.get_num_kernel_states(spec.block_size) if hasattr(spec, "get_num_kernel_states")
+               else plain[1], getattr(spec, "state_content_size_bytes", plain[2]))
+    quant = int(getattr(spec, "kv_quant_mode", 0) or 0)
+    if logical != plain or spec.page_size_bytes != math.prod(logical) or quant:
+        shape += f":{'x'.join(map(str, logical))}B:page{spec.page_size_bytes}:quant{quant}"
+    if cache_dtype != "auto":  # fp8 variants share a torch dtype
+        shape += f":{cache_dtype}"
+    return shape
 
 
 def _group_kind(model: str, index: int, group) -> str:
@@ -157,16 +175,20 @@ def _group_kind(model: str, index: int, group) -> str:
     )
 
     spec = group.kv_cache_spec
-    if isinstance(spec, SlidingWindowSpec):
+    where = f"KV cache group {index} of {model} ({len(group.layer_names)} layers, e.g. " \
+            f"{group.layer_names[0]})"
+    if getattr(group, "host_resident", False) or not getattr(group, "enable_kv_transfer", True):
+        raise ConfigError(f"kvtier: {where} is host-resident or not transferable in vLLM; kvtier "
+                          "stores every group of a chunk and cannot serve this model yet")
+    if type(spec) is SlidingWindowSpec:
         return f"sliding{spec.sliding_window}"
-    if isinstance(spec, ChunkedLocalAttentionSpec):
+    if type(spec) is ChunkedLocalAttentionSpec:
         return f"local{spec.attention_chunk_size}"
     if type(spec) is FullAttentionSpec:
         return "full"
     if type(spec) is MLAAttentionSpec:  # one latent page per block and layer
         return "mla"
     raise ConfigError(
-        f"kvtier: KV cache group {index} of {model} ({len(group.layer_names)} layers, e.g. "
-        f"{group.layer_names[0]}) keeps {type(spec).__name__} state, not paged attention KV "
+        f"kvtier: {where} keeps {type(spec).__name__} state, not paged attention KV "
         "(full, sliding-window or chunked local attention); kvtier cannot store it. Serve "
         "this model without kvtier.")

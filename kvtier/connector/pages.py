@@ -126,13 +126,24 @@ class PagedKV:
 
 
 def _manager_blocks(tensor: torch.Tensor, page_bytes: int) -> torch.Tensor:
-    """A layer whose attention kernel splits each of vLLM's blocks into ``k`` kernel blocks
-    (dim 0 has ``k`` entries per block, evenly strided) seen with one entry per block."""
+    """A layer ``[B, H, N, C]`` whose attention kernel splits each of vLLM's blocks into
+    ``k`` kernel blocks (dim 0 has ``k`` dense entries per block) seen with one entry per
+    block, ``[B, k, H, N / k, C]``. Only where the kernel blocks lie token after token (tokens
+    outside heads), so that a page's bytes are those of an engine that does not split; with
+    heads outside tokens they would be another order under the same namespace: refused."""
     kernel_page = tensor[0].numel() * tensor.element_size()
-    if kernel_page >= page_bytes or page_bytes % kernel_page or tensor.shape[0] % (
-            page_bytes // kernel_page):
+    if (tensor.dim() != 4 or kernel_page >= page_bytes or page_bytes % kernel_page
+            or tensor.stride(0) * tensor.element_size() != kernel_page
+            or tensor.shape[0] % (page_bytes // kernel_page)):
         return tensor  # one entry per block (or a mismatch, refused by the page size check)
-    return tensor.unflatten(0, (-1, page_bytes // kernel_page))
+    split = tensor.unflatten(0, (-1, page_bytes // kernel_page))
+    if split.stride(1) != split.shape[3] * split.stride(3):
+        raise ValueError(
+            f"kvtier: the attention kernel splits each {page_bytes}-byte page into "
+            f"{page_bytes // kernel_page} kernel blocks laid out with heads outside tokens; the "
+            "pages' bytes would differ from an engine that does not split. Set vLLM's block "
+            "size to the kernel's block size, or use a layout with tokens outside heads")
+    return split
 
 
 def _runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:

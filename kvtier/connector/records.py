@@ -29,6 +29,7 @@ class Tracked:
 
     request: Any  # vLLM's Request
     stored_upto: int = 0  # chunks already offered for store
+    store_done: bool = False  # no later chunk can be stored (its pages left a window)
     asynchronous: bool = False  # what the last match promised vLLM
     waiting_since: float | None = None  # when it began to wait for host slots to stage in
 

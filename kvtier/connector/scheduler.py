@@ -138,6 +138,8 @@ class SchedulerSide:
     def completes_chunks(self, req_id: str, num_computed_after: int) -> bool:
         """Whether the request has chunks computed and not yet offered for store."""
         tracked = self._tracked.get(req_id)
+        if tracked is not None and tracked.store_done:
+            return False
         stored = tracked.stored_upto if tracked is not None else 0
         return num_computed_after // self.geometry.chunk_tokens > stored
 

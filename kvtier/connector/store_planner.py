@@ -36,23 +36,30 @@ class StorePlanner:
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan) -> None:
         """Offer ``keys``, the request's chunks from ``tracked.stored_upto`` on, stored
-        from ``block_ids`` (all the request's blocks, per KV cache group). A chunk some
-        group keeps no page of (out of its sliding window by now: vLLM's null block) cannot
-        be stored, nor can any after it."""
+        from ``block_ids`` (all the request's blocks, per KV cache group). A chunk already
+        cached is only touched. One that is not, and that some group keeps no page of any
+        more (out of its sliding window by now: vLLM's null block), cannot be stored, nor
+        can any after it: the request is done storing (``tracked.store_done``)."""
         per = self.geometry.blocks_per_chunk
         for c, key in enumerate(keys, start=tracked.stored_upto):
             ids = chunk_blocks(block_ids, c * per, (c + 1) * per)
-            if len(ids) < per * len(block_ids) or NULL_BLOCK in ids:
+            if len(ids) < per * len(block_ids):
                 break
-            if not self._plan_one(key, ids, meta):
+            if self._cached(key):  # a hit, say, whose early pages a window has dropped since
+                self.stack.touch(key)
+            elif NULL_BLOCK in ids:
+                tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
+                break
+            elif not self._plan_one(key, ids, meta):
                 break
             tracked.stored_upto = c + 1
 
+    def _cached(self, key: ChunkKey) -> bool:
+        """Cached, or being stored."""
+        return self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key)
+
     def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
-        """Plan one chunk's store; False when no host slot is free for it now."""
-        if self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key):
-            self.stack.touch(key)
-            return True
+        """Plan the store of a chunk not cached; False when no host slot is free for it now."""
         plan = self.stack.plan_store(key, HOST)
         if plan is None:
             return False

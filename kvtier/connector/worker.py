@@ -89,9 +89,10 @@ class WorkerSide:
         names = self.geometry.layer_names
         if not names:
             return list(kv_caches.values())
-        if set(names) != set(kv_caches):
-            raise ValueError(f"kvtier: vLLM registered KV tensors for {sorted(kv_caches)} but "
-                             f"its KV cache groups name {sorted(names)}")
+        missing = set(names) - set(kv_caches)  # more is fine: layers sharing another's KV
+        if missing:
+            raise ValueError(f"kvtier: vLLM registered no KV tensor for {sorted(missing)}, "
+                             "which its KV cache groups name")
         return [kv_caches[name] for name in names]
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:

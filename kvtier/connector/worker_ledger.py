@@ -67,8 +67,7 @@ class WorkerLedger:
         """A load is over; vLLM recomputes its ``invalid`` blocks. With ``whole``
         (``KVGeometry.loads_whole``) an asynchronous load with any block invalid is reported
         failed instead, and vLLM recomputes the request."""
-        if whole and invalid:
-            assert asynchronous, "loads that fail whole are all asynchronous"
+        if whole and invalid and asynchronous:  # (the scheduler side makes them all so)
             self._failed.add(req_id)
         else:
             self._invalid |= invalid
