@@ -32,12 +32,17 @@ VOCAB = 32000
 MAX_POSITIONS = 16384
 
 
-def _llama(size: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _decoder(config_class: str, model_class: str, **extra):
+    """A builder of a plain decoder of ``SIZES``'s shapes (Llama; Mistral with ``extra``)."""
+    def build(size: str):
+        import transformers
 
-    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS,
-                         torch_dtype="bfloat16", tie_word_embeddings=False, **SIZES[size])
-    return LlamaForCausalLM(config)
+        config = getattr(transformers, config_class)(
+            vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16",
+            tie_word_embeddings=False, **SIZES[size], **extra)
+        return getattr(transformers, model_class)(config)
+
+    return build
 
 
 def _gemma3(size: str):
@@ -52,15 +57,6 @@ def _gemma3(size: str):
         layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
         **shape)
     return Gemma3ForCausalLM(config)
-
-
-def _mistral(size: str):
-    from transformers import MistralConfig, MistralForCausalLM
-
-    config = MistralConfig(vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS,
-                           torch_dtype="bfloat16", tie_word_embeddings=False,
-                           sliding_window=SLIDING_WINDOW, **SIZES[size])
-    return MistralForCausalLM(config)
 
 
 def _deepseek(size: str):
@@ -79,7 +75,9 @@ def _deepseek(size: str):
     return DeepseekV2ForCausalLM(config)
 
 
-BUILDERS = {"llama": _llama, "gemma3": _gemma3, "mistral": _mistral, "deepseek": _deepseek}
+BUILDERS = {"llama": _decoder("LlamaConfig", "LlamaForCausalLM"), "gemma3": _gemma3,
+            "mistral": _decoder("MistralConfig", "MistralForCausalLM", sliding_window=SLIDING_WINDOW),
+            "deepseek": _deepseek}
 
 
 def make_model(path: Path, size: str = "tiny", seed: int = 0, family: str = "llama") -> Path:

@@ -186,3 +186,16 @@ def test_a_failed_hybrid_load_is_reported_as_a_request_not_blocks():
 
 def test_chunk_blocks_are_each_groups_blocks_group_after_group():
     assert chunk_blocks(([1, 2, 3], [7, 8, 9]), 1, 3) == (2, 3, 8, 9)
+
+
+def test_kv_tensors_are_taken_in_chunk_order_by_name():
+    from kvtier.connector.pages import in_chunk_order
+
+    geo = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t", group_layers=(1, 1),
+                     layer_names=("sliding.0", "full.0"), group_kinds=("sliding32", "full"))
+    full_t, sliding_t, alias = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    registered = {"full.0": full_t, "sliding.0": sliding_t, "shares.full.0": alias}
+    ordered = in_chunk_order(registered, geo)  # extra (aliased) ones ignored
+    assert len(ordered) == 2 and ordered[0] is sliding_t and ordered[1] is full_t
+    with pytest.raises(ValueError, match=r"no KV tensor for \['sliding.0'\]"):
+        in_chunk_order({"full.0": full_t}, geo)

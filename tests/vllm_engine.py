@@ -61,6 +61,16 @@ def disk_extra(disk: Path, chunk_tokens: int) -> dict:
             "disk_capacity": "256MiB", "load_policy": "always"}
 
 
+def corrupt_every_slot(disk: Path) -> None:
+    """Flip a byte in the payload of every slot of the one namespace under ``disk``."""
+    (slots,) = disk.glob("*/slots-0000.kvt")
+    stride = json.loads((slots.parent / "namespace.json").read_text())["stride"]
+    data = bytearray(slots.read_bytes())
+    for slot in range(len(data) // stride):
+        data[slot * stride + 4096 + 12345] ^= 0xFF
+    slots.write_bytes(bytes(data))
+
+
 def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
                timeout: int = 900, env: dict | None = None) -> dict | subprocess.CompletedProcess:
     """Run ``spec`` in a new process; return its JSON output (or the process on failure

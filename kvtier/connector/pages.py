@@ -125,6 +125,19 @@ class PagedKV:
             self._stream.synchronize()
 
 
+def in_chunk_order(kv_caches: dict[str, torch.Tensor], geometry: KVGeometry) -> list[torch.Tensor]:
+    """vLLM's KV tensors in the order of the layers in a chunk (KV cache group by group),
+    or as registered when the geometry names no layers."""
+    names = geometry.layer_names
+    if not names:
+        return list(kv_caches.values())
+    missing = set(names) - set(kv_caches)  # more is fine: layers sharing another's KV
+    if missing:
+        raise ValueError(f"kvtier: vLLM registered no KV tensor for {sorted(missing)}, "
+                         "which its KV cache groups name")
+    return [kv_caches[name] for name in names]
+
+
 def _manager_blocks(tensor: torch.Tensor, page_bytes: int) -> torch.Tensor:
     """A layer ``[B, H, N, C]`` whose attention kernel splits each of vLLM's blocks into
     ``k`` kernel blocks (dim 0 has ``k`` dense entries per block) seen with one entry per

@@ -27,7 +27,7 @@ from kvtier.connector.load_tracker import (
     resolved,
 )
 from kvtier.connector.messages import NULL_BLOCK, ChunkStore, RequestLoad, StepPlan, WorkerReport
-from kvtier.connector.pages import PagedKV
+from kvtier.connector.pages import PagedKV, in_chunk_order
 from kvtier.connector.worker_disk import WorkerDisk
 from kvtier.connector.worker_ledger import WorkerLedger
 from kvtier.io.buffers import align_up
@@ -83,25 +83,13 @@ class WorkerSide:
         assert self.pages is not None and self.host is not None, "register() comes first"
         return self.pages, self.host
 
-    def _in_chunk_order(self, kv_caches: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """vLLM's KV tensors in the order of the layers in a chunk (KV cache group by
-        group), or as registered when the geometry names no layers."""
-        names = self.geometry.layer_names
-        if not names:
-            return list(kv_caches.values())
-        missing = set(names) - set(kv_caches)  # more is fine: layers sharing another's KV
-        if missing:
-            raise ValueError(f"kvtier: vLLM registered no KV tensor for {sorted(missing)}, "
-                             "which its KV cache groups name")
-        return [kv_caches[name] for name in names]
-
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Take vLLM's KV tensors and allocate the host slots and disk files."""
         if sys.getswitchinterval() > SWITCH_INTERVAL_S:
             # The engine loop is a busy Python thread: without this, every disk thread waits
             # up to 5 ms for the GIL each time one of its reads returns.
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self.pages = PagedKV(self._in_chunk_order(kv_caches), self.geometry)
+        self.pages = PagedKV(in_chunk_order(kv_caches, self.geometry), self.geometry)
         slot_bytes = align_up(self.geometry.chunk_bytes)
         self.host = make_host_tier(self.config.host_capacity, slot_bytes)
         element_bytes = next(iter(kv_caches.values())).element_size()
