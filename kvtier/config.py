@@ -87,6 +87,9 @@ class KVTierConfig:
     o_direct: ODirect = ODirect.AUTO
     metrics_port: int | None = None
     model: str | None = None  # names the standalone KVStore's cache namespace; None: not set
+    instance_id: str | None = None  # this writer's segment on a shared directory; None: derived
+    share_refresh: float | None = 1.0  # seconds between looks at other writers' segments
+    lease_timeout: float = 30.0  # seconds without a heartbeat before a writer counts as gone
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def check_block_tokens(self, block_tokens: int) -> None:
@@ -108,9 +111,10 @@ class KVTierConfig:
                 out[name] = str(value)
             if isinstance(value, DiskFloor):
                 out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
-            if name in ("disk_retry", "load_timeout", "staging_wait"):
+            if name in ("disk_retry", "load_timeout", "staging_wait", "share_refresh",
+                        "lease_timeout"):
                 out[name] = "off" if value is None else f"{value:g}s"
-            if name == "model":
+            if name in ("model", "instance_id"):
                 out[name] = value or ""
         return out
 
@@ -161,6 +165,11 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "o_direct": (_enum(ODirect), "auto | true | false"),
     "metrics_port": (values.optional_port, "a TCP port 1-65535, or 0/none for no metrics endpoint"),
     "model": (values.model, "a model name of 1 to 512 printable characters, e.g. Qwen/Qwen3-0.6B"),
+    "instance_id": (values.instance_id, "1 to 64 letters, digits, '.', '_' or '-', starting with "
+                    "a letter or digit, e.g. node3-engine0; empty: derived from the host name"),
+    "share_refresh": (values.seconds_or_off, "a duration such as 1s or 250ms (at most 1d), or off "
+                      "(a private cache: other writers' chunks are not looked for)"),
+    "lease_timeout": (values.seconds_in(2.0, 86400.0), "a duration from 2s to 1d such as 30s"),
 }
 KEYS: tuple[str, ...] = tuple(_PARSERS)
 

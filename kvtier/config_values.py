@@ -117,3 +117,33 @@ def model(value: object) -> str | None:
     if not name or len(name) > MAX_MODEL_CHARS or not name.isprintable():
         raise ValueError("not 1 to 512 printable characters")
     return name
+
+
+WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def instance_id(value: object) -> str | None:
+    """A writer id (a directory name under a shared cache), or None (empty) for "derive it"."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    name = value.strip()
+    if not name:
+        return None
+    if not WRITER_ID.fullmatch(name):
+        raise ValueError("not 1 to 64 letters, digits, '.', '_' or '-' starting with a letter "
+                         "or digit")
+    return name
+
+
+def seconds_in(low: float, high: float) -> Callable[[object], float]:
+    """A duration from ``low`` to ``high`` seconds (see ``parse_duration``)."""
+
+    def parse(value: object) -> float:
+        seconds = parse_duration(scalar(value))
+        if not low <= seconds <= high:
+            raise ValueError
+        return seconds
+
+    return parse

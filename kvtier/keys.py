@@ -23,7 +23,7 @@ import numpy as np
 
 from kvtier.errors import TokenError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 KEY_BYTES = 16
 
 ChunkKey = NewType("ChunkKey", bytes)

@@ -36,6 +36,7 @@ from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store_direct import DirectTarget, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_get import PrefixRead
+from kvtier.store_others import open_others
 from kvtier.store_reads import Fetcher
 from kvtier.store_shared import Skip, StoreShared
 from kvtier.store_writes import PlanRunner
@@ -44,13 +45,14 @@ from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
 from kvtier.tiers.gpu import DevicePool
-from kvtier.tiers.host import make_host_tier
+from kvtier.tiers.host import HostTier, make_host_tier
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy
+from kvtier.tiers.shared_view import WriterState
 from kvtier.transfers import Transfers
 
 Tokens = Sequence[int] | np.ndarray
-GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
+GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
 log = logging.getLogger("kvtier")
 
 
@@ -130,6 +132,9 @@ class KVStore:
         self._fetcher = Fetcher(self._shared, self._runner)
         self._flusher = Flusher(self._shared, self._runner)
         self._recover()
+        host = self.tiers.get(HOST)
+        self._shared.others = open_others(cfg, self.namespace, self.chunk_bytes, self._lane,
+                                          host if isinstance(host, HostTier) else None)
         if cfg.metrics_port:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
@@ -161,6 +166,7 @@ class KVStore:
         """Give back what a start that failed had taken (nothing is running yet)."""
         if self._metrics is not None:
             self._metrics.close()
+        self._close_others()
         self._lane.close(0)
         for tier in self.tiers.values():
             tier.close()
@@ -214,10 +220,15 @@ class KVStore:
     def lookup(self, tokens: Tokens) -> PrefixHit:
         """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
         keys = self.keys(tokens)
+        others = self._shared.others
+        tiers: list[TierName] = []
         with self._lock:
-            match = self._stack.match_prefix(keys)
-        counts = Counter(loc.tier for loc in match.locations)
-        return PrefixHit(match.num_chunks * self.chunk_tokens, dict(counts))
+            for key in keys:
+                loc = self._stack.locate(key)
+                if loc is None and (others is None or others.find(key) is None):
+                    break
+                tiers.append(loc.tier if loc is not None else SHARED)
+        return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
 
     def get(self, tokens: Tokens, out: torch.Tensor) -> int:
         """Copy the longest cached prefix of ``tokens`` into ``out``; return its length.
@@ -260,7 +271,17 @@ class KVStore:
         with self._lock:
             self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
             self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
+            others = self._shared.others
+            if others is not None:
+                self._stats.shared_chunks = len(others.view)
+                self._stats.shared_writers = len(others.writers())
             return self._stats.snapshot()
+
+    def writers(self) -> list[WriterState]:
+        """The other writers of this store's namespace on its disk paths, as last seen
+        (empty without a disk tier or with ``share_refresh`` off)."""
+        others = self._shared.others
+        return others.writers() if others is not None else []
 
     def _tiers_in_use(self) -> list[tuple[TierName, SlotIndex]]:
         """The tiers' indexes, without the empty disk level of a store without disk_paths."""
@@ -287,6 +308,7 @@ class KVStore:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        self._close_others()
         if not self._lane.close(timeout):  # a hung drive: its I/O still uses host memory
             return False
         for tier in self.tiers.values():
@@ -300,6 +322,11 @@ class KVStore:
         self.close()
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _close_others(self) -> None:
+        others = getattr(self, "_shared", None) and self._shared.others
+        if others:
+            others.close()
 
     def _chunk_of(self, kv: torch.Tensor, i: int) -> torch.Tensor:
         return kv[:, :, i * self.chunk_tokens:(i + 1) * self.chunk_tokens]

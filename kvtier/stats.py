@@ -36,6 +36,11 @@ class StoreStats:
     torn_slots: int = 0  # bad slots found at start
     paths_down: dict[str, str] = field(default_factory=dict)
     paths_back: int = 0  # times a path out of service was tried again and came back
+    shared_reads: int = 0  # chunks read from other writers' segments (a shared directory)
+    shared_read_bytes: int = 0
+    shared_failures: int = 0  # such reads that failed their check (a writer racing us) or I/O
+    shared_chunks: int = 0  # chunks other writers hold, as last seen
+    shared_writers: int = 0  # other writers seen, live or not
 
     def snapshot(self) -> StoreStats:
         return copy.deepcopy(self)

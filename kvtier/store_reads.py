@@ -5,6 +5,7 @@ bounded by ``load_timeout``."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
@@ -16,9 +17,10 @@ from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
-from kvtier.store_shared import DISK, HOST, Skip, StoreShared, time_left
+from kvtier.store_shared import DISK, HOST, SHARED, Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
+from kvtier.tiers.shared_view import ForeignChunk
 
 
 class FetchState(Enum):
@@ -43,6 +45,7 @@ class Fetch:
     plan: StorePlan | None = None  # the host slot the read fills
     deadline: float | None = None  # time.monotonic() by which the read must be over
     direct: tuple[DirectTarget, int] | None = None
+    foreign: ForeignChunk | None = None  # in another writer's segment (``loc.tier`` SHARED)
 
     def target(self) -> Location | list[np.ndarray]:
         """Where the read lands: the host slot, or the pieces of the caller's tensor."""
@@ -90,30 +93,39 @@ class Fetcher:
         ``END`` when the key is not cached or its host slot's previous chunk could not be
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
         """
+        foreign = None
         with self.shared.lock:
             loc = self.shared.stack.locate(key)
             if loc is None:
-                return Skip.END
-            self.shared.stack.indexes[loc.tier].pin(key)
-            if loc.tier is not DISK:
+                foreign = self.shared.others.find(key) if self.shared.others else None
+                if foreign is None:
+                    return Skip.END
+                loc = Location(SHARED, foreign.slot)  # nothing to pin: not ours
+            else:
+                self.shared.stack.indexes[loc.tier].pin(key)
+            if loc.tier not in (DISK, SHARED):
                 return Fetch(key, loc)
-            if direct is not None and self._read_direct[loc.slot] != _fingerprint(key):
+            if direct is not None and foreign is None and self._read_direct[loc.slot] != _fingerprint(key):
                 return Fetch(key, loc, FetchState.READING, direct=direct)
             plan = self.shared.stack.plan_store(key, HOST)
             if plan is None:
-                self.shared.stack.unpin(key, loc)
+                self._unpin(key, loc)
                 return Skip.NO_ROOM
         try:
             demoted = self.runner.demote(plan)
         except BaseException:  # the engine closed meanwhile: its reservations are finished
             with self.shared.lock:
-                self.shared.stack.unpin(key, loc)
+                self._unpin(key, loc)
             raise
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
             with self.shared.lock:
-                self.shared.stack.unpin(key, loc)
+                self._unpin(key, loc)
             return Skip.END
-        return Fetch(key, loc, FetchState.READING, None, plan)
+        return Fetch(key, loc, FetchState.READING, None, plan, foreign=foreign)
+
+    def _unpin(self, key: ChunkKey, loc: Location) -> None:
+        if loc.tier is not SHARED:
+            self.shared.stack.unpin(key, loc)
 
     def start(self, fetches: list[Fetch]) -> None:
         """Start the disk reads of fetches ``begin`` reserved: a job per path and group of
@@ -129,24 +141,47 @@ class Fetcher:
         lane = self.shared.lane
         per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
         groups: list[tuple[str, list[Fetch], BatchReads]] = []
-        for queue in lane.queues:
-            mine = [f for f in reading if lane.queue_of(f.loc.slot) == queue]
-            for first in range(0, len(mine), per_group):
-                group = mine[first:first + per_group]
-                reads = BatchReads(len(group))
-                for fetch, read in zip(group, reads.items, strict=True):
-                    fetch.read, fetch.deadline = read, deadline
-                groups.append((queue, group, reads))
+        for i, queue in enumerate(lane.queues):
+            for theirs in (False, True):  # a group reads this store's slots or other writers'
+                mine = [f for f in reading
+                        if self._queue_index(f) == i and (f.foreign is not None) == theirs]
+                groups += self._groups(queue, mine, per_group, deadline)
         for i, (queue, group, reads) in enumerate(groups):
-            items = [(f.key, f.loc, f.target()) for f in group]
             try:
-                job = lane.submit(queue, partial(reads.run, partial(
-                    self.shared.transfers.read_many, items)))
+                job = lane.submit(queue, partial(reads.run, self._reader(group)))
             except BaseException as exc:  # closed meanwhile: this read and the later ones fail
                 for _, _, unstarted in groups[i:]:
                     unstarted.fail(repr(exc))
                 raise
             reads.watch(job)
+
+    @staticmethod
+    def _groups(queue: str, fetches: list[Fetch], per_group: int,
+                deadline: float | None) -> list[tuple[str, list[Fetch], BatchReads]]:
+        """``fetches`` in groups of ``per_group``, each with its futures handed out."""
+        groups = []
+        for first in range(0, len(fetches), per_group):
+            group = fetches[first:first + per_group]
+            reads = BatchReads(len(group))
+            for fetch, read in zip(group, reads.items, strict=True):
+                fetch.read, fetch.deadline = read, deadline
+            groups.append((queue, group, reads))
+        return groups
+
+    def _queue_index(self, fetch: Fetch) -> int:
+        """The disk path a fetch reads from (another writer's chunks: the same path)."""
+        paths = len(self.shared.lane.queues)
+        return (fetch.foreign.path if fetch.foreign else fetch.loc.slot) % paths
+
+    def _reader(self, group: list[Fetch]) -> Callable[[], list[IOResult]]:
+        """The read of one group: from this store's disk slots or from another writer's."""
+        if group[0].foreign is not None:
+            others = self.shared.others
+            assert others is not None, "chunks of other writers come from their followers"
+            pairs = [(f.foreign, f.plan.dst) for f in group if f.foreign and f.plan]
+            return partial(others.read_many, pairs)
+        items = [(f.key, f.loc, f.target()) for f in group]
+        return partial(self.shared.transfers.read_many, items)
 
     def complete(self, fetch: Fetch) -> Location | None:
         """Where the chunk can be copied from, or ``None`` when its disk read failed or was
@@ -173,6 +208,8 @@ class Fetcher:
         except BaseException:  # the wait was interrupted: the read may still land
             self._give_up(fetch, timed_out=False)
             raise
+        if fetch.foreign is not None:
+            return self._complete_foreign(fetch, result)
         with self.shared.lock:
             if plan is not None:
                 self.shared.stack.finish(fetch.key, plan.dst, result.ok)
@@ -191,6 +228,25 @@ class Fetcher:
             self.shared.account_failure(result, "read")
         if result.status is IOStatus.CORRUPT:
             self.shared.lane.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
+        return None
+
+    def _complete_foreign(self, fetch: Fetch, result: IOResult) -> Location | None:
+        """A read from another writer's segment: the chunk is now in this store's host
+        memory, or that copy is forgotten (the writer overwrote or lost it meanwhile)."""
+        plan, others, foreign = fetch.plan, self.shared.others, fetch.foreign
+        assert plan is not None and others is not None and foreign is not None
+        with self.shared.lock:
+            self.shared.stack.finish(fetch.key, plan.dst, result.ok)
+            if result.ok:
+                self.shared.stats.shared_reads += 1
+                self.shared.stats.shared_read_bytes += result.nbytes
+                self.shared.stack.indexes[HOST].pin(fetch.key)
+                fetch.state = FetchState.STAGED
+                return plan.dst
+            fetch.state = FetchState.FAILED
+            self.shared.stats.shared_failures += 1
+            self.shared.failures.note(f"shared read {result.status.value}", result.detail)
+        others.drop(foreign)
         return None
 
     def drop_unused(self, fetch: Fetch) -> None:
@@ -213,7 +269,12 @@ class Fetcher:
         if fetch.direct is not None:
             target, index = fetch.direct
             target.detach(index)  # the late read lands in memory the caller no longer sees
-        if timed_out:
+        if timed_out and fetch.foreign is not None:  # says nothing about this store's disk
+            with self.shared.lock:
+                self.shared.stats.load_timeouts += 1
+                self.shared.failures.note("shared read timed_out", "no answer after "
+                                          f"{self.shared.config.load_timeout:g} s (load_timeout)")
+        elif timed_out:
             with self.shared.lock:
                 self.shared.stack.discard(fetch.key)
             self.shared.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
@@ -230,7 +291,7 @@ class Fetcher:
 
     def release(self, fetch: Fetch) -> None:
         with self.shared.lock:
-            self.shared.stack.unpin(fetch.key, fetch.loc)
+            self._unpin(fetch.key, fetch.loc)
             if fetch.state is FetchState.STAGED and fetch.plan is not None:
                 self.shared.stack.unpin(fetch.key, fetch.plan.dst)
 

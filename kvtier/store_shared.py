@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,7 +19,10 @@ from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk_lane import DiskLane, NoDisk
 from kvtier.transfers import Transfers
 
-GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
+if TYPE_CHECKING:
+    from kvtier.store_others import OtherWriters
+
+GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
 
 
 class Skip(Enum):
@@ -44,6 +48,7 @@ class StoreShared:
     failures: FailureLog
     tiers: dict[TierName, MemoryTier]
     max_pending: int  # background disk writes queued per path before write-through drops
+    others: OtherWriters | None = None  # other writers of a shared directory, when followed
 
     def timed_out(self, slot: int, kind: str, detail: str) -> None:
         """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;

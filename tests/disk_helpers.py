@@ -40,7 +40,7 @@ def make_tier(paths, slots_per_path=8, **kwargs) -> DiskTier:
 
 
 def slot_files(root: Path) -> list[Path]:
-    return sorted(root.glob("*/slots-*.kvt"))
+    return sorted(root.glob("*/writers/*/slots-*.kvt"))
 
 
 @contextlib.contextmanager

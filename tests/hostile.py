@@ -1,5 +1,6 @@
-"""Helpers for the hostile-cache-directory tests: a real namespace to damage, a decoy tree
-outside the root whose every byte must survive, and the CLI run in-process with a time bound."""
+"""Helpers for the hostile-cache-directory tests: a real namespace (one writer's segment) to
+damage, a decoy tree outside the root whose every byte must survive, and the CLI run
+in-process with a time bound."""
 
 from __future__ import annotations
 
@@ -20,13 +21,31 @@ from tests.test_disk_store import config, seq
 EXIT_CODES = {0, 1, 2}  # docs/cli.md: ok, a problem found (or left alone), could not run
 
 
-def make_cache(root: Path, chunks: int = 3) -> Path:
-    """``root`` holding one namespace of ``chunks`` chunks; returns the namespace directory."""
+def make_cache(root: Path, chunks: int = 3, **extra: object) -> Path:
+    """``root`` holding one namespace of ``chunks`` chunks written by one store (``extra``:
+    more of its config, such as ``instance_id``); returns its segment directory,
+    ``<root>/<namespace id>/writers/<writer id>``."""
     root.mkdir(mode=0o700, exist_ok=True)
-    with KVStore(SMALL, config(root)) as store:
+    with KVStore(SMALL, config(root, **extra)) as store:
         store.put(seq(0, chunks), make_kv(seq(0, chunks)))
         assert store.flush()
-        return root / store.namespace.id
+        return root / store.namespace.id / "writers" / store.disk.writer
+
+
+def segment_dir(root: Path) -> Path:
+    """The only writer's segment under ``root``."""
+    (segment,) = root.glob("*/writers/*")
+    return segment
+
+
+def namespace_of(segment: Path) -> Path:
+    """The namespace directory a segment belongs to."""
+    return segment.parent.parent
+
+
+def label(segment: Path) -> str:
+    """How the CLI's reports name a segment: ``<namespace id>/writers/<writer id>``."""
+    return f"{namespace_of(segment).name}/writers/{segment.name}"
 
 
 def make_decoy(path: Path) -> Path:

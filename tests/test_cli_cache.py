@@ -10,6 +10,7 @@ import pytest
 from kvtier import KVStore
 from kvtier.keys import namespace_id_of
 from tests.conftest import SMALL, make_kv
+from tests.hostile import label, make_cache, namespace_of, segment_dir
 from tests.test_disk_store import STRIDE, config, seq
 
 KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
@@ -38,8 +39,30 @@ def cache(tmp_path):
 
 
 def slot_file(root):
-    (path,) = root.glob("*/slots-0000.kvt")
-    return path
+    return segment_dir(root) / "slots-0000.kvt"
+
+
+def only_writer(data):
+    """The report of the one writer of the one namespace in ``kvtier verify --json`` output."""
+    (ns,) = data["namespaces"]
+    (writer,) = ns["writers"]
+    return writer
+
+
+def logged_slots(segment):
+    """The slots a reader following the segment's log.kvt learns of."""
+    from kvtier.io.safefs import SafeDir
+    from kvtier.io.segment_log import LogFollower
+
+    ns = json.loads((segment.parent.parent / "namespace.json").read_text())
+    with SafeDir.open(segment) as directory:
+        follower = LogFollower(directory, bytes.fromhex(segment.parent.parent.name),
+                               ns["raw_bytes"])
+        try:
+            follower.refresh()
+            return set(follower.slots)
+        finally:
+            follower.close()
 
 
 def flip(path, offset):
@@ -61,53 +84,69 @@ def test_inspect_shows_the_namespace(cache):
     assert ns["chunks"] == 6 and ns["kv_dtype"] == "bfloat16" and ns["chunk_tokens"] == 16
     assert ns["tp"] == "0/1" and ns["compression_ratio"] == pytest.approx(1.0)
     assert 0 <= ns["age_seconds"]["min"] <= ns["age_seconds"]["max"] < 600
+    (writer,) = ns["writers"]
+    assert writer["writer"] == segment_dir(cache).name and writer["status"] == "ok"
+    assert writer["chunks"] == 6 and writer["stored_bytes"] == ns["stored_bytes"]
+    assert writer["pid"] == os.getpid() and writer["beat"] >= 1 and writer["host"]
+    assert 0 <= writer["lease_age_seconds"] < 600 and not writer["in_use"]
     table = kvtier("inspect", cache)
     assert table.returncode == 0 and ns["id"][:12] in table.stdout
+    assert writer["writer"] in table.stdout
 
 
 def test_inspect_sees_a_namespace_in_use(cache):
     with KVStore(SMALL, config(cache)):
         _, data = as_json("inspect", cache)
-    assert data["namespaces"][0]["in_use"] is True
+    (ns,) = data["namespaces"]
+    assert ns["in_use"] is True and ns["writers"][0]["in_use"] is True
 
 
 def test_verify_passes_a_good_cache(cache):
     code, data = as_json("verify", cache)
     assert code == 0 and data["problems"] == 0
-    assert data["namespaces"][0]["ok"] == 6
+    assert data["namespaces"][0]["ok"] == 6 and data["namespaces"][0]["slots"] == 64
+    found = only_writer(data)
+    assert found["ok"] == 6 and found["writer"] == segment_dir(cache).name
 
 
 def test_verify_finds_and_repairs_a_corrupt_payload(cache):
     flip(slot_file(cache), 2 * STRIDE + 4096 + 100)
     code, data = as_json("verify", cache)
-    assert code == 1 and data["namespaces"][0]["corrupt"] == [2]
+    assert code == 1 and only_writer(data)["corrupt"] == [2]
     code, data = as_json("verify", cache, "--repair")
-    assert code == 0 and data["namespaces"][0]["repaired"] >= 1
+    assert code == 0 and only_writer(data)["repaired"] >= 1
+    assert logged_slots(segment_dir(cache)) == {0, 1, 3, 4, 5}
     code, data = as_json("verify", cache)
-    assert code == 0 and data["namespaces"][0]["ok"] == 5
+    assert code == 0 and only_writer(data)["ok"] == 5
     assert recovered(cache) == 5
 
 
 def test_verify_finds_a_torn_header(cache):
     flip(slot_file(cache), 4 * STRIDE + 30)
     code, data = as_json("verify", cache)
-    assert code == 1 and data["namespaces"][0]["torn"] == [4]
+    assert code == 1 and only_writer(data)["torn"] == [4]
 
 
 def test_verify_reindexes_slots_the_index_lost(cache):
-    (index,) = cache.glob("*/index.kvt")
+    index = segment_dir(cache) / "index.kvt"
     index.write_bytes(bytes(index.stat().st_size))
     code, data = as_json("verify", cache)
-    assert code == 1 and len(data["namespaces"][0]["unindexed"]) == 6
+    assert code == 1 and len(only_writer(data)["unindexed"]) == 6
     assert as_json("verify", cache, "--repair")[0] == 0
     assert as_json("verify", cache)[0] == 0
 
 
-def test_verify_refuses_to_repair_a_namespace_in_use(cache):
+def test_verify_checks_but_never_repairs_a_segment_in_use(cache):
     flip(slot_file(cache), 4096 + 5)
+    before = slot_file(cache).read_bytes()
     with KVStore(SMALL, config(cache)):
-        result = kvtier("verify", cache, "--repair")
-    assert result.returncode == 2 and "in use" in result.stderr
+        code, data = as_json("verify", cache, "--repair")
+        text = kvtier("verify", cache, "--repair")
+    found = only_writer(data)
+    assert code == 1 and found["in_use"] and "in use" in found["problem"]
+    assert found["corrupt"] == [0] and found["repaired"] == 0
+    assert text.returncode == 1 and "in use" in text.stdout
+    assert slot_file(cache).read_bytes() == before
 
 
 def test_gc_by_age_dry_run_then_for_real(cache):
@@ -115,8 +154,10 @@ def test_gc_by_age_dry_run_then_for_real(cache):
     assert code == 0 and data["chunks_freed"] == 6 and data["dry_run"]
     assert recovered(cache) == 6
     blocks_before = slot_file(cache).stat().st_blocks
+    assert logged_slots(segment_dir(cache)) == set(range(6))
     code, data = as_json("gc", cache, "--older-than", "0s")
     assert data["chunks_freed"] == 6
+    assert logged_slots(segment_dir(cache)) == set()  # readers following the log forget them
     assert recovered(cache) == 0
     assert slot_file(cache).stat().st_blocks < blocks_before  # space really given back
     assert as_json("verify", cache)[0] == 0
@@ -135,20 +176,48 @@ def test_gc_to_a_size_target_keeps_the_newest(cache):
 def test_gc_never_touches_a_namespace_in_use(cache):  # finding 15: exit 1 as documented
     with KVStore(SMALL, config(cache)):
         code, data = as_json("gc", cache, "--older-than", "0s")
-    assert code == 1 and data["chunks_freed"] == 0 and len(data["skipped_in_use"]) == 1
+    assert code == 1 and data["chunks_freed"] == 0
+    assert data["skipped_in_use"] == [label(segment_dir(cache))]
     assert recovered(cache) == 6
 
 
-def test_gc_removes_stale_namespaces(cache):
-    described = json.dumps({"format_version": 99, "model": "old"})
-    stale = cache / namespace_id_of(described)
+def old_layout_namespace(root, version=1):
+    """A namespace of format version ``version`` as version 1 laid it out: its files directly
+    in the namespace directory."""
+    described = json.dumps({"format_version": version, "model": "old"})
+    stale = root / namespace_id_of(described)
     stale.mkdir(mode=0o700)
     (stale / "namespace.json").write_text(json.dumps({"namespace": described, "stride": 8192,
                                                       "raw_bytes": 4096, "file_slots": 10}))
-    (stale / "slots-0000.kvt").write_bytes(bytes(8192))
+    for name in ("slots-0000.kvt", "index.kvt", "lock", ".namespace.json.tmp-123",
+                 ".o_direct_probe-77-0123abcd"):
+        (stale / name).write_bytes(bytes(8192))
+    return stale
+
+
+@pytest.mark.parametrize("version", [1, 99])
+def test_gc_removes_stale_namespaces(cache, version):
+    stale = old_layout_namespace(cache, version)
+    code, data = as_json("inspect", cache)
+    assert {ns["id"]: ns["status"] for ns in data["namespaces"]}[stale.name] == "stale"
+    code, data = as_json("gc", cache, "--stale", "--dry-run")
+    assert code == 0 and data["namespaces_removed"] == [stale.name] and stale.exists()
     code, data = as_json("gc", cache, "--stale")
     assert code == 0 and data["namespaces_removed"] == [stale.name] and not stale.exists()
     assert recovered(cache) == 6
+
+
+def test_gc_leaves_a_stale_namespace_in_use(cache):
+    import fcntl
+
+    stale = old_layout_namespace(cache)
+    with open(stale / "lock", "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        code, data = as_json("gc", cache, "--stale")
+        _, seen = as_json("inspect", cache)
+    assert code == 1 and data["skipped_in_use"] == [stale.name] and not data["namespaces_removed"]
+    assert {ns["id"]: ns["in_use"] for ns in seen["namespaces"]}[stale.name] is True
+    assert (stale / "slots-0000.kvt").exists()
 
 
 def test_gc_needs_something_to_do(cache):
@@ -159,15 +228,59 @@ def test_gc_needs_something_to_do(cache):
 def test_clear_asks_then_removes(cache):
     assert kvtier("clear", cache, stdin="n\n").returncode == 1
     assert recovered(cache) == 6
+    segment = segment_dir(cache)
     code, data = as_json("clear", cache, "--yes")
-    assert code == 0 and len(data["removed"]) == 1
+    assert code == 0 and data["removed"] == [namespace_of(segment).name]
+    assert data["segments_removed"] == [label(segment)]
     assert list(cache.iterdir()) == []
 
 
 def test_clear_leaves_a_namespace_in_use(cache):
+    segment = segment_dir(cache)
     with KVStore(SMALL, config(cache)):
         code, data = as_json("clear", cache, "--yes")
-    assert code == 1 and len(data["in_use"]) == 1
+    assert code == 1 and data["in_use"] == [label(segment)] and not data["removed"]
+    assert (segment / "slots-0000.kvt").exists()
+    assert (namespace_of(segment) / "namespace.json").exists()
+
+
+def two_writers(root):
+    """A namespace written by writers "w-a" (3 chunks) and "w-b" (2 other chunks)."""
+    a = make_cache(root, 3, instance_id="w-a")
+    with KVStore(SMALL, config(root, instance_id="w-b")) as store:
+        store.put(seq(100, 2), make_kv(seq(100, 2)))
+        assert store.flush()
+    return a, a.parent / "w-b"
+
+
+def test_inspect_lists_every_writer_of_a_namespace(tmp_path):
+    two_writers(tmp_path)
+    with KVStore(SMALL, config(tmp_path, instance_id="w-a")):
+        code, data = as_json("inspect", tmp_path)
+        table = kvtier("inspect", tmp_path)
+    (ns,) = data["namespaces"]
+    writers = {w["writer"]: w for w in ns["writers"]}
+    assert code == 0 and sorted(writers) == ["w-a", "w-b"]
+    assert writers["w-a"]["chunks"] == 3 and writers["w-b"]["chunks"] == 2 and ns["chunks"] == 5
+    assert writers["w-a"]["in_use"] and not writers["w-b"]["in_use"] and ns["in_use"]
+    assert writers["w-a"]["beat"] >= 1 and writers["w-a"]["pid"] == os.getpid()
+    assert ns["stored_bytes"] == writers["w-a"]["stored_bytes"] + writers["w-b"]["stored_bytes"]
+    assert "w-a" in table.stdout and "w-b" in table.stdout and "(in use)" in table.stdout
+
+
+def test_gc_and_clear_skip_a_writer_in_use_and_handle_the_other(tmp_path):
+    a, b = two_writers(tmp_path)
+    with KVStore(SMALL, config(tmp_path, instance_id="w-a")):
+        code, data = as_json("gc", tmp_path, "--older-than", "0s")
+        assert code == 1 and data["chunks_freed"] == 2 and data["skipped_in_use"] == [label(a)]
+        code, data = as_json("clear", tmp_path, "--yes")
+        assert code == 1 and data["in_use"] == [label(a)] and not data["removed"]
+        assert data["segments_removed"] == [label(b)] and not b.exists()
+        assert (a / "slots-0000.kvt").exists() and (a.parent.parent / "namespace.json").exists()
+    with KVStore(SMALL, config(tmp_path, instance_id="w-a")) as store:
+        assert store.stats().recovered_chunks == 3
+    code, data = as_json("clear", tmp_path, "--yes")
+    assert code == 0 and data["segments_removed"] == [label(a)] and list(tmp_path.iterdir()) == []
 
 
 def test_symlinks_are_never_followed_out_of_the_root(cache, tmp_path):

@@ -40,6 +40,8 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_WRITE_POLICY": "write_back", "KVTIER_LOAD_POLICY": "always",
         "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
         "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400", "KVTIER_MODEL": "org/m",
+        "KVTIER_INSTANCE_ID": "node3-engine0", "KVTIER_SHARE_REFRESH": "250ms",
+        "KVTIER_LEASE_TIMEOUT": "1m",
     }
     config = load_config(environ=env)
     assert set(config.sources) == set(KEYS)
@@ -49,7 +51,8 @@ def test_every_key_parses_from_strings_as_from_env():
         "disk_retry": "120s", "load_timeout": "off", "staging_wait": "0.5s", "compression": "zstd",
         "write_policy": "write_back", "load_policy": "always",
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
-        "model": "org/m",
+        "model": "org/m", "instance_id": "node3-engine0", "share_refresh": "0.25s",
+        "lease_timeout": "60s",
     }
     assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
 
@@ -108,6 +111,13 @@ def test_file_formats(tmp_path, name, text):
     ("disk_min_free", "lots", "percentage"),
     ("staging_wait", "soon", "250ms or 1s"),
     ("staging_wait", "0s", "250ms or 1s"),
+    ("instance_id", "../up", "letters, digits"),
+    ("instance_id", ".hidden", "letters, digits"),
+    ("instance_id", "a" * 65, "letters, digits"),
+    ("instance_id", 7, "letters, digits"),
+    ("share_refresh", "0s", "or off"),
+    ("lease_timeout", "1s", "from 2s to 1d"),
+    ("lease_timeout", "off", "from 2s to 1d"),
 ])
 def test_bad_values_name_the_key_and_allowed_values(key, value, allowed):
     with pytest.raises(ConfigError) as info:

@@ -55,7 +55,7 @@ def find_slots(disk_dir: Path, key: bytes) -> list[SlotPlace]:
     fixed-size slots in ``<path>/<namespace>/slots-NNNN.kvt``, each a 4 KiB header and its
     payload padded to 4 KiB)."""
     found = []
-    for file in sorted(disk_dir.glob("*/slots-*.kvt")):
+    for file in sorted(disk_dir.glob("*/writers/*/slots-*.kvt")):
         data = file.read_bytes()
         for offset in range(0, len(data) - HEADER_BYTES + 1, HEADER_BYTES):
             try:
@@ -107,7 +107,7 @@ def eio_on(monkeypatch, place: SlotPlace) -> Iterator[list[int]]:
 
 def disk_bytes(disk_dir: Path) -> int:
     """Bytes the slot files take (apparent size)."""
-    return sum(f.stat().st_size for f in disk_dir.glob("*/slots-*.kvt"))
+    return sum(f.stat().st_size for f in disk_dir.glob("*/writers/*/slots-*.kvt"))
 
 
 # -- drivers --------------------------------------------------------------------------------

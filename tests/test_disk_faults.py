@@ -43,7 +43,7 @@ def flip(path, offset):
 def test_a_flipped_payload_byte_ends_the_prefix_there(tmp_path, caplog):
     store, tokens = stored(tmp_path)
     slot = slot_of(store, tokens, 3)
-    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    (data,) = tmp_path.glob("*/writers/*/slots-0000.kvt")
     flip(data, slot * STRIDE + HEADER_BYTES + 1234)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         assert exact(store, tokens) == 3 * CHUNK
@@ -59,7 +59,7 @@ def test_a_flipped_payload_byte_ends_the_prefix_there(tmp_path, caplog):
 
 def test_a_flipped_header_byte_is_caught(tmp_path):
     store, tokens = stored(tmp_path)
-    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    (data,) = tmp_path.glob("*/writers/*/slots-0000.kvt")
     flip(data, slot_of(store, tokens, 0) * STRIDE + 50)
     assert exact(store, tokens) == 0
     assert store.stats().corruptions == 1
@@ -69,7 +69,7 @@ def test_a_flipped_header_byte_is_caught(tmp_path):
 def test_truncated_slot_file_gives_misses(tmp_path):
     store, tokens = stored(tmp_path)
     store.close()
-    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    (data,) = tmp_path.glob("*/writers/*/slots-0000.kvt")
     os.truncate(data, 2 * STRIDE + 100)
     with KVStore(SMALL, config(tmp_path)) as store:
         n = exact(store, tokens)
@@ -152,8 +152,8 @@ def test_free_space_floor_stops_writes_before_the_disk_fills(tmp_path):
         store.flush()
         stats = store.stats()
         assert stats.no_space == 2 * 3 and stats.disk_writes == 0  # at the put, again at flush
-        assert not list(tmp_path.glob("*/slots-*.kvt")) or all(
-            f.stat().st_size == 0 for f in tmp_path.glob("*/slots-*.kvt"))
+        assert not list(tmp_path.glob("*/writers/*/slots-*.kvt")) or all(
+            f.stat().st_size == 0 for f in tmp_path.glob("*/writers/*/slots-*.kvt"))
 
 
 def test_a_read_only_path_is_taken_out(tmp_path):
@@ -273,8 +273,8 @@ def test_disk_retry_off_leaves_a_path_out(tmp_path, monkeypatch):
 
 
 def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path):
-    first = KVStore(SMALL, config(tmp_path))
-    second = KVStore(SMALL, config(tmp_path, disk_retry=0.001))
+    first = KVStore(SMALL, config(tmp_path, instance_id="node-a"))
+    second = KVStore(SMALL, config(tmp_path, disk_retry=0.001, instance_id="node-a"))
     assert "in use" in second.stats().paths_down[str(tmp_path)]
     first.close()
     time.sleep(0.01)  # past disk_retry

@@ -104,7 +104,7 @@ def test_disk_capacity_is_a_hard_bound(tmp_path):
             store.put(seq(i * 1000, 1), make_kv(seq(i * 1000, 1)))
         store.flush()
         assert store.stats().evictions["disk"] > 0
-        files = list(tmp_path.glob("*/slots-*.kvt"))
+        files = list(tmp_path.glob("*/writers/*/slots-*.kvt"))
         assert sum(f.stat().st_size for f in files) <= 8 * STRIDE
         cached = sum(store.lookup(seq(i * 1000, 1)).tokens > 0 for i in range(30))
         assert cached <= 8 + 2
@@ -118,7 +118,7 @@ def test_shrinking_the_disk_keeps_within_the_new_bound(tmp_path):
         store.flush()
     with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_chunks=4)) as store:
         assert store.stats().recovered_chunks <= 4
-        assert sum(f.stat().st_size for f in tmp_path.glob("*/slots-*.kvt")) <= 4 * STRIDE
+        assert sum(f.stat().st_size for f in tmp_path.glob("*/writers/*/slots-*.kvt")) <= 4 * STRIDE
         exact(store, seq(0, 16))
 
 
@@ -160,15 +160,15 @@ def test_namespaces_sharing_a_directory_never_see_each_other(tmp_path):
     assert len(list(tmp_path.iterdir())) == 3  # one directory per namespace
 
 
-def test_two_stores_on_one_namespace_do_not_share_files(tmp_path):
+def test_two_stores_on_one_namespace_write_their_own_segments(tmp_path):
     tokens = seq(0, 2)
     with KVStore(SMALL, config(tmp_path)) as first, KVStore(SMALL, config(tmp_path)) as second:
-        assert second.stats().paths_down and not first.stats().paths_down
-        second.put(tokens, make_kv(tokens))  # serves from host, never touches the files
-        assert exact(second, tokens) == 2 * CHUNK
-        first.put(tokens, make_kv(tokens))
-        first.flush()
-        assert first.stats().disk_writes == 2
+        assert not first.stats().paths_down and not second.stats().paths_down
+        for store in (first, second):
+            store.put(tokens, make_kv(tokens))
+            store.flush()
+            assert store.stats().disk_writes == 2 and exact(store, tokens) == 2 * CHUNK
+    assert len(list(tmp_path.glob("*/writers/*/slots-0000.kvt"))) == 2
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])

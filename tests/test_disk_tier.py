@@ -96,13 +96,13 @@ def test_recovery_without_the_index_scans_slot_headers(tmp_path):
     for slot in range(3):
         tier.write(slot, key(slot), chunk(slot).array)
     tier.close()
-    (index,) = tmp_path.glob("*/index.kvt")
+    (index,) = tmp_path.glob("*/writers/*/index.kvt")
     index.unlink()
     tier = make_tier([tmp_path])
     assert len(tier.recover().slots) == 3
     tier.close()
     tier = make_tier([tmp_path])  # the scan rebuilt the index
-    assert (tmp_path / NS.id / "index.kvt").stat().st_size > 0
+    assert (tmp_path / NS.id / "writers" / tier.writer / "index.kvt").stat().st_size > 0
     assert len(tier.recover().slots) == 3
     tier.close()
 
@@ -124,7 +124,7 @@ def test_torn_headers_are_dropped_at_recovery(tmp_path):
     for slot in range(3):
         tier.write(slot, key(slot), chunk(slot).array)
     tier.close()
-    (index,) = tmp_path.glob("*/index.kvt")
+    (index,) = tmp_path.glob("*/writers/*/index.kvt")
     data = bytearray(index.read_bytes())
     data[128 + 50] ^= 1  # slot 1's entry
     index.write_bytes(bytes(data))
@@ -162,10 +162,10 @@ def test_chunks_stripe_across_paths(tmp_path):
 def test_files_and_directories_are_private(tmp_path):
     tier = make_tier([tmp_path])
     tier.write(0, key(0), chunk(0).array)
-    directory = tmp_path / NS.id
-    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    for path in directory.iterdir():
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    for path in (tmp_path / NS.id).rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == (0o700 if path.is_dir() else 0o600), path
+    assert stat.S_IMODE((tmp_path / NS.id).stat().st_mode) == 0o700
+    assert (tmp_path / NS.id / "writers" / tier.writer / "lease").is_file()
     tier.close()
 
 
@@ -186,16 +186,30 @@ def test_o_direct_is_probed_and_can_be_turned_off(tmp_path):
     tier.close()
 
 
-def test_a_namespace_is_held_by_one_process_at_a_time(tmp_path):
-    first = make_tier([tmp_path])
-    second = make_tier([tmp_path])
+def test_a_segment_is_held_by_one_process_at_a_time(tmp_path):
+    first = make_tier([tmp_path], writers=["node-a"])
+    second = make_tier([tmp_path], writers=["node-a"])
     assert "in use by another kvtier process" in second.down_paths[0]
     assert second.write(0, key(0), chunk(0).array).status is IOStatus.PATH_DOWN
     first.close()
     second.close()
-    third = make_tier([tmp_path])
+    third = make_tier([tmp_path], writers=["node-a"])
     assert third.down_paths == {}
     third.close()
+
+
+def test_without_an_instance_id_each_tier_takes_the_lowest_free_writer_id(tmp_path):
+    first, second = make_tier([tmp_path]), make_tier([tmp_path])
+    assert first.down_paths == second.down_paths == {}
+    host = first.writer.rsplit("-", 1)[0]
+    assert (first.writer, second.writer) == (f"{host}-0", f"{host}-1")
+    for tier in (first, second):
+        assert tier.write(0, key(0), chunk(0).array).ok
+    first.close()
+    again = make_tier([tmp_path])  # a restart takes its segment back
+    assert again.writer == f"{host}-0" and len(again.recover().slots) == 1
+    again.close()
+    second.close()
 
 
 def test_neighbouring_slots_move_in_one_call_each_way(tmp_path, monkeypatch):

@@ -69,7 +69,7 @@ def test_many_corrupt_chunks_in_separate_prefixes(tmp_path, caplog):
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
         put_all(store, prefixes)
     store = KVStore(SMALL, config(tmp_path, host_chunks=2))
-    (data,) = tmp_path.glob("*/slots-0000.kvt")
+    (data,) = tmp_path.glob("*/writers/*/slots-0000.kvt")
     for tokens in prefixes:
         flip(data, slot_of(store, tokens, 0) * STRIDE + HEADER_BYTES + 7)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
@@ -161,8 +161,8 @@ def test_a_read_only_path(caplog):
 def test_torn_slots_found_at_start(tmp_path, caplog):
     with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
         put_all(store, singles())
-    (data,) = tmp_path.glob("*/slots-0000.kvt")
-    (index,) = tmp_path.glob("*/index.kvt")
+    (data,) = tmp_path.glob("*/writers/*/slots-0000.kvt")
+    (index,) = tmp_path.glob("*/writers/*/index.kvt")
     index.unlink()  # recover by the header scan, which reads every header
     for slot in range(MANY):
         flip(data, slot * STRIDE + 40)

@@ -1,5 +1,6 @@
 """Random hostile trees under a cache root: symlinks in and out, FIFOs, directories where files
-are expected, hard links, sparse, truncated and garbage files. On each, a store and every CLI
+are expected, hard links, sparse, truncated and garbage files, in a namespace directory, its
+``writers/`` directory and a writer's segment. On each, a store and every CLI
 command run with a time bound: no exception escapes, every exit code is a documented one,
 nothing outside the root changes, and the store never serves a wrong byte."""
 
@@ -13,11 +14,16 @@ from hypothesis import strategies as st
 
 from kvtier import KVStore
 from tests.conftest import SMALL, make_kv
-from tests.hostile import cli, make_cache, make_decoy, time_bound, tree_digest
+from tests.hostile import cli, make_cache, make_decoy, segment_dir, time_bound, tree_digest
 from tests.test_disk_store import config, load, seq
 
-NAMES = ["namespace.json", "index.kvt", "slots-0000.kvt", "slots-0001.kvt", "lock",
-         ".o_direct_probe", "slots-9999.kvt", ".namespace.json.tmp-1"]
+# Entries to spoil, relative to the namespace directory; SEGMENT stands for the writer's one.
+SEGMENT = "writers/<writer>"
+NAMES = ["namespace.json", ".namespace.json.tmp-1", "writers", SEGMENT, "writers/w-9",
+         "writers/not a writer"] + [
+    f"{SEGMENT}/{name}" for name in ("index.kvt", "slots-0000.kvt", "slots-0001.kvt", "lock",
+                                     "lease", "log.kvt", ".o_direct_probe", "slots-9999.kvt",
+                                     ".lease.tmp-1-0123abcd")]
 KINDS = ["link-out-file", "link-out-dir", "link-in", "dangling", "fifo", "directory",
          "hard-link-out", "sparse", "truncated", "garbage", "json-list", "json-bad-numbers",
          "flip"]
@@ -36,9 +42,22 @@ def template(tmp_path_factory):
     return root
 
 
-def spoil(ns, decoy, name, kind, number):
+def inside(path, top):
+    """True when every directory from ``top`` down to ``path``'s parent is a real one (no
+    link, no file): spoiling ``path`` then changes nothing outside the root."""
+    parent = path.parent
+    while parent != top:
+        if parent.is_symlink() or not parent.is_dir():
+            return False
+        parent = parent.parent
+    return True
+
+
+def spoil(ns, segment, decoy, name, kind, number):
     """Replace (or add) entry ``name`` of the namespace with something hostile."""
-    path = ns / name
+    path = ns / name.replace(SEGMENT, f"writers/{segment.name}")
+    if not inside(path, ns):
+        return
     original = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -49,7 +68,7 @@ def spoil(ns, decoy, name, kind, number):
     elif kind == "link-out-dir":
         path.symlink_to(decoy / "dir")
     elif kind == "link-in":
-        path.symlink_to(ns / "lock")
+        path.symlink_to(segment / "lock")
     elif kind == "dangling":
         path.symlink_to(decoy / "nothing-here")
     elif kind == "fifo":
@@ -109,16 +128,17 @@ def torch_equal(a, b):
     return same_bytes(a, b)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
+@settings(max_examples=100, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(damage=damage, extras=extras)
 def test_no_hostile_tree_escapes_hangs_or_serves_wrong_bytes(template, tmp_path, damage, extras):
     work = tmp_path / f"example-{os.urandom(4).hex()}"
     root, decoy = work / "cache", make_decoy(work / "decoy")
     shutil.copytree(template, root, symlinks=True)
-    (ns,) = root.iterdir()
+    segment = segment_dir(root)
+    ns = segment.parent.parent
     for name, kind, number in damage:
-        spoil(ns, decoy, name, kind, number)
+        spoil(ns, segment, decoy, name, kind, number)
     for kind in extras:
         add_root_entry(root, ns, decoy, kind)
     before = tree_digest(decoy)

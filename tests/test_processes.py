@@ -1,5 +1,6 @@
-"""Two processes storing and loading overlapping prefixes at once, then a third that restarts
-on what they left: no wrong byte, no exception, descriptors and memory stable."""
+"""Two processes storing and loading overlapping prefixes at once (on one directory, each in
+its own segment), then two more that restart on what they left: no wrong byte, no exception,
+descriptors and memory stable."""
 
 import json
 import subprocess
@@ -40,18 +41,11 @@ def test_two_processes_then_a_restart(tmp_path, sharing):
     results = run_two(first, second, tmp_path)
     for result in results:
         check_clean(result)
-    with_disk = [r for r in results if not r["paths_down"]]
-    if sharing == "one directory":
-        # One process holds the namespace; the other serves from host memory and says why.
-        assert len(with_disk) == 1
-        (other,) = [r for r in results if r["paths_down"]]
-        assert "in use by another kvtier process" in next(iter(other["paths_down"].values()))
-    else:
-        assert len(with_disk) == 2
-    assert all(r["disk_writes"] > 0 for r in with_disk)
+    # on one directory each process writes its own segment (a writer id of its own)
+    assert all(not r["paths_down"] and r["disk_writes"] > 0 for r in results)
 
     again = run_two(first, second, tmp_path)  # restart on what the first two left
     for result in again:
         check_clean(result)
-        if not result["paths_down"]:
-            assert result["recovered"] > 0 and result["disk_reads"] > 0
+        assert not result["paths_down"]
+        assert result["recovered"] > 0 and result["disk_reads"] > 0

@@ -63,8 +63,8 @@ def disk_extra(disk: Path, chunk_tokens: int) -> dict:
 
 def corrupt_every_slot(disk: Path) -> None:
     """Flip a byte in the payload of every slot of the one namespace under ``disk``."""
-    (slots,) = disk.glob("*/slots-0000.kvt")
-    stride = json.loads((slots.parent / "namespace.json").read_text())["stride"]
+    (slots,) = disk.glob("*/writers/*/slots-0000.kvt")
+    stride = json.loads((slots.parents[2] / "namespace.json").read_text())["stride"]
     data = bytearray(slots.read_bytes())
     for slot in range(len(data) // stride):
         data[slot * stride + 4096 + 12345] ^= 0xFF

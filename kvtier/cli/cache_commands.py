@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import errno
 import functools
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
 from kvtier.ops.cache import NamespaceDir, cache_root, namespaces
-from kvtier.ops.inspect import inspect_namespace
+from kvtier.ops.inspect import NamespaceReport, inspect_namespace
 from kvtier.ops.reclaim import clear as clear_namespaces
 from kvtier.ops.reclaim import gc as gc_namespaces
-from kvtier.ops.verify import VerifyReport, verify_namespace
+from kvtier.ops.verify import NamespaceVerify, verify_namespace
 from kvtier.units import format_size, parse_duration, parse_size
 
 PathArg = Annotated[str, typer.Argument(help="A cache root: one of the disk_paths.")]
@@ -34,9 +34,21 @@ def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
     return found
 
 
+def _show(text: str) -> str:
+    """Text from the cache directory, safe to print: no markup, no control characters."""
+    return escape(text if text.isprintable() else ascii(text))
+
+
+def _short(name: str) -> str:
+    """A namespace id, or a segment's ``<id>/writers/<writer>``, with the id shortened."""
+    return _show(name[:12] + name[32:])
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 0:
+        return "-" + _age(-seconds)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.1f}{unit}"
@@ -45,47 +57,64 @@ def _age(seconds: float | None) -> str:
 
 @app.command()
 def inspect(path: PathArg, namespace: NamespaceOpt = None, as_json: JsonFlag = False) -> None:
-    """Show every namespace under PATH: what it holds and whether it is in use.
+    """Show every namespace under PATH and its writers: what they hold, whether in use.
 
     Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
     compression ratio, and status (ok; stale: another format version; orphaned: no metadata;
-    damaged: metadata not trusted; unsafe: an entry kvtier would not use). Exit 1 when a
-    namespace is damaged or unsafe.
+    damaged: metadata not trusted; unsafe: an entry kvtier would not use); then each writer's
+    segment: its lease (host, pid, heartbeats, age), whether it is in use, chunks and bytes.
+    Exit 1 when a namespace is damaged or unsafe.
     """
     reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
     if as_json:
         emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
-        if any(r.status in ("damaged", "unsafe") for r in reports):
-            raise typer.Exit(1)
-        return
+    else:
+        _print_inspect(path, reports)
+    if any(r.status in ("damaged", "unsafe") for r in reports):
+        raise typer.Exit(1)
+
+
+def _print_inspect(path: str, reports: list[NamespaceReport]) -> None:
     from rich.table import Table
 
-    table = Table("namespace", "status", "model", "dtype", "chunk", "tp", "chunks", "fill",
-                  "stored", "ratio", "age min/med/max", title=f"kvtier cache {path}")
+    table = Table("namespace", "status", "model", "dtype", "chunk", "tp", "writers", "chunks",
+                  "fill", "stored", "ratio", "age min/med/max", title=f"kvtier cache {_show(path)}")
     for r in reports:
         ages = "/".join(_age(r.age_seconds.get(k)) for k in ("min", "median", "max"))
         status = r.status + (" (in use)" if r.in_use else "")
-        table.add_row(r.id[:12], status, r.model[-30:], r.kv_dtype, str(r.chunk_tokens), r.tp,
+        table.add_row(r.id[:12], status, _show(r.model[-30:]), _show(r.kv_dtype),
+                      str(r.chunk_tokens), _show(r.tp), str(len(r.writers)),
                       f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
                       f"{r.compression_ratio:.2f}", ages)
     console.print(table)
+    writers = Table("namespace", "writer", "status", "host", "pid", "beats", "lease written",
+                    "chunks", "stored", title="writers")
+    for r in reports:
+        for w in r.writers:
+            status = w.status + (" (in use)" if w.in_use else "")
+            writers.add_row(r.id[:12], w.writer, status, _show(w.host or "-"), str(w.pid or "-"),
+                            str(w.beat), _age(w.lease_age_seconds) + (" ago" if w.host else ""),
+                            f"{w.chunks}/{w.slots}", format_size(w.stored_bytes))
+    if writers.rows:
+        console.print(writers)
     for r in reports:
         if r.problem:
-            console.print(f"{r.id[:12]}: {r.problem}")
+            console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        for name in r.ignored:
+            console.print(f"{r.id[:12]}: writers/{_show(name)} is not a writer's segment; left alone")
     if not reports:
         console.print("no kvtier namespaces here")
-    if any(r.status in ("damaged", "unsafe") for r in reports):
-        raise typer.Exit(1)
 
 
 @app.command()
 def verify(path: PathArg, namespace: NamespaceOpt = None,
            repair: Annotated[bool, typer.Option(help="Free bad slots and fix the index.")] = False,
            as_json: JsonFlag = False) -> None:
-    """Check every slot's header and payload under PATH; exit 1 when anything is wrong.
+    """Check every slot's header and payload under PATH, writer by writer; exit 1 when
+    anything is wrong.
 
-    --repair frees corrupt, torn and foreign slots and fixes the index (the namespace must
-    not be in use).
+    --repair frees corrupt, torn and foreign slots and fixes the index of each writer's
+    segment that is not in use (one in use is checked, not repaired: exit 1).
     """
     from rich.progress import Progress
 
@@ -94,31 +123,38 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
     with Progress(console=console, transient=True, disable=as_json) as bar:
         for directory in dirs:
             task = bar.add_task(f"verify {directory.id[:12]}", total=None)
-            try:
-                reports.append(verify_namespace(directory, repair, functools.partial(bar.advance, task)))
-            except OSError as exc:
-                if repair and exc.errno == errno.EBUSY:
-                    raise fail(exc.strerror or str(exc)) from exc
-                reports.append(VerifyReport(directory.id, problem=exc.strerror or str(exc)))
+            reports.append(verify_namespace(directory, repair, functools.partial(bar.advance, task)))
     problems = sum(r.problems for r in reports)
     if as_json:
-        emit_json({"path": path, "problems": problems, "namespaces": [asdict(r) for r in reports]})
+        emit_json({"path": path, "problems": problems, "namespaces": [r.as_dict() for r in reports]})
     else:
-        from rich.table import Table
-
-        table = Table("namespace", "slots", "ok", "free", "corrupt", "torn", "foreign",
-                      "mismatched", "unindexed", "stale index", "repaired",
-                      title=f"kvtier verify {path}")
-        for r in reports:
-            table.add_row(r.id[:12], str(r.slots), str(r.ok), str(r.free), str(len(r.corrupt)),
-                          str(len(r.torn)), str(len(r.foreign)), str(len(r.mismatched)),
-                          str(len(r.unindexed)), str(len(r.stale_index)), str(r.repaired))
-        console.print(table)
-        for r in reports:
-            if r.problem:
-                console.print(f"{r.id[:12]}: {r.problem}")
-    if (problems and not repair) or any(r.problem for r in reports):
+        _print_verify(path, reports)
+    if (problems and not repair) or any(r.problem or any(w.problem for w in r.writers)
+                                        for r in reports):
         raise typer.Exit(1)
+
+
+def _print_verify(path: str, reports: list[NamespaceVerify]) -> None:
+    from rich.table import Table
+
+    table = Table("namespace", "writer", "slots", "ok", "free", "corrupt", "torn", "foreign",
+                  "mismatched", "unindexed", "stale index", "repaired",
+                  title=f"kvtier verify {_show(path)}")
+    for r in reports:
+        for w in r.writers:
+            table.add_row(r.id[:12], w.writer, str(w.slots), str(w.ok), str(w.free),
+                          str(len(w.corrupt)), str(len(w.torn)), str(len(w.foreign)),
+                          str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.stale_index)),
+                          str(w.repaired))
+        if not r.writers:
+            table.add_row(r.id[:12], "-", *["0"] * 10)
+    console.print(table)
+    for r in reports:
+        if r.problem:
+            console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        for w in r.writers:
+            if w.problem:
+                console.print(f"{r.id[:12]}/writers/{w.writer}: {_show(w.problem)}")
 
 
 @app.command()
@@ -131,8 +167,8 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
        as_json: JsonFlag = False) -> None:
     """Reclaim space under PATH by age, size target or stale namespace.
 
-    Freed slots are punched out of the files. Namespaces that a running kvtier process holds,
-    and anything kvtier cannot prove it wrote, are never touched (exit 1 then).
+    Freed slots are punched out of the files. Writers' segments that a running kvtier process
+    holds, and anything kvtier cannot prove it wrote, are never touched (exit 1 then).
     """
     if older_than is None and target is None and not stale:
         raise fail("gc: say what to reclaim: --older-than, --target and/or --stale")
@@ -152,8 +188,10 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
                       + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else "")
                       + (f"; left alone {len(report.skipped_unsafe)} not provably kvtier's or unsafe"
                          if report.skipped_unsafe else ""))
+        for name in report.skipped_in_use:
+            console.print(f"{_short(name)}: in use, left alone")
         for name, entries in report.left.items():
-            console.print(f"{name[:12]}: left {', '.join(entries)}")
+            console.print(f"{_short(name)}: left {', '.join(map(_show, entries))}")
     if report.left_alone:
         raise typer.Exit(1)
 
@@ -164,8 +202,8 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
           as_json: JsonFlag = False) -> None:
     """Remove one namespace (--namespace) or every namespace under PATH.
 
-    Asks first unless --yes. Removes only what kvtier provably wrote; never a namespace in
-    use, nor entries kvtier did not write (exit 1 then, naming them).
+    Asks first unless --yes. Removes only what kvtier provably wrote; never a writer's
+    segment in use, nor entries kvtier did not write (exit 1 then, naming them).
     """
     dirs = _dirs(path, namespace)
     if not dirs:
@@ -173,13 +211,16 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
         raise fail(f"clear: no kvtier namespace under {path}{matching}")
     if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {path}?"):
         raise typer.Exit(1)
-    removed, busy, left = clear_namespaces(dirs)
+    done = clear_namespaces(dirs)
     if as_json:
-        emit_json({"removed": removed, "in_use": busy, "left": left})
+        emit_json(asdict(done))
     else:
-        console.print(f"removed {len(removed)} namespace(s)"
-                      + (f"; {len(busy)} in use, left alone" if busy else ""))
-        for name, entries in left.items():
-            console.print(f"{name[:12]}: left {', '.join(entries)}")
-    if busy or left:
+        console.print(f"removed {len(done.removed)} namespace(s), "
+                      f"{len(done.segments_removed)} writer segment(s)"
+                      + (f"; {len(done.in_use)} in use, left alone" if done.in_use else ""))
+        for name in done.in_use:
+            console.print(f"{_short(name)}: in use, left alone")
+        for name, entries in done.left.items():
+            console.print(f"{_short(name)}: left {', '.join(map(_show, entries))}")
+    if done.in_use or done.left:
         raise typer.Exit(1)

@@ -28,6 +28,7 @@ from kvtier.connector.scheduler_metrics import metric_samples
 from kvtier.connector.store_planner import StorePlanner
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
+from kvtier.io.names import writer_ids
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -66,7 +67,8 @@ class SchedulerSide:
 
     def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
         """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
-        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout)
+        writer = writer_ids(self.config.instance_id)[0]  # the workers' too (worker.py)
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, writer)
                     for ns in namespaces]
         common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
                   if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]

@@ -32,6 +32,7 @@ from kvtier.connector.worker_disk import WorkerDisk
 from kvtier.connector.worker_ledger import WorkerLedger
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
+from kvtier.io.names import writer_ids
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
 from kvtier.tiers.disk import DiskTier
@@ -95,7 +96,8 @@ class WorkerSide:
         element_bytes = next(iter(kv_caches.values())).element_size()
         self._lane = open_lane(self.config, self.namespace, self.geometry.chunk_bytes,
                                element_bytes, lock=self._lock, on_back=self._ledger.path_back,
-                               failures=self._ledger.failures, engine_factory=self._io_engine)
+                               failures=self._ledger.failures, engine_factory=self._io_engine,
+                               writers=writer_ids(self.config.instance_id)[:1])  # the scheduler's
         self._ledger.lane = self._lane
         self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads)
         self._lane.recover(threads=self.config.io_threads)

@@ -1,12 +1,16 @@
-"""One namespace's directory on one disk path: safe to open, locked, and its slot files.
+"""One writer's segment of a namespace on one disk path: safe to open, locked, leased, and
+its slot files.
 
-Layout: ``<disk_path>/<namespace id>/`` (mode 0700) holding ``namespace.json`` (what the
-namespace is, for the CLI), ``lock`` (held with ``flock`` by the process using it),
-``slots-NNNN.kvt`` files (mode 0600) of fixed-size slots, and ``index.kvt``: a copy of each
-slot's header, 128 bytes per slot, written after the slot, so that start-up reads one small
-file instead of every slot's header. The slot's own header stays the truth: every read
-checks it. Every entry is opened through :mod:`kvtier.io.safefs`. Files grow in large
-preallocated steps, never past the capacity, and never below the filesystem's free-space floor.
+Layout (``kvtier.io.names``): ``<disk_path>/<namespace id>/namespace.json`` (what the
+namespace is, for the CLI) and ``writers/<writer id>/`` (mode 0700), the segment, holding
+``lock`` (held with ``flock`` by the process writing it), ``lease`` (its heartbeat, for
+readers on other machines), ``slots-NNNN.kvt`` files (mode 0600) of fixed-size slots,
+``index.kvt`` (a copy of each slot's header, 128 bytes per slot, written after the slot, so
+that start-up reads one small file instead of every slot's header) and ``log.kvt`` (the same
+entries appended, for readers that follow the segment). The slot's own header stays the
+truth: every read checks it. Every entry is opened through :mod:`kvtier.io.safefs`. Files
+grow in large preallocated steps, never past the capacity, and never below the
+filesystem's free-space floor.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import fcntl
 import json
 import logging
 import os
-import re
 import secrets
 import threading
 from pathlib import Path
@@ -25,21 +28,18 @@ import numpy as np
 
 from kvtier.config import DiskFloor
 from kvtier.io.buffers import PAGE, AlignedBuffer
-from kvtier.io.format import INDEX_ENTRY_BYTES
+from kvtier.io.format import INDEX_ENTRY_BYTES, is_blank
+from kvtier.io.lease import Lease
+from kvtier.io.names import INDEX_FILE, LOCK_FILE, META_FILE, SLOT_FILE, SLOT_NAME, WRITERS_DIR
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.segment_log import SegmentLog
 
-__all__ = ["CacheDir", "CacheDirError", "SafeDir"]
+__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "SLOT_NAME", "CacheDir", "CacheDirError",
+           "SafeDir"]
 
 log = logging.getLogger(__name__)
 
 GROW_BYTES = 256 * 1024**2
-SLOT_FILE = "slots-{:04d}.kvt"
-META_FILE = "namespace.json"
-INDEX_FILE = "index.kvt"
-LOCK_FILE = "lock"
-
-
-SLOT_NAME = re.compile(r"slots-(\d{4,9})\.kvt")  # the slot files kvtier writes
 MAX_META_BYTES = 1 << 20  # namespace.json is a few hundred bytes; anything larger is not ours
 
 
@@ -83,27 +83,47 @@ def probe_o_direct(directory: SafeDir) -> bool:
         buffer.close()
 
 
+def open_segment(root: Path, namespace_id: str, writer: str, meta: dict) -> SafeDir:
+    """The segment directory of ``writer`` in namespace ``namespace_id`` under ``root``,
+    made (mode 0700) when missing; ``namespace.json`` is written when it does not already
+    say ``meta`` (every writer of a namespace writes the same)."""
+    text = json.dumps(meta, indent=2, sort_keys=True).encode()
+    with SafeDir.open(root) as top, top.subdir(namespace_id, create=True) as ns_dir:
+        try:
+            same = ns_dir.read_file(META_FILE, MAX_META_BYTES) == text
+        except OSError:
+            same = False  # not ours, or unreadable: replace it
+        if not same:
+            ns_dir.replace_file(META_FILE, text)
+        with ns_dir.subdir(WRITERS_DIR, create=True) as writers:
+            return writers.subdir(writer, create=True)
+
+
 class CacheDir:
-    """The slot files of one namespace on one disk path, opened and locked.
+    """The slot files of one writer's segment of a namespace on one disk path, opened,
+    locked and leased.
 
     ``stride`` bytes per slot, ``file_slots`` slots per file, ``num_slots`` in all. Every
     file is opened through :class:`SafeDir` (no symlink followed, regular files of this user
     only). Raises :class:`CacheDirError` when the path is unsafe or another process holds the
-    namespace; nothing stays open or locked then.
+    segment; nothing stays open or locked then. ``write_index`` keeps both the dense index
+    and the log that other readers follow; ``lease.beat()`` is the owner's heartbeat.
     """
 
-    def __init__(self, root: Path, namespace_id: str, meta: dict, *, num_slots: int,
-                 stride: int, file_slots: int, o_direct: bool | None,
+    def __init__(self, root: Path, namespace_id: str, meta: dict, *, writer: str,
+                 num_slots: int, stride: int, file_slots: int, o_direct: bool | None,
                  floor: DiskFloor) -> None:
-        self.path = root / namespace_id
+        self.path = root / namespace_id / WRITERS_DIR / writer
+        self.writer = writer
         self._fds: dict[int, int] = {}
         self.index_fd = self._lock_fd = -1
         self.closed = False
-        with SafeDir.open(root) as top:
-            self.dir = top.subdir(namespace_id, create=True)
-        try:  # anything failing from here on must not keep the namespace locked
+        self.log: SegmentLog | None = None
+        self.dir = open_segment(root, namespace_id, writer, meta)
+        try:  # anything failing from here on must not keep the segment locked
             self._lock_fd = self._take_lock()
-            self.dir.replace_file(META_FILE, json.dumps(meta, indent=2, sort_keys=True).encode())
+            self.lease = Lease(self.dir, writer)
+            self.lease.beat()
             probed = probe_o_direct(self.dir)
             if o_direct and not probed:
                 raise CacheDirError(errno.EINVAL, f"O_DIRECT does not work in {self.path}; set "
@@ -115,12 +135,21 @@ class CacheDir:
             self._grow_lock = threading.Lock()
             self.index_fd = self.dir.open_file(INDEX_FILE, os.O_RDWR, create=True)
             self._trim_extra_files()
+            self.log = SegmentLog(self.dir, bytes.fromhex(namespace_id), self._index_snapshot,
+                                  rotate_after=max(4096, 2 * num_slots))
         except BaseException:
             self.close()
             raise
 
     def _take_lock(self) -> int:
-        return lock_namespace(self.dir, "give each instance its own disk_paths")
+        return lock_namespace(self.dir, "give each instance its own instance_id (or let "
+                              "kvtier derive one)")
+
+    def _index_snapshot(self) -> list[tuple[int, bytes]]:
+        """(local slot, entry) of every non-blank entry of the dense index."""
+        data = self.read_index()
+        entries = (data[i:i + INDEX_ENTRY_BYTES] for i in range(0, len(data), INDEX_ENTRY_BYTES))
+        return [(slot, entry) for slot, entry in enumerate(entries) if not is_blank(entry)]
 
     @property
     def inode(self) -> int:
@@ -155,8 +184,13 @@ class CacheDir:
         return sorted(n for n in (int(m.group(1)) for m in numbers if m) if self.slots_in_file(n))
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
-        """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file."""
-        os.pwrite(self.index_fd, entry[:INDEX_ENTRY_BYTES].data, local_slot * INDEX_ENTRY_BYTES)
+        """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file and the log
+        (all zeros: the slot was emptied)."""
+        prefix = entry[:INDEX_ENTRY_BYTES].data
+        os.pwrite(self.index_fd, prefix, local_slot * INDEX_ENTRY_BYTES)
+        if self.log is None:
+            raise OSError(errno.EBADF, f"{self.path} has no log open")
+        self.log.append(local_slot, prefix)
 
     def read_index(self) -> bytes:
         """The index file (empty when it was never written), at most one entry per slot."""
@@ -211,6 +245,8 @@ class CacheDir:
 
     def close(self) -> None:
         self.closed = True
+        if self.log is not None:
+            self.log.close()
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.io.cachedir import INDEX_FILE, SafeDir
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
-from kvtier.io.safefs import read_at
+from kvtier.io.names import INDEX_FILE, WRITERS_DIR
+from kvtier.io.safefs import SafeDir, read_at
 from kvtier.keys import ChunkKey, Namespace
 
 FILE_BYTES = 8 * 1024**3  # a slot file holds at most this much (whole slots)
@@ -136,14 +136,23 @@ def read_index_file(directory: SafeDir, slots: int) -> bytes:
         os.close(fd)
 
 
-def read_disk_index(roots: list[str], namespace: Namespace,
-                    layout: SlotLayout) -> dict[ChunkKey, tuple[int, SlotHeader]]:
-    """What a namespace holds on ``roots``, from the index files alone (missing, unsafe or
-    unreadable paths hold nothing). Reads only: the process that writes holds the lock."""
+def open_segment_dir(root: str, namespace_id: str, writer: str) -> SafeDir:
+    """``writer``'s segment of namespace ``namespace_id`` under ``root``, read only (nothing
+    is made); ``OSError`` when it is missing or unsafe."""
+    with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir, \
+            ns_dir.subdir(WRITERS_DIR) as writers:
+        return writers.subdir(writer)
+
+
+def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout,
+                    writer: str) -> dict[ChunkKey, tuple[int, SlotHeader]]:
+    """What ``writer``'s segments of a namespace hold on ``roots``, from the index files
+    alone (missing, unsafe or unreadable paths hold nothing). Reads only: the process that
+    writes holds the lock."""
     found: list[tuple[int, SlotHeader]] = []
     for index, root in enumerate(roots):
         try:
-            with SafeDir.open(root) as top, top.subdir(namespace.id) as directory:
+            with open_segment_dir(root, namespace.id, writer) as directory:
                 entries = read_index_file(directory, layout.per_path)
         except OSError:
             continue

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import stat
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -172,7 +173,7 @@ class SafeDir:
     def replace_file(self, name: str, data: bytes) -> None:
         """Make ``name`` hold ``data``, atomically: written to a new file, then renamed over
         the old entry (a symlink there is replaced, never followed)."""
-        temp = f".{name}.tmp-{os.getpid()}"
+        temp = f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # unique across hosts too
         self.remove_file(temp)
         fd = self.open_file(temp, os.O_WRONLY | os.O_EXCL, create=True)
         try:

@@ -1,30 +1,31 @@
-"""Finding the namespaces in a cache directory and reading what they hold, offline.
+"""Finding the namespaces in a cache directory, and their writers' segments, offline.
 
 A cache root is one ``disk_paths`` entry, and everything below it is hostile: entries are
 opened through :class:`~kvtier.io.safefs.SafeDir` (no symlink followed, regular files and
 directories of this user only, bounded reads). A namespace is a directory named by 32 hex
 digits; its ``namespace.json`` is trusted only when the digest of the namespace it describes
-is the directory's name and its slot geometry is the one kvtier derives from it.
+is the directory's name and its slot geometry is the one kvtier derives from it. Each writer
+of a namespace has a segment, ``writers/<writer id>/``, holding its slot files
+(``kvtier.io.names``); the namespace's geometry applies to every segment. A namespace of
+another format version may hold its files directly in the namespace directory.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.io.cachedir import INDEX_FILE, LOCK_FILE, MAX_META_BYTES, META_FILE, SLOT_NAME, lock_namespace
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
-from kvtier.io.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, valid_header
-from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.cachedir import MAX_META_BYTES
+from kvtier.io.format import HEADER_BYTES
+from kvtier.io.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, open_segment_dir
+from kvtier.io.names import META_FILE, NAMESPACE_NAME, SLOT_NAME, WRITER_ID, WRITERS_DIR
+from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.keys import FORMAT_VERSION, namespace_id_of
 
 CacheRootError = CacheDirError  # a path the commands must not operate on, and why
-NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
 
 
 class MetaError(ValueError):
@@ -78,8 +79,12 @@ def parse_meta(data: bytes, namespace_id: str) -> NamespaceMeta:
 @dataclass(frozen=True)
 class NamespaceDir:
     """One namespace directory under ``root``: its trusted metadata, or why there is none
-    (``problem``); ``unsafe`` when the directory itself or its metadata file breaks the
-    hostile-directory rule (then no command changes anything in it)."""
+    (``problem``); ``unsafe`` when the directory itself, its metadata file or its ``writers``
+    directory breaks the hostile-directory rule (then no command changes anything in it).
+
+    ``writers``: (writer id, problem) of every entry under ``writers/`` named like a writer
+    id (a problem when it is not a directory kvtier would use); ``ignored``: the other
+    entries there, which are not kvtier's and are left alone."""
 
     root: Path
     id: str
@@ -87,6 +92,8 @@ class NamespaceDir:
     problem: str = ""
     unsafe: bool = False
     has_meta_file: bool = False
+    writers: tuple[tuple[str, str], ...] = ()
+    ignored: tuple[str, ...] = ()
 
     @property
     def path(self) -> Path:
@@ -108,7 +115,7 @@ class NamespaceDir:
 
     @property
     def readable(self) -> bool:
-        """True when its slots can be read with its metadata's geometry."""
+        """True when its segments' slots can be read with its metadata's geometry."""
         return self.status == "ok"
 
     @property
@@ -117,9 +124,44 @@ class NamespaceDir:
         assert self.meta is not None, f"namespace {self.id} has no trusted namespace.json"
         return self.meta
 
+    @property
+    def segments(self) -> list[Segment]:
+        """Its writers' segments (none when the namespace itself is unsafe)."""
+        return [] if self.unsafe else [Segment(self, name, problem) for name, problem in self.writers]
+
     def open(self) -> SafeDir:
         with SafeDir.open(self.root) as top:
             return top.subdir(self.id)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One writer's segment of a namespace: ``<namespace>/writers/<writer>/``; ``problem``
+    when it is not a directory kvtier would use (then nothing in it is read or changed)."""
+
+    ns: NamespaceDir
+    writer: str
+    problem: str = ""
+
+    @property
+    def unsafe(self) -> bool:
+        return bool(self.problem)
+
+    @property
+    def label(self) -> str:
+        """Its path under the cache root, as reports name it."""
+        return f"{self.ns.id}/{WRITERS_DIR}/{self.writer}"
+
+    @property
+    def meta(self) -> NamespaceMeta:
+        return self.ns.readable_meta
+
+    @property
+    def digest(self) -> bytes:
+        return bytes.fromhex(self.ns.id)
+
+    def open(self) -> SafeDir:
+        return open_segment_dir(str(self.ns.root), self.ns.id, self.writer)
 
 
 def cache_root(path: str | Path) -> Path:
@@ -148,19 +190,49 @@ def namespaces(root: Path) -> list[NamespaceDir]:
 
 def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
     names = directory.names()
-    if META_FILE not in names and not any(SLOT_NAME.fullmatch(n) for n in names):
+    if (META_FILE not in names and WRITERS_DIR not in names
+            and not any(SLOT_NAME.fullmatch(n) for n in names)):
         return None
+    has_meta = META_FILE in names
     try:
+        writers, ignored = list_writers(directory) if WRITERS_DIR in names else ((), ())
         data = directory.read_file(META_FILE, MAX_META_BYTES)
     except OSError as exc:
         return NamespaceDir(root, name, None, exc.strerror or str(exc), unsafe=True,
-                            has_meta_file=True)
+                            has_meta_file=has_meta)
     if data is None:
-        return NamespaceDir(root, name, None, "no namespace.json")
+        return NamespaceDir(root, name, None, "no namespace.json", writers=writers,
+                            ignored=ignored)
     try:
-        return NamespaceDir(root, name, parse_meta(data, name), has_meta_file=True)
+        meta, problem = parse_meta(data, name), ""
     except MetaError as exc:
-        return NamespaceDir(root, name, None, f"namespace.json: {exc}", has_meta_file=True)
+        meta, problem = None, f"namespace.json: {exc}"
+    return NamespaceDir(root, name, meta, problem, has_meta_file=True, writers=writers,
+                        ignored=ignored)
+
+
+def list_writers(directory: SafeDir) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """(writer id, problem) of each entry of the namespace's ``writers/`` named like a writer
+    id, and the names of the others; ``UnsafeEntry`` when ``writers`` itself is unsafe."""
+    writers, ignored = [], []
+    with directory.subdir(WRITERS_DIR) as handle:
+        for name in handle.names():
+            if not WRITER_ID.fullmatch(name):
+                ignored.append(name)
+                continue
+            info = handle.lstat(name)
+            if info is None:
+                continue  # gone since it was listed
+            problem = ""
+            if not stat.S_ISDIR(info.st_mode):
+                problem = f"{handle.path}/{name} is {kind_of(info.st_mode)}, not a directory"
+            else:
+                try:
+                    handle.subdir(name).close()
+                except OSError as exc:
+                    problem = exc.strerror or str(exc)
+            writers.append((name, problem))
+    return tuple(writers), tuple(ignored)
 
 
 def slot_files(directory: SafeDir) -> dict[int, str]:
@@ -173,13 +245,14 @@ def slot_files(directory: SafeDir) -> dict[int, str]:
     return dict(sorted(files.items()))
 
 
-def slot_file_sizes(ns: NamespaceDir, directory: SafeDir) -> dict[int, int]:
-    """Bytes of each slot file, as far as slots can be (a file is never longer than its
-    ``file_slots`` slots); ``UnsafeEntry`` when one is not a regular file of this user."""
-    limit = ns.meta.stride * ns.meta.file_slots if ns.meta else 0
+def slot_file_sizes(meta: NamespaceMeta, directory: SafeDir) -> dict[int, int]:
+    """Bytes of each slot file of a segment, as far as slots can be (a file is never longer
+    than its ``file_slots`` slots); ``UnsafeEntry`` when one is not a regular file of this
+    user."""
+    limit = meta.stride * meta.file_slots
     sizes = {}
     for number, name in slot_files(directory).items():
-        if ns.meta and number * ns.meta.file_slots >= MAX_SLOTS:
+        if number * meta.file_slots >= MAX_SLOTS:
             continue  # past any capacity kvtier keeps: not its file
         fd = directory.open_file(name, os.O_RDONLY)
         try:
@@ -187,78 +260,3 @@ def slot_file_sizes(ns: NamespaceDir, directory: SafeDir) -> dict[int, int]:
         finally:
             os.close(fd)
     return sizes
-
-
-def is_proven(ns: NamespaceDir, directory: SafeDir) -> bool:
-    """True when kvtier provably wrote this namespace: trusted metadata, or a slot whose
-    checked header names the directory's namespace."""
-    if ns.meta is not None:
-        return True
-    digest = bytes.fromhex(ns.id)
-    for name in slot_files(directory).values():
-        try:
-            fd = directory.open_file(name, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            header = decode_header(read_at(fd, HEADER_BYTES, 0))
-        except (HeaderError, OSError):
-            continue
-        finally:
-            os.close(fd)
-        if header.namespace == digest:
-            return True
-    return False
-
-
-def in_use(ns: NamespaceDir) -> bool:
-    """True when a running kvtier process holds the namespace's lock."""
-    if ns.unsafe:
-        return False
-    try:
-        with ns.open() as directory:
-            fd = directory.open_file(LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return False  # no lock file (or one that is not kvtier's): nobody holds it
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def hold(directory: SafeDir) -> int:
-    """Take the namespace's lock for an operation that changes it; raise if it is in use."""
-    return lock_namespace(directory, "stop it first")
-
-
-def index_entries(ns: NamespaceDir, directory: SafeDir,
-                  sizes: dict[int, int]) -> list[tuple[int, SlotHeader | None]]:
-    """(slot, header, or None when the entry is bad or names a slot past the end of the
-    files) for every non-blank entry of the index file, read no further than the files."""
-    if ns.meta is None:
-        return []
-    stride, per_file = ns.meta.stride, ns.meta.file_slots
-    slots = (max(sizes) + 1) * per_file if sizes else 0
-    try:
-        fd = directory.open_file(INDEX_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return []
-    try:
-        data = read_at(fd, min(os.fstat(fd).st_size, slots * INDEX_ENTRY_BYTES), 0)
-    finally:
-        os.close(fd)
-    layout = SlotLayout(ns.meta.raw_bytes, 1, slots * stride)
-    digest = bytes.fromhex(ns.id)
-    entries = []
-    for slot in range(len(data) // INDEX_ENTRY_BYTES):
-        entry = data[slot * INDEX_ENTRY_BYTES:(slot + 1) * INDEX_ENTRY_BYTES]
-        if is_blank(entry):
-            continue
-        present = sizes.get(slot // per_file, 0) >= (slot % per_file + 1) * stride
-        entries.append((slot, valid_header(entry, digest, layout) if present else None))
-    return entries

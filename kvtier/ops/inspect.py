@@ -1,4 +1,4 @@
-"""``kvtier inspect``: what each namespace under a cache root holds."""
+"""``kvtier inspect``: what each namespace under a cache root holds, writer by writer."""
 
 from __future__ import annotations
 
@@ -6,14 +6,48 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from kvtier.ops.cache import NamespaceDir, in_use, index_entries, slot_file_sizes
+from kvtier.io.format import SlotHeader
+from kvtier.io.lease import read_lease
+from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
+from kvtier.ops.segments import busy_reason, index_entries, top_lock_held
 
 
 @dataclass
-class NamespaceReport:
-    id: str
-    status: str  # ok | stale | damaged | orphaned | unsafe: see NamespaceDir.status
-    in_use: bool
+class Holdings:
+    """What a segment (or all of a namespace's segments) holds."""
+
+    files: int = 0
+    file_bytes: int = 0
+    slots: int = 0
+    chunks: int = 0
+    bad_index_entries: int = 0
+    stored_bytes: int = 0
+    raw_bytes: int = 0
+
+    def add(self, other: Holdings) -> None:
+        for name in Holdings.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class WriterReport(Holdings):
+    """One writer's segment: who its lease says writes it, and what it holds."""
+
+    writer: str = ""
+    status: str = "ok"  # ok | unsafe (the segment or one of its files breaks the rule)
+    problem: str = ""
+    in_use: bool = False  # a process holds its lock (or a fresh lease of another machine)
+    host: str = ""  # from the lease; empty when there is none
+    pid: int = 0
+    beat: int = 0  # heartbeats the lease counts
+    lease_age_seconds: float | None = None  # now - when the lease says it was written
+
+
+@dataclass
+class NamespaceReport(Holdings):
+    id: str = ""
+    status: str = ""  # ok | stale | damaged | orphaned | unsafe: see NamespaceDir.status
+    in_use: bool = False
     problem: str = ""  # why the metadata is not trusted, or what is unsafe
     model: str = ""
     kv_dtype: str = ""
@@ -22,14 +56,9 @@ class NamespaceReport:
     block_tokens: int = 0
     tp: str = ""
     format_version: int = 0
-    files: int = 0
-    file_bytes: int = 0
-    slots: int = 0
-    chunks: int = 0
-    bad_index_entries: int = 0
-    stored_bytes: int = 0
-    raw_bytes: int = 0
     age_seconds: dict[str, float] = field(default_factory=dict)
+    writers: list[WriterReport] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # entries of writers/ that are not kvtier's
 
     @property
     def fill(self) -> float:
@@ -40,46 +69,75 @@ class NamespaceReport:
         return self.raw_bytes / self.stored_bytes if self.stored_bytes else 1.0
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "fill": self.fill, "compression_ratio": self.compression_ratio}
+        data = asdict(self)
+        data["writers"] = [_first(writer, ("writer", "status", "in_use")) for writer in data["writers"]]
+        return {**_first(data, ("id", "status", "in_use")), "fill": self.fill,
+                "compression_ratio": self.compression_ratio}
 
 
 def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> NamespaceReport:
-    """What ``directory`` holds, from its metadata, file sizes and index (no slot is read)."""
+    """What ``directory`` holds, from its metadata, and each segment's lease, file sizes and
+    index (no slot is read)."""
+    now = time.time() if now is None else now
     ns = directory.namespace
     report = NamespaceReport(
-        id=directory.id, status=directory.status, in_use=in_use(directory),
+        id=directory.id, status=directory.status, in_use=top_lock_held(directory),
         problem=directory.problem, model=str(ns.get("model", "")),
         kv_dtype=str(ns.get("kv_dtype", "")), layout=str(ns.get("layout", "")),
         chunk_tokens=_int(ns.get("chunk_tokens")), block_tokens=_int(ns.get("block_tokens")),
         tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "",
-        format_version=_int(ns.get("format_version")))
-    if not directory.readable:
-        return report
-    try:
-        with directory.open() as handle:
-            sizes = slot_file_sizes(directory, handle)
-            entries = index_entries(directory, handle, sizes)
-    except OSError as exc:
-        report.status, report.problem = "unsafe", exc.strerror or str(exc)
-        return report
-    report.files, report.file_bytes = len(sizes), sum(sizes.values())
-    report.slots = sum(size // directory.readable_meta.stride for size in sizes.values())
-    _count_entries(report, entries, time.time() if now is None else now)
+        format_version=_int(ns.get("format_version")), ignored=list(directory.ignored))
+    created: list[int] = []
+    for segment in directory.segments:
+        writer, headers = inspect_segment(segment, directory.readable, now)
+        report.writers.append(writer)
+        report.add(writer)
+        report.in_use = report.in_use or writer.in_use
+        created += [header.created_ns for header in headers]
+        if writer.status == "unsafe":
+            report.status = "unsafe"
+            report.problem = "; ".join(filter(None, (report.problem, writer.problem)))
+    ages = [max(0.0, now - ns_time / 1e9) for ns_time in created]
+    if ages:
+        report.age_seconds = {"min": min(ages), "median": statistics.median(ages), "max": max(ages)}
     return report
 
 
-def _count_entries(report: NamespaceReport, entries: list, now: float) -> None:
-    ages = []
-    for _, header in entries:
-        if header is None:
-            report.bad_index_entries += 1
-            continue
-        report.chunks += 1
-        report.stored_bytes += header.payload_bytes
-        report.raw_bytes += header.raw_bytes
-        ages.append(max(0.0, now - header.created_ns / 1e9))
-    if ages:
-        report.age_seconds = {"min": min(ages), "median": statistics.median(ages), "max": max(ages)}
+def inspect_segment(segment: Segment, readable: bool,
+                    now: float) -> tuple[WriterReport, list[SlotHeader]]:
+    """The report of one segment and the headers its index names (those of a ``readable``
+    namespace only: the others' geometry is not known)."""
+    report = WriterReport(writer=segment.writer, status="unsafe" if segment.unsafe else "ok",
+                          problem=segment.problem)
+    if segment.unsafe:
+        return report, []
+    entries: list[tuple[int, SlotHeader | None]] = []
+    try:
+        with segment.open() as handle:
+            lease = read_lease(handle)
+            report.in_use = bool(busy_reason(handle))
+            if readable:
+                sizes = slot_file_sizes(segment.meta, handle)
+                entries = index_entries(segment, handle, sizes)
+                report.files, report.file_bytes = len(sizes), sum(sizes.values())
+                report.slots = sum(size // segment.meta.stride for size in sizes.values())
+    except OSError as exc:
+        report.status, report.problem = "unsafe", exc.strerror or str(exc)
+        return report, []
+    if lease is not None:
+        report.host, report.pid, report.beat = lease.host, lease.pid, lease.beat
+        report.lease_age_seconds = now - lease.written_ns / 1e9
+    headers = [header for _, header in entries if header is not None]
+    report.bad_index_entries = len(entries) - len(headers)
+    report.chunks = len(headers)
+    report.stored_bytes = sum(header.payload_bytes for header in headers)
+    report.raw_bytes = sum(header.raw_bytes for header in headers)
+    return report, headers
+
+
+def _first(data: dict, keys: tuple[str, ...]) -> dict:
+    """``data`` with ``keys`` first (for people reading the JSON)."""
+    return {**{key: data[key] for key in keys}, **data}
 
 
 def _int(value: object) -> int:

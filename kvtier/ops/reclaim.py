@@ -1,24 +1,38 @@
-"""``kvtier gc`` and ``kvtier clear``: give disk space back, never touching a namespace that a
+"""``kvtier gc`` and ``kvtier clear``: give disk space back, never touching a segment that a
 running process holds, and deleting only what kvtier provably wrote: a namespace whose
 metadata (or a slot header) names it, and in it only the files kvtier names, regular files of
-this user. Anything else stays, and is reported."""
+this user. Anything else stays, and is reported.
+
+Reports name a namespace by its id and a segment by its path under the cache root,
+``<namespace id>/writers/<writer id>``.
+"""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
-from kvtier.io.cachedir import INDEX_FILE, LOCK_FILE, META_FILE, SLOT_NAME
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES
+from kvtier.io.names import (
+    INDEX_FILE,
+    LEASE_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    META_FILE,
+    SLOT_NAME,
+    WRITER_ID,
+    WRITERS_DIR,
+)
 from kvtier.io.safefs import SafeDir
-from kvtier.ops.cache import NamespaceDir, hold, in_use, index_entries, is_proven, slot_file_sizes, slot_files
+from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
+from kvtier.ops.segments import free_slots, hold, in_use, index_entries, is_proven, namespace_in_use
 
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# Temporary and probe files kvtier makes (this format: -<pid>-<8 hex>; the last: -<pid>).
+_TEMP = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt)\.tmp|o_direct_probe)-\d+(?:-[0-9a-f]{8})?")
+_SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
+_NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout
 
 
 @dataclass
@@ -26,7 +40,7 @@ class GcReport:
     chunks_freed: int = 0
     bytes_freed: int = 0  # payload bytes of the chunks freed
     namespaces_removed: list[str] = field(default_factory=list)
-    skipped_in_use: list[str] = field(default_factory=list)
+    skipped_in_use: list[str] = field(default_factory=list)  # segments (or namespaces)
     skipped_unsafe: list[str] = field(default_factory=list)  # not provably kvtier's, or unsafe
     left: dict[str, list[str]] = field(default_factory=dict)  # entries kvtier did not write
     dry_run: bool = False
@@ -37,9 +51,20 @@ class GcReport:
         return bool(self.skipped_in_use or self.skipped_unsafe or self.left)
 
 
+@dataclass
+class Removal:
+    """What removing namespaces did: namespaces and segments removed, segments (or old-layout
+    namespaces) in use and left alone, and what was left where, with why."""
+
+    removed: list[str] = field(default_factory=list)
+    segments_removed: list[str] = field(default_factory=list)
+    in_use: list[str] = field(default_factory=list)
+    left: dict[str, list[str]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class _Chunk:
-    directory: NamespaceDir
+    segment: Segment
     slot: int
     created_ns: int
     stored_bytes: int
@@ -55,39 +80,49 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
     for directory in dirs:
         if directory.unsafe:
             report.skipped_unsafe.append(directory.id)
-        elif in_use(directory):
-            report.skipped_in_use.append(directory.id)
         elif stale and directory.status in ("stale", "orphaned"):
             _remove_stale(directory, report, dry_run)
         elif directory.readable:
-            chunks += _chunks(directory, report)
+            chunks += _namespace_chunks(directory, report)
     chunks.sort(key=lambda c: c.created_ns)
-    for directory, mine in _victims(chunks, older_than_s, target_bytes).values():
+    for segment, mine in _victims(chunks, older_than_s, target_bytes).values():
         try:
             if not dry_run:
-                _free(directory, [c.slot for c in mine])
+                free_slots(segment, [c.slot for c in mine])
         except OSError as exc:
-            report.left[directory.id] = [exc.strerror or str(exc)]
+            report.left[segment.label] = [exc.strerror or str(exc)]
             continue
         report.chunks_freed += len(mine)
         report.bytes_freed += sum(c.stored_bytes for c in mine)
     return report
 
 
-def _chunks(directory: NamespaceDir, report: GcReport) -> list[_Chunk]:
+def _namespace_chunks(directory: NamespaceDir, report: GcReport) -> list[_Chunk]:
+    chunks = []
+    for segment in directory.segments:
+        if segment.unsafe:
+            report.skipped_unsafe.append(segment.label)
+        elif in_use(segment):
+            report.skipped_in_use.append(segment.label)
+        else:
+            chunks += _chunks(segment, report)
+    return chunks
+
+
+def _chunks(segment: Segment, report: GcReport) -> list[_Chunk]:
     try:
-        with directory.open() as handle:
-            entries = index_entries(directory, handle, slot_file_sizes(directory, handle))
+        with segment.open() as handle:
+            entries = index_entries(segment, handle, slot_file_sizes(segment.meta, handle))
     except OSError:
-        report.skipped_unsafe.append(directory.id)
+        report.skipped_unsafe.append(segment.label)
         return []
-    return [_Chunk(directory, slot, h.created_ns, h.payload_bytes)
+    return [_Chunk(segment, slot, h.created_ns, h.payload_bytes)
             for slot, h in entries if h is not None]
 
 
 def _victims(chunks: list[_Chunk], older_than_s: float | None,
-             target_bytes: int | None) -> dict[str, tuple[NamespaceDir, list[_Chunk]]]:
-    """The chunks to free (oldest first), by namespace."""
+             target_bytes: int | None) -> dict[str, tuple[Segment, list[_Chunk]]]:
+    """The chunks to free (oldest first), by segment."""
     victims = []
     if older_than_s is not None:
         cutoff = time.time_ns() - int(older_than_s * 1e9)
@@ -100,106 +135,139 @@ def _victims(chunks: list[_Chunk], older_than_s: float | None,
                 break
             victims.append(chunk)
             stored -= chunk.stored_bytes
-    by_dir: dict[str, tuple[NamespaceDir, list[_Chunk]]] = {}
+    by_segment: dict[str, tuple[Segment, list[_Chunk]]] = {}
     for chunk in victims:
-        by_dir.setdefault(chunk.directory.id, (chunk.directory, []))[1].append(chunk)
-    return by_dir
+        by_segment.setdefault(chunk.segment.label, (chunk.segment, []))[1].append(chunk)
+    return by_segment
 
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:
     try:
-        with directory.open() as handle:
-            proven = is_proven(directory, handle)
+        proven = is_proven(directory)
     except OSError:
         proven = False
     if not proven:
         report.skipped_unsafe.append(directory.id)
     elif dry_run:
-        report.namespaces_removed.append(directory.id)
-    else:
-        left = remove_namespace(directory)
-        if left:
-            report.left[directory.id] = left
+        if namespace_in_use(directory):
+            report.skipped_in_use.append(directory.id)
         else:
             report.namespaces_removed.append(directory.id)
-
-
-def _free(directory: NamespaceDir, slots: list[int]) -> None:
-    """Blank the slots' index entries and headers, and punch their space out of the files."""
-    meta = directory.readable_meta
-    stride, per_file = meta.stride, meta.file_slots
-    with directory.open() as handle:
-        lock = hold(handle)
+    else:
+        done = Removal()
         try:
-            index = handle.open_file(INDEX_FILE, os.O_RDWR)
-            try:
-                for slot in slots:
-                    os.pwrite(index, bytes(INDEX_ENTRY_BYTES), slot * INDEX_ENTRY_BYTES)
-            finally:
-                os.close(index)
-            names = slot_files(handle)
-            for slot in slots:
-                fd = handle.open_file(names[slot // per_file], os.O_RDWR)
-                try:
-                    offset = (slot % per_file) * stride
-                    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
-                                       ctypes.c_long(offset), ctypes.c_long(stride)) != 0:
-                        os.pwrite(fd, bytes(HEADER_BYTES), offset)  # no holes here: blank it
-                finally:
-                    os.close(fd)
-        finally:
-            os.close(lock)
+            remove_namespace(directory, done)
+        except OSError as exc:
+            done.left[directory.id] = [exc.strerror or str(exc)]
+        report.namespaces_removed += done.removed
+        report.skipped_in_use += done.in_use
+        report.left.update(done.left)
 
 
-def _written_by_kvtier(name: str) -> bool:
-    return (name in (META_FILE, INDEX_FILE) or SLOT_NAME.fullmatch(name) is not None
-            or name.startswith((".o_direct_probe", f".{META_FILE}.tmp-")))
-
-
-def remove_namespace(directory: NamespaceDir) -> list[str]:
-    """Remove what kvtier wrote in a namespace (it must not be in use), then the directory
-    if nothing else is left in it; return the entries left (kvtier did not write them)."""
-    with SafeDir.open(directory.root) as top:
-        with top.subdir(directory.id) as handle:
-            lock = hold(handle)
-            try:
-                left = []
-                for name in handle.names():
-                    if name == LOCK_FILE:
-                        continue
-                    try:
-                        if not _written_by_kvtier(name) or not handle.remove_file(name):
-                            left.append(name)
-                    except OSError:  # not a regular file of ours: not kvtier's to delete
-                        left.append(name)
-                handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
-            finally:
-                os.close(lock)
-        if not left and not top.remove_dir(directory.id):
-            left.append("(entries made while it was being removed)")
+def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True) -> list[str]:
+    """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
+    its temporary files) and, when the caller holds it (``locked``), the lock file, last;
+    return the other entries."""
+    left = []
+    for name in handle.names():
+        if name == LOCK_FILE and locked:
+            continue
+        mine = (name in kvtier_names or SLOT_NAME.fullmatch(name) is not None
+                or _TEMP.fullmatch(name) is not None)
+        try:
+            if not mine or not handle.remove_file(name):
+                left.append(name)
+        except OSError:  # not a regular file of ours: not kvtier's to delete
+            left.append(name)
+    if locked:
+        handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
     return left
 
 
-def clear(dirs: list[NamespaceDir]) -> tuple[list[str], list[str], dict[str, list[str]]]:
-    """Remove whole namespaces that kvtier provably wrote; return (removed, skipped because in
-    use, left alone with the reason or the entries kvtier did not write)."""
-    removed, busy, left = [], [], {}
+def remove_segment(segment: Segment, writers: SafeDir, done: Removal) -> bool:
+    """Remove what kvtier wrote in a segment that is not in use, then its directory if
+    nothing else is left in it (``writers`` is the namespace's open ``writers/``); record
+    the outcome in ``done``; True when the segment is gone."""
+    try:
+        with writers.subdir(segment.writer) as handle:
+            lock = hold(handle)
+            try:
+                left = _remove_files(handle, _SEGMENT_FILES)
+            finally:
+                os.close(lock)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            done.in_use.append(segment.label)
+        else:
+            done.left[segment.label] = [exc.strerror or str(exc)]
+        return False
+    if not left and not writers.remove_dir(segment.writer):
+        left = ["(entries made while it was being removed)"]
+    if left:
+        done.left[segment.label] = left
+        return False
+    done.segments_removed.append(segment.label)
+    return True
+
+
+def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> bool:
+    """Remove every segment that can go, then ``writers/`` when it is empty; True when
+    there is no ``writers/`` left."""
+    if handle.lstat(WRITERS_DIR) is None:
+        return True
+    gone = True
+    with handle.subdir(WRITERS_DIR) as writers:
+        for name in writers.names():
+            if not WRITER_ID.fullmatch(name):
+                done.left.setdefault(f"{directory.id}/{WRITERS_DIR}", []).append(name)
+                gone = False
+            elif not remove_segment(Segment(directory, name), writers, done):
+                gone = False
+    if gone and not handle.remove_dir(WRITERS_DIR):
+        done.left[f"{directory.id}/{WRITERS_DIR}"] = ["(entries made while it was being removed)"]
+        gone = False
+    return gone
+
+
+def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
+    """Remove what kvtier wrote in a namespace: its segments that are not in use, then, when
+    no segment is left, its own files (a lock file there, of the layout of another format
+    version, is held meanwhile; one in use leaves the namespace alone) and the directory if
+    nothing else is left in it. The outcome goes to ``done``."""
+    with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle:
+        old_layout = directory.status != "ok" or handle.lstat(LOCK_FILE) is not None
+        try:
+            lock = hold(handle) if old_layout else -1
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            done.in_use.append(directory.id)
+            return
+        try:
+            if not _remove_writers(directory, handle, done):
+                return  # namespace.json stays: it describes the segments left
+            left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0)
+        finally:
+            if lock >= 0:
+                os.close(lock)
+        if not left and not top.remove_dir(directory.id):
+            left = ["(entries made while it was being removed)"]
+    if left:
+        done.left[directory.id] = left
+    else:
+        done.removed.append(directory.id)
+
+
+def clear(dirs: list[NamespaceDir]) -> Removal:
+    """Remove whole namespaces that kvtier provably wrote (in each, the segments that are not
+    in use); namespaces not provably kvtier's are left alone with the reason."""
+    done = Removal()
     for directory in dirs:
         try:
-            with directory.open() as handle:
-                proven = not directory.unsafe and is_proven(directory, handle)
-            if not proven:
-                left[directory.id] = [directory.problem or "not provably written by kvtier"]
+            if directory.unsafe or not is_proven(directory):
+                done.left[directory.id] = [directory.problem or "not provably written by kvtier"]
                 continue
-            rest = remove_namespace(directory)
+            remove_namespace(directory, done)
         except OSError as exc:
-            if exc.errno == errno.EBUSY:
-                busy.append(directory.id)
-            else:
-                left[directory.id] = [exc.strerror or str(exc)]
-            continue
-        if rest:
-            left[directory.id] = rest
-        else:
-            removed.append(directory.id)
-    return removed, busy, left
+            done.left[directory.id] = [exc.strerror or str(exc)]
+    return done

@@ -1,10 +1,12 @@
-"""``kvtier verify``: check every slot's header and payload; optionally free the bad ones.
+"""``kvtier verify``: check every slot's header and payload, segment by segment; optionally
+free the bad ones.
 
-Only a namespace whose ``namespace.json`` is trusted is read (its geometry checked against
-the chunk size), only as far as its files can hold slots, and holes in the files (slots freed
-by ``gc``, never written) are skipped without reading. ``--repair`` changes nothing when a
-slot shows that the metadata disagrees with the slots (a good header of this namespace for
-another chunk size): blanking then would destroy good chunks.
+Only the segments of a namespace whose ``namespace.json`` is trusted are read (its geometry
+checked against the chunk size), each only as far as its files can hold slots, and holes in
+the files (slots freed by ``gc``, never written) are skipped without reading. ``--repair``
+changes nothing when a slot shows that the metadata disagrees with the slots (a good header
+of this namespace for another chunk size): blanking then would destroy good chunks, nor in a
+segment in use.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from kvtier.io.cachedir import INDEX_FILE
 from kvtier.io.format import (
@@ -23,13 +25,16 @@ from kvtier.io.format import (
     is_blank,
     payload_checksum,
 )
-from kvtier.io.safefs import SafeDir, read_at
-from kvtier.ops.cache import NamespaceDir, hold, index_entries, slot_file_sizes, slot_files
+from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
+from kvtier.ops.segments import hold, index_entries, rewrite_log
 
 
 @dataclass
 class VerifyReport:
-    id: str
+    """What one writer's segment holds, slot by slot (slots numbered within the segment)."""
+
+    writer: str
     slots: int = 0
     ok: int = 0
     free: int = 0
@@ -39,13 +44,36 @@ class VerifyReport:
     mismatched: list[int] = field(default_factory=list)  # this namespace, another chunk size
     unindexed: list[int] = field(default_factory=list)  # good slot the index does not name
     stale_index: list[int] = field(default_factory=list)  # index names a slot that is not there
-    problem: str = ""  # why the namespace could not be verified (or repaired) at all
+    problem: str = ""  # why the segment could not be verified (or repaired) at all
+    in_use: bool = False  # --repair found it in use: read, not repaired
     repaired: int = 0
 
     @property
     def problems(self) -> int:
         return (len(self.corrupt) + len(self.torn) + len(self.foreign) + len(self.mismatched)
                 + len(self.unindexed) + len(self.stale_index) + bool(self.problem))
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "problems": self.problems}
+
+
+@dataclass
+class NamespaceVerify:
+    """Every segment of one namespace verified, or why the namespace could not be read."""
+
+    id: str
+    problem: str = ""
+    writers: list[VerifyReport] = field(default_factory=list)
+
+    @property
+    def problems(self) -> int:
+        return sum(w.problems for w in self.writers) + bool(self.problem)
+
+    def as_dict(self) -> dict:
+        total = {name: sum(getattr(w, name) for w in self.writers)
+                 for name in ("slots", "ok", "free", "repaired")}
+        return {"id": self.id, "problems": self.problems, **total, "problem": self.problem,
+                "writers": [w.as_dict() for w in self.writers]}
 
 
 @dataclass
@@ -57,40 +85,75 @@ class _Scan:
 
 
 def verify_namespace(ns: NamespaceDir, repair: bool = False,
-                     progress: Callable[[int], None] | None = None) -> VerifyReport:
-    """Read every slot of ``ns``; with ``repair`` (the namespace must not be in use) blank
-    bad slots and wrong index entries, and index good slots the index missed."""
-    report = VerifyReport(ns.id)
+                     progress: Callable[[int], None] | None = None) -> NamespaceVerify:
+    """``verify_segment`` of every segment of ``ns`` (none, and the ``problem``, when the
+    namespace cannot be read at all)."""
     if not ns.readable:
-        report.problem = f"{ns.status}: {ns.problem or 'written by another format version'}"
-        return report
-    with ns.open() as directory:
-        lock = hold(directory) if repair else -1
+        why = ns.problem or "written by another format version"
+        return NamespaceVerify(ns.id, f"{ns.status}: {why}")
+    report = NamespaceVerify(ns.id)
+    for segment in ns.segments:
         try:
-            scan = _scan(ns, directory, report, progress)
-            if repair and report.mismatched:
-                report.problem = ("slots of this namespace hold another chunk size than "
-                                  "namespace.json says: not repaired (it would blank good chunks)")
-            elif repair:
-                report.repaired = _apply(directory, scan)
+            report.writers.append(verify_segment(segment, repair, progress))
+        except OSError as exc:
+            report.writers.append(VerifyReport(segment.writer, problem=exc.strerror or str(exc)))
+    return report
+
+
+def verify_segment(segment: Segment, repair: bool = False,
+                   progress: Callable[[int], None] | None = None) -> VerifyReport:
+    """Read every slot of ``segment``; with ``repair`` blank bad slots and wrong index
+    entries, index good slots the index missed, and start the segment's log afresh from the
+    repaired index. A segment in use is read but not repaired (``in_use``, ``problem``)."""
+    report = VerifyReport(segment.writer)
+    if segment.unsafe:
+        report.problem = f"unsafe: {segment.problem}"
+        return report
+    with segment.open() as directory:
+        lock = _hold_for_repair(directory, report) if repair else -1
+        try:
+            scan = _scan(segment, directory, report, progress)
+            if repair and not report.in_use:  # in use: the problem says it was not repaired
+                _repair(segment, directory, scan, report)
         finally:
             if lock >= 0:
                 os.close(lock)
     return report
 
 
-def _scan(ns: NamespaceDir, directory: SafeDir, report: VerifyReport,
+def _repair(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyReport) -> None:
+    if report.mismatched:
+        report.problem = ("slots of this namespace hold another chunk size than "
+                          "namespace.json says: not repaired (it would blank good chunks)")
+        return
+    report.repaired = _apply(directory, scan)
+    if report.repaired:
+        rewrite_log(segment, directory, slot_file_sizes(segment.meta, directory))
+
+
+def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
+    """The segment's lock, or -1 with ``report`` saying it is in use."""
+    try:
+        return hold(directory)
+    except CacheDirError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        report.in_use, report.problem = True, f"not repaired: {exc.strerror or exc}"
+        return -1
+
+
+def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
           progress: Callable[[int], None] | None) -> _Scan:
-    sizes = slot_file_sizes(ns, directory)
-    indexed = dict(index_entries(ns, directory, sizes))
+    sizes = slot_file_sizes(segment.meta, directory)
+    indexed = dict(index_entries(segment, directory, sizes))
     scan = _Scan()
     seen: set[int] = set()
-    stride, per_file = ns.readable_meta.stride, ns.readable_meta.file_slots
+    stride, per_file = segment.meta.stride, segment.meta.file_slots
     names = slot_files(directory)
     for number, size in sizes.items():
         fd = directory.open_file(names[number], os.O_RDONLY)
         try:
-            for local, verdict, entry in _slots_of_file(fd, size // stride, ns):
+            for local, verdict, entry in _slots_of_file(fd, size // stride, segment):
                 if isinstance(local, range):  # a hole: free slots, never read
                     report.slots += len(local)
                     report.free += len(local)
@@ -115,10 +178,10 @@ def _scan(ns: NamespaceDir, directory: SafeDir, report: VerifyReport,
     return scan
 
 
-def _slots_of_file(fd: int, count: int, ns: NamespaceDir):
+def _slots_of_file(fd: int, count: int, segment: Segment):
     """(slot in file, verdict, its index entry bytes) for slots ``0..count``; slots in a hole
     of a sparse file are free and not read."""
-    meta, digest = ns.readable_meta, bytes.fromhex(ns.id)
+    meta, digest = segment.meta, segment.digest
     stride = meta.stride
     local = 0
     while local < count:

@@ -14,6 +14,7 @@ class TierName(StrEnum):
     GPU = "gpu"
     HOST = "host"
     DISK = "disk"
+    SHARED = "shared"  # other writers' segments of a shared directory: read, never written
 
 
 class MemoryTier(ABC):

@@ -22,6 +22,8 @@ from kvtier.io import codec as codecs
 from kvtier.io.cachedir import CacheDir, aligned_view
 from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader, payload_checksum
 from kvtier.io.index_file import SlotLayout
+from kvtier.io.lease import beat_every, host_name
+from kvtier.io.names import default_writer_ids
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey, Namespace
@@ -55,7 +57,8 @@ class DiskTier:
     def __init__(self, paths: Sequence[str], namespace: Namespace, raw_bytes: int,
                  capacity: int, *, compression: bool = False, element_bytes: int = 2,
                  o_direct: bool | None = None, floor: DiskFloor | None = None,
-                 retry: float | None = 30.0, verify_payload: bool = True) -> None:
+                 retry: float | None = 30.0, verify_payload: bool = True,
+                 writers: Sequence[str] | None = None, lease_timeout: float = 30.0) -> None:
         if not paths:
             raise ValueError("DiskTier needs at least one path")
         self.namespace, self.ns_digest = namespace, namespace.digest()
@@ -69,9 +72,11 @@ class DiskTier:
         self.file_slots = self.layout.file_slots
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
-        opener = OpenArgs(namespace.id, meta, num_slots=self.layout.per_path, stride=self.stride,
-                          file_slots=self.file_slots, o_direct=o_direct, floor=floor or DiskFloor())
-        self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S)
+        writers = tuple(writers or default_writer_ids(host_name()))
+        opener = OpenArgs(namespace.id, writers, meta, num_slots=self.layout.per_path,
+                          stride=self.stride, file_slots=self.file_slots, o_direct=o_direct,
+                          floor=floor or DiskFloor())
+        self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S, beat_every(lease_timeout))
         self._paths = self._health.states  # the same list: one state per path
         self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)
         self._lengths = np.zeros(self.num_slots, dtype=np.uint32)  # payload <= MAX_RAW_BYTES
@@ -94,6 +99,11 @@ class DiskTier:
     @property
     def roots(self) -> list[str]:
         return [p.root for p in self._paths]
+
+    @property
+    def writer(self) -> str:
+        """This tier's writer id: its segment's name on every path."""
+        return self._health.writer
 
     @property
     def paths(self) -> DiskPaths:

@@ -14,6 +14,7 @@ import numpy as np
 
 from kvtier.config import Compression, KVTierConfig, ODirect
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine, IOExecutor
+from kvtier.io.names import writer_ids
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.stats import FailureLog
@@ -63,11 +64,15 @@ class DiskLane:
     @classmethod
     def open(cls, config: KVTierConfig, namespace: Namespace, raw_bytes: int, element_bytes: int,
              *, lock: threading.Lock, on_back: Callable[[int], None], failures: FailureLog,
-             move_lanes: bool = False, engine_factory: EngineFactory = IOEngine) -> DiskLane:
+             move_lanes: bool = False, engine_factory: EngineFactory = IOEngine,
+             writers: Sequence[str] | None = None) -> DiskLane:
+        """``writers``: the writer ids to try in order (default: ``writer_ids(instance_id)``)."""
         tier = DiskTier(config.disk_paths, namespace, raw_bytes, config.disk_capacity,
                         compression=config.compression is Compression.ZSTD,
                         element_bytes=element_bytes, o_direct=_O_DIRECT[config.o_direct],
-                        floor=config.disk_min_free, retry=config.disk_retry)
+                        floor=config.disk_min_free, retry=config.disk_retry,
+                        writers=writers or writer_ids(config.instance_id),
+                        lease_timeout=config.lease_timeout)
         queues = [*tier.queues, *map(_moves, tier.queues)] if move_lanes else tier.queues
         try:
             engine = engine_factory(queues, config.io_threads)

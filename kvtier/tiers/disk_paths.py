@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kvtier.config import DiskFloor
 from kvtier.io.cachedir import CacheDir
+from kvtier.io.lease import Lease, LeaseKeeper
 from kvtier.io.result import IOResult, IOStatus
 
 log = logging.getLogger("kvtier.tiers.disk")  # these are the disk tier's messages
@@ -26,9 +27,11 @@ _RETRY_MAX_S = 600.0  # the longest wait between two tries of a path out of serv
 
 @dataclass(frozen=True)
 class OpenArgs:
-    """What every ``CacheDir`` of a tier is opened with, besides its root."""
+    """What every ``CacheDir`` of a tier is opened with, besides its root and writer id:
+    ``writers`` are the ids to try, in order, until one is free (one when configured)."""
 
     namespace_id: str
+    writers: tuple[str, ...]
     meta: dict[str, object]
     num_slots: int
     stride: int
@@ -36,9 +39,10 @@ class OpenArgs:
     o_direct: bool | None
     floor: DiskFloor
 
-    def open(self, root: str) -> tuple[CacheDir, int]:
-        """The directory at ``root``, opened with every check, and its inode."""
-        directory = CacheDir(Path(root), self.namespace_id, self.meta, num_slots=self.num_slots,
+    def open(self, root: str, writer: str) -> tuple[CacheDir, int]:
+        """``writer``'s segment at ``root``, opened with every check, and its inode."""
+        directory = CacheDir(Path(root), self.namespace_id, self.meta, writer=writer,
+                             num_slots=self.num_slots,
                              stride=self.stride, file_slots=self.file_slots,
                              o_direct=self.o_direct, floor=self.floor)
         try:
@@ -87,15 +91,27 @@ class DiskPaths:
     """
 
     def __init__(self, roots: Sequence[str], retry: float | None, opener: OpenArgs,
-                 check_every: float) -> None:
+                 check_every: float, beat_every: float) -> None:
         self.states = [PathState(root, retry) for root in roots]
         self._opener, self._check_every = opener, check_every
         self._lock = threading.Lock()  # I/O threads may find a path failing together
+        self.writer = opener.writers[0]
+        candidates = opener.writers
         for path in self.states:
-            try:
-                path.dir, path.inode = opener.open(path.root)
-            except OSError as exc:
-                self.take_down(path, f"cannot open: {exc}")
+            for i, writer in enumerate(candidates):
+                try:
+                    path.dir, path.inode = opener.open(path.root, writer)
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY and i + 1 < len(candidates):
+                        continue  # another process of this host writes that segment
+                    self.take_down(path, f"cannot open: {exc}")
+                else:
+                    self.writer, candidates = writer, (writer,)  # every path: the same writer
+                break
+        self._keeper = LeaseKeeper(self._leases, beat_every)
+
+    def _leases(self) -> list[Lease]:
+        return [directory.lease for directory in (p.dir for p in self.states) if directory]
 
     def __len__(self) -> int:
         return len(self.states)
@@ -205,7 +221,7 @@ class DiskPaths:
         if stale is not None:
             stale.close()
         try:
-            directory, inode = self._opener.open(path.root)
+            directory, inode = self._opener.open(path.root, self.writer)
         except OSError as exc:
             log.debug("kvtier disk path %s still out of service: %s", path.root, exc)
             return False
@@ -217,7 +233,8 @@ class DiskPaths:
         return True
 
     def close(self) -> None:
-        """Close every directory, in service or stale."""
+        """Stop the heartbeats and close every directory, in service or stale."""
+        self._keeper.close()
         for path in self.states:
             for directory in (path.dir, path.stale):
                 if directory is not None:

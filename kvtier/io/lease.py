@@ -1,0 +1,147 @@
+"""A writer's lease on its segment of a shared cache directory: a small file it rewrites every
+few seconds (a heartbeat), and how a reader tells a live writer from one that is gone.
+
+Liveness never relies on clocks agreeing between machines, nor on ``flock`` (which some
+network filesystems do not honour across machines): a reader notes, on its own monotonic
+clock, when it last saw a lease change. A writer whose lease stood still for
+``lease_timeout`` seconds is gone. A reader that has just started knows nothing yet, so a
+writer counts as live until the reader has watched its lease stand still that long.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvtier.io.names import LEASE_FILE
+from kvtier.io.safefs import SafeDir
+
+MAX_LEASE_BYTES = 4096  # a lease is about 150 bytes; anything larger is not kvtier's
+
+log = logging.getLogger("kvtier")
+
+
+def host_name() -> str:
+    """This machine's name, as leases and default writer ids show it."""
+    return socket.gethostname() or "localhost"
+
+
+def beat_every(lease_timeout: float) -> float:
+    """Seconds between two heartbeats for ``lease_timeout``: six beats fit in one timeout."""
+    return max(0.1, lease_timeout / 6)
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """What a lease file says: who writes the segment, and its heartbeat count."""
+
+    instance: str
+    host: str
+    pid: int
+    beat: int
+    started_ns: int
+    written_ns: int  # the writer's wall clock: shown to people, never used for liveness
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, data: bytes | None) -> LeaseInfo | None:
+        """The lease in ``data``, or None when it is missing or not a lease kvtier writes."""
+        if not data or len(data) > MAX_LEASE_BYTES:
+            return None
+        try:
+            fields = json.loads(data)
+            info = cls(str(fields["instance"]), str(fields["host"]), int(fields["pid"]),
+                       int(fields["beat"]), int(fields["started_ns"]), int(fields["written_ns"]))
+        except (ValueError, TypeError, KeyError, RecursionError):
+            return None
+        return info
+
+
+def read_lease(directory: SafeDir) -> LeaseInfo | None:
+    """The lease of the segment open in ``directory`` (None when missing or not kvtier's)."""
+    try:
+        return LeaseInfo.parse(directory.read_file(LEASE_FILE, MAX_LEASE_BYTES))
+    except OSError:
+        return None
+
+
+class Lease:
+    """The lease a writer holds on one segment: ``beat()`` rewrites it (atomically: a new file
+    renamed over the old), one count higher each time."""
+
+    def __init__(self, directory: SafeDir, instance: str) -> None:
+        self._directory = directory
+        self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0)
+
+    def beat(self) -> None:
+        info = self._info
+        self._info = LeaseInfo(info.instance, info.host, info.pid, info.beat + 1,
+                               info.started_ns, time.time_ns())
+        self._directory.replace_file(LEASE_FILE, self._info.encode())
+
+
+class LeaseKeeper:
+    """A daemon thread that beats every lease ``leases()`` returns, every ``every`` seconds,
+    until ``close``. A beat that fails (the segment was taken away, the path is down) is
+    logged at debug level: the path's own health checks report it."""
+
+    def __init__(self, leases: Callable[[], list[Lease]], every: float) -> None:
+        self._leases, self._every = leases, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvtier-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            for lease in self._leases():
+                try:
+                    lease.beat()
+                except OSError as exc:
+                    log.debug("kvtier: lease heartbeat failed: %s", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class _Seen:
+    data: bytes | None
+    since: float  # monotonic time the lease was last seen to change (or first seen)
+
+
+class LeaseWatch:
+    """A reader's view of other writers' leases.
+
+    ``observe(name, data)`` records what writer ``name``'s lease file held just now (None when
+    missing) and returns whether that writer is live: its lease changed within ``timeout``
+    seconds of this reader's clock, or this reader has not watched it that long yet. A
+    lease file that vanished is no heartbeat.
+    """
+
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout, self._clock = timeout, clock
+        self._seen: dict[str, _Seen] = {}
+
+    def observe(self, name: str, data: bytes | None) -> bool:
+        now = self._clock()
+        seen = self._seen.get(name)
+        if seen is None or (seen.data != data and data is not None):  # gone is no heartbeat
+            self._seen[name] = seen = _Seen(data, now)
+        return now - seen.since < self.timeout
+
+    def idle_for(self, name: str) -> float | None:
+        """Seconds since writer ``name``'s lease was last seen to change (None: never seen)."""
+        seen = self._seen.get(name)
+        return None if seen is None else self._clock() - seen.since
+
+    def forget(self, name: str) -> None:
+        self._seen.pop(name, None)

@@ -1,0 +1,48 @@
+"""The names kvtier gives the entries of a cache root, and how they nest.
+
+    <disk path>/<namespace id>/              one namespace (32 hex digits), mode 0700
+        namespace.json                       what the namespace is (for the CLI)
+        writers/<writer id>/                 one writer's segment: only that writer writes it
+            lock                             held with flock by the writing process
+            lease                            its heartbeat (kvtier.io.lease)
+            slots-NNNN.kvt                   fixed-size slots (kvtier.io.format)
+            index.kvt                        a copy of each slot's header, one entry per slot
+            log.kvt                          the same entries, appended (kvtier.io.segment_log)
+
+Names never come from key material; writer ids are validated (``WRITER_ID``).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+
+from kvtier.config_values import WRITER_ID
+
+META_FILE = "namespace.json"
+WRITERS_DIR = "writers"
+LOCK_FILE = "lock"
+INDEX_FILE = "index.kvt"
+LEASE_FILE = "lease"
+LOG_FILE = "log.kvt"
+SLOT_FILE = "slots-{:04d}.kvt"
+SLOT_NAME = re.compile(r"slots-(\d{4,9})\.kvt")  # the slot files kvtier writes
+NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
+
+__all__ = ["INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",
+           "SLOT_FILE", "SLOT_NAME", "WRITERS_DIR", "WRITER_ID"]
+
+MAX_DEFAULT_WRITERS = 64  # writer ids tried on one host when none is configured
+
+
+def default_writer_ids(host: str) -> list[str]:
+    """The writer ids tried, in order, when ``instance_id`` is not set: ``<host>-0``,
+    ``<host>-1``, ... (the host name cut to the characters a writer id allows), so that a
+    process restarted on the same host takes the lowest one free: its own segment again."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", host.split(".")[0])[:56].strip("-._") or "host"
+    return [f"{clean}-{n}" for n in range(MAX_DEFAULT_WRITERS)]
+
+
+def writer_ids(instance_id: str | None) -> list[str]:
+    """The writer ids to try, in order: the configured one, else ``default_writer_ids``."""
+    return [instance_id] if instance_id else default_writer_ids(socket.gethostname())

@@ -1,0 +1,216 @@
+"""What the offline commands read and change in one writer's segment: whether it is in use,
+its index entries, the lock an operation that changes it holds, and freeing its slots.
+
+A segment is in use when a process holds its ``lock`` (``flock``: decisive on this machine),
+or when its lease names another machine and was written recently by this machine's clock
+(``remote_writer``): ``flock`` is not seen across machines on every shared filesystem, so a
+writer elsewhere is assumed alive until its lease is that old.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import time
+
+from kvtier.io.cachedir import lock_namespace
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
+from kvtier.io.index_file import MAX_SLOTS, SlotLayout, read_index_file, valid_header
+from kvtier.io.lease import LeaseInfo, host_name, read_lease
+from kvtier.io.names import INDEX_FILE, LOCK_FILE, LOG_FILE
+from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.segment_log import SegmentLog
+from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
+
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+REMOTE_LEASE_S = 30.0  # the default lease_timeout: a writer elsewhere beats well within it
+
+
+def lock_held(directory: SafeDir) -> bool:
+    """True when a process holds the ``lock`` file in ``directory`` (a missing lock, or one
+    that is not kvtier's, is held by nobody)."""
+    try:
+        fd = directory.open_file(LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def remote_writer(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
+    """Why ``lease`` shows a writer on another machine that may be alive ("" when not): it
+    was written less than ``REMOTE_LEASE_S`` ago, or less than six of the writer's own
+    heartbeat intervals (from its start time and beat count) ago, by this machine's clock."""
+    if lease is None or lease.host == host_name():
+        return ""
+    age = ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
+    every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
+    if age >= max(REMOTE_LEASE_S, 6 * every):
+        return ""
+    return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
+
+
+def busy_reason(directory: SafeDir) -> str:
+    """Why the segment open in ``directory`` is in use ("" when it is not)."""
+    if lock_held(directory):
+        return "a running kvtier process holds its lock"
+    return remote_writer(read_lease(directory))
+
+
+def in_use(segment: Segment) -> bool:
+    """True when the segment is in use (see the module docstring); an unsafe one is not."""
+    if segment.unsafe:
+        return False
+    try:
+        with segment.open() as directory:
+            return bool(busy_reason(directory))
+    except OSError:
+        return False
+
+
+def top_lock_held(ns: NamespaceDir) -> bool:
+    """True when a process holds a lock file directly in the namespace directory (the layout
+    of another format version)."""
+    if ns.unsafe:
+        return False
+    try:
+        with ns.open() as directory:
+            return lock_held(directory)
+    except OSError:
+        return False
+
+
+def namespace_in_use(ns: NamespaceDir) -> bool:
+    """True when ``top_lock_held(ns)`` or any segment of ``ns`` is in use."""
+    return top_lock_held(ns) or any(in_use(segment) for segment in ns.segments)
+
+
+def hold(directory: SafeDir) -> int:
+    """Take the lock of the segment (or old-layout namespace) open in ``directory`` for an
+    operation that changes it; raise ``CacheDirError`` (EBUSY) when it is in use."""
+    remote = remote_writer(read_lease(directory))
+    if remote:
+        raise CacheDirError(errno.EBUSY, f"{directory.path} is in use: {remote}; stop it first")
+    return lock_namespace(directory, "stop it first")
+
+
+def proven_by_slots(directory: SafeDir, digest: bytes) -> bool:
+    """True when a slot file in ``directory`` starts with a checked header of ``digest``."""
+    for name in slot_files(directory).values():
+        try:
+            fd = directory.open_file(name, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            header = decode_header(read_at(fd, HEADER_BYTES, 0))
+        except (HeaderError, OSError):
+            continue
+        finally:
+            os.close(fd)
+        if header.namespace == digest:
+            return True
+    return False
+
+
+def is_proven(ns: NamespaceDir) -> bool:
+    """True when kvtier provably wrote this namespace: trusted metadata, or a slot (in the
+    namespace directory or in a safe segment) whose checked header names it."""
+    if ns.meta is not None:
+        return True
+    if ns.unsafe:
+        return False
+    digest = bytes.fromhex(ns.id)
+    with ns.open() as directory:
+        if proven_by_slots(directory, digest):
+            return True
+    for segment in ns.segments:
+        if segment.unsafe:
+            continue
+        try:
+            with segment.open() as directory:
+                if proven_by_slots(directory, digest):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _index_slots(segment: Segment, sizes: dict[int, int]) -> int:
+    """Slots the index is read for: no further than the slot files go."""
+    return min(MAX_SLOTS, (max(sizes) + 1) * segment.meta.file_slots if sizes else 0)
+
+
+def index_entries(segment: Segment, directory: SafeDir,
+                  sizes: dict[int, int]) -> list[tuple[int, SlotHeader | None]]:
+    """(slot, header, or None when the entry is bad or names a slot past the end of the
+    files) for every non-blank entry of the segment's index file, read no further than the
+    files (``sizes``: ``slot_file_sizes``)."""
+    meta = segment.meta
+    stride, per_file = meta.stride, meta.file_slots
+    slots = _index_slots(segment, sizes)
+    data = read_index_file(directory, slots)
+    layout = SlotLayout(meta.raw_bytes, 1, slots * stride)
+    entries = []
+    for slot in range(len(data) // INDEX_ENTRY_BYTES):
+        entry = data[slot * INDEX_ENTRY_BYTES:(slot + 1) * INDEX_ENTRY_BYTES]
+        if is_blank(entry):
+            continue
+        present = sizes.get(slot // per_file, 0) >= (slot % per_file + 1) * stride
+        entries.append((slot, valid_header(entry, segment.digest, layout) if present else None))
+    return entries
+
+
+def free_slots(segment: Segment, slots: list[int]) -> None:
+    """Blank the slots' index entries and headers, punch their space out of the files, and
+    start the segment's log afresh (readers following it forget the slots)."""
+    stride, per_file = segment.meta.stride, segment.meta.file_slots
+    with segment.open() as handle:
+        lock = hold(handle)
+        try:
+            index = handle.open_file(INDEX_FILE, os.O_RDWR)
+            try:
+                for slot in slots:
+                    os.pwrite(index, bytes(INDEX_ENTRY_BYTES), slot * INDEX_ENTRY_BYTES)
+            finally:
+                os.close(index)
+            names = slot_files(handle)
+            for slot in slots:
+                fd = handle.open_file(names[slot // per_file], os.O_RDWR)
+                try:
+                    offset = (slot % per_file) * stride
+                    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                                       ctypes.c_long(offset), ctypes.c_long(stride)) != 0:
+                        os.pwrite(fd, bytes(HEADER_BYTES), offset)  # no holes here: blank it
+                finally:
+                    os.close(fd)
+            rewrite_log(segment, handle, slot_file_sizes(segment.meta, handle))
+        finally:
+            os.close(lock)
+
+
+def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int]) -> None:
+    """Start the segment's ``log.kvt`` afresh from its index (a new file with a new epoch),
+    after the index was changed, so that readers following the log forget what was freed.
+    Only a log that is a regular file of this user is rewritten (anything else there is not
+    kvtier's, and is left alone); the caller holds the segment's lock."""
+    try:
+        os.close(directory.open_file(LOG_FILE, os.O_RDONLY))
+    except OSError:
+        return
+    data = read_index_file(directory, _index_slots(segment, sizes))
+    entries = [(slot, data[slot * INDEX_ENTRY_BYTES:(slot + 1) * INDEX_ENTRY_BYTES])
+               for slot in range(len(data) // INDEX_ENTRY_BYTES)]
+    kept = [(slot, entry) for slot, entry in entries if not is_blank(entry)]
+    SegmentLog(directory, segment.digest, lambda: kept, rotate_after=MAX_SLOTS).close()

@@ -1,0 +1,108 @@
+"""Reading chunks out of other writers' segments: read only, verified like every disk read.
+
+Another writer may be overwriting, truncating or deleting the slot being read, or may have
+crashed halfway through writing it: the slot's own header (namespace, key, codec, sizes,
+its checksum) and the payload checksum decide, so a read racing a writer is CORRUPT (a
+miss), never wrong bytes. Nothing in another writer's segment is ever written or blanked.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Sequence
+from typing import cast
+
+import numpy as np
+
+from kvtier.io.cachedir import aligned_view
+from kvtier.io.format import HEADER_BYTES, Codec
+from kvtier.io.index_file import file_slots_for, open_segment_dir
+from kvtier.io.names import SLOT_FILE
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.io.safefs import SafeDir
+from kvtier.io.scratch import ThreadScratch
+from kvtier.keys import Namespace
+from kvtier.tiers.disk_check import decode_into, slot_problem
+from kvtier.tiers.shared_view import ForeignChunk, SharedView
+
+MAX_OPEN = 256  # slot files of other writers kept open; the least recently opened close first
+
+
+class ForeignReads:
+    """Verified reads of :class:`ForeignChunk` s into host slots (page-aligned buffers of at
+    least ``raw_bytes``); ``o_direct(path)`` says whether to read a path's files with
+    O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
+    symlink followed, regular files of this user with one link) and reopened after the
+    writer's log started over (``SharedView.generation``). Thread-safe."""
+
+    def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
+                 view: SharedView, o_direct: Sequence[bool]) -> None:
+        self._roots, self._ns, self._view = list(roots), namespace, view
+        self._digest, self._raw_bytes, self._stride = namespace.digest(), raw_bytes, stride
+        self._file_slots = file_slots_for(stride)
+        self._o_direct = list(o_direct)
+        self._scratch = ThreadScratch(1, HEADER_BYTES, stride, raw_bytes)
+        self._lock = threading.Lock()
+        self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
+
+    def read(self, chunk: ForeignChunk, dst: np.ndarray) -> IOResult:
+        """Read ``chunk`` into ``dst[:raw_bytes]``; CORRUPT leaves ``dst`` junk."""
+        header = chunk.header
+        number, offset = divmod(chunk.slot, self._file_slots)
+        offset *= self._stride
+        compressed = header.codec is not Codec.NONE
+        buffer = self._scratch.payload() if compressed else dst
+        payload = aligned_view(buffer, header.payload_bytes)
+        header_buf = self._scratch.headers(1)
+        try:
+            fd = self._fd(chunk, number)  # a duplicate: no other thread closes it under us
+            try:
+                got = os.preadv(fd, [header_buf.data, payload.data], offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return IOResult(IOStatus.IO_ERROR, detail=f"writer {chunk.writer}: {exc}")
+        problem = slot_problem(header_buf, header.key, [payload], got - HEADER_BYTES,
+                               header.codec, self._digest, self._raw_bytes, True)
+        if problem:
+            return IOResult(IOStatus.CORRUPT, max(got, 0), f"writer {chunk.writer}: {problem}")
+        if compressed:
+            try:
+                decode_into(header.codec, payload[: header.payload_bytes], dst, self._scratch)
+            except ValueError as exc:
+                return IOResult(IOStatus.CORRUPT, got, f"writer {chunk.writer}: {exc}")
+        return IOResult(IOStatus.OK, got)
+
+    def _fd(self, chunk: ForeignChunk, number: int) -> int:
+        key = (chunk.path, chunk.writer, number)
+        generation = self._view.generation(chunk.path, chunk.writer)
+        with self._lock:
+            held = self._fds.get(key)
+            if held is not None and held[1] == generation:
+                return os.dup(held[0])
+        fd = self._open(chunk, number)
+        with self._lock:
+            old = self._fds.pop(key, None)
+            self._fds[key] = (fd, generation)
+            while len(self._fds) > MAX_OPEN:
+                os.close(self._fds.pop(next(iter(self._fds)))[0])
+            mine = os.dup(fd)
+        if old is not None:
+            os.close(old[0])
+        return mine
+
+    def _open(self, chunk: ForeignChunk, number: int) -> int:
+        if chunk.path >= len(self._roots):
+            raise OSError(errno.ENOENT, f"no disk path {chunk.path}")
+        flags = os.O_RDONLY | (os.O_DIRECT if self._o_direct[chunk.path] else 0)
+        directory: SafeDir = open_segment_dir(self._roots[chunk.path], self._ns.id, chunk.writer)
+        with directory:
+            return cast(int, directory.open_file(SLOT_FILE.format(number), flags))
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

@@ -1,0 +1,205 @@
+"""What the other writers of a shared cache directory hold: their segments of one namespace,
+on every disk path, followed through their logs. Bookkeeping only: reads are
+:class:`~kvtier.tiers.foreign_reads.ForeignReads`'."""
+
+from __future__ import annotations
+
+import logging
+import stat
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtier.io.format import SlotHeader
+from kvtier.io.index_file import open_segment_dir
+from kvtier.io.lease import LeaseInfo, LeaseWatch
+from kvtier.io.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
+from kvtier.io.safefs import SafeDir
+from kvtier.io.segment_log import LogChange, LogFollower
+from kvtier.keys import ChunkKey, Namespace
+
+log = logging.getLogger("kvtier")
+MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
+
+
+@dataclass(frozen=True)
+class ForeignChunk:
+    """A chunk in another writer's segment: local ``slot`` of its files on path ``path``."""
+
+    writer: str
+    path: int
+    slot: int
+    header: SlotHeader
+
+
+@dataclass(frozen=True)
+class WriterState:
+    """One other writer as this reader sees it."""
+
+    writer: str
+    live: bool
+    chunks: int
+    lease: LeaseInfo | None
+
+
+class _Followed:
+    """One writer's segment on one path, followed."""
+
+    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int) -> None:
+        self.dir = directory
+        self.follower = LogFollower(directory, namespace, raw_bytes)
+        self.lease: LeaseInfo | None = None
+        self.generation = 0  # counts resets: readers reopen the writer's files after one
+
+    def close(self) -> None:
+        self.follower.close()
+        self.dir.close()
+
+
+class SharedView:
+    """Chunks that other writers of ``namespace`` committed under ``roots``.
+
+    Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
+    ``writers/`` (regular directories with a valid writer id, other than ``own``, at most
+    ``MAX_WRITERS``), reads each writer's lease and what its log gained since the last
+    refresh, and updates the view; a writer whose segment vanished is forgotten. ``find(key)``
+    returns where another writer holds ``key`` (None when none does); ``drop(chunk)`` forgets
+    a copy whose read failed, until its writer's log names that slot again. ``writers()``
+    says who is there and who is live (``LeaseWatch``: a lease that changed within
+    ``lease_timeout``). A writer's chunks stay readable after its lease expired, until its
+    segment is reclaimed. A path that cannot be read holds nothing this time. Thread-safe.
+    """
+
+    def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
+                 lease_timeout: float) -> None:
+        self._roots, self._ns, self._raw_bytes, self.own = list(roots), namespace, raw_bytes, own
+        self._digest = namespace.digest()
+        self._watch = LeaseWatch(lease_timeout)
+        self._lock = threading.Lock()
+        self._followed: dict[tuple[int, str], _Followed] = {}
+        self._by_key: dict[ChunkKey, list[ForeignChunk]] = {}
+        self.refreshes = 0
+        self.bytes_read = 0
+
+    # -- lookups ------------------------------------------------------------------------
+
+    def find(self, key: ChunkKey) -> ForeignChunk | None:
+        with self._lock:
+            holders = self._by_key.get(key)
+            return holders[0] if holders else None
+
+    def drop(self, chunk: ForeignChunk) -> None:
+        with self._lock:
+            self._remove(chunk.header.key, chunk.writer, chunk.path, chunk.slot)
+
+    def generation(self, path: int, writer: str) -> int:
+        """How many times that writer's log started over (its files may be new since)."""
+        with self._lock:
+            followed = self._followed.get((path, writer))
+            return followed.generation if followed else -1
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_key)
+
+    def writers(self) -> list[WriterState]:
+        with self._lock:
+            chunks: dict[str, int] = {}
+            leases: dict[str, LeaseInfo | None] = {}
+            for (_, writer), followed in self._followed.items():
+                chunks[writer] = chunks.get(writer, 0) + len(followed.follower.slots)
+                leases[writer] = leases.get(writer) or followed.lease
+            return [WriterState(w, (self._watch.idle_for(w) or 0.0) < self._watch.timeout,
+                                chunks[w], leases[w]) for w in sorted(chunks)]
+
+    # -- refresh ------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        for path in range(len(self._roots)):
+            names = self._writer_names(path)
+            with self._lock:
+                gone = [k for k in self._followed if k[0] == path and k[1] not in names]
+                for key in gone:
+                    self._forget(key)
+            for writer in names:
+                self._refresh_one(path, writer)
+        self.refreshes += 1
+
+    def _writer_names(self, path: int) -> list[str]:
+        """The other writers' segment names on path ``path`` (none when it cannot be read)."""
+        try:
+            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir, \
+                    ns_dir.subdir(WRITERS_DIR) as writers:
+                names = [n for n in writers.names()[:MAX_WRITERS]
+                         if n != self.own and WRITER_ID.fullmatch(n)]
+                return [n for n in names if _is_dir(writers, n)]
+        except OSError:
+            return []
+
+    def _refresh_one(self, path: int, writer: str) -> None:
+        key = (path, writer)
+        followed = self._followed.get(key)
+        try:
+            if followed is None:
+                followed = _Followed(open_segment_dir(self._roots[path], self._ns.id, writer),
+                                     self._digest, self._raw_bytes)
+                with self._lock:
+                    self._followed[key] = followed
+            try:
+                lease_bytes = followed.dir.read_file(LEASE_FILE, 4096)
+            except OSError:
+                lease_bytes = None
+            before = followed.follower.bytes_read
+            reset, changes = followed.follower.refresh()
+        except OSError as exc:  # unsafe or vanished: what it held is not trusted any more
+            log.debug("kvtier: cannot follow writer %s on %s: %s", writer, self._roots[path], exc)
+            with self._lock:
+                self._forget(key)
+            return
+        self.bytes_read += followed.follower.bytes_read - before
+        with self._lock:
+            self._watch.observe(writer, lease_bytes)
+            followed.lease = LeaseInfo.parse(lease_bytes)
+            if reset:
+                followed.generation += 1
+                self._drop_writer(path, writer, followed.follower.forgotten)
+                changes = [LogChange(s, h) for s, h in followed.follower.slots.items()]
+            self._apply(path, writer, changes)
+
+    def _apply(self, path: int, writer: str, changes: list[LogChange]) -> None:
+        for change in changes:
+            if change.previous is not None:
+                self._remove(change.previous.key, writer, path, change.slot)
+            if change.header is not None:
+                chunk = ForeignChunk(writer, path, change.slot, change.header)
+                self._by_key.setdefault(change.header.key, []).append(chunk)
+
+    def _remove(self, key: ChunkKey, writer: str, path: int, slot: int) -> None:
+        holders = self._by_key.get(key)
+        if not holders:
+            return
+        kept = [c for c in holders if (c.writer, c.path, c.slot) != (writer, path, slot)]
+        if kept:
+            self._by_key[key] = kept
+        else:
+            del self._by_key[key]
+
+    def _drop_writer(self, path: int, writer: str, slots: list[tuple[int, SlotHeader]]) -> None:
+        for slot, header in slots:
+            self._remove(header.key, writer, path, slot)
+
+    def _forget(self, key: tuple[int, str]) -> None:
+        followed = self._followed.pop(key, None)
+        if followed is not None:
+            self._drop_writer(*key, list(followed.follower.slots.items()))
+            followed.close()
+
+    def close(self) -> None:
+        with self._lock:
+            for key in list(self._followed):
+                self._forget(key)
+
+
+def _is_dir(directory: SafeDir, name: str) -> bool:
+    info = directory.lstat(name)
+    return info is not None and stat.S_ISDIR(info.st_mode)

@@ -1,0 +1,198 @@
+"""The segment log: a writer appends, readers follow from their last offset, rotations and
+torn or damaged records never yield a wrong slot, and leases tell live writers from gone ones."""
+
+import os
+import time
+
+import pytest
+
+from kvtier.io.format import INDEX_ENTRY_BYTES, MAGIC, Codec, SlotHeader
+from kvtier.io.lease import Lease, LeaseInfo, LeaseKeeper, LeaseWatch, read_lease
+from kvtier.io.names import LOG_FILE
+from kvtier.io.safefs import SafeDir, UnsafeEntry
+from kvtier.io.segment_log import LOG_HEADER_BYTES, RECORD_BYTES, LogFollower, SegmentLog
+from kvtier.keys import ChunkKey
+from tests.disk_helpers import NS, RAW, chunk, key, make_tier
+
+DIGEST = NS.digest()
+
+
+def entry(n: int, namespace: bytes = DIGEST) -> bytes:
+    header = SlotHeader(namespace, ChunkKey(n.to_bytes(16, "little")), Codec.NONE, RAW, RAW, n,
+                        n, 0)
+    return header.encode()[:INDEX_ENTRY_BYTES]
+
+
+BLANK = bytes(INDEX_ENTRY_BYTES)
+
+
+@pytest.fixture
+def segment(tmp_path):
+    with SafeDir.open(tmp_path) as directory:
+        yield directory
+
+
+def pair(segment, snapshot=(), rotate_after=1000):
+    log = SegmentLog(segment, DIGEST, lambda: list(snapshot), rotate_after)
+    return log, LogFollower(segment, DIGEST, RAW)
+
+
+def keys_of(follower) -> dict[int, int]:
+    return {slot: int.from_bytes(h.key, "little") for slot, h in follower.slots.items()}
+
+
+def test_a_follower_reads_only_what_was_appended_since_it_last_looked(segment):
+    log, follower = pair(segment, snapshot=[(0, entry(100))])
+    reset, changes = follower.refresh()
+    assert reset and keys_of(follower) == {0: 100}
+    first = follower.bytes_read
+    for slot in range(1, 4):
+        log.append(slot, entry(slot))
+    reset, changes = follower.refresh()
+    assert not reset and [c.slot for c in changes] == [1, 2, 3]
+    assert follower.bytes_read - first == 3 * RECORD_BYTES
+    log.append(2, BLANK)  # emptied
+    log.append(1, entry(7))  # overwritten
+    reset, changes = follower.refresh()
+    assert {c.slot: c.header for c in changes}[2] is None
+    assert keys_of(follower) == {0: 100, 1: 7, 3: 3}
+    assert follower.refresh() == (False, [])  # nothing new: nothing read
+    log.close()
+
+
+def test_a_rotation_makes_followers_start_over_from_the_snapshot(segment):
+    state = {0: 0}
+    log = SegmentLog(segment, DIGEST, lambda: [(s, entry(n)) for s, n in state.items()],
+                     rotate_after=4)
+    follower = LogFollower(segment, DIGEST, RAW)
+    follower.refresh()
+    for n in range(1, 6):
+        state[n % 3] = n
+        log.append(n % 3, entry(n))
+    assert log.rotations == 1 and log.records < 5
+    reset, _ = follower.refresh()
+    assert reset and keys_of(follower) == state
+    log.close()
+
+
+def test_a_torn_last_record_waits_and_a_damaged_one_is_stepped_over(segment, tmp_path):
+    log, follower = pair(segment)
+    log.append(0, entry(1))
+    fd = os.open(tmp_path / LOG_FILE, os.O_RDWR)
+    end = LOG_HEADER_BYTES + RECORD_BYTES
+    os.pwrite(fd, b"\x01" * 50, end)  # half a record at the end: a writer caught mid-append
+    for _ in range(5):
+        follower.refresh()
+    assert keys_of(follower) == {0: 1} and follower.bad == 0
+    log.append(1, entry(2))  # the writer's next record replaces the half one
+    follower.refresh()
+    assert keys_of(follower) == {0: 1, 1: 2}
+    log.append(2, entry(3))
+    log.append(3, entry(4))
+    os.pwrite(fd, b"\xff" * 8, end + RECORD_BYTES + 20)  # damage inside slot 2's record
+    for _ in range(4):
+        follower.refresh()
+    assert keys_of(follower) == {0: 1, 1: 2, 3: 4} and follower.bad == 1
+    os.close(fd)
+    log.close()
+
+
+def test_entries_of_another_namespace_are_not_taken(segment):
+    log, follower = pair(segment)
+    log.append(0, entry(1, namespace=bytes(16)))
+    log.append(1, MAGIC + b"\x07" * (INDEX_ENTRY_BYTES - len(MAGIC)))  # a header that fails its check
+    log.append(2, b"\x07" * INDEX_ENTRY_BYTES)  # no magic: an emptied slot
+    follower.refresh()
+    assert follower.slots == {} and follower.bad == 2
+    log.close()
+
+
+def test_a_log_of_another_namespace_or_replaced_by_junk_holds_nothing(segment, tmp_path):
+    log, follower = pair(segment, snapshot=[(0, entry(1))])
+    follower.refresh()
+    log.close()
+    (tmp_path / LOG_FILE).write_bytes(b"\0" * 4096)
+    reset, _ = follower.refresh()
+    assert reset and follower.slots == {}
+    other = LogFollower(segment, bytes(16), RAW)
+    SegmentLog(segment, DIGEST, lambda: [(0, entry(1))], 10).close()
+    assert other.refresh() == (False, []) and other.slots == {}
+
+
+def test_a_log_that_is_gone_forgets_the_writer(segment, tmp_path):
+    log, follower = pair(segment, snapshot=[(0, entry(1))])
+    follower.refresh()
+    log.close()
+    (tmp_path / LOG_FILE).unlink()
+    assert follower.refresh() == (True, []) and follower.slots == {}
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_log_that_is_not_a_regular_file_is_refused(segment, tmp_path, kind):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"x")
+    if kind == "symlink":
+        (tmp_path / LOG_FILE).symlink_to(target)
+    else:
+        os.mkfifo(tmp_path / LOG_FILE)
+    follower = LogFollower(segment, DIGEST, RAW)
+    with pytest.raises(UnsafeEntry):
+        follower.refresh()  # never follows, never blocks
+
+
+def test_a_disk_tier_logs_every_write_and_blanking_of_its_segment(tmp_path):
+    tier = make_tier([tmp_path], writers=["node-a"])
+    with SafeDir.open(tmp_path / NS.id / "writers" / "node-a") as directory:
+        follower = LogFollower(directory, DIGEST, RAW)
+        for slot in range(3):
+            assert tier.write(slot, key(slot), chunk(slot).array).ok
+        follower.refresh()
+        assert {s: h.key for s, h in follower.slots.items()} == {s: key(s) for s in range(3)}
+        tier.invalidate(1)
+        follower.refresh()
+        assert sorted(follower.slots) == [0, 2]
+        tier.close()
+        again = make_tier([tmp_path], writers=["node-a"])  # a restart starts a new log
+        reset, _ = follower.refresh()
+        assert reset and sorted(follower.slots) == [0, 2]
+        again.close()
+
+
+def test_a_lease_counts_up_and_reads_back(tmp_path):
+    with SafeDir.open(tmp_path) as directory:
+        lease = Lease(directory, "node-a")
+        lease.beat()
+        lease.beat()
+        info = read_lease(directory)
+        assert isinstance(info, LeaseInfo)
+        assert (info.instance, info.pid, info.beat) == ("node-a", os.getpid(), 2)
+        keeper = LeaseKeeper(lambda: [lease], every=0.01)
+        time.sleep(0.2)
+        keeper.close()
+        beats = read_lease(directory).beat
+        assert beats > 2
+        time.sleep(0.05)
+        assert read_lease(directory).beat == beats  # closed: no more beats
+
+
+def test_a_lease_that_stands_still_for_the_timeout_is_gone():
+    now = [100.0]
+    watch = LeaseWatch(timeout=30, clock=lambda: now[0])
+    assert watch.observe("a", b"beat 1")  # first seen: live until watched long enough
+    now[0] += 29
+    assert watch.observe("a", b"beat 1")
+    now[0] += 2
+    assert not watch.observe("a", b"beat 1")
+    assert watch.observe("a", b"beat 2")  # it beat again: live
+    now[0] += 31
+    assert not watch.observe("a", None)  # the lease file vanished (seen changing, then idle)
+    assert watch.idle_for("a") == 31 and watch.idle_for("b") is None
+
+
+def test_junk_in_a_lease_file_is_no_lease(tmp_path):
+    (tmp_path / "lease").write_bytes(b"\xff" * 100)
+    with SafeDir.open(tmp_path) as directory:
+        assert read_lease(directory) is None
+    (tmp_path / "lease").write_bytes(b"{" * 5000)
+    with SafeDir.open(tmp_path) as directory:
+        assert read_lease(directory) is None

@@ -1,0 +1,119 @@
+"""Many stores on one directory: each writes its own segment, every one reads the others'
+chunks, and a reader racing a writer gets a miss, never a wrong byte."""
+
+import time
+
+import pytest
+
+from kvtier import KVStore
+from kvtier.tiers.base import TierName
+from tests.conftest import CHUNK, SMALL, make_kv
+from tests.test_disk_store import config, exact, load, seq
+
+HOST, DISK, SHARED = TierName.HOST, TierName.DISK, TierName.SHARED
+
+
+def shared(path, name, **extra):
+    return config(path, **{"instance_id": name, "share_refresh": "50ms", **extra})
+
+
+def wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not seen in time"
+        time.sleep(0.02)
+
+
+def test_a_store_reads_what_another_store_on_the_directory_wrote(tmp_path):
+    tokens = seq(0, 4)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a, KVStore(SMALL, shared(tmp_path, "b")) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        wait_for(lambda: b.lookup(tokens).tokens == 4 * CHUNK)
+        assert b.lookup(tokens).chunks_by_tier == {SHARED: 4}
+        assert exact(b, tokens) == 4 * CHUNK
+        stats = b.stats()
+        assert stats.shared_reads == 4 and stats.chunks_loaded == {SHARED: 4}
+        assert stats.shared_writers == 1 and stats.disk_writes == 0
+        assert b.lookup(tokens).chunks_by_tier[HOST] >= 1  # now in b's own host memory
+        (writer,) = b.writers()
+        assert writer.writer == "a" and writer.live and writer.chunks == 4
+        assert writer.lease is not None and writer.lease.instance == "a"
+
+
+def test_a_new_store_sees_what_is_there_at_once(tmp_path):
+    tokens = seq(0, 3)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:
+            assert exact(b, tokens) == 3 * CHUNK  # its first refresh ran when it opened
+
+
+def test_with_share_refresh_off_other_writers_are_not_looked_at(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        with KVStore(SMALL, shared(tmp_path, "b", share_refresh="off")) as b:
+            assert b.lookup(tokens).tokens == 0 and b.writers() == []
+
+
+def test_a_chunk_overwritten_after_the_last_refresh_is_a_miss_never_wrong_bytes(tmp_path):
+    first, later = seq(0, 4), [seq(10_000 * i, 4) for i in range(1, 5)]
+    with KVStore(SMALL, shared(tmp_path, "a", disk_chunks=4)) as a:
+        a.put(first, make_kv(first))
+        a.flush()
+        with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:
+            assert b.lookup(first).chunks_by_tier == {SHARED: 4}  # seen once, never again
+            for prefix in later:  # a's disk holds 4 chunks: each of first's slots is reused
+                a.put(prefix, make_kv(prefix))
+                a.flush()
+            n, _ = load(b, first)
+            assert n == 0 and b.stats().shared_failures >= 1
+            assert b.lookup(first).tokens == 0  # the copy that failed is forgotten
+        assert exact(a, later[-1]) == 4 * CHUNK  # a's own files were never touched by b
+
+
+def test_a_writer_that_restarts_is_followed_again(tmp_path):
+    tokens, more = seq(0, 2), seq(50_000, 2)
+    with KVStore(SMALL, shared(tmp_path, "b")) as b:
+        with KVStore(SMALL, shared(tmp_path, "a")) as a:
+            a.put(tokens, make_kv(tokens))
+            a.flush()
+        wait_for(lambda: b.lookup(tokens).tokens == 2 * CHUNK)
+        with KVStore(SMALL, shared(tmp_path, "a")) as a:  # a new log: b starts over from it
+            a.put(more, make_kv(more))
+            a.flush()
+            wait_for(lambda: b.lookup(more).tokens == 2 * CHUNK)
+            assert exact(b, tokens) == 2 * CHUNK and exact(b, more) == 2 * CHUNK
+
+
+def test_a_lease_that_stops_beating_counts_as_gone(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "b", lease_timeout="2s")) as b:
+        a = KVStore(SMALL, shared(tmp_path, "a", lease_timeout="2s"))
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        wait_for(lambda: [w.live for w in b.writers()] == [True])
+        a.close()  # no more heartbeats; its chunks stay readable until reclaimed
+        wait_for(lambda: [w.live for w in b.writers()] == [False], timeout=8)
+        assert exact(b, tokens) == 2 * CHUNK
+
+
+@pytest.mark.parametrize("junk", ["file", "symlink", "bad name"])
+def test_entries_in_writers_that_are_not_segments_are_passed_over(tmp_path, junk):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    (writers,) = tmp_path.glob("*/writers")
+    if junk == "file":
+        (writers / "c").write_bytes(b"x")
+    elif junk == "symlink":
+        (writers / "c").symlink_to(writers / "a")
+    else:
+        (writers / ".hidden").mkdir(mode=0o700)
+    with KVStore(SMALL, shared(tmp_path, "b")) as b:
+        assert [w.writer for w in b.writers()] == ["a"]
+        assert exact(b, tokens) == 2 * CHUNK
