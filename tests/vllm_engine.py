@@ -71,19 +71,25 @@ def corrupt_every_slot(disk: Path) -> None:
     slots.write_bytes(bytes(data))
 
 
+def engine_command(spec: dict, workdir: Path, name: str,
+                   extra_env: dict | None = None) -> tuple[list[str], dict, Path]:
+    """(argv, environment, output path) of an engine run of ``spec`` in a new process."""
+    spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "all",
+                "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING", **(extra_env or {})})
+    return [sys.executable, str(ROOT / "scripts" / "vllm_run.py"), str(spec_path),
+            str(out_path)], env, out_path
+
+
 def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
                timeout: int = 900, env: dict | None = None) -> dict | subprocess.CompletedProcess:
     """Run ``spec`` in a new process; return its JSON output (or the process on failure
     when ``check`` is false)."""
-    spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    extra_env = env or {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "all",
-                "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING", **extra_env})
-    process = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm_run.py"),
-                              str(spec_path), str(out_path)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=timeout)
+    argv, full_env, out_path = engine_command(spec, workdir, name, env)
+    process = subprocess.run(argv, cwd=ROOT, env=full_env, capture_output=True, text=True,
+                             timeout=timeout)
     if process.returncode != 0:
         if not check:
             return process

@@ -159,6 +159,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._metrics.close()
         if self._worker is not None:
             self._worker.close()
+        if self._scheduler is not None:
+            self._scheduler.close()
 
     def _meta(self) -> KVTierMetadata:
         meta = self._get_connector_metadata()

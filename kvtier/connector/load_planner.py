@@ -18,11 +18,13 @@ from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import ChunkLoad, DiskWrite, GroupBlocks, RequestLoad, chunk_blocks
 from kvtier.connector.records import Load, PendingStores, StalledReads, Tracked
+from kvtier.connector.shares import EngineShares
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location, TierStack
 from kvtier.tiers.base import TierName
 
-HOST, DISK = TierName.HOST, TierName.DISK
+HOST, DISK, SHARED = TierName.HOST, TierName.DISK, TierName.SHARED
+READ = (DISK, SHARED)  # chunks read into a host slot before they load
 
 
 class LoadPlanner:
@@ -34,13 +36,16 @@ class LoadPlanner:
     handed out once by ``take_new``. ``note_failed`` collects the keys some rank failed to
     load; ``finish`` then ends the load: staged chunks become visible (failed ones are
     freed, or held in ``StalledReads`` while a read given up on still runs), pins end, and
-    failed chunks are discarded from every tier.
+    failed chunks are discarded from every tier. Chunks no tier of this engine holds are
+    looked for in other engines' segments (``shares``, when given): loaded like disk chunks,
+    from there, and forgotten there when a rank fails to read them.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
                  decider: LoadDecider, counters: Counter, pending: PendingStores,
-                 stalled: StalledReads) -> None:
+                 stalled: StalledReads, shares: EngineShares | None = None) -> None:
         self.config, self.geometry, self.stack, self.decider = config, geometry, stack, decider
+        self.shares = shares
         self.counters, self._pending, self._stalled = counters, pending, stalled
         self._loads: dict[str, Load] = {}
         self._new: list[RequestLoad] = []
@@ -61,14 +66,14 @@ class LoadPlanner:
         """Tokens loadable beyond ``num_computed`` (at most ``limit``) of the request whose
         chunks have ``keys``; see ``SchedulerSide.num_new_matched_tokens``."""
         chunk = self.geometry.chunk_tokens
-        match = self.stack.match_prefix(keys)
-        hit = min(match.num_chunks * chunk, limit)
+        locations = self._match(keys)
+        hit = min(len(locations) * chunk, limit)
         wanted = hit - num_computed
         if wanted <= 0:
             return 0, False
         first = num_computed // chunk
-        matched = match.locations[first:]
-        loadable = self._loadable(keys[first:match.num_chunks], matched)
+        matched = locations[first:]
+        loadable = self._loadable(keys[first:len(locations)], matched)
         if loadable is None:
             return None, False
         if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted):
@@ -79,7 +84,7 @@ class LoadPlanner:
         if wanted <= 0:
             self.counters["load_cut_chunks"] += len(matched) - loadable
             return 0, False
-        from_disk = sum(1 for loc in needed if loc.tier is DISK)
+        from_disk = sum(1 for loc in needed if loc.tier in READ)
         if not self.decider.should_load(wanted, *self._load_bytes(needed)):
             return 0, False
         self.counters["load_cut_chunks"] += len(matched) - loadable
@@ -89,6 +94,19 @@ class LoadPlanner:
         # load back as a request only then.
         tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
         return wanted, tracked.asynchronous
+
+    def _match(self, keys: list[ChunkKey]) -> list[Location]:
+        """The longest run of ``keys`` cached here, or in another engine's segment (a
+        location of tier SHARED), each where it is hottest."""
+        locations = []
+        for key in keys:
+            location = self.stack.locate(key)
+            if location is None and self.shares is not None and self.shares.find(key):
+                location = Location(SHARED, -1)
+            if location is None:
+                break
+            locations.append(location)
+        return locations
 
     def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
@@ -113,7 +131,7 @@ class LoadPlanner:
     def _load_bytes(self, locations: Sequence[Location]) -> tuple[int, int]:
         """(bytes read from disk, bytes in all) to load the chunks at ``locations``."""
         chunk_bytes = self.geometry.chunk_bytes
-        return sum(chunk_bytes for loc in locations if loc.tier is DISK), len(locations) * chunk_bytes
+        return sum(chunk_bytes for loc in locations if loc.tier in READ), len(locations) * chunk_bytes
 
     def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location]) -> int | None:
         """How many of the matched chunks (in order) can load now: each holds a host slot
@@ -123,7 +141,7 @@ class LoadPlanner:
         host = self.stack.indexes[HOST]
         room = host.reusable_slots
         for n, (key, loc) in enumerate(zip(keys, locations, strict=True)):
-            if loc.tier is DISK and host.has_entry(key):
+            if loc.tier in READ and host.has_entry(key):
                 return None
             cost = 0 if loc.tier is HOST and host.pinned(key) else 1
             if cost > room:
@@ -160,20 +178,32 @@ class LoadPlanner:
         host slot free is not loaded, nor is any chunk after it: the workers report their
         blocks invalid and vLLM recomputes them (the chunks stay cached)."""
         location = self.stack.locate(key) if key is not None and not load.cut else None
+        refs = None
+        if key is not None and location is None and not load.cut and self.shares is not None:
+            refs = self.shares.find(key)
+            location = Location(SHARED, refs[0].slot) if refs else None
         plan = None
-        if key is not None and location is not None and location.tier is DISK:
-            self.stack.indexes[DISK].pin(key)
+        if key is not None and location is not None and location.tier in READ:
+            if location.tier is DISK:
+                self.stack.indexes[DISK].pin(key)
             plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
             if plan is None:
-                self.stack.unpin(key, location)
+                if location.tier is DISK:
+                    self.stack.unpin(key, location)
                 location = None
         if key is None or location is None:
             load.cut = True
             self.counters["load_skipped_chunks"] += 1
             return ChunkLoad(key or b"", ids, first, None)
-        load.pinned.append((key, location))
         load.tiers[location.tier] = load.tiers.get(location.tier, 0) + 1
         self.counters[f"load_chunks_{location.tier}"] += 1
+        if refs is not None:  # nothing of ours to pin: the host slot it is read into
+            assert plan is not None, "another engine's chunk loads through a host staging slot"
+            load.foreign[key] = refs
+            demotions += self._pending.demotion_writes(plan.demotions)
+            load.staged.append(plan)
+            return ChunkLoad(key, ids, first, plan.dst.slot, foreign=refs)
+        load.pinned.append((key, location))
         if location.tier is HOST:
             self.stack.indexes[HOST].pin(key)
             return ChunkLoad(key, ids, first, location.slot)
@@ -203,4 +233,8 @@ class LoadPlanner:
             self.stack.unpin(key, location)
             if key in failed:
                 self.stack.discard(key)
+                self.counters["load_failed_chunks"] += 1
+        for key, refs in load.foreign.items():
+            if key in failed and self.shares is not None:
+                self.shares.drop(refs)
                 self.counters["load_failed_chunks"] += 1

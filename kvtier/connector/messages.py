@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Self
 
+from kvtier.tiers.foreign_reads import SlotRef
+
 # vLLM's null block: block 0 of the pool, which holds nothing. A sliding-window group's blocks
 # for tokens out of its window are the null block; a load skips them, a store never has one.
 NULL_BLOCK = 0
@@ -54,8 +56,10 @@ class ChunkLoad:
     onwards.
 
     The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
-    disk into ``host_slot`` and verified. ``host_slot`` is None when no host slot could be
-    had: this chunk and the ones after it are not loaded, and vLLM recomputes their blocks.
+    disk into ``host_slot`` and verified; when ``foreign`` is set (one reference per TP rank,
+    in rank order) they are first read from another engine's segment of the shared
+    directory the same way. ``host_slot`` is None when no host slot could be had: this chunk
+    and the ones after it are not loaded, and vLLM recomputes their blocks.
     """
 
     key: bytes
@@ -63,6 +67,7 @@ class ChunkLoad:
     first_block: int
     host_slot: int | None
     disk_slot: int | None = None
+    foreign: tuple[SlotRef, ...] | None = None
 
 
 @dataclass(frozen=True)

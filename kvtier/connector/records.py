@@ -21,6 +21,7 @@ from kvtier.connector.rank_counts import RankCount
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location, Move, StorePlan
 from kvtier.tiers.base import TierName
+from kvtier.tiers.foreign_reads import SlotRef
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Load:
     tiers: dict[TierName, int]
     asynchronous: bool = False  # from disk: the request waits for it between steps
     cut: bool = False  # a chunk could not be loaded: it and the ones after are recomputed
+    foreign: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'
 
 
 @dataclass

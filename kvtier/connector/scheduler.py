@@ -25,6 +25,7 @@ from kvtier.connector.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.outcomes import Outcomes
 from kvtier.connector.records import PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler_metrics import metric_samples
+from kvtier.connector.shares import open_shares
 from kvtier.connector.store_planner import StorePlanner
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
@@ -52,23 +53,24 @@ class SchedulerSide:
                  namespaces: list[Namespace], world_size: int) -> None:
         self.config, self.geometry, self.world_size = config, geometry, world_size
         self.disk_layout = _disk_layout(config, geometry)
+        self.writer = writer_ids(config.instance_id)[0]  # the workers' too (worker.py)
         self.stack = _tier_stack(config, geometry, self.disk_layout)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self.counters: Counter = Counter()
         self._namespace = namespaces[0]
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
+        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout else 0
+        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, self.writer)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
-                                  pending, stalled)
+                                  pending, stalled, self.shares)
         self._stores = StorePlanner(config, geometry, self.stack, pending)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout)
-        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout else 0
 
     def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
         """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
-        writer = writer_ids(self.config.instance_id)[0]  # the workers' too (worker.py)
-        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, writer)
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, self.writer)
                     for ns in namespaces]
         common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
                   if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
@@ -103,7 +105,8 @@ class SchedulerSide:
         load = self._loads.in_flight(req_id)
         if load is None or not load.tiers:
             return {}
-        disk = min(tokens, load.tiers.get(DISK, 0) * self.geometry.chunk_tokens)
+        read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
+        disk = min(tokens, read * self.geometry.chunk_tokens)
         return {DISK: disk, HOST: tokens - disk}
 
     # -- loads --------------------------------------------------------------------------
@@ -163,6 +166,11 @@ class SchedulerSide:
     def worker_report(self, report: WorkerReport) -> None:
         """Apply the workers' outcomes: a chunk counts as stored when every rank stored it."""
         self._outcomes.apply(report)
+
+    def close(self) -> None:
+        """Stop following other engines' segments."""
+        if self.shares is not None:
+            self.shares.close()
 
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""

@@ -37,6 +37,7 @@ from kvtier.keys import Namespace
 from kvtier.metrics import Sample
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
+from kvtier.tiers.foreign_reads import ForeignReads, foreign_reads
 from kvtier.tiers.host import HostTier, make_host_tier
 
 log = logging.getLogger("kvtier")
@@ -69,6 +70,7 @@ class WorkerSide:
         self.host: HostTier | None = None
         self._io_engine = io_engine
         self._lane: DiskLane | NoDisk = NoDisk()
+        self._foreign: ForeignReads | None = None
         self._disk: WorkerDisk  # made in register(), with the lane and the host slots
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._ledger = WorkerLedger()
@@ -99,7 +101,10 @@ class WorkerSide:
                                failures=self._ledger.failures, engine_factory=self._io_engine,
                                writers=writer_ids(self.config.instance_id)[:1])  # the scheduler's
         self._ledger.lane = self._lane
-        self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads)
+        self._foreign = foreign_reads(self.config, self.namespace, self.geometry.chunk_bytes,
+                                      self._lane)
+        self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads,
+                                self._foreign, self.namespace.tp_rank)
         self._lane.recover(threads=self.config.io_threads)
         with self._lock:
             self._ledger.note_down_paths()  # logged by the tier
@@ -290,6 +295,8 @@ class WorkerSide:
         # after the loads: they submit reads to the lane
         if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done:
             return False  # host memory and cache files stay open for the running I/O
+        if self._foreign is not None:
+            self._foreign.close()
         if self.host is not None:
             self.host.close()
         return True

@@ -10,13 +10,14 @@ from functools import partial
 
 import numpy as np
 
-from kvtier.connector.load_tracker import Reads
+from kvtier.connector.load_tracker import Reads, failed_read
 from kvtier.connector.messages import DiskWrite, RequestLoad
 from kvtier.connector.worker_ledger import WorkerLedger
 from kvtier.io.batch_reads import BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.tiers.disk_lane import DiskLane, NoDisk
+from kvtier.tiers.foreign_reads import ForeignReads, SlotRef
 from kvtier.tiers.host import HostTier
 
 
@@ -31,8 +32,9 @@ class WorkerDisk:
     """
 
     def __init__(self, lane: DiskLane | NoDisk, host: HostTier, ledger: WorkerLedger,
-                 threads: int) -> None:
+                 threads: int, foreign: ForeignReads | None = None, rank: int = 0) -> None:
         self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
+        self._foreign, self._rank = foreign, rank
 
     def submit_reads(self, load: RequestLoad) -> Reads:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
@@ -53,11 +55,40 @@ class WorkerDisk:
                     reads.watch(batch)
                     batches.append(batch)
                     futures.update(zip([key for _, _, key in group], reads.items, strict=True))
+            self._submit_foreign(load, futures, batches)
         except BaseException:
             # The load fails and its staging slots go back: no read may still be filling them.
             wait_futures(batches)
             raise
         return futures
+
+    def _submit_foreign(self, load: RequestLoad, futures: Reads, batches: list[Future]) -> None:
+        """Start the reads of chunks in other engines' segments: one job per disk path, each
+        chunk read from this rank's copy into its host slot, verified (nothing of theirs is
+        ever written, even when a read is corrupt)."""
+        theirs = [(c.foreign[self._rank], c.host_slot) for c in load.chunks
+                  if c.foreign is not None and c.host_slot is not None]
+        if not theirs:
+            return
+        if self._foreign is None:  # no disk tier here: these cannot be read
+            for ref, _ in theirs:
+                futures[ref.key] = failed_read("no disk paths to read another engine's chunk from")
+            return
+        queues = self._lane.queues
+        for index, queue in enumerate(queues):
+            mine = [(ref, slot) for ref, slot in theirs if ref.path % len(queues) == index]
+            if not mine:
+                continue
+            reads = BatchReads(len(mine))
+            batch = self._lane.submit(queue, partial(reads.run, partial(self._read_foreign, mine)))
+            reads.watch(batch)
+            batches.append(batch)
+            futures.update(zip([ref.key for ref, _ in mine], reads.items, strict=True))
+
+    def _read_foreign(self, items: list[tuple[SlotRef, int]]) -> list[IOResult]:
+        foreign = self._foreign
+        assert foreign is not None, "reads of other engines' chunks need their reader"
+        return [foreign.read(ref, self._host.slot_array(slot)) for ref, slot in items]
 
     def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Verified reads (an I/O thread); a corrupt slot's header is blanked before the

@@ -12,10 +12,12 @@ import errno
 import os
 import threading
 from collections.abc import Sequence
-from typing import cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from kvtier.config import KVTierConfig
 from kvtier.io.cachedir import aligned_view
 from kvtier.io.format import HEADER_BYTES, Codec
 from kvtier.io.index_file import file_slots_for, open_segment_dir
@@ -23,23 +25,40 @@ from kvtier.io.names import SLOT_FILE
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.safefs import SafeDir
 from kvtier.io.scratch import ThreadScratch
-from kvtier.keys import Namespace
+from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.disk_check import decode_into, slot_problem
-from kvtier.tiers.shared_view import ForeignChunk, SharedView
+
+if TYPE_CHECKING:
+    from kvtier.tiers.disk_lane import DiskLane, NoDisk
 
 MAX_OPEN = 256  # slot files of other writers kept open; the least recently opened close first
 
 
+@dataclass(frozen=True)
+class SlotRef:
+    """Where a chunk sits in another writer's segment (local ``slot`` of its files on disk
+    path ``path``) and what the writer's log said of it; ``generation`` counts the restarts
+    of that writer's log the reader has seen (its files are reopened when it changes)."""
+
+    writer: str
+    path: int
+    slot: int
+    key: bytes
+    codec: int
+    payload_bytes: int
+    generation: int = 0
+
+
 class ForeignReads:
-    """Verified reads of :class:`ForeignChunk` s into host slots (page-aligned buffers of at
-    least ``raw_bytes``); ``o_direct(path)`` says whether to read a path's files with
+    """Verified reads of :class:`SlotRef` s into host slots (page-aligned buffers of at
+    least ``raw_bytes``); ``o_direct[path]`` says whether to read a path's files with
     O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
-    symlink followed, regular files of this user with one link) and reopened after the
-    writer's log started over (``SharedView.generation``). Thread-safe."""
+    symlink followed, regular files of this user with one link) and reopened when a
+    reference comes with a new ``generation``. Thread-safe."""
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
-                 view: SharedView, o_direct: Sequence[bool]) -> None:
-        self._roots, self._ns, self._view = list(roots), namespace, view
+                 o_direct: Sequence[bool]) -> None:
+        self._roots, self._ns = list(roots), namespace
         self._digest, self._raw_bytes, self._stride = namespace.digest(), raw_bytes, stride
         self._file_slots = file_slots_for(stride)
         self._o_direct = list(o_direct)
@@ -47,14 +66,19 @@ class ForeignReads:
         self._lock = threading.Lock()
         self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
 
-    def read(self, chunk: ForeignChunk, dst: np.ndarray) -> IOResult:
+    def read(self, chunk: SlotRef, dst: np.ndarray) -> IOResult:
         """Read ``chunk`` into ``dst[:raw_bytes]``; CORRUPT leaves ``dst`` junk."""
-        header = chunk.header
         number, offset = divmod(chunk.slot, self._file_slots)
         offset *= self._stride
-        compressed = header.codec is not Codec.NONE
+        try:
+            codec = Codec(chunk.codec)
+        except ValueError:
+            return IOResult(IOStatus.CORRUPT, detail=f"writer {chunk.writer}: codec {chunk.codec}")
+        compressed = codec is not Codec.NONE
+        if not 0 < chunk.payload_bytes <= self._stride - HEADER_BYTES:
+            return IOResult(IOStatus.CORRUPT, detail=f"writer {chunk.writer}: payload length")
         buffer = self._scratch.payload() if compressed else dst
-        payload = aligned_view(buffer, header.payload_bytes)
+        payload = aligned_view(buffer, chunk.payload_bytes)
         header_buf = self._scratch.headers(1)
         try:
             fd = self._fd(chunk, number)  # a duplicate: no other thread closes it under us
@@ -64,20 +88,20 @@ class ForeignReads:
                 os.close(fd)
         except OSError as exc:
             return IOResult(IOStatus.IO_ERROR, detail=f"writer {chunk.writer}: {exc}")
-        problem = slot_problem(header_buf, header.key, [payload], got - HEADER_BYTES,
-                               header.codec, self._digest, self._raw_bytes, True)
+        problem = slot_problem(header_buf, ChunkKey(chunk.key), [payload], got - HEADER_BYTES,
+                               codec, self._digest, self._raw_bytes, True)
         if problem:
             return IOResult(IOStatus.CORRUPT, max(got, 0), f"writer {chunk.writer}: {problem}")
         if compressed:
             try:
-                decode_into(header.codec, payload[: header.payload_bytes], dst, self._scratch)
+                decode_into(codec, payload[: chunk.payload_bytes], dst, self._scratch)
             except ValueError as exc:
                 return IOResult(IOStatus.CORRUPT, got, f"writer {chunk.writer}: {exc}")
         return IOResult(IOStatus.OK, got)
 
-    def _fd(self, chunk: ForeignChunk, number: int) -> int:
+    def _fd(self, chunk: SlotRef, number: int) -> int:
         key = (chunk.path, chunk.writer, number)
-        generation = self._view.generation(chunk.path, chunk.writer)
+        generation = chunk.generation
         with self._lock:
             held = self._fds.get(key)
             if held is not None and held[1] == generation:
@@ -93,7 +117,7 @@ class ForeignReads:
             os.close(old[0])
         return mine
 
-    def _open(self, chunk: ForeignChunk, number: int) -> int:
+    def _open(self, chunk: SlotRef, number: int) -> int:
         if chunk.path >= len(self._roots):
             raise OSError(errno.ENOENT, f"no disk path {chunk.path}")
         flags = os.O_RDONLY | (os.O_DIRECT if self._o_direct[chunk.path] else 0)
@@ -106,3 +130,14 @@ class ForeignReads:
             for fd, _ in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def foreign_reads(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
+                  lane: DiskLane | NoDisk) -> ForeignReads | None:
+    """A reader of other writers' chunks for ``lane``'s paths (read the way the lane's own
+    files are: O_DIRECT where it probed so), or None: no disk tier, or ``share_refresh`` off."""
+    tier = lane.tier
+    if config.share_refresh is None or tier is None:
+        return None
+    o_direct = [p.dir.o_direct if p.dir is not None else False for p in tier.paths.states]
+    return ForeignReads(config.disk_paths, namespace, raw_bytes, tier.stride, o_direct)

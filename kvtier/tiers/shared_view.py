@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.io.format import SlotHeader
@@ -17,6 +17,7 @@ from kvtier.io.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
 from kvtier.io.segment_log import LogChange, LogFollower
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.tiers.foreign_reads import SlotRef
 
 log = logging.getLogger("kvtier")
 MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
@@ -30,6 +31,12 @@ class ForeignChunk:
     path: int
     slot: int
     header: SlotHeader
+
+
+    def ref(self, generation: int) -> SlotRef:
+        header = self.header
+        return SlotRef(self.writer, self.path, self.slot, header.key, int(header.codec),
+                       header.payload_bytes, generation)
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,18 @@ class SharedView:
         with self._lock:
             holders = self._by_key.get(key)
             return holders[0] if holders else None
+
+    def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> ForeignChunk | None:
+        """``key`` as held by ``writer`` in that slot, if the view knows it there."""
+        with self._lock:
+            for chunk in self._by_key.get(key, ()):
+                if (chunk.writer, chunk.path, chunk.slot) == (writer, path, slot):
+                    return chunk
+            return None
+
+    def ref(self, chunk: ForeignChunk) -> SlotRef:
+        """What a reader needs to read ``chunk`` (with its writer's log generation)."""
+        return chunk.ref(self.generation(chunk.path, chunk.writer))
 
     def drop(self, chunk: ForeignChunk) -> None:
         with self._lock:
@@ -203,3 +222,31 @@ class SharedView:
 def _is_dir(directory: SafeDir, name: str) -> bool:
     info = directory.lstat(name)
     return info is not None and stat.S_ISDIR(info.st_mode)
+
+
+class RefreshThread:
+    """A daemon thread calling ``refresh()`` every ``every`` seconds until ``close``; an
+    exception is logged once (the views it refreshes are then only stale) and the next
+    refresh tried as usual."""
+
+    def __init__(self, refresh: Callable[[], None], every: float) -> None:
+        self._refresh, self._every = refresh, every
+        self._stop = threading.Event()
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="kvtier-share", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            try:
+                self._refresh()
+            except Exception as exc:  # a bug or an unforeseen error: never the thread's end
+                if not self._failed:
+                    log.warning("kvtier: looking at other writers' segments failed: %r (tried "
+                                "again every %g s; further failures are not logged)", exc,
+                                self._every)
+                self._failed = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,113 @@
+"""In vLLM: an engine's scheduler side finds chunks other engines wrote to a shared
+directory, plans their loads from there, and its workers read them, verified."""
+
+import os
+from collections import Counter
+
+import torch
+
+from kvtier.connector.messages import ChunkLoad, RequestLoad, StepPlan, WorkerReport
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.tiers.base import TierName
+from kvtier.tiers.disk import DiskTier
+from tests.test_connector_scheduler import GEO as SCHED_GEO
+from tests.test_connector_scheduler import request, scheduler, store_all
+from tests.test_connector_worker import GEO, LAYERS, same, worker
+
+
+def write_as(tmp_path, name: str, stores, world: int = 1, ranks=None) -> None:
+    """Write the chunks a scheduler planned into writer ``name``'s segments, as its workers
+    would (each rank its own namespace)."""
+    for rank in range(world) if ranks is None else ranks:
+        disk = DiskTier([str(tmp_path)], SCHED_GEO.namespace("m", "", world, rank),
+                        SCHED_GEO.chunk_bytes, 8 * (4096 + SCHED_GEO.chunk_bytes),
+                        writers=[name])
+        buffer = AlignedBuffer(SCHED_GEO.chunk_bytes)
+        assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in stores)
+        disk.close()
+
+
+def test_a_chunk_only_another_engine_wrote_is_loaded_from_its_segment(tmp_path):
+    a = scheduler(disk=tmp_path, instance_id="a")
+    write_as(tmp_path, "a", store_all(a, request("x", 64)).stores)
+    b = scheduler(disk=tmp_path, instance_id="b")
+    assert b.recovered == 0 and len(b.shares) == 2
+    assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)  # asynchronous
+    b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
+    assert b.load_tiers("y", 64) == {TierName.DISK: 64, TierName.HOST: 0}
+    (load,) = b.build_meta().loads
+    assert all(c.foreign is not None and c.foreign[0].writer == "a" and c.host_slot is not None
+               and c.disk_slot is None for c in load.chunks)
+    b.worker_report(WorkerReport(loads_done=Counter({"y": 1})))
+    host = b.stack.indexes[TierName.HOST]
+    assert all(c.key in host for c in load.chunks)  # now in b's own host memory
+    a.close()
+    b.close()
+
+
+def test_a_copy_a_rank_failed_to_read_is_forgotten(tmp_path):
+    a = scheduler(disk=tmp_path, instance_id="a")
+    write_as(tmp_path, "a", store_all(a, request("x", 64)).stores)
+    b = scheduler(disk=tmp_path, instance_id="b")
+    b.num_new_matched_tokens(request("y", 65), 0)
+    b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
+    (load,) = b.build_meta().loads
+    bad = load.chunks[1].key
+    b.worker_report(WorkerReport(load_failed={"y": {bad}}, loads_done=Counter({"y": 1})))
+    assert b.counters["load_failed_chunks"] == 1 and b.shares.find(bad) is None
+    assert b.num_new_matched_tokens(request("z", 65), 0) == (32, False)  # the first, from host
+    b.close()
+    a.close()
+
+
+def test_with_tensor_parallel_every_rank_must_hold_the_chunk(tmp_path):
+    a = scheduler(world=2, disk=tmp_path, instance_id="a")
+    stores = store_all(a, request("x", 64), world=2).stores
+    write_as(tmp_path, "a", stores, world=2, ranks=[0])  # rank 1 never wrote them
+    b = scheduler(world=2, disk=tmp_path, instance_id="b")
+    assert b.num_new_matched_tokens(request("y", 65), 0) == (0, False)
+    b.close()
+    write_as(tmp_path, "a", stores, world=2, ranks=[1])
+    b = scheduler(world=2, disk=tmp_path, instance_id="b")
+    assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
+    b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
+    (load,) = b.build_meta().loads
+    assert all(len(c.foreign) == 2 for c in load.chunks)
+    b.close()
+    a.close()
+
+
+def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
+    a, kv_a = worker(tmp_path, instance_id="a")
+    from kvtier.connector.messages import ChunkStore
+
+    a.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=5)]))
+    a.drain()
+    from kvtier.tiers.shared_view import SharedView
+
+    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, "b", 30)
+    view.refresh()
+    ref = view.ref(view.find(b"k" * 16))
+    b, kv_b = worker(tmp_path, instance_id="b")
+    load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, foreign=(ref,)),),
+                       asynchronous=True)
+    b.start_loads(StepPlan(loads=[load]))
+    b.drain()
+    assert b.finished() == {"r"} and b.take_invalid_blocks() == set()
+    assert all(same(kv_b[i][8:10], kv_a[i][3:5]) for i in range(LAYERS))
+    (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")
+    before = slots.read_bytes()
+    data = bytearray(before)
+    data[5 * (4096 + GEO.chunk_bytes) + 4096 + 100] ^= 0xFF  # damage a's copy
+    slots.write_bytes(bytes(data))
+    damaged = slots.read_bytes()
+    for t in kv_b:
+        t[8:10].zero_()
+    b.start_loads(StepPlan(loads=[RequestLoad("s", load.chunks, asynchronous=True)]))
+    b.drain()
+    assert b.finished() == {"s"} and b.take_invalid_blocks() == {8, 9}
+    assert all(torch.count_nonzero(kv_b[i][8:10]) == 0 for i in range(LAYERS))
+    assert slots.read_bytes() == damaged and os.stat(slots).st_size == len(before)  # untouched
+    for side in (a, b):
+        side.close()
+    view.close()
