@@ -89,7 +89,8 @@ class KVTierConfig:
     model: str | None = None  # names the standalone KVStore's cache namespace; None: not set
     instance_id: str | None = None  # this writer's segment on a shared directory; None: derived
     share_refresh: float | None = 1.0  # seconds between looks at other writers' segments
-    lease_timeout: float = 30.0  # seconds without a heartbeat before a writer counts as gone
+    share_writers: int = 1  # writers that may hold a segment of one namespace's directory
+    lease_timeout: float = 120.0  # seconds without a heartbeat before a writer counts as gone
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def check_block_tokens(self, block_tokens: int) -> None:
@@ -100,6 +101,12 @@ class KVTierConfig:
                 f"({self.sources.get('chunk_tokens', 'default')}) must be a multiple of the "
                 f"engine's block size {block_tokens}; use e.g. {block_tokens * 2}"
             )
+
+    @property
+    def segment_capacity(self) -> int:
+        """The bytes one writer's segment may hold: ``disk_capacity`` is the bound of the
+        namespace's directory as a whole, shared by at most ``share_writers`` writers."""
+        return self.disk_capacity // self.share_writers
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (strings, ints, lists) keyed by config key, for printing or JSON."""
@@ -169,7 +176,9 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
                     "a letter or digit, e.g. node3-engine0; empty: derived from the host name"),
     "share_refresh": (values.seconds_or_off, "a duration such as 1s or 250ms (at most 1d), or off "
                       "(a private cache: other writers' chunks are not looked for)"),
-    "lease_timeout": (values.seconds_in(2.0, 86400.0), "a duration from 2s to 1d such as 30s"),
+    "share_writers": (values.int_in(1, 4096), "an integer from 1 to 4096: the writers a shared "
+                      "directory is sized for (each may fill disk_capacity / share_writers)"),
+    "lease_timeout": (values.seconds_in(2.0, 86400.0), "a duration from 2s to 1d such as 2m"),
 }
 KEYS: tuple[str, ...] = tuple(_PARSERS)
 

@@ -26,7 +26,7 @@ def make_cache(root: Path, chunks: int = 3, **extra: object) -> Path:
     more of its config, such as ``instance_id``); returns its segment directory,
     ``<root>/<namespace id>/writers/<writer id>``."""
     root.mkdir(mode=0o700, exist_ok=True)
-    with KVStore(SMALL, config(root, **extra)) as store:
+    with KVStore(SMALL, config(root, **{"share_writers": 4, **extra})) as store:
         store.put(seq(0, chunks), make_kv(seq(0, chunks)))
         assert store.flush()
         return root / store.namespace.id / "writers" / store.disk.writer

@@ -37,7 +37,7 @@ def sample() -> dict:
 if __name__ == "__main__":
     directory, seconds, seed, out = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     counts, lock, stop = Counter(), threading.Lock(), threading.Event()
-    store = KVStore(LAYOUT, {**config(directory), "disk_retry": "off"})  # who holds the disk stays put
+    store = KVStore(LAYOUT, {**config(directory), "disk_retry": "off", "share_writers": 2})
     recovered = store.stats().recovered_chunks
     threads = [threading.Thread(target=worker, args=(store, stop, seed * 100 + i, counts, lock))
                for i in range(THREADS)]

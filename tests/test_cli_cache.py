@@ -247,7 +247,7 @@ def test_clear_leaves_a_namespace_in_use(cache):
 def two_writers(root):
     """A namespace written by writers "w-a" (3 chunks) and "w-b" (2 other chunks)."""
     a = make_cache(root, 3, instance_id="w-a")
-    with KVStore(SMALL, config(root, instance_id="w-b")) as store:
+    with KVStore(SMALL, config(root, instance_id="w-b", share_writers=4)) as store:
         store.put(seq(100, 2), make_kv(seq(100, 2)))
         assert store.flush()
     return a, a.parent / "w-b"
@@ -255,7 +255,7 @@ def two_writers(root):
 
 def test_inspect_lists_every_writer_of_a_namespace(tmp_path):
     two_writers(tmp_path)
-    with KVStore(SMALL, config(tmp_path, instance_id="w-a")):
+    with KVStore(SMALL, config(tmp_path, instance_id="w-a", share_writers=4)):
         code, data = as_json("inspect", tmp_path)
         table = kvtier("inspect", tmp_path)
     (ns,) = data["namespaces"]
@@ -270,14 +270,14 @@ def test_inspect_lists_every_writer_of_a_namespace(tmp_path):
 
 def test_gc_and_clear_skip_a_writer_in_use_and_handle_the_other(tmp_path):
     a, b = two_writers(tmp_path)
-    with KVStore(SMALL, config(tmp_path, instance_id="w-a")):
+    with KVStore(SMALL, config(tmp_path, instance_id="w-a", share_writers=4)):
         code, data = as_json("gc", tmp_path, "--older-than", "0s")
         assert code == 1 and data["chunks_freed"] == 2 and data["skipped_in_use"] == [label(a)]
         code, data = as_json("clear", tmp_path, "--yes")
         assert code == 1 and data["in_use"] == [label(a)] and not data["removed"]
         assert data["segments_removed"] == [label(b)] and not b.exists()
         assert (a / "slots-0000.kvt").exists() and (a.parent.parent / "namespace.json").exists()
-    with KVStore(SMALL, config(tmp_path, instance_id="w-a")) as store:
+    with KVStore(SMALL, config(tmp_path, instance_id="w-a", share_writers=4)) as store:
         assert store.stats().recovered_chunks == 3
     code, data = as_json("clear", tmp_path, "--yes")
     assert code == 0 and data["segments_removed"] == [label(a)] and list(tmp_path.iterdir()) == []

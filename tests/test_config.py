@@ -41,7 +41,7 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_EVICTION_POLICY": "fifo", "KVTIER_IO_THREADS": "16",
         "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400", "KVTIER_MODEL": "org/m",
         "KVTIER_INSTANCE_ID": "node3-engine0", "KVTIER_SHARE_REFRESH": "250ms",
-        "KVTIER_LEASE_TIMEOUT": "1m",
+        "KVTIER_LEASE_TIMEOUT": "1m", "KVTIER_SHARE_WRITERS": "8",
     }
     config = load_config(environ=env)
     assert set(config.sources) == set(KEYS)
@@ -52,7 +52,7 @@ def test_every_key_parses_from_strings_as_from_env():
         "write_policy": "write_back", "load_policy": "always",
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
         "model": "org/m", "instance_id": "node3-engine0", "share_refresh": "0.25s",
-        "lease_timeout": "60s",
+        "lease_timeout": "60s", "share_writers": 8,
     }
     assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
 
@@ -118,6 +118,7 @@ def test_file_formats(tmp_path, name, text):
     ("share_refresh", "0s", "or off"),
     ("lease_timeout", "1s", "from 2s to 1d"),
     ("lease_timeout", "off", "from 2s to 1d"),
+    ("share_writers", 0, "1 to 4096"),
 ])
 def test_bad_values_name_the_key_and_allowed_values(key, value, allowed):
     with pytest.raises(ConfigError) as info:

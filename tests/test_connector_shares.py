@@ -21,16 +21,16 @@ def write_as(tmp_path, name: str, stores, world: int = 1, ranks=None) -> None:
     for rank in range(world) if ranks is None else ranks:
         disk = DiskTier([str(tmp_path)], SCHED_GEO.namespace("m", "", world, rank),
                         SCHED_GEO.chunk_bytes, 8 * (4096 + SCHED_GEO.chunk_bytes),
-                        writers=[name])
+                        writers=[name], share_writers=2)
         buffer = AlignedBuffer(SCHED_GEO.chunk_bytes)
         assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in stores)
         disk.close()
 
 
 def test_a_chunk_only_another_engine_wrote_is_loaded_from_its_segment(tmp_path):
-    a = scheduler(disk=tmp_path, instance_id="a")
+    a = scheduler(disk=tmp_path, instance_id="a", share_writers=2)
     write_as(tmp_path, "a", store_all(a, request("x", 64)).stores)
-    b = scheduler(disk=tmp_path, instance_id="b")
+    b = scheduler(disk=tmp_path, instance_id="b", share_writers=2)
     assert b.recovered == 0 and len(b.shares) == 2
     assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)  # asynchronous
     b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
@@ -46,9 +46,9 @@ def test_a_chunk_only_another_engine_wrote_is_loaded_from_its_segment(tmp_path):
 
 
 def test_a_copy_a_rank_failed_to_read_is_forgotten(tmp_path):
-    a = scheduler(disk=tmp_path, instance_id="a")
+    a = scheduler(disk=tmp_path, instance_id="a", share_writers=2)
     write_as(tmp_path, "a", store_all(a, request("x", 64)).stores)
-    b = scheduler(disk=tmp_path, instance_id="b")
+    b = scheduler(disk=tmp_path, instance_id="b", share_writers=2)
     b.num_new_matched_tokens(request("y", 65), 0)
     b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
     (load,) = b.build_meta().loads
@@ -61,14 +61,14 @@ def test_a_copy_a_rank_failed_to_read_is_forgotten(tmp_path):
 
 
 def test_with_tensor_parallel_every_rank_must_hold_the_chunk(tmp_path):
-    a = scheduler(world=2, disk=tmp_path, instance_id="a")
+    a = scheduler(world=2, disk=tmp_path, instance_id="a", share_writers=2)
     stores = store_all(a, request("x", 64), world=2).stores
     write_as(tmp_path, "a", stores, world=2, ranks=[0])  # rank 1 never wrote them
-    b = scheduler(world=2, disk=tmp_path, instance_id="b")
+    b = scheduler(world=2, disk=tmp_path, instance_id="b", share_writers=2)
     assert b.num_new_matched_tokens(request("y", 65), 0) == (0, False)
     b.close()
     write_as(tmp_path, "a", stores, world=2, ranks=[1])
-    b = scheduler(world=2, disk=tmp_path, instance_id="b")
+    b = scheduler(world=2, disk=tmp_path, instance_id="b", share_writers=2)
     assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
     b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
     (load,) = b.build_meta().loads
@@ -78,17 +78,17 @@ def test_with_tensor_parallel_every_rank_must_hold_the_chunk(tmp_path):
 
 
 def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
-    a, kv_a = worker(tmp_path, instance_id="a")
+    a, kv_a = worker(tmp_path, instance_id="a", share_writers=2)
     from kvtier.connector.messages import ChunkStore
 
-    a.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=5)]))
+    a.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=2)]))
     a.drain()
     from kvtier.tiers.shared_view import SharedView
 
     view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, "b", 30)
     view.refresh()
     ref = view.ref(view.find(b"k" * 16))
-    b, kv_b = worker(tmp_path, instance_id="b")
+    b, kv_b = worker(tmp_path, instance_id="b", share_writers=2)
     load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, foreign=(ref,)),),
                        asynchronous=True)
     b.start_loads(StepPlan(loads=[load]))
@@ -98,7 +98,7 @@ def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
     (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")
     before = slots.read_bytes()
     data = bytearray(before)
-    data[5 * (4096 + GEO.chunk_bytes) + 4096 + 100] ^= 0xFF  # damage a's copy
+    data[2 * (4096 + GEO.chunk_bytes) + 4096 + 100] ^= 0xFF  # damage a's copy
     slots.write_bytes(bytes(data))
     damaged = slots.read_bytes()
     for t in kv_b:

@@ -162,7 +162,8 @@ def test_namespaces_sharing_a_directory_never_see_each_other(tmp_path):
 
 def test_two_stores_on_one_namespace_write_their_own_segments(tmp_path):
     tokens = seq(0, 2)
-    with KVStore(SMALL, config(tmp_path)) as first, KVStore(SMALL, config(tmp_path)) as second:
+    two = config(tmp_path, share_writers=2)
+    with KVStore(SMALL, two) as first, KVStore(SMALL, two) as second:
         assert not first.stats().paths_down and not second.stats().paths_down
         for store in (first, second):
             store.put(tokens, make_kv(tokens))

@@ -199,14 +199,14 @@ def test_a_segment_is_held_by_one_process_at_a_time(tmp_path):
 
 
 def test_without_an_instance_id_each_tier_takes_the_lowest_free_writer_id(tmp_path):
-    first, second = make_tier([tmp_path]), make_tier([tmp_path])
+    first, second = make_tier([tmp_path], share_writers=2), make_tier([tmp_path], share_writers=2)
     assert first.down_paths == second.down_paths == {}
     host = first.writer.rsplit("-", 1)[0]
     assert (first.writer, second.writer) == (f"{host}-0", f"{host}-1")
     for tier in (first, second):
         assert tier.write(0, key(0), chunk(0).array).ok
     first.close()
-    again = make_tier([tmp_path])  # a restart takes its segment back
+    again = make_tier([tmp_path], share_writers=2)  # a restart takes its segment back
     assert again.writer == f"{host}-0" and len(again.recover().slots) == 1
     again.close()
     second.close()

@@ -395,9 +395,9 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
 
 
 @pytest.mark.parametrize(("host", "beats", "every_s", "age_s", "live"), [
-    ("elsewhere", 2, 5, 10, True), ("elsewhere", 2, 5, 40, False),  # the 30 s floor
+    ("elsewhere", 2, 5, 100, True), ("elsewhere", 2, 5, 130, False),  # the 120 s floor
     ("elsewhere", 10, 60, 300, True), ("elsewhere", 10, 60, 400, False),  # six beats
-    ("elsewhere", 1, 0, 29, True), ("elsewhere", 1, 0, 31, False),
+    ("elsewhere", 1, 0, 119, True), ("elsewhere", 1, 0, 121, False),
     (None, 2, 5, 1, False),  # this machine: its lock says
 ])
 def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats, every_s,

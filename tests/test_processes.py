@@ -24,11 +24,14 @@ def run_two(first: Path, second: Path, out: Path) -> list[dict]:
     return [json.loads((out / f"p{seed}.json").read_text()) for seed in range(2)]
 
 
-def check_clean(result: dict) -> None:
+def check_clean(result: dict, others: int = 0) -> None:
+    """No wrong byte, no exception; descriptors stable, but for the files of ``others``
+    writers on the same directory, which a store opens when it first reads them (their
+    log, and here their one slot file)."""
     counts = result["counts"]
     assert counts["wrong_bytes_served"] == 0 and counts.get("escaped_exceptions", 0) == 0, counts
     assert counts["puts"] > 20 and counts["gets"] > 20 and counts["hit_tokens"] > 0
-    assert result["end"]["fds"] == result["warm"]["fds"], result
+    assert 0 <= result["end"]["fds"] - result["warm"]["fds"] <= 2 * others, result
     assert result["end"]["rss_mib"] - result["warm"]["rss_mib"] < 48, result
 
 
@@ -38,14 +41,15 @@ def test_two_processes_then_a_restart(tmp_path, sharing):
     second = first if sharing == "one directory" else tmp_path / "cache2"
     for path in {first, second}:
         path.mkdir(mode=0o700)
+    others = 1 if first == second else 0
     results = run_two(first, second, tmp_path)
     for result in results:
-        check_clean(result)
+        check_clean(result, others)
     # on one directory each process writes its own segment (a writer id of its own)
     assert all(not r["paths_down"] and r["disk_writes"] > 0 for r in results)
 
     again = run_two(first, second, tmp_path)  # restart on what the first two left
     for result in again:
-        check_clean(result)
+        check_clean(result, others)
         assert not result["paths_down"]
         assert result["recovered"] > 0 and result["disk_reads"] > 0

@@ -8,13 +8,14 @@ import pytest
 from kvtier import KVStore
 from kvtier.tiers.base import TierName
 from tests.conftest import CHUNK, SMALL, make_kv
-from tests.test_disk_store import config, exact, load, seq
+from tests.test_disk_store import STRIDE, config, exact, load, seq
 
 HOST, DISK, SHARED = TierName.HOST, TierName.DISK, TierName.SHARED
 
 
 def shared(path, name, **extra):
-    return config(path, **{"instance_id": name, "share_refresh": "50ms", **extra})
+    return config(path, **{"instance_id": name, "share_refresh": "50ms", "share_writers": 4,
+                           **extra})
 
 
 def wait_for(condition, timeout=10.0):
@@ -61,7 +62,7 @@ def test_with_share_refresh_off_other_writers_are_not_looked_at(tmp_path):
 
 def test_a_chunk_overwritten_after_the_last_refresh_is_a_miss_never_wrong_bytes(tmp_path):
     first, later = seq(0, 4), [seq(10_000 * i, 4) for i in range(1, 5)]
-    with KVStore(SMALL, shared(tmp_path, "a", disk_chunks=4)) as a:
+    with KVStore(SMALL, shared(tmp_path, "a", disk_chunks=16)) as a:  # 4 chunks: a quarter
         a.put(first, make_kv(first))
         a.flush()
         with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:
@@ -117,3 +118,73 @@ def test_entries_in_writers_that_are_not_segments_are_passed_over(tmp_path, junk
     with KVStore(SMALL, shared(tmp_path, "b")) as b:
         assert [w.writer for w in b.writers()] == ["a"]
         assert exact(b, tokens) == 2 * CHUNK
+
+
+def test_a_writer_beyond_share_writers_reads_the_others_but_writes_nothing(tmp_path):
+    tokens, mine = seq(0, 2), seq(70_000, 2)
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=1)) as a, \
+            KVStore(SMALL, shared(tmp_path, "b", share_writers=1)) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        (reason,) = b.stats().paths_down.values()
+        assert "all 1 writer seats" in reason and "held (by a)" in reason
+        wait_for(lambda: b.lookup(tokens).tokens == 2 * CHUNK)
+        assert exact(b, tokens) == 2 * CHUNK
+        b.put(mine, make_kv(mine))
+        assert not b.flush() and b.stats().disk_writes == 0
+    assert [p.parent.name for p in tmp_path.glob("*/writers/*/lease")] == ["a"]
+
+
+def test_each_writer_fills_at_most_its_share_of_disk_capacity(tmp_path):
+    prefixes = [seq(10_000 * i, 4) for i in range(6)]
+    with KVStore(SMALL, shared(tmp_path, "a", disk_chunks=16)) as a:  # 4 writers: 4 chunks
+        for prefix in prefixes:
+            a.put(prefix, make_kv(prefix))
+            a.flush()
+        assert a.disk.num_slots == 4
+    files = list(tmp_path.glob("*/writers/a/slots-*.kvt"))
+    assert sum(f.stat().st_size for f in files) <= 4 * STRIDE
+
+
+def test_a_restarted_writer_takes_its_own_seat_back(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=1)) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=1)) as a:
+        assert not a.stats().paths_down and a.stats().recovered_chunks == 2
+    assert [p.read_text() for p in tmp_path.glob("*/seats/seat-*")] == ["a"]
+
+
+def test_the_segment_of_a_writer_that_is_gone_is_reclaimed_and_its_seat_handed_on(tmp_path):
+    tokens, mine = seq(0, 2), seq(70_000, 2)
+    quick = {"share_writers": 1, "lease_timeout": "2s", "disk_retry": "0.2s"}
+    a = KVStore(SMALL, shared(tmp_path, "a", **quick))
+    a.put(tokens, make_kv(tokens))
+    a.flush()
+    with KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:
+        assert b.stats().paths_down  # no seat while a holds the only one
+        a.close()  # gone: no more heartbeats, its lock let go
+        assert exact(b, tokens) == 2 * CHUNK  # read until it is reclaimed
+        wait_for(lambda: not list(tmp_path.glob("*/writers/a")), timeout=15)
+        assert b.lookup(tokens).chunks_by_tier.get(SHARED, 0) == 0
+        assert [p.read_text() for p in tmp_path.glob("*/seats/seat-*")] == []
+        b.put(mine, make_kv(mine))
+        wait_for(lambda: bool(b.flush()), timeout=15)  # its path came back, with a's seat
+        assert not b.stats().paths_down and b.stats().disk_writes >= 2
+        assert [p.read_text() for p in tmp_path.glob("*/seats/seat-*")] == ["b"]
+
+
+def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, monkeypatch):
+    from kvtier.io import lease
+
+    tokens = seq(0, 2)
+    monkeypatch.setattr(lease.Lease, "beat", lambda self: None)  # heartbeats stop, a lives on
+    quick = {"lease_timeout": "2s"}
+    with KVStore(SMALL, shared(tmp_path, "a", **quick)) as a, \
+            KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        wait_for(lambda: [w.live for w in b.writers()] == [False], timeout=8)
+        time.sleep(0.3)
+        assert list(tmp_path.glob("*/writers/a")) and exact(b, tokens) == 2 * CHUNK

@@ -34,7 +34,7 @@ def tokens(run, index):
 
 
 def as_writer(extra: dict, name: str) -> dict:
-    return dict(extra, instance_id=name, share_refresh="200ms")
+    return dict(extra, instance_id=name, share_refresh="200ms", share_writers=3)
 
 
 @pytest.fixture(scope="module")

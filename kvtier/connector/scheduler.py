@@ -195,7 +195,7 @@ def _disk_layout(config: KVTierConfig, geometry: KVGeometry) -> SlotLayout | Non
     """The disk tier's slots, or None without disk paths."""
     if not config.disk_paths:
         return None
-    layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths), config.disk_capacity)
+    layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths), config.segment_capacity)
     layout.check_bounded()
     return layout
 

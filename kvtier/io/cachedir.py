@@ -32,6 +32,7 @@ from kvtier.io.format import INDEX_ENTRY_BYTES, is_blank
 from kvtier.io.lease import Lease
 from kvtier.io.names import INDEX_FILE, LOCK_FILE, META_FILE, SLOT_FILE, SLOT_NAME, WRITERS_DIR
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.seats import claim_seat
 from kvtier.io.segment_log import SegmentLog
 
 __all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "SLOT_NAME", "CacheDir", "CacheDirError",
@@ -83,10 +84,12 @@ def probe_o_direct(directory: SafeDir) -> bool:
         buffer.close()
 
 
-def open_segment(root: Path, namespace_id: str, writer: str, meta: dict) -> SafeDir:
+def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
+                 share_writers: int) -> SafeDir:
     """The segment directory of ``writer`` in namespace ``namespace_id`` under ``root``,
-    made (mode 0700) when missing; ``namespace.json`` is written when it does not already
-    say ``meta`` (every writer of a namespace writes the same)."""
+    made (mode 0700) when missing, once ``writer`` holds one of the namespace's
+    ``share_writers`` seats (``claim_seat``); ``namespace.json`` is written when it does not
+    already say ``meta`` (every writer of a namespace writes the same)."""
     text = json.dumps(meta, indent=2, sort_keys=True).encode()
     with SafeDir.open(root) as top, top.subdir(namespace_id, create=True) as ns_dir:
         try:
@@ -95,6 +98,7 @@ def open_segment(root: Path, namespace_id: str, writer: str, meta: dict) -> Safe
             same = False  # not ours, or unreadable: replace it
         if not same:
             ns_dir.replace_file(META_FILE, text)
+        claim_seat(ns_dir, writer, share_writers)
         with ns_dir.subdir(WRITERS_DIR, create=True) as writers:
             return writers.subdir(writer, create=True)
 
@@ -112,14 +116,14 @@ class CacheDir:
 
     def __init__(self, root: Path, namespace_id: str, meta: dict, *, writer: str,
                  num_slots: int, stride: int, file_slots: int, o_direct: bool | None,
-                 floor: DiskFloor) -> None:
+                 floor: DiskFloor, share_writers: int = 1) -> None:
         self.path = root / namespace_id / WRITERS_DIR / writer
         self.writer = writer
         self._fds: dict[int, int] = {}
         self.index_fd = self._lock_fd = -1
         self.closed = False
         self.log: SegmentLog | None = None
-        self.dir = open_segment(root, namespace_id, writer, meta)
+        self.dir = open_segment(root, namespace_id, writer, meta, share_writers)
         try:  # anything failing from here on must not keep the segment locked
             self._lock_fd = self._take_lock()
             self.lease = Lease(self.dir, writer)

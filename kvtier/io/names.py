@@ -2,6 +2,7 @@
 
     <disk path>/<namespace id>/              one namespace (32 hex digits), mode 0700
         namespace.json                       what the namespace is (for the CLI)
+        seats/seat-NNNN                      a writer's seat (its id): at most share_writers
         writers/<writer id>/                 one writer's segment: only that writer writes it
             lock                             held with flock by the writing process
             lease                            its heartbeat (kvtier.io.lease)
@@ -21,6 +22,9 @@ from kvtier.config_values import WRITER_ID
 
 META_FILE = "namespace.json"
 WRITERS_DIR = "writers"
+SEATS_DIR = "seats"
+SEAT_FILE = "seat-{:04d}"
+SEAT_NAME = re.compile(r"seat-(\d{4})")
 LOCK_FILE = "lock"
 INDEX_FILE = "index.kvt"
 LEASE_FILE = "lease"
@@ -30,7 +34,8 @@ SLOT_NAME = re.compile(r"slots-(\d{4,9})\.kvt")  # the slot files kvtier writes
 NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
 
 __all__ = ["INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",
-           "SLOT_FILE", "SLOT_NAME", "WRITERS_DIR", "WRITER_ID"]
+           "SEATS_DIR", "SEAT_FILE", "SEAT_NAME", "SLOT_FILE", "SLOT_NAME", "WRITERS_DIR",
+           "WRITER_ID"]
 
 MAX_DEFAULT_WRITERS = 64  # writer ids tried on one host when none is configured
 

@@ -21,11 +21,14 @@ from kvtier.io.names import (
     LOCK_FILE,
     LOG_FILE,
     META_FILE,
+    SEAT_NAME,
+    SEATS_DIR,
     SLOT_NAME,
     WRITER_ID,
     WRITERS_DIR,
 )
 from kvtier.io.safefs import SafeDir
+from kvtier.io.seats import release_seat
 from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
 from kvtier.ops.segments import free_slots, hold, in_use, index_entries, is_proven, namespace_in_use
 
@@ -223,10 +226,29 @@ def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> 
                 gone = False
             elif not remove_segment(Segment(directory, name), writers, done):
                 gone = False
+            else:
+                release_seat(handle, name)  # its bytes are gone: another writer may take it
     if gone and not handle.remove_dir(WRITERS_DIR):
         done.left[f"{directory.id}/{WRITERS_DIR}"] = ["(entries made while it was being removed)"]
         gone = False
     return gone
+
+
+def _remove_seats(handle: SafeDir) -> None:
+    """With no segment left, every seat is free: remove the seat files, then ``seats/``
+    (anything else in it stays, and so does the directory)."""
+    if handle.lstat(SEATS_DIR) is None:
+        return
+    with handle.subdir(SEATS_DIR) as seats:
+        for name in seats.names():
+            if SEAT_NAME.fullmatch(name):
+                try:
+                    seats.remove_file(name)
+                except OSError:
+                    continue  # not a regular file of ours: not kvtier's to delete
+        empty = not seats.names()
+    if empty:
+        handle.remove_dir(SEATS_DIR)
 
 
 def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
@@ -246,6 +268,7 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
         try:
             if not _remove_writers(directory, handle, done):
                 return  # namespace.json stays: it describes the segments left
+            _remove_seats(handle)
             left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0)
         finally:
             if lock >= 0:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import fcntl
 import os
 import time
 
@@ -20,33 +19,16 @@ from kvtier.io.cachedir import lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
 from kvtier.io.index_file import MAX_SLOTS, SlotLayout, read_index_file, valid_header
 from kvtier.io.lease import LeaseInfo, host_name, read_lease
-from kvtier.io.names import INDEX_FILE, LOCK_FILE, LOG_FILE
+from kvtier.io.names import INDEX_FILE, LOG_FILE
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.seats import held_here as lock_held
 from kvtier.io.segment_log import SegmentLog
 from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
-REMOTE_LEASE_S = 30.0  # the default lease_timeout: a writer elsewhere beats well within it
-
-
-def lock_held(directory: SafeDir) -> bool:
-    """True when a process holds the ``lock`` file in ``directory`` (a missing lock, or one
-    that is not kvtier's, is held by nobody)."""
-    try:
-        fd = directory.open_file(LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
+REMOTE_LEASE_S = 120.0  # the default lease_timeout: a writer elsewhere beats well within it
 
 
 def remote_writer(lease: LeaseInfo | None, now_ns: int | None = None) -> str:

@@ -58,7 +58,8 @@ class DiskTier:
                  capacity: int, *, compression: bool = False, element_bytes: int = 2,
                  o_direct: bool | None = None, floor: DiskFloor | None = None,
                  retry: float | None = 30.0, verify_payload: bool = True,
-                 writers: Sequence[str] | None = None, lease_timeout: float = 30.0) -> None:
+                 writers: Sequence[str] | None = None, lease_timeout: float = 120.0,
+                 share_writers: int = 1) -> None:
         if not paths:
             raise ValueError("DiskTier needs at least one path")
         self.namespace, self.ns_digest = namespace, namespace.digest()
@@ -75,7 +76,7 @@ class DiskTier:
         writers = tuple(writers or default_writer_ids(host_name()))
         opener = OpenArgs(namespace.id, writers, meta, num_slots=self.layout.per_path,
                           stride=self.stride, file_slots=self.file_slots, o_direct=o_direct,
-                          floor=floor or DiskFloor())
+                          floor=floor or DiskFloor(), share_writers=share_writers)
         self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S, beat_every(lease_timeout))
         self._paths = self._health.states  # the same list: one state per path
         self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)

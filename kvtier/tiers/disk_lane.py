@@ -67,12 +67,12 @@ class DiskLane:
              move_lanes: bool = False, engine_factory: EngineFactory = IOEngine,
              writers: Sequence[str] | None = None) -> DiskLane:
         """``writers``: the writer ids to try in order (default: ``writer_ids(instance_id)``)."""
-        tier = DiskTier(config.disk_paths, namespace, raw_bytes, config.disk_capacity,
+        tier = DiskTier(config.disk_paths, namespace, raw_bytes, config.segment_capacity,
                         compression=config.compression is Compression.ZSTD,
                         element_bytes=element_bytes, o_direct=_O_DIRECT[config.o_direct],
                         floor=config.disk_min_free, retry=config.disk_retry,
                         writers=writers or writer_ids(config.instance_id),
-                        lease_timeout=config.lease_timeout)
+                        lease_timeout=config.lease_timeout, share_writers=config.share_writers)
         queues = [*tier.queues, *map(_moves, tier.queues)] if move_lanes else tier.queues
         try:
             engine = engine_factory(queues, config.io_threads)

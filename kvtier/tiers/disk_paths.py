@@ -38,13 +38,15 @@ class OpenArgs:
     file_slots: int
     o_direct: bool | None
     floor: DiskFloor
+    share_writers: int = 1
 
     def open(self, root: str, writer: str) -> tuple[CacheDir, int]:
         """``writer``'s segment at ``root``, opened with every check, and its inode."""
         directory = CacheDir(Path(root), self.namespace_id, self.meta, writer=writer,
                              num_slots=self.num_slots,
                              stride=self.stride, file_slots=self.file_slots,
-                             o_direct=self.o_direct, floor=self.floor)
+                             o_direct=self.o_direct, floor=self.floor,
+                             share_writers=self.share_writers)
         try:
             return directory, directory.inode
         except OSError:

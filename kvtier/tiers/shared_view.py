@@ -15,6 +15,7 @@ from kvtier.io.index_file import open_segment_dir
 from kvtier.io.lease import LeaseInfo, LeaseWatch
 from kvtier.io.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
+from kvtier.io.seats import held_here, reclaim_segment
 from kvtier.io.segment_log import LogChange, LogFollower
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.foreign_reads import SlotRef
@@ -74,7 +75,10 @@ class SharedView:
     a copy whose read failed, until its writer's log names that slot again. ``writers()``
     says who is there and who is live (``LeaseWatch``: a lease that changed within
     ``lease_timeout``). A writer's chunks stay readable after its lease expired, until its
-    segment is reclaimed. A path that cannot be read holds nothing this time. Thread-safe.
+    segment is reclaimed: by ``refresh`` itself, once this reader watched the lease stand still
+    for ``lease_timeout`` and no process of this host holds the segment's lock
+    (``reclaim_segment``: its files, then its seat; ``reclaimed`` counts them). A path that
+    cannot be read holds nothing this time. Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
@@ -87,6 +91,7 @@ class SharedView:
         self._by_key: dict[ChunkKey, list[ForeignChunk]] = {}
         self.refreshes = 0
         self.bytes_read = 0
+        self.reclaimed = 0
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -125,11 +130,13 @@ class SharedView:
         with self._lock:
             chunks: dict[str, int] = {}
             leases: dict[str, LeaseInfo | None] = {}
-            for (_, writer), followed in self._followed.items():
+            live: dict[str, bool] = {}
+            for (path, writer), followed in self._followed.items():
                 chunks[writer] = chunks.get(writer, 0) + len(followed.follower.slots)
                 leases[writer] = leases.get(writer) or followed.lease
-            return [WriterState(w, (self._watch.idle_for(w) or 0.0) < self._watch.timeout,
-                                chunks[w], leases[w]) for w in sorted(chunks)]
+                idle = self._watch.idle_for(f"{path}:{writer}") or 0.0
+                live[writer] = live.get(writer, False) or idle < self._watch.timeout
+            return [WriterState(w, live[w], chunks[w], leases[w]) for w in sorted(chunks)]
 
     # -- refresh ------------------------------------------------------------------------
 
@@ -176,14 +183,36 @@ class SharedView:
                 self._forget(key)
             return
         self.bytes_read += followed.follower.bytes_read - before
+        if not self._watch.observe(f"{path}:{writer}", lease_bytes) \
+                and self._reclaim(path, writer, followed):
+            return
         with self._lock:
-            self._watch.observe(writer, lease_bytes)
             followed.lease = LeaseInfo.parse(lease_bytes)
             if reset:
                 followed.generation += 1
                 self._drop_writer(path, writer, followed.follower.forgotten)
                 changes = [LogChange(s, h) for s, h in followed.follower.slots.items()]
             self._apply(path, writer, changes)
+
+    def _reclaim(self, path: int, writer: str, followed: _Followed) -> bool:
+        """Reclaim the segment of a writer that is gone; True when it is gone."""
+        if held_here(followed.dir):
+            return False
+        try:
+            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
+                done = reclaim_segment(ns_dir, writer)
+        except OSError as exc:
+            log.warning("kvtier: could not reclaim the segment of writer %s on %s: %s", writer,
+                        self._roots[path], exc)
+            return False
+        if done:
+            log.info("kvtier: reclaimed the segment of writer %s on %s (no heartbeat for "
+                     "%g s)", writer, self._roots[path], self._watch.timeout)
+            self.reclaimed += 1
+            with self._lock:
+                self._forget((path, writer))
+            self._watch.forget(f"{path}:{writer}")
+        return done
 
     def _apply(self, path: int, writer: str, changes: list[LogChange]) -> None:
         for change in changes:
