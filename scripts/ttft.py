@@ -12,6 +12,8 @@ dropped from the page cache so that every connector really reads the disk):
   recompute        no connector: every prompt is computed
   kvtier host      kvtier: a prompt's second run loads its KV from host memory
   kvtier disk      kvtier, in a new engine process (empty host memory): loads from disk
+  kvtier shared    kvtier, a new engine with another instance_id on the same directory:
+                   loads what the first engine wrote, from that engine's segment
   example disk     vLLM's ExampleConnector, in a new process: loads the files it wrote
                    (each disk arm's engine first serves an unrelated prompt: a new engine's
                    first request pays one-time costs that a serving engine has paid)
@@ -105,7 +107,8 @@ def lmcache_arms(python: Path, base: dict, once: list, warm: list, work: Path, t
 
 # (mode, run name, phase of the hit; None: a baseline, the faster of its two runs)
 MODES = [("recompute", "recompute", None), ("kvtier host", "kvtier-host", 1),
-         ("kvtier disk", "kvtier-disk", 1), ("example disk", "example-load", 1),
+         ("kvtier disk", "kvtier-disk", 1), ("kvtier shared", "kvtier-shared", 1),
+         ("example disk", "example-load", 1),
          ("recompute mp", "recompute-mp", None), ("lmcache host", "lmcache-host", 1),
          ("lmcache disk", "lmcache-disk", 1)]
 
@@ -187,7 +190,7 @@ def main() -> None:
     base = {"model": str(model), "dtype": "bfloat16", "prefix_caching": False,
             "max_model_len": max(lengths) + 64, "max_num_batched_tokens": max(lengths) + 64}
     extra = {"chunk_tokens": 256, "host_capacity": "2GiB", "disk_paths": [str(disk)],
-             "disk_capacity": "8GiB", "load_policy": "always"}
+             "disk_capacity": "16GiB", "share_writers": 2, "load_policy": "always"}
     once = [{"prompts": prompts, "max_tokens": 1}]
     # A new engine's first request pays one-time costs (first forward of each shape, first
     # touch of the KV cache's memory); a restarted server has served other requests before a
@@ -205,6 +208,11 @@ def main() -> None:
         drop_page_cache(disk)
         runs["kvtier-disk"] = run({**base, "connector": "kvtier", "extra": extra,
                                    "phases": warm + once}, work, "kvtier-disk", args.threads)
+        console.print("[dim]kvtier: another engine on the directory, hits in the first's segment[/dim]")
+        drop_page_cache(disk)
+        runs["kvtier-shared"] = run({**base, "connector": "kvtier",
+                                     "extra": {**extra, "instance_id": "ttft-other"},
+                                     "phases": warm + once}, work, "kvtier-shared", args.threads)
         console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
         ex = {**base, "connector": "example", "extra": {"path": str(example)}}
         run({**ex, "phases": once}, work, "example-store", args.threads)

@@ -3,6 +3,7 @@ directory, plans their loads from there, and its workers read them, verified."""
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import torch
 
@@ -13,6 +14,8 @@ from kvtier.tiers.disk import DiskTier
 from tests.test_connector_scheduler import GEO as SCHED_GEO
 from tests.test_connector_scheduler import request, scheduler, store_all
 from tests.test_connector_worker import GEO, LAYERS, same, worker
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_as(tmp_path, name: str, stores, world: int = 1, ranks=None) -> None:
@@ -111,3 +114,37 @@ def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
     for side in (a, b):
         side.close()
     view.close()
+
+
+def test_without_an_instance_id_the_scheduler_side_finds_the_segment_its_workers_took(tmp_path):
+    import subprocess
+    import sys
+
+    from kvtier.config import load_config
+    from kvtier.connector.engine_writer import engine_writers
+
+    holder = subprocess.Popen(  # another engine of this host, on the first default writer id
+        [sys.executable, "-c", HOLD_FIRST_ID, str(tmp_path)], cwd=ROOT,
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        side, _ = worker(tmp_path, share_writers=2)  # takes the next id: <host>-1
+        writer = side.disk.writer
+        assert writer.endswith("-1")
+        cfg = load_config({"disk_paths": [str(tmp_path)], "chunk_tokens": 2 * 16}, environ={})
+        assert engine_writers(cfg, [GEO.namespace("m", "", 1, 0)]) == [writer]
+        side.close()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+HOLD_FIRST_ID = """
+import sys, time
+from kvtier.tiers.disk import DiskTier
+from tests.test_connector_worker import GEO
+tier = DiskTier([sys.argv[1]], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
+                8 * (4096 + GEO.chunk_bytes), share_writers=2)
+print("ready", flush=True)
+time.sleep(600)
+"""

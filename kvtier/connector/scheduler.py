@@ -19,6 +19,7 @@ from typing import Any
 
 from kvtier.config import KVTierConfig, LoadPolicy
 from kvtier.connector.decider import LoadDecider
+from kvtier.connector.engine_writer import engine_writers
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_planner import LoadPlanner
 from kvtier.connector.messages import GroupBlocks, StepPlan, WorkerReport
@@ -29,7 +30,6 @@ from kvtier.connector.shares import open_shares
 from kvtier.connector.store_planner import StorePlanner
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
-from kvtier.io.names import writer_ids
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -53,7 +53,7 @@ class SchedulerSide:
                  namespaces: list[Namespace], world_size: int) -> None:
         self.config, self.geometry, self.world_size = config, geometry, world_size
         self.disk_layout = _disk_layout(config, geometry)
-        self.writer = writer_ids(config.instance_id)[0]  # the workers' too (worker.py)
+        self.writers = engine_writers(config, namespaces)  # each rank's segment
         self.stack = _tier_stack(config, geometry, self.disk_layout)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self.counters: Counter = Counter()
@@ -61,7 +61,7 @@ class SchedulerSide:
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
         self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout else 0
-        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, self.writer)
+        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, self.writers)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.shares)
         self._stores = StorePlanner(config, geometry, self.stack, pending)
@@ -70,8 +70,8 @@ class SchedulerSide:
 
     def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
         """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
-        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, self.writer)
-                    for ns in namespaces]
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, writer)
+                    for ns, writer in zip(namespaces, self.writers, strict=True)]
         common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
                   if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
         index = self.stack.indexes[DISK]

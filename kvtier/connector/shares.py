@@ -20,9 +20,9 @@ class EngineShares:
     refreshed once when made, then every ``share_refresh`` seconds until ``close``."""
 
     def __init__(self, config: KVTierConfig, namespaces: list[Namespace], raw_bytes: int,
-                 writer: str) -> None:
+                 writers: list[str]) -> None:
         self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout)
-                      for ns in namespaces]
+                      for ns, writer in zip(namespaces, writers, strict=True)]
         self.refresh()
         self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0)
 
@@ -62,9 +62,10 @@ class EngineShares:
 
 
 def open_shares(config: KVTierConfig, namespaces: list[Namespace], raw_bytes: int,
-                writer: str) -> EngineShares | None:
-    """The scheduler side's view of other engines, or None (no disk paths, or
-    ``share_refresh`` off)."""
+                writers: list[str]) -> EngineShares | None:
+    """The scheduler side's view of other engines (``writers``: this engine's writer id of
+    each rank, whose segments are its own), or None (no disk paths, or ``share_refresh``
+    off)."""
     if not config.disk_paths or config.share_refresh is None:
         return None
-    return EngineShares(config, namespaces, raw_bytes, writer)
+    return EngineShares(config, namespaces, raw_bytes, writers)

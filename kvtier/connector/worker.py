@@ -99,7 +99,7 @@ class WorkerSide:
         self._lane = open_lane(self.config, self.namespace, self.geometry.chunk_bytes,
                                element_bytes, lock=self._lock, on_back=self._ledger.path_back,
                                failures=self._ledger.failures, engine_factory=self._io_engine,
-                               writers=writer_ids(self.config.instance_id)[:1])  # the scheduler's
+                               writers=writer_ids(self.config.instance_id))
         self._ledger.lane = self._lane
         self._foreign = foreign_reads(self.config, self.namespace, self.geometry.chunk_bytes,
                                       self._lane)

@@ -47,6 +47,7 @@ class LeaseInfo:
     beat: int
     started_ns: int
     written_ns: int  # the writer's wall clock: shown to people, never used for liveness
+    ppid: int = 0  # the writing process's parent (a vLLM worker's: its engine core)
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -59,7 +60,8 @@ class LeaseInfo:
         try:
             fields = json.loads(data)
             info = cls(str(fields["instance"]), str(fields["host"]), int(fields["pid"]),
-                       int(fields["beat"]), int(fields["started_ns"]), int(fields["written_ns"]))
+                       int(fields["beat"]), int(fields["started_ns"]), int(fields["written_ns"]),
+                       int(fields.get("ppid", 0)))
         except (ValueError, TypeError, KeyError, RecursionError):
             return None
         return info
@@ -79,12 +81,13 @@ class Lease:
 
     def __init__(self, directory: SafeDir, instance: str) -> None:
         self._directory = directory
-        self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0)
+        self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
+                               os.getppid())
 
     def beat(self) -> None:
         info = self._info
         self._info = LeaseInfo(info.instance, info.host, info.pid, info.beat + 1,
-                               info.started_ns, time.time_ns())
+                               info.started_ns, time.time_ns(), info.ppid)
         self._directory.replace_file(LEASE_FILE, self._info.encode())
 
 
