@@ -63,9 +63,9 @@ class WorkerDisk:
         return futures
 
     def _submit_foreign(self, load: RequestLoad, futures: Reads, batches: list[Future]) -> None:
-        """Start the reads of chunks in other engines' segments: one job per disk path, each
-        chunk read from this rank's copy into its host slot, verified (nothing of theirs is
-        ever written, even when a read is corrupt)."""
+        """Start the reads of chunks in other engines' segments, spread over each disk path's
+        threads, each chunk read from this rank's copy into its host slot, verified (nothing
+        of theirs is ever written, even when a read is corrupt)."""
         theirs = [(c.foreign[self._rank], c.host_slot) for c in load.chunks
                   if c.foreign is not None and c.host_slot is not None]
         if not theirs:
@@ -77,13 +77,15 @@ class WorkerDisk:
         queues = self._lane.queues
         for index, queue in enumerate(queues):
             mine = [(ref, slot) for ref, slot in theirs if ref.path % len(queues) == index]
-            if not mine:
-                continue
-            reads = BatchReads(len(mine))
-            batch = self._lane.submit(queue, partial(reads.run, partial(self._read_foreign, mine)))
-            reads.watch(batch)
-            batches.append(batch)
-            futures.update(zip([ref.key for ref, _ in mine], reads.items, strict=True))
+            size = -(-len(mine) // self._threads)  # spread over the path's threads
+            for start in range(0, len(mine), size or 1):
+                group = mine[start:start + size]
+                reads = BatchReads(len(group))
+                batch = self._lane.submit(queue, partial(reads.run,
+                                                         partial(self._read_foreign, group)))
+                reads.watch(batch)
+                batches.append(batch)
+                futures.update(zip([ref.key for ref, _ in group], reads.items, strict=True))
 
     def _read_foreign(self, items: list[tuple[SlotRef, int]]) -> list[IOResult]:
         foreign = self._foreign
