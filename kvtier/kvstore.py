@@ -308,9 +308,9 @@ class KVStore:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        self._close_others()
         if not self._lane.close(timeout):  # a hung drive: its I/O still uses host memory
             return False
+        self._close_others()  # after the lane: no read of another writer's chunk is left
         for tier in self.tiers.values():
             tier.close()
         return True

@@ -127,7 +127,7 @@ def test_without_an_instance_id_the_scheduler_side_finds_the_segment_its_workers
         [sys.executable, "-c", HOLD_FIRST_ID, str(tmp_path)], cwd=ROOT,
         stdout=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "ready"
+        assert holder.stdout.readline().startswith("ready")
         side, _ = worker(tmp_path, share_writers=2)  # takes the next id: <host>-1
         writer = side.disk.writer
         assert writer.endswith("-1")
@@ -145,6 +145,29 @@ from kvtier.tiers.disk import DiskTier
 from tests.test_connector_worker import GEO
 tier = DiskTier([sys.argv[1]], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
                 8 * (4096 + GEO.chunk_bytes), share_writers=2)
-print("ready", flush=True)
+import os
+print("ready", os.getpid(), flush=True)
 time.sleep(600)
 """
+
+
+def test_when_its_workers_segment_is_not_found_nothing_on_disk_is_taken_for_its_own(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from kvtier.config import load_config
+    from kvtier.connector.engine_writer import engine_writers
+
+    # another engine (not a child of this process) holds <host>-0: its index is not ours
+    starter = subprocess.Popen(["sh", "-c", '"$0" -c "$1" "$2" &', sys.executable, HOLD_FIRST_ID,
+                                str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    word, pid = starter.stdout.readline().split()
+    starter.wait()
+    try:
+        assert word == "ready"
+        cfg = load_config({"disk_paths": [str(tmp_path)], "chunk_tokens": 2 * 16}, environ={})
+        assert engine_writers(cfg, [GEO.namespace("m", "", 1, 0)]) == [None]
+    finally:
+        os.kill(int(pid), signal.SIGKILL)
+        starter.stdout.close()

@@ -188,3 +188,27 @@ def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, m
         wait_for(lambda: [w.live for w in b.writers()] == [False], timeout=8)
         time.sleep(0.3)
         assert list(tmp_path.glob("*/writers/a")) and exact(b, tokens) == 2 * CHUNK
+
+
+def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
+    import fcntl
+    import os
+
+    from kvtier.io.safefs import SafeDir
+    from kvtier.io.seats import reclaim_segment
+
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    (segment,) = tmp_path.glob("*/writers/a")
+    watched = segment.stat().st_ino
+    with SafeDir.open(segment.parents[1]) as ns_dir:
+        assert not reclaim_segment(ns_dir, "a", watched + 1)  # not the directory watched
+        lock = os.open(segment / "lock", os.O_RDWR)
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a writer of this host holds it
+        assert not reclaim_segment(ns_dir, "a", watched)
+        os.close(lock)
+        assert list(segment.glob("slots-*.kvt")) and (segment / "lease").exists()
+        assert reclaim_segment(ns_dir, "a", watched) and not segment.exists()
+        assert not list(segment.parents[1].glob("seats/seat-*"))

@@ -20,23 +20,27 @@ from kvtier.io.seats import held_here
 from kvtier.keys import Namespace
 
 
-def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[str]:
+def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[str | None]:
     """The writer id of each rank's segments: ``instance_id`` when set; else the one this
-    engine's workers hold; else the first default (no disk tier open yet)."""
+    engine's workers hold; else the first default when no process of this host holds it
+    (the workers would have taken it); else None: not known, and the scheduler side must not
+    take any segment's index for its own."""
     if config.instance_id:
         return [config.instance_id] * len(namespaces)
-    fallback = writer_ids(None)[0]
-    return [_held_by_this_engine(config.disk_paths, ns) or fallback for ns in namespaces]
+    return [_this_engines(config.disk_paths, ns) for ns in namespaces]
 
 
-def _held_by_this_engine(roots: tuple[str, ...], namespace: Namespace) -> str | None:
-    """A segment held by a worker in this process, else by a child of it."""
+def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
+    """A segment held by a worker in this process, else by a child of it, else see
+    ``engine_writers``."""
     held = _held_here(roots, namespace)
     me = os.getpid()
-    mine = [name for name, lease in held if lease.pid == me]
-    children = [name for name, lease in held if lease.ppid == me]
-    found = mine or children
-    return found[0] if found else None
+    for found in ([n for n, lease in held if lease.pid == me],
+                  [n for n, lease in held if lease.ppid == me]):
+        if found:
+            return found[0]
+    first = writer_ids(None)[0]
+    return None if any(name == first for name, _ in held) else first
 
 
 def _held_here(roots: tuple[str, ...], namespace: Namespace) -> list[tuple[str, LeaseInfo]]:

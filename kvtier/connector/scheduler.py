@@ -30,6 +30,7 @@ from kvtier.connector.shares import open_shares
 from kvtier.connector.store_planner import StorePlanner
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
+from kvtier.io.names import writer_ids
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -60,8 +61,13 @@ class SchedulerSide:
         self._namespace = namespaces[0]
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
-        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout else 0
-        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, self.writers)
+        known = None not in self.writers
+        if self.disk_layout and not known:
+            log.warning("kvtier: the writer id of this engine's workers is not known (set "
+                        "instance_id): chunks on disk from before this start are not used")
+        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout and known else 0
+        own = [w or writer_ids(None)[0] for w in self.writers]
+        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, own)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.shares)
         self._stores = StorePlanner(config, geometry, self.stack, pending)
@@ -70,7 +76,7 @@ class SchedulerSide:
 
     def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
         """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
-        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, writer)
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, str(writer))
                     for ns, writer in zip(namespaces, self.writers, strict=True)]
         common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
                   if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]

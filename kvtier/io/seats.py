@@ -69,14 +69,17 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
 
 def held_here(segment: SafeDir) -> bool:
     """True when a process of this host holds the segment's lock (it is alive, whatever its
-    lease says)."""
+    lease says), or when that cannot be told (a lock that cannot be opened or tried: the
+    cautious answer)."""
     try:
-        fd = segment.open_file(LOCK_FILE, os.O_RDONLY)
-    except OSError:
+        fd = segment.open_file(LOCK_FILE, os.O_RDWR)  # NFS locks need a file open for writing
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    except OSError:
         return True
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -85,38 +88,47 @@ def held_here(segment: SafeDir) -> bool:
         os.close(fd)
 
 
-def reclaim_segment(ns_dir: SafeDir, writer: str) -> bool:
-    """Delete the segment of ``writer`` (a writer that is gone) and give back its seat: only
-    files kvtier names, each a regular file of this user; True when the segment is gone.
-    Anything else in it stays, and so do the segment and its seat (nothing is given back
-    that cannot be proven free)."""
+def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
+    """Delete the segment of ``writer`` (a writer that is gone), if it is still the directory
+    ``inode`` that was watched, and give back its seat: only files kvtier names, each a
+    regular file of this user, with the segment's lock held throughout (a process of this
+    host holding it is alive: nothing is touched). True when the segment is gone. Anything
+    else in it stays, and so do the segment and its seat (nothing is given back that cannot
+    be proven free)."""
     with ns_dir.subdir(WRITERS_DIR) as writers:
         try:
             segment = writers.subdir(writer)
         except FileNotFoundError:
-            segment = None
-        if segment is not None:
-            with segment:
+            return False
+        with segment:
+            if segment.inode() != inode:
+                return False  # made again since it was watched: a writer that came back
+            try:
+                lock = segment.open_file(LOCK_FILE, os.O_RDWR, create=True)
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False
+            try:
                 for name in segment.names():
                     if SLOT_NAME.fullmatch(name) or name.startswith(f".{LEASE_FILE}.tmp-") \
                             or name.startswith(f".{LOG_FILE}.tmp-"):
                         segment.remove_file(name)
                 for name in _SEGMENT_FILES:
                     segment.remove_file(name)
-            if not writers.remove_dir(writer):
-                return False
-    release_seat(ns_dir, writer)
+                if not writers.remove_dir(writer):
+                    return False
+                release_seat(ns_dir, writer)
+            finally:
+                os.close(lock)
     return True
 
 
 def release_seat(ns_dir: SafeDir, writer: str) -> None:
-    """Give back ``writer``'s seat (its segment is gone); ``seats/`` goes when it is empty."""
+    """Give back ``writer``'s seat (its segment is gone); ``seats/`` itself stays (a writer
+    may be claiming a seat in it now)."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return
     with ns_dir.subdir(SEATS_DIR) as seats:
         for name in seats.names():
             if SEAT_NAME.fullmatch(name) and _holder(seats, name) == writer:
                 seats.remove_file(name)
-        empty = not seats.names()
-    if empty:
-        ns_dir.remove_dir(SEATS_DIR)

@@ -220,12 +220,17 @@ class LogFollower:
         if info is None:
             return had
         fd = self._dir.open_file(LOG_FILE, os.O_RDONLY)
-        epoch = _epoch_of(read_at(fd, LOG_HEADER_BYTES, 0), self._namespace)
+        try:
+            epoch = _epoch_of(read_at(fd, LOG_HEADER_BYTES, 0), self._namespace)
+            inode = os.fstat(fd).st_ino
+        except BaseException:
+            os.close(fd)
+            raise
         if epoch is None:
             os.close(fd)
             self.bad += 1
             return had
-        self._fd, self._inode, self._epoch = fd, os.fstat(fd).st_ino, epoch
+        self._fd, self._inode, self._epoch = fd, inode, epoch
         return True
 
     def _close_fd(self) -> None:

@@ -4,6 +4,7 @@ on every disk path, followed through their logs. Bookkeeping only: reads are
 
 from __future__ import annotations
 
+import itertools
 import logging
 import stat
 import threading
@@ -50,14 +51,18 @@ class WriterState:
     lease: LeaseInfo | None
 
 
+_GENERATIONS = itertools.count(1)  # never the same twice: readers' cached files go stale
+
+
 class _Followed:
-    """One writer's segment on one path, followed."""
+    """One writer's segment on one path, followed (the directory with inode ``inode``)."""
 
     def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int) -> None:
         self.dir = directory
+        self.inode = directory.inode()
         self.follower = LogFollower(directory, namespace, raw_bytes)
         self.lease: LeaseInfo | None = None
-        self.generation = 0  # counts resets: readers reopen the writer's files after one
+        self.generation = next(_GENERATIONS)  # new at each reset: readers reopen its files
 
     def close(self) -> None:
         self.follower.close()
@@ -92,6 +97,7 @@ class SharedView:
         self.refreshes = 0
         self.bytes_read = 0
         self.reclaimed = 0
+        self._failed = False
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -143,24 +149,37 @@ class SharedView:
     def refresh(self) -> None:
         for path in range(len(self._roots)):
             names = self._writer_names(path)
-            with self._lock:
-                gone = [k for k in self._followed if k[0] == path and k[1] not in names]
+            with self._lock:  # gone, or made again since (another directory of that name)
+                gone = [k for k, f in self._followed.items()
+                        if k[0] == path and names.get(k[1]) != f.inode]
                 for key in gone:
                     self._forget(key)
             for writer in names:
-                self._refresh_one(path, writer)
+                try:
+                    self._refresh_one(path, writer)
+                except Exception as exc:  # one writer's trouble must not stop the others'
+                    if not self._failed:
+                        log.warning("kvtier: following writer %s on %s failed: %r (further "
+                                    "failures are not logged)", writer, self._roots[path], exc)
+                    self._failed = True
         self.refreshes += 1
 
-    def _writer_names(self, path: int) -> list[str]:
-        """The other writers' segment names on path ``path`` (none when it cannot be read)."""
+    def _writer_names(self, path: int) -> dict[str, int]:
+        """The other writers' segments on path ``path``, by name, with their directories'
+        inodes (none when the path cannot be read)."""
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir, \
                     ns_dir.subdir(WRITERS_DIR) as writers:
-                names = [n for n in writers.names()[:MAX_WRITERS]
-                         if n != self.own and WRITER_ID.fullmatch(n)]
-                return [n for n in names if _is_dir(writers, n)]
+                found = {}
+                for name in writers.names()[:MAX_WRITERS]:
+                    if name == self.own or not WRITER_ID.fullmatch(name):
+                        continue
+                    info = writers.lstat(name)
+                    if info is not None and stat.S_ISDIR(info.st_mode):
+                        found[name] = info.st_ino
+                return found
         except OSError:
-            return []
+            return {}
 
     def _refresh_one(self, path: int, writer: str) -> None:
         key = (path, writer)
@@ -189,7 +208,7 @@ class SharedView:
         with self._lock:
             followed.lease = LeaseInfo.parse(lease_bytes)
             if reset:
-                followed.generation += 1
+                followed.generation = next(_GENERATIONS)
                 self._drop_writer(path, writer, followed.follower.forgotten)
                 changes = [LogChange(s, h) for s, h in followed.follower.slots.items()]
             self._apply(path, writer, changes)
@@ -200,7 +219,7 @@ class SharedView:
             return False
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
-                done = reclaim_segment(ns_dir, writer)
+                done = reclaim_segment(ns_dir, writer, followed.inode)
         except OSError as exc:
             log.warning("kvtier: could not reclaim the segment of writer %s on %s: %s", writer,
                         self._roots[path], exc)
@@ -247,10 +266,6 @@ class SharedView:
             for key in list(self._followed):
                 self._forget(key)
 
-
-def _is_dir(directory: SafeDir, name: str) -> bool:
-    info = directory.lstat(name)
-    return info is not None and stat.S_ISDIR(info.st_mode)
 
 
 class RefreshThread:
