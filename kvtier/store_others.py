@@ -42,8 +42,8 @@ class OtherWriters:
         return self.view.writers()
 
     def read_many(self, items: list[tuple[ForeignChunk, Location]]) -> list[IOResult]:
-        return [self._reads.read(self.view.ref(chunk), self._host.slot_array(dst.slot))
-                for chunk, dst in items]
+        return self._reads.read_many([(self.view.ref(chunk), self._host.slot_array(dst.slot))
+                                      for chunk, dst in items])
 
     def close(self) -> None:
         self._thread.close()

@@ -196,3 +196,34 @@ def test_junk_in_a_lease_file_is_no_lease(tmp_path):
     (tmp_path / "lease").write_bytes(b"{" * 5000)
     with SafeDir.open(tmp_path) as directory:
         assert read_lease(directory) is None
+
+
+def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp_path,
+                                                                              monkeypatch):
+    from kvtier.io.buffers import AlignedBuffer
+    from kvtier.tiers.foreign_reads import ForeignReads
+    from kvtier.tiers.shared_view import SharedView
+
+    tier = make_tier([tmp_path], writers=["a"])
+    chunks = {slot: chunk(slot) for slot in range(4)}
+    assert all(tier.write(s, key(s), c.array).ok for s, c in chunks.items())
+    view = SharedView([str(tmp_path)], NS, RAW, "b", 30)
+    view.refresh()
+    reads = ForeignReads([str(tmp_path)], NS, RAW, tier.stride, [False])
+    (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")
+    data = bytearray(slots.read_bytes())
+    data[2 * tier.stride + 4096 + 7] ^= 0xFF  # slot 2's payload
+    slots.write_bytes(bytes(data))
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda *a: (calls.append(1), real(*a))[1])
+    outs = {s: AlignedBuffer(RAW, pin=False) for s in chunks}
+    order = [3, 0, 2, 1]
+    results = reads.read_many([(view.ref(view.find(key(s))), outs[s].array) for s in order])
+    assert len(calls) == 1
+    assert [r.ok for r in results] == [True, True, False, True]  # 3, 0, 2 (damaged), 1
+    for s in (0, 1, 3):
+        assert bytes(outs[s].array[:RAW]) == bytes(chunks[s].array[:RAW])
+    reads.close()
+    view.close()
+    tier.close()

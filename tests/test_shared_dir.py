@@ -90,18 +90,6 @@ def test_a_writer_that_restarts_is_followed_again(tmp_path):
             assert exact(b, tokens) == 2 * CHUNK and exact(b, more) == 2 * CHUNK
 
 
-def test_a_lease_that_stops_beating_counts_as_gone(tmp_path):
-    tokens = seq(0, 2)
-    with KVStore(SMALL, shared(tmp_path, "b", lease_timeout="2s")) as b:
-        a = KVStore(SMALL, shared(tmp_path, "a", lease_timeout="2s"))
-        a.put(tokens, make_kv(tokens))
-        a.flush()
-        wait_for(lambda: [w.live for w in b.writers()] == [True])
-        a.close()  # no more heartbeats; its chunks stay readable until reclaimed
-        wait_for(lambda: [w.live for w in b.writers()] == [False], timeout=8)
-        assert exact(b, tokens) == 2 * CHUNK
-
-
 @pytest.mark.parametrize("junk", ["file", "symlink", "bad name"])
 def test_entries_in_writers_that_are_not_segments_are_passed_over(tmp_path, junk):
     tokens = seq(0, 2)

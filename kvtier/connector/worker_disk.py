@@ -90,7 +90,7 @@ class WorkerDisk:
     def _read_foreign(self, items: list[tuple[SlotRef, int]]) -> list[IOResult]:
         foreign = self._foreign
         assert foreign is not None, "reads of other engines' chunks need their reader"
-        return [foreign.read(ref, self._host.slot_array(slot)) for ref, slot in items]
+        return foreign.read_many([(ref, self._host.slot_array(slot)) for ref, slot in items])
 
     def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Verified reads (an I/O thread); a corrupt slot's header is blanked before the

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from kvtier.tiers.disk_lane import DiskLane, NoDisk
 
 MAX_OPEN = 256  # slot files of other writers kept open; the least recently opened close first
+MAX_RUN = 16  # neighbouring slots of one file read in one vectored call
 
 
 @dataclass(frozen=True)
@@ -62,9 +63,62 @@ class ForeignReads:
         self._digest, self._raw_bytes, self._stride = namespace.digest(), raw_bytes, stride
         self._file_slots = file_slots_for(stride)
         self._o_direct = list(o_direct)
-        self._scratch = ThreadScratch(1, HEADER_BYTES, stride, raw_bytes)
+        self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, stride, raw_bytes)
         self._lock = threading.Lock()
         self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
+
+    def read_many(self, items: Sequence[tuple[SlotRef, np.ndarray]]) -> list[IOResult]:
+        """Read several chunks (each into its buffer, as ``read``): uncompressed neighbours in
+        one file of one writer move in one vectored call, each checked on its own."""
+        order = sorted(range(len(items)), key=lambda i: (items[i][0].path, items[i][0].writer,
+                                                         items[i][0].slot))
+        runs: list[list[int]] = []
+        for i in order:
+            if runs and len(runs[-1]) < MAX_RUN and self._follows(items[runs[-1][-1]][0], items[i][0]):
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        for run in runs:
+            got = [self.read(*items[run[0]])] if len(run) == 1 else self._read_run(
+                [items[i] for i in run])
+            for i, result in zip(run, got, strict=True):
+                results[i] = result
+        return results
+
+    def _follows(self, before: SlotRef, ref: SlotRef) -> bool:
+        """Whether ``ref`` is the slot right after ``before`` in the same file, both whole
+        (uncompressed) payloads: one vectored call reads both."""
+        whole = self._raw_bytes
+        return ((ref.path, ref.writer, ref.generation) == (before.path, before.writer,
+                                                           before.generation)
+                and ref.slot == before.slot + 1
+                and ref.slot // self._file_slots == before.slot // self._file_slots
+                and ref.codec == before.codec == Codec.NONE
+                and ref.payload_bytes == before.payload_bytes == whole)
+
+    def _read_run(self, run: list[tuple[SlotRef, np.ndarray]]) -> list[IOResult]:
+        first = run[0][0]
+        number, offset = divmod(first.slot, self._file_slots)
+        headers = self._scratch.headers(len(run))
+        landed = [(headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES], aligned_view(dst, self._raw_bytes))
+                  for j, (_, dst) in enumerate(run)]
+        try:
+            fd = self._fd(first, number)
+            try:
+                got = os.preadv(fd, [b.data for pair in landed for b in pair], offset * self._stride)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return [IOResult(IOStatus.IO_ERROR, detail=f"writer {first.writer}: {exc}")] * len(run)
+        results = []
+        for j, ((ref, _), (header_buf, payload)) in enumerate(zip(run, landed, strict=True)):
+            arrived = min(max(got - j * self._stride, 0), HEADER_BYTES + payload.size)
+            problem = slot_problem(header_buf, ChunkKey(ref.key), [payload], arrived - HEADER_BYTES,
+                                   Codec.NONE, self._digest, self._raw_bytes, True)
+            results.append(IOResult(IOStatus.CORRUPT, arrived, f"writer {ref.writer}: {problem}")
+                           if problem else IOResult(IOStatus.OK, arrived))
+        return results
 
     def read(self, chunk: SlotRef, dst: np.ndarray) -> IOResult:
         """Read ``chunk`` into ``dst[:raw_bytes]``; CORRUPT leaves ``dst`` junk."""
