@@ -2,7 +2,7 @@
 namespace, each holding CHUNKS chunks; one reader's ``SharedView`` follows them all.
 
     .venv/bin/python scripts/bench_share_refresh.py [--writers 64] [--chunks 2000] \
-        [--dir /tmp/kvtier-share] [--json out/bench_share_refresh.json]
+        [--dir /tmp] [--json out/bench_share_refresh.json]
 
 Reports, side by side in one run: the first refresh (every log read from the start, as a
 reader that just started), a refresh with nothing new, a refresh after each writer wrote
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,16 +46,16 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=64)
     parser.add_argument("--chunks", type=int, default=2000, help="chunks per writer")
     parser.add_argument("--appended", type=int, default=10, help="chunks per writer between refreshes")
-    parser.add_argument("--dir", default="/tmp/kvtier-share")
+    parser.add_argument("--dir", default=tempfile.gettempdir(),
+                        help="where to make the run's scratch directory (removed at the end)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    root = Path(args.dir)
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(mode=0o700, parents=True)
+    root = Path(tempfile.mkdtemp(prefix="kvtier-share-", dir=args.dir))  # ours alone
     layout = SlotLayout(RAW, 1, 4 * args.chunks * (4096 + RAW))
     data = AlignedBuffer(RAW, pin=False)
     tiers = [DiskTier([str(root)], NS, RAW, layout.capacity, o_direct=False,
-                      writers=[f"w{i:03d}"]) for i in range(args.writers)]
+                      writers=[f"w{i:03d}"], share_writers=args.writers)
+             for i in range(args.writers)]
     for w, tier in enumerate(tiers):
         tier.write_many([(s, key(w, s), data.array) for s in range(args.chunks)])
     view = SharedView([str(root)], NS, RAW, own="reader", lease_timeout=30)

@@ -402,7 +402,8 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
 ])
 def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats, every_s,
                                                                       age_s, live):
-    from kvtier.io.lease import LeaseInfo, host_name
+    from kvtier.io.lease import LeaseInfo
+    from kvtier.io.names import host_name
     from kvtier.ops.segments import remote_writer
 
     now = 10**18

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from kvtier.config import KVTierConfig
-from kvtier.io.lease import LeaseInfo, host_name, read_lease
-from kvtier.io.names import WRITER_ID, WRITERS_DIR, writer_ids
+from kvtier.io.lease import LeaseInfo, read_lease
+from kvtier.io.names import WRITER_ID, WRITERS_DIR, host_name, writer_ids
 from kvtier.io.safefs import SafeDir
 from kvtier.io.seats import held_here
 from kvtier.keys import Namespace

@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.foreign_reads import SlotRef
-from kvtier.tiers.shared_view import RefreshThread, SharedView, WriterState
+from kvtier.tiers.shared_view import RefreshThread, SharedView
 
 
 class EngineShares:
@@ -47,10 +47,6 @@ class EngineShares:
             chunk = view.find_at(ChunkKey(ref.key), ref.writer, ref.path, ref.slot)
             if chunk is not None:
                 view.drop(chunk)
-
-    def writers(self) -> list[WriterState]:
-        """The other engines as rank 0's view sees them."""
-        return self.views[0].writers()
 
     def __len__(self) -> int:
         return len(self.views[0])

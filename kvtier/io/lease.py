@@ -13,23 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvtier.io.names import LEASE_FILE
+from kvtier.io.names import LEASE_FILE, host_name
 from kvtier.io.safefs import SafeDir
 
 MAX_LEASE_BYTES = 4096  # a lease is about 150 bytes; anything larger is not kvtier's
 
 log = logging.getLogger("kvtier")
-
-
-def host_name() -> str:
-    """This machine's name, as leases and default writer ids show it."""
-    return socket.gethostname() or "localhost"
 
 
 def beat_every(lease_timeout: float) -> float:

@@ -37,6 +37,11 @@ __all__ = ["INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NA
            "SEATS_DIR", "SEAT_FILE", "SEAT_NAME", "SLOT_FILE", "SLOT_NAME", "WRITERS_DIR",
            "WRITER_ID"]
 
+def host_name() -> str:
+    """This machine's name, as leases and default writer ids show it."""
+    return socket.gethostname() or "localhost"
+
+
 MAX_DEFAULT_WRITERS = 64  # writer ids tried on one host when none is configured
 
 
@@ -50,4 +55,4 @@ def default_writer_ids(host: str) -> list[str]:
 
 def writer_ids(instance_id: str | None) -> list[str]:
     """The writer ids to try, in order: the configured one, else ``default_writer_ids``."""
-    return [instance_id] if instance_id else default_writer_ids(socket.gethostname())
+    return [instance_id] if instance_id else default_writer_ids(host_name())

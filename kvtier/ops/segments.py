@@ -18,8 +18,8 @@ import time
 from kvtier.io.cachedir import lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
 from kvtier.io.index_file import MAX_SLOTS, SlotLayout, read_index_file, valid_header
-from kvtier.io.lease import LeaseInfo, host_name, read_lease
-from kvtier.io.names import INDEX_FILE, LOG_FILE
+from kvtier.io.lease import LeaseInfo, read_lease
+from kvtier.io.names import INDEX_FILE, LOG_FILE, host_name
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.io.seats import held_here as lock_held
 from kvtier.io.segment_log import SegmentLog

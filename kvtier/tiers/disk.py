@@ -22,8 +22,8 @@ from kvtier.io import codec as codecs
 from kvtier.io.cachedir import CacheDir, aligned_view
 from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader, payload_checksum
 from kvtier.io.index_file import SlotLayout
-from kvtier.io.lease import beat_every, host_name
-from kvtier.io.names import default_writer_ids
+from kvtier.io.lease import beat_every
+from kvtier.io.names import writer_ids
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey, Namespace
@@ -73,7 +73,7 @@ class DiskTier:
         self.file_slots = self.layout.file_slots
         meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
                 "raw_bytes": raw_bytes, "file_slots": self.file_slots}
-        writers = tuple(writers or default_writer_ids(host_name()))
+        writers = tuple(writers or writer_ids(None))
         opener = OpenArgs(namespace.id, writers, meta, num_slots=self.layout.per_path,
                           stride=self.stride, file_slots=self.file_slots, o_direct=o_direct,
                           floor=floor or DiskFloor(), share_writers=share_writers)
