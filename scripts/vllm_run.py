@@ -6,13 +6,23 @@ SPEC: {"model": DIR, "connector": "kvtier" | "example" | "lmcache" | null, "extr
        "dtype": "float32", "prefix_caching": false, "max_model_len": 9216,
        "num_gpu_blocks": null (vLLM's own KV cache size, in blocks; null: from kv_cache_gib),
        "phases": [{"prompts": [[token ids], ...], "max_tokens": 8, "together": false,
-                   "salt": null}, ...]}
+                   "salt": null, "mark": null, "until": null, "max_repeats": 1}, ...]}
 
 Each phase runs its prompts one at a time (``together: false``, timing each: with
 ``max_tokens: 1`` the time is the time to first token) or all in one batch. OUT gets, per
-phase and prompt, the generated token ids, vLLM's cached-token count and the seconds taken,
+phase and prompt, the generated token ids, vLLM's cached-token count, the seconds taken and
+the wall-clock start and end,
 plus kvtier's scheduler-side counters and vLLM's KV cache groups when the engine runs in this
 process, and the metrics kvtier serves when the extra config sets ``metrics_port``.
+
+For engines run side by side (tests, scripts/fleet.py): a phase with ``barrier`` ({"dir": D,
+"name": N, "count": K}) starts once K engines reached it (each leaves ``D/<phase>.<N>``),
+then after ``sleep`` seconds; with ``mark`` it creates that file when it starts; with
+``until`` ({"exists": PATH} or {"gone": PATH}) it runs again and again until that holds, at
+most ``max_repeats`` times (its results are the runs' results in order, each with its
+``repeat``). A phase with ``watch`` (token lists) runs nothing: it polls until kvtier's
+scheduler side sees every chunk of each list in another engine's segment, at most
+``timeout`` seconds, and gives the wall-clock time each became visible (null: never).
 """
 
 from __future__ import annotations
@@ -56,12 +66,79 @@ def kv_cache_groups(llm) -> list[str] | None:
         return None
 
 
+def done(until: dict | None) -> bool:
+    if until is None:
+        return False
+    if "exists" in until:
+        return os.path.exists(until["exists"])
+    return not os.path.exists(until["gone"])
+
+
+def wait_barrier(barrier: dict, index: int) -> None:
+    """Arrive at phase ``index``'s barrier and wait (bounded) for the others."""
+    directory = barrier["dir"]
+    open(os.path.join(directory, f"{index}.{barrier['name']}"), "w").close()
+    deadline = time.monotonic() + barrier.get("timeout", 900)
+    while sum(name.startswith(f"{index}.") for name in os.listdir(directory)) < barrier["count"]:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"barrier of phase {index} in {directory}: the other engines "
+                             "never came")
+        time.sleep(0.005)
+
+
+def watch_visible(llm, watched: list[list[int]], timeout: float) -> list[dict]:
+    """When kvtier's scheduler side (engine core in this process) first saw every chunk of
+    each token list in another engine's segment."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    core = llm.llm_engine.engine_core.engine_core
+    side = core.scheduler.connector._scheduler
+    keys = []
+    for i, tokens in enumerate(watched):
+        request = Request(f"watch-{i}", tokens, SamplingParams(max_tokens=1), None,
+                          block_hasher=core.request_block_hasher)
+        keys.append(side.chunk_keys(request, len(tokens) // side.geometry.chunk_tokens))
+    seen: list[float | None] = [None] * len(watched)
+    deadline = time.monotonic() + timeout
+    while None in seen and time.monotonic() < deadline:
+        for i, chunk_keys in enumerate(keys):
+            if seen[i] is None and all(side.shares.find(k) is not None for k in chunk_keys):
+                seen[i] = time.time()
+        time.sleep(0.002)
+    return [{"visible_at": at, "chunks": len(k)} for at, k in zip(seen, keys, strict=True)]
+
+
+def run_phase(llm, phase: dict, repeat: int) -> list[dict]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0,
+                            ignore_eos=True, detokenize=False)
+    salt = {"cache_salt": phase["salt"]} if phase.get("salt") else {}
+    prompts = [TokensPrompt(prompt_token_ids=p, **salt) for p in phase["prompts"]]
+    outputs, seconds, spans = [], [], []
+    if phase.get("together"):
+        start, began = time.perf_counter(), time.time()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = [time.perf_counter() - start] * len(outputs)
+        spans = [(began, time.time())] * len(outputs)
+    else:
+        for prompt in prompts:
+            start, began = time.perf_counter(), time.time()
+            outputs += llm.generate([prompt], params, use_tqdm=False)
+            seconds.append(time.perf_counter() - start)
+            spans.append((began, time.time()))
+    return [{"tokens": list(output.outputs[0].token_ids), "cached": output.num_cached_tokens or 0,
+             "seconds": elapsed, "start": span[0], "end": span[1], "repeat": repeat}
+            for output, elapsed, span in zip(outputs, seconds, spans, strict=True)]
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_cache_gib", 1)))
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     kwargs = {}
     if connector_config(spec) is not None:
@@ -75,25 +152,20 @@ def main() -> None:
               tensor_parallel_size=spec.get("tensor_parallel_size", 1),
               num_gpu_blocks_override=spec.get("num_gpu_blocks"), seed=0, **kwargs)
     out = {"phases": []}
-    for phase in spec["phases"]:
-        params = SamplingParams(max_tokens=phase.get("max_tokens", 8), temperature=0.0,
-                                ignore_eos=True, detokenize=False)
-        salt = {"cache_salt": phase["salt"]} if phase.get("salt") else {}
-        prompts = [TokensPrompt(prompt_token_ids=p, **salt) for p in phase["prompts"]]
+    for index, phase in enumerate(spec["phases"]):
+        if phase.get("barrier"):
+            wait_barrier(phase["barrier"], index)
+        time.sleep(phase.get("sleep", 0))
+        if phase.get("mark"):
+            open(phase["mark"], "w").close()
+        if phase.get("watch") is not None:
+            out["phases"].append(watch_visible(llm, phase["watch"], phase.get("timeout", 60)))
+            continue
         results = []
-        if phase.get("together"):
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            seconds = [time.perf_counter() - start] * len(outputs)
-        else:
-            outputs, seconds = [], []
-            for prompt in prompts:
-                start = time.perf_counter()
-                outputs += llm.generate([prompt], params, use_tqdm=False)
-                seconds.append(time.perf_counter() - start)
-        for output, elapsed in zip(outputs, seconds, strict=True):
-            results.append({"tokens": list(output.outputs[0].token_ids),
-                            "cached": output.num_cached_tokens or 0, "seconds": elapsed})
+        for repeat in range(phase.get("max_repeats", 1)):
+            results += run_phase(llm, phase, repeat)
+            if done(phase.get("until")):
+                break
         out["phases"].append(results)
     out["kvtier"] = kvtier_counters(llm)
     out["kv_cache_groups"] = kv_cache_groups(llm)

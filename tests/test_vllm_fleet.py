@@ -1,7 +1,10 @@
 """Several real vLLM engines on one cache directory, each in its own segment: an engine hits
-prompts only another computed, one killed with kill -9 while storing leaves the others
-serving correct outputs, and a restarted engine takes its own segment back."""
+prompts only another computed; while one is killed with kill -9 mid-store, two others keep
+serving correct outputs; a restarted engine takes its own segment back; and once a dead
+engine's lease expired, a live one reclaims its segment and seat (as it does every stopped
+engine's)."""
 
+import json
 import signal
 import subprocess
 import time
@@ -33,8 +36,51 @@ def tokens(run, index):
     return [r["tokens"] for r in run["phases"][index]]
 
 
-def as_writer(extra: dict, name: str) -> dict:
-    return dict(extra, instance_id=name, share_refresh="200ms", share_writers=3)
+def as_writer(extra: dict, name: str, **more) -> dict:
+    # 512 MiB over 4 writers: 64 slots each, so a killed while storing keeps SEEN's 12
+    return dict(extra, instance_id=name, share_refresh="200ms", share_writers=4,
+                disk_capacity="512MiB", **more)
+
+
+def start(spec_: dict, work, name: str) -> tuple[subprocess.Popen, object]:
+    argv, env, out = engine_command(spec_, work, name)
+    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True), out
+
+
+def finish(process: subprocess.Popen, out, name: str) -> dict:
+    _, err = process.communicate(timeout=900)
+    assert process.returncode == 0, f"engine {name} failed:\n{err[-6000:]}"
+    return json.loads(out.read_text())
+
+
+def serve_while_a_dies(model, extra: dict, work, disk) -> dict:
+    """b and c serve SEEN and LONG[:4] again and again while a stores LONG and is killed."""
+    gate = work / "gate"
+    gate.mkdir()
+    killed_flag = work / "a-killed"
+    serving = dict(phase(SEEN + LONG[:4]), barrier={"dir": str(gate), "name": "x", "count": 3},
+                   until={"exists": str(killed_flag)}, max_repeats=400)
+    survivors = {n: start(spec(model, "kvtier", as_writer(extra, n),
+                               [dict(serving, barrier=dict(serving["barrier"], name=n))]), work, n)
+                 for n in ("b", "c")}
+    storing = [dict(phase(LONG, together=True), barrier={"dir": str(gate), "name": "a",
+                                                            "count": 3})]
+    killed, _ = start(spec(model, "kvtier", as_writer(extra, "a"), storing), work, "a-killed")
+    (log,) = disk.glob("*/writers/a/log.kvt")
+    before = log.stat().st_size  # a's 12 chunks: its log starts with them again
+    deadline = time.monotonic() + 600
+    while not (gate / "0.a").exists() or log.stat().st_size < before + 8 * RECORD_BYTES:
+        assert time.monotonic() < deadline and killed.poll() is None, "a never stored LONG"
+        time.sleep(0.02)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    killed_at = time.time()
+    killed_flag.touch()
+    runs = {n: finish(p, out, n) for n, (p, out) in survivors.items()}
+    runs["killed_at"] = killed_at
+    runs["killed_after"] = (log.stat().st_size - before) // RECORD_BYTES
+    return runs
 
 
 @pytest.fixture(scope="module")
@@ -44,49 +90,55 @@ def fleet(tmp_path_factory):
     disk = work / "disk"
     disk.mkdir(mode=0o700)
     extra = disk_extra(disk, CHUNK)
-    runs = {"baseline": run_engine(spec(model, phases=[phase(SEEN), phase(LONG[:4])]), work,
+    runs = {"baseline": run_engine(spec(model, phases=[phase(SEEN + LONG[:4])]), work,
                                    "baseline")}
     runs["a"] = run_engine(spec(model, "kvtier", as_writer(extra, "a"), [phase(SEEN)]), work, "a")
-    runs["b"] = run_engine(spec(model, "kvtier", as_writer(extra, "b"), [phase(SEEN)]), work, "b")
-    # a again, storing many long prompts, killed with kill -9 while it does
-    argv, env, _ = engine_command(spec(model, "kvtier", as_writer(extra, "a"),
-                                       [phase(LONG, together=True) for _ in range(3)]),
-                                  work, "a-killed")
-    killed = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    (log,) = disk.glob("*/writers/a/log.kvt")
-    before = log.stat().st_size  # a's 12 chunks: its log starts with them again
-    deadline = time.monotonic() + 600
-    while log.stat().st_size < before + 8 * RECORD_BYTES:  # until it wrote some of LONG
-        assert time.monotonic() < deadline and killed.poll() is None, "a never stored LONG"
-        time.sleep(0.05)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait(timeout=60)
-    runs["killed_after"] = (log.stat().st_size - before) // RECORD_BYTES
-    runs["c"] = run_engine(spec(model, "kvtier", as_writer(extra, "c"),
-                                [phase(SEEN), phase(LONG[:4])]), work, "c")
+    runs.update(serve_while_a_dies(model, extra, work, disk))
     runs["a-again"] = run_engine(spec(model, "kvtier", as_writer(extra, "a"), [phase(SEEN)]),
                                  work, "a-again")
+    (ns_dir,) = disk.glob("*/writers")
+    a_segment = ns_dir / "a"
+    seats_before = sorted(p.read_text() for p in (ns_dir.parent / "seats").iterdir())
+    # d: a's lease (a-again has stopped) expires after 2 s by d's clock; d serves until then
+    waiting = dict(phase(SEEN[:1]), until={"gone": str(a_segment)}, max_repeats=2000)
+    runs["d"] = run_engine(spec(model, "kvtier", as_writer(extra, "d", lease_timeout="2s"),
+                                [phase(SEEN), waiting]), work, "d")
+    runs["seats"] = (seats_before, sorted(p.read_text() for p in (ns_dir.parent / "seats").iterdir()))
+    runs["a_segment_left"] = a_segment.exists()
+    runs["writers_left"] = sorted(p.name for p in ns_dir.iterdir())
     return runs
 
 
 def test_an_engine_hits_prompts_only_another_computed(fleet):
     b = fleet["b"]
-    assert tokens(b, 0) == tokens(fleet["baseline"], 0)
-    assert all(r["cached"] == 3 * CHUNK for r in b["phases"][0])
-    assert b["kvtier"]["load_chunks_shared"] == 4 * 3
+    first = [r for r in b["phases"][0] if r["repeat"] == 0]
+    assert [r["tokens"] for r in first] == tokens(fleet["baseline"], 0)
+    assert all(r["cached"] == 3 * CHUNK for r in first[:4])  # SEEN: from a's segment
+    assert b["kvtier"]["load_chunks_shared"] >= 4 * 3
     assert b["kvtier"].get("load_failed_chunks", 0) == 0
 
 
-def test_after_an_engine_was_killed_mid_store_the_others_serve_correct_outputs(fleet):
-    c = fleet["c"]
+def test_while_an_engine_is_killed_mid_store_the_others_keep_serving_correct_outputs(fleet):
     assert fleet["killed_after"] >= 8  # chunks of LONG a had written when it was killed
-    assert tokens(c, 0) == tokens(fleet["baseline"], 0)
-    assert tokens(c, 1) == tokens(fleet["baseline"], 1)  # what a was storing when killed
-    assert all(r["cached"] == 3 * CHUNK for r in c["phases"][0])
+    expected = tokens(fleet["baseline"], 0)
+    for name in ("b", "c"):
+        results = fleet[name]["phases"][0]
+        repeats = max(r["repeat"] for r in results) + 1
+        assert [r["tokens"] for r in results] == expected * repeats, name
+        assert results[0]["start"] < fleet["killed_at"] < results[-1]["end"], name  # serving through
 
 
 def test_a_restarted_engine_takes_its_own_segment_back(fleet):
     again = fleet["a-again"]
-    assert tokens(again, 0) == tokens(fleet["baseline"], 0)
+    assert tokens(again, 0) == tokens(fleet["baseline"], 0)[:4]
     assert again["kvtier"]["load_chunks_disk"] == 4 * 3  # from its own segment, recovered
+
+
+def test_a_lease_expiring_hands_the_dead_engines_segment_and_seat_back(fleet):
+    d = fleet["d"]
+    assert not fleet["a_segment_left"]
+    assert tokens(d, 0) == tokens(fleet["baseline"], 0)[:4]
+    assert all(r["tokens"] == tokens(fleet["baseline"], 0)[0] for r in d["phases"][1])
+    before, after = fleet["seats"]
+    assert before == ["a", "b", "c"]
+    assert after == ["d"] and fleet["writers_left"] == ["d"]  # b and c had stopped as well
