@@ -133,8 +133,11 @@ class KVStore:
         self._flusher = Flusher(self._shared, self._runner)
         self._recover()
         host = self.tiers.get(HOST)
-        self._shared.others = open_others(cfg, self.namespace, self.chunk_bytes, self._lane,
-                                          host if isinstance(host, HostTier) else None)
+        others = open_others(cfg, self.namespace, self.chunk_bytes, self._lane,
+                             host if isinstance(host, HostTier) else None)
+        if others is not None:  # another writer's chunk is never copied into this segment
+            self._stack.on_disk_elsewhere = lambda key: others.find(key) is not None
+        self._shared.others = others
         if cfg.metrics_port:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2

@@ -63,13 +63,16 @@ class Flusher:
         return FlushResult(written, left, timed_out=not drained)
 
     def _host_only(self) -> list[tuple[ChunkKey, int]]:
-        """(key, host slot) of host chunks with no disk copy and none being written (lock held)."""
+        """(key, host slot) of host chunks with no disk copy and none being written (lock
+        held). A chunk another writer of a shared directory holds has one: it is not
+        written to this store's segment again."""
         indexes = self._shared.stack.indexes
-        host, disk = indexes[HOST], indexes[DISK]
+        host, disk, others = indexes[HOST], indexes[DISK], self._shared.others
         found, visible = [], host.keys()
         for key in visible:
             slot = host.slot_of(key)
-            if slot is not None and not disk.has_entry(key):
+            if slot is not None and not disk.has_entry(key) \
+                    and (others is None or others.find(key) is None):
                 found.append((key, slot))
         return found
 

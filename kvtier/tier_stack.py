@@ -7,7 +7,7 @@ connector's scheduler side) moves the bytes as planned and reports each outcome.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.keys import ChunkKey
@@ -71,7 +71,9 @@ class TierStack:
     - ``plan_store(key, tier)`` reserves a slot for ``key`` in ``tier``, or returns ``None``
       when the key is already there (visible or being written) or no slot can be freed. A
       victim evicted to make room is planned to move one tier down unless that tier already
-      holds it or has no room (then it is dropped and counted in ``drops``).
+      holds it or has no room (then it is dropped and counted in ``drops``); a victim bound
+      for the disk tier is dropped, uncounted, when ``on_disk_elsewhere(victim)`` says a
+      disk copy outside the stack serves it (another writer's segment of a shared directory).
     - ``finish(key, dst, ok)`` ends each reservation: visible on success, freed on failure.
     - Not thread-safe: the owner holds one lock around calls; bytes move outside the lock,
       which is safe because reserved slots are invisible and pinned ones are never evicted.
@@ -84,6 +86,7 @@ class TierStack:
             raise ValueError(f"tier listed twice in {self.order}")
         self.drops = 0
         self.demotions = 0
+        self.on_disk_elsewhere: Callable[[ChunkKey], bool] | None = None
 
     def locate(self, key: ChunkKey) -> Location | None:
         """The hottest visible location of ``key``."""
@@ -136,6 +139,9 @@ class TierStack:
             return ()
         if self.indexes[lower].has_entry(victim):
             self.indexes[lower].touch(victim)
+            return ()
+        if lower is TierName.DISK and self.on_disk_elsewhere is not None \
+                and self.on_disk_elsewhere(victim):
             return ()
         plan = self.plan_store(victim, lower)
         if plan is None:

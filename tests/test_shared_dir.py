@@ -40,6 +40,21 @@ def test_a_store_reads_what_another_store_on_the_directory_wrote(tmp_path):
         (writer,) = b.writers()
         assert writer.writer == "a" and writer.live and writer.chunks == 4
         assert writer.lease is not None and writer.lease.instance == "a"
+        assert b.flush() and b.stats().disk_writes == 0  # a's copy is on disk: not written again
+
+
+def test_chunks_read_from_another_writer_are_never_copied_into_the_readers_segment(tmp_path):
+    theirs, mine = seq(0, 4), seq(100_000, 8)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a, KVStore(SMALL, shared(tmp_path, "b")) as b:
+        a.put(theirs, make_kv(theirs))
+        a.flush()
+        wait_for(lambda: b.lookup(theirs).tokens == 4 * CHUNK)
+        assert exact(b, theirs) == 4 * CHUNK  # into b's host memory (4 chunks)
+        b.put(mine, make_kv(mine))  # evicts them from host memory: dropped, not written
+        assert b.flush()
+        assert b.stats().disk_writes == 8
+        assert b.lookup(theirs).chunks_by_tier == {SHARED: 4}
+        assert exact(b, theirs) == 4 * CHUNK
 
 
 def test_a_new_store_sees_what_is_there_at_once(tmp_path):

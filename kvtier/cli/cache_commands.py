@@ -12,8 +12,8 @@ from rich.markup import escape
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
 from kvtier.ops.cache import NamespaceDir, cache_root, namespaces
 from kvtier.ops.inspect import NamespaceReport, inspect_namespace
-from kvtier.ops.reclaim import clear as clear_namespaces
 from kvtier.ops.reclaim import gc as gc_namespaces
+from kvtier.ops.removal import clear as clear_namespaces
 from kvtier.ops.verify import NamespaceVerify, verify_namespace
 from kvtier.units import format_size, parse_duration, parse_size
 
@@ -163,28 +163,33 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
        target: Annotated[str | None, typer.Option(help="Free the oldest until this much is stored.")] = None,
        stale: Annotated[bool, typer.Option(help="Remove namespaces of another format version "
                                                  "or without metadata.")] = False,
+       gone: Annotated[str | None, typer.Option(help="Remove the segments of writers gone this "
+                                                     "long (lease not renewed: 10m, 1d).")] = None,
        dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go.")] = False,
        as_json: JsonFlag = False) -> None:
-    """Reclaim space under PATH by age, size target or stale namespace.
+    """Reclaim space under PATH by age, size target, stale namespace or writer gone.
 
     Freed slots are punched out of the files. Writers' segments that a running kvtier process
     holds, and anything kvtier cannot prove it wrote, are never touched (exit 1 then).
     """
-    if older_than is None and target is None and not stale:
-        raise fail("gc: say what to reclaim: --older-than, --target and/or --stale")
+    if older_than is None and target is None and not stale and gone is None:
+        raise fail("gc: say what to reclaim: --older-than, --target, --stale and/or --gone")
     try:
+        gone_s = parse_duration(gone) if gone is not None else None
         age = parse_duration(older_than) if older_than is not None else None
         size = parse_size(target) if target is not None else None
     except ValueError as exc:
         raise fail(f"gc: {exc}") from exc
     report = gc_namespaces(_dirs(path, namespace), older_than_s=age, target_bytes=size,
-                           stale=stale, dry_run=dry_run)
+                           stale=stale, gone_s=gone_s, dry_run=dry_run)
     if as_json:
         emit_json(asdict(report))
     else:
         free, remove = ("would free", "would remove") if dry_run else ("freed", "removed")
         console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
                       f"{remove} {len(report.namespaces_removed)} namespaces"
+                      + (f" and {len(report.segments_removed)} segments of writers gone"
+                         if gone is not None else "")
                       + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else "")
                       + (f"; left alone {len(report.skipped_unsafe)} not provably kvtier's or unsafe"
                          if report.skipped_unsafe else ""))

@@ -1,7 +1,5 @@
-"""``kvtier gc`` and ``kvtier clear``: give disk space back, never touching a segment that a
-running process holds, and deleting only what kvtier provably wrote: a namespace whose
-metadata (or a slot header) names it, and in it only the files kvtier names, regular files of
-this user. Anything else stays, and is reported.
+"""``kvtier gc``: give disk space back by age, size target, stale namespace or writer gone,
+never touching a segment that a running process holds (removals: ``kvtier.ops.removal``).
 
 Reports name a namespace by its id and a segment by its path under the cache root,
 ``<namespace id>/writers/<writer id>``.
@@ -9,33 +7,15 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 
 from __future__ import annotations
 
-import errno
-import os
-import re
 import time
 from dataclasses import dataclass, field
 
-from kvtier.io.names import (
-    INDEX_FILE,
-    LEASE_FILE,
-    LOCK_FILE,
-    LOG_FILE,
-    META_FILE,
-    SEAT_NAME,
-    SEATS_DIR,
-    SLOT_NAME,
-    WRITER_ID,
-    WRITERS_DIR,
-)
+from kvtier.io.names import WRITERS_DIR
 from kvtier.io.safefs import SafeDir
 from kvtier.io.seats import release_seat
 from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
-from kvtier.ops.segments import free_slots, hold, in_use, index_entries, is_proven, namespace_in_use
-
-# Temporary and probe files kvtier makes (this format: -<pid>-<8 hex>; the last: -<pid>).
-_TEMP = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt)\.tmp|o_direct_probe)-\d+(?:-[0-9a-f]{8})?")
-_SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
-_NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout
+from kvtier.ops.removal import Removal, remove_namespace, remove_segment
+from kvtier.ops.segments import free_slots, gone_for, in_use, index_entries, is_proven, namespace_in_use
 
 
 @dataclass
@@ -43,6 +23,7 @@ class GcReport:
     chunks_freed: int = 0
     bytes_freed: int = 0  # payload bytes of the chunks freed
     namespaces_removed: list[str] = field(default_factory=list)
+    segments_removed: list[str] = field(default_factory=list)  # of writers gone (``gone_s``)
     skipped_in_use: list[str] = field(default_factory=list)  # segments (or namespaces)
     skipped_unsafe: list[str] = field(default_factory=list)  # not provably kvtier's, or unsafe
     left: dict[str, list[str]] = field(default_factory=dict)  # entries kvtier did not write
@@ -54,17 +35,6 @@ class GcReport:
         return bool(self.skipped_in_use or self.skipped_unsafe or self.left)
 
 
-@dataclass
-class Removal:
-    """What removing namespaces did: namespaces and segments removed, segments (or old-layout
-    namespaces) in use and left alone, and what was left where, with why."""
-
-    removed: list[str] = field(default_factory=list)
-    segments_removed: list[str] = field(default_factory=list)
-    in_use: list[str] = field(default_factory=list)
-    left: dict[str, list[str]] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class _Chunk:
     segment: Segment
@@ -74,10 +44,12 @@ class _Chunk:
 
 
 def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
-       target_bytes: int | None = None, stale: bool = False, dry_run: bool = False) -> GcReport:
+       target_bytes: int | None = None, stale: bool = False, gone_s: float | None = None,
+       dry_run: bool = False) -> GcReport:
     """Free chunks older than ``older_than_s``, then the oldest until what is stored is at most
     ``target_bytes``; with ``stale``, remove namespaces of another format version, and those
-    without metadata that a slot header proves kvtier's."""
+    without metadata that a slot header proves kvtier's; with ``gone_s``, first remove the
+    segments (and give back the seats) of writers gone that long (``gone_for``)."""
     report = GcReport(dry_run=dry_run)
     chunks = []
     for directory in dirs:
@@ -86,7 +58,9 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
         elif stale and directory.status in ("stale", "orphaned"):
             _remove_stale(directory, report, dry_run)
         elif directory.readable:
-            chunks += _namespace_chunks(directory, report)
+            removed = _remove_gone(directory, gone_s, report, dry_run) if gone_s is not None else set()
+            if older_than_s is not None or target_bytes is not None:
+                chunks += _namespace_chunks(directory, report, removed)
     chunks.sort(key=lambda c: c.created_ns)
     for segment, mine in _victims(chunks, older_than_s, target_bytes).values():
         try:
@@ -100,9 +74,42 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
     return report
 
 
-def _namespace_chunks(directory: NamespaceDir, report: GcReport) -> list[_Chunk]:
+def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
+                 dry_run: bool) -> set[str]:
+    """Remove the segments of ``directory`` whose writers are gone for ``gone_s`` seconds,
+    and release their seats; return their labels (what a dry run would remove)."""
+    gone = []
+    for segment in directory.segments:
+        try:
+            idle = None if segment.unsafe else gone_for(segment)
+        except OSError:
+            idle = None
+        if idle is not None and idle >= gone_s:
+            gone.append(segment)
+    if dry_run or not gone:
+        report.segments_removed += [s.label for s in gone]
+        return {s.label for s in gone}
+    done = Removal()
+    try:
+        with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle, \
+                handle.subdir(WRITERS_DIR) as writers:
+            for segment in gone:
+                if remove_segment(segment, writers, done):
+                    release_seat(handle, segment.writer)
+    except OSError as exc:
+        done.left[directory.id] = [exc.strerror or str(exc)]
+    report.segments_removed += done.segments_removed
+    report.skipped_in_use += done.in_use
+    report.left.update(done.left)
+    return set(done.segments_removed)
+
+
+def _namespace_chunks(directory: NamespaceDir, report: GcReport,
+                      removed: set[str]) -> list[_Chunk]:
     chunks = []
     for segment in directory.segments:
+        if segment.label in removed:
+            continue
         if segment.unsafe:
             report.skipped_unsafe.append(segment.label)
         elif in_use(segment):
@@ -165,132 +172,3 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
         report.namespaces_removed += done.removed
         report.skipped_in_use += done.in_use
         report.left.update(done.left)
-
-
-def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True) -> list[str]:
-    """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
-    its temporary files) and, when the caller holds it (``locked``), the lock file, last;
-    return the other entries."""
-    left = []
-    for name in handle.names():
-        if name == LOCK_FILE and locked:
-            continue
-        mine = (name in kvtier_names or SLOT_NAME.fullmatch(name) is not None
-                or _TEMP.fullmatch(name) is not None)
-        try:
-            if not mine or not handle.remove_file(name):
-                left.append(name)
-        except OSError:  # not a regular file of ours: not kvtier's to delete
-            left.append(name)
-    if locked:
-        handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
-    return left
-
-
-def remove_segment(segment: Segment, writers: SafeDir, done: Removal) -> bool:
-    """Remove what kvtier wrote in a segment that is not in use, then its directory if
-    nothing else is left in it (``writers`` is the namespace's open ``writers/``); record
-    the outcome in ``done``; True when the segment is gone."""
-    try:
-        with writers.subdir(segment.writer) as handle:
-            lock = hold(handle)
-            try:
-                left = _remove_files(handle, _SEGMENT_FILES)
-            finally:
-                os.close(lock)
-    except OSError as exc:
-        if exc.errno == errno.EBUSY:
-            done.in_use.append(segment.label)
-        else:
-            done.left[segment.label] = [exc.strerror or str(exc)]
-        return False
-    if not left and not writers.remove_dir(segment.writer):
-        left = ["(entries made while it was being removed)"]
-    if left:
-        done.left[segment.label] = left
-        return False
-    done.segments_removed.append(segment.label)
-    return True
-
-
-def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> bool:
-    """Remove every segment that can go, then ``writers/`` when it is empty; True when
-    there is no ``writers/`` left."""
-    if handle.lstat(WRITERS_DIR) is None:
-        return True
-    gone = True
-    with handle.subdir(WRITERS_DIR) as writers:
-        for name in writers.names():
-            if not WRITER_ID.fullmatch(name):
-                done.left.setdefault(f"{directory.id}/{WRITERS_DIR}", []).append(name)
-                gone = False
-            elif not remove_segment(Segment(directory, name), writers, done):
-                gone = False
-            else:
-                release_seat(handle, name)  # its bytes are gone: another writer may take it
-    if gone and not handle.remove_dir(WRITERS_DIR):
-        done.left[f"{directory.id}/{WRITERS_DIR}"] = ["(entries made while it was being removed)"]
-        gone = False
-    return gone
-
-
-def _remove_seats(handle: SafeDir) -> None:
-    """With no segment left, every seat is free: remove the seat files, then ``seats/``
-    (anything else in it stays, and so does the directory)."""
-    if handle.lstat(SEATS_DIR) is None:
-        return
-    with handle.subdir(SEATS_DIR) as seats:
-        for name in seats.names():
-            if SEAT_NAME.fullmatch(name):
-                try:
-                    seats.remove_file(name)
-                except OSError:
-                    continue  # not a regular file of ours: not kvtier's to delete
-        empty = not seats.names()
-    if empty:
-        handle.remove_dir(SEATS_DIR)
-
-
-def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
-    """Remove what kvtier wrote in a namespace: its segments that are not in use, then, when
-    no segment is left, its own files (a lock file there, of the layout of another format
-    version, is held meanwhile; one in use leaves the namespace alone) and the directory if
-    nothing else is left in it. The outcome goes to ``done``."""
-    with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle:
-        old_layout = directory.status != "ok" or handle.lstat(LOCK_FILE) is not None
-        try:
-            lock = hold(handle) if old_layout else -1
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise
-            done.in_use.append(directory.id)
-            return
-        try:
-            if not _remove_writers(directory, handle, done):
-                return  # namespace.json stays: it describes the segments left
-            _remove_seats(handle)
-            left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0)
-        finally:
-            if lock >= 0:
-                os.close(lock)
-        if not left and not top.remove_dir(directory.id):
-            left = ["(entries made while it was being removed)"]
-    if left:
-        done.left[directory.id] = left
-    else:
-        done.removed.append(directory.id)
-
-
-def clear(dirs: list[NamespaceDir]) -> Removal:
-    """Remove whole namespaces that kvtier provably wrote (in each, the segments that are not
-    in use); namespaces not provably kvtier's are left alone with the reason."""
-    done = Removal()
-    for directory in dirs:
-        try:
-            if directory.unsafe or not is_proven(directory):
-                done.left[directory.id] = [directory.problem or "not provably written by kvtier"]
-                continue
-            remove_namespace(directory, done)
-        except OSError as exc:
-            done.left[directory.id] = [exc.strerror or str(exc)]
-    return done

@@ -62,6 +62,18 @@ def in_use(segment: Segment) -> bool:
         return False
 
 
+def gone_for(segment: Segment, now_ns: int | None = None) -> float | None:
+    """Seconds since the segment's writer last showed life, by this machine's clock: its
+    lease's last write (the segment directory's change time when it has no lease); None
+    while it is in use (``in_use``: its lock held here, or a recent lease of another host)."""
+    if in_use(segment):
+        return None
+    with segment.open() as handle:
+        lease = read_lease(handle)
+        since = lease.written_ns if lease is not None else os.fstat(handle.fd).st_ctime_ns
+    return max(0.0, ((time.time_ns() if now_ns is None else now_ns) - since) / 1e9)
+
+
 def top_lock_held(ns: NamespaceDir) -> bool:
     """True when a process holds a lock file directly in the namespace directory (the layout
     of another format version)."""

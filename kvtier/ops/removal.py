@@ -1,0 +1,177 @@
+"""``kvtier clear``, and removing what kvtier wrote: never a segment that a running process
+holds, and only what kvtier provably wrote: a namespace whose metadata (or a slot header)
+names it, and in it only the files kvtier names, regular files of this user. Anything else
+stays, and is reported.
+
+Reports name a namespace by its id and a segment by its path under the cache root,
+``<namespace id>/writers/<writer id>``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass, field
+
+from kvtier.io.names import (
+    INDEX_FILE,
+    LEASE_FILE,
+    LOCK_FILE,
+    LOG_FILE,
+    META_FILE,
+    SEAT_NAME,
+    SEATS_DIR,
+    SLOT_NAME,
+    WRITER_ID,
+    WRITERS_DIR,
+)
+from kvtier.io.safefs import SafeDir
+from kvtier.io.seats import release_seat
+from kvtier.ops.cache import NamespaceDir, Segment
+from kvtier.ops.segments import hold, is_proven
+
+# Temporary and probe files kvtier makes (this format: -<pid>-<8 hex>; the last: -<pid>).
+_TEMP = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt)\.tmp|o_direct_probe)-\d+(?:-[0-9a-f]{8})?")
+_SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
+_NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout
+
+
+@dataclass
+class Removal:
+    """What removing namespaces did: namespaces and segments removed, segments (or old-layout
+    namespaces) in use and left alone, and what was left where, with why."""
+
+    removed: list[str] = field(default_factory=list)
+    segments_removed: list[str] = field(default_factory=list)
+    in_use: list[str] = field(default_factory=list)
+    left: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True) -> list[str]:
+    """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
+    its temporary files) and, when the caller holds it (``locked``), the lock file, last;
+    return the other entries."""
+    left = []
+    for name in handle.names():
+        if name == LOCK_FILE and locked:
+            continue
+        mine = (name in kvtier_names or SLOT_NAME.fullmatch(name) is not None
+                or _TEMP.fullmatch(name) is not None)
+        try:
+            if not mine or not handle.remove_file(name):
+                left.append(name)
+        except OSError:  # not a regular file of ours: not kvtier's to delete
+            left.append(name)
+    if locked:
+        handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
+    return left
+
+
+def remove_segment(segment: Segment, writers: SafeDir, done: Removal) -> bool:
+    """Remove what kvtier wrote in a segment that is not in use, then its directory if
+    nothing else is left in it (``writers`` is the namespace's open ``writers/``); record
+    the outcome in ``done``; True when the segment is gone."""
+    try:
+        with writers.subdir(segment.writer) as handle:
+            lock = hold(handle)
+            try:
+                left = _remove_files(handle, _SEGMENT_FILES)
+            finally:
+                os.close(lock)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            done.in_use.append(segment.label)
+        else:
+            done.left[segment.label] = [exc.strerror or str(exc)]
+        return False
+    if not left and not writers.remove_dir(segment.writer):
+        left = ["(entries made while it was being removed)"]
+    if left:
+        done.left[segment.label] = left
+        return False
+    done.segments_removed.append(segment.label)
+    return True
+
+
+def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> bool:
+    """Remove every segment that can go, then ``writers/`` when it is empty; True when
+    there is no ``writers/`` left."""
+    if handle.lstat(WRITERS_DIR) is None:
+        return True
+    gone = True
+    with handle.subdir(WRITERS_DIR) as writers:
+        for name in writers.names():
+            if not WRITER_ID.fullmatch(name):
+                done.left.setdefault(f"{directory.id}/{WRITERS_DIR}", []).append(name)
+                gone = False
+            elif not remove_segment(Segment(directory, name), writers, done):
+                gone = False
+            else:
+                release_seat(handle, name)  # its bytes are gone: another writer may take it
+    if gone and not handle.remove_dir(WRITERS_DIR):
+        done.left[f"{directory.id}/{WRITERS_DIR}"] = ["(entries made while it was being removed)"]
+        gone = False
+    return gone
+
+
+def _remove_seats(handle: SafeDir) -> None:
+    """With no segment left, every seat is free: remove the seat files, then ``seats/``
+    (anything else in it stays, and so does the directory)."""
+    if handle.lstat(SEATS_DIR) is None:
+        return
+    with handle.subdir(SEATS_DIR) as seats:
+        for name in seats.names():
+            if SEAT_NAME.fullmatch(name):
+                try:
+                    seats.remove_file(name)
+                except OSError:
+                    continue  # not a regular file of ours: not kvtier's to delete
+        empty = not seats.names()
+    if empty:
+        handle.remove_dir(SEATS_DIR)
+
+
+def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
+    """Remove what kvtier wrote in a namespace: its segments that are not in use, then, when
+    no segment is left, its own files (a lock file there, of the layout of another format
+    version, is held meanwhile; one in use leaves the namespace alone) and the directory if
+    nothing else is left in it. The outcome goes to ``done``."""
+    with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle:
+        old_layout = directory.status != "ok" or handle.lstat(LOCK_FILE) is not None
+        try:
+            lock = hold(handle) if old_layout else -1
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            done.in_use.append(directory.id)
+            return
+        try:
+            if not _remove_writers(directory, handle, done):
+                return  # namespace.json stays: it describes the segments left
+            _remove_seats(handle)
+            left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0)
+        finally:
+            if lock >= 0:
+                os.close(lock)
+        if not left and not top.remove_dir(directory.id):
+            left = ["(entries made while it was being removed)"]
+    if left:
+        done.left[directory.id] = left
+    else:
+        done.removed.append(directory.id)
+
+
+def clear(dirs: list[NamespaceDir]) -> Removal:
+    """Remove whole namespaces that kvtier provably wrote (in each, the segments that are not
+    in use); namespaces not provably kvtier's are left alone with the reason."""
+    done = Removal()
+    for directory in dirs:
+        try:
+            if directory.unsafe or not is_proven(directory):
+                done.left[directory.id] = [directory.problem or "not provably written by kvtier"]
+                continue
+            remove_namespace(directory, done)
+        except OSError as exc:
+            done.left[directory.id] = [exc.strerror or str(exc)]
+    return done

@@ -1,0 +1,62 @@
+"""``kvtier gc --gone``: the segments of writers gone that long are removed and their seats
+handed back; a writer that is running, or gone for less, is left alone."""
+
+import time
+
+from kvtier import KVStore
+from kvtier.ops.cache import namespaces
+from kvtier.ops.segments import gone_for
+from tests.conftest import SMALL, make_kv
+from tests.test_cli_cache import as_json, kvtier
+from tests.test_disk_store import config, seq
+
+
+def writer_config(root, name):
+    return config(root, instance_id=name, share_writers=2, share_refresh="off")
+
+
+def put_and_close(root, name, tokens):
+    with KVStore(SMALL, writer_config(root, name)) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+
+
+def segments(root):
+    (ns,) = [p for p in root.iterdir() if p.is_dir()]
+    return sorted(p.name for p in (ns / "writers").iterdir()), \
+        sorted(p.read_text() for p in (ns / "seats").iterdir())
+
+
+def test_gc_gone_removes_the_segments_of_writers_gone_that_long_and_frees_their_seats(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    put_and_close(root, "a", seq(0, 3))
+    with KVStore(SMALL, writer_config(root, "b")) as running:
+        running.put(seq(1000, 2), make_kv(seq(1000, 2)))
+        running.flush()
+        code, report = as_json("gc", root, "--gone", "1h")
+        assert code == 0 and report["segments_removed"] == []  # a stopped moments ago
+        time.sleep(1.2)
+        code, report = as_json("gc", root, "--gone", "1s", "--dry-run")
+        assert code == 0 and [s.split("/")[-1] for s in report["segments_removed"]] == ["a"]
+        assert segments(root) == (["a", "b"], ["a", "b"])
+        code, report = as_json("gc", root, "--gone", "1s")
+        assert code == 0 and [s.split("/")[-1] for s in report["segments_removed"]] == ["a"]
+        assert segments(root) == (["b"], ["b"])  # b runs: its lock is held
+        (ns,) = namespaces(root)
+        (b,) = ns.segments
+        assert gone_for(b) is None
+    with KVStore(SMALL, writer_config(root, "c")) as newcomer:  # a's seat is free again
+        assert newcomer.stats().paths_down == {}
+    assert segments(root)[1] == ["b", "c"]
+
+
+def test_gc_gone_says_what_it_did(tmp_path):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    put_and_close(root, "a", seq(0, 2))
+    time.sleep(1.1)
+    result = kvtier("gc", root, "--gone", "1s")
+    assert result.returncode == 0, result.stderr
+    assert "removed 0 namespaces and 1 segments of writers gone" in result.stdout
+    assert kvtier("gc", root, "--gone", "soon").returncode != 0
