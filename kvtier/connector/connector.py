@@ -87,7 +87,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
             rank = get_tensor_model_parallel_rank()
-            self._worker = WorkerSide(self.config, self.geometry, namespaces[rank])
+            self._worker = WorkerSide(self.config, self.geometry, namespaces[rank],
+                                      leader=namespaces[0])
             if port:
                 self._metrics = serve_metrics(port + 1 + rank, self._worker.metric_samples)
 

@@ -6,11 +6,17 @@ parent's. vLLM sets the workers up (and so their disk tiers) before the schedule
 engine core process that is either the workers' own or their parent; the scheduler side
 then takes, for each rank, the segment whose lock is held and whose lease names its process
 (a worker in it), else one whose lease names it as the parent (a worker process of it).
+
+So that every rank of an engine writes under one id even when engines of one host start at
+the same time, a rank other than 0 first looks for the id its rank 0 took
+(``leaders_writer``: a sibling worker process's segment of rank 0's namespace) and tries it
+first.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from kvtier.config import KVTierConfig
 from kvtier.io.lease import LeaseInfo, read_lease
@@ -41,6 +47,39 @@ def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
             return found[0]
     first = writer_ids(None)[0]
     return None if any(name == first for name, _ in held) else first
+
+
+LEADER_WAIT_S = 10.0  # the ranks set their disk tiers up at about the same time
+
+
+def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = LEADER_WAIT_S,
+                   parent: int | None = None) -> str | None:
+    """The writer id rank 0 of this engine holds: the one segment of ``leader`` (rank 0's
+    namespace) held on this host whose lease names ``parent`` (default: this process's
+    parent) as its writer's parent, from another process (a sibling worker). Waited for up
+    to ``timeout`` seconds; None when there is not exactly one (the caller then takes the
+    first id free, as rank 0 did)."""
+    parent = os.getppid() if parent is None else parent
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [name for name, lease in _held_here(roots, leader)
+                 if lease.ppid == parent and lease.pid != os.getpid()]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1 or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
+                    leader: Namespace | None) -> list[str]:
+    """The writer ids a worker tries, in order: ``writer_ids(instance_id)``, with rank 0's
+    (``leaders_writer``; ``leader``: rank 0's namespace) first for a rank > 0."""
+    ids = writer_ids(config.instance_id)
+    if config.instance_id or leader is None or namespace.tp_rank == 0 or not config.disk_paths:
+        return ids
+    first = leaders_writer(config.disk_paths, leader)
+    return ids if first is None else [first, *[i for i in ids if i != first]]
 
 
 def _held_here(roots: tuple[str, ...], namespace: Namespace) -> list[tuple[str, LeaseInfo]]:

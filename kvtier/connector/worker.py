@@ -18,6 +18,7 @@ import torch
 
 from kvtier.config import KVTierConfig
 from kvtier.connector.counters import WorkerCounters
+from kvtier.connector.engine_writer import rank_writer_ids
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_tracker import (
     LoadTracker,
@@ -32,7 +33,6 @@ from kvtier.connector.worker_disk import WorkerDisk
 from kvtier.connector.worker_ledger import WorkerLedger
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
-from kvtier.io.names import writer_ids
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
 from kvtier.tiers.disk import DiskTier
@@ -64,8 +64,9 @@ class WorkerSide:
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespace: Namespace,
-                 *, io_engine: EngineFactory = IOEngine) -> None:
+                 *, io_engine: EngineFactory = IOEngine, leader: Namespace | None = None) -> None:
         self.config, self.geometry, self.namespace = config, geometry, namespace
+        self._leader = leader  # rank 0's namespace, for a rank > 0 (its writer id comes first)
         self.pages: PagedKV | None = None
         self.host: HostTier | None = None
         self._io_engine = io_engine
@@ -99,7 +100,8 @@ class WorkerSide:
         self._lane = open_lane(self.config, self.namespace, self.geometry.chunk_bytes,
                                element_bytes, lock=self._lock, on_back=self._ledger.path_back,
                                failures=self._ledger.failures, engine_factory=self._io_engine,
-                               writers=writer_ids(self.config.instance_id))
+                               writers=rank_writer_ids(self.config, self.namespace,
+                                                        self._leader))
         self._ledger.lane = self._lane
         self._foreign = foreign_reads(self.config, self.namespace, self.geometry.chunk_bytes,
                                       self._lane)
