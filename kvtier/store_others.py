@@ -30,7 +30,11 @@ class OtherWriters:
         self._reads = reads
         self._host = host
         self.view.refresh()
-        self._thread = RefreshThread(self.view.refresh, config.share_refresh or 1.0)
+        self._thread = RefreshThread(self._refresh, config.share_refresh or 1.0)
+
+    def _refresh(self) -> None:
+        self.view.refresh()
+        self._reads.sweep()  # files of segments reclaimed since: their space goes back
 
     def find(self, key: ChunkKey) -> ForeignChunk | None:
         return self.view.find(key)

@@ -57,6 +57,33 @@ def test_chunks_read_from_another_writer_are_never_copied_into_the_readers_segme
         assert exact(b, theirs) == 4 * CHUNK
 
 
+def test_files_of_a_segment_deleted_since_are_closed_so_their_space_goes_back(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    with KVStore(SMALL, shared(tmp_path, "b")) as b:
+        assert exact(b, tokens) == 2 * CHUNK  # a's slot file is now open in b
+        (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")
+        slots.unlink()  # as a reclaim does
+        wait_for(lambda: not deleted_files_open())  # b's next refresh closes it
+        b.flush()
+
+
+def deleted_files_open() -> list[str]:
+    import os
+
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith("slots-0000.kvt (deleted)"):
+            found.append(target)
+    return found
+
+
 def test_a_new_store_sees_what_is_there_at_once(tmp_path):
     tokens = seq(0, 3)
     with KVStore(SMALL, shared(tmp_path, "a")) as a:

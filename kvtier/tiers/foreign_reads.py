@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 MAX_OPEN = 256  # slot files of other writers kept open; the least recently opened close first
 MAX_RUN = 16  # neighbouring slots of one file read in one vectored call
+SWEEP_S = 5.0  # how often reads close the kept files that were deleted (a reclaimed segment)
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,9 @@ class ForeignReads:
     least ``raw_bytes``); ``o_direct[path]`` says whether to read a path's files with
     O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
     symlink followed, regular files of this user with one link) and reopened when a
-    reference comes with a new ``generation``. Thread-safe."""
+    reference comes with a new ``generation``; ``sweep()`` (also run by reads every
+    ``SWEEP_S``) closes the kept files that were deleted since, so that a reclaimed
+    segment's space goes back to the filesystem. Thread-safe."""
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
                  o_direct: Sequence[bool]) -> None:
@@ -66,6 +70,7 @@ class ForeignReads:
         self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, stride, raw_bytes)
         self._lock = threading.Lock()
         self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
+        self._swept = time.monotonic()
 
     def read_many(self, items: Sequence[tuple[SlotRef, np.ndarray]]) -> list[IOResult]:
         """Read several chunks (each into its buffer, as ``read``): uncompressed neighbours in
@@ -153,9 +158,20 @@ class ForeignReads:
                 return IOResult(IOStatus.CORRUPT, got, f"writer {chunk.writer}: {exc}")
         return IOResult(IOStatus.OK, got)
 
+    def sweep(self) -> int:
+        """Close the kept files that no longer have a name (deleted); return how many."""
+        with self._lock:
+            self._swept = time.monotonic()
+            gone = [key for key, (fd, _) in self._fds.items() if _unlinked(fd)]
+            for key in gone:
+                os.close(self._fds.pop(key)[0])
+        return len(gone)
+
     def _fd(self, chunk: SlotRef, number: int) -> int:
         key = (chunk.path, chunk.writer, number)
         generation = chunk.generation
+        if time.monotonic() - self._swept > SWEEP_S:
+            self.sweep()
         with self._lock:
             held = self._fds.get(key)
             if held is not None and held[1] == generation:
@@ -184,6 +200,13 @@ class ForeignReads:
             for fd, _ in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def _unlinked(fd: int) -> bool:
+    try:
+        return os.fstat(fd).st_nlink == 0
+    except OSError:  # a network filesystem's stale handle: deleted as well
+        return True
 
 
 def foreign_reads(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
