@@ -18,6 +18,7 @@ class IOStatus(Enum):
     NO_SPACE = "no_space"  # free-space floor reached, or ENOSPC
     PATH_DOWN = "path_down"  # the path is out of service
     TIMED_OUT = "timed_out"  # not over within load_timeout: a miss (the read may still end)
+    MISSING = "missing"  # a remote store does not hold the value (never put, or evicted)
 
 
 @dataclass(frozen=True)

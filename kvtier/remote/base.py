@@ -1,0 +1,77 @@
+"""The contract of a remote tier: chunks in a distributed store shared by many machines."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+
+log = logging.getLogger("kvtier")
+
+
+class RemoteTier(abc.ABC):
+    """Chunks of one namespace in a remote store.
+
+    Contract:
+
+    - ``exists(keys)``, ``get_many(keys, dsts)`` and ``put_many(items)`` each take a batch and
+      cost one round trip to the store (pipelined); they block, so callers run them on I/O
+      threads, never on a step of the engine. Thread-safe.
+    - Results, never exceptions: ``get_many`` gives one ``IOResult`` per key: ``OK`` with the
+      chunk's verified raw bytes in its ``dst`` (a writable buffer of ``raw_bytes``),
+      ``MISSING`` (the store does not hold it: never put, or evicted), ``CORRUPT`` (a value
+      that is truncated, damaged or another chunk's: ``dst`` may hold anything and must not
+      be used), ``TIMED_OUT`` or ``IO_ERROR`` (the store is slow or down), ``PATH_DOWN``
+      (the tier is out of service until its next retry).
+    - Health: a failed round trip takes the tier out of service (logged once) for
+      ``retry_s``, then the next call tries again; ``down`` says whether it is out now.
+    - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
+    """
+
+    def __init__(self, raw_bytes: int, retry_s: float) -> None:
+        self.raw_bytes, self.retry_s = raw_bytes, retry_s
+        self._health = threading.Lock()
+        self._down_until = 0.0
+        self._closed = False
+        self.failures = 0  # round trips that failed
+
+    @property
+    def down(self) -> bool:
+        return self._closed or time.monotonic() < self._down_until
+
+    @abc.abstractmethod
+    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
+
+    @abc.abstractmethod
+    def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]: ...
+
+    @abc.abstractmethod
+    def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]: ...
+
+    def close(self) -> None:
+        self._closed = True
+
+    # -- for backends --------------------------------------------------------------------
+
+    def _failed(self, what: str, exc: BaseException) -> IOResult:
+        """Note a failed round trip: out of service for ``retry_s`` (logged when it goes)."""
+        with self._health:
+            self.failures += 1
+            was_up = time.monotonic() >= self._down_until
+            self._down_until = time.monotonic() + self.retry_s
+        if was_up:
+            log.warning("kvtier: remote tier %s: %s failed (%s); out of service, retried in "
+                        "%g s", self.describe(), what, exc, self.retry_s)
+        status = IOStatus.TIMED_OUT if isinstance(exc, TimeoutError) else IOStatus.IO_ERROR
+        return IOResult(status, 0, f"{what}: {exc}")
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The store, as logs name it (never its credentials)."""

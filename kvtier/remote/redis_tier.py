@@ -1,0 +1,185 @@
+"""The Valkey/Redis backend of the remote tier: ``redis://host:port/db``, ``rediss://``
+(TLS) and ``redis+cluster://host:port`` (a cluster: any node; keys go to their slots' nodes).
+
+Credentials never come from the URL (it is logged and shown): ``KVTIER_REMOTE_USERNAME``
+and ``KVTIER_REMOTE_PASSWORD`` in the environment. Every batch is one pipeline (one round
+trip per node), with a socket timeout and no client-side retries: a slow or dead store is a
+miss now and a retry after ``retry_s``, never a stalled step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote.base import RemoteTier
+from kvtier.remote.values import VALUE_HEADER_BYTES, encode_value, value_header, value_key, value_problem
+
+SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
+USER_ENV, PASSWORD_ENV = "KVTIER_REMOTE_USERNAME", "KVTIER_REMOTE_PASSWORD"
+
+
+def check_url(url: str) -> str:
+    """``url`` if it names a Redis store kvtier can use; ``ValueError`` saying what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise ValueError(f"remote_url {url!r}: the scheme must be one of {', '.join(SCHEMES)}")
+    if parts.username or parts.password:
+        raise ValueError("remote_url must not carry credentials (it is logged): set "
+                         f"{USER_ENV} and {PASSWORD_ENV} in the environment instead")
+    if not parts.hostname:
+        raise ValueError(f"remote_url {url!r} names no host")
+    return url
+
+
+class RedisTier(RemoteTier):
+    """``RemoteTier`` on Valkey/Redis (``redis`` client, ``hiredis`` parser when installed)."""
+
+    def __init__(self, url: str, namespace: Namespace, raw_bytes: int, *, timeout_s: float = 2.0,
+                 retry_s: float = 5.0, prefix: str = "kvtier:",
+                 environ: Mapping[str, str] | None = None) -> None:
+        super().__init__(raw_bytes, retry_s)
+        self.url, self._ns, self._prefix = check_url(url), namespace.digest(), prefix
+        self._client = _connect(url, timeout_s, os.environ if environ is None else environ)
+        self._cluster = urlsplit(url).scheme.endswith("+cluster")
+
+    def describe(self) -> str:
+        return self.url
+
+    def _key(self, key: ChunkKey) -> bytes:
+        return value_key(self._prefix, self._ns, key)
+
+    def _run(self, what: str, commands: list[tuple[str, tuple]]) -> list[Any] | IOResult:
+        """One pipelined round trip; per-command replies (exceptions in place), or the
+        failure of the whole."""
+        if self.down:
+            return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for name, args in commands:
+                getattr(pipe, name)(*args)
+            return list(pipe.execute(raise_on_error=False))
+        except Exception as exc:  # the client raises its own errors for every transport fault
+            return self._failed(what, _as_builtin(exc))
+
+    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        replies = self._run("exists", [("exists", (self._key(k),)) for k in keys])
+        if isinstance(replies, IOResult):
+            return [False] * len(keys)
+        return [r == 1 for r in replies]
+
+    def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
+        replies = self._run("get", [("get", (self._key(k),)) for k in keys])
+        if isinstance(replies, IOResult):
+            return [replies] * len(keys)
+        return [self._take(key, reply, dst) for key, reply, dst in zip(keys, replies, dsts, strict=True)]
+
+    def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
+        if reply is None:
+            return IOResult(IOStatus.MISSING)
+        if isinstance(reply, Exception):
+            return IOResult(IOStatus.IO_ERROR, 0, f"get: {reply}")
+        problem = value_problem(reply, self._ns, key, self.raw_bytes)
+        if problem:
+            return IOResult(IOStatus.CORRUPT, 0, problem)
+        payload = np.frombuffer(reply, dtype=np.uint8, offset=VALUE_HEADER_BYTES)
+        np.copyto(dst.reshape(-1).view(np.uint8)[: self.raw_bytes], payload)
+        return IOResult(IOStatus.OK, self.raw_bytes)
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
+        wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
+        if wrong:
+            return [IOResult(IOStatus.IO_ERROR, 0, f"a payload of {wrong[0]} bytes: this tier's "
+                             f"chunks have {self.raw_bytes}")] * len(items)
+        if self._cluster:
+            replies = self._run("set", [("set", (self._key(k), encode_value(self._ns, k, raw)))
+                                        for k, raw in items])
+        else:
+            replies = self._set_direct(items)
+        if isinstance(replies, IOResult):
+            return [replies] * len(items)
+        return [IOResult(IOStatus.OK, self.raw_bytes) if r is True else _put_failure(r)
+                for r in replies]
+
+    def _set_direct(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[Any] | IOResult:
+        """SET each chunk in one pipelined round trip on one connection, its bytes sent from
+        the caller's buffer with no copy (the header goes before them as its own piece of
+        the command); replies in order, a refused one as its exception."""
+        if self.down:
+            return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+        from redis.exceptions import ResponseError
+
+        pool = self._client.connection_pool
+        try:
+            connection = pool.get_connection()
+        except Exception as exc:
+            return self._failed("set", _as_builtin(exc))
+        try:
+            parts: list[bytes | memoryview] = []
+            for key, payload in items:
+                raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+                name = self._key(key)
+                parts += [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
+                          % (len(name), name, VALUE_HEADER_BYTES + raw.nbytes)
+                          + value_header(self._ns, key, raw), raw.data, b"\r\n"]
+            connection.send_packed_command(parts, check_health=False)
+            replies: list[Any] = []
+            for _ in items:
+                try:
+                    replies.append(connection.read_response())
+                except ResponseError as refused:  # read whole: the connection stays in step
+                    replies.append(refused)
+            return [r is True or r == b"OK" or r for r in replies]
+        except Exception as exc:
+            connection.disconnect()
+            return self._failed("set", _as_builtin(exc))
+        finally:
+            pool.release(connection)
+
+    def close(self) -> None:
+        super().close()
+        with contextlib.suppress(Exception):  # a broken connection: nothing more to do
+            self._client.close()
+
+
+def _put_failure(reply: Any) -> IOResult:
+    """A refused SET: the store full (``maxmemory`` with ``noeviction``) or another error."""
+    from redis.exceptions import OutOfMemoryError
+
+    status = IOStatus.NO_SPACE if isinstance(reply, OutOfMemoryError) else IOStatus.IO_ERROR
+    return IOResult(status, 0, f"set: {reply}")
+
+
+def _as_builtin(exc: BaseException) -> BaseException:
+    """The client's timeout as the builtin ``TimeoutError`` (so it counts as timed out)."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout) else exc
+
+
+def _connect(url: str, timeout_s: float, environ: Mapping[str, str]) -> Any:
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise ImportError("the Redis remote tier needs the redis client: pip install "
+                          "'kvtier[remote]' (or redis[hiredis])") from None
+    options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+               "username": environ.get(USER_ENV) or None,
+               "password": environ.get(PASSWORD_ENV) or None,
+               "retry": Retry(NoBackoff(), 0)}
+    scheme = urlsplit(url).scheme
+    if scheme.endswith("+cluster"):
+        from redis.cluster import RedisCluster
+
+        plain = url.replace("+cluster", "", 1)
+        return RedisCluster.from_url(plain, **options)
+    return redis.Redis.from_url(url, **options)

@@ -1,0 +1,92 @@
+"""A real redis-server for the remote tier's tests: on 127.0.0.1 only, no persistence, a
+free port, started and stopped (and restarted on the same port) by the tests."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+BINARY = shutil.which("redis-server")
+needs_redis = pytest.mark.skipif(BINARY is None, reason="redis-server is not installed "
+                                 "(apt-get install -y redis-server; .ci/run installs it)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.workdir, self.extra, self.port = workdir, extra, free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        assert BINARY is not None
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [BINARY, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir),
+             *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                assert self.process.poll() is None and time.monotonic() < deadline, \
+                    "redis-server did not start"
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=20)
+
+    def client(self):
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+
+class RedisCluster:
+    """Three redis-server nodes in cluster mode on loopback, slots spread over them."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.nodes = [RedisServer(workdir / f"node{i}", "--cluster-enabled", "yes",
+                                  "--cluster-config-file", f"nodes-{i}.conf",
+                                  "--cluster-node-timeout", "2000") for i in range(3)]
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        cli = shutil.which("redis-cli")
+        assert cli is not None
+        subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True,
+                       capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while b"cluster_state:ok" not in subprocess.run(
+                [cli, "-p", str(self.nodes[0].port), "cluster", "info"], capture_output=True,
+                timeout=10).stdout:
+            assert time.monotonic() < deadline, "the cluster never came up"
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
