@@ -1,4 +1,5 @@
-"""The same chunk reads through aiofiles, to decide where (if anywhere) it should serve."""
+"""The same chunk reads through aiofiles, to decide where (if anywhere) it should serve.
+aiofiles is optional (the ``bench`` extra): without it there is no such figure."""
 
 from __future__ import annotations
 
@@ -7,15 +8,23 @@ import os
 import time
 from pathlib import Path
 
-import aiofiles
-
 from kvtier.io.buffers import AlignedBuffer
+
+
+def have_aiofiles() -> bool:
+    try:
+        import aiofiles  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def aiofiles_read_gib_s(path: Path, block: int, count: int, depth: int,
                         o_direct: bool = True) -> float:
     """GiB/s reading ``count`` blocks of ``block`` bytes from ``path`` with ``depth``
     aiofiles reads in flight (each into its own aligned buffer)."""
+    import aiofiles
+
     flags = os.O_RDONLY | (os.O_DIRECT if o_direct else 0)
     buffers = [AlignedBuffer(block, pin=False) for _ in range(depth)]
 

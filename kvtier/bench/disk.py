@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from kvtier.bench.aio import aiofiles_read_gib_s
+from kvtier.bench.aio import aiofiles_read_gib_s, have_aiofiles
 from kvtier.bench.fio import fio_bandwidth, have_fio
 from kvtier.bench.naive import drop_cache, naive_round_trip
 from kvtier.bench.passes import TierUnderTest, time_reads, time_writes
@@ -103,7 +103,7 @@ def measure_disk_tier(directory: Path | list[Path], chunk_bytes: int, total: int
         stored = tier.stored // (len(writes) + 1)
         reads = time_reads(tier, files, read_latency, repeats, min_seconds)
         aio = None
-        if with_aiofiles and len(works) == 1:
+        if with_aiofiles and len(works) == 1 and have_aiofiles():
             drop_cache(files)
             aio = aiofiles_read_gib_s(files[0], stride, count, depth, o_direct) * chunk_bytes / stride
     finally:
