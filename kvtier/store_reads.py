@@ -81,9 +81,9 @@ class Fetcher:
         self._read_direct = np.zeros(shared.lane.num_slots, dtype=np.uint64)
 
     def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
-        """Pin the disk chunks of the cached prefix of ``keys`` for a whole ``get``: making
-        room in host memory for one read demotes host chunks to disk, which must not evict
-        a later chunk of the same prefix."""
+        """Pin the disk copies of the cached prefix of ``keys`` for a whole ``get`` (of the
+        chunks in host memory too): making room in host memory for one read demotes host
+        chunks to disk, which must not evict a later chunk of the same prefix from both."""
         with self.shared.lock:
             return self.shared.stack.pin_prefix(keys, DISK)
 

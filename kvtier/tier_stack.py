@@ -66,8 +66,9 @@ class TierStack:
 
     - ``match_prefix(keys)`` is the longest run ``keys[:n]`` whose every key is visible in
       some tier, each with its hottest location. It pins nothing.
-    - ``pin_prefix(keys, tier=None)`` pins the locations of that match (only those in
-      ``tier`` when given) and returns the ``(key, location)`` pairs pinned; ``unpin`` each.
+    - ``pin_prefix(keys, tier=None)`` pins the hottest locations of that match (with
+      ``tier``: the copy in ``tier`` of each chunk of the match that has one there, hottest
+      or not) and returns the ``(key, location)`` pairs pinned; ``unpin`` each.
     - ``plan_store(key, tier)`` reserves a slot for ``key`` in ``tier``, or returns ``None``
       when the key is already there (visible or being written) or no slot can be freed. A
       victim evicted to make room is planned to move one tier down unless that tier already
@@ -107,11 +108,17 @@ class TierStack:
 
     def pin_prefix(self, keys: Sequence[ChunkKey],
                    tier: TierName | None = None) -> list[tuple[ChunkKey, Location]]:
-        pinned = [(key, location)
-                  for key, location in zip(keys, self.match_prefix(keys).locations, strict=False)
-                  if tier is None or location.tier is tier]
-        for key, location in pinned:
-            self.indexes[location.tier].pin(key)
+        pinned: list[tuple[ChunkKey, Location]] = []
+        if tier is not None and tier not in self.indexes:
+            return pinned
+        for key, hottest in zip(keys, self.match_prefix(keys).locations, strict=False):
+            if tier is None or hottest.tier is tier:
+                self.indexes[hottest.tier].pin(key)
+                pinned.append((key, hottest))
+            else:
+                slot = self.indexes[tier].pin(key)  # a colder copy: None when there is none
+                if slot is not None:
+                    pinned.append((key, Location(tier, slot)))
         return pinned
 
     def unpin(self, key: ChunkKey, location: Location) -> None:

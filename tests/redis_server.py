@@ -3,6 +3,7 @@ free port, started and stopped (and restarted on the same port) by the tests."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -16,15 +17,27 @@ needs_redis = pytest.mark.skipif(BINARY is None, reason="redis-server is not ins
                                  "(apt-get install -y redis-server; .ci/run installs it)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(bus: bool = False) -> int:
+    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too."""
+    if not bus:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    for port in random.sample(range(20000, 45000), 200):
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisServer:
     def __init__(self, workdir: Path, *extra: str) -> None:
-        self.workdir, self.extra, self.port = workdir, extra, free_port()
+        self.workdir, self.extra = workdir, extra
+        self.port = free_port(bus="--cluster-enabled" in extra)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -37,7 +50,8 @@ class RedisServer:
         self.process = subprocess.Popen(
             [BINARY, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir),
-             *self.extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--logfile", str(self.workdir / "redis.log"), *self.extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -45,8 +59,12 @@ class RedisServer:
                     return self
             except OSError:
                 assert self.process.poll() is None and time.monotonic() < deadline, \
-                    "redis-server did not start"
+                    f"redis-server did not start: {self.log()[-2000:]}"
                 time.sleep(0.02)
+
+    def log(self) -> str:
+        path = self.workdir / "redis.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -286,3 +286,18 @@ def test_get_waits_for_background_writes_holding_host_slots(tmp_path, monkeypatc
         finally:
             release.set()
             timer.cancel()
+
+
+def test_a_get_serves_what_lookup_said_though_its_reads_push_host_chunks_onto_a_full_disk():
+    """Found by the write-back machine: a chunk of the prefix in host memory and on disk
+    lost its host copy to the get's own reads and its disk copy to the demotions they
+    caused, so the get served less than the lookup said. Its disk copy is held now."""
+    machine = WriteBackMachine()
+    try:
+        machine.crash(flush=True, prefix=(2, 6, 0))
+        machine.crash(flush=True, prefix=(0, 2, 0))
+        machine.get(prefix=(2, 5, 0))
+        machine.put_prefix(check=False, prefix=(0, 5, 0))
+        machine.get(prefix=(2, 6, 0))  # asserts get == lookup (6 chunks)
+    finally:
+        machine.teardown()
