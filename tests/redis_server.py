@@ -97,13 +97,18 @@ class RedisCluster:
         subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
                         "--cluster-replicas", "0", "--cluster-yes"], check=True,
                        capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        while b"cluster_state:ok" not in subprocess.run(
-                [cli, "-p", str(self.nodes[0].port), "cluster", "info"], capture_output=True,
-                timeout=10).stdout:
-            assert time.monotonic() < deadline, "the cluster never came up"
-            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        for node in self.nodes:  # every node agrees the cluster is up, with all its slots
+            while not self._ready(cli, node):
+                assert time.monotonic() < deadline, "the cluster never came up"
+                time.sleep(0.1)
         return self
+
+    def _ready(self, cli: str, node: RedisServer) -> bool:
+        info = subprocess.run([cli, "-p", str(node.port), "cluster", "info"],
+                              capture_output=True, timeout=10).stdout
+        return (b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
+                and f"cluster_known_nodes:{len(self.nodes)}".encode() in info)
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -185,8 +185,9 @@ def test_a_cluster_spreads_the_chunks_over_its_nodes(tmp_path):
 
     cluster = RedisCluster(tmp_path / "cluster").start()
     try:
-        t = RedisTier(cluster.url, NS, RAW, timeout_s=2.0, retry_s=0.3)
-        assert all(r.ok for r in t.put_many([(key(i), chunk(i)) for i in range(24)]))
+        t = RedisTier(cluster.url, NS, RAW, timeout_s=10.0, retry_s=0.3)
+        put = t.put_many([(key(i), chunk(i)) for i in range(24)])
+        assert all(r.ok for r in put), [r for r in put if not r.ok][:3]
         assert t.exists([key(i) for i in range(26)]) == [True] * 24 + [False] * 2
         results, dsts = get(t, [key(i) for i in range(24)])
         assert all(r.ok for r in results) and all(np.array_equal(dsts[i], chunk(i)) for i in range(24))
