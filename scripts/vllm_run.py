@@ -94,6 +94,9 @@ def watch_visible(llm, watched: list[list[int]], timeout: float) -> list[dict]:
 
     core = llm.llm_engine.engine_core.engine_core
     side = core.scheduler.connector._scheduler
+    if side.shares is None:
+        raise SystemExit("watch: kvtier follows no other engine here (disk_paths and "
+                         "share_refresh must be set)")
     keys = []
     for i, tokens in enumerate(watched):
         request = Request(f"watch-{i}", tokens, SamplingParams(max_tokens=1), None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from kvtier.config import KVTierConfig
 from kvtier.io.lease import LeaseInfo, read_lease
@@ -62,8 +63,8 @@ def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = L
     parent = os.getppid() if parent is None else parent
     deadline = time.monotonic() + timeout
     while True:
-        found = [name for name, lease in _held_here(roots, leader)
-                 if lease.ppid == parent and lease.pid != os.getpid()]
+        found = [name for name, _ in _held_here(
+            roots, leader, lambda lease: lease.ppid == parent and lease.pid != os.getpid())]
         if len(found) == 1:
             return found[0]
         if len(found) > 1 or time.monotonic() >= deadline:
@@ -82,9 +83,12 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
     return ids if first is None else [first, *[i for i in ids if i != first]]
 
 
-def _held_here(roots: tuple[str, ...], namespace: Namespace) -> list[tuple[str, LeaseInfo]]:
+def _held_here(roots: tuple[str, ...], namespace: Namespace,
+               wanted: Callable[[LeaseInfo], bool] = lambda lease: True,
+               ) -> list[tuple[str, LeaseInfo]]:
     """The segments of ``namespace`` whose lock a process of this host holds, with their
-    leases."""
+    leases; only those whose lease is ``wanted`` have their lock tried (a try takes the
+    lock for a moment)."""
     found, host = [], host_name()
     for root in roots:
         try:
@@ -96,7 +100,8 @@ def _held_here(roots: tuple[str, ...], namespace: Namespace) -> list[tuple[str, 
                     try:
                         with writers.subdir(name) as segment:
                             lease = read_lease(segment)
-                            if lease is not None and lease.host == host and held_here(segment):
+                            if lease is not None and lease.host == host and wanted(lease) \
+                                    and held_here(segment):
                                 found.append((name, lease))
                     except OSError:
                         continue

@@ -53,6 +53,9 @@ class RedisTier(RemoteTier):
     def describe(self) -> str:
         return self.url
 
+    def _out_of_service(self) -> IOResult:
+        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+
     def _key(self, key: ChunkKey) -> bytes:
         return value_key(self._prefix, self._ns, key)
 
@@ -60,7 +63,7 @@ class RedisTier(RemoteTier):
         """One pipelined round trip; per-command replies (exceptions in place), or the
         failure of the whole."""
         if self.down:
-            return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+            return self._out_of_service()
         try:
             pipe = self._client.pipeline(transaction=False)
             for name, args in commands:
@@ -113,7 +116,7 @@ class RedisTier(RemoteTier):
         the caller's buffer with no copy (the header goes before them as its own piece of
         the command); replies in order, a refused one as its exception."""
         if self.down:
-            return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+            return self._out_of_service()
         from redis.exceptions import ResponseError
 
         pool = self._client.connection_pool
@@ -136,7 +139,7 @@ class RedisTier(RemoteTier):
                     replies.append(connection.read_response())
                 except ResponseError as refused:  # read whole: the connection stays in step
                     replies.append(refused)
-            return [r is True or r == b"OK" or r for r in replies]
+            return [True if r == b"OK" else r for r in replies]  # as the pipeline answers
         except Exception as exc:
             connection.disconnect()
             return self._failed("set", _as_builtin(exc))
