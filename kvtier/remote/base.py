@@ -55,6 +55,11 @@ class RemoteTier(abc.ABC):
     @abc.abstractmethod
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]: ...
 
+    def register(self, memory: np.ndarray) -> None:
+        """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):
+        a backend that moves bytes by DMA (an RDMA or TCP transfer engine) registers it once
+        so that chunks move straight in and out of it; the default does nothing."""
+
     def close(self) -> None:
         self._closed = True
 
