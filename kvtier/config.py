@@ -29,7 +29,9 @@ from kvtier.units import parse_size
 __all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
 
 ENV_PREFIX = "KVTIER_"
-_RESERVED_ENV = {CONFIG_FILE_VAR, "KVTIER_LOG_LEVEL"}
+# the remote store's credentials (kvtier.remote.credentials): read there, never config keys
+_RESERVED_ENV = {CONFIG_FILE_VAR, "KVTIER_LOG_LEVEL", "KVTIER_REMOTE_USERNAME",
+                 "KVTIER_REMOTE_PASSWORD"}
 
 
 class Compression(StrEnum):
@@ -91,6 +93,11 @@ class KVTierConfig:
     share_refresh: float | None = 1.0  # seconds between looks at other writers' segments
     share_writers: int = 1  # writers that may hold a segment of one namespace's directory
     lease_timeout: float = 120.0  # seconds without a heartbeat before a writer counts as gone
+    remote_url: str | None = None  # the remote tier's store (kvtier.remote); None: no remote tier
+    remote_timeout: float = 1.0  # seconds one round trip to the remote store may take
+    remote_retry: float = 10.0  # seconds a remote store that failed is left out of service
+    remote_min_hits: int = 0  # loads a chunk earns before it is written to the remote store
+    remote_prefix: str = "kvtier:"  # the remote store's keys start with it (ACLs, tenants)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def check_block_tokens(self, block_tokens: int) -> None:
@@ -119,9 +126,9 @@ class KVTierConfig:
             if isinstance(value, DiskFloor):
                 out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
             if name in ("disk_retry", "load_timeout", "staging_wait", "share_refresh",
-                        "lease_timeout"):
+                        "lease_timeout", "remote_timeout", "remote_retry"):
                 out[name] = "off" if value is None else f"{value:g}s"
-            if name in ("model", "instance_id"):
+            if name in ("model", "instance_id", "remote_url"):
                 out[name] = value or ""
         return out
 
@@ -179,6 +186,13 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "share_writers": (values.int_in(1, 4096), "an integer from 1 to 4096: the writers a shared "
                       "directory is sized for (each may fill disk_capacity / share_writers)"),
     "lease_timeout": (values.seconds_in(2.0, 86400.0), "a duration from 2s to 1d such as 2m"),
+    "remote_url": (values.remote_url, "a store URL without credentials: redis://host:port/db, "
+                   "rediss://, redis+cluster://host:port, mooncake://master-host:port; or empty"),
+    "remote_timeout": (values.seconds_in(0.01, 60.0), "a duration from 10ms to 60s such as 1s"),
+    "remote_retry": (values.seconds_in(0.1, 86400.0), "a duration from 100ms to 1d such as 10s"),
+    "remote_min_hits": (values.int_in(0, 1 << 20), "an integer >= 0: loads a chunk earns before "
+                        "it is written to the remote store (0: every chunk stored)"),
+    "remote_prefix": (values.key_prefix, "1 to 64 letters, digits, '.', '_', '-', ':' or '/'"),
 }
 KEYS: tuple[str, ...] = tuple(_PARSERS)
 

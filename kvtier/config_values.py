@@ -147,3 +147,27 @@ def seconds_in(low: float, high: float) -> Callable[[object], float]:
         return seconds
 
     return parse
+
+
+def remote_url(value: object) -> str | None:
+    """A remote store's URL (``kvtier.remote.urls.check_url``), or None (empty) for none."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError("not a string")
+    url = value.strip()
+    if not url or url.lower() in ("none", "off"):
+        return None
+    from kvtier.remote.urls import check_url
+
+    return check_url(url)
+
+
+KEY_PREFIX = re.compile(r"[A-Za-z0-9._:/-]{1,64}")
+
+
+def key_prefix(value: object) -> str:
+    """The start of every key kvtier writes to a remote store."""
+    if not isinstance(value, str) or not KEY_PREFIX.fullmatch(value):
+        raise ValueError("not 1 to 64 letters, digits, '.', '_', '-', ':' or '/'")
+    return value

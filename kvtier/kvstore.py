@@ -13,8 +13,10 @@ in parallel.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +40,8 @@ from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_get import PrefixRead
 from kvtier.store_others import open_others
 from kvtier.store_reads import Fetcher
-from kvtier.store_shared import Skip, StoreShared
+from kvtier.store_remote import open_store_remote
+from kvtier.store_shared import Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
@@ -53,6 +56,7 @@ from kvtier.transfers import Transfers
 
 Tokens = Sequence[int] | np.ndarray
 GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
+REMOTE = TierName.REMOTE
 log = logging.getLogger("kvtier")
 
 
@@ -66,13 +70,16 @@ class PrefixHit:
 
 class KVStore:
     """A tiered KV store: device pool (``gpu_capacity``), host memory (``host_capacity``),
-    then disk (``disk_paths``, ``disk_capacity``).
+    then disk (``disk_paths``, ``disk_capacity``), then a remote store (``remote_url``).
 
     Chunks of ``chunk_tokens`` tokens are keyed by their whole prefix, placed in the hottest
     tier, moved down a tier when evicted, and promoted to the hottest tier when read. With
     ``write_through`` every chunk that reaches host memory is also written to disk in the
     background (dropped, and counted, when the disk queue is full); with ``write_back`` a
-    chunk is written when host memory evicts it. Chunks on disk survive restarts.
+    chunk is written when host memory evicts it. Chunks on disk survive restarts. With a
+    remote store, chunks that reach host memory are written to it in the background (with
+    ``remote_min_hits``, once loaded that often), and chunks cached nowhere here are looked
+    for there (one round trip per ``lookup`` or ``get``) and read into host memory.
 
     ``io_engine`` builds the disk's I/O engine (an ``IOExecutor``; tests pass one that can
     hold or fail jobs).
@@ -138,6 +145,9 @@ class KVStore:
         if others is not None:  # another writer's chunk is never copied into this segment
             self._stack.on_disk_elsewhere = lambda key: others.find(key) is not None
         self._shared.others = others
+        self._shared.remote = open_store_remote(cfg, self.namespace, self.chunk_bytes,
+                                                host if isinstance(host, HostTier) else None,
+                                                self._shared)
         if cfg.metrics_port:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
@@ -170,6 +180,9 @@ class KVStore:
         if self._metrics is not None:
             self._metrics.close()
         self._close_others()
+        remote = getattr(self, "_shared", None) and self._shared.remote
+        if remote:
+            remote.close(0)
         self._lane.close(0)
         for tier in self.tiers.values():
             tier.close()
@@ -231,6 +244,9 @@ class KVStore:
                 if loc is None and (others is None or others.find(key) is None):
                     break
                 tiers.append(loc.tier if loc is not None else SHARED)
+        remote = self._shared.remote
+        if remote is not None and len(tiers) < len(keys):  # one round trip for the rest
+            tiers += [REMOTE] * remote.present(keys[len(tiers):])
         return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
 
     def get(self, tokens: Tokens, out: torch.Tensor) -> int:
@@ -264,10 +280,16 @@ class KVStore:
         writes dropped under back-pressure included, and write-back chunks not evicted yet),
         then wait for every disk write, at most ``timeout`` seconds. True when every host
         chunk is on disk; ``not_written`` says how many are not (disk full or failing, a
-        hung drive, or no disk tier)."""
+        hung drive, or no disk tier). Writes to the remote store queued by then are waited
+        for too (within the same ``timeout``)."""
         if self._closed:
             raise StoreClosedError("kvtier store is closed; open a new KVStore")
-        return self._flusher.flush(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        result = self._flusher.flush(timeout)
+        remote = self._shared.remote
+        if remote is not None and not remote.drain(time_left(deadline)):
+            return dataclasses.replace(result, timed_out=True)
+        return result
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters."""
@@ -278,6 +300,8 @@ class KVStore:
             if others is not None:
                 self._stats.shared_chunks = len(others.view)
                 self._stats.shared_writers = len(others.writers())
+            if self._shared.remote is not None:
+                self._stats.remote_down = self._shared.remote.tier.down
             return self._stats.snapshot()
 
     def writers(self) -> list[WriterState]:
@@ -298,7 +322,10 @@ class KVStore:
             used = {str(name): len(index) for name, index in self._tiers_in_use()}
             slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
         # engine jobs, and the chunks waiting to go to the disk together in a write job
-        return store_samples(stats, slots, used, self._lane.pending() + self._runner.writes_waiting)
+        remote = self._shared.remote
+        return store_samples(stats, slots, used, self._lane.pending() + self._runner.writes_waiting,
+                             remote=None if remote is None else (remote.backend,
+                                                                 remote.lane.puts_pending))
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish background writes and release memory, files and threads; True when done.
@@ -311,8 +338,13 @@ class KVStore:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        if not self._lane.close(timeout):  # a hung drive: its I/O still uses host memory
+        deadline = time.monotonic() + timeout
+        remote = self._shared.remote
+        if remote is not None and not remote.close(timeout):  # its I/O uses host memory
+            self._lane.close(0)
             return False
+        if not self._lane.close(max(0.0, deadline - time.monotonic())):
+            return False  # a hung drive: its I/O still uses host memory
         self._close_others()  # after the lane: no read of another writer's chunk is left
         for tier in self.tiers.values():
             tier.close()

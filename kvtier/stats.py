@@ -41,6 +41,15 @@ class StoreStats:
     shared_failures: int = 0  # such reads that failed their check (a writer racing us) or I/O
     shared_chunks: int = 0  # chunks other writers hold, as last seen
     shared_writers: int = 0  # other writers seen, live or not
+    remote_reads: int = 0  # chunks read from the remote store (remote_url)
+    remote_read_bytes: int = 0
+    remote_writes: int = 0  # chunks written to it
+    remote_write_bytes: int = 0
+    remote_lookups: int = 0  # round trips asking which chunks it holds
+    remote_misses: int = 0  # chunks it said it held and then did not have (evicted)
+    remote_failures: int = 0  # reads and writes that failed: corrupt, timed out, down, full
+    remote_dropped_writes: int = 0  # writes skipped under back-pressure
+    remote_down: bool = False  # out of service now (after a failed round trip)
 
     def snapshot(self) -> StoreStats:
         return copy.deepcopy(self)
@@ -74,8 +83,9 @@ class FailureLog:
 
 
 def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int],
-                  queue_depth: int) -> list:
-    """Metric samples of a store: its counters, its tiers' capacity and fill, its I/O queue."""
+                  queue_depth: int, remote: tuple[str, int] | None = None) -> list:
+    """Metric samples of a store: its counters, its tiers' capacity and fill, its I/O queue,
+    and with ``remote`` (its backend, its writes queued) the remote tier's."""
     from kvtier.metrics import Sample
 
     loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
@@ -109,5 +119,30 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
              ("io_queue_depth", "gauge", "Disk requests queued or running", queue_depth),
              ("paths_down", "gauge", "Disk paths out of service", len(stats.paths_down)),
              ("paths_back_total", "counter", "Disk paths that came back into service", stats.paths_back)]
-    return [loaded, evictions, capacity, fill, disk_bytes, disk_ops,
-            *(Sample(name, kind, text).add(value) for name, kind, text, value in plain)]
+    samples = [loaded, evictions, capacity, fill, disk_bytes, disk_ops,
+               *(Sample(name, kind, text).add(value) for name, kind, text, value in plain)]
+    return samples + (remote_samples(stats, *remote) if remote is not None else [])
+
+
+def remote_samples(stats: StoreStats, backend: str, queued: int) -> list:
+    """The remote tier's metrics, labelled with its backend (``redis``, ``mooncake``)."""
+    from kvtier.metrics import Sample
+
+    moved = Sample("remote_bytes_total", "counter", "Bytes read from and written to the remote store")
+    moved.add(stats.remote_read_bytes, backend=backend, direction="read")
+    moved.add(stats.remote_write_bytes, backend=backend, direction="write")
+    chunks = Sample("remote_chunks_total", "counter", "Chunks read from and written to the remote store")
+    chunks.add(stats.remote_reads, backend=backend, direction="read")
+    chunks.add(stats.remote_writes, backend=backend, direction="write")
+    plain = [("remote_lookups_total", "counter", "Round trips asking the remote store which chunks "
+              "it holds", stats.remote_lookups),
+             ("remote_misses_total", "counter", "Chunks the remote store said it held and no "
+              "longer had (evicted)", stats.remote_misses),
+             ("remote_failures_total", "counter", "Remote reads and writes that failed (corrupt, "
+              "timed out, store down or full)", stats.remote_failures),
+             ("remote_dropped_writes_total", "counter", "Remote writes dropped under "
+              "back-pressure", stats.remote_dropped_writes),
+             ("remote_queue_depth", "gauge", "Remote writes queued or running", queued),
+             ("remote_up", "gauge", "1 while the remote store is in service", int(not stats.remote_down))]
+    return [moved, chunks, *(Sample(name, kind, text).add(value, backend=backend)
+                             for name, kind, text, value in plain)]

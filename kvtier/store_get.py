@@ -11,7 +11,7 @@ from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
 from kvtier.store_reads import Fetch, Fetcher
-from kvtier.store_shared import DISK, Skip, StoreShared
+from kvtier.store_shared import DISK, HOST, Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tiers.base import TierName
 from kvtier.transfers import as_raw
@@ -22,7 +22,9 @@ class PrefixRead:
 
     Up to ``read_ahead`` chunks are fetched at once (pinned, their disk reads in flight, in
     groups of neighbouring slots: ``Fetcher.start``); each is verified, copied out and
-    promoted to the top tier in turn. With a ``direct`` target (the caller's tensor is a
+    promoted to the top tier in turn. Past the prefix cached here, the remote store is
+    asked once which chunks it holds; those are read into host slots like disk chunks.
+    With a ``direct`` target (the caller's tensor is a
     direct buffer) a chunk's first read from disk lands in the tensor itself: nothing to
     copy, and it stays on disk until it is read again. The first chunk not
     cached, failing its check or given up on ends the prefix; the fetches past it are
@@ -38,12 +40,14 @@ class PrefixRead:
         self._refill = min(group, read_ahead)  # free places in the window worth a refill
         self._window: deque[Fetch] = deque()
         self._issued, self._ended, self._may_wait = 0, False, True
+        self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
         self.loaded: list[TierName] = []
 
     def run(self, keys: list[ChunkKey], chunk_out: Callable[[int], torch.Tensor]) -> int:
         """Copy the prefix into ``chunk_out(i)`` for its i-th chunk; return its chunks."""
         held = self._fetcher.hold_disk_chunks(keys)
         try:
+            self._remote = self._remote_tail(keys)
             while self._fill(keys):
                 fetch = self._window.popleft()
                 try:
@@ -54,6 +58,22 @@ class PrefixRead:
         finally:
             self._finish(held, len(keys))
         return len(self.loaded)
+
+    def _remote_tail(self, keys: list[ChunkKey]) -> set[ChunkKey]:
+        """The keys after the prefix cached here (or in a shared directory) that the remote
+        store holds, from the first on: one round trip, only when some are not cached."""
+        remote, others = self._shared.remote, self._shared.others
+        if remote is None:
+            return set()
+        with self._shared.lock:
+            cached = 0
+            for key in keys:
+                if self._shared.stack.locate(key) is None \
+                        and (others is None or others.find(key) is None):
+                    break
+                cached += 1
+        tail = keys[cached:]
+        return set(tail[:remote.present(tail)])
 
     def _fill(self, keys: list[ChunkKey]) -> bool:
         """Once a whole read group fits in the window, begin fetches up to its size, starting
@@ -82,12 +102,13 @@ class PrefixRead:
 
     def _begin(self, key: ChunkKey) -> Fetch | Skip:
         direct = None if self._direct is None else (self._direct, self._issued)
-        fetch = self._fetcher.begin(key, direct)
+        remote = key in self._remote
+        fetch = self._fetcher.begin(key, direct, remote)
         lane = self._shared.lane
         if fetch is Skip.NO_ROOM and not self._window and self._may_wait and lane.pending():
             # host slots held by background writes: wait for them once
             self._may_wait = lane.drain(timeout=self._drain_timeout)
-            fetch = self._fetcher.begin(key, direct)
+            fetch = self._fetcher.begin(key, direct, remote)
         return fetch
 
     def _copy(self, fetch: Fetch, chunk_out: Callable[[int], torch.Tensor]) -> bool:
@@ -98,6 +119,11 @@ class PrefixRead:
             as_raw(chunk_out(len(self.loaded))).copy_(self._shared.transfers.view(source))
             if source.tier is not self._shared.top:
                 self._runner.promote(fetch.key, source)
+            remote = self._shared.remote
+            if remote is not None and source.tier is HOST:  # it may have earned its write
+                with self._shared.lock:
+                    remote.loaded(fetch.key, source.slot)
+                remote.start()
         self.loaded.append(fetch.loc.tier)
         return True
 

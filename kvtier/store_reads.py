@@ -17,7 +17,7 @@ from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
-from kvtier.store_shared import DISK, HOST, SHARED, Skip, StoreShared, time_left
+from kvtier.store_shared import DISK, HOST, REMOTE, SHARED, Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
 from kvtier.tiers.shared_view import ForeignChunk
@@ -87,8 +87,10 @@ class Fetcher:
         with self.shared.lock:
             return self.shared.stack.pin_prefix(keys, DISK)
 
-    def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None) -> Fetch | Skip:
-        """Pin ``key`` where it is hottest; from disk, choose where its read lands.
+    def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None,
+              remote: bool = False) -> Fetch | Skip:
+        """Pin ``key`` where it is hottest; from disk, another writer's segment or the
+        remote store (``remote``: it said it holds the chunk), choose where its read lands.
 
         ``END`` when the key is not cached or its host slot's previous chunk could not be
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
@@ -98,14 +100,15 @@ class Fetcher:
             loc = self.shared.stack.locate(key)
             if loc is None:
                 foreign = self.shared.others.find(key) if self.shared.others else None
-                if foreign is None:
+                if foreign is None and not remote:
                     return Skip.END
-                loc = Location(SHARED, foreign.slot)  # nothing to pin: not ours
+                # nothing to pin: not ours
+                loc = Location(SHARED, foreign.slot) if foreign else Location(REMOTE, -1)
             else:
                 self.shared.stack.indexes[loc.tier].pin(key)
-            if loc.tier not in (DISK, SHARED):
+            if loc.tier not in (DISK, SHARED, REMOTE):
                 return Fetch(key, loc)
-            if direct is not None and foreign is None and self._read_direct[loc.slot] != _fingerprint(key):
+            if direct is not None and loc.tier is DISK and self._read_direct[loc.slot] != _fingerprint(key):
                 return Fetch(key, loc, FetchState.READING, direct=direct)
             plan = self.shared.stack.plan_store(key, HOST)
             if plan is None:
@@ -124,7 +127,7 @@ class Fetcher:
         return Fetch(key, loc, FetchState.READING, None, plan, foreign=foreign)
 
     def _unpin(self, key: ChunkKey, loc: Location) -> None:
-        if loc.tier is not SHARED:
+        if loc.tier not in (SHARED, REMOTE):
             self.shared.stack.unpin(key, loc)
 
     def start(self, fetches: list[Fetch]) -> None:
@@ -138,6 +141,10 @@ class Fetcher:
             return
         timeout = self.shared.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
+        from_remote = [f for f in reading if f.loc.tier is REMOTE]
+        if from_remote:
+            self._start_remote(from_remote, deadline)
+            reading = [f for f in reading if f.loc.tier is not REMOTE]
         lane = self.shared.lane
         per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
         groups: list[tuple[str, list[Fetch], BatchReads]] = []
@@ -149,6 +156,23 @@ class Fetcher:
         for i, (queue, group, reads) in enumerate(groups):
             try:
                 job = lane.submit(queue, partial(reads.run, self._reader(group)))
+            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
+                for _, _, unstarted in groups[i:]:
+                    unstarted.fail(repr(exc))
+                raise
+            reads.watch(job)
+
+    def _start_remote(self, fetches: list[Fetch], deadline: float | None) -> None:
+        """Start the reads of chunks from the remote store, a job (one round trip) per
+        group of up to ``READ_GROUP_BYTES``."""
+        remote = self.shared.remote
+        assert remote is not None, "chunks come from the remote store only with one"
+        per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
+        groups = self._groups("", fetches, per_group, deadline)
+        for i, (_, group, reads) in enumerate(groups):
+            pairs = [(f.key, f.plan.dst.slot) for f in group if f.plan is not None]
+            try:
+                job = remote.lane.submit(partial(reads.run, partial(remote.get, pairs)))
             except BaseException as exc:  # closed meanwhile: this read and the later ones fail
                 for _, _, unstarted in groups[i:]:
                     unstarted.fail(repr(exc))
@@ -210,6 +234,8 @@ class Fetcher:
             raise
         if fetch.foreign is not None:
             return self._complete_foreign(fetch, result)
+        if fetch.loc.tier is REMOTE:
+            return self._complete_remote(fetch, result)
         with self.shared.lock:
             if plan is not None:
                 self.shared.stack.finish(fetch.key, plan.dst, result.ok)
@@ -249,6 +275,21 @@ class Fetcher:
         others.drop(foreign)
         return None
 
+    def _complete_remote(self, fetch: Fetch, result: IOResult) -> Location | None:
+        """A read from the remote store: the chunk is now in this store's host memory
+        (under ``write_through`` also written to disk), or it was not there after all."""
+        plan, remote = fetch.plan, self.shared.remote
+        assert plan is not None and remote is not None
+        with self.shared.lock:
+            remote.read_over(fetch.key, result)
+            if not result.ok:
+                self.shared.stack.finish(fetch.key, plan.dst, False)
+                fetch.state = FetchState.FAILED
+                return None
+        self.runner.finish(fetch.key, plan.dst, True, pin=True)
+        fetch.state = FetchState.STAGED
+        return plan.dst
+
     def drop_unused(self, fetch: Fetch) -> None:
         """A fetch past the end of the prefix: keep what already arrived, else let go of the
         read without waiting (its slot is freed when it ends; the chunk stays cached). A read
@@ -269,10 +310,11 @@ class Fetcher:
         if fetch.direct is not None:
             target, index = fetch.direct
             target.detach(index)  # the late read lands in memory the caller no longer sees
-        if timed_out and fetch.foreign is not None:  # says nothing about this store's disk
+        if timed_out and (fetch.foreign is not None or fetch.loc.tier is REMOTE):
+            where = "shared" if fetch.foreign is not None else "remote"  # not this store's disk
             with self.shared.lock:
                 self.shared.stats.load_timeouts += 1
-                self.shared.failures.note("shared read timed_out", "no answer after "
+                self.shared.failures.note(f"{where} read timed_out", "no answer after "
                                           f"{self.shared.config.load_timeout:g} s (load_timeout)")
         elif timed_out:
             with self.shared.lock:

@@ -21,8 +21,10 @@ from kvtier.transfers import Transfers
 
 if TYPE_CHECKING:
     from kvtier.store_others import OtherWriters
+    from kvtier.store_remote import StoreRemote
 
 GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
+REMOTE = TierName.REMOTE
 
 
 class Skip(Enum):
@@ -49,6 +51,7 @@ class StoreShared:
     tiers: dict[TierName, MemoryTier]
     max_pending: int  # background disk writes queued per path before write-through drops
     others: OtherWriters | None = None  # other writers of a shared directory, when followed
+    remote: StoreRemote | None = None  # the remote tier (remote_url)
 
     def timed_out(self, slot: int, kind: str, detail: str) -> None:
         """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;

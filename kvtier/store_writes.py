@@ -42,7 +42,8 @@ class PlanRunner:
     finishes every reservation it holds, whatever fails; a demotion to disk not over by
     ``load_timeout`` (a hung drive) fails the plan, its slots staying reserved until that
     write ends. A chunk that reaches host memory is written to disk in the background under
-    ``write_through`` (dropped, and counted, when the path's queue is full).
+    ``write_through`` (dropped, and counted, when the path's queue is full), and offered to
+    the remote tier (``StoreRemote.reached_host``).
 
     Background writes (write-through and ``flush``) are group commits: at most
     ``WRITE_JOBS_PER_PATH`` jobs per path write at once, and the chunks queued meanwhile go
@@ -145,13 +146,21 @@ class PlanRunner:
         with self.shared.lock:
             self.shared.account_write(result)
 
-    def finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
-        """Finish a reservation; a chunk that reached host memory starts its write-through."""
+    def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> None:
+        """Finish a reservation (with ``pin``, pin the chunk there in the same breath); a
+        chunk that reached host memory starts its write-through."""
+        remote = self.shared.remote
         with self.shared.lock:
             self.shared.stack.finish(key, dst, ok)
+            if ok and pin:
+                self.shared.stack.indexes[dst.tier].pin(key)
             write = self._write_through(key, dst.slot) if ok and dst.tier is HOST else None
+            if remote is not None and ok and dst.tier is HOST:
+                remote.reached_host(key, dst.slot)
         if write is not None:
             self.start(write)
+        if remote is not None:
+            remote.start()
 
     def _write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
         """Queue the background disk write of a chunk that just reached host (lock held);

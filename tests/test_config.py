@@ -42,6 +42,10 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_O_DIRECT": "false", "KVTIER_METRICS_PORT": "9400", "KVTIER_MODEL": "org/m",
         "KVTIER_INSTANCE_ID": "node3-engine0", "KVTIER_SHARE_REFRESH": "250ms",
         "KVTIER_LEASE_TIMEOUT": "1m", "KVTIER_SHARE_WRITERS": "8",
+        "KVTIER_REMOTE_URL": "redis+cluster://10.0.0.5:6379", "KVTIER_REMOTE_TIMEOUT": "250ms",
+        "KVTIER_REMOTE_RETRY": "30s", "KVTIER_REMOTE_MIN_HITS": "2",
+        "KVTIER_REMOTE_PREFIX": "tenant-a:kv:",
+        "KVTIER_REMOTE_PASSWORD": "not a config key", "KVTIER_REMOTE_USERNAME": "kv",
     }
     config = load_config(environ=env)
     assert set(config.sources) == set(KEYS)
@@ -53,6 +57,8 @@ def test_every_key_parses_from_strings_as_from_env():
         "eviction_policy": "fifo", "io_threads": 16, "o_direct": "off", "metrics_port": 9400,
         "model": "org/m", "instance_id": "node3-engine0", "share_refresh": "0.25s",
         "lease_timeout": "60s", "share_writers": 8,
+        "remote_url": "redis+cluster://10.0.0.5:6379", "remote_timeout": "0.25s",
+        "remote_retry": "30s", "remote_min_hits": 2, "remote_prefix": "tenant-a:kv:",
     }
     assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
 
@@ -117,6 +123,15 @@ def test_file_formats(tmp_path, name, text):
     ("instance_id", 7, "letters, digits"),
     ("share_refresh", "0s", "or off"),
     ("lease_timeout", "1s", "from 2s to 1d"),
+    ("remote_url", "redis://user:pw@h:6379/0", "without credentials"),
+    ("remote_url", "memcached://h:11211", "redis://host:port/db"),
+    ("remote_url", "redis://:6379/0", "without credentials"),
+    ("remote_url", 6379, "without credentials"),
+    ("remote_timeout", "0s", "10ms to 60s"),
+    ("remote_retry", "2d", "100ms to 1d"),
+    ("remote_min_hits", -1, "integer >= 0"),
+    ("remote_prefix", "has space", "letters, digits"),
+    ("remote_prefix", "", "letters, digits"),
     ("lease_timeout", "off", "from 2s to 1d"),
     ("share_writers", 0, "1 to 4096"),
 ])

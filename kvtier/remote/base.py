@@ -59,6 +59,7 @@ class RemoteTier(abc.ABC):
         """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):
         a backend that moves bytes by DMA (an RDMA or TCP transfer engine) registers it once
         so that chunks move straight in and out of it; the default does nothing."""
+        return None
 
     def close(self) -> None:
         self._closed = True

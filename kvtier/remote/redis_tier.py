@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,8 +48,18 @@ class RedisTier(RemoteTier):
                  environ: Mapping[str, str] | None = None) -> None:
         super().__init__(raw_bytes, retry_s)
         self.url, self._ns, self._prefix = check_url(url), namespace.digest(), prefix
-        self._client = _connect(url, timeout_s, os.environ if environ is None else environ)
+        self._timeout_s, self._environ = timeout_s, os.environ if environ is None else environ
+        _client_module()  # a missing client fails the start, not the first round trip
+        self._client: Any = None  # connected on first use: a store down at start is a miss
+        self._connecting = threading.Lock()
         self._cluster = urlsplit(url).scheme.endswith("+cluster")
+
+    def _connected(self) -> Any:
+        """The client, made on first use (a cluster client asks a node for the slot map)."""
+        with self._connecting:
+            if self._client is None:
+                self._client = _connect(self.url, self._timeout_s, self._environ)
+            return self._client
 
     def describe(self) -> str:
         return self.url
@@ -65,7 +76,7 @@ class RedisTier(RemoteTier):
         if self.down:
             return self._out_of_service()
         try:
-            pipe = self._client.pipeline(transaction=False)
+            pipe = self._connected().pipeline(transaction=False)
             for name, args in commands:
                 getattr(pipe, name)(*args)
             return list(pipe.execute(raise_on_error=False))
@@ -119,8 +130,8 @@ class RedisTier(RemoteTier):
             return self._out_of_service()
         from redis.exceptions import ResponseError
 
-        pool = self._client.connection_pool
         try:
+            pool = self._connected().connection_pool
             connection = pool.get_connection()
         except Exception as exc:
             return self._failed("set", _as_builtin(exc))
@@ -148,8 +159,11 @@ class RedisTier(RemoteTier):
 
     def close(self) -> None:
         super().close()
-        with contextlib.suppress(Exception):  # a broken connection: nothing more to do
-            self._client.close()
+        with self._connecting:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # a broken connection: nothing more to do
+                client.close()
 
 
 def _put_failure(reply: Any) -> IOResult:
@@ -167,14 +181,20 @@ def _as_builtin(exc: BaseException) -> BaseException:
     return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout) else exc
 
 
-def _connect(url: str, timeout_s: float, environ: Mapping[str, str]) -> Any:
+def _client_module() -> Any:
     try:
         import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
     except ImportError:
         raise ImportError("the Redis remote tier needs the redis client: pip install "
                           "'kvtier[remote]' (or redis[hiredis])") from None
+    return redis
+
+
+def _connect(url: str, timeout_s: float, environ: Mapping[str, str]) -> Any:
+    redis = _client_module()
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
                "username": environ.get(USER_ENV) or None,
                "password": environ.get(PASSWORD_ENV) or None,

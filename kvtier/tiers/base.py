@@ -15,6 +15,7 @@ class TierName(StrEnum):
     HOST = "host"
     DISK = "disk"
     SHARED = "shared"  # other writers' segments of a shared directory: read, never written
+    REMOTE = "remote"  # a distributed store beyond this machine (kvtier.remote)
 
 
 class MemoryTier(ABC):

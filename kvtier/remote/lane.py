@@ -1,0 +1,106 @@
+"""A remote tier's I/O threads: its reads, and its puts as group commits (the chunks queued
+while the threads are busy go together, in one pipelined ``put_many``). Every job is
+tracked, so that ``drain`` and ``close`` can wait for them all: they read from and write
+into host slots."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kvtier.io.batch_writes import Settle, WriteGroup, WriteGroups
+from kvtier.io.result import IOResult
+from kvtier.keys import ChunkKey
+from kvtier.remote.base import RemoteTier
+
+PUT_GROUP_BYTES = 32 * 2**20  # the chunks of one put job, at most (at least one chunk)
+PUT_JOBS = 2  # put jobs running at once; the rest of the threads read
+
+
+@dataclass(frozen=True)
+class RemotePut:
+    """Write the chunk ``key`` held in host slot ``slot`` to the remote store."""
+
+    key: ChunkKey
+    slot: int
+
+
+class RemoteLane:
+    """The threads of one remote tier.
+
+    Contract: ``submit(job)`` runs ``job`` on a remote thread (``RuntimeError`` once closed);
+    ``put(item)`` queues a ``RemotePut`` (never blocks, calls nothing back: the caller may
+    hold its locks) and returns its future and the group to ``start`` once no lock is held,
+    if it opened one; a put job reads each chunk's bytes with ``payload(slot)`` and, once
+    the store answered, calls ``settle(items, results)`` (results None: never run, the lane
+    closed). ``puts_pending`` counts the puts queued or running (back-pressure).
+    ``drain(timeout)`` waits for every job submitted so far; ``close(timeout)`` stops taking
+    jobs, waits at most ``timeout``, and closes the tier when none is left running (False:
+    some still run and use host memory, which must stay allocated).
+    """
+
+    def __init__(self, tier: RemoteTier, threads: int, payload: Callable[[int], np.ndarray],
+                 settle: Settle[RemotePut]) -> None:
+        self.tier = tier
+        self._payload = payload
+        self._pool = ThreadPoolExecutor(max(2, threads), thread_name_prefix="kvtier-remote")
+        self._lock = threading.Lock()
+        self._jobs: set[Future] = set()
+        self.closed = False
+        per_group = max(1, PUT_GROUP_BYTES // max(1, tier.raw_bytes))
+        self._puts = WriteGroups(self.submit, self._put_group, settle, per_group, PUT_JOBS,
+                                 lambda: self.closed)
+
+    def submit(self, job: Callable[[], Any]) -> Future:
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("the remote tier is closed")
+            future = self._pool.submit(job)
+            self._jobs.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._jobs.discard(future)
+
+    def put(self, item: RemotePut) -> tuple[Future[IOResult], WriteGroup[RemotePut] | None]:
+        return self._puts.add(item)
+
+    def start(self, group: WriteGroup[RemotePut] | None) -> None:
+        """Submit the job of a group ``put`` opened, if any (lock not held)."""
+        if group is not None:
+            self._puts.start(group)
+
+    @property
+    def puts_pending(self) -> int:
+        return self._puts.pending
+
+    def _put_group(self, items: Sequence[RemotePut]) -> list[IOResult]:
+        raw = self.tier.raw_bytes
+        return self.tier.put_many([(item.key, self._payload(item.slot)[:raw]) for item in items])
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the jobs submitted so far (and the puts they take on); True when over."""
+        while True:
+            with self._lock:
+                jobs = list(self._jobs)
+            if not jobs:
+                return True
+            if wait_futures(jobs, timeout=timeout).not_done:
+                return False
+
+    def close(self, timeout: float) -> bool:
+        with self._lock:
+            self.closed = True
+        drained = self.drain(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if drained:
+            self.tier.close()
+        return drained

@@ -1,0 +1,249 @@
+"""``KVStore`` with a remote tier (``remote_url``) on a real redis-server: two stores with
+separate host memory and no shared directory ("two nodes") share chunks through it; every
+value read is verified; the store down, hung, full or holding damaged values costs misses,
+never wrong bytes or a failed call."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier import KVStore
+from kvtier.errors import ConfigError
+from kvtier.remote.values import value_key
+from kvtier.tiers.base import TierName
+from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
+from tests.redis_server import RedisServer, needs_redis
+
+pytestmark = needs_redis
+REMOTE, HOST, DISK = TierName.REMOTE, TierName.HOST, TierName.DISK
+CHUNK_BYTES = SMALL.token_bytes * CHUNK
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+def store(server, **config) -> KVStore:
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 64 * CHUNK_BYTES, "remote_url": server.url,
+           "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2, **config}
+    return KVStore(SMALL, cfg, model="m")
+
+
+def tokens(seed: int, chunks: int = 6) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 30000, chunks * CHUNK).tolist()
+
+
+def read(s: KVStore, toks) -> tuple[int, torch.Tensor]:
+    out = torch.zeros_like(make_kv(toks))
+    return s.get(toks, out), out
+
+
+def remote_keys(server) -> list[bytes]:
+    return sorted(server.client().scan_iter(match="kvtier:*"))
+
+
+def wait_for(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_second_node_hits_what_the_first_stored_byte_for_byte(server):
+    toks = tokens(1)
+    with store(server) as a, store(server) as b:
+        assert a.put(toks, make_kv(toks)) == len(toks)
+        assert a.flush(10)
+        assert len(remote_keys(server)) == 6
+        hit = b.lookup(toks)
+        assert hit.tokens == len(toks) and hit.chunks_by_tier == {REMOTE: 6}
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+        stats = b.stats()
+        assert stats.remote_reads == 6 and stats.remote_read_bytes == 6 * CHUNK_BYTES
+        assert stats.chunks_loaded == {REMOTE: 6}
+        # now in b's host memory: served from there, nothing asked of the store
+        lookups = stats.remote_lookups
+        assert b.lookup(toks).chunks_by_tier == {HOST: 6}
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+        assert b.stats().remote_lookups == lookups and b.stats().remote_reads == 6
+        assert b.stats().remote_writes == 0  # read from the store: not written back to it
+        assert a.stats().remote_writes == 6
+
+
+def test_a_prefix_runs_on_from_local_chunks_into_remote_ones(server):
+    toks = tokens(2, 8)
+    with store(server) as a, store(server) as b:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+        b.put(toks[:3 * CHUNK], make_kv(toks[:3 * CHUNK]))
+        assert b.lookup(toks).chunks_by_tier == {HOST: 3, REMOTE: 5}
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+
+
+def test_chunks_read_from_the_store_are_written_to_the_local_disk(server, tmp_path):
+    toks = tokens(3)
+    (tmp_path / "b-disk").mkdir(mode=0o700)
+    disk = {"disk_paths": [str(tmp_path / "b-disk")], "disk_capacity": 64 * CHUNK_BYTES}
+    with store(server) as a:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+    with store(server, **disk) as b:
+        assert read(b, toks)[0] == len(toks)
+        assert b.flush(10)
+    server.stop()  # the store gone: b restarted serves them from its own disk
+    with store(server, **disk) as b:
+        assert b.lookup(toks).chunks_by_tier == {DISK: 6}
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+
+
+def test_with_min_hits_a_chunk_is_written_once_it_was_loaded_that_often(server):
+    toks = tokens(4, 2)
+    with store(server, remote_min_hits=2) as a:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+        assert remote_keys(server) == []
+        read(a, toks)
+        a.flush(10)
+        assert remote_keys(server) == []
+        read(a, toks)
+        a.flush(10)
+        assert len(remote_keys(server)) == 2 and a.stats().remote_writes == 2
+        read(a, toks)
+        a.flush(10)
+        assert a.stats().remote_writes == 2  # known to be there: not written again
+
+
+@pytest.mark.parametrize("damage", ["flip payload", "truncate", "other chunk"])
+def test_a_damaged_value_ends_the_prefix_there_never_wrong_bytes(server, damage):
+    toks = tokens(5)
+    with store(server) as a, store(server) as b:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+        raw = server.client()
+        names = [value_key("kvtier:", b.namespace.digest(), k) for k in b.keys(toks)]
+        value = bytearray(raw.get(names[3]))
+        if damage == "flip payload":
+            value[-100] ^= 0xFF
+        elif damage == "truncate":
+            value = value[:len(value) // 2]
+        else:
+            value = bytearray(raw.get(names[4]))
+        raw.set(names[3], bytes(value))
+        n, out = read(b, toks)
+        assert n == 3 * CHUNK
+        assert same_bytes(out[:, :, :n], make_kv(toks)[:, :, :n])
+        assert b.stats().remote_failures == 1
+
+
+def test_a_chunk_evicted_between_lookup_and_read_is_a_miss(server):
+    toks = tokens(6)
+    with store(server) as a, store(server) as b:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+        assert b.lookup(toks).tokens == len(toks)
+        server.client().delete(value_key("kvtier:", b.namespace.digest(), b.keys(toks)[2]))
+        n, out = read(b, toks)
+        assert n == 2 * CHUNK and same_bytes(out[:, :, :n], make_kv(toks)[:, :, :n])
+
+
+def test_the_store_down_costs_misses_and_it_is_used_again_once_back(server):
+    toks, later = tokens(7), tokens(8)
+    with store(server) as a, store(server) as b:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+        server.stop()
+        assert b.lookup(toks).tokens == 0  # a failed round trip: nothing there
+        assert b.lookup(toks).tokens == 0  # out of service: not even asked
+        assert read(b, toks)[0] == 0
+        assert a.put(later, make_kv(later)) == len(later)  # stored locally all the same
+        n, out = read(a, later)
+        assert n == len(later) and same_bytes(out, make_kv(later))
+        assert b.stats().remote_down
+        server.start()  # an empty store on the same port
+        time.sleep(0.4)  # remote_retry
+        assert b.lookup(toks).tokens == 0
+        assert not b.stats().remote_down
+        fresh = tokens(9)
+        a.put(fresh, make_kv(fresh))
+        a.flush(10)
+        wait_for(lambda: b.lookup(fresh).tokens == len(fresh), "a's new chunks never reached the store")
+        n, out = read(b, fresh)
+        assert n == len(fresh) and same_bytes(out, make_kv(fresh))
+
+
+def test_a_hung_store_slows_no_call_past_its_timeout_and_close_is_bounded(server):
+    toks = tokens(10)
+    with store(server) as a:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+    b = store(server, remote_timeout="200ms", remote_retry="30s")
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert b.lookup(toks).tokens == 0
+        assert b.get(toks, torch.zeros_like(make_kv(toks))) == 0
+        assert b.put(toks, make_kv(toks)) == len(toks)
+        assert time.monotonic() - started < 5
+        assert b.close(timeout=5)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_a_full_store_refuses_writes_and_the_store_serves_on(tmp_path):
+    srv = RedisServer(tmp_path / "full", "--maxmemory", "2mb", "--maxmemory-policy", "noeviction").start()
+    try:
+        big = KVStore(SMALL, {"chunk_tokens": 256, "host_capacity": "64MiB", "remote_url": srv.url,
+                              "io_threads": 2}, model="m")
+        with big:
+            toks = tokens(11, 1)[:0] + np.arange(256 * 24).tolist()
+            assert big.put(toks, make_kv(toks)) == len(toks)
+            big.flush(10)
+            stats = big.stats()
+            assert 0 < stats.remote_writes < 24 and stats.remote_failures > 0
+            n, out = read(big, toks)
+            assert n == len(toks) and same_bytes(out, make_kv(toks))
+    finally:
+        srv.stop()
+
+
+def test_metrics_show_the_remote_tier_by_backend(server):
+    toks = tokens(12, 2)
+    with store(server) as a:
+        a.put(toks, make_kv(toks))
+        a.flush(10)
+        samples = {s.name: s for s in a.metric_samples()}
+        written = samples["remote_chunks_total"].values
+        assert written[(("backend", "redis"), ("direction", "write"))] == 2
+        assert samples["remote_up"].values[(("backend", "redis"),)] == 1
+        assert "remote_queue_depth" in samples
+
+
+def test_remote_config_is_checked_and_credentials_come_from_the_environment(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="credentials"):
+        KVStore(SMALL, {"remote_url": "redis://user:secret@127.0.0.1:6379/0"}, model="m")
+    with pytest.raises(ConfigError, match="scheme"):
+        KVStore(SMALL, {"remote_url": "memcached://127.0.0.1:11211"}, model="m")
+    with pytest.raises(ConfigError, match="host memory"):
+        KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": 0, "gpu_capacity": "1MiB",
+                        "remote_url": "redis://127.0.0.1:1/0"}, model="m", device="cpu")
+    srv = RedisServer(tmp_path / "auth", "--requirepass", "s3cret").start()
+    try:
+        monkeypatch.setenv("KVTIER_REMOTE_PASSWORD", "s3cret")  # not taken for a config key
+        toks = tokens(13, 2)
+        with store(srv) as a:
+            a.put(toks, make_kv(toks))
+            a.flush(10)
+            assert a.stats().remote_writes == 2
+    finally:
+        srv.stop()
