@@ -14,6 +14,7 @@ from kvtier.errors import ConfigError
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
+from kvtier.remote.known import KNOWN_MIN, KnownKeys
 from kvtier.remote.lane import RemoteLane, RemotePut
 from kvtier.remote.urls import backend_of, open_remote
 from kvtier.stats import FailureLog, StoreStats
@@ -24,27 +25,6 @@ from kvtier.tiers.host import HostTier
 
 HOST = TierName.HOST
 QUEUED_BYTES = 256 * 2**20  # chunks queued for the store at most (and half the host slots)
-KNOWN_MIN = 4096  # chunks remembered as held by the store (so they are not written again)
-
-
-class KnownKeys:
-    """A bounded set of keys, oldest forgotten first (forgetting one only costs a put)."""
-
-    def __init__(self, capacity: int) -> None:
-        self._keys: OrderedDict[ChunkKey, None] = OrderedDict()
-        self._capacity = max(1, capacity)
-
-    def add(self, key: ChunkKey) -> None:
-        self._keys[key] = None
-        self._keys.move_to_end(key)
-        while len(self._keys) > self._capacity:
-            self._keys.popitem(last=False)
-
-    def discard(self, key: ChunkKey) -> None:
-        self._keys.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys
 
 
 class StoreRemote:
@@ -57,7 +37,8 @@ class StoreRemote:
     - ``reached_host(key, slot)`` (lock held): a chunk became visible in host slot ``slot``;
       with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)`` (lock held): a
       get served a chunk held in host slot ``slot``; at its ``remote_min_hits``-th load (with
-      0: at any load, when a write of it was dropped or failed) its write is queued. ``start()`` (lock not held) submits the writes queued.
+      0: at any load, when a write of it was dropped or failed) its write is queued.
+      ``start()`` (lock not held) submits the writes queued.
     - ``get(pairs)`` (on ``lane``'s threads): chunks read into host slots, verified;
       ``read_over(key, result)`` (lock held) counts what came of one.
     - A queued write pins its host slot until the store answered; chunks the store holds

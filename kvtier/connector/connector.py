@@ -187,7 +187,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def get_external_cache_hit_sources(self, request: Any,
                                        num_external_tokens: int) -> dict[CacheHitSource, int]:
         tiers = self._scheduler_side.load_tiers(request.request_id, num_external_tokens)
-        names = {TierName.HOST: CacheHitSource.HOST, TierName.DISK: CacheHitSource.DISK}
+        names = {TierName.HOST: CacheHitSource.HOST, TierName.DISK: CacheHitSource.DISK,
+                 TierName.REMOTE: CacheHitSource.EXTERNAL_UNSPECIFIED}
         return {names[tier]: tokens for tier, tokens in tiers.items() if tokens}
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:

@@ -10,7 +10,8 @@ from typing import Any
 _COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
              "load_bytes_disk", "load_failures", "stores", "store_bytes", "disk_writes",
              "disk_write_bytes", "disk_write_failures", "corruptions", "io_errors", "no_space",
-             "paths_down", "load_timeouts")
+             "paths_down", "load_timeouts", "chunks_from_remote", "remote_writes",
+             "remote_write_bytes", "remote_failures")
 
 
 @dataclass
@@ -26,10 +27,12 @@ class WorkerCounters:
 
     def record_load(self, load, disk_bytes: int, host_bytes: int, seconds: float,
                     failed: int) -> None:
-        from_disk = sum(1 for c in load.chunks if c.disk_slot is not None)
+        from_remote = sum(1 for c in load.chunks if c.remote)
+        from_disk = sum(1 for c in load.chunks if c.staged) - from_remote  # or a shared one
         self.data["loads"] += 1
         self.data["chunks_from_disk"] += from_disk
-        self.data["chunks_from_host"] += len(load.chunks) - from_disk
+        self.data["chunks_from_remote"] += from_remote
+        self.data["chunks_from_host"] += len(load.chunks) - from_disk - from_remote
         self.data["load_bytes_host"] += host_bytes
         self.data["load_bytes_disk"] += disk_bytes
         self.data["load_failures"] += failed
@@ -46,6 +49,14 @@ class WorkerCounters:
                 self.data["disk_write_bytes"] += result.nbytes
             else:
                 self.data["disk_write_failures"] += 1
+
+    def record_remote_writes(self, results: Sequence) -> None:
+        for result in results:
+            if result.ok:
+                self.data["remote_writes"] += 1
+                self.data["remote_write_bytes"] += result.nbytes
+            else:
+                self.data["remote_failures"] += 1
 
     def record_failure(self, counter: str) -> None:
         """One more failure of the kind ``counter`` (a name of ``FAILURE_COUNTERS``)."""

@@ -18,13 +18,15 @@ from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import ChunkLoad, DiskWrite, GroupBlocks, RequestLoad, chunk_blocks
 from kvtier.connector.records import Load, PendingStores, StalledReads, Tracked
+from kvtier.connector.remote_presence import RemotePresence
+from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.connector.shares import EngineShares
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location, TierStack
 from kvtier.tiers.base import TierName
 
-HOST, DISK, SHARED = TierName.HOST, TierName.DISK, TierName.SHARED
-READ = (DISK, SHARED)  # chunks read into a host slot before they load
+HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
+READ = (DISK, SHARED, REMOTE)  # chunks read into a host slot before they load
 
 
 class LoadPlanner:
@@ -38,14 +40,19 @@ class LoadPlanner:
     freed, or held in ``StalledReads`` while a read given up on still runs), pins end, and
     failed chunks are discarded from every tier. Chunks no tier of this engine holds are
     looked for in other engines' segments (``shares``, when given): loaded like disk chunks,
-    from there, and forgotten there when a rank fails to read them.
+    from there, and forgotten there when a rank fails to read them. Past those, the remote
+    store is asked (``presence``, once per request, in the background: "ask again" until it
+    answered); its chunks load like disk chunks too. Loads over tell ``remote_writes`` which
+    chunks were hit, and which the store holds.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
                  decider: LoadDecider, counters: Counter, pending: PendingStores,
-                 stalled: StalledReads, shares: EngineShares | None = None) -> None:
+                 stalled: StalledReads, shares: EngineShares | None = None,
+                 presence: RemotePresence | None = None,
+                 remote_writes: RemoteWrites | None = None) -> None:
         self.config, self.geometry, self.stack, self.decider = config, geometry, stack, decider
-        self.shares = shares
+        self.shares, self.presence, self.remote_writes = shares, presence, remote_writes
         self.counters, self._pending, self._stalled = counters, pending, stalled
         self._loads: dict[str, Load] = {}
         self._new: list[RequestLoad] = []
@@ -66,7 +73,9 @@ class LoadPlanner:
         """Tokens loadable beyond ``num_computed`` (at most ``limit``) of the request whose
         chunks have ``keys``; see ``SchedulerSide.num_new_matched_tokens``."""
         chunk = self.geometry.chunk_tokens
-        locations = self._match(keys)
+        locations = self._match(keys, tracked.request.request_id)
+        if locations is None:
+            return None, False
         hit = min(len(locations) * chunk, limit)
         wanted = hit - num_computed
         if wanted <= 0:
@@ -95,9 +104,10 @@ class LoadPlanner:
         tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
         return wanted, tracked.asynchronous
 
-    def _match(self, keys: list[ChunkKey]) -> list[Location]:
+    def _match(self, keys: list[ChunkKey], req_id: str) -> list[Location] | None:
         """The longest run of ``keys`` cached here, or in another engine's segment (a
-        location of tier SHARED), each where it is hottest."""
+        location of tier SHARED), each where it is hottest, then in the remote store (tier
+        REMOTE); None while the store has not answered yet."""
         locations = []
         for key in keys:
             location = self.stack.locate(key)
@@ -106,6 +116,14 @@ class LoadPlanner:
             if location is None:
                 break
             locations.append(location)
+        if len(locations) < len(keys) and self.presence is not None:
+            held = self.presence.held(req_id, keys)
+            if held is None:
+                return None
+            for found in held[len(locations):]:
+                if not found:
+                    break
+                locations.append(Location(REMOTE, -1))
         return locations
 
     def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int) -> bool:
@@ -161,20 +179,23 @@ class LoadPlanner:
         tracked.asynchronous = False  # what the match promised is used up
         chunks: list[ChunkLoad] = []
         demotions: list[DiskWrite] = []
+        held = self.presence.held(req_id, keys) if self.presence is not None else None
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
             first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
             last = min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
             ids = chunk_blocks(block_ids, c * geo.blocks_per_chunk + first,
                                c * geo.blocks_per_chunk + last)
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
-                                           load, demotions))
+                                           load, demotions,
+                                           bool(held and c < len(held) and held[c])))
         self._loads[req_id] = load
         self._new.append(RequestLoad(req_id, tuple(chunks), tuple(demotions), load.asynchronous))
 
     def _plan_chunk(self, key: ChunkKey | None, ids: tuple[int, ...], first: int,
-                    load: Load, demotions: list[DiskWrite]) -> ChunkLoad:
+                    load: Load, demotions: list[DiskWrite], in_remote: bool) -> ChunkLoad:
         """One chunk of a load: pinned where it is, a disk chunk with a host slot to stage
-        its read in. A chunk gone since the match, on disk in a synchronous load, or with no
+        its read in (as one from another engine's segment, or ``in_remote``: the remote
+        store). A chunk gone since the match, on disk in a synchronous load, or with no
         host slot free is not loaded, nor is any chunk after it: the workers report their
         blocks invalid and vLLM recomputes them (the chunks stay cached)."""
         location = self.stack.locate(key) if key is not None and not load.cut else None
@@ -182,6 +203,8 @@ class LoadPlanner:
         if key is not None and location is None and not load.cut and self.shares is not None:
             refs = self.shares.find(key)
             location = Location(SHARED, refs[0].slot) if refs else None
+        if key is not None and location is None and not load.cut and in_remote:
+            location = Location(REMOTE, -1)
         plan = None
         if key is not None and location is not None and location.tier in READ:
             if location.tier is DISK:
@@ -203,6 +226,12 @@ class LoadPlanner:
             demotions += self._pending.demotion_writes(plan.demotions)
             load.staged.append(plan)
             return ChunkLoad(key, ids, first, plan.dst.slot, foreign=refs)
+        if location.tier is REMOTE:  # as from another engine's segment: nothing to pin
+            assert plan is not None, "a remote chunk loads through a host staging slot"
+            load.remote.add(key)
+            demotions += self._pending.demotion_writes(plan.demotions)
+            load.staged.append(plan)
+            return ChunkLoad(key, ids, first, plan.dst.slot, remote=True)
         load.pinned.append((key, location))
         if location.tier is HOST:
             self.stack.indexes[HOST].pin(key)
@@ -238,3 +267,16 @@ class LoadPlanner:
             if key in failed and self.shares is not None:
                 self.shares.drop(refs)
                 self.counters["load_failed_chunks"] += 1
+        self._remote_outcomes(load, failed)
+
+    def _remote_outcomes(self, load: Load, failed: set[bytes]) -> None:
+        """Chunks read from the remote store are known to be there; chunks loaded from here
+        earned a hit (``remote_min_hits``)."""
+        self.counters["load_failed_chunks"] += len(load.remote & failed)
+        if self.remote_writes is None:
+            return
+        for key in load.remote - failed:
+            self.remote_writes.in_store(key)
+        for key, _ in load.pinned:
+            if key not in failed:
+                self.remote_writes.loaded(key)

@@ -148,7 +148,7 @@ class LoadTracker:
             reads = pending.job.result()
         except Exception as exc:  # the reads could not start: every disk chunk failed
             error = exc
-            reads = {c.key: failed_read(repr(exc)) for c in load.chunks if c.disk_slot is not None}
+            reads = {c.key: failed_read(repr(exc)) for c in load.chunks if c.staged}
         late = {key for key, read in reads.items() if not read.done()}
         if late and not timed_out:
             return None
@@ -169,7 +169,7 @@ class LoadTracker:
         load = pending.load
         with self._lock:
             self._abandoned.add(load.req_id)
-        staged = {c.key for c in load.chunks if c.disk_slot is not None and c.host_slot is not None}
+        staged = {c.key for c in load.chunks if c.staged and c.host_slot is not None}
         over = when_all_over(pending.job)
         self._stalled += [(key, over) for key in staged]
         detail = f"write-back before the load not over after {self.timeout:g} s (load_timeout)"

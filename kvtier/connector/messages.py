@@ -40,13 +40,15 @@ class DiskWrite:
 @dataclass(frozen=True)
 class ChunkStore:
     """Copy a computed chunk's GPU pages into ``host_slot``; then, if ``disk_slot`` is set,
-    write it there in the background (write-through). ``block_ids``: the chunk's blocks in
-    each KV cache group, group after group (one group but for hybrid models)."""
+    write it there in the background (write-through), and with ``remote`` write it to the
+    remote store in the background too. ``block_ids``: the chunk's blocks in each KV cache
+    group, group after group (one group but for hybrid models)."""
 
     key: bytes
     block_ids: tuple[int, ...]
     host_slot: int
     disk_slot: int | None = None
+    remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,9 @@ class ChunkLoad:
     The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
     disk into ``host_slot`` and verified; when ``foreign`` is set (one reference per TP rank,
     in rank order) they are first read from another engine's segment of the shared
-    directory the same way. ``host_slot`` is None when no host slot could be had: this chunk
-    and the ones after it are not loaded, and vLLM recomputes their blocks.
+    directory the same way; with ``remote``, from the remote store (each rank its own
+    copy). ``host_slot`` is None when no host slot could be had: this chunk and the ones
+    after it are not loaded, and vLLM recomputes their blocks.
     """
 
     key: bytes
@@ -68,6 +71,22 @@ class ChunkLoad:
     host_slot: int | None
     disk_slot: int | None = None
     foreign: tuple[SlotRef, ...] | None = None
+    remote: bool = False
+
+    @property
+    def staged(self) -> bool:
+        """Read into ``host_slot`` (from disk, a shared directory or the remote store)
+        before it loads."""
+        return self.disk_slot is not None or self.foreign is not None or self.remote
+
+
+@dataclass(frozen=True)
+class RemoteWrite:
+    """Write the chunk in host slot ``host_slot`` to the remote store (each rank its own
+    copy); the slot stays pinned until every rank reported the write over."""
+
+    key: bytes
+    host_slot: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +104,7 @@ class StepPlan:
     loads: list[RequestLoad] = field(default_factory=list)
     demotions: list[DiskWrite] = field(default_factory=list)  # before ``stores``
     stores: list[ChunkStore] = field(default_factory=list)
+    remote_writes: list[RemoteWrite] = field(default_factory=list)  # after ``stores``
 
 
 @dataclass
@@ -97,7 +117,7 @@ class WorkerReport:
     of service / brought it back since the last report. ``reads_stalled`` counts the ranks
     whose read of a chunk was given up (``load_timeout``) while it may still be filling the
     chunk's staging slot; ``reads_over`` those whose read has ended since: only then may the
-    slot be reused.
+    slot be reused. ``remote_written``/``remote_failed`` count the ranks' remote writes.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -111,6 +131,8 @@ class WorkerReport:
     paths_up: Counter = field(default_factory=Counter)
     reads_stalled: Counter = field(default_factory=Counter)
     reads_over: Counter = field(default_factory=Counter)
+    remote_written: Counter = field(default_factory=Counter)
+    remote_failed: Counter = field(default_factory=Counter)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -128,10 +150,12 @@ class WorkerReport:
             self.load_samples + other.load_samples, self.loads_done + other.loads_done,
             self.paths_up + other.paths_up, self.reads_stalled + other.reads_stalled,
             self.reads_over + other.reads_over,
+            self.remote_written + other.remote_written, self.remote_failed + other.remote_failed,
         )
 
     def is_empty(self) -> bool:
         return not (self.host_stored or self.host_failed or self.disk_written
                     or self.disk_failed or self.load_failed or self.paths_down
                     or self.load_samples or self.loads_done or self.paths_up
-                    or self.reads_stalled or self.reads_over)
+                    or self.reads_stalled or self.reads_over or self.remote_written
+                    or self.remote_failed)

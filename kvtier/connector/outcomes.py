@@ -15,6 +15,7 @@ from kvtier.connector.load_planner import LoadPlanner
 from kvtier.connector.messages import WorkerReport
 from kvtier.connector.rank_counts import RankCount, RankOutcomes
 from kvtier.connector.records import PendingStores, StalledReads
+from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.io.index_file import SlotLayout
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -25,8 +26,9 @@ HOST, DISK = TierName.HOST, TierName.DISK
 class Outcomes:
     """Applies the workers' reports, in this order: load bandwidth samples (to the
     decider); loads (failed keys, reads given up on, loads every rank is done with, which
-    ``LoadPlanner.finish`` ends); host stores; disk writes; given-up reads that ended; disk
-    paths out of service and back.
+    ``LoadPlanner.finish`` ends); host stores (with a remote write, its host slot pinned
+    until it is over: ``RemoteWrites``); disk writes; remote writes; given-up reads that
+    ended; disk paths out of service and back.
 
     Contract: a pending host store ends (``TierStack.finish``) once every rank reported
     it, visible only when none failed; a stored chunk's write-through copy keeps its host
@@ -38,10 +40,12 @@ class Outcomes:
 
     def __init__(self, world_size: int, stack: TierStack, counters: Counter,
                  loads: LoadPlanner, decider: LoadDecider, pending: PendingStores,
-                 stalled: StalledReads, disk_layout: SlotLayout | None) -> None:
+                 stalled: StalledReads, disk_layout: SlotLayout | None,
+                 remote_writes: RemoteWrites | None = None) -> None:
         self.world_size, self.stack, self.counters = world_size, stack, counters
         self._loads, self._decider, self._layout = loads, decider, disk_layout
         self._pending, self._stalled = pending, stalled
+        self._remote_writes = remote_writes
         self._loads_done = RankCount()  # req id -> ranks whose load is over
         self._ranks_down = RankCount()  # disk path index -> ranks without it
         self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
@@ -53,6 +57,8 @@ class Outcomes:
         self._loads_over(report)
         self._host_stores(report)
         self._disk_writes(report)
+        if self._remote_writes is not None:
+            self._remote_writes.apply(report)
         for key, ranks in report.reads_over.items():
             plan = self._stalled.over(key, ranks)
             if plan is not None:
@@ -79,6 +85,8 @@ class Outcomes:
             dst, disk = self._pending.host.pop(key)
             self.stack.finish(key, dst, ok)
             self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
+            if self._remote_writes is not None:
+                self._remote_writes.stored(key, dst, ok)
             if disk is not None and key in self._pending.disk:
                 if ok:
                     self.stack.indexes[HOST].pin(key)  # until its disk write is over

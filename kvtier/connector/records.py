@@ -46,6 +46,7 @@ class Load:
     asynchronous: bool = False  # from disk: the request waits for it between steps
     cut: bool = False  # a chunk could not be loaded: it and the ones after are recomputed
     foreign: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'
+    remote: set[ChunkKey] = field(default_factory=set)  # read from the remote store
 
 
 @dataclass

@@ -25,6 +25,8 @@ from kvtier.connector.load_planner import LoadPlanner
 from kvtier.connector.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.outcomes import Outcomes
 from kvtier.connector.records import PendingStores, StalledReads, Tracked
+from kvtier.connector.remote_presence import open_presence
+from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.connector.scheduler_metrics import metric_samples
 from kvtier.connector.shares import open_shares
 from kvtier.connector.store_planner import StorePlanner
@@ -68,11 +70,18 @@ class SchedulerSide:
         self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout and known else 0
         own = [w or writer_ids(None)[0] for w in self.writers]
         self.shares = open_shares(config, namespaces, geometry.chunk_bytes, own)
+        self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
+        presence = self.presence
+        self.remote_writes = None if presence is None else RemoteWrites(
+            self.stack, self.counters, world_size, config.remote_min_hits,
+            max(1, self.stack.indexes[HOST].num_slots // 2), lambda: presence.down)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
-                                  pending, stalled, self.shares)
-        self._stores = StorePlanner(config, geometry, self.stack, pending)
+                                  pending, stalled, self.shares, self.presence,
+                                  self.remote_writes)
+        self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
-                                  self.decider, pending, stalled, self.disk_layout)
+                                  self.decider, pending, stalled, self.disk_layout,
+                                  self.remote_writes)
 
     def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
         """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
@@ -111,9 +120,14 @@ class SchedulerSide:
         load = self._loads.in_flight(req_id)
         if load is None or not load.tiers:
             return {}
+        chunk = self.geometry.chunk_tokens
+        remote = min(tokens, load.tiers.get(TierName.REMOTE, 0) * chunk)
         read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
-        disk = min(tokens, read * self.geometry.chunk_tokens)
-        return {DISK: disk, HOST: tokens - disk}
+        disk = min(tokens - remote, read * chunk)
+        tiers = {DISK: disk, HOST: tokens - disk - remote}
+        if remote:
+            tiers[TierName.REMOTE] = remote
+        return tiers
 
     # -- loads --------------------------------------------------------------------------
 
@@ -174,25 +188,31 @@ class SchedulerSide:
         self._outcomes.apply(report)
 
     def close(self) -> None:
-        """Stop following other engines' segments."""
+        """Stop following other engines' segments and asking the remote store."""
         if self.shares is not None:
             self.shares.close()
+        if self.presence is not None:
+            self.presence.close()
 
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""
-        return metric_samples(self.stack, self.counters, self.decider)
+        return metric_samples(self.stack, self.counters, self.decider, self.presence)
 
     def build_meta(self, meta: StepPlan | None = None) -> StepPlan:
         """This step's plan, in ``meta`` when given (vLLM's subclass); stores are added to it
         by ``plan_stores``."""
         meta = StepPlan() if meta is None else meta
         meta.loads = self._loads.take_new()
+        if self.remote_writes is not None:
+            meta.remote_writes = self.remote_writes.take_new()
         return meta
 
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a
         load from host memory is over before the request's first forward)."""
         self._tracked.pop(req_id, None)
+        if self.presence is not None:
+            self.presence.forget(req_id)
         load = self._loads.in_flight(req_id)
         return load is not None and load.asynchronous
 

@@ -10,6 +10,7 @@ from kvtier.connector.decider import LoadDecider
 from kvtier.tier_stack import TierStack
 
 if TYPE_CHECKING:
+    from kvtier.connector.remote_presence import RemotePresence
     from kvtier.metrics import Sample
 
 _PLAIN = [  # (metric, help, counter)
@@ -22,12 +23,19 @@ _PLAIN = [  # (metric, help, counter)
      "(host_capacity too small for the loads running at once)", "load_cut_chunks"),
     ("room_waits_total", "Times a request was asked to come back next step while host slots "
      "to stage its hits in were in use", "room_waits"),
+    ("remote_written_total", "Chunks written to the remote store (every rank's copy)",
+     "remote_written_chunks"),
+    ("remote_write_failures_total", "Chunks that failed to reach the remote store",
+     "remote_failed_chunks"),
+    ("remote_dropped_writes_total", "Remote writes dropped under back-pressure",
+     "remote_dropped_chunks"),
 ]
 
 
-def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider) -> list[Sample]:
-    """Samples of the tiers in ``stack``, of ``counters`` (``SchedulerSide.counters``) and
-    of ``decider``."""
+def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
+                   presence: RemotePresence | None = None) -> list[Sample]:
+    """Samples of the tiers in ``stack``, of ``counters`` (``SchedulerSide.counters``), of
+    ``decider`` and of the remote store's lookups (``presence``, when there is one)."""
     from kvtier.metrics import Sample
 
     loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
@@ -39,7 +47,14 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider) ->
         evictions.add(index.evictions, tier=str(tier))
         slots.add(index.num_slots, tier=str(tier))
         used.add(len(index), tier=str(tier))
-    return [loaded, evictions, slots, used,
+    remote = []
+    if presence is not None:
+        loaded.add(counters["load_chunks_remote"], tier="remote")
+        remote = [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "
+                         "for in the remote store").add(presence.lookups),
+                  Sample("remote_up", "gauge", "1 while the remote store is in service").add(
+                      int(not presence.down))]
+    return [loaded, evictions, slots, used, *remote,
             *(Sample(name, "counter", text).add(counters[key]) for name, text, key in _PLAIN),
             Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
                    "faster (load_policy auto)").add(decider.skipped),

@@ -1,4 +1,5 @@
-"""Store planning: offering a request's computed chunks to host memory, and to disk.
+"""Store planning: offering a request's computed chunks to host memory, and to disk and the
+remote store.
 
 Each chunk fully computed is offered once, in order: it gets a host slot (write-through:
 and a disk slot) and a ``ChunkStore`` in the step's plan, and stays invisible until every
@@ -11,6 +12,7 @@ from kvtier.config import KVTierConfig, WritePolicy
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
 from kvtier.connector.records import PendingStores, Tracked
+from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -30,8 +32,9 @@ class StorePlanner:
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
-                 pending: PendingStores) -> None:
+                 pending: PendingStores, remote_writes: RemoteWrites | None = None) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
+        self._remote_writes = remote_writes
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan) -> None:
@@ -72,5 +75,7 @@ class StorePlanner:
         self._pending.host[key] = (plan.dst, disk)
         if disk is not None:
             self._pending.disk[key] = (disk, plan.dst)
-        meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None))
+        remote = self._remote_writes is not None and self._remote_writes.with_store(key)
+        meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None,
+                                      remote))
         return True

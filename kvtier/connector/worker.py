@@ -27,12 +27,22 @@ from kvtier.connector.load_tracker import (
     failed_read,
     resolved,
 )
-from kvtier.connector.messages import NULL_BLOCK, ChunkStore, RequestLoad, StepPlan, WorkerReport
+from kvtier.connector.messages import (
+    NULL_BLOCK,
+    ChunkLoad,
+    ChunkStore,
+    RemoteWrite,
+    RequestLoad,
+    StepPlan,
+    WorkerReport,
+)
 from kvtier.connector.pages import PagedKV, in_chunk_order
 from kvtier.connector.worker_disk import WorkerDisk
 from kvtier.connector.worker_ledger import WorkerLedger
+from kvtier.connector.worker_remote import WorkerRemote
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
+from kvtier.io.result import IOResult
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
 from kvtier.tiers.disk import DiskTier
@@ -54,7 +64,7 @@ class WorkerSide:
       now; loads with disk chunks start their reads and end in a later step's
       ``finished()`` (or, past ``load_timeout``, are given up and recomputed).
     - ``save(plan)`` after the forward: write-back demotions, then pages -> host slots,
-      then write-through disk writes in the background.
+      then write-through disk writes and remote writes in the background.
     - Nothing raises into vLLM's step: a failure becomes blocks to recompute
       (``take_invalid_blocks``) and failed chunks in ``report()``.
     - ``close(timeout)`` is bounded even with a hung drive.
@@ -73,6 +83,7 @@ class WorkerSide:
         self._lane: DiskLane | NoDisk = NoDisk()
         self._foreign: ForeignReads | None = None
         self._disk: WorkerDisk  # made in register(), with the lane and the host slots
+        self._remote: WorkerRemote | None = None  # made in register() too
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
@@ -107,6 +118,8 @@ class WorkerSide:
                                       self._lane)
         self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads,
                                 self._foreign, self.namespace.tp_rank)
+        self._remote = WorkerRemote(self.config, self.namespace, self.geometry.chunk_bytes,
+                                    self.host, self._ledger)
         self._lane.recover(threads=self.config.io_threads)
         with self._lock:
             self._ledger.note_down_paths()  # logged by the tier
@@ -127,7 +140,7 @@ class WorkerSide:
                     self._loads.add(load, self._loader.submit(self._demote_then_read, load),
                                     started)
                 else:
-                    self._loads.add(load, resolved(self._disk.submit_reads(load)), started)
+                    self._loads.add(load, resolved(self._submit_reads(load)), started)
             except Exception as exc:  # never take the step down: the blocks are recomputed
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
@@ -174,8 +187,7 @@ class WorkerSide:
                 result = reads[chunk.key].result() if chunk.key in reads else None
                 if result is not None and not result.ok:
                     failed_keys.add(chunk.key)
-                    with self._lock:
-                        self._ledger.note_failure(result, "read")
+                    self._note_read_failure(chunk, result)
                 if broken or chunk.host_slot is None or chunk.key in failed_keys:
                     broken = True
                     invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
@@ -199,6 +211,14 @@ class WorkerSide:
                 self._ledger.pending.load_samples.append((disk_bytes, host_bytes, seconds))
             self._ledger.record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
                                                           len(failed_keys)))
+
+    def _note_read_failure(self, chunk: ChunkLoad, result: IOResult) -> None:
+        with self._lock:
+            if chunk.remote and self._remote is not None:
+                self._remote.note_failure(result, "read")
+                self._ledger.record(lambda st: st.record_failure("remote_failures"))
+            else:
+                self._ledger.note_failure(result, "read")
 
     # -- stores -------------------------------------------------------------------------
 
@@ -239,6 +259,23 @@ class WorkerSide:
                 with self._lock:
                     for _, key, _ in writes:
                         self._ledger.pending.disk_failed[key] += 1
+        self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
+                           + meta.remote_writes)
+
+    def _write_remote(self, writes: list[RemoteWrite]) -> None:
+        """Remote writes (of chunks just stored, and those the scheduler side planned),
+        queued in the background."""
+        if not writes:
+            return
+        try:
+            if self._remote is None:
+                raise RuntimeError("remote writes before register()")
+            self._remote.write(writes)
+        except Exception as exc:
+            self._ledger.unexpected("remote writes could not start", "", exc)
+            with self._lock:
+                for write in writes:
+                    self._ledger.pending.remote_failed[write.key] += 1
 
     def _demote_then_read(self, load: RequestLoad) -> Reads:
         try:
@@ -251,7 +288,15 @@ class WorkerSide:
             raise
         if not self._loads.should_read(load.req_id):  # given up on meanwhile: read nothing
             return {}
-        return self._disk.submit_reads(load)
+        return self._submit_reads(load)
+
+    def _submit_reads(self, load: RequestLoad) -> Reads:
+        """Start a load's reads into its staging slots: from disk (this rank's, or another
+        engine's segment) and from the remote store."""
+        reads = self._disk.submit_reads(load)
+        if self._remote is not None:
+            self._remote.submit_reads(load, reads)
+        return reads
 
     # -- reports ------------------------------------------------------------------------
 
@@ -280,8 +325,10 @@ class WorkerSide:
         return self._ledger.stats()
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait for the disk reads and writes started so far; True if none is left."""
-        return self._lane.drain(timeout)
+        """Wait for the disk and remote reads and writes started so far (each at most
+        ``timeout``); True if none is left."""
+        drained = self._lane.drain(timeout)
+        return (self._remote is None or self._remote.drain(timeout)) and drained
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish loads and background writes, then release host memory, files and threads;
@@ -294,8 +341,9 @@ class WorkerSide:
         if not done:
             log.error("kvtier worker shut down with loads still running after %g s (a hung "
                       "drive?)", timeout)
-        # after the loads: they submit reads to the lane
-        if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done:
+        # after the loads: they submit reads to the lanes
+        remote_done = self._remote is None or self._remote.close(max(0.0, deadline - time.monotonic()))
+        if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done or not remote_done:
             return False  # host memory and cache files stay open for the running I/O
         if self._foreign is not None:
             self._foreign.close()
