@@ -78,12 +78,17 @@ class RedisServer:
 
 
 class RedisCluster:
-    """Three redis-server nodes in cluster mode on loopback, slots spread over them."""
+    """Three redis-server primaries in cluster mode on loopback, slots spread over them,
+    each with ``replicas`` replicas (which take over when it fails)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, replicas: int = 0) -> None:
+        self.replicas = replicas
         self.nodes = [RedisServer(workdir / f"node{i}", "--cluster-enabled", "yes",
                                   "--cluster-config-file", f"nodes-{i}.conf",
-                                  "--cluster-node-timeout", "2000") for i in range(3)]
+                                  "--cluster-node-timeout", "2000",
+                                  # a replica takes over however long since it last synced
+                                  "--cluster-replica-validity-factor", "0")
+                      for i in range(3 * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -95,7 +100,7 @@ class RedisCluster:
         cli = shutil.which("redis-cli")
         assert cli is not None
         subprocess.run([cli, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in self.nodes],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True,
+                        "--cluster-replicas", str(self.replicas), "--cluster-yes"], check=True,
                        capture_output=True, timeout=60)
         deadline = time.monotonic() + 60
         for node in self.nodes:  # every node agrees the cluster is up, with all its slots
@@ -107,9 +112,17 @@ class RedisCluster:
     def _ready(self, cli: str, node: RedisServer) -> bool:
         info = subprocess.run([cli, "-p", str(node.port), "cluster", "info"],
                               capture_output=True, timeout=10).stdout
-        return (b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
-                and f"cluster_known_nodes:{len(self.nodes)}".encode() in info)
+        if not (b"cluster_state:ok" in info and b"cluster_slots_ok:16384" in info
+                and f"cluster_known_nodes:{len(self.nodes)}".encode() in info):
+            return False
+        replication = node.client().info("replication")
+        return replication["role"] == "master" or replication.get("master_link_status") == "up"
 
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def primaries(self) -> list[RedisServer]:
+        """The nodes serving slots now (a replica promoted after a failover among them)."""
+        return [n for n in self.nodes if n.process is not None and n.process.poll() is None
+                and n.client().info("replication").get("role") == "master"]

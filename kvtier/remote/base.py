@@ -30,8 +30,9 @@ class RemoteTier(abc.ABC):
       that is truncated, damaged or another chunk's: ``dst`` may hold anything and must not
       be used), ``TIMED_OUT`` or ``IO_ERROR`` (the store is slow or down), ``PATH_DOWN``
       (the tier is out of service until its next retry).
-    - Health: a failed round trip takes the tier out of service (logged once) for
-      ``retry_s``, then the next call tries again; ``down`` says whether it is out now.
+    - Health: a failed round trip takes the tier out of service for ``retry_s``, then the
+      next call tries again; ``down`` says whether it is out now. Going out of service is
+      logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
     """
 
@@ -39,6 +40,7 @@ class RemoteTier(abc.ABC):
         self.raw_bytes, self.retry_s = raw_bytes, retry_s
         self._health = threading.Lock()
         self._down_until = 0.0
+        self._logged_down = False  # the warning of the outage now is out: retries at debug
         self._closed = False
         self.failures = 0  # round trips that failed
 
@@ -70,13 +72,24 @@ class RemoteTier(abc.ABC):
         """Note a failed round trip: out of service for ``retry_s`` (logged when it goes)."""
         with self._health:
             self.failures += 1
-            was_up = time.monotonic() >= self._down_until
             self._down_until = time.monotonic() + self.retry_s
-        if was_up:
-            log.warning("kvtier: remote tier %s: %s failed (%s); out of service, retried in "
-                        "%g s", self.describe(), what, exc, self.retry_s)
+            first, self._logged_down = not self._logged_down, True
+        if first:
+            log.warning("kvtier: remote tier %s: %s failed (%s); out of service, tried again "
+                        "every %g s", self.describe(), what, exc, self.retry_s)
+        else:
+            log.debug("kvtier: remote tier %s: %s failed again (%s)", self.describe(), what, exc)
         status = IOStatus.TIMED_OUT if isinstance(exc, TimeoutError) else IOStatus.IO_ERROR
         return IOResult(status, 0, f"{what}: {exc}")
+
+    def _succeeded(self) -> None:
+        """Note a round trip that worked: an outage logged is over (logged once)."""
+        if not self._logged_down:
+            return
+        with self._health:
+            was_down, self._logged_down = self._logged_down, False
+        if was_down:
+            log.info("kvtier: remote tier %s is back in service", self.describe())
 
     @abc.abstractmethod
     def describe(self) -> str:

@@ -53,12 +53,13 @@ class RedisTier(RemoteTier):
         self._client: Any = None  # connected on first use: a store down at start is a miss
         self._connecting = threading.Lock()
         self._cluster = urlsplit(url).scheme.endswith("+cluster")
+        self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
 
     def _connected(self) -> Any:
         """The client, made on first use (a cluster client asks a node for the slot map)."""
         with self._connecting:
             if self._client is None:
-                self._client = _connect(self.url, self._timeout_s, self._environ)
+                self._client = _connect(self.url, self._timeout_s, self._environ, self._startup)
             return self._client
 
     def describe(self) -> str:
@@ -79,9 +80,23 @@ class RedisTier(RemoteTier):
             pipe = self._connected().pipeline(transaction=False)
             for name, args in commands:
                 getattr(pipe, name)(*args)
-            return list(pipe.execute(raise_on_error=False))
+            replies = list(pipe.execute(raise_on_error=False))
         except Exception as exc:  # the client raises its own errors for every transport fault
-            return self._failed(what, _as_builtin(exc))
+            return self._broken(what, exc)
+        self._succeeded()
+        return replies
+
+    def _broken(self, what: str, exc: BaseException) -> IOResult:
+        """A failed round trip. A cluster client is made anew at the next one, from every
+        node it knew: the slot map it holds may name a node that failed over."""
+        if self._cluster:
+            with self._connecting:
+                client, self._client = self._client, None
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    self._startup = _known_nodes(client) or self._startup
+                    client.close()
+        return self._failed(what, _as_builtin(exc))
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         replies = self._run("exists", [("exists", (self._key(k),)) for k in keys])
@@ -150,10 +165,12 @@ class RedisTier(RemoteTier):
                     replies.append(connection.read_response())
                 except ResponseError as refused:  # read whole: the connection stays in step
                     replies.append(refused)
-            return [True if r == b"OK" else r for r in replies]  # as the pipeline answers
         except Exception as exc:
             connection.disconnect()
             return self._failed("set", _as_builtin(exc))
+        else:
+            self._succeeded()
+            return [True if r == b"OK" else r for r in replies]  # as the pipeline answers
         finally:
             pool.release(connection)
 
@@ -190,7 +207,13 @@ def _client_module() -> Any:
     return redis
 
 
-def _connect(url: str, timeout_s: float, environ: Mapping[str, str]) -> Any:
+def _known_nodes(client: Any) -> list[tuple[str, int]]:
+    """The (host, port) of every node a cluster client knows."""
+    return [(node.host, int(node.port)) for node in client.get_nodes()]
+
+
+def _connect(url: str, timeout_s: float, environ: Mapping[str, str],
+             startup: Sequence[tuple[str, int]] = ()) -> Any:
     redis = _client_module()
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -201,8 +224,11 @@ def _connect(url: str, timeout_s: float, environ: Mapping[str, str]) -> Any:
                "retry": Retry(NoBackoff(), 0)}
     scheme = urlsplit(url).scheme
     if scheme.endswith("+cluster"):
-        from redis.cluster import RedisCluster
+        from redis.cluster import ClusterNode, RedisCluster
 
         plain = url.replace("+cluster", "", 1)
-        return RedisCluster.from_url(plain, **options)
+        parts = urlsplit(plain)
+        nodes = [(parts.hostname or "", parts.port or 6379), *startup]
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in dict.fromkeys(nodes)],
+                            ssl=parts.scheme == "rediss", **options)
     return redis.Redis.from_url(url, **options)
