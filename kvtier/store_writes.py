@@ -63,11 +63,12 @@ class PlanRunner:
                         for queue in lane.queues}
 
     def copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
-        """Copy ``chunk`` into its slot. With a disk tier, a copy between CPU tensors runs on
-        this thread alone (numpy): torch's copy hands parts to its worker threads, which
-        then wait spinning for more and take the cores the disk I/O needs."""
+        """Copy ``chunk`` into its slot. With a disk or remote tier, a copy between CPU
+        tensors runs on this thread alone (numpy): torch's copy hands parts to its worker
+        threads, which then wait spinning for more and take the cores the I/O needs."""
         target, source = self.shared.transfers.view(dst), as_raw(chunk)
-        if self._groups and target.device.type == "cpu" and source.device.type == "cpu":
+        background_io = bool(self._groups) or self.shared.remote is not None
+        if background_io and target.device.type == "cpu" and source.device.type == "cpu":
             np.copyto(target.numpy(), source.numpy())
         else:
             target.copy_(source)

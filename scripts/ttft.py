@@ -5,6 +5,7 @@ ExampleConnector, each in its own engine process, all in one run; LMCache as a p
     python scripts/ttft.py --model mid --lengths 1024,4096,8192 --json out/ttft_mid.json
     python scripts/ttft.py --peers lmcache       # also LMCache (venv: scripts/peers/setup_lmcache.sh)
     python scripts/ttft.py --model mid --family gemma3   # a hybrid model (HMA on for kvtier)
+    python scripts/ttft.py --model mid --lengths 8192 --remote   # also the remote tier (redis)
 
 Modes (same prompts, same thread binding, vLLM's own prefix cache off so that a repeat is
 served by the connector or recomputed; before each disk-hit run, the connector's files are
@@ -14,6 +15,9 @@ dropped from the page cache so that every connector really reads the disk):
   kvtier disk      kvtier, in a new engine process (empty host memory): loads from disk
   kvtier shared    kvtier, a new engine with another instance_id on the same directory:
                    loads what the first engine wrote, from that engine's segment
+  kvtier remote    (--remote) kvtier with only a remote tier (a redis-server on loopback, no
+                   disk): one engine stores, a new engine (another "node": empty host
+                   memory, no shared directory) loads from the store
   example disk     vLLM's ExampleConnector, in a new process: loads the files it wrote
                    (each disk arm's engine first serves an unrelated prompt: a new engine's
                    first request pays one-time costs that a serving engine has paid)
@@ -105,9 +109,29 @@ def lmcache_arms(python: Path, base: dict, once: list, warm: list, work: Path, t
             "retrieved": retrieved}
 
 
+def remote_arm(base: dict, extra: dict, once: list, warm: list, work: Path, threads: str,
+               console: Console) -> dict:
+    """kvtier with a remote tier only: one engine stores, another loads from the store."""
+    sys.path.insert(0, str(ROOT))
+    from tests.redis_server import RedisServer
+
+    server = RedisServer(work / "redis", "--maxmemory", "8gb").start()
+    try:
+        remote = {k: v for k, v in extra.items() if k not in ("disk_paths", "disk_capacity",
+                                                               "share_writers")}
+        spec = {**base, "connector": "kvtier", "extra": {**remote, "remote_url": server.url}}
+        console.print("[dim]kvtier: store to the remote tier[/dim]")
+        run({**spec, "phases": once}, work, "kvtier-remote-store", threads)
+        console.print("[dim]kvtier: another engine, no disk, hits from the remote tier[/dim]")
+        return run({**spec, "phases": warm + once}, work, "kvtier-remote", threads)
+    finally:
+        server.stop()
+
+
 # (mode, run name, phase of the hit; None: a baseline, the faster of its two runs)
 MODES = [("recompute", "recompute", None), ("kvtier host", "kvtier-host", 1),
          ("kvtier disk", "kvtier-disk", 1), ("kvtier shared", "kvtier-shared", 1),
+         ("kvtier remote", "kvtier-remote", 1),
          ("example disk", "example-load", 1),
          ("recompute mp", "recompute-mp", None), ("lmcache host", "lmcache-host", 1),
          ("lmcache disk", "lmcache-disk", 1)]
@@ -172,6 +196,8 @@ def main() -> None:
     parser.add_argument("--peers", choices=["lmcache"], help="also run this peer's arms")
     parser.add_argument("--lmcache-venv", type=Path, default=ROOT / ".venv-lmcache",
                         help=f"LMCache's venv (built by {lmcache.SETUP})")
+    parser.add_argument("--remote", action="store_true",
+                        help="also the remote tier's arm (starts a redis-server on loopback)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
@@ -218,6 +244,8 @@ def main() -> None:
         run({**ex, "phases": once}, work, "example-store", args.threads)
         drop_page_cache(example)
         runs["example-load"] = run({**ex, "phases": warm + once}, work, "example-load", args.threads)
+        if args.remote:
+            runs["kvtier-remote"] = remote_arm(base, extra, once, warm, work, args.threads, console)
         if peer_python is not None:
             peer = lmcache_arms(peer_python, base, once, warm, work, args.threads, console)
             runs.update({k: peer[k] for k in ("recompute-mp", "lmcache-host", "lmcache-disk")})

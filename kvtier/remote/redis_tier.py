@@ -21,7 +21,15 @@ import numpy as np
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
-from kvtier.remote.values import VALUE_HEADER_BYTES, encode_value, value_header, value_key, value_problem
+from kvtier.remote.resp import BulkReplies, payload_view
+from kvtier.remote.values import (
+    VALUE_HEADER_BYTES,
+    encode_value,
+    parts_problem,
+    value_header,
+    value_key,
+    value_problem,
+)
 
 SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 USER_ENV, PASSWORD_ENV = "KVTIER_REMOTE_USERNAME", "KVTIER_REMOTE_PASSWORD"
@@ -105,10 +113,52 @@ class RedisTier(RemoteTier):
         return [r == 1 for r in replies]
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
+        if not self._cluster:
+            direct = self._get_direct(keys, dsts)
+            return [direct] * len(keys) if isinstance(direct, IOResult) else direct
         replies = self._run("get", [("get", (self._key(k),)) for k in keys])
         if isinstance(replies, IOResult):
             return [replies] * len(keys)
         return [self._take(key, reply, dst) for key, reply, dst in zip(keys, replies, dsts, strict=True)]
+
+    def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
+        """GET each chunk in one pipelined round trip on one connection, each value read
+        off the socket straight into its destination (``resp.BulkReplies``), then checked."""
+        if self.down:
+            return self._out_of_service()
+        try:
+            pool = self._connected().connection_pool
+            connection = pool.get_connection()
+        except Exception as exc:
+            return self._failed("get", _as_builtin(exc))
+        results: list[IOResult] = []
+        try:
+            names = [self._key(k) for k in keys]
+            connection.send_packed_command(
+                [b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in names)],
+                check_health=False)
+            replies = BulkReplies(connection._sock)
+            header = memoryview(bytearray(VALUE_HEADER_BYTES))
+            for key, dst in zip(keys, dsts, strict=True):
+                payload = payload_view(dst, self.raw_bytes)
+                answer = replies.bulk_into(header, payload)
+                if answer is None:
+                    results.append(IOResult(IOStatus.MISSING))
+                elif answer:
+                    results.append(IOResult(IOStatus.CORRUPT if answer.startswith("wrong")
+                                            else IOStatus.IO_ERROR, 0, f"get: {answer}"))
+                else:
+                    problem = parts_problem(header, payload, self._ns, key, self.raw_bytes)
+                    results.append(IOResult(IOStatus.CORRUPT, 0, problem) if problem
+                                   else IOResult(IOStatus.OK, self.raw_bytes))
+        except Exception as exc:  # a transport fault or a stream out of step: drop the connection
+            connection.disconnect()
+            return self._failed("get", _as_builtin(exc))
+        else:
+            self._succeeded()
+            return results
+        finally:
+            pool.release(connection)
 
     def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
         if reply is None:
@@ -192,10 +242,11 @@ def _put_failure(reply: Any) -> IOResult:
 
 
 def _as_builtin(exc: BaseException) -> BaseException:
-    """The client's timeout as the builtin ``TimeoutError`` (so it counts as timed out)."""
+    """The client's timeout, or the socket's, as the builtin ``TimeoutError`` (so it counts
+    as timed out)."""
     from redis.exceptions import TimeoutError as RedisTimeout
 
-    return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout) else exc
+    return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout | TimeoutError) else exc
 
 
 def _client_module() -> Any:
@@ -218,7 +269,7 @@ def _connect(url: str, timeout_s: float, environ: Mapping[str, str],
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+    options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
                "username": environ.get(USER_ENV) or None,
                "password": environ.get(PASSWORD_ENV) or None,
                "retry": Retry(NoBackoff(), 0)}

@@ -55,8 +55,16 @@ def value_problem(value: bytes | memoryview, namespace: bytes, key: ChunkKey,
     down to its payload's checksum; empty when it is."""
     if len(value) < VALUE_HEADER_BYTES:
         return f"value truncated to {len(value)} bytes"
+    view = memoryview(value)
+    return parts_problem(view[:VALUE_HEADER_BYTES], view[VALUE_HEADER_BYTES:], namespace, key,
+                         raw_bytes)
+
+
+def parts_problem(header_bytes: bytes | memoryview, payload: bytes | memoryview,
+                  namespace: bytes, key: ChunkKey, raw_bytes: int) -> str:
+    """As ``value_problem``, for a value read as its header and its payload apart."""
     try:
-        header = decode_header(value[:VALUE_HEADER_BYTES])
+        header = decode_header(header_bytes)
     except HeaderError as exc:
         return str(exc)
     if header.namespace != namespace or header.key != key:
@@ -64,7 +72,6 @@ def value_problem(value: bytes | memoryview, namespace: bytes, key: ChunkKey,
     if header.codec is not Codec.NONE or header.raw_bytes != raw_bytes \
             or header.payload_bytes != raw_bytes:
         return f"value of {header.raw_bytes} raw bytes ({header.codec.name}), expected {raw_bytes}"
-    payload = memoryview(value)[VALUE_HEADER_BYTES:]
     if len(payload) != header.payload_bytes:
         return f"payload of {len(payload)} bytes, its header says {header.payload_bytes}"
     if payload_checksum(payload) != header.payload_checksum:

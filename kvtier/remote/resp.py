@@ -1,0 +1,105 @@
+"""Reading a pipeline's GET replies (RESP2 or RESP3 bulk strings and nulls) off a socket straight into the
+caller's buffers: a value's 128-byte header into a small buffer, its payload into the
+chunk's destination, with no copy and no allocation the size of a chunk.
+
+Every length is bounded by what was asked for: a reply of any other length (another
+writer's value, a damaged one) is read through a small scratch buffer and answered as
+``wrong length``, so the connection stays in step with its replies.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+
+LINE_MAX = 4096  # the longest reply line read (an error message, a length)
+SCRATCH = 1 << 20  # reading a value of a length not asked for, a piece at a time
+
+
+class RespError(Exception):
+    """The stream is not RESP as expected: the connection must be dropped."""
+
+
+class BulkReplies:
+    """Replies read in order from ``sock`` (its timeout bounds every read)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._buffer = bytearray(LINE_MAX)
+        self._start = self._end = 0  # bytes read and not used yet: _buffer[_start:_end]
+
+    def _fill(self) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buffer):
+            raise RespError("a reply line longer than expected")
+        n = self._sock.recv_into(memoryview(self._buffer)[self._end:])
+        if n == 0:
+            raise ConnectionError("the store closed the connection")
+        self._end += n
+
+    def _line(self) -> bytes:
+        while True:
+            at = self._buffer.find(b"\r\n", self._start, self._end)
+            if at >= 0:
+                line = bytes(self._buffer[self._start:at])
+                self._start = at + 2
+                return line
+            if self._start:
+                self._buffer[:self._end - self._start] = self._buffer[self._start:self._end]
+                self._end -= self._start
+                self._start = 0
+            self._fill()
+
+    def _read_into(self, view: memoryview) -> None:
+        """Fill ``view`` exactly: from what is buffered, then from the socket directly."""
+        have = min(len(view), self._end - self._start)
+        view[:have] = self._buffer[self._start:self._start + have]
+        self._start += have
+        done = have
+        while done < len(view):
+            n = self._sock.recv_into(view[done:])
+            if n == 0:
+                raise ConnectionError("the store closed the connection")
+            done += n
+
+    def _skip(self, count: int) -> None:
+        scratch = memoryview(bytearray(min(count, SCRATCH)))
+        while count:
+            piece = min(count, len(scratch))
+            self._read_into(scratch[:piece])
+            count -= piece
+
+    def bulk_into(self, header: memoryview, payload: memoryview) -> str | None:
+        """Read one GET reply into ``header`` then ``payload`` when its length is theirs
+        together: "" when it was, None when there is no such key, else what the reply was
+        instead (an error, or ``wrong length``; its bytes are read and dropped)."""
+        line = self._line()
+        if line.startswith(b"-"):
+            return line[1:].decode(errors="replace")
+        if line == b"_":  # RESP3's null
+            return None
+        if not line.startswith(b"$"):
+            raise RespError(f"unexpected reply {line[:40]!r}")
+        try:
+            length = int(line[1:])
+        except ValueError:
+            raise RespError(f"unexpected reply {line[:40]!r}") from None
+        if length < 0:
+            return None
+        if length != len(header) + len(payload):
+            self._skip(length + 2)
+            return f"wrong length: a value of {length} bytes"
+        self._read_into(header)
+        self._read_into(payload)
+        end = memoryview(bytearray(2))
+        self._read_into(end)
+        if end != b"\r\n":
+            raise RespError("a value not followed by CRLF")
+        return ""
+
+
+def payload_view(dst: np.ndarray, nbytes: int) -> memoryview:
+    """The first ``nbytes`` of ``dst`` as a writable byte view."""
+    return dst.reshape(-1).view(np.uint8)[:nbytes].data.cast("B")
