@@ -1,4 +1,5 @@
-"""``kvtier inspect | verify | gc | clear PATH``: a cache root's namespaces, offline."""
+"""``kvtier inspect | verify | gc | clear PATH``: a cache root's namespaces, offline; and
+``kvtier inspect URL``: what a remote store holds."""
 
 from __future__ import annotations
 
@@ -56,7 +57,13 @@ def _age(seconds: float | None) -> str:
 
 
 @app.command()
-def inspect(path: PathArg, namespace: NamespaceOpt = None, as_json: JsonFlag = False) -> None:
+def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the disk_paths), or "
+                                                "a remote store's URL (remote_url).")],
+            namespace: NamespaceOpt = None, as_json: JsonFlag = False,
+            prefix: Annotated[str, typer.Option(help="The remote store's key prefix "
+                                                "(remote_prefix).")] = "kvtier:",
+            limit: Annotated[int, typer.Option(help="Keys of a remote store listed at most.")]
+            = 1_000_000) -> None:
     """Show every namespace under PATH and its writers: what they hold, whether in use.
 
     Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
@@ -64,7 +71,15 @@ def inspect(path: PathArg, namespace: NamespaceOpt = None, as_json: JsonFlag = F
     damaged: metadata not trusted; unsafe: an entry kvtier would not use); then each writer's
     segment: its lease (host, pid, heartbeats, age), whether it is in use, chunks and bytes.
     Exit 1 when a namespace is damaged or unsafe.
+
+    With a remote store's URL (redis://, rediss://, redis+cluster://): its kvtier chunks per
+    namespace (listed in batches, at most --limit keys), a few values of each checked down to
+    their checksums, and the store's memory, limit, eviction policy and evictions. Exit 1 when
+    a value checked is damaged.
     """
+    if "://" in path:
+        _inspect_remote(path, prefix, limit, namespace, as_json)
+        return
     reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
     if as_json:
         emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
@@ -104,6 +119,43 @@ def _print_inspect(path: str, reports: list[NamespaceReport]) -> None:
             console.print(f"{r.id[:12]}: writers/{_show(name)} is not a writer's segment; left alone")
     if not reports:
         console.print("no kvtier namespaces here")
+
+
+def _inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
+                    as_json: bool) -> None:
+    from rich.table import Table
+
+    from kvtier.ops.remote_survey import SurveyError, survey
+
+    try:
+        found = survey(url, prefix, limit)
+    except (SurveyError, ValueError) as exc:
+        raise fail(str(exc)) from exc
+    if namespace:
+        found.namespaces = [h for h in found.namespaces if h.digest.startswith(namespace)]
+    if as_json:
+        emit_json(found.as_dict())
+    else:
+        table = Table("namespace", "chunks", "stored", "chunk size", "checked", "damaged",
+                      title=f"kvtier remote store {_show(url)} ({found.backend}, keys "
+                            f"{_show(prefix)}*)")
+        for h in found.namespaces:
+            table.add_row(h.digest[:12], str(h.chunks), format_size(h.value_bytes),
+                          h.chunk_sizes or "-", str(h.checked), str(h.bad))
+        console.print(table)
+        server = found.server
+        limit_text = format_size(server["maxmemory"]) if server.get("maxmemory") else "none"
+        console.print(f"store memory {format_size(server.get('used_memory') or 0)} of "
+                      f"{limit_text} ({server.get('maxmemory_policy')}), "
+                      f"{server.get('evicted_keys')} keys evicted since it started")
+        if not found.complete:
+            console.print(f"listed the first {found.keys_seen} keys only (--limit)")
+        if found.foreign_keys:
+            console.print(f"{found.foreign_keys} keys under the prefix are not kvtier's")
+        if not found.namespaces:
+            console.print("no kvtier chunks in this store")
+    if any(h.bad for h in found.namespaces):
+        raise typer.Exit(1)
 
 
 @app.command()

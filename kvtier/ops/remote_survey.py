@@ -1,0 +1,151 @@
+"""What a remote store holds for kvtier: its chunks by namespace, a sample of them checked
+down to their checksums, and the store's memory and evictions (``kvtier inspect URL``).
+
+Only Valkey/Redis can list its keys; a listing is bounded (``limit`` keys, scanned in
+batches, never ``KEYS``), so it is safe on a store in use.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvtier.io.format import HeaderError, decode_header, payload_checksum
+from kvtier.remote.urls import backend_of, check_url
+from kvtier.remote.values import VALUE_HEADER_BYTES
+
+SCAN_BATCH = 1000
+
+
+@dataclass
+class NamespaceHoldings:
+    """One namespace's chunks in the store: count, bytes, and the sample checked."""
+
+    digest: str
+    chunks: int = 0
+    value_bytes: int = 0
+    checked: int = 0
+    bad: int = 0  # sampled values that failed their checks
+    chunk_sizes: str = ""  # the chunk size of the values sampled, e.g. "2.0MiB"
+
+
+@dataclass
+class RemoteSurvey:
+    url: str
+    backend: str
+    prefix: str
+    keys_seen: int
+    complete: bool  # every key was listed (False: stopped at the limit)
+    namespaces: list[NamespaceHoldings] = field(default_factory=list)
+    server: dict[str, Any] = field(default_factory=dict)
+    foreign_keys: int = 0  # keys under the prefix that are not kvtier's form
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SurveyError(Exception):
+    """The store cannot be surveyed (unreachable, or a backend that lists nothing)."""
+
+
+def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: int = 4) -> RemoteSurvey:
+    """List (up to ``limit``) kvtier's keys under ``prefix``, count them per namespace and
+    check ``sample`` values of each; ``SurveyError`` naming what went wrong."""
+    check_url(url)
+    backend = backend_of(url)
+    if backend != "redis":
+        raise SurveyError(f"{backend} stores cannot list their keys: inspect a Mooncake store "
+                          "with its master's metrics (mooncake_master -metrics_port)")
+    from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, _connect
+
+    client = _connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV) if k in os.environ})
+    try:
+        return _survey_redis(client, url, prefix, limit, sample)
+    except SurveyError:
+        raise
+    except Exception as exc:  # the client's errors for every transport fault
+        raise SurveyError(f"{url}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -> RemoteSurvey:
+    found: dict[str, NamespaceHoldings] = {}
+    result = RemoteSurvey(url, "redis", prefix, 0, True)
+    batch: list[bytes] = []
+    for name in client.scan_iter(match=prefix.encode() + b"*", count=SCAN_BATCH):
+        if result.keys_seen >= limit:
+            result.complete = False
+            break
+        result.keys_seen += 1
+        batch.append(name)
+        if len(batch) == SCAN_BATCH:
+            _count(client, batch, prefix, found, result)
+            batch = []
+    _count(client, batch, prefix, found, result)
+    for holdings in found.values():
+        _check_sample(client, prefix, holdings, sample)
+    result.namespaces = sorted(found.values(), key=lambda h: -h.value_bytes)
+    info = client.info("memory") | client.info("stats")
+    result.server = {k: info.get(k) for k in ("used_memory", "maxmemory", "maxmemory_policy",
+                                              "evicted_keys")}
+    return result
+
+
+def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, NamespaceHoldings],
+           result: RemoteSurvey) -> None:
+    if not names:
+        return
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.strlen(name)
+    for name, length in zip(names, pipe.execute(), strict=True):
+        parts = name[len(prefix):].split(b":")
+        if len(parts) != 2 or len(parts[0]) != 32 or len(parts[1]) != 32:
+            result.foreign_keys += 1
+            continue
+        holdings = found.setdefault(parts[0].decode(errors="replace"),
+                                    NamespaceHoldings(parts[0].decode(errors="replace")))
+        holdings.chunks += 1
+        holdings.value_bytes += int(length or 0)
+
+
+def _check_sample(client: Any, prefix: str, holdings: NamespaceHoldings, sample: int) -> None:
+    """Check up to ``sample`` of the namespace's values: header, key, lengths, checksum."""
+    names = []
+    for name in client.scan_iter(match=f"{prefix}{holdings.digest}:*".encode(), count=SCAN_BATCH):
+        names.append(name)
+        if len(names) >= sample:
+            break
+    sizes = set()
+    for name in names:
+        value = client.get(name)
+        if value is None:  # evicted meanwhile
+            continue
+        holdings.checked += 1
+        problem = _problem(value, name, prefix)
+        if problem:
+            holdings.bad += 1
+        else:
+            sizes.add(len(value) - VALUE_HEADER_BYTES)
+    if sizes:
+        from kvtier.units import format_size
+
+        holdings.chunk_sizes = ", ".join(format_size(s) for s in sorted(sizes))
+
+
+def _problem(value: bytes, name: bytes, prefix: str) -> str:
+    if len(value) < VALUE_HEADER_BYTES:
+        return "truncated"
+    try:
+        header = decode_header(value[:VALUE_HEADER_BYTES])
+    except HeaderError as exc:
+        return str(exc)
+    expected = f"{prefix}{header.namespace.hex()}:{bytes(header.key).hex()}".encode()
+    if expected != name:
+        return "holds another chunk"
+    payload = memoryview(value)[VALUE_HEADER_BYTES:]
+    if len(payload) != header.payload_bytes or payload_checksum(payload) != header.payload_checksum:
+        return "payload damaged"
+    return ""

@@ -1,0 +1,92 @@
+"""``kvtier inspect URL`` and ``kvtier stats`` for the remote tier, run as a user runs them
+(a separate process), against a real redis-server."""
+
+import json
+import socket
+
+import numpy as np
+import pytest
+
+from kvtier import KVStore
+from tests.conftest import CHUNK, SMALL, make_kv
+from tests.redis_server import RedisServer, needs_redis
+from tests.test_cli import run
+
+pytestmark = needs_redis
+CHUNK_BYTES = SMALL.token_bytes * CHUNK
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = RedisServer(tmp_path / "redis", "--maxmemory", "64mb",
+                      "--maxmemory-policy", "allkeys-lru").start()
+    yield srv
+    srv.stop()
+
+
+def fill(server, model: str, chunks: int, metrics_port: int | None = None) -> KVStore:
+    store = KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": 64 * CHUNK_BYTES,
+                            "remote_url": server.url, "metrics_port": metrics_port}, model=model)
+    toks = np.random.default_rng(len(model)).integers(0, 30000, chunks * CHUNK).tolist()
+    store.put(toks, make_kv(toks))
+    store.flush(10)
+    return store
+
+
+def test_inspect_lists_each_namespace_in_the_store_and_checks_a_sample(server):
+    a, b = fill(server, "model-a", 5), fill(server, "model-bb", 3)
+    server.client().set(b"kvtier:not-ours", b"x")
+    result = run("inspect", server.url, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    held = {h["digest"]: h for h in data["namespaces"]}
+    assert held[a.namespace.digest().hex()]["chunks"] == 5
+    assert held[b.namespace.digest().hex()]["chunks"] == 3
+    assert all(h["checked"] > 0 and h["bad"] == 0 for h in held.values())
+    assert held[a.namespace.digest().hex()]["value_bytes"] == 5 * (CHUNK_BYTES + 128)
+    assert data["foreign_keys"] == 1 and data["complete"]
+    assert data["server"]["maxmemory_policy"] == "allkeys-lru"
+    table = run("inspect", server.url)
+    assert table.returncode == 0 and "model" not in table.stderr
+    assert a.namespace.digest().hex()[:12] in table.stdout and "allkeys-lru" in table.stdout
+    a.close()
+    b.close()
+
+
+def test_inspect_exits_1_when_a_value_checked_is_damaged(server):
+    fill(server, "m", 1).close()
+    (name,) = list(server.client().scan_iter(match="kvtier:*"))
+    value = bytearray(server.client().get(name))
+    value[-1] ^= 1
+    server.client().set(name, bytes(value))
+    result = run("inspect", server.url, "--json")
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["namespaces"][0]["bad"] == 1
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("redis://user:pw@127.0.0.1:6379/0", "credentials"),
+    ("mooncake://127.0.0.1:50051", "cannot list their keys"),
+    ("redis://127.0.0.1:1/0", "127.0.0.1:1"),
+])
+def test_inspect_of_a_store_it_cannot_read_is_one_clear_line(url, message):
+    result = run("inspect", url)
+    assert result.returncode == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_stats_shows_the_remote_tier(server):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = fill(server, "m", 2, metrics_port=port)
+    try:
+        result = run("stats", f"127.0.0.1:{port}", "--json")
+        assert result.returncode == 0, result.stderr
+        values = {(s["name"], tuple(sorted(s["labels"].items()))): s["value"]
+                  for s in json.loads(result.stdout)["samples"]}
+        assert values[("kvtier_remote_chunks_total", (("backend", "redis"), ("direction", "write")))] == 2
+        assert values[("kvtier_remote_up", (("backend", "redis"),))] == 1
+        assert "remote_chunks_total" in run("stats", f"127.0.0.1:{port}").stdout
+    finally:
+        store.close()
