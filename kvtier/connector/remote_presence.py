@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKey, Namespace
@@ -15,16 +16,19 @@ from kvtier.remote.base import RemoteTier
 from kvtier.remote.urls import open_remote
 
 log = logging.getLogger("kvtier")
+# how long the first call about a request waits for the store's answer on the step itself: a
+# round trip on a LAN is well inside it, and a request asked to come back waits a whole step
+INLINE_WAIT_S = 0.002
 
 
 class RemotePresence:
     """Contract: ``held(req_id, keys)`` returns, for each of ``keys`` (a request's chunk
     keys), whether every rank's copy is in the store, once known; None while the question
     runs (the caller asks again next step). The first call about a request asks, in the
-    background; the answer is kept until ``forget(req_id)``, and asked again when the keys
-    grow. While the store is out of service the answer is "none" at once. A question not
-    answered within ``wait_s`` counts as "none". ``close()`` stops the thread and the
-    tiers."""
+    background, and waits for the answer at most ``INLINE_WAIT_S``; the answer is kept until
+    ``forget(req_id)``, and asked again when the keys grow. While the store is out of
+    service the answer is "none" at once. A question not answered within ``wait_s`` counts
+    as "none". ``close()`` stops the thread and the tiers."""
 
     def __init__(self, tiers: Sequence[RemoteTier], wait_s: float) -> None:
         self.tiers, self._wait_s = list(tiers), wait_s
@@ -44,6 +48,7 @@ class RemotePresence:
             self.lookups += 1
             asked = (len(keys), time.monotonic(), self._pool.submit(self._ask, list(keys)))
             self._asked[req_id] = asked
+            wait_futures([asked[2]], timeout=INLINE_WAIT_S)
         count, since, answer = asked
         if not answer.done():
             if time.monotonic() - since < self._wait_s:
