@@ -6,7 +6,6 @@ times), each keeping its host slot pinned until the store answered."""
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from kvtier.config import KVTierConfig
@@ -14,7 +13,7 @@ from kvtier.errors import ConfigError
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
-from kvtier.remote.known import KNOWN_MIN, KnownKeys
+from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
 from kvtier.remote.lane import RemoteLane, RemotePut
 from kvtier.remote.urls import backend_of, open_remote
 from kvtier.stats import FailureLog, StoreStats
@@ -55,8 +54,7 @@ class StoreRemote:
         self._min_hits = config.remote_min_hits
         slots = sum(index.num_slots for index in stack.indexes.values())
         self._known = KnownKeys(max(KNOWN_MIN, 2 * slots))
-        self._hits: OrderedDict[ChunkKey, int] = OrderedDict()
-        self._hits_capacity = max(KNOWN_MIN, 2 * slots)
+        self._hits = HitCounts(max(KNOWN_MIN, 2 * slots))
         self._groups: list = []  # put jobs opened under the lock, started once it is released
         tier.register(host.buffer.array)
         self.lane = RemoteLane(tier, config.io_threads, host.slot_array, self._settle)
@@ -81,12 +79,9 @@ class StoreRemote:
     def loaded(self, key: ChunkKey, slot: int) -> None:
         if key in self._known:
             return
-        hits = self._hits.pop(key, 0) + 1
-        if hits < self._min_hits:  # with 0: a write dropped or failed before goes again
-            self._hits[key] = hits
-            while len(self._hits) > self._hits_capacity:
-                self._hits.popitem(last=False)
+        if self._hits.hit(key) < self._min_hits:  # with 0: a write dropped or failed goes again
             return
+        self._hits.forget(key)
         self._queue(key, slot)
 
     def _queue(self, key: ChunkKey, slot: int) -> None:

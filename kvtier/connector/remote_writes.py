@@ -3,12 +3,12 @@ the host slots they hold until every rank's copy is written."""
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter
 
 from kvtier.connector.messages import RemoteWrite, WorkerReport
 from kvtier.connector.rank_counts import RankOutcomes
 from kvtier.keys import ChunkKey
-from kvtier.remote.known import KNOWN_MIN, KnownKeys
+from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
 from kvtier.tier_stack import Location, TierStack
 from kvtier.tiers.base import TierName
 
@@ -35,8 +35,7 @@ class RemoteWrites:
         self._max_pending, self._down = max_pending, down
         capacity = max(KNOWN_MIN, 2 * sum(index.num_slots for index in stack.indexes.values()))
         self._known = KnownKeys(capacity)
-        self._hits: OrderedDict[ChunkKey, int] = OrderedDict()
-        self._hits_capacity = capacity
+        self._hits = HitCounts(capacity)
         self._outcomes = RankOutcomes(world_size)
         self._pending: dict[bytes, Location | None] = {}  # key -> host slot pinned (None: not yet)
         self._new: list[RemoteWrite] = []
@@ -61,12 +60,9 @@ class RemoteWrites:
     def loaded(self, key: ChunkKey) -> None:
         if key in self._known or key in self._pending:
             return
-        hits = self._hits.pop(key, 0) + 1
-        if hits < self._min_hits:
-            self._hits[key] = hits
-            while len(self._hits) > self._hits_capacity:
-                self._hits.popitem(last=False)
+        if self._hits.hit(key) < self._min_hits:
             return
+        self._hits.forget(key)
         location = self._stack.locate(key)
         if location is not None and location.tier is HOST:
             self._queue(key, location)

@@ -1,5 +1,6 @@
 """Chunks known to be in the remote store (written there, or read from it), so that they are
-not written again: a bounded set, oldest forgotten first (forgetting one costs one write)."""
+not written again, and loads counted towards ``remote_min_hits``: bounded, oldest forgotten
+first (forgetting a key costs one more write, or a count started again)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,22 @@ class KnownKeys:
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
+
+
+class HitCounts:
+    """Loads counted per key, bounded like ``KnownKeys``."""
+
+    def __init__(self, capacity: int) -> None:
+        self._counts: OrderedDict[ChunkKey, int] = OrderedDict()
+        self._capacity = max(1, capacity)
+
+    def hit(self, key: ChunkKey) -> int:
+        """One more load of ``key``: its count now."""
+        count = self._counts.pop(key, 0) + 1
+        self._counts[key] = count
+        while len(self._counts) > self._capacity:
+            self._counts.popitem(last=False)
+        return count
+
+    def forget(self, key: ChunkKey) -> None:
+        self._counts.pop(key, None)
