@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvtier import __version__
-from kvtier.cli import bench, cache_commands, gpu, stats  # noqa: F401  (registers commands)
+from kvtier.cli import bench, cache_commands, gpu, stats, top  # noqa: F401  (registers commands)
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
 from kvtier.config import load_config
 from kvtier.errors import ConfigError
