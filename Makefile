@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)"
 	# PyPI's CUDA builds of these break `from vllm import LLM` next to the CPU torch
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/pip install -q -e ".[dev,bench,remote]"
+	$(BIN)/pip install -q -e ".[dev,bench,remote,mooncake]"
 	touch $@
 
 test: $(STAMP)

@@ -33,9 +33,9 @@ def check_url(url: str) -> str:
         from kvtier.remote import redis_tier
 
         return redis_tier.check_url(url)
-    from kvtier.remote import mooncake_tier
+    from kvtier.remote import mooncake_url
 
-    return mooncake_tier.check_url(url)
+    return mooncake_url.check_url(url)
 
 
 def open_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int) -> RemoteTier | None:

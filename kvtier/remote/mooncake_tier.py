@@ -1,0 +1,371 @@
+"""The Mooncake Store backend of the remote tier: ``mooncake://<master host>:<port>?<options>``
+(``mooncake_url.py`` says what the options are).
+
+A value is kvtier's 128-byte header then the payload (``values.py``), moved as two pieces
+(multi-buffer put and get): the header from or into a registered scratch of the calling
+thread, the payload straight from or into the caller's buffer when it lies in memory given
+to ``register`` (the host tier's), else through that scratch (``staged`` counts those).
+Every value read is checked down to its payload's checksum; one that fails is removed, so
+that the next put replaces it (a put never overwrites a value the store holds).
+
+Time: the client's own timeouts come from ``timeout_s`` (``MC_RPC_TIMEOUT_MS`` for its setup,
+``MC_TCP_PROGRESS_TIMEOUT_SEC`` for the process, each only where unset), so a hung master
+or peer costs a call about ``timeout_s``. A dead master costs the client about 4.3 s a call
+(it reconnects, whatever its settings) and 4.4 s a setup, holding the GIL: so before the
+setup, and before the first round trip after a failed one, the master's port must take a
+TCP connection within ``timeout_s`` (a dead master refuses it at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import threading
+from collections.abc import Iterator, MutableMapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote.base import RemoteTier
+from kvtier.remote.mooncake_url import parse_url
+from kvtier.remote.values import VALUE_HEADER_BYTES, parts_problem, value_header, value_key
+
+log = logging.getLogger("kvtier")
+
+HEADER = VALUE_HEADER_BYTES
+
+# Mooncake's error codes (mooncake-store's ErrorCode), as its client returns them
+NO_SPACE, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL, RPC_FAIL, RPC_TIMEOUT = \
+    -200, -600, -704, -800, -900, -901
+CODE_NAMES = {-1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -101: "SEGMENT_NOT_FOUND",
+              NO_SPACE: "NO_AVAILABLE_HANDLE", -400: "INVALID_KEY", INVALID_PARAMS: "INVALID_PARAMS",
+              -703: "REPLICA_IS_NOT_READY", NOT_FOUND: "OBJECT_NOT_FOUND",
+              -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED",
+              -710: "REPLICA_NOT_FOUND", -712: "REPLICA_IS_GONE", TRANSFER_FAIL: "TRANSFER_FAIL",
+              RPC_FAIL: "RPC_FAIL", RPC_TIMEOUT: "RPC_TIMEOUT",
+              -1010: "UNAVAILABLE_IN_CURRENT_STATUS"}
+GONE = frozenset((-703, NOT_FOUND, -707, -710, -712))  # not held (or not yet, or evicted meanwhile)
+STORED = frozenset((0, -705))  # a put of a key the store holds already leaves that value
+
+
+class MooncakeTier(RemoteTier):
+    """``RemoteTier`` on Mooncake Store (``mooncake.store``, the ``mooncake`` extra): one
+    client per tier, set up on first use; thread-safe (each thread has its own scratch)."""
+
+    def __init__(self, url: str, namespace: Namespace, raw_bytes: int, *, timeout_s: float = 2.0,
+                 retry_s: float = 5.0, prefix: str = "kvtier:",
+                 environ: MutableMapping[str, str] | None = None) -> None:
+        super().__init__(raw_bytes, retry_s)
+        self.url, self._options = url, parse_url(url)
+        self._ns, self._prefix, self._timeout_s = namespace.digest(), prefix, timeout_s
+        self._environ = os.environ if environ is None else environ
+        self._module = _client_module()
+        self._lock = threading.Lock()
+        self._client: Any = None  # set up on first use: a master down at start is a miss
+        self._connecting = threading.Lock()
+        self._suspect = False  # a round trip failed: probe before the next one
+        self._memory: list[np.ndarray] = []  # given to register()
+        self._registered: list[tuple[int, int]] = []  # (start, end) the client knows
+        self._scratch: list[np.ndarray] = []  # every thread's, alive while the client is
+        self._local = threading.local()
+        self.staged = 0  # chunks copied through the scratch (their buffers not registered)
+
+    def describe(self) -> str:
+        return self.url
+
+    def _names(self, keys: Sequence[ChunkKey]) -> list[str]:
+        return [value_key(self._prefix, self._ns, k).decode() for k in keys]
+
+    # -- connecting, health -----------------------------------------------------------
+
+    def _ready(self, what: str) -> Any:
+        """The client, or an ``IOResult`` saying why not. Before it is set up, and after a
+        failed round trip, the master's port must take a connection within ``timeout_s``:
+        a dead master is refused at once instead of the client's 4.3 s of reconnecting."""
+        if self.down:
+            return self._out_of_service()
+        with self._lock:
+            client, suspect = self._client, self._suspect
+        if client is not None and not suspect:
+            return client
+        try:
+            _reachable(self._options.master, self._timeout_s)
+            with self._connecting:  # one setup at a time
+                if self._client is None:
+                    self._connect()
+        except Exception as exc:  # OSError, or a client refusing its arguments
+            return self._failed(what, exc)
+        with self._lock:
+            self._suspect = False
+            client = self._client
+        if client is None:
+            return self._out_of_service()
+        self._succeeded()  # the master answers again: an outage logged is over
+        return client
+
+    def _out_of_service(self) -> IOResult:
+        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+
+    def _connect(self) -> None:
+        """Set the client up (it holds the GIL meanwhile: a master reachable but hung
+        costs the process up to its RPC timeout, ``timeout_s``)."""
+        opts = self._options
+        host = opts.host or _local_address(opts.master)
+        rpc_ms = str(max(1, round(self._timeout_s * 1000)))
+        self._environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", str(max(1, math.ceil(self._timeout_s))))
+        with _SETUP_LOCK, _unset_only(self._environ, {"MC_RPC_TIMEOUT_MS": rpc_ms,
+                                                     "MC_STORE_CLIENT_SETUP_RETRIES": "1"}):
+            client = self._module.MooncakeDistributedStore()
+            code = client.setup(host, opts.metadata, opts.segment, 0, opts.protocol, opts.device,
+                                opts.master)
+        if code != 0:
+            raise ConnectionError(f"setting up a client of master {opts.master} failed ({code}): "
+                                  "its log and this process's stderr say why")
+        with self._lock:
+            if self._closed:
+                client.close()
+                raise ConnectionError("the tier was closed")
+            self._client = client
+            for memory in self._memory:
+                self._register_now(client, memory)
+
+    def _failed(self, what: str, exc: BaseException) -> IOResult:
+        with self._lock:
+            self._suspect = True
+        return super()._failed(what, exc)
+
+    def _trip_failed(self, what: str, codes: Sequence[int]) -> IOResult | None:
+        """The failure of a round trip the master did not answer (tier out of service)."""
+        for code in codes:
+            failure = _unreachable(what, code)
+            if failure is not None:
+                return self._failed(what, failure)
+        return None
+
+    # -- memory -------------------------------------------------------------------
+
+    def register(self, memory: np.ndarray) -> None:
+        """Register ``memory`` with the transfer engine (now, or once connected): chunks in
+        it move with no copy. One the engine refuses is logged, and its chunks are staged."""
+        if not memory.flags.c_contiguous:
+            raise ValueError("MooncakeTier.register takes contiguous memory (a host tier's buffer)")
+        flat = memory.reshape(-1).view(np.uint8)
+        with self._lock:
+            self._memory.append(flat)
+            if self._client is not None:
+                self._register_now(self._client, flat)
+
+    def _register_now(self, client: Any, flat: np.ndarray) -> None:
+        """(lock held)"""
+        start = flat.ctypes.data
+        code = client.register_buffer(start, flat.nbytes)
+        if code != 0:
+            log.warning("kvtier: remote tier %s: registering %d bytes failed (%s); chunks in them "
+                        "are copied", self.url, flat.nbytes, _code_name(code))
+            return
+        self._registered.append((start, start + flat.nbytes))
+
+    def _direct(self, flat: np.ndarray) -> bool:
+        start = flat.ctypes.data
+        return any(low <= start and start + self.raw_bytes <= high for low, high in self._registered)
+
+    def _area(self, client: Any, nbytes: int) -> np.ndarray:
+        """This thread's registered scratch, of ``nbytes`` at least (``OSError`` if refused)."""
+        area: np.ndarray | None = getattr(self._local, "area", None)
+        if area is not None and getattr(self._local, "client", None) is client and area.nbytes >= nbytes:
+            return area
+        grown = 0 if area is None else 2 * area.nbytes  # doubling: rarely registered again
+        area = np.zeros(max(nbytes, grown, 64 * HEADER), np.uint8)
+        code = client.register_buffer(area.ctypes.data, area.nbytes)
+        if code != 0:
+            raise OSError(f"registering {area.nbytes} bytes of scratch failed ({_code_name(code)})")
+        with self._lock:
+            self._scratch.append(area)
+        self._local.area, self._local.client = area, client
+        return area
+
+    def _pieces(self, client: Any, bufs: Sequence[np.ndarray]
+                ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
+        """Header slot, payload memory and whether it is staged, for each chunk of a call
+        (``bufs``: the chunks' own bytes, contiguous ``uint8``)."""
+        staged = [not self._direct(b) for b in bufs]
+        area = self._area(client, len(bufs) * HEADER + sum(staged) * self.raw_bytes)
+        headers = [area[i * HEADER:(i + 1) * HEADER] for i in range(len(bufs))]
+        payloads: list[np.ndarray] = []
+        at = len(bufs) * HEADER
+        for buf, copy in zip(bufs, staged, strict=True):
+            payloads.append(area[at:at + self.raw_bytes] if copy else buf[: self.raw_bytes])
+            at += self.raw_bytes if copy else 0
+        if any(staged):
+            with self._lock:
+                self.staged += sum(staged)
+        return headers, payloads, staged
+
+    # -- the contract -----------------------------------------------------------------
+
+    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        client = self._ready("exists")
+        if isinstance(client, IOResult):
+            return [False] * len(keys)
+        try:
+            codes = client.batch_is_exist(self._names(keys))
+        except Exception as exc:  # a client that refuses its arguments: a failed trip
+            self._failed("exists", exc)
+            return [False] * len(keys)
+        if self._trip_failed("exists", codes) is not None:
+            return [False] * len(keys)
+        return [code == 1 for code in codes]
+
+    def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
+        unfit = [dst for dst in dsts if dst.nbytes < self.raw_bytes or not dst.flags.c_contiguous]
+        if unfit:
+            return [IOResult(IOStatus.IO_ERROR, 0, f"a buffer of {unfit[0].nbytes} bytes, contiguous "
+                             f"{unfit[0].flags.c_contiguous}: this tier's chunks have "
+                             f"{self.raw_bytes}")] * len(keys)
+        client = self._ready("get")
+        if isinstance(client, IOResult):
+            return [client] * len(keys)
+        names = self._names(keys)
+        outs = [dst.reshape(-1).view(np.uint8) for dst in dsts]
+        try:
+            headers, payloads, staged = self._pieces(client, outs)
+            codes = client.batch_get_into_multi_buffers(
+                names, [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
+                [[HEADER, self.raw_bytes]] * len(keys))
+            failed = self._trip_failed("get", codes)
+            results = [failed if failed is not None and item[2] in (RPC_FAIL, RPC_TIMEOUT)
+                       else self._got(client, *item)
+                       for item in zip(names, keys, codes, headers, payloads, strict=True)]
+            bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
+            if bad:
+                client.batch_remove(bad, True)  # so that the next put stores a good one
+        except Exception as exc:
+            return [self._failed("get", exc)] * len(keys)
+        for result, out, payload, copy in zip(results, outs, payloads, staged, strict=True):
+            if result.ok and copy:
+                out[: self.raw_bytes] = payload
+        return results
+
+    def _got(self, client: Any, name: str, key: ChunkKey, code: int, header: np.ndarray,
+             payload: np.ndarray) -> IOResult:
+        """What a get's answer ``code`` (bytes read, or an error) means for one chunk."""
+        expected = HEADER + self.raw_bytes
+        if code == expected:
+            problem = parts_problem(header.data, payload.data, self._ns, key, self.raw_bytes)
+            if problem:
+                return IOResult(IOStatus.CORRUPT, 0, problem)
+            return IOResult(IOStatus.OK, self.raw_bytes)
+        if code in GONE:
+            return IOResult(IOStatus.MISSING)
+        if code >= 0 or code in (INVALID_PARAMS, TRANSFER_FAIL):  # a value of another size?
+            size = client.get_size(name) if code < 0 else code
+            if size >= 0 and size != expected:
+                return IOResult(IOStatus.CORRUPT, 0, f"value of {size} bytes, expected {expected}")
+            if size in GONE:
+                return IOResult(IOStatus.MISSING)
+        return IOResult(IOStatus.IO_ERROR, 0, f"get: {_code_name(code)}")
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
+        wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
+        if wrong:
+            return [IOResult(IOStatus.IO_ERROR, 0, f"a payload of {wrong[0]} bytes: this tier's "
+                             f"chunks have {self.raw_bytes}")] * len(items)
+        client = self._ready("put")
+        if isinstance(client, IOResult):
+            return [client] * len(items)
+        raws = [np.ascontiguousarray(payload).reshape(-1).view(np.uint8) for _, payload in items]
+        try:
+            headers, payloads, staged = self._pieces(client, raws)
+            for (key, _), raw, header, payload, copy in zip(items, raws, headers, payloads, staged,
+                                                            strict=True):
+                if copy:
+                    payload[:] = raw
+                header[:] = np.frombuffer(value_header(self._ns, key, raw), np.uint8)
+            codes = client.batch_put_from_multi_buffers(
+                self._names([key for key, _ in items]),
+                [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
+                [[HEADER, self.raw_bytes]] * len(items))
+        except Exception as exc:
+            return [self._failed("put", exc)] * len(items)
+        failed = self._trip_failed("put", codes)
+        return [failed if failed is not None and code in (RPC_FAIL, RPC_TIMEOUT)
+                else _put_result(code, self.raw_bytes) for code in codes]
+
+    def close(self) -> None:
+        super().close()
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # a master gone: nothing more to release
+                client.close()
+
+
+def _put_result(code: int, raw_bytes: int) -> IOResult:
+    if code in STORED:
+        return IOResult(IOStatus.OK, raw_bytes)
+    status = IOStatus.NO_SPACE if code == NO_SPACE else IOStatus.IO_ERROR
+    return IOResult(status, 0, f"put: {_code_name(code)}")
+
+
+def _code_name(code: int) -> str:
+    return f"{CODE_NAMES.get(code, 'error')} ({code})"
+
+
+def _unreachable(what: str, code: int) -> OSError | None:
+    """The failure ``code`` means when the master did not answer; None for other codes."""
+    if code == RPC_TIMEOUT:
+        return TimeoutError(f"{what}: the master did not answer in time ({_code_name(code)})")
+    if code == RPC_FAIL:
+        return ConnectionError(f"{what}: the master is unreachable ({_code_name(code)})")
+    return None
+
+
+def _reachable(master: str, timeout_s: float) -> None:
+    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection within ``timeout_s``."""
+    host, _, port = master.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        raise TimeoutError(f"master {master} did not take a connection within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise ConnectionError(f"master {master} is unreachable: {exc.strerror or exc}") from None
+
+
+_SETUP_LOCK = threading.Lock()  # clients set up one at a time: they read the environment
+
+
+@contextlib.contextmanager
+def _unset_only(environ: MutableMapping[str, str], values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``environ`` for a while, each where the operator set nothing."""
+    added = [name for name in values if name not in environ]
+    for name in added:
+        environ[name] = values[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            environ.pop(name, None)
+
+
+def _local_address(master: str) -> str:
+    """The local address that routes to ``master`` (``host:port``): peers reach us there."""
+    host, _, port = master.rpartition(":")
+    with contextlib.suppress(OSError), socket.socket(
+            socket.AF_INET6 if host.startswith("[") else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host.strip("[]"), int(port)))  # a datagram socket: nothing is sent
+        return str(s.getsockname()[0])
+    return socket.gethostname()
+
+
+def _client_module() -> Any:
+    try:
+        import mooncake.store
+    except ImportError:
+        raise ImportError("the Mooncake remote tier needs the Mooncake Store client: pip "
+                          "install 'kvtier[mooncake]' (or mooncake-transfer-engine-non-cuda)") from None
+    return mooncake.store
