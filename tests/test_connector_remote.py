@@ -193,3 +193,30 @@ def test_remote_outcomes_count_over_ranks():
         WorkerReport(remote_failed=Counter({b"k": 1})))
     assert report.remote_written[b"k"] == 1 and report.remote_failed[b"k"] == 1
     assert not report.is_empty()
+
+
+def test_with_two_ranks_a_chunk_counts_only_when_both_copies_are_in_the_store(server):
+    import numpy as np
+
+    from kvtier.remote.redis_tier import RedisTier
+
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
+                       "load_policy": "always", "remote_url": server.url}, environ={})
+    namespaces = [GEO.namespace("m", "", 2, r) for r in range(2)]
+    side = SchedulerSide(cfg, GEO, namespaces, 2)
+    try:
+        req = request("r", 2 * CHUNK + 1, seed=9)
+        keys = side.chunk_keys(req, 2)
+        payload = np.zeros(GEO.chunk_bytes, np.uint8)
+        ranks = [RedisTier(server.url, ns, GEO.chunk_bytes) for ns in namespaces]
+        ranks[0].put_many([(k, payload) for k in keys])  # rank 0's copies only
+        ranks[1].put_many([(keys[0], payload)])  # and rank 1's of the first chunk
+        deadline = time.monotonic() + 10
+        while (answer := side.num_new_matched_tokens(req, 0))[0] is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert answer == (CHUNK, True)
+        for tier in ranks:
+            tier.close()
+    finally:
+        side.close()
