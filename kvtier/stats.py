@@ -47,7 +47,7 @@ class StoreStats:
     remote_write_bytes: int = 0
     remote_lookups: int = 0  # round trips asking which chunks it holds
     remote_misses: int = 0  # chunks it said it held and then did not have (evicted)
-    remote_failures: int = 0  # reads and writes that failed: corrupt, timed out, down, full
+    remote_failures: int = 0  # lookups, reads and writes that failed: corrupt, timed out, down, full
     remote_dropped_writes: int = 0  # writes skipped under back-pressure
     remote_down: bool = False  # out of service now (after a failed round trip)
 
@@ -138,8 +138,8 @@ def remote_samples(stats: StoreStats, backend: str, queued: int) -> list:
               "it holds", stats.remote_lookups),
              ("remote_misses_total", "counter", "Chunks the remote store said it held and no "
               "longer had (evicted)", stats.remote_misses),
-             ("remote_failures_total", "counter", "Remote reads and writes that failed (corrupt, "
-              "timed out, store down or full)", stats.remote_failures),
+             ("remote_failures_total", "counter", "Remote lookups, reads and writes that failed "
+              "(corrupt, timed out, store down or full)", stats.remote_failures),
              ("remote_dropped_writes_total", "counter", "Remote writes dropped under "
               "back-pressure", stats.remote_dropped_writes),
              ("remote_queue_depth", "gauge", "Remote writes queued or running", queued),

@@ -62,9 +62,12 @@ class StoreRemote:
     def present(self, keys: Sequence[ChunkKey]) -> int:
         if not keys or self.tier.down:
             return 0
+        failed_before = self.tier.failures
         held = self.tier.exists(keys)
         with self._lock:
             self._stats.remote_lookups += 1
+            if self.tier.failures != failed_before:  # the round trip failed: "none held"
+                self._stats.remote_failures += 1
         count = 0
         for found in held:
             if not found:
