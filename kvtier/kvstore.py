@@ -41,7 +41,7 @@ from kvtier.store_get import PrefixRead
 from kvtier.store_others import open_others
 from kvtier.store_reads import Fetcher
 from kvtier.store_remote import open_store_remote
-from kvtier.store_shared import Skip, StoreShared, time_left
+from kvtier.store_shared import Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import StorePlan, TierStack
 from kvtier.tiers.base import MemoryTier, TierName
@@ -280,14 +280,15 @@ class KVStore:
         writes dropped under back-pressure included, and write-back chunks not evicted yet),
         then wait for every disk write, at most ``timeout`` seconds. True when every host
         chunk is on disk; ``not_written`` says how many are not (disk full or failing, a
-        hung drive, or no disk tier). Writes to the remote store queued by then are waited
-        for too (within the same ``timeout``)."""
+        hung drive, or no disk tier). With a remote store, host chunks it is not known to hold
+        are written to it too (those its back-pressure dropped), and every write to it is
+        waited for (within the same ``timeout``)."""
         if self._closed:
             raise StoreClosedError("kvtier store is closed; open a new KVStore")
         deadline = None if timeout is None else time.monotonic() + timeout
         result = self._flusher.flush(timeout)
         remote = self._shared.remote
-        if remote is not None and not remote.drain(time_left(deadline)):
+        if remote is not None and not remote.flush(deadline):
             return dataclasses.replace(result, timed_out=True)
         return result
 

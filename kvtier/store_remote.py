@@ -17,7 +17,7 @@ from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
 from kvtier.remote.lane import RemoteLane, RemotePut
 from kvtier.remote.urls import backend_of, open_remote
 from kvtier.stats import FailureLog, StoreStats
-from kvtier.store_shared import StoreShared
+from kvtier.store_shared import StoreShared, time_left
 from kvtier.tier_stack import Location, TierStack
 from kvtier.tiers.base import TierName
 from kvtier.tiers.host import HostTier
@@ -43,7 +43,8 @@ class StoreRemote:
     - A queued write pins its host slot until the store answered; chunks the store holds
       (written, or read from it) are not written again while remembered (``KnownKeys``).
       Writes are dropped, and counted, past ``max_pending`` queued (each holds a host slot).
-    - ``drain(timeout)`` waits for reads and writes; ``close(timeout)`` as ``RemoteLane``.
+    - ``flush(deadline)`` writes what ``reached_host`` could not queue, and waits;
+      ``drain(timeout)`` waits for reads and writes; ``close(timeout)`` as ``RemoteLane``.
     """
 
     def __init__(self, tier: RemoteTier, config: KVTierConfig, host: HostTier, stack: TierStack,
@@ -148,6 +149,28 @@ class StoreRemote:
 
     def drain(self, timeout: float | None) -> bool:
         return self.lane.drain(timeout)
+
+    def flush(self, deadline: float | None) -> bool:
+        """With ``remote_min_hits`` 0, write the host chunks the store is not known to hold
+        (writes dropped under back-pressure, or failed), a queue's worth at a time, each
+        tried once; then wait for every write, until ``deadline``. True when all are over."""
+        tried: set[ChunkKey] = set()
+        while self.drain(time_left(deadline)):  # the queue empty: a whole one's worth now
+            if self._min_hits:
+                return True
+            with self._lock:
+                host = self._stack.indexes[HOST]
+                visible = host.keys()
+                todo = [(key, host.slot_of(key)) for key in visible
+                        if key not in self._known and key not in tried][:self._max_pending]
+                for key, slot in todo:
+                    tried.add(key)
+                    if slot is not None:
+                        self._queue(key, slot)
+            if not todo:
+                return True
+            self.start()
+        return False
 
     def close(self, timeout: float) -> bool:
         return self.lane.close(timeout)

@@ -247,3 +247,13 @@ def test_remote_config_is_checked_and_credentials_come_from_the_environment(tmp_
             assert a.stats().remote_writes == 2
     finally:
         srv.stop()
+
+
+def test_flush_writes_what_back_pressure_dropped(server):
+    toks = tokens(14, 40)
+    with store(server, host_capacity=64 * CHUNK_BYTES) as a:
+        a._shared.remote._max_pending = 2  # white-box: a queue of two, so that puts drop writes
+        a.put(toks, make_kv(toks))
+        assert a.stats().remote_dropped_writes > 0
+        assert a.flush(20)
+        assert a.stats().remote_writes == 40 and len(remote_keys(server)) == 40
