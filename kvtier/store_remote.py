@@ -96,7 +96,7 @@ class StoreRemote:
         if self.lane.puts_pending >= self._max_pending:
             self._stats.remote_dropped_writes += 1
             self._failures.note("remote write dropped", "the remote write queue is full; the "
-                                "chunk is written on a later load (counted in "
+                                "chunk is written by flush() or at a later load (counted in "
                                 "remote_dropped_writes)")
             return
         self._known.add(key)  # queued: not queued again meanwhile
