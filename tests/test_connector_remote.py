@@ -220,3 +220,17 @@ def test_with_two_ranks_a_chunk_counts_only_when_both_copies_are_in_the_store(se
             tier.close()
     finally:
         side.close()
+
+
+def test_a_worker_closing_at_once_still_writes_every_chunk_queued(server):
+    a = Engine(server)
+    try:
+        req = request("r", 4 * CHUNK + 1, seed=10)  # 4 writes: as many as 8 host slots allow
+        meta = StepPlan()
+        a.scheduler.plan_stores(req, (list(range(1, 9)),), req.num_tokens, meta)
+        assert sum(s.remote for s in meta.stores) == 4
+        a.worker.save(a.scheduler.build_meta(meta))  # two writes run, two wait for a job
+        assert a.worker.close()
+        assert len(list(server.client().scan_iter(match="kvtier:*"))) == 4
+    finally:
+        a.scheduler.close()

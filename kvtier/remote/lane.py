@@ -6,6 +6,7 @@ into host slots."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -40,9 +41,10 @@ class RemoteLane:
     if it opened one; a put job reads each chunk's bytes with ``payload(slot)`` and, once
     the store answered, calls ``settle(items, results)`` (results None: never run, the lane
     closed). ``puts_pending`` counts the puts queued or running (back-pressure).
-    ``drain(timeout)`` waits for every job submitted so far; ``close(timeout)`` stops taking
-    jobs, waits at most ``timeout``, and closes the tier when none is left running (False:
-    some still run and use host memory, which must stay allocated).
+    ``drain(timeout)`` waits for every job submitted so far; ``close(timeout)`` lets the puts
+    queued go out, stops taking jobs, waits at most ``timeout`` in all, and closes the tier
+    when none is left running (False: some still run and use host memory, which must stay
+    allocated).
     """
 
     def __init__(self, tier: RemoteTier, threads: int, payload: Callable[[int], np.ndarray],
@@ -97,9 +99,11 @@ class RemoteLane:
                 return False
 
     def close(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        self.drain(timeout)  # still open: the puts waiting for a job go out too
         with self._lock:
             self.closed = True
-        drained = self.drain(timeout)
+        drained = self.drain(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=False, cancel_futures=True)
         if drained:
             self.tier.close()
