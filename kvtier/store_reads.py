@@ -142,9 +142,14 @@ class Fetcher:
         timeout = self.shared.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         from_remote = [f for f in reading if f.loc.tier is REMOTE]
-        if from_remote:
-            self._start_remote(from_remote, deadline)
-            reading = [f for f in reading if f.loc.tier is not REMOTE]
+        reading = [f for f in reading if f.loc.tier is not REMOTE]
+        try:
+            self._start_disk(reading, deadline)
+        finally:  # every fetch gets its read, whatever fails
+            if from_remote:
+                self._start_remote(from_remote, deadline)
+
+    def _start_disk(self, reading: list[Fetch], deadline: float | None) -> None:
         lane = self.shared.lane
         per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
         groups: list[tuple[str, list[Fetch], BatchReads]] = []
@@ -286,8 +291,8 @@ class Fetcher:
                 self.shared.stack.finish(fetch.key, plan.dst, False)
                 fetch.state = FetchState.FAILED
                 return None
+        fetch.state = FetchState.STAGED  # pinned by the finish: released by release()
         self.runner.finish(fetch.key, plan.dst, True, pin=True)
-        fetch.state = FetchState.STAGED
         return plan.dst
 
     def drop_unused(self, fetch: Fetch) -> None:

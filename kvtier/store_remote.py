@@ -99,8 +99,13 @@ class StoreRemote:
                                 "chunk is written by flush() or at a later load (counted in "
                                 "remote_dropped_writes)")
             return
+        index = self._stack.indexes[HOST]
+        pinned = index.pin(key)
+        if pinned != slot:  # gone or moved since it was seen there: nothing to write
+            if pinned is not None:
+                index.unpin(key)
+            return
         self._known.add(key)  # queued: not queued again meanwhile
-        self._stack.indexes[HOST].pin(key)
         _, group = self.lane.put(RemotePut(key, slot))
         if group is not None:
             self._groups.append(group)
@@ -187,6 +192,6 @@ def open_store_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int
         tier.close()
         raise ConfigError("kvtier config: remote_url needs host memory to stage chunks in: "
                           "raise host_capacity to at least one chunk")
-    queued = max(shared.max_pending, min(host.num_slots // 2, QUEUED_BYTES // max(1, raw_bytes)))
+    queued = max(1, min(host.num_slots // 2, QUEUED_BYTES // max(1, raw_bytes)))
     return StoreRemote(tier, config, host, shared.stack, shared.stats, shared.failures,
                        shared.lock, queued)

@@ -158,10 +158,12 @@ class PlanRunner:
             write = self._write_through(key, dst.slot) if ok and dst.tier is HOST else None
             if remote is not None and ok and dst.tier is HOST:
                 remote.reached_host(key, dst.slot)
-        if write is not None:
-            self.start(write)
-        if remote is not None:
-            remote.start()
+        try:
+            if write is not None:
+                self.start(write)
+        finally:
+            if remote is not None:
+                remote.start()
 
     def _write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
         """Queue the background disk write of a chunk that just reached host (lock held);

@@ -234,3 +234,26 @@ def test_a_worker_closing_at_once_still_writes_every_chunk_queued(server):
         assert len(list(server.client().scan_iter(match="kvtier:*"))) == 4
     finally:
         a.scheduler.close()
+
+
+def test_a_store_one_rank_failed_keeps_its_host_slot_while_another_rank_still_writes_it(server):
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
+                       "load_policy": "always", "remote_url": server.url}, environ={})
+    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 2, r) for r in range(2)], 2)
+    try:
+        req = request("r", CHUNK + 1, seed=11)
+        meta = StepPlan()
+        side.plan_stores(req, ([1, 2],), req.num_tokens, meta)
+        (store,) = meta.stores
+        assert store.remote
+        host = side.stack.indexes[TierName.HOST]
+        # rank 0 stored it and is still sending it; rank 1 failed its copy
+        side.worker_report(WorkerReport(host_stored=Counter({store.key: 1}),
+                                        host_failed=Counter({store.key: 1}),
+                                        remote_failed=Counter({store.key: 1})))
+        assert host.reusable_slots == 7  # the slot stays taken: rank 0 reads it
+        side.worker_report(WorkerReport(remote_written=Counter({store.key: 1})))
+        assert host.reusable_slots == 8 and side.stack.locate(store.key) is None
+        assert side.counters["remote_failed_chunks"] == 1
+    finally:
+        side.close()

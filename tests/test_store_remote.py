@@ -257,3 +257,17 @@ def test_flush_writes_what_back_pressure_dropped(server):
         assert a.stats().remote_dropped_writes > 0
         assert a.flush(20)
         assert a.stats().remote_writes == 40 and len(remote_keys(server)) == 40
+
+
+def test_a_hung_store_never_holds_more_than_half_the_host_slots(server):
+    first, second = tokens(15, 8), tokens(16, 4)
+    s = store(server, host_capacity=8 * CHUNK_BYTES, remote_timeout="3s", io_threads=2)
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        assert s.put(first, make_kv(first)) == len(first)
+        assert s.put(second, make_kv(second)) == len(second)  # room beside the writes waiting
+        n, out = read(s, second)
+        assert n == len(second) and same_bytes(out, make_kv(second))
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        assert s.close(timeout=10)

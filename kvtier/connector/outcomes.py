@@ -83,10 +83,12 @@ class Outcomes:
             if ok is None:
                 continue
             dst, disk = self._pending.host.pop(key)
-            self.stack.finish(key, dst, ok)
+            remote = self._remote_writes
+            if ok or remote is None or not remote.hold_failed(key, dst):
+                self.stack.finish(key, dst, ok)
             self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
-            if self._remote_writes is not None:
-                self._remote_writes.stored(key, dst, ok)
+            if ok and remote is not None:
+                remote.stored(key, dst)
             if disk is not None and key in self._pending.disk:
                 if ok:
                     self.stack.indexes[HOST].pin(key)  # until its disk write is over

@@ -34,6 +34,7 @@ class RemotePresence:
         self.tiers, self._wait_s = list(tiers), wait_s
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="kvtier-remote-lookup")
         self._asked: dict[str, tuple[int, float, Future[list[bool]]]] = {}
+        self._closed = False
         self.lookups = 0  # questions asked
 
     @property
@@ -43,7 +44,7 @@ class RemotePresence:
     def held(self, req_id: str, keys: Sequence[ChunkKey]) -> list[bool] | None:
         asked = self._asked.get(req_id)
         if asked is None or asked[0] < len(keys):
-            if self.down:
+            if self.down or self._closed:
                 return [False] * len(keys)
             self.lookups += 1
             asked = (len(keys), time.monotonic(), self._pool.submit(self._ask, list(keys)))
@@ -71,6 +72,7 @@ class RemotePresence:
         self._asked.pop(req_id, None)
 
     def close(self) -> None:
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         for tier in self.tiers:
             tier.close()

@@ -4,6 +4,7 @@ the host slots they hold until every rank's copy is written."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from kvtier.connector.messages import RemoteWrite, WorkerReport
 from kvtier.connector.rank_counts import RankOutcomes
@@ -15,15 +16,22 @@ from kvtier.tiers.base import TierName
 HOST = TierName.HOST
 
 
+@dataclass(frozen=True)
+class _Aborted:
+    host: Location
+
+
 class RemoteWrites:
     """Contract: ``with_store(key)`` says whether a chunk being planned for store goes to
     the store as well (``remote_min_hits`` 0: the workers write it right after their host
-    copy, like write-through), recording it pending; ``stored(key, ok)`` (every rank's host
-    store is over) pins its host slot until the write is over, or forgets it when the store
-    failed. ``loaded(key)`` (a chunk loaded from this engine's host memory or disk) counts
-    a hit and, at the ``min_hits``-th (with 0: when an earlier write of it failed or was
-    dropped), queues a ``RemoteWrite`` with its host slot pinned, which ``take_new()``
-    hands to the step's plan. ``in_store(key)`` notes a chunk the store is known to hold
+    copy, like write-through), recording it pending; ``stored(key, host)`` (every rank
+    stored it) pins its host slot until the write is over; ``hold_failed(key, host)`` (some
+    rank failed its host store) keeps the host reservation until every rank's remote outcome
+    is in, since ranks whose copy succeeded still send from it. ``loaded(key)`` (a chunk
+    loaded from this engine's host memory or disk) counts a hit and, at the
+    ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
+    ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
+    plan. ``in_store(key)`` notes a chunk the store is known to hold
     (loaded from it: not written again while remembered). A pin ends once ``apply`` saw
     every rank's outcome. Past ``max_pending`` writes in flight, new ones are dropped and
     counted (``remote_dropped_chunks``); none is planned while ``down()`` says the store is
@@ -37,7 +45,9 @@ class RemoteWrites:
         self._known = KnownKeys(capacity)
         self._hits = HitCounts(capacity)
         self._outcomes = RankOutcomes(world_size)
-        self._pending: dict[bytes, Location | None] = {}  # key -> host slot pinned (None: not yet)
+        # key -> its host slot: pinned, None (its host store not over yet), or an aborted
+        # host reservation the remote writes still read from (ended once they are over)
+        self._pending: dict[bytes, Location | _Aborted | None] = {}
         self._new: list[RemoteWrite] = []
 
     def with_store(self, key: ChunkKey) -> bool:
@@ -47,15 +57,19 @@ class RemoteWrites:
         self._pending[key] = None
         return True
 
-    def stored(self, key: ChunkKey, host: Location, ok: bool) -> None:
-        if key not in self._pending or self._pending[key] is not None:
-            return
-        if ok:
+    def stored(self, key: ChunkKey, host: Location) -> None:
+        if key in self._pending and self._pending[key] is None:
             self._stack.indexes[HOST].pin(key)
             self._pending[key] = host
-        else:
-            del self._pending[key]
-            self._known.discard(key)
+
+    def hold_failed(self, key: ChunkKey, host: Location) -> bool:
+        """A store some rank failed, whose remote write other ranks may still be sending
+        from ``host``: True when this keeps the host reservation, to abort it once every
+        rank's remote outcome is in (the caller must not end it)."""
+        if key not in self._pending or self._pending[key] is not None:
+            return False
+        self._pending[key] = _Aborted(host)
+        return True
 
     def loaded(self, key: ChunkKey) -> None:
         if key in self._known or key in self._pending:
@@ -99,7 +113,10 @@ class RemoteWrites:
             if ok is None:
                 continue
             host = self._pending.pop(key)
-            if host is not None:  # else its host store failed or is not over: nothing pinned
+            if isinstance(host, _Aborted):  # its host store failed: no rank reads it any more
+                self._stack.finish(ChunkKey(key), host.host, False)
+                ok = False
+            elif host is not None:  # else its host store is not over: nothing pinned
                 self._stack.unpin(ChunkKey(key), host)
             self._counters["remote_written_chunks" if ok else "remote_failed_chunks"] += 1
             if not ok:

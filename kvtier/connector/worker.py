@@ -244,6 +244,8 @@ class WorkerSide:
                 self._ledger.unexpected("copy of a chunk to host failed", store.key.hex(), exc)
                 with self._lock:
                     self._ledger.pending.host_failed[store.key] += 1
+                    if store.remote:  # its remote write will not run: the outcome all the same
+                        self._ledger.pending.remote_failed[store.key] += 1
         pages.synchronize()
         with self._lock:
             for store in stored:

@@ -51,7 +51,8 @@ class RemoteLane:
                  settle: Settle[RemotePut]) -> None:
         self.tier = tier
         self._payload = payload
-        self._pool = ThreadPoolExecutor(max(2, threads), thread_name_prefix="kvtier-remote")
+        # reads have ``threads`` of their own beside the put jobs
+        self._pool = ThreadPoolExecutor(threads + PUT_JOBS, thread_name_prefix="kvtier-remote")
         self._lock = threading.Lock()
         self._jobs: set[Future] = set()
         self.closed = False
@@ -90,12 +91,14 @@ class RemoteLane:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for the jobs submitted so far (and the puts they take on); True when over."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
                 jobs = list(self._jobs)
             if not jobs:
                 return True
-            if wait_futures(jobs, timeout=timeout).not_done:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if wait_futures(jobs, timeout=left).not_done:
                 return False
 
     def close(self, timeout: float) -> bool:
