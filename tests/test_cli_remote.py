@@ -90,3 +90,11 @@ def test_stats_shows_the_remote_tier(server):
         assert "remote_chunks_total" in run("stats", f"127.0.0.1:{port}").stdout
     finally:
         store.close()
+
+
+def test_inspect_without_the_redis_client_says_which_extra_to_install(tmp_path):
+    blocker = tmp_path / "redis.py"
+    blocker.write_text("raise ImportError('no redis here')\n")
+    result = run("inspect", "redis://127.0.0.1:6379/0", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2 and "kvtier[remote]" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -129,7 +129,7 @@ def _inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
 
     try:
         found = survey(url, prefix, limit)
-    except (SurveyError, ValueError) as exc:
+    except (SurveyError, ValueError, ImportError) as exc:  # ImportError: the extra is missing
         raise fail(str(exc)) from exc
     if namespace:
         found.namespaces = [h for h in found.namespaces if h.digest.startswith(namespace)]
