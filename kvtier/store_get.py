@@ -48,6 +48,10 @@ class PrefixRead:
         held = self._fetcher.hold_disk_chunks(keys)
         try:
             self._remote = self._remote_tail(keys)
+            if self._remote:  # the window refills by the remote tier's groups
+                assert self._shared.remote is not None
+                group = self._shared.remote.tier.read_group_bytes // self._shared.transfers.chunk_bytes
+                self._refill = max(self._refill, min(group, self._read_ahead))
             while self._fill(keys):
                 fetch = self._window.popleft()
                 try:

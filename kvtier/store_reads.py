@@ -169,10 +169,10 @@ class Fetcher:
 
     def _start_remote(self, fetches: list[Fetch], deadline: float | None) -> None:
         """Start the reads of chunks from the remote store, a job (one round trip) per
-        group of up to ``READ_GROUP_BYTES``."""
+        group of up to the tier's ``read_group_bytes``."""
         remote = self.shared.remote
         assert remote is not None, "chunks come from the remote store only with one"
-        per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
+        per_group = max(1, remote.tier.read_group_bytes // self.shared.transfers.chunk_bytes)
         groups = self._groups("", fetches, per_group, deadline)
         for i, (_, group, reads) in enumerate(groups):
             pairs = [(f.key, f.plan.dst.slot) for f in group if f.plan is not None]

@@ -30,11 +30,8 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import torch  # noqa: E402
-
-from kvtier import KVStore  # noqa: E402
+from kvtier.bench.remote_store import store_bandwidth  # noqa: E402
 from kvtier.keys import ChunkKey, Namespace  # noqa: E402
-from kvtier.layout import KVLayout  # noqa: E402
 from kvtier.remote.redis_tier import RedisTier  # noqa: E402
 from kvtier.units import format_size, parse_size  # noqa: E402
 from tests.redis_server import RedisServer  # noqa: E402
@@ -87,7 +84,7 @@ def measure(url: str, chunk: int, total: int, batch: int, repeats: int) -> dict:
     for name, run in (("raw_put", raw_put), ("tier_put", tier_put), ("raw_get", raw_get),
                       ("tier_get", tier_get)):
         row[name] = moved / best(repeats, run) / 2**30
-    row["store_put"], row["store_get"] = measure_store(url, chunk, count, batch, repeats)
+    row["store_put"], row["store_get"] = store_bandwidth(url, chunk, count, batch, repeats)
     for i in range(batch):  # every byte checked once
         assert np.array_equal(dsts[i], data[(count - batch + i) % batch])
     row["put_ratio"], row["get_ratio"] = row["tier_put"] / row["raw_put"], row["tier_get"] / row["raw_get"]
@@ -96,39 +93,6 @@ def measure(url: str, chunk: int, total: int, batch: int, repeats: int) -> dict:
     raw.flushdb()
     tier.close()
     return row
-
-
-LAYOUT = KVLayout(num_layers=2, kv_heads=8, head_size=128, dtype="bfloat16")  # 8 KiB a token
-
-
-def measure_store(url: str, chunk: int, count: int, batch: int, repeats: int) -> tuple[float, float]:
-    """GiB/s of ``KVStore.put`` + ``flush`` to the store, and of ``KVStore.get`` from it on
-    a second store, prompts of ``batch`` chunks."""
-    tokens = chunk // LAYOUT.token_bytes
-    prompts = [list(range(p * 10**6, p * 10**6 + batch * tokens)) for p in range(count // batch)]
-    kv = torch.from_numpy(np.random.default_rng(0).integers(-2**15, 2**15, (
-        LAYOUT.num_layers, 2, batch * tokens, LAYOUT.hidden), dtype=np.int16)).view(torch.bfloat16)
-    config = {"chunk_tokens": tokens, "remote_url": url, "remote_timeout": "30s", "io_threads": 8}
-    host = f"{count * chunk // 2**20 + 64}MiB"
-    put_s, get_s = [], []
-    for r in range(repeats):
-        with KVStore(LAYOUT, {**config, "host_capacity": host}, model=f"bench-{r}") as writer:
-            start = time.perf_counter()
-            for prompt in prompts:
-                writer.put(prompt, kv)
-            assert writer.flush(600) and writer.stats().remote_writes == count
-            put_s.append(time.perf_counter() - start)
-        half = f"{count * chunk // 2 // 2**20 + 1}MiB"
-        with KVStore(LAYOUT, {**config, "host_capacity": half}, model=f"bench-{r}") as reader:
-            out = reader.empty_kv(batch * tokens)
-            start = time.perf_counter()
-            for prompt in prompts:
-                assert reader.get(prompt, out) == len(prompt)
-            get_s.append(time.perf_counter() - start)
-            assert reader.stats().remote_reads == count
-            assert torch.equal(out.view(torch.int16), kv.view(torch.int16))
-    moved = count * chunk / 2**30
-    return moved / min(put_s), moved / min(get_s)
 
 
 def main() -> None:

@@ -11,8 +11,12 @@ and read back with ``get_many`` (a header with each, every value checked down to
 checksum), ``--batch`` chunks a round trip, from and into a registered host buffer (no
 copy), and again from and into plain buffers (staged through the tier's scratch); against
 the raw client's ``batch_put_from`` / ``batch_get_into`` of registered buffers (nothing
-framed, nothing checked). Values are removed between passes; best of ``--repeats``; the
-figures that count are the ratios.
+framed, nothing checked), and that raw get followed by the checksum of every value it read
+("checked raw": what verifying costs on its own). The arms take turns batch by batch, in
+a rotating order, so that they share the machine's moods; values are removed between
+rounds; best of ``--repeats`` rounds (and the median of the rounds' ratios). Then the
+public API: ``KVStore.put`` + ``flush`` to the store and ``KVStore.get`` on a second store
+(``kvtier.bench.remote_store``). The figures that count are the ratios.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +36,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from kvtier.bench.remote_store import store_bandwidth  # noqa: E402
+from kvtier.io.format import payload_checksum  # noqa: E402
 from kvtier.keys import ChunkKey, Namespace  # noqa: E402
 from kvtier.remote.mooncake_tier import MooncakeTier  # noqa: E402
 from kvtier.remote.values import value_key  # noqa: E402
@@ -38,7 +45,7 @@ from kvtier.units import format_size, parse_size  # noqa: E402
 from tests.mooncake_server import NETNS_ENV, MooncakeServer, inside_namespace, skip_reason  # noqa: E402
 
 NS = Namespace(model="bench", kv_dtype="bfloat16", layout="bench", block_tokens=16, chunk_tokens=256)
-PREFIX = "bench:"
+PREFIX, STAGED_PREFIX = "bench:", "bench-staged:"
 
 
 def timed(run: Callable[[], None]) -> float:
@@ -48,83 +55,103 @@ def timed(run: Callable[[], None]) -> float:
 
 
 class Case:
-    """The chunks of one size, the buffers they move between, and the passes timed."""
+    """The chunks of one size, the buffers they move between, and the batches timed."""
 
     def __init__(self, server: MooncakeServer, chunk: int, total: int, batch: int) -> None:
-        self.chunk, self.batch = chunk, batch
+        self.chunk, self.batch, self.url = chunk, batch, server.url
         self.count = max(batch, total // chunk // batch * batch)
         self.keys = [ChunkKey(i.to_bytes(16, "big")) for i in range(self.count)]
-        self.names = [value_key(PREFIX, NS.digest(), k).decode() for k in self.keys]
         self.host = np.random.default_rng(chunk).integers(0, 256, 2 * batch * chunk, dtype=np.uint8)
         self.plain = [self.host[i * chunk:(i + 1) * chunk].copy() for i in range(2 * batch)]
         self.raw = server.client()
         assert self.raw.register_buffer(self.host.ctypes.data, self.host.nbytes) == 0
         self.tier = MooncakeTier(server.url, NS, chunk, timeout_s=30, prefix=PREFIX)
         self.tier.register(self.host)
-        self.plain_tier = MooncakeTier(server.url, NS, chunk, timeout_s=30, prefix=PREFIX)
+        self.plain_tier = MooncakeTier(server.url, NS, chunk, timeout_s=30, prefix=STAGED_PREFIX)
+        self.slots = [self.slot(i) for i in range(2 * batch)]
 
     def slot(self, i: int) -> np.ndarray:
         return self.host[i * self.chunk:(i + 1) * self.chunk]
 
-    def batches(self) -> range:
-        return range(0, self.count, self.batch)
+    def raw_put(self, at: int) -> None:
+        codes = self.raw.batch_put_from([f"raw:{at + i}" for i in range(self.batch)],
+                                        [self.slot(i).ctypes.data for i in range(self.batch)],
+                                        [self.chunk] * self.batch)
+        assert all(c == 0 for c in codes), codes
 
-    def raw_put(self) -> None:
-        for at in self.batches():
-            codes = self.raw.batch_put_from([f"raw:{at + i}" for i in range(self.batch)],
-                                            [self.slot(i).ctypes.data for i in range(self.batch)],
-                                            [self.chunk] * self.batch)
-            assert all(c == 0 for c in codes), codes
+    def raw_get(self, at: int, check: bool = False) -> None:
+        dsts = [self.slot(self.batch + i).ctypes.data for i in range(self.batch)]
+        codes = self.raw.batch_get_into([f"raw:{at + i}" for i in range(self.batch)], dsts,
+                                        [self.chunk] * self.batch)
+        assert all(c == self.chunk for c in codes), codes
+        if check:  # what verifying costs on its own: each value's payload checksum
+            for i in range(self.batch):
+                payload_checksum(self.slot(self.batch + i).data)
 
-    def raw_get(self) -> None:
-        for at in self.batches():
-            dsts = [self.slot(self.batch + i).ctypes.data for i in range(self.batch)]
-            codes = self.raw.batch_get_into([f"raw:{at + i}" for i in range(self.batch)], dsts,
-                                            [self.chunk] * self.batch)
-            assert all(c == self.chunk for c in codes), codes
+    def tier_put(self, tier: MooncakeTier, bufs: list[np.ndarray], at: int) -> None:
+        results = tier.put_many(list(zip(self.keys[at:at + self.batch], bufs[: self.batch], strict=True)))
+        assert all(r.ok for r in results), results[:2]
 
-    def tier_put(self, tier: MooncakeTier, bufs: list[np.ndarray]) -> None:
-        for at in self.batches():
-            results = tier.put_many(list(zip(self.keys[at:at + self.batch], bufs[: self.batch], strict=True)))
-            assert all(r.ok for r in results), results[:2]
-
-    def tier_get(self, tier: MooncakeTier, bufs: list[np.ndarray]) -> None:
-        for at in self.batches():
-            results = tier.get_many(self.keys[at:at + self.batch], bufs[self.batch:])
-            assert all(r.ok for r in results), results[:2]
+    def tier_get(self, tier: MooncakeTier, bufs: list[np.ndarray], at: int) -> None:
+        results = tier.get_many(self.keys[at:at + self.batch], bufs[self.batch:])
+        assert all(r.ok for r in results), results[:2]
 
     def clean(self) -> None:
-        names = self.names + [f"raw:{i}" for i in range(self.count)]
+        names = [f"raw:{i}" for i in range(self.count)] + [
+            value_key(prefix, NS.digest(), k).decode() for prefix in (PREFIX, STAGED_PREFIX)
+            for k in self.keys]
         for at in range(0, len(names), 256):
             self.raw.batch_remove(names[at:at + 256], True)
 
-    def measure(self, repeats: int) -> dict[str, Any]:
-        slots = [self.slot(i) for i in range(2 * self.batch)]
-        passes: dict[str, tuple[Callable[[], None], Callable[[], None]]] = {
-            "raw": (self.raw_put, self.raw_get),
-            "tier": (lambda: self.tier_put(self.tier, slots), lambda: self.tier_get(self.tier, slots)),
-            "staged": (lambda: self.tier_put(self.plain_tier, self.plain),
-                       lambda: self.tier_get(self.plain_tier, self.plain)),
-        }
-        times: dict[str, list[float]] = {f"{n}_{op}": [] for n in passes for op in ("put", "get")}
-        self.raw_put()  # the holder's pages touched once, before any pass is timed
+    def measure(self, repeats: int, store_repeats: int) -> dict[str, Any]:
+        """Each round: every batch put by each arm in turn, then read back by each arm in
+        turn (the order rotating batch by batch), so that the arms share the machine's
+        moods; then the store emptied."""
+        puts: dict[str, Callable[[int], None]] = {
+            "raw": self.raw_put,
+            "tier": lambda at: self.tier_put(self.tier, self.slots, at),
+            "staged": lambda at: self.tier_put(self.plain_tier, self.plain, at)}
+        gets: dict[str, Callable[[int], None]] = {
+            "raw": self.raw_get,
+            "checked": lambda at: self.raw_get(at, check=True),
+            "tier": lambda at: self.tier_get(self.tier, self.slots, at),
+            "staged": lambda at: self.tier_get(self.plain_tier, self.plain, at)}
+        times: dict[str, list[float]] = {f"{name}_{op}": [] for op, arms in (("put", puts), ("get", gets))
+                                         for name in arms}
+        for at in range(0, self.count, self.batch):  # the holder's pages touched once, untimed
+            self.raw_put(at)
         self.clean()
-        for _ in range(repeats):  # the three interleaved, each on an empty store
-            for name, (put, get) in passes.items():
-                times[f"{name}_put"].append(timed(put))
-                times[f"{name}_get"].append(timed(get))
-                self.clean()
+        for _ in range(repeats):
+            for op, arms in (("put", puts), ("get", gets)):
+                spent = dict.fromkeys(arms, 0.0)
+                names = list(arms)
+                for turn, at in enumerate(range(0, self.count, self.batch)):
+                    for name in names[turn % len(names):] + names[: turn % len(names)]:
+                        spent[name] += timed(lambda: arms[name](at))  # noqa: B023
+                for name, seconds in spent.items():
+                    times[f"{name}_{op}"].append(seconds)
+            self.clean()
         moved = self.count * self.chunk / 2**30
         row: dict[str, Any] = {"chunk": self.chunk, "chunks": self.count, "batch": self.batch}
         row.update({name: moved / min(seconds) for name, seconds in times.items()})
         for i in range(self.batch):  # the last reads, checked byte for byte
             assert np.array_equal(self.plain[self.batch + i], self.plain[i])
-            assert np.array_equal(slots[self.batch + i], slots[i])
+            assert np.array_equal(self.slots[self.batch + i], self.slots[i])
         for name in ("tier", "staged"):
-            row[f"{name}_put_ratio"] = row[f"{name}_put"] / row["raw_put"]
-            row[f"{name}_get_ratio"] = row[f"{name}_get"] / row["raw_get"]
+            for op in ("put", "get"):
+                row[f"{name}_{op}_ratio"] = row[f"{name}_{op}"] / row[f"raw_{op}"]
+                row[f"{name}_{op}_ratio_median"] = statistics.median(  # round by round
+                    raw / mine for raw, mine in zip(times[f"raw_{op}"], times[f"{name}_{op}"], strict=True))
+        row["check_share"] = 1 - row["checked_get"] / row["raw_get"]  # of a raw get's time
+        row["tier_get_to_checked"] = row["tier_get"] / row["checked_get"]
         self.tier.close()
         self.plain_tier.close()
+        if store_repeats:
+            row["store_put"], row["store_get"] = store_bandwidth(
+                self.url, self.chunk, self.count, self.batch, store_repeats,
+                clean=lambda: self.raw.remove_by_regex("^kvtier:", True))
+            row["store_put_ratio"] = row["store_put"] / row["raw_put"]
+            row["store_get_ratio"] = row["store_get"] / row["raw_get"]
         return row
 
 
@@ -133,7 +160,9 @@ def main() -> None:
     parser.add_argument("--chunks", default="2MiB,8MiB,32MiB")
     parser.add_argument("--size", default="512MiB", help="bytes per pass and chunk size")
     parser.add_argument("--batch", type=int, default=8, help="chunks per round trip")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--store-repeats", type=int, default=3,
+                        help="rounds of the KVStore arm (0: none)")
     parser.add_argument("--segment", default="2GiB", help="memory the holder lends the pool")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -150,21 +179,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvtier-mooncake-") as tmp:
         server = MooncakeServer(Path(tmp), parse_size(args.segment)).start()
         try:
-            rows = [Case(server, parse_size(c), parse_size(args.size), args.batch).measure(args.repeats)
-                    for c in args.chunks.split(",")]
+            rows = [Case(server, parse_size(c), parse_size(args.size), args.batch).measure(
+                args.repeats, args.store_repeats) for c in args.chunks.split(",")]
         finally:
             server.stop()
     table = Table(title=f"MooncakeTier against the raw Mooncake client, {args.size} a pass, "
                         f"{args.batch} chunks a round trip, best of {args.repeats} (same run, same "
                         "store, TCP loopback to a holder process)")
-    for column in ("chunk", "raw put GiB/s", "tier put", "put/raw", "staged put/raw",
-                   "raw get GiB/s", "tier get", "get/raw", "staged get/raw"):
+    for column in ("chunk", "raw put GiB/s", "tier put", "put/raw (median)", "staged put/raw",
+                   "raw get GiB/s", "tier get", "get/raw (median)", "staged get/raw",
+                   "check share", "get/checked raw", "store put/raw", "store get/raw"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(format_size(r["chunk"]), f"{r['raw_put']:.2f}", f"{r['tier_put']:.2f}",
-                      f"{r['tier_put_ratio']:.2f}", f"{r['staged_put_ratio']:.2f}",
-                      f"{r['raw_get']:.2f}", f"{r['tier_get']:.2f}", f"{r['tier_get_ratio']:.2f}",
-                      f"{r['staged_get_ratio']:.2f}")
+                      f"{r['tier_put_ratio']:.2f} ({r['tier_put_ratio_median']:.2f})",
+                      f"{r['staged_put_ratio']:.2f}", f"{r['raw_get']:.2f}", f"{r['tier_get']:.2f}",
+                      f"{r['tier_get_ratio']:.2f} ({r['tier_get_ratio_median']:.2f})",
+                      f"{r['staged_get_ratio']:.2f}", f"{r['check_share']:.0%}",
+                      f"{r['tier_get_to_checked']:.2f}", f"{r.get('store_put_ratio', 0):.2f}",
+                      f"{r.get('store_get_ratio', 0):.2f}")
     Console(width=150).print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -271,3 +271,44 @@ def test_a_hung_store_never_holds_more_than_half_the_host_slots(server):
     finally:
         os.kill(server.process.pid, signal.SIGCONT)
         assert s.close(timeout=10)
+
+
+def _count_calls(tier, name: str) -> list[int]:
+    """The batch sizes of ``tier``'s calls of ``name`` from now on (white-box wrap)."""
+    sizes: list[int] = []
+    inner = getattr(tier, name)
+
+    def counted(batch, *rest):
+        sizes.append(len(batch))
+        return inner(batch, *rest)
+
+    setattr(tier, name, counted)
+    return sizes
+
+
+@pytest.mark.parametrize("group_chunks, calls", [(6, [6]), (2, [2, 2, 2])])
+def test_a_get_reads_its_remote_chunks_in_groups_of_the_tiers_round_trip(server, group_chunks,
+                                                                         calls):
+    toks = tokens(17)
+    with store(server) as a:
+        a.put(toks, make_kv(toks))
+        assert a.flush(20)
+    with store(server, io_threads=4) as b:  # a read window of 8 chunks
+        tier = b._shared.remote.tier
+        tier.read_group_bytes = group_chunks * CHUNK_BYTES
+        sizes = _count_calls(tier, "get_many")
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+        assert sizes == calls
+
+
+def test_writes_go_in_groups_of_the_tiers_round_trip_at_most(server, monkeypatch):
+    from kvtier.remote.redis_tier import RedisTier
+
+    monkeypatch.setattr(RedisTier, "put_group_bytes", 3 * CHUNK_BYTES)
+    toks = tokens(18, 12)
+    with store(server) as a:
+        sizes = _count_calls(a._shared.remote.tier, "put_many")
+        a.put(toks, make_kv(toks))
+        assert a.flush(20)
+        assert sum(sizes) == 12 and max(sizes) <= 3

@@ -34,7 +34,15 @@ class RemoteTier(abc.ABC):
       next call tries again; ``down`` says whether it is out now. Going out of service is
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
+    - Shape of a round trip: callers group reads into ``get_many`` calls of up to
+      ``read_group_bytes`` and puts into ``put_many`` calls of up to ``put_group_bytes`` (one
+      chunk at least). A store that serves parallel calls on parallel connections (Redis)
+      wants groups small enough to spread over threads; one whose calls cost a fixed setup
+      and share one transfer engine (Mooncake) wants them large.
     """
+
+    read_group_bytes = 8 * 2**20
+    put_group_bytes = 32 * 2**20
 
     def __init__(self, raw_bytes: int, retry_s: float) -> None:
         self.raw_bytes, self.retry_s = raw_bytes, retry_s

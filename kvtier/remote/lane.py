@@ -1,5 +1,6 @@
 """A remote tier's I/O threads: its reads, and its puts as group commits (the chunks queued
-while the threads are busy go together, in one pipelined ``put_many``). Every job is
+while the threads are busy go together, in one pipelined ``put_many`` of up to the tier's
+``put_group_bytes``). Every job is
 tracked, so that ``drain`` and ``close`` can wait for them all: they read from and write
 into host slots."""
 
@@ -20,7 +21,6 @@ from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey
 from kvtier.remote.base import RemoteTier
 
-PUT_GROUP_BYTES = 32 * 2**20  # the chunks of one put job, at most (at least one chunk)
 PUT_JOBS = 2  # put jobs running at once; the rest of the threads read
 
 
@@ -56,7 +56,7 @@ class RemoteLane:
         self._lock = threading.Lock()
         self._jobs: set[Future] = set()
         self.closed = False
-        per_group = max(1, PUT_GROUP_BYTES // max(1, tier.raw_bytes))
+        per_group = max(1, tier.put_group_bytes // max(1, tier.raw_bytes))
         self._puts = WriteGroups(self.submit, self._put_group, settle, per_group, PUT_JOBS,
                                  lambda: self.closed)
 
