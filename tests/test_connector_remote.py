@@ -257,3 +257,30 @@ def test_a_store_one_rank_failed_keeps_its_host_slot_while_another_rank_still_wr
         assert side.counters["remote_failed_chunks"] == 1
     finally:
         side.close()
+
+
+def test_a_store_one_rank_failed_is_freed_once_both_its_disk_and_remote_writes_are_over(server, tmp_path):
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
+                       "load_policy": "always", "remote_url": server.url,
+                       "disk_paths": [str(tmp_path)], "disk_capacity": 8 * (4096 + GEO.chunk_bytes)},
+                      environ={})
+    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 2, r) for r in range(2)], 2)
+    try:
+        req = request("r", CHUNK + 1, seed=12)
+        meta = StepPlan()
+        side.plan_stores(req, ([1, 2],), req.num_tokens, meta)
+        (store,) = meta.stores
+        assert store.remote and store.disk_slot is not None
+        host = side.stack.indexes[TierName.HOST]
+        # rank 0 stored it, still writing it to disk and the store; rank 1 failed its copy
+        side.worker_report(WorkerReport(host_stored=Counter({store.key: 1}),
+                                        host_failed=Counter({store.key: 1}),
+                                        disk_failed=Counter({store.key: 1}),
+                                        remote_failed=Counter({store.key: 1})))
+        assert host.reusable_slots == 7
+        side.worker_report(WorkerReport(remote_written=Counter({store.key: 1})))
+        assert host.reusable_slots == 7  # its disk write still reads the slot
+        side.worker_report(WorkerReport(disk_written=Counter({store.key: 1})))
+        assert host.reusable_slots == 8 and side.stack.locate(store.key) is None
+    finally:
+        side.close()

@@ -410,3 +410,40 @@ def test_staging_wait_off_cuts_at_once(tmp_path):
     hold_host_slots(side, 3)
     assert side.num_new_matched_tokens(request("b", 97), 0) == (32, True)
     assert side.counters.get("room_waits", 0) == 0
+
+
+def test_a_store_one_rank_failed_keeps_its_slots_while_another_rank_still_writes_it_to_disk(tmp_path):
+    side = scheduler(world=2, disk=tmp_path)
+    meta = StepPlan()
+    side.plan_stores(request("a", 32), ([1, 2],), 32, meta)
+    (store,) = meta.stores
+    assert store.disk_slot is not None
+    host, disk = side.stack.indexes[TierName.HOST], side.stack.indexes[TierName.DISK]
+    host_free, disk_free = host.reusable_slots, disk.free_slots
+    # rank 0 copied it and is still writing it to disk from its host slot; rank 1 failed its copy
+    side.worker_report(WorkerReport(host_stored=Counter({store.key: 1}),
+                                    host_failed=Counter({store.key: 1}),
+                                    disk_failed=Counter({store.key: 1})))
+    assert host.reusable_slots == host_free and disk.free_slots == disk_free  # both still taken
+    # a new store cannot be given either slot meanwhile
+    later = StepPlan()
+    side.plan_stores(request("b", 32, seed=1), ([3, 4],), 32, later)
+    assert later.stores[0].host_slot != store.host_slot
+    assert later.stores[0].disk_slot != store.disk_slot
+    side.worker_report(WorkerReport(disk_written=Counter({store.key: 1})))  # rank 0's write ends
+    assert side.stack.locate(store.key) is None and disk.slot_of(store.key) is None
+    assert host.reusable_slots == host_free and disk.free_slots == disk_free  # a's freed, b's taken
+    assert side.counters["store_failed_chunks"] == 1 and side.counters["disk_failed_chunks"] == 1
+
+
+def test_a_store_whose_only_rank_failed_its_copy_frees_both_slots_at_once(tmp_path):
+    side = scheduler(disk=tmp_path)
+    meta = StepPlan()
+    side.plan_stores(request("a", 32), ([1, 2],), 32, meta)
+    (store,) = meta.stores
+    host, disk = side.stack.indexes[TierName.HOST], side.stack.indexes[TierName.DISK]
+    host_free, disk_free = host.reusable_slots, disk.free_slots
+    side.worker_report(WorkerReport(host_failed=Counter({store.key: 1}),
+                                    disk_failed=Counter({store.key: 1})))
+    assert host.reusable_slots == host_free + 1 and disk.free_slots == disk_free + 1
+    assert side.stack.locate(store.key) is None

@@ -104,6 +104,18 @@ def test_a_copy_that_fails_is_a_failed_store_not_a_crash(tmp_path):
     side.close()
 
 
+def test_a_copy_that_fails_reports_its_write_through_failed_too(tmp_path):
+    """(so that the scheduler side hears every rank's disk outcome of it, and keeps its
+    slots until the other ranks' writes of it are over)"""
+    side, _ = worker(tmp_path)
+    side.save(StepPlan(stores=[ChunkStore(b"x" * 16, (BLOCKS + 5, 0), host_slot=0, disk_slot=0)]))
+    side.drain(10)
+    report = side.report()
+    assert report.host_failed[b"x" * 16] == 1 and report.disk_failed[b"x" * 16] == 1
+    assert not report.disk_written
+    side.close()
+
+
 def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
     side, _ = worker(tmp_path)
     load = RequestLoad("r", (ChunkLoad(b"z" * 16, (5, 6), 0, host_slot=None, disk_slot=3),),

@@ -14,7 +14,7 @@ from kvtier.connector.decider import LoadDecider
 from kvtier.connector.load_planner import LoadPlanner
 from kvtier.connector.messages import WorkerReport
 from kvtier.connector.rank_counts import RankCount, RankOutcomes
-from kvtier.connector.records import PendingStores, StalledReads
+from kvtier.connector.records import AbortedStores, PendingStores, StalledReads
 from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.io.index_file import SlotLayout
 from kvtier.tier_stack import TierStack
@@ -32,10 +32,12 @@ class Outcomes:
 
     Contract: a pending host store ends (``TierStack.finish``) once every rank reported
     it, visible only when none failed; a stored chunk's write-through copy keeps its host
-    slot pinned until the disk write ends, and is dropped when the host store failed. A
-    pending disk write ends the same way. A disk path's slots are retired when a first
-    rank takes it out of service and come back (empty) when every rank that did has it
-    back. Outcomes of keys not pending are ignored.
+    slot pinned until the disk write ends. When some rank failed the host store, its host
+    reservation (and its write-through disk reservation) ends only once every rank's disk
+    and remote outcomes are in (``AbortedStores``): other ranks may still read the slot, and
+    the chunk never becomes visible. A pending disk write ends the same way. A disk path's
+    slots are retired when a first rank takes it out of service and come back (empty) when
+    every rank that did has it back. Outcomes of keys not pending are ignored.
     """
 
     def __init__(self, world_size: int, stack: TierStack, counters: Counter,
@@ -50,6 +52,7 @@ class Outcomes:
         self._ranks_down = RankCount()  # disk path index -> ranks without it
         self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
         self._disk_outcomes = RankOutcomes(world_size)
+        self._aborted = AbortedStores(stack)
 
     def apply(self, report: WorkerReport) -> None:
         for disk_bytes, host_bytes, seconds in report.load_samples:
@@ -84,17 +87,25 @@ class Outcomes:
                 continue
             dst, disk = self._pending.host.pop(key)
             remote = self._remote_writes
-            if ok or remote is None or not remote.hold_failed(key, dst):
-                self.stack.finish(key, dst, ok)
             self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
-            if ok and remote is not None:
-                remote.stored(key, dst)
-            if disk is not None and key in self._pending.disk:
-                if ok:
+            writing = disk is not None and key in self._pending.disk
+            if ok:
+                self.stack.finish(key, dst, True)
+                if remote is not None:
+                    remote.stored(key, dst)
+                if writing:
                     self.stack.indexes[HOST].pin(key)  # until its disk write is over
-                else:
-                    self._pending.disk.pop(key)
-                    self.stack.finish(key, disk, False)
+                continue
+            # Some rank failed its copy; ranks whose copy succeeded may still be sending from
+            # the host slot (to disk, to the store): it is ended once every rank's outcomes
+            # are in, and the disk slot too (never two writes racing into one).
+            readers = int(writing)
+            if remote is not None and remote.hold_failed(key, dst, self._aborted.release):
+                readers += 1
+            if readers:
+                self._aborted.hold(key, dst, readers)
+            else:
+                self.stack.finish(key, dst, False)
 
     def _disk_writes(self, report: WorkerReport) -> None:
         for key in set(report.disk_written) | set(report.disk_failed):
@@ -104,9 +115,13 @@ class Outcomes:
             if ok is None:
                 continue
             dst, host = self._pending.disk.pop(key)
+            aborted = key in self._aborted
+            ok = ok and not aborted
             self.stack.finish(key, dst, ok)
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
-            if host is not None:
+            if aborted:
+                self._aborted.release(key)
+            elif host is not None:
                 self.stack.unpin(key, host)
 
     def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:

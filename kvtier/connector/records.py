@@ -19,7 +19,7 @@ from typing import Any
 from kvtier.connector.messages import DiskWrite
 from kvtier.connector.rank_counts import RankCount
 from kvtier.keys import ChunkKey
-from kvtier.tier_stack import Location, Move, StorePlan
+from kvtier.tier_stack import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import TierName
 from kvtier.tiers.foreign_reads import SlotRef
 
@@ -71,6 +71,36 @@ class PendingStores:
             writes.append(DiskWrite(move.key, move.src.slot, move.dst.slot))
             self.disk[move.key] = (move.dst, None)
         return writes
+
+
+class AbortedStores:
+    """Host reservations of stores some rank failed while other ranks may still read the
+    slot (their write-through disk writes, their remote writes).
+
+    Contract: ``hold(key, host, readers)`` keeps ``host`` reserved for ``readers`` outcomes
+    still to come; each ``release(key)`` ends one, and the last ends the reservation
+    (``TierStack.finish``, not visible). ``key in`` says whether one is held.
+    """
+
+    def __init__(self, stack: TierStack) -> None:
+        self._stack = stack
+        self._held: dict[ChunkKey, list] = {}  # key -> [host location, readers left]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._held
+
+    def hold(self, key: ChunkKey, host: Location, readers: int) -> None:
+        assert readers > 0 and key not in self._held, (key, readers)
+        self._held[key] = [host, readers]
+
+    def release(self, key: ChunkKey) -> None:
+        held = self._held.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del self._held[key]
+            self._stack.finish(key, held[0], False)
 
 
 class StalledReads:

@@ -4,6 +4,7 @@ the host slots they hold until every rank's copy is written."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.connector.messages import RemoteWrite, WorkerReport
@@ -19,15 +20,16 @@ HOST = TierName.HOST
 @dataclass(frozen=True)
 class _Aborted:
     host: Location
+    release: Callable[[ChunkKey], None]  # called once no rank sends from ``host`` any more
 
 
 class RemoteWrites:
     """Contract: ``with_store(key)`` says whether a chunk being planned for store goes to
     the store as well (``remote_min_hits`` 0: the workers write it right after their host
     copy, like write-through), recording it pending; ``stored(key, host)`` (every rank
-    stored it) pins its host slot until the write is over; ``hold_failed(key, host)`` (some
-    rank failed its host store) keeps the host reservation until every rank's remote outcome
-    is in, since ranks whose copy succeeded still send from it. ``loaded(key)`` (a chunk
+    stored it) pins its host slot until the write is over; ``hold_failed(key, host, release)``
+    (some rank failed its host store) calls ``release(key)`` once every rank's remote outcome
+    is in, since ranks whose copy succeeded still send from the slot until then. ``loaded(key)`` (a chunk
     loaded from this engine's host memory or disk) counts a hit and, at the
     ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
     ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
@@ -62,13 +64,14 @@ class RemoteWrites:
             self._stack.indexes[HOST].pin(key)
             self._pending[key] = host
 
-    def hold_failed(self, key: ChunkKey, host: Location) -> bool:
+    def hold_failed(self, key: ChunkKey, host: Location,
+                    release: Callable[[ChunkKey], None]) -> bool:
         """A store some rank failed, whose remote write other ranks may still be sending
-        from ``host``: True when this keeps the host reservation, to abort it once every
-        rank's remote outcome is in (the caller must not end it)."""
+        from ``host``: True when its remote write is pending, and ``release(key)`` is called
+        once every rank's remote outcome is in (the caller ends the host reservation then)."""
         if key not in self._pending or self._pending[key] is not None:
             return False
-        self._pending[key] = _Aborted(host)
+        self._pending[key] = _Aborted(host, release)
         return True
 
     def loaded(self, key: ChunkKey) -> None:
@@ -113,8 +116,8 @@ class RemoteWrites:
             if ok is None:
                 continue
             host = self._pending.pop(key)
-            if isinstance(host, _Aborted):  # its host store failed: no rank reads it any more
-                self._stack.finish(ChunkKey(key), host.host, False)
+            if isinstance(host, _Aborted):  # its host store failed: no rank sends it any more
+                host.release(ChunkKey(key))
                 ok = False
             elif host is not None:  # else its host store is not over: nothing pinned
                 self._stack.unpin(ChunkKey(key), host)

@@ -244,7 +244,10 @@ class WorkerSide:
                 self._ledger.unexpected("copy of a chunk to host failed", store.key.hex(), exc)
                 with self._lock:
                     self._ledger.pending.host_failed[store.key] += 1
-                    if store.remote:  # its remote write will not run: the outcome all the same
+                    # its disk and remote writes will not run: their outcomes all the same
+                    if store.disk_slot is not None:
+                        self._ledger.pending.disk_failed[store.key] += 1
+                    if store.remote:
                         self._ledger.pending.remote_failed[store.key] += 1
         pages.synchronize()
         with self._lock:
