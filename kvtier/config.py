@@ -88,6 +88,7 @@ class KVTierConfig:
     io_threads: int = 16
     o_direct: ODirect = ODirect.AUTO
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"  # the address the metrics endpoints listen on
     model: str | None = None  # names the standalone KVStore's cache namespace; None: not set
     instance_id: str | None = None  # this writer's segment on a shared directory; None: derived
     share_refresh: float | None = 1.0  # seconds between looks at other writers' segments
@@ -178,6 +179,8 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "io_threads": (values.int_in(1, 256), "an integer from 1 to 256"),
     "o_direct": (_enum(ODirect), "auto | true | false"),
     "metrics_port": (values.optional_port, "a TCP port 1-65535, or 0/none for no metrics endpoint"),
+    "metrics_host": (values.listen_address, "an IP address to listen on: 127.0.0.1 (this machine "
+                     "only), 0.0.0.0 (every interface) or one interface's address"),
     "model": (values.model, "a model name of 1 to 512 printable characters, e.g. Qwen/Qwen3-0.6B"),
     "instance_id": (values.instance_id, "1 to 64 letters, digits, '.', '_' or '-', starting with "
                     "a letter or digit, e.g. node3-engine0; empty: derived from the host name"),

@@ -4,6 +4,7 @@ and returns the typed value, or raises ``ValueError``/``TypeError`` saying what 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -87,6 +88,16 @@ def optional_port(value: object) -> int | None:
     if value is None or scalar(value).strip().lower() in ("", "0", "none", "off"):
         return None
     return int_in(1, 65535)(value)
+
+
+def listen_address(value: object) -> str:
+    """An IP address to listen on: ``127.0.0.1``, ``0.0.0.0`` (every interface), ``::``, or
+    one interface's address."""
+    text = scalar(value).strip()
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise ValueError(f"{shown(value)} is not an IP address") from None
 
 
 def seconds_or_off(value: object) -> float | None:

@@ -149,7 +149,7 @@ class KVStore:
                                                 host if isinstance(host, HostTier) else None,
                                                 self._shared)
         if cfg.metrics_port:
-            self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples)
+            self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples, cfg.metrics_host)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
         self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
 

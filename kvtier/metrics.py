@@ -31,10 +31,11 @@ class Sample:
 
 
 class MetricsServer:
-    """Serves ``collect()``'s samples over HTTP on ``port`` (all interfaces: put it behind a
-    firewall as any metrics endpoint). ``close()`` stops it."""
+    """Serves ``collect()``'s samples over HTTP on ``host``:``port`` (``metrics_host``:
+    loopback unless the operator opens it to a scraper elsewhere). ``close()`` stops it."""
 
-    def __init__(self, port: int, collect: Callable[[], Iterable[Sample]]) -> None:
+    def __init__(self, port: int, collect: Callable[[], Iterable[Sample]],
+                 host: str = "127.0.0.1") -> None:
         from prometheus_client import start_http_server
         from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
@@ -51,20 +52,22 @@ class MetricsServer:
 
         self.registry = CollectorRegistry()
         self.registry.register(_Collector())
-        self.port = port
-        self._server, self._thread = start_http_server(port, registry=self.registry)
-        log.info("kvtier metrics on port %d", port)
+        self.port, self.host = port, host
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        log.info("kvtier metrics on %s port %d", host, port)
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 
 
-def serve_metrics(port: int, collect: Callable[[], Iterable[Sample]]) -> MetricsServer:
-    """A :class:`MetricsServer`; ``ConfigError`` naming ``metrics_port`` when it cannot listen."""
+def serve_metrics(port: int, collect: Callable[[], Iterable[Sample]],
+                  host: str = "127.0.0.1") -> MetricsServer:
+    """A :class:`MetricsServer`; ``ConfigError`` naming ``metrics_port`` and
+    ``metrics_host`` when it cannot listen."""
     try:
-        return MetricsServer(port, collect)
+        return MetricsServer(port, collect, host)
     except OSError as exc:
-        raise ConfigError(f"kvtier config: metrics_port={port} cannot be served "
-                          f"({exc.strerror or exc}); choose a free port, or 0 for no metrics "
-                          "endpoint") from exc
+        raise ConfigError(f"kvtier config: metrics_port={port} cannot be served on metrics_host="
+                          f"{host} ({exc.strerror or exc}); choose a free port and an address "
+                          "of this machine, or metrics_port 0 for no metrics endpoint") from exc

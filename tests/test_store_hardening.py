@@ -3,6 +3,7 @@ held, and flush() puts every host chunk on disk. Each test names its hardening f
 
 import socket
 import threading
+import urllib.request
 
 import pytest
 
@@ -45,6 +46,23 @@ def test_finding4_token_ids_outside_int64_are_an_error(tmp_path):
             with pytest.raises(TokenError):
                 call()
         assert store.lookup([-1] * CHUNK).tokens == CHUNK
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_metrics_endpoint_listens_on_loopback_unless_told_otherwise(tmp_path):
+    port = _free_port()
+    with KVStore(SMALL, config(tmp_path, metrics_port=port)) as store:
+        assert store._metrics._server.server_address[0] == "127.0.0.1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            assert b"kvtier_" in answer.read()
+    port = _free_port()
+    with KVStore(SMALL, config(tmp_path, metrics_port=port, metrics_host="0.0.0.0")) as store:
+        assert store._metrics._server.server_address[0] == "0.0.0.0"
 
 
 def test_finding10_a_failed_start_leaves_no_lock_and_names_the_port(tmp_path):

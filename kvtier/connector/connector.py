@@ -82,7 +82,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._recompute_failed_loads()
             self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp)
             if port:
-                self._metrics = serve_metrics(port, self._scheduler.metric_samples)
+                self._metrics = serve_metrics(port, self._scheduler.metric_samples,
+                                              self.config.metrics_host)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -90,7 +91,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker = WorkerSide(self.config, self.geometry, namespaces[rank],
                                       leader=namespaces[0])
             if port:
-                self._metrics = serve_metrics(port + 1 + rank, self._worker.metric_samples)
+                self._metrics = serve_metrics(port + 1 + rank, self._worker.metric_samples,
+                                              self.config.metrics_host)
 
     def _recompute_failed_loads(self) -> None:
         """A chunk that fails to load is a cache miss: vLLM must recompute it, not fail the
