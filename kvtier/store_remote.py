@@ -88,27 +88,29 @@ class StoreRemote:
         self._hits.forget(key)
         self._queue(key, slot)
 
-    def _queue(self, key: ChunkKey, slot: int) -> None:
+    def _queue(self, key: ChunkKey, slot: int) -> bool:
         """Queue the write of a host chunk, its slot pinned (lock held; ``start`` submits
-        it). Not while the tier is out of service; dropped past ``max_pending``."""
+        it). Not while the tier is out of service; dropped past ``max_pending``. True when
+        queued, or when there is nothing to write (the chunk left that slot meanwhile)."""
         if self.lane.closed or self.tier.down:
-            return
+            return False
         if self.lane.puts_pending >= self._max_pending:
             self._stats.remote_dropped_writes += 1
             self._failures.note("remote write dropped", "the remote write queue is full; the "
                                 "chunk is written by flush() or at a later load (counted in "
                                 "remote_dropped_writes)")
-            return
+            return False
         index = self._stack.indexes[HOST]
         pinned = index.pin(key)
         if pinned != slot:  # gone or moved since it was seen there: nothing to write
             if pinned is not None:
                 index.unpin(key)
-            return
+            return True
         self._known.add(key)  # queued: not queued again meanwhile
         _, group = self.lane.put(RemotePut(key, slot))
         if group is not None:
             self._groups.append(group)
+        return True
 
     def start(self) -> None:
         """Submit the put jobs queued since the last call (lock not held)."""
@@ -157,21 +159,25 @@ class StoreRemote:
 
     def flush(self, deadline: float | None) -> bool:
         """With ``remote_min_hits`` 0, write the host chunks the store is not known to hold
-        (writes dropped under back-pressure, or failed), a queue's worth at a time, each
-        tried once; then wait for every write, until ``deadline``. True when all are over."""
+        (writes dropped under back-pressure, or failed), as many at a time as the queue has
+        room for, each tried once (a write other traffic crowded out of the queue is not a
+        try); then wait for every write, until ``deadline``. True when all are over; False
+        past the deadline, or with chunks left unwritten because the tier is out of service."""
         tried: set[ChunkKey] = set()
-        while self.drain(time_left(deadline)):  # the queue empty: a whole one's worth now
+        while self.drain(time_left(deadline)):  # the queue empty: fill it now
             if self._min_hits:
                 return True
             with self._lock:
                 host = self._stack.indexes[HOST]
                 visible = host.keys()
-                todo = [(key, host.slot_of(key)) for key in visible
-                        if key not in self._known and key not in tried][:self._max_pending]
-                for key, slot in todo:
-                    tried.add(key)
-                    if slot is not None:
-                        self._queue(key, slot)
+                todo = [key for key in visible if key not in self._known and key not in tried]
+                if todo and (self.lane.closed or self.tier.down):
+                    return False
+                room = max(0, self._max_pending - self.lane.puts_pending)
+                for key in todo[:room]:
+                    slot = host.slot_of(key)
+                    if slot is None or self._queue(key, slot):
+                        tried.add(key)
             if not todo:
                 return True
             self.start()

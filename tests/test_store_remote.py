@@ -312,3 +312,35 @@ def test_writes_go_in_groups_of_the_tiers_round_trip_at_most(server, monkeypatch
         a.put(toks, make_kv(toks))
         assert a.flush(20)
         assert sum(sizes) == 12 and max(sizes) <= 3
+
+
+def test_flush_writes_a_chunk_other_traffic_crowded_out_of_the_queue(server):
+    toks = tokens(19, 4)
+    with store(server, remote_min_hits=0) as a:
+        remote = a._shared.remote
+        remote._max_pending = 0  # every write of the put is dropped
+        a.put(toks, make_kv(toks))
+        assert a.stats().remote_dropped_writes == 4 and not remote_keys(server)
+        remote._max_pending = 8
+        real, crowded = remote._queue, []
+
+        def queue(key, slot):  # the first try of each chunk finds the queue full
+            if key not in crowded:
+                crowded.append(key)
+                return False
+            return real(key, slot)
+
+        remote._queue = queue
+        assert a.flush(20)
+        assert len(crowded) == 4 and len(remote_keys(server)) == 4
+
+
+def test_flush_says_so_when_the_store_is_down_with_chunks_unwritten(server):
+    toks = tokens(20, 3)
+    with store(server) as a:
+        a._shared.remote._max_pending = 0
+        a.put(toks, make_kv(toks))
+        server.stop()
+        a._shared.remote._max_pending = 8
+        assert a.lookup(tokens(21, 1)).tokens == 0  # a failed round trip: out of service
+        assert not a.flush(5)
