@@ -57,7 +57,8 @@ def test_a_read_past_the_timeout_is_late_and_released_once_when_it_ends():
     assert ready.reads[b"b"].result().status is IOStatus.TIMED_OUT and ready.reads[b"a"] is fast
     assert tracker.released() == []  # still filling its staging slot
     slow.set_result(IOResult(IOStatus.IO_ERROR))
-    assert [(k, r.status) for k, r in tracker.released()] == [(b"b", IOStatus.IO_ERROR)]
+    assert [(k, r.status, remote) for k, r, remote in tracker.released()] == [
+        (b"b", IOStatus.IO_ERROR, False)]
     assert tracker.released() == []
 
 
@@ -69,7 +70,7 @@ def test_a_load_whose_job_has_not_run_is_abandoned_and_never_reads():
     assert not tracker.should_read("r") and tracker.should_read("r")  # told once
     assert tracker.released() == []  # the job may still use the staging slot
     job.set_result({})
-    assert [k for k, _ in tracker.released()] == [b"a"]
+    assert [k for k, _, _ in tracker.released()] == [b"a"]
 
 
 def test_a_job_that_raised_fails_every_disk_chunk_of_its_load():
@@ -89,3 +90,14 @@ def test_when_all_over_waits_for_the_job_and_each_read_it_started():
     assert not over.done()
     read.set_result(OK)
     assert over.result(1).ok
+
+
+def test_a_late_remote_read_is_released_as_remote_not_as_a_disk_path_failure():
+    tracker, slow = LoadTracker(timeout=1.0), Future()
+    remote = RequestLoad("r", (ChunkLoad(b"a", (0,), 0, host_slot=0, remote=True),), asynchronous=True)
+    tracker.add(remote, resolved({b"a": slow}), started=0.0)
+    (ready,) = tracker.ready(now=1.0)
+    assert ready.late == {b"a"} and ready.late_slots == []  # no disk slot took a timeout
+    slow.set_result(IOResult(IOStatus.PATH_DOWN))
+    assert [(k, r.status, remote) for k, r, remote in tracker.released()] == [
+        (b"a", IOStatus.PATH_DOWN, True)]

@@ -100,14 +100,16 @@ class LoadTracker:
       back with every staged chunk failed and late, and its reads will not start
       (``should_read`` says so to the job).
     - ``released()`` returns, once each, the late reads that have ended since, with what
-      they came to: only then may their staging slots be reused.
+      they came to and whether they were from the remote store: only then may their
+      staging slots be reused.
     - ``jobs()`` are the load jobs still running (closing waits for them).
     """
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
         self._pending: list[_Pending] = []
-        self._stalled: list[tuple[bytes, Future[IOResult]]] = []
+        # reads given up on that still run: key, read, whether from the remote store
+        self._stalled: list[tuple[bytes, Future[IOResult], bool]] = []
         self._lock = threading.Lock()  # the job threads ask about abandoned loads
         self._abandoned: set[str] = set()
 
@@ -154,8 +156,9 @@ class LoadTracker:
             return None
         ready = ReadyLoad(load, reads, pending.started, late, error=error)
         if late:  # a hung disk: recompute; the slots stay taken until the reads end
-            detail = f"no answer from disk after {self.timeout:g} s (load_timeout); recomputed"
-            self._stalled += [(key, reads[key]) for key in late]
+            detail = f"no answer after {self.timeout:g} s (load_timeout); recomputed"
+            remote = {c.key for c in load.chunks if c.remote}
+            self._stalled += [(key, reads[key], key in remote) for key in late]
             ready.late_slots = [c.disk_slot for c in load.chunks
                                 if c.key in late and c.disk_slot is not None]
             ready.reads = {key: failed_read(detail, IOStatus.TIMED_OUT) if key in late else read
@@ -171,18 +174,18 @@ class LoadTracker:
             self._abandoned.add(load.req_id)
         staged = {c.key for c in load.chunks if c.staged and c.host_slot is not None}
         over = when_all_over(pending.job)
-        self._stalled += [(key, over) for key in staged]
+        self._stalled += [(key, over, False) for key in staged]
         detail = f"write-back before the load not over after {self.timeout:g} s (load_timeout)"
         reads = {key: failed_read(detail, IOStatus.TIMED_OUT) for key in staged}
         return ReadyLoad(load, reads, pending.started, late=staged)
 
-    def released(self) -> list[tuple[bytes, IOResult]]:
+    def released(self) -> list[tuple[bytes, IOResult, bool]]:
         ended, still = [], []
-        for key, read in self._stalled:  # one look at each: a read may end meanwhile
+        for key, read, remote in self._stalled:  # one look at each: a read may end meanwhile
             if read.done():
-                ended.append((key, read.result()))
+                ended.append((key, read.result(), remote))
             else:
-                still.append((key, read))
+                still.append((key, read, remote))
         self._stalled = still
         return ended
 

@@ -29,7 +29,6 @@ from kvtier.connector.load_tracker import (
 )
 from kvtier.connector.messages import (
     NULL_BLOCK,
-    ChunkLoad,
     ChunkStore,
     RemoteWrite,
     RequestLoad,
@@ -159,10 +158,10 @@ class WorkerSide:
         ended = self._loads.released()
         if ended:  # the given-up reads that ended: their staging slots may be reused
             with self._lock:
-                self._ledger.pending.reads_over.update(key for key, _ in ended)
-                for _, result in ended:  # what the late reads came to (a path may be down)
-                    if not result.ok:
-                        self._ledger.note_failure(result, "read")
+                self._ledger.pending.reads_over.update(key for key, _, _ in ended)
+            for _, result, remote in ended:  # what the late reads came to (a path may be down)
+                if not result.ok:
+                    self._note_read_failure(remote, result)
 
     def _note_late(self, ready: ReadyLoad) -> None:
         """Reads given up on count against their paths' health; their slots stay taken."""
@@ -187,7 +186,7 @@ class WorkerSide:
                 result = reads[chunk.key].result() if chunk.key in reads else None
                 if result is not None and not result.ok:
                     failed_keys.add(chunk.key)
-                    self._note_read_failure(chunk, result)
+                    self._note_read_failure(chunk.remote, result)
                 if broken or chunk.host_slot is None or chunk.key in failed_keys:
                     broken = True
                     invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
@@ -212,9 +211,10 @@ class WorkerSide:
             self._ledger.record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
                                                           len(failed_keys)))
 
-    def _note_read_failure(self, chunk: ChunkLoad, result: IOResult) -> None:
+    def _note_read_failure(self, remote: bool, result: IOResult) -> None:
+        """A failed read, counted against the remote store (``remote``) or the disk path."""
         with self._lock:
-            if chunk.remote and self._remote is not None:
+            if remote and self._remote is not None:
                 self._remote.note_failure(result, "read")
                 self._ledger.record(lambda st: st.record_failure("remote_failures"))
             else:
