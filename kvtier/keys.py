@@ -140,3 +140,17 @@ def block_hash_chunk_key(namespace: Namespace, last_block_hash: bytes) -> ChunkK
     return ChunkKey(
         hashlib.blake2b(namespace.digest() + bytes(last_block_hash), digest_size=KEY_BYTES).digest()
     )
+
+
+def tail_chunk_key(namespace: Namespace, parent: bytes, tokens: Sequence[int] | np.ndarray,
+                   extra: bytes = b"") -> ChunkKey:
+    """Key of a prompt's partial last chunk: ``parent`` (the engine's hash of the prompt's
+    last full block, chained over everything before it; empty when there is none), the
+    tokens after that block and ``extra`` (what else the engine keys a block on: cache salt,
+    adapter), so that it matches only a prompt identical up to its last token. Never equal
+    to a full chunk's key (a different domain)."""
+    array = _as_int64(tokens)
+    return ChunkKey(hashlib.blake2b(
+        b"kvtier-tail" + namespace.digest() + len(parent).to_bytes(2, "little") + bytes(parent)
+        + len(extra).to_bytes(4, "little") + extra + array.tobytes(), digest_size=KEY_BYTES,
+    ).digest())

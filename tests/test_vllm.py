@@ -25,6 +25,14 @@ CHUNK = 256
 SHARED = prompts(1, 4, 1000)  # four long prompts, each run twice
 BURST = prompts(2, 12, 700, shared=520)  # concurrent requests with overlapping prefixes
 PRESSURE = prompts(3, 16, 1100, shared=300)  # 16 at once, 49 distinct chunks of 1 MiB
+# every length class: short of a block, a block, between blocks, between chunks, a chunk's
+# multiple (16-token blocks, 256-token chunks)
+LENGTHS = [p for seed, n in enumerate((10, 16, 40, 300, 512, 700)) for p in prompts(10 + seed, 1, n)]
+
+
+def chunks(length: int) -> int:
+    """Chunks kvtier stores of a prompt: its full ones and its tail."""
+    return -(-length // CHUNK)
 
 
 def free_port() -> int:
@@ -45,15 +53,17 @@ def runs(tmp_path_factory):
     disk.mkdir(mode=0o700)
     extra = disk_extra(disk, CHUNK)
     baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True),
-                                              phase(PRESSURE, together=True)]), work, "baseline")
+                                              phase(PRESSURE, together=True), phase(LENGTHS)]),
+                          work, "baseline")
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
                                                     phase(BURST, together=True),
                                                     phase(BURST, together=True),
                                                     phase(SHARED, salt="tenant-b"),
-                                                    phase(SHARED, salt="tenant-b")]),
+                                                    phase(SHARED, salt="tenant-b"),
+                                                    phase(LENGTHS), phase(LENGTHS)]),
                        work, "first")
     restart = run_engine(spec(model, "kvtier", dict(extra, metrics_port=free_port()),
-                              [phase(SHARED)]), work, "restart")
+                              [phase(SHARED), phase(LENGTHS)]), work, "restart")
     squeezed = work / "squeezed"
     squeezed.mkdir(mode=0o700)
     pressure = run_engine(spec(model, "kvtier", dict(extra, host_capacity="6MiB",
@@ -76,23 +86,34 @@ def test_outputs_are_identical_with_and_without_kvtier(runs):
 def test_a_repeated_prefix_loads_from_host(runs):
     first = runs["first"]
     assert all(r["cached"] == 0 for r in first["phases"][0])
-    assert all(r["cached"] == 3 * CHUNK for r in first["phases"][1])  # 1000 tokens: 3 chunks
-    assert first["kvtier"]["load_chunks_host"] >= 4 * 3
-    assert first["kvtier"]["stored_chunks"] >= 4 * 3
+    assert all(r["cached"] == 999 for r in first["phases"][1])  # 3 chunks and the tail
+    assert first["kvtier"]["load_chunks_host"] >= 4 * 4
+    assert first["kvtier"]["stored_chunks"] >= 4 * 4
 
 
 def test_after_a_restart_chunks_load_from_disk(runs):
     restart = runs["restart"]
     assert tokens(restart, 0) == tokens(runs["baseline"], 0)
-    assert all(r["cached"] == 3 * CHUNK for r in restart["phases"][0])
-    assert restart["kvtier"]["load_chunks_disk"] == 4 * 3
+    assert all(r["cached"] == 999 for r in restart["phases"][0])
+    assert restart["kvtier"]["load_chunks_disk"] == 4 * 4 + sum(chunks(len(p)) for p in LENGTHS)
     assert restart["kvtier"].get("load_failed_chunks", 0) == 0
+
+
+def test_every_prompt_length_is_hit_down_to_its_last_token(runs):
+    """Tails (the partial last chunk, and block) load on a repeat and after a restart;
+    vLLM computes only the last token, and the outputs are the engine's own."""
+    first, restart = runs["first"], runs["restart"]
+    assert tokens(first, 6) == tokens(first, 7) == tokens(runs["baseline"], 3)
+    assert tokens(restart, 1) == tokens(runs["baseline"], 3)
+    assert all(r["cached"] == 0 for r in first["phases"][6])
+    assert [r["cached"] for r in first["phases"][7]] == [len(p) - 1 for p in LENGTHS]
+    assert [r["cached"] for r in restart["phases"][1]] == [len(p) - 1 for p in LENGTHS]
 
 
 def test_a_cache_salt_keeps_tenants_apart(runs):
     first = runs["first"]
     assert all(r["cached"] == 0 for r in first["phases"][4])  # tenant b: a's chunks invisible
-    assert all(r["cached"] == 3 * CHUNK for r in first["phases"][5])  # b's own chunks hit
+    assert all(r["cached"] == 999 for r in first["phases"][5])  # b's own chunks hit
     assert tokens(first, 4) == tokens(first, 5) == tokens(runs["baseline"], 0)
 
 
@@ -101,11 +122,12 @@ def test_the_engine_serves_kvtier_metrics(runs):
         return next(s["value"] for s in runs["restart"]["metrics"][side]
                     if s["name"] == f"kvtier_{name}" and s["labels"] == labels)
 
-    assert value("scheduler", "chunks_loaded_total", tier="disk") == 4 * 3
+    assert value("scheduler", "chunks_loaded_total", tier="disk") == \
+        4 * 4 + sum(chunks(len(p)) for p in LENGTHS)
     assert value("scheduler", "slots", tier="host") > 0
-    assert value("scheduler", "used_slots", tier="disk") >= 4 * 3
+    assert value("scheduler", "used_slots", tier="disk") >= 4 * 4
     assert value("worker", "load_bytes_total", tier="disk") > 0
-    assert value("worker", "worker_loads_total") == 4
+    assert value("worker", "worker_loads_total") == 4 + len(LENGTHS)
 
 
 def test_the_cli_reads_a_cache_the_connector_wrote(runs):
@@ -122,7 +144,7 @@ def test_the_cli_reads_a_cache_the_connector_wrote(runs):
 def test_concurrent_overlapping_requests_keep_their_outputs(runs):
     assert tokens(runs["first"], 2) == tokens(runs["baseline"], 1)
     assert tokens(runs["first"], 3) == tokens(runs["baseline"], 1)
-    assert all(r["cached"] == 2 * CHUNK for r in runs["first"]["phases"][3])
+    assert all(r["cached"] == 699 for r in runs["first"]["phases"][3])
 
 
 def test_many_concurrent_requests_under_host_tier_pressure(runs):

@@ -182,22 +182,27 @@ class LoadPlanner:
         held = self.presence.held(req_id, keys) if self.presence is not None else None
         for c in range(start // geo.chunk_tokens, -(-end // geo.chunk_tokens)):
             first = max(start, c * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
-            last = min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens - c * geo.blocks_per_chunk
+            # the blocks holding tokens up to ``end``: the last one may be partly loaded (a
+            # prompt's tail, or all but the last token of a chunk); vLLM computes the rest
+            last = -(-min(end, (c + 1) * geo.chunk_tokens) // geo.block_tokens) - c * geo.blocks_per_chunk
             ids = chunk_blocks(block_ids, c * geo.blocks_per_chunk + first,
                                c * geo.blocks_per_chunk + last)
+            tokens = min(end, (c + 1) * geo.chunk_tokens) - max(start, c * geo.chunk_tokens)
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
                                            load, demotions,
-                                           bool(held and c < len(held) and held[c])))
+                                           bool(held and c < len(held) and held[c]), tokens))
         self._loads[req_id] = load
         self._new.append(RequestLoad(req_id, tuple(chunks), tuple(demotions), load.asynchronous))
 
     def _plan_chunk(self, key: ChunkKey | None, ids: tuple[int, ...], first: int,
-                    load: Load, demotions: list[DiskWrite], in_remote: bool) -> ChunkLoad:
+                    load: Load, demotions: list[DiskWrite], in_remote: bool,
+                    tokens: int) -> ChunkLoad:
         """One chunk of a load: pinned where it is, a disk chunk with a host slot to stage
         its read in (as one from another engine's segment, or ``in_remote``: the remote
-        store). A chunk gone since the match, on disk in a synchronous load, or with no
-        host slot free is not loaded, nor is any chunk after it: the workers report their
-        blocks invalid and vLLM recomputes them (the chunks stay cached)."""
+        store), ``tokens`` of the load in it. A chunk gone since the match, on disk in a
+        synchronous load, or with no host slot free is not loaded, nor is any chunk after it:
+        the workers report their blocks invalid and vLLM recomputes them (the chunks stay
+        cached)."""
         location = self.stack.locate(key) if key is not None and not load.cut else None
         refs = None
         if key is not None and location is None and not load.cut and self.shares is not None:
@@ -218,7 +223,7 @@ class LoadPlanner:
             load.cut = True
             self.counters["load_skipped_chunks"] += 1
             return ChunkLoad(key or b"", ids, first, None)
-        load.tiers[location.tier] = load.tiers.get(location.tier, 0) + 1
+        load.tiers[location.tier] = load.tiers.get(location.tier, 0) + tokens
         self.counters[f"load_chunks_{location.tier}"] += 1
         if refs is not None:  # nothing of ours to pin: the host slot it is read into
             assert plan is not None, "another engine's chunk loads through a host staging slot"

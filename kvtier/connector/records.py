@@ -18,6 +18,7 @@ from typing import Any
 
 from kvtier.connector.messages import DiskWrite
 from kvtier.connector.rank_counts import RankCount
+from kvtier.connector.tails import Tail
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location, Move, StorePlan, TierStack
 from kvtier.tiers.base import TierName
@@ -33,6 +34,9 @@ class Tracked:
     store_done: bool = False  # no later chunk can be stored (its pages left a window)
     asynchronous: bool = False  # what the last match promised vLLM
     waiting_since: float | None = None  # when it began to wait for host slots to stage in
+    tail: Tail | None = None  # its prompt's partial last chunk (``tails.prompt_tail``)
+    tail_known: bool = False  # whether ``tail`` was worked out yet
+    tail_done: bool = False  # the tail was offered for store (or needs none)
 
 
 @dataclass
@@ -42,7 +46,7 @@ class Load:
     pinned: list[tuple[ChunkKey, Location]]
     staged: list[StorePlan]
     tokens: int
-    tiers: dict[TierName, int]
+    tiers: dict[TierName, int]  # tokens loaded from each tier
     asynchronous: bool = False  # from disk: the request waits for it between steps
     cut: bool = False  # a chunk could not be loaded: it and the ones after are recomputed
     foreign: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'

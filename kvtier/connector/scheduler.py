@@ -30,6 +30,7 @@ from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.connector.scheduler_metrics import metric_samples
 from kvtier.connector.shares import open_shares
 from kvtier.connector.store_planner import StorePlanner
+from kvtier.connector.tails import Tail, prompt_length, prompt_tail
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
 from kvtier.io.names import writer_ids
@@ -106,6 +107,25 @@ class SchedulerSide:
         return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
                 for c in range(first, count)]
 
+    def tail(self, request: Any) -> Tail | None:
+        """The request's prompt tail (its partial last chunk), worked out once."""
+        tracked = self.track(request)
+        if not tracked.tail_known:
+            tracked.tail = prompt_tail(request, self.geometry, self._namespace)
+            tracked.tail_known = True
+        return tracked.tail
+
+    def _keys(self, request: Any, end: int) -> tuple[list[ChunkKey], int]:
+        """Keys of the chunks covering the request's tokens up to ``end``: its full chunks,
+        then its prompt's tail where they stop at it; and how far they reach (``end``, or
+        the tail's end when that comes first: the tail holds nothing past the prompt)."""
+        keys = self.chunk_keys(request, -(-end // self.geometry.chunk_tokens))
+        tail = self.tail(request)
+        if tail is not None and len(keys) == tail.index and end > tail.start:
+            keys.append(tail.key)
+            end = min(end, tail.end)
+        return keys, end
+
     def track(self, request: Any) -> Tracked:
         tracked = self._tracked.setdefault(request.request_id, Tracked(request))
         tracked.request = request
@@ -120,10 +140,9 @@ class SchedulerSide:
         load = self._loads.in_flight(req_id)
         if load is None or not load.tiers:
             return {}
-        chunk = self.geometry.chunk_tokens
-        remote = min(tokens, load.tiers.get(TierName.REMOTE, 0) * chunk)
+        remote = min(tokens, load.tiers.get(TierName.REMOTE, 0))
         read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
-        disk = min(tokens - remote, read * chunk)
+        disk = min(tokens - remote, read)
         tiers = {DISK: disk, HOST: tokens - disk - remote}
         if remote:
             tiers[TierName.REMOTE] = remote
@@ -132,7 +151,9 @@ class SchedulerSide:
     # -- loads --------------------------------------------------------------------------
 
     def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
-        """Tokens loadable beyond ``num_computed`` (whole blocks, never the last token).
+        """Tokens loadable beyond ``num_computed``: all but the last token of the request
+        (vLLM computes at least one), its prompt's tail included; whole blocks for models
+        without tails (``tails.prompt_tail``).
 
         None (ask again next step) while one of them is being read from disk for another
         request (it will then be in host memory), or while host slots to stage them in are
@@ -140,17 +161,17 @@ class SchedulerSide:
         tracked = self.track(request)
         if self._loads.in_flight(request.request_id) is not None:
             return 0, False
-        block, chunk = self.geometry.block_tokens, self.geometry.chunk_tokens
-        limit = (request.num_tokens - 1) // block * block  # vLLM computes at least one token
-        keys = self.chunk_keys(request, -(-limit // chunk))
+        limit = request.num_tokens - 1
+        if self.geometry.loads_whole or prompt_length(request) is None:
+            limit = limit // self.geometry.block_tokens * self.geometry.block_tokens
+        keys, limit = self._keys(request, limit)
         return self._loads.match(tracked, keys, limit, num_computed)
 
     def plan_load(self, request: Any, block_ids: GroupBlocks, num_computed: int,
                   num_external: int) -> None:
         """Pin the chunks covering ``[num_computed, num_computed + num_external)`` and queue
         their load into the request's GPU blocks (``block_ids``: per KV cache group)."""
-        end = num_computed + num_external
-        keys = self.chunk_keys(request, -(-end // self.geometry.chunk_tokens))
+        keys, _ = self._keys(request, num_computed + num_external)
         self._loads.plan(request.request_id, self.track(request), keys, block_ids, num_computed,
                          num_external)
 
@@ -166,12 +187,26 @@ class SchedulerSide:
         if tracked is not None and tracked.store_done:
             return False
         stored = tracked.stored_upto if tracked is not None else 0
-        return num_computed_after // self.geometry.chunk_tokens > stored
+        if num_computed_after // self.geometry.chunk_tokens > stored:
+            return True
+        return tracked is not None and self._tail_due(tracked, num_computed_after)
+
+    def _tail_due(self, tracked: Tracked, num_computed_after: int) -> bool:
+        """Whether the request's prompt tail is computed and not offered yet (every full
+        chunk before it offered)."""
+        if tracked.tail_done:
+            return False
+        tail = self.tail(tracked.request)
+        if tail is None:
+            tracked.tail_done = True
+            return False
+        return num_computed_after >= tail.end and tracked.stored_upto >= tail.index
 
     def plan_stores(self, request: Any, block_ids: GroupBlocks, num_computed_after: int,
                     meta: StepPlan) -> None:
         """Offer, in order, every chunk of ``request`` that is fully computed after this step
-        (``block_ids``: the request's blocks per KV cache group).
+        (``block_ids``: the request's blocks per KV cache group), then its prompt's tail once
+        the prompt is computed.
 
         A chunk that finds no free host slot (all held by stores and loads in flight) stops
         the offer there; the request's next step offers it again, while its blocks are
@@ -180,6 +215,10 @@ class SchedulerSide:
         count = num_computed_after // self.geometry.chunk_tokens
         keys = self.chunk_keys(request, count, tracked.stored_upto)  # a decode step: none
         self._stores.plan(tracked, keys, block_ids, meta)
+        if self._tail_due(tracked, num_computed_after):
+            tail = self.tail(request)
+            assert tail is not None
+            self._stores.plan_tail(tracked, tail, block_ids, meta)
 
     # -- outcomes -----------------------------------------------------------------------
 

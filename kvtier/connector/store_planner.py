@@ -13,6 +13,7 @@ from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
 from kvtier.connector.records import PendingStores, Tracked
 from kvtier.connector.remote_writes import RemoteWrites
+from kvtier.connector.tails import Tail
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -56,6 +57,23 @@ class StorePlanner:
             elif not self._plan_one(key, ids, meta):
                 break
             tracked.stored_upto = c + 1
+
+    def plan_tail(self, tracked: Tracked, tail: Tail, block_ids: GroupBlocks,
+                  meta: StepPlan) -> None:
+        """Offer the request's prompt tail (its computed prompt's partial last chunk): its
+        blocks' pages, the last one partly filled, go into a chunk slot like any chunk's.
+        With no host slot free it is offered again at the request's next step."""
+        first = tail.index * self.geometry.blocks_per_chunk
+        stop = -(-tail.end // self.geometry.block_tokens)
+        ids = chunk_blocks(block_ids, first, stop)
+        if len(ids) < (stop - first) * len(block_ids) or NULL_BLOCK in ids:
+            tracked.tail_done = True  # not all its pages are the request's any more
+            return
+        if self._cached(tail.key):
+            self.stack.touch(tail.key)
+        elif not self._plan_one(tail.key, ids, meta):
+            return
+        tracked.tail_done = True
 
     def _cached(self, key: ChunkKey) -> bool:
         """Cached, or being stored."""

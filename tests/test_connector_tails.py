@@ -1,0 +1,146 @@
+"""Prompt tails on the scheduler side: a prompt's partial last chunk is stored once the
+prompt is computed and matched only by an identical prompt, which then loads all but its
+last token; loads cover the last block partly."""
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvtier.connector.messages import StepPlan, WorkerReport
+from kvtier.connector.tails import prompt_tail
+from tests.test_connector_scheduler import BLOCK, CHUNK, GEO, scheduler
+
+
+@dataclass
+class Prompt:
+    """A stand-in for vLLM's Request, with a prompt (block hashes chained over it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    cache_salt: str | None = None
+    mm_features: list = field(default_factory=list)
+    outputs: int = 0  # tokens generated (a preempted request coming back)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.outputs
+
+    @property
+    def block_hashes(self) -> list[bytes]:
+        hashes, parent = [], (self.cache_salt or "").encode()
+        tokens = self.prompt_token_ids + [0] * self.outputs
+        for b in range(len(tokens) // BLOCK):
+            block = str(tokens[b * BLOCK:(b + 1) * BLOCK]).encode()
+            parent = hashlib.blake2b(parent + block, digest_size=32).digest()
+            hashes.append(parent)
+        return hashes
+
+
+def prompt(name: str, length: int, seed: int = 0, **extra) -> Prompt:
+    return Prompt(name, [(seed * 7919 + i * 31) % 30000 for i in range(length)], **extra)
+
+
+def blocks(length: int) -> tuple[list[int], ...]:
+    return (list(range(100, 100 + -(-length // BLOCK))),)
+
+
+def store(side, req: Prompt) -> StepPlan:
+    """The request's prompt computed in one step, its stores reported done."""
+    meta = StepPlan()
+    assert side.completes_chunks(req.request_id, req.num_tokens) or req.num_tokens < CHUNK
+    side.plan_stores(req, blocks(req.num_tokens), req.num_tokens, meta)
+    side.worker_report(WorkerReport(host_stored=Counter({s.key: 1 for s in meta.stores})))
+    return meta
+
+
+@pytest.mark.parametrize("length", [10, 16, 40, 48, 75])  # short of a block, between blocks...
+def test_a_repeated_prompt_loads_all_but_its_last_token(length):
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes)
+    meta = store(side, prompt("a", length))
+    tail = meta.stores[-1]
+    assert tail.key == prompt_tail(prompt("x", length), GEO, side._namespace).key
+    full = length // CHUNK
+    first = full * CHUNK // BLOCK
+    assert tail.block_ids == tuple(range(100 + first, 100 + -(-length // BLOCK)))
+    assert side.num_new_matched_tokens(prompt("b", length), 0) == (length - 1, False)
+    side.plan_load(prompt("b", length), blocks(length), 0, length - 1)
+    (load,) = side.build_meta().loads
+    assert [c.key for c in load.chunks][-1] == tail.key
+    # the blocks holding tokens 0 .. length - 2: the last one partly
+    assert [b for c in load.chunks for b in c.block_ids] == list(range(100, 100 + -(-(length - 1) // BLOCK)))
+
+
+@pytest.mark.parametrize("length", [2 * CHUNK, 2 * CHUNK + 1])
+def test_a_prompt_on_a_chunk_boundary_has_no_tail_and_loads_all_but_its_last_token(length):
+    side = scheduler()
+    meta = store(side, prompt("a", length))
+    assert len(meta.stores) == 2  # a tail of one token would be the token vLLM computes
+    assert side.num_new_matched_tokens(prompt("b", length), 0) == (length - 1, False)
+
+
+def test_a_tail_matches_only_an_identical_prompt():
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes)
+    store(side, prompt("a", 40))
+    changed = prompt("b", 40)
+    changed.prompt_token_ids[-1] += 1
+    longer = prompt("c", 40)
+    longer.prompt_token_ids += [5] * 10
+    shorter = prompt("d", 40)
+    shorter.prompt_token_ids = shorter.prompt_token_ids[:39]
+    salted = prompt("e", 40, cache_salt="tenant-b")
+    for other in (changed, longer, shorter):  # only the full chunk
+        assert side.num_new_matched_tokens(other, 0) == (CHUNK, False)
+    assert side.num_new_matched_tokens(salted, 0) == (0, False)
+
+
+def test_a_short_prompt_with_another_salt_misses():
+    side = scheduler()
+    store(side, prompt("a", 10, cache_salt="one"))
+    assert side.num_new_matched_tokens(prompt("b", 10, cache_salt="one"), 0) == (9, False)
+    assert side.num_new_matched_tokens(prompt("c", 10, cache_salt="two"), 0) == (0, False)
+    assert side.num_new_matched_tokens(prompt("d", 10), 0) == (0, False)
+
+
+def test_a_multimodal_prompt_has_no_tail():
+    side = scheduler()
+    meta = store(side, prompt("a", 40, mm_features=["image"]))
+    assert len(meta.stores) == 1  # the full chunk only
+    assert side.num_new_matched_tokens(prompt("b", 40, mm_features=["image"]), 0) == (CHUNK, False)
+
+
+def test_a_request_past_its_prompt_loads_no_more_of_its_tail_than_the_prompt():
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes)
+    store(side, prompt("a", 40))
+    back = prompt("b", 40, outputs=5)  # preempted after 5 tokens: its tail chunk is not full
+    assert side.num_new_matched_tokens(back, 0) == (40, False)
+
+
+def test_a_tail_is_offered_once_the_prompt_is_computed_and_stored_once():
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes)
+    req = prompt("a", 40)
+    meta = StepPlan()
+    side.plan_stores(req, blocks(40), 32, meta)  # a chunked prefill: the first 32 tokens
+    assert len(meta.stores) == 1
+    assert side.completes_chunks("a", 40)
+    later = StepPlan()
+    side.plan_stores(req, blocks(40), 40, later)
+    assert len(later.stores) == 1 and later.stores[0].block_ids == (102,)
+    assert not side.completes_chunks("a", 41)  # decode steps: nothing more to store
+
+
+def test_a_loads_tokens_are_counted_by_the_tier_they_come_from(tmp_path):
+    from kvtier.tiers.base import TierName
+
+    side = scheduler(disk=tmp_path, disk_slots=8, host_capacity=8 * GEO.chunk_bytes)
+    meta = store(side, prompt("a", 40))
+    side.worker_report(WorkerReport(disk_written=Counter({s.key: 1 for s in meta.stores})))
+    side.stack.indexes[TierName.HOST].discard(meta.stores[-1].key)  # the tail: on disk only
+    assert side.num_new_matched_tokens(prompt("b", 40), 0) == (39, True)
+    side.plan_load(prompt("b", 40), blocks(40), 0, 39)
+    assert side.load_tiers("b", 39) == {TierName.HOST: CHUNK, TierName.DISK: 39 - CHUNK}
