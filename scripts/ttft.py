@@ -11,6 +11,7 @@ Modes (same prompts, same thread binding, vLLM's own prefix cache off so that a 
 served by the connector or recomputed; before each disk-hit run, the connector's files are
 dropped from the page cache so that every connector really reads the disk):
   recompute        no connector: every prompt is computed
+  vllm prefix      no connector, vLLM's own prefix cache on: the second run hits it
   kvtier host      kvtier: a prompt's second run loads its KV from host memory
   kvtier disk      kvtier, in a new engine process (empty host memory): loads from disk
   kvtier shared    kvtier, a new engine with another instance_id on the same directory:
@@ -129,7 +130,8 @@ def remote_arm(base: dict, extra: dict, once: list, warm: list, work: Path, thre
 
 
 # (mode, run name, phase of the hit; None: a baseline, the faster of its two runs)
-MODES = [("recompute", "recompute", None), ("kvtier host", "kvtier-host", 1),
+MODES = [("recompute", "recompute", None), ("vllm prefix cache", "vllm-prefix", 1),
+         ("kvtier host", "kvtier-host", 1),
          ("kvtier disk", "kvtier-disk", 1), ("kvtier shared", "kvtier-shared", 1),
          ("kvtier remote", "kvtier-remote", 1),
          ("example disk", "example-load", 1),
@@ -227,6 +229,9 @@ def main() -> None:
     try:
         console.print("[dim]recompute[/dim]")
         runs["recompute"] = run({**base, "phases": once * 2}, work, "recompute", args.threads)
+        console.print("[dim]vLLM's own prefix cache: the second run hits it[/dim]")
+        runs["vllm-prefix"] = run({**base, "prefix_caching": True, "phases": once * 2}, work,
+                                  "vllm-prefix", args.threads)
         console.print("[dim]kvtier: store, then host hits[/dim]")
         runs["kvtier-host"] = run({**base, "connector": "kvtier", "extra": extra, "phases": once * 2},
                                   work, "kvtier-host", args.threads)

@@ -69,6 +69,28 @@ def test_store_to_host_and_disk_then_load_back(tmp_path):
     side.close()
 
 
+def test_a_tail_store_zeroes_the_rest_of_its_slot_and_loads_back_its_blocks(tmp_path):
+    """(a prompt's tail: fewer blocks than a chunk's; the slot's previous chunk must not
+    go to disk with it)"""
+    side, kv = worker(tmp_path)
+    original = [t.clone() for t in kv]
+    side.save(StepPlan(stores=[ChunkStore(b"f" * 16, (5, 6), host_slot=0)]))  # a full chunk
+    side.save(StepPlan(stores=[ChunkStore(b"t" * 16, (3,), host_slot=0, disk_slot=2)]))
+    side.drain()
+    assert side.report().disk_written[b"t" * 16] == 1
+    slot = side._attached()[1].slot(0)[: GEO.chunk_bytes].view(LAYERS, 2, GEO.page_bytes)
+    assert not slot[:, 1].any() and slot[:, 0].any()
+    for t in kv:
+        t[9].zero_()
+    load = RequestLoad("r", (ChunkLoad(b"t" * 16, (9,), 0, host_slot=1, disk_slot=2),),
+                       asynchronous=True)
+    side.start_loads(StepPlan(loads=[load]))
+    side.drain()
+    assert side.finished() == {"r"} and side.take_invalid_blocks() == set()
+    assert all(same(kv[i][9], original[i][3]) for i in range(LAYERS))
+    side.close()
+
+
 def test_a_host_load_is_done_before_the_forward(tmp_path):
     side, kv = worker(tmp_path, disk=False)
     original = [t.clone() for t in kv]

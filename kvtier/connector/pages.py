@@ -68,11 +68,16 @@ class PagedKV:
                                                       self.geometry.page_bytes)
 
     def gather(self, block_ids: Sequence[int], slot: torch.Tensor) -> None:
-        """Copy the pages of ``block_ids`` (every layer) into ``slot`` (host bytes)."""
+        """Copy the pages of ``block_ids`` (every layer) into ``slot`` (host bytes). Fewer
+        blocks than a chunk's (a prompt's tail) leave the rest of the slot zeroed, so that
+        nothing of the slot's previous chunk is written out with it."""
         if NULL_BLOCK in block_ids:
             raise ValueError("kvtier: a store of vLLM's null block (a page out of a sliding "
                              "window holds nothing)")
         groups, chunk = self._per_group(block_ids), self._chunk(slot)
+        count = len(groups[0][1]) if groups else 0
+        if count < chunk.shape[1]:
+            chunk[:, count:].zero_()
         if self._stream is None:
             for layers, ids in groups:
                 for start, first, count in _runs(ids):
