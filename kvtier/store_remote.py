@@ -178,8 +178,9 @@ class StoreRemote:
                     slot = host.slot_of(key)
                     if slot is None or self._queue(key, slot):
                         tried.add(key)
-            if not todo:
-                return True
+            if not todo:  # every chunk tried: not all written if the store went down meanwhile
+                with self._lock:
+                    return not (self.tier.down and any(key not in self._known for key in tried))
             self.start()
         return False
 

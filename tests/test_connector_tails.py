@@ -3,6 +3,7 @@ prompt is computed and matched only by an identical prompt, which then loads all
 last token; loads cover the last block partly."""
 
 import hashlib
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -144,3 +145,59 @@ def test_a_loads_tokens_are_counted_by_the_tier_they_come_from(tmp_path):
     assert side.num_new_matched_tokens(prompt("b", 40), 0) == (39, True)
     side.plan_load(prompt("b", 40), blocks(40), 0, 39)
     assert side.load_tiers("b", 39) == {TierName.HOST: CHUNK, TierName.DISK: 39 - CHUNK}
+
+
+def test_a_short_prompts_tail_is_keyed_by_its_adapters_name_and_path_not_its_id():
+    from types import SimpleNamespace
+
+    def key(**lora):
+        req = prompt("a", 10)
+        req.lora_request = SimpleNamespace(**lora)
+        return prompt_tail(req, GEO, scheduler()._namespace).key
+
+    base = key(lora_name="sql", lora_path="/a/v1", lora_int_id=1)
+    assert key(lora_name="sql", lora_path="/a/v1", lora_int_id=7) == base  # another process
+    assert key(lora_name="sql", lora_path="/a/v2", lora_int_id=1) != base  # re-pointed
+    assert key(lora_name="text", lora_path="/a/v1", lora_int_id=1) != base
+    assert prompt_tail(prompt("a", 10), GEO, scheduler()._namespace).key != base
+
+
+def test_a_prompt_that_grows_in_its_session_offers_its_new_tail():
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes)
+    req = prompt("a", 40)
+    first = store(side, req)
+    req.prompt_token_ids += [7] * 10  # a streaming session's next input, same request
+    assert side.completes_chunks("a", 50)
+    meta = StepPlan()
+    side.plan_stores(req, blocks(50), 50, meta)
+    (tail,) = meta.stores
+    assert tail.key != first.stores[-1].key and tail.block_ids == (102, 103)
+    assert tail.key == prompt_tail(prompt("x", 40).__class__("x", req.prompt_token_ids), GEO,
+                                   side._namespace).key
+
+
+def test_remote_presence_asks_again_when_a_requests_keys_change():
+    from kvtier.connector.remote_presence import RemotePresence
+
+    class Store:
+        down, asked = False, []
+
+        def exists(self, keys):
+            self.asked.append(list(keys))
+            return [k == b"full" for k in keys]
+
+        def close(self):
+            pass
+
+    store_ = Store()
+    presence = RemotePresence([store_], wait_s=5)
+    try:
+        deadline = time.monotonic() + 5
+        while presence.held("r", [b"a", b"tail"]) is None:
+            assert time.monotonic() < deadline
+        while (found := presence.held("r", [b"a", b"full"])) is None:  # the tail gave way
+            assert time.monotonic() < deadline
+        assert found == [False, True] and len(store_.asked) == 2
+        assert presence.held("r", [b"a"]) == [False] and len(store_.asked) == 2  # a prefix
+    finally:
+        presence.close()

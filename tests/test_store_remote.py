@@ -344,3 +344,20 @@ def test_flush_says_so_when_the_store_is_down_with_chunks_unwritten(server):
         a._shared.remote._max_pending = 8
         assert a.lookup(tokens(21, 1)).tokens == 0  # a failed round trip: out of service
         assert not a.flush(5)
+
+
+def test_flush_says_so_when_the_store_goes_down_under_its_last_writes(server):
+    toks = tokens(22, 3)
+    with store(server) as a:
+        remote = a._shared.remote
+        remote._max_pending = 0
+        a.put(toks, make_kv(toks))
+        remote._max_pending = 8
+        inner = remote.tier.put_many
+
+        def put_many(items):  # the store dies as flush's writes go out
+            server.stop()
+            return inner(items)
+
+        remote.tier.put_many = put_many
+        assert not a.flush(10)

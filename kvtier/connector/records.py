@@ -35,7 +35,7 @@ class Tracked:
     asynchronous: bool = False  # what the last match promised vLLM
     waiting_since: float | None = None  # when it began to wait for host slots to stage in
     tail: Tail | None = None  # its prompt's partial last chunk (``tails.prompt_tail``)
-    tail_known: bool = False  # whether ``tail`` was worked out yet
+    tail_for: int | None = None  # the prompt length ``tail`` was worked out for
     tail_done: bool = False  # the tail was offered for store (or needs none)
 
 

@@ -26,14 +26,16 @@ class RemotePresence:
     keys), whether every rank's copy is in the store, once known; None while the question
     runs (the caller asks again next step). The first call about a request asks, in the
     background, and waits for the answer at most ``INLINE_WAIT_S``; the answer is kept until
-    ``forget(req_id)``, and asked again when the keys grow. While the store is out of
+    ``forget(req_id)``, and asked again when the keys grow or change (a
+    request's tail key gives way to its full chunk's). While the store is out of
     service the answer is "none" at once. A question not answered within ``wait_s`` counts
     as "none". ``close()`` stops the thread and the tiers."""
 
     def __init__(self, tiers: Sequence[RemoteTier], wait_s: float) -> None:
         self.tiers, self._wait_s = list(tiers), wait_s
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="kvtier-remote-lookup")
-        self._asked: dict[str, tuple[int, float, Future[list[bool]]]] = {}
+        # req id -> (the keys asked, when, the answer)
+        self._asked: dict[str, tuple[tuple[ChunkKey, ...], float, Future[list[bool]]]] = {}
         self._closed = False
         self.lookups = 0  # questions asked
 
@@ -43,14 +45,15 @@ class RemotePresence:
 
     def held(self, req_id: str, keys: Sequence[ChunkKey]) -> list[bool] | None:
         asked = self._asked.get(req_id)
-        if asked is None or asked[0] < len(keys):
+        if asked is None or tuple(asked[0][:len(keys)]) != tuple(keys):  # more keys, or others
             if self.down or self._closed:
                 return [False] * len(keys)
             self.lookups += 1
-            asked = (len(keys), time.monotonic(), self._pool.submit(self._ask, list(keys)))
+            asked = (tuple(keys), time.monotonic(), self._pool.submit(self._ask, list(keys)))
             self._asked[req_id] = asked
             wait_futures([asked[2]], timeout=INLINE_WAIT_S)
-        count, since, answer = asked
+        asked_keys, since, answer = asked
+        count = len(asked_keys)
         if not answer.done():
             if time.monotonic() - since < self._wait_s:
                 return None

@@ -108,11 +108,13 @@ class SchedulerSide:
                 for c in range(first, count)]
 
     def tail(self, request: Any) -> Tail | None:
-        """The request's prompt tail (its partial last chunk), worked out once."""
+        """The request's prompt tail (its partial last chunk), worked out once per prompt
+        (a streaming session's prompt grows: its new tail is offered again)."""
         tracked = self.track(request)
-        if not tracked.tail_known:
+        length = prompt_length(request)
+        if tracked.tail_for != length:
             tracked.tail = prompt_tail(request, self.geometry, self._namespace)
-            tracked.tail_known = True
+            tracked.tail_for, tracked.tail_done = length, False
         return tracked.tail
 
     def _keys(self, request: Any, end: int) -> tuple[list[ChunkKey], int]:
@@ -194,9 +196,9 @@ class SchedulerSide:
     def _tail_due(self, tracked: Tracked, num_computed_after: int) -> bool:
         """Whether the request's prompt tail is computed and not offered yet (every full
         chunk before it offered)."""
+        tail = self.tail(tracked.request)  # first: a prompt that grew has a new tail to offer
         if tracked.tail_done:
             return False
-        tail = self.tail(tracked.request)
         if tail is None:
             tracked.tail_done = True
             return False

@@ -59,8 +59,10 @@ def prompt_tail(request: Any, geometry: KVGeometry, namespace: Namespace) -> Tai
 
 def _extra(request: Any) -> bytes:
     """What else vLLM keys a block on: the cache salt (in the first block's hash only, so
-    needed where there is no full block) and the adapter."""
+    needed where there is no full block) and the adapter, by name and path as vLLM does (an
+    adapter's id means something only inside one process)."""
     salt = getattr(request, "cache_salt", None) or ""
     lora = getattr(request, "lora_request", None)
-    adapter = f"{getattr(lora, 'lora_int_id', '')}:{getattr(lora, 'lora_name', '')}" if lora else ""
-    return f"{len(salt)}:{salt}|{adapter}".encode()
+    name, path = (str(getattr(lora, "lora_name", "")), str(getattr(lora, "lora_path", ""))) \
+        if lora else ("", "")
+    return f"{len(salt)}:{salt}|{len(name)}:{name}|{len(path)}:{path}".encode()
