@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvtier.config import load_config
-from kvtier.connector.messages import StepPlan, WorkerReport
+from kvtier.connector.messages import ChunkStore, StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.worker import WorkerSide
 from kvtier.remote.values import value_key
@@ -236,15 +236,21 @@ def test_a_worker_closing_at_once_still_writes_every_chunk_queued(server):
         a.scheduler.close()
 
 
-def test_a_store_one_rank_failed_keeps_its_host_slot_while_another_rank_still_writes_it(server):
+def two_ranks(server, seed: int, **extra) -> tuple[SchedulerSide, ChunkStore]:
+    """A scheduler side of a TP-2 engine and the one chunk store it planned."""
     cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
-                       "load_policy": "always", "remote_url": server.url}, environ={})
+                       "load_policy": "always", "remote_url": server.url, **extra}, environ={})
     side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 2, r) for r in range(2)], 2)
+    req = request("r", CHUNK + 1, seed=seed)
+    meta = StepPlan()
+    side.plan_stores(req, ([1, 2],), req.num_tokens, meta)
+    (store,) = meta.stores
+    return side, store
+
+
+def test_a_store_one_rank_failed_keeps_its_host_slot_while_another_rank_still_writes_it(server):
+    side, store = two_ranks(server, seed=11)
     try:
-        req = request("r", CHUNK + 1, seed=11)
-        meta = StepPlan()
-        side.plan_stores(req, ([1, 2],), req.num_tokens, meta)
-        (store,) = meta.stores
         assert store.remote
         host = side.stack.indexes[TierName.HOST]
         # rank 0 stored it and is still sending it; rank 1 failed its copy
@@ -260,16 +266,9 @@ def test_a_store_one_rank_failed_keeps_its_host_slot_while_another_rank_still_wr
 
 
 def test_a_store_one_rank_failed_is_freed_once_both_its_disk_and_remote_writes_are_over(server, tmp_path):
-    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
-                       "load_policy": "always", "remote_url": server.url,
-                       "disk_paths": [str(tmp_path)], "disk_capacity": 8 * (4096 + GEO.chunk_bytes)},
-                      environ={})
-    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 2, r) for r in range(2)], 2)
+    side, store = two_ranks(server, seed=12, disk_paths=[str(tmp_path)],
+                            disk_capacity=8 * (4096 + GEO.chunk_bytes))
     try:
-        req = request("r", CHUNK + 1, seed=12)
-        meta = StepPlan()
-        side.plan_stores(req, ([1, 2],), req.num_tokens, meta)
-        (store,) = meta.stores
         assert store.remote and store.disk_slot is not None
         host = side.stack.indexes[TierName.HOST]
         # rank 0 stored it, still writing it to disk and the store; rank 1 failed its copy
