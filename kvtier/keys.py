@@ -23,7 +23,7 @@ import numpy as np
 
 from kvtier.errors import TokenError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: payloads in parts (a part table in the header)
 KEY_BYTES = 16
 
 ChunkKey = NewType("ChunkKey", bytes)

@@ -10,9 +10,9 @@ from kvtier.keys import KEY_BYTES, Namespace, block_hash_chunk_key, token_chunk_
 
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=32)
 
-# The digest of NS: fixed forever for format version 1. A change
+# The digest of NS: fixed forever for its format version. A change
 # here means every cache on disk becomes unreadable: bump FORMAT_VERSION instead.
-NS_DIGEST = "759fa1aca2f9887d173ef6f356b3c713"  # format version 2
+NS_DIGEST = "a3e39612a260f2923645bd39e9ee96a0"  # format version 3
 
 
 def test_namespace_digest_is_fixed():
@@ -23,7 +23,7 @@ def test_namespace_digest_is_fixed():
 @pytest.mark.parametrize(("field", "value"), [
     ("model", "other"), ("kv_dtype", "float16"), ("layout", "l2"), ("layout_version", 2),
     ("block_tokens", 32), ("chunk_tokens", 64), ("model_revision", "abc"), ("tp_size", 2),
-    ("pp_size", 2), ("format_version", 3),
+    ("pp_size", 2), ("format_version", 4),
 ])
 def test_every_field_changes_the_digest(field, value):
     assert dataclasses.replace(NS, **{field: value}).digest() != NS.digest()

@@ -11,7 +11,7 @@ _COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
              "load_bytes_disk", "load_failures", "stores", "store_bytes", "disk_writes",
              "disk_write_bytes", "disk_write_failures", "corruptions", "io_errors", "no_space",
              "paths_down", "load_timeouts", "chunks_from_remote", "remote_writes",
-             "remote_write_bytes", "remote_failures")
+             "remote_write_bytes", "remote_failures", "disk_read_bytes")
 
 
 @dataclass
@@ -26,7 +26,10 @@ class WorkerCounters:
         self.data.setdefault("load_seconds", [])
 
     def record_load(self, load, disk_bytes: int, host_bytes: int, seconds: float,
-                    failed: int) -> None:
+                    failed: int, read_bytes: int = 0) -> None:
+        """A load over: ``disk_bytes`` of the ``host_bytes`` copied into GPU blocks came
+        from storage (disk, a shared directory, the remote store), and its disk reads
+        (this rank's and other engines' segments) read ``read_bytes`` in all."""
         from_remote = sum(1 for c in load.chunks if c.remote)
         from_disk = sum(1 for c in load.chunks if c.staged) - from_remote  # or a shared one
         self.data["loads"] += 1
@@ -36,6 +39,7 @@ class WorkerCounters:
         self.data["load_bytes_host"] += host_bytes
         self.data["load_bytes_disk"] += disk_bytes
         self.data["load_failures"] += failed
+        self.data["disk_read_bytes"] += read_bytes
         self.data["load_seconds"].append(seconds)
 
     def record_stores(self, chunks: int, nbytes: int) -> None:

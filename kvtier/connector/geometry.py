@@ -12,6 +12,8 @@ then covers every group: the layers are in group order (the first group's layers
 next group's), and a chunk's block ids are each group's blocks for its tokens, group after
 group. A group keeps no block for tokens that fell out of its window (vLLM's null block):
 those pages are neither stored (the chunk is not offered) nor loaded (nothing to fill).
+On disk each group's part of a chunk is checked on its own (``part_bytes``), so a load reads
+only the parts of the groups it fills, and a chunk no group needs is not read at all.
 """
 
 from __future__ import annotations
@@ -69,6 +71,14 @@ class KVGeometry:
     @property
     def chunk_bytes(self) -> int:
         return self.num_layers * self.blocks_per_chunk * self.page_bytes
+
+    @property
+    def part_bytes(self) -> tuple[int, ...]:
+        """Bytes of each KV cache group's part of a chunk, in chunk order (its pages, layer
+        by layer), as the disk tier keeps them apart; () with one group."""
+        if len(self.groups) < 2:
+            return ()
+        return tuple(n * self.blocks_per_chunk * self.page_bytes for n in self.groups)
 
     def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int) -> Namespace:
         layout = f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}"

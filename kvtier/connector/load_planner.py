@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from kvtier.config import KVTierConfig
 from kvtier.connector.decider import LoadDecider
 from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkLoad, DiskWrite, GroupBlocks, RequestLoad, chunk_blocks
+from kvtier.connector.messages import (
+    NULL_BLOCK,
+    ChunkLoad,
+    DiskWrite,
+    GroupBlocks,
+    RequestLoad,
+    chunk_blocks,
+)
 from kvtier.connector.records import Load, PendingStores, StalledReads, Tracked
 from kvtier.connector.remote_presence import RemotePresence
 from kvtier.connector.remote_writes import RemoteWrites
@@ -202,8 +209,14 @@ class LoadPlanner:
         store), ``tokens`` of the load in it. A chunk gone since the match, on disk in a
         synchronous load, or with no host slot free is not loaded, nor is any chunk after it:
         the workers report their blocks invalid and vLLM recomputes them (the chunks stay
-        cached)."""
+        cached). A chunk whose blocks are all out of their windows is a hit with nothing to
+        copy; a disk chunk only some of whose KV cache groups have blocks in the load is
+        read in part (those groups'), and its staging slot is freed after the load."""
         location = self.stack.locate(key) if key is not None and not load.cut else None
+        if location is not None and key is not None and all(b == NULL_BLOCK for b in ids):
+            load.tiers[location.tier] = load.tiers.get(location.tier, 0) + tokens
+            self.counters["load_chunks_out_of_window"] += 1
+            return ChunkLoad(key, ids, first, None)
         refs = None
         if key is not None and location is None and not load.cut and self.shares is not None:
             refs = self.shares.find(key)
@@ -244,7 +257,22 @@ class LoadPlanner:
         assert plan is not None, "a disk chunk loads through a host staging slot"
         demotions += self._pending.demotion_writes(plan.demotions)
         load.staged.append(plan)
-        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot)
+        parts = self._parts(ids)
+        if parts is not None:
+            load.partial.add(key)
+            self.counters["load_chunks_in_part"] += 1
+        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot, parts=parts)
+
+    def _parts(self, ids: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The KV cache groups a chunk's load fills (``ids``: each group's blocks, group
+        after group), when not all of them; None when every group needs its part."""
+        groups = len(self.geometry.groups)
+        if groups < 2:
+            return None
+        per = len(ids) // groups
+        filled = tuple(g for g in range(groups)
+                       if any(b != NULL_BLOCK for b in ids[g * per:(g + 1) * per]))
+        return filled if len(filled) < groups else None
 
     # -- finish ---------------------------------------------------------------------------
 
@@ -262,7 +290,7 @@ class LoadPlanner:
             ok = plan.key not in failed
             if not ok and self._stalled.hold(plan):  # a read may still be filling the slot
                 continue
-            self.stack.finish(plan.key, plan.dst, ok)
+            self.stack.finish(plan.key, plan.dst, ok and plan.key not in load.partial)
         for key, location in load.pinned:
             self.stack.unpin(key, location)
             if key in failed:

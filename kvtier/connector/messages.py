@@ -62,7 +62,10 @@ class ChunkLoad:
     in rank order) they are first read from another engine's segment of the shared
     directory the same way; with ``remote``, from the remote store (each rank its own
     copy). ``host_slot`` is None when no host slot could be had: this chunk and the ones
-    after it are not loaded, and vLLM recomputes their blocks.
+    after it are not loaded, and vLLM recomputes their blocks; or when the chunk fills no
+    block (``fills_nothing``: every group's blocks are out of its window), as a hit that
+    needs none of its bytes. A disk read with ``parts`` reads only those KV cache groups'
+    parts of the chunk (the groups whose blocks it fills), the whole chunk without.
     """
 
     key: bytes
@@ -72,6 +75,12 @@ class ChunkLoad:
     disk_slot: int | None = None
     foreign: tuple[SlotRef, ...] | None = None
     remote: bool = False
+    parts: tuple[int, ...] | None = None
+
+    @property
+    def fills_nothing(self) -> bool:
+        """Every block is the null block: a sliding window's hit on a chunk it left."""
+        return all(b == NULL_BLOCK for b in self.block_ids)
 
     @property
     def staged(self) -> bool:

@@ -51,6 +51,7 @@ class Load:
     cut: bool = False  # a chunk could not be loaded: it and the ones after are recomputed
     foreign: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'
     remote: set[ChunkKey] = field(default_factory=set)  # read from the remote store
+    partial: set[ChunkKey] = field(default_factory=set)  # read in part: staged, never kept
 
 
 @dataclass

@@ -111,7 +111,8 @@ class WorkerSide:
                                element_bytes, lock=self._lock, on_back=self._ledger.path_back,
                                failures=self._ledger.failures, engine_factory=self._io_engine,
                                writers=rank_writer_ids(self.config, self.namespace,
-                                                        self._leader))
+                                                        self._leader),
+                               parts=self.geometry.part_bytes)
         self._ledger.lane = self._lane
         self._foreign = foreign_reads(self.config, self.namespace, self.geometry.chunk_bytes,
                                       self._lane)
@@ -179,14 +180,18 @@ class WorkerSide:
         pages, host = self._attached()
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
-        disk_bytes = host_bytes = 0
+        disk_bytes = host_bytes = read_bytes = 0
         try:
             broken = False
             for chunk in load.chunks:
                 result = reads[chunk.key].result() if chunk.key in reads else None
+                if result is not None and result.ok and not chunk.remote:
+                    read_bytes += result.nbytes
                 if result is not None and not result.ok:
                     failed_keys.add(chunk.key)
                     self._note_read_failure(chunk.remote, result)
+                if chunk.fills_nothing:  # out of every group's window: nothing to copy
+                    continue
                 if broken or chunk.host_slot is None or chunk.key in failed_keys:
                     broken = True
                     invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
@@ -209,7 +214,7 @@ class WorkerSide:
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
                 self._ledger.pending.load_samples.append((disk_bytes, host_bytes, seconds))
             self._ledger.record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
-                                                          len(failed_keys)))
+                                                          len(failed_keys), read_bytes))
 
     def _note_read_failure(self, remote: bool, result: IOResult) -> None:
         """A failed read, counted against the remote store (``remote``) or the disk path."""

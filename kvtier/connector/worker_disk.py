@@ -39,7 +39,7 @@ class WorkerDisk:
     def submit_reads(self, load: RequestLoad) -> Reads:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
         host = self._host
-        wanted = sorted((c.disk_slot, c.host_slot, c.key) for c in load.chunks
+        wanted = sorted((c.disk_slot, c.host_slot, c.key, c.parts) for c in load.chunks
                         if c.disk_slot is not None and c.host_slot is not None)
         futures: Reads = {}
         batches: list[Future] = []
@@ -49,12 +49,13 @@ class WorkerDisk:
                 size = -(-len(mine) // self._threads)  # spread over the path's threads
                 for start in range(0, len(mine), size or 1):
                     group = mine[start:start + size]
-                    items = [(disk, ChunkKey(key), host.slot_array(slot)) for disk, slot, key in group]
+                    items = [(disk, ChunkKey(key), host.slot_array(slot), parts)
+                             for disk, slot, key, parts in group]
                     reads = BatchReads(len(items))
                     batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items)))
                     reads.watch(batch)
                     batches.append(batch)
-                    futures.update(zip([key for _, _, key in group], reads.items, strict=True))
+                    futures.update(zip([key for _, _, key, _ in group], reads.items, strict=True))
             self._submit_foreign(load, futures, batches)
         except BaseException:
             # The load fails and its staging slots go back: no read may still be filling them.
@@ -92,12 +93,23 @@ class WorkerDisk:
         assert foreign is not None, "reads of other engines' chunks need their reader"
         return foreign.read_many([(ref, self._host.slot_array(slot)) for ref, slot in items])
 
-    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
-        """Verified reads (an I/O thread); a corrupt slot's header is blanked before the
-        load reports it failed, so it is not recovered again after a restart and a slot
-        the scheduler side frees is never blanked under a later write."""
-        results = self._lane.read_many(items)
-        for (slot, _, _), result in zip(items, results, strict=True):
+    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray, tuple[int, ...] | None]]
+              ) -> list[IOResult]:
+        """Verified reads (an I/O thread): whole chunks, or the parts a load needs of them
+        (``ChunkLoad.parts``). A corrupt slot's header is blanked before the load reports
+        it failed, so it is not recovered again after a restart and a slot the scheduler
+        side frees is never blanked under a later write."""
+        whole = [i for i, item in enumerate(items) if item[3] is None]
+        some = [i for i, item in enumerate(items) if item[3] is not None]
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        for i, result in zip(whole, self._lane.read_many([items[i][:3] for i in whole]), strict=True):
+            results[i] = result
+        if some:
+            read = self._lane.read_parts([(slot, key, dst, parts or ())
+                                          for slot, key, dst, parts in (items[i] for i in some)])
+            for i, result in zip(some, read, strict=True):
+                results[i] = result
+        for (slot, _, _, _), result in zip(items, results, strict=True):
             if result.status is IOStatus.CORRUPT:
                 self._lane.invalidate(slot)
         return results

@@ -130,7 +130,8 @@ class WorkerLedger:
         for name in ("loads", "stores", "store_bytes", "disk_writes", "disk_write_bytes",
                      "disk_write_failures", "load_failures", "corruptions", "io_errors",
                      "no_space", "paths_down", "load_timeouts", "chunks_from_remote",
-                     "remote_writes", "remote_write_bytes", "remote_failures"):
+                     "remote_writes", "remote_write_bytes", "remote_failures",
+                     "disk_read_bytes"):
             samples.append(Sample(f"worker_{name}_total", "counter", name.replace("_", " ")).add(
                 data[name]))
         return samples

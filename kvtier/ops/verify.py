@@ -23,7 +23,7 @@ from kvtier.io.format import (
     HeaderError,
     decode_header,
     is_blank,
-    payload_checksum,
+    payload_matches,
 )
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
@@ -219,7 +219,7 @@ def _verdict(data: bytes, digest: bytes, raw_bytes: int) -> str:
     if header.raw_bytes != raw_bytes:
         return "mismatched"
     payload = data[HEADER_BYTES:HEADER_BYTES + header.payload_bytes]
-    if len(payload) < header.payload_bytes or payload_checksum(payload) != header.payload_checksum:
+    if not payload_matches(header, payload):  # its checksum, or every part's
         return "corrupt"
     return "ok"
 

@@ -2,7 +2,9 @@
 
 Slot ``s`` lives on path ``s % P`` (chunks stripe across drives), in that path's slot
 files. A slot is a 4 KiB header and the payload, read and written with one vectored call.
-This class moves and checks bytes only; which chunk goes in which slot is the bookkeeping's
+A chunk of a hybrid model is written in parts (one per KV cache group, ``parts``), each
+checked on its own, so that a load needing only some groups reads only their parts
+(``read_parts``). This class moves and checks bytes only; which chunk goes in which slot is the bookkeeping's
 business (``SlotIndex`` under the ``TierStack``). Every method here blocks: the owner runs
 them on the I/O engine's threads (queue ``queue_of(slot)``).
 """
@@ -29,6 +31,7 @@ from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.base import TierName
 from kvtier.tiers.disk_check import decode_into, slot_problem
+from kvtier.tiers.disk_parts import ChunkParts
 from kvtier.tiers.disk_paths import DiskPaths, OpenArgs, PathState
 from kvtier.tiers.disk_recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
 
@@ -59,11 +62,12 @@ class DiskTier:
                  o_direct: bool | None = None, floor: DiskFloor | None = None,
                  retry: float | None = 30.0, verify_payload: bool = True,
                  writers: Sequence[str] | None = None, lease_timeout: float = 120.0,
-                 share_writers: int = 1) -> None:
+                 share_writers: int = 1, parts: Sequence[int] = ()) -> None:
         if not paths:
             raise ValueError("DiskTier needs at least one path")
         self.namespace, self.ns_digest = namespace, namespace.digest()
         self.raw_bytes = raw_bytes
+        self.parts = ChunkParts(raw_bytes, parts)
         self.compression, self.element_bytes = compression, element_bytes
         self.verify_payload = verify_payload  # False only to measure what verifying costs
         self.layout = SlotLayout(raw_bytes, len(paths), capacity)
@@ -171,9 +175,14 @@ class DiskTier:
                 body_source = self._scratch.payload()
                 payload = body_source[: len(blob)]
                 payload[:] = np.frombuffer(blob, dtype=np.uint8)
-        SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
-                   payload_checksum(payload.data), next(self._generation), time.time_ns()
-                   ).encode(into=header_buf)
+        if codec is Codec.NONE and self.parts:
+            header = self.parts.header(self.ns_digest, key, raw, next(self._generation),
+                                       time.time_ns())
+        else:
+            header = SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
+                                payload_checksum(payload.data), next(self._generation),
+                                time.time_ns())
+        header.encode(into=header_buf)
         return codec, aligned_view(body_source, payload.size), payload.size
 
     def _write_run(self, path: PathState, directory: CacheDir, number: int, offset: int, iov: list,
@@ -229,6 +238,36 @@ class DiskTier:
                 arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + size)
                 results[i] = self._verify(items[i], header_buf, payload, arrived)
         return results
+
+    def read_parts(self, items: Sequence[tuple[int, ChunkKey, np.ndarray, Sequence[int]]]
+                   ) -> list[IOResult]:
+        """Read and verify parts ``wanted`` (their indexes in ``parts``) of each chunk into
+        its host slot, at their places in the chunk, and nothing else of it (the rest of
+        the slot is left as it was). A chunk stored compressed, or in parts that cannot be
+        read alone (not on page bounds), is read whole."""
+        return [self._read_parts(slot, key, dst, set(wanted))
+                if self.parts.reads_alone(wanted) and not self._codecs[slot]
+                else self.read_many([(slot, key, dst)])[0] for slot, key, dst, wanted in items]
+
+    def _read_parts(self, slot: int, key: ChunkKey, dst: np.ndarray, wanted: set[int]) -> IOResult:
+        path, directory, number, offset = self._where(slot)
+        if directory is None:
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+        header_buf = self._scratch.headers(1)
+        arrived = 0
+        try:
+            for start, iov in self.parts.runs(header_buf, dst, wanted):
+                got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset + start)
+                arrived += got
+                if got < sum(b.size for b in iov):
+                    return IOResult(IOStatus.CORRUPT, arrived, "slot truncated")
+        except OSError as exc:
+            return self._health.failed(path, exc, directory)
+        path.eio_run = 0
+        problem = slot_problem(header_buf, key, [dst], self.raw_bytes, Codec.NONE, self.ns_digest,
+                               self.raw_bytes, self.verify_payload,
+                               wanted=self.parts.read_map(wanted))
+        return IOResult(IOStatus.CORRUPT, arrived, problem) if problem else IOResult(IOStatus.OK, arrived)
 
     def _landing(self, run: list[int], items: Sequence[tuple[int, ChunkKey, Target]],
                  compressed: set[int]) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
@@ -313,3 +352,4 @@ class DiskTier:
 
     def close(self) -> None:
         self._health.close()
+

@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from kvtier.io import codec as codecs
-from kvtier.io.format import Codec, HeaderError, decode_header, payload_checksum
+from kvtier.io.format import Codec, HeaderError, SlotHeader, decode_header, payload_checksum
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey
 
 
 def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray], got: int,
-                 codec: Codec, ns_digest: bytes, raw_bytes: int, verify_payload: bool) -> str:
+                 codec: Codec, ns_digest: bytes, raw_bytes: int, verify_payload: bool,
+                 wanted: Sequence[tuple[int, int]] | None = None) -> str:
     """Why the slot read into ``header_buf`` and ``payload`` (pieces in order; ``got``
     payload bytes arrived)
     does not hold chunk ``key`` of namespace ``ns_digest`` as written with ``codec``; empty
     when it does. The header must decode and name this namespace, key, codec and raw size,
-    the whole payload must have arrived and, with ``verify_payload``, match its checksum."""
+    the whole payload must have arrived and, with ``verify_payload``, match its checksum.
+
+    With ``wanted`` (a read of some parts: the (size, index) of each part the slot must be
+    in, and which of them were read) only those parts were read and are checked."""
     try:
         header = decode_header(header_buf.data)
     except HeaderError as exc:
         return str(exc)
+    if wanted is not None:
+        return _parts_problem(header, key, payload[0], ns_digest, raw_bytes, verify_payload,
+                              wanted)
     if header.namespace != ns_digest or header.key != key:
         return "slot holds another chunk (stale or foreign)"
     if header.codec is not codec or header.raw_bytes != raw_bytes:
@@ -33,9 +40,54 @@ def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray
         return f"uncompressed payload of {header.payload_bytes} bytes, the chunk has {raw_bytes}"
     if got < header.payload_bytes:
         return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
-    if verify_payload and checksum_of(payload, header.payload_bytes) != header.payload_checksum:
+    if verify_payload and not _payload_ok(header, payload):
         return "payload checksum mismatch"
     return ""
+
+
+def _parts_problem(header: SlotHeader, key: ChunkKey, payload: np.ndarray, ns_digest: bytes,
+                   raw_bytes: int, verify_payload: bool,
+                   wanted: Sequence[tuple[int, int]]) -> str:
+    """``slot_problem`` for a read of some parts (``wanted``: (size of every part, 1 where
+    it was read)) into ``payload``."""
+    if header.namespace != ns_digest or header.key != key:
+        return "slot holds another chunk (stale or foreign)"
+    if header.codec is not Codec.NONE or header.raw_bytes != raw_bytes:
+        return "slot header does not match what was written"
+    if [size for size, _ in header.parts] != [size for size, _ in wanted]:
+        return "slot's parts are not this chunk's"
+    if not verify_payload:
+        return ""
+    for (at, size), (_, checksum), (_, read) in zip(header.part_offsets(), header.parts, wanted,
+                                                  strict=True):
+        if read and payload_checksum(payload[at:at + size].data) != checksum:
+            return "payload checksum mismatch"
+    return ""
+
+
+def _payload_ok(header: SlotHeader, pieces: list[np.ndarray]) -> bool:
+    """Whether the payload in ``pieces`` (in order) matches its checksum, or each of its
+    parts' checksums."""
+    if not header.num_parts:
+        return checksum_of(pieces, header.payload_bytes) == header.payload_checksum
+    return all(checksum_of(_window(pieces, at, size), size) == checksum
+               for (at, size), (_, checksum) in zip(header.part_offsets(), header.parts,
+                                                    strict=True))
+
+
+def _window(pieces: list[np.ndarray], at: int, size: int) -> list[np.ndarray]:
+    """The bytes ``at`` to ``at + size`` of ``pieces`` taken in order, as slices of them."""
+    out = []
+    for piece in pieces:
+        if size <= 0:
+            break
+        if at >= piece.size:
+            at -= piece.size
+            continue
+        out.append(piece[at:at + size])
+        size -= out[-1].size
+        at = 0
+    return out
 
 
 def checksum_of(pieces: list[np.ndarray], nbytes: int) -> int:

@@ -65,14 +65,16 @@ class DiskLane:
     def open(cls, config: KVTierConfig, namespace: Namespace, raw_bytes: int, element_bytes: int,
              *, lock: threading.Lock, on_back: Callable[[int], None], failures: FailureLog,
              move_lanes: bool = False, engine_factory: EngineFactory = IOEngine,
-             writers: Sequence[str] | None = None) -> DiskLane:
-        """``writers``: the writer ids to try in order (default: ``writer_ids(instance_id)``)."""
+             writers: Sequence[str] | None = None, parts: Sequence[int] = ()) -> DiskLane:
+        """``writers``: the writer ids to try in order (default: ``writer_ids(instance_id)``);
+        ``parts``: the sizes of the parts a chunk is checked in (``DiskTier``)."""
         tier = DiskTier(config.disk_paths, namespace, raw_bytes, config.segment_capacity,
                         compression=config.compression is Compression.ZSTD,
                         element_bytes=element_bytes, o_direct=_O_DIRECT[config.o_direct],
                         floor=config.disk_min_free, retry=config.disk_retry,
                         writers=writers or writer_ids(config.instance_id),
-                        lease_timeout=config.lease_timeout, share_writers=config.share_writers)
+                        lease_timeout=config.lease_timeout, share_writers=config.share_writers,
+                        parts=parts)
         queues = [*tier.queues, *map(_moves, tier.queues)] if move_lanes else tier.queues
         try:
             engine = engine_factory(queues, config.io_threads)
@@ -105,6 +107,11 @@ class DiskLane:
     def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Blocking, verified reads (run them in a job on the slots' queue)."""
         return self.tier.read_many(items)
+
+    def read_parts(self, items: Sequence[tuple[int, ChunkKey, np.ndarray, Sequence[int]]]
+                   ) -> list[IOResult]:
+        """Blocking, verified reads of some parts of each chunk (``DiskTier.read_parts``)."""
+        return self.tier.read_parts(items)
 
     def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Blocking writes (run them in a job on the slots' queue)."""
@@ -200,6 +207,10 @@ class NoDisk:
     move_queue_of = queue_of
 
     def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        raise AssertionError("no disk tier: nothing may be read")
+
+    def read_parts(self, items: Sequence[tuple[int, ChunkKey, np.ndarray, Sequence[int]]]
+                   ) -> list[IOResult]:
         raise AssertionError("no disk tier: nothing may be read")
 
     def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:

@@ -1,0 +1,266 @@
+"""Loads that need only some KV cache groups of a chunk: chunks on disk in parts, each checked
+on its own (the slot's part table), read in part where a group's blocks are out of its window,
+and not read at all where every group's are."""
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.config import load_config
+from kvtier.connector.geometry import KVGeometry
+from kvtier.connector.messages import (
+    NULL_BLOCK,
+    ChunkLoad,
+    ChunkStore,
+    RequestLoad,
+    StepPlan,
+    WorkerReport,
+)
+from kvtier.connector.scheduler import SchedulerSide
+from kvtier.connector.worker import WorkerSide
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.io.format import (
+    HEADER_BYTES,
+    INDEX_ENTRY_BYTES,
+    HeaderError,
+    SlotHeader,
+    decode_header,
+    payload_checksum,
+    payload_matches,
+)
+from kvtier.io.result import IOStatus
+from kvtier.tiers.base import TierName
+from kvtier.tiers.disk import DiskTier
+from tests.disk_helpers import NS, chunk, key, slot_files
+from tests.fake_io import FakeEngine
+from tests.test_cli_cache import as_json
+from tests.test_connector_scheduler import Request, request
+
+PARTS = (8192, 4096)  # two groups' parts of a 12 KiB chunk
+RAW = sum(PARTS)
+
+
+def parted_tier(root, parts=PARTS, **kwargs) -> DiskTier:
+    root.mkdir(mode=0o700, exist_ok=True)
+    raw = sum(parts)
+    return DiskTier([str(root)], NS, raw, 8 * (HEADER_BYTES + -(-raw // 4096) * 4096),
+                    parts=parts, **kwargs)
+
+
+def in_parts(data: np.ndarray, parts=PARTS) -> tuple[tuple[int, int], ...]:
+    out, at = [], 0
+    for size in parts:
+        out.append((size, payload_checksum(data[at:at + size].data)))
+        at += size
+    return tuple(out)
+
+
+def flip(root, offset: int) -> None:
+    (path,) = slot_files(root)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+# -- the slot format ----------------------------------------------------------------------
+
+def test_a_header_in_parts_round_trips_and_its_table_is_checked():
+    data = chunk(1, RAW).array[:RAW]
+    header = SlotHeader.in_parts(NS.digest(), key(1), in_parts(data), 5, 6)
+    encoded = header.encode()
+    back = decode_header(encoded)
+    assert back.parts == in_parts(data) and back.num_parts == 2 and back.payload_bytes == RAW
+    assert payload_matches(back, data.data)
+    prefix = decode_header(encoded[:INDEX_ENTRY_BYTES])  # as the per-directory index keeps it
+    assert prefix.num_parts == 2 and prefix.parts == ()
+    with pytest.raises(ValueError, match="index entry"):
+        payload_matches(prefix, data.data)
+    torn = bytearray(encoded)
+    torn[INDEX_ENTRY_BYTES + 9] ^= 1  # a part's checksum
+    with pytest.raises(HeaderError, match="part table checksum"):
+        decode_header(bytes(torn))
+    with pytest.raises(ValueError, match="2 to"):
+        SlotHeader.in_parts(NS.digest(), key(1), in_parts(data)[:1], 5, 6)
+
+
+def test_every_part_of_a_payload_is_checked():
+    data = chunk(1, RAW).array[:RAW].copy()
+    header = decode_header(SlotHeader.in_parts(NS.digest(), key(1), in_parts(data), 5, 6).encode())
+    for offset in (0, PARTS[0] - 1, PARTS[0], RAW - 1):
+        bad = data.copy()
+        bad[offset] ^= 1
+        assert not payload_matches(header, bad.data), offset
+    assert not payload_matches(header, data[:RAW - 1].data)
+
+
+# -- the disk tier ------------------------------------------------------------------------
+
+def test_a_part_is_read_alone_and_checked_alone(tmp_path):
+    tier = parted_tier(tmp_path)
+    data = chunk(1, RAW)
+    assert tier.write(0, key(1), data.array).ok
+    out = AlignedBuffer(RAW, pin=False)
+    out.array[:] = 0xAA
+    (result,) = tier.read_parts([(0, key(1), out.array, (1,))])
+    assert result.ok and result.nbytes == HEADER_BYTES + PARTS[1]  # the header and part 1 only
+    assert np.array_equal(out.array[PARTS[0]:RAW], data.array[PARTS[0]:RAW])
+    assert (out.array[:PARTS[0]] == 0xAA).all()  # the rest of the slot is left as it was
+    flip(tmp_path, HEADER_BYTES + 5)  # part 0 goes bad: part 1 still reads, the whole does not
+    assert tier.read_parts([(0, key(1), out.array, (1,))])[0].ok
+    assert tier.read_parts([(0, key(1), out.array, (0,))])[0].status is IOStatus.CORRUPT
+    assert tier.read(0, key(1), out.array).status is IOStatus.CORRUPT
+    assert tier.read_parts([(0, key(2), out.array, (1,))])[0].status is IOStatus.CORRUPT
+    tier.close()
+
+
+def test_every_part_is_read_whole_and_a_torn_table_is_corrupt(tmp_path):
+    tier = parted_tier(tmp_path)
+    data = chunk(2, RAW)
+    tier.write(0, key(2), data.array)
+    out = AlignedBuffer(RAW, pin=False)
+    (result,) = tier.read_parts([(0, key(2), out.array, (0, 1))])
+    assert result.ok and result.nbytes == HEADER_BYTES + RAW
+    assert np.array_equal(out.array[:RAW], data.array[:RAW])
+    flip(tmp_path, INDEX_ENTRY_BYTES + 20)  # the part table, outside the header's checksum
+    assert tier.read_parts([(0, key(2), out.array, (1,))])[0].status is IOStatus.CORRUPT
+    assert tier.read(0, key(2), out.array).status is IOStatus.CORRUPT
+    tier.close()
+
+
+def test_parts_off_page_bounds_and_compressed_chunks_are_read_whole(tmp_path):
+    odd = (8192 + 512, 4096)
+    tier = parted_tier(tmp_path / "odd", parts=odd)
+    assert not tier.parts.readable
+    tier.write(0, key(3), chunk(3, sum(odd)).array)
+    out = AlignedBuffer(sum(odd), pin=False)
+    (result,) = tier.read_parts([(0, key(3), out.array, (1,))])
+    assert result.ok and result.nbytes >= HEADER_BYTES + sum(odd)
+    tier.close()
+    packed = parted_tier(tmp_path / "zstd", compression=True)
+    data = chunk(4, RAW)
+    data.array[:RAW] = 7  # compresses: one payload, no parts
+    packed.write(0, key(4), data.array)
+    out = AlignedBuffer(RAW, pin=False)
+    (result,) = packed.read_parts([(0, key(4), out.array, (1,))])
+    assert result.ok and np.array_equal(out.array[:RAW], data.array[:RAW])
+    packed.close()
+
+
+def test_verify_checks_every_part_of_a_slot(tmp_path):
+    tier = parted_tier(tmp_path)
+    tier.write(0, key(5), chunk(5, RAW).array)
+    tier.close()
+    code, data = as_json("verify", tmp_path)
+    assert code == 0 and data["namespaces"][0]["ok"] == 1
+    flip(tmp_path, HEADER_BYTES + PARTS[0] + 7)  # part 1
+    code, data = as_json("verify", tmp_path)
+    assert code == 1 and data["namespaces"][0]["writers"][0]["corrupt"] == [0]
+
+
+# -- planning a load ----------------------------------------------------------------------
+
+BLOCK, CHUNK = 16, 32
+GEO = KVGeometry(4, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t", group_layers=(2, 2),
+                 group_kinds=("full", "sliding32"))
+ALL_SLIDING = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
+                         group_kinds=("sliding32",))
+
+
+def scheduler(tmp_path, geo=GEO) -> SchedulerSide:
+    config = load_config({"chunk_tokens": CHUNK, "host_capacity": 3 * geo.chunk_bytes,
+                          "load_policy": "always", "disk_paths": [str(tmp_path)],
+                          "disk_capacity": 8 * (4096 + geo.chunk_bytes)}, environ={})
+    return SchedulerSide(config, geo, [geo.namespace("m", "", 1, 0)], 1)
+
+
+def stored_on_disk(side: SchedulerSide, req: Request, groups: int) -> None:
+    """Store ``req``'s chunks (host and disk), then push them out of host memory."""
+    for r in (req, request("push", 3 * CHUNK, seed=9)):
+        meta = StepPlan()
+        ids = list(range(100, 100 + r.num_tokens // BLOCK))
+        side.plan_stores(r, [ids] * groups, r.num_tokens, meta)
+        done = {s.key: 1 for s in meta.stores}
+        side.worker_report(WorkerReport(host_stored=done, disk_written=done))
+    assert all(side.stack.locate(k).tier is TierName.DISK
+               for k in side.chunk_keys(req, req.num_tokens // CHUNK))
+
+
+def test_a_chunk_out_of_the_sliding_window_is_read_in_part_and_not_kept(tmp_path):
+    side = scheduler(tmp_path)
+    stored = request("a", 2 * CHUNK)
+    stored_on_disk(side, stored, 2)
+    again = Request("b", 2 * CHUNK + 1, stored.block_hashes)
+    assert side.num_new_matched_tokens(again, 0) == (2 * CHUNK, True)
+    sliding = [NULL_BLOCK, NULL_BLOCK, 23, 24, 25]  # chunk 0 is out of the window
+    side.plan_load(again, ([11, 12, 13, 14, 15], sliding), 0, 2 * CHUNK)
+    (load,) = side.build_meta().loads
+    assert [c.parts for c in load.chunks] == [(0,), None]  # chunk 0: the full group's part
+    assert side.counters["load_chunks_in_part"] == 1
+    side.worker_report(WorkerReport(loads_done={"b": 1}))
+    keys = side.chunk_keys(stored, 2)
+    host = side.stack.indexes[TierName.HOST]
+    assert not host.has_entry(keys[0])  # a slot holding one group's part is never a hit
+    assert side.stack.locate(keys[1]).tier is TierName.HOST  # the whole chunk is promoted
+    assert side.stack.locate(keys[0]).tier is TierName.DISK
+
+
+def test_a_chunk_out_of_every_window_is_a_hit_with_nothing_to_read(tmp_path):
+    side = scheduler(tmp_path, ALL_SLIDING)
+    stored = request("a", 3 * CHUNK)
+    stored_on_disk(side, stored, 1)
+    again = Request("b", 3 * CHUNK + 1, stored.block_hashes)
+    assert side.num_new_matched_tokens(again, 0) == (3 * CHUNK, True)
+    window = [NULL_BLOCK] * 4 + [25, 26, 27]  # chunks 0 and 1 left the window
+    side.plan_load(again, (window,), 0, 3 * CHUNK)
+    (load,) = side.build_meta().loads
+    assert [c.fills_nothing for c in load.chunks] == [True, True, False]
+    assert [c.host_slot is None for c in load.chunks] == [True, True, False]
+    assert side.load_tiers("b", 3 * CHUNK) == {TierName.DISK: 3 * CHUNK, TierName.HOST: 0}
+    assert side.counters["load_chunks_out_of_window"] == 2
+    disk = side.stack.indexes[TierName.DISK]
+    assert not any(disk.pinned(k) for k in side.chunk_keys(stored, 2))
+
+
+# -- the worker ---------------------------------------------------------------------------
+
+LAYERS, BLOCKS, HIDDEN = 4, 16, 64
+WORKER_GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
+                        group_layers=(2, 2), group_kinds=("full", "sliding32"))
+
+
+def same(a, b) -> bool:
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+def test_the_worker_reads_only_the_parts_a_load_fills(tmp_path):
+    config = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * WORKER_GEO.chunk_bytes,
+                          "disk_paths": [str(tmp_path)], "disk_min_free": 0,
+                          "disk_capacity": 8 * (4096 + WORKER_GEO.chunk_bytes)}, environ={})
+    make, _ = FakeEngine.factory()
+    side = WorkerSide(config, WORKER_GEO, WORKER_GEO.namespace("m", "", 1, 0), io_engine=make)
+    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
+    side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    original = [t.clone() for t in kv]
+    side.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4, 5, 6), host_slot=0, disk_slot=2)]))
+    side.drain()
+    assert side.report().disk_written[b"k" * 16] == 1
+    (path,) = slot_files(tmp_path)
+    data = bytearray(path.read_bytes())
+    at = 2 * (HEADER_BYTES + WORKER_GEO.chunk_bytes) + HEADER_BYTES + WORKER_GEO.part_bytes[0]
+    data[at + 3] ^= 0x10  # the sliding group's part goes bad: this load does not read it
+    path.write_bytes(bytes(data))
+    for t in kv:
+        t[8:12].zero_()
+    chunk_load = ChunkLoad(b"k" * 16, (8, 9, NULL_BLOCK, NULL_BLOCK), 0, host_slot=1,
+                           disk_slot=2, parts=(0,))
+    side.start_loads(StepPlan(loads=[RequestLoad("r", (chunk_load,), asynchronous=True)]))
+    side.drain()
+    assert side.finished() == {"r"} and side.take_failed_loads() == set()
+    assert all(same(kv[i][8:10], original[i][3:5]) for i in (0, 1))  # the full group's layers
+    assert not any(kv[i][8:10].any() for i in (2, 3))  # nothing into the sliding group's
+    assert side.stats().data["disk_read_bytes"] == HEADER_BYTES + WORKER_GEO.part_bytes[0]
+    whole = ChunkLoad(b"k" * 16, (8, 9, 10, 11), 0, host_slot=1, disk_slot=2)
+    side.start_loads(StepPlan(loads=[RequestLoad("s", (whole,), asynchronous=True)]))
+    side.drain()
+    assert side.finished() == {"s"} and side.take_failed_loads() == {"s"}  # the bad part
+    side.close()
