@@ -169,18 +169,20 @@ ALL_SLIDING = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
 def scheduler(tmp_path, geo=GEO) -> SchedulerSide:
     config = load_config({"chunk_tokens": CHUNK, "host_capacity": 3 * geo.chunk_bytes,
                           "load_policy": "always", "disk_paths": [str(tmp_path)],
-                          "disk_capacity": 8 * (4096 + geo.chunk_bytes)}, environ={})
+                          "disk_capacity": 16 * (4096 + geo.chunk_bytes)}, environ={})
     return SchedulerSide(config, geo, [geo.namespace("m", "", 1, 0)], 1)
 
 
 def stored_on_disk(side: SchedulerSide, req: Request, groups: int) -> None:
-    """Store ``req``'s chunks (host and disk), then push them out of host memory."""
+    """Store ``req``'s chunks (host and disk, as many steps as host memory needs), then push
+    them out of host memory."""
     for r in (req, request("push", 3 * CHUNK, seed=9)):
-        meta = StepPlan()
-        ids = list(range(100, 100 + r.num_tokens // BLOCK))
-        side.plan_stores(r, [ids] * groups, r.num_tokens, meta)
-        done = {s.key: 1 for s in meta.stores}
-        side.worker_report(WorkerReport(host_stored=done, disk_written=done))
+        for _ in range(r.num_tokens // CHUNK):
+            meta = StepPlan()
+            ids = list(range(100, 100 + r.num_tokens // BLOCK))
+            side.plan_stores(r, [ids] * groups, r.num_tokens, meta)
+            done = {s.key: 1 for s in meta.stores}
+            side.worker_report(WorkerReport(host_stored=done, disk_written=done))
     assert all(side.stack.locate(k).tier is TierName.DISK
                for k in side.chunk_keys(req, req.num_tokens // CHUNK))
 
@@ -219,6 +221,40 @@ def test_a_chunk_out_of_every_window_is_a_hit_with_nothing_to_read(tmp_path):
     assert side.counters["load_chunks_out_of_window"] == 2
     disk = side.stack.indexes[TierName.DISK]
     assert not any(disk.pinned(k) for k in side.chunk_keys(stored, 2))
+
+
+def test_a_hit_longer_than_host_memory_needs_slots_for_its_window_only(tmp_path):
+    side = scheduler(tmp_path, ALL_SLIDING)  # 3 host slots
+    stored = request("a", 6 * CHUNK)
+    stored_on_disk(side, stored, 1)
+    again = Request("b", 6 * CHUNK + 1, stored.block_hashes)
+    assert side.num_new_matched_tokens(again, 0) == (6 * CHUNK, True)  # not cut at 3 chunks
+    side.plan_load(again, ([NULL_BLOCK] * 10 + [31, 32, 33],), 0, 6 * CHUNK)
+    (load,) = side.build_meta().loads
+    assert [c.host_slot is not None for c in load.chunks] == [False] * 5 + [True]
+
+
+@pytest.mark.parametrize(("kinds", "end", "kept"), [
+    (("full",), 100, [0]),
+    (("sliding32",), 100, [69]),  # the last 31 computed tokens and the next one
+    (("sliding32",), 20, [0]),
+    (("local64",), 100, [64]),  # the current attention chunk
+    (("sliding32", "full"), 100, [69, 0]),
+])
+def test_each_group_keeps_what_vllm_keeps(kinds, end, kept):
+    geo = KVGeometry(2 * len(kinds), 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
+                     group_layers=(2,) * len(kinds) if len(kinds) > 1 else (),
+                     group_kinds=kinds)
+    assert geo.kept_from(end) == kept
+
+
+def test_the_bytes_a_load_needs_are_the_parts_of_groups_keeping_its_blocks():
+    part = GEO.part_bytes[0]
+    assert GEO.part_bytes == (part, part) and 2 * part == GEO.chunk_bytes
+    # a hit of 4 chunks (128 tokens): the window (32) keeps tokens 97 on, blocks 96 on
+    assert [GEO.bytes_needed(c, 128) for c in range(4)] == [part, part, part, 2 * part]
+    assert GEO.bytes_needed(2, 113) == 2 * part  # block 96..111 holds a kept token
+    assert [ALL_SLIDING.bytes_needed(c, 128) for c in range(4)] == [0, 0, 0, ALL_SLIDING.chunk_bytes]
 
 
 # -- the worker ---------------------------------------------------------------------------

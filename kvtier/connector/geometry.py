@@ -80,6 +80,31 @@ class KVGeometry:
             return ()
         return tuple(n * self.blocks_per_chunk * self.page_bytes for n in self.groups)
 
+    def kept_from(self, end: int) -> list[int]:
+        """For a request computed up to token ``end``, the first token each group still keeps
+        a block for (vLLM's skipped tokens: a sliding window of W keeps the last W - 1, a
+        chunked local attention group the current attention chunk; the others keep all)."""
+        kept = []
+        for kind in self.group_kinds or ("full",) * len(self.groups):
+            if kind.startswith("sliding"):
+                kept.append(max(0, end - int(kind.removeprefix("sliding")) + 1))
+            elif kind.startswith("local"):
+                size = int(kind.removeprefix("local"))
+                kept.append(end // size * size)
+            else:
+                kept.append(0)
+        return kept
+
+    def bytes_needed(self, chunk: int, end: int) -> int:
+        """Bytes of chunk ``chunk`` a load up to token ``end`` fills: the parts of the groups
+        that keep a block of it (a block whose tokens all lie before ``kept_from`` is vLLM's
+        null block)."""
+        stop = (chunk + 1) * self.chunk_tokens
+        last_block = (min(stop, max(end, 1)) - 1) // self.block_tokens * self.block_tokens
+        sizes = self.part_bytes or (self.chunk_bytes,)
+        return sum(size for size, first in zip(sizes, self.kept_from(end), strict=True)
+                   if last_block + self.block_tokens > first)
+
     def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int) -> Namespace:
         layout = f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}"
         if self.page_order != "HNC":  # tokens outside heads: other bytes in a page

@@ -89,10 +89,10 @@ class LoadPlanner:
             return 0, False
         first = num_computed // chunk
         matched = locations[first:]
-        loadable = self._loadable(keys[first:len(locations)], matched)
+        loadable = self._loadable(keys[first:len(locations)], matched, first, hit)
         if loadable is None:
             return None, False
-        if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted):
+        if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted, first, hit):
             return None, False
         tracked.waiting_since = None
         needed = matched[:loadable]
@@ -101,7 +101,7 @@ class LoadPlanner:
             self.counters["load_cut_chunks"] += len(matched) - loadable
             return 0, False
         from_disk = sum(1 for loc in needed if loc.tier in READ)
-        if not self.decider.should_load(wanted, *self._load_bytes(needed)):
+        if not self.decider.should_load(wanted, *self._load_bytes(needed, first, hit)):
             return 0, False
         self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
@@ -133,7 +133,8 @@ class LoadPlanner:
                 locations.append(Location(REMOTE, -1))
         return locations
 
-    def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int) -> bool:
+    def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int,
+                       first: int, end: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
         again next step rather than recompute the rest: the slots are held by loads and
         stores in flight, which give them back within a step or two. Not when the hits could
@@ -141,33 +142,40 @@ class LoadPlanner:
         answered), when loading them would not pay (``load_policy``), or once the request has
         waited ``staging_wait``."""
         limit = self.config.staging_wait
-        if limit is None or len(matched) > self.stack.indexes[HOST].num_slots - len(self._stalled):
+        slots = sum(1 for n in range(len(matched)) if self.geometry.bytes_needed(first + n, end))
+        if limit is None or slots > self.stack.indexes[HOST].num_slots - len(self._stalled):
             return False
         now = time.monotonic()
         if tracked.waiting_since is None:
             tracked.waiting_since = now
         if now - tracked.waiting_since >= limit:
             return False
-        if not self.decider.would_load(wanted, *self._load_bytes(matched)):
+        if not self.decider.would_load(wanted, *self._load_bytes(matched, first, end)):
             return False
         self.counters["room_waits"] += 1
         return True
 
-    def _load_bytes(self, locations: Sequence[Location]) -> tuple[int, int]:
-        """(bytes read from disk, bytes in all) to load the chunks at ``locations``."""
-        chunk_bytes = self.geometry.chunk_bytes
-        return sum(chunk_bytes for loc in locations if loc.tier in READ), len(locations) * chunk_bytes
+    def _load_bytes(self, locations: Sequence[Location], first: int, end: int) -> tuple[int, int]:
+        """(bytes read from disk, bytes in all) to load the chunks at ``locations`` (chunks
+        ``first`` on) up to token ``end``: only the groups' parts that keep blocks there."""
+        sizes = [self.geometry.bytes_needed(first + n, end) for n in range(len(locations))]
+        return (sum(size for size, loc in zip(sizes, locations, strict=True) if loc.tier in READ),
+                sum(sizes))
 
-    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location]) -> int | None:
-        """How many of the matched chunks (in order) can load now: each holds a host slot
-        while it loads (a disk read needs one to stage in; a host chunk not yet pinned takes
-        one out of reach when this load pins it). None when one of them is being staged
-        into host memory by another load."""
+    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location], first: int,
+                  end: int) -> int | None:
+        """How many of the matched chunks (in order, chunks ``first`` on) can load now, up to
+        token ``end``: each holds a host slot while it loads (a disk read needs one to stage
+        in; a host chunk not yet pinned takes one out of reach when this load pins it), but
+        for a chunk out of every group's window (nothing to copy). None when one of them is
+        being staged into host memory by another load."""
         host = self.stack.indexes[HOST]
         room = host.reusable_slots
         for n, (key, loc) in enumerate(zip(keys, locations, strict=True)):
             if loc.tier in READ and host.has_entry(key):
                 return None
+            if not self.geometry.bytes_needed(first + n, end):
+                continue
             cost = 0 if loc.tier is HOST and host.pinned(key) else 1
             if cost > room:
                 return n
