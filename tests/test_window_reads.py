@@ -127,6 +127,30 @@ def test_every_part_is_read_whole_and_a_torn_table_is_corrupt(tmp_path):
     tier.close()
 
 
+def test_another_engines_chunk_is_read_in_part_too(tmp_path):
+    from kvtier.tiers.disk_parts import ChunkParts
+    from kvtier.tiers.foreign_reads import ForeignReads
+    from kvtier.tiers.shared_view import SharedView
+
+    tier = parted_tier(tmp_path, writers=["a"])
+    data = chunk(6, RAW)
+    tier.write(0, key(6), data.array)
+    view = SharedView([str(tmp_path)], NS, RAW, "b", 30)
+    view.refresh()
+    reads = ForeignReads([str(tmp_path)], NS, RAW, tier.stride, [False], ChunkParts(RAW, PARTS))
+    ref = view.ref(view.find(key(6)))
+    out = AlignedBuffer(RAW, pin=False)
+    result = reads.read_parts(ref, out.array, (0,))
+    assert result.ok and result.nbytes == HEADER_BYTES + PARTS[0]
+    assert np.array_equal(out.array[:PARTS[0]], data.array[:PARTS[0]])
+    flip(tmp_path, HEADER_BYTES + 1)  # its part 0: nothing of theirs is ever written or blanked
+    assert reads.read_parts(ref, out.array, (0,)).status is IOStatus.CORRUPT
+    assert reads.read_parts(ref, out.array, (1,)).ok
+    reads.close()
+    view.close()
+    tier.close()
+
+
 def test_parts_off_page_bounds_and_compressed_chunks_are_read_whole(tmp_path):
     odd = (8192 + 512, 4096)
     tier = parted_tier(tmp_path / "odd", parts=odd)
@@ -166,10 +190,10 @@ ALL_SLIDING = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
                          group_kinds=("sliding32",))
 
 
-def scheduler(tmp_path, geo=GEO) -> SchedulerSide:
+def scheduler(tmp_path, geo=GEO, **extra) -> SchedulerSide:
     config = load_config({"chunk_tokens": CHUNK, "host_capacity": 3 * geo.chunk_bytes,
                           "load_policy": "always", "disk_paths": [str(tmp_path)],
-                          "disk_capacity": 16 * (4096 + geo.chunk_bytes)}, environ={})
+                          "disk_capacity": 16 * (4096 + geo.chunk_bytes), **extra}, environ={})
     return SchedulerSide(config, geo, [geo.namespace("m", "", 1, 0)], 1)
 
 
@@ -204,6 +228,31 @@ def test_a_chunk_out_of_the_sliding_window_is_read_in_part_and_not_kept(tmp_path
     assert not host.has_entry(keys[0])  # a slot holding one group's part is never a hit
     assert side.stack.locate(keys[1]).tier is TierName.HOST  # the whole chunk is promoted
     assert side.stack.locate(keys[0]).tier is TierName.DISK
+
+
+def test_another_engines_chunk_out_of_the_window_is_read_in_part(tmp_path):
+    a = scheduler(tmp_path, instance_id="a", share_writers=2)
+    stored = request("a", 2 * CHUNK)
+    meta = StepPlan()
+    a.plan_stores(stored, [list(range(100, 104))] * 2, 2 * CHUNK, meta)
+    disk = DiskTier([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
+                    8 * (4096 + GEO.chunk_bytes), writers=["a"], share_writers=2,
+                    parts=GEO.part_bytes)
+    buffer = AlignedBuffer(GEO.chunk_bytes)
+    assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in meta.stores)
+    disk.close()
+    b = scheduler(tmp_path, instance_id="b", share_writers=2)
+    again = Request("b", 2 * CHUNK + 1, stored.block_hashes)
+    assert b.num_new_matched_tokens(again, 0) == (2 * CHUNK, True)
+    b.plan_load(again, ([11, 12, 13, 14, 15], [NULL_BLOCK, NULL_BLOCK, 23, 24, 25]), 0, 2 * CHUNK)
+    (load,) = b.build_meta().loads
+    assert [c.foreign is not None for c in load.chunks] == [True, True]
+    assert [c.parts for c in load.chunks] == [(0,), None]
+    b.worker_report(WorkerReport(loads_done={"b": 1}))
+    host = b.stack.indexes[TierName.HOST]
+    assert [c.key in host for c in load.chunks] == [False, True]  # a part is never kept
+    a.close()
+    b.close()
 
 
 def test_a_chunk_out_of_every_window_is_a_hit_with_nothing_to_read(tmp_path):
@@ -268,23 +317,34 @@ def same(a, b) -> bool:
     return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
-def test_the_worker_reads_only_the_parts_a_load_fills(tmp_path):
+def parted_worker(tmp_path, **extra) -> tuple[WorkerSide, list[torch.Tensor]]:
     config = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * WORKER_GEO.chunk_bytes,
                           "disk_paths": [str(tmp_path)], "disk_min_free": 0,
-                          "disk_capacity": 8 * (4096 + WORKER_GEO.chunk_bytes)}, environ={})
+                          "disk_capacity": 8 * (4096 + WORKER_GEO.chunk_bytes), **extra},
+                         environ={})
     make, _ = FakeEngine.factory()
     side = WorkerSide(config, WORKER_GEO, WORKER_GEO.namespace("m", "", 1, 0), io_engine=make)
     kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
     side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    return side, kv
+
+
+def damage_sliding_part(root, writer: str = "*") -> None:
+    """Flip a byte of the sliding group's part of the chunk in disk slot 2."""
+    (path,) = root.glob(f"*/writers/{writer}/slots-*.kvt")
+    data = bytearray(path.read_bytes())
+    at = 2 * (HEADER_BYTES + WORKER_GEO.chunk_bytes) + HEADER_BYTES + WORKER_GEO.part_bytes[0]
+    data[at + 3] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_the_worker_reads_only_the_parts_a_load_fills(tmp_path):
+    side, kv = parted_worker(tmp_path)
     original = [t.clone() for t in kv]
     side.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4, 5, 6), host_slot=0, disk_slot=2)]))
     side.drain()
     assert side.report().disk_written[b"k" * 16] == 1
-    (path,) = slot_files(tmp_path)
-    data = bytearray(path.read_bytes())
-    at = 2 * (HEADER_BYTES + WORKER_GEO.chunk_bytes) + HEADER_BYTES + WORKER_GEO.part_bytes[0]
-    data[at + 3] ^= 0x10  # the sliding group's part goes bad: this load does not read it
-    path.write_bytes(bytes(data))
+    damage_sliding_part(tmp_path)  # this load does not read it
     for t in kv:
         t[8:12].zero_()
     chunk_load = ChunkLoad(b"k" * 16, (8, 9, NULL_BLOCK, NULL_BLOCK), 0, host_slot=1,
@@ -300,3 +360,27 @@ def test_the_worker_reads_only_the_parts_a_load_fills(tmp_path):
     side.drain()
     assert side.finished() == {"s"} and side.take_failed_loads() == {"s"}  # the bad part
     side.close()
+
+
+def test_the_worker_reads_another_engines_chunk_in_part(tmp_path):
+    from kvtier.tiers.shared_view import SharedView
+
+    a, kv_a = parted_worker(tmp_path, instance_id="a", share_writers=2)
+    a.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4, 5, 6), host_slot=0, disk_slot=2)]))
+    a.drain()
+    damage_sliding_part(tmp_path, "a")
+    view = SharedView([str(tmp_path)], WORKER_GEO.namespace("m", "", 1, 0),
+                      WORKER_GEO.chunk_bytes, "b", 30)
+    view.refresh()
+    ref = view.ref(view.find(b"k" * 16))
+    b, kv_b = parted_worker(tmp_path, instance_id="b", share_writers=2)
+    theirs = ChunkLoad(b"k" * 16, (8, 9, NULL_BLOCK, NULL_BLOCK), 0, host_slot=1,
+                       foreign=(ref,), parts=(0,))
+    b.start_loads(StepPlan(loads=[RequestLoad("r", (theirs,), asynchronous=True)]))
+    b.drain()
+    assert b.finished() == {"r"} and b.take_failed_loads() == set()
+    assert all(same(kv_b[i][8:10], kv_a[i][3:5]) for i in (0, 1))
+    assert b.stats().data["disk_read_bytes"] == HEADER_BYTES + WORKER_GEO.part_bytes[0]
+    for side in (a, b):
+        side.close()
+    view.close()

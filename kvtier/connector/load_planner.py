@@ -251,7 +251,8 @@ class LoadPlanner:
             load.foreign[key] = refs
             demotions += self._pending.demotion_writes(plan.demotions)
             load.staged.append(plan)
-            return ChunkLoad(key, ids, first, plan.dst.slot, foreign=refs)
+            return ChunkLoad(key, ids, first, plan.dst.slot, foreign=refs,
+                             parts=self._read_in_part(key, ids, load))
         if location.tier is REMOTE:  # as from another engine's segment: nothing to pin
             assert plan is not None, "a remote chunk loads through a host staging slot"
             load.remote.add(key)
@@ -265,11 +266,18 @@ class LoadPlanner:
         assert plan is not None, "a disk chunk loads through a host staging slot"
         demotions += self._pending.demotion_writes(plan.demotions)
         load.staged.append(plan)
+        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot,
+                         parts=self._read_in_part(key, ids, load))
+
+    def _read_in_part(self, key: ChunkKey, ids: tuple[int, ...], load: Load) -> tuple[int, ...] | None:
+        """The KV cache groups whose parts a chunk read from disk (``ids``: the blocks it
+        fills, each group's, group after group) needs, when not all of them: its staging
+        slot will then hold part of a chunk, and is not kept after the load."""
         parts = self._parts(ids)
         if parts is not None:
             load.partial.add(key)
             self.counters["load_chunks_in_part"] += 1
-        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot, parts=parts)
+        return parts
 
     def _parts(self, ids: tuple[int, ...]) -> tuple[int, ...] | None:
         """The KV cache groups a chunk's load fills (``ids``: each group's blocks, group

@@ -67,17 +67,17 @@ class WorkerDisk:
         """Start the reads of chunks in other engines' segments, spread over each disk path's
         threads, each chunk read from this rank's copy into its host slot, verified (nothing
         of theirs is ever written, even when a read is corrupt)."""
-        theirs = [(c.foreign[self._rank], c.host_slot) for c in load.chunks
+        theirs = [(c.foreign[self._rank], c.host_slot, c.parts) for c in load.chunks
                   if c.foreign is not None and c.host_slot is not None]
         if not theirs:
             return
         if self._foreign is None:  # no disk tier here: these cannot be read
-            for ref, _ in theirs:
+            for ref, _, _ in theirs:
                 futures[ref.key] = failed_read("no disk paths to read another engine's chunk from")
             return
         queues = self._lane.queues
         for index, queue in enumerate(queues):
-            mine = [(ref, slot) for ref, slot in theirs if ref.path % len(queues) == index]
+            mine = [item for item in theirs if item[0].path % len(queues) == index]
             size = -(-len(mine) // self._threads)  # spread over the path's threads
             for start in range(0, len(mine), size or 1):
                 group = mine[start:start + size]
@@ -86,12 +86,21 @@ class WorkerDisk:
                                                          partial(self._read_foreign, group)))
                 reads.watch(batch)
                 batches.append(batch)
-                futures.update(zip([ref.key for ref, _ in group], reads.items, strict=True))
+                futures.update(zip([ref.key for ref, _, _ in group], reads.items, strict=True))
 
-    def _read_foreign(self, items: list[tuple[SlotRef, int]]) -> list[IOResult]:
+    def _read_foreign(self, items: list[tuple[SlotRef, int, tuple[int, ...] | None]]
+                      ) -> list[IOResult]:
+        """Reads of other engines' chunks: whole ones together (neighbours in one call),
+        the others the parts their loads need."""
         foreign = self._foreign
         assert foreign is not None, "reads of other engines' chunks need their reader"
-        return foreign.read_many([(ref, self._host.slot_array(slot)) for ref, slot in items])
+        whole = [i for i, (_, _, parts) in enumerate(items) if parts is None]
+        results = dict(zip(whole, foreign.read_many(
+            [(items[i][0], self._host.slot_array(items[i][1])) for i in whole]), strict=True))
+        for i, (ref, slot, parts) in enumerate(items):
+            if parts is not None:
+                results[i] = foreign.read_parts(ref, self._host.slot_array(slot), parts)
+        return [results[i] for i in range(len(items))]
 
     def _read(self, items: list[tuple[int, ChunkKey, np.ndarray, tuple[int, ...] | None]]
               ) -> list[IOResult]:

@@ -12,7 +12,7 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -28,6 +28,7 @@ from kvtier.io.safefs import SafeDir
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.disk_check import decode_into, slot_problem
+from kvtier.tiers.disk_parts import ChunkParts
 
 if TYPE_CHECKING:
     from kvtier.tiers.disk_lane import DiskLane, NoDisk
@@ -62,8 +63,9 @@ class ForeignReads:
     segment's space goes back to the filesystem. Thread-safe."""
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
-                 o_direct: Sequence[bool]) -> None:
+                 o_direct: Sequence[bool], parts: ChunkParts | None = None) -> None:
         self._roots, self._ns = list(roots), namespace
+        self._parts = parts or ChunkParts(raw_bytes)
         self._digest, self._raw_bytes, self._stride = namespace.digest(), raw_bytes, stride
         self._file_slots = file_slots_for(stride)
         self._o_direct = list(o_direct)
@@ -158,6 +160,34 @@ class ForeignReads:
                 return IOResult(IOStatus.CORRUPT, got, f"writer {chunk.writer}: {exc}")
         return IOResult(IOStatus.OK, got)
 
+    def read_parts(self, chunk: SlotRef, dst: np.ndarray, wanted: Collection[int]) -> IOResult:
+        """Read and verify only parts ``wanted`` of ``chunk`` into ``dst``, at their places
+        in the chunk (``DiskTier.read_parts``); the whole chunk where they cannot be read
+        alone, or it was stored compressed."""
+        if not self._parts.reads_alone(wanted) or chunk.codec != Codec.NONE:
+            return self.read(chunk, dst)
+        number, offset = divmod(chunk.slot, self._file_slots)
+        header_buf = self._scratch.headers(1)
+        arrived = 0
+        try:
+            fd = self._fd(chunk, number)
+            try:
+                for start, iov in self._parts.runs(header_buf, dst, wanted):
+                    got = os.preadv(fd, [b.data for b in iov], offset * self._stride + start)
+                    arrived += got
+                    if got < sum(b.size for b in iov):
+                        return IOResult(IOStatus.CORRUPT, arrived,
+                                        f"writer {chunk.writer}: slot truncated")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return IOResult(IOStatus.IO_ERROR, detail=f"writer {chunk.writer}: {exc}")
+        problem = slot_problem(header_buf, ChunkKey(chunk.key), [dst], self._raw_bytes,
+                               Codec.NONE, self._digest, self._raw_bytes, True,
+                               wanted=self._parts.read_map(wanted))
+        return (IOResult(IOStatus.CORRUPT, arrived, f"writer {chunk.writer}: {problem}")
+                if problem else IOResult(IOStatus.OK, arrived))
+
     def sweep(self) -> int:
         """Close the kept files that no longer have a name (deleted); return how many."""
         with self._lock:
@@ -217,4 +247,4 @@ def foreign_reads(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
     if config.share_refresh is None or tier is None:
         return None
     o_direct = [p.dir.o_direct if p.dir is not None else False for p in tier.paths.states]
-    return ForeignReads(config.disk_paths, namespace, raw_bytes, tier.stride, o_direct)
+    return ForeignReads(config.disk_paths, namespace, raw_bytes, tier.stride, o_direct, tier.parts)
