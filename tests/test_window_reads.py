@@ -191,7 +191,7 @@ ALL_SLIDING = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
 
 
 def scheduler(tmp_path, geo=GEO, **extra) -> SchedulerSide:
-    config = load_config({"chunk_tokens": CHUNK, "host_capacity": 3 * geo.chunk_bytes,
+    config = load_config({"chunk_tokens": geo.chunk_tokens, "host_capacity": 3 * geo.chunk_bytes,
                           "load_policy": "always", "disk_paths": [str(tmp_path)],
                           "disk_capacity": 16 * (4096 + geo.chunk_bytes), **extra}, environ={})
     return SchedulerSide(config, geo, [geo.namespace("m", "", 1, 0)], 1)
@@ -283,6 +283,68 @@ def test_a_hit_longer_than_host_memory_needs_slots_for_its_window_only(tmp_path)
     assert [c.host_slot is not None for c in load.chunks] == [False] * 5 + [True]
 
 
+def test_a_chunk_longer_than_the_window_is_warned_of(tmp_path, caplog):
+    longer = KVGeometry(2, 4096, BLOCK, BLOCK, 2 * CHUNK, "bfloat16", "t",
+                        group_kinds=("sliding32",))
+    straddling = KVGeometry(2, 4096, BLOCK, BLOCK, 48, "bfloat16", "t", group_kinds=("local64",))
+    assert GEO.unstored_replies() is None  # a chunk as long as the window
+    assert "longer than a sliding window (32" in longer.unstored_replies()
+    assert "does not divide the local attention chunk (64" in straddling.unstored_replies()
+    assert KVGeometry(2, 4096, BLOCK, BLOCK, 32, "bfloat16", "t",
+                      group_kinds=("local64",)).unstored_replies() is None
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with caplog.at_level("WARNING", logger="kvtier"):
+        scheduler(tmp_path / "a", GEO).close()
+        assert "chunk completed while decoding" not in caplog.text
+        scheduler(tmp_path / "b", longer).close()
+    assert "chunk_tokens (64) is longer than a sliding window (32 tokens): a chunk" in caplog.text
+
+
+def test_a_shared_hit_longer_than_host_memory_needs_slots_for_its_window_only(tmp_path):
+    a = scheduler(tmp_path, ALL_SLIDING, instance_id="a", share_writers=2,
+                  host_capacity=6 * ALL_SLIDING.chunk_bytes)  # room to store all six at once
+    stored = request("a", 6 * CHUNK)
+    meta = StepPlan()
+    a.plan_stores(stored, [list(range(100, 112))], 6 * CHUNK, meta)
+    assert len(meta.stores) == 6
+    disk = DiskTier([str(tmp_path)], ALL_SLIDING.namespace("m", "", 1, 0),
+                    ALL_SLIDING.chunk_bytes, 16 * (4096 + ALL_SLIDING.chunk_bytes),
+                    writers=["a"], share_writers=2)
+    buffer = AlignedBuffer(ALL_SLIDING.chunk_bytes)
+    assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in meta.stores)
+    disk.close()
+    b = scheduler(tmp_path, ALL_SLIDING, instance_id="b", share_writers=2)  # 3 host slots
+    again = Request("b", 6 * CHUNK + 1, stored.block_hashes)
+    assert b.num_new_matched_tokens(again, 0) == (6 * CHUNK, True)
+    b.plan_load(again, ([NULL_BLOCK] * 10 + [31, 32, 33],), 0, 6 * CHUNK)
+    (load,) = b.build_meta().loads
+    assert [c.host_slot is not None for c in load.chunks] == [False] * 5 + [True]
+    assert [c.foreign is not None for c in load.chunks] == [False] * 5 + [True]
+    assert b.load_tiers("b", 6 * CHUNK) == {TierName.DISK: 6 * CHUNK, TierName.HOST: 0}
+    a.close()
+    b.close()
+
+
+def test_a_cut_hit_is_not_moved_onto_chunks_without_slots(tmp_path):
+    """With every host slot pinned, a sliding hit cut before its last chunk would end where
+    the chunks before it come into the window and need slots too: nothing loads."""
+    side = scheduler(tmp_path, ALL_SLIDING, staging_wait="off")
+    stored = request("a", 6 * CHUNK)
+    stored_on_disk(side, stored, 1)
+    held = request("held", 3 * CHUNK, seed=7)
+    meta = StepPlan()
+    side.plan_stores(held, [list(range(100, 106))], 3 * CHUNK, meta)  # back into host memory
+    side.worker_report(WorkerReport(host_stored={s.key: 1 for s in meta.stores},
+                                    disk_written={s.key: 1 for s in meta.stores}))
+    holder = Request("h", 3 * CHUNK + 1, held.block_hashes)
+    assert side.num_new_matched_tokens(holder, 0) == (3 * CHUNK, True)
+    side.plan_load(holder, ([201, 202, 203, 204, 205, 206, 207],), 0, 3 * CHUNK)  # pins 3
+    assert side.stack.indexes[TierName.HOST].reusable_slots == 0
+    again = Request("b", 6 * CHUNK + 1, stored.block_hashes)
+    assert side.num_new_matched_tokens(again, 0) == (0, False)
+
+
 @pytest.mark.parametrize(("kinds", "end", "kept"), [
     (("full",), 100, [0]),
     (("sliding32",), 100, [69]),  # the last 31 computed tokens and the next one
@@ -297,12 +359,18 @@ def test_each_group_keeps_what_vllm_keeps(kinds, end, kept):
     assert geo.kept_from(end) == kept
 
 
+def test_tokens_vllm_retains_past_the_window_are_kept_too():
+    geo = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t", group_kinds=("sliding32",),
+                     retained_tokens=5)
+    assert geo.kept_from(100) == [64]
+
+
 def test_the_bytes_a_load_needs_are_the_parts_of_groups_keeping_its_blocks():
     part = GEO.part_bytes[0]
     assert GEO.part_bytes == (part, part) and 2 * part == GEO.chunk_bytes
     # a hit of 4 chunks (128 tokens): the window (32) keeps tokens 97 on, blocks 96 on
     assert [GEO.bytes_needed(c, 128) for c in range(4)] == [part, part, part, 2 * part]
-    assert GEO.bytes_needed(2, 113) == 2 * part  # block 96..111 holds a kept token
+    assert GEO.bytes_needed(2, 113) == 2 * part  # kept from token 82: block 80..95 holds it
     assert [ALL_SLIDING.bytes_needed(c, 128) for c in range(4)] == [0, 0, 0, ALL_SLIDING.chunk_bytes]
 
 
@@ -353,8 +421,10 @@ def test_the_worker_reads_only_the_parts_a_load_fills(tmp_path):
     side.drain()
     assert side.finished() == {"r"} and side.take_failed_loads() == set()
     assert all(same(kv[i][8:10], original[i][3:5]) for i in (0, 1))  # the full group's layers
-    assert not any(kv[i][8:10].any() for i in (2, 3))  # nothing into the sliding group's
+    assert all(same(kv[i][NULL_BLOCK], original[i][NULL_BLOCK]) for i in range(LAYERS))
     assert side.stats().data["disk_read_bytes"] == HEADER_BYTES + WORKER_GEO.part_bytes[0]
+    (sample,) = side.report().load_samples  # the auto policy's measure: the bytes read
+    assert sample[0] == HEADER_BYTES + WORKER_GEO.part_bytes[0]
     whole = ChunkLoad(b"k" * 16, (8, 9, 10, 11), 0, host_slot=1, disk_slot=2)
     side.start_loads(StepPlan(loads=[RequestLoad("s", (whole,), asynchronous=True)]))
     side.drain()
@@ -384,3 +454,22 @@ def test_the_worker_reads_another_engines_chunk_in_part(tmp_path):
     for side in (a, b):
         side.close()
     view.close()
+
+
+def test_a_chunk_that_fills_nothing_is_stepped_over_and_a_cut_after_it_still_fails(tmp_path):
+    side, kv = parted_worker(tmp_path)
+    original = [t.clone() for t in kv]
+    side.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4, 5, 6), host_slot=0, disk_slot=2)]))
+    side.drain()
+    nothing = ChunkLoad(b"n" * 16, (NULL_BLOCK,) * 4, 0, None)  # out of every window
+    hit = ChunkLoad(b"k" * 16, (8, 9, 10, 11), 0, host_slot=0)
+    side.start_loads(StepPlan(loads=[RequestLoad("r", (nothing, hit), asynchronous=True)]))
+    side.drain()
+    assert side.finished() == {"r"} and side.take_failed_loads() == set()
+    assert all(same(kv[i][8:10], original[i][3:5]) for i in (0, 1))
+    assert all(same(kv[i][10:12], original[i][5:7]) for i in (2, 3))
+    cut = ChunkLoad(b"k" * 16, (12, 13, 14, 15), 0, None)  # no host slot was free for it
+    side.start_loads(StepPlan(loads=[RequestLoad("s", (nothing, cut), asynchronous=True)]))
+    side.drain()
+    assert side.finished() == {"s"} and side.take_failed_loads() == {"s"}  # recomputed whole
+    side.close()

@@ -44,6 +44,7 @@ class KVGeometry:
     layer_names: tuple[str, ...] = ()  # vLLM's layer names in chunk order; () = as registered
     group_kinds: tuple[str, ...] = ()  # "full", "mla", "sliding256", "local512" per group
     page_order: str = "HNC"  # a page's dims in memory: heads, tokens, content (page_view)
+    retained_tokens: int = 0  # kept past a sliding window (vLLM's extra_retained_tokens)
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -80,14 +81,29 @@ class KVGeometry:
             return ()
         return tuple(n * self.blocks_per_chunk * self.page_bytes for n in self.groups)
 
+    def unstored_replies(self) -> str | None:
+        """Why some chunks completed while decoding cannot be stored (a group drops a
+        chunk's first pages before the step that completes it: vLLM frees a block at the
+        step after it left the window), or None."""
+        for kind in self.group_kinds:
+            if kind.startswith("sliding") and self.chunk_tokens > int(kind.removeprefix("sliding")):
+                return (f"chunk_tokens ({self.chunk_tokens}) is longer than a sliding window "
+                        f"({kind.removeprefix('sliding')} tokens)")
+            if kind.startswith("local") and int(kind.removeprefix("local")) % self.chunk_tokens:
+                return (f"chunk_tokens ({self.chunk_tokens}) does not divide the local "
+                        f"attention chunk ({kind.removeprefix('local')} tokens)")
+        return None
+
     def kept_from(self, end: int) -> list[int]:
         """For a request computed up to token ``end``, the first token each group still keeps
-        a block for (vLLM's skipped tokens: a sliding window of W keeps the last W - 1, a
-        chunked local attention group the current attention chunk; the others keep all)."""
+        a block for (vLLM's skipped tokens: a sliding window of W keeps the last W - 1, and
+        ``retained_tokens`` more, a chunked local attention group the current attention
+        chunk; the others keep all)."""
         kept = []
         for kind in self.group_kinds or ("full",) * len(self.groups):
             if kind.startswith("sliding"):
-                kept.append(max(0, end - int(kind.removeprefix("sliding")) + 1))
+                kept.append(max(0, end - int(kind.removeprefix("sliding")) + 1
+                                - self.retained_tokens))
             elif kind.startswith("local"):
                 size = int(kind.removeprefix("local"))
                 kept.append(end // size * size)
@@ -159,6 +175,7 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         layer_names=tuple(name for g in groups for name in g.layer_names),
         group_kinds=tuple(kinds),
         page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
+        retained_tokens=max(int(getattr(s, "extra_retained_tokens", 0) or 0) for s in specs),
     )
 
 

@@ -95,13 +95,16 @@ class LoadPlanner:
         if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted, first, hit):
             return None, False
         tracked.waiting_since = None
+        loadable, end = self._fit(keys, matched, first, hit, loadable)
+        if loadable is None:
+            return None, False
         needed = matched[:loadable]
-        wanted = min(hit, (first + len(needed)) * chunk) - num_computed
+        wanted = end - num_computed
         if wanted <= 0:
             self.counters["load_cut_chunks"] += len(matched) - loadable
             return 0, False
         from_disk = sum(1 for loc in needed if loc.tier in READ)
-        if not self.decider.should_load(wanted, *self._load_bytes(needed, first, hit)):
+        if not self.decider.should_load(wanted, *self._load_bytes(needed, first, end)):
             return 0, False
         self.counters["load_cut_chunks"] += len(matched) - loadable
         # From host memory the copy is quick: done before this step's forward. From disk the
@@ -110,6 +113,21 @@ class LoadPlanner:
         # load back as a request only then.
         tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
         return wanted, tracked.asynchronous
+
+    def _fit(self, keys: list[ChunkKey], matched: Sequence[Location], first: int, hit: int,
+             loadable: int) -> tuple[int | None, int]:
+        """(chunks that can load, the load's end) once a hit of ``matched`` (chunks ``first``
+        on, up to token ``hit``) is cut to its first ``loadable`` chunks: a window ends where
+        the load ends, so the cut moves it onto chunks that needed nothing before, which may
+        need host slots now (a model whose every group is windowed). None: ask again."""
+        chunk = self.geometry.chunk_tokens
+        end = min(hit, (first + loadable) * chunk)
+        while loadable < len(matched):
+            fit = self._loadable(keys[first:first + loadable], matched[:loadable], first, end)
+            if fit is None or fit >= loadable:
+                return fit, end
+            loadable, end = fit, min(hit, (first + fit) * chunk)
+        return loadable, end
 
     def _match(self, keys: list[ChunkKey], req_id: str) -> list[Location] | None:
         """The longest run of ``keys`` cached here, or in another engine's segment (a
@@ -220,11 +238,15 @@ class LoadPlanner:
         cached). A chunk whose blocks are all out of their windows is a hit with nothing to
         copy; a disk chunk only some of whose KV cache groups have blocks in the load is
         read in part (those groups'), and its staging slot is freed after the load."""
-        location = self.stack.locate(key) if key is not None and not load.cut else None
-        if location is not None and key is not None and all(b == NULL_BLOCK for b in ids):
-            load.tiers[location.tier] = load.tiers.get(location.tier, 0) + tokens
+        if key is not None and not load.cut and all(b == NULL_BLOCK for b in ids):
+            # no group keeps a block of it: its bytes are not needed, wherever it is (or if
+            # it went away since the match)
+            where = self.stack.locate(key)
+            tier = where.tier if where is not None else REMOTE if in_remote else DISK
+            load.tiers[tier] = load.tiers.get(tier, 0) + tokens
             self.counters["load_chunks_out_of_window"] += 1
             return ChunkLoad(key, ids, first, None)
+        location = self.stack.locate(key) if key is not None and not load.cut else None
         refs = None
         if key is not None and location is None and not load.cut and self.shares is not None:
             refs = self.shares.find(key)

@@ -69,6 +69,13 @@ class SchedulerSide:
             log.warning("kvtier: the writer id of this engine's workers is not known (set "
                         "instance_id): chunks on disk from before this start are not used")
         self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout and known else 0
+        unstored = geometry.unstored_replies()
+        if unstored is not None:
+            log.warning("kvtier: %s: a chunk completed while decoding has lost pages out of "
+                        "that window and is not stored (prompts still are); to store replies "
+                        "too, set chunk_tokens to a multiple of the block size (%d) that is "
+                        "no longer than the window (that divides a local attention chunk)",
+                        unstored, geometry.block_tokens)
         own = [w or writer_ids(None)[0] for w in self.writers]
         self.shares = open_shares(config, namespaces, geometry.chunk_bytes, own)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)

@@ -29,6 +29,10 @@ _PLAIN = [  # (metric, help, counter)
      "remote_failed_chunks"),
     ("remote_dropped_writes_total", "Remote writes dropped under back-pressure",
      "remote_dropped_chunks"),
+    ("load_in_part_chunks_total", "Chunks read from disk in part: only the KV cache groups "
+     "keeping blocks of them (a sliding window's hit)", "load_chunks_in_part"),
+    ("load_out_of_window_chunks_total", "Chunks of hits that no KV cache group keeps a block "
+     "of (out of every window): nothing read", "load_chunks_out_of_window"),
 ]
 
 

@@ -180,7 +180,7 @@ class WorkerSide:
         pages, host = self._attached()
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
-        disk_bytes = host_bytes = read_bytes = 0
+        disk_bytes = host_bytes = read_bytes = remote_bytes = 0
         try:
             broken = False
             for chunk in load.chunks:
@@ -200,6 +200,7 @@ class WorkerSide:
                 moved = pages.bytes_of(chunk.block_ids)
                 host_bytes += moved
                 disk_bytes += moved if result is not None else 0
+                remote_bytes += moved if result is not None and chunk.remote else 0
             pages.synchronize()
         except Exception as exc:  # never take the engine down: recompute instead
             self._ledger.unexpected("load failed", load.req_id, exc)
@@ -212,7 +213,10 @@ class WorkerSide:
             if failed_keys:
                 self._ledger.pending.load_failed[load.req_id] = failed_keys
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
-                self._ledger.pending.load_samples.append((disk_bytes, host_bytes, seconds))
+                # what was read from storage (in part, for a sliding window's hit), as the
+                # scheduler side's ``load_policy`` reckons a load's bytes
+                self._ledger.pending.load_samples.append((read_bytes + remote_bytes, host_bytes,
+                                                          seconds))
             self._ledger.record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
                                                           len(failed_keys), read_bytes))
 
