@@ -17,13 +17,24 @@ needs_redis = pytest.mark.skipif(BINARY is None, reason="redis-server is not ins
                                  "(apt-get install -y redis-server; .ci/run installs it)")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(bus: bool = False) -> int:
-    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too."""
+    """A free loopback port; with ``bus``, one whose cluster bus port (+10000) is free too.
+
+    A cluster node's pair lies below the kernel's ephemeral range, so no outgoing connection
+    (the other nodes' own bus links) can take the bus port between this check and the bind."""
     if not bus:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
-    for port in random.sample(range(20000, 45000), 200):
+    top = max(_ephemeral_low() - 10000, 12000)
+    for port in random.sample(range(10000, top), min(200, top - 10000)):
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
@@ -39,12 +50,27 @@ class RedisServer:
         self.workdir, self.extra = workdir, extra
         self.port = free_port(bus="--cluster-enabled" in extra)
         self.process: subprocess.Popen | None = None
+        self.started = False  # once up, a restart keeps its port
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        """Start on this server's port; a first start that loses its port to a race (another
+        process bound it since ``free_port``) retries on a new one."""
+        for _ in range(4):
+            try:
+                return self._start()
+            except AssertionError:
+                if self.started or "Address already in use" not in self.log():
+                    raise
+                for stale in [self.workdir / "redis.log", *self.workdir.glob("nodes-*.conf")]:
+                    stale.unlink(missing_ok=True)
+                self.port = free_port(bus="--cluster-enabled" in self.extra)
+        return self._start()
+
+    def _start(self) -> RedisServer:
         assert BINARY is not None
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
@@ -56,6 +82,7 @@ class RedisServer:
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    self.started = True
                     return self
             except OSError:
                 assert self.process.poll() is None and time.monotonic() < deadline, \
