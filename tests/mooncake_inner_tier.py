@@ -131,6 +131,26 @@ def test_namespaces_share_one_store_without_seeing_each_other(server, tiers):
     assert get(b, [key(1)])[0][0].status is IOStatus.MISSING
 
 
+def test_chunks_in_parts_are_read_whole_and_every_part_checked(server, tiers):
+    parts = (RAW // 4, RAW // 4, RAW // 2)
+    t = tier(tiers, server, parts=parts)
+    assert t.put_many([(key(1), chunk(1)), (key(2), chunk(2))])[0].ok
+    raw = server.client()
+    name = value_key("kvtier:", NS.digest(), key(1)).decode()
+    value = bytearray(raw.get(name))
+    header_bytes = VALUE_HEADER_BYTES + 16 * len(parts)  # the part table after the header
+    assert len(value) == header_bytes + RAW
+    dsts = [np.zeros(RAW, np.uint8) for _ in range(2)]
+    assert all(r.ok for r in t.get_parts([key(1), key(2)], dsts, [{0}, {1, 2}]))
+    assert all(np.array_equal(dsts[i], chunk(i + 1)) for i in range(2))  # read whole
+    value[header_bytes + RAW // 4 + 9] ^= 0x01  # in a part the read does not need
+    assert raw.remove(name, True) == 0 and raw.put(name, bytes(value)) == 0
+    (result,) = t.get_parts([key(1)], [np.zeros(RAW, np.uint8)], [{0}])
+    assert result.status is IOStatus.CORRUPT, result  # read whole: every part is checked
+    plain = tier(tiers, server)  # a tier of whole chunks refuses a value in parts
+    assert get(plain, [key(2)])[0][0].status is IOStatus.CORRUPT
+
+
 @pytest.mark.parametrize("damage", ["flip payload", "flip header", "truncate", "other chunk",
                                     "not kvtier's", "longer"])
 def test_a_damaged_value_is_a_miss_never_wrong_bytes_and_is_replaced(server, tiers, damage):

@@ -58,3 +58,12 @@ def test_a_value_of_another_length_is_skipped_and_the_next_one_read():
 def test_a_stream_cut_or_not_resp_raises_so_the_connection_is_dropped(stream, error):
     with pytest.raises(error):
         replies(stream).bulk_into(*buffers())
+
+
+def test_a_range_reply_fills_several_views_and_an_empty_one_is_a_missing_key():
+    r = replies(b"$9\r\nHDRab", b"cdef\r\n$0\r\n\r\n$3\r\nxyz\r\n")
+    views = [memoryview(bytearray(n)) for n in (3, 2, 4)]
+    assert r.bulk_into(*views) == "" and [bytes(v) for v in views] == [b"HDR", b"ab", b"cdef"]
+    assert r.bulk_into(*buffers()) is None  # GETRANGE of a key that is not there
+    view = memoryview(bytearray(3))
+    assert r.bulk_into(view) == "" and bytes(view) == b"xyz"  # still in step

@@ -280,7 +280,8 @@ class LoadPlanner:
             load.remote.add(key)
             demotions += self._pending.demotion_writes(plan.demotions)
             load.staged.append(plan)
-            return ChunkLoad(key, ids, first, plan.dst.slot, remote=True)
+            return ChunkLoad(key, ids, first, plan.dst.slot, remote=True,
+                             parts=self._read_in_part(key, ids, load))
         load.pinned.append((key, location))
         if location.tier is HOST:
             self.stack.indexes[HOST].pin(key)
@@ -292,7 +293,7 @@ class LoadPlanner:
                          parts=self._read_in_part(key, ids, load))
 
     def _read_in_part(self, key: ChunkKey, ids: tuple[int, ...], load: Load) -> tuple[int, ...] | None:
-        """The KV cache groups whose parts a chunk read from disk (``ids``: the blocks it
+        """The KV cache groups whose parts a chunk read from storage (``ids``: the blocks it
         fills, each group's, group after group) needs, when not all of them: its staging
         slot will then hold part of a chunk, and is not kept after the load."""
         parts = self._parts(ids)

@@ -64,8 +64,9 @@ class ChunkLoad:
     copy). ``host_slot`` is None when no host slot could be had: this chunk and the ones
     after it are not loaded, and vLLM recomputes their blocks; or when the chunk fills no
     block (``fills_nothing``: every group's blocks are out of its window), as a hit that
-    needs none of its bytes. A disk read with ``parts`` reads only those KV cache groups'
-    parts of the chunk (the groups whose blocks it fills), the whole chunk without.
+    needs none of its bytes. A read with ``parts`` (from disk, a shared directory or the
+    remote store) reads only those KV cache groups' parts of the chunk (the groups whose
+    blocks it fills), the whole chunk without.
     """
 
     key: bytes

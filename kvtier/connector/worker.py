@@ -119,7 +119,7 @@ class WorkerSide:
         self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads,
                                 self._foreign, self.namespace.tp_rank)
         self._remote = WorkerRemote(self.config, self.namespace, self.geometry.chunk_bytes,
-                                    self.host, self._ledger)
+                                    self.host, self._ledger, parts=self.geometry.part_bytes)
         self._lane.recover(threads=self.config.io_threads)
         with self._lock:
             self._ledger.note_down_paths()  # logged by the tier

@@ -29,22 +29,22 @@ class WorkerRemote:
     tier)."""
 
     def __init__(self, config: KVTierConfig, namespace: Namespace, raw_bytes: int,
-                 host: HostTier, ledger: WorkerLedger) -> None:
+                 host: HostTier, ledger: WorkerLedger, parts: Sequence[int] = ()) -> None:
         self._host, self._ledger, self._raw_bytes = host, ledger, raw_bytes
-        tier = open_remote(config, namespace, raw_bytes)
+        tier = open_remote(config, namespace, raw_bytes, parts)
         self._lane = None
         if tier is not None:
             tier.register(host.buffer.array)
             self._lane = RemoteLane(tier, config.io_threads, host.slot_array, self._settle)
 
     def submit_reads(self, load: RequestLoad, reads: Reads) -> None:
-        wanted = [(ChunkKey(c.key), c.host_slot) for c in load.chunks
+        wanted = [(ChunkKey(c.key), c.host_slot, c.parts) for c in load.chunks
                   if c.remote and c.host_slot is not None]
         if not wanted:
             return
         lane = self._lane
         if lane is None:  # a rank without the remote tier: these cannot be read
-            for key, _ in wanted:
+            for key, _, _ in wanted:
                 reads[key] = failed_read("no remote_url on this worker")
             return
         per_group = max(1, READ_GROUP_BYTES // max(1, self._raw_bytes))
@@ -57,12 +57,19 @@ class WorkerRemote:
                 batch.fail(str(exc))
             else:
                 batch.watch(job)
-            reads.update(zip([key for key, _ in group], batch.items, strict=True))
+            reads.update(zip([key for key, _, _ in group], batch.items, strict=True))
 
-    def _get(self, items: list[tuple[ChunkKey, int]]) -> list[IOResult]:
+    def _get(self, items: list[tuple[ChunkKey, int, tuple[int, ...] | None]]) -> list[IOResult]:
+        """Read a group of chunks into their host slots: whole, or only the parts their
+        loads fill (``ChunkLoad.parts``)."""
         assert self._lane is not None
-        return self._lane.tier.get_many([key for key, _ in items],
-                                        [self._host.slot_array(slot) for _, slot in items])
+        tier = self._lane.tier
+        keys = [key for key, _, _ in items]
+        dsts = [self._host.slot_array(slot) for _, slot, _ in items]
+        if all(parts is None for _, _, parts in items):
+            return tier.get_many(keys, dsts)
+        return tier.get_parts(keys, dsts, [range(len(tier.parts)) if parts is None else parts
+                                           for _, _, parts in items])
 
     def write(self, writes: Sequence[RemoteWrite]) -> None:
         if not writes:

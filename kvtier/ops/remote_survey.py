@@ -11,9 +11,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvtier.io.format import HeaderError, decode_header, payload_checksum
+from kvtier.io.format import HeaderError, payload_matches
 from kvtier.remote.urls import backend_of, check_url
-from kvtier.remote.values import VALUE_HEADER_BYTES
+from kvtier.remote.values import decode_value_header
 
 SCAN_BATCH = 1000
 
@@ -124,28 +124,27 @@ def _check_sample(client: Any, prefix: str, holdings: NamespaceHoldings, sample:
         if value is None:  # evicted meanwhile
             continue
         holdings.checked += 1
-        problem = _problem(value, name, prefix)
+        problem, header_bytes = _problem(value, name, prefix)
         if problem:
             holdings.bad += 1
         else:
-            sizes.add(len(value) - VALUE_HEADER_BYTES)
+            sizes.add(len(value) - header_bytes)
     if sizes:
         from kvtier.units import format_size
 
         holdings.chunk_sizes = ", ".join(format_size(s) for s in sorted(sizes))
 
 
-def _problem(value: bytes, name: bytes, prefix: str) -> str:
-    if len(value) < VALUE_HEADER_BYTES:
-        return "truncated"
+def _problem(value: bytes, name: bytes, prefix: str) -> tuple[str, int]:
+    """What is wrong with ``value`` (empty when nothing), and its header's bytes."""
     try:
-        header = decode_header(value[:VALUE_HEADER_BYTES])
+        header, header_bytes = decode_value_header(value)
     except HeaderError as exc:
-        return str(exc)
+        return str(exc), 0
     expected = f"{prefix}{header.namespace.hex()}:{bytes(header.key).hex()}".encode()
     if expected != name:
-        return "holds another chunk"
-    payload = memoryview(value)[VALUE_HEADER_BYTES:]
-    if len(payload) != header.payload_bytes or payload_checksum(payload) != header.payload_checksum:
-        return "payload damaged"
-    return ""
+        return "holds another chunk", header_bytes
+    payload = memoryview(value)[header_bytes:]
+    if len(payload) != header.payload_bytes or not payload_matches(header, payload):
+        return "payload damaged", header_bytes
+    return "", header_bytes

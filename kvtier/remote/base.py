@@ -6,7 +6,7 @@ import abc
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -34,6 +34,11 @@ class RemoteTier(abc.ABC):
       next call tries again; ``down`` says whether it is out now. Going out of service is
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
+    - ``get_parts(keys, dsts, wanted)``: as ``get_many``, for chunks in parts (a hybrid
+      model's, ``parts``: each part's bytes), reading of each chunk only the parts
+      ``wanted`` (indexes) into their places in its ``dst``, each checked; the rest of
+      ``dst`` holds anything. ``OK`` carries the bytes read. A backend that cannot read part
+      of a value reads it whole (the default).
     - Shape of a round trip: callers group reads into ``get_many`` calls of up to
       ``read_group_bytes`` and puts into ``put_many`` calls of up to ``put_group_bytes`` (one
       chunk at least). A store that serves parallel calls on parallel connections (Redis)
@@ -44,8 +49,8 @@ class RemoteTier(abc.ABC):
     read_group_bytes = 8 * 2**20
     put_group_bytes = 32 * 2**20
 
-    def __init__(self, raw_bytes: int, retry_s: float) -> None:
-        self.raw_bytes, self.retry_s = raw_bytes, retry_s
+    def __init__(self, raw_bytes: int, retry_s: float, parts: Sequence[int] = ()) -> None:
+        self.raw_bytes, self.retry_s, self.parts = raw_bytes, retry_s, tuple(parts)
         self._health = threading.Lock()
         self._down_until = 0.0
         self._logged_down = False  # the warning of the outage now is out: retries at debug
@@ -61,6 +66,10 @@ class RemoteTier(abc.ABC):
 
     @abc.abstractmethod
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]: ...
+
+    def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
+                  wanted: Sequence[Collection[int]]) -> list[IOResult]:
+        return self.get_many(keys, dsts)
 
     @abc.abstractmethod
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]: ...

@@ -33,11 +33,9 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.mooncake_url import parse_url
-from kvtier.remote.values import VALUE_HEADER_BYTES, parts_problem, value_header, value_key
+from kvtier.remote.values import ValueFormat, value_key
 
 log = logging.getLogger("kvtier")
-
-HEADER = VALUE_HEADER_BYTES
 
 # Mooncake's error codes (mooncake-store's ErrorCode), as its client returns them
 NO_SPACE, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL, RPC_FAIL, RPC_TIMEOUT = \
@@ -65,10 +63,12 @@ class MooncakeTier(RemoteTier):
 
     def __init__(self, url: str, namespace: Namespace, raw_bytes: int, *, timeout_s: float = 2.0,
                  retry_s: float = 5.0, prefix: str = "kvtier:",
-                 environ: MutableMapping[str, str] | None = None) -> None:
-        super().__init__(raw_bytes, retry_s)
+                 environ: MutableMapping[str, str] | None = None, parts: Sequence[int] = ()) -> None:
+        super().__init__(raw_bytes, retry_s, parts)
         self.url, self._options = url, parse_url(url)
         self._ns, self._prefix, self._timeout_s = namespace.digest(), prefix, timeout_s
+        self._format = ValueFormat(self._ns, raw_bytes, parts)
+        self._hb = self._format.header_bytes  # a value's bytes before its payload
         self._environ = os.environ if environ is None else environ
         self._module = _client_module()
         self._lock = threading.Lock()
@@ -186,7 +186,7 @@ class MooncakeTier(RemoteTier):
         if area is not None and getattr(self._local, "client", None) is client and area.nbytes >= nbytes:
             return area
         grown = 0 if area is None else 2 * area.nbytes  # doubling: rarely registered again
-        area = np.zeros(max(nbytes, grown, 64 * HEADER), np.uint8)
+        area = np.zeros(max(nbytes, grown, 64 * self._hb), np.uint8)
         code = client.register_buffer(area.ctypes.data, area.nbytes)
         if code != 0:
             raise OSError(f"registering {area.nbytes} bytes of scratch failed ({_code_name(code)})")
@@ -200,10 +200,10 @@ class MooncakeTier(RemoteTier):
         """Header slot, payload memory and whether it is staged, for each chunk of a call
         (``bufs``: the chunks' own bytes, contiguous ``uint8``)."""
         staged = [not self._direct(b) for b in bufs]
-        area = self._area(client, len(bufs) * HEADER + sum(staged) * self.raw_bytes)
-        headers = [area[i * HEADER:(i + 1) * HEADER] for i in range(len(bufs))]
+        area = self._area(client, len(bufs) * self._hb + sum(staged) * self.raw_bytes)
+        headers = [area[i * self._hb:(i + 1) * self._hb] for i in range(len(bufs))]
         payloads: list[np.ndarray] = []
-        at = len(bufs) * HEADER
+        at = len(bufs) * self._hb
         for buf, copy in zip(bufs, staged, strict=True):
             payloads.append(area[at:at + self.raw_bytes] if copy else buf[: self.raw_bytes])
             at += self.raw_bytes if copy else 0
@@ -242,7 +242,7 @@ class MooncakeTier(RemoteTier):
             headers, payloads, staged = self._pieces(client, outs)
             codes = client.batch_get_into_multi_buffers(
                 names, [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
-                [[HEADER, self.raw_bytes]] * len(keys))
+                [[self._hb, self.raw_bytes]] * len(keys))
             failed = self._trip_failed("get", codes)
             results = [failed if failed is not None and item[2] in (RPC_FAIL, RPC_TIMEOUT)
                        else self._got(client, *item)
@@ -260,9 +260,9 @@ class MooncakeTier(RemoteTier):
     def _got(self, client: Any, name: str, key: ChunkKey, code: int, header: np.ndarray,
              payload: np.ndarray) -> IOResult:
         """What a get's answer ``code`` (bytes read, or an error) means for one chunk."""
-        expected = HEADER + self.raw_bytes
+        expected = self._hb + self.raw_bytes
         if code == expected:
-            problem = parts_problem(header.data, payload.data, self._ns, key, self.raw_bytes)
+            problem = self._format.problem(header.data, payload.data, key)
             if problem:
                 return IOResult(IOStatus.CORRUPT, 0, problem)
             return IOResult(IOStatus.OK, self.raw_bytes)
@@ -291,11 +291,11 @@ class MooncakeTier(RemoteTier):
                                                             strict=True):
                 if copy:
                     payload[:] = raw
-                header[:] = np.frombuffer(value_header(self._ns, key, raw), np.uint8)
+                header[:] = np.frombuffer(self._format.header(key, raw), np.uint8)
             codes = client.batch_put_from_multi_buffers(
                 self._names([key for key, _ in items]),
                 [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
-                [[HEADER, self.raw_bytes]] * len(items))
+                [[self._hb, self.raw_bytes]] * len(items))
         except Exception as exc:
             return [self._failed("put", exc)] * len(items)
         failed = self._trip_failed("put", codes)

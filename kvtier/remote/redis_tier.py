@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,14 +22,7 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.resp import BulkReplies, payload_view
-from kvtier.remote.values import (
-    VALUE_HEADER_BYTES,
-    encode_value,
-    parts_problem,
-    value_header,
-    value_key,
-    value_problem,
-)
+from kvtier.remote.values import ValueFormat, value_key
 
 SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 USER_ENV, PASSWORD_ENV = "KVTIER_REMOTE_USERNAME", "KVTIER_REMOTE_PASSWORD"
@@ -53,9 +46,10 @@ class RedisTier(RemoteTier):
 
     def __init__(self, url: str, namespace: Namespace, raw_bytes: int, *, timeout_s: float = 2.0,
                  retry_s: float = 5.0, prefix: str = "kvtier:",
-                 environ: Mapping[str, str] | None = None) -> None:
-        super().__init__(raw_bytes, retry_s)
+                 environ: Mapping[str, str] | None = None, parts: Sequence[int] = ()) -> None:
+        super().__init__(raw_bytes, retry_s, parts)
         self.url, self._ns, self._prefix = check_url(url), namespace.digest(), prefix
+        self._format = ValueFormat(self._ns, raw_bytes, parts)
         self._timeout_s, self._environ = timeout_s, os.environ if environ is None else environ
         _client_module()  # a missing client fails the start, not the first round trip
         self._client: Any = None  # connected on first use: a store down at start is a miss
@@ -138,7 +132,7 @@ class RedisTier(RemoteTier):
                 [b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in names)],
                 check_health=False)
             replies = BulkReplies(connection._sock)
-            header = memoryview(bytearray(VALUE_HEADER_BYTES))
+            header = memoryview(bytearray(self._format.header_bytes))
             for key, dst in zip(keys, dsts, strict=True):
                 payload = payload_view(dst, self.raw_bytes)
                 answer = replies.bulk_into(header, payload)
@@ -148,7 +142,7 @@ class RedisTier(RemoteTier):
                     results.append(IOResult(IOStatus.CORRUPT if answer.startswith("wrong")
                                             else IOStatus.IO_ERROR, 0, f"get: {answer}"))
                 else:
-                    problem = parts_problem(header, payload, self._ns, key, self.raw_bytes)
+                    problem = self._format.problem(header, payload, key)
                     results.append(IOResult(IOStatus.CORRUPT, 0, problem) if problem
                                    else IOResult(IOStatus.OK, self.raw_bytes))
         except Exception as exc:  # a transport fault or a stream out of step: drop the connection
@@ -165,12 +159,73 @@ class RedisTier(RemoteTier):
             return IOResult(IOStatus.MISSING)
         if isinstance(reply, Exception):
             return IOResult(IOStatus.IO_ERROR, 0, f"get: {reply}")
-        problem = value_problem(reply, self._ns, key, self.raw_bytes)
+        problem = self._format.value_problem(reply, key)
         if problem:
             return IOResult(IOStatus.CORRUPT, 0, problem)
-        payload = np.frombuffer(reply, dtype=np.uint8, offset=VALUE_HEADER_BYTES)
+        payload = np.frombuffer(reply, dtype=np.uint8, offset=self._format.header_bytes)
         np.copyto(dst.reshape(-1).view(np.uint8)[: self.raw_bytes], payload)
         return IOResult(IOStatus.OK, self.raw_bytes)
+
+    def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
+                  wanted: Sequence[Collection[int]]) -> list[IOResult]:
+        """GETRANGE of each chunk's header and of the runs of parts ``wanted``, in one
+        pipelined round trip; a chunk that needs every part is read whole."""
+        alone = [i for i, parts in enumerate(wanted) if self._format.reads_alone(parts)]
+        if not alone:
+            return self.get_many(keys, dsts)
+        results: list[IOResult | None] = [None] * len(keys)
+        whole = [i for i in range(len(keys)) if i not in set(alone)]
+        if whole:
+            for i, result in zip(whole, self.get_many([keys[i] for i in whole],
+                                                      [dsts[i] for i in whole]), strict=True):
+                results[i] = result
+        plans = [_RangeRead(self._format, keys[i], dsts[i], wanted[i]) for i in alone]
+        got = self._ranges_direct(plans) if not self._cluster else self._ranges_piped(plans)
+        for i, result in zip(alone, [got] * len(plans) if isinstance(got, IOResult) else got,
+                             strict=True):
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    def _ranges_direct(self, plans: Sequence[_RangeRead]) -> list[IOResult] | IOResult:
+        """The range reads of ``plans`` on one connection, read off the socket into place."""
+        if self.down:
+            return self._out_of_service()
+        try:
+            pool = self._connected().connection_pool
+            connection = pool.get_connection()
+        except Exception as exc:
+            return self._failed("get", _as_builtin(exc))
+        try:
+            command = b"".join(
+                b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%s\r\n$%d\r\n%d\r\n$%d\r\n%d\r\n"
+                % (len(name), name, len(b"%d" % start), start, len(b"%d" % (end - 1)), end - 1)
+                for plan in plans for name in [self._key(plan.key)] for start, end, _ in plan.runs)
+            connection.send_packed_command([command], check_health=False)
+            replies = BulkReplies(connection._sock)
+            results = [plan.outcome([replies.bulk_into(*views) for _, _, views in plan.runs])
+                       for plan in plans]
+        except Exception as exc:  # a transport fault or a stream out of step: drop the connection
+            connection.disconnect()
+            return self._failed("get", _as_builtin(exc))
+        else:
+            self._succeeded()
+            return results
+        finally:
+            pool.release(connection)
+
+    def _ranges_piped(self, plans: Sequence[_RangeRead]) -> list[IOResult] | IOResult:
+        """The range reads of ``plans`` through the client's pipeline (a cluster's)."""
+        replies = self._run("get", [("getrange", (self._key(plan.key), start, end - 1))
+                                    for plan in plans for start, end, _ in plan.runs])
+        if isinstance(replies, IOResult):
+            return replies
+        results, at = [], 0
+        for plan in plans:
+            answers = [_answer_into(r, views) for r, (_, _, views)
+                       in zip(replies[at:at + len(plan.runs)], plan.runs, strict=True)]
+            at += len(plan.runs)
+            results.append(plan.outcome(answers))
+        return results
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
         wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
@@ -178,7 +233,7 @@ class RedisTier(RemoteTier):
             return [IOResult(IOStatus.IO_ERROR, 0, f"a payload of {wrong[0]} bytes: this tier's "
                              f"chunks have {self.raw_bytes}")] * len(items)
         if self._cluster:
-            replies = self._run("set", [("set", (self._key(k), encode_value(self._ns, k, raw)))
+            replies = self._run("set", [("set", (self._key(k), self._format.encode(k, raw)))
                                         for k, raw in items])
         else:
             replies = self._set_direct(items)
@@ -206,8 +261,8 @@ class RedisTier(RemoteTier):
                 raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
                 name = self._key(key)
                 parts += [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
-                          % (len(name), name, VALUE_HEADER_BYTES + raw.nbytes)
-                          + value_header(self._ns, key, raw), raw.data, b"\r\n"]
+                          % (len(name), name, self._format.header_bytes + raw.nbytes)
+                          + self._format.header(key, raw), raw.data, b"\r\n"]
             connection.send_packed_command(parts, check_health=False)
             replies: list[Any] = []
             for _ in items:
@@ -231,6 +286,55 @@ class RedisTier(RemoteTier):
         if client is not None:
             with contextlib.suppress(Exception):  # a broken connection: nothing more to do
                 client.close()
+
+
+class _RangeRead:
+    """A read of some parts of chunk ``key`` into their places in ``dst``: ``runs`` are the
+    value's byte ranges ``[start, end)`` read (the header first, adjacent parts together),
+    each with the buffers its bytes fill in turn."""
+
+    def __init__(self, form: ValueFormat, key: ChunkKey, dst: np.ndarray,
+                 wanted: Collection[int]) -> None:
+        self.form, self.key, self.wanted = form, key, wanted
+        self.payload = dst.reshape(-1).view(np.uint8)[:form.raw_bytes]
+        self.header = memoryview(bytearray(form.header_bytes))
+        at = form.header_bytes
+        self.runs: list[tuple[int, int, list[memoryview]]] = [(0, at, [self.header])]
+        for start, end in form.ranges(wanted):
+            piece = payload_view(self.payload[start:end], end - start)
+            if self.runs[-1][1] == at + start:
+                first, _, views = self.runs[-1]
+                self.runs[-1] = (first, at + end, [*views, piece])
+            else:
+                self.runs.append((at + start, at + end, [piece]))
+        self.nbytes = sum(end - start for start, end in form.ranges(wanted))
+
+    def outcome(self, answers: Sequence[str | None]) -> IOResult:
+        """What the replies of ``runs`` (as ``BulkReplies.bulk_into`` answers) come to."""
+        if answers[0] is None:
+            return IOResult(IOStatus.MISSING)
+        wrong = next((a for a in answers if a), None)
+        if wrong is not None or None in answers:  # the value went away, or changed size
+            detail = wrong or "the value went away while read"
+            return IOResult(IOStatus.IO_ERROR if wrong and not wrong.startswith("wrong")
+                            else IOStatus.CORRUPT, 0, f"get: {detail}")
+        problem = self.form.parts_problem(self.header, self.payload, self.key, self.wanted)
+        return IOResult(IOStatus.CORRUPT, 0, problem) if problem else IOResult(IOStatus.OK, self.nbytes)
+
+
+def _answer_into(reply: Any, views: Sequence[memoryview]) -> str | None:
+    """A pipeline's GETRANGE reply copied into ``views`` (as ``BulkReplies.bulk_into``)."""
+    if isinstance(reply, Exception):
+        return str(reply)
+    if not reply:
+        return None
+    if len(reply) != sum(len(v) for v in views):
+        return f"wrong length: a value of {len(reply)} bytes"
+    at = 0
+    for view in views:
+        view[:] = reply[at:at + len(view)]
+        at += len(view)
+    return ""
 
 
 def _put_failure(reply: Any) -> IOResult:

@@ -1,6 +1,7 @@
-"""Reading a pipeline's GET replies (RESP2 or RESP3 bulk strings and nulls) off a socket straight into the
-caller's buffers: a value's 128-byte header into a small buffer, its payload into the
-chunk's destination, with no copy and no allocation the size of a chunk.
+"""Reading a pipeline's GET and GETRANGE replies (RESP2 or RESP3 bulk strings and nulls) off
+a socket straight into the caller's buffers: a value's header into a small buffer, its
+payload (or the parts of it asked for) into the chunk's destination, with no copy and no
+allocation the size of a chunk.
 
 Every length is bounded by what was asked for: a reply of any other length (another
 writer's value, a damaged one) is read through a small scratch buffer and answered as
@@ -71,9 +72,10 @@ class BulkReplies:
             self._read_into(scratch[:piece])
             count -= piece
 
-    def bulk_into(self, header: memoryview, payload: memoryview) -> str | None:
-        """Read one GET reply into ``header`` then ``payload`` when its length is theirs
-        together: "" when it was, None when there is no such key, else what the reply was
+    def bulk_into(self, *views: memoryview) -> str | None:
+        """Read one GET or GETRANGE reply into ``views`` in turn when its length is theirs
+        together: "" when it was, None when there is no such key (a null, or the empty
+        string GETRANGE answers for a key that is not there), else what the reply was
         instead (an error, or ``wrong length``; its bytes are read and dropped)."""
         line = self._line()
         if line.startswith(b"-"):
@@ -88,11 +90,15 @@ class BulkReplies:
             raise RespError(f"unexpected reply {line[:40]!r}") from None
         if length < 0:
             return None
-        if length != len(header) + len(payload):
+        expected = sum(len(view) for view in views)
+        if length == 0 and expected:
+            self._skip(2)
+            return None
+        if length != expected:
             self._skip(length + 2)
             return f"wrong length: a value of {length} bytes"
-        self._read_into(header)
-        self._read_into(payload)
+        for view in views:
+            self._read_into(view)
         end = memoryview(bytearray(2))
         self._read_into(end)
         if end != b"\r\n":

@@ -4,6 +4,7 @@ Store). Backends are imported only when used, so the core import stays light."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -38,9 +39,11 @@ def check_url(url: str) -> str:
     return mooncake_url.check_url(url)
 
 
-def open_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int) -> RemoteTier | None:
+def open_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
+                parts: Sequence[int] = ()) -> RemoteTier | None:
     """The remote tier ``config.remote_url`` names for chunks of ``raw_bytes`` of
-    ``namespace``, or None without one. Connecting is lazy: a store down now is a tier out
+    ``namespace`` (in ``parts`` of those bytes each, for a hybrid model), or None without
+    one. Connecting is lazy: a store down now is a tier out
     of service later, never a failed start."""
     url = config.remote_url
     if url is None:
@@ -49,7 +52,9 @@ def open_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int) -> R
     if backend_of(url) == "redis":
         from kvtier.remote.redis_tier import RedisTier
 
-        return RedisTier(url, namespace, raw_bytes, timeout_s=timeout, retry_s=retry, prefix=prefix)
+        return RedisTier(url, namespace, raw_bytes, timeout_s=timeout, retry_s=retry, prefix=prefix,
+                         parts=parts)
     from kvtier.remote.mooncake_tier import MooncakeTier
 
-    return MooncakeTier(url, namespace, raw_bytes, timeout_s=timeout, retry_s=retry, prefix=prefix)
+    return MooncakeTier(url, namespace, raw_bytes, timeout_s=timeout, retry_s=retry, prefix=prefix,
+                        parts=parts)
