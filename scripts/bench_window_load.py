@@ -1,8 +1,11 @@
-"""Disk hits of sliding-window models through the vLLM worker's load path: chunks read whole
-against only the KV cache groups' parts the hit fills, side by side in one run.
+"""Disk and remote hits of sliding-window models through the vLLM worker's load path: chunks
+read whole against only the KV cache groups' parts the hit fills, side by side in one run.
 
     scripts/ramdisk.sh up /mnt/kvtier-ram 8G
     .venv/bin/python scripts/bench_window_load.py --dir /mnt/kvtier-ram --json out/bench_window_load.json
+
+With ``--remote`` the same hits come from a redis-server this script starts on 127.0.0.1 (no
+persistence), the bytes read from the server's own count of bytes sent.
 
 Two synthetic paged caches on one rank (8 KV heads, 128 dims, bf16, 16-token blocks, 256-token
 chunks, a 1024-token window), each stored to disk through ``WorkerSide.save`` and loaded back
@@ -25,6 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,10 +53,48 @@ def geometry(kind: str) -> KVGeometry:
                       group_kinds=kinds)
 
 
-def worker(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor]) -> WorkerSide:
+class Redis:
+    """A redis-server on a free loopback port, stopped on exit."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("--remote needs redis-server: apt-get install -y redis-server")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("redis-server did not start") from None
+                time.sleep(0.05)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def sent(self) -> int:
+        import redis
+
+        return int(redis.Redis(port=self.port).info("stats")["total_net_output_bytes"])
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=20)
+
+
+def worker(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
+           remote: Redis | None = None) -> WorkerSide:
+    extra = {"remote_url": remote.url, "remote_timeout": "30s"} if remote is not None else {}
     config = load_config({"chunk_tokens": CHUNK, "host_capacity": chunks * (geo.chunk_bytes + 4096),
                           "disk_paths": [str(root)], "disk_capacity": chunks * (
-                              geo.chunk_bytes + 8192), "disk_min_free": 0}, environ={})
+                              geo.chunk_bytes + 8192), "disk_min_free": 0, **extra}, environ={})
     side = WorkerSide(config, geo, geo.namespace("bench", "", 1, 0))
     side.register({f"layer{i}": t for i, t in enumerate(kv)})
     return side
@@ -64,12 +107,12 @@ def key(chunk: int) -> bytes:
 def block_ids(geo: KVGeometry, chunk: int, end: int) -> tuple[int, ...]:
     """Chunk ``chunk``'s blocks in every group (group g's blocks after group g-1's), the null
     block where the group keeps none for a hit ending at token ``end``."""
-    per, groups = geo.blocks_per_chunk, len(geo.groups)
+    per = geo.blocks_per_chunk
     ids = []
-    for g, first in enumerate(geo.kept_from(end)):
+    for first in geo.kept_from(end):  # each group's layers have tensors of their own
         for b in range(chunk * per, (chunk + 1) * per):
             kept = (b + 1) * BLOCK > first
-            ids.append(1 + (b * groups + g) if kept else NULL_BLOCK)  # block 0: the null block
+            ids.append(1 + b if kept else NULL_BLOCK)  # block 0: the null block
     return tuple(ids)
 
 
@@ -77,20 +120,27 @@ def stored_ids(geo: KVGeometry, chunk: int) -> tuple[int, ...]:
     return block_ids(geo, chunk, 0)  # every group keeps every block
 
 
-def store_all(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor]) -> None:
-    side = worker(geo, root, chunks, kv)
-    side.save(StepPlan(stores=[ChunkStore(key(c), stored_ids(geo, c), c, disk_slot=c)
-                               for c in range(chunks)]))
+def store_all(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
+              remote: Redis | None) -> None:
+    side = worker(geo, root, chunks, kv, remote)
+    side.save(StepPlan(stores=[ChunkStore(key(c), stored_ids(geo, c), c, disk_slot=c,
+                                          remote=remote is not None) for c in range(chunks)]))
     side.drain()
     written = side.report()
     assert written is not None and written.disk_written.total() == chunks, "stores failed"
+    if remote is not None:
+        put = written.remote_written.total()
+        side.drain()
+        later = side.report()
+        put += later.remote_written.total() if later is not None else 0
+        assert put == chunks, f"{chunks - put} remote puts failed"
     assert side.close()
 
 
 def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
-         in_part: bool) -> tuple[float, int]:
+         in_part: bool, remote: Redis | None) -> tuple[float, int]:
     """(seconds, bytes read) of one request's hit of every chunk."""
-    side = worker(geo, root, chunks, kv)
+    side = worker(geo, root, chunks, kv, remote)
     end = chunks * CHUNK
     loads = []
     for c in range(chunks):
@@ -102,8 +152,10 @@ def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
             loads.append(ChunkLoad(key(c), ids, 0, None))
         else:
             parts = filled if in_part and len(filled) < len(geo.groups) else None
-            loads.append(ChunkLoad(key(c), ids, 0, host_slot=c, disk_slot=c, parts=parts))
+            where = {"remote": True} if remote is not None else {"disk_slot": c}
+            loads.append(ChunkLoad(key(c), ids, 0, host_slot=c, parts=parts, **where))
     request = RequestLoad("hit", tuple(loads), asynchronous=True)
+    sent = remote.sent() if remote is not None else 0
     start = time.perf_counter()
     side.start_loads(StepPlan(loads=[request]))
     while "hit" not in side.finished():
@@ -112,6 +164,8 @@ def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
     assert not side.take_invalid_blocks() and not side.take_failed_loads(), "the load failed"
     stats = side.stats()
     assert side.close()
+    if remote is not None:
+        return seconds, remote.sent() - sent
     return seconds, stats.data["disk_read_bytes"] if stats else 0
 
 
@@ -132,31 +186,35 @@ def filled_right(geo: KVGeometry, chunks: int, source: list[torch.Tensor],
     return True
 
 
-def measure(directory: Path, kind: str, tokens: int, passes: int) -> dict:
+def measure(directory: Path, kind: str, tokens: int, passes: int, remote: bool) -> dict:
     geo = geometry(kind)
     chunks = tokens // CHUNK
-    blocks = 1 + chunks * geo.blocks_per_chunk * len(geo.groups)
+    blocks = 1 + chunks * geo.blocks_per_chunk
     source = [torch.randn(blocks, 2, BLOCK, HIDDEN).to(torch.bfloat16) for _ in range(LAYERS)]
     target = [torch.zeros_like(t) for t in source]
     root = directory / "kvtier-bench-window"
     best: dict[bool, tuple[float, int]] = {}
+    server = Redis(directory / "kvtier-bench-redis") if remote else None
     try:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        store_all(geo, root, chunks, source)
+        store_all(geo, root, chunks, source, server)
         for _ in range(passes):
             for in_part in (False, True):
                 for t in target:
                     t.zero_()
                 drop_page_cache()
-                seconds, read = load(geo, root, chunks, target, in_part)
+                seconds, read = load(geo, root, chunks, target, in_part, server)
                 if in_part not in best or seconds < best[in_part][0]:
                     best[in_part] = (seconds, read)
                 assert filled_right(geo, chunks, source, target), "wrong pages"
     finally:
+        if server is not None:
+            server.stop()
         shutil.rmtree(root, ignore_errors=True)
     (whole_s, whole_b), (part_s, part_b) = best[False], best[True]
-    return {"model": kind, "tokens": tokens, "chunk_mib": geo.chunk_bytes / 2**20,
+    return {"model": kind, "from": "remote" if remote else "disk", "tokens": tokens,
+            "chunk_mib": geo.chunk_bytes / 2**20,
             "whole_s": whole_s, "whole_mib": whole_b / 2**20, "parts_s": part_s,
             "parts_mib": part_b / 2**20, "parts_vs_whole": part_s / whole_s}
 
@@ -166,14 +224,16 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, required=True, help="a directory on the device")
     parser.add_argument("--tokens", default="4096,16384", help="hit lengths (multiples of 256)")
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--remote", action="store_true",
+                        help="hits from a redis-server started here instead of the disk")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    rows = [measure(args.dir, kind, int(t), args.passes) for kind in SHAPES
+    rows = [measure(args.dir, kind, int(t), args.passes, args.remote) for kind in SHAPES
             for t in args.tokens.split(",")]
-    print("| model | hit tokens | whole: s (MiB read) | parts: s (MiB read) | parts / whole |")
-    print("|---|---|---|---|---|")
+    print("| model | from | hit tokens | whole: s (MiB read) | parts: s (MiB read) | parts / whole |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['tokens']} | {r['whole_s']:.3f} ({r['whole_mib']:.0f}) | "
+        print(f"| {r['model']} | {r['from']} | {r['tokens']} | {r['whole_s']:.3f} ({r['whole_mib']:.0f}) | "
               f"{r['parts_s']:.3f} ({r['parts_mib']:.0f}) | {r['parts_vs_whole']:.2f} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
