@@ -21,6 +21,7 @@ import numpy as np
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
+from kvtier.remote.range_reads import RangeRead, answer_into
 from kvtier.remote.resp import BulkReplies, payload_view
 from kvtier.remote.values import ValueFormat, value_key
 
@@ -179,14 +180,14 @@ class RedisTier(RemoteTier):
             for i, result in zip(whole, self.get_many([keys[i] for i in whole],
                                                       [dsts[i] for i in whole]), strict=True):
                 results[i] = result
-        plans = [_RangeRead(self._format, keys[i], dsts[i], wanted[i]) for i in alone]
+        plans = [RangeRead(self._format, keys[i], dsts[i], wanted[i]) for i in alone]
         got = self._ranges_direct(plans) if not self._cluster else self._ranges_piped(plans)
         for i, result in zip(alone, [got] * len(plans) if isinstance(got, IOResult) else got,
                              strict=True):
             results[i] = result
         return [r for r in results if r is not None]
 
-    def _ranges_direct(self, plans: Sequence[_RangeRead]) -> list[IOResult] | IOResult:
+    def _ranges_direct(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` on one connection, read off the socket into place."""
         if self.down:
             return self._out_of_service()
@@ -213,7 +214,7 @@ class RedisTier(RemoteTier):
         finally:
             pool.release(connection)
 
-    def _ranges_piped(self, plans: Sequence[_RangeRead]) -> list[IOResult] | IOResult:
+    def _ranges_piped(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` through the client's pipeline (a cluster's)."""
         replies = self._run("get", [("getrange", (self._key(plan.key), start, end - 1))
                                     for plan in plans for start, end, _ in plan.runs])
@@ -221,7 +222,7 @@ class RedisTier(RemoteTier):
             return replies
         results, at = [], 0
         for plan in plans:
-            answers = [_answer_into(r, views) for r, (_, _, views)
+            answers = [answer_into(r, views) for r, (_, _, views)
                        in zip(replies[at:at + len(plan.runs)], plan.runs, strict=True)]
             at += len(plan.runs)
             results.append(plan.outcome(answers))
@@ -286,55 +287,6 @@ class RedisTier(RemoteTier):
         if client is not None:
             with contextlib.suppress(Exception):  # a broken connection: nothing more to do
                 client.close()
-
-
-class _RangeRead:
-    """A read of some parts of chunk ``key`` into their places in ``dst``: ``runs`` are the
-    value's byte ranges ``[start, end)`` read (the header first, adjacent parts together),
-    each with the buffers its bytes fill in turn."""
-
-    def __init__(self, form: ValueFormat, key: ChunkKey, dst: np.ndarray,
-                 wanted: Collection[int]) -> None:
-        self.form, self.key, self.wanted = form, key, wanted
-        self.payload = dst.reshape(-1).view(np.uint8)[:form.raw_bytes]
-        self.header = memoryview(bytearray(form.header_bytes))
-        at = form.header_bytes
-        self.runs: list[tuple[int, int, list[memoryview]]] = [(0, at, [self.header])]
-        for start, end in form.ranges(wanted):
-            piece = payload_view(self.payload[start:end], end - start)
-            if self.runs[-1][1] == at + start:
-                first, _, views = self.runs[-1]
-                self.runs[-1] = (first, at + end, [*views, piece])
-            else:
-                self.runs.append((at + start, at + end, [piece]))
-        self.nbytes = sum(end - start for start, end in form.ranges(wanted))
-
-    def outcome(self, answers: Sequence[str | None]) -> IOResult:
-        """What the replies of ``runs`` (as ``BulkReplies.bulk_into`` answers) come to."""
-        if answers[0] is None:
-            return IOResult(IOStatus.MISSING)
-        wrong = next((a for a in answers if a), None)
-        if wrong is not None or None in answers:  # the value went away, or changed size
-            detail = wrong or "the value went away while read"
-            return IOResult(IOStatus.IO_ERROR if wrong and not wrong.startswith("wrong")
-                            else IOStatus.CORRUPT, 0, f"get: {detail}")
-        problem = self.form.parts_problem(self.header, self.payload, self.key, self.wanted)
-        return IOResult(IOStatus.CORRUPT, 0, problem) if problem else IOResult(IOStatus.OK, self.nbytes)
-
-
-def _answer_into(reply: Any, views: Sequence[memoryview]) -> str | None:
-    """A pipeline's GETRANGE reply copied into ``views`` (as ``BulkReplies.bulk_into``)."""
-    if isinstance(reply, Exception):
-        return str(reply)
-    if not reply:
-        return None
-    if len(reply) != sum(len(v) for v in views):
-        return f"wrong length: a value of {len(reply)} bytes"
-    at = 0
-    for view in views:
-        view[:] = reply[at:at + len(view)]
-        at += len(view)
-    return ""
 
 
 def _put_failure(reply: Any) -> IOResult:

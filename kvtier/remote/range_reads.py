@@ -1,0 +1,64 @@
+"""Reading some parts of chunks in the remote store (a hybrid model's chunks in parts,
+``values.ValueFormat``): which byte ranges of a value a read moves and into which buffers,
+and what the replies come to, each part read checked against the value's part table."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.remote.resp import payload_view
+from kvtier.remote.values import ValueFormat
+
+
+class RangeRead:
+    """A read of some parts of chunk ``key`` into their places in ``dst``: ``runs`` are the
+    value's byte ranges ``[start, end)`` read (the header first, adjacent parts together),
+    each with the buffers its bytes fill in turn."""
+
+    def __init__(self, form: ValueFormat, key: ChunkKey, dst: np.ndarray,
+                 wanted: Collection[int]) -> None:
+        self.form, self.key, self.wanted = form, key, wanted
+        self.payload = dst.reshape(-1).view(np.uint8)[:form.raw_bytes]
+        self.header = memoryview(bytearray(form.header_bytes))
+        at = form.header_bytes
+        self.runs: list[tuple[int, int, list[memoryview]]] = [(0, at, [self.header])]
+        for start, end in form.ranges(wanted):
+            piece = payload_view(self.payload[start:end], end - start)
+            if self.runs[-1][1] == at + start:
+                first, _, views = self.runs[-1]
+                self.runs[-1] = (first, at + end, [*views, piece])
+            else:
+                self.runs.append((at + start, at + end, [piece]))
+        self.nbytes = sum(end - start for start, end in form.ranges(wanted))
+
+    def outcome(self, answers: Sequence[str | None]) -> IOResult:
+        """What the replies of ``runs`` (as ``BulkReplies.bulk_into`` answers) come to."""
+        if answers[0] is None:
+            return IOResult(IOStatus.MISSING)
+        wrong = next((a for a in answers if a), None)
+        if wrong is not None or None in answers:  # the value went away, or changed size
+            detail = wrong or "the value went away while read"
+            return IOResult(IOStatus.IO_ERROR if wrong and not wrong.startswith("wrong")
+                            else IOStatus.CORRUPT, 0, f"get: {detail}")
+        problem = self.form.parts_problem(self.header, self.payload, self.key, self.wanted)
+        return IOResult(IOStatus.CORRUPT, 0, problem) if problem else IOResult(IOStatus.OK, self.nbytes)
+
+
+def answer_into(reply: Any, views: Sequence[memoryview]) -> str | None:
+    """A pipeline's GETRANGE reply copied into ``views`` (as ``BulkReplies.bulk_into``)."""
+    if isinstance(reply, Exception):
+        return str(reply)
+    if not reply:
+        return None
+    if len(reply) != sum(len(v) for v in views):
+        return f"wrong length: a value of {len(reply)} bytes"
+    at = 0
+    for view in views:
+        view[:] = reply[at:at + len(view)]
+        at += len(view)
+    return ""
