@@ -145,13 +145,10 @@ def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
     loads = []
     for c in range(chunks):
         ids = block_ids(geo, c, end)
-        per = len(ids) // len(geo.groups)
-        filled = tuple(g for g in range(len(geo.groups))
-                       if any(b != NULL_BLOCK for b in ids[g * per:(g + 1) * per]))
-        if in_part and not filled:
+        if in_part and all(b == NULL_BLOCK for b in ids):
             loads.append(ChunkLoad(key(c), ids, 0, None))
         else:
-            parts = filled if in_part and len(filled) < len(geo.groups) else None
+            parts = geo.groups_filled(ids) if in_part else None  # as the planner
             where = {"remote": True} if remote is not None else {"disk_slot": c}
             loads.append(ChunkLoad(key(c), ids, 0, host_slot=c, parts=parts, **where))
     request = RequestLoad("hit", tuple(loads), asynchronous=True)

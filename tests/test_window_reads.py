@@ -473,3 +473,11 @@ def test_a_chunk_that_fills_nothing_is_stepped_over_and_a_cut_after_it_still_fai
     side.drain()
     assert side.finished() == {"s"} and side.take_failed_loads() == {"s"}  # recomputed whole
     side.close()
+
+
+def test_the_groups_a_load_fills_are_those_with_a_block_in_it():
+    assert GEO.groups_filled((11, 12, NULL_BLOCK, NULL_BLOCK)) == (0,)
+    assert GEO.groups_filled((NULL_BLOCK, NULL_BLOCK, 13, 14)) == (1,)
+    assert GEO.groups_filled((11, 12, NULL_BLOCK, 14)) is None  # every group: read whole
+    assert GEO.groups_filled((NULL_BLOCK,) * 4) == ()  # a chunk that fills nothing
+    assert ALL_SLIDING.groups_filled((NULL_BLOCK, 3)) is None  # one group: never in part

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from kvtier.config import KVTierConfig
+from kvtier.connector.messages import NULL_BLOCK
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 
@@ -120,6 +121,18 @@ class KVGeometry:
         sizes = self.part_bytes or (self.chunk_bytes,)
         return sum(size for size, first in zip(sizes, self.kept_from(end), strict=True)
                    if last_block + self.block_tokens > first)
+
+    def groups_filled(self, block_ids: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The KV cache groups a chunk's load fills (``block_ids``: each group's blocks, group
+        after group; ``NULL_BLOCK`` where a group keeps none), when not all of them; None
+        when every group needs its part (or the model has one group)."""
+        groups = len(self.groups)
+        if groups < 2:
+            return None
+        per = len(block_ids) // groups
+        filled = tuple(g for g in range(groups)
+                       if any(b != NULL_BLOCK for b in block_ids[g * per:(g + 1) * per]))
+        return filled if len(filled) < groups else None
 
     def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int) -> Namespace:
         layout = f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}"

@@ -296,22 +296,11 @@ class LoadPlanner:
         """The KV cache groups whose parts a chunk read from storage (``ids``: the blocks it
         fills, each group's, group after group) needs, when not all of them: its staging
         slot will then hold part of a chunk, and is not kept after the load."""
-        parts = self._parts(ids)
+        parts = self.geometry.groups_filled(ids)
         if parts is not None:
             load.partial.add(key)
             self.counters["load_chunks_in_part"] += 1
         return parts
-
-    def _parts(self, ids: tuple[int, ...]) -> tuple[int, ...] | None:
-        """The KV cache groups a chunk's load fills (``ids``: each group's blocks, group
-        after group), when not all of them; None when every group needs its part."""
-        groups = len(self.geometry.groups)
-        if groups < 2:
-            return None
-        per = len(ids) // groups
-        filled = tuple(g for g in range(groups)
-                       if any(b != NULL_BLOCK for b in ids[g * per:(g + 1) * per]))
-        return filled if len(filled) < groups else None
 
     # -- finish ---------------------------------------------------------------------------
 
