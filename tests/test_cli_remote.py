@@ -98,3 +98,25 @@ def test_inspect_without_the_redis_client_says_which_extra_to_install(tmp_path):
     result = run("inspect", "redis://127.0.0.1:6379/0", env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2 and "kvtier[remote]" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_inspect_checks_every_part_of_a_hybrid_models_values(server):
+    from kvtier.keys import ChunkKey, Namespace
+    from kvtier.remote.redis_tier import RedisTier
+
+    ns = Namespace(model="hybrid", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+    parts = (4096, 8192, 4096)
+    tier = RedisTier(server.url, ns, sum(parts), parts=parts)
+    rng = np.random.default_rng(3)
+    assert all(r.ok for r in tier.put_many(
+        [(ChunkKey(bytes([i]) * 16), rng.integers(0, 256, sum(parts), dtype=np.uint8))
+         for i in range(3)]))
+    tier.close()
+    good = json.loads(run("inspect", server.url, "--json").stdout)["namespaces"][0]
+    assert good["chunks"] == 3 and good["bad"] == 0 and good["value_bytes"] == 3 * (128 + 48 + 16384)
+    name = next(iter(server.client().scan_iter(match="kvtier:*")))
+    value = bytearray(server.client().get(name))
+    value[128 + 48 + 4096 + 7] ^= 1  # the middle part
+    server.client().set(name, bytes(value))
+    result = run("inspect", server.url, "--json")
+    assert result.returncode == 1 and json.loads(result.stdout)["namespaces"][0]["bad"] == 1
