@@ -131,24 +131,47 @@ def test_namespaces_share_one_store_without_seeing_each_other(server, tiers):
     assert get(b, [key(1)])[0][0].status is IOStatus.MISSING
 
 
-def test_chunks_in_parts_are_read_whole_and_every_part_checked(server, tiers):
-    parts = (RAW // 4, RAW // 4, RAW // 2)
-    t = tier(tiers, server, parts=parts)
-    assert t.put_many([(key(1), chunk(1)), (key(2), chunk(2))])[0].ok
+PARTS = (RAW // 4, RAW // 4, RAW // 2)
+PART_HEADER = VALUE_HEADER_BYTES + 16 * len(PARTS)  # the part table after the header
+
+
+def test_chunks_in_parts_in_registered_memory_are_read_in_part(server, tiers):
+    t = tier(tiers, server, parts=PARTS)
+    host = np.full(8 * RAW, 7, np.uint8)
+    t.register(host)
+    assert all(r.ok for r in t.put_many([(key(i), chunk(i)) for i in range(3)]))
     raw = server.client()
-    name = value_key("kvtier:", NS.digest(), key(1)).decode()
+    name = value_key("kvtier:", NS.digest(), key(0)).decode()
     value = bytearray(raw.get(name))
-    header_bytes = VALUE_HEADER_BYTES + 16 * len(parts)  # the part table after the header
-    assert len(value) == header_bytes + RAW
-    dsts = [np.zeros(RAW, np.uint8) for _ in range(2)]
-    assert all(r.ok for r in t.get_parts([key(1), key(2)], dsts, [{0}, {1, 2}]))
-    assert all(np.array_equal(dsts[i], chunk(i + 1)) for i in range(2))  # read whole
-    value[header_bytes + RAW // 4 + 9] ^= 0x01  # in a part the read does not need
+    assert len(value) == PART_HEADER + RAW
+    value[PART_HEADER + RAW // 4 + 9] ^= 0x01  # in a part the first read does not need
     assert raw.remove(name, True) == 0 and raw.put(name, bytes(value)) == 0
-    (result,) = t.get_parts([key(1)], [np.zeros(RAW, np.uint8)], [{0}])
-    assert result.status is IOStatus.CORRUPT, result  # read whole: every part is checked
+    slots = [host[i * RAW:(i + 1) * RAW] for i in range(4)]
+    staged = t.staged  # the puts' (their chunks lie outside registered memory)
+    results = t.get_parts([key(0), key(1), key(2), key(9)], slots, [{0}, {0, 2}, {1}, {0}])
+    assert [r.status for r in results] == [IOStatus.OK] * 3 + [IOStatus.MISSING]
+    assert [r.nbytes for r in results[:3]] == [RAW // 4, 3 * RAW // 4, RAW // 4]
+    spans = [(0, RAW // 4), (RAW // 4, RAW // 2), (RAW // 2, RAW)]
+    for i, parts in enumerate([{0}, {0, 2}, {1}]):
+        for p, (at, end) in enumerate(spans):
+            want = chunk(i)[at:end] if p in parts else np.full(end - at, 7, np.uint8)
+            assert np.array_equal(slots[i][at:end], want), (i, p)
+    assert t.staged == staged  # read into the host slots, no copy
+    (bad,) = t.get_parts([key(0)], [slots[0]], [{1}])  # the damaged part, read: a miss
+    assert bad.status is IOStatus.CORRUPT and t.exists([key(0)]) == [False]  # and removed
+    (whole,) = t.get_parts([key(1)], [np.zeros(RAW, np.uint8)], [{0}])  # not registered
+    assert whole.ok and t.staged == staged + 1  # read whole, through the scratch
     plain = tier(tiers, server)  # a tier of whole chunks refuses a value in parts
     assert get(plain, [key(2)])[0][0].status is IOStatus.CORRUPT
+
+
+def test_a_value_of_another_layout_read_in_part_is_a_miss(server, tiers):
+    t, plain = tier(tiers, server, parts=PARTS), tier(tiers, server)
+    host = np.zeros(2 * RAW, np.uint8)
+    t.register(host)
+    assert plain.put_many([(key(1), chunk(1))])[0].ok  # whole: no part table
+    (result,) = t.get_parts([key(1)], [host[:RAW]], [{2}])
+    assert result.status is IOStatus.CORRUPT, result
 
 
 @pytest.mark.parametrize("damage", ["flip payload", "flip header", "truncate", "other chunk",

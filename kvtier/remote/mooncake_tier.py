@@ -24,13 +24,14 @@ import math
 import os
 import socket
 import threading
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Collection, Iterator, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote import mooncake_ranges
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.mooncake_url import parse_url
 from kvtier.remote.values import ValueFormat, value_key
@@ -255,6 +256,51 @@ class MooncakeTier(RemoteTier):
         for result, out, payload, copy in zip(results, outs, payloads, staged, strict=True):
             if result.ok and copy:
                 out[: self.raw_bytes] = payload
+        return results
+
+    def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
+                  wanted: Sequence[Collection[int]]) -> list[IOResult]:
+        """Ranged reads (``mooncake_ranges``) of the chunks that need only some parts and lie
+        in registered memory; the others are read whole."""
+        outs = [dst.reshape(-1).view(np.uint8) if dst.flags.c_contiguous else dst for dst in dsts]
+        alone = [i for i, (out, parts) in enumerate(zip(outs, wanted, strict=True))
+                 if self._format.reads_alone(parts) and out.flags.c_contiguous
+                 and out.nbytes >= self.raw_bytes and self._direct(out)]
+        if not alone:
+            return self.get_many(keys, dsts)
+        results: list[IOResult | None] = [None] * len(keys)
+        whole = [i for i in range(len(keys)) if i not in set(alone)]
+        for i, result in zip(whole, self.get_many([keys[i] for i in whole], [dsts[i] for i in whole])
+                             if whole else [], strict=True):
+            results[i] = result
+        for i, result in zip(alone, self._get_ranges([keys[i] for i in alone],
+                                                     [outs[i] for i in alone],
+                                                     [wanted[i] for i in alone]), strict=True):
+            results[i] = result
+        return [r for r in results if r is not None]
+
+    def _get_ranges(self, keys: Sequence[ChunkKey], outs: Sequence[np.ndarray],
+                    wanted: Sequence[Collection[int]]) -> list[IOResult]:
+        client = self._ready("get")
+        if isinstance(client, IOResult):
+            return [client] * len(keys)
+        names = self._names(keys)
+        try:
+            area = self._area(client, len(keys) * self._hb)
+            codes = mooncake_ranges.read_ranges(client, self._format, names, keys, outs, wanted,
+                                                area)
+            failed = self._trip_failed("get", [c for chunk in codes for c in chunk])
+            if failed is not None:
+                return [failed] * len(keys)
+            results = [mooncake_ranges.outcome(self._format, key, chunk,
+                                               area[i * self._hb:(i + 1) * self._hb], out, parts, GONE)
+                       for i, (key, chunk, out, parts)
+                       in enumerate(zip(keys, codes, outs, wanted, strict=True))]
+            bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
+            if bad:
+                client.batch_remove(bad, True)  # so that the next put stores a good one
+        except Exception as exc:
+            return [self._failed("get", exc)] * len(keys)
         return results
 
     def _got(self, client: Any, name: str, key: ChunkKey, code: int, header: np.ndarray,
