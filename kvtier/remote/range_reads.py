@@ -38,13 +38,12 @@ class RangeRead:
 
     def outcome(self, answers: Sequence[str | None]) -> IOResult:
         """What the replies of ``runs`` (as ``BulkReplies.bulk_into`` answers) come to."""
-        if answers[0] is None:
-            return IOResult(IOStatus.MISSING)
         wrong = next((a for a in answers if a), None)
-        if wrong is not None or None in answers:  # the value went away, or changed size
-            detail = wrong or "the value went away while read"
-            return IOResult(IOStatus.IO_ERROR if wrong and not wrong.startswith("wrong")
-                            else IOStatus.CORRUPT, 0, f"get: {detail}")
+        if wrong is not None:  # an error, or a value of another length
+            return IOResult(IOStatus.CORRUPT if wrong.startswith("wrong") else IOStatus.IO_ERROR,
+                            0, f"get: {wrong}")
+        if None in answers:  # not there, or evicted between the reads of its ranges
+            return IOResult(IOStatus.MISSING)
         problem = self.form.parts_problem(self.header, self.payload, self.key, self.wanted)
         return IOResult(IOStatus.CORRUPT, 0, problem) if problem else IOResult(IOStatus.OK, self.nbytes)
 

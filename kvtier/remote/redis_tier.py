@@ -169,23 +169,16 @@ class RedisTier(RemoteTier):
 
     def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
                   wanted: Sequence[Collection[int]]) -> list[IOResult]:
-        """GETRANGE of each chunk's header and of the runs of parts ``wanted``, in one
-        pipelined round trip; a chunk that needs every part is read whole."""
-        alone = [i for i, parts in enumerate(wanted) if self._format.reads_alone(parts)]
-        if not alone:
+        """GETRANGE of each chunk's header and of the runs of parts ``wanted``, all in one
+        pipelined round trip; a chunk that needs every part is one GETRANGE of the whole
+        value, every part checked."""
+        if not any(self._format.reads_alone(parts) for parts in wanted):
             return self.get_many(keys, dsts)
-        results: list[IOResult | None] = [None] * len(keys)
-        whole = [i for i in range(len(keys)) if i not in set(alone)]
-        if whole:
-            for i, result in zip(whole, self.get_many([keys[i] for i in whole],
-                                                      [dsts[i] for i in whole]), strict=True):
-                results[i] = result
-        plans = [RangeRead(self._format, keys[i], dsts[i], wanted[i]) for i in alone]
+        every = range(len(self.parts))
+        plans = [RangeRead(self._format, key, dst, parts if self._format.reads_alone(parts) else every)
+                 for key, dst, parts in zip(keys, dsts, wanted, strict=True)]
         got = self._ranges_direct(plans) if not self._cluster else self._ranges_piped(plans)
-        for i, result in zip(alone, [got] * len(plans) if isinstance(got, IOResult) else got,
-                             strict=True):
-            results[i] = result
-        return [r for r in results if r is not None]
+        return [got] * len(plans) if isinstance(got, IOResult) else got
 
     def _ranges_direct(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` on one connection, read off the socket into place."""

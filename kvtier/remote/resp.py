@@ -75,8 +75,9 @@ class BulkReplies:
     def bulk_into(self, *views: memoryview) -> str | None:
         """Read one GET or GETRANGE reply into ``views`` in turn when its length is theirs
         together: "" when it was, None when there is no such key (a null, or the empty
-        string GETRANGE answers for a key that is not there), else what the reply was
-        instead (an error, or ``wrong length``; its bytes are read and dropped)."""
+        string GETRANGE answers for a key that is not there: no kvtier value is empty), else
+        what the reply was instead (an error, or ``wrong length``; its bytes are read and
+        dropped)."""
         line = self._line()
         if line.startswith(b"-"):
             return line[1:].decode(errors="replace")
