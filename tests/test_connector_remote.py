@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kvtier.config import load_config
+from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import ChunkStore, StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.worker import WorkerSide
@@ -17,7 +18,7 @@ from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
 from tests.redis_server import RedisServer, needs_redis
 from tests.test_connector_scheduler import BLOCK, CHUNK, GEO, request
-from tests.test_connector_worker import BLOCKS, LAYERS
+from tests.test_connector_worker import BLOCKS
 from tests.test_connector_worker import HIDDEN as WORKER_HIDDEN
 
 pytestmark = needs_redis
@@ -32,17 +33,18 @@ def server(tmp_path):
 
 
 class Engine:
-    """A scheduler side and one worker over a synthetic paged cache, stepped by hand."""
+    """A scheduler side and one worker over a synthetic paged cache (of ``geo``), stepped
+    by hand."""
 
-    def __init__(self, server, **extra) -> None:
-        cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
+    def __init__(self, server, geo: KVGeometry = GEO, **extra) -> None:
+        cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * geo.chunk_bytes,
                            "load_policy": "always", "remote_url": server.url,
                            "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2,
                            **extra}, environ={})
-        ns = GEO.namespace("m", "", 1, 0)
-        self.scheduler = SchedulerSide(cfg, GEO, [ns], 1)
-        self.worker = WorkerSide(cfg, GEO, ns)
-        shape = (LAYERS, BLOCKS, 2, BLOCK, GEO.page_bytes // (2 * BLOCK * 2))
+        self.ns = geo.namespace("m", "", 1, 0)
+        self.scheduler = SchedulerSide(cfg, geo, [self.ns], 1)
+        self.worker = WorkerSide(cfg, geo, self.ns)
+        shape = (geo.num_layers, BLOCKS, 2, BLOCK, geo.page_bytes // (2 * BLOCK * 2))
         self.kv = list(torch.randn(*shape).to(torch.bfloat16).unbind(0))
         self.worker.register({f"layer{i}": t for i, t in enumerate(self.kv)})
 

@@ -3,20 +3,15 @@ a chunk reads from the store only the parts of the groups that still keep blocks
 (Redis GETRANGE), each checked, and the staging slot holding part of a chunk is never kept
 as a host hit."""
 
-import time
-
 import pytest
-import torch
 
-from kvtier.config import load_config
 from kvtier.connector.messages import NULL_BLOCK, StepPlan
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker import WorkerSide
 from kvtier.remote.values import ValueFormat
 from kvtier.tiers.base import TierName
 from tests.redis_server import RedisServer, needs_redis
+from tests.test_connector_remote import Engine
 from tests.test_connector_scheduler import CHUNK, request
-from tests.test_window_reads import BLOCK, BLOCKS, HIDDEN, LAYERS, WORKER_GEO, same
+from tests.test_window_reads import WORKER_GEO, same
 
 pytestmark = needs_redis
 GEO = WORKER_GEO  # two groups of two layers: full attention, then a 32-token window
@@ -29,45 +24,12 @@ def server(tmp_path):
     srv.stop()
 
 
-class Engine:
-    """A scheduler side and one worker over a synthetic paged cache of two KV cache groups."""
-
-    def __init__(self, server) -> None:
-        cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * GEO.chunk_bytes,
-                           "load_policy": "always", "remote_url": server.url,
-                           "remote_timeout": "2s", "remote_retry": "300ms", "io_threads": 2},
-                          environ={})
-        self.ns = GEO.namespace("m", "", 1, 0)
-        self.scheduler = SchedulerSide(cfg, GEO, [self.ns], 1)
-        self.worker = WorkerSide(cfg, GEO, self.ns)
-        self.kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
-        self.worker.register({f"layer{i}": t for i, t in enumerate(self.kv)})
-
-    def step(self, meta: StepPlan | None = None) -> None:
-        meta = self.scheduler.build_meta(meta)
-        self.worker.start_loads(meta)
-        self.worker.save(meta)
-        self.worker.drain(10)
-        self.worker.finished()
-        report = self.worker.report()
-        if report is not None:
-            self.scheduler.worker_report(report)
-
-    def match(self, req, timeout: float = 10.0):
-        deadline = time.monotonic() + timeout
-        while True:
-            answer = self.scheduler.num_new_matched_tokens(req, 0)
-            if answer[0] is not None or time.monotonic() > deadline:
-                return answer
-            time.sleep(0.01)
-
-    def close(self) -> None:
-        self.scheduler.close()
-        self.worker.close()
+def engine(server) -> Engine:
+    return Engine(server, GEO, remote_timeout="2s")
 
 
 def test_a_chunk_the_window_left_is_read_from_the_store_in_part(server):
-    a, b = Engine(server), Engine(server)
+    a, b = engine(server), engine(server)
     try:
         req = request("r", 2 * CHUNK + 1, seed=5)
         meta = StepPlan()
@@ -104,7 +66,7 @@ def test_a_chunk_the_window_left_is_read_from_the_store_in_part(server):
         assert b.scheduler.stack.locate(keys[1]).tier is TierName.HOST
 
         # read whole, the damaged part is seen: recomputed, never loaded
-        c = Engine(server)
+        c = engine(server)
         try:
             assert c.match(req) == (2 * CHUNK, True)
             c.scheduler.plan_load(req, ([9, 10, 11, 12], [5, 6, 7, 8]), 0, 2 * CHUNK)

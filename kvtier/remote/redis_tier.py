@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -25,6 +25,7 @@ from kvtier.remote.range_reads import RangeRead, answer_into
 from kvtier.remote.resp import BulkReplies, payload_view
 from kvtier.remote.values import ValueFormat, value_key
 
+T = TypeVar("T")
 SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 USER_ENV, PASSWORD_ENV = "KVTIER_REMOTE_USERNAME", "KVTIER_REMOTE_PASSWORD"
 
@@ -116,24 +117,39 @@ class RedisTier(RemoteTier):
             return [replies] * len(keys)
         return [self._take(key, reply, dst) for key, reply, dst in zip(keys, replies, dsts, strict=True)]
 
-    def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
-        """GET each chunk in one pipelined round trip on one connection, each value read
-        off the socket straight into its destination (``resp.BulkReplies``), then checked."""
+    def _exchange(self, what: str, body: Callable[[Any], T]) -> T | IOResult:
+        """``body(connection)`` on a connection of the pool (one server): an exception in it
+        is the round trip's failure and drops the connection, which may be out of step."""
         if self.down:
             return self._out_of_service()
         try:
             pool = self._connected().connection_pool
             connection = pool.get_connection()
         except Exception as exc:
-            return self._failed("get", _as_builtin(exc))
-        results: list[IOResult] = []
+            return self._failed(what, _as_builtin(exc))
         try:
+            result = body(connection)
+        except Exception as exc:  # a transport fault or a stream out of step
+            connection.disconnect()
+            return self._failed(what, _as_builtin(exc))
+        else:
+            self._succeeded()
+            return result
+        finally:
+            pool.release(connection)
+
+    def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
+        """GET each chunk in one pipelined round trip on one connection, each value read
+        off the socket straight into its destination (``resp.BulkReplies``), then checked."""
+
+        def body(connection: Any) -> list[IOResult]:
             names = [self._key(k) for k in keys]
             connection.send_packed_command(
                 [b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in names)],
                 check_health=False)
             replies = BulkReplies(connection._sock)
             header = memoryview(bytearray(self._format.header_bytes))
+            results: list[IOResult] = []
             for key, dst in zip(keys, dsts, strict=True):
                 payload = payload_view(dst, self.raw_bytes)
                 answer = replies.bulk_into(header, payload)
@@ -146,14 +162,9 @@ class RedisTier(RemoteTier):
                     problem = self._format.problem(header, payload, key)
                     results.append(IOResult(IOStatus.CORRUPT, 0, problem) if problem
                                    else IOResult(IOStatus.OK, self.raw_bytes))
-        except Exception as exc:  # a transport fault or a stream out of step: drop the connection
-            connection.disconnect()
-            return self._failed("get", _as_builtin(exc))
-        else:
-            self._succeeded()
             return results
-        finally:
-            pool.release(connection)
+
+        return self._exchange("get", body)
 
     def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
         if reply is None:
@@ -182,30 +193,18 @@ class RedisTier(RemoteTier):
 
     def _ranges_direct(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` on one connection, read off the socket into place."""
-        if self.down:
-            return self._out_of_service()
-        try:
-            pool = self._connected().connection_pool
-            connection = pool.get_connection()
-        except Exception as exc:
-            return self._failed("get", _as_builtin(exc))
-        try:
+
+        def body(connection: Any) -> list[IOResult]:
             command = b"".join(
                 b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%s\r\n$%d\r\n%d\r\n$%d\r\n%d\r\n"
                 % (len(name), name, len(b"%d" % start), start, len(b"%d" % (end - 1)), end - 1)
                 for plan in plans for name in [self._key(plan.key)] for start, end, _ in plan.runs)
             connection.send_packed_command([command], check_health=False)
             replies = BulkReplies(connection._sock)
-            results = [plan.outcome([replies.bulk_into(*views) for _, _, views in plan.runs])
-                       for plan in plans]
-        except Exception as exc:  # a transport fault or a stream out of step: drop the connection
-            connection.disconnect()
-            return self._failed("get", _as_builtin(exc))
-        else:
-            self._succeeded()
-            return results
-        finally:
-            pool.release(connection)
+            return [plan.outcome([replies.bulk_into(*views) for _, _, views in plan.runs])
+                    for plan in plans]
+
+        return self._exchange("get", body)
 
     def _ranges_piped(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` through the client's pipeline (a cluster's)."""
@@ -240,16 +239,9 @@ class RedisTier(RemoteTier):
         """SET each chunk in one pipelined round trip on one connection, its bytes sent from
         the caller's buffer with no copy (the header goes before them as its own piece of
         the command); replies in order, a refused one as its exception."""
-        if self.down:
-            return self._out_of_service()
         from redis.exceptions import ResponseError
 
-        try:
-            pool = self._connected().connection_pool
-            connection = pool.get_connection()
-        except Exception as exc:
-            return self._failed("set", _as_builtin(exc))
-        try:
+        def body(connection: Any) -> list[Any]:
             parts: list[bytes | memoryview] = []
             for key, payload in items:
                 raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
@@ -264,14 +256,9 @@ class RedisTier(RemoteTier):
                     replies.append(connection.read_response())
                 except ResponseError as refused:  # read whole: the connection stays in step
                     replies.append(refused)
-        except Exception as exc:
-            connection.disconnect()
-            return self._failed("set", _as_builtin(exc))
-        else:
-            self._succeeded()
             return [True if r == b"OK" else r for r in replies]  # as the pipeline answers
-        finally:
-            pool.release(connection)
+
+        return self._exchange("set", body)
 
     def close(self) -> None:
         super().close()

@@ -12,7 +12,6 @@ layouts and tenants side by side.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Collection, Sequence
 
@@ -30,6 +29,7 @@ from kvtier.io.format import (
     payload_matches,
 )
 from kvtier.keys import ChunkKey
+from kvtier.tiers.disk_parts import ChunkParts
 
 PART_ENTRY_BYTES = (HEADER_BYTES - INDEX_ENTRY_BYTES) // MAX_PARTS
 VALUE_HEADER_BYTES = INDEX_ENTRY_BYTES  # the header of a value not in parts
@@ -63,20 +63,16 @@ class ValueFormat:
     moves."""
 
     def __init__(self, namespace: bytes, raw_bytes: int, parts: Sequence[int] = ()) -> None:
-        if parts and (not 1 < len(parts) <= MAX_PARTS or sum(parts) != raw_bytes):
-            raise ValueError(f"parts of {list(parts)} bytes for chunks of {raw_bytes} (2 to "
-                             f"{MAX_PARTS} parts, adding up to the chunk)")
         self.namespace, self.raw_bytes, self.sizes = namespace, raw_bytes, tuple(parts)
+        self._parts = ChunkParts(raw_bytes, parts)  # checks the sizes
+        self.spans = self._parts.spans
         self.header_bytes = INDEX_ENTRY_BYTES + len(parts) * PART_ENTRY_BYTES
-        self.spans = list(itertools.pairwise(itertools.accumulate(parts, initial=0)))
 
     def header(self, key: ChunkKey, raw: np.ndarray) -> bytes:
         """The header of the value of ``raw`` (the chunk's bytes, contiguous ``uint8``)."""
         now = time.time_ns()
         if self.sizes:
-            header = SlotHeader.in_parts(self.namespace, key, tuple(
-                (end - at, payload_checksum(raw[at:end].data)) for at, end in self.spans),
-                now, now)
+            header = self._parts.header(self.namespace, key, raw, now, now)
         else:
             header = SlotHeader(self.namespace, key, Codec.NONE, raw.nbytes, raw.nbytes,
                                 payload_checksum(raw.data), now, now)
@@ -115,19 +111,13 @@ class ValueFormat:
         """Why a value read as its header and its payload apart is not chunk ``key``,
         checked down to its payload's checksum (each part's); empty when it is."""
         header, problem = self._header_problem(header_bytes, key)
-        if header is None:
-            return problem
-        if len(payload) != header.payload_bytes:
-            return f"payload of {len(payload)} bytes, its header says {header.payload_bytes}"
-        return "" if payload_matches(header, payload) else "payload checksum mismatch"
+        return problem if header is None else _payload_problem(header, payload)
 
     def value_problem(self, value: bytes | memoryview, key: ChunkKey) -> str:
-        """As ``problem``, for a value read whole."""
-        header, problem = self._header_problem(value, key)  # the header as the value has it
-        if header is None:
-            return problem
-        return self.problem(memoryview(value)[:self.header_bytes],
-                            memoryview(value)[self.header_bytes:], key)
+        """As ``problem``, for a value read whole (its header read as long as it says)."""
+        header, problem = self._header_problem(value, key)
+        return problem if header is None else _payload_problem(
+            header, memoryview(value)[self.header_bytes:])
 
     def reads_alone(self, wanted: Collection[int]) -> bool:
         """Whether a read of parts ``wanted`` (indexes) is a read of less than the chunk."""
@@ -157,3 +147,9 @@ class ValueFormat:
             if i in wanted and payload_checksum(payload[at:end].data) != checksum:
                 return f"part {i}: payload checksum mismatch"
         return ""
+
+
+def _payload_problem(header: SlotHeader, payload: bytes | memoryview) -> str:
+    if len(payload) != header.payload_bytes:
+        return f"payload of {len(payload)} bytes, its header says {header.payload_bytes}"
+    return "" if payload_matches(header, payload) else "payload checksum mismatch"
