@@ -9,7 +9,9 @@ text model: sliding-window layers (a 256-token window) alternating with full-att
 two KV cache groups under vLLM's hybrid KV cache manager); ``mistral`` (every layer a
 256-token sliding window: one group whose blocks out of the window are dropped); ``deepseek``
 (DeepSeek-V2's multi-head latent attention, MLA: one latent page per layer and block, no
-separate K and V; dense MLP layers only). The weights are random (seeded),
+separate K and V; dense MLP layers only); ``llama4`` (Llama 4's text model: chunked local
+attention, a 512-token attention chunk, on three layers of four, the fourth global without
+RoPE; dense MLP layers only). The weights are random (seeded),
 so outputs are meaningless but deterministic; vLLM runs the model with
 skip_tokenizer_init=True and prompts given as token ids. Nothing is downloaded.
 """
@@ -26,8 +28,9 @@ SIZES = {
     "mid": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 12,
             "num_attention_heads": 16, "num_key_value_heads": 4},
 }
-FAMILIES = ("llama", "gemma3", "mistral", "deepseek")  # see BUILDERS
+FAMILIES = ("llama", "gemma3", "mistral", "deepseek", "llama4")  # see BUILDERS
 SLIDING_WINDOW = 256  # tokens (two of vLLM's CPU blocks)
+LOCAL_ATTENTION_CHUNK = 512  # tokens (Llama 4's chunked local attention; 8192 in the real one)
 VOCAB = 32000
 MAX_POSITIONS = 16384
 
@@ -75,9 +78,26 @@ def _deepseek(size: str):
     return DeepseekV2ForCausalLM(config)
 
 
+def _llama4(size: str):
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    shape = SIZES[size]
+    layers = shape["num_hidden_layers"]
+    # every fourth layer global (no RoPE, full attention), the others chunked local
+    # attention; dense MLPs only (no mixture of experts)
+    config = Llama4TextConfig(
+        vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, torch_dtype="bfloat16",
+        head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+        attention_chunk_size=LOCAL_ATTENTION_CHUNK,
+        no_rope_layers=[0 if (i + 1) % 4 == 0 else 1 for i in range(layers)],
+        interleave_moe_layer_step=0, moe_layers=[], intermediate_size_mlp=shape["intermediate_size"],
+        num_local_experts=1, tie_word_embeddings=False, **shape)
+    return Llama4ForCausalLM(config)
+
+
 BUILDERS = {"llama": _decoder("LlamaConfig", "LlamaForCausalLM"), "gemma3": _gemma3,
             "mistral": _decoder("MistralConfig", "MistralForCausalLM", sliding_window=SLIDING_WINDOW),
-            "deepseek": _deepseek}
+            "deepseek": _deepseek, "llama4": _llama4}
 
 
 def make_model(path: Path, size: str = "tiny", seed: int = 0, family: str = "llama") -> Path:

@@ -1,8 +1,10 @@
 """kvtier in a real vLLM engine for each model family beyond Llama, vLLM's hybrid KV cache
 manager left on: Gemma-3-style (sliding-window layers, a 256-token window, alternating with
-full-attention ones: two KV cache groups), Mistral-style (a sliding window on every layer)
-and DeepSeek-V2-style MLA (one latent page per layer and block). A hit loads what vLLM keeps
-for each group (a sliding-window group keeps only the blocks in its window), and from disk
+full-attention ones: two KV cache groups), Mistral-style (a sliding window on every layer),
+DeepSeek-V2-style MLA (one latent page per layer and block) and Llama-4-style chunked local
+attention (a 512-token attention chunk on three layers of four, the fourth global: four
+groups). A hit loads what vLLM keeps for each group (a sliding-window group keeps only the
+blocks in its window, a chunked local one those of the current attention chunk), and from disk
 reads only those groups' parts of a chunk (none where no group keeps a block); outputs are
 compared in float32 against the same engine without kvtier."""
 
@@ -28,12 +30,18 @@ CHUNK = 256
 SHARED = prompts(11, 3, 1000)  # 3 chunks each, the window far behind the hit's end
 BURST = prompts(12, 6, 700, shared=520)  # together, overlapping prefixes
 GROUPS = {"gemma3": ["FullAttentionSpec", "SlidingWindowSpec"], "mistral": ["SlidingWindowSpec"],
-          "deepseek": ["MLAAttentionSpec"]}
+          "deepseek": ["MLAAttentionSpec"],
+          "llama4": ["ChunkedLocalAttentionSpec"] * 3 + ["FullAttentionSpec"]}
+# vLLM turns its hybrid KV cache manager off for chunked local attention unless told not to
+ENV = {"llama4": {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "1"}}
 # models with prompt tails (one KV cache group, no window: a hit is all but the last token);
 # the others hit whole chunks
-TAILS = {"gemma3": False, "mistral": False, "deepseek": True}
+TAILS = {"gemma3": False, "mistral": False, "deepseek": True, "llama4": False}
 LAYOUT_END = {"gemma3": ":2sliding256+2full", "mistral": "x128x2x64xfloat32",
-              "deepseek": "x16x1x576xfloat32:NHC"}  # MLA on the CPU: 16-token blocks
+              "deepseek": "x16x1x576xfloat32:NHC",  # MLA on the CPU: 16-token blocks
+              "llama4": ":1local512+1local512+1local512+1full"}
+# families whose hits after a restart read some chunks in part (a group keeps none of it)
+IN_PART = {"gemma3", "llama4"}
 
 
 @pytest.fixture(scope="module", params=sorted(GROUPS))
@@ -44,14 +52,16 @@ def runs(request, tmp_path_factory):
     disk = work / "disk"
     disk.mkdir(mode=0o700)
     extra = disk_extra(disk, CHUNK)
+    env = ENV.get(family)
     baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True)]),
-                          work, "baseline")
+                          work, "baseline", env=env)
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
                                                     phase(BURST, together=True),
-                                                    phase(BURST, together=True)]), work, "first")
-    restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart")
+                                                    phase(BURST, together=True)]), work, "first",
+                       env=env)
+    restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart", env=env)
     return {"family": family, "work": work, "model": model, "disk": disk, "extra": extra,
-            "baseline": baseline, "first": first, "restart": restart}
+            "env": env, "baseline": baseline, "first": first, "restart": restart}
 
 
 def tokens(run, index):
@@ -95,17 +105,18 @@ def test_disk_hits_after_a_restart_give_the_same_outputs(runs):
     counts = {name: restart["kvtier"].get(name, 0) for name in
               ("load_chunks_disk", "load_chunks_out_of_window", "load_chunks_in_part")}
     # a chunk out of every group's window is a hit with nothing to read (Mistral's first
-    # chunks); one out of the sliding group's is read in part, its full group's (Gemma-3's)
+    # chunks); one out of the sliding (or local) groups' is read in part, its full group's
+    # (Gemma-3's, Llama 4's: the first two chunks lie before the current attention chunk)
     assert counts["load_chunks_disk"] + counts["load_chunks_out_of_window"] == 3 * chunks(runs, 1000)
     assert counts["load_chunks_out_of_window"] >= (3 if runs["family"] == "mistral" else 0)
-    assert counts["load_chunks_in_part"] >= (3 if runs["family"] == "gemma3" else 0)
+    assert counts["load_chunks_in_part"] >= (3 if runs["family"] in IN_PART else 0)
     assert counts["load_chunks_in_part"] <= counts["load_chunks_disk"]
 
 
 def test_a_chunk_corrupted_on_disk_is_recomputed(runs):
     corrupt_every_slot(runs["disk"])  # every stored chunk: all must be caught
     after = run_engine(spec(runs["model"], "kvtier", runs["extra"], [phase(SHARED)]),
-                       runs["work"], "corrupt")
+                       runs["work"], "corrupt", env=runs["env"])
     assert tokens(after, 0) == tokens(runs["baseline"], 0)
     assert after["kvtier"]["load_failed_chunks"] >= 1
 

@@ -31,7 +31,7 @@ def tiny_model(where: Path) -> Path:
 def family_model(where: Path, family: str) -> Path:
     """A tiny random model of ``family`` (scripts/make_model.py): ``gemma3`` (sliding-window
     and full-attention layers: two KV cache groups), ``mistral`` (a sliding window on every
-    layer), ``deepseek`` (MLA)."""
+    layer), ``deepseek`` (MLA), ``llama4`` (chunked local attention and global layers)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_model import make_model
 
