@@ -13,9 +13,8 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
+from kvtier.remote.mooncake_client import INVALID_PARAMS
 from kvtier.remote.values import ValueFormat
-
-NOT_FOUND, INVALID_PARAMS = -704, -600
 
 
 def read_ranges(client: Any, form: ValueFormat, names: Sequence[str], keys: Sequence[ChunkKey],

@@ -19,12 +19,10 @@ TCP connection within ``timeout_s`` (a dead master refuses it at once).
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
-import socket
 import threading
-from collections.abc import Collection, Iterator, MutableMapping, Sequence
+from collections.abc import Collection, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,23 +31,24 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote import mooncake_ranges
 from kvtier.remote.base import RemoteTier
+from kvtier.remote.mooncake_client import (
+    GONE,
+    INVALID_PARAMS,
+    RPC_FAIL,
+    RPC_TIMEOUT,
+    SETUP_LOCK,
+    TRANSFER_FAIL,
+    client_module,
+    code_name,
+    local_address,
+    put_result,
+    reachable,
+    unreachable,
+    unset_only,
+)
+from kvtier.remote.mooncake_memory import RegisteredMemory
 from kvtier.remote.mooncake_url import parse_url
 from kvtier.remote.values import ValueFormat, value_key
-
-log = logging.getLogger("kvtier")
-
-# Mooncake's error codes (mooncake-store's ErrorCode), as its client returns them
-NO_SPACE, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL, RPC_FAIL, RPC_TIMEOUT = \
-    -200, -600, -704, -800, -900, -901
-CODE_NAMES = {-1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -101: "SEGMENT_NOT_FOUND",
-              NO_SPACE: "NO_AVAILABLE_HANDLE", -400: "INVALID_KEY", INVALID_PARAMS: "INVALID_PARAMS",
-              -703: "REPLICA_IS_NOT_READY", NOT_FOUND: "OBJECT_NOT_FOUND",
-              -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED",
-              -710: "REPLICA_NOT_FOUND", -712: "REPLICA_IS_GONE", TRANSFER_FAIL: "TRANSFER_FAIL",
-              RPC_FAIL: "RPC_FAIL", RPC_TIMEOUT: "RPC_TIMEOUT",
-              -1010: "UNAVAILABLE_IN_CURRENT_STATUS"}
-GONE = frozenset((-703, NOT_FOUND, -707, -710, -712))  # not held (or not yet, or evicted meanwhile)
-STORED = frozenset((0, -705))  # a put of a key the store holds already leaves that value
 
 
 class MooncakeTier(RemoteTier):
@@ -71,16 +70,17 @@ class MooncakeTier(RemoteTier):
         self._format = ValueFormat(self._ns, raw_bytes, parts)
         self._hb = self._format.header_bytes  # a value's bytes before its payload
         self._environ = os.environ if environ is None else environ
-        self._module = _client_module()
+        self._module = client_module()
         self._lock = threading.Lock()
         self._client: Any = None  # set up on first use: a master down at start is a miss
         self._connecting = threading.Lock()
         self._suspect = False  # a round trip failed: probe before the next one
-        self._memory: list[np.ndarray] = []  # given to register()
-        self._registered: list[tuple[int, int]] = []  # (start, end) the client knows
-        self._scratch: list[np.ndarray] = []  # every thread's, alive while the client is
-        self._local = threading.local()
-        self.staged = 0  # chunks copied through the scratch (their buffers not registered)
+        self._memory = RegisteredMemory(url, self._hb, raw_bytes)
+
+    @property
+    def staged(self) -> int:
+        """Chunks copied through a scratch (their buffers not registered)."""
+        return self._memory.staged
 
     def describe(self) -> str:
         return self.url
@@ -101,7 +101,7 @@ class MooncakeTier(RemoteTier):
         if client is not None and not suspect:
             return client
         try:
-            _reachable(self._options.master, self._timeout_s)
+            reachable(self._options.master, self._timeout_s)
             with self._connecting:  # one setup at a time
                 if self._client is None:
                     self._connect()
@@ -122,10 +122,10 @@ class MooncakeTier(RemoteTier):
         """Set the client up (it holds the GIL meanwhile: a master reachable but hung
         costs the process up to its RPC timeout, ``timeout_s``)."""
         opts = self._options
-        host = opts.host or _local_address(opts.master)
+        host = opts.host or local_address(opts.master)
         rpc_ms = str(max(1, round(self._timeout_s * 1000)))
         self._environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", str(max(1, math.ceil(self._timeout_s))))
-        with _SETUP_LOCK, _unset_only(self._environ, {"MC_RPC_TIMEOUT_MS": rpc_ms,
+        with SETUP_LOCK, unset_only(self._environ, {"MC_RPC_TIMEOUT_MS": rpc_ms,
                                                      "MC_STORE_CLIENT_SETUP_RETRIES": "1"}):
             client = self._module.MooncakeDistributedStore()
             code = client.setup(host, opts.metadata, opts.segment, 0, opts.protocol, opts.device,
@@ -138,8 +138,7 @@ class MooncakeTier(RemoteTier):
                 client.close()
                 raise ConnectionError("the tier was closed")
             self._client = client
-            for memory in self._memory:
-                self._register_now(client, memory)
+            self._memory.register_all(client)
 
     def _failed(self, what: str, exc: BaseException) -> IOResult:
         with self._lock:
@@ -149,7 +148,7 @@ class MooncakeTier(RemoteTier):
     def _trip_failed(self, what: str, codes: Sequence[int]) -> IOResult | None:
         """The failure of a round trip the master did not answer (tier out of service)."""
         for code in codes:
-            failure = _unreachable(what, code)
+            failure = unreachable(what, code)
             if failure is not None:
                 return self._failed(what, failure)
         return None
@@ -161,57 +160,8 @@ class MooncakeTier(RemoteTier):
         it move with no copy. One the engine refuses is logged, and its chunks are staged."""
         if not memory.flags.c_contiguous:
             raise ValueError("MooncakeTier.register takes contiguous memory (a host tier's buffer)")
-        flat = memory.reshape(-1).view(np.uint8)
-        with self._lock:
-            self._memory.append(flat)
-            if self._client is not None:
-                self._register_now(self._client, flat)
-
-    def _register_now(self, client: Any, flat: np.ndarray) -> None:
-        """(lock held)"""
-        start = flat.ctypes.data
-        code = client.register_buffer(start, flat.nbytes)
-        if code != 0:
-            log.warning("kvtier: remote tier %s: registering %d bytes failed (%s); chunks in them "
-                        "are copied", self.url, flat.nbytes, _code_name(code))
-            return
-        self._registered.append((start, start + flat.nbytes))
-
-    def _direct(self, flat: np.ndarray) -> bool:
-        start = flat.ctypes.data
-        return any(low <= start and start + self.raw_bytes <= high for low, high in self._registered)
-
-    def _area(self, client: Any, nbytes: int) -> np.ndarray:
-        """This thread's registered scratch, of ``nbytes`` at least (``OSError`` if refused)."""
-        area: np.ndarray | None = getattr(self._local, "area", None)
-        if area is not None and getattr(self._local, "client", None) is client and area.nbytes >= nbytes:
-            return area
-        grown = 0 if area is None else 2 * area.nbytes  # doubling: rarely registered again
-        area = np.zeros(max(nbytes, grown, 64 * self._hb), np.uint8)
-        code = client.register_buffer(area.ctypes.data, area.nbytes)
-        if code != 0:
-            raise OSError(f"registering {area.nbytes} bytes of scratch failed ({_code_name(code)})")
-        with self._lock:
-            self._scratch.append(area)
-        self._local.area, self._local.client = area, client
-        return area
-
-    def _pieces(self, client: Any, bufs: Sequence[np.ndarray]
-                ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool]]:
-        """Header slot, payload memory and whether it is staged, for each chunk of a call
-        (``bufs``: the chunks' own bytes, contiguous ``uint8``)."""
-        staged = [not self._direct(b) for b in bufs]
-        area = self._area(client, len(bufs) * self._hb + sum(staged) * self.raw_bytes)
-        headers = [area[i * self._hb:(i + 1) * self._hb] for i in range(len(bufs))]
-        payloads: list[np.ndarray] = []
-        at = len(bufs) * self._hb
-        for buf, copy in zip(bufs, staged, strict=True):
-            payloads.append(area[at:at + self.raw_bytes] if copy else buf[: self.raw_bytes])
-            at += self.raw_bytes if copy else 0
-        if any(staged):
-            with self._lock:
-                self.staged += sum(staged)
-        return headers, payloads, staged
+        with self._lock:  # not while a client is set up: each is registered once
+            self._memory.add(memory.reshape(-1).view(np.uint8), self._client)
 
     # -- the contract -----------------------------------------------------------------
 
@@ -240,7 +190,7 @@ class MooncakeTier(RemoteTier):
         names = self._names(keys)
         outs = [dst.reshape(-1).view(np.uint8) for dst in dsts]
         try:
-            headers, payloads, staged = self._pieces(client, outs)
+            headers, payloads, staged = self._memory.pieces(client, outs)
             codes = client.batch_get_into_multi_buffers(
                 names, [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
                 [[self._hb, self.raw_bytes]] * len(keys))
@@ -265,7 +215,7 @@ class MooncakeTier(RemoteTier):
         outs = [dst.reshape(-1).view(np.uint8) if dst.flags.c_contiguous else dst for dst in dsts]
         alone = [i for i, (out, parts) in enumerate(zip(outs, wanted, strict=True))
                  if self._format.reads_alone(parts) and out.flags.c_contiguous
-                 and out.nbytes >= self.raw_bytes and self._direct(out)]
+                 and out.nbytes >= self.raw_bytes and self._memory.direct(out)]
         if not alone:
             return self.get_many(keys, dsts)
         results: list[IOResult | None] = [None] * len(keys)
@@ -286,7 +236,7 @@ class MooncakeTier(RemoteTier):
             return [client] * len(keys)
         names = self._names(keys)
         try:
-            area = self._area(client, len(keys) * self._hb)
+            area = self._memory.area(client, len(keys) * self._hb)
             codes = mooncake_ranges.read_ranges(client, self._format, names, keys, outs, wanted,
                                                 area)
             failed = self._trip_failed("get", [c for chunk in codes for c in chunk])
@@ -320,7 +270,7 @@ class MooncakeTier(RemoteTier):
                 return IOResult(IOStatus.CORRUPT, 0, f"value of {size} bytes, expected {expected}")
             if size in GONE:
                 return IOResult(IOStatus.MISSING)
-        return IOResult(IOStatus.IO_ERROR, 0, f"get: {_code_name(code)}")
+        return IOResult(IOStatus.IO_ERROR, 0, f"get: {code_name(code)}")
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
         wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
@@ -332,7 +282,7 @@ class MooncakeTier(RemoteTier):
             return [client] * len(items)
         raws = [np.ascontiguousarray(payload).reshape(-1).view(np.uint8) for _, payload in items]
         try:
-            headers, payloads, staged = self._pieces(client, raws)
+            headers, payloads, staged = self._memory.pieces(client, raws)
             for (key, _), raw, header, payload, copy in zip(items, raws, headers, payloads, staged,
                                                             strict=True):
                 if copy:
@@ -346,7 +296,7 @@ class MooncakeTier(RemoteTier):
             return [self._failed("put", exc)] * len(items)
         failed = self._trip_failed("put", codes)
         return [failed if failed is not None and code in (RPC_FAIL, RPC_TIMEOUT)
-                else _put_result(code, self.raw_bytes) for code in codes]
+                else put_result(code, self.raw_bytes) for code in codes]
 
     def close(self) -> None:
         super().close()
@@ -357,67 +307,3 @@ class MooncakeTier(RemoteTier):
                 client.close()
 
 
-def _put_result(code: int, raw_bytes: int) -> IOResult:
-    if code in STORED:
-        return IOResult(IOStatus.OK, raw_bytes)
-    status = IOStatus.NO_SPACE if code == NO_SPACE else IOStatus.IO_ERROR
-    return IOResult(status, 0, f"put: {_code_name(code)}")
-
-
-def _code_name(code: int) -> str:
-    return f"{CODE_NAMES.get(code, 'error')} ({code})"
-
-
-def _unreachable(what: str, code: int) -> OSError | None:
-    """The failure ``code`` means when the master did not answer; None for other codes."""
-    if code == RPC_TIMEOUT:
-        return TimeoutError(f"{what}: the master did not answer in time ({_code_name(code)})")
-    if code == RPC_FAIL:
-        return ConnectionError(f"{what}: the master is unreachable ({_code_name(code)})")
-    return None
-
-
-def _reachable(master: str, timeout_s: float) -> None:
-    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection within ``timeout_s``."""
-    host, _, port = master.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except TimeoutError:
-        raise TimeoutError(f"master {master} did not take a connection within {timeout_s:g} s") from None
-    except OSError as exc:
-        raise ConnectionError(f"master {master} is unreachable: {exc.strerror or exc}") from None
-
-
-_SETUP_LOCK = threading.Lock()  # clients set up one at a time: they read the environment
-
-
-@contextlib.contextmanager
-def _unset_only(environ: MutableMapping[str, str], values: dict[str, str]) -> Iterator[None]:
-    """``values`` in ``environ`` for a while, each where the operator set nothing."""
-    added = [name for name in values if name not in environ]
-    for name in added:
-        environ[name] = values[name]
-    try:
-        yield
-    finally:
-        for name in added:
-            environ.pop(name, None)
-
-
-def _local_address(master: str) -> str:
-    """The local address that routes to ``master`` (``host:port``): peers reach us there."""
-    host, _, port = master.rpartition(":")
-    with contextlib.suppress(OSError), socket.socket(
-            socket.AF_INET6 if host.startswith("[") else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host.strip("[]"), int(port)))  # a datagram socket: nothing is sent
-        return str(s.getsockname()[0])
-    return socket.gethostname()
-
-
-def _client_module() -> Any:
-    try:
-        import mooncake.store
-    except ImportError:
-        raise ImportError("the Mooncake remote tier needs the Mooncake Store client: pip "
-                          "install 'kvtier[mooncake]' (or mooncake-transfer-engine-non-cuda)") from None
-    return mooncake.store

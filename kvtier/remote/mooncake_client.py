@@ -1,0 +1,91 @@
+"""Talking to Mooncake Store's client (``mooncake.store``): its error codes, what they mean,
+reaching its master, and the environment its setup reads."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+from kvtier.io.result import IOResult, IOStatus
+
+# Mooncake's error codes (mooncake-store's ErrorCode), as its client returns them
+NO_SPACE, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL, RPC_FAIL, RPC_TIMEOUT = \
+    -200, -600, -704, -800, -900, -901
+CODE_NAMES = {-1: "INTERNAL_ERROR", -10: "BUFFER_OVERFLOW", -101: "SEGMENT_NOT_FOUND",
+              NO_SPACE: "NO_AVAILABLE_HANDLE", -400: "INVALID_KEY", INVALID_PARAMS: "INVALID_PARAMS",
+              -703: "REPLICA_IS_NOT_READY", NOT_FOUND: "OBJECT_NOT_FOUND",
+              -705: "OBJECT_ALREADY_EXISTS", -706: "OBJECT_HAS_LEASE", -707: "LEASE_EXPIRED",
+              -710: "REPLICA_NOT_FOUND", -712: "REPLICA_IS_GONE", TRANSFER_FAIL: "TRANSFER_FAIL",
+              RPC_FAIL: "RPC_FAIL", RPC_TIMEOUT: "RPC_TIMEOUT",
+              -1010: "UNAVAILABLE_IN_CURRENT_STATUS"}
+GONE = frozenset((-703, NOT_FOUND, -707, -710, -712))  # not held (or not yet, or evicted meanwhile)
+STORED = frozenset((0, -705))  # a put of a key the store holds already leaves that value
+
+SETUP_LOCK = threading.Lock()  # clients set up one at a time: they read the environment
+
+
+def code_name(code: int) -> str:
+    return f"{CODE_NAMES.get(code, 'error')} ({code})"
+
+
+def put_result(code: int, raw_bytes: int) -> IOResult:
+    """What a put's answer ``code`` means for one chunk."""
+    if code in STORED:
+        return IOResult(IOStatus.OK, raw_bytes)
+    status = IOStatus.NO_SPACE if code == NO_SPACE else IOStatus.IO_ERROR
+    return IOResult(status, 0, f"put: {code_name(code)}")
+
+
+def unreachable(what: str, code: int) -> OSError | None:
+    """The failure ``code`` means when the master did not answer; None for other codes."""
+    if code == RPC_TIMEOUT:
+        return TimeoutError(f"{what}: the master did not answer in time ({code_name(code)})")
+    if code == RPC_FAIL:
+        return ConnectionError(f"{what}: the master is unreachable ({code_name(code)})")
+    return None
+
+
+def reachable(master: str, timeout_s: float) -> None:
+    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection within ``timeout_s``."""
+    host, _, port = master.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        raise TimeoutError(f"master {master} did not take a connection within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise ConnectionError(f"master {master} is unreachable: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def unset_only(environ: MutableMapping[str, str], values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``environ`` for a while, each where the operator set nothing."""
+    added = [name for name in values if name not in environ]
+    for name in added:
+        environ[name] = values[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            environ.pop(name, None)
+
+
+def local_address(master: str) -> str:
+    """The local address that routes to ``master`` (``host:port``): peers reach us there."""
+    host, _, port = master.rpartition(":")
+    with contextlib.suppress(OSError), socket.socket(
+            socket.AF_INET6 if host.startswith("[") else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host.strip("[]"), int(port)))  # a datagram socket: nothing is sent
+        return str(s.getsockname()[0])
+    return socket.gethostname()
+
+
+def client_module() -> Any:
+    try:
+        import mooncake.store
+    except ImportError:
+        raise ImportError("the Mooncake remote tier needs the Mooncake Store client: pip "
+                          "install 'kvtier[mooncake]' (or mooncake-transfer-engine-non-cuda)") from None
+    return mooncake.store
