@@ -10,11 +10,13 @@ For each chunk size: ``put`` 2 GiB of prefixes (``--prefix-tokens`` each, 2048 b
 cache dropped, and ``get`` every prefix into the caller's tensor, reused from get to get as a
 serving engine reuses its buffers (every byte checked): into a tensor from ``store.empty_kv``
 (disk chunks read straight into it; "cores" is how many of the machine's cores were busy
-meanwhile), then after another restart the same with payload checksums off (what verifying
-costs), then after a third into a plain torch tensor (read through host slots). Against fio's
-best read and write on the same directory with I/Os of the chunk's size (over libaio and
-psync, queue depths 1 to 32). Host only: the same prefixes put and got with every chunk in
-host memory, against ``numpy.copyto`` of the same bytes into and out of memory the size of
+meanwhile, "CPU" this process's CPU seconds per GiB), then after another restart the same
+with payload checksums off (what verifying costs), then after a third into a plain torch
+tensor (read through host slots). Against fio's best read and write on the same directory
+with I/Os of the chunk's size (over libaio and psync, queue depths 1 to 32), and against the
+floor for any Python reader here (the same reads with nothing else:
+``kvtier/bench/bare_reads.py``). Host only: the same prefixes put and got with every chunk
+in host memory, against ``numpy.copyto`` of the same bytes into and out of memory the size of
 the store's host slots. Best of ``--passes``.
 """
 
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 from kvtier import KVLayout, KVStore
+from kvtier.bench.bare_reads import bare_read_bandwidth
 from kvtier.bench.fio import fio_bandwidth, have_fio
 from kvtier.bench.naive import drop_page_cache
 from kvtier.config_values import parse_size
@@ -69,17 +72,21 @@ def put_all(store: KVStore, work: Workload) -> float:
     return time.perf_counter() - start
 
 
-def get_all(store: KVStore, work: Workload, out: torch.Tensor | None = None) -> float:
+def get_all(store: KVStore, work: Workload, out: torch.Tensor | None = None) -> tuple[float, float]:
+    """Seconds in ``get`` over every prefix, and this process's CPU seconds meanwhile (each
+    prefix checked between the gets, untimed)."""
     out = work.out if out is None else out
-    seconds = 0.0
+    seconds = cpu = 0.0
     for i in range(work.count):
-        start = time.perf_counter()
+        start, before = time.perf_counter(), os.times()
         got = store.get(work.tokens(i), out)
         seconds += time.perf_counter() - start
+        after = os.times()
+        cpu += after.user - before.user + after.system - before.system
         assert got == work.prefix_tokens, f"prefix {i}: {got} of {work.prefix_tokens} tokens"
         assert torch.equal(out.view(torch.int16), work.kv.view(torch.int16)), "wrong bytes"
         out.view(torch.int16).fill_(0)  # the next get must fill it again
-    return seconds
+    return seconds, cpu
 
 
 class Busy:
@@ -88,6 +95,7 @@ class Busy:
 
     def __init__(self) -> None:
         self.cores = 0.0
+
 
     @staticmethod
     def _ticks() -> tuple[int, int]:
@@ -105,22 +113,24 @@ class Busy:
         self.cores = (total - total0 - (idle - idle0)) / os.sysconf("SC_CLK_TCK") / wall
 
 
-def get_after_restart(work: Workload, cfg: dict, direct: bool, verify: bool = True) -> tuple[float, float]:
+def get_after_restart(work: Workload, cfg: dict, direct: bool,
+                      verify: bool = True) -> tuple[float, float, float]:
     """GiB/s of getting every prefix from a new store on the same directory (page cache
-    dropped), and the cores busy meanwhile."""
+    dropped), the cores busy meanwhile, and this process's CPU seconds per GiB."""
     drop_page_cache()
     with KVStore(LAYOUT, cfg, model="bench") as store:
         out = store.empty_kv(work.prefix_tokens) if direct else None
         if store.disk is not None:
             store.disk.verify_payload = verify
         with Busy() as busy:
-            seconds = get_all(store, work, out)
-    return work.bytes / 2**30 / seconds, busy.cores
+            seconds, cpu = get_all(store, work, out)
+    return work.bytes / 2**30 / seconds, busy.cores, cpu / (work.bytes / 2**30)
 
 
 def disk_pass(work: Workload, root: Path) -> tuple[float, ...]:
-    """GiB/s of put + flush; of get after a restart into a tensor from ``empty_kv`` and the
-    cores busy meanwhile; the same unverified; and get into a plain torch tensor."""
+    """GiB/s of put + flush; of get after a restart into a tensor from ``empty_kv``, the
+    cores busy and CPU per GiB meanwhile; the same unverified; and get into a plain torch
+    tensor."""
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     cfg = work.config(512 * 2**20, root)
@@ -130,10 +140,10 @@ def disk_pass(work: Workload, root: Path) -> tuple[float, ...]:
         flushed = store.flush()
         put_s = time.perf_counter() - start
         assert flushed, flushed
-    get, cores = get_after_restart(work, cfg, direct=True)
-    unverified, _ = get_after_restart(work, cfg, direct=True, verify=False)
-    plain, _ = get_after_restart(work, cfg, direct=False)
-    return work.bytes / 2**30 / put_s, get, cores, unverified, plain
+    get, cores, cpu = get_after_restart(work, cfg, direct=True)
+    unverified, _, _ = get_after_restart(work, cfg, direct=True, verify=False)
+    plain, _, _ = get_after_restart(work, cfg, direct=False)
+    return work.bytes / 2**30 / put_s, get, cores, cpu, unverified, plain
 
 
 def host_pass(work: Workload) -> tuple[float, float, float, float]:
@@ -144,7 +154,7 @@ def host_pass(work: Workload) -> tuple[float, float, float, float]:
         put_all(store, work)  # the first pass faults the host slots in
     with KVStore(LAYOUT, cfg, model="bench") as store:
         put_s = put_all(store, work)
-        get_s = get_all(store, work)
+        get_s, _ = get_all(store, work)
     src = work.kv.view(torch.uint8).numpy().reshape(-1)
     out = work.out.view(torch.uint8).numpy().reshape(-1)
     pool = np.ones((work.count, src.size), dtype=np.uint8)  # touched: faulted in
@@ -172,25 +182,31 @@ def fio_best(directory: Path, chunk_bytes: int, total: int) -> tuple[float | Non
 def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_tokens: int) -> dict:
     work = Workload(chunk_bytes, total, prefix_tokens)
     root = directory / "kvtier-bench-store"
-    best = dict.fromkeys(["put_flush", "get", "get_cores", "get_unverified", "get_plain", "host_put",
-                          "host_get", "copyto_in", "copyto_out"], 0.0)
+    best = dict.fromkeys(["put_flush", "get", "get_cores", "get_cpu_per_gib", "get_unverified",
+                          "get_plain", "host_put", "host_get", "copyto_in", "copyto_out"], 0.0)
+    during_best_get = ("get_cores", "get_cpu_per_gib")
     try:
         for _ in range(passes):
             figures = dict(zip(best, (*disk_pass(work, root), *host_pass(work)), strict=True))
             if figures["get"] > best["get"]:  # the cores busy during the best get
-                best["get_cores"] = figures["get_cores"]
+                best.update({name: figures[name] for name in during_best_get})
             for name, value in figures.items():
-                if name != "get_cores":
+                if name not in during_best_get:
                     best[name] = max(best[name], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     fio_write, fio_read = fio_best(directory, chunk_bytes, work.bytes)
+    bare = max(bare_read_bandwidth(directory, chunk_bytes, work.bytes, rows=2 * LAYOUT.num_layers,
+                                   prefix_bytes=work.prefix_tokens * LAYOUT.token_bytes)
+               for _ in range(passes))
     row: dict = {"chunk_bytes": chunk_bytes, "bytes": work.bytes, "prefix_tokens": work.prefix_tokens, **best,
-                 "fio_write": fio_write, "fio_read": fio_read}
+                 "fio_write": fio_write, "fio_read": fio_read, "bare_read": bare.gib_s,
+                 "bare_cpu_per_gib": bare.cpu_per_gib, "get_vs_bare": best["get"] / bare.gib_s}
     if fio_write and fio_read:
         row["put_flush_vs_fio"], row["get_vs_fio"] = best["put_flush"] / fio_write, best["get"] / fio_read
         row["get_plain_vs_fio"] = best["get_plain"] / fio_read
         row["get_unverified_vs_fio"] = best["get_unverified"] / fio_read
+        row["bare_read_vs_fio"] = bare.gib_s / fio_read
     row["host_put_vs_copyto"] = best["host_put"] / best["copyto_in"]
     row["host_get_vs_copyto"] = best["host_get"] / best["copyto_out"]
     return row
@@ -201,13 +217,16 @@ def print_table(rows: list[dict]) -> None:
         return f"{r[name]:.2f}" if name in r else "-"
 
     print("| chunk | put+flush GiB/s | fio write | put+flush/fio | get GiB/s | cores | fio read "
-          "| get/fio | unverified/fio | plain tensor/fio | host put/copyto | host get/copyto |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| get/fio | unverified/fio | plain tensor/fio | bare Python read/fio | get/bare "
+          "| CPU s/GiB get, bare | host put/copyto | host get/copyto |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['chunk_bytes'] >> 20} MiB | {r['put_flush']:.2f} | {r['fio_write'] or 0:.2f} | "
               f"{ratio(r, 'put_flush_vs_fio')} | {r['get']:.2f} | {r['get_cores']:.1f} | "
               f"{r['fio_read'] or 0:.2f} | {ratio(r, 'get_vs_fio')} | {ratio(r, 'get_unverified_vs_fio')} | "
-              f"{ratio(r, 'get_plain_vs_fio')} | {r['host_put_vs_copyto']:.2f} | "
+              f"{ratio(r, 'get_plain_vs_fio')} | {ratio(r, 'bare_read_vs_fio')} | "
+              f"{r['get_vs_bare']:.2f} | {r['get_cpu_per_gib']:.2f}, {r['bare_cpu_per_gib']:.2f} | "
+              f"{r['host_put_vs_copyto']:.2f} | "
               f"{r['host_get_vs_copyto']:.2f} |")
 
 

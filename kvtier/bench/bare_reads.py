@@ -1,0 +1,112 @@
+"""The floor for any Python reader of chunks: the reads a ``get`` does, with nothing else.
+
+One file of chunks laid out as kvtier's slots are (a 4 KiB header block, then the payload),
+read back O_DIRECT by a few threads, runs of neighbouring chunks one ``preadv`` each, every
+payload scattered over its rows of a prefix buffer (a KV tensor's layers, K and V, as a
+``get`` into ``empty_kv`` scatters it) and, checked, hashed with XXH3 as kvtier checks it.
+No index, no pinning, no futures: what is left between this and fio is the cost of doing
+the I/O and the check from Python on this machine; what is left between a ``KVStore.get`` and
+this is kvtier's.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import xxhash
+
+from kvtier.bench.naive import drop_page_cache
+
+HEADER = 4096  # a slot's header block
+
+
+class BareRead(NamedTuple):
+    gib_s: float  # GiB/s read
+    cpu_per_gib: float  # seconds of this process's CPU (user and system) per GiB read
+
+
+def bare_read_bandwidth(directory: Path, chunk_bytes: int, total: int, rows: int,
+                        prefix_bytes: int, threads: int = 4, run: int = 8,
+                        verify: bool = True) -> BareRead:
+    """GiB/s (and CPU per GiB) of reading ``total`` bytes of ``chunk_bytes`` chunks (page cache dropped) into
+    a reused buffer of ``prefix_bytes``, each chunk's payload over ``rows`` rows (``rows``
+    divides ``chunk_bytes``, each row a whole number of pages), ``run`` chunks a call on each
+    of ``threads`` threads; with ``verify``, each payload hashed."""
+    row = chunk_bytes // rows
+    if row * rows != chunk_bytes or row % mmap.PAGESIZE or prefix_bytes % chunk_bytes:
+        raise ValueError(f"{rows} rows of a {chunk_bytes}-byte chunk in a {prefix_bytes}-byte "
+                         "prefix: each row must be whole pages and the prefix whole chunks")
+    stride, count = HEADER + chunk_bytes, max(1, total // chunk_bytes)
+    path = directory / "kvtier-bare-reads.dat"
+    _lay_out(path, stride, count)
+    try:
+        drop_page_cache()
+        out = mmap.mmap(-1, prefix_bytes)
+        out.write(b"\1" * prefix_bytes)  # faulted in, as a reused tensor is
+        per_prefix, plane = prefix_bytes // chunk_bytes, prefix_bytes // rows
+        view = memoryview(out)
+        claimed, lock, errors = [0], threading.Lock(), []
+
+        def reader() -> None:
+            try:
+                read_runs()
+            except BaseException as exc:  # the run's figure would be wrong: raised below
+                errors.append(exc)
+
+        def read_runs() -> None:
+            headers = memoryview(mmap.mmap(-1, HEADER * run))
+            while True:
+                with lock:
+                    first = claimed[0]
+                    claimed[0] += run
+                if first >= count:
+                    return
+                pieces = []
+                for j in range(min(run, count - first)):
+                    at = (first + j) % per_prefix * row
+                    pieces.append([view[r * plane + at:r * plane + at + row] for r in range(rows)])
+                iov = [b for j, p in enumerate(pieces) for b in (headers[j * HEADER:(j + 1) * HEADER], *p)]
+                if os.preadv(fd, iov, first * stride) != len(pieces) * stride:
+                    raise OSError(f"{path}: short read at chunk {first}")
+                for p in pieces if verify else ():
+                    digest = xxhash.xxh3_64()
+                    for piece in p:
+                        digest.update(piece)
+                    digest.intdigest()
+
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            start, cpu = time.perf_counter(), os.times()
+            workers = [threading.Thread(target=reader) for _ in range(threads)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            seconds, after = time.perf_counter() - start, os.times()
+        finally:
+            os.close(fd)
+        if errors:
+            raise errors[0]
+        gib = count * chunk_bytes / 2**30
+        return BareRead(gib / seconds, (after.user - cpu.user + after.system - cpu.system) / gib)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _lay_out(path: Path, stride: int, count: int) -> None:
+    """Write ``count`` slots of ``stride`` bytes (O_DIRECT: on the device, not in cache)."""
+    group = max(1, (8 << 20) // stride)
+    buffer = mmap.mmap(-1, group * stride)
+    buffer.write(os.urandom(256) * (group * stride // 256))
+    fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_DIRECT, 0o600)
+    try:
+        for first in range(0, count, group):
+            n = min(group, count - first)
+            os.pwritev(fd, [memoryview(buffer)[:n * stride]], first * stride)
+    finally:
+        os.close(fd)
