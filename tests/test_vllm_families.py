@@ -3,10 +3,11 @@ manager left on: Gemma-3-style (sliding-window layers, a 256-token window, alter
 full-attention ones: two KV cache groups), Mistral-style (a sliding window on every layer),
 DeepSeek-V2-style MLA (one latent page per layer and block) and Llama-4-style chunked local
 attention (a 512-token attention chunk on three layers of four, the fourth global: four
-groups). A hit loads what vLLM keeps for each group (a sliding-window group keeps only the
-blocks in its window, a chunked local one those of the current attention chunk), and from disk
-reads only those groups' parts of a chunk (none where no group keeps a block); outputs are
-compared in float32 against the same engine without kvtier."""
+groups; scripts/vllm_run.py keeps vLLM's hybrid KV cache manager on for it). A hit loads
+what vLLM keeps for each group (a sliding-window group keeps only the blocks in its window,
+a chunked local one those of the current attention chunk), and from disk reads only those
+groups' parts of a chunk (none where no group keeps a block); outputs are compared in
+float32 against the same engine without kvtier."""
 
 import json
 
@@ -32,8 +33,6 @@ BURST = prompts(12, 6, 700, shared=520)  # together, overlapping prefixes
 GROUPS = {"gemma3": ["FullAttentionSpec", "SlidingWindowSpec"], "mistral": ["SlidingWindowSpec"],
           "deepseek": ["MLAAttentionSpec"],
           "llama4": ["ChunkedLocalAttentionSpec"] * 3 + ["FullAttentionSpec"]}
-# vLLM turns its hybrid KV cache manager off for chunked local attention unless told not to
-ENV = {"llama4": {"VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE": "1"}}
 # models with prompt tails (one KV cache group, no window: a hit is all but the last token);
 # the others hit whole chunks
 TAILS = {"gemma3": False, "mistral": False, "deepseek": True, "llama4": False}
@@ -52,16 +51,14 @@ def runs(request, tmp_path_factory):
     disk = work / "disk"
     disk.mkdir(mode=0o700)
     extra = disk_extra(disk, CHUNK)
-    env = ENV.get(family)
     baseline = run_engine(spec(model, phases=[phase(SHARED), phase(BURST, together=True)]),
-                          work, "baseline", env=env)
+                          work, "baseline")
     first = run_engine(spec(model, "kvtier", extra, [phase(SHARED), phase(SHARED),
                                                     phase(BURST, together=True),
-                                                    phase(BURST, together=True)]), work, "first",
-                       env=env)
-    restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart", env=env)
+                                                    phase(BURST, together=True)]), work, "first")
+    restart = run_engine(spec(model, "kvtier", extra, [phase(SHARED)]), work, "restart")
     return {"family": family, "work": work, "model": model, "disk": disk, "extra": extra,
-            "env": env, "baseline": baseline, "first": first, "restart": restart}
+            "baseline": baseline, "first": first, "restart": restart}
 
 
 def tokens(run, index):
@@ -116,7 +113,7 @@ def test_disk_hits_after_a_restart_give_the_same_outputs(runs):
 def test_a_chunk_corrupted_on_disk_is_recomputed(runs):
     corrupt_every_slot(runs["disk"])  # every stored chunk: all must be caught
     after = run_engine(spec(runs["model"], "kvtier", runs["extra"], [phase(SHARED)]),
-                       runs["work"], "corrupt", env=runs["env"])
+                       runs["work"], "corrupt")
     assert tokens(after, 0) == tokens(runs["baseline"], 0)
     assert after["kvtier"]["load_failed_chunks"] >= 1
 

@@ -33,16 +33,17 @@ class BareRead(NamedTuple):
 def bare_read_bandwidth(directory: Path, chunk_bytes: int, total: int, rows: int,
                         prefix_bytes: int, threads: int = 4, run: int = 8,
                         verify: bool = True) -> BareRead:
-    """GiB/s (and CPU per GiB) of reading ``total`` bytes of ``chunk_bytes`` chunks (page cache dropped) into
-    a reused buffer of ``prefix_bytes``, each chunk's payload over ``rows`` rows (``rows``
-    divides ``chunk_bytes``, each row a whole number of pages), ``run`` chunks a call on each
-    of ``threads`` threads; with ``verify``, each payload hashed."""
+    """GiB/s (and CPU per GiB) of reading ``total`` bytes of ``chunk_bytes`` chunks (page
+    cache dropped) into a reused buffer of ``prefix_bytes``, each chunk's payload over
+    ``rows`` rows (``rows`` divides ``chunk_bytes``, each row a whole number of pages), ``run``
+    chunks a call on each of ``threads`` threads; with ``verify``, each payload hashed."""
     row = chunk_bytes // rows
     if row * rows != chunk_bytes or row % mmap.PAGESIZE or prefix_bytes % chunk_bytes:
         raise ValueError(f"{rows} rows of a {chunk_bytes}-byte chunk in a {prefix_bytes}-byte "
                          "prefix: each row must be whole pages and the prefix whole chunks")
     stride, count = HEADER + chunk_bytes, max(1, total // chunk_bytes)
     path = directory / "kvtier-bare-reads.dat"
+    path.unlink(missing_ok=True)  # a run killed before its clean-up (a link: the link)
     _lay_out(path, stride, count)
     try:
         drop_page_cache()
@@ -79,7 +80,7 @@ def bare_read_bandwidth(directory: Path, chunk_bytes: int, total: int, rows: int
                         digest.update(piece)
                     digest.intdigest()
 
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_NOFOLLOW)
         try:
             start, cpu = time.perf_counter(), os.times()
             workers = [threading.Thread(target=reader) for _ in range(threads)]
@@ -103,7 +104,7 @@ def _lay_out(path: Path, stride: int, count: int) -> None:
     group = max(1, (8 << 20) // stride)
     buffer = mmap.mmap(-1, group * stride)
     buffer.write(os.urandom(256) * (group * stride // 256))
-    fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY | os.O_DIRECT, 0o600)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_DIRECT | os.O_NOFOLLOW, 0o600)
     try:
         for first in range(0, count, group):
             n = min(group, count - first)
