@@ -141,9 +141,6 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_cache_gib", 1)))
-    # vLLM turns its hybrid KV cache manager off for chunked local attention (Llama 4)
-    # unless told not to; every other model is left as it is
-    os.environ.setdefault("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "1")
     from vllm import LLM
 
     kwargs = {}

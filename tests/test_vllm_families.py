@@ -3,7 +3,7 @@ manager left on: Gemma-3-style (sliding-window layers, a 256-token window, alter
 full-attention ones: two KV cache groups), Mistral-style (a sliding window on every layer),
 DeepSeek-V2-style MLA (one latent page per layer and block) and Llama-4-style chunked local
 attention (a 512-token attention chunk on three layers of four, the fourth global: four
-groups; scripts/vllm_run.py keeps vLLM's hybrid KV cache manager on for it). A hit loads
+groups: vLLM 0.32 keeps its hybrid KV cache manager on for it by default). A hit loads
 what vLLM keeps for each group (a sliding-window group keeps only the blocks in its window,
 a chunked local one those of the current attention chunk), and from disk reads only those
 groups' parts of a chunk (none where no group keeps a block); outputs are compared in

@@ -305,5 +305,3 @@ class MooncakeTier(RemoteTier):
         if client is not None:
             with contextlib.suppress(Exception):  # a master gone: nothing more to release
                 client.close()
-
-
