@@ -28,8 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
-import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,6 +39,9 @@ from kvtier.config import load_config
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import NULL_BLOCK, ChunkLoad, ChunkStore, RequestLoad, StepPlan
 from kvtier.connector.worker import WorkerSide
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.redis_server import RedisServer
 
 HIDDEN, BLOCK, CHUNK, WINDOW, LAYERS = 8 * 128, 16, 256, 1024, 24
 SHAPES = {"hybrid": (("full",) + ("sliding1024",) * 5, (4,) * 6),
@@ -53,44 +55,13 @@ def geometry(kind: str) -> KVGeometry:
                       group_kinds=kinds)
 
 
-class Redis:
-    """A redis-server on a free loopback port, stopped on exit."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("--remote needs redis-server: apt-get install -y redis-server")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--protected-mode", "yes", "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                break
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("redis-server did not start") from None
-                time.sleep(0.05)
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def sent(self) -> int:
-        import redis
-
-        return int(redis.Redis(port=self.port).info("stats")["total_net_output_bytes"])
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=20)
+def bytes_sent(server: RedisServer) -> int:
+    """The server's own count of the bytes it has sent to clients."""
+    return int(server.client().info("stats")["total_net_output_bytes"])
 
 
 def worker(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
-           remote: Redis | None = None) -> WorkerSide:
+           remote: RedisServer | None = None) -> WorkerSide:
     extra = {"remote_url": remote.url, "remote_timeout": "30s"} if remote is not None else {}
     config = load_config({"chunk_tokens": CHUNK, "host_capacity": chunks * (geo.chunk_bytes + 4096),
                           "disk_paths": [str(root)], "disk_capacity": chunks * (
@@ -121,7 +92,7 @@ def stored_ids(geo: KVGeometry, chunk: int) -> tuple[int, ...]:
 
 
 def store_all(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
-              remote: Redis | None) -> None:
+              remote: RedisServer | None) -> None:
     side = worker(geo, root, chunks, kv, remote)
     side.save(StepPlan(stores=[ChunkStore(key(c), stored_ids(geo, c), c, disk_slot=c,
                                           remote=remote is not None) for c in range(chunks)]))
@@ -138,7 +109,7 @@ def store_all(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
 
 
 def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
-         in_part: bool, remote: Redis | None) -> tuple[float, int]:
+         in_part: bool, remote: RedisServer | None) -> tuple[float, int]:
     """(seconds, bytes read) of one request's hit of every chunk."""
     side = worker(geo, root, chunks, kv, remote)
     end = chunks * CHUNK
@@ -152,7 +123,7 @@ def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
             where = {"remote": True} if remote is not None else {"disk_slot": c}
             loads.append(ChunkLoad(key(c), ids, 0, host_slot=c, parts=parts, **where))
     request = RequestLoad("hit", tuple(loads), asynchronous=True)
-    sent = remote.sent() if remote is not None else 0
+    sent = bytes_sent(remote) if remote is not None else 0
     start = time.perf_counter()
     side.start_loads(StepPlan(loads=[request]))
     while "hit" not in side.finished():
@@ -162,7 +133,7 @@ def load(geo: KVGeometry, root: Path, chunks: int, kv: list[torch.Tensor],
     stats = side.stats()
     assert side.close()
     if remote is not None:
-        return seconds, remote.sent() - sent
+        return seconds, bytes_sent(remote) - sent
     return seconds, stats.data["disk_read_bytes"] if stats else 0
 
 
@@ -191,7 +162,7 @@ def measure(directory: Path, kind: str, tokens: int, passes: int, remote: bool) 
     target = [torch.zeros_like(t) for t in source]
     root = directory / "kvtier-bench-window"
     best: dict[bool, tuple[float, int]] = {}
-    server = Redis(directory / "kvtier-bench-redis") if remote else None
+    server = RedisServer(directory / "kvtier-bench-redis").start() if remote else None
     try:
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)

@@ -1,5 +1,6 @@
-"""A real redis-server for the remote tier's tests: on 127.0.0.1 only, no persistence, a
-free port, started and stopped (and restarted on the same port) by the tests."""
+"""A real redis-server for the remote tier's tests and benchmarks: on 127.0.0.1 only, no
+persistence, a free port, started and stopped (and restarted on the same port) by the
+tests, and killed with the process that started it however that process dies."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.subprocesses import die_with_parent
 
 BINARY = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(BINARY is None, reason="redis-server is not installed "
@@ -77,7 +80,7 @@ class RedisServer:
             [BINARY, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
              "--appendonly", "no", "--protected-mode", "yes", "--dir", str(self.workdir),
              "--logfile", str(self.workdir / "redis.log"), *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent)
         deadline = time.monotonic() + 20
         while True:
             try:
