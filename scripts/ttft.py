@@ -6,6 +6,7 @@ ExampleConnector, each in its own engine process, all in one run; LMCache as a p
     python scripts/ttft.py --peers lmcache       # also LMCache (venv: scripts/peers/setup_lmcache.sh)
     python scripts/ttft.py --model mid --family gemma3   # a hybrid model (HMA on for kvtier)
     python scripts/ttft.py --model mid --lengths 8192 --remote   # also the remote tier (redis)
+    python scripts/ttft.py --model mid --lengths 8192 --arms kvtier-disk --remote  # some arms only
 
 Modes (same prompts, same thread binding, vLLM's own prefix cache off so that a repeat is
 served by the connector or recomputed; before each disk-hit run, the connector's files are
@@ -28,6 +29,8 @@ dropped from the page cache so that every connector really reads the disk):
   recompute mp     no connector, in LMCache's venv with vLLM's multiprocessing on as the
                    LMCache arms need (the other arms run in one process): their baseline
 TTFT is timed as a request for one output token. Ratios are to recompute, in this run.
+``--arms`` picks the arms that run (recompute always does; "kvtier disk" and "kvtier shared"
+load what "kvtier host" stored, so it runs with them); ``--remote`` and ``--peers`` add theirs.
 """
 
 from __future__ import annotations
@@ -129,6 +132,21 @@ def remote_arm(base: dict, extra: dict, once: list, warm: list, work: Path, thre
         server.stop()
 
 
+# the arms ``--arms`` chooses from (recompute always runs), and the arms each one needs
+ARMS = ("vllm-prefix", "kvtier-host", "kvtier-disk", "kvtier-shared", "example")
+NEEDS = {"kvtier-disk": "kvtier-host", "kvtier-shared": "kvtier-host"}
+
+
+def chosen_arms(text: str) -> set[str]:
+    """The arms named in ``text`` (comma-separated) and those they need."""
+    arms = {arm.strip() for arm in text.split(",") if arm.strip()}
+    unknown = sorted(arms - set(ARMS))
+    if unknown:
+        raise ValueError(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(ARMS)} (recompute always runs)")
+    return arms | {NEEDS[arm] for arm in arms if arm in NEEDS}
+
+
 # (mode, run name, phase of the hit; None: a baseline, the faster of its two runs)
 MODES = [("recompute", "recompute", None), ("vllm prefix cache", "vllm-prefix", 1),
          ("kvtier host", "kvtier-host", 1),
@@ -200,8 +218,15 @@ def main() -> None:
                         help=f"LMCache's venv (built by {lmcache.SETUP})")
     parser.add_argument("--remote", action="store_true",
                         help="also the remote tier's arm (starts a redis-server on loopback)")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"the arms to run, of {','.join(ARMS)} (default: all of them; "
+                             "recompute always runs)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    try:
+        arms = chosen_arms(args.arms)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     console = Console()
     peer_python = lmcache_python(args.lmcache_venv) if args.peers == "lmcache" else None
@@ -229,26 +254,32 @@ def main() -> None:
     try:
         console.print("[dim]recompute[/dim]")
         runs["recompute"] = run({**base, "phases": once * 2}, work, "recompute", args.threads)
-        console.print("[dim]vLLM's own prefix cache: the second run hits it[/dim]")
-        runs["vllm-prefix"] = run({**base, "prefix_caching": True, "phases": once * 2}, work,
-                                  "vllm-prefix", args.threads)
-        console.print("[dim]kvtier: store, then host hits[/dim]")
-        runs["kvtier-host"] = run({**base, "connector": "kvtier", "extra": extra, "phases": once * 2},
-                                  work, "kvtier-host", args.threads)
-        console.print("[dim]kvtier: new process, disk hits[/dim]")
-        drop_page_cache(disk)
-        runs["kvtier-disk"] = run({**base, "connector": "kvtier", "extra": extra,
-                                   "phases": warm + once}, work, "kvtier-disk", args.threads)
-        console.print("[dim]kvtier: another engine on the directory, hits in the first's segment[/dim]")
-        drop_page_cache(disk)
-        runs["kvtier-shared"] = run({**base, "connector": "kvtier",
-                                     "extra": {**extra, "instance_id": "ttft-other"},
-                                     "phases": warm + once}, work, "kvtier-shared", args.threads)
-        console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
-        ex = {**base, "connector": "example", "extra": {"path": str(example)}}
-        run({**ex, "phases": once}, work, "example-store", args.threads)
-        drop_page_cache(example)
-        runs["example-load"] = run({**ex, "phases": warm + once}, work, "example-load", args.threads)
+        if "vllm-prefix" in arms:
+            console.print("[dim]vLLM's own prefix cache: the second run hits it[/dim]")
+            runs["vllm-prefix"] = run({**base, "prefix_caching": True, "phases": once * 2}, work,
+                                      "vllm-prefix", args.threads)
+        kvtier = {**base, "connector": "kvtier", "extra": extra}
+        if "kvtier-host" in arms:
+            console.print("[dim]kvtier: store, then host hits[/dim]")
+            runs["kvtier-host"] = run({**kvtier, "phases": once * 2}, work, "kvtier-host", args.threads)
+        if "kvtier-disk" in arms:
+            console.print("[dim]kvtier: new process, disk hits[/dim]")
+            drop_page_cache(disk)
+            runs["kvtier-disk"] = run({**kvtier, "phases": warm + once}, work, "kvtier-disk",
+                                      args.threads)
+        if "kvtier-shared" in arms:
+            console.print("[dim]kvtier: another engine on the directory, hits in the first's "
+                          "segment[/dim]")
+            drop_page_cache(disk)
+            runs["kvtier-shared"] = run({**kvtier, "extra": {**extra, "instance_id": "ttft-other"},
+                                         "phases": warm + once}, work, "kvtier-shared", args.threads)
+        if "example" in arms:
+            console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
+            ex = {**base, "connector": "example", "extra": {"path": str(example)}}
+            run({**ex, "phases": once}, work, "example-store", args.threads)
+            drop_page_cache(example)
+            runs["example-load"] = run({**ex, "phases": warm + once}, work, "example-load",
+                                       args.threads)
         if args.remote:
             runs["kvtier-remote"] = remote_arm(base, extra, once, warm, work, args.threads, console)
         if peer_python is not None:
@@ -267,8 +298,13 @@ def main() -> None:
                 print(f"  {line}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        result = {"model": name, "kv_cache_groups": runs["kvtier-host"].get("kv_cache_groups"),
-                  "rows": rows, "kvtier_disk_counters": runs["kvtier-disk"]["kvtier"]}
+        kvtier_run = next((runs[n] for n in ("kvtier-host", "kvtier-remote") if n in runs), {})
+        result = {"model": name, "kv_cache_groups": kvtier_run.get("kv_cache_groups"),
+                  "rows": rows, "arms": sorted(runs)}
+        for counters, arm in (("kvtier_disk_counters", "kvtier-disk"),
+                              ("kvtier_remote_counters", "kvtier-remote")):
+            if arm in runs:
+                result[counters] = runs[arm].get("kvtier")
         if peer:
             result.update({"notes": PEER_NOTES, "lmcache_logs": peer["logs"],
                            "lmcache_retrieved_tokens": peer["retrieved"]})
