@@ -12,6 +12,10 @@
    per head), with a sliding-window load that skips vLLM's null block, every byte compared,
    and each layout's gather bandwidth.
 Exits 2 with a message on a machine without a GPU.
+
+``--device cpu --small`` runs the same checks on the CPU (no pinning, no side streams) at a
+size that takes seconds: the tests run it, so the script itself is known to work before a
+GPU machine's scarce time is spent on it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,13 +35,39 @@ from kvtier.connector.pages import PagedKV
 from kvtier.tiers.host import HostTier
 
 
-def store_round_trip() -> dict:
-    layout = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
-    config = {"chunk_tokens": 256, "gpu_capacity": "256MiB", "host_capacity": "1GiB"}
+@dataclass(frozen=True)
+class Sizes:
+    """The shapes each check uses: a GPU's, or ``SMALL`` for a dry run on the CPU."""
+
+    store_layers: int = 32  # the round trip: Llama-3-8B's layout, 8 chunks of 32 MiB
+    store_kv_heads: int = 8
+    pages_layers: int = 32  # the paged cache of the gather/scatter check
+    pages_blocks: int = 4096
+    pages_hidden: int = 1024
+    layouts_layers: int = 32  # each KV cache layout's cache
+    layouts_blocks: int = 1024
+    rounds: int = 20  # timed rounds of the bandwidth figures
+
+
+SMALL = Sizes(store_layers=2, store_kv_heads=2, pages_layers=4, pages_blocks=256,
+              pages_hidden=128, layouts_layers=4, layouts_blocks=256, rounds=2)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def store_round_trip(device: torch.device, sizes: Sizes) -> dict:
+    layout = KVLayout(num_layers=sizes.store_layers, kv_heads=sizes.store_kv_heads,
+                      head_size=128, dtype="bfloat16")
+    total = 8 * 256 * layout.token_bytes  # 8 chunks, half of them demoted to host memory
+    config = {"chunk_tokens": 256, "gpu_capacity": total // 2, "host_capacity": 4 * total}
     with KVStore(layout, config, model="gpu-check") as store:
-        assert store.tiers["gpu"].device.type == "cuda" and store.tiers["host"].pinned
-        tokens = list(range(8 * 256))  # 8 chunks of 32 MiB: 256 MiB, demotes to host
-        kv = torch.randn(layout.shape(len(tokens)), dtype=torch.bfloat16, device="cuda")
+        assert store.tiers["gpu"].device.type == device.type, store.tiers["gpu"].device
+        assert store.tiers["host"].pinned or device.type != "cuda", "host slots are not pinned"
+        tokens = list(range(8 * 256))
+        kv = torch.randn(layout.shape(len(tokens)), dtype=torch.bfloat16, device=device)
         stored = store.put(tokens, kv)
         out = torch.empty_like(kv)
         loaded = store.get(tokens, out)
@@ -46,20 +77,22 @@ def store_round_trip() -> dict:
             "demotions": stats.demotions, "promoted": stats.chunks_promoted}
 
 
-def paged_cache(num_layers: int, num_blocks: int, block: int, hidden: int) -> list[torch.Tensor]:
-    whole = torch.randn(num_layers, num_blocks, 2, block, hidden, dtype=torch.bfloat16, device="cuda")
+def paged_cache(num_layers: int, num_blocks: int, block: int, hidden: int,
+                device: torch.device) -> list[torch.Tensor]:
+    whole = torch.randn(num_layers, num_blocks, 2, block, hidden, dtype=torch.bfloat16, device=device)
     return list(whole.unbind(0))
 
 
-def pages_check(rounds: int = 20) -> dict:
-    layers, blocks, block, hidden, chunk_tokens = 32, 4096, 16, 1024, 256
-    kv = paged_cache(layers, blocks, block, hidden)
+def pages_check(device: torch.device, sizes: Sizes) -> dict:
+    layers, blocks, block, hidden = sizes.pages_layers, sizes.pages_blocks, 16, sizes.pages_hidden
+    chunk_tokens, rounds = 256, sizes.rounds
+    kv = paged_cache(layers, blocks, block, hidden, device)
     page_bytes = kv[0][0].numel() * 2
     geometry = KVGeometry(layers, page_bytes, block, block, chunk_tokens, "bfloat16", "test")
     pages = PagedKV(kv, geometry)
     slots = 64
     host = HostTier(slots, geometry.chunk_bytes)
-    assert host.pinned, "host slots are not pinned"
+    assert host.pinned or device.type != "cuda", "host slots are not pinned"
     per_chunk = geometry.blocks_per_chunk
     generator = torch.Generator().manual_seed(0)
     ids = [(torch.randperm(blocks - 1, generator=generator)[:per_chunk] + 1).tolist()  # 0: null block
@@ -68,8 +101,8 @@ def pages_check(rounds: int = 20) -> dict:
         pages.gather(ids[s], host.slot(s))
     pages.synchronize()
     view = host.slot(3)[: geometry.chunk_bytes].view(layers, per_chunk, page_bytes)
-    picked = torch.tensor(ids[3], device="cuda")
-    gathered_ok = all(torch.equal(view[layer].cuda(), pages.pages[layer][picked])
+    picked = torch.tensor(ids[3], device=device)
+    gathered_ok = all(torch.equal(view[layer].to(device), pages.pages[layer][picked])
                       for layer in range(layers))
     targets = list(range(1, per_chunk + 1))
     pages.scatter(host.slot(3), targets, 0)
@@ -78,7 +111,7 @@ def pages_check(rounds: int = 20) -> dict:
                        for layer in range(layers))
 
     nbytes = slots * geometry.chunk_bytes
-    torch.cuda.synchronize()
+    sync(device)
     start = time.perf_counter()
     for _ in range(rounds):
         for s in range(slots):
@@ -92,18 +125,18 @@ def pages_check(rounds: int = 20) -> dict:
         pages.synchronize()
     h2d = rounds * nbytes / (time.perf_counter() - start)
 
-    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pinned = host.buffer.tensor()[:nbytes]
-    torch.cuda.synchronize()
+    sync(device)
     start = time.perf_counter()
     for _ in range(rounds):
-        pinned.copy_(device, non_blocking=True)
-    torch.cuda.synchronize()
+        pinned.copy_(on_device, non_blocking=True)
+    sync(device)
     ref_d2h = rounds * nbytes / (time.perf_counter() - start)
     start = time.perf_counter()
     for _ in range(rounds):
-        device.copy_(pinned, non_blocking=True)
-    torch.cuda.synchronize()
+        on_device.copy_(pinned, non_blocking=True)
+    sync(device)
     ref_h2d = rounds * nbytes / (time.perf_counter() - start)
     host.close()
     gib = 2**30
@@ -118,19 +151,21 @@ LAYOUTS = {"LBHNC": (0, 1, 2, 3, 4), "LBNHC": (0, 1, 3, 2, 4), "LHBNC": (0, 2, 1
            "BLHNC": (1, 0, 2, 3, 4), "BLNHC": (1, 0, 3, 2, 4), "BHLNC": (1, 2, 0, 3, 4)}
 
 
-def layout_views(order: tuple[int, ...], shape: tuple[int, ...]) -> list[torch.Tensor]:
-    """Per-layer logical [B, H, N, C] bf16 views of one CUDA allocation laid out in ``order``."""
+def layout_views(order: tuple[int, ...], shape: tuple[int, ...],
+                 device: torch.device) -> list[torch.Tensor]:
+    """Per-layer logical [B, H, N, C] bf16 views of one allocation laid out in ``order``."""
     physical = [shape[axis] for axis in order]
-    raw = torch.randn(physical, dtype=torch.bfloat16, device="cuda")
+    raw = torch.randn(physical, dtype=torch.bfloat16, device=device)
     logical = raw.permute([order.index(axis) for axis in range(5)])  # back to [L, B, H, N, C]
     return list(logical.unbind(0))
 
 
-def layouts_check(rounds: int = 5) -> dict:
-    layers, blocks, heads, block, head = 32, 1024, 8, 16, 256  # C: K and V of 128 dims
+def layouts_check(device: torch.device, sizes: Sizes) -> dict:
+    layers, blocks, heads, block, head = sizes.layouts_layers, sizes.layouts_blocks, 8, 16, 256
+    rounds = max(1, sizes.rounds // 4)  # C (head): K and V of 128 dims each
     out = {}
     for name, order in LAYOUTS.items():
-        kv = layout_views(order, (layers, blocks, heads, block, head))
+        kv = layout_views(order, (layers, blocks, heads, block, head), device)
         page_bytes = heads * block * head * 2
         geometry = KVGeometry(layers, page_bytes, block, block, 256, "bfloat16", "test")
         pages, host = PagedKV(kv, geometry), HostTier(4, geometry.chunk_bytes)
@@ -142,13 +177,13 @@ def layouts_check(rounds: int = 5) -> dict:
         tokens_outside = order.index(3) < order.index(2)  # NHC: tokens outside heads
         first = original[0][ids[0]].view(torch.uint8)  # [H, N, C bytes]
         expected = (first.permute(1, 0, 2) if tokens_outside else first).contiguous().flatten()
-        bytes_ok = torch.equal(host.slot(0)[:page_bytes].cuda(), expected)
+        bytes_ok = torch.equal(host.slot(0)[:page_bytes].to(device), expected)
         window = [0] * (per // 2) + list(range(200, 200 + per // 2))  # the first half: null
         pages.scatter(host.slot(0), window, 0)
         pages.synchronize()
         ok = all(torch.equal(kv[layer][200:200 + per // 2], original[layer][1 + per // 2:1 + per])
                  and torch.equal(kv[layer][0], original[layer][0]) for layer in range(layers))
-        torch.cuda.synchronize()
+        sync(device)
         start = time.perf_counter()
         for r in range(rounds):
             pages.gather(ids, host.slot(1 + r % 3))
@@ -163,12 +198,18 @@ def layouts_check(rounds: int = 5) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: a dry run of the same checks on the CPU")
+    parser.add_argument("--small", action="store_true", help="small shapes (seconds on a CPU)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU on this machine; nothing to check", file=sys.stderr)
         raise SystemExit(2)
-    result = {"device": torch.cuda.get_device_name(), "store": store_round_trip(),
-              "pages": pages_check(), "layouts": layouts_check()}
+    sizes = SMALL if args.small else Sizes()
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)"
+    result = {"device": name, "store": store_round_trip(device, sizes),
+              "pages": pages_check(device, sizes), "layouts": layouts_check(device, sizes)}
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

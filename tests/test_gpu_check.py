@@ -1,0 +1,70 @@
+"""``scripts/gpu_check.py`` works before a GPU machine's time is spent on it: its checks run
+on the CPU (``--device cpu --small``) and fail when a page copy is wrong."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvtier.connector.pages import PagedKV
+from tests.vllm_engine import ROOT
+
+CPU = torch.device("cpu")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_dry_run_on_the_cpu_passes_every_check(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device",
+                             "cpu", "--small", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["store"]["identical"] and data["store"]["demotions"] > 0
+    assert data["pages"]["gather_identical"] and data["pages"]["scatter_identical"]
+    assert sorted(data["layouts"]) == sorted(_script().LAYOUTS)
+    assert all(check["identical"] for check in data["layouts"].values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check runs")
+def test_without_a_gpu_the_default_run_says_so_and_exits_2():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py")],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr
+
+
+def _off_by_one_byte(method):
+    """``PagedKV.gather`` or ``scatter``, with one byte of what it wrote wrong."""
+    copy = getattr(PagedKV, method)
+
+    def gather(self, block_ids, slot):
+        copy(self, block_ids, slot)
+        slot[0] += 1  # layer 0, first page, first byte
+
+    def scatter(self, slot, block_ids, first):
+        copy(self, slot, block_ids, first)
+        page = self.pages[0][next(b for b in block_ids if b != 0)]  # not vLLM's null block
+        page[(0,) * page.dim()] += 1
+
+    return gather if method == "gather" else scatter
+
+
+@pytest.mark.parametrize("method", ["gather", "scatter"])
+def test_a_wrong_page_copy_fails_the_checks(monkeypatch, method):
+    script = _script()
+    monkeypatch.setattr(PagedKV, method, _off_by_one_byte(method))
+    pages = script.pages_check(CPU, script.SMALL)
+    assert not (pages["gather_identical"] and pages["scatter_identical"])
+    layouts = script.layouts_check(CPU, script.SMALL)
+    assert not any(check["identical"] for check in layouts.values())
