@@ -12,7 +12,6 @@ Every wait is bounded.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import select
@@ -24,6 +23,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+if not __package__:  # run as a script (the holder): the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.subprocesses import die_with_parent
 
 NETNS_ENV = "MOONCAKE_PRIVATE_NETNS"  # set by run_in_namespace for what it starts
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,11 +72,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """(in the child, before exec) Killed when the test process dies, however it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _wait_for_port(port: int, process: subprocess.Popen, deadline: float, what: str) -> None:
     while True:
         try:
@@ -116,7 +114,7 @@ class MooncakeServer:
                  "-metrics_host=127.0.0.1", f"-metrics_port={self.metrics_port}",
                  f"-log_dir={self.workdir}", *self.master_args],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         try:
             _wait_for_port(self.port, self.master, time.monotonic() + 20, "mooncake_master")
             self._start_holder()
@@ -130,7 +128,7 @@ class MooncakeServer:
             self.holder = subprocess.Popen(
                 [sys.executable, __file__, "hold", self.address, str(self.segment)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                preexec_fn=_die_with_parent)
+                preexec_fn=die_with_parent)
         assert self.holder.stdout is not None
         ready, _, _ = select.select([self.holder.stdout], [], [], 20)
         line = self.holder.stdout.readline() if ready else b""

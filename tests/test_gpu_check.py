@@ -1,7 +1,6 @@
 """``scripts/gpu_check.py`` works before a GPU machine's time is spent on it: its checks run
 on the CPU (``--device cpu --small``) and fail when a page copy is wrong."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,18 +9,10 @@ import pytest
 import torch
 
 from kvtier.connector.pages import PagedKV
+from tests.script_module import load_script
 from tests.vllm_engine import ROOT
 
 CPU = torch.device("cpu")
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_dry_run_on_the_cpu_passes_every_check(tmp_path):
@@ -33,7 +24,7 @@ def test_a_dry_run_on_the_cpu_passes_every_check(tmp_path):
     data = json.loads(out.read_text())
     assert data["store"]["identical"] and data["store"]["demotions"] > 0
     assert data["pages"]["gather_identical"] and data["pages"]["scatter_identical"]
-    assert sorted(data["layouts"]) == sorted(_script().LAYOUTS)
+    assert sorted(data["layouts"]) == sorted(load_script("gpu_check").LAYOUTS)
     assert all(check["identical"] for check in data["layouts"].values())
 
 
@@ -62,7 +53,7 @@ def _off_by_one_byte(method):
 
 @pytest.mark.parametrize("method", ["gather", "scatter"])
 def test_a_wrong_page_copy_fails_the_checks(monkeypatch, method):
-    script = _script()
+    script = load_script("gpu_check")
     monkeypatch.setattr(PagedKV, method, _off_by_one_byte(method))
     pages = script.pages_check(CPU, script.SMALL)
     assert not (pages["gather_identical"] and pages["scatter_identical"])

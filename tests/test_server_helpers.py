@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from tests.redis_server import needs_redis
+from tests.vllm_engine import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 STARTER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
