@@ -39,6 +39,7 @@ from kvtier.store_direct import DirectTarget, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_get import PrefixRead
 from kvtier.store_others import open_others
+from kvtier.store_puts import PutRuns
 from kvtier.store_reads import Fetcher
 from kvtier.store_remote import open_store_remote
 from kvtier.store_shared import Skip, StoreShared
@@ -205,21 +206,29 @@ class KVStore:
         keys = self.keys(tokens)
         self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         self._lane.poll()
-        stored, may_wait = 0, True
-        for i, key in enumerate(keys):
-            plan = self._plan_put(key)
-            if plan is Skip.NO_ROOM and may_wait and self._lane.pending():
-                # Slots held by background writes: wait for them once (not for long if the
-                # disk is hung), then try again.
-                may_wait = self._lane.drain(timeout=self._drain_timeout())
+        runs = PutRuns(self._runner, kv, self.chunk_tokens, self._shared.transfers.chunk_bytes)
+        may_wait = True
+        try:
+            for i, key in enumerate(keys):
                 plan = self._plan_put(key)
-            if not isinstance(plan, StorePlan):
-                self._shared.count("chunks_skipped")
-                continue
-            stored += self._runner.run(plan, partial(self._runner.copy_in, self._chunk_of(kv, i)))
+                if plan is Skip.NO_ROOM and runs.held:  # the held run's slots are not victims yet
+                    runs.fill()
+                    plan = self._plan_put(key)
+                if plan is Skip.NO_ROOM and may_wait and self._lane.pending():
+                    # Slots held by background writes: wait for them once (not for long if
+                    # the disk is hung), then try again.
+                    may_wait = self._lane.drain(timeout=self._drain_timeout())
+                    plan = self._plan_put(key)
+                if not isinstance(plan, StorePlan):
+                    self._shared.count("chunks_skipped")
+                    continue
+                runs.add(i, plan)
+            runs.fill()
+        finally:
+            runs.abort()
         with self._lock:
-            self._stats.chunks_stored += stored
-        return stored * self.chunk_tokens
+            self._stats.chunks_stored += runs.stored
+        return runs.stored * self.chunk_tokens
 
     def _plan_put(self, key: ChunkKey) -> StorePlan | Skip:
         """A plan to store ``key``, or why there is none."""

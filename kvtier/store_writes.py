@@ -63,10 +63,26 @@ class PlanRunner:
                         for queue in lane.queues}
 
     def copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
-        """Copy ``chunk`` into its slot. With a disk or remote tier, a copy between CPU
-        tensors runs on this thread alone (numpy): torch's copy hands parts to its worker
-        threads, which then wait spinning for more and take the cores the I/O needs."""
-        target, source = self.shared.transfers.view(dst), as_raw(chunk)
+        """Copy ``chunk`` into its slot."""
+        self._copy(self.shared.transfers.view(dst), as_raw(chunk))
+
+    def fill_run(self, plans: Sequence[StorePlan], chunks: torch.Tensor) -> None:
+        """Copy ``chunks`` (``(n, layers, 2, chunk_tokens, hidden)``, ``n = len(plans)``)
+        into the plans' slots with one copy, and finish every reservation. The slots follow
+        one another in one memory tier from ``plans[0].dst``; the plans' demotions are done."""
+        ok = False
+        try:
+            self._copy(self.shared.transfers.view_run(plans[0].dst, len(plans)), as_raw(chunks))
+            self.shared.sync()
+            ok = True
+        finally:
+            for plan in plans:
+                self.finish(plan.key, plan.dst, ok)
+
+    def _copy(self, target: torch.Tensor, source: torch.Tensor) -> None:
+        """``target.copy_(source)``. With a disk or remote tier, a copy between CPU tensors
+        runs on this thread alone (numpy): torch's copy hands parts to its worker threads,
+        which then wait spinning for more and take the cores the I/O needs."""
         background_io = bool(self._groups) or self.shared.remote is not None
         if background_io and target.device.type == "cpu" and source.device.type == "cpu":
             np.copyto(target.numpy(), source.numpy())
@@ -193,6 +209,13 @@ class PlanRunner:
         self.shared.stack.indexes[HOST].pin(key)
         future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
         return StartedWrite(future, groups, group)
+
+    @property
+    def writes_behind(self) -> bool:
+        """True when a chunk reaching host memory starts a background write (write-through
+        to disk, or to the remote store)."""
+        through = self.shared.config.write_policy is WritePolicy.WRITE_THROUGH
+        return (bool(self._groups) and through) or self.shared.remote is not None
 
     @property
     def writes_pending(self) -> int:

@@ -43,6 +43,12 @@ class Transfers:
         raw = self.memory[loc.tier].slot(loc.slot)[: self.chunk_bytes]
         return raw.view(self._raw).view(self._shape)
 
+    def view_run(self, first: Location, count: int) -> torch.Tensor:
+        """``count`` slots that follow one another from ``first`` as one ``(count, layers, 2,
+        chunk_tokens, hidden)`` view of integers of the KV's element size."""
+        raw = self.memory[first.tier].slots(first.slot, count)[:, : self.chunk_bytes]
+        return raw.view(self._raw).view(count, *self._shape)
+
     def copy(self, key: ChunkKey, src: Location, dst: Location) -> IOResult:
         if src.tier in self.memory and dst.tier in self.memory:
             self.view(dst).copy_(self.view(src))

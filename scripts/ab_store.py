@@ -1,5 +1,6 @@
 """Two checkouts of kvtier side by side through ``KVStore``'s public API: put + flush, then
-get after a restart (page cache dropped), passes interleaved, best of N each.
+get after a restart (page cache dropped), passes interleaved (the trees' order reversed
+every other pass), the median and best of N each.
 
     git worktree add /tmp/kvtier-before <commit>
     .venv/bin/python scripts/ab_store.py --tree /tmp/kvtier-before --tree . \\
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -74,18 +76,21 @@ def main() -> None:
     rows = []
     try:
         for chunk in (int(c) for c in args.chunk_mib.split(",")):
-            best: dict[str, dict[str, float]] = {t: {} for t in trees}
-            for _ in range(args.passes):
-                for tree in trees:
+            passes: dict[str, dict[str, list[float]]] = {t: {} for t in trees}
+            for i in range(args.passes):
+                for tree in trees if i % 2 == 0 else trees[::-1]:
                     for name, value in one_pass(tree, args.dir, chunk, args.total_gib).items():
-                        best[tree][name] = max(best[tree].get(name, 0.0), value)
-            rows.append({"chunk_mib": chunk, "best": best})
-            first = best[trees[0]]
-            print(f"{chunk} MiB chunks: " + "; ".join(
-                f"{Path(t).name}: put+flush {b['put_flush_gib_s']:.2f} GiB/s "
-                f"({b['put_flush_gib_s'] / first['put_flush_gib_s']:.2f}x), get "
-                f"{b['get_gib_s']:.2f} GiB/s ({b['get_gib_s'] / first['get_gib_s']:.2f}x)"
-                for t, b in best.items()))
+                        passes[tree].setdefault(name, []).append(value)
+            median = {t: {n: statistics.median(v) for n, v in m.items()} for t, m in passes.items()}
+            best = {t: {n: max(v) for n, v in m.items()} for t, m in passes.items()}
+            rows.append({"chunk_mib": chunk, "median": median, "best": best, "passes": passes})
+            for label, figures in (("median", median), ("best", best)):
+                first = figures[trees[0]]
+                print(f"{chunk} MiB chunks, {label}: " + "; ".join(
+                    f"{Path(t).name}: put+flush {b['put_flush_gib_s']:.2f} GiB/s "
+                    f"({b['put_flush_gib_s'] / first['put_flush_gib_s']:.2f}x), get "
+                    f"{b['get_gib_s']:.2f} GiB/s ({b['get_gib_s'] / first['get_gib_s']:.2f}x)"
+                    for t, b in figures.items()))
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)
     if args.json:

@@ -45,6 +45,21 @@ def test_out_of_range_slot_is_an_index_error(tier):
         tier.slot(-1)
 
 
+def test_a_run_of_slots_is_one_view_of_those_slots_in_order(tier):
+    run = tier.slots(1, 3)
+    assert run.shape == (3, SLOT) and run.dtype == torch.uint8
+    for j in range(3):
+        run[j].fill_(10 + j)
+    assert [int(tier.slot(i)[0]) for i in range(1, 4)] == [10, 11, 12]
+    assert torch.equal(tier.slots(2, 1)[0], tier.slot(2))
+
+
+@pytest.mark.parametrize("first, count", [(3, 2), (-1, 1), (0, 0), (0, 5)])
+def test_a_run_past_the_tier_or_empty_is_refused(tier, first, count):
+    with pytest.raises((IndexError, ValueError)):
+        tier.slots(first, count)
+
+
 def test_close_twice_is_fine(tier):
     tier.close()
     tier.close()

@@ -26,6 +26,9 @@ class MemoryTier(ABC):
     - ``slot(i)`` is a contiguous uint8 tensor of exactly ``slot_bytes`` bytes on ``device``,
       a view (writing it writes the tier), distinct slots never overlap, and it stays valid
       until ``close()``.
+    - ``slots(first, count)`` is a ``(count, slot_bytes)`` uint8 view of the slots ``first``
+      to ``first + count - 1``, in order (row ``j`` is ``slot(first + j)``): one copy can
+      fill them all.
     - ``slot_bytes`` is a multiple of 4096 and host-memory slots start on a 4096-byte page
       (device slots on the device allocator's alignment).
     - The region is allocated once, at construction: no allocation per chunk.
@@ -51,11 +54,20 @@ class MemoryTier(ABC):
     def slot(self, index: int) -> torch.Tensor: ...
 
     @abstractmethod
+    def slots(self, first: int, count: int) -> torch.Tensor: ...
+
+    @abstractmethod
     def close(self) -> None: ...
 
     @property
     def capacity_bytes(self) -> int:
         return self.num_slots * self.slot_bytes
+
+    def _check_run(self, first: int, count: int) -> None:
+        if count < 1:
+            raise ValueError(f"{self.name} slots: need a count of at least 1, got {count}")
+        self._check_index(first)
+        self._check_index(first + count - 1)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.num_slots:

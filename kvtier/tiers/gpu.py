@@ -42,6 +42,11 @@ class DevicePool(MemoryTier):
         assert self._pool is not None, "slot() after close()"
         return self._pool[index]
 
+    def slots(self, first: int, count: int) -> torch.Tensor:
+        self._check_run(first, count)
+        assert self._pool is not None, "slots() after close()"
+        return self._pool[first:first + count]
+
     def close(self) -> None:
         self._pool = None
         if self._host_buffer is not None:

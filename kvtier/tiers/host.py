@@ -35,6 +35,11 @@ class HostTier(MemoryTier):
         start = index * self.slot_bytes
         return self._whole[start:start + self.slot_bytes]
 
+    def slots(self, first: int, count: int) -> torch.Tensor:
+        self._check_run(first, count)
+        start = first * self.slot_bytes
+        return self._whole[start:start + count * self.slot_bytes].view(count, self.slot_bytes)
+
     def slot_array(self, index: int):
         """Slot ``index`` as a numpy uint8 view (for I/O calls that take buffers)."""
         self._check_index(index)
