@@ -206,7 +206,7 @@ class KVStore:
         keys = self.keys(tokens)
         self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         self._lane.poll()
-        runs = PutRuns(self._runner, kv, self.chunk_tokens, self._shared.transfers.chunk_bytes)
+        runs = PutRuns(self._runner, partial(self._chunks_of, kv), self._shared.transfers.chunk_bytes)
         may_wait = True
         try:
             for i, key in enumerate(keys):
@@ -274,7 +274,7 @@ class KVStore:
         direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
         read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
                           self._drain_timeout(), direct)
-        return read.run(keys, partial(self._chunk_of, out)) * self.chunk_tokens
+        return read.run(keys, partial(self._chunks_of, out)) * self.chunk_tokens
 
     def empty_kv(self, num_tokens: int) -> torch.Tensor:
         """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk
@@ -373,8 +373,11 @@ class KVStore:
         if others:
             others.close()
 
-    def _chunk_of(self, kv: torch.Tensor, i: int) -> torch.Tensor:
-        return kv[:, :, i * self.chunk_tokens:(i + 1) * self.chunk_tokens]
+    def _chunks_of(self, kv: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        """Chunks ``first`` to ``first + count - 1`` of ``kv`` as one ``(count, layers, 2,
+        chunk_tokens, hidden)`` view."""
+        tokens = self.chunk_tokens
+        return kv[:, :, first * tokens:(first + count) * tokens].unflatten(2, (count, tokens)).movedim(2, 0)
 
 
 def _model_name(model: str | None, cfg: KVTierConfig) -> str:

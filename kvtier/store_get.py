@@ -10,9 +10,10 @@ import torch
 from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
-from kvtier.store_reads import Fetch, Fetcher
+from kvtier.store_reads import Fetch, Fetcher, FetchState
 from kvtier.store_shared import DISK, HOST, Skip, StoreShared
 from kvtier.store_writes import PlanRunner
+from kvtier.tier_stack import Location
 from kvtier.tiers.base import TierName
 from kvtier.transfers import as_raw
 
@@ -43,8 +44,10 @@ class PrefixRead:
         self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
         self.loaded: list[TierName] = []
 
-    def run(self, keys: list[ChunkKey], chunk_out: Callable[[int], torch.Tensor]) -> int:
-        """Copy the prefix into ``chunk_out(i)`` for its i-th chunk; return its chunks."""
+    def run(self, keys: list[ChunkKey], chunks_out: Callable[[int, int], torch.Tensor]) -> int:
+        """Copy the prefix into the caller's tensor, ``chunks_out(i, n)`` being its chunks
+        ``i`` to ``i + n - 1`` as one ``(n, layers, 2, chunk_tokens, hidden)`` view; return
+        the prefix's chunks."""
         held = self._fetcher.hold_disk_chunks(keys)
         try:
             self._remote = self._remote_tail(keys)
@@ -53,15 +56,28 @@ class PrefixRead:
                 group = self._shared.remote.tier.read_group_bytes // self._shared.transfers.chunk_bytes
                 self._refill = max(self._refill, min(group, self._read_ahead))
             while self._fill(keys):
-                fetch = self._window.popleft()
+                fetches = self._next_run()
                 try:
-                    if not self._copy(fetch, chunk_out):
+                    if not self._copy(fetches, chunks_out):
                         break
                 finally:
-                    self._fetcher.release(fetch)
+                    for fetch in fetches:
+                        self._fetcher.release(fetch)
         finally:
             self._finish(held, len(keys))
         return len(self.loaded)
+
+    def _next_run(self) -> list[Fetch]:
+        """The window's first fetch, and the chunks after it held in the slots that follow
+        its own in the same memory tier: they are copied out together."""
+        run = [self._window.popleft()]
+        while run[0].state is FetchState.HOT and self._window:
+            last, after = run[-1].loc, self._window[0]
+            if after.state is not FetchState.HOT or after.loc.tier is not last.tier \
+                    or after.loc.slot != last.slot + 1:
+                break
+            run.append(self._window.popleft())
+        return run
 
     def _remote_tail(self, keys: list[ChunkKey]) -> set[ChunkKey]:
         """The keys after the prefix cached here (or in a shared directory) that the remote
@@ -115,21 +131,30 @@ class PrefixRead:
             fetch = self._fetcher.begin(key, direct, remote)
         return fetch
 
-    def _copy(self, fetch: Fetch, chunk_out: Callable[[int], torch.Tensor]) -> bool:
-        source = self._fetcher.complete(fetch)
+    def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], torch.Tensor]) -> bool:
+        """Copy out a run from ``_next_run`` (one chunk unless they are all in memory)."""
+        source = self._fetcher.complete(fetches[0])
         if source is None:
             return False
         if source.tier is not DISK:  # else read straight into the caller's tensor
-            as_raw(chunk_out(len(self.loaded))).copy_(self._shared.transfers.view(source))
-            if source.tier is not self._shared.top:
-                self._runner.promote(fetch.key, source)
-            remote = self._shared.remote
-            if remote is not None and source.tier is HOST:  # it may have earned its write
-                with self._shared.lock:
-                    remote.loaded(fetch.key, source.slot)
-                remote.start()
-        self.loaded.append(fetch.loc.tier)
+            count = len(fetches)
+            out = chunks_out(len(self.loaded), count)
+            as_raw(out).copy_(self._shared.transfers.view_run(source, count))
+            for fetch in fetches:
+                self._after_copy(fetch, fetch.loc if count > 1 else source)
+        self.loaded += [fetch.loc.tier for fetch in fetches]
         return True
+
+    def _after_copy(self, fetch: Fetch, source: Location) -> None:
+        """A chunk copied out from ``source``: promoted to the top tier, offered to the
+        remote store."""
+        if source.tier is not self._shared.top:
+            self._runner.promote(fetch.key, source)
+        remote = self._shared.remote
+        if remote is not None and source.tier is HOST:  # it may have earned its write
+            with self._shared.lock:
+                remote.loaded(fetch.key, source.slot)
+            remote.start()
 
     def _finish(self, held: list, wanted: int) -> None:
         try:

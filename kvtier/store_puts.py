@@ -4,6 +4,8 @@ it was filled, hands out slots in order)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from kvtier.store_writes import PlanRunner
@@ -19,21 +21,22 @@ RUN_BYTES_WRITING = 4 * 1024**2
 class PutRuns:
     """The chunks of one ``put``, filled a run at a time.
 
-    Contract: ``add(index, plan)`` runs the plan's demotions and holds back its copy (chunk
-    ``index`` of ``kv``, a ``(layers, 2, tokens, hidden)`` tensor, into ``plan.dst``). A
-    plan that continues the held run (the next chunk, into the next slot of the same tier,
-    within ``RUN_BYTES``, or ``RUN_BYTES_WRITING`` when chunks reaching host memory are
-    written in the background) joins it; any other first fills the run held. ``fill()`` copies the
-    held run in and finishes its reservations; ``stored`` counts the chunks filled. The held
-    run's slots are reserved, so no plan can evict into them: fill it before giving up on
-    a plan for want of room.
-    ``abort()`` fails the reservations of a run still held (after an exception): call it in
-    a ``finally``. A plan whose demotion to disk hangs is failed by the runner, not held.
+    Contract: ``chunks_of(i, n)`` is chunks ``i`` to ``i + n - 1`` of the KV put, as one
+    ``(n, layers, 2, tokens, hidden)`` view. ``add(index, plan)`` runs the plan's demotions
+    and holds back the copy of chunk ``index`` into ``plan.dst``. A plan that continues the
+    held run (the next chunk, into the next slot of the same tier, within ``RUN_BYTES``, or
+    ``RUN_BYTES_WRITING`` when chunks reaching host memory are written in the background)
+    joins it; any other first fills the run held. ``fill()`` copies the held run in with one
+    copy and finishes its reservations; ``stored`` counts the chunks filled. The held run's
+    slots are reserved, so nothing can be evicted from them: fill it before giving up on a
+    plan for want of room. ``abort()`` fails the reservations of a run still held (after an
+    exception): call it in a ``finally``. A plan whose demotion to disk hangs is failed by
+    the runner, not held.
     """
 
-    def __init__(self, runner: PlanRunner, kv: torch.Tensor, chunk_tokens: int,
+    def __init__(self, runner: PlanRunner, chunks_of: Callable[[int, int], torch.Tensor],
                  chunk_bytes: int) -> None:
-        self._runner, self._kv, self._tokens = runner, kv, chunk_tokens
+        self._runner, self._chunks_of = runner, chunks_of
         most = RUN_BYTES_WRITING if runner.writes_behind else RUN_BYTES
         self._most = max(1, most // chunk_bytes)
         self._plans: list[StorePlan] = []
@@ -65,10 +68,8 @@ class PutRuns:
         if not self._plans:
             return
         plans, self._plans = self._plans, []
-        count, tokens = len(plans), self._tokens
-        chunks = self._kv[:, :, self._first * tokens:(self._first + count) * tokens]
-        self._runner.fill_run(plans, chunks.unflatten(2, (count, tokens)).movedim(2, 0))
-        self.stored += count
+        self._runner.fill_run(plans, self._chunks_of(self._first, len(plans)))
+        self.stored += len(plans)
 
     def abort(self) -> None:
         plans, self._plans = self._plans, []

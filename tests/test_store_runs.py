@@ -1,6 +1,7 @@
-"""A put's chunks copied in runs (``kvtier/store_puts.py``): one copy for chunks bound for
-slots that follow one another, the right bytes in every slot, and no reservation left
-behind when a copy or a demotion fails."""
+"""Chunks copied in runs: a put's chunks bound for slots that follow one another
+(``kvtier/store_puts.py``), and a get's chunks held in slots that follow one another
+(``PrefixRead``), go in one copy each; the right bytes in every slot and every place of the
+caller's tensor, and no reservation left behind when a copy or a demotion fails."""
 
 import pytest
 import torch
@@ -15,10 +16,11 @@ ODD = KVLayout(num_layers=1, kv_heads=3, head_size=8, dtype="float16")
 
 
 def make_store(tmp_path=None, host_chunks=8, layout=SMALL, chunk=CHUNK, **extra) -> KVStore:
-    config = {"chunk_tokens": chunk, "host_capacity": host_chunks * 4096, **extra}
+    config = {"chunk_tokens": chunk, "host_capacity": host_chunks * 4096, "io_threads": 4,
+              **extra}
     if tmp_path is not None:
         config.update(disk_paths=[str(tmp_path)], disk_capacity=64 * (4096 + 4096),
-                      disk_min_free=0, io_threads=2)
+                      disk_min_free=0)
     return KVStore(layout, config, model="test-model")
 
 
@@ -175,3 +177,67 @@ def test_a_demotion_that_raises_fails_the_run_held_before_it(tmp_path, monkeypat
         assert store.put(second, make_kv(second)) == 4 * CHUNK
         n, out = read(store, second)
         assert n == 4 * CHUNK and same_bytes(out, make_kv(second))
+
+
+# -- get ------------------------------------------------------------------------------------
+
+
+def count_copies_out(store, monkeypatch) -> list[int]:
+    """The chunks each copy out of memory slots moved, in order (white-box: the transfers)."""
+    copies: list[int] = []
+    transfers = store._shared.transfers
+    real = transfers.view_run
+
+    def counted(first, count):
+        copies.append(count)
+        return real(first, count)
+
+    monkeypatch.setattr(transfers, "view_run", counted)
+    return copies
+
+
+def test_a_get_of_chunks_in_slots_in_order_copies_them_out_in_one_copy(monkeypatch):
+    with make_store(host_chunks=16) as store:  # a read window of 8 chunks
+        tokens = list(range(6 * CHUNK))
+        store.put(tokens, make_kv(tokens))
+        copies = count_copies_out(store, monkeypatch)
+        n, out = read(store, tokens)
+        assert n == 6 * CHUNK and same_bytes(out, make_kv(tokens))
+        assert copies == [6]
+
+
+def test_a_get_run_is_at_most_the_read_window(monkeypatch):
+    with make_store(host_chunks=8) as store:  # a read window of 4 chunks
+        tokens = list(range(8 * CHUNK))
+        store.put(tokens, make_kv(tokens))
+        copies = count_copies_out(store, monkeypatch)
+        n, out = read(store, tokens)
+        assert n == 8 * CHUNK and same_bytes(out, make_kv(tokens))
+        assert sum(copies) == 8 and max(copies) <= 4 and len(copies) < 8
+
+
+def test_a_get_of_chunks_in_slots_out_of_order_copies_each_run_to_its_place(monkeypatch):
+    with make_store(host_chunks=4) as store:
+        first = list(range(4 * CHUNK))
+        store.put(first, make_kv(first))  # slots 0-3
+        read(store, first[:CHUNK])  # chunk 0 the most recent: the next put evicts 1, 2, 3, 0
+        second = list(range(1000, 1000 + 4 * CHUNK))
+        store.put(second, make_kv(second))  # chunks 0-2 in slots 1-3, chunk 3 in slot 0
+        copies = count_copies_out(store, monkeypatch)
+        n, out = read(store, second)
+        assert n == 4 * CHUNK and same_bytes(out, make_kv(second))
+        assert copies == [2, 1, 1]  # a read window of 2 chunks: slots 1-2, then 3, then 0
+
+
+def test_a_run_copied_out_of_host_memory_is_promoted_chunk_by_chunk(monkeypatch):
+    with make_store(host_chunks=8, gpu_capacity=4 * CHUNK_BYTES) as store:
+        tokens = list(range(8 * CHUNK))
+        kv = make_kv(tokens)
+        store.put(tokens, kv)  # chunks 0-3 demoted to host slots 0-3 as 4-7 came in
+        assert store.lookup(tokens).chunks_by_tier == {TierName.GPU: 4, HOST: 4}
+        copies = count_copies_out(store, monkeypatch)
+        n, out = read(store, tokens)
+        assert n == 8 * CHUNK and same_bytes(out, kv)
+        assert copies[0] == 4 and store.stats().chunks_promoted >= 4
+        n, out = read(store, tokens)  # every chunk still right wherever it went
+        assert n == 8 * CHUNK and same_bytes(out, kv)
