@@ -4,11 +4,19 @@ threads or locks: shared by the disk tier at start-up and by the vLLM scheduler 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
+from kvtier.io.format import (
+    HEADER_BYTES,
+    INDEX_ENTRY_BYTES,
+    MAGIC,
+    HeaderError,
+    SlotHeader,
+    decode_header,
+    is_blank,
+)
 from kvtier.io.names import INDEX_FILE, WRITERS_DIR
 from kvtier.io.safefs import SafeDir, read_at
 from kvtier.keys import ChunkKey, Namespace
@@ -132,6 +140,33 @@ def read_index_file(directory: SafeDir, slots: int) -> bytes:
         return b""
     try:
         return read_at(fd, min(os.fstat(fd).st_size, slots * INDEX_ENTRY_BYTES), 0)
+    finally:
+        os.close(fd)
+
+
+INDEX_PIECE_ENTRIES = 8192  # entries read at a time by ``written_index_entries``: 1 MiB
+
+
+def written_index_entries(directory: SafeDir, slots: int) -> Iterator[tuple[int, bytes]]:
+    """(slot, entry) for each entry of the first ``slots`` of a namespace's index file that
+    is not blank, read a MiB at a time (so a huge or sparse index is never held whole, and
+    a MiB holding no entry costs one search); none when the file is missing."""
+    try:
+        fd = directory.open_file(INDEX_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        end = min(os.fstat(fd).st_size // INDEX_ENTRY_BYTES, slots)
+        for first in range(0, end, INDEX_PIECE_ENTRIES):
+            wanted = min(INDEX_PIECE_ENTRIES, end - first) * INDEX_ENTRY_BYTES
+            data = read_at(fd, wanted, first * INDEX_ENTRY_BYTES)
+            if MAGIC in data:
+                for j in range(len(data) // INDEX_ENTRY_BYTES):
+                    entry = data[j * INDEX_ENTRY_BYTES:(j + 1) * INDEX_ENTRY_BYTES]
+                    if not is_blank(entry):
+                        yield first + j, entry
+            if len(data) < wanted:  # the file shrank meanwhile
+                return
     finally:
         os.close(fd)
 

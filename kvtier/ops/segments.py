@@ -16,8 +16,8 @@ import os
 import time
 
 from kvtier.io.cachedir import lock_namespace
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header, is_blank
-from kvtier.io.index_file import MAX_SLOTS, SlotLayout, read_index_file, valid_header
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
+from kvtier.io.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
 from kvtier.io.lease import LeaseInfo, read_lease
 from kvtier.io.names import INDEX_FILE, LOG_FILE, host_name
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
@@ -154,13 +154,9 @@ def index_entries(segment: Segment, directory: SafeDir,
     meta = segment.meta
     stride, per_file = meta.stride, meta.file_slots
     slots = _index_slots(segment, sizes)
-    data = read_index_file(directory, slots)
     layout = SlotLayout(meta.raw_bytes, 1, slots * stride)
     entries = []
-    for slot in range(len(data) // INDEX_ENTRY_BYTES):
-        entry = data[slot * INDEX_ENTRY_BYTES:(slot + 1) * INDEX_ENTRY_BYTES]
-        if is_blank(entry):
-            continue
+    for slot, entry in written_index_entries(directory, slots):
         present = sizes.get(slot // per_file, 0) >= (slot % per_file + 1) * stride
         entries.append((slot, valid_header(entry, segment.digest, layout) if present else None))
     return entries
@@ -203,8 +199,5 @@ def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int]) -> 
         os.close(directory.open_file(LOG_FILE, os.O_RDONLY))
     except OSError:
         return
-    data = read_index_file(directory, _index_slots(segment, sizes))
-    entries = [(slot, data[slot * INDEX_ENTRY_BYTES:(slot + 1) * INDEX_ENTRY_BYTES])
-               for slot in range(len(data) // INDEX_ENTRY_BYTES)]
-    kept = [(slot, entry) for slot, entry in entries if not is_blank(entry)]
+    kept = list(written_index_entries(directory, _index_slots(segment, sizes)))
     SegmentLog(directory, segment.digest, lambda: kept, rotate_after=MAX_SLOTS).close()
