@@ -39,12 +39,12 @@ from kvtier.store_direct import DirectTarget, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_get import PrefixRead
 from kvtier.store_others import open_others
-from kvtier.store_puts import PutRuns
+from kvtier.store_puts import put_chunks
 from kvtier.store_reads import Fetcher
 from kvtier.store_remote import open_store_remote
-from kvtier.store_shared import Skip, StoreShared
+from kvtier.store_shared import StoreShared
 from kvtier.store_writes import PlanRunner
-from kvtier.tier_stack import StorePlan, TierStack
+from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_lane import DiskLane, NoDisk, open_lane
@@ -206,37 +206,11 @@ class KVStore:
         keys = self.keys(tokens)
         self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         self._lane.poll()
-        runs = PutRuns(self._runner, partial(self._chunks_of, kv), self._shared.transfers.chunk_bytes)
-        may_wait = True
-        try:
-            for i, key in enumerate(keys):
-                plan = self._plan_put(key)
-                if plan is Skip.NO_ROOM and runs.held:  # the held run's slots are not victims yet
-                    runs.fill()
-                    plan = self._plan_put(key)
-                if plan is Skip.NO_ROOM and may_wait and self._lane.pending():
-                    # Slots held by background writes: wait for them once (not for long if
-                    # the disk is hung), then try again.
-                    may_wait = self._lane.drain(timeout=self._drain_timeout())
-                    plan = self._plan_put(key)
-                if not isinstance(plan, StorePlan):
-                    self._shared.count("chunks_skipped")
-                    continue
-                runs.add(i, plan)
-            runs.fill()
-        finally:
-            runs.abort()
+        stored = put_chunks(self._shared, self._runner, keys, partial(self._chunks_of, kv),
+                            self._drain_timeout())
         with self._lock:
-            self._stats.chunks_stored += runs.stored
-        return runs.stored * self.chunk_tokens
-
-    def _plan_put(self, key: ChunkKey) -> StorePlan | Skip:
-        """A plan to store ``key``, or why there is none."""
-        with self._lock:
-            if self._stack.locate(key) is not None or self._stack.indexes[self._top].has_entry(key):
-                self._stack.touch(key)
-                return Skip.PRESENT
-            return self._stack.plan_store(key, self._top) or Skip.NO_ROOM
+            self._stats.chunks_stored += stored
+        return stored * self.chunk_tokens
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout

@@ -137,11 +137,13 @@ class PrefixRead:
         if source is None:
             return False
         if source.tier is not DISK:  # else read straight into the caller's tensor
-            count = len(fetches)
-            out = chunks_out(len(self.loaded), count)
-            as_raw(out).copy_(self._shared.transfers.view_run(source, count))
-            for fetch in fetches:
-                self._after_copy(fetch, fetch.loc if count > 1 else source)
+            out = chunks_out(len(self.loaded), len(fetches))
+            as_raw(out).copy_(self._shared.transfers.view_run(source, len(fetches)))
+            # the first from where it completed (a staging slot, for a disk read), the
+            # others, all in memory, from where they are pinned
+            for fetch, copied_from in zip(fetches, [source] + [f.loc for f in fetches[1:]],
+                                          strict=True):
+                self._after_copy(fetch, copied_from)
         self.loaded += [fetch.loc.tier for fetch in fetches]
         return True
 

@@ -1,6 +1,6 @@
-"""A put's chunks in runs: chunks bound for slots that follow one another in one memory tier
-are copied in with one call, not one call each (a fresh store, or one evicting in the order
-it was filled, hands out slots in order)."""
+"""One ``KVStore.put``: a plan per chunk, and the chunks copied in runs (chunks bound for
+slots that follow one another in one memory tier go in one copy, not one each; a fresh
+store, or one evicting in the order it was filled, hands out slots in order)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from kvtier.keys import ChunkKey
+from kvtier.store_shared import Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import StorePlan
 
@@ -62,7 +64,7 @@ class PutRuns:
     def _continues(self, index: int, plan: StorePlan) -> bool:
         last = self._plans[-1].dst
         return (index == self._first + len(self._plans) and plan.dst.tier is last.tier
-                and plan.dst.slot == last.slot + 1 and len(self._plans) < self._most)
+                and plan.dst.slot == last.slot + 1)
 
     def fill(self) -> None:
         if not self._plans:
@@ -75,3 +77,42 @@ class PutRuns:
         plans, self._plans = self._plans, []
         for plan in plans:
             self._runner.finish(plan.key, plan.dst, False)
+
+
+def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
+               chunks_of: Callable[[int, int], torch.Tensor], drain_timeout: float) -> int:
+    """Store the chunks of ``keys`` not cached yet (chunk ``i`` is ``chunks_of(i, 1)``);
+    return how many were stored. Chunks already cached are only marked recent; a chunk with
+    no room, even after the run held is copied in and background writes were waited for
+    once (at most ``drain_timeout`` seconds), is skipped and counted."""
+    runs = PutRuns(runner, chunks_of, shared.transfers.chunk_bytes)
+    may_wait = True
+    try:
+        for i, key in enumerate(keys):
+            plan = _plan_put(shared, key)
+            if plan is Skip.NO_ROOM and runs.held:  # the held run's slots are not victims yet
+                runs.fill()
+                plan = _plan_put(shared, key)
+            if plan is Skip.NO_ROOM and may_wait and shared.lane.pending():
+                # Slots held by background writes: wait for them once (not for long if the
+                # disk is hung), then try again.
+                may_wait = shared.lane.drain(timeout=drain_timeout)
+                plan = _plan_put(shared, key)
+            if not isinstance(plan, StorePlan):
+                shared.count("chunks_skipped")
+                continue
+            runs.add(i, plan)
+        runs.fill()
+    finally:
+        runs.abort()
+    return runs.stored
+
+
+def _plan_put(shared: StoreShared, key: ChunkKey) -> StorePlan | Skip:
+    """A plan to store ``key``, or why there is none."""
+    with shared.lock:
+        stack = shared.stack
+        if stack.locate(key) is not None or stack.indexes[shared.top].has_entry(key):
+            stack.touch(key)
+            return Skip.PRESENT
+        return stack.plan_store(key, shared.top) or Skip.NO_ROOM

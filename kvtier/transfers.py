@@ -40,8 +40,7 @@ class Transfers:
     def view(self, loc: Location) -> torch.Tensor:
         """The chunk in a memory slot as a ``(layers, 2, chunk_tokens, hidden)`` view of
         integers of the KV's element size (copy to and from it through ``as_raw``)."""
-        raw = self.memory[loc.tier].slot(loc.slot)[: self.chunk_bytes]
-        return raw.view(self._raw).view(self._shape)
+        return self.view_run(loc, 1)[0]
 
     def view_run(self, first: Location, count: int) -> torch.Tensor:
         """``count`` slots that follow one another from ``first`` as one ``(count, layers, 2,
