@@ -12,11 +12,15 @@ checksum), ``--batch`` chunks a round trip, from and into a registered host buff
 copy), and again from and into plain buffers (staged through the tier's scratch); against
 the raw client's ``batch_put_from`` / ``batch_get_into`` of registered buffers (nothing
 framed, nothing checked), and that raw get followed by the checksum of every value it read
-("checked raw": what verifying costs on its own). The arms take turns batch by batch, in
-a rotating order, so that they share the machine's moods; values are removed between
-rounds; best of ``--repeats`` rounds (and the median of the rounds' ratios). Then the
-public API: ``KVStore.put`` + ``flush`` to the store and ``KVStore.get`` on a second store
-(``kvtier.bench.remote_store``). The figures that count are the ratios.
+("checked raw": what verifying costs on its own). Two more put arms take a tier's put apart:
+the raw client's ``batch_put_from_multi_buffers`` of each value as the tier moves it, a
+header-sized piece then the payload ("two pieces", nothing checked), and that put preceded
+by the checksum of every payload ("checked two pieces": the tier's work less its Python).
+The arms take turns batch by batch, in a rotating order, so that they share the machine's
+moods; values are removed between rounds; best of ``--repeats`` rounds (and the median of
+the rounds' ratios). Then the public API: ``KVStore.put`` + ``flush`` to the store and
+``KVStore.get`` on a second store (``kvtier.bench.remote_store``). The figures that count
+are the ratios.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from kvtier.bench.remote_store import store_bandwidth  # noqa: E402
 from kvtier.io.format import payload_checksum  # noqa: E402
 from kvtier.keys import ChunkKey, Namespace  # noqa: E402
 from kvtier.remote.mooncake_tier import MooncakeTier  # noqa: E402
-from kvtier.remote.values import value_key  # noqa: E402
+from kvtier.remote.values import ValueFormat, value_key  # noqa: E402
 from kvtier.units import format_size, parse_size  # noqa: E402
 from tests.mooncake_server import NETNS_ENV, MooncakeServer, inside_namespace, skip_reason  # noqa: E402
 
@@ -69,6 +73,9 @@ class Case:
         self.tier.register(self.host)
         self.plain_tier = MooncakeTier(server.url, NS, chunk, timeout_s=30, prefix=STAGED_PREFIX)
         self.slots = [self.slot(i) for i in range(2 * batch)]
+        self.header_bytes = ValueFormat(NS.digest(), chunk).header_bytes  # before each payload
+        self.headers = np.zeros(batch * self.header_bytes, dtype=np.uint8)  # zeros: not read
+        assert self.raw.register_buffer(self.headers.ctypes.data, self.headers.nbytes) == 0
 
     def slot(self, i: int) -> np.ndarray:
         return self.host[i * self.chunk:(i + 1) * self.chunk]
@@ -77,6 +84,19 @@ class Case:
         codes = self.raw.batch_put_from([f"raw:{at + i}" for i in range(self.batch)],
                                         [self.slot(i).ctypes.data for i in range(self.batch)],
                                         [self.chunk] * self.batch)
+        assert all(c == 0 for c in codes), codes
+
+    def pieces_put(self, at: int, check: bool = False) -> None:
+        """The raw client moving each value as the tier does: a header's bytes, then the
+        payload from its registered slot; with ``check``, each payload's checksum first."""
+        if check:
+            for i in range(self.batch):
+                payload_checksum(self.slot(i).data)
+        hb, tag = self.header_bytes, "pieces-checked" if check else "pieces"
+        codes = self.raw.batch_put_from_multi_buffers(
+            [f"{tag}:{at + i}" for i in range(self.batch)],
+            [[self.headers.ctypes.data + i * hb, self.slot(i).ctypes.data] for i in range(self.batch)],
+            [[hb, self.chunk]] * self.batch)
         assert all(c == 0 for c in codes), codes
 
     def raw_get(self, at: int, check: bool = False) -> None:
@@ -97,7 +117,8 @@ class Case:
         assert all(r.ok for r in results), results[:2]
 
     def clean(self) -> None:
-        names = [f"raw:{i}" for i in range(self.count)] + [
+        names = [f"{tag}:{i}" for tag in ("raw", "pieces", "pieces-checked")
+                 for i in range(self.count)] + [
             value_key(prefix, NS.digest(), k).decode() for prefix in (PREFIX, STAGED_PREFIX)
             for k in self.keys]
         for at in range(0, len(names), 256):
@@ -109,6 +130,8 @@ class Case:
         moods; then the store emptied."""
         puts: dict[str, Callable[[int], None]] = {
             "raw": self.raw_put,
+            "pieces": self.pieces_put,
+            "checked_pieces": lambda at: self.pieces_put(at, check=True),
             "tier": lambda at: self.tier_put(self.tier, self.slots, at),
             "staged": lambda at: self.tier_put(self.plain_tier, self.plain, at)}
         gets: dict[str, Callable[[int], None]] = {
@@ -142,6 +165,9 @@ class Case:
                 row[f"{name}_{op}_ratio"] = row[f"{name}_{op}"] / row[f"raw_{op}"]
                 row[f"{name}_{op}_ratio_median"] = statistics.median(  # round by round
                     raw / mine for raw, mine in zip(times[f"raw_{op}"], times[f"{name}_{op}"], strict=True))
+        for name in ("pieces", "checked_pieces"):
+            row[f"{name}_put_ratio"] = row[f"{name}_put"] / row["raw_put"]
+        row["tier_put_to_checked"] = row["tier_put"] / row["checked_pieces_put"]
         row["check_share"] = 1 - row["checked_get"] / row["raw_get"]  # of a raw get's time
         row["tier_get_to_checked"] = row["tier_get"] / row["checked_get"]
         self.tier.close()
@@ -163,7 +189,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--store-repeats", type=int, default=3,
                         help="rounds of the KVStore arm (0: none)")
-    parser.add_argument("--segment", default="2GiB", help="memory the holder lends the pool")
+    parser.add_argument("--segment", default="4GiB", help="memory the holder lends the pool "
+                        "(a round's values of every put arm: 5 times --size)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if not inside_namespace():
@@ -187,18 +214,21 @@ def main() -> None:
                         f"{args.batch} chunks a round trip, best of {args.repeats} (same run, same "
                         "store, TCP loopback to a holder process)")
     for column in ("chunk", "raw put GiB/s", "tier put", "put/raw (median)", "staged put/raw",
+                   "two pieces/raw", "checked two pieces/raw", "put/checked two pieces",
                    "raw get GiB/s", "tier get", "get/raw (median)", "staged get/raw",
                    "check share", "get/checked raw", "store put/raw", "store get/raw"):
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(format_size(r["chunk"]), f"{r['raw_put']:.2f}", f"{r['tier_put']:.2f}",
                       f"{r['tier_put_ratio']:.2f} ({r['tier_put_ratio_median']:.2f})",
-                      f"{r['staged_put_ratio']:.2f}", f"{r['raw_get']:.2f}", f"{r['tier_get']:.2f}",
+                      f"{r['staged_put_ratio']:.2f}", f"{r['pieces_put_ratio']:.2f}",
+                      f"{r['checked_pieces_put_ratio']:.2f}", f"{r['tier_put_to_checked']:.2f}",
+                      f"{r['raw_get']:.2f}", f"{r['tier_get']:.2f}",
                       f"{r['tier_get_ratio']:.2f} ({r['tier_get_ratio_median']:.2f})",
                       f"{r['staged_get_ratio']:.2f}", f"{r['check_share']:.0%}",
                       f"{r['tier_get_to_checked']:.2f}", f"{r.get('store_put_ratio', 0):.2f}",
                       f"{r.get('store_get_ratio', 0):.2f}")
-    Console(width=150).print(table)
+    Console(width=200).print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
