@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -34,7 +33,8 @@ import torch
 
 from kvtier import KVLayout, KVStore
 from kvtier.bench.bare_reads import bare_read_bandwidth
-from kvtier.bench.fio import fio_bandwidth, have_fio
+from kvtier.bench.busy import Busy
+from kvtier.bench.fio import FioFigure, fio_figure, have_fio
 from kvtier.bench.naive import drop_page_cache
 from kvtier.config_values import parse_size
 
@@ -59,7 +59,8 @@ class Workload:
         return list(range(i * self.prefix_tokens, (i + 1) * self.prefix_tokens))
 
     def config(self, host: int, disk: Path | None) -> dict:
-        cfg = {"chunk_tokens": self.chunk_tokens, "host_capacity": host, "disk_min_free": 0}
+        cfg: dict[str, object] = {"chunk_tokens": self.chunk_tokens, "host_capacity": host,
+                                  "disk_min_free": 0}
         if disk is not None:
             cfg.update(disk_paths=[str(disk)], disk_capacity=int(self.bytes * 1.3) + 2**30)
         return cfg
@@ -86,29 +87,6 @@ def get_all(store: KVStore, work: Workload, out: torch.Tensor | None = None) -> 
         assert torch.equal(out.view(torch.int16), work.kv.view(torch.int16)), "wrong bytes"
         out.view(torch.int16).fill_(0)  # the next get must fill it again
     return seconds, cpu
-
-
-class Busy:
-    """Cores of the whole machine busy (not idle, not waiting for I/O) between ``start`` and
-    ``stop``, from /proc/stat."""
-
-    def __init__(self) -> None:
-        self.cores = 0.0
-
-    @staticmethod
-    def _ticks() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            fields = [int(v) for v in stat.readline().split()[1:]]
-        return sum(fields[:8]), fields[3] + fields[4]  # all, idle + iowait
-
-    def __enter__(self) -> Busy:
-        self._start, self._wall = self._ticks(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        (total, idle), (total0, idle0) = self._ticks(), self._start
-        wall = time.perf_counter() - self._wall
-        self.cores = (total - total0 - (idle - idle0)) / os.sysconf("SC_CLK_TCK") / wall
 
 
 def get_after_restart(work: Workload, cfg: dict, direct: bool,
@@ -168,12 +146,13 @@ def host_pass(work: Workload) -> tuple[float, float, float, float]:
     return gib / put_s, gib / get_s, gib / copy_in_s, gib / copy_out_s
 
 
-def fio_best(directory: Path, chunk_bytes: int, total: int) -> tuple[float | None, float | None]:
+def fio_best(directory: Path, chunk_bytes: int, total: int) -> tuple[FioFigure | None, FioFigure | None]:
+    """fio's best write and read over ``FIO_DEPTHS``, each with the cores busy meanwhile."""
     if not have_fio():
         return None, None
     size = min(total, 2**30)
-    write = max(fio_bandwidth(directory, "write", chunk_bytes, size, d) for d in FIO_DEPTHS)
-    read = max(fio_bandwidth(directory, "read", chunk_bytes, size, d) for d in FIO_DEPTHS)
+    write = max(fio_figure(directory, "write", chunk_bytes, size, d) for d in FIO_DEPTHS)
+    read = max(fio_figure(directory, "read", chunk_bytes, size, d) for d in FIO_DEPTHS)
     return write, read
 
 
@@ -193,12 +172,15 @@ def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_t
                     best[name] = max(best[name], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    fio_write, fio_read = fio_best(directory, chunk_bytes, work.bytes)
+    fio_w, fio_r = fio_best(directory, chunk_bytes, work.bytes)
+    fio_write, fio_read = (fio_w.gib_s if fio_w else None), (fio_r.gib_s if fio_r else None)
     bare = max(bare_read_bandwidth(directory, chunk_bytes, work.bytes, rows=2 * LAYOUT.num_layers,
                                    prefix_bytes=work.prefix_tokens * LAYOUT.token_bytes)
                for _ in range(passes))
     row: dict = {"chunk_bytes": chunk_bytes, "bytes": work.bytes, "prefix_tokens": work.prefix_tokens, **best,
-                 "fio_write": fio_write, "fio_read": fio_read, "bare_read": bare.gib_s,
+                 "fio_write": fio_write, "fio_read": fio_read,
+                 "fio_write_cores": fio_w.cores if fio_w else None,
+                 "fio_read_cores": fio_r.cores if fio_r else None, "bare_read": bare.gib_s,
                  "bare_cpu_per_gib": bare.cpu_per_gib, "get_vs_bare": best["get"] / bare.gib_s}
     if fio_write and fio_read:
         row["put_flush_vs_fio"], row["get_vs_fio"] = best["put_flush"] / fio_write, best["get"] / fio_read
@@ -215,13 +197,14 @@ def print_table(rows: list[dict]) -> None:
         return f"{r[name]:.2f}" if name in r else "-"
 
     print("| chunk | put+flush GiB/s | fio write | put+flush/fio | get GiB/s | cores | fio read "
-          "| get/fio | unverified/fio | plain tensor/fio | bare Python read/fio | get/bare "
+          "| fio's cores | get/fio | unverified/fio | plain tensor/fio | bare Python read/fio | get/bare "
           "| CPU s/GiB get, bare | host put/copyto | host get/copyto |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['chunk_bytes'] >> 20} MiB | {r['put_flush']:.2f} | {r['fio_write'] or 0:.2f} | "
               f"{ratio(r, 'put_flush_vs_fio')} | {r['get']:.2f} | {r['get_cores']:.1f} | "
-              f"{r['fio_read'] or 0:.2f} | {ratio(r, 'get_vs_fio')} | {ratio(r, 'get_unverified_vs_fio')} | "
+              f"{r['fio_read'] or 0:.2f} | {r['fio_read_cores'] or 0:.1f} | {ratio(r, 'get_vs_fio')} | "
+              f"{ratio(r, 'get_unverified_vs_fio')} | "
               f"{ratio(r, 'get_plain_vs_fio')} | {ratio(r, 'bare_read_vs_fio')} | "
               f"{r['get_vs_bare']:.2f} | {r['get_cpu_per_gib']:.2f}, {r['bare_cpu_per_gib']:.2f} | "
               f"{r['host_put_vs_copyto']:.2f} | "
