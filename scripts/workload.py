@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -100,9 +102,11 @@ def peer_list(text: str) -> list[str]:
     return peers
 
 
-def run_engines(args, base: dict, work: Path, console: Console) -> dict:
+def run_engines(args, base: dict, work: Path, console: Console) -> tuple[dict, dict[str, str]]:
     """Every engine on the same load, one after the other; LMCache's (and its multiprocess
-    baseline) in its venv with a server whose L1 is as large as kvtier's host tier."""
+    baseline) in its venv with a server whose L1 is as large as kvtier's host tier. A peer's
+    engine that fails is reported (its output says why), not the end of the run: (the
+    engines' outputs, the peers that failed and how)."""
     disk, example = work / "disk", work / "example"
     disk.mkdir(mode=0o700)
     example.mkdir()
@@ -110,22 +114,38 @@ def run_engines(args, base: dict, work: Path, console: Console) -> dict:
              "disk_capacity": "8GiB", "load_policy": "always"}
     specs = {"alone": base, "kvtier": {**base, "connector": "kvtier", "extra": extra},
              "example": {**base, "connector": "example", "extra": {"path": str(example)}}}
-    outs = {}
+    outs: dict = {}
+    failed: dict[str, str] = {}
+
+    def peer(key: str, start: Callable[[], dict]) -> None:
+        try:
+            outs[key] = start()
+        except subprocess.CalledProcessError as exc:
+            failed[key] = f"its engine exited with status {exc.returncode} (its output above says why)"
+            console.print(f"[red]{dict(ENGINES)[key]} failed: {failed[key]}[/red]")
+
     for key, name in ENGINES[:3]:
         if key == "example" and "example" not in args.peers:
             continue
         console.print(f"[dim]{name}[/dim]")
-        outs[key] = run(specs[key], work, key, args.threads)
+        if key == "example":
+            peer(key, lambda: run(specs["example"], work, "example", args.threads))
+        else:
+            outs[key] = run(specs[key], work, key, args.threads)
     if "lmcache" in args.peers:
         python = lmcache_python(args.lmcache_venv)
         console.print(f"[dim]{ENGINES[3][1]}[/dim]")
         outs["alone-mp"] = run(base, work, "alone-mp", args.threads, python)
         console.print(f"[dim]{ENGINES[4][1]}[/dim]")
         l1_gb = parse_size(args.host_capacity) / 1e9
-        with lmcache.server(python, work, "lmcache-server", l1_gb=l1_gb) as srv:
-            spec = {**base, "connector": "lmcache", "extra": lmcache.connector_extra(srv["port"])}
-            outs["lmcache"] = run(spec, work, "lmcache", args.threads, python)
-    return outs
+
+        def with_server() -> dict:
+            with lmcache.server(python, work, "lmcache-server", l1_gb=l1_gb) as srv:
+                spec = {**base, "connector": "lmcache", "extra": lmcache.connector_extra(srv["port"])}
+                return run(spec, work, "lmcache", args.threads, python)
+
+        peer("lmcache", with_server)
+    return outs, failed
 
 
 def main() -> None:
@@ -164,7 +184,7 @@ def main() -> None:
     console = Console()
     console.print(f"[dim]vLLM's KV cache: {blocks} blocks[/dim]")
     with tempfile.TemporaryDirectory(prefix="kvtier-workload-") as tmp:
-        outs = run_engines(args, base, Path(tmp), console)
+        outs, failed = run_engines(args, base, Path(tmp), console)
 
     prompt_tokens = sum(len(p) for r in rounds for p in r["prompts"])
     rows = []
@@ -192,6 +212,8 @@ def main() -> None:
     for row in rows:
         table.add_row(row["engine"], f"{row['seconds']:.2f}", f"{row['prompt_tokens_per_s']:.0f}",
                       f"{row['vs_baseline']:.2f}", f"{row['cached_share']:.0%}")
+    for key in failed:
+        table.add_row(dict(ENGINES)[key], "failed", "-", "-", "-")
     console.print(table)
     console.print(f"throughput with kvtier: {speedup:.2f}x vLLM's prefix cache alone")
     if "lmcache" in by_key:
@@ -201,7 +223,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json),
                                                                 "lmcache_venv": str(args.lmcache_venv)},
-                                         "gpu_blocks": blocks, "rows": rows,
+                                         "gpu_blocks": blocks, "rows": rows, "failed": failed,
                                          "speedup": speedup, "kvtier": outs["kvtier"]["kvtier"]}, indent=2))
 
 
