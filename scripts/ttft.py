@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,16 @@ def print_table(console: Console, model: str, rows: list[dict], notes: list[str]
     console.print(table)
 
 
+def peer_arm(who: str, arm: Callable[[], None], failed: dict[str, str], console: Console) -> None:
+    """Run a peer's arm; an engine of it that fails is recorded in ``failed`` (and said),
+    not the end of the run: the other arms' figures are kept."""
+    try:
+        arm()
+    except subprocess.CalledProcessError as exc:
+        failed[who] = f"an engine exited with status {exc.returncode} (its output above says why)"
+        console.print(f"[red]{who} failed: {failed[who]}[/red]")
+
+
 def lmcache_python(venv: Path) -> Path:
     python = lmcache.venv_python(venv)
     if python is None:
@@ -250,7 +261,9 @@ def main() -> None:
     # repeated prompt comes back, so the disk arms serve an unrelated prompt first.
     warm = [{"prompts": [np.random.default_rng(1).integers(100, 30000, size=min(lengths)).tolist()],
              "max_tokens": 1}]
-    runs, peer = {}, None
+    runs: dict = {}
+    peer: dict | None = None
+    failed: dict[str, str] = {}  # peers whose engine failed, and how
     try:
         console.print("[dim]recompute[/dim]")
         runs["recompute"] = run({**base, "phases": once * 2}, work, "recompute", args.threads)
@@ -276,21 +289,31 @@ def main() -> None:
         if "example" in arms:
             console.print("[dim]ExampleConnector: store, then load in a new process[/dim]")
             ex = {**base, "connector": "example", "extra": {"path": str(example)}}
-            run({**ex, "phases": once}, work, "example-store", args.threads)
-            drop_page_cache(example)
-            runs["example-load"] = run({**ex, "phases": warm + once}, work, "example-load",
-                                       args.threads)
+
+            def example_arm() -> None:
+                run({**ex, "phases": once}, work, "example-store", args.threads)
+                drop_page_cache(example)
+                runs["example-load"] = run({**ex, "phases": warm + once}, work, "example-load",
+                                           args.threads)
+
+            peer_arm("ExampleConnector", example_arm, failed, console)
         if args.remote:
             runs["kvtier-remote"] = remote_arm(base, extra, once, warm, work, args.threads, console)
         if peer_python is not None:
-            peer = lmcache_arms(peer_python, base, once, warm, work, args.threads, console)
-            runs.update({k: peer[k] for k in ("recompute-mp", "lmcache-host", "lmcache-disk")})
+            def lmcache_arm() -> None:
+                nonlocal peer
+                peer = lmcache_arms(peer_python, base, once, warm, work, args.threads, console)
+                runs.update({k: peer[k] for k in ("recompute-mp", "lmcache-host", "lmcache-disk")})
+
+            peer_arm("LMCache", lmcache_arm, failed, console)
     finally:
         if args.disk is None:
             shutil.rmtree(work, ignore_errors=True)
 
     rows = make_rows(lengths, runs)
     print_table(console, name, rows, PEER_NOTES if peer else [])
+    for who, how in failed.items():
+        console.print(f"[red]{who}: {how}[/red]")
     if peer:
         for name, lines in peer["logs"].items():
             print(f"{name} log:")
@@ -298,9 +321,9 @@ def main() -> None:
                 print(f"  {line}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        kvtier_run = next((runs[n] for n in ("kvtier-host", "kvtier-remote") if n in runs), {})
+        kvtier_run: dict = next((runs[n] for n in ("kvtier-host", "kvtier-remote") if n in runs), {})
         result = {"model": name, "kv_cache_groups": kvtier_run.get("kv_cache_groups"),
-                  "rows": rows, "arms": sorted(runs)}
+                  "rows": rows, "arms": sorted(runs), "failed": failed}
         for counters, arm in (("kvtier_disk_counters", "kvtier-disk"),
                               ("kvtier_remote_counters", "kvtier-remote")):
             if arm in runs:
