@@ -113,8 +113,11 @@ def inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts:
     rng = random.Random(seed)
     while not stop.wait(0.3):
         kind = rng.choice(["flip", "flip", "truncate", "eio", "slow", "hang"])
-        files = list(path.glob("*/slots-*.kvt"))
-        if kind in ("flip", "truncate") and files:
+        # every writer's slot files, wherever the layout puts them (<namespace>/writers/<id>/)
+        files = [f for f in path.rglob("slots-*.kvt") if f.is_file() and not f.is_symlink()]
+        if kind in ("flip", "truncate"):
+            if not files:
+                continue  # nothing to corrupt yet: no fault, none counted
             target = rng.choice(files)
             size = target.stat().st_size
             if size == 0:
