@@ -1,4 +1,5 @@
-"""Reading a segment's index file a piece at a time (``written_index_entries``)."""
+"""Reading a segment's index file a piece at a time (``written_index_entries``), and the
+scheduler side's reading of every path's index with it (``read_disk_index``)."""
 
 import pytest
 
@@ -63,3 +64,28 @@ def test_a_huge_sparse_index_is_read_a_piece_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(index_file, "read_at", counted)
     assert [slot for slot, _ in entries(tmp_path, 1 << 16)] == [1]
     assert max(reads) == 8192 * INDEX_ENTRY_BYTES and sum(reads) == (1 << 16) * INDEX_ENTRY_BYTES
+
+
+def test_the_scheduler_side_reads_each_paths_index_and_maps_its_slots(tmp_path):
+    """``read_disk_index`` over two paths: slot ``s`` lives on path ``s % 2`` at local entry
+    ``s // 2``; every chunk the disk tier wrote is found at its own slot, with its header."""
+    from kvtier.io.buffers import AlignedBuffer
+    from kvtier.io.index_file import SlotLayout, read_disk_index
+    from kvtier.keys import ChunkKey, Namespace
+    from kvtier.tiers.disk import DiskTier
+
+    raw = 4096
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="t", block_tokens=16, chunk_tokens=16)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir(mode=0o700)
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    capacity = 8 * (4096 + raw)  # 8 slots, 4 a path
+    disk = DiskTier(roots, ns, raw, capacity)
+    keys = {slot: ChunkKey(bytes([slot + 1]) * 16) for slot in (0, 1, 2, 5)}
+    buffer = AlignedBuffer(raw)
+    assert all(disk.write(slot, key, buffer.array).ok for slot, key in keys.items())
+    writer = disk.writer
+    disk.close()
+    found = read_disk_index(roots, ns, SlotLayout(raw, 2, capacity), writer)
+    assert {key: slot for key, (slot, _) in found.items()} == {key: slot for slot, key in keys.items()}
+    assert all(header.key == key for key, (_, header) in found.items())

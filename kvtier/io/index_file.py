@@ -131,19 +131,6 @@ def newest_per_key(found: Iterable[Found]) -> tuple[dict[ChunkKey, Found], int]:
     return best, duplicates
 
 
-def read_index_file(directory: SafeDir, slots: int) -> bytes:
-    """The first ``slots`` entries of a namespace's index file (fewer when it is shorter;
-    empty when missing)."""
-    try:
-        fd = directory.open_file(INDEX_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return b""
-    try:
-        return read_at(fd, min(os.fstat(fd).st_size, slots * INDEX_ENTRY_BYTES), 0)
-    finally:
-        os.close(fd)
-
-
 INDEX_PIECE_ENTRIES = 8192  # entries read at a time by ``written_index_entries``: 1 MiB
 
 
@@ -185,11 +172,14 @@ def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout,
     alone (missing, unsafe or unreadable paths hold nothing). Reads only: the process that
     writes holds the lock."""
     found: list[tuple[int, SlotHeader]] = []
+    digest = namespace.digest()
     for index, root in enumerate(roots):
         try:
             with open_segment_dir(root, namespace.id, writer) as directory:
-                entries = read_index_file(directory, layout.per_path)
-        except OSError:
+                for local, entry in written_index_entries(directory, layout.per_path):
+                    header = valid_header(entry, digest, layout)
+                    if header is not None:
+                        found.append((local * layout.num_paths + index, header))
+        except OSError:  # entries already found on this path are kept: each was checked
             continue
-        found += parse_index(entries, namespace.digest(), layout, index)[0]
     return newest_per_key(found)[0]
