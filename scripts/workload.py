@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_model import make_model  # noqa: E402
 from peers import lmcache  # noqa: E402
-from ttft import lmcache_python, run  # noqa: E402  (one engine run in its own process)
+from ttft import lmcache_python, peer_arm, run  # noqa: E402  (one engine run in its own process)
 
 from kvtier.units import parse_size  # noqa: E402
 
@@ -115,14 +114,10 @@ def run_engines(args, base: dict, work: Path, console: Console) -> tuple[dict, d
     specs = {"alone": base, "kvtier": {**base, "connector": "kvtier", "extra": extra},
              "example": {**base, "connector": "example", "extra": {"path": str(example)}}}
     outs: dict = {}
-    failed: dict[str, str] = {}
+    failed: dict[str, str] = {}  # by engine name
 
     def peer(key: str, start: Callable[[], dict]) -> None:
-        try:
-            outs[key] = start()
-        except subprocess.CalledProcessError as exc:
-            failed[key] = f"its engine exited with status {exc.returncode} (its output above says why)"
-            console.print(f"[red]{dict(ENGINES)[key]} failed: {failed[key]}[/red]")
+        peer_arm(dict(ENGINES)[key], lambda: outs.__setitem__(key, start()), failed, console)
 
     for key, name in ENGINES[:3]:
         if key == "example" and "example" not in args.peers:
@@ -212,8 +207,8 @@ def main() -> None:
     for row in rows:
         table.add_row(row["engine"], f"{row['seconds']:.2f}", f"{row['prompt_tokens_per_s']:.0f}",
                       f"{row['vs_baseline']:.2f}", f"{row['cached_share']:.0%}")
-    for key in failed:
-        table.add_row(dict(ENGINES)[key], "failed", "-", "-", "-")
+    for engine in failed:
+        table.add_row(engine, "failed", "-", "-", "-")
     console.print(table)
     console.print(f"throughput with kvtier: {speedup:.2f}x vLLM's prefix cache alone")
     if "lmcache" in by_key:
