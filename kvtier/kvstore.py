@@ -20,12 +20,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from kvtier.chunk_runs import ChunkRuns
 from kvtier.config import KVTierConfig, load_config
 from kvtier.errors import ConfigError, StoreClosedError
 from kvtier.io.buffers import align_up
@@ -206,8 +206,8 @@ class KVStore:
         keys = self.keys(tokens)
         self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
         self._lane.poll()
-        stored = put_chunks(self._shared, self._runner, keys, partial(self._chunks_of, kv),
-                            self._drain_timeout())
+        stored = put_chunks(self._shared, self._runner, keys,
+                            ChunkRuns(kv, self.chunk_tokens, len(keys)).run, self._drain_timeout())
         with self._lock:
             self._stats.chunks_stored += stored
         return stored * self.chunk_tokens
@@ -245,10 +245,11 @@ class KVStore:
         keys = self.keys(tokens)
         self.layout.check_tensor(out, 0, "out")
         keys = keys[: out.shape[2] // self.chunk_tokens]
+        runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
         direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
         read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
                           self._drain_timeout(), direct)
-        return read.run(keys, partial(self._chunks_of, out)) * self.chunk_tokens
+        return read.run(keys, runs.run) * self.chunk_tokens
 
     def empty_kv(self, num_tokens: int) -> torch.Tensor:
         """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk
@@ -330,6 +331,7 @@ class KVStore:
         if not self._lane.close(max(0.0, deadline - time.monotonic())):
             return False  # a hung drive: its I/O still uses host memory
         self._close_others()  # after the lane: no read of another writer's chunk is left
+        self._transfers.close()  # its views of host memory go before the memory
         for tier in self.tiers.values():
             tier.close()
         return True
@@ -346,12 +348,6 @@ class KVStore:
         others = getattr(self, "_shared", None) and self._shared.others
         if others:
             others.close()
-
-    def _chunks_of(self, kv: torch.Tensor, first: int, count: int) -> torch.Tensor:
-        """Chunks ``first`` to ``first + count - 1`` of ``kv`` as one ``(count, layers, 2,
-        chunk_tokens, hidden)`` view."""
-        tokens = self.chunk_tokens
-        return kv[:, :, first * tokens:(first + count) * tokens].unflatten(2, (count, tokens)).movedim(2, 0)
 
 
 def _model_name(model: str | None, cfg: KVTierConfig) -> str:

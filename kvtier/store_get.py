@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-import torch
-
+from kvtier.chunk_runs import Run
 from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
@@ -15,7 +14,6 @@ from kvtier.store_shared import DISK, HOST, Skip, StoreShared
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location
 from kvtier.tiers.base import TierName
-from kvtier.transfers import as_raw
 
 
 class PrefixRead:
@@ -44,7 +42,7 @@ class PrefixRead:
         self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
         self.loaded: list[TierName] = []
 
-    def run(self, keys: list[ChunkKey], chunks_out: Callable[[int, int], torch.Tensor]) -> int:
+    def run(self, keys: list[ChunkKey], chunks_out: Callable[[int, int], Run]) -> int:
         """Copy the prefix into the caller's tensor, ``chunks_out(i, n)`` being its chunks
         ``i`` to ``i + n - 1`` as one ``(n, layers, 2, chunk_tokens, hidden)`` view; return
         the prefix's chunks."""
@@ -131,14 +129,14 @@ class PrefixRead:
             fetch = self._fetcher.begin(key, direct, remote)
         return fetch
 
-    def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], torch.Tensor]) -> bool:
+    def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], Run]) -> bool:
         """Copy out a run from ``_next_run`` (one chunk unless they are all in memory)."""
         source = self._fetcher.complete(fetches[0])
         if source is None:
             return False
         if source.tier is not DISK:  # else read straight into the caller's tensor
-            out = chunks_out(len(self.loaded), len(fetches))
-            as_raw(out).copy_(self._shared.transfers.view_run(source, len(fetches)))
+            self._runner.copy(chunks_out(len(self.loaded), len(fetches)),
+                              self._shared.transfers.run_of(source, len(fetches)))
             # the first from where it completed (a staging slot, for a disk read), the
             # others, all in memory, from where they are pinned
             for fetch, copied_from in zip(fetches, [source] + [f.loc for f in fetches[1:]],

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
-
+from kvtier.chunk_runs import Run
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import Skip, StoreShared
 from kvtier.store_writes import PlanRunner
@@ -24,7 +23,7 @@ class PutRuns:
     """The chunks of one ``put``, filled a run at a time.
 
     Contract: ``chunks_of(i, n)`` is chunks ``i`` to ``i + n - 1`` of the KV put, as one
-    ``(n, layers, 2, tokens, hidden)`` view. ``add(index, plan)`` runs the plan's demotions
+    ``(n, layers, 2, tokens, hidden)`` run (``chunk_runs``). ``add(index, plan)`` runs the plan's demotions
     and holds back the copy of chunk ``index`` into ``plan.dst``. A plan that continues the
     held run (the next chunk, into the next slot of the same tier, within ``RUN_BYTES``, or
     ``RUN_BYTES_WRITING`` when chunks reaching host memory are written in the background)
@@ -36,7 +35,7 @@ class PutRuns:
     the runner, not held.
     """
 
-    def __init__(self, runner: PlanRunner, chunks_of: Callable[[int, int], torch.Tensor],
+    def __init__(self, runner: PlanRunner, chunks_of: Callable[[int, int], Run],
                  chunk_bytes: int) -> None:
         self._runner, self._chunks_of = runner, chunks_of
         most = RUN_BYTES_WRITING if runner.writes_behind else RUN_BYTES
@@ -80,7 +79,7 @@ class PutRuns:
 
 
 def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
-               chunks_of: Callable[[int, int], torch.Tensor], drain_timeout: float) -> int:
+               chunks_of: Callable[[int, int], Run], drain_timeout: float) -> int:
     """Store the chunks of ``keys`` not cached yet (chunk ``i`` is ``chunks_of(i, 1)``);
     return how many were stored. Chunks already cached are only marked recent; a chunk with
     no room, even after the run held is copied in and background writes were waited for

@@ -8,9 +8,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
-import torch
-
+from kvtier.chunk_runs import Run, copy_run
 from kvtier.config import WritePolicy
 from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
 from kvtier.io.result import IOResult, IOStatus
@@ -18,7 +16,6 @@ from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, HOST, StoreShared
 from kvtier.tier_stack import Location, Move, StorePlan
 from kvtier.tiers.host import HostTier
-from kvtier.transfers import as_raw
 
 # background write jobs running at once per path (at most io_threads): each writes up to
 # WRITE_GROUP_BYTES, and chunks queued meanwhile wait to go together in the next one
@@ -62,32 +59,28 @@ class PlanRunner:
                                            self._settle_group, per_group, jobs, lambda: lane.closed)
                         for queue in lane.queues}
 
-    def copy_in(self, chunk: torch.Tensor, dst: Location) -> None:
-        """Copy ``chunk`` into its slot."""
-        self._copy(self.shared.transfers.view(dst), as_raw(chunk))
+    def copy_in(self, chunk: Run, dst: Location) -> None:
+        """Copy ``chunk`` (a run of one) into its slot."""
+        self.copy(self.shared.transfers.run_of(dst, 1), chunk)
 
-    def fill_run(self, plans: Sequence[StorePlan], chunks: torch.Tensor) -> None:
-        """Copy ``chunks`` (``(n, layers, 2, chunk_tokens, hidden)``, ``n = len(plans)``)
-        into the plans' slots with one copy, and finish every reservation. The slots follow
-        one another in one memory tier from ``plans[0].dst``; the plans' demotions are done."""
+    def fill_run(self, plans: Sequence[StorePlan], chunks: Run) -> None:
+        """Copy ``chunks`` (a run of ``len(plans)``: ``chunk_runs``) into the plans' slots
+        with one copy, and finish every reservation. The slots follow one another in one
+        memory tier from ``plans[0].dst``; the plans' demotions are done."""
         ok = False
         try:
-            self._copy(self.shared.transfers.view_run(plans[0].dst, len(plans)), as_raw(chunks))
+            self.copy(self.shared.transfers.run_of(plans[0].dst, len(plans)), chunks)
             self.shared.sync()
             ok = True
         finally:
             for plan in plans:
                 self.finish(plan.key, plan.dst, ok)
 
-    def _copy(self, target: torch.Tensor, source: torch.Tensor) -> None:
-        """``target.copy_(source)``. With a disk or remote tier, a copy between CPU tensors
-        runs on this thread alone (numpy): torch's copy hands parts to its worker threads,
+    def copy(self, target: Run, source: Run) -> None:
+        """Copy run ``source`` into ``target``. With a disk or remote tier, a copy in CPU
+        memory runs on this thread alone: torch's copy hands parts to its worker threads,
         which then wait spinning for more and take the cores the I/O needs."""
-        background_io = bool(self._groups) or self.shared.remote is not None
-        if background_io and target.device.type == "cpu" and source.device.type == "cpu":
-            np.copyto(target.numpy(), source.numpy())
-        else:
-            target.copy_(source)
+        copy_run(target, source, threads=not (self._groups or self.shared.remote is not None))
 
     def run(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
         """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
@@ -272,7 +265,8 @@ class PlanRunner:
     def promote(self, key: ChunkKey, source: Location) -> None:
         with self.shared.lock:
             plan = self.shared.stack.plan_store(key, self.shared.top)
-        if plan is not None and self.run(plan, partial(self.copy_in, self.shared.transfers.view(source))):
+        chunk = self.shared.transfers.run_of(source, 1)
+        if plan is not None and self.run(plan, partial(self.copy_in, chunk)):
             self.shared.count("chunks_promoted")
 
 

@@ -5,20 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kvtier.chunk_runs import RAW_TORCH, Run, slot_rows
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
-
-# the integer type of each element size: copies through it move bytes and never convert
-_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def as_raw(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s memory as integers of the same size (same shape and strides)."""
-    return tensor.view(_RAW[tensor.element_size()])
 
 
 class Transfers:
@@ -35,11 +28,30 @@ class Transfers:
         self.memory = memory
         self.disk = disk
         self.chunk_bytes = chunk_bytes
-        self._raw, self._shape = _RAW[dtype.itemsize], chunk_shape
+        self._raw, self._shape = RAW_TORCH[dtype.itemsize], chunk_shape
+        host = memory.get(TierName.HOST)
+        self._host_rows = None if not isinstance(host, HostTier) else slot_rows(
+            host.buffer.array, host.num_slots, host.slot_bytes, chunk_bytes, dtype.itemsize,
+            chunk_shape)
+
+    def run_of(self, first: Location, count: int) -> Run:
+        """``count`` memory slots that follow one another from ``first`` as one ``(count,
+        layers, 2, chunk_tokens, hidden)`` run of raw integers (``chunk_runs``): a numpy
+        view in host memory, a torch view elsewhere."""
+        if first.tier is TierName.HOST and self._host_rows is not None:
+            if first.slot < 0 or count < 1 or first.slot + count > len(self._host_rows):
+                raise IndexError(f"host slots {first.slot}..{first.slot + count - 1} out of "
+                                 f"range 0..{len(self._host_rows) - 1}")
+            return self._host_rows[first.slot:first.slot + count]
+        return self.view_run(first, count)
+
+    def close(self) -> None:
+        """Let go of the views of host memory (before the host tier is closed)."""
+        self._host_rows = None
 
     def view(self, loc: Location) -> torch.Tensor:
         """The chunk in a memory slot as a ``(layers, 2, chunk_tokens, hidden)`` view of
-        integers of the KV's element size (copy to and from it through ``as_raw``)."""
+        integers of the KV's element size (copy to and from it through ``chunk_runs.as_raw``)."""
         return self.view_run(loc, 1)[0]
 
     def view_run(self, first: Location, count: int) -> torch.Tensor:

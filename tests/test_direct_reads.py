@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvtier import KVLayout, KVStore
-from kvtier.errors import StoreClosedError
+from kvtier.errors import LayoutError, StoreClosedError
 from kvtier.io.buffers import PAGE
 from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.tiers.base import TierName
@@ -221,9 +221,24 @@ def test_rows_that_overlap_are_read_through_host_and_the_cache_survives(tmp_path
     kv = stored_on_disk(tmp_path)
     with KVStore(LAYOUT, config(tmp_path), model="m") as store:
         base = store.empty_kv(len(TOKENS))
-        out = base[:, :1].expand(-1, 2, -1, -1)  # K and V rows on the same memory
-        with pytest.raises(RuntimeError, match="single memory location"):
-            store.get(TOKENS, out)  # torch refuses the copy into it, as for any such tensor
+        # each layer's K and V rows share half their memory: not read into directly
+        out = torch.as_strided(base, base.shape,
+                               (base.stride(0), base.stride(1) // 2, base.stride(2), 1))
+        assert store.get(TOKENS, out) == len(TOKENS)
         assert store.stats().corruptions == 0
+        assert store.lookup(TOKENS).chunks_by_tier == {HOST: 4}  # through host slots: promoted
         fresh = store.empty_kv(len(TOKENS))
         assert store.get(TOKENS, fresh) == len(TOKENS) and same_bytes(fresh, kv)
+
+
+def test_an_out_whose_elements_share_memory_is_refused_before_any_read(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        out = store.empty_kv(len(TOKENS))[:, :1].expand(-1, 2, -1, -1)  # K and V: one memory
+        with pytest.raises(LayoutError, match="share memory.*torch.empty"):
+            store.get(TOKENS, out)
+        assert store.stats().chunks_loaded == {} and store.stats().corruptions == 0
+        fresh = store.empty_kv(len(TOKENS))
+        assert store.get(TOKENS, fresh) == len(TOKENS) and same_bytes(fresh, kv)
+
+

@@ -25,16 +25,16 @@ def make_store(tmp_path=None, host_chunks=8, layout=SMALL, chunk=CHUNK, **extra)
 
 
 def count_copies(store, monkeypatch) -> list[int]:
-    """The chunks each copy into a memory slot moved, in order (white-box: the runner)."""
+    """The chunks each copy of a run moved, in order (white-box: the runner)."""
     copies: list[int] = []
     runner = store._runner
-    real = runner._copy
+    real = runner.copy
 
     def counted(target, source):
-        copies.append(target.shape[0] if target.dim() == 5 else 1)
+        copies.append(target.shape[0])
         real(target, source)
 
-    monkeypatch.setattr(runner, "_copy", counted)
+    monkeypatch.setattr(runner, "copy", counted)
     return copies
 
 
@@ -137,17 +137,17 @@ def test_runs_of_chunks_smaller_than_their_slots_land_in_the_right_rows(monkeypa
 def test_a_failed_copy_leaves_no_reservation_and_the_store_goes_on(monkeypatch):
     with make_store() as store:
         runner = store._runner
-        real = runner._copy
+        real = runner.copy
 
         def broken(target, source):
             raise RuntimeError("copy failed")
 
-        monkeypatch.setattr(runner, "_copy", broken)
+        monkeypatch.setattr(runner, "copy", broken)
         tokens = list(range(4 * CHUNK))
         with pytest.raises(RuntimeError, match="copy failed"):
             store.put(tokens, make_kv(tokens))
         assert reservations(store) == 0 and store.lookup(tokens).tokens == 0
-        monkeypatch.setattr(runner, "_copy", real)
+        monkeypatch.setattr(runner, "copy", real)
         assert store.put(tokens, make_kv(tokens)) == 4 * CHUNK
         assert same_bytes(read(store, tokens)[1], make_kv(tokens))
 
@@ -186,13 +186,13 @@ def count_copies_out(store, monkeypatch) -> list[int]:
     """The chunks each copy out of memory slots moved, in order (white-box: the transfers)."""
     copies: list[int] = []
     transfers = store._shared.transfers
-    real = transfers.view_run
+    real = transfers.run_of
 
     def counted(first, count):
         copies.append(count)
         return real(first, count)
 
-    monkeypatch.setattr(transfers, "view_run", counted)
+    monkeypatch.setattr(transfers, "run_of", counted)
     return copies
 
 
