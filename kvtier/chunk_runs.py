@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from kvtier.errors import LayoutError
+
 # the integer type of each element size: copies through it move bytes and never convert
 RAW_TORCH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 RAW_NUMPY = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}

@@ -235,7 +235,7 @@ def test_an_out_whose_elements_share_memory_is_refused_before_any_read(tmp_path)
     kv = stored_on_disk(tmp_path)
     with KVStore(LAYOUT, config(tmp_path), model="m") as store:
         out = store.empty_kv(len(TOKENS))[:, :1].expand(-1, 2, -1, -1)  # K and V: one memory
-        with pytest.raises(LayoutError, match="share memory.*torch.empty"):
+        with pytest.raises(LayoutError, match=r"share memory.*torch\.empty"):
             store.get(TOKENS, out)
         assert store.stats().chunks_loaded == {} and store.stats().corruptions == 0
         fresh = store.empty_kv(len(TOKENS))

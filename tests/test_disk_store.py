@@ -134,15 +134,15 @@ def test_full_write_queue_drops_writes_instead_of_blocking(tmp_path, monkeypatch
     monkeypatch.setattr(os, "pwritev", stuck)
     store = KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1))
     done = threading.Event()
-    worker = threading.Thread(target=lambda: (store.put(seq(0, 12), make_kv(seq(0, 12))), done.set()))
+    worker = threading.Thread(target=lambda: (store.put(seq(0, 24), make_kv(seq(0, 24))), done.set()))
     worker.start()
     worker.join(timeout=30)
     assert done.is_set(), "put waited for the disk"
-    assert store.stats().dropped_writes == 12 - 4  # queue depth 4 x io_threads
+    assert store.stats().dropped_writes == 24 - 16  # the queue: half the 32 host slots
     release.set()
     flushed = store.flush()  # finding 16: flush writes the dropped chunks too
-    assert flushed and flushed.written == 8 and store.stats().disk_writes == 12
-    assert exact(store, seq(0, 12)) == 12 * CHUNK
+    assert flushed and flushed.written == 8 and store.stats().disk_writes == 24
+    assert exact(store, seq(0, 24)) == 24 * CHUNK
     store.close()
 
 

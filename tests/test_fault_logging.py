@@ -176,9 +176,9 @@ def test_write_through_dropped_under_slow_io(tmp_path, caplog, monkeypatch):
     delayed_io(monkeypatch, "pwritev", 0.05)
     with KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1)) as store, \
             caplog.at_level(logging.WARNING, logger="kvtier"):
-        put_all(store, singles(16))
+        put_all(store, singles(32))  # a queue of 16 (half the host slots) and slow writes
         assert store.stats().dropped_writes >= 8
-        assert all(exact(store, tokens) == CHUNK for tokens in singles(16))
+        assert all(exact(store, tokens) == CHUNK for tokens in singles(32))
     once(caplog, "write-through dropped")
 
 

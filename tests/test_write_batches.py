@@ -176,16 +176,31 @@ def test_writes_past_a_full_queue_are_dropped_and_counted(tmp_path, fake):
     tokens = seq(0, 12)
     with KVStore(SMALL, config(tmp_path, host_chunks=16, io_threads=1), io_engine=make) as store:
         engines[0].hold("disk0")
-        store.put(tokens, make_kv(tokens))  # the queue holds 4 chunks: one job, three waiting
-        assert store.stats().dropped_writes == 8 and engines[0].submitted["disk0"] == 1
-        assert held(store) == (4, 4)
+        store.put(tokens, make_kv(tokens))  # the queue holds 8 chunks (half the host slots):
+        assert store.stats().dropped_writes == 4 and engines[0].submitted["disk0"] == 1
+        assert held(store) == (8, 8)  # one job, seven waiting
         depth = next(m for m in store.metric_samples() if m.name == "io_queue_depth")
-        assert list(depth.values.values()) == [4]  # the job, and the three chunks behind it
+        assert list(depth.values.values()) == [8]  # the job, and the seven chunks behind it
         engines[0].release("disk0")
         flushed = store.flush(timeout=10)
-        assert flushed and flushed.written == 8 and store.stats().disk_writes == 12
+        assert flushed and flushed.written == 4 and store.stats().disk_writes == 12
     with KVStore(SMALL, config(tmp_path, host_chunks=16)) as again:
         assert exact(again, tokens) == 12 * CHUNK
+
+
+def test_each_path_queues_its_share_of_half_the_host_slots(tmp_path, fake):
+    make, engines = fake
+    tokens = seq(0, 24)
+    paths = [tmp_path / "a", tmp_path / "b"]
+    for path in paths:
+        path.mkdir(mode=0o700)
+    cfg = config(tmp_path, host_chunks=32, io_threads=1, disk_paths=[str(p) for p in paths])
+    with KVStore(SMALL, cfg, io_engine=make) as store:
+        engines[0].hold()
+        store.put(tokens, make_kv(tokens))  # 12 chunks a path, 8 queued on each (32 / 2 / 2)
+        assert store.stats().dropped_writes == 8 and held(store) == (16, 16)
+        engines[0].release()
+        assert store.flush(timeout=10).written == 8 and store.stats().disk_writes == 24
 
 
 def test_chunks_waiting_on_a_hung_drive_at_close_are_let_go(tmp_path, fake):
