@@ -59,8 +59,7 @@ class PrefixRead:
                     if not self._copy(fetches, chunks_out):
                         break
                 finally:
-                    for fetch in fetches:
-                        self._fetcher.release(fetch)
+                    self._fetcher.release(*fetches)
         finally:
             self._finish(held, len(keys))
         return len(self.loaded)

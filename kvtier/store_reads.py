@@ -71,7 +71,7 @@ class Fetcher:
     ``complete(fetch)`` says where the chunk can be copied from (for a direct read: its disk
     slot, the bytes being in place), or None when its read failed (the chunk is dropped) or
     was not over in time (a direct read's pages are then detached from the caller);
-    ``release(fetch)`` unpins what ``begin`` and ``complete`` pinned.
+    ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
     """
 
     def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
@@ -84,6 +84,8 @@ class Fetcher:
         """Pin the disk copies of the cached prefix of ``keys`` for a whole ``get`` (of the
         chunks in host memory too): making room in host memory for one read demotes host
         chunks to disk, which must not evict a later chunk of the same prefix from both."""
+        if not self.shared.lane.num_slots:
+            return []  # no disk tier
         with self.shared.lock:
             return self.shared.stack.pin_prefix(keys, DISK)
 
@@ -336,11 +338,12 @@ class Fetcher:
 
             read.add_done_callback(ended)
 
-    def release(self, fetch: Fetch) -> None:
-        with self.shared.lock:
-            self._unpin(fetch.key, fetch.loc)
-            if fetch.state is FetchState.STAGED and fetch.plan is not None:
-                self.shared.stack.unpin(fetch.key, fetch.plan.dst)
+    def release(self, *fetches: Fetch) -> None:
+        with self.shared.lock:  # once for a run of fetches
+            for fetch in fetches:
+                self._unpin(fetch.key, fetch.loc)
+                if fetch.state is FetchState.STAGED and fetch.plan is not None:
+                    self.shared.stack.unpin(fetch.key, fetch.plan.dst)
 
     def unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
         with self.shared.lock:

@@ -36,6 +36,7 @@ from kvtier.bench.bare_reads import bare_read_bandwidth
 from kvtier.bench.busy import Busy
 from kvtier.bench.fio import FioFigure, fio_figure, have_fio
 from kvtier.bench.naive import drop_page_cache
+from kvtier.chunk_runs import ChunkRuns, slot_rows
 from kvtier.config_values import parse_size
 
 LAYOUT = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
@@ -122,9 +123,12 @@ def disk_pass(work: Workload, root: Path) -> tuple[float, ...]:
     return work.bytes / 2**30 / put_s, get, cores, cpu, unverified, plain
 
 
-def host_pass(work: Workload) -> tuple[float, float, float, float]:
-    """GiB/s of host-only put and get, and of ``numpy.copyto`` of the same bytes into and
-    out of memory the size of the store's host slots (not a cache-resident copy)."""
+def host_pass(work: Workload) -> tuple[float, ...]:
+    """GiB/s of host-only put and get; of ``numpy.copyto`` of the same bytes into and out of
+    memory the size of the store's host slots (not a cache-resident copy), contiguous; and of
+    ``numpy.copyto`` between the caller's tensor and those slots laid out as the store's
+    (each chunk a slot, scattered over the tensor's rows), a prefix a copy: the floor for
+    any copy that does a host put's or get's job with this layout."""
     cfg = work.config(work.bytes + 2**30, None)
     with KVStore(LAYOUT, cfg, model="bench") as store:
         put_all(store, work)  # the first pass faults the host slots in
@@ -142,8 +146,23 @@ def host_pass(work: Workload) -> tuple[float, float, float, float]:
     for i in range(work.count):
         np.copyto(out, pool[i])
     copy_out_s = time.perf_counter() - start
+    per_prefix = work.prefix_tokens // work.chunk_tokens
+    slots = slot_rows(pool.reshape(-1), work.count * per_prefix, src.size // per_prefix,
+                      src.size // per_prefix, work.kv.element_size(),
+                      LAYOUT.shape(work.chunk_tokens))
+    caller_in = ChunkRuns(work.kv, work.chunk_tokens, per_prefix).run(0, per_prefix)
+    caller_out = ChunkRuns(work.out, work.chunk_tokens, per_prefix, into=True).run(0, per_prefix)
+    start = time.perf_counter()
+    for i in range(work.count):
+        np.copyto(slots[i * per_prefix:(i + 1) * per_prefix], caller_in)
+    scatter_in_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(work.count):
+        np.copyto(caller_out, slots[i * per_prefix:(i + 1) * per_prefix])
+    scatter_out_s = time.perf_counter() - start
     gib = work.bytes / 2**30
-    return gib / put_s, gib / get_s, gib / copy_in_s, gib / copy_out_s
+    return (gib / put_s, gib / get_s, gib / copy_in_s, gib / copy_out_s, gib / scatter_in_s,
+            gib / scatter_out_s)
 
 
 def fio_best(directory: Path, chunk_bytes: int, total: int) -> tuple[FioFigure | None, FioFigure | None]:
@@ -160,7 +179,8 @@ def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_t
     work = Workload(chunk_bytes, total, prefix_tokens)
     root = directory / "kvtier-bench-store"
     best = dict.fromkeys(["put_flush", "get", "get_cores", "get_cpu_per_gib", "get_unverified",
-                          "get_plain", "host_put", "host_get", "copyto_in", "copyto_out"], 0.0)
+                          "get_plain", "host_put", "host_get", "copyto_in", "copyto_out",
+                          "scatter_in", "scatter_out"], 0.0)
     during_best_get = ("get_cores", "get_cpu_per_gib")
     try:
         for _ in range(passes):
@@ -189,6 +209,8 @@ def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_t
         row["bare_read_vs_fio"] = bare.gib_s / fio_read
     row["host_put_vs_copyto"] = best["host_put"] / best["copyto_in"]
     row["host_get_vs_copyto"] = best["host_get"] / best["copyto_out"]
+    row["host_put_vs_scatter"] = best["host_put"] / best["scatter_in"]
+    row["host_get_vs_scatter"] = best["host_get"] / best["scatter_out"]
     return row
 
 
@@ -198,8 +220,9 @@ def print_table(rows: list[dict]) -> None:
 
     print("| chunk | put+flush GiB/s | fio write | put+flush/fio | get GiB/s | cores | fio read "
           "| fio's cores | get/fio | unverified/fio | plain tensor/fio | bare Python read/fio | get/bare "
-          "| CPU s/GiB get, bare | host put/copyto | host get/copyto |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| CPU s/GiB get, bare | host put/copyto | host get/copyto | host put/scatter "
+          "| host get/scatter |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['chunk_bytes'] >> 20} MiB | {r['put_flush']:.2f} | {r['fio_write'] or 0:.2f} | "
               f"{ratio(r, 'put_flush_vs_fio')} | {r['get']:.2f} | {r['get_cores']:.1f} | "
@@ -208,7 +231,8 @@ def print_table(rows: list[dict]) -> None:
               f"{ratio(r, 'get_plain_vs_fio')} | {ratio(r, 'bare_read_vs_fio')} | "
               f"{r['get_vs_bare']:.2f} | {r['get_cpu_per_gib']:.2f}, {r['bare_cpu_per_gib']:.2f} | "
               f"{r['host_put_vs_copyto']:.2f} | "
-              f"{r['host_get_vs_copyto']:.2f} |")
+              f"{r['host_get_vs_copyto']:.2f} | {r['host_put_vs_scatter']:.2f} | "
+              f"{r['host_get_vs_scatter']:.2f} |")
 
 
 def main() -> None:
