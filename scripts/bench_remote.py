@@ -80,7 +80,7 @@ def measure(url: str, chunk: int, total: int, batch: int, repeats: int) -> dict:
             assert all(v is not None for v in pipe.execute())
 
     moved = count * chunk
-    row = {"chunk": chunk, "chunks": count, "batch": batch}
+    row: dict[str, float] = {"chunk": chunk, "chunks": count, "batch": batch}
     for name, run in (("raw_put", raw_put), ("tier_put", tier_put), ("raw_get", raw_get),
                       ("tier_get", tier_get)):
         row[name] = moved / best(repeats, run) / 2**30
@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvtier-redis-") as tmp:
         server = None if args.url else RedisServer(Path(tmp), "--maxmemory", "6gb").start()
-        url = args.url or server.url
+        url = args.url or (server.url if server else "")
         try:
             rows = [measure(url, parse_size(c), parse_size(args.size), args.batch, args.repeats)
                     for c in args.chunks.split(",")]

@@ -152,6 +152,7 @@ def host_pass(work: Workload) -> tuple[float, ...]:
                       LAYOUT.shape(work.chunk_tokens))
     caller_in = ChunkRuns(work.kv, work.chunk_tokens, per_prefix).run(0, per_prefix)
     caller_out = ChunkRuns(work.out, work.chunk_tokens, per_prefix, into=True).run(0, per_prefix)
+    assert isinstance(caller_in, np.ndarray) and isinstance(caller_out, np.ndarray), "CPU tensors"
     start = time.perf_counter()
     for i in range(work.count):
         np.copyto(slots[i * per_prefix:(i + 1) * per_prefix], caller_in)

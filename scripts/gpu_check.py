@@ -26,12 +26,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kvtier import KVLayout, KVStore
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.pages import PagedKV
+from kvtier.tiers.base import TierName
 from kvtier.tiers.host import HostTier
 
 
@@ -64,8 +66,10 @@ def store_round_trip(device: torch.device, sizes: Sizes) -> dict:
     total = 8 * 256 * layout.token_bytes  # 8 chunks, half of them demoted to host memory
     config = {"chunk_tokens": 256, "gpu_capacity": total // 2, "host_capacity": 4 * total}
     with KVStore(layout, config, model="gpu-check") as store:
-        assert store.tiers["gpu"].device.type == device.type, store.tiers["gpu"].device
-        assert store.tiers["host"].pinned or device.type != "cuda", "host slots are not pinned"
+        gpu, host = store.tiers[TierName.GPU], store.tiers[TierName.HOST]
+        assert gpu.device.type == device.type, gpu.device
+        assert isinstance(host, HostTier) and (host.pinned or device.type != "cuda"), \
+            "host slots are not pinned"
         tokens = list(range(8 * 256))
         kv = torch.randn(layout.shape(len(tokens)), dtype=torch.bfloat16, device=device)
         stored = store.put(tokens, kv)
@@ -208,7 +212,7 @@ def main() -> None:
         raise SystemExit(2)
     sizes = SMALL if args.small else Sizes()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (dry run)"
-    result = {"device": name, "store": store_round_trip(device, sizes),
+    result: dict[str, Any] = {"device": name, "store": store_round_trip(device, sizes),
               "pages": pages_check(device, sizes), "layouts": layouts_check(device, sizes)}
     print(json.dumps(result, indent=2))
     if args.json:

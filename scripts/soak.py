@@ -167,7 +167,7 @@ def main() -> None:
     args = parser.parse_args()
     path = args.dir or Path(tempfile.mkdtemp(prefix="kvtier-soak-"))
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    faults, counts, lock = Faults(), Counter(), threading.Lock()
+    faults, counts, lock = Faults(), Counter[str](), threading.Lock()
     rng = random.Random(0)
     deadline = time.monotonic() + 60 * args.minutes
     phase_s = min(15.0, 30 * args.minutes)  # two phases at least: both write policies

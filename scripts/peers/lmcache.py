@@ -136,4 +136,4 @@ def log_lines(log: Path, pattern: str = HIT_LINES) -> list[str]:
 def retrieved_tokens(log: Path) -> list[int]:
     """Token counts of the server's ``Retrieved N tokens`` lines, in order."""
     return [int(m.group(1)) for line in log_lines(log, r"Retrieved \d+ tokens")
-            for m in [re.search(r"Retrieved (\d+) tokens", line)]]
+            if (m := re.search(r"Retrieved (\d+) tokens", line))]
