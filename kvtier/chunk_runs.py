@@ -2,10 +2,11 @@
 of a ``put`` or ``get`` and the host tier's slots.
 
 A run is a ``(count, layers, 2, chunk_tokens, hidden)`` view of integers of the KV's element
-size, so a copy moves bytes and never converts. Where both sides are in CPU memory the views
-are numpy arrays, made once per call and sliced per run: a numpy slice costs a fraction of a
-microsecond, a chain of torch view ops several, which on small chunks was most of a put's
-cost. Elsewhere (a tensor on a GPU) they are torch views.
+size, so a copy moves bytes and never converts. The caller's tensor, when on the CPU, and the
+host tier's slots are numpy views, made once (per call, per store) and sliced per run: a
+numpy slice costs a fraction of a microsecond, a chain of torch view ops several, which on
+small chunks was most of a put's cost. Elsewhere (a tensor on a GPU, a GPU tier's slots) they
+are torch views.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class ChunkRuns:
     """``kv`` (``(layers, 2, tokens, hidden)``, tokens at least ``count * chunk_tokens``) as
     its first ``count`` chunks; ``run(first, n)`` is chunks ``first`` to ``first + n - 1``,
     a view of ``kv``'s memory (writing to it writes ``kv``). A tensor to be written
-    (``into``) must not have elements sharing memory (``LayoutError``)."""
+    (``into``) must not be expanded (a stride of 0: elements sharing memory) nor require
+    grad (``LayoutError``)."""
 
     def __init__(self, kv: torch.Tensor, chunk_tokens: int, count: int, into: bool = False) -> None:
         if into and any(stride == 0 and size > 1 for size, stride in zip(kv.shape, kv.stride(),
@@ -40,6 +42,9 @@ class ChunkRuns:
                 f"out has elements that share memory (shape {tuple(kv.shape)}, strides "
                 f"{kv.stride()}: an expanded tensor); get needs a tensor with memory of its "
                 "own for every element, such as torch.empty(...) or store.empty_kv(...)")
+        if into and kv.requires_grad:
+            raise LayoutError("out requires grad; get writes into it in place, which autograd "
+                              "cannot follow: pass a tensor that does not (out.detach())")
         self.tensor, self._tokens = kv, chunk_tokens
         self._array: np.ndarray | None = None
         if kv.device.type == "cpu" and count > 0:
@@ -73,9 +78,17 @@ def copy_run(dst: Run, src: Run, threads: bool) -> None:
     """Copy run ``src`` into ``dst`` (same shape). Between CPU arrays: ``numpy.copyto`` on
     this thread, or with ``threads`` torch's copy, which splits a large one over its
     threads (they then wait spinning for more: not while I/O needs the cores)."""
-    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray) and not threads:
-        np.copyto(dst, src)
+    if not threads and _on_cpu(dst) and _on_cpu(src):
+        np.copyto(_as_array(dst), _as_array(src))
         return
     target = torch.from_numpy(dst) if isinstance(dst, np.ndarray) else dst
     source = torch.from_numpy(src) if isinstance(src, np.ndarray) else src
     target.copy_(source)
+
+
+def _on_cpu(run: Run) -> bool:
+    return isinstance(run, np.ndarray) or run.device.type == "cpu"
+
+
+def _as_array(run: Run) -> np.ndarray:
+    return run if isinstance(run, np.ndarray) else run.detach().numpy()

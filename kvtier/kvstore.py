@@ -132,10 +132,13 @@ class KVStore:
         self._transfers = Transfers(self.tiers, self._lane.tier, self.chunk_bytes,
                                     getattr(torch, self.layout.dtype),
                                     self.layout.shape(self.chunk_tokens))
-        # a path's background writes queue up to its share of half the host slots (at least
-        # 4 per thread): a bound in chunks alone dropped most writes of small chunks
+        # a path's background writes queue up to its share of half the host slots, a quarter
+        # with a remote store (its writes may hold another quarter), and at least 4 per
+        # thread: a bound in chunks alone dropped most writes of small chunks
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 0
-        self._max_pending = max(4 * cfg.io_threads, host_slots // (2 * max(1, len(self._lane.queues))))
+        share = 4 if cfg.remote_url else 2
+        self._max_pending = max(4 * cfg.io_threads,
+                                host_slots // (share * max(1, len(self._lane.queues))))
         self._shared = StoreShared(cfg, self._lock, self._stack, self._top, self._lane,
                                    self._transfers, self._stats, self._failures, self.tiers,
                                    self._max_pending)
@@ -188,6 +191,9 @@ class KVStore:
         if remote:
             remote.close(0)
         self._lane.close(0)
+        transfers = getattr(self, "_transfers", None)
+        if transfers is not None:  # its views of host memory go before the memory
+            transfers.close()
         for tier in self.tiers.values():
             tier.close()
 

@@ -231,6 +231,16 @@ def test_rows_that_overlap_are_read_through_host_and_the_cache_survives(tmp_path
         assert store.get(TOKENS, fresh) == len(TOKENS) and same_bytes(fresh, kv)
 
 
+def test_an_out_that_requires_grad_is_refused_before_any_read(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        out = torch.zeros(LAYOUT.shape(len(TOKENS)), dtype=torch.bfloat16, requires_grad=True)
+        with pytest.raises(LayoutError, match="requires grad"):
+            store.get(TOKENS, out)
+        assert store.stats().chunks_loaded == {} and not out.detach().view(torch.int16).any()
+        assert store.get(TOKENS, out.detach()) == len(TOKENS) and same_bytes(out.detach(), kv)
+
+
 def test_an_out_whose_elements_share_memory_is_refused_before_any_read(tmp_path):
     kv = stored_on_disk(tmp_path)
     with KVStore(LAYOUT, config(tmp_path), model="m") as store:

@@ -7,6 +7,7 @@ import urllib.request
 
 import pytest
 
+import kvtier.kvstore as kvstore_module
 from kvtier import KVStore
 from kvtier.errors import ConfigError, StoreClosedError, TokenError
 from kvtier.tiers.host import physical_memory
@@ -74,6 +75,39 @@ def test_finding10_a_failed_start_leaves_no_lock_and_names_the_port(tmp_path):
             KVStore(SMALL, config(tmp_path, metrics_port=port))
     with KVStore(SMALL, config(tmp_path)) as again:  # a leaked lock would refuse the disk
         assert not again.disk.down_paths
+
+
+def host_tiers_made(monkeypatch) -> list:
+    """Every host tier a store makes from now on (white-box: its buffer's mapping)."""
+    made = []
+    real = kvstore_module.make_host_tier
+
+    def recording(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(kvstore_module, "make_host_tier", recording)
+    return made
+
+
+@pytest.mark.parametrize("disk", [True, False])
+def test_host_memory_is_unmapped_at_close(tmp_path, monkeypatch, disk):
+    made = host_tiers_made(monkeypatch)
+    cfg = config(tmp_path) if disk else {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES}
+    with KVStore(SMALL, cfg, model="m") as store:  # put and get: views of host slots made
+        store.put(seq(0, 2), make_kv(seq(0, 2)))
+        assert exact(store, seq(0, 2)) == 2 * CHUNK
+    assert made and made[0].buffer._mmap.closed  # no view of it left to keep it mapped
+
+
+def test_finding10_a_failed_start_unmaps_host_memory(tmp_path, monkeypatch):
+    made = host_tiers_made(monkeypatch)
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        with pytest.raises(ConfigError, match="metrics_port"):
+            KVStore(SMALL, config(tmp_path, metrics_port=taken.getsockname()[1]))
+    assert made and made[0].buffer._mmap.closed
 
 
 def test_finding12_host_capacity_above_memory_names_the_key():

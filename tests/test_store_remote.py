@@ -16,6 +16,7 @@ from kvtier.errors import ConfigError
 from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
 from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
+from tests.fake_io import FakeEngine
 from tests.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
@@ -361,3 +362,23 @@ def test_flush_says_so_when_the_store_goes_down_under_its_last_writes(server):
 
         remote.tier.put_many = put_many
         assert not a.flush(10)
+
+
+def test_with_a_remote_store_disk_writes_queue_a_quarter_of_the_host_slots(server, tmp_path):
+    make, engines = FakeEngine.factory()
+    disk = tmp_path / "disk"
+    disk.mkdir(mode=0o700)
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 64 * CHUNK_BYTES, "remote_url": server.url,
+           "io_threads": 1, "disk_paths": [str(disk)], "disk_capacity": 64 * (4096 + CHUNK_BYTES),
+           "disk_min_free": 0}
+    try:
+        with KVStore(SMALL, cfg, model="m", io_engine=make) as s:
+            engines[0].hold("disk0")
+            toks = tokens(7, 24)
+            s.put(toks, make_kv(toks))  # 16 queued (64 / 4): the remote's writes hold slots too
+            assert s.stats().dropped_writes == 24 - 16
+            engines[0].release("disk0")
+            assert s.flush(timeout=10)
+    finally:
+        for engine in engines:
+            engine.release()
