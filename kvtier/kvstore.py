@@ -43,7 +43,7 @@ from kvtier.store_puts import put_chunks
 from kvtier.store_reads import Fetcher
 from kvtier.store_remote import open_store_remote
 from kvtier.store_shared import StoreShared
-from kvtier.store_writes import PlanRunner
+from kvtier.store_writes import PlanRunner, write_queue_bound
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk import DiskTier
@@ -132,13 +132,8 @@ class KVStore:
         self._transfers = Transfers(self.tiers, self._lane.tier, self.chunk_bytes,
                                     getattr(torch, self.layout.dtype),
                                     self.layout.shape(self.chunk_tokens))
-        # a path's background writes queue up to its share of half the host slots, a quarter
-        # with a remote store (its writes may hold another quarter), and at least 4 per
-        # thread: a bound in chunks alone dropped most writes of small chunks
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 0
-        share = 4 if cfg.remote_url else 2
-        self._max_pending = max(4 * cfg.io_threads,
-                                host_slots // (share * max(1, len(self._lane.queues))))
+        self._max_pending = write_queue_bound(cfg, host_slots, len(self._lane.queues))
         self._shared = StoreShared(cfg, self._lock, self._stack, self._top, self._lane,
                                    self._transfers, self._stats, self._failures, self.tiers,
                                    self._max_pending)

@@ -23,8 +23,8 @@ class PutRuns:
     """The chunks of one ``put``, filled a run at a time.
 
     Contract: ``chunks_of(i, n)`` is chunks ``i`` to ``i + n - 1`` of the KV put, as one
-    ``(n, layers, 2, tokens, hidden)`` run (``chunk_runs``). ``add(index, plan)`` runs the plan's demotions
-    and holds back the copy of chunk ``index`` into ``plan.dst``. A plan that continues the
+    ``(n, layers, 2, tokens, hidden)`` run (``chunk_runs``). ``add(index, plan)`` runs the
+    plan's demotions and holds back the copy of chunk ``index`` into ``plan.dst``. A plan that continues the
     held run (the next chunk, into the next slot of the same tier, within ``RUN_BYTES``, or
     ``RUN_BYTES_WRITING`` when chunks reaching host memory are written in the background)
     joins it; any other first fills the run held. ``fill()`` copies the held run in with one

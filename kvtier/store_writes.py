@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from kvtier.chunk_runs import Run, copy_run
-from kvtier.config import WritePolicy
+from kvtier.config import KVTierConfig, WritePolicy
 from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
@@ -20,6 +20,15 @@ from kvtier.tiers.host import HostTier
 # background write jobs running at once per path (at most io_threads): each writes up to
 # WRITE_GROUP_BYTES, and chunks queued meanwhile wait to go together in the next one
 WRITE_JOBS_PER_PATH = 2
+
+
+def write_queue_bound(cfg: KVTierConfig, host_slots: int, paths: int) -> int:
+    """Background writes a path queues before write-through drops (``max_pending``): its
+    share of half the host slots, a quarter with a remote store (whose own writes may hold
+    up to half), and at least 4 per I/O thread. A bound in chunks alone dropped most writes
+    of a burst of small chunks, each then written on its own when evicted."""
+    share = 4 if cfg.remote_url else 2
+    return max(4 * cfg.io_threads, host_slots // (share * max(1, paths)))
 
 
 @dataclass(frozen=True)
@@ -265,8 +274,9 @@ class PlanRunner:
     def promote(self, key: ChunkKey, source: Location) -> None:
         with self.shared.lock:
             plan = self.shared.stack.plan_store(key, self.shared.top)
-        chunk = self.shared.transfers.run_of(source, 1)
-        if plan is not None and self.run(plan, partial(self.copy_in, chunk)):
+        if plan is None:
+            return
+        if self.run(plan, partial(self.copy_in, self.shared.transfers.run_of(source, 1))):
             self.shared.count("chunks_promoted")
 
 
