@@ -171,3 +171,35 @@ def test_when_its_workers_segment_is_not_found_nothing_on_disk_is_taken_for_its_
     finally:
         os.kill(int(pid), signal.SIGKILL)
         starter.stdout.close()
+
+
+def test_when_its_workers_hold_no_segment_another_engines_segment_is_still_read(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from kvtier.connector.engine_writer import unheld_writer
+    from kvtier.io.names import writer_ids
+
+    first, second = writer_ids(None)[:2]
+    a = scheduler(disk=tmp_path, instance_id=first, share_writers=2)
+    write_as(tmp_path, first, store_all(a, request("x", 64)).stores)
+    a.close()
+    # another engine (not a child of this process) holds the first default id, chunks and all
+    starter = subprocess.Popen(["sh", "-c", '"$0" -c "$1" "$2" &', sys.executable, HOLD_FIRST_ID,
+                                str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    word, pid = starter.stdout.readline().split()
+    starter.wait()
+    try:
+        assert word == "ready"
+        namespace = SCHED_GEO.namespace("m", "", 1, 0)
+        assert unheld_writer((str(tmp_path),), namespace) == second
+        # this engine's workers are not found (they hold no segment): its scheduler side
+        # must not take the other engine's segment for its own and skip it
+        b = scheduler(disk=tmp_path, share_writers=2)
+        assert b.writers == [None] and b.recovered == 0
+        assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
+        b.close()
+    finally:
+        os.kill(int(pid), signal.SIGKILL)
+        starter.stdout.close()

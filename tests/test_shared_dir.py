@@ -165,6 +165,19 @@ def test_a_writer_beyond_share_writers_reads_the_others_but_writes_nothing(tmp_p
     assert [p.parent.name for p in tmp_path.glob("*/writers/*/lease")] == ["a"]
 
 
+def test_with_default_writer_ids_a_writer_without_a_seat_reads_the_others(tmp_path):
+    tokens = seq(0, 2)
+    plain = config(tmp_path, share_refresh="50ms", share_writers=1)  # no instance_id
+    with KVStore(SMALL, plain) as a, KVStore(SMALL, plain) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        (reason,) = b.stats().paths_down.values()
+        assert "all 1 writer seats" in reason
+        assert b.disk.writer != a.disk.writer  # the segment a holds is not b's own
+        wait_for(lambda: b.lookup(tokens).tokens == 2 * CHUNK)
+        assert exact(b, tokens) == 2 * CHUNK and b.stats().shared_reads == 2
+
+
 def test_each_writer_fills_at_most_its_share_of_disk_capacity(tmp_path):
     prefixes = [seq(10_000 * i, 4) for i in range(6)]
     with KVStore(SMALL, shared(tmp_path, "a", disk_chunks=16)) as a:  # 4 writers: 4 chunks

@@ -50,6 +50,15 @@ def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
     return None if any(name == first for name, _ in held) else first
 
 
+def unheld_writer(roots: tuple[str, ...], namespace: Namespace) -> str:
+    """The first default writer id whose segment of ``namespace`` no process of this host
+    holds: where this engine's workers stopped when they hold no segment (every seat taken),
+    and so never another engine's segment (whose chunks this engine reads)."""
+    held = {name for name, _ in _held_here(roots, namespace)}
+    ids = writer_ids(None)
+    return next((name for name in ids if name not in held), ids[0])
+
+
 LEADER_WAIT_S = 10.0  # the ranks set their disk tiers up at about the same time
 
 

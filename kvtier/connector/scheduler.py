@@ -19,7 +19,7 @@ from typing import Any
 
 from kvtier.config import KVTierConfig, LoadPolicy
 from kvtier.connector.decider import LoadDecider
-from kvtier.connector.engine_writer import engine_writers
+from kvtier.connector.engine_writer import engine_writers, unheld_writer
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_planner import LoadPlanner
 from kvtier.connector.messages import GroupBlocks, StepPlan, WorkerReport
@@ -33,7 +33,6 @@ from kvtier.connector.store_planner import StorePlanner
 from kvtier.connector.tails import Tail, prompt_length, prompt_tail
 from kvtier.io.buffers import align_up
 from kvtier.io.index_file import SlotLayout, read_disk_index
-from kvtier.io.names import writer_ids
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
@@ -76,7 +75,8 @@ class SchedulerSide:
                         "too, set chunk_tokens to a multiple of the block size (%d) that is "
                         "no longer than the window (that divides a local attention chunk)",
                         unstored, geometry.block_tokens)
-        own = [w or writer_ids(None)[0] for w in self.writers]
+        own = [w or unheld_writer(config.disk_paths, ns)
+               for w, ns in zip(self.writers, namespaces, strict=True)]
         self.shares = open_shares(config, namespaces, geometry.chunk_bytes, own)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
         presence = self.presence

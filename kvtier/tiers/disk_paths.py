@@ -97,6 +97,9 @@ class DiskPaths:
         self.states = [PathState(root, retry) for root in roots]
         self._opener, self._check_every = opener, check_every
         self._lock = threading.Lock()  # I/O threads may find a path failing together
+        # this store's writer id: the first candidate no running process holds, even when
+        # its path cannot be opened (no seat free): a segment another process holds is
+        # that process's, never this store's own (it reads that segment's chunks)
         self.writer = opener.writers[0]
         candidates = opener.writers
         for path in self.states:
@@ -107,6 +110,8 @@ class DiskPaths:
                     if exc.errno == errno.EBUSY and i + 1 < len(candidates):
                         continue  # another process of this host writes that segment
                     self.take_down(path, f"cannot open: {exc}")
+                    if exc.errno != errno.EBUSY:
+                        self.writer = writer
                 else:
                     self.writer, candidates = writer, (writer,)  # every path: the same writer
                 break
