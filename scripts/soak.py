@@ -1,6 +1,7 @@
 """Soak: a store under mixed load while faults are injected; prints what happened.
 
     python scripts/soak.py --minutes 3 [--dir DIR] [--json out/soak.json]
+    python scripts/soak.py --minutes 3 --remote --shared    # a fleet's tiers too
 
 Several threads put and get overlapping prefixes through a KVStore with a small host tier and
 a disk tier, and check every byte they get back. Meanwhile faults are injected: bytes flipped
@@ -13,6 +14,17 @@ write-back (where putting a chunk may first have to write an evicted one to disk
 operations, hits, faults injected by kind, exceptions that escaped (must be 0), wrong bytes
 served (must be 0), and the drift of open file descriptors and resident memory from the
 first phase to the last.
+
+With ``--remote`` a ``redis-server`` of its own on 127.0.0.1 (4 MiB of memory, so it evicts
+all along) is the remote tier of the store and of a second store standing for another node
+(host memory and the remote tier only, no disk), and the workers use both; faults then also
+flip a byte of a value in the server, cut a value short, empty the server (``FLUSHALL``),
+pause it for 1.5 s (``CLIENT PAUSE``: a hung store, past ``remote_timeout``) or kill it and
+start it again. With ``--shared`` the directory is shared (``share_writers`` 3): a peer
+process writes prompts of its own into its segment during each phase and is killed with
+SIGKILL part-way, and the workers' gets ask for its prompts too (hits only from its segment),
+so the faults in its slot files and its death mid-write land on reads of another writer's
+chunks.
 """
 
 from __future__ import annotations
@@ -20,7 +32,9 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import logging
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -38,13 +52,27 @@ from kvtier import KVLayout, KVStore
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=64, dtype="bfloat16")
 CHUNK = 32
+FAMILIES = 12  # prompts the workers put and get
+PEER_FAMILIES = range(FAMILIES, FAMILIES + 4)  # prompts only the peer writer puts (--shared)
+REMOTE = {"remote_timeout": "500ms", "remote_retry": "1s"}
+SHARED = {"share_writers": 3, "share_refresh": "250ms", "lease_timeout": "3s"}
 
 
-def config(path: Path, write_policy: str = "write_through") -> dict:
-    return {"chunk_tokens": CHUNK, "host_capacity": 24 * LAYOUT.token_bytes * CHUNK,
-            "disk_paths": [str(path)], "disk_capacity": 200 * (4096 + LAYOUT.token_bytes * CHUNK),
-            "disk_min_free": 0, "io_threads": 4, "disk_retry": "2s", "load_timeout": "1s",
-            "write_policy": write_policy, "model": "soak-model"}
+def config(path: Path | None, write_policy: str = "write_through", remote: str | None = None,
+           shared: bool = False, instance: str | None = None) -> dict:
+    """The soak's store on ``path`` (None: host memory only, with ``remote``), with the
+    remote tier at ``remote`` and a shared directory (``shared``: as writer ``instance``)."""
+    cfg: dict = {"chunk_tokens": CHUNK, "host_capacity": 24 * LAYOUT.token_bytes * CHUNK,
+                 "io_threads": 4, "load_timeout": "1s", "write_policy": write_policy,
+                 "model": "soak-model"}
+    if path is not None:
+        cfg.update(disk_paths=[str(path)], disk_capacity=200 * (4096 + LAYOUT.token_bytes * CHUNK),
+                   disk_min_free=0, disk_retry="2s")
+    if remote is not None:
+        cfg.update(remote_url=remote, **REMOTE)
+    if shared and path is not None:
+        cfg.update(SHARED, instance_id=instance)
+    return cfg
 
 
 def expected_kv(tokens) -> torch.Tensor:
@@ -57,8 +85,8 @@ def expected_kv(tokens) -> torch.Tensor:
     return torch.from_numpy((values % 32749).astype(np.int16)).view(torch.bfloat16)
 
 
-def sequence(rng: random.Random) -> list[int]:
-    family = rng.randrange(12)
+def sequence(rng: random.Random, families=range(FAMILIES)) -> list[int]:
+    family = rng.choice(families)
     base = list(range(family * 100_000, family * 100_000 + 2 * CHUNK))
     return base + [rng.randrange(4) for _ in range(rng.randrange(4) * CHUNK)]
 
@@ -85,12 +113,18 @@ class Faults:
         return call
 
 
-def worker(store: KVStore, stop: threading.Event, seed: int, counts: Counter, lock) -> None:
+def worker(stores: list[KVStore], stop: threading.Event, seed: int, counts: Counter, lock,
+           peer: bool = False) -> None:
+    """Puts and gets on ``stores`` (one at random each time); with ``peer``, gets ask for
+    the peer writer's prompts too."""
     rng = random.Random(seed)
     while not stop.is_set():
-        tokens = sequence(rng)
+        store = rng.choice(stores)
+        put = rng.random() < 0.4
+        tokens = sequence(rng, PEER_FAMILIES if peer and not put and rng.random() < 0.3
+                          else range(FAMILIES))
         try:
-            if rng.random() < 0.4:
+            if put:
                 store.put(tokens, expected_kv(tokens))
                 with lock:
                     counts["puts"] += 1
@@ -109,27 +143,37 @@ def worker(store: KVStore, stop: threading.Event, seed: int, counts: Counter, lo
                 counts[f"exception {type(exc).__name__}: {exc}"[:120]] += 1
 
 
-def inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts: Counter, lock) -> None:
+def inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts: Counter, lock,
+           server: RemoteFaults | None = None) -> None:
+    """Inject a fault every 0.3 s until ``stop``; an injector that fails fails the soak."""
+    try:
+        _inject(path, faults, stop, seed, counts, lock, server)
+    except Exception as exc:
+        with lock:
+            counts[f"injector died: {type(exc).__name__}: {exc}"[:120]] += 1
+            counts["injector_died"] += 1
+
+
+def _inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts: Counter, lock,
+            server: RemoteFaults | None) -> None:
     rng = random.Random(seed)
+    kinds = ["flip", "flip", "truncate", "eio", "slow", "hang"]
+    if server is not None:
+        kinds += list(RemoteFaults.KINDS)
     while not stop.wait(0.3):
-        kind = rng.choice(["flip", "flip", "truncate", "eio", "slow", "hang"])
-        # every writer's slot files, wherever the layout puts them (<namespace>/writers/<id>/)
-        files = [f for f in path.rglob("slots-*.kvt") if f.is_file() and not f.is_symlink()]
+        kind = rng.choice(kinds)
+        if kind.startswith("remote"):
+            assert server is not None
+            if server.inject(kind, rng):
+                with lock:
+                    counts[f"fault {kind}"] += 1
+            continue
         if kind in ("flip", "truncate"):
-            if not files:
-                continue  # nothing to corrupt yet: no fault, none counted
-            target = rng.choice(files)
-            size = target.stat().st_size
-            if size == 0:
+            try:
+                if not damage_a_file(path, kind, rng):
+                    continue  # nothing to corrupt yet: no fault, none counted
+            except FileNotFoundError:  # a dead writer's segment reclaimed meanwhile
                 continue
-            with open(target, "r+b") as f:
-                if kind == "flip":
-                    f.seek(rng.randrange(size))
-                    byte = f.read(1)
-                    f.seek(f.tell() - 1)
-                    f.write(bytes([byte[0] ^ 0xFF]))
-                else:
-                    f.truncate(rng.randrange(size))
         elif kind in ("eio", "slow", "hang"):
             faults.mode = kind
             time.sleep(0.15)
@@ -138,16 +182,149 @@ def inject(path: Path, faults: Faults, stop: threading.Event, seed: int, counts:
             counts[f"fault {kind}"] += 1
 
 
-def kill_a_writer(path: Path, rng: random.Random) -> None:
-    """A second process writing to the directory, killed with SIGKILL mid-way."""
+def damage_a_file(path: Path, kind: str, rng: random.Random) -> bool:
+    """Flip a byte of, or truncate, a slot file under ``path`` at random; False when there is
+    none (with data) yet."""
+    # every writer's slot files, wherever the layout puts them (<namespace>/writers/<id>/)
+    files = [f for f in path.rglob("slots-*.kvt") if f.is_file() and not f.is_symlink()]
+    if not files:
+        return False
+    target = rng.choice(files)
+    size = target.stat().st_size
+    if size == 0:
+        return False
+    with open(target, "r+b") as f:
+        if kind == "flip":
+            f.seek(rng.randrange(size))
+            byte = f.read(1)
+            if not byte:  # truncated meanwhile
+                return False
+            f.seek(f.tell() - 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        else:
+            f.truncate(rng.randrange(size))
+    return True
+
+
+class RemoteFaults:
+    """A ``redis-server`` of the soak's own on loopback, and the faults injected into it."""
+
+    KINDS = ("remote flip", "remote truncate", "remote flush", "remote pause", "remote restart")
+
+    def __init__(self, workdir: Path) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.redis_server import RedisServer
+
+        self.server = RedisServer(workdir, "--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
+        self.client = self.server.client()
+        # the server dies with the thread that started it (PR_SET_PDEATHSIG): one thread
+        # starts it and restarts it, for the whole run
+        self._requests: queue.Queue[queue.Queue[BaseException | None]] = queue.Queue()
+        threading.Thread(target=self._keep, daemon=True).start()
+        self._restart(first=True)
+
+    def _keep(self) -> None:
+        while True:
+            done = self._requests.get()
+            try:
+                if self.server.started:
+                    self.server.stop()
+                    time.sleep(0.3)
+                self.server.start()
+                done.put(None)
+            except BaseException as exc:  # handed to the caller
+                done.put(exc)
+
+    def _restart(self, first: bool = False) -> None:
+        done: queue.Queue[BaseException | None] = queue.Queue()
+        self._requests.put(done)
+        error = done.get()
+        if error is not None:
+            raise RuntimeError(f"redis-server did not {'start' if first else 'restart'}") from error
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def inject(self, kind: str, rng: random.Random) -> bool:
+        """Inject one fault of ``kind``; False when there was nothing to inject it into (or
+        the server did not answer the injecting client)."""
+        import redis
+
+        try:
+            return self._inject(kind, rng)
+        except redis.RedisError:
+            return False
+
+    def _inject(self, kind: str, rng: random.Random) -> bool:
+        if kind == "remote restart":  # every value lost, connections cut
+            self._restart()
+            return True
+        if kind == "remote pause":  # no answer for longer than remote_timeout
+            self.client.execute_command("CLIENT", "PAUSE", 1500, "ALL")
+            return True
+        if kind == "remote flush":
+            self.client.flushall()
+            return True
+        hit = False
+        for _ in range(8):  # values at random: most hold chunks of prompts never asked again
+            key = self.client.randomkey()
+            size = self.client.strlen(key) if key is not None else 0
+            if not size:
+                continue
+            if kind == "remote flip":
+                at = rng.randrange(size)
+                byte = self.client.getrange(key, at, at)
+                if not byte:  # evicted or replaced meanwhile
+                    continue
+                self.client.setrange(key, at, bytes([byte[0] ^ 0xFF]))
+            else:  # "remote truncate"
+                self.client.set(key, self.client.getrange(key, 0, rng.randrange(size) - 1))
+            hit = True
+        return hit
+
+    def idle(self) -> None:
+        """Close the injecting client's connections (open descriptors are compared)."""
+        self.client.connection_pool.disconnect()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def start_writer(path: Path, cfg: dict, families: range = range(FAMILIES)) -> subprocess.Popen:
+    """Another process putting prompts of ``families`` into the directory until killed."""
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "import random; from soak import *\n"
-            f"s = KVStore(LAYOUT, config(Path({str(path)!r}))); r = random.Random(1)\n"
-            "while True:\n    t = sequence(r); s.put(t, expected_kv(t))\n")
-    child = subprocess.Popen([sys.executable, "-c", code])
-    time.sleep(0.5 + rng.random())
+            f"s = KVStore(LAYOUT, {cfg!r}); r = random.Random(1)\n"
+            f"while True:\n    t = sequence(r, {families!r}); s.put(t, expected_kv(t))\n")
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def kill(child: subprocess.Popen) -> None:
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
+
+
+def kill_a_writer(path: Path, rng: random.Random, cfg: dict) -> None:
+    """A second process writing to the directory, killed with SIGKILL mid-way."""
+    child = start_writer(path, cfg)
+    time.sleep(0.5 + rng.random())
+    kill(child)
+
+
+class FailureKinds(logging.Handler):
+    """Counts the failures the stores log, by kind (``FailureLog``: the first of each kind at
+    WARNING, the others at DEBUG)."""
+
+    def __init__(self, counts: Counter, lock: threading.Lock) -> None:
+        super().__init__(logging.DEBUG)
+        self.counts, self.counts_lock = counts, lock  # not ``lock``: the handler's own
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("kvtier %s: %s") and record.args:
+            kind = record.args[0] if isinstance(record.args, tuple) else None
+            with self.counts_lock:
+                self.counts[f"logged {kind}"] += 1
 
 
 def resident_mib() -> float:
@@ -164,10 +341,30 @@ def main() -> None:
     parser.add_argument("--dir", type=Path)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--remote", action="store_true",
+                        help="a redis-server of its own as the remote tier, and another node")
+    parser.add_argument("--shared", action="store_true",
+                        help="a shared directory, with a peer writer killed in each phase")
     args = parser.parse_args()
     path = args.dir or Path(tempfile.mkdtemp(prefix="kvtier-soak-"))
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server = RemoteFaults(Path(tempfile.mkdtemp(prefix="kvtier-soak-redis-"))) if args.remote else None
+    try:
+        run(args, path, server)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def run(args: argparse.Namespace, path: Path, server: RemoteFaults | None) -> None:
+    remote = server.url if server is not None else None
     faults, counts, lock = Faults(), Counter[str](), threading.Lock()
+    logger = logging.getLogger("kvtier")
+    logger.addHandler(FailureKinds(counts, lock))
+    shown = logging.StreamHandler()  # what the stores log at WARNING and above, as before
+    shown.setLevel(logging.WARNING)
+    logger.addHandler(shown)
+    logger.setLevel(logging.DEBUG)
     rng = random.Random(0)
     deadline = time.monotonic() + 60 * args.minutes
     phase_s = min(15.0, 30 * args.minutes)  # two phases at least: both write policies
@@ -175,29 +372,48 @@ def main() -> None:
     phase = 0
     while time.monotonic() < deadline:
         policy = ("write_through", "write_back")[phase % 2]
-        store = KVStore(LAYOUT, config(path, policy))
+        store = KVStore(LAYOUT, config(path, policy, remote, args.shared, "soak-main"))
+        stores = [store]
+        if remote is not None:  # another node: its own host memory, the same remote store
+            stores.append(KVStore(LAYOUT, config(None, policy, remote)))
         counts[f"phases {policy}"] += 1
         counts["restarts"] += 1
         counts["recovered_chunks"] += store.stats().recovered_chunks
+        peer = start_writer(path, config(path, policy, None, True, "soak-peer"), PEER_FAMILIES) \
+            if args.shared else None
         stop = threading.Event()
-        threads = [threading.Thread(target=worker, args=(store, stop, phase * 100 + i, counts, lock))
+        threads = [threading.Thread(target=worker, args=(stores, stop, phase * 100 + i, counts, lock,
+                                                         args.shared))
                    for i in range(args.threads)]
-        threads.append(threading.Thread(target=inject, args=(path, faults, stop, phase, counts, lock)))
+        threads.append(threading.Thread(target=inject, args=(path, faults, stop, phase, counts, lock,
+                                                             server)))
         for t in threads:
             t.start()
-        time.sleep(min(phase_s, max(1.0, deadline - time.monotonic())))
+        seconds = min(phase_s, max(1.0, deadline - time.monotonic()))
+        if peer is not None:  # killed part-way: its last writes torn, its lease left to run out
+            alive = seconds * (0.4 + 0.5 * rng.random())
+            time.sleep(alive)
+            kill(peer)
+            counts["fault kill -9 of a peer writer mid-phase"] += 1
+            seconds -= alive
+        time.sleep(max(0.0, seconds))
         stop.set()
         for t in threads:
             t.join()
         faults.mode = None
-        stats = store.stats()
-        for name in ("corruptions", "io_errors", "no_space", "dropped_writes", "load_timeouts"):
-            counts[f"counted {name}"] += getattr(stats, name)
-        counts["paths_down at phase end"] += len(stats.paths_down)
-        counts["paths back in service"] += stats.paths_back
-        store.close()
+        for each in stores:
+            stats = each.stats()
+            for name in ("corruptions", "io_errors", "no_space", "dropped_writes", "load_timeouts",
+                         "remote_reads", "remote_failures", "remote_dropped_writes", "shared_reads",
+                         "shared_failures"):
+                counts[f"counted {name}"] += getattr(stats, name)
+            counts["paths_down at phase end"] += len(stats.paths_down)
+            counts["paths back in service"] += stats.paths_back
+            each.close()
+        if server is not None:
+            server.idle()
         samples.append({"fds": len(os.listdir("/proc/self/fd")), "rss_mib": resident_mib()})
-        kill_a_writer(path, rng)
+        kill_a_writer(path, rng, config(path, policy, remote, args.shared, "soak-main"))
         counts["fault kill -9 of a writer"] += 1
         phase += 1
     result = {"minutes": args.minutes, "threads": args.threads, "phases": phase,
@@ -212,7 +428,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
-    bad = counts["wrong_bytes_served"] or counts["escaped_exceptions"]
+    bad = counts["wrong_bytes_served"] or counts["escaped_exceptions"] or counts["injector_died"]
     raise SystemExit(1 if bad else 0)
 
 

@@ -39,7 +39,7 @@ if __name__ == "__main__":
     counts, lock, stop = Counter(), threading.Lock(), threading.Event()
     store = KVStore(LAYOUT, {**config(directory), "disk_retry": "off", "share_writers": 2})
     recovered = store.stats().recovered_chunks
-    threads = [threading.Thread(target=worker, args=(store, stop, seed * 100 + i, counts, lock))
+    threads = [threading.Thread(target=worker, args=([store], stop, seed * 100 + i, counts, lock))
                for i in range(THREADS)]
     for t in threads:
         t.start()

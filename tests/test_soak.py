@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.redis_server import needs_redis
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,3 +27,24 @@ def test_a_short_soak_serves_no_wrong_byte(tmp_path):
     assert counts["counted corruptions"] >= 1
     assert counts["fault kill -9 of a writer"] >= 1 and data["fd_drift"] == 0
     assert counts["phases write_through"] >= 1 and counts["phases write_back"] >= 1
+
+
+@needs_redis
+def test_a_short_soak_of_a_fleets_tiers_serves_no_wrong_byte(tmp_path):
+    """The remote tier (a redis-server of the soak's own, and a second store standing for
+    another node) and a shared directory (a peer writer killed mid-phase), under faults of
+    both besides the disk's."""
+    out = tmp_path / "soak.json"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "0.3",
+                             "--dir", str(tmp_path / "cache"), "--json", str(out), "--remote",
+                             "--shared"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    counts = data["counts"]
+    assert counts["wrong_bytes_served"] == 0 and counts.get("escaped_exceptions", 0) == 0
+    assert counts["gets"] > 100 and counts["puts"] > 100
+    assert sum(v for k, v in counts.items() if k.startswith("fault remote")) >= 5
+    assert counts["fault kill -9 of a peer writer mid-phase"] >= 1
+    # chunks came from the remote store and from the peer's segment, not only from disk
+    assert counts["counted remote_reads"] >= 1 and counts["counted shared_reads"] >= 1
+    assert data["fd_drift"] == 0
