@@ -24,13 +24,15 @@ from typing import Any
 from kvtier import config_values as values
 from kvtier.config_file import CONFIG_FILE_VAR, read_config_file
 from kvtier.errors import ConfigError
+from kvtier.log_level import LOG_LEVEL_VAR, log_level
 from kvtier.units import parse_size
 
 __all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
 
 ENV_PREFIX = "KVTIER_"
-# the remote store's credentials (kvtier.remote.credentials): read there, never config keys
-_RESERVED_ENV = {CONFIG_FILE_VAR, "KVTIER_LOG_LEVEL", "KVTIER_REMOTE_USERNAME",
+# variables that are not config keys: the config file, the log level (kvtier.log_level) and
+# the remote store's credentials (kvtier.remote.credentials), each read where it is used
+_RESERVED_ENV = {CONFIG_FILE_VAR, LOG_LEVEL_VAR, "KVTIER_REMOTE_USERNAME",
                  "KVTIER_REMOTE_PASSWORD"}
 
 
@@ -231,6 +233,7 @@ def load_config(
 ) -> KVTierConfig:
     """Build the config from defaults, ``KVTIER_CONFIG``, ``KVTIER_<KEY>`` and ``overrides``."""
     environ = os.environ if environ is None else environ
+    log_level(environ)  # a bad KVTIER_LOG_LEVEL stops start-up like a bad key
     layers: list[tuple[str, Mapping[str, Any]]] = []
     if environ.get(CONFIG_FILE_VAR):
         file_path = environ[CONFIG_FILE_VAR]

@@ -33,6 +33,7 @@ from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
+from kvtier.log_level import apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store_direct import DirectTarget, empty_kv
@@ -90,6 +91,7 @@ class KVStore:
                  *, model: str | None = None, device: torch.device | str | None = None,
                  io_engine: EngineFactory = IOEngine) -> None:
         self.config = cfg = config if isinstance(config, KVTierConfig) else load_config(config)
+        apply_log_level()
         self.layout = layout
         self.chunk_tokens = cfg.chunk_tokens
         self.namespace = layout.namespace(_model_name(model, cfg), self.chunk_tokens)

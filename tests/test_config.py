@@ -201,3 +201,40 @@ def test_disk_retry(given, seconds):
 def test_a_bad_disk_retry_is_named(bad):
     with pytest.raises(ConfigError, match=r"'disk_retry'.*allowed: a duration"):
         load_config({"disk_retry": bad}, environ={})
+
+
+def test_a_bad_log_level_stops_start_up_naming_the_variable():
+    with pytest.raises(ConfigError, match=r"bad value 'loud' for KVTIER_LOG_LEVEL; allowed: debug"):
+        load_config(environ={"KVTIER_LOG_LEVEL": "loud"})
+    assert load_config(environ={"KVTIER_LOG_LEVEL": "INFO"}) == KVTierConfig()
+
+
+def test_the_log_level_sets_kvtiers_logger_and_shows_its_records():
+    import logging
+
+    from kvtier.log_level import apply_log_level
+
+    alone = logging.getLogger("kvtier-test-alone")
+    alone.propagate = False  # nothing above it shows its records
+    apply_log_level({}, alone)
+    assert alone.level == logging.NOTSET and not alone.handlers  # unset: nothing changes
+    apply_log_level({"KVTIER_LOG_LEVEL": "debug"}, alone)
+    assert alone.level == logging.DEBUG and len(alone.handlers) == 1
+    apply_log_level({"KVTIER_LOG_LEVEL": "debug"}, alone)
+    assert len(alone.handlers) == 1  # once
+    shown = logging.getLogger("kvtier-test-shown")  # the root's handlers show it (pytest's)
+    apply_log_level({"KVTIER_LOG_LEVEL": "error"}, shown)
+    assert shown.level == logging.ERROR and not shown.handlers
+
+
+def test_a_store_applies_the_log_level_at_start(monkeypatch):
+    import logging
+
+    from kvtier import KVStore
+    from tests.conftest import SMALL
+
+    logger = logging.getLogger("kvtier")
+    monkeypatch.setattr(logger, "level", logger.level)  # put back after the test
+    monkeypatch.setenv("KVTIER_LOG_LEVEL", "error")
+    with KVStore(SMALL, {"chunk_tokens": 16, "host_capacity": "1MiB"}, model="m"):
+        assert logger.level == logging.ERROR

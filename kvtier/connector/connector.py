@@ -23,6 +23,7 @@ from kvtier.connector.geometry import geometry_from_vllm
 from kvtier.connector.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.worker import WorkerSide
+from kvtier.log_level import apply_log_level
 from kvtier.metrics import serve_metrics
 from kvtier.tiers.base import TierName
 
@@ -68,6 +69,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.config = load_config(extra)
+        apply_log_level()
         self.geometry = geometry_from_vllm(vllm_config, kv_cache_config, self.config)
         model = vllm_config.model_config
         tp = vllm_config.parallel_config.tensor_parallel_size
