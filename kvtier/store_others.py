@@ -29,10 +29,12 @@ class OtherWriters:
         assert reads is not None, "a store with a disk lane and share_refresh on reads others"
         self._reads = reads
         self._host = host
+        self._tier = tier
         self.view.refresh()
         self._thread = RefreshThread(self._refresh, config.share_refresh or 1.0)
 
     def _refresh(self) -> None:
+        self.view.own = self._tier.writer  # it may take another id when its path comes back
         self.view.refresh()
         self._reads.sweep()  # files of segments reclaimed since: their space goes back
 

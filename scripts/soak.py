@@ -50,6 +50,9 @@ import torch
 
 from kvtier import KVLayout, KVStore
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
+from tests.subprocesses import die_with_parent
+
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=64, dtype="bfloat16")
 CHUNK = 32
 FAMILIES = 12  # prompts the workers put and get
@@ -212,16 +215,15 @@ class RemoteFaults:
     KINDS = ("remote flip", "remote truncate", "remote flush", "remote pause", "remote restart")
 
     def __init__(self, workdir: Path) -> None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.redis_server import RedisServer
 
         self.server = RedisServer(workdir, "--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
-        self.client = self.server.client()
         # the server dies with the thread that started it (PR_SET_PDEATHSIG): one thread
         # starts it and restarts it, for the whole run
         self._requests: queue.Queue[queue.Queue[BaseException | None]] = queue.Queue()
         threading.Thread(target=self._keep, daemon=True).start()
         self._restart(first=True)
+        self.client = self.server.client()  # its port is the one it started on
 
     def _keep(self) -> None:
         while True:
@@ -297,7 +299,9 @@ def start_writer(path: Path, cfg: dict, families: range = range(FAMILIES)) -> su
             "import random; from soak import *\n"
             f"s = KVStore(LAYOUT, {cfg!r}); r = random.Random(1)\n"
             f"while True:\n    t = sequence(r, {families!r}); s.put(t, expected_kv(t))\n")
-    return subprocess.Popen([sys.executable, "-c", code])
+    # killed with this process, however it ends (started from the main thread, which lives
+    # for the whole run)
+    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=die_with_parent)
 
 
 def kill(child: subprocess.Popen) -> None:
@@ -387,19 +391,24 @@ def run(args: argparse.Namespace, path: Path, server: RemoteFaults | None) -> No
                    for i in range(args.threads)]
         threads.append(threading.Thread(target=inject, args=(path, faults, stop, phase, counts, lock,
                                                              server)))
-        for t in threads:
-            t.start()
-        seconds = min(phase_s, max(1.0, deadline - time.monotonic()))
-        if peer is not None:  # killed part-way: its last writes torn, its lease left to run out
-            alive = seconds * (0.4 + 0.5 * rng.random())
-            time.sleep(alive)
-            kill(peer)
-            counts["fault kill -9 of a peer writer mid-phase"] += 1
-            seconds -= alive
-        time.sleep(max(0.0, seconds))
-        stop.set()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            seconds = min(phase_s, max(1.0, deadline - time.monotonic()))
+            if peer is not None:  # killed part-way: its last writes torn, its lease left to run out
+                alive = seconds * (0.4 + 0.5 * rng.random())
+                time.sleep(alive)
+                kill(peer)
+                counts["fault kill -9 of a peer writer mid-phase"] += 1
+                seconds -= alive
+            time.sleep(max(0.0, seconds))
+        finally:  # on an interrupt too: nothing left running
+            stop.set()
+            for t in threads:
+                if t.is_alive():
+                    t.join()
+            if peer is not None and peer.poll() is None:
+                kill(peer)
         faults.mode = None
         for each in stores:
             stats = each.stats()

@@ -178,6 +178,55 @@ def test_with_default_writer_ids_a_writer_without_a_seat_reads_the_others(tmp_pa
         assert exact(b, tokens) == 2 * CHUNK and b.stats().shared_reads == 2
 
 
+def test_a_path_failing_for_another_reason_never_makes_a_busy_id_its_own(tmp_path):
+    tokens = seq(0, 2)
+    roots = [tmp_path / "p0", tmp_path / "p1"]  # p1 missing, for every store
+    roots[0].mkdir(mode=0o700)
+    plain = {**config(roots[0], share_refresh="50ms", share_writers=1),
+             "disk_paths": [str(r) for r in roots]}
+    with KVStore(SMALL, plain) as a, KVStore(SMALL, plain) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        assert b.disk.writer != a.disk.writer
+        wait_for(lambda: b.lookup(tokens).tokens == 2 * CHUNK)
+        assert exact(b, tokens) == 2 * CHUNK
+
+
+def test_writers_without_a_seat_look_for_an_id_again_when_one_is_given_back(tmp_path):
+    """Two stores without a seat stopped at the same id; once the only seat is given back,
+    the one that takes it may take another id, and the other still reads it."""
+    tokens = seq(0, 2)
+    quick = config(tmp_path, share_refresh="50ms", share_writers=1, lease_timeout="2s",
+                   disk_retry="0.2s")
+    a = KVStore(SMALL, quick)
+    b, c = KVStore(SMALL, quick), KVStore(SMALL, quick)
+    try:
+        assert b.stats().paths_down and c.stats().paths_down
+        assert b.disk.writer == c.disk.writer != a.disk.writer
+        a.close()
+        tries = iter(range(10**6))
+
+        def written() -> bool:  # a path is tried again as the store is used
+            i = next(tries)
+            for store, at in ((b, 90_000), (c, 91_000)):
+                store.put(seq(at + i, 1), make_kv(seq(at + i, 1)))
+            return bool(b.flush()) or bool(c.flush())
+
+        wait_for(written, timeout=20)
+        winner, loser = (b, c) if not b.stats().paths_down else (c, b)
+        assert loser.stats().paths_down and winner.disk.writer != loser.disk.writer
+        winner.put(tokens, make_kv(tokens))
+        winner.flush()
+        wait_for(lambda: loser.lookup(tokens).tokens == 2 * CHUNK)
+        assert exact(loser, tokens) == 2 * CHUNK
+        # the winner's view follows its new id: its own segment is not another writer's
+        wait_for(lambda: [w.writer for w in winner._shared.others.writers()] == [loser.disk.writer]
+                 or not winner._shared.others.writers())
+    finally:
+        for store in (a, b, c):
+            store.close()
+
+
 def test_each_writer_fills_at_most_its_share_of_disk_capacity(tmp_path):
     prefixes = [seq(10_000 * i, 4) for i in range(6)]
     with KVStore(SMALL, shared(tmp_path, "a", disk_chunks=16)) as a:  # 4 writers: 4 chunks
