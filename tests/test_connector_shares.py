@@ -1,7 +1,11 @@
 """In vLLM: an engine's scheduler side finds chunks other engines wrote to a shared
 directory, plans their loads from there, and its workers read them, verified."""
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -117,9 +121,6 @@ def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
 
 
 def test_without_an_instance_id_the_scheduler_side_finds_the_segment_its_workers_took(tmp_path):
-    import subprocess
-    import sys
-
     from kvtier.config import load_config
     from kvtier.connector.engine_writer import engine_writers
 
@@ -152,32 +153,30 @@ time.sleep(600)
 
 
 def test_when_its_workers_segment_is_not_found_nothing_on_disk_is_taken_for_its_own(tmp_path):
-    import signal
-    import subprocess
-    import sys
-
     from kvtier.config import load_config
     from kvtier.connector.engine_writer import engine_writers
 
-    # another engine (not a child of this process) holds <host>-0: its index is not ours
+    with another_engine_on_the_first_id(tmp_path):  # its index is not ours
+        cfg = load_config({"disk_paths": [str(tmp_path)], "chunk_tokens": 2 * 16}, environ={})
+        assert engine_writers(cfg, [GEO.namespace("m", "", 1, 0)]) == [None]
+
+
+@contextlib.contextmanager
+def another_engine_on_the_first_id(tmp_path):
+    """Another engine (not a child of this process) holds <host>-0 on ``tmp_path``."""
     starter = subprocess.Popen(["sh", "-c", '"$0" -c "$1" "$2" &', sys.executable, HOLD_FIRST_ID,
                                 str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     word, pid = starter.stdout.readline().split()
     starter.wait()
     try:
         assert word == "ready"
-        cfg = load_config({"disk_paths": [str(tmp_path)], "chunk_tokens": 2 * 16}, environ={})
-        assert engine_writers(cfg, [GEO.namespace("m", "", 1, 0)]) == [None]
+        yield
     finally:
         os.kill(int(pid), signal.SIGKILL)
         starter.stdout.close()
 
 
 def test_when_its_workers_hold_no_segment_another_engines_segment_is_still_read(tmp_path):
-    import signal
-    import subprocess
-    import sys
-
     from kvtier.connector.engine_writer import unheld_writer
     from kvtier.io.names import writer_ids
 
@@ -185,13 +184,7 @@ def test_when_its_workers_hold_no_segment_another_engines_segment_is_still_read(
     a = scheduler(disk=tmp_path, instance_id=first, share_writers=2)
     write_as(tmp_path, first, store_all(a, request("x", 64)).stores)
     a.close()
-    # another engine (not a child of this process) holds the first default id, chunks and all
-    starter = subprocess.Popen(["sh", "-c", '"$0" -c "$1" "$2" &', sys.executable, HOLD_FIRST_ID,
-                                str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    word, pid = starter.stdout.readline().split()
-    starter.wait()
-    try:
-        assert word == "ready"
+    with another_engine_on_the_first_id(tmp_path):  # chunks and all
         namespace = SCHED_GEO.namespace("m", "", 1, 0)
         assert unheld_writer((str(tmp_path),), namespace) == second
         # this engine's workers are not found (they hold no segment): its scheduler side
@@ -200,6 +193,3 @@ def test_when_its_workers_hold_no_segment_another_engines_segment_is_still_read(
         assert b.writers == [None] and b.recovered == 0
         assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
         b.close()
-    finally:
-        os.kill(int(pid), signal.SIGKILL)
-        starter.stdout.close()

@@ -10,13 +10,18 @@ from tests.redis_server import needs_redis
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_short_soak_serves_no_wrong_byte(tmp_path):
+def soak(tmp_path, minutes: float, *flags: str) -> dict:
+    """Run the soak; what it wrote to its JSON, once it exited 0."""
     out = tmp_path / "soak.json"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "0.25",
-                             "--dir", str(tmp_path / "cache"), "--json", str(out)],
-                            capture_output=True, text=True, timeout=240)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes",
+                             str(minutes), "--dir", str(tmp_path / "cache"), "--json", str(out),
+                             *flags], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_a_short_soak_serves_no_wrong_byte(tmp_path):
+    data = soak(tmp_path, 0.25)
     counts = data["counts"]
     assert counts["wrong_bytes_served"] == 0 and counts.get("escaped_exceptions", 0) == 0
     assert counts["gets"] > 100 and counts["puts"] > 100
@@ -34,12 +39,7 @@ def test_a_short_soak_of_a_fleets_tiers_serves_no_wrong_byte(tmp_path):
     """The remote tier (a redis-server of the soak's own, and a second store standing for
     another node) and a shared directory (a peer writer killed mid-phase), under faults of
     both besides the disk's."""
-    out = tmp_path / "soak.json"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "soak.py"), "--minutes", "0.3",
-                             "--dir", str(tmp_path / "cache"), "--json", str(out), "--remote",
-                             "--shared"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    data = json.loads(out.read_text())
+    data = soak(tmp_path, 0.3, "--remote", "--shared")
     counts = data["counts"]
     assert counts["wrong_bytes_served"] == 0 and counts.get("escaped_exceptions", 0) == 0
     assert counts["gets"] > 100 and counts["puts"] > 100
