@@ -36,6 +36,7 @@ import logging
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,6 +292,7 @@ class RemoteFaults:
 
     def stop(self) -> None:
         self.server.stop()
+        shutil.rmtree(self.server.workdir, ignore_errors=True)
 
 
 def start_writer(path: Path, cfg: dict, families: range = range(FAMILIES)) -> subprocess.Popen:
