@@ -16,6 +16,9 @@ framed, nothing checked), and that raw get followed by the checksum of every val
 the raw client's ``batch_put_from_multi_buffers`` of each value as the tier moves it, a
 header-sized piece then the payload ("two pieces", nothing checked), and that put preceded
 by the checksum of every payload ("checked two pieces": the tier's work less its Python).
+One more get arm does the same for reads: the raw client's ``batch_get_into_multi_buffers``
+of each two-piece value into a header-sized piece and the payload's buffer ("two-piece
+get", nothing checked), as the tier reads.
 The arms take turns batch by batch, in a rotating order, so that they share the machine's
 moods; values are removed between rounds; best of ``--repeats`` rounds (and the median of
 the rounds' ratios). Then the public API: ``KVStore.put`` + ``flush`` to the store and
@@ -108,6 +111,17 @@ class Case:
             for i in range(self.batch):
                 payload_checksum(self.slot(self.batch + i).data)
 
+    def pieces_get(self, at: int) -> None:
+        """The raw client reading the values ``pieces_put`` wrote as the tier reads: a
+        header's bytes, then the payload into its registered slot; nothing checked."""
+        hb = self.header_bytes
+        codes = self.raw.batch_get_into_multi_buffers(
+            [f"pieces:{at + i}" for i in range(self.batch)],
+            [[self.headers.ctypes.data + i * hb, self.slot(self.batch + i).ctypes.data]
+             for i in range(self.batch)],
+            [[hb, self.chunk]] * self.batch)
+        assert all(c == hb + self.chunk for c in codes), codes
+
     def tier_put(self, tier: MooncakeTier, bufs: list[np.ndarray], at: int) -> None:
         results = tier.put_many(list(zip(self.keys[at:at + self.batch], bufs[: self.batch], strict=True)))
         assert all(r.ok for r in results), results[:2]
@@ -137,6 +151,7 @@ class Case:
         gets: dict[str, Callable[[int], None]] = {
             "raw": self.raw_get,
             "checked": lambda at: self.raw_get(at, check=True),
+            "pieces": self.pieces_get,
             "tier": lambda at: self.tier_get(self.tier, self.slots, at),
             "staged": lambda at: self.tier_get(self.plain_tier, self.plain, at)}
         times: dict[str, list[float]] = {f"{name}_{op}": [] for op, arms in (("put", puts), ("get", gets))
@@ -169,6 +184,7 @@ class Case:
             row[f"{name}_put_ratio"] = row[f"{name}_put"] / row["raw_put"]
         row["tier_put_to_checked"] = row["tier_put"] / row["checked_pieces_put"]
         row["check_share"] = 1 - row["checked_get"] / row["raw_get"]  # of a raw get's time
+        row["pieces_get_ratio"] = row["pieces_get"] / row["raw_get"]
         row["tier_get_to_checked"] = row["tier_get"] / row["checked_get"]
         self.tier.close()
         self.plain_tier.close()
@@ -216,6 +232,7 @@ def main() -> None:
     for column in ("chunk", "raw put GiB/s", "tier put", "put/raw (median)", "staged put/raw",
                    "two pieces/raw", "checked two pieces/raw", "put/checked two pieces",
                    "raw get GiB/s", "tier get", "get/raw (median)", "staged get/raw",
+                   "two-piece get/raw",
                    "check share", "get/checked raw", "store put/raw", "store get/raw"):
         table.add_column(column, justify="right")
     for r in rows:
@@ -225,7 +242,8 @@ def main() -> None:
                       f"{r['checked_pieces_put_ratio']:.2f}", f"{r['tier_put_to_checked']:.2f}",
                       f"{r['raw_get']:.2f}", f"{r['tier_get']:.2f}",
                       f"{r['tier_get_ratio']:.2f} ({r['tier_get_ratio_median']:.2f})",
-                      f"{r['staged_get_ratio']:.2f}", f"{r['check_share']:.0%}",
+                      f"{r['staged_get_ratio']:.2f}", f"{r['pieces_get_ratio']:.2f}",
+                      f"{r['check_share']:.0%}",
                       f"{r['tier_get_to_checked']:.2f}", f"{r.get('store_put_ratio', 0):.2f}",
                       f"{r.get('store_get_ratio', 0):.2f}")
     Console(width=200).print(table)
