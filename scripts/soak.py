@@ -365,6 +365,7 @@ def main() -> None:
 def run(args: argparse.Namespace, path: Path, server: RemoteFaults | None) -> None:
     remote = server.url if server is not None else None
     faults, counts, lock = Faults(), Counter[str](), threading.Lock()
+    os.environ.pop("KVTIER_LOG_LEVEL", None)  # each store would set the level counted here
     logger = logging.getLogger("kvtier")
     logger.addHandler(FailureKinds(counts, lock))
     shown = logging.StreamHandler()  # what the stores log at WARNING and above, as before

@@ -222,9 +222,10 @@ def test_the_log_level_sets_kvtiers_logger_and_shows_its_records():
     assert alone.level == logging.DEBUG and len(alone.handlers) == 1
     apply_log_level({"KVTIER_LOG_LEVEL": "debug"}, alone)
     assert len(alone.handlers) == 1  # once
-    shown = logging.getLogger("kvtier-test-shown")  # the root's handlers show it (pytest's)
-    apply_log_level({"KVTIER_LOG_LEVEL": "error"}, shown)
-    assert shown.level == logging.ERROR and not shown.handlers
+    logging.getLogger("kvtier-test-shown").addHandler(logging.NullHandler())
+    shown = logging.getLogger("kvtier-test-shown.child")  # its parent's handler shows it
+    apply_log_level({"KVTIER_LOG_LEVEL": "debug"}, shown)
+    assert shown.level == logging.DEBUG and not shown.handlers
 
 
 def test_a_store_applies_the_log_level_at_start(monkeypatch):
@@ -234,7 +235,10 @@ def test_a_store_applies_the_log_level_at_start(monkeypatch):
     from tests.conftest import SMALL
 
     logger = logging.getLogger("kvtier")
-    monkeypatch.setattr(logger, "level", logger.level)  # put back after the test
+    before = logger.level
     monkeypatch.setenv("KVTIER_LOG_LEVEL", "error")
-    with KVStore(SMALL, {"chunk_tokens": 16, "host_capacity": "1MiB"}, model="m"):
-        assert logger.level == logging.ERROR
+    try:
+        with KVStore(SMALL, {"chunk_tokens": 16, "host_capacity": "1MiB"}, model="m"):
+            assert logger.level == logging.ERROR
+    finally:
+        logger.setLevel(before)  # clears the loggers' level caches too
