@@ -97,36 +97,41 @@ class DiskPaths:
         self.states = [PathState(root, retry) for root in roots]
         self._opener, self._check_every = opener, check_every
         self._lock = threading.Lock()  # I/O threads may find a path failing together
-        self._writers = opener.writers
         self._settled = False  # a path opened under ``writer``: it stays this store's id
         self.writer = opener.writers[0]
         busy: set[str] = set()  # ids whose segment another process of this host holds
         for path in self.states:
-            self._open_first(path, busy)
+            try:
+                path.dir, path.inode = self._open(path, busy)
+            except OSError as exc:
+                self.take_down(path, f"cannot open: {exc}")
         self._keeper = LeaseKeeper(self._leases, beat_every)
 
-    def _open_first(self, path: PathState, busy: set[str]) -> None:
-        """Open ``path`` under this store's id once it has one, else under the first
-        candidate whose segment no other process holds (``busy`` gathers those). A path that
-        fails for another reason (no seat free) sets ``writer`` to that candidate all the
-        same: a segment another process holds is never this store's own (its chunks are
-        read as another writer's)."""
-        tried = [self.writer] if self._settled else (
-            [w for w in self._writers if w not in busy] or list(self._writers[-1:]))
-        for i, writer in enumerate(tried):
+    def _open(self, path: PathState, busy: set[str]) -> tuple[CacheDir, int]:
+        """Open ``path`` under this store's id once one of its paths has opened; until then
+        under the first candidate whose segment no other process holds (``busy`` gathers
+        those). ``writer`` becomes the candidate where the search stopped, even when that
+        open fails for another reason (no seat free): a segment another process holds is
+        never this store's own (its chunks are read as another writer's). So a store none of
+        whose paths ever opened looks for an id again at each try: the segment it stopped at
+        may have been taken since, and one before it let go of."""
+        if self._settled:
+            return self._opener.open(path.root, self.writer)
+        free = [w for w in self._opener.writers if w not in busy] or list(self._opener.writers[-1:])
+        for i, writer in enumerate(free):
             try:
-                path.dir, path.inode = self._opener.open(path.root, writer)
+                opened = self._opener.open(path.root, writer)
             except OSError as exc:
                 if exc.errno == errno.EBUSY:
                     busy.add(writer)
-                    if i + 1 < len(tried):
+                    if i + 1 < len(free):
                         continue  # another process of this host writes that segment
-                if not self._settled:
-                    self.writer = next((w for w in self._writers if w not in busy), writer)
-                self.take_down(path, f"cannot open: {exc}")
-                return
+                else:
+                    self.writer = writer
+                raise
             self.writer, self._settled = writer, True  # every path: the same writer
-            return
+            return opened
+        raise AssertionError("unreachable: the last candidate returns or raises")
 
     def _leases(self) -> list[Lease]:
         return [directory.lease for directory in (p.dir for p in self.states) if directory]
@@ -239,7 +244,7 @@ class DiskPaths:
         if stale is not None:
             stale.close()
         try:
-            directory, inode = self._reopen(path)
+            directory, inode = self._open(path, set())
         except OSError as exc:
             log.debug("kvtier disk path %s still out of service: %s", path.root, exc)
             return False
@@ -249,26 +254,6 @@ class DiskPaths:
             path.dir, path.back_at = directory, path.checked_at
         log.warning("kvtier disk path back in service: %s (was out: %s)", path.root, was)
         return True
-
-    def _reopen(self, path: PathState) -> tuple[CacheDir, int]:
-        """Open ``path`` again under this store's id; a store no path of which ever opened
-        looks for an id again as at start (the segment it stopped at may have been taken
-        since, by a process that found a seat first, and one before it let go of)."""
-        if self._settled:
-            return self._opener.open(path.root, self.writer)
-        busy: set[str] = set()
-        for writer in self._writers:
-            try:
-                opened = self._opener.open(path.root, writer)
-            except OSError as exc:
-                if exc.errno == errno.EBUSY:
-                    busy.add(writer)
-                    continue
-                self.writer = writer
-                raise
-            self.writer, self._settled = writer, True
-            return opened
-        raise OSError(errno.EBUSY, f"every writer id of {path.root} is held by another process")
 
     def close(self) -> None:
         """Stop the heartbeats and close every directory, in service or stale."""
