@@ -447,3 +447,27 @@ def test_a_store_whose_only_rank_failed_its_copy_frees_both_slots_at_once(tmp_pa
                                     disk_failed=Counter({store.key: 1})))
     assert host.reusable_slots == host_free + 1 and disk.free_slots == disk_free + 1
     assert side.stack.locate(store.key) is None
+
+
+def test_a_store_failed_behind_a_write_back_keeps_its_host_slot_until_the_write_ends(tmp_path):
+    """A worker gives up waiting for a write-back after load_timeout and fails the store
+    into the victim's host slot: the slot stays reserved while the write still reads it."""
+    side = scheduler(disk=tmp_path, write_policy="write_back")
+    for i in range(4):  # host memory full of chunks on no disk
+        store_all(side, request(f"r{i}", 32, seed=i))
+    meta = StepPlan()
+    side.plan_stores(request("new", 32, seed=9), ([1, 2],), 32, meta)
+    (demotion,), (store,) = meta.demotions, meta.stores
+    assert demotion.host_slot == store.host_slot
+    host = side.stack.indexes[TierName.HOST]
+    free = host.reusable_slots
+    side.worker_report(WorkerReport(host_failed=Counter({store.key: 1})))
+    assert host.reusable_slots == free  # the write-back still reads the slot
+    later = StepPlan()
+    side.plan_stores(request("other", 32, seed=10), ([3, 4],), 32, later)
+    assert all(s.host_slot != store.host_slot for s in later.stores)
+    held = host.reusable_slots
+    side.worker_report(WorkerReport(disk_written=Counter({demotion.key: 1})))
+    assert host.reusable_slots == held + 1  # given back once the write is over
+    assert side.stack.locate(store.key) is None
+    assert side.stack.locate(demotion.key).tier is TierName.DISK

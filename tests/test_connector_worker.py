@@ -256,6 +256,82 @@ def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path):
     side.close()
 
 
+def test_a_load_given_up_as_its_reads_start_leaves_a_later_load_of_its_request_whole(tmp_path):
+    """Given up on (load_timeout) just after its job was let start its reads, a load must not
+    stop the next load of the same request from reading: that one would copy its staging
+    slot's previous chunk into the pages."""
+    import threading
+
+    from kvtier.connector.messages import DiskWrite
+
+    side, kv, _ = worker_and_engine(tmp_path, load_timeout=0.2, write_policy="write_back")
+    original = [t.clone() for t in kv]
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), host_slot=1, disk_slot=0),
+                               ChunkStore(b"c" * 16, (6, 7), host_slot=4)]))
+    side.drain()
+    side.report()
+    entered, go = threading.Event(), threading.Event()
+    submit_reads = side._disk.submit_reads
+
+    def slow_submit(load):  # the job is past its gate, its reads not yet started
+        entered.set()
+        go.wait(10)
+        return submit_reads(load)
+
+    side._disk.submit_reads = slow_submit
+    first = RequestLoad("r", (ChunkLoad(b"a" * 16, (10, 11), 0, host_slot=2, disk_slot=0),),
+                        demotions=(DiskWrite(b"v" * 16, host_slot=2, disk_slot=3),),
+                        asynchronous=True)
+    side.start_loads(StepPlan(loads=[first]))
+    assert entered.wait(10)
+    wait_until(lambda: side.finished() == {"r"}, "the load was not given up")
+    assert side.take_invalid_blocks() == {10, 11}
+    side._disk.submit_reads = submit_reads
+    go.set()
+    seen: dict = {}
+    wait_until(lambda: outcomes(side, seen).get("reads_over"), "the late read never ended")
+    # the request again, its chunk staged in a slot whose chunk "c" is written back first
+    second = RequestLoad("r", (ChunkLoad(b"a" * 16, (12, 13), 0, host_slot=4, disk_slot=0),),
+                         demotions=(DiskWrite(b"c" * 16, host_slot=4, disk_slot=5),),
+                         asynchronous=True)
+    side.start_loads(StepPlan(loads=[second]))
+    wait_until(lambda: "r" in side.finished(), "the second load never ended")
+    assert side.take_invalid_blocks() == set()
+    assert all(same(kv[i][12:14], original[i][2:4]) for i in range(LAYERS))
+    side.close()
+
+
+def test_a_store_behind_a_write_back_on_a_hung_drive_is_dropped_after_load_timeout(tmp_path):
+    """vLLM's step (``wait_for_save``) must not wait on a hung drive past load_timeout: the
+    store into the slot its write-back still reads is dropped, the slot left as it is."""
+    import threading
+
+    from kvtier.connector.messages import DiskWrite
+
+    side, _, engine = worker_and_engine(tmp_path, load_timeout=0.2, write_policy="write_back")
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), host_slot=1)]))  # host only
+    side.report()
+    before = side.host.slot(1).clone()
+    engine.hold()
+    plan = StepPlan(demotions=[DiskWrite(b"a" * 16, host_slot=1, disk_slot=0)],
+                    stores=[ChunkStore(b"b" * 16, (4, 5), host_slot=1),
+                            ChunkStore(b"c" * 16, (6, 7), host_slot=2)])
+    saved = threading.Event()
+    threading.Thread(target=lambda: (side.save(plan), saved.set()), daemon=True).start()
+    try:
+        assert saved.wait(10), "the step waited on the hung drive"
+        report = side.report()
+        assert report.host_failed == Counter({b"b" * 16: 1})
+        assert report.host_stored == Counter({b"c" * 16: 1})
+        assert torch.equal(side.host.slot(1), before)  # chunk "a" is still being written
+    finally:
+        engine.release()
+    seen: dict = {}
+    wait_until(lambda: outcomes(side, seen).get("disk_written"), "the write-back never ended")
+    assert seen["disk_written"] == Counter({b"a" * 16: 1})
+    side.close()
+
+
 def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, caplog):
     import logging
 

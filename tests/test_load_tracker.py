@@ -5,7 +5,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from kvtier.connector.load_tracker import LoadTracker, resolved, when_all_over
+from kvtier.connector.load_tracker import LoadTracker, ReadGate, resolved, when_all_over
 from kvtier.connector.messages import ChunkLoad, RequestLoad
 from kvtier.io.batch_reads import BatchReads
 from kvtier.io.result import IOResult, IOStatus
@@ -63,13 +63,27 @@ def test_a_read_past_the_timeout_is_late_and_released_once_when_it_ends():
 
 
 def test_a_load_whose_job_has_not_run_is_abandoned_and_never_reads():
-    tracker, job = LoadTracker(timeout=1.0), Future()
-    tracker.add(load(b"a"), job, started=0.0)
+    tracker, job, gate = LoadTracker(timeout=1.0), Future(), ReadGate()
+    tracker.add(load(b"a"), job, started=0.0, gate=gate)
     (ready,) = tracker.ready(now=1.0)
     assert ready.late == {b"a"} and ready.late_slots == []  # nothing was asked of the disk
-    assert not tracker.should_read("r") and tracker.should_read("r")  # told once
+    assert not gate.open() and not gate.open()  # this load's job: never
+    assert ReadGate().open()  # another load of the same request reads
     assert tracker.released() == []  # the job may still use the staging slot
     job.set_result({})
+    assert [k for k, _, _ in tracker.released()] == [b"a"]
+
+
+def test_a_load_given_up_once_its_reads_started_waits_for_them():
+    tracker, job, gate = LoadTracker(timeout=1.0), Future(), ReadGate()
+    tracker.add(load(b"a"), job, started=0.0, gate=gate)
+    assert gate.open()  # the job starts its reads first
+    (ready,) = tracker.ready(now=1.0)
+    assert ready.late == {b"a"} and gate.open()  # decided once: the reads go on
+    read: Future = Future()
+    job.set_result({b"a": read})
+    assert tracker.released() == []  # the read still fills the staging slot
+    read.set_result(OK)
     assert [k for k, _, _ in tracker.released()] == [b"a"]
 
 

@@ -80,11 +80,35 @@ class ReadyLoad:
     error: BaseException | None = None
 
 
+class ReadGate:
+    """Whether a load's job may start its reads, decided once by whichever comes first: the
+    job about to start them (``open``), or the step thread giving the load up (``close``).
+    One per load, so a load given up on never bears on a later load of the same request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reads: bool | None = None  # None until decided
+
+    def open(self) -> bool:
+        """The job, before its reads: True unless the load was given up on first."""
+        with self._lock:
+            if self._reads is None:
+                self._reads = True
+            return self._reads
+
+    def close(self) -> None:
+        """The step thread, giving the load up: reads not started by now never will be."""
+        with self._lock:
+            if self._reads is None:
+                self._reads = False
+
+
 @dataclass
 class _Pending:
     load: RequestLoad
     job: Future[Reads]
     started: float
+    gate: ReadGate
 
 
 class LoadTracker:
@@ -92,13 +116,14 @@ class LoadTracker:
 
     Contract:
 
-    - ``add(load, job, started)`` tracks a load whose reads ``job`` starts (its value: the
-      reads by key). Called from the engine's step thread only, as is ``ready``.
+    - ``add(load, job, started, gate)`` tracks a load whose reads ``job`` starts (its value:
+      the reads by key), asking ``gate.open()`` first when it must wait (a write-back).
+      Called from the engine's step thread only, as is ``ready``.
     - ``ready(now)`` returns the loads whose reads are all over, or whose ``timeout`` is up,
       each once. A load whose reads run past the timeout comes back with those reads failed
       (TIMED_OUT) and listed in ``late``; a load whose write-back was still running comes
-      back with every staged chunk failed and late, and its reads will not start
-      (``should_read`` says so to the job).
+      back with every staged chunk failed and late, and its reads will not start if they
+      have not yet (its ``gate`` says so to the job).
     - ``released()`` returns, once each, the late reads that have ended since, with what
       they came to and whether they were from the remote store: only then may their
       staging slots be reused.
@@ -110,25 +135,10 @@ class LoadTracker:
         self._pending: list[_Pending] = []
         # reads given up on that still run: key, read, whether from the remote store
         self._stalled: list[tuple[bytes, Future[IOResult], bool]] = []
-        self._lock = threading.Lock()  # the job threads ask about abandoned loads
-        self._abandoned: set[str] = set()
 
-    def add(self, load: RequestLoad, job: Future[Reads], started: float) -> None:
-        self._pending.append(_Pending(load, job, started))
-
-    def should_read(self, req_id: str) -> bool:
-        """Asked by a load's job before it starts its reads: False (once) when the load was
-        given up on meanwhile."""
-        with self._lock:
-            if req_id in self._abandoned:
-                self._abandoned.discard(req_id)
-                return False
-        return True
-
-    def forget(self, req_id: str) -> None:
-        """A load's job failed before its reads: it will not ask ``should_read``."""
-        with self._lock:
-            self._abandoned.discard(req_id)
+    def add(self, load: RequestLoad, job: Future[Reads], started: float,
+            gate: ReadGate | None = None) -> None:
+        self._pending.append(_Pending(load, job, started, gate or ReadGate()))
 
     def ready(self, now: float) -> list[ReadyLoad]:
         waiting, ready = [], []
@@ -166,12 +176,11 @@ class LoadTracker:
         return ready
 
     def _abandon(self, pending: _Pending) -> ReadyLoad:
-        """Still writing back the staging slots' previous chunks: its reads will not start;
-        the staging slots stay taken until the job (and any read it did start) is over, as
-        the write-back still reads from them."""
+        """Still writing back the staging slots' previous chunks, or only now starting its
+        reads: reads not started will not be; the staging slots stay taken until the job
+        (and any read it did start) is over, as the write-back still reads from them."""
         load = pending.load
-        with self._lock:
-            self._abandoned.add(load.req_id)
+        pending.gate.close()
         staged = {c.key for c in load.chunks if c.staged and c.host_slot is not None}
         over = when_all_over(pending.job)
         self._stalled += [(key, over, False) for key in staged]

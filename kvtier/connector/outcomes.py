@@ -17,6 +17,7 @@ from kvtier.connector.rank_counts import RankCount, RankOutcomes
 from kvtier.connector.records import AbortedStores, PendingStores, StalledReads
 from kvtier.connector.remote_writes import RemoteWrites
 from kvtier.io.index_file import SlotLayout
+from kvtier.keys import ChunkKey
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import TierName
 
@@ -35,7 +36,9 @@ class Outcomes:
     slot pinned until the disk write ends. When some rank failed the host store, its host
     reservation (and its write-through disk reservation) ends only once every rank's disk
     and remote outcomes are in (``AbortedStores``): other ranks may still read the slot, and
-    the chunk never becomes visible. A pending disk write ends the same way. A disk path's
+    the chunk never becomes visible; so do write-back demotions still writing from the slot
+    (a worker gives up waiting for them after ``load_timeout``, and fails the stores into
+    their slots). A pending disk write ends the same way. A disk path's
     slots are retired when a first rank takes it out of service and come back (empty) when
     every rank that did has it back. Outcomes of keys not pending are ignored.
     """
@@ -53,6 +56,7 @@ class Outcomes:
         self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
         self._disk_outcomes = RankOutcomes(world_size)
         self._aborted = AbortedStores(stack)
+        self._after_demotion: dict[ChunkKey, ChunkKey] = {}  # victim -> store failed on it
 
     def apply(self, report: WorkerReport) -> None:
         for disk_bytes, host_bytes, seconds in report.load_samples:
@@ -102,6 +106,10 @@ class Outcomes:
             readers = int(writing)
             if remote is not None and remote.hold_failed(key, dst, self._aborted.release):
                 readers += 1
+            victim = self._pending.demoting.get(dst.slot)
+            if victim is not None and victim in self._pending.disk:  # a write-back past
+                self._after_demotion[victim] = key  # load_timeout still reads the slot
+                readers += 1
             if readers:
                 self._aborted.hold(key, dst, readers)
             else:
@@ -115,6 +123,9 @@ class Outcomes:
             if ok is None:
                 continue
             dst, host = self._pending.disk.pop(key)
+            self._pending.demoted(key)
+            if key in self._after_demotion:  # the store into its host slot failed meanwhile
+                self._aborted.release(self._after_demotion.pop(key))
             aborted = key in self._aborted
             ok = ok and not aborted
             self.stack.finish(key, dst, ok)

@@ -66,6 +66,8 @@ class PendingStores:
 
     host: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
     disk: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
+    # write-back victims being written to disk, by the host slot they leave
+    demoting: dict[int, ChunkKey] = field(default_factory=dict)
 
     def demotion_writes(self, moves: tuple[Move, ...]) -> list[DiskWrite]:
         """Host victims that must reach disk before their slot is reused (write-back),
@@ -75,7 +77,14 @@ class PendingStores:
             assert move.src.tier is TierName.HOST and move.dst.tier is TierName.DISK, move
             writes.append(DiskWrite(move.key, move.src.slot, move.dst.slot))
             self.disk[move.key] = (move.dst, None)
+            self.demoting[move.src.slot] = move.key
         return writes
+
+    def demoted(self, key: ChunkKey) -> None:
+        """``key``'s disk write is over: if it was a demotion, its host slot is left."""
+        for slot in [slot for slot, victim in self.demoting.items() if victim == key] \
+                if self.demoting else ():
+            del self.demoting[slot]
 
 
 class AbortedStores:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
@@ -22,6 +23,7 @@ from kvtier.connector.engine_writer import rank_writer_ids
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_tracker import (
     LoadTracker,
+    ReadGate,
     Reads,
     ReadyLoad,
     failed_read,
@@ -30,6 +32,7 @@ from kvtier.connector.load_tracker import (
 from kvtier.connector.messages import (
     NULL_BLOCK,
     ChunkStore,
+    DiskWrite,
     RemoteWrite,
     RequestLoad,
     StepPlan,
@@ -137,8 +140,9 @@ class WorkerSide:
                 if not load.asynchronous:
                     self._complete(load, {}, started)
                 elif load.demotions:  # write-back victims must leave the staging slots first
-                    self._loads.add(load, self._loader.submit(self._demote_then_read, load),
-                                    started)
+                    gate = ReadGate()
+                    self._loads.add(load, self._loader.submit(self._demote_then_read, load, gate),
+                                    started, gate)
                 else:
                     self._loads.add(load, resolved(self._submit_reads(load)), started)
             except Exception as exc:  # never take the step down: the blocks are recomputed
@@ -196,6 +200,9 @@ class WorkerSide:
                     broken = True
                     invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
                     continue
+                if chunk.staged and result is None:  # its staging slot holds another chunk
+                    raise RuntimeError(f"chunk {chunk.key.hex()} was never read into host "
+                                       f"slot {chunk.host_slot}")
                 pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
                 moved = pages.bytes_of(chunk.block_ids)
                 host_bytes += moved
@@ -237,27 +244,18 @@ class WorkerSide:
         failed stores, never raised into the engine's step."""
         pages, host = self._attached()
         self._lane.poll()
-        try:
-            self._disk.demote(meta.demotions)
-        except Exception as exc:
-            self._ledger.unexpected("write-back of evicted chunks failed", "", exc)
-            with self._lock:
-                for demotion in meta.demotions:
-                    self._ledger.pending.disk_failed[demotion.key] += 1
+        busy = self._demote(meta.demotions)
         stored: list[ChunkStore] = []
         for store in meta.stores:
+            if store.host_slot in busy:  # its write-back still reads the slot: leave it be
+                self._store_failed(store)
+                continue
             try:
                 pages.gather(store.block_ids, host.slot(store.host_slot))
                 stored.append(store)
             except Exception as exc:
                 self._ledger.unexpected("copy of a chunk to host failed", store.key.hex(), exc)
-                with self._lock:
-                    self._ledger.pending.host_failed[store.key] += 1
-                    # its disk and remote writes will not run: their outcomes all the same
-                    if store.disk_slot is not None:
-                        self._ledger.pending.disk_failed[store.key] += 1
-                    if store.remote:
-                        self._ledger.pending.remote_failed[store.key] += 1
+                self._store_failed(store)
         pages.synchronize()
         with self._lock:
             for store in stored:
@@ -276,6 +274,36 @@ class WorkerSide:
         self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
                            + meta.remote_writes)
 
+    def _demote(self, demotions: Sequence[DiskWrite]) -> set[int]:
+        """Write-back demotions before the stores into their host slots, waited for at most
+        ``load_timeout`` (a hung drive must not hold up the step): the host slots whose
+        write still runs then, which this step's stores must leave alone (the scheduler
+        side keeps them reserved until the write is over)."""
+        try:
+            busy = self._disk.demote(demotions, self.config.load_timeout)
+        except Exception as exc:
+            self._ledger.unexpected("write-back of evicted chunks failed", "", exc)
+            with self._lock:
+                for demotion in demotions:
+                    self._ledger.pending.disk_failed[demotion.key] += 1
+            return {demotion.host_slot for demotion in demotions}  # not known to be over
+        if busy:
+            self._ledger.failures.note(
+                "write-back timed_out", f"{len(busy)} evicted chunks not on disk after "
+                f"{self.config.load_timeout:g} s (load_timeout; a hung drive?): the stores "
+                "into their host slots are dropped")
+        return busy
+
+    def _store_failed(self, store: ChunkStore) -> None:
+        """A store not copied to host: it, and its disk and remote writes (which will not
+        run), are reported failed."""
+        with self._lock:
+            self._ledger.pending.host_failed[store.key] += 1
+            if store.disk_slot is not None:
+                self._ledger.pending.disk_failed[store.key] += 1
+            if store.remote:
+                self._ledger.pending.remote_failed[store.key] += 1
+
     def _write_remote(self, writes: list[RemoteWrite]) -> None:
         """Remote writes (of chunks just stored, and those the scheduler side planned),
         queued in the background."""
@@ -291,16 +319,15 @@ class WorkerSide:
                 for write in writes:
                     self._ledger.pending.remote_failed[write.key] += 1
 
-    def _demote_then_read(self, load: RequestLoad) -> Reads:
+    def _demote_then_read(self, load: RequestLoad, gate: ReadGate) -> Reads:
         try:
             self._disk.demote(load.demotions)
         except Exception:
-            self._loads.forget(load.req_id)
             with self._lock:  # the scheduler side frees their disk reservations
                 for demotion in load.demotions:
                     self._ledger.pending.disk_failed[demotion.key] += 1
             raise
-        if not self._loads.should_read(load.req_id):  # given up on meanwhile: read nothing
+        if not gate.open():  # given up on meanwhile: read nothing
             return {}
         return self._submit_reads(load)
 

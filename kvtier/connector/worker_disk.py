@@ -27,7 +27,8 @@ class WorkerDisk:
     Contract: ``submit_reads(load)`` returns at once a ``Future`` per disk chunk (settled
     before its job is over); ``submit_writes(items)`` returns the started write jobs, whose
     outcomes go into the ledger's report (``disk_written`` / ``disk_failed``);
-    ``demote(demotions)`` writes and waits (write-back victims leaving their host slots).
+    ``demote(demotions, timeout)`` writes and waits (write-back victims leaving their host
+    slots), at most ``timeout``.
     A corrupt slot's header is blanked by its read job, before the load can report it.
     """
 
@@ -123,12 +124,20 @@ class WorkerDisk:
                 self._lane.invalidate(slot)
         return results
 
-    def demote(self, demotions: Sequence[DiskWrite]) -> None:
-        """Write-back demotions: written now, since their host slots are about to be reused."""
-        if demotions:
-            for _, future in self.submit_writes([(d.disk_slot, d.key, d.host_slot)
-                                                   for d in demotions]):
+    def demote(self, demotions: Sequence[DiskWrite], timeout: float | None = None) -> set[int]:
+        """Write-back demotions: written now, since their host slots are about to be reused.
+        Waits at most ``timeout`` (None: as long as they take) and returns the host slots
+        whose write still runs then (a hung drive): not to be reused until it ends."""
+        if not demotions:
+            return set()
+        slot_of = {d.key: d.host_slot for d in demotions}
+        started = self.submit_writes([(d.disk_slot, d.key, d.host_slot) for d in demotions])
+        done, _ = wait_futures([future for _, future in started], timeout=timeout)
+        late = {slot_of[key] for keys, future in started if future not in done for key in keys}
+        for _, future in started:
+            if future in done:
                 future.result()
+        return late
 
     def submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
         host = self._host
