@@ -285,3 +285,59 @@ def test_a_store_one_rank_failed_is_freed_once_both_its_disk_and_remote_writes_a
         assert host.reusable_slots == 8 and side.stack.locate(store.key) is None
     finally:
         side.close()
+
+
+def damage(server, fault: str, names=None) -> None:
+    """Every kvtier value in the store (or ``names``) evicted, or damaged in place."""
+    raw = server.client()
+    for name in names if names is not None else list(raw.scan_iter(match="kvtier:*")):
+        if fault == "evicted":
+            raw.delete(name)
+        else:
+            value = bytearray(raw.get(name))
+            value[-7] ^= 0x5A
+            raw.set(name, bytes(value))
+
+
+@pytest.mark.parametrize("fault", ["evicted", "corrupt"])
+def test_a_remote_chunk_whose_read_failed_is_not_offered_to_its_request_again(server, fault):
+    """vLLM's sequence after a failed asynchronous load (recompute policy): the request is
+    rewound to its first invalid block (here 0) and asked about again, with the same id. The
+    store still answers "held" for a damaged value, and the request's answer was kept."""
+    a, b = Engine(server), Engine(server)
+    try:
+        req = request("r", 2 * CHUNK + 1, seed=13)
+        a.store(req, list(range(1, 5)))
+        assert b.match(req) == (2 * CHUNK, True)  # the store answered: both chunks held
+        damage(server, fault)  # evicted or damaged between the lookup and the read
+        b.scheduler.plan_load(req, ([9, 10, 11, 12],), 0, 2 * CHUNK)
+        b.step()
+        assert b.worker.take_invalid_blocks() == {9, 10, 11, 12}
+        assert b.scheduler.counters["load_failed_chunks"] == 2
+        assert b.match(req) == (0, False)  # recomputed, not loaded again (and again)
+        # a new request for the same prefix is not trapped by a damaged value either
+        assert b.match(request("r2", 2 * CHUNK + 1, seed=13)) == (0, False)
+        assert b.scheduler.counters["load_failed_chunks"] == 2
+    finally:
+        a.close()
+        b.close()
+
+
+def test_only_the_remote_chunk_that_failed_is_refused(server):
+    a, b = Engine(server), Engine(server)
+    try:
+        req = request("r", 3 * CHUNK + 1, seed=14)
+        a.store(req, list(range(1, 7)))
+        keys = b.scheduler.chunk_keys(req, 3)
+        assert b.match(req) == (3 * CHUNK, True)
+        damage(server, "corrupt", [value_key("kvtier:", b.ns.digest(), keys[1])])
+        b.scheduler.plan_load(req, ([9, 10, 11, 12, 13, 14],), 0, 3 * CHUNK)
+        b.step()
+        assert b.worker.take_invalid_blocks() == {11, 12, 13, 14}  # the second chunk on
+        assert b.scheduler.counters["load_failed_chunks"] == 1
+        # the first chunk arrived (now in host memory); the second is refused, so the third,
+        # still good in the store, is past the hit
+        assert b.match(req) == (CHUNK, False)
+    finally:
+        a.close()
+        b.close()

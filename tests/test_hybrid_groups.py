@@ -33,11 +33,13 @@ def sliding(window=64, **kw):
                                         sliding_window=window)
 
 
-def vllm_configs(*specs, pp=1, cache_dtype="auto"):
+def vllm_configs(*specs, pp=1, cache_dtype="auto", dcp=1, pcp=1):
     groups = [spec_types.KVCacheGroupSpec([f"layers.{g}.{i}" for i in range(2)], s)
               for g, s in enumerate(specs)]
+    parallel = SimpleNamespace(pipeline_parallel_size=pp, decode_context_parallel_size=dcp,
+                               prefill_context_parallel_size=pcp)
     vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="tiny-gemma"),
-                                  parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+                                  parallel_config=parallel,
                                   cache_config=SimpleNamespace(cache_dtype=cache_dtype))
     return vllm_config, SimpleNamespace(kv_cache_groups=groups)
 
@@ -90,6 +92,18 @@ def test_groups_kvtier_cannot_store_are_refused_with_the_group_named():
         geometry_from_vllm(*vllm_configs(full(), sliding(block=32)), CONFIG)
     with pytest.raises(ConfigError, match="pipeline parallelism"):
         geometry_from_vllm(*vllm_configs(full(), pp=2), CONFIG)
+
+
+def test_context_parallelism_is_refused_with_the_setting_named():
+    """Decode context parallelism makes a block span ``block_size x dcp`` tokens (vLLM's
+    ``resolve_dcp_kv_block_size``), each rank keeping a share: chunks would map onto the
+    wrong blocks. Prefill context parallelism adds workers per tensor-parallel rank."""
+    with pytest.raises(ConfigError, match=r"decode_context_parallel_size = 2\) is not "
+                                          r"supported: a block then spans 2 x block_size"):
+        geometry_from_vllm(*vllm_configs(full(), dcp=2), CONFIG)
+    with pytest.raises(ConfigError, match=r"prefill_context_parallel_size = 2\) is not supported"):
+        geometry_from_vllm(*vllm_configs(full(), pcp=2), CONFIG)
+    assert geometry_from_vllm(*vllm_configs(full(), dcp=1, pcp=1), CONFIG).block_tokens == BLOCK
 
 
 LAYERS, BLOCKS, HIDDEN = 4, 12, 8

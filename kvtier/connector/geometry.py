@@ -167,13 +167,7 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
     hash_block = getattr(kv_cache_config, "hash_block_size", None) or block
     if config.chunk_tokens % hash_block:
         config.check_block_tokens(hash_block)
-    parallel = vllm_config.parallel_config
-    if parallel.pipeline_parallel_size > 1:
-        raise ConfigError(
-            "kvtier: pipeline parallelism is not supported: each pipeline stage holds only its "
-            "own layers, while kvtier's chunks hold every layer of a rank and count a chunk "
-            "stored when every rank of one tensor-parallel group has it; serve with "
-            "tensor_parallel_size instead of pipeline_parallel_size")
+    _check_parallel(vllm_config.parallel_config)
     cache_dtype = str(getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto"))
     shapes = {_page_shape(s, cache_dtype) for s in specs}
     if len(shapes) != 1:
@@ -190,6 +184,35 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
         retained_tokens=max(int(getattr(s, "extra_retained_tokens", 0) or 0) for s in specs),
     )
+
+
+def _check_parallel(parallel) -> None:
+    """``ConfigError`` for a way of splitting the model over ranks that kvtier cannot serve:
+    its chunks hold every layer of a rank, cover ``chunk_tokens`` of blocks of
+    ``block_size`` tokens, and count as stored when every rank of one tensor-parallel
+    group has them."""
+    if parallel.pipeline_parallel_size > 1:
+        raise ConfigError(
+            "kvtier: pipeline parallelism is not supported: each pipeline stage holds only its "
+            "own layers, while kvtier's chunks hold every layer of a rank and count a chunk "
+            "stored when every rank of one tensor-parallel group has it; serve with "
+            "tensor_parallel_size instead of pipeline_parallel_size")
+    dcp = getattr(parallel, "decode_context_parallel_size", 1)
+    if dcp > 1:
+        raise ConfigError(
+            f"kvtier: decode context parallelism (decode_context_parallel_size = {dcp}) is not "
+            f"supported: a block then spans {dcp} x block_size tokens, each rank keeping its "
+            "share of them (cp_kv_cache_interleave_size at a time), while kvtier maps a "
+            "chunk's tokens onto blocks of block_size tokens and would store and load the "
+            "wrong pages; serve with decode_context_parallel_size = 1")
+    pcp = getattr(parallel, "prefill_context_parallel_size", 1)
+    if pcp > 1:
+        raise ConfigError(
+            f"kvtier: prefill context parallelism (prefill_context_parallel_size = {pcp}) is "
+            f"not supported: {pcp} workers would then write each tensor-parallel rank's copy "
+            "of a chunk under one namespace, while kvtier's scheduler side counts a chunk "
+            "stored when tensor_parallel_size workers reported it; serve with "
+            "prefill_context_parallel_size = 1")
 
 
 def _page_order(layout_name: str | None) -> str:

@@ -49,8 +49,9 @@ class LoadPlanner:
     looked for in other engines' segments (``shares``, when given): loaded like disk chunks,
     from there, and forgotten there when a rank fails to read them. Past those, the remote
     store is asked (``presence``, once per request, in the background: "ask again" until it
-    answered); its chunks load like disk chunks too. Loads over tell ``remote_writes`` which
-    chunks were hit, and which the store holds.
+    answered); its chunks load like disk chunks too, and one whose read failed is not offered
+    to the request again. Loads over tell ``remote_writes`` which chunks were hit, and which
+    the store holds.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
@@ -328,12 +329,16 @@ class LoadPlanner:
             if key in failed and self.shares is not None:
                 self.shares.drop(refs)
                 self.counters["load_failed_chunks"] += 1
-        self._remote_outcomes(load, failed)
+        self._remote_outcomes(req_id, load, failed)
 
-    def _remote_outcomes(self, load: Load, failed: set[bytes]) -> None:
-        """Chunks read from the remote store are known to be there; chunks loaded from here
-        earned a hit (``remote_min_hits``)."""
-        self.counters["load_failed_chunks"] += len(load.remote & failed)
+    def _remote_outcomes(self, req_id: str, load: Load, failed: set[bytes]) -> None:
+        """Chunks read from the remote store are known to be there; those whose read failed
+        are not offered again (``RemotePresence.failed``: the store may still say it holds
+        them); chunks loaded from here earned a hit (``remote_min_hits``)."""
+        lost = load.remote & failed
+        self.counters["load_failed_chunks"] += len(lost)
+        if lost and self.presence is not None:
+            self.presence.failed(req_id, lost)
         if self.remote_writes is None:
             return
         for key in load.remote - failed:

@@ -248,8 +248,10 @@ class SchedulerSide:
 
     def build_meta(self, meta: StepPlan | None = None) -> StepPlan:
         """This step's plan, in ``meta`` when given (vLLM's subclass); stores are added to it
-        by ``plan_stores``."""
+        by ``plan_stores``. Called once per scheduler step, after its lookups."""
         meta = StepPlan() if meta is None else meta
+        if self.presence is not None:  # this step's lookups are over: the next one's start
+            self.presence.next_step()
         meta.loads = self._loads.take_new()
         if self.remote_writes is not None:
             meta.remote_writes = self.remote_writes.take_new()

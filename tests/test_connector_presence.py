@@ -1,0 +1,202 @@
+"""The scheduler side's questions to the remote store (``RemotePresence``), against a fake
+store whose lookups block until released: a scheduler step's inline waits, the questions
+out at once, questions of forgotten requests, and chunks whose load failed."""
+
+import threading
+import time
+
+import pytest
+
+from kvtier.connector import remote_presence
+from kvtier.connector.remote_distrust import DistrustedKeys
+from kvtier.connector.remote_presence import INLINE_WAIT_S, MAX_QUESTIONS, RemotePresence
+from kvtier.keys import ChunkKey
+
+A, B, C = ChunkKey(b"a"), ChunkKey(b"b"), ChunkKey(b"c")
+
+
+class Store:
+    """A remote tier that holds every chunk; its lookups wait for ``release``."""
+
+    down = False
+
+    def __init__(self, blocked: bool = False) -> None:
+        self.release = threading.Event()
+        if not blocked:
+            self.release.set()
+        self.asked: list[list[bytes]] = []  # each lookup's keys, as it started
+        self._lock = threading.Lock()
+
+    def exists(self, keys):
+        with self._lock:
+            self.asked.append(list(keys))
+        assert self.release.wait(30), "the test never released the store"
+        return [True] * len(keys)
+
+    def close(self):
+        self.release.set()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def answer(presence: RemotePresence, req_id: str, keys) -> list[bool]:
+    """The answer, once the store gave it (the scheduler asks again each step)."""
+    until(lambda: presence.held(req_id, keys) is not None)
+    found = presence.held(req_id, keys)
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The timeout of each wait a ``held`` call makes on the step."""
+    timeouts: list[float] = []
+    real = remote_presence.wait_futures
+
+    def wait(futures, timeout=None):
+        timeouts.append(timeout)
+        return real(futures, timeout=timeout)
+
+    monkeypatch.setattr(remote_presence, "wait_futures", wait)
+    return timeouts
+
+
+def test_a_step_waits_on_the_store_at_most_its_allowance_in_all(waits):
+    store = Store(blocked=True)
+    presence = RemotePresence([store], wait_s=30)
+    try:
+        for n in range(20):  # one scheduler step meets 20 new requests
+            assert presence.held(f"r{n}", [ChunkKey(b"%d" % n)]) is None
+        # the first waited its 2 ms; the others had (next to) nothing left to wait
+        assert waits[0] == INLINE_WAIT_S and sum(waits) <= 1.5 * INLINE_WAIT_S
+        presence.next_step()  # the next step waits again, as long
+        waits.clear()
+        assert presence.held("q", [A]) is None
+        assert waits == [INLINE_WAIT_S]
+    finally:
+        presence.close()
+
+
+def test_the_scheduler_side_renews_the_allowance_at_each_step(waits):
+    """vLLM asks about its waiting requests, then builds the step's plan: that ends a step."""
+    from tests.test_connector_scheduler import CHUNK, request, scheduler
+
+    side = scheduler(remote_url="redis://127.0.0.1:1")  # never reached: a fake store asks
+    assert side.presence is not None
+    for tier in side.presence.tiers:
+        tier.close()
+    side.presence.tiers = [Store(blocked=True)]
+    try:
+        for step in range(3):
+            waits.clear()
+            for n in range(5):
+                assert side.num_new_matched_tokens(request(f"r{step}.{n}", 2 * CHUNK + 1,
+                                                           seed=10 * step + n), 0) == (None, False)
+            assert waits[0] == INLINE_WAIT_S and sum(waits) <= 1.5 * INLINE_WAIT_S
+            side.build_meta()
+    finally:
+        side.close()
+
+
+def test_a_step_meeting_many_new_requests_returns_while_the_store_hangs():
+    store = Store(blocked=True)
+    presence = RemotePresence([store], wait_s=30, max_questions=2000)  # every one is sent
+    try:
+        start = time.monotonic()
+        answers = [presence.held(f"r{n}", [ChunkKey(b"%d" % n)]) for n in range(1000)]
+        took = time.monotonic() - start
+        assert answers == [None] * 1000 and not store.release.is_set()
+        assert took < 1.0  # 2 ms each would be 2 s
+    finally:
+        presence.close()
+
+
+def test_questions_out_are_bounded_and_the_rest_wait_their_turn():
+    store = Store(blocked=True)
+    presence = RemotePresence([store], wait_s=30, max_questions=4)
+    try:
+        assert MAX_QUESTIONS >= 4
+        assert [presence.held(f"r{n}", [A]) for n in range(10)] == [None] * 10
+        assert presence.lookups == 4 and presence.questions_out == 4
+        store.release.set()
+        until(lambda: presence.questions_out == 0)
+        assert presence.held("r0", [A]) == [True]
+        assert answer(presence, "r9", [A]) == [True]  # sent once there was room
+        assert presence.lookups == 5
+    finally:
+        presence.close()
+
+
+def test_a_question_that_never_found_room_counts_as_none_after_wait_s():
+    store = Store(blocked=True)
+    presence = RemotePresence([store], wait_s=0.05, max_questions=1)
+    try:
+        assert presence.held("r0", [A]) is None
+        assert presence.held("r1", [B]) is None  # no room: not sent
+        time.sleep(0.06)
+        assert presence.held("r1", [B]) == [False]
+        store.release.set()
+        until(lambda: presence.questions_out == 0)
+        assert presence.held("r1", [B]) == [False] and presence.lookups == 1  # never sent
+    finally:
+        presence.close()
+
+
+def test_questions_of_forgotten_requests_are_never_sent():
+    store = Store(blocked=True)
+    presence = RemotePresence([store], wait_s=30)
+    try:
+        for n in range(10):
+            presence.held(f"r{n}", [ChunkKey(b"%d" % n)])
+        until(lambda: len(store.asked) == 2)  # both lookup threads are on the store
+        for n in range(10):
+            presence.forget(f"r{n}")
+        store.release.set()
+        assert answer(presence, "probe", [A]) == [True]  # queued after the forgotten ones
+        assert sorted(store.asked) == [[b"0"], [b"1"], [b"a"]]
+        until(lambda: presence.questions_out == 0)
+    finally:
+        presence.close()
+
+
+def test_a_chunk_whose_load_failed_is_not_held_for_its_request_again():
+    clock = Clock()
+    presence = RemotePresence([Store()], wait_s=30, distrusted=DistrustedKeys(60, 16, clock))
+    try:
+        assert answer(presence, "r", [A, B]) == [True, True]
+        presence.failed("r", [B])
+        assert presence.held("r", [A, B]) == [True, False]
+        # the store still says it holds B: another request does not trust it for a while
+        assert answer(presence, "q", [A, B]) == [True, False]
+        clock.now = 61
+        assert answer(presence, "q2", [A, B]) == [True, True]
+        # the request whose load failed never trusts it again, even asking about more keys
+        assert answer(presence, "r", [A, B, C]) == [True, False, True]
+    finally:
+        presence.close()
+
+
+def test_distrusted_keys_expire_and_are_bounded():
+    clock = Clock()
+    keys = DistrustedKeys(ttl_s=10, capacity=2, clock=clock)
+    keys.add([A])
+    clock.now = 5
+    keys.add([B, A])  # A again: ten more seconds
+    assert A in keys and B in keys and b"zz" not in keys and 3 not in keys
+    keys.add([C])  # past the capacity: the oldest (B) is forgotten
+    assert len(keys) == 2 and B not in keys and A in keys
+    clock.now = 15
+    assert A not in keys and C not in keys and len(keys) == 0
