@@ -323,6 +323,34 @@ def test_a_remote_chunk_whose_read_failed_is_not_offered_to_its_request_again(se
         b.close()
 
 
+def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed(server):
+    """An engine that wrote a chunk to the store remembers it is there and does not write it
+    again; once its read from there failed, its recompute writes it over the damaged value."""
+    a, b, c = Engine(server), Engine(server), Engine(server)
+    try:
+        req = request("r", CHUNK + 1, seed=16)
+        b.store(req, [1, 2])  # b's chunk, in its host memory and in the store
+        (key,) = b.scheduler.chunk_keys(req, 1)
+        for i in range(8):  # b's host memory fills with others: the chunk is evicted there
+            b.store(request(f"o{i}", CHUNK + 1, seed=20 + i), [3, 4])
+        damage(server, "corrupt", [value_key("kvtier:", b.ns.digest(), key)])
+        assert b.match(req) == (CHUNK, True)
+        b.scheduler.plan_load(req, ([9, 10],), 0, CHUNK)
+        b.step()
+        assert b.worker.take_invalid_blocks() == {9, 10}
+        b.scheduler.request_finished("r")
+        written = b.scheduler.counters["remote_written_chunks"]
+        b.store(request("r", CHUNK + 1, seed=16), [9, 10])  # recomputed, stored again
+        assert b.scheduler.counters["remote_written_chunks"] == written + 1
+        assert c.match(req) == (CHUNK, True)  # another engine loads it, whole
+        c.scheduler.plan_load(req, ([5, 6],), 0, CHUNK)
+        c.step()
+        assert c.worker.take_invalid_blocks() == set()
+    finally:
+        for engine in (a, b, c):
+            engine.close()
+
+
 def test_only_the_remote_chunk_that_failed_is_refused(server):
     a, b = Engine(server), Engine(server)
     try:

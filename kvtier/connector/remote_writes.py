@@ -34,7 +34,8 @@ class RemoteWrites:
     ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
     ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
     plan. ``in_store(key)`` notes a chunk the store is known to hold
-    (loaded from it: not written again while remembered). A pin ends once ``apply`` saw
+    (loaded from it: not written again while remembered), ``lost(key)`` one whose read from
+    it failed (written again at its next store). A pin ends once ``apply`` saw
     every rank's outcome. Past ``max_pending`` writes in flight, new ones are dropped and
     counted (``remote_dropped_chunks``); none is planned while ``down()`` says the store is
     out of service."""
@@ -86,6 +87,11 @@ class RemoteWrites:
 
     def in_store(self, key: ChunkKey) -> None:
         self._known.add(key)
+
+    def lost(self, key: ChunkKey) -> None:
+        """A read of ``key`` from the store failed (evicted, or damaged): not known to be
+        there any more, so its next store writes it again (over a damaged value)."""
+        self._known.discard(key)
 
     def _room(self) -> bool:
         """Whether a write may be planned now: the store in service, and room in flight."""
