@@ -60,3 +60,35 @@ def test_gc_gone_says_what_it_did(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "removed 0 namespaces and 1 segments of writers gone" in result.stdout
     assert kvtier("gc", root, "--gone", "soon").returncode != 0
+
+
+def old_seat(ns, name, content, age_s=3600.0):
+    import os
+
+    path = ns / "seats" / name
+    path.write_bytes(content)
+    os.chmod(path, 0o600)
+    past = time.time() - age_s
+    os.utime(path, (past, past))
+    return path
+
+
+def test_gc_gone_gives_back_seats_that_name_no_writer_with_a_segment(tmp_path):
+    """An empty seat (a crash between making it and writing it), one naming a writer whose
+    segment was never made, a leftover temporary seat: with no segment, nobody frees them."""
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    put_and_close(root, "a", seq(0, 2))
+    (ns,) = [p for p in root.iterdir() if p.is_dir()]
+    orphans = [old_seat(ns, "seat-0001", b""), old_seat(ns, "seat-0002", b"ghost"),
+               old_seat(ns, ".seat.tmp-4242-0badc0de", b"b")]
+    fresh = old_seat(ns, "seat-0003", b"", age_s=0)  # maybe one being made right now
+    kept = old_seat(ns, "seat-0000", b"a")  # a's: its segment is there
+    code, report = as_json("gc", root, "--gone", "30m", "--dry-run")
+    names = [f"{ns.name}/seats/{p.name}" for p in orphans]
+    assert code == 0 and sorted(report["seats_freed"]) == sorted(names)
+    assert all(p.exists() for p in orphans)
+    code, report = as_json("gc", root, "--gone", "30m")
+    assert code == 0 and sorted(report["seats_freed"]) == sorted(names)
+    assert report["segments_removed"] == []  # a stopped moments ago
+    assert not any(p.exists() for p in orphans) and fresh.exists() and kept.read_text() == "a"

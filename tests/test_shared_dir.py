@@ -304,3 +304,17 @@ def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
         assert list(segment.glob("slots-*.kvt")) and (segment / "lease").exists()
         assert reclaim_segment(ns_dir, "a", watched) and not segment.exists()
         assert not list(segment.parents[1].glob("seats/seat-*"))
+
+
+def test_junk_in_writers_never_hides_the_real_writers(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    (writers,) = tmp_path.glob("*/writers")
+    for i in range(4100):  # more than MAX_WRITERS, named like writers, sorting before "a"
+        (writers / f"0junk{i:05d}").write_bytes(b"")
+    with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:  # refreshed as it opens
+        assert [w.writer for w in b.writers()] == ["a"]
+        assert exact(b, tokens) == 2 * CHUNK
+

@@ -30,12 +30,19 @@ from kvtier.config import DiskFloor
 from kvtier.io.buffers import PAGE, AlignedBuffer
 from kvtier.io.format import INDEX_ENTRY_BYTES, is_blank
 from kvtier.io.lease import Lease
-from kvtier.io.names import INDEX_FILE, LOCK_FILE, META_FILE, SLOT_FILE, SLOT_NAME, WRITERS_DIR
+from kvtier.io.names import (
+    INDEX_FILE,
+    LOCK_FILE,
+    META_FILE,
+    SLOT_FILE,
+    WRITERS_DIR,
+    slot_number,
+)
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.io.seats import claim_seat
 from kvtier.io.segment_log import SegmentLog
 
-__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "SLOT_NAME", "CacheDir", "CacheDirError",
+__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
            "SafeDir"]
 
 log = logging.getLogger(__name__)
@@ -166,10 +173,9 @@ class CacheDir:
         """Check every slot file, and cut them down to the current capacity (after
         disk_capacity shrank); a slot file that is not a regular file of ours is refused."""
         for name in self.dir.names():
-            match = SLOT_NAME.fullmatch(name)
-            if not match:
-                continue
-            number = int(match.group(1))
+            number = slot_number(name)
+            if number is None:
+                continue  # not a name kvtier writes: never truncated nor removed
             limit = self.slots_in_file(number) * self.stride
             fd = self.dir.open_file(name, os.O_RDWR)
             try:
@@ -184,8 +190,8 @@ class CacheDir:
 
     def slot_file_numbers(self) -> list[int]:
         """Numbers of the slot files there are, within the capacity."""
-        numbers = (SLOT_NAME.fullmatch(name) for name in self.dir.names())
-        return sorted(n for n in (int(m.group(1)) for m in numbers if m) if self.slots_in_file(n))
+        numbers = (slot_number(name) for name in self.dir.names())
+        return sorted(n for n in numbers if n is not None and self.slots_in_file(n))
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file and the log

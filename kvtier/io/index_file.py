@@ -85,14 +85,20 @@ def file_slots_for(stride: int) -> int:
     return max(1, FILE_BYTES // stride)
 
 
+MAX_GENERATION = 1 << 63  # generations are times in ns (year 2262); from here on: damage
+
+
 def valid_header(data, namespace_digest: bytes, layout: SlotLayout) -> SlotHeader | None:
-    """The header in ``data`` if it checks out and belongs to this namespace and size."""
+    """The header in ``data`` if it checks out and belongs to this namespace and size, with
+    a generation below ``MAX_GENERATION`` (one near 2**64 would win every comparison and
+    leave a restarted writer no generation to give its next write)."""
     try:
         header = decode_header(data)
     except HeaderError:
         return None
     if (header.namespace != namespace_digest or header.raw_bytes != layout.raw_bytes
-            or header.payload_bytes > layout.stride - HEADER_BYTES):
+            or header.payload_bytes > layout.stride - HEADER_BYTES
+            or header.generation >= MAX_GENERATION):
         return None
     return header
 

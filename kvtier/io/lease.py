@@ -48,17 +48,33 @@ class LeaseInfo:
 
     @classmethod
     def parse(cls, data: bytes | None) -> LeaseInfo | None:
-        """The lease in ``data``, or None when it is missing or not a lease kvtier writes."""
+        """The lease in ``data``, or None when it is missing or not a lease kvtier writes: a
+        JSON object whose ``instance`` and ``host`` are strings and whose counts are
+        integers (not booleans, not floats) from 0 to ``MAX_LEASE_INT`` (exclusive). Never
+        raises: a damaged lease reads as no lease."""
         if not data or len(data) > MAX_LEASE_BYTES:
             return None
         try:
             fields = json.loads(data)
-            info = cls(str(fields["instance"]), str(fields["host"]), int(fields["pid"]),
-                       int(fields["beat"]), int(fields["started_ns"]), int(fields["written_ns"]),
-                       int(fields.get("ppid", 0)))
-        except (ValueError, TypeError, KeyError, RecursionError):
+            if not isinstance(fields, dict):
+                return None
+            instance, host = fields["instance"], fields["host"]
+            counts = [fields[name] for name in _COUNTS] + [fields.get("ppid", 0)]
+        except (ValueError, TypeError, KeyError, RecursionError, OverflowError):
             return None
-        return info
+        if not isinstance(instance, str) or not isinstance(host, str) \
+                or not all(_is_count(value) for value in counts):
+            return None
+        return cls(instance, host, *counts)
+
+
+_COUNTS = ("pid", "beat", "started_ns", "written_ns")  # LeaseInfo's order, ppid after them
+MAX_LEASE_INT = 1 << 63  # a pid, a beat count or a time in ns is far below: more is damage
+
+
+def _is_count(value: object) -> bool:
+    """True for an ``int`` (not a bool) in ``[0, MAX_LEASE_INT)``: what a lease field holds."""
+    return type(value) is int and 0 <= value < MAX_LEASE_INT
 
 
 def read_lease(directory: SafeDir) -> LeaseInfo | None:

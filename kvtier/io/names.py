@@ -24,18 +24,43 @@ META_FILE = "namespace.json"
 WRITERS_DIR = "writers"
 SEATS_DIR = "seats"
 SEAT_FILE = "seat-{:04d}"
-SEAT_NAME = re.compile(r"seat-(\d{4})")
+SEAT_NAME = re.compile(r"seat-([0-9]{4})", re.ASCII)  # share_writers is at most 4096
 LOCK_FILE = "lock"
 INDEX_FILE = "index.kvt"
 LEASE_FILE = "lease"
 LOG_FILE = "log.kvt"
 SLOT_FILE = "slots-{:04d}.kvt"
-SLOT_NAME = re.compile(r"slots-(\d{4,9})\.kvt")  # the slot files kvtier writes
+SLOT_NAME = re.compile(r"slots-([0-9]{4,9})\.kvt", re.ASCII)  # see ``slot_number``
 NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
+# Temporary and probe files kvtier makes: ``.<name>.tmp-<pid>-<8 hex>`` (``SafeDir.replace_file``
+# and ``write_seat``), ``.o_direct_probe-<pid>-<8 hex>``; ``-<pid>`` alone: an older version's.
+TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt|seat)\.tmp|o_direct_probe)"
+                       r"-[1-9][0-9]{0,9}(?:-[0-9a-f]{8})?", re.ASCII)
 
 __all__ = ["INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",
-           "SEATS_DIR", "SEAT_FILE", "SEAT_NAME", "SLOT_FILE", "SLOT_NAME", "WRITERS_DIR",
-           "WRITER_ID"]
+           "SEATS_DIR", "SEAT_FILE", "SEAT_NAME", "SLOT_FILE", "SLOT_NAME", "TEMP_NAME",
+           "WRITERS_DIR", "WRITER_ID", "seat_number", "slot_number"]
+
+
+def _number(name: str, pattern: re.Pattern[str], written: str) -> int | None:
+    match = pattern.fullmatch(name)
+    if match is None:
+        return None
+    number = int(match.group(1))
+    return number if written.format(number) == name else None
+
+
+def slot_number(name: str) -> int | None:
+    """The number of the slot file ``name``, or None when kvtier never writes that name:
+    only ``SLOT_FILE.format(n)`` itself counts (ASCII digits, no extra leading zero), so
+    that no other file is ever read, truncated or deleted as a slot file."""
+    return _number(name, SLOT_NAME, SLOT_FILE)
+
+
+def seat_number(name: str) -> int | None:
+    """The number of the seat file ``name``, or None when it is not ``SEAT_FILE.format(n)``."""
+    return _number(name, SEAT_NAME, SEAT_FILE)
+
 
 def host_name() -> str:
     """This machine's name, as leases and default writer ids show it."""

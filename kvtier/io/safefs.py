@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import secrets
 import stat
@@ -124,6 +125,12 @@ class SafeDir:
     def names(self) -> list[str]:
         """Entry names, sorted."""
         return sorted(os.listdir(self.fd))
+
+    def scan(self, limit: int) -> list[str]:
+        """At most ``limit`` entry names, in the directory's own order: the listing stops
+        there, so a directory stuffed with entries costs no more than ``limit`` of them."""
+        with os.scandir(self.fd) as entries:
+            return [entry.name for entry in itertools.islice(entries, limit)]
 
     def subdir(self, name: str, *, create: bool = False) -> SafeDir:
         """Open (``create``: first make, mode 0700) the subdirectory ``name``."""

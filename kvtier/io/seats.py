@@ -2,11 +2,16 @@
 writers, and how the segment of a writer that is gone is handed back.
 
 A writer holds a segment only while it holds one of ``share_writers`` seats: a file
-``seats/seat-NNNN`` holding its id, made with ``O_EXCL`` (atomic on local and network
-filesystems alike), so at most ``share_writers`` segments exist and each holds at most
-``disk_capacity / share_writers``. A writer that restarts finds its own seat again. A seat
-is given back only with its segment, when the segment is reclaimed: never while the
-segment's bytes are on disk.
+``seats/seat-NNNN`` holding its id, so at most ``share_writers`` segments exist and each
+holds at most ``disk_capacity / share_writers``. A seat is made crash-safely
+(``write_seat``): the id is written and synced under a temporary name, then hard-linked to
+the seat's name, which is atomic and never replaces a seat (on local and network
+filesystems alike), so a seat is whole or absent. A writer that restarts finds its own seat
+again. A seat is given back only with its segment, when the segment is reclaimed: never
+while the segment's bytes are on disk. A seat that names no writer with a segment (empty or
+unreadable: a crash of a version that wrote seats in place; or a writer that crashed before
+it made its segment) is an orphan, given back once it stood unchanged long enough
+(``orphan_seats``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import secrets
+import stat
+import time
 
 from kvtier.io.names import (
     INDEX_FILE,
@@ -21,15 +29,18 @@ from kvtier.io.names import (
     LOCK_FILE,
     LOG_FILE,
     SEAT_FILE,
-    SEAT_NAME,
     SEATS_DIR,
-    SLOT_NAME,
+    TEMP_NAME,
+    WRITER_ID,
     WRITERS_DIR,
+    seat_number,
+    slot_number,
 )
 from kvtier.io.safefs import CacheDirError, SafeDir
 
 _SEAT_BYTES = 256  # a writer id is at most 64 characters
 _SEGMENT_FILES = (LEASE_FILE, LOG_FILE, INDEX_FILE, LOCK_FILE)  # the lock goes last
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # no hard links here
 
 
 def _holder(seats: SafeDir, name: str) -> str | None:
@@ -40,31 +51,84 @@ def _holder(seats: SafeDir, name: str) -> str | None:
     return data.decode("utf-8", "replace").strip() if data is not None else None
 
 
+def write_seat(seats: SafeDir, name: str, writer: str) -> bool:
+    """Make seat ``name`` in ``seats`` hold ``writer``, crash-safely; False when it is taken.
+
+    The id is written and synced to a new temporary file, which is then hard-linked to
+    ``name`` (atomic; ``EEXIST`` when the seat exists: it is never replaced) and unlinked.
+    A crash leaves no seat or a whole one, and perhaps the temporary file (``orphan_seats``
+    and ``kvtier clear`` remove it). Where hard links are not supported the seat is made in
+    place (``O_EXCL``), then synced."""
+    temp = f".seat.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``
+    fd = seats.open_file(temp, os.O_WRONLY | os.O_EXCL, create=True)
+    try:
+        _write_synced(fd, writer.encode(), seats.path)
+        os.close(fd)
+        fd = -1
+        os.link(temp, name, src_dir_fd=seats.fd, dst_dir_fd=seats.fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        return _write_in_place(seats, name, writer)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        seats.remove_file(temp)
+    os.fsync(seats.fd)  # the seat's name is on disk before the writer counts on it
+    return True
+
+
+def _write_in_place(seats: SafeDir, name: str, writer: str) -> bool:
+    try:
+        fd = seats.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
+    except FileExistsError:
+        return False
+    try:
+        _write_synced(fd, writer.encode(), seats.path)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _write_synced(fd: int, data: bytes, where: str) -> None:
+    if os.write(fd, data) != len(data):
+        raise OSError(errno.EIO, f"short write of a seat in {where}")
+    os.fsync(fd)
+
+
 def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     """The number of ``writer``'s seat in the namespace open as ``ns_dir``: the one it holds
-    already, else the first free one, taken. ``CacheDirError`` (EDQUOT) when all ``limit``
-    seats are held by other writers."""
+    already, else the first free one, taken (``write_seat``). ``CacheDirError`` (EDQUOT)
+    when all ``limit`` seats are held by other writers."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
+        _remove_linked_temps(seats)
         names = [SEAT_FILE.format(k) for k in range(limit)]
         for k, name in enumerate(names):
             if _holder(seats, name) == writer:
                 return k
         for k, name in enumerate(names):
-            try:
-                fd = seats.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
-            except FileExistsError:
-                continue
-            try:
-                os.write(fd, writer.encode())
-            finally:
-                os.close(fd)
-            return k
+            if seats.lstat(name) is None and write_seat(seats, name, writer):
+                return k
         holders = sorted(filter(None, (_holder(seats, n) for n in names)))
     raise CacheDirError(errno.EDQUOT, f"all {limit} writer seats of {ns_dir.path} are held "
                         f"(by {', '.join(holders) or 'entries kvtier did not write'}): this "
                         "writer reads the others' chunks but writes none; raise share_writers "
                         "(each writer then holds disk_capacity / share_writers), or wait for "
                         "a writer that is gone to be reclaimed (lease_timeout)")
+
+
+def _remove_linked_temps(seats: SafeDir) -> None:
+    """Remove the temporary files of ``write_seat`` already linked to a seat (a crash
+    between the link and the unlink): the seat keeps the data, and reads again (one link)."""
+    for name in seats.names():
+        info = seats.lstat(name) if TEMP_NAME.fullmatch(name) else None
+        if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            try:
+                seats.remove_file(name)
+            except OSError:
+                continue  # not ours: left alone
 
 
 def held_here(segment: SafeDir) -> bool:
@@ -109,9 +173,8 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
             except OSError:
                 return False
             try:
-                for name in segment.names():
-                    if SLOT_NAME.fullmatch(name) or name.startswith(f".{LEASE_FILE}.tmp-") \
-                            or name.startswith(f".{LOG_FILE}.tmp-"):
+                for name in segment.names():  # slot files, and temporary or probe files
+                    if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
                         segment.remove_file(name)
                 for name in _SEGMENT_FILES:
                     segment.remove_file(name)
@@ -130,5 +193,64 @@ def release_seat(ns_dir: SafeDir, writer: str) -> None:
         return
     with ns_dir.subdir(SEATS_DIR) as seats:
         for name in seats.names():
-            if SEAT_NAME.fullmatch(name) and _holder(seats, name) == writer:
+            if seat_number(name) is not None and _holder(seats, name) == writer:
                 seats.remove_file(name)
+
+
+def orphan_seats(ns_dir: SafeDir, older_than_s: float,
+                 now_ns: int | None = None) -> list[tuple[str, os.stat_result]]:
+    """The seats (and ``write_seat`` temporary files) of the namespace open as ``ns_dir``
+    that name no writer with a segment, each with its ``lstat``: empty or unreadable seats,
+    and those naming a writer whose ``writers/<id>`` does not exist, last modified
+    ``older_than_s`` seconds or more ago by this machine's clock (a seat is whole before it
+    has its name, and its writer makes its segment just after: neither is that old). A
+    seat that is not a regular file of this user is not kvtier's, and is never listed."""
+    if ns_dir.lstat(SEATS_DIR) is None:
+        return []
+    cutoff = (time.time_ns() if now_ns is None else now_ns) - int(older_than_s * 1e9)
+    found = []
+    with ns_dir.subdir(SEATS_DIR) as seats:
+        _remove_linked_temps(seats)
+        for name in seats.names():
+            info = seats.lstat(name)
+            if (info is None or not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid()
+                    or info.st_mtime_ns > cutoff):
+                continue
+            if TEMP_NAME.fullmatch(name) or (seat_number(name) is not None
+                                             and not _has_segment(ns_dir, _holder(seats, name))):
+                found.append((name, info))
+    return found
+
+
+def _has_segment(ns_dir: SafeDir, writer: str | None) -> bool:
+    """True when ``writer`` is a writer id whose ``writers/<id>`` entry exists (or when that
+    cannot be told: the cautious answer)."""
+    if not writer or not WRITER_ID.fullmatch(writer):
+        return False
+    try:
+        if ns_dir.lstat(WRITERS_DIR) is None:
+            return False
+        with ns_dir.subdir(WRITERS_DIR) as writers:
+            return writers.lstat(writer) is not None
+    except OSError:
+        return True
+
+
+def free_orphan_seats(ns_dir: SafeDir, older_than_s: float) -> list[str]:
+    """Give back the seats ``orphan_seats`` finds (each only if it is still the file that
+    was judged); return their names."""
+    orphans = orphan_seats(ns_dir, older_than_s)
+    if not orphans:
+        return []
+    freed = []
+    with ns_dir.subdir(SEATS_DIR) as seats:
+        for name, info in orphans:
+            now = seats.lstat(name)
+            if now is None or (now.st_ino, now.st_mtime_ns) != (info.st_ino, info.st_mtime_ns):
+                continue  # freed and taken again since
+            try:
+                if seats.remove_file(name):
+                    freed.append(name)
+            except OSError:
+                continue  # not a regular file of ours any more: left alone
+    return freed

@@ -21,7 +21,7 @@ from pathlib import Path
 from kvtier.io.cachedir import MAX_META_BYTES
 from kvtier.io.format import HEADER_BYTES
 from kvtier.io.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, open_segment_dir
-from kvtier.io.names import META_FILE, NAMESPACE_NAME, SLOT_NAME, WRITER_ID, WRITERS_DIR
+from kvtier.io.names import META_FILE, NAMESPACE_NAME, WRITER_ID, WRITERS_DIR, slot_number
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.keys import FORMAT_VERSION, namespace_id_of
 
@@ -55,9 +55,16 @@ def parse_meta(data: bytes, namespace_id: str) -> NamespaceMeta:
         raise MetaError(f"not JSON ({exc})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("namespace"), str):
         raise MetaError("not a kvtier namespace description")
-    if namespace_id_of(meta["namespace"]) != namespace_id:
+    try:
+        described = namespace_id_of(meta["namespace"])
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\\ud800"): not text kvtier writes
+        raise MetaError("its namespace is not UTF-8 text") from None
+    if described != namespace_id:
         raise MetaError("describes another namespace than the directory's name")
-    namespace = json.loads(meta["namespace"])
+    try:
+        namespace = json.loads(meta["namespace"])
+    except (ValueError, RecursionError) as exc:
+        raise MetaError(f"its namespace is not JSON ({exc})") from None
     if not isinstance(namespace, dict):
         raise MetaError("not a kvtier namespace description")
     numbers: dict[str, int] = {}
@@ -191,7 +198,7 @@ def namespaces(root: Path) -> list[NamespaceDir]:
 def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
     names = directory.names()
     if (META_FILE not in names and WRITERS_DIR not in names
-            and not any(SLOT_NAME.fullmatch(n) for n in names)):
+            and not any(slot_number(n) is not None for n in names)):
         return None
     has_meta = META_FILE in names
     try:
@@ -239,9 +246,9 @@ def slot_files(directory: SafeDir) -> dict[int, str]:
     """Slot file names by number (only names kvtier writes)."""
     files = {}
     for name in directory.names():
-        match = SLOT_NAME.fullmatch(name)
-        if match:
-            files[int(match.group(1))] = name
+        number = slot_number(name)
+        if number is not None:
+            files[number] = name  # one name per number: the one kvtier writes
     return dict(sorted(files.items()))
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from kvtier.io.names import WRITERS_DIR
+from kvtier.io.names import SEATS_DIR, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import release_seat
+from kvtier.io.seats import free_orphan_seats, orphan_seats, release_seat
 from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import free_slots, gone_for, in_use, index_entries, is_proven, namespace_in_use
@@ -24,6 +24,7 @@ class GcReport:
     bytes_freed: int = 0  # payload bytes of the chunks freed
     namespaces_removed: list[str] = field(default_factory=list)
     segments_removed: list[str] = field(default_factory=list)  # of writers gone (``gone_s``)
+    seats_freed: list[str] = field(default_factory=list)  # seats naming no segment (``gone_s``)
     skipped_in_use: list[str] = field(default_factory=list)  # segments (or namespaces)
     skipped_unsafe: list[str] = field(default_factory=list)  # not provably kvtier's, or unsafe
     left: dict[str, list[str]] = field(default_factory=dict)  # entries kvtier did not write
@@ -49,7 +50,8 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
     """Free chunks older than ``older_than_s``, then the oldest until what is stored is at most
     ``target_bytes``; with ``stale``, remove namespaces of another format version, and those
     without metadata that a slot header proves kvtier's; with ``gone_s``, first remove the
-    segments (and give back the seats) of writers gone that long (``gone_for``)."""
+    segments (and give back the seats) of writers gone that long (``gone_for``), and give back
+    the seats that name no writer with a segment (``_free_seats``)."""
     report = GcReport(dry_run=dry_run)
     chunks = []
     for directory in dirs:
@@ -86,6 +88,7 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
             idle = None
         if idle is not None and idle >= gone_s:
             gone.append(segment)
+    _free_seats(directory, gone_s, report, dry_run)
     if dry_run or not gone:
         report.segments_removed += [s.label for s in gone]
         return {s.label for s in gone}
@@ -102,6 +105,25 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
     report.skipped_in_use += done.in_use
     report.left.update(done.left)
     return set(done.segments_removed)
+
+
+SEAT_GRACE_S = 60.0  # a seat younger than this may be one a writer is setting up elsewhere
+
+
+def _free_seats(directory: NamespaceDir, gone_s: float, report: GcReport, dry_run: bool) -> None:
+    """Give back the seats of ``directory`` that name no writer with a segment, unchanged
+    for ``gone_s`` (at least ``SEAT_GRACE_S``): ``orphan_seats``; a dry run lists them."""
+    older_than = max(gone_s, SEAT_GRACE_S)
+    try:
+        with directory.open() as handle:
+            if dry_run:
+                freed = [name for name, _ in orphan_seats(handle, older_than)]
+            else:
+                freed = free_orphan_seats(handle, older_than)
+    except OSError as exc:
+        report.left[f"{directory.id}/{SEATS_DIR}"] = [exc.strerror or str(exc)]
+        return
+    report.seats_freed += [f"{directory.id}/{SEATS_DIR}/{name}" for name in freed]
 
 
 def _namespace_chunks(directory: NamespaceDir, report: GcReport,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from dataclasses import dataclass, field
 
 from kvtier.io.names import (
@@ -20,19 +19,18 @@ from kvtier.io.names import (
     LOCK_FILE,
     LOG_FILE,
     META_FILE,
-    SEAT_NAME,
     SEATS_DIR,
-    SLOT_NAME,
+    TEMP_NAME,
     WRITER_ID,
     WRITERS_DIR,
+    seat_number,
+    slot_number,
 )
 from kvtier.io.safefs import SafeDir
 from kvtier.io.seats import release_seat
 from kvtier.ops.cache import NamespaceDir, Segment
 from kvtier.ops.segments import hold, is_proven
 
-# Temporary and probe files kvtier makes (this format: -<pid>-<8 hex>; the last: -<pid>).
-_TEMP = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt)\.tmp|o_direct_probe)-\d+(?:-[0-9a-f]{8})?")
 _SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
 _NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout
 
@@ -56,8 +54,8 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
     for name in handle.names():
         if name == LOCK_FILE and locked:
             continue
-        mine = (name in kvtier_names or SLOT_NAME.fullmatch(name) is not None
-                or _TEMP.fullmatch(name) is not None)
+        mine = (name in kvtier_names or slot_number(name) is not None
+                or TEMP_NAME.fullmatch(name) is not None)
         try:
             if not mine or not handle.remove_file(name):
                 left.append(name)
@@ -122,7 +120,7 @@ def _remove_seats(handle: SafeDir) -> None:
         return
     with handle.subdir(SEATS_DIR) as seats:
         for name in seats.names():
-            if SEAT_NAME.fullmatch(name):
+            if seat_number(name) is not None or TEMP_NAME.fullmatch(name):
                 try:
                     seats.remove_file(name)
                 except OSError:

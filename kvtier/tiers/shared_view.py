@@ -6,23 +6,26 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import stat
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.io.format import SlotHeader
 from kvtier.io.index_file import open_segment_dir
-from kvtier.io.lease import LeaseInfo, LeaseWatch
+from kvtier.io.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch, beat_every
 from kvtier.io.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import held_here, reclaim_segment
+from kvtier.io.seats import free_orphan_seats, held_here, reclaim_segment
 from kvtier.io.segment_log import LogChange, LogFollower
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.foreign_reads import SlotRef
 
 log = logging.getLogger("kvtier")
 MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
+MAX_LISTED = 16 * MAX_WRITERS  # entries of a ``writers/`` listed per refresh; more are not
 
 
 @dataclass(frozen=True)
@@ -73,17 +76,20 @@ class SharedView:
     """Chunks that other writers of ``namespace`` committed under ``roots``.
 
     Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
-    ``writers/`` (regular directories with a valid writer id, other than ``own``, at most
-    ``MAX_WRITERS``), reads each writer's lease and what its log gained since the last
-    refresh, and updates the view; a writer whose segment vanished is forgotten. ``find(key)``
+    ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
+    valid writer id other than ``own``: at most ``MAX_WRITERS`` of them; junk is never
+    counted), reads each writer's lease and what its log gained since the last refresh,
+    and updates the view; a writer whose segment vanished is forgotten. ``find(key)``
     returns where another writer holds ``key`` (None when none does); ``drop(chunk)`` forgets
     a copy whose read failed, until its writer's log names that slot again. ``writers()``
     says who is there and who is live (``LeaseWatch``: a lease that changed within
     ``lease_timeout``). A writer's chunks stay readable after its lease expired, until its
     segment is reclaimed: by ``refresh`` itself, once this reader watched the lease stand still
     for ``lease_timeout`` and no process of this host holds the segment's lock
-    (``reclaim_segment``: its files, then its seat; ``reclaimed`` counts them). A path that
-    cannot be read holds nothing this time. Thread-safe.
+    (``reclaim_segment``: its files, then its seat; ``reclaimed`` counts them). Once per
+    heartbeat interval it also gives back the seats that name no writer with a segment and
+    stood unchanged for ``lease_timeout`` (``free_orphan_seats``; ``seats_freed`` counts
+    them). A path that cannot be read holds nothing this time. Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
@@ -97,6 +103,8 @@ class SharedView:
         self.refreshes = 0
         self.bytes_read = 0
         self.reclaimed = 0
+        self.seats_freed = 0
+        self._seats_at = -math.inf  # when the seats were last looked at (monotonic)
         self._failed = False
 
     # -- lookups ------------------------------------------------------------------------
@@ -147,7 +155,12 @@ class SharedView:
     # -- refresh ------------------------------------------------------------------------
 
     def refresh(self) -> None:
+        seats_due = time.monotonic() - self._seats_at >= beat_every(self._watch.timeout)
+        if seats_due:
+            self._seats_at = time.monotonic()
         for path in range(len(self._roots)):
+            if seats_due:
+                self._free_seats(path)
             names = self._writer_names(path)
             with self._lock:  # gone, or made again since (another directory of that name)
                 gone = [k for k, f in self._followed.items()
@@ -164,19 +177,36 @@ class SharedView:
                     self._failed = True
         self.refreshes += 1
 
+    def _free_seats(self, path: int) -> None:
+        """Give back the seats of path ``path`` that name no writer with a segment and stood
+        unchanged for ``lease_timeout`` (``free_orphan_seats``): no writer would ever free
+        them, and with every seat taken no writer could write."""
+        try:
+            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
+                freed = free_orphan_seats(ns_dir, self._watch.timeout)
+        except OSError as exc:
+            log.debug("kvtier: cannot look at the seats on %s: %s", self._roots[path], exc)
+            return
+        if freed:
+            log.info("kvtier: gave back seats %s on %s (they named no writer with a segment "
+                     "for %g s)", ", ".join(freed), self._roots[path], self._watch.timeout)
+            self.seats_freed += len(freed)
+
     def _writer_names(self, path: int) -> dict[str, int]:
         """The other writers' segments on path ``path``, by name, with their directories'
         inodes (none when the path cannot be read)."""
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir, \
                     ns_dir.subdir(WRITERS_DIR) as writers:
-                found = {}
-                for name in writers.names()[:MAX_WRITERS]:
-                    if name == self.own or not WRITER_ID.fullmatch(name):
-                        continue
+                names = sorted(name for name in writers.scan(MAX_LISTED)
+                               if name != self.own and WRITER_ID.fullmatch(name))
+                found: dict[str, int] = {}
+                for name in names:  # junk is passed over before the cap, never counted in it
                     info = writers.lstat(name)
                     if info is not None and stat.S_ISDIR(info.st_mode):
                         found[name] = info.st_ino
+                        if len(found) == MAX_WRITERS:
+                            break
                 return found
         except OSError:
             return {}
@@ -191,9 +221,10 @@ class SharedView:
                 with self._lock:
                     self._followed[key] = followed
             try:
-                lease_bytes = followed.dir.read_file(LEASE_FILE, 4096)
+                lease_bytes = followed.dir.read_file(LEASE_FILE, MAX_LEASE_BYTES)
             except OSError:
                 lease_bytes = None
+            lease = LeaseInfo.parse(lease_bytes)  # never raises: a damaged lease is none
             before = followed.follower.bytes_read
             reset, changes = followed.follower.refresh()
         except OSError as exc:  # unsafe or vanished: what it held is not trusted any more
@@ -206,7 +237,7 @@ class SharedView:
                 and self._reclaim(path, writer, followed):
             return
         with self._lock:
-            followed.lease = LeaseInfo.parse(lease_bytes)
+            followed.lease = lease
             if reset:
                 followed.generation = next(_GENERATIONS)
                 self._drop_writer(path, writer, followed.follower.forgotten)
