@@ -31,7 +31,7 @@ __all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
 
 ENV_PREFIX = "KVTIER_"
 # variables that are not config keys: the config file, the log level (kvtier.log_level) and
-# the remote store's credentials (kvtier.remote.credentials), each read where it is used
+# the remote store's credentials (kvtier.remote.redis_url), each read where it is used
 _RESERVED_ENV = {CONFIG_FILE_VAR, LOG_LEVEL_VAR, "KVTIER_REMOTE_USERNAME",
                  "KVTIER_REMOTE_PASSWORD"}
 
@@ -192,7 +192,8 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
                       "directory is sized for (each may fill disk_capacity / share_writers)"),
     "lease_timeout": (values.seconds_in(2.0, 86400.0), "a duration from 2s to 1d such as 2m"),
     "remote_url": (values.remote_url, "a store URL without credentials: redis://host:port/db, "
-                   "rediss://, redis+cluster://host:port, mooncake://master-host:port; or empty"),
+                   "rediss://host:port/db?ssl_ca_certs=FILE, redis+cluster://host:port, "
+                   "mooncake://master-host:port; or empty"),
     "remote_timeout": (values.seconds_in(0.01, 60.0), "a duration from 10ms to 60s such as 1s"),
     "remote_retry": (values.seconds_in(0.1, 86400.0), "a duration from 100ms to 1d such as 10s"),
     "remote_min_hits": (values.int_in(0, 1 << 20), "an integer >= 0: loads a chunk earns before "
@@ -219,9 +220,11 @@ def _parse_key(key: object, value: object, source: str) -> object:
     try:
         return parse(value)
     except (ValueError, TypeError, ArithmeticError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        url = key == "remote_url"  # shown redacted, its reason whole (it says how to fix it)
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:500 if url else 200]
+        shown = values.shown_url(value) if url else values.shown(value)
         raise ConfigError(
-            f"kvtier config: bad value {values.shown(value)} for '{key}' ({source})"
+            f"kvtier config: bad value {shown} for '{key}' ({source})"
             f"{': ' + reason if reason else ''}; allowed: {allowed}"
         ) from exc
 

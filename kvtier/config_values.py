@@ -29,6 +29,15 @@ def shown(value: object) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def shown_url(value: object) -> str:
+    """As ``shown``, for a URL: without what may be a credential (``remote.redact``)."""
+    if not isinstance(value, str):
+        return shown(value)
+    from kvtier.remote.redact import redacted
+
+    return repr(redacted(value))
+
+
 _INTEGER = re.compile(r"^\s*[+-]?\d{1,20}\s*$", re.ASCII)
 
 

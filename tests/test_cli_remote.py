@@ -68,11 +68,26 @@ def test_inspect_exits_1_when_a_value_checked_is_damaged(server):
     ("redis://user:pw@127.0.0.1:6379/0", "credentials"),
     ("mooncake://127.0.0.1:50051", "cannot list their keys"),
     ("redis://127.0.0.1:1/0", "127.0.0.1:1"),
+    ("redis+cluster://127.0.0.1:1", "127.0.0.1:1"),  # a cluster's client connects as it is made
 ])
 def test_inspect_of_a_store_it_cannot_read_is_one_clear_line(url, message):
     result = run("inspect", url)
     assert result.returncode == 2 and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_inspect_lists_the_keyspace_once_however_many_namespaces_it_holds(server):
+    from kvtier.ops.remote_survey import survey
+
+    client = server.client()
+    pipe = client.pipeline(transaction=False)
+    for i in range(300):  # anyone may write keys shaped like kvtier's: one per "namespace"
+        pipe.set(b"kvtier:%032x:%032x" % (i, i), b"x")
+    pipe.execute()
+    client.config_resetstat()
+    found = survey(server.url, sample=2)
+    assert len(found.namespaces) == 300 and all(h.checked == 1 for h in found.namespaces)
+    assert client.info("commandstats")["cmdstat_scan"]["calls"] <= 3  # not one scan each
 
 
 def test_stats_shows_the_remote_tier(server):

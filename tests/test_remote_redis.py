@@ -165,6 +165,22 @@ def test_credentials_come_from_the_environment_only(tmp_path, monkeypatch):
     assert os.environ.get(PASSWORD_ENV) is None
 
 
+def test_a_buffer_the_tier_cannot_read_into_fails_that_call_only(server):
+    parted = tier(server, parts=(RAW // 2, RAW // 2))
+    assert parted.put_many([(key(1), chunk(1))])[0].ok
+    strided = np.zeros(2 * RAW, np.uint8)[::2]  # e.g. a column of a 2-D buffer
+    read_only = np.zeros(RAW, np.uint8)
+    read_only.flags.writeable = False
+    for dst in (strided, read_only, np.zeros(RAW // 2, np.uint8)):
+        (whole,) = parted.get_many([key(1)], [dst])
+        (part,) = parted.get_parts([key(1)], [dst], [(1,)])
+        assert whole.status is IOStatus.IO_ERROR and part.status is IOStatus.IO_ERROR
+        assert "contiguous" in whole.detail and not dst.any()
+    assert parted.failures == 0 and not parted.down  # the store is fine: the tier stays up
+    results, (dst,) = get(parted, [key(1)])
+    assert results[0].ok and np.array_equal(dst, chunk(1))
+
+
 def test_a_put_to_a_store_that_died_is_a_failure_and_a_hung_one_times_out(server):
     big = np.zeros(64 * 2**20, np.uint8)  # more than the socket buffers take
     patient = RedisTier(server.url, NS, big.nbytes, timeout_s=10, retry_s=0.3)  # a busy machine

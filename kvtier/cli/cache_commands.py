@@ -137,7 +137,7 @@ def _inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
         emit_json(found.as_dict())
     else:
         table = Table("namespace", "chunks", "stored", "chunk size", "checked", "damaged",
-                      title=f"kvtier remote store {_show(url)} ({found.backend}, keys "
+                      title=f"kvtier remote store {_show(found.url)} ({found.backend}, keys "
                             f"{_show(prefix)}*)")
         for h in found.namespaces:
             table.add_row(h.digest[:12], str(h.chunks), format_size(h.value_bytes),

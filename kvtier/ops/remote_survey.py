@@ -2,7 +2,8 @@
 down to their checksums, and the store's memory and evictions (``kvtier inspect URL``).
 
 Only Valkey/Redis can list its keys; a listing is bounded (``limit`` keys, scanned in
-batches, never ``KEYS``), so it is safe on a store in use.
+batches, never ``KEYS``, the keyspace scanned once: the values checked are picked while
+listing), so it is safe on a store in use. The URL is shown redacted (``remote.redact``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvtier.io.format import HeaderError, payload_matches
+from kvtier.remote.redact import redacted
 from kvtier.remote.urls import backend_of, check_url
 from kvtier.remote.values import decode_value_header
 
@@ -32,7 +34,7 @@ class NamespaceHoldings:
 
 @dataclass
 class RemoteSurvey:
-    url: str
+    url: str  # redacted: no credentials, no query values
     backend: str
     prefix: str
     keys_seen: int
@@ -57,21 +59,26 @@ def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: in
     if backend != "redis":
         raise SurveyError(f"{backend} stores cannot list their keys: inspect a Mooncake store "
                           "with its master's metrics (mooncake_master -metrics_port)")
-    from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, _connect
+    from kvtier.remote.redis_client import connect
+    from kvtier.remote.redis_url import PASSWORD_ENV, USER_ENV
 
-    client = _connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV) if k in os.environ})
-    try:
-        return _survey_redis(client, url, prefix, limit, sample)
+    client = None
+    try:  # a cluster's client connects as it is made: its failure is the survey's too
+        client = connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV)
+                                     if k in os.environ})
+        return _survey_redis(client, redacted(url), prefix, limit, sample)
     except SurveyError:
         raise
     except Exception as exc:  # the client's errors for every transport fault
-        raise SurveyError(f"{url}: {exc}") from exc
+        raise SurveyError(f"{redacted(url)}: {exc}") from exc
     finally:
-        client.close()
+        if client is not None:
+            client.close()
 
 
 def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -> RemoteSurvey:
     found: dict[str, NamespaceHoldings] = {}
+    picked: dict[str, list[bytes]] = {}  # per namespace, the first ``sample`` names listed
     result = RemoteSurvey(url, "redis", prefix, 0, True)
     batch: list[bytes] = []
     for name in client.scan_iter(match=prefix.encode() + b"*", count=SCAN_BATCH):
@@ -81,11 +88,11 @@ def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -
         result.keys_seen += 1
         batch.append(name)
         if len(batch) == SCAN_BATCH:
-            _count(client, batch, prefix, found, result)
+            _count(client, batch, prefix, found, result, picked, sample)
             batch = []
-    _count(client, batch, prefix, found, result)
-    for holdings in found.values():
-        _check_sample(client, prefix, holdings, sample)
+    _count(client, batch, prefix, found, result, picked, sample)
+    for digest, holdings in found.items():
+        _check_sample(client, prefix, holdings, picked.get(digest, []))
     result.namespaces = sorted(found.values(), key=lambda h: -h.value_bytes)
     info = client.info("memory") | client.info("stats")
     result.server = {k: info.get(k) for k in ("used_memory", "maxmemory", "maxmemory_policy",
@@ -94,7 +101,9 @@ def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -
 
 
 def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, NamespaceHoldings],
-           result: RemoteSurvey) -> None:
+           result: RemoteSurvey, picked: dict[str, list[bytes]], sample: int) -> None:
+    """Count ``names`` (one listed batch) per namespace, and pick the first ``sample`` of
+    each namespace for checking."""
     if not names:
         return
     pipe = client.pipeline(transaction=False)
@@ -105,19 +114,17 @@ def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, Namesp
         if len(parts) != 2 or len(parts[0]) != 32 or len(parts[1]) != 32:
             result.foreign_keys += 1
             continue
-        holdings = found.setdefault(parts[0].decode(errors="replace"),
-                                    NamespaceHoldings(parts[0].decode(errors="replace")))
+        digest = parts[0].decode(errors="replace")
+        holdings = found.setdefault(digest, NamespaceHoldings(digest))
         holdings.chunks += 1
         holdings.value_bytes += int(length or 0)
+        chosen = picked.setdefault(digest, [])
+        if len(chosen) < sample:
+            chosen.append(name)
 
 
-def _check_sample(client: Any, prefix: str, holdings: NamespaceHoldings, sample: int) -> None:
-    """Check up to ``sample`` of the namespace's values: header, key, lengths, checksum."""
-    names = []
-    for name in client.scan_iter(match=f"{prefix}{holdings.digest}:*".encode(), count=SCAN_BATCH):
-        names.append(name)
-        if len(names) >= sample:
-            break
+def _check_sample(client: Any, prefix: str, holdings: NamespaceHoldings, names: list[bytes]) -> None:
+    """Check the values of ``names`` (the namespace's sample): header, key, lengths, checksum."""
     sizes = set()
     for name in names:
         value = client.get(name)

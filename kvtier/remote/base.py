@@ -85,6 +85,17 @@ class RemoteTier(abc.ABC):
 
     # -- for backends --------------------------------------------------------------------
 
+    def _unfit(self, dsts: Sequence[np.ndarray]) -> IOResult | None:
+        """The ``IO_ERROR`` of a call given a ``dst`` this tier cannot read into (shorter
+        than ``raw_bytes``, not contiguous, or read-only), or None when every one fits: a
+        caller's mistake fails that call only, it never takes the tier out of service."""
+        for dst in dsts:
+            if dst.nbytes < self.raw_bytes or not dst.flags.c_contiguous or not dst.flags.writeable:
+                return IOResult(IOStatus.IO_ERROR, 0, f"a buffer of {dst.nbytes} bytes (contiguous "
+                                f"{dst.flags.c_contiguous}, writable {dst.flags.writeable}): this "
+                                f"tier reads into writable contiguous buffers of {self.raw_bytes}")
+        return None
+
     def _failed(self, what: str, exc: BaseException) -> IOResult:
         """Note a failed round trip: out of service for ``retry_s`` (logged when it goes)."""
         with self._health:

@@ -48,6 +48,7 @@ from kvtier.remote.mooncake_client import (
 )
 from kvtier.remote.mooncake_memory import RegisteredMemory
 from kvtier.remote.mooncake_url import parse_url
+from kvtier.remote.redact import redacted
 from kvtier.remote.values import ValueFormat, value_key
 
 
@@ -75,7 +76,7 @@ class MooncakeTier(RemoteTier):
         self._client: Any = None  # set up on first use: a master down at start is a miss
         self._connecting = threading.Lock()
         self._suspect = False  # a round trip failed: probe before the next one
-        self._memory = RegisteredMemory(url, self._hb, raw_bytes)
+        self._memory = RegisteredMemory(redacted(url), self._hb, raw_bytes)
 
     @property
     def staged(self) -> int:
@@ -83,7 +84,7 @@ class MooncakeTier(RemoteTier):
         return self._memory.staged
 
     def describe(self) -> str:
-        return self.url
+        return redacted(self.url)
 
     def _names(self, keys: Sequence[ChunkKey]) -> list[str]:
         return [value_key(self._prefix, self._ns, k).decode() for k in keys]
@@ -102,11 +103,16 @@ class MooncakeTier(RemoteTier):
             return client
         try:
             reachable(self._options.master, self._timeout_s)
-            with self._connecting:  # one setup at a time
-                if self._client is None:
-                    self._connect()
-        except Exception as exc:  # OSError, or a client refusing its arguments
+        except Exception as exc:  # OSError, each saying why
             return self._failed(what, exc)
+        with self._connecting:  # one setup at a time: those that waited on a failed one
+            if self._client is None:  # find the tier out of service, and do not try again
+                if self.down:
+                    return self._out_of_service()
+                try:
+                    self._connect()
+                except Exception as exc:  # OSError, or a client refusing its arguments
+                    return self._failed(what, exc)
         with self._lock:
             self._suspect = False
             client = self._client
@@ -116,7 +122,7 @@ class MooncakeTier(RemoteTier):
         return client
 
     def _out_of_service(self) -> IOResult:
-        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.describe()} out of service")
 
     def _connect(self) -> None:
         """Set the client up (it holds the GIL meanwhile: a master reachable but hung

@@ -11,8 +11,9 @@ this client at; default: the local address that routes to the master). No creden
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+from kvtier.remote.redact import redacted, shown_option
 from kvtier.units import parse_size
 
 SCHEME, PROTOCOLS, P2P = "mooncake", ("tcp", "rdma"), "P2PHANDSHAKE"
@@ -34,26 +35,28 @@ class MooncakeOptions:
 
 def parse_url(url: str) -> MooncakeOptions:
     """The options of ``url``; ``ValueError`` naming what is wrong and how to write it."""
-    parts = urlsplit(url)
+    parts, shown = urlsplit(url), redacted(url)
     if parts.scheme != SCHEME:
-        raise ValueError(f"remote_url {url!r}: a Mooncake Store URL starts with mooncake://")
-    if "@" in parts.netloc:
-        raise ValueError(f"remote_url {url!r} must not carry credentials (it is logged)")
+        raise ValueError(f"remote_url {shown!r}: a Mooncake Store URL starts with mooncake://")
+    if "@" in url:
+        raise ValueError(f"remote_url {shown!r} must not carry credentials (it is logged)")
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"remote_url {url!r}: the master's port is not a number") from None
+        raise ValueError(f"remote_url {shown!r}: the master's port is not a number") from None
     if not parts.hostname or port is None:
-        raise ValueError(f"remote_url {url!r} must name the master as host:port, e.g. "
+        raise ValueError(f"remote_url {shown!r} must name the master as host:port, e.g. "
                          "mooncake://10.0.0.1:50051")
     if parts.path not in ("", "/") or parts.fragment:
-        raise ValueError(f"remote_url {url!r}: a Mooncake URL has no path; options go in "
+        raise ValueError(f"remote_url {shown!r}: a Mooncake URL has no path; options go in "
                          "the query (?protocol=tcp&segment=4GiB)")
+    for pair in filter(None, parts.query.split("&")):
+        if unquote(pair.partition("=")[0]) not in OPTIONS:
+            raise ValueError(f"remote_url option {shown_option(pair)!r} is unknown: use "
+                             f"{', '.join(OPTIONS)}")
     pairs = parse_qsl(parts.query, keep_blank_values=True)
     names = [name for name, _ in pairs]
     for name in names:
-        if name not in OPTIONS:
-            raise ValueError(f"remote_url option {name!r} is unknown: use {', '.join(OPTIONS)}")
         if names.count(name) > 1:
             raise ValueError(f"remote_url option {name!r} is given twice")
     given = dict(pairs)

@@ -1,10 +1,11 @@
 """The Valkey/Redis backend of the remote tier: ``redis://host:port/db``, ``rediss://``
 (TLS) and ``redis+cluster://host:port`` (a cluster: any node; keys go to their slots' nodes).
 
-Credentials never come from the URL (it is logged and shown): ``KVTIER_REMOTE_USERNAME``
-and ``KVTIER_REMOTE_PASSWORD`` in the environment. Every batch is one pipeline (one round
-trip per node), with a socket timeout and no client-side retries: a slow or dead store is a
-miss now and a retry after ``retry_s``, never a stalled step.
+Credentials never come from the URL (``redis_url``; it is logged and shown redacted):
+``KVTIER_REMOTE_USERNAME`` and ``KVTIER_REMOTE_PASSWORD`` in the environment. Every batch is
+one pipeline (one exchange per node: ``redis_cluster``), with a socket timeout and no
+client-side retries or re-sends: a slow or dead store or node is a miss now and a retry
+after ``retry_s``, never a stalled step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -22,25 +22,15 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.range_reads import RangeRead, answer_into
+from kvtier.remote.redact import redacted
+from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
+from kvtier.remote.redis_cluster import cluster_round_trip
+from kvtier.remote.redis_url import PASSWORD_ENV, SCHEMES, USER_ENV, check_url, parse_url
 from kvtier.remote.resp import BulkReplies, payload_view
 from kvtier.remote.values import ValueFormat, value_key
 
+__all__ = ["PASSWORD_ENV", "SCHEMES", "USER_ENV", "RedisTier", "check_url"]
 T = TypeVar("T")
-SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
-USER_ENV, PASSWORD_ENV = "KVTIER_REMOTE_USERNAME", "KVTIER_REMOTE_PASSWORD"
-
-
-def check_url(url: str) -> str:
-    """``url`` if it names a Redis store kvtier can use; ``ValueError`` saying what is wrong."""
-    parts = urlsplit(url)
-    if parts.scheme not in SCHEMES:
-        raise ValueError(f"remote_url {url!r}: the scheme must be one of {', '.join(SCHEMES)}")
-    if parts.username or parts.password:
-        raise ValueError("remote_url must not carry credentials (it is logged): set "
-                         f"{USER_ENV} and {PASSWORD_ENV} in the environment instead")
-    if not parts.hostname:
-        raise ValueError(f"remote_url {url!r} names no host")
-    return url
 
 
 class RedisTier(RemoteTier):
@@ -53,54 +43,83 @@ class RedisTier(RemoteTier):
         self.url, self._ns, self._prefix = check_url(url), namespace.digest(), prefix
         self._format = ValueFormat(self._ns, raw_bytes, parts)
         self._timeout_s, self._environ = timeout_s, os.environ if environ is None else environ
-        _client_module()  # a missing client fails the start, not the first round trip
+        client_module()  # a missing client fails the start, not the first round trip
         self._client: Any = None  # connected on first use: a store down at start is a miss
         self._connecting = threading.Lock()
-        self._cluster = urlsplit(url).scheme.endswith("+cluster")
+        self._cluster = parse_url(url).cluster
         self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
 
-    def _connected(self) -> Any:
-        """The client, made on first use (a cluster client asks a node for the slot map)."""
+    def _connected(self, what: str) -> Any:
+        """The client, made on first use (a cluster client asks a node for the slot map),
+        or the ``IOResult`` of a failed setup. One setup at a time: the callers that waited
+        on it find the tier out of service when it failed, and do not try again."""
         with self._connecting:
-            if self._client is None:
-                self._client = _connect(self.url, self._timeout_s, self._environ, self._startup)
+            if self._client is not None:
+                return self._client
+            if self.down:
+                return self._out_of_service()
+            try:
+                self._client = connect(self.url, self._timeout_s, self._environ, self._startup)
+            except Exception as exc:  # down before the lock is released
+                return self._failed(what, explained(exc))
             return self._client
 
     def describe(self) -> str:
-        return self.url
+        return redacted(self.url)
 
     def _out_of_service(self) -> IOResult:
-        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.url} out of service")
+        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.describe()} out of service")
 
     def _key(self, key: ChunkKey) -> bytes:
         return value_key(self._prefix, self._ns, key)
 
     def _run(self, what: str, commands: list[tuple[str, tuple]]) -> list[Any] | IOResult:
-        """One pipelined round trip; per-command replies (exceptions in place), or the
-        failure of the whole."""
+        """One pipelined round trip (on a cluster, one exchange per node:
+        ``redis_cluster``); per-command replies (exceptions in place), or the failure of
+        the whole: a store or a node that does not answer fails it once."""
         if self.down:
             return self._out_of_service()
+        client = self._connected(what)
+        if isinstance(client, IOResult):
+            return client
         try:
-            pipe = self._connected().pipeline(transaction=False)
-            for name, args in commands:
-                getattr(pipe, name)(*args)
-            replies = list(pipe.execute(raise_on_error=False))
+            replies = self._round_trip(client, commands)
         except Exception as exc:  # the client raises its own errors for every transport fault
             return self._broken(what, exc)
         self._succeeded()
         return replies
+
+    def _round_trip(self, client: Any, commands: list[tuple[str, tuple]]) -> list[Any]:
+        if self._cluster:
+            replies = cluster_round_trip(client, commands)
+            if replies.stale:  # a slot moved: the next round trip asks for the map anew
+                self._forget(client)
+            return list(replies)
+        pipe = client.pipeline(transaction=False)
+        for name, args in commands:
+            getattr(pipe, name)(*args)
+        return list(pipe.execute(raise_on_error=False))
 
     def _broken(self, what: str, exc: BaseException) -> IOResult:
         """A failed round trip. A cluster client is made anew at the next one, from every
         node it knew: the slot map it holds may name a node that failed over."""
         if self._cluster:
             with self._connecting:
-                client, self._client = self._client, None
+                client = self._client
             if client is not None:
-                with contextlib.suppress(Exception):
-                    self._startup = _known_nodes(client) or self._startup
-                    client.close()
-        return self._failed(what, _as_builtin(exc))
+                self._forget(client)
+        return self._failed(what, explained(exc))
+
+    def _forget(self, client: Any) -> None:
+        """Make the cluster client anew at the next round trip, starting from every node
+        ``client`` knew (unless another thread made a new one meanwhile)."""
+        with self._connecting:
+            if self._client is not client:
+                return
+            self._client = None
+        with contextlib.suppress(Exception):
+            self._startup = known_nodes(client) or self._startup
+            client.close()
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         replies = self._run("exists", [("exists", (self._key(k),)) for k in keys])
@@ -109,6 +128,9 @@ class RedisTier(RemoteTier):
         return [r == 1 for r in replies]
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
+        unfit = self._unfit(dsts)
+        if unfit is not None:
+            return [unfit] * len(keys)
         if not self._cluster:
             direct = self._get_direct(keys, dsts)
             return [direct] * len(keys) if isinstance(direct, IOResult) else direct
@@ -122,16 +144,19 @@ class RedisTier(RemoteTier):
         is the round trip's failure and drops the connection, which may be out of step."""
         if self.down:
             return self._out_of_service()
+        client = self._connected(what)
+        if isinstance(client, IOResult):
+            return client
         try:
-            pool = self._connected().connection_pool
+            pool = client.connection_pool
             connection = pool.get_connection()
         except Exception as exc:
-            return self._failed(what, _as_builtin(exc))
+            return self._failed(what, explained(exc))
         try:
             result = body(connection)
         except Exception as exc:  # a transport fault or a stream out of step
             connection.disconnect()
-            return self._failed(what, _as_builtin(exc))
+            return self._failed(what, explained(exc))
         else:
             self._succeeded()
             return result
@@ -183,6 +208,9 @@ class RedisTier(RemoteTier):
         """GETRANGE of each chunk's header and of the runs of parts ``wanted``, all in one
         pipelined round trip; a chunk that needs every part is one GETRANGE of the whole
         value, every part checked."""
+        unfit = self._unfit(dsts)
+        if unfit is not None:
+            return [unfit] * len(keys)
         if not any(self._format.reads_alone(parts) for parts in wanted):
             return self.get_many(keys, dsts)
         every = range(len(self.parts))
@@ -274,48 +302,4 @@ def _put_failure(reply: Any) -> IOResult:
     from redis.exceptions import OutOfMemoryError
 
     status = IOStatus.NO_SPACE if isinstance(reply, OutOfMemoryError) else IOStatus.IO_ERROR
-    return IOResult(status, 0, f"set: {reply}")
-
-
-def _as_builtin(exc: BaseException) -> BaseException:
-    """The client's timeout, or the socket's, as the builtin ``TimeoutError`` (so it counts
-    as timed out)."""
-    from redis.exceptions import TimeoutError as RedisTimeout
-
-    return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout | TimeoutError) else exc
-
-
-def _client_module() -> Any:
-    try:
-        import redis
-    except ImportError:
-        raise ImportError("the Redis remote tier needs the redis client: pip install "
-                          "'kvtier[remote]' (or redis[hiredis])") from None
-    return redis
-
-
-def _known_nodes(client: Any) -> list[tuple[str, int]]:
-    """The (host, port) of every node a cluster client knows."""
-    return [(node.host, int(node.port)) for node in client.get_nodes()]
-
-
-def _connect(url: str, timeout_s: float, environ: Mapping[str, str],
-             startup: Sequence[tuple[str, int]] = ()) -> Any:
-    redis = _client_module()
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
-               "username": environ.get(USER_ENV) or None,
-               "password": environ.get(PASSWORD_ENV) or None,
-               "retry": Retry(NoBackoff(), 0)}
-    scheme = urlsplit(url).scheme
-    if scheme.endswith("+cluster"):
-        from redis.cluster import ClusterNode, RedisCluster
-
-        plain = url.replace("+cluster", "", 1)
-        parts = urlsplit(plain)
-        nodes = [(parts.hostname or "", parts.port or 6379), *startup]
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in dict.fromkeys(nodes)],
-                            ssl=parts.scheme == "rediss", **options)
-    return redis.Redis.from_url(url, **options)
+    return IOResult(status, 0, f"set: {explained(reply)}")

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from kvtier.remote.redact import redacted
+
 if TYPE_CHECKING:
     from kvtier.config import KVTierConfig
     from kvtier.keys import Namespace
@@ -24,16 +26,16 @@ def backend_of(url: str) -> str:
         return "redis"
     if scheme in MOONCAKE_SCHEMES:
         return "mooncake"
-    raise ValueError(f"remote_url {url!r}: the scheme must be one of "
+    raise ValueError(f"remote_url {redacted(url)!r}: the scheme must be one of "
                      f"{', '.join(REDIS_SCHEMES + MOONCAKE_SCHEMES)}")
 
 
 def check_url(url: str) -> str:
     """``url`` when a backend can use it; ``ValueError`` saying what is wrong."""
     if backend_of(url) == "redis":
-        from kvtier.remote import redis_tier
+        from kvtier.remote import redis_url
 
-        return redis_tier.check_url(url)
+        return redis_url.check_url(url)
     from kvtier.remote import mooncake_url
 
     return mooncake_url.check_url(url)

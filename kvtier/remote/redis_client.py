@@ -1,0 +1,76 @@
+"""The redis-py client a ``RedisTier`` talks through: one server or a cluster, built from
+a parsed URL (``redis_url``), with a socket timeout, no client-side retries, and credentials
+from the environment only."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvtier.remote.redis_url import PASSWORD_ENV, USER_ENV, parse_url
+
+_NO_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.IGNORECASE)
+SECURITY = "docs/remote.md, Security"
+
+
+def client_module() -> Any:
+    """The ``redis`` module; ``ImportError`` saying what to install."""
+    try:
+        import redis
+    except ImportError:
+        raise ImportError("the Redis remote tier needs the redis client: pip install "
+                          "'kvtier[remote]' (or redis[hiredis])") from None
+    return redis
+
+
+def connect(url: str, timeout_s: float, environ: Mapping[str, str],
+            startup: Sequence[tuple[str, int]] = ()) -> Any:
+    """A client of the store ``url`` names. One server's connects on first use; a cluster's
+    asks the URL's node (then those of ``startup``) for the slot map now, and raises when
+    none answers."""
+    redis = client_module()
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    url_options = parse_url(url)
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+        "username": environ.get(USER_ENV) or None, "password": environ.get(PASSWORD_ENV) or None,
+        "retry": Retry(NoBackoff(), 0), "ssl": url_options.tls, **dict(url_options.client)}
+    if url_options.cluster:
+        from redis.cluster import ClusterNode, RedisCluster
+
+        nodes = [(url_options.host, url_options.port), *startup]
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in dict.fromkeys(nodes)],
+                            **options)
+    return redis.Redis(host=url_options.host, port=url_options.port, db=url_options.db, **options)
+
+
+def known_nodes(client: Any) -> list[tuple[str, int]]:
+    """The (host, port) of every node a cluster client knows."""
+    return [(node.host, int(node.port)) for node in client.get_nodes()]
+
+
+def as_builtin(exc: BaseException) -> BaseException:
+    """The client's timeout, or the socket's, as the builtin ``TimeoutError`` (so it counts
+    as timed out)."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout | TimeoutError) else exc
+
+
+def explained(exc: BaseException) -> BaseException:
+    """``exc`` as the tier reports it: a timeout as the builtin ``TimeoutError``; a refusal
+    by the store's ACL naming the permission to grant, where the store says which."""
+    text = str(exc)
+    command = _NO_COMMAND.search(text)
+    if command:
+        return PermissionError(f"{text}: grant the ACL user {USER_ENV} names "
+                               f"+{command.group(1)} ({SECURITY})")
+    if "no permissions to access" in text.lower():
+        return PermissionError(f"{text}: the ACL user's key pattern must cover remote_prefix, "
+                               f"e.g. ~kvtier:* ({SECURITY})")
+    if "Cluster mode is not enabled" in text:  # how redis-py reports CLUSTER SLOTS refused
+        return ConnectionError(f"{text} (or the ACL user lacks +cluster|slots: {SECURITY})")
+    return as_builtin(exc)

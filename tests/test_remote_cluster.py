@@ -1,0 +1,197 @@
+"""The Redis remote tier on a cluster, against real redis-servers on loopback: one client
+set-up at a time (the callers that waited on a failed one do not repeat it), TLS options
+of a ``rediss+cluster://`` URL reach every node's connection, and the ACL docs/remote.md
+gives runs a cluster tier (a missing permission is named in the failure)."""
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.io.result import IOStatus
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, RedisTier
+from tests.redis_server import RedisServer, needs_redis
+
+pytestmark = needs_redis
+RAW = 4096
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "remote.md"
+
+
+def key(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "big"))
+
+
+def chunk(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
+
+
+def one_node_cluster(workdir: Path, tls: dict[str, str] | None = None) -> RedisServer:
+    """A cluster of one primary holding every slot (TLS only, on its port, with ``tls``)."""
+    server = RedisServer(workdir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    if tls:
+        server.extra += ("--port", "0", "--tls-port", str(server.port), "--tls-cluster", "yes",
+                         "--tls-cert-file", tls["cert"], "--tls-key-file", tls["key"],
+                         "--tls-ca-cert-file", tls["ca"], "--tls-auth-clients", "yes")
+    server.start()
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5, **(
+        {"ssl": True, "ssl_ca_certs": tls["ca"], "ssl_certfile": tls["cert"],
+         "ssl_keyfile": tls["key"]} if tls else {}))
+    client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    deadline = time.monotonic() + 30
+    while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+        assert time.monotonic() < deadline, "the one-node cluster never came up"
+        time.sleep(0.05)
+    client.close()
+    return server
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory) -> dict[str, str]:
+    """A CA, and a certificate it signed for 127.0.0.1 (the server's and the client's)."""
+    root = tmp_path_factory.mktemp("tls")
+    ca, ca_key, cert, cert_key = (str(root / n) for n in ("ca.pem", "ca.key", "cert.pem", "cert.key"))
+    (root / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
+            "-days", "2", "-subj", "/CN=kvtier test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", cert_key, "-out",
+            str(root / "cert.csr"), "-subj", "/CN=127.0.0.1")
+    openssl("x509", "-req", "-in", str(root / "cert.csr"), "-CA", ca, "-CAkey", ca_key,
+            "-CAcreateserial", "-out", cert, "-days", "2", "-extfile", str(root / "ext"))
+    return {"ca": ca, "cert": cert, "key": cert_key}
+
+
+def test_callers_that_waited_on_a_failed_cluster_setup_do_not_set_it_up_again(tmp_path):
+    server = RedisServer(tmp_path / "hung").start()  # hung: it never answers the slot map
+    tier = RedisTier(f"redis+cluster://127.0.0.1:{server.port}", NS, RAW, timeout_s=1.0,
+                     retry_s=60)
+    took: list[float] = []
+
+    def call(i: int) -> None:
+        started = time.monotonic()
+        tier.exists([key(i)])
+        took.append(time.monotonic() - started)
+
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        callers = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(timeout=60)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
+    assert len(took) == 6 and tier.failures == 1  # one set-up tried, the others out of service
+    assert max(took) < 4.0, took  # one set-up's timeout, not six (6 s)
+    tier.close()
+
+
+def test_a_tls_cluster_gets_the_ca_and_client_certificate_the_url_names(tmp_path, certificates):
+    server = one_node_cluster(tmp_path / "tls", certificates)
+    query = (f"ssl_ca_certs={certificates['ca']}&ssl_certfile={certificates['cert']}"
+             f"&ssl_keyfile={certificates['key']}")
+    try:
+        for url in (f"rediss+cluster://127.0.0.1:{server.port}?{query}",
+                    f"rediss://127.0.0.1:{server.port}/0?{query}"):
+            tier = RedisTier(url, NS, RAW, timeout_s=5.0, retry_s=0.1)
+            assert all(r.ok for r in tier.put_many([(key(i), chunk(i)) for i in range(4)])), url
+            dsts = [np.zeros(RAW, np.uint8) for _ in range(4)]
+            assert all(r.ok for r in tier.get_many([key(i) for i in range(4)], dsts))
+            assert all(np.array_equal(dsts[i], chunk(i)) for i in range(4))
+            assert certificates["ca"] not in tier.describe()  # query values are not shown
+            tier.close()
+    finally:
+        server.stop()
+
+
+def documented_acl(which: str) -> list[str]:
+    """The ACL rules docs/remote.md gives for ``which`` ("server" or "cluster")."""
+    rules = re.findall(r"^\s+user kvtier on >secret (.+)$", DOCS.read_text(), re.MULTILINE)
+    assert len(rules) == 2, "docs/remote.md gives one ACL for a server, one for a cluster"
+    return rules[0 if which == "server" else 1].split()
+
+
+def test_the_documented_acls_run_a_tier_and_a_missing_permission_is_named(tmp_path, caplog):
+    cluster = one_node_cluster(tmp_path / "acl")
+    single = RedisServer(tmp_path / "single").start()
+    env = {USER_ENV: "kvtier", PASSWORD_ENV: "secret"}
+    try:
+        def put(server: RedisServer, url: str, rules: list[str]):
+            server.client().execute_command("ACL", "SETUSER", "kvtier", "reset", "on", ">secret",
+                                            *rules)
+            tier = RedisTier(url, NS, RAW, timeout_s=5.0, retry_s=0.1, environ=env)
+            try:
+                (result,) = tier.put_many([(key(1), chunk(1))])
+                if result.ok:
+                    (got,) = tier.get_many([key(1)], [np.zeros(RAW, np.uint8)])
+                    assert got.ok and tier.exists([key(1)]) == [True]
+                return result
+            finally:
+                tier.close()
+
+        cluster_url = f"redis+cluster://127.0.0.1:{cluster.port}"
+        assert put(single, single.url, documented_acl("server")).ok
+        assert put(cluster, cluster_url, documented_acl("cluster")).ok
+        server_only = [r for r in documented_acl("cluster") if r.startswith(("~", "+get", "+set",
+                       "+exists", "+strlen", "+scan", "+info"))]
+        without_slots = put(cluster, cluster_url, server_only)
+        assert without_slots.status is IOStatus.IO_ERROR and "+cluster|slots" in without_slots.detail
+        without_command = put(cluster, cluster_url, [*server_only, "+cluster|slots"])
+        assert without_command.status is IOStatus.IO_ERROR
+        assert "grant the ACL user" in without_command.detail and "+command" in without_command.detail
+        assert "+command" in caplog.text  # the warning of the outage names it too
+    finally:
+        cluster.stop()
+        single.stop()
+
+
+def test_a_hung_node_costs_a_batch_one_timeout_not_one_per_key(tmp_path):
+    from tests.redis_server import RedisCluster
+
+    cluster = RedisCluster(tmp_path / "cluster").start()
+    keys = [key(i) for i in range(48)]
+    tier = RedisTier(cluster.url, NS, RAW, timeout_s=0.5, retry_s=0.1, parts=(RAW // 2, RAW // 2))
+    try:
+        assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+        victim = cluster.nodes[1]
+        assert victim.client().dbsize() >= 8  # keys on it: each would cost a timeout
+        os.kill(victim.process.pid, signal.SIGSTOP)
+        try:
+            calls = {"get": lambda: tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys]),
+                     "parts": lambda: tier.get_parts(keys, [np.zeros(RAW, np.uint8) for _ in keys],
+                                                     [(1,)] * len(keys)),
+                     "exists": lambda: tier.exists(keys),
+                     "put": lambda: tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)])}
+            for name, call in calls.items():
+                time.sleep(0.15)  # past retry_s: the round trip is tried
+                failures, started = tier.failures, time.monotonic()
+                answers = call()
+                took = time.monotonic() - started
+                assert took < 2.5, (name, took)  # one timeout (0.5 s), not one per key (> 4 s)
+                assert tier.failures == failures + 1, name  # a failed round trip: out of service
+                if name != "exists":
+                    assert not any(r.ok for r in answers), name
+        finally:
+            os.kill(victim.process.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while not all(r.ok for r in tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])):
+            assert time.monotonic() < deadline, "the tier never came back"
+            time.sleep(0.2)
+        assert tier.exists(keys) == [True] * len(keys)
+    finally:
+        tier.close()
+        cluster.stop()
