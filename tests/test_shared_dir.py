@@ -318,3 +318,45 @@ def test_junk_in_writers_never_hides_the_real_writers(tmp_path):
         assert [w.writer for w in b.writers()] == ["a"]
         assert exact(b, tokens) == 2 * CHUNK
 
+
+
+def test_a_writer_whose_segment_is_reclaimed_as_it_opens_never_writes_without_a_seat(
+        tmp_path, monkeypatch):
+    """A writer restarting under its old id finds its seat just as another process reclaims
+    its segment (a writer gone) and gives that seat back: it must not go on with a segment of
+    no seat, which would let a third writer take the seat (two segments, one seat)."""
+    import kvtier.io.cachedir as cachedir
+    from kvtier.io.seats import claim_seat, reclaim_segment
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+
+    def cfg(name: str) -> dict:
+        return config(root, instance_id=name, share_writers=1, share_refresh="off")
+
+    with KVStore(SMALL, cfg("a")) as first:
+        first.put(seq(0, 1), make_kv(seq(0, 1)))
+        assert first.flush()
+    (ns,) = list(root.iterdir())
+    gone = (ns / "writers" / "a").stat().st_ino
+
+    def claim_then_reclaimed(ns_dir, writer, limit):
+        seat = claim_seat(ns_dir, writer, limit)
+        if writer == "a":  # the reclaimer runs between the claim and the segment's lock
+            assert reclaim_segment(ns_dir, "a", gone)
+        return seat
+
+    monkeypatch.setattr(cachedir, "claim_seat", claim_then_reclaimed)
+    restarted = KVStore(SMALL, cfg("a"))
+    monkeypatch.setattr(cachedir, "claim_seat", claim_seat)
+    third = KVStore(SMALL, cfg("c"))
+    try:
+        up = [s for s in (restarted, third) if not s.stats().paths_down]
+        assert len(up) == 1  # one seat: one writer on the path
+        for store in (restarted, third):
+            store.put(seq(100, 2), make_kv(seq(100, 2)))
+            store.flush()
+        assert restarted.stats().disk_writes + third.stats().disk_writes == 2
+    finally:
+        restarted.close()
+        third.close()

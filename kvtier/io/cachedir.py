@@ -39,7 +39,7 @@ from kvtier.io.names import (
     slot_number,
 )
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
-from kvtier.io.seats import claim_seat
+from kvtier.io.seats import claim_seat, holds_seat
 from kvtier.io.segment_log import SegmentLog
 
 __all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
@@ -110,6 +110,22 @@ def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
             return writers.subdir(writer, create=True)
 
 
+def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
+                 segment: SafeDir) -> None:
+    """With the segment's lock held: ``CacheDirError`` (EAGAIN) unless ``segment`` is still
+    ``writer``'s directory and ``writer`` still holds a seat. A reclaim of the segment of a
+    writer gone (``reclaim_segment``, which holds that lock throughout) may have run between
+    the seat's claim and the lock: writing on would make a segment without a seat."""
+    with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
+        with ns_dir.subdir(WRITERS_DIR) as writers:
+            entry = writers.lstat(writer)
+        if entry is None or entry.st_ino != segment.inode() \
+                or not holds_seat(ns_dir, writer, share_writers):
+            raise CacheDirError(errno.EAGAIN, f"the segment of {writer} in {root / namespace_id} "
+                                "was reclaimed (as a writer gone) while this writer opened it; "
+                                "it is opened again at the path's next try")
+
+
 class CacheDir:
     """The slot files of one writer's segment of a namespace on one disk path, opened,
     locked and leased.
@@ -133,6 +149,7 @@ class CacheDir:
         self.dir = open_segment(root, namespace_id, writer, meta, share_writers)
         try:  # anything failing from here on must not keep the segment locked
             self._lock_fd = self._take_lock()
+            check_seated(root, namespace_id, writer, share_writers, self.dir)
             self.lease = Lease(self.dir, writer)
             self.lease.beat()
             probed = probe_o_direct(self.dir)

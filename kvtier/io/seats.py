@@ -131,6 +131,15 @@ def _remove_linked_temps(seats: SafeDir) -> None:
                 continue  # not ours: left alone
 
 
+def holds_seat(ns_dir: SafeDir, writer: str, limit: int) -> bool:
+    """Whether ``writer`` holds one of the first ``limit`` seats of the namespace open as
+    ``ns_dir``."""
+    if ns_dir.lstat(SEATS_DIR) is None:
+        return False
+    with ns_dir.subdir(SEATS_DIR) as seats:
+        return any(_holder(seats, SEAT_FILE.format(k)) == writer for k in range(limit))
+
+
 def held_here(segment: SafeDir) -> bool:
     """True when a process of this host holds the segment's lock (it is alive, whatever its
     lease says), or when that cannot be told (a lock that cannot be opened or tried: the
