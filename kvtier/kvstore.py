@@ -27,7 +27,7 @@ import torch
 
 from kvtier.chunk_runs import ChunkRuns
 from kvtier.config import KVTierConfig, load_config
-from kvtier.errors import ConfigError, StoreClosedError
+from kvtier.errors import ConfigError
 from kvtier.io.buffers import align_up
 from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
@@ -38,6 +38,7 @@ from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
 from kvtier.store_direct import DirectTarget, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
+from kvtier.store_gate import CallGate
 from kvtier.store_get import PrefixRead
 from kvtier.store_others import open_others
 from kvtier.store_puts import put_chunks
@@ -104,7 +105,7 @@ class KVStore:
         self._lane: DiskLane | NoDisk = NoDisk()
         self._metrics: MetricsServer | None = None
         self._shared: StoreShared  # made in _start, once the tiers are open
-        self._closed = False
+        self._gate = CallGate()  # the calls in flight, and whether close() has begun
         self._io_engine = io_engine
         self._direct = DirectBuffers()
         try:  # a failed start must not keep memory, files or the namespace lock
@@ -199,8 +200,7 @@ class KVStore:
     def keys(self, tokens: Tokens) -> list[ChunkKey]:
         """Chunk keys of the full chunks of ``tokens`` (``TokenError`` unless they are
         integers in int64's range)."""
-        if self._closed:
-            raise StoreClosedError("kvtier store is closed; open a new KVStore")
+        self._gate.check()
         return token_chunk_keys(self.namespace, tokens)
 
     def put(self, tokens: Tokens, kv: torch.Tensor) -> int:
@@ -209,14 +209,16 @@ class KVStore:
         ``kv`` has shape ``(layers, 2, n, kv_heads * head_size)`` with ``n >= len(tokens)``
         rounded down to whole chunks. Chunks already cached are only marked recent.
         """
-        keys = self.keys(tokens)
-        self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
-        self._lane.poll()
-        stored = put_chunks(self._shared, self._runner, keys,
-                            ChunkRuns(kv, self.chunk_tokens, len(keys)).run, self._drain_timeout())
-        with self._lock:
-            self._stats.chunks_stored += stored
-        return stored * self.chunk_tokens
+        with self._gate:
+            keys = self.keys(tokens)
+            self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
+            self._lane.poll()
+            stored = put_chunks(self._shared, self._runner, keys,
+                                ChunkRuns(kv, self.chunk_tokens, len(keys)).run,
+                                self._drain_timeout())
+            with self._lock:
+                self._stats.chunks_stored += stored
+            return stored * self.chunk_tokens
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout
@@ -224,19 +226,20 @@ class KVStore:
 
     def lookup(self, tokens: Tokens) -> PrefixHit:
         """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
-        keys = self.keys(tokens)
-        others = self._shared.others
-        tiers: list[TierName] = []
-        with self._lock:
-            for key in keys:
-                loc = self._stack.locate(key)
-                if loc is None and (others is None or others.find(key) is None):
-                    break
-                tiers.append(loc.tier if loc is not None else SHARED)
-        remote = self._shared.remote
-        if remote is not None and len(tiers) < len(keys):  # one round trip for the rest
-            tiers += [REMOTE] * remote.present(keys[len(tiers):])
-        return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
+        with self._gate:
+            keys = self.keys(tokens)
+            others = self._shared.others
+            tiers: list[TierName] = []
+            with self._lock:
+                for key in keys:
+                    loc = self._stack.locate(key)
+                    if loc is None and (others is None or others.find(key) is None):
+                        break
+                    tiers.append(loc.tier if loc is not None else SHARED)
+            remote = self._shared.remote
+            if remote is not None and len(tiers) < len(keys):  # one round trip for the rest
+                tiers += [REMOTE] * remote.present(keys[len(tiers):])
+            return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
 
     def get(self, tokens: Tokens, out: torch.Tensor) -> int:
         """Copy the longest cached prefix of ``tokens`` into ``out``; return its length.
@@ -248,21 +251,21 @@ class KVStore:
         :meth:`empty_kv`, a chunk's first read from disk lands in ``out`` directly and it is
         promoted on its next read. ``out[:, :, n:]`` may have been written.
         """
-        keys = self.keys(tokens)
-        self.layout.check_tensor(out, 0, "out")
-        keys = keys[: out.shape[2] // self.chunk_tokens]
-        runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
-        direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
-        read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
-                          self._drain_timeout(), direct)
-        return read.run(keys, runs.run) * self.chunk_tokens
+        with self._gate:
+            keys = self.keys(tokens)
+            self.layout.check_tensor(out, 0, "out")
+            keys = keys[: out.shape[2] // self.chunk_tokens]
+            runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
+            direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
+            read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
+                              self._drain_timeout(), direct)
+            return read.run(keys, runs.run) * self.chunk_tokens
 
     def empty_kv(self, num_tokens: int) -> torch.Tensor:
         """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk
         chunks straight into, with no copy through host memory. Reuse it across gets, as
         its pages are faulted in once; its memory is freed with the last view of it."""
-        if self._closed:
-            raise StoreClosedError("kvtier store is closed; open a new KVStore")
+        self._gate.check()
         return empty_kv(self._direct, self.layout, num_tokens)
 
     def flush(self, timeout: float | None = None) -> FlushResult:
@@ -270,20 +273,21 @@ class KVStore:
         writes dropped under back-pressure included, and write-back chunks not evicted yet),
         then wait for every disk write, at most ``timeout`` seconds. True when every host
         chunk is on disk; ``not_written`` says how many are not (disk full or failing, a
-        hung drive, or no disk tier). With a remote store, host chunks it is not known to hold
-        are written to it too (those its back-pressure dropped), and every write to it is
-        waited for (within the same ``timeout``)."""
-        if self._closed:
-            raise StoreClosedError("kvtier store is closed; open a new KVStore")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        result = self._flusher.flush(timeout)
-        remote = self._shared.remote
-        if remote is not None and not remote.flush(deadline):
-            return dataclasses.replace(result, timed_out=True)
-        return result
+        hung drive). With a remote store, host chunks it is not known to hold are written to
+        it too (those its back-pressure dropped), and every write to it is waited for
+        (within the same ``timeout``); without a disk tier, true when those writes are
+        over. With neither, nothing outlives the process: ``not_written`` counts every
+        chunk held, and the result is false once one is."""
+        with self._gate:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            result = self._flusher.flush(timeout)
+            remote = self._shared.remote
+            if remote is not None and not remote.flush(deadline):
+                return dataclasses.replace(result, timed_out=True)
+            return result
 
     def stats(self) -> StoreStats:
-        """A snapshot of the counters."""
+        """A snapshot of the counters (after ``close`` too: the last ones)."""
         with self._lock:
             self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
             self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
@@ -297,7 +301,8 @@ class KVStore:
 
     def writers(self) -> list[WriterState]:
         """The other writers of this store's namespace on its disk paths, as last seen
-        (empty without a disk tier or with ``share_refresh`` off)."""
+        (empty without a disk tier or with ``share_refresh`` off; after ``close``, as last
+        seen before it)."""
         others = self._shared.others
         return others.writers() if others is not None else []
 
@@ -307,7 +312,7 @@ class KVStore:
                 if name is not DISK or self.config.disk_paths]
 
     def metric_samples(self) -> list[Sample]:
-        """The store's metrics (what ``metrics_port`` serves)."""
+        """The store's metrics (what ``metrics_port`` serves; after ``close`` too)."""
         stats = self.stats()
         with self._lock:
             used = {str(name): len(index) for name, index in self._tiers_in_use()}
@@ -321,21 +326,29 @@ class KVStore:
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish background writes and release memory, files and threads; True when done.
 
-        Waits at most ``timeout`` seconds for disk jobs. Jobs still running then (a hung
-        drive) are left behind: queued ones are cancelled, and the host memory and disk files
-        the running ones use stay open until the process exits (False is returned).
+        No call is let in from now on (``StoreClosedError``); calls in other threads already
+        inside are waited for, then disk jobs, at most ``timeout`` seconds in all. Jobs
+        still running then (a hung drive) are left behind: queued ones are cancelled (a call
+        waiting on one raises ``StoreClosedError``), and the host memory and disk files the
+        running ones, or calls still inside, use stay open until the process exits, or a
+        later ``close`` (False is returned).
         """
-        self._closed = True  # no call is served from now on
+        deadline = time.monotonic() + timeout
+        self._gate.close(timeout)  # the calls inside leave; none comes in
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        deadline = time.monotonic() + timeout
         remote = self._shared.remote
-        if remote is not None and not remote.close(timeout):  # its I/O uses host memory
+        if remote is not None and not remote.close(_left(deadline)):  # its I/O uses host memory
             self._lane.close(0)
             return False
-        if not self._lane.close(max(0.0, deadline - time.monotonic())):
+        if not self._lane.close(_left(deadline)):
             return False  # a hung drive: its I/O still uses host memory
+        if not self._gate.close(_left(deadline)):  # they wait no more on I/O: they leave now
+            log.error("kvtier KVStore.close: %d calls still running after %g s; host memory "
+                      "stays until they end and close() is called again", self._gate.inside,
+                      timeout)
+            return False
         self._close_others()  # after the lane: no read of another writer's chunk is left
         self._transfers.close()  # its views of host memory go before the memory
         for tier in self.tiers.values():
@@ -354,6 +367,10 @@ class KVStore:
         others = getattr(self, "_shared", None) and self._shared.others
         if others:
             others.close()
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
 
 
 def _model_name(model: str | None, cfg: KVTierConfig) -> str:

@@ -50,10 +50,22 @@ class KVLayout:
         return (self.num_layers, 2, num_tokens, self.hidden)
 
     def check_tensor(self, kv: Any, min_tokens: int, what: str) -> None:
-        """``LayoutError`` unless ``kv`` is a tensor of this layout's dtype and shape, with
-        at least ``min_tokens`` tokens."""
+        """``LayoutError``, naming what was passed, unless ``kv`` is a dense torch tensor
+        with memory, of this layout's dtype and shape, with at least ``min_tokens`` tokens."""
+        import torch  # here, not at the top: ``import kvtier`` stays light
+
         want = self.shape(min_tokens)
-        dtype = str(getattr(kv, "dtype", "")).removeprefix("torch.")
+        if not isinstance(kv, torch.Tensor):
+            kind = f"{type(kv).__module__}.{type(kv).__qualname__}".removeprefix("builtins.")
+            hint = " (torch.from_numpy(array) shares its memory)" if kind == "numpy.ndarray" else ""
+            raise LayoutError(
+                f"{what} must be a torch.Tensor of {self.dtype}, shape (layers={want[0]}, 2, "
+                f"tokens>={min_tokens}, hidden={want[3]}), got a {kind}{hint}"
+            )
+        if kv.layout != torch.strided or kv.is_meta:
+            raise LayoutError(f"{what} must be a dense tensor with memory, got a {kv.layout} "
+                              f"tensor on {kv.device}")
+        dtype = str(kv.dtype).removeprefix("torch.")
         if (kv.dim() != 4 or kv.shape[:2] != want[:2] or kv.shape[3] != want[3]
                 or kv.shape[2] < min_tokens or dtype != self.dtype):
             raise LayoutError(

@@ -19,7 +19,7 @@ class StoreStats:
     chunks_skipped: int = 0  # already cached, or no room
     chunks_loaded: Counter = field(default_factory=Counter)
     chunks_missed: int = 0  # full chunks asked for by get() and not loaded
-    chunks_promoted: int = 0
+    chunks_promoted: int = 0  # moved up a tier by get(): disk to host, to the device pool
     evictions: dict[str, int] = field(default_factory=dict)
     demotions: int = 0
     drops: int = 0  # victims that fell out of the last tier

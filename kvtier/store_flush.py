@@ -13,7 +13,8 @@ from kvtier.store_writes import PlanRunner, StartedWrite
 
 @dataclass(frozen=True)
 class FlushResult:
-    """What ``flush`` did: chunks it wrote, host chunks still not on disk when it returned,
+    """What ``flush`` did: chunks it wrote, host chunks still not on disk when it returned
+    (without a disk tier or remote store: every chunk held, as none outlives the process),
     and whether it stopped at its timeout. True when every host chunk is on disk."""
 
     written: int
@@ -30,15 +31,20 @@ class Flusher:
     first, as they may fail. A batch is queued whole before its jobs start, so it goes to
     the disk in groups of neighbouring slots (``PlanRunner``). The disk may evict a chunk
     that is also in host memory to make room: such a chunk is written again in a later
-    round."""
+    round. Without a disk tier there is nothing to write: with a remote store, that store's
+    flush says the rest (``KVStore.flush``); without one, every chunk held is unwritten."""
 
     def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
         self._shared, self._runner = shared, runner
 
     def flush(self, timeout: float | None) -> FlushResult:
         lane = self._shared.lane
-        if not lane.num_slots:
-            return FlushResult(0, 0)  # no disk tier: nothing to write to
+        if not lane.num_slots:  # no disk tier: nothing to write to
+            if self._shared.remote is not None:
+                return FlushResult(0, 0)
+            with self._shared.lock:
+                held = sum(len(index) for index in self._shared.stack.indexes.values())
+            return FlushResult(0, held)
         deadline = None if timeout is None else time.monotonic() + timeout
         batch = self._shared.max_pending * len(lane.queues)
         drained = lane.drain(time_left(deadline))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -10,7 +11,7 @@ from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
 from kvtier.store_reads import Fetch, Fetcher, FetchState
-from kvtier.store_shared import DISK, HOST, Skip, StoreShared
+from kvtier.store_shared import DISK, HOST, Skip, StoreShared, time_left
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location
 from kvtier.tiers.base import TierName
@@ -28,6 +29,11 @@ class PrefixRead:
     copy, and it stays on disk until it is read again. The first chunk not
     cached, failing its check or given up on ends the prefix; the fetches past it are
     dropped. Whatever happens, every pin and staging slot is given back.
+
+    A chunk another ``get`` is reading into host memory (``Skip.BUSY``) is waited for, at
+    most ``load_timeout``, once this window is empty, then found in host memory (or read
+    again, or missed, when that read failed). Waiting with an empty window holds no
+    reservation another ``get`` could need, so two gets never wait for each other.
     """
 
     def __init__(self, shared: StoreShared, fetcher: Fetcher, runner: PlanRunner,
@@ -102,8 +108,8 @@ class PrefixRead:
         try:
             while not self._ended and self._issued < len(keys) and len(self._window) < self._read_ahead:
                 fetch = self._begin(keys[self._issued])
-                if fetch is Skip.NO_ROOM and self._window:
-                    break  # host slots held by this window: complete one first
+                if fetch in (Skip.NO_ROOM, Skip.BUSY) and self._window:
+                    break  # host slots held by this window, or a wait: complete one first
                 if not isinstance(fetch, Fetch):
                     self._ended = True
                     break
@@ -126,7 +132,20 @@ class PrefixRead:
             # host slots held by background writes: wait for them once
             self._may_wait = lane.drain(timeout=self._drain_timeout)
             fetch = self._fetcher.begin(key, direct, remote)
+        if fetch is Skip.BUSY and not self._window:  # this window holds nothing: wait
+            fetch = self._after_staging(key, direct, remote)
         return fetch
+
+    def _after_staging(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
+                       remote: bool) -> Fetch | Skip:
+        """``key`` is being read into host memory by another ``get``: wait for that read to
+        end (at most ``load_timeout`` in all), then begin the chunk again; ``END`` past it."""
+        timeout = self._shared.config.load_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fetch: Fetch | Skip = Skip.BUSY
+        while fetch is Skip.BUSY and self._fetcher.wait_staged(key, time_left(deadline)):
+            fetch = self._fetcher.begin(key, direct, remote)
+        return Skip.END if fetch is Skip.BUSY else fetch
 
     def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], Run]) -> bool:
         """Copy out a run from ``_next_run`` (one chunk unless they are all in memory)."""

@@ -18,6 +18,7 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store_direct import DirectTarget
 from kvtier.store_shared import DISK, HOST, REMOTE, SHARED, Skip, StoreShared, time_left
+from kvtier.store_staging import Stagings
 from kvtier.store_writes import PlanRunner
 from kvtier.tier_stack import Location, StorePlan
 from kvtier.tiers.shared_view import ForeignChunk
@@ -65,9 +66,11 @@ class Fetcher:
 
     Contract: ``begin(key, direct)`` pins the chunk where it is hottest and, from disk,
     reserves a host slot for its read (``Skip.NO_ROOM`` when no host slot is free,
-    ``Skip.END`` when the prefix ends there), or with a ``direct`` target reads it straight
-    there on the chunk's first read from disk (its second one goes through a host slot,
-    which promotes it); ``start(fetches)`` starts the reads of fetches begun, grouped;
+    ``Skip.BUSY`` when another ``get`` is reading it into one: ``wait_staged(key)``, then
+    begin again; ``Skip.END`` when the prefix ends there), or with a ``direct`` target
+    reads it straight there on the chunk's first read from disk (its second one goes
+    through a host slot, which promotes it); ``start(fetches)`` starts the reads of fetches
+    begun, grouped;
     ``complete(fetch)`` says where the chunk can be copied from (for a direct read: its disk
     slot, the bytes being in place), or None when its read failed (the chunk is dropped) or
     was not over in time (a direct read's pages are then detached from the caller);
@@ -79,6 +82,7 @@ class Fetcher:
         # per disk slot, the fingerprint of the chunk last read from it straight into a
         # caller's tensor (lock held): its next read promotes it
         self._read_direct = np.zeros(shared.lane.num_slots, dtype=np.uint64)
+        self.stagings = Stagings(shared.lock)  # host slots reserved for reads, until finished
 
     def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
         """Pin the disk copies of the cached prefix of ``keys`` for a whole ``get`` (of the
@@ -95,7 +99,8 @@ class Fetcher:
         remote store (``remote``: it said it holds the chunk), choose where its read lands.
 
         ``END`` when the key is not cached or its host slot's previous chunk could not be
-        written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it.
+        written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it,
+        ``BUSY`` when another ``get`` is reading it into host memory.
         """
         foreign = None
         with self.shared.lock:
@@ -115,22 +120,35 @@ class Fetcher:
             plan = self.shared.stack.plan_store(key, HOST)
             if plan is None:
                 self._unpin(key, loc)
-                return Skip.NO_ROOM
+                return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM
+            self.stagings.begin(plan)
         try:
             demoted = self.runner.demote(plan)
         except BaseException:  # the engine closed meanwhile: its reservations are finished
             with self.shared.lock:
                 self._unpin(key, loc)
+                self.stagings.end(plan)
             raise
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
             with self.shared.lock:
                 self._unpin(key, loc)
+                self.stagings.end(plan)  # whoever waits for it: no read is coming
             return Skip.END
         return Fetch(key, loc, FetchState.READING, None, plan, foreign=foreign)
 
     def _unpin(self, key: ChunkKey, loc: Location) -> None:
         if loc.tier not in (SHARED, REMOTE):
             self.shared.stack.unpin(key, loc)
+
+    def wait_staged(self, key: ChunkKey, timeout: float | None) -> bool:
+        """Wait (lock not held) until no ``get`` is reading ``key`` into a host slot; False
+        when one still is after ``timeout`` seconds."""
+        return self.stagings.wait(key, timeout)
+
+    def _staged(self, plan: StorePlan, ok: bool) -> None:
+        """Finish the host slot reserved for a chunk's read (lock held)."""
+        self.shared.stack.finish(plan.key, plan.dst, ok)
+        self.stagings.end(plan)
 
     def start(self, fetches: list[Fetch]) -> None:
         """Start the disk reads of fetches ``begin`` reserved: a job per path and group of
@@ -245,7 +263,7 @@ class Fetcher:
             return self._complete_remote(fetch, result)
         with self.shared.lock:
             if plan is not None:
-                self.shared.stack.finish(fetch.key, plan.dst, result.ok)
+                self._staged(plan, result.ok)
             if result.ok:
                 self.shared.stats.disk_reads += 1
                 self.shared.stats.disk_read_bytes += result.nbytes
@@ -254,6 +272,7 @@ class Fetcher:
                     fetch.state = FetchState.LANDED
                     return fetch.loc
                 self.shared.stack.indexes[HOST].pin(fetch.key)
+                self.shared.stats.chunks_promoted += 1  # disk to host: it stays there
                 fetch.state = FetchState.STAGED
                 return plan.dst
             fetch.state = FetchState.FAILED
@@ -269,7 +288,7 @@ class Fetcher:
         plan, others, foreign = fetch.plan, self.shared.others, fetch.foreign
         assert plan is not None and others is not None and foreign is not None
         with self.shared.lock:
-            self.shared.stack.finish(fetch.key, plan.dst, result.ok)
+            self._staged(plan, result.ok)
             if result.ok:
                 self.shared.stats.shared_reads += 1
                 self.shared.stats.shared_read_bytes += result.nbytes
@@ -290,11 +309,15 @@ class Fetcher:
         with self.shared.lock:
             remote.read_over(fetch.key, result)
             if not result.ok:
-                self.shared.stack.finish(fetch.key, plan.dst, False)
+                self._staged(plan, False)
                 fetch.state = FetchState.FAILED
                 return None
         fetch.state = FetchState.STAGED  # pinned by the finish: released by release()
-        self.runner.finish(fetch.key, plan.dst, True, pin=True)
+        try:
+            self.runner.finish(fetch.key, plan.dst, True, pin=True)
+        finally:
+            with self.shared.lock:  # after the commit: whoever waited finds it in host memory
+                self.stagings.end(plan)
         return plan.dst
 
     def drop_unused(self, fetch: Fetch) -> None:
@@ -330,11 +353,11 @@ class Fetcher:
                                   f"after {self.shared.config.load_timeout:g} s (load_timeout)")
 
         if plan is not None:  # its host slot is free once the read ends
-            key, dst = plan.key, plan.dst
+            staged = plan
 
             def ended(_: Future) -> None:
                 with self.shared.lock:
-                    self.shared.stack.finish(key, dst, False)
+                    self._staged(staged, False)
 
             read.add_done_callback(ended)
 

@@ -32,6 +32,7 @@ class Skip(Enum):
 
     PRESENT = "present"  # put: cached already, or being written
     NO_ROOM = "no room"  # no slot free now
+    BUSY = "busy"  # get: another get is reading it into host memory: wait for that
     END = "end"  # get: not cached, or its staging slot could not be written back in time
 
 

@@ -6,14 +6,18 @@ import threading
 import urllib.request
 
 import pytest
+import torch
 
 import kvtier.kvstore as kvstore_module
 from kvtier import KVStore
-from kvtier.errors import ConfigError, StoreClosedError, TokenError
+from kvtier.errors import ConfigError, LayoutError, StoreClosedError, TokenError
+from kvtier.tiers.base import TierName
 from kvtier.tiers.host import physical_memory
 from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv
 from tests.disk_helpers import delayed_io
 from tests.test_disk_store import config, exact, load, seq
+
+HOST, DISK = TierName.HOST, TierName.DISK
 
 
 def no_model(path, **extra):
@@ -171,3 +175,60 @@ def test_finding16_flush_meanwhile_puts_in_other_threads(tmp_path):
 
 def test_chunk_bytes_of_the_test_layout():
     assert CHUNK_BYTES == 4096  # the figures above assume one page per chunk
+
+
+def test_flush_without_a_disk_tier_says_nothing_is_persisted():
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 8 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store:
+        assert store.flush()  # nothing held, nothing lost
+        store.put(seq(0, 4), make_kv(seq(0, 4)))
+        flushed = store.flush()
+        assert not flushed and flushed.not_written == 4 and flushed.written == 0
+
+
+def test_counters_and_metrics_stay_readable_after_close(tmp_path):
+    store = KVStore(SMALL, config(tmp_path, share_refresh="1s"))
+    store.put(seq(0, 2), make_kv(seq(0, 2)))
+    assert store.close()
+    assert store.stats().chunks_stored == 2  # the last counters
+    assert store.writers() == []
+    assert any(sample.name == "chunks_stored_total" for sample in store.metric_samples())
+
+
+def test_chunks_read_from_disk_into_host_memory_count_as_promoted(tmp_path):
+    tokens = seq(0, 4)
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        store.put(tokens, make_kv(tokens))
+        assert store.flush()
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        assert exact(store, tokens) == 4 * CHUNK
+        stats = store.stats()
+        assert stats.chunks_loaded == {DISK: 4} and stats.chunks_promoted == 4
+        assert store.lookup(tokens).chunks_by_tier == {HOST: 4}
+        assert exact(store, tokens) == 4 * CHUNK  # from host now: nothing more to promote
+        assert store.stats().chunks_promoted == 4
+
+
+@pytest.mark.parametrize("given", [lambda kv: kv.numpy(), lambda kv: kv.tolist()],
+                         ids=["numpy", "list"])
+def test_a_kv_that_is_not_a_tensor_is_a_layout_error(given):
+    tokens = seq(0, 1)
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 8 * CHUNK_BYTES, "model": "m"}
+    not_a_tensor = given(make_kv(tokens).view(torch.int16))
+    kind = type(not_a_tensor).__name__
+    with KVStore(SMALL, cfg) as store:
+        with pytest.raises(LayoutError, match=f"kv must be a torch.Tensor .*got a .*{kind}"):
+            store.put(tokens, not_a_tensor)
+        with pytest.raises(LayoutError, match=f"out must be a torch.Tensor .*got a .*{kind}"):
+            store.get(tokens, not_a_tensor)
+
+
+@pytest.mark.parametrize("given", [lambda kv: kv.to_sparse(), lambda kv: kv.to("meta")],
+                         ids=["sparse", "meta"])
+def test_a_kv_without_dense_memory_is_a_layout_error(given):
+    tokens = seq(0, 1)
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 8 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store:
+        for call in (store.put, store.get):
+            with pytest.raises(LayoutError, match="must be a dense tensor with memory"):
+                call(tokens, given(make_kv(tokens)))

@@ -60,13 +60,25 @@ def encode(raw: np.ndarray, element_bytes: int) -> tuple[Codec, bytes] | None:
 
 
 def decode(codec: Codec, payload: bytes | memoryview, out: np.ndarray) -> None:
-    """Decode ``payload`` into ``out`` (uint8, exactly the raw length); raise ValueError if bad."""
+    """Decode ``payload`` into ``out`` (uint8, exactly the raw length); ``ValueError`` if bad.
+
+    Hostile input (a slot planted in a cache directory, or another writer's) never costs
+    more than ``out.size`` bytes of memory: a frame whose header declares any other size is
+    refused before it is decoded (zstd decodes such a frame to its declared size whatever
+    ``max_output_size`` says), and one that declares none stops at ``out.size`` bytes.
+    """
     if codec not in (Codec.ZSTD, Codec.ZSTD_SHUFFLE2):
         raise ValueError(f"codec {codec!r} is not a compressed codec")
     try:
+        declared = zstandard.frame_content_size(payload)  # -1: the header does not say
+        if declared not in (-1, out.size):
+            raise ValueError(f"zstd frame declares {declared} bytes, expected {out.size}")
         planes = _decompressor().decompress(payload, max_output_size=out.size)
     except zstandard.ZstdError as exc:
         raise ValueError(f"zstd payload does not decode: {exc}") from exc
+    except MemoryError as exc:  # not even out.size bytes to be had: a miss, never a crash
+        raise ValueError(f"zstd payload of {out.size} bytes could not be decoded: "
+                         "out of memory") from exc
     if len(planes) != out.size:
         raise ValueError(f"decoded {len(planes)} bytes, expected {out.size}")
     flat = np.frombuffer(planes, dtype=np.uint8)

@@ -1,0 +1,87 @@
+"""``close()`` while other threads are inside ``put`` and ``get``: every call either finishes
+or raises ``StoreClosedError``; close waits for the calls inside before it frees memory."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kvtier import KVStore
+from kvtier.errors import StoreClosedError
+from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+from tests.disk_helpers import wait_until
+from tests.fake_io import FakeEngine
+from tests.test_disk_store import config, seq
+
+
+def store_config(path, disk: bool) -> dict:
+    if disk:
+        return config(path, host_chunks=16, disk_chunks=256)
+    return {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
+
+
+def hammer(store: KVStore, worker: int, go: threading.Event, seen: list[BaseException]) -> None:
+    """Put (even workers) or get (odd ones) until the store closes; keep what ended it."""
+    tokens = seq(0, 8)
+    kv = make_kv(tokens)
+    out = torch.zeros_like(kv)
+    go.wait()
+    try:
+        for j in range(100_000):
+            if worker % 2:
+                n = store.get(tokens, out)
+                assert same_bytes(out[:, :, :n], kv[:, :, :n]), "wrong bytes served"
+            else:
+                fresh = seq(worker * 10**7 + j * 1000, 2)
+                store.put(fresh, make_kv(fresh))
+        seen.append(AssertionError("the store never closed"))
+    except BaseException as exc:
+        seen.append(exc)
+
+
+@pytest.mark.parametrize("disk", [False, True], ids=["host", "disk"])
+def test_calls_racing_close_end_in_store_closed_error(tmp_path, disk):
+    for trial in range(8):
+        root = tmp_path / str(trial)
+        root.mkdir()
+        store = KVStore(SMALL, store_config(root, disk))
+        store.put(seq(0, 8), make_kv(seq(0, 8)))
+        go, seen = threading.Event(), []
+        workers = [threading.Thread(target=hammer, args=(store, w, go, seen)) for w in range(4)]
+        for worker in workers:
+            worker.start()
+        go.set()
+        time.sleep(0.02 * (trial % 4))  # close at different points of the calls
+        assert store.close()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert not any(worker.is_alive() for worker in workers), "a call never returned"
+        wrong = [repr(exc) for exc in seen if not isinstance(exc, StoreClosedError)]
+        assert wrong == [], f"trial {trial}"
+
+
+def test_close_waits_for_a_get_inside_before_it_frees_memory(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put(tokens, make_kv(tokens))
+        assert store.flush()
+    make, engines = FakeEngine.factory()
+    store = KVStore(SMALL, config(tmp_path), io_engine=make)
+    engines[0].hold()  # the get's disk read waits
+    loaded: list[int] = []
+    out = torch.zeros_like(make_kv(tokens))
+    reader = threading.Thread(target=lambda: loaded.append(store.get(tokens, out)))
+    reader.start()
+    assert engines[0].started.acquire(timeout=30), "the get's read never started"
+    closed: list[bool] = []
+    closer = threading.Thread(target=lambda: closed.append(store.close()))
+    closer.start()
+    wait_until(lambda: store._gate.closed, "close never began")  # white-box: the gate
+    with pytest.raises(StoreClosedError):
+        store.lookup(tokens)  # no call is let in once close has begun
+    engines[0].release()
+    reader.join(timeout=60)
+    closer.join(timeout=60)
+    assert loaded == [2 * CHUNK] and same_bytes(out, make_kv(tokens))  # served in full
+    assert closed == [True]
