@@ -397,14 +397,16 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
     assert code == 0 and not segment.exists()
 
 
-@pytest.mark.parametrize(("host", "beats", "every_s", "age_s", "live"), [
-    ("elsewhere", 2, 5, 100, True), ("elsewhere", 2, 5, 130, False),  # the 120 s floor
-    ("elsewhere", 10, 60, 300, True), ("elsewhere", 10, 60, 400, False),  # six beats
-    ("elsewhere", 1, 0, 119, True), ("elsewhere", 1, 0, 121, False),
-    (None, 2, 5, 1, False),  # this machine: its lock says
+@pytest.mark.parametrize(("host", "beats", "every_s", "age_s", "live", "stated_s"), [
+    ("elsewhere", 2, 5, 100, True, 0), ("elsewhere", 2, 5, 130, False, 0),  # the 120 s floor
+    ("elsewhere", 10, 60, 300, True, 0), ("elsewhere", 10, 60, 400, False, 0),  # six beats
+    ("elsewhere", 1, 0, 119, True, 0), ("elsewhere", 1, 0, 121, False, 0),
+    (None, 2, 5, 1, False, 0),  # this machine: its lock says
+    ("elsewhere", 1, 0, 590, True, 600), ("elsewhere", 1, 0, 610, False, 600),  # stated
+    ("elsewhere", 1, 0, 86_390, True, 10**9), ("elsewhere", 1, 0, 86_410, False, 10**9),
 ])
 def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats, every_s,
-                                                                      age_s, live):
+                                                                      age_s, live, stated_s):
     from kvtier.io.lease import LeaseInfo
     from kvtier.io.names import host_name
     from kvtier.ops.segments import remote_writer
@@ -412,5 +414,5 @@ def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats
     now = 10**18
     written = now - age_s * 10**9
     started = written - (beats - 1) * every_s * 10**9
-    lease = LeaseInfo("w", host or host_name(), 1, beats, started, written)
+    lease = LeaseInfo("w", host or host_name(), 1, beats, started, written, 0, stated_s * 1000)
     assert bool(remote_writer(lease, now)) is live

@@ -1,6 +1,7 @@
 """The segment log: a writer appends, readers follow from their last offset, rotations and
 torn or damaged records never yield a wrong slot, and leases tell live writers from gone ones."""
 
+import json
 import os
 import time
 
@@ -160,7 +161,7 @@ def test_a_disk_tier_logs_every_write_and_blanking_of_its_segment(tmp_path):
 
 def test_a_lease_counts_up_and_reads_back(tmp_path):
     with SafeDir.open(tmp_path) as directory:
-        lease = Lease(directory, "node-a")
+        lease = Lease(directory, "node-a", 120.0)
         lease.beat()
         lease.beat()
         info = read_lease(directory)
@@ -187,6 +188,30 @@ def test_a_lease_that_stands_still_for_the_timeout_is_gone():
     now[0] += 31
     assert not watch.observe("a", None)  # the lease file vanished (seen changing, then idle)
     assert watch.idle_for("a") == 31 and watch.idle_for("b") is None
+
+
+@pytest.mark.parametrize(("stated_ms", "gone_after"), [
+    (0, 30), (10_000, 30), (300_000, 300), (10**15, 86_400)])  # none, shorter, longer, absurd
+def test_a_writer_is_gone_after_the_longer_of_the_readers_timeout_and_its_own(stated_ms,
+                                                                              gone_after):
+    now = [0.0]
+    watch = LeaseWatch(timeout=30, clock=lambda: now[0])
+    data = LeaseInfo("a", "h", 1, 2, 3, 4, 5, stated_ms).encode()
+    assert watch.observe("a", data)
+    now[0] = gone_after - 1
+    assert watch.observe("a", data) and watch.live("a")
+    now[0] = gone_after + 1
+    assert not watch.observe("a", data) and not watch.live("a")
+    assert watch.live("never seen")
+
+
+def test_a_lease_states_its_writers_timeout(tmp_path):
+    with SafeDir.open(tmp_path) as directory:
+        Lease(directory, "node-a", 2.5).beat()
+        assert read_lease(directory).timeout_ms == 2500
+    older = {"instance": "a", "host": "h", "pid": 1, "beat": 2, "started_ns": 3, "written_ns": 4}
+    assert LeaseInfo.parse(json.dumps(older).encode()).timeout_ms == 0  # an older kvtier's
+    assert LeaseInfo.parse(json.dumps({**older, "timeout_ms": -1}).encode()) is None
 
 
 def test_junk_in_a_lease_file_is_no_lease(tmp_path):

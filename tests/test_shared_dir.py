@@ -282,6 +282,20 @@ def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, m
         assert list(tmp_path.glob("*/writers/a")) and exact(b, tokens) == 2 * CHUNK
 
 
+def test_a_reader_with_a_shorter_lease_timeout_waits_for_the_writers_own(tmp_path, monkeypatch):
+    from kvtier.tiers import shared_view
+
+    tokens = seq(0, 2)
+    monkeypatch.setattr(shared_view, "held_here", lambda directory: False)  # as if elsewhere
+    with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="30s")) as a, \
+            KVStore(SMALL, shared(tmp_path, "b", lease_timeout="2s")) as b:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        time.sleep(3.5)  # past b's timeout, within a's first heartbeat (every 5 s)
+        assert [w.live for w in b.writers()] == [True] and list(tmp_path.glob("*/writers/a"))
+        assert exact(b, tokens) == 2 * CHUNK and a.lookup(tokens).chunks_by_tier[HOST] == 2
+
+
 def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
     import fcntl
     import os

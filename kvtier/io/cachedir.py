@@ -139,7 +139,8 @@ class CacheDir:
 
     def __init__(self, root: Path, namespace_id: str, meta: dict, *, writer: str,
                  num_slots: int, stride: int, file_slots: int, o_direct: bool | None,
-                 floor: DiskFloor, share_writers: int = 1) -> None:
+                 floor: DiskFloor, share_writers: int = 1,
+                 lease_timeout: float = 120.0) -> None:
         self.path = root / namespace_id / WRITERS_DIR / writer
         self.writer = writer
         self._fds: dict[int, int] = {}
@@ -150,7 +151,7 @@ class CacheDir:
         try:  # anything failing from here on must not keep the segment locked
             self._lock_fd = self._take_lock()
             check_seated(root, namespace_id, writer, share_writers, self.dir)
-            self.lease = Lease(self.dir, writer)
+            self.lease = Lease(self.dir, writer, lease_timeout)
             self.lease.beat()
             probed = probe_o_direct(self.dir)
             if o_direct and not probed:

@@ -6,6 +6,11 @@ network filesystems do not honour across machines): a reader notes, on its own m
 clock, when it last saw a lease change. A writer whose lease stood still for
 ``lease_timeout`` seconds is gone. A reader that has just started knows nothing yet, so a
 writer counts as live until the reader has watched its lease stand still that long.
+
+Engines on one directory may be configured with different timeouts. A lease therefore states
+its writer's own ``lease_timeout`` (``timeout_ms``), and a reader waits the longer of its own
+and the writer's before it counts the writer gone: a reader with a short timeout never takes a
+writer that beats slowly, by its own setting, for dead.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvtier.io.names import LEASE_FILE, host_name
 from kvtier.io.safefs import SafeDir
@@ -42,6 +47,7 @@ class LeaseInfo:
     started_ns: int
     written_ns: int  # the writer's wall clock: shown to people, never used for liveness
     ppid: int = 0  # the writing process's parent (a vLLM worker's: its engine core)
+    timeout_ms: int = 0  # the writer's lease_timeout (0: not stated, by an older kvtier)
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -59,7 +65,7 @@ class LeaseInfo:
             if not isinstance(fields, dict):
                 return None
             instance, host = fields["instance"], fields["host"]
-            counts = [fields[name] for name in _COUNTS] + [fields.get("ppid", 0)]
+            counts = [fields[name] for name in _COUNTS] + [fields.get(name, 0) for name in _OPTIONAL]
         except (ValueError, TypeError, KeyError, RecursionError, OverflowError):
             return None
         if not isinstance(instance, str) or not isinstance(host, str) \
@@ -68,7 +74,8 @@ class LeaseInfo:
         return cls(instance, host, *counts)
 
 
-_COUNTS = ("pid", "beat", "started_ns", "written_ns")  # LeaseInfo's order, ppid after them
+_COUNTS = ("pid", "beat", "started_ns", "written_ns")  # LeaseInfo's order, then _OPTIONAL
+_OPTIONAL = ("ppid", "timeout_ms")  # counts an older kvtier did not write: 0 when missing
 MAX_LEASE_INT = 1 << 63  # a pid, a beat count or a time in ns is far below: more is damage
 
 
@@ -87,17 +94,16 @@ def read_lease(directory: SafeDir) -> LeaseInfo | None:
 
 class Lease:
     """The lease a writer holds on one segment: ``beat()`` rewrites it (atomically: a new file
-    renamed over the old), one count higher each time."""
+    renamed over the old), one count higher each time. ``timeout`` is the writer's
+    ``lease_timeout``, stated in the lease for readers configured otherwise."""
 
-    def __init__(self, directory: SafeDir, instance: str) -> None:
+    def __init__(self, directory: SafeDir, instance: str, timeout: float) -> None:
         self._directory = directory
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
-                               os.getppid())
+                               os.getppid(), round(timeout * 1000))
 
     def beat(self) -> None:
-        info = self._info
-        self._info = LeaseInfo(info.instance, info.host, info.pid, info.beat + 1,
-                               info.started_ns, time.time_ns(), info.ppid)
+        self._info = replace(self._info, beat=self._info.beat + 1, written_ns=time.time_ns())
         self._directory.replace_file(LEASE_FILE, self._info.encode())
 
 
@@ -125,19 +131,30 @@ class LeaseKeeper:
         self._thread.join()
 
 
+MAX_STATED_TIMEOUT_S = 86400.0  # the largest lease_timeout kvtier accepts: more is not honoured
+
+
+def stated_timeout(data: bytes | None) -> float:
+    """The ``lease_timeout`` in seconds that the lease in ``data`` states (0 when none), at
+    most ``MAX_STATED_TIMEOUT_S``."""
+    lease = LeaseInfo.parse(data)
+    return 0.0 if lease is None else min(lease.timeout_ms / 1000, MAX_STATED_TIMEOUT_S)
+
+
 @dataclass
 class _Seen:
     data: bytes | None
     since: float  # monotonic time the lease was last seen to change (or first seen)
+    timeout: float  # the longer of the reader's lease_timeout and the one the lease states
 
 
 class LeaseWatch:
     """A reader's view of other writers' leases.
 
     ``observe(name, data)`` records what writer ``name``'s lease file held just now (None when
-    missing) and returns whether that writer is live: its lease changed within ``timeout``
-    seconds of this reader's clock, or this reader has not watched it that long yet. A
-    lease file that vanished is no heartbeat.
+    missing) and returns whether that writer is live: its lease changed within the longer of
+    ``timeout`` and the writer's own stated timeout, by this reader's clock, or this reader
+    has not watched it that long yet. A lease file that vanished is no heartbeat.
     """
 
     def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -148,8 +165,14 @@ class LeaseWatch:
         now = self._clock()
         seen = self._seen.get(name)
         if seen is None or (seen.data != data and data is not None):  # gone is no heartbeat
-            self._seen[name] = seen = _Seen(data, now)
-        return now - seen.since < self.timeout
+            timeout = max(self.timeout, stated_timeout(data))
+            self._seen[name] = seen = _Seen(data, now, timeout)
+        return now - seen.since < seen.timeout
+
+    def live(self, name: str) -> bool:
+        """Whether writer ``name`` counted as live at its last ``observe`` (True: never seen)."""
+        seen = self._seen.get(name)
+        return seen is None or self._clock() - seen.since < seen.timeout
 
     def idle_for(self, name: str) -> float | None:
         """Seconds since writer ``name``'s lease was last seen to change (None: never seen)."""

@@ -18,7 +18,7 @@ import time
 from kvtier.io.cachedir import lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
 from kvtier.io.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
-from kvtier.io.lease import LeaseInfo, read_lease
+from kvtier.io.lease import MAX_STATED_TIMEOUT_S, LeaseInfo, read_lease
 from kvtier.io.names import INDEX_FILE, LOG_FILE, host_name
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.io.seats import held_here as lock_held
@@ -33,13 +33,14 @@ REMOTE_LEASE_S = 120.0  # the default lease_timeout: a writer elsewhere beats we
 
 def remote_writer(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
     """Why ``lease`` shows a writer on another machine that may be alive ("" when not): it
-    was written less than ``REMOTE_LEASE_S`` ago, or less than six of the writer's own
-    heartbeat intervals (from its start time and beat count) ago, by this machine's clock."""
+    was written less than ``REMOTE_LEASE_S`` ago, less than the ``lease_timeout`` it states,
+    or less than six of the writer's own heartbeat intervals (from its start time and beat
+    count) ago, by this machine's clock."""
     if lease is None or lease.host == host_name():
         return ""
     age = ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
     every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
-    if age >= max(REMOTE_LEASE_S, 6 * every):
+    if age >= max(REMOTE_LEASE_S, 6 * every, min(lease.timeout_ms / 1000, MAX_STATED_TIMEOUT_S)):
         return ""
     return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
 

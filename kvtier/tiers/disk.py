@@ -80,7 +80,8 @@ class DiskTier:
         writers = tuple(writers or writer_ids(None))
         opener = OpenArgs(namespace.id, writers, meta, num_slots=self.layout.per_path,
                           stride=self.stride, file_slots=self.file_slots, o_direct=o_direct,
-                          floor=floor or DiskFloor(), share_writers=share_writers)
+                          floor=floor or DiskFloor(), share_writers=share_writers,
+                          lease_timeout=lease_timeout)
         self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S, beat_every(lease_timeout))
         self._paths = self._health.states  # the same list: one state per path
         self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)

@@ -39,6 +39,7 @@ class OpenArgs:
     o_direct: bool | None
     floor: DiskFloor
     share_writers: int = 1
+    lease_timeout: float = 120.0  # stated in the lease, for readers configured otherwise
 
     def open(self, root: str, writer: str) -> tuple[CacheDir, int]:
         """``writer``'s segment at ``root``, opened with every check, and its inode."""
@@ -46,7 +47,8 @@ class OpenArgs:
                              num_slots=self.num_slots,
                              stride=self.stride, file_slots=self.file_slots,
                              o_direct=self.o_direct, floor=self.floor,
-                             share_writers=self.share_writers)
+                             share_writers=self.share_writers,
+                             lease_timeout=self.lease_timeout)
         try:
             return directory, directory.inode
         except OSError:

@@ -148,8 +148,7 @@ class SharedView:
             for (path, writer), followed in self._followed.items():
                 chunks[writer] = chunks.get(writer, 0) + len(followed.follower.slots)
                 leases[writer] = leases.get(writer) or followed.lease
-                idle = self._watch.idle_for(f"{path}:{writer}") or 0.0
-                live[writer] = live.get(writer, False) or idle < self._watch.timeout
+                live[writer] = live.get(writer, False) or self._watch.live(f"{path}:{writer}")
             return [WriterState(w, live[w], chunks[w], leases[w]) for w in sorted(chunks)]
 
     # -- refresh ------------------------------------------------------------------------
@@ -257,7 +256,8 @@ class SharedView:
             return False
         if done:
             log.info("kvtier: reclaimed the segment of writer %s on %s (no heartbeat for "
-                     "%g s)", writer, self._roots[path], self._watch.timeout)
+                     "%.0f s)", writer, self._roots[path],
+                     self._watch.idle_for(f"{path}:{writer}") or 0.0)
             self.reclaimed += 1
             with self._lock:
                 self._forget((path, writer))
