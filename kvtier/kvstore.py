@@ -213,6 +213,8 @@ class KVStore:
             keys = self.keys(tokens)
             self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
             self._lane.poll()
+            with self._lock:
+                self._shared.retire_down_paths()  # taken out by a check of its own (its lease)
             stored = put_chunks(self._shared, self._runner, keys,
                                 ChunkRuns(kv, self.chunk_tokens, len(keys)).run,
                                 self._drain_timeout())
@@ -291,6 +293,7 @@ class KVStore:
         with self._lock:
             self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
             self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
+            self._shared.retire_down_paths()
             others = self._shared.others
             if others is not None:
                 self._stats.shared_chunks = len(others.view)

@@ -271,7 +271,7 @@ def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, m
     from kvtier.io import lease
 
     tokens = seq(0, 2)
-    monkeypatch.setattr(lease.Lease, "beat", lambda self: None)  # heartbeats stop, a lives on
+    monkeypatch.setattr(lease.Lease, "beat", lambda self, closing=False: None)  # heartbeats stop, a lives on
     quick = {"lease_timeout": "2s"}
     with KVStore(SMALL, shared(tmp_path, "a", **quick)) as a, \
             KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:

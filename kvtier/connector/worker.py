@@ -244,6 +244,8 @@ class WorkerSide:
         failed stores, never raised into the engine's step."""
         pages, host = self._attached()
         self._lane.poll()
+        with self._lock:
+            self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
         busy = self._demote(meta.demotions)
         stored: list[ChunkStore] = []
         for store in meta.stores:

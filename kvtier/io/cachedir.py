@@ -29,7 +29,7 @@ import numpy as np
 from kvtier.config import DiskFloor
 from kvtier.io.buffers import PAGE, AlignedBuffer
 from kvtier.io.format import INDEX_ENTRY_BYTES, is_blank
-from kvtier.io.lease import Lease
+from kvtier.io.lease import Lease, held_elsewhere, read_lease
 from kvtier.io.names import (
     INDEX_FILE,
     LOCK_FILE,
@@ -147,10 +147,12 @@ class CacheDir:
         self.index_fd = self._lock_fd = -1
         self.closed = False
         self.log: SegmentLog | None = None
+        self.lease: Lease | None = None
         self.dir = open_segment(root, namespace_id, writer, meta, share_writers)
         try:  # anything failing from here on must not keep the segment locked
             self._lock_fd = self._take_lock()
             check_seated(root, namespace_id, writer, share_writers, self.dir)
+            self._check_lease()
             self.lease = Lease(self.dir, writer, lease_timeout)
             self.lease.beat()
             probed = probe_o_direct(self.dir)
@@ -169,6 +171,15 @@ class CacheDir:
         except BaseException:
             self.close()
             raise
+
+    def _check_lease(self) -> None:
+        """``CacheDirError`` (EBUSY) when the segment's lease shows a live writer on another
+        machine: the lock just taken says nothing about one where ``flock`` is not passed on
+        between machines."""
+        elsewhere = held_elsewhere(read_lease(self.dir))
+        if elsewhere:
+            raise CacheDirError(errno.EBUSY, f"{self.path} is in use on another machine: "
+                                f"{elsewhere}; give each engine its own instance_id")
 
     def _take_lock(self) -> int:
         return lock_namespace(self.dir, "give each instance its own instance_id (or let "
@@ -271,7 +282,10 @@ class CacheDir:
                 return True
             return False
 
-    def close(self) -> None:
+    def close(self, lease: bool = True) -> None:
+        """Close every file; with ``lease``, the lease says the segment was closed."""
+        if lease and not self.closed and self.lease is not None:
+            self.lease.close()
         self.closed = True
         if self.log is not None:
             self.log.close()

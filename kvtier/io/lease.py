@@ -15,6 +15,7 @@ writer that beats slowly, by its own setting, for dead.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvtier.io.names import LEASE_FILE, host_name
-from kvtier.io.safefs import SafeDir
+from kvtier.io.safefs import CacheDirError, SafeDir
 
 MAX_LEASE_BYTES = 4096  # a lease is about 150 bytes; anything larger is not kvtier's
 
@@ -48,6 +49,7 @@ class LeaseInfo:
     written_ns: int  # the writer's wall clock: shown to people, never used for liveness
     ppid: int = 0  # the writing process's parent (a vLLM worker's: its engine core)
     timeout_ms: int = 0  # the writer's lease_timeout (0: not stated, by an older kvtier)
+    closed_ns: int = 0  # when its writer closed the segment (0: open, or killed)
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -75,8 +77,27 @@ class LeaseInfo:
 
 
 _COUNTS = ("pid", "beat", "started_ns", "written_ns")  # LeaseInfo's order, then _OPTIONAL
-_OPTIONAL = ("ppid", "timeout_ms")  # counts an older kvtier did not write: 0 when missing
+_OPTIONAL = ("ppid", "timeout_ms", "closed_ns")  # counts an older kvtier did not write: 0 when missing
 MAX_LEASE_INT = 1 << 63  # a pid, a beat count or a time in ns is far below: more is damage
+
+
+REMOTE_LEASE_S = 120.0  # the default lease_timeout: a writer elsewhere beats well within it
+MAX_STATED_TIMEOUT_S = 86400.0  # the largest lease_timeout kvtier accepts: more is not honoured
+
+
+def held_elsewhere(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
+    """Why ``lease`` shows a writer on another machine that may be alive ("" when not): it
+    was not closed and was written less than ``REMOTE_LEASE_S`` ago, less than the
+    ``lease_timeout`` it states, or less than six of the writer's own heartbeat intervals
+    (from its start time and beat count) ago, by this machine's clock. A writer of this
+    machine is told by its lock instead (``flock`` works within one machine)."""
+    if lease is None or lease.host == host_name() or lease.closed_ns:
+        return ""
+    age = ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
+    every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
+    if age >= max(REMOTE_LEASE_S, 6 * every, min(lease.timeout_ms / 1000, MAX_STATED_TIMEOUT_S)):
+        return ""
+    return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
 
 
 def _is_count(value: object) -> bool:
@@ -92,28 +113,63 @@ def read_lease(directory: SafeDir) -> LeaseInfo | None:
         return None
 
 
+class LeaseConflict(CacheDirError):
+    """Another process rewrote this writer's lease: two writers write one segment (one
+    ``instance_id`` given to two engines, on a filesystem that does not pass ``flock`` on
+    between machines)."""
+
+    def __init__(self, path: str, other: LeaseInfo) -> None:
+        super().__init__(errno.EBUSY, f"{path} is written by another process under the same "
+                         f"writer id ({other.instance}: host {other.host}, pid {other.pid}); "
+                         "give each engine its own instance_id")
+        self.other = other
+
+
 class Lease:
     """The lease a writer holds on one segment: ``beat()`` rewrites it (atomically: a new file
     renamed over the old), one count higher each time. ``timeout`` is the writer's
-    ``lease_timeout``, stated in the lease for readers configured otherwise."""
+    ``lease_timeout``, stated in the lease for readers configured otherwise.
+
+    Before each beat after the first, the lease is read back: when another process wrote it
+    since (``LeaseConflict``), nothing is written, and the writer's path goes out of service
+    (``LeaseKeeper``'s ``on_conflict``) rather than two writers sharing one segment. A lease
+    gone (a reclaim) is no conflict: the path's own checks see the segment gone."""
 
     def __init__(self, directory: SafeDir, instance: str, timeout: float) -> None:
         self._directory = directory
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
                                os.getppid(), round(timeout * 1000))
 
-    def beat(self) -> None:
-        self._info = replace(self._info, beat=self._info.beat + 1, written_ns=time.time_ns())
+    def beat(self, closing: bool = False) -> None:
+        if self._info.beat:
+            current = read_lease(self._directory)
+            if current is not None and current != self._info:
+                raise LeaseConflict(self._directory.path, current)
+        now = time.time_ns()
+        self._info = replace(self._info, beat=self._info.beat + 1, written_ns=now,
+                             closed_ns=now if closing else 0)
         self._directory.replace_file(LEASE_FILE, self._info.encode())
+
+    def close(self) -> None:
+        """The last beat, saying the writer closed the segment: a writer of another machine
+        may take the id at once. Nothing is written when another process wrote the lease
+        since, or the segment is gone; never raises."""
+        try:
+            self.beat(closing=True)
+        except OSError as exc:
+            log.debug("kvtier: lease not closed: %s", exc)
 
 
 class LeaseKeeper:
     """A daemon thread that beats every lease ``leases()`` returns, every ``every`` seconds,
-    until ``close``. A beat that fails (the segment was taken away, the path is down) is
+    until ``close``. A beat that finds another writer's lease calls ``on_conflict(lease,
+    error)``; one that fails otherwise (the segment was taken away, the path is down) is
     logged at debug level: the path's own health checks report it."""
 
-    def __init__(self, leases: Callable[[], list[Lease]], every: float) -> None:
-        self._leases, self._every = leases, every
+    def __init__(self, leases: Callable[[], list[Lease]], every: float,
+                 on_conflict: Callable[[Lease, LeaseConflict], None] = lambda lease, e: None,
+                 ) -> None:
+        self._leases, self._every, self._on_conflict = leases, every, on_conflict
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvtier-lease", daemon=True)
         self._thread.start()
@@ -123,15 +179,14 @@ class LeaseKeeper:
             for lease in self._leases():
                 try:
                     lease.beat()
+                except LeaseConflict as exc:
+                    self._on_conflict(lease, exc)
                 except OSError as exc:
                     log.debug("kvtier: lease heartbeat failed: %s", exc)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-MAX_STATED_TIMEOUT_S = 86400.0  # the largest lease_timeout kvtier accepts: more is not honoured
 
 
 def stated_timeout(data: bytes | None) -> float:

@@ -3,7 +3,7 @@ its index entries, the lock an operation that changes it holds, and freeing its 
 
 A segment is in use when a process holds its ``lock`` (``flock``: decisive on this machine),
 or when its lease names another machine and was written recently by this machine's clock
-(``remote_writer``): ``flock`` is not seen across machines on every shared filesystem, so a
+(``held_elsewhere``): ``flock`` is not seen across machines on every shared filesystem, so a
 writer elsewhere is assumed alive until its lease is that old.
 """
 
@@ -18,8 +18,8 @@ import time
 from kvtier.io.cachedir import lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
 from kvtier.io.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
-from kvtier.io.lease import MAX_STATED_TIMEOUT_S, LeaseInfo, read_lease
-from kvtier.io.names import INDEX_FILE, LOG_FILE, host_name
+from kvtier.io.lease import held_elsewhere, read_lease
+from kvtier.io.names import INDEX_FILE, LOG_FILE
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.io.seats import held_here as lock_held
 from kvtier.io.segment_log import SegmentLog
@@ -28,28 +28,11 @@ from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
-REMOTE_LEASE_S = 120.0  # the default lease_timeout: a writer elsewhere beats well within it
-
-
-def remote_writer(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
-    """Why ``lease`` shows a writer on another machine that may be alive ("" when not): it
-    was written less than ``REMOTE_LEASE_S`` ago, less than the ``lease_timeout`` it states,
-    or less than six of the writer's own heartbeat intervals (from its start time and beat
-    count) ago, by this machine's clock."""
-    if lease is None or lease.host == host_name():
-        return ""
-    age = ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
-    every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
-    if age >= max(REMOTE_LEASE_S, 6 * every, min(lease.timeout_ms / 1000, MAX_STATED_TIMEOUT_S)):
-        return ""
-    return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
-
-
 def busy_reason(directory: SafeDir) -> str:
     """Why the segment open in ``directory`` is in use ("" when it is not)."""
     if lock_held(directory):
         return "a running kvtier process holds its lock"
-    return remote_writer(read_lease(directory))
+    return held_elsewhere(read_lease(directory))
 
 
 def in_use(segment: Segment) -> bool:
@@ -95,7 +78,7 @@ def namespace_in_use(ns: NamespaceDir) -> bool:
 def hold(directory: SafeDir) -> int:
     """Take the lock of the segment (or old-layout namespace) open in ``directory`` for an
     operation that changes it; raise ``CacheDirError`` (EBUSY) when it is in use."""
-    remote = remote_writer(read_lease(directory))
+    remote = held_elsewhere(read_lease(directory))
     if remote:
         raise CacheDirError(errno.EBUSY, f"{directory.path} is in use: {remote}; stop it first")
     return lock_namespace(directory, "stop it first")

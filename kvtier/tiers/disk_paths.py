@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvtier.config import DiskFloor
 from kvtier.io.cachedir import CacheDir
-from kvtier.io.lease import Lease, LeaseKeeper
+from kvtier.io.lease import Lease, LeaseConflict, LeaseKeeper
 from kvtier.io.result import IOResult, IOStatus
 
 log = logging.getLogger("kvtier.tiers.disk")  # these are the disk tier's messages
@@ -107,7 +107,7 @@ class DiskPaths:
                 path.dir, path.inode = self._open(path, busy)
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
-        self._keeper = LeaseKeeper(self._leases, beat_every)
+        self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
 
     def _open(self, path: PathState, busy: set[str]) -> tuple[CacheDir, int]:
         """Open ``path`` under this store's id once one of its paths has opened; until then
@@ -136,7 +136,15 @@ class DiskPaths:
         raise AssertionError("unreachable: the last candidate returns or raises")
 
     def _leases(self) -> list[Lease]:
-        return [directory.lease for directory in (p.dir for p in self.states) if directory]
+        return [directory.lease for directory in (p.dir for p in self.states)
+                if directory is not None and directory.lease is not None]
+
+    def _lease_taken(self, lease: Lease, conflict: LeaseConflict) -> None:
+        """Another process wrote ``lease``'s segment: its path goes out of service."""
+        for path in self.states:
+            directory = path.dir
+            if directory is not None and directory.lease is lease:
+                self.take_down(path, str(conflict), directory)
 
     def __len__(self) -> int:
         return len(self.states)

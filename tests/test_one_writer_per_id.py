@@ -1,0 +1,76 @@
+"""One writer id, one writer, also where ``flock`` is not passed on between machines: a
+segment whose lease shows a live writer on another machine is not opened, a writer whose
+lease another process rewrote takes its path out, and a closed segment is free at once."""
+
+import os
+import time
+
+from kvtier import KVStore
+from kvtier.io import cachedir
+from kvtier.io.lease import LeaseInfo, held_elsewhere, read_lease
+from kvtier.io.names import LOCK_FILE
+from kvtier.io.safefs import SafeDir
+from tests.conftest import CHUNK, SMALL, make_kv
+from tests.test_disk_store import config, exact, seq
+from tests.test_shared_dir import wait_for
+
+
+def segment_of(tmp_path, writer):
+    (segment,) = tmp_path.glob(f"*/writers/{writer}")
+    return segment
+
+
+def lease_of(tmp_path, writer):
+    with SafeDir.open(segment_of(tmp_path, writer)) as directory:
+        return read_lease(directory)
+
+
+def test_a_closed_store_says_so_in_its_lease(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path, instance_id="a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+        assert lease_of(tmp_path, "a").closed_ns == 0
+    closed = lease_of(tmp_path, "a")
+    assert closed.closed_ns >= closed.started_ns > 0
+    elsewhere = LeaseInfo("a", "elsewhere", 1, 9, time.time_ns(), time.time_ns())
+    assert held_elsewhere(elsewhere) and not held_elsewhere(
+        LeaseInfo(**{**elsewhere.__dict__, "closed_ns": time.time_ns()}))
+
+
+def test_a_segment_another_machine_writes_is_not_opened_under_its_id(tmp_path):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path, instance_id="a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    lease = segment_of(tmp_path, "a") / "lease"
+    now = time.time_ns()
+    lease.write_bytes(LeaseInfo("a", "elsewhere", 77, 9, now - 10**9, now).encode())
+    with KVStore(SMALL, config(tmp_path, instance_id="a")) as again:
+        (reason,) = again.stats().paths_down.values()
+        assert "in use on another machine" in reason and "elsewhere (pid 77)" in reason
+        assert "instance_id" in reason
+    assert LeaseInfo.parse(lease.read_bytes()).host == "elsewhere"  # left as it was
+    lease.write_bytes(LeaseInfo("a", "elsewhere", 77, 9, now - 10**9, now, 0, 0, now).encode())
+    with KVStore(SMALL, config(tmp_path, instance_id="a")) as again:  # closed there: free
+        assert not again.stats().paths_down and exact(again, tokens) == 2 * CHUNK
+
+
+def test_two_writers_on_one_id_without_a_shared_lock_leave_one_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(cachedir, "lock_namespace",  # a filesystem without flock between hosts
+                        lambda directory, advice: directory.open_file(LOCK_FILE, os.O_RDWR,
+                                                                      create=True))
+    tokens = seq(0, 2)
+    quick = config(tmp_path, instance_id="a", lease_timeout="2s")
+    with KVStore(SMALL, quick) as first:
+        first.put(tokens, make_kv(tokens))
+        first.flush()
+        with KVStore(SMALL, quick) as second:  # the same id, taken again by another process
+            wait_for(lambda: bool(first.stats().paths_down), timeout=5)
+            (reason,) = first.stats().paths_down.values()
+            assert "under the same writer id" in reason and "instance_id" in reason
+            time.sleep(1)  # several of second's heartbeats: its lease is its own
+            assert not second.stats().paths_down
+            assert exact(second, tokens) == 2 * CHUNK
+            mine = lease_of(tmp_path, "a")
+        assert lease_of(tmp_path, "a").closed_ns and mine.closed_ns == 0
