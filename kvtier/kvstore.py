@@ -298,6 +298,8 @@ class KVStore:
             if others is not None:
                 self._stats.shared_chunks = len(others.view)
                 self._stats.shared_writers = len(others.writers())
+                self._stats.shared_reclaimed = others.view.reclaimed
+                self._stats.shared_seats_freed = others.view.seats_freed
             if self._shared.remote is not None:
                 self._stats.remote_down = self._shared.remote.tier.down
             return self._stats.snapshot()
@@ -324,7 +326,8 @@ class KVStore:
         remote = self._shared.remote
         return store_samples(stats, slots, used, self._lane.pending() + self._runner.writes_waiting,
                              remote=None if remote is None else (remote.backend,
-                                                                 remote.lane.puts_pending))
+                                                                 remote.lane.puts_pending),
+                             shared=self._shared.others is not None)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish background writes and release memory, files and threads; True when done.

@@ -41,6 +41,8 @@ class StoreStats:
     shared_failures: int = 0  # such reads that failed their check (a writer racing us) or I/O
     shared_chunks: int = 0  # chunks other writers hold, as last seen
     shared_writers: int = 0  # other writers seen, live or not
+    shared_reclaimed: int = 0  # segments of writers gone that this store reclaimed
+    shared_seats_freed: int = 0  # seats naming no writer that this store gave back
     remote_reads: int = 0  # chunks read from the remote store (remote_url)
     remote_read_bytes: int = 0
     remote_writes: int = 0  # chunks written to it
@@ -83,9 +85,11 @@ class FailureLog:
 
 
 def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int],
-                  queue_depth: int, remote: tuple[str, int] | None = None) -> list:
+                  queue_depth: int, remote: tuple[str, int] | None = None,
+                  shared: bool = False) -> list:
     """Metric samples of a store: its counters, its tiers' capacity and fill, its I/O queue,
-    and with ``remote`` (its backend, its writes queued) the remote tier's."""
+    with ``remote`` (its backend, its writes queued) the remote tier's, and with ``shared``
+    (other writers' segments are followed) the shared directory's."""
     from kvtier.metrics import Sample
 
     loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
@@ -121,7 +125,28 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
              ("paths_back_total", "counter", "Disk paths that came back into service", stats.paths_back)]
     samples = [loaded, evictions, capacity, fill, disk_bytes, disk_ops,
                *(Sample(name, kind, text).add(value) for name, kind, text, value in plain)]
+    if shared:
+        if "shared" not in stats.chunks_loaded:  # a series from the start, at 0
+            loaded.add(0, tier="shared")
+        samples += shared_samples(stats.shared_chunks, stats.shared_writers,
+                                  stats.shared_reclaimed, stats.shared_seats_freed)
+        samples += [Sample("shared_read_bytes_total", "counter", "Bytes read from other "
+                           "writers' segments").add(stats.shared_read_bytes),
+                    Sample("shared_failures_total", "counter", "Reads of other writers' chunks "
+                           "that failed their check or their I/O").add(stats.shared_failures)]
     return samples + (remote_samples(stats, *remote) if remote is not None else [])
+
+
+def shared_samples(chunks: int, writers: int, reclaimed: int, seats_freed: int) -> list:
+    """The shared directory's metrics, for a store and for an engine's scheduler side."""
+    from kvtier.metrics import Sample
+
+    return [Sample("shared_chunks", "gauge", "Chunks other writers hold, as last seen").add(chunks),
+            Sample("shared_writers", "gauge", "Other writers seen, live or not").add(writers),
+            Sample("shared_reclaimed_total", "counter", "Segments of writers gone that this "
+                   "one reclaimed").add(reclaimed),
+            Sample("shared_seats_freed_total", "counter", "Seats naming no writer that this "
+                   "one gave back").add(seats_freed)]
 
 
 def remote_samples(stats: StoreStats, backend: str, queued: int) -> list:

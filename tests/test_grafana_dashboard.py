@@ -71,14 +71,20 @@ def served(collect: Callable) -> list[dict]:
         server.close()
 
 
-def connector_samples() -> list[dict]:
-    """Samples of a scheduler side and a worker, served and read as the connector serves them
+def connector_samples(disk: Path | None = None) -> list[dict]:
+    """Samples of a scheduler side (following other engines' segments in ``disk`` when
+    given) and a worker, served and read as the connector serves them
     (tests/test_readme_serve.py checks a real engine serves these names too)."""
     geometry = KVGeometry(num_layers=2, page_bytes=4096, block_tokens=16, hash_block_tokens=16,
                           chunk_tokens=32, kv_dtype="bfloat16", page_shape="t")
-    config = load_config({"chunk_tokens": 32, "host_capacity": 4 * geometry.chunk_bytes}, environ={})
+    extra = {} if disk is None else {"disk_paths": [str(disk)], "disk_capacity": "1MiB"}
+    config = load_config({"chunk_tokens": 32, "host_capacity": 4 * geometry.chunk_bytes,
+                          **extra}, environ={})
     side = SchedulerSide(config, geometry, [geometry.namespace("m", "", 1, 0)], 1)
-    return served(side.metric_samples) + served(WorkerLedger().metric_samples)
+    try:
+        return served(side.metric_samples) + served(WorkerLedger().metric_samples)
+    finally:
+        side.close()
 
 
 def live_samples(tmp_path: Path) -> list[dict]:
@@ -94,7 +100,7 @@ def live_samples(tmp_path: Path) -> list[dict]:
                          "remote_url": f"redis://127.0.0.1:{free_port()}"},
                  model="dashboard-test"):
         samples = read_metrics(f"127.0.0.1:{port}")
-    return samples + connector_samples()
+    return samples + connector_samples(tmp_path / "disk")
 
 
 def test_every_metric_the_dashboard_queries_is_served(tmp_path):
@@ -119,6 +125,12 @@ def test_the_dashboard_covers_each_endpoint_and_every_failure_counter(tmp_path):
     for only_there in ("kvtier_chunks_missed_total", "kvtier_remote_bytes_total",  # a store
                        "kvtier_room_waits_total", "kvtier_worker_store_bytes_total"):
         assert only_there in queried
+
+
+def test_the_dashboard_shows_every_metric_an_endpoint_serves(tmp_path):
+    names = {sample["name"] for sample in live_samples(tmp_path)}
+    assert {"kvtier_shared_chunks", "kvtier_worker_chunks_from_shared_total"} <= names
+    assert names - queried_metrics(dashboard()) == set(), "served, and on no panel"
 
 
 def test_the_dashboard_is_well_formed():

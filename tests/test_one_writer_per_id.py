@@ -5,6 +5,8 @@ lease another process rewrote takes its path out, and a closed segment is free a
 import os
 import time
 
+import pytest
+
 from kvtier import KVStore
 from kvtier.io import cachedir
 from kvtier.io.lease import LeaseInfo, held_elsewhere, read_lease
@@ -74,3 +76,27 @@ def test_two_writers_on_one_id_without_a_shared_lock_leave_one_writing(tmp_path,
             assert exact(second, tokens) == 2 * CHUNK
             mine = lease_of(tmp_path, "a")
         assert lease_of(tmp_path, "a").closed_ns and mine.closed_ns == 0
+
+
+def test_a_heartbeat_that_failed_is_no_conflict_at_the_next(tmp_path, monkeypatch):
+    import errno
+
+    from kvtier.io.lease import Lease
+
+    with SafeDir.open(tmp_path) as directory:
+        lease = Lease(directory, "a", 120.0)
+        lease.beat()
+        real = SafeDir.replace_file
+
+        def full(self, name, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(SafeDir, "replace_file", full)
+        with pytest.raises(OSError):
+            lease.beat()
+        monkeypatch.setattr(SafeDir, "replace_file", real)
+        lease.beat()  # its own lease, one beat behind: no conflict
+        assert read_lease(directory).beat == 2
+        (tmp_path / "lease").write_bytes(LeaseInfo("a", "elsewhere", 9, 1, 1, 1).encode())
+        with pytest.raises(OSError, match="elsewhere, pid 9"):
+            lease.beat()

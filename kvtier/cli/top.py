@@ -28,11 +28,11 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 Labels = tuple[tuple[str, str], ...]
-TIER_ORDER = ("gpu", "host", "disk", "remote")
+TIER_ORDER = ("gpu", "host", "disk", "shared", "remote")
 # counters of things that went wrong, by their name less ``kvtier_``/``kvtier_worker_`` and ``_total``
 FAILURES = ("corruptions", "io_errors", "load_timeouts", "no_space", "dropped_writes",
             "store_failures", "disk_write_failures", "load_failures", "paths_down",
-            "remote_failures", "remote_write_failures", "remote_dropped_writes")
+            "remote_failures", "remote_write_failures", "remote_dropped_writes", "shared_failures")
 # where each kind of endpoint counts the bytes into a tier and out of it: (metric, labels)
 BYTES_IN = {"disk": (("kvtier_disk_bytes_total", (("direction", "write"),)),
                      ("kvtier_worker_disk_write_bytes_total", ())),
@@ -42,7 +42,10 @@ BYTES_IN = {"disk": (("kvtier_disk_bytes_total", (("direction", "write"),)),
 BYTES_OUT = {"disk": (("kvtier_disk_bytes_total", (("direction", "read"),)),
                       ("kvtier_load_bytes_total", (("tier", "disk"),))),
              "host": (("kvtier_load_bytes_total", (("tier", "host"),)),),
-             "remote": (("kvtier_remote_bytes_total", (("direction", "read"),)),)}
+             "shared": (("kvtier_shared_read_bytes_total", ()),
+                        ("kvtier_load_bytes_total", (("tier", "shared"),))),
+             "remote": (("kvtier_remote_bytes_total", (("direction", "read"),)),
+                        ("kvtier_load_bytes_total", (("tier", "remote"),)))}
 
 
 class Role(StrEnum):

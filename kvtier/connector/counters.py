@@ -11,7 +11,14 @@ _COUNTERS = ("loads", "chunks_from_host", "chunks_from_disk", "load_bytes_host",
              "load_bytes_disk", "load_failures", "stores", "store_bytes", "disk_writes",
              "disk_write_bytes", "disk_write_failures", "corruptions", "io_errors", "no_space",
              "paths_down", "load_timeouts", "chunks_from_remote", "remote_writes",
-             "remote_write_bytes", "remote_failures", "disk_read_bytes")
+             "remote_write_bytes", "remote_failures", "disk_read_bytes", "chunks_from_shared",
+             "load_bytes_shared", "load_bytes_remote")
+SOURCES = ("disk", "shared", "remote")  # where a chunk read into a host slot came from
+
+
+def source_of(chunk: Any) -> str:
+    """Where ``chunk`` (a ``ChunkLoad`` that is ``staged``) is read from: one of ``SOURCES``."""
+    return "remote" if chunk.remote else "shared" if chunk.foreign is not None else "disk"
 
 
 @dataclass
@@ -25,19 +32,18 @@ class WorkerCounters:
             self.data.setdefault(name, 0)
         self.data.setdefault("load_seconds", [])
 
-    def record_load(self, load, disk_bytes: int, host_bytes: int, seconds: float,
+    def record_load(self, load: Any, copied: dict[str, int], host_bytes: int, seconds: float,
                     failed: int, read_bytes: int = 0) -> None:
-        """A load over: ``disk_bytes`` of the ``host_bytes`` copied into GPU blocks came
-        from storage (disk, a shared directory, the remote store), and its disk reads
-        (this rank's and other engines' segments) read ``read_bytes`` in all."""
-        from_remote = sum(1 for c in load.chunks if c.remote)
-        from_disk = sum(1 for c in load.chunks if c.staged) - from_remote  # or a shared one
+        """A load over: of the ``host_bytes`` copied into GPU blocks, ``copied[source]`` came
+        from each of ``SOURCES`` (read into a host slot first), and its disk reads (this
+        rank's and other engines' segments) read ``read_bytes`` in all."""
+        staged = [source_of(c) for c in load.chunks if c.staged]
         self.data["loads"] += 1
-        self.data["chunks_from_disk"] += from_disk
-        self.data["chunks_from_remote"] += from_remote
-        self.data["chunks_from_host"] += len(load.chunks) - from_disk - from_remote
+        self.data["chunks_from_host"] += len(load.chunks) - len(staged)
+        for source in SOURCES:
+            self.data[f"chunks_from_{source}"] += staged.count(source)
+            self.data[f"load_bytes_{source}"] += copied.get(source, 0)
         self.data["load_bytes_host"] += host_bytes
-        self.data["load_bytes_disk"] += disk_bytes
         self.data["load_failures"] += failed
         self.data["disk_read_bytes"] += read_bytes
         self.data["load_seconds"].append(seconds)

@@ -11,6 +11,7 @@ from kvtier.tier_stack import TierStack
 
 if TYPE_CHECKING:
     from kvtier.connector.remote_presence import RemotePresence
+    from kvtier.connector.shares import EngineShares
     from kvtier.metrics import Sample
 
 _PLAIN = [  # (metric, help, counter)
@@ -37,9 +38,11 @@ _PLAIN = [  # (metric, help, counter)
 
 
 def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
-                   presence: RemotePresence | None = None) -> list[Sample]:
+                   presence: RemotePresence | None = None,
+                   shares: EngineShares | None = None) -> list[Sample]:
     """Samples of the tiers in ``stack``, of ``counters`` (``SchedulerSide.counters``), of
-    ``decider`` and of the remote store's lookups (``presence``, when there is one)."""
+    ``decider``, of the remote store's lookups (``presence``, when there is one) and of the
+    other engines' segments of a shared directory (``shares``, when followed)."""
     from kvtier.metrics import Sample
 
     loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
@@ -51,14 +54,17 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
         evictions.add(index.evictions, tier=str(tier))
         slots.add(index.num_slots, tier=str(tier))
         used.add(len(index), tier=str(tier))
-    remote = []
+    extra: list[Sample] = []
+    if shares is not None:
+        loaded.add(counters["load_chunks_shared"], tier="shared")
+        extra += shares.metric_samples()
     if presence is not None:
         loaded.add(counters["load_chunks_remote"], tier="remote")
-        remote = [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "
+        extra += [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "
                          "for in the remote store").add(presence.lookups),
                   Sample("remote_up", "gauge", "1 while the remote store is in service").add(
                       int(not presence.down))]
-    return [loaded, evictions, slots, used, *remote,
+    return [loaded, evictions, slots, used, *extra,
             *(Sample(name, "counter", text).add(counters[key]) for name, text, key in _PLAIN),
             Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
                    "faster (load_policy auto)").add(decider.skipped),

@@ -51,6 +51,15 @@ class EngineShares:
     def __len__(self) -> int:
         return len(self.views[0])
 
+    def metric_samples(self) -> list:
+        """The shared directory's metrics: rank 0's view of chunks and writers, and the
+        segments reclaimed and seats given back by every rank's view."""
+        from kvtier.stats import shared_samples
+
+        return shared_samples(len(self.views[0]), len(self.views[0].writers()),
+                              sum(v.reclaimed for v in self.views),
+                              sum(v.seats_freed for v in self.views))
+
     def close(self) -> None:
         self._thread.close()
         for view in self.views:

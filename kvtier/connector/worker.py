@@ -18,7 +18,7 @@ from concurrent.futures import wait as wait_futures
 import torch
 
 from kvtier.config import KVTierConfig
-from kvtier.connector.counters import WorkerCounters
+from kvtier.connector.counters import SOURCES, WorkerCounters, source_of
 from kvtier.connector.engine_writer import rank_writer_ids
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.load_tracker import (
@@ -184,7 +184,8 @@ class WorkerSide:
         pages, host = self._attached()
         failed_keys: set[bytes] = set()
         invalid: set[int] = set()
-        disk_bytes = host_bytes = read_bytes = remote_bytes = 0
+        host_bytes = read_bytes = 0
+        copied = dict.fromkeys(SOURCES, 0)  # bytes copied into GPU blocks, by where read from
         try:
             broken = False
             for chunk in load.chunks:
@@ -206,8 +207,8 @@ class WorkerSide:
                 pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
                 moved = pages.bytes_of(chunk.block_ids)
                 host_bytes += moved
-                disk_bytes += moved if result is not None else 0
-                remote_bytes += moved if result is not None and chunk.remote else 0
+                if result is not None:
+                    copied[source_of(chunk)] += moved
             pages.synchronize()
         except Exception as exc:  # never take the engine down: recompute instead
             self._ledger.unexpected("load failed", load.req_id, exc)
@@ -222,9 +223,9 @@ class WorkerSide:
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
                 # what was read from storage (in part, for a sliding window's hit), as the
                 # scheduler side's ``load_policy`` reckons a load's bytes
-                self._ledger.pending.load_samples.append((read_bytes + remote_bytes, host_bytes,
-                                                          seconds))
-            self._ledger.record(lambda st: st.record_load(load, disk_bytes, host_bytes, seconds,
+                self._ledger.pending.load_samples.append(
+                    (read_bytes + copied["remote"], host_bytes, seconds))
+            self._ledger.record(lambda st: st.record_load(load, copied, host_bytes, seconds,
                                                           len(failed_keys), read_bytes))
 
     def _note_read_failure(self, remote: bool, result: IOResult) -> None:

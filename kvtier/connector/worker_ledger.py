@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from kvtier.connector.counters import WorkerCounters
+from kvtier.connector.counters import SOURCES, WorkerCounters
 from kvtier.connector.messages import WorkerReport
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.metrics import Sample
@@ -120,8 +120,10 @@ class WorkerLedger:
             data = dict(self._totals.data)
         load_bytes = Sample("load_bytes_total", "counter", "Bytes copied into GPU blocks, by the "
                             "tier they came from")
-        load_bytes.add(data["load_bytes_host"] - data["load_bytes_disk"], tier="host")
-        load_bytes.add(data["load_bytes_disk"], tier="disk")
+        read_first = sum(data[f"load_bytes_{source}"] for source in SOURCES)
+        load_bytes.add(data["load_bytes_host"] - read_first, tier="host")
+        for source in SOURCES:
+            load_bytes.add(data[f"load_bytes_{source}"], tier=source)
         samples = [load_bytes,
                    Sample("load_seconds_total", "counter", "Time spent loading").add(
                        sum(data["load_seconds"])),
@@ -130,8 +132,8 @@ class WorkerLedger:
         for name in ("loads", "stores", "store_bytes", "disk_writes", "disk_write_bytes",
                      "disk_write_failures", "load_failures", "corruptions", "io_errors",
                      "no_space", "paths_down", "load_timeouts", "chunks_from_remote",
-                     "remote_writes", "remote_write_bytes", "remote_failures",
-                     "disk_read_bytes"):
+                     "chunks_from_shared", "remote_writes", "remote_write_bytes",
+                     "remote_failures", "disk_read_bytes"):
             samples.append(Sample(f"worker_{name}_total", "counter", name.replace("_", " ")).add(
                 data[name]))
         return samples

@@ -143,12 +143,19 @@ class Lease:
     def beat(self, closing: bool = False) -> None:
         if self._info.beat:
             current = read_lease(self._directory)
-            if current is not None and current != self._info:
+            if current is not None and not self._is_mine(current):
                 raise LeaseConflict(self._directory.path, current)
         now = time.time_ns()
-        self._info = replace(self._info, beat=self._info.beat + 1, written_ns=now,
-                             closed_ns=now if closing else 0)
-        self._directory.replace_file(LEASE_FILE, self._info.encode())
+        info = replace(self._info, beat=self._info.beat + 1, written_ns=now,
+                       closed_ns=now if closing else 0)
+        self._directory.replace_file(LEASE_FILE, info.encode())
+        self._info = info  # only once written: a failed beat is no conflict at the next
+
+    def _is_mine(self, lease: LeaseInfo) -> bool:
+        """Written by this lease's writer (whatever beat: a write that failed half-way)."""
+        mine = self._info
+        return (lease.instance, lease.host, lease.pid, lease.started_ns) == (
+            mine.instance, mine.host, mine.pid, mine.started_ns)
 
     def close(self) -> None:
         """The last beat, saying the writer closed the segment: a writer of another machine
