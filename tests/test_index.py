@@ -162,3 +162,17 @@ def test_a_pin_keeps_fifo_order():
     index.pin(k(1))
     index.unpin(k(1))
     assert index.reserve(k(3)).victim == k(1)
+
+
+def test_a_path_going_out_and_back_again_and_again_keeps_the_free_list_bounded(make_index):
+    index = make_index(64)
+    fill(index, [k(i) for i in range(40)])
+    for i in range(20):
+        index.discard(k(i))
+    for _ in range(50):  # a disk path out of service and back, over and over
+        index.retire(range(64))  # what it held is gone with it
+        index.unretire(range(64))
+    assert index.free_slots == 64 and len(index._free) <= 64
+    fill(index, [k(100 + i) for i in range(64)])  # every free slot handed out, once each
+    assert sorted(index.slot_of(k(100 + i)) for i in range(64)) == list(range(64))
+    assert index.free_slots == 0

@@ -26,11 +26,13 @@ class WorkerCounters:
     """Counters and load times since the last report, summed over workers."""
 
     data: dict[str, Any] = field(default_factory=dict)
+    keep_times: bool = True  # each load's time (for percentiles); False: only their sum
 
     def __post_init__(self) -> None:
         for name in _COUNTERS:
             self.data.setdefault(name, 0)
         self.data.setdefault("load_seconds", [])
+        self.data.setdefault("load_seconds_sum", 0.0)
 
     def record_load(self, load: Any, copied: dict[str, int], host_bytes: int, seconds: float,
                     failed: int, read_bytes: int = 0) -> None:
@@ -46,7 +48,9 @@ class WorkerCounters:
         self.data["load_bytes_host"] += host_bytes
         self.data["load_failures"] += failed
         self.data["disk_read_bytes"] += read_bytes
-        self.data["load_seconds"].append(seconds)
+        self.data["load_seconds_sum"] += seconds
+        if self.keep_times:
+            self.data["load_seconds"].append(seconds)
 
     def record_stores(self, chunks: int, nbytes: int) -> None:
         self.data["stores"] += chunks
@@ -81,6 +85,7 @@ class WorkerCounters:
         for name in _COUNTERS:
             self.data[name] += other.data.get(name, 0)
         self.data["load_seconds"] = self.data["load_seconds"] + list(other.data.get("load_seconds", []))
+        self.data["load_seconds_sum"] += other.data.get("load_seconds_sum", 0.0)
         return self
 
     def reduce(self) -> dict[str, int | float]:

@@ -245,6 +245,8 @@ class WorkerSide:
         failed stores, never raised into the engine's step."""
         pages, host = self._attached()
         self._lane.poll()
+        if self._foreign is not None:
+            self._foreign.sweep_due()  # files of segments reclaimed since: space goes back
         with self._lock:
             self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
         busy = self._demote(meta.demotions)

@@ -30,7 +30,7 @@ class WorkerLedger:
         self.failures = FailureLog()
         self.pending = WorkerReport()  # since the last report
         self._stats = WorkerCounters()  # since the last report to vLLM
-        self._totals = WorkerCounters()  # since start, for the metrics endpoint
+        self._totals = WorkerCounters(keep_times=False)  # since start, for the metrics endpoint
         self._finished: set[str] = set()
         self._invalid: set[int] = set()
         self._invalid_to_report: set[int] = set()
@@ -126,7 +126,7 @@ class WorkerLedger:
             load_bytes.add(data[f"load_bytes_{source}"], tier=source)
         samples = [load_bytes,
                    Sample("load_seconds_total", "counter", "Time spent loading").add(
-                       sum(data["load_seconds"])),
+                       data["load_seconds_sum"]),
                    Sample("io_queue_depth", "gauge", "Disk requests queued or running").add(
                        self.lane.pending())]
         for name in ("loads", "stores", "store_bytes", "disk_writes", "disk_write_bytes",

@@ -184,11 +184,16 @@ class SafeDir:
         self.remove_file(temp)
         fd = self.open_file(temp, os.O_WRONLY | os.O_EXCL, create=True)
         try:
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.EIO, f"short write of {self._where(temp)}")
-        finally:
-            os.close(fd)
-        os.rename(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.EIO, f"short write of {self._where(temp)}")
+            finally:
+                os.close(fd)
+            os.rename(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        except BaseException:  # a full disk: no temporary file left behind, beat after beat
+            with contextlib.suppress(OSError):
+                self.remove_file(temp)
+            raise
 
     def remove_file(self, name: str) -> bool:
         """Unlink ``name`` only if it is a regular file of this user; False when missing;

@@ -58,8 +58,8 @@ class ForeignReads:
     least ``raw_bytes``); ``o_direct[path]`` says whether to read a path's files with
     O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
     symlink followed, regular files of this user with one link) and reopened when a
-    reference comes with a new ``generation``; ``sweep()`` (also run by reads every
-    ``SWEEP_S``) closes the kept files that were deleted since, so that a reclaimed
+    reference comes with a new ``generation``; ``sweep()`` (run every ``SWEEP_S`` by
+    reads and by ``sweep_due``) closes the kept files that were deleted since, so that a reclaimed
     segment's space goes back to the filesystem. Thread-safe."""
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
@@ -197,11 +197,16 @@ class ForeignReads:
                 os.close(self._fds.pop(key)[0])
         return len(gone)
 
+    def sweep_due(self) -> None:
+        """``sweep`` when the last was ``SWEEP_S`` ago or more (cheap to call often: each
+        engine step calls it, so a reclaimed segment's space goes back without reads)."""
+        if time.monotonic() - self._swept > SWEEP_S:
+            self.sweep()
+
     def _fd(self, chunk: SlotRef, number: int) -> int:
         key = (chunk.path, chunk.writer, number)
         generation = chunk.generation
-        if time.monotonic() - self._swept > SWEEP_S:
-            self.sweep()
+        self.sweep_due()
         with self._lock:
             held = self._fds.get(key)
             if held is not None and held[1] == generation:

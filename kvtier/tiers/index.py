@@ -74,6 +74,7 @@ class SlotIndex:
         self._policy = policy
         self._entries: dict[ChunkKey, _Entry] = {}
         self._free: list[int] = []  # slots given back (may hold adopted ones since)
+        self._listed = bytearray(num_slots)  # in ``_free``: a slot is listed at most once
         self._fresh = 0  # slots from here on were never handed out (may be adopted since)
         self._is_free = bytearray(b"\x01") * num_slots
         self._retired = bytearray(num_slots)
@@ -233,7 +234,14 @@ class SlotIndex:
             if slot not in held:
                 self._is_free[slot] = 1
                 self._num_free += 1
-                self._free.append(slot)
+                self._list(slot)
+
+    def _list(self, slot: int) -> None:
+        """Put a free ``slot`` on the free list, unless it is there already or was never
+        handed out (``_fresh`` hands it out)."""
+        if slot < self._fresh and not self._listed[slot]:
+            self._listed[slot] = 1
+            self._free.append(slot)
 
     def _unpinned(self, key: ChunkKey) -> bool:
         return self._entries[key].pins == 0
@@ -242,6 +250,7 @@ class SlotIndex:
         while True:  # skip slots adopted since they were listed
             if self._free:
                 slot = self._free.pop()
+                self._listed[slot] = 0
             else:
                 slot, self._fresh = self._fresh, self._fresh + 1
             if self._is_free[slot]:
@@ -255,4 +264,4 @@ class SlotIndex:
             return
         self._is_free[slot] = 1
         self._num_free += 1
-        self._free.append(slot)
+        self._list(slot)

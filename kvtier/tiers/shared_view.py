@@ -104,6 +104,7 @@ class SharedView:
         self.bytes_read = 0
         self.reclaimed = 0
         self.seats_freed = 0
+        self._reclaim_after: dict[tuple[int, str], float] = {}  # failed: not tried before
         self._seats_at = -math.inf  # when the seats were last looked at (monotonic)
         self._failed = False
 
@@ -244,25 +245,34 @@ class SharedView:
             self._apply(path, writer, changes)
 
     def _reclaim(self, path: int, writer: str, followed: _Followed) -> bool:
-        """Reclaim the segment of a writer that is gone; True when it is gone."""
-        if held_here(followed.dir):
+        """Reclaim the segment of a writer that is gone; True when it is gone. One that
+        cannot be reclaimed (a file of another user in it) is tried again once per
+        ``lease_timeout``, and said once."""
+        if held_here(followed.dir) or time.monotonic() < self._reclaim_after.get((path, writer), 0):
             return False
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
                 done = reclaim_segment(ns_dir, writer, followed.inode)
         except OSError as exc:
-            log.warning("kvtier: could not reclaim the segment of writer %s on %s: %s", writer,
-                        self._roots[path], exc)
+            self._reclaim_failed(path, writer, str(exc), warn=True)
             return False
-        if done:
+        if not done:  # entries kvtier did not write in it, or made again or locked meanwhile
+            self._reclaim_failed(path, writer, "not proven free", warn=False)
+        else:
             log.info("kvtier: reclaimed the segment of writer %s on %s (no heartbeat for "
                      "%.0f s)", writer, self._roots[path],
                      self._watch.idle_for(f"{path}:{writer}") or 0.0)
             self.reclaimed += 1
             with self._lock:
                 self._forget((path, writer))
-            self._watch.forget(f"{path}:{writer}")
         return done
+
+    def _reclaim_failed(self, path: int, writer: str, why: str, warn: bool) -> None:
+        first = (path, writer) not in self._reclaim_after
+        self._reclaim_after[(path, writer)] = time.monotonic() + self._watch.timeout
+        log.log(logging.WARNING if warn and first else logging.DEBUG, "kvtier: could not reclaim the "
+                "segment of writer %s on %s: %s (tried again every %g s)", writer,
+                self._roots[path], why, self._watch.timeout)
 
     def _apply(self, path: int, writer: str, changes: list[LogChange]) -> None:
         for change in changes:
@@ -287,6 +297,8 @@ class SharedView:
             self._remove(header.key, writer, path, slot)
 
     def _forget(self, key: tuple[int, str]) -> None:
+        self._watch.forget(f"{key[0]}:{key[1]}")  # a writer gone: nothing kept of it
+        self._reclaim_after.pop(key, None)
         followed = self._followed.pop(key, None)
         if followed is not None:
             self._drop_writer(*key, list(followed.follower.slots.items()))

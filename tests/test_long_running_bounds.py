@@ -1,0 +1,99 @@
+"""What a reader or writer that runs for weeks keeps stays bounded: nothing is remembered of
+writers gone, a full disk leaves no temporary files behind, a segment that cannot be
+reclaimed is said once and tried again once per lease_timeout, and a worker gives back the
+space of reclaimed segments without reading from them."""
+
+import errno
+import logging
+import os
+import time
+
+import pytest
+
+from kvtier import KVStore
+from kvtier.io.names import WRITERS_DIR
+from kvtier.io.safefs import SafeDir
+from kvtier.io.seats import reclaim_segment
+from kvtier.tiers.shared_view import SharedView
+from tests.conftest import SMALL, make_kv
+from tests.test_disk_store import config, seq
+
+
+def write_as(tmp_path, writer, **extra):
+    """Write a chunk as ``writer``; return the store's namespace and chunk size."""
+    with KVStore(SMALL, config(tmp_path, disk_chunks=8, share_writers=8, instance_id=writer,
+                               share_refresh="off", **extra)) as store:
+        tokens = seq(0, 1)
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+        return store.namespace, store.chunk_bytes
+
+
+def test_a_reader_keeps_nothing_of_writers_whose_segments_are_gone(tmp_path):
+    namespace, raw = write_as(tmp_path, "reader")
+    view = SharedView([str(tmp_path)], namespace, raw, "reader", 120.0)
+    for n in range(5):
+        write_as(tmp_path, f"pod-{n}")  # a pod restarted under a new name, each time
+        view.refresh()
+        with SafeDir.open(tmp_path) as top, top.subdir(namespace.id) as ns_dir, \
+                ns_dir.subdir(WRITERS_DIR) as writers:
+            assert reclaim_segment(ns_dir, f"pod-{n}", writers.subdir(f"pod-{n}").inode())
+        view.refresh()
+    assert view._watch._seen == {} and view._reclaim_after == {} and len(view) == 0
+    view.close()
+
+
+@pytest.mark.parametrize("call", ["write", "rename"])
+def test_a_replace_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch, call):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with SafeDir.open(tmp_path) as directory:
+        directory.replace_file("lease", b"old")
+        monkeypatch.setattr(os, call, full)
+        for _ in range(3):
+            with pytest.raises(OSError, match="No space"):
+                directory.replace_file("lease", b"new")
+        monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["lease"] and (tmp_path / "lease").read_bytes() == b"old"
+
+
+def test_a_segment_that_cannot_be_reclaimed_is_said_once_and_tried_once_per_timeout(
+        tmp_path, caplog, monkeypatch):
+    from kvtier.tiers import shared_view
+
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    namespace, raw = write_as(tmp_path, "gone", lease_timeout="2s")
+    (slot_file,) = tmp_path.glob("*/writers/gone/slots-*.kvt")
+    os.chown(slot_file, 65534, 65534)  # another user's file: kvtier never deletes it
+    tries = []
+    real = shared_view.reclaim_segment
+    monkeypatch.setattr(shared_view, "reclaim_segment",
+                        lambda *args: tries.append(1) or real(*args))
+    view = SharedView([str(tmp_path)], namespace, raw, "reader", 2.0)
+    view.refresh()  # first seen
+    time.sleep(2.1)  # its lease stood still for the timeout: gone
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        for _ in range(20):
+            view.refresh()
+    assert len(tries) == 1 and slot_file.exists()
+    said = [r for r in caplog.records if "could not reclaim" in r.getMessage()]
+    assert len(said) == 1 and "slots-0000.kvt" in said[0].getMessage()
+    time.sleep(2.1)
+    view.refresh()
+    assert len(tries) == 2  # tried again after lease_timeout
+    view.close()
+
+
+def test_each_engine_step_gives_back_the_space_of_reclaimed_segments(tmp_path, monkeypatch):
+    from kvtier.connector.messages import StepPlan
+    from tests.test_connector_worker import worker
+
+    side, _ = worker(tmp_path)
+    sweeps = []
+    monkeypatch.setattr(side._foreign, "sweep_due", lambda: sweeps.append(1))
+    side.save(StepPlan())
+    side.save(StepPlan())
+    assert len(sweeps) == 2
+    side.close()
