@@ -159,6 +159,11 @@ class KVStore:
         self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
 
     def _check_tiers(self) -> None:
+        if self.config.gpu_capacity and GPU not in self.tiers:
+            raise ConfigError(
+                f"kvtier config: gpu_capacity={self.config.gpu_capacity} holds no chunk of "
+                f"{self.slot_bytes} bytes ({self.chunk_tokens} tokens); raise gpu_capacity, "
+                "lower chunk_tokens, or set it to 0 for no device pool")
         if HOST not in self.tiers and (self.config.disk_paths or not self.tiers):
             raise ConfigError(
                 f"kvtier config: host_capacity={self.config.host_capacity} holds no chunk of "

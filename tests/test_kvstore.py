@@ -152,6 +152,19 @@ def test_capacity_below_one_chunk_is_a_config_error():
         KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": CHUNK_BYTES - 1}, model="m")
 
 
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"gpu_capacity": CHUNK_BYTES - 1}, "raise gpu_capacity"),
+    ({"disk_capacity": 1024}, "raise disk_capacity"),
+    ({"disk_capacity": 8 * (4096 + CHUNK_BYTES), "share_writers": 16}, "lower\\s+share_writers"),
+])
+def test_a_tier_that_would_hold_no_chunk_is_a_config_error(tmp_path, extra, named):
+    config = {"chunk_tokens": CHUNK, "host_capacity": 8 * CHUNK_BYTES,
+              "disk_paths": [str(tmp_path)], **extra}
+    with pytest.raises(ConfigError, match=named):
+        KVStore(SMALL, config, model="m")
+    assert not list(tmp_path.glob("*/writers/*"))  # nothing made, nothing held
+
+
 def test_config_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("KVTIER_CHUNK_TOKENS", "32")
     monkeypatch.setenv("KVTIER_HOST_CAPACITY", "1MiB")

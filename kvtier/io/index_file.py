@@ -74,6 +74,12 @@ class SlotLayout:
         if self.raw_bytes > MAX_RAW_BYTES:
             raise ConfigError(f"kvtier config: a chunk of {self.raw_bytes} bytes is larger than "
                               f"the {MAX_RAW_BYTES} kvtier stores; lower chunk_tokens")
+        if self.per_path == 0:
+            raise ConfigError(
+                f"kvtier config: a writer's share of disk_capacity (disk_capacity / "
+                f"share_writers = {self.capacity} bytes, over {self.num_paths} disk paths) holds "
+                f"no chunk slot of {self.stride} bytes on a path; raise disk_capacity, or lower "
+                "share_writers or chunk_tokens")
         if self.num_slots > MAX_SLOTS:
             raise ConfigError(
                 f"kvtier config: disk_capacity={self.capacity} holds {self.num_slots} chunks of "
