@@ -217,15 +217,20 @@ class KVStore:
         with self._gate:
             keys = self.keys(tokens)
             self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
-            self._lane.poll()
-            with self._lock:
-                self._shared.retire_down_paths()  # taken out by a check of its own (its lease)
+            self._poll()
             stored = put_chunks(self._shared, self._runner, keys,
                                 ChunkRuns(kv, self.chunk_tokens, len(keys)).run,
                                 self._drain_timeout())
             with self._lock:
                 self._stats.chunks_stored += stored
             return stored * self.chunk_tokens
+
+    def _poll(self) -> None:
+        """Every call: disk paths due a retry are tried again (in the background), and paths
+        taken out by a check of their own (their lease) are retired."""
+        self._lane.poll()
+        with self._lock:
+            self._shared.retire_down_paths()
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout
@@ -235,6 +240,7 @@ class KVStore:
         """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
         with self._gate:
             keys = self.keys(tokens)
+            self._poll()
             others = self._shared.others
             tiers: list[TierName] = []
             with self._lock:
@@ -261,6 +267,7 @@ class KVStore:
         with self._gate:
             keys = self.keys(tokens)
             self.layout.check_tensor(out, 0, "out")
+            self._poll()
             keys = keys[: out.shape[2] // self.chunk_tokens]
             runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
             direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
@@ -287,6 +294,7 @@ class KVStore:
         chunk held, and the result is false once one is."""
         with self._gate:
             deadline = None if timeout is None else time.monotonic() + timeout
+            self._poll()
             result = self._flusher.flush(timeout)
             remote = self._shared.remote
             if remote is not None and not remote.flush(deadline):

@@ -230,7 +230,17 @@ class Fetcher:
             pairs = [(f.foreign, f.plan.dst) for f in group if f.foreign and f.plan]
             return partial(others.read_many, pairs)
         items = [(f.key, f.loc, f.target()) for f in group]
-        return partial(self.shared.transfers.read_many, items)
+        return partial(self._read_and_blank, items)
+
+    def _read_and_blank(self, items: list) -> list[IOResult]:
+        """Verified disk reads (an I/O thread); a corrupt slot's header is blanked in the
+        same job, so a get's wait on it is bounded by ``load_timeout`` like the read's, and
+        the slot stays pinned until both are over."""
+        results = self.shared.transfers.read_many(items)
+        for (_, loc, _), result in zip(items, results, strict=True):
+            if result.status is IOStatus.CORRUPT:
+                self.shared.lane.invalidate(loc.slot)
+        return results
 
     def complete(self, fetch: Fetch) -> Location | None:
         """Where the chunk can be copied from, or ``None`` when its disk read failed or was
@@ -278,8 +288,6 @@ class Fetcher:
             fetch.state = FetchState.FAILED
             self.shared.stack.discard(fetch.key)
             self.shared.account_failure(result, "read")
-        if result.status is IOStatus.CORRUPT:
-            self.shared.lane.invalidate(fetch.loc.slot)  # still pinned by us: nobody reuses it meanwhile
         return None
 
     def _complete_foreign(self, fetch: Fetch, result: IOResult) -> Location | None:

@@ -15,6 +15,7 @@ filesystem's free-space floor.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -22,6 +23,7 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +37,11 @@ from kvtier.io.names import (
     LOCK_FILE,
     META_FILE,
     SLOT_FILE,
+    TEMP_NAME,
     WRITERS_DIR,
     slot_number,
 )
-from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.io.seats import claim_seat, holds_seat
 from kvtier.io.segment_log import SegmentLog
 
@@ -153,6 +156,7 @@ class CacheDir:
             self._lock_fd = self._take_lock()
             check_seated(root, namespace_id, writer, share_writers, self.dir)
             self._check_lease()
+            self._remove_leftovers()
             self.lease = Lease(self.dir, writer, lease_timeout)
             self.lease.beat()
             probed = probe_o_direct(self.dir)
@@ -180,6 +184,14 @@ class CacheDir:
         if elsewhere:
             raise CacheDirError(errno.EBUSY, f"{self.path} is in use on another machine: "
                                 f"{elsewhere}; give each engine its own instance_id")
+
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary and probe files a writer of this segment killed midway left
+        (their exact names only; anything else is not kvtier's and stays)."""
+        for name in self.dir.names():
+            if TEMP_NAME.fullmatch(name):
+                with contextlib.suppress(OSError):  # not a regular file of ours: left alone
+                    self.dir.remove_file(name)
 
     def _take_lock(self) -> int:
         return lock_namespace(self.dir, "give each instance its own instance_id (or let "
@@ -230,6 +242,27 @@ class CacheDir:
         if self.log is None:
             raise OSError(errno.EBADF, f"{self.path} has no log open")
         self.log.append(local_slot, prefix)
+
+    def replace_index(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        """Make the index hold exactly ``entries`` (local slot, entry), atomically: written
+        to a temporary file, synced, then renamed over the index; the log starts again from
+        it. A crash or a full disk midway leaves the index as it was."""
+        temp = f".{INDEX_FILE}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``
+        fd = self.dir.open_file(temp, os.O_RDWR | os.O_EXCL, create=True)
+        try:
+            for local_slot, entry in entries:
+                write_all(fd, entry[:INDEX_ENTRY_BYTES], local_slot * INDEX_ENTRY_BYTES)
+            os.fsync(fd)
+            os.rename(temp, INDEX_FILE, src_dir_fd=self.dir.fd, dst_dir_fd=self.dir.fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.dir.remove_file(temp)
+            raise
+        os.close(self.index_fd)
+        self.index_fd = fd
+        if self.log is not None:
+            self.log.restart()
 
     def read_index(self) -> bytes:
         """The index file (empty when it was never written), at most one entry per slot."""

@@ -32,9 +32,10 @@ LOG_FILE = "log.kvt"
 SLOT_FILE = "slots-{:04d}.kvt"
 SLOT_NAME = re.compile(r"slots-([0-9]{4,9})\.kvt", re.ASCII)  # see ``slot_number``
 NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
-# Temporary and probe files kvtier makes: ``.<name>.tmp-<pid>-<8 hex>`` (``SafeDir.replace_file``
-# and ``write_seat``), ``.o_direct_probe-<pid>-<8 hex>``; ``-<pid>`` alone: an older version's.
-TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt|seat)\.tmp|o_direct_probe)"
+# Temporary and probe files kvtier makes: ``.<name>.tmp-<pid>-<8 hex>`` (``SafeDir.replace_file``,
+# ``write_seat`` and ``CacheDir.replace_index``), ``.o_direct_probe-<pid>-<8 hex>``; ``-<pid>``
+# alone: an older version's.
+TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt|index\.kvt|seat)\.tmp|o_direct_probe)"
                        r"-[1-9][0-9]{0,9}(?:-[0-9a-f]{8})?", re.ASCII)
 
 __all__ = ["INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",

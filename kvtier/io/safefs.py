@@ -41,6 +41,19 @@ class UnsafeEntry(CacheDirError):
     """An entry under a cache root that breaks the hostile-directory rule."""
 
 
+def write_all(fd: int, data: bytes | memoryview, offset: int | None = None) -> None:
+    """Write all of ``data`` (at ``offset``, or at the file position), call after call: a
+    short count goes on, so a full disk fails with its own ENOSPC, never as a short write."""
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        chunk = view[done:done + (1 << 30)]  # one write moves at most 2 GiB - 4 KiB on Linux
+        n = os.write(fd, chunk) if offset is None else os.pwrite(fd, chunk, offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, "a write returned no bytes")
+        done += n
+
+
 def kind_of(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "a special file")
 
@@ -185,8 +198,7 @@ class SafeDir:
         fd = self.open_file(temp, os.O_WRONLY | os.O_EXCL, create=True)
         try:
             try:
-                if os.write(fd, data) != len(data):
-                    raise OSError(errno.EIO, f"short write of {self._where(temp)}")
+                write_all(fd, data)
             finally:
                 os.close(fd)
             os.rename(temp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)

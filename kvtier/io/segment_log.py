@@ -91,6 +91,12 @@ class SegmentLog:
             os.close(self._fd)
         self._fd, self._end, self.records = fd, len(data), len(entries)
 
+    def restart(self) -> None:
+        """Start afresh from ``snapshot()`` now (the index was replaced)."""
+        with self._lock:
+            self._start()
+            self.rotations += 1
+
     def append(self, local_slot: int, entry: bytes | memoryview) -> None:
         record = encode_record(local_slot, entry)
         with self._lock:

@@ -39,8 +39,10 @@ class DiskRecovery:
     entry for a slot past the end of its file counts as torn), else every slot header
     within the slot files as they are, and then rebuilds that index. Only headers of this
     namespace that check out are kept, and of several copies of one key the newest. An
-    I/O error counts the slot as bad and goes to ``paths.failed``. Nothing else changes:
-    the tier applies the report to its own state.
+    I/O error reading a slot header counts the slot as bad and goes to ``paths.failed``;
+    one reading or rebuilding a path's index (a full disk, a failing one) takes that path
+    out of service, and what it held is not reported. Nothing else changes: the tier
+    applies the report to its own state.
     """
 
     def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout) -> None:
@@ -51,14 +53,14 @@ class DiskRecovery:
         found: list[Found] = []
         scanned = torn = 0
         for index, path in enumerate(self._paths.states):
-            if path.dir is None:
+            directory = path.dir
+            if directory is None:
                 continue
-            entries = path.dir.read_index()
-            if entries:
-                part, n, bad = self._parse_index(index, path.dir, entries)
-            else:
-                part, n, bad = self.scan_headers(self._written_slots(index, path.dir), threads)
-                self._rebuild_index(path.dir, part)
+            try:
+                part, n, bad = self._recover_path(index, directory, threads)
+            except OSError as exc:  # a full disk, a failing one: out, as any path that fails
+                self._paths.take_down(path, f"cannot read back what it holds: {exc}", directory)
+                continue
             found += part
             scanned += n
             torn += bad
@@ -66,12 +68,19 @@ class DiskRecovery:
         best = [RecoveredSlot(slot, header) for slot, header in newest.values()]
         return RecoveryReport(best, scanned, torn, duplicates)
 
-    def _rebuild_index(self, directory: CacheDir, found: list[Found]) -> None:
-        """Write the index entries of ``found`` for the next start."""
-        for slot, header in found:
-            encoded = cast(bytes, header.encode())  # bytes: no ``into`` given
-            directory.write_index(slot // self._layout.num_paths,
-                                  np.frombuffer(encoded, dtype=np.uint8))
+    def _recover_path(self, index: int, directory: CacheDir,
+                      threads: int) -> tuple[list[Found], int, int]:
+        """(chunks found, slots looked at, bad slots) of path ``index``: from its index file,
+        or by a scan of its slot headers, after which the index is written anew, whole or
+        not at all (``replace_index``: a crash midway leaves it empty, to be scanned again)."""
+        entries = directory.read_index()
+        if entries:
+            return self._parse_index(index, directory, entries)
+        part, n, bad = self.scan_headers(self._written_slots(index, directory), threads)
+        paths = self._layout.num_paths
+        directory.replace_index([(slot // paths, cast(bytes, header.encode()))  # bytes: no ``into``
+                                 for slot, header in part])
+        return part, n, bad
 
     def _parse_index(self, index: int, directory: CacheDir,
                      entries: bytes) -> tuple[list[Found], int, int]:

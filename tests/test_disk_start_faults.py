@@ -1,0 +1,158 @@
+"""Faults at start-up and around the edges of the disk tier: a full or failing disk while
+reading back what a path holds takes that path out (never an exception out of the store), the
+index is rebuilt whole or not at all, a full disk is ENOSPC and never an I/O error, files a
+killed writer left are removed when its segment opens again, blanking a corrupt slot never
+holds a get past load_timeout, and every call tries paths that are due again."""
+
+import errno
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from kvtier import KVStore
+from kvtier.io import cachedir, safefs
+from kvtier.io.format import HEADER_BYTES
+from tests.conftest import CHUNK, SMALL, make_kv
+from tests.disk_helpers import wait_until
+from tests.test_disk_faults import flip, slot_of, stored
+from tests.test_disk_store import STRIDE, config, exact, seq
+
+
+def without_index(tmp_path, chunks=6):
+    """A segment holding ``chunks`` chunks of seq(0) whose index file was lost."""
+    store, tokens = stored(tmp_path, chunks)
+    store.close()
+    (index,) = tmp_path.glob("*/writers/*/index.kvt")
+    index.unlink()
+    return tokens
+
+
+def test_a_full_disk_while_the_index_is_rebuilt_takes_the_path_out_and_loses_nothing(
+        tmp_path, monkeypatch):
+    tokens = without_index(tmp_path)
+    calls = []
+    real = cachedir.write_all
+
+    def full_after_two(fd, data, offset=None):
+        calls.append(1)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, data, offset)
+
+    monkeypatch.setattr(cachedir, "write_all", full_after_two)
+    with KVStore(SMALL, config(tmp_path)) as store:  # no exception out of the store
+        (reason,) = store.stats().paths_down.values()
+        assert "cannot read back what it holds" in reason and "No space" in reason
+        assert store.stats().recovered_chunks == 0
+    monkeypatch.undo()
+    (segment,) = tmp_path.glob("*/writers/*")
+    assert not [n for n in os.listdir(segment) if ".tmp-" in n]
+    with KVStore(SMALL, config(tmp_path)) as store:  # the index was left empty: scanned again
+        assert store.stats().recovered_chunks == 6 and exact(store, tokens) == 6 * CHUNK
+    with KVStore(SMALL, config(tmp_path)) as store:  # and now rebuilt whole
+        assert store.stats().recovered_chunks == 6
+
+
+def test_an_io_error_reading_the_index_takes_the_path_out(tmp_path, monkeypatch):
+    store, tokens = stored(tmp_path)
+    store.close()
+
+    real, calls = cachedir.CacheDir.read_index, []
+
+    def failing_at_recovery(self):  # the log's snapshot at open reads it first
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(self)
+
+    monkeypatch.setattr(cachedir.CacheDir, "read_index", failing_at_recovery)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert "Input/output error" in next(iter(store.stats().paths_down.values()))
+        assert exact(store, tokens) == 0  # served by nothing, never an exception
+
+
+def test_a_short_write_goes_on_and_a_full_disk_is_enospc(tmp_path, monkeypatch):
+    real = os.write
+    calls = []
+
+    def half_then_full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with safefs.SafeDir.open(tmp_path) as directory:
+        monkeypatch.setattr(os, "write", half_then_full)
+        with pytest.raises(OSError) as raised:
+            directory.replace_file("log.kvt", b"x" * 1000)
+        monkeypatch.undo()
+        assert raised.value.errno == errno.ENOSPC and calls == [1000, 500]
+        directory.replace_file("log.kvt", b"y" * 1000)
+    assert os.listdir(tmp_path) == ["log.kvt"]
+
+
+def test_files_a_killed_writer_left_in_its_segment_are_removed_when_it_opens_again(tmp_path):
+    store, tokens = stored(tmp_path)
+    store.close()
+    (segment,) = tmp_path.glob("*/writers/*")
+    left = [".log.kvt.tmp-4242-0123abcd", ".lease.tmp-4242-89abcdef", ".index.kvt.tmp-7-00ff00ff",
+            ".o_direct_probe-4242-deadbeef"]
+    for name in [*left, ".notes.tmp-1", "mine.txt"]:
+        (segment / name).write_bytes(b"x" * 4096)
+    os.mkfifo(segment / ".lease.tmp-4243-00000000")  # not a regular file: never touched
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert exact(store, tokens) == 6 * CHUNK
+    names = set(os.listdir(segment))
+    assert not names & set(left)
+    assert {".notes.tmp-1", "mine.txt", ".lease.tmp-4243-00000000"} <= names
+
+
+def test_blanking_a_corrupt_slot_on_a_hung_drive_never_holds_a_get_past_load_timeout(
+        tmp_path, monkeypatch):
+    store, tokens = stored(tmp_path, load_timeout="0.5s")
+    slot = slot_of(store, tokens, 0)
+    (data,) = tmp_path.glob("*/writers/*/slots-0000.kvt")
+    flip(data, slot * STRIDE + HEADER_BYTES + 99)
+    release = threading.Event()
+    real = os.pwritev
+
+    def hung_writes(fd, buffers, offset, *args):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(30)  # the drive stops answering writes; reads still answer
+        return real(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(os, "pwritev", hung_writes)
+    try:
+        started = time.monotonic()
+        assert exact(store, tokens) == 0  # the corrupt first chunk ends the prefix
+        assert time.monotonic() - started < 10  # not the 30 s the blanking write hangs
+        assert store.stats().corruptions + store.stats().load_timeouts >= 1
+    finally:
+        release.set()
+        monkeypatch.undo()
+        store.close()
+
+
+def test_a_path_out_of_service_comes_back_through_gets_and_flushes_alone(tmp_path, monkeypatch):
+    from kvtier.tiers import disk as disk_module
+
+    monkeypatch.setattr(disk_module, "_HEALTH_EVERY_S", 0.0)
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path, host_chunks=4, disk_retry="0.05s")) as store:
+        store.put(tokens, make_kv(tokens))
+        store.flush()
+        for entry in tmp_path.iterdir():  # the namespace's directory removed under the store
+            shutil.rmtree(entry)
+        store.put(seq(100, 1), make_kv(seq(100, 1)))  # its write finds the path gone
+        wait_until(lambda: bool(store.stats().paths_down), "the path was never taken out")
+
+        def back():
+            store.lookup(tokens)
+            exact(store, tokens)
+            return bool(store.flush())
+
+        wait_until(back, "the path never came back through gets, lookups and flushes")
+        assert store.stats().paths_back >= 1 and not store.stats().paths_down
