@@ -14,8 +14,10 @@ its source and the allowed values.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -25,7 +27,7 @@ from kvtier import config_values as values
 from kvtier.config_file import CONFIG_FILE_VAR, read_config_file
 from kvtier.errors import ConfigError
 from kvtier.log_level import LOG_LEVEL_VAR, log_level
-from kvtier.units import parse_size
+from kvtier.units import format_duration, parse_size
 
 __all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
 
@@ -58,8 +60,8 @@ class EvictionPolicyName(StrEnum):
 
 class ODirect(StrEnum):
     AUTO = "auto"
-    ON = "on"
-    OFF = "off"
+    ON = "true"
+    OFF = "false"
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,10 @@ class KVTierConfig:
         return self.disk_capacity // self.share_writers
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain values (strings, ints, lists) keyed by config key, for printing or JSON."""
+        """Plain values (strings, ints, lists) keyed by config key, for printing or JSON.
+
+        Given back as its key's value, each gives the same value (sizes as bytes, durations
+        and percentages in exact digits), but for an unset ``model`` (""), which is refused."""
         out: dict[str, Any] = {}
         for name in KEYS:
             value = getattr(self, name)
@@ -127,77 +132,106 @@ class KVTierConfig:
             if isinstance(value, StrEnum):
                 out[name] = str(value)
             if isinstance(value, DiskFloor):
-                out[name] = f"{value.fraction:.0%}" if value.fraction else value.bytes
-            if name in ("disk_retry", "load_timeout", "staging_wait", "share_refresh",
-                        "lease_timeout", "remote_timeout", "remote_retry"):
-                out[name] = "off" if value is None else f"{value:g}s"
+                out[name] = _percent(value.fraction) if value.fraction else value.bytes
+            if name in DURATION_KEYS:
+                out[name] = "off" if value is None else format_duration(value)
             if name in ("model", "instance_id", "remote_url"):
                 out[name] = value or ""
         return out
 
 
+DURATION_KEYS = ("disk_retry", "load_timeout", "staging_wait", "share_refresh", "lease_timeout",
+                 "remote_timeout", "remote_retry")
+
+
 def _enum(kind: type[StrEnum]) -> Callable[[object], StrEnum]:
-    """One of ``kind``'s values, in any case (o_direct also takes true/false/1/0)."""
+    """One of ``kind``'s values, in any case, around spaces."""
 
     def parse(value: object) -> StrEnum:
-        text = values.scalar(value).lower()
-        if kind is ODirect and isinstance(value, bool | str):
-            text = {"true": "on", "false": "off", "1": "on", "0": "off"}.get(text, text)
         try:
-            return kind(text)
+            return kind(values.scalar(value).strip().lower())
         except ValueError:
             raise ValueError from None  # the allowed values say it all
 
     return parse
 
 
+def _o_direct(value: object) -> StrEnum:
+    """auto, true or false (as text in any case, or a boolean: YAML reads on/off as one;
+    the text on and off, which kvtier once printed, too)."""
+    if isinstance(value, bool):
+        return ODirect.ON if value else ODirect.OFF
+    if not isinstance(value, str):
+        raise TypeError(f"a {type(value).__name__} is not auto, true or false")
+    text = {"on": "true", "off": "false"}.get(value.strip().lower(), value)
+    return _enum(ODirect)(text)
+
+
+_PERCENT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*%\s*", re.ASCII)
+
+
 def _floor(value: object) -> DiskFloor:
-    """A percentage below 100 ("5%"), or a size (see ``parse_size``)."""
-    text = values.scalar(value).strip()
-    if text.endswith("%"):
-        fraction = float(text[:-1]) / 100
-        if not 0 <= fraction < 1:
-            raise ValueError
+    """A plain decimal percentage from 0 to below 100 ("5%", "0.5%"), or a size
+    (see ``parse_size``)."""
+    text = values.scalar(value)
+    if text.strip().endswith("%"):
+        match = _PERCENT.fullmatch(text)
+        if not match:
+            raise ValueError("not a plain percentage such as 5% or 0.5%")
+        fraction = float(decimal.Decimal(match.group(1)) / 100)
+        if fraction >= 1:  # also 99.999...% of more digits than a float holds
+            raise ValueError("not below 100%")
         return DiskFloor(fraction=fraction)
     assert isinstance(value, str | int | float), "scalar() refuses anything else"
     return DiskFloor(bytes=parse_size(value))
 
 
+def _percent(fraction: float) -> str:
+    """``fraction`` as the percentage ``_floor`` reads back to it (0.005 -> "0.5%")."""
+    return f"{(decimal.Decimal(repr(fraction)) * 100).normalize():f}%"
+
+
 # key -> (parser, allowed values as shown in errors)
 _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
-    "chunk_tokens": (values.int_in(1, 1 << 20), "a positive integer, a multiple of the engine block size"),
+    "chunk_tokens": (values.int_in(1, 1 << 20), "a positive integer up to 1048576, a multiple of "
+                     "the engine block size"),
     "gpu_capacity": (values.size, "a size such as 2GiB, or 0 for no device pool"),
     "host_capacity": (values.size, "a size such as 512MiB or 4GiB"),
     "disk_capacity": (values.size, "a size such as 100GiB"),
     "disk_paths": (values.paths, "a list of distinct directories, or one comma-separated string"),
-    "disk_min_free": (_floor, "a percentage of each filesystem such as 5%, or a size such as 20GiB"),
-    "disk_retry": (values.seconds_or_off, "a duration such as 30s or 5m (at most 1d), or off"),
-    "load_timeout": (values.seconds_or_off, "a duration such as 10s or 2m (at most 1d), or off"),
-    "staging_wait": (values.seconds_or_off, "a duration such as 250ms or 1s (at most 1d), or off"),
+    "disk_min_free": (_floor, "a percentage of each filesystem from 0% to below 100% such as 5% "
+                      "or 0.5%, or a size such as 20GiB"),
+    "disk_retry": (values.seconds_or_off(0.001), "a duration from 1ms to 1d such as 30s or 5m, "
+                   "or off"),
+    "load_timeout": (values.seconds_or_off(0.001), "a duration from 1ms to 1d such as 10s or 2m, "
+                     "or off"),
+    "staging_wait": (values.seconds_or_off(0.001), "a duration from 1ms to 1d such as 250ms or "
+                     "1s, or off"),
     "compression": (_enum(Compression), "none | zstd"),
     "write_policy": (_enum(WritePolicy), "write_through | write_back"),
     "load_policy": (_enum(LoadPolicy), "always | auto"),
     "eviction_policy": (_enum(EvictionPolicyName), "lru | fifo"),
     "io_threads": (values.int_in(1, 256), "an integer from 1 to 256"),
-    "o_direct": (_enum(ODirect), "auto | true | false"),
-    "metrics_port": (values.optional_port, "a TCP port 1-65535, or 0/none for no metrics endpoint"),
+    "o_direct": (_o_direct, "auto | true | false"),
+    "metrics_port": (values.optional_port, "a TCP port 1-65535, or 0, off or none for no metrics "
+                     "endpoint"),
     "metrics_host": (values.listen_address, "an IP address to listen on: 127.0.0.1 (this machine "
                      "only), 0.0.0.0 (every interface) or one interface's address"),
     "model": (values.model, "a model name of 1 to 512 printable characters, e.g. Qwen/Qwen3-0.6B"),
     "instance_id": (values.instance_id, "1 to 64 letters, digits, '.', '_' or '-', starting with "
                     "a letter or digit, e.g. node3-engine0; empty: derived from the host name"),
-    "share_refresh": (values.seconds_or_off, "a duration such as 1s or 250ms (at most 1d), or off "
-                      "(a private cache: other writers' chunks are not looked for)"),
+    "share_refresh": (values.seconds_or_off(0.01), "a duration from 10ms to 1d such as 1s or "
+                      "250ms, or off (a private cache: other writers' chunks are not looked for)"),
     "share_writers": (values.int_in(1, 4096), "an integer from 1 to 4096: the writers a shared "
                       "directory is sized for (each may fill disk_capacity / share_writers)"),
     "lease_timeout": (values.seconds_in(2.0, 86400.0), "a duration from 2s to 1d such as 2m"),
     "remote_url": (values.remote_url, "a store URL without credentials: redis://host:port/db, "
                    "rediss://host:port/db?ssl_ca_certs=FILE, redis+cluster://host:port, "
-                   "mooncake://master-host:port; or empty"),
+                   "mooncake://master-host:port; or empty, off or none"),
     "remote_timeout": (values.seconds_in(0.01, 60.0), "a duration from 10ms to 60s such as 1s"),
     "remote_retry": (values.seconds_in(0.1, 86400.0), "a duration from 100ms to 1d such as 10s"),
-    "remote_min_hits": (values.int_in(0, 1 << 20), "an integer >= 0: loads a chunk earns before "
-                        "it is written to the remote store (0: every chunk stored)"),
+    "remote_min_hits": (values.int_in(0, 1 << 20), "an integer from 0 to 1048576: loads a chunk "
+                        "earns before it is written to the remote store (0: every chunk stored)"),
     "remote_prefix": (values.key_prefix, "1 to 64 letters, digits, '.', '_', '-', ':' or '/'"),
 }
 KEYS: tuple[str, ...] = tuple(_PARSERS)
@@ -211,10 +245,9 @@ def _parse_key(key: object, value: object, source: str) -> object:
         )
     if key not in _PARSERS:
         close = difflib.get_close_matches(key, KEYS, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        hint = f"; did you mean '{close[0]}'? Known keys" if close else "; known keys"
         raise ConfigError(
-            f"kvtier config: unknown key {values.shown(key)} ({source}){hint} "
-            f"Known keys: {', '.join(KEYS)}"
+            f"kvtier config: unknown key {values.shown(key)} ({source}){hint}: {', '.join(KEYS)}"
         )
     parse, allowed = _PARSERS[key]
     try:
@@ -235,6 +268,12 @@ def load_config(
     environ: Mapping[str, str] | None = None,
 ) -> KVTierConfig:
     """Build the config from defaults, ``KVTIER_CONFIG``, ``KVTIER_<KEY>`` and ``overrides``."""
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(
+            f"kvtier config: bad given config {values.shown(overrides)}: a "
+            f"{type(overrides).__name__}; allowed: a mapping of key to value, e.g. "
+            "{'host_capacity': '8GiB'}"
+        )
     environ = os.environ if environ is None else environ
     log_level(environ)  # a bad KVTIER_LOG_LEVEL stops start-up like a bad key
     layers: list[tuple[str, Mapping[str, Any]]] = []

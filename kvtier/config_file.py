@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from kvtier.config_values import shown
 from kvtier.errors import ConfigError
 
 CONFIG_FILE_VAR = "KVTIER_CONFIG"
@@ -20,7 +21,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Return the mapping in a .toml, .yaml/.yml or .json config file.
 
     The file must be a regular file of at most 1 MiB of UTF-8 text holding a table of keys
-    (at the top level or under ``kvtier``); anything else raises ``ConfigError``.
+    (at the top level, or all of them under ``kvtier``), each key once; anything else
+    raises ``ConfigError``.
     """
     path = Path(path)
     if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
@@ -30,20 +32,62 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     text = _read_text(path)
     try:
         if path.suffix == ".toml":
-            data = tomllib.loads(text)
+            data = tomllib.loads(text)  # refuses a key given twice itself
         elif path.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
         else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = _load_yaml(text) or {}
     except RecursionError as exc:
         raise ConfigError(f"kvtier config: cannot parse {path}: nested too deeply") from exc
+    except _KeyTwice as exc:
+        raise ConfigError(f"kvtier config: {path} gives key {shown(exc.key)} twice; give each "
+                          "key once") from exc
     except Exception as exc:  # each parser has its own error type; all mean "bad file"
         raise ConfigError(f"kvtier config: cannot parse {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"kvtier config: {path} must hold a table of keys, not {type(data).__name__}")
-    return data.get("kvtier", data) if isinstance(data.get("kvtier"), dict) else data
+    if not isinstance(data.get("kvtier"), dict):
+        return data
+    outside = [shown(key) for key in data if key != "kvtier"]
+    if outside:
+        raise ConfigError(f"kvtier config: {path} has a kvtier table and keys outside it "
+                          f"({', '.join(outside[:10])}{', ...' if len(outside) > 10 else ''}); "
+                          "put every key in the kvtier table, or every key at the top level")
+    return data["kvtier"]
+
+
+class _KeyTwice(ValueError):
+    def __init__(self, key: object) -> None:
+        super().__init__(f"key {shown(key)} given twice")
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A JSON object as a dict; ``_KeyTwice`` for a key it gives twice."""
+    table: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in table:
+            raise _KeyTwice(key)
+        table[key] = value
+    return table
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, but ``_KeyTwice`` for a mapping that gives a key twice."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = self.construct_object(key_node)
+                    if key in seen:
+                        raise _KeyTwice(key)
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: builds no objects
 
 
 def _read_text(path: Path) -> str:

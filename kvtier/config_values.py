@@ -93,10 +93,12 @@ def paths(value: object) -> tuple[str, ...]:
 
 
 def optional_port(value: object) -> int | None:
-    """A TCP port 1-65535, or None, "", 0, "none" or "off" for no port."""
-    if value is None or scalar(value).strip().lower() in ("", "0", "none", "off"):
+    """A TCP port 1-65535, or no port: 0, "", "none", "off", None or False (YAML reads an
+    unquoted ``off`` as false)."""
+    if value is None or value is False or (
+            isinstance(value, str) and value.strip().lower() in ("", "none", "off")):
         return None
-    return int_in(1, 65535)(value)
+    return int_in(0, 65535)(value) or None
 
 
 def listen_address(value: object) -> str:
@@ -109,15 +111,20 @@ def listen_address(value: object) -> str:
         raise ValueError(f"{shown(value)} is not an IP address") from None
 
 
-def seconds_or_off(value: object) -> float | None:
-    """A duration above 0 and at most a day (see ``parse_duration``), or off/none/never."""
-    text = scalar(value)
-    if text.strip().lower() in ("off", "none", "never"):
-        return None
-    seconds = parse_duration(text)
-    if not 0 < seconds <= 86400:
-        raise ValueError
-    return seconds
+def seconds_or_off(low: float, high: float = 86400.0) -> Callable[[object], float | None]:
+    """A duration from ``low`` to ``high`` seconds (``seconds_in``), or none: "off", "none",
+    "never" or False (YAML reads an unquoted ``off`` as false)."""
+    within = seconds_in(low, high)
+
+    def parse(value: object) -> float | None:
+        if value is False or (isinstance(value, str)
+                              and value.strip().lower() in ("off", "none", "never")):
+            return None
+        if value is True:
+            raise TypeError("true is not a duration (false is off)")
+        return within(value)
+
+    return parse
 
 
 def size(value: object) -> int:
@@ -161,17 +168,20 @@ def seconds_in(low: float, high: float) -> Callable[[object], float]:
     """A duration from ``low`` to ``high`` seconds (see ``parse_duration``)."""
 
     def parse(value: object) -> float:
+        if isinstance(value, bool):
+            raise TypeError("a boolean is not a duration")
         seconds = parse_duration(scalar(value))
         if not low <= seconds <= high:
-            raise ValueError
+            raise ValueError("out of range")
         return seconds
 
     return parse
 
 
 def remote_url(value: object) -> str | None:
-    """A remote store's URL (``kvtier.remote.urls.check_url``), or None (empty) for none."""
-    if value is None:
+    """A remote store's URL (``kvtier.remote.urls.check_url``), or none: "", "none", "off",
+    None or False (YAML reads an unquoted ``off`` as false)."""
+    if value is None or value is False:
         return None
     if not isinstance(value, str):
         raise TypeError("not a string")

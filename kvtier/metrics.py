@@ -67,7 +67,8 @@ def serve_metrics(port: int, collect: Callable[[], Iterable[Sample]],
     ``metrics_host`` when it cannot listen."""
     try:
         return MetricsServer(port, collect, host)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # OverflowError: a port above 65535
+        reason = getattr(exc, "strerror", None) or exc
         raise ConfigError(f"kvtier config: metrics_port={port} cannot be served on metrics_host="
-                          f"{host} ({exc.strerror or exc}); choose a free port and an address "
+                          f"{host} ({reason}); choose a free port and an address "
                           "of this machine, or metrics_port 0 for no metrics endpoint") from exc

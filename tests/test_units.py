@@ -6,13 +6,14 @@ from kvtier.units import format_size, parse_size
 @pytest.mark.parametrize(("text", "expected"), [
     ("4096", 4096), (4096, 4096), ("0", 0), ("512MiB", 512 * 2**20), ("4GiB", 4 * 2**30),
     ("4gib", 4 * 2**30), ("1.5GiB", 3 * 2**29), ("100GB", 100 * 10**9), ("2 TiB", 2 * 2**40),
-    ("64k", 64000), ("64KiB", 65536), ("7b", 7), ("0.5KiB", 512), (8192.0, 8192), (str(2**60), 2**60),
+    ("64kb", 64000), ("64KiB", 65536), ("7b", 7), ("7B", 7), ("0.5KiB", 512), (8192.0, 8192),
+    (str(2**60), 2**60),
 ])
 def test_parse_size_accepts_common_spellings(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "4 GiBs", "-1", -1, "1e3", "four", True, "4 G iB",
+@pytest.mark.parametrize("text", ["", "GiB", "4 GiBs", "-1", -1, "1e3", "four", True, "4 G iB", "64k", "4G",
                                   "1.5", 1.5, float("nan"), float("inf"), -2.0, "\u0663", 2**60 + 1])
 def test_parse_size_rejects_garbage(text):
     with pytest.raises(ValueError):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from kvtier import __version__
 from kvtier.cli import bench, cache_commands, gpu, stats, top  # noqa: F401  (registers commands)
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
 from kvtier.config import load_config
 from kvtier.errors import ConfigError
-from kvtier.units import format_size
+from kvtier.units import exact_size
 
 
 @app.command()
@@ -35,9 +37,17 @@ def config(as_json: JsonFlag = False) -> None:
 
     table = Table("key", "value", "source", title="kvtier configuration")
     for key, value in values.items():
-        shown = format_size(value) if key.endswith("_capacity") else str(value)
-        table.add_row(key, shown, cfg.sources.get(key, "default"))
+        table.add_row(key, _shown(key, value), cfg.sources.get(key, "default"))
     console.print(table)
+
+
+def _shown(key: str, value: object) -> str:
+    """A value of ``as_dict`` as the key's parser reads it back: sizes exact ("1536MiB")."""
+    if isinstance(value, int) and (key.endswith("_capacity") or key == "disk_min_free"):
+        return exact_size(value)
+    if value is None:
+        return "off"
+    return json.dumps(value) if isinstance(value, list) else str(value)
 
 
 def main() -> None:

@@ -17,12 +17,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config import load_config
+from kvtier.config import KVTierConfig, load_config
 from kvtier.connector.counters import WorkerCounters
 from kvtier.connector.geometry import geometry_from_vllm
 from kvtier.connector.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.worker import WorkerSide
+from kvtier.errors import ConfigError
 from kvtier.log_level import apply_log_level
 from kvtier.metrics import serve_metrics
 from kvtier.tiers.base import TierName
@@ -57,6 +58,23 @@ class KVTierStats(WorkerCounters, KVConnectorStats):
         return self
 
 
+MAX_PORT = 65535
+
+
+def check_metrics_ports(config: KVTierConfig, tp: int) -> None:
+    """``ConfigError`` unless every side's metrics port is a TCP port: the scheduler side
+    serves on ``metrics_port`` and the worker of TP rank r on ``metrics_port + 1 + r``."""
+    port = config.metrics_port
+    if port and port + tp > MAX_PORT:
+        raise ConfigError(
+            f"kvtier config: bad value {port} for 'metrics_port' "
+            f"({config.sources.get('metrics_port', 'default')}): the worker of TP rank r serves "
+            f"on metrics_port + 1 + r, up to {port + tp} for {tp} ranks, above {MAX_PORT}; "
+            f"allowed: a TCP port 1-{MAX_PORT - tp} for {tp} ranks, or 0, off or none for no "
+            "metrics endpoint"
+        )
+
+
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     """Tiered KV offload (host memory, then disk) for vLLM; see docs/vllm.md.
 
@@ -70,9 +88,10 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.config = load_config(extra)
         apply_log_level()
+        tp = vllm_config.parallel_config.tensor_parallel_size
+        check_metrics_ports(self.config, tp)
         self.geometry = geometry_from_vllm(vllm_config, kv_cache_config, self.config)
         model = vllm_config.model_config
-        tp = vllm_config.parallel_config.tensor_parallel_size
         namespaces = [self.geometry.namespace(str(model.model), str(model.revision or ""), tp, r)
                       for r in range(tp)]
         self._local_computed: dict[str, int] = {}

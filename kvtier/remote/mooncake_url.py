@@ -44,10 +44,15 @@ def parse_url(url: str) -> MooncakeOptions:
         port = parts.port
     except ValueError:
         raise ValueError(f"remote_url {shown!r}: the master's port is not a number") from None
+    if port == 0:  # as redis_url refuses it
+        raise ValueError(f"remote_url {shown!r}: port 0 is no server's port")
     if not parts.hostname or port is None:
         raise ValueError(f"remote_url {shown!r} must name the master as host:port, e.g. "
                          "mooncake://10.0.0.1:50051")
-    if parts.path not in ("", "/") or parts.fragment:
+    if parts.fragment:
+        raise ValueError(f"remote_url {shown!r}: a Mooncake URL has no #fragment; options go "
+                         "in the query (?protocol=tcp&segment=4GiB)")
+    if parts.path not in ("", "/"):
         raise ValueError(f"remote_url {shown!r}: a Mooncake URL has no path; options go in "
                          "the query (?protocol=tcp&segment=4GiB)")
     for pair in filter(None, parts.query.split("&")):
