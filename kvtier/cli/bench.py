@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
 from kvtier.layout import KVLayout
 from kvtier.units import format_size, parse_duration, parse_size
 
@@ -194,7 +194,7 @@ def _write(result: dict, out: Path) -> Path | None:
 
         return plot(result, out / "bench.png")
     except ImportError:
-        console.print("matplotlib is not installed: no plot (pip install 'kvtier[bench]')")
+        console.print(shown("matplotlib is not installed: no plot (pip install 'kvtier[bench]')"))
         return None
 
 
@@ -230,4 +230,4 @@ def _print(result: dict, png: Path | None, out: Path) -> None:
         estimate.add_row(str(row["tokens"]), f"{row['recompute_s']:.3f}", f"{row['host_s']:.4f}",
                          f"{row['disk_s']:.4f}" if "disk_s" in row else "-")
     console.print(estimate)
-    console.print(f"wrote {out / 'bench.json'}" + (f" and {png}" if png else ""))
+    console.print(f"wrote {shown(out / 'bench.json')}" + (f" and {shown(png)}" if png else ""))

@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import functools
+import reprlib
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
-from kvtier.ops.cache import NamespaceDir, cache_root, namespaces
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, printable
+from kvtier.cli.app import shown as _show
+from kvtier.ops.cache import NamespaceDir, cache_root, error_text, namespaces
 from kvtier.ops.inspect import NamespaceReport, inspect_namespace
+from kvtier.ops.reclaim import GcReport
 from kvtier.ops.reclaim import gc as gc_namespaces
 from kvtier.ops.removal import clear as clear_namespaces
 from kvtier.ops.verify import NamespaceVerify, verify_namespace
@@ -21,6 +23,7 @@ from kvtier.units import format_size, parse_duration, parse_size
 PathArg = Annotated[str, typer.Argument(help="A cache root: one of the disk_paths.")]
 NamespaceOpt = Annotated[str | None, typer.Option("--namespace", "-n",
                                                   help="Only namespaces whose id starts so.")]
+MAX_AGE_S = 36500 * 86400.0  # --older-than and --gone: 100 years; more is no age at all
 
 
 def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
@@ -29,15 +32,10 @@ def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
     try:
         found = namespaces(cache_root(path))
     except OSError as exc:
-        raise fail(exc.strerror or str(exc)) from exc
+        raise fail(error_text(exc, path)) from exc
     if prefix:
         found = [d for d in found if d.id.startswith(prefix)]
     return found
-
-
-def _show(text: str) -> str:
-    """Text from the cache directory, safe to print: no markup, no control characters."""
-    return escape(text if text.isprintable() else ascii(text))
 
 
 def _short(name: str) -> str:
@@ -97,7 +95,7 @@ def _print_inspect(path: str, reports: list[NamespaceReport]) -> None:
     for r in reports:
         ages = "/".join(_age(r.age_seconds.get(k)) for k in ("min", "median", "max"))
         status = r.status + (" (in use)" if r.in_use else "")
-        table.add_row(r.id[:12], status, _show(r.model[-30:]), _show(r.kv_dtype),
+        table.add_row(_show(r.id[:12]), status, _show(r.model[-30:]), _show(r.kv_dtype),
                       str(r.chunk_tokens), _show(r.tp), str(len(r.writers)),
                       f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
                       f"{r.compression_ratio:.2f}", ages)
@@ -107,8 +105,9 @@ def _print_inspect(path: str, reports: list[NamespaceReport]) -> None:
     for r in reports:
         for w in r.writers:
             status = w.status + (" (in use)" if w.in_use else "")
-            writers.add_row(r.id[:12], w.writer, status, _show(w.host or "-"), str(w.pid or "-"),
-                            str(w.beat), _age(w.lease_age_seconds) + (" ago" if w.host else ""),
+            writers.add_row(_show(r.id[:12]), _show(w.writer), status, _show(w.host or "-"),
+                            str(w.pid or "-"), str(w.beat),
+                            _age(w.lease_age_seconds) + (" ago" if w.host else ""),
                             f"{w.chunks}/{w.slots}", format_size(w.stored_bytes))
     if writers.rows:
         console.print(writers)
@@ -137,17 +136,13 @@ def _inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
         emit_json(found.as_dict())
     else:
         table = Table("namespace", "chunks", "stored", "chunk size", "checked", "damaged",
-                      title=f"kvtier remote store {_show(found.url)} ({found.backend}, keys "
+                      title=f"kvtier remote store {_show(found.url)} ({_show(found.backend)}, keys "
                             f"{_show(prefix)}*)")
         for h in found.namespaces:
-            table.add_row(h.digest[:12], str(h.chunks), format_size(h.value_bytes),
-                          h.chunk_sizes or "-", str(h.checked), str(h.bad))
+            table.add_row(_show(h.digest[:12]), str(h.chunks), format_size(h.value_bytes),
+                          _show(h.chunk_sizes or "-"), str(h.checked), str(h.bad))
         console.print(table)
-        server = found.server
-        limit_text = format_size(server["maxmemory"]) if server.get("maxmemory") else "none"
-        console.print(f"store memory {format_size(server.get('used_memory') or 0)} of "
-                      f"{limit_text} ({server.get('maxmemory_policy')}), "
-                      f"{server.get('evicted_keys')} keys evicted since it started")
+        _print_server(found.server)
         if not found.complete:
             console.print(f"listed the first {found.keys_seen} keys only (--limit)")
         if found.foreign_keys:
@@ -156,6 +151,16 @@ def _inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
             console.print("no kvtier chunks in this store")
     if any(h.bad for h in found.namespaces):
         raise typer.Exit(1)
+
+
+def _print_server(server: dict) -> None:
+    """The store's memory, limit, eviction policy and evictions (as its INFO says)."""
+    used, limit = server.get("used_memory"), server.get("maxmemory")
+    used_text = format_size(used) if isinstance(used, int) else _show(used or 0)
+    limit_text = (format_size(limit) if isinstance(limit, int) else _show(limit)) if limit else "none"
+    console.print(f"store memory {used_text} of {limit_text} "
+                  f"({_show(server.get('maxmemory_policy'))}), "
+                  f"{_show(server.get('evicted_keys'))} keys evicted since it started")
 
 
 @app.command()
@@ -172,7 +177,7 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
 
     dirs = _dirs(path, namespace)
     reports = []
-    with Progress(console=console, transient=True, disable=as_json) as bar:
+    with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
         for directory in dirs:
             task = bar.add_task(f"verify {directory.id[:12]}", total=None)
             reports.append(verify_namespace(directory, repair, functools.partial(bar.advance, task)))
@@ -217,7 +222,8 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
                                                  "or without metadata.")] = False,
        gone: Annotated[str | None, typer.Option(help="Remove the segments of writers gone this "
                                                      "long (lease not renewed: 10m, 1d).")] = None,
-       dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go.")] = False,
+       dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go; change "
+                                                               "nothing.")] = False,
        as_json: JsonFlag = False) -> None:
     """Reclaim space under PATH by age, size target, stale namespace or writer gone.
 
@@ -227,8 +233,8 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
     if older_than is None and target is None and not stale and gone is None:
         raise fail("gc: say what to reclaim: --older-than, --target, --stale and/or --gone")
     try:
-        gone_s = parse_duration(gone) if gone is not None else None
-        age = parse_duration(older_than) if older_than is not None else None
+        gone_s = _age_arg("--gone", gone)
+        age = _age_arg("--older-than", older_than)
         size = parse_size(target) if target is not None else None
     except ValueError as exc:
         raise fail(f"gc: {exc}") from exc
@@ -237,20 +243,39 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
     if as_json:
         emit_json(asdict(report))
     else:
-        free, remove = ("would free", "would remove") if dry_run else ("freed", "removed")
-        console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
-                      f"{remove} {len(report.namespaces_removed)} namespaces"
-                      + (f" and {len(report.segments_removed)} segments of writers gone"
-                         if gone is not None else "")
-                      + (f"; skipped {len(report.skipped_in_use)} in use" if report.skipped_in_use else "")
-                      + (f"; left alone {len(report.skipped_unsafe)} not provably kvtier's or unsafe"
-                         if report.skipped_unsafe else ""))
-        for name in report.skipped_in_use:
-            console.print(f"{_short(name)}: in use, left alone")
-        for name, entries in report.left.items():
-            console.print(f"{_short(name)}: left {', '.join(map(_show, entries))}")
+        _print_gc(report, gone is not None)
     if report.left_alone:
         raise typer.Exit(1)
+
+
+def _age_arg(name: str, value: str | None) -> float | None:
+    """A duration argument in seconds (None when not given); ``ValueError`` naming it."""
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if seconds > MAX_AGE_S:
+        raise ValueError(f"{name} {reprlib.repr(value)} is longer than 36500d (100 years), "
+                         "the most kvtier takes; give a shorter duration")
+    return seconds
+
+
+def _print_gc(report: GcReport, gone: bool) -> None:
+    free, remove = ("would free", "would remove") if report.dry_run else ("freed", "removed")
+    skipped = [(report.skipped_in_use, "in use"),
+               (report.skipped_unsafe, "not provably kvtier's or unsafe"),
+               (report.unreadable, "namespaces not read")]
+    console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
+                  f"{remove} {len(report.namespaces_removed)} namespaces"
+                  + (f" and {len(report.segments_removed)} segments of writers gone" if gone else "")
+                  + "".join(f"; left alone {len(names)} {what}" for names, what in skipped if names))
+    for names, what in skipped:
+        for name in names:
+            console.print(f"{_short(name)}: left alone: {_show(report.reasons.get(name, what))}")
+    for name, entries in report.left.items():
+        console.print(f"{_short(name)}: left {', '.join(map(_show, entries))}")
 
 
 @app.command()
@@ -266,7 +291,7 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
     if not dirs:
         matching = f" matching {namespace}" if namespace else ""
         raise fail(f"clear: no kvtier namespace under {path}{matching}")
-    if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {path}?"):
+    if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {printable(path)}?"):
         raise typer.Exit(1)
     done = clear_namespaces(dirs)
     if as_json:

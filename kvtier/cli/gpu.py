@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
 from kvtier.units import format_size
 
 
@@ -46,6 +46,6 @@ def gpu(as_json: JsonFlag = False) -> None:
 
     table = Table("index", "name", "free", "total", title="GPUs")
     for g in gpus:
-        table.add_row(str(g["index"]), g["name"], format_size(g["memory_free"]),
+        table.add_row(str(g["index"]), shown(g["name"]), format_size(g["memory_free"]),
                       format_size(g["memory_total"]))
     console.print(table)

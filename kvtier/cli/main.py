@@ -6,7 +6,7 @@ import json
 
 from kvtier import __version__
 from kvtier.cli import bench, cache_commands, gpu, stats, top  # noqa: F401  (registers commands)
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
 from kvtier.config import load_config
 from kvtier.errors import ConfigError
 from kvtier.units import exact_size
@@ -37,7 +37,7 @@ def config(as_json: JsonFlag = False) -> None:
 
     table = Table("key", "value", "source", title="kvtier configuration")
     for key, value in values.items():
-        table.add_row(key, _shown(key, value), cfg.sources.get(key, "default"))
+        table.add_row(shown(key), shown(_shown(key, value)), shown(cfg.sources.get(key, "default")))
     console.print(table)
 
 

@@ -15,11 +15,12 @@ from urllib.parse import SplitResult, urlsplit
 
 import typer
 
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
 from kvtier.units import format_size
 
 MAX_BODY = 32 * 2**20  # a store's metrics are a few KiB; anything past this is not them
 PIECE = 64 * 1024
+MAX_TIMEOUT_S = 3600.0  # --timeout of stats and top: more is no deadline at all
 
 
 class MetricsError(Exception):
@@ -128,10 +129,27 @@ def parse_samples(body: bytes) -> list[dict]:
             for sample in family.samples:
                 if sample.name.startswith("kvtier_") and not sample.name.endswith("_created"):
                     samples.append({"name": sample.name, "labels": dict(sample.labels),
-                                    "value": sample.value})
+                                    "value": _number(sample.value)})
     except ValueError as exc:  # UnicodeDecodeError included
         raise MetricsError(f"not Prometheus text format ({str(exc)[:80]})") from exc
     return samples
+
+
+def _number(value: float) -> float:
+    """A sample's value (the parser's: an ``int`` for integral text), infinite (its sign kept)
+    when it is an integer too large for a float: every value can be used as a float."""
+    try:
+        float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+    return value
+
+
+def check_timeout(name: str, seconds: float) -> None:
+    """``ValueError`` unless ``seconds`` is above 0 and at most ``MAX_TIMEOUT_S``."""
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ValueError(f"{name} must be a number of seconds above 0 and at most "
+                         f"{MAX_TIMEOUT_S:g}, got {seconds:g}")
 
 
 def read_metrics(url: str, timeout: float = 10.0) -> list[dict]:
@@ -146,13 +164,13 @@ def read_metrics(url: str, timeout: float = 10.0) -> list[dict]:
 def stats(url: Annotated[str, typer.Argument(help="host:port or URL of a metrics endpoint "
                                                   "(metrics_port).")],
           timeout: Annotated[float, typer.Option(help="Seconds for the whole exchange: "
-                                                      "connect, request and answer.")] = 10.0,
+                                                      "connect, request and answer (at most "
+                                                      "3600).")] = 10.0,
           as_json: JsonFlag = False) -> None:
     """Print the kvtier metrics a running store or engine serves on its metrics_port."""
     try:
         parts = metrics_url(url)
-        if not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+        check_timeout("--timeout", timeout)
     except ValueError as exc:
         raise fail(f"stats: {exc}") from exc
     try:
@@ -171,10 +189,10 @@ def stats(url: Annotated[str, typer.Argument(help="host:port or URL of a metrics
 def _print(url: str, samples: list[dict]) -> None:
     from rich.table import Table
 
-    table = Table("metric", "labels", "value", title=f"kvtier metrics at {url}")
+    table = Table("metric", "labels", "value", title=f"kvtier metrics at {shown(url)}")
     for sample in samples:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(sample["labels"].items()))
         value = sample["value"]
-        table.add_row(sample["name"].removeprefix("kvtier_"), labels,
+        table.add_row(shown(sample["name"].removeprefix("kvtier_")), shown(labels),
                       f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}")
     console.print(table)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,8 +19,8 @@ from urllib.parse import SplitResult
 
 import typer
 
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail
-from kvtier.cli.stats import MetricsError, fetch, metrics_url, parse_samples
+from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
+from kvtier.cli.stats import MetricsError, check_timeout, fetch, metrics_url, parse_samples
 from kvtier.units import format_size
 
 if TYPE_CHECKING:
@@ -296,7 +295,7 @@ def render(views: Sequence[EndpointFigures], interval: float) -> Table:
         for i, tier in enumerate(tiers):
             first = i == 0
             table.add_row(
-                view.url if first else "", str(view.role) if first else "", tier.tier,
+                shown(view.url) if first else "", str(view.role) if first else "", shown(tier.tier),
                 _num(tier.hits), _num(tier.hits_per_s, ",.1f"), _percent(tier.hit_ratio),
                 _per_s(tier.in_per_s), _per_s(tier.out_per_s), _percent(tier.fill),
                 _queue_text(view) if first else "",
@@ -309,9 +308,7 @@ def render(views: Sequence[EndpointFigures], interval: float) -> Table:
 def _endpoints(urls: Sequence[str], interval: float, timeout: float) -> list[Endpoint]:
     """The arguments checked; ``ValueError`` naming the bad one."""
     for name, value in (("--interval", interval), ("--timeout", timeout)):
-        if not (math.isfinite(value) and 0 < value <= 3600):
-            raise ValueError(f"{name} must be a number of seconds above 0 and at most 3600, "
-                             f"got {value:g}")
+        check_timeout(name, value)
     return [Endpoint(url, metrics_url(url)) for url in urls]
 
 
@@ -335,10 +332,12 @@ def _live(endpoints: Sequence[Endpoint], first: list[Scrape], interval: float,
 def top(urls: Annotated[list[str], typer.Argument(
             help="host:port or URL of each metrics endpoint (metrics_port): a store, an "
                  "engine's scheduler side and its workers, or several engines.")],
-        interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
+        interval: Annotated[float, typer.Option(help="Seconds between refreshes (at most "
+                                                     "3600).")] = 2.0,
         once: Annotated[bool, typer.Option("--once", help="Print one view, with rates over one "
                                                           "interval, and exit.")] = False,
-        timeout: Annotated[float, typer.Option(help="Seconds for each read of an endpoint.")] = 5.0,
+        timeout: Annotated[float, typer.Option(help="Seconds for each read of an endpoint (at "
+                                                    "most 3600).")] = 5.0,
         as_json: JsonFlag = False) -> None:
     """A live view of kvtier metrics endpoints: per tier hits, hit rate and bytes in and out;
     queue depths, failures, and what is out of service (disk paths, the remote store).

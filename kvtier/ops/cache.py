@@ -12,6 +12,7 @@ another format version may hold its files directly in the namespace directory.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -160,6 +161,10 @@ class Segment:
         return f"{self.ns.id}/{WRITERS_DIR}/{self.writer}"
 
     @property
+    def path(self) -> Path:
+        return self.ns.root / self.label
+
+    @property
     def meta(self) -> NamespaceMeta:
         return self.ns.readable_meta
 
@@ -171,10 +176,31 @@ class Segment:
         return open_segment_dir(str(self.ns.root), self.ns.id, self.writer)
 
 
+def error_text(exc: OSError, where: str = "") -> str:
+    """One line saying what failed: the error's message with the entry it names (``where``
+    when the error names none, or only a descriptor)."""
+    text = exc.strerror or str(exc)
+    name = exc.filename if isinstance(exc.filename, str) else where
+    return f"{name}: {text}" if name and name not in text else text
+
+
 def cache_root(path: str | Path) -> Path:
     """``path`` checked to be a real directory of this user; raises ``CacheRootError``."""
-    with SafeDir.open(path):
-        return Path(path)
+    try:
+        with SafeDir.open(path):
+            return Path(path)
+    except CacheDirError as exc:
+        if exc.errno != errno.ENOTDIR:
+            raise
+        try:  # O_NOFOLLOW on a symlink says ENOTDIR: name what the entry is
+            info = os.lstat(path)
+        except OSError:
+            raise exc from None
+        if stat.S_ISLNK(info.st_mode):
+            raise CacheRootError(errno.ELOOP, f"{path} is a symlink; kvtier never follows one: "
+                                 "name the real directory, or remove the link") from None
+        raise CacheRootError(errno.ENOTDIR, f"{path} is {kind_of(info.st_mode)}, not a "
+                             "directory") from None
 
 
 def namespaces(root: Path) -> list[NamespaceDir]:
@@ -189,7 +215,8 @@ def namespaces(root: Path) -> list[NamespaceDir]:
                 with top.subdir(name) as directory:
                     described = _describe(root, name, directory)
             except OSError as exc:
-                described = NamespaceDir(root, name, None, exc.strerror or str(exc), unsafe=True)
+                described = NamespaceDir(root, name, None, error_text(exc, str(root / name)),
+                                         unsafe=True)
             if described is not None:
                 found.append(described)
     return found
@@ -205,7 +232,7 @@ def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
         writers, ignored = list_writers(directory) if WRITERS_DIR in names else ((), ())
         data = directory.read_file(META_FILE, MAX_META_BYTES)
     except OSError as exc:
-        return NamespaceDir(root, name, None, exc.strerror or str(exc), unsafe=True,
+        return NamespaceDir(root, name, None, error_text(exc, directory.path), unsafe=True,
                             has_meta_file=has_meta)
     if data is None:
         return NamespaceDir(root, name, None, "no namespace.json", writers=writers,
@@ -237,7 +264,7 @@ def list_writers(directory: SafeDir) -> tuple[tuple[tuple[str, str], ...], tuple
                 try:
                     handle.subdir(name).close()
                 except OSError as exc:
-                    problem = exc.strerror or str(exc)
+                    problem = error_text(exc, f"{handle.path}/{name}")
             writers.append((name, problem))
     return tuple(writers), tuple(ignored)
 

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 from kvtier.io.format import SlotHeader
 from kvtier.io.lease import read_lease
-from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
-from kvtier.ops.segments import busy_reason, index_entries, top_lock_held
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
+from kvtier.ops.segments import busy_reason, file_problem, index_entries, top_lock_held
 
 
 @dataclass
@@ -114,6 +114,10 @@ def inspect_segment(segment: Segment, readable: bool,
     entries: list[tuple[int, SlotHeader | None]] = []
     try:
         with segment.open() as handle:
+            problem = file_problem(handle)
+            if problem:
+                report.status, report.problem = "unsafe", problem
+                return report, []
             lease = read_lease(handle)
             report.in_use = bool(busy_reason(handle))
             if readable:
@@ -122,7 +126,7 @@ def inspect_segment(segment: Segment, readable: bool,
                 report.files, report.file_bytes = len(sizes), sum(sizes.values())
                 report.slots = sum(size // segment.meta.stride for size in sizes.values())
     except OSError as exc:
-        report.status, report.problem = "unsafe", exc.strerror or str(exc)
+        report.status, report.problem = "unsafe", error_text(exc, str(segment.path))
         return report, []
     if lease is not None:
         report.host, report.pid, report.beat = lease.host, lease.pid, lease.beat

@@ -7,15 +7,25 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 
 from __future__ import annotations
 
+import errno
 import time
 from dataclasses import dataclass, field
 
 from kvtier.io.names import SEATS_DIR, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import free_orphan_seats, orphan_seats, release_seat
-from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes
+from kvtier.io.seats import release_seat
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
+from kvtier.ops.orphan_seats import free_orphan_seats
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
-from kvtier.ops.segments import free_slots, gone_for, in_use, index_entries, is_proven, namespace_in_use
+from kvtier.ops.segments import (
+    free_slots,
+    idle_for,
+    in_use,
+    index_entries,
+    is_proven,
+    namespace_in_use,
+    segment_problem,
+)
 
 
 @dataclass
@@ -27,13 +37,23 @@ class GcReport:
     seats_freed: list[str] = field(default_factory=list)  # seats naming no segment (``gone_s``)
     skipped_in_use: list[str] = field(default_factory=list)  # segments (or namespaces)
     skipped_unsafe: list[str] = field(default_factory=list)  # not provably kvtier's, or unsafe
+    unreadable: list[str] = field(default_factory=list)  # namespaces not read: ``_skip_unreadable``
+    reasons: dict[str, str] = field(default_factory=dict)  # why, for skipped_unsafe and unreadable
     left: dict[str, list[str]] = field(default_factory=dict)  # entries kvtier did not write
     dry_run: bool = False
 
     @property
     def left_alone(self) -> bool:
-        """True when something was not done: in use, unsafe or entries left behind."""
+        """True when something was not done: in use, unsafe or entries left behind (an
+        ``unreadable`` namespace is left alone by design, and does not count)."""
         return bool(self.skipped_in_use or self.skipped_unsafe or self.left)
+
+    def skip(self, skipped: list[str], name: str, reason: str = "") -> None:
+        """Record ``name`` once in ``skipped`` (a ``skipped_*`` list or ``unreadable``), and why."""
+        if name not in skipped:
+            skipped.append(name)
+        if reason:
+            self.reasons.setdefault(name, reason)
 
 
 @dataclass(frozen=True)
@@ -50,48 +70,93 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
     """Free chunks older than ``older_than_s``, then the oldest until what is stored is at most
     ``target_bytes``; with ``stale``, remove namespaces of another format version, and those
     without metadata that a slot header proves kvtier's; with ``gone_s``, first remove the
-    segments (and give back the seats) of writers gone that long (``gone_for``), and give back
-    the seats that name no writer with a segment (``_free_seats``)."""
+    segments (and give back the seats) of writers gone that long (``_is_gone``), and give back
+    the seats that name no writer with a segment (``_free_seats``). Whatever is left alone
+    is recorded with why (``GcReport``)."""
     report = GcReport(dry_run=dry_run)
     chunks = []
     for directory in dirs:
         if directory.unsafe:
-            report.skipped_unsafe.append(directory.id)
+            report.skip(report.skipped_unsafe, directory.id, directory.problem)
         elif stale and directory.status in ("stale", "orphaned"):
             _remove_stale(directory, report, dry_run)
         elif directory.readable:
             removed = _remove_gone(directory, gone_s, report, dry_run) if gone_s is not None else set()
             if older_than_s is not None or target_bytes is not None:
                 chunks += _namespace_chunks(directory, report, removed)
+        else:
+            _skip_unreadable(directory, report)
     chunks.sort(key=lambda c: c.created_ns)
     for segment, mine in _victims(chunks, older_than_s, target_bytes).values():
-        try:
-            if not dry_run:
-                free_slots(segment, [c.slot for c in mine])
-        except OSError as exc:
-            report.left[segment.label] = [exc.strerror or str(exc)]
-            continue
-        report.chunks_freed += len(mine)
-        report.bytes_freed += sum(c.stored_bytes for c in mine)
+        _free(segment, mine, report, dry_run)
     return report
+
+
+def _skip_unreadable(directory: NamespaceDir, report: GcReport) -> None:
+    """Record a namespace whose segments gc cannot read, and which it leaves alone: damaged
+    metadata (never a reason to delete), or, without ``stale``, another format version or
+    no metadata (``--stale`` removes those)."""
+    if directory.status == "damaged":
+        why = f"damaged ({directory.problem}): left alone; inspect shows why"
+    elif directory.status == "stale":
+        version = directory.meta.format_version if directory.meta else 0
+        why = f"written by format version {version}; --stale removes it"
+    else:
+        why = "no namespace.json; --stale removes it when a slot header proves it kvtier's"
+    report.skip(report.unreadable, directory.id, why)
+
+
+def _free(segment: Segment, mine: list[_Chunk], report: GcReport, dry_run: bool) -> None:
+    """Free ``mine`` (chunks of ``segment``), counting exactly those freed."""
+    freed: list[int] = [c.slot for c in mine] if dry_run else []
+    problem = ""
+    try:
+        if not dry_run:
+            problem = free_slots(segment, [c.slot for c in mine], freed)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:  # in use since it was looked at
+            report.skip(report.skipped_in_use, segment.label)
+        else:
+            problem = error_text(exc, str(segment.path))
+    done = set(freed)
+    report.chunks_freed += sum(c.slot in done for c in mine)
+    report.bytes_freed += sum(c.stored_bytes for c in mine if c.slot in done)
+    if problem:
+        report.left[segment.label] = [problem]
+
+
+def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
+    """True when the writer of ``segment`` is gone for ``gone_s`` seconds and it is not in
+    use; an unsafe segment, or one in use although idle that long, is recorded as skipped."""
+    problem = segment_problem(segment)
+    idle = 0.0
+    if not problem:
+        try:
+            idle = idle_for(segment)
+        except OSError as exc:
+            problem = error_text(exc, str(segment.path))
+    if problem:
+        report.skip(report.skipped_unsafe, segment.label, problem)
+        return False
+    if idle < gone_s:
+        return False
+    if in_use(segment):
+        report.skip(report.skipped_in_use, segment.label)
+        return False
+    return True
 
 
 def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
                  dry_run: bool) -> set[str]:
     """Remove the segments of ``directory`` whose writers are gone for ``gone_s`` seconds,
-    and release their seats; return their labels (what a dry run would remove)."""
-    gone = []
-    for segment in directory.segments:
-        try:
-            idle = None if segment.unsafe else gone_for(segment)
-        except OSError:
-            idle = None
-        if idle is not None and idle >= gone_s:
-            gone.append(segment)
+    and release their seats; return the labels of the segments removed or skipped (what a
+    dry run would remove, or skip)."""
+    gone = [segment for segment in directory.segments if _is_gone(segment, gone_s, report)]
+    skipped = {s.label for s in directory.segments} & {*report.skipped_in_use, *report.skipped_unsafe}
     _free_seats(directory, gone_s, report, dry_run)
     if dry_run or not gone:
         report.segments_removed += [s.label for s in gone]
-        return {s.label for s in gone}
+        return {s.label for s in gone} | skipped
     done = Removal()
     try:
         with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle, \
@@ -100,11 +165,12 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
                 if remove_segment(segment, writers, done):
                     release_seat(handle, segment.writer)
     except OSError as exc:
-        done.left[directory.id] = [exc.strerror or str(exc)]
+        done.left[directory.id] = [error_text(exc, str(directory.path))]
     report.segments_removed += done.segments_removed
-    report.skipped_in_use += done.in_use
+    for label in done.in_use:
+        report.skip(report.skipped_in_use, label)
     report.left.update(done.left)
-    return set(done.segments_removed)
+    return set(done.segments_removed) | skipped | set(done.in_use) | set(done.left)
 
 
 SEAT_GRACE_S = 60.0  # a seat younger than this may be one a writer is setting up elsewhere
@@ -112,16 +178,13 @@ SEAT_GRACE_S = 60.0  # a seat younger than this may be one a writer is setting u
 
 def _free_seats(directory: NamespaceDir, gone_s: float, report: GcReport, dry_run: bool) -> None:
     """Give back the seats of ``directory`` that name no writer with a segment, unchanged
-    for ``gone_s`` (at least ``SEAT_GRACE_S``): ``orphan_seats``; a dry run lists them."""
-    older_than = max(gone_s, SEAT_GRACE_S)
+    for ``gone_s`` (at least ``SEAT_GRACE_S``): ``free_orphan_seats``; a dry run lists them
+    and changes nothing."""
     try:
         with directory.open() as handle:
-            if dry_run:
-                freed = [name for name, _ in orphan_seats(handle, older_than)]
-            else:
-                freed = free_orphan_seats(handle, older_than)
+            freed = free_orphan_seats(handle, max(gone_s, SEAT_GRACE_S), dry_run)
     except OSError as exc:
-        report.left[f"{directory.id}/{SEATS_DIR}"] = [exc.strerror or str(exc)]
+        report.left[f"{directory.id}/{SEATS_DIR}"] = [error_text(exc, f"{directory.path}/{SEATS_DIR}")]
         return
     report.seats_freed += [f"{directory.id}/{SEATS_DIR}/{name}" for name in freed]
 
@@ -132,10 +195,11 @@ def _namespace_chunks(directory: NamespaceDir, report: GcReport,
     for segment in directory.segments:
         if segment.label in removed:
             continue
-        if segment.unsafe:
-            report.skipped_unsafe.append(segment.label)
+        problem = segment_problem(segment)
+        if problem:
+            report.skip(report.skipped_unsafe, segment.label, problem)
         elif in_use(segment):
-            report.skipped_in_use.append(segment.label)
+            report.skip(report.skipped_in_use, segment.label)
         else:
             chunks += _chunks(segment, report)
     return chunks
@@ -145,8 +209,8 @@ def _chunks(segment: Segment, report: GcReport) -> list[_Chunk]:
     try:
         with segment.open() as handle:
             entries = index_entries(segment, handle, slot_file_sizes(segment.meta, handle))
-    except OSError:
-        report.skipped_unsafe.append(segment.label)
+    except OSError as exc:
+        report.skip(report.skipped_unsafe, segment.label, error_text(exc, str(segment.path)))
         return []
     return [_Chunk(segment, slot, h.created_ns, h.payload_bytes)
             for slot, h in entries if h is not None]
@@ -157,7 +221,7 @@ def _victims(chunks: list[_Chunk], older_than_s: float | None,
     """The chunks to free (oldest first), by segment."""
     victims = []
     if older_than_s is not None:
-        cutoff = time.time_ns() - int(older_than_s * 1e9)
+        cutoff = time.time_ns() - older_than_s * 1e9  # a float: never overflows
         victims = [c for c in chunks if c.created_ns < cutoff]
     if target_bytes is not None:
         kept = chunks[len(victims):]
@@ -179,10 +243,11 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
     except OSError:
         proven = False
     if not proven:
-        report.skipped_unsafe.append(directory.id)
+        report.skip(report.skipped_unsafe, directory.id,
+                    "no namespace.json, and no slot header proves it kvtier's")
     elif dry_run:
         if namespace_in_use(directory):
-            report.skipped_in_use.append(directory.id)
+            report.skip(report.skipped_in_use, directory.id)
         else:
             report.namespaces_removed.append(directory.id)
     else:
@@ -190,7 +255,8 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
         try:
             remove_namespace(directory, done)
         except OSError as exc:
-            done.left[directory.id] = [exc.strerror or str(exc)]
+            done.left[directory.id] = [error_text(exc, str(directory.path))]
         report.namespaces_removed += done.removed
-        report.skipped_in_use += done.in_use
+        for name in done.in_use:
+            report.skip(report.skipped_in_use, name)
         report.left.update(done.left)

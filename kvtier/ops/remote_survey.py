@@ -9,6 +9,7 @@ listing), so it is safe on a store in use. The URL is shown redacted (``remote.r
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from kvtier.remote.urls import backend_of, check_url
 from kvtier.remote.values import decode_value_header
 
 SCAN_BATCH = 1000
+_HEX_PART = re.compile(rb"[0-9a-f]{32}")  # a namespace digest, a chunk key: as kvtier names them
 
 
 @dataclass
@@ -41,7 +43,7 @@ class RemoteSurvey:
     complete: bool  # every key was listed (False: stopped at the limit)
     namespaces: list[NamespaceHoldings] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
-    foreign_keys: int = 0  # keys under the prefix that are not kvtier's form
+    foreign_keys: int = 0  # keys under the prefix not of kvtier's form, or not strings
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,18 +105,20 @@ def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -
 def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, NamespaceHoldings],
            result: RemoteSurvey, picked: dict[str, list[bytes]], sample: int) -> None:
     """Count ``names`` (one listed batch) per namespace, and pick the first ``sample`` of
-    each namespace for checking."""
+    each namespace for checking. A key not of kvtier's form ``<prefix><namespace>:<key>``
+    (32 hex digits each), or not a string (its length an error reply), is foreign."""
     if not names:
         return
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.strlen(name)
-    for name, length in zip(names, pipe.execute(), strict=True):
+    for name, length in zip(names, pipe.execute(raise_on_error=False), strict=True):
         parts = name[len(prefix):].split(b":")
-        if len(parts) != 2 or len(parts[0]) != 32 or len(parts[1]) != 32:
+        if (isinstance(length, Exception) or len(parts) != 2
+                or not all(_HEX_PART.fullmatch(part) for part in parts)):
             result.foreign_keys += 1
             continue
-        digest = parts[0].decode(errors="replace")
+        digest = parts[0].decode()
         holdings = found.setdefault(digest, NamespaceHoldings(digest))
         holdings.chunks += 1
         holdings.value_bytes += int(length or 0)
@@ -125,9 +129,14 @@ def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, Namesp
 
 def _check_sample(client: Any, prefix: str, holdings: NamespaceHoldings, names: list[bytes]) -> None:
     """Check the values of ``names`` (the namespace's sample): header, key, lengths, checksum."""
+    from redis.exceptions import ResponseError
+
     sizes = set()
     for name in names:
-        value = client.get(name)
+        try:
+            value = client.get(name)
+        except ResponseError:  # no longer a string (WRONGTYPE): not a chunk of kvtier's
+            continue
         if value is None:  # evicted meanwhile
             continue
         holdings.checked += 1

@@ -1,7 +1,8 @@
 """``kvtier clear``, and removing what kvtier wrote: never a segment that a running process
 holds, and only what kvtier provably wrote: a namespace whose metadata (or a slot header)
-names it, and in it only the files kvtier names, regular files of this user. Anything else
-stays, and is reported.
+names it, and in it only the files kvtier names, regular files of this user with one link
+(a file with more may be linked from outside the cache root: ``remove_own_file``). Anything
+else stays, and is reported.
 
 Reports name a namespace by its id and a segment by its path under the cache root,
 ``<namespace id>/writers/<writer id>``.
@@ -26,9 +27,9 @@ from kvtier.io.names import (
     seat_number,
     slot_number,
 )
-from kvtier.io.safefs import SafeDir
+from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.io.seats import release_seat
-from kvtier.ops.cache import NamespaceDir, Segment
+from kvtier.ops.cache import NamespaceDir, Segment, error_text
 from kvtier.ops.segments import hold, is_proven
 
 _SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
@@ -46,6 +47,24 @@ class Removal:
     left: dict[str, list[str]] = field(default_factory=dict)
 
 
+def remove_own_file(handle: SafeDir, name: str) -> bool:
+    """``SafeDir.remove_file`` of a file with one link only: a file with more may be linked
+    from outside the cache root, so it is not provably kvtier's (``UnsafeEntry``; left)."""
+    info = handle.lstat(name)
+    if info is not None and info.st_nlink > 1:
+        raise UnsafeEntry(errno.EPERM, f"{handle.path}/{name} has {info.st_nlink} hard links; "
+                          "kvtier never makes one and leaves it alone")
+    return handle.remove_file(name)
+
+
+def remove_dir(handle: SafeDir, name: str) -> bool:
+    """``SafeDir.remove_dir``, its errors naming the directory by its path."""
+    try:
+        return handle.remove_dir(name)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot remove {handle.path}/{name}: {exc.strerror}") from None
+
+
 def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True) -> list[str]:
     """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
     its temporary files) and, when the caller holds it (``locked``), the lock file, last;
@@ -57,12 +76,12 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
         mine = (name in kvtier_names or slot_number(name) is not None
                 or TEMP_NAME.fullmatch(name) is not None)
         try:
-            if not mine or not handle.remove_file(name):
+            if not mine or not remove_own_file(handle, name):
                 left.append(name)
         except OSError:  # not a regular file of ours: not kvtier's to delete
             left.append(name)
     if locked:
-        handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
+        remove_own_file(handle, LOCK_FILE)  # held by us: nobody else is using it
     return left
 
 
@@ -81,9 +100,9 @@ def remove_segment(segment: Segment, writers: SafeDir, done: Removal) -> bool:
         if exc.errno == errno.EBUSY:
             done.in_use.append(segment.label)
         else:
-            done.left[segment.label] = [exc.strerror or str(exc)]
+            done.left[segment.label] = [error_text(exc, str(segment.path))]
         return False
-    if not left and not writers.remove_dir(segment.writer):
+    if not left and not remove_dir(writers, segment.writer):
         left = ["(entries made while it was being removed)"]
     if left:
         done.left[segment.label] = left
@@ -107,7 +126,7 @@ def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> 
                 gone = False
             else:
                 release_seat(handle, name)  # its bytes are gone: another writer may take it
-    if gone and not handle.remove_dir(WRITERS_DIR):
+    if gone and not remove_dir(handle, WRITERS_DIR):
         done.left[f"{directory.id}/{WRITERS_DIR}"] = ["(entries made while it was being removed)"]
         gone = False
     return gone
@@ -122,12 +141,12 @@ def _remove_seats(handle: SafeDir) -> None:
         for name in seats.names():
             if seat_number(name) is not None or TEMP_NAME.fullmatch(name):
                 try:
-                    seats.remove_file(name)
+                    remove_own_file(seats, name)
                 except OSError:
                     continue  # not a regular file of ours: not kvtier's to delete
         empty = not seats.names()
     if empty:
-        handle.remove_dir(SEATS_DIR)
+        remove_dir(handle, SEATS_DIR)
 
 
 def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
@@ -152,7 +171,7 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
         finally:
             if lock >= 0:
                 os.close(lock)
-        if not left and not top.remove_dir(directory.id):
+        if not left and not remove_dir(top, directory.id):
             left = ["(entries made while it was being removed)"]
     if left:
         done.left[directory.id] = left
@@ -171,5 +190,5 @@ def clear(dirs: list[NamespaceDir]) -> Removal:
                 continue
             remove_namespace(directory, done)
         except OSError as exc:
-            done.left[directory.id] = [exc.strerror or str(exc)]
+            done.left[directory.id] = [error_text(exc, str(directory.path))]
     return done

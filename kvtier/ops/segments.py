@@ -13,17 +13,18 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import stat
 import time
 
 from kvtier.io.cachedir import lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
 from kvtier.io.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
-from kvtier.io.lease import held_elsewhere, read_lease
-from kvtier.io.names import INDEX_FILE, LOG_FILE
-from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
+from kvtier.io.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
+from kvtier.io.safefs import CacheDirError, SafeDir, kind_of, read_at
 from kvtier.io.seats import held_here as lock_held
 from kvtier.io.segment_log import SegmentLog
-from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -46,16 +47,65 @@ def in_use(segment: Segment) -> bool:
         return False
 
 
-def gone_for(segment: Segment, now_ns: int | None = None) -> float | None:
+def idle_for(segment: Segment, now_ns: int | None = None) -> float:
     """Seconds since the segment's writer last showed life, by this machine's clock: its
-    lease's last write (the segment directory's change time when it has no lease); None
-    while it is in use (``in_use``: its lock held here, or a recent lease of another host)."""
-    if in_use(segment):
-        return None
+    lease's last write (the segment directory's change time when it has no lease), whether
+    or not it is in use; ``OSError`` when the segment cannot be opened."""
     with segment.open() as handle:
         lease = read_lease(handle)
         since = lease.written_ns if lease is not None else os.fstat(handle.fd).st_ctime_ns
     return max(0.0, ((time.time_ns() if now_ns is None else now_ns) - since) / 1e9)
+
+
+def gone_for(segment: Segment, now_ns: int | None = None) -> float | None:
+    """``idle_for``; None while the segment is in use (``in_use``: its lock held here, or a
+    recent lease of another host)."""
+    if in_use(segment):
+        return None
+    return idle_for(segment, now_ns)
+
+
+def file_problem(directory: SafeDir) -> str:
+    """Why a file kvtier names in the segment open in ``directory`` (lock, lease, log, index,
+    slot files) is not kvtier's ("" when every one present is: ``_entry_problem``)."""
+    for name in (LOCK_FILE, LEASE_FILE, LOG_FILE, INDEX_FILE, *slot_files(directory).values()):
+        problem = _entry_problem(directory, name)
+        if problem:
+            return problem
+    return ""
+
+
+def _entry_problem(directory: SafeDir, name: str) -> str | None:
+    """None when ``name`` is missing; "" when it is a regular file of this user with one
+    link (a lease no larger than kvtier writes one); else why it is not kvtier's."""
+    info = directory.lstat(name)
+    where = f"{directory.path}/{name}"
+    if info is None:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return f"{where} is {kind_of(info.st_mode)}, not a regular file; kvtier never made it"
+    try:
+        if name == LEASE_FILE:
+            directory.read_file(name, MAX_LEASE_BYTES)
+        else:
+            os.close(directory.open_file(name, os.O_RDONLY))
+    except FileNotFoundError:
+        return None  # gone since
+    except OSError as exc:
+        return error_text(exc, where)
+    return ""
+
+
+def segment_problem(segment: Segment) -> str:
+    """Why ``segment`` is unsafe, as ``kvtier inspect`` says ("" when it is not): its
+    directory (``Segment.problem``), or a file kvtier names in it (``file_problem``)."""
+    if segment.unsafe:
+        return segment.problem
+    try:
+        with segment.open() as directory:
+            return file_problem(directory)
+    except OSError as exc:
+        return error_text(exc, str(segment.path))
 
 
 def top_lock_held(ns: NamespaceDir) -> bool:
@@ -146,42 +196,74 @@ def index_entries(segment: Segment, directory: SafeDir,
     return entries
 
 
-def free_slots(segment: Segment, slots: list[int]) -> None:
-    """Blank the slots' index entries and headers, punch their space out of the files, and
-    start the segment's log afresh (readers following it forget the slots)."""
+def free_slots(segment: Segment, slots: list[int], freed: list[int]) -> str:
+    """Free ``slots``: start the segment's log afresh without them (readers following it
+    forget them first), blank their index entries, then punch their space out of the files
+    (their headers blanked where holes cannot be punched). The index and slot files are all
+    opened before anything changes, and the log is restarted next, so a file that cannot be
+    written changes nothing (``OSError``). Each slot goes to ``freed`` once its index entry
+    is blank (an error part-way leaves there what was done). Returns ``rewrite_log``'s
+    problem ("" when the log was restarted, or there is none)."""
     stride, per_file = segment.meta.stride, segment.meta.file_slots
     with segment.open() as handle:
         lock = hold(handle)
         try:
-            index = handle.open_file(INDEX_FILE, os.O_RDWR)
+            index, files = _open_for_writing(handle, {slot // per_file for slot in slots})
             try:
+                problem = rewrite_log(segment, handle, slot_file_sizes(segment.meta, handle),
+                                      set(slots))
                 for slot in slots:
                     os.pwrite(index, bytes(INDEX_ENTRY_BYTES), slot * INDEX_ENTRY_BYTES)
+                    freed.append(slot)
+                for slot in slots:
+                    _punch(files[slot // per_file], (slot % per_file) * stride, stride)
             finally:
-                os.close(index)
-            names = slot_files(handle)
-            for slot in slots:
-                fd = handle.open_file(names[slot // per_file], os.O_RDWR)
-                try:
-                    offset = (slot % per_file) * stride
-                    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
-                                       ctypes.c_long(offset), ctypes.c_long(stride)) != 0:
-                        os.pwrite(fd, bytes(HEADER_BYTES), offset)  # no holes here: blank it
-                finally:
+                for fd in (index, *files.values()):
                     os.close(fd)
-            rewrite_log(segment, handle, slot_file_sizes(segment.meta, handle))
         finally:
             os.close(lock)
+    return problem
 
 
-def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int]) -> None:
-    """Start the segment's ``log.kvt`` afresh from its index (a new file with a new epoch),
-    after the index was changed, so that readers following the log forget what was freed.
-    Only a log that is a regular file of this user is rewritten (anything else there is not
-    kvtier's, and is left alone); the caller holds the segment's lock."""
+def _open_for_writing(directory: SafeDir, numbers: set[int]) -> tuple[int, dict[int, int]]:
+    """Descriptors, opened for writing, of the index and of the slot files ``numbers`` (by
+    number): all of them, or none (``OSError``)."""
+    names = slot_files(directory)
+    opened: list[int] = []
     try:
-        os.close(directory.open_file(LOG_FILE, os.O_RDONLY))
-    except OSError:
-        return
-    kept = list(written_index_entries(directory, _index_slots(segment, sizes)))
+        opened.append(directory.open_file(INDEX_FILE, os.O_RDWR))
+        for number in sorted(numbers):
+            if number not in names:
+                raise CacheDirError(errno.ENOENT, f"{directory.path}: slot file {number} is gone")
+            opened.append(directory.open_file(names[number], os.O_RDWR))
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        raise
+    return opened[0], dict(zip(sorted(numbers), opened[1:], strict=True))
+
+
+def _punch(fd: int, offset: int, length: int) -> None:
+    """Give ``length`` bytes at ``offset`` back to the filesystem (a hole); where holes
+    cannot be made, blank the slot's header instead."""
+    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
+                       ctypes.c_long(offset), ctypes.c_long(length)) != 0:
+        os.pwrite(fd, bytes(HEADER_BYTES), offset)
+
+
+def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int],
+                without: set[int] | frozenset[int] = frozenset()) -> str:
+    """Start the segment's ``log.kvt`` afresh from its index, less the slots ``without`` (a
+    new file with a new epoch), so that readers following the log forget what is freed.
+    Only a log that is a regular file of this user is rewritten: anything else there is not
+    kvtier's and is left alone, and the answer says so ("" when the log was rewritten, or
+    there is none). The caller holds the segment's lock."""
+    problem = _entry_problem(directory, LOG_FILE)
+    if problem is None:
+        return ""
+    if problem:
+        return f"{problem}; so it was not started afresh"
+    kept = [(slot, entry) for slot, entry in written_index_entries(directory, _index_slots(segment, sizes))
+            if slot not in without]
     SegmentLog(directory, segment.digest, lambda: kept, rotate_after=MAX_SLOTS).close()
+    return ""

@@ -26,8 +26,8 @@ from kvtier.io.format import (
     payload_matches,
 )
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
-from kvtier.ops.cache import NamespaceDir, Segment, slot_file_sizes, slot_files
-from kvtier.ops.segments import hold, index_entries, rewrite_log
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
 
 
 @dataclass
@@ -45,8 +45,8 @@ class VerifyReport:
     unindexed: list[int] = field(default_factory=list)  # good slot the index does not name
     stale_index: list[int] = field(default_factory=list)  # index names a slot that is not there
     problem: str = ""  # why the segment could not be verified (or repaired) at all
-    in_use: bool = False  # --repair found it in use: read, not repaired
-    repaired: int = 0
+    in_use: bool = False  # a process holds it (see kvtier.ops.segments): read, never repaired
+    repaired: int = 0  # slots --repair changed: blanked, or their index entry fixed
 
     @property
     def problems(self) -> int:
@@ -80,7 +80,7 @@ class NamespaceVerify:
 class _Scan:
     """What one pass over the slots found, and what repairing would write."""
 
-    blanks: list[tuple[int, int]] = field(default_factory=list)  # (file number, offset)
+    blanks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, file number, offset)
     fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
 
 
@@ -96,7 +96,7 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
         try:
             report.writers.append(verify_segment(segment, repair, progress))
         except OSError as exc:
-            report.writers.append(VerifyReport(segment.writer, problem=exc.strerror or str(exc)))
+            report.writers.append(VerifyReport(segment.writer, problem=error_text(exc, str(segment.path))))
     return report
 
 
@@ -104,13 +104,21 @@ def verify_segment(segment: Segment, repair: bool = False,
                    progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Read every slot of ``segment``; with ``repair`` blank bad slots and wrong index
     entries, index good slots the index missed, and start the segment's log afresh from the
-    repaired index. A segment in use is read but not repaired (``in_use``, ``problem``)."""
+    repaired index. A segment in use is read but not repaired (``in_use``; with ``repair``,
+    ``problem`` says it was not repaired); an unsafe one (``file_problem``) is not read."""
     report = VerifyReport(segment.writer)
     if segment.unsafe:
         report.problem = f"unsafe: {segment.problem}"
         return report
     with segment.open() as directory:
-        lock = _hold_for_repair(directory, report) if repair else -1
+        unsafe = file_problem(directory)  # as inspect says: nothing in it is read or changed
+        if unsafe:
+            report.problem = f"unsafe: {unsafe}"
+            return report
+        if repair:  # in use: not repaired, and the problem says so
+            lock = _hold_for_repair(directory, report)
+        else:
+            lock, report.in_use = -1, bool(busy_reason(directory))
         try:
             scan = _scan(segment, directory, report, progress)
             if repair and not report.in_use:  # in use: the problem says it was not repaired
@@ -128,7 +136,7 @@ def _repair(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyRep
         return
     report.repaired = _apply(directory, scan)
     if report.repaired:
-        rewrite_log(segment, directory, slot_file_sizes(segment.meta, directory))
+        report.problem = rewrite_log(segment, directory, slot_file_sizes(segment.meta, directory))
 
 
 def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
@@ -138,7 +146,7 @@ def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
     except CacheDirError as exc:
         if exc.errno != errno.EBUSY:
             raise
-        report.in_use, report.problem = True, f"not repaired: {exc.strerror or exc}"
+        report.in_use, report.problem = True, f"not repaired: {error_text(exc, directory.path)}"
         return -1
 
 
@@ -166,7 +174,7 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
                 seen.add(slot)
                 _classify(report, slot, verdict, indexed, entry, scan)
                 if verdict in ("corrupt", "torn", "foreign"):
-                    scan.blanks.append((number, local * stride))
+                    scan.blanks.append((slot, number, local * stride))
                 if progress:
                     progress(1)
         finally:
@@ -253,11 +261,12 @@ def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
 
 
 def _apply(directory: SafeDir, scan: _Scan) -> int:
-    """Blank the bad slots' headers and rewrite the index entries; the count of fixes."""
+    """Blank the bad slots' headers and rewrite the index entries; the count of slots
+    changed (each once, whether blanked, its entry fixed, or both)."""
     files: dict[int, int] = {}
     names = slot_files(directory)
     try:
-        for number, offset in scan.blanks:
+        for _, number, offset in scan.blanks:
             if number not in files:
                 files[number] = directory.open_file(names[number], os.O_RDWR)
             os.pwrite(files[number], bytes(HEADER_BYTES), offset)
@@ -270,4 +279,4 @@ def _apply(directory: SafeDir, scan: _Scan) -> int:
             os.pwrite(fd, entry or bytes(INDEX_ENTRY_BYTES), slot * INDEX_ENTRY_BYTES)
     finally:
         os.close(fd)
-    return len(scan.fixes)
+    return len({slot for slot, _, _ in scan.blanks} | {slot for slot, _ in scan.fixes})
