@@ -404,6 +404,7 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
     (None, 2, 5, 1, False, 0),  # this machine: its lock says
     ("elsewhere", 1, 0, 590, True, 600), ("elsewhere", 1, 0, 610, False, 600),  # stated
     ("elsewhere", 1, 0, 86_390, True, 10**9), ("elsewhere", 1, 0, 86_410, False, 10**9),
+    ("elsewhere", 2, 10**9, 86_410, False, 0),  # beats a forged lease claims: a day at most
 ])
 def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats, every_s,
                                                                       age_s, live, stated_s):
