@@ -203,6 +203,11 @@ def test_a_writer_is_gone_after_the_longer_of_the_readers_timeout_and_its_own(st
     now[0] = gone_after + 1
     assert not watch.observe("a", data) and not watch.live("a")
     assert watch.live("never seen")
+    closed = LeaseInfo("b", "h", 1, 2, 3, 4, 5, stated_ms, 6).encode()  # its writer closed it
+    now[0] = 0.0
+    assert watch.observe("b", closed)
+    now[0] = 31
+    assert not watch.observe("b", closed)  # the reader's own timeout: nothing beats any more
 
 
 def test_a_lease_states_its_writers_timeout(tmp_path):

@@ -199,10 +199,13 @@ class LeaseKeeper:
 
 
 def stated_timeout(data: bytes | None) -> float:
-    """The ``lease_timeout`` in seconds that the lease in ``data`` states (0 when none), at
-    most ``MAX_STATED_TIMEOUT_S``."""
+    """The ``lease_timeout`` in seconds that the lease in ``data`` states (0 when none, or
+    when its writer closed the segment: nothing beats any more), at most
+    ``MAX_STATED_TIMEOUT_S``."""
     lease = LeaseInfo.parse(data)
-    return 0.0 if lease is None else min(lease.timeout_ms / 1000, MAX_STATED_TIMEOUT_S)
+    if lease is None or lease.closed_ns:
+        return 0.0
+    return min(lease.timeout_ms / 1000, MAX_STATED_TIMEOUT_S)
 
 
 @dataclass
