@@ -207,15 +207,20 @@ class SafeDir:
                 self.remove_file(temp)
             raise
 
-    def remove_file(self, name: str) -> bool:
-        """Unlink ``name`` only if it is a regular file of this user; False when missing;
-        ``UnsafeEntry`` when it is anything else (then it is left alone)."""
+    def remove_file(self, name: str, links: int = 1) -> bool:
+        """Unlink ``name`` only if it is a regular file of this user with at most ``links``
+        hard links; False when missing; ``UnsafeEntry`` when it is anything else (then it is
+        left alone). kvtier makes a second link only for a moment (``write_seat``): a file
+        with more may be linked from outside the cache root, so it is not provably kvtier's."""
         info = self.lstat(name)
         if info is None:
             return False
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
             raise UnsafeEntry(errno.EPERM, f"{self._where(name)} is {kind_of(info.st_mode)} "
                               f"of uid {info.st_uid}; kvtier did not make it and leaves it alone")
+        if info.st_nlink > links:
+            raise UnsafeEntry(errno.EPERM, f"{self._where(name)} has {info.st_nlink} hard "
+                              "links; kvtier did not make them and leaves it alone")
         os.unlink(name, dir_fd=self.fd)
         return True
 

@@ -16,12 +16,14 @@ it made its segment) is an orphan, given back once it stood unchanged long enoug
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import secrets
 import stat
 import time
+from typing import TypeGuard
 
 from kvtier.io.names import (
     INDEX_FILE,
@@ -75,7 +77,7 @@ def write_seat(seats: SafeDir, name: str, writer: str) -> bool:
     finally:
         if fd >= 0:
             os.close(fd)
-        seats.remove_file(temp)
+        seats.remove_file(temp, links=2)  # linked to the seat just made, or not
     os.fsync(seats.fd)  # the seat's name is on disk before the writer counts on it
     return True
 
@@ -119,16 +121,34 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
                         "a writer that is gone to be reclaimed (lease_timeout)")
 
 
-def _remove_linked_temps(seats: SafeDir) -> None:
-    """Remove the temporary files of ``write_seat`` already linked to a seat (a crash
-    between the link and the unlink): the seat keeps the data, and reads again (one link)."""
-    for name in seats.names():
+def _mine(info: os.stat_result | None) -> TypeGuard[os.stat_result]:
+    """A regular file of this user (``lstat``: a symlink is not followed)."""
+    return info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+
+
+def linked_temps(seats: SafeDir) -> set[str]:
+    """The temporary files of ``write_seat`` already linked to their seat (a crash between
+    the link and the unlink): each of this user, with two links, the other a seat file in
+    ``seats`` (the same inode), so removing it loses nothing."""
+    names = seats.names()
+    seat_inodes = set()
+    for name in names:
+        info = seats.lstat(name) if seat_number(name) is not None else None
+        if _mine(info):
+            seat_inodes.add((info.st_dev, info.st_ino))
+    linked = set()
+    for name in names:
         info = seats.lstat(name) if TEMP_NAME.fullmatch(name) else None
-        if info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-            try:
-                seats.remove_file(name)
-            except OSError:
-                continue  # not ours: left alone
+        if _mine(info) and info.st_nlink == 2 and (info.st_dev, info.st_ino) in seat_inodes:
+            linked.add(name)
+    return linked
+
+
+def _remove_linked_temps(seats: SafeDir) -> None:
+    """Remove the ``linked_temps``: the seat keeps the data, and reads again (one link)."""
+    for name in linked_temps(seats):
+        with contextlib.suppress(OSError):  # changed since: left alone
+            seats.remove_file(name, links=2)
 
 
 def holds_seat(ns_dir: SafeDir, writer: str, limit: int) -> bool:
@@ -208,25 +228,27 @@ def release_seat(ns_dir: SafeDir, writer: str) -> None:
 
 def orphan_seats(ns_dir: SafeDir, older_than_s: float,
                  now_ns: int | None = None) -> list[tuple[str, os.stat_result]]:
-    """The seats (and ``write_seat`` temporary files) of the namespace open as ``ns_dir``
-    that name no writer with a segment, each with its ``lstat``: empty or unreadable seats,
-    and those naming a writer whose ``writers/<id>`` does not exist, last modified
-    ``older_than_s`` seconds or more ago by this machine's clock (a seat is whole before it
-    has its name, and its writer makes its segment just after: neither is that old). A
-    seat that is not a regular file of this user is not kvtier's, and is never listed."""
+    """The seats of the namespace open as ``ns_dir`` that name no writer with a segment
+    (empty, unreadable, or naming a writer whose ``writers/<id>`` does not exist), the
+    temporary files of ``write_seat`` and the ``linked_temps``, each with its ``lstat``,
+    last modified ``older_than_s`` seconds or more ago by this machine's clock (a seat is
+    whole before it has its name, and its writer makes its segment just after: neither is
+    that old). Changes nothing, and lists only what is provably kvtier's: regular files of
+    this user with one link, or a linked temporary file (a seat that still has its
+    temporary file's link is judged once that is gone)."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return []
-    cutoff = (time.time_ns() if now_ns is None else now_ns) - int(older_than_s * 1e9)
+    cutoff = (time.time_ns() if now_ns is None else now_ns) - older_than_s * 1e9  # never overflows
     found = []
     with ns_dir.subdir(SEATS_DIR) as seats:
-        _remove_linked_temps(seats)
+        linked = linked_temps(seats)
         for name in seats.names():
             info = seats.lstat(name)
-            if (info is None or not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid()
-                    or info.st_mtime_ns > cutoff):
+            if not _mine(info) or info.st_mtime_ns > cutoff:
                 continue
-            if TEMP_NAME.fullmatch(name) or (seat_number(name) is not None
-                                             and not _has_segment(ns_dir, _holder(seats, name))):
+            if name in linked or (info.st_nlink == 1 and (TEMP_NAME.fullmatch(name) or (
+                    seat_number(name) is not None
+                    and not _has_segment(ns_dir, _holder(seats, name))))):
                 found.append((name, info))
     return found
 
@@ -245,21 +267,23 @@ def _has_segment(ns_dir: SafeDir, writer: str | None) -> bool:
         return True
 
 
-def free_orphan_seats(ns_dir: SafeDir, older_than_s: float) -> list[str]:
-    """Give back the seats ``orphan_seats`` finds (each only if it is still the file that
-    was judged); return their names."""
+def free_orphan_seats(ns_dir: SafeDir, older_than_s: float, dry_run: bool = False) -> list[str]:
+    """Give back what ``orphan_seats`` finds (each only if it is still the file that was
+    judged), or with ``dry_run`` only list it; return the names."""
     orphans = orphan_seats(ns_dir, older_than_s)
-    if not orphans:
-        return []
+    if dry_run or not orphans:
+        return [name for name, _ in orphans]
     freed = []
     with ns_dir.subdir(SEATS_DIR) as seats:
+        linked = linked_temps(seats)
         for name, info in orphans:
             now = seats.lstat(name)
             if now is None or (now.st_ino, now.st_mtime_ns) != (info.st_ino, info.st_mtime_ns):
                 continue  # freed and taken again since
             try:
-                if seats.remove_file(name):
-                    freed.append(name)
+                removed = seats.remove_file(name, links=2 if name in linked else 1)
             except OSError:
-                continue  # not a regular file of ours any more: left alone
+                continue  # not a regular file of ours with one link any more: left alone
+            if removed:
+                freed.append(name)
     return freed

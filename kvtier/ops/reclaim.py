@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 
 from kvtier.io.names import SEATS_DIR, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import release_seat
+from kvtier.io.seats import free_orphan_seats, release_seat
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
-from kvtier.ops.orphan_seats import free_orphan_seats
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
     free_slots,

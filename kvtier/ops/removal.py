@@ -1,7 +1,7 @@
 """``kvtier clear``, and removing what kvtier wrote: never a segment that a running process
 holds, and only what kvtier provably wrote: a namespace whose metadata (or a slot header)
 names it, and in it only the files kvtier names, regular files of this user with one link
-(a file with more may be linked from outside the cache root: ``remove_own_file``). Anything
+(a file with more may be linked from outside the cache root: ``SafeDir.remove_file``). Anything
 else stays, and is reported.
 
 Reports name a namespace by its id and a segment by its path under the cache root,
@@ -27,8 +27,8 @@ from kvtier.io.names import (
     seat_number,
     slot_number,
 )
-from kvtier.io.safefs import SafeDir, UnsafeEntry
-from kvtier.io.seats import release_seat
+from kvtier.io.safefs import SafeDir
+from kvtier.io.seats import linked_temps, release_seat
 from kvtier.ops.cache import NamespaceDir, Segment, error_text
 from kvtier.ops.segments import hold, is_proven
 
@@ -45,16 +45,6 @@ class Removal:
     segments_removed: list[str] = field(default_factory=list)
     in_use: list[str] = field(default_factory=list)
     left: dict[str, list[str]] = field(default_factory=dict)
-
-
-def remove_own_file(handle: SafeDir, name: str) -> bool:
-    """``SafeDir.remove_file`` of a file with one link only: a file with more may be linked
-    from outside the cache root, so it is not provably kvtier's (``UnsafeEntry``; left)."""
-    info = handle.lstat(name)
-    if info is not None and info.st_nlink > 1:
-        raise UnsafeEntry(errno.EPERM, f"{handle.path}/{name} has {info.st_nlink} hard links; "
-                          "kvtier never makes one and leaves it alone")
-    return handle.remove_file(name)
 
 
 def remove_dir(handle: SafeDir, name: str) -> bool:
@@ -76,12 +66,12 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
         mine = (name in kvtier_names or slot_number(name) is not None
                 or TEMP_NAME.fullmatch(name) is not None)
         try:
-            if not mine or not remove_own_file(handle, name):
+            if not mine or not handle.remove_file(name):
                 left.append(name)
         except OSError:  # not a regular file of ours: not kvtier's to delete
             left.append(name)
     if locked:
-        remove_own_file(handle, LOCK_FILE)  # held by us: nobody else is using it
+        handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
     return left
 
 
@@ -138,10 +128,11 @@ def _remove_seats(handle: SafeDir) -> None:
     if handle.lstat(SEATS_DIR) is None:
         return
     with handle.subdir(SEATS_DIR) as seats:
-        for name in seats.names():
+        linked = linked_temps(seats)  # a crash's temporary file linked to its seat goes first
+        for name in sorted(linked) + [n for n in seats.names() if n not in linked]:
             if seat_number(name) is not None or TEMP_NAME.fullmatch(name):
                 try:
-                    remove_own_file(seats, name)
+                    seats.remove_file(name, links=2 if name in linked else 1)
                 except OSError:
                     continue  # not a regular file of ours: not kvtier's to delete
         empty = not seats.names()
