@@ -4,14 +4,25 @@ torn or damaged records never yield a wrong slot, and leases tell live writers f
 import json
 import os
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from kvtier.io.cachedir import CacheDir
 from kvtier.io.format import INDEX_ENTRY_BYTES, MAGIC, Codec, SlotHeader
 from kvtier.io.lease import Lease, LeaseInfo, LeaseKeeper, LeaseWatch, read_lease
 from kvtier.io.names import LOG_FILE
 from kvtier.io.safefs import SafeDir, UnsafeEntry
-from kvtier.io.segment_log import LOG_HEADER_BYTES, RECORD_BYTES, LogFollower, SegmentLog
+from kvtier.io.segment_log import (
+    LOG_HEADER_BYTES,
+    RECORD_BYTES,
+    LogFollower,
+    SegmentLog,
+    encode_record,
+    encode_records,
+    entries_of,
+)
 from kvtier.keys import ChunkKey
 from tests.disk_helpers import NS, RAW, chunk, key, make_tier
 
@@ -34,7 +45,7 @@ def segment(tmp_path):
 
 
 def pair(segment, snapshot=(), rotate_after=1000):
-    log = SegmentLog(segment, DIGEST, lambda: list(snapshot), rotate_after)
+    log = SegmentLog(segment, DIGEST, lambda: entries_of(snapshot), rotate_after)
     return log, LogFollower(segment, DIGEST, RAW)
 
 
@@ -63,7 +74,7 @@ def test_a_follower_reads_only_what_was_appended_since_it_last_looked(segment):
 
 def test_a_rotation_makes_followers_start_over_from_the_snapshot(segment):
     state = {0: 0}
-    log = SegmentLog(segment, DIGEST, lambda: [(s, entry(n)) for s, n in state.items()],
+    log = SegmentLog(segment, DIGEST, lambda: entries_of((s, entry(n)) for s, n in state.items()),
                      rotate_after=4)
     follower = LogFollower(segment, DIGEST, RAW)
     follower.refresh()
@@ -116,7 +127,7 @@ def test_a_log_of_another_namespace_or_replaced_by_junk_holds_nothing(segment, t
     reset, _ = follower.refresh()
     assert reset and follower.slots == {}
     other = LogFollower(segment, bytes(16), RAW)
-    SegmentLog(segment, DIGEST, lambda: [(0, entry(1))], 10).close()
+    SegmentLog(segment, DIGEST, lambda: entries_of([(0, entry(1))]), 10).close()
     assert other.refresh() == (False, []) and other.slots == {}
 
 
@@ -257,3 +268,22 @@ def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp
     reads.close()
     view.close()
     tier.close()
+
+
+def test_records_encoded_at_once_are_those_encoded_one_by_one():
+    rng = np.random.default_rng(7)
+    pairs = [(int(slot), rng.bytes(INDEX_ENTRY_BYTES)) for slot in rng.integers(0, 2**40, 300)]
+    assert encode_records(entries_of(pairs)) == b"".join(encode_record(s, e) for s, e in pairs)
+    assert encode_records(entries_of([])) == b""
+
+
+def test_a_writer_starts_its_log_from_the_written_entries_of_its_index_only(segment):
+    """A partly written last entry (a truncated index) and blank entries are left out."""
+    written = [entry(n) for n in (1, 2)]
+    index = written[0] + BLANK + written[1] + written[1][:50]
+    snapshot = CacheDir._index_snapshot(SimpleNamespace(read_index=lambda: index))
+    log = SegmentLog(segment, DIGEST, lambda: snapshot, 1000)
+    follower = LogFollower(segment, DIGEST, RAW)
+    follower.refresh()
+    assert keys_of(follower) == {0: 1, 2: 2}
+    log.close()

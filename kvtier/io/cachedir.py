@@ -30,7 +30,7 @@ import numpy as np
 
 from kvtier.config import DiskFloor
 from kvtier.io.buffers import PAGE, AlignedBuffer
-from kvtier.io.format import INDEX_ENTRY_BYTES, is_blank
+from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
 from kvtier.io.lease import Lease, held_elsewhere, read_lease
 from kvtier.io.names import (
     INDEX_FILE,
@@ -43,7 +43,7 @@ from kvtier.io.names import (
 )
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.io.seats import claim_seat, holds_seat
-from kvtier.io.segment_log import SegmentLog
+from kvtier.io.segment_log import Entries, SegmentLog
 
 __all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
            "SafeDir"]
@@ -197,11 +197,13 @@ class CacheDir:
         return lock_namespace(self.dir, "give each instance its own instance_id (or let "
                               "kvtier derive one)")
 
-    def _index_snapshot(self) -> list[tuple[int, bytes]]:
-        """(local slot, entry) of every non-blank entry of the dense index."""
+    def _index_snapshot(self) -> Entries:
+        """(local slots, entries) of every non-blank entry of the dense index."""
         data = self.read_index()
-        entries = (data[i:i + INDEX_ENTRY_BYTES] for i in range(0, len(data), INDEX_ENTRY_BYTES))
-        return [(slot, entry) for slot, entry in enumerate(entries) if not is_blank(entry)]
+        rows = np.frombuffer(data, np.uint8, len(data) // INDEX_ENTRY_BYTES * INDEX_ENTRY_BYTES)
+        rows = rows.reshape(-1, INDEX_ENTRY_BYTES)
+        written = written_rows(rows)
+        return written.astype(np.uint64), rows[written]
 
     @property
     def inode(self) -> int:

@@ -23,6 +23,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
+import numpy as np
 import xxhash
 
 from kvtier.keys import FORMAT_VERSION, KEY_BYTES, ChunkKey
@@ -108,6 +109,12 @@ class SlotHeader:
 def is_blank(data: bytes | memoryview) -> bool:
     """True for a never-written (or invalidated) header: no magic."""
     return bytes(data[: len(MAGIC)]) != MAGIC
+
+
+def written_rows(rows: np.ndarray) -> np.ndarray:
+    """The numbers of the rows of ``rows`` (headers or index entries, one a row of uint8)
+    that are not ``is_blank``."""
+    return np.flatnonzero((rows[:, :len(MAGIC)] == np.frombuffer(MAGIC, np.uint8)).all(axis=1))
 
 
 def decode_header(data: bytes | memoryview) -> SlotHeader:

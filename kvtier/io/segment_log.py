@@ -18,9 +18,10 @@ import os
 import secrets
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import xxhash
 
 from kvtier.io.format import INDEX_ENTRY_BYTES, SlotHeader, is_blank
@@ -37,7 +38,9 @@ _SUM = struct.Struct("<Q")
 RECORD_BYTES = _RECORD.size + _SUM.size
 READ_PIECE = 16 * 1024**2  # bytes of log read per call
 
-Snapshot = Callable[[], list[tuple[int, bytes]]]  # (local slot, entry) of every written slot
+# (local slots, their entries as rows of INDEX_ENTRY_BYTES) of every written slot
+Entries = tuple[np.ndarray, np.ndarray]
+Snapshot = Callable[[], Entries]
 
 
 def _file_header(namespace: bytes, epoch: int) -> bytes:
@@ -64,6 +67,29 @@ def encode_record(local_slot: int, entry: bytes | memoryview) -> bytes:
     return body + _SUM.pack(xxhash.xxh3_64_intdigest(body))
 
 
+def entries_of(pairs: Iterable[tuple[int, bytes | memoryview]]) -> Entries:
+    """A snapshot's arrays from (local slot, entry) pairs."""
+    pairs = list(pairs)
+    entries = np.zeros((len(pairs), INDEX_ENTRY_BYTES), np.uint8)
+    for row, (_, entry) in zip(entries, pairs, strict=True):
+        row[:] = np.frombuffer(bytes(entry[:INDEX_ENTRY_BYTES]), np.uint8)
+    return np.array([slot for slot, _ in pairs], np.uint64), entries
+
+
+def encode_records(snapshot: Entries) -> bytes:
+    """``encode_record`` of every (slot, entry) of a snapshot, at once: a million records
+    take a fraction of a second (built one by one, about two seconds, under the log's lock
+    and at each writer's start)."""
+    slots, entries = snapshot
+    records = np.zeros((len(slots), RECORD_BYTES), np.uint8)
+    records[:, :8] = slots.astype("<u8").view(np.uint8).reshape(-1, 8)
+    records[:, 8:_RECORD.size] = entries
+    digest = xxhash.xxh3_64_intdigest
+    sums = np.fromiter(map(digest, records[:, :_RECORD.size]), "<u8", count=len(slots))
+    records[:, _RECORD.size:] = sums.view(np.uint8).reshape(-1, 8)
+    return records.tobytes()
+
+
 class SegmentLog:
     """The writer's side: ``append(local_slot, entry)`` records a slot written (or emptied,
     with a blank entry); thread-safe. The log starts afresh from ``snapshot()`` when opened
@@ -82,14 +108,13 @@ class SegmentLog:
             self._start()
 
     def _start(self) -> None:
-        entries = self._snapshot()
-        data = b"".join([_file_header(self._namespace, secrets.randbits(64)),
-                         *(encode_record(slot, entry) for slot, entry in entries)])
+        snapshot = self._snapshot()
+        data = _file_header(self._namespace, secrets.randbits(64)) + encode_records(snapshot)
         self._dir.replace_file(LOG_FILE, data)
         fd = self._dir.open_file(LOG_FILE, os.O_RDWR)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd, self._end, self.records = fd, len(data), len(entries)
+        self._fd, self._end, self.records = fd, len(data), len(snapshot[0])
 
     def restart(self) -> None:
         """Start afresh from ``snapshot()`` now (the index was replaced)."""

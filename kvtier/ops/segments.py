@@ -23,7 +23,7 @@ from kvtier.io.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
 from kvtier.io.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of, read_at
 from kvtier.io.seats import held_here as lock_held
-from kvtier.io.segment_log import SegmentLog
+from kvtier.io.segment_log import SegmentLog, entries_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
@@ -265,5 +265,6 @@ def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int],
         return f"{problem}; so it was not started afresh"
     kept = [(slot, entry) for slot, entry in written_index_entries(directory, _index_slots(segment, sizes))
             if slot not in without]
-    SegmentLog(directory, segment.digest, lambda: kept, rotate_after=MAX_SLOTS).close()
+    snapshot = entries_of(kept)
+    SegmentLog(directory, segment.digest, lambda: snapshot, rotate_after=MAX_SLOTS).close()
     return ""
