@@ -36,7 +36,7 @@ from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.log_level import apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
-from kvtier.store_direct import DirectTarget, empty_kv
+from kvtier.store_direct import DirectTarget, claim, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_gate import CallGate
 from kvtier.store_get import PrefixRead
@@ -270,10 +270,11 @@ class KVStore:
             self._poll()
             keys = keys[: out.shape[2] // self.chunk_tokens]
             runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
-            direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
-            read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
-                              self._drain_timeout(), direct)
-            return read.run(keys, runs.run) * self.chunk_tokens
+            with claim(self._direct, out):  # a second get into these bytes waits
+                direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
+                read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
+                                  self._drain_timeout(), direct)
+                return read.run(keys, runs.run) * self.chunk_tokens
 
     def empty_kv(self, num_tokens: int) -> torch.Tensor:
         """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk

@@ -9,6 +9,8 @@ through host slots.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
@@ -32,6 +34,15 @@ def empty_kv(buffers: DirectBuffers, layout: KVLayout, num_tokens: int) -> torch
     buffer = buffers.new(layout.num_layers * 2 * row * element)
     flat = torch.from_numpy(buffer.array()).view(getattr(torch, layout.dtype))
     return flat.as_strided(layout.shape(num_tokens), (2 * row, row, layout.hidden, 1))
+
+
+def claim(buffers: DirectBuffers, out: torch.Tensor) -> AbstractContextManager[None]:
+    """For one ``get`` into ``out``: its bytes to itself when they are on a direct buffer of
+    ``buffers`` (a second get into them waits), as a read given up on detaches pages there
+    whoever else loaded them; nothing to hold for any other tensor."""
+    if out.device.type != "cpu" or buffers.find(out.data_ptr(), _extent(out)) is None:
+        return nullcontext()
+    return buffers.claim(out.data_ptr(), _extent(out))
 
 
 class DirectTarget:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -252,3 +253,43 @@ def test_an_out_whose_elements_share_memory_is_refused_before_any_read(tmp_path)
         assert store.get(TOKENS, fresh) == len(TOKENS) and same_bytes(fresh, kv)
 
 
+
+
+def test_a_second_get_into_the_same_bytes_never_reports_pages_a_give_up_wiped(tmp_path):
+    kv = stored_on_disk(tmp_path)
+    make, engines = FakeEngine.factory()
+    with KVStore(LAYOUT, config(tmp_path, load_timeout=0.6), model="m", io_engine=make) as store:
+        out = store.empty_kv(len(TOKENS))
+        got: dict[str, int] = {}
+
+        def get(name: str) -> None:
+            got[name] = store.get(TOKENS[:CHUNK], out)
+
+        engines[0].hold()
+        first = threading.Thread(target=get, args=("first",))
+        second = threading.Thread(target=get, args=("second",))
+        first.start()
+        time.sleep(0.3)
+        second.start()  # into the same bytes, while the first one's read hangs
+        time.sleep(0.45)  # the first gave up (its pages detached); the second is not over
+        engines[0].release()
+        first.join(10)
+        second.join(10)
+        assert got["first"] == 0
+        # whatever the second reports loaded is in the tensor
+        assert got["second"] == 0 or same_bytes(out[:, :, :CHUNK], kv[:, :, :CHUNK])
+
+
+def test_claims_on_overlapping_bytes_wait_for_each_other_and_disjoint_ones_do_not():
+    buffers = DirectBuffers()
+    order: list[str] = []
+    with buffers.claim(0, 8192):
+        with buffers.claim(8192, 4096):  # disjoint: at once
+            order.append("disjoint")
+        waiter = threading.Thread(target=lambda: (buffers.claim(4096, 8192).__enter__(),
+                                                  order.append("overlapping")))
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive() and order == ["disjoint"]  # waits while the first is held
+    waiter.join(10)
+    assert order == ["disjoint", "overlapping"]

@@ -17,6 +17,8 @@ import os
 import threading
 import weakref
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,12 +114,18 @@ class DirectBuffers:
     ``find(address, nbytes)`` is the live buffer holding that whole byte range, if any. A
     buffer's death is noted without a lock (its weakref callback may run inside any
     allocation, with the lock held on the same thread) and handled at the next call.
+
+    ``claim(address, nbytes)`` holds a byte range for one ``get``, waiting while another
+    holds one that overlaps it: a get that gives up on a read detaches pages, which would
+    wipe what a second get into the same bytes had already loaded there.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
         self._dead: deque[int] = deque()  # start addresses of buffers freed, not yet forgotten
+        self._claims: list[tuple[int, int]] = []  # byte ranges gets hold (start, end)
+        self._claimed = threading.Condition(threading.Lock())
         # per tensor geometry, where its rows are (DirectTarget's cache; None: not readable into)
         self.geometry: dict[tuple, tuple[np.ndarray, int, int] | None] = {}
 
@@ -150,3 +158,19 @@ class DirectBuffers:
                 if mapping is not None:
                     return DirectBuffer(mapping)
         return None
+
+    @contextmanager
+    def claim(self, address: int, nbytes: int) -> Iterator[None]:
+        """Hold ``[address, address + nbytes)`` until the block ends, once no other claim
+        overlaps it."""
+        span = (address, address + nbytes)
+        with self._claimed:
+            while any(start < span[1] and span[0] < end for start, end in self._claims):
+                self._claimed.wait()
+            self._claims.append(span)
+        try:
+            yield
+        finally:
+            with self._claimed:
+                self._claims.remove(span)
+                self._claimed.notify_all()
