@@ -189,10 +189,11 @@ class KVStore:
         """Give back what a start that failed had taken (nothing is running yet)."""
         if self._metrics is not None:
             self._metrics.close()
-        self._close_others()
-        remote = getattr(self, "_shared", None) and self._shared.remote
-        if remote:
-            remote.close(0)
+        shared = getattr(self, "_shared", None)
+        if shared and shared.others:
+            shared.others.close()
+        if shared and shared.remote:
+            shared.remote.close(0)
         self._lane.close(0)
         transfers = getattr(self, "_transfers", None)
         if transfers is not None:  # its views of host memory go before the memory
@@ -351,9 +352,18 @@ class KVStore:
         still running then (a hung drive) are left behind: queued ones are cancelled (a call
         waiting on one raises ``StoreClosedError``), and the host memory and disk files the
         running ones, or calls still inside, use stay open until the process exits, or a
-        later ``close`` (False is returned).
+        later ``close`` (False is returned). A second ``close`` meanwhile waits for the
+        first (within its own ``timeout``), then finishes what is left.
         """
         deadline = time.monotonic() + timeout
+        if not self._gate.closing(timeout):
+            return False  # another close() is still at it
+        try:
+            return self._close(deadline, timeout)
+        finally:
+            self._gate.closed_by_me()
+
+    def _close(self, deadline: float, timeout: float) -> bool:
         self._gate.close(timeout)  # the calls inside leave; none comes in
         if self._metrics is not None:
             self._metrics.close()
@@ -369,7 +379,8 @@ class KVStore:
                       "stays until they end and close() is called again", self._gate.inside,
                       timeout)
             return False
-        self._close_others()  # after the lane: no read of another writer's chunk is left
+        if self._shared.others:  # after the lane: no read of another writer's chunk is left
+            self._shared.others.close()
         self._transfers.close()  # its views of host memory go before the memory
         for tier in self.tiers.values():
             tier.close()
@@ -381,12 +392,6 @@ class KVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- helpers ------------------------------------------------------------------------
-
-    def _close_others(self) -> None:
-        others = getattr(self, "_shared", None) and self._shared.others
-        if others:
-            others.close()
 
 
 def _left(deadline: float) -> float:

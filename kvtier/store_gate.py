@@ -28,6 +28,7 @@ class CallGate:
         self._changed = threading.Condition(self._lock)
         self._inside = 0
         self._closed = False
+        self._closer = threading.Lock()  # held by the ``close()`` at work
 
     @property
     def closed(self) -> bool:
@@ -59,6 +60,15 @@ class CallGate:
         with self._changed:
             self._closed = True
             return self._changed.wait_for(lambda: not self._inside, timeout)
+
+    def closing(self, timeout: float | None) -> bool:
+        """Become the one ``KVStore.close`` at work (``closed_by_me`` ends it), waiting up to
+        ``timeout`` seconds for another one to end: False when it has not. Two closes at
+        once would close the same files twice, the second time another thread's."""
+        return self._closer.acquire(timeout=-1 if timeout is None else timeout)
+
+    def closed_by_me(self) -> None:
+        self._closer.release()
 
     @property
     def inside(self) -> int:

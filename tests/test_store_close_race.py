@@ -85,3 +85,35 @@ def test_close_waits_for_a_get_inside_before_it_frees_memory(tmp_path):
     closer.join(timeout=60)
     assert loaded == [2 * CHUNK] and same_bytes(out, make_kv(tokens))  # served in full
     assert closed == [True]
+
+
+def test_two_closes_at_once_close_each_file_once(tmp_path, monkeypatch):
+    from kvtier.io import safefs
+
+    plain_close, inside, most = safefs.SafeDir.close, [0], [0]
+
+    def watched_close(self) -> None:  # how many threads close directories at once
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        plain_close(self)
+        inside[0] -= 1
+
+    monkeypatch.setattr(safefs.SafeDir, "close", watched_close)
+    store = KVStore(SMALL, store_config(tmp_path, disk=True))
+    store.put(seq(0, 2), make_kv(seq(0, 2)))
+    results: list[object] = []
+
+    def close() -> None:
+        try:
+            results.append(store.close(10))
+        except BaseException as exc:  # an fd closed twice: EBADF, or another thread's file
+            results.append(exc)
+
+    closers = [threading.Thread(target=close) for _ in range(2)]
+    for closer in closers:
+        closer.start()
+    for closer in closers:
+        closer.join(20)
+    assert results == [True, True]
+    assert most[0] == 1  # one close at work at a time: no file is closed twice at once
