@@ -285,15 +285,16 @@ class KVStore:
         return empty_kv(self._direct, self.layout, num_tokens)
 
     def flush(self, timeout: float | None = None) -> FlushResult:
-        """Write every chunk held in host memory that is not on disk yet (write-through
-        writes dropped under back-pressure included, and write-back chunks not evicted yet),
-        then wait for every disk write, at most ``timeout`` seconds. True when every host
-        chunk is on disk; ``not_written`` says how many are not (disk full or failing, a
-        hung drive). With a remote store, host chunks it is not known to hold are written to
-        it too (those its back-pressure dropped), and every write to it is waited for
-        (within the same ``timeout``); without a disk tier, true when those writes are
-        over. With neither, nothing outlives the process: ``not_written`` counts every
-        chunk held, and the result is false once one is."""
+        """Write every chunk held in host memory or the device pool (through a host slot)
+        that is not on disk yet, write-through writes dropped under back-pressure and
+        write-back chunks not evicted yet included, then wait for every disk write, at most
+        ``timeout`` seconds. True when every chunk held is on disk; ``not_written`` says
+        how many are not (disk full or failing, a hung drive). With a remote store, host
+        chunks it is not known to hold are written to it too (those its back-pressure
+        dropped), and every write to it is waited for (within the same ``timeout``);
+        without a disk tier, true when those writes are over and no chunk is held only in
+        the device pool. With neither, nothing outlives the process: ``not_written``
+        counts every chunk held, and the result is false once one is."""
         with self._gate:
             deadline = None if timeout is None else time.monotonic() + timeout
             self._poll()

@@ -1,14 +1,17 @@
-"""``KVStore.flush``: every host chunk not on disk yet is written, a batch at a time."""
+"""``KVStore.flush``: every host chunk not on disk yet is written, a batch at a time (device
+pool chunks through a host slot)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 from kvtier.keys import ChunkKey
-from kvtier.store_shared import DISK, HOST, StoreShared, time_left
+from kvtier.store_shared import DISK, GPU, HOST, StoreShared, time_left
 from kvtier.store_writes import PlanRunner, StartedWrite
+from kvtier.tier_stack import Location
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,11 @@ class Flusher:
     first, as they may fail. A batch is queued whole before its jobs start, so it goes to
     the disk in groups of neighbouring slots (``PlanRunner``). The disk may evict a chunk
     that is also in host memory to make room: such a chunk is written again in a later
-    round. Without a disk tier there is nothing to write: with a remote store, that store's
-    flush says the rest (``KVStore.flush``); without one, every chunk held is unwritten."""
+    round. A device pool chunk with no copy below it is first copied into a host slot
+    (evicting down the tiers as a put would), whence it is written like the others.
+    Without a disk tier there is nothing to write: with a remote store, that store's flush
+    says the rest (``KVStore.flush``; device pool chunks with no host copy count as not
+    written); without one, every chunk held is unwritten."""
 
     def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
         self._shared, self._runner = shared, runner
@@ -41,12 +47,14 @@ class Flusher:
         lane = self._shared.lane
         if not lane.num_slots:  # no disk tier: nothing to write to
             if self._shared.remote is not None:
-                return FlushResult(0, 0)
+                with self._shared.lock:
+                    return FlushResult(0, len(self._device_only()))
             with self._shared.lock:
                 held = sum(len(index) for index in self._shared.stack.indexes.values())
             return FlushResult(0, held)
         deadline = None if timeout is None else time.monotonic() + timeout
         batch = self._shared.max_pending * len(lane.queues)
+        self._stage_device_chunks(deadline)
         drained = lane.drain(time_left(deadline))
         tried: set[ChunkKey] = set()
         written = 0
@@ -65,8 +73,55 @@ class Flusher:
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         with self._shared.lock:
-            left = len(self._host_only())
+            left = len(self._host_only()) + len(self._device_only())
         return FlushResult(written, left, timed_out=not drained)
+
+    def _device_only(self) -> list[ChunkKey]:
+        """Device pool chunks with no host or disk copy (lock held), none in another
+        writer's segment either."""
+        indexes, others = self._shared.stack.indexes, self._shared.others
+        if GPU not in indexes:
+            return []
+        below, held = [indexes[tier] for tier in (HOST, DISK)], indexes[GPU].keys()
+        return [key for key in held
+                if not any(index.has_entry(key) for index in below)
+                and (others is None or others.find(key) is None)]
+
+    def _stage_device_chunks(self, deadline: float | None) -> None:
+        """Copy each device pool chunk with no copy below it into a host slot, one at a time
+        until ``deadline`` (making room there may write host chunks to disk, as a put's
+        would); reaching host memory starts its write-through."""
+        with self._shared.lock:
+            keys = self._device_only()
+        for key in keys:
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            self._stage(key, deadline)
+
+    def _stage(self, key: ChunkKey, deadline: float | None) -> None:
+        """Copy one device pool chunk into a host slot; when every host slot is held by a
+        disk write, once more after those writes are over."""
+        stack, plan = self._shared.stack, None
+        for attempt in range(2):
+            with self._shared.lock:
+                if stack.indexes[HOST].has_entry(key) or stack.indexes[DISK].has_entry(key):
+                    return
+                slot = stack.indexes[GPU].pin(key)
+                if slot is None:
+                    return  # evicted meanwhile
+                plan = stack.plan_store(key, HOST)
+                if plan is None:
+                    stack.indexes[GPU].unpin(key)
+            if plan is not None:
+                break
+            if attempt or not self._shared.lane.drain(time_left(deadline)):
+                return  # still no host slot: counted as not written
+        assert plan is not None and slot is not None
+        try:
+            self._runner.run(plan, partial(self._shared.transfers.copy, key, Location(GPU, slot)))
+        finally:
+            with self._shared.lock:
+                stack.indexes[GPU].unpin(key)
 
     def _host_only(self) -> list[tuple[ChunkKey, int]]:
         """(key, host slot) of host chunks with no disk copy and none being written (lock

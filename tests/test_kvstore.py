@@ -228,7 +228,9 @@ def test_every_bit_pattern_comes_back_through_host_device_pool_and_disk(tmp_path
         for end in range(CHUNK, len(tokens) + 1, CHUNK):  # one chunk at a time, each written
             store.put(tokens[:end], kv)
             assert store.flush()
-        assert store.lookup(tokens).chunks_by_tier == {GPU: 1, HOST: 2}
+        # the last flush copied the device pool's chunk into host memory to write it, which
+        # left the oldest host chunk (written already) on disk only
+        assert store.lookup(tokens).chunks_by_tier == {GPU: 1, HOST: 1, TierName.DISK: 1}
         out = torch.zeros_like(kv)
         assert store.get(tokens, out) == len(tokens)
         assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
@@ -237,3 +239,19 @@ def test_every_bit_pattern_comes_back_through_host_device_pool_and_disk(tmp_path
         out = torch.zeros_like(kv)
         assert store.get(tokens, out) == len(tokens)
         assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_flush_writes_device_pool_chunks_to_disk_through_host(tmp_path, policy):
+    tokens = seq(0, 6 * CHUNK)
+    disk = {"disk_paths": [str(tmp_path)], "disk_capacity": "1MiB", "disk_min_free": 0,
+            "write_policy": policy}
+    with make_store(host_chunks=2, gpu_chunks=8, **disk) as store:  # more than host holds
+        store.put(tokens, make_kv(tokens))
+        assert store.lookup(tokens).chunks_by_tier == {GPU: 6}
+        flushed = store.flush(timeout=10)
+        assert flushed and flushed.not_written == 0
+    with make_store(host_chunks=8, **disk) as store:  # "if store.flush():" meant persisted
+        n, out = read(store, tokens)
+        assert n == len(tokens) and same_bytes(out, make_kv(tokens))
+        assert store.lookup(tokens).chunks_by_tier == {HOST: 6}

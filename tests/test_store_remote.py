@@ -382,3 +382,11 @@ def test_with_a_remote_store_disk_writes_queue_a_quarter_of_the_host_slots(serve
     finally:
         for engine in engines:
             engine.release()
+
+
+def test_flush_counts_device_pool_chunks_the_store_was_never_sent(server):
+    toks = tokens(15, 3)
+    with store(server, gpu_capacity=8 * CHUNK_BYTES) as a:  # puts land in the device pool
+        a.put(toks, make_kv(toks))
+        flushed = a.flush(10)
+        assert not flushed and flushed.not_written == 3
