@@ -471,3 +471,13 @@ def test_a_store_failed_behind_a_write_back_keeps_its_host_slot_until_the_write_
     assert host.reusable_slots == held + 1  # given back once the write is over
     assert side.stack.locate(store.key) is None
     assert side.stack.locate(demotion.key).tier is TierName.DISK
+
+
+def test_a_chunk_vllm_computed_already_missing_here_hides_no_later_hit():
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes)
+    a = request("a", 128)
+    store_all(side, a)
+    keys = side.chunk_keys(a, 4)
+    side.stack.discard(keys[0])  # gone here (evicted, or a failed load); vLLM still holds it
+    assert side.num_new_matched_tokens(request("b", 129), CHUNK) == (128 - CHUNK, False)
+    assert side.num_new_matched_tokens(request("c", 129), 0) == (0, False)  # needed: a miss

@@ -34,6 +34,7 @@ from kvtier.tiers.base import TierName
 
 HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
 READ = (DISK, SHARED, REMOTE)  # chunks read into a host slot before they load
+COMPUTED = Location(TierName.GPU, -1)  # a chunk vLLM computed already: never loaded
 
 
 class LoadPlanner:
@@ -81,7 +82,7 @@ class LoadPlanner:
         """Tokens loadable beyond ``num_computed`` (at most ``limit``) of the request whose
         chunks have ``keys``; see ``SchedulerSide.num_new_matched_tokens``."""
         chunk = self.geometry.chunk_tokens
-        locations = self._match(keys, tracked.request.request_id)
+        locations = self._match(keys, tracked.request.request_id, num_computed // chunk)
         if locations is None:
             return None, False
         hit = min(len(locations) * chunk, limit)
@@ -130,12 +131,14 @@ class LoadPlanner:
             loadable, end = fit, min(hit, (first + fit) * chunk)
         return loadable, end
 
-    def _match(self, keys: list[ChunkKey], req_id: str) -> list[Location] | None:
+    def _match(self, keys: list[ChunkKey], req_id: str, computed: int) -> list[Location] | None:
         """The longest run of ``keys`` cached here, or in another engine's segment (a
         location of tier SHARED), each where it is hottest, then in the remote store (tier
-        REMOTE); None while the store has not answered yet."""
-        locations = []
-        for key in keys:
+        REMOTE); None while the store has not answered yet. The first ``computed`` chunks
+        vLLM holds already count as found (``COMPUTED``): one of them missing here hides no
+        later chunk (a key names its whole prefix, so a later hit is still the right one)."""
+        locations = [COMPUTED] * min(computed, len(keys))
+        for key in keys[len(locations):]:
             location = self.stack.locate(key)
             if location is None and self.shares is not None and self.shares.find(key):
                 location = Location(SHARED, -1)
