@@ -27,7 +27,6 @@ import torch
 
 from kvtier.chunk_runs import ChunkRuns
 from kvtier.config import KVTierConfig, load_config
-from kvtier.errors import ConfigError
 from kvtier.io.buffers import align_up
 from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
@@ -36,6 +35,7 @@ from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.log_level import apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.stats import FailureLog, StoreStats, store_samples
+from kvtier.store_checks import check_layout, check_tiers, model_name
 from kvtier.store_direct import DirectTarget, claim, empty_kv
 from kvtier.store_flush import Flusher, FlushResult
 from kvtier.store_gate import CallGate
@@ -91,11 +91,12 @@ class KVStore:
     def __init__(self, layout: KVLayout, config: KVTierConfig | Mapping[str, Any] | None = None,
                  *, model: str | None = None, device: torch.device | str | None = None,
                  io_engine: EngineFactory = IOEngine) -> None:
+        check_layout(layout)
         self.config = cfg = config if isinstance(config, KVTierConfig) else load_config(config)
         apply_log_level()
         self.layout = layout
         self.chunk_tokens = cfg.chunk_tokens
-        self.namespace = layout.namespace(_model_name(model, cfg), self.chunk_tokens)
+        self.namespace = layout.namespace(model_name(model, cfg), self.chunk_tokens)
         self.chunk_bytes = layout.token_bytes * self.chunk_tokens
         self.slot_bytes = align_up(self.chunk_bytes)
         self._lock = threading.Lock()
@@ -120,7 +121,7 @@ class KVStore:
             self.tiers[GPU] = DevicePool(cfg.gpu_capacity // self.slot_bytes, self.slot_bytes, device)
         if cfg.host_capacity >= self.slot_bytes:
             self.tiers[HOST] = make_host_tier(cfg.host_capacity, self.slot_bytes)
-        self._check_tiers()
+        check_tiers(cfg, set(self.tiers), self.chunk_tokens, self.slot_bytes)
         # write-back moves get their own queue per path: a put or get waiting on one must not
         # queue behind background writes and read-ahead
         self._lane = open_lane(cfg, self.namespace, self.chunk_bytes, DTYPE_BYTES[self.layout.dtype],
@@ -157,19 +158,6 @@ class KVStore:
             self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples, cfg.metrics_host)
         host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
         self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
-
-    def _check_tiers(self) -> None:
-        if self.config.gpu_capacity and GPU not in self.tiers:
-            raise ConfigError(
-                f"kvtier config: gpu_capacity={self.config.gpu_capacity} holds no chunk of "
-                f"{self.slot_bytes} bytes ({self.chunk_tokens} tokens); raise gpu_capacity, "
-                "lower chunk_tokens, or set it to 0 for no device pool")
-        if HOST not in self.tiers and (self.config.disk_paths or not self.tiers):
-            raise ConfigError(
-                f"kvtier config: host_capacity={self.config.host_capacity} holds no chunk of "
-                f"{self.chunk_bytes} bytes ({self.chunk_tokens} tokens), and the disk tier and "
-                "the store need at least one; raise host_capacity or lower chunk_tokens"
-            )
 
     @property
     def disk(self) -> DiskTier | None:
@@ -398,12 +386,3 @@ class KVStore:
 def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
-
-def _model_name(model: str | None, cfg: KVTierConfig) -> str:
-    name = model if model is not None else cfg.model
-    if not name or not isinstance(name, str):
-        raise ConfigError(
-            "kvtier KVStore: no model name: pass KVStore(layout, config, model='org/name') or "
-            "set the 'model' config key; it keeps apart the KV of models with the same layout"
-        )
-    return name

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvtier.errors import LayoutError
 from kvtier.keys import Namespace
+from kvtier.units import positive_count
 
 LAYOUT_NAME = "layers,kv,tokens,hidden"
 LAYOUT_VERSION = 1
@@ -32,10 +33,15 @@ class KVLayout:
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        if min(self.num_layers, self.kv_heads, self.head_size) <= 0:
-            raise ValueError(f"{self}: layers, kv_heads and head_size must be positive")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype {self.dtype!r} not supported; use one of {sorted(DTYPE_BYTES)}")
+        for name in ("num_layers", "kv_heads", "head_size"):
+            value = getattr(self, name)
+            whole = positive_count(value)
+            if not whole:
+                raise LayoutError(f"KVLayout: {name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, whole)
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:
+            raise LayoutError(f"KVLayout: dtype {self.dtype!r} not supported; use one of the "
+                              f"names {sorted(DTYPE_BYTES)}")
 
     @property
     def hidden(self) -> int:

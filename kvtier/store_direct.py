@@ -9,6 +9,7 @@ through host slots.
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
@@ -19,6 +20,7 @@ from kvtier.io.buffers import PAGE, align_up
 from kvtier.io.direct_buffer import DirectBuffer, DirectBuffers
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.tiers.disk import IOV_MAX
+from kvtier.units import positive_count
 
 _GEOMETRIES = 64  # tensor geometries whose rows are remembered between gets
 _UNKNOWN = object()
@@ -27,13 +29,18 @@ _UNKNOWN = object()
 def empty_kv(buffers: DirectBuffers, layout: KVLayout, num_tokens: int) -> torch.Tensor:
     """A ``(layers, 2, num_tokens, hidden)`` tensor on a direct buffer of ``buffers``, each
     ``(layer, K or V)`` row starting on a page (contents: zeros)."""
-    if num_tokens <= 0:
-        raise ValueError(f"num_tokens must be positive, got {num_tokens}")
+    tokens = positive_count(num_tokens)
+    if not tokens:
+        raise ValueError(f"num_tokens must be a positive integer, got {num_tokens!r}")
     element = DTYPE_BYTES[layout.dtype]
-    row = align_up(num_tokens * layout.hidden * element, PAGE) // element
-    buffer = buffers.new(layout.num_layers * 2 * row * element)
+    row = align_up(tokens * layout.hidden * element, PAGE) // element
+    size, memory = layout.num_layers * 2 * row * element, os.sysconf("SC_PHYS_PAGES") * PAGE
+    if size > memory:
+        raise ValueError(f"empty_kv({tokens}) needs {size} bytes, more than this machine's "
+                         f"memory ({memory} bytes); ask for fewer tokens")
+    buffer = buffers.new(size)
     flat = torch.from_numpy(buffer.array()).view(getattr(torch, layout.dtype))
-    return flat.as_strided(layout.shape(num_tokens), (2 * row, row, layout.hidden, 1))
+    return flat.as_strided(layout.shape(tokens), (2 * row, row, layout.hidden, 1))
 
 
 def claim(buffers: DirectBuffers, out: torch.Tensor) -> AbstractContextManager[None]:

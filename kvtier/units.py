@@ -1,7 +1,9 @@
-"""Byte sizes and durations as people write them: "512MiB", "4GiB", "1.5GB", "4096", "30s"."""
+"""Byte sizes and durations as people write them: "512MiB", "4GiB", "1.5GB", "4096", "30s";
+counts given in code."""
 
 import decimal
 import math
+import operator
 import re
 import reprlib
 
@@ -115,3 +117,14 @@ def format_duration(seconds: float) -> str:
     if seconds.is_integer():
         return f"{int(seconds)}s"
     return f"{decimal.Decimal(repr(seconds)):f}s"  # repr: the shortest exact digits
+
+
+def positive_count(value: object) -> int:
+    """``value`` as an int when it is a positive integer (an int, or an integer numpy or
+    torch scalar; never a bool), else 0."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        return max(0, operator.index(value))  # type: ignore[arg-type]
+    except TypeError:
+        return 0

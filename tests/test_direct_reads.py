@@ -293,3 +293,13 @@ def test_claims_on_overlapping_bytes_wait_for_each_other_and_disjoint_ones_do_no
         assert waiter.is_alive() and order == ["disjoint"]  # waits while the first is held
     waiter.join(10)
     assert order == ["disjoint", "overlapping"]
+
+
+@pytest.mark.parametrize("bad", [10.5, "10", None, True, 1.0])
+def test_empty_kv_of_anything_but_a_positive_integer_is_refused_by_name(tmp_path, bad):
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            store.empty_kv(bad)
+        with pytest.raises(ValueError, match="more than this machine's memory"):
+            store.empty_kv(2**55)
+        assert store.empty_kv(np.int64(40)).shape == LAYOUT.shape(40)

@@ -255,3 +255,27 @@ def test_flush_writes_device_pool_chunks_to_disk_through_host(tmp_path, policy):
         n, out = read(store, tokens)
         assert n == len(tokens) and same_bytes(out, make_kv(tokens))
         assert store.lookup(tokens).chunks_by_tier == {HOST: 6}
+
+
+@pytest.mark.parametrize("fields", [(2.5, 2, 16), ("2", 2, 16), (True, 2, 16), (2, 0, 16),
+                                    (2, 2, None)])
+def test_a_layout_of_anything_but_positive_integers_is_refused_by_name(fields):
+    from kvtier.layout import KVLayout
+
+    with pytest.raises(LayoutError, match="must be a positive integer"):
+        KVLayout(*fields)
+    assert KVLayout(np.int64(2), 2, 16) == KVLayout(2, 2, 16)  # integer scalars are ints
+    with pytest.raises(LayoutError, match=r"dtype torch\.bfloat16 not supported"):
+        KVLayout(2, 2, 16, torch.bfloat16)
+    with pytest.raises(LayoutError, match="must be a KVLayout"):
+        KVStore({"num_layers": 2}, {"chunk_tokens": CHUNK, "host_capacity": "1MiB"}, model="m")
+
+
+@pytest.mark.parametrize("device, says", [("meta", "holds no data"), ("bogus", "not a torch device"),
+                                          ("cuda", "sees no CUDA device")])
+def test_a_device_pool_on_a_device_it_cannot_use_is_a_config_error(device, says):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match=says):
+        KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES,
+                        "gpu_capacity": 4 * CHUNK_BYTES}, model="m", device=device)
