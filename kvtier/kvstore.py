@@ -201,7 +201,9 @@ class KVStore:
         """Store the KV of every full chunk of ``tokens``; return the tokens newly stored.
 
         ``kv`` has shape ``(layers, 2, n, kv_heads * head_size)`` with ``n >= len(tokens)``
-        rounded down to whole chunks. Chunks already cached are only marked recent.
+        rounded down to whole chunks. Chunks already cached are only marked recent. At most
+        as many chunks as the largest tier holds are stored (the rest would evict the
+        prefix's own first chunks); those past it count in ``chunks_skipped``.
         """
         with self._gate:
             keys = self.keys(tokens)

@@ -83,7 +83,13 @@ def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
     """Store the chunks of ``keys`` not cached yet (chunk ``i`` is ``chunks_of(i, 1)``);
     return how many were stored. Chunks already cached are only marked recent; a chunk with
     no room, even after the run held is copied in and background writes were waited for
-    once (at most ``drain_timeout`` seconds), is skipped and counted."""
+    once (at most ``drain_timeout`` seconds), is skipped and counted. So are the chunks
+    past as many as the largest tier holds: storing them would evict the prefix's own first
+    chunks, without which no later one is ever a hit."""
+    keep = max(index.num_slots for index in shared.stack.indexes.values())
+    if len(keys) > keep:
+        shared.count("chunks_skipped", len(keys) - keep)
+        keys = keys[:keep]
     runs = PutRuns(runner, chunks_of, shared.transfers.chunk_bytes)
     may_wait = True
     try:

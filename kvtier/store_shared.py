@@ -91,9 +91,9 @@ class StoreShared:
             self.stats.paths_down[self.lane.roots[index]] = reason
             self.stack.indexes[DISK].retire(self.lane.slots_of_path(index))
 
-    def count(self, name: str) -> None:
+    def count(self, name: str, n: int = 1) -> None:
         with self.lock:
-            setattr(self.stats, name, getattr(self.stats, name) + 1)
+            setattr(self.stats, name, getattr(self.stats, name) + n)
 
     def sync(self) -> None:
         gpu = self.tiers.get(GPU)

@@ -279,3 +279,13 @@ def test_a_device_pool_on_a_device_it_cannot_use_is_a_config_error(device, says)
     with pytest.raises(ConfigError, match=says):
         KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES,
                         "gpu_capacity": 4 * CHUNK_BYTES}, model="m", device=device)
+
+
+def test_a_put_longer_than_the_store_keeps_its_prefix_rather_than_evicting_it():
+    with make_store(host_chunks=4) as store:
+        tokens = seq(0, 8 * CHUNK)
+        assert store.put(tokens, make_kv(tokens)) == 4 * CHUNK
+        assert store.lookup(tokens).tokens == 4 * CHUNK  # the first four: a hit
+        assert store.stats().chunks_skipped == 4
+        n, out = read(store, tokens)
+        assert n == 4 * CHUNK and same_bytes(out[:, :, :n], make_kv(tokens)[:, :, :n])

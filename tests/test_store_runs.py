@@ -87,17 +87,29 @@ def test_slots_out_of_order_are_copied_one_run_each(monkeypatch):
         assert n == 4 * CHUNK and same_bytes(out, make_kv(second))
 
 
-def test_a_put_larger_than_the_host_tier_stores_every_chunk_in_turn(monkeypatch):
-    with make_store(host_chunks=4) as store:
+def test_a_put_larger_than_the_top_tier_stores_every_chunk_in_turn(monkeypatch):
+    # a device pool of 4 above host memory of 8: the run held fills the pool, is copied in,
+    # then its chunks move down to make room for the next run
+    with make_store(host_chunks=8, gpu_capacity=4 * 4096) as store:
         copies = count_copies(store, monkeypatch)
+        tokens = list(range(8 * CHUNK))
+        kv = make_kv(tokens)
+        assert store.put(tokens, kv) == 8 * CHUNK
+        assert sum(copies) == 8 and max(copies) <= 4
+        assert store.lookup(tokens).chunks_by_tier == {TierName.GPU: 4, HOST: 4}
+        n, out = read(store, tokens)
+        assert n == len(tokens) and same_bytes(out, kv)
+
+
+def test_a_put_longer_than_every_tier_stores_its_first_chunks_only():
+    with make_store(host_chunks=4) as store:
         tokens = list(range(10 * CHUNK))
         kv = make_kv(tokens)
-        assert store.put(tokens, kv) == 10 * CHUNK
-        assert sum(copies) == 10 and max(copies) <= 4
+        assert store.put(tokens, kv) == 4 * CHUNK
         with bookkeeping(store) as stack:
             held = [stack.locate(key) for key in store.keys(tokens)]
-        assert [loc is not None for loc in held] == [False] * 6 + [True] * 4
-        for i in range(6, 10):  # the last four chunks, each in its own slot
+        assert [loc is not None for loc in held] == [True] * 4 + [False] * 6
+        for i in range(4):  # the first four chunks, each in its own slot
             slot = store._shared.transfers.view(held[i]).view(torch.bfloat16)
             assert same_bytes(slot, kv[:, :, i * CHUNK:(i + 1) * CHUNK])
 
