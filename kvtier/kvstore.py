@@ -202,8 +202,9 @@ class KVStore:
 
         ``kv`` has shape ``(layers, 2, n, kv_heads * head_size)`` with ``n >= len(tokens)``
         rounded down to whole chunks. Chunks already cached are only marked recent. At most
-        as many chunks as the largest tier holds are stored (the rest would evict the
-        prefix's own first chunks); those past it count in ``chunks_skipped``.
+        as many chunks as the largest tier holds are stored (a longer prefix would lose its
+        own first chunks to the put or to the gets that promote them); those past it count
+        in ``chunks_skipped``.
         """
         with self._gate:
             keys = self.keys(tokens)
@@ -275,8 +276,8 @@ class KVStore:
         return empty_kv(self._direct, self.layout, num_tokens)
 
     def flush(self, timeout: float | None = None) -> FlushResult:
-        """Write every chunk held in host memory or the device pool (through a host slot)
-        that is not on disk yet, write-through writes dropped under back-pressure and
+        """Write every chunk held in host memory or the device pool (from a copy of its
+        own, not a host slot) that is not on disk yet, write-through writes dropped under back-pressure and
         write-back chunks not evicted yet included, then wait for every disk write, at most
         ``timeout`` seconds. True when every chunk held is on disk; ``not_written`` says
         how many are not (disk full or failing, a hung drive). With a remote store, host

@@ -16,7 +16,7 @@ class StoreStats:
     """Counters since the store was made. ``chunks_loaded`` counts by tier name."""
 
     chunks_stored: int = 0
-    chunks_skipped: int = 0  # already cached, or no room
+    chunks_skipped: int = 0  # already cached, no room, or past what the largest tier holds
     chunks_loaded: Counter = field(default_factory=Counter)
     chunks_missed: int = 0  # full chunks asked for by get() and not loaded
     chunks_promoted: int = 0  # moved up a tier by get(): disk to host, to the device pool

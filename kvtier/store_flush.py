@@ -1,12 +1,11 @@
-"""``KVStore.flush``: every host chunk not on disk yet is written, a batch at a time (device
-pool chunks through a host slot)."""
+"""``KVStore.flush``: every chunk held in memory and not on disk yet is written (host chunks a
+batch at a time, device pool chunks one by one)."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
-from functools import partial
 
 from kvtier.keys import ChunkKey
 from kvtier.store_shared import DISK, GPU, HOST, StoreShared, time_left
@@ -16,9 +15,10 @@ from kvtier.tier_stack import Location
 
 @dataclass(frozen=True)
 class FlushResult:
-    """What ``flush`` did: chunks it wrote, host chunks still not on disk when it returned
-    (without a disk tier or remote store: every chunk held, as none outlives the process),
-    and whether it stopped at its timeout. True when every host chunk is on disk."""
+    """What ``flush`` did: chunks it wrote, chunks held in memory still not on disk when it
+    returned (without a disk tier or remote store: every chunk held, as none outlives the
+    process), and whether it stopped at its timeout. True when every chunk held in memory
+    is on disk."""
 
     written: int
     not_written: int
@@ -34,8 +34,8 @@ class Flusher:
     first, as they may fail. A batch is queued whole before its jobs start, so it goes to
     the disk in groups of neighbouring slots (``PlanRunner``). The disk may evict a chunk
     that is also in host memory to make room: such a chunk is written again in a later
-    round. A device pool chunk with no copy below it is first copied into a host slot
-    (evicting down the tiers as a put would), whence it is written like the others.
+    round. A device pool chunk with no copy below it is written from a copy of its own in
+    host memory (not a host slot: the host tier's chunks stay where they are).
     Without a disk tier there is nothing to write: with a remote store, that store's flush
     says the rest (``KVStore.flush``; device pool chunks with no host copy count as not
     written); without one, every chunk held is unwritten."""
@@ -54,10 +54,9 @@ class Flusher:
             return FlushResult(0, held)
         deadline = None if timeout is None else time.monotonic() + timeout
         batch = self._shared.max_pending * len(lane.queues)
-        self._stage_device_chunks(deadline)
+        written = self._write_device_chunks(deadline)
         drained = lane.drain(time_left(deadline))
         tried: set[ChunkKey] = set()
-        written = 0
         while drained:
             # again after each round: its writes may have evicted the disk copy of a host
             # chunk that had one; each chunk is tried once
@@ -87,41 +86,41 @@ class Flusher:
                 if not any(index.has_entry(key) for index in below)
                 and (others is None or others.find(key) is None)]
 
-    def _stage_device_chunks(self, deadline: float | None) -> None:
-        """Copy each device pool chunk with no copy below it into a host slot, one at a time
-        until ``deadline`` (making room there may write host chunks to disk, as a put's
-        would); reaching host memory starts its write-through."""
+    def _write_device_chunks(self, deadline: float | None) -> int:
+        """Write each device pool chunk with no copy below it to disk, one at a time until
+        ``deadline``, through a copy in host memory of its own (host slots and their chunks
+        are left alone); return how many were written."""
         with self._shared.lock:
             keys = self._device_only()
+        written = 0
         for key in keys:
             if deadline is not None and time.monotonic() >= deadline:
-                return
-            self._stage(key, deadline)
-
-    def _stage(self, key: ChunkKey, deadline: float | None) -> None:
-        """Copy one device pool chunk into a host slot; when every host slot is held by a
-        disk write, once more after those writes are over."""
-        stack, plan = self._shared.stack, None
-        for attempt in range(2):
-            with self._shared.lock:
-                if stack.indexes[HOST].has_entry(key) or stack.indexes[DISK].has_entry(key):
-                    return
-                slot = stack.indexes[GPU].pin(key)
-                if slot is None:
-                    return  # evicted meanwhile
-                plan = stack.plan_store(key, HOST)
-                if plan is None:
-                    stack.indexes[GPU].unpin(key)
-            if plan is not None:
                 break
-            if attempt or not self._shared.lane.drain(time_left(deadline)):
-                return  # still no host slot: counted as not written
-        assert plan is not None and slot is not None
+            written += self._write_device_chunk(key)
+        return written
+
+    def _write_device_chunk(self, key: ChunkKey) -> bool:
+        stack = self._shared.stack
+        with self._shared.lock:
+            if stack.indexes[HOST].has_entry(key) or stack.indexes[DISK].has_entry(key):
+                return False
+            slot = stack.indexes[GPU].pin(key)
+            if slot is None:
+                return False  # evicted meanwhile
+            plan = stack.plan_store(key, DISK)
+            if plan is None:  # no room: counted as not written
+                stack.indexes[GPU].unpin(key)
+                return False
         try:
-            self._runner.run(plan, partial(self._shared.transfers.copy, key, Location(GPU, slot)))
+            staged = self._shared.transfers.staged(Location(GPU, slot))
+        except BaseException:
+            with self._shared.lock:
+                stack.finish(key, plan.dst, False)
+            raise
         finally:
             with self._shared.lock:
                 stack.indexes[GPU].unpin(key)
+        return bool(self._runner.write_staged(key, staged, plan.dst))
 
     def _host_only(self) -> list[tuple[ChunkKey, int]]:
         """(key, host slot) of host chunks with no disk copy and none being written (lock

@@ -65,7 +65,9 @@ class CallGate:
         """Become the one ``KVStore.close`` at work (``closed_by_me`` ends it), waiting up to
         ``timeout`` seconds for another one to end: False when it has not. Two closes at
         once would close the same files twice, the second time another thread's."""
-        return self._closer.acquire(timeout=-1 if timeout is None else timeout)
+        if timeout is None:
+            return self._closer.acquire()
+        return self._closer.acquire(timeout=min(max(timeout, 0.0), threading.TIMEOUT_MAX))
 
     def closed_by_me(self) -> None:
         self._closer.release()

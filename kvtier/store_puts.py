@@ -84,8 +84,9 @@ def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
     return how many were stored. Chunks already cached are only marked recent; a chunk with
     no room, even after the run held is copied in and background writes were waited for
     once (at most ``drain_timeout`` seconds), is skipped and counted. So are the chunks
-    past as many as the largest tier holds: storing them would evict the prefix's own first
-    chunks, without which no later one is ever a hit."""
+    past as many as the largest tier holds: a longer prefix would lose its own first chunks
+    (evicted by the put itself, or by the gets that promote them to a smaller tier), and
+    with them every later chunk's hit."""
     keep = max(index.num_slots for index in shared.stack.indexes.values())
     if len(keys) > keep:
         shared.count("chunks_skipped", len(keys) - keep)

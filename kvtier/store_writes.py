@@ -8,6 +8,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from kvtier.chunk_runs import Run, copy_run
 from kvtier.config import KVTierConfig, WritePolicy
 from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
@@ -137,9 +139,24 @@ class PlanRunner:
             finally:
                 self.finish(move.key, move.dst, result.ok)
             return None
+        return self._disk_move(move, partial(self.shared.transfers.copy, move.key, move.src, move.dst))
+
+    def write_staged(self, key: ChunkKey, staged: np.ndarray, dst: Location) -> bool | None:
+        """Write a chunk from ``staged`` (``Transfers.staged``) into disk slot ``dst``, which
+        ``plan_store`` reserved, and finish that reservation: True when written, False when
+        the write failed, None when it is not over by ``load_timeout`` (left running)."""
+        disk = self.shared.transfers.disk
+        assert disk is not None, "a staged write goes to the disk tier"
+        move = Move(key, dst, dst)  # no memory slot to give back: the copy is the write's own
+        if self._disk_move(move, partial(disk.write, dst.slot, key, staged)) is not None:
+            return None
+        with self.shared.lock:
+            return self.shared.stack.indexes[DISK].slot_of(key) == dst.slot
+
+    def _disk_move(self, move: Move, job: Callable[[], IOResult]) -> Future | None:
+        """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``."""
         try:
-            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot),
-                                      partial(self.shared.transfers.copy, move.key, move.src, move.dst))
+            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot), job)
         except BaseException:  # the engine is closed: nothing runs
             self.finish(move.key, move.dst, False)
             raise

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from kvtier.chunk_runs import RAW_TORCH, Run, slot_rows
+from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.tier_stack import Location
@@ -71,6 +72,15 @@ class Transfers:
         if src.tier is TierName.DISK and dst.tier is TierName.HOST:
             return self.disk.read(src.slot, key, host.slot_array(dst.slot))
         raise ValueError(f"no transfer from {src.tier} to {dst.tier}")
+
+    def staged(self, src: Location) -> np.ndarray:
+        """A copy of a memory slot in page-aligned host memory of its own, for a disk write
+        (``disk.write``) of a chunk outside host memory: the write reads the copy, whatever
+        happens to the slot meanwhile."""
+        tier = self.memory[src.tier]
+        copy = AlignedBuffer(tier.slot_bytes, pin=False).array  # the view keeps the memory
+        torch.from_numpy(copy).copy_(tier.slot(src.slot))
+        return copy
 
     def read_many(self, items: list[tuple[ChunkKey, Location, Location | list[np.ndarray]]]
                   ) -> list[IOResult]:

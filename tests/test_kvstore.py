@@ -228,9 +228,7 @@ def test_every_bit_pattern_comes_back_through_host_device_pool_and_disk(tmp_path
         for end in range(CHUNK, len(tokens) + 1, CHUNK):  # one chunk at a time, each written
             store.put(tokens[:end], kv)
             assert store.flush()
-        # the last flush copied the device pool's chunk into host memory to write it, which
-        # left the oldest host chunk (written already) on disk only
-        assert store.lookup(tokens).chunks_by_tier == {GPU: 1, HOST: 1, TierName.DISK: 1}
+        assert store.lookup(tokens).chunks_by_tier == {GPU: 1, HOST: 2}
         out = torch.zeros_like(kv)
         assert store.get(tokens, out) == len(tokens)
         assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
@@ -242,19 +240,26 @@ def test_every_bit_pattern_comes_back_through_host_device_pool_and_disk(tmp_path
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-def test_flush_writes_device_pool_chunks_to_disk_through_host(tmp_path, policy):
-    tokens = seq(0, 6 * CHUNK)
+def test_flush_writes_device_pool_chunks_to_disk_and_leaves_host_memory_as_it_was(tmp_path, policy):
+    first, second = seq(0, 4 * CHUNK), seq(10_000, 4 * CHUNK)
     disk = {"disk_paths": [str(tmp_path)], "disk_capacity": "1MiB", "disk_min_free": 0,
             "write_policy": policy}
-    with make_store(host_chunks=2, gpu_chunks=8, **disk) as store:  # more than host holds
-        store.put(tokens, make_kv(tokens))
-        assert store.lookup(tokens).chunks_by_tier == {GPU: 6}
+    with make_store(host_chunks=4, gpu_chunks=4, **disk) as store:
+        store.put(first, make_kv(first))
+        store.put(second, make_kv(second))  # the first prefix moves down to host memory
+        assert store.lookup(first).chunks_by_tier == {HOST: 4}
+        assert store.lookup(second).chunks_by_tier == {GPU: 4}
         flushed = store.flush(timeout=10)
-        assert flushed and flushed.not_written == 0
+        assert flushed and flushed.not_written == 0 and flushed.written >= 4
+        assert store.lookup(first).chunks_by_tier == {HOST: 4}  # not pushed out to disk
+        assert store.lookup(second).chunks_by_tier == {GPU: 4}
+        with bookkeeping(store) as stack:
+            assert all(index.census().writing == 0 for index in stack.indexes.values())
     with make_store(host_chunks=8, **disk) as store:  # "if store.flush():" meant persisted
-        n, out = read(store, tokens)
-        assert n == len(tokens) and same_bytes(out, make_kv(tokens))
-        assert store.lookup(tokens).chunks_by_tier == {HOST: 6}
+        for tokens in (first, second):
+            n, out = read(store, tokens)
+            assert n == len(tokens) and same_bytes(out, make_kv(tokens))
+
 
 
 @pytest.mark.parametrize("fields", [(2.5, 2, 16), ("2", 2, 16), (True, 2, 16), (2, 0, 16),
@@ -289,3 +294,23 @@ def test_a_put_longer_than_the_store_keeps_its_prefix_rather_than_evicting_it():
         assert store.stats().chunks_skipped == 4
         n, out = read(store, tokens)
         assert n == 4 * CHUNK and same_bytes(out[:, :, :n], make_kv(tokens)[:, :, :n])
+
+
+def test_a_flush_of_device_pool_chunks_on_a_hung_disk_holds_nothing_once_it_answers(tmp_path):
+    from tests.fake_io import FakeEngine
+
+    make, engines = FakeEngine.factory()
+    tokens = seq(0, 2 * CHUNK)
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES,
+           "gpu_capacity": 4 * CHUNK_BYTES, "disk_paths": [str(tmp_path)],
+           "disk_capacity": "1MiB", "disk_min_free": 0, "load_timeout": 0.2}
+    with KVStore(SMALL, cfg, model="m", io_engine=make) as store:
+        store.put(tokens, make_kv(tokens))
+        engines[0].hold()
+        assert not store.flush(timeout=2)  # writes left running past load_timeout
+        engines[0].release()
+        assert engines[0].drain(timeout=10)
+        with bookkeeping(store) as stack:
+            census = [index.census() for index in stack.indexes.values()]
+        assert all(c.writing == 0 and c.pins == 0 for c in census), census
+        assert store.flush(timeout=10)

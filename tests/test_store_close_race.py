@@ -3,6 +3,7 @@ or raises ``StoreClosedError``; close waits for the calls inside before it frees
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -90,14 +91,14 @@ def test_close_waits_for_a_get_inside_before_it_frees_memory(tmp_path):
 def test_two_closes_at_once_close_each_file_once(tmp_path, monkeypatch):
     from kvtier.io import safefs
 
-    plain_close, inside, most = safefs.SafeDir.close, [0], [0]
+    plain_close, inside, most = safefs.SafeDir.close, Counter(), [0]
 
-    def watched_close(self) -> None:  # how many threads close directories at once
-        inside[0] += 1
-        most[0] = max(most[0], inside[0])
+    def watched_close(self) -> None:  # how many threads close one directory at once
+        inside[id(self)] += 1
+        most[0] = max(most[0], inside[id(self)])
         time.sleep(0.05)
         plain_close(self)
-        inside[0] -= 1
+        inside[id(self)] -= 1
 
     monkeypatch.setattr(safefs.SafeDir, "close", watched_close)
     store = KVStore(SMALL, store_config(tmp_path, disk=True))
@@ -117,3 +118,9 @@ def test_two_closes_at_once_close_each_file_once(tmp_path, monkeypatch):
         closer.join(20)
     assert results == [True, True]
     assert most[0] == 1  # one close at work at a time: no file is closed twice at once
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e10, -0.5])
+def test_close_takes_any_timeout(tmp_path, timeout):
+    store = KVStore(SMALL, store_config(tmp_path, disk=True))
+    assert store.close(timeout) is True
