@@ -5,6 +5,7 @@ import time
 
 from kvtier import KVStore
 from kvtier.ops.cache import namespaces
+from kvtier.ops.reclaim import gc
 from kvtier.ops.segments import gone_for
 from tests.conftest import SMALL, make_kv
 from tests.test_cli_cache import as_json, kvtier
@@ -94,3 +95,26 @@ def test_gc_gone_gives_back_seats_that_name_no_writer_with_a_segment(tmp_path):
     assert code == 0 and sorted(report["seats_freed"]) == sorted(names)
     assert report["segments_removed"] == []  # a stopped moments ago
     assert not any(p.exists() for p in orphans) and fresh.exists() and kept.read_text() == "a"
+
+
+def test_gc_gone_gives_a_seat_back_before_its_segment_directory_goes(tmp_path, monkeypatch):
+    """As a reclaim does (tests/test_shared_dir.py): a writer coming back under that id in
+    between claims a seat afresh, rather than finding its old one and losing it."""
+    import kvtier.ops.removal as removal
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    put_and_close(root, "a", seq(0, 3))
+    seen = []
+    plain_remove_dir = removal.remove_dir
+
+    def remove_dir(handle, name):
+        if name == "a":
+            seen.append(segments(root)[1])
+        return plain_remove_dir(handle, name)
+
+    monkeypatch.setattr(removal, "remove_dir", remove_dir)
+    time.sleep(1.2)
+    report = gc(namespaces(root), gone_s=1.0)
+    assert report.segments_removed
+    assert seen == [[]]  # a's seat was gone when its directory went

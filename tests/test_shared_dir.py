@@ -374,3 +374,59 @@ def test_a_writer_whose_segment_is_reclaimed_as_it_opens_never_writes_without_a_
     finally:
         restarted.close()
         third.close()
+
+
+def test_a_reclaim_gives_the_seat_back_before_the_segment_directory_goes(tmp_path, monkeypatch):
+    """A writer coming back under the same id between the two finds no old seat of its own
+    to lose: it claims one afresh (or is refused), never writing on with a seat that a late
+    release then takes away."""
+    from kvtier.io.safefs import SafeDir
+    from kvtier.io.seats import reclaim_segment
+
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(seq(0, 2), make_kv(seq(0, 2)))
+        a.flush()
+    (segment,) = tmp_path.glob("*/writers/a")
+    seats = segment.parents[1] / "seats"
+    seen: list[list[str]] = []
+    plain_remove_dir = SafeDir.remove_dir
+
+    def remove_dir(self, name):
+        seen.append(sorted(p.read_text() for p in seats.glob("seat-*")))
+        return plain_remove_dir(self, name)
+
+    monkeypatch.setattr(SafeDir, "remove_dir", remove_dir)
+    with SafeDir.open(segment.parents[1]) as ns_dir:
+        assert reclaim_segment(ns_dir, "a", segment.stat().st_ino)
+    assert seen == [[]]  # the seat was gone when the directory went
+
+
+def test_a_writer_whose_seat_is_taken_away_stops_writing_at_its_next_beat(tmp_path):
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=1, lease_timeout="2s")) as a:
+        a.put(seq(0, 1), make_kv(seq(0, 1)))
+        assert a.flush() and not a.stats().paths_down
+        (seat,) = tmp_path.glob("*/seats/seat-*")
+        seat.unlink()  # given back by another process (a reclaim or orphan race)
+        wait_for(lambda: a.stats().paths_down)
+        assert "holds no seat" in next(iter(a.stats().paths_down.values()))
+
+
+def test_a_writer_that_finds_its_own_seat_again_marks_it_in_use(tmp_path):
+    """A reader judging seats as orphans frees one only if it is unchanged since: a writer
+    taking its seat again touches it, so a stale judgement frees nothing."""
+    import os
+
+    from kvtier.io.safefs import SafeDir
+    from kvtier.io.seats import claim_seat, free_orphan_seats, orphan_seats
+
+    ns = tmp_path / "ns"
+    ns.mkdir(mode=0o700)
+    with SafeDir.open(ns) as ns_dir:
+        assert claim_seat(ns_dir, "a", 1) == 0  # and no segment made: an orphan
+        (seat,) = ns.glob("seats/seat-*")
+        os.utime(seat, ns=(0, 0))
+        judged = orphan_seats(ns_dir, 1.0)
+        assert [name for name, _ in judged] == [seat.name]
+        assert claim_seat(ns_dir, "a", 1) == 0  # the writer comes back, before the free
+        assert free_orphan_seats(ns_dir, 1.0) == []  # no longer old: nothing to free
+        assert seat.exists()

@@ -24,6 +24,7 @@ import os
 import secrets
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,16 @@ def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
                                 "it is opened again at the path's next try")
 
 
+def still_seated(root: Path, namespace_id: str, writer: str, share_writers: int) -> bool:
+    """Whether ``writer`` still holds a seat (its lease's check at each beat); True when that
+    cannot be told (the path's own checks report a path that cannot be read)."""
+    try:
+        with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
+            return holds_seat(ns_dir, writer, share_writers)
+    except OSError:
+        return True
+
+
 class CacheDir:
     """The slot files of one writer's segment of a namespace on one disk path, opened,
     locked and leased.
@@ -157,7 +168,8 @@ class CacheDir:
             check_seated(root, namespace_id, writer, share_writers, self.dir)
             self._check_lease()
             self._remove_leftovers()
-            self.lease = Lease(self.dir, writer, lease_timeout)
+            self.lease = Lease(self.dir, writer, lease_timeout,
+                               seated=partial(still_seated, root, namespace_id, writer, share_writers))
             self.lease.beat()
             probed = probe_o_direct(self.dir)
             if o_direct and not probed:

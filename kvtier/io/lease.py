@@ -115,7 +115,21 @@ def read_lease(directory: SafeDir) -> LeaseInfo | None:
         return None
 
 
-class LeaseConflict(CacheDirError):
+class LeaseLost(CacheDirError):
+    """This writer may not write its segment any more: its path goes out of service."""
+
+
+class SeatLost(LeaseLost):
+    """This writer's seat is gone while it writes (given back by a reclaim or as an orphan
+    in a race with this writer's restart): writing on would make one segment more than
+    ``share_writers``. The path's next try claims a seat afresh."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.EAGAIN, f"the writer of {path} holds no seat any more (given "
+                         "back by another process); it claims one again at the path's next try")
+
+
+class LeaseConflict(LeaseLost):
     """Another process rewrote this writer's lease: two writers write one segment (one
     ``instance_id`` given to two engines, on a filesystem that does not pass ``flock`` on
     between machines)."""
@@ -134,11 +148,13 @@ class Lease:
 
     Before each beat after the first, the lease is read back: when another process wrote it
     since (``LeaseConflict``), nothing is written, and the writer's path goes out of service
-    (``LeaseKeeper``'s ``on_conflict``) rather than two writers sharing one segment. A lease
+    (``LeaseKeeper``'s ``on_conflict``) rather than two writers sharing one segment. So it
+    does when ``seated()`` says the writer's seat is gone (``SeatLost``). A lease
     gone (a reclaim) is no conflict: the path's own checks see the segment gone."""
 
-    def __init__(self, directory: SafeDir, instance: str, timeout: float) -> None:
-        self._directory = directory
+    def __init__(self, directory: SafeDir, instance: str, timeout: float,
+                 seated: Callable[[], bool] | None = None) -> None:
+        self._directory, self._seated = directory, seated
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
                                os.getppid(), round(timeout * 1000))
 
@@ -147,6 +163,8 @@ class Lease:
             current = read_lease(self._directory)
             if current is not None and not self._is_mine(current):
                 raise LeaseConflict(self._directory.path, current)
+            if not closing and self._seated is not None and not self._seated():
+                raise SeatLost(self._directory.path)
         now = time.time_ns()
         info = replace(self._info, beat=self._info.beat + 1, written_ns=now,
                        closed_ns=now if closing else 0)
@@ -171,12 +189,12 @@ class Lease:
 
 class LeaseKeeper:
     """A daemon thread that beats every lease ``leases()`` returns, every ``every`` seconds,
-    until ``close``. A beat that finds another writer's lease calls ``on_conflict(lease,
-    error)``; one that fails otherwise (the segment was taken away, the path is down) is
+    until ``close``. A beat that finds another writer's lease, or its seat gone, calls
+    ``on_conflict(lease, error)``; one that fails otherwise (the segment was taken away, the path is down) is
     logged at debug level: the path's own health checks report it."""
 
     def __init__(self, leases: Callable[[], list[Lease]], every: float,
-                 on_conflict: Callable[[Lease, LeaseConflict], None] = lambda lease, e: None,
+                 on_conflict: Callable[[Lease, LeaseLost], None] = lambda lease, e: None,
                  ) -> None:
         self._leases, self._every, self._on_conflict = leases, every, on_conflict
         self._stop = threading.Event()
@@ -188,7 +206,7 @@ class LeaseKeeper:
             for lease in self._leases():
                 try:
                     lease.beat()
-                except LeaseConflict as exc:
+                except LeaseLost as exc:
                     self._on_conflict(lease, exc)
                 except OSError as exc:
                     log.debug("kvtier: lease heartbeat failed: %s", exc)

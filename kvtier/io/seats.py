@@ -109,6 +109,7 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
         names = [SEAT_FILE.format(k) for k in range(limit)]
         for k, name in enumerate(names):
             if _holder(seats, name) == writer:
+                _touch(seats, name)  # in use again: not the orphan a reader may have judged it
                 return k
         for k, name in enumerate(names):
             if seats.lstat(name) is None and write_seat(seats, name, writer):
@@ -119,6 +120,13 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
                         "writer reads the others' chunks but writes none; raise share_writers "
                         "(each writer then holds disk_capacity / share_writers), or wait for "
                         "a writer that is gone to be reclaimed (lease_timeout)")
+
+
+def _touch(seats: SafeDir, name: str) -> None:
+    """Mark seat ``name`` modified now (``free_orphan_seats`` frees a seat only if it is
+    unchanged since judged); a seat that cannot be touched is left as it is."""
+    with contextlib.suppress(OSError):
+        os.utime(name, dir_fd=seats.fd, follow_symlinks=False)
 
 
 def _mine(info: os.stat_result | None) -> TypeGuard[os.stat_result]:
@@ -207,9 +215,12 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
                         segment.remove_file(name)
                 for name in _SEGMENT_FILES:
                     segment.remove_file(name)
+                # the seat goes before the directory, the lock still held: a writer coming
+                # back under this id after the seat is gone claims one afresh (or is not
+                # seated), rather than finding its old seat and losing it to this release
+                release_seat(ns_dir, writer)
                 if not writers.remove_dir(writer):
                     return False
-                release_seat(ns_dir, writer)
             finally:
                 os.close(lock)
     return True

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kvtier.io.names import SEATS_DIR, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import free_orphan_seats, release_seat
+from kvtier.io.seats import free_orphan_seats
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
@@ -161,8 +161,7 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
         with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle, \
                 handle.subdir(WRITERS_DIR) as writers:
             for segment in gone:
-                if remove_segment(segment, writers, done):
-                    release_seat(handle, segment.writer)
+                remove_segment(segment, handle, writers, done)
     except OSError as exc:
         done.left[directory.id] = [error_text(exc, str(directory.path))]
     report.segments_removed += done.segments_removed

@@ -75,15 +75,19 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
     return left
 
 
-def remove_segment(segment: Segment, writers: SafeDir, done: Removal) -> bool:
-    """Remove what kvtier wrote in a segment that is not in use, then its directory if
-    nothing else is left in it (``writers`` is the namespace's open ``writers/``); record
-    the outcome in ``done``; True when the segment is gone."""
+def remove_segment(segment: Segment, ns_dir: SafeDir, writers: SafeDir, done: Removal) -> bool:
+    """Remove what kvtier wrote in a segment that is not in use, give back its writer's seat
+    (the lock still held, before the directory goes: see ``seats.reclaim_segment``), then
+    remove its directory if nothing else is left in it (``ns_dir`` is the namespace open,
+    ``writers`` its ``writers/``); record the outcome in ``done``; True when the segment is
+    gone."""
     try:
         with writers.subdir(segment.writer) as handle:
             lock = hold(handle)
             try:
                 left = _remove_files(handle, _SEGMENT_FILES)
+                if not left:
+                    release_seat(ns_dir, segment.writer)  # its bytes are gone
             finally:
                 os.close(lock)
     except OSError as exc:
@@ -112,10 +116,8 @@ def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> 
             if not WRITER_ID.fullmatch(name):
                 done.left.setdefault(f"{directory.id}/{WRITERS_DIR}", []).append(name)
                 gone = False
-            elif not remove_segment(Segment(directory, name), writers, done):
+            elif not remove_segment(Segment(directory, name), handle, writers, done):
                 gone = False
-            else:
-                release_seat(handle, name)  # its bytes are gone: another writer may take it
     if gone and not remove_dir(handle, WRITERS_DIR):
         done.left[f"{directory.id}/{WRITERS_DIR}"] = ["(entries made while it was being removed)"]
         gone = False

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kvtier.config import DiskFloor
 from kvtier.io.cachedir import CacheDir
-from kvtier.io.lease import Lease, LeaseConflict, LeaseKeeper
+from kvtier.io.lease import Lease, LeaseKeeper, LeaseLost
 from kvtier.io.result import IOResult, IOStatus
 
 log = logging.getLogger("kvtier.tiers.disk")  # these are the disk tier's messages
@@ -139,8 +139,9 @@ class DiskPaths:
         return [directory.lease for directory in (p.dir for p in self.states)
                 if directory is not None and directory.lease is not None]
 
-    def _lease_taken(self, lease: Lease, conflict: LeaseConflict) -> None:
-        """Another process wrote ``lease``'s segment: its path goes out of service."""
+    def _lease_taken(self, lease: Lease, conflict: LeaseLost) -> None:
+        """Another process wrote ``lease``'s segment, or its seat is gone: its path goes out
+        of service."""
         for path in self.states:
             directory = path.dir
             if directory is not None and directory.lease is lease:
