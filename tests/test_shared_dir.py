@@ -430,3 +430,45 @@ def test_a_writer_that_finds_its_own_seat_again_marks_it_in_use(tmp_path):
         assert claim_seat(ns_dir, "a", 1) == 0  # the writer comes back, before the free
         assert free_orphan_seats(ns_dir, 1.0) == []  # no longer old: nothing to free
         assert seat.exists()
+
+
+def test_under_a_low_open_file_limit_a_reader_follows_fewer_writers_and_says_so(
+        tmp_path, monkeypatch, caplog):
+    import resource
+
+    import kvtier.tiers.shared_view as shared_view
+
+    for name in ("a", "b", "c"):
+        with KVStore(SMALL, shared(tmp_path, name)) as writer:
+            writer.put(seq(ord(name) * 1000, 1), make_kv(seq(ord(name) * 1000, 1)))
+            writer.flush()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    monkeypatch.setattr(shared_view.resource, "getrlimit", lambda which: (16, hard))
+    assert shared_view.followable_writers(1) == 2  # a quarter of 16 files, two a writer
+    with KVStore(SMALL, shared(tmp_path, "d")) as reader:
+        assert reader._shared.others.view.max_writers == 2
+        assert [w.writer for w in reader.writers()] == ["a", "b"]  # not c: not followed
+        assert "following only 2 other writers" in caplog.text
+        assert reader.lookup(seq(ord("a") * 1000, 1)).tokens == CHUNK
+
+
+def test_a_reader_out_of_open_files_keeps_its_view_rather_than_forgetting_every_writer(
+        tmp_path, monkeypatch):
+    import errno
+
+    from kvtier.io.safefs import SafeDir
+
+    tokens = seq(0, 2)
+    with KVStore(SMALL, shared(tmp_path, "a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:
+        assert b.lookup(tokens).chunks_by_tier == {SHARED: 2}
+
+        def out_of_files(self, limit):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(SafeDir, "scan", out_of_files)
+        b._shared.others.view.refresh()
+        assert b.lookup(tokens).chunks_by_tier == {SHARED: 2}
+        assert exact(b, tokens) == 2 * CHUNK

@@ -4,9 +4,11 @@ on every disk path, followed through their logs. Bookkeeping only: reads are
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import math
+import resource
 import stat
 import threading
 import time
@@ -26,6 +28,19 @@ from kvtier.tiers.foreign_reads import SlotRef
 log = logging.getLogger("kvtier")
 MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
 MAX_LISTED = 16 * MAX_WRITERS  # entries of a ``writers/`` listed per refresh; more are not
+FILES_PER_WRITER = 2  # a followed segment keeps its directory and its log open
+FILE_SHARE = 4  # of the process's open-file limit, at most a quarter goes to followed segments
+_SHORT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM}  # this process's trouble, not the path's
+
+
+def followable_writers(paths: int) -> int:
+    """Writer segments one view follows per path: ``MAX_WRITERS``, or fewer when the
+    process's open-file limit (``RLIMIT_NOFILE``, soft) would not leave three quarters of it
+    to the rest of the process (an engine's sockets and files)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_WRITERS
+    return max(1, min(MAX_WRITERS, soft // (FILE_SHARE * FILES_PER_WRITER * max(1, paths))))
 
 
 @dataclass(frozen=True)
@@ -77,9 +92,10 @@ class SharedView:
 
     Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
     ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
-    valid writer id other than ``own``: at most ``MAX_WRITERS`` of them; junk is never
-    counted), reads each writer's lease and what its log gained since the last refresh,
-    and updates the view; a writer whose segment vanished is forgotten. ``find(key)``
+    valid writer id other than ``own``: at most ``max_writers`` of them, ``MAX_WRITERS`` or
+    fewer under a low open-file limit (``followable_writers``); junk is never counted),
+    reads each writer's lease and what its log gained since the last refresh, and updates
+    the view; a writer whose segment vanished is forgotten. ``find(key)``
     returns where another writer holds ``key`` (None when none does); ``drop(chunk)`` forgets
     a copy whose read failed, until its writer's log names that slot again. ``writers()``
     says who is there and who is live (``LeaseWatch``: a lease that changed within
@@ -89,7 +105,8 @@ class SharedView:
     (``reclaim_segment``: its files, then its seat; ``reclaimed`` counts them). Once per
     heartbeat interval it also gives back the seats that name no writer with a segment and
     stood unchanged for ``lease_timeout`` (``free_orphan_seats``; ``seats_freed`` counts
-    them). A path that cannot be read holds nothing this time. Thread-safe.
+    them). A path that cannot be read holds nothing this time; a listing that fails for want
+    of files or memory in this process (``EMFILE``) leaves the view as it was. Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
@@ -107,6 +124,8 @@ class SharedView:
         self._reclaim_after: dict[tuple[int, str], float] = {}  # failed: not tried before
         self._seats_at = -math.inf  # when the seats were last looked at (monotonic)
         self._failed = False
+        self.max_writers = followable_writers(len(self._roots))
+        self._capped = False  # whether leaving writers unfollowed was said
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -162,6 +181,8 @@ class SharedView:
             if seats_due:
                 self._free_seats(path)
             names = self._writer_names(path)
+            if names is None:
+                continue  # this process is short of files: the view stays as it was
             with self._lock:  # gone, or made again since (another directory of that name)
                 gone = [k for k, f in self._followed.items()
                         if k[0] == path and names.get(k[1]) != f.inode]
@@ -192,9 +213,10 @@ class SharedView:
                      "for %g s)", ", ".join(freed), self._roots[path], self._watch.timeout)
             self.seats_freed += len(freed)
 
-    def _writer_names(self, path: int) -> dict[str, int]:
+    def _writer_names(self, path: int) -> dict[str, int] | None:
         """The other writers' segments on path ``path``, by name, with their directories'
-        inodes (none when the path cannot be read)."""
+        inodes, at most ``max_writers`` (none when the path cannot be read; None when this
+        process is out of files or memory, which says nothing about the path)."""
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir, \
                     ns_dir.subdir(WRITERS_DIR) as writers:
@@ -204,12 +226,21 @@ class SharedView:
                 for name in names:  # junk is passed over before the cap, never counted in it
                     info = writers.lstat(name)
                     if info is not None and stat.S_ISDIR(info.st_mode):
-                        found[name] = info.st_ino
-                        if len(found) == MAX_WRITERS:
+                        if len(found) == self.max_writers:
+                            self._say_capped(path)
                             break
+                        found[name] = info.st_ino
                 return found
-        except OSError:
-            return {}
+        except OSError as exc:
+            return None if exc.errno in _SHORT_OF_FILES else {}
+
+    def _say_capped(self, path: int) -> None:
+        if not self._capped:
+            self._capped = True
+            log.warning("kvtier: following only %d other writers on %s: each takes %d open "
+                        "files, and the open-file limit (ulimit -n) is %d; raise it to read "
+                        "every writer's chunks", self.max_writers, self._roots[path],
+                        FILES_PER_WRITER, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
     def _refresh_one(self, path: int, writer: str) -> None:
         key = (path, writer)
