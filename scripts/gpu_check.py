@@ -3,7 +3,8 @@
     python scripts/gpu_check.py [--json out/gpu_check.json]
 
 1. KVStore round trip with a device pool on ``cuda`` over pinned host memory (demotion to host,
-   promotion back), every byte compared.
+   promotion back), then ``flush`` (the device pool's chunks too) and a restart that reads
+   every chunk back from disk, every byte compared.
 2. Page gather/scatter between a synthetic paged KV cache on the GPU and pinned host slots
    (the connector's copy path), every byte compared.
 3. Bandwidth of that path (GPU pages -> host slots, and back) as a ratio to plain torch copies
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,7 +67,10 @@ def store_round_trip(device: torch.device, sizes: Sizes) -> dict:
     layout = KVLayout(num_layers=sizes.store_layers, kv_heads=sizes.store_kv_heads,
                       head_size=128, dtype="bfloat16")
     total = 8 * 256 * layout.token_bytes  # 8 chunks, half of them demoted to host memory
-    config = {"chunk_tokens": 256, "gpu_capacity": total // 2, "host_capacity": 4 * total}
+    disk = tempfile.mkdtemp(prefix="kvtier-gpu-check-")
+    config = {"chunk_tokens": 256, "gpu_capacity": total // 2, "host_capacity": 4 * total,
+              "disk_paths": [disk], "disk_capacity": 4 * total, "disk_min_free": 0,
+              "write_policy": "write_back"}
     with KVStore(layout, config, model="gpu-check") as store:
         gpu, host = store.tiers[TierName.GPU], store.tiers[TierName.HOST]
         assert gpu.device.type == device.type, gpu.device
@@ -77,8 +83,16 @@ def store_round_trip(device: torch.device, sizes: Sizes) -> dict:
         loaded = store.get(tokens, out)
         same = torch.equal(out.view(torch.int16), kv.view(torch.int16))
         stats = store.stats()
-    return {"stored_tokens": stored, "loaded_tokens": loaded, "identical": same,
-            "demotions": stats.demotions, "promoted": stats.chunks_promoted}
+        flushed = store.flush(timeout=120)  # the device pool's chunks too (from copies)
+    with KVStore(layout, config, model="gpu-check") as store:  # a restart: every chunk on disk
+        again = torch.zeros_like(kv)
+        reloaded = store.get(tokens, again)
+        same_after = torch.equal(again.view(torch.int16), kv.view(torch.int16))
+    shutil.rmtree(disk, ignore_errors=True)
+    return {"stored_tokens": stored, "loaded_tokens": loaded, "identical": same and same_after,
+            "demotions": stats.demotions, "promoted": stats.chunks_promoted,
+            "flushed": bool(flushed), "flush_written": flushed.written,
+            "reloaded_tokens_after_restart": reloaded}
 
 
 def paged_cache(num_layers: int, num_blocks: int, block: int, hidden: int,
@@ -218,7 +232,10 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
-    ok = result["store"]["identical"] and result["pages"]["gather_identical"] \
+    store = result["store"]
+    ok = store["identical"] and store["flushed"] \
+        and store["reloaded_tokens_after_restart"] == store["stored_tokens"] \
+        and result["pages"]["gather_identical"] \
         and result["pages"]["scatter_identical"] \
         and all(check["identical"] for check in result["layouts"].values())
     raise SystemExit(0 if ok else 1)

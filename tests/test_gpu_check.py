@@ -23,6 +23,7 @@ def test_a_dry_run_on_the_cpu_passes_every_check(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["store"]["identical"] and data["store"]["demotions"] > 0
+    assert data["store"]["flushed"] and data["store"]["reloaded_tokens_after_restart"] == 2048
     assert data["pages"]["gather_identical"] and data["pages"]["scatter_identical"]
     assert sorted(data["layouts"]) == sorted(load_script("gpu_check").LAYOUTS)
     assert all(check["identical"] for check in data["layouts"].values())
