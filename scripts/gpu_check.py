@@ -71,7 +71,7 @@ def store_round_trip(device: torch.device, sizes: Sizes) -> dict:
     config = {"chunk_tokens": 256, "gpu_capacity": total // 2, "host_capacity": 4 * total,
               "disk_paths": [disk], "disk_capacity": 4 * total, "disk_min_free": 0,
               "write_policy": "write_back"}
-    with KVStore(layout, config, model="gpu-check") as store:
+    with KVStore(layout, config, model="gpu-check", device=device) as store:
         gpu, host = store.tiers[TierName.GPU], store.tiers[TierName.HOST]
         assert gpu.device.type == device.type, gpu.device
         assert isinstance(host, HostTier) and (host.pinned or device.type != "cuda"), \
@@ -84,7 +84,7 @@ def store_round_trip(device: torch.device, sizes: Sizes) -> dict:
         same = torch.equal(out.view(torch.int16), kv.view(torch.int16))
         stats = store.stats()
         flushed = store.flush(timeout=120)  # the device pool's chunks too (from copies)
-    with KVStore(layout, config, model="gpu-check") as store:  # a restart: every chunk on disk
+    with KVStore(layout, config, model="gpu-check", device=device) as store:  # a restart: every chunk on disk
         again = torch.zeros_like(kv)
         reloaded = store.get(tokens, again)
         same_after = torch.equal(again.view(torch.int16), kv.view(torch.int16))

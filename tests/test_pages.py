@@ -10,13 +10,17 @@ from kvtier.tiers.host import HostTier
 LAYERS, BLOCKS, BLOCK, HIDDEN = 3, 10, 4, 8
 
 
-def paged(interleaved: bool) -> list[torch.Tensor]:
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU here (scripts/gpu_check.py runs there)"))]
+
+
+def paged(interleaved: bool, device: str = "cpu") -> list[torch.Tensor]:
     """Per-layer (blocks, 2, block, hidden) views into one buffer, as vLLM allocates them:
     layer-major, or block-major (each layer's pages strided)."""
     if interleaved:
-        whole = torch.randn(BLOCKS, LAYERS, 2, BLOCK, HIDDEN).to(torch.bfloat16)
+        whole = torch.randn(BLOCKS, LAYERS, 2, BLOCK, HIDDEN).to(torch.bfloat16).to(device)
         return [whole[:, i] for i in range(LAYERS)]
-    whole = torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16)
+    whole = torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).to(device)
     return list(whole.unbind(0))
 
 
@@ -24,21 +28,32 @@ def geometry(chunk_tokens=2 * BLOCK) -> KVGeometry:
     return KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, chunk_tokens, "bfloat16", "t")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_gather_then_scatter_moves_whole_pages(interleaved):
-    kv = paged(interleaved)
-    original = [t.clone() for t in kv]
+def test_gather_then_scatter_moves_whole_pages(interleaved, device):
+    kv = paged(interleaved, device)
+    original = [t.cpu() for t in kv]
     pages = PagedKV(kv, geometry())
     host = HostTier(2, 4096)
-    pages.gather([7, 2], host.slot(0))
+    same = lambda a, b: torch.equal(a.cpu().view(torch.int16), b.view(torch.int16))  # noqa: E731
+    pages.gather([7, 2], host.slot(0))  # a whole chunk
+    pages.gather([4], host.slot(1))  # a tail: the rest of the slot zeroed
+    pages.synchronize()
     chunk = host.slot(0)[: geometry().chunk_bytes].view(LAYERS, 2, -1)
+    tail = host.slot(1)[: geometry().chunk_bytes].view(LAYERS, 2, -1)
     for layer in range(LAYERS):
         assert torch.equal(chunk[layer, 0], original[layer][7].flatten().view(torch.uint8))
         assert torch.equal(chunk[layer, 1], original[layer][2].flatten().view(torch.uint8))
+        assert torch.equal(tail[layer, 0], original[layer][4].flatten().view(torch.uint8))
+        assert not tail[layer, 1].any()
     pages.scatter(host.slot(0), [5], first=1)  # the chunk's second page into block 5
+    pages.scatter(host.slot(0), [8, 9], first=0)  # the whole chunk into blocks 8 and 9
+    pages.synchronize()
     for layer in range(LAYERS):
-        assert torch.equal(kv[layer][5].view(torch.int16), original[layer][2].view(torch.int16))
-        assert torch.equal(kv[layer][4].view(torch.int16), original[layer][4].view(torch.int16))
+        assert same(kv[layer][5], original[layer][2])
+        assert same(kv[layer][8], original[layer][7]) and same(kv[layer][9], original[layer][2])
+        for block in set(range(BLOCKS)) - {5, 8, 9}:  # nothing else written
+            assert same(kv[layer][block], original[layer][block])
     host.close()
 
 
@@ -60,3 +75,21 @@ def test_block_ids_outside_the_cache_are_refused_not_skipped(bad):
     with pytest.raises(IndexError, match="outside the KV cache"):
         pages.gather(bad, host.slot(0))
     host.close()
+
+
+def test_layers_of_one_allocation_are_seen_as_one_view_and_no_others_are():
+    from kvtier.connector.page_view import page_view
+    from kvtier.connector.pages import _stacked
+
+    for interleaved in (False, True):
+        layers = [page_view(t) for t in paged(interleaved)]
+        stacked = _stacked(layers)
+        assert stacked is not None and stacked.shape[0] == LAYERS
+        assert all(torch.equal(stacked[i], layers[i]) for i in range(LAYERS))
+    apart = [page_view(torch.zeros(BLOCKS, 2, BLOCK, HIDDEN, dtype=torch.bfloat16))
+             for _ in range(LAYERS)]
+    assert _stacked(apart) is None  # separate allocations
+    one = page_view(paged(False)[0])
+    assert _stacked([one, one]) is None  # the same layer twice
+    whole = page_view(torch.zeros(BLOCKS * 4, 2, BLOCK, HIDDEN, dtype=torch.bfloat16))
+    assert _stacked([whole[0:BLOCKS], whole[1:BLOCKS + 1]]) is None  # overlapping

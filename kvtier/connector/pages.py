@@ -5,9 +5,10 @@ group order (see ``geometry``); its block ids are each group's blocks, group aft
 On the CPU, pages move as slice copies, one per run of consecutive block ids per layer
 (memcpy, GIL released; measured 10x faster than ``index_copy_`` here); into the cache they
 are numpy copies (about 2x torch's for a 64 KiB page here, measured: less to set up per
-copy, and no OpenMP team started for it). On CUDA, pages are
-gathered on the device and copied to pinned host memory on a side stream (and back), and the
-caller waits on the stream before reporting completion. A load skips vLLM's null block (a
+copy, and no OpenMP team started for it). On CUDA, pages are gathered on the device into a
+staging chunk and copied to pinned host memory in one copy, on a side stream (and back:
+a whole chunk in one copy, then its pages into place), and the caller waits on the stream
+before reporting completion. A load skips vLLM's null block (a
 sliding-window group keeps no page for tokens out of its window).
 """
 
@@ -45,9 +46,21 @@ class PagedKV:
         bounds = list(itertools.accumulate(geometry.groups, initial=0))
         self._groups = [range(a, b) for a, b in itertools.pairwise(bounds)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._stage: torch.Tensor | None = None  # ``_staging``
+        # per group, its layers' pages as one view where they lie evenly in one allocation
+        # (vLLM's usual case): one gather or scatter kernel for the group, not one per layer
+        self._stacks = [_stacked([self.pages[layer] for layer in layers]) if self._stream else None
+                        for layers in self._groups]
 
     def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        """``block_ids`` as an index on the device. On CUDA it goes through pinned memory
+        without a wait: a copy from pageable memory would block this thread until the side
+        stream's earlier copies are over, so no chunk's copies could be queued behind
+        another's."""
+        if self.device.type != "cuda":
+            return torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        pinned = torch.tensor(block_ids, dtype=torch.long, pin_memory=True)
+        return pinned.to(self.device, non_blocking=True)
 
     def _per_group(self, block_ids: Sequence[int]) -> list[tuple[range, Sequence[int]]]:
         """(layers, block ids) of each KV cache group, after checking the ids on the host:
@@ -76,22 +89,48 @@ class PagedKV:
                              "window holds nothing)")
         groups, chunk = self._per_group(block_ids), self._chunk(slot)
         count = len(groups[0][1]) if groups else 0
+        if self._stream is not None:
+            self._gather_cuda(groups, count, chunk)
+            return
         if count < chunk.shape[1]:
             chunk[:, count:].zero_()
-        if self._stream is None:
-            for layers, ids in groups:
-                for start, first, count in _runs(ids):
-                    for layer in layers:
-                        chunk[layer, start:start + count].view(count, *self._runs[layer]).copy_(
-                            self.pages[layer][first:first + count])
-            return
+        for layers, ids in groups:
+            for start, first, count in _runs(ids):
+                for layer in layers:
+                    chunk[layer, start:start + count].view(count, *self._runs[layer]).copy_(
+                        self.pages[layer][first:first + count])
+
+    def _gather_cuda(self, groups: list[tuple[range, Sequence[int]]], count: int,
+                     chunk: torch.Tensor) -> None:
+        """On the side stream: each layer's pages gathered into the staging chunk on the
+        device (the rest of it zeroed), then the whole chunk to pinned host memory in one
+        copy (per-layer copies of a megabyte reach about half of one large copy's speed)."""
+        assert self._stream is not None
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            for layers, ids in groups:
+            stage = self._staging()
+            for (layers, ids), stack in zip(groups, self._stacks, strict=True):
                 index = self._ids(ids)
+                if stack is not None and len(ids) == stage.shape[1]:
+                    rows = stage[layers.start:layers.stop].view(len(layers), len(ids), *stack.shape[2:])
+                    torch.index_select(stack, 1, index, out=rows)
+                    continue
                 for layer in layers:
-                    chunk[layer, : len(ids)].view(len(ids), *self._runs[layer]).copy_(
-                        self.pages[layer].index_select(0, index), non_blocking=True)
+                    rows = stage[layer, : len(ids)].view(len(ids), *self._runs[layer])
+                    torch.index_select(self.pages[layer], 0, index, out=rows)
+            if count < stage.shape[1]:
+                stage[:, count:].zero_()
+            chunk.copy_(stage, non_blocking=True)
+
+    def _staging(self) -> torch.Tensor:
+        """One chunk's pages on the device, contiguous, made once: gathers fill it before
+        one copy to host, whole-chunk scatters take it from host in one copy. Only the side
+        stream uses it, so each use follows the one before."""
+        if self._stage is None:
+            geometry = self.geometry
+            self._stage = torch.empty((geometry.num_layers, geometry.blocks_per_chunk,
+                                       geometry.page_bytes), dtype=torch.uint8, device=self.device)
+        return self._stage
 
     def bytes_of(self, block_ids: Sequence[int]) -> int:
         """Bytes a load of ``block_ids`` copies (the null block's pages are not)."""
@@ -111,15 +150,35 @@ class PagedKV:
                         np.copyto(self._arrays[layer][block:block + count],
                                   rows[layer, at:at + count].reshape(count, *self._runs[layer]))
             return
+        self._scatter_cuda(groups, chunk, first)
+
+    def _scatter_cuda(self, groups: list[tuple[range, Sequence[int]]], chunk: torch.Tensor,
+                      first: int) -> None:
+        """On the side stream: a whole chunk to the device in one copy (the staging chunk),
+        part of one a layer's rows at a time; then its pages into place."""
+        assert self._stream is not None
+        whole = first == 0 and bool(groups) and len(groups[0][1]) == chunk.shape[1]
         with torch.cuda.stream(self._stream):
-            for layers, ids in groups:
+            source = chunk
+            if whole:
+                source = self._staging()
+                source.copy_(chunk, non_blocking=True)
+            for (layers, ids), stack in zip(groups, self._stacks, strict=True):
                 kept = [i for i, block in enumerate(ids) if block != NULL_BLOCK]
                 if not kept:
                     continue
                 index, picked = self._ids([ids[i] for i in kept]), self._ids(kept)
+                if stack is not None and whole:
+                    span = source[layers.start:layers.stop].view(len(layers), len(ids),
+                                                                 *stack.shape[2:])
+                    if len(kept) < len(ids):
+                        span = span.index_select(1, picked)
+                    stack.index_copy_(1, index, span)
+                    continue
                 for layer in layers:
-                    span = chunk[layer, first:first + len(ids)].view(len(ids), *self._runs[layer])
-                    span = span.to(self.device, non_blocking=True)
+                    span = source[layer, first:first + len(ids)].view(len(ids), *self._runs[layer])
+                    if not whole:
+                        span = span.to(self.device, non_blocking=True)
                     if len(kept) < len(ids):
                         span = span.index_select(0, picked)
                     self.pages[layer].index_copy_(0, index, span)
@@ -128,6 +187,27 @@ class PagedKV:
         """Wait for copies started on the side stream (no-op on the CPU)."""
         if self._stream is not None:
             self._stream.synchronize()
+
+
+def _stacked(pages: list[torch.Tensor]) -> torch.Tensor | None:
+    """``pages`` (each ``(blocks, *runs)`` bytes) as one ``(layers, blocks, *runs)`` view,
+    when they are views of one allocation of the same shape and strides, each the same
+    distance past the one before it and no two overlapping; else None."""
+    first = pages[0]
+    if len(pages) < 2 or any(p.shape != first.shape or p.stride() != first.stride()
+                             or p.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                             for p in pages):
+        return None
+    step = pages[1].data_ptr() - first.data_ptr()
+    if step <= 0 or any(p.data_ptr() - first.data_ptr() != i * step for i, p in enumerate(pages)):
+        return None
+    shape, strides = (len(pages), *first.shape), (step, *first.stride())
+    reach = 0  # the furthest byte reached by the dims of smaller strides
+    for size, stride in sorted(zip(shape, strides, strict=True), key=lambda d: d[1]):
+        if size > 1 and stride <= reach:
+            return None  # two elements could share a byte
+        reach += (size - 1) * stride
+    return first.as_strided(shape, strides)
 
 
 def in_chunk_order(kv_caches: dict[str, torch.Tensor], geometry: KVGeometry) -> list[torch.Tensor]:
