@@ -93,3 +93,12 @@ def test_layers_of_one_allocation_are_seen_as_one_view_and_no_others_are():
     assert _stacked([one, one]) is None  # the same layer twice
     whole = page_view(torch.zeros(BLOCKS * 4, 2, BLOCK, HIDDEN, dtype=torch.bfloat16))
     assert _stacked([whole[0:BLOCKS], whole[1:BLOCKS + 1]]) is None  # overlapping
+
+
+def test_bytes_are_moved_as_wide_integers_only_where_both_sides_allow_it():
+    from kvtier.connector.pages import _wide
+
+    a, b = torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 16, dtype=torch.uint8)
+    assert [t.dtype for t in _wide(a, b)] == [torch.int64, torch.int64]
+    assert [t.dtype for t in _wide(a[:, :12], b[:, :12])] == [torch.uint8, torch.uint8]
+    assert [t.dtype for t in _wide(a[:, 1:9], b[:, :8])] == [torch.uint8, torch.uint8]  # unaligned

@@ -113,11 +113,13 @@ class PagedKV:
                 index = self._ids(ids)
                 if stack is not None and len(ids) == stage.shape[1]:
                     rows = stage[layers.start:layers.stop].view(len(layers), len(ids), *stack.shape[2:])
-                    torch.index_select(stack, 1, index, out=rows)
+                    source, rows = _wide(stack, rows)
+                    torch.index_select(source, 1, index, out=rows)
                     continue
                 for layer in layers:
                     rows = stage[layer, : len(ids)].view(len(ids), *self._runs[layer])
-                    torch.index_select(self.pages[layer], 0, index, out=rows)
+                    source, rows = _wide(self.pages[layer], rows)
+                    torch.index_select(source, 0, index, out=rows)
             if count < stage.shape[1]:
                 stage[:, count:].zero_()
             chunk.copy_(stage, non_blocking=True)
@@ -173,7 +175,8 @@ class PagedKV:
                                                                  *stack.shape[2:])
                     if len(kept) < len(ids):
                         span = span.index_select(1, picked)
-                    stack.index_copy_(1, index, span)
+                    into, span = _wide(stack, span)
+                    into.index_copy_(1, index, span)
                     continue
                 for layer in layers:
                     span = source[layer, first:first + len(ids)].view(len(ids), *self._runs[layer])
@@ -181,12 +184,26 @@ class PagedKV:
                         span = span.to(self.device, non_blocking=True)
                     if len(kept) < len(ids):
                         span = span.index_select(0, picked)
-                    self.pages[layer].index_copy_(0, index, span)
+                    into, span = _wide(self.pages[layer], span)
+                    into.index_copy_(0, index, span)
 
     def synchronize(self) -> None:
         """Wait for copies started on the side stream (no-op on the CPU)."""
         if self._stream is not None:
             self._stream.synchronize()
+
+
+def _wide(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte tensors ``a`` and ``b`` (the same shape) seen as 8-byte integers where both can
+    be, else as they are: a gather or scatter kernel moves an element per thread, so bytes
+    one at a time ran at a fraction of the device's memory speed (115 us a 32 MiB chunk on
+    an H200, against a copy's 600 us)."""
+    def fits(t: torch.Tensor) -> bool:
+        return t.shape[-1] % 8 == 0 and t.data_ptr() % 8 == 0 \
+            and all(stride % 8 == 0 for stride in t.stride()[:-1])
+    if fits(a) and fits(b):
+        return a.view(torch.int64), b.view(torch.int64)
+    return a, b
 
 
 def _stacked(pages: list[torch.Tensor]) -> torch.Tensor | None:
