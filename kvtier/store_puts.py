@@ -86,7 +86,8 @@ def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
     once (at most ``drain_timeout`` seconds), is skipped and counted. So are the chunks
     past as many as the largest tier holds: a longer prefix would lose its own first chunks
     (evicted by the put itself, or by the gets that promote them to a smaller tier), and
-    with them every later chunk's hit."""
+    with them every later chunk's hit; with a remote store too (its writes go from host
+    slots in the background: a chunk evicted before its write never gets there)."""
     keep = max(index.num_slots for index in shared.stack.indexes.values())
     if len(keys) > keep:
         shared.count("chunks_skipped", len(keys) - keep)

@@ -481,3 +481,11 @@ def test_a_chunk_vllm_computed_already_missing_here_hides_no_later_hit():
     side.stack.discard(keys[0])  # gone here (evicted, or a failed load); vLLM still holds it
     assert side.num_new_matched_tokens(request("b", 129), CHUNK) == (128 - CHUNK, False)
     assert side.num_new_matched_tokens(request("c", 129), 0) == (0, False)  # needed: a miss
+
+
+def test_a_prompt_longer_than_every_tier_keeps_its_first_chunks_rather_than_evicting_them():
+    side = scheduler()  # host memory of 4 chunks, no disk
+    a = request("a", 6 * CHUNK)
+    store_all(side, a)
+    store_all(side, a)  # the next step: chunks 4 and 5 would evict chunks 0 and 1
+    assert side.num_new_matched_tokens(request("b", 6 * CHUNK + 1), 0) == (4 * CHUNK, False)

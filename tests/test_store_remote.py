@@ -390,3 +390,16 @@ def test_flush_counts_device_pool_chunks_the_store_was_never_sent(server):
         a.put(toks, make_kv(toks))
         flushed = a.flush(10)
         assert not flushed and flushed.not_written == 3
+
+
+def test_a_put_longer_than_host_memory_keeps_its_first_chunks_for_the_remote_store(server):
+    """Remote writes go from host slots in the background: a put that evicted its own first
+    chunks before their writes would leave the store without the prefix's start."""
+    toks = tokens(16, 8)
+    with store(server, host_capacity=4 * CHUNK_BYTES) as a:
+        assert a.put(toks, make_kv(toks)) == 4 * CHUNK  # what host memory holds
+        assert a.flush(20)
+    with store(server) as b:
+        n, out = read(b, toks)
+        assert n == 4 * CHUNK
+        assert torch.equal(out[:, :, :n].view(torch.int16), make_kv(toks)[:, :, :n].view(torch.int16))

@@ -8,6 +8,8 @@ rank reported it stored (``Outcomes``).
 
 from __future__ import annotations
 
+import sys
+
 from kvtier.config import KVTierConfig, WritePolicy
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
@@ -29,7 +31,7 @@ class StorePlanner:
     in ``PendingStores``, with the demotions their victims need added to the plan's. The
     offer stops at the first chunk that finds no host slot free (all held by stores and
     loads in flight), leaving ``stored_upto`` there so that the request's next step offers
-    it again.
+    it again; and for good past as many chunks as the largest tier holds (``_keep``).
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
@@ -44,8 +46,11 @@ class StorePlanner:
         cached is only touched. One that is not, and that some group keeps no page of any
         more (out of its sliding window by now: vLLM's null block), cannot be stored, nor
         can any after it: the request is done storing (``tracked.store_done``)."""
-        per = self.geometry.blocks_per_chunk
+        per, keep = self.geometry.blocks_per_chunk, self._keep()
         for c, key in enumerate(keys, start=tracked.stored_upto):
+            if c >= keep:  # its store would evict the request's own first chunks
+                tracked.store_done = True
+                break
             ids = chunk_blocks(block_ids, c * per, (c + 1) * per)
             if len(ids) < per * len(block_ids):
                 break
@@ -63,6 +68,9 @@ class StorePlanner:
         """Offer the request's prompt tail (its computed prompt's partial last chunk): its
         blocks' pages, the last one partly filled, go into a chunk slot like any chunk's.
         With no host slot free it is offered again at the request's next step."""
+        if tail.index >= self._keep():
+            tracked.tail_done = True
+            return
         first = tail.index * self.geometry.blocks_per_chunk
         stop = -(-tail.end // self.geometry.block_tokens)
         ids = chunk_blocks(block_ids, first, stop)
@@ -74,6 +82,15 @@ class StorePlanner:
         elif not self._plan_one(tail.key, ids, meta):
             return
         tracked.tail_done = True
+
+    def _keep(self) -> int:
+        """The chunks of one request worth storing: as many as the largest tier holds. A
+        longer prompt would lose its own first chunks to its later ones, and with them every
+        later chunk's hit (a key names its whole prefix). With a remote store, every chunk:
+        each reaches the store through host memory, whatever is evicted here after."""
+        if self._remote_writes is not None:
+            return sys.maxsize
+        return max(index.num_slots for index in self.stack.indexes.values())
 
     def _cached(self, key: ChunkKey) -> bool:
         """Cached, or being stored."""
