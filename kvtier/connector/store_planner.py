@@ -8,8 +8,6 @@ rank reported it stored (``Outcomes``).
 
 from __future__ import annotations
 
-import sys
-
 from kvtier.config import KVTierConfig, WritePolicy
 from kvtier.connector.geometry import KVGeometry
 from kvtier.connector.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
@@ -86,10 +84,8 @@ class StorePlanner:
     def _keep(self) -> int:
         """The chunks of one request worth storing: as many as the largest tier holds. A
         longer prompt would lose its own first chunks to its later ones, and with them every
-        later chunk's hit (a key names its whole prefix). With a remote store, every chunk:
-        each reaches the store through host memory, whatever is evicted here after."""
-        if self._remote_writes is not None:
-            return sys.maxsize
+        later chunk's hit (a key names its whole prefix). So too with a remote store: its
+        writes are made from host slots, and dropped when its queue is full."""
         return max(index.num_slots for index in self.stack.indexes.values())
 
     def _cached(self, key: ChunkKey) -> bool:
