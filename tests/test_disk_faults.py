@@ -409,3 +409,26 @@ def test_a_path_that_holds_after_coming_back_starts_its_back_off_again(tmp_path,
     fail(2)  # held for its whole wait: a new fault starts from disk_retry
     assert path.retry_every == 30 and path.retry_at == clock[0] + 30
     tier.close()
+
+
+def test_a_read_job_the_engine_fails_before_it_runs_gives_its_host_slot_back(tmp_path):
+    """An I/O engine whose job raises before the read runs: each chunk of it is a failed
+    read at once (not a wait for ``load_timeout``), and the host slot reserved for it comes
+    back, so puts still find room."""
+    kept = [seq(0, 1), seq(1000, 1)]
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
+        for tokens in kept:
+            store.put(tokens, make_kv(tokens))
+        assert store.flush()
+    make, engines = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, load_timeout=5.0), io_engine=make) as store:
+        engines[0].fail(OSError(errno.EIO, "the engine failed"))
+        for tokens in kept:
+            assert exact(store, tokens) == 0
+        assert store.stats().load_timeouts == 0  # failed reads, not reads waited for in vain
+        engines[0]._errors.clear()  # white-box: the engine works again
+        with bookkeeping(store) as stack:
+            assert all(index.census().writing == 0 and index.census().pins == 0
+                       for index in stack.indexes.values())
+        fresh = seq(5000, 2)
+        assert store.put(fresh, make_kv(fresh)) == 2 * CHUNK

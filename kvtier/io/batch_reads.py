@@ -32,10 +32,13 @@ class BatchReads:
         return results
 
     def watch(self, job: Future) -> None:
-        """Fail the items if ``job`` is cancelled (it will never run)."""
+        """Fail the items if ``job`` is cancelled (it will never run) or ends in an error
+        without settling them (raised before ``run`` ran: an engine's own failure)."""
         def over(done: Future) -> None:
             if done.cancelled():
                 self.fail("read cancelled")
+            elif done.exception() is not None:
+                self.fail(f"read job failed: {done.exception()!r}")
 
         job.add_done_callback(over)
 
