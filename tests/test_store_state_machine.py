@@ -9,9 +9,12 @@ the I/O engine is held (a hung drive, with a small ``load_timeout``), and the dr
 What is checked, after every step (only what docs/standalone.md and the docstrings promise):
 
 - a get never returns wrong bytes: ``out[:, :, :n]`` is ``make_kv(tokens)[:, :, :n]``;
-- with no fault in play (no held or failing engine, no corrupted chunk in the prefix), a
-  get returns exactly what the lookup just before it said; a put of no more chunks than
-  the largest tier holds leaves the whole prefix cached;
+- with no fault in play (no failing drive, no drive that may hang, no corrupted chunk in
+  the prefix), a get returns exactly what the lookup just before it said, and a put of no
+  more chunks than each memory tier holds, none of them on disk only, leaves the whole
+  prefix cached (not checked with a device pool under write-through: a known bug, the
+  strict xfail at the end);
+- per call, chunks_stored, chunks_loaded and chunks_missed move by what it returned;
 - once the engine's background writes are over, no pin and no reservation is left;
 - a true ``flush()`` means every chunk held is on disk, and a restart right after it finds
   every chunk, serving each prefix at least as far as before;
@@ -115,6 +118,7 @@ class KVStoreMachine(RuleBasedStateMachine):
         self.store: KVStore | None = None
         self.held = False  # the engine's queues are held (a hung drive)
         self.failing = False  # the drive fails (``FailingDrive``)
+        self.hangs = False  # the engine may be held: a short load_timeout
         self.suspect: set[bytes] = set()  # keys whose disk copy was corrupted, ever
         self.prefixes: set[tuple[int, ...]] = set()  # every token sequence put
         self.direct_outs: dict[int, torch.Tensor] = {}  # empty_kv tensors kept for reuse
@@ -126,16 +130,21 @@ class KVStoreMachine(RuleBasedStateMachine):
 
     @initialize(gpu=st.integers(0, 3), host=st.integers(2, 4), disk=st.integers(4, 12),
                  policy=st.sampled_from(["write_through", "write_back"]),
-                 direct=st.booleans(), retry=st.sampled_from([30.0, 0.2]))
+                 direct=st.booleans(), retry=st.sampled_from([30.0, 0.2]), hangs=st.booleans())
     @logged
-    def setup(self, gpu, host, disk, policy, direct, retry):
+    def setup(self, gpu, host, disk, policy, direct, retry, hangs):
+        # A drive that may hang needs a short load_timeout (each hang is waited out); with
+        # it, a put or get on a busy machine may give up waiting for background writes that
+        # hold host slots (documented), so lengths are checked only with the default one.
+        self.hangs = hangs and self.faults
         self.layout = DIRECT if direct else SMALL
         chunk_bytes = self.layout.token_bytes * CHUNK
         slot = align_up(chunk_bytes)
         self.cfg = {"chunk_tokens": CHUNK, "gpu_capacity": gpu * slot,
                     "host_capacity": host * slot, "disk_paths": [self.root],
                     "disk_capacity": disk * (HEADER_BYTES + slot), "disk_min_free": 0,
-                    "write_policy": policy, "io_threads": 2, "load_timeout": LOAD_TIMEOUT,
+                    "write_policy": policy, "io_threads": 2,
+                    "load_timeout": LOAD_TIMEOUT if self.hangs else 10.0,
                     "disk_retry": retry,  # a path taken out of service is tried again then
                     "model": "state-machine"}
         self.drive.install()
@@ -191,7 +200,8 @@ class KVStoreMachine(RuleBasedStateMachine):
         return GPU in self.sizes and self.cfg["write_policy"] == "write_through"
 
     def faulty(self) -> bool:
-        return self.held or self.failing
+        """A fault is in play, or may be (a short load_timeout: see ``setup``)."""
+        return self.held or self.failing or self.hangs
 
     def clean(self, tokens) -> bool:
         """No fault can shorten what a get of ``tokens`` serves."""
@@ -349,7 +359,7 @@ class KVStoreMachine(RuleBasedStateMachine):
             f.write(bytes([byte[0] ^ 0x5A]))
         self.suspect.add(key)
 
-    @precondition(lambda self: self.faults and not self.held)
+    @precondition(lambda self: self.hangs and not self.held)
     @rule()
     @logged
     def hold(self):
@@ -378,21 +388,31 @@ class KVStoreMachine(RuleBasedStateMachine):
         if self.store is None or self.held:
             return  # a hung drive's writes keep their slots until they end (documented)
         self.settle()
+        # A job's done callbacks (the reservations of a write given up on) run just after
+        # the engine counts it over: give them a moment.
+        deadline = time.monotonic() + 3
+        while (problems := self.bookkeeping_problems()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not problems, f"{problems}\nsteps:\n  " + "\n  ".join(self.history)
+
+    def bookkeeping_problems(self) -> list[str]:
+        problems = []
         with bookkeeping(self.store) as stack:
             for name, index in stack.indexes.items():
                 census = index.census()
-                assert census.pins == 0, f"{census.pins} pins left in {name}"
-                assert census.writing == 0, f"{census.writing} reservations left in {name}"
-                assert census.doomed == 0, f"{census.doomed} doomed entries left in {name}"
+                if census.pins or census.writing or census.doomed:
+                    problems.append(f"{name}: left {census}")
                 # white-box: every slot is free, held by one entry, or retired (a path down)
                 held = [entry.slot for entry in index._entries.values()]
-                assert len(held) == len(set(held)), f"a slot of {name} held twice"
                 free = {s for s in range(index.num_slots) if index._is_free[s]}
                 retired = {s for s in range(index.num_slots) if index._retired[s]}
-                assert not free & set(held) and not free & retired, f"slot free and held in {name}"
-                assert free | set(held) | retired == set(range(index.num_slots)), \
-                    f"slot leaked in {name}"
-                assert index.free_slots == len(free)
+                if len(held) != len(set(held)):
+                    problems.append(f"{name}: a slot held twice")
+                if free & set(held) or free & retired or index.free_slots != len(free):
+                    problems.append(f"{name}: a slot free and held")
+                if free | set(held) | retired != set(range(index.num_slots)):
+                    problems.append(f"{name}: slot leaked")
+        return problems
 
     @invariant()
     def counters_never_negative_nor_backwards(self):
@@ -413,7 +433,9 @@ class KVStoreMachine(RuleBasedStateMachine):
         self.last_stats = stats
 
 
-SETTINGS = settings(max_examples=40, stateful_step_count=25, deadline=None,
+# 10-30 s for the file on 2 busy cores (the fault machine waits out load_timeout whenever the
+# engine is held). Explore further with max_examples in the hundreds.
+SETTINGS = settings(max_examples=40, stateful_step_count=25, deadline=None, database=None,
                     phases=[p for p in Phase if p is not Phase.explain],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -429,7 +451,7 @@ class NoFaultMachine(KVStoreMachine):
 TestKVStoreMachine = KVStoreMachine.TestCase
 TestKVStoreMachine.settings = SETTINGS
 TestNoFaultMachine = NoFaultMachine.TestCase
-TestNoFaultMachine.settings = SETTINGS
+TestNoFaultMachine.settings = settings(SETTINGS, max_examples=80)
 
 
 # -- confirmed bugs, found by the machine above --------------------------------------------
@@ -459,3 +481,4 @@ def test_a_put_that_fits_keeps_every_chunk_while_its_writes_are_in_flight(tmp_pa
         assert engines[0].drain(timeout=10)
         assert store.stats().drops == 0
         assert store.lookup(tokens).tokens == 4 * CHUNK
+
