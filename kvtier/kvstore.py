@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,7 +263,8 @@ class KVStore:
             self._poll()
             keys = keys[: out.shape[2] // self.chunk_tokens]
             runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
-            with claim(self._direct, out):  # a second get into these bytes waits
+            # a second get into these bytes waits (only disk reads detach pages)
+            with claim(self._direct, out) if self.disk else nullcontext():
                 direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
                 read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
                                   self._drain_timeout(), direct)
