@@ -71,10 +71,12 @@ class TierStack:
       or not) and returns the ``(key, location)`` pairs pinned; ``unpin`` each.
     - ``plan_store(key, tier)`` reserves a slot for ``key`` in ``tier``, or returns ``None``
       when the key is already there (visible or being written) or no slot can be freed. A
-      victim evicted to make room is planned to move one tier down unless that tier already
-      holds it or has no room (then it is dropped and counted in ``drops``); a victim bound
-      for the disk tier is dropped, uncounted, when ``on_disk_elsewhere(victim)`` says a
-      disk copy outside the stack serves it (another writer's segment of a shared directory).
+      victim evicted to make room is planned to move one tier down, or past a tier with no
+      room to the next one with room (a device pool's victim straight to disk while every
+      host slot is held by a write), unless a tier on the way already holds it; with no room
+      below it is dropped and counted in ``drops``. A victim bound for the disk tier is
+      dropped, uncounted, when ``on_disk_elsewhere(victim)`` says a disk copy outside the
+      stack serves it (another writer's segment of a shared directory).
     - ``finish(key, dst, ok)`` ends each reservation: visible on success, freed on failure.
     - Not thread-safe: the owner holds one lock around calls; bytes move outside the lock,
       which is safe because reserved slots are invisible and pinned ones are never evicted.
@@ -139,23 +141,22 @@ class TierStack:
         return StorePlan(key, dst, self._plan_demotion(victim, dst))
 
     def _plan_demotion(self, victim: ChunkKey, src: Location) -> tuple[Move, ...]:
-        position = self.order.index(src.tier)
-        lower = self.order[position + 1] if position + 1 < len(self.order) else None
-        if lower is None:
-            self.drops += 1
-            return ()
-        if self.indexes[lower].has_entry(victim):
-            self.indexes[lower].touch(victim)
-            return ()
-        if lower is TierName.DISK and self.on_disk_elsewhere is not None \
-                and self.on_disk_elsewhere(victim):
-            return ()
-        plan = self.plan_store(victim, lower)
-        if plan is None:
-            self.drops += 1
-            return ()
-        self.demotions += 1
-        return (*plan.demotions, Move(victim, src, plan.dst))
+        """Moves that keep ``victim`` (evicted from ``src``) one tier down, or further down
+        when a tier has no room now (every slot pinned or being written: host slots held
+        by their chunks' background writes); none when a lower tier holds it already."""
+        for lower in self.order[self.order.index(src.tier) + 1:]:
+            if self.indexes[lower].has_entry(victim):
+                self.indexes[lower].touch(victim)
+                return ()
+            if lower is TierName.DISK and self.on_disk_elsewhere is not None \
+                    and self.on_disk_elsewhere(victim):
+                return ()
+            plan = self.plan_store(victim, lower)
+            if plan is not None:
+                self.demotions += 1
+                return (*plan.demotions, Move(victim, src, plan.dst))
+        self.drops += 1
+        return ()
 
     def finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
         index = self.indexes[dst.tier]

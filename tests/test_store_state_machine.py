@@ -12,8 +12,7 @@ What is checked, after every step (only what docs/standalone.md and the docstrin
 - with no fault in play (no failing drive, no drive that may hang, no corrupted chunk in
   the prefix), a get returns exactly what the lookup just before it said, and a put of no
   more chunks than each memory tier holds, none of them on disk only, leaves the whole
-  prefix cached (not checked with a device pool under write-through: a known bug, the
-  strict xfail at the end);
+  prefix cached;
 - per call, chunks_stored, chunks_loaded and chunks_missed move by what it returned;
 - once the engine's background writes are over, no pin and no reservation is left;
 - a true ``flush()`` means every chunk held is on disk, and a restart right after it finds
@@ -28,10 +27,10 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -192,13 +191,6 @@ class KVStoreMachine(RuleBasedStateMachine):
     def kv(self, tokens) -> torch.Tensor:
         return make_kv(tokens, self.layout)
 
-    def known_bug(self) -> bool:
-        """A device pool under write-through: demotions drop chunks (of the prefix being
-        put, or being read) whose lower tier is only held for a moment by background writes
-        (``test_a_put_that_fits_keeps_every_chunk_while_its_writes_are_in_flight``, xfail
-        below). Put and get lengths are not checked there; everything else is."""
-        return GPU in self.sizes and self.cfg["write_policy"] == "write_through"
-
     def faulty(self) -> bool:
         """A fault is in play, or may be (a short load_timeout: see ``setup``)."""
         return self.held or self.failing or self.hangs
@@ -264,7 +256,7 @@ class KVStoreMachine(RuleBasedStateMachine):
         # (a put only marks those recent, and under write-through the put's own writes and
         # the disk copies of the host chunks it evicts, touched, are more recent still: the
         # disk may evict them), ends up wholly cached.
-        if not self.faulty() and not self.store.stats().paths_down and not self.known_bug() \
+        if not self.faulty() and not self.store.stats().paths_down \
                 and not disk_only and len(keys) <= min(self.sizes[t] for t in (GPU, HOST) if t in self.sizes):
             got = self.store.lookup(tokens).tokens
             assert got == len(keys) * CHUNK, f"a put of {len(keys)} chunks left {got // CHUNK} cached"
@@ -274,7 +266,7 @@ class KVStoreMachine(RuleBasedStateMachine):
     @logged
     def get(self, prefix, kind, out_chunks):
         tokens = self.tokens(prefix)
-        clean = self.clean(tokens) and not self.known_bug()
+        clean = self.clean(tokens)
         expected = self.store.lookup(tokens).tokens
         started = time.monotonic()
         n, _ = self.read(tokens, kind, out_chunks)
@@ -434,8 +426,9 @@ class KVStoreMachine(RuleBasedStateMachine):
 
 
 # 10-30 s for the file on 2 busy cores (the fault machine waits out load_timeout whenever the
-# engine is held). Explore further with max_examples in the hundreds.
-SETTINGS = settings(max_examples=40, stateful_step_count=25, deadline=None, database=None,
+# engine is held). Explore further with STATE_MACHINE_EXAMPLES=400 in the environment.
+SETTINGS = settings(max_examples=int(os.environ.get("STATE_MACHINE_EXAMPLES", "40")),
+                    stateful_step_count=25, deadline=None, database=None,
                     phases=[p for p in Phase if p is not Phase.explain],
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -454,7 +447,7 @@ TestNoFaultMachine = NoFaultMachine.TestCase
 TestNoFaultMachine.settings = settings(SETTINGS, max_examples=80)
 
 
-# -- confirmed bugs, found by the machine above --------------------------------------------
+# -- bugs found by the machine above --------------------------------------------
 
 
 def _config(root, **extra):
@@ -463,22 +456,39 @@ def _config(root, **extra):
             "io_threads": 2, "model": "state-machine", **extra}
 
 
-@pytest.mark.xfail(strict=True, reason="a demotion from the device pool drops the victim when "
-                   "host slots are pinned by write-through writes, instead of waiting for them "
-                   "as put does for its own chunk (tier_stack._plan_demotion)")
-def test_a_put_that_fits_keeps_every_chunk_while_its_writes_are_in_flight(tmp_path):
-    """gpu 1 slot, host 2, disk 4, write-through: chunks 0 and 1 reach host memory and
-    their writes pin both host slots; chunk 3's demotion of chunk 2 then finds no host slot
-    and drops it. put() says 4 chunks were stored; only 2 are cached. With the production
-    engine on a fast disk this happens in most fresh stores; a slow drive makes it certain."""
+def test_a_put_keeps_every_chunk_while_host_slots_are_held_by_writes(tmp_path):
+    """gpu 1 slot, host 2, disk 4, write-through on a slow drive: chunks 0 and 1 reach host
+    memory and their writes pin both host slots; chunk 3's demotion of chunk 2 finds no
+    host slot and goes straight to disk. It was dropped: put() said 4 chunks were stored
+    and only 3 were cached (with the production engine on a fast disk, in most fresh
+    stores)."""
     make, engines = FakeEngine.factory()
     tokens = seq(0, 4)
     cfg = _config(tmp_path, gpu_capacity=CHUNK_BYTES, write_policy="write_through")
     with KVStore(SMALL, cfg, io_engine=make) as store:
-        engines[0].hold()  # a slow drive: its writes end after the put (load_timeout is 10 s)
-        assert store.put(tokens, make_kv(tokens)) == 4 * CHUNK
-        engines[0].release()
+        engines[0].hold()
+        while_held = threading.Thread(target=_release_once_waited_on, args=(engines[0],))
+        while_held.start()
+        try:
+            assert store.put(tokens, make_kv(tokens)) == 4 * CHUNK
+        finally:
+            engines[0].release()
+            while_held.join()
         assert engines[0].drain(timeout=10)
         assert store.stats().drops == 0
         assert store.lookup(tokens).tokens == 4 * CHUNK
+        with bookkeeping(store) as stack:
+            assert stack.indexes[DISK].slot_of(store.keys(tokens)[2]) is not None
+        out = store.empty_kv(4 * CHUNK)
+        assert store.get(tokens, out) == 4 * CHUNK
+        assert same_bytes(out, make_kv(tokens))
+
+
+def _release_once_waited_on(engine: FakeEngine) -> None:
+    """A slow drive: release ``engine``'s held jobs once three of them wait (the two
+    write-through writes, and then a third job), or after 2 s."""
+    for _ in range(3):
+        if not engine.started.acquire(timeout=2):
+            break
+    engine.release()
 

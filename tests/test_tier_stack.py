@@ -89,6 +89,44 @@ def test_cascade_runs_deepest_move_first():
         (k(1), HOST, TierName.DISK), (k(2), GPU, HOST)]
 
 
+def three_tiers(gpu_slots=1, host_slots=1, disk_slots=2) -> TierStack:
+    return TierStack([(GPU, SlotIndex(gpu_slots, LRUPolicy())),
+                      (HOST, SlotIndex(host_slots, LRUPolicy())),
+                      (TierName.DISK, SlotIndex(disk_slots, LRUPolicy()))])
+
+
+def test_a_victim_passes_over_a_tier_with_no_room_now():
+    s = three_tiers()
+    store(s, k(1), HOST)
+    s.pin_prefix([k(1)], HOST)  # the only host slot, held (by its write to disk)
+    store(s, k(2))
+    plan = s.plan_store(k(3), GPU)
+    assert [(m.key, m.src.tier, m.dst.tier) for m in plan.demotions] == [
+        (k(2), GPU, TierName.DISK)]
+    assert s.drops == 0 and s.demotions == 1
+
+
+def test_a_victim_already_two_tiers_below_is_kept_there():
+    s = three_tiers()
+    store(s, k(1), HOST)
+    s.pin_prefix([k(1)], HOST)
+    store(s, k(2), TierName.DISK)
+    store(s, k(2))
+    assert s.plan_store(k(3), GPU).demotions == ()
+    assert s.locate(k(2)).tier is TierName.DISK and s.drops == 0
+
+
+def test_a_victim_with_no_room_anywhere_below_is_dropped():
+    s = three_tiers(disk_slots=1)
+    store(s, k(1), HOST)
+    store(s, k(4), TierName.DISK)
+    s.pin_prefix([k(1)], HOST)
+    s.pin_prefix([k(4)], TierName.DISK)
+    store(s, k(2))
+    assert s.plan_store(k(3), GPU).demotions == ()
+    assert s.locate(k(2)) is None and s.drops == 1
+
+
 def test_failed_demotion_leaves_a_miss():
     s = stack(gpu_slots=1)
     store(s, k(1))
