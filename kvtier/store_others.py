@@ -10,7 +10,7 @@ from kvtier.tier_stack import Location
 from kvtier.tiers.disk_lane import DiskLane, NoDisk
 from kvtier.tiers.foreign_reads import foreign_reads
 from kvtier.tiers.host import HostTier
-from kvtier.tiers.shared_view import ForeignChunk, RefreshThread, SharedView, WriterState
+from kvtier.tiers.shared_view import ForeignChunk, RefreshThread, SharedView, WriterState, directory_slots
 
 
 class OtherWriters:
@@ -24,7 +24,8 @@ class OtherWriters:
                  lane: DiskLane, host: HostTier) -> None:
         tier = lane.tier
         self.view = SharedView(config.disk_paths, namespace, raw_bytes, tier.writer,
-                               config.lease_timeout)
+                               config.lease_timeout, directory_slots(
+                                   raw_bytes, len(config.disk_paths), config.disk_capacity))
         reads = foreign_reads(config, namespace, raw_bytes, lane)
         assert reads is not None, "a store with a disk lane and share_refresh on reads others"
         self._reads = reads

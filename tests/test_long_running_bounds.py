@@ -19,11 +19,12 @@ from tests.conftest import SMALL, make_kv
 from tests.test_disk_store import config, seq
 
 
-def write_as(tmp_path, writer, **extra):
-    """Write a chunk as ``writer``; return the store's namespace and chunk size."""
+def write_as(tmp_path, writer, start=0, **extra):
+    """Write a chunk (of ``seq(start, 1)``) as ``writer``; return the store's namespace and
+    chunk size."""
     with KVStore(SMALL, config(tmp_path, disk_chunks=8, share_writers=8, instance_id=writer,
                                share_refresh="off", **extra)) as store:
-        tokens = seq(0, 1)
+        tokens = seq(start, 1)
         store.put(tokens, make_kv(tokens))
         store.flush()
         return store.namespace, store.chunk_bytes
@@ -40,6 +41,23 @@ def test_a_reader_keeps_nothing_of_writers_whose_segments_are_gone(tmp_path):
             assert reclaim_segment(ns_dir, f"pod-{n}", writers.subdir(f"pod-{n}").inode())
         view.refresh()
     assert view._watch._seen == {} and view._reclaim_after == {} and len(view) == 0
+    view.close()
+
+
+def test_a_reader_follows_no_more_slots_than_the_directory_holds(tmp_path, caplog):
+    """Writers whose logs name more chunks than the directory holds (files kvtier did not
+    write, or an engine given a larger disk_capacity): the reader follows at most the
+    directory's slots a path, over every writer, says so once, and reads the rest as misses."""
+    for n in range(3):
+        namespace, raw = write_as(tmp_path, f"pod-{n}", start=n)
+    view = SharedView([str(tmp_path)], namespace, raw, "reader", 120.0, max_slots=2)
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        view.refresh()
+        view.refresh()
+    assert len(view) == 2 and view.passed_over == 1
+    assert sum(state.chunks for state in view.writers()) == 2
+    assert sum("more chunks than the shared directory holds" in r.getMessage()
+               for r in caplog.records) == 1
     view.close()
 
 

@@ -287,3 +287,24 @@ def test_a_writer_starts_its_log_from_the_written_entries_of_its_index_only(segm
     follower.refresh()
     assert keys_of(follower) == {0: 1, 2: 2}
     log.close()
+
+
+def test_a_follower_knows_no_slot_past_its_bound_nor_more_slots_than_its_room(segment):
+    """A log (hostile, or of a writer given far more disk) naming slots up to 2**24 would
+    take gigabytes of a reader's memory: slots at or past ``max_slots`` are junk, and
+    ``room`` caps how many slots are known (further ones are passed over, as misses)."""
+    log = SegmentLog(segment, DIGEST, lambda: entries_of(()), 1000)
+    follower = LogFollower(segment, DIGEST, RAW, max_slots=8)
+    for slot in (0, 7, 8, 1 << 20):
+        log.append(slot, entry(slot + 1))
+    follower.refresh()
+    assert keys_of(follower) == {0: 1, 7: 8} and follower.bad == 2
+    for slot in range(1, 5):
+        log.append(slot, entry(slot + 1))
+    log.append(0, entry(50))  # a slot already known is updated even with no room left
+    follower.refresh(room=3)
+    assert keys_of(follower) == {0: 50, 7: 8, 1: 2} and follower.over == 3
+    log.append(5, BLANK)
+    follower.refresh(room=3)
+    assert len(follower.slots) == 3
+    log.close()

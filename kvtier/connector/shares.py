@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvtier.config import KVTierConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.foreign_reads import SlotRef
-from kvtier.tiers.shared_view import RefreshThread, SharedView
+from kvtier.tiers.shared_view import RefreshThread, SharedView, directory_slots
 
 
 class EngineShares:
@@ -21,7 +21,9 @@ class EngineShares:
 
     def __init__(self, config: KVTierConfig, namespaces: list[Namespace], raw_bytes: int,
                  writers: list[str]) -> None:
-        self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout)
+        slots = directory_slots(raw_bytes, len(config.disk_paths), config.disk_capacity)
+        self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout,
+                                 slots)
                       for ns, writer in zip(namespaces, writers, strict=True)]
         self.refresh()
         self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0)

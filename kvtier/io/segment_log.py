@@ -166,15 +166,21 @@ class LogFollower:
     not valid headers of this namespace and chunk size count as emptied slots, and in
     ``bad``). A record that does not check out stops the reading there (it may be half
     written); when it still does after ``_STUCK_LIMIT`` refreshes with records after it,
-    it is skipped and counted in ``bad``. Never raises for what the files hold; an
-    ``OSError`` opening the segment's files propagates.
+    it is skipped and counted in ``bad``. Memory is bounded: a record naming a slot at or
+    past ``max_slots`` counts in ``bad``, and ``refresh(room=n)`` keeps at most ``n`` slots
+    known (records of further slots are passed over, their chunks unknown, and counted in
+    ``over``). Never raises for what the files hold; an ``OSError`` opening the segment's
+    files propagates.
     """
 
     _STUCK_LIMIT = 3
 
-    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int) -> None:
+    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int,
+                 max_slots: int = MAX_SLOTS) -> None:
         self._dir, self._namespace = directory, namespace
         self._layout = SlotLayout(raw_bytes, 1, 0)
+        self._max_slots = min(max_slots, MAX_SLOTS)
+        self._room = self._max_slots
         self._fd = -1
         self._inode = self._epoch = 0
         self._offset = LOG_HEADER_BYTES
@@ -182,10 +188,13 @@ class LogFollower:
         self.slots: dict[int, SlotHeader] = {}
         self.forgotten: list[tuple[int, SlotHeader]] = []  # what the last reset dropped
         self.bad = 0
+        self.over = 0
         self.bytes_read = 0
 
-    def refresh(self, budget: int = 64 * 1024**2) -> tuple[bool, list[LogChange]]:
+    def refresh(self, budget: int = 64 * 1024**2,
+                room: int | None = None) -> tuple[bool, list[LogChange]]:
         """(reset, changes) since the last call; see the class docstring."""
+        self._room = self._max_slots if room is None else room
         reset = self._reopen_if_new()
         if self._fd < 0:
             return reset, []
@@ -227,10 +236,15 @@ class LogFollower:
 
     def _note(self, slot: int, entry: bytes) -> SlotHeader | None:
         header = None if is_blank(entry) else valid_header(entry, self._namespace, self._layout)
+        if header is not None and slot >= self._max_slots:
+            header = None  # past what a segment holds: junk, as an invalid header is
         if header is None and not is_blank(entry):
             self.bad += 1
-        if header is None or slot >= MAX_SLOTS:
+        if header is None:
             self.slots.pop(slot, None)
+            return None
+        if slot not in self.slots and len(self.slots) >= self._room:
+            self.over += 1
             return None
         self.slots[slot] = header
         return header

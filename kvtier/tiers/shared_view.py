@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.io.format import SlotHeader
-from kvtier.io.index_file import open_segment_dir
+from kvtier.io.index_file import MAX_SLOTS, SlotLayout, open_segment_dir
 from kvtier.io.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch, beat_every
 from kvtier.io.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
@@ -41,6 +41,12 @@ def followable_writers(paths: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_WRITERS
     return max(1, min(MAX_WRITERS, soft // (FILE_SHARE * FILES_PER_WRITER * max(1, paths))))
+
+
+def directory_slots(raw_bytes: int, paths: int, disk_capacity: int) -> int:
+    """The chunk slots a namespace's whole directory holds on one of its ``paths`` paths
+    (``disk_capacity`` bytes over every writer): no writer of it holds more."""
+    return min(MAX_SLOTS, SlotLayout(raw_bytes, max(1, paths), disk_capacity).per_path)
 
 
 @dataclass(frozen=True)
@@ -75,10 +81,11 @@ _GENERATIONS = itertools.count(1)  # never the same twice: readers' cached files
 class _Followed:
     """One writer's segment on one path, followed (the directory with inode ``inode``)."""
 
-    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int) -> None:
+    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int,
+                 max_slots: int) -> None:
         self.dir = directory
         self.inode = directory.inode()
-        self.follower = LogFollower(directory, namespace, raw_bytes)
+        self.follower = LogFollower(directory, namespace, raw_bytes, max_slots)
         self.lease: LeaseInfo | None = None
         self.generation = next(_GENERATIONS)  # new at each reset: readers reopen its files
 
@@ -106,12 +113,17 @@ class SharedView:
     heartbeat interval it also gives back the seats that name no writer with a segment and
     stood unchanged for ``lease_timeout`` (``free_orphan_seats``; ``seats_freed`` counts
     them). A path that cannot be read holds nothing this time; a listing that fails for want
-    of files or memory in this process (``EMFILE``) leaves the view as it was. Thread-safe.
+    of files or memory in this process (``EMFILE``) leaves the view as it was. Memory is
+    bounded by ``max_slots``, the slots the namespace's whole directory holds on one path
+    (``directory_slots``): no writer's log names a slot past it, and the writers of a path
+    together are followed in at most that many slots (their logs' further slots are passed
+    over: misses, counted in ``passed_over`` and said once). Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
-                 lease_timeout: float) -> None:
+                 lease_timeout: float, max_slots: int = MAX_SLOTS) -> None:
         self._roots, self._ns, self._raw_bytes, self.own = list(roots), namespace, raw_bytes, own
+        self.max_slots = max_slots
         self._digest = namespace.digest()
         self._watch = LeaseWatch(lease_timeout)
         self._lock = threading.Lock()
@@ -126,6 +138,7 @@ class SharedView:
         self._failed = False
         self.max_writers = followable_writers(len(self._roots))
         self._capped = False  # whether leaving writers unfollowed was said
+        self._over_said = False  # whether passing over slots past max_slots was said
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -188,15 +201,42 @@ class SharedView:
                         if k[0] == path and names.get(k[1]) != f.inode]
                 for key in gone:
                     self._forget(key)
+            used = self._slots_followed(path)
             for writer in names:
+                had = self._slots_of(path, writer)
                 try:
-                    self._refresh_one(path, writer)
+                    self._refresh_one(path, writer, self.max_slots - (used - had))
                 except Exception as exc:  # one writer's trouble must not stop the others'
                     if not self._failed:
                         log.warning("kvtier: following writer %s on %s failed: %r (further "
                                     "failures are not logged)", writer, self._roots[path], exc)
                     self._failed = True
+                used += self._slots_of(path, writer) - had
         self.refreshes += 1
+        self._say_over()
+
+    @property
+    def passed_over(self) -> int:
+        """Log records of slots passed over for want of room (``max_slots``), so far."""
+        with self._lock:
+            return sum(f.follower.over for f in self._followed.values())
+
+    def _slots_of(self, path: int, writer: str) -> int:
+        followed = self._followed.get((path, writer))
+        return 0 if followed is None else len(followed.follower.slots)
+
+    def _slots_followed(self, path: int) -> int:
+        with self._lock:
+            return sum(len(f.follower.slots) for (p, _), f in self._followed.items() if p == path)
+
+    def _say_over(self) -> None:
+        if not self._over_said and self.passed_over:
+            self._over_said = True
+            log.warning("kvtier: other writers' logs name more chunks than the shared "
+                        "directory holds (%d slots a path, by disk_capacity); the rest are "
+                        "not followed (misses). Give every engine on the directory the same "
+                        "disk_capacity, or look for files kvtier did not write (kvtier verify)",
+                        self.max_slots)
 
     def _free_seats(self, path: int) -> None:
         """Give back the seats of path ``path`` that name no writer with a segment and stood
@@ -242,13 +282,15 @@ class SharedView:
                         "every writer's chunks", self.max_writers, self._roots[path],
                         FILES_PER_WRITER, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
-    def _refresh_one(self, path: int, writer: str) -> None:
+    def _refresh_one(self, path: int, writer: str, room: int) -> None:
+        """Follow ``writer`` on ``path`` one refresh further, knowing at most ``room`` of
+        its slots."""
         key = (path, writer)
         followed = self._followed.get(key)
         try:
             if followed is None:
                 followed = _Followed(open_segment_dir(self._roots[path], self._ns.id, writer),
-                                     self._digest, self._raw_bytes)
+                                     self._digest, self._raw_bytes, self.max_slots)
                 with self._lock:
                     self._followed[key] = followed
             try:
@@ -257,7 +299,7 @@ class SharedView:
                 lease_bytes = None
             lease = LeaseInfo.parse(lease_bytes)  # never raises: a damaged lease is none
             before = followed.follower.bytes_read
-            reset, changes = followed.follower.refresh()
+            reset, changes = followed.follower.refresh(room=max(0, room))
         except OSError as exc:  # unsafe or vanished: what it held is not trusted any more
             log.debug("kvtier: cannot follow writer %s on %s: %s", writer, self._roots[path], exc)
             with self._lock:
