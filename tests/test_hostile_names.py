@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -199,21 +200,50 @@ def seat_file(ns, content: bytes, age_s: float = 0.0, name="seat-0000"):
 
 
 @pytest.mark.parametrize("content", [b"", b"ghost", b"\xff" * 300])
-def test_a_seat_naming_no_writer_with_a_segment_is_given_back_once_it_is_old(tmp_path, content):
+@pytest.mark.parametrize("skew_s", [3600, -3600])
+def test_a_seat_naming_no_writer_with_a_segment_is_given_back_once_watched_that_long(
+        tmp_path, content, skew_s):
     """Empty (a crash between making a seat and writing it), a writer that never made its
     segment, or unreadable: no writer would ever free it, and with share_writers=1 it keeps
-    every writer out. Given back once older than lease_timeout, never before."""
+    every writer out. Given back once this reader watched it stand unchanged for
+    lease_timeout, never before, whatever its file times say: a seat just made by a host
+    whose clock is an hour behind looks an hour old (it was freed at the first look), and
+    one from a host an hour ahead was kept for that hour."""
     ns = stopped_writer_namespace(tmp_path)
     quick = {"share_writers": 1, "lease_timeout": "2s", "share_refresh": "1h"}
-    seat = seat_file(ns, content)
+    seat = seat_file(ns, content, age_s=skew_s)
     with KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:  # looks at the seats as it opens
+        view = b._shared.others.view
         assert b.stats().paths_down and seat.exists()  # it may be a seat being made right now
-    seat_file(ns, content, age_s=3600)
-    with KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:
-        assert not seat.exists() and b._shared.others.view.seats_freed == 1
+        time.sleep(1.0)
+        view.refresh()
+        assert seat.exists() and view.seats_freed == 0
+        time.sleep(1.1)
+        view.refresh()
+        assert not seat.exists() and view.seats_freed == 1
     with KVStore(SMALL, shared(tmp_path, "c", share_writers=1, share_refresh="off")) as c:
         assert c.stats().paths_down == {}  # the seat is free again
     assert seat.read_text() == "c"
+
+
+def test_a_reader_watches_orphan_seats_by_its_own_clock():
+    """``OrphanWatch``: due once seen unchanged at every look for the timeout; a seat that
+    changed (touched by a writer taking it again) or was missing from a look starts over."""
+    now = [0.0]
+    watch = seats.OrphanWatch(10.0, clock=lambda: now[0])
+    a = SimpleNamespace(st_ino=1, st_mtime_ns=0, st_size=5, st_nlink=1)
+    b = SimpleNamespace(st_ino=2, st_mtime_ns=0, st_size=5, st_nlink=1)
+    assert watch.due([("seat-0000", a), ("seat-0001", b)]) == []
+    now[0] = 6.0
+    touched = SimpleNamespace(st_ino=1, st_mtime_ns=7, st_size=5, st_nlink=1)
+    assert watch.due([("seat-0000", touched)]) == []  # seat-0001 missing from this look
+    now[0] = 12.0
+    assert watch.due([("seat-0000", touched), ("seat-0001", b)]) == []
+    now[0] = 16.0
+    assert watch.due([("seat-0000", touched), ("seat-0001", b)]) == [("seat-0000", touched)]
+    now[0] = 22.0
+    assert [n for n, _ in watch.due([("seat-0000", touched), ("seat-0001", b)])] == [
+        "seat-0000", "seat-0001"]
 
 
 def test_a_seat_whose_writer_has_a_segment_is_kept_however_old(tmp_path):

@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from typing import TypeGuard
 
 from kvtier.io.names import (
@@ -237,19 +239,21 @@ def release_seat(ns_dir: SafeDir, writer: str) -> None:
                 seats.remove_file(name)
 
 
-def orphan_seats(ns_dir: SafeDir, older_than_s: float,
+def orphan_seats(ns_dir: SafeDir, older_than_s: float | None,
                  now_ns: int | None = None) -> list[tuple[str, os.stat_result]]:
     """The seats of the namespace open as ``ns_dir`` that name no writer with a segment
     (empty, unreadable, or naming a writer whose ``writers/<id>`` does not exist), the
     temporary files of ``write_seat`` and the ``linked_temps``, each with its ``lstat``,
     last modified ``older_than_s`` seconds or more ago by this machine's clock (a seat is
     whole before it has its name, and its writer makes its segment just after: neither is
-    that old). Changes nothing, and lists only what is provably kvtier's: regular files of
-    this user with one link, or a linked temporary file (a seat that still has its
+    that old), or whatever their times with ``None`` (for a caller that judges by watching:
+    ``OrphanWatch``). Changes nothing, and lists only what is provably kvtier's: regular
+    files of this user with one link, or a linked temporary file (a seat that still has its
     temporary file's link is judged once that is gone)."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return []
-    cutoff = (time.time_ns() if now_ns is None else now_ns) - older_than_s * 1e9  # never overflows
+    cutoff = math.inf if older_than_s is None else (
+        (time.time_ns() if now_ns is None else now_ns) - older_than_s * 1e9)  # never overflows
     found = []
     with ns_dir.subdir(SEATS_DIR) as seats:
         linked = linked_temps(seats)
@@ -278,12 +282,45 @@ def _has_segment(ns_dir: SafeDir, writer: str | None) -> bool:
         return True
 
 
+class OrphanWatch:
+    """A reader's judgement of orphan seats by its own clock, as leases are judged
+    (``LeaseWatch``): file times written by another machine's clock, or a server's, say
+    nothing here.
+
+    Contract: ``due(found)`` takes the orphans found just now (``orphan_seats(ns_dir,
+    None)``) and returns those seen at every look, unchanged (inode, modification time,
+    size, links), for ``timeout`` seconds or more of this watch's monotonic clock. A seat
+    missing from a look, or changed, starts over."""
+
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout, self._clock = timeout, clock
+        self._seen: dict[str, tuple[tuple[int, int, int, int], float]] = {}
+
+    def due(self, found: list[tuple[str, os.stat_result]]) -> list[tuple[str, os.stat_result]]:
+        now = self._clock()
+        seen = {}
+        for name, info in found:
+            mark = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_nlink)
+            before = self._seen.get(name)
+            seen[name] = (mark, before[1] if before is not None and before[0] == mark else now)
+        self._seen = seen
+        return [(name, info) for name, info in found if now - seen[name][1] >= self.timeout]
+
+
 def free_orphan_seats(ns_dir: SafeDir, older_than_s: float, dry_run: bool = False) -> list[str]:
     """Give back what ``orphan_seats`` finds (each only if it is still the file that was
     judged), or with ``dry_run`` only list it; return the names."""
     orphans = orphan_seats(ns_dir, older_than_s)
     if dry_run or not orphans:
         return [name for name, _ in orphans]
+    return give_back_seats(ns_dir, orphans)
+
+
+def give_back_seats(ns_dir: SafeDir, orphans: list[tuple[str, os.stat_result]]) -> list[str]:
+    """Remove each of ``orphans`` (judged by ``orphan_seats``) that is still the file that
+    was judged; return the names removed."""
+    if not orphans:
+        return []
     freed = []
     with ns_dir.subdir(SEATS_DIR) as seats:
         linked = linked_temps(seats)

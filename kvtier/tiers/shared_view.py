@@ -20,7 +20,7 @@ from kvtier.io.index_file import MAX_SLOTS, SlotLayout, open_segment_dir
 from kvtier.io.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch, beat_every
 from kvtier.io.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import free_orphan_seats, held_here, reclaim_segment
+from kvtier.io.seats import OrphanWatch, give_back_seats, held_here, orphan_seats, reclaim_segment
 from kvtier.io.segment_log import LogChange, LogFollower
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.tiers.foreign_reads import SlotRef
@@ -111,9 +111,10 @@ class SharedView:
     for ``lease_timeout`` and no process of this host holds the segment's lock
     (``reclaim_segment``: its files, then its seat; ``reclaimed`` counts them). Once per
     heartbeat interval it also gives back the seats that name no writer with a segment and
-    stood unchanged for ``lease_timeout`` (``free_orphan_seats``; ``seats_freed`` counts
-    them). A path that cannot be read holds nothing this time; a listing that fails for want
-    of files or memory in this process (``EMFILE``) leaves the view as it was. Memory is
+    that it watched stand unchanged for ``lease_timeout`` by its own clock (``OrphanWatch``;
+    ``seats_freed`` counts them). A path that cannot be read holds nothing this time; a
+    listing that fails for want of files or memory in this process (``EMFILE``) leaves the
+    view as it was. Memory is
     bounded by ``max_slots``, the slots the namespace's whole directory holds on one path
     (``directory_slots``): no writer's log names a slot past it, and the writers of a path
     together are followed in at most that many slots (their logs' further slots are passed
@@ -135,6 +136,7 @@ class SharedView:
         self.seats_freed = 0
         self._reclaim_after: dict[tuple[int, str], float] = {}  # failed: not tried before
         self._seats_at = -math.inf  # when the seats were last looked at (monotonic)
+        self._orphans = [OrphanWatch(lease_timeout) for _ in self._roots]
         self._failed = False
         self.max_writers = followable_writers(len(self._roots))
         self._capped = False  # whether leaving writers unfollowed was said
@@ -239,12 +241,13 @@ class SharedView:
                         self.max_slots)
 
     def _free_seats(self, path: int) -> None:
-        """Give back the seats of path ``path`` that name no writer with a segment and stood
-        unchanged for ``lease_timeout`` (``free_orphan_seats``): no writer would ever free
-        them, and with every seat taken no writer could write."""
+        """Give back the seats of path ``path`` that name no writer with a segment and that
+        this reader watched stand unchanged for ``lease_timeout`` (``OrphanWatch``): no
+        writer would ever free them, and with every seat taken no writer could write."""
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
-                freed = free_orphan_seats(ns_dir, self._watch.timeout)
+                due = self._orphans[path].due(orphan_seats(ns_dir, None))
+                freed = give_back_seats(ns_dir, due)
         except OSError as exc:
             log.debug("kvtier: cannot look at the seats on %s: %s", self._roots[path], exc)
             return
