@@ -47,7 +47,9 @@ _SEGMENT_FILES = (LEASE_FILE, LOG_FILE, INDEX_FILE, LOCK_FILE)  # the lock goes 
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # no hard links here
 
 
-def _holder(seats: SafeDir, name: str) -> str | None:
+def read_holder(seats: SafeDir, name: str) -> str | None:
+    """The writer id seat ``name`` of ``seats`` holds; None when it is empty, unreadable or
+    not a seat kvtier wrote (it stays taken)."""
     try:
         data = seats.read_file(name, _SEAT_BYTES)
     except OSError:
@@ -104,24 +106,41 @@ def _write_synced(fd: int, data: bytes, where: str) -> None:
 
 def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     """The number of ``writer``'s seat in the namespace open as ``ns_dir``: the one it holds
-    already, else the first free one, taken (``write_seat``). ``CacheDirError`` (EDQUOT)
-    when all ``limit`` seats are held by other writers."""
+    already among the first ``limit``, else the first free one, taken (``write_seat``); a
+    seat of its own past ``limit`` (from a run with a larger ``share_writers``) is given back
+    once it holds one within. ``CacheDirError`` (EDQUOT) when the seats held otherwise,
+    whatever their number, are ``limit`` or more: a seat past ``limit`` is that of a writer
+    that ran with a larger ``share_writers``, whose segment still takes its share of
+    ``disk_capacity`` until it is reclaimed."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
         _remove_linked_temps(seats)
+        held = {name: read_holder(seats, name) for name in seats.names() if seat_number(name) is not None}
         names = [SEAT_FILE.format(k) for k in range(limit)]
-        for k, name in enumerate(names):
-            if _holder(seats, name) == writer:
-                _touch(seats, name)  # in use again: not the orphan a reader may have judged it
-                return k
-        for k, name in enumerate(names):
-            if seats.lstat(name) is None and write_seat(seats, name, writer):
-                return k
-        holders = sorted(filter(None, (_holder(seats, n) for n in names)))
-    raise CacheDirError(errno.EDQUOT, f"all {limit} writer seats of {ns_dir.path} are held "
-                        f"(by {', '.join(holders) or 'entries kvtier did not write'}): this "
-                        "writer reads the others' chunks but writes none; raise share_writers "
-                        "(each writer then holds disk_capacity / share_writers), or wait for "
-                        "a writer that is gone to be reclaimed (lease_timeout)")
+        others = sorted(name for name, holder in held.items() if holder != writer)
+        seat = None
+        if len(others) < limit:
+            seat = next((k for k, name in enumerate(names) if held.get(name) == writer), None)
+            if seat is not None:
+                _touch(seats, names[seat])  # in use again: not the orphan a reader may have judged it
+            else:
+                seat = next((k for k, name in enumerate(names)
+                             if name not in held and seats.lstat(name) is None
+                             and write_seat(seats, name, writer)), None)
+        if seat is not None:
+            for name, holder in held.items():
+                if holder == writer and name != names[seat]:
+                    with contextlib.suppress(OSError):  # not a seat file of ours any more
+                        seats.remove_file(name)
+            return seat
+        holders = sorted({holder or "entries kvtier did not write" for holder in
+                          (held[name] for name in others)})
+    raise CacheDirError(errno.EDQUOT, f"{len(others)} writer seats of {ns_dir.path} are held "
+                        f"(by {', '.join(holders) or 'nobody'}) and share_writers is {limit}: "
+                        "this writer reads the others' chunks but writes none; raise "
+                        "share_writers (each writer then holds disk_capacity / share_writers), "
+                        "or wait for a writer that is gone to be reclaimed (lease_timeout: "
+                        "this store reclaims it at the path's next try), or remove a gone "
+                        "writer's segment with `kvtier gc PATH --gone AGE`")
 
 
 def _touch(seats: SafeDir, name: str) -> None:
@@ -167,7 +186,7 @@ def holds_seat(ns_dir: SafeDir, writer: str, limit: int) -> bool:
     if ns_dir.lstat(SEATS_DIR) is None:
         return False
     with ns_dir.subdir(SEATS_DIR) as seats:
-        return any(_holder(seats, SEAT_FILE.format(k)) == writer for k in range(limit))
+        return any(read_holder(seats, SEAT_FILE.format(k)) == writer for k in range(limit))
 
 
 def held_here(segment: SafeDir) -> bool:
@@ -235,7 +254,7 @@ def release_seat(ns_dir: SafeDir, writer: str) -> None:
         return
     with ns_dir.subdir(SEATS_DIR) as seats:
         for name in seats.names():
-            if seat_number(name) is not None and _holder(seats, name) == writer:
+            if seat_number(name) is not None and read_holder(seats, name) == writer:
                 seats.remove_file(name)
 
 
@@ -263,7 +282,7 @@ def orphan_seats(ns_dir: SafeDir, older_than_s: float | None,
                 continue
             if name in linked or (info.st_nlink == 1 and (TEMP_NAME.fullmatch(name) or (
                     seat_number(name) is not None
-                    and not _has_segment(ns_dir, _holder(seats, name))))):
+                    and not _has_segment(ns_dir, read_holder(seats, name))))):
                 found.append((name, info))
     return found
 

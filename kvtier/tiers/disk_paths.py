@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.config import DiskFloor
-from kvtier.io.cachedir import CacheDir
+from kvtier.io.cachedir import CacheDir, CacheDirError
 from kvtier.io.lease import Lease, LeaseKeeper, LeaseLost
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.io.seat_reclaim import SeatReclaimer
 
 log = logging.getLogger("kvtier.tiers.disk")  # these are the disk tier's messages
 
@@ -98,6 +99,7 @@ class DiskPaths:
                  check_every: float, beat_every: float) -> None:
         self.states = [PathState(root, retry) for root in roots]
         self._opener, self._check_every = opener, check_every
+        self._seats = SeatReclaimer(opener.lease_timeout)
         self._lock = threading.Lock()  # I/O threads may find a path failing together
         self._settled = False  # a path opened under ``writer``: it stays this store's id
         self.writer = opener.writers[0]
@@ -118,11 +120,11 @@ class DiskPaths:
         whose paths ever opened looks for an id again at each try: the segment it stopped at
         may have been taken since, and one before it let go of."""
         if self._settled:
-            return self._opener.open(path.root, self.writer)
+            return self._open_as(path.root, self.writer)
         free = [w for w in self._opener.writers if w not in busy] or list(self._opener.writers[-1:])
         for i, writer in enumerate(free):
             try:
-                opened = self._opener.open(path.root, writer)
+                opened = self._open_as(path.root, writer)
             except OSError as exc:
                 if exc.errno == errno.EBUSY:
                     busy.add(writer)
@@ -134,6 +136,18 @@ class DiskPaths:
             self.writer, self._settled = writer, True  # every path: the same writer
             return opened
         raise AssertionError("unreachable: the last candidate returns or raises")
+
+    def _open_as(self, root: str, writer: str) -> tuple[CacheDir, int]:
+        """Open ``root`` as ``writer``; when no seat is free, reclaim the seats of holders
+        watched gone for ``lease_timeout`` since earlier tries (``SeatReclaimer``), and try
+        once more if any was freed."""
+        try:
+            return self._opener.open(root, writer)
+        except CacheDirError as exc:
+            if exc.errno != errno.EDQUOT \
+                    or not self._seats.free_seats(root, self._opener.namespace_id, writer):
+                raise
+        return self._opener.open(root, writer)
 
     def _leases(self) -> list[Lease]:
         return [directory.lease for directory in (p.dir for p in self.states)

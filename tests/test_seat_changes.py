@@ -1,0 +1,108 @@
+"""Restarts on one directory with the writers' seats changed under them: a lower
+``share_writers``, a new ``instance_id``. ``disk_capacity`` stays a bound on the whole
+directory, and a writer left without a seat by writers that are gone gets one back, in a
+private cache too."""
+
+import os
+import time
+from pathlib import Path
+
+from kvtier import KVStore
+from kvtier.io.safefs import SafeDir
+from kvtier.io.seats import read_holder
+from tests.conftest import CHUNK, SMALL, make_kv
+from tests.test_disk_store import STRIDE, config, exact, seq
+
+
+def run(root, name, tokens, **extra) -> None:
+    """A store ``name`` on ``root`` that puts and flushes ``tokens``, then stops."""
+    with KVStore(SMALL, config(root, instance_id=name, share_refresh="off", **extra)) as store:
+        store.put(tokens, make_kv(tokens))
+        assert store.flush()
+
+
+def seats_of(root: Path) -> dict[str, str | None]:
+    (ns,) = [p for p in root.iterdir() if p.is_dir()]
+    with SafeDir.open(ns / "seats") as seats:
+        return {name: read_holder(seats, name) for name in sorted(seats.names())}
+
+
+def slot_file_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.glob("*/writers/*/*") if p.name.startswith("slots"))
+
+
+def test_a_lower_share_writers_counts_the_seats_of_writers_that_ran_with_more(tmp_path):
+    """Two writers fill their quarters of the directory; one restarts with share_writers=1.
+    It took its old seat and the whole disk_capacity, with the other's segment still there:
+    the directory held 1.25x its bound. It now writes nothing until that segment is gone."""
+    bound = {"disk_chunks": 8}
+    run(tmp_path, "a", seq(0, 2), share_writers=4, **bound)
+    run(tmp_path, "b", seq(1000, 2), share_writers=4, **bound)
+    assert seats_of(tmp_path) == {"seat-0000": "a", "seat-0001": "b"}
+    before = slot_file_bytes(tmp_path)
+    tokens = seq(2000, 8)
+    with KVStore(SMALL, config(tmp_path, instance_id="a", share_writers=1, share_refresh="off",
+                               **bound)) as a:
+        (reason,) = a.stats().paths_down.values()
+        assert "held (by b) and share_writers is 1" in reason
+        a.put(tokens, make_kv(tokens))
+        assert not a.flush() and a.stats().disk_writes == 0
+    assert seats_of(tmp_path) == {"seat-0000": "a", "seat-0001": "b"}
+    assert slot_file_bytes(tmp_path) == before <= 8 * STRIDE
+
+
+def test_a_writer_seated_past_a_lower_share_writers_takes_a_seat_within_and_gives_back_its_own(
+        tmp_path):
+    run(tmp_path, "x", seq(0, 1), share_writers=4)
+    run(tmp_path, "y", seq(1000, 1), share_writers=4)
+    run(tmp_path, "c", seq(2000, 1), share_writers=4)
+    assert seats_of(tmp_path)["seat-0002"] == "c"
+    for name in ("x", "y"):  # gone, their segments cleared
+        (segment,) = tmp_path.glob(f"*/writers/{name}")
+        for f in segment.iterdir():
+            f.unlink()
+        segment.rmdir()
+    for seat in ("seat-0000", "seat-0001"):
+        os.unlink(next(tmp_path.glob(f"*/seats/{seat}")))
+    tokens = seq(2000, 1)
+    with KVStore(SMALL, config(tmp_path, instance_id="c", share_writers=2, share_refresh="off")) as c:
+        assert c.stats().paths_down == {}
+        assert exact(c, tokens) == CHUNK  # its own chunk, from its own segment
+    assert seats_of(tmp_path) == {"seat-0000": "c"}
+
+
+def test_a_private_cache_whose_seat_a_gone_writer_holds_gets_it_back(tmp_path):
+    """instance_id changed, share_writers=1, share_refresh off: the old segment held the only
+    seat and nothing in a private cache ever reclaimed it; the store ran without a disk tier
+    for good. Its path's tries now reclaim a holder watched gone for lease_timeout."""
+    old = seq(0, 2)
+    run(tmp_path, "old", old, share_writers=1)
+    quick = {"share_writers": 1, "lease_timeout": "2s", "disk_retry": "200ms"}
+    tokens = seq(1000, 2)
+    with KVStore(SMALL, config(tmp_path, instance_id="renamed", share_refresh="off", **quick)) as store:
+        assert store.stats().paths_down
+        deadline = time.monotonic() + 20
+        while store.stats().paths_down:
+            assert time.monotonic() < deadline, "the gone writer's seat was never freed"
+            store.put(tokens, make_kv(tokens))  # each call starts the tries that are due
+            time.sleep(0.1)
+        store.put(tokens, make_kv(tokens))
+        assert store.flush() and store.stats().disk_writes >= 2
+    assert seats_of(tmp_path) == {"seat-0000": "renamed"}
+    assert [p.name for p in tmp_path.glob("*/writers/*")] == ["renamed"]
+
+
+def test_a_writer_without_a_seat_reclaims_no_live_writer(tmp_path):
+    quick = {"share_writers": 1, "lease_timeout": "2s", "disk_retry": "200ms", "share_refresh": "off"}
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path, instance_id="a", **quick)) as a:
+        a.put(tokens, make_kv(tokens))
+        assert a.flush()
+        with KVStore(SMALL, config(tmp_path, instance_id="b", **quick)) as b:
+            deadline = time.monotonic() + 5  # more than two lease_timeouts of tries
+            while time.monotonic() < deadline:
+                b.put(seq(1000, 1), make_kv(seq(1000, 1)))
+                time.sleep(0.1)
+            assert b.stats().paths_down and a.stats().paths_down == {}
+        assert exact(a, tokens) == 2 * CHUNK
+    assert seats_of(tmp_path) == {"seat-0000": "a"}
