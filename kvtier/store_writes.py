@@ -69,6 +69,7 @@ class PlanRunner:
         self._groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
                                            self._settle_group, per_group, jobs, lambda: lane.closed)
                         for queue in lane.queues}
+        self._behind = 0  # device pool victims being written to disk from copies (lock held)
 
     def copy_in(self, chunk: Run, dst: Location) -> None:
         """Copy ``chunk`` (a run of one) into its slot."""
@@ -139,7 +140,40 @@ class PlanRunner:
             finally:
                 self.finish(move.key, move.dst, result.ok)
             return None
+        if move.src.tier is not HOST:
+            self._write_behind(move)
+            return None
         return self._disk_move(move, partial(self.shared.transfers.copy, move.key, move.src, move.dst))
+
+    def _write_behind(self, move: Move) -> None:
+        """Write a device pool's victim to disk from a copy of its own in host memory, in
+        the background (its slot is free once the copy is made, so a put never waits on the
+        disk, nor on a hung one). At most ``max_pending`` such copies wait at once; past
+        that the victim is dropped (counted in ``drops``)."""
+        disk = self.shared.transfers.disk
+        assert disk is not None, "a move to disk needs the disk tier"
+        with self.shared.lock:
+            if self._behind >= self.shared.max_pending:
+                self.shared.stack.finish(move.key, move.dst, False)
+                self.shared.stack.drops += 1
+                return
+            self._behind += 1
+        try:
+            staged = self.shared.transfers.staged(move.src)
+            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot),
+                                            partial(disk.write, move.dst.slot, move.key, staged))
+        except BaseException:  # the copy failed, or the engine is closed: nothing runs
+            self._written_behind(move, None)
+            raise
+        write.add_done_callback(partial(self._written_behind, move))
+
+    def _written_behind(self, move: Move, write: Future | None) -> None:
+        with self.shared.lock:
+            self._behind -= 1
+        if write is None:
+            self.finish(move.key, move.dst, False)
+        else:
+            self._moved(move, _result_of(write))
 
     def write_staged(self, key: ChunkKey, staged: np.ndarray, dst: Location) -> bool | None:
         """Write a chunk from ``staged`` (``Transfers.staged``) into disk slot ``dst``, which

@@ -20,10 +20,9 @@ class Transfers:
 
     Contract: ``copy(key, src, dst)`` moves one chunk and returns an :class:`IOResult`:
     memory-to-memory copies between any two memory tiers, host-to-disk writes and
-    disk-to-host reads (verified: a bad slot is CORRUPT and ``dst`` must not be used), and
-    writes to disk from another memory tier (through a copy in host memory: ``staged``).
-    The caller owns both slots for the duration (``src`` pinned or reserved, ``dst``
-    reserved).
+    disk-to-host reads (verified: a bad slot is CORRUPT and ``dst`` must not be used). The
+    caller owns both slots for the duration (``src`` pinned or reserved, ``dst`` reserved).
+    A chunk of another memory tier goes to disk from a copy of its own (``staged``).
     """
 
     def __init__(self, memory: dict[TierName, MemoryTier], disk: DiskTier | None,
@@ -71,8 +70,6 @@ class Transfers:
         assert isinstance(host, HostTier) and self.disk is not None, f"no path {src} -> {dst}"
         if src.tier is TierName.HOST and dst.tier is TierName.DISK:
             return self.disk.write(dst.slot, key, host.slot_array(src.slot))
-        if src.tier in self.memory and dst.tier is TierName.DISK:
-            return self.disk.write(dst.slot, key, self.staged(src))
         if src.tier is TierName.DISK and dst.tier is TierName.HOST:
             return self.disk.read(src.slot, key, host.slot_array(dst.slot))
         raise ValueError(f"no transfer from {src.tier} to {dst.tier}")

@@ -7,9 +7,13 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from kvtier import KVStore
+from kvtier.io import seats as seats_module
+from kvtier.io.cachedir import CacheDirError
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import read_holder
+from kvtier.io.seats import claim_seat, read_holder
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.test_disk_store import STRIDE, config, exact, seq
 
@@ -23,6 +27,10 @@ def run(root, name, tokens, **extra) -> None:
 
 def seats_of(root: Path) -> dict[str, str | None]:
     (ns,) = [p for p in root.iterdir() if p.is_dir()]
+    return seats_of_ns(ns)
+
+
+def seats_of_ns(ns: Path) -> dict[str, str | None]:
     with SafeDir.open(ns / "seats") as seats:
         return {name: read_holder(seats, name) for name in sorted(seats.names())}
 
@@ -106,3 +114,46 @@ def test_a_writer_without_a_seat_reclaims_no_live_writer(tmp_path):
             assert b.stats().paths_down and a.stats().paths_down == {}
         assert exact(a, tokens) == 2 * CHUNK
     assert seats_of(tmp_path) == {"seat-0000": "a"}
+
+
+def test_writers_claiming_at_once_never_hold_more_seats_than_share_writers(tmp_path, monkeypatch):
+    """Each counts the seats held, then takes one: two counting at once both saw room. The
+    one whose seat is highest within share_writers gives it back."""
+    ns = tmp_path / "ns"
+    ns.mkdir()
+    with SafeDir.open(ns) as directory:
+        claim_seat(directory, "z", 8)
+    os.rename(ns / "seats" / "seat-0000", ns / "seats" / "seat-0005")  # from share_writers=8
+    (ns / "writers" / "z").mkdir(parents=True)
+    real, raced = seats_module.write_seat, []
+
+    def b_claims_meanwhile(seats, name, writer):
+        if not raced:  # "a" counted 1 seat held of 2; "b", elsewhere, claims now
+            raced.append(True)
+            with SafeDir.open(ns) as other:
+                assert claim_seat(other, "b", 2) == 0
+        return real(seats, name, writer)
+
+    monkeypatch.setattr(seats_module, "write_seat", b_claims_meanwhile)
+    with SafeDir.open(ns) as directory, pytest.raises(CacheDirError, match="share_writers is 2"):
+        claim_seat(directory, "a", 2)
+    assert seats_of_ns(ns) == {"seat-0000": "b", "seat-0005": "z"}
+
+
+def test_a_default_id_another_process_of_this_host_writes_is_never_taken(tmp_path):
+    """Default writer ids, share_writers lowered from 2 to 1 for a new engine next to a
+    running one: the new one was refused a seat under the running engine's id before its
+    lock was tried, kept that id, and skipped the running engine's chunks as its own."""
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path, share_refresh="50ms", share_writers=2)) as a, \
+            KVStore(SMALL, config(tmp_path, instance_id="q", share_refresh="50ms",
+                                  share_writers=2)):
+        a.put(tokens, make_kv(tokens))
+        assert a.flush()
+        with KVStore(SMALL, config(tmp_path, share_refresh="50ms", share_writers=1)) as b:
+            assert b.disk.writer != a.disk.writer and b.stats().paths_down
+            deadline = time.monotonic() + 10
+            while b.lookup(tokens).tokens < 2 * CHUNK:
+                assert time.monotonic() < deadline, "b never saw a's chunks"
+                time.sleep(0.05)
+            assert exact(b, tokens) == 2 * CHUNK

@@ -492,3 +492,49 @@ def _release_once_waited_on(engine: FakeEngine) -> None:
             break
     engine.release()
 
+
+
+def test_a_device_pool_victim_never_waits_on_a_hung_drive(tmp_path):
+    """Write-through on a hung drive, every host slot held by its write: a device pool's
+    victim went to disk while the put waited, load_timeout per chunk, and lost its own
+    chunk, its device slot reserved until the hung write ended (never). The victim is now
+    written from a copy of its own in the background: puts go on at once, and once the
+    drive answers it is on disk."""
+    make, engines = FakeEngine.factory()
+    cfg = _config(tmp_path, gpu_capacity=2 * CHUNK_BYTES, write_policy="write_through",
+                  load_timeout="10s", disk_capacity=16 * (HEADER_BYTES + CHUNK_BYTES))
+    with KVStore(SMALL, cfg, io_engine=make) as store:
+        engines[0].hold()  # the drive hangs
+        try:
+            started = time.monotonic()
+            assert store.put(seq(0, 4), make_kv(seq(0, 4))) == 4 * CHUNK
+            assert store.put(seq(100, 2), make_kv(seq(100, 2))) == 2 * CHUNK
+            assert store.put(seq(200, 2), make_kv(seq(200, 2))) == 2 * CHUNK
+            assert time.monotonic() - started < 5, "a put waited on the hung drive"
+            assert store.lookup(seq(200, 2)).tokens == 2 * CHUNK
+        finally:
+            engines[0].release()
+        assert engines[0].drain(timeout=10)
+        assert store.stats().drops == 0 and store.stats().load_timeouts == 0
+        for tokens in (seq(0, 4), seq(100, 2), seq(200, 2)):
+            out = store.empty_kv(len(tokens))
+            assert store.get(tokens, out) == len(tokens) and same_bytes(out, make_kv(tokens))
+
+
+def test_device_pool_victims_waiting_on_a_hung_drive_are_bounded(tmp_path):
+    """The copies waiting to be written are at most ``max_pending``: past that a victim is
+    dropped (counted), so a drive that never answers costs bounded memory."""
+    make, engines = FakeEngine.factory()
+    cfg = _config(tmp_path, gpu_capacity=2 * CHUNK_BYTES, write_policy="write_through",
+                  disk_capacity=64 * (HEADER_BYTES + CHUNK_BYTES))
+    with KVStore(SMALL, cfg, io_engine=make) as store:
+        bound = store._shared.max_pending
+        engines[0].hold()
+        try:
+            for i in range(bound + 6):
+                assert store.put(seq(1000 * i, 1), make_kv(seq(1000 * i, 1))) == CHUNK
+            assert store._runner._behind == bound and store.stats().drops >= 1
+        finally:
+            engines[0].release()
+        assert engines[0].drain(timeout=10)
+        assert store._runner._behind == 0

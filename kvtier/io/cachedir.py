@@ -55,6 +55,9 @@ GROW_BYTES = 256 * 1024**2
 MAX_META_BYTES = 1 << 20  # namespace.json is a few hundred bytes; anything larger is not ours
 
 
+_OWN_ID = "give each instance its own instance_id (or let kvtier derive one)"
+
+
 def floor_allows(floor: DiskFloor, fd: int, grow: int) -> bool:
     """True when growing by ``grow`` bytes leaves the filesystem of ``fd`` above ``floor``."""
     st = os.fstatvfs(fd)
@@ -109,9 +112,33 @@ def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
             same = False  # not ours, or unreadable: replace it
         if not same:
             ns_dir.replace_file(META_FILE, text)
-        claim_seat(ns_dir, writer, share_writers)
         with ns_dir.subdir(WRITERS_DIR, create=True) as writers:
+            if writers.lstat(writer) is not None:
+                with writers.subdir(writer) as segment:
+                    refuse_if_locked(segment)  # another process's id: before any seat is looked at
+            claim_seat(ns_dir, writer, share_writers)
             return writers.subdir(writer, create=True)
+
+
+def refuse_if_locked(segment: SafeDir) -> None:
+    """``CacheDirError`` (EBUSY) when another process holds ``segment``'s lock (a writer of
+    this host writes it); nothing is taken. A lock that cannot be looked at is left to
+    ``lock_namespace`` to report."""
+    try:
+        fd = segment.open_file(LOCK_FILE, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise CacheDirError(errno.EBUSY, f"{segment.path} is in use by another kvtier process; "
+                            f"{_OWN_ID}") from None
+    except OSError:
+        return
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
@@ -206,8 +233,7 @@ class CacheDir:
                     self.dir.remove_file(name)
 
     def _take_lock(self) -> int:
-        return lock_namespace(self.dir, "give each instance its own instance_id (or let "
-                              "kvtier derive one)")
+        return lock_namespace(self.dir, _OWN_ID)
 
     def _index_snapshot(self) -> Entries:
         """(local slots, entries) of every non-blank entry of the dense index."""

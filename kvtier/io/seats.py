@@ -126,6 +126,9 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
                 seat = next((k for k, name in enumerate(names)
                              if name not in held and seats.lstat(name) is None
                              and write_seat(seats, name, writer)), None)
+                if seat is not None and _one_too_many(seats, names[seat], limit):
+                    seats.remove_file(names[seat])
+                    seat = None
         if seat is not None:
             for name, holder in held.items():
                 if holder == writer and name != names[seat]:
@@ -141,6 +144,16 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
                         "or wait for a writer that is gone to be reclaimed (lease_timeout: "
                         "this store reclaims it at the path's next try), or remove a gone "
                         "writer's segment with `kvtier gc PATH --gone AGE`")
+
+
+def _one_too_many(seats: SafeDir, name: str, limit: int) -> bool:
+    """Whether seat ``name``, just taken, must be given back: more than ``limit`` seats are
+    held (writers that counted the seats at once, each then taking one), and it is among
+    the highest-numbered of the first ``limit``, which give way. Every writer that took a
+    seat sees the same seats once each has taken its own, so just the excess gives way."""
+    held = sorted(n for n in (seat_number(name) for name in seats.names()) if n is not None)
+    excess = len(held) - limit
+    return excess > 0 and seat_number(name) in [n for n in held if n < limit][-excess:]
 
 
 def _touch(seats: SafeDir, name: str) -> None:
