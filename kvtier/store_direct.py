@@ -17,7 +17,7 @@ import torch
 from numpy.lib.stride_tricks import as_strided
 
 from kvtier.io.buffers import PAGE, align_up
-from kvtier.io.direct_buffer import DirectBuffer, DirectBuffers
+from kvtier.io.direct_buffer import DirectBuffer, DirectBuffers, Rows
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.tiers.disk import IOV_MAX
 from kvtier.units import positive_count
@@ -47,9 +47,21 @@ def claim(buffers: DirectBuffers, out: torch.Tensor) -> AbstractContextManager[N
     """For one ``get`` into ``out``: its bytes to itself when they are on a direct buffer of
     ``buffers`` (a second get into them waits), as a read given up on detaches pages there
     whoever else loaded them; nothing to hold for any other tensor."""
-    if out.device.type != "cpu" or buffers.find(out.data_ptr(), _extent(out)) is None:
+    if out.device.type != "cpu" or out.numel() == 0 \
+            or buffers.find(out.data_ptr(), _extent(out)) is None:
         return nullcontext()
-    return buffers.claim(out.data_ptr(), _extent(out))
+    return buffers.claim(_rows_of(out))
+
+
+def _rows_of(out: torch.Tensor) -> Rows:
+    """``out``'s bytes as rows: its ``(layer, K or V)`` rows when they lie evenly apart (a
+    tensor from ``empty_kv``, or a slice of one), else its whole span as one row."""
+    size = out.element_size()
+    if out.dim() == 4 and out.shape[0] * out.shape[1] > 1 and out.stride(0) == out.shape[1] * out.stride(1):
+        row = (out.shape[2] - 1) * out.stride(2) + (out.shape[3] - 1) * out.stride(3) + 1
+        if row <= out.stride(1):
+            return Rows(out.data_ptr(), out.stride(1) * size, out.shape[0] * out.shape[1], row * size)
+    return Rows(out.data_ptr(), _extent(out), 1, _extent(out))
 
 
 class DirectTarget:

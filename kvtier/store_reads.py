@@ -341,10 +341,17 @@ class Fetcher:
 
     def _give_up(self, fetch: Fetch, timed_out: bool) -> None:
         """Stop waiting for a fetch's read. Its host slot stays reserved until the read
-        ends, since the read may still write into it. A read past its deadline (a hung disk)
-        also drops the chunk, counts, and counts against its path's health."""
+        ends, since the read may still write into it, and its disk slot held: a chunk
+        written into that slot meanwhile would be found by the late read as another chunk,
+        and blanked as corrupt. A read past its deadline (a hung disk) also drops the chunk,
+        counts, and counts against its path's health."""
         read, plan, fetch.state = fetch.read, fetch.plan, FetchState.GIVEN_UP
         assert read is not None, "only a disk read in flight is given up"
+        held = None
+        if fetch.foreign is None and fetch.loc.tier is DISK:
+            with self.shared.lock:
+                if self.shared.stack.indexes[DISK].hold(fetch.key):
+                    held = fetch.loc
         if fetch.direct is not None:
             target, index = fetch.direct
             target.detach(index)  # the late read lands in memory the caller no longer sees
@@ -360,12 +367,15 @@ class Fetcher:
             self.shared.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
                                   f"after {self.shared.config.load_timeout:g} s (load_timeout)")
 
-        if plan is not None:  # its host slot is free once the read ends
-            staged = plan
+        if plan is not None or held is not None:  # its slots are free once the read ends
+            staged, key = plan, fetch.key
 
             def ended(_: Future) -> None:
                 with self.shared.lock:
-                    self._staged(staged, False)
+                    if held is not None:
+                        self.shared.stack.unpin(key, held)
+                    if staged is not None:
+                        self._staged(staged, False)
 
             read.add_done_callback(ended)
 

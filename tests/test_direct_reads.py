@@ -10,11 +10,14 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtier import KVLayout, KVStore
 from kvtier.errors import LayoutError, StoreClosedError
 from kvtier.io.buffers import PAGE
-from kvtier.io.direct_buffer import DirectBuffers
+from kvtier.io.direct_buffer import DirectBuffers, Rows
+from kvtier.store_direct import _rows_of, claim
 from kvtier.tiers.base import TierName
 from tests.conftest import make_kv, same_bytes
 from tests.fake_io import FakeEngine
@@ -283,16 +286,51 @@ def test_a_second_get_into_the_same_bytes_never_reports_pages_a_give_up_wiped(tm
 def test_claims_on_overlapping_bytes_wait_for_each_other_and_disjoint_ones_do_not():
     buffers = DirectBuffers()
     order: list[str] = []
-    with buffers.claim(0, 8192):
-        with buffers.claim(8192, 4096):  # disjoint: at once
+    with buffers.claim(Rows(0, 8192, 1, 8192)):
+        with buffers.claim(Rows(8192, 4096, 1, 4096)):  # disjoint: at once
             order.append("disjoint")
-        waiter = threading.Thread(target=lambda: (buffers.claim(4096, 8192).__enter__(),
+        waiter = threading.Thread(target=lambda: (buffers.claim(Rows(4096, 8192, 1, 8192)).__enter__(),
                                                   order.append("overlapping")))
         waiter.start()
         waiter.join(0.2)
         assert waiter.is_alive() and order == ["disjoint"]  # waits while the first is held
     waiter.join(10)
     assert order == ["disjoint", "overlapping"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 40), st.integers(0, 40), st.integers(1, 12), st.integers(1, 5),
+       st.integers(1, 5), st.integers(1, 12), st.integers(1, 12))
+def test_rows_overlap_exactly_when_they_share_a_byte(a, b, stride, count_a, count_b, length_a,
+                                                     length_b):
+    one, two = Rows(a, stride, count_a, length_a), Rows(b, stride, count_b, length_b)
+
+    def taken(rows: Rows) -> set[int]:
+        return {rows.start + i * rows.stride + j for i in range(rows.count) for j in range(rows.length)}
+
+    shared = bool(taken(one) & taken(two))
+    assert one.overlaps(two) == two.overlaps(one)
+    assert one.overlaps(two) >= shared  # never misses a shared byte
+    if max(length_a, length_b) <= stride:
+        assert one.overlaps(two) == shared  # and exact for rows no longer than their stride
+
+
+def test_gets_into_disjoint_token_slices_of_one_tensor_do_not_wait_for_each_other(tmp_path):
+    """Claims were whole spans: every slice of one empty_kv tensor crosses the others' rows,
+    so gets into disjoint slices ran one after another (six of them waited up to six
+    load_timeouts on a slow drive). A claim is now the slice's own rows."""
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store:
+        out = store.empty_kv(4 * CHUNK)
+        first, second = _rows_of(out[:, :, :2 * CHUNK]), _rows_of(out[:, :, 2 * CHUNK:])
+        assert first.count == second.count == 2 * LAYOUT.num_layers
+        assert not first.overlaps(second) and first.overlaps(_rows_of(out))
+        got: list[int] = []
+        with claim(store._direct, out[:, :, :2 * CHUNK]):  # a get into the first half runs
+            other = threading.Thread(target=lambda: got.append(
+                store.get(list(range(2 * CHUNK)), out[:, :, 2 * CHUNK:])))
+            other.start()  # a get into the other half does not wait for it
+            other.join(10)
+            assert not other.is_alive() and got == [0]
 
 
 @pytest.mark.parametrize("bad", [10.5, "10", None, True, 1.0])

@@ -176,3 +176,18 @@ def test_a_path_going_out_and_back_again_and_again_keeps_the_free_list_bounded(m
     fill(index, [k(100 + i) for i in range(64)])  # every free slot handed out, once each
     assert sorted(index.slot_of(k(100 + i)) for i in range(64)) == list(range(64))
     assert index.free_slots == 0
+
+
+def test_a_hold_keeps_a_discarded_key_s_slot_until_let_go(make_index):
+    """An I/O still running on a slot holds it, even after its key was discarded: the slot
+    is handed out again only once the hold is let go of."""
+    index = make_index(1)
+    index.reserve(k(1))
+    index.commit(k(1))
+    assert index.hold(k(1)) and not index.hold(k(9))
+    assert index.discard(k(1)) and k(1) not in index
+    assert index.reserve(k(2)) is None  # the only slot is still held
+    index.unpin(k(1))
+    assert index.reserve(k(2)) is not None
+    census = index.census()
+    assert census.pins == 0 and census.doomed == 0

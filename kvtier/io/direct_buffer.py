@@ -124,7 +124,7 @@ class DirectBuffers:
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}
         self._dead: deque[int] = deque()  # start addresses of buffers freed, not yet forgotten
-        self._claims: list[tuple[int, int]] = []  # byte ranges gets hold (start, end)
+        self._claims: list[Rows] = []  # bytes gets hold
         self._claimed = threading.Condition(threading.Lock())
         # per tensor geometry, where its rows are (DirectTarget's cache; None: not readable into)
         self.geometry: dict[tuple, tuple[np.ndarray, int, int] | None] = {}
@@ -160,17 +160,43 @@ class DirectBuffers:
         return None
 
     @contextmanager
-    def claim(self, address: int, nbytes: int) -> Iterator[None]:
-        """Hold ``[address, address + nbytes)`` until the block ends, once no other claim
-        overlaps it."""
-        span = (address, address + nbytes)
+    def claim(self, rows: Rows) -> Iterator[None]:
+        """Hold the bytes of ``rows`` until the block ends, once no other claim overlaps
+        them."""
         with self._claimed:
-            while any(start < span[1] and span[0] < end for start, end in self._claims):
+            while any(rows.overlaps(other) for other in self._claims):
                 self._claimed.wait()
-            self._claims.append(span)
+            self._claims.append(rows)
         try:
             yield
         finally:
             with self._claimed:
-                self._claims.remove(span)
+                self._claims.remove(rows)
                 self._claimed.notify_all()
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Bytes as ``count`` rows of ``length`` bytes, ``stride`` bytes apart from ``start``
+    (a tensor's ``(layer, K or V)`` rows; one row for any other bytes)."""
+
+    start: int
+    stride: int
+    count: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + (self.count - 1) * self.stride + self.length
+
+    def overlaps(self, other: Rows) -> bool:
+        """Whether any byte is in both (rows of other strides: whether their spans meet)."""
+        if not (self.start < other.end and other.start < self.end):
+            return False
+        if self.stride != other.stride or max(self.length, other.length) > self.stride:
+            return True
+        q, r = divmod(other.start - self.start, self.stride)  # other's row j starts in row q + j
+        for shift, meets in ((0, r < self.length), (1, r + other.length > self.stride)):
+            if meets and max(0, -(q + shift)) < min(other.count, self.count - q - shift):
+                return True
+        return False

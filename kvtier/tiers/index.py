@@ -57,7 +57,9 @@ class SlotIndex:
       slot is pinned or being written ("no room"). A reserved key is invisible.
     - ``commit(key)`` makes a reserved key visible; ``abort(key)`` frees its slot.
     - ``pin(key)`` returns the slot of a visible key and keeps it from eviction until the
-      matching ``unpin``; pins count. ``None`` when the key is not visible.
+      matching ``unpin``; pins count. ``None`` when the key is not visible. ``hold(key)``
+      pins a visible or discarded-while-pinned key without touching it (an I/O still
+      running on its slot).
     - ``discard(key)`` drops a visible key at once (corrupt or stale); a pinned one becomes
       invisible now and its slot is freed at its last ``unpin``.
     - ``adopt(key, slot)`` records a key found already in a slot (recovery after restart).
@@ -175,6 +177,17 @@ class SlotIndex:
         self._num_pinned += entry.pins == 1
         self._policy.touch(key)
         return entry.slot
+
+    def hold(self, key: ChunkKey) -> bool:
+        """One more pin on ``key``'s entry, visible or discarded while pinned, without
+        touching it: an I/O still running on its slot keeps the slot from being handed out
+        again. False when it has no such entry. Let go with ``unpin``."""
+        entry = self._entries.get(key)
+        if entry is None or entry.state is EntryState.WRITING:
+            return False
+        entry.pins += 1
+        self._num_pinned += entry.state is EntryState.READY and entry.pins == 1
+        return True
 
     def unpin(self, key: ChunkKey) -> None:
         entry = self._entries[key]
