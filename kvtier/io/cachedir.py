@@ -43,7 +43,7 @@ from kvtier.io.names import (
     slot_number,
 )
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
-from kvtier.io.seats import claim_seat, holds_seat
+from kvtier.io.seats import claim_seat, holds_seat, locked_here
 from kvtier.io.segment_log import Entries, SegmentLog
 
 __all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
@@ -124,21 +124,9 @@ def refuse_if_locked(segment: SafeDir) -> None:
     """``CacheDirError`` (EBUSY) when another process holds ``segment``'s lock (a writer of
     this host writes it); nothing is taken. A lock that cannot be looked at is left to
     ``lock_namespace`` to report."""
-    try:
-        fd = segment.open_file(LOCK_FILE, os.O_RDWR)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if locked_here(segment):
         raise CacheDirError(errno.EBUSY, f"{segment.path} is in use by another kvtier process; "
-                            f"{_OWN_ID}") from None
-    except OSError:
-        return
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+                            f"{_OWN_ID}")
 
 
 def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,

@@ -206,16 +206,24 @@ def held_here(segment: SafeDir) -> bool:
     """True when a process of this host holds the segment's lock (it is alive, whatever its
     lease says), or when that cannot be told (a lock that cannot be opened or tried: the
     cautious answer)."""
+    return locked_here(segment) is not False
+
+
+def locked_here(segment: SafeDir) -> bool | None:
+    """Whether a process of this host holds the segment's lock; None when that cannot be
+    told (a lock file that cannot be opened or tried). Nothing is taken."""
     try:
         fd = segment.open_file(LOCK_FILE, os.O_RDWR)  # NFS locks need a file open for writing
     except FileNotFoundError:
         return False
     except OSError:
-        return True
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         return True
+    except OSError:
+        return None
     else:
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
