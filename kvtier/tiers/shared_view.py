@@ -114,11 +114,11 @@ class SharedView:
     that it watched stand unchanged for ``lease_timeout`` by its own clock (``OrphanWatch``;
     ``seats_freed`` counts them). A path that cannot be read holds nothing this time; a
     listing that fails for want of files or memory in this process (``EMFILE``) leaves the
-    view as it was. Memory is
-    bounded by ``max_slots``, the slots the namespace's whole directory holds on one path
-    (``directory_slots``): no writer's log names a slot past it, and the writers of a path
-    together are followed in at most that many slots (their logs' further slots are passed
-    over: misses, counted in ``passed_over`` and said once). Thread-safe.
+    view as it was. Memory is bounded by ``max_slots``, the slots the namespace's whole
+    directory holds on one path (``directory_slots``): no writer's log names a slot past it,
+    and the writers of a path together are followed in at most that many slots (their logs'
+    further slots are passed over: misses, counted in ``passed_over`` and said once).
+    Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
@@ -219,7 +219,8 @@ class SharedView:
 
     @property
     def passed_over(self) -> int:
-        """Log records of slots passed over for want of room (``max_slots``), so far."""
+        """Log records of slots passed over for want of room (``max_slots``), by the
+        writers followed now."""
         with self._lock:
             return sum(f.follower.over for f in self._followed.values())
 
