@@ -26,13 +26,13 @@ from typing import Any
 from kvtier import config_values as values
 from kvtier.config_file import CONFIG_FILE_VAR, read_config_file
 from kvtier.errors import ConfigError
-from kvtier.log_level import LOG_LEVEL_VAR, log_level
+from kvtier.logs import LOG_LEVEL_VAR, log_level
 from kvtier.units import format_duration, parse_size
 
 __all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
 
 ENV_PREFIX = "KVTIER_"
-# variables that are not config keys: the config file, the log level (kvtier.log_level) and
+# variables that are not config keys: the config file, the log level (kvtier.logs) and
 # the remote store's credentials (kvtier.remote.redis_url), each read where it is used
 _RESERVED_ENV = {CONFIG_FILE_VAR, LOG_LEVEL_VAR, "KVTIER_REMOTE_USERNAME",
                  "KVTIER_REMOTE_PASSWORD"}

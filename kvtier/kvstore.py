@@ -33,9 +33,9 @@ from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import DTYPE_BYTES, KVLayout
-from kvtier.log_level import apply_log_level
+from kvtier.logs import FailureLog, apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
-from kvtier.stats import FailureLog, StoreStats, store_samples
+from kvtier.stats import StoreStats, store_samples
 from kvtier.store_checks import check_layout, check_tiers, model_name
 from kvtier.store_direct import DirectTarget, claim, empty_kv
 from kvtier.store_flush import Flusher, FlushResult

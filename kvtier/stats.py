@@ -1,10 +1,9 @@
-"""Counters of a store, and failures logged once per kind rather than once per chunk."""
+"""Counters of a store, and the metric samples made of them."""
 
 from __future__ import annotations
 
 import copy
 import logging
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -55,33 +54,6 @@ class StoreStats:
 
     def snapshot(self) -> StoreStats:
         return copy.deepcopy(self)
-
-
-class FailureLog:
-    """Log the first failure of each kind at WARNING, the rest at DEBUG (thread-safe).
-
-    A kind is a short fixed phrase ("disk read corrupt", "load failed (KeyError)"): a fault
-    that hits every chunk of every request is one log line, and its counters say how often.
-    """
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def note(self, kind: str, detail: str, exc: BaseException | None = None) -> None:
-        with self._lock:
-            first = kind not in self._seen
-            self._seen.add(kind)
-        if not first:
-            log.debug("kvtier %s: %s", kind, detail)
-            return
-        log.warning("kvtier %s: %s (further ones are counted, not logged)", kind, detail,
-                    exc_info=exc)
-
-    def seen(self) -> set[str]:
-        """The kinds logged so far."""
-        with self._lock:
-            return set(self._seen)
 
 
 def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int],

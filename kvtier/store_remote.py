@@ -12,11 +12,13 @@ from kvtier.config import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.logs import FailureLog
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
 from kvtier.remote.lane import RemoteLane, RemotePut
-from kvtier.remote.urls import backend_of, open_remote
-from kvtier.stats import FailureLog, StoreStats
+from kvtier.remote.opening import open_remote
+from kvtier.remote.urls import backend_of
+from kvtier.stats import StoreStats
 from kvtier.store_shared import StoreShared, time_left
 from kvtier.tier_stack import Location, TierStack
 from kvtier.tiers.base import TierName

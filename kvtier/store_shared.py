@@ -13,7 +13,8 @@ import torch
 
 from kvtier.config import KVTierConfig
 from kvtier.io.result import IOResult, IOStatus
-from kvtier.stats import FailureLog, StoreStats
+from kvtier.logs import FailureLog
+from kvtier.stats import StoreStats
 from kvtier.tier_stack import TierStack
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.disk_lane import DiskLane, NoDisk

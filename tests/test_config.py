@@ -212,7 +212,7 @@ def test_a_bad_log_level_stops_start_up_naming_the_variable():
 def test_the_log_level_sets_kvtiers_logger_and_shows_its_records():
     import logging
 
-    from kvtier.log_level import apply_log_level
+    from kvtier.logs import apply_log_level
 
     alone = logging.getLogger("kvtier-test-alone")
     alone.propagate = False  # nothing above it shows its records

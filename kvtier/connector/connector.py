@@ -24,7 +24,7 @@ from kvtier.connector.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler import SchedulerSide
 from kvtier.connector.worker import WorkerSide
 from kvtier.errors import ConfigError
-from kvtier.log_level import apply_log_level
+from kvtier.logs import apply_log_level
 from kvtier.metrics import serve_metrics
 from kvtier.tiers.base import TierName
 

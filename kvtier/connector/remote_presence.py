@@ -16,7 +16,7 @@ from kvtier.config import KVTierConfig
 from kvtier.connector.remote_distrust import DistrustedKeys
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
-from kvtier.remote.urls import open_remote
+from kvtier.remote.opening import open_remote
 
 log = logging.getLogger("kvtier")
 # how long one scheduler step may wait, in all, for the answers to the questions it sends: a

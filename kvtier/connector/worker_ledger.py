@@ -11,8 +11,8 @@ from collections.abc import Callable
 from kvtier.connector.counters import SOURCES, WorkerCounters
 from kvtier.connector.messages import WorkerReport
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.logs import FailureLog
 from kvtier.metrics import Sample
-from kvtier.stats import FailureLog
 from kvtier.tiers.disk_lane import DiskLane, NoDisk
 
 

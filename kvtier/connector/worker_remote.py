@@ -16,7 +16,7 @@ from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.lane import RemoteLane, RemotePut
-from kvtier.remote.urls import open_remote
+from kvtier.remote.opening import open_remote
 from kvtier.tiers.host import HostTier
 
 

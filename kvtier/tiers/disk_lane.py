@@ -17,7 +17,7 @@ from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine, IOExecuto
 from kvtier.io.names import writer_ids
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.stats import FailureLog
+from kvtier.logs import FailureLog
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.disk_recovery import RecoveryReport
 from kvtier.tiers.disk_retry import DiskRetries

@@ -1,4 +1,5 @@
-"""``KVTIER_LOG_LEVEL``: how much kvtier logs, read when a store or connector starts.
+"""The ``kvtier`` logger: how much it logs (``KVTIER_LOG_LEVEL``, read when a store or
+connector starts), and failures logged once per kind rather than once per chunk.
 
 kvtier logs under the ``kvtier`` logger and leaves handlers to the application (vLLM, or
 the caller's ``logging`` setup). The variable sets that logger's level: ``debug`` shows every
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping
 
 from kvtier.errors import ConfigError
+
+log = logging.getLogger("kvtier")
 
 LOG_LEVEL_VAR = "KVTIER_LOG_LEVEL"
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
@@ -45,3 +49,30 @@ def apply_log_level(environ: Mapping[str, str] | None = None,
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
+
+
+class FailureLog:
+    """Log the first failure of each kind at WARNING, the rest at DEBUG (thread-safe).
+
+    A kind is a short fixed phrase ("disk read corrupt", "load failed (KeyError)"): a fault
+    that hits every chunk of every request is one log line, and its counters say how often.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def note(self, kind: str, detail: str, exc: BaseException | None = None) -> None:
+        with self._lock:
+            first = kind not in self._seen
+            self._seen.add(kind)
+        if not first:
+            log.debug("kvtier %s: %s", kind, detail)
+            return
+        log.warning("kvtier %s: %s (further ones are counted, not logged)", kind, detail,
+                    exc_info=exc)
+
+    def seen(self) -> set[str]:
+        """The kinds logged so far."""
+        with self._lock:
+            return set(self._seen)
