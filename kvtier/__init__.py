@@ -11,20 +11,20 @@ __all__ = ["ChunkKey", "KVLayout", "KVStore", "KVTierConfig", "Namespace", "Pref
            "load_config"]
 
 _LAZY = {
-    "KVStore": "kvtier.kvstore",
-    "PrefixHit": "kvtier.kvstore",
+    "KVStore": "kvtier.store.kvstore",
+    "PrefixHit": "kvtier.store.kvstore",
     "KVLayout": "kvtier.layout",
-    "KVTierConfig": "kvtier.config",
-    "load_config": "kvtier.config",
+    "KVTierConfig": "kvtier.config.settings",
+    "load_config": "kvtier.config.settings",
     "Namespace": "kvtier.keys",
     "ChunkKey": "kvtier.keys",
 }
 
 if TYPE_CHECKING:
-    from kvtier.config import KVTierConfig, load_config
+    from kvtier.config.settings import KVTierConfig, load_config
     from kvtier.keys import ChunkKey, Namespace
-    from kvtier.kvstore import KVStore, PrefixHit
     from kvtier.layout import KVLayout
+    from kvtier.store.kvstore import KVStore, PrefixHit
 
 
 def __getattr__(name: str):

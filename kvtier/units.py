@@ -6,6 +6,7 @@ import math
 import operator
 import re
 import reprlib
+import time
 
 MAX_SIZE = 2**60  # 1 EiB: more than any tier kvtier will ever be given
 # a bare K, M, G or T is refused: some tools read "4G" as 4 GiB, others as 4 GB
@@ -128,3 +129,8 @@ def positive_count(value: object) -> int:
         return max(0, operator.index(value))  # type: ignore[arg-type]
     except TypeError:
         return 0
+
+
+def time_left(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (``time.monotonic()``), or None for no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from kvtier import KVLayout, KVStore
-from kvtier.config import DiskFloor
+from kvtier.config.settings import DiskFloor
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.engine import IOEngine
-from kvtier.tiers.disk import DiskTier
 
 # 1 layer, 1 head of 64 dims in bf16, 64-token chunks: 16 KiB per chunk, so that 100k
 # chunks fit a RAM disk; start-up cost depends on the number of chunks, not their size.

@@ -20,11 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
-from kvtier.io.index_file import SlotLayout, read_disk_index
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.tiers.disk import DiskTier
-from kvtier.tiers.shared_view import SharedView
+from kvtier.segment.index_file import SlotLayout, read_disk_index
+from kvtier.shared.view import SharedView
 
 RAW = 4096
 NS = Namespace(model="bench/share", kv_dtype="bfloat16", layout="LKTH", block_tokens=16,

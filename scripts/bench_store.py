@@ -36,8 +36,8 @@ from kvtier.bench.bare_reads import bare_read_bandwidth
 from kvtier.bench.busy import Busy
 from kvtier.bench.fio import FioFigure, fio_figure, have_fio
 from kvtier.bench.naive import drop_page_cache
-from kvtier.chunk_runs import ChunkRuns, slot_rows
-from kvtier.config_values import parse_size
+from kvtier.config.values import parse_size
+from kvtier.store.chunk_runs import ChunkRuns, slot_rows
 
 LAYOUT = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
 PREFIX_TOKENS = 2048  # a prompt's cached prefix: 256 MiB of this layout's KV

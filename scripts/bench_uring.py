@@ -24,11 +24,11 @@ from pathlib import Path
 
 from kvtier.bench.disk import kv_like_bytes
 from kvtier.bench.naive import drop_cache
-from kvtier.config import DiskFloor
+from kvtier.config.settings import DiskFloor
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.engine import IOEngine
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
 from kvtier.units import format_size, parse_size
 

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from kvtier.bench.naive import drop_page_cache
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import NULL_BLOCK, ChunkLoad, ChunkStore, RequestLoad, StepPlan
-from kvtier.connector.worker import WorkerSide
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import NULL_BLOCK, ChunkLoad, ChunkStore, RequestLoad, StepPlan
+from kvtier.connector.worker.side import WorkerSide
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.redis_server import RedisServer

@@ -26,11 +26,11 @@ import torch
 
 from kvtier.bench.fio import fio_bandwidth, have_fio
 from kvtier.bench.naive import drop_page_cache
-from kvtier.config import load_config
-from kvtier.config_values import parse_size
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
-from kvtier.connector.worker import WorkerSide
+from kvtier.config.settings import load_config
+from kvtier.config.values import parse_size
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
+from kvtier.connector.worker.side import WorkerSide
 
 LAYERS, HIDDEN, BLOCK = 32, 8 * 128, 16
 FIO_DEPTHS = (1, 4, 8, 16, 32)

@@ -29,10 +29,10 @@ from pathlib import Path
 import xxhash
 
 from kvtier.bench.disk import kv_like_bytes
-from kvtier.config import DiskFloor
+from kvtier.config.settings import DiskFloor
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import PAGE
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
 from kvtier.units import parse_size
 

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from kvtier import KVLayout, KVStore
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.pages import PagedKV
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.worker.pages import PagedKV
 from kvtier.tiers.base import TierName
 from kvtier.tiers.host import HostTier
 

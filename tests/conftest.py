@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvtier.layout import KVLayout
-from kvtier.tier_stack import TierStack
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.stack import TierStack
 
 # 2 layers x K,V x 2 heads x 16 dims in bf16: 256 B per token; 16-token chunks of 4 KiB.
 SMALL = KVLayout(num_layers=2, kv_heads=2, head_size=16, dtype="bfloat16")

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from kvtier import KVLayout, KVStore
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker import WorkerSide
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.side import WorkerSide
 from kvtier.io.format import HEADER_BYTES
 
 # 2 layers, 2 KV heads x 32 dims, bf16: 128 B per token, layer and K or V; 32-token chunks

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.tiers.disk import DiskTier
 
 RAW = 8192 + 512  # not a page multiple: exercises padding
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=16)

@@ -52,7 +52,7 @@ def only_writer(data):
 def logged_slots(segment):
     """The slots a reader following the segment's log.kvt learns of."""
     from kvtier.io.safefs import SafeDir
-    from kvtier.io.segment_log import LogFollower
+    from kvtier.segment.log import LogFollower
 
     ns = json.loads((segment.parent.parent / "namespace.json").read_text())
     with SafeDir.open(segment) as directory:

@@ -21,10 +21,10 @@ import torch
 from kvtier import KVStore
 from kvtier.cli.stats import metrics_url, parse_samples
 from kvtier.cli.top import Endpoint, Role, Scrape, figures, render, scrape
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker_ledger import WorkerLedger
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.metrics import serve_metrics
 from tests.conftest import SMALL, make_kv
 

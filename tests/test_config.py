@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from kvtier.config import (
+from kvtier.config.settings import (
     KEYS,
     Compression,
     KVTierConfig,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.config import KEYS, KVTierConfig, load_config, read_config_file
+from kvtier.config.settings import KEYS, KVTierConfig, load_config, read_config_file
 from kvtier.errors import ConfigError
 from kvtier.units import MAX_SIZE, parse_duration, parse_size
 

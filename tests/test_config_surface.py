@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvtier.config import KEYS, ODirect, load_config, read_config_file
+from kvtier.config.settings import KEYS, ODirect, load_config, read_config_file
 from kvtier.errors import ConfigError
 from kvtier.units import parse_size
 

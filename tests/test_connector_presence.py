@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from kvtier.connector import remote_presence
-from kvtier.connector.remote_distrust import DistrustedKeys
-from kvtier.connector.remote_presence import INLINE_WAIT_S, MAX_QUESTIONS, RemotePresence
+from kvtier.connector.scheduler import remote_presence
+from kvtier.connector.scheduler.remote_distrust import DistrustedKeys
+from kvtier.connector.scheduler.remote_presence import INLINE_WAIT_S, MAX_QUESTIONS, RemotePresence
 from kvtier.keys import ChunkKey
 
 A, B, C = ChunkKey(b"a"), ChunkKey(b"b"), ChunkKey(b"c")

@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 import torch
 
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkStore, StepPlan, WorkerReport
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker import WorkerSide
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import ChunkStore, StepPlan, WorkerReport
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.side import WorkerSide
 from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
 from tests.redis_server import RedisServer, needs_redis

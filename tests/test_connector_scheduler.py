@@ -4,11 +4,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kvtier.config import load_config
-from kvtier.connector.decider import LoadDecider
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import StepPlan, WorkerReport
-from kvtier.connector.scheduler import SchedulerSide
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.tiers.base import TierName
 
 BLOCK, CHUNK = 16, 32
@@ -122,8 +122,8 @@ def test_write_through_then_restart_finds_the_chunks_on_disk(tmp_path):
     assert all(s.disk_slot is not None for s in meta.stores)
     assert side.counters["disk_written_chunks"] == 2
     # the worker writes the files; here a disk tier stands in for it
+    from kvtier.disk.tier import DiskTier
     from kvtier.io.buffers import AlignedBuffer
-    from kvtier.tiers.disk import DiskTier
 
     disk = DiskTier([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
                     8 * (4096 + GEO.chunk_bytes))
@@ -386,8 +386,7 @@ def test_a_request_that_ends_while_waiting_for_room_leaves_nothing_behind(tmp_pa
 
 
 def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):
-    from kvtier.connector import scheduler as module
-
+    from kvtier.connector.scheduler import side as module
     side = scheduler()
     req = request("a", 96)
     store_all(side, req)  # three chunks offered

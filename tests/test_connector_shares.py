@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from kvtier.connector.messages import ChunkLoad, RequestLoad, StepPlan, WorkerReport
+from kvtier.connector.common.messages import ChunkLoad, RequestLoad, StepPlan, WorkerReport
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
-from kvtier.tiers.disk import DiskTier
 from tests.test_connector_scheduler import GEO as SCHED_GEO
 from tests.test_connector_scheduler import request, scheduler, store_all
 from tests.test_connector_worker import GEO, LAYERS, same, worker
@@ -86,11 +86,11 @@ def test_with_tensor_parallel_every_rank_must_hold_the_chunk(tmp_path):
 
 def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
     a, kv_a = worker(tmp_path, instance_id="a", share_writers=2)
-    from kvtier.connector.messages import ChunkStore
+    from kvtier.connector.common.messages import ChunkStore
 
     a.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4), host_slot=0, disk_slot=2)]))
     a.drain()
-    from kvtier.tiers.shared_view import SharedView
+    from kvtier.shared.view import SharedView
 
     view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, "b", 30)
     view.refresh()
@@ -121,8 +121,8 @@ def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
 
 
 def test_without_an_instance_id_the_scheduler_side_finds_the_segment_its_workers_took(tmp_path):
-    from kvtier.config import load_config
-    from kvtier.connector.engine_writer import engine_writers
+    from kvtier.config.settings import load_config
+    from kvtier.connector.common.engine_writer import engine_writers
 
     holder = subprocess.Popen(  # another engine of this host, on the first default writer id
         [sys.executable, "-c", HOLD_FIRST_ID, str(tmp_path)], cwd=ROOT,
@@ -142,7 +142,7 @@ def test_without_an_instance_id_the_scheduler_side_finds_the_segment_its_workers
 
 HOLD_FIRST_ID = """
 import sys, time
-from kvtier.tiers.disk import DiskTier
+from kvtier.disk.tier import DiskTier
 from tests.test_connector_worker import GEO
 tier = DiskTier([sys.argv[1]], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
                 8 * (4096 + GEO.chunk_bytes), share_writers=2)
@@ -153,8 +153,8 @@ time.sleep(600)
 
 
 def test_when_its_workers_segment_is_not_found_nothing_on_disk_is_taken_for_its_own(tmp_path):
-    from kvtier.config import load_config
-    from kvtier.connector.engine_writer import engine_writers
+    from kvtier.config.settings import load_config
+    from kvtier.connector.common.engine_writer import engine_writers
 
     with another_engine_on_the_first_id(tmp_path):  # its index is not ours
         cfg = load_config({"disk_paths": [str(tmp_path)], "chunk_tokens": 2 * 16}, environ={})
@@ -177,8 +177,8 @@ def another_engine_on_the_first_id(tmp_path):
 
 
 def test_when_its_workers_hold_no_segment_another_engines_segment_is_still_read(tmp_path):
-    from kvtier.connector.engine_writer import unheld_writer
-    from kvtier.io.names import writer_ids
+    from kvtier.connector.common.engine_writer import unheld_writer
+    from kvtier.segment.names import writer_ids
 
     first, second = writer_ids(None)[:2]
     a = scheduler(disk=tmp_path, instance_id=first, share_writers=2)

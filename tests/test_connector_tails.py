@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvtier.connector.messages import StepPlan, WorkerReport
-from kvtier.connector.tails import prompt_tail
+from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.scheduler.tails import prompt_tail
 from tests.test_connector_scheduler import BLOCK, CHUNK, GEO, scheduler
 
 
@@ -177,7 +177,7 @@ def test_a_prompt_that_grows_in_its_session_offers_its_new_tail():
 
 
 def test_remote_presence_asks_again_when_a_requests_keys_change():
-    from kvtier.connector.remote_presence import RemotePresence
+    from kvtier.connector.scheduler.remote_presence import RemotePresence
 
     class Store:
         down, asked = False, []

@@ -6,10 +6,10 @@ from collections import Counter
 
 import torch
 
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
-from kvtier.connector.worker import WorkerSide
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
+from kvtier.connector.worker.side import WorkerSide
 from tests.disk_helpers import failing_io, wait_until
 from tests.fake_io import FakeEngine
 
@@ -168,7 +168,7 @@ def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, mon
 
 
 def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkeypatch):
-    from kvtier.connector.messages import DiskWrite
+    from kvtier.connector.common.messages import DiskWrite
 
     side, _ = worker(tmp_path)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
@@ -232,7 +232,7 @@ def test_reads_that_keep_getting_no_answer_take_the_path_out(tmp_path):
 
 
 def test_a_load_stuck_behind_its_write_back_is_given_up(tmp_path):
-    from kvtier.connector.messages import DiskWrite
+    from kvtier.connector.common.messages import DiskWrite
 
     side, _, engine = worker_and_engine(tmp_path, load_timeout=0.2)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))
@@ -262,7 +262,7 @@ def test_a_load_given_up_as_its_reads_start_leaves_a_later_load_of_its_request_w
     slot's previous chunk into the pages."""
     import threading
 
-    from kvtier.connector.messages import DiskWrite
+    from kvtier.connector.common.messages import DiskWrite
 
     side, kv, _ = worker_and_engine(tmp_path, load_timeout=0.2, write_policy="write_back")
     original = [t.clone() for t in kv]
@@ -306,7 +306,7 @@ def test_a_store_behind_a_write_back_on_a_hung_drive_is_dropped_after_load_timeo
     store into the slot its write-back still reads is dropped, the slot left as it is."""
     import threading
 
-    from kvtier.connector.messages import DiskWrite
+    from kvtier.connector.common.messages import DiskWrite
 
     side, _, engine = worker_and_engine(tmp_path, load_timeout=0.2, write_policy="write_back")
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), host_slot=1)]))  # host only
@@ -335,7 +335,7 @@ def test_a_store_behind_a_write_back_on_a_hung_drive_is_dropped_after_load_timeo
 def test_shutdown_on_a_hung_drive_returns_in_time(tmp_path, caplog):
     import logging
 
-    from kvtier.connector.messages import DiskWrite
+    from kvtier.connector.common.messages import DiskWrite
 
     side, _, engine = worker_and_engine(tmp_path, load_timeout=60)
     side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), 1, disk_slot=0)]))

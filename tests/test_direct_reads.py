@@ -17,7 +17,7 @@ from kvtier import KVLayout, KVStore
 from kvtier.errors import LayoutError, StoreClosedError
 from kvtier.io.buffers import PAGE
 from kvtier.io.direct_buffer import DirectBuffers, Rows
-from kvtier.store_direct import _rows_of, claim
+from kvtier.store.direct import _rows_of, claim
 from kvtier.tiers.base import TierName
 from tests.conftest import make_kv, same_bytes
 from tests.fake_io import FakeEngine

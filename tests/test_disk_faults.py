@@ -9,8 +9,8 @@ import time
 import pytest
 
 from kvtier import KVStore
+from kvtier.disk import tier as disk_module
 from kvtier.io.format import HEADER_BYTES
-from kvtier.tiers import disk as disk_module
 from tests.conftest import CHUNK, SMALL, bookkeeping, index_of, make_kv
 from tests.disk_helpers import failing_io, remount, small_filesystem, wait_until
 from tests.fake_io import FakeEngine

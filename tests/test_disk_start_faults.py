@@ -137,8 +137,7 @@ def test_blanking_a_corrupt_slot_on_a_hung_drive_never_holds_a_get_past_load_tim
 
 
 def test_a_path_out_of_service_comes_back_through_gets_and_flushes_alone(tmp_path, monkeypatch):
-    from kvtier.tiers import disk as disk_module
-
+    from kvtier.disk import tier as disk_module
     monkeypatch.setattr(disk_module, "_HEALTH_EVERY_S", 0.0)
     tokens = seq(0, 2)
     with KVStore(SMALL, config(tmp_path, host_chunks=4, disk_retry="0.05s")) as store:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvtier import KVLayout, KVStore
-from kvtier.store_shared import StoreShared
+from kvtier.store.state import StoreShared
 from kvtier.tiers.base import TierName
 from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
 from tests.fake_io import FakeEngine

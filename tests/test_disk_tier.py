@@ -295,8 +295,7 @@ def test_a_failure_on_a_directory_already_replaced_leaves_the_new_one_up(tmp_pat
 
 
 def test_a_failed_open_does_not_keep_the_namespace_locked(tmp_path, monkeypatch):
-    from kvtier.io import cachedir
-
+    from kvtier.segment import cachedir
     real = cachedir.probe_o_direct
 
     def broken(directory):

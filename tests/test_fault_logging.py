@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from kvtier import KVStore
+from kvtier.disk import tier as disk_module
 from kvtier.io.format import HEADER_BYTES
-from kvtier.tiers import disk as disk_module
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem
 from tests.test_disk_faults import flip, slot_of
@@ -196,7 +196,7 @@ def test_slow_io_is_served_and_not_a_failure(tmp_path, caplog, monkeypatch):
 
 
 def test_the_workers_unexpected_failures_are_logged_once_per_kind(tmp_path, caplog):
-    from kvtier.connector.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
+    from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
     from tests.test_connector_worker import BLOCKS, worker
 
     side, _ = worker(tmp_path, disk=False)

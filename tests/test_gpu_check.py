@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from kvtier.connector.pages import PagedKV
+from kvtier.connector.worker.pages import PagedKV
 from tests.script_module import load_script
 from tests.vllm_engine import ROOT
 

@@ -13,10 +13,10 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.cli.stats import read_metrics
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker_ledger import WorkerLedger
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.metrics import serve_metrics
 from tests.conftest import SMALL
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from kvtier import KVStore
-from kvtier.io import seats
 from kvtier.io.safefs import SafeDir, UnsafeEntry
+from kvtier.segment import seats
 from tests.conftest import SMALL
 from tests.hostile import make_cache, namespace_of
 from tests.test_hostile_names import seat_file, stopped_writer_namespace

@@ -376,7 +376,7 @@ def test_a_namespace_without_metadata_is_reclaimed_only_when_a_slot_proves_it(ca
 def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
     import time
 
-    from kvtier.io.lease import LeaseInfo
+    from kvtier.segment.lease import LeaseInfo
 
     root, segment, _ = cache
     lease = LeaseInfo("w", "elsewhere", 1, 7, time.time_ns(), time.time_ns())
@@ -408,8 +408,8 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
 ])
 def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats, every_s,
                                                                       age_s, live, stated_s):
-    from kvtier.io.lease import LeaseInfo, held_elsewhere
-    from kvtier.io.names import host_name
+    from kvtier.segment.lease import LeaseInfo, held_elsewhere
+    from kvtier.segment.names import host_name
 
     now = 10**18
     written = now - age_s * 10**9

@@ -12,16 +12,16 @@ from types import SimpleNamespace
 import pytest
 
 from kvtier import KVStore
-from kvtier.config import load_config
-from kvtier.connector.engine_writer import engine_writers, unheld_writer
-from kvtier.io import seats
+from kvtier.config.settings import load_config
+from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
 from kvtier.io.format import INDEX_ENTRY_BYTES, SlotHeader, decode_header
-from kvtier.io.index_file import valid_header
-from kvtier.io.lease import LeaseInfo
-from kvtier.io.names import TEMP_NAME, seat_number, slot_number
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import namespace_id_of
 from kvtier.ops.cache import namespaces
+from kvtier.segment import seats
+from kvtier.segment.index_file import valid_header
+from kvtier.segment.lease import LeaseInfo
+from kvtier.segment.names import TEMP_NAME, seat_number, slot_number
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.hostile import cli, make_cache, namespace_of
 from tests.test_disk_store import config, exact, seq
@@ -138,7 +138,7 @@ def test_an_index_entry_of_generation_near_2_64_never_stops_the_writer(tmp_path)
 
 
 def test_valid_header_refuses_generations_from_2_63_on(tmp_path):
-    from kvtier.io.index_file import SlotLayout
+    from kvtier.segment.index_file import SlotLayout
 
     segment = make_cache(tmp_path / "cache")
     entry = (segment / "index.kvt").read_bytes()[:INDEX_ENTRY_BYTES]

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry, geometry_from_vllm
-from kvtier.connector.messages import NULL_BLOCK, StepPlan, WorkerReport, chunk_blocks
-from kvtier.connector.pages import PagedKV
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker_ledger import WorkerLedger
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry, geometry_from_vllm
+from kvtier.connector.common.messages import NULL_BLOCK, StepPlan, WorkerReport, chunk_blocks
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.ledger import WorkerLedger
+from kvtier.connector.worker.pages import PagedKV
 from kvtier.errors import ConfigError
 from kvtier.tiers.host import HostTier
 from tests.test_connector_scheduler import Request, request
@@ -203,7 +203,7 @@ def test_chunk_blocks_are_each_groups_blocks_group_after_group():
 
 
 def test_kv_tensors_are_taken_in_chunk_order_by_name():
-    from kvtier.connector.pages import in_chunk_order
+    from kvtier.connector.worker.pages import in_chunk_order
 
     geo = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t", group_layers=(1, 1),
                      layer_names=("sliding.0", "full.0"), group_kinds=("sliding32", "full"))

@@ -33,7 +33,8 @@ def test_only_the_connector_imports_vllm():
 
 def test_scheduler_and_worker_sides_import_without_vllm():
     code = ("import sys; sys.modules['vllm'] = None;"  # any import of vllm now fails
-            "import kvtier.connector.scheduler, kvtier.connector.worker, kvtier.connector.messages;"
+            "import kvtier.connector.scheduler.side, kvtier.connector.worker.side,"
+            " kvtier.connector.common.messages;"
             "print('ok')")
     out = subprocess.check_output([sys.executable, "-c", code], text=True)
     assert out.strip() == "ok"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvtier.config import EvictionPolicyName
+from kvtier.config.settings import EvictionPolicyName
 from kvtier.keys import ChunkKey
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy

@@ -3,11 +3,11 @@ scheduler side's reading of every path's index with it (``read_disk_index``)."""
 
 import pytest
 
-import kvtier.io.index_file as index_file
+import kvtier.segment.index_file as index_file
 from kvtier.io.format import INDEX_ENTRY_BYTES, MAGIC
-from kvtier.io.index_file import written_index_entries
-from kvtier.io.names import INDEX_FILE
 from kvtier.io.safefs import SafeDir
+from kvtier.segment.index_file import written_index_entries
+from kvtier.segment.names import INDEX_FILE
 
 
 def entry(slot: int) -> bytes:
@@ -24,7 +24,7 @@ def write_index(path, slots: int, written: set[int], tail: bytes = b"") -> None:
 
 @pytest.fixture(autouse=True)
 def small_pieces(monkeypatch):
-    monkeypatch.setattr("kvtier.io.index_file.INDEX_PIECE_ENTRIES", 4)
+    monkeypatch.setattr("kvtier.segment.index_file.INDEX_PIECE_ENTRIES", 4)
 
 
 def entries(path, slots: int) -> list[tuple[int, bytes]]:
@@ -69,10 +69,10 @@ def test_a_huge_sparse_index_is_read_a_piece_at_a_time(tmp_path, monkeypatch):
 def test_the_scheduler_side_reads_each_paths_index_and_maps_its_slots(tmp_path):
     """``read_disk_index`` over two paths: slot ``s`` lives on path ``s % 2`` at local entry
     ``s // 2``; every chunk the disk tier wrote is found at its own slot, with its header."""
+    from kvtier.disk.tier import DiskTier
     from kvtier.io.buffers import AlignedBuffer
-    from kvtier.io.index_file import SlotLayout, read_disk_index
     from kvtier.keys import ChunkKey, Namespace
-    from kvtier.tiers.disk import DiskTier
+    from kvtier.segment.index_file import SlotLayout, read_disk_index
 
     raw = 4096
     ns = Namespace(model="m", kv_dtype="bfloat16", layout="t", block_tokens=16, chunk_tokens=16)

@@ -4,8 +4,8 @@ built by vLLM's own helpers as its workers build them (``create_kv_cache_views``
 import pytest
 import torch
 
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.pages import PagedKV
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.worker.pages import PagedKV
 from kvtier.tiers.host import HostTier
 
 interface = pytest.importorskip("vllm.v1.kv_cache_interface")
@@ -64,8 +64,8 @@ def test_gather_and_scatter_move_whole_pages_in_every_layout(name):
 def test_the_namespace_tells_page_orders_apart(name):
     from types import SimpleNamespace
 
-    from kvtier.config import load_config
-    from kvtier.connector.geometry import geometry_from_vllm
+    from kvtier.config.settings import load_config
+    from kvtier.connector.common.geometry import geometry_from_vllm
 
     spec = interface.FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD,
                                        dtype=torch.bfloat16)

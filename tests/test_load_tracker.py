@@ -5,8 +5,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from kvtier.connector.load_tracker import LoadTracker, ReadGate, resolved, when_all_over
-from kvtier.connector.messages import ChunkLoad, RequestLoad
+from kvtier.connector.common.messages import ChunkLoad, RequestLoad
+from kvtier.connector.worker.load_tracker import LoadTracker, ReadGate, resolved, when_all_over
 from kvtier.io.batch_reads import BatchReads
 from kvtier.io.result import IOResult, IOStatus
 

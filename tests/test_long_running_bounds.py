@@ -11,10 +11,10 @@ import time
 import pytest
 
 from kvtier import KVStore
-from kvtier.io.names import WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import reclaim_segment
-from kvtier.tiers.shared_view import SharedView
+from kvtier.segment.names import WRITERS_DIR
+from kvtier.segment.seats import reclaim_segment
+from kvtier.shared.view import SharedView
 from tests.conftest import SMALL, make_kv
 from tests.test_disk_store import config, seq
 
@@ -78,8 +78,7 @@ def test_a_replace_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch, ca
 
 def test_a_segment_that_cannot_be_reclaimed_is_said_once_and_tried_once_per_timeout(
         tmp_path, caplog, monkeypatch):
-    from kvtier.tiers import shared_view
-
+    from kvtier.shared import view as shared_view
     if os.geteuid() != 0:
         pytest.skip("giving a file to another user needs root")
     namespace, raw = write_as(tmp_path, "gone", lease_timeout="2s")
@@ -105,7 +104,7 @@ def test_a_segment_that_cannot_be_reclaimed_is_said_once_and_tried_once_per_time
 
 
 def test_each_engine_step_gives_back_the_space_of_reclaimed_segments(tmp_path, monkeypatch):
-    from kvtier.connector.messages import StepPlan
+    from kvtier.connector.common.messages import StepPlan
     from tests.test_connector_worker import worker
 
     side, _ = worker(tmp_path)

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from kvtier import KVStore
-from kvtier.io import cachedir
-from kvtier.io.lease import LeaseInfo, held_elsewhere, read_lease
-from kvtier.io.names import LOCK_FILE
 from kvtier.io.safefs import SafeDir
+from kvtier.segment import cachedir
+from kvtier.segment.lease import LeaseInfo, held_elsewhere, read_lease
+from kvtier.segment.names import LOCK_FILE
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.test_disk_store import config, exact, seq
 from tests.test_shared_dir import wait_for
@@ -81,7 +81,7 @@ def test_two_writers_on_one_id_without_a_shared_lock_leave_one_writing(tmp_path,
 def test_a_heartbeat_that_failed_is_no_conflict_at_the_next(tmp_path, monkeypatch):
     import errno
 
-    from kvtier.io.lease import Lease
+    from kvtier.segment.lease import Lease
 
     with SafeDir.open(tmp_path) as directory:
         lease = Lease(directory, "a", 120.0)

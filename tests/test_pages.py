@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.pages import PagedKV
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.worker.pages import PagedKV
 from kvtier.tiers.host import HostTier
 
 LAYERS, BLOCKS, BLOCK, HIDDEN = 3, 10, 4, 8
@@ -78,8 +78,8 @@ def test_block_ids_outside_the_cache_are_refused_not_skipped(bad):
 
 
 def test_layers_of_one_allocation_are_seen_as_one_view_and_no_others_are():
-    from kvtier.connector.page_view import page_view
-    from kvtier.connector.pages import _stacked
+    from kvtier.connector.worker.page_view import page_view
+    from kvtier.connector.worker.pages import _stacked
 
     for interleaved in (False, True):
         layers = [page_view(t) for t in paged(interleaved)]
@@ -96,7 +96,7 @@ def test_layers_of_one_allocation_are_seen_as_one_view_and_no_others_are():
 
 
 def test_bytes_are_moved_as_wide_integers_only_where_both_sides_allow_it():
-    from kvtier.connector.pages import _wide
+    from kvtier.connector.worker.pages import _wide
 
     a, b = torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 16, dtype=torch.uint8)
     assert [t.dtype for t in _wide(a, b)] == [torch.int64, torch.int64]

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.io.format import HEADER_BYTES, MAGIC, Codec, HeaderError, SlotHeader, decode_header
-from kvtier.io.index_file import SlotLayout, parse_index, valid_header
 from kvtier.keys import ChunkKey
+from kvtier.segment.index_file import SlotLayout, parse_index, valid_header
 
 NS = bytes(range(16))
 LAYOUT = SlotLayout(raw_bytes=8192, num_paths=1, capacity=64 * (4096 + 8192))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvtier.config import EvictionPolicyName
+from kvtier.config.settings import EvictionPolicyName
 from kvtier.tiers.policy import FIFOPolicy, LRUPolicy, make_policy
 
 

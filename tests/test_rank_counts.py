@@ -1,6 +1,6 @@
 """Folding reports over TP ranks: outcomes and up/down counts."""
 
-from kvtier.connector.rank_counts import RankCount, RankOutcomes
+from kvtier.connector.scheduler.rank_counts import RankCount, RankOutcomes
 
 
 def test_outcomes_wait_for_every_rank_then_say_whether_any_failed():

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from kvtier.config.mooncake_url import MooncakeOptions, check_url, parse_url
 from kvtier.keys import Namespace
 from kvtier.remote.mooncake_tier import MooncakeTier
-from kvtier.remote.mooncake_url import MooncakeOptions, check_url, parse_url
 from tests.mooncake_server import run_in_namespace, skip_reason
 
 GLOG_LINE = re.compile(r"(E +)?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")  # Mooncake's own log lines

@@ -7,14 +7,14 @@ import logging
 import numpy as np
 import pytest
 
-from kvtier.config import load_config
+from kvtier.config.redact import redacted
+from kvtier.config.redis_url import parse_url
+from kvtier.config.remote_url import check_url
+from kvtier.config.settings import load_config
 from kvtier.errors import ConfigError
 from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.remote.redact import redacted
 from kvtier.remote.redis_tier import PASSWORD_ENV, RedisTier
-from kvtier.remote.redis_url import parse_url
-from kvtier.remote.urls import check_url
 from tests.test_cli import run
 
 SECRET = "hunter2"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kvtier import KVStore
-from kvtier.io import seats as seats_module
-from kvtier.io.cachedir import CacheDirError
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import claim_seat, read_holder
+from kvtier.segment import seats as seats_module
+from kvtier.segment.cachedir import CacheDirError
+from kvtier.segment.seats import claim_seat, read_holder
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.test_disk_store import STRIDE, config, exact, seq
 

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvtier.io.cachedir import CacheDir
 from kvtier.io.format import INDEX_ENTRY_BYTES, MAGIC, Codec, SlotHeader
-from kvtier.io.lease import Lease, LeaseInfo, LeaseKeeper, LeaseWatch, read_lease
-from kvtier.io.names import LOG_FILE
 from kvtier.io.safefs import SafeDir, UnsafeEntry
-from kvtier.io.segment_log import (
+from kvtier.keys import ChunkKey
+from kvtier.segment.cachedir import CacheDir
+from kvtier.segment.lease import Lease, LeaseInfo, LeaseKeeper, LeaseWatch, read_lease
+from kvtier.segment.log import (
     LOG_HEADER_BYTES,
     RECORD_BYTES,
     LogFollower,
@@ -23,7 +23,7 @@ from kvtier.io.segment_log import (
     encode_records,
     entries_of,
 )
-from kvtier.keys import ChunkKey
+from kvtier.segment.names import LOG_FILE
 from tests.disk_helpers import NS, RAW, chunk, key, make_tier
 
 DIGEST = NS.digest()
@@ -242,8 +242,8 @@ def test_junk_in_a_lease_file_is_no_lease(tmp_path):
 def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp_path,
                                                                               monkeypatch):
     from kvtier.io.buffers import AlignedBuffer
-    from kvtier.tiers.foreign_reads import ForeignReads
-    from kvtier.tiers.shared_view import SharedView
+    from kvtier.shared.reads import ForeignReads
+    from kvtier.shared.view import SharedView
 
     tier = make_tier([tmp_path], writers=["a"])
     chunks = {slot: chunk(slot) for slot in range(4)}

@@ -268,8 +268,7 @@ def test_the_segment_of_a_writer_that_is_gone_is_reclaimed_and_its_seat_handed_o
 
 
 def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, monkeypatch):
-    from kvtier.io import lease
-
+    from kvtier.segment import lease
     tokens = seq(0, 2)
     monkeypatch.setattr(lease.Lease, "beat", lambda self, closing=False: None)  # heartbeats stop, a lives on
     quick = {"lease_timeout": "2s"}
@@ -283,8 +282,7 @@ def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, m
 
 
 def test_a_reader_with_a_shorter_lease_timeout_waits_for_the_writers_own(tmp_path, monkeypatch):
-    from kvtier.tiers import shared_view
-
+    from kvtier.shared import view as shared_view
     tokens = seq(0, 2)
     monkeypatch.setattr(shared_view, "held_here", lambda directory: False)  # as if elsewhere
     with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="30s")) as a, \
@@ -301,7 +299,7 @@ def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
     import os
 
     from kvtier.io.safefs import SafeDir
-    from kvtier.io.seats import reclaim_segment
+    from kvtier.segment.seats import reclaim_segment
 
     tokens = seq(0, 2)
     with KVStore(SMALL, shared(tmp_path, "a")) as a:
@@ -339,8 +337,8 @@ def test_a_writer_whose_segment_is_reclaimed_as_it_opens_never_writes_without_a_
     """A writer restarting under its old id finds its seat just as another process reclaims
     its segment (a writer gone) and gives that seat back: it must not go on with a segment of
     no seat, which would let a third writer take the seat (two segments, one seat)."""
-    import kvtier.io.cachedir as cachedir
-    from kvtier.io.seats import claim_seat, reclaim_segment
+    import kvtier.segment.cachedir as cachedir
+    from kvtier.segment.seats import claim_seat, reclaim_segment
 
     root = tmp_path / "cache"
     root.mkdir(mode=0o700)
@@ -381,7 +379,7 @@ def test_a_reclaim_gives_the_seat_back_before_the_segment_directory_goes(tmp_pat
     to lose: it claims one afresh (or is refused), never writing on with a seat that a late
     release then takes away."""
     from kvtier.io.safefs import SafeDir
-    from kvtier.io.seats import reclaim_segment
+    from kvtier.segment.seats import reclaim_segment
 
     with KVStore(SMALL, shared(tmp_path, "a")) as a:
         a.put(seq(0, 2), make_kv(seq(0, 2)))
@@ -417,7 +415,7 @@ def test_a_writer_that_finds_its_own_seat_again_marks_it_in_use(tmp_path):
     import os
 
     from kvtier.io.safefs import SafeDir
-    from kvtier.io.seats import claim_seat, free_orphan_seats, orphan_seats
+    from kvtier.segment.seats import claim_seat, free_orphan_seats, orphan_seats
 
     ns = tmp_path / "ns"
     ns.mkdir(mode=0o700)
@@ -436,7 +434,7 @@ def test_under_a_low_open_file_limit_a_reader_follows_fewer_writers_and_says_so(
         tmp_path, monkeypatch, caplog):
     import resource
 
-    import kvtier.tiers.shared_view as shared_view
+    import kvtier.shared.view as shared_view
 
     for name in ("a", "b", "c"):
         with KVStore(SMALL, shared(tmp_path, name)) as writer:

@@ -9,9 +9,9 @@ import torch
 
 from kvtier import KVStore
 from kvtier.keys import ChunkKey
-from kvtier.store_staging import Stagings
-from kvtier.tier_stack import Location, StorePlan
+from kvtier.store.staging import Stagings
 from kvtier.tiers.base import TierName
+from kvtier.tiers.stack import Location, StorePlan
 from tests.conftest import CHUNK, SMALL, bookkeeping, make_kv, same_bytes
 from tests.disk_helpers import failing_io, wait_until
 from tests.fake_io import FakeEngine

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import torch
 
-import kvtier.kvstore as kvstore_module
+import kvtier.store.kvstore as kvstore_module
 from kvtier import KVStore
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError, TokenError
 from kvtier.tiers.base import TierName

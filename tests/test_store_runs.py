@@ -1,5 +1,5 @@
 """Chunks copied in runs: a put's chunks bound for slots that follow one another
-(``kvtier/store_puts.py``), and a get's chunks held in slots that follow one another
+(``kvtier/store/puts.py``), and a get's chunks held in slots that follow one another
 (``PrefixRead``), go in one copy each; the right bytes in every slot and every place of the
 caller's tensor, and no reservation left behind when a copy or a demotion fails."""
 
@@ -115,7 +115,7 @@ def test_a_put_longer_than_every_tier_stores_its_first_chunks_only():
 
 
 def test_a_run_is_at_most_run_bytes(monkeypatch):
-    monkeypatch.setattr("kvtier.store_puts.RUN_BYTES", 3 * CHUNK_BYTES)
+    monkeypatch.setattr("kvtier.store.puts.RUN_BYTES", 3 * CHUNK_BYTES)
     with make_store() as store:
         copies = count_copies(store, monkeypatch)
         tokens = list(range(8 * CHUNK))
@@ -126,7 +126,7 @@ def test_a_run_is_at_most_run_bytes(monkeypatch):
 @pytest.mark.parametrize("policy, runs", [("write_through", [2, 2, 2]), ("write_back", [6])])
 def test_runs_are_short_while_each_chunk_starts_a_background_write(tmp_path, monkeypatch,
                                                                    policy, runs):
-    monkeypatch.setattr("kvtier.store_puts.RUN_BYTES_WRITING", 2 * CHUNK_BYTES)
+    monkeypatch.setattr("kvtier.store.puts.RUN_BYTES_WRITING", 2 * CHUNK_BYTES)
     with make_store(tmp_path, write_policy=policy) as store:
         copies = count_copies(store, monkeypatch)
         tokens = list(range(6 * CHUNK))

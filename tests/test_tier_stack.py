@@ -1,10 +1,10 @@
 """TierStack: prefix matching, placement, demotion and pins across tiers."""
 
 from kvtier.keys import ChunkKey
-from kvtier.tier_stack import Location, Move, TierStack
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import LRUPolicy
+from kvtier.tiers.stack import Location, Move, TierStack
 
 GPU, HOST = TierName.GPU, TierName.HOST
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kvtier.io.segment_log import RECORD_BYTES
+from kvtier.segment.log import RECORD_BYTES
 from tests.vllm_engine import (
     ROOT,
     disk_extra,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.config import load_config
-from kvtier.connector.geometry import KVGeometry
-from kvtier.connector.messages import (
+from kvtier.config.settings import load_config
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import (
     NULL_BLOCK,
     ChunkLoad,
     ChunkStore,
@@ -16,8 +16,9 @@ from kvtier.connector.messages import (
     StepPlan,
     WorkerReport,
 )
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker import WorkerSide
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.side import WorkerSide
+from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.format import (
     HEADER_BYTES,
@@ -30,7 +31,6 @@ from kvtier.io.format import (
 )
 from kvtier.io.result import IOStatus
 from kvtier.tiers.base import TierName
-from kvtier.tiers.disk import DiskTier
 from tests.disk_helpers import NS, chunk, key, slot_files
 from tests.fake_io import FakeEngine
 from tests.test_cli_cache import as_json
@@ -128,9 +128,9 @@ def test_every_part_is_read_whole_and_a_torn_table_is_corrupt(tmp_path):
 
 
 def test_another_engines_chunk_is_read_in_part_too(tmp_path):
-    from kvtier.tiers.disk_parts import ChunkParts
-    from kvtier.tiers.foreign_reads import ForeignReads
-    from kvtier.tiers.shared_view import SharedView
+    from kvtier.disk.parts import ChunkParts
+    from kvtier.shared.reads import ForeignReads
+    from kvtier.shared.view import SharedView
 
     tier = parted_tier(tmp_path, writers=["a"])
     data = chunk(6, RAW)
@@ -433,7 +433,7 @@ def test_the_worker_reads_only_the_parts_a_load_fills(tmp_path):
 
 
 def test_the_worker_reads_another_engines_chunk_in_part(tmp_path):
-    from kvtier.tiers.shared_view import SharedView
+    from kvtier.shared.view import SharedView
 
     a, kv_a = parted_worker(tmp_path, instance_id="a", share_writers=2)
     a.save(StepPlan(stores=[ChunkStore(b"k" * 16, (3, 4, 5, 6), host_slot=0, disk_slot=2)]))

@@ -5,7 +5,7 @@ as a host hit."""
 
 import pytest
 
-from kvtier.connector.messages import NULL_BLOCK, StepPlan
+from kvtier.connector.common.messages import NULL_BLOCK, StepPlan
 from kvtier.remote.values import ValueFormat
 from kvtier.tiers.base import TierName
 from tests.redis_server import RedisServer, needs_redis

@@ -1,9 +1,9 @@
 """A worker's counters: bytes loaded by where they were read from, and a since-start total
 that stays the same size however many loads it has counted."""
 
-from kvtier.connector.messages import ChunkLoad, RequestLoad
-from kvtier.connector.worker_ledger import WorkerLedger
-from kvtier.tiers.foreign_reads import SlotRef
+from kvtier.connector.common.messages import ChunkLoad, RequestLoad
+from kvtier.connector.worker.ledger import WorkerLedger
+from kvtier.shared.reads import SlotRef
 
 
 def chunk(i, **where):

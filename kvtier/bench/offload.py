@@ -19,8 +19,8 @@ from kvtier.bench.disk import kv_like_bytes, measure_disk_tier
 from kvtier.bench.fio import fio_bandwidth, have_fio
 from kvtier.bench.naive import naive_round_trip
 from kvtier.io.buffers import align_up
-from kvtier.kvstore import KVStore
 from kvtier.layout import KVLayout
+from kvtier.store.kvstore import KVStore
 from kvtier.tiers.host import HostTier
 from kvtier.units import format_size
 

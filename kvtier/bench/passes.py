@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvtier.bench.naive import drop_cache
-from kvtier.config import DiskFloor
+from kvtier.config.settings import DiskFloor
+from kvtier.disk.tier import DiskTier
 from kvtier.io.engine import IOEngine
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.host import HostTier
 
 

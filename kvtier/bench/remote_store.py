@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from kvtier import KVStore
 from kvtier.layout import KVLayout
+from kvtier.store.kvstore import KVStore
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=8, head_size=128, dtype="bfloat16")  # 8 KiB a token
 

@@ -7,7 +7,7 @@ import json
 from kvtier import __version__
 from kvtier.cli import bench, cache_commands, gpu, stats, top  # noqa: F401  (registers commands)
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
-from kvtier.config import load_config
+from kvtier.config.settings import load_config
 from kvtier.errors import ConfigError
 from kvtier.units import exact_size
 

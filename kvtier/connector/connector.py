@@ -17,12 +17,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config import KVTierConfig, load_config
-from kvtier.connector.counters import WorkerCounters
-from kvtier.connector.geometry import geometry_from_vllm
-from kvtier.connector.messages import StepPlan, WorkerReport
-from kvtier.connector.scheduler import SchedulerSide
-from kvtier.connector.worker import WorkerSide
+from kvtier.config.settings import KVTierConfig, load_config
+from kvtier.connector.common.geometry import geometry_from_vllm
+from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.worker.counters import WorkerCounters
+from kvtier.connector.worker.side import WorkerSide
 from kvtier.errors import ConfigError
 from kvtier.logs import apply_log_level
 from kvtier.metrics import serve_metrics

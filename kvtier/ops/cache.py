@@ -6,7 +6,7 @@ directories of this user only, bounded reads). A namespace is a directory named 
 digits; its ``namespace.json`` is trusted only when the digest of the namespace it describes
 is the directory's name and its slot geometry is the one kvtier derives from it. Each writer
 of a namespace has a segment, ``writers/<writer id>/``, holding its slot files
-(``kvtier.io.names``); the namespace's geometry applies to every segment. A namespace of
+(``kvtier.segment.names``); the namespace's geometry applies to every segment. A namespace of
 another format version may hold its files directly in the namespace directory.
 """
 
@@ -19,12 +19,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.io.cachedir import MAX_META_BYTES
 from kvtier.io.format import HEADER_BYTES
-from kvtier.io.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, open_segment_dir
-from kvtier.io.names import META_FILE, NAMESPACE_NAME, WRITER_ID, WRITERS_DIR, slot_number
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.keys import FORMAT_VERSION, namespace_id_of
+from kvtier.segment.cachedir import MAX_META_BYTES
+from kvtier.segment.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, open_segment_dir
+from kvtier.segment.names import META_FILE, NAMESPACE_NAME, WRITER_ID, WRITERS_DIR, slot_number
 
 CacheRootError = CacheDirError  # a path the commands must not operate on, and why
 

@@ -7,9 +7,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kvtier.io.format import SlotHeader
-from kvtier.io.lease import read_lease
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
 from kvtier.ops.segments import busy_reason, file_problem, index_entries, top_lock_held
+from kvtier.segment.lease import read_lease
 
 
 @dataclass

@@ -11,9 +11,7 @@ import errno
 import time
 from dataclasses import dataclass, field
 
-from kvtier.io.names import SEATS_DIR, WRITERS_DIR
 from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import free_orphan_seats
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
@@ -25,6 +23,8 @@ from kvtier.ops.segments import (
     namespace_in_use,
     segment_problem,
 )
+from kvtier.segment.names import SEATS_DIR, WRITERS_DIR
+from kvtier.segment.seats import free_orphan_seats
 
 
 @dataclass

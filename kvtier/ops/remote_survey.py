@@ -13,9 +13,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvtier.config.redact import redacted
+from kvtier.config.remote_url import backend_of, check_url
 from kvtier.io.format import HeaderError, payload_matches
-from kvtier.remote.redact import redacted
-from kvtier.remote.urls import backend_of, check_url
 from kvtier.remote.values import decode_value_header
 
 SCAN_BATCH = 1000
@@ -61,8 +61,8 @@ def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: in
     if backend != "redis":
         raise SurveyError(f"{backend} stores cannot list their keys: inspect a Mooncake store "
                           "with its master's metrics (mooncake_master -metrics_port)")
+    from kvtier.config.redis_url import PASSWORD_ENV, USER_ENV
     from kvtier.remote.redis_client import connect
-    from kvtier.remote.redis_url import PASSWORD_ENV, USER_ENV
 
     client = None
     try:  # a cluster's client connects as it is made: its failure is the survey's too

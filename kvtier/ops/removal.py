@@ -14,7 +14,10 @@ import errno
 import os
 from dataclasses import dataclass, field
 
-from kvtier.io.names import (
+from kvtier.io.safefs import SafeDir
+from kvtier.ops.cache import NamespaceDir, Segment, error_text
+from kvtier.ops.segments import hold, is_proven
+from kvtier.segment.names import (
     INDEX_FILE,
     LEASE_FILE,
     LOCK_FILE,
@@ -27,10 +30,7 @@ from kvtier.io.names import (
     seat_number,
     slot_number,
 )
-from kvtier.io.safefs import SafeDir
-from kvtier.io.seats import linked_temps, release_seat
-from kvtier.ops.cache import NamespaceDir, Segment, error_text
-from kvtier.ops.segments import hold, is_proven
+from kvtier.segment.seats import linked_temps, release_seat
 
 _SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
 _NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout

@@ -16,15 +16,15 @@ import os
 import stat
 import time
 
-from kvtier.io.cachedir import lock_namespace
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
-from kvtier.io.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
-from kvtier.io.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
-from kvtier.io.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of, read_at
-from kvtier.io.seats import held_here as lock_held
-from kvtier.io.segment_log import SegmentLog, entries_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.segment.cachedir import lock_namespace
+from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
+from kvtier.segment.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
+from kvtier.segment.log import SegmentLog, entries_of
+from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
+from kvtier.segment.seats import held_here as lock_held
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

@@ -16,7 +16,6 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvtier.io.cachedir import INDEX_FILE
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -28,6 +27,7 @@ from kvtier.io.format import (
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
+from kvtier.segment.cachedir import INDEX_FILE
 
 
 @dataclass

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from kvtier.config.mooncake_url import parse_url
+from kvtier.config.redact import redacted
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote import mooncake_ranges
@@ -47,8 +49,6 @@ from kvtier.remote.mooncake_client import (
     unset_only,
 )
 from kvtier.remote.mooncake_memory import RegisteredMemory
-from kvtier.remote.mooncake_url import parse_url
-from kvtier.remote.redact import redacted
 from kvtier.remote.values import ValueFormat, value_key
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvtier.remote.urls import backend_of
+from kvtier.config.remote_url import backend_of
 
 if TYPE_CHECKING:
-    from kvtier.config import KVTierConfig
+    from kvtier.config.settings import KVTierConfig
     from kvtier.keys import Namespace
     from kvtier.remote.base import RemoteTier
 

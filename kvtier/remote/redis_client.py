@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvtier.remote.redis_url import PASSWORD_ENV, USER_ENV, parse_url
+from kvtier.config.redis_url import PASSWORD_ENV, USER_ENV, parse_url
 
 _NO_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.IGNORECASE)
 SECURITY = "docs/remote.md, Security"

@@ -18,14 +18,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from kvtier.config.redact import redacted
+from kvtier.config.redis_url import PASSWORD_ENV, SCHEMES, USER_ENV, check_url, parse_url
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.range_reads import RangeRead, answer_into
-from kvtier.remote.redact import redacted
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_round_trip
-from kvtier.remote.redis_url import PASSWORD_ENV, SCHEMES, USER_ENV, check_url, parse_url
 from kvtier.remote.resp import BulkReplies, payload_view
 from kvtier.remote.values import ValueFormat, value_key
 

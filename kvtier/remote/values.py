@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 
+from kvtier.disk.parts import ChunkParts
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -29,7 +30,6 @@ from kvtier.io.format import (
     payload_matches,
 )
 from kvtier.keys import ChunkKey
-from kvtier.tiers.disk_parts import ChunkParts
 
 PART_ENTRY_BYTES = (HEADER_BYTES - INDEX_ENTRY_BYTES) // MAX_PARTS
 VALUE_HEADER_BYTES = INDEX_ENTRY_BYTES  # the header of a value not in parts

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-from kvtier.config import EvictionPolicyName
+from kvtier.config.settings import EvictionPolicyName
 
 K = TypeVar("K", bound=Hashable)
 

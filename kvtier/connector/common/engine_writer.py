@@ -1,0 +1,119 @@
+"""Which writer id an engine's segments go under, as its scheduler side finds out.
+
+The workers choose: each rank opens the first writer id of ``writer_ids(instance_id)`` whose
+segment no running process of this host holds, and leases it under its own pid and its
+parent's. vLLM sets the workers up (and so their disk tiers) before the scheduler, in the
+engine core process that is either the workers' own or their parent; the scheduler side
+then takes, for each rank, the segment whose lock is held and whose lease names its process
+(a worker in it), else one whose lease names it as the parent (a worker process of it).
+
+So that every rank of an engine writes under one id even when engines of one host start at
+the same time, a rank other than 0 first looks for the id its rank 0 took
+(``leaders_writer``: a sibling worker process's segment of rank 0's namespace) and tries it
+first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.io.safefs import SafeDir
+from kvtier.keys import Namespace
+from kvtier.segment.lease import LeaseInfo, read_lease
+from kvtier.segment.names import WRITER_ID, WRITERS_DIR, host_name, writer_ids
+from kvtier.segment.seats import held_here
+
+
+def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[str | None]:
+    """The writer id of each rank's segments: ``instance_id`` when set; else the one this
+    engine's workers hold; else the first default when no process of this host holds it
+    (the workers would have taken it); else None: not known, and the scheduler side must not
+    take any segment's index for its own."""
+    if config.instance_id:
+        return [config.instance_id] * len(namespaces)
+    return [_this_engines(config.disk_paths, ns) for ns in namespaces]
+
+
+def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
+    """A segment held by a worker in this process, else by a child of it, else see
+    ``engine_writers``."""
+    held = _held_here(roots, namespace)
+    me = os.getpid()
+    for found in ([n for n, lease in held if lease.pid == me],
+                  [n for n, lease in held if lease.ppid == me]):
+        if found:
+            return found[0]
+    first = writer_ids(None)[0]
+    return None if any(name == first for name, _ in held) else first
+
+
+def unheld_writer(roots: tuple[str, ...], namespace: Namespace) -> str:
+    """The first default writer id whose segment of ``namespace`` no process of this host
+    holds: where this engine's workers stopped when they hold no segment (every seat taken),
+    and so never another engine's segment (whose chunks this engine reads)."""
+    held = {name for name, _ in _held_here(roots, namespace)}
+    ids = writer_ids(None)
+    return next((name for name in ids if name not in held), ids[0])
+
+
+LEADER_WAIT_S = 10.0  # the ranks set their disk tiers up at about the same time
+
+
+def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = LEADER_WAIT_S,
+                   parent: int | None = None) -> str | None:
+    """The writer id rank 0 of this engine holds: the one segment of ``leader`` (rank 0's
+    namespace) held on this host whose lease names ``parent`` (default: this process's
+    parent) as its writer's parent, from another process (a sibling worker). Waited for up
+    to ``timeout`` seconds; None when there is not exactly one (the caller then takes the
+    first id free, as rank 0 did)."""
+    parent = os.getppid() if parent is None else parent
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [name for name, _ in _held_here(
+            roots, leader, lambda lease: lease.ppid == parent and lease.pid != os.getpid())]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1 or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
+                    leader: Namespace | None) -> list[str]:
+    """The writer ids a worker tries, in order: ``writer_ids(instance_id)``, with rank 0's
+    (``leaders_writer``; ``leader``: rank 0's namespace) first for a rank > 0."""
+    ids = writer_ids(config.instance_id)
+    if config.instance_id or leader is None or namespace.tp_rank == 0 or not config.disk_paths:
+        return ids
+    first = leaders_writer(config.disk_paths, leader)
+    return ids if first is None else [first, *[i for i in ids if i != first]]
+
+
+def _held_here(roots: tuple[str, ...], namespace: Namespace,
+               wanted: Callable[[LeaseInfo], bool] = lambda lease: True,
+               ) -> list[tuple[str, LeaseInfo]]:
+    """The segments of ``namespace`` whose lock a process of this host holds, with their
+    leases; only those whose lease is ``wanted`` have their lock tried (a try takes the
+    lock for a moment)."""
+    found, host = [], host_name()
+    for root in roots:
+        try:
+            with SafeDir.open(root) as top, top.subdir(namespace.id) as ns_dir, \
+                    ns_dir.subdir(WRITERS_DIR) as writers:
+                for name in writers.names():
+                    if not WRITER_ID.fullmatch(name):
+                        continue
+                    try:
+                        with writers.subdir(name) as segment:
+                            lease = read_lease(segment)
+                            if lease is not None and lease.host == host and wanted(lease) \
+                                    and held_here(segment):
+                                found.append((name, lease))
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return found

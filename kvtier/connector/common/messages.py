@@ -1,0 +1,171 @@
+"""What the scheduler side tells the workers each step, and what they report back.
+
+Plain dataclasses (pickled between processes), importable without vLLM: ``connector.py``
+gives vLLM its own subclasses of ``StepPlan`` and ``WorkerReport``. Slots are decided by the
+scheduler side's bookkeeping; workers only move bytes and report outcomes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Self
+
+from kvtier.shared.reads import SlotRef
+
+# vLLM's null block: block 0 of the pool, which holds nothing. A sliding-window group's blocks
+# for tokens out of its window are the null block; a load skips them, a store never has one.
+NULL_BLOCK = 0
+
+GroupBlocks = Sequence[Sequence[int]]  # a request's block ids in each KV cache group
+
+
+def chunk_blocks(groups: GroupBlocks, start: int, stop: int) -> tuple[int, ...]:
+    """Blocks ``start`` to ``stop - 1`` of every group, group after group: the ``block_ids``
+    of a ``ChunkStore`` or ``ChunkLoad``."""
+    return tuple(b for ids in groups for b in ids[start:stop])
+
+
+@dataclass(frozen=True)
+class DiskWrite:
+    """Write host slot ``host_slot`` to disk slot ``disk_slot`` (write-back demotion, run
+    before anything reuses the host slot)."""
+
+    key: bytes
+    host_slot: int
+    disk_slot: int
+
+
+@dataclass(frozen=True)
+class ChunkStore:
+    """Copy a computed chunk's GPU pages into ``host_slot``; then, if ``disk_slot`` is set,
+    write it there in the background (write-through), and with ``remote`` write it to the
+    remote store in the background too. ``block_ids``: the chunk's blocks in each KV cache
+    group, group after group (one group but for hybrid models)."""
+
+    key: bytes
+    block_ids: tuple[int, ...]
+    host_slot: int
+    disk_slot: int | None = None
+    remote: bool = False
+
+
+@dataclass(frozen=True)
+class ChunkLoad:
+    """Fill GPU blocks ``block_ids`` (each KV cache group's, group after group, as many per
+    group; ``NULL_BLOCK`` where a group keeps none) from the chunk's pages ``first_block``
+    onwards.
+
+    The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
+    disk into ``host_slot`` and verified; when ``foreign`` is set (one reference per TP rank,
+    in rank order) they are first read from another engine's segment of the shared
+    directory the same way; with ``remote``, from the remote store (each rank its own
+    copy). ``host_slot`` is None when no host slot could be had: this chunk and the ones
+    after it are not loaded, and vLLM recomputes their blocks; or when the chunk fills no
+    block (``fills_nothing``: every group's blocks are out of its window), as a hit that
+    needs none of its bytes. A read with ``parts`` (from disk, a shared directory or the
+    remote store) reads only those KV cache groups' parts of the chunk (the groups whose
+    blocks it fills), the whole chunk without.
+    """
+
+    key: bytes
+    block_ids: tuple[int, ...]
+    first_block: int
+    host_slot: int | None
+    disk_slot: int | None = None
+    foreign: tuple[SlotRef, ...] | None = None
+    remote: bool = False
+    parts: tuple[int, ...] | None = None
+
+    @property
+    def fills_nothing(self) -> bool:
+        """Every block is the null block: a sliding window's hit on a chunk it left."""
+        return all(b == NULL_BLOCK for b in self.block_ids)
+
+    @property
+    def staged(self) -> bool:
+        """Read into ``host_slot`` (from disk, a shared directory or the remote store)
+        before it loads."""
+        return self.disk_slot is not None or self.foreign is not None or self.remote
+
+
+@dataclass(frozen=True)
+class RemoteWrite:
+    """Write the chunk in host slot ``host_slot`` to the remote store (each rank its own
+    copy); the slot stays pinned until every rank reported the write over."""
+
+    key: bytes
+    host_slot: int
+
+
+@dataclass(frozen=True)
+class RequestLoad:
+    req_id: str
+    chunks: tuple[ChunkLoad, ...]
+    demotions: tuple[DiskWrite, ...] = ()
+    asynchronous: bool = False  # vLLM waits for the worker to report it finished
+
+
+@dataclass
+class StepPlan:
+    """Scheduler -> workers, once per step."""
+
+    loads: list[RequestLoad] = field(default_factory=list)
+    demotions: list[DiskWrite] = field(default_factory=list)  # before ``stores``
+    stores: list[ChunkStore] = field(default_factory=list)
+    remote_writes: list[RemoteWrite] = field(default_factory=list)  # after ``stores``
+
+
+@dataclass
+class WorkerReport:
+    """Workers -> scheduler: outcomes since the last report, counted over ranks.
+
+    ``host_stored``/``disk_written`` count successes per chunk key; ``*_failed`` count
+    failures. ``load_failed`` maps a request to the keys whose load failed on some rank;
+    ``paths_down``/``paths_up`` count, by disk path index, the ranks that took the path out
+    of service / brought it back since the last report. ``reads_stalled`` counts the ranks
+    whose read of a chunk was given up (``load_timeout``) while it may still be filling the
+    chunk's staging slot; ``reads_over`` those whose read has ended since: only then may the
+    slot be reused. ``remote_written``/``remote_failed`` count the ranks' remote writes.
+    """
+
+    host_stored: Counter = field(default_factory=Counter)
+    host_failed: Counter = field(default_factory=Counter)
+    disk_written: Counter = field(default_factory=Counter)
+    disk_failed: Counter = field(default_factory=Counter)
+    load_failed: dict = field(default_factory=dict)
+    paths_down: Counter = field(default_factory=Counter)
+    load_samples: list = field(default_factory=list)  # (disk bytes, host bytes, seconds)
+    loads_done: Counter = field(default_factory=Counter)  # request id -> ranks done
+    paths_up: Counter = field(default_factory=Counter)
+    reads_stalled: Counter = field(default_factory=Counter)
+    reads_over: Counter = field(default_factory=Counter)
+    remote_written: Counter = field(default_factory=Counter)
+    remote_failed: Counter = field(default_factory=Counter)
+
+    @classmethod
+    def of(cls, report: WorkerReport) -> Self:
+        """The same outcomes as a ``cls`` (for vLLM's subclass)."""
+        return cls(**{f.name: getattr(report, f.name) for f in fields(WorkerReport)})
+
+    def merged(self, other: WorkerReport) -> Self:
+        """Both reports' outcomes, added up (two ranks, or two steps)."""
+        return type(self)(
+            self.host_stored + other.host_stored, self.host_failed + other.host_failed,
+            self.disk_written + other.disk_written, self.disk_failed + other.disk_failed,
+            {req: self.load_failed.get(req, set()) | other.load_failed.get(req, set())
+             for req in self.load_failed.keys() | other.load_failed.keys()},
+            self.paths_down + other.paths_down,
+            self.load_samples + other.load_samples, self.loads_done + other.loads_done,
+            self.paths_up + other.paths_up, self.reads_stalled + other.reads_stalled,
+            self.reads_over + other.reads_over,
+            self.remote_written + other.remote_written, self.remote_failed + other.remote_failed,
+        )
+
+    def is_empty(self) -> bool:
+        return not (self.host_stored or self.host_failed or self.disk_written
+                    or self.disk_failed or self.load_failed or self.paths_down
+                    or self.load_samples or self.loads_done or self.paths_up
+                    or self.reads_stalled or self.reads_over or self.remote_written
+                    or self.remote_failed)

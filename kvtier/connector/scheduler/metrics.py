@@ -1,0 +1,71 @@
+"""The scheduler side's metrics (served on ``metrics_port``): a snapshot of its counters,
+its tiers' indexes and the ``auto`` load policy's, taken on each scrape."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.tiers.stack import TierStack
+
+if TYPE_CHECKING:
+    from kvtier.connector.scheduler.remote_presence import RemotePresence
+    from kvtier.connector.scheduler.shares import EngineShares
+    from kvtier.metrics import Sample
+
+_PLAIN = [  # (metric, help, counter)
+    ("chunks_stored_total", "Chunks stored in host memory", "stored_chunks"),
+    ("chunks_written_total", "Chunks written to disk", "disk_written_chunks"),
+    ("store_failures_total", "Chunks that failed to store", "store_failed_chunks"),
+    ("disk_write_failures_total", "Chunks that failed to reach disk", "disk_failed_chunks"),
+    ("load_failures_total", "Chunks that failed to load (recomputed)", "load_failed_chunks"),
+    ("load_cut_chunks_total", "Hits recomputed for want of a free host slot to stage them in "
+     "(host_capacity too small for the loads running at once)", "load_cut_chunks"),
+    ("room_waits_total", "Times a request was asked to come back next step while host slots "
+     "to stage its hits in were in use", "room_waits"),
+    ("remote_written_total", "Chunks written to the remote store (every rank's copy)",
+     "remote_written_chunks"),
+    ("remote_write_failures_total", "Chunks that failed to reach the remote store",
+     "remote_failed_chunks"),
+    ("remote_dropped_writes_total", "Remote writes dropped under back-pressure",
+     "remote_dropped_chunks"),
+    ("load_in_part_chunks_total", "Chunks read from disk in part: only the KV cache groups "
+     "keeping blocks of them (a sliding window's hit)", "load_chunks_in_part"),
+    ("load_out_of_window_chunks_total", "Chunks of hits that no KV cache group keeps a block "
+     "of (out of every window): nothing read", "load_chunks_out_of_window"),
+]
+
+
+def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
+                   presence: RemotePresence | None = None,
+                   shares: EngineShares | None = None) -> list[Sample]:
+    """Samples of the tiers in ``stack``, of ``counters`` (``SchedulerSide.counters``), of
+    ``decider``, of the remote store's lookups (``presence``, when there is one) and of the
+    other engines' segments of a shared directory (``shares``, when followed)."""
+    from kvtier.metrics import Sample
+
+    loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
+    evictions = Sample("evictions_total", "counter", "Chunks evicted, by tier")
+    slots = Sample("slots", "gauge", "Chunk slots, by tier")
+    used = Sample("used_slots", "gauge", "Chunk slots holding a chunk, by tier")
+    for tier, index in stack.indexes.items():
+        loaded.add(counters[f"load_chunks_{tier}"], tier=str(tier))
+        evictions.add(index.evictions, tier=str(tier))
+        slots.add(index.num_slots, tier=str(tier))
+        used.add(len(index), tier=str(tier))
+    extra: list[Sample] = []
+    if shares is not None:
+        loaded.add(counters["load_chunks_shared"], tier="shared")
+        extra += shares.metric_samples()
+    if presence is not None:
+        loaded.add(counters["load_chunks_remote"], tier="remote")
+        extra += [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "
+                         "for in the remote store").add(presence.lookups),
+                  Sample("remote_up", "gauge", "1 while the remote store is in service").add(
+                      int(not presence.down))]
+    return [loaded, evictions, slots, used, *extra,
+            *(Sample(name, "counter", text).add(counters[key]) for name, text, key in _PLAIN),
+            Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
+                   "faster (load_policy auto)").add(decider.skipped),
+            Sample("drops_total", "counter", "Chunks evicted from the last tier").add(stack.drops)]

@@ -1,0 +1,147 @@
+"""What the workers said: a ``WorkerReport`` applied to the scheduler side's bookkeeping.
+
+Ranks report in different steps (a background disk write ends when it ends), so each
+outcome is counted over ranks (``rank_counts``) and applied once every rank has spoken:
+a chunk becomes visible only when every rank stored it, a load ends only when every rank
+is done with it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from kvtier.connector.common.messages import WorkerReport
+from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.connector.scheduler.load_planner import LoadPlanner
+from kvtier.connector.scheduler.rank_counts import RankCount, RankOutcomes
+from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads
+from kvtier.connector.scheduler.remote_writes import RemoteWrites
+from kvtier.keys import ChunkKey
+from kvtier.segment.index_file import SlotLayout
+from kvtier.tiers.base import TierName
+from kvtier.tiers.stack import TierStack
+
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+class Outcomes:
+    """Applies the workers' reports, in this order: load bandwidth samples (to the
+    decider); loads (failed keys, reads given up on, loads every rank is done with, which
+    ``LoadPlanner.finish`` ends); host stores (with a remote write, its host slot pinned
+    until it is over: ``RemoteWrites``); disk writes; remote writes; given-up reads that
+    ended; disk paths out of service and back.
+
+    Contract: a pending host store ends (``TierStack.finish``) once every rank reported
+    it, visible only when none failed; a stored chunk's write-through copy keeps its host
+    slot pinned until the disk write ends. When some rank failed the host store, its host
+    reservation (and its write-through disk reservation) ends only once every rank's disk
+    and remote outcomes are in (``AbortedStores``): other ranks may still read the slot, and
+    the chunk never becomes visible; so do write-back demotions still writing from the slot
+    (a worker gives up waiting for them after ``load_timeout``, and fails the stores into
+    their slots). A pending disk write ends the same way. A disk path's
+    slots are retired when a first rank takes it out of service and come back (empty) when
+    every rank that did has it back. Outcomes of keys not pending are ignored.
+    """
+
+    def __init__(self, world_size: int, stack: TierStack, counters: Counter,
+                 loads: LoadPlanner, decider: LoadDecider, pending: PendingStores,
+                 stalled: StalledReads, disk_layout: SlotLayout | None,
+                 remote_writes: RemoteWrites | None = None) -> None:
+        self.world_size, self.stack, self.counters = world_size, stack, counters
+        self._loads, self._decider, self._layout = loads, decider, disk_layout
+        self._pending, self._stalled = pending, stalled
+        self._remote_writes = remote_writes
+        self._loads_done = RankCount()  # req id -> ranks whose load is over
+        self._ranks_down = RankCount()  # disk path index -> ranks without it
+        self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
+        self._disk_outcomes = RankOutcomes(world_size)
+        self._aborted = AbortedStores(stack)
+        self._after_demotion: dict[ChunkKey, ChunkKey] = {}  # victim -> store failed on it
+
+    def apply(self, report: WorkerReport) -> None:
+        for disk_bytes, host_bytes, seconds in report.load_samples:
+            self._decider.observe_load(disk_bytes, host_bytes, seconds)
+        self._loads_over(report)
+        self._host_stores(report)
+        self._disk_writes(report)
+        if self._remote_writes is not None:
+            self._remote_writes.apply(report)
+        for key, ranks in report.reads_over.items():
+            plan = self._stalled.over(key, ranks)
+            if plan is not None:
+                self.stack.finish(plan.key, plan.dst, False)
+        if self._layout is not None:
+            self._paths_changed(report, self._layout)
+
+    def _loads_over(self, report: WorkerReport) -> None:
+        for req_id, keys in report.load_failed.items():
+            self._loads.note_failed(req_id, keys)
+        for key, ranks in report.reads_stalled.items():
+            self._stalled.stalled(key, ranks)
+        for req_id, ranks in report.loads_done.items():
+            if self._loads_done.reached(req_id, ranks, self.world_size):
+                self._loads.finish(req_id)
+
+    def _host_stores(self, report: WorkerReport) -> None:
+        for key in set(report.host_stored) | set(report.host_failed):
+            if key not in self._pending.host:
+                continue
+            ok = self._host_outcomes.add(key, report.host_stored[key], report.host_failed[key])
+            if ok is None:
+                continue
+            dst, disk = self._pending.host.pop(key)
+            remote = self._remote_writes
+            self.counters["stored_chunks" if ok else "store_failed_chunks"] += 1
+            writing = disk is not None and key in self._pending.disk
+            if ok:
+                self.stack.finish(key, dst, True)
+                if remote is not None:
+                    remote.stored(key, dst)
+                if writing:
+                    self.stack.indexes[HOST].pin(key)  # until its disk write is over
+                continue
+            # Some rank failed its copy; ranks whose copy succeeded may still be sending from
+            # the host slot (to disk, to the store): it is ended once every rank's outcomes
+            # are in, and the disk slot too (never two writes racing into one).
+            readers = int(writing)
+            if remote is not None and remote.hold_failed(key, dst, self._aborted.release):
+                readers += 1
+            victim = self._pending.demoting.get(dst.slot)
+            if victim is not None and victim in self._pending.disk:  # a write-back past
+                self._after_demotion[victim] = key  # load_timeout still reads the slot
+                readers += 1
+            if readers:
+                self._aborted.hold(key, dst, readers)
+            else:
+                self.stack.finish(key, dst, False)
+
+    def _disk_writes(self, report: WorkerReport) -> None:
+        for key in set(report.disk_written) | set(report.disk_failed):
+            if key not in self._pending.disk:
+                continue
+            ok = self._disk_outcomes.add(key, report.disk_written[key], report.disk_failed[key])
+            if ok is None:
+                continue
+            dst, host = self._pending.disk.pop(key)
+            self._pending.demoted(key)
+            if key in self._after_demotion:  # the store into its host slot failed meanwhile
+                self._aborted.release(self._after_demotion.pop(key))
+            aborted = key in self._aborted
+            ok = ok and not aborted
+            self.stack.finish(key, dst, ok)
+            self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
+            if aborted:
+                self._aborted.release(key)
+            elif host is not None:
+                self.stack.unpin(key, host)
+
+    def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
+        """A disk path's slots leave the index when a rank takes it out of service, and
+        come back (empty) when every rank that did has it back."""
+        index = self.stack.indexes[DISK]
+        for path, ranks in report.paths_down.items():
+            if self._ranks_down.up(path, ranks):
+                index.retire(range(path, layout.num_slots, layout.num_paths))
+        for path, ranks in report.paths_up.items():
+            if self._ranks_down.down(path, ranks):
+                index.unretire(range(path, layout.num_slots, layout.num_paths))

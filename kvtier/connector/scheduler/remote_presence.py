@@ -1,0 +1,192 @@
+"""Which chunks of a request the remote store holds, as the scheduler side asks it: one
+round trip per request and rank (every rank's copy must be there), on threads of its own;
+a scheduler step waits on the store at most ``INLINE_WAIT_S`` in all."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.connector.scheduler.remote_distrust import DistrustedKeys
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote.base import RemoteTier
+from kvtier.remote.opening import open_remote
+
+log = logging.getLogger("kvtier")
+# how long one scheduler step may wait, in all, for the answers to the questions it sends: a
+# round trip on a LAN is well inside it, and a request asked to come back waits a whole step
+INLINE_WAIT_S = 0.002
+# questions sent and not over, at most: past that a new question waits to be sent
+MAX_QUESTIONS = 128
+
+
+@dataclass
+class _Question:
+    """What was asked of the store about one request, and what its loads taught."""
+
+    keys: tuple[ChunkKey, ...]
+    since: float  # when the request first asked about these keys
+    answer: Future[list[bool]] | None = None  # None: not sent yet (too many out)
+    refused: set[ChunkKey] = field(default_factory=set)  # failed to load for this request
+
+
+class RemotePresence:
+    """Contract: ``held(req_id, keys)`` returns, for each of ``keys`` (a request's chunk
+    keys), whether every rank's copy is in the store, once known; None while the question
+    runs (the caller asks again next step). The first call about a request sends the
+    question, to run in the background; the answer is kept until ``forget(req_id)`` (which
+    cancels a question not yet run), and asked again when the keys grow or change (a
+    request's tail key gives way to its full chunk's). While the store is out of service
+    the answer is "none" at once. A question not answered within ``wait_s`` of the
+    request's first call counts as "none".
+
+    A scheduler step waits on the store at most ``INLINE_WAIT_S`` in all: a call that sends
+    a question waits for its answer out of what the step has left, which ``next_step()``
+    (once per scheduler step) renews. At most ``max_questions`` are out (sent, not answered)
+    at once; past that a request's question waits (None: ask again) to be sent.
+
+    ``failed(req_id, keys)``: a load of ``keys`` from the store failed (a value evicted
+    since the lookup, or damaged): they are not held for that request from then on, nor
+    for any request while distrusted (``DistrustedKeys``: the store still says it holds a
+    damaged value). ``close()`` stops the threads and the tiers."""
+
+    def __init__(self, tiers: Sequence[RemoteTier], wait_s: float,
+                 max_questions: int = MAX_QUESTIONS,
+                 distrusted: DistrustedKeys | None = None) -> None:
+        self.tiers, self._wait_s, self._max_questions = list(tiers), wait_s, max_questions
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="kvtier-remote-lookup")
+        self._asked: dict[str, _Question] = {}  # req id -> its question
+        self._distrusted = DistrustedKeys() if distrusted is None else distrusted
+        self._out = 0  # questions sent and not over (answered, or cancelled unsent)
+        self._out_lock = threading.Lock()
+        self._wait_left = INLINE_WAIT_S  # what this step may still wait inline
+        self._closed = False
+        self.lookups = 0  # questions sent
+
+    @property
+    def down(self) -> bool:
+        return any(tier.down for tier in self.tiers)
+
+    @property
+    def questions_out(self) -> int:
+        """Questions sent and not answered yet."""
+        return self._out
+
+    def held(self, req_id: str, keys: Sequence[ChunkKey]) -> list[bool] | None:
+        question = self._question(req_id, keys)
+        if question is None:
+            return [False] * len(keys)
+        found = self._answer(question)
+        if found is None:
+            return None
+        found = (found + [False] * len(keys))[:len(keys)]
+        return [there and key not in question.refused and key not in self._distrusted
+                for key, there in zip(keys, found, strict=True)]
+
+    def _question(self, req_id: str, keys: Sequence[ChunkKey]) -> _Question | None:
+        """The request's question about ``keys``, sent when there is room; None (the
+        answer is "none") while the store is out of service."""
+        question = self._asked.get(req_id)
+        if question is None or question.keys[:len(keys)] != tuple(keys):  # more keys, or others
+            if self.down or self._closed:
+                return None
+            refused: set[ChunkKey] = set()
+            if question is not None:
+                refused = question.refused
+                self._cancel(question)
+            question = _Question(tuple(keys), time.monotonic(), refused=refused)
+            self._asked[req_id] = question
+        if question.answer is None:
+            if self.down or self._closed:
+                return None
+            self._send(question)
+        return question
+
+    def _send(self, question: _Question) -> None:
+        """Send ``question`` unless ``max_questions`` are out; wait for its answer out of
+        what the step has left to wait."""
+        with self._out_lock:
+            if self._out >= self._max_questions:
+                return
+            self._out += 1
+        self.lookups += 1
+        answer = self._pool.submit(self._ask, list(question.keys))
+        answer.add_done_callback(self._over)
+        question.answer = answer
+        if self._wait_left > 0:
+            start = time.monotonic()
+            wait_futures([answer], timeout=self._wait_left)
+            self._wait_left -= time.monotonic() - start
+
+    def _answer(self, question: _Question) -> list[bool] | None:
+        """The store's answer (one per key asked), "none" once ``wait_s`` passed since the
+        question was first made, None until then."""
+        answer = question.answer
+        if answer is None or not answer.done():
+            if time.monotonic() - question.since < self._wait_s:
+                return None
+            if answer is None:  # never sent: it is never sent now
+                question.answer = answer = Future()
+                answer.set_result([False] * len(question.keys))
+            answer.cancel()  # when still queued
+            return [False] * len(question.keys)
+        if answer.cancelled():
+            return [False] * len(question.keys)
+        try:
+            return answer.result()
+        except Exception as exc:  # a bug, not a store fault (those are results): a miss
+            log.warning("kvtier: remote lookup failed: %r", exc)
+            return [False] * len(question.keys)
+
+    def _ask(self, keys: list[ChunkKey]) -> list[bool]:
+        found = [True] * len(keys)
+        for tier in self.tiers:  # every rank's copy
+            found = [a and b for a, b in zip(found, tier.exists(keys), strict=True)]
+        return found
+
+    def _over(self, answer: Future[list[bool]]) -> None:
+        with self._out_lock:
+            self._out -= 1
+
+    @staticmethod
+    def _cancel(question: _Question) -> None:
+        if question.answer is not None:
+            question.answer.cancel()  # a question still queued is never sent
+
+    def next_step(self) -> None:
+        """A new scheduler step: its inline waits start from ``INLINE_WAIT_S`` again."""
+        self._wait_left = INLINE_WAIT_S
+
+    def failed(self, req_id: str, keys: Iterable[ChunkKey]) -> None:
+        """Loading ``keys`` of ``req_id`` from the store failed."""
+        failed = set(keys)
+        question = self._asked.get(req_id)
+        if question is not None:
+            question.refused |= failed
+        self._distrusted.add(failed)
+
+    def forget(self, req_id: str) -> None:
+        question = self._asked.pop(req_id, None)
+        if question is not None:
+            self._cancel(question)
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for tier in self.tiers:
+            tier.close()
+
+
+def open_presence(config: KVTierConfig, namespaces: Sequence[Namespace],
+                  raw_bytes: int) -> RemotePresence | None:
+    """The scheduler side's questions to the remote store (None without ``remote_url``)."""
+    tiers = [open_remote(config, ns, raw_bytes) for ns in namespaces]
+    if not tiers or tiers[0] is None:
+        return None
+    return RemotePresence([t for t in tiers if t is not None], 2 * config.remote_timeout)

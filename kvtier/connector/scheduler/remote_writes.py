@@ -1,0 +1,132 @@
+"""The scheduler side's remote writes: which host chunks go to the remote store, when, and
+the host slots they hold until every rank's copy is written."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvtier.connector.common.messages import RemoteWrite, WorkerReport
+from kvtier.connector.scheduler.rank_counts import RankOutcomes
+from kvtier.keys import ChunkKey
+from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
+from kvtier.tiers.base import TierName
+from kvtier.tiers.stack import Location, TierStack
+
+HOST = TierName.HOST
+
+
+@dataclass(frozen=True)
+class _Aborted:
+    host: Location
+    release: Callable[[ChunkKey], None]  # called once no rank sends from ``host`` any more
+
+
+class RemoteWrites:
+    """Contract: ``with_store(key)`` says whether a chunk being planned for store goes to
+    the store as well (``remote_min_hits`` 0: the workers write it right after their host
+    copy, like write-through), recording it pending; ``stored(key, host)`` (every rank
+    stored it) pins its host slot until the write is over; ``hold_failed(key, host, release)``
+    (some rank failed its host store) calls ``release(key)`` once every rank's remote outcome
+    is in, since ranks whose copy succeeded still send from the slot until then. ``loaded(key)`` (a chunk
+    loaded from this engine's host memory or disk) counts a hit and, at the
+    ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
+    ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
+    plan. ``in_store(key)`` notes a chunk the store is known to hold
+    (loaded from it: not written again while remembered), ``lost(key)`` one whose read from
+    it failed (written again at its next store). A pin ends once ``apply`` saw
+    every rank's outcome. Past ``max_pending`` writes in flight, new ones are dropped and
+    counted (``remote_dropped_chunks``); none is planned while ``down()`` says the store is
+    out of service."""
+
+    def __init__(self, stack: TierStack, counters: Counter, world_size: int, min_hits: int,
+                 max_pending: int, down) -> None:
+        self._stack, self._counters, self._min_hits = stack, counters, min_hits
+        self._max_pending, self._down = max_pending, down
+        capacity = max(KNOWN_MIN, 2 * sum(index.num_slots for index in stack.indexes.values()))
+        self._known = KnownKeys(capacity)
+        self._hits = HitCounts(capacity)
+        self._outcomes = RankOutcomes(world_size)
+        # key -> its host slot: pinned, None (its host store not over yet), or an aborted
+        # host reservation the remote writes still read from (ended once they are over)
+        self._pending: dict[bytes, Location | _Aborted | None] = {}
+        self._new: list[RemoteWrite] = []
+
+    def with_store(self, key: ChunkKey) -> bool:
+        if self._min_hits or key in self._known or not self._room():
+            return False
+        self._known.add(key)
+        self._pending[key] = None
+        return True
+
+    def stored(self, key: ChunkKey, host: Location) -> None:
+        if key in self._pending and self._pending[key] is None:
+            self._stack.indexes[HOST].pin(key)
+            self._pending[key] = host
+
+    def hold_failed(self, key: ChunkKey, host: Location,
+                    release: Callable[[ChunkKey], None]) -> bool:
+        """A store some rank failed, whose remote write other ranks may still be sending
+        from ``host``: True when its remote write is pending, and ``release(key)`` is called
+        once every rank's remote outcome is in (the caller ends the host reservation then)."""
+        if key not in self._pending or self._pending[key] is not None:
+            return False
+        self._pending[key] = _Aborted(host, release)
+        return True
+
+    def loaded(self, key: ChunkKey) -> None:
+        if key in self._known or key in self._pending:
+            return
+        if self._hits.hit(key) < self._min_hits:
+            return
+        self._hits.forget(key)
+        location = self._stack.locate(key)
+        if location is not None and location.tier is HOST:
+            self._queue(key, location)
+
+    def in_store(self, key: ChunkKey) -> None:
+        self._known.add(key)
+
+    def lost(self, key: ChunkKey) -> None:
+        """A read of ``key`` from the store failed (evicted, or damaged): not known to be
+        there any more, so its next store writes it again (over a damaged value)."""
+        self._known.discard(key)
+
+    def _room(self) -> bool:
+        """Whether a write may be planned now: the store in service, and room in flight."""
+        if self._down():
+            return False
+        if len(self._pending) >= self._max_pending:
+            self._counters["remote_dropped_chunks"] += 1
+            return False
+        return True
+
+    def _queue(self, key: ChunkKey, host: Location) -> None:
+        if key in self._pending or not self._room():
+            return
+        self._known.add(key)
+        self._stack.indexes[HOST].pin(key)
+        self._pending[key] = host
+        self._new.append(RemoteWrite(key, host.slot))
+
+    def take_new(self) -> list[RemoteWrite]:
+        new, self._new = self._new, []
+        return new
+
+    def apply(self, report: WorkerReport) -> None:
+        for key in set(report.remote_written) | set(report.remote_failed):
+            if key not in self._pending:
+                continue
+            ok = self._outcomes.add(key, report.remote_written[key], report.remote_failed[key])
+            if ok is None:
+                continue
+            host = self._pending.pop(key)
+            if isinstance(host, _Aborted):  # its host store failed: no rank sends it any more
+                host.release(ChunkKey(key))
+                ok = False
+            elif host is not None:  # else its host store is not over: nothing pinned
+                self._stack.unpin(ChunkKey(key), host)
+            self._counters["remote_written_chunks" if ok else "remote_failed_chunks"] += 1
+            if not ok:
+                self._known.discard(ChunkKey(key))

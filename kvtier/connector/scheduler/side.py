@@ -1,0 +1,288 @@
+"""The connector's scheduler side: all of kvtier's bookkeeping for a vLLM engine.
+
+It lives in the engine-core process, next to vLLM's scheduler, and never touches bytes: it
+decides which chunks to load and store, in which host and disk slots, and tells the workers
+through ``StepPlan``; the workers report outcomes back through ``WorkerReport``.
+Every reservation is two-phase: a chunk becomes visible only after all ranks reported it
+stored; chunks being loaded stay pinned until the load is over.
+
+``SchedulerSide`` is the face vLLM's calls reach; the work is done by ``LoadPlanner``
+(loads), ``StorePlanner`` (stores) and ``Outcomes`` (the workers' reports), over the
+records of ``records``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from kvtier.config.settings import KVTierConfig, LoadPolicy
+from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
+from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.connector.scheduler.load_planner import LoadPlanner
+from kvtier.connector.scheduler.metrics import metric_samples
+from kvtier.connector.scheduler.outcomes import Outcomes
+from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
+from kvtier.connector.scheduler.remote_presence import open_presence
+from kvtier.connector.scheduler.remote_writes import RemoteWrites
+from kvtier.connector.scheduler.shares import open_shares
+from kvtier.connector.scheduler.store_planner import StorePlanner
+from kvtier.connector.scheduler.tails import Tail, prompt_length, prompt_tail
+from kvtier.io.buffers import align_up
+from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
+from kvtier.segment.index_file import SlotLayout, read_disk_index
+from kvtier.tiers.base import TierName
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import make_policy
+from kvtier.tiers.stack import TierStack
+
+log = logging.getLogger("kvtier")
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+class SchedulerSide:
+    """Bookkeeping for one engine (all TP ranks share one index; each rank keeps its own
+    shard of every chunk in the same slots, under its own namespace).
+
+    Public state: ``stack`` (the tiers' indexes), ``decider`` (``load_policy``),
+    ``counters`` (chunks loaded by tier, stored, written, failed), ``recovered`` (chunks
+    found on disk at start), ``disk_layout`` (None without disk paths).
+    """
+
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry,
+                 namespaces: list[Namespace], world_size: int) -> None:
+        self.config, self.geometry, self.world_size = config, geometry, world_size
+        self.disk_layout = _disk_layout(config, geometry)
+        self.writers = engine_writers(config, namespaces)  # each rank's segment
+        self.stack = _tier_stack(config, geometry, self.disk_layout)
+        self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
+        self.counters: Counter = Counter()
+        self._namespace = namespaces[0]
+        self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
+        pending, stalled = PendingStores(), StalledReads()
+        known = None not in self.writers
+        if self.disk_layout and not known:
+            log.warning("kvtier: the writer id of this engine's workers is not known (set "
+                        "instance_id): chunks on disk from before this start are not used")
+        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout and known else 0
+        unstored = geometry.unstored_replies()
+        if unstored is not None:
+            log.warning("kvtier: %s: a chunk completed while decoding has lost pages out of "
+                        "that window and is not stored (prompts still are); to store replies "
+                        "too, set chunk_tokens to a multiple of the block size (%d) that is "
+                        "no longer than the window (that divides a local attention chunk)",
+                        unstored, geometry.block_tokens)
+        own = [w or unheld_writer(config.disk_paths, ns)
+               for w, ns in zip(self.writers, namespaces, strict=True)]
+        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, own)
+        self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
+        presence = self.presence
+        self.remote_writes = None if presence is None else RemoteWrites(
+            self.stack, self.counters, world_size, config.remote_min_hits,
+            max(1, self.stack.indexes[HOST].num_slots // 2), lambda: presence.down)
+        self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
+                                  pending, stalled, self.shares, self.presence,
+                                  self.remote_writes)
+        self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes)
+        self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
+                                  self.decider, pending, stalled, self.disk_layout,
+                                  self.remote_writes)
+
+    def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
+        """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
+        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, str(writer))
+                    for ns, writer in zip(namespaces, self.writers, strict=True)]
+        common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
+                  if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
+        index = self.stack.indexes[DISK]
+        for key, slot, _ in sorted(common, key=lambda item: item[2].generation):
+            index.adopt(key, slot)
+        log.info("kvtier: %d chunks found on disk", len(index))
+        return len(index)
+
+    # -- keys ---------------------------------------------------------------------------
+
+    def chunk_keys(self, request: Any, count: int, first: int = 0) -> list[ChunkKey]:
+        """Keys of the request's chunks ``first`` to ``count - 1`` (fewer if its tokens run
+        out)."""
+        per = self.geometry.hashes_per_chunk
+        hashes = request.block_hashes
+        count = min(len(hashes) // per, count)
+        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
+                for c in range(first, count)]
+
+    def tail(self, request: Any) -> Tail | None:
+        """The request's prompt tail (its partial last chunk), worked out once per prompt
+        (a streaming session's prompt grows: its new tail is offered again)."""
+        tracked = self.track(request)
+        length = prompt_length(request)
+        if tracked.tail_for != length:
+            tracked.tail = prompt_tail(request, self.geometry, self._namespace)
+            tracked.tail_for, tracked.tail_done = length, False
+        return tracked.tail
+
+    def _keys(self, request: Any, end: int) -> tuple[list[ChunkKey], int]:
+        """Keys of the chunks covering the request's tokens up to ``end``: its full chunks,
+        then its prompt's tail where they stop at it; and how far they reach (``end``, or
+        the tail's end when that comes first: the tail holds nothing past the prompt)."""
+        keys = self.chunk_keys(request, -(-end // self.geometry.chunk_tokens))
+        tail = self.tail(request)
+        if tail is not None and len(keys) == tail.index and end > tail.start:
+            keys.append(tail.key)
+            end = min(end, tail.end)
+        return keys, end
+
+    def track(self, request: Any) -> Tracked:
+        tracked = self._tracked.setdefault(request.request_id, Tracked(request))
+        tracked.request = request
+        return tracked
+
+    def request(self, req_id: str) -> Any | None:
+        tracked = self._tracked.get(req_id)
+        return tracked.request if tracked is not None else None
+
+    def load_tiers(self, req_id: str, tokens: int) -> dict[TierName, int]:
+        """Tokens of a planned load by the tier they come from."""
+        load = self._loads.in_flight(req_id)
+        if load is None or not load.tiers:
+            return {}
+        remote = min(tokens, load.tiers.get(TierName.REMOTE, 0))
+        read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
+        disk = min(tokens - remote, read)
+        tiers = {DISK: disk, HOST: tokens - disk - remote}
+        if remote:
+            tiers[TierName.REMOTE] = remote
+        return tiers
+
+    # -- loads --------------------------------------------------------------------------
+
+    def num_new_matched_tokens(self, request: Any, num_computed: int) -> tuple[int | None, bool]:
+        """Tokens loadable beyond ``num_computed``: all but the last token of the request
+        (vLLM computes at least one), its prompt's tail included; whole blocks for models
+        without tails (``tails.prompt_tail``).
+
+        None (ask again next step) while one of them is being read from disk for another
+        request (it will then be in host memory), or while host slots to stage them in are
+        held by loads and stores in flight (see ``LoadPlanner.match``)."""
+        tracked = self.track(request)
+        if self._loads.in_flight(request.request_id) is not None:
+            return 0, False
+        limit = request.num_tokens - 1
+        if self.geometry.loads_whole or prompt_length(request) is None:
+            limit = limit // self.geometry.block_tokens * self.geometry.block_tokens
+        keys, limit = self._keys(request, limit)
+        return self._loads.match(tracked, keys, limit, num_computed)
+
+    def plan_load(self, request: Any, block_ids: GroupBlocks, num_computed: int,
+                  num_external: int) -> None:
+        """Pin the chunks covering ``[num_computed, num_computed + num_external)`` and queue
+        their load into the request's GPU blocks (``block_ids``: per KV cache group)."""
+        keys, _ = self._keys(request, num_computed + num_external)
+        self._loads.plan(request.request_id, self.track(request), keys, block_ids, num_computed,
+                         num_external)
+
+    def finish_load(self, req_id: str) -> None:
+        """The workers finished loading ``req_id``: keep what arrived, drop what failed."""
+        self._loads.finish(req_id)
+
+    # -- stores -------------------------------------------------------------------------
+
+    def completes_chunks(self, req_id: str, num_computed_after: int) -> bool:
+        """Whether the request has chunks computed and not yet offered for store."""
+        tracked = self._tracked.get(req_id)
+        if tracked is not None and tracked.store_done:
+            return False
+        stored = tracked.stored_upto if tracked is not None else 0
+        if num_computed_after // self.geometry.chunk_tokens > stored:
+            return True
+        return tracked is not None and self._tail_due(tracked, num_computed_after)
+
+    def _tail_due(self, tracked: Tracked, num_computed_after: int) -> bool:
+        """Whether the request's prompt tail is computed and not offered yet (every full
+        chunk before it offered)."""
+        tail = self.tail(tracked.request)  # first: a prompt that grew has a new tail to offer
+        if tracked.tail_done:
+            return False
+        if tail is None:
+            tracked.tail_done = True
+            return False
+        return num_computed_after >= tail.end and tracked.stored_upto >= tail.index
+
+    def plan_stores(self, request: Any, block_ids: GroupBlocks, num_computed_after: int,
+                    meta: StepPlan) -> None:
+        """Offer, in order, every chunk of ``request`` that is fully computed after this step
+        (``block_ids``: the request's blocks per KV cache group), then its prompt's tail once
+        the prompt is computed.
+
+        A chunk that finds no free host slot (all held by stores and loads in flight) stops
+        the offer there; the request's next step offers it again, while its blocks are
+        still the request's own."""
+        tracked = self.track(request)
+        count = num_computed_after // self.geometry.chunk_tokens
+        keys = self.chunk_keys(request, count, tracked.stored_upto)  # a decode step: none
+        self._stores.plan(tracked, keys, block_ids, meta)
+        if self._tail_due(tracked, num_computed_after):
+            tail = self.tail(request)
+            assert tail is not None
+            self._stores.plan_tail(tracked, tail, block_ids, meta)
+
+    # -- outcomes -----------------------------------------------------------------------
+
+    def worker_report(self, report: WorkerReport) -> None:
+        """Apply the workers' outcomes: a chunk counts as stored when every rank stored it."""
+        self._outcomes.apply(report)
+
+    def close(self) -> None:
+        """Stop following other engines' segments and asking the remote store."""
+        if self.shares is not None:
+            self.shares.close()
+        if self.presence is not None:
+            self.presence.close()
+
+    def metric_samples(self) -> list:
+        """The scheduler side's metrics (served on ``metrics_port``)."""
+        return metric_samples(self.stack, self.counters, self.decider, self.presence,
+                              self.shares)
+
+    def build_meta(self, meta: StepPlan | None = None) -> StepPlan:
+        """This step's plan, in ``meta`` when given (vLLM's subclass); stores are added to it
+        by ``plan_stores``. Called once per scheduler step, after its lookups."""
+        meta = StepPlan() if meta is None else meta
+        if self.presence is not None:  # this step's lookups are over: the next one's start
+            self.presence.next_step()
+        meta.loads = self._loads.take_new()
+        if self.remote_writes is not None:
+            meta.remote_writes = self.remote_writes.take_new()
+        return meta
+
+    def request_finished(self, req_id: str) -> bool:
+        """True while an asynchronous load into the request's blocks is still running (a
+        load from host memory is over before the request's first forward)."""
+        self._tracked.pop(req_id, None)
+        if self.presence is not None:
+            self.presence.forget(req_id)
+        load = self._loads.in_flight(req_id)
+        return load is not None and load.asynchronous
+
+
+def _disk_layout(config: KVTierConfig, geometry: KVGeometry) -> SlotLayout | None:
+    """The disk tier's slots, or None without disk paths."""
+    if not config.disk_paths:
+        return None
+    layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths), config.segment_capacity)
+    layout.check_bounded()
+    return layout
+
+
+def _tier_stack(config: KVTierConfig, geometry: KVGeometry,
+                layout: SlotLayout | None) -> TierStack:
+    """Host memory's index, then the disk's when there is one."""
+    slot_bytes = align_up(geometry.chunk_bytes)
+    levels = [(HOST, SlotIndex(config.host_capacity // slot_bytes,
+                               make_policy(config.eviction_policy)))]
+    if layout is not None:
+        levels.append((DISK, SlotIndex(layout.num_slots, make_policy(config.eviction_policy))))
+    return TierStack(levels)

@@ -1,0 +1,112 @@
+"""Store planning: offering a request's computed chunks to host memory, and to disk and the
+remote store.
+
+Each chunk fully computed is offered once, in order: it gets a host slot (write-through:
+and a disk slot) and a ``ChunkStore`` in the step's plan, and stays invisible until every
+rank reported it stored (``Outcomes``).
+"""
+
+from __future__ import annotations
+
+from kvtier.config.settings import KVTierConfig, WritePolicy
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
+from kvtier.connector.scheduler.records import PendingStores, Tracked
+from kvtier.connector.scheduler.remote_writes import RemoteWrites
+from kvtier.connector.scheduler.tails import Tail
+from kvtier.keys import ChunkKey
+from kvtier.tiers.base import TierName
+from kvtier.tiers.stack import TierStack
+
+HOST, DISK = TierName.HOST, TierName.DISK
+
+
+class StorePlanner:
+    """Plans the stores of one engine's requests.
+
+    Contract: ``plan`` offers the request's chunks from ``tracked.stored_upto`` on. A chunk
+    already cached (or being stored) is only touched; any other gets reservations recorded
+    in ``PendingStores``, with the demotions their victims need added to the plan's. The
+    offer stops at the first chunk that finds no host slot free (all held by stores and
+    loads in flight), leaving ``stored_upto`` there so that the request's next step offers
+    it again; and for good past as many chunks as the largest tier holds (``_keep``).
+    """
+
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
+                 pending: PendingStores, remote_writes: RemoteWrites | None = None) -> None:
+        self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
+        self._remote_writes = remote_writes
+
+    def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
+             meta: StepPlan) -> None:
+        """Offer ``keys``, the request's chunks from ``tracked.stored_upto`` on, stored
+        from ``block_ids`` (all the request's blocks, per KV cache group). A chunk already
+        cached is only touched. One that is not, and that some group keeps no page of any
+        more (out of its sliding window by now: vLLM's null block), cannot be stored, nor
+        can any after it: the request is done storing (``tracked.store_done``)."""
+        per, keep = self.geometry.blocks_per_chunk, self._keep()
+        for c, key in enumerate(keys, start=tracked.stored_upto):
+            if c >= keep:  # its store would evict the request's own first chunks
+                tracked.store_done = True
+                break
+            ids = chunk_blocks(block_ids, c * per, (c + 1) * per)
+            if len(ids) < per * len(block_ids):
+                break
+            if self._cached(key):  # a hit, say, whose early pages a window has dropped since
+                self.stack.touch(key)
+            elif NULL_BLOCK in ids:
+                tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
+                break
+            elif not self._plan_one(key, ids, meta):
+                break
+            tracked.stored_upto = c + 1
+
+    def plan_tail(self, tracked: Tracked, tail: Tail, block_ids: GroupBlocks,
+                  meta: StepPlan) -> None:
+        """Offer the request's prompt tail (its computed prompt's partial last chunk): its
+        blocks' pages, the last one partly filled, go into a chunk slot like any chunk's.
+        With no host slot free it is offered again at the request's next step."""
+        if tail.index >= self._keep():
+            tracked.tail_done = True
+            return
+        first = tail.index * self.geometry.blocks_per_chunk
+        stop = -(-tail.end // self.geometry.block_tokens)
+        ids = chunk_blocks(block_ids, first, stop)
+        if len(ids) < (stop - first) * len(block_ids) or NULL_BLOCK in ids:
+            tracked.tail_done = True  # not all its pages are the request's any more
+            return
+        if self._cached(tail.key):
+            self.stack.touch(tail.key)
+        elif not self._plan_one(tail.key, ids, meta):
+            return
+        tracked.tail_done = True
+
+    def _keep(self) -> int:
+        """The chunks of one request worth storing: as many as the largest tier holds. A
+        longer prompt would lose its own first chunks to its later ones, and with them every
+        later chunk's hit (a key names its whole prefix). So too with a remote store: its
+        writes are made from host slots, and dropped when its queue is full."""
+        return max(index.num_slots for index in self.stack.indexes.values())
+
+    def _cached(self, key: ChunkKey) -> bool:
+        """Cached, or being stored."""
+        return self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key)
+
+    def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
+        """Plan the store of a chunk not cached; False when no host slot is free for it now."""
+        plan = self.stack.plan_store(key, HOST)
+        if plan is None:
+            return False
+        meta.demotions += self._pending.demotion_writes(plan.demotions)
+        disk = None
+        if (DISK in self.stack.indexes and self.config.write_policy is WritePolicy.WRITE_THROUGH
+                and not self.stack.indexes[DISK].has_entry(key)):
+            disk_plan = self.stack.plan_store(key, DISK)
+            disk = disk_plan.dst if disk_plan is not None else None
+        self._pending.host[key] = (plan.dst, disk)
+        if disk is not None:
+            self._pending.disk[key] = (disk, plan.dst)
+        remote = self._remote_writes is not None and self._remote_writes.with_store(key)
+        meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None,
+                                      remote))
+        return True

@@ -1,0 +1,163 @@
+"""One rank's disk reads and writes between its host slots and its disk lane, grouped per
+path and into neighbouring runs, with their outcomes written into the worker's ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from functools import partial
+
+import numpy as np
+
+from kvtier.connector.common.messages import DiskWrite, RequestLoad
+from kvtier.connector.worker.ledger import WorkerLedger
+from kvtier.connector.worker.load_tracker import Reads, failed_read
+from kvtier.disk.lane import DiskLane, NoDisk
+from kvtier.io.batch_reads import BatchReads
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.shared.reads import ForeignReads, SlotRef
+from kvtier.tiers.host import HostTier
+
+
+class WorkerDisk:
+    """Starts a load's disk reads and a step's disk writes on the lane's queues.
+
+    Contract: ``submit_reads(load)`` returns at once a ``Future`` per disk chunk (settled
+    before its job is over); ``submit_writes(items)`` returns the started write jobs, whose
+    outcomes go into the ledger's report (``disk_written`` / ``disk_failed``);
+    ``demote(demotions, timeout)`` writes and waits (write-back victims leaving their host
+    slots), at most ``timeout``.
+    A corrupt slot's header is blanked by its read job, before the load can report it.
+    """
+
+    def __init__(self, lane: DiskLane | NoDisk, host: HostTier, ledger: WorkerLedger,
+                 threads: int, foreign: ForeignReads | None = None, rank: int = 0) -> None:
+        self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
+        self._foreign, self._rank = foreign, rank
+
+    def submit_reads(self, load: RequestLoad) -> Reads:
+        """Start the disk reads of a load, neighbouring slots together, one job per path."""
+        host = self._host
+        wanted = sorted((c.disk_slot, c.host_slot, c.key, c.parts) for c in load.chunks
+                        if c.disk_slot is not None and c.host_slot is not None)
+        futures: Reads = {}
+        batches: list[Future] = []
+        try:
+            for queue in self._lane.queues if wanted else ():
+                mine = [w for w in wanted if self._lane.queue_of(w[0]) == queue]
+                size = -(-len(mine) // self._threads)  # spread over the path's threads
+                for start in range(0, len(mine), size or 1):
+                    group = mine[start:start + size]
+                    items = [(disk, ChunkKey(key), host.slot_array(slot), parts)
+                             for disk, slot, key, parts in group]
+                    reads = BatchReads(len(items))
+                    batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items)))
+                    reads.watch(batch)
+                    batches.append(batch)
+                    futures.update(zip([key for _, _, key, _ in group], reads.items, strict=True))
+            self._submit_foreign(load, futures, batches)
+        except BaseException:
+            # The load fails and its staging slots go back: no read may still be filling them.
+            wait_futures(batches)
+            raise
+        return futures
+
+    def _submit_foreign(self, load: RequestLoad, futures: Reads, batches: list[Future]) -> None:
+        """Start the reads of chunks in other engines' segments, spread over each disk path's
+        threads, each chunk read from this rank's copy into its host slot, verified (nothing
+        of theirs is ever written, even when a read is corrupt)."""
+        theirs = [(c.foreign[self._rank], c.host_slot, c.parts) for c in load.chunks
+                  if c.foreign is not None and c.host_slot is not None]
+        if not theirs:
+            return
+        if self._foreign is None:  # no disk tier here: these cannot be read
+            for ref, _, _ in theirs:
+                futures[ref.key] = failed_read("no disk paths to read another engine's chunk from")
+            return
+        queues = self._lane.queues
+        for index, queue in enumerate(queues):
+            mine = [item for item in theirs if item[0].path % len(queues) == index]
+            size = -(-len(mine) // self._threads)  # spread over the path's threads
+            for start in range(0, len(mine), size or 1):
+                group = mine[start:start + size]
+                reads = BatchReads(len(group))
+                batch = self._lane.submit(queue, partial(reads.run,
+                                                         partial(self._read_foreign, group)))
+                reads.watch(batch)
+                batches.append(batch)
+                futures.update(zip([ref.key for ref, _, _ in group], reads.items, strict=True))
+
+    def _read_foreign(self, items: list[tuple[SlotRef, int, tuple[int, ...] | None]]
+                      ) -> list[IOResult]:
+        """Reads of other engines' chunks: whole ones together (neighbours in one call),
+        the others the parts their loads need."""
+        foreign = self._foreign
+        assert foreign is not None, "reads of other engines' chunks need their reader"
+        whole = [i for i, (_, _, parts) in enumerate(items) if parts is None]
+        results = dict(zip(whole, foreign.read_many(
+            [(items[i][0], self._host.slot_array(items[i][1])) for i in whole]), strict=True))
+        for i, (ref, slot, parts) in enumerate(items):
+            if parts is not None:
+                results[i] = foreign.read_parts(ref, self._host.slot_array(slot), parts)
+        return [results[i] for i in range(len(items))]
+
+    def _read(self, items: list[tuple[int, ChunkKey, np.ndarray, tuple[int, ...] | None]]
+              ) -> list[IOResult]:
+        """Verified reads (an I/O thread): whole chunks, or the parts a load needs of them
+        (``ChunkLoad.parts``). A corrupt slot's header is blanked before the load reports
+        it failed, so it is not recovered again after a restart and a slot the scheduler
+        side frees is never blanked under a later write."""
+        whole = [i for i, item in enumerate(items) if item[3] is None]
+        some = [i for i, item in enumerate(items) if item[3] is not None]
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        for i, result in zip(whole, self._lane.read_many([items[i][:3] for i in whole]), strict=True):
+            results[i] = result
+        if some:
+            read = self._lane.read_parts([(slot, key, dst, parts or ())
+                                          for slot, key, dst, parts in (items[i] for i in some)])
+            for i, result in zip(some, read, strict=True):
+                results[i] = result
+        for (slot, _, _, _), result in zip(items, results, strict=True):
+            if result.status is IOStatus.CORRUPT:
+                self._lane.invalidate(slot)
+        return results
+
+    def demote(self, demotions: Sequence[DiskWrite], timeout: float | None = None) -> set[int]:
+        """Write-back demotions: written now, since their host slots are about to be reused.
+        Waits at most ``timeout`` (None: as long as they take) and returns the host slots
+        whose write still runs then (a hung drive): not to be reused until it ends."""
+        if not demotions:
+            return set()
+        slot_of = {d.key: d.host_slot for d in demotions}
+        started = self.submit_writes([(d.disk_slot, d.key, d.host_slot) for d in demotions])
+        done, _ = wait_futures([future for _, future in started], timeout=timeout)
+        late = {slot_of[key] for keys, future in started if future not in done for key in keys}
+        for _, future in started:
+            if future in done:
+                future.result()
+        return late
+
+    def submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
+        host = self._host
+        started = []
+        for queue in self._lane.queues:
+            mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
+                    if self._lane.queue_of(d) == queue]
+            if mine:
+                future = self._lane.submit(queue, partial(self._write, mine))
+                started.append(([k for _, k, _ in mine], future))
+        return started
+
+    def _write(self, items: list) -> None:
+        results = self._lane.write_many(items)
+        with self._ledger.lock:
+            for (_, key, _), result in zip(items, results, strict=True):
+                if result.ok:
+                    self._ledger.pending.disk_written[key] += 1
+                else:
+                    self._ledger.pending.disk_failed[key] += 1
+                    self._ledger.note_failure(result, "write")
+            self._ledger.record(lambda st: st.record_disk_writes(results))
+

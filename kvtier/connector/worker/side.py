@@ -1,0 +1,398 @@
+"""The connector's worker side: moves bytes as the scheduler side planned.
+
+One per model-runner process (TP rank). It owns the host slots and this rank's disk files,
+copies pages between vLLM's paged cache and host slots, drives disk reads and writes, and
+reports every outcome back (``WorkerReport``), finished loads (``get_finished``) and the
+blocks of chunks that failed to load (so vLLM recomputes them).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+
+import torch
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.connector.common.engine_writer import rank_writer_ids
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import (
+    NULL_BLOCK,
+    ChunkStore,
+    DiskWrite,
+    RemoteWrite,
+    RequestLoad,
+    StepPlan,
+    WorkerReport,
+)
+from kvtier.connector.worker.counters import SOURCES, WorkerCounters, source_of
+from kvtier.connector.worker.disk import WorkerDisk
+from kvtier.connector.worker.ledger import WorkerLedger
+from kvtier.connector.worker.load_tracker import (
+    LoadTracker,
+    ReadGate,
+    Reads,
+    ReadyLoad,
+    failed_read,
+    resolved,
+)
+from kvtier.connector.worker.pages import PagedKV, in_chunk_order
+from kvtier.connector.worker.remote import WorkerRemote
+from kvtier.disk.lane import DiskLane, NoDisk, open_lane
+from kvtier.disk.tier import DiskTier
+from kvtier.io.buffers import align_up
+from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
+from kvtier.io.result import IOResult
+from kvtier.keys import Namespace
+from kvtier.metrics import Sample
+from kvtier.shared.reads import ForeignReads, foreign_reads
+from kvtier.tiers.host import HostTier, make_host_tier
+
+log = logging.getLogger("kvtier")
+SWITCH_INTERVAL_S = 0.0005
+
+
+class WorkerSide:
+    """Carries out each step's ``StepPlan`` on one rank and reports what came of it.
+
+    Contract:
+
+    - ``register(kv_caches)`` comes first: host slots and this rank's disk files are made.
+    - ``start_loads(plan)`` before the forward: host loads are copied into the paged cache
+      now; loads with disk chunks start their reads and end in a later step's
+      ``finished()`` (or, past ``load_timeout``, are given up and recomputed).
+    - ``save(plan)`` after the forward: write-back demotions, then pages -> host slots,
+      then write-through disk writes and remote writes in the background.
+    - Nothing raises into vLLM's step: a failure becomes blocks to recompute
+      (``take_invalid_blocks``) and failed chunks in ``report()``.
+    - ``close(timeout)`` is bounded even with a hung drive.
+
+    ``io_engine`` builds the disk lane's I/O engine (tests pass one that can hold or fail
+    jobs).
+    """
+
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespace: Namespace,
+                 *, io_engine: EngineFactory = IOEngine, leader: Namespace | None = None) -> None:
+        self.config, self.geometry, self.namespace = config, geometry, namespace
+        self._leader = leader  # rank 0's namespace, for a rank > 0 (its writer id comes first)
+        self.pages: PagedKV | None = None
+        self.host: HostTier | None = None
+        self._io_engine = io_engine
+        self._lane: DiskLane | NoDisk = NoDisk()
+        self._foreign: ForeignReads | None = None
+        self._disk: WorkerDisk  # made in register(), with the lane and the host slots
+        self._remote: WorkerRemote | None = None  # made in register() too
+        self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
+        self._ledger = WorkerLedger()
+        self._lock = self._ledger.lock
+        self._loads = LoadTracker(config.load_timeout)
+
+    @property
+    def disk(self) -> DiskTier | None:
+        """This rank's disk tier (None without ``disk_paths``), for inspection."""
+        return self._lane.tier
+
+    def _attached(self) -> tuple[PagedKV, HostTier]:
+        assert self.pages is not None and self.host is not None, "register() comes first"
+        return self.pages, self.host
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Take vLLM's KV tensors and allocate the host slots and disk files."""
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            # The engine loop is a busy Python thread: without this, every disk thread waits
+            # up to 5 ms for the GIL each time one of its reads returns.
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self.pages = PagedKV(in_chunk_order(kv_caches, self.geometry), self.geometry)
+        slot_bytes = align_up(self.geometry.chunk_bytes)
+        self.host = make_host_tier(self.config.host_capacity, slot_bytes)
+        element_bytes = next(iter(kv_caches.values())).element_size()
+        self._lane = open_lane(self.config, self.namespace, self.geometry.chunk_bytes,
+                               element_bytes, lock=self._lock, on_back=self._ledger.path_back,
+                               failures=self._ledger.failures, engine_factory=self._io_engine,
+                               writers=rank_writer_ids(self.config, self.namespace,
+                                                        self._leader),
+                               parts=self.geometry.part_bytes)
+        self._ledger.lane = self._lane
+        self._foreign = foreign_reads(self.config, self.namespace, self.geometry.chunk_bytes,
+                                      self._lane)
+        self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads,
+                                self._foreign, self.namespace.tp_rank)
+        self._remote = WorkerRemote(self.config, self.namespace, self.geometry.chunk_bytes,
+                                    self.host, self._ledger, parts=self.geometry.part_bytes)
+        self._lane.recover(threads=self.config.io_threads)
+        with self._lock:
+            self._ledger.note_down_paths()  # logged by the tier
+        log.info("kvtier worker: %d host slots of %d bytes, disk %s", self.host.num_slots,
+                 slot_bytes, f"{self._lane.num_slots} slots" if self._lane.num_slots else "off")
+
+    # -- loads --------------------------------------------------------------------------
+
+    def start_loads(self, meta: StepPlan) -> None:
+        """Loads from host memory run now (vLLM calls this before the forward that needs
+        them); loads with disk chunks start their reads and finish in a later step."""
+        for load in meta.loads:
+            started = time.perf_counter()
+            try:
+                if not load.asynchronous:
+                    self._complete(load, {}, started)
+                elif load.demotions:  # write-back victims must leave the staging slots first
+                    gate = ReadGate()
+                    self._loads.add(load, self._loader.submit(self._demote_then_read, load, gate),
+                                    started, gate)
+                else:
+                    self._loads.add(load, resolved(self._submit_reads(load)), started)
+            except Exception as exc:  # never take the step down: the blocks are recomputed
+                self._ledger.unexpected("load could not start", load.req_id, exc)
+                self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
+                               started)
+
+    def _finish_ready_loads(self) -> None:
+        """Complete the asynchronous loads whose disk reads are all over, or whose time
+        (``load_timeout``) is up (this thread)."""
+        for ready in self._loads.ready(time.perf_counter()):
+            if ready.error is not None:
+                self._ledger.unexpected("disk reads could not start", ready.load.req_id,
+                                        ready.error)
+            if ready.late:
+                self._note_late(ready)
+            self._complete(ready.load, ready.reads, ready.started, timed=not ready.late)
+        ended = self._loads.released()
+        if ended:  # the given-up reads that ended: their staging slots may be reused
+            with self._lock:
+                self._ledger.pending.reads_over.update(key for key, _, _ in ended)
+            for _, result, remote in ended:  # what the late reads came to (a path may be down)
+                if not result.ok:
+                    self._note_read_failure(remote, result)
+
+    def _note_late(self, ready: ReadyLoad) -> None:
+        """Reads given up on count against their paths' health; their slots stay taken."""
+        went_down = [self._lane.note_timeout(slot) for slot in ready.late_slots]
+        with self._lock:
+            self._ledger.pending.reads_stalled.update(ready.late)
+            if any(went_down):
+                self._ledger.note_down_paths()
+
+    def _complete(self, load: RequestLoad, reads: Reads, started: float,
+                  timed: bool = True) -> None:
+        """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
+        the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
+        dropped from the cache: chunks whose disk read failed."""
+        pages, host = self._attached()
+        failed_keys: set[bytes] = set()
+        invalid: set[int] = set()
+        host_bytes = read_bytes = 0
+        copied = dict.fromkeys(SOURCES, 0)  # bytes copied into GPU blocks, by where read from
+        try:
+            broken = False
+            for chunk in load.chunks:
+                result = reads[chunk.key].result() if chunk.key in reads else None
+                if result is not None and result.ok and not chunk.remote:
+                    read_bytes += result.nbytes
+                if result is not None and not result.ok:
+                    failed_keys.add(chunk.key)
+                    self._note_read_failure(chunk.remote, result)
+                if chunk.fills_nothing:  # out of every group's window: nothing to copy
+                    continue
+                if broken or chunk.host_slot is None or chunk.key in failed_keys:
+                    broken = True
+                    invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
+                    continue
+                if chunk.staged and result is None:  # its staging slot holds another chunk
+                    raise RuntimeError(f"chunk {chunk.key.hex()} was never read into host "
+                                       f"slot {chunk.host_slot}")
+                pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+                moved = pages.bytes_of(chunk.block_ids)
+                host_bytes += moved
+                if result is not None:
+                    copied[source_of(chunk)] += moved
+            pages.synchronize()
+        except Exception as exc:  # never take the engine down: recompute instead
+            self._ledger.unexpected("load failed", load.req_id, exc)
+            invalid.update(b for c in load.chunks for b in c.block_ids if b != NULL_BLOCK)
+            failed_keys.update(c.key for c in load.chunks if c.key)
+        seconds = time.perf_counter() - started
+        with self._lock:
+            self._ledger.load_over(load.req_id, invalid, load.asynchronous,
+                                   whole=self.geometry.loads_whole)
+            if failed_keys:
+                self._ledger.pending.load_failed[load.req_id] = failed_keys
+            if timed:  # a load cut short by load_timeout says nothing of the disk's speed
+                # what was read from storage (in part, for a sliding window's hit), as the
+                # scheduler side's ``load_policy`` reckons a load's bytes
+                self._ledger.pending.load_samples.append(
+                    (read_bytes + copied["remote"], host_bytes, seconds))
+            self._ledger.record(lambda st: st.record_load(load, copied, host_bytes, seconds,
+                                                          len(failed_keys), read_bytes))
+
+    def _note_read_failure(self, remote: bool, result: IOResult) -> None:
+        """A failed read, counted against the remote store (``remote``) or the disk path."""
+        with self._lock:
+            if remote and self._remote is not None:
+                self._remote.note_failure(result, "read")
+                self._ledger.record(lambda st: st.record_failure("remote_failures"))
+            else:
+                self._ledger.note_failure(result, "read")
+
+    # -- stores -------------------------------------------------------------------------
+
+    def save(self, meta: StepPlan) -> None:
+        """After the forward: write-back demotions, then GPU pages -> host slots (waited
+        for), then write-through disk writes in the background. Failures are reported as
+        failed stores, never raised into the engine's step."""
+        pages, host = self._attached()
+        self._lane.poll()
+        if self._foreign is not None:
+            self._foreign.sweep_due()  # files of segments reclaimed since: space goes back
+        with self._lock:
+            self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
+        busy = self._demote(meta.demotions)
+        stored: list[ChunkStore] = []
+        for store in meta.stores:
+            if store.host_slot in busy:  # its write-back still reads the slot: leave it be
+                self._store_failed(store)
+                continue
+            try:
+                pages.gather(store.block_ids, host.slot(store.host_slot))
+                stored.append(store)
+            except Exception as exc:
+                self._ledger.unexpected("copy of a chunk to host failed", store.key.hex(), exc)
+                self._store_failed(store)
+        pages.synchronize()
+        with self._lock:
+            for store in stored:
+                self._ledger.pending.host_stored[store.key] += 1
+            self._ledger.record(lambda st: st.record_stores(
+                len(stored), len(stored) * self.geometry.chunk_bytes))
+        writes = [(s.disk_slot, s.key, s.host_slot) for s in stored if s.disk_slot is not None]
+        if writes:
+            try:
+                self._disk.submit_writes(writes)
+            except Exception as exc:
+                self._ledger.unexpected("disk writes could not start", "", exc)
+                with self._lock:
+                    for _, key, _ in writes:
+                        self._ledger.pending.disk_failed[key] += 1
+        self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
+                           + meta.remote_writes)
+
+    def _demote(self, demotions: Sequence[DiskWrite]) -> set[int]:
+        """Write-back demotions before the stores into their host slots, waited for at most
+        ``load_timeout`` (a hung drive must not hold up the step): the host slots whose
+        write still runs then, which this step's stores must leave alone (the scheduler
+        side keeps them reserved until the write is over)."""
+        try:
+            busy = self._disk.demote(demotions, self.config.load_timeout)
+        except Exception as exc:
+            self._ledger.unexpected("write-back of evicted chunks failed", "", exc)
+            with self._lock:
+                for demotion in demotions:
+                    self._ledger.pending.disk_failed[demotion.key] += 1
+            return {demotion.host_slot for demotion in demotions}  # not known to be over
+        if busy:
+            self._ledger.failures.note(
+                "write-back timed_out", f"{len(busy)} evicted chunks not on disk after "
+                f"{self.config.load_timeout:g} s (load_timeout; a hung drive?): the stores "
+                "into their host slots are dropped")
+        return busy
+
+    def _store_failed(self, store: ChunkStore) -> None:
+        """A store not copied to host: it, and its disk and remote writes (which will not
+        run), are reported failed."""
+        with self._lock:
+            self._ledger.pending.host_failed[store.key] += 1
+            if store.disk_slot is not None:
+                self._ledger.pending.disk_failed[store.key] += 1
+            if store.remote:
+                self._ledger.pending.remote_failed[store.key] += 1
+
+    def _write_remote(self, writes: list[RemoteWrite]) -> None:
+        """Remote writes (of chunks just stored, and those the scheduler side planned),
+        queued in the background."""
+        if not writes:
+            return
+        try:
+            if self._remote is None:
+                raise RuntimeError("remote writes before register()")
+            self._remote.write(writes)
+        except Exception as exc:
+            self._ledger.unexpected("remote writes could not start", "", exc)
+            with self._lock:
+                for write in writes:
+                    self._ledger.pending.remote_failed[write.key] += 1
+
+    def _demote_then_read(self, load: RequestLoad, gate: ReadGate) -> Reads:
+        try:
+            self._disk.demote(load.demotions)
+        except Exception:
+            with self._lock:  # the scheduler side frees their disk reservations
+                for demotion in load.demotions:
+                    self._ledger.pending.disk_failed[demotion.key] += 1
+            raise
+        if not gate.open():  # given up on meanwhile: read nothing
+            return {}
+        return self._submit_reads(load)
+
+    def _submit_reads(self, load: RequestLoad) -> Reads:
+        """Start a load's reads into its staging slots: from disk (this rank's, or another
+        engine's segment) and from the remote store."""
+        reads = self._disk.submit_reads(load)
+        if self._remote is not None:
+            self._remote.submit_reads(load, reads)
+        return reads
+
+    # -- reports ------------------------------------------------------------------------
+
+    def metric_samples(self) -> list[Sample]:
+        """This worker's metrics (served on ``metrics_port + 1 + rank``)."""
+        return self._ledger.metric_samples()
+
+    def finished(self) -> set[str]:
+        """Asynchronous loads over since the last call (their failed blocks are reported by
+        ``take_invalid_blocks`` in the same step)."""
+        self._finish_ready_loads()
+        return self._ledger.take_finished()
+
+    def take_invalid_blocks(self) -> set[int]:
+        return self._ledger.take_invalid_blocks()
+
+    def take_failed_loads(self) -> set[str]:
+        """Loads among the last ``finished()`` that vLLM must recompute whole
+        (``KVGeometry.loads_whole``: hybrid and sliding-window models)."""
+        return self._ledger.take_failed_loads()
+
+    def report(self) -> WorkerReport | None:
+        return self._ledger.report()
+
+    def stats(self) -> WorkerCounters | None:
+        return self._ledger.stats()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the disk and remote reads and writes started so far (each at most
+        ``timeout``); True if none is left."""
+        drained = self._lane.drain(timeout)
+        return (self._remote is None or self._remote.drain(timeout)) and drained
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Finish loads and background writes, then release host memory, files and threads;
+        True when done. Waits at most ``timeout`` seconds: with disk jobs still running then
+        (a hung drive), queued ones are cancelled and the memory and files the running ones
+        use stay open until the process exits, so vLLM's shutdown goes on."""
+        deadline = time.monotonic() + timeout
+        self._loader.shutdown(wait=False, cancel_futures=True)
+        done = not wait_futures(self._loads.jobs(), timeout=timeout).not_done
+        if not done:
+            log.error("kvtier worker shut down with loads still running after %g s (a hung "
+                      "drive?)", timeout)
+        # after the loads: they submit reads to the lanes
+        remote_done = self._remote is None or self._remote.close(max(0.0, deadline - time.monotonic()))
+        if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done or not remote_done:
+            return False  # host memory and cache files stay open for the running I/O
+        if self._foreign is not None:
+            self._foreign.close()
+        if self.host is not None:
+            self.host.close()
+        return True

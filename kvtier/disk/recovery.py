@@ -1,0 +1,155 @@
+"""Reading back what a disk tier holds at start-up: from each path's index file, or by
+reading every slot header where an index is missing."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+
+from kvtier.disk.paths import DiskPaths, PathState
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader, is_blank
+from kvtier.segment.cachedir import CacheDir
+from kvtier.segment.index_file import Found, SlotLayout, newest_per_key, parse_index, valid_header
+
+
+@dataclass(frozen=True)
+class RecoveredSlot:
+    slot: int
+    header: SlotHeader
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    slots: list[RecoveredSlot]
+    scanned: int
+    torn: int  # headers that do not check out
+    duplicates: int  # older copies of a key found in another slot
+
+
+class DiskRecovery:
+    """Finds the chunks that the slots of ``paths`` (laid out as ``layout``) hold for the
+    namespace ``ns_digest``.
+
+    Contract: ``recover`` reads each path in service: its index file when it has one (an
+    entry for a slot past the end of its file counts as torn), else every slot header
+    within the slot files as they are, and then rebuilds that index. Only headers of this
+    namespace that check out are kept, and of several copies of one key the newest. An
+    I/O error reading a slot header counts the slot as bad and goes to ``paths.failed``;
+    one reading or rebuilding a path's index (a full disk, a failing one) takes that path
+    out of service, and what it held is not reported. Nothing else changes: the tier
+    applies the report to its own state.
+    """
+
+    def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout) -> None:
+        self._paths, self._ns_digest, self._layout = paths, ns_digest, layout
+
+    def recover(self, threads: int = 8) -> RecoveryReport:
+        """The newest copy of each key, from index files or ``threads`` header scans."""
+        found: list[Found] = []
+        scanned = torn = 0
+        for index, path in enumerate(self._paths.states):
+            directory = path.dir
+            if directory is None:
+                continue
+            try:
+                part, n, bad = self._recover_path(index, directory, threads)
+            except OSError as exc:  # a full disk, a failing one: out, as any path that fails
+                self._paths.take_down(path, f"cannot read back what it holds: {exc}", directory)
+                continue
+            found += part
+            scanned += n
+            torn += bad
+        newest, duplicates = newest_per_key(found)
+        best = [RecoveredSlot(slot, header) for slot, header in newest.values()]
+        return RecoveryReport(best, scanned, torn, duplicates)
+
+    def _recover_path(self, index: int, directory: CacheDir,
+                      threads: int) -> tuple[list[Found], int, int]:
+        """(chunks found, slots looked at, bad slots) of path ``index``: from its index file,
+        or by a scan of its slot headers, after which the index is written anew, whole or
+        not at all (``replace_index``: a crash midway leaves it empty, to be scanned again)."""
+        entries = directory.read_index()
+        if entries:
+            return self._parse_index(index, directory, entries)
+        part, n, bad = self.scan_headers(self._written_slots(index, directory), threads)
+        paths = self._layout.num_paths
+        directory.replace_index([(slot // paths, cast(bytes, header.encode()))  # bytes: no ``into``
+                                 for slot, header in part])
+        return part, n, bad
+
+    def _parse_index(self, index: int, directory: CacheDir,
+                     entries: bytes) -> tuple[list[Found], int, int]:
+        found, torn = parse_index(entries, self._ns_digest, self._layout, index)
+        present = []
+        for slot, header in found:  # entries for slots past the end of a truncated file
+            number, offset = directory.locate(slot // self._layout.num_paths)
+            if directory.file_size(number) < offset + self._layout.stride:
+                torn += 1
+            else:
+                present.append((slot, header))
+        return present, min(len(entries) // INDEX_ENTRY_BYTES, self._layout.per_path), torn
+
+    def _written_slots(self, index: int, directory: CacheDir) -> list[int]:
+        """Slots of path ``index`` (open in ``directory``) that lie within its slot files as
+        they are (a slot past the end of a file, or of a file never made, holds nothing): a scan
+        costs what was written, not what the capacity allows."""
+        paths = self._layout.num_paths
+        slots: list[int] = []
+        for number in directory.slot_file_numbers():
+            first = number * directory.file_slots
+            count = min(directory.file_size(number) // self._layout.stride,
+                        directory.slots_in_file(number))
+            slots += range((first * paths) + index, (first + count) * paths + index, paths)
+        return slots
+
+    def scan_headers(self, slots: list[int] | range, threads: int = 8) -> tuple[list[Found], int, int]:
+        """(valid headers, slots scanned, bad slots) read from the slots themselves."""
+        step = -(-len(slots) // threads) or 1
+        parts = [slots[i:i + step] for i in range(0, len(slots), step)]
+        with ThreadPoolExecutor(max(1, min(len(parts), threads))) as pool:
+            scans = list(pool.map(self._scan, parts))
+        return ([f for part in scans for f in part[0]], sum(p[1] for p in scans),
+                sum(p[2] for p in scans))
+
+    def _scan(self, slots: list[int] | range) -> tuple[list[Found], int, int]:
+        """(valid headers found, slots scanned, bad slots) over ``slots``."""
+        found: list[Found] = []
+        scanned = torn = 0
+        buffer = AlignedBuffer(HEADER_BYTES, pin=False)  # aligned: O_DIRECT reads
+        paths, stride = self._layout.num_paths, self._layout.stride
+        try:
+            for slot in slots:
+                path = self._paths.states[slot % paths]
+                directory = path.dir
+                if directory is None:
+                    continue  # path down
+                number, offset = directory.locate(slot // paths)
+                if directory.file_size(number) < offset + stride:
+                    continue  # never written this far
+                scanned += 1
+                header, bad = self._read_header(path, directory, number, offset, buffer.array)
+                torn += bad
+                if header is not None:
+                    found.append((slot, header))
+        finally:
+            buffer.close()
+        return found, scanned, torn
+
+    def _read_header(self, path: PathState, directory: CacheDir, number: int, offset: int,
+                     buf: np.ndarray) -> tuple[SlotHeader | None, bool]:
+        """(the slot's header if valid and of this namespace, whether the slot is bad)."""
+        try:
+            if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
+                return None, True
+        except OSError as exc:
+            self._paths.failed(path, exc, directory)
+            return None, True
+        if is_blank(buf.data):
+            return None, False
+        header = valid_header(buf, self._ns_digest, self._layout)
+        return header, header is None

@@ -1,0 +1,356 @@
+"""The cold tier: fixed-size slots in large preallocated files on one or more disk paths.
+
+Slot ``s`` lives on path ``s % P`` (chunks stripe across drives), in that path's slot
+files. A slot is a 4 KiB header and the payload, read and written with one vectored call.
+A chunk of a hybrid model is written in parts (one per KV cache group, ``parts``), each
+checked on its own, so that a load needing only some groups reads only their parts
+(``read_parts``). This class moves and checks bytes only; which chunk goes in which slot is the bookkeeping's
+business (``SlotIndex`` under the ``TierStack``). Every method here blocks: the owner runs
+them on the I/O engine's threads (queue ``queue_of(slot)``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+import numpy as np
+
+from kvtier.config.settings import DiskFloor
+from kvtier.disk.check import decode_into, slot_problem
+from kvtier.disk.parts import ChunkParts
+from kvtier.disk.paths import DiskPaths, OpenArgs, PathState
+from kvtier.disk.recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
+from kvtier.io import codec as codecs
+from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader, payload_checksum
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.io.scratch import ThreadScratch
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.segment.cachedir import CacheDir, aligned_view
+from kvtier.segment.index_file import SlotLayout
+from kvtier.segment.lease import beat_every
+from kvtier.segment.names import writer_ids
+from kvtier.tiers.base import TierName
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+
+_HEALTH_EVERY_S = 1.0  # how often a path's directory is checked; read when a tier opens
+MAX_RUN = 16  # slots per vectored call
+IOV_MAX = 1024  # buffers per vectored call (Linux)
+# where a chunk read lands: one buffer, or pieces its payload is scattered over in order
+Target = np.ndarray | list[np.ndarray]
+
+
+class DiskTier:
+    """Slots of ``stride`` bytes striped over ``paths``; see the module docstring.
+
+    Contract: ``write`` makes a slot hold a chunk (header last-writer-wins); ``read`` returns
+    OK only when the header names this namespace and key and the payload checksum matches,
+    so a torn, stale, foreign or flipped slot is CORRUPT and never yields bytes; errors come
+    back as an :class:`IOResult`, never as exceptions; a path that fails for good goes down
+    (``down_paths``) and every later request to it is PATH_DOWN.
+    """
+
+    name = TierName.DISK
+
+    def __init__(self, paths: Sequence[str], namespace: Namespace, raw_bytes: int,
+                 capacity: int, *, compression: bool = False, element_bytes: int = 2,
+                 o_direct: bool | None = None, floor: DiskFloor | None = None,
+                 retry: float | None = 30.0, verify_payload: bool = True,
+                 writers: Sequence[str] | None = None, lease_timeout: float = 120.0,
+                 share_writers: int = 1, parts: Sequence[int] = ()) -> None:
+        if not paths:
+            raise ValueError("DiskTier needs at least one path")
+        self.namespace, self.ns_digest = namespace, namespace.digest()
+        self.raw_bytes = raw_bytes
+        self.parts = ChunkParts(raw_bytes, parts)
+        self.compression, self.element_bytes = compression, element_bytes
+        self.verify_payload = verify_payload  # False only to measure what verifying costs
+        self.layout = SlotLayout(raw_bytes, len(paths), capacity)
+        self.layout.check_bounded()
+        self.stride = self.layout.stride
+        self.num_slots = self.layout.num_slots
+        self.file_slots = self.layout.file_slots
+        meta = {"namespace": namespace.canonical_json(), "stride": self.stride,
+                "raw_bytes": raw_bytes, "file_slots": self.file_slots}
+        writers = tuple(writers or writer_ids(None))
+        opener = OpenArgs(namespace.id, writers, meta, num_slots=self.layout.per_path,
+                          stride=self.stride, file_slots=self.file_slots, o_direct=o_direct,
+                          floor=floor or DiskFloor(), share_writers=share_writers,
+                          lease_timeout=lease_timeout)
+        self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S, beat_every(lease_timeout))
+        self._paths = self._health.states  # the same list: one state per path
+        self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)
+        self._lengths = np.zeros(self.num_slots, dtype=np.uint32)  # payload <= MAX_RAW_BYTES
+        self._codecs = np.zeros(self.num_slots, dtype=np.uint8)
+        self._generation = itertools.count(time.time_ns())
+        self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, self.stride, raw_bytes)
+
+    # -- layout -------------------------------------------------------------------------
+
+    @property
+    def queues(self) -> list[str]:
+        return [f"disk{i}" for i in range(len(self._paths))]
+
+    def queue_of(self, slot: int) -> str:
+        return f"disk{slot % len(self._paths)}"
+
+    def slots_of_path(self, index: int) -> range:
+        return range(index, self.num_slots, len(self._paths))
+
+    @property
+    def roots(self) -> list[str]:
+        return [p.root for p in self._paths]
+
+    @property
+    def writer(self) -> str:
+        """This tier's writer id: its segment's name on every path."""
+        return self._health.writer
+
+    @property
+    def paths(self) -> DiskPaths:
+        """Each path's state and health (``paths[i].dir``, ``paths[i].retry_every``, ...)."""
+        return self._health
+
+    @property
+    def down_paths(self) -> dict[int, str]:
+        """Paths out of service by index, with the reason."""
+        return self._health.down
+
+    @property
+    def o_direct(self) -> dict[str, bool]:
+        return {p.root: p.dir.o_direct for p in self._paths if p.dir is not None}
+
+    def _where(self, slot: int) -> tuple[PathState, CacheDir | None, int, int]:
+        """A slot's path, that path's open directory now (None when out of service: another
+        thread may take it down at any time, so callers use this one), file and offset."""
+        path = self._paths[slot % len(self._paths)]
+        directory = path.dir
+        number, offset = directory.locate(slot // len(self._paths)) if directory else (0, 0)
+        return path, directory, number, offset
+
+    # -- I/O ----------------------------------------------------------------------------
+
+    def write(self, slot: int, key: ChunkKey, src: np.ndarray) -> IOResult:
+        """Write chunk ``key`` from ``src`` (a page-aligned uint8 buffer of >= raw bytes)."""
+        return self.write_many([(slot, key, src)])[0]
+
+    def read(self, slot: int, key: ChunkKey, dst: np.ndarray) -> IOResult:
+        """Read chunk ``key`` into ``dst[:raw_bytes]``, verified; CORRUPT leaves ``dst`` junk."""
+        return self.read_many([(slot, key, dst)])[0]
+
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """Write several chunks; slots adjacent in one file go in one vectored call."""
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        for run in self.layout.runs([slot for slot, _, _ in items], 1 if self.compression else MAX_RUN):
+            path, directory, number, offset = self._where(items[run[0]][0])
+            if directory is None or not self._health.healthy(path, directory):
+                for i in run:
+                    results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+                continue
+            headers = self._scratch.headers(len(run))
+            iov, sizes = [], []
+            for j, i in enumerate(run):
+                slot, key, src = items[i]
+                header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+                codec, body, size = self._encode(key, src, header_buf)
+                iov += [header_buf, body]
+                sizes.append((slot, codec, size, header_buf))
+            for i, result in zip(run, self._write_run(path, directory, number, offset, iov, sizes),
+                                 strict=True):
+                results[i] = result
+        return results
+
+    def _encode(self, key: ChunkKey, src: np.ndarray, header_buf: np.ndarray):
+        """(codec, aligned body to write, payload size); the header goes in ``header_buf``."""
+        raw = src[: self.raw_bytes]
+        codec, payload, body_source = Codec.NONE, raw, src
+        if self.compression:
+            packed = codecs.encode(raw, self.element_bytes)
+            if packed is not None:
+                codec, blob = packed
+                body_source = self._scratch.payload()
+                payload = body_source[: len(blob)]
+                payload[:] = np.frombuffer(blob, dtype=np.uint8)
+        if codec is Codec.NONE and self.parts:
+            header = self.parts.header(self.ns_digest, key, raw, next(self._generation),
+                                       time.time_ns())
+        else:
+            header = SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
+                                payload_checksum(payload.data), next(self._generation),
+                                time.time_ns())
+        header.encode(into=header_buf)
+        return codec, aligned_view(body_source, payload.size), payload.size
+
+    def _write_run(self, path: PathState, directory: CacheDir, number: int, offset: int, iov: list,
+                   sizes: list) -> list[IOResult]:
+        expected = sum(b.size for b in iov)
+        try:
+            if not directory.ensure_allocated(number, offset + len(sizes) * self.stride):
+                failed = IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: free-space floor reached")
+                return [failed] * len(sizes)
+            written = os.pwritev(directory.fd(number), iov, offset)
+            if written != expected:
+                return [IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")] * len(sizes)
+            for slot, codec, size, header_buf in sizes:
+                self._lengths[slot], self._codecs[slot] = size, codec
+                directory.write_index(slot // len(self._paths), header_buf)
+        except OSError as exc:
+            return [self._health.failed(path, exc, directory)] * len(sizes)
+        path.eio_run = 0
+        return [IOResult(IOStatus.OK, written // len(sizes))] * len(sizes)
+
+    def read_many(self, items: Sequence[tuple[int, ChunkKey, Target]]) -> list[IOResult]:
+        """Read and verify several chunks; slots adjacent in one file go in one call.
+
+        A target is one buffer (a host slot: at least the raw bytes, page-aligned) or a list
+        of pieces the payload is scattered over in order (exactly the raw bytes; each piece
+        page-aligned when the path is O_DIRECT); a CORRUPT result leaves it junk."""
+        results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
+        compressed = {i for i, (slot, _, _) in enumerate(items) if self._codecs[slot]}
+        pieces = max(len(t) if isinstance(t, list) else 1 for _, _, t in items) if items else 1
+        max_run = 1 if compressed else max(1, min(MAX_RUN, IOV_MAX // (1 + pieces)))
+        for run in self.layout.runs([slot for slot, _, _ in items], max_run):
+            path, directory, number, offset = self._where(items[run[0]][0])
+            if directory is None:
+                for i in run:
+                    results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+                continue
+            landed = self._landing(run, items, compressed)
+            iov = [buffer for header_buf, payload, _ in landed for buffer in (header_buf, *payload)]
+            try:
+                got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset)
+            except OSError as exc:
+                if len(run) > 1 and not self._health.is_path_error(exc):
+                    # one bad sector must not fail its neighbours: read them one by one
+                    for i in run:
+                        results[i] = self.read_many([items[i]])[0]
+                else:
+                    results[run[0]] = self._health.failed(path, exc, directory)
+                    for i in run[1:]:
+                        results[i] = results[run[0]]
+                continue
+            path.eio_run = 0
+            for j, (i, (header_buf, payload, size)) in enumerate(zip(run, landed, strict=True)):
+                arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + size)
+                results[i] = self._verify(items[i], header_buf, payload, arrived)
+        return results
+
+    def read_parts(self, items: Sequence[tuple[int, ChunkKey, np.ndarray, Sequence[int]]]
+                   ) -> list[IOResult]:
+        """Read and verify parts ``wanted`` (their indexes in ``parts``) of each chunk into
+        its host slot, at their places in the chunk, and nothing else of it (the rest of
+        the slot is left as it was). A chunk stored compressed, or in parts that cannot be
+        read alone (not on page bounds), is read whole."""
+        return [self._read_parts(slot, key, dst, set(wanted))
+                if self.parts.reads_alone(wanted) and not self._codecs[slot]
+                else self.read_many([(slot, key, dst)])[0] for slot, key, dst, wanted in items]
+
+    def _read_parts(self, slot: int, key: ChunkKey, dst: np.ndarray, wanted: set[int]) -> IOResult:
+        path, directory, number, offset = self._where(slot)
+        if directory is None:
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+        header_buf = self._scratch.headers(1)
+        arrived = 0
+        try:
+            for start, iov in self.parts.runs(header_buf, dst, wanted):
+                got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset + start)
+                arrived += got
+                if got < sum(b.size for b in iov):
+                    return IOResult(IOStatus.CORRUPT, arrived, "slot truncated")
+        except OSError as exc:
+            return self._health.failed(path, exc, directory)
+        path.eio_run = 0
+        problem = slot_problem(header_buf, key, [dst], self.raw_bytes, Codec.NONE, self.ns_digest,
+                               self.raw_bytes, self.verify_payload,
+                               wanted=self.parts.read_map(wanted))
+        return IOResult(IOStatus.CORRUPT, arrived, problem) if problem else IOResult(IOStatus.OK, arrived)
+
+    def _landing(self, run: list[int], items: Sequence[tuple[int, ChunkKey, Target]],
+                 compressed: set[int]) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
+        """Where each slot of ``run`` lands: (its header buffer, its payload's buffers, their
+        size); a compressed payload goes to this thread's payload buffer first."""
+        headers = self._scratch.headers(len(run))
+        landed = []
+        for j, i in enumerate(run):
+            slot, _, dst = items[i]
+            header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
+            if isinstance(dst, list) and i not in compressed:
+                landed.append((header_buf, dst, self.raw_bytes))  # pieces: the raw bytes exactly
+                continue
+            buffer = self._scratch.payload() if i in compressed else dst
+            assert isinstance(buffer, np.ndarray), "a compressed slot reads into one buffer"
+            payload = aligned_view(buffer, int(self._lengths[slot]) or self.raw_bytes)
+            landed.append((header_buf, [payload], payload.size))
+        return landed
+
+    def _verify(self, item: tuple[int, ChunkKey, Target], header_buf: np.ndarray,
+                payload: list[np.ndarray], arrived: int) -> IOResult:
+        slot, key, dst = item
+        codec = Codec(self._codecs[slot])
+        problem = slot_problem(header_buf, key, payload, arrived - HEADER_BYTES, codec,
+                               self.ns_digest, self.raw_bytes, self.verify_payload)
+        if problem:
+            return IOResult(IOStatus.CORRUPT, arrived, problem)
+        if codec is not Codec.NONE:
+            try:
+                decode_into(codec, payload[0][: int(self._lengths[slot])], dst, self._scratch)
+            except ValueError as exc:
+                return IOResult(IOStatus.CORRUPT, arrived, str(exc))
+        return IOResult(IOStatus.OK, arrived)
+
+    def invalidate(self, slot: int) -> IOResult:
+        """Blank a slot's header so the chunk is not found again after a restart."""
+        path, directory, number, offset = self._where(slot)
+        if directory is None:
+            return IOResult(IOStatus.OK)
+        header_buf = self._scratch.headers(1)
+        header_buf[:] = 0
+        try:
+            if directory.file_size(number) <= offset:
+                return IOResult(IOStatus.OK)
+            directory.write_index(slot // len(self._paths), header_buf)
+            os.pwritev(directory.fd(number), [header_buf.data], offset)
+        except OSError as exc:
+            return self._health.failed(path, exc, directory)
+        return IOResult(IOStatus.OK, HEADER_BYTES)
+
+    # -- paths and recovery -------------------------------------------------------------
+
+    def note_timeout(self, slot: int) -> bool:
+        """A request on ``slot``'s path got no answer within the owner's time limit: it counts
+        as an I/O error towards taking the path out. True when the path went down."""
+        return self._health.note_timeout(slot % len(self._paths))
+
+    def revive_due(self) -> list[int]:
+        """Indexes of paths out of service whose next try is due (no I/O: cheap to call)."""
+        return self._health.revive_due()
+
+    def revive(self, index: int) -> bool:
+        """Try to bring path ``index`` back (blocking: run it on the path's queue); True when
+        it is back in service, its slots empty to the bookkeeping. See :class:`DiskPaths`."""
+        return self._health.revive(index)
+
+    def recover(self, threads: int = 8) -> RecoveryReport:
+        """Rebuild the slot map: from each path's index file, or by scanning slot headers
+        (``threads`` at a time) where the index is missing. Newest copy of each key wins."""
+        report = self._recovery.recover(threads)
+        last_generation = max((r.header.generation for r in report.slots), default=0)
+        self._generation = itertools.count(max(last_generation + 1, time.time_ns()))
+        for recovered in report.slots:
+            self._lengths[recovered.slot] = recovered.header.payload_bytes
+            self._codecs[recovered.slot] = recovered.header.codec
+        return report
+
+    def scan_headers(self, slots: list[int] | range,
+                     threads: int = 8) -> tuple[list[tuple[int, SlotHeader]], int, int]:
+        """(valid headers, slots scanned, bad slots) read from the slots themselves."""
+        return self._recovery.scan_headers(slots, threads)
+
+    def close(self) -> None:
+        self._health.close()
+

@@ -1,0 +1,1 @@
+"""One writer's segment of a cache directory: its seat, lease, index, append-only log and slot files."""

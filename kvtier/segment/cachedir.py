@@ -1,0 +1,367 @@
+"""One writer's segment of a namespace on one disk path: safe to open, locked, leased, and
+its slot files.
+
+Layout (``kvtier.segment.names``): ``<disk_path>/<namespace id>/namespace.json`` (what the
+namespace is, for the CLI) and ``writers/<writer id>/`` (mode 0700), the segment, holding
+``lock`` (held with ``flock`` by the process writing it), ``lease`` (its heartbeat, for
+readers on other machines), ``slots-NNNN.kvt`` files (mode 0600) of fixed-size slots,
+``index.kvt`` (a copy of each slot's header, 128 bytes per slot, written after the slot, so
+that start-up reads one small file instead of every slot's header) and ``log.kvt`` (the same
+entries appended, for readers that follow the segment). The slot's own header stays the
+truth: every read checks it. Every entry is opened through :mod:`kvtier.io.safefs`. Files
+grow in large preallocated steps, never past the capacity, and never below the
+filesystem's free-space floor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from kvtier.config.settings import DiskFloor
+from kvtier.io.buffers import PAGE, AlignedBuffer
+from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
+from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
+from kvtier.segment.lease import Lease, held_elsewhere, read_lease
+from kvtier.segment.log import Entries, SegmentLog
+from kvtier.segment.names import (
+    INDEX_FILE,
+    LOCK_FILE,
+    META_FILE,
+    SLOT_FILE,
+    TEMP_NAME,
+    WRITERS_DIR,
+    slot_number,
+)
+from kvtier.segment.seats import claim_seat, holds_seat, locked_here
+
+__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
+           "SafeDir"]
+
+log = logging.getLogger(__name__)
+
+GROW_BYTES = 256 * 1024**2
+MAX_META_BYTES = 1 << 20  # namespace.json is a few hundred bytes; anything larger is not ours
+
+
+_OWN_ID = "give each instance its own instance_id (or let kvtier derive one)"
+
+
+def floor_allows(floor: DiskFloor, fd: int, grow: int) -> bool:
+    """True when growing by ``grow`` bytes leaves the filesystem of ``fd`` above ``floor``."""
+    st = os.fstatvfs(fd)
+    free = st.f_bavail * st.f_frsize
+    return free - grow >= max(floor.bytes, int(floor.fraction * st.f_blocks * st.f_frsize))
+
+
+def lock_namespace(directory: SafeDir, advice: str) -> int:
+    """Hold ``directory``'s lock file (``flock``, exclusive) and return its descriptor; raise
+    ``CacheDirError`` (EBUSY) with ``advice`` when another process holds it."""
+    fd = directory.open_file(LOCK_FILE, os.O_RDWR, create=True)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise CacheDirError(errno.EBUSY, f"{directory.path} is in use by another kvtier "
+                            f"process; {advice}") from None
+    return fd
+
+
+def probe_o_direct(directory: SafeDir) -> bool:
+    """True when O_DIRECT writes and reads of one aligned page work in ``directory``."""
+    name = f".o_direct_probe-{os.getpid()}-{secrets.token_hex(4)}"
+    buffer = AlignedBuffer(PAGE, pin=False)
+    try:
+        fd = directory.open_file(name, os.O_RDWR | os.O_EXCL | os.O_DIRECT, create=True)
+    except OSError:
+        buffer.close()
+        return False
+    try:
+        os.pwritev(fd, [buffer.array.data], 0)
+        return os.preadv(fd, [buffer.array.data], 0) == PAGE
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        directory.remove_file(name)
+        buffer.close()
+
+
+def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
+                 share_writers: int) -> SafeDir:
+    """The segment directory of ``writer`` in namespace ``namespace_id`` under ``root``,
+    made (mode 0700) when missing, once ``writer`` holds one of the namespace's
+    ``share_writers`` seats (``claim_seat``); ``namespace.json`` is written when it does not
+    already say ``meta`` (every writer of a namespace writes the same)."""
+    text = json.dumps(meta, indent=2, sort_keys=True).encode()
+    with SafeDir.open(root) as top, top.subdir(namespace_id, create=True) as ns_dir:
+        try:
+            same = ns_dir.read_file(META_FILE, MAX_META_BYTES) == text
+        except OSError:
+            same = False  # not ours, or unreadable: replace it
+        if not same:
+            ns_dir.replace_file(META_FILE, text)
+        with ns_dir.subdir(WRITERS_DIR, create=True) as writers:
+            if writers.lstat(writer) is not None:
+                with writers.subdir(writer) as segment:
+                    refuse_if_locked(segment)  # another process's id: before any seat is looked at
+            claim_seat(ns_dir, writer, share_writers)
+            return writers.subdir(writer, create=True)
+
+
+def refuse_if_locked(segment: SafeDir) -> None:
+    """``CacheDirError`` (EBUSY) when another process holds ``segment``'s lock (a writer of
+    this host writes it); nothing is taken. A lock that cannot be looked at is left to
+    ``lock_namespace`` to report."""
+    if locked_here(segment):
+        raise CacheDirError(errno.EBUSY, f"{segment.path} is in use by another kvtier process; "
+                            f"{_OWN_ID}")
+
+
+def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
+                 segment: SafeDir) -> None:
+    """With the segment's lock held: ``CacheDirError`` (EAGAIN) unless ``segment`` is still
+    ``writer``'s directory and ``writer`` still holds a seat. A reclaim of the segment of a
+    writer gone (``reclaim_segment``, which holds that lock throughout) may have run between
+    the seat's claim and the lock: writing on would make a segment without a seat."""
+    with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
+        with ns_dir.subdir(WRITERS_DIR) as writers:
+            entry = writers.lstat(writer)
+        if entry is None or entry.st_ino != segment.inode() \
+                or not holds_seat(ns_dir, writer, share_writers):
+            raise CacheDirError(errno.EAGAIN, f"the segment of {writer} in {root / namespace_id} "
+                                "was reclaimed (as a writer gone) while this writer opened it; "
+                                "it is opened again at the path's next try")
+
+
+def still_seated(root: Path, namespace_id: str, writer: str, share_writers: int) -> bool:
+    """Whether ``writer`` still holds a seat (its lease's check at each beat); True when that
+    cannot be told (the path's own checks report a path that cannot be read)."""
+    try:
+        with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
+            return holds_seat(ns_dir, writer, share_writers)
+    except OSError:
+        return True
+
+
+class CacheDir:
+    """The slot files of one writer's segment of a namespace on one disk path, opened,
+    locked and leased.
+
+    ``stride`` bytes per slot, ``file_slots`` slots per file, ``num_slots`` in all. Every
+    file is opened through :class:`SafeDir` (no symlink followed, regular files of this user
+    only). Raises :class:`CacheDirError` when the path is unsafe or another process holds the
+    segment; nothing stays open or locked then. ``write_index`` keeps both the dense index
+    and the log that other readers follow; ``lease.beat()`` is the owner's heartbeat.
+    """
+
+    def __init__(self, root: Path, namespace_id: str, meta: dict, *, writer: str,
+                 num_slots: int, stride: int, file_slots: int, o_direct: bool | None,
+                 floor: DiskFloor, share_writers: int = 1,
+                 lease_timeout: float = 120.0) -> None:
+        self.path = root / namespace_id / WRITERS_DIR / writer
+        self.writer = writer
+        self._fds: dict[int, int] = {}
+        self.index_fd = self._lock_fd = -1
+        self.closed = False
+        self.log: SegmentLog | None = None
+        self.lease: Lease | None = None
+        self.dir = open_segment(root, namespace_id, writer, meta, share_writers)
+        try:  # anything failing from here on must not keep the segment locked
+            self._lock_fd = self._take_lock()
+            check_seated(root, namespace_id, writer, share_writers, self.dir)
+            self._check_lease()
+            self._remove_leftovers()
+            self.lease = Lease(self.dir, writer, lease_timeout,
+                               seated=partial(still_seated, root, namespace_id, writer, share_writers))
+            self.lease.beat()
+            probed = probe_o_direct(self.dir)
+            if o_direct and not probed:
+                raise CacheDirError(errno.EINVAL, f"O_DIRECT does not work in {self.path}; set "
+                                    "o_direct to auto or false")
+            self.o_direct = probed if o_direct is None else o_direct
+            self.num_slots, self.stride, self.file_slots = num_slots, stride, file_slots
+            self.floor = floor
+            self._sizes: dict[int, int] = {}
+            self._grow_lock = threading.Lock()
+            self.index_fd = self.dir.open_file(INDEX_FILE, os.O_RDWR, create=True)
+            self._trim_extra_files()
+            self.log = SegmentLog(self.dir, bytes.fromhex(namespace_id), self._index_snapshot,
+                                  rotate_after=max(4096, 2 * num_slots))
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_lease(self) -> None:
+        """``CacheDirError`` (EBUSY) when the segment's lease shows a live writer on another
+        machine: the lock just taken says nothing about one where ``flock`` is not passed on
+        between machines."""
+        elsewhere = held_elsewhere(read_lease(self.dir))
+        if elsewhere:
+            raise CacheDirError(errno.EBUSY, f"{self.path} is in use on another machine: "
+                                f"{elsewhere}; give each engine its own instance_id")
+
+    def _remove_leftovers(self) -> None:
+        """Remove the temporary and probe files a writer of this segment killed midway left
+        (their exact names only; anything else is not kvtier's and stays)."""
+        for name in self.dir.names():
+            if TEMP_NAME.fullmatch(name):
+                with contextlib.suppress(OSError):  # not a regular file of ours: left alone
+                    self.dir.remove_file(name)
+
+    def _take_lock(self) -> int:
+        return lock_namespace(self.dir, _OWN_ID)
+
+    def _index_snapshot(self) -> Entries:
+        """(local slots, entries) of every non-blank entry of the dense index."""
+        data = self.read_index()
+        rows = np.frombuffer(data, np.uint8, len(data) // INDEX_ENTRY_BYTES * INDEX_ENTRY_BYTES)
+        rows = rows.reshape(-1, INDEX_ENTRY_BYTES)
+        written = written_rows(rows)
+        return written.astype(np.uint64), rows[written]
+
+    @property
+    def inode(self) -> int:
+        return self.dir.inode()
+
+    def slots_in_file(self, number: int) -> int:
+        return max(0, min(self.file_slots, self.num_slots - number * self.file_slots))
+
+    def _trim_extra_files(self) -> None:
+        """Check every slot file, and cut them down to the current capacity (after
+        disk_capacity shrank); a slot file that is not a regular file of ours is refused."""
+        for name in self.dir.names():
+            number = slot_number(name)
+            if number is None:
+                continue  # not a name kvtier writes: never truncated nor removed
+            limit = self.slots_in_file(number) * self.stride
+            fd = self.dir.open_file(name, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size > limit:
+                    os.ftruncate(fd, limit)
+            finally:
+                os.close(fd)
+            if limit == 0:
+                self.dir.remove_file(name)
+        if os.fstat(self.index_fd).st_size > self.num_slots * INDEX_ENTRY_BYTES:
+            os.ftruncate(self.index_fd, self.num_slots * INDEX_ENTRY_BYTES)
+
+    def slot_file_numbers(self) -> list[int]:
+        """Numbers of the slot files there are, within the capacity."""
+        numbers = (slot_number(name) for name in self.dir.names())
+        return sorted(n for n in numbers if n is not None and self.slots_in_file(n))
+
+    def write_index(self, local_slot: int, entry: np.ndarray) -> None:
+        """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file and the log
+        (all zeros: the slot was emptied)."""
+        prefix = entry[:INDEX_ENTRY_BYTES].data
+        os.pwrite(self.index_fd, prefix, local_slot * INDEX_ENTRY_BYTES)
+        if self.log is None:
+            raise OSError(errno.EBADF, f"{self.path} has no log open")
+        self.log.append(local_slot, prefix)
+
+    def replace_index(self, entries: Sequence[tuple[int, bytes]]) -> None:
+        """Make the index hold exactly ``entries`` (local slot, entry), atomically: written
+        to a temporary file, synced, then renamed over the index; the log starts again from
+        it. A crash or a full disk midway leaves the index as it was."""
+        temp = f".{INDEX_FILE}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``
+        fd = self.dir.open_file(temp, os.O_RDWR | os.O_EXCL, create=True)
+        try:
+            for local_slot, entry in entries:
+                write_all(fd, entry[:INDEX_ENTRY_BYTES], local_slot * INDEX_ENTRY_BYTES)
+            os.fsync(fd)
+            os.rename(temp, INDEX_FILE, src_dir_fd=self.dir.fd, dst_dir_fd=self.dir.fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.dir.remove_file(temp)
+            raise
+        os.close(self.index_fd)
+        self.index_fd = fd
+        if self.log is not None:
+            self.log.restart()
+
+    def read_index(self) -> bytes:
+        """The index file (empty when it was never written), at most one entry per slot."""
+        size = min(os.fstat(self.index_fd).st_size, self.num_slots * INDEX_ENTRY_BYTES)
+        return read_at(self.index_fd, size, 0)
+
+    def locate(self, local_slot: int) -> tuple[int, int]:
+        """(file number, byte offset) of a slot of this directory."""
+        return divmod(local_slot, self.file_slots)[0], (local_slot % self.file_slots) * self.stride
+
+    def fd(self, number: int) -> int:
+        """The open descriptor of slot file ``number`` (created empty when missing); EBADF
+        once closed (a request that outlived its path's take-down must not reopen files)."""
+        fd = self._fds.get(number)
+        if fd is None:
+            with self._grow_lock:
+                fd = self._fds.get(number)
+                if self.closed:
+                    raise OSError(errno.EBADF, f"{self.path} was closed")
+                if fd is None:
+                    flags = os.O_RDWR | (os.O_DIRECT if self.o_direct else 0)
+                    fd = self.dir.open_file(SLOT_FILE.format(number), flags, create=True)
+                    self._sizes[number] = os.fstat(fd).st_size
+                    self._fds[number] = fd
+        return fd
+    def file_size(self, number: int) -> int:
+        self.fd(number)
+        return self._sizes[number]
+
+    def ensure_allocated(self, number: int, end: int) -> bool:
+        """Make file ``number`` at least ``end`` bytes, preallocated; False below the floor."""
+        if self._sizes.get(number, 0) >= end:
+            return True
+        fd = self.fd(number)
+        with self._grow_lock:
+            size = self._sizes[number]
+            if size >= end:
+                return True
+            step = min(max(end, size + GROW_BYTES), self.slots_in_file(number) * self.stride)
+            for target in dict.fromkeys((step, end)):  # a big step, else just what is needed
+                if not floor_allows(self.floor, self.dir.fd, target - size):
+                    continue
+                try:
+                    os.posix_fallocate(fd, size, target - size)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC or target == end:
+                        raise
+                    continue
+                self._sizes[number] = target
+                return True
+            return False
+
+    def close(self, lease: bool = True) -> None:
+        """Close every file; with ``lease``, the lease says the segment was closed."""
+        if lease and not self.closed and self.lease is not None:
+            self.lease.close()
+        self.closed = True
+        if self.log is not None:
+            self.log.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self.index_fd >= 0:
+            os.close(self.index_fd)
+            self.index_fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        self.dir.close()
+
+
+def aligned_view(buffer: np.ndarray, length: int) -> np.ndarray:
+    """The first ``length`` bytes of ``buffer`` rounded up to a page (for O_DIRECT)."""
+    return buffer[: -(-length // PAGE) * PAGE]

@@ -1,0 +1,1 @@
+"""``KVStore``: the tiers in one process, for use without a serving engine."""

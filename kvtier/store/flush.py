@@ -1,0 +1,155 @@
+"""``KVStore.flush``: every chunk held in memory and not on disk yet is written (host chunks a
+batch at a time, device pool chunks one by one)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from kvtier.keys import ChunkKey
+from kvtier.store.state import DISK, GPU, HOST, StoreShared
+from kvtier.store.writes import PlanRunner, StartedWrite
+from kvtier.tiers.stack import Location
+from kvtier.units import time_left
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What ``flush`` did: chunks it wrote, chunks held in memory still not on disk when it
+    returned (without a disk tier or remote store: every chunk held, as none outlives the
+    process), and whether it stopped at its timeout. True when every chunk held in memory
+    is on disk."""
+
+    written: int
+    not_written: int
+    timed_out: bool = False
+
+    def __bool__(self) -> bool:
+        return self.not_written == 0 and not self.timed_out
+
+
+class Flusher:
+    """Writes the host chunks that have no disk copy, ``batch`` at a time (so that puts
+    meanwhile find host slots), each tried once; writes already in flight are waited for
+    first, as they may fail. A batch is queued whole before its jobs start, so it goes to
+    the disk in groups of neighbouring slots (``PlanRunner``). The disk may evict a chunk
+    that is also in host memory to make room: such a chunk is written again in a later
+    round. A device pool chunk with no copy below it is written from a copy of its own in
+    host memory (not a host slot: the host tier's chunks stay where they are).
+    Without a disk tier there is nothing to write: with a remote store, that store's flush
+    says the rest (``KVStore.flush``; device pool chunks with no host copy count as not
+    written); without one, every chunk held is unwritten."""
+
+    def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
+        self._shared, self._runner = shared, runner
+
+    def flush(self, timeout: float | None) -> FlushResult:
+        lane = self._shared.lane
+        if not lane.num_slots:  # no disk tier: nothing to write to
+            if self._shared.remote is not None:
+                with self._shared.lock:
+                    return FlushResult(0, len(self._device_only()))
+            with self._shared.lock:
+                held = sum(len(index) for index in self._shared.stack.indexes.values())
+            return FlushResult(0, held)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        batch = self._shared.max_pending * len(lane.queues)
+        written = self._write_device_chunks(deadline)
+        drained = lane.drain(time_left(deadline))
+        tried: set[ChunkKey] = set()
+        while drained:
+            # again after each round: its writes may have evicted the disk copy of a host
+            # chunk that had one; each chunk is tried once
+            with self._shared.lock:
+                todo = deque(c for c in self._host_only() if c[0] not in tried)
+            if not todo:
+                break
+            tried.update(key for key, _ in todo)
+            while drained and todo:
+                with self._shared.lock:
+                    started = self._start_writes(todo, batch)
+                self._runner.start_all(started)
+                drained = lane.drain(time_left(deadline))
+                written += sum(1 for w in started if w.future.done() and w.future.result().ok)
+        with self._shared.lock:
+            left = len(self._host_only()) + len(self._device_only())
+        return FlushResult(written, left, timed_out=not drained)
+
+    def _device_only(self) -> list[ChunkKey]:
+        """Device pool chunks with no host or disk copy (lock held), none in another
+        writer's segment either."""
+        indexes, others = self._shared.stack.indexes, self._shared.others
+        if GPU not in indexes:
+            return []
+        below, held = [indexes[tier] for tier in (HOST, DISK)], indexes[GPU].keys()
+        return [key for key in held
+                if not any(index.has_entry(key) for index in below)
+                and (others is None or others.find(key) is None)]
+
+    def _write_device_chunks(self, deadline: float | None) -> int:
+        """Write each device pool chunk with no copy below it to disk, one at a time until
+        ``deadline``, through a copy in host memory of its own (host slots and their chunks
+        are left alone); return how many were written."""
+        with self._shared.lock:
+            keys = self._device_only()
+        written = 0
+        for key in keys:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            written += self._write_device_chunk(key)
+        return written
+
+    def _write_device_chunk(self, key: ChunkKey) -> bool:
+        stack = self._shared.stack
+        with self._shared.lock:
+            if stack.indexes[HOST].has_entry(key) or stack.indexes[DISK].has_entry(key):
+                return False
+            slot = stack.indexes[GPU].pin(key)
+            if slot is None:
+                return False  # evicted meanwhile
+            plan = stack.plan_store(key, DISK)
+            if plan is None:  # no room: counted as not written
+                stack.indexes[GPU].unpin(key)
+                return False
+        try:
+            staged = self._shared.transfers.staged(Location(GPU, slot))
+        except BaseException:
+            with self._shared.lock:
+                stack.finish(key, plan.dst, False)
+            raise
+        finally:
+            with self._shared.lock:
+                stack.indexes[GPU].unpin(key)
+        return bool(self._runner.write_staged(key, staged, plan.dst))
+
+    def _host_only(self) -> list[tuple[ChunkKey, int]]:
+        """(key, host slot) of host chunks with no disk copy and none being written (lock
+        held). A chunk another writer of a shared directory holds has one: it is not
+        written to this store's segment again."""
+        indexes = self._shared.stack.indexes
+        host, disk, others = indexes[HOST], indexes[DISK], self._shared.others
+        found, visible = [], host.keys()
+        for key in visible:
+            slot = host.slot_of(key)
+            if slot is not None and not disk.has_entry(key) \
+                    and (others is None or others.find(key) is None):
+                found.append((key, slot))
+        return found
+
+    def _start_writes(self, todo: deque[tuple[ChunkKey, int]], batch: int) -> list[StartedWrite]:
+        """Queue the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
+        and not on disk (lock held; start them once it is released): they go to the disk in
+        groups of neighbouring slots. A chunk the disk has no room for is skipped."""
+        indexes = self._shared.stack.indexes
+        host, disk = indexes[HOST], indexes[DISK]
+        started: list[StartedWrite] = []
+        while todo and len(started) < batch:
+            key, _ = todo.popleft()
+            slot = host.slot_of(key)  # it may have moved or gone since the flush began
+            if slot is None or disk.has_entry(key):
+                continue
+            write = self._runner.start_disk_write(key, slot)
+            if write is not None:
+                started.append(write)
+        return started

@@ -1,0 +1,195 @@
+"""One ``KVStore.get``: the read window over a prefix's chunks, copied out in order."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+from kvtier.io.batch_reads import READ_GROUP_BYTES
+from kvtier.keys import ChunkKey
+from kvtier.store.chunk_runs import Run
+from kvtier.store.direct import DirectTarget
+from kvtier.store.reads import Fetch, Fetcher, FetchState
+from kvtier.store.state import DISK, HOST, Skip, StoreShared
+from kvtier.store.writes import PlanRunner
+from kvtier.tiers.base import TierName
+from kvtier.tiers.stack import Location
+from kvtier.units import time_left
+
+
+class PrefixRead:
+    """Reads ``keys`` in order into the caller's tensor, up to the first chunk not served.
+
+    Up to ``read_ahead`` chunks are fetched at once (pinned, their disk reads in flight, in
+    groups of neighbouring slots: ``Fetcher.start``); each is verified, copied out and
+    promoted to the top tier in turn. Past the prefix cached here, the remote store is
+    asked once which chunks it holds; those are read into host slots like disk chunks.
+    With a ``direct`` target (the caller's tensor is a
+    direct buffer) a chunk's first read from disk lands in the tensor itself: nothing to
+    copy, and it stays on disk until it is read again. The first chunk not
+    cached, failing its check or given up on ends the prefix; the fetches past it are
+    dropped. Whatever happens, every pin and staging slot is given back.
+
+    A chunk another ``get`` is reading into host memory (``Skip.BUSY``) is waited for, at
+    most ``load_timeout``, once this window is empty, then found in host memory (or read
+    again, or missed, when that read failed). Waiting with an empty window holds no
+    reservation another ``get`` could need, so two gets never wait for each other.
+    """
+
+    def __init__(self, shared: StoreShared, fetcher: Fetcher, runner: PlanRunner,
+                 read_ahead: int, drain_timeout: float, direct: DirectTarget | None = None) -> None:
+        self._shared, self._fetcher, self._runner = shared, fetcher, runner
+        self._direct = direct
+        self._read_ahead, self._drain_timeout = read_ahead, drain_timeout
+        group = max(1, READ_GROUP_BYTES // shared.transfers.chunk_bytes)
+        self._refill = min(group, read_ahead)  # free places in the window worth a refill
+        self._window: deque[Fetch] = deque()
+        self._issued, self._ended, self._may_wait = 0, False, True
+        self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
+        self.loaded: list[TierName] = []
+
+    def run(self, keys: list[ChunkKey], chunks_out: Callable[[int, int], Run]) -> int:
+        """Copy the prefix into the caller's tensor, ``chunks_out(i, n)`` being its chunks
+        ``i`` to ``i + n - 1`` as one ``(n, layers, 2, chunk_tokens, hidden)`` view; return
+        the prefix's chunks."""
+        held = self._fetcher.hold_disk_chunks(keys)
+        try:
+            self._remote = self._remote_tail(keys)
+            if self._remote:  # the window refills by the remote tier's groups
+                assert self._shared.remote is not None
+                group = self._shared.remote.tier.read_group_bytes // self._shared.transfers.chunk_bytes
+                self._refill = max(self._refill, min(group, self._read_ahead))
+            while self._fill(keys):
+                fetches = self._next_run()
+                try:
+                    if not self._copy(fetches, chunks_out):
+                        break
+                finally:
+                    self._fetcher.release(*fetches)
+        finally:
+            self._finish(held, len(keys))
+        return len(self.loaded)
+
+    def _next_run(self) -> list[Fetch]:
+        """The window's first fetch, and the chunks after it held in the slots that follow
+        its own in the same memory tier: they are copied out together."""
+        run = [self._window.popleft()]
+        while run[0].state is FetchState.HOT and self._window:
+            last, after = run[-1].loc, self._window[0]
+            if after.state is not FetchState.HOT or after.loc.tier is not last.tier \
+                    or after.loc.slot != last.slot + 1:
+                break
+            run.append(self._window.popleft())
+        return run
+
+    def _remote_tail(self, keys: list[ChunkKey]) -> set[ChunkKey]:
+        """The keys after the prefix cached here (or in a shared directory) that the remote
+        store holds, from the first on: one round trip, only when some are not cached."""
+        remote, others = self._shared.remote, self._shared.others
+        if remote is None:
+            return set()
+        with self._shared.lock:
+            cached = 0
+            for key in keys:
+                if self._shared.stack.locate(key) is None \
+                        and (others is None or others.find(key) is None):
+                    break
+                cached += 1
+        tail = keys[cached:]
+        return set(tail[:remote.present(tail)])
+
+    def _fill(self, keys: list[ChunkKey]) -> bool:
+        """Once a whole read group fits in the window, begin fetches up to its size, starting
+        the reads of each group together as soon as it is begun (so they go to the disk in
+        groups); True while one waits."""
+        if self._window and self._read_ahead - len(self._window) < self._refill:
+            return True
+        begun: list[Fetch] = []
+        try:
+            while not self._ended and self._issued < len(keys) and len(self._window) < self._read_ahead:
+                fetch = self._begin(keys[self._issued])
+                if fetch in (Skip.NO_ROOM, Skip.BUSY) and self._window:
+                    break  # host slots held by this window, or a wait: complete one first
+                if not isinstance(fetch, Fetch):
+                    self._ended = True
+                    break
+                self._window.append(fetch)
+                begun.append(fetch)
+                self._issued += 1
+                if len(begun) == self._refill:
+                    started, begun = begun, []
+                    self._fetcher.start(started)
+        finally:
+            self._fetcher.start(begun)
+        return bool(self._window)
+
+    def _begin(self, key: ChunkKey) -> Fetch | Skip:
+        direct = None if self._direct is None else (self._direct, self._issued)
+        remote = key in self._remote
+        fetch = self._fetcher.begin(key, direct, remote)
+        lane = self._shared.lane
+        if fetch is Skip.NO_ROOM and not self._window and self._may_wait and lane.pending():
+            # host slots held by background writes: wait for them once
+            self._may_wait = lane.drain(timeout=self._drain_timeout)
+            fetch = self._fetcher.begin(key, direct, remote)
+        if fetch is Skip.BUSY and not self._window:  # this window holds nothing: wait
+            fetch = self._after_staging(key, direct, remote)
+        return fetch
+
+    def _after_staging(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
+                       remote: bool) -> Fetch | Skip:
+        """``key`` is being read into host memory by another ``get``: wait for that read to
+        end (at most ``load_timeout`` in all), then begin the chunk again; ``END`` past it."""
+        timeout = self._shared.config.load_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fetch: Fetch | Skip = Skip.BUSY
+        while fetch is Skip.BUSY and self._fetcher.wait_staged(key, time_left(deadline)):
+            fetch = self._fetcher.begin(key, direct, remote)
+        return Skip.END if fetch is Skip.BUSY else fetch
+
+    def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], Run]) -> bool:
+        """Copy out a run from ``_next_run`` (one chunk unless they are all in memory)."""
+        source = self._fetcher.complete(fetches[0])
+        if source is None:
+            return False
+        if source.tier is not DISK:  # else read straight into the caller's tensor
+            self._runner.copy(chunks_out(len(self.loaded), len(fetches)),
+                              self._shared.transfers.run_of(source, len(fetches)))
+            # the first from where it completed (a staging slot, for a disk read), the
+            # others, all in memory, from where they are pinned
+            for fetch, copied_from in zip(fetches, [source] + [f.loc for f in fetches[1:]],
+                                          strict=True):
+                self._after_copy(fetch, copied_from)
+        self.loaded += [fetch.loc.tier for fetch in fetches]
+        return True
+
+    def _after_copy(self, fetch: Fetch, source: Location) -> None:
+        """A chunk copied out from ``source``: promoted to the top tier, offered to the
+        remote store."""
+        if source.tier is not self._shared.top:
+            self._runner.promote(fetch.key, source)
+        remote = self._shared.remote
+        if remote is not None and source.tier is HOST:  # it may have earned its write
+            with self._shared.lock:
+                remote.loaded(fetch.key, source.slot)
+            remote.start()
+
+    def _finish(self, held: list, wanted: int) -> None:
+        try:
+            error: BaseException | None = None
+            for fetch in self._window:  # past the end of the prefix: not needed any more
+                try:
+                    self._fetcher.drop_unused(fetch)
+                except BaseException as exc:  # the others are still let go of, each of them
+                    error = error or exc
+                finally:
+                    self._fetcher.release(fetch)
+            if error is not None:
+                raise error
+            self._shared.sync()
+        finally:
+            self._fetcher.unpin(held)
+            with self._shared.lock:
+                self._shared.stats.chunks_loaded.update(self.loaded)
+                self._shared.stats.chunks_missed += wanted - len(self.loaded)

@@ -1,0 +1,394 @@
+"""``KVStore``: the tiered store in one process, for use without a serving engine.
+
+    store = KVStore(KVLayout(num_layers=32, kv_heads=8, head_size=128), {"host_capacity": "8GiB"},
+                    model="meta-llama/Llama-3.1-8B")
+    store.put(tokens, kv)                 # kv: (layers, 2, len(tokens), kv_heads * head_size)
+    hit = store.lookup(tokens)            # hit.tokens cached, hit.chunks_by_tier
+    n = store.get(tokens, out)            # fills out[:, :, :n] and returns n
+
+Bookkeeping runs under one lock; bytes move outside it, so puts and gets from many threads
+overlap. Disk writes run in the background on the I/O engine; disk reads of one ``get`` run
+in parallel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvtier.config.settings import KVTierConfig, load_config
+from kvtier.disk.lane import DiskLane, NoDisk, open_lane
+from kvtier.disk.tier import DiskTier
+from kvtier.io.buffers import align_up
+from kvtier.io.direct_buffer import DirectBuffers
+from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
+from kvtier.keys import ChunkKey, token_chunk_keys
+from kvtier.layout import DTYPE_BYTES, KVLayout
+from kvtier.logs import FailureLog, apply_log_level
+from kvtier.metrics import MetricsServer, Sample, serve_metrics
+from kvtier.shared.view import WriterState
+from kvtier.store.checks import check_layout, check_tiers, model_name
+from kvtier.store.chunk_runs import ChunkRuns
+from kvtier.store.direct import DirectTarget, claim, empty_kv
+from kvtier.store.flush import Flusher, FlushResult
+from kvtier.store.gate import CallGate
+from kvtier.store.get import PrefixRead
+from kvtier.store.others import open_others
+from kvtier.store.puts import put_chunks
+from kvtier.store.reads import Fetcher
+from kvtier.store.remote import open_store_remote
+from kvtier.store.state import StoreShared
+from kvtier.store.stats import StoreStats, store_samples
+from kvtier.store.transfers import Transfers
+from kvtier.store.writes import PlanRunner, write_queue_bound
+from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.tiers.gpu import DevicePool
+from kvtier.tiers.host import HostTier, make_host_tier
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import make_policy
+from kvtier.tiers.stack import TierStack
+
+Tokens = Sequence[int] | np.ndarray
+GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
+REMOTE = TierName.REMOTE
+log = logging.getLogger("kvtier")
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """How much of a token sequence is cached: ``tokens`` (whole chunks) and where."""
+
+    tokens: int
+    chunks_by_tier: Mapping[TierName, int] = field(default_factory=dict)
+
+
+class KVStore:
+    """A tiered KV store: device pool (``gpu_capacity``), host memory (``host_capacity``),
+    then disk (``disk_paths``, ``disk_capacity``), then a remote store (``remote_url``).
+
+    Chunks of ``chunk_tokens`` tokens are keyed by their whole prefix, placed in the hottest
+    tier, moved down a tier when evicted, and promoted to the hottest tier when read. With
+    ``write_through`` every chunk that reaches host memory is also written to disk in the
+    background (dropped, and counted, when the disk queue is full); with ``write_back`` a
+    chunk is written when host memory evicts it. Chunks on disk survive restarts. With a
+    remote store, chunks that reach host memory are written to it in the background (with
+    ``remote_min_hits``, once loaded that often), and chunks cached nowhere here are looked
+    for there (one round trip per ``lookup`` or ``get``) and read into host memory.
+
+    ``io_engine`` builds the disk's I/O engine (an ``IOExecutor``; tests pass one that can
+    hold or fail jobs).
+    """
+
+    def __init__(self, layout: KVLayout, config: KVTierConfig | Mapping[str, Any] | None = None,
+                 *, model: str | None = None, device: torch.device | str | None = None,
+                 io_engine: EngineFactory = IOEngine) -> None:
+        check_layout(layout)
+        self.config = cfg = config if isinstance(config, KVTierConfig) else load_config(config)
+        apply_log_level()
+        self.layout = layout
+        self.chunk_tokens = cfg.chunk_tokens
+        self.namespace = layout.namespace(model_name(model, cfg), self.chunk_tokens)
+        self.chunk_bytes = layout.token_bytes * self.chunk_tokens
+        self.slot_bytes = align_up(self.chunk_bytes)
+        self._lock = threading.Lock()
+        self._stats = StoreStats()
+        self._failures = FailureLog()
+        self.tiers: dict[TierName, MemoryTier] = {}
+        self._lane: DiskLane | NoDisk = NoDisk()
+        self._metrics: MetricsServer | None = None
+        self._shared: StoreShared  # made in _start, once the tiers are open
+        self._gate = CallGate()  # the calls in flight, and whether close() has begun
+        self._io_engine = io_engine
+        self._direct = DirectBuffers()
+        try:  # a failed start must not keep memory, files or the namespace lock
+            self._start(device)
+        except BaseException:
+            self._release_all()
+            raise
+
+    def _start(self, device: torch.device | str | None) -> None:
+        cfg = self.config
+        if cfg.gpu_capacity >= self.slot_bytes:
+            self.tiers[GPU] = DevicePool(cfg.gpu_capacity // self.slot_bytes, self.slot_bytes, device)
+        if cfg.host_capacity >= self.slot_bytes:
+            self.tiers[HOST] = make_host_tier(cfg.host_capacity, self.slot_bytes)
+        check_tiers(cfg, set(self.tiers), self.chunk_tokens, self.slot_bytes)
+        # write-back moves get their own queue per path: a put or get waiting on one must not
+        # queue behind background writes and read-ahead
+        self._lane = open_lane(cfg, self.namespace, self.chunk_bytes, DTYPE_BYTES[self.layout.dtype],
+                               lock=self._lock, on_back=lambda index: self._shared.path_back(index),
+                               failures=self._failures, move_lanes=True,
+                               engine_factory=self._io_engine)
+        policy = cfg.eviction_policy
+        levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in self.tiers.items()]
+        levels.append((DISK, SlotIndex(self._lane.num_slots, make_policy(policy))))  # 0 without disk
+        self._stack = TierStack(levels)
+        self._top = self._stack.order[0]
+        self._transfers = Transfers(self.tiers, self._lane.tier, self.chunk_bytes,
+                                    getattr(torch, self.layout.dtype),
+                                    self.layout.shape(self.chunk_tokens))
+        host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 0
+        self._max_pending = write_queue_bound(cfg, host_slots, len(self._lane.queues))
+        self._shared = StoreShared(cfg, self._lock, self._stack, self._top, self._lane,
+                                   self._transfers, self._stats, self._failures, self.tiers,
+                                   self._max_pending)
+        self._runner = PlanRunner(self._shared)
+        self._fetcher = Fetcher(self._shared, self._runner)
+        self._flusher = Flusher(self._shared, self._runner)
+        self._recover()
+        host = self.tiers.get(HOST)
+        others = open_others(cfg, self.namespace, self.chunk_bytes, self._lane,
+                             host if isinstance(host, HostTier) else None)
+        if others is not None:  # another writer's chunk is never copied into this segment
+            self._stack.on_disk_elsewhere = lambda key: others.find(key) is not None
+        self._shared.others = others
+        self._shared.remote = open_store_remote(cfg, self.namespace, self.chunk_bytes,
+                                                host if isinstance(host, HostTier) else None,
+                                                self._stack, self._stats, self._failures,
+                                                self._lock)
+        if cfg.metrics_port:
+            self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples, cfg.metrics_host)
+        host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
+        self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
+
+    @property
+    def disk(self) -> DiskTier | None:
+        """The disk tier (None without ``disk_paths``), for inspection."""
+        return self._lane.tier
+
+    def _recover(self) -> None:
+        report = self._lane.recover(threads=self.config.io_threads)
+        index = self._stack.indexes[DISK]
+        for found in sorted(report.slots, key=lambda r: r.header.generation):  # oldest evicts first
+            index.adopt(found.header.key, found.slot)
+        self._stats.recovered_chunks = len(index)
+        self._stats.torn_slots = report.torn
+        self._shared.retire_down_paths()
+
+    def _release_all(self) -> None:
+        """Give back what a start that failed had taken (nothing is running yet)."""
+        if self._metrics is not None:
+            self._metrics.close()
+        shared = getattr(self, "_shared", None)
+        if shared and shared.others:
+            shared.others.close()
+        if shared and shared.remote:
+            shared.remote.close(0)
+        self._lane.close(0)
+        transfers = getattr(self, "_transfers", None)
+        if transfers is not None:  # its views of host memory go before the memory
+            transfers.close()
+        for tier in self.tiers.values():
+            tier.close()
+
+    # -- public API ---------------------------------------------------------------------
+
+    def keys(self, tokens: Tokens) -> list[ChunkKey]:
+        """Chunk keys of the full chunks of ``tokens`` (``TokenError`` unless they are
+        integers in int64's range)."""
+        self._gate.check()
+        return token_chunk_keys(self.namespace, tokens)
+
+    def put(self, tokens: Tokens, kv: torch.Tensor) -> int:
+        """Store the KV of every full chunk of ``tokens``; return the tokens newly stored.
+
+        ``kv`` has shape ``(layers, 2, n, kv_heads * head_size)`` with ``n >= len(tokens)``
+        rounded down to whole chunks. Chunks already cached are only marked recent. At most
+        as many chunks as the largest tier holds are stored (a longer prefix would lose its
+        own first chunks to the put or to the gets that promote them); those past it count
+        in ``chunks_skipped``.
+        """
+        with self._gate:
+            keys = self.keys(tokens)
+            self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
+            self._poll()
+            stored = put_chunks(self._shared, self._runner, keys,
+                                ChunkRuns(kv, self.chunk_tokens, len(keys)).run,
+                                self._drain_timeout())
+            with self._lock:
+                self._stats.chunks_stored += stored
+            return stored * self.chunk_tokens
+
+    def _poll(self) -> None:
+        """Every call: disk paths due a retry are tried again (in the background), and paths
+        taken out by a check of their own (their lease) are retired."""
+        self._lane.poll()
+        with self._lock:
+            self._shared.retire_down_paths()
+
+    def _drain_timeout(self) -> float:
+        timeout = self.config.load_timeout
+        return 30.0 if timeout is None else min(30.0, timeout)
+
+    def lookup(self, tokens: Tokens) -> PrefixHit:
+        """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
+        with self._gate:
+            keys = self.keys(tokens)
+            self._poll()
+            others = self._shared.others
+            tiers: list[TierName] = []
+            with self._lock:
+                for key in keys:
+                    loc = self._stack.locate(key)
+                    if loc is None and (others is None or others.find(key) is None):
+                        break
+                    tiers.append(loc.tier if loc is not None else SHARED)
+            remote = self._shared.remote
+            if remote is not None and len(tiers) < len(keys):  # one round trip for the rest
+                tiers += [REMOTE] * remote.present(keys[len(tiers):])
+            return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
+
+    def get(self, tokens: Tokens, out: torch.Tensor) -> int:
+        """Copy the longest cached prefix of ``tokens`` into ``out``; return its length.
+
+        ``out`` has shape ``(layers, 2, m, kv_heads * head_size)``; at most ``m`` tokens
+        (whole chunks) are loaded into ``out[:, :, :n]``. Disk chunks are read in parallel
+        and verified; a chunk that fails its check ends the prefix there and is dropped.
+        Chunks read from a colder tier are promoted to the hottest one; into a tensor from
+        :meth:`empty_kv`, a chunk's first read from disk lands in ``out`` directly and it is
+        promoted on its next read. ``out[:, :, n:]`` may have been written.
+        """
+        with self._gate:
+            keys = self.keys(tokens)
+            self.layout.check_tensor(out, 0, "out")
+            self._poll()
+            keys = keys[: out.shape[2] // self.chunk_tokens]
+            runs = ChunkRuns(out, self.chunk_tokens, len(keys), into=True)
+            # a second get into these bytes waits (only disk reads detach pages)
+            with claim(self._direct, out) if self.disk else nullcontext():
+                direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
+                read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
+                                  self._drain_timeout(), direct)
+                return read.run(keys, runs.run) * self.chunk_tokens
+
+    def empty_kv(self, num_tokens: int) -> torch.Tensor:
+        """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk
+        chunks straight into, with no copy through host memory. Reuse it across gets, as
+        its pages are faulted in once; its memory is freed with the last view of it."""
+        self._gate.check()
+        return empty_kv(self._direct, self.layout, num_tokens)
+
+    def flush(self, timeout: float | None = None) -> FlushResult:
+        """Write every chunk held in host memory or the device pool (from a copy of its
+        own, not a host slot) that is not on disk yet, write-through writes dropped under back-pressure and
+        write-back chunks not evicted yet included, then wait for every disk write, at most
+        ``timeout`` seconds. True when every chunk held is on disk; ``not_written`` says
+        how many are not (disk full or failing, a hung drive). With a remote store, host
+        chunks it is not known to hold are written to it too (those its back-pressure
+        dropped), and every write to it is waited for (within the same ``timeout``);
+        without a disk tier, true when those writes are over and no chunk is held only in
+        the device pool. With neither, nothing outlives the process: ``not_written``
+        counts every chunk held, and the result is false once one is."""
+        with self._gate:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self._poll()
+            result = self._flusher.flush(timeout)
+            remote = self._shared.remote
+            if remote is not None and not remote.flush(deadline):
+                return dataclasses.replace(result, timed_out=True)
+            return result
+
+    def stats(self) -> StoreStats:
+        """A snapshot of the counters (after ``close`` too: the last ones)."""
+        with self._lock:
+            self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
+            self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
+            self._shared.retire_down_paths()
+            others = self._shared.others
+            if others is not None:
+                self._stats.shared_chunks = len(others.view)
+                self._stats.shared_writers = len(others.writers())
+                self._stats.shared_reclaimed = others.view.reclaimed
+                self._stats.shared_seats_freed = others.view.seats_freed
+            if self._shared.remote is not None:
+                self._stats.remote_down = self._shared.remote.tier.down
+            return self._stats.snapshot()
+
+    def writers(self) -> list[WriterState]:
+        """The other writers of this store's namespace on its disk paths, as last seen
+        (empty without a disk tier or with ``share_refresh`` off; after ``close``, as last
+        seen before it)."""
+        others = self._shared.others
+        return others.writers() if others is not None else []
+
+    def _tiers_in_use(self) -> list[tuple[TierName, SlotIndex]]:
+        """The tiers' indexes, without the empty disk level of a store without disk_paths."""
+        return [(name, index) for name, index in self._stack.indexes.items()
+                if name is not DISK or self.config.disk_paths]
+
+    def metric_samples(self) -> list[Sample]:
+        """The store's metrics (what ``metrics_port`` serves; after ``close`` too)."""
+        stats = self.stats()
+        with self._lock:
+            used = {str(name): len(index) for name, index in self._tiers_in_use()}
+            slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
+        # engine jobs, and the chunks waiting to go to the disk together in a write job
+        remote = self._shared.remote
+        return store_samples(stats, slots, used, self._lane.pending() + self._runner.writes_waiting,
+                             remote=None if remote is None else (remote.backend,
+                                                                 remote.lane.puts_pending),
+                             shared=self._shared.others is not None)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Finish background writes and release memory, files and threads; True when done.
+
+        No call is let in from now on (``StoreClosedError``); calls in other threads already
+        inside are waited for, then disk jobs, at most ``timeout`` seconds in all. Jobs
+        still running then (a hung drive) are left behind: queued ones are cancelled (a call
+        waiting on one raises ``StoreClosedError``), and the host memory and disk files the
+        running ones, or calls still inside, use stay open until the process exits, or a
+        later ``close`` (False is returned). A second ``close`` meanwhile waits for the
+        first (within its own ``timeout``), then finishes what is left.
+        """
+        deadline = time.monotonic() + timeout
+        if not self._gate.closing(timeout):
+            return False  # another close() is still at it
+        try:
+            return self._close(deadline, timeout)
+        finally:
+            self._gate.closed_by_me()
+
+    def _close(self, deadline: float, timeout: float) -> bool:
+        self._gate.close(timeout)  # the calls inside leave; none comes in
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        remote = self._shared.remote
+        if remote is not None and not remote.close(_left(deadline)):  # its I/O uses host memory
+            self._lane.close(0)
+            return False
+        if not self._lane.close(_left(deadline)):
+            return False  # a hung drive: its I/O still uses host memory
+        if not self._gate.close(_left(deadline)):  # they wait no more on I/O: they leave now
+            log.error("kvtier KVStore.close: %d calls still running after %g s; host memory "
+                      "stays until they end and close() is called again", self._gate.inside,
+                      timeout)
+            return False
+        if self._shared.others:  # after the lane: no read of another writer's chunk is left
+            self._shared.others.close()
+        self._transfers.close()  # its views of host memory go before the memory
+        for tier in self.tiers.values():
+            tier.close()
+        return True
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
+

@@ -1,0 +1,338 @@
+"""Running a store's plans: demotions down the tiers, the chunk's own copy, write-through
+and write-back to disk, promotions. One ``PlanRunner`` per ``KVStore``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from kvtier.config.settings import KVTierConfig, WritePolicy
+from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.store.chunk_runs import Run, copy_run
+from kvtier.store.state import DISK, HOST, StoreShared
+from kvtier.tiers.host import HostTier
+from kvtier.tiers.stack import Location, Move, StorePlan
+
+# background write jobs running at once per path (at most io_threads): each writes up to
+# WRITE_GROUP_BYTES, and chunks queued meanwhile wait to go together in the next one
+WRITE_JOBS_PER_PATH = 2
+
+
+def write_queue_bound(cfg: KVTierConfig, host_slots: int, paths: int) -> int:
+    """Background writes a path queues before write-through drops (``max_pending``): its
+    share of half the host slots, a quarter with a remote store (whose own writes may hold
+    up to half), and at least 4 per I/O thread. A bound in chunks alone dropped most writes
+    of a burst of small chunks, each then written on its own when evicted."""
+    share = 4 if cfg.remote_url else 2
+    return max(4 * cfg.io_threads, host_slots // (share * max(1, paths)))
+
+
+@dataclass(frozen=True)
+class StartedWrite:
+    """A queued disk write: its outcome (``future``), and the job to submit once the lock is
+    released (``group``, when the write opened one)."""
+
+    future: Future[IOResult]
+    groups: WriteGroups[Move]
+    group: WriteGroup[Move] | None
+
+
+class PlanRunner:
+    """Carries out ``StorePlan``s of the tier stack.
+
+    Contract: ``run(plan, fill)`` runs the plan's demotions, then ``fill(dst)``, and
+    finishes every reservation it holds, whatever fails; a demotion to disk not over by
+    ``load_timeout`` (a hung drive) fails the plan, its slots staying reserved until that
+    write ends. A chunk that reaches host memory is written to disk in the background under
+    ``write_through`` (dropped, and counted, when the path's queue is full), and offered to
+    the remote tier (``StoreRemote.reached_host``).
+
+    Background writes (write-through and ``flush``) are group commits: at most
+    ``WRITE_JOBS_PER_PATH`` jobs per path write at once, and the chunks queued meanwhile go
+    together in the next job, up to ``WRITE_GROUP_BYTES`` (``WriteGroups``). A path's
+    queue is full when ``max_pending`` chunks are queued or being written on it. Each chunk
+    keeps its host slot pinned until its write ends, has its disk reservation finished and
+    its outcome counted on its own, and its future is settled inside the job.
+    """
+
+    def __init__(self, shared: StoreShared) -> None:
+        self.shared = shared
+        lane, cfg = shared.lane, shared.config
+        per_group = WRITE_GROUP_BYTES // max(1, shared.transfers.chunk_bytes)
+        jobs = min(cfg.io_threads, WRITE_JOBS_PER_PATH)
+        self._groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
+                                           self._settle_group, per_group, jobs, lambda: lane.closed)
+                        for queue in lane.queues}
+        self._behind = 0  # device pool victims being written to disk from copies (lock held)
+
+    def copy_in(self, chunk: Run, dst: Location) -> None:
+        """Copy ``chunk`` (a run of one) into its slot."""
+        self.copy(self.shared.transfers.run_of(dst, 1), chunk)
+
+    def fill_run(self, plans: Sequence[StorePlan], chunks: Run) -> None:
+        """Copy ``chunks`` (a run of ``len(plans)``: ``chunk_runs``) into the plans' slots
+        with one copy, and finish every reservation. The slots follow one another in one
+        memory tier from ``plans[0].dst``; the plans' demotions are done."""
+        ok = False
+        try:
+            self.copy(self.shared.transfers.run_of(plans[0].dst, len(plans)), chunks)
+            self.shared.sync()
+            ok = True
+        finally:
+            for plan in plans:
+                self.finish(plan.key, plan.dst, ok)
+
+    def copy(self, target: Run, source: Run) -> None:
+        """Copy run ``source`` into ``target``. With a disk or remote tier, a copy in CPU
+        memory runs on this thread alone: torch's copy hands parts to its worker threads,
+        which then wait spinning for more and take the cores the I/O needs."""
+        copy_run(target, source, threads=not (self._groups or self.shared.remote is not None))
+
+    def run(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
+        """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
+        if not self.demote(plan):
+            return False
+        ok = False
+        try:
+            fill(plan.dst)
+            self.shared.sync()
+            ok = True
+        finally:
+            self.finish(plan.key, plan.dst, ok)
+        return ok
+
+    def demote(self, plan: StorePlan) -> bool:
+        """Run the plan's demotions, deepest first. False when a write to disk is not over
+        by ``load_timeout`` (a hung drive): the later moves and the plan itself then fail,
+        and their slots stay reserved until that write ends, as it still reads from them."""
+        for i, move in enumerate(plan.demotions):
+            try:
+                hung = self._move(move)
+            except BaseException:
+                self._fail_reservations(plan, i + 1)
+                raise
+            if hung is not None:
+                hung.add_done_callback(partial(self._fail_reservations, plan, i + 1))
+                return False
+        return True
+
+    def _fail_reservations(self, plan: StorePlan, first_move: int, _: Future | None = None) -> None:
+        with self.shared.lock:
+            for move in plan.demotions[first_move:]:
+                self.shared.stack.finish(move.key, move.dst, False)
+            self.shared.stack.finish(plan.key, plan.dst, False)
+
+    def _move(self, move: Move) -> Future | None:
+        """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
+        I/O engine; one not over by ``load_timeout`` is left running and returned: it is
+        counted and logged, and its reservation is finished when it ends."""
+        if move.dst.tier is not DISK:
+            result = IOResult(IOStatus.IO_ERROR, detail="move did not run")
+            try:
+                result = self.shared.transfers.copy(move.key, move.src, move.dst)
+                self.shared.sync()
+            finally:
+                self.finish(move.key, move.dst, result.ok)
+            return None
+        if move.src.tier is not HOST:
+            self._write_behind(move)
+            return None
+        return self._disk_move(move, partial(self.shared.transfers.copy, move.key, move.src, move.dst))
+
+    def _write_behind(self, move: Move) -> None:
+        """Write a device pool's victim to disk from a copy of its own in host memory, in
+        the background (its slot is free once the copy is made, so a put never waits on the
+        disk, nor on a hung one). At most ``max_pending`` such copies wait at once; past
+        that the victim is dropped (counted in ``drops``)."""
+        disk = self.shared.transfers.disk
+        assert disk is not None, "a move to disk needs the disk tier"
+        with self.shared.lock:
+            if self._behind >= self.shared.max_pending:
+                self.shared.stack.finish(move.key, move.dst, False)
+                self.shared.stack.drops += 1
+                return
+            self._behind += 1
+        try:
+            staged = self.shared.transfers.staged(move.src)
+            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot),
+                                            partial(disk.write, move.dst.slot, move.key, staged))
+        except BaseException:  # the copy failed, or the engine is closed: nothing runs
+            self._written_behind(move, None)
+            raise
+        write.add_done_callback(partial(self._written_behind, move))
+
+    def _written_behind(self, move: Move, write: Future | None) -> None:
+        with self.shared.lock:
+            self._behind -= 1
+        if write is None:
+            self.finish(move.key, move.dst, False)
+        else:
+            self._moved(move, _result_of(write))
+
+    def write_staged(self, key: ChunkKey, staged: np.ndarray, dst: Location) -> bool | None:
+        """Write a chunk from ``staged`` (``Transfers.staged``) into disk slot ``dst``, which
+        ``plan_store`` reserved, and finish that reservation: True when written, False when
+        the write failed, None when it is not over by ``load_timeout`` (left running)."""
+        disk = self.shared.transfers.disk
+        assert disk is not None, "a staged write goes to the disk tier"
+        move = Move(key, dst, dst)  # no memory slot to give back: the copy is the write's own
+        if self._disk_move(move, partial(disk.write, dst.slot, key, staged)) is not None:
+            return None
+        with self.shared.lock:
+            return self.shared.stack.indexes[DISK].slot_of(key) == dst.slot
+
+    def _disk_move(self, move: Move, job: Callable[[], IOResult]) -> Future | None:
+        """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``."""
+        try:
+            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot), job)
+        except BaseException:  # the engine is closed: nothing runs
+            self.finish(move.key, move.dst, False)
+            raise
+        try:
+            result = write.result(timeout=self.shared.config.load_timeout)
+        except TimeoutError:
+            return self._left_running(move, write)
+        except Exception as exc:  # the copy raised: a failed write, never a crash
+            result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
+        self._moved(move, result)
+        return None
+
+    def _left_running(self, move: Move, write: Future) -> Future:
+        """A write-back past ``load_timeout``: counted, logged once, and finished when it ends."""
+        self.shared.timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
+                        f"no answer after {self.shared.config.load_timeout:g} s (load_timeout); the put "
+                        "or get that needed its host slot went on without it")
+        write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
+        return write
+
+    def _moved(self, move: Move, result: IOResult) -> None:
+        self.finish(move.key, move.dst, result.ok)
+        with self.shared.lock:
+            self.shared.account_write(result)
+
+    def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> None:
+        """Finish a reservation (with ``pin``, pin the chunk there in the same breath); a
+        chunk that reached host memory starts its write-through."""
+        remote = self.shared.remote
+        with self.shared.lock:
+            self.shared.stack.finish(key, dst, ok)
+            if ok and pin:
+                self.shared.stack.indexes[dst.tier].pin(key)
+            write = self._write_through(key, dst.slot) if ok and dst.tier is HOST else None
+            if remote is not None and ok and dst.tier is HOST:
+                remote.reached_host(key, dst.slot)
+        try:
+            if write is not None:
+                self.start(write)
+        finally:
+            if remote is not None:
+                remote.start()
+
+    def _write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
+        """Queue the background disk write of a chunk that just reached host (lock held);
+        dropped when its path's queue is full (``flush`` writes it later)."""
+        if self.shared.config.write_policy is not WritePolicy.WRITE_THROUGH:
+            return None
+        if self.shared.stack.indexes[DISK].has_entry(key):
+            return None
+        return self.start_disk_write(key, host_slot, may_drop=True)
+
+    def start_disk_write(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> StartedWrite | None:
+        """Reserve a disk slot for a host chunk and queue its write (lock held; pass the
+        result to ``start`` once the lock is released). None when there is no room, or the
+        path's queue is full (``max_pending`` chunks queued or being written) and
+        ``may_drop``. The host slot stays pinned until the write ends."""
+        plan = self.shared.stack.plan_store(key, DISK)
+        if plan is None:
+            return None
+        groups = self._groups[self.shared.lane.queue_of(plan.dst.slot)]
+        if may_drop and groups.pending >= self.shared.max_pending:
+            self.shared.stack.finish(key, plan.dst, False)
+            self.shared.stats.dropped_writes += 1
+            self.shared.failures.note("write-through dropped", "the disk write queue is full; "
+                                "chunks stay in host memory until flush() or eviction "
+                                "writes them (counted in dropped_writes)")
+            return None
+        self.shared.stack.indexes[HOST].pin(key)
+        future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
+        return StartedWrite(future, groups, group)
+
+    @property
+    def writes_behind(self) -> bool:
+        """True when a chunk reaching host memory starts a background write (write-through
+        to disk, or to the remote store)."""
+        through = self.shared.config.write_policy is WritePolicy.WRITE_THROUGH
+        return (bool(self._groups) and through) or self.shared.remote is not None
+
+    @property
+    def writes_pending(self) -> int:
+        """Chunks whose background disk writes are queued or running, over every path."""
+        return sum(groups.pending for groups in self._groups.values())
+
+    @property
+    def writes_waiting(self) -> int:
+        """Chunks whose background disk writes wait for a job, over every path."""
+        return sum(groups.waiting for groups in self._groups.values())
+
+    def start(self, write: StartedWrite) -> None:
+        """Submit the job ``start_disk_write`` opened, if any (lock not held)."""
+        if write.group is not None:
+            write.groups.start(write.group)
+
+    def start_all(self, writes: list[StartedWrite]) -> None:
+        """``start`` each; once one is refused (the engine closed), the rest are let go of
+        (settled as never written, their pins and reservations given back), then it raises."""
+        for i, write in enumerate(writes):
+            try:
+                self.start(write)
+            except BaseException:
+                for rest in writes[i + 1:]:
+                    if rest.group is not None:
+                        rest.groups.abandon(rest.group)
+                raise
+
+    def _write_group(self, writes: list[Move]) -> list[IOResult]:
+        """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
+        chunk that failed (I/O error, no space) along with others is written once more on its
+        own, so one bad sector, or the last free bytes, fail only the chunks they concern."""
+        host = self.shared.tiers[HOST]
+        assert isinstance(host, HostTier), "disk writes come from host slots"
+        items = [(w.dst.slot, w.key, host.slot_array(w.src.slot)) for w in writes]
+        results = self.shared.lane.write_many(items)
+        if len(items) > 1:
+            for i, result in enumerate(results):
+                if result.status in (IOStatus.IO_ERROR, IOStatus.NO_SPACE):
+                    results[i] = self.shared.lane.write_many([items[i]])[0]
+        return results
+
+    def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
+        """Finish each write's disk reservation, unpin its host slot and count its outcome
+        (a write that never ran, at close, is not counted)."""
+        with self.shared.lock:
+            for i, write in enumerate(writes):
+                ok = results is not None and results[i].ok
+                self.shared.stack.finish(write.key, write.dst, ok)
+                self.shared.stack.unpin(write.key, write.src)
+                if results is not None:
+                    self.shared.account_write(results[i])
+
+    def promote(self, key: ChunkKey, source: Location) -> None:
+        with self.shared.lock:
+            plan = self.shared.stack.plan_store(key, self.shared.top)
+        if plan is None:
+            return
+        if self.run(plan, partial(self.copy_in, self.shared.transfers.run_of(source, 1))):
+            self.shared.count("chunks_promoted")
+
+
+def _result_of(write: Future) -> IOResult:
+    try:
+        return write.result()
+    except BaseException as exc:  # cancelled at close, or an unexpected error
+        return IOResult(IOStatus.IO_ERROR, detail=repr(exc))
