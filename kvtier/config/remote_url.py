@@ -1,16 +1,13 @@
-"""Which backend a ``remote_url`` names, and opening it: ``redis://``, ``rediss://``,
+"""Which backend a ``remote_url`` names: ``redis://``, ``rediss://``,
 ``redis+cluster://``, ``rediss+cluster://`` (Valkey/Redis) and ``mooncake://`` (Mooncake
-Store). Backends are imported only when used, so the core import stays light."""
+Store). Each backend's URL parser is imported only when used (``kvtier.remote.opening``
+opens the backend)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from kvtier.config.redact import redacted
-
-if TYPE_CHECKING:
-    pass
 
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 MOONCAKE_SCHEMES = ("mooncake",)

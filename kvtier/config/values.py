@@ -30,7 +30,7 @@ def shown(value: object) -> str:
 
 
 def shown_url(value: object) -> str:
-    """As ``shown``, for a URL: without what may be a credential (``remote.redact``)."""
+    """As ``shown``, for a URL: without what may be a credential (``config.redact``)."""
     if not isinstance(value, str):
         return shown(value)
     from kvtier.config.redact import redacted

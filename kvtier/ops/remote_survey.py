@@ -3,7 +3,7 @@ down to their checksums, and the store's memory and evictions (``kvtier inspect 
 
 Only Valkey/Redis can list its keys; a listing is bounded (``limit`` keys, scanned in
 batches, never ``KEYS``, the keyspace scanned once: the values checked are picked while
-listing), so it is safe on a store in use. The URL is shown redacted (``remote.redact``).
+listing), so it is safe on a store in use. The URL is shown redacted (``config.redact``).
 """
 
 from __future__ import annotations

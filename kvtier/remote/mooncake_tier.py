@@ -1,5 +1,5 @@
 """The Mooncake Store backend of the remote tier: ``mooncake://<master host>:<port>?<options>``
-(``mooncake_url.py`` says what the options are).
+(``kvtier/config/mooncake_url.py`` says what the options are).
 
 A value is kvtier's 128-byte header then the payload (``values.py``), moved as two pieces
 (multi-buffer put and get): the header from or into a registered scratch of the calling
