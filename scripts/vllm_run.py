@@ -1,6 +1,7 @@
 """Run prompts through a real vLLM engine (CPU build), with or without a KV connector.
 
     python scripts/vllm_run.py SPEC.json OUT.json
+    python scripts/vllm_run.py --serve       # one run per line of stdin: "SPEC.json OUT.json"
 
 SPEC: {"model": DIR, "connector": "kvtier" | "example" | "lmcache" | null, "extra": {...},
        "dtype": "float32", "prefix_caching": false, "max_model_len": 9216,
@@ -27,6 +28,7 @@ scheduler side sees every chunk of each list in another engine's segment, at mos
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -137,10 +139,8 @@ def run_phase(llm, phase: dict, repeat: int) -> list[dict]:
             for output, elapsed, span in zip(outputs, seconds, spans, strict=True)]
 
 
-def main() -> None:
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_cache_gib", 1)))
+def run_spec(spec: dict) -> dict:
+    """Run ``spec`` in this process: its engine made, its phases run, the engine shut down."""
     from vllm import LLM
 
     kwargs = {}
@@ -154,7 +154,16 @@ def main() -> None:
               max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384),
               tensor_parallel_size=spec.get("tensor_parallel_size", 1),
               num_gpu_blocks_override=spec.get("num_gpu_blocks"), seed=0, **kwargs)
-    out = {"phases": []}
+    try:
+        return run_phases(llm, spec)
+    finally:
+        llm.llm_engine.engine_core.shutdown()  # kvtier's connector closes with the engine
+        del llm
+        gc.collect()
+
+
+def run_phases(llm, spec: dict) -> dict:
+    out: dict = {"phases": []}
     for index, phase in enumerate(spec["phases"]):
         if phase.get("barrier"):
             wait_barrier(phase["barrier"], index)
@@ -178,9 +187,49 @@ def main() -> None:
 
         out["metrics"] = {"scheduler": read_metrics(f"127.0.0.1:{port}"),
                           "worker": read_metrics(f"127.0.0.1:{port + 1}")}
-    with open(sys.argv[2], "w") as f:
-        json.dump(out, f)
-    del llm
+    return out
+
+
+def write_json(path: str, value: dict) -> None:
+    with open(path + ".part", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".part", path)
+
+
+def serve() -> None:
+    """Run spec after spec in this one process, vLLM imported once (the tests' warm engine
+    host, ``tests/vllm_engine.py``). Each line of standard input names ``SPEC OUT``; the run
+    writes OUT, then ``OUT.done`` holding ``ok`` or the failure. A failed run ends the
+    process, so that no engine's leftovers reach the next run."""
+    import vllm.envs
+
+    for line in sys.stdin:
+        spec_path, out_path = line.split()
+        try:
+            with open(spec_path) as f:
+                spec = json.load(f)
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(spec.get("kv_cache_gib", 1))
+            write_json(out_path, run_spec(spec))
+        except BaseException:
+            import traceback
+
+            with open(out_path + ".done", "w") as f:
+                f.write(traceback.format_exc())
+            raise
+        finally:
+            vllm.envs.disable_envs_cache()  # vLLM reads its variables afresh for the next run
+        with open(out_path + ".done", "w") as f:
+            f.write("ok")
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.get("kv_cache_gib", 1)))
+    write_json(sys.argv[2], run_spec(spec))
 
 
 if __name__ == "__main__":

@@ -58,3 +58,12 @@ def background_writes(store) -> int:
     """Chunks whose background disk writes are queued or running (white-box, as above: each
     holds a pin on its host slot and a reservation on its disk slot until it ends)."""
     return store._runner.writes_pending
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_engine_host():
+    """The engine host of tests/vllm_engine.py ends with the session."""
+    yield
+    from tests.vllm_engine import close_warm_host
+
+    close_warm_host()
