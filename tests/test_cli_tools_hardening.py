@@ -35,7 +35,7 @@ def refused(result, code: int, *words: str) -> None:
         assert word in lines[0], lines[0]
 
 
-# ---- finding 13: kvtier stats URL -------------------------------------------------------
+# ---- kvtier stats URL -------------------------------------------------------
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -120,7 +120,7 @@ def serving(handler):
         thread.join(10)
 
 
-def test_finding13_trickling_server_is_cut_at_the_deadline():
+def test_trickling_server_is_cut_at_the_deadline():
     with serving(Trickling) as address:
         start = time.monotonic()
         result = invoke("stats", address, "--timeout", "1")
@@ -129,11 +129,11 @@ def test_finding13_trickling_server_is_cut_at_the_deadline():
     assert elapsed < 3, f"took {elapsed:.1f} s with a 1 s timeout"
 
 
-def test_finding13_timeout_must_be_positive():
+def test_timeout_must_be_positive():
     refused(invoke("stats", "127.0.0.1:9", "--timeout", "0"), 2, "--timeout")
 
 
-def test_finding13_huge_content_length_is_refused_without_reading_it():
+def test_huge_content_length_is_refused_without_reading_it():
     with serving(HugeLength) as address:
         start = time.monotonic()
         result = invoke("stats", address)
@@ -142,14 +142,14 @@ def test_finding13_huge_content_length_is_refused_without_reading_it():
     assert elapsed < 10
 
 
-def test_finding13_body_without_length_is_cut_at_the_size_bound():
+def test_body_without_length_is_cut_at_the_size_bound():
     with serving(Endless) as address:
         result = invoke("stats", address, "--json")
     refused(result, 1, "larger than 32 MiB")
     assert result.stdout == ""
 
 
-def test_finding13_endpoint_without_kvtier_metrics_exits_1():
+def test_endpoint_without_kvtier_metrics_exits_1():
     with serving(OtherMetrics) as address:
         table, as_json = invoke("stats", address), invoke("stats", address, "--json")
     for result in (table, as_json):
@@ -158,24 +158,24 @@ def test_finding13_endpoint_without_kvtier_metrics_exits_1():
 
 
 @pytest.mark.parametrize("handler, status", [(Failing, "HTTP 500"), (NoContent, "HTTP 204")])
-def test_finding13_status_other_than_200_exits_1_with_the_status(handler, status):
+def test_status_other_than_200_exits_1_with_the_status(handler, status):
     with serving(handler) as address:
         result = invoke("stats", address)
     refused(result, 1, status)
 
 
-def test_finding13_a_page_that_is_not_prometheus_text_exits_1():
+def test_a_page_that_is_not_prometheus_text_exits_1():
     with serving(NotPrometheus) as address:
         result = invoke("stats", address)
     refused(result, 1, "not Prometheus text")
 
 
-def test_finding13_bad_address_is_a_bad_argument():
+def test_bad_address_is_a_bad_argument():
     refused(invoke("stats", "ftp://127.0.0.1/metrics"), 2, "not an http(s) address")
     refused(invoke("stats", "127.0.0.1:notaport"), 2, "stats:")
 
 
-# ---- finding 14: kvtier bench -----------------------------------------------------------
+# ---- kvtier bench -----------------------------------------------------------
 
 
 @pytest.fixture
@@ -198,29 +198,29 @@ def no_run(monkeypatch):
     (["--prompt-tokens", "0"], ["--prompt-tokens"]),
     (["--layers", "-1", "--kv-heads", "8", "--head-dim", "128"], ["--layers", "at least 1"]),
 ])
-def test_finding14_non_positive_numbers_exit_2_before_any_work(no_run, tmp_path, args, words):
+def test_non_positive_numbers_exit_2_before_any_work(no_run, tmp_path, args, words):
     refused(invoke(*TINY, "--out", str(tmp_path / "out"), *args), 2, "bench:", *words)
 
 
 @pytest.mark.parametrize("tps", ["0", "-5", "nan"])
-def test_finding14_prefill_tps_zero_or_negative_is_refused(no_run, tmp_path, tps):
+def test_prefill_tps_zero_or_negative_is_refused(no_run, tmp_path, tps):
     refused(invoke(*TINY, "--out", str(tmp_path / "out"), "--prefill-tps", tps), 2,
             "--prefill-tps")
 
 
 @pytest.mark.parametrize("tps", [0.0, -5.0])
-def test_finding14_bench_spec_refuses_a_prefill_tps_it_would_replace_or_negate(tps):
+def test_bench_spec_refuses_a_prefill_tps_it_would_replace_or_negate(tps):
     with pytest.raises(ValueError, match="--prefill-tps"):
         offload.BenchSpec(offload.PRESETS["llama-3-8b"], "llama-3-8b", prefill_tps=tps, disk=False)
 
 
-def test_finding14_chunks_under_4kib_are_refused_naming_the_minimum(no_run, tmp_path):
+def test_chunks_under_4kib_are_refused_naming_the_minimum(no_run, tmp_path):
     result = invoke(*TINY, "--out", str(tmp_path / "out"), "--model", "custom", "--layers", "1",
                     "--kv-heads", "1", "--head-dim", "8", "--chunk-tokens", "16")
     refused(result, 2, "512-byte chunks", "4096 bytes")
 
 
-def test_finding14_chunks_not_a_multiple_of_4kib_fill_the_host_tier(tmp_path):
+def test_chunks_not_a_multiple_of_4kib_fill_the_host_tier(tmp_path):
     out = tmp_path / "out"  # 6 KiB chunks take 8 KiB slots: the host tier must hold them all
     result = invoke(*TINY, "--size", "1MiB", "--no-disk", "--out", str(out), "--json",
                     "--model", "custom", "--layers", "1", "--kv-heads", "3", "--head-dim", "64",
@@ -229,18 +229,18 @@ def test_finding14_chunks_not_a_multiple_of_4kib_fill_the_host_tier(tmp_path):
     assert json.loads((out / "bench.json").read_text())["chunk_bytes"] == 6144
 
 
-def test_finding14_out_that_is_a_file_is_refused_up_front(no_run, tmp_path):
+def test_out_that_is_a_file_is_refused_up_front(no_run, tmp_path):
     (tmp_path / "taken").write_text("")
     refused(invoke(*TINY, "--out", str(tmp_path / "taken")), 2, "--out", "not a directory")
 
 
-def test_finding14_disk_path_that_is_a_file_is_refused(no_run, tmp_path):
+def test_disk_path_that_is_a_file_is_refused(no_run, tmp_path):
     (tmp_path / "file").write_text("")
     refused(invoke(*TINY, "--out", str(tmp_path / "out"), "--disk-path", str(tmp_path / "file")),
             2, "--disk-path", "not a directory")
 
 
-def test_finding14_disk_path_symlink_is_refused(no_run, tmp_path):
+def test_disk_path_symlink_is_refused(no_run, tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     refused(invoke(*TINY, "--out", str(tmp_path / "out"), "--disk-path", str(tmp_path / "link")),
@@ -283,19 +283,19 @@ def read_only_directory(path):
         yield mounted
 
 
-def test_finding14_read_only_disk_path_is_refused_up_front(no_run, tmp_path):
+def test_read_only_disk_path_is_refused_up_front(no_run, tmp_path):
     with read_only_directory(tmp_path / "ro") as ro:
         result = invoke(*TINY, "--out", str(tmp_path / "out"), "--disk-path", str(ro))
     refused(result, 2, "--disk-path", "write into")
 
 
-def test_finding14_read_only_out_is_refused_up_front(no_run, tmp_path):
+def test_read_only_out_is_refused_up_front(no_run, tmp_path):
     with read_only_directory(tmp_path / "ro") as ro:
         result = invoke(*TINY, "--out", str(ro / "results"))
     refused(result, 2, "--out", "write into")
 
 
-def test_finding14_full_disk_during_the_run_exits_1_with_one_line(tmp_path):
+def test_full_disk_during_the_run_exits_1_with_one_line(tmp_path):
     with tmpfs(tmp_path / "full", "size=64k") as full:
         result = invoke(*TINY, "--out", str(tmp_path / "out"), "--disk-path", str(full))
     refused(result, 1, "run failed", "no_space")
@@ -309,14 +309,14 @@ def fill(directory) -> None:
             f.flush()
 
 
-def test_finding14_full_out_directory_exits_1_with_one_line(tmp_path):
+def test_full_out_directory_exits_1_with_one_line(tmp_path):
     with tmpfs(tmp_path / "full", "size=64k") as full:
         fill(full)
         result = invoke(*TINY, "--no-disk", "--out", str(full))
     refused(result, 1, "cannot write the results", "No space left")
 
 
-def test_finding14_io_error_during_the_run_exits_1(monkeypatch, tmp_path):
+def test_io_error_during_the_run_exits_1(monkeypatch, tmp_path):
     def failing(*args, **kwargs):
         raise OSError(5, "Input/output error")
     monkeypatch.setattr(offload, "measure_disk_tier", failing)
@@ -324,7 +324,7 @@ def test_finding14_io_error_during_the_run_exits_1(monkeypatch, tmp_path):
     refused(result, 1, "run failed", "Input/output error")
 
 
-def test_finding14_bench_store_is_named_after_the_preset(monkeypatch):
+def test_bench_store_is_named_after_the_preset(monkeypatch):
     names = []
     real = offload.KVStore
 

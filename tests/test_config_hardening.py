@@ -1,7 +1,4 @@
-"""Hostile and odd configuration values: each is a ``ConfigError`` naming the key, never a traceback.
-
-Test names say which finding of the hardening issue they pin down.
-"""
+"""Hostile and odd configuration values: each is a ``ConfigError`` naming the key, never a traceback."""
 
 import json
 import math
@@ -53,7 +50,7 @@ def in_file(tmp_path, name: str, data: bytes) -> dict[str, str]:
 @pytest.mark.parametrize("key", SIZE_KEYS)
 @pytest.mark.parametrize("text", [long("1" * 400), long("1" * 400 + "GiB"), long("1" * 400 + ".5KiB"),
                                   long("9" * 5000)])
-def test_finding11_400_digit_size_is_a_config_error(key, text):
+def test_400_digit_size_is_a_config_error(key, text):
     message = config_error({key: text})
     assert f"'{key}'" in message and "given config" in message and "2**60" in message
     assert "allowed: a size" in message and len(message) < 600
@@ -61,7 +58,7 @@ def test_finding11_400_digit_size_is_a_config_error(key, text):
 
 @pytest.mark.parametrize("text", [long("1" * 400), long("1" * 400 + "GiB"), long("9" * 5000),
                                   long("0" * 5000 + "1" * 30)])
-def test_finding11_parse_size_raises_only_value_error(text):
+def test_parse_size_raises_only_value_error(text):
     with pytest.raises(ValueError, match=r"2\*\*60"):
         parse_size(text)
 
@@ -72,32 +69,32 @@ def test_finding11_parse_size_raises_only_value_error(text):
     pytest.param("0" * 5000 + "7", 7, id="5000-zeros-then-7"),
     pytest.param("1." + "0" * 5000 + "GiB", 2**30, id="1.(5000-zeros)GiB"),
 ])
-def test_finding11_sizes_are_exact(text, expected):
+def test_sizes_are_exact(text, expected):
     assert parse_size(text) == expected
     assert load_config({"host_capacity": text}, environ={}).host_capacity == expected
 
 
 @pytest.mark.parametrize("value", [1.5, "1.5", "0.3KiB", "1.0000000000000000000000001GiB", 0.5])
-def test_finding12_fractional_bytes_are_an_error(value):
+def test_fractional_bytes_are_an_error(value):
     message = config_error({"host_capacity": value})
     assert "whole number of bytes" in message and "'host_capacity'" in message
 
 
 @pytest.mark.parametrize("value", [2**60 + 1, str(2**60 + 1), "1048577TiB", 1e300, float(2**61),
                                    HUGE_INT])
-def test_finding11_size_above_1_eib_is_an_error(value):
+def test_size_above_1_eib_is_an_error(value):
     message = config_error({"disk_capacity": value})
     assert "'disk_capacity'" in message and len(message) < 600
 
 
 @pytest.mark.parametrize("value", [-1, -1.0, "-1", math.nan, math.inf, -math.inf, "nan", "inf", True])
 @pytest.mark.parametrize("key", [*SIZE_KEYS, "disk_min_free"])
-def test_finding11_negative_nan_inf_sizes_are_errors(key, value):
+def test_negative_nan_inf_sizes_are_errors(key, value):
     assert f"'{key}'" in config_error({key: value})
 
 
 @pytest.mark.parametrize("value", [long("1" * 400), 1.5, "1.5", 2**60 + 1, "nan%", "inf%", "-5%"])
-def test_finding11_disk_min_free_sizes_are_checked_too(value):
+def test_disk_min_free_sizes_are_checked_too(value):
     assert "'disk_min_free'" in config_error({"disk_min_free": value})
 
 
@@ -106,18 +103,18 @@ def test_finding11_disk_min_free_sizes_are_checked_too(value):
 @pytest.mark.parametrize("key", INT_KEYS)
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 2.5, "inf", "Infinity", "nan", "2.5",
                                    "1e3", HUGE_INT])
-def test_finding11_int_keys_reject_inf_nan_and_fractions(key, value):
+def test_int_keys_reject_inf_nan_and_fractions(key, value):
     message = config_error({key: value})
     assert f"'{key}'" in message and "given config" in message and "allowed:" in message
 
 
 @pytest.mark.parametrize("key", INT_KEYS)
-def test_finding11_json_infinity_in_a_file_is_a_config_error(tmp_path, key):
+def test_json_infinity_in_a_file_is_a_config_error(tmp_path, key):
     environ = in_file(tmp_path, "c.json", f'{{"{key}": Infinity}}'.encode())
     assert f"'{key}' (file " in config_error(environ=environ)
 
 
-def test_finding11_integral_floats_are_integers():
+def test_integral_floats_are_integers():
     config = load_config({"io_threads": 4.0, "chunk_tokens": 512.0, "metrics_port": 9400.0}, environ={})
     assert (config.io_threads, config.chunk_tokens, config.metrics_port) == (4, 512, 9400)
     assert isinstance(config.io_threads, int)
@@ -125,26 +122,26 @@ def test_finding11_integral_floats_are_integers():
 
 @pytest.mark.parametrize("value", [long("9" * 400), long("9" * 400 + "ms"), long("9" * 5000 + "w"),
                                    "inf", "nan", math.inf, math.nan])
-def test_finding11_parse_duration_rejects_inf_nan_and_huge_numbers(value):
+def test_parse_duration_rejects_inf_nan_and_huge_numbers(value):
     with pytest.raises(ValueError):
         parse_duration(value)
 
 
 @pytest.mark.parametrize("key", DURATION_KEYS)
 @pytest.mark.parametrize("value", [math.inf, math.nan, long("9" * 5000), long("1" * 400 + "ms"), HUGE_INT])
-def test_finding11_durations_reject_inf_nan_and_huge_numbers(key, value):
+def test_durations_reject_inf_nan_and_huge_numbers(key, value):
     message = config_error({key: value})
     assert f"'{key}'" in message and "allowed: a duration" in message and len(message) < 600
 
 
 # 3. the config file: UTF-8, a regular file, at most 1 MiB, never blocking
 
-def test_finding11_non_utf8_file_is_a_config_error(tmp_path):
+def test_non_utf8_file_is_a_config_error(tmp_path):
     environ = in_file(tmp_path, "c.toml", b'compression = "zstd"\n# caf\xe9\n')
     assert "is not UTF-8 text" in config_error(environ=environ)
 
 
-def test_finding6_fifo_config_file_does_not_block(tmp_path):
+def test_fifo_config_file_does_not_block(tmp_path):
     fifo = tmp_path / "c.toml"
     os.mkfifo(fifo)
     errors: list[Exception] = []
@@ -167,27 +164,27 @@ def test_finding6_fifo_config_file_does_not_block(tmp_path):
     assert "is not a regular file" in str(errors[0])
 
 
-def test_finding11_directory_is_not_a_regular_file(tmp_path):
+def test_directory_is_not_a_regular_file(tmp_path):
     (tmp_path / "conf.toml").mkdir()
     assert "is not a regular file" in config_error(environ={"KVTIER_CONFIG": str(tmp_path / "conf.toml")})
 
 
-def test_finding11_device_is_not_a_regular_file(tmp_path):
+def test_device_is_not_a_regular_file(tmp_path):
     (tmp_path / "c.toml").symlink_to("/dev/null")
     assert "is not a regular file" in config_error(environ={"KVTIER_CONFIG": str(tmp_path / "c.toml")})
 
 
-def test_finding11_missing_file_is_a_config_error(tmp_path):
+def test_missing_file_is_a_config_error(tmp_path):
     missing = str(tmp_path / "n.json")
     assert f"cannot read KVTIER_CONFIG file {missing}" in config_error(environ={"KVTIER_CONFIG": missing})
 
 
-def test_finding11_file_over_1_mib_is_refused(tmp_path):
+def test_file_over_1_mib_is_refused(tmp_path):
     environ = in_file(tmp_path, "c.toml", b'compression = "zstd"\n' + b"#" * (1 << 20) + b"\n")
     assert "larger than 1 MiB" in config_error(environ=environ)
 
 
-def test_finding11_file_of_almost_1_mib_is_read(tmp_path):
+def test_file_of_almost_1_mib_is_read(tmp_path):
     head = b'compression = "zstd"\n'
     environ = in_file(tmp_path, "c.toml", head + b"#" * ((1 << 20) - len(head) - 1) + b"\n")
     assert load_config(environ=environ).compression == "zstd"
@@ -198,18 +195,18 @@ def test_finding11_file_of_almost_1_mib_is_read(tmp_path):
     ("c.yaml", "disk_paths: " + "[" * 100_000 + "]" * 100_000 + "\n"),
     ("c.toml", "disk_paths = " + "[" * 100_000 + "]" * 100_000 + "\n"),
 ])
-def test_finding11_deeply_nested_file_is_a_config_error(tmp_path, name, text):
+def test_deeply_nested_file_is_a_config_error(tmp_path, name, text):
     message = config_error(environ=in_file(tmp_path, name, text.encode()))
     assert "cannot parse" in message and len(message) < 600
 
 
 @pytest.mark.parametrize("key", KEYS)
-def test_finding11_deeply_nested_value_is_a_config_error(key):
+def test_deeply_nested_value_is_a_config_error(key):
     message = config_error({key: deeply_nested()})
     assert f"'{key}'" in message and len(message) < 1000
 
 
-def test_finding11_yaml_alias_bomb_gives_a_short_message(tmp_path):
+def test_yaml_alias_bomb_gives_a_short_message(tmp_path):
     levels = ["&a0 [x, x, x, x, x, x, x, x, x, x]"]
     levels += [f"&a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 6)]
     text = "compression: [" + ", ".join(levels) + "]\n"  # 10**5 leaves, each written out by str()
@@ -217,11 +214,11 @@ def test_finding11_yaml_alias_bomb_gives_a_short_message(tmp_path):
     assert "'compression'" in message and len(message) < 2000
 
 
-def test_finding11_yaml_that_is_not_a_mapping(tmp_path):
+def test_yaml_that_is_not_a_mapping(tmp_path):
     assert "must hold a table" in config_error(environ=in_file(tmp_path, "c.yaml", b"- a\n- b\n"))
 
 
-def test_finding11_read_config_file_reads_a_plain_file(tmp_path):
+def test_read_config_file_reads_a_plain_file(tmp_path):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"kvtier": {"io_threads": 3}}))
     assert read_config_file(path) == {"io_threads": 3}
@@ -233,20 +230,20 @@ def test_finding11_read_config_file_reads_a_plain_file(tmp_path):
     ["/x", "/x/"], ["/x", "/x/."], ["/x", "/y/../x"], ["/x", "//x"], ["/x", "///x//"], ["d", "./d"],
     "/x, /x/",
 ])
-def test_finding12_two_spellings_of_one_path_are_an_error(tmp_path, monkeypatch, paths):
+def test_two_spellings_of_one_path_are_an_error(tmp_path, monkeypatch, paths):
     monkeypatch.chdir(tmp_path)
     message = config_error({"disk_paths": paths})
     first, second = (p.strip() for p in (paths.split(",") if isinstance(paths, str) else paths))
     assert "'disk_paths'" in message and repr(first) in message and repr(second) in message
 
 
-def test_finding12_relative_and_absolute_spellings_are_one_path(tmp_path, monkeypatch):
+def test_relative_and_absolute_spellings_are_one_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     message = config_error({"disk_paths": [str(tmp_path / "d"), "d"]})
     assert "'disk_paths'" in message and "'d'" in message
 
 
-def test_finding12_paths_are_stored_normalised_and_absolute(tmp_path, monkeypatch):
+def test_paths_are_stored_normalised_and_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "target").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "target")
@@ -256,25 +253,25 @@ def test_finding12_paths_are_stored_normalised_and_absolute(tmp_path, monkeypatc
 
 @pytest.mark.parametrize("paths", [["/a", ""], ["/a", "  "], "/a,,/b", "/a, ", ["/a\0b"], "/a\x00",
                                    '["/a", ""]'])
-def test_finding12_empty_entry_or_nul_is_an_error(paths):
+def test_empty_entry_or_nul_is_an_error(paths):
     assert "'disk_paths'" in config_error({"disk_paths": paths})
 
 
 @pytest.mark.parametrize("paths", ["", "  ", [], ()])
-def test_finding12_no_paths_means_no_disk_tier(paths):
+def test_no_paths_means_no_disk_tier(paths):
     assert load_config({"disk_paths": paths}, environ={}).disk_paths == ()
 
 
 # 5. the model key
 
-def test_finding3_model_defaults_to_none():
+def test_model_defaults_to_none():
     config = load_config(environ={})
     assert config.model is None and KVTierConfig().model is None
     assert config.as_dict()["model"] == ""
     json.dumps(config.as_dict())
 
 
-def test_finding3_model_from_each_source(tmp_path):
+def test_model_from_each_source(tmp_path):
     environ = in_file(tmp_path, "c.toml", b'model = "from/file"\n')
     assert load_config(environ=environ).model == "from/file"
     assert load_config(environ={**environ, "KVTIER_MODEL": "from/env"}).sources["model"] == (
@@ -286,17 +283,17 @@ def test_finding3_model_from_each_source(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["m", "x" * 512, "My Model 7B (int8)", "模型/名前"])
-def test_finding3_good_model_names(name):
+def test_good_model_names(name):
     assert load_config({"model": name}, environ={}).model == name
 
 
 @pytest.mark.parametrize("name", ["", "   ", "a\0b", "x" * 513, "a\nb", "a\x1bb", 7, ["m"], True, b"m"])
-def test_finding3_bad_model_names(name):
+def test_bad_model_names(name):
     message = config_error({"model": name})
     assert "'model'" in message and "printable characters" in message and len(message) < 600
 
 
-def test_finding3_model_is_documented():
+def test_model_is_documented():
     row = next(line for line in DOCS.read_text().splitlines() if line.startswith("| `model` |"))
     assert "KVStore(model=...)" in row and "ignored in vLLM" in row
 
@@ -304,7 +301,7 @@ def test_finding3_model_is_documented():
 # 6. odd environment values, odd keys, odd types
 
 @pytest.mark.parametrize("key", [*INT_KEYS, *SIZE_KEYS, *DURATION_KEYS, "disk_min_free"])
-def test_finding11_huge_environment_values_give_our_message(key):
+def test_huge_environment_values_give_our_message(key):
     variable = "KVTIER_" + key.upper()
     message = config_error(environ={variable: "9" * 5000})
     assert message.startswith("kvtier config: bad value '999")
@@ -313,7 +310,7 @@ def test_finding11_huge_environment_values_give_our_message(key):
 
 
 @pytest.mark.parametrize("value", ["\uff11\uff12", "\u0663", "4\x00", "\udcff", "0x10", "1_6", "+", " "])
-def test_finding11_weird_environment_integers_are_errors(value):
+def test_weird_environment_integers_are_errors(value):
     message = config_error(environ={"KVTIER_IO_THREADS": value})
     assert "'io_threads' (environment KVTIER_IO_THREADS)" in message
 
@@ -324,18 +321,18 @@ class LooksLikeAKey:
 
 
 @pytest.mark.parametrize("key", [1, None, ("io_threads",), b"io_threads", LooksLikeAKey()])
-def test_finding11_non_string_key_is_a_config_error(key):
+def test_non_string_key_is_a_config_error(key):
     message = config_error({key: 2})
     assert "is not a string" in message and "given config" in message and "io_threads" in message
 
 
-def test_finding11_non_string_key_in_a_yaml_file(tmp_path):
+def test_non_string_key_in_a_yaml_file(tmp_path):
     assert "is not a string" in config_error(environ=in_file(tmp_path, "c.yaml", b"1: 2\n"))
 
 
 @pytest.mark.parametrize("key", KEYS)
 @pytest.mark.parametrize("value", [object(), {"a": 1}, b"12", HUGE_INT, math.nan, [["x"]]])
-def test_finding11_every_key_rejects_odd_types(key, value):
+def test_every_key_rejects_odd_types(key, value):
     message = config_error({key: value})
     assert f"'{key}'" in message and "allowed:" in message
 
@@ -351,7 +348,7 @@ EDGES = st.sampled_from([math.inf, -math.inf, math.nan, 0.5, 1.5, -1.0, 2**60 + 
 
 @settings(max_examples=400, deadline=None)
 @given(key=st.sampled_from(KEYS), value=EDGES | st.floats() | VALUES)
-def test_finding11_any_given_value_parses_or_is_a_config_error(key, value):
+def test_any_given_value_parses_or_is_a_config_error(key, value):
     try:
         load_config({key: value}, environ={})
     except ConfigError as exc:
@@ -362,7 +359,7 @@ def test_finding11_any_given_value_parses_or_is_a_config_error(key, value):
 @given(key=st.sampled_from(KEYS),
        text=EDGES.filter(lambda v: isinstance(v, str)) | st.text(max_size=60)
        | st.from_regex(r"\A[0-9.]{1,600}[a-zA-Z%]{0,3}\Z"))
-def test_finding11_any_environment_text_parses_or_is_a_config_error(key, text):
+def test_any_environment_text_parses_or_is_a_config_error(key, text):
     try:
         config = load_config(environ={"KVTIER_" + key.upper(): text})
     except ConfigError as exc:

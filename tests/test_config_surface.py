@@ -33,7 +33,7 @@ def doc_row(key: str) -> str:
     return next(line for line in DOCS.read_text().splitlines() if line.startswith(f"| `{key}` |"))
 
 
-# F1: keys inside and outside a [kvtier] table
+# keys inside and outside a [kvtier] table
 
 @pytest.mark.parametrize(("name", "text"), [
     ("c.toml", 'host_capacity = "1GiB"\n[kvtier]\nio_threads = 4\n'),
@@ -41,13 +41,13 @@ def doc_row(key: str) -> str:
     ("c.yaml", "host_capacity: 1GiB\nkvtier: {}\n"),
     ("c.json", json.dumps({"host_capacity": "1GiB", "kvtier": {"io_threads": 4}})),
 ])
-def test_f1_keys_outside_the_kvtier_table_are_refused(tmp_path, name, text):
+def test_keys_outside_the_kvtier_table_are_refused(tmp_path, name, text):
     message = config_error(environ=in_file(tmp_path, name, text))
     assert str(tmp_path / name) in message and "'host_capacity'" in message
     assert "kvtier table" in message
 
 
-def test_f1_a_kvtier_table_alone_still_works(tmp_path):
+def test_a_kvtier_table_alone_still_works(tmp_path):
     environ = in_file(tmp_path, "c.toml", '[kvtier]\nio_threads = 4\nhost_capacity = "1GiB"\n')
     config = load_config(environ=environ)
     assert (config.io_threads, config.host_capacity) == (4, 2**30)
@@ -76,9 +76,9 @@ def test_a_yaml_merge_is_not_a_key_given_twice(tmp_path):
     assert read_config_file(path)["y"] == {"io_threads": 4, "chunk_tokens": 64}
 
 
-# F2: metrics ports above 65535
+# metrics ports above 65535
 
-def test_f2_serve_metrics_refuses_a_port_above_65535_with_a_config_error():
+def test_serve_metrics_refuses_a_port_above_65535_with_a_config_error():
     from kvtier.metrics import serve_metrics
 
     with pytest.raises(ConfigError, match=r"metrics_port=65536 cannot be served"):
@@ -91,7 +91,7 @@ def fake_vllm_config(extra: dict, tp: int) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(("port", "tp"), [(65535, 1), (65534, 2), (65530, 8)])
-def test_f2_the_connector_refuses_a_metrics_port_its_workers_cannot_serve(monkeypatch, port, tp):
+def test_the_connector_refuses_a_metrics_port_its_workers_cannot_serve(monkeypatch, port, tp):
     pytest.importorskip("vllm")
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
@@ -107,7 +107,7 @@ def test_f2_the_connector_refuses_a_metrics_port_its_workers_cannot_serve(monkey
         assert f"{tp} ranks" in message and f"1-{65535 - tp}" in message
 
 
-def test_f2_a_metrics_port_that_fits_every_rank_passes():
+def test_a_metrics_port_that_fits_every_rank_passes():
     pytest.importorskip("vllm")
     from kvtier.connector.connector import check_metrics_ports
 
@@ -115,27 +115,27 @@ def test_f2_a_metrics_port_that_fits_every_rank_passes():
     check_metrics_ports(load_config(environ={}), 4096)  # no port: nothing to check
 
 
-# F4: disk_min_free printed exactly
+# disk_min_free printed exactly
 
 @pytest.mark.parametrize("given", ["0.5%", "2.5%", "7%", "12.3456789%", "99.9%", "0.001%", " 5 %"])
-def test_f4_a_percentage_is_printed_exactly_and_reads_back(given):
+def test_a_percentage_is_printed_exactly_and_reads_back(given):
     config = load_config({"disk_min_free": given}, environ={})
     shown = config.as_dict()["disk_min_free"]
     assert shown == given.replace(" ", "")
     assert load_config({"disk_min_free": shown}, environ={}).disk_min_free == config.disk_min_free
 
 
-# F5: YAML's off is false
+# YAML's off is false
 
 @pytest.mark.parametrize("key", OFF_KEYS)
-def test_f5_yaml_off_is_off(tmp_path, key):
+def test_yaml_off_is_off(tmp_path, key):
     config = load_config(environ=in_file(tmp_path, "c.yaml", f"{key}: off\n"))
     assert getattr(config, key) is None
     assert config.as_dict()[key] in ("off", "", None)
 
 
 @pytest.mark.parametrize("key", OFF_KEYS)
-def test_f5_false_is_off_and_true_is_refused(key):
+def test_false_is_off_and_true_is_refused(key):
     assert getattr(load_config({key: False}, environ={}), key) is None
     message = config_error({key: True})
     assert f"bad value True for '{key}' (given config)" in message and "allowed:" in message
@@ -143,54 +143,54 @@ def test_f5_false_is_off_and_true_is_refused(key):
 
 @pytest.mark.parametrize(("text", "expected"), [("on", ODirect.ON), ("off", ODirect.OFF),
                                                 ("true", ODirect.ON), ("no", ODirect.OFF)])
-def test_f5_yaml_booleans_for_o_direct(tmp_path, text, expected):
+def test_yaml_booleans_for_o_direct(tmp_path, text, expected):
     assert load_config(environ=in_file(tmp_path, "c.yaml", f"o_direct: {text}\n")).o_direct is expected
 
 
-# F6: bare K, M, G, T
+# bare K, M, G, T
 
 @pytest.mark.parametrize(("given", "number", "letter"), [("4G", "4", "G"), ("4g", "4", "G"),
                                                          ("64k", "64", "K"), ("1.5 m", "1.5", "M"),
                                                          ("2T", "2", "T")])
-def test_f6_a_bare_unit_letter_is_refused_with_both_spellings_suggested(given, number, letter):
+def test_a_bare_unit_letter_is_refused_with_both_spellings_suggested(given, number, letter):
     with pytest.raises(ValueError, match=f"write {number}{letter}iB .* or {number}{letter}B"):
         parse_size(given)
     message = config_error({"host_capacity": given})
     assert "'host_capacity'" in message and f"{number}{letter}iB" in message
 
 
-def test_f6_bytes_may_carry_a_b():
+def test_bytes_may_carry_a_b():
     assert parse_size("4096B") == parse_size("4096b") == parse_size("4096") == 4096
     assert "`4096B`" in DOCS.read_text() and "A bare `K`, `M`, `G` or `T`" in DOCS.read_text()
 
 
-# F10: the upper bound of chunk_tokens and remote_min_hits
+# the upper bound of chunk_tokens and remote_min_hits
 
 @pytest.mark.parametrize("key", ["chunk_tokens", "remote_min_hits"])
-def test_f10_the_upper_bound_is_stated(key):
+def test_the_upper_bound_is_stated(key):
     assert getattr(load_config({key: 2**20}, environ={}), key) == 2**20
     message = config_error({key: 2**20 + 1})
     assert "out of range" in message and "1048576" in message.partition("allowed:")[2]
     assert "1048576" in doc_row(key)
 
 
-# F11: o_direct is auto | true | false
+# o_direct is auto | true | false
 
 @pytest.mark.parametrize(("given", "shown"), [("auto", "auto"), ("true", "true"), (" FALSE ", "false"),
                                               (True, "true"), (False, "false"), ("on", "true"),
                                               ("OFF", "false")])
-def test_f11_o_direct_takes_and_prints_what_the_doc_says(given, shown):
+def test_o_direct_takes_and_prints_what_the_doc_says(given, shown):
     config = load_config({"o_direct": given}, environ={})
     assert config.as_dict()["o_direct"] == shown
     assert load_config({"o_direct": shown}, environ={}).o_direct is config.o_direct
 
 
 @pytest.mark.parametrize("given", ["1", "0", 1, 0, "yes"])
-def test_f11_o_direct_refuses_undocumented_values(given):
+def test_o_direct_refuses_undocumented_values(given):
     assert "allowed: auto | true | false" in config_error({"o_direct": given})
 
 
-# F12: kvtier config prints what reads back
+# kvtier config prints what reads back
 
 ODD = {"chunk_tokens": 48, "gpu_capacity": "1.5GiB", "host_capacity": 1000000007,
        "disk_capacity": "100GB", "disk_paths": ["/a", "/b,c"], "disk_min_free": "4096B",
@@ -207,13 +207,13 @@ ODD = {"chunk_tokens": 48, "gpu_capacity": "1.5GiB", "host_capacity": 1000000007
     ("load_timeout", "1.1ms", "0.0011s"), ("share_refresh", "12345.678s", "12345.678s"),
     ("staging_wait", "0.1m", "6s"), ("disk_retry", "1d", "86400s"), ("remote_retry", "250ms", "0.25s"),
 ])
-def test_f12_durations_print_exactly(key, given, shown):
+def test_durations_print_exactly(key, given, shown):
     config = load_config({key: given}, environ={})
     assert config.as_dict()[key] == shown
     assert getattr(load_config({key: shown}, environ={}), key) == getattr(config, key)
 
 
-def test_f12_every_printed_value_reads_back_to_the_same_config():
+def test_every_printed_value_reads_back_to_the_same_config():
     from kvtier.cli.main import _shown
 
     assert set(ODD) == set(KEYS)
@@ -228,7 +228,7 @@ def test_f12_every_printed_value_reads_back_to_the_same_config():
     assert _shown("metrics_port", printed["metrics_port"]) == "off"
 
 
-def test_f12_the_table_shows_exact_values():
+def test_the_table_shows_exact_values():
     import subprocess
     import sys
 
@@ -242,15 +242,15 @@ def test_f12_the_table_shows_exact_values():
         assert f" {shown} " in result.stdout
 
 
-# F13: a given config that is not a mapping
+# a given config that is not a mapping
 
 @pytest.mark.parametrize("given", ["host_capacity=1GiB", [("host_capacity", "1GiB")], 5])
-def test_f13_a_given_config_must_be_a_mapping(given):
+def test_a_given_config_must_be_a_mapping(given):
     message = config_error(given)
     assert "given config" in message and "a mapping of key to value" in message
 
 
-def test_f13_a_store_given_a_non_mapping_raises_a_config_error():
+def test_a_store_given_a_non_mapping_raises_a_config_error():
     from kvtier import KVStore
     from tests.conftest import SMALL
 
@@ -258,34 +258,34 @@ def test_f13_a_store_given_a_non_mapping_raises_a_config_error():
         KVStore(SMALL, "host_capacity=1GiB", model="m")  # type: ignore[arg-type]
 
 
-# F14: small inconsistencies
+# small inconsistencies
 
 @pytest.mark.parametrize(("key", "given", "expected"), [
     ("compression", "zstd ", "zstd"), ("write_policy", " write_back\n", "write_back"),
     ("load_policy", "\tALWAYS", "always"), ("eviction_policy", " fifo", "fifo"),
 ])
-def test_f14_enums_strip_whitespace(key, given, expected):
+def test_enums_strip_whitespace(key, given, expected):
     assert load_config(environ={"KVTIER_" + key.upper(): given}).as_dict()[key] == expected
 
 
 @pytest.mark.parametrize("given", ["1e1%", "1_0%", "-0%", "+5%", "\u0665%", "\uff15%", "5.%", ".5%",
                                    "5%%", "0x5%"])
-def test_f14_disk_min_free_is_a_plain_decimal_percentage(given):
+def test_disk_min_free_is_a_plain_decimal_percentage(given):
     message = config_error({"disk_min_free": given})
     assert "'disk_min_free'" in message and "plain percentage" in message
 
 
 @pytest.mark.parametrize("given", [0, 0.0, "0", "00", " 0 ", "off", "OFF", "", "none", None, False])
-def test_f14_metrics_port_none(given):
+def test_metrics_port_none(given):
     assert load_config({"metrics_port": given}, environ={}).metrics_port is None
     assert "`off`" in doc_row("metrics_port")
 
 
-def test_f14_metrics_port_integral_float():
+def test_metrics_port_integral_float():
     assert load_config({"metrics_port": 9400.0}, environ={}).metrics_port == 9400
 
 
-def test_f14_an_unknown_key_without_a_suggestion_has_a_separator():
+def test_an_unknown_key_without_a_suggestion_has_a_separator():
     message = config_error({"zzzzzz": 1})
     assert "unknown key 'zzzzzz' (given config); known keys: chunk_tokens, " in message
     message = config_error({"host_capacty": 1})
@@ -293,13 +293,13 @@ def test_f14_an_unknown_key_without_a_suggestion_has_a_separator():
 
 
 @pytest.mark.parametrize("url", ["mooncake://h:0", "mooncake://10.0.0.1:0?protocol=tcp"])
-def test_f14_mooncake_port_0_is_refused_as_redis_does(url):
+def test_mooncake_port_0_is_refused_as_redis_does(url):
     message = config_error({"remote_url": url})
     assert "'remote_url'" in message and "port 0 is no server's port" in message
     assert "port 0 is no server's port" in config_error({"remote_url": "redis://h:0/0"})
 
 
-def test_f14_a_mooncake_url_with_a_port_passes():
+def test_a_mooncake_url_with_a_port_passes():
     assert load_config({"remote_url": "mooncake://h:50051"}, environ={}).remote_url == "mooncake://h:50051"
 
 

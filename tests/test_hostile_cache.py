@@ -35,10 +35,10 @@ def data(code_output):
     return code, json.loads(output[output.index("{"):])
 
 
-# -- finding 1: deleting what kvtier did not write ------------------------------------------
+# -- deleting what kvtier did not write ------------------------------------------
 
 
-def test_finding1_clear_and_gc_leave_directories_kvtier_did_not_write(cache):
+def test_clear_and_gc_leave_directories_kvtier_did_not_write(cache):
     root, segment, _ = cache
     ns = namespace_of(segment)
     mine = root / "my-project"
@@ -58,7 +58,7 @@ def test_finding1_clear_and_gc_leave_directories_kvtier_did_not_write(cache):
     assert (tree_digest(mine), tree_digest(fake)) == before and not ns.exists()
 
 
-def test_finding1_clear_removes_only_kvtier_files_of_a_segment(cache):
+def test_clear_removes_only_kvtier_files_of_a_segment(cache):
     root, segment, _ = cache
     (segment / "operator-notes.txt").write_text("keep me")
     code, report = data(cli("clear", root, "--yes", "--json"))
@@ -67,7 +67,7 @@ def test_finding1_clear_removes_only_kvtier_files_of_a_segment(cache):
     assert (namespace_of(segment) / "namespace.json").exists()  # it describes what is left
 
 
-def test_finding1_clear_removes_only_kvtier_files_of_a_namespace(cache):
+def test_clear_removes_only_kvtier_files_of_a_namespace(cache):
     root, segment, _ = cache
     ns = namespace_of(segment)
     (ns / "operator-notes.txt").write_text("keep me")
@@ -79,7 +79,7 @@ def test_finding1_clear_removes_only_kvtier_files_of_a_namespace(cache):
 
 @pytest.mark.parametrize("name", ["not a writer!", "-dash", ".hidden", "x" * 65])
 @pytest.mark.parametrize("kind", ["directory", "file"])
-def test_finding1_entries_of_writers_that_are_no_writer_id_are_left_alone(cache, name, kind):
+def test_entries_of_writers_that_are_no_writer_id_are_left_alone(cache, name, kind):
     root, segment, _ = cache
     odd = segment.parent / name
     if kind == "directory":
@@ -103,7 +103,7 @@ def test_finding1_entries_of_writers_that_are_no_writer_id_are_left_alone(cache,
     assert (tree_digest(odd) if kind == "directory" else odd.read_bytes()) == odd_before
 
 
-def test_finding1_an_empty_path_is_refused_not_the_current_directory(cache):
+def test_an_empty_path_is_refused_not_the_current_directory(cache):
     root, segment, _ = cache
     result = subprocess.run([sys.executable, "-m", "kvtier.cli.main", "clear", "", "--yes"],
                             cwd=root, capture_output=True, text=True, timeout=60)
@@ -111,7 +111,7 @@ def test_finding1_an_empty_path_is_refused_not_the_current_directory(cache):
     assert segment.exists()
 
 
-# -- finding 2: writing outside the root through symlinks -----------------------------------
+# -- writing outside the root through symlinks -----------------------------------
 
 ALL_COMMANDS = (["inspect"], ["verify"], ["verify", "--repair"], ["gc", "--older-than", "0s"],
                 ["gc", "--stale"], ["clear", "--yes"])
@@ -124,7 +124,7 @@ def every_command(root):
 
 @pytest.mark.parametrize("name", ["namespace.json", "index.kvt", "slots-0000.kvt", "lock",
                                   "lease", "log.kvt", ".o_direct_probe"])
-def test_finding2_a_symlink_in_a_namespace_never_leads_outside(cache, name):
+def test_a_symlink_in_a_namespace_never_leads_outside(cache, name):
     root, segment, decoy = cache
     target = decoy / "precious.txt"
     path = where(segment, name)
@@ -144,7 +144,7 @@ def test_finding2_a_symlink_in_a_namespace_never_leads_outside(cache, name):
 
 
 @pytest.mark.parametrize("level", ["namespace", "writers", "segment"])
-def test_finding2_a_symlinked_directory_is_never_opened(cache, level):
+def test_a_symlinked_directory_is_never_opened(cache, level):
     root, segment, decoy = cache
     directory = {"namespace": namespace_of(segment), "writers": segment.parent,
                  "segment": segment}[level]
@@ -161,7 +161,7 @@ def test_finding2_a_symlinked_directory_is_never_opened(cache, level):
     assert tree_digest(decoy) == before and directory.is_symlink()
 
 
-def test_finding2_hard_links_to_files_elsewhere_are_refused(cache):
+def test_hard_links_to_files_elsewhere_are_refused(cache):
     root, segment, decoy = cache
     (segment / "index.kvt").unlink()
     os.link(decoy / "precious.txt", segment / "index.kvt")
@@ -173,7 +173,7 @@ def test_finding2_hard_links_to_files_elsewhere_are_refused(cache):
     assert tree_digest(decoy) == before
 
 
-# -- finding 5: verify --repair on edited metadata ------------------------------------------
+# -- verify --repair on edited metadata ------------------------------------------
 
 
 def edit_meta(ns, **changes):
@@ -186,7 +186,7 @@ def recovered(root):
         return store.stats().recovered_chunks
 
 
-def test_finding5_repair_never_blanks_slots_when_the_stride_was_edited(cache):
+def test_repair_never_blanks_slots_when_the_stride_was_edited(cache):
     root, segment, _ = cache
     slots = (segment / "slots-0000.kvt").read_bytes()
     edit_meta(namespace_of(segment), stride=2 * STRIDE)
@@ -195,7 +195,7 @@ def test_finding5_repair_never_blanks_slots_when_the_stride_was_edited(cache):
     assert (segment / "slots-0000.kvt").read_bytes() == slots and recovered(root) == 3
 
 
-def test_finding5_repair_refuses_when_slots_disagree_with_the_metadata(cache):
+def test_repair_refuses_when_slots_disagree_with_the_metadata(cache):
     root, segment, _ = cache
     ns = namespace_of(segment)
     slots = (segment / "slots-0000.kvt").read_bytes()
@@ -208,13 +208,13 @@ def test_finding5_repair_refuses_when_slots_disagree_with_the_metadata(cache):
     assert (segment / "slots-0000.kvt").read_bytes() == slots and recovered(root) == 3
 
 
-# -- findings 6 and 7: special files where kvtier expects its own ---------------------------
+# -- special files where kvtier expects its own ---------------------------
 
 
 @pytest.mark.parametrize("name", ["lock", "index.kvt", "namespace.json", "slots-0000.kvt",
                                   "lease", "log.kvt"])
 @pytest.mark.parametrize("kind", ["fifo", "directory"])
-def test_finding6_7_special_files_never_block_and_take_the_path_out(cache, name, kind):
+def test_7_special_files_never_block_and_take_the_path_out(cache, name, kind):
     root, segment, _ = cache
     path = where(segment, name)
     if path.exists():
@@ -231,12 +231,12 @@ def test_finding6_7_special_files_never_block_and_take_the_path_out(cache, name,
     every_command(root)
 
 
-# -- finding 8: malformed metadata and names ------------------------------------------------
+# -- malformed metadata and names ------------------------------------------------
 
 
 @pytest.mark.parametrize("meta", ["[1, 2]", '{"stride": 0}', '{"stride": "abc"}', "{}",
                                   "not json", '{"namespace": "[]"}', "\xff\xfe"])
-def test_finding8_malformed_metadata_is_a_clean_report(cache, meta):
+def test_malformed_metadata_is_a_clean_report(cache, meta):
     root, segment, _ = cache
     (namespace_of(segment) / "namespace.json").write_bytes(meta.encode("latin-1"))
     code, report = data(cli("inspect", root, "--json"))
@@ -248,7 +248,7 @@ def test_finding8_malformed_metadata_is_a_clean_report(cache, meta):
     assert len(list(segment.glob("slots-*.kvt"))) == 1  # damaged metadata is no reason to delete
 
 
-def test_finding8_odd_names_and_kinds_are_clean(cache):
+def test_odd_names_and_kinds_are_clean(cache):
     root, segment, _ = cache
     (root / "not-hex-at-all").mkdir()
     (root / "not-hex-at-all" / "namespace.json").write_text("{}")
@@ -266,7 +266,7 @@ def test_finding8_odd_names_and_kinds_are_clean(cache):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
 @pytest.mark.parametrize("name", ["slots-0000.kvt", "index.kvt", "lease", "log.kvt", "lock"])
-def test_finding8_another_users_file_in_a_segment_is_never_used_nor_deleted(cache, name):
+def test_another_users_file_in_a_segment_is_never_used_nor_deleted(cache, name):
     root, segment, _ = cache
     os.chown(segment / name, 4242, 4242)
     content = (segment / name).read_bytes()
@@ -275,10 +275,10 @@ def test_finding8_another_users_file_in_a_segment_is_never_used_nor_deleted(cach
     assert (segment / name).read_bytes() == content and (segment / name).stat().st_uid == 4242
 
 
-# -- finding 9: bounded reads ---------------------------------------------------------------
+# -- bounded reads ---------------------------------------------------------------
 
 
-def test_finding9_a_huge_sparse_index_is_not_read_whole(cache):
+def test_a_huge_sparse_index_is_not_read_whole(cache):
     root, segment, _ = cache
     os.truncate(segment / "index.kvt", 8 << 30)
     # VmHWM, not ru_maxrss: after a vfork and exec, ru_maxrss starts at the parent's peak
@@ -294,7 +294,7 @@ def test_finding9_a_huge_sparse_index_is_not_read_whole(cache):
     assert exit_code == 0 and max_rss_kib < 1 << 20, result.stdout  # under 1 GiB, not 8
 
 
-def test_finding9_verify_of_a_huge_sparse_slot_file_is_bounded(cache):
+def test_verify_of_a_huge_sparse_slot_file_is_bounded(cache):
     root, segment, _ = cache
     os.truncate(segment / "slots-0000.kvt", 100 << 30)
     code, report = data(cli("verify", root, "--json", bound=60))
@@ -302,17 +302,17 @@ def test_finding9_verify_of_a_huge_sparse_slot_file_is_bounded(cache):
     assert code == 0 and found["ok"] == 3 and found["slots"] * STRIDE <= (8 << 30) + STRIDE
 
 
-def test_finding9_a_disk_too_large_to_track_is_a_config_error(tmp_path):
+def test_a_disk_too_large_to_track_is_a_config_error(tmp_path):
     from kvtier.errors import ConfigError
 
     with pytest.raises(ConfigError, match="raise chunk_tokens or lower disk_capacity"):
         KVStore(SMALL, config(tmp_path, disk_chunks=1, disk_capacity="1TiB"))
 
 
-# -- finding 15: exit codes and figures -----------------------------------------------------
+# -- exit codes and figures -----------------------------------------------------
 
 
-def test_finding15_inspect_of_a_truncated_slot_file_is_at_most_full(cache):
+def test_inspect_of_a_truncated_slot_file_is_at_most_full(cache):
     root, segment, _ = cache
     os.truncate(segment / "slots-0000.kvt", STRIDE)
     code, report = data(cli("inspect", root, "--json"))

@@ -1,5 +1,5 @@
 """KVStore at its public edge: bad input gets a clear error, a failed start leaves nothing
-held, and flush() puts every host chunk on disk. Each test names its hardening finding."""
+held, and flush() puts every host chunk on disk."""
 
 import socket
 import threading
@@ -24,13 +24,13 @@ def no_model(path, **extra):
     return {k: v for k, v in config(path, **extra).items() if k != "model"}
 
 
-def test_finding3_a_store_without_a_model_name_is_refused(tmp_path):
+def test_a_store_without_a_model_name_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="model"):
         KVStore(SMALL, no_model(tmp_path))
     assert not list(tmp_path.iterdir())  # refused before anything was made
 
 
-def test_finding3_the_model_comes_from_config_or_the_argument(tmp_path):
+def test_the_model_comes_from_config_or_the_argument(tmp_path):
     tokens = seq(0, 2)
     with KVStore(SMALL, {**no_model(tmp_path), "model": "org/a"}) as a:
         a.put(tokens, make_kv(tokens))
@@ -41,7 +41,7 @@ def test_finding3_the_model_comes_from_config_or_the_argument(tmp_path):
         assert exact(a, tokens) == 2 * CHUNK
 
 
-def test_finding4_token_ids_outside_int64_are_an_error(tmp_path):
+def test_token_ids_outside_int64_are_an_error(tmp_path):
     with KVStore(SMALL, config(tmp_path)) as store:
         store.put([-1] * CHUNK, make_kv([-1] * CHUNK))
         huge = [2**64 - 1] * CHUNK  # wrapped, it would be the key of [-1] * 16
@@ -70,7 +70,7 @@ def test_the_metrics_endpoint_listens_on_loopback_unless_told_otherwise(tmp_path
         assert store._metrics._server.server_address[0] == "0.0.0.0"
 
 
-def test_finding10_a_failed_start_leaves_no_lock_and_names_the_port(tmp_path):
+def test_a_failed_start_leaves_no_lock_and_names_the_port(tmp_path):
     with socket.socket() as taken:
         taken.bind(("", 0))
         taken.listen()
@@ -104,7 +104,7 @@ def test_host_memory_is_unmapped_at_close(tmp_path, monkeypatch, disk):
     assert made and made[0].buffer._mmap.closed  # no view of it left to keep it mapped
 
 
-def test_finding10_a_failed_start_unmaps_host_memory(tmp_path, monkeypatch):
+def test_a_failed_start_unmaps_host_memory(tmp_path, monkeypatch):
     made = host_tiers_made(monkeypatch)
     with socket.socket() as taken:
         taken.bind(("", 0))
@@ -114,13 +114,13 @@ def test_finding10_a_failed_start_unmaps_host_memory(tmp_path, monkeypatch):
     assert made and made[0].buffer._mmap.closed
 
 
-def test_finding12_host_capacity_above_memory_names_the_key():
+def test_host_capacity_above_memory_names_the_key():
     with pytest.raises(ConfigError, match="host_capacity"):
         KVStore(SMALL, {"chunk_tokens": CHUNK, "host_capacity": 2 * physical_memory()},
                 model="m")
 
 
-def test_finding12_calls_after_close_are_a_clear_error(tmp_path):
+def test_calls_after_close_are_a_clear_error(tmp_path):
     store = KVStore(SMALL, config(tmp_path))
     store.put(seq(0, 1), make_kv(seq(0, 1)))
     assert store.close() and store.close()  # closing twice is fine
@@ -130,7 +130,7 @@ def test_finding12_calls_after_close_are_a_clear_error(tmp_path):
             call()
 
 
-def test_finding16_flush_writes_what_a_burst_of_puts_dropped(tmp_path, monkeypatch):
+def test_flush_writes_what_a_burst_of_puts_dropped(tmp_path, monkeypatch):
     tokens = [seq(i * 1000, 1) for i in range(32)]
     with KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1)) as store:
         delayed_io(monkeypatch, "pwritev", seconds=0.02)  # a burst faster than the disk
@@ -144,7 +144,7 @@ def test_finding16_flush_writes_what_a_burst_of_puts_dropped(tmp_path, monkeypat
         assert all(exact(again, t) == CHUNK for t in tokens)
 
 
-def test_finding16_flush_says_how_many_it_could_not_write(tmp_path):
+def test_flush_says_how_many_it_could_not_write(tmp_path):
     with KVStore(SMALL, config(tmp_path, host_chunks=8, disk_chunks=3)) as store:
         store.put(seq(0, 6), make_kv(seq(0, 6)))
         flushed = store.flush()
@@ -152,7 +152,7 @@ def test_finding16_flush_says_how_many_it_could_not_write(tmp_path):
         assert not flushed and flushed.not_written == 3 and not flushed.timed_out
 
 
-def test_finding16_flush_meanwhile_puts_in_other_threads(tmp_path):
+def test_flush_meanwhile_puts_in_other_threads(tmp_path):
     with KVStore(SMALL, config(tmp_path, host_chunks=16, disk_chunks=256)) as store:
         stop = threading.Event()
 
