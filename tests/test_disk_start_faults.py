@@ -13,8 +13,9 @@ import time
 import pytest
 
 from kvtier import KVStore
-from kvtier.io import cachedir, safefs
+from kvtier.io import safefs
 from kvtier.io.format import HEADER_BYTES
+from kvtier.segment import cachedir
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.disk_helpers import wait_until
 from tests.test_disk_faults import flip, slot_of, stored

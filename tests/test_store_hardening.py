@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import torch
 
-import kvtier.store.kvstore as kvstore_module
+import kvtier.store.assembly as assembly_module
 from kvtier import KVStore
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError, TokenError
 from kvtier.tiers.base import TierName
@@ -84,13 +84,13 @@ def test_a_failed_start_leaves_no_lock_and_names_the_port(tmp_path):
 def host_tiers_made(monkeypatch) -> list:
     """Every host tier a store makes from now on (white-box: its buffer's mapping)."""
     made = []
-    real = kvstore_module.make_host_tier
+    real = assembly_module.make_host_tier
 
     def recording(*args):
         made.append(real(*args))
         return made[-1]
 
-    monkeypatch.setattr(kvstore_module, "make_host_tier", recording)
+    monkeypatch.setattr(assembly_module, "make_host_tier", recording)
     return made
 
 

@@ -27,36 +27,26 @@ import numpy as np
 import torch
 
 from kvtier.config.settings import KVTierConfig, load_config
-from kvtier.disk.lane import DiskLane, NoDisk, open_lane
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
 from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
-from kvtier.layout import DTYPE_BYTES, KVLayout
+from kvtier.layout import KVLayout
 from kvtier.logs import FailureLog, apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.shared.view import WriterState
-from kvtier.store.checks import check_layout, check_tiers, model_name
+from kvtier.store.assembly import StoreShape, open_parts
+from kvtier.store.checks import check_layout, model_name
 from kvtier.store.chunk_runs import ChunkRuns
 from kvtier.store.direct import DirectTarget, claim, empty_kv
-from kvtier.store.flush import Flusher, FlushResult
+from kvtier.store.flush import FlushResult
 from kvtier.store.gate import CallGate
 from kvtier.store.get import PrefixRead
-from kvtier.store.others import open_others
 from kvtier.store.puts import put_chunks
-from kvtier.store.reads import Fetcher
-from kvtier.store.remote import open_store_remote
-from kvtier.store.state import StoreShared
 from kvtier.store.stats import StoreStats, store_samples
-from kvtier.store.transfers import Transfers
-from kvtier.store.writes import PlanRunner, write_queue_bound
 from kvtier.tiers.base import MemoryTier, TierName
-from kvtier.tiers.gpu import DevicePool
-from kvtier.tiers.host import HostTier, make_host_tier
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.policy import make_policy
-from kvtier.tiers.stack import TierStack
 
 Tokens = Sequence[int] | np.ndarray
 GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
@@ -103,93 +93,30 @@ class KVStore:
         self._lock = threading.Lock()
         self._stats = StoreStats()
         self._failures = FailureLog()
-        self.tiers: dict[TierName, MemoryTier] = {}
-        self._lane: DiskLane | NoDisk = NoDisk()
-        self._metrics: MetricsServer | None = None
-        self._shared: StoreShared  # made in _start, once the tiers are open
         self._gate = CallGate()  # the calls in flight, and whether close() has begun
-        self._io_engine = io_engine
         self._direct = DirectBuffers()
-        try:  # a failed start must not keep memory, files or the namespace lock
-            self._start(device)
-        except BaseException:
-            self._release_all()
-            raise
-
-    def _start(self, device: torch.device | str | None) -> None:
-        cfg = self.config
-        if cfg.gpu_capacity >= self.slot_bytes:
-            self.tiers[GPU] = DevicePool(cfg.gpu_capacity // self.slot_bytes, self.slot_bytes, device)
-        if cfg.host_capacity >= self.slot_bytes:
-            self.tiers[HOST] = make_host_tier(cfg.host_capacity, self.slot_bytes)
-        check_tiers(cfg, set(self.tiers), self.chunk_tokens, self.slot_bytes)
-        # write-back moves get their own queue per path: a put or get waiting on one must not
-        # queue behind background writes and read-ahead
-        self._lane = open_lane(cfg, self.namespace, self.chunk_bytes, DTYPE_BYTES[self.layout.dtype],
-                               lock=self._lock, on_back=lambda index: self._shared.path_back(index),
-                               failures=self._failures, move_lanes=True,
-                               engine_factory=self._io_engine)
-        policy = cfg.eviction_policy
-        levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in self.tiers.items()]
-        levels.append((DISK, SlotIndex(self._lane.num_slots, make_policy(policy))))  # 0 without disk
-        self._stack = TierStack(levels)
-        self._top = self._stack.order[0]
-        self._transfers = Transfers(self.tiers, self._lane.tier, self.chunk_bytes,
-                                    getattr(torch, self.layout.dtype),
-                                    self.layout.shape(self.chunk_tokens))
-        host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 0
-        self._max_pending = write_queue_bound(cfg, host_slots, len(self._lane.queues))
-        self._shared = StoreShared(cfg, self._lock, self._stack, self._top, self._lane,
-                                   self._transfers, self._stats, self._failures, self.tiers,
-                                   self._max_pending)
-        self._runner = PlanRunner(self._shared)
-        self._fetcher = Fetcher(self._shared, self._runner)
-        self._flusher = Flusher(self._shared, self._runner)
-        self._recover()
-        host = self.tiers.get(HOST)
-        others = open_others(cfg, self.namespace, self.chunk_bytes, self._lane,
-                             host if isinstance(host, HostTier) else None)
-        if others is not None:  # another writer's chunk is never copied into this segment
-            self._stack.on_disk_elsewhere = lambda key: others.find(key) is not None
-        self._shared.others = others
-        self._shared.remote = open_store_remote(cfg, self.namespace, self.chunk_bytes,
-                                                host if isinstance(host, HostTier) else None,
-                                                self._stack, self._stats, self._failures,
-                                                self._lock)
+        self._metrics: MetricsServer | None = None
+        shape = StoreShape(cfg, layout, self.namespace, self.chunk_bytes, self.slot_bytes)
+        self._parts = parts = open_parts(shape, device, self._lock, self._stats, self._failures,
+                                         io_engine)
+        assert parts.shared is not None and parts.runner is not None
+        assert parts.fetcher is not None and parts.flusher is not None
+        self.tiers: dict[TierName, MemoryTier] = parts.tiers
+        self._lane = parts.lane
+        self._shared, self._stack, self._transfers = parts.shared, parts.shared.stack, parts.shared.transfers
+        self._runner, self._fetcher, self._flusher = parts.runner, parts.fetcher, parts.flusher
+        self._read_ahead = parts.read_ahead
         if cfg.metrics_port:
-            self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples, cfg.metrics_host)
-        host_slots = self.tiers[HOST].num_slots if HOST in self.tiers else 2
-        self._read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2))
+            try:  # a failed start must not keep memory, files or the namespace lock
+                self._metrics = serve_metrics(cfg.metrics_port, self.metric_samples, cfg.metrics_host)
+            except BaseException:
+                parts.release()
+                raise
 
     @property
     def disk(self) -> DiskTier | None:
         """The disk tier (None without ``disk_paths``), for inspection."""
         return self._lane.tier
-
-    def _recover(self) -> None:
-        report = self._lane.recover(threads=self.config.io_threads)
-        index = self._stack.indexes[DISK]
-        for found in sorted(report.slots, key=lambda r: r.header.generation):  # oldest evicts first
-            index.adopt(found.header.key, found.slot)
-        self._stats.recovered_chunks = len(index)
-        self._stats.torn_slots = report.torn
-        self._shared.retire_down_paths()
-
-    def _release_all(self) -> None:
-        """Give back what a start that failed had taken (nothing is running yet)."""
-        if self._metrics is not None:
-            self._metrics.close()
-        shared = getattr(self, "_shared", None)
-        if shared and shared.others:
-            shared.others.close()
-        if shared and shared.remote:
-            shared.remote.close(0)
-        self._lane.close(0)
-        transfers = getattr(self, "_transfers", None)
-        if transfers is not None:  # its views of host memory go before the memory
-            transfers.close()
-        for tier in self.tiers.values():
-            tier.close()
 
     # -- public API ---------------------------------------------------------------------
 
@@ -363,32 +290,10 @@ class KVStore:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        remote = self._shared.remote
-        if remote is not None and not remote.close(_left(deadline)):  # its I/O uses host memory
-            self._lane.close(0)
-            return False
-        if not self._lane.close(_left(deadline)):
-            return False  # a hung drive: its I/O still uses host memory
-        if not self._gate.close(_left(deadline)):  # they wait no more on I/O: they leave now
-            log.error("kvtier KVStore.close: %d calls still running after %g s; host memory "
-                      "stays until they end and close() is called again", self._gate.inside,
-                      timeout)
-            return False
-        if self._shared.others:  # after the lane: no read of another writer's chunk is left
-            self._shared.others.close()
-        self._transfers.close()  # its views of host memory go before the memory
-        for tier in self.tiers.values():
-            tier.close()
-        return True
+        return self._parts.close(deadline, self._gate, timeout)
 
     def __enter__(self) -> KVStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-
-def _left(deadline: float) -> float:
-    return max(0.0, deadline - time.monotonic())
-

@@ -1,0 +1,181 @@
+"""A ``KVStore``'s parts, opened in order: its memory tiers, its disk lane and what the disk
+holds, the bookkeeping over them, what runs puts, gets and flushes, and what other writers
+and a remote store hold; closed in the order that leaves no I/O on freed memory. A start
+that fails gives back everything it had taken."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.disk.lane import DiskLane, NoDisk, open_lane
+from kvtier.io.engine import EngineFactory
+from kvtier.keys import Namespace
+from kvtier.layout import DTYPE_BYTES, KVLayout
+from kvtier.logs import FailureLog
+from kvtier.store.checks import check_tiers
+from kvtier.store.flush import Flusher
+from kvtier.store.gate import CallGate
+from kvtier.store.others import open_others
+from kvtier.store.reads import Fetcher
+from kvtier.store.remote import open_store_remote
+from kvtier.store.state import StoreShared
+from kvtier.store.stats import StoreStats
+from kvtier.store.transfers import Transfers
+from kvtier.store.writes import PlanRunner, write_queue_bound
+from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.tiers.gpu import DevicePool
+from kvtier.tiers.host import HostTier, make_host_tier
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import make_policy
+from kvtier.tiers.stack import TierStack
+
+GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
+log = logging.getLogger("kvtier")
+
+
+@dataclass(frozen=True)
+class StoreShape:
+    """What a store's parts are made for."""
+
+    config: KVTierConfig
+    layout: KVLayout
+    namespace: Namespace
+    chunk_bytes: int
+    slot_bytes: int
+
+
+@dataclass
+class StoreParts:
+    """A store's open parts; ``shared`` is what they all work on."""
+
+    tiers: dict[TierName, MemoryTier] = field(default_factory=dict)
+    lane: DiskLane | NoDisk = field(default_factory=NoDisk)
+    shared: StoreShared | None = None
+    runner: PlanRunner | None = None
+    fetcher: Fetcher | None = None
+    flusher: Flusher | None = None
+    read_ahead: int = 1
+
+    def close(self, deadline: float, gate: CallGate, timeout: float) -> bool:
+        """Close every part once the calls inside ``gate`` are out, at most until ``deadline``
+        (``KVStore.close``); False when I/O or a call still runs (a hung drive), which keeps
+        the host memory it uses until a later close."""
+        shared = self.shared
+        assert shared is not None
+        if shared.remote is not None and not shared.remote.close(_left(deadline)):
+            self.lane.close(0)  # its I/O uses host memory
+            return False
+        if not self.lane.close(_left(deadline)):
+            return False  # a hung drive: its I/O still uses host memory
+        if not gate.close(_left(deadline)):  # they wait no more on I/O: they leave now
+            log.error("kvtier KVStore.close: %d calls still running after %g s; host memory "
+                      "stays until they end and close() is called again", gate.inside, timeout)
+            return False
+        if shared.others:  # after the lane: no read of another writer's chunk is left
+            shared.others.close()
+        shared.transfers.close()  # its views of host memory go before the memory
+        for tier in self.tiers.values():
+            tier.close()
+        return True
+
+    def release(self) -> None:
+        """Give back what a start that failed had taken (nothing is running yet)."""
+        shared = self.shared
+        if shared and shared.others:
+            shared.others.close()
+        if shared and shared.remote:
+            shared.remote.close(0)
+        self.lane.close(0)
+        if shared is not None:  # its views of host memory go before the memory
+            shared.transfers.close()
+        for tier in self.tiers.values():
+            tier.close()
+
+
+def open_parts(shape: StoreShape, device: torch.device | str | None, lock: threading.Lock,
+               stats: StoreStats, failures: FailureLog, io_engine: EngineFactory) -> StoreParts:
+    """Every part of a store, or what was taken given back and the error raised."""
+    parts = StoreParts()
+    try:
+        _open_tiers(parts, shape, device)
+        _open_bookkeeping(parts, shape, lock, stats, failures, io_engine)
+        _recover(parts, shape.config.io_threads)
+        _open_beyond(parts, shape)
+    except BaseException:
+        parts.release()
+        raise
+    return parts
+
+
+def _open_tiers(parts: StoreParts, shape: StoreShape, device: torch.device | str | None) -> None:
+    cfg, slot_bytes = shape.config, shape.slot_bytes
+    if cfg.gpu_capacity >= slot_bytes:
+        parts.tiers[GPU] = DevicePool(cfg.gpu_capacity // slot_bytes, slot_bytes, device)
+    if cfg.host_capacity >= slot_bytes:
+        parts.tiers[HOST] = make_host_tier(cfg.host_capacity, slot_bytes)
+    check_tiers(cfg, set(parts.tiers), cfg.chunk_tokens, slot_bytes)
+
+
+def _open_bookkeeping(parts: StoreParts, shape: StoreShape, lock: threading.Lock,
+                      stats: StoreStats, failures: FailureLog, io_engine: EngineFactory) -> None:
+    cfg, layout = shape.config, shape.layout
+
+    def path_back(index: int) -> None:
+        if parts.shared is not None:
+            parts.shared.path_back(index)
+
+    # write-back moves get their own queue per path: a put or get waiting on one must not
+    # queue behind background writes and read-ahead
+    parts.lane = open_lane(cfg, shape.namespace, shape.chunk_bytes, DTYPE_BYTES[layout.dtype],
+                           lock=lock, on_back=path_back, failures=failures, move_lanes=True,
+                           engine_factory=io_engine)
+    policy = cfg.eviction_policy
+    levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in parts.tiers.items()]
+    levels.append((DISK, SlotIndex(parts.lane.num_slots, make_policy(policy))))  # 0 without disk
+    stack = TierStack(levels)
+    transfers = Transfers(parts.tiers, parts.lane.tier, shape.chunk_bytes,
+                          getattr(torch, layout.dtype), layout.shape(cfg.chunk_tokens))
+    host_slots = parts.tiers[HOST].num_slots if HOST in parts.tiers else 0
+    max_pending = write_queue_bound(cfg, host_slots, len(parts.lane.queues))
+    parts.shared = shared = StoreShared(cfg, lock, stack, stack.order[0], parts.lane, transfers,
+                                        stats, failures, parts.tiers, max_pending)
+    parts.runner = PlanRunner(shared)
+    parts.fetcher = Fetcher(shared, parts.runner)
+    parts.flusher = Flusher(shared, parts.runner)
+    parts.read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2 if host_slots else 1))
+
+
+def _recover(parts: StoreParts, threads: int) -> None:
+    """What the disk holds (oldest first, so it is evicted first)."""
+    assert parts.shared is not None
+    report = parts.lane.recover(threads=threads)
+    index = parts.shared.stack.indexes[DISK]
+    for found in sorted(report.slots, key=lambda r: r.header.generation):
+        index.adopt(found.header.key, found.slot)
+    parts.shared.stats.recovered_chunks = len(index)
+    parts.shared.stats.torn_slots = report.torn
+    parts.shared.retire_down_paths()
+
+
+def _open_beyond(parts: StoreParts, shape: StoreShape) -> None:
+    """Other writers of a shared directory, and the remote store."""
+    shared = parts.shared
+    assert shared is not None
+    host = parts.tiers.get(HOST)
+    host = host if isinstance(host, HostTier) else None
+    others = open_others(shape.config, shape.namespace, shape.chunk_bytes, parts.lane, host)
+    if others is not None:  # another writer's chunk is never copied into this segment
+        shared.stack.on_disk_elsewhere = lambda key: others.find(key) is not None
+    shared.others = others
+    shared.remote = open_store_remote(shape.config, shape.namespace, shape.chunk_bytes, host,
+                                      shared.stack, shared.stats, shared.failures, shared.lock)
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())
