@@ -10,7 +10,8 @@ from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
 from kvtier.store.chunk_runs import Run
 from kvtier.store.direct import DirectTarget
-from kvtier.store.reads import Fetch, Fetcher, FetchState
+from kvtier.store.fetch import Fetch, FetchState
+from kvtier.store.reads import Fetcher
 from kvtier.store.state import DISK, HOST, Skip, StoreShared
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import TierName

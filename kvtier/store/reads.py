@@ -4,62 +4,21 @@ bounded by ``load_timeout``."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
-from enum import Enum
-from functools import partial
 
 import numpy as np
 
-from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.shared.view import ForeignChunk
 from kvtier.store.direct import DirectTarget
+from kvtier.store.fetch import Fetch, FetchState, fingerprint
+from kvtier.store.read_jobs import ReadJobs
 from kvtier.store.staging import Stagings
 from kvtier.store.state import DISK, HOST, REMOTE, SHARED, Skip, StoreShared
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import Location, StorePlan
 from kvtier.units import time_left
-
-
-class FetchState(Enum):
-    HOT = "hot"  # in a memory tier: copy from ``loc``
-    READING = "reading"  # its disk read (into ``plan.dst`` or ``direct``) is in flight
-    STAGED = "staged"  # the read checked out: copy from ``plan.dst`` (pinned)
-    LANDED = "landed"  # the read into the caller's tensor checked out: nothing to copy
-    FAILED = "failed"  # the read failed: the chunk was dropped
-    GIVEN_UP = "given up"  # not over by its deadline, or not needed any more
-
-
-@dataclass
-class Fetch:
-    """One chunk of a ``get``: where it is pinned (``loc``), and, from disk, its read into
-    a host slot (``plan.dst``) or straight into the caller's tensor (``direct``: the target
-    and the chunk's place in it)."""
-
-    key: ChunkKey
-    loc: Location
-    state: FetchState = FetchState.HOT
-    read: Future | None = None
-    plan: StorePlan | None = None  # the host slot the read fills
-    deadline: float | None = None  # time.monotonic() by which the read must be over
-    direct: tuple[DirectTarget, int] | None = None
-    foreign: ForeignChunk | None = None  # in another writer's segment (``loc.tier`` SHARED)
-
-    def target(self) -> Location | list[np.ndarray]:
-        """Where the read lands: the host slot, or the pieces of the caller's tensor."""
-        if self.direct is not None:
-            target, index = self.direct
-            return target.pieces(index)
-        assert self.plan is not None, "a disk read lands in a host slot or the caller's tensor"
-        return self.plan.dst
-
-
-def _fingerprint(key: ChunkKey) -> int:
-    return int.from_bytes(key[:8], "little") | 1  # never 0, the mark of "not read yet"
 
 
 class Fetcher:
@@ -84,6 +43,7 @@ class Fetcher:
         # caller's tensor (lock held): its next read promotes it
         self._read_direct = np.zeros(shared.lane.num_slots, dtype=np.uint64)
         self.stagings = Stagings(shared.lock)  # host slots reserved for reads, until finished
+        self.jobs = ReadJobs(shared)
 
     def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
         """Pin the disk copies of the cached prefix of ``keys`` for a whole ``get`` (of the
@@ -103,20 +63,14 @@ class Fetcher:
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it,
         ``BUSY`` when another ``get`` is reading it into host memory.
         """
-        foreign = None
         with self.shared.lock:
-            loc = self.shared.stack.locate(key)
-            if loc is None:
-                foreign = self.shared.others.find(key) if self.shared.others else None
-                if foreign is None and not remote:
-                    return Skip.END
-                # nothing to pin: not ours
-                loc = Location(SHARED, foreign.slot) if foreign else Location(REMOTE, -1)
-            else:
-                self.shared.stack.indexes[loc.tier].pin(key)
+            where = self._pin_where(key, remote)
+            if isinstance(where, Skip):
+                return where
+            loc, foreign = where
             if loc.tier not in (DISK, SHARED, REMOTE):
                 return Fetch(key, loc)
-            if direct is not None and loc.tier is DISK and self._read_direct[loc.slot] != _fingerprint(key):
+            if direct is not None and loc.tier is DISK and self._read_direct[loc.slot] != fingerprint(key):
                 return Fetch(key, loc, FetchState.READING, direct=direct)
             plan = self.shared.stack.plan_store(key, HOST)
             if plan is None:
@@ -137,6 +91,19 @@ class Fetcher:
             return Skip.END
         return Fetch(key, loc, FetchState.READING, None, plan, foreign=foreign)
 
+    def _pin_where(self, key: ChunkKey,
+                   remote: bool) -> tuple[Location, ForeignChunk | None] | Skip:
+        """Where ``key`` is hottest, pinned there when it is this store's (lock held)."""
+        loc = self.shared.stack.locate(key)
+        if loc is not None:
+            self.shared.stack.indexes[loc.tier].pin(key)
+            return loc, None
+        foreign = self.shared.others.find(key) if self.shared.others else None
+        if foreign is None and not remote:
+            return Skip.END
+        # nothing to pin: not ours
+        return (Location(SHARED, foreign.slot) if foreign else Location(REMOTE, -1)), foreign
+
     def _unpin(self, key: ChunkKey, loc: Location) -> None:
         if loc.tier not in (SHARED, REMOTE):
             self.shared.stack.unpin(key, loc)
@@ -152,96 +119,8 @@ class Fetcher:
         self.stagings.end(plan)
 
     def start(self, fetches: list[Fetch]) -> None:
-        """Start the disk reads of fetches ``begin`` reserved: a job per path and group of
-        up to ``READ_GROUP_BYTES`` (neighbouring slots move in one call; small chunks read
-        one by one lose more to the hand-offs between threads than they gain in
-        parallel). Every fetch gets its read, whatever fails."""
-        reading = sorted((f for f in fetches if f.state is FetchState.READING and f.read is None),
-                         key=lambda f: f.loc.slot)
-        if not reading:
-            return
-        timeout = self.shared.config.load_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        from_remote = [f for f in reading if f.loc.tier is REMOTE]
-        reading = [f for f in reading if f.loc.tier is not REMOTE]
-        try:
-            self._start_disk(reading, deadline)
-        finally:  # every fetch gets its read, whatever fails
-            if from_remote:
-                self._start_remote(from_remote, deadline)
-
-    def _start_disk(self, reading: list[Fetch], deadline: float | None) -> None:
-        lane = self.shared.lane
-        per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
-        groups: list[tuple[str, list[Fetch], BatchReads]] = []
-        for i, queue in enumerate(lane.queues):
-            for theirs in (False, True):  # a group reads this store's slots or other writers'
-                mine = [f for f in reading
-                        if self._queue_index(f) == i and (f.foreign is not None) == theirs]
-                groups += self._groups(queue, mine, per_group, deadline)
-        for i, (queue, group, reads) in enumerate(groups):
-            try:
-                job = lane.submit(queue, partial(reads.run, self._reader(group)))
-            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
-                for _, _, unstarted in groups[i:]:
-                    unstarted.fail(repr(exc))
-                raise
-            reads.watch(job)
-
-    def _start_remote(self, fetches: list[Fetch], deadline: float | None) -> None:
-        """Start the reads of chunks from the remote store, a job (one round trip) per
-        group of up to the tier's ``read_group_bytes``."""
-        remote = self.shared.remote
-        assert remote is not None, "chunks come from the remote store only with one"
-        per_group = max(1, remote.tier.read_group_bytes // self.shared.transfers.chunk_bytes)
-        groups = self._groups("", fetches, per_group, deadline)
-        for i, (_, group, reads) in enumerate(groups):
-            pairs = [(f.key, f.plan.dst.slot) for f in group if f.plan is not None]
-            try:
-                job = remote.lane.submit(partial(reads.run, partial(remote.get, pairs)))
-            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
-                for _, _, unstarted in groups[i:]:
-                    unstarted.fail(repr(exc))
-                raise
-            reads.watch(job)
-
-    @staticmethod
-    def _groups(queue: str, fetches: list[Fetch], per_group: int,
-                deadline: float | None) -> list[tuple[str, list[Fetch], BatchReads]]:
-        """``fetches`` in groups of ``per_group``, each with its futures handed out."""
-        groups = []
-        for first in range(0, len(fetches), per_group):
-            group = fetches[first:first + per_group]
-            reads = BatchReads(len(group))
-            for fetch, read in zip(group, reads.items, strict=True):
-                fetch.read, fetch.deadline = read, deadline
-            groups.append((queue, group, reads))
-        return groups
-
-    def _queue_index(self, fetch: Fetch) -> int:
-        """The disk path a fetch reads from (another writer's chunks: the same path)."""
-        paths = len(self.shared.lane.queues)
-        return (fetch.foreign.path if fetch.foreign else fetch.loc.slot) % paths
-
-    def _reader(self, group: list[Fetch]) -> Callable[[], list[IOResult]]:
-        """The read of one group: from this store's disk slots or from another writer's."""
-        if group[0].foreign is not None:
-            others = self.shared.others
-            assert others is not None, "chunks of other writers come from their followers"
-            pairs = [(f.foreign, f.plan.dst) for f in group if f.foreign and f.plan]
-            return partial(others.read_many, pairs)
-        items = [(f.key, f.loc, f.target()) for f in group]
-        return partial(self._read_and_blank, items)
-
-    def _read_and_blank(self, items: list) -> list[IOResult]:
-        """Verified disk reads (an I/O thread); a corrupt slot's header is blanked in the
-        same job, so a get's wait on it is bounded by ``load_timeout`` like the read's, and
-        the slot stays pinned until both are over."""
-        results = self.shared.transfers.read_many(items)
-        for (_, loc, _), result in zip(items, results, strict=True):
-            if result.status is IOStatus.CORRUPT:
-                self.shared.lane.invalidate(loc.slot)
-        return results
+        """Start the reads of fetches ``begin`` reserved (``ReadJobs.start``)."""
+        self.jobs.start(fetches)
 
     def complete(self, fetch: Fetch) -> Location | None:
         """Where the chunk can be copied from, or ``None`` when its disk read failed or was
@@ -256,7 +135,7 @@ class Fetcher:
             return fetch.loc
         if fetch.state is not FetchState.READING:
             return fetch.plan.dst if fetch.state is FetchState.STAGED and fetch.plan else None
-        read, plan = fetch.read, fetch.plan
+        read = fetch.read
         assert read is not None, "a fetch from disk has its read started"
         try:
             result = read.result(timeout=time_left(fetch.deadline))
@@ -272,6 +151,12 @@ class Fetcher:
             return self._complete_foreign(fetch, result)
         if fetch.loc.tier is REMOTE:
             return self._complete_remote(fetch, result)
+        return self._complete_disk(fetch, result)
+
+    def _complete_disk(self, fetch: Fetch, result: IOResult) -> Location | None:
+        """A read from this store's disk: the chunk is now in a host slot (promoted) or in
+        the caller's tensor, or its disk copy is dropped."""
+        plan = fetch.plan
         with self.shared.lock:
             if plan is not None:
                 self._staged(plan, result.ok)
@@ -279,7 +164,7 @@ class Fetcher:
                 self.shared.stats.disk_reads += 1
                 self.shared.stats.disk_read_bytes += result.nbytes
                 if plan is None:
-                    self._read_direct[fetch.loc.slot] = _fingerprint(fetch.key)
+                    self._read_direct[fetch.loc.slot] = fingerprint(fetch.key)
                     fetch.state = FetchState.LANDED
                     return fetch.loc
                 self.shared.stack.indexes[HOST].pin(fetch.key)

@@ -1,0 +1,52 @@
+"""One chunk of a ``get`` on its way: where it is pinned, and the state of its read."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from kvtier.keys import ChunkKey
+from kvtier.shared.view import ForeignChunk
+from kvtier.store.direct import DirectTarget
+from kvtier.tiers.stack import Location, StorePlan
+
+
+class FetchState(Enum):
+    HOT = "hot"  # in a memory tier: copy from ``loc``
+    READING = "reading"  # its disk read (into ``plan.dst`` or ``direct``) is in flight
+    STAGED = "staged"  # the read checked out: copy from ``plan.dst`` (pinned)
+    LANDED = "landed"  # the read into the caller's tensor checked out: nothing to copy
+    FAILED = "failed"  # the read failed: the chunk was dropped
+    GIVEN_UP = "given up"  # not over by its deadline, or not needed any more
+
+
+@dataclass
+class Fetch:
+    """One chunk of a ``get``: where it is pinned (``loc``), and, from disk, its read into
+    a host slot (``plan.dst``) or straight into the caller's tensor (``direct``: the target
+    and the chunk's place in it)."""
+
+    key: ChunkKey
+    loc: Location
+    state: FetchState = FetchState.HOT
+    read: Future | None = None
+    plan: StorePlan | None = None  # the host slot the read fills
+    deadline: float | None = None  # time.monotonic() by which the read must be over
+    direct: tuple[DirectTarget, int] | None = None
+    foreign: ForeignChunk | None = None  # in another writer's segment (``loc.tier`` SHARED)
+
+    def target(self) -> Location | list[np.ndarray]:
+        """Where the read lands: the host slot, or the pieces of the caller's tensor."""
+        if self.direct is not None:
+            target, index = self.direct
+            return target.pieces(index)
+        assert self.plan is not None, "a disk read lands in a host slot or the caller's tensor"
+        return self.plan.dst
+
+
+def fingerprint(key: ChunkKey) -> int:
+    """What marks a disk slot as last read straight into a caller's tensor for ``key``."""
+    return int.from_bytes(key[:8], "little") | 1  # never 0, the mark of "not read yet"

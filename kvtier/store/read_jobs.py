@@ -1,0 +1,113 @@
+"""Starting the reads of a ``get``'s fetches: grouped per disk path (this store's slots apart
+from other writers') or per round trip to the remote store, each group one job, every fetch
+given its read whatever fails."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+
+from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.store.fetch import Fetch, FetchState
+from kvtier.store.state import REMOTE, StoreShared
+
+
+class ReadJobs:
+    """The read jobs of one store's gets."""
+
+    def __init__(self, shared: StoreShared) -> None:
+        self.shared = shared
+
+    def start(self, fetches: list[Fetch]) -> None:
+        """Start the disk reads of fetches ``begin`` reserved: a job per path and group of
+        up to ``READ_GROUP_BYTES`` (neighbouring slots move in one call; small chunks read
+        one by one lose more to the hand-offs between threads than they gain in
+        parallel). Every fetch gets its read, whatever fails."""
+        reading = sorted((f for f in fetches if f.state is FetchState.READING and f.read is None),
+                         key=lambda f: f.loc.slot)
+        if not reading:
+            return
+        timeout = self.shared.config.load_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        from_remote = [f for f in reading if f.loc.tier is REMOTE]
+        reading = [f for f in reading if f.loc.tier is not REMOTE]
+        try:
+            self._start_disk(reading, deadline)
+        finally:  # every fetch gets its read, whatever fails
+            if from_remote:
+                self._start_remote(from_remote, deadline)
+
+    def _start_disk(self, reading: list[Fetch], deadline: float | None) -> None:
+        lane = self.shared.lane
+        per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
+        groups: list[tuple[str, list[Fetch], BatchReads]] = []
+        for i, queue in enumerate(lane.queues):
+            for theirs in (False, True):  # a group reads this store's slots or other writers'
+                mine = [f for f in reading
+                        if self._queue_index(f) == i and (f.foreign is not None) == theirs]
+                groups += self._groups(queue, mine, per_group, deadline)
+        for i, (queue, group, reads) in enumerate(groups):
+            try:
+                job = lane.submit(queue, partial(reads.run, self._reader(group)))
+            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
+                for _, _, unstarted in groups[i:]:
+                    unstarted.fail(repr(exc))
+                raise
+            reads.watch(job)
+
+    def _start_remote(self, fetches: list[Fetch], deadline: float | None) -> None:
+        """Start the reads of chunks from the remote store, a job (one round trip) per
+        group of up to the tier's ``read_group_bytes``."""
+        remote = self.shared.remote
+        assert remote is not None, "chunks come from the remote store only with one"
+        per_group = max(1, remote.tier.read_group_bytes // self.shared.transfers.chunk_bytes)
+        groups = self._groups("", fetches, per_group, deadline)
+        for i, (_, group, reads) in enumerate(groups):
+            pairs = [(f.key, f.plan.dst.slot) for f in group if f.plan is not None]
+            try:
+                job = remote.lane.submit(partial(reads.run, partial(remote.get, pairs)))
+            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
+                for _, _, unstarted in groups[i:]:
+                    unstarted.fail(repr(exc))
+                raise
+            reads.watch(job)
+
+    @staticmethod
+    def _groups(queue: str, fetches: list[Fetch], per_group: int,
+                deadline: float | None) -> list[tuple[str, list[Fetch], BatchReads]]:
+        """``fetches`` in groups of ``per_group``, each with its futures handed out."""
+        groups = []
+        for first in range(0, len(fetches), per_group):
+            group = fetches[first:first + per_group]
+            reads = BatchReads(len(group))
+            for fetch, read in zip(group, reads.items, strict=True):
+                fetch.read, fetch.deadline = read, deadline
+            groups.append((queue, group, reads))
+        return groups
+
+    def _queue_index(self, fetch: Fetch) -> int:
+        """The disk path a fetch reads from (another writer's chunks: the same path)."""
+        paths = len(self.shared.lane.queues)
+        return (fetch.foreign.path if fetch.foreign else fetch.loc.slot) % paths
+
+    def _reader(self, group: list[Fetch]) -> Callable[[], list[IOResult]]:
+        """The read of one group: from this store's disk slots or from another writer's."""
+        if group[0].foreign is not None:
+            others = self.shared.others
+            assert others is not None, "chunks of other writers come from their followers"
+            pairs = [(f.foreign, f.plan.dst) for f in group if f.foreign and f.plan]
+            return partial(others.read_many, pairs)
+        items = [(f.key, f.loc, f.target()) for f in group]
+        return partial(self._read_and_blank, items)
+
+    def _read_and_blank(self, items: list) -> list[IOResult]:
+        """Verified disk reads (an I/O thread); a corrupt slot's header is blanked in the
+        same job, so a get's wait on it is bounded by ``load_timeout`` like the read's, and
+        the slot stays pinned until both are over."""
+        results = self.shared.transfers.read_many(items)
+        for (_, loc, _), result in zip(items, results, strict=True):
+            if result.status is IOStatus.CORRUPT:
+                self.shared.lane.invalidate(loc.slot)
+        return results
