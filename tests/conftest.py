@@ -57,7 +57,7 @@ def index_of(store, tier) -> SlotIndex:
 def background_writes(store) -> int:
     """Chunks whose background disk writes are queued or running (white-box, as above: each
     holds a pin on its host slot and a reservation on its disk slot until it ends)."""
-    return store._runner.writes_pending
+    return store._runner.disk_writes.writes_pending
 
 
 @pytest.fixture(scope="session", autouse=True)

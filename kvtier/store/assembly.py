@@ -19,6 +19,7 @@ from kvtier.keys import Namespace
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.logs import FailureLog
 from kvtier.store.checks import check_tiers
+from kvtier.store.disk_writes import write_queue_bound
 from kvtier.store.flush import Flusher
 from kvtier.store.gate import CallGate
 from kvtier.store.others import open_others
@@ -27,7 +28,7 @@ from kvtier.store.remote import open_store_remote
 from kvtier.store.state import StoreShared
 from kvtier.store.stats import StoreStats
 from kvtier.store.transfers import Transfers
-from kvtier.store.writes import PlanRunner, write_queue_bound
+from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.gpu import DevicePool
 from kvtier.tiers.host import HostTier, make_host_tier

@@ -8,8 +8,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvtier.keys import ChunkKey
+from kvtier.store.disk_writes import StartedWrite
 from kvtier.store.state import DISK, GPU, HOST, StoreShared
-from kvtier.store.writes import PlanRunner, StartedWrite
+from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
@@ -69,7 +70,7 @@ class Flusher:
             while drained and todo:
                 with self._shared.lock:
                     started = self._start_writes(todo, batch)
-                self._runner.start_all(started)
+                self._runner.disk_writes.start_all(started)
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         with self._shared.lock:
@@ -149,7 +150,7 @@ class Flusher:
             slot = host.slot_of(key)  # it may have moved or gone since the flush began
             if slot is None or disk.has_entry(key):
                 continue
-            write = self._runner.start_disk_write(key, slot)
+            write = self._runner.disk_writes.queue(key, slot)
             if write is not None:
                 started.append(write)
         return started

@@ -261,7 +261,8 @@ class KVStore:
             slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
         # engine jobs, and the chunks waiting to go to the disk together in a write job
         remote = self._shared.remote
-        return store_samples(stats, slots, used, self._lane.pending() + self._runner.writes_waiting,
+        queued = self._lane.pending() + self._runner.disk_writes.writes_waiting
+        return store_samples(stats, slots, used, queued,
                              remote=None if remote is None else (remote.backend,
                                                                  remote.lane.puts_pending),
                              shared=self._shared.others is not None)

@@ -67,6 +67,19 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
     loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
     for tier, count in stats.chunks_loaded.items():
         loaded.add(count, tier=str(tier))
+    if shared and "shared" not in stats.chunks_loaded:  # a series from the start, at 0
+        loaded.add(0, tier="shared")
+    samples = [loaded, *_tier_samples(stats, slots, used), *_disk_samples(stats),
+               *_plain_samples(stats, queue_depth)]
+    if shared:
+        samples += _shared_store_samples(stats)
+    return samples + (remote_samples(stats, *remote) if remote is not None else [])
+
+
+def _tier_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]) -> list:
+    """Evictions, slots and slots in use, by tier."""
+    from kvtier.metrics import Sample
+
     evictions = Sample("evictions_total", "counter", "Chunks evicted, by tier")
     for tier, count in stats.evictions.items():
         evictions.add(count, tier=tier)
@@ -75,11 +88,26 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
     for tier in slots:
         capacity.add(slots[tier], tier=tier)
         fill.add(used[tier], tier=tier)
+    return [evictions, capacity, fill]
+
+
+def _disk_samples(stats: StoreStats) -> list:
+    """Bytes and chunks moved to and from disk."""
+    from kvtier.metrics import Sample
+
     disk_bytes = Sample("disk_bytes_total", "counter", "Bytes moved to and from disk "
                         "(write: for SSD wear accounting)")
     disk_bytes.add(stats.disk_read_bytes, direction="read").add(stats.disk_write_bytes, direction="write")
     disk_ops = Sample("disk_chunks_total", "counter", "Chunks read from and written to disk")
     disk_ops.add(stats.disk_reads, direction="read").add(stats.disk_writes, direction="write")
+    return [disk_bytes, disk_ops]
+
+
+def _plain_samples(stats: StoreStats, queue_depth: int) -> list:
+    """The samples of one series each: the store's other counters, its I/O queue and its
+    disk paths out of service."""
+    from kvtier.metrics import Sample
+
     plain = [("chunks_stored_total", "counter", "Chunks stored", stats.chunks_stored),
              ("chunks_missed_total", "counter", "Chunks asked for and not cached", stats.chunks_missed),
              ("chunks_promoted_total", "counter", "Chunks copied to a hotter tier", stats.chunks_promoted),
@@ -95,18 +123,19 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
              ("io_queue_depth", "gauge", "Disk requests queued or running", queue_depth),
              ("paths_down", "gauge", "Disk paths out of service", len(stats.paths_down)),
              ("paths_back_total", "counter", "Disk paths that came back into service", stats.paths_back)]
-    samples = [loaded, evictions, capacity, fill, disk_bytes, disk_ops,
-               *(Sample(name, kind, text).add(value) for name, kind, text, value in plain)]
-    if shared:
-        if "shared" not in stats.chunks_loaded:  # a series from the start, at 0
-            loaded.add(0, tier="shared")
-        samples += shared_samples(stats.shared_chunks, stats.shared_writers,
-                                  stats.shared_reclaimed, stats.shared_seats_freed)
-        samples += [Sample("shared_read_bytes_total", "counter", "Bytes read from other "
-                           "writers' segments").add(stats.shared_read_bytes),
-                    Sample("shared_failures_total", "counter", "Reads of other writers' chunks "
-                           "that failed their check or their I/O").add(stats.shared_failures)]
-    return samples + (remote_samples(stats, *remote) if remote is not None else [])
+    return [Sample(name, kind, text).add(value) for name, kind, text, value in plain]
+
+
+def _shared_store_samples(stats: StoreStats) -> list:
+    """The shared directory's metrics of a store that follows other writers' segments."""
+    from kvtier.metrics import Sample
+
+    return [*shared_samples(stats.shared_chunks, stats.shared_writers,
+                            stats.shared_reclaimed, stats.shared_seats_freed),
+            Sample("shared_read_bytes_total", "counter", "Bytes read from other "
+                   "writers' segments").add(stats.shared_read_bytes),
+            Sample("shared_failures_total", "counter", "Reads of other writers' chunks "
+                   "that failed their check or their I/O").add(stats.shared_failures)]
 
 
 def shared_samples(chunks: int, writers: int, reclaimed: int, seats_freed: int) -> list:

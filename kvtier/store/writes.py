@@ -5,42 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
 
-from kvtier.config.settings import KVTierConfig, WritePolicy
-from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
+from kvtier.config.settings import WritePolicy
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store.chunk_runs import Run, copy_run
+from kvtier.store.disk_writes import DiskWrites
 from kvtier.store.state import DISK, HOST, StoreShared
-from kvtier.tiers.host import HostTier
 from kvtier.tiers.stack import Location, Move, StorePlan
-
-# background write jobs running at once per path (at most io_threads): each writes up to
-# WRITE_GROUP_BYTES, and chunks queued meanwhile wait to go together in the next one
-WRITE_JOBS_PER_PATH = 2
-
-
-def write_queue_bound(cfg: KVTierConfig, host_slots: int, paths: int) -> int:
-    """Background writes a path queues before write-through drops (``max_pending``): its
-    share of half the host slots, a quarter with a remote store (whose own writes may hold
-    up to half), and at least 4 per I/O thread. A bound in chunks alone dropped most writes
-    of a burst of small chunks, each then written on its own when evicted."""
-    share = 4 if cfg.remote_url else 2
-    return max(4 * cfg.io_threads, host_slots // (share * max(1, paths)))
-
-
-@dataclass(frozen=True)
-class StartedWrite:
-    """A queued disk write: its outcome (``future``), and the job to submit once the lock is
-    released (``group``, when the write opened one)."""
-
-    future: Future[IOResult]
-    groups: WriteGroups[Move]
-    group: WriteGroup[Move] | None
 
 
 class PlanRunner:
@@ -53,22 +28,12 @@ class PlanRunner:
     ``write_through`` (dropped, and counted, when the path's queue is full), and offered to
     the remote tier (``StoreRemote.reached_host``).
 
-    Background writes (write-through and ``flush``) are group commits: at most
-    ``WRITE_JOBS_PER_PATH`` jobs per path write at once, and the chunks queued meanwhile go
-    together in the next job, up to ``WRITE_GROUP_BYTES`` (``WriteGroups``). A path's
-    queue is full when ``max_pending`` chunks are queued or being written on it. Each chunk
-    keeps its host slot pinned until its write ends, has its disk reservation finished and
-    its outcome counted on its own, and its future is settled inside the job.
+    Background writes to disk are ``DiskWrites``' (``disk_writes``).
     """
 
     def __init__(self, shared: StoreShared) -> None:
         self.shared = shared
-        lane, cfg = shared.lane, shared.config
-        per_group = WRITE_GROUP_BYTES // max(1, shared.transfers.chunk_bytes)
-        jobs = min(cfg.io_threads, WRITE_JOBS_PER_PATH)
-        self._groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
-                                           self._settle_group, per_group, jobs, lambda: lane.closed)
-                        for queue in lane.queues}
+        self.disk_writes = DiskWrites(shared)
         self._behind = 0  # device pool victims being written to disk from copies (lock held)
 
     def copy_in(self, chunk: Run, dst: Location) -> None:
@@ -92,7 +57,7 @@ class PlanRunner:
         """Copy run ``source`` into ``target``. With a disk or remote tier, a copy in CPU
         memory runs on this thread alone: torch's copy hands parts to its worker threads,
         which then wait spinning for more and take the cores the I/O needs."""
-        copy_run(target, source, threads=not (self._groups or self.shared.remote is not None))
+        copy_run(target, source, threads=not (self.disk_writes.groups or self.shared.remote is not None))
 
     def run(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
         """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
@@ -224,103 +189,22 @@ class PlanRunner:
             self.shared.stack.finish(key, dst, ok)
             if ok and pin:
                 self.shared.stack.indexes[dst.tier].pin(key)
-            write = self._write_through(key, dst.slot) if ok and dst.tier is HOST else None
+            write = self.disk_writes.write_through(key, dst.slot) if ok and dst.tier is HOST else None
             if remote is not None and ok and dst.tier is HOST:
                 remote.reached_host(key, dst.slot)
         try:
             if write is not None:
-                self.start(write)
+                self.disk_writes.start(write)
         finally:
             if remote is not None:
                 remote.start()
-
-    def _write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
-        """Queue the background disk write of a chunk that just reached host (lock held);
-        dropped when its path's queue is full (``flush`` writes it later)."""
-        if self.shared.config.write_policy is not WritePolicy.WRITE_THROUGH:
-            return None
-        if self.shared.stack.indexes[DISK].has_entry(key):
-            return None
-        return self.start_disk_write(key, host_slot, may_drop=True)
-
-    def start_disk_write(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> StartedWrite | None:
-        """Reserve a disk slot for a host chunk and queue its write (lock held; pass the
-        result to ``start`` once the lock is released). None when there is no room, or the
-        path's queue is full (``max_pending`` chunks queued or being written) and
-        ``may_drop``. The host slot stays pinned until the write ends."""
-        plan = self.shared.stack.plan_store(key, DISK)
-        if plan is None:
-            return None
-        groups = self._groups[self.shared.lane.queue_of(plan.dst.slot)]
-        if may_drop and groups.pending >= self.shared.max_pending:
-            self.shared.stack.finish(key, plan.dst, False)
-            self.shared.stats.dropped_writes += 1
-            self.shared.failures.note("write-through dropped", "the disk write queue is full; "
-                                "chunks stay in host memory until flush() or eviction "
-                                "writes them (counted in dropped_writes)")
-            return None
-        self.shared.stack.indexes[HOST].pin(key)
-        future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
-        return StartedWrite(future, groups, group)
 
     @property
     def writes_behind(self) -> bool:
         """True when a chunk reaching host memory starts a background write (write-through
         to disk, or to the remote store)."""
         through = self.shared.config.write_policy is WritePolicy.WRITE_THROUGH
-        return (bool(self._groups) and through) or self.shared.remote is not None
-
-    @property
-    def writes_pending(self) -> int:
-        """Chunks whose background disk writes are queued or running, over every path."""
-        return sum(groups.pending for groups in self._groups.values())
-
-    @property
-    def writes_waiting(self) -> int:
-        """Chunks whose background disk writes wait for a job, over every path."""
-        return sum(groups.waiting for groups in self._groups.values())
-
-    def start(self, write: StartedWrite) -> None:
-        """Submit the job ``start_disk_write`` opened, if any (lock not held)."""
-        if write.group is not None:
-            write.groups.start(write.group)
-
-    def start_all(self, writes: list[StartedWrite]) -> None:
-        """``start`` each; once one is refused (the engine closed), the rest are let go of
-        (settled as never written, their pins and reservations given back), then it raises."""
-        for i, write in enumerate(writes):
-            try:
-                self.start(write)
-            except BaseException:
-                for rest in writes[i + 1:]:
-                    if rest.group is not None:
-                        rest.groups.abandon(rest.group)
-                raise
-
-    def _write_group(self, writes: list[Move]) -> list[IOResult]:
-        """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
-        chunk that failed (I/O error, no space) along with others is written once more on its
-        own, so one bad sector, or the last free bytes, fail only the chunks they concern."""
-        host = self.shared.tiers[HOST]
-        assert isinstance(host, HostTier), "disk writes come from host slots"
-        items = [(w.dst.slot, w.key, host.slot_array(w.src.slot)) for w in writes]
-        results = self.shared.lane.write_many(items)
-        if len(items) > 1:
-            for i, result in enumerate(results):
-                if result.status in (IOStatus.IO_ERROR, IOStatus.NO_SPACE):
-                    results[i] = self.shared.lane.write_many([items[i]])[0]
-        return results
-
-    def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
-        """Finish each write's disk reservation, unpin its host slot and count its outcome
-        (a write that never ran, at close, is not counted)."""
-        with self.shared.lock:
-            for i, write in enumerate(writes):
-                ok = results is not None and results[i].ok
-                self.shared.stack.finish(write.key, write.dst, ok)
-                self.shared.stack.unpin(write.key, write.src)
-                if results is not None:
-                    self.shared.account_write(results[i])
+        return (bool(self.disk_writes.groups) and through) or self.shared.remote is not None
 
     def promote(self, key: ChunkKey, source: Location) -> None:
         with self.shared.lock:

@@ -1,0 +1,138 @@
+"""A store's background disk writes (write-through and ``flush``) as group commits: at most
+``WRITE_JOBS_PER_PATH`` jobs per path write at once, and the chunks queued meanwhile go
+together in the next job, up to ``WRITE_GROUP_BYTES`` (``WriteGroups``). A path's queue is
+full when ``max_pending`` chunks are queued or being written on it. Each chunk keeps its
+host slot pinned until its write ends, has its disk reservation finished and its outcome
+counted on its own, and its future is settled inside the job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+
+from kvtier.config.settings import KVTierConfig, WritePolicy
+from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.store.state import DISK, HOST, StoreShared
+from kvtier.tiers.host import HostTier
+from kvtier.tiers.stack import Location, Move
+
+# background write jobs running at once per path (at most io_threads): each writes up to
+# WRITE_GROUP_BYTES, and chunks queued meanwhile wait to go together in the next one
+WRITE_JOBS_PER_PATH = 2
+
+
+def write_queue_bound(cfg: KVTierConfig, host_slots: int, paths: int) -> int:
+    """Background writes a path queues before write-through drops (``max_pending``): its
+    share of half the host slots, a quarter with a remote store (whose own writes may hold
+    up to half), and at least 4 per I/O thread. A bound in chunks alone dropped most writes
+    of a burst of small chunks, each then written on its own when evicted."""
+    share = 4 if cfg.remote_url else 2
+    return max(4 * cfg.io_threads, host_slots // (share * max(1, paths)))
+
+
+@dataclass(frozen=True)
+class StartedWrite:
+    """A queued disk write: its outcome (``future``), and the job to submit once the lock is
+    released (``group``, when the write opened one)."""
+
+    future: Future[IOResult]
+    groups: WriteGroups[Move]
+    group: WriteGroup[Move] | None
+
+
+class DiskWrites:
+    """The background disk writes of one store, a ``WriteGroups`` per disk path."""
+
+    def __init__(self, shared: StoreShared) -> None:
+        self.shared = shared
+        lane, cfg = shared.lane, shared.config
+        per_group = WRITE_GROUP_BYTES // max(1, shared.transfers.chunk_bytes)
+        jobs = min(cfg.io_threads, WRITE_JOBS_PER_PATH)
+        self.groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
+                                          self._settle_group, per_group, jobs, lambda: lane.closed)
+                       for queue in lane.queues}
+
+    def write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
+        """Queue the background disk write of a chunk that just reached host (lock held);
+        dropped when its path's queue is full (``flush`` writes it later)."""
+        if self.shared.config.write_policy is not WritePolicy.WRITE_THROUGH:
+            return None
+        if self.shared.stack.indexes[DISK].has_entry(key):
+            return None
+        return self.queue(key, host_slot, may_drop=True)
+
+    def queue(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> StartedWrite | None:
+        """Reserve a disk slot for a host chunk and queue its write (lock held; pass the
+        result to ``start`` once the lock is released). None when there is no room, or the
+        path's queue is full (``max_pending`` chunks queued or being written) and
+        ``may_drop``. The host slot stays pinned until the write ends."""
+        plan = self.shared.stack.plan_store(key, DISK)
+        if plan is None:
+            return None
+        groups = self.groups[self.shared.lane.queue_of(plan.dst.slot)]
+        if may_drop and groups.pending >= self.shared.max_pending:
+            self.shared.stack.finish(key, plan.dst, False)
+            self.shared.stats.dropped_writes += 1
+            self.shared.failures.note("write-through dropped", "the disk write queue is full; "
+                                "chunks stay in host memory until flush() or eviction "
+                                "writes them (counted in dropped_writes)")
+            return None
+        self.shared.stack.indexes[HOST].pin(key)
+        future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
+        return StartedWrite(future, groups, group)
+
+    @property
+    def writes_pending(self) -> int:
+        """Chunks whose background disk writes are queued or running, over every path."""
+        return sum(groups.pending for groups in self.groups.values())
+
+    @property
+    def writes_waiting(self) -> int:
+        """Chunks whose background disk writes wait for a job, over every path."""
+        return sum(groups.waiting for groups in self.groups.values())
+
+    def start(self, write: StartedWrite) -> None:
+        """Submit the job ``queue`` opened, if any (lock not held)."""
+        if write.group is not None:
+            write.groups.start(write.group)
+
+    def start_all(self, writes: list[StartedWrite]) -> None:
+        """``start`` each; once one is refused (the engine closed), the rest are let go of
+        (settled as never written, their pins and reservations given back), then it raises."""
+        for i, write in enumerate(writes):
+            try:
+                self.start(write)
+            except BaseException:
+                for rest in writes[i + 1:]:
+                    if rest.group is not None:
+                        rest.groups.abandon(rest.group)
+                raise
+
+    def _write_group(self, writes: list[Move]) -> list[IOResult]:
+        """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
+        chunk that failed (I/O error, no space) along with others is written once more on its
+        own, so one bad sector, or the last free bytes, fail only the chunks they concern."""
+        host = self.shared.tiers[HOST]
+        assert isinstance(host, HostTier), "disk writes come from host slots"
+        items = [(w.dst.slot, w.key, host.slot_array(w.src.slot)) for w in writes]
+        results = self.shared.lane.write_many(items)
+        if len(items) > 1:
+            for i, result in enumerate(results):
+                if result.status in (IOStatus.IO_ERROR, IOStatus.NO_SPACE):
+                    results[i] = self.shared.lane.write_many([items[i]])[0]
+        return results
+
+    def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
+        """Finish each write's disk reservation, unpin its host slot and count its outcome
+        (a write that never ran, at close, is not counted)."""
+        with self.shared.lock:
+            for i, write in enumerate(writes):
+                ok = results is not None and results[i].ok
+                self.shared.stack.finish(write.key, write.dst, ok)
+                self.shared.stack.unpin(write.key, write.src)
+                if results is not None:
+                    self.shared.account_write(results[i])
