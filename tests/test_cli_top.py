@@ -20,7 +20,9 @@ import torch
 
 from kvtier import KVStore
 from kvtier.cli.stats import metrics_url, parse_samples
-from kvtier.cli.top import Endpoint, Role, Scrape, figures, render, scrape
+from kvtier.cli.top_figures import Role, figures
+from kvtier.cli.top_render import render
+from kvtier.cli.top_scrape import Endpoint, Scrape, scrape
 from kvtier.config.settings import load_config
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.side import SchedulerSide

@@ -10,7 +10,7 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.io.safefs import SafeDir, UnsafeEntry
-from kvtier.segment import seats
+from kvtier.segment import seat_orphans, seats
 from tests.conftest import SMALL
 from tests.hostile import make_cache, namespace_of
 from tests.test_hostile_names import seat_file, stopped_writer_namespace
@@ -48,8 +48,8 @@ def test_the_engine_gives_back_no_orphan_seat_linked_from_outside(tmp_path):
         assert view.seats_freed == 0 and b.stats().paths_down
     assert seat.exists() and outside.stat().st_nlink == 2
     with SafeDir.open(ns) as ns_dir:
-        assert seats.orphan_seats(ns_dir, 2.0) == []
-        assert seats.free_orphan_seats(ns_dir, 2.0) == []
+        assert seat_orphans.orphan_seats(ns_dir, 2.0) == []
+        assert seat_orphans.free_orphan_seats(ns_dir, 2.0) == []
 
 
 def crash_left_pair(ns):
@@ -80,11 +80,11 @@ def test_an_old_crash_left_pair_loses_its_temporary_file_then_the_seat_is_judged
     past = time.time() - 3600
     os.utime(seat, (past, past))
     with SafeDir.open(ns) as ns_dir:
-        assert seats.free_orphan_seats(ns_dir, 2.0, dry_run=True) == [temp.name]
+        assert seat_orphans.free_orphan_seats(ns_dir, 2.0, dry_run=True) == [temp.name]
         assert temp.exists()
-        assert seats.free_orphan_seats(ns_dir, 2.0) == [temp.name]
+        assert seat_orphans.free_orphan_seats(ns_dir, 2.0) == [temp.name]
         assert not temp.exists() and seat.stat().st_nlink == 1
-        assert seats.free_orphan_seats(ns_dir, 2.0) == [seat.name]  # one link: an orphan
+        assert seat_orphans.free_orphan_seats(ns_dir, 2.0) == [seat.name]  # one link: an orphan
     assert not seat.exists()
 
 

@@ -18,7 +18,7 @@ from kvtier.io.format import INDEX_ENTRY_BYTES, SlotHeader, decode_header
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import namespace_id_of
 from kvtier.ops.cache import namespaces
-from kvtier.segment import seats
+from kvtier.segment import seat_orphans, seats
 from kvtier.segment.index_file import valid_header
 from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.names import TEMP_NAME, seat_number, slot_number
@@ -230,7 +230,7 @@ def test_a_reader_watches_orphan_seats_by_its_own_clock():
     """``OrphanWatch``: due once seen unchanged at every look for the timeout; a seat that
     changed (touched by a writer taking it again) or was missing from a look starts over."""
     now = [0.0]
-    watch = seats.OrphanWatch(10.0, clock=lambda: now[0])
+    watch = seat_orphans.OrphanWatch(10.0, clock=lambda: now[0])
     a = SimpleNamespace(st_ino=1, st_mtime_ns=0, st_size=5, st_nlink=1)
     b = SimpleNamespace(st_ino=2, st_mtime_ns=0, st_size=5, st_nlink=1)
     assert watch.due([("seat-0000", a), ("seat-0001", b)]) == []
@@ -252,7 +252,7 @@ def test_a_seat_whose_writer_has_a_segment_is_kept_however_old(tmp_path):
     (ns,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     seat = seat_file(ns, b"a", age_s=3600)
     with SafeDir.open(ns) as ns_dir:
-        assert seats.free_orphan_seats(ns_dir, 2.0) == [] and seat.read_text() == "a"
+        assert seat_orphans.free_orphan_seats(ns_dir, 2.0) == [] and seat.read_text() == "a"
 
 
 def test_a_seat_is_made_whole_or_not_at_all(tmp_path, monkeypatch):

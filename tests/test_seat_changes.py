@@ -13,7 +13,8 @@ from kvtier import KVStore
 from kvtier.io.safefs import SafeDir
 from kvtier.segment import seats as seats_module
 from kvtier.segment.cachedir import CacheDirError
-from kvtier.segment.seats import claim_seat, read_holder
+from kvtier.segment.seat_files import read_holder
+from kvtier.segment.seats import claim_seat
 from tests.conftest import CHUNK, SMALL, make_kv
 from tests.test_disk_store import STRIDE, config, exact, seq
 

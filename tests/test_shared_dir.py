@@ -415,7 +415,8 @@ def test_a_writer_that_finds_its_own_seat_again_marks_it_in_use(tmp_path):
     import os
 
     from kvtier.io.safefs import SafeDir
-    from kvtier.segment.seats import claim_seat, free_orphan_seats, orphan_seats
+    from kvtier.segment.seat_orphans import free_orphan_seats, orphan_seats
+    from kvtier.segment.seats import claim_seat
 
     ns = tmp_path / "ns"
     ns.mkdir(mode=0o700)
@@ -434,7 +435,7 @@ def test_under_a_low_open_file_limit_a_reader_follows_fewer_writers_and_says_so(
         tmp_path, monkeypatch, caplog):
     import resource
 
-    import kvtier.shared.view as shared_view
+    import kvtier.shared.followed as shared_view
 
     for name in ("a", "b", "c"):
         with KVStore(SMALL, shared(tmp_path, name)) as writer:

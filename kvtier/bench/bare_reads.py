@@ -16,6 +16,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -50,54 +51,74 @@ def bare_read_bandwidth(directory: Path, chunk_bytes: int, total: int, rows: int
         drop_page_cache()
         out = mmap.mmap(-1, prefix_bytes)
         out.write(b"\1" * prefix_bytes)  # faulted in, as a reused tensor is
-        per_prefix, plane = prefix_bytes // chunk_bytes, prefix_bytes // rows
-        view = memoryview(out)
-        claimed, lock, errors = [0], threading.Lock(), []
-
-        def reader() -> None:
-            try:
-                read_runs()
-            except BaseException as exc:  # the run's figure would be wrong: raised below
-                errors.append(exc)
-
-        def read_runs() -> None:
-            headers = memoryview(mmap.mmap(-1, HEADER * run))
-            while True:
-                with lock:
-                    first = claimed[0]
-                    claimed[0] += run
-                if first >= count:
-                    return
-                pieces = []
-                for j in range(min(run, count - first)):
-                    at = (first + j) % per_prefix * row
-                    pieces.append([view[r * plane + at:r * plane + at + row] for r in range(rows)])
-                iov = [b for j, p in enumerate(pieces) for b in (headers[j * HEADER:(j + 1) * HEADER], *p)]
-                if os.preadv(fd, iov, first * stride) != len(pieces) * stride:
-                    raise OSError(f"{path}: short read at chunk {first}")
-                for p in pieces if verify else ():
-                    digest = xxhash.xxh3_64()
-                    for piece in p:
-                        digest.update(piece)
-                    digest.intdigest()
-
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_NOFOLLOW)
         try:
-            start, cpu = time.perf_counter(), time.process_time()
-            workers = [threading.Thread(target=reader) for _ in range(threads)]
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
-            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+            reads = _Reads(fd, path, memoryview(out), chunk_bytes, rows, count, run, verify)
+            seconds, cpu = _timed(reads.reader, threads)
         finally:
             os.close(fd)
-        if errors:
-            raise errors[0]
+        if reads.errors:
+            raise reads.errors[0]
         gib = count * chunk_bytes / 2**30
         return BareRead(gib / seconds, cpu / gib)
     finally:
         path.unlink(missing_ok=True)
+
+
+def _timed(reader: Callable[[], None], threads: int) -> tuple[float, float]:
+    """Seconds, and seconds of this process's CPU, that ``threads`` threads of ``reader`` take."""
+    start, cpu = time.perf_counter(), time.process_time()
+    workers = [threading.Thread(target=reader) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+class _Reads:
+    """The reads of the ``count`` chunks of the file open at ``fd``, ``run`` neighbours a
+    ``preadv``, claimed in turn by the reader threads; each chunk's payload over its ``rows``
+    rows of ``view`` (the prefix buffer). ``errors``: what failed a reader."""
+
+    def __init__(self, fd: int, path: Path, view: memoryview, chunk_bytes: int, rows: int,
+                 count: int, run: int, verify: bool) -> None:
+        self.fd, self.path, self.view, self.count, self.run = fd, path, view, count, run
+        self.rows, self.verify, self.stride = rows, verify, HEADER + chunk_bytes
+        self.row, self.plane = chunk_bytes // rows, len(view) // rows
+        self.per_prefix = len(view) // chunk_bytes
+        self.claimed, self.lock = 0, threading.Lock()
+        self.errors: list[BaseException] = []
+
+    def reader(self) -> None:
+        try:
+            self._read_runs()
+        except BaseException as exc:  # the run's figure would be wrong: raised by the caller
+            self.errors.append(exc)
+
+    def _claim(self) -> int:
+        """The first chunk of the next run to read."""
+        with self.lock:
+            first = self.claimed
+            self.claimed += self.run
+        return first
+
+    def _read_runs(self) -> None:
+        headers = memoryview(mmap.mmap(-1, HEADER * self.run))
+        view, rows, row, plane, stride = self.view, self.rows, self.row, self.plane, self.stride
+        while (first := self._claim()) < self.count:
+            pieces = []
+            for j in range(min(self.run, self.count - first)):
+                at = (first + j) % self.per_prefix * row
+                pieces.append([view[r * plane + at:r * plane + at + row] for r in range(rows)])
+            iov = [b for j, p in enumerate(pieces) for b in (headers[j * HEADER:(j + 1) * HEADER], *p)]
+            if os.preadv(self.fd, iov, first * stride) != len(pieces) * stride:
+                raise OSError(f"{self.path}: short read at chunk {first}")
+            for p in pieces if self.verify else ():
+                digest = xxhash.xxh3_64()
+                for piece in p:
+                    digest.update(piece)
+                digest.intdigest()
 
 
 def _lay_out(path: Path, stride: int, count: int) -> None:

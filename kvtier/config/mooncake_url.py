@@ -10,8 +10,9 @@ this client at; default: the local address that routes to the master). No creden
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from kvtier.config.redact import redacted, shown_option
 from kvtier.units import parse_size
@@ -36,6 +37,18 @@ class MooncakeOptions:
 def parse_url(url: str) -> MooncakeOptions:
     """The options of ``url``; ``ValueError`` naming what is wrong and how to write it."""
     parts, shown = urlsplit(url), redacted(url)
+    master = _master(url, parts, shown)
+    given = _given(parts.query, shown)
+    options = MooncakeOptions(master, given.get("protocol", "tcp"),
+                              given.get("device", ""), given.get("metadata", P2P),
+                              _segment(given.get("segment", "0")), given.get("host", ""))
+    _check_options(options, given)
+    return options
+
+
+def _master(url: str, parts: SplitResult, shown: str) -> str:
+    """The master's ``host:port`` that ``url`` (split as ``parts``, redacted as ``shown``)
+    names; ``ValueError`` unless it is ``mooncake://host:port``, then only options."""
     if parts.scheme != SCHEME:
         raise ValueError(f"remote_url {shown!r}: a Mooncake Store URL starts with mooncake://")
     if "@" in url:
@@ -55,20 +68,26 @@ def parse_url(url: str) -> MooncakeOptions:
     if parts.path not in ("", "/"):
         raise ValueError(f"remote_url {shown!r}: a Mooncake URL has no path; options go in "
                          "the query (?protocol=tcp&segment=4GiB)")
-    for pair in filter(None, parts.query.split("&")):
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return f"{host}:{port}"
+
+
+def _given(query: str, shown: str) -> dict[str, str]:
+    """The options ``query`` gives, by name; ``ValueError`` for one unknown or given twice."""
+    for pair in filter(None, query.split("&")):
         if unquote(pair.partition("=")[0]) not in OPTIONS:
             raise ValueError(f"remote_url option {shown_option(pair)!r} is unknown: use "
                              f"{', '.join(OPTIONS)}")
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    pairs = parse_qsl(query, keep_blank_values=True)
     names = [name for name, _ in pairs]
     for name in names:
         if names.count(name) > 1:
             raise ValueError(f"remote_url option {name!r} is given twice")
-    given = dict(pairs)
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-    options = MooncakeOptions(f"{host}:{port}", given.get("protocol", "tcp"),
-                              given.get("device", ""), given.get("metadata", P2P),
-                              _segment(given.get("segment", "0")), given.get("host", ""))
+    return dict(pairs)
+
+
+def _check_options(options: MooncakeOptions, given: Mapping[str, str]) -> None:
+    """``ValueError`` for an option's value kvtier cannot use (or one in conflict)."""
     if options.protocol not in PROTOCOLS:
         raise ValueError(f"remote_url option protocol={options.protocol!r}: use tcp or rdma")
     if options.device and options.protocol != "rdma":
@@ -78,7 +97,6 @@ def parse_url(url: str) -> MooncakeOptions:
                          "metadata server's URL (etcd://host:2379, http://host:8080/metadata)")
     if "host" in given and not options.host:
         raise ValueError("remote_url option host is empty: name this machine's address")
-    return options
 
 
 def check_url(url: str) -> str:

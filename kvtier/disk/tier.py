@@ -4,9 +4,10 @@ Slot ``s`` lives on path ``s % P`` (chunks stripe across drives), in that path's
 files. A slot is a 4 KiB header and the payload, read and written with one vectored call.
 A chunk of a hybrid model is written in parts (one per KV cache group, ``parts``), each
 checked on its own, so that a load needing only some groups reads only their parts
-(``read_parts``). This class moves and checks bytes only; which chunk goes in which slot is the bookkeeping's
-business (``SlotIndex`` under the ``TierStack``). Every method here blocks: the owner runs
-them on the I/O engine's threads (queue ``queue_of(slot)``).
+(``read_parts``). This class moves and checks bytes only (``kvtier.disk.reads`` and
+``kvtier.disk.writes`` hold the reads' and the writes' own steps); which chunk goes in which
+slot is the bookkeeping's business (``SlotIndex`` under the ``TierStack``). Every method here
+blocks: the owner runs them on the I/O engine's threads (queue ``queue_of(slot)``).
 """
 
 from __future__ import annotations
@@ -15,34 +16,29 @@ import itertools
 import os
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from kvtier.config.settings import DiskFloor
-from kvtier.disk.check import decode_into, slot_problem
+from kvtier.disk.check import slot_problem
 from kvtier.disk.parts import ChunkParts
 from kvtier.disk.paths import DiskPaths, OpenArgs, PathState
+from kvtier.disk.reads import Target, checked, landing, read_part_runs, read_run
 from kvtier.disk.recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
-from kvtier.io import codec as codecs
-from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader, payload_checksum
+from kvtier.disk.writes import encode, write_run
+from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.segment.cachedir import CacheDir, aligned_view
+from kvtier.segment.cachedir import CacheDir
 from kvtier.segment.index_file import SlotLayout
 from kvtier.segment.lease import beat_every
 from kvtier.segment.names import writer_ids
 from kvtier.tiers.base import TierName
 
-if TYPE_CHECKING:
-    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
-
 _HEALTH_EVERY_S = 1.0  # how often a path's directory is checked; read when a tier opens
 MAX_RUN = 16  # slots per vectored call
 IOV_MAX = 1024  # buffers per vectored call (Linux)
-# where a chunk read lands: one buffer, or pieces its payload is scattered over in order
-Target = np.ndarray | list[np.ndarray]
 
 
 class DiskTier:
@@ -157,7 +153,10 @@ class DiskTier:
             for j, i in enumerate(run):
                 slot, key, src = items[i]
                 header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
-                codec, body, size = self._encode(key, src, header_buf)
+                codec, body, size = encode(key, src, header_buf, self._scratch, self._generation,
+                                           ns_digest=self.ns_digest, raw_bytes=self.raw_bytes,
+                                           parts=self.parts, compression=self.compression,
+                                           element_bytes=self.element_bytes)
                 iov += [header_buf, body]
                 sizes.append((slot, codec, size, header_buf))
             for i, result in zip(run, self._write_run(path, directory, number, offset, iov, sizes),
@@ -165,44 +164,19 @@ class DiskTier:
                 results[i] = result
         return results
 
-    def _encode(self, key: ChunkKey, src: np.ndarray, header_buf: np.ndarray):
-        """(codec, aligned body to write, payload size); the header goes in ``header_buf``."""
-        raw = src[: self.raw_bytes]
-        codec, payload, body_source = Codec.NONE, raw, src
-        if self.compression:
-            packed = codecs.encode(raw, self.element_bytes)
-            if packed is not None:
-                codec, blob = packed
-                body_source = self._scratch.payload()
-                payload = body_source[: len(blob)]
-                payload[:] = np.frombuffer(blob, dtype=np.uint8)
-        if codec is Codec.NONE and self.parts:
-            header = self.parts.header(self.ns_digest, key, raw, next(self._generation),
-                                       time.time_ns())
-        else:
-            header = SlotHeader(self.ns_digest, key, codec, payload.size, self.raw_bytes,
-                                payload_checksum(payload.data), next(self._generation),
-                                time.time_ns())
-        header.encode(into=header_buf)
-        return codec, aligned_view(body_source, payload.size), payload.size
-
     def _write_run(self, path: PathState, directory: CacheDir, number: int, offset: int, iov: list,
                    sizes: list) -> list[IOResult]:
-        expected = sum(b.size for b in iov)
         try:
-            if not directory.ensure_allocated(number, offset + len(sizes) * self.stride):
-                failed = IOResult(IOStatus.NO_SPACE, detail=f"{path.root}: free-space floor reached")
-                return [failed] * len(sizes)
-            written = os.pwritev(directory.fd(number), iov, offset)
-            if written != expected:
-                return [IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")] * len(sizes)
+            done = write_run(directory, number, offset, iov, offset + len(sizes) * self.stride, path.root)
+            if not done.ok:
+                return [done] * len(sizes)
             for slot, codec, size, header_buf in sizes:
                 self._lengths[slot], self._codecs[slot] = size, codec
                 directory.write_index(slot // len(self._paths), header_buf)
         except OSError as exc:
             return [self._health.failed(path, exc, directory)] * len(sizes)
         path.eio_run = 0
-        return [IOResult(IOStatus.OK, written // len(sizes))] * len(sizes)
+        return [IOResult(IOStatus.OK, done.nbytes // len(sizes))] * len(sizes)
 
     def read_many(self, items: Sequence[tuple[int, ChunkKey, Target]]) -> list[IOResult]:
         """Read and verify several chunks; slots adjacent in one file go in one call.
@@ -220,10 +194,9 @@ class DiskTier:
                 for i in run:
                     results[i] = IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
                 continue
-            landed = self._landing(run, items, compressed)
-            iov = [buffer for header_buf, payload, _ in landed for buffer in (header_buf, *payload)]
+            landed = landing(run, items, compressed, self._scratch, self._lengths, self.raw_bytes)
             try:
-                got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset)
+                arrivals = read_run(directory.fd(number), offset, landed, self.stride)
             except OSError as exc:
                 if len(run) > 1 and not self._health.is_path_error(exc):
                     # one bad sector must not fail its neighbours: read them one by one
@@ -235,9 +208,11 @@ class DiskTier:
                         results[i] = results[run[0]]
                 continue
             path.eio_run = 0
-            for j, (i, (header_buf, payload, size)) in enumerate(zip(run, landed, strict=True)):
-                arrived = min(max(got - j * self.stride, 0), HEADER_BYTES + size)
-                results[i] = self._verify(items[i], header_buf, payload, arrived)
+            for i, landed_slot, arrived in zip(run, landed, arrivals, strict=True):
+                slot, key, dst = items[i]
+                results[i] = checked(key, dst, Codec(self._codecs[slot]), int(self._lengths[slot]),
+                                     landed_slot, arrived, self._scratch, ns_digest=self.ns_digest,
+                                     raw_bytes=self.raw_bytes, verify_payload=self.verify_payload)
         return results
 
     def read_parts(self, items: Sequence[tuple[int, ChunkKey, np.ndarray, Sequence[int]]]
@@ -255,53 +230,17 @@ class DiskTier:
         if directory is None:
             return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
         header_buf = self._scratch.headers(1)
-        arrived = 0
         try:
-            for start, iov in self.parts.runs(header_buf, dst, wanted):
-                got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset + start)
-                arrived += got
-                if got < sum(b.size for b in iov):
-                    return IOResult(IOStatus.CORRUPT, arrived, "slot truncated")
+            read = read_part_runs(directory, number, offset, self.parts.runs(header_buf, dst, wanted))
         except OSError as exc:
             return self._health.failed(path, exc, directory)
+        if not read.ok:
+            return read
         path.eio_run = 0
         problem = slot_problem(header_buf, key, [dst], self.raw_bytes, Codec.NONE, self.ns_digest,
                                self.raw_bytes, self.verify_payload,
                                wanted=self.parts.read_map(wanted))
-        return IOResult(IOStatus.CORRUPT, arrived, problem) if problem else IOResult(IOStatus.OK, arrived)
-
-    def _landing(self, run: list[int], items: Sequence[tuple[int, ChunkKey, Target]],
-                 compressed: set[int]) -> list[tuple[np.ndarray, list[np.ndarray], int]]:
-        """Where each slot of ``run`` lands: (its header buffer, its payload's buffers, their
-        size); a compressed payload goes to this thread's payload buffer first."""
-        headers = self._scratch.headers(len(run))
-        landed = []
-        for j, i in enumerate(run):
-            slot, _, dst = items[i]
-            header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
-            if isinstance(dst, list) and i not in compressed:
-                landed.append((header_buf, dst, self.raw_bytes))  # pieces: the raw bytes exactly
-                continue
-            buffer = self._scratch.payload() if i in compressed else dst
-            assert isinstance(buffer, np.ndarray), "a compressed slot reads into one buffer"
-            payload = aligned_view(buffer, int(self._lengths[slot]) or self.raw_bytes)
-            landed.append((header_buf, [payload], payload.size))
-        return landed
-
-    def _verify(self, item: tuple[int, ChunkKey, Target], header_buf: np.ndarray,
-                payload: list[np.ndarray], arrived: int) -> IOResult:
-        slot, key, dst = item
-        codec = Codec(self._codecs[slot])
-        problem = slot_problem(header_buf, key, payload, arrived - HEADER_BYTES, codec,
-                               self.ns_digest, self.raw_bytes, self.verify_payload)
-        if problem:
-            return IOResult(IOStatus.CORRUPT, arrived, problem)
-        if codec is not Codec.NONE:
-            try:
-                decode_into(codec, payload[0][: int(self._lengths[slot])], dst, self._scratch)
-            except ValueError as exc:
-                return IOResult(IOStatus.CORRUPT, arrived, str(exc))
-        return IOResult(IOStatus.OK, arrived)
+        return IOResult(IOStatus.CORRUPT, read.nbytes, problem) if problem else read
 
     def invalidate(self, slot: int) -> IOResult:
         """Blank a slot's header so the chunk is not found again after a restart."""

@@ -24,7 +24,7 @@ from kvtier.ops.segments import (
     segment_problem,
 )
 from kvtier.segment.names import SEATS_DIR, WRITERS_DIR
-from kvtier.segment.seats import free_orphan_seats
+from kvtier.segment.seat_orphans import free_orphan_seats
 
 
 @dataclass

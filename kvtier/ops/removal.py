@@ -30,7 +30,8 @@ from kvtier.segment.names import (
     seat_number,
     slot_number,
 )
-from kvtier.segment.seats import linked_temps, release_seat
+from kvtier.segment.seat_files import linked_temps
+from kvtier.segment.seats import release_seat
 
 _SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
 _NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout

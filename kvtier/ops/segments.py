@@ -19,12 +19,12 @@ import time
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of, read_at
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
-from kvtier.segment.cachedir import lock_namespace
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
 from kvtier.segment.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
+from kvtier.segment.lock import held_here as lock_held
+from kvtier.segment.lock import lock_namespace
 from kvtier.segment.log import SegmentLog, entries_of
 from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
-from kvtier.segment.seats import held_here as lock_held
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

@@ -35,13 +35,10 @@ from kvtier.remote import mooncake_ranges
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.mooncake_client import (
     GONE,
-    INVALID_PARAMS,
     RPC_FAIL,
     RPC_TIMEOUT,
     SETUP_LOCK,
-    TRANSFER_FAIL,
     client_module,
-    code_name,
     local_address,
     put_result,
     reachable,
@@ -49,6 +46,7 @@ from kvtier.remote.mooncake_client import (
     unset_only,
 )
 from kvtier.remote.mooncake_memory import RegisteredMemory
+from kvtier.remote.mooncake_pieces import fill_pieces, get_result
 from kvtier.remote.values import ValueFormat, value_key
 
 
@@ -202,7 +200,7 @@ class MooncakeTier(RemoteTier):
                 [[self._hb, self.raw_bytes]] * len(keys))
             failed = self._trip_failed("get", codes)
             results = [failed if failed is not None and item[2] in (RPC_FAIL, RPC_TIMEOUT)
-                       else self._got(client, *item)
+                       else get_result(self._format, client, *item)
                        for item in zip(names, keys, codes, headers, payloads, strict=True)]
             bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
             if bad:
@@ -259,25 +257,6 @@ class MooncakeTier(RemoteTier):
             return [self._failed("get", exc)] * len(keys)
         return results
 
-    def _got(self, client: Any, name: str, key: ChunkKey, code: int, header: np.ndarray,
-             payload: np.ndarray) -> IOResult:
-        """What a get's answer ``code`` (bytes read, or an error) means for one chunk."""
-        expected = self._hb + self.raw_bytes
-        if code == expected:
-            problem = self._format.problem(header.data, payload.data, key)
-            if problem:
-                return IOResult(IOStatus.CORRUPT, 0, problem)
-            return IOResult(IOStatus.OK, self.raw_bytes)
-        if code in GONE:
-            return IOResult(IOStatus.MISSING)
-        if code >= 0 or code in (INVALID_PARAMS, TRANSFER_FAIL):  # a value of another size?
-            size = client.get_size(name) if code < 0 else code
-            if size >= 0 and size != expected:
-                return IOResult(IOStatus.CORRUPT, 0, f"value of {size} bytes, expected {expected}")
-            if size in GONE:
-                return IOResult(IOStatus.MISSING)
-        return IOResult(IOStatus.IO_ERROR, 0, f"get: {code_name(code)}")
-
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
         wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
         if wrong:
@@ -289,11 +268,7 @@ class MooncakeTier(RemoteTier):
         raws = [np.ascontiguousarray(payload).reshape(-1).view(np.uint8) for _, payload in items]
         try:
             headers, payloads, staged = self._memory.pieces(client, raws)
-            for (key, _), raw, header, payload, copy in zip(items, raws, headers, payloads, staged,
-                                                            strict=True):
-                if copy:
-                    payload[:] = raw
-                header[:] = np.frombuffer(self._format.header(key, raw), np.uint8)
+            fill_pieces(self._format, [key for key, _ in items], raws, headers, payloads, staged)
             codes = client.batch_put_from_multi_buffers(
                 self._names([key for key, _ in items]),
                 [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],

@@ -26,7 +26,7 @@ from kvtier.remote.base import RemoteTier
 from kvtier.remote.range_reads import RangeRead, answer_into
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_round_trip
-from kvtier.remote.resp import BulkReplies, payload_view
+from kvtier.remote.redis_direct import get_into, ranges_into, set_from
 from kvtier.remote.values import ValueFormat, value_key
 
 __all__ = ["PASSWORD_ENV", "SCHEMES", "USER_ENV", "RedisTier", "check_url"]
@@ -166,30 +166,8 @@ class RedisTier(RemoteTier):
     def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
         """GET each chunk in one pipelined round trip on one connection, each value read
         off the socket straight into its destination (``resp.BulkReplies``), then checked."""
-
-        def body(connection: Any) -> list[IOResult]:
-            names = [self._key(k) for k in keys]
-            connection.send_packed_command(
-                [b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in names)],
-                check_health=False)
-            replies = BulkReplies(connection._sock)
-            header = memoryview(bytearray(self._format.header_bytes))
-            results: list[IOResult] = []
-            for key, dst in zip(keys, dsts, strict=True):
-                payload = payload_view(dst, self.raw_bytes)
-                answer = replies.bulk_into(header, payload)
-                if answer is None:
-                    results.append(IOResult(IOStatus.MISSING))
-                elif answer:
-                    results.append(IOResult(IOStatus.CORRUPT if answer.startswith("wrong")
-                                            else IOStatus.IO_ERROR, 0, f"get: {answer}"))
-                else:
-                    problem = self._format.problem(header, payload, key)
-                    results.append(IOResult(IOStatus.CORRUPT, 0, problem) if problem
-                                   else IOResult(IOStatus.OK, self.raw_bytes))
-            return results
-
-        return self._exchange("get", body)
+        return self._exchange("get", lambda connection: get_into(
+            connection, self._format, [self._key(k) for k in keys], keys, dsts))
 
     def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
         if reply is None:
@@ -221,18 +199,8 @@ class RedisTier(RemoteTier):
 
     def _ranges_direct(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` on one connection, read off the socket into place."""
-
-        def body(connection: Any) -> list[IOResult]:
-            command = b"".join(
-                b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%s\r\n$%d\r\n%d\r\n$%d\r\n%d\r\n"
-                % (len(name), name, len(b"%d" % start), start, len(b"%d" % (end - 1)), end - 1)
-                for plan in plans for name in [self._key(plan.key)] for start, end, _ in plan.runs)
-            connection.send_packed_command([command], check_health=False)
-            replies = BulkReplies(connection._sock)
-            return [plan.outcome([replies.bulk_into(*views) for _, _, views in plan.runs])
-                    for plan in plans]
-
-        return self._exchange("get", body)
+        return self._exchange("get", lambda connection: ranges_into(
+            connection, plans, [self._key(plan.key) for plan in plans]))
 
     def _ranges_piped(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` through the client's pipeline (a cluster's)."""
@@ -267,26 +235,8 @@ class RedisTier(RemoteTier):
         """SET each chunk in one pipelined round trip on one connection, its bytes sent from
         the caller's buffer with no copy (the header goes before them as its own piece of
         the command); replies in order, a refused one as its exception."""
-        from redis.exceptions import ResponseError
-
-        def body(connection: Any) -> list[Any]:
-            parts: list[bytes | memoryview] = []
-            for key, payload in items:
-                raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
-                name = self._key(key)
-                parts += [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
-                          % (len(name), name, self._format.header_bytes + raw.nbytes)
-                          + self._format.header(key, raw), raw.data, b"\r\n"]
-            connection.send_packed_command(parts, check_health=False)
-            replies: list[Any] = []
-            for _ in items:
-                try:
-                    replies.append(connection.read_response())
-                except ResponseError as refused:  # read whole: the connection stays in step
-                    replies.append(refused)
-            return [True if r == b"OK" else r for r in replies]  # as the pipeline answers
-
-        return self._exchange("set", body)
+        return self._exchange("set", lambda connection: set_from(
+            connection, self._format, [self._key(k) for k, _ in items], items))
 
     def close(self) -> None:
         super().close()

@@ -10,14 +10,13 @@ that start-up reads one small file instead of every slot's header) and ``log.kvt
 entries appended, for readers that follow the segment). The slot's own header stays the
 truth: every read checks it. Every entry is opened through :mod:`kvtier.io.safefs`. Files
 grow in large preallocated steps, never past the capacity, and never below the
-filesystem's free-space floor.
+filesystem's free-space floor (``kvtier.segment.slot_files``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -30,10 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.config.settings import DiskFloor
-from kvtier.io.buffers import PAGE, AlignedBuffer
+from kvtier.io.buffers import PAGE
 from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.segment.lease import Lease, held_elsewhere, read_lease
+from kvtier.segment.lock import lock_namespace, locked_here
 from kvtier.segment.log import Entries, SegmentLog
 from kvtier.segment.names import (
     INDEX_FILE,
@@ -44,58 +44,19 @@ from kvtier.segment.names import (
     WRITERS_DIR,
     slot_number,
 )
-from kvtier.segment.seats import claim_seat, holds_seat, locked_here
+from kvtier.segment.o_direct import probe_o_direct
+from kvtier.segment.seats import check_seated, claim_seat, still_seated
+from kvtier.segment.slot_files import grow_file, trim_slot_files
 
 __all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
            "SafeDir"]
 
 log = logging.getLogger(__name__)
 
-GROW_BYTES = 256 * 1024**2
 MAX_META_BYTES = 1 << 20  # namespace.json is a few hundred bytes; anything larger is not ours
 
 
 _OWN_ID = "give each instance its own instance_id (or let kvtier derive one)"
-
-
-def floor_allows(floor: DiskFloor, fd: int, grow: int) -> bool:
-    """True when growing by ``grow`` bytes leaves the filesystem of ``fd`` above ``floor``."""
-    st = os.fstatvfs(fd)
-    free = st.f_bavail * st.f_frsize
-    return free - grow >= max(floor.bytes, int(floor.fraction * st.f_blocks * st.f_frsize))
-
-
-def lock_namespace(directory: SafeDir, advice: str) -> int:
-    """Hold ``directory``'s lock file (``flock``, exclusive) and return its descriptor; raise
-    ``CacheDirError`` (EBUSY) with ``advice`` when another process holds it."""
-    fd = directory.open_file(LOCK_FILE, os.O_RDWR, create=True)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise CacheDirError(errno.EBUSY, f"{directory.path} is in use by another kvtier "
-                            f"process; {advice}") from None
-    return fd
-
-
-def probe_o_direct(directory: SafeDir) -> bool:
-    """True when O_DIRECT writes and reads of one aligned page work in ``directory``."""
-    name = f".o_direct_probe-{os.getpid()}-{secrets.token_hex(4)}"
-    buffer = AlignedBuffer(PAGE, pin=False)
-    try:
-        fd = directory.open_file(name, os.O_RDWR | os.O_EXCL | os.O_DIRECT, create=True)
-    except OSError:
-        buffer.close()
-        return False
-    try:
-        os.pwritev(fd, [buffer.array.data], 0)
-        return os.preadv(fd, [buffer.array.data], 0) == PAGE
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        directory.remove_file(name)
-        buffer.close()
 
 
 def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
@@ -127,32 +88,6 @@ def refuse_if_locked(segment: SafeDir) -> None:
     if locked_here(segment):
         raise CacheDirError(errno.EBUSY, f"{segment.path} is in use by another kvtier process; "
                             f"{_OWN_ID}")
-
-
-def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
-                 segment: SafeDir) -> None:
-    """With the segment's lock held: ``CacheDirError`` (EAGAIN) unless ``segment`` is still
-    ``writer``'s directory and ``writer`` still holds a seat. A reclaim of the segment of a
-    writer gone (``reclaim_segment``, which holds that lock throughout) may have run between
-    the seat's claim and the lock: writing on would make a segment without a seat."""
-    with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
-        with ns_dir.subdir(WRITERS_DIR) as writers:
-            entry = writers.lstat(writer)
-        if entry is None or entry.st_ino != segment.inode() \
-                or not holds_seat(ns_dir, writer, share_writers):
-            raise CacheDirError(errno.EAGAIN, f"the segment of {writer} in {root / namespace_id} "
-                                "was reclaimed (as a writer gone) while this writer opened it; "
-                                "it is opened again at the path's next try")
-
-
-def still_seated(root: Path, namespace_id: str, writer: str, share_writers: int) -> bool:
-    """Whether ``writer`` still holds a seat (its lease's check at each beat); True when that
-    cannot be told (the path's own checks report a path that cannot be read)."""
-    try:
-        with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
-            return holds_seat(ns_dir, writer, share_writers)
-    except OSError:
-        return True
 
 
 class CacheDir:
@@ -241,19 +176,7 @@ class CacheDir:
     def _trim_extra_files(self) -> None:
         """Check every slot file, and cut them down to the current capacity (after
         disk_capacity shrank); a slot file that is not a regular file of ours is refused."""
-        for name in self.dir.names():
-            number = slot_number(name)
-            if number is None:
-                continue  # not a name kvtier writes: never truncated nor removed
-            limit = self.slots_in_file(number) * self.stride
-            fd = self.dir.open_file(name, os.O_RDWR)
-            try:
-                if os.fstat(fd).st_size > limit:
-                    os.ftruncate(fd, limit)
-            finally:
-                os.close(fd)
-            if limit == 0:
-                self.dir.remove_file(name)
+        trim_slot_files(self.dir, lambda number: self.slots_in_file(number) * self.stride)
         if os.fstat(self.index_fd).st_size > self.num_slots * INDEX_ENTRY_BYTES:
             os.ftruncate(self.index_fd, self.num_slots * INDEX_ENTRY_BYTES)
 
@@ -329,19 +252,12 @@ class CacheDir:
             size = self._sizes[number]
             if size >= end:
                 return True
-            step = min(max(end, size + GROW_BYTES), self.slots_in_file(number) * self.stride)
-            for target in dict.fromkeys((step, end)):  # a big step, else just what is needed
-                if not floor_allows(self.floor, self.dir.fd, target - size):
-                    continue
-                try:
-                    os.posix_fallocate(fd, size, target - size)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC or target == end:
-                        raise
-                    continue
-                self._sizes[number] = target
-                return True
-            return False
+            grown = grow_file(fd, size, end, self.slots_in_file(number) * self.stride, self.floor,
+                              self.dir.fd)
+            if grown is None:
+                return False
+            self._sizes[number] = grown
+            return True
 
     def close(self, lease: bool = True) -> None:
         """Close every file; with ``lease``, the lease says the segment was closed."""

@@ -11,15 +11,11 @@ import logging
 
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseWatch
+from kvtier.segment.lock import held_here
 from kvtier.segment.names import LEASE_FILE, SEATS_DIR, WRITER_ID, WRITERS_DIR, seat_number
-from kvtier.segment.seats import (
-    OrphanWatch,
-    give_back_seats,
-    held_here,
-    orphan_seats,
-    read_holder,
-    reclaim_segment,
-)
+from kvtier.segment.seat_files import read_holder
+from kvtier.segment.seat_orphans import OrphanWatch, give_back_seats, orphan_seats
+from kvtier.segment.seats import reclaim_segment
 
 log = logging.getLogger("kvtier")
 MAX_SEATS_LISTED = 8192  # seat directory entries looked at per try (share_writers <= 4096)

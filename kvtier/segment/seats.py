@@ -8,10 +8,8 @@ holds at most ``disk_capacity / share_writers``. A seat is made crash-safely
 the seat's name, which is atomic and never replaces a seat (on local and network
 filesystems alike), so a seat is whole or absent. A writer that restarts finds its own seat
 again. A seat is given back only with its segment, when the segment is reclaimed: never
-while the segment's bytes are on disk. A seat that names no writer with a segment (empty or
-unreadable: a crash of a version that wrote seats in place; or a writer that crashed before
-it made its segment) is an orphan, given back once it stood unchanged long enough
-(``orphan_seats``).
+while the segment's bytes are on disk. A seat that names no writer with a segment is an
+orphan, given back once it stood unchanged long enough (``kvtier.segment.seat_orphans``).
 """
 
 from __future__ import annotations
@@ -19,13 +17,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import math
 import os
 import secrets
-import stat
-import time
-from collections.abc import Callable
-from typing import TypeGuard
+from pathlib import Path
 
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.segment.names import (
@@ -36,25 +30,14 @@ from kvtier.segment.names import (
     SEAT_FILE,
     SEATS_DIR,
     TEMP_NAME,
-    WRITER_ID,
     WRITERS_DIR,
     seat_number,
     slot_number,
 )
+from kvtier.segment.seat_files import linked_temps, read_holder
 
-_SEAT_BYTES = 256  # a writer id is at most 64 characters
 _SEGMENT_FILES = (LEASE_FILE, LOG_FILE, INDEX_FILE, LOCK_FILE)  # the lock goes last
 _NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # no hard links here
-
-
-def read_holder(seats: SafeDir, name: str) -> str | None:
-    """The writer id seat ``name`` of ``seats`` holds; None when it is empty, unreadable or
-    not a seat kvtier wrote (it stays taken)."""
-    try:
-        data = seats.read_file(name, _SEAT_BYTES)
-    except OSError:
-        return None  # not a seat kvtier wrote: it stays taken
-    return data.decode("utf-8", "replace").strip() if data is not None else None
 
 
 def write_seat(seats: SafeDir, name: str, writer: str) -> bool:
@@ -163,29 +146,6 @@ def _touch(seats: SafeDir, name: str) -> None:
         os.utime(name, dir_fd=seats.fd, follow_symlinks=False)
 
 
-def _mine(info: os.stat_result | None) -> TypeGuard[os.stat_result]:
-    """A regular file of this user (``lstat``: a symlink is not followed)."""
-    return info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
-
-
-def linked_temps(seats: SafeDir) -> set[str]:
-    """The temporary files of ``write_seat`` already linked to their seat (a crash between
-    the link and the unlink): each of this user, with two links, the other a seat file in
-    ``seats`` (the same inode), so removing it loses nothing."""
-    names = seats.names()
-    seat_inodes = set()
-    for name in names:
-        info = seats.lstat(name) if seat_number(name) is not None else None
-        if _mine(info):
-            seat_inodes.add((info.st_dev, info.st_ino))
-    linked = set()
-    for name in names:
-        info = seats.lstat(name) if TEMP_NAME.fullmatch(name) else None
-        if _mine(info) and info.st_nlink == 2 and (info.st_dev, info.st_ino) in seat_inodes:
-            linked.add(name)
-    return linked
-
-
 def _remove_linked_temps(seats: SafeDir) -> None:
     """Remove the ``linked_temps``: the seat keeps the data, and reads again (one link)."""
     for name in linked_temps(seats):
@@ -202,34 +162,31 @@ def holds_seat(ns_dir: SafeDir, writer: str, limit: int) -> bool:
         return any(read_holder(seats, SEAT_FILE.format(k)) == writer for k in range(limit))
 
 
-def held_here(segment: SafeDir) -> bool:
-    """True when a process of this host holds the segment's lock (it is alive, whatever its
-    lease says), or when that cannot be told (a lock that cannot be opened or tried: the
-    cautious answer)."""
-    return locked_here(segment) is not False
+
+def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
+                 segment: SafeDir) -> None:
+    """With the segment's lock held: ``CacheDirError`` (EAGAIN) unless ``segment`` is still
+    ``writer``'s directory and ``writer`` still holds a seat. A reclaim of the segment of a
+    writer gone (``reclaim_segment``, which holds that lock throughout) may have run between
+    the seat's claim and the lock: writing on would make a segment without a seat."""
+    with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
+        with ns_dir.subdir(WRITERS_DIR) as writers:
+            entry = writers.lstat(writer)
+        if entry is None or entry.st_ino != segment.inode() \
+                or not holds_seat(ns_dir, writer, share_writers):
+            raise CacheDirError(errno.EAGAIN, f"the segment of {writer} in {root / namespace_id} "
+                                "was reclaimed (as a writer gone) while this writer opened it; "
+                                "it is opened again at the path's next try")
 
 
-def locked_here(segment: SafeDir) -> bool | None:
-    """Whether a process of this host holds the segment's lock; None when that cannot be
-    told (a lock file that cannot be opened or tried). Nothing is taken."""
+def still_seated(root: Path, namespace_id: str, writer: str, share_writers: int) -> bool:
+    """Whether ``writer`` still holds a seat (its lease's check at each beat); True when that
+    cannot be told (the path's own checks report a path that cannot be read)."""
     try:
-        fd = segment.open_file(LOCK_FILE, os.O_RDWR)  # NFS locks need a file open for writing
-    except FileNotFoundError:
-        return False
+        with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
+            return holds_seat(ns_dir, writer, share_writers)
     except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
         return True
-    except OSError:
-        return None
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
 
 def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
     """Delete the segment of ``writer`` (a writer that is gone), if it is still the directory
@@ -277,101 +234,3 @@ def release_seat(ns_dir: SafeDir, writer: str) -> None:
         for name in seats.names():
             if seat_number(name) is not None and read_holder(seats, name) == writer:
                 seats.remove_file(name)
-
-
-def orphan_seats(ns_dir: SafeDir, older_than_s: float | None,
-                 now_ns: int | None = None) -> list[tuple[str, os.stat_result]]:
-    """The seats of the namespace open as ``ns_dir`` that name no writer with a segment
-    (empty, unreadable, or naming a writer whose ``writers/<id>`` does not exist), the
-    temporary files of ``write_seat`` and the ``linked_temps``, each with its ``lstat``,
-    last modified ``older_than_s`` seconds or more ago by this machine's clock (a seat is
-    whole before it has its name, and its writer makes its segment just after: neither is
-    that old), or whatever their times with ``None`` (for a caller that judges by watching:
-    ``OrphanWatch``). Changes nothing, and lists only what is provably kvtier's: regular
-    files of this user with one link, or a linked temporary file (a seat that still has its
-    temporary file's link is judged once that is gone)."""
-    if ns_dir.lstat(SEATS_DIR) is None:
-        return []
-    cutoff = math.inf if older_than_s is None else (
-        (time.time_ns() if now_ns is None else now_ns) - older_than_s * 1e9)  # never overflows
-    found = []
-    with ns_dir.subdir(SEATS_DIR) as seats:
-        linked = linked_temps(seats)
-        for name in seats.names():
-            info = seats.lstat(name)
-            if not _mine(info) or info.st_mtime_ns > cutoff:
-                continue
-            if name in linked or (info.st_nlink == 1 and (TEMP_NAME.fullmatch(name) or (
-                    seat_number(name) is not None
-                    and not _has_segment(ns_dir, read_holder(seats, name))))):
-                found.append((name, info))
-    return found
-
-
-def _has_segment(ns_dir: SafeDir, writer: str | None) -> bool:
-    """True when ``writer`` is a writer id whose ``writers/<id>`` entry exists (or when that
-    cannot be told: the cautious answer)."""
-    if not writer or not WRITER_ID.fullmatch(writer):
-        return False
-    try:
-        if ns_dir.lstat(WRITERS_DIR) is None:
-            return False
-        with ns_dir.subdir(WRITERS_DIR) as writers:
-            return writers.lstat(writer) is not None
-    except OSError:
-        return True
-
-
-class OrphanWatch:
-    """A reader's judgement of orphan seats by its own clock, as leases are judged
-    (``LeaseWatch``): file times written by another machine's clock, or a server's, say
-    nothing here.
-
-    Contract: ``due(found)`` takes the orphans found just now (``orphan_seats(ns_dir,
-    None)``) and returns those seen at every look, unchanged (inode, modification time,
-    size, links), for ``timeout`` seconds or more of this watch's monotonic clock. A seat
-    missing from a look, or changed, starts over."""
-
-    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.timeout, self._clock = timeout, clock
-        self._seen: dict[str, tuple[tuple[int, int, int, int], float]] = {}
-
-    def due(self, found: list[tuple[str, os.stat_result]]) -> list[tuple[str, os.stat_result]]:
-        now = self._clock()
-        seen = {}
-        for name, info in found:
-            mark = (info.st_ino, info.st_mtime_ns, info.st_size, info.st_nlink)
-            before = self._seen.get(name)
-            seen[name] = (mark, before[1] if before is not None and before[0] == mark else now)
-        self._seen = seen
-        return [(name, info) for name, info in found if now - seen[name][1] >= self.timeout]
-
-
-def free_orphan_seats(ns_dir: SafeDir, older_than_s: float, dry_run: bool = False) -> list[str]:
-    """Give back what ``orphan_seats`` finds (each only if it is still the file that was
-    judged), or with ``dry_run`` only list it; return the names."""
-    orphans = orphan_seats(ns_dir, older_than_s)
-    if dry_run or not orphans:
-        return [name for name, _ in orphans]
-    return give_back_seats(ns_dir, orphans)
-
-
-def give_back_seats(ns_dir: SafeDir, orphans: list[tuple[str, os.stat_result]]) -> list[str]:
-    """Remove each of ``orphans`` (judged by ``orphan_seats``) that is still the file that
-    was judged; return the names removed."""
-    if not orphans:
-        return []
-    freed = []
-    with ns_dir.subdir(SEATS_DIR) as seats:
-        linked = linked_temps(seats)
-        for name, info in orphans:
-            now = seats.lstat(name)
-            if now is None or (now.st_ino, now.st_mtime_ns) != (info.st_ino, info.st_mtime_ns):
-                continue  # freed and taken again since
-            try:
-                removed = seats.remove_file(name, links=2 if name in linked else 1)
-            except OSError:
-                continue  # not a regular file of ours with one link any more: left alone
-            if removed:
-                freed.append(name)
-    return freed

@@ -4,94 +4,32 @@ on every disk path, followed through their logs. Bookkeeping only: reads are
 
 from __future__ import annotations
 
-import errno
-import itertools
 import logging
 import math
-import resource
-import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from kvtier.io.format import SlotHeader
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, open_segment_dir
+from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
 from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch, beat_every
-from kvtier.segment.log import LogChange, LogFollower
-from kvtier.segment.names import LEASE_FILE, WRITER_ID, WRITERS_DIR
-from kvtier.segment.seats import OrphanWatch, give_back_seats, held_here, orphan_seats, reclaim_segment
+from kvtier.segment.lock import held_here
+from kvtier.segment.log import LogChange
+from kvtier.segment.names import LEASE_FILE
+from kvtier.segment.seat_orphans import OrphanWatch, give_back_seats, orphan_seats
+from kvtier.segment.seats import reclaim_segment
+from kvtier.shared.followed import (
+    Followed,
+    ForeignChunk,
+    WriterState,
+    followable_writers,
+)
+from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
 
 log = logging.getLogger("kvtier")
-MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
-MAX_LISTED = 16 * MAX_WRITERS  # entries of a ``writers/`` listed per refresh; more are not
-FILES_PER_WRITER = 2  # a followed segment keeps its directory and its log open
-FILE_SHARE = 4  # of the process's open-file limit, at most a quarter goes to followed segments
-_SHORT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM}  # this process's trouble, not the path's
-
-
-def followable_writers(paths: int) -> int:
-    """Writer segments one view follows per path: ``MAX_WRITERS``, or fewer when the
-    process's open-file limit (``RLIMIT_NOFILE``, soft) would not leave three quarters of it
-    to the rest of the process (an engine's sockets and files)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MAX_WRITERS
-    return max(1, min(MAX_WRITERS, soft // (FILE_SHARE * FILES_PER_WRITER * max(1, paths))))
-
-
-def directory_slots(raw_bytes: int, paths: int, disk_capacity: int) -> int:
-    """The chunk slots a namespace's whole directory holds on one of its ``paths`` paths
-    (``disk_capacity`` bytes over every writer): no writer of it holds more."""
-    return min(MAX_SLOTS, SlotLayout(raw_bytes, max(1, paths), disk_capacity).per_path)
-
-
-@dataclass(frozen=True)
-class ForeignChunk:
-    """A chunk in another writer's segment: local ``slot`` of its files on path ``path``."""
-
-    writer: str
-    path: int
-    slot: int
-    header: SlotHeader
-
-
-    def ref(self, generation: int) -> SlotRef:
-        header = self.header
-        return SlotRef(self.writer, self.path, self.slot, header.key, int(header.codec),
-                       header.payload_bytes, generation)
-
-
-@dataclass(frozen=True)
-class WriterState:
-    """One other writer as this reader sees it."""
-
-    writer: str
-    live: bool
-    chunks: int
-    lease: LeaseInfo | None
-
-
-_GENERATIONS = itertools.count(1)  # never the same twice: readers' cached files go stale
-
-
-class _Followed:
-    """One writer's segment on one path, followed (the directory with inode ``inode``)."""
-
-    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int,
-                 max_slots: int) -> None:
-        self.dir = directory
-        self.inode = directory.inode()
-        self.follower = LogFollower(directory, namespace, raw_bytes, max_slots)
-        self.lease: LeaseInfo | None = None
-        self.generation = next(_GENERATIONS)  # new at each reset: readers reopen its files
-
-    def close(self) -> None:
-        self.follower.close()
-        self.dir.close()
 
 
 class SharedView:
@@ -128,7 +66,7 @@ class SharedView:
         self._digest = namespace.digest()
         self._watch = LeaseWatch(lease_timeout)
         self._lock = threading.Lock()
-        self._followed: dict[tuple[int, str], _Followed] = {}
+        self._followed: dict[tuple[int, str], Followed] = {}
         self._by_key: dict[ChunkKey, list[ForeignChunk]] = {}
         self.refreshes = 0
         self.bytes_read = 0
@@ -139,7 +77,7 @@ class SharedView:
         self._orphans = [OrphanWatch(lease_timeout) for _ in self._roots]
         self._failed = False
         self.max_writers = followable_writers(len(self._roots))
-        self._capped = False  # whether leaving writers unfollowed was said
+        self._listing = WriterListing(self._roots, namespace.id, self.max_writers)
         self._over_said = False  # whether passing over slots past max_slots was said
 
     # -- lookups ------------------------------------------------------------------------
@@ -195,7 +133,7 @@ class SharedView:
         for path in range(len(self._roots)):
             if seats_due:
                 self._free_seats(path)
-            names = self._writer_names(path)
+            names = self._listing.names(path, self.own)
             if names is None:
                 continue  # this process is short of files: the view stays as it was
             with self._lock:  # gone, or made again since (another directory of that name)
@@ -257,35 +195,6 @@ class SharedView:
                      "for %g s)", ", ".join(freed), self._roots[path], self._watch.timeout)
             self.seats_freed += len(freed)
 
-    def _writer_names(self, path: int) -> dict[str, int] | None:
-        """The other writers' segments on path ``path``, by name, with their directories'
-        inodes, at most ``max_writers`` (none when the path cannot be read; None when this
-        process is out of files or memory, which says nothing about the path)."""
-        try:
-            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir, \
-                    ns_dir.subdir(WRITERS_DIR) as writers:
-                names = sorted(name for name in writers.scan(MAX_LISTED)
-                               if name != self.own and WRITER_ID.fullmatch(name))
-                found: dict[str, int] = {}
-                for name in names:  # junk is passed over before the cap, never counted in it
-                    info = writers.lstat(name)
-                    if info is not None and stat.S_ISDIR(info.st_mode):
-                        if len(found) == self.max_writers:
-                            self._say_capped(path)
-                            break
-                        found[name] = info.st_ino
-                return found
-        except OSError as exc:
-            return None if exc.errno in _SHORT_OF_FILES else {}
-
-    def _say_capped(self, path: int) -> None:
-        if not self._capped:
-            self._capped = True
-            log.warning("kvtier: following only %d other writers on %s: each takes %d open "
-                        "files, and the open-file limit (ulimit -n) is %d; raise it to read "
-                        "every writer's chunks", self.max_writers, self._roots[path],
-                        FILES_PER_WRITER, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-
     def _refresh_one(self, path: int, writer: str, room: int) -> None:
         """Follow ``writer`` on ``path`` one refresh further, knowing at most ``room`` of
         its slots."""
@@ -293,7 +202,7 @@ class SharedView:
         followed = self._followed.get(key)
         try:
             if followed is None:
-                followed = _Followed(open_segment_dir(self._roots[path], self._ns.id, writer),
+                followed = Followed(open_segment_dir(self._roots[path], self._ns.id, writer),
                                      self._digest, self._raw_bytes, self.max_slots)
                 with self._lock:
                     self._followed[key] = followed
@@ -316,12 +225,12 @@ class SharedView:
         with self._lock:
             followed.lease = lease
             if reset:
-                followed.generation = next(_GENERATIONS)
+                followed.renew()
                 self._drop_writer(path, writer, followed.follower.forgotten)
                 changes = [LogChange(s, h) for s, h in followed.follower.slots.items()]
             self._apply(path, writer, changes)
 
-    def _reclaim(self, path: int, writer: str, followed: _Followed) -> bool:
+    def _reclaim(self, path: int, writer: str, followed: Followed) -> bool:
         """Reclaim the segment of a writer that is gone; True when it is gone. One that
         cannot be reclaimed (a file of another user in it) is tried again once per
         ``lease_timeout``, and said once."""
@@ -385,32 +294,3 @@ class SharedView:
         with self._lock:
             for key in list(self._followed):
                 self._forget(key)
-
-
-
-class RefreshThread:
-    """A daemon thread calling ``refresh()`` every ``every`` seconds until ``close``; an
-    exception is logged once (the views it refreshes are then only stale) and the next
-    refresh tried as usual."""
-
-    def __init__(self, refresh: Callable[[], None], every: float) -> None:
-        self._refresh, self._every = refresh, every
-        self._stop = threading.Event()
-        self._failed = False
-        self._thread = threading.Thread(target=self._run, name="kvtier-share", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            try:
-                self._refresh()
-            except Exception as exc:  # a bug or an unforeseen error: never the thread's end
-                if not self._failed:
-                    log.warning("kvtier: looking at other writers' segments failed: %r (tried "
-                                "again every %g s; further failures are not logged)", exc,
-                                self._every)
-                self._failed = True
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -9,7 +9,7 @@ from enum import Enum
 import numpy as np
 
 from kvtier.keys import ChunkKey
-from kvtier.shared.view import ForeignChunk
+from kvtier.shared.followed import ForeignChunk
 from kvtier.store.direct import DirectTarget
 from kvtier.tiers.stack import Location, StorePlan
 

@@ -35,7 +35,7 @@ from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.logs import FailureLog, apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
-from kvtier.shared.view import WriterState
+from kvtier.shared.followed import WriterState
 from kvtier.store.assembly import StoreShape, open_parts
 from kvtier.store.checks import check_layout, model_name
 from kvtier.store.chunk_runs import ChunkRuns

@@ -7,8 +7,10 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.shared.followed import ForeignChunk, WriterState, directory_slots
 from kvtier.shared.reads import foreign_reads
-from kvtier.shared.view import ForeignChunk, RefreshThread, SharedView, WriterState, directory_slots
+from kvtier.shared.refresh import RefreshThread
+from kvtier.shared.view import SharedView
 from kvtier.tiers.host import HostTier
 from kvtier.tiers.stack import Location
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.shared.view import ForeignChunk
+from kvtier.shared.followed import ForeignChunk
 from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState, fingerprint
 from kvtier.store.read_jobs import ReadJobs

@@ -23,8 +23,8 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
+from kvtier.segment.lock import held_here
 from kvtier.segment.names import WRITER_ID, WRITERS_DIR, host_name, writer_ids
-from kvtier.segment.seats import held_here
 
 
 def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[str | None]:

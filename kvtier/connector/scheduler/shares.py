@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.shared.followed import directory_slots
 from kvtier.shared.reads import SlotRef
-from kvtier.shared.view import RefreshThread, SharedView, directory_slots
+from kvtier.shared.refresh import RefreshThread
+from kvtier.shared.view import SharedView
 
 
 class EngineShares:

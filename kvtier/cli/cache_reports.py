@@ -1,0 +1,111 @@
+"""What ``kvtier inspect | verify | gc | clear PATH`` print: their reports as tables and
+lines, namespace ids shortened."""
+
+from __future__ import annotations
+
+from kvtier.cli.app import console
+from kvtier.cli.app import shown as _show
+from kvtier.ops.inspect import NamespaceReport
+from kvtier.ops.reclaim import GcReport
+from kvtier.ops.removal import Removal
+from kvtier.ops.verify import NamespaceVerify
+from kvtier.units import format_size
+
+
+def short_name(name: str) -> str:
+    """A namespace id, or a segment's ``<id>/writers/<writer>``, with the id shortened."""
+    return _show(name[:12] + name[32:])
+
+
+def age_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 0:
+        return "-" + age_text(-seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
+    from rich.table import Table
+
+    table = Table("namespace", "status", "model", "dtype", "chunk", "tp", "writers", "chunks",
+                  "fill", "stored", "ratio", "age min/med/max", title=f"kvtier cache {_show(path)}")
+    for r in reports:
+        ages = "/".join(age_text(r.age_seconds.get(k)) for k in ("min", "median", "max"))
+        status = r.status + (" (in use)" if r.in_use else "")
+        table.add_row(_show(r.id[:12]), status, _show(r.model[-30:]), _show(r.kv_dtype),
+                      str(r.chunk_tokens), _show(r.tp), str(len(r.writers)),
+                      f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
+                      f"{r.compression_ratio:.2f}", ages)
+    console.print(table)
+    writers = Table("namespace", "writer", "status", "host", "pid", "beats", "lease written",
+                    "chunks", "stored", title="writers")
+    for r in reports:
+        for w in r.writers:
+            status = w.status + (" (in use)" if w.in_use else "")
+            writers.add_row(_show(r.id[:12]), _show(w.writer), status, _show(w.host or "-"),
+                            str(w.pid or "-"), str(w.beat),
+                            age_text(w.lease_age_seconds) + (" ago" if w.host else ""),
+                            f"{w.chunks}/{w.slots}", format_size(w.stored_bytes))
+    if writers.rows:
+        console.print(writers)
+    for r in reports:
+        if r.problem:
+            console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        for name in r.ignored:
+            console.print(f"{r.id[:12]}: writers/{_show(name)} is not a writer's segment; left alone")
+    if not reports:
+        console.print("no kvtier namespaces here")
+
+
+def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
+    from rich.table import Table
+
+    table = Table("namespace", "writer", "slots", "ok", "free", "corrupt", "torn", "foreign",
+                  "mismatched", "unindexed", "stale index", "repaired",
+                  title=f"kvtier verify {_show(path)}")
+    for r in reports:
+        for w in r.writers:
+            table.add_row(r.id[:12], w.writer, str(w.slots), str(w.ok), str(w.free),
+                          str(len(w.corrupt)), str(len(w.torn)), str(len(w.foreign)),
+                          str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.stale_index)),
+                          str(w.repaired))
+        if not r.writers:
+            table.add_row(r.id[:12], "-", *["0"] * 10)
+    console.print(table)
+    for r in reports:
+        if r.problem:
+            console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        for w in r.writers:
+            if w.problem:
+                console.print(f"{r.id[:12]}/writers/{w.writer}: {_show(w.problem)}")
+
+
+def print_gc(report: GcReport, gone: bool) -> None:
+    free, remove = ("would free", "would remove") if report.dry_run else ("freed", "removed")
+    skipped = [(report.skipped_in_use, "in use"),
+               (report.skipped_unsafe, "not provably kvtier's or unsafe"),
+               (report.unreadable, "namespaces not read")]
+    console.print(f"{free} {report.chunks_freed} chunks ({format_size(report.bytes_freed)}), "
+                  f"{remove} {len(report.namespaces_removed)} namespaces"
+                  + (f" and {len(report.segments_removed)} segments of writers gone" if gone else "")
+                  + "".join(f"; left alone {len(names)} {what}" for names, what in skipped if names))
+    for names, what in skipped:
+        for name in names:
+            console.print(f"{short_name(name)}: left alone: {_show(report.reasons.get(name, what))}")
+    for name, entries in report.left.items():
+        console.print(f"{short_name(name)}: left {', '.join(map(_show, entries))}")
+
+
+def print_clear(done: Removal) -> None:
+    """What ``kvtier clear`` removed, and what it left alone."""
+    console.print(f"removed {len(done.removed)} namespace(s), "
+                  f"{len(done.segments_removed)} writer segment(s)"
+                  + (f"; {len(done.in_use)} in use, left alone" if done.in_use else ""))
+    for name in done.in_use:
+        console.print(f"{short_name(name)}: in use, left alone")
+    for name, entries in done.left.items():
+        console.print(f"{short_name(name)}: left {', '.join(map(_show, entries))}")

@@ -1,0 +1,55 @@
+"""``kvtier inspect URL``: what a remote store holds, per namespace, and its memory, as a
+table or as JSON."""
+
+from __future__ import annotations
+
+import typer
+
+from kvtier.cli.app import console, emit_json, fail
+from kvtier.cli.app import shown as _show
+from kvtier.units import format_size
+
+
+def inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
+                   as_json: bool) -> None:
+    """``kvtier inspect URL``: the chunks under ``prefix`` (at most ``limit`` keys) of the
+    namespaces starting with ``namespace``; exit 1 when a value checked is damaged."""
+    from rich.table import Table
+
+    from kvtier.ops.remote_survey import SurveyError, survey
+
+    try:
+        found = survey(url, prefix, limit)
+    except (SurveyError, ValueError, ImportError) as exc:  # ImportError: the extra is missing
+        raise fail(str(exc)) from exc
+    if namespace:
+        found.namespaces = [h for h in found.namespaces if h.digest.startswith(namespace)]
+    if as_json:
+        emit_json(found.as_dict())
+    else:
+        table = Table("namespace", "chunks", "stored", "chunk size", "checked", "damaged",
+                      title=f"kvtier remote store {_show(found.url)} ({_show(found.backend)}, keys "
+                            f"{_show(prefix)}*)")
+        for h in found.namespaces:
+            table.add_row(_show(h.digest[:12]), str(h.chunks), format_size(h.value_bytes),
+                          _show(h.chunk_sizes or "-"), str(h.checked), str(h.bad))
+        console.print(table)
+        _print_server(found.server)
+        if not found.complete:
+            console.print(f"listed the first {found.keys_seen} keys only (--limit)")
+        if found.foreign_keys:
+            console.print(f"{found.foreign_keys} keys under the prefix are not kvtier's")
+        if not found.namespaces:
+            console.print("no kvtier chunks in this store")
+    if any(h.bad for h in found.namespaces):
+        raise typer.Exit(1)
+
+
+def _print_server(server: dict) -> None:
+    """The store's memory, limit, eviction policy and evictions (as its INFO says)."""
+    used, limit = server.get("used_memory"), server.get("maxmemory")
+    used_text = format_size(used) if isinstance(used, int) else _show(used or 0)
+    limit_text = (format_size(limit) if isinstance(limit, int) else _show(limit)) if limit else "none"
+    console.print(f"store memory {used_text} of {limit_text} "
+                  f"({_show(server.get('maxmemory_policy'))}), "
+                  f"{_show(server.get('evicted_keys'))} keys evicted since it started")

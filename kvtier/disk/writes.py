@@ -1,0 +1,57 @@
+"""The disk tier's writes, apart from its reads: a chunk made into what its slot holds, a
+header naming it and checking its payload (each part's on its own for a chunk in parts),
+then the payload, compressed when that makes it smaller; and a run of slots written in one
+vectored call. ``DiskTier.write_many`` cuts the runs and keeps the bookkeeping."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from kvtier.disk.parts import ChunkParts
+from kvtier.io import codec as codecs
+from kvtier.io.format import Codec, SlotHeader, payload_checksum
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.io.scratch import ThreadScratch
+from kvtier.keys import ChunkKey
+from kvtier.segment.cachedir import CacheDir, aligned_view
+
+
+def encode(key: ChunkKey, src: np.ndarray, header_buf: np.ndarray, scratch: ThreadScratch,
+           generations: Iterator[int], *, ns_digest: bytes, raw_bytes: int, parts: ChunkParts,
+           compression: bool, element_bytes: int) -> tuple[Codec, np.ndarray, int]:
+    """(codec, aligned body to write, payload size) of chunk ``key`` from ``src``; the header
+    (its generation the next of ``generations``) goes in ``header_buf``, a compressed
+    payload in this thread's payload buffer."""
+    raw = src[: raw_bytes]
+    codec, payload, body_source = Codec.NONE, raw, src
+    if compression:
+        packed = codecs.encode(raw, element_bytes)
+        if packed is not None:
+            codec, blob = packed
+            body_source = scratch.payload()
+            payload = body_source[: len(blob)]
+            payload[:] = np.frombuffer(blob, dtype=np.uint8)
+    if codec is Codec.NONE and parts:
+        header = parts.header(ns_digest, key, raw, next(generations), time.time_ns())
+    else:
+        header = SlotHeader(ns_digest, key, codec, payload.size, raw_bytes,
+                            payload_checksum(payload.data), next(generations), time.time_ns())
+    header.encode(into=header_buf)
+    return codec, aligned_view(body_source, payload.size), payload.size
+
+
+def write_run(directory: CacheDir, number: int, offset: int, iov: list, end: int, root: str) -> IOResult:
+    """Write ``iov`` at ``offset`` of slot file ``number`` in one vectored call, the file
+    first grown to ``end`` bytes: OK with the bytes written, NO_SPACE at the free-space floor
+    (of path ``root``), IO_ERROR when the write came short."""
+    expected = sum(b.size for b in iov)
+    if not directory.ensure_allocated(number, end):
+        return IOResult(IOStatus.NO_SPACE, detail=f"{root}: free-space floor reached")
+    written = os.pwritev(directory.fd(number), iov, offset)
+    if written != expected:
+        return IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")
+    return IOResult(IOStatus.OK, written)

@@ -1,0 +1,84 @@
+"""What a reader keeps of the other writers it follows: each followed segment, each chunk
+found in one, each writer as seen, and how many writers one reader may follow."""
+
+from __future__ import annotations
+
+import itertools
+import resource
+from dataclasses import dataclass
+
+from kvtier.io.format import SlotHeader
+from kvtier.io.safefs import SafeDir
+from kvtier.segment.index_file import MAX_SLOTS, SlotLayout
+from kvtier.segment.lease import LeaseInfo
+from kvtier.segment.log import LogFollower
+from kvtier.shared.reads import SlotRef
+
+MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
+FILES_PER_WRITER = 2  # a followed segment keeps its directory and its log open
+FILE_SHARE = 4  # of the process's open-file limit, at most a quarter goes to followed segments
+
+
+def followable_writers(paths: int) -> int:
+    """Writer segments one view follows per path: ``MAX_WRITERS``, or fewer when the
+    process's open-file limit (``RLIMIT_NOFILE``, soft) would not leave three quarters of it
+    to the rest of the process (an engine's sockets and files)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_WRITERS
+    return max(1, min(MAX_WRITERS, soft // (FILE_SHARE * FILES_PER_WRITER * max(1, paths))))
+
+
+def directory_slots(raw_bytes: int, paths: int, disk_capacity: int) -> int:
+    """The chunk slots a namespace's whole directory holds on one of its ``paths`` paths
+    (``disk_capacity`` bytes over every writer): no writer of it holds more."""
+    return min(MAX_SLOTS, SlotLayout(raw_bytes, max(1, paths), disk_capacity).per_path)
+
+
+@dataclass(frozen=True)
+class ForeignChunk:
+    """A chunk in another writer's segment: local ``slot`` of its files on path ``path``."""
+
+    writer: str
+    path: int
+    slot: int
+    header: SlotHeader
+
+
+    def ref(self, generation: int) -> SlotRef:
+        header = self.header
+        return SlotRef(self.writer, self.path, self.slot, header.key, int(header.codec),
+                       header.payload_bytes, generation)
+
+
+@dataclass(frozen=True)
+class WriterState:
+    """One other writer as this reader sees it."""
+
+    writer: str
+    live: bool
+    chunks: int
+    lease: LeaseInfo | None
+
+
+_GENERATIONS = itertools.count(1)  # never the same twice: readers' cached files go stale
+
+
+class Followed:
+    """One writer's segment on one path, followed (the directory with inode ``inode``)."""
+
+    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int,
+                 max_slots: int) -> None:
+        self.dir = directory
+        self.inode = directory.inode()
+        self.follower = LogFollower(directory, namespace, raw_bytes, max_slots)
+        self.lease: LeaseInfo | None = None
+        self.generation = next(_GENERATIONS)  # new at each reset: readers reopen its files
+
+    def renew(self) -> None:
+        """The writer's log started afresh: readers reopen its files."""
+        self.generation = next(_GENERATIONS)
+
+    def close(self) -> None:
+        self.follower.close()
+        self.dir.close()
