@@ -6,9 +6,9 @@ kind."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from kvtier.connector.common.messages import WorkerReport
+from kvtier.connector.common.messages import ChunkStore, WorkerReport
 from kvtier.connector.worker.counters import SOURCES, WorkerCounters
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.result import IOResult, IOStatus
@@ -36,6 +36,29 @@ class WorkerLedger:
         self._invalid_to_report: set[int] = set()
         self._failed: set[str] = set()  # loads failed as a whole (hybrid models)
         self._failed_to_report: set[str] = set()
+
+    # -- taking the lock -----------------------------------------------------------------
+
+    def store_failed(self, store: ChunkStore) -> None:
+        """A store not copied to host: it, and its disk and remote writes (which will not
+        run), are reported failed."""
+        with self.lock:
+            self.pending.host_failed[store.key] += 1
+            if store.disk_slot is not None:
+                self.pending.disk_failed[store.key] += 1
+            if store.remote:
+                self.pending.remote_failed[store.key] += 1
+
+    def disk_writes_failed(self, keys: Iterable[bytes]) -> None:
+        """Disk writes that will not run: the scheduler side frees their reservations."""
+        with self.lock:
+            for key in keys:
+                self.pending.disk_failed[key] += 1
+
+    def remote_writes_failed(self, keys: Iterable[bytes]) -> None:
+        with self.lock:
+            for key in keys:
+                self.pending.remote_failed[key] += 1
 
     # -- with the lock held ---------------------------------------------------------------
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
@@ -21,17 +20,14 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.engine_writer import rank_writer_ids
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import (
-    NULL_BLOCK,
-    ChunkStore,
-    DiskWrite,
-    RemoteWrite,
     RequestLoad,
     StepPlan,
     WorkerReport,
 )
-from kvtier.connector.worker.counters import SOURCES, WorkerCounters, source_of
+from kvtier.connector.worker.counters import WorkerCounters
 from kvtier.connector.worker.disk import WorkerDisk
 from kvtier.connector.worker.ledger import WorkerLedger
+from kvtier.connector.worker.load_copy import LoadCopy, copy_into_pages
 from kvtier.connector.worker.load_tracker import (
     LoadTracker,
     ReadGate,
@@ -42,6 +38,7 @@ from kvtier.connector.worker.load_tracker import (
 )
 from kvtier.connector.worker.pages import PagedKV, in_chunk_order
 from kvtier.connector.worker.remote import WorkerRemote
+from kvtier.connector.worker.saves import WorkerSaves
 from kvtier.disk.lane import DiskLane, NoDisk, open_lane
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
@@ -86,6 +83,7 @@ class WorkerSide:
         self._foreign: ForeignReads | None = None
         self._disk: WorkerDisk  # made in register(), with the lane and the host slots
         self._remote: WorkerRemote | None = None  # made in register() too
+        self._saves: WorkerSaves | None = None
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
@@ -123,6 +121,9 @@ class WorkerSide:
                                 self._foreign, self.namespace.tp_rank)
         self._remote = WorkerRemote(self.config, self.namespace, self.geometry.chunk_bytes,
                                     self.host, self._ledger, parts=self.geometry.part_bytes)
+        self._saves = WorkerSaves(self.pages, self.host, self._lane, self._foreign, self._disk,
+                                  self._remote, self._ledger, self.geometry.chunk_bytes,
+                                  self.config.load_timeout)
         self._lane.recover(threads=self.config.io_threads)
         with self._lock:
             self._ledger.note_down_paths()  # logged by the tier
@@ -182,51 +183,28 @@ class WorkerSide:
         the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
         dropped from the cache: chunks whose disk read failed."""
         pages, host = self._attached()
-        failed_keys: set[bytes] = set()
-        invalid: set[int] = set()
-        host_bytes = read_bytes = 0
-        copied = dict.fromkeys(SOURCES, 0)  # bytes copied into GPU blocks, by where read from
+        done = LoadCopy()
         try:
-            broken = False
-            for chunk in load.chunks:
-                result = reads[chunk.key].result() if chunk.key in reads else None
-                if result is not None and result.ok and not chunk.remote:
-                    read_bytes += result.nbytes
-                if result is not None and not result.ok:
-                    failed_keys.add(chunk.key)
-                    self._note_read_failure(chunk.remote, result)
-                if chunk.fills_nothing:  # out of every group's window: nothing to copy
-                    continue
-                if broken or chunk.host_slot is None or chunk.key in failed_keys:
-                    broken = True
-                    invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
-                    continue
-                if chunk.staged and result is None:  # its staging slot holds another chunk
-                    raise RuntimeError(f"chunk {chunk.key.hex()} was never read into host "
-                                       f"slot {chunk.host_slot}")
-                pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
-                moved = pages.bytes_of(chunk.block_ids)
-                host_bytes += moved
-                if result is not None:
-                    copied[source_of(chunk)] += moved
-            pages.synchronize()
+            copy_into_pages(load, reads, pages, host, done)
         except Exception as exc:  # never take the engine down: recompute instead
             self._ledger.unexpected("load failed", load.req_id, exc)
-            invalid.update(b for c in load.chunks for b in c.block_ids if b != NULL_BLOCK)
-            failed_keys.update(c.key for c in load.chunks if c.key)
+            done.fail_all(load)
+        for remote, result in done.read_failures:
+            self._note_read_failure(remote, result)
         seconds = time.perf_counter() - started
         with self._lock:
-            self._ledger.load_over(load.req_id, invalid, load.asynchronous,
+            self._ledger.load_over(load.req_id, done.invalid, load.asynchronous,
                                    whole=self.geometry.loads_whole)
-            if failed_keys:
-                self._ledger.pending.load_failed[load.req_id] = failed_keys
+            if done.failed_keys:
+                self._ledger.pending.load_failed[load.req_id] = done.failed_keys
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
                 # what was read from storage (in part, for a sliding window's hit), as the
                 # scheduler side's ``load_policy`` reckons a load's bytes
                 self._ledger.pending.load_samples.append(
-                    (read_bytes + copied["remote"], host_bytes, seconds))
-            self._ledger.record(lambda st: st.record_load(load, copied, host_bytes, seconds,
-                                                          len(failed_keys), read_bytes))
+                    (done.read_bytes + done.copied["remote"], done.host_bytes, seconds))
+            self._ledger.record(lambda st: st.record_load(
+                load, done.copied, done.host_bytes, seconds, len(done.failed_keys),
+                done.read_bytes))
 
     def _note_read_failure(self, remote: bool, result: IOResult) -> None:
         """A failed read, counted against the remote store (``remote``) or the disk path."""
@@ -241,96 +219,17 @@ class WorkerSide:
 
     def save(self, meta: StepPlan) -> None:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
-        for), then write-through disk writes in the background. Failures are reported as
-        failed stores, never raised into the engine's step."""
-        pages, host = self._attached()
-        self._lane.poll()
-        if self._foreign is not None:
-            self._foreign.sweep_due()  # files of segments reclaimed since: space goes back
-        with self._lock:
-            self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
-        busy = self._demote(meta.demotions)
-        stored: list[ChunkStore] = []
-        for store in meta.stores:
-            if store.host_slot in busy:  # its write-back still reads the slot: leave it be
-                self._store_failed(store)
-                continue
-            try:
-                pages.gather(store.block_ids, host.slot(store.host_slot))
-                stored.append(store)
-            except Exception as exc:
-                self._ledger.unexpected("copy of a chunk to host failed", store.key.hex(), exc)
-                self._store_failed(store)
-        pages.synchronize()
-        with self._lock:
-            for store in stored:
-                self._ledger.pending.host_stored[store.key] += 1
-            self._ledger.record(lambda st: st.record_stores(
-                len(stored), len(stored) * self.geometry.chunk_bytes))
-        writes = [(s.disk_slot, s.key, s.host_slot) for s in stored if s.disk_slot is not None]
-        if writes:
-            try:
-                self._disk.submit_writes(writes)
-            except Exception as exc:
-                self._ledger.unexpected("disk writes could not start", "", exc)
-                with self._lock:
-                    for _, key, _ in writes:
-                        self._ledger.pending.disk_failed[key] += 1
-        self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
-                           + meta.remote_writes)
-
-    def _demote(self, demotions: Sequence[DiskWrite]) -> set[int]:
-        """Write-back demotions before the stores into their host slots, waited for at most
-        ``load_timeout`` (a hung drive must not hold up the step): the host slots whose
-        write still runs then, which this step's stores must leave alone (the scheduler
-        side keeps them reserved until the write is over)."""
-        try:
-            busy = self._disk.demote(demotions, self.config.load_timeout)
-        except Exception as exc:
-            self._ledger.unexpected("write-back of evicted chunks failed", "", exc)
-            with self._lock:
-                for demotion in demotions:
-                    self._ledger.pending.disk_failed[demotion.key] += 1
-            return {demotion.host_slot for demotion in demotions}  # not known to be over
-        if busy:
-            self._ledger.failures.note(
-                "write-back timed_out", f"{len(busy)} evicted chunks not on disk after "
-                f"{self.config.load_timeout:g} s (load_timeout; a hung drive?): the stores "
-                "into their host slots are dropped")
-        return busy
-
-    def _store_failed(self, store: ChunkStore) -> None:
-        """A store not copied to host: it, and its disk and remote writes (which will not
-        run), are reported failed."""
-        with self._lock:
-            self._ledger.pending.host_failed[store.key] += 1
-            if store.disk_slot is not None:
-                self._ledger.pending.disk_failed[store.key] += 1
-            if store.remote:
-                self._ledger.pending.remote_failed[store.key] += 1
-
-    def _write_remote(self, writes: list[RemoteWrite]) -> None:
-        """Remote writes (of chunks just stored, and those the scheduler side planned),
-        queued in the background."""
-        if not writes:
-            return
-        try:
-            if self._remote is None:
-                raise RuntimeError("remote writes before register()")
-            self._remote.write(writes)
-        except Exception as exc:
-            self._ledger.unexpected("remote writes could not start", "", exc)
-            with self._lock:
-                for write in writes:
-                    self._ledger.pending.remote_failed[write.key] += 1
+        for), then write-through disk writes and remote writes in the background
+        (``WorkerSaves``). Failures are reported as failed stores, never raised into the
+        engine's step."""
+        assert self._saves is not None, "register() comes first"
+        self._saves.save(meta)
 
     def _demote_then_read(self, load: RequestLoad, gate: ReadGate) -> Reads:
         try:
             self._disk.demote(load.demotions)
-        except Exception:
-            with self._lock:  # the scheduler side frees their disk reservations
-                for demotion in load.demotions:
-                    self._ledger.pending.disk_failed[demotion.key] += 1
+        except Exception:  # the scheduler side frees their disk reservations
+            self._ledger.disk_writes_failed(demotion.key for demotion in load.demotions)
             raise
         if not gate.open():  # given up on meanwhile: read nothing
             return {}
