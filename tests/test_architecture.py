@@ -1,4 +1,5 @@
-"""The package plan holds: imports flow one way, from the engine adapters down to bytes.
+"""The package plan holds: imports flow one way, from the engine adapters down to bytes, and
+every file and function is short enough to read whole.
 
 Each module belongs to the deepest layer whose prefix names it; a module may import only
 modules of its own layer's packages or of layers below it, and no modules import each other
@@ -141,3 +142,22 @@ def test_the_checker_sees_an_upward_import(tmp_path):
 @pytest.mark.parametrize("module", ["kvtier.connector.scheduler.side", "kvtier.store.kvstore"])
 def test_layers_name_real_packages(module):
     assert module in modules()
+
+
+MAX_FILE_LINES = 300
+MAX_FUNCTION_LINES = 40
+
+
+def test_no_file_and_no_function_is_too_long_to_read_whole():
+    too_long = []
+    for module, path in modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            too_long.append(f"{path.name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1 if node.end_lineno else 0
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{module}.{node.name}: {lines} lines")
+    assert not too_long, (f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a "
+                          "function:\n" + "\n".join(too_long))

@@ -9,9 +9,7 @@ staging reservations and drops the chunks whose load failed.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Sequence
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.geometry import KVGeometry
@@ -24,17 +22,17 @@ from kvtier.connector.common.messages import (
     chunk_blocks,
 )
 from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.connector.scheduler.load_match import READ, LoadMatcher
 from kvtier.connector.scheduler.records import Load, PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.shares import EngineShares
 from kvtier.keys import ChunkKey
+from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
-from kvtier.tiers.stack import Location, TierStack
+from kvtier.tiers.stack import Location, StorePlan, TierStack
 
 HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
-READ = (DISK, SHARED, REMOTE)  # chunks read into a host slot before they load
-COMPUTED = Location(TierName.GPU, -1)  # a chunk vLLM computed already: never loaded
 
 
 class LoadPlanner:
@@ -66,6 +64,8 @@ class LoadPlanner:
         self._loads: dict[str, Load] = {}
         self._new: list[RequestLoad] = []
         self._failures: dict[str, set[bytes]] = {}
+        self._matcher = LoadMatcher(config, geometry, stack, decider, counters, stalled, shares,
+                                    presence)
 
     def in_flight(self, req_id: str) -> Load | None:
         return self._loads.get(req_id)
@@ -75,134 +75,10 @@ class LoadPlanner:
         new, self._new = self._new, []
         return new
 
-    # -- match ----------------------------------------------------------------------------
-
     def match(self, tracked: Tracked, keys: list[ChunkKey], limit: int,
               num_computed: int) -> tuple[int | None, bool]:
-        """Tokens loadable beyond ``num_computed`` (at most ``limit``) of the request whose
-        chunks have ``keys``; see ``SchedulerSide.num_new_matched_tokens``."""
-        chunk = self.geometry.chunk_tokens
-        locations = self._match(keys, tracked.request.request_id, num_computed // chunk)
-        if locations is None:
-            return None, False
-        hit = min(len(locations) * chunk, limit)
-        wanted = hit - num_computed
-        if wanted <= 0:
-            return 0, False
-        first = num_computed // chunk
-        matched = locations[first:]
-        loadable = self._loadable(keys[first:len(locations)], matched, first, hit)
-        if loadable is None:
-            return None, False
-        if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted, first, hit):
-            return None, False
-        tracked.waiting_since = None
-        loadable, end = self._fit(keys, matched, first, hit, loadable)
-        if loadable is None:
-            return None, False
-        needed = matched[:loadable]
-        wanted = end - num_computed
-        if wanted <= 0:
-            self.counters["load_cut_chunks"] += len(matched) - loadable
-            return 0, False
-        from_disk = sum(1 for loc in needed if loc.tier in READ)
-        if not self.decider.should_load(wanted, *self._load_bytes(needed, first, end)):
-            return 0, False
-        self.counters["load_cut_chunks"] += len(matched) - loadable
-        # From host memory the copy is quick: done before this step's forward. From disk the
-        # request waits (asynchronously) while other requests go on. Loads that must fail
-        # whole (hybrid or sliding-window models) are all asynchronous: vLLM takes a failed
-        # load back as a request only then.
-        tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
-        return wanted, tracked.asynchronous
-
-    def _fit(self, keys: list[ChunkKey], matched: Sequence[Location], first: int, hit: int,
-             loadable: int) -> tuple[int | None, int]:
-        """(chunks that can load, the load's end) once a hit of ``matched`` (chunks ``first``
-        on, up to token ``hit``) is cut to its first ``loadable`` chunks: a window ends where
-        the load ends, so the cut moves it onto chunks that needed nothing before, which may
-        need host slots now (a model whose every group is windowed). None: ask again."""
-        chunk = self.geometry.chunk_tokens
-        end = min(hit, (first + loadable) * chunk)
-        while loadable < len(matched):
-            fit = self._loadable(keys[first:first + loadable], matched[:loadable], first, end)
-            if fit is None or fit >= loadable:
-                return fit, end
-            loadable, end = fit, min(hit, (first + fit) * chunk)
-        return loadable, end
-
-    def _match(self, keys: list[ChunkKey], req_id: str, computed: int) -> list[Location] | None:
-        """The longest run of ``keys`` cached here, or in another engine's segment (a
-        location of tier SHARED), each where it is hottest, then in the remote store (tier
-        REMOTE); None while the store has not answered yet. The first ``computed`` chunks
-        vLLM holds already count as found (``COMPUTED``): one of them missing here hides no
-        later chunk (a key names its whole prefix, so a later hit is still the right one)."""
-        locations = [COMPUTED] * min(computed, len(keys))
-        for key in keys[len(locations):]:
-            location = self.stack.locate(key)
-            if location is None and self.shares is not None and self.shares.find(key):
-                location = Location(SHARED, -1)
-            if location is None:
-                break
-            locations.append(location)
-        if len(locations) < len(keys) and self.presence is not None:
-            held = self.presence.held(req_id, keys)
-            if held is None:
-                return None
-            for found in held[len(locations):]:
-                if not found:
-                    break
-                locations.append(Location(REMOTE, -1))
-        return locations
-
-    def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int,
-                       first: int, end: int) -> bool:
-        """Whether a request whose hits do not all fit in the host slots free now should ask
-        again next step rather than recompute the rest: the slots are held by loads and
-        stores in flight, which give them back within a step or two. Not when the hits could
-        not fit even then (host memory too small, or slots held by reads a hung disk has not
-        answered), when loading them would not pay (``load_policy``), or once the request has
-        waited ``staging_wait``."""
-        limit = self.config.staging_wait
-        slots = sum(1 for n in range(len(matched)) if self.geometry.bytes_needed(first + n, end))
-        if limit is None or slots > self.stack.indexes[HOST].num_slots - len(self._stalled):
-            return False
-        now = time.monotonic()
-        if tracked.waiting_since is None:
-            tracked.waiting_since = now
-        if now - tracked.waiting_since >= limit:
-            return False
-        if not self.decider.would_load(wanted, *self._load_bytes(matched, first, end)):
-            return False
-        self.counters["room_waits"] += 1
-        return True
-
-    def _load_bytes(self, locations: Sequence[Location], first: int, end: int) -> tuple[int, int]:
-        """(bytes read from disk, bytes in all) to load the chunks at ``locations`` (chunks
-        ``first`` on) up to token ``end``: only the groups' parts that keep blocks there."""
-        sizes = [self.geometry.bytes_needed(first + n, end) for n in range(len(locations))]
-        return (sum(size for size, loc in zip(sizes, locations, strict=True) if loc.tier in READ),
-                sum(sizes))
-
-    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location], first: int,
-                  end: int) -> int | None:
-        """How many of the matched chunks (in order, chunks ``first`` on) can load now, up to
-        token ``end``: each holds a host slot while it loads (a disk read needs one to stage
-        in; a host chunk not yet pinned takes one out of reach when this load pins it), but
-        for a chunk out of every group's window (nothing to copy). None when one of them is
-        being staged into host memory by another load."""
-        host = self.stack.indexes[HOST]
-        room = host.reusable_slots
-        for n, (key, loc) in enumerate(zip(keys, locations, strict=True)):
-            if loc.tier in READ and host.has_entry(key):
-                return None
-            if not self.geometry.bytes_needed(first + n, end):
-                continue
-            cost = 0 if loc.tier is HOST and host.pinned(key) else 1
-            if cost > room:
-                return n
-            room -= cost
-        return len(locations)
+        """Tokens loadable beyond ``num_computed`` (``LoadMatcher.match``)."""
+        return self._matcher.match(tracked, keys, limit, num_computed)
 
     # -- plan -----------------------------------------------------------------------------
 
@@ -243,58 +119,76 @@ class LoadPlanner:
         copy; a disk chunk only some of whose KV cache groups have blocks in the load is
         read in part (those groups'), and its staging slot is freed after the load."""
         if key is not None and not load.cut and all(b == NULL_BLOCK for b in ids):
-            # no group keeps a block of it: its bytes are not needed, wherever it is (or if
-            # it went away since the match)
-            where = self.stack.locate(key)
-            tier = where.tier if where is not None else REMOTE if in_remote else DISK
-            load.tiers[tier] = load.tiers.get(tier, 0) + tokens
-            self.counters["load_chunks_out_of_window"] += 1
-            return ChunkLoad(key, ids, first, None)
-        location = self.stack.locate(key) if key is not None and not load.cut else None
-        refs = None
-        if key is not None and location is None and not load.cut and self.shares is not None:
-            refs = self.shares.find(key)
-            location = Location(SHARED, refs[0].slot) if refs else None
-        if key is not None and location is None and not load.cut and in_remote:
-            location = Location(REMOTE, -1)
+            return self._out_of_window(key, ids, first, load, in_remote, tokens)
+        location, refs = (None, None) if key is None or load.cut else self._where(key, in_remote)
         plan = None
         if key is not None and location is not None and location.tier in READ:
-            if location.tier is DISK:
-                self.stack.indexes[DISK].pin(key)
-            plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
-            if plan is None:
-                if location.tier is DISK:
-                    self.stack.unpin(key, location)
-                location = None
+            location, plan = self._staging(key, location, load)
         if key is None or location is None:
             load.cut = True
             self.counters["load_skipped_chunks"] += 1
             return ChunkLoad(key or b"", ids, first, None)
         load.tiers[location.tier] = load.tiers.get(location.tier, 0) + tokens
         self.counters[f"load_chunks_{location.tier}"] += 1
-        if refs is not None:  # nothing of ours to pin: the host slot it is read into
-            assert plan is not None, "another engine's chunk loads through a host staging slot"
-            load.foreign[key] = refs
-            demotions += self._pending.demotion_writes(plan.demotions)
-            load.staged.append(plan)
-            return ChunkLoad(key, ids, first, plan.dst.slot, foreign=refs,
-                             parts=self._read_in_part(key, ids, load))
-        if location.tier is REMOTE:  # as from another engine's segment: nothing to pin
-            assert plan is not None, "a remote chunk loads through a host staging slot"
-            load.remote.add(key)
-            demotions += self._pending.demotion_writes(plan.demotions)
-            load.staged.append(plan)
-            return ChunkLoad(key, ids, first, plan.dst.slot, remote=True,
-                             parts=self._read_in_part(key, ids, load))
-        load.pinned.append((key, location))
         if location.tier is HOST:
+            load.pinned.append((key, location))
             self.stack.indexes[HOST].pin(key)
             return ChunkLoad(key, ids, first, location.slot)
-        assert plan is not None, "a disk chunk loads through a host staging slot"
+        assert plan is not None, "a chunk from storage loads through a host staging slot"
+        return self._staged(key, ids, first, location, plan, refs, load, demotions)
+
+    def _staged(self, key: ChunkKey, ids: tuple[int, ...], first: int, location: Location,
+                plan: StorePlan, refs: tuple[SlotRef, ...] | None, load: Load,
+                demotions: list[DiskWrite]) -> ChunkLoad:
+        """A chunk read from storage into its staging slot: from this engine's disk (pinned
+        there), another engine's segment or the remote store (nothing of ours to pin)."""
+        remote = refs is None and location.tier is REMOTE
+        if refs is not None:
+            load.foreign[key] = refs
+        elif remote:
+            load.remote.add(key)
+        else:
+            load.pinned.append((key, location))
         demotions += self._pending.demotion_writes(plan.demotions)
         load.staged.append(plan)
-        return ChunkLoad(key, ids, first, plan.dst.slot, location.slot,
+        disk_slot = location.slot if refs is None and location.tier is DISK else None
+        return ChunkLoad(key, ids, first, plan.dst.slot, disk_slot, foreign=refs, remote=remote,
                          parts=self._read_in_part(key, ids, load))
+
+    def _out_of_window(self, key: ChunkKey, ids: tuple[int, ...], first: int, load: Load,
+                       in_remote: bool, tokens: int) -> ChunkLoad:
+        """A chunk no group keeps a block of: its bytes are not needed, wherever it is (or if
+        it went away since the match)."""
+        where = self.stack.locate(key)
+        tier = where.tier if where is not None else REMOTE if in_remote else DISK
+        load.tiers[tier] = load.tiers.get(tier, 0) + tokens
+        self.counters["load_chunks_out_of_window"] += 1
+        return ChunkLoad(key, ids, first, None)
+
+    def _where(self, key: ChunkKey,
+               in_remote: bool) -> tuple[Location | None, tuple[SlotRef, ...] | None]:
+        """Where ``key`` is hottest: here, in another engine's segment (with its slots
+        there), or in the remote store; None when it went away since the match."""
+        location = self.stack.locate(key)
+        if location is not None:
+            return location, None
+        refs = self.shares.find(key) if self.shares is not None else None
+        if refs:
+            return Location(SHARED, refs[0].slot), refs
+        return (Location(REMOTE, -1), None) if in_remote else (None, None)
+
+    def _staging(self, key: ChunkKey, location: Location,
+                 load: Load) -> tuple[Location | None, StorePlan | None]:
+        """A chunk read from storage pinned (this engine's disk) with a host slot to stage in;
+        (None, None) when no slot is free or the load is synchronous."""
+        if location.tier is DISK:
+            self.stack.indexes[DISK].pin(key)
+        plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
+        if plan is None:
+            if location.tier is DISK:
+                self.stack.unpin(key, location)
+            return None, None
+        return location, plan
 
     def _read_in_part(self, key: ChunkKey, ids: tuple[int, ...], load: Load) -> tuple[int, ...] | None:
         """The KV cache groups whose parts a chunk read from storage (``ids``: the blocks it
