@@ -369,7 +369,10 @@ class Tmux:
         self.base = ["tmux", "-L", name, "-f", "/dev/null"]
 
     def start(self, session: str, command: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("KVTIER_", "TMUX"))}
+        # the terminal gives the size: COLUMNS and LINES (pytest-xdist's workers set 80x24)
+        # would override it
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("KVTIER_", "TMUX")) and k not in ("COLUMNS", "LINES")}
         subprocess.run([*self.base, "new-session", "-d", "-s", session, "-x", "200", "-y", "40",
                         "-c", str(ROOT), command], check=True, env=env, timeout=WAIT_S)
 

@@ -129,13 +129,30 @@ class PrefixRead:
         direct = None if self._direct is None else (self._direct, self._issued)
         remote = key in self._remote
         fetch = self._fetcher.begin(key, direct, remote)
-        lane = self._shared.lane
-        if fetch is Skip.NO_ROOM and not self._window and self._may_wait and lane.pending():
-            # host slots held by background writes: wait for them once
-            self._may_wait = lane.drain(timeout=self._drain_timeout)
-            fetch = self._fetcher.begin(key, direct, remote)
+        if fetch is Skip.NO_ROOM and not self._window and self._may_wait:
+            fetch = self._after_writes(key, direct, remote)
         if fetch is Skip.BUSY and not self._window:  # this window holds nothing: wait
             fetch = self._after_staging(key, direct, remote)
+        return fetch
+
+    def _after_writes(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
+                      remote: bool) -> Fetch | Skip:
+        """No host slot is free and this window holds none: while background writes (each
+        pins the host slot it writes from) are queued or running, wait for them and begin
+        the chunk again, at most ``drain_timeout`` in all for this get. A write queued but
+        not yet handed to the engine counts too: the chunks this get promoted start theirs
+        just after their copy."""
+        lane, writes = self._shared.lane, self._runner.disk_writes
+        deadline = time.monotonic() + self._drain_timeout
+        fetch: Fetch | Skip = Skip.NO_ROOM
+        while fetch is Skip.NO_ROOM and (lane.pending() or writes.writes_pending):
+            left = time_left(deadline)
+            if not left or not lane.drain(timeout=left):
+                self._may_wait = False  # a hung drive: no later chunk waits again
+                break
+            if not lane.pending():
+                time.sleep(0.001)  # a write between its queue and the engine
+            fetch = self._fetcher.begin(key, direct, remote)
         return fetch
 
     def _after_staging(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
