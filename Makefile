@@ -22,10 +22,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,bench,remote,mooncake]"
 	touch $@
 
+# Three workers on two cores: many tests wait (on a lease, a timeout, a child process) and
+# an engine test's start is mostly one core. --dist loadscope keeps each module's tests (and
+# its engine fixtures) on one worker.
+TEST_WORKERS ?= 3
+
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 demo: $(STAMP)
 	$(BIN)/python scripts/ttft.py $(DEMO_ARGS)

@@ -67,3 +67,10 @@ def _warm_engine_host():
     from tests.vllm_engine import close_warm_host
 
     close_warm_host()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Engine tests (``vllm`` mark) first, each module in its own order: with ``make test``'s
+    workers (pytest-xdist, ``--dist loadscope``) the longest modules start first instead of
+    holding the run's end."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)

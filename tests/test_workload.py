@@ -8,7 +8,7 @@ import pytest
 
 from tests.vllm_engine import ROOT, have_vllm
 
-pytestmark = pytest.mark.skipif(not have_vllm(), reason="vLLM not installed")
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not have_vllm(), reason="vLLM not installed")]
 
 
 def test_workload_reports_every_engine_and_kvtier_serves_more_from_cache(tmp_path):
