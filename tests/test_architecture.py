@@ -10,6 +10,7 @@ too). docs/architecture.md draws the same layers.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,15 @@ def test_no_file_and_no_function_is_too_long_to_read_whole():
                     too_long.append(f"{module}.{node.name}: {lines} lines")
     assert not too_long, (f"over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a "
                           "function:\n" + "\n".join(too_long))
+
+
+def test_the_architecture_doc_names_every_module():
+    """docs/architecture.md's tables name every module (an ``__init__`` holding only its
+    docstring aside), and every module path it names exists."""
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`(kvtier/[\w/]+\.py)`", doc))
+    paths = {str(p.relative_to(PACKAGE.parent)) for p in modules().values()
+             if p.name != "__init__.py" or ast.parse(p.read_text()).body[1:]}
+    assert not paths - named, f"modules docs/architecture.md does not name: {sorted(paths - named)}"
+    gone = sorted(p for p in named if not (PACKAGE.parent / p).exists())
+    assert not gone, f"modules docs/architecture.md names that do not exist: {gone}"
