@@ -34,7 +34,7 @@ from kvtier.bench.remote_store import store_bandwidth  # noqa: E402
 from kvtier.keys import ChunkKey, Namespace  # noqa: E402
 from kvtier.remote.redis_tier import RedisTier  # noqa: E402
 from kvtier.units import format_size, parse_size  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
+from tests.helpers.redis_server import RedisServer  # noqa: E402
 
 NS = Namespace(model="bench", kv_dtype="bfloat16", layout="bench", block_tokens=16, chunk_tokens=256)
 

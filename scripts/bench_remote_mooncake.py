@@ -49,7 +49,7 @@ from kvtier.keys import ChunkKey, Namespace  # noqa: E402
 from kvtier.remote.mooncake_tier import MooncakeTier  # noqa: E402
 from kvtier.remote.values import ValueFormat, value_key  # noqa: E402
 from kvtier.units import format_size, parse_size  # noqa: E402
-from tests.mooncake_server import NETNS_ENV, MooncakeServer, inside_namespace, skip_reason  # noqa: E402
+from tests.helpers.mooncake_server import NETNS_ENV, MooncakeServer, inside_namespace, skip_reason  # noqa: E402
 
 NS = Namespace(model="bench", kv_dtype="bfloat16", layout="bench", block_tokens=16, chunk_tokens=256)
 PREFIX, STAGED_PREFIX = "bench:", "bench-staged:"

@@ -41,7 +41,7 @@ from kvtier.connector.common.messages import NULL_BLOCK, ChunkLoad, ChunkStore, 
 from kvtier.connector.worker.side import WorkerSide
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer
 
 HIDDEN, BLOCK, CHUNK, WINDOW, LAYERS = 8 * 128, 16, 256, 1024, 24
 SHAPES = {"hybrid": (("full",) + ("sliding1024",) * 5, (4,) * 6),

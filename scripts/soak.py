@@ -52,7 +52,7 @@ import torch
 from kvtier import KVLayout, KVStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
-from tests.subprocesses import die_with_parent
+from tests.helpers.subprocesses import die_with_parent
 
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=64, dtype="bfloat16")
 CHUNK = 32
@@ -216,7 +216,7 @@ class RemoteFaults:
     KINDS = ("remote flip", "remote truncate", "remote flush", "remote pause", "remote restart")
 
     def __init__(self, workdir: Path) -> None:
-        from tests.redis_server import RedisServer
+        from tests.helpers.redis_server import RedisServer
 
         self.server = RedisServer(workdir, "--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru")
         # the server dies with the thread that started it (PR_SET_PDEATHSIG): one thread

@@ -118,7 +118,7 @@ def remote_arm(base: dict, extra: dict, once: list, warm: list, work: Path, thre
                console: Console) -> dict:
     """kvtier with a remote tier only: one engine stores, another loads from the store."""
     sys.path.insert(0, str(ROOT))
-    from tests.redis_server import RedisServer
+    from tests.helpers.redis_server import RedisServer
 
     server = RedisServer(work / "redis", "--maxmemory", "8gb").start()
     try:

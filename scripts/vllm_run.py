@@ -198,7 +198,7 @@ def write_json(path: str, value: dict) -> None:
 
 def serve() -> None:
     """Run spec after spec in this one process, vLLM imported once (the tests' warm engine
-    host, ``tests/vllm_engine.py``). Each line of standard input names ``SPEC OUT``; the run
+    host, ``tests/helpers/vllm_engine.py``). Each line of standard input names ``SPEC OUT``; the run
     writes OUT, then ``OUT.done`` holding ``ok`` or the failure. A failed run ends the
     process, so that no engine's leftovers reach the next run."""
     import vllm.envs

@@ -12,9 +12,9 @@ import torch
 
 from kvtier import KVStore
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
-from tests.mooncake_server import MooncakeServer, inside_namespace
-from tests.test_remote_faults import Load, check
+from tests.helpers.faults import Load, check
+from tests.helpers.kv import CHUNK, SMALL, make_kv, same_bytes
+from tests.helpers.mooncake_server import MooncakeServer, inside_namespace
 
 if not inside_namespace():
     pytest.skip("runs only inside a private network namespace: tests/test_remote_mooncake.py "

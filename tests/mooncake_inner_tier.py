@@ -14,7 +14,7 @@ from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.mooncake_tier import MooncakeTier
 from kvtier.remote.values import VALUE_HEADER_BYTES, value_key
-from tests.mooncake_server import MooncakeServer, inside_namespace
+from tests.helpers.mooncake_server import MooncakeServer, inside_namespace
 
 if not inside_namespace():
     pytest.skip("runs only inside a private network namespace: tests/test_remote_mooncake.py "

@@ -1,17 +1,8 @@
 """The ``kvtier`` command as a user runs it: a separate process."""
 
 import json
-import os
-import subprocess
-import sys
 
-KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
-
-
-def run(*args, env=None):
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-    return subprocess.run([*KVTIER, *args], capture_output=True, text=True,
-                          env={**clean, **(env or {})}, timeout=60)
+from tests.helpers.cli import run
 
 
 def test_help_lists_the_commands():

@@ -2,29 +2,14 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from kvtier import KVStore
-from kvtier.keys import namespace_id_of
-from tests.conftest import SMALL, make_kv
-from tests.hostile import label, make_cache, namespace_of, segment_dir
-from tests.test_disk_store import STRIDE, config, seq
-
-KVTIER = [sys.executable, "-m", "kvtier.cli.main"]
-
-
-def kvtier(*args, stdin=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-    return subprocess.run([*KVTIER, *map(str, args)], capture_output=True, text=True,
-                          input=stdin, env=env, timeout=120)
-
-
-def as_json(*args):
-    result = kvtier(*args, "--json")
-    return result.returncode, json.loads(result.stdout)
+from tests.helpers.cli import as_json, kvtier, logged_slots, old_layout_namespace, two_writers
+from tests.helpers.hostile import label, namespace_of, segment_dir
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import STRIDE, config, seq
 
 
 @pytest.fixture
@@ -47,22 +32,6 @@ def only_writer(data):
     (ns,) = data["namespaces"]
     (writer,) = ns["writers"]
     return writer
-
-
-def logged_slots(segment):
-    """The slots a reader following the segment's log.kvt learns of."""
-    from kvtier.io.safefs import SafeDir
-    from kvtier.segment.log import LogFollower
-
-    ns = json.loads((segment.parent.parent / "namespace.json").read_text())
-    with SafeDir.open(segment) as directory:
-        follower = LogFollower(directory, bytes.fromhex(segment.parent.parent.name),
-                               ns["raw_bytes"])
-        try:
-            follower.refresh()
-            return set(follower.slots)
-        finally:
-            follower.close()
 
 
 def flip(path, offset):
@@ -181,20 +150,6 @@ def test_gc_never_touches_a_namespace_in_use(cache):  # finding 15: exit 1 as do
     assert recovered(cache) == 6
 
 
-def old_layout_namespace(root, version=1):
-    """A namespace of format version ``version`` as version 1 laid it out: its files directly
-    in the namespace directory."""
-    described = json.dumps({"format_version": version, "model": "old"})
-    stale = root / namespace_id_of(described)
-    stale.mkdir(mode=0o700)
-    (stale / "namespace.json").write_text(json.dumps({"namespace": described, "stride": 8192,
-                                                      "raw_bytes": 4096, "file_slots": 10}))
-    for name in ("slots-0000.kvt", "index.kvt", "lock", ".namespace.json.tmp-123",
-                 ".o_direct_probe-77-0123abcd"):
-        (stale / name).write_bytes(bytes(8192))
-    return stale
-
-
 @pytest.mark.parametrize("version", [1, 99])
 def test_gc_removes_stale_namespaces(cache, version):
     stale = old_layout_namespace(cache, version)
@@ -242,15 +197,6 @@ def test_clear_leaves_a_namespace_in_use(cache):
     assert code == 1 and data["in_use"] == [label(segment)] and not data["removed"]
     assert (segment / "slots-0000.kvt").exists()
     assert (namespace_of(segment) / "namespace.json").exists()
-
-
-def two_writers(root):
-    """A namespace written by writers "w-a" (3 chunks) and "w-b" (2 other chunks)."""
-    a = make_cache(root, 3, instance_id="w-a")
-    with KVStore(SMALL, config(root, instance_id="w-b", share_writers=4)) as store:
-        store.put(seq(100, 2), make_kv(seq(100, 2)))
-        assert store.flush()
-    return a, a.parent / "w-b"
 
 
 def test_inspect_lists_every_writer_of_a_namespace(tmp_path):

@@ -7,9 +7,9 @@ from kvtier import KVStore
 from kvtier.ops.cache import namespaces
 from kvtier.ops.reclaim import gc
 from kvtier.ops.segments import gone_for
-from tests.conftest import SMALL, make_kv
-from tests.test_cli_cache import as_json, kvtier
-from tests.test_disk_store import config, seq
+from tests.helpers.cli import as_json, kvtier
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import config, seq
 
 
 def writer_config(root, name):

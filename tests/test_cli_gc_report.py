@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from kvtier import KVStore
 from kvtier.cli.main import app
 from kvtier.io.safefs import SafeDir
-from tests.conftest import SMALL
-from tests.hostile import label, make_cache, namespace_of
-from tests.test_cli_cache import logged_slots, old_layout_namespace, two_writers
-from tests.test_disk_store import config
+from tests.helpers.cli import logged_slots, old_layout_namespace, two_writers
+from tests.helpers.hostile import label, make_cache, namespace_of
+from tests.helpers.kv import SMALL
+from tests.helpers.store import config
 
 
 def kvtier(*args):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from kvtier import KVStore
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.redis_server import RedisServer, needs_redis
-from tests.test_cli import run
+from tests.helpers.cli import run
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
 CHUNK_BYTES = SMALL.token_bytes * CHUNK

@@ -11,10 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from kvtier.cli.main import app
-from tests.hostile import make_cache
-from tests.redis_server import RedisServer, needs_redis
-from tests.test_cli_tools_hardening import Handler, refused, serving
-from tests.test_disk_store import STRIDE
+from tests.helpers.cli import refused
+from tests.helpers.hostile import make_cache
+from tests.helpers.metrics import Handler, serving
+from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.store import STRIDE
 
 
 def kvtier(*args, env=None):

@@ -6,15 +6,15 @@ import contextlib
 import json
 import os
 import subprocess
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from typer.testing import CliRunner
 
 from kvtier.bench import offload
 from kvtier.cli.main import app
+from tests.helpers.cli import refused
+from tests.helpers.metrics import Handler, serving
 
 runner = CliRunner()
 TINY = ["bench", "--size", "4MiB", "--depths", "1", "--no-baselines"]
@@ -25,34 +25,7 @@ def invoke(*args):
     return runner.invoke(app, list(args), env=clean)
 
 
-def refused(result, code: int, *words: str) -> None:
-    """Exit ``code``, no traceback, one ``kvtier:`` line on stderr naming ``words``."""
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtier: "), result.stderr
-    for word in words:
-        assert word in lines[0], lines[0]
-
-
 # ---- kvtier stats URL -------------------------------------------------------
-
-
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def send_raw(self, data: bytes, pause: float = 0.0, limit_s: float = 30.0) -> None:
-        """Write ``data`` in pieces, stopping when the client is gone or after ``limit_s``."""
-        piece = 1 if pause else 64 * 1024
-        end = time.monotonic() + limit_s
-        with contextlib.suppress(OSError):
-            for i in range(0, len(data), piece):
-                if time.monotonic() > end:
-                    return
-                self.wfile.write(data[i:i + piece])
-                self.wfile.flush()
-                time.sleep(pause)
 
 
 class Trickling(Handler):
@@ -104,20 +77,6 @@ class NoContent(Handler):
     def do_GET(self):
         self.send_response(204)
         self.end_headers()
-
-
-@contextlib.contextmanager
-def serving(handler):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def test_trickling_server_is_cut_at_the_deadline():

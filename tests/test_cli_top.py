@@ -28,7 +28,7 @@ from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.metrics import serve_metrics
-from tests.conftest import SMALL, make_kv
+from tests.helpers.kv import SMALL, make_kv
 
 ROOT = Path(__file__).resolve().parents[1]
 KVTIER = [sys.executable, "-m", "kvtier.cli.main"]

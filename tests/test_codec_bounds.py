@@ -10,8 +10,8 @@ import zstandard
 from kvtier import KVStore
 from kvtier.io import codec as codecs
 from kvtier.io.format import Codec
-from tests.conftest import CHUNK_BYTES, SMALL, make_kv
-from tests.test_disk_store import config, load, seq
+from tests.helpers.kv import CHUNK_BYTES, SMALL, make_kv
+from tests.helpers.store import config, load, seq
 
 MiB = 1 << 20
 

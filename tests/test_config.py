@@ -232,7 +232,7 @@ def test_a_store_applies_the_log_level_at_start(monkeypatch):
     import logging
 
     from kvtier import KVStore
-    from tests.conftest import SMALL
+    from tests.helpers.kv import SMALL
 
     logger = logging.getLogger("kvtier")
     before = logger.level

@@ -252,7 +252,7 @@ def test_a_given_config_must_be_a_mapping(given):
 
 def test_a_store_given_a_non_mapping_raises_a_config_error():
     from kvtier import KVStore
-    from tests.conftest import SMALL
+    from tests.helpers.kv import SMALL
 
     with pytest.raises(ConfigError, match="a mapping of key to value"):
         KVStore(SMALL, "host_capacity=1GiB", model="m")  # type: ignore[arg-type]

@@ -92,7 +92,7 @@ def test_a_step_waits_on_the_store_at_most_its_allowance_in_all(waits):
 
 def test_the_scheduler_side_renews_the_allowance_at_each_step(waits):
     """vLLM asks about its waiting requests, then builds the step's plan: that ends a step."""
-    from tests.test_connector_scheduler import CHUNK, request, scheduler
+    from tests.helpers.scheduler_side import CHUNK, request, scheduler
 
     side = scheduler(remote_url="redis://127.0.0.1:1")  # never reached: a fake store asks
     assert side.presence is not None

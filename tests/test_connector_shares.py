@@ -15,9 +15,9 @@ from kvtier.connector.common.messages import ChunkLoad, RequestLoad, StepPlan, W
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
-from tests.test_connector_scheduler import GEO as SCHED_GEO
-from tests.test_connector_scheduler import request, scheduler, store_all
-from tests.test_connector_worker import GEO, LAYERS, same, worker
+from tests.helpers.scheduler_side import GEO as SCHED_GEO
+from tests.helpers.scheduler_side import request, scheduler, store_all
+from tests.helpers.worker_side import GEO, LAYERS, same, worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,7 +143,7 @@ def test_without_an_instance_id_the_scheduler_side_finds_the_segment_its_workers
 HOLD_FIRST_ID = """
 import sys, time
 from kvtier.disk.tier import DiskTier
-from tests.test_connector_worker import GEO
+from tests.helpers.worker_side import GEO
 tier = DiskTier([sys.argv[1]], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes,
                 8 * (4096 + GEO.chunk_bytes), share_writers=2)
 import os

@@ -11,7 +11,7 @@ import pytest
 
 from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.tails import prompt_tail
-from tests.test_connector_scheduler import BLOCK, CHUNK, GEO, scheduler
+from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO, scheduler
 
 
 @dataclass

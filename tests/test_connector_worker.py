@@ -6,35 +6,10 @@ from collections import Counter
 
 import torch
 
-from kvtier.config.settings import load_config
-from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
 from kvtier.connector.worker.side import WorkerSide
-from tests.disk_helpers import failing_io, wait_until
-from tests.fake_io import FakeEngine
-
-LAYERS, BLOCKS, BLOCK, HIDDEN = 2, 16, 16, 64
-GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, 2 * BLOCK, "bfloat16", "t")
-
-
-def worker(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor]]:
-    side, kv, _ = worker_and_engine(tmp_path, disk, **config)
-    return side, kv
-
-
-def worker_and_engine(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor],
-                                                              FakeEngine | None]:
-    """A worker over a synthetic paged cache, and its I/O engine (None without disk)."""
-    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes, **config}
-    if disk:
-        extra.update(disk_paths=[str(tmp_path)], disk_capacity=8 * (4096 + GEO.chunk_bytes),
-                     disk_min_free=0)
-    make, engines = FakeEngine.factory()
-    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
-                      io_engine=make)
-    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
-    side.register({f"layer{i}": t for i, t in enumerate(kv)})
-    return side, kv, engines[0] if engines else None
+from tests.helpers.disk_helpers import failing_io, wait_until
+from tests.helpers.worker_side import BLOCKS, GEO, LAYERS, same, worker, worker_and_engine
 
 
 def outcomes(side: WorkerSide, into: dict) -> dict:
@@ -44,10 +19,6 @@ def outcomes(side: WorkerSide, into: dict) -> dict:
     for name in ("reads_over", "disk_written") if report else ():
         into.setdefault(name, Counter()).update(getattr(report, name))
     return into
-
-
-def same(a, b) -> bool:
-    return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 def test_store_to_host_and_disk_then_load_back(tmp_path):

@@ -1,6 +1,6 @@
 """What ``KVStore`` and the vLLM connector both promise, run against both.
 
-Every test takes a ``driver`` (tests/contract_drivers.py): the same token sequences, the same
+Every test takes a ``driver`` (tests/helpers/contract_drivers.py): the same token sequences, the same
 known KV, the same faults on the real slot files, through either front end.
 
 - A hit is a prefix of whole chunks of a stored sequence; loaded bytes are the stored bytes.
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from kvtier.io.format import HeaderError, decode_header
-from tests.contract_drivers import (
+from tests.helpers.contract_drivers import (
     CHUNK,
     DRIVERS,
     HEADER_BYTES,

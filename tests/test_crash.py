@@ -9,25 +9,15 @@ import time
 from pathlib import Path
 
 from kvtier import KVStore
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL
+from tests.helpers.crash_writer import crash_config, sequence
+from tests.helpers.kv import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def crash_config(path):
-    return {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES, "disk_paths": [str(path)],
-            "disk_capacity": 96 * (4096 + CHUNK_BYTES), "disk_min_free": 0, "io_threads": 4,
-            "model": "test-model"}
-
-
-def sequence(seed: int, i: int, chunks: int) -> list[int]:
-    start = seed * 10_000_000 + i * 1000
-    return list(range(start, start + chunks * CHUNK))
-
-
 def run_and_kill(path: Path, seed: int, rng: random.Random) -> int:
     """Start a writer, let it put at least a few sequences, SIGKILL it; return how many."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.crash_writer", str(path), str(seed)],
+    child = subprocess.Popen([sys.executable, "-m", "tests.helpers.crash_writer", str(path), str(seed)],
                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
     done = 0
     deadline = time.monotonic() + 60
@@ -45,7 +35,7 @@ def run_and_kill(path: Path, seed: int, rng: random.Random) -> int:
 
 
 def test_kill_9_during_writes_never_serves_a_wrong_byte(tmp_path):
-    from tests.test_disk_store import exact
+    from tests.helpers.store import exact
 
     rng = random.Random(7)
     trials, served = 6, 0

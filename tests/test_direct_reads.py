@@ -19,8 +19,8 @@ from kvtier.io.buffers import PAGE
 from kvtier.io.direct_buffer import DirectBuffers, Rows
 from kvtier.store.direct import _rows_of, claim
 from kvtier.tiers.base import TierName
-from tests.conftest import make_kv, same_bytes
-from tests.fake_io import FakeEngine
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import make_kv, same_bytes
 
 # 2 layers, 2 KV heads x 32 dims, bf16: a 32-token chunk is one page per layer and K or V
 LAYOUT = KVLayout(num_layers=2, kv_heads=2, head_size=32, dtype="bfloat16")

@@ -11,33 +11,11 @@ import pytest
 from kvtier import KVStore
 from kvtier.disk import tier as disk_module
 from kvtier.io.format import HEADER_BYTES
-from tests.conftest import CHUNK, SMALL, bookkeeping, index_of, make_kv
-from tests.disk_helpers import failing_io, remount, small_filesystem, wait_until
-from tests.fake_io import FakeEngine
-from tests.test_disk_store import STRIDE, config, exact, seq
-
-
-def stored(path, chunks=6, **extra):
-    """A store on ``path`` holding ``chunks`` chunks of seq(0) on disk, then reopened."""
-    tokens = seq(0, chunks)
-    with KVStore(SMALL, config(path, **extra)) as store:
-        store.put(tokens, make_kv(tokens))
-        store.flush()
-        assert store.stats().disk_writes == chunks
-    return KVStore(SMALL, config(path, **extra)), tokens
-
-
-def slot_of(store, tokens, i):
-    with bookkeeping(store) as stack:
-        return stack.indexes[disk_module.TierName.DISK].slot_of(store.keys(tokens)[i])
-
-
-def flip(path, offset):
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
+from tests.helpers.disk_helpers import failing_io, remount, small_filesystem, wait_until
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.faults import flip, slot_of, stored
+from tests.helpers.kv import CHUNK, SMALL, bookkeeping, index_of, make_kv
+from tests.helpers.store import STRIDE, config, exact, seq
 
 
 def test_a_flipped_payload_byte_ends_the_prefix_there(tmp_path, caplog):
@@ -384,7 +362,7 @@ def test_a_get_whose_staging_slot_cannot_be_written_back_ends_its_prefix(tmp_pat
 
 
 def test_a_path_that_holds_after_coming_back_starts_its_back_off_again(tmp_path, monkeypatch):
-    from tests.disk_helpers import chunk, key, make_tier
+    from tests.helpers.disk_helpers import chunk, key, make_tier
 
     clock = [1000.0]
     monkeypatch.setattr(disk_module.time, "monotonic", lambda: clock[0])

@@ -16,10 +16,10 @@ from kvtier import KVStore
 from kvtier.io import safefs
 from kvtier.io.format import HEADER_BYTES
 from kvtier.segment import cachedir
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.disk_helpers import wait_until
-from tests.test_disk_faults import flip, slot_of, stored
-from tests.test_disk_store import STRIDE, config, exact, seq
+from tests.helpers.disk_helpers import wait_until
+from tests.helpers.faults import flip, slot_of, stored
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.store import STRIDE, config, exact, seq
 
 
 def without_index(tmp_path, chunks=6):

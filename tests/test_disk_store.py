@@ -4,39 +4,15 @@ import os
 import threading
 
 import pytest
-import torch
 
 from kvtier import KVLayout, KVStore
 from kvtier.store.state import StoreShared
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
-from tests.fake_io import FakeEngine
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, SMALL, bookkeeping, make_kv
+from tests.helpers.store import STRIDE, config, exact, load, seq
 
 HOST, DISK = TierName.HOST, TierName.DISK
-STRIDE = 4096 + CHUNK_BYTES
-
-
-def config(path, host_chunks=4, disk_chunks=64, **extra):
-    return {"chunk_tokens": CHUNK, "host_capacity": host_chunks * CHUNK_BYTES,
-            "disk_paths": [str(path)], "disk_capacity": disk_chunks * STRIDE,
-            "disk_min_free": 0, "io_threads": 2, "model": "test-model", **extra}
-
-
-def seq(start, chunks):
-    return list(range(start, start + chunks * CHUNK))
-
-
-def load(store, tokens, layout=SMALL):
-    out = torch.zeros(layout.shape(len(tokens)), dtype=getattr(torch, layout.dtype))
-    n = store.get(tokens, out)
-    return n, out[:, :, :n]
-
-
-def exact(store, tokens) -> int:
-    """Load ``tokens`` and check every byte loaded; return the tokens loaded."""
-    n, got = load(store, tokens)
-    assert same_bytes(got, make_kv(tokens)[:, :, :n]), "wrong bytes served"
-    return n
 
 
 def test_restart_serves_chunks_from_disk(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.format import HEADER_BYTES
 from kvtier.io.result import IOStatus
-from tests.disk_helpers import NS, RAW, chunk, key, make_tier, slot_files
+from tests.helpers.disk_helpers import NS, RAW, chunk, key, make_tier, slot_files
 
 
 @pytest.fixture(params=[False, True], ids=["raw", "zstd"])

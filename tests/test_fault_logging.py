@@ -11,10 +11,10 @@ import pytest
 from kvtier import KVStore
 from kvtier.disk import tier as disk_module
 from kvtier.io.format import HEADER_BYTES
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.disk_helpers import delayed_io, failing_io, remount, small_filesystem
-from tests.test_disk_faults import flip, slot_of
-from tests.test_disk_store import STRIDE, config, exact, seq
+from tests.helpers.disk_helpers import delayed_io, failing_io, remount, small_filesystem
+from tests.helpers.faults import flip, slot_of
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.store import STRIDE, config, exact, seq
 
 MANY = 8
 
@@ -197,7 +197,7 @@ def test_slow_io_is_served_and_not_a_failure(tmp_path, caplog, monkeypatch):
 
 def test_the_workers_unexpected_failures_are_logged_once_per_kind(tmp_path, caplog):
     from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
-    from tests.test_connector_worker import BLOCKS, worker
+    from tests.helpers.worker_side import BLOCKS, worker
 
     side, _ = worker(tmp_path, disk=False)
     with caplog.at_level(logging.WARNING, logger="kvtier"):

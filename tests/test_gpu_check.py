@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvtier.connector.worker.pages import PagedKV
-from tests.script_module import load_script
-from tests.vllm_engine import ROOT
+from tests.helpers.script_module import load_script
+from tests.helpers.vllm_engine import ROOT
 
 CPU = torch.device("cpu")
 

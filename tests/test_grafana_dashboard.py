@@ -3,45 +3,25 @@ PromQL is on a live endpoint (a KVStore's metrics_port, and the connector's sche
 and worker, served by the collectors and server the connector uses), and every label it
 groups or names series by is one those metrics carry (or one Prometheus adds)."""
 
-import json
 import re
-import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from kvtier import KVStore
 from kvtier.cli.stats import read_metrics
-from kvtier.config.settings import load_config
-from kvtier.connector.common.geometry import KVGeometry
-from kvtier.connector.scheduler.side import SchedulerSide
-from kvtier.connector.worker.ledger import WorkerLedger
-from kvtier.metrics import serve_metrics
-from tests.conftest import SMALL
+from tests.helpers.kv import SMALL
+from tests.helpers.metrics import (
+    NAME,
+    NAME_MATCHER,
+    connector_samples,
+    dashboard,
+    free_port,
+    queried_metrics,
+    queries,
+)
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "docs" / "grafana" / "kvtier.json"
 SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus to every series it scrapes
-NAME = re.compile(r"\bkvtier_[a-z0-9_]+")
-NAME_MATCHER = re.compile(r'__name__=~"([^"]*)"')
-
-
-def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def queries(board: dict) -> list[str]:
-    """Every PromQL expression of the dashboard: its panels' targets and its variables."""
-    exprs = [target["expr"] for panel in board["panels"] for target in panel.get("targets", [])]
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
-            exprs.append(variable["query"]["query"])
-    return exprs
-
-
-def queried_metrics(board: dict) -> set[str]:
-    """The metric names the expressions name (a ``__name__`` regex is not a name)."""
-    return {name for expr in queries(board) for name in NAME.findall(NAME_MATCHER.sub("", expr))}
 
 
 def grouping_labels(board: dict) -> set[str]:
@@ -53,38 +33,6 @@ def grouping_labels(board: dict) -> set[str]:
                 labels |= {label.strip() for label in group.split(",") if label.strip()}
             labels |= set(re.findall(r"\{\{\s*(\w+)\s*\}\}", target["legendFormat"]))
     return labels
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def served(collect: Callable) -> list[dict]:
-    """The samples an endpoint serving ``collect()`` answers with, read over HTTP."""
-    port = free_port()
-    server = serve_metrics(port, collect)
-    try:
-        return read_metrics(f"127.0.0.1:{port}")
-    finally:
-        server.close()
-
-
-def connector_samples(disk: Path | None = None) -> list[dict]:
-    """Samples of a scheduler side (following other engines' segments in ``disk`` when
-    given) and a worker, served and read as the connector serves them
-    (tests/test_readme_serve.py checks a real engine serves these names too)."""
-    geometry = KVGeometry(num_layers=2, page_bytes=4096, block_tokens=16, hash_block_tokens=16,
-                          chunk_tokens=32, kv_dtype="bfloat16", page_shape="t")
-    extra = {} if disk is None else {"disk_paths": [str(disk)], "disk_capacity": "1MiB"}
-    config = load_config({"chunk_tokens": 32, "host_capacity": 4 * geometry.chunk_bytes,
-                          **extra}, environ={})
-    side = SchedulerSide(config, geometry, [geometry.namespace("m", "", 1, 0)], 1)
-    try:
-        return served(side.metric_samples) + served(WorkerLedger().metric_samples)
-    finally:
-        side.close()
 
 
 def live_samples(tmp_path: Path) -> list[dict]:

@@ -11,10 +11,9 @@ import pytest
 from kvtier import KVStore
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment import seat_orphans, seats
-from tests.conftest import SMALL
-from tests.hostile import make_cache, namespace_of
-from tests.test_hostile_names import seat_file, stopped_writer_namespace
-from tests.test_shared_dir import shared
+from tests.helpers.hostile import make_cache, namespace_of, seat_file, stopped_writer_namespace
+from tests.helpers.kv import SMALL
+from tests.helpers.shared import shared
 
 
 def test_a_file_with_a_second_link_is_never_removed(tmp_path):
@@ -89,7 +88,7 @@ def test_an_old_crash_left_pair_loses_its_temporary_file_then_the_seat_is_judged
 
 
 def test_clear_removes_a_crash_left_pair(tmp_path):
-    from tests.hostile import cli
+    from tests.helpers.hostile import cli
 
     root = tmp_path / "c"
     ns = namespace_of(make_cache(root, 2))

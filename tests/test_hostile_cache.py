@@ -11,9 +11,9 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.keys import namespace_id_of
-from tests.conftest import SMALL, make_kv
-from tests.hostile import cli, label, make_cache, make_decoy, namespace_of, time_bound, tree_digest
-from tests.test_disk_store import STRIDE, config, exact, seq
+from tests.helpers.hostile import cli, label, make_cache, make_decoy, namespace_of, time_bound, tree_digest
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import STRIDE, config, exact, seq
 
 NAMESPACE_FILES = {"namespace.json"}  # the rest sit in the writer's segment
 

@@ -5,7 +5,6 @@ command, and no file kvtier did not name is read as one of its own, truncated or
 
 import json
 import os
-import shutil
 import time
 from types import SimpleNamespace
 
@@ -22,10 +21,10 @@ from kvtier.segment import seat_orphans, seats
 from kvtier.segment.index_file import valid_header
 from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.names import TEMP_NAME, seat_number, slot_number
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.hostile import cli, make_cache, namespace_of
-from tests.test_disk_store import config, exact, seq
-from tests.test_shared_dir import shared
+from tests.helpers.hostile import cli, make_cache, namespace_of, seat_file, stopped_writer_namespace
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.shared import shared
+from tests.helpers.store import config, exact, seq
 
 LEASE = {"instance": "a", "host": "h", "pid": 1, "beat": 2, "started_ns": 3, "written_ns": 4}
 
@@ -177,26 +176,6 @@ def test_a_namespace_json_describing_a_namespace_that_is_not_json_reads_as_damag
 
 
 # -- seats --------------------------------------------------------------------------------
-
-
-def stopped_writer_namespace(tmp_path):
-    """The namespace directory of one writer "x" that was stopped, its segment and seat gone."""
-    with KVStore(SMALL, shared(tmp_path, "x", share_writers=1)):
-        pass
-    (ns,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    shutil.rmtree(ns / "writers")
-    (ns / "seats" / "seat-0000").unlink()
-    return ns
-
-
-def seat_file(ns, content: bytes, age_s: float = 0.0, name="seat-0000"):
-    path = ns / "seats" / name
-    path.write_bytes(content)
-    os.chmod(path, 0o600)
-    if age_s:
-        past = time.time() - age_s
-        os.utime(path, (past, past))
-    return path
 
 
 @pytest.mark.parametrize("content", [b"", b"ghost", b"\xff" * 300])

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier import KVStore
-from tests.conftest import SMALL, make_kv
-from tests.hostile import cli, make_cache, make_decoy, segment_dir, time_bound, tree_digest
-from tests.test_disk_store import config, load, seq
+from tests.helpers.hostile import cli, make_cache, make_decoy, segment_dir, time_bound, tree_digest
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import config, load, seq
 
 # Entries to spoil, relative to the namespace directory; SEGMENT stands for the writer's one.
 SEGMENT = "writers/<writer>"
@@ -123,7 +123,7 @@ def check_store(root):
 
 
 def torch_equal(a, b):
-    from tests.conftest import same_bytes
+    from tests.helpers.kv import same_bytes
 
     return same_bytes(a, b)
 

@@ -14,7 +14,7 @@ from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.pages import PagedKV
 from kvtier.errors import ConfigError
 from kvtier.tiers.host import HostTier
-from tests.test_connector_scheduler import Request, request
+from tests.helpers.scheduler_side import Request, request
 
 spec_types = pytest.importorskip("vllm.v1.kv_cache_interface")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_engine import have_vllm
+from tests.helpers.vllm_engine import have_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 

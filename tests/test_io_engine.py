@@ -7,8 +7,8 @@ import time
 import pytest
 
 from kvtier.io.engine import IOEngine
-from tests.disk_helpers import wait_until
-from tests.fake_io import FakeEngine
+from tests.helpers.disk_helpers import wait_until
+from tests.helpers.fake_io import FakeEngine
 
 ENGINES = pytest.mark.parametrize("make", [IOEngine, FakeEngine])
 

@@ -9,7 +9,7 @@ import torch
 from kvtier import KVStore
 from kvtier.errors import ConfigError, LayoutError
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
 
 GPU, HOST = TierName.GPU, TierName.HOST
 
@@ -297,7 +297,7 @@ def test_a_put_longer_than_the_store_keeps_its_prefix_rather_than_evicting_it():
 
 
 def test_a_flush_of_device_pool_chunks_on_a_hung_disk_holds_nothing_once_it_answers(tmp_path):
-    from tests.fake_io import FakeEngine
+    from tests.helpers.fake_io import FakeEngine
 
     make, engines = FakeEngine.factory()
     tokens = seq(0, 2 * CHUNK)

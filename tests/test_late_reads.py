@@ -7,8 +7,8 @@ import torch
 from kvtier import KVStore
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
-from tests.fake_io import FakeEngine
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
 
 DISK = TierName.DISK
 

@@ -6,8 +6,8 @@ import threading
 import time
 
 from kvtier import KVStore
-from tests.conftest import SMALL, make_kv
-from tests.test_disk_store import config, exact, seq
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import config, exact, seq
 
 
 def open_fds() -> int:

@@ -15,8 +15,8 @@ from kvtier.io.safefs import SafeDir
 from kvtier.segment.names import WRITERS_DIR
 from kvtier.segment.seats import reclaim_segment
 from kvtier.shared.view import SharedView
-from tests.conftest import SMALL, make_kv
-from tests.test_disk_store import config, seq
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import config, seq
 
 
 def write_as(tmp_path, writer, start=0, **extra):
@@ -105,7 +105,7 @@ def test_a_segment_that_cannot_be_reclaimed_is_said_once_and_tried_once_per_time
 
 def test_each_engine_step_gives_back_the_space_of_reclaimed_segments(tmp_path, monkeypatch):
     from kvtier.connector.common.messages import StepPlan
-    from tests.test_connector_worker import worker
+    from tests.helpers.worker_side import worker
 
     side, _ = worker(tmp_path)
     sweeps = []

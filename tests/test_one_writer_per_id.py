@@ -12,9 +12,9 @@ from kvtier.io.safefs import SafeDir
 from kvtier.segment import cachedir
 from kvtier.segment.lease import LeaseInfo, held_elsewhere, read_lease
 from kvtier.segment.names import LOCK_FILE
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.test_disk_store import config, exact, seq
-from tests.test_shared_dir import wait_for
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.shared import wait_for
+from tests.helpers.store import config, exact, seq
 
 
 def segment_of(tmp_path, writer):

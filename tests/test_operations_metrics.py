@@ -13,8 +13,8 @@ from kvtier.config.settings import load_config
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.worker.ledger import WorkerLedger
-from tests.conftest import SMALL
-from tests.test_grafana_dashboard import free_port, served
+from tests.helpers.kv import SMALL
+from tests.helpers.metrics import free_port, served
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 TABLES = ("A `KVStore`", "A vLLM engine's scheduler side", "A vLLM engine's worker")

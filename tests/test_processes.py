@@ -14,7 +14,7 @@ SECONDS = 6
 
 
 def run_two(first: Path, second: Path, out: Path) -> list[dict]:
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.mixed_load", str(path), str(SECONDS),
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.mixed_load", str(path), str(SECONDS),
                                str(seed), str(out / f"p{seed}.json")], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for seed, path in enumerate([first, second])]

@@ -9,14 +9,14 @@ from pathlib import Path
 
 from kvtier.connector.common.engine_writer import leaders_writer
 from kvtier.segment.names import host_name
-from tests.test_connector_worker import GEO
+from tests.helpers.worker_side import GEO
 
 ROOT = Path(__file__).resolve().parents[1]
 
 HOLD = """
 import sys, time
 from kvtier.disk.tier import DiskTier
-from tests.test_connector_worker import GEO
+from tests.helpers.worker_side import GEO
 tier = DiskTier([sys.argv[1]], GEO.namespace("m", "", 2, 0), GEO.chunk_bytes,
                 8 * (4096 + GEO.chunk_bytes), writers=[sys.argv[2]], share_writers=4)
 print("ready", flush=True)
@@ -27,7 +27,7 @@ RANK_1 = """
 import sys, torch
 from kvtier.config.settings import load_config
 from kvtier.connector.worker.side import WorkerSide
-from tests.test_connector_worker import BLOCK, BLOCKS, GEO, HIDDEN, LAYERS
+from tests.helpers.worker_side import BLOCK, BLOCKS, GEO, HIDDEN, LAYERS
 config = load_config({"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes,
                       "disk_paths": [sys.argv[1]], "disk_capacity": 8 * (4096 + GEO.chunk_bytes),
                       "disk_min_free": 0, "share_writers": 4}, environ={})

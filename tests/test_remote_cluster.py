@@ -17,7 +17,7 @@ import pytest
 from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, RedisTier
-from tests.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
 RAW = 4096
@@ -160,7 +160,7 @@ def test_the_documented_acls_run_a_tier_and_a_missing_permission_is_named(tmp_pa
 
 
 def test_a_hung_node_costs_a_batch_one_timeout_not_one_per_key(tmp_path):
-    from tests.redis_server import RedisCluster
+    from tests.helpers.redis_server import RedisCluster
 
     cluster = RedisCluster(tmp_path / "cluster").start()
     keys = [key(i) for i in range(48)]

@@ -5,7 +5,6 @@ right one, and hits through the store resume once it is back."""
 
 import os
 import signal
-import threading
 import time
 
 import numpy as np
@@ -14,73 +13,18 @@ import torch
 
 from kvtier import KVStore
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
-from tests.redis_server import RedisCluster, RedisServer, needs_redis
+from tests.helpers.faults import Load, check
+from tests.helpers.kv import CHUNK, SMALL, make_kv, same_bytes
+from tests.helpers.redis_server import RedisCluster, RedisServer, needs_redis
 
 pytestmark = [needs_redis, pytest.mark.slow]
 CHUNK_BYTES = SMALL.token_bytes * CHUNK
-PROMPTS = [np.random.default_rng(i).integers(0, 30000, 4 * CHUNK).tolist() for i in range(24)]
-HANG_BOUND_S = 20.0  # far above remote_timeout: a call this slow means something blocked
 
 
 def store(url: str, **config) -> KVStore:
     cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "remote_url": url,
            "remote_timeout": "300ms", "remote_retry": "200ms", "io_threads": 2, **config}
     return KVStore(SMALL, cfg, model="m")
-
-
-class Load:
-    """Threads putting and getting PROMPTS on stores until stopped, checking every byte."""
-
-    def __init__(self, stores: list[KVStore], threads_each: int = 2) -> None:
-        self.stop = threading.Event()
-        self.errors: list[str] = []
-        self.gets = self.served = self.wrong = 0
-        self.slowest = 0.0
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(s, 1000 * i + j))
-                         for i, s in enumerate(stores) for j in range(threads_each)]
-
-    def __enter__(self) -> "Load":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
-        assert not any(t.is_alive() for t in self._threads), "a load thread never returned"
-
-    def _run(self, s: KVStore, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        while not self.stop.is_set():
-            toks = PROMPTS[int(rng.integers(len(PROMPTS)))]
-            started = time.monotonic()
-            try:
-                if rng.random() < 0.4:
-                    s.put(toks, make_kv(toks))
-                    n, ok = 0, True
-                else:
-                    out = torch.zeros_like(make_kv(toks))
-                    n = s.get(toks, out)
-                    ok = same_bytes(out[:, :, :n], make_kv(toks)[:, :, :n])
-            except Exception as exc:  # a call that raised: the test fails
-                with self._lock:
-                    self.errors.append(repr(exc))
-                continue
-            with self._lock:
-                self.slowest = max(self.slowest, time.monotonic() - started)
-                self.gets += 1
-                self.served += n
-                self.wrong += not ok
-
-
-def check(load: Load) -> None:
-    assert load.errors == []
-    assert load.wrong == 0
-    assert load.slowest < HANG_BOUND_S
-    assert load.gets > 0
 
 
 def eventually_hits_remote(reader: KVStore, writer: KVStore, seed: int, timeout: float = 30.0) -> None:

@@ -12,7 +12,7 @@ import pytest
 from kvtier.config.mooncake_url import MooncakeOptions, check_url, parse_url
 from kvtier.keys import Namespace
 from kvtier.remote.mooncake_tier import MooncakeTier
-from tests.mooncake_server import run_in_namespace, skip_reason
+from tests.helpers.mooncake_server import run_in_namespace, skip_reason
 
 GLOG_LINE = re.compile(r"(E +)?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")  # Mooncake's own log lines
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)

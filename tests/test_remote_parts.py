@@ -11,7 +11,7 @@ from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import RedisTier
 from kvtier.remote.values import INDEX_ENTRY_BYTES, ValueFormat, decode_value_header, value_key
-from tests.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_server import RedisServer, needs_redis
 
 PARTS = (8192, 24576, 16384, 16384)  # a full group's part, then sliding ones
 RAW = sum(PARTS)
@@ -170,7 +170,7 @@ def test_a_store_down_answers_every_read_in_part(tmp_path):
 
 @needs_redis
 def test_a_cluster_reads_in_part_across_its_nodes(tmp_path):
-    from tests.redis_server import RedisCluster
+    from tests.helpers.redis_server import RedisCluster
 
     cluster = RedisCluster(tmp_path / "cluster").start()
     try:

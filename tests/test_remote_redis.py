@@ -13,7 +13,7 @@ from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import PASSWORD_ENV, RedisTier, check_url
 from kvtier.remote.values import VALUE_HEADER_BYTES, value_key
-from tests.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
 RAW = 64 * 1024
@@ -198,7 +198,7 @@ def test_a_put_to_a_store_that_died_is_a_failure_and_a_hung_one_times_out(server
 
 
 def test_a_cluster_spreads_the_chunks_over_its_nodes(tmp_path):
-    from tests.redis_server import RedisCluster
+    from tests.helpers.redis_server import RedisCluster
 
     cluster = RedisCluster(tmp_path / "cluster").start()
     try:

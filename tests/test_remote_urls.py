@@ -15,7 +15,7 @@ from kvtier.errors import ConfigError
 from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import PASSWORD_ENV, RedisTier
-from tests.test_cli import run
+from tests.helpers.cli import run
 
 SECRET = "hunter2"
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)

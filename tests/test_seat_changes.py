@@ -15,8 +15,8 @@ from kvtier.segment import seats as seats_module
 from kvtier.segment.cachedir import CacheDirError
 from kvtier.segment.seat_files import read_holder
 from kvtier.segment.seats import claim_seat
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.test_disk_store import STRIDE, config, exact, seq
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.store import STRIDE, config, exact, seq
 
 
 def run(root, name, tokens, **extra) -> None:

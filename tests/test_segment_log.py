@@ -24,7 +24,7 @@ from kvtier.segment.log import (
     entries_of,
 )
 from kvtier.segment.names import LOG_FILE
-from tests.disk_helpers import NS, RAW, chunk, key, make_tier
+from tests.helpers.disk_helpers import NS, RAW, chunk, key, make_tier
 
 DIGEST = NS.digest()
 

@@ -9,14 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from tests.redis_server import needs_redis
-from tests.vllm_engine import ROOT
+from tests.helpers.redis_server import needs_redis
+from tests.helpers.vllm_engine import ROOT
 
 STARTER = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from tests.redis_server import RedisServer
+from tests.helpers.redis_server import RedisServer
 server = RedisServer(Path(sys.argv[2])).start()
 print(json.dumps({"pid": server.process.pid, "port": server.port}), flush=True)
 time.sleep(120)

@@ -7,22 +7,11 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, SMALL, make_kv
-from tests.test_disk_store import STRIDE, config, exact, load, seq
+from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.shared import shared, wait_for
+from tests.helpers.store import STRIDE, config, exact, load, seq
 
 HOST, DISK, SHARED = TierName.HOST, TierName.DISK, TierName.SHARED
-
-
-def shared(path, name, **extra):
-    return config(path, **{"instance_id": name, "share_refresh": "50ms", "share_writers": 4,
-                           **extra})
-
-
-def wait_for(condition, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "not seen in time"
-        time.sleep(0.02)
 
 
 def test_a_store_reads_what_another_store_on_the_directory_wrote(tmp_path):
@@ -329,7 +318,6 @@ def test_junk_in_writers_never_hides_the_real_writers(tmp_path):
     with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:  # refreshed as it opens
         assert [w.writer for w in b.writers()] == ["a"]
         assert exact(b, tokens) == 2 * CHUNK
-
 
 
 def test_a_writer_whose_segment_is_reclaimed_as_it_opens_never_writes_without_a_seat(

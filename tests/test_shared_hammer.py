@@ -14,7 +14,7 @@ SECONDS = 6.0
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.shared_hammer", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "tests.helpers.shared_hammer", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.shared_stress import WRITERS
+from tests.helpers.shared_stress import WRITERS
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE = 3.0  # seconds between kills, and after the last restart
@@ -23,7 +23,7 @@ def launch(tmp_path: Path, name: str, seed: int) -> subprocess.Popen:
     """A worker for ``name``; its output goes to ``NAME-SEED.log``."""
     with (tmp_path / f"{name}-{seed}.log").open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.shared_stress", str(tmp_path / "cache"), name,
+            [sys.executable, "-m", "tests.helpers.shared_stress", str(tmp_path / "cache"), name,
              str(seed), str(tmp_path / "stop"), str(tmp_path / f"{name}.json")],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
 

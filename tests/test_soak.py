@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.redis_server import needs_redis
+from tests.helpers.redis_server import needs_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,10 +10,10 @@ import torch
 
 from kvtier import KVStore
 from kvtier.errors import StoreClosedError
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
-from tests.disk_helpers import wait_until
-from tests.fake_io import FakeEngine
-from tests.test_disk_store import config, seq
+from tests.helpers.disk_helpers import wait_until
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+from tests.helpers.store import config, seq
 
 
 def store_config(path, disk: bool) -> dict:

@@ -12,10 +12,10 @@ from kvtier.keys import ChunkKey
 from kvtier.store.staging import Stagings
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import Location, StorePlan
-from tests.conftest import CHUNK, SMALL, bookkeeping, make_kv, same_bytes
-from tests.disk_helpers import failing_io, wait_until
-from tests.fake_io import FakeEngine
-from tests.test_disk_store import config, seq
+from tests.helpers.disk_helpers import failing_io, wait_until
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, SMALL, bookkeeping, make_kv, same_bytes
+from tests.helpers.store import config, seq
 
 DISK = TierName.DISK
 

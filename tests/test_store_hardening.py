@@ -13,9 +13,9 @@ from kvtier import KVStore
 from kvtier.errors import ConfigError, LayoutError, StoreClosedError, TokenError
 from kvtier.tiers.base import TierName
 from kvtier.tiers.host import physical_memory
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv
-from tests.disk_helpers import delayed_io
-from tests.test_disk_store import config, exact, load, seq
+from tests.helpers.disk_helpers import delayed_io
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv
+from tests.helpers.store import config, exact, load, seq
 
 HOST, DISK = TierName.HOST, TierName.DISK
 

@@ -17,9 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from kvtier import KVStore
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, SMALL, background_writes, bookkeeping, make_kv, same_bytes
-from tests.fake_io import FakeEngine
-from tests.test_disk_store import config, exact, seq
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, SMALL, background_writes, bookkeeping, make_kv, same_bytes
+from tests.helpers.store import config, exact, seq
 
 HOST, DISK = TierName.HOST, TierName.DISK
 HOST_CHUNKS = 4

@@ -15,9 +15,9 @@ from kvtier import KVStore
 from kvtier.errors import ConfigError
 from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, SMALL, make_kv, same_bytes
-from tests.fake_io import FakeEngine
-from tests.redis_server import RedisServer, needs_redis
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, SMALL, make_kv, same_bytes
+from tests.helpers.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
 REMOTE, HOST, DISK = TierName.REMOTE, TierName.HOST, TierName.DISK

@@ -8,7 +8,7 @@ import torch
 
 from kvtier import KVLayout, KVStore
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
 
 HOST, DISK = TierName.HOST, TierName.DISK
 # 3 tokens of 96 bytes: a 288-byte chunk in a 4096-byte slot, so a run's rows are strided

@@ -40,8 +40,8 @@ from kvtier import KVLayout, KVStore
 from kvtier.io.buffers import align_up
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, background_writes, bookkeeping, make_kv, same_bytes
-from tests.fake_io import FakeEngine
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, background_writes, bookkeeping, make_kv, same_bytes
 
 GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
 # A chunk's part of a row is one page here (16 tokens x 128 lanes x 2 bytes): gets into

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from tests.script_module import load_script
-from tests.vllm_engine import ROOT
+from tests.helpers.script_module import load_script
+from tests.helpers.vllm_engine import ROOT
 
 
 def test_every_arm_runs_by_default_and_a_hit_from_disk_brings_the_store_it_loads():

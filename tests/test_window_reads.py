@@ -31,10 +31,11 @@ from kvtier.io.format import (
 )
 from kvtier.io.result import IOStatus
 from kvtier.tiers.base import TierName
-from tests.disk_helpers import NS, chunk, key, slot_files
-from tests.fake_io import FakeEngine
-from tests.test_cli_cache import as_json
-from tests.test_connector_scheduler import Request, request
+from tests.helpers.cli import as_json
+from tests.helpers.disk_helpers import NS, chunk, key, slot_files
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.scheduler_side import Request, request
+from tests.helpers.window import BLOCK, BLOCKS, CHUNK, HIDDEN, LAYERS, WORKER_GEO, same
 
 PARTS = (8192, 4096)  # two groups' parts of a 12 KiB chunk
 RAW = sum(PARTS)
@@ -183,7 +184,6 @@ def test_verify_checks_every_part_of_a_slot(tmp_path):
 
 # -- planning a load ----------------------------------------------------------------------
 
-BLOCK, CHUNK = 16, 32
 GEO = KVGeometry(4, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t", group_layers=(2, 2),
                  group_kinds=("full", "sliding32"))
 ALL_SLIDING = KVGeometry(2, 4096, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
@@ -375,14 +375,6 @@ def test_the_bytes_a_load_needs_are_the_parts_of_groups_keeping_its_blocks():
 
 
 # -- the worker ---------------------------------------------------------------------------
-
-LAYERS, BLOCKS, HIDDEN = 4, 16, 64
-WORKER_GEO = KVGeometry(LAYERS, 2 * BLOCK * HIDDEN * 2, BLOCK, BLOCK, CHUNK, "bfloat16", "t",
-                        group_layers=(2, 2), group_kinds=("full", "sliding32"))
-
-
-def same(a, b) -> bool:
-    return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 def parted_worker(tmp_path, **extra) -> tuple[WorkerSide, list[torch.Tensor]]:

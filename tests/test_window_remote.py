@@ -8,10 +8,10 @@ import pytest
 from kvtier.connector.common.messages import NULL_BLOCK, StepPlan
 from kvtier.remote.values import ValueFormat
 from kvtier.tiers.base import TierName
-from tests.redis_server import RedisServer, needs_redis
-from tests.test_connector_remote import Engine
-from tests.test_connector_scheduler import CHUNK, request
-from tests.test_window_reads import WORKER_GEO, same
+from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.remote_engine import Engine
+from tests.helpers.scheduler_side import CHUNK, request
+from tests.helpers.window import WORKER_GEO, same
 
 pytestmark = needs_redis
 GEO = WORKER_GEO  # two groups of two layers: full attention, then a 32-token window

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.vllm_engine import ROOT, have_vllm
+from tests.helpers.vllm_engine import ROOT, have_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not have_vllm(), reason="vLLM not installed")]
 

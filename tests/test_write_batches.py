@@ -11,10 +11,10 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.tiers.base import TierName
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv
-from tests.disk_helpers import wait_until
-from tests.fake_io import FakeEngine
-from tests.test_disk_store import config, exact, seq
+from tests.helpers.disk_helpers import wait_until
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv
+from tests.helpers.store import config, exact, seq
 
 HOST, DISK = TierName.HOST, TierName.DISK
 STRIDE = 4096 + CHUNK_BYTES

@@ -7,7 +7,7 @@ hold up the others. Jobs are callables doing positional, vectored reads and writ
 falls behind beside a busy Python thread (docs/benchmarks.md), so neither is used.
 
 Owners take the engine as an :class:`IOExecutor` built by an :data:`EngineFactory`, so tests
-pass an engine of their own (``tests/fake_io.py``) to hold, fail or hang jobs without sleeping.
+pass an engine of their own (``tests/helpers/fake_io.py``) to hold, fail or hang jobs without sleeping.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A store under heavy writes, to be killed with SIGKILL by tests/test_crash.py.
 
-    python -m tests.crash_writer DIR SEED
+    python -m tests.helpers.crash_writer DIR SEED
 
-Prints the number of each sequence it has put, one per line, flushed.
+Prints the number of each sequence it has put, one per line, flushed. The test reopens the
+store with the same config and checks the same sequences.
 """
 
 import sys
@@ -10,8 +11,19 @@ import sys
 import numpy as np
 
 from kvtier import KVStore
-from tests.conftest import SMALL, make_kv
-from tests.test_crash import crash_config, sequence
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv
+
+
+def crash_config(path):
+    return {"chunk_tokens": CHUNK, "host_capacity": 4 * CHUNK_BYTES, "disk_paths": [str(path)],
+            "disk_capacity": 96 * (4096 + CHUNK_BYTES), "disk_min_free": 0, "io_threads": 4,
+            "model": "test-model"}
+
+
+def sequence(seed: int, i: int, chunks: int) -> list[int]:
+    start = seed * 10_000_000 + i * 1000
+    return list(range(start, start + chunks * CHUNK))
+
 
 if __name__ == "__main__":
     directory, seed = sys.argv[1], int(sys.argv[2])

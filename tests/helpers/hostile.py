@@ -1,22 +1,25 @@
 """Helpers for the hostile-cache-directory tests: a real namespace (one writer's segment) to
-damage, a decoy tree outside the root whose every byte must survive, and the CLI run
-in-process with a time bound."""
+damage, a decoy tree outside the root whose every byte must survive, the CLI run
+in-process with a time bound, and a stopped writer's namespace with seat files to plant."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import stat
+import time
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from kvtier import KVStore
 from kvtier.cli.main import app
-from tests.conftest import SMALL, make_kv
-from tests.test_disk_store import config, seq
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.shared import shared
+from tests.helpers.store import config, seq
 
 EXIT_CODES = {0, 1, 2}  # docs/cli.md: ok, a problem found (or left alone), could not run
 
@@ -96,3 +99,23 @@ def cli(*args: object, bound: int = 30):
     assert result.exit_code in EXIT_CODES, (args, result.exit_code, result.output)
     assert "Traceback" not in result.output, result.output
     return result.exit_code, result.output
+
+
+def stopped_writer_namespace(tmp_path):
+    """The namespace directory of one writer "x" that was stopped, its segment and seat gone."""
+    with KVStore(SMALL, shared(tmp_path, "x", share_writers=1)):
+        pass
+    (ns,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    shutil.rmtree(ns / "writers")
+    (ns / "seats" / "seat-0000").unlink()
+    return ns
+
+
+def seat_file(ns, content: bytes, age_s: float = 0.0, name="seat-0000"):
+    path = ns / "seats" / name
+    path.write_bytes(content)
+    os.chmod(path, 0o600)
+    if age_s:
+        past = time.time() - age_s
+        os.utime(path, (past, past))
+    return path

@@ -1,6 +1,6 @@
 """One process of tests/test_processes.py: a store under mixed load from several threads.
 
-    python -m tests.mixed_load DIR SECONDS SEED OUT.json
+    python -m tests.helpers.mixed_load DIR SECONDS SEED OUT.json
 
 Threads put and get overlapping prefixes (the families of scripts/soak.py) and check every
 byte they get back. Open descriptors and resident memory are sampled once warmed up (a third
@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from soak import LAYOUT, config, resident_mib, worker
 

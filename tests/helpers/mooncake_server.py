@@ -7,7 +7,7 @@ inside a private network namespace that holds nothing but loopback (``unshare -n
 root): ``run_in_namespace`` starts a command there, ``inside_namespace`` tells a test it is.
 Every wait is bounded.
 
-    python tests/mooncake_server.py hold 127.0.0.1:50051 64MiB   # the holder
+    python tests/helpers/mooncake_server.py hold 127.0.0.1:50051 64MiB   # the holder
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 if not __package__:  # run as a script (the holder): the repository root on the path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.subprocesses import die_with_parent
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers.subprocesses import die_with_parent
 
 NETNS_ENV = "MOONCAKE_PRIVATE_NETNS"  # set by run_in_namespace for what it starts
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def master_binary() -> Path | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.subprocesses import die_with_parent
+from tests.helpers.subprocesses import die_with_parent
 
 BINARY = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(BINARY is None, reason="redis-server is not installed "

@@ -6,7 +6,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
-from tests.vllm_engine import ROOT
+from tests.helpers.vllm_engine import ROOT
 
 
 def load_script(name: str) -> ModuleType:

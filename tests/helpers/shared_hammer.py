@@ -1,7 +1,7 @@
 """One process of tests/test_shared_hammer.py: a writer or a reader on a shared directory.
 
-    python -m tests.shared_hammer writer DIR NAME SEED
-    python -m tests.shared_hammer reader DIR NAME SEED SECONDS OUT.json
+    python -m tests.helpers.shared_hammer writer DIR NAME SEED
+    python -m tests.helpers.shared_hammer reader DIR NAME SEED SECONDS OUT.json
 
 The writer puts prefixes of one family over and over into a disk tier of a few chunks, so
 its slots are overwritten all the time, until it is killed. A reader gets prefixes of the
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from kvtier import KVStore
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
 
 PREFIXES = 12  # prefixes in the family, 3 chunks each: 36 chunks over a disk of 8
 

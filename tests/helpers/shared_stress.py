@@ -1,6 +1,6 @@
 """One process of tests/test_shared_stress.py: a writer and reader of a shared directory.
 
-    python -m tests.shared_stress DIR NAME SEED STOP_FILE OUT.json
+    python -m tests.helpers.shared_stress DIR NAME SEED STOP_FILE OUT.json
 
 It opens a KVStore under instance_id NAME on DIR (one of WRITERS segments of a few chunks
 each) and runs THREADS threads that each put and get prefixes of one family at random, from
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from kvtier import KVStore
-from tests.conftest import CHUNK, CHUNK_BYTES, SMALL, make_kv
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv
 
 WRITERS = 3  # share_writers: one seat each, so a restarted writer must get its own back
 THREADS = 3

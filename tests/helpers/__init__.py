@@ -1,0 +1,1 @@
+"""Helpers the tests share: fakes, servers, subprocess bodies and common setups."""
