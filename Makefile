@@ -30,7 +30,7 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=20
 
 demo: $(STAMP)
 	$(BIN)/python scripts/ttft.py $(DEMO_ARGS)
