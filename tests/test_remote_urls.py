@@ -37,6 +37,12 @@ CARRYING_SECRETS = [
     f"mooncake://10.0.0.1:50051?{SECRET}",
     f"valkey://kvtier:{SECRET}@10.0.0.5:6379",
     f"redis://kvtier:{SECRET}@10.0.0.5:abc/0",
+    f"redis://default:{SECRET}/0",  # the '@host' forgotten: the password reads as a port
+    f"redis://default:{SECRET}",
+    f"redis://127.0.0.1:6379/{SECRET}",  # a password pasted where the database goes
+    f"rediss+cluster://[::1]:{SECRET}/0",
+    f"mooncake://admin:{SECRET}",
+    f"mooncake://10.0.0.1:50051/{SECRET}",
 ]
 
 
@@ -130,7 +136,10 @@ def test_the_cli_never_prints_a_credential_of_a_remote_url():
     for args, env in [(("inspect", f"redis://127.0.0.1:1/0?password={SECRET}"), {}),
                       (("inspect", f"redis://kvtier:{SECRET}@127.0.0.1:1/0"), {}),
                       (("config",), {"KVTIER_REMOTE_URL": f"redis://127.0.0.1:1/0?password={SECRET}"}),
-                      (("config", "--json"), {"KVTIER_REMOTE_URL": f"mooncake://a:{SECRET}@h:1"})]:
+                      (("config", "--json"), {"KVTIER_REMOTE_URL": f"mooncake://a:{SECRET}@h:1"}),
+                      (("inspect", f"redis://default:{SECRET}/0"), {}),
+                      (("inspect", f"redis://127.0.0.1:1/{SECRET}"), {}),
+                      (("config",), {"KVTIER_REMOTE_URL": f"redis://default:{SECRET}/0"})]:
         result = run(*args, env=env)
         assert result.returncode != 0, (args, result.stdout)
         assert SECRET not in result.stdout + result.stderr, (args, result.stderr)

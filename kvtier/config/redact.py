@@ -1,9 +1,11 @@
 """A remote store's URL as logs, errors and ``describe()`` may show it: never a credential.
 
-``redacted(url)`` keeps the scheme, host, port and path, and hides what could hold a secret:
-everything before the last ``@`` (``user:password@``, whatever the URL's shape), every query
-value (``?ssl_certfile=***``) and the fragment. It never raises, even on a URL that does not
-parse: a URL refused as malformed is shown through it too.
+``redacted(url)`` keeps the scheme, the host, a numeric port and a numeric path (a database
+number), and hides what could hold a secret: everything before the last ``@``
+(``user:password@``, whatever the URL's shape), a port that is not a number (a password whose
+``@host`` was forgotten reads as one: ``redis://default:PASSWORD/0``), a path that is not a
+number, every query value (``?ssl_certfile=***``) and the fragment. It never raises, even on
+a URL that does not parse: a URL refused as malformed is shown through it too.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def redacted(url: str) -> str:
         scheme, rest = "", head
     if "@" in url:  # a password may hold '/', '?' or '#': hide up to the last '@' of all
         rest = HIDDEN + "@" + _after_last_at(url)
-    text = (scheme + sep if sep else "") + rest
+    text = (scheme + sep if sep else "") + _plain_parts(rest)
     if mark == "?":
         query, _, fragment = tail.partition("#")
         text += "?" + "&".join(_hidden_value(pair) for pair in query.split("&") if pair)
@@ -31,6 +33,20 @@ def redacted(url: str) -> str:
     elif mark == "#":
         text += "#" + HIDDEN
     return text if len(text) <= _MAX_CHARS else text[:_MAX_CHARS - 3] + "..."
+
+
+def _plain_parts(rest: str) -> str:
+    """``host[:port][/path]`` with a port or a path that is not a number hidden."""
+    netloc, slash, path = rest.partition("/")
+    bracket = netloc.rfind("]")  # an IPv6 address: its colons are not a port's
+    host, colon, port = netloc[:bracket + 1], *netloc[bracket + 1:].partition(":")[1:]
+    if bracket < 0:
+        host, colon, port = netloc.partition(":")
+    if colon and not port.isdigit():
+        port = HIDDEN
+    if path and not path.isdigit():
+        path = HIDDEN
+    return host + colon + port + slash + path
 
 
 def _split_query(url: str) -> tuple[str, str, str]:
