@@ -416,3 +416,14 @@ def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats
     started = written - (beats - 1) * every_s * 10**9
     lease = LeaseInfo("w", host or host_name(), 1, beats, started, written, 0, stated_s * 1000)
     assert bool(held_elsewhere(lease, now)) is live
+
+
+def test_a_disk_path_that_is_a_symlink_to_a_directory_is_named_a_symlink(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with KVStore(SMALL, config(link)) as store:
+        (reason,) = store.disk.down_paths.values()
+    assert f"{link} is a symlink" in reason and "not a directory" not in reason
+    assert not any(real.iterdir())  # nothing written through the link

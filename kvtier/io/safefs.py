@@ -25,6 +25,8 @@ import itertools
 import os
 import secrets
 import stat
+from collections.abc import Callable
+from functools import partial
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -112,7 +114,7 @@ class SafeDir:
             raise CacheDirError(errno.ENOENT, f"cache path {path} does not exist; create it "
                                 "(mode 0700) or fix disk_paths") from None
         except OSError as exc:
-            raise _refused(path, exc) from None
+            raise _refused(path, exc, partial(os.lstat, path)) from None
         return cls._checked(fd, path)
 
     @classmethod
@@ -154,7 +156,7 @@ class SafeDir:
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=self.fd)
         except OSError as exc:
-            raise _refused(self._where(name), exc) from None
+            raise _refused(self._where(name), exc, partial(os.lstat, name, dir_fd=self.fd)) from None
         return SafeDir._checked(fd, self._where(name))
 
     def open_file(self, name: str, flags: int, *, create: bool = False) -> int:
@@ -262,9 +264,13 @@ def read_at(fd: int, length: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def _refused(where: str, exc: OSError) -> OSError:
+def _refused(where: str, exc: OSError,
+             lstat: Callable[[], os.stat_result] | None = None) -> OSError:
     """The error for an entry that could not be opened: ``UnsafeEntry`` for a symlink or a
-    non-directory, the original error (with the path) otherwise."""
+    non-directory, the original error (with the path) otherwise. ``lstat`` tells a symlink
+    to a directory (refused as not a directory, ``ENOTDIR``) from a file."""
+    if exc.errno == errno.ENOTDIR and lstat is not None and _is_link(lstat):
+        exc = OSError(errno.ELOOP, exc.strerror)
     if exc.errno == errno.ELOOP:
         return UnsafeEntry(errno.ELOOP, f"{where} is a symlink; kvtier never follows one: "
                            "name the real directory, or remove the link")
@@ -276,3 +282,10 @@ def _refused(where: str, exc: OSError) -> OSError:
     if exc.errno == errno.ENXIO:
         return UnsafeEntry(errno.EPERM, f"{where} is a special file; remove it")
     return type(exc)(exc.errno, f"{where}: {exc.strerror}")
+
+
+def _is_link(lstat: Callable[[], os.stat_result]) -> bool:
+    try:
+        return stat.S_ISLNK(lstat().st_mode)
+    except OSError:
+        return False
