@@ -433,3 +433,41 @@ def test_top_refreshes_in_place_in_a_terminal_quits_on_ctrl_c_and_on_a_lost_endp
         assert "Traceback" not in lost
     finally:
         tmux.close()
+
+
+class CountingValues(dict):
+    """A scrape's samples that count how many entries every pass over them reads."""
+
+    read = 0
+
+    def __iter__(self):
+        for key in super().__iter__():
+            CountingValues.read += 1
+            yield key
+
+
+class CountingLabels(tuple):
+    """A sample's label set that counts how often it is looked through."""
+
+    def __iter__(self):
+        CountingValues.read += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("extra", [2_000, 8_000])
+def test_top_reads_a_page_a_bounded_number_of_times_whatever_its_size(extra):
+    """A page of N samples (here many distinct failure-like names and many tiers) costs
+    O(N) to show: every figure once went over every sample (quadratic: 10,000 samples took
+    over a minute)."""
+    samples = [{"name": "kvtier_slots", "labels": {"tier": "host"}, "value": "4"},
+               {"name": "kvtier_chunks_loaded_total", "labels": {"tier": "host"}, "value": "1"}]
+    samples += [{"name": f"kvtier_failure{i}_total", "labels": {}, "value": "1"}
+                for i in range(extra // 2)]
+    samples += [{"name": "kvtier_slots", "labels": {"tier": f"t{i}"}, "value": "1"}
+                for i in range(extra // 2)]
+    before = Scrape.of("u", 0.0, samples)
+    after = Scrape("u", 1.0, CountingValues({(name, CountingLabels(labels)): value for
+                                             (name, labels), value in before.values.items()}))
+    CountingValues.read = 0
+    shown = figures(before, after)
+    assert shown.tiers and CountingValues.read <= 8 * len(samples)

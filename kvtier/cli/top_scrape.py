@@ -7,6 +7,7 @@ import http.client
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from urllib.parse import SplitResult
 
 from kvtier.cli.stats import MetricsError, fetch, parse_samples
@@ -28,10 +29,31 @@ class Scrape:
         return cls(url, at, {(s["name"], tuple(sorted(s["labels"].items()))): float(s["value"])
                              for s in samples})
 
+    @cached_property
+    def _by_name(self) -> dict[str, list[Labels]]:
+        """The label sets of each sample name, made once: a page of N samples costs O(N) to
+        show, not O(N) per figure."""
+        by_name: dict[str, list[Labels]] = {}
+        for name, labels in self.values:
+            by_name.setdefault(name, []).append(labels)
+        return by_name
+
+    @cached_property
+    def _by_label(self) -> dict[tuple[str, str, str], list[Labels]]:
+        """The label sets of each sample name that carry each (label, value), made once."""
+        by_label: dict[tuple[str, str, str], list[Labels]] = {}
+        for name, labels in self.values:
+            for label, value in labels:
+                by_label.setdefault((name, label, value), []).append(labels)
+        return by_label
+
     def series(self, name: str, labels: Labels = ()) -> list[Labels]:
         """The label sets of the samples of ``name`` that carry all of ``labels``."""
-        wanted = set(labels)
-        return [have for sample, have in self.values if sample == name and wanted <= set(have)]
+        if not labels:
+            return list(self._by_name.get(name, ()))
+        (label, value), *rest = labels
+        found = self._by_label.get((name, label, value), [])
+        return [have for have in found if set(rest) <= set(have)] if rest else list(found)
 
     def value(self, name: str, labels: Labels = ()) -> float | None:
         """The sum of ``series(name, labels)``; None when there is none."""
@@ -40,11 +62,11 @@ class Scrape:
 
     def label_values(self, name: str, label: str) -> set[str]:
         """The values ``label`` takes on the samples of ``name``."""
-        return {dict(labels)[label] for sample, labels in self.values
-                if sample == name and label in dict(labels)}
+        return {dict(labels)[label] for labels in self._by_name.get(name, ())
+                if label in dict(labels)}
 
     def names(self) -> set[str]:
-        return {name for name, _ in self.values}
+        return set(self._by_name)
 
 
 class EndpointLost(Exception):
