@@ -191,8 +191,14 @@ def run_phases(llm, spec: dict) -> dict:
 
 
 def write_json(path: str, value: dict) -> None:
+    write_text(path, json.dumps(value))
+
+
+def write_text(path: str, text: str) -> None:
+    """``path`` holding ``text``, whole or not at all: whoever waits for it never reads it
+    half written."""
     with open(path + ".part", "w") as f:
-        json.dump(value, f)
+        f.write(text)
     os.replace(path + ".part", path)
 
 
@@ -213,13 +219,11 @@ def serve() -> None:
         except BaseException:
             import traceback
 
-            with open(out_path + ".done", "w") as f:
-                f.write(traceback.format_exc())
+            write_text(out_path + ".done", traceback.format_exc())
             raise
         finally:
             vllm.envs.disable_envs_cache()  # vLLM reads its variables afresh for the next run
-        with open(out_path + ".done", "w") as f:
-            f.write("ok")
+        write_text(out_path + ".done", "ok")
 
 
 def main() -> None:
