@@ -216,7 +216,9 @@ def test_a_path_taken_out_is_tried_again_and_comes_back(tmp_path, monkeypatch, c
         later = seq(50_000, 3)
         store.put(later, make_kv(later))  # tried again in the background
         store.flush()
-        assert not store.stats().paths_down and store.stats().paths_back == 1
+        # back at least once: a retry due while the writes still failed may have revived
+        # it (reopening needs no write) before the next write took it out again
+        assert not store.stats().paths_down and store.stats().paths_back >= 1
         store.put(seq(60_000, 3), make_kv(seq(60_000, 3)))
         store.flush()
         assert store.stats().disk_writes >= 3
