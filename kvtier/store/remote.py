@@ -79,6 +79,10 @@ class StoreRemote:
             count += 1
         return count
 
+    def held(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """``present(keys)`` as a flag per key of the leading run (a prefix walk's answer)."""
+        return [True] * self.present(keys)
+
     def reached_host(self, key: ChunkKey, slot: int) -> None:
         if not self._min_hits and key not in self._known:
             self._queue(key, slot)
