@@ -1,6 +1,7 @@
 """The redis-py client a ``RedisTier`` talks through: one server or a cluster, built from
-a parsed URL (``redis_url``), with a socket timeout, no client-side retries, and credentials
-from the environment only."""
+a parsed URL (``redis_url``), with a socket timeout, no client-side retries, credentials
+from the environment only, and sockets that honour the calling thread's deadline
+(``deadline.bounded``: one bound on a whole round trip, not on each receive)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtier.config.redis_url import PASSWORD_ENV, USER_ENV, parse_url
+from kvtier.remote.deadline import deadline_class
 
 _NO_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.IGNORECASE)
 SECURITY = "docs/remote.md, Security"
@@ -31,6 +33,7 @@ def connect(url: str, timeout_s: float, environ: Mapping[str, str],
     none answers."""
     redis = client_module()
     from redis.backoff import NoBackoff
+    from redis.connection import Connection, SSLConnection
     from redis.retry import Retry
 
     url_options = parse_url(url)
@@ -38,13 +41,17 @@ def connect(url: str, timeout_s: float, environ: Mapping[str, str],
         "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
         "username": environ.get(USER_ENV) or None, "password": environ.get(PASSWORD_ENV) or None,
         "retry": Retry(NoBackoff(), 0), "ssl": url_options.tls, **dict(url_options.client)}
+    sockets = deadline_class(SSLConnection if url_options.tls else Connection)
     if url_options.cluster:
         from redis.cluster import ClusterNode, RedisCluster
 
         nodes = [(url_options.host, url_options.port), *startup]
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in dict.fromkeys(nodes)],
-                            **options)
-    return redis.Redis(host=url_options.host, port=url_options.port, db=url_options.db, **options)
+                            connection_class=sockets, **options)
+    client = redis.Redis(host=url_options.host, port=url_options.port, db=url_options.db,
+                         **options)
+    client.connection_pool.connection_class = sockets  # Redis() picks its own for TLS
+    return client
 
 
 def known_nodes(client: Any) -> list[tuple[str, int]]:

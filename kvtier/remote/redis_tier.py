@@ -3,9 +3,11 @@
 
 Credentials never come from the URL (``redis_url``; it is logged and shown redacted):
 ``KVTIER_REMOTE_USERNAME`` and ``KVTIER_REMOTE_PASSWORD`` in the environment. Every batch is
-one pipeline (one exchange per node: ``redis_cluster``), with a socket timeout and no
-client-side retries or re-sends: a slow or dead store or node is a miss now and a retry
-after ``retry_s``, never a stalled step.
+one pipeline (one exchange per node: ``redis_cluster``), bounded as a whole by
+``timeout_s`` (``deadline``: connecting, sending and every reply together, however slowly
+the store drips its answer), with no client-side retries or re-sends: a slow or dead store
+or node is a failure now (the tier out of service) and a retry after ``retry_s``, never a
+stalled step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvtier.config.redis_url import PASSWORD_ENV, SCHEMES, USER_ENV, check_url, 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
+from kvtier.remote.deadline import bounded
 from kvtier.remote.range_reads import RangeRead, answer_into
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_round_trip
@@ -79,13 +82,14 @@ class RedisTier(RemoteTier):
         the whole: a store or a node that does not answer fails it once."""
         if self.down:
             return self._out_of_service()
-        client = self._connected(what)
-        if isinstance(client, IOResult):
-            return client
-        try:
-            replies = self._round_trip(client, commands)
-        except Exception as exc:  # the client raises its own errors for every transport fault
-            return self._broken(what, exc)
+        with bounded(self._timeout_s):
+            client = self._connected(what)
+            if isinstance(client, IOResult):
+                return client
+            try:
+                replies = self._round_trip(client, commands)
+            except Exception as exc:  # the client raises its own errors for every transport fault
+                return self._broken(what, exc)
         self._succeeded()
         return replies
 
@@ -144,24 +148,24 @@ class RedisTier(RemoteTier):
         is the round trip's failure and drops the connection, which may be out of step."""
         if self.down:
             return self._out_of_service()
-        client = self._connected(what)
-        if isinstance(client, IOResult):
-            return client
-        try:
-            pool = client.connection_pool
-            connection = pool.get_connection()
-        except Exception as exc:
-            return self._failed(what, explained(exc))
-        try:
-            result = body(connection)
-        except Exception as exc:  # a transport fault or a stream out of step
-            connection.disconnect()
-            return self._failed(what, explained(exc))
-        else:
-            self._succeeded()
-            return result
-        finally:
-            pool.release(connection)
+        with bounded(self._timeout_s):
+            client = self._connected(what)
+            if isinstance(client, IOResult):
+                return client
+            try:
+                pool = client.connection_pool
+                connection = pool.get_connection()
+            except Exception as exc:
+                return self._failed(what, explained(exc))
+            try:
+                result = body(connection)
+            except Exception as exc:  # a transport fault or a stream out of step
+                connection.disconnect()
+                return self._failed(what, explained(exc))
+            finally:
+                pool.release(connection)
+        self._succeeded()
+        return result
 
     def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
         """GET each chunk in one pipelined round trip on one connection, each value read

@@ -1,0 +1,118 @@
+"""One overall deadline for a round trip to a store, over all its sends and receives.
+
+A socket timeout bounds each receive: a store that answers a few bytes just inside it, again
+and again, holds a round trip for as long as the value takes at that pace (minutes). Here a
+thread opens a deadline (``bounded(seconds)``) around a round trip, and every socket made by
+a ``DeadlineConnection`` (the redis-py connections of the remote tier and of ``kvtier
+inspect``) gives each send and receive only the time left before it, and fails with
+``TimeoutError`` once none is left: the round trip ends within its deadline, however the
+store answers. Outside a deadline the sockets behave as plain ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_current = threading.local()  # .at: the monotonic time this thread's round trip must end by
+
+
+@contextmanager
+def bounded(seconds: float | None) -> Iterator[None]:
+    """Within the block, this thread's deadline sockets end every send and receive by
+    ``seconds`` from now (None: no deadline of its own); an outer deadline that ends sooner
+    still holds."""
+    outer = getattr(_current, "at", None)
+    at = None if seconds is None else time.monotonic() + seconds
+    if outer is not None and (at is None or outer < at):
+        at = outer
+    _current.at = at
+    try:
+        yield
+    finally:
+        _current.at = outer
+
+
+def time_left() -> float | None:
+    """Seconds left before this thread's deadline (0 once past it), or None without one."""
+    at = getattr(_current, "at", None)
+    return None if at is None else max(0.0, at - time.monotonic())
+
+
+def expired() -> bool:
+    """Whether this thread is inside a deadline that has passed."""
+    return time_left() == 0.0
+
+
+class DeadlineSocket:
+    """A socket whose sends and receives end by the calling thread's deadline: each gets
+    the smaller of the timeout set on it and the time left (``TimeoutError`` when none is).
+    Everything else goes to the socket it wraps."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._timeout = sock.gettimeout()  # what the connection asked for
+
+    def settimeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+        self._sock.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        return self._timeout
+
+    def _arm(self) -> None:
+        left = time_left()
+        if left is None:
+            self._sock.settimeout(self._timeout)
+            return
+        if left <= 0.0:
+            raise TimeoutError("the round trip ran past its deadline (remote_timeout)")
+        self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
+
+    def recv(self, *args: Any) -> bytes:
+        self._arm()
+        return self._sock.recv(*args)
+
+    def recv_into(self, *args: Any) -> int:
+        self._arm()
+        return self._sock.recv_into(*args)
+
+    def send(self, *args: Any) -> int:
+        self._arm()
+        return self._sock.send(*args)
+
+    def sendall(self, *args: Any) -> None:
+        self._arm()
+        self._sock.sendall(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class DeadlineMixin:
+    """Mixed into a redis-py connection class: its socket is a ``DeadlineSocket``, and its
+    connect waits at most the time left too."""
+
+    socket_connect_timeout: float | None
+
+    def _connect(self) -> Any:
+        configured, left = self.socket_connect_timeout, time_left()
+        if left is not None:
+            if left <= 0.0:
+                raise TimeoutError("the round trip ran past its deadline (remote_timeout)")
+            self.socket_connect_timeout = left if configured is None else min(left, configured)
+        try:
+            sock = super()._connect()  # type: ignore[misc]
+        finally:
+            self.socket_connect_timeout = configured
+        return DeadlineSocket(sock)
+
+
+@functools.cache
+def deadline_class(base: type) -> type:
+    """``base`` (a redis-py connection class) with ``DeadlineMixin``."""
+    return type(f"Deadline{base.__name__}", (DeadlineMixin, base), {})
