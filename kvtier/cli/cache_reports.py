@@ -108,4 +108,7 @@ def print_clear(done: Removal) -> None:
     for name in done.in_use:
         console.print(f"{short_name(name)}: in use, left alone")
     for name, entries in done.left.items():
-        console.print(f"{short_name(name)}: left {', '.join(map(_show, entries))}")
+        if name in done.reasons:
+            console.print(f"{short_name(name)}: left alone: {_show(done.reasons[name])}")
+        else:
+            console.print(f"{short_name(name)}: left {', '.join(map(_show, entries))}")

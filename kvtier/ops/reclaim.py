@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
+from kvtier.ops.provenance import damaged_reason, removal_refusal
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
     free_slots,
     idle_for,
     in_use,
     index_entries,
-    is_proven,
     namespace_in_use,
     segment_problem,
 )
@@ -96,7 +96,7 @@ def _skip_unreadable(directory: NamespaceDir, report: GcReport) -> None:
     metadata (never a reason to delete), or, without ``stale``, another format version or
     no metadata (``--stale`` removes those)."""
     if directory.status == "damaged":
-        why = f"damaged ({directory.problem}): left alone; inspect shows why"
+        why = damaged_reason(directory)
     elif directory.status == "stale":
         version = directory.meta.format_version if directory.meta else 0
         why = f"written by format version {version}; --stale removes it"
@@ -165,9 +165,7 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
     except OSError as exc:
         done.left[directory.id] = [error_text(exc, str(directory.path))]
     report.segments_removed += done.segments_removed
-    for label in done.in_use:
-        report.skip(report.skipped_in_use, label)
-    report.left.update(done.left)
+    _take_left(done, report)
     return set(done.segments_removed) | skipped | set(done.in_use) | set(done.left)
 
 
@@ -236,13 +234,9 @@ def _victims(chunks: list[_Chunk], older_than_s: float | None,
 
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:
-    try:
-        proven = is_proven(directory)
-    except OSError:
-        proven = False
-    if not proven:
-        report.skip(report.skipped_unsafe, directory.id,
-                    "no namespace.json, and no slot header proves it kvtier's")
+    refusal = removal_refusal(directory)
+    if refusal:
+        report.skip(report.skipped_unsafe, directory.id, refusal)
     elif dry_run:
         if namespace_in_use(directory):
             report.skip(report.skipped_in_use, directory.id)
@@ -255,6 +249,13 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
         except OSError as exc:
             done.left[directory.id] = [error_text(exc, str(directory.path))]
         report.namespaces_removed += done.removed
-        for name in done.in_use:
-            report.skip(report.skipped_in_use, name)
-        report.left.update(done.left)
+        _take_left(done, report)
+
+
+def _take_left(done: Removal, report: GcReport) -> None:
+    """What a removal left alone, into ``report``: in use, unsafe (with why) and left."""
+    for name in done.in_use:
+        report.skip(report.skipped_in_use, name)
+    for name, why in done.reasons.items():
+        report.skip(report.skipped_unsafe, name, why)
+    report.left.update({k: v for k, v in done.left.items() if k not in done.reasons})

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text
-from kvtier.ops.segments import hold, is_proven
+from kvtier.ops.provenance import removal_refusal
+from kvtier.ops.segments import file_problem, hold
 from kvtier.segment.names import (
     INDEX_FILE,
     LEASE_FILE,
@@ -40,12 +41,20 @@ _NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format v
 @dataclass
 class Removal:
     """What removing namespaces did: namespaces and segments removed, segments (or old-layout
-    namespaces) in use and left alone, and what was left where, with why."""
+    namespaces) in use and left alone, and what was left where, with why: ``left`` names the
+    entries left in each place, or why it was left whole, and ``reasons`` says why each
+    namespace or segment that the rule of ``provenance`` keeps was left whole."""
 
     removed: list[str] = field(default_factory=list)
     segments_removed: list[str] = field(default_factory=list)
     in_use: list[str] = field(default_factory=list)
     left: dict[str, list[str]] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def keep(self, name: str, why: str) -> None:
+        """Record that ``name`` (a namespace or a segment) was left whole, and why."""
+        self.left[name] = [why]
+        self.reasons[name] = why
 
 
 def remove_dir(handle: SafeDir, name: str) -> bool:
@@ -77,13 +86,18 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
 
 
 def remove_segment(segment: Segment, ns_dir: SafeDir, writers: SafeDir, done: Removal) -> bool:
-    """Remove what kvtier wrote in a segment that is not in use, give back its writer's seat
-    (the lock still held, before the directory goes: see ``seats.reclaim_segment``), then
-    remove its directory if nothing else is left in it (``ns_dir`` is the namespace open,
-    ``writers`` its ``writers/``); record the outcome in ``done``; True when the segment is
-    gone."""
+    """Remove what kvtier wrote in a segment that is not in use and that ``inspect`` does not
+    call unsafe (``file_problem``: else it is left whole, and why goes to ``done``), give back
+    its writer's seat (the lock still held, before the directory goes: see
+    ``seats.reclaim_segment``), then remove its directory if nothing else is left in it
+    (``ns_dir`` is the namespace open, ``writers`` its ``writers/``); record the outcome in
+    ``done``; True when the segment is gone."""
     try:
         with writers.subdir(segment.writer) as handle:
+            unsafe = file_problem(handle)
+            if unsafe:
+                done.keep(segment.label, unsafe)
+                return False
             lock = hold(handle)
             try:
                 left = _remove_files(handle, _SEGMENT_FILES)
@@ -175,12 +189,14 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
 
 def clear(dirs: list[NamespaceDir]) -> Removal:
     """Remove whole namespaces that kvtier provably wrote (in each, the segments that are not
-    in use); namespaces not provably kvtier's are left alone with the reason."""
+    in use and not unsafe); the others (``provenance.removal_refusal``) are left alone with
+    the reason."""
     done = Removal()
     for directory in dirs:
         try:
-            if directory.unsafe or not is_proven(directory):
-                done.left[directory.id] = [directory.problem or "not provably written by kvtier"]
+            refusal = removal_refusal(directory)
+            if refusal:
+                done.keep(directory.id, refusal)
                 continue
             remove_namespace(directory, done)
         except OSError as exc:

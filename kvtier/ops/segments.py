@@ -16,8 +16,8 @@ import os
 import stat
 import time
 
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, HeaderError, SlotHeader, decode_header
-from kvtier.io.safefs import CacheDirError, SafeDir, kind_of, read_at
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader
+from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
 from kvtier.segment.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
@@ -132,47 +132,6 @@ def hold(directory: SafeDir) -> int:
     if remote:
         raise CacheDirError(errno.EBUSY, f"{directory.path} is in use: {remote}; stop it first")
     return lock_namespace(directory, "stop it first")
-
-
-def proven_by_slots(directory: SafeDir, digest: bytes) -> bool:
-    """True when a slot file in ``directory`` starts with a checked header of ``digest``."""
-    for name in slot_files(directory).values():
-        try:
-            fd = directory.open_file(name, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            header = decode_header(read_at(fd, HEADER_BYTES, 0))
-        except (HeaderError, OSError):
-            continue
-        finally:
-            os.close(fd)
-        if header.namespace == digest:
-            return True
-    return False
-
-
-def is_proven(ns: NamespaceDir) -> bool:
-    """True when kvtier provably wrote this namespace: trusted metadata, or a slot (in the
-    namespace directory or in a safe segment) whose checked header names it."""
-    if ns.meta is not None:
-        return True
-    if ns.unsafe:
-        return False
-    digest = bytes.fromhex(ns.id)
-    with ns.open() as directory:
-        if proven_by_slots(directory, digest):
-            return True
-    for segment in ns.segments:
-        if segment.unsafe:
-            continue
-        try:
-            with segment.open() as directory:
-                if proven_by_slots(directory, digest):
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def _index_slots(segment: Segment, sizes: dict[int, int]) -> int:

@@ -1,0 +1,74 @@
+"""``kvtier clear`` removes only what kvtier provably wrote, by the rule ``inspect`` and
+``gc`` apply (``kvtier.ops.provenance``; issue 40, finding 12): a namespace whose
+``namespace.json`` is not JSON is damaged and a segment whose lease is larger than kvtier
+writes is unsafe, so both stay whole, and ``clear`` says which and why; a healthy namespace
+beside them still goes."""
+
+import json
+import os
+
+from typer.testing import CliRunner
+
+from kvtier.cli.main import app
+from kvtier.segment.lease import MAX_LEASE_BYTES
+from tests.helpers.hostile import label, make_cache, namespace_of, tree_digest
+
+
+def kvtier(*args):
+    """``kvtier ARGS`` in this process: (exit code, stdout); no exception escapes."""
+    clean = {k: None for k in os.environ if k.startswith("KVTIER_")}
+    result = CliRunner().invoke(app, [str(a) for a in args], env=clean)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout
+
+
+def report(*args):
+    code, out = kvtier(*args, "--json")
+    return code, json.loads(out)
+
+
+def three_namespaces(root):
+    """Under ``root``: a namespace whose namespace.json is not JSON (its slots still prove it
+    kvtier's), one whose segment's lease is larger than kvtier writes, and a healthy one;
+    their segment directories."""
+    damaged = make_cache(root, 2, model="damaged-model")
+    (namespace_of(damaged) / "namespace.json").write_text("{ not json")
+    oversized = make_cache(root, 2, model="oversized-lease-model")
+    (oversized / "lease").write_bytes(b"x" * (MAX_LEASE_BYTES + 1))
+    healthy = make_cache(root, 2, model="healthy-model")
+    return damaged, oversized, healthy
+
+
+def test_inspect_and_gc_judge_both_left_alone(tmp_path):
+    damaged, oversized, _ = three_namespaces(tmp_path)
+    code, data = report("inspect", tmp_path)
+    status = {ns["id"]: ns["status"] for ns in data["namespaces"]}
+    assert code == 1 and status[namespace_of(damaged).name] == "damaged"
+    assert status[namespace_of(oversized).name] == "unsafe"
+    code, data = report("gc", tmp_path, "--stale", "--older-than", "0s", "--dry-run")
+    assert data["skipped_unsafe"] == [label(oversized)] and not data["namespaces_removed"]
+    assert namespace_of(damaged).name in data["unreadable"]
+
+
+def test_clear_leaves_a_damaged_and_an_unsafe_namespace_and_clears_the_healthy_one(tmp_path):
+    damaged, oversized, healthy = three_namespaces(tmp_path)
+    kept = {path: tree_digest(namespace_of(path)) for path in (damaged, oversized)}
+    code, data = report("clear", tmp_path, "--yes")
+    assert code == 1
+    assert data["removed"] == [namespace_of(healthy).name] and not namespace_of(healthy).exists()
+    assert {path: tree_digest(namespace_of(path)) for path in (damaged, oversized)} == kept
+    why_damaged = data["reasons"][namespace_of(damaged).name]
+    assert "damaged" in why_damaged and "not JSON" in why_damaged
+    why_unsafe = data["reasons"][label(oversized)]
+    assert f"{oversized}/lease" in why_unsafe and f"{MAX_LEASE_BYTES + 1} bytes" in why_unsafe
+    assert set(data["left"]) == {namespace_of(damaged).name, label(oversized)}
+
+
+def test_clear_says_what_it_left_and_why(tmp_path):
+    damaged, oversized, _ = three_namespaces(tmp_path)
+    code, out = kvtier("clear", tmp_path, "--yes")
+    text = " ".join(out.split())  # as one line, however the console wrapped it
+    assert code == 1 and text.startswith("removed 1 namespace(s), 1 writer segment(s)")
+    assert f"{namespace_of(damaged).name[:12]}: left alone: damaged (namespace.json: not JSON" in text
+    assert f"{namespace_of(oversized).name[:12]}/writers/{oversized.name}: left alone: " \
+           f"{oversized}/lease is {MAX_LEASE_BYTES + 1} bytes" in text
