@@ -15,8 +15,7 @@ from typing import Any
 
 from kvtier.config.redact import redacted
 from kvtier.config.remote_url import backend_of, check_url
-from kvtier.io.format import HeaderError, payload_matches
-from kvtier.remote.values import decode_value_header
+from kvtier.ops.value_reads import check_value
 
 SCAN_BATCH = 1000
 _HEX_PART = re.compile(rb"[0-9a-f]{32}")  # a namespace digest, a chunk key: as kvtier names them
@@ -128,39 +127,24 @@ def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, Namesp
 
 
 def _check_sample(client: Any, prefix: str, holdings: NamespaceHoldings, names: list[bytes]) -> None:
-    """Check the values of ``names`` (the namespace's sample): header, key, lengths, checksum."""
+    """Check the values of ``names`` (the namespace's sample): header, key, lengths, checksum,
+    each read in bounded pieces, never whole (``value_reads.check_value``)."""
     from redis.exceptions import ResponseError
 
     sizes = set()
     for name in names:
         try:
-            value = client.get(name)
+            found = check_value(client, name, prefix)
         except ResponseError:  # no longer a string (WRONGTYPE): not a chunk of kvtier's
             continue
-        if value is None:  # evicted meanwhile
+        if found is None:  # evicted meanwhile
             continue
         holdings.checked += 1
-        problem, header_bytes = _problem(value, name, prefix)
-        if problem:
+        if found.problem:
             holdings.bad += 1
         else:
-            sizes.add(len(value) - header_bytes)
+            sizes.add(found.payload_bytes)
     if sizes:
         from kvtier.units import format_size
 
         holdings.chunk_sizes = ", ".join(format_size(s) for s in sorted(sizes))
-
-
-def _problem(value: bytes, name: bytes, prefix: str) -> tuple[str, int]:
-    """What is wrong with ``value`` (empty when nothing), and its header's bytes."""
-    try:
-        header, header_bytes = decode_value_header(value)
-    except HeaderError as exc:
-        return str(exc), 0
-    expected = f"{prefix}{header.namespace.hex()}:{bytes(header.key).hex()}".encode()
-    if expected != name:
-        return "holds another chunk", header_bytes
-    payload = memoryview(value)[header_bytes:]
-    if len(payload) != header.payload_bytes or not payload_matches(header, payload):
-        return "payload damaged", header_bytes
-    return "", header_bytes
