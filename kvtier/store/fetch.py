@@ -11,7 +11,11 @@ import numpy as np
 from kvtier.keys import ChunkKey
 from kvtier.shared.followed import ForeignChunk
 from kvtier.store.direct import DirectTarget
+from kvtier.tiers.base import TierName
+from kvtier.tiers.prefix import InRemote, Ours, Theirs
 from kvtier.tiers.stack import Location, StorePlan
+
+Source = Ours | Theirs[ForeignChunk] | InRemote
 
 
 class FetchState(Enum):
@@ -25,18 +29,39 @@ class FetchState(Enum):
 
 @dataclass
 class Fetch:
-    """One chunk of a ``get``: where it is pinned (``loc``), and, from disk, its read into
-    a host slot (``plan.dst``) or straight into the caller's tensor (``direct``: the target
-    and the chunk's place in it)."""
+    """One chunk of a ``get``: where it comes from (``source``: pinned there when it is
+    this store's), and, from storage, its read into a host slot (``plan.dst``) or, from
+    this store's disk, straight into the caller's tensor (``direct``: the target and the
+    chunk's place in it)."""
 
     key: ChunkKey
-    loc: Location
+    source: Source
     state: FetchState = FetchState.HOT
     read: Future | None = None
     plan: StorePlan | None = None  # the host slot the read fills
     deadline: float | None = None  # time.monotonic() by which the read must be over
     direct: tuple[DirectTarget, int] | None = None
-    foreign: ForeignChunk | None = None  # in another writer's segment (``loc.tier`` SHARED)
+
+    @property
+    def tier(self) -> TierName:
+        return self.source.tier
+
+    @property
+    def loc(self) -> Location:
+        """This store's copy (a fetch from another writer or the remote store has none)."""
+        assert isinstance(self.source, Ours), f"a fetch from {self.tier} is not this store's"
+        return self.source.loc
+
+    @property
+    def foreign(self) -> ForeignChunk | None:
+        """Another writer's copy, when the chunk comes from one."""
+        return self.source.ref if isinstance(self.source, Theirs) else None
+
+    def order(self) -> int:
+        """Where its read is in its source, for reading neighbours together."""
+        if isinstance(self.source, Ours):
+            return self.source.loc.slot
+        return self.source.ref.slot if isinstance(self.source, Theirs) else 0
 
     def target(self) -> Location | list[np.ndarray]:
         """Where the read lands: the host slot, or the pieces of the caller's tensor."""

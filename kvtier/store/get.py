@@ -15,6 +15,7 @@ from kvtier.store.reads import Fetcher
 from kvtier.store.state import DISK, HOST, Skip, StoreShared
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import TierName
+from kvtier.tiers.prefix import walk_cached, walk_remote
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
@@ -91,14 +92,10 @@ class PrefixRead:
         if remote is None:
             return set()
         with self._shared.lock:
-            cached = 0
-            for key in keys:
-                if self._shared.stack.locate(key) is None \
-                        and (others is None or others.find(key) is None):
-                    break
-                cached += 1
+            cached = len(walk_cached(keys, self._shared.stack.locate,
+                                     others.find if others else None))
         tail = keys[cached:]
-        return set(tail[:remote.present(tail)])
+        return set(tail[:len(walk_remote(tail, remote.held) or ())])
 
     def _fill(self, keys: list[ChunkKey]) -> bool:
         """Once a whole read group fits in the window, begin fetches up to its size, starting
@@ -179,7 +176,7 @@ class PrefixRead:
             for fetch, copied_from in zip(fetches, [source] + [f.loc for f in fetches[1:]],
                                           strict=True):
                 self._after_copy(fetch, copied_from)
-        self.loaded += [fetch.loc.tier for fetch in fetches]
+        self.loaded += [fetch.tier for fetch in fetches]
         return True
 
     def _after_copy(self, fetch: Fetch, source: Location) -> None:

@@ -13,7 +13,6 @@ in parallel.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -47,10 +46,10 @@ from kvtier.store.puts import put_chunks
 from kvtier.store.stats import StoreStats, store_samples
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.prefix import walk_cached, walk_remote
 
 Tokens = Sequence[int] | np.ndarray
-GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED
-REMOTE = TierName.REMOTE
+DISK = TierName.DISK
 log = logging.getLogger("kvtier")
 
 
@@ -163,16 +162,12 @@ class KVStore:
             keys = self.keys(tokens)
             self._poll()
             others = self._shared.others
-            tiers: list[TierName] = []
             with self._lock:
-                for key in keys:
-                    loc = self._stack.locate(key)
-                    if loc is None and (others is None or others.find(key) is None):
-                        break
-                    tiers.append(loc.tier if loc is not None else SHARED)
+                found = walk_cached(keys, self._stack.locate, others.find if others else None)
             remote = self._shared.remote
-            if remote is not None and len(tiers) < len(keys):  # one round trip for the rest
-                tiers += [REMOTE] * remote.present(keys[len(tiers):])
+            tail = keys[len(found):]  # one round trip for the rest
+            tiers = [where.tier for where in found] \
+                + [where.tier for where in walk_remote(tail, remote.held if remote else None) or ()]
             return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
 
     def get(self, tokens: Tokens, out: torch.Tensor) -> int:
@@ -212,7 +207,8 @@ class KVStore:
         ``timeout`` seconds. True when every chunk held is on disk; ``not_written`` says
         how many are not (disk full or failing, a hung drive). With a remote store, host
         chunks it is not known to hold are written to it too (those its back-pressure
-        dropped), and every write to it is waited for (within the same ``timeout``);
+        dropped, refused or lost), and every write to it is waited for (within the same
+        ``timeout``): ``remote_not_written`` counts those it does not hold;
         without a disk tier, true when those writes are over and no chunk is held only in
         the device pool. With neither, nothing outlives the process: ``not_written``
         counts every chunk held, and the result is false once one is."""
@@ -221,9 +217,7 @@ class KVStore:
             self._poll()
             result = self._flusher.flush(timeout)
             remote = self._shared.remote
-            if remote is not None and not remote.flush(deadline):
-                return dataclasses.replace(result, timed_out=True)
-            return result
+            return result if remote is None else result.with_remote(remote.flush(deadline))
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters (after ``close`` too: the last ones)."""

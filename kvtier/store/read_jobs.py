@@ -26,13 +26,13 @@ class ReadJobs:
         one by one lose more to the hand-offs between threads than they gain in
         parallel). Every fetch gets its read, whatever fails."""
         reading = sorted((f for f in fetches if f.state is FetchState.READING and f.read is None),
-                         key=lambda f: f.loc.slot)
+                         key=Fetch.order)
         if not reading:
             return
         timeout = self.shared.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
-        from_remote = [f for f in reading if f.loc.tier is REMOTE]
-        reading = [f for f in reading if f.loc.tier is not REMOTE]
+        from_remote = [f for f in reading if f.tier is REMOTE]
+        reading = [f for f in reading if f.tier is not REMOTE]
         try:
             self._start_disk(reading, deadline)
         finally:  # every fetch gets its read, whatever fails

@@ -10,13 +10,13 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.shared.followed import ForeignChunk
 from kvtier.store.direct import DirectTarget
-from kvtier.store.fetch import Fetch, FetchState, fingerprint
+from kvtier.store.fetch import Fetch, FetchState, Source, fingerprint
 from kvtier.store.read_jobs import ReadJobs
 from kvtier.store.staging import Stagings
 from kvtier.store.state import DISK, HOST, REMOTE, SHARED, Skip, StoreShared
 from kvtier.store.writes import PlanRunner
+from kvtier.tiers.prefix import IN_REMOTE, Ours, find
 from kvtier.tiers.stack import Location, StorePlan
 from kvtier.units import time_left
 
@@ -64,49 +64,45 @@ class Fetcher:
         ``BUSY`` when another ``get`` is reading it into host memory.
         """
         with self.shared.lock:
-            where = self._pin_where(key, remote)
-            if isinstance(where, Skip):
-                return where
-            loc, foreign = where
-            if loc.tier not in (DISK, SHARED, REMOTE):
-                return Fetch(key, loc)
-            if direct is not None and loc.tier is DISK and self._read_direct[loc.slot] != fingerprint(key):
-                return Fetch(key, loc, FetchState.READING, direct=direct)
+            source = self._pin_where(key, remote)
+            if source is None:
+                return Skip.END
+            if isinstance(source, Ours) and source.tier is not DISK:
+                return Fetch(key, source)
+            if direct is not None and isinstance(source, Ours) \
+                    and self._read_direct[source.loc.slot] != fingerprint(key):
+                return Fetch(key, source, FetchState.READING, direct=direct)
             plan = self.shared.stack.plan_store(key, HOST)
             if plan is None:
-                self._unpin(key, loc)
+                self._unpin(key, source)
                 return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM
             self.stagings.begin(plan)
         try:
             demoted = self.runner.demote(plan)
         except BaseException:  # the engine closed meanwhile: its reservations are finished
             with self.shared.lock:
-                self._unpin(key, loc)
+                self._unpin(key, source)
                 self.stagings.end(plan)
             raise
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
             with self.shared.lock:
-                self._unpin(key, loc)
+                self._unpin(key, source)
                 self.stagings.end(plan)  # whoever waits for it: no read is coming
             return Skip.END
-        return Fetch(key, loc, FetchState.READING, None, plan, foreign=foreign)
+        return Fetch(key, source, FetchState.READING, None, plan)
 
-    def _pin_where(self, key: ChunkKey,
-                   remote: bool) -> tuple[Location, ForeignChunk | None] | Skip:
-        """Where ``key`` is hottest, pinned there when it is this store's (lock held)."""
-        loc = self.shared.stack.locate(key)
-        if loc is not None:
-            self.shared.stack.indexes[loc.tier].pin(key)
-            return loc, None
-        foreign = self.shared.others.find(key) if self.shared.others else None
-        if foreign is None and not remote:
-            return Skip.END
-        # nothing to pin: not ours
-        return (Location(SHARED, foreign.slot) if foreign else Location(REMOTE, -1)), foreign
+    def _pin_where(self, key: ChunkKey, remote: bool) -> Source | None:
+        """Where ``key`` is hottest, pinned there when it is this store's (lock held);
+        the remote store when ``remote`` (it said it holds the chunk); None: nowhere."""
+        others = self.shared.others
+        source = find(key, self.shared.stack.locate, others.find if others else None)
+        if isinstance(source, Ours):
+            self.shared.stack.indexes[source.tier].pin(key)
+        return IN_REMOTE if source is None and remote else source
 
-    def _unpin(self, key: ChunkKey, loc: Location) -> None:
-        if loc.tier not in (SHARED, REMOTE):
-            self.shared.stack.unpin(key, loc)
+    def _unpin(self, key: ChunkKey, source: Source) -> None:
+        if isinstance(source, Ours):  # another writer's or the remote store's: nothing pinned
+            self.shared.stack.unpin(key, source.loc)
 
     def wait_staged(self, key: ChunkKey, timeout: float | None) -> bool:
         """Wait (lock not held) until no ``get`` is reading ``key`` into a host slot; False
@@ -149,7 +145,7 @@ class Fetcher:
             raise
         if fetch.foreign is not None:
             return self._complete_foreign(fetch, result)
-        if fetch.loc.tier is REMOTE:
+        if fetch.tier is REMOTE:
             return self._complete_remote(fetch, result)
         return self._complete_disk(fetch, result)
 
@@ -234,14 +230,14 @@ class Fetcher:
         read, plan, fetch.state = fetch.read, fetch.plan, FetchState.GIVEN_UP
         assert read is not None, "only a disk read in flight is given up"
         held = None
-        if fetch.foreign is None and fetch.loc.tier is DISK:
+        if fetch.tier is DISK:
             with self.shared.lock:
                 if self.shared.stack.indexes[DISK].hold(fetch.key):
                     held = fetch.loc
         if fetch.direct is not None:
             target, index = fetch.direct
             target.detach(index)  # the late read lands in memory the caller no longer sees
-        if timed_out and (fetch.foreign is not None or fetch.loc.tier is REMOTE):
+        if timed_out and fetch.tier in (SHARED, REMOTE):
             where = "shared" if fetch.foreign is not None else "remote"  # not this store's disk
             with self.shared.lock:
                 self.shared.stats.load_timeouts += 1
@@ -268,7 +264,7 @@ class Fetcher:
     def release(self, *fetches: Fetch) -> None:
         with self.shared.lock:  # once for a run of fetches
             for fetch in fetches:
-                self._unpin(fetch.key, fetch.loc)
+                self._unpin(fetch.key, fetch.source)
                 if fetch.state is FetchState.STAGED and fetch.plan is not None:
                     self.shared.stack.unpin(fetch.key, fetch.plan.dst)
 

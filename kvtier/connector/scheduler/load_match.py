@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.geometry import KVGeometry
@@ -14,12 +16,24 @@ from kvtier.connector.scheduler.records import StalledReads, Tracked
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.shares import EngineShares
 from kvtier.keys import ChunkKey
+from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
-from kvtier.tiers.stack import Location, TierStack
+from kvtier.tiers.prefix import InRemote, Ours, Theirs, walk_cached, walk_remote
+from kvtier.tiers.stack import TierStack
 
 HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
 READ = (DISK, SHARED, REMOTE)  # chunks read into a host slot before they load
-COMPUTED = Location(TierName.GPU, -1)  # a chunk vLLM computed already: never loaded
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A chunk vLLM computed already: never loaded."""
+
+    tier: ClassVar[TierName] = TierName.GPU
+
+
+COMPUTED = Computed()
+Matched = Computed | Ours | Theirs[tuple[SlotRef, ...]] | InRemote  # where a matched chunk is
 
 
 class LoadMatcher:
@@ -70,7 +84,7 @@ class LoadMatcher:
         tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
         return wanted, tracked.asynchronous
 
-    def _fit(self, keys: list[ChunkKey], matched: Sequence[Location], first: int, hit: int,
+    def _fit(self, keys: list[ChunkKey], matched: Sequence[Matched], first: int, hit: int,
              loadable: int) -> tuple[int | None, int]:
         """(chunks that can load, the load's end) once a hit of ``matched`` (chunks ``first``
         on, up to token ``hit``) is cut to its first ``loadable`` chunks: a window ends where
@@ -85,31 +99,33 @@ class LoadMatcher:
             loadable, end = fit, min(hit, (first + fit) * chunk)
         return loadable, end
 
-    def _match(self, keys: list[ChunkKey], req_id: str, computed: int) -> list[Location] | None:
+    def _match(self, keys: list[ChunkKey], req_id: str, computed: int) -> list[Matched] | None:
         """The longest run of ``keys`` cached here, or in another engine's segment (a
         location of tier SHARED), each where it is hottest, then in the remote store (tier
         REMOTE); None while the store has not answered yet. The first ``computed`` chunks
         vLLM holds already count as found (``COMPUTED``): one of them missing here hides no
         later chunk (a key names its whole prefix, so a later hit is still the right one)."""
-        locations = [COMPUTED] * min(computed, len(keys))
-        for key in keys[len(locations):]:
-            location = self.stack.locate(key)
-            if location is None and self.shares is not None and self.shares.find(key):
-                location = Location(SHARED, -1)
-            if location is None:
-                break
-            locations.append(location)
-        if len(locations) < len(keys) and self.presence is not None:
-            held = self.presence.held(req_id, keys)
-            if held is None:
-                return None
-            for found in held[len(locations):]:
-                if not found:
-                    break
-                locations.append(Location(REMOTE, -1))
-        return locations
+        start: list[Matched] = [COMPUTED] * min(computed, len(keys))
+        found = start + walk_cached(keys[len(start):], self.stack.locate,
+                                    self.shares.find if self.shares else None)
+        remote = walk_remote(keys[len(found):], self._remote_held(req_id, keys))
+        return None if remote is None else [*found, *remote]
 
-    def _wait_for_room(self, tracked: Tracked, matched: Sequence[Location], wanted: int,
+    def _remote_held(self, req_id: str, keys: list[ChunkKey]
+                     ) -> Callable[[Sequence[ChunkKey]], list[bool] | None] | None:
+        """The remote store's answer for a tail of the request's ``keys`` (asked once per
+        request, for all of them: ``RemotePresence.held``)."""
+        presence = self.presence
+        if presence is None:
+            return None
+
+        def held(tail: Sequence[ChunkKey]) -> list[bool] | None:
+            answer = presence.held(req_id, keys)
+            return None if answer is None else answer[len(keys) - len(tail):]
+
+        return held
+
+    def _wait_for_room(self, tracked: Tracked, matched: Sequence[Matched], wanted: int,
                        first: int, end: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
         again next step rather than recompute the rest: the slots are held by loads and
@@ -131,14 +147,14 @@ class LoadMatcher:
         self.counters["room_waits"] += 1
         return True
 
-    def _load_bytes(self, locations: Sequence[Location], first: int, end: int) -> tuple[int, int]:
+    def _load_bytes(self, locations: Sequence[Matched], first: int, end: int) -> tuple[int, int]:
         """(bytes read from disk, bytes in all) to load the chunks at ``locations`` (chunks
         ``first`` on) up to token ``end``: only the groups' parts that keep blocks there."""
         sizes = [self.geometry.bytes_needed(first + n, end) for n in range(len(locations))]
         return (sum(size for size, loc in zip(sizes, locations, strict=True) if loc.tier in READ),
                 sum(sizes))
 
-    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Location], first: int,
+    def _loadable(self, keys: list[ChunkKey], locations: Sequence[Matched], first: int,
                   end: int) -> int | None:
         """How many of the matched chunks (in order, chunks ``first`` on) can load now, up to
         token ``end``: each holds a host slot while it loads (a disk read needs one to stage

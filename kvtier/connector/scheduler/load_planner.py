@@ -30,9 +30,11 @@ from kvtier.connector.scheduler.shares import EngineShares
 from kvtier.keys import ChunkKey
 from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
-from kvtier.tiers.stack import Location, StorePlan, TierStack
+from kvtier.tiers.prefix import IN_REMOTE, InRemote, Ours, Theirs, find
+from kvtier.tiers.stack import StorePlan, TierStack
 
-HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
+HOST, DISK, REMOTE = TierName.HOST, TierName.DISK, TierName.REMOTE
+Source = Ours | Theirs[tuple[SlotRef, ...]] | InRemote  # where a chunk of a load comes from
 
 
 class LoadPlanner:
@@ -120,38 +122,38 @@ class LoadPlanner:
         read in part (those groups'), and its staging slot is freed after the load."""
         if key is not None and not load.cut and all(b == NULL_BLOCK for b in ids):
             return self._out_of_window(key, ids, first, load, in_remote, tokens)
-        location, refs = (None, None) if key is None or load.cut else self._where(key, in_remote)
+        where = None if key is None or load.cut else self._where(key, in_remote)
         plan = None
-        if key is not None and location is not None and location.tier in READ:
-            location, plan = self._staging(key, location, load)
-        if key is None or location is None:
+        if key is not None and where is not None and where.tier in READ:
+            where, plan = self._staging(key, where, load)
+        if key is None or where is None:
             load.cut = True
             self.counters["load_skipped_chunks"] += 1
             return ChunkLoad(key or b"", ids, first, None)
-        load.tiers[location.tier] = load.tiers.get(location.tier, 0) + tokens
-        self.counters[f"load_chunks_{location.tier}"] += 1
-        if location.tier is HOST:
-            load.pinned.append((key, location))
+        load.tiers[where.tier] = load.tiers.get(where.tier, 0) + tokens
+        self.counters[f"load_chunks_{where.tier}"] += 1
+        if isinstance(where, Ours) and where.tier is HOST:
+            load.pinned.append((key, where.loc))
             self.stack.indexes[HOST].pin(key)
-            return ChunkLoad(key, ids, first, location.slot)
+            return ChunkLoad(key, ids, first, where.loc.slot)
         assert plan is not None, "a chunk from storage loads through a host staging slot"
-        return self._staged(key, ids, first, location, plan, refs, load, demotions)
+        return self._staged(key, ids, first, where, plan, load, demotions)
 
-    def _staged(self, key: ChunkKey, ids: tuple[int, ...], first: int, location: Location,
-                plan: StorePlan, refs: tuple[SlotRef, ...] | None, load: Load,
-                demotions: list[DiskWrite]) -> ChunkLoad:
+    def _staged(self, key: ChunkKey, ids: tuple[int, ...], first: int, where: Source,
+                plan: StorePlan, load: Load, demotions: list[DiskWrite]) -> ChunkLoad:
         """A chunk read from storage into its staging slot: from this engine's disk (pinned
         there), another engine's segment or the remote store (nothing of ours to pin)."""
-        remote = refs is None and location.tier is REMOTE
+        refs = where.ref if isinstance(where, Theirs) else None
+        remote = isinstance(where, InRemote)
         if refs is not None:
             load.foreign[key] = refs
-        elif remote:
-            load.remote.add(key)
+        elif isinstance(where, Ours):
+            load.pinned.append((key, where.loc))
         else:
-            load.pinned.append((key, location))
+            load.remote.add(key)
         demotions += self._pending.demotion_writes(plan.demotions)
         load.staged.append(plan)
-        disk_slot = location.slot if refs is None and location.tier is DISK else None
+        disk_slot = where.loc.slot if isinstance(where, Ours) else None
         return ChunkLoad(key, ids, first, plan.dst.slot, disk_slot, foreign=refs, remote=remote,
                          parts=self._read_in_part(key, ids, load))
 
@@ -165,30 +167,24 @@ class LoadPlanner:
         self.counters["load_chunks_out_of_window"] += 1
         return ChunkLoad(key, ids, first, None)
 
-    def _where(self, key: ChunkKey,
-               in_remote: bool) -> tuple[Location | None, tuple[SlotRef, ...] | None]:
+    def _where(self, key: ChunkKey, in_remote: bool) -> Source | None:
         """Where ``key`` is hottest: here, in another engine's segment (with its slots
         there), or in the remote store; None when it went away since the match."""
-        location = self.stack.locate(key)
-        if location is not None:
-            return location, None
-        refs = self.shares.find(key) if self.shares is not None else None
-        if refs:
-            return Location(SHARED, refs[0].slot), refs
-        return (Location(REMOTE, -1), None) if in_remote else (None, None)
+        where = find(key, self.stack.locate, self.shares.find if self.shares else None)
+        return IN_REMOTE if where is None and in_remote else where
 
-    def _staging(self, key: ChunkKey, location: Location,
-                 load: Load) -> tuple[Location | None, StorePlan | None]:
-        """A chunk read from storage pinned (this engine's disk) with a host slot to stage in;
-        (None, None) when no slot is free or the load is synchronous."""
-        if location.tier is DISK:
+    def _staging(self, key: ChunkKey, where: Source,
+                 load: Load) -> tuple[Source | None, StorePlan | None]:
+        """A chunk read from storage pinned (this engine's disk) with a host slot to stage
+        in; (None, None) when no slot is free or the load is synchronous."""
+        if isinstance(where, Ours):
             self.stack.indexes[DISK].pin(key)
         plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
         if plan is None:
-            if location.tier is DISK:
-                self.stack.unpin(key, location)
+            if isinstance(where, Ours):
+                self.stack.unpin(key, where.loc)
             return None, None
-        return location, plan
+        return where, plan
 
     def _read_in_part(self, key: ChunkKey, ids: tuple[int, ...], load: Load) -> tuple[int, ...] | None:
         """The KV cache groups whose parts a chunk read from storage (``ids``: the blocks it
