@@ -5,6 +5,7 @@ first (forgetting a key costs one more write, or a count started again)."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 
 from kvtier.keys import ChunkKey
 
@@ -29,6 +30,15 @@ class KnownKeys:
 
     def __contains__(self, key: object) -> bool:
         return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[ChunkKey]:
+        return iter(list(self._keys))
+
+    def clear(self) -> None:
+        self._keys.clear()
 
 
 class HitCounts:

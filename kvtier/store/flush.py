@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvtier.keys import ChunkKey
 from kvtier.store.disk_writes import StartedWrite
+from kvtier.store.remote import RemoteFlush
 from kvtier.store.state import DISK, GPU, HOST, StoreShared
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import Location
@@ -19,15 +20,23 @@ from kvtier.units import time_left
 class FlushResult:
     """What ``flush`` did: chunks it wrote, chunks held in memory still not on disk when it
     returned (without a disk tier or remote store: every chunk held, as none outlives the
-    process), and whether it stopped at its timeout. True when every chunk held in memory
-    is on disk."""
+    process), chunks a remote store was asked to write and does not hold
+    (``remote_not_written``: refused, failed or lost; ``StoreRemote.flush``), and whether it
+    stopped at its timeout. True when every chunk held in memory is on disk and every chunk
+    sent to the remote store is there."""
 
     written: int
     not_written: int
     timed_out: bool = False
+    remote_not_written: int = 0
 
     def __bool__(self) -> bool:
-        return self.not_written == 0 and not self.timed_out
+        return self.not_written == 0 and self.remote_not_written == 0 and not self.timed_out
+
+    def with_remote(self, remote: RemoteFlush) -> FlushResult:
+        """This result with a remote store's flush."""
+        return replace(self, remote_not_written=remote.not_written,
+                       timed_out=self.timed_out or remote.timed_out)
 
 
 class Flusher:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvtier.config.remote_url import backend_of
 from kvtier.config.settings import KVTierConfig
@@ -27,6 +28,21 @@ from kvtier.units import time_left
 
 HOST = TierName.HOST
 QUEUED_BYTES = 256 * 2**20  # chunks queued for the store at most (and half the host slots)
+CHECK_BATCH = 1024  # keys asked about in one round trip when a flush checks what the store lost
+
+
+@dataclass(frozen=True)
+class RemoteFlush:
+    """What a remote store's flush came to: ``not_written``, the chunks it was asked to
+    write that it does not hold (writes refused or failed since the last flush, and with
+    ``remote_min_hits`` 0 every host chunk it is not known to hold), and whether the flush
+    stopped at its deadline. True when neither."""
+
+    not_written: int
+    timed_out: bool = False
+
+    def __bool__(self) -> bool:
+        return self.not_written == 0 and not self.timed_out
 
 
 class StoreRemote:
@@ -35,7 +51,9 @@ class StoreRemote:
     Contract (methods marked "lock held" run under the store's lock, the rest without it):
 
     - ``present(keys)``: how many of ``keys``, from the first, the store holds: one round
-      trip, blocking (0 while the tier is out of service).
+      trip, blocking (0 while the tier is out of service). A key the store answers "not
+      there" is no longer known to be held (a restart or an eviction lost it): its next
+      store writes it again.
     - ``reached_host(key, slot)`` (lock held): a chunk became visible in host slot ``slot``;
       with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)`` (lock held): a
       get served a chunk held in host slot ``slot``; at its ``remote_min_hits``-th load (with
@@ -46,7 +64,11 @@ class StoreRemote:
     - A queued write pins its host slot until the store answered; chunks the store holds
       (written, or read from it) are not written again while remembered (``KnownKeys``).
       Writes are dropped, and counted, past ``max_pending`` queued (each holds a host slot).
-    - ``flush(deadline)`` writes what ``reached_host`` could not queue, and waits;
+      A write the store refuses (full) or that fails is not written: forgotten, and
+      reported by the next ``flush``.
+    - ``flush(deadline)`` asks the store whether it still holds the host chunks it is known
+      to hold, writes those it lost and what ``reached_host`` could not queue, and waits:
+      a ``RemoteFlush``;
       ``drain(timeout)`` waits for reads and writes; ``close(timeout)`` as ``RemoteLane``.
     """
 
@@ -59,6 +81,8 @@ class StoreRemote:
         slots = sum(index.num_slots for index in stack.indexes.values())
         self._known = KnownKeys(max(KNOWN_MIN, 2 * slots))
         self._hits = HitCounts(max(KNOWN_MIN, 2 * slots))
+        self._refused = KnownKeys(max(KNOWN_MIN, 2 * slots))  # not written since the last flush
+        self._writing: set[ChunkKey] = set()  # queued, not answered yet
         self._groups: list = []  # put jobs opened under the lock, started once it is released
         tier.register(host.buffer.array)
         self.lane = RemoteLane(tier, config.io_threads, host.slot_array, self._settle)
@@ -66,12 +90,7 @@ class StoreRemote:
     def present(self, keys: Sequence[ChunkKey]) -> int:
         if not keys or self.tier.down:
             return 0
-        failed_before = self.tier.failures
-        held = self.tier.exists(keys)
-        with self._lock:
-            self._stats.remote_lookups += 1
-            if self.tier.failures != failed_before:  # the round trip failed: "none held"
-                self._stats.remote_failures += 1
+        held = self._ask(keys) or []
         count = 0
         for found in held:
             if not found:
@@ -82,6 +101,21 @@ class StoreRemote:
     def held(self, keys: Sequence[ChunkKey]) -> list[bool]:
         """``present(keys)`` as a flag per key of the leading run (a prefix walk's answer)."""
         return [True] * self.present(keys)
+
+    def _ask(self, keys: Sequence[ChunkKey]) -> list[bool] | None:
+        """Which of ``keys`` the store holds (one round trip; None when it failed): a key it
+        answers "not there" is forgotten, unless its write is still out."""
+        failed_before = self.tier.failures
+        held = self.tier.exists(keys)
+        with self._lock:
+            self._stats.remote_lookups += 1
+            if self.tier.failures != failed_before:  # the round trip failed: "none held"
+                self._stats.remote_failures += 1
+                return None
+            for key, there in zip(keys, held, strict=True):
+                if not there and key not in self._writing:
+                    self._known.discard(key)
+        return held
 
     def reached_host(self, key: ChunkKey, slot: int) -> None:
         if not self._min_hits and key not in self._known:
@@ -114,6 +148,7 @@ class StoreRemote:
                 index.unpin(key)
             return True
         self._known.add(key)  # queued: not queued again meanwhile
+        self._writing.add(key)
         _, group = self.lane.put(RemotePut(key, slot))
         if group is not None:
             self._groups.append(group)
@@ -131,12 +166,15 @@ class StoreRemote:
         with self._lock:
             for i, item in enumerate(items):
                 self._stack.unpin(item.key, Location(HOST, item.slot))
+                self._writing.discard(item.key)
                 result = results[i] if results is not None else None
                 if result is not None and result.ok:
                     self._stats.remote_writes += 1
                     self._stats.remote_write_bytes += result.nbytes
+                    self._refused.discard(item.key)
                     continue
                 self._known.discard(item.key)
+                self._refused.add(item.key)
                 if result is not None:
                     self._failed("write", result)
 
@@ -148,6 +186,7 @@ class StoreRemote:
     def read_over(self, key: ChunkKey, result: IOResult) -> None:
         if result.ok:
             self._known.add(key)
+            self._refused.discard(key)
             self._stats.remote_reads += 1
             self._stats.remote_read_bytes += result.nbytes
             return
@@ -164,32 +203,67 @@ class StoreRemote:
     def drain(self, timeout: float | None) -> bool:
         return self.lane.drain(timeout)
 
-    def flush(self, deadline: float | None) -> bool:
-        """With ``remote_min_hits`` 0, write the host chunks the store is not known to hold
-        (writes dropped under back-pressure, or failed), as many at a time as the queue has
-        room for, each tried once (a write other traffic crowded out of the queue is not a
-        try); then wait for every write, until ``deadline``. True when all are over; False
-        past the deadline, or with chunks left unwritten because the tier is out of service."""
+    def flush(self, deadline: float | None) -> RemoteFlush:
+        """With ``remote_min_hits`` 0, forget the host chunks the store lost (``_recheck``),
+        then write the host chunks it is not known to hold (writes dropped under
+        back-pressure, refused, failed or lost), as many at a time as the queue has room
+        for, each tried once (a write other traffic crowded out of the queue is not a try);
+        then wait for every write, until ``deadline``. Not written: what the store refused
+        or failed since the last flush, and every host chunk still not known to be held."""
+        unchecked: set[ChunkKey] = set()
+        if not self._min_hits and self.drain(time_left(deadline)):
+            unchecked = self._recheck(deadline)
         tried: set[ChunkKey] = set()
         while self.drain(time_left(deadline)):  # the queue empty: fill it now
             if self._min_hits:
-                return True
+                return self._flushed(False, unchecked)
             with self._lock:
-                host = self._stack.indexes[HOST]
-                visible = host.keys()
-                todo = [key for key in visible if key not in self._known and key not in tried]
+                todo = self._unwritten_held(tried)
                 if todo and (self.lane.closed or self.tier.down):
-                    return False
+                    break
                 room = max(0, self._max_pending - self.lane.puts_pending)
+                host = self._stack.indexes[HOST]
                 for key in todo[:room]:
                     slot = host.slot_of(key)
                     if slot is None or self._queue(key, slot):
                         tried.add(key)
-            if not todo:  # every chunk tried: not all written if the store went down meanwhile
-                with self._lock:
-                    return not (self.tier.down and any(key not in self._known for key in tried))
+            if not todo:
+                break
             self.start()
-        return False
+        else:
+            return self._flushed(True, unchecked)
+        return self._flushed(False, unchecked)
+
+    def _unwritten_held(self, tried: set[ChunkKey]) -> list[ChunkKey]:
+        """Host chunks the store is not known to hold, past ``tried`` (lock held)."""
+        visible = self._stack.indexes[HOST].keys()
+        return [key for key in visible if key not in self._known and key not in tried]
+
+    def _recheck(self, deadline: float | None) -> set[ChunkKey]:
+        """Ask the store whether it still holds the host chunks it is known to hold,
+        ``CHECK_BATCH`` a round trip: a store restarted empty, or evicting, loses them
+        without a word, and those it lost are forgotten, so that the flush writes them.
+        Returns the keys it could not ask about (the store out of service, or the deadline
+        passed): the flush cannot say they are stored."""
+        with self._lock:
+            visible = self._stack.indexes[HOST].keys()
+            keys = [key for key in visible if key in self._known and key not in self._writing]
+        for at in range(0, len(keys), CHECK_BATCH):
+            left = time_left(deadline)
+            if self.tier.down or (left is not None and left <= 0) \
+                    or self._ask(keys[at:at + CHECK_BATCH]) is None:
+                return set(keys[at:])
+        return set()
+
+    def _flushed(self, timed_out: bool, unchecked: set[ChunkKey]) -> RemoteFlush:
+        """What the flush came to; the writes refused since the last flush are reported
+        once (those of chunks still held are reported again while not written)."""
+        with self._lock:
+            unwritten = set(self._refused) | unchecked
+            if not self._min_hits:
+                unwritten.update(self._unwritten_held(set()))
+            self._refused.clear()
+        return RemoteFlush(len(unwritten), timed_out)
 
     def close(self, timeout: float) -> bool:
         return self.lane.close(timeout)

@@ -1,0 +1,91 @@
+"""What a remote store loses or refuses is never taken as stored: a store restarted empty
+(or evicting) gets its chunks written again, and ``flush()`` is false while a chunk it was
+asked to write is not there (a full store refusing writes)."""
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier import KVStore
+from kvtier.remote.values import value_key
+from kvtier.tiers.base import TierName
+from tests.helpers.kv import CHUNK, SMALL, make_kv, same_bytes
+from tests.helpers.redis_server import RedisServer, needs_redis
+
+pytestmark = needs_redis
+REMOTE = TierName.REMOTE
+CHUNK_BYTES = SMALL.token_bytes * CHUNK
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+def store(url: str, **config) -> KVStore:
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 64 * CHUNK_BYTES, "remote_url": url,
+           "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2, **config}
+    return KVStore(SMALL, cfg, model="m")
+
+
+def tokens(seed: int, chunks: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 30000, chunks * CHUNK).tolist()
+
+
+def remote_keys(server) -> list[bytes]:
+    return sorted(server.client().scan_iter(match="kvtier:*"))
+
+
+def served_whole(s: KVStore, toks) -> bool:
+    out = torch.zeros_like(make_kv(toks))
+    return s.get(toks, out) == len(toks) and same_bytes(out, make_kv(toks))
+
+
+def test_a_flush_writes_again_what_a_restarted_store_lost(server):
+    toks = tokens(1, 32)
+    with store(server.url) as a, store(server.url) as b:
+        assert a.put(toks, make_kv(toks)) == len(toks) and a.flush(10)
+        assert len(remote_keys(server)) == 32
+        server.stop()
+        server.start()  # empty, on the same port
+        a.put(toks, make_kv(toks))  # the same prefix again: held here already
+        result = a.flush(10)
+        assert len(remote_keys(server)) == 32
+        assert result and result.remote_not_written == 0
+        assert b.lookup(toks).chunks_by_tier == {REMOTE: 32}
+        assert served_whole(b, toks)
+
+
+def test_a_chunk_a_lookup_finds_gone_is_written_at_its_next_put(server):
+    first, second, third = tokens(2, 8), tokens(3, 8), tokens(4, 8)
+    with store(server.url, host_capacity=16 * CHUNK_BYTES) as a:
+        for toks in (first, second, third):  # first: out of host memory at the end
+            assert a.put(toks, make_kv(toks)) == len(toks) and a.flush(10)
+        assert a.lookup(first).chunks_by_tier == {REMOTE: 8}
+        for key in a.keys(first):  # the store evicts them
+            server.client().delete(value_key("kvtier:", a.namespace.digest(), key))
+        assert a.lookup(first).tokens == 0  # "not there": forgotten
+        assert a.put(first, make_kv(first)) == len(first)
+        assert a._shared.remote.drain(10)  # white-box: the background writes are over
+        assert len(remote_keys(server)) == 24
+
+
+@pytest.mark.parametrize("maxmemory", ["2mb", "1mb"])
+def test_flush_is_false_while_a_full_store_refuses_writes(tmp_path, maxmemory):
+    srv = RedisServer(tmp_path / "full", "--maxmemory", maxmemory,
+                      "--maxmemory-policy", "noeviction").start()
+    try:
+        with store(srv.url, chunk_tokens=256, host_capacity="64MiB") as s:
+            toks = np.arange(256 * 24).tolist()
+            assert s.put(toks, make_kv(toks)) == len(toks)
+            result = s.flush(10)
+            stored = len(remote_keys(srv))
+            assert stored < 24 and s.stats().remote_failures > 0
+            assert not result and not result.timed_out
+            assert result.remote_not_written == 24 - stored
+            assert not s.flush(10)  # still held and not written: said again
+            assert served_whole(s, toks)  # the store serves on from host memory
+    finally:
+        srv.stop()
