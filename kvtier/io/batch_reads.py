@@ -1,9 +1,12 @@
-"""The per-chunk futures of one batched disk read, settled by the read job itself."""
+"""Batched reads: the per-chunk futures of one read job, settled by the job itself, and
+the starting of a batch of such jobs under one rule (``start_groups``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
 
 from kvtier.io.result import IOResult, IOStatus
 
@@ -47,3 +50,51 @@ class BatchReads:
         for item in self.items:
             if not item.done():
                 item.set_result(IOResult(IOStatus.IO_ERROR, detail=detail))
+
+
+Read = Callable[[], list[IOResult]]
+
+
+@dataclass(frozen=True)
+class ReadGroup:
+    """One read job: ``count`` chunks read by ``read`` (on an I/O thread), started by
+    ``submit`` (a lane's: it returns the job's future, or raises when it cannot run it)."""
+
+    count: int
+    read: Read
+    submit: Callable[[Read], Future]
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``start_groups`` started: a future per chunk (the groups' chunks in order), the
+    jobs that run, and the refusal that stopped the rest (None: every group started)."""
+
+    reads: list[Future[IOResult]]
+    jobs: list[Future]
+    refused: BaseException | None
+
+
+def start_groups(groups: list[ReadGroup]) -> Started:
+    """Start each group's job, in order. The one rule of every batched read: each chunk
+    gets its future, settled by its job; a group whose job cannot start (a lane closed, or
+    its engine failed) fails, and every later group with it, naming the refusal, while the
+    jobs already started run on. Whether the refusal is raised is the caller's to say."""
+    reads: list[Future[IOResult]] = []
+    jobs: list[Future] = []
+    refused: BaseException | None = None
+    for group in groups:
+        batch = BatchReads(group.count)
+        reads += batch.items
+        if refused is not None:
+            batch.fail(f"not started: {refused!r}")
+            continue
+        try:
+            job = group.submit(partial(batch.run, group.read))
+        except BaseException as exc:  # an interrupt too: no chunk is left without its read
+            refused = exc
+            batch.fail(f"not started: {exc!r}")
+            continue
+        batch.watch(job)
+        jobs.append(job)
+    return Started(reads, jobs, refused)

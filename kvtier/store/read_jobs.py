@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
+from kvtier.io.batch_reads import READ_GROUP_BYTES, ReadGroup, start_groups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.store.fetch import Fetch, FetchState
 from kvtier.store.state import REMOTE, StoreShared
@@ -42,20 +42,18 @@ class ReadJobs:
     def _start_disk(self, reading: list[Fetch], deadline: float | None) -> None:
         lane = self.shared.lane
         per_group = max(1, READ_GROUP_BYTES // self.shared.transfers.chunk_bytes)
-        groups: list[tuple[str, list[Fetch], BatchReads]] = []
+        groups: list[ReadGroup] = []
+        fetches: list[Fetch] = []
         for i, queue in enumerate(lane.queues):
             for theirs in (False, True):  # a group reads this store's slots or other writers'
                 mine = [f for f in reading
                         if self._queue_index(f) == i and (f.foreign is not None) == theirs]
-                groups += self._groups(queue, mine, per_group, deadline)
-        for i, (queue, group, reads) in enumerate(groups):
-            try:
-                job = lane.submit(queue, partial(reads.run, self._reader(group)))
-            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
-                for _, _, unstarted in groups[i:]:
-                    unstarted.fail(repr(exc))
-                raise
-            reads.watch(job)
+                for first in range(0, len(mine), per_group):
+                    group = mine[first:first + per_group]
+                    groups.append(ReadGroup(len(group), self._reader(group),
+                                            partial(lane.submit, queue)))
+                    fetches += group
+        self._start(groups, fetches, deadline)
 
     def _start_remote(self, fetches: list[Fetch], deadline: float | None) -> None:
         """Start the reads of chunks from the remote store, a job (one round trip) per
@@ -63,29 +61,22 @@ class ReadJobs:
         remote = self.shared.remote
         assert remote is not None, "chunks come from the remote store only with one"
         per_group = max(1, remote.tier.read_group_bytes // self.shared.transfers.chunk_bytes)
-        groups = self._groups("", fetches, per_group, deadline)
-        for i, (_, group, reads) in enumerate(groups):
-            pairs = [(f.key, f.plan.dst.slot) for f in group if f.plan is not None]
-            try:
-                job = remote.lane.submit(partial(reads.run, partial(remote.get, pairs)))
-            except BaseException as exc:  # closed meanwhile: this read and the later ones fail
-                for _, _, unstarted in groups[i:]:
-                    unstarted.fail(repr(exc))
-                raise
-            reads.watch(job)
-
-    @staticmethod
-    def _groups(queue: str, fetches: list[Fetch], per_group: int,
-                deadline: float | None) -> list[tuple[str, list[Fetch], BatchReads]]:
-        """``fetches`` in groups of ``per_group``, each with its futures handed out."""
         groups = []
         for first in range(0, len(fetches), per_group):
-            group = fetches[first:first + per_group]
-            reads = BatchReads(len(group))
-            for fetch, read in zip(group, reads.items, strict=True):
-                fetch.read, fetch.deadline = read, deadline
-            groups.append((queue, group, reads))
-        return groups
+            pairs = [(f.key, f.plan.dst.slot) for f in fetches[first:first + per_group]
+                     if f.plan is not None]
+            groups.append(ReadGroup(len(pairs), partial(remote.get, pairs), remote.lane.submit))
+        self._start(groups, fetches, deadline)
+
+    @staticmethod
+    def _start(groups: list[ReadGroup], fetches: list[Fetch], deadline: float | None) -> None:
+        """Start the groups (``start_groups``), each fetch given its read; a lane that refused
+        one (the store closed meanwhile) is raised once every fetch has its read."""
+        started = start_groups(groups)
+        for fetch, read in zip(fetches, started.reads, strict=True):
+            fetch.read, fetch.deadline = read, deadline
+        if started.refused is not None:
+            raise started.refused
 
     def _queue_index(self, fetch: Fetch) -> int:
         """The disk path a fetch reads from (another writer's chunks: the same path)."""

@@ -14,7 +14,7 @@ from kvtier.connector.common.messages import DiskWrite, RequestLoad
 from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.load_tracker import Reads, failed_read
 from kvtier.disk.lane import DiskLane, NoDisk
-from kvtier.io.batch_reads import BatchReads
+from kvtier.io.batch_reads import ReadGroup, start_groups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.shared.reads import ForeignReads, SlotRef
@@ -42,52 +42,49 @@ class WorkerDisk:
         host = self._host
         wanted = sorted((c.disk_slot, c.host_slot, c.key, c.parts) for c in load.chunks
                         if c.disk_slot is not None and c.host_slot is not None)
+        groups: list[ReadGroup] = []
+        keys: list[bytes] = []
+        for queue in self._lane.queues if wanted else ():
+            for group in self._spread([w for w in wanted if self._lane.queue_of(w[0]) == queue]):
+                items = [(disk, ChunkKey(key), host.slot_array(slot), parts)
+                         for disk, slot, key, parts in group]
+                groups.append(ReadGroup(len(items), partial(self._read, items),
+                                        partial(self._lane.submit, queue)))
+                keys += [key for _, _, key, _ in group]
         futures: Reads = {}
-        batches: list[Future] = []
-        try:
-            for queue in self._lane.queues if wanted else ():
-                mine = [w for w in wanted if self._lane.queue_of(w[0]) == queue]
-                size = -(-len(mine) // self._threads)  # spread over the path's threads
-                for start in range(0, len(mine), size or 1):
-                    group = mine[start:start + size]
-                    items = [(disk, ChunkKey(key), host.slot_array(slot), parts)
-                             for disk, slot, key, parts in group]
-                    reads = BatchReads(len(items))
-                    batch = self._lane.submit(queue, partial(reads.run, partial(self._read, items)))
-                    reads.watch(batch)
-                    batches.append(batch)
-                    futures.update(zip([key for _, _, key, _ in group], reads.items, strict=True))
-            self._submit_foreign(load, futures, batches)
-        except BaseException:
+        groups += self._foreign_groups(load, futures, keys)
+        started = start_groups(groups)
+        futures.update(zip(keys, started.reads, strict=True))
+        if started.refused is not None:
             # The load fails and its staging slots go back: no read may still be filling them.
-            wait_futures(batches)
-            raise
+            wait_futures(started.jobs)
+            raise started.refused
         return futures
 
-    def _submit_foreign(self, load: RequestLoad, futures: Reads, batches: list[Future]) -> None:
-        """Start the reads of chunks in other engines' segments, spread over each disk path's
+    def _spread(self, items: list) -> list[list]:
+        """A path's reads in as many groups as it has threads."""
+        size = -(-len(items) // self._threads) or 1
+        return [items[start:start + size] for start in range(0, len(items), size)]
+
+    def _foreign_groups(self, load: RequestLoad, futures: Reads,
+                        keys: list[bytes]) -> list[ReadGroup]:
+        """The reads of chunks in other engines' segments, spread over each disk path's
         threads, each chunk read from this rank's copy into its host slot, verified (nothing
-        of theirs is ever written, even when a read is corrupt)."""
+        of theirs is ever written, even when a read is corrupt); their keys go on ``keys``."""
         theirs = [(c.foreign[self._rank], c.host_slot, c.parts) for c in load.chunks
                   if c.foreign is not None and c.host_slot is not None]
-        if not theirs:
-            return
-        if self._foreign is None:  # no disk tier here: these cannot be read
+        if theirs and self._foreign is None:  # no disk tier here: these cannot be read
             for ref, _, _ in theirs:
                 futures[ref.key] = failed_read("no disk paths to read another engine's chunk from")
-            return
-        queues = self._lane.queues
+            return []
+        queues = self._lane.queues if theirs else []
+        groups = []
         for index, queue in enumerate(queues):
-            mine = [item for item in theirs if item[0].path % len(queues) == index]
-            size = -(-len(mine) // self._threads)  # spread over the path's threads
-            for start in range(0, len(mine), size or 1):
-                group = mine[start:start + size]
-                reads = BatchReads(len(group))
-                batch = self._lane.submit(queue, partial(reads.run,
-                                                         partial(self._read_foreign, group)))
-                reads.watch(batch)
-                batches.append(batch)
-                futures.update(zip([ref.key for ref, _, _ in group], reads.items, strict=True))
+            for group in self._spread([t for t in theirs if t[0].path % len(queues) == index]):
+                groups.append(ReadGroup(len(group), partial(self._read_foreign, group),
+                                        partial(self._lane.submit, queue)))
+                keys += [ref.key for ref, _, _ in group]
+        return groups
 
     def _read_foreign(self, items: list[tuple[SlotRef, int, tuple[int, ...] | None]]
                       ) -> list[IOResult]:

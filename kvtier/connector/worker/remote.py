@@ -12,7 +12,7 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.messages import RemoteWrite, RequestLoad
 from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.load_tracker import Reads, failed_read
-from kvtier.io.batch_reads import READ_GROUP_BYTES, BatchReads
+from kvtier.io.batch_reads import READ_GROUP_BYTES, ReadGroup, start_groups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.lane import RemoteLane, RemotePut
@@ -48,16 +48,13 @@ class WorkerRemote:
                 reads[key] = failed_read("no remote_url on this worker")
             return
         per_group = max(1, READ_GROUP_BYTES // max(1, self._raw_bytes))
-        for start in range(0, len(wanted), per_group):
-            group = wanted[start:start + per_group]
-            batch = BatchReads(len(group))
-            try:
-                job = lane.submit(partial(batch.run, partial(self._get, group)))
-            except RuntimeError as exc:  # closed: these reads fail, and nothing runs
-                batch.fail(str(exc))
-            else:
-                batch.watch(job)
-            reads.update(zip([key for key, _, _ in group], batch.items, strict=True))
+        groups = [wanted[start:start + per_group] for start in range(0, len(wanted), per_group)]
+        # a lane closed meanwhile: these reads fail (``start_groups``), and the load goes on
+        started = start_groups([ReadGroup(len(group), partial(self._get, group), lane.submit)
+                                for group in groups])
+        reads.update(zip([key for key, _, _ in wanted], started.reads, strict=True))
+        if started.refused is not None and not isinstance(started.refused, Exception):
+            raise started.refused  # an interrupt, not a refusal
 
     def _get(self, items: list[tuple[ChunkKey, int, tuple[int, ...] | None]]) -> list[IOResult]:
         """Read a group of chunks into their host slots: whole, or only the parts their
