@@ -3,12 +3,14 @@
 
 import json
 import socket
+import time
 
 import numpy as np
 import pytest
 
 from kvtier import KVStore
 from tests.helpers.cli import run
+from tests.helpers.drip_proxy import DripProxy
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.redis_server import RedisServer, needs_redis
 
@@ -135,3 +137,22 @@ def test_inspect_checks_every_part_of_a_hybrid_models_values(server):
     server.client().set(name, bytes(value))
     result = run("inspect", server.url, "--json")
     assert result.returncode == 1 and json.loads(result.stdout)["namespaces"][0]["bad"] == 1
+
+
+def test_inspect_of_a_slow_store_ends_at_its_timeout_with_what_it_saw(server):
+    """A store that drips its answers (512 bytes every 0.2 s) would hold an inspection for
+    as long as its values take at that pace; --timeout bounds the whole of it."""
+    fill(server, "m", 32).close()
+    slow = DripProxy(server.port, lifetime=40)
+    try:
+        started = time.monotonic()
+        result = run("inspect", slow.url, "--timeout", "4", "--json")
+        assert time.monotonic() - started < 15  # 4 s, and the process's start
+        assert result.returncode == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert data["cut_short"] and not data["server"]
+        assert [h["chunks"] for h in data["namespaces"]] == [32]  # listed before the timeout
+        table = run("inspect", slow.url, "--timeout", "1")
+        assert table.returncode == 0 and "cut short at --timeout 1 s" in table.stdout
+    finally:
+        slow.stop()

@@ -46,7 +46,9 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
             prefix: Annotated[str, typer.Option(help="The remote store's key prefix "
                                                 "(remote_prefix).")] = "kvtier:",
             limit: Annotated[int, typer.Option(help="Keys of a remote store listed at most.")]
-            = 1_000_000) -> None:
+            = 1_000_000,
+            timeout: Annotated[float, typer.Option(help="Seconds a remote store's inspection "
+                                                   "takes at most, in all.")] = 60.0) -> None:
     """Show every namespace under PATH and its writers: what they hold, whether in use.
 
     Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
@@ -61,7 +63,7 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
     a value checked is damaged.
     """
     if "://" in path:
-        inspect_remote(path, prefix, limit, namespace, as_json)
+        inspect_remote(path, prefix, limit, namespace, as_json, timeout)
         return
     reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
     if as_json:

@@ -1,5 +1,5 @@
 """``kvtier inspect URL``: what a remote store holds, per namespace, and its memory, as a
-table or as JSON."""
+table or as JSON, within one deadline for the whole command (``--timeout``)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,22 @@ from kvtier.cli.app import console, emit_json, fail
 from kvtier.cli.app import shown as _show
 from kvtier.units import format_size
 
+INSPECT_TIMEOUT_S = 60.0  # seconds the whole inspection of a remote store may take
+
 
 def inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
-                   as_json: bool) -> None:
+                   as_json: bool, timeout: float = INSPECT_TIMEOUT_S) -> None:
     """``kvtier inspect URL``: the chunks under ``prefix`` (at most ``limit`` keys) of the
-    namespaces starting with ``namespace``; exit 1 when a value checked is damaged."""
+    namespaces starting with ``namespace``, all of it within ``timeout`` seconds (past it,
+    what was seen so far, said to be cut short); exit 1 when a value checked is damaged."""
+    if not timeout > 0:
+        raise fail(f"--timeout must be a number of seconds above 0, not {timeout:g}")
     from rich.table import Table
 
     from kvtier.ops.remote_survey import SurveyError, survey
 
     try:
-        found = survey(url, prefix, limit)
+        found = survey(url, prefix, limit, timeout=timeout)
     except (SurveyError, ValueError, ImportError) as exc:  # ImportError: the extra is missing
         raise fail(str(exc)) from exc
     if namespace:
@@ -34,8 +39,12 @@ def inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
             table.add_row(_show(h.digest[:12]), str(h.chunks), format_size(h.value_bytes),
                           _show(h.chunk_sizes or "-"), str(h.checked), str(h.bad))
         console.print(table)
-        _print_server(found.server)
-        if not found.complete:
+        if found.server:
+            _print_server(found.server)
+        if found.cut_short:
+            console.print(f"cut short at --timeout {timeout:g} s: what {found.keys_seen} keys "
+                          "listed and the values checked by then show (the store answers slowly)")
+        elif not found.complete:
             console.print(f"listed the first {found.keys_seen} keys only (--limit)")
         if found.foreign_keys:
             console.print(f"{found.foreign_keys} keys under the prefix are not kvtier's")

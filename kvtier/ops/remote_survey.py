@@ -16,6 +16,7 @@ from typing import Any
 from kvtier.config.redact import redacted
 from kvtier.config.remote_url import backend_of, check_url
 from kvtier.ops.value_reads import check_value
+from kvtier.remote.deadline import bounded, expired
 
 SCAN_BATCH = 1000
 _HEX_PART = re.compile(rb"[0-9a-f]{32}")  # a namespace digest, a chunk key: as kvtier names them
@@ -39,10 +40,11 @@ class RemoteSurvey:
     backend: str
     prefix: str
     keys_seen: int
-    complete: bool  # every key was listed (False: stopped at the limit)
+    complete: bool  # every key was listed (False: stopped at the limit, or cut short)
     namespaces: list[NamespaceHoldings] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
     foreign_keys: int = 0  # keys under the prefix not of kvtier's form, or not strings
+    cut_short: bool = False  # the timeout passed: what was seen until then
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,9 +54,12 @@ class SurveyError(Exception):
     """The store cannot be surveyed (unreachable, or a backend that lists nothing)."""
 
 
-def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: int = 4) -> RemoteSurvey:
+def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: int = 4,
+           timeout: float | None = None) -> RemoteSurvey:
     """List (up to ``limit``) kvtier's keys under ``prefix``, count them per namespace and
-    check ``sample`` values of each; ``SurveyError`` naming what went wrong."""
+    check ``sample`` values of each; ``SurveyError`` naming what went wrong. Everything it
+    does ends within ``timeout`` seconds in all (``remote.deadline``, however slowly the
+    store answers): past it, what was seen so far, ``cut_short``."""
     check_url(url)
     backend = backend_of(url)
     if backend != "redis":
@@ -65,9 +70,10 @@ def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: in
 
     client = None
     try:  # a cluster's client connects as it is made: its failure is the survey's too
-        client = connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV)
-                                     if k in os.environ})
-        return _survey_redis(client, redacted(url), prefix, limit, sample)
+        with bounded(timeout):
+            client = connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV)
+                                         if k in os.environ})
+            return _survey_redis(client, redacted(url), prefix, limit, sample)
     except SurveyError:
         raise
     except Exception as exc:  # the client's errors for every transport fault
@@ -78,27 +84,40 @@ def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: in
 
 
 def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -> RemoteSurvey:
+    """The survey, or what it saw before the deadline passed (``cut_short``)."""
     found: dict[str, NamespaceHoldings] = {}
-    picked: dict[str, list[bytes]] = {}  # per namespace, the first ``sample`` names listed
     result = RemoteSurvey(url, "redis", prefix, 0, True)
+    try:
+        _walk(client, prefix, limit, sample, found, result)
+    except Exception:
+        if not expired():
+            raise
+        result.cut_short = True
+    result.namespaces = sorted(found.values(), key=lambda h: -h.value_bytes)
+    return result
+
+
+def _walk(client: Any, prefix: str, limit: int, sample: int, found: dict[str, NamespaceHoldings],
+          result: RemoteSurvey) -> None:
+    picked: dict[str, list[bytes]] = {}  # per namespace, the first ``sample`` names listed
     batch: list[bytes] = []
+    result.complete = False  # until every key was listed
     for name in client.scan_iter(match=prefix.encode() + b"*", count=SCAN_BATCH):
         if result.keys_seen >= limit:
-            result.complete = False
             break
         result.keys_seen += 1
         batch.append(name)
         if len(batch) == SCAN_BATCH:
             _count(client, batch, prefix, found, result, picked, sample)
             batch = []
+    else:
+        result.complete = True
     _count(client, batch, prefix, found, result, picked, sample)
     for digest, holdings in found.items():
         _check_sample(client, prefix, holdings, picked.get(digest, []))
-    result.namespaces = sorted(found.values(), key=lambda h: -h.value_bytes)
     info = client.info("memory") | client.info("stats")
     result.server = {k: info.get(k) for k in ("used_memory", "maxmemory", "maxmemory_policy",
                                               "evicted_keys")}
-    return result
 
 
 def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, NamespaceHoldings],

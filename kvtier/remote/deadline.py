@@ -70,7 +70,7 @@ class DeadlineSocket:
             self._sock.settimeout(self._timeout)
             return
         if left <= 0.0:
-            raise TimeoutError("the round trip ran past its deadline (remote_timeout)")
+            raise TimeoutError("the exchange with the store ran past its deadline")
         self._sock.settimeout(left if self._timeout is None else min(left, self._timeout))
 
     def recv(self, *args: Any) -> bytes:
@@ -103,7 +103,7 @@ class DeadlineMixin:
         configured, left = self.socket_connect_timeout, time_left()
         if left is not None:
             if left <= 0.0:
-                raise TimeoutError("the round trip ran past its deadline (remote_timeout)")
+                raise TimeoutError("the exchange with the store ran past its deadline")
             self.socket_connect_timeout = left if configured is None else min(left, configured)
         try:
             sock = super()._connect()  # type: ignore[misc]
