@@ -1,4 +1,5 @@
-"""The Mooncake Store remote tier. Its store tests (tests/mooncake_inner_tier.py, and
+"""The Mooncake Store remote tier. Its store tests (tests/mooncake_inner_contract.py, the
+remote tier's contract suite; tests/mooncake_inner_tier.py, what is Mooncake's own; and
 tests/mooncake_inner_store.py for ``KVStore`` over it) run in a
 private network namespace holding only loopback, since Mooncake's listeners bind every
 interface: one test here starts them there and reports what failed. URLs and the missing
@@ -24,7 +25,8 @@ def test_the_store_tests_pass_in_a_private_network_namespace(tmp_path):
         pytest.skip(reason)
     run = run_in_namespace([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
                             f"--basetemp={tmp_path / 'inner'}", "-o", "timeout=120",
-                            "tests/mooncake_inner_tier.py", "tests/mooncake_inner_store.py"],
+                            "tests/mooncake_inner_contract.py", "tests/mooncake_inner_tier.py",
+                            "tests/mooncake_inner_store.py"],
                            timeout_s=280)
     lines = (run.stdout + run.stderr).splitlines()
     output = "\n".join(line for line in lines if not GLOG_LINE.match(line))
