@@ -11,6 +11,7 @@ import pytest
 from kvtier import KVStore
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment import seat_orphans, seats
+from kvtier.shared.view import SharedView
 from tests.helpers.hostile import make_cache, namespace_of, seat_file, stopped_writer_namespace
 from tests.helpers.kv import SMALL
 from tests.helpers.shared import shared
@@ -38,13 +39,16 @@ def test_the_engine_gives_back_no_orphan_seat_linked_from_outside(tmp_path):
     outside = tmp_path / "outside"
     os.link(seat, outside)
     quick = {"share_writers": 1, "lease_timeout": "2s", "share_refresh": "1h"}
+    now = [0.0]  # the reader's clock, moved by hand
     with KVStore(SMALL, shared(tmp_path / "c", "b", **quick)) as b:
-        view = b._shared.others.view
+        view = SharedView([str(tmp_path / "c")], b.namespace, b.chunk_bytes, "b", 2.0,
+                          clock=lambda: now[0])
         for _ in range(2):  # watched for longer than lease_timeout: it would be due
             view.refresh()
-            time.sleep(1.1)
+            now[0] += 1.1
         view.refresh()
         assert view.seats_freed == 0 and b.stats().paths_down
+        view.close()
     assert seat.exists() and outside.stat().st_nlink == 2
     with SafeDir.open(ns) as ns_dir:
         assert seat_orphans.orphan_seats(ns_dir, 2.0) == []

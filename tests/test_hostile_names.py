@@ -5,7 +5,6 @@ command, and no file kvtier did not name is read as one of its own, truncated or
 
 import json
 import os
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +20,7 @@ from kvtier.segment import seat_orphans, seats
 from kvtier.segment.index_file import valid_header
 from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.names import TEMP_NAME, seat_number, slot_number
+from kvtier.shared.view import SharedView
 from tests.helpers.hostile import cli, make_cache, namespace_of, seat_file, stopped_writer_namespace
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.shared import shared
@@ -191,15 +191,19 @@ def test_a_seat_naming_no_writer_with_a_segment_is_given_back_once_watched_that_
     ns = stopped_writer_namespace(tmp_path)
     quick = {"share_writers": 1, "lease_timeout": "2s", "share_refresh": "1h"}
     seat = seat_file(ns, content, age_s=skew_s)
+    now = [0.0]  # the reader's clock, moved by hand
     with KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:  # looks at the seats as it opens
-        view = b._shared.others.view
+        view = SharedView([str(tmp_path)], b.namespace, b.chunk_bytes, "b", 2.0,
+                          clock=lambda: now[0])
+        view.refresh()
         assert b.stats().paths_down and seat.exists()  # it may be a seat being made right now
-        time.sleep(1.0)
+        now[0] += 1.0
         view.refresh()
         assert seat.exists() and view.seats_freed == 0
-        time.sleep(1.1)
+        now[0] += 1.1
         view.refresh()
         assert not seat.exists() and view.seats_freed == 1
+        view.close()
     with KVStore(SMALL, shared(tmp_path, "c", share_writers=1, share_refresh="off")) as c:
         assert c.stats().paths_down == {}  # the seat is free again
     assert seat.read_text() == "c"

@@ -6,7 +6,6 @@ space of reclaimed segments without reading from them."""
 import errno
 import logging
 import os
-import time
 
 import pytest
 
@@ -40,7 +39,7 @@ def test_a_reader_keeps_nothing_of_writers_whose_segments_are_gone(tmp_path):
                 ns_dir.subdir(WRITERS_DIR) as writers:
             assert reclaim_segment(ns_dir, f"pod-{n}", writers.subdir(f"pod-{n}").inode())
         view.refresh()
-    assert view._watch._seen == {} and view._reclaim_after == {} and len(view) == 0
+    assert view._watch._seen == {} and view._upkeep._reclaim_after == {} and len(view) == 0
     view.close()
 
 
@@ -78,26 +77,26 @@ def test_a_replace_that_fails_leaves_no_temporary_file(tmp_path, monkeypatch, ca
 
 def test_a_segment_that_cannot_be_reclaimed_is_said_once_and_tried_once_per_timeout(
         tmp_path, caplog, monkeypatch):
-    from kvtier.shared import view as shared_view
+    from kvtier.shared import upkeep
     if os.geteuid() != 0:
         pytest.skip("giving a file to another user needs root")
     namespace, raw = write_as(tmp_path, "gone", lease_timeout="2s")
     (slot_file,) = tmp_path.glob("*/writers/gone/slots-*.kvt")
     os.chown(slot_file, 65534, 65534)  # another user's file: kvtier never deletes it
     tries = []
-    real = shared_view.reclaim_segment
-    monkeypatch.setattr(shared_view, "reclaim_segment",
-                        lambda *args: tries.append(1) or real(*args))
-    view = SharedView([str(tmp_path)], namespace, raw, "reader", 2.0)
+    real = upkeep.reclaim_segment
+    monkeypatch.setattr(upkeep, "reclaim_segment", lambda *args: tries.append(1) or real(*args))
+    now = [0.0]  # the reader's clock, moved by hand
+    view = SharedView([str(tmp_path)], namespace, raw, "reader", 2.0, clock=lambda: now[0])
     view.refresh()  # first seen
-    time.sleep(2.1)  # its lease stood still for the timeout: gone
+    now[0] += 2.1  # its lease stood still for the timeout: gone
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         for _ in range(20):
             view.refresh()
     assert len(tries) == 1 and slot_file.exists()
     said = [r for r in caplog.records if "could not reclaim" in r.getMessage()]
     assert len(said) == 1 and "slots-0000.kvt" in said[0].getMessage()
-    time.sleep(2.1)
+    now[0] += 2.1
     view.refresh()
     assert len(tries) == 2  # tried again after lease_timeout
     view.close()

@@ -1,7 +1,6 @@
 """Many stores on one directory: each writes its own segment, every one reads the others'
 chunks, and a reader racing a writer gets a miss, never a wrong byte."""
 
-import time
 
 import pytest
 
@@ -258,29 +257,46 @@ def test_the_segment_of_a_writer_that_is_gone_is_reclaimed_and_its_seat_handed_o
 
 def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, monkeypatch):
     from kvtier.segment import lease
+    from kvtier.shared.view import SharedView
+
     tokens = seq(0, 2)
     monkeypatch.setattr(lease.Lease, "beat", lambda self, closing=False: None)  # heartbeats stop, a lives on
-    quick = {"lease_timeout": "2s"}
-    with KVStore(SMALL, shared(tmp_path, "a", **quick)) as a, \
-            KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:
+    now = [0.0]  # the reader's clock, moved by hand
+    with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="2s")) as a:
         a.put(tokens, make_kv(tokens))
         a.flush()
-        wait_for(lambda: [w.live for w in b.writers()] == [False], timeout=8)
-        time.sleep(0.3)
-        assert list(tmp_path.glob("*/writers/a")) and exact(b, tokens) == 2 * CHUNK
+        view = SharedView([str(tmp_path)], a.namespace, a.chunk_bytes, "b", 2.0,
+                          clock=lambda: now[0])
+        view.refresh()
+        now[0] += 2.1  # its lease stood still for lease_timeout
+        for _ in range(3):
+            view.refresh()
+        assert [w.live for w in view.writers()] == [False] and view.reclaimed == 0
+        assert list(tmp_path.glob("*/writers/a")) and len(view) == 2
+        view.close()
 
 
 def test_a_reader_with_a_shorter_lease_timeout_waits_for_the_writers_own(tmp_path, monkeypatch):
-    from kvtier.shared import view as shared_view
+    from kvtier.shared import upkeep
+    from kvtier.shared.view import SharedView
+
     tokens = seq(0, 2)
-    monkeypatch.setattr(shared_view, "held_here", lambda directory: False)  # as if elsewhere
-    with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="30s")) as a, \
-            KVStore(SMALL, shared(tmp_path, "b", lease_timeout="2s")) as b:
+    monkeypatch.setattr(upkeep, "held_here", lambda directory: False)  # as if elsewhere
+    now = [0.0]  # the reader's clock, moved by hand
+    with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="300s")) as a:
         a.put(tokens, make_kv(tokens))
         a.flush()
-        time.sleep(3.5)  # past b's timeout, within a's first heartbeat (every 5 s)
-        assert [w.live for w in b.writers()] == [True] and list(tmp_path.glob("*/writers/a"))
-        assert exact(b, tokens) == 2 * CHUNK and a.lookup(tokens).chunks_by_tier[HOST] == 2
+        view = SharedView([str(tmp_path)], a.namespace, a.chunk_bytes, "b", 2.0,
+                          clock=lambda: now[0])
+        view.refresh()
+        now[0] += 3.5  # past the reader's timeout, within a's first heartbeat (every 50 s)
+        view.refresh()
+        assert [w.live for w in view.writers()] == [True] and list(tmp_path.glob("*/writers/a"))
+        assert len(view) == 2 and a.lookup(tokens).chunks_by_tier[HOST] == 2
+        now[0] += 300  # past the writer's own timeout, its lease standing still: gone
+        view.refresh()
+        assert [w.live for w in view.writers()] == [False]
+        view.close()
 
 
 def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
@@ -433,7 +449,7 @@ def test_under_a_low_open_file_limit_a_reader_follows_fewer_writers_and_says_so(
     monkeypatch.setattr(shared_view.resource, "getrlimit", lambda which: (16, hard))
     assert shared_view.followable_writers(1) == 2  # a quarter of 16 files, two a writer
     with KVStore(SMALL, shared(tmp_path, "d")) as reader:
-        assert reader._shared.others.view.max_writers == 2
+        assert reader._shared.others.views[0].max_writers == 2
         assert [w.writer for w in reader.writers()] == ["a", "b"]  # not c: not followed
         assert "following only 2 other writers" in caplog.text
         assert reader.lookup(seq(ord("a") * 1000, 1)).tokens == CHUNK
@@ -456,6 +472,6 @@ def test_a_reader_out_of_open_files_keeps_its_view_rather_than_forgetting_every_
             raise OSError(errno.EMFILE, "Too many open files")
 
         monkeypatch.setattr(SafeDir, "scan", out_of_files)
-        b._shared.others.view.refresh()
+        b._shared.others.views[0].refresh()
         assert b.lookup(tokens).chunks_by_tier == {SHARED: 2}
         assert exact(b, tokens) == 2 * CHUNK

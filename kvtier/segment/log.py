@@ -26,6 +26,7 @@ import xxhash
 
 from kvtier.io.format import INDEX_ENTRY_BYTES, SlotHeader, is_blank
 from kvtier.io.safefs import SafeDir, read_at
+from kvtier.keys import ChunkKey
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header
 from kvtier.segment.names import LOG_FILE
 
@@ -36,7 +37,9 @@ _HEAD = struct.Struct("<8sHHI16sQ")
 _RECORD = struct.Struct(f"<Q{INDEX_ENTRY_BYTES}s")
 _SUM = struct.Struct("<Q")
 RECORD_BYTES = _RECORD.size + _SUM.size
-READ_PIECE = 16 * 1024**2  # bytes of log read per call
+READ_PIECE = 4 * 1024**2  # the most bytes of log read per call
+FIRST_PIECE = 64 * 1024  # a follower's first read; each read that checks out whole doubles it
+REFRESH_BYTES = 8 * 1024**2  # the most bytes of log one refresh reads by default (58,254 records)
 
 # (local slots, their entries as rows of INDEX_ENTRY_BYTES) of every written slot
 Entries = tuple[np.ndarray, np.ndarray]
@@ -77,9 +80,8 @@ def entries_of(pairs: Iterable[tuple[int, bytes | memoryview]]) -> Entries:
 
 
 def encode_records(snapshot: Entries) -> bytes:
-    """``encode_record`` of every (slot, entry) of a snapshot, at once: a million records
-    take a fraction of a second (built one by one, about two seconds, under the log's lock
-    and at each writer's start)."""
+    """``encode_record`` of every (slot, entry) of a snapshot, at once (a million records
+    in a fraction of a second; one by one, about two seconds)."""
     slots, entries = snapshot
     records = np.zeros((len(slots), RECORD_BYTES), np.uint8)
     records[:, :8] = slots.astype("<u8").view(np.uint8).reshape(-1, 8)
@@ -148,30 +150,31 @@ class SegmentLog:
 @dataclass(frozen=True)
 class LogChange:
     """A slot of the followed segment that changed: what it holds now (None: nothing) and
-    what it held before (None: nothing, or forgotten by a reset)."""
+    the key it held before (None: nothing, or forgotten by a reset)."""
 
     slot: int
     header: SlotHeader | None
-    previous: SlotHeader | None = None
+    previous: ChunkKey | None = None
 
 
 class LogFollower:
     """A reader's side: follows one writer's log in ``directory`` (the writer's segment).
 
     Contract: ``refresh(budget)`` reads at most ``budget`` bytes appended since the last call
-    and returns the slots that changed, each once, with what it holds now; after a rotation,
-    or when the log is gone or unreadable, ``reset`` is True: what was known before is in
-    ``forgotten`` (slot, header) and ``slots`` is rebuilt from the new file.
-    ``slots`` maps each local slot to the header its latest record names (entries that are
-    not valid headers of this namespace and chunk size count as emptied slots, and in
-    ``bad``). A record that does not check out stops the reading there (it may be half
-    written); when it still does after ``_STUCK_LIMIT`` refreshes with records after it,
-    it is skipped and counted in ``bad``. Memory is bounded: a record naming a slot at or
-    past ``max_slots`` counts in ``bad``, and ``refresh(room=n)`` keeps at most ``n`` slots
-    known (records of further slots are passed over, their chunks unknown, and counted in
-    ``over``). Never raises for what the files hold; an ``OSError`` opening the segment's
-    files propagates.
-    """
+    (``behind``: more was there) and returns the slots that changed, each once, with what
+    it holds now; after a rotation, or when the log is gone or unreadable, ``reset`` is
+    True: what was known before is ``forgotten()`` (slot to key, once) and ``slots`` is
+    rebuilt from the new file. ``slots`` maps each local slot to the key its latest record
+    names (entries that are not valid headers of this namespace and chunk size count as
+    emptied slots, and in ``bad``). A record that does not check out stops the reading
+    there (it may be half written); when it still does after ``_STUCK_LIMIT`` refreshes with
+    records after it, it is skipped and counted in ``bad``. A refresh costs what was
+    appended since the last: from a record that stopped the reading, the log is read again
+    one record at a time (a log of zeros costs a record or two a refresh, not its size).
+    Memory is bounded: a record naming a slot at or past ``max_slots`` counts in ``bad``,
+    and ``refresh(room=n)`` keeps at most ``n`` slots known (records of further slots are
+    passed over, their chunks unknown, and counted in ``over``). Never raises for what the
+    files hold; an ``OSError`` opening the segment's files propagates."""
 
     _STUCK_LIMIT = 3
 
@@ -184,36 +187,44 @@ class LogFollower:
         self._fd = -1
         self._inode = self._epoch = 0
         self._offset = LOG_HEADER_BYTES
+        self._piece = FIRST_PIECE
         self._stuck = 0
-        self.slots: dict[int, SlotHeader] = {}
-        self.forgotten: list[tuple[int, SlotHeader]] = []  # what the last reset dropped
+        self.slots: dict[int, ChunkKey] = {}
+        self._forgotten: dict[int, ChunkKey] = {}  # what the last reset dropped
+        self.behind = False
         self.bad = 0
         self.over = 0
         self.bytes_read = 0
 
-    def refresh(self, budget: int = 64 * 1024**2,
+    def refresh(self, budget: int = REFRESH_BYTES,
                 room: int | None = None) -> tuple[bool, list[LogChange]]:
         """(reset, changes) since the last call; see the class docstring."""
         self._room = self._max_slots if room is None else room
         reset = self._reopen_if_new()
+        self.behind = False
         if self._fd < 0:
             return reset, []
-        changed: dict[int, tuple[SlotHeader | None, SlotHeader | None]] = {}
+        changed: dict[int, tuple[ChunkKey | None, SlotHeader | None]] = {}
         size = os.fstat(self._fd).st_size
-        while budget > 0 and self._offset + RECORD_BYTES <= size:
-            want = min(size - self._offset, READ_PIECE, budget) // RECORD_BYTES * RECORD_BYTES
+        while self._offset + RECORD_BYTES <= size:
+            want = min(size - self._offset, self._piece, budget) // RECORD_BYTES * RECORD_BYTES
             if want <= 0:
+                self.behind = True  # the budget is spent: the rest waits for the next call
                 break
             data = read_at(self._fd, want, self._offset)
             self.bytes_read += len(data)
             budget -= len(data)
             used = self._apply(data, size, changed)
-            if used < len(data):
+            if used < len(data):  # a record that does not check out: alone next time
+                self._piece = RECORD_BYTES
+                break
+            self._piece = min(READ_PIECE, 2 * self._piece)
+            if len(data) < want:  # the file is shorter than it was: cut meanwhile
                 break
         return reset, [LogChange(slot, new, old) for slot, (old, new) in changed.items()]
 
     def _apply(self, data: bytes, size: int,
-               changed: dict[int, tuple[SlotHeader | None, SlotHeader | None]]) -> int:
+               changed: dict[int, tuple[ChunkKey | None, SlotHeader | None]]) -> int:
         """Apply the whole records of ``data`` (read at the current offset); the bytes used."""
         used = 0
         for start in range(0, len(data) - RECORD_BYTES + 1, RECORD_BYTES):
@@ -246,7 +257,7 @@ class LogFollower:
         if slot not in self.slots and len(self.slots) >= self._room:
             self.over += 1
             return None
-        self.slots[slot] = header
+        self.slots[slot] = header.key
         return header
 
     def _reopen_if_new(self) -> bool:
@@ -258,10 +269,9 @@ class LogFollower:
             if _epoch_of(head, self._namespace) == self._epoch:
                 return False
         had = self._fd >= 0 or bool(self.slots)
-        self._close_fd()
-        self.forgotten = list(self.slots.items())
-        self.slots.clear()
-        self._offset, self._stuck = LOG_HEADER_BYTES, 0
+        self.close()
+        self._forgotten, self.slots = self.slots, {}
+        self._offset, self._stuck, self._piece = LOG_HEADER_BYTES, 0, FIRST_PIECE
         if info is None:
             return had
         fd = self._dir.open_file(LOG_FILE, os.O_RDONLY)
@@ -278,10 +288,12 @@ class LogFollower:
         self._fd, self._inode, self._epoch = fd, inode, epoch
         return True
 
-    def _close_fd(self) -> None:
+    def forgotten(self) -> dict[int, ChunkKey]:
+        """What the last reset dropped (slot to key), handed over once: kept no longer."""
+        dropped, self._forgotten = self._forgotten, {}
+        return dropped
+
+    def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def close(self) -> None:
-        self._close_fd()

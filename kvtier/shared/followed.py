@@ -7,8 +7,8 @@ import itertools
 import resource
 from dataclasses import dataclass
 
-from kvtier.io.format import SlotHeader
 from kvtier.io.safefs import SafeDir
+from kvtier.keys import ChunkKey
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout
 from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.log import LogFollower
@@ -37,18 +37,19 @@ def directory_slots(raw_bytes: int, paths: int, disk_capacity: int) -> int:
 
 @dataclass(frozen=True)
 class ForeignChunk:
-    """A chunk in another writer's segment: local ``slot`` of its files on path ``path``."""
+    """A chunk in another writer's segment: local ``slot`` of its files on path ``path``,
+    and what that writer's log says of it (key, codec, payload length)."""
 
     writer: str
     path: int
     slot: int
-    header: SlotHeader
-
+    key: ChunkKey
+    codec: int
+    payload_bytes: int
 
     def ref(self, generation: int) -> SlotRef:
-        header = self.header
-        return SlotRef(self.writer, self.path, self.slot, header.key, int(header.codec),
-                       header.payload_bytes, generation)
+        return SlotRef(self.writer, self.path, self.slot, self.key, self.codec,
+                       self.payload_bytes, generation)
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,16 @@ class WriterState:
 
 
 _GENERATIONS = itertools.count(1)  # never the same twice: readers' cached files go stale
+_SOURCES = itertools.count()  # each segment followed gets a number of its own
 
 
 class Followed:
-    """One writer's segment on one path, followed (the directory with inode ``inode``)."""
+    """Writer ``writer``'s segment on path ``path``, followed (the directory with inode
+    ``inode``); ``source`` numbers it among every segment this process followed."""
 
-    def __init__(self, directory: SafeDir, namespace: bytes, raw_bytes: int,
-                 max_slots: int) -> None:
+    def __init__(self, path: int, writer: str, directory: SafeDir, namespace: bytes,
+                 raw_bytes: int, max_slots: int) -> None:
+        self.path, self.writer, self.source = path, writer, next(_SOURCES)
         self.dir = directory
         self.inode = directory.inode()
         self.follower = LogFollower(directory, namespace, raw_bytes, max_slots)

@@ -5,31 +5,23 @@ on every disk path, followed through their logs. Bookkeeping only: reads are
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from kvtier.io.format import SlotHeader
-from kvtier.io.safefs import SafeDir
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
-from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch, beat_every
-from kvtier.segment.lock import held_here
-from kvtier.segment.log import LogChange
+from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
+from kvtier.segment.log import RECORD_BYTES, REFRESH_BYTES, LogChange
 from kvtier.segment.names import LEASE_FILE
-from kvtier.segment.seat_orphans import OrphanWatch, give_back_seats, orphan_seats
-from kvtier.segment.seats import reclaim_segment
-from kvtier.shared.followed import (
-    Followed,
-    ForeignChunk,
-    WriterState,
-    followable_writers,
-)
+from kvtier.shared.chunk_index import ChunkIndex, Copy
+from kvtier.shared.followed import Followed, ForeignChunk, WriterState, followable_writers
 from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
+from kvtier.shared.upkeep import Upkeep
 
 log = logging.getLogger("kvtier")
+APPLY_BATCH = 4096  # log changes applied under the view's lock at once
 
 
 class SharedView:
@@ -38,7 +30,8 @@ class SharedView:
     Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
     ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
     valid writer id other than ``own``: at most ``max_writers`` of them, ``MAX_WRITERS`` or
-    fewer under a low open-file limit (``followable_writers``); junk is never counted),
+    fewer under a low open-file limit (``followable_writers``), segments first: junk never
+    hides one, ``WriterListing``),
     reads each writer's lease and what its log gained since the last refresh, and updates
     the view; a writer whose segment vanished is forgotten. ``find(key)``
     returns where another writer holds ``key`` (None when none does); ``drop(chunk)`` forgets
@@ -52,48 +45,62 @@ class SharedView:
     that it watched stand unchanged for ``lease_timeout`` by its own clock (``OrphanWatch``;
     ``seats_freed`` counts them). A path that cannot be read holds nothing this time; a
     listing that fails for want of files or memory in this process (``EMFILE``) leaves the
-    view as it was. Memory is bounded by ``max_slots``, the slots the namespace's whole
-    directory holds on one path (``directory_slots``): no writer's log names a slot past it,
+    view as it was. One refresh reads at most ``REFRESH_BYTES`` of log a path: each writer's
+    share first, then what the others left to those with more (the rest waits for the next
+    refresh). Every time (leases, seats, reclaims) is ``clock``'s. Each change to the view is
+    O(1) (``ChunkIndex``), whatever the copies of one chunk. Memory is bounded by
+    ``max_slots``, the slots the namespace's whole directory holds on one path
+    (``directory_slots``): no writer's log names a slot past it,
     and the writers of a path together are followed in at most that many slots (their logs'
     further slots are passed over: misses, counted in ``passed_over`` and said once).
     Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
-                 lease_timeout: float, max_slots: int = MAX_SLOTS) -> None:
+                 lease_timeout: float, max_slots: int = MAX_SLOTS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._roots, self._ns, self._raw_bytes, self.own = list(roots), namespace, raw_bytes, own
         self.max_slots = max_slots
         self._digest = namespace.digest()
-        self._watch = LeaseWatch(lease_timeout)
+        self._watch = LeaseWatch(lease_timeout, clock)
+        self._upkeep = Upkeep(self._roots, namespace.id, self._watch, clock)
         self._lock = threading.Lock()
         self._followed: dict[tuple[int, str], Followed] = {}
-        self._by_key: dict[ChunkKey, list[ForeignChunk]] = {}
+        self._sources: dict[int, Followed] = {}
+        self._index = ChunkIndex()
         self.refreshes = 0
         self.bytes_read = 0
-        self.reclaimed = 0
-        self.seats_freed = 0
-        self._reclaim_after: dict[tuple[int, str], float] = {}  # failed: not tried before
-        self._seats_at = -math.inf  # when the seats were last looked at (monotonic)
-        self._orphans = [OrphanWatch(lease_timeout) for _ in self._roots]
         self._failed = False
         self.max_writers = followable_writers(len(self._roots))
         self._listing = WriterListing(self._roots, namespace.id, self.max_writers)
         self._over_said = False  # whether passing over slots past max_slots was said
 
+    @property
+    def reclaimed(self) -> int:
+        return self._upkeep.reclaimed
+
+    @property
+    def seats_freed(self) -> int:
+        return self._upkeep.seats_freed
+
     # -- lookups ------------------------------------------------------------------------
 
     def find(self, key: ChunkKey) -> ForeignChunk | None:
         with self._lock:
-            holders = self._by_key.get(key)
-            return holders[0] if holders else None
+            copy = self._index.first(key)
+            return None if copy is None else self._chunk(key, copy)
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> ForeignChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
         with self._lock:
-            for chunk in self._by_key.get(key, ()):
-                if (chunk.writer, chunk.path, chunk.slot) == (writer, path, slot):
-                    return chunk
-            return None
+            followed = self._followed.get((path, writer))
+            copy = None if followed is None else self._index.at(key, followed.source, slot)
+            return None if copy is None else self._chunk(key, copy)
+
+    def _chunk(self, key: ChunkKey, copy: Copy) -> ForeignChunk:
+        followed = self._sources[copy.source]
+        return ForeignChunk(followed.writer, followed.path, copy.slot, key, copy.codec,
+                            copy.payload_bytes)
 
     def ref(self, chunk: ForeignChunk) -> SlotRef:
         """What a reader needs to read ``chunk`` (with its writer's log generation)."""
@@ -101,7 +108,9 @@ class SharedView:
 
     def drop(self, chunk: ForeignChunk) -> None:
         with self._lock:
-            self._remove(chunk.header.key, chunk.writer, chunk.path, chunk.slot)
+            followed = self._followed.get((chunk.path, chunk.writer))
+            if followed is not None:
+                self._index.remove(chunk.key, followed.source, chunk.slot)
 
     def generation(self, path: int, writer: str) -> int:
         """How many times that writer's log started over (its files may be new since)."""
@@ -111,7 +120,7 @@ class SharedView:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._by_key)
+            return len(self._index)
 
     def writers(self) -> list[WriterState]:
         with self._lock:
@@ -127,12 +136,10 @@ class SharedView:
     # -- refresh ------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        seats_due = time.monotonic() - self._seats_at >= beat_every(self._watch.timeout)
-        if seats_due:
-            self._seats_at = time.monotonic()
+        seats_due = self._upkeep.seats_due()
         for path in range(len(self._roots)):
             if seats_due:
-                self._free_seats(path)
+                self._upkeep.free_seats(path)
             names = self._listing.names(path, self.own)
             if names is None:
                 continue  # this process is short of files: the view stays as it was
@@ -141,19 +148,40 @@ class SharedView:
                         if k[0] == path and names.get(k[1]) != f.inode]
                 for key in gone:
                     self._forget(key)
-            used = self._slots_followed(path)
-            for writer in names:
-                had = self._slots_of(path, writer)
-                try:
-                    self._refresh_one(path, writer, self.max_slots - (used - had))
-                except Exception as exc:  # one writer's trouble must not stop the others'
-                    if not self._failed:
-                        log.warning("kvtier: following writer %s on %s failed: %r (further "
-                                    "failures are not logged)", writer, self._roots[path], exc)
-                    self._failed = True
-                used += self._slots_of(path, writer) - had
+            self._follow(path, list(names))
         self.refreshes += 1
         self._say_over()
+
+    def _follow(self, path: int, names: list[str]) -> None:
+        """Each writer of ``names`` one refresh further: its lease, and its share of
+        ``REFRESH_BYTES`` of log; then what the others left, to those with more."""
+        left = REFRESH_BYTES
+        share = max(RECORD_BYTES, left // max(1, len(names)))
+        used = self._slots_followed(path)
+        for first in (True, False):
+            for writer in names:
+                followed = self._followed.get((path, writer))
+                if not first and (followed is None or not followed.follower.behind):
+                    continue
+                if left < RECORD_BYTES:
+                    return
+                before, had = self.bytes_read, self._slots_of(path, writer)
+                self._step(path, writer, self.max_slots - (used - had),
+                           share if first else left, first)
+                used += self._slots_of(path, writer) - had
+                left -= self.bytes_read - before
+
+    def _step(self, path: int, writer: str, room: int, budget: int, first: bool) -> None:
+        try:
+            if first:
+                self._refresh_one(path, writer, room, budget)
+            else:
+                self._read_log(self._followed[(path, writer)], room, budget)
+        except Exception as exc:  # one writer's trouble must not stop the others'
+            if not self._failed:
+                log.warning("kvtier: following writer %s on %s failed: %r (further "
+                            "failures are not logged)", writer, self._roots[path], exc)
+            self._failed = True
 
     @property
     def passed_over(self) -> int:
@@ -179,115 +207,79 @@ class SharedView:
                         "disk_capacity, or look for files kvtier did not write (kvtier verify)",
                         self.max_slots)
 
-    def _free_seats(self, path: int) -> None:
-        """Give back the seats of path ``path`` that name no writer with a segment and that
-        this reader watched stand unchanged for ``lease_timeout`` (``OrphanWatch``): no
-        writer would ever free them, and with every seat taken no writer could write."""
-        try:
-            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
-                due = self._orphans[path].due(orphan_seats(ns_dir, None))
-                freed = give_back_seats(ns_dir, due)
-        except OSError as exc:
-            log.debug("kvtier: cannot look at the seats on %s: %s", self._roots[path], exc)
-            return
-        if freed:
-            log.info("kvtier: gave back seats %s on %s (they named no writer with a segment "
-                     "for %g s)", ", ".join(freed), self._roots[path], self._watch.timeout)
-            self.seats_freed += len(freed)
-
-    def _refresh_one(self, path: int, writer: str, room: int) -> None:
-        """Follow ``writer`` on ``path`` one refresh further, knowing at most ``room`` of
-        its slots."""
+    def _refresh_one(self, path: int, writer: str, room: int, budget: int) -> None:
+        """Follow ``writer`` on ``path`` one refresh further (reading at most ``budget``
+        bytes of its log), knowing at most ``room`` of its slots; reclaim its segment when
+        its lease stood still that long."""
         key = (path, writer)
         followed = self._followed.get(key)
-        try:
-            if followed is None:
-                followed = Followed(open_segment_dir(self._roots[path], self._ns.id, writer),
-                                     self._digest, self._raw_bytes, self.max_slots)
-                with self._lock:
-                    self._followed[key] = followed
+        if followed is None:
             try:
-                lease_bytes = followed.dir.read_file(LEASE_FILE, MAX_LEASE_BYTES)
-            except OSError:
-                lease_bytes = None
-            lease = LeaseInfo.parse(lease_bytes)  # never raises: a damaged lease is none
-            before = followed.follower.bytes_read
-            reset, changes = followed.follower.refresh(room=max(0, room))
-        except OSError as exc:  # unsafe or vanished: what it held is not trusted any more
-            log.debug("kvtier: cannot follow writer %s on %s: %s", writer, self._roots[path], exc)
+                directory = open_segment_dir(self._roots[path], self._ns.id, writer)
+                followed = Followed(path, writer, directory, self._digest, self._raw_bytes,
+                                    self.max_slots)
+            except OSError as exc:  # unsafe or vanished
+                log.debug("kvtier: cannot follow writer %s on %s: %s", writer,
+                          self._roots[path], exc)
+                return
+            with self._lock:
+                self._followed[key], self._sources[followed.source] = followed, followed
+        try:
+            lease_bytes = followed.dir.read_file(LEASE_FILE, MAX_LEASE_BYTES)
+        except OSError:
+            lease_bytes = None
+        if not self._watch.observe(f"{path}:{writer}", lease_bytes) \
+                and self._upkeep.reclaim(followed):
             with self._lock:
                 self._forget(key)
             return
-        self.bytes_read += followed.follower.bytes_read - before
-        if not self._watch.observe(f"{path}:{writer}", lease_bytes) \
-                and self._reclaim(path, writer, followed):
-            return
         with self._lock:
-            followed.lease = lease
-            if reset:
-                followed.renew()
-                self._drop_writer(path, writer, followed.follower.forgotten)
-                changes = [LogChange(s, h) for s, h in followed.follower.slots.items()]
-            self._apply(path, writer, changes)
+            followed.lease = LeaseInfo.parse(lease_bytes)  # never raises: damaged is none
+        self._read_log(followed, room, budget)
 
-    def _reclaim(self, path: int, writer: str, followed: Followed) -> bool:
-        """Reclaim the segment of a writer that is gone; True when it is gone. One that
-        cannot be reclaimed (a file of another user in it) is tried again once per
-        ``lease_timeout``, and said once."""
-        if held_here(followed.dir) or time.monotonic() < self._reclaim_after.get((path, writer), 0):
-            return False
+    def _read_log(self, followed: Followed, room: int, budget: int) -> None:
+        """What ``followed``'s log gained, at most ``budget`` bytes of it, into the view."""
+        follower = followed.follower
+        before = follower.bytes_read
         try:
-            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns.id) as ns_dir:
-                done = reclaim_segment(ns_dir, writer, followed.inode)
-        except OSError as exc:
-            self._reclaim_failed(path, writer, str(exc), warn=True)
-            return False
-        if not done:  # entries kvtier did not write in it, or made again or locked meanwhile
-            self._reclaim_failed(path, writer, "not proven free", warn=False)
-        else:
-            log.info("kvtier: reclaimed the segment of writer %s on %s (no heartbeat for "
-                     "%.0f s)", writer, self._roots[path],
-                     self._watch.idle_for(f"{path}:{writer}") or 0.0)
-            self.reclaimed += 1
+            reset, changes = follower.refresh(budget, room=max(0, room))
+        except OSError as exc:  # unsafe or vanished: what it held is not trusted any more
+            log.debug("kvtier: cannot follow writer %s on %s: %s", followed.writer,
+                      self._roots[followed.path], exc)
             with self._lock:
-                self._forget((path, writer))
-        return done
+                self._forget((followed.path, followed.writer))
+            return
+        self.bytes_read += follower.bytes_read - before
+        if reset:
+            with self._lock:
+                followed.renew()
+                self._drop_slots(followed, follower.forgotten())
+        for start in range(0, len(changes), APPLY_BATCH):  # lookups get the lock in between
+            with self._lock:
+                if self._sources.get(followed.source) is followed:  # not forgotten since
+                    self._apply(followed, changes[start:start + APPLY_BATCH])
 
-    def _reclaim_failed(self, path: int, writer: str, why: str, warn: bool) -> None:
-        first = (path, writer) not in self._reclaim_after
-        self._reclaim_after[(path, writer)] = time.monotonic() + self._watch.timeout
-        log.log(logging.WARNING if warn and first else logging.DEBUG, "kvtier: could not reclaim the "
-                "segment of writer %s on %s: %s (tried again every %g s)", writer,
-                self._roots[path], why, self._watch.timeout)
-
-    def _apply(self, path: int, writer: str, changes: list[LogChange]) -> None:
+    def _apply(self, followed: Followed, changes: list[LogChange]) -> None:
+        source = followed.source
         for change in changes:
             if change.previous is not None:
-                self._remove(change.previous.key, writer, path, change.slot)
-            if change.header is not None:
-                chunk = ForeignChunk(writer, path, change.slot, change.header)
-                self._by_key.setdefault(change.header.key, []).append(chunk)
+                self._index.remove(change.previous, source, change.slot)
+            header = change.header
+            if header is not None:
+                self._index.put(header.key, Copy(source, change.slot, int(header.codec),
+                                                 header.payload_bytes))
 
-    def _remove(self, key: ChunkKey, writer: str, path: int, slot: int) -> None:
-        holders = self._by_key.get(key)
-        if not holders:
-            return
-        kept = [c for c in holders if (c.writer, c.path, c.slot) != (writer, path, slot)]
-        if kept:
-            self._by_key[key] = kept
-        else:
-            del self._by_key[key]
-
-    def _drop_writer(self, path: int, writer: str, slots: list[tuple[int, SlotHeader]]) -> None:
-        for slot, header in slots:
-            self._remove(header.key, writer, path, slot)
+    def _drop_slots(self, followed: Followed, slots: dict[int, ChunkKey]) -> None:
+        for slot, key in slots.items():
+            self._index.remove(key, followed.source, slot)
 
     def _forget(self, key: tuple[int, str]) -> None:
         self._watch.forget(f"{key[0]}:{key[1]}")  # a writer gone: nothing kept of it
-        self._reclaim_after.pop(key, None)
+        self._upkeep.forget(*key)
         followed = self._followed.pop(key, None)
         if followed is not None:
-            self._drop_writer(*key, list(followed.follower.slots.items()))
+            self._sources.pop(followed.source, None)
+            self._drop_slots(followed, followed.follower.slots)
             followed.close()
 
     def close(self) -> None:

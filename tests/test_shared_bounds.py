@@ -1,0 +1,123 @@
+"""What a reader pays for a co-writer's segment that is large or hostile stays bounded: many
+copies of one chunk are forgotten in proportion to their number, a chunk followed costs a few
+hundred bytes, empty directories never hide a real writer, a log of zeros costs a record or
+two a refresh, and one refresh reads a bounded share of what was appended."""
+
+import gc
+import os
+import sys
+import tracemalloc
+from pathlib import Path
+
+import kvtier
+from kvtier.segment.log import RECORD_BYTES
+from kvtier.segment.names import LOG_FILE, WRITERS_DIR
+from kvtier.shared import view as view_module
+from kvtier.shared.view import SharedView
+from tests.helpers.cowriter import entry, segment, write_log
+from tests.helpers.disk_helpers import NS, RAW, key
+
+KVTIER_CODE = str(Path(kvtier.__file__).parent)
+
+
+def reader(root, **extra) -> SharedView:
+    return SharedView([str(root)], NS, RAW, "reader", 120.0, **extra)
+
+
+def kvtier_lines(step) -> int:
+    """The lines of kvtier's code that ``step()`` runs (loop iterations included): a count
+    of operations that no timing sways."""
+    count = 0
+
+    def local(frame, event, arg):
+        nonlocal count
+        count += event == "line"
+        return local
+
+    sys.settrace(lambda frame, event, arg:
+                 local if frame.f_code.co_filename.startswith(KVTIER_CODE) else None)
+    try:
+        step()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def forgetting_copies(root, n: int) -> int:
+    """Operations of the refresh that forgets ``n`` copies of one chunk: a co-writer's log
+    names ``n`` slots that all repeat one entry, then starts a new, empty log."""
+    writer = f"copies-{n}"
+    root.mkdir(mode=0o700)
+    write_log(root, writer, [(slot, entry(0)) for slot in range(n)])
+    view = reader(root)
+    view.refresh()
+    assert view.find(key(0)) is not None and view.writers()[-1].chunks == n
+    write_log(root, writer, [])  # a restart: a new log
+    lines = kvtier_lines(view.refresh)
+    assert view.find(key(0)) is None and len(view) == 0
+    view.close()
+    return lines
+
+
+def test_forgetting_many_copies_of_one_chunk_costs_in_proportion_to_their_number(tmp_path):
+    few = forgetting_copies(tmp_path / "few", 500)
+    many = forgetting_copies(tmp_path / "many", 2000)
+    assert many < 6 * few  # four times the copies: about four times the work, not sixteen
+
+
+def test_a_chunk_followed_costs_a_reader_a_few_hundred_bytes(tmp_path):
+    n = 50_000
+    write_log(tmp_path, "big", [(slot, entry(slot)) for slot in range(n)])
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        view = reader(tmp_path)
+        for _ in range(4):
+            view.refresh()
+        gc.collect()
+        per_chunk = (tracemalloc.get_traced_memory()[0] - before) / n
+    finally:
+        tracemalloc.stop()
+    assert len(view) == n and view.find(key(n - 1)).slot == n - 1
+    assert per_chunk < 320, per_chunk
+    view.close()
+
+
+def test_empty_directories_never_hide_a_real_writer_under_the_cap(tmp_path, monkeypatch):
+    monkeypatch.setattr(view_module, "followable_writers", lambda paths: 4)
+    for n in range(10):  # valid writer ids, sorting before the real writer's
+        segment(tmp_path, f"a-{n:03d}").close()
+    write_log(tmp_path, "z-real", [(0, entry(7))])
+    view = reader(tmp_path)
+    view.refresh()
+    assert view.find(key(7)) is not None and view.find(key(7)).writer == "z-real"
+    view.close()
+
+
+def test_a_log_of_zeros_costs_a_record_or_two_a_refresh(tmp_path):
+    write_log(tmp_path, "zeros", [(slot, entry(slot)) for slot in range(10)])
+    os.truncate(tmp_path / NS.id / WRITERS_DIR / "zeros" / LOG_FILE, 64 << 30)  # sparse
+    view = reader(tmp_path)
+    view.refresh()
+    assert len(view) == 10 and view.bytes_read <= 1 << 20
+    for _ in range(12):
+        before = view.bytes_read
+        view.refresh()
+        assert view.bytes_read - before <= 3 * RECORD_BYTES
+    view.close()
+
+
+def test_one_refresh_reads_a_bounded_share_and_the_next_ones_go_on(tmp_path, monkeypatch):
+    budget = 100 * RECORD_BYTES
+    monkeypatch.setattr(view_module, "REFRESH_BYTES", budget, raising=False)
+    write_log(tmp_path, "busy", [(slot, entry(slot)) for slot in range(250)])
+    write_log(tmp_path, "quiet", [(slot, entry(1000 + slot)) for slot in range(10)])
+    view = reader(tmp_path)
+    view.refresh()
+    assert view.bytes_read == budget  # the quiet writer's share, then what it left
+    assert view.find(key(1009)) is not None  # the quiet writer is never starved
+    view.refresh()
+    view.refresh()
+    assert len(view) == 260 and view.bytes_read == 260 * RECORD_BYTES
+    view.close()
