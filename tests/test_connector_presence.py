@@ -4,12 +4,15 @@ out at once, questions of forgotten requests, and chunks whose load failed."""
 
 import threading
 import time
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
 from kvtier.connector.scheduler import remote_presence
 from kvtier.connector.scheduler.remote_distrust import DistrustedKeys
 from kvtier.connector.scheduler.remote_presence import INLINE_WAIT_S, MAX_QUESTIONS, RemotePresence
+from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.keys import ChunkKey
 
 A, B, C = ChunkKey(b"a"), ChunkKey(b"b"), ChunkKey(b"c")
@@ -200,3 +203,49 @@ def test_distrusted_keys_expire_and_are_bounded():
     assert len(keys) == 2 and B not in keys and A in keys
     clock.now = 15
     assert A not in keys and C not in keys and len(keys) == 0
+
+
+class Holding(Store):
+    """A store that holds only the chunks of ``held``, and is down when told."""
+
+    def __init__(self, held) -> None:
+        super().__init__()
+        self.held = set(held)
+
+    def exists(self, keys):
+        super().exists(keys)
+        return [key in self.held for key in keys]
+
+
+def writes_told_by(presence: RemotePresence) -> RemoteWrites:
+    """The scheduler side's remote writes (a store per chunk planned, nothing pinned)."""
+    return RemoteWrites(SimpleNamespace(indexes={}), Counter(), 1, 0, 8, lambda: presence.down,
+                        presence.take_absent)
+
+
+def test_a_chunk_the_store_answers_not_there_is_written_again_at_its_next_store():
+    store = Holding([A])
+    presence = RemotePresence([store], wait_s=30)
+    writes = writes_told_by(presence)
+    try:
+        writes.in_store(A)
+        writes.in_store(B)  # both read from the store once: not written again
+        assert not writes.with_store(A) and not writes.with_store(B)
+        assert answer(presence, "r", [A, B]) == [True, False]  # B lost (a restart, an eviction)
+        assert writes.with_store(B) and not writes.with_store(A)
+        assert presence.take_absent() == []  # taken once
+    finally:
+        presence.close()
+
+
+def test_a_failed_lookup_makes_no_chunk_forgotten():
+    store = Holding([])
+    presence = RemotePresence([store], wait_s=30)
+    writes = writes_told_by(presence)
+    try:
+        writes.in_store(A)
+        store.down = True  # what a failed round trip leaves: the tier out of service
+        presence._ask([A])  # white-box: the question a step sent, as it ran
+        assert not writes.with_store(A)
+    finally:
+        presence.close()

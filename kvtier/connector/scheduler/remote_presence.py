@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -24,6 +25,8 @@ log = logging.getLogger("kvtier")
 INLINE_WAIT_S = 0.002
 # questions sent and not over, at most: past that a new question waits to be sent
 MAX_QUESTIONS = 128
+# keys the store answered "not there" and the scheduler has not taken yet, at most
+ABSENT_MAX = 4096
 
 
 @dataclass
@@ -54,7 +57,11 @@ class RemotePresence:
     ``failed(req_id, keys)``: a load of ``keys`` from the store failed (a value evicted
     since the lookup, or damaged): they are not held for that request from then on, nor
     for any request while distrusted (``DistrustedKeys``: the store still says it holds a
-    damaged value). ``close()`` stops the threads and the tiers."""
+    damaged value). ``close()`` stops the threads and the tiers.
+
+    ``take_absent()``: the keys the store answered "not there" (every tier's round trip
+    answered, so the store's word: a chunk a restart or an eviction lost) since the last
+    call, at most ``ABSENT_MAX`` (the newest), for the writes to forget they stored them."""
 
     def __init__(self, tiers: Sequence[RemoteTier], wait_s: float,
                  max_questions: int = MAX_QUESTIONS,
@@ -68,6 +75,7 @@ class RemotePresence:
         self._wait_left = INLINE_WAIT_S  # what this step may still wait inline
         self._closed = False
         self.lookups = 0  # questions sent
+        self._absent: deque[ChunkKey] = deque(maxlen=ABSENT_MAX)  # appended on the threads
 
     @property
     def down(self) -> bool:
@@ -148,7 +156,18 @@ class RemotePresence:
         found = [True] * len(keys)
         for tier in self.tiers:  # every rank's copy
             found = [a and b for a, b in zip(found, tier.exists(keys), strict=True)]
+        if not self.down:  # every round trip answered (a failed one takes its tier down)
+            self._absent.extend(key for key, there in zip(keys, found, strict=True) if not there)
         return found
+
+    def take_absent(self) -> list[ChunkKey]:
+        taken: list[ChunkKey] = []
+        for _ in range(len(self._absent)):
+            try:
+                taken.append(self._absent.popleft())
+            except IndexError:  # a clear meanwhile: none left
+                break
+        return taken
 
     def _over(self, answer: Future[list[bool]]) -> None:
         with self._out_lock:

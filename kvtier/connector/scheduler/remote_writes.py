@@ -4,7 +4,7 @@ the host slots they hold until every rank's copy is written."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvtier.connector.common.messages import RemoteWrite, WorkerReport
@@ -35,15 +35,18 @@ class RemoteWrites:
     ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
     plan. ``in_store(key)`` notes a chunk the store is known to hold
     (loaded from it: not written again while remembered), ``lost(key)`` one whose read from
-    it failed (written again at its next store). A pin ends once ``apply`` saw
+    it failed (written again at its next store), and so is each key ``lost()`` returns (the
+    store answered a lookup "not there": a restart or an eviction lost it), before each
+    decision. A pin ends once ``apply`` saw
     every rank's outcome. Past ``max_pending`` writes in flight, new ones are dropped and
     counted (``remote_dropped_chunks``); none is planned while ``down()`` says the store is
     out of service."""
 
     def __init__(self, stack: TierStack, counters: Counter, world_size: int, min_hits: int,
-                 max_pending: int, down) -> None:
+                 max_pending: int, down,
+                 lost: Callable[[], Iterable[ChunkKey]] | None = None) -> None:
         self._stack, self._counters, self._min_hits = stack, counters, min_hits
-        self._max_pending, self._down = max_pending, down
+        self._max_pending, self._down, self._lost = max_pending, down, lost
         capacity = max(KNOWN_MIN, 2 * sum(index.num_slots for index in stack.indexes.values()))
         self._known = KnownKeys(capacity)
         self._hits = HitCounts(capacity)
@@ -54,6 +57,7 @@ class RemoteWrites:
         self._new: list[RemoteWrite] = []
 
     def with_store(self, key: ChunkKey) -> bool:
+        self._forget_lost()
         if self._min_hits or key in self._known or not self._room():
             return False
         self._known.add(key)
@@ -76,6 +80,7 @@ class RemoteWrites:
         return True
 
     def loaded(self, key: ChunkKey) -> None:
+        self._forget_lost()
         if key in self._known or key in self._pending:
             return
         if self._hits.hit(key) < self._min_hits:
@@ -87,6 +92,13 @@ class RemoteWrites:
 
     def in_store(self, key: ChunkKey) -> None:
         self._known.add(key)
+
+    def _forget_lost(self) -> None:
+        """Forget the chunks the store said it lost (not those being written now)."""
+        if self._lost is not None:
+            for key in self._lost():
+                if key not in self._pending:
+                    self._known.discard(key)
 
     def lost(self, key: ChunkKey) -> None:
         """A read of ``key`` from the store failed (evicted, or damaged): not known to be

@@ -82,7 +82,7 @@ class SchedulerSide:
         presence = self.presence
         self.remote_writes = None if presence is None else RemoteWrites(
             self.stack, self.counters, world_size, config.remote_min_hits,
-            max(1, self.stack.indexes[HOST].num_slots // 2), lambda: presence.down)
+            max(1, self.stack.indexes[HOST].num_slots // 2), lambda: presence.down, presence.take_absent)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.shares, self.presence,
                                   self.remote_writes)
