@@ -18,11 +18,12 @@ from kvtier.io.engine import EngineFactory
 from kvtier.keys import Namespace
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.logs import FailureLog
+from kvtier.shared.follower import OtherWriters, follow_others
+from kvtier.shared.reads import foreign_reads
 from kvtier.store.checks import check_tiers
 from kvtier.store.disk_writes import write_queue_bound
 from kvtier.store.flush import Flusher
 from kvtier.store.gate import CallGate
-from kvtier.store.others import open_others
 from kvtier.store.reads import Fetcher
 from kvtier.store.remote import open_store_remote
 from kvtier.store.state import StoreShared
@@ -170,12 +171,24 @@ def _open_beyond(parts: StoreParts, shape: StoreShape) -> None:
     assert shared is not None
     host = parts.tiers.get(HOST)
     host = host if isinstance(host, HostTier) else None
-    others = open_others(shape.config, shape.namespace, shape.chunk_bytes, parts.lane, host)
+    others = _follow_others(shape, parts.lane, host)
     if others is not None:  # another writer's chunk is never copied into this segment
         shared.stack.on_disk_elsewhere = lambda key: others.find(key) is not None
     shared.others = others
     shared.remote = open_store_remote(shape.config, shape.namespace, shape.chunk_bytes, host,
                                       shared.stack, shared.stats, shared.failures, shared.lock)
+
+
+def _follow_others(shape: StoreShape, lane: DiskLane | NoDisk,
+                   host: HostTier | None) -> OtherWriters | None:
+    """The other writers of the store's namespace on its disk paths, followed, or None: no
+    disk tier, no host tier to read their chunks into, or ``share_refresh`` off."""
+    if not isinstance(lane, DiskLane) or host is None:
+        return None
+    tier = lane.tier  # it may take another writer id when its path comes back
+    reads = foreign_reads(shape.config, shape.namespace, shape.chunk_bytes, lane)
+    return follow_others(shape.config, [shape.namespace], shape.chunk_bytes,
+                         lambda: [tier.writer], reads)
 
 
 def _left(deadline: float) -> float:

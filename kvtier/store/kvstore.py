@@ -227,10 +227,10 @@ class KVStore:
             self._shared.retire_down_paths()
             others = self._shared.others
             if others is not None:
-                self._stats.shared_chunks = len(others.view)
-                self._stats.shared_writers = len(others.writers())
-                self._stats.shared_reclaimed = others.view.reclaimed
-                self._stats.shared_seats_freed = others.view.seats_freed
+                seen = others.counts()
+                self._stats.shared_chunks, self._stats.shared_writers = seen.chunks, seen.writers
+                self._stats.shared_reclaimed = seen.reclaimed
+                self._stats.shared_seats_freed = seen.seats_freed
             if self._shared.remote is not None:
                 self._stats.remote_down = self._shared.remote.tier.down
             return self._stats.snapshot()

@@ -81,14 +81,15 @@ class ReadJobs:
     def _queue_index(self, fetch: Fetch) -> int:
         """The disk path a fetch reads from (another writer's chunks: the same path)."""
         paths = len(self.shared.lane.queues)
-        return (fetch.foreign.path if fetch.foreign else fetch.loc.slot) % paths
+        return (fetch.foreign[0].path if fetch.foreign else fetch.loc.slot) % paths
 
     def _reader(self, group: list[Fetch]) -> Callable[[], list[IOResult]]:
         """The read of one group: from this store's disk slots or from another writer's."""
         if group[0].foreign is not None:
             others = self.shared.others
             assert others is not None, "chunks of other writers come from their followers"
-            pairs = [(f.foreign, f.plan.dst) for f in group if f.foreign and f.plan]
+            host = self.shared.transfers.host_array
+            pairs = [(f.foreign, host(f.plan.dst)) for f in group if f.foreign and f.plan]
             return partial(others.read_many, pairs)
         items = [(f.key, f.loc, f.target()) for f in group]
         return partial(self._read_and_blank, items)

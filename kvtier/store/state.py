@@ -20,7 +20,7 @@ from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.stack import TierStack
 
 if TYPE_CHECKING:
-    from kvtier.store.others import OtherWriters
+    from kvtier.shared.follower import OtherWriters
     from kvtier.store.remote import StoreRemote
 
 GPU, HOST, DISK, SHARED = TierName.GPU, TierName.HOST, TierName.DISK, TierName.SHARED

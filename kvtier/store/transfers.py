@@ -74,6 +74,12 @@ class Transfers:
             return self.disk.read(src.slot, key, host.slot_array(dst.slot))
         raise ValueError(f"no transfer from {src.tier} to {dst.tier}")
 
+    def host_array(self, loc: Location) -> np.ndarray:
+        """The bytes of host slot ``loc``, as a reader fills them."""
+        host = self.memory.get(TierName.HOST)
+        assert isinstance(host, HostTier) and loc.tier is TierName.HOST, f"{loc} is no host slot"
+        return host.slot_array(loc.slot)
+
     def staged(self, src: Location) -> np.ndarray:
         """A copy of a memory slot in page-aligned host memory of its own, for a disk write
         (``disk.write``) of a chunk outside host memory: the write reads the copy, whatever

@@ -14,8 +14,8 @@ from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.records import StalledReads, Tracked
 from kvtier.connector.scheduler.remote_presence import RemotePresence
-from kvtier.connector.scheduler.shares import EngineShares
 from kvtier.keys import ChunkKey
+from kvtier.shared.follower import OtherWriters
 from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
 from kvtier.tiers.prefix import InRemote, Ours, Theirs, walk_cached, walk_remote
@@ -41,9 +41,9 @@ class LoadMatcher:
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
                  decider: LoadDecider, counters: Counter, stalled: StalledReads,
-                 shares: EngineShares | None, presence: RemotePresence | None) -> None:
+                 others: OtherWriters | None, presence: RemotePresence | None) -> None:
         self.config, self.geometry, self.stack, self.decider = config, geometry, stack, decider
-        self.counters, self._stalled, self.shares, self.presence = counters, stalled, shares, presence
+        self.counters, self._stalled, self.others, self.presence = counters, stalled, others, presence
 
     def match(self, tracked: Tracked, keys: list[ChunkKey], limit: int,
               num_computed: int) -> tuple[int | None, bool]:
@@ -107,7 +107,7 @@ class LoadMatcher:
         later chunk (a key names its whole prefix, so a later hit is still the right one)."""
         start: list[Matched] = [COMPUTED] * min(computed, len(keys))
         found = start + walk_cached(keys[len(start):], self.stack.locate,
-                                    self.shares.find if self.shares else None)
+                                    self.others.find if self.others else None)
         remote = walk_remote(keys[len(found):], self._remote_held(req_id, keys))
         return None if remote is None else [*found, *remote]
 

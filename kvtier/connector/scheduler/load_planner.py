@@ -26,8 +26,8 @@ from kvtier.connector.scheduler.load_match import READ, LoadMatcher
 from kvtier.connector.scheduler.records import Load, PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
-from kvtier.connector.scheduler.shares import EngineShares
 from kvtier.keys import ChunkKey
+from kvtier.shared.follower import OtherWriters
 from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
 from kvtier.tiers.prefix import IN_REMOTE, InRemote, Ours, Theirs, find
@@ -47,7 +47,7 @@ class LoadPlanner:
     load; ``finish`` then ends the load: staged chunks become visible (failed ones are
     freed, or held in ``StalledReads`` while a read given up on still runs), pins end, and
     failed chunks are discarded from every tier. Chunks no tier of this engine holds are
-    looked for in other engines' segments (``shares``, when given): loaded like disk chunks,
+    looked for in other engines' segments (``others``, when given): loaded like disk chunks,
     from there, and forgotten there when a rank fails to read them. Past those, the remote
     store is asked (``presence``, once per request, in the background: "ask again" until it
     answered); its chunks load like disk chunks too, and one whose read failed is not offered
@@ -57,16 +57,16 @@ class LoadPlanner:
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
                  decider: LoadDecider, counters: Counter, pending: PendingStores,
-                 stalled: StalledReads, shares: EngineShares | None = None,
+                 stalled: StalledReads, others: OtherWriters | None = None,
                  presence: RemotePresence | None = None,
                  remote_writes: RemoteWrites | None = None) -> None:
         self.config, self.geometry, self.stack, self.decider = config, geometry, stack, decider
-        self.shares, self.presence, self.remote_writes = shares, presence, remote_writes
+        self.others, self.presence, self.remote_writes = others, presence, remote_writes
         self.counters, self._pending, self._stalled = counters, pending, stalled
         self._loads: dict[str, Load] = {}
         self._new: list[RequestLoad] = []
         self._failures: dict[str, set[bytes]] = {}
-        self._matcher = LoadMatcher(config, geometry, stack, decider, counters, stalled, shares,
+        self._matcher = LoadMatcher(config, geometry, stack, decider, counters, stalled, others,
                                     presence)
 
     def in_flight(self, req_id: str) -> Load | None:
@@ -170,7 +170,7 @@ class LoadPlanner:
     def _where(self, key: ChunkKey, in_remote: bool) -> Source | None:
         """Where ``key`` is hottest: here, in another engine's segment (with its slots
         there), or in the remote store; None when it went away since the match."""
-        where = find(key, self.stack.locate, self.shares.find if self.shares else None)
+        where = find(key, self.stack.locate, self.others.find if self.others else None)
         return IN_REMOTE if where is None and in_remote else where
 
     def _staging(self, key: ChunkKey, where: Source,
@@ -219,8 +219,8 @@ class LoadPlanner:
                 self.stack.discard(key)
                 self.counters["load_failed_chunks"] += 1
         for key, refs in load.foreign.items():
-            if key in failed and self.shares is not None:
-                self.shares.drop(refs)
+            if key in failed and self.others is not None:
+                self.others.drop(refs)
                 self.counters["load_failed_chunks"] += 1
         self._remote_outcomes(req_id, load, failed)
 

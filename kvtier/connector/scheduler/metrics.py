@@ -7,12 +7,13 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.store.stats import shared_samples
 from kvtier.tiers.stack import TierStack
 
 if TYPE_CHECKING:
     from kvtier.connector.scheduler.remote_presence import RemotePresence
-    from kvtier.connector.scheduler.shares import EngineShares
     from kvtier.metrics import Sample
+    from kvtier.shared.follower import OtherWriters
 
 _PLAIN = [  # (metric, help, counter)
     ("chunks_stored_total", "Chunks stored in host memory", "stored_chunks"),
@@ -39,10 +40,10 @@ _PLAIN = [  # (metric, help, counter)
 
 def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
                    presence: RemotePresence | None = None,
-                   shares: EngineShares | None = None) -> list[Sample]:
+                   others: OtherWriters | None = None) -> list[Sample]:
     """Samples of the tiers in ``stack``, of ``counters`` (``SchedulerSide.counters``), of
     ``decider``, of the remote store's lookups (``presence``, when there is one) and of the
-    other engines' segments of a shared directory (``shares``, when followed)."""
+    other engines' segments of a shared directory (``others``, when followed)."""
     from kvtier.metrics import Sample
 
     loaded = Sample("chunks_loaded_total", "counter", "Chunks loaded, by the tier they came from")
@@ -55,9 +56,10 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
         slots.add(index.num_slots, tier=str(tier))
         used.add(len(index), tier=str(tier))
     extra: list[Sample] = []
-    if shares is not None:
+    if others is not None:
         loaded.add(counters["load_chunks_shared"], tier="shared")
-        extra += shares.metric_samples()
+        seen = others.counts()
+        extra += shared_samples(seen.chunks, seen.writers, seen.reclaimed, seen.seats_freed)
     if presence is not None:
         loaded.add(counters["load_chunks_remote"], tier="remote")
         extra += [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "

@@ -28,12 +28,12 @@ from kvtier.connector.scheduler.outcomes import Outcomes
 from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_presence import open_presence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
-from kvtier.connector.scheduler.shares import open_shares
 from kvtier.connector.scheduler.store_planner import StorePlanner
 from kvtier.connector.scheduler.tails import Tail, prompt_length, prompt_tail
 from kvtier.io.buffers import align_up
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 from kvtier.segment.index_file import SlotLayout, read_disk_index
+from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy
@@ -77,14 +77,14 @@ class SchedulerSide:
                         unstored, geometry.block_tokens)
         own = [w or unheld_writer(config.disk_paths, ns)
                for w, ns in zip(self.writers, namespaces, strict=True)]
-        self.shares = open_shares(config, namespaces, geometry.chunk_bytes, own)
+        self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
         presence = self.presence
         self.remote_writes = None if presence is None else RemoteWrites(
             self.stack, self.counters, world_size, config.remote_min_hits,
             max(1, self.stack.indexes[HOST].num_slots // 2), lambda: presence.down, presence.take_absent)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
-                                  pending, stalled, self.shares, self.presence,
+                                  pending, stalled, self.others, self.presence,
                                   self.remote_writes)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
@@ -237,15 +237,15 @@ class SchedulerSide:
 
     def close(self) -> None:
         """Stop following other engines' segments and asking the remote store."""
-        if self.shares is not None:
-            self.shares.close()
+        if self.others is not None:
+            self.others.close()
         if self.presence is not None:
             self.presence.close()
 
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""
         return metric_samples(self.stack, self.counters, self.decider, self.presence,
-                              self.shares)
+                              self.others)
 
     def build_meta(self, meta: StepPlan | None = None) -> StepPlan:
         """This step's plan, in ``meta`` when given (vLLM's subclass); stores are added to it

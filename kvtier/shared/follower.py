@@ -1,0 +1,115 @@
+"""The other writers of a shared cache directory, followed: what they hold, kept fresh by a
+thread, for a standalone store (one namespace) and for an engine's scheduler side (one
+namespace per TP rank) alike."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.io.result import IOResult
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.shared.followed import WriterState, directory_slots
+from kvtier.shared.reads import ForeignReads, SlotRef
+from kvtier.shared.refresh import RefreshThread
+from kvtier.shared.view import SharedView
+
+Refs = tuple[SlotRef, ...]  # where another writer holds a chunk: one place per rank
+
+
+@dataclass(frozen=True)
+class FollowedCounts:
+    """What the follower sees: rank 0's chunks and writers, and the segments reclaimed and
+    seats given back by every rank's view."""
+
+    chunks: int
+    writers: int
+    reclaimed: int
+    seats_freed: int
+
+
+class OtherWriters:
+    """Contract: ``find(key)`` returns, for each rank in order, where another writer holds
+    ``key``: the same writer and slot on every rank, since a writer's ranks write the slots
+    its scheduler side chose for all of them (None when no writer does, as of the last
+    refresh). ``drop(refs)`` forgets such a copy (a read of it failed) until its writer's
+    log names that slot again. ``read_many(items)`` reads copies into memory, verified
+    (blocking: an I/O thread), results never exceptions: only when made with ``reads``.
+    ``own()`` names this process's writer id of each rank (those segments are its own; it
+    may change between refreshes). The views are refreshed once when made (``refresh``),
+    then every ``share_refresh`` seconds by a thread, until ``close``. Thread-safe.
+    """
+
+    def __init__(self, config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
+                 own: Callable[[], Sequence[str]], reads: ForeignReads | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        slots = directory_slots(raw_bytes, len(config.disk_paths), config.disk_capacity)
+        self._own, self._reads = own, reads
+        self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout,
+                                 slots, clock=clock)
+                      for ns, writer in zip(namespaces, own(), strict=True)]
+        self.refresh()
+        self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0)
+
+    def refresh(self) -> None:
+        """Read what every other writer's log gained (blocking I/O: off any hot path)."""
+        for view, writer in zip(self.views, self._own(), strict=True):
+            view.own = writer
+            view.refresh()
+        if self._reads is not None:
+            self._reads.sweep()  # files of segments reclaimed since: their space goes back
+
+    def find(self, key: ChunkKey) -> Refs | None:
+        first = self.views[0].find(key)
+        if first is None:
+            return None
+        chunks = [first]
+        for view in self.views[1:]:
+            chunk = view.find_at(key, first.writer, first.path, first.slot)
+            if chunk is None:
+                return None
+            chunks.append(chunk)
+        return tuple(view.ref(chunk) for view, chunk in zip(self.views, chunks, strict=True))
+
+    def drop(self, refs: Refs) -> None:
+        for view, ref in zip(self.views, refs, strict=True):
+            chunk = view.find_at(ChunkKey(ref.key), ref.writer, ref.path, ref.slot)
+            if chunk is not None:
+                view.drop(chunk)
+
+    def read_many(self, items: list[tuple[Refs, np.ndarray]]) -> list[IOResult]:
+        """Read rank 0's copy of each chunk into its buffer, verified."""
+        assert self._reads is not None, "a follower made without reads reads nothing"
+        return self._reads.read_many([(refs[0], dst) for refs, dst in items])
+
+    def writers(self) -> list[WriterState]:
+        return self.views[0].writers()
+
+    def counts(self) -> FollowedCounts:
+        return FollowedCounts(len(self.views[0]), len(self.views[0].writers()),
+                              sum(v.reclaimed for v in self.views),
+                              sum(v.seats_freed for v in self.views))
+
+    def __len__(self) -> int:
+        return len(self.views[0])
+
+    def close(self) -> None:
+        self._thread.close()
+        for view in self.views:
+            view.close()
+        if self._reads is not None:
+            self._reads.close()
+
+
+def follow_others(config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
+                  own: Callable[[], Sequence[str]], reads: ForeignReads | None = None,
+                  ) -> OtherWriters | None:
+    """The follower of the other writers of ``namespaces`` (one per rank), or None: no
+    disk paths, or ``share_refresh`` off (a private cache)."""
+    if not config.disk_paths or config.share_refresh is None:
+        return None
+    return OtherWriters(config, namespaces, raw_bytes, own, reads)
