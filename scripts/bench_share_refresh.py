@@ -4,8 +4,9 @@ namespace, each holding CHUNKS chunks; one reader's ``SharedView`` follows them 
     .venv/bin/python scripts/bench_share_refresh.py [--writers 64] [--chunks 2000] \
         [--dir /tmp] [--json out/bench_share_refresh.json]
 
-Reports, side by side in one run: the first refresh (every log read from the start, as a
-reader that just started), a refresh with nothing new, a refresh after each writer wrote
+Reports, side by side in one run: the first refresh of a reader that just started, and the
+refreshes it takes to read every log from its start (one refresh reads at most
+``REFRESH_BYTES`` of log a path), a refresh with nothing new, a refresh after each writer wrote
 ``--appended`` more chunks, and, for comparison, reading every writer's dense index whole
 (what a refresh would cost if it were not incremental). Chunks are small (4 KiB): only the
 metadata is measured.
@@ -61,8 +62,16 @@ def main() -> None:
     view = SharedView([str(root)], NS, RAW, own="reader", lease_timeout=30)
     first = timed(view.refresh)
     first_bytes = view.bytes_read
+    catch_up, catch_up_refreshes = first, 1
+    while True:  # one refresh reads at most REFRESH_BYTES of log a path: the rest follows
+        read = view.bytes_read
+        took = timed(view.refresh)
+        if view.bytes_read == read:
+            break
+        catch_up, catch_up_refreshes = catch_up + took, catch_up_refreshes + 1
+    first_all_bytes = view.bytes_read
     idle = timed(view.refresh)
-    idle_bytes = view.bytes_read - first_bytes
+    idle_bytes = view.bytes_read - first_all_bytes
     for w, tier in enumerate(tiers):
         start = args.chunks
         tier.write_many([(s, key(w, s), data.array) for s in range(start, start + args.appended)])
@@ -74,7 +83,9 @@ def main() -> None:
     assert len(view) == args.writers * (args.chunks + args.appended), len(view)
     result = {"writers": args.writers, "chunks_per_writer": args.chunks,
               "appended_per_writer": args.appended, "first_refresh_s": first,
-              "first_refresh_bytes": first_bytes, "idle_refresh_s": idle,
+              "first_refresh_bytes": first_bytes, "catch_up_s": catch_up,
+              "catch_up_refreshes": catch_up_refreshes, "catch_up_bytes": first_all_bytes,
+              "idle_refresh_s": idle,
               "idle_refresh_bytes": idle_bytes, "appended_refresh_s": appended,
               "appended_refresh_bytes": appended_bytes, "whole_index_reread_s": whole,
               "appended_over_whole": appended / whole}
