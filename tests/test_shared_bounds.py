@@ -5,9 +5,12 @@ two a refresh, and one refresh reads a bounded share of what was appended."""
 
 import gc
 import os
+import shutil
 import sys
 import tracemalloc
 from pathlib import Path
+
+import pytest
 
 import kvtier
 from kvtier.segment.log import RECORD_BYTES
@@ -43,25 +46,30 @@ def kvtier_lines(step) -> int:
     return count
 
 
-def forgetting_copies(root, n: int) -> int:
+def forgetting_copies(root, n: int, how: str) -> int:
     """Operations of the refresh that forgets ``n`` copies of one chunk: a co-writer's log
-    names ``n`` slots that all repeat one entry, then starts a new, empty log."""
+    names ``n`` slots that all repeat one entry, then starts a new, empty log (a restart) or
+    its segment is deleted."""
     writer = f"copies-{n}"
     root.mkdir(mode=0o700)
     write_log(root, writer, [(slot, entry(0)) for slot in range(n)])
     view = reader(root)
     view.refresh()
     assert view.find(key(0)) is not None and view.writers()[-1].chunks == n
-    write_log(root, writer, [])  # a restart: a new log
+    if how == "restart":
+        write_log(root, writer, [])
+    else:
+        shutil.rmtree(root / NS.id / WRITERS_DIR / writer)
     lines = kvtier_lines(view.refresh)
     assert view.find(key(0)) is None and len(view) == 0
     view.close()
     return lines
 
 
-def test_forgetting_many_copies_of_one_chunk_costs_in_proportion_to_their_number(tmp_path):
-    few = forgetting_copies(tmp_path / "few", 500)
-    many = forgetting_copies(tmp_path / "many", 2000)
+@pytest.mark.parametrize("how", ["restart", "deleted"])
+def test_forgetting_many_copies_of_one_chunk_costs_in_proportion_to_their_number(tmp_path, how):
+    few = forgetting_copies(tmp_path / "few", 500, how)
+    many = forgetting_copies(tmp_path / "many", 2000, how)
     assert many < 6 * few  # four times the copies: about four times the work, not sixteen
 
 
