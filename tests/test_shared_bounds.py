@@ -129,3 +129,27 @@ def test_one_refresh_reads_a_bounded_share_and_the_next_ones_go_on(tmp_path, mon
     view.refresh()
     assert len(view) == 260 and view.bytes_read == 260 * RECORD_BYTES
     view.close()
+
+
+def test_a_log_cut_while_a_refresh_reads_it_ends_that_refresh(tmp_path, monkeypatch):
+    from kvtier.io.safefs import SafeDir
+    from kvtier.segment import log as log_module
+    from kvtier.segment.log import LOG_HEADER_BYTES, LogFollower
+    from tests.helpers.hostile import time_bound
+
+    write_log(tmp_path, "cut", [(slot, entry(slot)) for slot in range(10)])
+    log_file = tmp_path / NS.id / WRITERS_DIR / "cut" / LOG_FILE
+    real = log_module.read_at
+
+    def cut_first(fd, length, offset):  # the writer cuts its log between a look and a read
+        if offset >= LOG_HEADER_BYTES:
+            os.truncate(log_file, LOG_HEADER_BYTES + 2 * RECORD_BYTES)
+        return real(fd, length, offset)
+
+    monkeypatch.setattr(log_module, "read_at", cut_first)
+    with SafeDir.open(log_file.parent) as directory, time_bound(10, "a refresh of a cut log"):
+        follower = LogFollower(directory, NS.digest(), RAW)
+        reset, changes = follower.refresh()
+        assert reset and sorted(follower.slots) == [0, 1] and len(changes) == 2
+        assert follower.refresh() == (False, [])
+        follower.close()
