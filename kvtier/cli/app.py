@@ -30,6 +30,8 @@ def shown(text: object) -> str:
 
 def printable(text: str) -> str:
     """``text`` with every character that is not printable written as its escape."""
+    if text.isprintable():  # the common case, at C speed
+        return text
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 

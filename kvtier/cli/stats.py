@@ -1,7 +1,9 @@
 """``kvtier stats URL``: a running store's or engine's kvtier metrics, as a table.
 
-The whole exchange (connect, request, every byte of the answer) ends by one deadline, and the
-answer is bounded in size: a server that trickles or never stops cannot hold the command.
+The whole command (connect, request, every byte of the answer, parsing it, printing it)
+ends by one deadline, ``--timeout``, and the answer is bounded in size: a server that
+trickles or never stops, or a page of a million samples, cannot hold the command. Its cost
+is in proportion to the samples served (``metrics_text``, ``stats_render``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from urllib.parse import SplitResult, urlsplit
 
 import typer
 
-from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, shown
+from kvtier.cli.app import JsonFlag, app, fail
+from kvtier.cli.deadline import Deadline, DeadlineExpired
+from kvtier.cli.metrics_text import PageError
+from kvtier.cli.metrics_text import parse_samples as parse_page
+from kvtier.cli.stats_render import print_json, print_samples
 from kvtier.units import format_size
 
 MAX_BODY = 32 * 2**20  # a store's metrics are a few KiB; anything past this is not them
@@ -80,18 +86,20 @@ def metrics_url(url: str) -> SplitResult:
     return parts
 
 
-def fetch(parts: SplitResult, timeout: float, limit: int = MAX_BODY) -> bytes:
-    """The body served at ``parts``, all of it within ``timeout`` seconds and ``limit`` bytes."""
-    deadline = time.monotonic() + timeout
+def fetch(parts: SplitResult, timeout: float, limit: int = MAX_BODY,
+          deadline: Deadline | None = None) -> bytes:
+    """The body served at ``parts``, all of it within ``timeout`` seconds (by ``deadline``
+    when given: the command's own) and ``limit`` bytes."""
+    deadline_at = time.monotonic() + (timeout if deadline is None else deadline.left())
     host = parts.hostname
     assert host, "fetch() takes an address checked by metrics_url()"
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(host, parts.port, timeout=timeout)
+    conn = kind(host, parts.port, timeout=max(0.001, deadline_at - time.monotonic()))
     sock = None
     try:
         conn.connect()
         sock = conn.sock
-        conn.sock = _DeadlineSocket(sock, deadline)
+        conn.sock = _DeadlineSocket(sock, deadline_at)
         conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
                      headers={"Accept": "text/plain"})
         response = conn.getresponse()
@@ -119,30 +127,15 @@ def _read_body(response: http.client.HTTPResponse, limit: int) -> bytes:
     return bytes(body)
 
 
-def parse_samples(body: bytes) -> list[dict]:
-    """The ``kvtier_*`` samples of a Prometheus text page; ``MetricsError`` if it is not one."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples = []
+def parse_samples(body: bytes, deadline: Deadline | None = None) -> list[dict]:
+    """The ``kvtier_*`` samples of a Prometheus text page (``metrics_text.parse_samples``);
+    ``MetricsError`` if it is not one, ``DeadlineExpired`` when ``deadline`` passes first."""
     try:
-        for family in text_string_to_metric_families(body.decode()):
-            for sample in family.samples:
-                if sample.name.startswith("kvtier_") and not sample.name.endswith("_created"):
-                    samples.append({"name": sample.name, "labels": dict(sample.labels),
-                                    "value": _number(sample.value)})
-    except ValueError as exc:  # UnicodeDecodeError included
+        return parse_page(body.decode(), deadline)
+    except UnicodeDecodeError as exc:
         raise MetricsError(f"not Prometheus text format ({str(exc)[:80]})") from exc
-    return samples
-
-
-def _number(value: float) -> float:
-    """A sample's value (the parser's: an ``int`` for integral text), infinite (its sign kept)
-    when it is an integer too large for a float: every value can be used as a float."""
-    try:
-        float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
-    return value
+    except PageError as exc:
+        raise MetricsError(str(exc)) from exc
 
 
 def check_timeout(name: str, seconds: float) -> None:
@@ -163,9 +156,9 @@ def read_metrics(url: str, timeout: float = 10.0) -> list[dict]:
 @app.command()
 def stats(url: Annotated[str, typer.Argument(help="host:port or URL of a metrics endpoint "
                                                   "(metrics_port).")],
-          timeout: Annotated[float, typer.Option(help="Seconds for the whole exchange: "
-                                                      "connect, request and answer (at most "
-                                                      "3600).")] = 10.0,
+          timeout: Annotated[float, typer.Option(help="Seconds for the whole command: "
+                                                      "connect, request, answer, parsing and "
+                                                      "printing it (at most 3600).")] = 10.0,
           as_json: JsonFlag = False) -> None:
     """Print the kvtier metrics a running store or engine serves on its metrics_port."""
     try:
@@ -173,26 +166,17 @@ def stats(url: Annotated[str, typer.Argument(help="host:port or URL of a metrics
         check_timeout("--timeout", timeout)
     except ValueError as exc:
         raise fail(f"stats: {exc}") from exc
+    deadline, body = Deadline.after(timeout), b""
     try:
-        samples = parse_samples(fetch(parts, timeout))
+        body = fetch(parts, timeout, deadline=deadline)
+        samples = parse_samples(body, deadline)
+        if samples:
+            deadline.check(f"before printing {len(samples):,} samples")
+            (print_json if as_json else print_samples)(url, samples, deadline)
+    except DeadlineExpired as exc:
+        raise fail(f"stats: {url}: read {format_size(len(body))}, then {exc}", code=1) from exc
     except (MetricsError, OSError, http.client.HTTPException) as exc:
         raise fail(f"stats: cannot read metrics from {url}: {str(exc) or type(exc).__name__}",
                    code=1) from exc
     if not samples:
         raise fail(f"stats: no kvtier metrics at {parts.geturl()}", code=1)
-    if as_json:
-        emit_json({"url": url, "samples": samples})
-        return
-    _print(url, samples)
-
-
-def _print(url: str, samples: list[dict]) -> None:
-    from rich.table import Table
-
-    table = Table("metric", "labels", "value", title=f"kvtier metrics at {shown(url)}")
-    for sample in samples:
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(sample["labels"].items()))
-        value = sample["value"]
-        table.add_row(shown(sample["name"].removeprefix("kvtier_")), shown(labels),
-                      f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}")
-    console.print(table)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from urllib.parse import SplitResult
 
+from kvtier.cli.deadline import Deadline
 from kvtier.cli.stats import MetricsError, fetch, parse_samples
 
 Labels = tuple[tuple[str, str], ...]
@@ -80,9 +81,11 @@ class Endpoint:
 
 
 def scrape(endpoint: Endpoint, timeout: float) -> Scrape:
-    """One read of ``endpoint``; ``EndpointLost`` saying why when it fails."""
+    """One read of ``endpoint``, its page fetched and parsed within ``timeout`` seconds;
+    ``EndpointLost`` saying why when it fails."""
+    deadline = Deadline.after(timeout)
     try:
-        samples = parse_samples(fetch(endpoint.parts, timeout))
+        samples = parse_samples(fetch(endpoint.parts, timeout, deadline=deadline), deadline)
     except (MetricsError, OSError, http.client.HTTPException) as exc:
         raise EndpointLost(f"{endpoint.url}: {str(exc) or type(exc).__name__}") from exc
     if not samples:
