@@ -153,3 +153,19 @@ def test_a_log_cut_while_a_refresh_reads_it_ends_that_refresh(tmp_path, monkeypa
         assert reset and sorted(follower.slots) == [0, 1] and len(changes) == 2
         assert follower.refresh() == (False, [])
         follower.close()
+
+
+def test_directories_that_are_no_segment_only_fill_the_places_segments_leave(tmp_path):
+    """An empty directory may be the segment of a writer that crashed while making it: still
+    followed (and reclaimed) while there is room, never in a real segment's place."""
+    from kvtier.shared.listing import WriterListing
+
+    for name in ("a-000", "a-001"):
+        segment(tmp_path, name).close()
+    write_log(tmp_path, "z-real", [(0, entry(7))])
+    assert list(WriterListing([str(tmp_path)], NS.id, 4).names(0, "reader")) == [
+        "a-000", "a-001", "z-real"]
+    assert list(WriterListing([str(tmp_path)], NS.id, 2).names(0, "reader")) == [
+        "a-000", "z-real"]
+    assert list(WriterListing([str(tmp_path)], NS.id, 2).names(0, "z-real")) == [
+        "a-000", "a-001"]
