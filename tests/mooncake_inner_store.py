@@ -49,7 +49,7 @@ def test_a_second_node_reads_what_the_first_stored_with_no_copy(server):
         out = torch.zeros_like(make_kv(toks))
         assert b.get(toks, out) == len(toks) and same_bytes(out, make_kv(toks))
         assert b.stats().remote_reads == 6
-        assert a._shared.remote.tier.staged == 0 and b._shared.remote.tier.staged == 0
+        assert a._state.remote.tier.staged == 0 and b._state.remote.tier.staged == 0
         assert b.metric_samples()  # the remote rows render
         samples = {s.name: s for s in b.metric_samples()}
         assert samples["remote_chunks_total"].values[(("backend", "mooncake"), ("direction", "read"))] == 6

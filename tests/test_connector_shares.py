@@ -43,7 +43,7 @@ def test_a_chunk_only_another_engine_wrote_is_loaded_from_its_segment(tmp_path):
     b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
     assert b.load_tiers("y", 64) == {TierName.DISK: 64, TierName.HOST: 0}
     (load,) = b.build_meta().loads
-    assert all(c.foreign is not None and c.foreign[0].writer == "a" and c.host_slot is not None
+    assert all(c.other is not None and c.other[0].writer == "a" and c.host_slot is not None
                and c.disk_slot is None for c in load.chunks)
     b.worker_report(WorkerReport(loads_done=Counter({"y": 1})))
     host = b.stack.indexes[TierName.HOST]
@@ -79,7 +79,7 @@ def test_with_tensor_parallel_every_rank_must_hold_the_chunk(tmp_path):
     assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
     b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
     (load,) = b.build_meta().loads
-    assert all(len(c.foreign) == 2 for c in load.chunks)
+    assert all(len(c.other) == 2 for c in load.chunks)
     b.close()
     a.close()
 
@@ -96,7 +96,7 @@ def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
     view.refresh()
     ref = view.ref(view.find(b"k" * 16))
     b, kv_b = worker(tmp_path, instance_id="b", share_writers=2)
-    load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, foreign=(ref,)),),
+    load = RequestLoad("r", (ChunkLoad(b"k" * 16, (8, 9), 0, host_slot=1, other=(ref,)),),
                        asynchronous=True)
     b.start_loads(StepPlan(loads=[load]))
     b.drain()

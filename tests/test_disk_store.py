@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from kvtier import KVLayout, KVStore
-from kvtier.store.state import StoreShared
+from kvtier.store.state import StoreState
 from kvtier.tiers.base import TierName
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, SMALL, bookkeeping, make_kv
@@ -167,7 +167,7 @@ def test_a_get_that_fails_midway_leaves_no_pin(tmp_path, monkeypatch):
         def device_lost(self):
             raise RuntimeError("device lost")
 
-        monkeypatch.setattr(StoreShared, "sync", device_lost)
+        monkeypatch.setattr(StoreState, "sync", device_lost)
         with pytest.raises(RuntimeError, match="device lost"):
             load(store, tokens)
         monkeypatch.undo()

@@ -2,7 +2,7 @@
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import IN_REMOTE, Ours, Theirs, find, walk_cached, walk_remote
+from kvtier.tiers.prefix import IN_REMOTE, InOther, Ours, find, walk_cached, walk_remote
 from kvtier.tiers.stack import Location
 
 KEYS = [ChunkKey(bytes([i]) * 32) for i in range(6)]
@@ -12,14 +12,14 @@ THEIRS = {KEYS[1]: "writer-b slot 9", KEYS[2]: "writer-b slot 4", KEYS[4]: "writ
 
 def test_our_copy_comes_before_another_writers():
     assert find(KEYS[2], OURS.get, THEIRS.get) == Ours(Location(TierName.DISK, 7))
-    assert find(KEYS[1], OURS.get, THEIRS.get) == Theirs("writer-b slot 9")
+    assert find(KEYS[1], OURS.get, THEIRS.get) == InOther("writer-b slot 9")
     assert find(KEYS[1], OURS.get, None) is None
     assert find(KEYS[3], OURS.get, THEIRS.get) is None
 
 
 def test_the_walk_ends_at_the_first_chunk_held_nowhere():
     found = walk_cached(KEYS, OURS.get, THEIRS.get)
-    assert found == [Ours(OURS[KEYS[0]]), Theirs(THEIRS[KEYS[1]]), Ours(OURS[KEYS[2]])]
+    assert found == [Ours(OURS[KEYS[0]]), InOther(THEIRS[KEYS[1]]), Ours(OURS[KEYS[2]])]
     assert [f.tier for f in found] == [TierName.HOST, TierName.SHARED, TierName.DISK]
     assert walk_cached(KEYS[3:], OURS.get, THEIRS.get) == []
 

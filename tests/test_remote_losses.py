@@ -68,7 +68,7 @@ def test_a_chunk_a_lookup_finds_gone_is_written_at_its_next_put(server):
             server.client().delete(value_key("kvtier:", a.namespace.digest(), key))
         assert a.lookup(first).tokens == 0  # "not there": forgotten
         assert a.put(first, make_kv(first)) == len(first)
-        assert a._shared.remote.drain(10)  # white-box: the background writes are over
+        assert a._state.remote.drain(10)  # white-box: the background writes are over
         assert len(remote_keys(server)) == 24
 
 

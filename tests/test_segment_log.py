@@ -242,7 +242,7 @@ def test_junk_in_a_lease_file_is_no_lease(tmp_path):
 def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp_path,
                                                                               monkeypatch):
     from kvtier.io.buffers import AlignedBuffer
-    from kvtier.shared.reads import ForeignReads
+    from kvtier.shared.reads import OtherReads
     from kvtier.shared.view import SharedView
 
     tier = make_tier([tmp_path], writers=["a"])
@@ -250,7 +250,7 @@ def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp
     assert all(tier.write(s, key(s), c.array).ok for s, c in chunks.items())
     view = SharedView([str(tmp_path)], NS, RAW, "b", 30)
     view.refresh()
-    reads = ForeignReads([str(tmp_path)], NS, RAW, tier.stride, [False])
+    reads = OtherReads([str(tmp_path)], NS, RAW, tier.stride, [False])
     (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")
     data = bytearray(slots.read_bytes())
     data[2 * tier.stride + 4096 + 7] ^= 0xFF  # slot 2's payload

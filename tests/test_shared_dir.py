@@ -208,8 +208,8 @@ def test_writers_without_a_seat_look_for_an_id_again_when_one_is_given_back(tmp_
         wait_for(lambda: loser.lookup(tokens).tokens == 2 * CHUNK)
         assert exact(loser, tokens) == 2 * CHUNK
         # the winner's view follows its new id: its own segment is not another writer's
-        wait_for(lambda: [w.writer for w in winner._shared.others.writers()] == [loser.disk.writer]
-                 or not winner._shared.others.writers())
+        wait_for(lambda: [w.writer for w in winner._state.others.writers()] == [loser.disk.writer]
+                 or not winner._state.others.writers())
     finally:
         for store in (a, b, c):
             store.close()
@@ -449,7 +449,7 @@ def test_under_a_low_open_file_limit_a_reader_follows_fewer_writers_and_says_so(
     monkeypatch.setattr(shared_view.resource, "getrlimit", lambda which: (16, hard))
     assert shared_view.followable_writers(1) == 2  # a quarter of 16 files, two a writer
     with KVStore(SMALL, shared(tmp_path, "d")) as reader:
-        assert reader._shared.others.views[0].max_writers == 2
+        assert reader._state.others.views[0].max_writers == 2
         assert [w.writer for w in reader.writers()] == ["a", "b"]  # not c: not followed
         assert "following only 2 other writers" in caplog.text
         assert reader.lookup(seq(ord("a") * 1000, 1)).tokens == CHUNK
@@ -472,6 +472,6 @@ def test_a_reader_out_of_open_files_keeps_its_view_rather_than_forgetting_every_
             raise OSError(errno.EMFILE, "Too many open files")
 
         monkeypatch.setattr(SafeDir, "scan", out_of_files)
-        b._shared.others.views[0].refresh()
+        b._state.others.views[0].refresh()
         assert b.lookup(tokens).chunks_by_tier == {SHARED: 2}
         assert exact(b, tokens) == 2 * CHUNK

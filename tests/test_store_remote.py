@@ -253,7 +253,7 @@ def test_remote_config_is_checked_and_credentials_come_from_the_environment(tmp_
 def test_flush_writes_what_back_pressure_dropped(server):
     toks = tokens(14, 40)
     with store(server, host_capacity=64 * CHUNK_BYTES) as a:
-        a._shared.remote._max_pending = 2  # white-box: a queue of two, so that puts drop writes
+        a._state.remote._max_pending = 2  # white-box: a queue of two, so that puts drop writes
         a.put(toks, make_kv(toks))
         assert a.stats().remote_dropped_writes > 0
         assert a.flush(20)
@@ -295,7 +295,7 @@ def test_a_get_reads_its_remote_chunks_in_groups_of_the_tiers_round_trip(server,
         a.put(toks, make_kv(toks))
         assert a.flush(20)
     with store(server, io_threads=4) as b:  # a read window of 8 chunks
-        tier = b._shared.remote.tier
+        tier = b._state.remote.tier
         tier.read_group_bytes = group_chunks * CHUNK_BYTES
         sizes = _count_calls(tier, "get_many")
         n, out = read(b, toks)
@@ -309,7 +309,7 @@ def test_writes_go_in_groups_of_the_tiers_round_trip_at_most(server, monkeypatch
     monkeypatch.setattr(RedisTier, "put_group_bytes", 3 * CHUNK_BYTES)
     toks = tokens(18, 12)
     with store(server) as a:
-        sizes = _count_calls(a._shared.remote.tier, "put_many")
+        sizes = _count_calls(a._state.remote.tier, "put_many")
         a.put(toks, make_kv(toks))
         assert a.flush(20)
         assert sum(sizes) == 12 and max(sizes) <= 3
@@ -318,7 +318,7 @@ def test_writes_go_in_groups_of_the_tiers_round_trip_at_most(server, monkeypatch
 def test_flush_writes_a_chunk_other_traffic_crowded_out_of_the_queue(server):
     toks = tokens(19, 4)
     with store(server, remote_min_hits=0) as a:
-        remote = a._shared.remote
+        remote = a._state.remote
         remote._max_pending = 0  # every write of the put is dropped
         a.put(toks, make_kv(toks))
         assert a.stats().remote_dropped_writes == 4 and not remote_keys(server)
@@ -339,10 +339,10 @@ def test_flush_writes_a_chunk_other_traffic_crowded_out_of_the_queue(server):
 def test_flush_says_so_when_the_store_is_down_with_chunks_unwritten(server):
     toks = tokens(20, 3)
     with store(server) as a:
-        a._shared.remote._max_pending = 0
+        a._state.remote._max_pending = 0
         a.put(toks, make_kv(toks))
         server.stop()
-        a._shared.remote._max_pending = 8
+        a._state.remote._max_pending = 8
         assert a.lookup(tokens(21, 1)).tokens == 0  # a failed round trip: out of service
         assert not a.flush(5)
 
@@ -350,7 +350,7 @@ def test_flush_says_so_when_the_store_is_down_with_chunks_unwritten(server):
 def test_flush_says_so_when_the_store_goes_down_under_its_last_writes(server):
     toks = tokens(22, 3)
     with store(server) as a:
-        remote = a._shared.remote
+        remote = a._state.remote
         remote._max_pending = 0
         a.put(toks, make_kv(toks))
         remote._max_pending = 8

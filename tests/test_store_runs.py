@@ -110,7 +110,7 @@ def test_a_put_longer_than_every_tier_stores_its_first_chunks_only():
             held = [stack.locate(key) for key in store.keys(tokens)]
         assert [loc is not None for loc in held] == [True] * 4 + [False] * 6
         for i in range(4):  # the first four chunks, each in its own slot
-            slot = store._shared.transfers.view(held[i]).view(torch.bfloat16)
+            slot = store._state.transfers.view(held[i]).view(torch.bfloat16)
             assert same_bytes(slot, kv[:, :, i * CHUNK:(i + 1) * CHUNK])
 
 
@@ -197,7 +197,7 @@ def test_a_demotion_that_raises_fails_the_run_held_before_it(tmp_path, monkeypat
 def count_copies_out(store, monkeypatch) -> list[int]:
     """The chunks each copy out of memory slots moved, in order (white-box: the transfers)."""
     copies: list[int] = []
-    transfers = store._shared.transfers
+    transfers = store._state.transfers
     real = transfers.run_of
 
     def counted(first, count):

@@ -528,7 +528,7 @@ def test_device_pool_victims_waiting_on_a_hung_drive_are_bounded(tmp_path):
     cfg = _config(tmp_path, gpu_capacity=2 * CHUNK_BYTES, write_policy="write_through",
                   disk_capacity=64 * (HEADER_BYTES + CHUNK_BYTES))
     with KVStore(SMALL, cfg, io_engine=make) as store:
-        bound = store._shared.max_pending
+        bound = store._state.max_pending
         engines[0].hold()
         try:
             for i in range(bound + 6):

@@ -130,7 +130,7 @@ def test_every_part_is_read_whole_and_a_torn_table_is_corrupt(tmp_path):
 
 def test_another_engines_chunk_is_read_in_part_too(tmp_path):
     from kvtier.disk.parts import ChunkParts
-    from kvtier.shared.reads import ForeignReads
+    from kvtier.shared.reads import OtherReads
     from kvtier.shared.view import SharedView
 
     tier = parted_tier(tmp_path, writers=["a"])
@@ -138,7 +138,7 @@ def test_another_engines_chunk_is_read_in_part_too(tmp_path):
     tier.write(0, key(6), data.array)
     view = SharedView([str(tmp_path)], NS, RAW, "b", 30)
     view.refresh()
-    reads = ForeignReads([str(tmp_path)], NS, RAW, tier.stride, [False], ChunkParts(RAW, PARTS))
+    reads = OtherReads([str(tmp_path)], NS, RAW, tier.stride, [False], ChunkParts(RAW, PARTS))
     ref = view.ref(view.find(key(6)))
     out = AlignedBuffer(RAW, pin=False)
     result = reads.read_parts(ref, out.array, (0,))
@@ -246,7 +246,7 @@ def test_another_engines_chunk_out_of_the_window_is_read_in_part(tmp_path):
     assert b.num_new_matched_tokens(again, 0) == (2 * CHUNK, True)
     b.plan_load(again, ([11, 12, 13, 14, 15], [NULL_BLOCK, NULL_BLOCK, 23, 24, 25]), 0, 2 * CHUNK)
     (load,) = b.build_meta().loads
-    assert [c.foreign is not None for c in load.chunks] == [True, True]
+    assert [c.other is not None for c in load.chunks] == [True, True]
     assert [c.parts for c in load.chunks] == [(0,), None]
     b.worker_report(WorkerReport(loads_done={"b": 1}))
     host = b.stack.indexes[TierName.HOST]
@@ -320,7 +320,7 @@ def test_a_shared_hit_longer_than_host_memory_needs_slots_for_its_window_only(tm
     b.plan_load(again, ([NULL_BLOCK] * 10 + [31, 32, 33],), 0, 6 * CHUNK)
     (load,) = b.build_meta().loads
     assert [c.host_slot is not None for c in load.chunks] == [False] * 5 + [True]
-    assert [c.foreign is not None for c in load.chunks] == [False] * 5 + [True]
+    assert [c.other is not None for c in load.chunks] == [False] * 5 + [True]
     assert b.load_tiers("b", 6 * CHUNK) == {TierName.DISK: 6 * CHUNK, TierName.HOST: 0}
     a.close()
     b.close()
@@ -437,7 +437,7 @@ def test_the_worker_reads_another_engines_chunk_in_part(tmp_path):
     ref = view.ref(view.find(b"k" * 16))
     b, kv_b = parted_worker(tmp_path, instance_id="b", share_writers=2)
     theirs = ChunkLoad(b"k" * 16, (8, 9, NULL_BLOCK, NULL_BLOCK), 0, host_slot=1,
-                       foreign=(ref,), parts=(0,))
+                       other=(ref,), parts=(0,))
     b.start_loads(StepPlan(loads=[RequestLoad("r", (theirs,), asynchronous=True)]))
     b.drain()
     assert b.finished() == {"r"} and b.take_failed_loads() == set()

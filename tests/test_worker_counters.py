@@ -11,7 +11,7 @@ def chunk(i, **where):
 
 
 LOAD = RequestLoad("r", (chunk(0), chunk(1, disk_slot=3),
-                         chunk(2, foreign=(SlotRef("w", 0, 5, b"k" * 16, 0, 64),)),
+                         chunk(2, other=(SlotRef("w", 0, 5, b"k" * 16, 0, 64),)),
                          chunk(3, remote=True)))
 COPIED = {"disk": 10, "shared": 20, "remote": 40}
 

@@ -36,7 +36,7 @@ def directory_slots(raw_bytes: int, paths: int, disk_capacity: int) -> int:
 
 
 @dataclass(frozen=True)
-class ForeignChunk:
+class OtherChunk:
     """A chunk in another writer's segment: local ``slot`` of its files on path ``path``,
     and what that writer's log says of it (key, codec, payload length)."""
 

@@ -14,7 +14,7 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.shared.followed import WriterState, directory_slots
-from kvtier.shared.reads import ForeignReads, SlotRef
+from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.shared.refresh import RefreshThread
 from kvtier.shared.view import SharedView
 
@@ -45,7 +45,7 @@ class OtherWriters:
     """
 
     def __init__(self, config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
-                 own: Callable[[], Sequence[str]], reads: ForeignReads | None = None,
+                 own: Callable[[], Sequence[str]], reads: OtherReads | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         slots = directory_slots(raw_bytes, len(config.disk_paths), config.disk_capacity)
         self._own, self._reads = own, reads
@@ -106,7 +106,7 @@ class OtherWriters:
 
 
 def follow_others(config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
-                  own: Callable[[], Sequence[str]], reads: ForeignReads | None = None,
+                  own: Callable[[], Sequence[str]], reads: OtherReads | None = None,
                   ) -> OtherWriters | None:
     """The follower of the other writers of ``namespaces`` (one per rank), or None: no
     disk paths, or ``share_refresh`` off (a private cache)."""

@@ -53,7 +53,7 @@ class SlotRef:
     generation: int = 0
 
 
-class ForeignReads:
+class OtherReads:
     """Verified reads of :class:`SlotRef` s into host slots (page-aligned buffers of at
     least ``raw_bytes``); ``o_direct[path]`` says whether to read a path's files with
     O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
@@ -244,12 +244,12 @@ def _unlinked(fd: int) -> bool:
         return True
 
 
-def foreign_reads(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
-                  lane: DiskLane | NoDisk) -> ForeignReads | None:
+def other_reads(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
+                  lane: DiskLane | NoDisk) -> OtherReads | None:
     """A reader of other writers' chunks for ``lane``'s paths (read the way the lane's own
     files are: O_DIRECT where it probed so), or None: no disk tier, or ``share_refresh`` off."""
     tier = lane.tier
     if config.share_refresh is None or tier is None:
         return None
     o_direct = [p.dir.o_direct if p.dir is not None else False for p in tier.paths.states]
-    return ForeignReads(config.disk_paths, namespace, raw_bytes, tier.stride, o_direct, tier.parts)
+    return OtherReads(config.disk_paths, namespace, raw_bytes, tier.stride, o_direct, tier.parts)

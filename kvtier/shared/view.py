@@ -1,6 +1,6 @@
 """What the other writers of a shared cache directory hold: their segments of one namespace,
 on every disk path, followed through their logs. Bookkeeping only: reads are
-:class:`~kvtier.shared.reads.ForeignReads`'."""
+:class:`~kvtier.shared.reads.OtherReads`'."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
 from kvtier.segment.log import RECORD_BYTES, REFRESH_BYTES, LogChange
 from kvtier.segment.names import LEASE_FILE
 from kvtier.shared.chunk_index import ChunkIndex, Copy
-from kvtier.shared.followed import Followed, ForeignChunk, WriterState, followable_writers
+from kvtier.shared.followed import Followed, OtherChunk, WriterState, followable_writers
 from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
 from kvtier.shared.upkeep import Upkeep
@@ -85,28 +85,28 @@ class SharedView:
 
     # -- lookups ------------------------------------------------------------------------
 
-    def find(self, key: ChunkKey) -> ForeignChunk | None:
+    def find(self, key: ChunkKey) -> OtherChunk | None:
         with self._lock:
             copy = self._index.first(key)
             return None if copy is None else self._chunk(key, copy)
 
-    def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> ForeignChunk | None:
+    def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
         with self._lock:
             followed = self._followed.get((path, writer))
             copy = None if followed is None else self._index.at(key, followed.source, slot)
             return None if copy is None else self._chunk(key, copy)
 
-    def _chunk(self, key: ChunkKey, copy: Copy) -> ForeignChunk:
+    def _chunk(self, key: ChunkKey, copy: Copy) -> OtherChunk:
         followed = self._sources[copy.source]
-        return ForeignChunk(followed.writer, followed.path, copy.slot, key, copy.codec,
+        return OtherChunk(followed.writer, followed.path, copy.slot, key, copy.codec,
                             copy.payload_bytes)
 
-    def ref(self, chunk: ForeignChunk) -> SlotRef:
+    def ref(self, chunk: OtherChunk) -> SlotRef:
         """What a reader needs to read ``chunk`` (with its writer's log generation)."""
         return chunk.ref(self.generation(chunk.path, chunk.writer))
 
-    def drop(self, chunk: ForeignChunk) -> None:
+    def drop(self, chunk: OtherChunk) -> None:
         with self._lock:
             followed = self._followed.get((chunk.path, chunk.writer))
             if followed is not None:
@@ -163,8 +163,8 @@ class SharedView:
                 followed = self._followed.get((path, writer))
                 if not first and (followed is None or not followed.follower.behind):
                     continue
-                if left < RECORD_BYTES:
-                    return
+                if not first and left < RECORD_BYTES:
+                    return  # every lease was read: the rest of the logs waits
                 before, had = self.bytes_read, self._slots_of(path, writer)
                 self._step(path, writer, self.max_slots - (used - had),
                            share if first else left, first)

@@ -19,14 +19,14 @@ from kvtier.keys import Namespace
 from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.logs import FailureLog
 from kvtier.shared.follower import OtherWriters, follow_others
-from kvtier.shared.reads import foreign_reads
+from kvtier.shared.reads import other_reads
 from kvtier.store.checks import check_tiers
 from kvtier.store.disk_writes import write_queue_bound
 from kvtier.store.flush import Flusher
 from kvtier.store.gate import CallGate
 from kvtier.store.reads import Fetcher
 from kvtier.store.remote import open_store_remote
-from kvtier.store.state import StoreShared
+from kvtier.store.state import StoreState
 from kvtier.store.stats import StoreStats
 from kvtier.store.transfers import Transfers
 from kvtier.store.writes import PlanRunner
@@ -58,7 +58,7 @@ class StoreParts:
 
     tiers: dict[TierName, MemoryTier] = field(default_factory=dict)
     lane: DiskLane | NoDisk = field(default_factory=NoDisk)
-    shared: StoreShared | None = None
+    state: StoreState | None = None
     runner: PlanRunner | None = None
     fetcher: Fetcher | None = None
     flusher: Flusher | None = None
@@ -68,9 +68,9 @@ class StoreParts:
         """Close every part once the calls inside ``gate`` are out, at most until ``deadline``
         (``KVStore.close``); False when I/O or a call still runs (a hung drive), which keeps
         the host memory it uses until a later close."""
-        shared = self.shared
-        assert shared is not None
-        if shared.remote is not None and not shared.remote.close(_left(deadline)):
+        state = self.state
+        assert state is not None
+        if state.remote is not None and not state.remote.close(_left(deadline)):
             self.lane.close(0)  # its I/O uses host memory
             return False
         if not self.lane.close(_left(deadline)):
@@ -79,23 +79,23 @@ class StoreParts:
             log.error("kvtier KVStore.close: %d calls still running after %g s; host memory "
                       "stays until they end and close() is called again", gate.inside, timeout)
             return False
-        if shared.others:  # after the lane: no read of another writer's chunk is left
-            shared.others.close()
-        shared.transfers.close()  # its views of host memory go before the memory
+        if state.others:  # after the lane: no read of another writer's chunk is left
+            state.others.close()
+        state.transfers.close()  # its views of host memory go before the memory
         for tier in self.tiers.values():
             tier.close()
         return True
 
     def release(self) -> None:
         """Give back what a start that failed had taken (nothing is running yet)."""
-        shared = self.shared
-        if shared and shared.others:
-            shared.others.close()
-        if shared and shared.remote:
-            shared.remote.close(0)
+        state = self.state
+        if state and state.others:
+            state.others.close()
+        if state and state.remote:
+            state.remote.close(0)
         self.lane.close(0)
-        if shared is not None:  # its views of host memory go before the memory
-            shared.transfers.close()
+        if state is not None:  # its views of host memory go before the memory
+            state.transfers.close()
         for tier in self.tiers.values():
             tier.close()
 
@@ -129,8 +129,8 @@ def _open_bookkeeping(parts: StoreParts, shape: StoreShape, lock: threading.Lock
     cfg, layout = shape.config, shape.layout
 
     def path_back(index: int) -> None:
-        if parts.shared is not None:
-            parts.shared.path_back(index)
+        if parts.state is not None:
+            parts.state.path_back(index)
 
     # write-back moves get their own queue per path: a put or get waiting on one must not
     # queue behind background writes and read-ahead
@@ -145,38 +145,38 @@ def _open_bookkeeping(parts: StoreParts, shape: StoreShape, lock: threading.Lock
                           getattr(torch, layout.dtype), layout.shape(cfg.chunk_tokens))
     host_slots = parts.tiers[HOST].num_slots if HOST in parts.tiers else 0
     max_pending = write_queue_bound(cfg, host_slots, len(parts.lane.queues))
-    parts.shared = shared = StoreShared(cfg, lock, stack, stack.order[0], parts.lane, transfers,
+    parts.state = state = StoreState(cfg, lock, stack, stack.order[0], parts.lane, transfers,
                                         stats, failures, parts.tiers, max_pending)
-    parts.runner = PlanRunner(shared)
-    parts.fetcher = Fetcher(shared, parts.runner)
-    parts.flusher = Flusher(shared, parts.runner)
+    parts.runner = PlanRunner(state)
+    parts.fetcher = Fetcher(state, parts.runner)
+    parts.flusher = Flusher(state, parts.runner)
     parts.read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2 if host_slots else 1))
 
 
 def _recover(parts: StoreParts, threads: int) -> None:
     """What the disk holds (oldest first, so it is evicted first)."""
-    assert parts.shared is not None
+    assert parts.state is not None
     report = parts.lane.recover(threads=threads)
-    index = parts.shared.stack.indexes[DISK]
+    index = parts.state.stack.indexes[DISK]
     for found in sorted(report.slots, key=lambda r: r.header.generation):
         index.adopt(found.header.key, found.slot)
-    parts.shared.stats.recovered_chunks = len(index)
-    parts.shared.stats.torn_slots = report.torn
-    parts.shared.retire_down_paths()
+    parts.state.stats.recovered_chunks = len(index)
+    parts.state.stats.torn_slots = report.torn
+    parts.state.retire_down_paths()
 
 
 def _open_beyond(parts: StoreParts, shape: StoreShape) -> None:
     """Other writers of a shared directory, and the remote store."""
-    shared = parts.shared
-    assert shared is not None
+    state = parts.state
+    assert state is not None
     host = parts.tiers.get(HOST)
     host = host if isinstance(host, HostTier) else None
     others = _follow_others(shape, parts.lane, host)
     if others is not None:  # another writer's chunk is never copied into this segment
-        shared.stack.on_disk_elsewhere = lambda key: others.find(key) is not None
-    shared.others = others
-    shared.remote = open_store_remote(shape.config, shape.namespace, shape.chunk_bytes, host,
-                                      shared.stack, shared.stats, shared.failures, shared.lock)
+        state.stack.on_disk_elsewhere = lambda key: others.find(key) is not None
+    state.others = others
+    state.remote = open_store_remote(shape.config, shape.namespace, shape.chunk_bytes, host,
+                                      state.stack, state.stats, state.failures, state.lock)
 
 
 def _follow_others(shape: StoreShape, lane: DiskLane | NoDisk,
@@ -186,7 +186,7 @@ def _follow_others(shape: StoreShape, lane: DiskLane | NoDisk,
     if not isinstance(lane, DiskLane) or host is None:
         return None
     tier = lane.tier  # it may take another writer id when its path comes back
-    reads = foreign_reads(shape.config, shape.namespace, shape.chunk_bytes, lane)
+    reads = other_reads(shape.config, shape.namespace, shape.chunk_bytes, lane)
     return follow_others(shape.config, [shape.namespace], shape.chunk_bytes,
                          lambda: [tier.writer], reads)
 

@@ -16,7 +16,7 @@ from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.store.state import DISK, HOST, StoreShared
+from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.tiers.host import HostTier
 from kvtier.tiers.stack import Location, Move
 
@@ -47,10 +47,10 @@ class StartedWrite:
 class DiskWrites:
     """The background disk writes of one store, a ``WriteGroups`` per disk path."""
 
-    def __init__(self, shared: StoreShared) -> None:
-        self.shared = shared
-        lane, cfg = shared.lane, shared.config
-        per_group = WRITE_GROUP_BYTES // max(1, shared.transfers.chunk_bytes)
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
+        lane, cfg = state.lane, state.config
+        per_group = WRITE_GROUP_BYTES // max(1, state.transfers.chunk_bytes)
         jobs = min(cfg.io_threads, WRITE_JOBS_PER_PATH)
         self.groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
                                           self._settle_group, per_group, jobs, lambda: lane.closed)
@@ -59,9 +59,9 @@ class DiskWrites:
     def write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
         """Queue the background disk write of a chunk that just reached host (lock held);
         dropped when its path's queue is full (``flush`` writes it later)."""
-        if self.shared.config.write_policy is not WritePolicy.WRITE_THROUGH:
+        if self.state.config.write_policy is not WritePolicy.WRITE_THROUGH:
             return None
-        if self.shared.stack.indexes[DISK].has_entry(key):
+        if self.state.stack.indexes[DISK].has_entry(key):
             return None
         return self.queue(key, host_slot, may_drop=True)
 
@@ -70,18 +70,18 @@ class DiskWrites:
         result to ``start`` once the lock is released). None when there is no room, or the
         path's queue is full (``max_pending`` chunks queued or being written) and
         ``may_drop``. The host slot stays pinned until the write ends."""
-        plan = self.shared.stack.plan_store(key, DISK)
+        plan = self.state.stack.plan_store(key, DISK)
         if plan is None:
             return None
-        groups = self.groups[self.shared.lane.queue_of(plan.dst.slot)]
-        if may_drop and groups.pending >= self.shared.max_pending:
-            self.shared.stack.finish(key, plan.dst, False)
-            self.shared.stats.dropped_writes += 1
-            self.shared.failures.note("write-through dropped", "the disk write queue is full; "
+        groups = self.groups[self.state.lane.queue_of(plan.dst.slot)]
+        if may_drop and groups.pending >= self.state.max_pending:
+            self.state.stack.finish(key, plan.dst, False)
+            self.state.stats.dropped_writes += 1
+            self.state.failures.note("write-through dropped", "the disk write queue is full; "
                                 "chunks stay in host memory until flush() or eviction "
                                 "writes them (counted in dropped_writes)")
             return None
-        self.shared.stack.indexes[HOST].pin(key)
+        self.state.stack.indexes[HOST].pin(key)
         future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
         return StartedWrite(future, groups, group)
 
@@ -116,23 +116,23 @@ class DiskWrites:
         """Write chunks of one path together: neighbouring slots go in one ``pwritev``. A
         chunk that failed (I/O error, no space) along with others is written once more on its
         own, so one bad sector, or the last free bytes, fail only the chunks they concern."""
-        host = self.shared.tiers[HOST]
+        host = self.state.tiers[HOST]
         assert isinstance(host, HostTier), "disk writes come from host slots"
         items = [(w.dst.slot, w.key, host.slot_array(w.src.slot)) for w in writes]
-        results = self.shared.lane.write_many(items)
+        results = self.state.lane.write_many(items)
         if len(items) > 1:
             for i, result in enumerate(results):
                 if result.status in (IOStatus.IO_ERROR, IOStatus.NO_SPACE):
-                    results[i] = self.shared.lane.write_many([items[i]])[0]
+                    results[i] = self.state.lane.write_many([items[i]])[0]
         return results
 
     def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
         """Finish each write's disk reservation, unpin its host slot and count its outcome
         (a write that never ran, at close, is not counted)."""
-        with self.shared.lock:
+        with self.state.lock:
             for i, write in enumerate(writes):
                 ok = results is not None and results[i].ok
-                self.shared.stack.finish(write.key, write.dst, ok)
-                self.shared.stack.unpin(write.key, write.src)
+                self.state.stack.finish(write.key, write.dst, ok)
+                self.state.stack.unpin(write.key, write.src)
                 if results is not None:
-                    self.shared.account_write(results[i])
+                    self.state.account_write(results[i])

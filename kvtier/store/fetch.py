@@ -12,10 +12,10 @@ from kvtier.keys import ChunkKey
 from kvtier.shared.follower import Refs
 from kvtier.store.direct import DirectTarget
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import InRemote, Ours, Theirs
+from kvtier.tiers.prefix import InOther, InRemote, Ours
 from kvtier.tiers.stack import Location, StorePlan
 
-Source = Ours | Theirs[Refs] | InRemote
+Source = Ours | InOther[Refs] | InRemote
 
 
 class FetchState(Enum):
@@ -53,15 +53,15 @@ class Fetch:
         return self.source.loc
 
     @property
-    def foreign(self) -> Refs | None:
+    def other(self) -> Refs | None:
         """Another writer's copy, when the chunk comes from one."""
-        return self.source.ref if isinstance(self.source, Theirs) else None
+        return self.source.ref if isinstance(self.source, InOther) else None
 
     def order(self) -> int:
         """Where its read is in its source, for reading neighbours together."""
         if isinstance(self.source, Ours):
             return self.source.loc.slot
-        return self.source.ref[0].slot if isinstance(self.source, Theirs) else 0
+        return self.source.ref[0].slot if isinstance(self.source, InOther) else 0
 
     def target(self) -> Location | list[np.ndarray]:
         """Where the read lands: the host slot, or the pieces of the caller's tensor."""

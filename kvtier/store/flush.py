@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from kvtier.keys import ChunkKey
 from kvtier.store.disk_writes import StartedWrite
 from kvtier.store.remote import RemoteFlush
-from kvtier.store.state import DISK, GPU, HOST, StoreShared
+from kvtier.store.state import DISK, GPU, HOST, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
@@ -51,45 +51,45 @@ class Flusher:
     says the rest (``KVStore.flush``; device pool chunks with no host copy count as not
     written); without one, every chunk held is unwritten."""
 
-    def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
-        self._shared, self._runner = shared, runner
+    def __init__(self, state: StoreState, runner: PlanRunner) -> None:
+        self._state, self._runner = state, runner
 
     def flush(self, timeout: float | None) -> FlushResult:
-        lane = self._shared.lane
+        lane = self._state.lane
         if not lane.num_slots:  # no disk tier: nothing to write to
-            if self._shared.remote is not None:
-                with self._shared.lock:
+            if self._state.remote is not None:
+                with self._state.lock:
                     return FlushResult(0, len(self._device_only()))
-            with self._shared.lock:
-                held = sum(len(index) for index in self._shared.stack.indexes.values())
+            with self._state.lock:
+                held = sum(len(index) for index in self._state.stack.indexes.values())
             return FlushResult(0, held)
         deadline = None if timeout is None else time.monotonic() + timeout
-        batch = self._shared.max_pending * len(lane.queues)
+        batch = self._state.max_pending * len(lane.queues)
         written = self._write_device_chunks(deadline)
         drained = lane.drain(time_left(deadline))
         tried: set[ChunkKey] = set()
         while drained:
             # again after each round: its writes may have evicted the disk copy of a host
             # chunk that had one; each chunk is tried once
-            with self._shared.lock:
+            with self._state.lock:
                 todo = deque(c for c in self._host_only() if c[0] not in tried)
             if not todo:
                 break
             tried.update(key for key, _ in todo)
             while drained and todo:
-                with self._shared.lock:
+                with self._state.lock:
                     started = self._start_writes(todo, batch)
                 self._runner.disk_writes.start_all(started)
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
-        with self._shared.lock:
+        with self._state.lock:
             left = len(self._host_only()) + len(self._device_only())
         return FlushResult(written, left, timed_out=not drained)
 
     def _device_only(self) -> list[ChunkKey]:
         """Device pool chunks with no host or disk copy (lock held), none in another
         writer's segment either."""
-        indexes, others = self._shared.stack.indexes, self._shared.others
+        indexes, others = self._state.stack.indexes, self._state.others
         if GPU not in indexes:
             return []
         below, held = [indexes[tier] for tier in (HOST, DISK)], indexes[GPU].keys()
@@ -101,7 +101,7 @@ class Flusher:
         """Write each device pool chunk with no copy below it to disk, one at a time until
         ``deadline``, through a copy in host memory of its own (host slots and their chunks
         are left alone); return how many were written."""
-        with self._shared.lock:
+        with self._state.lock:
             keys = self._device_only()
         written = 0
         for key in keys:
@@ -111,8 +111,8 @@ class Flusher:
         return written
 
     def _write_device_chunk(self, key: ChunkKey) -> bool:
-        stack = self._shared.stack
-        with self._shared.lock:
+        stack = self._state.stack
+        with self._state.lock:
             if stack.indexes[HOST].has_entry(key) or stack.indexes[DISK].has_entry(key):
                 return False
             slot = stack.indexes[GPU].pin(key)
@@ -123,13 +123,13 @@ class Flusher:
                 stack.indexes[GPU].unpin(key)
                 return False
         try:
-            staged = self._shared.transfers.staged(Location(GPU, slot))
+            staged = self._state.transfers.staged(Location(GPU, slot))
         except BaseException:
-            with self._shared.lock:
+            with self._state.lock:
                 stack.finish(key, plan.dst, False)
             raise
         finally:
-            with self._shared.lock:
+            with self._state.lock:
                 stack.indexes[GPU].unpin(key)
         return bool(self._runner.write_staged(key, staged, plan.dst))
 
@@ -137,8 +137,8 @@ class Flusher:
         """(key, host slot) of host chunks with no disk copy and none being written (lock
         held). A chunk another writer of a shared directory holds has one: it is not
         written to this store's segment again."""
-        indexes = self._shared.stack.indexes
-        host, disk, others = indexes[HOST], indexes[DISK], self._shared.others
+        indexes = self._state.stack.indexes
+        host, disk, others = indexes[HOST], indexes[DISK], self._state.others
         found, visible = [], host.keys()
         for key in visible:
             slot = host.slot_of(key)
@@ -151,7 +151,7 @@ class Flusher:
         """Queue the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
         and not on disk (lock held; start them once it is released): they go to the disk in
         groups of neighbouring slots. A chunk the disk has no room for is skipped."""
-        indexes = self._shared.stack.indexes
+        indexes = self._state.stack.indexes
         host, disk = indexes[HOST], indexes[DISK]
         started: list[StartedWrite] = []
         while todo and len(started) < batch:

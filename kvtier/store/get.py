@@ -12,7 +12,7 @@ from kvtier.store.chunk_runs import Run
 from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState
 from kvtier.store.reads import Fetcher
-from kvtier.store.state import DISK, HOST, Skip, StoreShared
+from kvtier.store.state import DISK, HOST, Skip, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import TierName
 from kvtier.tiers.prefix import walk_cached, walk_remote
@@ -39,12 +39,12 @@ class PrefixRead:
     reservation another ``get`` could need, so two gets never wait for each other.
     """
 
-    def __init__(self, shared: StoreShared, fetcher: Fetcher, runner: PlanRunner,
+    def __init__(self, state: StoreState, fetcher: Fetcher, runner: PlanRunner,
                  read_ahead: int, drain_timeout: float, direct: DirectTarget | None = None) -> None:
-        self._shared, self._fetcher, self._runner = shared, fetcher, runner
+        self._state, self._fetcher, self._runner = state, fetcher, runner
         self._direct = direct
         self._read_ahead, self._drain_timeout = read_ahead, drain_timeout
-        group = max(1, READ_GROUP_BYTES // shared.transfers.chunk_bytes)
+        group = max(1, READ_GROUP_BYTES // state.transfers.chunk_bytes)
         self._refill = min(group, read_ahead)  # free places in the window worth a refill
         self._window: deque[Fetch] = deque()
         self._issued, self._ended, self._may_wait = 0, False, True
@@ -59,8 +59,8 @@ class PrefixRead:
         try:
             self._remote = self._remote_tail(keys)
             if self._remote:  # the window refills by the remote tier's groups
-                assert self._shared.remote is not None
-                group = self._shared.remote.tier.read_group_bytes // self._shared.transfers.chunk_bytes
+                assert self._state.remote is not None
+                group = self._state.remote.tier.read_group_bytes // self._state.transfers.chunk_bytes
                 self._refill = max(self._refill, min(group, self._read_ahead))
             while self._fill(keys):
                 fetches = self._next_run()
@@ -88,11 +88,11 @@ class PrefixRead:
     def _remote_tail(self, keys: list[ChunkKey]) -> set[ChunkKey]:
         """The keys after the prefix cached here (or in a shared directory) that the remote
         store holds, from the first on: one round trip, only when some are not cached."""
-        remote, others = self._shared.remote, self._shared.others
+        remote, others = self._state.remote, self._state.others
         if remote is None:
             return set()
-        with self._shared.lock:
-            cached = len(walk_cached(keys, self._shared.stack.locate,
+        with self._state.lock:
+            cached = len(walk_cached(keys, self._state.stack.locate,
                                      others.find if others else None))
         tail = keys[cached:]
         return set(tail[:len(walk_remote(tail, remote.held) or ())])
@@ -139,7 +139,7 @@ class PrefixRead:
         the chunk again, at most ``drain_timeout`` in all for this get. A write queued but
         not yet handed to the engine counts too: the chunks this get promoted start theirs
         just after their copy."""
-        lane, writes = self._shared.lane, self._runner.disk_writes
+        lane, writes = self._state.lane, self._runner.disk_writes
         deadline = time.monotonic() + self._drain_timeout
         fetch: Fetch | Skip = Skip.NO_ROOM
         while fetch is Skip.NO_ROOM and (lane.pending() or writes.writes_pending):
@@ -156,7 +156,7 @@ class PrefixRead:
                        remote: bool) -> Fetch | Skip:
         """``key`` is being read into host memory by another ``get``: wait for that read to
         end (at most ``load_timeout`` in all), then begin the chunk again; ``END`` past it."""
-        timeout = self._shared.config.load_timeout
+        timeout = self._state.config.load_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         fetch: Fetch | Skip = Skip.BUSY
         while fetch is Skip.BUSY and self._fetcher.wait_staged(key, time_left(deadline)):
@@ -170,7 +170,7 @@ class PrefixRead:
             return False
         if source.tier is not DISK:  # else read straight into the caller's tensor
             self._runner.copy(chunks_out(len(self.loaded), len(fetches)),
-                              self._shared.transfers.run_of(source, len(fetches)))
+                              self._state.transfers.run_of(source, len(fetches)))
             # the first from where it completed (a staging slot, for a disk read), the
             # others, all in memory, from where they are pinned
             for fetch, copied_from in zip(fetches, [source] + [f.loc for f in fetches[1:]],
@@ -182,11 +182,11 @@ class PrefixRead:
     def _after_copy(self, fetch: Fetch, source: Location) -> None:
         """A chunk copied out from ``source``: promoted to the top tier, offered to the
         remote store."""
-        if source.tier is not self._shared.top:
+        if source.tier is not self._state.top:
             self._runner.promote(fetch.key, source)
-        remote = self._shared.remote
+        remote = self._state.remote
         if remote is not None and source.tier is HOST:  # it may have earned its write
-            with self._shared.lock:
+            with self._state.lock:
                 remote.loaded(fetch.key, source.slot)
             remote.start()
 
@@ -202,9 +202,9 @@ class PrefixRead:
                     self._fetcher.release(fetch)
             if error is not None:
                 raise error
-            self._shared.sync()
+            self._state.sync()
         finally:
             self._fetcher.unpin(held)
-            with self._shared.lock:
-                self._shared.stats.chunks_loaded.update(self.loaded)
-                self._shared.stats.chunks_missed += wanted - len(self.loaded)
+            with self._state.lock:
+                self._state.stats.chunks_loaded.update(self.loaded)
+                self._state.stats.chunks_missed += wanted - len(self.loaded)

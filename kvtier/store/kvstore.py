@@ -98,11 +98,11 @@ class KVStore:
         shape = StoreShape(cfg, layout, self.namespace, self.chunk_bytes, self.slot_bytes)
         self._parts = parts = open_parts(shape, device, self._lock, self._stats, self._failures,
                                          io_engine)
-        assert parts.shared is not None and parts.runner is not None
+        assert parts.state is not None and parts.runner is not None
         assert parts.fetcher is not None and parts.flusher is not None
         self.tiers: dict[TierName, MemoryTier] = parts.tiers
         self._lane = parts.lane
-        self._shared, self._stack, self._transfers = parts.shared, parts.shared.stack, parts.shared.transfers
+        self._state, self._stack, self._transfers = parts.state, parts.state.stack, parts.state.transfers
         self._runner, self._fetcher, self._flusher = parts.runner, parts.fetcher, parts.flusher
         self._read_ahead = parts.read_ahead
         if cfg.metrics_port:
@@ -138,7 +138,7 @@ class KVStore:
             keys = self.keys(tokens)
             self.layout.check_tensor(kv, len(keys) * self.chunk_tokens, "kv")
             self._poll()
-            stored = put_chunks(self._shared, self._runner, keys,
+            stored = put_chunks(self._state, self._runner, keys,
                                 ChunkRuns(kv, self.chunk_tokens, len(keys)).run,
                                 self._drain_timeout())
             with self._lock:
@@ -150,7 +150,7 @@ class KVStore:
         taken out by a check of their own (their lease) are retired."""
         self._lane.poll()
         with self._lock:
-            self._shared.retire_down_paths()
+            self._state.retire_down_paths()
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout
@@ -161,10 +161,10 @@ class KVStore:
         with self._gate:
             keys = self.keys(tokens)
             self._poll()
-            others = self._shared.others
+            others = self._state.others
             with self._lock:
                 found = walk_cached(keys, self._stack.locate, others.find if others else None)
-            remote = self._shared.remote
+            remote = self._state.remote
             tail = keys[len(found):]  # one round trip for the rest
             tiers = [where.tier for where in found] \
                 + [where.tier for where in walk_remote(tail, remote.held if remote else None) or ()]
@@ -189,7 +189,7 @@ class KVStore:
             # a second get into these bytes waits (only disk reads detach pages)
             with claim(self._direct, out) if self.disk else nullcontext():
                 direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
-                read = PrefixRead(self._shared, self._fetcher, self._runner, self._read_ahead,
+                read = PrefixRead(self._state, self._fetcher, self._runner, self._read_ahead,
                                   self._drain_timeout(), direct)
                 return read.run(keys, runs.run) * self.chunk_tokens
 
@@ -216,7 +216,7 @@ class KVStore:
             deadline = None if timeout is None else time.monotonic() + timeout
             self._poll()
             result = self._flusher.flush(timeout)
-            remote = self._shared.remote
+            remote = self._state.remote
             return result if remote is None else result.with_remote(remote.flush(deadline))
 
     def stats(self) -> StoreStats:
@@ -224,22 +224,22 @@ class KVStore:
         with self._lock:
             self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
             self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
-            self._shared.retire_down_paths()
-            others = self._shared.others
+            self._state.retire_down_paths()
+            others = self._state.others
             if others is not None:
                 seen = others.counts()
                 self._stats.shared_chunks, self._stats.shared_writers = seen.chunks, seen.writers
                 self._stats.shared_reclaimed = seen.reclaimed
                 self._stats.shared_seats_freed = seen.seats_freed
-            if self._shared.remote is not None:
-                self._stats.remote_down = self._shared.remote.tier.down
+            if self._state.remote is not None:
+                self._stats.remote_down = self._state.remote.tier.down
             return self._stats.snapshot()
 
     def writers(self) -> list[WriterState]:
         """The other writers of this store's namespace on its disk paths, as last seen
         (empty without a disk tier or with ``share_refresh`` off; after ``close``, as last
         seen before it)."""
-        others = self._shared.others
+        others = self._state.others
         return others.writers() if others is not None else []
 
     def _tiers_in_use(self) -> list[tuple[TierName, SlotIndex]]:
@@ -254,12 +254,12 @@ class KVStore:
             used = {str(name): len(index) for name, index in self._tiers_in_use()}
             slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
         # engine jobs, and the chunks waiting to go to the disk together in a write job
-        remote = self._shared.remote
+        remote = self._state.remote
         queued = self._lane.pending() + self._runner.disk_writes.writes_waiting
         return store_samples(stats, slots, used, queued,
                              remote=None if remote is None else (remote.backend,
                                                                  remote.lane.puts_pending),
-                             shared=self._shared.others is not None)
+                             shared=self._state.others is not None)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish background writes and release memory, files and threads; True when done.

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from kvtier.keys import ChunkKey
 from kvtier.store.chunk_runs import Run
-from kvtier.store.state import Skip, StoreShared
+from kvtier.store.state import Skip, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import StorePlan
 
@@ -78,7 +78,7 @@ class PutRuns:
             self._runner.finish(plan.key, plan.dst, False)
 
 
-def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
+def put_chunks(state: StoreState, runner: PlanRunner, keys: list[ChunkKey],
                chunks_of: Callable[[int, int], Run], drain_timeout: float) -> int:
     """Store the chunks of ``keys`` not cached yet (chunk ``i`` is ``chunks_of(i, 1)``);
     return how many were stored. Chunks already cached are only marked recent; a chunk with
@@ -88,25 +88,25 @@ def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
     (evicted by the put itself, or by the gets that promote them to a smaller tier), and
     with them every later chunk's hit; with a remote store too (its writes go from host
     slots in the background: a chunk evicted before its write never gets there)."""
-    keep = max(index.num_slots for index in shared.stack.indexes.values())
+    keep = max(index.num_slots for index in state.stack.indexes.values())
     if len(keys) > keep:
-        shared.count("chunks_skipped", len(keys) - keep)
+        state.count("chunks_skipped", len(keys) - keep)
         keys = keys[:keep]
-    runs = PutRuns(runner, chunks_of, shared.transfers.chunk_bytes)
+    runs = PutRuns(runner, chunks_of, state.transfers.chunk_bytes)
     may_wait = True
     try:
         for i, key in enumerate(keys):
-            plan = _plan_put(shared, key)
+            plan = _plan_put(state, key)
             if plan is Skip.NO_ROOM and runs.held:  # the held run's slots are not victims yet
                 runs.fill()
-                plan = _plan_put(shared, key)
-            if plan is Skip.NO_ROOM and may_wait and shared.lane.pending():
+                plan = _plan_put(state, key)
+            if plan is Skip.NO_ROOM and may_wait and state.lane.pending():
                 # Slots held by background writes: wait for them once (not for long if the
                 # disk is hung), then try again.
-                may_wait = shared.lane.drain(timeout=drain_timeout)
-                plan = _plan_put(shared, key)
+                may_wait = state.lane.drain(timeout=drain_timeout)
+                plan = _plan_put(state, key)
             if not isinstance(plan, StorePlan):
-                shared.count("chunks_skipped")
+                state.count("chunks_skipped")
                 continue
             runs.add(i, plan)
         runs.fill()
@@ -115,11 +115,11 @@ def put_chunks(shared: StoreShared, runner: PlanRunner, keys: list[ChunkKey],
     return runs.stored
 
 
-def _plan_put(shared: StoreShared, key: ChunkKey) -> StorePlan | Skip:
+def _plan_put(state: StoreState, key: ChunkKey) -> StorePlan | Skip:
     """A plan to store ``key``, or why there is none."""
-    with shared.lock:
-        stack = shared.stack
-        if stack.locate(key) is not None or stack.indexes[shared.top].has_entry(key):
+    with state.lock:
+        stack = state.stack
+        if stack.locate(key) is not None or stack.indexes[state.top].has_entry(key):
             stack.touch(key)
             return Skip.PRESENT
-        return stack.plan_store(key, shared.top) or Skip.NO_ROOM
+        return stack.plan_store(key, state.top) or Skip.NO_ROOM

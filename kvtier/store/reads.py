@@ -14,7 +14,7 @@ from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState, Source, fingerprint
 from kvtier.store.read_jobs import ReadJobs
 from kvtier.store.staging import Stagings
-from kvtier.store.state import DISK, HOST, REMOTE, SHARED, Skip, StoreShared
+from kvtier.store.state import DISK, HOST, REMOTE, SHARED, Skip, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.prefix import IN_REMOTE, Ours, find
 from kvtier.tiers.stack import Location, StorePlan
@@ -37,22 +37,22 @@ class Fetcher:
     ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
     """
 
-    def __init__(self, shared: StoreShared, runner: PlanRunner) -> None:
-        self.shared, self.runner = shared, runner
+    def __init__(self, state: StoreState, runner: PlanRunner) -> None:
+        self.state, self.runner = state, runner
         # per disk slot, the fingerprint of the chunk last read from it straight into a
         # caller's tensor (lock held): its next read promotes it
-        self._read_direct = np.zeros(shared.lane.num_slots, dtype=np.uint64)
-        self.stagings = Stagings(shared.lock)  # host slots reserved for reads, until finished
-        self.jobs = ReadJobs(shared)
+        self._read_direct = np.zeros(state.lane.num_slots, dtype=np.uint64)
+        self.stagings = Stagings(state.lock)  # host slots reserved for reads, until finished
+        self.jobs = ReadJobs(state)
 
     def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
         """Pin the disk copies of the cached prefix of ``keys`` for a whole ``get`` (of the
         chunks in host memory too): making room in host memory for one read demotes host
         chunks to disk, which must not evict a later chunk of the same prefix from both."""
-        if not self.shared.lane.num_slots:
+        if not self.state.lane.num_slots:
             return []  # no disk tier
-        with self.shared.lock:
-            return self.shared.stack.pin_prefix(keys, DISK)
+        with self.state.lock:
+            return self.state.stack.pin_prefix(keys, DISK)
 
     def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None,
               remote: bool = False) -> Fetch | Skip:
@@ -63,7 +63,7 @@ class Fetcher:
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it,
         ``BUSY`` when another ``get`` is reading it into host memory.
         """
-        with self.shared.lock:
+        with self.state.lock:
             source = self._pin_where(key, remote)
             if source is None:
                 return Skip.END
@@ -72,7 +72,7 @@ class Fetcher:
             if direct is not None and isinstance(source, Ours) \
                     and self._read_direct[source.loc.slot] != fingerprint(key):
                 return Fetch(key, source, FetchState.READING, direct=direct)
-            plan = self.shared.stack.plan_store(key, HOST)
+            plan = self.state.stack.plan_store(key, HOST)
             if plan is None:
                 self._unpin(key, source)
                 return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM
@@ -80,12 +80,12 @@ class Fetcher:
         try:
             demoted = self.runner.demote(plan)
         except BaseException:  # the engine closed meanwhile: its reservations are finished
-            with self.shared.lock:
+            with self.state.lock:
                 self._unpin(key, source)
                 self.stagings.end(plan)
             raise
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
-            with self.shared.lock:
+            with self.state.lock:
                 self._unpin(key, source)
                 self.stagings.end(plan)  # whoever waits for it: no read is coming
             return Skip.END
@@ -94,15 +94,15 @@ class Fetcher:
     def _pin_where(self, key: ChunkKey, remote: bool) -> Source | None:
         """Where ``key`` is hottest, pinned there when it is this store's (lock held);
         the remote store when ``remote`` (it said it holds the chunk); None: nowhere."""
-        others = self.shared.others
-        source = find(key, self.shared.stack.locate, others.find if others else None)
+        others = self.state.others
+        source = find(key, self.state.stack.locate, others.find if others else None)
         if isinstance(source, Ours):
-            self.shared.stack.indexes[source.tier].pin(key)
+            self.state.stack.indexes[source.tier].pin(key)
         return IN_REMOTE if source is None and remote else source
 
     def _unpin(self, key: ChunkKey, source: Source) -> None:
         if isinstance(source, Ours):  # another writer's or the remote store's: nothing pinned
-            self.shared.stack.unpin(key, source.loc)
+            self.state.stack.unpin(key, source.loc)
 
     def wait_staged(self, key: ChunkKey, timeout: float | None) -> bool:
         """Wait (lock not held) until no ``get`` is reading ``key`` into a host slot; False
@@ -111,7 +111,7 @@ class Fetcher:
 
     def _staged(self, plan: StorePlan, ok: bool) -> None:
         """Finish the host slot reserved for a chunk's read (lock held)."""
-        self.shared.stack.finish(plan.key, plan.dst, ok)
+        self.state.stack.finish(plan.key, plan.dst, ok)
         self.stagings.end(plan)
 
     def start(self, fetches: list[Fetch]) -> None:
@@ -143,8 +143,8 @@ class Fetcher:
         except BaseException:  # the wait was interrupted: the read may still land
             self._give_up(fetch, timed_out=False)
             raise
-        if fetch.foreign is not None:
-            return self._complete_foreign(fetch, result)
+        if fetch.other is not None:
+            return self._complete_other(fetch, result)
         if fetch.tier is REMOTE:
             return self._complete_remote(fetch, result)
         return self._complete_disk(fetch, result)
@@ -153,50 +153,50 @@ class Fetcher:
         """A read from this store's disk: the chunk is now in a host slot (promoted) or in
         the caller's tensor, or its disk copy is dropped."""
         plan = fetch.plan
-        with self.shared.lock:
+        with self.state.lock:
             if plan is not None:
                 self._staged(plan, result.ok)
             if result.ok:
-                self.shared.stats.disk_reads += 1
-                self.shared.stats.disk_read_bytes += result.nbytes
+                self.state.stats.disk_reads += 1
+                self.state.stats.disk_read_bytes += result.nbytes
                 if plan is None:
                     self._read_direct[fetch.loc.slot] = fingerprint(fetch.key)
                     fetch.state = FetchState.LANDED
                     return fetch.loc
-                self.shared.stack.indexes[HOST].pin(fetch.key)
-                self.shared.stats.chunks_promoted += 1  # disk to host: it stays there
+                self.state.stack.indexes[HOST].pin(fetch.key)
+                self.state.stats.chunks_promoted += 1  # disk to host: it stays there
                 fetch.state = FetchState.STAGED
                 return plan.dst
             fetch.state = FetchState.FAILED
-            self.shared.stack.discard(fetch.key)
-            self.shared.account_failure(result, "read")
+            self.state.stack.discard(fetch.key)
+            self.state.account_failure(result, "read")
         return None
 
-    def _complete_foreign(self, fetch: Fetch, result: IOResult) -> Location | None:
+    def _complete_other(self, fetch: Fetch, result: IOResult) -> Location | None:
         """A read from another writer's segment: the chunk is now in this store's host
         memory, or that copy is forgotten (the writer overwrote or lost it meanwhile)."""
-        plan, others, foreign = fetch.plan, self.shared.others, fetch.foreign
-        assert plan is not None and others is not None and foreign is not None
-        with self.shared.lock:
+        plan, others, refs = fetch.plan, self.state.others, fetch.other
+        assert plan is not None and others is not None and refs is not None
+        with self.state.lock:
             self._staged(plan, result.ok)
             if result.ok:
-                self.shared.stats.shared_reads += 1
-                self.shared.stats.shared_read_bytes += result.nbytes
-                self.shared.stack.indexes[HOST].pin(fetch.key)
+                self.state.stats.shared_reads += 1
+                self.state.stats.shared_read_bytes += result.nbytes
+                self.state.stack.indexes[HOST].pin(fetch.key)
                 fetch.state = FetchState.STAGED
                 return plan.dst
             fetch.state = FetchState.FAILED
-            self.shared.stats.shared_failures += 1
-            self.shared.failures.note(f"shared read {result.status.value}", result.detail)
-        others.drop(foreign)
+            self.state.stats.shared_failures += 1
+            self.state.failures.note(f"shared read {result.status.value}", result.detail)
+        others.drop(refs)
         return None
 
     def _complete_remote(self, fetch: Fetch, result: IOResult) -> Location | None:
         """A read from the remote store: the chunk is now in this store's host memory
         (under ``write_through`` also written to disk), or it was not there after all."""
-        plan, remote = fetch.plan, self.shared.remote
+        plan, remote = fetch.plan, self.state.remote
         assert plan is not None and remote is not None
-        with self.shared.lock:
+        with self.state.lock:
             remote.read_over(fetch.key, result)
             if not result.ok:
                 self._staged(plan, False)
@@ -206,7 +206,7 @@ class Fetcher:
         try:
             self.runner.finish(fetch.key, plan.dst, True, pin=True)
         finally:
-            with self.shared.lock:  # after the commit: whoever waited finds it in host memory
+            with self.state.lock:  # after the commit: whoever waited finds it in host memory
                 self.stagings.end(plan)
         return plan.dst
 
@@ -231,44 +231,44 @@ class Fetcher:
         assert read is not None, "only a disk read in flight is given up"
         held = None
         if fetch.tier is DISK:
-            with self.shared.lock:
-                if self.shared.stack.indexes[DISK].hold(fetch.key):
+            with self.state.lock:
+                if self.state.stack.indexes[DISK].hold(fetch.key):
                     held = fetch.loc
         if fetch.direct is not None:
             target, index = fetch.direct
             target.detach(index)  # the late read lands in memory the caller no longer sees
         if timed_out and fetch.tier in (SHARED, REMOTE):
-            where = "shared" if fetch.foreign is not None else "remote"  # not this store's disk
-            with self.shared.lock:
-                self.shared.stats.load_timeouts += 1
-                self.shared.failures.note(f"{where} read timed_out", "no answer after "
-                                          f"{self.shared.config.load_timeout:g} s (load_timeout)")
+            where = "shared" if fetch.other is not None else "remote"  # not this store's disk
+            with self.state.lock:
+                self.state.stats.load_timeouts += 1
+                self.state.failures.note(f"{where} read timed_out", "no answer after "
+                                          f"{self.state.config.load_timeout:g} s (load_timeout)")
         elif timed_out:
-            with self.shared.lock:
-                self.shared.stack.discard(fetch.key)
-            self.shared.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
-                                  f"after {self.shared.config.load_timeout:g} s (load_timeout)")
+            with self.state.lock:
+                self.state.stack.discard(fetch.key)
+            self.state.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
+                                  f"after {self.state.config.load_timeout:g} s (load_timeout)")
 
         if plan is not None or held is not None:  # its slots are free once the read ends
             staged, key = plan, fetch.key
 
             def ended(_: Future) -> None:
-                with self.shared.lock:
+                with self.state.lock:
                     if held is not None:
-                        self.shared.stack.unpin(key, held)
+                        self.state.stack.unpin(key, held)
                     if staged is not None:
                         self._staged(staged, False)
 
             read.add_done_callback(ended)
 
     def release(self, *fetches: Fetch) -> None:
-        with self.shared.lock:  # once for a run of fetches
+        with self.state.lock:  # once for a run of fetches
             for fetch in fetches:
                 self._unpin(fetch.key, fetch.source)
                 if fetch.state is FetchState.STAGED and fetch.plan is not None:
-                    self.shared.stack.unpin(fetch.key, fetch.plan.dst)
+                    self.state.stack.unpin(fetch.key, fetch.plan.dst)
 
     def unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
-        with self.shared.lock:
+        with self.state.lock:
             for key, loc in held:
-                self.shared.stack.unpin(key, loc)
+                self.state.stack.unpin(key, loc)

@@ -37,7 +37,7 @@ class Skip(Enum):
 
 
 @dataclass
-class StoreShared:
+class StoreState:
     """The state every part of one store works on. Bookkeeping (``stack``) and counters
     change only with ``lock`` held; bytes move outside it."""
 

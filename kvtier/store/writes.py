@@ -14,7 +14,7 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store.chunk_runs import Run, copy_run
 from kvtier.store.disk_writes import DiskWrites
-from kvtier.store.state import DISK, HOST, StoreShared
+from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.tiers.stack import Location, Move, StorePlan
 
 
@@ -31,14 +31,14 @@ class PlanRunner:
     Background writes to disk are ``DiskWrites``' (``disk_writes``).
     """
 
-    def __init__(self, shared: StoreShared) -> None:
-        self.shared = shared
-        self.disk_writes = DiskWrites(shared)
+    def __init__(self, state: StoreState) -> None:
+        self.state = state
+        self.disk_writes = DiskWrites(state)
         self._behind = 0  # device pool victims being written to disk from copies (lock held)
 
     def copy_in(self, chunk: Run, dst: Location) -> None:
         """Copy ``chunk`` (a run of one) into its slot."""
-        self.copy(self.shared.transfers.run_of(dst, 1), chunk)
+        self.copy(self.state.transfers.run_of(dst, 1), chunk)
 
     def fill_run(self, plans: Sequence[StorePlan], chunks: Run) -> None:
         """Copy ``chunks`` (a run of ``len(plans)``: ``chunk_runs``) into the plans' slots
@@ -46,8 +46,8 @@ class PlanRunner:
         memory tier from ``plans[0].dst``; the plans' demotions are done."""
         ok = False
         try:
-            self.copy(self.shared.transfers.run_of(plans[0].dst, len(plans)), chunks)
-            self.shared.sync()
+            self.copy(self.state.transfers.run_of(plans[0].dst, len(plans)), chunks)
+            self.state.sync()
             ok = True
         finally:
             for plan in plans:
@@ -57,7 +57,7 @@ class PlanRunner:
         """Copy run ``source`` into ``target``. With a disk or remote tier, a copy in CPU
         memory runs on this thread alone: torch's copy hands parts to its worker threads,
         which then wait spinning for more and take the cores the I/O needs."""
-        copy_run(target, source, threads=not (self.disk_writes.groups or self.shared.remote is not None))
+        copy_run(target, source, threads=not (self.disk_writes.groups or self.state.remote is not None))
 
     def run(self, plan: StorePlan, fill: Callable[[Location], object]) -> bool:
         """Run the plan's demotions, then ``fill(dst)``; finish every reservation."""
@@ -66,7 +66,7 @@ class PlanRunner:
         ok = False
         try:
             fill(plan.dst)
-            self.shared.sync()
+            self.state.sync()
             ok = True
         finally:
             self.finish(plan.key, plan.dst, ok)
@@ -88,10 +88,10 @@ class PlanRunner:
         return True
 
     def _fail_reservations(self, plan: StorePlan, first_move: int, _: Future | None = None) -> None:
-        with self.shared.lock:
+        with self.state.lock:
             for move in plan.demotions[first_move:]:
-                self.shared.stack.finish(move.key, move.dst, False)
-            self.shared.stack.finish(plan.key, plan.dst, False)
+                self.state.stack.finish(move.key, move.dst, False)
+            self.state.stack.finish(plan.key, plan.dst, False)
 
     def _move(self, move: Move) -> Future | None:
         """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
@@ -100,32 +100,32 @@ class PlanRunner:
         if move.dst.tier is not DISK:
             result = IOResult(IOStatus.IO_ERROR, detail="move did not run")
             try:
-                result = self.shared.transfers.copy(move.key, move.src, move.dst)
-                self.shared.sync()
+                result = self.state.transfers.copy(move.key, move.src, move.dst)
+                self.state.sync()
             finally:
                 self.finish(move.key, move.dst, result.ok)
             return None
         if move.src.tier is not HOST:
             self._write_behind(move)
             return None
-        return self._disk_move(move, partial(self.shared.transfers.copy, move.key, move.src, move.dst))
+        return self._disk_move(move, partial(self.state.transfers.copy, move.key, move.src, move.dst))
 
     def _write_behind(self, move: Move) -> None:
         """Write a device pool's victim to disk from a copy of its own in host memory, in
         the background (its slot is free once the copy is made, so a put never waits on the
         disk, nor on a hung one). At most ``max_pending`` such copies wait at once; past
         that the victim is dropped (counted in ``drops``)."""
-        disk = self.shared.transfers.disk
+        disk = self.state.transfers.disk
         assert disk is not None, "a move to disk needs the disk tier"
-        with self.shared.lock:
-            if self._behind >= self.shared.max_pending:
-                self.shared.stack.finish(move.key, move.dst, False)
-                self.shared.stack.drops += 1
+        with self.state.lock:
+            if self._behind >= self.state.max_pending:
+                self.state.stack.finish(move.key, move.dst, False)
+                self.state.stack.drops += 1
                 return
             self._behind += 1
         try:
-            staged = self.shared.transfers.staged(move.src)
-            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot),
+            staged = self.state.transfers.staged(move.src)
+            write = self.state.lane.submit(self.state.lane.move_queue_of(move.dst.slot),
                                             partial(disk.write, move.dst.slot, move.key, staged))
         except BaseException:  # the copy failed, or the engine is closed: nothing runs
             self._written_behind(move, None)
@@ -133,7 +133,7 @@ class PlanRunner:
         write.add_done_callback(partial(self._written_behind, move))
 
     def _written_behind(self, move: Move, write: Future | None) -> None:
-        with self.shared.lock:
+        with self.state.lock:
             self._behind -= 1
         if write is None:
             self.finish(move.key, move.dst, False)
@@ -144,23 +144,23 @@ class PlanRunner:
         """Write a chunk from ``staged`` (``Transfers.staged``) into disk slot ``dst``, which
         ``plan_store`` reserved, and finish that reservation: True when written, False when
         the write failed, None when it is not over by ``load_timeout`` (left running)."""
-        disk = self.shared.transfers.disk
+        disk = self.state.transfers.disk
         assert disk is not None, "a staged write goes to the disk tier"
         move = Move(key, dst, dst)  # no memory slot to give back: the copy is the write's own
         if self._disk_move(move, partial(disk.write, dst.slot, key, staged)) is not None:
             return None
-        with self.shared.lock:
-            return self.shared.stack.indexes[DISK].slot_of(key) == dst.slot
+        with self.state.lock:
+            return self.state.stack.indexes[DISK].slot_of(key) == dst.slot
 
     def _disk_move(self, move: Move, job: Callable[[], IOResult]) -> Future | None:
         """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``."""
         try:
-            write = self.shared.lane.submit(self.shared.lane.move_queue_of(move.dst.slot), job)
+            write = self.state.lane.submit(self.state.lane.move_queue_of(move.dst.slot), job)
         except BaseException:  # the engine is closed: nothing runs
             self.finish(move.key, move.dst, False)
             raise
         try:
-            result = write.result(timeout=self.shared.config.load_timeout)
+            result = write.result(timeout=self.state.config.load_timeout)
         except TimeoutError:
             return self._left_running(move, write)
         except Exception as exc:  # the copy raised: a failed write, never a crash
@@ -170,25 +170,25 @@ class PlanRunner:
 
     def _left_running(self, move: Move, write: Future) -> Future:
         """A write-back past ``load_timeout``: counted, logged once, and finished when it ends."""
-        self.shared.timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
-                        f"no answer after {self.shared.config.load_timeout:g} s (load_timeout); the put "
+        self.state.timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
+                        f"no answer after {self.state.config.load_timeout:g} s (load_timeout); the put "
                         "or get that needed its host slot went on without it")
         write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
         return write
 
     def _moved(self, move: Move, result: IOResult) -> None:
         self.finish(move.key, move.dst, result.ok)
-        with self.shared.lock:
-            self.shared.account_write(result)
+        with self.state.lock:
+            self.state.account_write(result)
 
     def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> None:
         """Finish a reservation (with ``pin``, pin the chunk there in the same breath); a
         chunk that reached host memory starts its write-through."""
-        remote = self.shared.remote
-        with self.shared.lock:
-            self.shared.stack.finish(key, dst, ok)
+        remote = self.state.remote
+        with self.state.lock:
+            self.state.stack.finish(key, dst, ok)
             if ok and pin:
-                self.shared.stack.indexes[dst.tier].pin(key)
+                self.state.stack.indexes[dst.tier].pin(key)
             write = self.disk_writes.write_through(key, dst.slot) if ok and dst.tier is HOST else None
             if remote is not None and ok and dst.tier is HOST:
                 remote.reached_host(key, dst.slot)
@@ -203,16 +203,16 @@ class PlanRunner:
     def writes_behind(self) -> bool:
         """True when a chunk reaching host memory starts a background write (write-through
         to disk, or to the remote store)."""
-        through = self.shared.config.write_policy is WritePolicy.WRITE_THROUGH
-        return (bool(self.disk_writes.groups) and through) or self.shared.remote is not None
+        through = self.state.config.write_policy is WritePolicy.WRITE_THROUGH
+        return (bool(self.disk_writes.groups) and through) or self.state.remote is not None
 
     def promote(self, key: ChunkKey, source: Location) -> None:
-        with self.shared.lock:
-            plan = self.shared.stack.plan_store(key, self.shared.top)
+        with self.state.lock:
+            plan = self.state.stack.plan_store(key, self.state.top)
         if plan is None:
             return
-        if self.run(plan, partial(self.copy_in, self.shared.transfers.run_of(source, 1))):
-            self.shared.count("chunks_promoted")
+        if self.run(plan, partial(self.copy_in, self.state.transfers.run_of(source, 1))):
+            self.state.count("chunks_promoted")
 
 
 def _result_of(write: Future) -> IOResult:

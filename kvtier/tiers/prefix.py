@@ -1,7 +1,7 @@
 """Where each chunk of a prefix is: one walk over every source, hottest first.
 
 A chunk is found in this store's (or engine's) own tiers (``Ours``), else in another
-writer's segment of a shared directory (``Theirs``), else in the remote store
+writer's segment of a shared directory (``InOther``), else in the remote store
 (``InRemote``). A prefix ends at its first chunk found nowhere: a key names its whole
 prefix, so nothing past a miss can be used. The standalone store and vLLM's scheduler
 side both walk prefixes with these two functions; what each source is (a tier stack, a
@@ -33,7 +33,7 @@ class Ours:
 
 
 @dataclass(frozen=True)
-class Theirs(Generic[Ref]):
+class InOther(Generic[Ref]):
     """A copy in another writer's segment; ``ref`` says where (the follower's own type)."""
 
     ref: Ref
@@ -51,21 +51,21 @@ IN_REMOTE = InRemote()
 
 
 def find(key: ChunkKey, locate: Callable[[ChunkKey], Location | None],
-         theirs: Callable[[ChunkKey], Ref | None] | None) -> Ours | Theirs[Ref] | None:
+         theirs: Callable[[ChunkKey], Ref | None] | None) -> Ours | InOther[Ref] | None:
     """Where ``key`` is hottest here: this store's tiers first, then other writers'
     segments (``theirs``; None: none are followed); None when neither holds it."""
     loc = locate(key)
     if loc is not None:
         return Ours(loc)
     ref = theirs(key) if theirs is not None else None
-    return Theirs(ref) if ref is not None else None
+    return InOther(ref) if ref is not None else None
 
 
 def walk_cached(keys: Sequence[ChunkKey], locate: Callable[[ChunkKey], Location | None],
-                theirs: Callable[[ChunkKey], Ref | None] | None) -> list[Ours | Theirs[Ref]]:
+                theirs: Callable[[ChunkKey], Ref | None] | None) -> list[Ours | InOther[Ref]]:
     """Where each chunk of the longest prefix of ``keys`` held here or by another writer
     is (the caller holds whatever lock ``locate`` and ``theirs`` need)."""
-    found: list[Ours | Theirs[Ref]] = []
+    found: list[Ours | InOther[Ref]] = []
     for key in keys:
         where = find(key, locate, theirs)
         if where is None:

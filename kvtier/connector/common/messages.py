@@ -58,7 +58,7 @@ class ChunkLoad:
     onwards.
 
     The pages come from ``host_slot``; when ``disk_slot`` is set they are first read from
-    disk into ``host_slot`` and verified; when ``foreign`` is set (one reference per TP rank,
+    disk into ``host_slot`` and verified; when ``other`` is set (one reference per TP rank,
     in rank order) they are first read from another engine's segment of the shared
     directory the same way; with ``remote``, from the remote store (each rank its own
     copy). ``host_slot`` is None when no host slot could be had: this chunk and the ones
@@ -74,7 +74,7 @@ class ChunkLoad:
     first_block: int
     host_slot: int | None
     disk_slot: int | None = None
-    foreign: tuple[SlotRef, ...] | None = None
+    other: tuple[SlotRef, ...] | None = None
     remote: bool = False
     parts: tuple[int, ...] | None = None
 
@@ -87,7 +87,7 @@ class ChunkLoad:
     def staged(self) -> bool:
         """Read into ``host_slot`` (from disk, a shared directory or the remote store)
         before it loads."""
-        return self.disk_slot is not None or self.foreign is not None or self.remote
+        return self.disk_slot is not None or self.other is not None or self.remote
 
 
 @dataclass(frozen=True)

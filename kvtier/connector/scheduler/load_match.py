@@ -18,7 +18,7 @@ from kvtier.keys import ChunkKey
 from kvtier.shared.follower import OtherWriters
 from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import InRemote, Ours, Theirs, walk_cached, walk_remote
+from kvtier.tiers.prefix import InOther, InRemote, Ours, walk_cached, walk_remote
 from kvtier.tiers.stack import TierStack
 
 HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
@@ -33,7 +33,7 @@ class Computed:
 
 
 COMPUTED = Computed()
-Matched = Computed | Ours | Theirs[tuple[SlotRef, ...]] | InRemote  # where a matched chunk is
+Matched = Computed | Ours | InOther[tuple[SlotRef, ...]] | InRemote  # where a matched chunk is
 
 
 class LoadMatcher:

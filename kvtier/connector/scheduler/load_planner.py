@@ -30,11 +30,11 @@ from kvtier.keys import ChunkKey
 from kvtier.shared.follower import OtherWriters
 from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import IN_REMOTE, InRemote, Ours, Theirs, find
+from kvtier.tiers.prefix import IN_REMOTE, InOther, InRemote, Ours, find
 from kvtier.tiers.stack import StorePlan, TierStack
 
 HOST, DISK, REMOTE = TierName.HOST, TierName.DISK, TierName.REMOTE
-Source = Ours | Theirs[tuple[SlotRef, ...]] | InRemote  # where a chunk of a load comes from
+Source = Ours | InOther[tuple[SlotRef, ...]] | InRemote  # where a chunk of a load comes from
 
 
 class LoadPlanner:
@@ -143,10 +143,10 @@ class LoadPlanner:
                 plan: StorePlan, load: Load, demotions: list[DiskWrite]) -> ChunkLoad:
         """A chunk read from storage into its staging slot: from this engine's disk (pinned
         there), another engine's segment or the remote store (nothing of ours to pin)."""
-        refs = where.ref if isinstance(where, Theirs) else None
+        refs = where.ref if isinstance(where, InOther) else None
         remote = isinstance(where, InRemote)
         if refs is not None:
-            load.foreign[key] = refs
+            load.other[key] = refs
         elif isinstance(where, Ours):
             load.pinned.append((key, where.loc))
         else:
@@ -154,7 +154,7 @@ class LoadPlanner:
         demotions += self._pending.demotion_writes(plan.demotions)
         load.staged.append(plan)
         disk_slot = where.loc.slot if isinstance(where, Ours) else None
-        return ChunkLoad(key, ids, first, plan.dst.slot, disk_slot, foreign=refs, remote=remote,
+        return ChunkLoad(key, ids, first, plan.dst.slot, disk_slot, other=refs, remote=remote,
                          parts=self._read_in_part(key, ids, load))
 
     def _out_of_window(self, key: ChunkKey, ids: tuple[int, ...], first: int, load: Load,
@@ -218,7 +218,7 @@ class LoadPlanner:
             if key in failed:
                 self.stack.discard(key)
                 self.counters["load_failed_chunks"] += 1
-        for key, refs in load.foreign.items():
+        for key, refs in load.other.items():
             if key in failed and self.others is not None:
                 self.others.drop(refs)
                 self.counters["load_failed_chunks"] += 1

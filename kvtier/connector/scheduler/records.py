@@ -49,7 +49,7 @@ class Load:
     tiers: dict[TierName, int]  # tokens loaded from each tier
     asynchronous: bool = False  # from disk: the request waits for it between steps
     cut: bool = False  # a chunk could not be loaded: it and the ones after are recomputed
-    foreign: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'
+    other: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'
     remote: set[ChunkKey] = field(default_factory=set)  # read from the remote store
     partial: set[ChunkKey] = field(default_factory=set)  # read in part: staged, never kept
 

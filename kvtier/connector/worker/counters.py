@@ -18,7 +18,7 @@ SOURCES = ("disk", "shared", "remote")  # where a chunk read into a host slot ca
 
 def source_of(chunk: Any) -> str:
     """Where ``chunk`` (a ``ChunkLoad`` that is ``staged``) is read from: one of ``SOURCES``."""
-    return "remote" if chunk.remote else "shared" if chunk.foreign is not None else "disk"
+    return "remote" if chunk.remote else "shared" if chunk.other is not None else "disk"
 
 
 @dataclass

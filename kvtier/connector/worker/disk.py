@@ -17,7 +17,7 @@ from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.batch_reads import ReadGroup, start_groups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.shared.reads import ForeignReads, SlotRef
+from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.tiers.host import HostTier
 
 
@@ -33,9 +33,9 @@ class WorkerDisk:
     """
 
     def __init__(self, lane: DiskLane | NoDisk, host: HostTier, ledger: WorkerLedger,
-                 threads: int, foreign: ForeignReads | None = None, rank: int = 0) -> None:
+                 threads: int, other_reads: OtherReads | None = None, rank: int = 0) -> None:
         self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
-        self._foreign, self._rank = foreign, rank
+        self._other_reads, self._rank = other_reads, rank
 
     def submit_reads(self, load: RequestLoad) -> Reads:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
@@ -52,7 +52,7 @@ class WorkerDisk:
                                         partial(self._lane.submit, queue)))
                 keys += [key for _, _, key, _ in group]
         futures: Reads = {}
-        groups += self._foreign_groups(load, futures, keys)
+        groups += self._other_groups(load, futures, keys)
         started = start_groups(groups)
         futures.update(zip(keys, started.reads, strict=True))
         if started.refused is not None:
@@ -66,14 +66,14 @@ class WorkerDisk:
         size = -(-len(items) // self._threads) or 1
         return [items[start:start + size] for start in range(0, len(items), size)]
 
-    def _foreign_groups(self, load: RequestLoad, futures: Reads,
+    def _other_groups(self, load: RequestLoad, futures: Reads,
                         keys: list[bytes]) -> list[ReadGroup]:
         """The reads of chunks in other engines' segments, spread over each disk path's
         threads, each chunk read from this rank's copy into its host slot, verified (nothing
         of theirs is ever written, even when a read is corrupt); their keys go on ``keys``."""
-        theirs = [(c.foreign[self._rank], c.host_slot, c.parts) for c in load.chunks
-                  if c.foreign is not None and c.host_slot is not None]
-        if theirs and self._foreign is None:  # no disk tier here: these cannot be read
+        theirs = [(c.other[self._rank], c.host_slot, c.parts) for c in load.chunks
+                  if c.other is not None and c.host_slot is not None]
+        if theirs and self._other_reads is None:  # no disk tier here: these cannot be read
             for ref, _, _ in theirs:
                 futures[ref.key] = failed_read("no disk paths to read another engine's chunk from")
             return []
@@ -81,23 +81,23 @@ class WorkerDisk:
         groups = []
         for index, queue in enumerate(queues):
             for group in self._spread([t for t in theirs if t[0].path % len(queues) == index]):
-                groups.append(ReadGroup(len(group), partial(self._read_foreign, group),
+                groups.append(ReadGroup(len(group), partial(self._read_other, group),
                                         partial(self._lane.submit, queue)))
                 keys += [ref.key for ref, _, _ in group]
         return groups
 
-    def _read_foreign(self, items: list[tuple[SlotRef, int, tuple[int, ...] | None]]
+    def _read_other(self, items: list[tuple[SlotRef, int, tuple[int, ...] | None]]
                       ) -> list[IOResult]:
         """Reads of other engines' chunks: whole ones together (neighbours in one call),
         the others the parts their loads need."""
-        foreign = self._foreign
-        assert foreign is not None, "reads of other engines' chunks need their reader"
+        reads = self._other_reads
+        assert reads is not None, "reads of other engines' chunks need their reader"
         whole = [i for i, (_, _, parts) in enumerate(items) if parts is None]
-        results = dict(zip(whole, foreign.read_many(
+        results = dict(zip(whole, reads.read_many(
             [(items[i][0], self._host.slot_array(items[i][1])) for i in whole]), strict=True))
         for i, (ref, slot, parts) in enumerate(items):
             if parts is not None:
-                results[i] = foreign.read_parts(ref, self._host.slot_array(slot), parts)
+                results[i] = reads.read_parts(ref, self._host.slot_array(slot), parts)
         return [results[i] for i in range(len(items))]
 
     def _read(self, items: list[tuple[int, ChunkKey, np.ndarray, tuple[int, ...] | None]]

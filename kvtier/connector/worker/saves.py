@@ -12,7 +12,7 @@ from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.pages import PagedKV
 from kvtier.connector.worker.remote import WorkerRemote
 from kvtier.disk.lane import DiskLane, NoDisk
-from kvtier.shared.reads import ForeignReads
+from kvtier.shared.reads import OtherReads
 from kvtier.tiers.host import HostTier
 
 
@@ -20,9 +20,9 @@ class WorkerSaves:
     """The save half of one worker (``WorkerSide.save``), made once its KV cache is known."""
 
     def __init__(self, pages: PagedKV, host: HostTier, lane: DiskLane | NoDisk,
-                 foreign: ForeignReads | None, disk: WorkerDisk, remote: WorkerRemote | None,
+                 other_reads: OtherReads | None, disk: WorkerDisk, remote: WorkerRemote | None,
                  ledger: WorkerLedger, chunk_bytes: int, load_timeout: float | None) -> None:
-        self.pages, self.host, self._lane, self._foreign = pages, host, lane, foreign
+        self.pages, self.host, self._lane, self._other_reads = pages, host, lane, other_reads
         self._disk, self._remote, self._ledger = disk, remote, ledger
         self._chunk_bytes, self._load_timeout = chunk_bytes, load_timeout
 
@@ -32,8 +32,8 @@ class WorkerSaves:
         failed stores, never raised into the engine's step."""
         pages, host = self.pages, self.host
         self._lane.poll()
-        if self._foreign is not None:
-            self._foreign.sweep_due()  # files of segments reclaimed since: space goes back
+        if self._other_reads is not None:
+            self._other_reads.sweep_due()  # files of segments reclaimed since: space goes back
         with self._ledger.lock:
             self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
         busy = self._demote(meta.demotions)

@@ -46,7 +46,7 @@ from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.io.result import IOResult
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
-from kvtier.shared.reads import ForeignReads, foreign_reads
+from kvtier.shared.reads import OtherReads, other_reads
 from kvtier.tiers.host import HostTier, make_host_tier
 
 log = logging.getLogger("kvtier")
@@ -80,7 +80,7 @@ class WorkerSide:
         self.host: HostTier | None = None
         self._io_engine = io_engine
         self._lane: DiskLane | NoDisk = NoDisk()
-        self._foreign: ForeignReads | None = None
+        self._other_reads: OtherReads | None = None
         self._disk: WorkerDisk  # made in register(), with the lane and the host slots
         self._remote: WorkerRemote | None = None  # made in register() too
         self._saves: WorkerSaves | None = None
@@ -115,13 +115,13 @@ class WorkerSide:
                                                         self._leader),
                                parts=self.geometry.part_bytes)
         self._ledger.lane = self._lane
-        self._foreign = foreign_reads(self.config, self.namespace, self.geometry.chunk_bytes,
+        self._other_reads = other_reads(self.config, self.namespace, self.geometry.chunk_bytes,
                                       self._lane)
         self._disk = WorkerDisk(self._lane, self.host, self._ledger, self.config.io_threads,
-                                self._foreign, self.namespace.tp_rank)
+                                self._other_reads, self.namespace.tp_rank)
         self._remote = WorkerRemote(self.config, self.namespace, self.geometry.chunk_bytes,
                                     self.host, self._ledger, parts=self.geometry.part_bytes)
-        self._saves = WorkerSaves(self.pages, self.host, self._lane, self._foreign, self._disk,
+        self._saves = WorkerSaves(self.pages, self.host, self._lane, self._other_reads, self._disk,
                                   self._remote, self._ledger, self.geometry.chunk_bytes,
                                   self.config.load_timeout)
         self._lane.recover(threads=self.config.io_threads)
@@ -290,8 +290,8 @@ class WorkerSide:
         remote_done = self._remote is None or self._remote.close(max(0.0, deadline - time.monotonic()))
         if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done or not remote_done:
             return False  # host memory and cache files stay open for the running I/O
-        if self._foreign is not None:
-            self._foreign.close()
+        if self._other_reads is not None:
+            self._other_reads.close()
         if self.host is not None:
             self.host.close()
         return True
