@@ -122,7 +122,7 @@ def _signal(process: Any, sig: int) -> None:
 class RedisStore(ContractStore):
     """One redis-server on loopback (``redis_server.RedisServer``)."""
 
-    timeout_s = hang_timeout_s = 0.5
+    timeout_s, hang_timeout_s = 0.5, 0.3
 
     def __init__(self, workdir: Path, *server_args: str) -> None:
         from tests.helpers.redis_server import RedisServer
@@ -180,7 +180,7 @@ class RedisStore(ContractStore):
 class RedisClusterStore(ContractStore):
     """Three redis-server primaries in cluster mode on loopback (``RedisCluster``)."""
 
-    timeout_s, hang_timeout_s = 3.0, 0.5  # a client asks for the slot map and command table
+    timeout_s, hang_timeout_s = 3.0, 0.3  # a client asks for the slot map and command table
     overflow = 200
 
     def __init__(self, workdir: Path) -> None:
