@@ -1,4 +1,6 @@
-"""The Redis remote tier on a cluster, against real redis-servers on loopback: one client
+"""The Redis remote tier on a cluster, against real redis-servers on loopback, in what is a
+cluster's own (what every backend promises is tests/test_remote_contract.py's): chunks
+spread over the nodes by slot, a hung node costing a batch one timeout, one client
 set-up at a time (the callers that waited on a failed one do not repeat it), TLS options
 of a ``rediss+cluster://`` URL reach every node's connection, and the ACL docs/remote.md
 gives runs a cluster tier (a missing permission is named in the failure)."""
@@ -167,8 +169,10 @@ def test_a_hung_node_costs_a_batch_one_timeout_not_one_per_key(tmp_path):
     tier = RedisTier(cluster.url, NS, RAW, timeout_s=0.5, retry_s=0.1, parts=(RAW // 2, RAW // 2))
     try:
         assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+        held = [node.client().dbsize() for node in cluster.nodes]  # the chunks spread by slot
+        assert sum(held) == len(keys) and all(h > 0 for h in held), held
         victim = cluster.nodes[1]
-        assert victim.client().dbsize() >= 8  # keys on it: each would cost a timeout
+        assert held[1] >= 8  # keys on it: each would cost a timeout
         os.kill(victim.process.pid, signal.SIGSTOP)
         try:
             calls = {"get": lambda: tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys]),

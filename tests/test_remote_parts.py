@@ -1,7 +1,9 @@
 """A hybrid model's chunks in the remote store, in parts (one per KV cache group, each with
-its own checksum in the value's part table): a load that fills only some groups reads the
-header and those parts (Redis GETRANGE, one pipelined trip), each checked; damage in a part
-read, in the table, or a value of another layout is a miss, never wrong bytes."""
+its own checksum in the value's part table): the value format, and on Redis a load that
+fills only some groups reading the header and those parts only (GETRANGE, one pipelined
+trip), each checked, a batch staying in step through an error reply. Damage in a part read
+or not, in the table, a value of another layout, a store down and a cluster: every
+backend's, in tests/test_remote_contract.py."""
 
 import numpy as np
 import pytest
@@ -116,83 +118,6 @@ def test_a_read_in_part_moves_only_the_parts_it_needs(server):
     dst = np.zeros(RAW, np.uint8)
     assert t.get_many([key(2)], [dst])[0].ok and np.array_equal(dst, chunk(2))  # whole, too
     t.close()
-
-
-@needs_redis
-@pytest.mark.parametrize("damage", ["part read", "part not read", "table", "truncated", "gone",
-                                    "other chunk", "whole layout"])
-def test_damage_a_read_in_part_sees_is_a_miss_never_wrong_bytes(server, damage):
-    t = tier(server.url)
-    t.put_many([(key(1), chunk(1)), (key(2), chunk(2))])
-    raw = server.client()
-    name = value_key("kvtier:", NS.digest(), key(1))
-    value = bytearray(raw.get(name))
-    if damage == "part read":
-        value[FORM.header_bytes + SPANS[0][0] + 100] ^= 1
-    elif damage == "part not read":
-        value[FORM.header_bytes + SPANS[1][0] + 100] ^= 1
-    elif damage == "table":
-        value[INDEX_ENTRY_BYTES + 20] ^= 1
-    elif damage == "truncated":
-        value = value[:FORM.header_bytes + SPANS[2][0] + 10]
-    elif damage == "other chunk":
-        value = bytearray(raw.get(value_key("kvtier:", NS.digest(), key(2))))
-    elif damage == "whole layout":
-        value = bytearray(ValueFormat(NS.digest(), RAW).encode(key(1), chunk(1)))
-    if damage == "gone":
-        raw.delete(name)
-    else:
-        raw.set(name, bytes(value))
-    (result,), (dst,) = read_parts(t, [key(1)], [{0, 2}])
-    expected = {"part not read": IOStatus.OK, "gone": IOStatus.MISSING}.get(damage, IOStatus.CORRUPT)
-    assert result.status is expected, result
-    if result.ok:
-        check_parts(dst, 1, {0, 2})
-        whole = t.get_many([key(1)], [np.zeros(RAW, np.uint8)])[0]
-        assert whole.status is IOStatus.CORRUPT  # read whole, every part is checked
-    (good,), (dst,) = read_parts(t, [key(2)], [{0, 2}])  # the connection is still in step
-    assert good.ok
-    check_parts(dst, 2, {0, 2})
-    t.close()
-
-
-@needs_redis
-def test_a_store_down_answers_every_read_in_part(tmp_path):
-    srv = RedisServer(tmp_path / "redis").start()
-    t = tier(srv.url)
-    t.put_many([(key(1), chunk(1))])
-    srv.stop()
-    results, _ = read_parts(t, [key(1), key(2)], [{0}, {1}])
-    assert {r.status for r in results} <= {IOStatus.IO_ERROR, IOStatus.TIMED_OUT}
-    assert t.down and read_parts(t, [key(1)], [{0}])[0][0].status is IOStatus.PATH_DOWN
-    t.close()
-
-
-@needs_redis
-def test_a_cluster_reads_in_part_across_its_nodes(tmp_path):
-    from tests.helpers.redis_server import RedisCluster
-
-    cluster = RedisCluster(tmp_path / "cluster").start()
-    try:
-        t = tier(cluster.url, timeout_s=10.0)
-        assert all(r.ok for r in t.put_many([(key(i), chunk(i)) for i in range(12)]))
-        wanted = [{i % 4, 3} for i in range(12)] + [{0}]
-        results, dsts = read_parts(t, [key(i) for i in range(13)], wanted)
-        assert [r.status for r in results] == [IOStatus.OK] * 12 + [IOStatus.MISSING]
-        for i in range(12):
-            check_parts(dsts[i], i, wanted[i])
-        raw = cluster.nodes[0].client()  # damage one a node holds: a miss
-        names = [n for n in raw.keys("kvtier:*")]
-        assert names
-        damaged = bytearray(raw.get(names[0]))
-        damaged[FORM.header_bytes + 10] ^= 1
-        raw.set(names[0], bytes(damaged))
-        i = next(i for i in range(12) if value_key("kvtier:", NS.digest(), key(i)) == names[0])
-        (result,), _ = read_parts(t, [key(i)], [{0}])
-        assert result.status is IOStatus.CORRUPT
-        t.close()
-    finally:
-        cluster.stop()
 
 
 def test_what_the_replies_of_a_read_in_part_come_to():
