@@ -108,7 +108,7 @@ def test_each_engine_step_gives_back_the_space_of_reclaimed_segments(tmp_path, m
 
     side, _ = worker(tmp_path)
     sweeps = []
-    monkeypatch.setattr(side._foreign, "sweep_due", lambda: sweeps.append(1))
+    monkeypatch.setattr(side._other_reads, "sweep_due", lambda: sweeps.append(1))
     side.save(StepPlan())
     side.save(StepPlan())
     assert len(sweeps) == 2
