@@ -16,10 +16,9 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "kvtier needs Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)"
+	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)" -e ".[dev,bench,remote,mooncake]"
 	# PyPI's CUDA builds of these break `from vllm import LLM` next to the CPU torch
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/pip install -q -e ".[dev,bench,remote,mooncake]"
 	touch $@
 
 # Three workers on two cores: many tests wait (on a lease, a timeout, a child process) and

