@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import reprlib
+import time
 from dataclasses import asdict
 from typing import Annotated
 
@@ -14,6 +15,7 @@ import typer
 from kvtier.cli.app import JsonFlag, app, console, emit_json, fail, printable
 from kvtier.cli.cache_reports import print_clear, print_gc, print_inspect, print_verify
 from kvtier.cli.remote_inspect import inspect_remote
+from kvtier.cli.watchdog import watchdog
 from kvtier.ops.cache import NamespaceDir, cache_root, error_text, namespaces
 from kvtier.ops.inspect import inspect_namespace
 from kvtier.ops.reclaim import gc as gc_namespaces
@@ -25,6 +27,8 @@ PathArg = Annotated[str, typer.Argument(help="A cache root: one of the disk_path
 NamespaceOpt = Annotated[str | None, typer.Option("--namespace", "-n",
                                                   help="Only namespaces whose id starts so.")]
 MAX_AGE_S = 36500 * 86400.0  # --older-than and --gone: 100 years; more is no age at all
+TimeoutOpt = Annotated[float, typer.Option(help="Seconds the whole command takes at most; past "
+                                           "them it stops, saying so (exit 1).")]
 
 
 def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
@@ -47,8 +51,9 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
                                                 "(remote_prefix).")] = "kvtier:",
             limit: Annotated[int, typer.Option(help="Keys of a remote store listed at most.")]
             = 1_000_000,
-            timeout: Annotated[float, typer.Option(help="Seconds a remote store's inspection "
-                                                   "takes at most, in all.")] = 60.0) -> None:
+            timeout: Annotated[float | None, typer.Option(
+                help="Seconds the whole command takes at most (default: 60 for a remote "
+                     "store, 600 for a cache root).")] = None) -> None:
     """Show every namespace under PATH and its writers: what they hold, whether in use.
 
     Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
@@ -63,9 +68,10 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
     a value checked is damaged.
     """
     if "://" in path:
-        inspect_remote(path, prefix, limit, namespace, as_json, timeout)
+        inspect_remote(path, prefix, limit, namespace, as_json, 60.0 if timeout is None else timeout)
         return
-    reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
+    with watchdog(600.0 if timeout is None else timeout, "inspect"):
+        reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
     if as_json:
         emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
     else:
@@ -77,21 +83,15 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
 @app.command()
 def verify(path: PathArg, namespace: NamespaceOpt = None,
            repair: Annotated[bool, typer.Option(help="Free bad slots and fix the index.")] = False,
-           as_json: JsonFlag = False) -> None:
+           as_json: JsonFlag = False, timeout: TimeoutOpt = 3600.0) -> None:
     """Check every slot's header and payload under PATH, writer by writer; exit 1 when
     anything is wrong.
 
     --repair frees corrupt, torn and foreign slots and fixes the index of each writer's
     segment that is not in use (one in use is checked, not repaired: exit 1).
     """
-    from rich.progress import Progress
-
-    dirs = _dirs(path, namespace)
-    reports = []
-    with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
-        for directory in dirs:
-            task = bar.add_task(f"verify {directory.id[:12]}", total=None)
-            reports.append(verify_namespace(directory, repair, functools.partial(bar.advance, task)))
+    with watchdog(timeout, "verify"):
+        reports = _verify_all(_dirs(path, namespace), repair, as_json)
     problems = sum(r.problems for r in reports)
     if as_json:
         emit_json({"path": path, "problems": problems, "namespaces": [r.as_dict() for r in reports]})
@@ -100,6 +100,17 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
     if (problems and not repair) or any(r.problem or any(w.problem for w in r.writers)
                                         for r in reports):
         raise typer.Exit(1)
+
+
+def _verify_all(dirs: list[NamespaceDir], repair: bool, as_json: bool) -> list:
+    from rich.progress import Progress
+
+    reports = []
+    with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
+        for directory in dirs:
+            task = bar.add_task(f"verify {directory.id[:12]}", total=None)
+            reports.append(verify_namespace(directory, repair, functools.partial(bar.advance, task)))
+    return reports
 
 
 @app.command()
@@ -112,7 +123,7 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
                                                      "long (lease not renewed: 10m, 1d).")] = None,
        dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go; change "
                                                                "nothing.")] = False,
-       as_json: JsonFlag = False) -> None:
+       as_json: JsonFlag = False, timeout: TimeoutOpt = 3600.0) -> None:
     """Reclaim space under PATH by age, size target, stale namespace or writer gone.
 
     Freed slots are punched out of the files. Writers' segments that a running kvtier process
@@ -126,8 +137,9 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
         size = parse_size(target) if target is not None else None
     except ValueError as exc:
         raise fail(f"gc: {exc}") from exc
-    report = gc_namespaces(_dirs(path, namespace), older_than_s=age, target_bytes=size,
-                           stale=stale, gone_s=gone_s, dry_run=dry_run)
+    with watchdog(timeout, "gc"):
+        report = gc_namespaces(_dirs(path, namespace), older_than_s=age, target_bytes=size,
+                               stale=stale, gone_s=gone_s, dry_run=dry_run)
     if as_json:
         emit_json(asdict(report))
     else:
@@ -153,19 +165,23 @@ def _age_arg(name: str, value: str | None) -> float | None:
 @app.command()
 def clear(path: PathArg, namespace: NamespaceOpt = None,
           yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask.")] = False,
-          as_json: JsonFlag = False) -> None:
+          as_json: JsonFlag = False, timeout: TimeoutOpt = 600.0) -> None:
     """Remove one namespace (--namespace) or every namespace under PATH.
 
     Asks first unless --yes. Removes only what kvtier provably wrote; never a writer's
     segment in use, nor entries kvtier did not write (exit 1 then, naming them).
     """
-    dirs = _dirs(path, namespace)
+    started = time.monotonic()
+    with watchdog(timeout, "clear"):
+        dirs = _dirs(path, namespace)
     if not dirs:
         matching = f" matching {namespace}" if namespace else ""
         raise fail(f"clear: no kvtier namespace under {path}{matching}")
+    asked = time.monotonic()
     if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {printable(path)}?"):
         raise typer.Exit(1)
-    done = clear_namespaces(dirs)
+    with watchdog(timeout, "clear", timeout - (asked - started)):  # not the question's time
+        done = clear_namespaces(dirs)
     if as_json:
         emit_json(asdict(done))
     else:
