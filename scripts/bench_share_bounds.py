@@ -11,6 +11,8 @@ a scratch directory, then times the reader's refreshes:
   co-writer starts a new log (as every restart does): the refresh that forgets them all.
 - ``memory``: the log names ``--chunks`` distinct valid chunks: the reader's memory per chunk
   followed (``tracemalloc``, after the refresh, less before).
+- ``first``: the log names ``--chunks`` distinct valid chunks: a new reader's first refresh
+  (what opening a store or an engine runs), and the refreshes it takes to see them all.
 - ``zeros``: a log of 64 GiB (its header, a few records, then zeros, a sparse file): the bytes
   each refresh reads.
 - ``appender``: a co-writer process appending valid records as fast as it can: the longest
@@ -109,6 +111,23 @@ def memory(root: Path, n: int) -> dict:
     return {"chunks": n, "bytes_per_chunk": (after - before) / n}
 
 
+def first_refresh(root: Path, n: int) -> dict:
+    """A reader made next to a co-writer of ``n`` chunks: its first refresh (what a new store
+    or engine runs as it opens), then the refreshes it takes to see them all."""
+    with segment(root, "w-first") as directory:
+        write_log(directory, [(s, entry(s)) for s in range(n)]).close()
+    view = view_of(root)
+    started = time.perf_counter()
+    view.refresh()
+    first_s, seen = time.perf_counter() - started, len(view)
+    started = time.perf_counter()
+    more = catch_up(view)
+    rest_s = time.perf_counter() - started
+    view.close()
+    return {"chunks": n, "first_refresh_s": first_s, "chunks_after_first": seen,
+            "refreshes_to_all": 1 + more, "catch_up_s": rest_s}
+
+
 def zeros(root: Path, refreshes: int = 20) -> dict:
     with segment(root, "w-zeros") as directory:
         write_log(directory, [(s, entry(s)) for s in range(10)]).close()
@@ -159,14 +178,17 @@ def main() -> None:
     parser.add_argument("--append-seconds", type=float, default=10.0)
     parser.add_argument("--dir", default=tempfile.gettempdir(),
                         help="where to make the run's scratch directories (removed at the end)")
+    parser.add_argument("--cases", help="comma-separated cases to run (default: all)")
     parser.add_argument("--json")
     args = parser.parse_args()
     cases = {"holders": lambda root: holders(root, args.holders),
              "memory": lambda root: memory(root, args.chunks),
+             "first": lambda root: first_refresh(root, args.chunks),
              "zeros": zeros,
              "appender": lambda root: appender(root, args.append_seconds)}
+    wanted = args.cases.split(",") if args.cases else list(cases)
     result = {}
-    for name, case in cases.items():
+    for name, case in ((name, cases[name]) for name in wanted):
         root = Path(tempfile.mkdtemp(prefix=f"kvtier-{name}-", dir=args.dir))  # ours alone
         try:
             result[name] = case(root)
