@@ -9,7 +9,8 @@ What it checks, each promise on a real store:
 
 - batches: one result per key, in order; a chunk put is read back byte for byte; a key never
   put, or gone from the store, is ``MISSING`` and ``exists`` says False, never an exception;
-  empty batches answer empty; the smallest and a large chunk round-trip;
+  empty batches answer empty (before connecting and after); the smallest and a large chunk
+  round-trip;
 - a second put of a key it holds is not a failure, and a read gives one whole chunk;
 - namespaces and prefixes share a store without seeing each other;
 - a value truncated, damaged, longer, another chunk's, another namespace's, another layout's
@@ -147,9 +148,12 @@ class RemoteContract:
     # -- batches, sizes, keys --------------------------------------------------------------
 
     def test_a_batch_round_trips_byte_for_byte_one_result_per_key_in_order(self, store):
-        t = store.tier()
+        t = store.tier(parts=PARTS)
+        assert t.put_many([]) == [] and t.exists([]) == [] and t.get_many([], []) == []  # empty
         put = t.put_many([(key(i), chunk(i)) for i in range(8)])
         assert statuses(put) == [IOStatus.OK] * 8
+        assert t.put_many([]) == [] and t.exists([]) == [] and t.get_many([], []) == []
+        assert t.get_parts([], [], []) == []
         assert t.exists([key(9), *[key(i) for i in range(8)], key(8)]) == [False] + [True] * 8 + [False]
         order = [5, 9, 0, 7, 3, 8, 1, 6, 2, 4]
         results, dsts = get(t, [key(i) for i in order])
@@ -157,25 +161,10 @@ class RemoteContract:
         for i, result, dst in zip(order, results, dsts, strict=True):
             assert i > 7 or (result.nbytes == RAW and np.array_equal(dst, chunk(i))), i
         assert not t.down and t.failures == 0  # misses are answers, not failures
-
-    def test_a_value_gone_from_the_store_is_missing(self, store):
-        t = store.tier()
-        assert all(r.ok for r in t.put_many([(key(1), chunk(1)), (key(2), chunk(2))]))
-        store.raw_delete(store.name(key(1)))  # as an eviction would
-        results, dsts = get(t, [key(1), key(2)])
-        assert statuses(results) == [IOStatus.MISSING, IOStatus.OK]
-        assert np.array_equal(dsts[1], chunk(2)) and t.exists([key(1), key(2)]) == [False, True]
-        parts = store.tier(parts=PARTS)
-        assert parts.get_parts([key(1)], [np.zeros(RAW, np.uint8)], [{0}])[0].status is IOStatus.MISSING
-
-    def test_empty_batches_answer_empty(self, store):
-        t = store.tier(parts=PARTS)
-        assert t.put_many([]) == [] and t.exists([]) == [] and t.get_many([], []) == []
-        assert t.get_parts([], [], []) == []
-        assert t.put_many([(key(1), chunk(1))])[0].ok  # connected now
-        assert t.put_many([]) == [] and t.exists([]) == [] and t.get_many([], []) == []
-        assert t.get_parts([], [], []) == []
-        assert not t.down and t.failures == 0
+        store.raw_delete(store.name(key(3)))  # gone from the store, as an eviction would do
+        assert statuses(get(t, [key(3), key(4)])[0]) == [IOStatus.MISSING, IOStatus.OK]
+        assert t.get_parts([key(3)], [np.zeros(RAW, np.uint8)], [{0}])[0].status is IOStatus.MISSING
+        assert t.exists([key(3), key(4)]) == [False, True] and t.failures == 0
 
     @pytest.mark.parametrize("nbytes", [1, 8 * 2**20])
     def test_the_smallest_and_a_large_chunk_round_trip(self, store, nbytes):

@@ -36,7 +36,7 @@ class ContractStore(ABC):
     hung store (short, where connecting is cheap); ``overflow``: chunks of ``RAW`` that more
     than fill the store ``small()`` gives."""
 
-    timeout_s = hang_timeout_s = 1.0
+    timeout_s, hang_timeout_s = 1.0, 0.5
     overflow = 320
 
     def __init__(self) -> None:
