@@ -51,6 +51,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from engine_host import EngineRunError  # noqa: E402
 from make_model import FAMILIES, make_model  # noqa: E402
 from peers import lmcache  # noqa: E402
 
@@ -73,14 +74,21 @@ def drop_page_cache(*directories: Path) -> None:
     drop_cache([p for d in directories for p in d.rglob("*") if p.is_file()])
 
 
+def engine_env(threads: str) -> dict[str, str]:
+    """An engine process's environment: this one's without kvtier's variables, vLLM in one
+    process bound to ``threads`` (VLLM_CPU_OMP_THREADS_BIND)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    env.update({"VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_LOGGING_LEVEL": "WARNING",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    return env
+
+
 def run(spec: dict, work: Path, name: str, threads: str, python: Path | None = None) -> dict:
     """Run ``spec`` in a new engine process; with ``python`` (a peer's venv), in that venv
     with vLLM's multiprocessing on."""
     spec_path, out_path = work / f"{name}.json", work / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-    env.update({"VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_LOGGING_LEVEL": "WARNING",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    env = engine_env(threads)
     if python is not None:
         # In one process vLLM never reads the binding ("all": every core, unbound); its
         # multiprocess executor rejects "all", and "nobind" is the same thing there.
@@ -205,6 +213,9 @@ def peer_arm(who: str, arm: Callable[[], None], failed: dict[str, str], console:
     except subprocess.CalledProcessError as exc:
         failed[who] = f"an engine exited with status {exc.returncode} (its output above says why)"
         console.print(f"[red]{who} failed: {failed[who]}[/red]")
+    except EngineRunError as exc:  # an engine run in an engine host: its log's tail says why
+        failed[who] = str(exc).splitlines()[0]
+        console.print(f"[red]{who} failed: {failed[who]}[/red]\n{exc}")
 
 
 def lmcache_python(venv: Path) -> Path:

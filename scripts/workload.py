@@ -44,13 +44,15 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from engine_host import EngineHost  # noqa: E402
 from make_model import make_model  # noqa: E402
 from peers import lmcache  # noqa: E402
-from ttft import lmcache_python, peer_arm, run  # noqa: E402  (one engine run in its own process)
+from ttft import engine_env, lmcache_python, peer_arm, run  # noqa: E402  (one engine run in its own process)
 
 from kvtier.units import parse_size  # noqa: E402
 
 CPU_BLOCK_TOKENS = 128  # vLLM's KV block on CPU
+ENGINE_TIMEOUT_S = 3600.0  # one engine run of the load, at most
 
 
 def tokens(rng: np.random.Generator, count: int) -> list[int]:
@@ -119,14 +121,16 @@ def run_engines(args, base: dict, work: Path, console: Console) -> tuple[dict, d
     def peer(key: str, start: Callable[[], dict]) -> None:
         peer_arm(dict(ENGINES)[key], lambda: outs.__setitem__(key, start()), failed, console)
 
-    for key, name in ENGINES[:3]:
-        if key == "example" and "example" not in args.peers:
-            continue
-        console.print(f"[dim]{name}[/dim]")
-        if key == "example":
-            peer(key, lambda: run(specs["example"], work, "example", args.threads))
-        else:
-            outs[key] = run(specs[key], work, key, args.threads)
+    # one after the other in one process (vLLM imported once): each is a new engine
+    with EngineHost(engine_env(args.threads)) as host:
+        for key, name in ENGINES[:3]:
+            if key == "example" and "example" not in args.peers:
+                continue
+            console.print(f"[dim]{name}[/dim]")
+            if key == "example":
+                peer(key, lambda: host.run(specs["example"], work, "example", ENGINE_TIMEOUT_S))
+            else:
+                outs[key] = host.run(specs[key], work, key, ENGINE_TIMEOUT_S)
     if "lmcache" in args.peers:
         python = lmcache_python(args.lmcache_venv)
         console.print(f"[dim]{ENGINES[3][1]}[/dim]")

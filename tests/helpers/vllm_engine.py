@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -77,11 +76,16 @@ def engine_command(spec: dict, workdir: Path, name: str,
     """(argv, environment, output path) of an engine run of ``spec`` in a new process."""
     spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
     spec_path.write_text(json.dumps(spec))
+    return [sys.executable, str(ROOT / "scripts" / "vllm_run.py"), str(spec_path),
+            str(out_path)], engine_env(extra_env), out_path
+
+
+def engine_env(extra_env: dict | None = None) -> dict:
+    """An engine run's environment: this one's, without kvtier's variables, one process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "all",
                 "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING", **(extra_env or {})})
-    return [sys.executable, str(ROOT / "scripts" / "vllm_run.py"), str(spec_path),
-            str(out_path)], env, out_path
+    return env
 
 
 def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
@@ -91,7 +95,10 @@ def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
     this test process's warm engine host, where vLLM is imported once; any other runs in a new
     process of its own."""
     if check and not env and spec.get("tensor_parallel_size", 1) == 1:
-        return warm_host().run(spec, workdir, name, timeout)
+        try:
+            return warm_host().run(spec, workdir, name, timeout)
+        except EngineRunError as exc:
+            raise AssertionError(str(exc)) from None
     argv, full_env, out_path = engine_command(spec, workdir, name, env)
     process = subprocess.run(argv, cwd=ROOT, env=full_env, capture_output=True, text=True,
                              timeout=timeout)
@@ -102,65 +109,19 @@ def run_engine(spec: dict, workdir: Path, name: str, check: bool = True,
     return json.loads(out_path.read_text())
 
 
-class EngineHost:
-    """``scripts/vllm_run.py --serve`` in a process of its own: specs run one after another,
-    each engine made and shut down in it, vLLM imported once (about 2 s an engine instead of
-    about 12). A run that fails or times out ends the host; the next run starts a new one."""
+sys.path.insert(0, str(ROOT / "scripts"))
+from engine_host import EngineHost, EngineRunError  # noqa: E402  (scripts/engine_host.py)
 
-    def __init__(self) -> None:
-        self.process: subprocess.Popen | None = None
-        self.log: Path | None = None
-
-    def _start(self, workdir: Path) -> subprocess.Popen:
-        if self.process is None or self.process.poll() is not None:
-            argv, env, _ = engine_command({}, workdir, "host")
-            self.log = workdir / "engine-host.log"
-            with open(self.log, "ab") as log:
-                self.process = subprocess.Popen([*argv[:2], "--serve"], cwd=ROOT, env=env,
-                                                stdin=subprocess.PIPE, stdout=log,
-                                                stderr=subprocess.STDOUT, text=True)
-        return self.process
-
-    def run(self, spec: dict, workdir: Path, name: str, timeout: float) -> dict:
-        spec_path, out_path = workdir / f"{name}.spec.json", workdir / f"{name}.out.json"
-        spec_path.write_text(json.dumps(spec))
-        done = Path(f"{out_path}.done")
-        for stale in (out_path, done):
-            stale.unlink(missing_ok=True)
-        process = self._start(workdir)
-        assert process.stdin is not None
-        process.stdin.write(f"{spec_path} {out_path}\n")
-        process.stdin.flush()
-        deadline = time.monotonic() + timeout
-        while not done.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise AssertionError(f"engine run {name}: the engine host "
-                                     f"{'ended' if process.returncode else 'timed out'}:\n"
-                                     f"{self.tail()}")
-            time.sleep(0.02)
-        status = done.read_text()
-        if status != "ok":
-            self.close()
-            raise AssertionError(f"engine run {name} failed:\n{status[-6000:]}\n{self.tail()}")
-        return json.loads(out_path.read_text())
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:] if self.log and self.log.exists() else ""
-
-    def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-
-_HOST = EngineHost()
+_HOSTS: list[EngineHost] = []  # this test process's one warm engine host, once made
 
 
 def warm_host() -> EngineHost:
-    return _HOST
+    """This test process's engine host (its environment: this process's at its first run)."""
+    if not _HOSTS:
+        _HOSTS.append(EngineHost(engine_env()))
+    return _HOSTS[0]
 
 
 def close_warm_host() -> None:
-    _HOST.close()
+    for host in _HOSTS:
+        host.close()
