@@ -32,12 +32,12 @@ time from the end of engine 0's request to the moment another engine's lookup wo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -46,11 +46,14 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from engine_host import EngineHost  # noqa: E402
 from make_model import make_model  # noqa: E402
+from ttft import engine_env  # noqa: E402
 
 from kvtier.units import parse_size  # noqa: E402
 
 CPU_BLOCK_TOKENS = 128  # vLLM's KV block on CPU
+ENGINE_TIMEOUT_S = 3600.0  # one engine run of the load, at most
 
 
 def tokens(rng: np.random.Generator, count: int) -> list[int]:
@@ -67,36 +70,26 @@ def fleet_load(args, rng) -> tuple[list[list[list[int]]], list[list[list[list[in
     return warm, rounds
 
 
-def start_engine(spec: dict, work: Path, name: str, threads: str,
-                 omp_wait: str) -> tuple[subprocess.Popen, Path]:
-    spec_path, out_path = work / f"{name}.json", work / f"{name}.out.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-    env.update({"VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_LOGGING_LEVEL": "WARNING",
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_WAIT_POLICY": omp_wait})
-    process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "vllm_run.py"),
-                                str(spec_path), str(out_path)], env=env, cwd=ROOT)
-    return process, out_path
+def engine_hosts(count: int, threads: str, omp_wait: str) -> list[EngineHost]:
+    """One engine host a place in the fleet (vLLM imported once in each): engine ``e`` of
+    every arm runs in host ``e``, the engines of one arm side by side."""
+    env = {**engine_env(threads), "OMP_WAIT_POLICY": omp_wait}
+    return [EngineHost(env) for _ in range(count)]
 
 
-def run_together(specs: dict[str, dict], work: Path, threads: str,
-                 omp_wait: str) -> dict[str, dict]:
-    """Run every engine at once; wait for all (bounded)."""
-    started = {name: start_engine(spec, work, name, threads, omp_wait)
-               for name, spec in specs.items()}
-    failed = []
-    for name, (process, _) in started.items():
-        try:
-            if process.wait(timeout=3600) != 0:
-                failed.append(name)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            failed.append(name)
-    if failed:
-        for process, _ in started.values():
-            process.kill()
-        raise SystemExit(f"engine(s) {failed} failed (their output is above)")
-    return {name: json.loads(out.read_text()) for name, (_, out) in started.items()}
+def run_together(hosts: list[EngineHost], specs: dict[str, dict], work: Path) -> dict[str, dict]:
+    """Run every engine at once, each in its host; wait for all (bounded). One that fails
+    ends them all (the others may wait for it at a barrier)."""
+    with ThreadPoolExecutor(len(specs)) as pool:
+        runs = {name: pool.submit(host.run, spec, work, name, ENGINE_TIMEOUT_S)
+                for host, (name, spec) in zip(hosts, specs.items(), strict=False)}
+        wait(runs.values(), return_when=FIRST_EXCEPTION)
+        failed = [name for name, run in runs.items() if run.done() and run.exception()]
+        if failed:
+            for host in hosts:
+                host.kill()
+            raise SystemExit(f"engine(s) {failed} failed: {runs[failed[0]].exception()}")
+    return {name: run.result() for name, run in runs.items()}
 
 
 def arm_specs(arm: str, args, base: dict, warm, rounds, probes, work: Path) -> dict[str, dict]:
@@ -188,13 +181,17 @@ def main() -> None:
     console.print(f"[dim]vLLM's KV cache: {blocks} blocks per engine[/dim]")
     prompt_tokens = sum(len(p) for r in rounds for w in r for p in w)
     rows, delays = {}, []
-    with tempfile.TemporaryDirectory(prefix="kvtier-fleet-", dir=args.dir) as tmp:
+    hosts = engine_hosts(args.engines, args.threads, args.omp_wait)
+    with tempfile.TemporaryDirectory(prefix="kvtier-fleet-", dir=args.dir) as tmp, \
+            contextlib.ExitStack() as stack:
+        for host in hosts:
+            stack.callback(host.close)
         for arm in ("shared", "private", "one"):
             console.print(f"[dim]{arm}[/dim]")
             work = Path(tmp) / arm
             work.mkdir()
-            outs = run_together(arm_specs(arm, args, base, warm, rounds, probes, work), work,
-                                args.threads, args.omp_wait)
+            outs = run_together(hosts, arm_specs(arm, args, base, warm, rounds, probes, work),
+                                work)
             timed = [r for out in outs.values() for ph in out["phases"][1:1 + args.rounds]
                      for r in ph]
             seconds = max(r["end"] for r in timed) - min(r["start"] for r in timed)

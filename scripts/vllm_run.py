@@ -96,7 +96,7 @@ def watch_visible(llm, watched: list[list[int]], timeout: float) -> list[dict]:
 
     core = llm.llm_engine.engine_core.engine_core
     side = core.scheduler.connector._scheduler
-    if side.shares is None:
+    if side.others is None:
         raise SystemExit("watch: kvtier follows no other engine here (disk_paths and "
                          "share_refresh must be set)")
     keys = []
@@ -108,7 +108,7 @@ def watch_visible(llm, watched: list[list[int]], timeout: float) -> list[dict]:
     deadline = time.monotonic() + timeout
     while None in seen and time.monotonic() < deadline:
         for i, chunk_keys in enumerate(keys):
-            if seen[i] is None and all(side.shares.find(k) is not None for k in chunk_keys):
+            if seen[i] is None and all(side.others.find(k) is not None for k in chunk_keys):
                 seen[i] = time.time()
         time.sleep(0.002)
     return [{"visible_at": at, "chunks": len(k)} for at, k in zip(seen, keys, strict=True)]
