@@ -9,9 +9,12 @@ import torch
 
 from kvtier import KVStore
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Books
 from kvtier.store.staging import Stagings
 from kvtier.tiers.base import TierName
-from kvtier.tiers.stack import Location, StorePlan
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.policy import LRUPolicy
+from kvtier.tiers.stack import Location, StorePlan, TierStack
 from tests.helpers.disk_helpers import failing_io, wait_until
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, SMALL, bookkeeping, make_kv, same_bytes
@@ -167,17 +170,17 @@ def test_gets_of_one_prefix_through_a_small_host_tier_never_hang(tmp_path):
 def test_a_staging_ends_only_by_its_own_plan():
     """A staging whose host slot went back before its ``end`` (a failed demotion) and was
     reserved again: its late ``end`` leaves the new staging in flight."""
-    lock = threading.Lock()
-    stagings = Stagings(lock)
+    books = Books(TierStack([(TierName.HOST, SlotIndex(2, LRUPolicy()))]))
+    stagings = Stagings(books)
     key = ChunkKey(bytes(16))
     first, second = (StorePlan(key, Location(TierName.HOST, slot)) for slot in (0, 1))
-    with lock:
+    with books.held():
         stagings.begin(first)
         stagings.begin(second)
         stagings.end(first)
         assert stagings.busy(key) and len(stagings) == 1
     assert stagings.wait(key, 0) is False  # in flight: no wait past the timeout
-    with lock:
+    with books.held():
         stagings.end(second)
         assert not stagings.busy(key) and len(stagings) == 0
     assert stagings.wait(key, None) is True  # nothing in flight: no wait at all

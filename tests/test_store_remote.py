@@ -325,11 +325,11 @@ def test_flush_writes_a_chunk_other_traffic_crowded_out_of_the_queue(server):
         remote._max_pending = 8
         real, crowded = remote._queue, []
 
-        def queue(key, slot):  # the first try of each chunk finds the queue full
+        def queue(held, key, slot):  # the first try of each chunk finds the queue full
             if key not in crowded:
                 crowded.append(key)
                 return False
-            return real(key, slot)
+            return real(held, key, slot)
 
         remote._queue = queue
         assert a.flush(20)

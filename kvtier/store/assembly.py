@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ from kvtier.layout import DTYPE_BYTES, KVLayout
 from kvtier.logs import FailureLog
 from kvtier.shared.follower import OtherWriters, follow_others
 from kvtier.shared.reads import other_reads
+from kvtier.store.books import open_books
 from kvtier.store.checks import check_tiers
 from kvtier.store.disk_writes import write_queue_bound
 from kvtier.store.flush import Flusher
@@ -27,7 +29,6 @@ from kvtier.store.gate import CallGate
 from kvtier.store.reads import Fetcher
 from kvtier.store.remote import open_store_remote
 from kvtier.store.state import StoreState
-from kvtier.store.stats import StoreStats
 from kvtier.store.transfers import Transfers
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import MemoryTier, TierName
@@ -35,7 +36,6 @@ from kvtier.tiers.gpu import DevicePool
 from kvtier.tiers.host import HostTier, make_host_tier
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy
-from kvtier.tiers.stack import TierStack
 
 GPU, HOST, DISK = TierName.GPU, TierName.HOST, TierName.DISK
 log = logging.getLogger("kvtier")
@@ -100,13 +100,13 @@ class StoreParts:
             tier.close()
 
 
-def open_parts(shape: StoreShape, device: torch.device | str | None, lock: threading.Lock,
-               stats: StoreStats, failures: FailureLog, io_engine: EngineFactory) -> StoreParts:
+def open_parts(shape: StoreShape, device: torch.device | str | None,
+               io_engine: EngineFactory) -> StoreParts:
     """Every part of a store, or what was taken given back and the error raised."""
     parts = StoreParts()
     try:
         _open_tiers(parts, shape, device)
-        _open_bookkeeping(parts, shape, lock, stats, failures, io_engine)
+        _open_bookkeeping(parts, shape, io_engine)
         _recover(parts, shape.config.io_threads)
         _open_beyond(parts, shape)
     except BaseException:
@@ -124,29 +124,29 @@ def _open_tiers(parts: StoreParts, shape: StoreShape, device: torch.device | str
     check_tiers(cfg, set(parts.tiers), cfg.chunk_tokens, slot_bytes)
 
 
-def _open_bookkeeping(parts: StoreParts, shape: StoreShape, lock: threading.Lock,
-                      stats: StoreStats, failures: FailureLog, io_engine: EngineFactory) -> None:
+def _open_bookkeeping(parts: StoreParts, shape: StoreShape, io_engine: EngineFactory) -> None:
     cfg, layout = shape.config, shape.layout
 
-    def path_back(index: int) -> None:
-        if parts.state is not None:
-            parts.state.path_back(index)
+    def lane(lock: threading.Lock, on_back: Callable[[int], None],
+             failures: FailureLog) -> DiskLane | NoDisk:
+        # write-back moves get their own queue per path: a put or get waiting on one must
+        # not queue behind background writes and read-ahead
+        parts.lane = open_lane(cfg, shape.namespace, shape.chunk_bytes, DTYPE_BYTES[layout.dtype],
+                               lock=lock, on_back=on_back, failures=failures, move_lanes=True,
+                               engine_factory=io_engine)
+        return parts.lane
 
-    # write-back moves get their own queue per path: a put or get waiting on one must not
-    # queue behind background writes and read-ahead
-    parts.lane = open_lane(cfg, shape.namespace, shape.chunk_bytes, DTYPE_BYTES[layout.dtype],
-                           lock=lock, on_back=path_back, failures=failures, move_lanes=True,
-                           engine_factory=io_engine)
-    policy = cfg.eviction_policy
-    levels = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in parts.tiers.items()]
-    levels.append((DISK, SlotIndex(parts.lane.num_slots, make_policy(policy))))  # 0 without disk
-    stack = TierStack(levels)
+    def levels(lane: DiskLane | NoDisk) -> list[tuple[TierName, SlotIndex]]:
+        policy = cfg.eviction_policy
+        found = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in parts.tiers.items()]
+        return [*found, (DISK, SlotIndex(lane.num_slots, make_policy(policy)))]  # 0 without disk
+
+    books = open_books(lane, levels)
     transfers = Transfers(parts.tiers, parts.lane.tier, shape.chunk_bytes,
                           getattr(torch, layout.dtype), layout.shape(cfg.chunk_tokens))
     host_slots = parts.tiers[HOST].num_slots if HOST in parts.tiers else 0
     max_pending = write_queue_bound(cfg, host_slots, len(parts.lane.queues))
-    parts.state = state = StoreState(cfg, lock, stack, stack.order[0], parts.lane, transfers,
-                                        stats, failures, parts.tiers, max_pending)
+    parts.state = state = StoreState(cfg, books, parts.lane, transfers, parts.tiers, max_pending)
     parts.runner = PlanRunner(state)
     parts.fetcher = Fetcher(state, parts.runner)
     parts.flusher = Flusher(state, parts.runner)
@@ -154,15 +154,10 @@ def _open_bookkeeping(parts: StoreParts, shape: StoreShape, lock: threading.Lock
 
 
 def _recover(parts: StoreParts, threads: int) -> None:
-    """What the disk holds (oldest first, so it is evicted first)."""
+    """What the disk holds."""
     assert parts.state is not None
     report = parts.lane.recover(threads=threads)
-    index = parts.state.stack.indexes[DISK]
-    for found in sorted(report.slots, key=lambda r: r.header.generation):
-        index.adopt(found.header.key, found.slot)
-    parts.state.stats.recovered_chunks = len(index)
-    parts.state.stats.torn_slots = report.torn
-    parts.state.retire_down_paths()
+    parts.state.books.adopt(report.slots, report.torn)
 
 
 def _open_beyond(parts: StoreParts, shape: StoreShape) -> None:
@@ -173,10 +168,10 @@ def _open_beyond(parts: StoreParts, shape: StoreShape) -> None:
     host = host if isinstance(host, HostTier) else None
     others = _follow_others(shape, parts.lane, host)
     if others is not None:  # another writer's chunk is never copied into this segment
-        state.stack.on_disk_elsewhere = lambda key: others.find(key) is not None
+        state.books.elsewhere(lambda key: others.find(key) is not None)
     state.others = others
     state.remote = open_store_remote(shape.config, shape.namespace, shape.chunk_bytes, host,
-                                      state.stack, state.stats, state.failures, state.lock)
+                                     state.books)
 
 
 def _follow_others(shape: StoreShape, lane: DiskLane | NoDisk,

@@ -16,6 +16,7 @@ from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.io.batch_writes import WRITE_GROUP_BYTES, WriteGroup, WriteGroups
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Held
 from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.tiers.host import HostTier
 from kvtier.tiers.stack import Location, Move
@@ -56,32 +57,33 @@ class DiskWrites:
                                           self._settle_group, per_group, jobs, lambda: lane.closed)
                        for queue in lane.queues}
 
-    def write_through(self, key: ChunkKey, host_slot: int) -> StartedWrite | None:
-        """Queue the background disk write of a chunk that just reached host (lock held);
-        dropped when its path's queue is full (``flush`` writes it later)."""
+    def write_through(self, b: Held, key: ChunkKey, host_slot: int) -> StartedWrite | None:
+        """Queue the background disk write of a chunk that just reached host (lock held:
+        ``b``); dropped when its path's queue is full (``flush`` writes it later)."""
         if self.state.config.write_policy is not WritePolicy.WRITE_THROUGH:
             return None
-        if self.state.stack.indexes[DISK].has_entry(key):
+        if b.stack.indexes[DISK].has_entry(key):
             return None
-        return self.queue(key, host_slot, may_drop=True)
+        return self.queue(b, key, host_slot, may_drop=True)
 
-    def queue(self, key: ChunkKey, host_slot: int, may_drop: bool = False) -> StartedWrite | None:
-        """Reserve a disk slot for a host chunk and queue its write (lock held; pass the
-        result to ``start`` once the lock is released). None when there is no room, or the
-        path's queue is full (``max_pending`` chunks queued or being written) and
+    def queue(self, b: Held, key: ChunkKey, host_slot: int,
+              may_drop: bool = False) -> StartedWrite | None:
+        """Reserve a disk slot for a host chunk and queue its write (lock held: ``b``; pass
+        the result to ``start`` once the lock is released). None when there is no room, or
+        the path's queue is full (``max_pending`` chunks queued or being written) and
         ``may_drop``. The host slot stays pinned until the write ends."""
-        plan = self.state.stack.plan_store(key, DISK)
+        plan = b.stack.plan_store(key, DISK)
         if plan is None:
             return None
         groups = self.groups[self.state.lane.queue_of(plan.dst.slot)]
         if may_drop and groups.pending >= self.state.max_pending:
-            self.state.stack.finish(key, plan.dst, False)
-            self.state.stats.dropped_writes += 1
-            self.state.failures.note("write-through dropped", "the disk write queue is full; "
-                                "chunks stay in host memory until flush() or eviction "
-                                "writes them (counted in dropped_writes)")
+            b.stack.finish(key, plan.dst, False)
+            b.stats.dropped_writes += 1
+            b.failures.note("write-through dropped", "the disk write queue is full; chunks "
+                            "stay in host memory until flush() or eviction writes them "
+                            "(counted in dropped_writes)")
             return None
-        self.state.stack.indexes[HOST].pin(key)
+        b.stack.indexes[HOST].pin(key)
         future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
         return StartedWrite(future, groups, group)
 
@@ -129,10 +131,10 @@ class DiskWrites:
     def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
         """Finish each write's disk reservation, unpin its host slot and count its outcome
         (a write that never ran, at close, is not counted)."""
-        with self.state.lock:
+        with self.state.books.held() as b:  # once for the group
             for i, write in enumerate(writes):
                 ok = results is not None and results[i].ok
-                self.state.stack.finish(write.key, write.dst, ok)
-                self.state.stack.unpin(write.key, write.src)
+                b.stack.finish(write.key, write.dst, ok)
+                b.stack.unpin(write.key, write.src)
                 if results is not None:
-                    self.state.account_write(results[i])
+                    b.account_write(results[i])

@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Held
 from kvtier.store.disk_writes import StartedWrite
 from kvtier.store.remote import RemoteFlush
 from kvtier.store.state import DISK, GPU, HOST, StoreState
@@ -55,14 +56,12 @@ class Flusher:
         self._state, self._runner = state, runner
 
     def flush(self, timeout: float | None) -> FlushResult:
-        lane = self._state.lane
+        lane, books = self._state.lane, self._state.books
         if not lane.num_slots:  # no disk tier: nothing to write to
-            if self._state.remote is not None:
-                with self._state.lock:
-                    return FlushResult(0, len(self._device_only()))
-            with self._state.lock:
-                held = sum(len(index) for index in self._state.stack.indexes.values())
-            return FlushResult(0, held)
+            with books.held() as b:
+                if self._state.remote is not None:
+                    return FlushResult(0, len(self._device_only(b)))
+                return FlushResult(0, sum(len(index) for index in b.stack.indexes.values()))
         deadline = None if timeout is None else time.monotonic() + timeout
         batch = self._state.max_pending * len(lane.queues)
         written = self._write_device_chunks(deadline)
@@ -71,25 +70,25 @@ class Flusher:
         while drained:
             # again after each round: its writes may have evicted the disk copy of a host
             # chunk that had one; each chunk is tried once
-            with self._state.lock:
-                todo = deque(c for c in self._host_only() if c[0] not in tried)
+            with books.held() as b:
+                todo = deque(c for c in self._host_only(b) if c[0] not in tried)
             if not todo:
                 break
             tried.update(key for key, _ in todo)
             while drained and todo:
-                with self._state.lock:
-                    started = self._start_writes(todo, batch)
+                with books.held() as b:  # once for a batch
+                    started = self._start_writes(b, todo, batch)
                 self._runner.disk_writes.start_all(started)
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
-        with self._state.lock:
-            left = len(self._host_only()) + len(self._device_only())
+        with books.held() as b:
+            left = len(self._host_only(b)) + len(self._device_only(b))
         return FlushResult(written, left, timed_out=not drained)
 
-    def _device_only(self) -> list[ChunkKey]:
-        """Device pool chunks with no host or disk copy (lock held), none in another
+    def _device_only(self, b: Held) -> list[ChunkKey]:
+        """Device pool chunks with no host or disk copy (lock held: ``b``), none in another
         writer's segment either."""
-        indexes, others = self._state.stack.indexes, self._state.others
+        indexes, others = b.stack.indexes, self._state.others
         if GPU not in indexes:
             return []
         below, held = [indexes[tier] for tier in (HOST, DISK)], indexes[GPU].keys()
@@ -101,8 +100,8 @@ class Flusher:
         """Write each device pool chunk with no copy below it to disk, one at a time until
         ``deadline``, through a copy in host memory of its own (host slots and their chunks
         are left alone); return how many were written."""
-        with self._state.lock:
-            keys = self._device_only()
+        with self._state.books.held() as b:
+            keys = self._device_only(b)
         written = 0
         for key in keys:
             if deadline is not None and time.monotonic() >= deadline:
@@ -111,33 +110,33 @@ class Flusher:
         return written
 
     def _write_device_chunk(self, key: ChunkKey) -> bool:
-        stack = self._state.stack
-        with self._state.lock:
-            if stack.indexes[HOST].has_entry(key) or stack.indexes[DISK].has_entry(key):
+        books = self._state.books
+        with books.held() as b:
+            indexes = b.stack.indexes
+            if indexes[HOST].has_entry(key) or indexes[DISK].has_entry(key):
                 return False
-            slot = stack.indexes[GPU].pin(key)
+            slot = indexes[GPU].pin(key)
             if slot is None:
                 return False  # evicted meanwhile
-            plan = stack.plan_store(key, DISK)
+            plan = b.stack.plan_store(key, DISK)
             if plan is None:  # no room: counted as not written
-                stack.indexes[GPU].unpin(key)
+                indexes[GPU].unpin(key)
                 return False
+        pinned = Location(GPU, slot)
         try:
-            staged = self._state.transfers.staged(Location(GPU, slot))
+            staged = self._state.transfers.staged(pinned)
         except BaseException:
-            with self._state.lock:
-                stack.finish(key, plan.dst, False)
+            books.abort([(key, plan.dst)])
             raise
         finally:
-            with self._state.lock:
-                stack.indexes[GPU].unpin(key)
+            books.unpin([(key, pinned)])
         return bool(self._runner.write_staged(key, staged, plan.dst))
 
-    def _host_only(self) -> list[tuple[ChunkKey, int]]:
+    def _host_only(self, b: Held) -> list[tuple[ChunkKey, int]]:
         """(key, host slot) of host chunks with no disk copy and none being written (lock
-        held). A chunk another writer of a shared directory holds has one: it is not
+        held: ``b``). A chunk another writer of a shared directory holds has one: it is not
         written to this store's segment again."""
-        indexes = self._state.stack.indexes
+        indexes = b.stack.indexes
         host, disk, others = indexes[HOST], indexes[DISK], self._state.others
         found, visible = [], host.keys()
         for key in visible:
@@ -147,11 +146,12 @@ class Flusher:
                 found.append((key, slot))
         return found
 
-    def _start_writes(self, todo: deque[tuple[ChunkKey, int]], batch: int) -> list[StartedWrite]:
+    def _start_writes(self, b: Held, todo: deque[tuple[ChunkKey, int]],
+                      batch: int) -> list[StartedWrite]:
         """Queue the disk writes of up to ``batch`` chunks of ``todo`` still in host memory
-        and not on disk (lock held; start them once it is released): they go to the disk in
-        groups of neighbouring slots. A chunk the disk has no room for is skipped."""
-        indexes = self._state.stack.indexes
+        and not on disk (lock held: ``b``; start them once it is released): they go to the
+        disk in groups of neighbouring slots. A chunk the disk has no room for is skipped."""
+        indexes = b.stack.indexes
         host, disk = indexes[HOST], indexes[DISK]
         started: list[StartedWrite] = []
         while todo and len(started) < batch:
@@ -159,7 +159,7 @@ class Flusher:
             slot = host.slot_of(key)  # it may have moved or gone since the flush began
             if slot is None or disk.has_entry(key):
                 continue
-            write = self._runner.disk_writes.queue(key, slot)
+            write = self._runner.disk_writes.queue(b, key, slot)
             if write is not None:
                 started.append(write)
         return started

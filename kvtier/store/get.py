@@ -8,14 +8,15 @@ from collections.abc import Callable
 
 from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Skip
 from kvtier.store.chunk_runs import Run
 from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState
 from kvtier.store.reads import Fetcher
-from kvtier.store.state import DISK, HOST, Skip, StoreState
+from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import walk_cached, walk_remote
+from kvtier.tiers.prefix import walk_remote
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
@@ -91,9 +92,7 @@ class PrefixRead:
         remote, others = self._state.remote, self._state.others
         if remote is None:
             return set()
-        with self._state.lock:
-            cached = len(walk_cached(keys, self._state.stack.locate,
-                                     others.find if others else None))
+        cached = len(self._state.books.cached(keys, others.find if others else None))
         tail = keys[cached:]
         return set(tail[:len(walk_remote(tail, remote.held) or ())])
 
@@ -182,12 +181,11 @@ class PrefixRead:
     def _after_copy(self, fetch: Fetch, source: Location) -> None:
         """A chunk copied out from ``source``: promoted to the top tier, offered to the
         remote store."""
-        if source.tier is not self._state.top:
+        if source.tier is not self._state.books.top:
             self._runner.promote(fetch.key, source)
         remote = self._state.remote
         if remote is not None and source.tier is HOST:  # it may have earned its write
-            with self._state.lock:
-                remote.loaded(fetch.key, source.slot)
+            remote.loaded(fetch.key, source.slot)
             remote.start()
 
     def _finish(self, held: list, wanted: int) -> None:
@@ -205,6 +203,4 @@ class PrefixRead:
             self._state.sync()
         finally:
             self._fetcher.unpin(held)
-            with self._state.lock:
-                self._state.stats.chunks_loaded.update(self.loaded)
-                self._state.stats.chunks_missed += wanted - len(self.loaded)
+            self._state.books.got(self.loaded, wanted)

@@ -6,7 +6,7 @@
     hit = store.lookup(tokens)            # hit.tokens cached, hit.chunks_by_tier
     n = store.get(tokens, out)            # fills out[:, :, :n] and returns n
 
-Bookkeeping runs under one lock; bytes move outside it, so puts and gets from many threads
+Bookkeeping runs under one lock (``Books``); bytes move outside it, so puts and gets from many threads
 overlap. Disk writes run in the background on the I/O engine; disk reads of one ``get`` run
 in parallel.
 """
@@ -14,7 +14,6 @@ in parallel.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import KVLayout
-from kvtier.logs import FailureLog, apply_log_level
+from kvtier.logs import apply_log_level
 from kvtier.metrics import MetricsServer, Sample, serve_metrics
 from kvtier.shared.followed import WriterState
 from kvtier.store.assembly import StoreShape, open_parts
@@ -45,11 +44,9 @@ from kvtier.store.get import PrefixRead
 from kvtier.store.puts import put_chunks
 from kvtier.store.stats import StoreStats, store_samples
 from kvtier.tiers.base import MemoryTier, TierName
-from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.prefix import walk_cached, walk_remote
+from kvtier.tiers.prefix import walk_remote
 
 Tokens = Sequence[int] | np.ndarray
-DISK = TierName.DISK
 log = logging.getLogger("kvtier")
 
 
@@ -89,20 +86,16 @@ class KVStore:
         self.namespace = layout.namespace(model_name(model, cfg), self.chunk_tokens)
         self.chunk_bytes = layout.token_bytes * self.chunk_tokens
         self.slot_bytes = align_up(self.chunk_bytes)
-        self._lock = threading.Lock()
-        self._stats = StoreStats()
-        self._failures = FailureLog()
         self._gate = CallGate()  # the calls in flight, and whether close() has begun
         self._direct = DirectBuffers()
         self._metrics: MetricsServer | None = None
         shape = StoreShape(cfg, layout, self.namespace, self.chunk_bytes, self.slot_bytes)
-        self._parts = parts = open_parts(shape, device, self._lock, self._stats, self._failures,
-                                         io_engine)
+        self._parts = parts = open_parts(shape, device, io_engine)
         assert parts.state is not None and parts.runner is not None
         assert parts.fetcher is not None and parts.flusher is not None
         self.tiers: dict[TierName, MemoryTier] = parts.tiers
         self._lane = parts.lane
-        self._state, self._stack, self._transfers = parts.state, parts.state.stack, parts.state.transfers
+        self._state, self._books = parts.state, parts.state.books
         self._runner, self._fetcher, self._flusher = parts.runner, parts.fetcher, parts.flusher
         self._read_ahead = parts.read_ahead
         if cfg.metrics_port:
@@ -141,16 +134,14 @@ class KVStore:
             stored = put_chunks(self._state, self._runner, keys,
                                 ChunkRuns(kv, self.chunk_tokens, len(keys)).run,
                                 self._drain_timeout())
-            with self._lock:
-                self._stats.chunks_stored += stored
+            self._books.count("chunks_stored", stored)
             return stored * self.chunk_tokens
 
     def _poll(self) -> None:
         """Every call: disk paths due a retry are tried again (in the background), and paths
         taken out by a check of their own (their lease) are retired."""
         self._lane.poll()
-        with self._lock:
-            self._state.retire_down_paths()
+        self._books.retire_down_paths()
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout
@@ -162,8 +153,7 @@ class KVStore:
             keys = self.keys(tokens)
             self._poll()
             others = self._state.others
-            with self._lock:
-                found = walk_cached(keys, self._stack.locate, others.find if others else None)
+            found = self._books.cached(keys, others.find if others else None)
             remote = self._state.remote
             tail = keys[len(found):]  # one round trip for the rest
             tiers = [where.tier for where in found] \
@@ -221,19 +211,10 @@ class KVStore:
 
     def stats(self) -> StoreStats:
         """A snapshot of the counters (after ``close`` too: the last ones)."""
-        with self._lock:
-            self._stats.evictions = {str(n): i.evictions for n, i in self._tiers_in_use()}
-            self._stats.demotions, self._stats.drops = self._stack.demotions, self._stack.drops
-            self._state.retire_down_paths()
-            others = self._state.others
-            if others is not None:
-                seen = others.counts()
-                self._stats.shared_chunks, self._stats.shared_writers = seen.chunks, seen.writers
-                self._stats.shared_reclaimed = seen.reclaimed
-                self._stats.shared_seats_freed = seen.seats_freed
-            if self._state.remote is not None:
-                self._stats.remote_down = self._state.remote.tier.down
-            return self._stats.snapshot()
+        others, remote = self._state.others, self._state.remote
+        return self._books.snapshot(bool(self.config.disk_paths),
+                                    None if others is None else others.counts(),
+                                    None if remote is None else remote.tier.down)
 
     def writers(self) -> list[WriterState]:
         """The other writers of this store's namespace on its disk paths, as last seen
@@ -242,17 +223,10 @@ class KVStore:
         others = self._state.others
         return others.writers() if others is not None else []
 
-    def _tiers_in_use(self) -> list[tuple[TierName, SlotIndex]]:
-        """The tiers' indexes, without the empty disk level of a store without disk_paths."""
-        return [(name, index) for name, index in self._stack.indexes.items()
-                if name is not DISK or self.config.disk_paths]
-
     def metric_samples(self) -> list[Sample]:
         """The store's metrics (what ``metrics_port`` serves; after ``close`` too)."""
         stats = self.stats()
-        with self._lock:
-            used = {str(name): len(index) for name, index in self._tiers_in_use()}
-            slots = {str(name): index.num_slots for name, index in self._tiers_in_use()}
+        slots, used = self._books.census(bool(self.config.disk_paths))
         # engine jobs, and the chunks waiting to go to the disk together in a write job
         remote = self._state.remote
         queued = self._lane.pending() + self._runner.disk_writes.writes_waiting

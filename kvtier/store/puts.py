@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Skip
 from kvtier.store.chunk_runs import Run
-from kvtier.store.state import Skip, StoreState
+from kvtier.store.state import StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import StorePlan
 
@@ -88,25 +89,26 @@ def put_chunks(state: StoreState, runner: PlanRunner, keys: list[ChunkKey],
     (evicted by the put itself, or by the gets that promote them to a smaller tier), and
     with them every later chunk's hit; with a remote store too (its writes go from host
     slots in the background: a chunk evicted before its write never gets there)."""
-    keep = max(index.num_slots for index in state.stack.indexes.values())
+    books = state.books
+    keep = max(books.slots.values())
     if len(keys) > keep:
-        state.count("chunks_skipped", len(keys) - keep)
+        books.count("chunks_skipped", len(keys) - keep)
         keys = keys[:keep]
     runs = PutRuns(runner, chunks_of, state.transfers.chunk_bytes)
     may_wait = True
     try:
         for i, key in enumerate(keys):
-            plan = _plan_put(state, key)
+            plan = books.plan_put(key)
             if plan is Skip.NO_ROOM and runs.held:  # the held run's slots are not victims yet
                 runs.fill()
-                plan = _plan_put(state, key)
+                plan = books.plan_put(key)
             if plan is Skip.NO_ROOM and may_wait and state.lane.pending():
                 # Slots held by background writes: wait for them once (not for long if the
                 # disk is hung), then try again.
                 may_wait = state.lane.drain(timeout=drain_timeout)
-                plan = _plan_put(state, key)
+                plan = books.plan_put(key)
             if not isinstance(plan, StorePlan):
-                state.count("chunks_skipped")
+                books.count("chunks_skipped")
                 continue
             runs.add(i, plan)
         runs.fill()
@@ -114,12 +116,3 @@ def put_chunks(state: StoreState, runner: PlanRunner, keys: list[ChunkKey],
         runs.abort()
     return runs.stored
 
-
-def _plan_put(state: StoreState, key: ChunkKey) -> StorePlan | Skip:
-    """A plan to store ``key``, or why there is none."""
-    with state.lock:
-        stack = state.stack
-        if stack.locate(key) is not None or stack.indexes[state.top].has_entry(key):
-            stack.touch(key)
-            return Skip.PRESENT
-        return stack.plan_store(key, state.top) or Skip.NO_ROOM

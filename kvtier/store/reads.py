@@ -10,11 +10,12 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Held, Skip
 from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState, Source, fingerprint
 from kvtier.store.read_jobs import ReadJobs
 from kvtier.store.staging import Stagings
-from kvtier.store.state import DISK, HOST, REMOTE, SHARED, Skip, StoreState
+from kvtier.store.state import DISK, HOST, REMOTE, SHARED, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.prefix import IN_REMOTE, Ours, find
 from kvtier.tiers.stack import Location, StorePlan
@@ -38,11 +39,11 @@ class Fetcher:
     """
 
     def __init__(self, state: StoreState, runner: PlanRunner) -> None:
-        self.state, self.runner = state, runner
+        self.state, self.runner, self.books = state, runner, state.books
         # per disk slot, the fingerprint of the chunk last read from it straight into a
         # caller's tensor (lock held): its next read promotes it
         self._read_direct = np.zeros(state.lane.num_slots, dtype=np.uint64)
-        self.stagings = Stagings(state.lock)  # host slots reserved for reads, until finished
+        self.stagings = Stagings(state.books)  # host slots reserved for reads, until finished
         self.jobs = ReadJobs(state)
 
     def hold_disk_chunks(self, keys: list[ChunkKey]) -> list[tuple[ChunkKey, Location]]:
@@ -51,8 +52,7 @@ class Fetcher:
         chunks to disk, which must not evict a later chunk of the same prefix from both."""
         if not self.state.lane.num_slots:
             return []  # no disk tier
-        with self.state.lock:
-            return self.state.stack.pin_prefix(keys, DISK)
+        return self.books.pin_prefix(keys, DISK)
 
     def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None,
               remote: bool = False) -> Fetch | Skip:
@@ -63,8 +63,8 @@ class Fetcher:
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it,
         ``BUSY`` when another ``get`` is reading it into host memory.
         """
-        with self.state.lock:
-            source = self._pin_where(key, remote)
+        with self.books.held() as b:
+            source = self._pin_where(b, key, remote)
             if source is None:
                 return Skip.END
             if isinstance(source, Ours) and source.tier is not DISK:
@@ -72,46 +72,44 @@ class Fetcher:
             if direct is not None and isinstance(source, Ours) \
                     and self._read_direct[source.loc.slot] != fingerprint(key):
                 return Fetch(key, source, FetchState.READING, direct=direct)
-            plan = self.state.stack.plan_store(key, HOST)
+            plan = b.stack.plan_store(key, HOST)
             if plan is None:
-                self._unpin(key, source)
+                _unpin(b, key, source)
                 return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM
             self.stagings.begin(plan)
         try:
             demoted = self.runner.demote(plan)
         except BaseException:  # the engine closed meanwhile: its reservations are finished
-            with self.state.lock:
-                self._unpin(key, source)
-                self.stagings.end(plan)
+            self._abandon(key, source, plan)
             raise
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
-            with self.state.lock:
-                self._unpin(key, source)
-                self.stagings.end(plan)  # whoever waits for it: no read is coming
+            self._abandon(key, source, plan)  # whoever waits for it: no read is coming
             return Skip.END
         return Fetch(key, source, FetchState.READING, None, plan)
 
-    def _pin_where(self, key: ChunkKey, remote: bool) -> Source | None:
-        """Where ``key`` is hottest, pinned there when it is this store's (lock held);
+    def _pin_where(self, b: Held, key: ChunkKey, remote: bool) -> Source | None:
+        """Where ``key`` is hottest, pinned there when it is this store's (lock held: ``b``);
         the remote store when ``remote`` (it said it holds the chunk); None: nowhere."""
         others = self.state.others
-        source = find(key, self.state.stack.locate, others.find if others else None)
+        source = find(key, b.stack.locate, others.find if others else None)
         if isinstance(source, Ours):
-            self.state.stack.indexes[source.tier].pin(key)
+            b.stack.indexes[source.tier].pin(key)
         return IN_REMOTE if source is None and remote else source
 
-    def _unpin(self, key: ChunkKey, source: Source) -> None:
-        if isinstance(source, Ours):  # another writer's or the remote store's: nothing pinned
-            self.state.stack.unpin(key, source.loc)
+    def _abandon(self, key: ChunkKey, source: Source, plan: StorePlan) -> None:
+        """Let go of a fetch ``begin`` pinned, its staging ended (its slot is finished)."""
+        with self.books.held() as b:
+            _unpin(b, key, source)
+            self.stagings.end(plan)
 
     def wait_staged(self, key: ChunkKey, timeout: float | None) -> bool:
         """Wait (lock not held) until no ``get`` is reading ``key`` into a host slot; False
         when one still is after ``timeout`` seconds."""
         return self.stagings.wait(key, timeout)
 
-    def _staged(self, plan: StorePlan, ok: bool) -> None:
-        """Finish the host slot reserved for a chunk's read (lock held)."""
-        self.state.stack.finish(plan.key, plan.dst, ok)
+    def _staged(self, b: Held, plan: StorePlan, ok: bool) -> None:
+        """Finish the host slot reserved for a chunk's read (lock held: ``b``)."""
+        b.stack.finish(plan.key, plan.dst, ok)
         self.stagings.end(plan)
 
     def start(self, fetches: list[Fetch]) -> None:
@@ -153,23 +151,23 @@ class Fetcher:
         """A read from this store's disk: the chunk is now in a host slot (promoted) or in
         the caller's tensor, or its disk copy is dropped."""
         plan = fetch.plan
-        with self.state.lock:
+        with self.books.held() as b:
             if plan is not None:
-                self._staged(plan, result.ok)
+                self._staged(b, plan, result.ok)
             if result.ok:
-                self.state.stats.disk_reads += 1
-                self.state.stats.disk_read_bytes += result.nbytes
+                b.stats.disk_reads += 1
+                b.stats.disk_read_bytes += result.nbytes
                 if plan is None:
                     self._read_direct[fetch.loc.slot] = fingerprint(fetch.key)
                     fetch.state = FetchState.LANDED
                     return fetch.loc
-                self.state.stack.indexes[HOST].pin(fetch.key)
-                self.state.stats.chunks_promoted += 1  # disk to host: it stays there
+                b.stack.indexes[HOST].pin(fetch.key)
+                b.stats.chunks_promoted += 1  # disk to host: it stays there
                 fetch.state = FetchState.STAGED
                 return plan.dst
             fetch.state = FetchState.FAILED
-            self.state.stack.discard(fetch.key)
-            self.state.account_failure(result, "read")
+            b.stack.discard(fetch.key)
+            b.account_failure(result, "read")
         return None
 
     def _complete_other(self, fetch: Fetch, result: IOResult) -> Location | None:
@@ -177,17 +175,17 @@ class Fetcher:
         memory, or that copy is forgotten (the writer overwrote or lost it meanwhile)."""
         plan, others, refs = fetch.plan, self.state.others, fetch.other
         assert plan is not None and others is not None and refs is not None
-        with self.state.lock:
-            self._staged(plan, result.ok)
+        with self.books.held() as b:
+            self._staged(b, plan, result.ok)
             if result.ok:
-                self.state.stats.shared_reads += 1
-                self.state.stats.shared_read_bytes += result.nbytes
-                self.state.stack.indexes[HOST].pin(fetch.key)
+                b.stats.shared_reads += 1
+                b.stats.shared_read_bytes += result.nbytes
+                b.stack.indexes[HOST].pin(fetch.key)
                 fetch.state = FetchState.STAGED
                 return plan.dst
             fetch.state = FetchState.FAILED
-            self.state.stats.shared_failures += 1
-            self.state.failures.note(f"shared read {result.status.value}", result.detail)
+            b.stats.shared_failures += 1
+            b.failures.note(f"shared read {result.status.value}", result.detail)
         others.drop(refs)
         return None
 
@@ -196,17 +194,17 @@ class Fetcher:
         (under ``write_through`` also written to disk), or it was not there after all."""
         plan, remote = fetch.plan, self.state.remote
         assert plan is not None and remote is not None
-        with self.state.lock:
-            remote.read_over(fetch.key, result)
+        with self.books.held() as b:
+            remote.read_over(b, fetch.key, result)
             if not result.ok:
-                self._staged(plan, False)
+                self._staged(b, plan, False)
                 fetch.state = FetchState.FAILED
                 return None
         fetch.state = FetchState.STAGED  # pinned by the finish: released by release()
         try:
             self.runner.finish(fetch.key, plan.dst, True, pin=True)
         finally:
-            with self.state.lock:  # after the commit: whoever waited finds it in host memory
+            with self.books.held():  # after the commit: whoever waited finds it in host memory
                 self.stagings.end(plan)
         return plan.dst
 
@@ -229,46 +227,46 @@ class Fetcher:
         counts, and counts against its path's health."""
         read, plan, fetch.state = fetch.read, fetch.plan, FetchState.GIVEN_UP
         assert read is not None, "only a disk read in flight is given up"
-        held = None
-        if fetch.tier is DISK:
-            with self.state.lock:
-                if self.state.stack.indexes[DISK].hold(fetch.key):
-                    held = fetch.loc
+        held = fetch.loc if fetch.tier is DISK and self.books.hold(DISK, fetch.key) else None
         if fetch.direct is not None:
             target, index = fetch.direct
             target.detach(index)  # the late read lands in memory the caller no longer sees
         if timed_out and fetch.tier in (SHARED, REMOTE):
             where = "shared" if fetch.other is not None else "remote"  # not this store's disk
-            with self.state.lock:
-                self.state.stats.load_timeouts += 1
-                self.state.failures.note(f"{where} read timed_out", "no answer after "
-                                          f"{self.state.config.load_timeout:g} s (load_timeout)")
+            self.books.failed("load_timeouts", f"{where} read timed_out", "no answer after "
+                              f"{self.state.config.load_timeout:g} s (load_timeout)")
         elif timed_out:
-            with self.state.lock:
-                self.state.stack.discard(fetch.key)
-            self.state.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
+            self.books.discard(fetch.key)
+            self.books.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
                                   f"after {self.state.config.load_timeout:g} s (load_timeout)")
 
         if plan is not None or held is not None:  # its slots are free once the read ends
             staged, key = plan, fetch.key
 
             def ended(_: Future) -> None:
-                with self.state.lock:
+                with self.books.held() as b:
                     if held is not None:
-                        self.state.stack.unpin(key, held)
+                        b.stack.unpin(key, held)
                     if staged is not None:
-                        self._staged(staged, False)
+                        self._staged(b, staged, False)
 
             read.add_done_callback(ended)
 
     def release(self, *fetches: Fetch) -> None:
-        with self.state.lock:  # once for a run of fetches
-            for fetch in fetches:
-                self._unpin(fetch.key, fetch.source)
-                if fetch.state is FetchState.STAGED and fetch.plan is not None:
-                    self.state.stack.unpin(fetch.key, fetch.plan.dst)
+        pins = []  # given back under one hold of the lock, for a run of fetches
+        for fetch in fetches:
+            if isinstance(fetch.source, Ours):
+                pins.append((fetch.key, fetch.source.loc))
+            if fetch.state is FetchState.STAGED and fetch.plan is not None:
+                pins.append((fetch.key, fetch.plan.dst))
+        self.books.unpin(pins)
 
     def unpin(self, held: list[tuple[ChunkKey, Location]]) -> None:
-        with self.state.lock:
-            for key, loc in held:
-                self.state.stack.unpin(key, loc)
+        self.books.unpin(held)
+
+
+def _unpin(b: Held, key: ChunkKey, source: Source) -> None:
+    """Give back the pin ``begin`` took (lock held: ``b``): another writer's chunk or the
+    remote store's has none."""
+    if isinstance(source, Ours):
+        b.stack.unpin(key, source.loc)

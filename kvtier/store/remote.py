@@ -6,7 +6,6 @@ times), each keeping its host slot pinned until the store answered."""
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,15 +14,14 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.errors import ConfigError
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.logs import FailureLog
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
 from kvtier.remote.lane import RemoteLane, RemotePut
 from kvtier.remote.opening import open_remote
-from kvtier.store.stats import StoreStats
+from kvtier.store.books import Books, Held
 from kvtier.tiers.base import TierName
 from kvtier.tiers.host import HostTier
-from kvtier.tiers.stack import Location, TierStack
+from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
 HOST = TierName.HOST
@@ -48,19 +46,20 @@ class RemoteFlush:
 class StoreRemote:
     """The remote tier of one ``KVStore``.
 
-    Contract (methods marked "lock held" run under the store's lock, the rest without it):
+    Contract (methods marked "lock held" run under the store's lock and are given its
+    ``Held``; the rest take it, through ``Books.held``, when they need it):
 
     - ``present(keys)``: how many of ``keys``, from the first, the store holds: one round
       trip, blocking (0 while the tier is out of service). A key the store answers "not
       there" is no longer known to be held (a restart or an eviction lost it): its next
       store writes it again.
-    - ``reached_host(key, slot)`` (lock held): a chunk became visible in host slot ``slot``;
-      with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)`` (lock held): a
+    - ``reached_host(b, key, slot)`` (lock held): a chunk became visible in host slot
+      ``slot``; with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)``: a
       get served a chunk held in host slot ``slot``; at its ``remote_min_hits``-th load (with
       0: at any load, when a write of it was dropped or failed) its write is queued.
       ``start()`` (lock not held) submits the writes queued.
     - ``get(pairs)`` (on ``lane``'s threads): chunks read into host slots, verified;
-      ``read_over(key, result)`` (lock held) counts what came of one.
+      ``read_over(b, key, result)`` (lock held) counts what came of one.
     - A queued write pins its host slot until the store answered; chunks the store holds
       (written, or read from it) are not written again while remembered (``KnownKeys``).
       Writes are dropped, and counted, past ``max_pending`` queued (each holds a host slot).
@@ -72,13 +71,12 @@ class StoreRemote:
       ``drain(timeout)`` waits for reads and writes; ``close(timeout)`` as ``RemoteLane``.
     """
 
-    def __init__(self, tier: RemoteTier, config: KVTierConfig, host: HostTier, stack: TierStack,
-                 stats: StoreStats, failures: FailureLog, lock, max_pending: int) -> None:
+    def __init__(self, tier: RemoteTier, config: KVTierConfig, host: HostTier, books: Books,
+                 max_pending: int) -> None:
         self.tier, self.backend = tier, backend_of(config.remote_url or "")
-        self._host, self._stack, self._stats, self._failures = host, stack, stats, failures
-        self._lock, self._max_pending = lock, max_pending
+        self._host, self._books, self._max_pending = host, books, max_pending
         self._min_hits = config.remote_min_hits
-        slots = sum(index.num_slots for index in stack.indexes.values())
+        slots = sum(books.slots.values())
         self._known = KnownKeys(max(KNOWN_MIN, 2 * slots))
         self._hits = HitCounts(max(KNOWN_MIN, 2 * slots))
         self._refused = KnownKeys(max(KNOWN_MIN, 2 * slots))  # not written since the last flush
@@ -107,41 +105,42 @@ class StoreRemote:
         answers "not there" is forgotten, unless its write is still out."""
         failed_before = self.tier.failures
         held = self.tier.exists(keys)
-        with self._lock:
-            self._stats.remote_lookups += 1
+        with self._books.held() as b:
+            b.stats.remote_lookups += 1
             if self.tier.failures != failed_before:  # the round trip failed: "none held"
-                self._stats.remote_failures += 1
+                b.stats.remote_failures += 1
                 return None
             for key, there in zip(keys, held, strict=True):
                 if not there and key not in self._writing:
                     self._known.discard(key)
         return held
 
-    def reached_host(self, key: ChunkKey, slot: int) -> None:
+    def reached_host(self, b: Held, key: ChunkKey, slot: int) -> None:
         if not self._min_hits and key not in self._known:
-            self._queue(key, slot)
+            self._queue(b, key, slot)
 
     def loaded(self, key: ChunkKey, slot: int) -> None:
-        if key in self._known:
-            return
-        if self._hits.hit(key) < self._min_hits:  # with 0: a write dropped or failed goes again
-            return
-        self._hits.forget(key)
-        self._queue(key, slot)
+        with self._books.held() as b:
+            if key in self._known:
+                return
+            if self._hits.hit(key) < self._min_hits:  # with 0: a write dropped or failed goes again
+                return
+            self._hits.forget(key)
+            self._queue(b, key, slot)
 
-    def _queue(self, key: ChunkKey, slot: int) -> bool:
-        """Queue the write of a host chunk, its slot pinned (lock held; ``start`` submits
-        it). Not while the tier is out of service; dropped past ``max_pending``. True when
+    def _queue(self, b: Held, key: ChunkKey, slot: int) -> bool:
+        """Queue the write of a host chunk, its slot pinned (lock held: ``b``; ``start``
+        submits it). Not while the tier is out of service; dropped past ``max_pending``. True when
         queued, or when there is nothing to write (the chunk left that slot meanwhile)."""
         if self.lane.closed or self.tier.down:
             return False
         if self.lane.puts_pending >= self._max_pending:
-            self._stats.remote_dropped_writes += 1
-            self._failures.note("remote write dropped", "the remote write queue is full; the "
-                                "chunk is written by flush() or at a later load (counted in "
-                                "remote_dropped_writes)")
+            b.stats.remote_dropped_writes += 1
+            b.failures.note("remote write dropped", "the remote write queue is full; the chunk "
+                            "is written by flush() or at a later load (counted in "
+                            "remote_dropped_writes)")
             return False
-        index = self._stack.indexes[HOST]
+        index = b.stack.indexes[HOST]
         pinned = index.pin(key)
         if pinned != slot:  # gone or moved since it was seen there: nothing to write
             if pinned is not None:
@@ -156,49 +155,45 @@ class StoreRemote:
 
     def start(self) -> None:
         """Submit the put jobs queued since the last call (lock not held)."""
-        with self._lock:
+        with self._books.held():
             groups, self._groups = self._groups, []
         for group in groups:
             with contextlib.suppress(RuntimeError):  # closed: settled as never run
                 self.lane.start(group)
 
     def _settle(self, items: Sequence[RemotePut], results: Sequence[IOResult] | None) -> None:
-        with self._lock:
+        with self._books.held() as b:  # once for the group
             for i, item in enumerate(items):
-                self._stack.unpin(item.key, Location(HOST, item.slot))
+                b.stack.unpin(item.key, Location(HOST, item.slot))
                 self._writing.discard(item.key)
                 result = results[i] if results is not None else None
                 if result is not None and result.ok:
-                    self._stats.remote_writes += 1
-                    self._stats.remote_write_bytes += result.nbytes
+                    b.stats.remote_writes += 1
+                    b.stats.remote_write_bytes += result.nbytes
                     self._refused.discard(item.key)
                     continue
                 self._known.discard(item.key)
                 self._refused.add(item.key)
                 if result is not None:
-                    self._failed("write", result)
+                    _failed(b, "write", result)
 
     def get(self, pairs: Sequence[tuple[ChunkKey, int]]) -> list[IOResult]:
         """Read chunks into host slots, verified: (key, host slot) each; on a remote thread."""
         return self.tier.get_many([key for key, _ in pairs],
                                   [self._host.slot_array(slot) for _, slot in pairs])
 
-    def read_over(self, key: ChunkKey, result: IOResult) -> None:
+    def read_over(self, b: Held, key: ChunkKey, result: IOResult) -> None:
         if result.ok:
             self._known.add(key)
             self._refused.discard(key)
-            self._stats.remote_reads += 1
-            self._stats.remote_read_bytes += result.nbytes
+            b.stats.remote_reads += 1
+            b.stats.remote_read_bytes += result.nbytes
             return
         self._known.discard(key)
         if result.status is IOStatus.MISSING:
-            self._stats.remote_misses += 1
+            b.stats.remote_misses += 1
         else:
-            self._failed("read", result)
-
-    def _failed(self, op: str, result: IOResult) -> None:
-        self._stats.remote_failures += 1
-        self._failures.note(f"remote {op} {result.status.value}", result.detail)
+            _failed(b, "read", result)
 
     def drain(self, timeout: float | None) -> bool:
         return self.lane.drain(timeout)
@@ -217,15 +212,15 @@ class StoreRemote:
         while self.drain(time_left(deadline)):  # the queue empty: fill it now
             if self._min_hits:
                 return self._flushed(False, unchecked)
-            with self._lock:
-                todo = self._unwritten_held(tried)
+            with self._books.held() as b:
+                todo = self._unwritten_held(b, tried)
                 if todo and (self.lane.closed or self.tier.down):
                     break
                 room = max(0, self._max_pending - self.lane.puts_pending)
-                host = self._stack.indexes[HOST]
+                host = b.stack.indexes[HOST]
                 for key in todo[:room]:
                     slot = host.slot_of(key)
-                    if slot is None or self._queue(key, slot):
+                    if slot is None or self._queue(b, key, slot):
                         tried.add(key)
             if not todo:
                 break
@@ -234,9 +229,9 @@ class StoreRemote:
             return self._flushed(True, unchecked)
         return self._flushed(False, unchecked)
 
-    def _unwritten_held(self, tried: set[ChunkKey]) -> list[ChunkKey]:
-        """Host chunks the store is not known to hold, past ``tried`` (lock held)."""
-        visible = self._stack.indexes[HOST].keys()
+    def _unwritten_held(self, b: Held, tried: set[ChunkKey]) -> list[ChunkKey]:
+        """Host chunks the store is not known to hold, past ``tried`` (lock held: ``b``)."""
+        visible = b.stack.indexes[HOST].keys()
         return [key for key in visible if key not in self._known and key not in tried]
 
     def _recheck(self, deadline: float | None) -> set[ChunkKey]:
@@ -245,8 +240,8 @@ class StoreRemote:
         without a word, and those it lost are forgotten, so that the flush writes them.
         Returns the keys it could not ask about (the store out of service, or the deadline
         passed): the flush cannot say they are stored."""
-        with self._lock:
-            visible = self._stack.indexes[HOST].keys()
+        with self._books.held() as b:
+            visible = b.stack.indexes[HOST].keys()
             keys = [key for key in visible if key in self._known and key not in self._writing]
         for at in range(0, len(keys), CHECK_BATCH):
             left = time_left(deadline)
@@ -258,10 +253,10 @@ class StoreRemote:
     def _flushed(self, timed_out: bool, unchecked: set[ChunkKey]) -> RemoteFlush:
         """What the flush came to; the writes refused since the last flush are reported
         once (those of chunks still held are reported again while not written)."""
-        with self._lock:
+        with self._books.held() as b:
             unwritten = set(self._refused) | unchecked
             if not self._min_hits:
-                unwritten.update(self._unwritten_held(set()))
+                unwritten.update(self._unwritten_held(b, set()))
             self._refused.clear()
         return RemoteFlush(len(unwritten), timed_out)
 
@@ -270,8 +265,7 @@ class StoreRemote:
 
 
 def open_store_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int,
-                      host: HostTier | None, stack: TierStack, stats: StoreStats,
-                      failures: FailureLog, lock: threading.Lock) -> StoreRemote | None:
+                      host: HostTier | None, books: Books) -> StoreRemote | None:
     """The store's remote tier, or None without ``remote_url`` (``ConfigError`` when there is
     one and no host tier to read its chunks into)."""
     tier = open_remote(config, namespace, raw_bytes)
@@ -282,4 +276,10 @@ def open_store_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int
         raise ConfigError("kvtier config: remote_url needs host memory to stage chunks in: "
                           "raise host_capacity to at least one chunk")
     queued = max(1, min(host.num_slots // 2, QUEUED_BYTES // max(1, raw_bytes)))
-    return StoreRemote(tier, config, host, stack, stats, failures, lock, queued)
+    return StoreRemote(tier, config, host, books, queued)
+
+
+def _failed(b: Held, op: str, result: IOResult) -> None:
+    """Count and log (once per kind) a failed read or write (lock held: ``b``)."""
+    b.stats.remote_failures += 1
+    b.failures.note(f"remote {op} {result.status.value}", result.detail)

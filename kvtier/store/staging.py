@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 from kvtier.keys import ChunkKey
+from kvtier.store.books import Books
 from kvtier.tiers.stack import StorePlan
 
 
@@ -18,7 +19,8 @@ class Stagings:
     segment or the remote store) and has not finished yet, by key.
 
     Contract: ``begin(plan)`` once such a slot is reserved, and ``end(plan)`` once that
-    reservation is finished (committed or aborted): both with the store lock held. An
+    reservation is finished (committed or aborted): both with the store lock held (the
+    ``Books`` given: it guards the stagings too). An
     ``end`` after the key's slot was reserved again by another ``begin`` ends nothing (the
     plan is the staging's identity), and that ``begin`` wakes whoever waited. ``busy(key)``
     (lock held) says whether a staging of ``key`` is in flight; ``wait(key, timeout)``
@@ -30,8 +32,8 @@ class Stagings:
     waits only with its read window empty (``PrefixRead``).
     """
 
-    def __init__(self, lock: threading.Lock) -> None:
-        self._lock = lock
+    def __init__(self, books: Books) -> None:
+        self._books = books
         self._in_flight: dict[ChunkKey, StorePlan] = {}
         self._events: dict[ChunkKey, threading.Event] = {}  # keys someone waits for
 
@@ -53,7 +55,7 @@ class Stagings:
         return key in self._in_flight
 
     def wait(self, key: ChunkKey, timeout: float | None) -> bool:
-        with self._lock:
+        with self._books.held():
             if key not in self._in_flight:
                 return True
             event = self._events.get(key)

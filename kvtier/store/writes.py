@@ -88,10 +88,8 @@ class PlanRunner:
         return True
 
     def _fail_reservations(self, plan: StorePlan, first_move: int, _: Future | None = None) -> None:
-        with self.state.lock:
-            for move in plan.demotions[first_move:]:
-                self.state.stack.finish(move.key, move.dst, False)
-            self.state.stack.finish(plan.key, plan.dst, False)
+        moves = plan.demotions[first_move:]
+        self.state.books.abort([*((move.key, move.dst) for move in moves), (plan.key, plan.dst)])
 
     def _move(self, move: Move) -> Future | None:
         """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
@@ -117,10 +115,10 @@ class PlanRunner:
         that the victim is dropped (counted in ``drops``)."""
         disk = self.state.transfers.disk
         assert disk is not None, "a move to disk needs the disk tier"
-        with self.state.lock:
+        with self.state.books.held() as b:
             if self._behind >= self.state.max_pending:
-                self.state.stack.finish(move.key, move.dst, False)
-                self.state.stack.drops += 1
+                b.stack.finish(move.key, move.dst, False)
+                b.stack.drops += 1
                 return
             self._behind += 1
         try:
@@ -133,7 +131,7 @@ class PlanRunner:
         write.add_done_callback(partial(self._written_behind, move))
 
     def _written_behind(self, move: Move, write: Future | None) -> None:
-        with self.state.lock:
+        with self.state.books.held():
             self._behind -= 1
         if write is None:
             self.finish(move.key, move.dst, False)
@@ -149,8 +147,7 @@ class PlanRunner:
         move = Move(key, dst, dst)  # no memory slot to give back: the copy is the write's own
         if self._disk_move(move, partial(disk.write, dst.slot, key, staged)) is not None:
             return None
-        with self.state.lock:
-            return self.state.stack.indexes[DISK].slot_of(key) == dst.slot
+        return self.state.books.slot_of(DISK, key) == dst.slot
 
     def _disk_move(self, move: Move, job: Callable[[], IOResult]) -> Future | None:
         """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``."""
@@ -170,7 +167,7 @@ class PlanRunner:
 
     def _left_running(self, move: Move, write: Future) -> Future:
         """A write-back past ``load_timeout``: counted, logged once, and finished when it ends."""
-        self.state.timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
+        self.state.books.timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
                         f"no answer after {self.state.config.load_timeout:g} s (load_timeout); the put "
                         "or get that needed its host slot went on without it")
         write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
@@ -178,20 +175,19 @@ class PlanRunner:
 
     def _moved(self, move: Move, result: IOResult) -> None:
         self.finish(move.key, move.dst, result.ok)
-        with self.state.lock:
-            self.state.account_write(result)
+        self.state.books.account_write(result)
 
     def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> None:
         """Finish a reservation (with ``pin``, pin the chunk there in the same breath); a
         chunk that reached host memory starts its write-through."""
         remote = self.state.remote
-        with self.state.lock:
-            self.state.stack.finish(key, dst, ok)
+        with self.state.books.held() as b:
+            b.stack.finish(key, dst, ok)
             if ok and pin:
-                self.state.stack.indexes[dst.tier].pin(key)
-            write = self.disk_writes.write_through(key, dst.slot) if ok and dst.tier is HOST else None
+                b.stack.indexes[dst.tier].pin(key)
+            write = self.disk_writes.write_through(b, key, dst.slot) if ok and dst.tier is HOST else None
             if remote is not None and ok and dst.tier is HOST:
-                remote.reached_host(key, dst.slot)
+                remote.reached_host(b, key, dst.slot)
         try:
             if write is not None:
                 self.disk_writes.start(write)
@@ -207,12 +203,11 @@ class PlanRunner:
         return (bool(self.disk_writes.groups) and through) or self.state.remote is not None
 
     def promote(self, key: ChunkKey, source: Location) -> None:
-        with self.state.lock:
-            plan = self.state.stack.plan_store(key, self.state.top)
+        plan = self.state.books.plan_store(key, self.state.books.top)
         if plan is None:
             return
         if self.run(plan, partial(self.copy_in, self.state.transfers.run_of(source, 1))):
-            self.state.count("chunks_promoted")
+            self.state.books.count("chunks_promoted")
 
 
 def _result_of(write: Future) -> IOResult:

@@ -40,8 +40,8 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
 def bookkeeping(store) -> Iterator[TierStack]:
     """A store's bookkeeping under its lock, for tests that check its invariants (white-box:
     the one place tests reach into a ``KVStore``)."""
-    with store._lock:
-        yield store._stack
+    with store._books.held() as held:
+        yield held.stack
 
 
 def index_of(store, tier) -> SlotIndex:

@@ -1,0 +1,274 @@
+"""``Books``: a store's bookkeeping and the one lock over it. The tier stack (which slot
+holds which chunk, pins, reservations), the counters and the failure log are reached only
+through it; bytes move outside the lock."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from enum import Enum
+from typing import Any
+
+from kvtier.disk.lane import DiskLane, NoDisk
+from kvtier.disk.recovery import RecoveredSlot
+from kvtier.io.result import IOResult, IOStatus
+from kvtier.keys import ChunkKey
+from kvtier.logs import FailureLog
+from kvtier.shared.follower import FollowedCounts
+from kvtier.store.stats import StoreStats
+from kvtier.tiers.base import TierName
+from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.prefix import InOther, Ours, walk_cached
+from kvtier.tiers.stack import Location, StorePlan, TierStack
+
+DISK = TierName.DISK
+Lane = DiskLane | NoDisk
+Pins = Iterable[tuple[ChunkKey, Location]]
+
+
+class Skip(Enum):
+    """Why a chunk was not planned (``put``) or fetched (``get``)."""
+
+    PRESENT = "present"  # put: cached already, or being written
+    NO_ROOM = "no room"  # no slot free now
+    BUSY = "busy"  # get: another get is reading it into host memory: wait for that
+    END = "end"  # get: not cached, or its staging slot could not be written back in time
+
+
+class Held:
+    """The bookkeeping with the store's lock held: what ``Books.held()`` yields, valid
+    inside that ``with`` only. ``stack``, ``stats`` and ``failures`` are read and changed
+    freely there; the methods are the steps the parts share."""
+
+    __slots__ = ("_lane", "_lock", "failures", "stack", "stats")
+
+    def __init__(self, stack: TierStack, stats: StoreStats, failures: FailureLog, lane: Lane,
+                 lock: threading.Lock) -> None:
+        self.stack, self.stats, self.failures = stack, stats, failures
+        self._lane, self._lock = lane, lock
+
+    def __enter__(self) -> Held:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def count(self, name: str, n: int = 1) -> None:
+        setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def account_write(self, result: IOResult) -> None:
+        """Count a disk write's outcome."""
+        if result.ok:
+            self.stats.disk_writes += 1
+            self.stats.disk_write_bytes += result.nbytes
+        else:
+            self.account_failure(result, "write")
+
+    def account_failure(self, result: IOResult, op: str) -> None:
+        """Count and log (once per kind) a failed disk request."""
+        counter = self._lane.note_failure(result, op)
+        if result.status is IOStatus.PATH_DOWN:
+            self.retire_down_paths()  # the disk tier logged it, once per path
+        elif counter is not None:
+            self.count(counter)
+
+    def retire_down_paths(self) -> None:
+        """Take the slots of paths that went out of service away from the disk index."""
+        for index, reason in self._lane.newly_down().items():
+            self.stats.paths_down[self._lane.roots[index]] = reason
+            self.stack.indexes[DISK].retire(self._lane.slots_of_path(index))
+
+    def path_back(self, index: int) -> None:
+        """A disk path came back into service, empty."""
+        self.stats.paths_back += 1
+        self.stats.paths_down.pop(self._lane.roots[index], None)
+        self.stack.indexes[DISK].unretire(self._lane.slots_of_path(index))
+
+
+class Books:
+    """The bookkeeping of one ``KVStore`` and the one lock over it.
+
+    Contract: each method below takes the lock itself, once, for one operation, and
+    returns plain values (never a live view of the bookkeeping). Where several steps must
+    happen together, or a part's own state is guarded by the same lock (a ``get``'s
+    stagings, the writes queued for the remote store), ``with books.held() as b:`` (a
+    ``Held``) is the only other way in; keep such blocks few and short, and take one for a
+    run of chunks rather than one per chunk. The lock is shared once, at open, with the disk
+    lane (``open_books``), whose path retries call ``path_back`` with it held. ``slots``,
+    each tier's slot count, never changes and needs no lock.
+    """
+
+    def __init__(self, stack: TierStack, lane: Lane | None = None,
+                 stats: StoreStats | None = None, failures: FailureLog | None = None,
+                 lock: threading.Lock | None = None) -> None:
+        """``lock``: only ``open_books``, which shares it with the lane, passes one."""
+        self._lock = lock or threading.Lock()
+        self._stack, self._lane = stack, lane or NoDisk()
+        self._stats = StoreStats() if stats is None else stats
+        self._failures = FailureLog() if failures is None else failures
+        self._held = Held(self._stack, self._stats, self._failures, self._lane, self._lock)
+        self.slots = {name: index.num_slots for name, index in stack.indexes.items()}
+        self.top = stack.order[0]
+
+    def held(self) -> Held:
+        """The lock, held for the ``with`` it opens, and the bookkeeping under it."""
+        return self._held
+
+    def path_back(self, index: int) -> None:
+        """A disk path came back (the lane calls it with the lock held)."""
+        self._held.path_back(index)
+
+    # -- where chunks are ----------------------------------------------------------------
+
+    def cached(self, keys: Sequence[ChunkKey], theirs: Callable[[ChunkKey], Any] | None
+               ) -> list[Ours | InOther]:
+        """The longest prefix of ``keys`` held here or by another writer (``theirs``)."""
+        with self._lock:
+            return walk_cached(keys, self._stack.locate, theirs)
+
+    def slot_of(self, tier: TierName, key: ChunkKey) -> int | None:
+        with self._lock:
+            return self._stack.indexes[tier].slot_of(key)
+
+    def census(self, with_disk: bool) -> tuple[dict[str, int], dict[str, int]]:
+        """Slots and chunks held per tier (the disk only ``with_disk``)."""
+        with self._lock:
+            used = {str(name): len(index) for name, index in self._in_use(with_disk)}
+        return {str(name): self.slots[name] for name in self.slots
+                if name is not DISK or with_disk}, used
+
+    def _in_use(self, with_disk: bool) -> list[tuple[TierName, SlotIndex]]:
+        return [(name, index) for name, index in self._stack.indexes.items()
+                if name is not DISK or with_disk]
+
+    # -- reservations and pins -----------------------------------------------------------
+
+    def plan_store(self, key: ChunkKey, tier: TierName) -> StorePlan | None:
+        with self._lock:
+            return self._stack.plan_store(key, tier)
+
+    def plan_put(self, key: ChunkKey) -> StorePlan | Skip:
+        """A plan to store ``key`` in the top tier, or why there is none (a chunk cached, or
+        being written to the top tier, is only marked recent)."""
+        with self._lock:
+            stack = self._stack
+            if stack.locate(key) is not None or stack.indexes[self.top].has_entry(key):
+                stack.touch(key)
+                return Skip.PRESENT
+            return stack.plan_store(key, self.top) or Skip.NO_ROOM
+
+    def abort(self, reservations: Pins) -> None:
+        """Fail each reservation (key, slot reserved)."""
+        with self._lock:
+            for key, dst in reservations:
+                self._stack.finish(key, dst, False)
+
+    def pin_prefix(self, keys: Sequence[ChunkKey], tier: TierName) -> list[tuple[ChunkKey, Location]]:
+        with self._lock:
+            return self._stack.pin_prefix(keys, tier)
+
+    def unpin(self, pins: Pins) -> None:
+        """Give back each pin, all under one hold of the lock."""
+        with self._lock:
+            for key, loc in pins:
+                self._stack.unpin(key, loc)
+
+    def hold(self, tier: TierName, key: ChunkKey) -> bool:
+        """Pin ``key``'s slot in ``tier`` even if it is dropped meanwhile (``SlotIndex.hold``)."""
+        with self._lock:
+            return self._stack.indexes[tier].hold(key)
+
+    def discard(self, key: ChunkKey) -> int:
+        with self._lock:
+            return self._stack.discard(key)
+
+    # -- counters and failures -----------------------------------------------------------
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._held.count(name, n)
+
+    def failed(self, counter: str, kind: str, detail: str) -> None:
+        """Count a failure in ``counter`` and log it once per ``kind``."""
+        with self._lock:
+            self._held.count(counter)
+            self._failures.note(kind, detail)
+
+    def got(self, loaded: Sequence[TierName], wanted: int) -> None:
+        """What one ``get`` loaded (by tier) of the ``wanted`` chunks."""
+        with self._lock:
+            self._stats.chunks_loaded.update(loaded)
+            self._stats.chunks_missed += wanted - len(loaded)
+
+    def account_write(self, result: IOResult) -> None:
+        with self._lock:
+            self._held.account_write(result)
+
+    def timed_out(self, slot: int, kind: str, detail: str) -> None:
+        """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;
+        it counts against its path's health too."""
+        went_down = self._lane.note_timeout(slot)
+        with self._lock:
+            self._stats.load_timeouts += 1
+            self._failures.note(kind, detail)
+            if went_down:
+                self._held.retire_down_paths()
+
+    def retire_down_paths(self) -> None:
+        with self._lock:
+            self._held.retire_down_paths()
+
+    def snapshot(self, with_disk: bool, shared: FollowedCounts | None = None,
+                 remote_down: bool | None = None) -> StoreStats:
+        """A copy of the counters, with the tiers' evictions, demotions and drops, paths out
+        of service retired first; ``shared``: other writers' counts as last seen;
+        ``remote_down``: whether the remote store is out of service."""
+        with self._lock:
+            stats = self._stats
+            stats.evictions = {str(n): i.evictions for n, i in self._in_use(with_disk)}
+            stats.demotions, stats.drops = self._stack.demotions, self._stack.drops
+            self._held.retire_down_paths()
+            if shared is not None:
+                stats.shared_chunks, stats.shared_writers = shared.chunks, shared.writers
+                stats.shared_reclaimed, stats.shared_seats_freed = shared.reclaimed, shared.seats_freed
+            if remote_down is not None:
+                stats.remote_down = remote_down
+            return stats.snapshot()
+
+    # -- at open -------------------------------------------------------------------------
+
+    def adopt(self, found: Iterable[RecoveredSlot], torn: int) -> None:
+        """What the disk holds at start, oldest first (evicted first)."""
+        with self._lock:
+            index = self._stack.indexes[DISK]
+            for slot in sorted(found, key=lambda r: r.header.generation):
+                index.adopt(slot.header.key, slot.slot)
+            self._stats.recovered_chunks, self._stats.torn_slots = len(index), torn
+            self._held.retire_down_paths()
+
+    def elsewhere(self, on_disk: Callable[[ChunkKey], bool]) -> None:
+        """A victim bound for disk that ``on_disk`` says is on disk elsewhere is dropped
+        (``TierStack.on_disk_elsewhere``)."""
+        with self._lock:
+            self._stack.on_disk_elsewhere = on_disk
+
+
+LaneOpener = Callable[[threading.Lock, Callable[[int], None], FailureLog], Lane]
+
+
+def open_books(open_lane: LaneOpener,
+               levels: Callable[[Lane], list[tuple[TierName, SlotIndex]]]) -> Books:
+    """A store's books over the lane ``open_lane(lock, on_back, failures)`` opens, sharing
+    their lock (its path retries call ``on_back`` with it held) and failure log;
+    ``levels(lane)``: the tiers' indexes, hottest first."""
+    lock, failures = threading.Lock(), FailureLog()
+    opened: list[Books] = []
+
+    def on_back(index: int) -> None:
+        if opened:
+            opened[0].path_back(index)
+
+    lane = open_lane(lock, on_back, failures)
+    opened.append(Books(TierStack(levels(lane)), lane, StoreStats(), failures, lock))
+    return opened[0]
