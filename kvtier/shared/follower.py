@@ -94,9 +94,6 @@ class OtherWriters:
                               sum(v.reclaimed for v in self.views),
                               sum(v.seats_freed for v in self.views))
 
-    def __len__(self) -> int:
-        return len(self.views[0])
-
     def close(self) -> None:
         self._thread.close()
         for view in self.views:
