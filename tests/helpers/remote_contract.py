@@ -16,8 +16,10 @@ What it checks, each promise on a real store:
 - a value truncated, damaged, longer, another chunk's, another namespace's, another layout's
   or not kvtier's is ``CORRUPT`` (never wrong bytes, the batch stays in step), and a put
   then replaces it;
-- ``get_parts`` fills the parts wanted, each checked, in registered memory or not;
-- ``register``: chunks in registered memory, registered before or after connecting;
+- ``get_parts`` fills the parts wanted, each checked, in registered memory or not, and a
+  put replaces a value that failed them;
+- ``register``: chunks in registered memory, registered before or after connecting, move
+  with no copy (where the backend counts its copies);
 - a buffer the tier cannot read into, or a chunk of the wrong size, fails that call only;
 - threads share a tier;
 - ``close``: later calls answer ``PATH_DOWN``;
@@ -247,19 +249,27 @@ class RemoteContract:
         wanted = [{0, 2}] * n + [{0}, {0, 2}, {1, 3}, {3}, set(range(4)), {2}, {1}][:n]
         keys = [key(i) for i in range(2 * n)]
         slots = [host[i * RAW:(i + 1) * RAW] for i in range(2 * n)]
+        copies = store.copies(t)
         results = t.get_parts(keys, slots, wanted)
         expected = {"part not read": {IOStatus.OK, IOStatus.CORRUPT}, "gone": {IOStatus.MISSING}}
         for how, result in zip(self.PART_DAMAGE, results, strict=False):
             assert result.status in expected.get(how, {IOStatus.CORRUPT}), (how, result)
         if results[1].ok:  # read in part: the damage was not read, the parts read are right
             check_parts(slots[1], 1, wanted[1])
-            assert get(t, [key(1)])[0][0].status is IOStatus.CORRUPT  # read whole: every part checked
+            (whole_read,) = t.get_many([key(1)], [host[15 * RAW:]])
+            assert whole_read.status is IOStatus.CORRUPT  # read whole: every part checked
         for i in range(n, 2 * n):  # good ones
             assert results[i].ok, (i, results[i])
             check_parts(slots[i], i, wanted[i])
             read = sum(SPANS[p][1] - SPANS[p][0] for p in wanted[i])
             assert results[i].nbytes in (read, RAW), (i, results[i])  # the bytes read
+        if registered and copies is not None:  # read into the host slots, with no copy
+            assert store.copies(t) == copies
         assert not t.down and t.failures == 0
+        assert all(r.ok for r in t.put_many([(key(i), chunk(i)) for i in range(n)]))  # replaced
+        got = [np.zeros(RAW, np.uint8) for _ in range(n)]
+        assert all(r.ok for r in t.get_many(keys[:n], got)) and all(
+            np.array_equal(got[i], chunk(i)) for i in range(n))
         other = store.tier(parts=(RAW // 2, RAW // 2))  # another layout of parts
         assert other.get_parts([key(n)], [np.zeros(RAW, np.uint8)], [{1}])[0].status is IOStatus.CORRUPT
         assert get(whole, [key(n + 1)])[0][0].status is IOStatus.CORRUPT
@@ -278,10 +288,12 @@ class RemoteContract:
         dsts = [host[(10 + i) * RAW:(11 + i) * RAW] for i in range(8)]
         assert all(r.ok for r in late.get_many([key(i) for i in range(8)], dsts))
         assert all(np.array_equal(dsts[i], chunk(i)) for i in range(8))
+        assert store.copies(early) in (0, None) and store.copies(late) in (0, None)  # no copy
         outside = [np.zeros(RAW, np.uint8) for _ in range(2)]  # mixed with registered ones
         got = [outside[0], host[20 * RAW:21 * RAW], outside[1], host[21 * RAW:22 * RAW]]
         assert all(r.ok for r in late.get_many([key(i) for i in range(4)], got))
         assert all(np.array_equal(got[i], chunk(i)) for i in range(4))
+        assert store.copies(late) in (2, None)  # those outside: copied
 
     def test_a_buffer_the_tier_cannot_read_into_fails_that_call_only(self, store):
         t = store.tier(parts=PARTS)
@@ -377,17 +389,17 @@ class RemoteContract:
         assert got.ok and np.array_equal(dst, chunk(3))
 
     def test_a_hung_store_costs_a_call_about_its_timeout(self, store):
-        t = store.tier(timeout_s=store.hang_timeout_s)
+        t = store.tier(timeout_s=store.hang_timeout_s, retry_s=0.1)
         assert until(lambda: t.put_many([(key(1), chunk(1))]), lambda r: r[0].ok, 10)[0].ok
         bound = 2 * store.hang_timeout_s + 1
         store.hang()
         try:
             (result,), took = timed(lambda: get(t, [key(2)])[0])  # not held: the store must say
             assert result.status is IOStatus.TIMED_OUT and took < bound and t.down, (result, took)
-            time.sleep(RETRY_S + 0.05)
+            time.sleep(0.12)
             (put,), took = timed(lambda: t.put_many([(key(3), chunk(3))]))
             assert put.status in FAILED and took < bound, (put, took)
-            time.sleep(RETRY_S + 0.05)
+            time.sleep(0.12)
             held, took = timed(lambda: t.exists([key(1)]))
             assert held == [False] and took < bound
         finally:

@@ -66,6 +66,11 @@ class ContractStore(ABC):
         self._tiers.append(made)
         return made
 
+    def copies(self, tier: RemoteTier) -> int | None:
+        """Chunks ``tier`` has copied through a buffer of its own, where the backend moves
+        chunks by DMA and counts them (None: it does not)."""
+        return None
+
     def name(self, key: ChunkKey, namespace: Namespace = NS) -> bytes:
         """The store's key of ``key``'s value, for this test's tiers."""
         return value_key(self.prefix, namespace.digest(), key)
@@ -278,6 +283,9 @@ class MooncakeStore(ContractStore):
         from kvtier.remote.mooncake_tier import MooncakeTier
 
         return MooncakeTier(self.server.url, namespace, raw_bytes, **options)
+
+    def copies(self, tier: RemoteTier) -> int | None:
+        return int(tier.staged)  # type: ignore[attr-defined]
 
     def raw_get(self, name: bytes) -> bytes | None:
         value = self._raw.get(name.decode())
