@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -15,11 +16,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config.settings import KVTierConfig, load_config
 from kvtier.connector.common.geometry import geometry_from_vllm
 from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.scheduler.events import ChunkBlocks
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.worker.counters import WorkerCounters
 from kvtier.connector.worker.side import WorkerSide
@@ -56,6 +60,42 @@ class KVTierStats(WorkerCounters, KVConnectorStats):
     def aggregate(self, other: KVConnectorStats) -> KVTierStats:
         self.merge(other)
         return self
+
+
+class VllmEvents:
+    """kvtier's KV events (``scheduler/events.py``) as vLLM's own ``BlockStored`` and
+    ``BlockRemoved``: one per KV cache group, shaped as vLLM's offloading connector shapes
+    its CPU and storage tiers' (``locality`` LOCAL, each group's kind and window)."""
+
+    def __init__(self, kv_cache_config: Any, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.groups = [(get_kv_cache_spec_kind(g.kv_cache_spec).value,
+                        get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+                       for g in kv_cache_config.kv_cache_groups]
+
+    def stored(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
+        hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
+        parent = None if blocks.parent is None else maybe_convert_block_hash(blocks.parent)  # type: ignore[arg-type]
+        return [BlockStored(block_hashes=hashes, parent_block_hash=parent,
+                            token_ids=blocks.tokens.tolist(), block_size=self.block_tokens,
+                            lora_id=blocks.lora_id, medium=medium, lora_name=blocks.lora_name,
+                            group_idx=group, kv_cache_spec_kind=kind,
+                            kv_cache_spec_sliding_window=window, locality="LOCAL")
+                for group, (kind, window) in enumerate(self.groups)]
+
+    def removed(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
+        hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
+        return [BlockRemoved(block_hashes=hashes, medium=medium, group_idx=group,
+                             locality="LOCAL") for group in range(len(self.groups))]
+
+
+def event_factory(vllm_config: Any, kv_cache_config: Any, block_tokens: int) -> VllmEvents | None:
+    """The factory of kvtier's KV events while vLLM's are on (``--kv-events-config`` with
+    ``enable_kv_cache_events``), else None: nothing is recorded for them then."""
+    events = getattr(vllm_config, "kv_events_config", None)
+    if events is None or not events.enable_kv_cache_events:
+        return None
+    return VllmEvents(kv_cache_config, block_tokens)
 
 
 MAX_PORT = 65535
@@ -101,7 +141,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
-            self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp)
+            self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp,
+                                            event_factory(vllm_config, kv_cache_config,
+                                                          self.geometry.block_tokens))
             if port:
                 self._metrics = serve_metrics(port, self._scheduler.metric_samples,
                                               self.config.metrics_host)
@@ -238,6 +280,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         report = connector_output.kv_connector_worker_meta
         if isinstance(report, KVTierWorkerMeta):
             self._scheduler_side.worker_report(report)
+
+    def take_events(self) -> list[KVCacheEvent]:
+        return self._scheduler.take_events() if self._scheduler is not None else []
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)

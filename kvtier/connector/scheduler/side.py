@@ -22,6 +22,7 @@ from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.connector.scheduler.events import EventFactory, KVEvents
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
@@ -30,14 +31,11 @@ from kvtier.connector.scheduler.remote_presence import open_presence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.store_planner import StorePlanner
 from kvtier.connector.scheduler.tails import Tail, prompt_length, prompt_tail
-from kvtier.io.buffers import align_up
+from kvtier.connector.scheduler.tier_watch import tier_stack
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 from kvtier.segment.index_file import SlotLayout, read_disk_index
 from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
-from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.policy import make_policy
-from kvtier.tiers.stack import TierStack
 
 log = logging.getLogger("kvtier")
 HOST, DISK = TierName.HOST, TierName.DISK
@@ -49,17 +47,19 @@ class SchedulerSide:
 
     Public state: ``stack`` (the tiers' indexes), ``decider`` (``load_policy``),
     ``counters`` (chunks loaded by tier, stored, written, failed), ``recovered`` (chunks
-    found on disk at start), ``disk_layout`` (None without disk paths).
+    found on disk at start), ``disk_layout`` (None without disk paths), ``events`` (the KV
+    events of its tiers, made by ``event_factory``; None while vLLM's are off).
     """
 
-    def __init__(self, config: KVTierConfig, geometry: KVGeometry,
-                 namespaces: list[Namespace], world_size: int) -> None:
+    def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespaces: list[Namespace],
+                 world_size: int, event_factory: EventFactory | None = None) -> None:
         self.config, self.geometry, self.world_size = config, geometry, world_size
         self.disk_layout = _disk_layout(config, geometry)
         self.writers = engine_writers(config, namespaces)  # each rank's segment
-        self.stack = _tier_stack(config, geometry, self.disk_layout)
-        self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self.counters: Counter = Counter()
+        self.events = KVEvents(geometry, event_factory, self.counters) if event_factory else None
+        self.stack = tier_stack(config, geometry, self.disk_layout, self.events)
+        self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self._namespace = namespaces[0]
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
@@ -86,7 +86,8 @@ class SchedulerSide:
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.others, self.presence,
                                   self.remote_writes)
-        self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes)
+        self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
+                                    self.events)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
                                   self.remote_writes)
@@ -242,6 +243,10 @@ class SchedulerSide:
         if self.presence is not None:
             self.presence.close()
 
+    def take_events(self) -> list:
+        """The KV events of this engine's tiers since the last call (vLLM's ``take_events``)."""
+        return [] if self.events is None else self.events.take()
+
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""
         return metric_samples(self.stack, self.counters, self.decider, self.presence,
@@ -275,14 +280,3 @@ def _disk_layout(config: KVTierConfig, geometry: KVGeometry) -> SlotLayout | Non
     layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths), config.segment_capacity)
     layout.check_bounded()
     return layout
-
-
-def _tier_stack(config: KVTierConfig, geometry: KVGeometry,
-                layout: SlotLayout | None) -> TierStack:
-    """Host memory's index, then the disk's when there is one."""
-    slot_bytes = align_up(geometry.chunk_bytes)
-    levels = [(HOST, SlotIndex(config.host_capacity // slot_bytes,
-                               make_policy(config.eviction_policy)))]
-    if layout is not None:
-        levels.append((DISK, SlotIndex(layout.num_slots, make_policy(config.eviction_policy))))
-    return TierStack(levels)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
+from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.records import PendingStores, Tracked
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.tails import Tail
@@ -30,12 +31,15 @@ class StorePlanner:
     offer stops at the first chunk that finds no host slot free (all held by stores and
     loads in flight), leaving ``stored_upto`` there so that the request's next step offers
     it again; and for good past as many chunks as the largest tier holds (``_keep``).
+    With ``events`` (vLLM's KV events on), each chunk planned is recorded there for the
+    events its tiers raise.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
-                 pending: PendingStores, remote_writes: RemoteWrites | None = None) -> None:
+                 pending: PendingStores, remote_writes: RemoteWrites | None = None,
+                 events: KVEvents | None = None) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
-        self._remote_writes = remote_writes
+        self._remote_writes, self._events = remote_writes, events
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan) -> None:
@@ -59,6 +63,8 @@ class StorePlanner:
                 break
             elif not self._plan_one(key, ids, meta):
                 break
+            elif self._events is not None:
+                self._events.record(key, tracked.request, c)
             tracked.stored_upto = c + 1
 
     def plan_tail(self, tracked: Tracked, tail: Tail, block_ids: GroupBlocks,

@@ -1,0 +1,134 @@
+"""KV events: what kvtier's tiers gain and lose, told through vLLM's own KV event stream.
+
+A KV-aware router (vllm-router's ``kv_aware`` policy) follows each engine's events and
+credits the blocks it holds per tier by the event's ``medium``. vLLM publishes its GPU
+blocks; kvtier adds, through the connector's ``take_events()``, the chunks its host tier
+(``CPU``) and disk tier (``STORAGE``: vLLM's names, which vllm-router maps to its host and
+disk tiers) gain and lose. A chunk's event names each of its blocks as vLLM's own
+``BlockStored`` does: vLLM's hash of each block of ``block_size`` tokens (chained over the
+prefix, salt and adapter), the hash of the block before the chunk, the chunk's token ids.
+
+Only chunks this engine stored since it started are published: a chunk found on disk at
+start, a prompt's tail (its last block is partial: vLLM has no hash for it) and chunks of
+other engines or the remote store are not. Events are hints, never promises.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.keys import ChunkKey
+from kvtier.tiers.base import TierName
+
+MEDIUMS = {TierName.HOST: "CPU", TierName.DISK: "STORAGE"}  # vLLM's MEDIUM_CPU, MEDIUM_STORAGE
+QUEUE_LIMIT = 65536  # events held between two of vLLM's takes; the oldest are dropped past it
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBlocks:
+    """What an event says of one chunk: vLLM's hash of each of its blocks, the hash of the
+    block before it (None for a prompt's first chunk), its token ids and the adapter."""
+
+    hashes: tuple[bytes, ...]
+    parent: bytes | None
+    tokens: array  # the chunk's token ids (4 bytes each)
+    lora_id: int | None = None
+    lora_name: str | None = None
+
+
+class EventFactory(Protocol):
+    """Makes vLLM's event objects (``connector.py``'s ``VllmEvents``), so that this module
+    imports without vLLM: one event per KV cache group."""
+
+    def stored(self, blocks: ChunkBlocks, medium: str) -> list[Any]: ...
+
+    def removed(self, blocks: ChunkBlocks, medium: str) -> list[Any]: ...
+
+
+def chunk_blocks(request: Any, geometry: KVGeometry, chunk: int) -> ChunkBlocks | None:
+    """Chunk ``chunk`` of ``request`` as its events name it, or None while vLLM has not
+    hashed all its blocks. vLLM hashes every ``hash_block_tokens``; a block's hash is the
+    hash at its end (``resolve_block_hashes``), as its own ``BlockStored`` events say."""
+    scale = geometry.block_tokens // geometry.hash_block_tokens
+    per = geometry.blocks_per_chunk
+    first = chunk * per
+    hashes = request.block_hashes
+    if len(hashes) < (first + per) * scale:
+        return None
+    start = chunk * geometry.chunk_tokens
+    lora = getattr(request, "lora_request", None)
+    return ChunkBlocks(
+        tuple(bytes(hashes[(b + 1) * scale - 1]) for b in range(first, first + per)),
+        bytes(hashes[first * scale - 1]) if first else None,
+        array("i", request.all_token_ids[start:start + geometry.chunk_tokens]),
+        getattr(lora, "adapter_id", None) if lora else None,
+        getattr(lora, "name", None) if lora else None)
+
+
+class KVEvents:
+    """kvtier's KV events, collected on the scheduler side and taken by vLLM each step.
+
+    Contract: ``record(key, request, chunk)`` keeps what events need of a chunk planned for
+    store (a chunk recorded once keeps its first record); ``stored(key, tier)`` and
+    ``removed(key, tier)`` queue an event for a recorded chunk in a tier with a medium
+    (others are ignored); ``left(key)`` marks a chunk that may be in no tier any more: its
+    record is dropped at the next ``take`` unless ``still_held(key)``. ``take()`` returns
+    the events queued since the last one, oldest first. The queue holds at most ``limit``
+    events: past it the oldest are dropped, counted in ``counters["kv_events_dropped"]``;
+    ``counters["kv_events"]`` counts those taken. Nothing here blocks or does I/O.
+    """
+
+    def __init__(self, geometry: KVGeometry, factory: EventFactory, counters: Counter,
+                 limit: int = QUEUE_LIMIT) -> None:
+        self.geometry, self.factory, self.counters = geometry, factory, counters
+        self.still_held: Callable[[ChunkKey], bool] = lambda key: False
+        self._blocks: dict[ChunkKey, ChunkBlocks] = {}
+        self._queue: deque[tuple[bool, ChunkBlocks, str]] = deque(maxlen=limit)
+        self._left: set[ChunkKey] = set()
+
+    def __len__(self) -> int:
+        """Chunks recorded."""
+        return len(self._blocks)
+
+    def record(self, key: ChunkKey, request: Any, chunk: int) -> None:
+        if key not in self._blocks:
+            blocks = chunk_blocks(request, self.geometry, chunk)
+            if blocks is not None:
+                self._blocks[key] = blocks
+
+    def stored(self, key: ChunkKey, tier: TierName) -> None:
+        self._put(True, key, tier)
+
+    def removed(self, key: ChunkKey, tier: TierName) -> None:
+        self._put(False, key, tier)
+
+    def left(self, key: ChunkKey) -> None:
+        if key in self._blocks:
+            self._left.add(key)
+
+    def _put(self, stored: bool, key: ChunkKey, tier: TierName) -> None:
+        blocks = self._blocks.get(key)
+        medium = MEDIUMS.get(tier)
+        if blocks is None or medium is None:
+            return
+        if len(self._queue) == self._queue.maxlen:
+            self.counters["kv_events_dropped"] += 1  # the oldest goes
+        self._queue.append((stored, blocks, medium))
+
+    def take(self) -> list[Any]:
+        for key in self._left:
+            if not self.still_held(key):
+                del self._blocks[key]
+        self._left.clear()
+        events: list[Any] = []
+        while self._queue:
+            stored, blocks, medium = self._queue.popleft()
+            make = self.factory.stored if stored else self.factory.removed
+            events += make(blocks, medium)
+        self.counters["kv_events"] += len(events)
+        return events
