@@ -29,6 +29,7 @@ from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
 from kvtier.io.direct_buffer import DirectBuffers
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
+from kvtier.io.populate import populating
 from kvtier.keys import ChunkKey, token_chunk_keys
 from kvtier.layout import KVLayout
 from kvtier.logs import apply_log_level
@@ -181,7 +182,7 @@ class KVStore:
                 direct = DirectTarget.of(out, self._direct, self.chunk_tokens) if self.disk else None
                 read = PrefixRead(self._state, self._fetcher, self._runner, self._read_ahead,
                                   self._drain_timeout(), direct)
-                return read.run(keys, runs.run) * self.chunk_tokens
+                return read.run(keys, populating(runs.run)) * self.chunk_tokens
 
     def empty_kv(self, num_tokens: int) -> torch.Tensor:
         """A ``(layers, 2, num_tokens, hidden)`` CPU tensor (zeros) that ``get`` reads disk
