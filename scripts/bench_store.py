@@ -12,12 +12,16 @@ serving engine reuses its buffers (every byte checked): into a tensor from ``sto
 (disk chunks read straight into it; "cores" is how many of the machine's cores were busy
 meanwhile, "CPU" this process's CPU seconds per GiB), then after another restart the same
 with payload checksums off (what verifying costs), then after a third into a plain torch
-tensor (read through host slots). Against fio's best read and write on the same directory
-with I/Os of the chunk's size (over libaio and psync, queue depths 1 to 32), and against the
-floor for any Python reader here (the same reads with nothing else:
-``kvtier/bench/bare_reads.py``). Host only: the same prefixes put and got with every chunk
-in host memory, against ``numpy.copyto`` of the same bytes into and out of memory the size of
-the store's host slots. Best of ``--passes``.
+tensor (read through host slots). Then, each after a restart, gets as a user writes them,
+into a new tensor each: a ``torch.empty`` of the prefix's shape (its pages faulted in by the
+get: ``kvtier/io/populate.py``), the same with that populating turned off (the store before
+it: each page faulted in by the copy into it), and a new ``store.empty_kv`` each (its time
+counted: it faults its pages in when made). Against fio's best read and write on the same
+directory with I/Os of the chunk's size (the best of libaio and io_uring, 1, 2 and 4 jobs,
+depths 1 to 32: ``kvtier/bench/fio_grid.py``), and against the floor for any Python reader
+here (the same reads with nothing else: ``kvtier/bench/bare_reads.py``). Host only: the
+same prefixes put and got with every chunk in host memory, against ``numpy.copyto`` of the
+same bytes into and out of memory the size of the store's host slots. Best of ``--passes``.
 """
 
 from __future__ import annotations
@@ -26,22 +30,26 @@ import argparse
 import json
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import kvtier.store.kvstore as kvstore_module
 from kvtier import KVLayout, KVStore
 from kvtier.bench.bare_reads import bare_read_bandwidth
 from kvtier.bench.busy import Busy
-from kvtier.bench.fio import FioFigure, fio_figure, have_fio
+from kvtier.bench.fio import have_fio
+from kvtier.bench.fio_grid import FioBest, fio_grid_best
 from kvtier.bench.naive import drop_page_cache
 from kvtier.config.values import parse_size
 from kvtier.store.chunk_runs import ChunkRuns, slot_rows
 
 LAYOUT = KVLayout(num_layers=32, kv_heads=8, head_size=128, dtype="bfloat16")
 PREFIX_TOKENS = 2048  # a prompt's cached prefix: 256 MiB of this layout's KV
-FIO_DEPTHS = (1, 4, 8, 16, 32)
+FRESH_KINDS = ("torch", "unpopulated", "empty_kv")  # a new tensor each get: see the docstring
 
 
 class Workload:
@@ -120,7 +128,43 @@ def disk_pass(work: Workload, root: Path) -> tuple[float, ...]:
     get, cores, cpu = get_after_restart(work, cfg, direct=True)
     unverified, _, _ = get_after_restart(work, cfg, direct=True, verify=False)
     plain, _, _ = get_after_restart(work, cfg, direct=False)
-    return work.bytes / 2**30 / put_s, get, cores, cpu, unverified, plain
+    fresh = [get_fresh_after_restart(work, cfg, kind) for kind in FRESH_KINDS]
+    return work.bytes / 2**30 / put_s, get, cores, cpu, unverified, plain, *fresh
+
+
+@contextmanager
+def unpopulated() -> Iterator[None]:
+    """``KVStore.get`` as before it populated its destination: each page faulted in by the
+    copy into it."""
+    populating = kvstore_module.populating
+    kvstore_module.populating = lambda chunks: chunks
+    try:
+        yield
+    finally:
+        kvstore_module.populating = populating
+
+
+def get_fresh_after_restart(work: Workload, cfg: dict, kind: str) -> float:
+    """GiB/s of getting every prefix from a new store (page cache dropped) into a new tensor
+    each, as a user writes it: ``torch.empty`` (``unpopulated``: with the get's populating
+    off), or ``store.empty_kv`` (made within the time: it faults its pages in)."""
+    drop_page_cache()
+    shape = LAYOUT.shape(work.prefix_tokens)
+    with KVStore(LAYOUT, cfg, model="bench") as store:
+        new: Callable[[], torch.Tensor] = (
+            (lambda: store.empty_kv(work.prefix_tokens)) if kind == "empty_kv"
+            else (lambda: torch.empty(shape, dtype=work.kv.dtype)))
+        seconds = 0.0
+        with unpopulated() if kind == "unpopulated" else nullcontext():
+            for i in range(work.count):
+                start = time.perf_counter()
+                out = new()
+                got = store.get(work.tokens(i), out)
+                seconds += time.perf_counter() - start
+                assert got == work.prefix_tokens, f"prefix {i}: {got} of {work.prefix_tokens} tokens"
+                assert torch.equal(out.view(torch.int16), work.kv.view(torch.int16)), "wrong bytes"
+                del out  # freed outside the time
+    return work.bytes / 2**30 / seconds
 
 
 def host_pass(work: Workload) -> tuple[float, ...]:
@@ -166,21 +210,25 @@ def host_pass(work: Workload) -> tuple[float, ...]:
             gib / scatter_out_s)
 
 
-def fio_best(directory: Path, chunk_bytes: int, total: int) -> tuple[FioFigure | None, FioFigure | None]:
-    """fio's best write and read over ``FIO_DEPTHS``, each with the cores busy meanwhile."""
+def fio_best(directory: Path, chunk_bytes: int, total: int,
+             seconds: float = 0.5) -> tuple[FioBest | None, FioBest | None]:
+    """fio's best write and read over engines, jobs and depths (``fio_grid_best``), each
+    with its shape and the cores busy meanwhile."""
     if not have_fio():
         return None, None
     size = min(total, 2**30)
-    write = max(fio_figure(directory, "write", chunk_bytes, size, d) for d in FIO_DEPTHS)
-    read = max(fio_figure(directory, "read", chunk_bytes, size, d) for d in FIO_DEPTHS)
+    write = fio_grid_best(directory, "write", chunk_bytes, size, seconds=seconds)
+    read = fio_grid_best(directory, "read", chunk_bytes, size, seconds=seconds)
     return write, read
 
 
-def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_tokens: int) -> dict:
+def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_tokens: int,
+            fio_seconds: float = 0.5) -> dict:
     work = Workload(chunk_bytes, total, prefix_tokens)
     root = directory / "kvtier-bench-store"
     best = dict.fromkeys(["put_flush", "get", "get_cores", "get_cpu_per_gib", "get_unverified",
-                          "get_plain", "host_put", "host_get", "copyto_in", "copyto_out",
+                          "get_plain", *(f"get_fresh_{kind}" for kind in FRESH_KINDS),
+                          "host_put", "host_get", "copyto_in", "copyto_out",
                           "scatter_in", "scatter_out"], 0.0)
     during_best_get = ("get_cores", "get_cpu_per_gib")
     try:
@@ -193,7 +241,7 @@ def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_t
                     best[name] = max(best[name], value)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    fio_w, fio_r = fio_best(directory, chunk_bytes, work.bytes)
+    fio_w, fio_r = fio_best(directory, chunk_bytes, work.bytes, fio_seconds)
     fio_write, fio_read = (fio_w.gib_s if fio_w else None), (fio_r.gib_s if fio_r else None)
     bare = max(bare_read_bandwidth(directory, chunk_bytes, work.bytes, rows=2 * LAYOUT.num_layers,
                                    prefix_bytes=work.prefix_tokens * LAYOUT.token_bytes)
@@ -201,13 +249,20 @@ def measure(directory: Path, chunk_bytes: int, total: int, passes: int, prefix_t
     row: dict = {"chunk_bytes": chunk_bytes, "bytes": work.bytes, "prefix_tokens": work.prefix_tokens, **best,
                  "fio_write": fio_write, "fio_read": fio_read,
                  "fio_write_cores": fio_w.cores if fio_w else None,
-                 "fio_read_cores": fio_r.cores if fio_r else None, "bare_read": bare.gib_s,
+                 "fio_read_cores": fio_r.cores if fio_r else None,
+                 "fio_write_shape": str(fio_w.shape) if fio_w else None,
+                 "fio_read_shape": str(fio_r.shape) if fio_r else None, "bare_read": bare.gib_s,
                  "bare_cpu_per_gib": bare.cpu_per_gib, "get_vs_bare": best["get"] / bare.gib_s}
     if fio_write and fio_read:
         row["put_flush_vs_fio"], row["get_vs_fio"] = best["put_flush"] / fio_write, best["get"] / fio_read
         row["get_plain_vs_fio"] = best["get_plain"] / fio_read
         row["get_unverified_vs_fio"] = best["get_unverified"] / fio_read
         row["bare_read_vs_fio"] = bare.gib_s / fio_read
+        for kind in FRESH_KINDS:
+            row[f"get_fresh_{kind}_vs_fio"] = best[f"get_fresh_{kind}"] / fio_read
+    row["get_fresh_torch_vs_reused"] = best["get_fresh_torch"] / best["get_plain"]
+    row["get_fresh_unpopulated_vs_reused"] = best["get_fresh_unpopulated"] / best["get_plain"]
+    row["get_fresh_torch_vs_unpopulated"] = best["get_fresh_torch"] / best["get_fresh_unpopulated"]
     row["host_put_vs_copyto"] = best["host_put"] / best["copyto_in"]
     row["host_get_vs_copyto"] = best["host_get"] / best["copyto_out"]
     row["host_put_vs_scatter"] = best["host_put"] / best["scatter_in"]
@@ -236,6 +291,25 @@ def print_table(rows: list[dict]) -> None:
               f"{r['host_get_vs_scatter']:.2f} |")
 
 
+def print_fresh_table(rows: list[dict]) -> None:
+    """Gets into a new tensor each (what a user writes) against fio's best and the reused
+    plain tensor."""
+    def ratio(r: dict, name: str) -> str:
+        return f"{r[name]:.2f}" if name in r else "-"
+
+    print("\n| chunk | fio read (shape) | fio write (shape) | put+flush/fio | reused empty_kv/fio "
+          "| reused torch/fio | new torch.empty/fio | new torch.empty, not populated/fio "
+          "| new empty_kv/fio | new/reused torch | new/reused, not populated | populated/not |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['chunk_bytes'] >> 20} MiB | {r['fio_read'] or 0:.2f} ({r['fio_read_shape']}) "
+              f"| {r['fio_write'] or 0:.2f} ({r['fio_write_shape']}) | {ratio(r, 'put_flush_vs_fio')} "
+              f"| {ratio(r, 'get_vs_fio')} | {ratio(r, 'get_plain_vs_fio')} "
+              f"| {ratio(r, 'get_fresh_torch_vs_fio')} | {ratio(r, 'get_fresh_unpopulated_vs_fio')} "
+              f"| {ratio(r, 'get_fresh_empty_kv_vs_fio')} | {r['get_fresh_torch_vs_reused']:.2f} "
+              f"| {r['get_fresh_unpopulated_vs_reused']:.2f} | {r['get_fresh_torch_vs_unpopulated']:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, required=True, help="a directory on the device")
@@ -244,14 +318,18 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--prefix-tokens", type=int, default=PREFIX_TOKENS,
                         help="tokens per prefix, rounded down to whole chunks (at least one)")
+    parser.add_argument("--fio-seconds", type=float, default=0.5,
+                        help="seconds fio runs each shape (engine, jobs, depth)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     total = parse_size(args.size)
     rows = []
     for chunk in args.chunks.split(","):
-        rows.append(measure(args.dir, parse_size(chunk), total, args.passes, args.prefix_tokens))
+        rows.append(measure(args.dir, parse_size(chunk), total, args.passes, args.prefix_tokens,
+                            args.fio_seconds))
         print(json.dumps(rows[-1]), flush=True)
     print_table(rows)
+    print_fresh_table(rows)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rows, indent=2))
