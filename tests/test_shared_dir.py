@@ -248,7 +248,8 @@ def test_the_segment_of_a_writer_that_is_gone_is_reclaimed_and_its_seat_handed_o
         assert exact(b, tokens) == 2 * CHUNK  # read until it is reclaimed
         wait_for(lambda: not list(tmp_path.glob("*/writers/a")), timeout=15)
         assert b.lookup(tokens).chunks_by_tier.get(SHARED, 0) == 0
-        assert [p.read_text() for p in tmp_path.glob("*/seats/seat-*")] == []
+        # a's seat given back: free, or b's already (its path is retried every 0.2 s)
+        assert [p.read_text() for p in tmp_path.glob("*/seats/seat-*")] in ([], ["b"])
         b.put(mine, make_kv(mine))
         wait_for(lambda: bool(b.flush()), timeout=15)  # its path came back, with a's seat
         assert not b.stats().paths_down and b.stats().disk_writes >= 2
