@@ -6,6 +6,7 @@
 SPEC: {"model": DIR, "connector": "kvtier" | "example" | "lmcache" | null, "extra": {...},
        "dtype": "float32", "prefix_caching": false, "max_model_len": 9216,
        "num_gpu_blocks": null (vLLM's own KV cache size, in blocks; null: from kv_cache_gib),
+       "kv_events_config": null (vLLM's KVEventsConfig: its KV events published, e.g. on ZMQ),
        "phases": [{"prompts": [[token ids], ...], "max_tokens": 8, "together": false,
                    "salt": null, "mark": null, "until": null, "max_repeats": 1}, ...]}
 
@@ -148,6 +149,10 @@ def run_spec(spec: dict) -> dict:
         from vllm.config import KVTransferConfig
 
         kwargs["kv_transfer_config"] = KVTransferConfig(**connector_config(spec))
+    if spec.get("kv_events_config"):
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True,
               dtype=spec.get("dtype", "bfloat16"), max_model_len=spec.get("max_model_len", 9216),
               enable_prefix_caching=spec.get("prefix_caching", False),

