@@ -202,3 +202,21 @@ def test_vllm_events_carry_the_medium_the_group_and_vllms_hash_form(monkeypatch)
     monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")  # vLLM's default: 64-bit ints
     (stored,) = factory.stored(blocks, MEDIUM_CPU)
     assert stored.block_hashes == [int.from_bytes(h, "big") & (2**64 - 1) for h in chain[2:4]]
+
+
+def test_write_back_publishes_a_host_victim_on_disk_once_its_demotion_is_written(tmp_path):
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 2 * geometry().chunk_bytes,
+           "load_policy": "always", "write_policy": "write_back", "disk_paths": [str(tmp_path)],
+           "disk_capacity": 8 * (4096 + geometry().chunk_bytes)}
+    side = SchedulerSide(load_config(cfg, environ={}), geometry(),
+                         [geometry().namespace("m", "", 1, 0)], 1, Made())
+    store(side, vllm_request("a", TOKENS[:64]))
+    assert [e[1] for e in side.take_events()] == ["CPU", "CPU"]  # nothing on disk yet
+    meta = StepPlan()
+    side.plan_stores(vllm_request("b", TOKENS[36:100]), ([1, 2, 3, 4],), 64, meta)
+    assert len(meta.demotions) == 2
+    removed = side.take_events()
+    assert sorted(e[:2] for e in removed) == [("removed", "CPU")] * 2  # evicted, writing
+    side.worker_report(WorkerReport(disk_written=Counter({d.key: 1 for d in meta.demotions})))
+    first = {tuple(vllm_chain(TOKENS[:64])[i:i + 2]) for i in (0, 2)}
+    assert {e[2] for e in side.take_events() if e[1] == "STORAGE"} == first
