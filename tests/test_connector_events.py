@@ -37,10 +37,11 @@ def geometry(hash_block: int = BLOCK) -> KVGeometry:
                       page_shape="t")
 
 
-def vllm_request(name: str, tokens: list[int], hash_block: int = BLOCK) -> Request:
+def vllm_request(name: str, tokens: list[int], hash_block: int = BLOCK,
+                 salt: str | None = None) -> Request:
     """A request as vLLM's scheduler sees it, its block hashes made by vLLM (sha256)."""
     init_none_hash(sha256)
-    return Request(name, tokens, SamplingParams(max_tokens=1), None,
+    return Request(name, tokens, SamplingParams(max_tokens=1), None, cache_salt=salt,
                    block_hasher=get_request_block_hasher(hash_block, sha256))
 
 
@@ -75,6 +76,9 @@ def test_a_chunk_names_its_blocks_by_vllms_chained_hashes(hash_block):
 
 class Made:
     """A stand-in for ``VllmEvents``: what each event said."""
+
+    def extra_keys(self, request, start, stop):
+        return None
 
     def stored(self, blocks, medium):
         return [("stored", medium, blocks.hashes)]
@@ -220,3 +224,20 @@ def test_write_back_publishes_a_host_victim_on_disk_once_its_demotion_is_written
     side.worker_report(WorkerReport(disk_written=Counter({d.key: 1 for d in meta.demotions})))
     first = {tuple(vllm_chain(TOKENS[:64])[i:i + 2]) for i in (0, 2)}
     assert {e[2] for e in side.take_events() if e[1] == "STORAGE"} == first
+
+
+def test_a_salted_prompts_first_block_carries_its_salt_as_vllms_events_do():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype="float32")
+    factory = VllmEvents(SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)]),
+                         BLOCK)
+    salted = vllm_request("a", TOKENS[:64], salt="tenant-b")
+    first = chunk_blocks(salted, geometry(), 0, factory.extra_keys)
+    second = chunk_blocks(salted, geometry(), 1, factory.extra_keys)
+    assert first is not None and second is not None
+    assert first.extra_keys == (("tenant-b",), None) and second.extra_keys is None
+    assert first.hashes[0] != vllm_chain(TOKENS[:64])[0]  # vLLM hashed the salt in
+    (stored,) = factory.stored(first, MEDIUM_CPU)
+    assert stored.extra_keys == [("tenant-b",), None]
+    assert factory.stored(second, MEDIUM_CPU)[0].extra_keys is None

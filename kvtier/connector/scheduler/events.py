@@ -32,25 +32,32 @@ QUEUE_LIMIT = 65536  # events held between two of vLLM's takes; the oldest are d
 @dataclass(frozen=True, slots=True)
 class ChunkBlocks:
     """What an event says of one chunk: vLLM's hash of each of its blocks, the hash of the
-    block before it (None for a prompt's first chunk), its token ids and the adapter."""
+    block before it (None for a prompt's first chunk), its token ids, the adapter, and
+    what else vLLM hashed of each block (``extra_keys``: salt, adapter, multimodal inputs;
+    None when nothing)."""
 
     hashes: tuple[bytes, ...]
     parent: bytes | None
     tokens: array  # the chunk's token ids (4 bytes each)
     lora_id: int | None = None
     lora_name: str | None = None
+    extra_keys: tuple | None = None
 
 
 class EventFactory(Protocol):
     """Makes vLLM's event objects (``connector.py``'s ``VllmEvents``), so that this module
-    imports without vLLM: one event per KV cache group."""
+    imports without vLLM: one event per KV cache group; and says what else vLLM hashed of
+    each block of a request's tokens ``start`` to ``stop`` (None: nothing)."""
+
+    def extra_keys(self, request: Any, start: int, stop: int) -> tuple | None: ...
 
     def stored(self, blocks: ChunkBlocks, medium: str) -> list[Any]: ...
 
     def removed(self, blocks: ChunkBlocks, medium: str) -> list[Any]: ...
 
 
-def chunk_blocks(request: Any, geometry: KVGeometry, chunk: int) -> ChunkBlocks | None:
+def chunk_blocks(request: Any, geometry: KVGeometry, chunk: int,
+                 extra: Callable[[Any, int, int], tuple | None] | None = None) -> ChunkBlocks | None:
     """Chunk ``chunk`` of ``request`` as its events name it, or None while vLLM has not
     hashed all its blocks. vLLM hashes every ``hash_block_tokens``; a block's hash is the
     hash at its end (``resolve_block_hashes``), as its own ``BlockStored`` events say."""
@@ -67,7 +74,8 @@ def chunk_blocks(request: Any, geometry: KVGeometry, chunk: int) -> ChunkBlocks 
         bytes(hashes[first * scale - 1]) if first else None,
         array("i", request.all_token_ids[start:start + geometry.chunk_tokens]),
         getattr(lora, "adapter_id", None) if lora else None,
-        getattr(lora, "name", None) if lora else None)
+        getattr(lora, "name", None) if lora else None,
+        extra(request, start, start + geometry.chunk_tokens) if extra else None)
 
 
 class KVEvents:
@@ -97,7 +105,7 @@ class KVEvents:
 
     def record(self, key: ChunkKey, request: Any, chunk: int) -> None:
         if key not in self._blocks:
-            blocks = chunk_blocks(request, self.geometry, chunk)
+            blocks = chunk_blocks(request, self.geometry, chunk, self.factory.extra_keys)
             if blocks is not None:
                 self._blocks[key] = blocks
 
