@@ -127,7 +127,7 @@ def _signal(process: Any, sig: int) -> None:
 class RedisStore(ContractStore):
     """One redis-server on loopback (``redis_server.RedisServer``)."""
 
-    timeout_s, hang_timeout_s = 0.5, 0.3
+    timeout_s, hang_timeout_s = 2.0, 0.3  # room for a busy machine; short to meet a hang
 
     def __init__(self, workdir: Path, *server_args: str) -> None:
         from tests.helpers.redis_server import RedisServer
@@ -185,7 +185,7 @@ class RedisStore(ContractStore):
 class RedisClusterStore(ContractStore):
     """Three redis-server primaries in cluster mode on loopback (``RedisCluster``)."""
 
-    timeout_s, hang_timeout_s = 3.0, 0.3  # a client asks for the slot map and command table
+    timeout_s, hang_timeout_s = 10.0, 0.3  # a client asks for the slot map and command table
     overflow = 200
 
     def __init__(self, workdir: Path) -> None:
