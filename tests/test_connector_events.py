@@ -241,3 +241,18 @@ def test_a_salted_prompts_first_block_carries_its_salt_as_vllms_events_do():
     (stored,) = factory.stored(first, MEDIUM_CPU)
     assert stored.extra_keys == [("tenant-b",), None]
     assert factory.stored(second, MEDIUM_CPU)[0].extra_keys is None
+
+
+def test_a_chunk_found_on_disk_at_start_is_published_once_its_tokens_come(tmp_path):
+    side = side_with_events(tmp_path)
+    req = vllm_request("a", TOKENS[:64])
+    first = side.chunk_keys(req, 1)[0]
+    side.stack.indexes[TierName.DISK].adopt(first, 0)  # as recovered from the disk's index
+    assert side.take_events() == []
+    store(side, req)
+    chain = vllm_chain(TOKENS[:64])
+    assert sorted(side.take_events()) == sorted([
+        ("stored", "STORAGE", tuple(chain[0:2])),  # already there, known now
+        ("stored", "CPU", tuple(chain[2:4])), ("stored", "STORAGE", tuple(chain[2:4]))])
+    store(side, vllm_request("b", TOKENS[:64]))
+    assert side.take_events() == []  # known already: nothing new

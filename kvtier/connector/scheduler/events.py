@@ -8,9 +8,10 @@ disk tiers) gain and lose. A chunk's event names each of its blocks as vLLM's ow
 ``BlockStored`` does: vLLM's hash of each block of ``block_size`` tokens (chained over the
 prefix, salt and adapter), the hash of the block before the chunk, the chunk's token ids.
 
-Only chunks this engine stored since it started are published: a chunk found on disk at
-start, a prompt's tail (its last block is partial: vLLM has no hash for it) and chunks of
-other engines or the remote store are not. Events are hints, never promises.
+Only chunks of this engine's tiers whose tokens it saw since it started are published: a
+chunk found on disk at start is published once a request with its tokens comes; a prompt's
+tail (its last block is partial: vLLM has no hash for it) and chunks of other engines or
+the remote store are not. Events are hints, never promises.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class KVEvents:
     """kvtier's KV events, collected on the scheduler side and taken by vLLM each step.
 
     Contract: ``record(key, request, chunk)`` keeps what events need of a chunk planned for
-    store (a chunk recorded once keeps its first record); ``stored(key, tier)`` and
+    store (a chunk recorded once keeps its first record), ``seen`` one found cached without
+    a record (published then in the tiers holding it); ``stored(key, tier)`` and
     ``removed(key, tier)`` queue an event for a recorded chunk in a tier with a medium
     (others are ignored); ``left(key)`` marks a chunk that may be in no tier any more: its
     record is dropped at the next ``take`` unless ``still_held(key)``. ``take()`` returns
@@ -108,6 +110,14 @@ class KVEvents:
             blocks = chunk_blocks(request, self.geometry, chunk, self.factory.extra_keys)
             if blocks is not None:
                 self._blocks[key] = blocks
+
+    def seen(self, key: ChunkKey, request: Any, chunk: int, tiers: list[TierName]) -> None:
+        """A chunk found cached with no record (on disk since before this start, say):
+        recorded, and published as stored in ``tiers``, where it is visible."""
+        if key not in self._blocks:
+            self.record(key, request, chunk)
+            for tier in tiers:
+                self.stored(key, tier)
 
     def stored(self, key: ChunkKey, tier: TierName) -> None:
         self._put(True, key, tier)

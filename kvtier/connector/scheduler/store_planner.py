@@ -32,7 +32,7 @@ class StorePlanner:
     loads in flight), leaving ``stored_upto`` there so that the request's next step offers
     it again; and for good past as many chunks as the largest tier holds (``_keep``).
     With ``events`` (vLLM's KV events on), each chunk planned is recorded there for the
-    events its tiers raise.
+    events its tiers raise, and each chunk found cached is made known there.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
@@ -58,6 +58,9 @@ class StorePlanner:
                 break
             if self._cached(key):  # a hit, say, whose early pages a window has dropped since
                 self.stack.touch(key)
+                if self._events is not None:
+                    self._events.seen(key, tracked.request, c, [
+                        tier for tier, index in self.stack.indexes.items() if key in index])
             elif NULL_BLOCK in ids:
                 tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
                 break
