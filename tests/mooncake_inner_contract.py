@@ -3,7 +3,6 @@
 (``tests/test_remote_mooncake.py`` runs this module there), the tiers pure clients whose
 bytes cross TCP loopback."""
 
-from typing import ClassVar
 
 import pytest
 
@@ -17,12 +16,6 @@ if not inside_namespace():
 
 
 class TestMooncakeStore(RemoteContract):
-    broken: ClassVar[dict[str, str]] = {"test_a_read_only_buffer_fails_that_call_only":
-              "MooncakeTier.get_many raises ValueError ('assignment destination is read-only') "
-              "for a read-only dst outside registered memory: its buffer check skips "
-              "`writeable` (RemoteTier._unfit checks it), so a caller's mistake is an "
-              "exception, not the IO_ERROR result of that call the contract promises"}
-
     @pytest.fixture(scope="class")
     @classmethod
     def shared_store(cls, tmp_path_factory):

@@ -183,11 +183,9 @@ class MooncakeTier(RemoteTier):
         return [code == 1 for code in codes]
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
-        unfit = [dst for dst in dsts if dst.nbytes < self.raw_bytes or not dst.flags.c_contiguous]
-        if unfit:
-            return [IOResult(IOStatus.IO_ERROR, 0, f"a buffer of {unfit[0].nbytes} bytes, contiguous "
-                             f"{unfit[0].flags.c_contiguous}: this tier's chunks have "
-                             f"{self.raw_bytes}")] * len(keys)
+        unfit = self._unfit(dsts)  # short, strided or read-only: that call fails, nothing else
+        if unfit is not None:
+            return [unfit] * len(keys)
         client = self._ready("get")
         if isinstance(client, IOResult):
             return [client] * len(keys)
