@@ -35,7 +35,9 @@ def test_a_fresh_buffer_is_resident_after_and_still_zeros():
 
 
 def test_a_fresh_torch_tensor_is_resident_after():
-    tensor = torch.empty((4, 2, 256, 1024), dtype=torch.bfloat16)  # 4 MiB: mmapped, untouched
+    # 64 MiB: past glibc's largest mmap threshold (32 MiB), so new memory, never touched, even
+    # where the process freed large blocks before (smaller ones may reuse resident heap)
+    tensor = torch.empty((4, 2, 4096, 1024), dtype=torch.bfloat16)
     assert populate(tensor) is Populated.POPULATED
     raw = tensor.view(torch.uint8).numpy().reshape(-1)
     first = -(-raw.ctypes.data // PAGE) * PAGE
