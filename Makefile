@@ -16,8 +16,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "kvtier needs Python >= 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	# --no-compile: a module's bytecode is written at its first import, for the few used
-	$(BIN)/pip install -q --no-compile "$(TORCH)" "$(VLLM)" -e ".[dev,bench,remote,mooncake]"
+	$(BIN)/pip install -q "$(TORCH)" "$(VLLM)" -e ".[dev,bench,remote,mooncake]"
 	# PyPI's CUDA builds of these break `from vllm import LLM` next to the CPU torch
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
