@@ -11,6 +11,7 @@ from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
 from tests.helpers.kv import CHUNK, SMALL, make_kv, same_bytes
 from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.store import remote_store
 
 pytestmark = needs_redis
 REMOTE = TierName.REMOTE
@@ -24,10 +25,6 @@ def server(tmp_path):
     srv.stop()
 
 
-def store(url: str, **config) -> KVStore:
-    cfg = {"chunk_tokens": CHUNK, "host_capacity": 64 * CHUNK_BYTES, "remote_url": url,
-           "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2, **config}
-    return KVStore(SMALL, cfg, model="m")
 
 
 def tokens(seed: int, chunks: int) -> list[int]:
@@ -45,7 +42,7 @@ def served_whole(s: KVStore, toks) -> bool:
 
 def test_a_flush_writes_again_what_a_restarted_store_lost(server):
     toks = tokens(1, 32)
-    with store(server.url) as a, store(server.url) as b:
+    with remote_store(server.url) as a, remote_store(server.url) as b:
         assert a.put(toks, make_kv(toks)) == len(toks) and a.flush(10)
         assert len(remote_keys(server)) == 32
         server.stop()
@@ -60,7 +57,7 @@ def test_a_flush_writes_again_what_a_restarted_store_lost(server):
 
 def test_a_chunk_a_lookup_finds_gone_is_written_at_its_next_put(server):
     first, second, third = tokens(2, 8), tokens(3, 8), tokens(4, 8)
-    with store(server.url, host_capacity=16 * CHUNK_BYTES) as a:
+    with remote_store(server.url, host_capacity=16 * CHUNK_BYTES) as a:
         for toks in (first, second, third):  # first: out of host memory at the end
             assert a.put(toks, make_kv(toks)) == len(toks) and a.flush(10)
         assert a.lookup(first).chunks_by_tier == {REMOTE: 8}
@@ -77,7 +74,7 @@ def test_flush_is_false_while_a_full_store_refuses_writes(tmp_path, maxmemory):
     srv = RedisServer(tmp_path / "full", "--maxmemory", maxmemory,
                       "--maxmemory-policy", "noeviction").start()
     try:
-        with store(srv.url, chunk_tokens=256, host_capacity="64MiB") as s:
+        with remote_store(srv.url, chunk_tokens=256, host_capacity="64MiB") as s:
             toks = np.arange(256 * 24).tolist()
             assert s.put(toks, make_kv(toks)) == len(toks)
             result = s.flush(10)

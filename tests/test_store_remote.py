@@ -18,6 +18,7 @@ from kvtier.tiers.base import TierName
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, SMALL, make_kv, same_bytes
 from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.store import remote_store
 
 pytestmark = needs_redis
 REMOTE, HOST, DISK = TierName.REMOTE, TierName.HOST, TierName.DISK
@@ -32,9 +33,7 @@ def server(tmp_path):
 
 
 def store(server, **config) -> KVStore:
-    cfg = {"chunk_tokens": CHUNK, "host_capacity": 64 * CHUNK_BYTES, "remote_url": server.url,
-           "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2, **config}
-    return KVStore(SMALL, cfg, model="m")
+    return remote_store(server.url, **config)
 
 
 def tokens(seed: int, chunks: int = 6) -> list[int]:

@@ -124,22 +124,20 @@ def _signal(process: Any, sig: int) -> None:
 
 # -- Valkey/Redis ----------------------------------------------------------------------------
 
-class RedisStore(ContractStore):
-    """One redis-server on loopback (``redis_server.RedisServer``)."""
+class _RedisBacked(ContractStore):
+    """What a Redis store and a Redis cluster do alike: tiers on ``url``, raw values through
+    the ``_raw`` client."""
 
-    timeout_s, hang_timeout_s = 2.0, 0.3  # room for a busy machine; short to meet a hang
+    _raw: Any
 
-    def __init__(self, workdir: Path, *server_args: str) -> None:
-        from tests.helpers.redis_server import RedisServer
-
-        super().__init__()
-        self.server = RedisServer(workdir, *server_args).start()
-        self._raw = self.server.client()
+    @property
+    @abstractmethod
+    def url(self) -> str: ...
 
     def _make(self, namespace: Namespace, raw_bytes: int, **options: Any) -> RemoteTier:
         from kvtier.remote.redis_tier import RedisTier
 
-        return RedisTier(self.server.url, namespace, raw_bytes, **options)
+        return RedisTier(self.url, namespace, raw_bytes, **options)
 
     def raw_get(self, name: bytes) -> bytes | None:
         return self._raw.get(name)
@@ -149,6 +147,23 @@ class RedisStore(ContractStore):
 
     def raw_delete(self, name: bytes) -> None:
         self._raw.delete(name)
+
+
+class RedisStore(_RedisBacked):
+    """One redis-server on loopback (``redis_server.RedisServer``)."""
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    timeout_s, hang_timeout_s = 2.0, 0.3  # room for a busy machine; short to meet a hang
+
+    def __init__(self, workdir: Path, *server_args: str) -> None:
+        from tests.helpers.redis_server import RedisServer
+
+        super().__init__()
+        self.server = RedisServer(workdir, *server_args).start()
+        self._raw = self.server.client()
 
     def stop(self) -> None:
         self.server.stop()
@@ -182,8 +197,12 @@ class RedisStore(ContractStore):
             store.close()
 
 
-class RedisClusterStore(ContractStore):
+class RedisClusterStore(_RedisBacked):
     """Three redis-server primaries in cluster mode on loopback (``RedisCluster``)."""
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
 
     timeout_s, hang_timeout_s = 10.0, 0.3  # a client asks for the slot map and command table
     overflow = 200
@@ -197,20 +216,6 @@ class RedisClusterStore(ContractStore):
         self.cluster = RedisCluster(workdir).start()
         port = self.cluster.nodes[0].port
         self._raw = redis.RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
-
-    def _make(self, namespace: Namespace, raw_bytes: int, **options: Any) -> RemoteTier:
-        from kvtier.remote.redis_tier import RedisTier
-
-        return RedisTier(self.cluster.url, namespace, raw_bytes, **options)
-
-    def raw_get(self, name: bytes) -> bytes | None:
-        return self._raw.get(name)
-
-    def raw_set(self, name: bytes, value: bytes) -> None:
-        self._raw.set(name, value)
-
-    def raw_delete(self, name: bytes) -> None:
-        self._raw.delete(name)
 
     def stop(self) -> None:
         self.cluster.stop()
