@@ -49,10 +49,10 @@ class StoreRemote:
     Contract (methods marked "lock held" run under the store's lock and are given its
     ``Held``; the rest take it, through ``Books.held``, when they need it):
 
-    - ``present(keys)``: how many of ``keys``, from the first, the store holds: one round
-      trip, blocking (0 while the tier is out of service). A key the store answers "not
-      there" is no longer known to be held (a restart or an eviction lost it): its next
-      store writes it again.
+    - ``held(keys)``: whether the store holds each of ``keys``: one round trip, blocking
+      (nothing while the tier is out of service or the trip failed; the prefix walk takes
+      the leading run). A key the store answers "not there" is no longer known to be held
+      (a restart or an eviction lost it): its next store writes it again.
     - ``reached_host(b, key, slot)`` (lock held): a chunk became visible in host slot
       ``slot``; with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)``: a
       get served a chunk held in host slot ``slot``; at its ``remote_min_hits``-th load (with
@@ -85,20 +85,10 @@ class StoreRemote:
         tier.register(host.buffer.array)
         self.lane = RemoteLane(tier, config.io_threads, host.slot_array, self._settle)
 
-    def present(self, keys: Sequence[ChunkKey]) -> int:
-        if not keys or self.tier.down:
-            return 0
-        held = self._ask(keys) or []
-        count = 0
-        for found in held:
-            if not found:
-                break
-            count += 1
-        return count
-
     def held(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        """``present(keys)`` as a flag per key of the leading run (a prefix walk's answer)."""
-        return [True] * self.present(keys)
+        if not keys or self.tier.down:
+            return []
+        return self._ask(keys) or []
 
     def _ask(self, keys: Sequence[ChunkKey]) -> list[bool] | None:
         """Which of ``keys`` the store holds (one round trip; None when it failed): a key it
