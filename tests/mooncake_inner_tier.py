@@ -4,6 +4,7 @@ Mooncake's own: a hung holder fails the transfer within the timeout, and a tier 
 memory serves other clients. What every backend promises (Mooncake's chunks in registered
 memory moving with no copy among it) is tests/mooncake_inner_contract.py's."""
 
+import threading
 import time
 
 import numpy as np
@@ -79,6 +80,45 @@ def test_a_hung_holder_fails_the_transfer_within_the_timeout(server, tiers):
         server.resume(server.holder)
     results = until(lambda: get(t, [key(1)]), lambda r: r[0][0].ok, 10)
     assert results[0][0].ok and np.array_equal(results[1][0], chunk(1))
+
+
+def test_a_hung_holder_takes_the_tier_out_of_service_within_one_deadline(server, tiers):
+    """The client waits its progress timeout per chunk, one after another (8 chunks: about
+    8 s): the tier is out of service one ``timeout_s`` after the call began, so the calls
+    behind it fail at once, while the late call keeps its buffers until it ends."""
+    t = tier(tiers, server)
+    keys = [key(i) for i in range(8)]
+    assert all(r.ok for r in t.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+    server.pause(server.holder)
+    answer: list = []
+    try:
+        started = time.monotonic()
+        slow = threading.Thread(target=lambda: answer.append(get(t, keys)))
+        slow.start()
+        while not t.down and time.monotonic() - started < 5:
+            time.sleep(0.02)
+        out_at = time.monotonic() - started
+        (other,), _ = get(t, [key(1)])
+        assert t.down and out_at < 2.0 and slow.is_alive(), (out_at, slow.is_alive())
+        assert other.status is IOStatus.PATH_DOWN
+        slow.join(30)
+        assert answer and all(not r.ok for r in answer[0][0])
+    finally:
+        server.resume(server.holder)
+    results = until(lambda: get(t, [key(1)]), lambda r: r[0][0].ok, 10)
+    assert results[0][0].ok and np.array_equal(results[1][0], chunk(1))
+
+
+def test_a_paused_master_answers_a_lookup_within_one_deadline(server, tiers):
+    t = tier(tiers, server)
+    t.put_many([(key(1), chunk(1))])
+    server.pause(server.master)
+    try:
+        started = time.monotonic()
+        assert t.exists([key(1)]) == [False]
+        assert time.monotonic() - started < 2.0 and t.down
+    finally:
+        server.resume(server.master)
 
 
 def test_a_tier_that_lends_memory_serves_other_clients(server, tiers):

@@ -1,5 +1,6 @@
 """A whole value in Mooncake Store as two pieces, header and payload (``values.ValueFormat``):
-a put's pieces filled from the chunks, and what a get of the pieces answers for a chunk."""
+a put's pieces filled from the chunks, what a get of the pieces answers for a chunk, and
+what is done after a get."""
 
 from __future__ import annotations
 
@@ -43,3 +44,12 @@ def get_result(form: ValueFormat, client: Any, name: str, key: ChunkKey, code: i
         if size in GONE:
             return IOResult(IOStatus.MISSING)
     return IOResult(IOStatus.IO_ERROR, 0, f"get: {code_name(code)}")
+
+
+def settle(client: Any, names: Sequence[str], results: Sequence[IOResult]) -> IOResult | None:
+    """After a get: values that failed their checks are removed, so that the next put stores
+    a good one. The first chunk whose transfer failed, or None."""
+    bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
+    if bad:
+        client.batch_remove(bad, True)
+    return next((r for r in results if r.status is IOStatus.IO_ERROR), None)

@@ -8,12 +8,12 @@ to ``register`` (the host tier's), else through that scratch (``staged`` counts 
 Every value read is checked down to its payload's checksum; one that fails is removed, so
 that the next put replaces it (a put never overwrites a value the store holds).
 
-Time: the client's own timeouts come from ``timeout_s`` (``MC_RPC_TIMEOUT_MS`` for its setup,
-``MC_TCP_PROGRESS_TIMEOUT_SEC`` for the process, each only where unset), so a hung master
-or peer costs a call about ``timeout_s``. A dead master costs the client about 4.3 s a call
-(it reconnects, whatever its settings) and 4.4 s a setup, holding the GIL: so before the
-setup, and before the first round trip after a failed one, the master's port must take a
-TCP connection within ``timeout_s`` (a dead master refuses it at once).
+Time: every client call runs watched by one deadline, ``timeout_s`` (``WatchedCalls``): past
+it the tier is out of service at once. The client's own timeouts come from ``timeout_s`` too
+(``MC_RPC_TIMEOUT_MS``, ``MC_TCP_PROGRESS_TIMEOUT_SEC``, each only where unset). A dead master
+costs the client about 4.3 s a call and 4.4 s a setup, holding the GIL, so before the setup,
+and before the first round trip after a failed one, the master's port must take a TCP
+connection within ``timeout_s`` (a dead master refuses it at once).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import contextlib
 import math
 import os
 import threading
-from collections.abc import Collection, MutableMapping, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,8 +46,9 @@ from kvtier.remote.mooncake_client import (
     unset_only,
 )
 from kvtier.remote.mooncake_memory import RegisteredMemory
-from kvtier.remote.mooncake_pieces import fill_pieces, get_result
+from kvtier.remote.mooncake_pieces import fill_pieces, get_result, settle
 from kvtier.remote.values import ValueFormat, value_key
+from kvtier.remote.watched_calls import WatchedCalls
 
 
 class MooncakeTier(RemoteTier):
@@ -75,6 +76,7 @@ class MooncakeTier(RemoteTier):
         self._connecting = threading.Lock()
         self._suspect = False  # a round trip failed: probe before the next one
         self._memory = RegisteredMemory(redacted(url), self._hb, raw_bytes)
+        self._calls = WatchedCalls(timeout_s, self._failed, name="kvtier-mooncake")
 
     @property
     def staged(self) -> int:
@@ -149,6 +151,10 @@ class MooncakeTier(RemoteTier):
             self._suspect = True
         return super()._failed(what, exc)
 
+    def _note_broken(self, broken: IOResult | None) -> None:  # a holder did not answer
+        if broken is not None:
+            self._failed("get", ConnectionError(broken.detail))
+
     def _trip_failed(self, what: str, codes: Sequence[int]) -> IOResult | None:
         """The failure of a round trip the master did not answer (tier out of service)."""
         for code in codes:
@@ -173,12 +179,13 @@ class MooncakeTier(RemoteTier):
         client = self._ready("exists")
         if isinstance(client, IOResult):
             return [False] * len(keys)
-        try:
-            codes = client.batch_is_exist(self._names(keys))
+        try:  # no memory held: a late answer is not waited for
+            codes = self._calls.run("exists", lambda: client.batch_is_exist(self._names(keys)),
+                                    holds_memory=False)
         except Exception as exc:  # a client that refuses its arguments: a failed trip
             self._failed("exists", exc)
             return [False] * len(keys)
-        if self._trip_failed("exists", codes) is not None:
+        if codes is None or self._trip_failed("exists", codes) is not None:
             return [False] * len(keys)
         return [code == 1 for code in codes]
 
@@ -189,26 +196,35 @@ class MooncakeTier(RemoteTier):
         client = self._ready("get")
         if isinstance(client, IOResult):
             return [client] * len(keys)
-        names = self._names(keys)
         outs = [dst.reshape(-1).view(np.uint8) for dst in dsts]
-        try:
-            headers, payloads, staged = self._memory.pieces(client, outs)
-            codes = client.batch_get_into_multi_buffers(
-                names, [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
-                [[self._hb, self.raw_bytes]] * len(keys))
-            failed = self._trip_failed("get", codes)
-            results = [failed if failed is not None and item[2] in (RPC_FAIL, RPC_TIMEOUT)
-                       else get_result(self._format, client, *item)
-                       for item in zip(names, keys, codes, headers, payloads, strict=True)]
-            bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
-            if bad:
-                client.batch_remove(bad, True)  # so that the next put stores a good one
-        except Exception as exc:
-            return [self._failed("get", exc)] * len(keys)
+        return self._watched("get", len(keys), lambda: self._get(client, keys, outs))
+
+    def _get(self, client: Any, keys: Sequence[ChunkKey], outs: list[np.ndarray]) -> list[IOResult]:
+        names = self._names(keys)
+        headers, payloads, staged = self._memory.pieces(client, outs)
+        codes = client.batch_get_into_multi_buffers(
+            names, [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
+            [[self._hb, self.raw_bytes]] * len(keys))
+        failed = self._trip_failed("get", codes)
+        results = [failed if failed is not None and item[2] in (RPC_FAIL, RPC_TIMEOUT)
+                   else get_result(self._format, client, *item)
+                   for item in zip(names, keys, codes, headers, payloads, strict=True)]
+        broken = settle(client, names, results)
+        if failed is None:  # the master answered: a transfer of its holders failed
+            self._note_broken(broken)
         for result, out, payload, copy in zip(results, outs, payloads, staged, strict=True):
             if result.ok and copy:
                 out[: self.raw_bytes] = payload
         return results
+
+    def _watched(self, what: str, count: int, call: Callable[[], list[IOResult]]) -> list[IOResult]:
+        """``call()`` on a watched thread (``WatchedCalls``): past ``timeout_s`` the tier is
+        out of service at once; the call, which moves bytes of caller memory, is waited for."""
+        try:
+            results = self._calls.run(what, call, holds_memory=True)
+        except Exception as exc:
+            return [self._failed(what, exc)] * count
+        return [self._out_of_service()] * count if results is None else results
 
     def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
                   wanted: Sequence[Collection[int]]) -> list[IOResult]:
@@ -236,23 +252,20 @@ class MooncakeTier(RemoteTier):
         client = self._ready("get")
         if isinstance(client, IOResult):
             return [client] * len(keys)
+        return self._watched("get", len(keys), lambda: self._read_ranges(client, keys, outs, wanted))
+
+    def _read_ranges(self, client: Any, keys: Sequence[ChunkKey], outs: Sequence[np.ndarray],
+                     wanted: Sequence[Collection[int]]) -> list[IOResult]:
         names = self._names(keys)
-        try:
-            area = self._memory.area(client, len(keys) * self._hb)
-            codes = mooncake_ranges.read_ranges(client, self._format, names, keys, outs, wanted,
-                                                area)
-            failed = self._trip_failed("get", [c for chunk in codes for c in chunk])
-            if failed is not None:
-                return [failed] * len(keys)
-            results = [mooncake_ranges.outcome(self._format, key, chunk,
-                                               area[i * self._hb:(i + 1) * self._hb], out, parts, GONE)
-                       for i, (key, chunk, out, parts)
-                       in enumerate(zip(keys, codes, outs, wanted, strict=True))]
-            bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
-            if bad:
-                client.batch_remove(bad, True)  # so that the next put stores a good one
-        except Exception as exc:
-            return [self._failed("get", exc)] * len(keys)
+        area = self._memory.area(client, len(keys) * self._hb)
+        codes = mooncake_ranges.read_ranges(client, self._format, names, keys, outs, wanted, area)
+        failed = self._trip_failed("get", [c for chunk in codes for c in chunk])
+        if failed is not None:
+            return [failed] * len(keys)
+        results = [mooncake_ranges.outcome(self._format, key, chunk,
+                                           area[i * self._hb:(i + 1) * self._hb], out, parts, GONE)
+                   for i, (key, chunk, out, parts) in enumerate(zip(keys, codes, outs, wanted, strict=True))]
+        self._note_broken(settle(client, names, results))
         return results
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
@@ -264,21 +277,22 @@ class MooncakeTier(RemoteTier):
         if isinstance(client, IOResult):
             return [client] * len(items)
         raws = [np.ascontiguousarray(payload).reshape(-1).view(np.uint8) for _, payload in items]
-        try:
-            headers, payloads, staged = self._memory.pieces(client, raws)
-            fill_pieces(self._format, [key for key, _ in items], raws, headers, payloads, staged)
-            codes = client.batch_put_from_multi_buffers(
-                self._names([key for key, _ in items]),
-                [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
-                [[self._hb, self.raw_bytes]] * len(items))
-        except Exception as exc:
-            return [self._failed("put", exc)] * len(items)
+        return self._watched("put", len(items), lambda: self._put(client, [k for k, _ in items], raws))
+
+    def _put(self, client: Any, keys: list[ChunkKey], raws: list[np.ndarray]) -> list[IOResult]:
+        headers, payloads, staged = self._memory.pieces(client, raws)
+        fill_pieces(self._format, keys, raws, headers, payloads, staged)
+        codes = client.batch_put_from_multi_buffers(
+            self._names(keys),
+            [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
+            [[self._hb, self.raw_bytes]] * len(keys))
         failed = self._trip_failed("put", codes)
         return [failed if failed is not None and code in (RPC_FAIL, RPC_TIMEOUT)
                 else put_result(code, self.raw_bytes) for code in codes]
 
     def close(self) -> None:
         super().close()
+        self._calls.close()
         with self._lock:
             client, self._client = self._client, None
         if client is not None:
