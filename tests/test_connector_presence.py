@@ -219,7 +219,8 @@ class Holding(Store):
 
 def writes_told_by(presence: RemotePresence) -> RemoteWrites:
     """The scheduler side's remote writes (a store per chunk planned, nothing pinned)."""
-    return RemoteWrites(SimpleNamespace(indexes={}), Counter(), 1, 0, 8, lambda: presence.down,
+    return RemoteWrites(SimpleNamespace(indexes={}, locate=lambda key: None), Counter(), 1, 0, 8,
+                        lambda: presence.down,
                         presence.take_absent)
 
 

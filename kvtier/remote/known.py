@@ -28,6 +28,13 @@ class KnownKeys:
     def discard(self, key: ChunkKey) -> None:
         self._keys.pop(key, None)
 
+    def oldest(self, count: int) -> list[ChunkKey]:
+        """Up to ``count`` keys, oldest first, each made the newest (a round robin)."""
+        taken = [key for key, _ in zip(self._keys, range(count), strict=False)]
+        for key in taken:
+            self._keys.move_to_end(key)
+        return taken
+
     def __contains__(self, key: object) -> bool:
         return key in self._keys
 

@@ -35,6 +35,10 @@ _PLAIN = [  # (metric, help, counter)
      "keeping blocks of them (a sliding window's hit)", "load_chunks_in_part"),
     ("load_out_of_window_chunks_total", "Chunks of hits that no KV cache group keeps a block "
      "of (out of every window): nothing read", "load_chunks_out_of_window"),
+    ("remote_checked_total", "Chunks this engine wrote to the remote store asked about "
+     "again, to find those it lost (a restart, an eviction)", "remote_audited_chunks"),
+    ("remote_lost_total", "Chunks this engine wrote that the remote store no longer held "
+     "when asked again (written again)", "remote_lost_chunks"),
     ("kv_events_total", "KV events of the host and disk tiers handed to vLLM's event stream",
      "kv_events"),
     ("kv_events_dropped_total", "KV events dropped, the oldest first, while vLLM took none "

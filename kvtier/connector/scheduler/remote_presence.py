@@ -160,6 +160,16 @@ class RemotePresence:
             self._absent.extend(key for key, there in zip(keys, found, strict=True) if not there)
         return found
 
+    def audit(self, keys: Sequence[ChunkKey]) -> Future[list[bool] | None]:
+        """Ask about ``keys`` in the background for no request (``RemoteAudit``): their
+        "not there" answers reach ``take_absent``. The answer is None when a round trip
+        failed (nothing known)."""
+        return self._pool.submit(self._audit, list(keys))
+
+    def _audit(self, keys: list[ChunkKey]) -> list[bool] | None:
+        found = self._ask(keys)
+        return None if self.down else found
+
     def take_absent(self) -> list[ChunkKey]:
         taken: list[ChunkKey] = []
         for _ in range(len(self._absent)):

@@ -57,7 +57,7 @@ class RemoteWrites:
         self._new: list[RemoteWrite] = []
 
     def with_store(self, key: ChunkKey) -> bool:
-        self._forget_lost()
+        self.forget_lost()
         if self._min_hits or key in self._known or not self._room():
             return False
         self._known.add(key)
@@ -80,7 +80,7 @@ class RemoteWrites:
         return True
 
     def loaded(self, key: ChunkKey) -> None:
-        self._forget_lost()
+        self.forget_lost()
         if key in self._known or key in self._pending:
             return
         if self._hits.hit(key) < self._min_hits:
@@ -93,12 +93,23 @@ class RemoteWrites:
     def in_store(self, key: ChunkKey) -> None:
         self._known.add(key)
 
-    def _forget_lost(self) -> None:
-        """Forget the chunks the store said it lost (not those being written now)."""
-        if self._lost is not None:
-            for key in self._lost():
-                if key not in self._pending:
-                    self._known.discard(key)
+    def forget_lost(self) -> None:
+        """Forget the chunks the store said it lost (not those being written now); with
+        ``remote_min_hits`` 0, those still in host memory are written again at once."""
+        if self._lost is None:
+            return
+        for key in self._lost():
+            if key in self._pending or key not in self._known:
+                continue
+            self._known.discard(key)
+            location = None if self._min_hits else self._stack.locate(key)
+            if location is not None and location.tier is HOST:
+                self._queue(key, location)
+
+    def oldest_known(self, count: int) -> list[ChunkKey]:
+        """Up to ``count`` keys known to be in the store, those checked least recently
+        first (they count as checked now), but for those being written now."""
+        return [key for key in self._known.oldest(count) if key not in self._pending]
 
     def lost(self, key: ChunkKey) -> None:
         """A read of ``key`` from the store failed (evicted, or damaged): not known to be

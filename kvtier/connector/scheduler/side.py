@@ -27,8 +27,8 @@ from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
 from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
+from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.remote_presence import open_presence
-from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.store_planner import StorePlanner
 from kvtier.connector.scheduler.tails import Tail, prompt_length, prompt_tail
 from kvtier.connector.scheduler.tier_watch import tier_stack
@@ -79,10 +79,8 @@ class SchedulerSide:
                for w, ns in zip(self.writers, namespaces, strict=True)]
         self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
-        presence = self.presence
-        self.remote_writes = None if presence is None else RemoteWrites(
-            self.stack, self.counters, world_size, config.remote_min_hits,
-            max(1, self.stack.indexes[HOST].num_slots // 2), lambda: presence.down, presence.take_absent)
+        self.remote_writes, self._audit = remote_writes(self.presence, self.stack, self.counters,
+                                                        world_size, config.remote_min_hits)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.others, self.presence,
                                   self.remote_writes)
@@ -258,6 +256,8 @@ class SchedulerSide:
         meta = StepPlan() if meta is None else meta
         if self.presence is not None:  # this step's lookups are over: the next one's start
             self.presence.next_step()
+        if self._audit is not None:  # before the writes are taken: lost host chunks go again
+            self._audit.tick()
         meta.loads = self._loads.take_new()
         if self.remote_writes is not None:
             meta.remote_writes = self.remote_writes.take_new()
