@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from kvtier import KVStore
+from kvtier.cli.deadline import Deadline
 from kvtier.cli.stats import metrics_url, parse_samples
 from kvtier.cli.top_figures import Role, figures
 from kvtier.cli.top_render import render
@@ -215,12 +216,12 @@ def test_the_figures_read_what_the_connector_serves():
                                      environ={}), geometry, [geometry.namespace("m", "", 1, 0)], 1)
     ledger = WorkerLedger()
     with served(side.metric_samples) as scheduler_end, served(ledger.metric_samples) as worker_end:
-        before = [scrape(scheduler_end, 5.0), scrape(worker_end, 5.0)]
+        before = [scrape(end, Deadline.after(5.0)) for end in (scheduler_end, worker_end)]
         side.counters.update(load_chunks_host=3, load_failed_chunks=1)
         with ledger.lock:
             ledger.record(lambda c: c.data.update(load_bytes_host=3 * 8192, stores=1,
                                                   store_bytes=8192, io_errors=1))
-        sched, worker = (figures(b, scrape(e, 5.0)) for b, e in
+        sched, worker = (figures(b, scrape(e, Deadline.after(5.0))) for b, e in
                          zip(before, [scheduler_end, worker_end], strict=True))
     assert sched.role is Role.SCHEDULER and worker.role is Role.WORKER
     host = next(t for t in sched.tiers if t.tier == "host")

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvtier.cli.top_scrape import Labels, Scrape
+from kvtier.cli.deadline import Deadline
+from kvtier.cli.top_scrape import TIER_METRICS, Labels, Scrape
 
 TIER_ORDER = ("gpu", "host", "disk", "shared", "remote")
 # counters of things that went wrong, by their name less ``kvtier_``/``kvtier_worker_`` and ``_total``
@@ -125,7 +126,7 @@ def _first_rate(before: Scrape | None, after: Scrape,
 
 def _tiers(scrape: Scrape) -> list[str]:
     found: set[str] = set()
-    for name in ("kvtier_slots", "kvtier_chunks_loaded_total", "kvtier_load_bytes_total"):
+    for name in TIER_METRICS:
         found |= scrape.label_values(name, "tier")
     moved = (scrape.value(name) for name in ("kvtier_remote_bytes_total",
                                              "kvtier_worker_remote_write_bytes_total"))
@@ -170,15 +171,23 @@ def _failures(before: Scrape | None, after: Scrape) -> tuple[Failure, ...]:
     return tuple(found)
 
 
-def figures(before: Scrape | None, after: Scrape) -> EndpointFigures:
+def figures(before: Scrape | None, after: Scrape,
+            deadline: Deadline | None = None) -> EndpointFigures:
     """What ``kvtier top`` shows of ``after``'s endpoint; rates over the interval since
-    ``before`` (an earlier read of the same endpoint, or None)."""
+    ``before`` (an earlier read of the same endpoint, or None). ``DeadlineExpired`` when
+    ``deadline`` passes first (it is checked before each tier)."""
     tiers = _tiers(after)
     asked = _asked(before, after, tiers)
+    rows = []
+    for i, tier in enumerate(tiers):
+        if deadline is not None:
+            deadline.check(f"while working out the figures of {after.url} (tier {i + 1} of "
+                           f"{len(tiers)})")
+        rows.append(tier_figures(before, after, tier, asked))
     return EndpointFigures(
         url=after.url, role=role_of(after),
         seconds=after.at - before.at if before is not None else None,
-        tiers=tuple(tier_figures(before, after, tier, asked) for tier in tiers),
+        tiers=tuple(rows),
         queue_depth=after.value("kvtier_io_queue_depth"),
         remote_queue_depth=after.value("kvtier_remote_queue_depth"),
         paths_down=after.value("kvtier_paths_down"),
