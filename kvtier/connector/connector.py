@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -16,19 +16,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
-from vllm.v1.core.kv_cache_utils import (
-    generate_block_hash_extra_keys,
-    maybe_convert_block_hash,
-    to_event_extra_keys,
-)
-from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.config.settings import KVTierConfig, load_config
 from kvtier.connector.common.geometry import geometry_from_vllm
 from kvtier.connector.common.messages import StepPlan, WorkerReport
-from kvtier.connector.scheduler.events import ChunkBlocks
+from kvtier.connector.scheduler.handoff import Role, check_pool
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.vllm_events import event_factory
 from kvtier.connector.worker.counters import WorkerCounters
 from kvtier.connector.worker.side import WorkerSide
 from kvtier.errors import ConfigError
@@ -64,45 +59,6 @@ class KVTierStats(WorkerCounters, KVConnectorStats):
     def aggregate(self, other: KVConnectorStats) -> KVTierStats:
         self.merge(other)
         return self
-
-
-class VllmEvents:
-    """kvtier's KV events (``scheduler/events.py``) as vLLM's ``BlockStored``/``BlockRemoved``,
-    one per KV cache group, shaped as its offloading connector's (``locality`` LOCAL)."""
-
-    def __init__(self, kv_cache_config: Any, block_tokens: int) -> None:
-        self.block_tokens, specs = block_tokens, [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        self.groups = [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs]
-
-    def extra_keys(self, request: Any, start: int, stop: int) -> tuple | None:
-        size = self.block_tokens
-        keys = to_event_extra_keys([generate_block_hash_extra_keys(request, at, at + size, 0)[0]
-                                    for at in range(start, stop, size)]) or []
-        return tuple(keys) if any(key is not None for key in keys) else None
-
-    def stored(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
-        hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
-        parent = None if blocks.parent is None else maybe_convert_block_hash(blocks.parent)  # type: ignore[arg-type]
-        return [BlockStored(block_hashes=hashes, parent_block_hash=parent,
-                            token_ids=blocks.tokens.tolist(), block_size=self.block_tokens,
-                            lora_id=blocks.lora_id, medium=medium, lora_name=blocks.lora_name,
-                            extra_keys=list(blocks.extra_keys or ()) or None, group_idx=group,
-                            kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
-                            locality="LOCAL")
-                for group, (kind, window) in enumerate(self.groups)]
-
-    def removed(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
-        hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
-        return [BlockRemoved(block_hashes=hashes, medium=medium, group_idx=g, locality="LOCAL")
-                for g in range(len(self.groups))]
-
-
-def event_factory(vllm_config: Any, kv_cache_config: Any, block_tokens: int) -> VllmEvents | None:
-    """The maker of kvtier's KV events while vLLM's are on (``enable_kv_cache_events``)."""
-    events = getattr(vllm_config, "kv_events_config", None)
-    if events is None or not events.enable_kv_cache_events:
-        return None
-    return VllmEvents(kv_cache_config, block_tokens)
 
 
 MAX_PORT = 65535
@@ -148,9 +104,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
-            self._scheduler = SchedulerSide(self.config, self.geometry, namespaces, tp,
-                                            event_factory(vllm_config, kv_cache_config,
-                                                          self.geometry.block_tokens))
+            kv_role = Role.of(getattr(self._kv_transfer_config, "kv_role", None))
+            check_pool(kv_role, self.config)
+            self._scheduler = SchedulerSide(
+                self.config, self.geometry, namespaces, tp,
+                event_factory(vllm_config, kv_cache_config, self.geometry.block_tokens), kv_role)
             if port:
                 self._metrics = serve_metrics(port, self._scheduler.metric_samples,
                                               self.config.metrics_host)
@@ -293,7 +251,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)
-        return self._scheduler_side.request_finished(request.request_id), None
+        scheduler = self._scheduler_side  # a producer hands off what it stored (``handoff``)
+        return scheduler.request_finished(request.request_id), scheduler.handoffs.params(request)
 
     def request_finished_all_groups(self, request: Any,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:

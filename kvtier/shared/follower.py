@@ -63,6 +63,10 @@ class OtherWriters:
         if self._reads is not None:
             self._reads.sweep()  # files of segments reclaimed since: their space goes back
 
+    def refresh_soon(self) -> None:
+        """Refresh in the background now rather than at the next period."""
+        self._thread.soon()
+
     def find(self, key: ChunkKey) -> Refs | None:
         first = self.views[0].find(key)
         if first is None:

@@ -7,22 +7,29 @@ import threading
 from collections.abc import Callable
 
 log = logging.getLogger("kvtier")
+SOON_GAP_S = 0.01  # refreshes asked for with ``soon`` come at most this often
 
 
 class RefreshThread:
-    """A daemon thread calling ``refresh()`` every ``every`` seconds until ``close``; an
-    exception is logged once (the views it refreshes are then only stale) and the next
-    refresh tried as usual."""
+    """A daemon thread calling ``refresh()`` every ``every`` seconds until ``close``, and
+    sooner when ``soon()`` asks (a request waits for another engine's chunks); an exception
+    is logged once (the views it refreshes are then only stale) and the next refresh tried
+    as usual."""
 
     def __init__(self, refresh: Callable[[], None], every: float) -> None:
         self._refresh, self._every = refresh, every
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a refresh wanted before ``every`` is over
         self._failed = False
         self._thread = threading.Thread(target=self._run, name="kvtier-share", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._every):
+        while True:
+            self._wake.wait(self._every)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             try:
                 self._refresh()
             except Exception as exc:  # a bug or an unforeseen error: never the thread's end
@@ -31,7 +38,14 @@ class RefreshThread:
                                 "again every %g s; further failures are not logged)", exc,
                                 self._every)
                 self._failed = True
+            if self._stop.wait(SOON_GAP_S):  # refreshes asked for soon: this far apart at least
+                return
+
+    def soon(self) -> None:
+        """Refresh now rather than at the next period (``SOON_GAP_S`` after the last at most)."""
+        self._wake.set()
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join()

@@ -23,6 +23,7 @@ from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.events import EventFactory, KVEvents
+from kvtier.connector.scheduler.handoff import Handoffs, Role
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
@@ -52,7 +53,8 @@ class SchedulerSide:
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespaces: list[Namespace],
-                 world_size: int, event_factory: EventFactory | None = None) -> None:
+                 world_size: int, event_factory: EventFactory | None = None,
+                 role: Role = Role.BOTH) -> None:
         self.config, self.geometry, self.world_size = config, geometry, world_size
         self.disk_layout = _disk_layout(config, geometry)
         self.writers = engine_writers(config, namespaces)  # each rank's segment
@@ -61,6 +63,7 @@ class SchedulerSide:
         self.stack = tier_stack(config, geometry, self.disk_layout, self.events)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self._namespace = namespaces[0]
+        self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
         known = None not in self.writers
@@ -173,7 +176,18 @@ class SchedulerSide:
         if self.geometry.loads_whole or prompt_length(request) is None:
             limit = limit // self.geometry.block_tokens * self.geometry.block_tokens
         keys, limit = self._keys(request, limit)
-        return self._loads.match(tracked, keys, limit, num_computed)
+        found, load_async = self._loads.match(tracked, keys, limit, num_computed)
+        tail = self.tail(request)
+        reach = limit if tail is not None and keys[-1:] == [tail.key] else \
+            limit // self.geometry.chunk_tokens * self.geometry.chunk_tokens
+        return self.handoffs.match(request, found, reach, num_computed, self._look_again), load_async
+
+    def _look_again(self, req_id: str) -> None:
+        """A request waits for a hand-off: the pool is looked at anew (soon, off the step)."""
+        if self.presence is not None:
+            self.presence.forget(req_id)
+        if self.others is not None:
+            self.others.refresh_soon()
 
     def plan_load(self, request: Any, block_ids: GroupBlocks, num_computed: int,
                   num_external: int) -> None:
@@ -192,7 +206,7 @@ class SchedulerSide:
     def completes_chunks(self, req_id: str, num_computed_after: int) -> bool:
         """Whether the request has chunks computed and not yet offered for store."""
         tracked = self._tracked.get(req_id)
-        if tracked is not None and tracked.store_done:
+        if not self.handoffs.stores or (tracked is not None and tracked.store_done):
             return False
         stored = tracked.stored_upto if tracked is not None else 0
         if num_computed_after // self.geometry.chunk_tokens > stored:
@@ -267,6 +281,7 @@ class SchedulerSide:
         """True while an asynchronous load into the request's blocks is still running (a
         load from host memory is over before the request's first forward)."""
         self._tracked.pop(req_id, None)
+        self.handoffs.forget(req_id)
         if self.presence is not None:
             self.presence.forget(req_id)
         load = self._loads.in_flight(req_id)

@@ -1,0 +1,158 @@
+"""A prefill/decode split through the pool: vLLM's ``kv_role`` on the scheduler side.
+
+A producer (``kv_producer``) computes prompts and stores them as every engine does (full
+chunks and the prompt's tail, written through to the pool it shares: a shared directory's
+segment, the remote store); when a request finishes it hands vLLM ``kv_transfer_params``
+saying what it stored (``Handoff``): the prompt's length and the namespace. A router passes
+them on with the request to a consumer (``kv_consumer``), which loads from the pool and
+stores nothing. The producer's writes reach the pool in the background, so the consumer
+may see the request before they land: it then waits, asking again each step (``None``:
+vLLM schedules the request later), for the handed-off tokens to be all visible, at most
+``load_timeout``; past that it loads what it found and recomputes the rest, counted
+(``handoffs_incomplete``) and said once. ``kv_both`` (the default) stores and loads, and
+waits as a consumer does for a request that comes with a hand-off."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.keys import Namespace
+
+log = logging.getLogger("kvtier")
+PARAMS_KEY = "kvtier"  # kvtier's entry in kv_transfer_params
+ASK_EVERY_S = 0.02  # a waiting request asks the pool again at most this often
+WAIT_S_WITHOUT_LOAD_TIMEOUT = 30.0  # the wait for a hand-off with load_timeout off
+
+
+class Role(enum.Enum):
+    PRODUCER = "kv_producer"
+    CONSUMER = "kv_consumer"
+    BOTH = "kv_both"
+
+    @classmethod
+    def of(cls, kv_role: str | None) -> Role:
+        """vLLM's ``kv_role`` (None: ``kv_both``); a role vLLM does not define is refused."""
+        if kv_role is None:
+            return cls.BOTH
+        try:
+            return cls(kv_role)
+        except ValueError:
+            raise ValueError(f"kv_role {kv_role!r}: kvtier takes kv_producer, kv_consumer or "
+                             "kv_both") from None
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What a producer stored of a request: its prompt's first ``tokens`` tokens, under
+    ``namespace`` (a digest, hex: the same model, layout and chunking as the consumer's)."""
+
+    tokens: int
+    namespace: str
+
+    def params(self) -> dict[str, Any]:
+        return {PARAMS_KEY: {"tokens": self.tokens, "namespace": self.namespace}}
+
+    @classmethod
+    def of(cls, params: Any) -> Handoff | None:
+        """The hand-off in a request's ``kv_transfer_params`` (from a client: anything at
+        all), or None when there is none or it does not read as one."""
+        entry = params.get(PARAMS_KEY) if isinstance(params, dict) else None
+        if not isinstance(entry, dict):
+            return None
+        tokens, namespace = entry.get("tokens"), entry.get("namespace")
+        if type(tokens) is not int or tokens < 0 or not isinstance(namespace, str) \
+                or len(namespace) > 128:
+            return None
+        return cls(tokens, namespace)
+
+
+class Handoffs:
+    """Contract: ``stores`` says whether this engine stores what it computes (not a
+    consumer). ``params(request)`` is what a finishing request hands vLLM (a producer's
+    ``Handoff``; None otherwise). ``match(request, found, end, num_computed, ask_again)``
+    takes what the tiers matched for a request (tokens past ``num_computed``, or None: ask
+    again; ``end``: the furthest token stored chunks can reach) and returns it, or None
+    while the handed-off tokens up to ``end`` are not all visible and its wait
+    (``timeout_s`` from the first ask; 30 s when None) is not over; ``ask_again(req_id)`` is called, at most
+    every ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the
+    request is over."""
+
+    def __init__(self, role: Role, namespace: Namespace, timeout_s: float | None,
+                 counters: Counter, clock: Callable[[], float] = time.monotonic) -> None:
+        self.role, self._digest = role, namespace.digest().hex()
+        self._timeout_s = WAIT_S_WITHOUT_LOAD_TIMEOUT if timeout_s is None else timeout_s
+        self._counters, self._clock = counters, clock
+        self._since: dict[str, tuple[float, float]] = {}  # req id -> (first ask, last ask)
+        self._said: set[str] = set()  # what was logged once
+
+    @property
+    def stores(self) -> bool:
+        return self.role is not Role.CONSUMER
+
+    def params(self, request: Any) -> dict[str, Any] | None:
+        if self.role is not Role.PRODUCER:
+            return None
+        length = getattr(request, "num_prompt_tokens", None)
+        return Handoff(length, self._digest).params() if isinstance(length, int) else None
+
+    def match(self, request: Any, found: int | None, end: int, num_computed: int,
+              ask_again: Callable[[str], None]) -> int | None:
+        handoff = Handoff.of(getattr(request, "kv_transfer_params", None))
+        if handoff is None or found is None:
+            return found
+        req_id = request.request_id
+        if handoff.namespace != self._digest:
+            self._say("namespace", "a request handed off by an engine of another model, "
+                      "layout or chunking: not waited for (loads what matches)")
+            return found
+        wanted = min(handoff.tokens - 1, end) - num_computed
+        if found >= wanted:
+            self._end(req_id)
+            return found
+        now = self._clock()
+        first, last = self._since.setdefault(req_id, (now, 0.0))
+        if now - first < self._timeout_s:
+            if now - last >= ASK_EVERY_S:
+                self._since[req_id] = (first, now)
+                ask_again(req_id)
+            return None
+        self._end(req_id)
+        self._counters["handoffs_incomplete"] += 1
+        self._counters["handoff_tokens_recomputed"] += wanted - found
+        self._say("incomplete", f"a handed-off prompt was not all in the pool after "
+                  f"{self._timeout_s:g} s (load_timeout): its missing tokens are recomputed "
+                  "(the producer died, or its writes failed or are slow; counted in "
+                  "kvtier_handoffs_incomplete_total)")
+        return found
+
+    def _end(self, req_id: str) -> None:
+        if self._since.pop(req_id, None) is not None:
+            self._counters["handoffs_waited"] += 1
+
+    def _say(self, what: str, text: str) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.warning("kvtier: %s", text)
+
+    def forget(self, req_id: str) -> None:
+        self._since.pop(req_id, None)
+
+
+def check_pool(role: Role, config: KVTierConfig) -> None:
+    """Say once, at start, that a producer or consumer shares no pool: no directory other
+    engines follow (``disk_paths`` with ``share_writers`` over 1 and ``share_refresh`` on)
+    and no ``remote_url``, so no hand-off can reach the other side."""
+    if role is Role.BOTH or config.remote_url:
+        return
+    if config.disk_paths and config.share_writers > 1 and config.share_refresh is not None:
+        return
+    log.warning("kvtier: kv_role %s but no pool shared with other engines: set disk_paths "
+                "on a directory they share (with share_writers above 1), or remote_url; "
+                "until then nothing is handed off", role.value)

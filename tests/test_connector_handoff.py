@@ -1,0 +1,164 @@
+"""A prefill/decode split through the pool (``handoff``): vLLM's ``kv_role`` read, a
+producer's hand-off in ``kv_transfer_params``, hostile hand-offs refused, and a consumer
+that stores nothing and waits, bounded, for a handed-off prompt to show in a shared
+directory before loading it, or recomputes what never came."""
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from kvtier.config.settings import load_config
+from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, check_pool
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.keys import Namespace
+from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO, store_all
+from tests.test_connector_shares import write_as
+
+NS = GEO.namespace("m", "", 1, 0)
+DIGEST = NS.digest().hex()
+
+
+@dataclass
+class Request:
+    request_id: str
+    num_tokens: int
+    block_hashes: list = field(default_factory=list)
+    kv_transfer_params: dict | None = None
+
+
+def request(name: str, tokens: int, params=None, seed: int = 0) -> Request:
+    return Request(name, tokens, [bytes([seed, i]) * 16 for i in range(tokens // BLOCK)], params)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def side(tmp_path, role: Role, name: str, **extra) -> SchedulerSide:
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes, "load_policy": "always",
+           "disk_paths": [str(tmp_path)], "disk_capacity": 8 * (4096 + GEO.chunk_bytes),
+           "instance_id": name, "share_writers": 2, "share_refresh": "10s", **extra}
+    return SchedulerSide(load_config(cfg, environ={}), GEO, [NS], 1, role=role)
+
+
+def test_vllms_roles_are_read_and_any_other_is_refused_naming_the_three():
+    assert Role.of(None) is Role.BOTH and Role.of("kv_producer") is Role.PRODUCER
+    assert Role.of("kv_consumer") is Role.CONSUMER and Role.of("kv_both") is Role.BOTH
+    with pytest.raises(ValueError, match="kv_producer, kv_consumer or kv_both"):
+        Role.of("kv_prefill")
+
+
+@pytest.mark.parametrize("params", [None, [], "x", {}, {"kvtier": None}, {"kvtier": []},
+                                    {"kvtier": {"tokens": "9", "namespace": DIGEST}},
+                                    {"kvtier": {"tokens": True, "namespace": DIGEST}},
+                                    {"kvtier": {"tokens": -1, "namespace": DIGEST}},
+                                    {"kvtier": {"tokens": 9, "namespace": 7}},
+                                    {"kvtier": {"tokens": 9, "namespace": "a" * 129}},
+                                    {"kvtier": {"tokens": 9}}])
+def test_a_hand_off_that_does_not_read_as_one_is_none(params):
+    assert Handoff.of(params) is None
+
+
+def test_a_producer_hands_off_its_prompts_length_and_namespace_and_only_a_producer():
+    req = request("r", 70)
+    req.num_prompt_tokens = 70  # type: ignore[attr-defined]
+    params = Handoffs(Role.PRODUCER, NS, 1.0, Counter()).params(req)
+    assert params == {"kvtier": {"tokens": 70, "namespace": DIGEST}}
+    assert Handoff.of(params) == Handoff(70, DIGEST)
+    assert Handoffs(Role.CONSUMER, NS, 1.0, Counter()).params(req) is None
+    assert Handoffs(Role.BOTH, NS, 1.0, Counter()).params(req) is None
+    assert Handoffs(Role.CONSUMER, NS, 1.0, Counter()).stores is False
+
+
+def test_a_consumer_waits_asking_again_then_recomputes_what_never_came_said_once(caplog):
+    clock, counters, asked = Clock(), Counter(), []
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock)
+    req = request("r", 65, Handoff(65, DIGEST).params())
+    assert handoffs.match(req, 64, 64, 0, asked.append) == 64  # all there: no wait
+    assert handoffs.match(req, 32, 64, 0, asked.append) is None  # half: ask again
+    clock.now += ASK_EVERY_S / 2
+    assert handoffs.match(req, 32, 64, 0, asked.append) is None
+    assert asked == ["r"]  # not asked again sooner than ASK_EVERY_S
+    clock.now += ASK_EVERY_S
+    assert handoffs.match(req, 32, 64, 0, asked.append) is None and asked == ["r", "r"]
+    clock.now += 2.0
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        assert handoffs.match(req, 32, 64, 0, asked.append) == 32
+        other = request("q", 65, Handoff(65, DIGEST).params())
+        assert handoffs.match(other, 0, 64, 0, asked.append) is None
+        clock.now += 3.0
+        assert handoffs.match(other, 0, 64, 0, asked.append) == 0
+    assert counters["handoffs_incomplete"] == 2 and counters["handoff_tokens_recomputed"] == 96
+    assert len([r for r in caplog.records if "load_timeout" in r.getMessage()]) == 1
+
+
+def test_a_hand_off_of_another_namespace_or_none_is_not_waited_for():
+    counters = Counter()
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, Clock())
+    other = Namespace(model="other", kv_dtype="bfloat16", layout="l", block_tokens=16,
+                      chunk_tokens=32).digest().hex()
+    assert handoffs.match(request("r", 65, Handoff(65, other).params()), 0, 64, 0, print) == 0
+    assert handoffs.match(request("s", 65), 0, 64, 0, print) == 0
+    assert handoffs.match(request("t", 65, Handoff(65, DIGEST).params()), None, 64, 0, print) is None
+
+
+def test_a_consumer_stores_nothing(tmp_path):
+    b = side(tmp_path, Role.CONSUMER, "b")
+    try:
+        b.track(request("r", 64))
+        assert not b.completes_chunks("r", 64)
+    finally:
+        b.close()
+
+
+def test_a_consumer_waits_for_the_producers_chunks_to_show_in_the_shared_directory(tmp_path):
+    a = side(tmp_path, Role.PRODUCER, "a")
+    b = side(tmp_path, Role.CONSUMER, "b")
+    try:
+        stores = store_all(a, request("x", 64)).stores  # in a's host memory, not yet on disk
+        handed = request("y", 65, Handoff(65, DIGEST).params())
+        assert b.num_new_matched_tokens(handed, 0) == (None, False)  # not visible: ask again
+        assert b.num_new_matched_tokens(request("z", 65), 0) == (0, False)  # no hand-off
+        write_as(tmp_path, "a", stores)  # a's writes land; b refreshes soon, not in 10 s
+        deadline = time.monotonic() + 5
+        answer = b.num_new_matched_tokens(handed, 0)
+        while answer[0] is None and time.monotonic() < deadline:
+            time.sleep(ASK_EVERY_S)
+            answer = b.num_new_matched_tokens(handed, 0)
+        assert answer == (64, True)
+        assert b.counters["handoffs_waited"] == 1 and b.counters["handoffs_incomplete"] == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_producer_that_never_writes_costs_the_consumer_load_timeout_then_a_recompute(tmp_path):
+    b = side(tmp_path, Role.CONSUMER, "b", load_timeout="300ms")
+    try:
+        handed = request("y", 65, Handoff(65, DIGEST).params())
+        started = time.monotonic()
+        answer = b.num_new_matched_tokens(handed, 0)
+        while answer[0] is None and time.monotonic() - started < 10:
+            time.sleep(ASK_EVERY_S)
+            answer = b.num_new_matched_tokens(handed, 0)
+        assert answer == (0, False) and b.counters["handoffs_incomplete"] == 1
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize(("role", "extra", "warned"), [
+    (Role.PRODUCER, {}, True), (Role.CONSUMER, {"disk_paths": ["/x"]}, True),
+    (Role.PRODUCER, {"disk_paths": ["/x"], "share_writers": 2, "share_refresh": "off"}, True),
+    (Role.PRODUCER, {"disk_paths": ["/x"], "share_writers": 2}, False),
+    (Role.CONSUMER, {"remote_url": "redis://127.0.0.1:1/0"}, False), (Role.BOTH, {}, False)])
+def test_a_producer_or_consumer_without_a_shared_pool_is_told_so_once(caplog, role, extra, warned):
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        check_pool(role, load_config(extra, environ={}))
+    assert any("no pool shared" in r.getMessage() for r in caplog.records) is warned
