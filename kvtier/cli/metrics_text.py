@@ -82,16 +82,21 @@ def _fast(text: str, deadline: Deadline | None) -> list[dict] | None:
 def _sample(name: str, labels: str | None, value: str) -> dict | None:
     """One sample as the library reads it; None where the library might read it otherwise
     (a label given twice, a value it refuses)."""
-    pairs = _LABEL_PAIR.findall(labels) if labels else []
-    read = {k: _unescaped(v) for k, v in pairs} if labels and "\\" in labels else dict(pairs)
-    if len(read) != len(pairs):
-        return None
+    if labels:
+        pairs = _LABEL_PAIR.findall(labels)
+        read = {k: _unescaped(v) for k, v in pairs} if "\\" in labels else dict(pairs)
+        if len(read) != len(pairs):
+            return None
+    else:
+        read = {}
     digits = value[1:] if value[0] in "+-" else value
     try:  # an int when the library reads one: decimal digits (int() would raise otherwise)
         figure: float = int(value) if digits.isdecimal() else float(value)
     except ValueError:
         return None
-    return {"name": name, "labels": read, "value": number(figure)}
+    if len(digits) > 300:  # an integer maybe too large for a float
+        figure = number(figure)
+    return {"name": name, "labels": read, "value": figure}
 
 
 def _unescaped(text: str) -> str:

@@ -29,22 +29,38 @@ MAX_TIERS = 64
 
 @dataclass(frozen=True)
 class _Index:
-    """The label sets of each sample name, and of each (name, label, value)."""
+    """The label sets of each sample name, and of each (name, label, value): the latter
+    made for a (name, label) the first time it is asked for (a page of N samples then costs
+    one pass, plus one pass over the samples of each name a figure looks up by label)."""
 
     by_name: dict[str, list[Labels]]
-    by_label: dict[tuple[str, str, str], list[Labels]]
+    by_label: dict[tuple[str, str], dict[str, list[Labels]]]
 
     @classmethod
     def of(cls, values: Mapping[Key, float], deadline: Deadline | None = None) -> _Index:
         """One pass over ``values``, ``deadline`` checked every ``CHECK_EVERY`` samples."""
         index = cls({}, {})
+        by_name = index.by_name
         for count, (name, labels) in enumerate(values, 1):
             if deadline is not None and count % CHECK_EVERY == 0:
                 deadline.check(f"while indexing the page ({count:,} of {len(values):,} samples)")
-            index.by_name.setdefault(name, []).append(labels)
-            for label, value in labels:
-                index.by_label.setdefault((name, label, value), []).append(labels)
+            found = by_name.get(name)
+            if found is None:
+                by_name[name] = [labels]
+            else:
+                found.append(labels)
         return index
+
+    def labelled(self, name: str, label: str, value: str) -> list[Labels]:
+        """The label sets of ``name`` whose ``label`` is ``value``."""
+        by_value = self.by_label.get((name, label))
+        if by_value is None:
+            by_value = self.by_label[(name, label)] = {}
+            for labels in self.by_name.get(name, ()):
+                for have, what in labels:
+                    if have == label:
+                        by_value.setdefault(what, []).append(labels)
+        return by_value.get(value, [])
 
 
 @dataclass(frozen=True)
@@ -63,8 +79,10 @@ class Scrape:
         for start in range(0, len(samples), CHECK_EVERY):
             if deadline is not None:
                 deadline.check(f"while reading the samples ({start:,} of {len(samples):,})")
-            values.update(((s["name"], tuple(sorted(s["labels"].items()))), float(s["value"]))
-                          for s in samples[start:start + CHECK_EVERY])
+            for sample in samples[start:start + CHECK_EVERY]:
+                labels = sample["labels"]
+                key = tuple(sorted(labels.items())) if len(labels) > 1 else tuple(labels.items())
+                values[(sample["name"], key)] = float(sample["value"])
         made = cls(url, at, values)
         made.__dict__["_index"] = _Index.of(values, deadline)  # as cached_property stores it
         return made
@@ -80,7 +98,7 @@ class Scrape:
         if not labels:
             return list(self._index.by_name.get(name, ()))
         (label, value), *rest = labels
-        found = self._index.by_label.get((name, label, value), [])
+        found = self._index.labelled(name, label, value)
         return [have for have in found if set(rest) <= set(have)] if rest else list(found)
 
     def value(self, name: str, labels: Labels = ()) -> float | None:
