@@ -14,7 +14,10 @@ from kvtier.config.settings import load_config
 from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, check_pool
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
+from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.remote_engine import Engine as RemoteEngine
 from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO, store_all
+from tests.helpers.scheduler_side import request as remote_request
 from tests.test_connector_shares import write_as
 
 NS = GEO.namespace("m", "", 1, 0)
@@ -162,3 +165,23 @@ def test_a_producer_or_consumer_without_a_shared_pool_is_told_so_once(caplog, ro
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         check_pool(role, load_config(extra, environ={}))
     assert any("no pool shared" in r.getMessage() for r in caplog.records) is warned
+
+
+@needs_redis
+def test_a_consumer_waits_for_the_producers_chunks_to_reach_the_remote_store(tmp_path):
+    server = RedisServer(tmp_path / "redis").start()
+    a = RemoteEngine(server, role=Role.PRODUCER)
+    b = RemoteEngine(server, role=Role.CONSUMER)
+    try:
+        prompt = remote_request("x", 4 * CHUNK + 1, seed=3)
+        handed = remote_request("y", 4 * CHUNK + 1, seed=3)
+        handed.kv_transfer_params = Handoff(4 * CHUNK + 1, b.ns.digest().hex()).params()
+        assert b.match(handed, timeout=0.5) == (None, False)  # not in the store yet: ask again
+        a.store(prompt, list(range(1, 9)))
+        assert a.scheduler.counters["remote_written_chunks"] == 4
+        assert b.match(handed) == (4 * CHUNK, True)  # the question asked again, answered
+        assert b.scheduler.counters["handoffs_waited"] == 1
+    finally:
+        a.close()
+        b.close()
+        server.stop()

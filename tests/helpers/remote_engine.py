@@ -8,6 +8,7 @@ import torch
 from kvtier.config.settings import load_config
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import StepPlan
+from kvtier.connector.scheduler.handoff import Role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.worker.side import WorkerSide
 from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO
@@ -18,13 +19,13 @@ class Engine:
     """A scheduler side and one worker over a synthetic paged cache (of ``geo``), stepped
     by hand."""
 
-    def __init__(self, server, geo: KVGeometry = GEO, **extra) -> None:
+    def __init__(self, server, geo: KVGeometry = GEO, role: Role = Role.BOTH, **extra) -> None:
         cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * geo.chunk_bytes,
                            "load_policy": "always", "remote_url": server.url,
                            "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2,
                            **extra}, environ={})
         self.ns = geo.namespace("m", "", 1, 0)
-        self.scheduler = SchedulerSide(cfg, geo, [self.ns], 1)
+        self.scheduler = SchedulerSide(cfg, geo, [self.ns], 1, role=role)
         self.worker = WorkerSide(cfg, geo, self.ns)
         shape = (geo.num_layers, BLOCKS, 2, BLOCK, geo.page_bytes // (2 * BLOCK * 2))
         self.kv = list(torch.randn(*shape).to(torch.bfloat16).unbind(0))
