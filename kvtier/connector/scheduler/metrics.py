@@ -39,6 +39,12 @@ _PLAIN = [  # (metric, help, counter)
      "again, to find those it lost (a restart, an eviction)", "remote_audited_chunks"),
     ("remote_lost_total", "Chunks this engine wrote that the remote store no longer held "
      "when asked again (written again)", "remote_lost_chunks"),
+    ("handoffs_waited_total", "Requests handed off by a prefill engine that waited for its "
+     "chunks to show in the pool", "handoffs_waited"),
+    ("handoffs_incomplete_total", "Handed-off requests whose chunks were not all in the pool "
+     "after load_timeout (the rest recomputed)", "handoffs_incomplete"),
+    ("handoff_tokens_recomputed_total", "Tokens of handed-off prompts recomputed for want of "
+     "their chunks in the pool", "handoff_tokens_recomputed"),
     ("kv_events_total", "KV events of the host and disk tiers handed to vLLM's event stream",
      "kv_events"),
     ("kv_events_dropped_total", "KV events dropped, the oldest first, while vLLM took none "
