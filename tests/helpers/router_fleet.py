@@ -63,6 +63,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: what ``gpu_blocks`` hold (one is vLLM's null block)
     quiet: bool = False
     cpu: int | None = None
+    role: str = "kv_both"  # vLLM's kv_role: kv_producer and kv_consumer split prefill and decode
+    events: bool = True  # publish vLLM's KV events (a kv_aware router's)
+    prefix_caching: bool = True  # vLLM's own prefix cache
 
 
 @dataclass(frozen=True)
@@ -75,17 +78,22 @@ class Engine:
 def engine_argv(config: EngineConfig, port: int, events_port: int) -> list[str]:
     module, name = (("tests.helpers.quiet_connector", "KVTierConnectorNoEvents") if config.quiet
                     else ("kvtier.connector", "KVTierConnector"))
-    connector = {"kv_connector": name, "kv_connector_module_path": module, "kv_role": "kv_both",
+    connector = {"kv_connector": name, "kv_connector_module_path": module, "kv_role": config.role,
                  "kv_connector_extra_config": config.extra}
     events = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://[::ffff:127.0.0.1]:{events_port}"}
     length = config.max_model_len or (config.gpu_blocks - 1) * BLOCK
+    caching = "--enable-prefix-caching" if config.prefix_caching else "--no-enable-prefix-caching"
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
             "--port", str(port), "--model", str(config.model), "--served-model-name", SERVED,
-            "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager",
-            "--enable-prefix-caching", "--max-model-len", str(length),
+            "--dtype", "float32", "--enforce-eager", caching, "--max-model-len", str(length),
             "--num-gpu-blocks-override", str(config.gpu_blocks), "--uvicorn-log-level", "warning",
-            "--kv-transfer-config", json.dumps(connector), "--kv-events-config", json.dumps(events)]
+            "--kv-transfer-config", json.dumps(connector),
+            *(["--kv-events-config", json.dumps(events)] if config.events else []),
+            # prompts as token ids; or, where the model has a tokenizer (scripts/bench_router.py's),
+            # text, whose ids a kv_aware router asks the engines for (/v1/completions/render)
+            *(["--enable-scale-out"] if (Path(config.model) / "tokenizer.json").exists()
+              else ["--skip-tokenizer-init"])]
 
 
 def router_argv(policy: str, port: int, metrics_port: int, engines: list[Engine],
@@ -99,6 +107,15 @@ def router_argv(policy: str, port: int, metrics_port: int, engines: list[Engine]
             argv += ["--kv-event-source", f"{engine.url}={engine.events}"]
         argv += ["--kv-event-block-size", str(BLOCK), "--kv-event-model", SERVED]
     return argv
+
+
+def pd_router_argv(port: int, metrics_port: int, prefill: Engine, decode: Engine) -> list[str]:
+    """vllm-router's PD mode (its default, nixl: the prefill answer's ``kv_transfer_params``
+    handed to the decode request as they came)."""
+    return [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
+            "--port", str(port), "--vllm-pd-disaggregation", "--prefill", prefill.url,
+            "--decode", decode.url, "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+            "--prometheus-port", str(metrics_port), "--log-level", "info"]
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:
@@ -166,12 +183,23 @@ class Fleet:
 
     def start_router(self, policy: str, timeout: float = 60.0, log_level: str = "info") -> str:
         port, metrics = free_port(), free_port()
-        log = self.work / f"router-{policy}.log"
+        argv = router_argv(policy, port, metrics, self.engines, log_level)
+        return self._start_router(argv, port, metrics, f"router-{policy}.log", timeout)
+
+    def start_pd_router(self, prefill: Engine, decode: Engine, timeout: float = 60.0) -> str:
+        """A router in PD mode: each request to ``prefill``, then to ``decode``; its URL. A
+        second one stops the first."""
+        self.stop_router()
+        port, metrics = free_port(), free_port()
+        argv = pd_router_argv(port, metrics, prefill, decode)
+        return self._start_router(argv, port, metrics, f"router-pd-{port}.log", timeout)
+
+    def _start_router(self, argv: list[str], port: int, metrics: int, log_name: str,
+                      timeout: float) -> str:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
-        self._router = self._spawn(router_argv(policy, port, metrics, self.engines, log_level),
-                                   env, log, None)
+        self._router = self._spawn(argv, env, self.work / log_name, None)
         self.router, self.router_metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics"
-        self._wait(self._router, f"{self.router}/readiness", log, timeout)
+        self._wait(self._router, f"{self.router}/readiness", self.work / log_name, timeout)
         return self.router
 
     def stop_router(self) -> None:
@@ -250,3 +278,17 @@ def complete(url: str, prompt: list[int], max_tokens: int = 1, timeout: float = 
         connection.close()
     end = time.monotonic()
     return Reply((first or end) - start, end - start)
+
+
+def completion(url: str, prompt: list[int], max_tokens: int = 8, params: dict | None = None,
+               timeout: float = 120.0) -> dict:
+    """A greedy completion of ``prompt`` (token ids) at ``url``, not streamed: vLLM's answer
+    (``kv_transfer_params`` sent along when given)."""
+    body: dict = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                  "ignore_eos": True, "return_token_ids": True}
+    if params is not None:
+        body["kv_transfer_params"] = params
+    request = urllib.request.Request(f"{url}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.loads(reply.read())
