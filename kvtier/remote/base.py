@@ -34,6 +34,7 @@ class RemoteTier(abc.ABC):
       next call tries again; ``down`` says whether it is out now. Going out of service is
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
+    - ``remove(keys)``: the values gone from the store (True once it answered).
     - ``get_parts(keys, dsts, wanted)``: as ``get_many``, for chunks in parts (a hybrid
       model's, ``parts``: each part's bytes), reading of each chunk only the parts
       ``wanted`` (indexes) into their places in its ``dst``, each checked; the rest of
@@ -73,6 +74,12 @@ class RemoteTier(abc.ABC):
 
     @abc.abstractmethod
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]: ...
+
+    def remove(self, keys: Sequence[ChunkKey]) -> bool:
+        """Remove ``keys``' values from the store (found wrong by a check against a fresh
+        computation), one round trip: True once the store answered. A backend that cannot
+        remove answers False (the default)."""
+        return False
 
     def register(self, memory: np.ndarray) -> None:
         """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):

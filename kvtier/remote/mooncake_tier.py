@@ -89,8 +89,6 @@ class MooncakeTier(RemoteTier):
     def _names(self, keys: Sequence[ChunkKey]) -> list[str]:
         return [value_key(self._prefix, self._ns, k).decode() for k in keys]
 
-    # -- connecting, health -----------------------------------------------------------
-
     def _ready(self, what: str) -> Any:
         """The client, or an ``IOResult`` saying why not. Before it is set up, and after a
         failed round trip, the master's port must take a connection within ``timeout_s``:
@@ -163,31 +161,33 @@ class MooncakeTier(RemoteTier):
                 return self._failed(what, failure)
         return None
 
-    # -- memory -------------------------------------------------------------------
-
     def register(self, memory: np.ndarray) -> None:
-        """Register ``memory`` with the transfer engine (now, or once connected): chunks in
-        it move with no copy. One the engine refuses is logged, and its chunks are staged."""
+        """Register ``memory`` with the transfer engine (now, or once connected): chunks in it
+        move with no copy (one the engine refuses is logged, its chunks staged)."""
         if not memory.flags.c_contiguous:
             raise ValueError("MooncakeTier.register takes contiguous memory (a host tier's buffer)")
         with self._lock:  # not while a client is set up: each is registered once
             self._memory.add(memory.reshape(-1).view(np.uint8), self._client)
 
-    # -- the contract -----------------------------------------------------------------
+    def _ask(self, what: str, call: Callable[[Any], Any]) -> list[int] | None:
+        """``call(client)``'s codes for a call holding no memory (a lookup, a removal): a
+        late answer is not waited for; None when the round trip failed."""
+        client = self._ready(what)
+        if isinstance(client, IOResult):
+            return None
+        try:
+            codes = self._calls.run(what, lambda: call(client), holds_memory=False)
+        except Exception as exc:  # a client that refuses its arguments: a failed trip
+            self._failed(what, exc)
+            return None
+        return None if codes is None or self._trip_failed(what, codes) is not None else codes
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        client = self._ready("exists")
-        if isinstance(client, IOResult):
-            return [False] * len(keys)
-        try:  # no memory held: a late answer is not waited for
-            codes = self._calls.run("exists", lambda: client.batch_is_exist(self._names(keys)),
-                                    holds_memory=False)
-        except Exception as exc:  # a client that refuses its arguments: a failed trip
-            self._failed("exists", exc)
-            return [False] * len(keys)
-        if codes is None or self._trip_failed("exists", codes) is not None:
-            return [False] * len(keys)
-        return [code == 1 for code in codes]
+        codes = self._ask("exists", lambda client: client.batch_is_exist(self._names(keys)))
+        return [False] * len(keys) if codes is None else [code == 1 for code in codes]
+
+    def remove(self, keys: Sequence[ChunkKey]) -> bool:
+        return self._ask("remove", lambda c: c.batch_remove(self._names(keys), True)) is not None
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
         unfit = self._unfit(dsts)  # short, strided or read-only: that call fails, nothing else

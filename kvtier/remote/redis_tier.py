@@ -131,6 +131,10 @@ class RedisTier(RemoteTier):
             return [False] * len(keys)
         return [r == 1 for r in replies]
 
+    def remove(self, keys: Sequence[ChunkKey]) -> bool:
+        return not isinstance(self._run("remove", [("unlink", (self._key(k),)) for k in keys]),
+                              IOResult)
+
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
         unfit = self._unfit(dsts)
         if unfit is not None:

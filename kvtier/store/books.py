@@ -195,6 +195,12 @@ class Books:
             self._held.count(counter)
             self._failures.note(kind, detail)
 
+    def verified(self, checked: int, wrong: Sequence[TierName]) -> None:
+        """A check against fresh KV: ``checked`` chunks, those ``wrong`` by their tier."""
+        with self._lock:
+            self._held.stats.chunks_verified += checked
+            self._held.stats.verify_mismatches.update(wrong)
+
     def got(self, loaded: Sequence[TierName], wanted: int) -> None:
         """What one ``get`` loaded (by tier) of the ``wanted`` chunks."""
         with self._lock:

@@ -44,6 +44,7 @@ from kvtier.store.gate import CallGate
 from kvtier.store.get import PrefixRead
 from kvtier.store.puts import put_chunks
 from kvtier.store.stats import StoreStats, store_samples
+from kvtier.store.verify import Verified, differing, forget, report
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.prefix import walk_remote
 
@@ -151,15 +152,36 @@ class KVStore:
     def lookup(self, tokens: Tokens) -> PrefixHit:
         """The longest cached prefix of ``tokens``, in tokens, and its chunks per tier."""
         with self._gate:
-            keys = self.keys(tokens)
             self._poll()
-            others = self._state.others
-            found = self._books.cached(keys, others.find if others else None)
-            remote = self._state.remote
-            tail = keys[len(found):]  # one round trip for the rest
-            tiers = [where.tier for where in found] \
-                + [where.tier for where in walk_remote(tail, remote.held if remote else None) or ()]
+            tiers = self._tiers(self.keys(tokens))
             return PrefixHit(len(tiers) * self.chunk_tokens, dict(Counter(tiers)))
+
+    def _tiers(self, keys: list[ChunkKey]) -> list[TierName]:
+        """The tier each chunk of the cached prefix of ``keys`` is in (the remote store
+        asked in one round trip for the chunks past those held here)."""
+        others, remote = self._state.others, self._state.remote
+        found = self._books.cached(keys, others.find if others else None)
+        tail = keys[len(found):]
+        return [where.tier for where in found] \
+            + [where.tier for where in walk_remote(tail, remote.held if remote else None) or ()]
+
+    def verify_against(self, tokens: Tokens, kv: torch.Tensor, atol: float = 0.0) -> Verified:
+        """Check the cached prefix of ``tokens`` against ``kv``, their KV computed now (shaped
+        as ``put``'s, as far as it reaches): a chunk whose cached KV differs (a byte, or more
+        than ``atol``) is removed from every tier the store reaches and counted
+        (``verify_mismatches`` by the tier that would have served it). See ``verify.py``."""
+        self.layout.check_tensor(kv, 0, "kv")
+        keys = self.keys(tokens)[: kv.shape[2] // self.chunk_tokens]
+        with self._gate:
+            tiers = self._tiers(keys)
+        end = len(tiers) * self.chunk_tokens
+        cached = torch.empty_like(kv[:, :, :end], memory_format=torch.contiguous_format)
+        checked = self.get(tokens[:end], cached) // self.chunk_tokens
+        wrong = differing(cached, kv, self.chunk_tokens, checked, atol)
+        with self._gate:
+            forget(self._state, [keys[i] for i in wrong])
+            self._books.verified(checked, [tiers[i] for i in wrong])
+        return report(keys, tiers, checked, wrong)
 
     def get(self, tokens: Tokens, out: torch.Tensor) -> int:
         """Copy the longest cached prefix of ``tokens`` into ``out``; return its length.

@@ -185,6 +185,12 @@ class StoreRemote:
         else:
             _failed(b, "read", result)
 
+    def remove(self, keys: Sequence[ChunkKey]) -> None:
+        """Chunks found wrong (``verify``): removed from the store, not known there."""
+        for key in keys:
+            self._known.discard(key)
+        self.tier.remove(keys)
+
     def drain(self, timeout: float | None) -> bool:
         return self.lane.drain(timeout)
 

@@ -51,6 +51,8 @@ class StoreStats:
     remote_failures: int = 0  # lookups, reads and writes that failed: corrupt, timed out, down, full
     remote_dropped_writes: int = 0  # writes skipped under back-pressure
     remote_down: bool = False  # out of service now (after a failed round trip)
+    chunks_verified: int = 0  # compared with KV computed now (verify_against)
+    verify_mismatches: Counter = field(default_factory=Counter)  # found wrong, by tier
 
     def snapshot(self) -> StoreStats:
         return copy.deepcopy(self)
@@ -69,8 +71,15 @@ def store_samples(stats: StoreStats, slots: dict[str, int], used: dict[str, int]
         loaded.add(count, tier=str(tier))
     if shared and "shared" not in stats.chunks_loaded:  # a series from the start, at 0
         loaded.add(0, tier="shared")
+    mismatches = Sample("verify_mismatches_total", "counter", "Chunks whose cached KV differed "
+                        "from KV computed now, by the tier that would have served them (removed)")
+    counts = {str(tier): count for tier, count in stats.verify_mismatches.items()}
+    for tier in dict.fromkeys([*slots, *counts]):  # a series from the start for each tier
+        mismatches.add(counts.get(tier, 0), tier=tier)
+    verified = Sample("chunks_verified_total", "counter", "Cached chunks compared with KV "
+                      "computed now").add(stats.chunks_verified)
     samples = [loaded, *_tier_samples(stats, slots, used), *_disk_samples(stats),
-               *_plain_samples(stats, queue_depth)]
+               *_plain_samples(stats, queue_depth), verified, mismatches]
     if shared:
         samples += _shared_store_samples(stats)
     return samples + (remote_samples(stats, *remote) if remote is not None else [])

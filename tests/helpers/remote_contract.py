@@ -187,6 +187,16 @@ class RemoteContract:
         assert statuses(results) == [IOStatus.OK] * 2 and np.array_equal(dsts[0], chunk(1))
         assert np.array_equal(dsts[1], chunk(2)) or np.array_equal(dsts[1], chunk(3))
 
+    def test_a_removed_value_is_gone_and_others_stay(self, store):
+        t = store.tier()
+        assert statuses(t.put_many([(key(i), chunk(i)) for i in range(3)])) == [IOStatus.OK] * 3
+        assert t.remove([key(0), key(2), key(7)])  # one never put: no failure
+        assert t.exists([key(0), key(1), key(2)]) == [False, True, False]
+        assert statuses(get(t, [key(0), key(1)])[0]) == [IOStatus.MISSING, IOStatus.OK]
+        assert t.remove([]) and t.failures == 0
+        assert statuses(t.put_many([(key(0), chunk(0))])) == [IOStatus.OK]  # may be put again
+        assert get(t, [key(0)])[0][0].ok
+
     def test_namespaces_and_prefixes_share_a_store_without_seeing_each_other(self, store):
         a, b, c = store.tier(), store.tier(namespace=OTHER), store.tier(prefix=store.prefix + "x:")
         assert a.put_many([(key(1), chunk(1))])[0].ok

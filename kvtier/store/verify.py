@@ -1,0 +1,87 @@
+"""Checking cached chunks against the truth: KV computed now for the same tokens.
+
+A checksum proves a chunk's bytes are the ones written under its key. It cannot prove they
+are the right bytes for that key: a chunk written from the wrong pages, another prompt's
+chunk under this prompt's key (a writer that mislabels, a page copy bug), a layout that
+changed under the same name. Only comparing with a fresh computation does. ``verify`` reads
+the cached prefix of ``tokens`` as ``get`` would serve it and compares it, chunk by chunk,
+with ``kv``; every chunk that differs is removed from every tier the store reaches (see
+``Forget``), counted by the tier it would have been served from, and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvtier.keys import ChunkKey
+from kvtier.store.state import StoreState
+from kvtier.tiers.base import TierName
+
+log = logging.getLogger("kvtier")
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What ``KVStore.verify_against`` found: ``checked`` chunks compared (the cached prefix
+    of the tokens, as far as ``kv`` reaches), ``mismatched`` those whose cached bytes
+    differed, by the tier that would have served each; ``removed`` their keys."""
+
+    checked: int
+    mismatched: Mapping[TierName, int] = field(default_factory=dict)
+    removed: tuple[ChunkKey, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.removed
+
+
+def same_chunk(cached: torch.Tensor, fresh: torch.Tensor, atol: float) -> bool:
+    """Whether a chunk's cached KV equals the fresh one: byte for byte (``atol`` 0, what a
+    deterministic engine gives), else every value within ``atol``."""
+    if atol == 0.0:
+        return bool(torch.equal(cached.contiguous().view(torch.uint8),
+                                fresh.contiguous().view(torch.uint8)))
+    return bool(torch.allclose(cached.float(), fresh.float(), rtol=0.0, atol=atol, equal_nan=True))
+
+
+def differing(cached: torch.Tensor, fresh: torch.Tensor, chunk_tokens: int, count: int,
+              atol: float) -> list[int]:
+    """The indexes of the first ``count`` chunks (along dim 2) that differ."""
+    return [i for i in range(count)
+            if not same_chunk(cached[:, :, i * chunk_tokens:(i + 1) * chunk_tokens],
+                              fresh[:, :, i * chunk_tokens:(i + 1) * chunk_tokens], atol)]
+
+
+def report(keys: Sequence[ChunkKey], tiers: Sequence[TierName], checked: int,
+           wrong: Sequence[int]) -> Verified:
+    """The ``Verified`` of chunks ``wrong`` (indexes into ``keys``, served from ``tiers``),
+    each logged (the first one a warning, with how to look further)."""
+    by_tier = Counter(tiers[i] for i in wrong)
+    for i in wrong:
+        log.warning("kvtier: chunk %s (from %s) holds KV other than what was computed now for "
+                    "its tokens: removed from every tier (kvtier verify checks a cache "
+                    "offline)", keys[i].hex()[:16], tiers[i])
+    return Verified(checked, dict(by_tier), tuple(keys[i] for i in wrong))
+
+
+def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
+    """Remove chunks found wrong from every tier the store reaches: its own (a disk slot's
+    header blanked, so no restart finds it again), another writer's copy (not read again
+    until that writer writes the slot anew: its segment is not the store's to change),
+    and the remote store (removed there, for every node)."""
+    others, remote = state.others, state.remote
+    for key in keys:
+        slot = state.books.slot_of(TierName.DISK, key) if state.lane.tier is not None else None
+        state.books.discard(key)
+        if slot is not None:
+            state.lane.invalidate(slot)
+        refs = others.find(key) if others is not None else None
+        if others is not None and refs is not None:
+            others.drop(refs)
+    if remote is not None and keys:
+        remote.remove(keys)

@@ -1,0 +1,135 @@
+"""``KVStore.verify_against``: cached chunks checked against KV computed now. An intact chunk
+under the wrong key (another prompt's bytes, a valid header and checksum: what no checksum
+catches) is found in each tier it can be served from (host memory, disk, another writer's
+segment, the remote store), removed from every tier, counted by tier; a cache that is right
+raises no alarm."""
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier import KVStore
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.tiers.base import TierName
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
+from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.shared import shared, wait_for
+from tests.helpers.store import config, exact, load, remote_store, seq
+
+HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
+A, B = seq(0, 4), seq(50_000, 4)
+
+
+def raw(store: KVStore, tokens, chunk: int) -> np.ndarray:
+    """Chunk ``chunk`` of ``tokens`` as its slot holds it (from host memory)."""
+    slot = store._books.slot_of(HOST, store.keys(tokens)[chunk])
+    assert slot is not None, "the chunk is not in host memory"
+    return store.tiers[HOST].slot_array(slot)[:CHUNK_BYTES].copy()
+
+
+def swap_on_disk(store: KVStore, chunk: int) -> None:
+    """A's chunk ``chunk`` on disk replaced by B's first chunk: A's key, a valid checksum."""
+    key = store.keys(A)[chunk]
+    slot = store._books.slot_of(DISK, key)
+    assert slot is not None and store.disk is not None
+    buffer = AlignedBuffer(CHUNK_BYTES)  # direct I/O: an aligned buffer
+    buffer.array[:] = raw(store, B, 0)
+    assert store.disk.write(slot, key, buffer.array).ok
+
+
+def test_a_right_cache_raises_no_alarm(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=16)) as store:
+        for start in range(0, 400_000, 40_000):
+            tokens = seq(start, 3)
+            store.put(tokens, make_kv(tokens))
+            found = store.verify_against(tokens, make_kv(tokens))
+            assert found.ok and found.checked == 3 and found.mismatched == {}
+        assert store.stats().chunks_verified == 30 and not store.stats().verify_mismatches
+
+
+def test_another_prompts_chunk_in_host_memory_is_caught_and_removed():
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store:
+        store.put(A, make_kv(A))
+        store.put(B, make_kv(B))
+        slot = store._books.slot_of(HOST, store.keys(A)[1])
+        store.tiers[HOST].slot_array(slot)[:CHUNK_BYTES] = raw(store, B, 0)  # a page copy gone wrong
+        n, served = load(store, A)
+        assert n == 4 * CHUNK and not same_bytes(served, make_kv(A))  # no checksum catches it
+        found = store.verify_against(A, make_kv(A))
+        assert found.checked == 4 and found.mismatched == {HOST: 1}
+        assert found.removed == (store.keys(A)[1],)
+        assert store.lookup(A).tokens == CHUNK and exact(store, A) == CHUNK
+        assert store.stats().verify_mismatches == {HOST: 1}
+        samples = {s.name: s for s in store.metric_samples()}
+        assert samples["verify_mismatches_total"].values[(("tier", "host"),)] == 1
+
+
+def test_another_prompts_chunk_on_disk_is_caught_removed_and_not_found_after_a_restart(tmp_path):
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        store.put(A, make_kv(A))
+        store.put(B, make_kv(B))
+        assert store.flush()
+        swap_on_disk(store, 2)
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:  # A's chunks from disk now
+        assert store.lookup(A).chunks_by_tier == {DISK: 4}
+        found = store.verify_against(A, make_kv(A))
+        assert found.mismatched == {DISK: 1} and found.removed == (store.keys(A)[2],)
+        assert exact(store, A) == 2 * CHUNK
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        assert store.lookup(A).tokens == 2 * CHUNK  # its slot was blanked: gone for good
+
+
+def test_another_prompts_chunk_in_another_writers_segment_is_caught_and_not_read_again(tmp_path):
+    with KVStore(SMALL, shared(tmp_path, "a", host_chunks=8)) as a:
+        a.put(A, make_kv(A))
+        a.put(B, make_kv(B))
+        assert a.flush()
+        swap_on_disk(a, 3)
+        with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h")) as b:
+            wait_for(lambda: b.lookup(A).tokens == 4 * CHUNK)
+            assert b.lookup(A).chunks_by_tier == {SHARED: 4}
+            found = b.verify_against(A, make_kv(A))
+            assert found.mismatched == {SHARED: 1} and found.removed == (b.keys(A)[3],)
+            assert b.lookup(A).tokens == 3 * CHUNK and exact(b, A) == 3 * CHUNK
+
+
+@needs_redis
+def test_another_prompts_value_in_the_remote_store_is_caught_and_removed_there(tmp_path):
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        with remote_store(server.url) as a:
+            a.put(A, make_kv(A))
+            a.put(B, make_kv(B))
+            assert a.flush()
+            tier = a._state.remote.tier
+            key = a.keys(A)[1]
+            assert tier.put_many([(key, raw(a, B, 0))])[0].ok  # a writer that mislabels
+        with remote_store(server.url) as c:
+            assert c.lookup(A).chunks_by_tier == {REMOTE: 4}
+            found = c.verify_against(A, make_kv(A))
+            assert found.mismatched == {REMOTE: 1} and found.removed == (key,)
+            assert c._state.remote.tier.exists([key]) == [False]  # gone for every node
+        with remote_store(server.url) as d:
+            assert d.lookup(A).tokens == CHUNK
+    finally:
+        server.stop()
+
+
+def test_a_tolerance_passes_kv_that_differs_only_within_it():
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store:
+        kv = make_kv(A)
+        kv[0, 0, 5, 3] = 1.0
+        store.put(A, kv)
+        nudged = kv.clone()
+        nudged[0, 0, 5, 3] = 1.0078125  # the next bfloat16 after 1.0
+        assert not store.verify_against(A, nudged).ok  # byte for byte: caught
+        store.put(A, kv)
+        assert store.verify_against(A, nudged, atol=0.01).ok
+
+
+def test_kv_of_the_wrong_shape_is_refused_naming_it():
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store, pytest.raises(ValueError, match="kv"):
+        store.verify_against(A, torch.zeros(3, 2, 4 * CHUNK, 32, dtype=torch.bfloat16))
