@@ -131,7 +131,7 @@ def test_a_remote_store_is_a_tier_and_its_outage_is_shown():
     console = Console(record=True, width=250)
     console.print(render([view], 1.0))
     first = next(cells(line) for line in console.export_text().splitlines() if line.startswith("│"))
-    assert first[9:] == ["0 + 3 remote", "remote_failures 2 (+2)", "2 disk paths, remote store"]
+    assert first[10:] == ["0 + 3 remote", "remote_failures 2 (+2)", "2 disk paths, remote store"]
 
 
 SCHEDULER_PAGE = """kvtier_chunks_loaded_total{tier="host"} %d
@@ -150,6 +150,22 @@ kvtier_io_queue_depth 2
 kvtier_worker_loads_total 1
 kvtier_worker_paths_down_total %d
 """
+
+
+def test_whether_a_tiers_loads_pay_is_the_prefill_they_saved_per_second_they_took():
+    paying = SCHEDULER_PAGE % (6, 0) + """kvtier_load_seconds_total{tier="host"} 0.5
+kvtier_seconds_saved_total{tier="host"} 6.0
+kvtier_load_seconds_total{tier="disk"} 0
+kvtier_seconds_saved_total{tier="disk"} 0
+"""
+    host, disk = figures(None, read(paying, 0.0)).tiers
+    assert host.pays == 12.0 and disk.pays is None  # no load from disk yet: nothing to say
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    console.print(render([figures(None, read(paying, 0.0))], 1.0))
+    rows = [cells(line) for line in console.export_text().splitlines() if line.startswith("│")]
+    assert [r[9] for r in rows] == ["12.0x", "-"]
 
 
 def test_scheduler_side_figures_have_hits_and_no_bytes():
@@ -182,7 +198,7 @@ def test_render_has_a_row_per_tier_and_the_endpoint_on_its_first():
     assert [r[:3] for r in rows] == [["store", "store", "host"], ["", "", "disk"],
                                      ["w", "worker", "host"], ["", "", "disk"]]
     assert rows[0][3:6] == ["4", "4.0", "50%"] and rows[1][7] == "3 MiB/s"
-    assert rows[0][8] == "25%" and rows[0][10] == "none" and rows[2][4] == "-"
+    assert rows[0][8] == "25%" and rows[0][9] == "-" and rows[0][11] == "none" and rows[2][4] == "-"
 
 
 def cells(line: str, bar: str = "│") -> list[str]:

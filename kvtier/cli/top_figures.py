@@ -56,6 +56,7 @@ class TierFigures:
     in_per_s: float | None  # bytes written into this tier per second
     out_per_s: float | None  # bytes read out of it per second
     fill: float | None  # share of its slots that hold a chunk
+    pays: float | None = None  # prefill seconds its loads saved per second they took, since start
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,13 @@ def tier_figures(before: Scrape | None, after: Scrape, tier: str,
         hit_ratio=(loaded or 0.0) / asked if asked else None,  # no series yet: none loaded
         in_per_s=_first_rate(before, after, BYTES_IN.get(tier, ())),
         out_per_s=_first_rate(before, after, BYTES_OUT.get(tier, ())),
-        fill=used / slots if slots and used is not None else None)
+        fill=used / slots if slots and used is not None else None,
+        pays=_ratio(after.value("kvtier_seconds_saved_total", by_tier),
+                    after.value("kvtier_load_seconds_total", by_tier)))
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return part / whole if part is not None and whole else None
 
 
 def _failures(before: Scrape | None, after: Scrape) -> tuple[Failure, ...]:

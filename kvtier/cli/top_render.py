@@ -48,7 +48,7 @@ def render(views: Sequence[EndpointFigures], interval: float) -> Table:
     from rich.table import Table
 
     table = Table("endpoint", "role", "tier", "hits", "hits/s", "hit rate", "in/s", "out/s",
-                  "fill", "queue", "failures", "out of service",
+                  "fill", "saved/load", "queue", "failures", "out of service",
                   title=f"kvtier top: every {interval:g} s, Ctrl-C quits")
     for view in views:
         tiers = view.tiers or (TierFigures("-", None, None, None, None, None, None),)
@@ -58,6 +58,7 @@ def render(views: Sequence[EndpointFigures], interval: float) -> Table:
                 shown(view.url) if first else "", str(view.role) if first else "", shown(tier.tier),
                 _num(tier.hits), _num(tier.hits_per_s, ",.1f"), _percent(tier.hit_ratio),
                 _per_s(tier.in_per_s), _per_s(tier.out_per_s), _percent(tier.fill),
+                "-" if tier.pays is None else f"{tier.pays:,.1f}x",
                 _queue_text(view) if first else "",
                 _failure_text(view.failures) if first else "",
                 _down_text(view) if first else "",

@@ -128,6 +128,7 @@ class WorkerReport:
     whose read of a chunk was given up (``load_timeout``) while it may still be filling the
     chunk's staging slot; ``reads_over`` those whose read has ended since: only then may the
     slot be reused. ``remote_written``/``remote_failed`` count the ranks' remote writes.
+    ``load_seconds``: each load's time, the slowest rank's.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -143,6 +144,7 @@ class WorkerReport:
     reads_over: Counter = field(default_factory=Counter)
     remote_written: Counter = field(default_factory=Counter)
     remote_failed: Counter = field(default_factory=Counter)
+    load_seconds: dict = field(default_factory=dict)  # request id -> its load's seconds (slowest rank)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -161,6 +163,8 @@ class WorkerReport:
             self.paths_up + other.paths_up, self.reads_stalled + other.reads_stalled,
             self.reads_over + other.reads_over,
             self.remote_written + other.remote_written, self.remote_failed + other.remote_failed,
+            {req: max(self.load_seconds.get(req, 0.0), other.load_seconds.get(req, 0.0))
+             for req in self.load_seconds.keys() | other.load_seconds.keys()},
         )
 
     def is_empty(self) -> bool:
@@ -168,4 +172,4 @@ class WorkerReport:
                     or self.disk_failed or self.load_failed or self.paths_down
                     or self.load_samples or self.loads_done or self.paths_up
                     or self.reads_stalled or self.reads_over or self.remote_written
-                    or self.remote_failed)
+                    or self.remote_failed or self.load_seconds)

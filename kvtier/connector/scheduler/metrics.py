@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.store.stats import shared_samples
+from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import TierStack
 
 if TYPE_CHECKING:
+    from kvtier.connector.scheduler.payoff import Payoff
     from kvtier.connector.scheduler.remote_presence import RemotePresence
     from kvtier.metrics import Sample
     from kvtier.shared.follower import OtherWriters
@@ -54,7 +56,8 @@ _PLAIN = [  # (metric, help, counter)
 
 def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
                    presence: RemotePresence | None = None,
-                   others: OtherWriters | None = None) -> list[Sample]:
+                   others: OtherWriters | None = None,
+                   payoff: Payoff | None = None) -> list[Sample]:
     """Samples of the tiers in ``stack``, of ``counters`` (``SchedulerSide.counters``), of
     ``decider``, of the remote store's lookups (``presence``, when there is one) and of the
     other engines' segments of a shared directory (``others``, when followed)."""
@@ -80,8 +83,24 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
                          "for in the remote store").add(presence.lookups),
                   Sample("remote_up", "gauge", "1 while the remote store is in service").add(
                       int(not presence.down))]
-    return [loaded, evictions, slots, used, *extra,
+    tiers = [*stack.indexes, *([TierName.SHARED] if others else []),
+             *([TierName.REMOTE] if presence else [])]
+    return [loaded, evictions, slots, used, *payoff_samples(payoff, tiers), *extra,
             *(Sample(name, "counter", text).add(counters[key]) for name, text, key in _PLAIN),
             Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
                    "faster (load_policy auto)").add(decider.skipped),
             Sample("drops_total", "counter", "Chunks evicted from the last tier").add(stack.drops)]
+
+
+def payoff_samples(payoff: Payoff | None, tiers: list[TierName]) -> list[Sample]:
+    """Whether offload pays, by tier (``Payoff``): seconds loads took, seconds they saved."""
+    from kvtier.metrics import Sample
+
+    took = Sample("load_seconds_total", "counter", "Seconds loads took, by the coldest tier "
+                  "each read from (the slowest rank's)")
+    saved = Sample("seconds_saved_total", "counter", "Seconds of prefill loads saved (their "
+                   "tokens at the measured prefill speed), by the coldest tier each read from")
+    for tier in tiers:
+        took.add(payoff.load_s.get(tier, 0.0) if payoff else 0.0, tier=str(tier))
+        saved.add(payoff.saved_s.get(tier, 0.0) if payoff else 0.0, tier=str(tier))
+    return [took, saved]

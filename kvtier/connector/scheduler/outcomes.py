@@ -13,6 +13,7 @@ from collections import Counter
 from kvtier.connector.common.messages import WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.load_planner import LoadPlanner
+from kvtier.connector.scheduler.payoff import Payoff
 from kvtier.connector.scheduler.rank_counts import RankCount, RankOutcomes
 from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
@@ -57,6 +58,7 @@ class Outcomes:
         self._disk_outcomes = RankOutcomes(world_size)
         self._aborted = AbortedStores(stack)
         self._after_demotion: dict[ChunkKey, ChunkKey] = {}  # victim -> store failed on it
+        self.payoff = Payoff(counters, lambda: decider.prefill_seconds_per_token.value)
 
     def apply(self, report: WorkerReport) -> None:
         for disk_bytes, host_bytes, seconds in report.load_samples:
@@ -78,8 +80,12 @@ class Outcomes:
             self._loads.note_failed(req_id, keys)
         for key, ranks in report.reads_stalled.items():
             self._stalled.stalled(key, ranks)
+        for req_id, seconds in report.load_seconds.items():
+            self.payoff.took(req_id, seconds)
         for req_id, ranks in report.loads_done.items():
             if self._loads_done.reached(req_id, ranks, self.world_size):
+                load = self._loads.in_flight(req_id)
+                self.payoff.over(req_id, load.tiers if load is not None else None)
                 self._loads.finish(req_id)
 
     def _host_stores(self, report: WorkerReport) -> None:

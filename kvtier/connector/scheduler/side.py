@@ -262,7 +262,7 @@ class SchedulerSide:
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""
         return metric_samples(self.stack, self.counters, self.decider, self.presence,
-                              self.others)
+                              self.others, self._outcomes.payoff)
 
     def build_meta(self, meta: StepPlan | None = None) -> StepPlan:
         """This step's plan, in ``meta`` when given (vLLM's subclass); stores are added to it
