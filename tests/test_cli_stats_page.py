@@ -113,12 +113,32 @@ def test_every_page_reads_as_prometheus_client_reads_it(lines, odd, random):
         lines.insert(random.randrange(len(lines) + 1), line)
     text = "\n".join(lines)
     assert read(text) == library(text)
+    assert keyed(text) == library_keyed(text)
 
 
 @pytest.mark.parametrize("lines", TRICKY)
 def test_tricky_pages_read_as_prometheus_client_reads_them(lines):
     text = "\n".join(lines)
     assert read(text) == library(text)
+    assert keyed(text) == library_keyed(text)  # kvtier top's reading too
+
+
+def keyed(text: str):
+    """``parse_keyed``'s reading of ``text`` (the samples, or the error's class)."""
+    try:
+        return [(n, labels, repr(v)) for n, labels, v in metrics_text.parse_keyed(text)]
+    except metrics_text.PageError:
+        return metrics_text.PageError
+
+
+def library_keyed(text: str):
+    """prometheus_client's reading of ``text`` as ``parse_keyed`` gives it."""
+    try:
+        samples = metrics_text._by_library(text, None)
+    except metrics_text.PageError:
+        return metrics_text.PageError
+    return [(s["name"], tuple(sorted(s["labels"].items())), repr(float(s["value"])))
+            for s in samples]
 
 
 def read(text: str):

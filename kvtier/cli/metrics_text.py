@@ -15,10 +15,12 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from kvtier.cli.deadline import Deadline
 
+T = TypeVar("T")
 CHECK_EVERY = 4096  # lines between looks at the deadline
 _WS = r"[ \t\r\x0b\x0c]"  # the whitespace the library splits comments on
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -40,8 +42,21 @@ def parse_samples(text: str, deadline: Deadline | None = None) -> list[dict]:
     """The ``kvtier_*`` samples of ``text`` (``_created`` ones left out), each ``name``,
     ``labels`` and ``value`` (see ``number``); ``PageError`` when it is not Prometheus text,
     ``DeadlineExpired`` when ``deadline`` passes first."""
-    samples = _fast(text, deadline)
+    samples = _fast(text, deadline, _sample)
     return _by_library(text, deadline) if samples is None else samples
+
+
+Keyed = tuple[str, tuple[tuple[str, str], ...], float]  # name, labels sorted, value
+
+
+def parse_keyed(text: str, deadline: Deadline | None = None) -> list[Keyed]:
+    """``parse_samples``'s samples as (name, labels sorted by name, value as a float): what
+    ``kvtier top`` keys its figures by, made without a dict per sample."""
+    samples = _fast(text, deadline, _keyed)
+    if samples is not None:
+        return samples
+    return [(s["name"], tuple(sorted(s["labels"].items())), float(s["value"]))
+            for s in _by_library(text, deadline)]
 
 
 def number(value: float) -> float:
@@ -54,9 +69,11 @@ def number(value: float) -> float:
     return value
 
 
-def _fast(text: str, deadline: Deadline | None) -> list[dict] | None:
-    """The samples, or None when a line is outside the grammar (see the module docstring)."""
-    samples: list[dict] = []
+def _fast(text: str, deadline: Deadline | None, make: Callable[[str, str | None, str], T | None]
+          ) -> list[T] | None:
+    """The samples (each ``make(name, labels, value)``), or None when a line is outside the
+    grammar (see the module docstring), or ``make`` refuses one."""
+    samples: list[T] = []
     for count, line in enumerate(text.split("\n")):
         if deadline is not None and count % CHECK_EVERY == 0:
             deadline.check(f"while parsing the page (line {count:,}, {len(samples):,} samples)")
@@ -71,10 +88,11 @@ def _fast(text: str, deadline: Deadline | None) -> list[dict] | None:
         sample = _SAMPLE.fullmatch(line)
         if sample is None:
             return None
-        read = _sample(*sample.groups())
+        name = sample[1]
+        read = make(*sample.groups())
         if read is None:
             return None
-        if read["name"].startswith("kvtier_") and not read["name"].endswith("_created"):
+        if name.startswith("kvtier_") and not name.endswith("_created"):
             samples.append(read)
     return samples
 
@@ -97,6 +115,24 @@ def _sample(name: str, labels: str | None, value: str) -> dict | None:
     if len(digits) > 300:  # an integer maybe too large for a float
         figure = number(figure)
     return {"name": name, "labels": read, "value": figure}
+
+
+def _keyed(name: str, labels: str | None, value: str) -> Keyed | None:
+    """One sample as ``parse_keyed`` gives it; None where ``_sample`` gives None."""
+    if labels:
+        pairs = _LABEL_PAIR.findall(labels)
+        if "\\" in labels:
+            pairs = [(k, _unescaped(v)) for k, v in pairs]
+        if len({k for k, _ in pairs}) != len(pairs):
+            return None
+        key = tuple(sorted(pairs)) if len(pairs) > 1 else tuple(pairs)
+    else:
+        key = ()
+    try:
+        figure = float(value)
+    except ValueError:
+        return None
+    return name, key, figure
 
 
 def _unescaped(text: str) -> str:

@@ -12,7 +12,8 @@ import http.client
 import io
 import math
 import time
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 from urllib.parse import SplitResult, urlsplit
 
 import typer
@@ -127,11 +128,13 @@ def _read_body(response: http.client.HTTPResponse, limit: int) -> bytes:
     return bytes(body)
 
 
-def parse_samples(body: bytes, deadline: Deadline | None = None) -> list[dict]:
-    """The ``kvtier_*`` samples of a Prometheus text page (``metrics_text.parse_samples``);
-    ``MetricsError`` if it is not one, ``DeadlineExpired`` when ``deadline`` passes first."""
+def parse_samples(body: bytes, deadline: Deadline | None = None,
+                  parse: Callable[[str, Deadline | None], list[Any]] = parse_page) -> list[Any]:
+    """The ``kvtier_*`` samples of a Prometheus text page (``metrics_text.parse_samples``,
+    or ``parse``); ``MetricsError`` if it is not one, ``DeadlineExpired`` when ``deadline``
+    passes first."""
     try:
-        return parse_page(body.decode(), deadline)
+        return parse(body.decode(), deadline)
     except UnicodeDecodeError as exc:
         raise MetricsError(f"not Prometheus text format ({str(exc)[:80]})") from exc
     except PageError as exc:

@@ -16,7 +16,7 @@ from functools import cached_property
 from urllib.parse import SplitResult
 
 from kvtier.cli.deadline import Deadline, DeadlineExpired
-from kvtier.cli.metrics_text import CHECK_EVERY
+from kvtier.cli.metrics_text import CHECK_EVERY, Keyed, parse_keyed
 from kvtier.cli.stats import MetricsError, fetch, parse_samples
 
 Labels = tuple[tuple[str, str], ...]
@@ -75,14 +75,19 @@ class Scrape:
     def of(cls, url: str, at: float, samples: Sequence[dict],
            deadline: Deadline | None = None) -> Scrape:
         """From :func:`kvtier.cli.stats.parse_samples`'s samples, indexed by ``deadline``."""
+        return cls.of_keyed(url, at, [(s["name"], tuple(sorted(s["labels"].items())),
+                                       float(s["value"])) for s in samples], deadline)
+
+    @classmethod
+    def of_keyed(cls, url: str, at: float, samples: Sequence[Keyed],
+                 deadline: Deadline | None = None) -> Scrape:
+        """From ``metrics_text.parse_keyed``'s samples, indexed by ``deadline``."""
         values: dict[Key, float] = {}
         for start in range(0, len(samples), CHECK_EVERY):
             if deadline is not None:
                 deadline.check(f"while reading the samples ({start:,} of {len(samples):,})")
-            for sample in samples[start:start + CHECK_EVERY]:
-                labels = sample["labels"]
-                key = tuple(sorted(labels.items())) if len(labels) > 1 else tuple(labels.items())
-                values[(sample["name"], key)] = float(sample["value"])
+            for name, labels, value in samples[start:start + CHECK_EVERY]:
+                values[(name, labels)] = value
         made = cls(url, at, values)
         made.__dict__["_index"] = _Index.of(values, deadline)  # as cached_property stores it
         return made
@@ -135,8 +140,9 @@ def scrape(endpoint: Endpoint, deadline: Deadline) -> Scrape:
     try:
         deadline.check("before reading it")
         samples = parse_samples(fetch(endpoint.parts, deadline.seconds, deadline=deadline),
-                                deadline)
-        found = Scrape.of(endpoint.url, time.monotonic(), samples, deadline) if samples else None
+                                deadline, parse_keyed)
+        found = Scrape.of_keyed(endpoint.url, time.monotonic(), samples, deadline) \
+            if samples else None
     except DeadlineExpired as exc:
         raise EndpointTimedOut(f"{endpoint.url}: {exc}") from exc
     except (MetricsError, OSError, http.client.HTTPException) as exc:
