@@ -27,6 +27,7 @@ Arms:
                  (STORAGE) tiers', credited 1, 0.8 and 0.3 a block (vllm-router's defaults)
   kv_aware_gpu   kv_aware with kvtier's events held back: the GPU cache's only
                  (tests/helpers/quiet_connector.py)
+``--router-args`` adds vllm-router flags to the kv_aware arms (``--kv-penalty-disk 0.8``).
 
 Reported per arm: TTFT mean, p50 and p90, requests per second, their ratios to round_robin
 in this run; per engine the requests served and the share of their prompt tokens found in
@@ -181,7 +182,8 @@ def run_arm(arm: str, args, model: Path, work: Path, console: Console) -> dict:
     with Fleet(work, env) as fleet:
         console.print(f"[dim]{arm}: starting two engines and the router ({policy})[/dim]")
         fleet.start_engines(engine_configs(args, model, work / "disk", quiet))
-        router = fleet.start_router(policy)
+        extra = tuple(args.router_args.split()) if policy == "kv_aware" else ()
+        router = fleet.start_router(policy, extra=extra)
         before = engine_counters(fleet)
         result = bench_serve(args, router, model, work / f"{arm}.json")
         after = engine_counters(fleet)
@@ -193,7 +195,8 @@ def run_arm(arm: str, args, model: Path, work: Path, console: Console) -> dict:
             "mean_e2el_ms", "request_throughput", "total_token_throughput")
     return {"policy": policy, "kvtier_events": not quiet, **{k: result[k] for k in keys},
             "ttfts_s": result["ttfts"], "engines": engines,
-            "router_lookups_with_holder": hits / asked if asked else None}
+            "router_lookups_with_holder": hits / asked if asked else None,
+            "router_args": list(extra)}
 
 
 def log_tails(work: Path, console: Console) -> None:
@@ -251,6 +254,9 @@ def main() -> None:
     parser.add_argument("--disk-share", type=float, default=3.0,
                         help="share of all prefixes one engine's disk segment holds (default 3: "
                              "every prefix and every prompt's tail)")
+    parser.add_argument("--router-args", default="",
+                        help="more vllm-router flags for the kv_aware arms (e.g. "
+                             "'--kv-penalty-disk 0.8')")
     parser.add_argument("--private-disks", action="store_true",
                         help="a disk directory each instead of one shared directory")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one arm's load")

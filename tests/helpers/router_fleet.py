@@ -97,7 +97,7 @@ def engine_argv(config: EngineConfig, port: int, events_port: int) -> list[str]:
 
 
 def router_argv(policy: str, port: int, metrics_port: int, engines: list[Engine],
-                log_level: str = "info") -> list[str]:
+                log_level: str = "info", extra: tuple[str, ...] = ()) -> list[str]:
     argv = [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
             "--port", str(port), "--worker-urls", *[e.url for e in engines], "--policy", policy,
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
@@ -106,7 +106,7 @@ def router_argv(policy: str, port: int, metrics_port: int, engines: list[Engine]
         for engine in engines:
             argv += ["--kv-event-source", f"{engine.url}={engine.events}"]
         argv += ["--kv-event-block-size", str(BLOCK), "--kv-event-model", SERVED]
-    return argv
+    return [*argv, *extra]
 
 
 def pd_router_argv(port: int, metrics_port: int, prefill: Engine, decode: Engine) -> list[str]:
@@ -181,9 +181,10 @@ class Fleet:
         self.engines = [engine for _, engine, _ in started]
         return self.engines
 
-    def start_router(self, policy: str, timeout: float = 60.0, log_level: str = "info") -> str:
+    def start_router(self, policy: str, timeout: float = 60.0, log_level: str = "info",
+                     extra: tuple[str, ...] = ()) -> str:
         port, metrics = free_port(), free_port()
-        argv = router_argv(policy, port, metrics, self.engines, log_level)
+        argv = router_argv(policy, port, metrics, self.engines, log_level, extra)
         return self._start_router(argv, port, metrics, f"router-{policy}.log", timeout)
 
     def start_pd_router(self, prefill: Engine, decode: Engine, timeout: float = 60.0) -> str:
