@@ -237,7 +237,7 @@ def print_tables(console: Console, rows: dict[str, dict], title: str) -> None:
     console.print(engines)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "mid"], default="tiny")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"of {','.join(ARMS)}")
@@ -267,12 +267,17 @@ def main() -> None:
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     if unknown := sorted(set(arms) - set(ARMS)):
         parser.error(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    args.arms = arms
+    return args
 
+
+def main() -> None:
+    args = arguments()
     console = Console()
     model = word_model(make_model(ROOT / "out" / "models" / args.model, args.model))
     rows = {}
     with tempfile.TemporaryDirectory(prefix="kvtier-router-", dir=args.dir) as tmp:
-        for arm in arms:
+        for arm in args.arms:
             try:
                 rows[arm] = run_arm(arm, args, model, Path(tmp) / arm, console)
             except Exception:
