@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kvtier.config.settings import load_config
-from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, check_pool
+from kvtier.config.settings import WritePolicy, load_config
+from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
 from tests.helpers.redis_server import RedisServer, needs_redis
@@ -163,8 +163,18 @@ def test_a_producer_that_never_writes_costs_the_consumer_load_timeout_then_a_rec
     (Role.CONSUMER, {"remote_url": "redis://127.0.0.1:1/0"}, False), (Role.BOTH, {}, False)])
 def test_a_producer_or_consumer_without_a_shared_pool_is_told_so_once(caplog, role, extra, warned):
     with caplog.at_level(logging.WARNING, logger="kvtier"):
-        check_pool(role, load_config(extra, environ={}))
+        fit_role(role, load_config(extra, environ={}))
     assert any("no pool shared" in r.getMessage() for r in caplog.records) is warned
+
+
+def test_a_producer_writes_every_chunk_to_the_pool_at_once_whatever_was_set(caplog):
+    cfg = load_config({"write_policy": "write_back", "remote_min_hits": 3,
+                       "remote_url": "redis://127.0.0.1:1/0"}, environ={})
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        fitted = fit_role(Role.PRODUCER, cfg)
+    assert fitted.write_policy is WritePolicy.WRITE_THROUGH and fitted.remote_min_hits == 0
+    assert any("write_through and remote_min_hits 0" in r.getMessage() for r in caplog.records)
+    assert fit_role(Role.CONSUMER, cfg) == cfg and fit_role(Role.BOTH, cfg) == cfg
 
 
 @needs_redis

@@ -21,7 +21,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.config.settings import KVTierConfig, load_config
 from kvtier.connector.common.geometry import geometry_from_vllm
 from kvtier.connector.common.messages import StepPlan, WorkerReport
-from kvtier.connector.scheduler.handoff import Role, check_pool
+from kvtier.connector.scheduler.handoff import Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.vllm_events import event_factory
 from kvtier.connector.worker.counters import WorkerCounters
@@ -89,7 +89,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        self.config = load_config(extra)
+        kv_role = Role.of(getattr(self._kv_transfer_config, "kv_role", None))
+        self.config = fit_role(kv_role, load_config(extra))
         apply_log_level()
         tp = vllm_config.parallel_config.tensor_parallel_size
         check_metrics_ports(self.config, tp)
@@ -104,8 +105,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
-            kv_role = Role.of(getattr(self._kv_transfer_config, "kv_role", None))
-            check_pool(kv_role, self.config)
             self._scheduler = SchedulerSide(
                 self.config, self.geometry, namespaces, tp,
                 event_factory(vllm_config, kv_cache_config, self.geometry.block_tokens), kv_role)

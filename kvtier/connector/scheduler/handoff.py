@@ -14,6 +14,7 @@ waits as a consumer does for a request that comes with a hand-off."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.config.settings import KVTierConfig
+from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.keys import Namespace
 
 log = logging.getLogger("kvtier")
@@ -145,14 +146,22 @@ class Handoffs:
         self._since.pop(req_id, None)
 
 
-def check_pool(role: Role, config: KVTierConfig) -> None:
-    """Say once, at start, that a producer or consumer shares no pool: no directory other
-    engines follow (``disk_paths`` with ``share_writers`` over 1 and ``share_refresh`` on)
-    and no ``remote_url``, so no hand-off can reach the other side."""
-    if role is Role.BOTH or config.remote_url:
-        return
-    if config.disk_paths and config.share_writers > 1 and config.share_refresh is not None:
-        return
-    log.warning("kvtier: kv_role %s but no pool shared with other engines: set disk_paths "
-                "on a directory they share (with share_writers above 1), or remote_url; "
-                "until then nothing is handed off", role.value)
+def fit_role(role: Role, config: KVTierConfig) -> KVTierConfig:
+    """``config`` as ``role`` needs it, said once at start: a producer writes every chunk
+    to the pool as soon as it has it (``write_policy`` write_through, ``remote_min_hits``
+    0: a chunk kept in host memory, or written to the store only after some hits, would
+    never reach a consumer); a producer or consumer that shares no pool (no directory
+    other engines follow, no ``remote_url``) can hand nothing off."""
+    if role is Role.PRODUCER and (config.write_policy is not WritePolicy.WRITE_THROUGH
+                                  or config.remote_min_hits):
+        log.warning("kvtier: kv_producer writes every chunk to the pool at once: write_policy "
+                    "write_through and remote_min_hits 0 (in place of %s and %d)",
+                    config.write_policy.value, config.remote_min_hits)
+        config = dataclasses.replace(config, write_policy=WritePolicy.WRITE_THROUGH,
+                                     remote_min_hits=0)
+    shared = config.disk_paths and config.share_writers > 1 and config.share_refresh is not None
+    if role is not Role.BOTH and not config.remote_url and not shared:
+        log.warning("kvtier: kv_role %s but no pool shared with other engines: set disk_paths "
+                    "on a directory they share (with share_writers above 1), or remote_url; "
+                    "until then nothing is handed off", role.value)
+    return config
