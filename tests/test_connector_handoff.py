@@ -99,6 +99,9 @@ def test_a_consumer_waits_asking_again_then_recomputes_what_never_came_said_once
         clock.now += 3.0
         assert handoffs.match(other, 0, 64, 0, asked.append) == 0
     assert counters["handoffs_incomplete"] == 2 and counters["handoff_tokens_recomputed"] == 96
+    assert handoffs.match(req, 32, 64, 0, asked.append) == 32  # asked again: no second wait
+    handoffs.forget("r")
+    assert handoffs.match(req, 32, 64, 0, asked.append) is None  # a new request of that id
     assert len([r for r in caplog.records if "load_timeout" in r.getMessage()]) == 1
 
 

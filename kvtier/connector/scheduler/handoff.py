@@ -92,6 +92,7 @@ class Handoffs:
         self._counters, self._clock = counters, clock
         self._since: dict[str, tuple[float, float]] = {}  # req id -> (first ask, last ask)
         self._said: set[str] = set()  # what was logged once
+        self._given_up: set[str] = set()  # requests whose wait ran out (asked again: no wait)
 
     @property
     def stores(self) -> bool:
@@ -109,6 +110,8 @@ class Handoffs:
         if handoff is None or found is None:
             return found
         req_id = request.request_id
+        if req_id in self._given_up:  # its wait is over: what the pool holds, at once
+            return found
         if handoff.namespace != self._digest:
             self._say("namespace", "a request handed off by an engine of another model, "
                       "layout or chunking: not waited for (loads what matches)")
@@ -125,6 +128,7 @@ class Handoffs:
                 ask_again(req_id)
             return None
         self._end(req_id)
+        self._given_up.add(req_id)
         self._counters["handoffs_incomplete"] += 1
         self._counters["handoff_tokens_recomputed"] += wanted - found
         self._say("incomplete", f"a handed-off prompt was not all in the pool after "
@@ -144,6 +148,7 @@ class Handoffs:
 
     def forget(self, req_id: str) -> None:
         self._since.pop(req_id, None)
+        self._given_up.discard(req_id)
 
 
 def fit_role(role: Role, config: KVTierConfig) -> KVTierConfig:
