@@ -123,7 +123,7 @@ def _keyed(name: str, labels: str | None, value: str) -> Keyed | None:
         pairs = _LABEL_PAIR.findall(labels)
         if "\\" in labels:
             pairs = [(k, _unescaped(v)) for k, v in pairs]
-        if len({k for k, _ in pairs}) != len(pairs):
+        if len(pairs) > 1 and len(dict(pairs)) != len(pairs):  # a label given twice
             return None
         key = tuple(sorted(pairs)) if len(pairs) > 1 else tuple(pairs)
     else:
