@@ -23,9 +23,9 @@ from vllm.v1.request import Request
 from kvtier.config.settings import load_config
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import StepPlan, WorkerReport
-from kvtier.connector.vllm_events import VllmEvents, event_factory
 from kvtier.connector.scheduler.events import MEDIUMS, KVEvents, chunk_blocks
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.vllm_events import VllmEvents, event_factory
 from kvtier.tiers.base import TierName
 
 BLOCK, CHUNK = 16, 32
