@@ -16,9 +16,8 @@ from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
 from tests.helpers.redis_server import RedisServer, needs_redis
 from tests.helpers.remote_engine import Engine as RemoteEngine
-from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO, store_all
+from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO, store_all, write_as
 from tests.helpers.scheduler_side import request as remote_request
-from tests.test_connector_shares import write_as
 
 NS = GEO.namespace("m", "", 1, 0)
 DIGEST = NS.digest().hex()

@@ -12,26 +12,12 @@ from pathlib import Path
 import torch
 
 from kvtier.connector.common.messages import ChunkLoad, RequestLoad, StepPlan, WorkerReport
-from kvtier.disk.tier import DiskTier
-from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
 from tests.helpers.scheduler_side import GEO as SCHED_GEO
-from tests.helpers.scheduler_side import request, scheduler, store_all
+from tests.helpers.scheduler_side import request, scheduler, store_all, write_as
 from tests.helpers.worker_side import GEO, LAYERS, same, worker
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_as(tmp_path, name: str, stores, world: int = 1, ranks=None) -> None:
-    """Write the chunks a scheduler planned into writer ``name``'s segments, as its workers
-    would (each rank its own namespace)."""
-    for rank in range(world) if ranks is None else ranks:
-        disk = DiskTier([str(tmp_path)], SCHED_GEO.namespace("m", "", world, rank),
-                        SCHED_GEO.chunk_bytes, 8 * (4096 + SCHED_GEO.chunk_bytes),
-                        writers=[name], share_writers=2)
-        buffer = AlignedBuffer(SCHED_GEO.chunk_bytes)
-        assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in stores)
-        disk.close()
 
 
 def test_a_chunk_only_another_engine_wrote_is_loaded_from_its_segment(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.metrics import connector_samples, dashboard, free_port, queried_metrics
+from tests.helpers.metrics import connector_samples, dashboard, free_ports, queried_metrics
 from tests.helpers.vllm_engine import have_vllm, tiny_model
 
 pytestmark = [pytest.mark.vllm,
@@ -110,7 +110,7 @@ def samples(output: str) -> dict[str, float]:
 
 def test_readme_serve_section_runs_as_written(tmp_path):
     model = with_tokenizer(tiny_model(tmp_path))
-    ports = {role: free_port() for role in ("api", "scheduler")}
+    ports = {"api": free_ports(), "scheduler": free_ports(2)}
     ports["worker"] = ports["scheduler"] + 1  # metrics_port + 1 + rank
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("KVTIER_") and k != "VLLM_CPU_OMP_THREADS_BIND"}

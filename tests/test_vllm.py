@@ -7,6 +7,7 @@ it gives the same tokens as computing all of it (see DESIGN section 7).
 
 import pytest
 
+from tests.helpers.metrics import free_ports
 from tests.helpers.vllm_engine import (
     corrupt_every_slot,
     disk_extra,
@@ -35,13 +36,6 @@ def chunks(length: int) -> int:
     return -(-length // CHUNK)
 
 
-def free_port() -> int:
-    """A port free now (kvtier's worker will serve on the next one)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +56,7 @@ def runs(tmp_path_factory):
                                                     phase(SHARED, salt="tenant-b"),
                                                     phase(LENGTHS), phase(LENGTHS)]),
                        work, "first")
-    restart = run_engine(spec(model, "kvtier", dict(extra, metrics_port=free_port()),
+    restart = run_engine(spec(model, "kvtier", dict(extra, metrics_port=free_ports(2)),
                               [phase(SHARED), phase(LENGTHS)]), work, "restart")
     squeezed = work / "squeezed"
     squeezed.mkdir(mode=0o700)

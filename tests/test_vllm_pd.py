@@ -42,7 +42,7 @@ def pair(tmp_path_factory):
     redis = RedisServer(work / "redis").start()
     shared = {"disk_paths": [str(pool)], "disk_capacity": "512MiB", "share_writers": 2}
     common = {"chunk_tokens": CHUNK, "host_capacity": "64MiB", "load_timeout": "5s"}
-    ports = [free_port() for _ in range(3)]
+    ports = [free_port(2) for _ in range(3)]  # each engine's scheduler side and worker
     configs = [
         EngineConfig(model, {**common, **shared, "remote_url": redis.url, "instance_id": "p",
                              "metrics_port": ports[0]}, GPU_BLOCKS, role="kv_producer", events=False),

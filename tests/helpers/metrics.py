@@ -3,6 +3,7 @@ connector's), stand-in servers for ``kvtier stats URL``, and the Grafana dashboa
 
 import contextlib
 import json
+import random
 import re
 import socket
 import threading
@@ -45,6 +46,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` consecutive free loopback ports, below the kernel's ephemeral
+    range: no outgoing connection of another test takes one before a server binds it (an
+    engine's metrics take ``metrics_port`` and ``metrics_port + 1 + rank``)."""
+    for base in random.sample(range(12000, 32000 - count), 400):
+        probes: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                probes.append(socket.socket())
+                probes[-1].bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+        return base
+    raise RuntimeError(f"no {count} free consecutive loopback ports in 12000-32000")
 
 
 def served(collect: Callable) -> list[dict]:

@@ -17,9 +17,7 @@ import http.client
 import importlib.util
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.helpers.metrics import free_ports
 from tests.helpers.subprocesses import die_with_parent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,17 +38,9 @@ def have_router() -> bool:
     return importlib.util.find_spec("vllm_router") is not None
 
 
-def free_port() -> int:
-    """A free loopback port below the kernel's ephemeral range (no outgoing connection takes
-    it before the server binds it, seconds later)."""
-    for port in random.sample(range(12000, 32000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free loopback port in 12000-32000")
+def free_port(count: int = 1) -> int:
+    """The first of ``count`` free loopback ports below the ephemeral range (``free_ports``)."""
+    return free_ports(count)
 
 
 @dataclass(frozen=True)

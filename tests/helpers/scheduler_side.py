@@ -8,6 +8,8 @@ from kvtier.config.settings import load_config
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.disk.tier import DiskTier
+from kvtier.io.buffers import AlignedBuffer
 
 BLOCK, CHUNK = 16, 32
 GEO = KVGeometry(num_layers=2, page_bytes=4096, block_tokens=BLOCK, hash_block_tokens=BLOCK,
@@ -46,3 +48,15 @@ def store_all(side: SchedulerSide, req: Request, world: int = 1, disk_ok: bool =
         report.disk_failed = written
     side.worker_report(report)
     return meta
+
+
+def write_as(tmp_path, name: str, stores, world: int = 1, ranks=None) -> None:
+    """Write the chunks a scheduler planned into writer ``name``'s segments, as its workers
+    would (each rank its own namespace)."""
+    for rank in range(world) if ranks is None else ranks:
+        disk = DiskTier([str(tmp_path)], GEO.namespace("m", "", world, rank),
+                        GEO.chunk_bytes, 8 * (4096 + GEO.chunk_bytes),
+                        writers=[name], share_writers=2)
+        buffer = AlignedBuffer(GEO.chunk_bytes)
+        assert all(disk.write(s.disk_slot, s.key, buffer.array).ok for s in stores)
+        disk.close()
