@@ -436,7 +436,8 @@ def test_top_refreshes_in_place_in_a_terminal_quits_on_ctrl_c_and_on_a_lost_endp
             command = shlex.join([*KVTIER, "top", f"127.0.0.1:{port}", "--interval", "0.3"])
             for session in ("quit", "lost"):
                 tmux.start(session, f"{command}; echo kvtier-top-exit=$?; sleep {3 * WAIT_S}")
-            first = tmux.wait("quit", hits_on)
+            tmux.wait("lost", hits_on)  # a first view read before the store goes (a loaded
+            first = tmux.wait("quit", hits_on)  # machine can start it late: "cannot read")
             moved = tmux.wait("quit", lambda s: (h := hits_on(s)) and h[0] > first[0] and h)
             assert moved[1] != "-"  # a rate, once two reads are in
             screen = tmux.screen("quit")
