@@ -47,6 +47,13 @@ def test_a_right_cache_raises_no_alarm(tmp_path):
         assert store.stats().chunks_verified == 30 and not store.stats().verify_mismatches
 
 
+def test_tokens_with_nothing_cached_check_nothing():
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store:
+        found = store.verify_against(A, make_kv(A))
+        assert found.ok and found.checked == 0 and store.stats().chunks_verified == 0
+
+
 def test_another_prompts_chunk_in_host_memory_is_caught_and_removed():
     cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
     with KVStore(SMALL, cfg) as store:

@@ -77,9 +77,9 @@ def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
     others, remote = state.others, state.remote
     for key in keys:
         slot = state.books.slot_of(TierName.DISK, key) if state.lane.tier is not None else None
+        if slot is not None:  # blanked while the index still holds the slot: no chunk put
+            state.lane.invalidate(slot)  # meanwhile can land there and be blanked instead
         state.books.discard(key)
-        if slot is not None:
-            state.lane.invalidate(slot)
         refs = others.find(key) if others is not None else None
         if others is not None and refs is not None:
             others.drop(refs)

@@ -71,6 +71,3 @@ class Payoff:
             self._losing.discard(tier)
             log.info("kvtier: loads from %s pay again (%.3g s took, %.3g s saved)", tier, took,
                      saved)
-
-    def forget(self, req_id: str) -> None:
-        self._seconds.pop(req_id, None)
