@@ -122,7 +122,7 @@ def test_a_step_meeting_many_new_requests_returns_while_the_store_hangs():
         answers = [presence.held(f"r{n}", [ChunkKey(b"%d" % n)]) for n in range(1000)]
         took = time.monotonic() - start
         assert answers == [None] * 1000 and not store.release.is_set()
-        assert took < 1.0  # 2 ms each would be 2 s
+        assert took < 1.8  # 2 ms each would be 2 s (about 0.3 s here; a loaded CI took 1.09)
     finally:
         presence.close()
 
