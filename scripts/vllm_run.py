@@ -38,8 +38,9 @@ import time
 
 def connector_config(spec: dict) -> dict | None:
     kind = spec.get("connector")
-    if kind == "kvtier":
-        return {"kv_connector": "KVTierConnector", "kv_connector_module_path": "kvtier.connector",
+    if kind == "kvtier":  # or a subclass of it: spec "connector_class" ("module:Class")
+        module, name = spec.get("connector_class", "kvtier.connector:KVTierConnector").split(":")
+        return {"kv_connector": name, "kv_connector_module_path": module,
                 "kv_role": "kv_both", "kv_connector_extra_config": spec.get("extra", {})}
     if kind == "example":
         return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",

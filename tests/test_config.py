@@ -45,7 +45,8 @@ def test_every_key_parses_from_strings_as_from_env():
         "KVTIER_LEASE_TIMEOUT": "1m", "KVTIER_SHARE_WRITERS": "8",
         "KVTIER_REMOTE_URL": "redis+cluster://10.0.0.5:6379", "KVTIER_REMOTE_TIMEOUT": "250ms",
         "KVTIER_REMOTE_RETRY": "30s", "KVTIER_REMOTE_MIN_HITS": "2",
-        "KVTIER_REMOTE_PREFIX": "tenant-a:kv:",
+        "KVTIER_REMOTE_PREFIX": "tenant-a:kv:", "KVTIER_VERIFY_SAMPLE": "1/100",
+        "KVTIER_VERIFY_TOLERANCE": "0.01", "KVTIER_VERIFY_HALT_AFTER": "5",
         "KVTIER_REMOTE_PASSWORD": "not a config key", "KVTIER_REMOTE_USERNAME": "kv",
     }
     config = load_config(environ=env)
@@ -60,8 +61,23 @@ def test_every_key_parses_from_strings_as_from_env():
         "lease_timeout": "60s", "share_writers": 8,
         "remote_url": "redis+cluster://10.0.0.5:6379", "remote_timeout": "0.25s",
         "remote_retry": "30s", "remote_min_hits": 2, "remote_prefix": "tenant-a:kv:",
+        "verify_sample": 0.01, "verify_tolerance": 0.01, "verify_halt_after": 5,
     }
     assert config.sources["io_threads"] == "environment KVTIER_IO_THREADS"
+
+
+def test_verify_sample_reads_a_share_as_a_number_a_percentage_or_a_fraction():
+    for given, share in [(0.001, 0.001), ("0.1%", 0.001), ("1/1000", 0.001), ("off", 0.0),
+                         (False, 0.0), (1, 1.0), ("100%", 1.0)]:
+        assert load_config({"verify_sample": given}, environ={}).verify_sample == share, given
+    for bad in ["2", "-1%", "1/0", "nan", True, "often"]:
+        with pytest.raises(ConfigError, match=r"verify_sample.*0\.1% or 1/1000"):
+            load_config({"verify_sample": bad}, environ={})
+    assert load_config({"verify_tolerance": "AUTO"}, environ={}).verify_tolerance is None
+    assert load_config({"verify_tolerance": 0}, environ={}).verify_tolerance == 0.0
+    for bad in ["1.5", True, "loose"]:
+        with pytest.raises(ConfigError, match="verify_tolerance"):
+            load_config({"verify_tolerance": bad}, environ={})
 
 
 def test_typed_values_from_a_mapping():

@@ -200,7 +200,8 @@ ODD = {"chunk_tokens": 48, "gpu_capacity": "1.5GiB", "host_capacity": 1000000007
        "metrics_host": "::", "model": "org/m", "instance_id": "node-1", "share_refresh": "off",
        "share_writers": 7, "lease_timeout": "2.5s", "remote_url": "redis://h:6379/1",
        "remote_timeout": "10ms", "remote_retry": "0.1s", "remote_min_hits": 3,
-       "remote_prefix": "kv:"}
+       "remote_prefix": "kv:", "verify_sample": "1/3", "verify_tolerance": "0.0001",
+       "verify_halt_after": 0}
 
 
 @pytest.mark.parametrize(("key", "given", "shown"), [

@@ -14,10 +14,8 @@ its source and the allowed values.
 from __future__ import annotations
 
 import dataclasses
-import decimal
 import difflib
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -25,51 +23,31 @@ from typing import Any
 
 from kvtier.config import values
 from kvtier.config.file import CONFIG_FILE_VAR, read_config_file
+from kvtier.config.kinds import (
+    Compression,
+    DiskFloor,
+    EvictionPolicyName,
+    LoadPolicy,
+    ODirect,
+    WritePolicy,
+    choice,
+    disk_floor,
+    o_direct,
+    percent,
+)
 from kvtier.errors import ConfigError
 from kvtier.logs import LOG_LEVEL_VAR, log_level
-from kvtier.units import format_duration, parse_size
+from kvtier.units import format_duration
 
-__all__ = ["CONFIG_FILE_VAR", "KVTierConfig", "load_config", "read_config_file"]
+__all__ = ["CONFIG_FILE_VAR", "Compression", "DiskFloor", "EvictionPolicyName", "KVTierConfig",
+           "LoadPolicy", "ODirect", "WritePolicy", "load_config", "read_config_file"]
 
 ENV_PREFIX = "KVTIER_"
+FIVE_PERCENT = DiskFloor(fraction=0.05)  # disk_min_free's default
 # variables that are not config keys: the config file, the log level (kvtier.logs) and
 # the remote store's credentials (kvtier.config.redis_url), each read where it is used
 _RESERVED_ENV = {CONFIG_FILE_VAR, LOG_LEVEL_VAR, "KVTIER_REMOTE_USERNAME",
                  "KVTIER_REMOTE_PASSWORD"}
-
-
-class Compression(StrEnum):
-    NONE = "none"
-    ZSTD = "zstd"
-
-
-class WritePolicy(StrEnum):
-    WRITE_THROUGH = "write_through"
-    WRITE_BACK = "write_back"
-
-
-class LoadPolicy(StrEnum):
-    ALWAYS = "always"
-    AUTO = "auto"
-
-
-class EvictionPolicyName(StrEnum):
-    LRU = "lru"
-    FIFO = "fifo"
-
-
-class ODirect(StrEnum):
-    AUTO = "auto"
-    ON = "true"
-    OFF = "false"
-
-
-@dataclass(frozen=True)
-class DiskFloor:
-    """Free space to leave on each disk filesystem: a fraction of it, and at least ``bytes``."""
-
-    fraction: float = 0.0
-    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,7 +59,7 @@ class KVTierConfig:
     host_capacity: int = 4 * 1024**3
     disk_capacity: int = 64 * 1024**3
     disk_paths: tuple[str, ...] = ()
-    disk_min_free: DiskFloor = DiskFloor(fraction=0.05)
+    disk_min_free: DiskFloor = FIVE_PERCENT
     disk_retry: float | None = 30.0  # seconds before a path out of service is tried again
     load_timeout: float | None = 10.0  # seconds a disk load may take before it is recomputed
     staging_wait: float | None = 0.25  # seconds a request may wait for host slots to stage in
@@ -103,6 +81,9 @@ class KVTierConfig:
     remote_retry: float = 10.0  # seconds a remote store that failed is left out of service
     remote_min_hits: int = 0  # loads a chunk earns before it is written to the remote store
     remote_prefix: str = "kvtier:"  # the remote store's keys start with it (ACLs, tenants)
+    verify_sample: float = 0.001  # the share of hits (vLLM) checked against a recompute
+    verify_tolerance: float | None = None  # relative; None: set by the KV cache's dtype
+    verify_halt_after: int = 3  # mismatches after which hits stop until cleared; 0: never
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def check_block_tokens(self, block_tokens: int) -> None:
@@ -132,9 +113,11 @@ class KVTierConfig:
             if isinstance(value, StrEnum):
                 out[name] = str(value)
             if isinstance(value, DiskFloor):
-                out[name] = _percent(value.fraction) if value.fraction else value.bytes
+                out[name] = percent(value.fraction) if value.fraction else value.bytes
             if name in DURATION_KEYS:
                 out[name] = "off" if value is None else format_duration(value)
+            if name == "verify_tolerance":
+                out[name] = "auto" if value is None else value
             if name in ("model", "instance_id", "remote_url"):
                 out[name] = value or ""
         return out
@@ -142,53 +125,6 @@ class KVTierConfig:
 
 DURATION_KEYS = ("disk_retry", "load_timeout", "staging_wait", "share_refresh", "lease_timeout",
                  "remote_timeout", "remote_retry")
-
-
-def _enum(kind: type[StrEnum]) -> Callable[[object], StrEnum]:
-    """One of ``kind``'s values, in any case, around spaces."""
-
-    def parse(value: object) -> StrEnum:
-        try:
-            return kind(values.scalar(value).strip().lower())
-        except ValueError:
-            raise ValueError from None  # the allowed values say it all
-
-    return parse
-
-
-def _o_direct(value: object) -> StrEnum:
-    """auto, true or false (as text in any case, or a boolean: YAML reads on/off as one;
-    the text on and off, which kvtier once printed, too)."""
-    if isinstance(value, bool):
-        return ODirect.ON if value else ODirect.OFF
-    if not isinstance(value, str):
-        raise TypeError(f"a {type(value).__name__} is not auto, true or false")
-    text = {"on": "true", "off": "false"}.get(value.strip().lower(), value)
-    return _enum(ODirect)(text)
-
-
-_PERCENT = re.compile(r"\s*(\d+(?:\.\d+)?)\s*%\s*", re.ASCII)
-
-
-def _floor(value: object) -> DiskFloor:
-    """A plain decimal percentage from 0 to below 100 ("5%", "0.5%"), or a size
-    (see ``parse_size``)."""
-    text = values.scalar(value)
-    if text.strip().endswith("%"):
-        match = _PERCENT.fullmatch(text)
-        if not match:
-            raise ValueError("not a plain percentage such as 5% or 0.5%")
-        fraction = float(decimal.Decimal(match.group(1)) / 100)
-        if fraction >= 1:  # also 99.999...% of more digits than a float holds
-            raise ValueError("not below 100%")
-        return DiskFloor(fraction=fraction)
-    assert isinstance(value, str | int | float), "scalar() refuses anything else"
-    return DiskFloor(bytes=parse_size(value))
-
-
-def _percent(fraction: float) -> str:
-    """``fraction`` as the percentage ``_floor`` reads back to it (0.005 -> "0.5%")."""
-    return f"{(decimal.Decimal(repr(fraction)) * 100).normalize():f}%"
 
 
 # key -> (parser, allowed values as shown in errors)
@@ -199,7 +135,7 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "host_capacity": (values.size, "a size such as 512MiB or 4GiB"),
     "disk_capacity": (values.size, "a size such as 100GiB"),
     "disk_paths": (values.paths, "a list of distinct directories, or one comma-separated string"),
-    "disk_min_free": (_floor, "a percentage of each filesystem from 0% to below 100% such as 5% "
+    "disk_min_free": (disk_floor, "a percentage of each filesystem from 0% to below 100% such as 5% "
                       "or 0.5%, or a size such as 20GiB"),
     "disk_retry": (values.seconds_or_off(0.001), "a duration from 1ms to 1d such as 30s or 5m, "
                    "or off"),
@@ -207,12 +143,12 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
                      "or off"),
     "staging_wait": (values.seconds_or_off(0.001), "a duration from 1ms to 1d such as 250ms or "
                      "1s, or off"),
-    "compression": (_enum(Compression), "none | zstd"),
-    "write_policy": (_enum(WritePolicy), "write_through | write_back"),
-    "load_policy": (_enum(LoadPolicy), "always | auto"),
-    "eviction_policy": (_enum(EvictionPolicyName), "lru | fifo"),
+    "compression": (choice(Compression), "none | zstd"),
+    "write_policy": (choice(WritePolicy), "write_through | write_back"),
+    "load_policy": (choice(LoadPolicy), "always | auto"),
+    "eviction_policy": (choice(EvictionPolicyName), "lru | fifo"),
     "io_threads": (values.int_in(1, 256), "an integer from 1 to 256"),
-    "o_direct": (_o_direct, "auto | true | false"),
+    "o_direct": (o_direct, "auto | true | false"),
     "metrics_port": (values.optional_port, "a TCP port 1-65535, or 0, off or none for no metrics "
                      "endpoint"),
     "metrics_host": (values.listen_address, "an IP address to listen on: 127.0.0.1 (this machine "
@@ -233,6 +169,12 @@ _PARSERS: dict[str, tuple[Callable[[object], object], str]] = {
     "remote_min_hits": (values.int_in(0, 1 << 20), "an integer from 0 to 1048576: loads a chunk "
                         "earns before it is written to the remote store (0: every chunk stored)"),
     "remote_prefix": (values.key_prefix, "1 to 64 letters, digits, '.', '_', '-', ':' or '/'"),
+    "verify_sample": (values.rate, "a share of hits from 0 to 1 such as 0.001, 0.1% or 1/1000; "
+                      "0 or off for none"),
+    "verify_tolerance": (values.tolerance, "auto (set by the KV cache's dtype), or a share of "
+                         "a chunk's largest value from 0 (exact) to 1 such as 0.001"),
+    "verify_halt_after": (values.int_in(0, 1 << 20), "an integer from 0 to 1048576: mismatches "
+                          "after which hits stop until an operator clears them (0: never)"),
 }
 KEYS: tuple[str, ...] = tuple(_PARSERS)
 

@@ -201,3 +201,36 @@ def key_prefix(value: object) -> str:
     if not isinstance(value, str) or not KEY_PREFIX.fullmatch(value):
         raise ValueError("not 1 to 64 letters, digits, '.', '_', '-', ':' or '/'")
     return value
+
+
+def rate(value: object) -> float:
+    """A share from 0 to 1: a number (0.001), a percentage ("0.1%") or a fraction ("1/1000");
+    0, "off" or False (YAML's unquoted off) for none."""
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "none")):
+        return 0.0
+    if value is True:
+        raise TypeError("true is not a rate (false is off)")
+    text = scalar(value).strip()
+    if text.endswith("%"):
+        share = float(text[:-1]) / 100
+    elif "/" in text:
+        top, bottom = text.split("/", 1)
+        share = float(top) / float(bottom)
+    else:
+        share = float(text)
+    if not 0.0 <= share <= 1.0:  # NaN too
+        raise ValueError("not from 0 to 1")
+    return share
+
+
+def tolerance(value: object) -> float | None:
+    """A relative tolerance from 0 to 1, or "auto" (None: set by the KV cache's dtype)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    if isinstance(value, bool):
+        raise TypeError("a boolean is not a tolerance")
+    share = float(scalar(value))
+    if not 0.0 <= share <= 1.0:
+        raise ValueError("not from 0 to 1")
+    return share
+

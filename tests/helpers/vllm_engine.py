@@ -81,8 +81,10 @@ def engine_command(spec: dict, workdir: Path, name: str,
 
 
 def engine_env(extra_env: dict | None = None) -> dict:
-    """An engine run's environment: this one's, without kvtier's variables, one process."""
+    """An engine run's environment: this one's, without kvtier's variables, one process; the
+    project's root on the path (a connector of the tests' own: tests/helpers)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVTIER_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "all",
                 "PYTHONUNBUFFERED": "1", "VLLM_LOGGING_LEVEL": "WARNING", **(extra_env or {})})
     return env

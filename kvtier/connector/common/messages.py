@@ -91,6 +91,20 @@ class ChunkLoad:
 
 
 @dataclass(frozen=True)
+class ChunkVerify:
+    """Compare a chunk vLLM just computed (its GPU pages ``source.block_ids``) with the
+    cached copy that would have served it (``verify_sample``): ``source`` says where that
+    copy is, as a load of it would (its ``host_slot`` holds it, or stages its read from
+    disk, a shared directory or the remote store); ``tier`` names that tier. ``disk_copy``:
+    the chunk's slot on this engine's disk, whose header a rank blanks when its copy
+    differed (so no restart finds it again)."""
+
+    source: ChunkLoad
+    tier: str
+    disk_copy: int | None = None
+
+
+@dataclass(frozen=True)
 class RemoteWrite:
     """Write the chunk in host slot ``host_slot`` to the remote store (each rank its own
     copy); the slot stays pinned until every rank reported the write over."""
@@ -115,6 +129,7 @@ class StepPlan:
     demotions: list[DiskWrite] = field(default_factory=list)  # before ``stores``
     stores: list[ChunkStore] = field(default_factory=list)
     remote_writes: list[RemoteWrite] = field(default_factory=list)  # after ``stores``
+    verifies: list[ChunkVerify] = field(default_factory=list)  # after ``stores``
 
 
 @dataclass
@@ -128,7 +143,9 @@ class WorkerReport:
     whose read of a chunk was given up (``load_timeout``) while it may still be filling the
     chunk's staging slot; ``reads_over`` those whose read has ended since: only then may the
     slot be reused. ``remote_written``/``remote_failed`` count the ranks' remote writes.
-    ``load_seconds``: each load's time, the slowest rank's.
+    ``load_seconds``: each load's time, the slowest rank's. ``verified``/``verify_differed``/
+    ``verify_failed`` count, per chunk key, the ranks whose cached copy matched what was
+    computed, differed from it, or could not be read (a ``ChunkVerify``).
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -145,6 +162,9 @@ class WorkerReport:
     remote_written: Counter = field(default_factory=Counter)
     remote_failed: Counter = field(default_factory=Counter)
     load_seconds: dict = field(default_factory=dict)  # request id -> its load's seconds (slowest rank)
+    verified: Counter = field(default_factory=Counter)
+    verify_differed: Counter = field(default_factory=Counter)
+    verify_failed: Counter = field(default_factory=Counter)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -165,6 +185,8 @@ class WorkerReport:
             self.remote_written + other.remote_written, self.remote_failed + other.remote_failed,
             {req: max(self.load_seconds.get(req, 0.0), other.load_seconds.get(req, 0.0))
              for req in self.load_seconds.keys() | other.load_seconds.keys()},
+            self.verified + other.verified, self.verify_differed + other.verify_differed,
+            self.verify_failed + other.verify_failed,
         )
 
     def is_empty(self) -> bool:
@@ -172,4 +194,5 @@ class WorkerReport:
                     or self.disk_failed or self.load_failed or self.paths_down
                     or self.load_samples or self.loads_done or self.paths_up
                     or self.reads_stalled or self.reads_over or self.remote_written
-                    or self.remote_failed or self.load_seconds)
+                    or self.remote_failed or self.load_seconds or self.verified
+                    or self.verify_differed or self.verify_failed)

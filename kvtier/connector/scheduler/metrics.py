@@ -49,6 +49,12 @@ _PLAIN = [  # (metric, help, counter)
      "their chunks in the pool", "handoff_tokens_recomputed"),
     ("kv_events_total", "KV events of the host and disk tiers handed to vLLM's event stream",
      "kv_events"),
+    ("chunks_verified_total", "Cached chunks compared with KV computed now (verify_sample)",
+     "chunks_verified"),
+    ("verify_sampled_total", "Requests that would have hit, computed instead to check their "
+     "hits (verify_sample)", "verify_sampled_requests"),
+    ("verify_unread_total", "Sampled chunks whose cached copy could not be read to check",
+     "verify_unread_chunks"),
     ("kv_events_dropped_total", "KV events dropped, the oldest first, while vLLM took none "
      "(more than 65,536 waiting)", "kv_events_dropped"),
 ]
@@ -85,11 +91,25 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
                       int(not presence.down))]
     tiers = [*stack.indexes, *([TierName.SHARED] if others else []),
              *([TierName.REMOTE] if presence else [])]
-    return [loaded, evictions, slots, used, *payoff_samples(payoff, tiers), *extra,
+    return [loaded, evictions, slots, used, *verify_samples(counters, tiers),
+            *payoff_samples(payoff, tiers), *extra,
             *(Sample(name, "counter", text).add(counters[key]) for name, text, key in _PLAIN),
             Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
                    "faster (load_policy auto)").add(decider.skipped),
             Sample("drops_total", "counter", "Chunks evicted from the last tier").add(stack.drops)]
+
+
+def verify_samples(counters: Counter, tiers: list[TierName]) -> list[Sample]:
+    """What sampled checks found (``VerifyPlanner``): wrong chunks by tier, and the halt."""
+    from kvtier.metrics import Sample
+
+    mismatches = Sample("verify_mismatches_total", "counter", "Chunks whose cached KV differed "
+                        "from KV computed now, by the tier that would have served them (removed)")
+    for tier in tiers:
+        mismatches.add(counters[f"verify_mismatches_{tier}"], tier=str(tier))
+    return [mismatches, Sample("verify_halted", "gauge", "1 once sampled checks found "
+                               "verify_halt_after wrong chunks: no hits are served").add(
+                                   counters["verify_halted"])]
 
 
 def payoff_samples(payoff: Payoff | None, tiers: list[TierName]) -> list[Sample]:

@@ -17,6 +17,7 @@ from kvtier.connector.scheduler.payoff import Payoff
 from kvtier.connector.scheduler.rank_counts import RankCount, RankOutcomes
 from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
+from kvtier.connector.scheduler.verify_planner import VerifyPlanner
 from kvtier.keys import ChunkKey
 from kvtier.segment.index_file import SlotLayout
 from kvtier.tiers.base import TierName
@@ -28,9 +29,9 @@ HOST, DISK = TierName.HOST, TierName.DISK
 class Outcomes:
     """Applies the workers' reports, in this order: load bandwidth samples (to the
     decider); loads (failed keys, reads given up on, loads every rank is done with, which
-    ``LoadPlanner.finish`` ends); host stores (with a remote write, its host slot pinned
-    until it is over: ``RemoteWrites``); disk writes; remote writes; given-up reads that
-    ended; disk paths out of service and back.
+    ``LoadPlanner.finish`` ends); sampled checks (``VerifyPlanner.apply``); host stores
+    (with a remote write, its host slot pinned until it is over: ``RemoteWrites``); disk
+    writes; remote writes; given-up reads that ended; disk paths out of service and back.
 
     Contract: a pending host store ends (``TierStack.finish``) once every rank reported
     it, visible only when none failed; a stored chunk's write-through copy keeps its host
@@ -47,7 +48,9 @@ class Outcomes:
     def __init__(self, world_size: int, stack: TierStack, counters: Counter,
                  loads: LoadPlanner, decider: LoadDecider, pending: PendingStores,
                  stalled: StalledReads, disk_layout: SlotLayout | None,
-                 remote_writes: RemoteWrites | None = None) -> None:
+                 remote_writes: RemoteWrites | None = None,
+                 verify: VerifyPlanner | None = None) -> None:
+        self._verify = verify
         self.world_size, self.stack, self.counters = world_size, stack, counters
         self._loads, self._decider, self._layout = loads, decider, disk_layout
         self._pending, self._stalled = pending, stalled
@@ -64,6 +67,8 @@ class Outcomes:
         for disk_bytes, host_bytes, seconds in report.load_samples:
             self._decider.observe_load(disk_bytes, host_bytes, seconds)
         self._loads_over(report)
+        if self._verify is not None:  # after the reads given up on are known
+            self._verify.apply(report)
         self._host_stores(report)
         self._disk_writes(report)
         if self._remote_writes is not None:

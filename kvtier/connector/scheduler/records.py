@@ -37,6 +37,8 @@ class Tracked:
     tail: Tail | None = None  # its prompt's partial last chunk (``tails.prompt_tail``)
     tail_for: int | None = None  # the prompt length ``tail`` was worked out for
     tail_done: bool = False  # the tail was offered for store (or needs none)
+    verify: bool = False  # sampled (``verify_sample``): a miss to vLLM, its hits checked
+    verify_remote: frozenset = frozenset()  # its chunks the remote store said it holds
 
 
 @dataclass

@@ -200,6 +200,13 @@ class RemotePresence:
             question.refused |= failed
         self._distrusted.add(failed)
 
+    def remove(self, keys: Sequence[ChunkKey]) -> None:
+        """``keys`` hold wrong KV (a check against a recompute): removed from the store, every
+        rank's copy, in the background; not offered to any request meanwhile."""
+        self._distrusted.add(set(keys))
+        if not self._closed:
+            self._pool.submit(lambda: [tier.remove(list(keys)) for tier in self.tiers])
+
     def forget(self, req_id: str) -> None:
         question = self._asked.pop(req_id, None)
         if question is not None:

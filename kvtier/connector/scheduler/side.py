@@ -22,6 +22,7 @@ from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
+from kvtier.connector.scheduler.disk_recovery import disk_layout, recover_disk
 from kvtier.connector.scheduler.events import EventFactory, KVEvents
 from kvtier.connector.scheduler.handoff import Handoffs, Role
 from kvtier.connector.scheduler.load_planner import LoadPlanner
@@ -33,8 +34,9 @@ from kvtier.connector.scheduler.remote_presence import open_presence
 from kvtier.connector.scheduler.store_planner import StorePlanner
 from kvtier.connector.scheduler.tails import Tail, prompt_length, prompt_tail
 from kvtier.connector.scheduler.tier_watch import tier_stack
+from kvtier.connector.scheduler.verify_halt import VerifyHalt
+from kvtier.connector.scheduler.verify_planner import VerifyPlanner
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
-from kvtier.segment.index_file import SlotLayout, read_disk_index
 from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
 
@@ -56,7 +58,7 @@ class SchedulerSide:
                  world_size: int, event_factory: EventFactory | None = None,
                  role: Role = Role.BOTH) -> None:
         self.config, self.geometry, self.world_size = config, geometry, world_size
-        self.disk_layout = _disk_layout(config, geometry)
+        self.disk_layout = disk_layout(config, geometry)
         self.writers = engine_writers(config, namespaces)  # each rank's segment
         self.counters: Counter = Counter()
         self.events = KVEvents(geometry, event_factory, self.counters) if event_factory else None
@@ -70,14 +72,9 @@ class SchedulerSide:
         if self.disk_layout and not known:
             log.warning("kvtier: the writer id of this engine's workers is not known (set "
                         "instance_id): chunks on disk from before this start are not used")
-        self.recovered = self._recover(namespaces, self.disk_layout) if self.disk_layout and known else 0
-        unstored = geometry.unstored_replies()
-        if unstored is not None:
-            log.warning("kvtier: %s: a chunk completed while decoding has lost pages out of "
-                        "that window and is not stored (prompts still are); to store replies "
-                        "too, set chunk_tokens to a multiple of the block size (%d) that is "
-                        "no longer than the window (that divides a local attention chunk)",
-                        unstored, geometry.block_tokens)
+        self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack) \
+            if self.disk_layout and known else 0
+        _say_unstored(geometry)
         own = [w or unheld_writer(config.disk_paths, ns)
                for w, ns in zip(self.writers, namespaces, strict=True)]
         self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
@@ -87,23 +84,15 @@ class SchedulerSide:
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.others, self.presence,
                                   self.remote_writes)
+        self.halt = VerifyHalt(config.verify_halt_after, self.counters)
+        self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending,
+                                    stalled, self.others, self.presence, self.remote_writes,
+                                    self.halt)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
-                                    self.events)
+                                    self.events, self.verify)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
-                                  self.remote_writes)
-
-    def _recover(self, namespaces: list[Namespace], layout: SlotLayout) -> int:
-        """Adopt the chunks every rank has on disk, in the same slot, oldest first."""
-        per_rank = [read_disk_index(list(self.config.disk_paths), ns, layout, str(writer))
-                    for ns, writer in zip(namespaces, self.writers, strict=True)]
-        common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
-                  if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
-        index = self.stack.indexes[DISK]
-        for key, slot, _ in sorted(common, key=lambda item: item[2].generation):
-            index.adopt(key, slot)
-        log.info("kvtier: %d chunks found on disk", len(index))
-        return len(index)
+                                  self.remote_writes, self.verify)
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -180,7 +169,11 @@ class SchedulerSide:
         tail = self.tail(request)
         reach = limit if tail is not None and keys[-1:] == [tail.key] else \
             limit // self.geometry.chunk_tokens * self.geometry.chunk_tokens
-        return self.handoffs.match(request, found, reach, num_computed, self._look_again), load_async
+        found = self.handoffs.match(request, found, reach, num_computed, self._look_again)
+        if found and (self.halt.halted or self.verify.sample(tracked, keys)):
+            tracked.asynchronous = False
+            return 0, False
+        return found, load_async
 
     def _look_again(self, req_id: str) -> None:
         """A request waits for a hand-off: the pool is looked at anew (soon, off the step)."""
@@ -288,10 +281,12 @@ class SchedulerSide:
         return load is not None and load.asynchronous
 
 
-def _disk_layout(config: KVTierConfig, geometry: KVGeometry) -> SlotLayout | None:
-    """The disk tier's slots, or None without disk paths."""
-    if not config.disk_paths:
-        return None
-    layout = SlotLayout(geometry.chunk_bytes, len(config.disk_paths), config.segment_capacity)
-    layout.check_bounded()
-    return layout
+def _say_unstored(geometry: KVGeometry) -> None:
+    """Warn when chunks completed while decoding cannot be stored (a window's pages)."""
+    unstored = geometry.unstored_replies()
+    if unstored is not None:
+        log.warning("kvtier: %s: a chunk completed while decoding has lost pages out of "
+                    "that window and is not stored (prompts still are); to store replies "
+                    "too, set chunk_tokens to a multiple of the block size (%d) that is "
+                    "no longer than the window (that divides a local attention chunk)",
+                    unstored, geometry.block_tokens)

@@ -15,6 +15,7 @@ from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.records import PendingStores, Tracked
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.tails import Tail
+from kvtier.connector.scheduler.verify_planner import VerifyPlanner
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import TierStack
@@ -37,9 +38,9 @@ class StorePlanner:
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
                  pending: PendingStores, remote_writes: RemoteWrites | None = None,
-                 events: KVEvents | None = None) -> None:
+                 events: KVEvents | None = None, verify: VerifyPlanner | None = None) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
-        self._remote_writes, self._events = remote_writes, events
+        self._remote_writes, self._events, self._verify = remote_writes, events, verify
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan) -> None:
@@ -56,7 +57,10 @@ class StorePlanner:
             ids = chunk_blocks(block_ids, c * per, (c + 1) * per)
             if len(ids) < per * len(block_ids):
                 break
-            if self._cached(key):  # a hit, say, whose early pages a window has dropped since
+            if tracked.verify and self._verify is not None and self._verify.plan(
+                    tracked, key, ids, meta):
+                pass  # checked against its pages: kept if right
+            elif self._cached(key):  # a hit, say, whose early pages a window has dropped since
                 self.stack.touch(key)
                 if self._events is not None:
                     self._events.seen(key, tracked.request, c, [

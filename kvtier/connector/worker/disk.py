@@ -3,7 +3,7 @@ path and into neighbouring runs, with their outcomes written into the worker's l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from functools import partial
@@ -12,7 +12,7 @@ import numpy as np
 
 from kvtier.connector.common.messages import DiskWrite, RequestLoad
 from kvtier.connector.worker.ledger import WorkerLedger
-from kvtier.connector.worker.load_tracker import Reads, failed_read
+from kvtier.connector.worker.load_tracker import ReadGate, Reads, failed_read
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.batch_reads import ReadGroup, start_groups
 from kvtier.io.result import IOResult, IOStatus
@@ -60,6 +60,19 @@ class WorkerDisk:
             wait_futures(started.jobs)
             raise started.refused
         return futures
+
+    def demote_then_read(self, load: RequestLoad, gate: ReadGate,
+                         read: Callable[[RequestLoad], Reads]) -> Reads:
+        """A load's write-back demotions (out of its staging slots), then its reads
+        (``read``), unless the load was given up on meanwhile (``gate``)."""
+        try:
+            self.demote(load.demotions)
+        except Exception:  # the scheduler side frees their disk reservations
+            self._ledger.disk_writes_failed(demotion.key for demotion in load.demotions)
+            raise
+        if not gate.open():  # given up on meanwhile: read nothing
+            return {}
+        return read(load)
 
     def _spread(self, items: list) -> list[list]:
         """A path's reads in as many groups as it has threads."""

@@ -26,10 +26,11 @@ class WorkerSaves:
         self._disk, self._remote, self._ledger = disk, remote, ledger
         self._chunk_bytes, self._load_timeout = chunk_bytes, load_timeout
 
-    def save(self, meta: StepPlan) -> None:
+    def save(self, meta: StepPlan) -> set[int]:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
-        failed stores, never raised into the engine's step."""
+        failed stores, never raised into the engine's step. Returns the host slots whose
+        write-back still runs (past ``load_timeout``)."""
         pages, host = self.pages, self.host
         self._lane.poll()
         if self._other_reads is not None:
@@ -63,6 +64,7 @@ class WorkerSaves:
                 self._ledger.disk_writes_failed(key for _, key, _ in writes)
         self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
                            + meta.remote_writes)
+        return busy
 
     def _demote(self, demotions: Sequence[DiskWrite]) -> set[int]:
         """Write-back demotions before the stores into their host slots, waited for at most

@@ -39,6 +39,7 @@ from kvtier.connector.worker.load_tracker import (
 from kvtier.connector.worker.pages import PagedKV, in_chunk_order
 from kvtier.connector.worker.remote import WorkerRemote
 from kvtier.connector.worker.saves import WorkerSaves
+from kvtier.connector.worker.verify import WorkerVerify
 from kvtier.disk.lane import DiskLane, NoDisk, open_lane
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
@@ -84,6 +85,7 @@ class WorkerSide:
         self._disk: WorkerDisk  # made in register(), with the lane and the host slots
         self._remote: WorkerRemote | None = None  # made in register() too
         self._saves: WorkerSaves | None = None
+        self._verify: WorkerVerify | None = None
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
@@ -124,6 +126,8 @@ class WorkerSide:
         self._saves = WorkerSaves(self.pages, self.host, self._lane, self._other_reads, self._disk,
                                   self._remote, self._ledger, self.geometry.chunk_bytes,
                                   self.config.load_timeout)
+        self._verify = WorkerVerify.of(self.config, self.geometry, self.pages, self.host,
+                                       self._ledger, self._lane, self._submit_reads)
         self._lane.recover(threads=self.config.io_threads)
         with self._lock:
             self._ledger.note_down_paths()  # logged by the tier
@@ -142,7 +146,8 @@ class WorkerSide:
                     self._complete(load, {}, started)
                 elif load.demotions:  # write-back victims must leave the staging slots first
                     gate = ReadGate()
-                    self._loads.add(load, self._loader.submit(self._demote_then_read, load, gate),
+                    self._loads.add(load, self._loader.submit(
+                        self._disk.demote_then_read, load, gate, self._submit_reads),
                                     started, gate)
                 else:
                     self._loads.add(load, resolved(self._submit_reads(load)), started)
@@ -223,18 +228,10 @@ class WorkerSide:
         for), then write-through disk writes and remote writes in the background
         (``WorkerSaves``). Failures are reported as failed stores, never raised into the
         engine's step."""
-        assert self._saves is not None, "register() comes first"
-        self._saves.save(meta)
-
-    def _demote_then_read(self, load: RequestLoad, gate: ReadGate) -> Reads:
-        try:
-            self._disk.demote(load.demotions)
-        except Exception:  # the scheduler side frees their disk reservations
-            self._ledger.disk_writes_failed(demotion.key for demotion in load.demotions)
-            raise
-        if not gate.open():  # given up on meanwhile: read nothing
-            return {}
-        return self._submit_reads(load)
+        assert self._saves is not None and self._verify is not None, "register() comes first"
+        busy = self._saves.save(meta)
+        if meta.verifies:  # after the stores: checks read slots they may have written back
+            self._verify.start(meta.verifies, busy)
 
     def _submit_reads(self, load: RequestLoad) -> Reads:
         """Start a load's reads into its staging slots: from disk (this rank's, or another
@@ -284,6 +281,8 @@ class WorkerSide:
         deadline = time.monotonic() + timeout
         self._loader.shutdown(wait=False, cancel_futures=True)
         done = not wait_futures(self._loads.jobs(), timeout=timeout).not_done
+        if self._verify is not None:  # its reads go through the lanes too
+            done = self._verify.close(max(0.0, deadline - time.monotonic())) and done
         if not done:
             log.error("kvtier worker shut down with loads still running after %g s (a hung "
                       "drive?)", timeout)

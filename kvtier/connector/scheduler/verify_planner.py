@@ -1,0 +1,168 @@
+"""Sampled verification in vLLM (``verify_sample``): a hit checked against a recompute.
+
+A checksum proves a chunk holds the bytes written under its key, not that they are the
+right bytes for it (a writer that mislabels, a page copy bug, a layout changed under the
+same name). At the ``verify_sample`` rate, a request that would hit is reported to vLLM as a
+miss; vLLM computes its prompt, and as each of its cached chunks is computed again the
+workers compare the fresh pages with the copy that would have served it (``ChunkVerify``).
+A copy that differs is removed from every tier this engine reaches; past
+``verify_halt_after`` of them the engine serves no hit until an operator clears it
+(``VerifyHalt``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.connector.common.messages import NULL_BLOCK, ChunkLoad, ChunkVerify, StepPlan, WorkerReport
+from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
+from kvtier.connector.scheduler.remote_presence import RemotePresence
+from kvtier.connector.scheduler.remote_writes import RemoteWrites
+from kvtier.connector.scheduler.verify_halt import VerifyHalt
+from kvtier.keys import ChunkKey
+from kvtier.shared.follower import OtherWriters
+from kvtier.tiers.base import TierName
+from kvtier.tiers.prefix import InOther, Ours, find
+from kvtier.tiers.stack import Location, StorePlan, TierStack
+
+log = logging.getLogger("kvtier")
+HOST, DISK, REMOTE = TierName.HOST, TierName.DISK, TierName.REMOTE
+MAX_IN_FLIGHT = 16  # chunks being checked at once; no request is sampled past it
+
+
+@dataclass
+class _Check:
+    """One chunk being checked: what it pins, until every rank has answered."""
+
+    tier: TierName
+    pinned: list[tuple[ChunkKey, Location]]
+    staged: StorePlan | None
+    refs: tuple | None  # another engine's segment's copy
+    verified: int = 0
+    differed: int = 0
+    failed: int = 0
+
+
+class VerifyPlanner:
+    """The sampled checks of one engine.
+
+    Contract: ``sample(tracked, keys)`` (the request's chunks) is True, once per request,
+    for ``verify_sample`` of the requests that would hit (every 1/rate-th: spread evenly,
+    the same run to run), never past ``MAX_IN_FLIGHT`` checks, nor with ``verify_sample`` 0;
+    the caller then reports a miss. ``plan`` adds a ``ChunkVerify`` to the step's plan
+    (True) for a sampled request's chunk vLLM has just computed, pinned where it is cached
+    (a copy on storage gets a host slot to stage its read, after any write-back out of that
+    slot); not for a chunk already being checked, one no tier holds any more, or one with no
+    host slot free to stage it in. ``apply`` folds the workers' answers: once every rank
+    has, the pins end; a copy that matched on every rank counts as verified; one that
+    differed on any is removed from every tier (this engine's, the shared directory's copy
+    it read, the remote store), counted by tier, logged, and told to ``halt``; one some rank
+    could not read counts as neither.
+    """
+
+
+    def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
+                 world_size: int, pending: PendingStores, stalled: StalledReads,
+                 others: OtherWriters | None, presence: RemotePresence | None,
+                 remote_writes: RemoteWrites | None, halt: VerifyHalt) -> None:
+        self.rate, self.stack, self.counters = config.verify_sample, stack, counters
+        self.world_size, self._pending, self._stalled = world_size, pending, stalled
+        self.others, self.presence, self.remote_writes = others, presence, remote_writes
+        self.halt = halt
+        self._share = 0.0  # hits since the last sample, times the rate
+        self._checks: dict[ChunkKey, _Check] = {}
+
+    def sample(self, tracked: Tracked, keys: Sequence[ChunkKey] = ()) -> bool:
+        if tracked.verify:
+            return True
+        if not self.rate or len(self._checks) >= MAX_IN_FLIGHT:
+            return False
+        self._share += self.rate
+        if self._share < 1.0 - 1e-9:
+            return False
+        self._share -= 1.0
+        tracked.verify = True
+        self.counters["verify_sampled_requests"] += 1
+        held = self.presence.held(tracked.request.request_id, keys) if self.presence else None
+        tracked.verify_remote = frozenset(k for k, there in zip(keys, held or (), strict=False)
+                                          if there)  # the store's chunks, to check there
+        return True
+
+    def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
+        if key in self._checks or NULL_BLOCK in ids or (self.stack.indexes[HOST].has_entry(key)
+                                                        and self.stack.locate(key) is None):
+            return False  # being checked, or being stored
+        where = find(key, self.stack.locate, self.others.find if self.others else None)
+        remote = where is None and key in tracked.verify_remote
+        if where is None and not remote:
+            return False
+        pinned: list[tuple[ChunkKey, Location]] = []
+        disk = self.stack.indexes.get(DISK)
+        disk_slot = disk.pin(key) if disk is not None else None  # the copy a restart finds
+        if disk_slot is not None:
+            pinned.append((key, Location(DISK, disk_slot)))
+        tier = REMOTE if where is None else where.tier
+        if isinstance(where, Ours) and tier is HOST:
+            self.stack.indexes[HOST].pin(key)
+            pinned.append((key, where.loc))
+            source = ChunkLoad(key, ids, 0, where.loc.slot)
+            self._checks[key] = _Check(tier, pinned, None, None)
+        else:
+            staged = self.stack.plan_store(key, HOST)
+            if staged is None:  # no host slot free now to stage the copy in
+                for pin in pinned:
+                    self.stack.unpin(*pin)
+                return False
+            meta.demotions += self._pending.demotion_writes(staged.demotions)
+            refs = where.ref if isinstance(where, InOther) else None
+            source = ChunkLoad(key, ids, 0, staged.dst.slot, disk_slot if tier is DISK else None,
+                               other=refs, remote=remote)
+            self._checks[key] = _Check(tier, pinned, staged, refs)
+        meta.verifies.append(ChunkVerify(source, str(tier), disk_slot))
+        return True
+
+    def apply(self, report: WorkerReport) -> None:
+        for key in set(report.verified) | set(report.verify_differed) | set(report.verify_failed):
+            check = self._checks.get(key)
+            if check is None:
+                continue
+            check.verified += report.verified[key]
+            check.differed += report.verify_differed[key]
+            check.failed += report.verify_failed[key]
+            if check.verified + check.differed + check.failed >= self.world_size:
+                del self._checks[key]
+                self._end(key, check)
+
+    def _end(self, key: ChunkKey, check: _Check) -> None:
+        ok = check.differed == 0 and check.failed == 0
+        if check.staged is not None and not (check.failed and self._stalled.hold(check.staged)):
+            self.stack.finish(key, check.staged.dst, ok)  # a copy read and right is kept
+        for pin in check.pinned:
+            self.stack.unpin(*pin)
+        if ok:
+            self.counters["chunks_verified"] += 1
+        elif check.differed:
+            self._remove(key, check)
+        else:
+            self.counters["verify_unread_chunks"] += 1
+
+    def _remove(self, key: ChunkKey, check: _Check) -> None:
+        """A copy that differs from what the engine computed: gone from every tier."""
+        self.counters["chunks_verified"] += 1
+        self.counters[f"verify_mismatches_{check.tier}"] += 1
+        self.stack.discard(key)
+        if check.refs is not None and self.others is not None:
+            self.others.drop(check.refs)
+        if self.presence is not None:
+            self.presence.remove([key])
+        if self.remote_writes is not None:
+            self.remote_writes.lost(key)
+        log.warning("kvtier: chunk %s (from %s) holds KV other than what vLLM computed for its "
+                    "tokens: removed from every tier (a mislabelled write, a page copy bug or "
+                    "a layout change; counted in kvtier_verify_mismatches_total)",
+                    key.hex()[:16], check.tier)
+        self.halt.mismatch()

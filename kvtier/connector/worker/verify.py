@@ -1,0 +1,126 @@
+"""A worker's sampled checks (``ChunkVerify``): a chunk vLLM just computed compared with the
+cached copy that would have served it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+
+import torch
+
+from kvtier.config.settings import KVTierConfig
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.messages import ChunkVerify, RequestLoad
+from kvtier.connector.worker.ledger import WorkerLedger
+from kvtier.connector.worker.load_tracker import Reads
+from kvtier.connector.worker.pages import PagedKV
+from kvtier.disk.lane import DiskLane, NoDisk
+from kvtier.io.result import IOResult
+from kvtier.store.tolerance import default_tolerance, same_kv
+from kvtier.tiers.host import HostTier
+
+
+class WorkerVerify:
+    """Runs the checks the scheduler side planned, one rank's copy each.
+
+    Contract: ``start(verifies, busy)`` runs on the step's thread right after the step's
+    stores: each chunk's fresh pages are copied into a buffer of the check's own (vLLM may
+    reuse them after the step), and its cached copy's read starts when it is on storage (into
+    its staging slot, as a load's; not when that slot is in ``busy``, still being written
+    back). The comparison runs on a thread of its own. Each check ends in the ledger as
+    ``verified``, ``verify_differed`` or ``verify_failed`` (the copy could not be read, in
+    ``load_timeout``, or the check could not start); a read given up on is reported in
+    ``reads_stalled``, and in ``reads_over`` once it ends. A copy that differed has this
+    rank's disk copy (``disk_copy``) blanked before it is reported.
+    """
+
+    def __init__(self, pages: PagedKV, host: HostTier, ledger: WorkerLedger,
+                 lane: DiskLane | NoDisk, submit_reads: Callable[[RequestLoad], Reads],
+                 chunk_bytes: int, dtype: str, tolerance: float, timeout: float | None) -> None:
+        self.pages, self.host, self._ledger, self._lane = pages, host, ledger, lane
+        self._submit_reads, self._chunk_bytes = submit_reads, chunk_bytes
+        self._dtype, self._tolerance, self._timeout = dtype, tolerance, timeout
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-verify")
+        self._jobs: list[Future] = []
+
+    @classmethod
+    def of(cls, config: KVTierConfig, geometry: KVGeometry, pages: PagedKV, host: HostTier,
+           ledger: WorkerLedger, lane: DiskLane | NoDisk,
+           submit_reads: Callable[[RequestLoad], Reads]) -> WorkerVerify:
+        """The checks of a worker with ``config`` (``verify_tolerance``: per dtype when
+        auto) over KV of ``geometry``."""
+        tolerance = config.verify_tolerance
+        return cls(pages, host, ledger, lane, submit_reads, geometry.chunk_bytes,
+                   geometry.kv_dtype,
+                   default_tolerance(geometry.kv_dtype) if tolerance is None else tolerance,
+                   config.load_timeout)
+
+    def start(self, verifies: Sequence[ChunkVerify], busy: set[int]) -> None:
+        started = []
+        for check in verifies:
+            source = check.source
+            try:
+                if source.host_slot is None or source.host_slot in busy:
+                    raise RuntimeError("its staging slot is still being written back")
+                fresh = torch.empty(self._chunk_bytes, dtype=torch.uint8)
+                self.pages.gather(source.block_ids, fresh)
+                reads = self._submit_reads(RequestLoad("kvtier-verify", (source,), (), True)) \
+                    if source.staged else {}
+            except Exception as exc:  # never into vLLM's step: the check is dropped
+                self._ledger.unexpected("a sampled check could not start", source.key.hex(), exc)
+                self._end(check, "verify_failed")
+                continue
+            started.append((check, fresh, reads.get(source.key)))
+        if started:
+            self.pages.synchronize()
+        self._jobs = [job for job in self._jobs if not job.done()]
+        self._jobs += [self._pool.submit(self._compare, *item) for item in started]
+
+    def _compare(self, check: ChunkVerify, fresh: torch.Tensor, read: Future | None) -> None:
+        try:
+            self._check(check, fresh, read)
+        except Exception as exc:  # a thread of its own: reported, never raised
+            self._ledger.unexpected("a sampled check failed", check.source.key.hex(), exc)
+            self._end(check, "verify_failed")
+
+    def _check(self, check: ChunkVerify, fresh: torch.Tensor, read: Future | None) -> None:
+        source = check.source
+        if read is not None and not self._read_ok(check, read):
+            return
+        assert source.host_slot is not None
+        cached = self.host.slot(source.host_slot)[:self._chunk_bytes]
+        if same_kv(cached, fresh, self._dtype, self._tolerance):
+            self._end(check, "verified")
+            return
+        if check.disk_copy is not None:  # no restart finds it again
+            self._lane.invalidate(check.disk_copy)
+        self._end(check, "verify_differed")
+
+    def _read_ok(self, check: ChunkVerify, read: Future) -> bool:
+        """Whether the cached copy was read (within ``load_timeout``) and checked out."""
+        key = check.source.key
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        if not wait_futures([read], timeout=deadline and max(0.0, deadline - time.monotonic())).done:
+            with self._ledger.lock:
+                self._ledger.pending.reads_stalled[key] += 1
+            self._end(check, "verify_failed")
+            wait_futures([read])  # its staging slot is the scheduler side's once it ends
+            with self._ledger.lock:
+                self._ledger.pending.reads_over[key] += 1
+            return False
+        result: IOResult = read.result()
+        if not result.ok:
+            self._end(check, "verify_failed")
+            return False
+        return True
+
+    def _end(self, check: ChunkVerify, outcome: str) -> None:
+        with self._ledger.lock:
+            getattr(self._ledger.pending, outcome)[check.source.key] += 1
+
+    def close(self, timeout: float) -> bool:
+        """Stop taking checks; True when the ones running ended within ``timeout``."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return not wait_futures(self._jobs, timeout=timeout).not_done

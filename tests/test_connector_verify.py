@@ -1,0 +1,143 @@
+"""In vLLM: sampled hits checked against a recompute (``verify_sample``). A request that
+would hit is reported as a miss at the sampled rate; as vLLM computes its chunks the
+workers compare the fresh pages with the cached copy (from host memory, or read from disk);
+a copy that differs (another prompt's pages under this prompt's key: what no checksum
+catches) is removed from every tier, its disk header blanked, and past
+``verify_halt_after`` no hit is served; a right cache raises no alarm."""
+
+import time
+from collections import Counter
+
+import pytest
+
+from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.io.buffers import AlignedBuffer
+from kvtier.tiers.base import TierName
+from tests.helpers.scheduler_side import request, scheduler
+from tests.helpers.worker_side import GEO, worker
+
+HOST, DISK = TierName.HOST, TierName.DISK
+BLOCKS = ([1, 2, 3, 4, 5],)  # a 65-token request's blocks
+OTHER = [9, 10]  # another prompt's pages
+
+
+def store(side: SchedulerSide, w, name: str) -> list:
+    """Store a 64-token prompt through both sides, as vLLM's steps would."""
+    meta = side.build_meta()
+    side.plan_stores(request(name, 64), (BLOCKS[0][:4],), 64, meta)
+    w.save(meta)
+    assert w.drain(5)
+    side.worker_report(w.report())
+    return [s.key for s in meta.stores]
+
+
+def check(side: SchedulerSide, w, name: str, count: int) -> StepPlan:
+    """A request for the same prompt: sampled (a miss to vLLM), then computed and checked."""
+    req = request(name, 65)
+    assert side.num_new_matched_tokens(req, 0) == (0, False)
+    meta = side.build_meta()
+    side.plan_stores(req, BLOCKS, 64, meta)
+    assert len(meta.verifies) == count
+    w.save(meta)
+    got, deadline = WorkerReport(), time.monotonic() + 10
+    while sum((got.verified + got.verify_differed + got.verify_failed).values()) < count:
+        assert time.monotonic() < deadline, got
+        got = got.merged(w.report() or WorkerReport())
+        time.sleep(0.01)
+    side.worker_report(got)
+    return meta
+
+
+def wrong_pages_into(w, slot: int) -> None:
+    """Another prompt's pages into host slot ``slot``: a valid chunk under the wrong key."""
+    w.pages.gather(OTHER, w.host.slot(slot))
+
+
+@pytest.fixture
+def sides(tmp_path):
+    made = []
+
+    def make(**extra):
+        side = scheduler(disk=tmp_path, instance_id="a", verify_sample=1, **extra)
+        w, _ = worker(tmp_path, instance_id="a", verify_sample=1)
+        made.append((side, w))
+        return side, w
+
+    yield make
+    for side, w in made:
+        side.close()
+        w.close(5)
+
+
+def test_a_right_cache_is_checked_and_kept(sides):
+    side, w = sides()
+    keys = store(side, w, "x")
+    meta = check(side, w, "y", 2)
+    assert {v.tier for v in meta.verifies} == {"host"}
+    assert side.counters["chunks_verified"] == 2 and side.counters["verify_sampled_requests"] == 1
+    assert not any(side.counters[f"verify_mismatches_{t}"] for t in ("host", "disk"))
+    host = side.stack.indexes[HOST]
+    assert all(side.stack.locate(k) is not None and not host.pinned(k) for k in keys)
+
+
+def test_another_prompts_pages_in_host_memory_are_caught_and_removed_everywhere(sides, tmp_path):
+    side, w = sides()
+    keys = store(side, w, "x")
+    wrong_pages_into(w, side.stack.locate(keys[1]).slot)
+    check(side, w, "y", 2)
+    assert side.counters["verify_mismatches_host"] == 1 and side.counters["chunks_verified"] == 2
+    assert side.stack.locate(keys[0]) is not None
+    assert side.stack.locate(keys[1]) is None and keys[1] not in side.stack.indexes[DISK]
+    w.close(5)
+    again = scheduler(disk=tmp_path, instance_id="a")  # its disk copy was blanked too
+    assert again.recovered == 1 and again.stack.locate(keys[1]) is None
+    again.close()
+
+
+def test_a_copy_read_from_disk_is_checked_there(sides, tmp_path):
+    side, w = sides()
+    keys = store(side, w, "x")
+    buffer = AlignedBuffer(GEO.chunk_bytes)
+    wrong_pages_into(w, 7)
+    buffer.array[:] = w.host.slot_array(7)[:GEO.chunk_bytes]
+    slot = side.stack.indexes[DISK].pin(keys[0])
+    side.stack.indexes[DISK].unpin(keys[0])
+    assert w.disk.write(slot, keys[0], buffer.array).ok  # its key, a valid checksum
+    side.close()
+    restarted, _ = scheduler(disk=tmp_path, instance_id="a", verify_sample=1), None
+    assert restarted.recovered == 2
+    meta = check(restarted, w, "y", 2)
+    assert {v.tier for v in meta.verifies} == {"disk"}
+    assert all(v.source.disk_slot is not None and v.source.staged for v in meta.verifies)
+    assert restarted.counters["verify_mismatches_disk"] == 1
+    assert restarted.stack.locate(keys[0]) is None
+    assert restarted.stack.locate(keys[1]).tier is HOST  # read, right: kept in host memory
+    restarted.close()
+
+
+def test_past_verify_halt_after_no_hit_is_served(sides):
+    side, w = sides(verify_halt_after=1)
+    keys = store(side, w, "x")
+    wrong_pages_into(w, side.stack.locate(keys[0]).slot)
+    check(side, w, "y", 2)
+    assert side.halt.halted and side.counters["verify_halted"] == 1
+    assert side.stack.locate(keys[1]) is not None
+    side.verify.rate = 0.0  # not sampled: refused all the same
+    assert side.num_new_matched_tokens(request("z", 65), 0) == (0, False)
+
+
+def test_the_sample_is_every_nth_hit_and_only_hits():
+    side = scheduler(verify_sample="1/4")
+    meta = StepPlan()
+    side.plan_stores(request("x", 64), ([1, 2, 3, 4],), 64, meta)
+    side.worker_report(WorkerReport(host_stored=Counter({s.key: 1 for s in meta.stores})))
+    assert side.num_new_matched_tokens(request("miss", 65, seed=9), 0) == (0, False)
+    got = [side.num_new_matched_tokens(request(f"r{i}", 65), 0)[0] for i in range(8)]
+    assert got == [64, 64, 64, 0, 64, 64, 64, 0]
+    again = side.num_new_matched_tokens(request("r3", 65), 0)  # asked again: still sampled
+    assert again == (0, False) and side.counters["verify_sampled_requests"] == 2
+    off = scheduler(verify_sample=0)
+    assert off.verify.sample(off.track(request("q", 65))) is False
+    side.close()
+    off.close()
