@@ -249,6 +249,25 @@ def test_the_figures_read_what_the_connector_serves():
     assert worker.queue_depth == 0 and [f.name for f in worker.failures] == ["io_errors"]
 
 
+def test_wrong_kv_found_by_sampled_checks_shows_as_a_failure_and_halted_hits():
+    geometry = KVGeometry(num_layers=2, page_bytes=4096, block_tokens=16, hash_block_tokens=16,
+                          chunk_tokens=32, kv_dtype="bfloat16", page_shape="t")
+    side = SchedulerSide(load_config({"chunk_tokens": 32, "host_capacity": 4 * geometry.chunk_bytes},
+                                     environ={}), geometry, [geometry.namespace("m", "", 1, 0)], 1)
+    with served(side.metric_samples) as end:
+        before = scrape(end, Deadline.after(5.0))
+        side.counters.update(verify_mismatches_host=2, verify_halted=1)
+        view = figures(before, scrape(end, Deadline.after(5.0)))
+    assert [(f.name, f.total, f.new) for f in view.failures] == [("verify_mismatches", 2, 2)]
+    assert view.hits_halted == 1
+    from rich.console import Console
+
+    console = Console(width=400, record=True)
+    console.print(render([view], 1.0))
+    text = console.export_text()
+    assert "verify_mismatches 2 (+2)" in text and "hits (wrong KV found)" in text
+
+
 # -- the command ------------------------------------------------------------------------------
 
 

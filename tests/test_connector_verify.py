@@ -14,7 +14,7 @@ from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
-from tests.helpers.scheduler_side import request, scheduler
+from tests.helpers.scheduler_side import request, scheduler, store_all
 from tests.helpers.worker_side import GEO, worker
 
 HOST, DISK = TierName.HOST, TierName.DISK
@@ -116,7 +116,7 @@ def test_a_copy_read_from_disk_is_checked_there(sides, tmp_path):
     restarted.close()
 
 
-def test_past_verify_halt_after_no_hit_is_served(sides):
+def test_past_verify_halt_after_no_hit_is_served_even_after_a_restart(sides, tmp_path):
     side, w = sides(verify_halt_after=1)
     keys = store(side, w, "x")
     wrong_pages_into(w, side.stack.locate(keys[0]).slot)
@@ -125,6 +125,16 @@ def test_past_verify_halt_after_no_hit_is_served(sides):
     assert side.stack.locate(keys[1]) is not None
     side.verify.rate = 0.0  # not sampled: refused all the same
     assert side.num_new_matched_tokens(request("z", 65), 0) == (0, False)
+    (halt,) = tmp_path.glob("*/halt.json")
+    side.close()
+    restarted = scheduler(disk=tmp_path, instance_id="a", verify_sample=0)
+    store_all(restarted, request("other", 64, seed=5))
+    assert restarted.halt.halted
+    assert restarted.num_new_matched_tokens(request("z", 65, seed=5), 0) == (0, False)
+    halt.unlink()  # as kvtier verify --repair does
+    restarted.halt.look()
+    assert restarted.num_new_matched_tokens(request("z2", 65, seed=5), 0) == (64, False)
+    restarted.close()
 
 
 def test_the_sample_is_every_nth_hit_and_only_hits():

@@ -79,6 +79,11 @@ def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        if r.halted:
+            console.print(f"{r.id[:12]}: engines found wrong KV while serving and serve no "
+                          "hits (halt.json): " + ("removed, hits are served again"
+                                                  if r.halt_removed else
+                                                  "check the cache, then --repair ends it"))
         for w in r.writers:
             if w.problem:
                 console.print(f"{r.id[:12]}/writers/{w.writer}: {_show(w.problem)}")

@@ -19,7 +19,8 @@ TIER_ORDER = ("gpu", "host", "disk", "shared", "remote")
 # counters of things that went wrong, by their name less ``kvtier_``/``kvtier_worker_`` and ``_total``
 FAILURES = ("corruptions", "io_errors", "load_timeouts", "no_space", "dropped_writes",
             "store_failures", "disk_write_failures", "load_failures", "paths_down",
-            "remote_failures", "remote_write_failures", "remote_dropped_writes", "shared_failures")
+            "remote_failures", "remote_write_failures", "remote_dropped_writes", "shared_failures",
+            "verify_mismatches")
 # where each kind of endpoint counts the bytes into a tier and out of it: (metric, labels)
 BYTES_IN = {"disk": (("kvtier_disk_bytes_total", (("direction", "write"),)),
                      ("kvtier_worker_disk_write_bytes_total", ())),
@@ -82,6 +83,7 @@ class EndpointFigures:
     paths_down: float | None  # disk paths out of service now
     remote_up: float | None  # 1 while the remote store is in service, 0 while it is not
     failures: tuple[Failure, ...]  # the counters that are not zero
+    hits_halted: float | None = None  # 1 once sampled checks stopped every hit
 
 
 def role_of(scrape: Scrape) -> Role:
@@ -199,4 +201,5 @@ def figures(before: Scrape | None, after: Scrape,
         remote_queue_depth=after.value("kvtier_remote_queue_depth"),
         paths_down=after.value("kvtier_paths_down"),
         remote_up=after.value("kvtier_remote_up"),
-        failures=_failures(before, after))
+        failures=_failures(before, after),
+        hits_halted=after.value("kvtier_verify_halted"))

@@ -31,11 +31,12 @@ def _queue_text(view: EndpointFigures) -> str:
 
 
 def _down_text(view: EndpointFigures) -> str:
-    """Disk paths and the remote store out of service."""
-    if view.paths_down is None and view.remote_up is None:
+    """Disk paths and the remote store out of service, and hits stopped by sampled checks."""
+    if view.paths_down is None and view.remote_up is None and view.hits_halted is None:
         return "-"
     down = [f"{view.paths_down:,.0f} disk paths"] if view.paths_down else []
-    return ", ".join(down + ["remote store"] * (view.remote_up == 0)) or "none"
+    down += ["remote store"] * (view.remote_up == 0)
+    return ", ".join(down + ["hits (wrong KV found)"] * bool(view.hits_halted)) or "none"
 
 
 def _failure_text(failures: Sequence[Failure]) -> str:

@@ -19,6 +19,7 @@ from kvtier.ops.cache import NamespaceDir, Segment, error_text
 from kvtier.ops.provenance import removal_refusal
 from kvtier.ops.segments import file_problem, hold
 from kvtier.segment.names import (
+    HALT_FILE,
     INDEX_FILE,
     LEASE_FILE,
     LOCK_FILE,
@@ -35,7 +36,7 @@ from kvtier.segment.seat_files import linked_temps
 from kvtier.segment.seats import release_seat
 
 _SEGMENT_FILES = {INDEX_FILE, LEASE_FILE, LOG_FILE}
-_NAMESPACE_FILES = {META_FILE, INDEX_FILE}  # with slot files and lock: format version 1's layout
+_NAMESPACE_FILES = {META_FILE, INDEX_FILE, HALT_FILE}  # with slot files and lock: version 1's layout
 
 
 @dataclass

@@ -28,6 +28,7 @@ from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
 from kvtier.segment.cachedir import INDEX_FILE
+from kvtier.segment.halt_file import HaltFile
 
 
 @dataclass
@@ -64,15 +65,19 @@ class NamespaceVerify:
     id: str
     problem: str = ""
     writers: list[VerifyReport] = field(default_factory=list)
+    halted: bool = False  # sampled checks found wrong KV while serving: no hits (halt.json)
+    halt_removed: bool = False  # --repair removed the halt: engines serve hits again
 
     @property
     def problems(self) -> int:
-        return sum(w.problems for w in self.writers) + bool(self.problem)
+        return sum(w.problems for w in self.writers) + bool(self.problem) + \
+            (self.halted and not self.halt_removed)
 
     def as_dict(self) -> dict:
         total = {name: sum(getattr(w, name) for w in self.writers)
                  for name in ("slots", "ok", "free", "repaired")}
         return {"id": self.id, "problems": self.problems, **total, "problem": self.problem,
+                "halted": self.halted, "halt_removed": self.halt_removed,
                 "writers": [w.as_dict() for w in self.writers]}
 
 
@@ -87,11 +92,15 @@ class _Scan:
 def verify_namespace(ns: NamespaceDir, repair: bool = False,
                      progress: Callable[[int], None] | None = None) -> NamespaceVerify:
     """``verify_segment`` of every segment of ``ns`` (none, and the ``problem``, when the
-    namespace cannot be read at all)."""
+    namespace cannot be read at all); whether engines halted its hits (``halt_file``), and
+    with ``repair`` the halt removed: the operator has looked at the cache."""
     if not ns.readable:
         why = ns.problem or "written by another format version"
         return NamespaceVerify(ns.id, f"{ns.status}: {why}")
-    report = NamespaceVerify(ns.id)
+    halt = HaltFile(ns.root, ns.id)
+    report = NamespaceVerify(ns.id, halted=halt.read() is not None)
+    if repair and report.halted and not ns.unsafe:
+        report.halt_removed = halt.remove()
     for segment in ns.segments:
         try:
             report.writers.append(verify_segment(segment, repair, progress))

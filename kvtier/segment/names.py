@@ -2,6 +2,7 @@
 
     <disk path>/<namespace id>/              one namespace (32 hex digits), mode 0700
         namespace.json                       what the namespace is (for the CLI)
+        halt.json                            hits stopped: wrong KV found (kvtier.segment.halt_file)
         seats/seat-NNNN                      a writer's seat (its id): at most share_writers
         writers/<writer id>/                 one writer's segment: only that writer writes it
             lock                             held with flock by the writing process
@@ -21,6 +22,7 @@ import socket
 from kvtier.config.values import WRITER_ID
 
 META_FILE = "namespace.json"
+HALT_FILE = "halt.json"
 WRITERS_DIR = "writers"
 SEATS_DIR = "seats"
 SEAT_FILE = "seat-{:04d}"
@@ -35,10 +37,11 @@ NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
 # Temporary and probe files kvtier makes: ``.<name>.tmp-<pid>-<8 hex>`` (``SafeDir.replace_file``,
 # ``write_seat`` and ``CacheDir.replace_index``), ``.o_direct_probe-<pid>-<8 hex>``; ``-<pid>``
 # alone: an older version's.
-TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|lease|log\.kvt|index\.kvt|seat)\.tmp|o_direct_probe)"
+TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|halt\.json|lease|log\.kvt|index\.kvt|seat)\.tmp"
+                       r"|o_direct_probe)"
                        r"-[1-9][0-9]{0,9}(?:-[0-9a-f]{8})?", re.ASCII)
 
-__all__ = ["INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",
+__all__ = ["HALT_FILE", "INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",
            "SEATS_DIR", "SEAT_FILE", "SEAT_NAME", "SLOT_FILE", "SLOT_NAME", "TEMP_NAME",
            "WRITERS_DIR", "WRITER_ID", "seat_number", "slot_number"]
 

@@ -37,6 +37,7 @@ from kvtier.connector.scheduler.tier_watch import tier_stack
 from kvtier.connector.scheduler.verify_halt import VerifyHalt
 from kvtier.connector.scheduler.verify_planner import VerifyPlanner
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
+from kvtier.segment.halt_file import HaltFile
 from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
 
@@ -84,7 +85,8 @@ class SchedulerSide:
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.others, self.presence,
                                   self.remote_writes)
-        self.halt = VerifyHalt(config.verify_halt_after, self.counters)
+        self.halt = VerifyHalt(config.verify_halt_after, self.counters, HaltFile(
+            config.disk_paths[0], namespaces[0].id) if self.disk_layout else None)
         self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending,
                                     stalled, self.others, self.presence, self.remote_writes,
                                     self.halt)
@@ -242,7 +244,8 @@ class SchedulerSide:
         self._outcomes.apply(report)
 
     def close(self) -> None:
-        """Stop following other engines' segments and asking the remote store."""
+        """Stop following other engines' segments, the halt file, asking the remote store."""
+        self.halt.close()
         if self.others is not None:
             self.others.close()
         if self.presence is not None:

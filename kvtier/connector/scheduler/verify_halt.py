@@ -3,34 +3,92 @@
 One wrong chunk is removed and the engine goes on. Several mean something is writing wrong
 KV under right keys (a co-writer with another layout, a copy bug): every other chunk from
 the same source is suspect, so the engine serves no more hits, computes every prompt, and
-says so once. The halt lasts until the engine restarts; an operator first checks the cache
-and removes what is wrong (``kvtier verify --repair``, or ``kvtier clear``).
+says so once. With a disk tier the halt is a file in the namespace's directory
+(``kvtier.segment.halt_file``): every engine of the namespace on that directory stops
+serving hits, a restart keeps the halt, and it ends, for all of them, when an operator has
+looked at the cache and removed the file (``kvtier verify --repair``, ``kvtier clear``).
+Without one it lasts until the engine restarts.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 
+from kvtier.segment.halt_file import HaltFile
+
 log = logging.getLogger("kvtier")
+LOOK_EVERY_S = 5.0  # how often the halt file is looked for, off the scheduler's thread
+HOW_TO_END = ("`kvtier verify --repair PATH` (or `kvtier clear PATH`) ends it once the cache "
+              "is checked; look for a writer of another model, layout or version on it")
 
 
 class VerifyHalt:
-    """Counts mismatches; ``halted`` once ``limit`` of them were found (never with 0)."""
+    """Counts mismatches; ``halted`` once ``limit`` of them were found (never with 0), or
+    while the namespace's halt file (``marker``) exists."""
 
-    def __init__(self, limit: int, counters: Counter) -> None:
-        self.limit, self.counters = limit, counters
+    def __init__(self, limit: int, counters: Counter, marker: HaltFile | None = None) -> None:
+        self.limit, self.counters, self.marker = limit, counters, marker
         self.mismatches = 0
         self.halted = False
+        self._in_file = False  # the halt is the file's: it ends when the file goes
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if marker is not None:
+            self.look()
+            threading.Thread(target=self._watch, name="kvtier-halt", daemon=True).start()
 
     def mismatch(self) -> None:
-        self.mismatches += 1
-        if self.halted or not self.limit or self.mismatches < self.limit:
-            return
+        with self._lock:
+            self.mismatches += 1
+            if self.halted or not self.limit or self.mismatches < self.limit:
+                return
+            self._halt()
+        log.error("kvtier: %d cached chunks held KV other than what vLLM computed for their "
+                  "tokens (verify_halt_after=%d): no more hits are served, every prompt is "
+                  "computed. %s", self.mismatches, self.limit,
+                  f"The halt is {self.marker.path}: {HOW_TO_END}" if self.marker else
+                  f"Until this engine restarts; first: {HOW_TO_END}")
+        if self.marker is not None:
+            try:
+                self.marker.write({"mismatches": self.mismatches, "limit": self.limit})
+                self._in_file = True
+            except OSError as exc:
+                log.warning("kvtier: the halt file %s could not be written (%s): the halt "
+                            "lasts until this engine restarts", self.marker.path, exc)
+
+    def _halt(self) -> None:
         self.halted = True
         self.counters["verify_halted"] = 1
-        log.error("kvtier: %d cached chunks held KV other than what vLLM computed for their "
-                  "tokens (verify_halt_after=%d): this engine serves no more hits and computes "
-                  "every prompt until it restarts; first check the cache with `kvtier verify "
-                  "--repair` (or empty it with `kvtier clear`), and look for a writer of "
-                  "another model, layout or version on it", self.mismatches, self.limit)
+
+    def look(self) -> None:
+        """Follow the halt file: halt when one exists; go on when the file this halt was
+        written to, or found in, is removed (a halt whose file could not be written lasts)."""
+        assert self.marker is not None
+        there = self.marker.read() is not None
+        with self._lock:
+            if there and not self.halted:
+                self._halt()
+                log.error("kvtier: %s says wrong KV was found in this namespace: no hits are "
+                          "served. %s", self.marker.path, HOW_TO_END)
+            if there:
+                self._in_file = True
+            elif self.halted and self._in_file:
+                self._resume()
+
+    def _resume(self) -> None:
+        self.halted, self.mismatches, self._in_file = False, 0, False
+        self.counters["verify_halted"] = 0
+        log.warning("kvtier: %s was removed: hits are served again", self.marker.path
+                    if self.marker else "the halt")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(LOOK_EVERY_S):
+            try:
+                self.look()
+            except Exception as exc:  # a thread of its own: logged, never raised
+                log.warning("kvtier: could not look for the halt file: %r", exc)
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,66 @@
+"""A namespace's halt: sampled checks found wrong KV in it (``verify_halt_after``).
+
+    <disk path>/<namespace id>/halt.json     why hits stopped: made by an engine's scheduler
+                                             side, removed by ``kvtier verify --repair`` or
+                                             ``kvtier clear`` (or by hand)
+
+While it exists, every engine of the namespace on that directory serves no hit (a fleet
+shares the directory, and wrong KV from one writer is wrong for all). Only a regular file of
+this user counts: anything else under that name (a symlink, a FIFO, another user's file) is
+not kvtier's and is ignored, so no other user can stop an engine's hits with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from kvtier.io.safefs import SafeDir, UnsafeEntry
+from kvtier.segment.names import HALT_FILE
+
+HALT_MAX_BYTES = 4096
+
+
+class HaltFile:
+    """The halt file of namespace ``namespace_id`` under ``root`` (a disk path)."""
+
+    def __init__(self, root: str | os.PathLike[str], namespace_id: str) -> None:
+        self.root, self.namespace_id = Path(root), namespace_id
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.namespace_id / HALT_FILE
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Make the halt file hold ``record`` (and when) as JSON. ``OSError`` when it
+        cannot (the namespace's directory does not exist yet, a full disk)."""
+        data = json.dumps({**record, "at": time.time()}, sort_keys=True).encode()[:HALT_MAX_BYTES]
+        with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
+            ns.replace_file(HALT_FILE, data)
+
+    def read(self) -> dict[str, Any] | None:
+        """What the halt file says (``{}`` when it is not JSON), or None when there is none
+        that counts: missing, or not a regular file of this user (``UnsafeEntry``)."""
+        try:
+            with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
+                data = ns.read_file(HALT_FILE, HALT_MAX_BYTES)
+        except OSError:  # missing, not this user's, unreadable: no halt that counts
+            return None
+        if data is None:
+            return None
+        try:
+            record = json.loads(data)
+        except ValueError:
+            return {}
+        return record if isinstance(record, dict) else {}
+
+    def remove(self) -> bool:
+        """Remove the halt file; False when there was none of this user's."""
+        try:
+            with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
+                return ns.remove_file(HALT_FILE)
+        except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
+            return False
