@@ -201,3 +201,21 @@ def test_remote_presence_asks_again_when_a_requests_keys_change():
         assert presence.held("r", [b"a"]) == [False] and len(store_.asked) == 2  # a prefix
     finally:
         presence.close()
+
+
+def test_a_sampled_requests_cached_tail_is_checked_on_its_full_blocks():
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes, verify_sample=1)
+    stored = store(side, prompt("a", 2 * CHUNK + BLOCK + 10))  # a tail of one block and 10
+    again = prompt("b", 2 * CHUNK + BLOCK + 10)
+    assert side.num_new_matched_tokens(again, 0) == (0, False)  # sampled: computed
+    meta = StepPlan()
+    side.plan_stores(again, blocks(again.num_tokens), again.num_tokens, meta)
+    assert [v.source.key for v in meta.verifies] == [s.key for s in stored.stores]
+    assert [v.blocks for v in meta.verifies] == [None, None, 1] and not meta.stores
+    short = scheduler(host_capacity=8 * GEO.chunk_bytes, verify_sample=1)
+    store(short, prompt("c", 2 * CHUNK + 10))  # a tail shorter than a block: not checked
+    meta = StepPlan()
+    again = prompt("d", 2 * CHUNK + 10)
+    short.num_new_matched_tokens(again, 0)
+    short.plan_stores(again, blocks(again.num_tokens), again.num_tokens, meta)
+    assert len(meta.verifies) == 2 and not meta.stores

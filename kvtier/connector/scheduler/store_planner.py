@@ -78,7 +78,8 @@ class StorePlanner:
                   meta: StepPlan) -> None:
         """Offer the request's prompt tail (its computed prompt's partial last chunk): its
         blocks' pages, the last one partly filled, go into a chunk slot like any chunk's.
-        With no host slot free it is offered again at the request's next step."""
+        With no host slot free it is offered again at the request's next step. A sampled
+        request's tail that is cached has its full blocks checked instead."""
         if tail.index >= self._keep():
             tracked.tail_done = True
             return
@@ -88,7 +89,11 @@ class StorePlanner:
         if len(ids) < (stop - first) * len(block_ids) or NULL_BLOCK in ids:
             tracked.tail_done = True  # not all its pages are the request's any more
             return
-        if self._cached(tail.key):
+        full = (tail.end - tail.start) // self.geometry.block_tokens  # its last block: partly
+        if full and tracked.verify and self._verify is not None and self._verify.plan(
+                tracked, tail.key, ids, meta, blocks=full):
+            pass  # its full blocks checked against their pages: kept if right
+        elif self._cached(tail.key):
             self.stack.touch(tail.key)
         elif not self._plan_one(tail.key, ids, meta):
             return

@@ -54,15 +54,16 @@ class VerifyPlanner:
     for ``verify_sample`` of the requests that would hit (every 1/rate-th: spread evenly,
     the same run to run), never past ``MAX_IN_FLIGHT`` checks, nor with ``verify_sample`` 0;
     the caller then reports a miss. ``plan`` adds a ``ChunkVerify`` to the step's plan
-    (True) for a sampled request's chunk vLLM has just computed, pinned where it is cached
-    (a copy on storage gets a host slot to stage its read, after any write-back out of that
-    slot); not for a chunk already being checked, one no tier holds any more, or one with no
-    host slot free to stage it in. ``apply`` folds the workers' answers: once every rank
-    has, the pins end; a copy that matched on every rank counts as verified; one that
-    differed on any is removed from every tier (this engine's, the shared directory's copy
-    it read, the remote store), counted by tier, logged, and told to ``halt``; one some rank
-    could not read counts as neither.
+    (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
+    of a prompt's tail), pinned where it is cached (a copy on storage gets a host slot to
+    stage its read, after any write-back out of that slot); not for a chunk already being
+    checked, one no tier holds any more, or one with no host slot free to stage it in.
+    ``apply`` folds the workers' answers: once every rank has, the pins end; a copy that
+    matched on every rank counts as verified; one that differed on any is removed from every
+    tier (this engine's, the shared directory's copy it read, the remote store), counted by
+    tier, logged, and told to ``halt``; one some rank could not read counts as neither.
     """
+
 
 
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
@@ -92,7 +93,8 @@ class VerifyPlanner:
                                           if there)  # the store's chunks, to check there
         return True
 
-    def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
+    def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
+             blocks: int | None = None) -> bool:
         if key in self._checks or NULL_BLOCK in ids or (self.stack.indexes[HOST].has_entry(key)
                                                         and self.stack.locate(key) is None):
             return False  # being checked, or being stored
@@ -122,7 +124,7 @@ class VerifyPlanner:
             source = ChunkLoad(key, ids, 0, staged.dst.slot, disk_slot if tier is DISK else None,
                                other=refs, remote=remote)
             self._checks[key] = _Check(tier, pinned, staged, refs)
-        meta.verifies.append(ChunkVerify(source, str(tier), disk_slot))
+        meta.verifies.append(ChunkVerify(source, str(tier), disk_slot, blocks))
         return True
 
     def apply(self, report: WorkerReport) -> None:

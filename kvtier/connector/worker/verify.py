@@ -38,10 +38,11 @@ class WorkerVerify:
 
     def __init__(self, pages: PagedKV, host: HostTier, ledger: WorkerLedger,
                  lane: DiskLane | NoDisk, submit_reads: Callable[[RequestLoad], Reads],
-                 chunk_bytes: int, dtype: str, tolerance: float, timeout: float | None) -> None:
+                 geometry: KVGeometry, tolerance: float, timeout: float | None) -> None:
         self.pages, self.host, self._ledger, self._lane = pages, host, ledger, lane
-        self._submit_reads, self._chunk_bytes = submit_reads, chunk_bytes
-        self._dtype, self._tolerance, self._timeout = dtype, tolerance, timeout
+        self._submit_reads, self._chunk_bytes = submit_reads, geometry.chunk_bytes
+        self._layers, self._page_bytes = geometry.num_layers, geometry.page_bytes
+        self._dtype, self._tolerance, self._timeout = geometry.kv_dtype, tolerance, timeout
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-verify")
         self._jobs: list[Future] = []
 
@@ -52,8 +53,7 @@ class WorkerVerify:
         """The checks of a worker with ``config`` (``verify_tolerance``: per dtype when
         auto) over KV of ``geometry``."""
         tolerance = config.verify_tolerance
-        return cls(pages, host, ledger, lane, submit_reads, geometry.chunk_bytes,
-                   geometry.kv_dtype,
+        return cls(pages, host, ledger, lane, submit_reads, geometry,
                    default_tolerance(geometry.kv_dtype) if tolerance is None else tolerance,
                    config.load_timeout)
 
@@ -91,6 +91,9 @@ class WorkerVerify:
             return
         assert source.host_slot is not None
         cached = self.host.slot(source.host_slot)[:self._chunk_bytes]
+        if check.blocks is not None:  # each layer's first pages only
+            cached, fresh = (t.view(self._layers, -1, self._page_bytes)[:, :check.blocks]
+                             .reshape(-1) for t in (cached, fresh))
         if same_kv(cached, fresh, self._dtype, self._tolerance):
             self._end(check, "verified")
             return
