@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvtier.config.settings import WritePolicy, load_config
+from kvtier.connector.common.messages import StepPlan
 from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
@@ -112,6 +113,22 @@ def test_a_hand_off_of_another_namespace_or_none_is_not_waited_for():
     assert handoffs.match(request("r", 65, Handoff(65, other).params()), 0, 64, 0, print) == 0
     assert handoffs.match(request("s", 65), 0, 64, 0, print) == 0
     assert handoffs.match(request("t", 65, Handoff(65, DIGEST).params()), None, 64, 0, print) is None
+
+
+def test_a_producer_hands_off_only_the_tokens_it_offered_to_the_pool(tmp_path):
+    producer = side(tmp_path, Role.PRODUCER, "p")  # 4 host slots: 4 stores in flight at most
+    try:
+        for seed, chunks, offered in [(1, 2, 2), (2, 10, 2)]:  # the long one: 2 slots left
+            req = request(f"r{seed}", chunks * CHUNK, seed=seed)
+            req.num_prompt_tokens = chunks * CHUNK  # type: ignore[attr-defined]
+            producer.plan_stores(req, (list(range(1, 1 + chunks * CHUNK // BLOCK)),),
+                                 chunks * CHUNK, StepPlan())
+            assert producer.handoff_params(req) == Handoff(offered * CHUNK, DIGEST).params()
+        never = request("never", 64)
+        never.num_prompt_tokens = 64  # type: ignore[attr-defined]
+        assert producer.handoff_params(never) == Handoff(0, DIGEST).params()  # stored nothing
+    finally:
+        producer.close()
 
 
 def test_a_consumer_stores_nothing(tmp_path):

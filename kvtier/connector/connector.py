@@ -251,7 +251,8 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)
         scheduler = self._scheduler_side  # a producer hands off what it stored (``handoff``)
-        return scheduler.request_finished(request.request_id), scheduler.handoffs.params(request)
+        params = scheduler.handoff_params(request)  # before its records go
+        return scheduler.request_finished(request.request_id), params
 
     def request_finished_all_groups(self, request: Any,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:

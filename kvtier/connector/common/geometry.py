@@ -18,6 +18,7 @@ only the parts of the groups it fills, and a chunk no group needs is not read at
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.messages import NULL_BLOCK
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
+
+log = logging.getLogger("kvtier")
 
 LAYOUT_NAME = "vllm-pages"
 LAYOUT_VERSION = 1
@@ -280,3 +283,14 @@ def _group_kind(model: str, index: int, group) -> str:
         f"kvtier: {where} keeps {type(spec).__name__} state, not paged attention KV "
         "(full, sliding-window or chunked local attention); kvtier cannot store it. Serve "
         "this model without kvtier.")
+
+
+def say_unstored_replies(geometry: KVGeometry) -> None:
+    """Warn when chunks completed while decoding cannot be stored (a window's pages)."""
+    unstored = geometry.unstored_replies()
+    if unstored is not None:
+        log.warning("kvtier: %s: a chunk completed while decoding has lost pages out of "
+                    "that window and is not stored (prompts still are); to store replies "
+                    "too, set chunk_tokens to a multiple of the block size (%d) that is "
+                    "no longer than the window (that divides a local attention chunk)",
+                    unstored, geometry.block_tokens)

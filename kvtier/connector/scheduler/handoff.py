@@ -76,14 +76,16 @@ class Handoff:
 
 class Handoffs:
     """Contract: ``stores`` says whether this engine stores what it computes (not a
-    consumer). ``params(request)`` is what a finishing request hands vLLM (a producer's
-    ``Handoff``; None otherwise). ``match(request, found, end, num_computed, ask_again)``
-    takes what the tiers matched for a request (tokens past ``num_computed``, or None: ask
-    again; ``end``: the furthest token stored chunks can reach) and returns it, or None
-    while the handed-off tokens up to ``end`` are not all visible and its wait
-    (``timeout_s`` from the first ask; 30 s when None) is not over; ``ask_again(req_id)`` is called, at most
-    every ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the
-    request is over."""
+    consumer). ``params(request, stored)`` is what a finishing request hands vLLM: a
+    producer's ``Handoff`` of the prompt's first ``stored`` tokens (those whose chunks it
+    offered to the pool: a consumer waits for no more; the whole prompt when None), None
+    otherwise. ``match(request, found, end, num_computed, ask_again)`` takes what the tiers
+    matched for a request (tokens past ``num_computed``, or None: ask again; ``end``: the
+    furthest token stored chunks can reach) and returns it, or None while the handed-off
+    tokens up to ``end`` are not all visible and its wait (``timeout_s`` from the first ask;
+    30 s when None) is not over; ``ask_again(req_id)`` is called, at most every
+    ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the request
+    is over."""
 
     def __init__(self, role: Role, namespace: Namespace, timeout_s: float | None,
                  counters: Counter, clock: Callable[[], float] = time.monotonic) -> None:
@@ -98,11 +100,13 @@ class Handoffs:
     def stores(self) -> bool:
         return self.role is not Role.CONSUMER
 
-    def params(self, request: Any) -> dict[str, Any] | None:
+    def params(self, request: Any, stored: int | None = None) -> dict[str, Any] | None:
         if self.role is not Role.PRODUCER:
             return None
         length = getattr(request, "num_prompt_tokens", None)
-        return Handoff(length, self._digest).params() if isinstance(length, int) else None
+        if not isinstance(length, int):
+            return None
+        return Handoff(length if stored is None else min(length, stored), self._digest).params()
 
     def match(self, request: Any, found: int | None, end: int, num_computed: int,
               ask_again: Callable[[str], None]) -> int | None:

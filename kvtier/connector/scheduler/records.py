@@ -37,6 +37,15 @@ class Tracked:
     tail: Tail | None = None  # its prompt's partial last chunk (``tails.prompt_tail``)
     tail_for: int | None = None  # the prompt length ``tail`` was worked out for
     tail_done: bool = False  # the tail was offered for store (or needs none)
+    tail_stored: bool = False  # the tail was offered, or found cached
+
+    def offered_tokens(self, chunk_tokens: int) -> int:
+        """The prompt tokens whose chunks were offered for store (or found cached), in
+        order from the first: full chunks, then the tail when every chunk before it was."""
+        tail = self.tail
+        if self.tail_stored and tail is not None and self.stored_upto >= tail.index:
+            return tail.end
+        return self.stored_upto * chunk_tokens
     verify: bool = False  # sampled (``verify_sample``): a miss to vLLM, its hits checked
     verify_remote: frozenset = frozenset()  # its chunks the remote store said it holds
 

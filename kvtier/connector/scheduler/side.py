@@ -19,7 +19,7 @@ from typing import Any
 
 from kvtier.config.settings import KVTierConfig, LoadPolicy
 from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
-from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.common.geometry import KVGeometry, say_unstored_replies
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.disk_recovery import disk_layout, recover_disk
@@ -75,7 +75,7 @@ class SchedulerSide:
                         "instance_id): chunks on disk from before this start are not used")
         self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack) \
             if self.disk_layout and known else 0
-        _say_unstored(geometry)
+        say_unstored_replies(geometry)
         own = [w or unheld_writer(config.disk_paths, ns)
                for w, ns in zip(self.writers, namespaces, strict=True)]
         self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
@@ -273,6 +273,14 @@ class SchedulerSide:
             meta.remote_writes = self.remote_writes.take_new()
         return meta
 
+    def handoff_params(self, request: Any) -> dict | None:
+        """What a finishing request hands vLLM (``Handoffs.params``): a producer's hand-off of
+        the prompt tokens whose chunks it offered to the pool, in order from the first (a
+        chunk it found no host slot for, or a prompt longer than its tiers, ends them)."""
+        tracked = self._tracked.get(request.request_id)
+        stored = tracked.offered_tokens(self.geometry.chunk_tokens) if tracked else 0
+        return self.handoffs.params(request, stored)
+
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a
         load from host memory is over before the request's first forward)."""
@@ -283,13 +291,3 @@ class SchedulerSide:
         load = self._loads.in_flight(req_id)
         return load is not None and load.asynchronous
 
-
-def _say_unstored(geometry: KVGeometry) -> None:
-    """Warn when chunks completed while decoding cannot be stored (a window's pages)."""
-    unstored = geometry.unstored_replies()
-    if unstored is not None:
-        log.warning("kvtier: %s: a chunk completed while decoding has lost pages out of "
-                    "that window and is not stored (prompts still are); to store replies "
-                    "too, set chunk_tokens to a multiple of the block size (%d) that is "
-                    "no longer than the window (that divides a local attention chunk)",
-                    unstored, geometry.block_tokens)

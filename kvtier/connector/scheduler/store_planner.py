@@ -97,7 +97,7 @@ class StorePlanner:
             self.stack.touch(tail.key)
         elif not self._plan_one(tail.key, ids, meta):
             return
-        tracked.tail_done = True
+        tracked.tail_done = tracked.tail_stored = True
 
     def _keep(self) -> int:
         """The chunks of one request worth storing: as many as the largest tier holds. A
