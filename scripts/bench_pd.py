@@ -53,6 +53,8 @@ ARMS = ("split", "colocated")
 SUFFIX = 64  # each prompt's tokens after its prefix
 HANDOFF = ("kvtier_handoffs_waited_total", "kvtier_handoffs_incomplete_total",
            "kvtier_handoff_tokens_recomputed_total")
+LOADS = ("kvtier_load_cut_chunks_total", "kvtier_load_failures_total", "kvtier_room_waits_total",
+         "kvtier_chunks_loaded_total")  # in the JSON: where a consumer's hits went
 VLLM = ("vllm:request_success_total", "vllm:prompt_tokens_total",
         "vllm:external_prefix_cache_hits_total", "vllm:time_to_first_token_seconds_sum",
         "vllm:time_to_first_token_seconds_count")
@@ -83,7 +85,7 @@ def counters(fleet: Fleet) -> list[dict[str, float]]:
     for engine in fleet.engines:
         vllm, kvtier = scrape(f"{engine.url}/metrics"), scrape(engine.metrics or "")
         out.append({**{name: total(vllm, name) for name in VLLM},
-                    **{name: total(kvtier, name) for name in HANDOFF}})
+                    **{name: total(kvtier, name) for name in HANDOFF + LOADS}})
     return out
 
 

@@ -161,6 +161,32 @@ def test_a_consumer_waits_for_the_producers_chunks_to_show_in_the_shared_directo
         b.close()
 
 
+def test_a_prompt_of_whole_chunks_waits_for_its_last_chunk_too(tmp_path):
+    """A 64-token prompt: its second chunk serves tokens 32-62 (all but the last token), so
+    the consumer waits for it rather than taking the first alone."""
+    a = side(tmp_path, Role.PRODUCER, "a")
+    b = side(tmp_path, Role.CONSUMER, "b")
+    try:
+        stores = store_all(a, request("x", 64)).stores
+        write_as(tmp_path, "a", stores[:1])  # the first chunk lands, the last not yet
+        handed = request("y", 64, Handoff(64, DIGEST).params())
+        handed.num_prompt_tokens = 64  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # the first chunk visible: still waiting
+            assert b.num_new_matched_tokens(handed, 0)[0] is None
+            time.sleep(ASK_EVERY_S)
+        write_as(tmp_path, "a", stores)
+        deadline = time.monotonic() + 5
+        answer = b.num_new_matched_tokens(handed, 0)
+        while answer[0] is None and time.monotonic() < deadline:
+            time.sleep(ASK_EVERY_S)
+            answer = b.num_new_matched_tokens(handed, 0)
+        assert answer == (63, True) and b.counters["handoffs_incomplete"] == 0
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_producer_that_never_writes_costs_the_consumer_load_timeout_then_a_recompute(tmp_path):
     b = side(tmp_path, Role.CONSUMER, "b", load_timeout="300ms")
     try:

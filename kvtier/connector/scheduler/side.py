@@ -169,8 +169,9 @@ class SchedulerSide:
         keys, limit = self._keys(request, limit)
         found, load_async = self._loads.match(tracked, keys, limit, num_computed)
         tail = self.tail(request)
+        chunk = self.geometry.chunk_tokens  # full chunks reach ``limit`` when they cover it
         reach = limit if tail is not None and keys[-1:] == [tail.key] else \
-            limit // self.geometry.chunk_tokens * self.geometry.chunk_tokens
+            min(limit, request.num_tokens // chunk * chunk)
         found = self.handoffs.match(request, found, reach, num_computed, self._look_again)
         if found and (self.halt.halted or self.verify.sample(tracked, keys)):
             tracked.asynchronous = False
