@@ -136,6 +136,20 @@ def test_a_tolerance_passes_kv_that_differs_only_within_it():
         assert store.verify_against(A, nudged, atol=0.01).ok
 
 
+def test_a_relative_tolerance_passes_a_nudge_and_catches_another_prompts_kv():
+    """The engine's comparison (``tolerance``: a share of each fresh chunk's largest value):
+    a value one bfloat16 step off passes at 4e-2; another prompt's KV does not."""
+    cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
+    with KVStore(SMALL, cfg) as store:
+        kv = make_kv(A)
+        store.put(A, kv)
+        nudged = kv.clone()
+        nudged[0, 0, 5, 3] = nudged[0, 0, 5, 3] * 1.0078125
+        assert store.verify_against(A, nudged, tolerance=4e-2).ok
+        found = store.verify_against(A, make_kv(B), tolerance=4e-2)
+        assert found.checked == 4 and len(found.removed) == 4
+
+
 def test_kv_of_the_wrong_shape_is_refused_naming_it():
     cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
     with KVStore(SMALL, cfg) as store, pytest.raises(ValueError, match="kv"):

@@ -165,11 +165,14 @@ class KVStore:
         return [where.tier for where in found] \
             + [where.tier for where in walk_remote(tail, remote.held if remote else None) or ()]
 
-    def verify_against(self, tokens: Tokens, kv: torch.Tensor, atol: float = 0.0) -> Verified:
+    def verify_against(self, tokens: Tokens, kv: torch.Tensor, atol: float = 0.0, *,
+                       tolerance: float | None = None) -> Verified:
         """Check the cached prefix of ``tokens`` against ``kv``, their KV computed now (shaped
-        as ``put``'s, as far as it reaches): a chunk whose cached KV differs (a byte, or more
-        than ``atol``) is removed from every tier the store reaches and counted
-        (``verify_mismatches`` by the tier that would have served it). See ``verify.py``."""
+        as ``put``'s, as far as it reaches): a chunk whose cached KV differs (a byte; more
+        than ``atol``; or, with ``tolerance``, more than that share of the fresh chunk's
+        largest value, as vLLM's sampled checks compare) is removed from every tier the
+        store reaches and counted (``verify_mismatches`` by the tier that would have served
+        it). See ``verify.py``."""
         self.layout.check_tensor(kv, 0, "kv")
         keys = self.keys(tokens)[: kv.shape[2] // self.chunk_tokens]
         with self._gate:
@@ -177,7 +180,7 @@ class KVStore:
         end = len(tiers) * self.chunk_tokens
         cached = torch.empty_like(kv[:, :, :end], memory_format=torch.contiguous_format)
         checked = self.get(tokens[:end], cached) // self.chunk_tokens
-        wrong = differing(cached, kv, self.chunk_tokens, checked, atol)
+        wrong = differing(cached, kv, self.chunk_tokens, checked, atol, tolerance)
         with self._gate:
             forget(self._state, [keys[i] for i in wrong])
             self._books.verified(checked, [tiers[i] for i in wrong])

@@ -30,16 +30,23 @@ def default_tolerance(dtype: str) -> float:
 
 def same_kv(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance: float) -> bool:
     """Whether ``cached`` holds the same KV as ``fresh`` (both bytes, the same length, of KV
-    of ``dtype``): byte for byte at tolerance 0 or for a dtype with no float view, else every
-    value within ``tolerance`` of the fresh values' largest magnitude (NaN only where NaN)."""
+    of ``dtype``): byte for byte at tolerance 0 or for a dtype with no float view, else
+    ``within`` ``tolerance``."""
     if cached.shape != fresh.shape:
         return False
     view = getattr(torch, dtype.removeprefix("torch."), None)
     if tolerance == 0.0 or dtype not in DEFAULT_TOLERANCE or not isinstance(view, torch.dtype):
         return bool(torch.equal(cached, fresh))
-    a, b = cached.view(view).float(), fresh.view(view).float()
-    if not torch.equal(a.isnan(), b.isnan()):
+    return within(cached.view(view), fresh.view(view), tolerance)
+
+
+def within(cached: torch.Tensor, fresh: torch.Tensor, tolerance: float) -> bool:
+    """Whether every value of ``cached`` is within ``tolerance`` times the largest magnitude
+    of ``fresh`` of its value there (NaN only where NaN)."""
+    a, b = cached.float(), fresh.float()
+    if a.shape != b.shape or not torch.equal(a.isnan(), b.isnan()):
         return False
+    if not b.numel():
+        return True
     a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)
-    scale = float(b.abs().max()) if b.numel() else 0.0
-    return float((a - b).abs().max()) <= tolerance * scale if b.numel() else True
+    return float((a - b).abs().max()) <= tolerance * float(b.abs().max())

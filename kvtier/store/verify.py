@@ -20,6 +20,7 @@ import torch
 
 from kvtier.keys import ChunkKey
 from kvtier.store.state import StoreState
+from kvtier.store.tolerance import within
 from kvtier.tiers.base import TierName
 
 log = logging.getLogger("kvtier")
@@ -40,9 +41,14 @@ class Verified:
         return not self.removed
 
 
-def same_chunk(cached: torch.Tensor, fresh: torch.Tensor, atol: float) -> bool:
-    """Whether a chunk's cached KV equals the fresh one: byte for byte (``atol`` 0, what a
-    deterministic engine gives), else every value within ``atol``."""
+def same_chunk(cached: torch.Tensor, fresh: torch.Tensor, atol: float,
+               tolerance: float | None = None) -> bool:
+    """Whether a chunk's cached KV equals the fresh one: with ``tolerance``, every value
+    within that share of the fresh chunk's largest magnitude (``tolerance.within``, as the
+    engine's sampled checks compare); else byte for byte (``atol`` 0, what a deterministic
+    engine gives), or every value within ``atol``."""
+    if tolerance is not None:
+        return within(cached, fresh, tolerance)
     if atol == 0.0:
         return bool(torch.equal(cached.contiguous().view(torch.uint8),
                                 fresh.contiguous().view(torch.uint8)))
@@ -50,11 +56,12 @@ def same_chunk(cached: torch.Tensor, fresh: torch.Tensor, atol: float) -> bool:
 
 
 def differing(cached: torch.Tensor, fresh: torch.Tensor, chunk_tokens: int, count: int,
-              atol: float) -> list[int]:
+              atol: float, tolerance: float | None = None) -> list[int]:
     """The indexes of the first ``count`` chunks (along dim 2) that differ."""
     return [i for i in range(count)
             if not same_chunk(cached[:, :, i * chunk_tokens:(i + 1) * chunk_tokens],
-                              fresh[:, :, i * chunk_tokens:(i + 1) * chunk_tokens], atol)]
+                              fresh[:, :, i * chunk_tokens:(i + 1) * chunk_tokens], atol,
+                              tolerance)]
 
 
 def report(keys: Sequence[ChunkKey], tiers: Sequence[TierName], checked: int,
