@@ -8,6 +8,7 @@ without checks then finds only right chunks."""
 
 import pytest
 
+from tests.helpers.metrics import free_ports
 from tests.helpers.redis_server import RedisServer, needs_redis
 from tests.helpers.vllm_engine import have_vllm, phase, prompts, run_engine, spec, tiny_model
 
@@ -18,6 +19,8 @@ CHUNK = 256
 SEEN = prompts(41, 3, 700)  # 2 full chunks each and a tail (its full blocks checked)
 BUGGY = {"kv_connector_class": "tests.helpers.mislabel_connector:KVTierConnectorMislabels"}
 CHUNKS = 3 * 3
+DOCS = prompts(42, 6, 520)  # then 48 questions on them at once: hits in other batch shapes
+QUESTIONS = [DOCS[i % 6] + q for i, q in enumerate(prompts(43, 48, 24))]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,10 @@ def runs(tmp_path_factory):
     disk = {"disk_paths": [str(shared)], "disk_capacity": "256MiB", "share_writers": 2,
             "instance_id": "a", "remote_url": server.url}
     try:
-        out = {"baseline": run_engine(spec(model, phases=[phase(SEEN)]), work, "baseline")}
+        out = {"baseline": run_engine(spec(model, phases=[phase(SEEN), phase(QUESTIONS)]), work,
+                                      "baseline")}
+        out["right"] = run("right", {"verify_sample": 1},
+                           [phase(DOCS), phase(QUESTIONS, together=True)])
         # the bug's chunks reach host memory, disk, the shared directory and the remote store
         out["unchecked"] = run("unchecked", dict(disk, verify_sample=0),
                                [phase(SEEN), phase(SEEN)], buggy=True)
@@ -52,7 +58,7 @@ def runs(tmp_path_factory):
                             [phase(SEEN)])
         out["disk"] = run("disk", {**disk, "remote_url": "", "verify_sample": 1}, [phase(SEEN)])
         out["after"] = run("after", dict(disk, verify_sample=0), [phase(SEEN), phase(SEEN)])
-        out["host"] = run("host", {"verify_sample": 1},
+        out["host"] = run("host", {"verify_sample": 1, "metrics_port": free_ports(2)},
                           [phase(SEEN), {**phase(SEEN), "mark": stop_bug}, phase(SEEN),
                            phase(SEEN)], buggy=True)
     finally:
@@ -95,3 +101,23 @@ def test_in_host_memory_a_wrong_chunk_is_caught_then_stored_right_and_verified(r
     assert counters["chunks_verified"] == 2 * CHUNKS  # the wrong ones, then the right ones
     for index in range(4):
         assert tokens(host, index) == tokens(runs["baseline"])
+
+
+def test_the_live_engine_serves_what_the_checks_found(runs):
+    def value(name, **labels):
+        return next(s["value"] for s in runs["host"]["metrics"]["scheduler"]
+                    if s["name"] == f"kvtier_{name}" and s["labels"] == labels)
+
+    assert value("verify_mismatches_total", tier="host") == CHUNKS
+    assert value("chunks_verified_total") == 2 * CHUNKS
+    assert value("verify_sampled_total") == 2 * len(SEEN) and value("verify_halted") == 0
+
+
+def test_right_chunks_raise_no_alarm_when_recomputed_in_other_batch_shapes(runs):
+    """48 questions on 6 cached documents, sent together: each hit is computed in a batch
+    (and chunked prefill) unlike the one that stored it, and checked."""
+    right = runs["right"]["kvtier"]
+    assert right["verify_sampled_requests"] == len(QUESTIONS)
+    assert right["chunks_verified"] >= 6 * 2 and not any(
+        value for key, value in right.items() if key.startswith("verify_mismatches_"))
+    assert tokens(runs["right"], 1) == tokens(runs["baseline"], 1)
