@@ -5,6 +5,7 @@ a copy that differs (another prompt's pages under this prompt's key: what no che
 catches) is removed from every tier, its disk header blanked, and past
 ``verify_halt_after`` no hit is served; a right cache raises no alarm."""
 
+import errno
 import time
 from collections import Counter
 
@@ -15,7 +16,7 @@ from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
 from tests.helpers.scheduler_side import request, scheduler, store_all
-from tests.helpers.worker_side import GEO, worker
+from tests.helpers.worker_side import GEO, worker, worker_and_engine
 
 HOST, DISK = TierName.HOST, TierName.DISK
 BLOCKS = ([1, 2, 3, 4, 5],)  # a 65-token request's blocks
@@ -151,3 +152,49 @@ def test_the_sample_is_every_nth_hit_and_only_hits():
     assert off.verify.sample(off.track(request("q", 65))) is False
     side.close()
     off.close()
+
+
+def restarted_with_engine(tmp_path, **config):
+    """Chunks of a 64-token prompt on disk, then a restarted scheduler that finds them
+    there (host memory empty) and a worker whose disk reads a test can fail or hold."""
+    first = scheduler(disk=tmp_path, instance_id="a")
+    w, _, engine = worker_and_engine(tmp_path, instance_id="a", **config)
+    keys = store(first, w, "x")
+    first.close()
+    side = scheduler(disk=tmp_path, instance_id="a", verify_sample=1)
+    assert side.recovered == 2
+    return side, w, engine, keys
+
+
+def test_a_copy_that_cannot_be_read_is_neither_right_nor_wrong(tmp_path):
+    side, w, engine, keys = restarted_with_engine(tmp_path)
+    try:
+        engine.fail(OSError(errno.EIO, "injected"))
+        check(side, w, "y", 2)
+        assert side.counters["verify_unread_chunks"] == 2 and side.counters["chunks_verified"] == 0
+        assert not side.counters["verify_mismatches_disk"]
+        host = side.stack.indexes[HOST]
+        assert all(side.stack.locate(k).tier is DISK and not host.has_entry(k) for k in keys)
+    finally:
+        side.close()
+        w.close(5)
+
+
+def test_a_read_past_load_timeout_holds_its_staging_slot_until_it_ends(tmp_path):
+    side, w, engine, keys = restarted_with_engine(tmp_path, load_timeout="200ms")
+    try:
+        engine.hold()
+        check(side, w, "y", 2)  # given up on after load_timeout: unread
+        host = side.stack.indexes[HOST]
+        assert side.counters["verify_unread_chunks"] == 2
+        assert all(host.has_entry(k) for k in keys)  # a read may still fill the slots
+        engine.release()
+        deadline = time.monotonic() + 10
+        while any(host.has_entry(k) for k in keys):
+            assert time.monotonic() < deadline
+            side.worker_report(w.report() or WorkerReport())
+            time.sleep(0.01)
+        assert all(side.stack.locate(k).tier is DISK for k in keys)
+    finally:
+        side.close()
+        w.close(5)

@@ -109,15 +109,17 @@ class WorkerVerify:
             with self._ledger.lock:
                 self._ledger.pending.reads_stalled[key] += 1
             self._end(check, "verify_failed")
-            wait_futures([read])  # its staging slot is the scheduler side's once it ends
-            with self._ledger.lock:
-                self._ledger.pending.reads_over[key] += 1
+            read.add_done_callback(lambda _: self._read_over(key))  # then the slot is free
             return False
         result: IOResult = read.result()
         if not result.ok:
             self._end(check, "verify_failed")
             return False
         return True
+
+    def _read_over(self, key: bytes) -> None:
+        with self._ledger.lock:
+            self._ledger.pending.reads_over[key] += 1
 
     def _end(self, check: ChunkVerify, outcome: str) -> None:
         with self._ledger.lock:
