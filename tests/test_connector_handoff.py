@@ -187,6 +187,30 @@ def test_a_prompt_of_whole_chunks_waits_for_its_last_chunk_too(tmp_path):
         b.close()
 
 
+def test_a_consumers_sampled_hit_is_checked_and_nothing_stored(tmp_path):
+    a = side(tmp_path, Role.PRODUCER, "a")
+    b = side(tmp_path, Role.CONSUMER, "b", verify_sample=1)
+    try:
+        write_as(tmp_path, "a", store_all(a, request("x", 64)).stores)
+        b.others.refresh_soon()
+        deadline = time.monotonic() + 5
+        while b.others.counts().chunks < 2:
+            assert time.monotonic() < deadline
+            time.sleep(ASK_EVERY_S)
+        req = request("y", 65)
+        assert b.num_new_matched_tokens(req, 0) == (0, False)  # sampled: computed
+        assert b.completes_chunks("y", 65)
+        meta = StepPlan()
+        b.plan_stores(req, ([1, 2, 3, 4, 5],), 65, meta)
+        assert [v.tier for v in meta.verifies] == ["shared", "shared"] and not meta.stores
+        plain = request("z", 65, seed=7)
+        b.track(plain)
+        assert not b.completes_chunks("z", 65)  # not sampled: a consumer stores nothing
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_producer_that_never_writes_costs_the_consumer_load_timeout_then_a_recompute(tmp_path):
     b = side(tmp_path, Role.CONSUMER, "b", load_timeout="300ms")
     try:

@@ -200,9 +200,12 @@ class SchedulerSide:
     # -- stores -------------------------------------------------------------------------
 
     def completes_chunks(self, req_id: str, num_computed_after: int) -> bool:
-        """Whether the request has chunks computed and not yet offered for store."""
+        """Whether the request has chunks computed and not yet offered for store (on a
+        consumer, which stores nothing: for a sampled check)."""
         tracked = self._tracked.get(req_id)
-        if not self.handoffs.stores or (tracked is not None and tracked.store_done):
+        if tracked is not None and tracked.store_done:
+            return False
+        if not self.handoffs.stores and (tracked is None or not tracked.verify):
             return False
         stored = tracked.stored_upto if tracked is not None else 0
         if num_computed_after // self.geometry.chunk_tokens > stored:
@@ -232,11 +235,11 @@ class SchedulerSide:
         tracked = self.track(request)
         count = num_computed_after // self.geometry.chunk_tokens
         keys = self.chunk_keys(request, count, tracked.stored_upto)  # a decode step: none
-        self._stores.plan(tracked, keys, block_ids, meta)
+        self._stores.plan(tracked, keys, block_ids, meta, stores=self.handoffs.stores)
         if self._tail_due(tracked, num_computed_after):
             tail = self.tail(request)
             assert tail is not None
-            self._stores.plan_tail(tracked, tail, block_ids, meta)
+            self._stores.plan_tail(tracked, tail, block_ids, meta, stores=self.handoffs.stores)
 
     # -- outcomes -----------------------------------------------------------------------
 

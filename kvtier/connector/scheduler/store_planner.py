@@ -43,12 +43,13 @@ class StorePlanner:
         self._remote_writes, self._events, self._verify = remote_writes, events, verify
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
-             meta: StepPlan) -> None:
+             meta: StepPlan, stores: bool = True) -> None:
         """Offer ``keys``, the request's chunks from ``tracked.stored_upto`` on, stored
         from ``block_ids`` (all the request's blocks, per KV cache group). A chunk already
         cached is only touched. One that is not, and that some group keeps no page of any
         more (out of its sliding window by now: vLLM's null block), cannot be stored, nor
-        can any after it: the request is done storing (``tracked.store_done``)."""
+        can any after it: the request is done storing (``tracked.store_done``). Without
+        ``stores`` (a consumer's sampled request) chunks are only checked, never stored."""
         per, keep = self.geometry.blocks_per_chunk, self._keep()
         for c, key in enumerate(keys, start=tracked.stored_upto):
             if c >= keep:  # its store would evict the request's own first chunks
@@ -65,6 +66,8 @@ class StorePlanner:
                 if self._events is not None:
                     self._events.seen(key, tracked.request, c, [
                         tier for tier, index in self.stack.indexes.items() if key in index])
+            elif not stores:
+                pass  # a consumer's: checked where it was cached, nothing stored
             elif NULL_BLOCK in ids:
                 tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
                 break
@@ -75,7 +78,7 @@ class StorePlanner:
             tracked.stored_upto = c + 1
 
     def plan_tail(self, tracked: Tracked, tail: Tail, block_ids: GroupBlocks,
-                  meta: StepPlan) -> None:
+                  meta: StepPlan, stores: bool = True) -> None:
         """Offer the request's prompt tail (its computed prompt's partial last chunk): its
         blocks' pages, the last one partly filled, go into a chunk slot like any chunk's.
         With no host slot free it is offered again at the request's next step. A sampled
@@ -95,6 +98,8 @@ class StorePlanner:
             pass  # its full blocks checked against their pages: kept if right
         elif self._cached(tail.key):
             self.stack.touch(tail.key)
+        elif not stores:
+            pass
         elif not self._plan_one(tail.key, ids, meta):
             return
         tracked.tail_done = tracked.tail_stored = True
