@@ -90,6 +90,17 @@ def test_verify_reports_a_halt_and_repair_ends_it(tmp_path):
     assert code == 0 and report["halt_removed"] and marker.read() is None
 
 
+def test_inspect_says_a_namespace_is_halted(tmp_path):
+    marker, ns = namespace(tmp_path)
+    code, out = cli("inspect", ns.parent, "--json")
+    assert code == 0 and json.loads(out)["namespaces"][0]["halted"] is False
+    marker.write({"mismatches": 3})
+    code, out = cli("inspect", ns.parent, "--json")
+    assert json.loads(out)["namespaces"][0]["halted"] is True
+    code, out = cli("inspect", ns.parent)
+    assert "serve no hits" in " ".join(out.split())
+
+
 def test_clear_removes_a_halted_namespace_whole(tmp_path):
     marker, ns = namespace(tmp_path)
     marker.write({"mismatches": 3})

@@ -55,6 +55,9 @@ def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        if r.halted:
+            console.print(f"{r.id[:12]}: engines found wrong KV while serving and serve no hits "
+                          "(halt.json): `kvtier verify --repair` ends it")
         for name in r.ignored:
             console.print(f"{r.id[:12]}: writers/{_show(name)} is not a writer's segment; left alone")
     if not reports:

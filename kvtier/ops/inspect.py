@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from kvtier.io.format import SlotHeader
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
 from kvtier.ops.segments import busy_reason, file_problem, index_entries, top_lock_held
+from kvtier.segment.halt_file import HaltFile
 from kvtier.segment.lease import read_lease
 
 
@@ -59,6 +60,7 @@ class NamespaceReport(Holdings):
     age_seconds: dict[str, float] = field(default_factory=dict)
     writers: list[WriterReport] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # entries of writers/ that are not kvtier's
+    halted: bool = False  # engines found wrong KV while serving: no hits (halt.json)
 
     @property
     def fill(self) -> float:
@@ -86,7 +88,8 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         kv_dtype=str(ns.get("kv_dtype", "")), layout=str(ns.get("layout", "")),
         chunk_tokens=_int(ns.get("chunk_tokens")), block_tokens=_int(ns.get("block_tokens")),
         tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "",
-        format_version=_int(ns.get("format_version")), ignored=list(directory.ignored))
+        format_version=_int(ns.get("format_version")), ignored=list(directory.ignored),
+        halted=HaltFile(directory.root, directory.id).read() is not None)
     created: list[int] = []
     for segment in directory.segments:
         writer, headers = inspect_segment(segment, directory.readable, now)
