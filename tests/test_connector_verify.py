@@ -138,6 +138,24 @@ def test_past_verify_halt_after_no_hit_is_served_even_after_a_restart(sides, tmp
     restarted.close()
 
 
+def test_a_chunk_still_being_written_to_disk_is_checked_at_a_later_sample(tmp_path):
+    """Removed while its write-through runs, it would land on disk after: not checked yet."""
+    side = scheduler(disk=tmp_path, verify_sample=1)
+    meta = StepPlan()
+    side.plan_stores(request("x", 64), ([1, 2, 3, 4],), 64, meta)
+    side.worker_report(WorkerReport(host_stored=Counter({s.key: 1 for s in meta.stores})))
+    assert side.num_new_matched_tokens(request("y", 65), 0) == (0, False)
+    early = StepPlan()
+    side.plan_stores(request("y", 65), BLOCKS, 64, early)
+    assert not early.verifies and not early.stores
+    side.worker_report(WorkerReport(disk_written=Counter({s.key: 1 for s in meta.stores})))
+    assert side.num_new_matched_tokens(request("z", 65), 0) == (0, False)
+    later = StepPlan()
+    side.plan_stores(request("z", 65), BLOCKS, 64, later)
+    assert len(later.verifies) == 2
+    side.close()
+
+
 def test_the_sample_is_every_nth_hit_and_only_hits():
     side = scheduler(verify_sample="1/4")
     meta = StepPlan()

@@ -111,6 +111,10 @@ class RemoteWrites:
         first (they count as checked now), but for those being written now."""
         return [key for key in self._known.oldest(count) if key not in self._pending]
 
+    def writing(self, key: ChunkKey) -> bool:
+        """Whether a write of ``key`` to the store is in flight."""
+        return key in self._pending
+
     def lost(self, key: ChunkKey) -> None:
         """A read of ``key`` from the store failed (evicted, or damaged): not known to be
         there any more, so its next store writes it again (over a damaged value)."""

@@ -57,7 +57,8 @@ class VerifyPlanner:
     (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
     of a prompt's tail), pinned where it is cached (a copy on storage gets a host slot to
     stage its read, after any write-back out of that slot); not for a chunk already being
-    checked, one no tier holds any more, or one with no host slot free to stage it in.
+    checked, one still being written (``_writing``), one no tier holds any more, or one with
+    no host slot free to stage it in.
     ``apply`` folds the workers' answers: once every rank has, the pins end; a copy that
     matched on every rank counts as verified; one that differed on any is removed from every
     tier (this engine's, the shared directory's copy it read, the remote store), counted by
@@ -95,9 +96,8 @@ class VerifyPlanner:
 
     def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
              blocks: int | None = None) -> bool:
-        if key in self._checks or NULL_BLOCK in ids or (self.stack.indexes[HOST].has_entry(key)
-                                                        and self.stack.locate(key) is None):
-            return False  # being checked, or being stored
+        if key in self._checks or NULL_BLOCK in ids or self._writing(key):
+            return False
         where = find(key, self.stack.locate, self.others.find if self.others else None)
         remote = where is None and key in tracked.verify_remote
         if where is None and not remote:
@@ -126,6 +126,14 @@ class VerifyPlanner:
             self._checks[key] = _Check(tier, pinned, staged, refs)
         meta.verifies.append(ChunkVerify(source, str(tier), disk_slot, blocks))
         return True
+
+    def _writing(self, key: ChunkKey) -> bool:
+        """Being stored, or written to disk or the remote store: a copy removed now would
+        land after (a write-through's commit), so it is checked at a later sample."""
+        host = self.stack.indexes[HOST]
+        return (host.has_entry(key) and self.stack.locate(key) is None) \
+            or key in self._pending.disk \
+            or (self.remote_writes is not None and self.remote_writes.writing(key))
 
     def apply(self, report: WorkerReport) -> None:
         for key in set(report.verified) | set(report.verify_differed) | set(report.verify_failed):
