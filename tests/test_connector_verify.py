@@ -16,6 +16,7 @@ from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
 from tests.helpers.scheduler_side import request, scheduler, store_all
+from tests.helpers.shared import wait_for
 from tests.helpers.worker_side import GEO, worker, worker_and_engine
 
 HOST, DISK = TierName.HOST, TierName.DISK
@@ -126,6 +127,7 @@ def test_past_verify_halt_after_no_hit_is_served_even_after_a_restart(sides, tmp
     assert side.stack.locate(keys[1]) is not None
     side.verify.rate = 0.0  # not sampled: refused all the same
     assert side.num_new_matched_tokens(request("z", 65), 0) == (0, False)
+    wait_for(lambda: any(tmp_path.glob("*/halt.json")))  # written off the scheduler's thread
     (halt,) = tmp_path.glob("*/halt.json")
     side.close()
     restarted = scheduler(disk=tmp_path, instance_id="a", verify_sample=0)

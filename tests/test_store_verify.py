@@ -10,6 +10,7 @@ import torch
 
 from kvtier import KVStore
 from kvtier.io.buffers import AlignedBuffer
+from kvtier.store.tolerance import same_kv
 from kvtier.tiers.base import TierName
 from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
 from tests.helpers.redis_server import RedisServer, needs_redis
@@ -154,3 +155,11 @@ def test_kv_of_the_wrong_shape_is_refused_naming_it():
     cfg = {"chunk_tokens": CHUNK, "host_capacity": 16 * CHUNK_BYTES, "model": "m"}
     with KVStore(SMALL, cfg) as store, pytest.raises(ValueError, match="kv"):
         store.verify_against(A, torch.zeros(3, 2, 4 * CHUNK, 32, dtype=torch.bfloat16))
+
+
+def test_a_dtype_named_as_torch_prints_it_is_compared_the_same():
+    fresh = torch.randn(256)
+    moved = fresh + 1e-7
+    for name in ("float32", "torch.float32"):
+        assert same_kv(moved.view(torch.uint8), fresh.view(torch.uint8), name, 1e-3), name
+        assert not same_kv(torch.randn(256).view(torch.uint8), fresh.view(torch.uint8), name, 1e-3)

@@ -12,6 +12,7 @@ from collections import Counter
 from kvtier.connector.scheduler.verify_halt import VerifyHalt
 from kvtier.segment.halt_file import HaltFile
 from tests.helpers.hostile import cli, make_cache, namespace_of
+from tests.helpers.shared import wait_for
 
 
 def namespace(tmp_path) -> tuple[HaltFile, os.PathLike]:
@@ -27,6 +28,7 @@ def test_past_the_limit_the_file_is_written_and_a_restart_finds_it(tmp_path):
     assert not halt.halted and marker.read() is None
     halt.mismatch()
     assert halt.halted and counters["verify_halted"] == 1
+    wait_for(lambda: (ns / "halt.json").exists())  # written off the scheduler's thread
     assert json.loads((ns / "halt.json").read_text())["mismatches"] == 2
     restarted = VerifyHalt(2, Counter(), marker)
     assert restarted.halted

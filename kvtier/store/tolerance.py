@@ -34,8 +34,9 @@ def same_kv(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance: fl
     ``within`` ``tolerance``."""
     if cached.shape != fresh.shape:
         return False
-    view = getattr(torch, dtype.removeprefix("torch."), None)
-    if tolerance == 0.0 or dtype not in DEFAULT_TOLERANCE or not isinstance(view, torch.dtype):
+    name = dtype.removeprefix("torch.")
+    view = getattr(torch, name, None)
+    if tolerance == 0.0 or name not in DEFAULT_TOLERANCE or not isinstance(view, torch.dtype):
         return bool(torch.equal(cached, fresh))
     return within(cached.view(view), fresh.view(view), tolerance)
 

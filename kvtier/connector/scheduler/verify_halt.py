@@ -50,13 +50,20 @@ class VerifyHalt:
                   "computed. %s", self.mismatches, self.limit,
                   f"The halt is {self.marker.path}: {HOW_TO_END}" if self.marker else
                   f"Until this engine restarts; first: {HOW_TO_END}")
-        if self.marker is not None:
-            try:
-                self.marker.write({"mismatches": self.mismatches, "limit": self.limit})
-                self._in_file = True
-            except OSError as exc:
-                log.warning("kvtier: the halt file %s could not be written (%s): the halt "
-                            "lasts until this engine restarts", self.marker.path, exc)
+        if self.marker is not None:  # on a thread: a hung filesystem must not stop a step
+            threading.Thread(target=self._write, args=(self.mismatches,), name="kvtier-halt-write",
+                             daemon=True).start()
+
+    def _write(self, mismatches: int) -> None:
+        assert self.marker is not None
+        try:
+            self.marker.write({"mismatches": mismatches, "limit": self.limit})
+        except OSError as exc:
+            log.warning("kvtier: the halt file %s could not be written (%s): the halt lasts "
+                        "until this engine restarts", self.marker.path, exc)
+            return
+        with self._lock:
+            self._in_file = self.halted
 
     def _halt(self) -> None:
         self.halted = True

@@ -65,8 +65,6 @@ class VerifyPlanner:
     tier, logged, and told to ``halt``; one some rank could not read counts as neither.
     """
 
-
-
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
                  world_size: int, pending: PendingStores, stalled: StalledReads,
                  others: OtherWriters | None, presence: RemotePresence | None,

@@ -3,7 +3,6 @@ cached copy that would have served it."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -87,6 +86,8 @@ class WorkerVerify:
 
     def _check(self, check: ChunkVerify, fresh: torch.Tensor, read: Future | None) -> None:
         source = check.source
+        if source.staged and read is None:  # its staging slot holds another chunk's bytes
+            raise RuntimeError("a staged copy was never read")
         if read is not None and not self._read_ok(check, read):
             return
         assert source.host_slot is not None
@@ -104,8 +105,7 @@ class WorkerVerify:
     def _read_ok(self, check: ChunkVerify, read: Future) -> bool:
         """Whether the cached copy was read (within ``load_timeout``) and checked out."""
         key = check.source.key
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        if not wait_futures([read], timeout=deadline and max(0.0, deadline - time.monotonic())).done:
+        if not wait_futures([read], timeout=self._timeout).done:
             with self._ledger.lock:
                 self._ledger.pending.reads_stalled[key] += 1
             self._end(check, "verify_failed")
