@@ -29,6 +29,7 @@ from kvtier.connector.vllm_events import VllmEvents, event_factory
 from kvtier.tiers.base import TierName
 
 BLOCK, CHUNK = 16, 32
+HASHING = SimpleNamespace(prefix_caching_hash_algo="sha256")  # vLLM's default
 
 
 def geometry(hash_block: int = BLOCK) -> KVGeometry:
@@ -177,7 +178,8 @@ def test_nothing_is_recorded_or_published_while_vllms_events_are_off():
     for off in (SimpleNamespace(kv_events_config=None),
                 SimpleNamespace(kv_events_config=SimpleNamespace(enable_kv_cache_events=False))):
         assert event_factory(off, groups, BLOCK) is None
-    on = SimpleNamespace(kv_events_config=SimpleNamespace(enable_kv_cache_events=True))
+    on = SimpleNamespace(kv_events_config=SimpleNamespace(enable_kv_cache_events=True),
+                         cache_config=HASHING)
     assert isinstance(event_factory(on, groups, BLOCK), VllmEvents)
     cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * geometry().chunk_bytes},
                       environ={})
@@ -191,7 +193,8 @@ def test_vllm_events_carry_the_medium_the_group_and_vllms_hash_form(monkeypatch)
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype="float32")
-    factory = VllmEvents(SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)]),
+    factory = VllmEvents(SimpleNamespace(cache_config=HASHING),
+                         SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)]),
                          BLOCK)
     blocks = chunk_blocks(vllm_request("a", TOKENS[:64]), geometry(), 1)
     assert blocks is not None
@@ -230,7 +233,8 @@ def test_a_salted_prompts_first_block_carries_its_salt_as_vllms_events_do():
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype="float32")
-    factory = VllmEvents(SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)]),
+    factory = VllmEvents(SimpleNamespace(cache_config=HASHING),
+                         SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)]),
                          BLOCK)
     salted = vllm_request("a", TOKENS[:64], salt="tenant-b")
     first = chunk_blocks(salted, geometry(), 0, factory.extra_keys)

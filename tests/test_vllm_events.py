@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.vllm,
 CHUNK = 256
 PROMPTS = prompts(21, 4, 600)  # two full chunks and a tail each: 8 chunks on 3 host slots
 LAST = prompts(22, 1, 100)  # one more step or so, for the last reports
+OTHERS = prompts(23, 3, 100)  # the restarted engine's: none of the first run's tokens
 
 
 class Subscriber:
@@ -67,18 +68,30 @@ class Subscriber:
         return [event for batch in self.batches for event in batch.events]
 
 
-@pytest.fixture(scope="module")
-def published(tmp_path_factory):
-    work = tmp_path_factory.mktemp("events")
-    (work / "disk").mkdir(mode=0o700)
+def events_run(tmp_path_factory, work, phases: list, name: str) -> tuple[dict, list]:
     subscriber = Subscriber()
     extra = {**disk_extra(work / "disk", CHUNK), "host_capacity": "3MiB"}  # 3 chunk slots
-    run = spec(tiny_model(tmp_path_factory.getbasetemp()), "kvtier", extra,
-               [phase(PROMPTS), phase(LAST)], prefix_caching=True,
+    run = spec(tiny_model(tmp_path_factory.getbasetemp()), "kvtier", extra, phases,
+               prefix_caching=True,
                kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
                                  "endpoint": subscriber.endpoint, "topic": "kv"})
-    out = run_engine(run, work, "events")
+    out = run_engine(run, work, name)
     return out, subscriber.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The engine, then the same engine restarted on its disk with other prompts only."""
+    work = tmp_path_factory.mktemp("events")
+    (work / "disk").mkdir(mode=0o700)
+    first = events_run(tmp_path_factory, work, [phase(PROMPTS), phase(LAST)], "events")
+    again = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "restarted")
+    return first, again
+
+
+@pytest.fixture(scope="module")
+def published(runs):
+    return runs[0]
 
 
 def full_chunks() -> list[tuple[int, ...]]:
@@ -141,3 +154,17 @@ def test_host_memorys_evictions_are_published_as_removals(published):
             removals += 1
     assert removals >= 5  # 8 chunks (and 5 tails) through 3 host slots
     assert 0 < sum(held.values()) <= 3
+
+
+def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_request(runs):
+    (_, first), (out, again) = runs
+    from vllm.distributed.kv_events import BlockStored
+
+    written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
+               for e in first if isinstance(e, BlockStored) and e.medium == "STORAGE"}
+    replayed = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
+                for e in again if isinstance(e, BlockStored) and e.medium == "STORAGE"}
+    assert out["kvtier"]["kv_events_unnamed"] == 5  # the 5 prompts' tails: no vLLM hashes
+    assert set(written) <= set(replayed) <= set(full_chunks())  # tails are not named
+    for tokens, named in written.items():
+        assert replayed[tokens] == named  # the same hashes as before the restart

@@ -23,7 +23,7 @@ from kvtier.connector.common.geometry import geometry_from_vllm
 from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.handoff import Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
-from kvtier.connector.vllm_events import event_factory
+from kvtier.connector.vllm_events import VllmHashing, event_factory
 from kvtier.connector.worker.counters import WorkerCounters
 from kvtier.connector.worker.side import WorkerSide
 from kvtier.errors import ConfigError
@@ -105,9 +105,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
+            block = self.geometry.block_tokens
             self._scheduler = SchedulerSide(
                 self.config, self.geometry, namespaces, tp,
-                event_factory(vllm_config, kv_cache_config, self.geometry.block_tokens), kv_role)
+                event_factory(vllm_config, kv_cache_config, block), kv_role,
+                VllmHashing(vllm_config, block))
             if port:
                 self._metrics = serve_metrics(port, self._scheduler.metric_samples,
                                               self.config.metrics_host)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
+    BlockHash,
     generate_block_hash_extra_keys,
+    hash_block_tokens,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
@@ -15,19 +19,38 @@ from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec
 from kvtier.connector.scheduler.events import ChunkBlocks
 
 
-class VllmEvents:
-    """kvtier's KV events (``scheduler/events.py``) as vLLM's ``BlockStored``/``BlockRemoved``,
-    one per KV cache group, shaped as its offloading connector's (``locality`` LOCAL)."""
+class VllmHashing:
+    """vLLM's block hashing as ``scheduler/chunk_records.py`` asks for it: the engine's
+    ``prefix_caching_hash_algo``, chained from vLLM's seed (``NONE_HASH``, set once the
+    engine is up: hash nothing before its first step)."""
 
-    def __init__(self, kv_cache_config: Any, block_tokens: int) -> None:
-        self.block_tokens, specs = block_tokens, [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
-        self.groups = [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs]
+    def __init__(self, vllm_config: Any, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
 
     def extra_keys(self, request: Any, start: int, stop: int) -> tuple | None:
         size = self.block_tokens
         keys = to_event_extra_keys([generate_block_hash_extra_keys(request, at, at + size, 0)[0]
                                     for at in range(start, stop, size)]) or []
         return tuple(keys) if any(key is not None for key in keys) else None
+
+    def block_hashes(self, parent: bytes | None, tokens: Sequence[int], size: int) -> list[bytes]:
+        hashes: list[bytes] = []
+        previous = None if parent is None else BlockHash(parent)
+        for at in range(0, len(tokens) - size + 1, size):
+            previous = hash_block_tokens(self.hash_fn, previous, tokens[at:at + size])
+            hashes.append(bytes(previous))
+        return hashes
+
+
+class VllmEvents(VllmHashing):
+    """kvtier's KV events (``scheduler/events.py``) as vLLM's ``BlockStored``/``BlockRemoved``,
+    one per KV cache group, shaped as its offloading connector's (``locality`` LOCAL)."""
+
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, block_tokens: int) -> None:
+        super().__init__(vllm_config, block_tokens)
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        self.groups = [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs]
 
     def stored(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
         hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
@@ -51,4 +74,4 @@ def event_factory(vllm_config: Any, kv_cache_config: Any, block_tokens: int) -> 
     events = getattr(vllm_config, "kv_events_config", None)
     if events is None or not events.enable_kv_cache_events:
         return None
-    return VllmEvents(kv_cache_config, block_tokens)
+    return VllmEvents(vllm_config, kv_cache_config, block_tokens)

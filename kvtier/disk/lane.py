@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
@@ -113,9 +113,10 @@ class DiskLane:
         """Blocking, verified reads of some parts of each chunk (``DiskTier.read_parts``)."""
         return self.tier.read_parts(items)
 
-    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]],
+                   records: Mapping[ChunkKey, bytes] | None = None) -> list[IOResult]:
         """Blocking writes (run them in a job on the slots' queue)."""
-        return self.tier.write_many(items)
+        return self.tier.write_many(items, records)
 
     def note_timeout(self, slot: int) -> bool:
         """A request on ``slot``'s path given up after ``load_timeout``: it counts against the
@@ -213,7 +214,8 @@ class NoDisk:
                    ) -> list[IOResult]:
         raise AssertionError("no disk tier: nothing may be read")
 
-    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]],
+                   records: Mapping[ChunkKey, bytes] | None = None) -> list[IOResult]:
         raise AssertionError("no disk tier: nothing may be written")
 
     def invalidate(self, slot: int) -> IOResult:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -139,8 +139,10 @@ class DiskTier:
         """Read chunk ``key`` into ``dst[:raw_bytes]``, verified; CORRUPT leaves ``dst`` junk."""
         return self.read_many([(slot, key, dst)])[0]
 
-    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
-        """Write several chunks; slots adjacent in one file go in one vectored call."""
+    def write_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]],
+                   records: Mapping[ChunkKey, bytes] | None = None) -> list[IOResult]:
+        """Write several chunks, each with its token record (``records``) where there is
+        one; slots adjacent in one file go in one vectored call."""
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
         for run in self.layout.runs([slot for slot, _, _ in items], 1 if self.compression else MAX_RUN):
             path, directory, number, offset = self._where(items[run[0]][0])
@@ -156,7 +158,8 @@ class DiskTier:
                 codec, body, size = encode(key, src, header_buf, self._scratch, self._generation,
                                            ns_digest=self.ns_digest, raw_bytes=self.raw_bytes,
                                            parts=self.parts, compression=self.compression,
-                                           element_bytes=self.element_bytes)
+                                           element_bytes=self.element_bytes,
+                                           record=records.get(key, b"") if records else b"")
                 iov += [header_buf, body]
                 sizes.append((slot, codec, size, header_buf))
             for i, result in zip(run, self._write_run(path, directory, number, offset, iov, sizes),

@@ -22,10 +22,11 @@ from kvtier.segment.cachedir import CacheDir, aligned_view
 
 def encode(key: ChunkKey, src: np.ndarray, header_buf: np.ndarray, scratch: ThreadScratch,
            generations: Iterator[int], *, ns_digest: bytes, raw_bytes: int, parts: ChunkParts,
-           compression: bool, element_bytes: int) -> tuple[Codec, np.ndarray, int]:
+           compression: bool, element_bytes: int, record: bytes = b"",
+           ) -> tuple[Codec, np.ndarray, int]:
     """(codec, aligned body to write, payload size) of chunk ``key`` from ``src``; the header
-    (its generation the next of ``generations``) goes in ``header_buf``, a compressed
-    payload in this thread's payload buffer."""
+    (its generation the next of ``generations``, the chunk's token ``record`` after its part
+    table) goes in ``header_buf``, a compressed payload in this thread's payload buffer."""
     raw = src[: raw_bytes]
     codec, payload, body_source = Codec.NONE, raw, src
     if compression:
@@ -40,7 +41,7 @@ def encode(key: ChunkKey, src: np.ndarray, header_buf: np.ndarray, scratch: Thre
     else:
         header = SlotHeader(ns_digest, key, codec, payload.size, raw_bytes,
                             payload_checksum(payload.data), next(generations), time.time_ns())
-    header.encode(into=header_buf)
+    header.encode(into=header_buf, record=record)
     return codec, aligned_view(body_source, payload.size), payload.size
 
 

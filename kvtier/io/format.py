@@ -75,8 +75,9 @@ class SlotHeader:
         return cls(namespace, key, Codec.NONE, size, size, _table_checksum(parts), generation,
                    created_ns, FORMAT_VERSION, parts, len(parts))
 
-    def encode(self, into=None) -> bytes | None:
-        """The 4 KiB header; written into ``into`` (any writable buffer) when given."""
+    def encode(self, into=None, record: bytes = b"") -> bytes | None:
+        """The 4 KiB header; written into ``into`` (any writable buffer) when given. A
+        ``record`` (``token_record``) follows the part table when it fits there."""
         body = _LAYOUT.pack(
             MAGIC, self.format_version, HEADER_BYTES, int(self.codec), 0, len(self.parts),
             self.namespace, self.key, self.generation, self.payload_bytes, self.raw_bytes,
@@ -85,14 +86,18 @@ class SlotHeader:
         checked = body + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(body))
         table = _table(self.parts)
         if into is None:
-            return checked.ljust(INDEX_ENTRY_BYTES, b"\0") + table.ljust(
-                HEADER_BYTES - INDEX_ENTRY_BYTES, b"\0")
+            into = bytearray(HEADER_BYTES)
+            self.encode(into, record)
+            return bytes(into)
         view = memoryview(into).cast("B")
         view[: len(checked)] = checked
         view[len(checked):INDEX_ENTRY_BYTES] = bytes(INDEX_ENTRY_BYTES - len(checked))
         view[INDEX_ENTRY_BYTES:INDEX_ENTRY_BYTES + len(table)] = table
         view[INDEX_ENTRY_BYTES + len(table):HEADER_BYTES] = bytes(
             HEADER_BYTES - INDEX_ENTRY_BYTES - len(table))
+        at = INDEX_ENTRY_BYTES + len(table)  # token_record.record_offset
+        if record and at + len(record) <= HEADER_BYTES:
+            view[at:at + len(record)] = record
         return None
 
     def part_offsets(self) -> list[tuple[int, int]]:

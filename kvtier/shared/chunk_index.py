@@ -4,6 +4,7 @@ one chunk a log names."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.keys import ChunkKey
@@ -72,7 +73,10 @@ class ChunkIndex:
     """Every copy of each chunk the reader knows of, by key.
 
     Contract: ``put(key, copy)`` records a copy (replacing what was known of that segment's
-    slot for ``key``); ``remove(key, source, slot)`` forgets it (nothing when unknown);
+    slot for ``key``), True when ``key`` had none; ``remove(key, source, slot)`` forgets it
+    (nothing when unknown), True when that was ``key``'s last copy; ``items()`` lists one
+    copy of each key; ``listener``, when set, is called with (key, copy) when a key gains
+    its first copy and (key, None) when it loses its last;
     ``first(key)`` is one copy of ``key`` (None when none is known); ``at(key, source,
     slot)`` is that copy, if known; ``len()`` counts the distinct keys. Each is O(1),
     whatever the number of copies of one key. A key with one copy costs one dict entry
@@ -80,8 +84,9 @@ class ChunkIndex:
 
     def __init__(self) -> None:
         self._by_key: dict[ChunkKey, int | _Copies] = {}
+        self.listener: Callable[[ChunkKey, Copy | None], None] | None = None
 
-    def put(self, key: ChunkKey, copy: Copy) -> None:
+    def put(self, key: ChunkKey, copy: Copy) -> bool:
         assert 0 <= copy.slot < MAX_SLOTS and 0 <= copy.codec <= 0xFF \
             and 0 <= copy.payload_bytes <= _PAYLOAD_MASK, copy
         packed = _pack(copy)
@@ -92,17 +97,28 @@ class ChunkIndex:
             self._by_key[key] = _Copies([held, packed])
         else:
             held.put(packed)
+        if held is None and self.listener is not None:
+            self.listener(key, copy)
+        return held is None
 
-    def remove(self, key: ChunkKey, source: int, slot: int) -> None:
+    def remove(self, key: ChunkKey, source: int, slot: int) -> bool:
         held = self._by_key.get(key)
         place = _place(source, slot)
         if isinstance(held, int):
             if held >> _SIZE_BITS == place:
                 del self._by_key[key]
+                if self.listener is not None:
+                    self.listener(key, None)
+                return True
         elif held is not None:
             held.remove(place)
             if len(held.packed) == 1:
                 self._by_key[key] = held.packed[0]
+        return False
+
+    def items(self) -> list[tuple[ChunkKey, Copy]]:
+        return [(key, _unpack(held if isinstance(held, int) else held.packed[0]))
+                for key, held in self._by_key.items()]
 
     def first(self, key: ChunkKey) -> Copy | None:
         held = self._by_key.get(key)

@@ -112,6 +112,15 @@ class SharedView:
             if followed is not None:
                 self._index.remove(chunk.key, followed.source, chunk.slot)
 
+    def listen(self, listener: Callable[[ChunkKey, OtherChunk | None], None]) -> list[OtherChunk]:
+        """Call ``listener`` (on the refresh thread, under the view's lock: keep it short)
+        with (key, a copy) when a key gains its first copy, (key, None) when it loses its
+        last; returns what the view holds now, one copy a key."""
+        with self._lock:
+            self._index.listener = lambda key, copy: listener(
+                key, None if copy is None else self._chunk(key, copy))
+            return [self._chunk(key, copy) for key, copy in self._index.items()]
+
     def generation(self, path: int, writer: str) -> int:
         """How many times that writer's log started over (its files may be new since)."""
         with self._lock:

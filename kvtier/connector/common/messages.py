@@ -42,13 +42,16 @@ class ChunkStore:
     """Copy a computed chunk's GPU pages into ``host_slot``; then, if ``disk_slot`` is set,
     write it there in the background (write-through), and with ``remote`` write it to the
     remote store in the background too. ``block_ids``: the chunk's blocks in each KV cache
-    group, group after group (one group but for hybrid models)."""
+    group, group after group (one group but for hybrid models). ``record``: its token
+    record (``kvtier.io.token_record``), which its disk writes put in the slot's header
+    (b"": none)."""
 
     key: bytes
     block_ids: tuple[int, ...]
     host_slot: int
     disk_slot: int | None = None
     remote: bool = False
+    record: bytes = b""
 
 
 @dataclass(frozen=True)

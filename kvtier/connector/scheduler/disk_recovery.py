@@ -25,9 +25,16 @@ def disk_layout(config: KVTierConfig, geometry: KVGeometry) -> SlotLayout | None
 
 
 def recover_disk(config: KVTierConfig, namespaces: Sequence[Namespace], writers: Sequence[object],
-                 layout: SlotLayout, stack: TierStack) -> int:
+                 layout: SlotLayout | None, stack: TierStack) -> int:
     """Adopt the chunks every rank (``namespaces``, each rank's writer id) has on disk, in
-    the same slot, oldest first; the number adopted."""
+    the same slot, oldest first; the number adopted (none without a disk tier, or when a
+    rank's writer id is not known)."""
+    if layout is None:
+        return 0
+    if None in writers:
+        log.warning("kvtier: the writer id of this engine's workers is not known (set "
+                    "instance_id): chunks on disk from before this start are not used")
+        return 0
     per_rank = [read_disk_index(list(config.disk_paths), ns, layout, str(writer))
                 for ns, writer in zip(namespaces, writers, strict=True)]
     common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()

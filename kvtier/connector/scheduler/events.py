@@ -8,10 +8,13 @@ disk tiers) gain and lose. A chunk's event names each of its blocks as vLLM's ow
 ``BlockStored`` does: vLLM's hash of each block of ``block_size`` tokens (chained over the
 prefix, salt and adapter), the hash of the block before the chunk, the chunk's token ids.
 
-Only chunks of this engine's tiers whose tokens it saw since it started are published: a
-chunk found on disk at start is published once a request with its tokens comes; a prompt's
-tail (its last block is partial: vLLM has no hash for it) and chunks of other engines or
-the remote store are not. Events are hints, never promises.
+A chunk this engine stored is named from the request it came with. A chunk on disk since
+before this start, or in another engine's segment of a shared directory, is named from
+the token record in its slot's header (``storage_events.py``), or once a request with its
+tokens comes. ``STORAGE`` stands for both: a chunk is stored there while this engine's
+disk or another segment it follows holds it, removed when neither does. A prompt's tail
+(its last block is partial: vLLM has no hash for it) and chunks of the remote store are
+not published. Events are hints, never promises.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 
 MEDIUMS = {TierName.HOST: "CPU", TierName.DISK: "STORAGE"}  # vLLM's MEDIUM_CPU, MEDIUM_STORAGE
+OWN_DISK, SHARED = 1, 2  # who holds a chunk in STORAGE: this engine's disk, others' segments
 QUEUE_LIMIT = 65536  # events held between two of vLLM's takes; the oldest are dropped past it
 
 
@@ -86,8 +90,12 @@ class KVEvents:
     store (a chunk recorded once keeps its first record), ``seen`` one found cached without
     a record (published then in the tiers holding it); ``stored(key, tier)`` and
     ``removed(key, tier)`` queue an event for a recorded chunk in a tier with a medium
-    (others are ignored); ``left(key)`` marks a chunk that may be in no tier any more: its
-    record is dropped at the next ``take`` unless ``still_held(key)``. ``take()`` returns
+    (others are ignored; ``STORAGE`` only when it starts or stops holding the chunk);
+    ``found(key, blocks, ...)`` records a chunk named by its token record, stored on this
+    engine's disk (if ``on_disk``) or in another engine's segment (``shared``);
+    ``shared_gone(key)`` says no other segment holds it any more; ``left(key)`` marks a
+    chunk that may be in no tier any more: its record is dropped at the next ``take``
+    unless ``still_held(key)`` or ``STORAGE`` holds it. ``take()`` returns
     the events queued since the last one, oldest first. The queue holds at most ``limit``
     events: past it the oldest are dropped, counted in ``counters["kv_events_dropped"]``;
     ``counters["kv_events"]`` counts those taken. Nothing here blocks or does I/O.
@@ -100,6 +108,7 @@ class KVEvents:
         self._blocks: dict[ChunkKey, ChunkBlocks] = {}
         self._queue: deque[tuple[bool, ChunkBlocks, str]] = deque(maxlen=limit)
         self._left: set[ChunkKey] = set()
+        self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
 
     def __len__(self) -> int:
         """Chunks recorded."""
@@ -125,14 +134,45 @@ class KVEvents:
     def removed(self, key: ChunkKey, tier: TierName) -> None:
         self._put(False, key, tier)
 
+    def found(self, key: ChunkKey, blocks: ChunkBlocks, *, shared: bool, on_disk: bool) -> None:
+        self._blocks.setdefault(key, blocks)
+        if shared:
+            self._storage_change(True, key, SHARED)
+        elif on_disk:
+            self.stored(key, TierName.DISK)
+        else:
+            self.left(key)
+
+    def shared_gone(self, key: ChunkKey) -> None:
+        if self._storage.get(key, 0) & SHARED:
+            self._storage_change(False, key, SHARED)
+            self.left(key)
+
     def left(self, key: ChunkKey) -> None:
         if key in self._blocks:
             self._left.add(key)
 
     def _put(self, stored: bool, key: ChunkKey, tier: TierName) -> None:
+        if tier is TierName.DISK:
+            self._storage_change(stored, key, OWN_DISK)
+        elif tier in MEDIUMS:
+            self._queue_event(stored, key, MEDIUMS[tier])
+
+    def _storage_change(self, stored: bool, key: ChunkKey, holder: int) -> None:
+        if key not in self._blocks:
+            return
+        before = self._storage.get(key, 0)
+        after = before | holder if stored else before & ~holder
+        if after:
+            self._storage[key] = after
+        else:
+            self._storage.pop(key, None)
+        if bool(before) != bool(after):
+            self._queue_event(stored, key, MEDIUMS[TierName.DISK])
+
+    def _queue_event(self, stored: bool, key: ChunkKey, medium: str) -> None:
         blocks = self._blocks.get(key)
-        medium = MEDIUMS.get(tier)
-        if blocks is None or medium is None:
+        if blocks is None:
             return
         if len(self._queue) == self._queue.maxlen:
             self.counters["kv_events_dropped"] += 1  # the oldest goes
@@ -140,8 +180,8 @@ class KVEvents:
 
     def take(self) -> list[Any]:
         for key in self._left:
-            if not self.still_held(key):
-                del self._blocks[key]
+            if not self.still_held(key) and key not in self._storage:
+                self._blocks.pop(key, None)
         self._left.clear()
         events: list[Any] = []
         while self._queue:

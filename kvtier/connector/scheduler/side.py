@@ -6,10 +6,8 @@ through ``StepPlan``; the workers report outcomes back through ``WorkerReport``.
 Every reservation is two-phase: a chunk becomes visible only after all ranks reported it
 stored; chunks being loaded stay pinned until the load is over.
 
-``SchedulerSide`` is the face vLLM's calls reach; the work is done by ``LoadPlanner``
-(loads), ``StorePlanner`` (stores) and ``Outcomes`` (the workers' reports), over the
-records of ``records``.
-"""
+``SchedulerSide`` is the face vLLM's calls reach; ``LoadPlanner`` (loads), ``StorePlanner``
+(stores) and ``Outcomes`` (the workers' reports) work over the records of ``records``."""
 
 from __future__ import annotations
 
@@ -21,8 +19,10 @@ from kvtier.config.settings import KVTierConfig, LoadPolicy
 from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
 from kvtier.connector.common.geometry import KVGeometry, say_unstored_replies
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
+from kvtier.connector.scheduler.chunk_records import ChunkHashing
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.disk_recovery import disk_layout, recover_disk
+from kvtier.connector.scheduler.event_feed import event_feed
 from kvtier.connector.scheduler.events import EventFactory, KVEvents
 from kvtier.connector.scheduler.handoff import Handoffs, Role
 from kvtier.connector.scheduler.load_planner import LoadPlanner
@@ -52,12 +52,13 @@ class SchedulerSide:
     Public state: ``stack`` (the tiers' indexes), ``decider`` (``load_policy``),
     ``counters`` (chunks loaded by tier, stored, written, failed), ``recovered`` (chunks
     found on disk at start), ``disk_layout`` (None without disk paths), ``events`` (the KV
-    events of its tiers, made by ``event_factory``; None while vLLM's are off).
+    events of its tiers, made by ``event_factory``; None while vLLM's are off). With
+    ``hashing`` (vLLM's), each chunk written to disk keeps a token record in its header.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespaces: list[Namespace],
                  world_size: int, event_factory: EventFactory | None = None,
-                 role: Role = Role.BOTH) -> None:
+                 role: Role = Role.BOTH, hashing: ChunkHashing | None = None) -> None:
         self.config, self.geometry, self.world_size = config, geometry, world_size
         self.disk_layout = disk_layout(config, geometry)
         self.writers = engine_writers(config, namespaces)  # each rank's segment
@@ -69,16 +70,15 @@ class SchedulerSide:
         self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
-        known = None not in self.writers
-        if self.disk_layout and not known:
-            log.warning("kvtier: the writer id of this engine's workers is not known (set "
-                        "instance_id): chunks on disk from before this start are not used")
-        self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack) \
-            if self.disk_layout and known else 0
+        self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout,
+                                      self.stack)
         say_unstored_replies(geometry)
         own = [w or unheld_writer(config.disk_paths, ns)
                for w, ns in zip(self.writers, namespaces, strict=True)]
         self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
+        self.feed = event_feed(self.events, self.stack, self.others, config.disk_paths,
+                               namespaces[0], self.writers[0], self.disk_layout, geometry,
+                               hashing, self.counters)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
         self.remote_writes, self._audit = remote_writes(self.presence, self.stack, self.counters,
                                                         world_size, config.remote_min_hits)
@@ -91,7 +91,7 @@ class SchedulerSide:
                                     stalled, self.others, self.presence, self.remote_writes,
                                     self.halt)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
-                                    self.events, self.verify)
+                                    self.events, self.verify, hashing)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
                                   self.remote_writes, self.verify)
@@ -250,14 +250,13 @@ class SchedulerSide:
     def close(self) -> None:
         """Stop following other engines' segments, the halt file, asking the remote store."""
         self.halt.close()
-        if self.others is not None:
-            self.others.close()
-        if self.presence is not None:
-            self.presence.close()
+        for part in (self.feed, self.others, self.presence):
+            if part is not None:
+                part.close()
 
     def take_events(self) -> list:
         """The KV events of this engine's tiers since the last call (vLLM's ``take_events``)."""
-        return [] if self.events is None else self.events.take()
+        return [] if self.feed is None else self.feed.take()
 
     def metric_samples(self) -> list:
         """The scheduler side's metrics (served on ``metrics_port``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
+from kvtier.connector.scheduler.chunk_records import ChunkHashing, chunk_record
 from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.records import PendingStores, Tracked
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
@@ -33,14 +34,17 @@ class StorePlanner:
     loads in flight), leaving ``stored_upto`` there so that the request's next step offers
     it again; and for good past as many chunks as the largest tier holds (``_keep``).
     With ``events`` (vLLM's KV events on), each chunk planned is recorded there for the
-    events its tiers raise, and each chunk found cached is made known there.
+    events its tiers raise, and each chunk found cached is made known there. With
+    ``hashing`` and a disk tier, each chunk planned carries its token record.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
                  pending: PendingStores, remote_writes: RemoteWrites | None = None,
-                 events: KVEvents | None = None, verify: VerifyPlanner | None = None) -> None:
+                 events: KVEvents | None = None, verify: VerifyPlanner | None = None,
+                 hashing: ChunkHashing | None = None) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
         self._remote_writes, self._events, self._verify = remote_writes, events, verify
+        self._hashing = hashing if DISK in stack.indexes else None
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan, stores: bool = True) -> None:
@@ -71,7 +75,7 @@ class StorePlanner:
             elif NULL_BLOCK in ids:
                 tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
                 break
-            elif not self._plan_one(key, ids, meta):
+            elif not self._plan_one(key, ids, meta, self._record(tracked, c)):
                 break
             elif self._events is not None:
                 self._events.record(key, tracked.request, c)
@@ -115,8 +119,15 @@ class StorePlanner:
         """Cached, or being stored."""
         return self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key)
 
-    def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan) -> bool:
-        """Plan the store of a chunk not cached; False when no host slot is free for it now."""
+    def _record(self, tracked: Tracked, chunk: int) -> bytes:
+        if self._hashing is None:
+            return b""
+        return chunk_record(tracked.request, self.geometry, chunk, self._hashing)
+
+    def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
+                  record: bytes = b"") -> bool:
+        """Plan the store of a chunk not cached (with its token ``record``); False when no
+        host slot is free for it now."""
         plan = self.stack.plan_store(key, HOST)
         if plan is None:
             return False
@@ -131,5 +142,5 @@ class StorePlanner:
             self._pending.disk[key] = (disk, plan.dst)
         remote = self._remote_writes is not None and self._remote_writes.with_store(key)
         meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None,
-                                      remote))
+                                      remote, record))
         return True

@@ -10,7 +10,7 @@ from functools import partial
 
 import numpy as np
 
-from kvtier.connector.common.messages import DiskWrite, RequestLoad
+from kvtier.connector.common.messages import ChunkStore, DiskWrite, RequestLoad
 from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.load_tracker import ReadGate, Reads, failed_read
 from kvtier.disk.lane import DiskLane, NoDisk
@@ -28,7 +28,9 @@ class WorkerDisk:
     before its job is over); ``submit_writes(items)`` returns the started write jobs, whose
     outcomes go into the ledger's report (``disk_written`` / ``disk_failed``);
     ``demote(demotions, timeout)`` writes and waits (write-back victims leaving their host
-    slots), at most ``timeout``.
+    slots), at most ``timeout``. ``keep_records(stores)`` keeps the token record of each
+    chunk just stored into a host slot, for the slot's disk writes (write-through now,
+    write-back later) to put in its header.
     A corrupt slot's header is blanked by its read job, before the load can report it.
     """
 
@@ -36,6 +38,18 @@ class WorkerDisk:
                  threads: int, other_reads: OtherReads | None = None, rank: int = 0) -> None:
         self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
         self._other_reads, self._rank = other_reads, rank
+        self._records: dict[int, tuple[bytes, bytes]] = {}  # host slot -> (key, token record)
+
+    def keep_records(self, stores: Sequence[ChunkStore]) -> None:
+        for store in stores:
+            if store.record:
+                self._records[store.host_slot] = (store.key, store.record)
+            else:
+                self._records.pop(store.host_slot, None)
+
+    def _record(self, host_slot: int, key: bytes) -> bytes:
+        kept = self._records.get(host_slot)
+        return kept[1] if kept is not None and kept[0] == key else b""
 
     def submit_reads(self, load: RequestLoad) -> Reads:
         """Start the disk reads of a load, neighbouring slots together, one job per path."""
@@ -155,13 +169,15 @@ class WorkerDisk:
         for queue in self._lane.queues:
             mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
                     if self._lane.queue_of(d) == queue]
+            records = {ChunkKey(k): record for d, k, h in items
+                       if self._lane.queue_of(d) == queue and (record := self._record(h, k))}
             if mine:
-                future = self._lane.submit(queue, partial(self._write, mine))
+                future = self._lane.submit(queue, partial(self._write, mine, records))
                 started.append(([k for _, k, _ in mine], future))
         return started
 
-    def _write(self, items: list) -> None:
-        results = self._lane.write_many(items)
+    def _write(self, items: list, records: dict[ChunkKey, bytes]) -> None:
+        results = self._lane.write_many(items, records)
         with self._ledger.lock:
             for (_, key, _), result in zip(items, results, strict=True):
                 if result.ok:

@@ -50,6 +50,7 @@ class WorkerSaves:
                 self._ledger.unexpected("copy of a chunk to host failed", store.key.hex(), exc)
                 self._ledger.store_failed(store)
         pages.synchronize()
+        self._disk.keep_records(stored)
         with self._ledger.lock:
             for store in stored:
                 self._ledger.pending.host_stored[store.key] += 1

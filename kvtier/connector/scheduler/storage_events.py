@@ -1,0 +1,162 @@
+"""Chunks on disk that no request has named since this engine started, named in its KV
+events from their slots' token records: this engine's disk tier at start (so that a router
+connecting to a restarted engine learns its disk) and other engines' segments of a shared
+directory, as this engine's follower sees them come and go (every engine that can load
+such a chunk advertises it).
+
+Headers are read (4 KiB each, read only) on a thread of this class's own; nothing here
+runs on the scheduler's step but ``drain``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.scheduler.chunk_records import ChunkHashing, record_blocks
+from kvtier.connector.scheduler.events import ChunkBlocks
+from kvtier.io.format import HeaderError, decode_header
+from kvtier.io.token_record import read_record
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.segment.slot_headers import read_headers
+from kvtier.shared.followed import OtherChunk
+
+log = logging.getLogger("kvtier")
+QUEUE_LIMIT = 1 << 20  # headers waiting to be read; past it the newest are not read
+BATCH = 4096  # headers read at a time
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A chunk named by its record (``blocks``; None: ``shared`` and no other segment holds
+    it any more), held by this engine's disk or (``shared``) another engine's segment."""
+
+    key: ChunkKey
+    blocks: ChunkBlocks | None
+    shared: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    key: ChunkKey
+    path: int
+    writer: str
+    slot: int  # local slot of that writer's files on ``path``
+    shared: bool
+
+
+class StorageEvents:
+    """Contract: ``start(own, listen)`` begins (once vLLM hashes blocks: at its first take
+    of events) to read the header of each chunk of ``own`` ((key, slot) of this engine's
+    disk tier, as ``own_writer``'s segment holds them) and, with ``listen`` (rank 0's
+    ``SharedView.listen``), of each chunk other segments hold, then of each they gain;
+    a chunk they lose is reported gone. ``drain()`` returns what was found since the last
+    call, in order. A header that cannot be read, is not the chunk's, or holds no record
+    naming its key (``record_blocks``) finds nothing (counted in ``unnamed``). At most
+    ``QUEUE_LIMIT`` headers wait: past it the newest are not read (``dropped``).
+    ``close()`` stops the thread.
+    """
+
+    def __init__(self, roots: Sequence[str], namespace: Namespace, own_writer: str,
+                 stride: int, geometry: KVGeometry, hashing: ChunkHashing) -> None:
+        self._roots, self._namespace, self._own = list(roots), namespace, own_writer
+        self._stride, self._geometry, self._hashing = stride, geometry, hashing
+        self._digest = namespace.digest()
+        self.unnamed = self.dropped = 0
+        self._todo: deque[_Read | ChunkKey] = deque()  # a key alone: gone from other segments
+        self._found: deque[Found] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def start(self, own: Sequence[tuple[ChunkKey, int]],
+              listen: Callable[[Callable[[ChunkKey, OtherChunk | None], None]],
+                               list[OtherChunk]] | None) -> None:
+        paths = len(self._roots)
+        self._add([_Read(key, slot % paths, self._own, slot // paths, False)
+                   for key, slot in own])
+        if listen is not None:
+            self._add([self._other(chunk) for chunk in listen(self._changed)])
+        self._thread = threading.Thread(target=self._run, name="kvtier-storage-events",
+                                        daemon=True)
+        self._thread.start()
+
+    def drain(self) -> list[Found]:
+        found = []
+        while self._found:
+            found.append(self._found.popleft())
+        return found
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def _other(self, chunk: OtherChunk) -> _Read:
+        return _Read(chunk.key, chunk.path, chunk.writer, chunk.slot, True)
+
+    def _changed(self, key: ChunkKey, chunk: OtherChunk | None) -> None:
+        """The follower's news (on its refresh thread, under its view's lock)."""
+        self._add([key if chunk is None else self._other(chunk)])
+
+    def _add(self, items: list[_Read | ChunkKey]) -> None:
+        with self._wake:
+            room = max(0, QUEUE_LIMIT - len(self._todo))
+            if len(items) > room:
+                self.dropped += len(items) - room
+            self._todo.extend(items[:room])
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._todo and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                batch = [self._todo.popleft() for _ in range(min(BATCH, len(self._todo)))]
+            try:
+                self._found.extend(self._read(batch))
+            except Exception as exc:  # a hint lost, never the engine
+                log.warning("kvtier: reading token records for KV events failed: %r", exc)
+
+    def _read(self, batch: list[_Read | ChunkKey]) -> list[Found]:
+        """What ``batch`` finds, in its order: each header read once, segment by segment."""
+        wanted: dict[tuple[int, str], set[int]] = {}
+        for item in batch:
+            if isinstance(item, _Read):
+                wanted.setdefault((item.path, item.writer), set()).add(item.slot)
+        headers = {(path, writer): read_headers(self._roots[path], self._namespace.id, writer,
+                                                self._stride, slots)
+                   for (path, writer), slots in wanted.items()}
+        found = []
+        for item in batch:
+            if not isinstance(item, _Read):
+                found.append(Found(item, None, True))
+                continue
+            blocks = self._named(item.key, headers[(item.path, item.writer)].get(item.slot))
+            if blocks is None:
+                self.unnamed += 1
+            else:
+                found.append(Found(item.key, blocks, item.shared))
+        return found
+
+    def _named(self, key: ChunkKey, data: bytes | None) -> ChunkBlocks | None:
+        if data is None:
+            return None
+        try:
+            header = decode_header(data)
+        except HeaderError:
+            return None
+        if header.namespace != self._digest or header.key != key:
+            return None
+        record = read_record(data, header.num_parts)
+        if record is None:
+            return None
+        return record_blocks(record, key, self._geometry, self._namespace, self._hashing)

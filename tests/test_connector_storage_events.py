@@ -1,0 +1,190 @@
+"""Chunks on disk named in KV events from their slots' token records
+(``scheduler/storage_events.py``, ``scheduler/event_feed.py``): an engine restarted on its
+disk, and an engine following another's segment of a shared directory, publish those
+chunks with the hashes vLLM gives their tokens, without a request for them; a record that
+lies, or no record, names nothing; ``STORAGE`` is removed only when no holder is left."""
+
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, hash_block_tokens, init_none_hash
+from vllm.v1.request import Request
+
+from kvtier.config.settings import load_config
+from kvtier.connector.common.messages import StepPlan
+from kvtier.connector.scheduler.events import KVEvents
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.vllm_events import VllmHashing
+from kvtier.io.format import Codec, SlotHeader
+from kvtier.io.token_record import encode_record, read_record
+from kvtier.tiers.base import TierName
+from tests.helpers.worker_side import GEO, worker
+
+BLOCK = GEO.block_tokens
+TOKENS = list(range(3000, 3064))  # two chunks of 32
+OTHER = list(range(5000, 5064))
+HASHING = VllmHashing(SimpleNamespace(cache_config=SimpleNamespace(
+    prefix_caching_hash_algo="sha256")), BLOCK)
+
+
+class Recorded:
+    """A stand-in for ``VllmEvents``: (kind, medium, hashes, tokens) of each event."""
+
+    extra_keys = HASHING.extra_keys
+
+    def stored(self, blocks, medium):
+        return [("stored", medium, blocks.hashes, blocks.tokens.tolist())]
+
+    def removed(self, blocks, medium):
+        return [("removed", medium, blocks.hashes, None)]
+
+
+def vllm_request(name: str, tokens: list[int], salt: str | None = None) -> Request:
+    init_none_hash(sha256)
+    return Request(name, tokens, SamplingParams(max_tokens=1), None, cache_salt=salt,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def chain(tokens: list[int]) -> list[bytes]:
+    init_none_hash(sha256)
+    hashes: list[bytes] = []
+    for at in range(0, len(tokens), BLOCK):
+        hashes.append(hash_block_tokens(sha256, hashes[-1] if hashes else None,
+                                        tokens[at:at + BLOCK]))
+    return hashes
+
+
+def side(tmp_path, name: str, events: bool = True) -> SchedulerSide:
+    cfg = load_config({"chunk_tokens": 2 * BLOCK, "host_capacity": 4 * GEO.chunk_bytes,
+                       "disk_paths": [str(tmp_path)], "instance_id": name, "disk_min_free": 0,
+                       "disk_capacity": 8 * (4096 + GEO.chunk_bytes)}, environ={})
+    return SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1,
+                         Recorded() if events else None, hashing=HASHING)
+
+
+def write(tmp_path, name: str, tokens: list[int], salt: str | None = None) -> list[bytes]:
+    """Engine ``name`` computes ``tokens`` and writes their chunks through to disk; closed."""
+    s, w = side(tmp_path, name, events=False), worker(tmp_path, instance_id=name)[0]
+    meta = s.build_meta()
+    s.plan_stores(vllm_request("r", tokens, salt), ([1, 2, 3, 4],), len(tokens), meta)
+    w.save(meta)
+    assert w.drain(5)
+    s.worker_report(w.report())
+    assert s.counters["disk_written_chunks"] == 2, s.counters
+    s.close()
+    w.close(5)
+    return [st.record for st in meta.stores]
+
+
+def events_until(s: SchedulerSide, count: int, timeout: float = 10.0) -> list:
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, got
+        got += s.take_events()
+        time.sleep(0.02)
+    time.sleep(0.1)
+    return got + s.take_events()
+
+
+def test_a_plain_chunk_carries_its_token_record_and_a_salted_one_none(tmp_path):
+    s = side(tmp_path, "a")
+    meta = StepPlan()
+    s.plan_stores(vllm_request("r", TOKENS), ([1, 2, 3, 4],), 64, meta)
+    hashes = chain(TOKENS)
+    assert len(meta.stores) == 2
+    for n, store in enumerate(meta.stores):
+        made = SlotHeader(b"n" * 16, store.key, Codec.NONE, 1, 1, 1, 1, 1).encode(
+            record=store.record)
+        record = read_record(made, 0)
+        assert record is not None
+        assert record.tokens.tolist() == TOKENS[32 * n:32 * (n + 1)]
+        assert record.parent == (hashes[1] if n else b"")
+    meta = StepPlan()
+    s.plan_stores(vllm_request("s", OTHER, salt="tenant"), ([5, 6, 7, 8],), 64, meta)
+    first, second = (st.record for st in meta.stores)
+    assert first == b""  # its first block's hash takes the salt in: a record keeps none
+    assert second  # its own blocks hash only tokens, chained from the salted parent
+    s.close()
+
+
+def test_a_restarted_engine_publishes_its_disk_without_a_request(tmp_path):
+    write(tmp_path, "a", TOKENS)
+    s = side(tmp_path, "a")
+    assert s.recovered == 2
+    got = events_until(s, 2)
+    hashes = chain(TOKENS)
+    assert sorted(got) == sorted([("stored", "STORAGE", tuple(hashes[0:2]), TOKENS[:32]),
+                                  ("stored", "STORAGE", tuple(hashes[2:4]), TOKENS[32:])])
+    store = StepPlan()
+    s.plan_stores(vllm_request("r", TOKENS), ([1, 2, 3, 4],), 64, store)
+    assert s.take_events() == [] and not store.stores  # on disk, known: nothing new
+    s.close()
+
+
+def test_another_engines_chunks_are_published_until_no_segment_holds_them(tmp_path):
+    write(tmp_path, "a", TOKENS)
+    b = side(tmp_path, "b")
+    assert b.recovered == 0 and b.others is not None
+    got = events_until(b, 2)
+    assert [e[:2] for e in got] == [("stored", "STORAGE")] * 2
+    assert {e[2] for e in got} == {tuple(chain(TOKENS)[0:2]), tuple(chain(TOKENS)[2:4])}
+    first = b.chunk_keys(vllm_request("r", TOKENS), 1)[0]
+    refs = b.others.find(first)
+    assert refs is not None
+    b.others.drop(refs)  # a failed read, say: no other segment holds it now
+    gone = events_until(b, 1)
+    assert gone == [("removed", "STORAGE", tuple(chain(TOKENS)[0:2]), None)]
+    b.close()
+
+
+def test_a_chunk_without_a_record_is_counted_and_published_once_its_tokens_come(tmp_path):
+    write(tmp_path, "a", OTHER, salt="tenant")  # the first chunk has no record
+    b = side(tmp_path, "b")
+    got = events_until(b, 1)  # the second has, chained from the salted first
+    assert [(e[:2], e[3]) for e in got] == [(("stored", "STORAGE"), OTHER[32:])]
+    assert b.counters["kv_events_unnamed"] == 1
+    b.close()
+
+
+def test_a_record_whose_tokens_do_not_make_its_key_names_nothing(tmp_path):
+    from kvtier.connector.scheduler.chunk_records import record_blocks
+    from kvtier.io.token_record import TokenRecord
+
+    s = side(tmp_path, "a")
+    key = s.chunk_keys(vllm_request("r", TOKENS), 1)[0]
+    ns = GEO.namespace("m", "", 1, 0)
+    right = read_record(SlotHeader(b"n" * 16, key, Codec.NONE, 1, 1, 1, 1, 1).encode(
+        record=encode_record(b"", __import__("array").array("i", TOKENS[:32]))), 0)
+    assert right is not None and record_blocks(right, key, GEO, ns, HASHING) is not None
+    lied = TokenRecord(b"", __import__("array").array("i", OTHER[:32]))
+    assert record_blocks(lied, key, GEO, ns, HASHING) is None
+    wrong_parent = TokenRecord(b"\x07" * 32, right.tokens)
+    assert record_blocks(wrong_parent, key, GEO, ns, HASHING) is None
+    assert record_blocks(TokenRecord(b"", right.tokens[:16]), key, GEO, ns, HASHING) is None
+    s.close()
+
+
+def test_storage_is_removed_only_when_neither_this_disk_nor_another_segment_holds_it():
+    events = KVEvents(GEO, Recorded(), Counter())
+    req = vllm_request("r", TOKENS)
+    from kvtier.connector.scheduler.events import chunk_blocks
+
+    blocks = chunk_blocks(req, GEO, 0)
+    assert blocks is not None
+    key = b"k" * 16
+    events.found(key, blocks, shared=True, on_disk=False)  # type: ignore[arg-type]
+    events.record(key, req, 0)  # type: ignore[arg-type]
+    events.stored(key, TierName.DISK)  # type: ignore[arg-type]
+    assert [e[:2] for e in events.take()] == [("stored", "STORAGE")]  # once for both
+    events.shared_gone(key)  # type: ignore[arg-type]
+    assert events.take() == [] and len(events) == 1  # still on this engine's disk
+    events.removed(key, TierName.DISK)  # type: ignore[arg-type]
+    events.left(key)  # type: ignore[arg-type]
+    assert [e[:2] for e in events.take()] == [("removed", "STORAGE")] and len(events) == 0
