@@ -157,14 +157,17 @@ def test_host_memorys_evictions_are_published_as_removals(published):
 
 
 def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_request(runs):
-    (_, first), (out, again) = runs
+    (before, first), (out, again) = runs
     from vllm.distributed.kv_events import BlockStored
 
     written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
                for e in first if isinstance(e, BlockStored) and e.medium == "STORAGE"}
     replayed = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
                 for e in again if isinstance(e, BlockStored) and e.medium == "STORAGE"}
-    assert out["kvtier"]["kv_events_unnamed"] == 5  # the 5 prompts' tails: no vLLM hashes
     assert set(written) <= set(replayed) <= set(full_chunks())  # tails are not named
+    # the rest of the disk is unnamed: the prompts' tails (one more where a preempted
+    # request's grown prompt was offered again), vLLM has no hash for their last block
+    unnamed = out["kvtier"]["kv_events_unnamed"]
+    assert unnamed >= 5 and unnamed + len(replayed) <= before["kvtier"]["disk_written_chunks"]
     for tokens, named in written.items():
         assert replayed[tokens] == named  # the same hashes as before the restart
