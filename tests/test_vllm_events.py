@@ -1,6 +1,7 @@
 """kvtier's KV events in a real vLLM engine: published through vLLM's own ZMQ event stream,
 read back by a subscriber on loopback, matched against the events vLLM publishes for its
-GPU cache (docs/vllm.md, "KV events")."""
+GPU cache (docs/vllm.md, "KV events"); then the engine restarted, and another engine on the
+same directory, each naming the chunks on disk from their token records, unasked."""
 
 import shutil
 import tempfile
@@ -68,9 +69,10 @@ class Subscriber:
         return [event for batch in self.batches for event in batch.events]
 
 
-def events_run(tmp_path_factory, work, phases: list, name: str) -> tuple[dict, list]:
+def events_run(tmp_path_factory, work, phases: list, name: str, **more) -> tuple[dict, list]:
     subscriber = Subscriber()
-    extra = {**disk_extra(work / "disk", CHUNK), "host_capacity": "3MiB"}  # 3 chunk slots
+    extra = {**disk_extra(work / "disk", CHUNK), "host_capacity": "3MiB",  # 3 chunk slots
+             "share_writers": 2, **more}
     run = spec(tiny_model(tmp_path_factory.getbasetemp()), "kvtier", extra, phases,
                prefix_caching=True,
                kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq",
@@ -81,12 +83,15 @@ def events_run(tmp_path_factory, work, phases: list, name: str) -> tuple[dict, l
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The engine, then the same engine restarted on its disk with other prompts only."""
+    """The engine, then the same engine restarted on its disk with other prompts only, then
+    another engine on the same directory (a segment of its own) with other prompts only."""
     work = tmp_path_factory.mktemp("events")
     (work / "disk").mkdir(mode=0o700)
     first = events_run(tmp_path_factory, work, [phase(PROMPTS), phase(LAST)], "events")
     again = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "restarted")
-    return first, again
+    other = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "other",
+                       instance_id="other")
+    return first, again, other
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +162,7 @@ def test_host_memorys_evictions_are_published_as_removals(published):
 
 
 def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_request(runs):
-    (before, first), (out, again) = runs
+    (before, first), (out, again), _ = runs
     from vllm.distributed.kv_events import BlockStored
 
     written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
@@ -171,3 +176,16 @@ def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_requ
     assert unnamed >= 5 and unnamed + len(replayed) <= before["kvtier"]["disk_written_chunks"]
     for tokens, named in written.items():
         assert replayed[tokens] == named  # the same hashes as before the restart
+
+
+def test_another_engine_on_the_directory_publishes_the_first_ones_chunks(runs):
+    (_, first), _, (_, other) = runs
+    from vllm.distributed.kv_events import BlockStored
+
+    written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
+               for e in first if isinstance(e, BlockStored) and e.medium == "STORAGE"}
+    shared = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
+              for e in other if isinstance(e, BlockStored) and e.medium == "STORAGE"}
+    assert set(written) <= set(shared) <= set(full_chunks())  # tails are not named
+    for tokens, named in written.items():
+        assert shared[tokens] == named  # as the engine that computed them named them
