@@ -188,3 +188,22 @@ def test_storage_is_removed_only_when_neither_this_disk_nor_another_segment_hold
     events.removed(key, TierName.DISK)  # type: ignore[arg-type]
     events.left(key)  # type: ignore[arg-type]
     assert [e[:2] for e in events.take()] == [("removed", "STORAGE")] and len(events) == 0
+
+
+def test_a_chunk_is_named_after_the_chunk_before_it_where_both_are_found_together():
+    from array import array
+
+    from kvtier.connector.scheduler.events import ChunkBlocks
+    from kvtier.connector.scheduler.storage_events import Found, parents_first
+
+    def chunk(name: str, parent: str | None) -> Found:
+        blocks = ChunkBlocks((name.encode() + b"0", name.encode() + b"1"),
+                             None if parent is None else parent.encode() + b"1", array("i"))
+        return Found(name.encode() * 16, blocks, True)
+
+    a, b, c, other = chunk("a", None), chunk("b", "a"), chunk("c", "b"), chunk("x", "y")
+    gone = Found(b"g" * 16, None, True)
+    assert parents_first([c, other, b, a]) == [a, b, c, other]
+    assert parents_first([c, b, gone, a]) == [b, c, gone, a]  # not across a removal
+    assert parents_first([a, c, b]) == [a, b, c]
+    assert parents_first([]) == []

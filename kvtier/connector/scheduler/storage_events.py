@@ -127,7 +127,8 @@ class StorageEvents:
                 log.warning("kvtier: reading token records for KV events failed: %r", exc)
 
     def _read(self, batch: list[_Read | ChunkKey]) -> list[Found]:
-        """What ``batch`` finds, in its order: each header read once, segment by segment."""
+        """What ``batch`` finds, in its order but each chunk after its parent chunk (as vLLM
+        publishes a prompt's blocks): each header read once, segment by segment."""
         wanted: dict[tuple[int, str], set[int]] = {}
         for item in batch:
             if isinstance(item, _Read):
@@ -145,7 +146,7 @@ class StorageEvents:
                 self.unnamed += 1
             else:
                 found.append(Found(item.key, blocks, item.shared))
-        return found
+        return parents_first(found)
 
     def _named(self, key: ChunkKey, data: bytes | None) -> ChunkBlocks | None:
         if data is None:
@@ -160,3 +161,27 @@ class StorageEvents:
         if record is None:
             return None
         return record_blocks(record, key, self._geometry, self._namespace, self._hashing)
+
+
+def parents_first(found: list[Found]) -> list[Found]:
+    """``found`` with each chunk moved after the chunk before it in its prompt (the one
+    whose last block hash is its parent), where both are between the same two chunks gone
+    (whose places stay as they were); otherwise in the order given."""
+    ordered: list[Found] = []
+    start = 0
+    for end in [i for i, f in enumerate(found) if f.blocks is None] + [len(found)]:
+        run = [(f, f.blocks) for f in found[start:end] if f.blocks is not None]
+        by_last = {blocks.hashes[-1]: n for n, (_, blocks) in enumerate(run)}
+        done = [False] * len(run)
+        for first in range(len(run)):
+            chain: list[int] = []
+            at: int | None = first
+            while at is not None and not done[at]:
+                done[at] = True
+                chain.append(at)
+                parent = run[at][1].parent
+                at = None if parent is None else by_last.get(parent)
+            ordered += [run[n][0] for n in reversed(chain)]
+        ordered += found[end:end + 1]
+        start = end + 1
+    return ordered
