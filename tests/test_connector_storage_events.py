@@ -5,6 +5,7 @@ chunks with the hashes vLLM gives their tokens, without a request for them; a re
 lies, or no record, names nothing; ``STORAGE`` is removed only when no holder is left."""
 
 import time
+from array import array
 from collections import Counter
 from types import SimpleNamespace
 
@@ -161,9 +162,9 @@ def test_a_record_whose_tokens_do_not_make_its_key_names_nothing(tmp_path):
     key = s.chunk_keys(vllm_request("r", TOKENS), 1)[0]
     ns = GEO.namespace("m", "", 1, 0)
     right = read_record(SlotHeader(b"n" * 16, key, Codec.NONE, 1, 1, 1, 1, 1).encode(
-        record=encode_record(b"", __import__("array").array("i", TOKENS[:32]))), 0)
+        record=encode_record(b"", array("i", TOKENS[:32]))), 0)
     assert right is not None and record_blocks(right, key, GEO, ns, HASHING) is not None
-    lied = TokenRecord(b"", __import__("array").array("i", OTHER[:32]))
+    lied = TokenRecord(b"", array("i", OTHER[:32]))
     assert record_blocks(lied, key, GEO, ns, HASHING) is None
     wrong_parent = TokenRecord(b"\x07" * 32, right.tokens)
     assert record_blocks(wrong_parent, key, GEO, ns, HASHING) is None
@@ -191,8 +192,6 @@ def test_storage_is_removed_only_when_neither_this_disk_nor_another_segment_hold
 
 
 def test_a_chunk_is_named_after_the_chunk_before_it_where_both_are_found_together():
-    from array import array
-
     from kvtier.connector.scheduler.events import ChunkBlocks
     from kvtier.connector.scheduler.storage_events import Found, parents_first
 
@@ -207,3 +206,33 @@ def test_a_chunk_is_named_after_the_chunk_before_it_where_both_are_found_togethe
     assert parents_first([c, b, gone, a]) == [b, c, gone, a]  # not across a removal
     assert parents_first([a, c, b]) == [a, b, c]
     assert parents_first([]) == []
+
+
+def test_a_co_writers_record_that_lies_about_its_tokens_is_not_published(tmp_path):
+    import os
+
+    from kvtier.io.format import decode_header
+    from kvtier.segment.index_file import SlotLayout
+    from kvtier.segment.names import SLOT_FILE
+
+    write(tmp_path, "a", TOKENS)
+    first = side(tmp_path, "a", events=False).chunk_keys(vllm_request("r", TOKENS), 1)[0]
+    path = tmp_path / GEO.namespace("m", "", 1, 0).id / "writers" / "a" / SLOT_FILE.format(0)
+    stride = SlotLayout(GEO.chunk_bytes, 1, 1 << 30).stride
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for slot in range(8):
+            header = decode_header(os.pread(fd, 4096, slot * stride))
+            if header.key == first:  # the same key, other tokens: its own checksum right
+                lie = header.encode(record=encode_record(b"", array("i", OTHER[:32])))
+                assert lie is not None and os.pwrite(fd, lie, slot * stride) == 4096
+                break
+        else:
+            raise AssertionError("chunk 0 not found in the segment")
+    finally:
+        os.close(fd)
+    b = side(tmp_path, "b")
+    got = events_until(b, 1)
+    assert [(e[:2], e[3]) for e in got] == [(("stored", "STORAGE"), TOKENS[32:])]
+    assert b.counters["kv_events_unnamed"] == 1
+    b.close()
