@@ -75,19 +75,29 @@ def read_record(header: bytes | memoryview, num_parts: int) -> TokenRecord | Non
     None: none there, or one that is cut short, too long, of another version, or whose
     checksum does not match. Reads nothing past the header."""
     data = memoryview(header).cast("B")[:HEADER_BYTES]
-    at = record_offset(num_parts)
-    if at + _HEAD.size > len(data) or bytes(data[at:at + len(MAGIC)]) != MAGIC:
+    return _parse(data[record_offset(num_parts):], exact=False)
+
+
+def decode_record(data: bytes | memoryview) -> TokenRecord | None:
+    """A record on its own (as a remote store's log keeps it: exactly its bytes, at most
+    ``HEADER_BYTES``), or None on anything but a whole, checked record."""
+    view = memoryview(data).cast("B")
+    return _parse(view, exact=True) if len(view) <= HEADER_BYTES else None
+
+
+def _parse(data: memoryview, exact: bool) -> TokenRecord | None:
+    if _HEAD.size > len(data) or bytes(data[:len(MAGIC)]) != MAGIC:
         return None
-    _, version, parent_len, count = _HEAD.unpack_from(data, at)
-    end = at + _HEAD.size + parent_len + 4 * count
-    if version != VERSION or parent_len > MAX_PARENT or end + _CHECKSUM.size > len(data):
+    _, version, parent_len, count = _HEAD.unpack_from(data, 0)
+    end = _HEAD.size + parent_len + 4 * count
+    if version != VERSION or parent_len > MAX_PARENT or end + _CHECKSUM.size > len(data) \
+            or (exact and end + _CHECKSUM.size != len(data)):
         return None
     (checksum,) = _CHECKSUM.unpack_from(data, end)
-    if checksum != xxhash.xxh3_64_intdigest(data[at:end]):
+    if checksum != xxhash.xxh3_64_intdigest(data[:end]):
         return None
-    start = at + _HEAD.size
     tokens = array("i")
-    tokens.frombytes(bytes(data[start + parent_len:end]))
+    tokens.frombytes(bytes(data[_HEAD.size + parent_len:end]))
     if sys.byteorder == "big":
         tokens.byteswap()  # the record is little-endian
-    return TokenRecord(bytes(data[start:start + parent_len]), tokens)
+    return TokenRecord(bytes(data[_HEAD.size:_HEAD.size + parent_len]), tokens)

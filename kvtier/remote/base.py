@@ -16,6 +16,9 @@ from kvtier.keys import ChunkKey
 log = logging.getLogger("kvtier")
 
 
+RECORD_LOG = 65536  # token records a store's log keeps, about (1.1 KiB each at 256 tokens)
+
+
 class RemoteTier(abc.ABC):
     """Chunks of one namespace in a remote store.
 
@@ -35,6 +38,9 @@ class RemoteTier(abc.ABC):
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
     - ``remove(keys)``: the values gone from the store (True once it answered).
+    - ``append_records`` / ``read_records``: a log of the chunks' token records, where the
+      backend keeps one (``keeps_records``), so that every engine of a fleet can name in its
+      KV events the chunks the store holds.
     - ``get_parts(keys, dsts, wanted)``: as ``get_many``, for chunks in parts (a hybrid
       model's, ``parts``: each part's bytes), reading of each chunk only the parts
       ``wanted`` (indexes) into their places in its ``dst``, each checked; the rest of
@@ -80,6 +86,22 @@ class RemoteTier(abc.ABC):
         computation), one round trip: True once the store answered. A backend that cannot
         remove answers False (the default)."""
         return False
+
+    keeps_records = False  # whether ``append_records`` and ``read_records`` do anything
+
+    def append_records(self, items: Sequence[tuple[ChunkKey, bytes]]) -> bool:
+        """Append each chunk's token record (``kvtier.io.token_record``) to the store's log
+        of them, which keeps about its last ``RECORD_LOG`` entries: one round trip, True
+        once the store took them. A backend without such a log answers False (the
+        default)."""
+        return False
+
+    def read_records(self, after: bytes, count: int) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
+        """Up to ``count`` entries of that log after the entry named ``after`` (b"0": from
+        its oldest), with the name of the last one read (``after`` when none): each (key,
+        record) as the store holds it, unchecked (whoever can write the store can write
+        these). None when the round trip failed or the backend keeps no log (the default)."""
+        return None
 
     def register(self, memory: np.ndarray) -> None:
         """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):

@@ -24,9 +24,10 @@ from kvtier.config.redact import redacted
 from kvtier.config.redis_url import PASSWORD_ENV, SCHEMES, USER_ENV, check_url, parse_url
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.remote.base import RemoteTier
+from kvtier.remote.base import RECORD_LOG, RemoteTier
 from kvtier.remote.deadline import bounded
 from kvtier.remote.range_reads import RangeRead, answer_into
+from kvtier.remote.record_log import stream_entries
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_round_trip
 from kvtier.remote.redis_direct import get_into, ranges_into, set_from
@@ -101,7 +102,7 @@ class RedisTier(RemoteTier):
             return list(replies)
         pipe = client.pipeline(transaction=False)
         for name, args in commands:
-            getattr(pipe, name)(*args)
+            pipe.execute_command(name.upper(), *args)  # as sent to a cluster: the raw command
         return list(pipe.execute(raise_on_error=False))
 
     def _broken(self, what: str, exc: BaseException) -> IOResult:
@@ -134,6 +135,23 @@ class RedisTier(RemoteTier):
     def remove(self, keys: Sequence[ChunkKey]) -> bool:
         return not isinstance(self._run("remove", [("unlink", (self._key(k),)) for k in keys]),
                               IOResult)
+
+    keeps_records = True  # a stream per namespace: ``<prefix>log:<namespace digest>``
+
+    def append_records(self, items: Sequence[tuple[ChunkKey, bytes]]) -> bool:
+        log_key = f"{self._prefix}log:{self._ns.hex()}".encode()
+        replies = self._run("log", [("xadd", (log_key, "MAXLEN", "~", RECORD_LOG, "*", "k",
+                                              bytes(key), "r", record)) for key, record in items])
+        return not isinstance(replies, IOResult) and not any(
+            isinstance(r, Exception) for r in replies)
+
+    def read_records(self, after: bytes, count: int) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
+        log_key = f"{self._prefix}log:{self._ns.hex()}".encode()
+        start = b"-" if after == b"0" else b"(" + after
+        replies = self._run("log", [("xrange", (log_key, start, b"+", "COUNT", count))])
+        if isinstance(replies, IOResult) or isinstance(replies[0], Exception):
+            return None
+        return stream_entries(replies[0], after)
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
         unfit = self._unfit(dsts)

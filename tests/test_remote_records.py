@@ -1,0 +1,106 @@
+"""A remote store's log of token records (``RemoteTier.append_records``/``read_records``) on
+Valkey/Redis, against a real redis-server and a one-node cluster: entries come back in
+order from any point, the log is trimmed to about ``RECORD_LOG``, entries another writer
+shaped otherwise are passed over, and a store that is down answers None, never raises."""
+
+import time
+
+import pytest
+
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote import redis_tier
+from kvtier.remote.record_log import stream_entries
+from kvtier.remote.redis_tier import RedisTier
+from tests.helpers.redis_server import RedisServer, needs_redis
+
+pytestmark = needs_redis
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+
+
+def key(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "big"))
+
+
+def read_all(tier: RedisTier, after: bytes = b"0", count: int = 7) -> tuple[bytes, list]:
+    entries: list = []
+    while True:
+        answer = tier.read_records(after, count)
+        assert answer is not None
+        after, got = answer
+        entries += got
+        if len(got) < count:
+            return after, entries
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_records_come_back_in_order_from_any_point(tmp_path, cluster):
+    server = RedisServer(tmp_path, *(("--cluster-enabled", "yes", "--cluster-config-file",
+                                      "nodes.conf") if cluster else ())).start()
+    try:
+        if cluster:
+            client = server.client()
+            client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+            deadline = time.monotonic() + 30
+            while b"cluster_state:ok" not in client.execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        url = f"redis+cluster://127.0.0.1:{server.port}" if cluster else server.url
+        tier = RedisTier(url, NS, 4096)
+        assert tier.keeps_records
+        assert tier.read_records(b"0", 10) == (b"0", [])  # no log yet
+        items = [(key(i), bytes([i]) * (10 + i)) for i in range(20)]
+        assert tier.append_records(items[:12]) and tier.append_records(items[12:])
+        last, entries = read_all(tier)
+        assert entries == [(bytes(k), r) for k, r in items]
+        assert tier.read_records(last, 10) == (last, [])  # nothing after the last
+        tier.append_records([(key(99), b"new")])
+        assert read_all(tier, last)[1] == [(bytes(key(99)), b"new")]
+        tier.close()
+    finally:
+        server.stop()
+
+
+def test_the_log_is_trimmed_to_about_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(redis_tier, "RECORD_LOG", 100)
+    server = RedisServer(tmp_path).start()
+    try:
+        tier = RedisTier(server.url, NS, 4096)
+        for start in range(0, 2000, 100):
+            assert tier.append_records([(key(i), b"r") for i in range(start, start + 100)])
+        _, entries = read_all(tier, count=500)
+        assert 100 <= len(entries) < 400  # MAXLEN ~: whole nodes of the stream go
+        assert entries[-1] == (bytes(key(1999)), b"r")
+        tier.close()
+    finally:
+        server.stop()
+
+
+def test_entries_shaped_otherwise_are_passed_over(tmp_path):
+    server = RedisServer(tmp_path).start()
+    try:
+        tier = RedisTier(server.url, NS, 4096)
+        tier.append_records([(key(1), b"one")])
+        log_key = f"kvtier:log:{NS.digest().hex()}"
+        client = server.client()
+        client.xadd(log_key, {"x": "y"})
+        client.xadd(log_key, {"k": b"only a key"})
+        tier.append_records([(key(2), b"two")])
+        assert read_all(tier)[1] == [(bytes(key(1)), b"one"), (bytes(key(2)), b"two")]
+        client.delete(log_key)
+        client.set(log_key, b"not a stream")
+        assert tier.read_records(b"0", 10) is None  # WRONGTYPE: no log to read
+        tier.close()
+    finally:
+        server.stop()
+    assert stream_entries(b"junk", b"7") == (b"7", [])
+    assert stream_entries([(b"1-0", [b"k", b"a", b"r"]), [b"2-0"], (3, {})], b"0") == (b"1-0", [])
+
+
+def test_a_store_that_is_down_answers_none_and_false(tmp_path):
+    server = RedisServer(tmp_path).start()
+    tier = RedisTier(server.url, NS, 4096, timeout_s=0.5, retry_s=60)
+    server.stop()
+    assert tier.append_records([(key(1), b"r")]) is False
+    assert tier.read_records(b"0", 10) is None
+    assert tier.down
+    tier.close()
