@@ -206,6 +206,10 @@ def test_vllm_events_carry_the_medium_the_group_and_vllms_hash_form(monkeypatch)
     assert (stored.kv_cache_spec_kind, stored.locality) == ("full_attention", "LOCAL")
     (removed,) = factory.removed(blocks, MEDIUMS[TierName.HOST])
     assert isinstance(removed, BlockRemoved) and removed.medium == MEDIUM_CPU
+    assert (stored.locality, stored.ownership) == ("LOCAL", None)
+    (held,) = factory.stored(blocks, MEDIUM_STORAGE, remote=True)  # the remote store's
+    (gone,) = factory.removed(blocks, MEDIUM_STORAGE, remote=True)
+    assert {(e.locality, e.ownership) for e in (held, gone)} == {("REMOTE", "kvtier")}
     monkeypatch.delenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES")  # vLLM's default: 64-bit ints
     (stored,) = factory.stored(blocks, MEDIUM_CPU)
     assert stored.block_hashes == [int.from_bytes(h, "big") & (2**64 - 1) for h in chain[2:4]]

@@ -16,7 +16,7 @@ from vllm.v1.core.kv_cache_utils import (
 )
 from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 
-from kvtier.connector.scheduler.events import ChunkBlocks
+from kvtier.connector.scheduler.events import OWNERSHIP, ChunkBlocks
 
 
 class VllmHashing:
@@ -52,7 +52,7 @@ class VllmEvents(VllmHashing):
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self.groups = [(get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs]
 
-    def stored(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
+    def stored(self, blocks: ChunkBlocks, medium: str, remote: bool = False) -> list[KVCacheEvent]:
         hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
         parent = None if blocks.parent is None else maybe_convert_block_hash(blocks.parent)  # type: ignore[arg-type]
         return [BlockStored(block_hashes=hashes, parent_block_hash=parent,
@@ -60,13 +60,19 @@ class VllmEvents(VllmHashing):
                             lora_id=blocks.lora_id, medium=medium, lora_name=blocks.lora_name,
                             extra_keys=list(blocks.extra_keys or ()) or None, group_idx=group,
                             kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
-                            locality="LOCAL")
+                            **_where(remote))
                 for group, (kind, window) in enumerate(self.groups)]
 
-    def removed(self, blocks: ChunkBlocks, medium: str) -> list[KVCacheEvent]:
+    def removed(self, blocks: ChunkBlocks, medium: str, remote: bool = False) -> list[KVCacheEvent]:
         hashes = [maybe_convert_block_hash(h) for h in blocks.hashes]  # type: ignore[arg-type]
-        return [BlockRemoved(block_hashes=hashes, medium=medium, group_idx=g, locality="LOCAL")
+        return [BlockRemoved(block_hashes=hashes, medium=medium, group_idx=g, **_where(remote))
                 for g in range(len(self.groups))]
+
+
+def _where(remote: bool) -> dict[str, str]:
+    """``locality`` (and for the remote store ``ownership``, which vllm-router requires of
+    a REMOTE block: its external tier) of one of kvtier's events."""
+    return {"locality": "REMOTE", "ownership": OWNERSHIP} if remote else {"locality": "LOCAL"}
 
 
 def event_factory(vllm_config: Any, kv_cache_config: Any, block_tokens: int) -> VllmEvents | None:

@@ -19,11 +19,14 @@ class KnownKeys:
         self._keys: OrderedDict[ChunkKey, None] = OrderedDict()
         self._capacity = max(1, capacity)
 
-    def add(self, key: ChunkKey) -> None:
+    def add(self, key: ChunkKey) -> list[ChunkKey]:
+        """Remember ``key`` (as the newest); the keys forgotten to make room."""
         self._keys[key] = None
         self._keys.move_to_end(key)
+        forgotten = []
         while len(self._keys) > self._capacity:
-            self._keys.popitem(last=False)
+            forgotten.append(self._keys.popitem(last=False)[0])
+        return forgotten
 
     def discard(self, key: ChunkKey) -> None:
         self._keys.pop(key, None)

@@ -17,15 +17,16 @@ from tests.helpers.worker_side import BLOCKS
 
 class Engine:
     """A scheduler side and one worker over a synthetic paged cache (of ``geo``), stepped
-    by hand."""
+    by hand; with ``events`` (an event factory) and ``hashing`` (vLLM's) its KV events."""
 
-    def __init__(self, server, geo: KVGeometry = GEO, role: Role = Role.BOTH, **extra) -> None:
+    def __init__(self, server, geo: KVGeometry = GEO, role: Role = Role.BOTH, events=None,
+                 hashing=None, **extra) -> None:
         cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 8 * geo.chunk_bytes,
                            "load_policy": "always", "remote_url": server.url,
                            "remote_timeout": "1s", "remote_retry": "300ms", "io_threads": 2,
                            **extra}, environ={})
         self.ns = geo.namespace("m", "", 1, 0)
-        self.scheduler = SchedulerSide(cfg, geo, [self.ns], 1, role=role)
+        self.scheduler = SchedulerSide(cfg, geo, [self.ns], 1, events, role=role, hashing=hashing)
         self.worker = WorkerSide(cfg, geo, self.ns)
         shape = (geo.num_layers, BLOCKS, 2, BLOCK, geo.page_bytes // (2 * BLOCK * 2))
         self.kv = list(torch.randn(*shape).to(torch.bfloat16).unbind(0))

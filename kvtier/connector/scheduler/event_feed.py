@@ -1,7 +1,8 @@
 """The KV events the scheduler side hands vLLM each step (``take_events``): what its tiers
-gain and lose (``KVEvents``) and, with a disk tier, the chunks on disk named from their
-token records (``StorageEvents``): its own disk as found at start, and the segments of
-other engines it follows."""
+gain and lose (``KVEvents``); with a disk tier, the chunks on disk named from their token
+records (``StorageEvents``): its own disk as found at start, and the segments of other
+engines it follows; with a remote store that keeps a log of token records, the store's
+chunks (``RemoteEvents``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Any
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.chunk_records import ChunkHashing
 from kvtier.connector.scheduler.events import KVEvents
-from kvtier.connector.scheduler.storage_events import StorageEvents
+from kvtier.connector.scheduler.remote_events import RemoteEvents
+from kvtier.connector.scheduler.remote_presence import RemotePresence
+from kvtier.connector.scheduler.storage_events import Found, StorageEvents
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.index_file import SlotLayout
 from kvtier.shared.follower import OtherWriters
@@ -28,35 +31,54 @@ class EventFeed:
     they come and go. A record's chunk is published as stored on disk (``STORAGE``) while
     this engine's disk or another segment holds it. ``close()`` stops the reads."""
 
-    def __init__(self, events: KVEvents, storage: StorageEvents | None, stack: TierStack,
-                 others: OtherWriters | None, counters: Counter) -> None:
-        self.events, self._storage, self._stack = events, storage, stack
+    def __init__(self, events: KVEvents, storage: StorageEvents | None,
+                 remote: RemoteEvents | None, stack: TierStack, others: OtherWriters | None,
+                 counters: Counter) -> None:
+        self.events, self._storage, self._remote, self._stack = events, storage, remote, stack
         self._others, self._counters = others, counters
         self._started = False
 
     def take(self) -> list[Any]:
-        if self._storage is not None:
-            if not self._started:
-                self._start(self._storage)
-            disk = self._stack.indexes.get(TierName.DISK)
-            for found in self._storage.drain():
+        if not self._started:
+            self._start()
+        disk = self._stack.indexes.get(TierName.DISK)
+        for found in self._found():
+            if found.remote:
                 if found.blocks is None:
-                    self.events.shared_gone(found.key)
+                    self.events.remote_gone(found.key)
                 else:
-                    self.events.found(found.key, found.blocks, shared=found.shared,
-                                      on_disk=disk is not None and found.key in disk)
-            self._counters["kv_events_unnamed"] = self._storage.unnamed + self._storage.dropped
+                    self.events.found_remote(found.key, found.blocks)
+            elif found.blocks is None:
+                self.events.shared_gone(found.key)
+            else:
+                self.events.found(found.key, found.blocks, shared=found.shared,
+                                  on_disk=disk is not None and found.key in disk)
         return self.events.take()
 
-    def _start(self, storage: StorageEvents) -> None:
+    def _found(self) -> list[Found]:
+        found, unnamed = [], 0
+        if self._storage is not None:
+            found += self._storage.drain()
+            unnamed += self._storage.unnamed + self._storage.dropped
+        if self._remote is not None:
+            found += self._remote.drain()
+            unnamed += self._remote.unnamed
+        self._counters["kv_events_unnamed"] = unnamed
+        return found
+
+    def _start(self) -> None:
         self._started = True
-        disk = self._stack.indexes.get(TierName.DISK)
-        own = [] if disk is None else _slots(disk)
-        storage.start(own, None if self._others is None else self._others.views[0].listen)
+        if self._storage is not None:
+            disk = self._stack.indexes.get(TierName.DISK)
+            own = [] if disk is None else _slots(disk)
+            self._storage.start(own, None if self._others is None else self._others.views[0].listen)
+        if self._remote is not None:
+            self._remote.start()
 
     def close(self) -> None:
-        if self._storage is not None:
-            self._storage.close()
+        for source in (self._storage, self._remote):
+            if source is not None:
+                source.close()
 
 
 def _slots(index: SlotIndex) -> list[tuple[ChunkKey, int]]:
@@ -64,16 +86,21 @@ def _slots(index: SlotIndex) -> list[tuple[ChunkKey, int]]:
     return [(key, slot) for key in keys if (slot := index.slot_of(key)) is not None]
 
 
-def event_feed(events: KVEvents | None, stack: TierStack, others: OtherWriters | None,
-               roots: Sequence[str], namespace: Namespace, own_writer: str | None,
-               layout: SlotLayout | None, geometry: KVGeometry, hashing: ChunkHashing | None,
+def event_feed(events: KVEvents | None, stack: TierStack,
+               peers: tuple[OtherWriters | None, RemotePresence | None], roots: Sequence[str],
+               namespace: Namespace, own_writer: str | None, layout: SlotLayout | None,
+               geometry: KVGeometry, hashing: ChunkHashing | None,
                counters: Counter) -> EventFeed | None:
-    """The feed while vLLM's events are on (``events``), else None; records are read only
-    with a disk tier (``layout``) and vLLM's hashing."""
+    """The feed while vLLM's events are on (``events``), else None. With vLLM's hashing,
+    records are read with a disk tier (``layout``; ``peers``' followed segments too) and
+    with a remote store that keeps a log of them (``peers``' presence)."""
     if events is None:
         return None
-    storage = None
+    others, presence = peers
+    storage = remote = None
     if layout is not None and hashing is not None:
         storage = StorageEvents(roots, namespace, own_writer or "", layout.stride, geometry,
                                 hashing)
-    return EventFeed(events, storage, stack, others, counters)
+    if presence is not None and presence.tiers[0].keeps_records and hashing is not None:
+        remote = RemoteEvents(presence.tiers[0], namespace, geometry, hashing)
+    return EventFeed(events, storage, remote, stack, others, counters)

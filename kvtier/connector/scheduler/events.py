@@ -13,8 +13,10 @@ before this start, or in another engine's segment of a shared directory, is name
 the token record in its slot's header (``storage_events.py``), or once a request with its
 tokens comes. ``STORAGE`` stands for both: a chunk is stored there while this engine's
 disk or another segment it follows holds it, removed when neither does. A prompt's tail
-(its last block is partial: vLLM has no hash for it) and chunks of the remote store are
-not published. Events are hints, never promises.
+(its last block is partial: vLLM has no hash for it) is not published. A chunk of the
+remote store is published by every engine that follows the store's log of token records,
+as stored with ``locality`` REMOTE and ``ownership`` ``OWNERSHIP`` (``remote_events.py``).
+Events are hints, never promises.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kvtier.tiers.base import TierName
 
 MEDIUMS = {TierName.HOST: "CPU", TierName.DISK: "STORAGE"}  # vLLM's MEDIUM_CPU, MEDIUM_STORAGE
 OWN_DISK, SHARED = 1, 2  # who holds a chunk in STORAGE: this engine's disk, others' segments
+OWNERSHIP = "kvtier"  # a remote store's chunks: locality REMOTE, this ownership
 QUEUE_LIMIT = 65536  # events held between two of vLLM's takes; the oldest are dropped past it
 
 
@@ -56,9 +59,9 @@ class EventFactory(Protocol):
 
     def extra_keys(self, request: Any, start: int, stop: int) -> tuple | None: ...
 
-    def stored(self, blocks: ChunkBlocks, medium: str) -> list[Any]: ...
+    def stored(self, blocks: ChunkBlocks, medium: str, remote: bool = False) -> list[Any]: ...
 
-    def removed(self, blocks: ChunkBlocks, medium: str) -> list[Any]: ...
+    def removed(self, blocks: ChunkBlocks, medium: str, remote: bool = False) -> list[Any]: ...
 
 
 def chunk_blocks(request: Any, geometry: KVGeometry, chunk: int,
@@ -93,9 +96,11 @@ class KVEvents:
     (others are ignored; ``STORAGE`` only when it starts or stops holding the chunk);
     ``found(key, blocks, ...)`` records a chunk named by its token record, stored on this
     engine's disk (if ``on_disk``) or in another engine's segment (``shared``);
-    ``shared_gone(key)`` says no other segment holds it any more; ``left(key)`` marks a
-    chunk that may be in no tier any more: its record is dropped at the next ``take``
-    unless ``still_held(key)`` or ``STORAGE`` holds it. ``take()`` returns
+    ``shared_gone(key)`` says no other segment holds it any more; ``found_remote(key,
+    blocks)`` and ``remote_gone(key)`` the same of the remote store (published with
+    ``remote``); ``left(key)`` marks a chunk that may be in no tier any more: its record
+    is dropped at the next ``take`` unless ``still_held(key)``, ``STORAGE`` or the remote
+    store holds it. ``take()`` returns
     the events queued since the last one, oldest first. The queue holds at most ``limit``
     events: past it the oldest are dropped, counted in ``counters["kv_events_dropped"]``;
     ``counters["kv_events"]`` counts those taken. Nothing here blocks or does I/O.
@@ -106,9 +111,10 @@ class KVEvents:
         self.geometry, self.factory, self.counters = geometry, factory, counters
         self.still_held: Callable[[ChunkKey], bool] = lambda key: False
         self._blocks: dict[ChunkKey, ChunkBlocks] = {}
-        self._queue: deque[tuple[bool, ChunkBlocks, str]] = deque(maxlen=limit)
+        self._queue: deque[tuple[bool, ChunkBlocks, str, bool]] = deque(maxlen=limit)
         self._left: set[ChunkKey] = set()
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
+        self._remote: set[ChunkKey] = set()  # published as held by the remote store
 
     def __len__(self) -> int:
         """Chunks recorded."""
@@ -143,6 +149,18 @@ class KVEvents:
         else:
             self.left(key)
 
+    def found_remote(self, key: ChunkKey, blocks: ChunkBlocks) -> None:
+        self._blocks.setdefault(key, blocks)
+        if key not in self._remote:
+            self._remote.add(key)
+            self._queue_event(True, key, MEDIUMS[TierName.DISK], remote=True)
+
+    def remote_gone(self, key: ChunkKey) -> None:
+        if key in self._remote:
+            self._remote.discard(key)
+            self._queue_event(False, key, MEDIUMS[TierName.DISK], remote=True)
+            self.left(key)
+
     def shared_gone(self, key: ChunkKey) -> None:
         if self._storage.get(key, 0) & SHARED:
             self._storage_change(False, key, SHARED)
@@ -170,23 +188,23 @@ class KVEvents:
         if bool(before) != bool(after):
             self._queue_event(stored, key, MEDIUMS[TierName.DISK])
 
-    def _queue_event(self, stored: bool, key: ChunkKey, medium: str) -> None:
+    def _queue_event(self, stored: bool, key: ChunkKey, medium: str, remote: bool = False) -> None:
         blocks = self._blocks.get(key)
         if blocks is None:
             return
         if len(self._queue) == self._queue.maxlen:
             self.counters["kv_events_dropped"] += 1  # the oldest goes
-        self._queue.append((stored, blocks, medium))
+        self._queue.append((stored, blocks, medium, remote))
 
     def take(self) -> list[Any]:
         for key in self._left:
-            if not self.still_held(key) and key not in self._storage:
+            if not self.still_held(key) and key not in self._storage and key not in self._remote:
                 self._blocks.pop(key, None)
         self._left.clear()
         events: list[Any] = []
         while self._queue:
-            stored, blocks, medium = self._queue.popleft()
+            stored, blocks, medium, remote = self._queue.popleft()
             make = self.factory.stored if stored else self.factory.removed
-            events += make(blocks, medium)
+            events += make(blocks, medium, remote=True) if remote else make(blocks, medium)
         self.counters["kv_events"] += len(events)
         return events

@@ -28,7 +28,8 @@ class RemoteAudit:
     returns. The answer's "not there" keys reach ``writes`` through ``presence``'s absent
     keys, which ``writes.forget_lost()`` takes at the next tick. A check that found losses
     (a restart, most likely) is followed by the next one at the next tick, until a check
-    finds none. ``counters``: ``remote_audited_chunks`` (keys asked about) and
+    finds none. Each tick also hands the token records of the chunks written since to
+    the store's log of them (``presence.log``). ``counters``: ``remote_audited_chunks`` (keys asked about) and
     ``remote_lost_chunks`` (answered "not there")."""
 
     def __init__(self, presence: RemotePresence, writes: RemoteWrites, counters: Counter,
@@ -41,6 +42,9 @@ class RemoteAudit:
 
     def tick(self) -> None:
         self._writes.forget_lost()
+        records = self._writes.take_records()
+        if records:
+            self._presence.log(records)
         out = self._out
         if out is not None:
             if not out.done():

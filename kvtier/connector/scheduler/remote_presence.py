@@ -207,6 +207,14 @@ class RemotePresence:
         if not self._closed:
             self._pool.submit(lambda: [tier.remove(list(keys)) for tier in self.tiers])
 
+    def log(self, records: Sequence[tuple[ChunkKey, bytes]]) -> None:
+        """Append chunks' token records to the store's log of them (rank 0's namespace), in
+        the background; nothing where the store keeps none. A failed round trip loses
+        them: the log is a hint to other engines' KV events, never a promise."""
+        tier = self.tiers[0]
+        if tier.keeps_records and not self._closed:
+            self._pool.submit(tier.append_records, list(records))
+
     def forget(self, req_id: str) -> None:
         question = self._asked.pop(req_id, None)
         if question is not None:

@@ -29,7 +29,9 @@ class RemoteWrites:
     copy, like write-through), recording it pending; ``stored(key, host)`` (every rank
     stored it) pins its host slot until the write is over; ``hold_failed(key, host, release)``
     (some rank failed its host store) calls ``release(key)`` once every rank's remote outcome
-    is in, since ranks whose copy succeeded still send from the slot until then. ``loaded(key)`` (a chunk
+    is in, since ranks whose copy succeeded still send from the slot until then.
+    ``take_records()`` hands over the token records of the chunks written since (those
+    planned with one). ``loaded(key)`` (a chunk
     loaded from this engine's host memory or disk) counts a hit and, at the
     ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
     ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
@@ -55,14 +57,24 @@ class RemoteWrites:
         # host reservation the remote writes still read from (ended once they are over)
         self._pending: dict[bytes, Location | _Aborted | None] = {}
         self._new: list[RemoteWrite] = []
+        self._records: dict[bytes, bytes] = {}  # key -> its token record, while written
+        self._written: list[tuple[ChunkKey, bytes]] = []  # written with a record, not taken
 
-    def with_store(self, key: ChunkKey) -> bool:
+    def with_store(self, key: ChunkKey, record: bytes = b"") -> bool:
         self.forget_lost()
         if self._min_hits or key in self._known or not self._room():
             return False
         self._known.add(key)
         self._pending[key] = None
+        if record:
+            self._records[key] = record
         return True
+
+    def take_records(self) -> list[tuple[ChunkKey, bytes]]:
+        """The token records of the chunks written to the store since the last call, for
+        its log of them (``RemoteTier.append_records``)."""
+        written, self._written = self._written, []
+        return written
 
     def stored(self, key: ChunkKey, host: Location) -> None:
         if key in self._pending and self._pending[key] is None:
@@ -155,5 +167,8 @@ class RemoteWrites:
             elif host is not None:  # else its host store is not over: nothing pinned
                 self._stack.unpin(ChunkKey(key), host)
             self._counters["remote_written_chunks" if ok else "remote_failed_chunks"] += 1
+            record = self._records.pop(key, b"")
+            if ok and record:
+                self._written.append((ChunkKey(key), record))
             if not ok:
                 self._known.discard(ChunkKey(key))

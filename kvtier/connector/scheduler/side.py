@@ -76,10 +76,10 @@ class SchedulerSide:
         own = [w or unheld_writer(config.disk_paths, ns)
                for w, ns in zip(self.writers, namespaces, strict=True)]
         self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
-        self.feed = event_feed(self.events, self.stack, self.others, config.disk_paths,
-                               namespaces[0], self.writers[0], self.disk_layout, geometry,
-                               hashing, self.counters)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
+        self.feed = event_feed(self.events, self.stack, (self.others, self.presence),
+                               config.disk_paths, namespaces[0], self.writers[0],
+                               self.disk_layout, geometry, hashing, self.counters)
         self.remote_writes, self._audit = remote_writes(self.presence, self.stack, self.counters,
                                                         world_size, config.remote_min_hits)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,

@@ -37,12 +37,14 @@ DUTY = 0.25  # the share of one core the reads may take: a batch is followed by 
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """A chunk named by its record (``blocks``; None: ``shared`` and no other segment holds
-    it any more), held by this engine's disk or (``shared``) another engine's segment."""
+    """A chunk named by its record (``blocks``; None: no other segment, or with ``remote``
+    the store, holds it any more), held by this engine's disk, (``shared``) another
+    engine's segment, or (``remote``) the remote store."""
 
     key: ChunkKey
     blocks: ChunkBlocks | None
     shared: bool
+    remote: bool = False
 
 
 @dataclass(frozen=True, slots=True)

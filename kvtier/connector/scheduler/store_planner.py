@@ -35,7 +35,8 @@ class StorePlanner:
     it again; and for good past as many chunks as the largest tier holds (``_keep``).
     With ``events`` (vLLM's KV events on), each chunk planned is recorded there for the
     events its tiers raise, and each chunk found cached is made known there. With
-    ``hashing`` and a disk tier, each chunk planned carries its token record.
+    ``hashing`` and a disk tier or a remote store, each chunk planned carries its token
+    record.
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, stack: TierStack,
@@ -44,7 +45,7 @@ class StorePlanner:
                  hashing: ChunkHashing | None = None) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
         self._remote_writes, self._events, self._verify = remote_writes, events, verify
-        self._hashing = hashing if DISK in stack.indexes else None
+        self._hashing = hashing if DISK in stack.indexes or remote_writes else None
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan, stores: bool = True) -> None:
@@ -140,7 +141,7 @@ class StorePlanner:
         self._pending.host[key] = (plan.dst, disk)
         if disk is not None:
             self._pending.disk[key] = (disk, plan.dst)
-        remote = self._remote_writes is not None and self._remote_writes.with_store(key)
+        remote = self._remote_writes is not None and self._remote_writes.with_store(key, record)
         meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None,
                                       remote, record))
         return True

@@ -1,0 +1,124 @@
+"""The remote store's chunks in every engine's KV events (``scheduler/remote_events.py``),
+against a real redis-server: an engine that writes a chunk appends its token record to the
+store's log; another engine, which never saw a request for it, publishes it with vLLM's
+hashes, as held REMOTE, and as removed once the store lost it; a log entry that lies names
+nothing."""
+
+import time
+from array import array
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, hash_block_tokens, init_none_hash
+from vllm.v1.request import Request
+
+from kvtier.connector.scheduler import remote_events
+from kvtier.connector.vllm_events import VllmHashing
+from kvtier.io.token_record import encode_record
+from kvtier.keys import ChunkKey
+from kvtier.remote.redis_tier import RedisTier
+from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.remote_engine import Engine
+from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO
+
+pytestmark = needs_redis
+TOKENS = list(range(7000, 7000 + 2 * CHUNK))
+HASHING = VllmHashing(SimpleNamespace(cache_config=SimpleNamespace(
+    prefix_caching_hash_algo="sha256")), BLOCK)
+
+
+class Recorded:
+    """A stand-in for ``VllmEvents``: (kind, medium, hashes, tokens, remote) of each."""
+
+    extra_keys = HASHING.extra_keys
+
+    def stored(self, blocks, medium, remote=False):
+        return [("stored", medium, blocks.hashes, blocks.tokens.tolist(), remote)]
+
+    def removed(self, blocks, medium, remote=False):
+        return [("removed", medium, blocks.hashes, None, remote)]
+
+
+def vllm_request(name: str, tokens: list[int]) -> Request:
+    init_none_hash(sha256)
+    return Request(name, tokens, SamplingParams(max_tokens=1), None,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def chain(tokens: list[int]) -> list[bytes]:
+    init_none_hash(sha256)
+    hashes: list[bytes] = []
+    for at in range(0, len(tokens), BLOCK):
+        hashes.append(hash_block_tokens(sha256, hashes[-1] if hashes else None,
+                                        tokens[at:at + BLOCK]))
+    return hashes
+
+
+def events_until(engine: Engine, count: int, timeout: float = 15.0) -> list:
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, got
+        got += engine.scheduler.take_events()
+        time.sleep(0.02)
+    return got
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    monkeypatch.setattr(remote_events, "FOLLOW_EVERY_S", 0.05)
+    monkeypatch.setattr(remote_events, "CHECK_EVERY_S", 0.3)
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+def test_another_engine_publishes_the_chunks_one_wrote_until_the_store_loses_them(server):
+    a = Engine(server, hashing=HASHING)
+    b = Engine(server, events=Recorded(), hashing=HASHING)
+    try:
+        assert b.scheduler.take_events() == []  # starts following the log
+        a.store(vllm_request("r", TOKENS), [1, 2, 3, 4])
+        assert a.scheduler.counters["remote_written_chunks"] == 2
+        a.step()  # the records of the chunks written go to the store's log
+        got = events_until(b, 2)
+        hashes = chain(TOKENS)
+        assert sorted(got) == sorted([
+            ("stored", "STORAGE", tuple(hashes[0:2]), TOKENS[:CHUNK], True),
+            ("stored", "STORAGE", tuple(hashes[2:4]), TOKENS[CHUNK:], True)])
+        client = server.client()
+        client.delete(*[k for k in client.scan_iter(match="kvtier:*") if b":log:" not in k])
+        gone = events_until(b, 2)
+        assert sorted(e[:3] + e[4:] for e in gone) == sorted([
+            ("removed", "STORAGE", tuple(hashes[0:2]), True),
+            ("removed", "STORAGE", tuple(hashes[2:4]), True)])
+        assert b.scheduler.events is not None and len(b.scheduler.events) == 0  # forgotten
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_log_entry_that_lies_or_is_damaged_names_nothing(server):
+    b = Engine(server, events=Recorded(), hashing=HASHING)
+    try:
+        b.scheduler.take_events()
+        key = b.scheduler.chunk_keys(vllm_request("r", TOKENS), 1)[0]
+        tier = RedisTier(server.url, b.ns, GEO.chunk_bytes)
+        lie = encode_record(b"", array("i", TOKENS[CHUNK:]))  # other tokens under this key
+        right = encode_record(b"", array("i", TOKENS[:CHUNK]))
+        assert tier.append_records([(key, lie), (key, right[:-1]), (ChunkKey(b"short"), right),
+                                    (key, right + b"x")])
+        deadline = time.monotonic() + 10
+        while b.scheduler.counters["kv_events_unnamed"] < 4:
+            assert time.monotonic() < deadline, b.scheduler.counters
+            assert b.scheduler.take_events() == []
+            time.sleep(0.02)
+        assert tier.append_records([(key, right)])  # the truth, after all that
+        assert [e[:2] + e[4:] for e in events_until(b, 1)] == [("stored", "STORAGE", True)]
+        tier.close()
+    finally:
+        b.close()
