@@ -58,7 +58,8 @@ _PLAIN = [  # (metric, help, counter)
     ("kv_events_dropped_total", "KV events dropped, the oldest first, while vLLM took none "
      "(more than 65,536 waiting)", "kv_events_dropped"),
     ("kv_events_unnamed_total", "Chunks on disk (at start, or in other engines' segments) "
-     "not named in KV events: no token record naming their key", "kv_events_unnamed"),
+     "and remote log entries not named in KV events: no token record naming their key",
+     "kv_events_unnamed"),
 ]
 
 
