@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.helpers.redis_server import RedisServer
 from tests.helpers.vllm_engine import disk_extra, have_vllm, phase, prompts, run_engine, spec, tiny_model
 
 pytestmark = [pytest.mark.vllm,
@@ -84,13 +85,19 @@ def events_run(tmp_path_factory, work, phases: list, name: str, **more) -> tuple
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The engine, then the same engine restarted on its disk with other prompts only, then
-    another engine on the same directory (a segment of its own) with other prompts only."""
+    another engine on the same directory (a segment of its own) with other prompts only;
+    the first and the last on one remote store (redis-server)."""
     work = tmp_path_factory.mktemp("events")
     (work / "disk").mkdir(mode=0o700)
-    first = events_run(tmp_path_factory, work, [phase(PROMPTS), phase(LAST)], "events")
-    again = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "restarted")
-    other = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "other",
-                       instance_id="other")
+    server = RedisServer(work / "redis").start()  # a remote store for the first and the last
+    try:
+        first = events_run(tmp_path_factory, work, [phase(PROMPTS), phase(LAST)], "events",
+                           remote_url=server.url)
+        again = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "restarted")
+        other = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "other",
+                           instance_id="other", remote_url=server.url)
+    finally:
+        server.stop()
     return first, again, other
 
 
@@ -166,7 +173,8 @@ def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_requ
     from vllm.distributed.kv_events import BlockStored
 
     written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
-               for e in first if isinstance(e, BlockStored) and e.medium == "STORAGE"}
+               for e in first if isinstance(e, BlockStored) and e.medium == "STORAGE"
+               and e.locality == "LOCAL"}
     replayed = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
                 for e in again if isinstance(e, BlockStored) and e.medium == "STORAGE"}
     assert set(written) <= set(replayed) <= set(full_chunks())  # tails are not named
@@ -185,7 +193,25 @@ def test_another_engine_on_the_directory_publishes_the_first_ones_chunks(runs):
     written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
                for e in first if isinstance(e, BlockStored) and e.medium == "STORAGE"}
     shared = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
-              for e in other if isinstance(e, BlockStored) and e.medium == "STORAGE"}
+              for e in other if isinstance(e, BlockStored) and e.medium == "STORAGE"
+              and e.locality == "LOCAL"}
     assert set(written) <= set(shared) <= set(full_chunks())  # tails are not named
     for tokens, named in written.items():
         assert shared[tokens] == named  # as the engine that computed them named them
+
+
+def test_another_engine_on_the_remote_store_publishes_the_first_ones_chunks_as_remote(runs):
+    (before, first), _, (_, other) = runs
+    from vllm.distributed.kv_events import BlockStored
+
+    written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
+               for e in first if isinstance(e, BlockStored) and e.medium == "CPU"}
+    remote = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
+              for e in other if isinstance(e, BlockStored) and e.locality == "REMOTE"}
+    assert all(e.ownership == "kvtier" and e.medium == "STORAGE"
+               for e in other if isinstance(e, BlockStored) and e.locality == "REMOTE")
+    assert set(remote) <= set(full_chunks())  # tails are not named
+    # one remote write in flight at a time with 3 host slots: those not dropped, tails aside
+    assert 1 <= len(remote) <= before["kvtier"]["remote_written_chunks"]
+    for tokens, named in remote.items():
+        assert written[tokens] == named  # as the engine that computed them named them
