@@ -23,8 +23,9 @@ made of; the router gets a prompt's ids from the engines (their ``/v1/completion
 Arms:
   round_robin    requests in turn
   cache_aware    the router's own tree of the prompts it sent where (no events)
-  kv_aware       vLLM's KV events: its GPU cache's and kvtier's host (CPU) and disk
-                 (STORAGE) tiers', credited 1, 0.8 and 0.3 a block (vllm-router's defaults)
+  kv_aware       vLLM's KV events: its GPU cache's and kvtier's host (CPU), disk (STORAGE)
+                 and remote (REMOTE) tiers', credited 1, 0.8, 0.3 and 0.6 a block
+                 (vllm-router's defaults)
   kv_aware_gpu   kv_aware with kvtier's events held back: the GPU cache's only
                  (tests/helpers/quiet_connector.py)
 ``--router-args`` adds vllm-router flags to the kv_aware arms (``--kv-penalty-disk 0.8``).
@@ -32,13 +33,15 @@ Arms:
 Reported per arm: TTFT mean, p50 and p90, requests per second, their ratios to round_robin
 in this run; per engine the requests served and the share of their prompt tokens found in
 vLLM's GPU cache and in kvtier (vLLM's metrics), kvtier's loads by tier (its metrics:
-``host``, ``disk`` = this engine's segment, ``shared`` = the other's); for kv_aware arms
+``host``, ``disk`` = this engine's segment, ``shared`` = the other's, ``remote`` = the store
+with ``--remote``: no disk tier, both engines on one redis-server); for kv_aware arms
 the share of the router's lookups that found some engine holding part of the prompt.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -55,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_model import make_model  # noqa: E402
 
+from tests.helpers.redis_server import RedisServer  # noqa: E402
 from tests.helpers.router_fleet import (  # noqa: E402
     BLOCK,
     SERVED,
@@ -70,7 +74,7 @@ from tests.helpers.vllm_engine import engine_env  # noqa: E402
 CHUNK = 256  # kvtier's chunk_tokens
 ARMS = {"round_robin": ("round_robin", False), "cache_aware": ("cache_aware", False),
         "kv_aware": ("kv_aware", False), "kv_aware_gpu": ("kv_aware", True)}
-TIERS = ("host", "disk", "shared")
+TIERS = ("host", "disk", "shared", "remote")
 BENCH = ("from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
          "from vllm.benchmarks.serve import add_cli_args, main\n"
          "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args())")
@@ -118,7 +122,10 @@ def port_pair() -> int:
 
 def disk_config(args, disk: Path, engine: int, segment: int) -> dict:
     """kvtier's disk tier for ``engine``: its segment of the shared directory, or with
-    ``--private-disks`` a directory of its own (the other engine's chunks out of reach)."""
+    ``--private-disks`` a directory of its own (the other engine's chunks out of reach);
+    with ``--remote`` none, and the arm's redis-server as the remote store instead."""
+    if args.remote:
+        return {"remote_url": args.remote_url}
     if args.private_disks:
         disk = disk / f"engine-{engine}"
         disk.mkdir(mode=0o700)
@@ -179,7 +186,11 @@ def run_arm(arm: str, args, model: Path, work: Path, console: Console) -> dict:
     policy, quiet = ARMS[arm]
     work.mkdir()
     env = {**engine_env(), **QUIET, "OMP_WAIT_POLICY": "PASSIVE"}
-    with Fleet(work, env) as fleet:
+    store = RedisServer(work / "redis").start() if args.remote else None
+    args.remote_url = store.url if store else None
+    with Fleet(work, env) as fleet, contextlib.ExitStack() as stop:
+        if store is not None:
+            stop.callback(store.stop)
         console.print(f"[dim]{arm}: starting two engines and the router ({policy})[/dim]")
         fleet.start_engines(engine_configs(args, model, work / "disk", quiet))
         extra = tuple(args.router_args.split()) if policy == "kv_aware" else ()
@@ -259,6 +270,8 @@ def arguments() -> argparse.Namespace:
                              "'--kv-penalty-disk 0.8')")
     parser.add_argument("--private-disks", action="store_true",
                         help="a disk directory each instead of one shared directory")
+    parser.add_argument("--remote", action="store_true",
+                        help="no disk tier: one redis-server a arm, both engines' remote store")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one arm's load")
     parser.add_argument("--dir", type=Path, help="where the disk directories go (default: a "
                                                  "temporary directory on the root disk)")
@@ -283,7 +296,8 @@ def main() -> None:
             except Exception:
                 log_tails(Path(tmp) / arm, console)
                 raise
-    disks = "a disk directory each" if args.private_disks else "one shared disk directory"
+    disks = ("one remote store (redis-server), no disk" if args.remote else
+             "a disk directory each" if args.private_disks else "one shared disk directory")
     title = (f"{args.prompts} prompts on {args.prefixes} prefixes of {args.prefix_tokens} tokens "
              f"(+{args.suffix_tokens}), {args.concurrency} at once, two engines, {disks}, "
              f"{args.model} model (ratios to round_robin, same run)")

@@ -104,3 +104,18 @@ def test_a_store_that_is_down_answers_none_and_false(tmp_path):
     assert tier.read_records(b"0", 10) is None
     assert tier.down
     tier.close()
+
+
+def test_kvtier_inspect_counts_a_log_apart_from_keys_that_are_not_kvtiers(tmp_path):
+    from kvtier.ops.remote_survey import survey
+
+    server = RedisServer(tmp_path).start()
+    try:
+        tier = RedisTier(server.url, NS, 4096)
+        tier.append_records([(key(1), b"r")])
+        server.client().set(b"kvtier:junk", b"x")
+        found = survey(server.url)
+        assert (found.record_logs, found.foreign_keys) == (1, 1)
+        tier.close()
+    finally:
+        server.stop()

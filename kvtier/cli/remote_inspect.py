@@ -48,6 +48,9 @@ def inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
             console.print(f"listed the first {found.keys_seen} keys only (--limit)")
         if found.foreign_keys:
             console.print(f"{found.foreign_keys} keys under the prefix are not kvtier's")
+        if found.record_logs:
+            console.print(f"{found.record_logs} logs of token records (KV events' names of "
+                          "the chunks)")
         if not found.namespaces:
             console.print("no kvtier chunks in this store")
     if any(h.bad for h in found.namespaces):

@@ -44,6 +44,7 @@ class RemoteSurvey:
     namespaces: list[NamespaceHoldings] = field(default_factory=list)
     server: dict[str, Any] = field(default_factory=dict)
     foreign_keys: int = 0  # keys under the prefix not of kvtier's form, or not strings
+    record_logs: int = 0  # logs of token records (``<prefix>log:<namespace>``, streams)
     cut_short: bool = False  # the timeout passed: what was seen until then
 
     def as_dict(self) -> dict[str, Any]:
@@ -124,7 +125,8 @@ def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, Namesp
            result: RemoteSurvey, picked: dict[str, list[bytes]], sample: int) -> None:
     """Count ``names`` (one listed batch) per namespace, and pick the first ``sample`` of
     each namespace for checking. A key not of kvtier's form ``<prefix><namespace>:<key>``
-    (32 hex digits each), or not a string (its length an error reply), is foreign."""
+    (32 hex digits each), or not a string (its length an error reply), is foreign, but for
+    a namespace's log of token records, ``<prefix>log:<namespace>``."""
     if not names:
         return
     pipe = client.pipeline(transaction=False)
@@ -132,6 +134,9 @@ def _count(client: Any, names: list[bytes], prefix: str, found: dict[str, Namesp
         pipe.strlen(name)
     for name, length in zip(names, pipe.execute(raise_on_error=False), strict=True):
         parts = name[len(prefix):].split(b":")
+        if len(parts) == 2 and parts[0] == b"log" and _HEX_PART.fullmatch(parts[1]):
+            result.record_logs += 1  # a stream: its STRLEN is an error reply
+            continue
         if (isinstance(length, Exception) or len(parts) != 2
                 or not all(_HEX_PART.fullmatch(part) for part in parts)):
             result.foreign_keys += 1
