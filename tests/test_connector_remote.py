@@ -317,3 +317,35 @@ def test_only_the_remote_chunk_that_failed_is_refused(server):
     finally:
         a.close()
         b.close()
+
+
+def test_a_chunk_cached_here_past_one_only_the_store_holds_loads_from_here(server):
+    """Found by scripts/bench_router.py --remote: a request whose first chunk only the
+    store held, and whose second this engine held in host memory, asked again for ever
+    (the second looked as if another load were staging it)."""
+    a, b = Engine(server), Engine(server)
+    try:
+        req = request("r", 2 * CHUNK + 1, seed=5)
+        a.store(req, [1, 2, 3, 4])
+        b.store(req, [1, 2, 3, 4])
+        first = b.scheduler.chunk_keys(req, 1)[0]
+        b.scheduler.stack.discard(first)  # evicted here: only the store holds it now
+        b.scheduler.request_finished("r")
+        again = request("r2", 2 * CHUNK + 1, seed=5)
+        assert b.match(again) == (2 * CHUNK, True)
+        b.scheduler.plan_load(again, ([5, 6, 7, 8],), 0, 2 * CHUNK)
+        assert b.scheduler.load_tiers("r2", 2 * CHUNK) == {TierName.DISK: 0,
+                                                           TierName.HOST: CHUNK, REMOTE: CHUNK}
+        b.step()
+        b.step()
+        assert b.worker.take_invalid_blocks() == set()
+        assert b.scheduler.counters["load_chunks_remote"] == 1
+        assert b.scheduler.counters["load_chunks_host"] == 1
+        # the store's copy: b wrote it last (it did not know a had), over a's
+        assert all(torch.equal(x, y) for x, y in zip(b.pages([5, 6]), b.pages([1, 2]),
+                                                   strict=True))
+        assert all(torch.equal(x, y) for x, y in zip(b.pages([7, 8]), b.pages([3, 4]),
+                                                   strict=True))  # from b's host memory
+    finally:
+        a.close()
+        b.close()

@@ -18,7 +18,7 @@ from kvtier.keys import ChunkKey
 from kvtier.shared.follower import OtherWriters
 from kvtier.shared.reads import SlotRef
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import InOther, InRemote, Ours, walk_cached, walk_remote
+from kvtier.tiers.prefix import InOther, InRemote, Ours, find, walk_cached, walk_remote
 from kvtier.tiers.stack import TierStack
 
 HOST, DISK, SHARED, REMOTE = TierName.HOST, TierName.DISK, TierName.SHARED, TierName.REMOTE
@@ -102,14 +102,22 @@ class LoadMatcher:
     def _match(self, keys: list[ChunkKey], req_id: str, computed: int) -> list[Matched] | None:
         """The longest run of ``keys`` cached here, or in another engine's segment (a
         location of tier SHARED), each where it is hottest, then in the remote store (tier
-        REMOTE); None while the store has not answered yet. The first ``computed`` chunks
+        REMOTE, but for those of its chunks cached here after all); None while the store has
+        not answered yet. The first ``computed`` chunks
         vLLM holds already count as found (``COMPUTED``): one of them missing here hides no
         later chunk (a key names its whole prefix, so a later hit is still the right one)."""
         start: list[Matched] = [COMPUTED] * min(computed, len(keys))
-        found = start + walk_cached(keys[len(start):], self.stack.locate,
-                                    self.others.find if self.others else None)
+        theirs = self.others.find if self.others else None
+        found = start + walk_cached(keys[len(start):], self.stack.locate, theirs)
         remote = walk_remote(keys[len(found):], self._remote_held(req_id, keys))
-        return None if remote is None else [*found, *remote]
+        if remote is None:
+            return None
+        # past a chunk only the store holds, a chunk cached here is taken from here: read
+        # from the store it would want a staging slot, and a chunk visible in host memory
+        # would look as if another load were staging it, for ever
+        tail = keys[len(found):len(found) + len(remote)]
+        return [*found, *[find(key, self.stack.locate, theirs) or where
+                          for key, where in zip(tail, remote, strict=True)]]
 
     def _remote_held(self, req_id: str, keys: list[ChunkKey]
                      ) -> Callable[[Sequence[ChunkKey]], list[bool] | None] | None:
