@@ -3,11 +3,16 @@ table or as JSON, within one deadline for the whole command (``--timeout``)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from kvtier.cli.app import console, emit_json, fail
 from kvtier.cli.app import shown as _show
 from kvtier.units import format_size
+
+if TYPE_CHECKING:
+    from kvtier.ops.remote_survey import RemoteSurvey
 
 INSPECT_TIMEOUT_S = 60.0  # seconds the whole inspection of a remote store may take
 
@@ -41,20 +46,25 @@ def inspect_remote(url: str, prefix: str, limit: int, namespace: str | None,
         console.print(table)
         if found.server:
             _print_server(found.server)
-        if found.cut_short:
-            console.print(f"cut short at --timeout {timeout:g} s: what {found.keys_seen} keys "
-                          "listed and the values checked by then show (the store answers slowly)")
-        elif not found.complete:
-            console.print(f"listed the first {found.keys_seen} keys only (--limit)")
-        if found.foreign_keys:
-            console.print(f"{found.foreign_keys} keys under the prefix are not kvtier's")
-        if found.record_logs:
-            console.print(f"{found.record_logs} logs of token records (KV events' names of "
-                          "the chunks)")
-        if not found.namespaces:
-            console.print("no kvtier chunks in this store")
+        _print_notes(found, timeout)
     if any(h.bad for h in found.namespaces):
         raise typer.Exit(1)
+
+
+def _print_notes(found: RemoteSurvey, timeout: float) -> None:
+    """What the listing left out, and the keys under the prefix that are not chunks."""
+    if found.cut_short:
+        console.print(f"cut short at --timeout {timeout:g} s: what {found.keys_seen} keys "
+                      "listed and the values checked by then show (the store answers slowly)")
+    elif not found.complete:
+        console.print(f"listed the first {found.keys_seen} keys only (--limit)")
+    if found.foreign_keys:
+        console.print(f"{found.foreign_keys} keys under the prefix are not kvtier's")
+    if found.record_logs:
+        console.print(f"{found.record_logs} logs of token records (KV events' names of the "
+                      "chunks)")
+    if not found.namespaces:
+        console.print("no kvtier chunks in this store")
 
 
 def _print_server(server: dict) -> None:
