@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kvtier.connector.common.geometry import KVGeometry
-from kvtier.connector.scheduler.events import ChunkBlocks, chunk_blocks
+from kvtier.connector.scheduler.events import ChunkBlocks
 from kvtier.io.token_record import TokenRecord, encode_record, record_room
 from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
 
@@ -23,15 +23,13 @@ class ChunkHashing(Protocol):
     def block_hashes(self, parent: bytes | None, tokens: Sequence[int], size: int) -> list[bytes]: ...
 
 
-def chunk_record(request: Any, geometry: KVGeometry, chunk: int, hashing: ChunkHashing) -> bytes:
-    """The token record of chunk ``chunk`` of ``request``; b"" when there is none to keep:
-    vLLM has not hashed all its blocks, or hashed more than tokens of them (a cache salt,
-    an adapter, multimodal inputs: a record keeps only tokens), or its tokens do not fit a
-    header."""
-    if geometry.chunk_tokens > record_room(0):
-        return b""
-    blocks = chunk_blocks(request, geometry, chunk, hashing.extra_keys)
-    if blocks is None or blocks.extra_keys is not None or blocks.lora_name is not None:
+def chunk_record(blocks: ChunkBlocks | None, geometry: KVGeometry) -> bytes:
+    """The token record of a chunk as its events name it (``chunk_blocks``); b"" when
+    there is none to keep: vLLM has not hashed all its blocks (None), or hashed more than
+    tokens of them (a cache salt, an adapter, multimodal inputs: a record keeps only
+    tokens), or its tokens do not fit a header."""
+    if blocks is None or geometry.chunk_tokens > record_room(0) \
+            or blocks.extra_keys is not None or blocks.lora_name is not None:
         return b""
     return encode_record(blocks.parent or b"", blocks.tokens)
 

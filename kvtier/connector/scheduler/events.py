@@ -120,9 +120,13 @@ class KVEvents:
         """Chunks recorded."""
         return len(self._blocks)
 
-    def record(self, key: ChunkKey, request: Any, chunk: int) -> None:
+    def record(self, key: ChunkKey, request: Any, chunk: int,
+               blocks: ChunkBlocks | None = None) -> None:
+        """Keep what events need of chunk ``chunk`` of ``request`` (``blocks`` when the
+        caller has it already)."""
         if key not in self._blocks:
-            blocks = chunk_blocks(request, self.geometry, chunk, self.factory.extra_keys)
+            if blocks is None:
+                blocks = chunk_blocks(request, self.geometry, chunk, self.factory.extra_keys)
             if blocks is not None:
                 self._blocks[key] = blocks
 

@@ -18,7 +18,7 @@ from collections import deque
 
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.chunk_records import ChunkHashing, record_blocks
-from kvtier.connector.scheduler.storage_events import DUTY, Found
+from kvtier.connector.scheduler.storage_events import DUTY, Found, take_all
 from kvtier.io.token_record import decode_record
 from kvtier.keys import KEY_BYTES, ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier
@@ -57,10 +57,7 @@ class RemoteEvents:
         self._thread.start()
 
     def drain(self) -> list[Found]:
-        found = []
-        while self._found:
-            found.append(self._found.popleft())
-        return found
+        return take_all(self._found)
 
     def close(self) -> None:
         self._stop.set()

@@ -47,6 +47,14 @@ class Found:
     remote: bool = False
 
 
+def take_all(found: deque[Found]) -> list[Found]:
+    """What ``found`` holds, taken out oldest first (another thread may append meanwhile)."""
+    taken = []
+    while found:
+        taken.append(found.popleft())
+    return taken
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
     key: ChunkKey
@@ -93,10 +101,7 @@ class StorageEvents:
         self._thread.start()
 
     def drain(self) -> list[Found]:
-        found = []
-        while self._found:
-            found.append(self._found.popleft())
-        return found
+        return take_all(self._found)
 
     def close(self) -> None:
         with self._wake:

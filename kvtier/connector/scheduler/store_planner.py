@@ -12,7 +12,8 @@ from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
 from kvtier.connector.scheduler.chunk_records import ChunkHashing, chunk_record
-from kvtier.connector.scheduler.events import KVEvents
+from kvtier.connector.scheduler.events import ChunkBlocks, KVEvents
+from kvtier.connector.scheduler.events import chunk_blocks as named_blocks
 from kvtier.connector.scheduler.records import PendingStores, Tracked
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.tails import Tail
@@ -45,7 +46,11 @@ class StorePlanner:
                  hashing: ChunkHashing | None = None) -> None:
         self.config, self.geometry, self.stack, self._pending = config, geometry, stack, pending
         self._remote_writes, self._events, self._verify = remote_writes, events, verify
-        self._hashing = hashing if DISK in stack.indexes or remote_writes else None
+        # a token record for each chunk going to disk or the remote store (vLLM's hashing)
+        self._records = hashing is not None and (DISK in stack.indexes or remote_writes is not None)
+        maker = hashing if hashing is not None else events.factory if events is not None else None
+        wanted = self._records or events is not None
+        self._extra = maker.extra_keys if maker is not None and wanted else None
 
     def plan(self, tracked: Tracked, keys: list[ChunkKey], block_ids: GroupBlocks,
              meta: StepPlan, stores: bool = True) -> None:
@@ -76,10 +81,10 @@ class StorePlanner:
             elif NULL_BLOCK in ids:
                 tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
                 break
-            elif not self._plan_one(key, ids, meta, self._record(tracked, c)):
+            elif not self._plan_one(key, ids, meta, blocks := self._blocks(tracked, c)):
                 break
             elif self._events is not None:
-                self._events.record(key, tracked.request, c)
+                self._events.record(key, tracked.request, c, blocks)
             tracked.stored_upto = c + 1
 
     def plan_tail(self, tracked: Tracked, tail: Tail, block_ids: GroupBlocks,
@@ -120,15 +125,17 @@ class StorePlanner:
         """Cached, or being stored."""
         return self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key)
 
-    def _record(self, tracked: Tracked, chunk: int) -> bytes:
-        if self._hashing is None:
-            return b""
-        return chunk_record(tracked.request, self.geometry, chunk, self._hashing)
+    def _blocks(self, tracked: Tracked, chunk: int) -> ChunkBlocks | None:
+        """Chunk ``chunk`` of the request as events and its token record name it (worked out
+        once for both); None where neither is wanted, or vLLM has not hashed it all."""
+        if self._extra is None:
+            return None
+        return named_blocks(tracked.request, self.geometry, chunk, self._extra)
 
     def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
-                  record: bytes = b"") -> bool:
-        """Plan the store of a chunk not cached (with its token ``record``); False when no
-        host slot is free for it now."""
+                  blocks: ChunkBlocks | None = None) -> bool:
+        """Plan the store of a chunk not cached (with the token record of its ``blocks``);
+        False when no host slot is free for it now."""
         plan = self.stack.plan_store(key, HOST)
         if plan is None:
             return False
@@ -141,6 +148,7 @@ class StorePlanner:
         self._pending.host[key] = (plan.dst, disk)
         if disk is not None:
             self._pending.disk[key] = (disk, plan.dst)
+        record = chunk_record(blocks, self.geometry) if self._records else b""
         remote = self._remote_writes is not None and self._remote_writes.with_store(key, record)
         meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None,
                                       remote, record))
