@@ -10,12 +10,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from vllm.distributed.kv_events import MEDIUM_CPU, MEDIUM_STORAGE, BlockRemoved, BlockStored
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import (
-    get_request_block_hasher,
-    hash_block_tokens,
-    init_none_hash,
     resolve_block_hashes,
 )
 from vllm.v1.request import Request
@@ -27,6 +22,8 @@ from kvtier.connector.scheduler.events import MEDIUMS, KVEvents, chunk_blocks
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.vllm_events import VllmEvents, event_factory
 from kvtier.tiers.base import TierName
+from tests.helpers.vllm_requests import vllm_chain as chain_of
+from tests.helpers.vllm_requests import vllm_request as make_request
 
 BLOCK, CHUNK = 16, 32
 HASHING = SimpleNamespace(prefix_caching_hash_algo="sha256")  # vLLM's default
@@ -41,19 +38,12 @@ def geometry(hash_block: int = BLOCK) -> KVGeometry:
 def vllm_request(name: str, tokens: list[int], hash_block: int = BLOCK,
                  salt: str | None = None) -> Request:
     """A request as vLLM's scheduler sees it, its block hashes made by vLLM (sha256)."""
-    init_none_hash(sha256)
-    return Request(name, tokens, SamplingParams(max_tokens=1), None, cache_salt=salt,
-                   block_hasher=get_request_block_hasher(hash_block, sha256))
+    return make_request(name, tokens, BLOCK, hash_block, salt)
 
 
 def vllm_chain(tokens: list[int]) -> list[bytes]:
     """vLLM's hash of each full block of ``BLOCK`` tokens, chained by parent hash."""
-    init_none_hash(sha256)
-    hashes: list[bytes] = []
-    for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
-        hashes.append(hash_block_tokens(sha256, hashes[-1] if hashes else None,
-                                        tokens[start:start + BLOCK]))
-    return hashes
+    return chain_of(tokens, BLOCK)
 
 
 TOKENS = list(range(1000, 1100))  # 6 full blocks, 3 full chunks

@@ -12,9 +12,6 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, hash_block_tokens, init_none_hash
 from vllm.v1.request import Request
 
 from kvtier.connector.scheduler import remote_events
@@ -25,6 +22,8 @@ from kvtier.remote.redis_tier import RedisTier
 from tests.helpers.redis_server import RedisServer, needs_redis
 from tests.helpers.remote_engine import Engine
 from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO
+from tests.helpers.vllm_requests import vllm_chain
+from tests.helpers.vllm_requests import vllm_request as make_request
 
 pytestmark = needs_redis
 TOKENS = list(range(7000, 7000 + 2 * CHUNK))
@@ -45,18 +44,11 @@ class Recorded:
 
 
 def vllm_request(name: str, tokens: list[int]) -> Request:
-    init_none_hash(sha256)
-    return Request(name, tokens, SamplingParams(max_tokens=1), None,
-                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+    return make_request(name, tokens, BLOCK)
 
 
 def chain(tokens: list[int]) -> list[bytes]:
-    init_none_hash(sha256)
-    hashes: list[bytes] = []
-    for at in range(0, len(tokens), BLOCK):
-        hashes.append(hash_block_tokens(sha256, hashes[-1] if hashes else None,
-                                        tokens[at:at + BLOCK]))
-    return hashes
+    return vllm_chain(tokens, BLOCK)
 
 
 def events_until(engine: Engine, count: int, timeout: float = 15.0) -> list:

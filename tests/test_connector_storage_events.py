@@ -13,9 +13,6 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, hash_block_tokens, init_none_hash
 from vllm.v1.request import Request
 
 from kvtier.config.settings import load_config
@@ -26,6 +23,8 @@ from kvtier.connector.vllm_events import VllmHashing
 from kvtier.io.format import Codec, SlotHeader
 from kvtier.io.token_record import encode_record, read_record
 from kvtier.tiers.base import TierName
+from tests.helpers.vllm_requests import vllm_chain
+from tests.helpers.vllm_requests import vllm_request as make_request
 from tests.helpers.worker_side import GEO, worker
 
 BLOCK = GEO.block_tokens
@@ -48,18 +47,11 @@ class Recorded:
 
 
 def vllm_request(name: str, tokens: list[int], salt: str | None = None) -> Request:
-    init_none_hash(sha256)
-    return Request(name, tokens, SamplingParams(max_tokens=1), None, cache_salt=salt,
-                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+    return make_request(name, tokens, BLOCK, salt=salt)
 
 
 def chain(tokens: list[int]) -> list[bytes]:
-    init_none_hash(sha256)
-    hashes: list[bytes] = []
-    for at in range(0, len(tokens), BLOCK):
-        hashes.append(hash_block_tokens(sha256, hashes[-1] if hashes else None,
-                                        tokens[at:at + BLOCK]))
-    return hashes
+    return vllm_chain(tokens, BLOCK)
 
 
 def side(tmp_path, name: str, events: bool = True) -> SchedulerSide:
