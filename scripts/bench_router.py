@@ -1,14 +1,16 @@
-"""Two vLLM OpenAI servers with kvtier behind vllm-router: each routing policy side by side,
-in one run, on repeated prefixes that vLLM's own KV cache cannot hold.
+"""vLLM OpenAI servers with kvtier behind vllm-router: each routing policy side by side, in
+one run, on repeated prefixes that vLLM's own KV cache cannot hold.
 
     python scripts/bench_router.py                            # tiny model, every arm (minutes)
     python scripts/bench_router.py --json out/bench_router.json
     python scripts/bench_router.py --arms round_robin,kv_aware --prompts 48
+    python scripts/bench_router.py --engines 4 --pattern chat --private-disks
 
-Each arm starts two engines afresh (empty tiers, a new disk directory) on 127.0.0.1, each
-pinned to a core of its own, with kvtier's host tier each and one shared disk directory
-(``share_writers`` 2: each engine loads what the other wrote; with ``--private-disks`` a
-directory each, out of the other's reach), vLLM's KV events published
+Each arm starts ``--engines`` engines (2) afresh (empty tiers, a new disk directory) on
+127.0.0.1, each pinned to a core (in turn where they outnumber the cores), with kvtier's host
+tier each and one shared disk directory (``share_writers`` the engines: each engine loads
+what the others wrote; with ``--private-disks`` a directory each, out of the others' reach),
+vLLM's KV events published
 on loopback (tests/helpers/router_fleet.py), and vllm-router 0.1.17 in front. vLLM's KV
 cache holds about ``--gpu-prefixes`` requests, each host tier ``--host-share`` of all the
 prefixes' bytes and each engine's disk segment ``--disk-share``: what vLLM evicts,
@@ -16,7 +18,11 @@ kvtier's tiers hold. The load is vLLM's own benchmark client
 (``vllm bench serve``, dataset ``prefix_repetition``, run in a process of its own, bounded
 by ``--timeout``): ``--prompts`` text prompts, ``--prefixes`` prefixes of
 ``--prefix-tokens`` tokens each followed by ``--suffix-tokens`` new ones, shuffled (the
-same in every arm), ``--concurrency`` at once, ``--output-tokens`` each. The model gets a
+same in every arm), ``--concurrency`` at once, ``--output-tokens`` each; or with
+``--pattern chat`` a multi-turn load (scripts/chat_load.py): ``--prefixes`` conversations of
+``--turns`` turns, each opening with ``--prefix-tokens`` tokens of its own, each later turn
+the history so far (replies included) and ``--suffix-tokens`` new ones, as text or with
+``--token-ids`` as token ids (the router then renders nothing). The model gets a
 word-level tokenizer (word ``w{i}`` is token i), so text prompts are the ids they were
 made of; the router gets a prompt's ids from the engines (their ``/v1/completions/render``).
 
@@ -30,10 +36,10 @@ Arms:
                  (tests/helpers/quiet_connector.py)
 ``--router-args`` adds vllm-router flags to the kv_aware arms (``--kv-penalty-disk 0.8``).
 
-Reported per arm: TTFT mean, p50 and p90, requests per second, their ratios to round_robin
+Reported per arm: TTFT mean, p50, p90 and p99, requests per second, their ratios to round_robin
 in this run; per engine the requests served and the share of their prompt tokens found in
 vLLM's GPU cache and in kvtier (vLLM's metrics), kvtier's loads by tier (its metrics:
-``host``, ``disk`` = this engine's segment, ``shared`` = the other's, ``remote`` = the store
+``host``, ``disk`` = this engine's segment, ``shared`` = the others', ``remote`` = the store
 with ``--remote``: no disk tier, both engines on one redis-server); for kv_aware arms
 the share of the router's lookups that found some engine holding part of the prompt.
 """
@@ -50,12 +56,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+from chat_load import ChatShape, histories, run_chat  # noqa: E402
 from make_model import make_model  # noqa: E402
 
 from tests.helpers.redis_server import RedisServer  # noqa: E402
@@ -130,21 +138,29 @@ def disk_config(args, disk: Path, engine: int, segment: int) -> dict:
         disk = disk / f"engine-{engine}"
         disk.mkdir(mode=0o700)
         return {"disk_paths": [str(disk)], "disk_capacity": segment, "share_refresh": "off"}
-    return {"disk_paths": [str(disk)], "disk_capacity": 2 * segment, "share_writers": 2,
+    return {"disk_paths": [str(disk)], "disk_capacity": args.engines * segment,
+            "share_writers": args.engines,
             "instance_id": f"engine-{engine}"}
 
 
 def engine_configs(args, model: Path, disk: Path, quiet: bool) -> list[EngineConfig]:
-    request = -(-(args.prefix_tokens + args.suffix_tokens + args.output_tokens) // BLOCK)
-    gpu_blocks = max(args.gpu_prefixes, args.concurrency) * request + 1
-    prefixes = args.prefixes * args.prefix_tokens // CHUNK * chunk_bytes(model)  # bytes, all
+    if args.pattern == "chat":
+        longest, kept = args.shape.longest, args.prefixes * args.shape.longest
+    else:
+        longest = args.prefix_tokens + args.suffix_tokens + args.output_tokens
+        kept = args.prefixes * args.prefix_tokens
+    in_flight = -(-args.concurrency // args.engines)  # requests an engine runs at once, mean
+    gpu_blocks = max(args.gpu_prefixes, in_flight) * -(-longest // BLOCK) + 1
+    prefixes = kept // CHUNK * chunk_bytes(model)  # bytes: every prefix (every whole history)
+    model_limit = json.loads((model / "config.json").read_text())["max_position_embeddings"]
     host, segment = int(args.host_share * prefixes), int(args.disk_share * prefixes)
     cores = os.cpu_count() or 1
     disk.mkdir(mode=0o700)
     return [EngineConfig(model, {"chunk_tokens": CHUNK, "host_capacity": host,
                                  **disk_config(args, disk, i, segment),
                                  "load_policy": "always", "metrics_port": port_pair()},
-                         gpu_blocks, quiet=quiet, cpu=i % cores) for i in range(2)]
+                         gpu_blocks, max_model_len=min((gpu_blocks - 1) * BLOCK, model_limit),
+                         quiet=quiet, cpu=i % cores) for i in range(args.engines)]
 
 
 def bench_serve(args, router: str, tokenizer: Path, out: Path) -> dict:
@@ -157,7 +173,7 @@ def bench_serve(args, router: str, tokenizer: Path, out: Path) -> dict:
             "--prefix-repetition-num-prefixes", str(args.prefixes),
             "--prefix-repetition-output-len", str(args.output_tokens),
             "--max-concurrency", str(args.concurrency), "--seed", "0", "--ignore-eos",
-            "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90",
+            "--percentile-metrics", "ttft,e2el", "--metric-percentiles", "50,90,99",
             "--ready-check-timeout-sec", "60", "--num-warmups", "0", "--disable-tqdm",
             "--save-result", "--save-detailed", "--result-dir", str(out.parent),
             "--result-filename", out.name]
@@ -166,6 +182,25 @@ def bench_serve(args, router: str, tokenizer: Path, out: Path) -> dict:
                        stderr=subprocess.STDOUT, timeout=args.timeout, check=True,
                        preexec_fn=die_with_parent)
     return json.loads(out.read_text())
+
+
+def chat(args, router: str) -> dict:
+    """The multi-turn load (scripts/chat_load.py) against ``router``: its figures under the
+    names of vLLM's benchmark client's result."""
+    result = run_chat(router, args.shape, args.concurrency, seed=0, timeout=args.timeout,
+                      token_ids=args.token_ids)
+    if not result.ttfts_s:
+        raise RuntimeError(f"chat: every turn failed, first: {result.errors[0]}")
+    if result.errors:
+        print(f"chat: {result.failed} turns failed, first: {result.errors[0]}", file=sys.stderr)
+    ttfts = np.array(result.ttfts_s or [float("nan")]) * 1000
+    tokens = sum(len(p) + args.shape.reply for turns in histories(args.shape, 0) for p in turns)
+    return {"completed": len(result.ttfts_s), "failed": result.failed,
+            "duration": result.duration, "mean_ttft_ms": float(ttfts.mean()),
+            **{f"p{q}_ttft_ms": float(np.percentile(ttfts, q)) for q in (50, 90, 99)},
+            "mean_e2el_ms": float(np.mean(result.e2el_s or [float("nan")]) * 1000),
+            "request_throughput": len(result.ttfts_s) / result.duration,
+            "total_token_throughput": tokens / result.duration, "ttfts": result.ttfts_s}
 
 
 def engine_counters(fleet: Fleet) -> list[dict[str, float]]:
@@ -191,19 +226,20 @@ def run_arm(arm: str, args, model: Path, work: Path, console: Console) -> dict:
     with Fleet(work, env) as fleet, contextlib.ExitStack() as stop:
         if store is not None:
             stop.callback(store.stop)
-        console.print(f"[dim]{arm}: starting two engines and the router ({policy})[/dim]")
+        console.print(f"[dim]{arm}: starting {args.engines} engines and the router ({policy})[/dim]")
         fleet.start_engines(engine_configs(args, model, work / "disk", quiet))
         extra = tuple(args.router_args.split()) if policy == "kv_aware" else ()
         router = fleet.start_router(policy, extra=extra)
         before = engine_counters(fleet)
-        result = bench_serve(args, router, model, work / f"{arm}.json")
+        result = (chat(args, router) if args.pattern == "chat"
+                  else bench_serve(args, router, model, work / f"{arm}.json"))
         after = engine_counters(fleet)
         lookups = scrape(fleet.router_metrics or "")
     engines = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     hits = total(lookups, "vllm_router_kv_placement_lookups_total", result="hit")
     asked = total(lookups, "vllm_router_kv_placement_lookups_total")
     keys = ("completed", "failed", "duration", "mean_ttft_ms", "p50_ttft_ms", "p90_ttft_ms",
-            "mean_e2el_ms", "request_throughput", "total_token_throughput")
+            "p99_ttft_ms", "mean_e2el_ms", "request_throughput", "total_token_throughput")
     return {"policy": policy, "kvtier_events": not quiet, **{k: result[k] for k in keys},
             "ttfts_s": result["ttfts"], "engines": engines,
             "router_lookups_with_holder": hits / asked if asked else None,
@@ -227,13 +263,14 @@ def share(engine: dict, key: str) -> str:
 def print_tables(console: Console, rows: dict[str, dict], title: str) -> None:
     base = rows.get("round_robin")
     table = Table(title=title)
-    for column in ("arm", "TTFT mean ms", "p50 ms", "p90 ms", "TTFT x rr", "req/s", "req/s x rr",
-                   "router lookups with a holder", "failed"):
+    for column in ("arm", "TTFT mean ms", "p50 ms", "p90 ms", "p99 ms", "TTFT x rr", "p50 x rr",
+                   "req/s", "req/s x rr", "router lookups with a holder", "failed"):
         table.add_column(column, justify="right")
     for arm, r in rows.items():
         lookups = r["router_lookups_with_holder"]
         table.add_row(arm, f"{r['mean_ttft_ms']:.1f}", f"{r['p50_ttft_ms']:.1f}",
-                      f"{r['p90_ttft_ms']:.1f}", ratio(r, base, "mean_ttft_ms"),
+                      f"{r['p90_ttft_ms']:.1f}", f"{r['p99_ttft_ms']:.1f}",
+                      ratio(r, base, "mean_ttft_ms"), ratio(r, base, "p50_ttft_ms"),
                       f"{r['request_throughput']:.2f}", ratio(r, base, "request_throughput"),
                       "-" if lookups is None else f"{lookups:.0%}", str(r["failed"]))
     console.print(table)
@@ -252,7 +289,17 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["tiny", "mid"], default="tiny")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"of {','.join(ARMS)}")
-    parser.add_argument("--prompts", type=int, default=160)
+    parser.add_argument("--engines", type=int, default=2, help="engines behind the router")
+    parser.add_argument("--pattern", choices=["prefix_repetition", "chat"],
+                        default="prefix_repetition",
+                        help="vLLM's client on repeated prefixes, or a multi-turn chat load "
+                             "(scripts/chat_load.py): --prefixes conversations of --turns turns "
+                             "opening with --prefix-tokens, each later message --suffix-tokens")
+    parser.add_argument("--turns", type=int, default=6, help="turns of a conversation (chat)")
+    parser.add_argument("--token-ids", action="store_true",
+                        help="chat prompts as token ids, not text: the router need not ask the "
+                             "engines for them (/v1/completions/render)")
+    parser.add_argument("--prompts", type=int, default=160, help="prompts (prefix_repetition)")
     parser.add_argument("--prefixes", type=int, default=16)
     parser.add_argument("--prefix-tokens", type=int, default=4096)
     parser.add_argument("--suffix-tokens", type=int, default=64)
@@ -281,12 +328,14 @@ def arguments() -> argparse.Namespace:
     if unknown := sorted(set(arms) - set(ARMS)):
         parser.error(f"--arms: unknown {', '.join(unknown)}; choose from {', '.join(ARMS)}")
     args.arms = arms
+    args.shape = ChatShape(args.prefixes, args.turns, args.prefix_tokens, args.suffix_tokens,
+                           args.output_tokens)
     return args
 
 
 def main() -> None:
     args = arguments()
-    console = Console()
+    console = Console(width=220)
     model = word_model(make_model(ROOT / "out" / "models" / args.model, args.model))
     rows = {}
     with tempfile.TemporaryDirectory(prefix="kvtier-router-", dir=args.dir) as tmp:
@@ -298,8 +347,12 @@ def main() -> None:
                 raise
     disks = ("one remote store (redis-server), no disk" if args.remote else
              "a disk directory each" if args.private_disks else "one shared disk directory")
-    title = (f"{args.prompts} prompts on {args.prefixes} prefixes of {args.prefix_tokens} tokens "
-             f"(+{args.suffix_tokens}), {args.concurrency} at once, two engines, {disks}, "
+    load = (f"{args.prefixes} conversations of {args.turns} turns opening with "
+            f"{args.prefix_tokens} tokens (+{args.output_tokens} +{args.suffix_tokens} a turn)"
+            if args.pattern == "chat" else
+            f"{args.prompts} prompts on {args.prefixes} prefixes of {args.prefix_tokens} tokens "
+            f"(+{args.suffix_tokens})")
+    title = (f"{load}, {args.concurrency} at once, {args.engines} engines, {disks}, "
              f"{args.model} model (ratios to round_robin, same run)")
     print_tables(console, rows, title)
     if args.json:

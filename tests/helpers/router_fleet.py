@@ -250,8 +250,10 @@ class Reply:
     seconds: float  # to the last
 
 
-def complete(url: str, prompt: list[int], max_tokens: int = 1, timeout: float = 120.0) -> Reply:
-    """A streamed completion of ``prompt`` (token ids) at ``url`` (an engine or the router)."""
+def complete(url: str, prompt: list[int] | str, max_tokens: int = 1,
+             timeout: float = 120.0) -> Reply:
+    """A streamed greedy completion of ``prompt`` (token ids, or text where the model has a
+    tokenizer) at ``url`` (an engine or the router); RuntimeError on an answer other than 200."""
     body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0, "stream": True}
     where = urlsplit(url)
