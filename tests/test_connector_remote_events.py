@@ -94,6 +94,29 @@ def test_another_engine_publishes_the_chunks_one_wrote_until_the_store_loses_the
         b.close()
 
 
+def test_a_chunk_written_once_it_earned_its_hits_is_logged_with_its_record(server):
+    a = Engine(server, hashing=HASHING, remote_min_hits=1)
+    b = Engine(server, events=Recorded(), hashing=HASHING)
+    try:
+        b.scheduler.take_events()
+        a.store(vllm_request("r", TOKENS + [1]), [1, 2, 3, 4, 5])
+        a.step()
+        assert a.scheduler.counters["remote_written_chunks"] == 0  # no hit yet
+        again = vllm_request("again", TOKENS + [2])
+        assert a.match(again) == (2 * CHUNK, False)
+        a.scheduler.plan_load(again, ([9, 10, 11, 12, 13],), 0, 2 * CHUNK)
+        for _ in range(4):  # the load, the writes it earned, their outcomes, the log
+            a.step()
+        assert a.scheduler.counters["remote_written_chunks"] == 2
+        hashes = chain(TOKENS)
+        assert sorted(events_until(b, 2)) == sorted([
+            ("stored", "STORAGE", tuple(hashes[0:2]), TOKENS[:CHUNK], True),
+            ("stored", "STORAGE", tuple(hashes[2:4]), TOKENS[CHUNK:], True)])
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_log_entry_that_lies_or_is_damaged_names_nothing(server):
     b = Engine(server, events=Recorded(), hashing=HASHING)
     try:

@@ -10,6 +10,8 @@ staging reservations and drops the chunks whose load failed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.geometry import KVGeometry
@@ -66,6 +68,9 @@ class LoadPlanner:
         self._loads: dict[str, Load] = {}
         self._new: list[RequestLoad] = []
         self._failures: dict[str, set[bytes]] = {}
+        # a chunk's token record from its request and index (``StorePlanner.record``), for the
+        # store's log of a chunk a hit sends there; None: none kept
+        self.records: Callable[[Any, int], bytes] | None = None
         self._matcher = LoadMatcher(config, geometry, stack, decider, counters, stalled, others,
                                     presence)
 
@@ -91,6 +96,8 @@ class LoadPlanner:
         geo = self.geometry
         start, end = num_computed, num_computed + num_external
         load = Load([], [], num_external, {}, asynchronous=tracked.asynchronous)
+        if self.records is not None:
+            load.request = tracked.request
         tracked.asynchronous = False  # what the match promised is used up
         chunks: list[ChunkLoad] = []
         demotions: list[DiskWrite] = []
@@ -103,6 +110,8 @@ class LoadPlanner:
             ids = chunk_blocks(block_ids, c * geo.blocks_per_chunk + first,
                                c * geo.blocks_per_chunk + last)
             tokens = min(end, (c + 1) * geo.chunk_tokens) - max(start, c * geo.chunk_tokens)
+            if load.request is not None and c < len(keys):
+                load.chunks[keys[c]] = c
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
                                            load, demotions,
                                            bool(held and c < len(held) and held[c]), tokens))
@@ -227,7 +236,8 @@ class LoadPlanner:
     def _remote_outcomes(self, req_id: str, load: Load, failed: set[bytes]) -> None:
         """Chunks read from the remote store are known to be there; those whose read failed
         are not offered again (``RemotePresence.failed``: the store may still say it holds
-        them); chunks loaded from here earned a hit (``remote_min_hits``)."""
+        them); chunks loaded from here earned a hit (``remote_min_hits``), and one whose hit
+        sends it to the store goes with its token record (``records``) for the store's log."""
         lost = load.remote & failed
         self.counters["load_failed_chunks"] += len(lost)
         if lost and self.presence is not None:
@@ -239,5 +249,7 @@ class LoadPlanner:
         for key in load.remote - failed:
             self.remote_writes.in_store(key)
         for key, _ in load.pinned:
-            if key not in failed:
-                self.remote_writes.loaded(key)
+            if key in failed or not self.remote_writes.loaded(key):
+                continue
+            if self.records is not None and key in load.chunks:  # its record, for the log
+                self.remote_writes.add_record(key, self.records(load.request, load.chunks[key]))

@@ -63,6 +63,8 @@ class Load:
     other: dict[ChunkKey, tuple[SlotRef, ...]] = field(default_factory=dict)  # other engines'
     remote: set[ChunkKey] = field(default_factory=set)  # read from the remote store
     partial: set[ChunkKey] = field(default_factory=set)  # read in part: staged, never kept
+    request: Any = None  # vLLM's Request: its chunks' token records, where a hit earns a write
+    chunks: dict[ChunkKey, int] = field(default_factory=dict)  # each chunk's index in it
 
 
 @dataclass

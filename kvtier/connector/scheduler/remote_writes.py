@@ -31,7 +31,7 @@ class RemoteWrites:
     (some rank failed its host store) calls ``release(key)`` once every rank's remote outcome
     is in, since ranks whose copy succeeded still send from the slot until then.
     ``take_records()`` hands over the token records of the chunks written since (those
-    planned with one). ``loaded(key)`` (a chunk
+    planned with one, or given one by ``add_record``). ``loaded(key)`` (a chunk
     loaded from this engine's host memory or disk) counts a hit and, at the
     ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
     ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
@@ -91,16 +91,25 @@ class RemoteWrites:
         self._pending[key] = _Aborted(host, release)
         return True
 
-    def loaded(self, key: ChunkKey) -> None:
+    def loaded(self, key: ChunkKey) -> bool:
+        """A hit on ``key`` here: True when it queued the chunk's write to the store (its
+        token record may follow, ``add_record``)."""
         self.forget_lost()
         if key in self._known or key in self._pending:
-            return
+            return False
         if self._hits.hit(key) < self._min_hits:
-            return
+            return False
         self._hits.forget(key)
         location = self._stack.locate(key)
-        if location is not None and location.tier is HOST:
-            self._queue(key, location)
+        if location is None or location.tier is not HOST:
+            return False
+        return self._queue(key, location)
+
+    def add_record(self, key: ChunkKey, record: bytes) -> None:
+        """The token record of a chunk whose write is in flight, for the store's log once
+        every rank wrote it (a write queued by ``loaded``, planned with none)."""
+        if record and key in self._pending:
+            self._records[key] = record
 
     def in_store(self, key: ChunkKey) -> None:
         self._known.add(key)
@@ -141,13 +150,14 @@ class RemoteWrites:
             return False
         return True
 
-    def _queue(self, key: ChunkKey, host: Location) -> None:
+    def _queue(self, key: ChunkKey, host: Location) -> bool:
         if key in self._pending or not self._room():
-            return
+            return False
         self._known.add(key)
         self._stack.indexes[HOST].pin(key)
         self._pending[key] = host
         self._new.append(RemoteWrite(key, host.slot))
+        return True
 
     def take_new(self) -> list[RemoteWrite]:
         new, self._new = self._new, []

@@ -92,6 +92,7 @@ class SchedulerSide:
                                     self.halt)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
                                     self.events, self.verify, hashing)
+        self._loads.records = self._stores.record if self.remote_writes is not None else None
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
                                   self.remote_writes, self.verify)

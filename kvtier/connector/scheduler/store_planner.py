@@ -8,6 +8,8 @@ rank reported it stored (``Outcomes``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvtier.config.settings import KVTierConfig, WritePolicy
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.common.messages import NULL_BLOCK, ChunkStore, GroupBlocks, StepPlan, chunk_blocks
@@ -124,6 +126,12 @@ class StorePlanner:
     def _cached(self, key: ChunkKey) -> bool:
         """Cached, or being stored."""
         return self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key)
+
+    def record(self, request: Any, chunk: int) -> bytes:
+        """The token record of ``request``'s chunk ``chunk`` (b"" where none is kept)."""
+        if not self._records or self._extra is None:
+            return b""
+        return chunk_record(named_blocks(request, self.geometry, chunk, self._extra), self.geometry)
 
     def _blocks(self, tracked: Tracked, chunk: int) -> ChunkBlocks | None:
         """Chunk ``chunk`` of the request as events and its token record name it (worked out
