@@ -99,10 +99,10 @@ def test_a_chunk_written_once_it_earned_its_hits_is_logged_with_its_record(serve
     b = Engine(server, events=Recorded(), hashing=HASHING)
     try:
         b.scheduler.take_events()
-        a.store(vllm_request("r", TOKENS + [1]), [1, 2, 3, 4, 5])
+        a.store(vllm_request("r", [*TOKENS, 1]), [1, 2, 3, 4, 5])
         a.step()
         assert a.scheduler.counters["remote_written_chunks"] == 0  # no hit yet
-        again = vllm_request("again", TOKENS + [2])
+        again = vllm_request("again", [*TOKENS, 2])
         assert a.match(again) == (2 * CHUNK, False)
         a.scheduler.plan_load(again, ([9, 10, 11, 12, 13],), 0, 2 * CHUNK)
         for _ in range(4):  # the load, the writes it earned, their outcomes, the log

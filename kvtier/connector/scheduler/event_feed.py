@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.scheduler.anchors import Anchors
 from kvtier.connector.scheduler.chunk_records import ChunkHashing
 from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.remote_events import RemoteEvents
@@ -29,20 +30,22 @@ class EventFeed:
     first take starts reading token records (vLLM hashes blocks only once its engine is
     up): of every chunk the disk tier holds then, and of other writers' chunks, then as
     they come and go. A record's chunk is published as stored on disk (``STORAGE``) while
-    this engine's disk or another segment holds it. ``close()`` stops the reads."""
+    this engine's disk or another segment holds it, once the chunk before it in its prompt
+    was (``Anchors``). ``close()`` stops the reads."""
 
     def __init__(self, events: KVEvents, storage: StorageEvents | None,
                  remote: RemoteEvents | None, stack: TierStack, others: OtherWriters | None,
                  counters: Counter) -> None:
         self.events, self._storage, self._remote, self._stack = events, storage, remote, stack
         self._others, self._counters = others, counters
+        self._anchors = Anchors(counters)
         self._started = False
 
     def take(self) -> list[Any]:
         if not self._started:
             self._start()
         disk = self._stack.indexes.get(TierName.DISK)
-        for found in self._found():
+        for found in self._anchors.order(self._found(), self.events.published):
             if found.remote:
                 if found.blocks is None:
                     self.events.remote_gone(found.key)
@@ -54,6 +57,11 @@ class EventFeed:
                 self.events.found(found.key, found.blocks, shared=found.shared,
                                   on_disk=disk is not None and found.key in disk)
         return self.events.take()
+
+    @property
+    def waiting(self) -> int:
+        """Chunks named but held back until the chunk before them is published."""
+        return len(self._anchors)
 
     def _found(self) -> list[Found]:
         found, unnamed = [], 0

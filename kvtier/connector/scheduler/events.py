@@ -115,10 +115,16 @@ class KVEvents:
         self._left: set[ChunkKey] = set()
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
         self._remote: set[ChunkKey] = set()  # published as held by the remote store
+        self._published: set[bytes] = set()  # last block hashes of chunks published stored
 
     def __len__(self) -> int:
         """Chunks recorded."""
         return len(self._blocks)
+
+    def published(self, block_hash: bytes) -> bool:
+        """Whether a chunk ending with block ``block_hash`` was published as stored (and is
+        still recorded): a chunk whose parent it is may follow (``anchors.py``)."""
+        return block_hash in self._published
 
     def record(self, key: ChunkKey, request: Any, chunk: int,
                blocks: ChunkBlocks | None = None) -> None:
@@ -199,11 +205,15 @@ class KVEvents:
         if len(self._queue) == self._queue.maxlen:
             self.counters["kv_events_dropped"] += 1  # the oldest goes
         self._queue.append((stored, blocks, medium, remote))
+        if stored:
+            self._published.add(blocks.hashes[-1])
 
     def take(self) -> list[Any]:
         for key in self._left:
             if not self.still_held(key) and key not in self._storage and key not in self._remote:
-                self._blocks.pop(key, None)
+                blocks = self._blocks.pop(key, None)
+                if blocks is not None:
+                    self._published.discard(blocks.hashes[-1])
         self._left.clear()
         events: list[Any] = []
         while self._queue:
