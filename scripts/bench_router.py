@@ -50,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -335,6 +336,9 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
+    # a SIGTERM ends the run as an exception would: every engine's process group is ended
+    # (vLLM's engine core too, which outlives its API server otherwise)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     console = Console(width=220)
     model = word_model(make_model(ROOT / "out" / "models" / args.model, args.model))
     rows = {}
