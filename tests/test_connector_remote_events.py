@@ -117,6 +117,34 @@ def test_a_chunk_written_once_it_earned_its_hits_is_logged_with_its_record(serve
         b.close()
 
 
+def test_chunks_the_store_lost_and_written_again_from_host_memory_are_logged_again(server):
+    a = Engine(server, hashing=HASHING)
+    tier = RedisTier(server.url, a.ns, GEO.chunk_bytes)
+    try:
+        a.store(vllm_request("r", TOKENS), [1, 2, 3, 4])
+        a.step()  # the records of the chunks written go to the store's log
+        keys = a.scheduler.chunk_keys(vllm_request("r", TOKENS), 2)
+        answer = tier.read_records(b"0", 16)
+        assert answer is not None and sorted(k for k, _ in answer[1]) == sorted(keys)
+        server.stop()
+        server.start()  # empty, its log too: a restart without persistence
+        audit = a.scheduler._audit
+        deadline = time.monotonic() + 15
+        while a.scheduler.counters["remote_written_chunks"] < 4:
+            assert time.monotonic() < deadline, a.scheduler.counters
+            if audit._out is None:
+                audit._due = 0.0  # white-box: a check is due now
+            a.step()
+            time.sleep(0.02)
+        a.step()  # the records of the chunks written again, from the worker's host slots
+        answer = tier.read_records(b"0", 16)
+        assert answer is not None and sorted(k for k, _ in answer[1]) == sorted(keys)
+        assert dict(answer[1])[keys[0]] == encode_record(b"", array("i", TOKENS[:CHUNK]))
+    finally:
+        tier.close()
+        a.close()
+
+
 def test_a_log_entry_that_lies_or_is_damaged_names_nothing(server):
     b = Engine(server, events=Recorded(), hashing=HASHING)
     try:

@@ -112,10 +112,13 @@ class ChunkVerify:
 @dataclass(frozen=True)
 class RemoteWrite:
     """Write the chunk in host slot ``host_slot`` to the remote store (each rank its own
-    copy); the slot stays pinned until every rank reported the write over."""
+    copy); the slot stays pinned until every rank reported the write over. With
+    ``record``, the chunk's token record in that slot (if the worker kept one) comes back
+    with the outcome, for the store's log: a write queued without one."""
 
     key: bytes
     host_slot: int
+    record: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ class WorkerReport:
     verified: Counter = field(default_factory=Counter)
     verify_differed: Counter = field(default_factory=Counter)
     verify_failed: Counter = field(default_factory=Counter)
+    remote_records: dict = field(default_factory=dict)  # key -> token record (``RemoteWrite``)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -192,6 +196,7 @@ class WorkerReport:
              for req in self.load_seconds.keys() | other.load_seconds.keys()},
             self.verified + other.verified, self.verify_differed + other.verify_differed,
             self.verify_failed + other.verify_failed,
+            {**self.remote_records, **other.remote_records},
         )
 
     def is_empty(self) -> bool:
@@ -200,4 +205,4 @@ class WorkerReport:
                     or self.load_samples or self.loads_done or self.paths_up
                     or self.reads_stalled or self.reads_over or self.remote_written
                     or self.remote_failed or self.load_seconds or self.verified
-                    or self.verify_differed or self.verify_failed)
+                    or self.verify_differed or self.verify_failed or self.remote_records)

@@ -156,7 +156,7 @@ class RemoteWrites:
         self._known.add(key)
         self._stack.indexes[HOST].pin(key)
         self._pending[key] = host
-        self._new.append(RemoteWrite(key, host.slot))
+        self._new.append(RemoteWrite(key, host.slot, record=True))  # its record, if kept there
         return True
 
     def take_new(self) -> list[RemoteWrite]:
@@ -177,7 +177,7 @@ class RemoteWrites:
             elif host is not None:  # else its host store is not over: nothing pinned
                 self._stack.unpin(ChunkKey(key), host)
             self._counters["remote_written_chunks" if ok else "remote_failed_chunks"] += 1
-            record = self._records.pop(key, b"")
+            record = self._records.pop(key, b"") or report.remote_records.get(key, b"")
             if ok and record:
                 self._written.append((ChunkKey(key), record))
             if not ok:

@@ -47,7 +47,8 @@ class WorkerDisk:
             else:
                 self._records.pop(store.host_slot, None)
 
-    def _record(self, host_slot: int, key: bytes) -> bytes:
+    def record(self, host_slot: int, key: bytes) -> bytes:
+        """The token record kept for ``key`` in ``host_slot`` (b"": none)."""
         kept = self._records.get(host_slot)
         return kept[1] if kept is not None and kept[0] == key else b""
 
@@ -170,7 +171,7 @@ class WorkerDisk:
             mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
                     if self._lane.queue_of(d) == queue]
             records = {ChunkKey(k): record for d, k, h in items
-                       if self._lane.queue_of(d) == queue and (record := self._record(h, k))}
+                       if self._lane.queue_of(d) == queue and (record := self.record(h, k))}
             if mine:
                 future = self._lane.submit(queue, partial(self._write, mine, records))
                 started.append(([k for _, k, _ in mine], future))

@@ -5,7 +5,7 @@ group commits, outcomes into the worker's ledger."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from kvtier.config.settings import KVTierConfig
@@ -26,11 +26,14 @@ class WorkerRemote:
     remote tier here or it is closed); ``write(writes)`` queues the step's remote writes,
     whose outcomes go into the ledger's report (``remote_written`` / ``remote_failed``);
     ``drain(timeout)`` and ``close(timeout)`` as ``RemoteLane`` (True without a remote
-    tier)."""
+    tier). A write that asks for its token record (``RemoteWrite.record``) reports the one
+    ``records(host_slot, key)`` gives (``remote_records``) once written."""
 
     def __init__(self, config: KVTierConfig, namespace: Namespace, raw_bytes: int,
                  host: HostTier, ledger: WorkerLedger, parts: Sequence[int] = ()) -> None:
         self._host, self._ledger, self._raw_bytes = host, ledger, raw_bytes
+        self.records: Callable[[int, bytes], bytes] | None = None
+        self._wanted: dict[bytes, bytes] = {}  # key -> token record, while its write runs
         tier = open_remote(config, namespace, raw_bytes, parts)
         self._lane = None
         if tier is not None:
@@ -77,6 +80,11 @@ class WorkerRemote:
                 for write in writes:
                     self._ledger.pending.remote_failed[write.key] += 1
             return
+        if self.records is not None:
+            with self._ledger.lock:
+                for w in writes:
+                    if w.record and (record := self.records(w.host_slot, w.key)):
+                        self._wanted[w.key] = record
         groups = [lane.put(RemotePut(ChunkKey(w.key), w.host_slot))[1] for w in writes]
         for group in groups:
             with contextlib.suppress(RuntimeError):  # closed: settled as never run
@@ -86,8 +94,11 @@ class WorkerRemote:
         with self._ledger.lock:
             for i, item in enumerate(items):
                 result = results[i] if results is not None else None
+                record = self._wanted.pop(bytes(item.key), b"")
                 if result is not None and result.ok:
                     self._ledger.pending.remote_written[bytes(item.key)] += 1
+                    if record:
+                        self._ledger.pending.remote_records[bytes(item.key)] = record
                     continue
                 self._ledger.pending.remote_failed[bytes(item.key)] += 1
                 if result is not None:

@@ -123,6 +123,7 @@ class WorkerSide:
                                 self._other_reads, self.namespace.tp_rank)
         self._remote = WorkerRemote(self.config, self.namespace, self.geometry.chunk_bytes,
                                     self.host, self._ledger, parts=self.geometry.part_bytes)
+        self._remote.records = self._disk.record
         self._saves = WorkerSaves(self.pages, self.host, self._lane, self._other_reads, self._disk,
                                   self._remote, self._ledger, self.geometry.chunk_bytes,
                                   self.config.load_timeout)
