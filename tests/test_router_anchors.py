@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(not have_router(), reason="vllm-router is not in
 TOKENS = list(range(3000, 3000 + 4 * BLOCK))
 
 
-class Found2:
+class FoundInTakes:
     """A stand-in for ``StorageEvents``: hands out one list of found chunks a drain."""
 
     unnamed = dropped = 0
@@ -143,7 +143,7 @@ def test_a_chunk_found_before_its_parent_is_published_after_it(fleet, monkeypatc
     hashes = vllm_chain(TOKENS, BLOCK)
     first = Found(ChunkKey(b"first"), blocks(hashes, 0, 2), shared=True)
     second = Found(ChunkKey(b"second"), blocks(hashes, 2, 2), shared=True)
-    feed = EventFeed(KVEvents(GEO, factory, Counter()), Found2([[second], [first]]), None,
+    feed = EventFeed(KVEvents(GEO, factory, Counter()), FoundInTakes([[second], [first]]), None,
                      SimpleNamespace(indexes={}), None, Counter())
     until_routed(router, sides, "a", [7] * BLOCK, factory)
     until_routed(router, sides, "b", [8] * BLOCK, factory)
