@@ -117,29 +117,34 @@ def test_a_chunk_written_once_it_earned_its_hits_is_logged_with_its_record(serve
         b.close()
 
 
+def logged(engine: Engine, tier: RedisTier, count: int, audit: bool = False,
+           timeout: float = 15.0) -> dict[bytes, bytes]:
+    """Step ``engine`` (a check of the store due at each step, with ``audit``) until the
+    store's log holds ``count`` entries (its appends run in the background): key -> record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert time.monotonic() < deadline, engine.scheduler.counters
+        if audit and engine.scheduler._audit._out is None:
+            engine.scheduler._audit._due = 0.0  # white-box: a check is due now
+        engine.step()
+        answer = tier.read_records(b"0", 16)
+        if answer is not None and len(answer[1]) >= count:
+            return dict(answer[1])
+        time.sleep(0.02)
+
+
 def test_chunks_the_store_lost_and_written_again_from_host_memory_are_logged_again(server):
     a = Engine(server, hashing=HASHING)
     tier = RedisTier(server.url, a.ns, GEO.chunk_bytes)
     try:
         a.store(vllm_request("r", TOKENS), [1, 2, 3, 4])
-        a.step()  # the records of the chunks written go to the store's log
         keys = a.scheduler.chunk_keys(vllm_request("r", TOKENS), 2)
-        answer = tier.read_records(b"0", 16)
-        assert answer is not None and sorted(k for k, _ in answer[1]) == sorted(keys)
-        server.stop()
-        server.start()  # empty, its log too: a restart without persistence
-        audit = a.scheduler._audit
-        deadline = time.monotonic() + 15
-        while a.scheduler.counters["remote_written_chunks"] < 4:
-            assert time.monotonic() < deadline, a.scheduler.counters
-            if audit._out is None:
-                audit._due = 0.0  # white-box: a check is due now
-            a.step()
-            time.sleep(0.02)
-        a.step()  # the records of the chunks written again, from the worker's host slots
-        answer = tier.read_records(b"0", 16)
-        assert answer is not None and sorted(k for k, _ in answer[1]) == sorted(keys)
-        assert dict(answer[1])[keys[0]] == encode_record(b"", array("i", TOKENS[:CHUNK]))
+        assert sorted(logged(a, tier, len(keys))) == sorted(keys)
+        server.client().flushall()  # the store loses everything, its log too (connections stay)
+        entries = logged(a, tier, len(keys), audit=True)  # checks find the losses: written again
+        assert a.scheduler.counters["remote_written_chunks"] == 4
+        assert sorted(entries) == sorted(keys)  # with the records the workers kept
+        assert entries[keys[0]] == encode_record(b"", array("i", TOKENS[:CHUNK]))
     finally:
         tier.close()
         a.close()
