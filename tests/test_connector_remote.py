@@ -349,3 +349,30 @@ def test_a_chunk_cached_here_past_one_only_the_store_holds_loads_from_here(serve
     finally:
         a.close()
         b.close()
+
+
+def test_a_chunk_cached_only_here_past_one_only_the_store_holds_carries_the_hit_on(server):
+    """The prefix walk past what is cached here takes each chunk from here or the store,
+    whichever holds it: before, a chunk the store lacked ended the hit even when cached."""
+    a, b = Engine(server), Engine(server)
+    try:
+        req = request("r", 2 * CHUNK + 1, seed=6)
+        a.store(req, [1, 2, 3, 4])
+        b.store(req, [1, 2, 3, 4])
+        first, second = b.scheduler.chunk_keys(req, 2)
+        b.scheduler.stack.discard(first)  # evicted here: only the store holds it now
+        damage(server, "evicted", [value_key("kvtier:", b.ns.digest(), second)])
+        b.scheduler.request_finished("r")
+        again = request("r2", 2 * CHUNK + 1, seed=6)
+        assert b.match(again) == (2 * CHUNK, True)
+        b.scheduler.plan_load(again, ([5, 6, 7, 8],), 0, 2 * CHUNK)
+        b.step()
+        b.step()
+        assert b.worker.take_invalid_blocks() == set()
+        assert b.scheduler.counters["load_chunks_remote"] == 1
+        assert b.scheduler.counters["load_chunks_host"] == 1
+        assert all(torch.equal(x, y) for x, y in zip(b.pages([5, 6, 7, 8]), b.pages([1, 2, 3, 4]),
+                                                   strict=True))
+    finally:
+        a.close()
+        b.close()

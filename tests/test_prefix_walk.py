@@ -24,7 +24,7 @@ def test_the_walk_ends_at_the_first_chunk_held_nowhere():
     assert walk_cached(KEYS[3:], OURS.get, THEIRS.get) == []
 
 
-def test_the_remote_store_adds_its_leading_run_only():
+def test_the_remote_store_adds_its_leading_run_without_a_local_view():
     asked: list[list[ChunkKey]] = []
 
     def held(tail):
@@ -37,3 +37,15 @@ def test_the_remote_store_adds_its_leading_run_only():
     assert walk_remote(KEYS[3:], None) == []  # no remote store
     assert walk_remote(KEYS[3:], lambda tail: None) is None  # not answered yet
     assert IN_REMOTE.tier is TierName.REMOTE
+
+
+def test_past_a_chunk_only_the_store_holds_chunks_cached_here_carry_the_walk_on():
+    """A chunk cached here is taken from here whether the store holds it or not; the walk
+    ends at the first chunk held by neither."""
+    here = {KEYS[3]: Ours(Location(TierName.HOST, 1)), KEYS[5]: InOther("writer-b slot 2")}
+    assert walk_remote(KEYS[2:], lambda tail: [True, False, True, False], here.get) == [
+        IN_REMOTE, Ours(Location(TierName.HOST, 1)), IN_REMOTE, InOther("writer-b slot 2")]
+    assert walk_remote(KEYS[2:], lambda tail: [True, True, False, False], here.get) == [
+        IN_REMOTE, Ours(Location(TierName.HOST, 1))]  # KEYS[4]: neither
+    assert walk_remote(KEYS[2:], lambda tail: [True], here.get) == [  # a short answer
+        IN_REMOTE, Ours(Location(TierName.HOST, 1))]

@@ -402,3 +402,23 @@ def test_a_put_longer_than_host_memory_keeps_its_first_chunks_for_the_remote_sto
         n, out = read(b, toks)
         assert n == 4 * CHUNK
         assert torch.equal(out[:, :, :n].view(torch.int16), make_kv(toks)[:, :, :n].view(torch.int16))
+
+
+def test_past_a_chunk_only_the_store_holds_a_chunk_only_this_store_holds_carries_the_prefix_on(server):
+    """The prefix walk past what is cached here takes each chunk from here or the store,
+    whichever holds it: before, a chunk cached only here ended the hit there."""
+    toks = tokens(17)
+    with store(server) as a, store(server) as b:
+        a.put(toks, make_kv(toks))
+        assert a.flush(10)
+        b.put(toks[:4 * CHUNK], make_kv(toks[:4 * CHUNK]))
+        assert b.flush(10)
+        keys = b.keys(toks)
+        for key in keys[:2]:
+            b._state.books.discard(key)  # evicted from b's host memory
+        server.client().delete(*[value_key("kvtier:", b.namespace.digest(), k) for k in keys[2:4]])
+        # chunks 0-1 and 4-5 only in the store, 2-3 only in b's host memory
+        assert b.lookup(toks).chunks_by_tier == {REMOTE: 4, HOST: 2}
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+        assert b.stats().chunks_loaded == {REMOTE: 4, HOST: 2}

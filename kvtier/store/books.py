@@ -18,7 +18,7 @@ from kvtier.shared.follower import FollowedCounts
 from kvtier.store.stats import StoreStats
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
-from kvtier.tiers.prefix import InOther, Ours, walk_cached
+from kvtier.tiers.prefix import InOther, Ours, find, walk_cached
 from kvtier.tiers.stack import Location, StorePlan, TierStack
 
 DISK = TierName.DISK
@@ -126,6 +126,12 @@ class Books:
         """The longest prefix of ``keys`` held here or by another writer (``theirs``)."""
         with self._lock:
             return walk_cached(keys, self._stack.locate, theirs)
+
+    def find(self, key: ChunkKey, theirs: Callable[[ChunkKey], Any] | None
+             ) -> Ours | InOther | None:
+        """Where ``key`` is hottest, here or with another writer (``theirs``); None: neither."""
+        with self._lock:
+            return find(key, self._stack.locate, theirs)
 
     def slot_of(self, tier: TierName, key: ChunkKey) -> int | None:
         with self._lock:

@@ -16,7 +16,7 @@ from kvtier.store.reads import Fetcher
 from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import TierName
-from kvtier.tiers.prefix import walk_remote
+from kvtier.tiers.prefix import IN_REMOTE, walk_remote
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
@@ -87,14 +87,16 @@ class PrefixRead:
         return run
 
     def _remote_tail(self, keys: list[ChunkKey]) -> set[ChunkKey]:
-        """The keys after the prefix cached here (or in a shared directory) that the remote
-        store holds, from the first on: one round trip, only when some are not cached."""
+        """The keys past the prefix cached here (or in a shared directory) that the remote
+        store is to serve: those of the walk on (``walk_remote``) held only there. One round
+        trip, only when some are not cached."""
         remote, others = self._state.remote, self._state.others
         if remote is None:
             return set()
-        cached = len(self._state.books.cached(keys, others.find if others else None))
-        tail = keys[cached:]
-        return set(tail[:len(walk_remote(tail, remote.held) or ())])
+        books, theirs = self._state.books, others.find if others else None
+        tail = keys[len(books.cached(keys, theirs)):]
+        past = walk_remote(tail, remote.held, lambda key: books.find(key, theirs)) or ()
+        return {key for key, where in zip(tail, past, strict=False) if where is IN_REMOTE}
 
     def _fill(self, keys: list[ChunkKey]) -> bool:
         """Once a whole read group fits in the window, begin fetches up to its size, starting

@@ -160,10 +160,11 @@ class KVStore:
         """The tier each chunk of the cached prefix of ``keys`` is in (the remote store
         asked in one round trip for the chunks past those held here)."""
         others, remote = self._state.others, self._state.remote
-        found = self._books.cached(keys, others.find if others else None)
-        tail = keys[len(found):]
-        return [where.tier for where in found] \
-            + [where.tier for where in walk_remote(tail, remote.held if remote else None) or ()]
+        theirs = others.find if others else None
+        found = self._books.cached(keys, theirs)
+        past = walk_remote(keys[len(found):], remote.held if remote else None,
+                           lambda key: self._books.find(key, theirs))
+        return [where.tier for where in [*found, *(past or ())]]
 
     def verify_against(self, tokens: Tokens, kv: torch.Tensor, atol: float = 0.0, *,
                        tolerance: float | None = None) -> Verified:

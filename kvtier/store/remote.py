@@ -50,8 +50,8 @@ class StoreRemote:
     ``Held``; the rest take it, through ``Books.held``, when they need it):
 
     - ``held(keys)``: whether the store holds each of ``keys``: one round trip, blocking
-      (nothing while the tier is out of service or the trip failed; the prefix walk takes
-      the leading run). A key the store answers "not there" is no longer known to be held
+      (nothing while the tier is out of service or the trip failed; the prefix walk goes on
+      through chunks it holds or the store caches itself, ``walk_remote``). A key the store answers "not there" is no longer known to be held
       (a restart or an eviction lost it): its next store writes it again.
     - ``reached_host(b, key, slot)`` (lock held): a chunk became visible in host slot
       ``slot``; with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)``: a

@@ -75,20 +75,25 @@ def walk_cached(keys: Sequence[ChunkKey], locate: Callable[[ChunkKey], Location 
 
 
 def walk_remote(tail: Sequence[ChunkKey],
-                held: Callable[[Sequence[ChunkKey]], Sequence[bool] | None] | None
-                ) -> list[InRemote] | None:
-    """The prefix walk past what is cached here: the leading run of ``tail`` the remote
-    store holds (``held``: one answer for the whole tail, a flag per key; None: the store
-    has not answered yet, and neither does this walk). Nothing without a remote store or
-    a tail."""
+                held: Callable[[Sequence[ChunkKey]], Sequence[bool] | None] | None,
+                here: Callable[[ChunkKey], Ours | InOther[Ref] | None] | None = None
+                ) -> list[Ours | InOther[Ref] | InRemote] | None:
+    """The prefix walk past what is cached here, with the remote store's one answer for the
+    whole of ``tail`` (``held``: a flag per key; None: the store has not answered yet, and
+    neither does this walk): each chunk where it is cached here (``here``: past a chunk only
+    the store holds, a later one may be cached here again, and is taken from here whether the
+    store holds it or not), else in the store, up to the first chunk held by neither. Nothing
+    without a remote store or a tail."""
     if held is None or not tail:
         return []
     answer = held(tail)
     if answer is None:
         return None
-    run = 0
-    for present in answer[:len(tail)]:
-        if not present:
+    flags = list(answer[:len(tail)]) + [False] * (len(tail) - len(answer))
+    found: list[Ours | InOther[Ref] | InRemote] = []
+    for key, present in zip(tail, flags, strict=True):
+        where = here(key) if here is not None else None
+        if where is None and not present:
             break
-        run += 1
-    return [IN_REMOTE] * run
+        found.append(IN_REMOTE if where is None else where)
+    return found

@@ -109,15 +109,12 @@ class LoadMatcher:
         start: list[Matched] = [COMPUTED] * min(computed, len(keys))
         theirs = self.others.find if self.others else None
         found = start + walk_cached(keys[len(start):], self.stack.locate, theirs)
-        remote = walk_remote(keys[len(found):], self._remote_held(req_id, keys))
-        if remote is None:
-            return None
         # past a chunk only the store holds, a chunk cached here is taken from here: read
         # from the store it would want a staging slot, and a chunk visible in host memory
         # would look as if another load were staging it, for ever
-        tail = keys[len(found):len(found) + len(remote)]
-        return [*found, *[find(key, self.stack.locate, theirs) or where
-                          for key, where in zip(tail, remote, strict=True)]]
+        remote = walk_remote(keys[len(found):], self._remote_held(req_id, keys),
+                             lambda key: find(key, self.stack.locate, theirs))
+        return None if remote is None else [*found, *remote]
 
     def _remote_held(self, req_id: str, keys: list[ChunkKey]
                      ) -> Callable[[Sequence[ChunkKey]], list[bool] | None] | None:
