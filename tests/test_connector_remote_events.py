@@ -8,6 +8,7 @@ import time
 from array import array
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm")
@@ -16,6 +17,7 @@ from vllm.v1.request import Request
 
 from kvtier.connector.scheduler import remote_events
 from kvtier.connector.vllm_events import VllmHashing
+from kvtier.io.result import IOStatus
 from kvtier.io.token_record import encode_record
 from kvtier.keys import ChunkKey
 from kvtier.remote.redis_tier import RedisTier
@@ -150,7 +152,7 @@ def test_chunks_the_store_lost_and_written_again_from_host_memory_are_logged_aga
         a.close()
 
 
-def test_a_log_entry_that_lies_or_is_damaged_names_nothing(server):
+def test_a_log_entry_that_lies_is_damaged_or_names_a_value_gone_names_nothing(server):
     b = Engine(server, events=Recorded(), hashing=HASHING)
     try:
         b.scheduler.take_events()
@@ -165,7 +167,13 @@ def test_a_log_entry_that_lies_or_is_damaged_names_nothing(server):
             assert time.monotonic() < deadline, b.scheduler.counters
             assert b.scheduler.take_events() == []
             time.sleep(0.02)
-        assert tier.append_records([(key, right)])  # the truth, after all that
+        # the truth, after all that, of a value the store does not hold (evicted long
+        # before the log is trimmed): nothing is published
+        assert tier.append_records([(key, right)])
+        time.sleep(0.5)
+        assert b.scheduler.take_events() == [] and b.scheduler.counters["kv_events_unnamed"] == 4
+        assert tier.put_many([(key, np.zeros(GEO.chunk_bytes, np.uint8))])[0].status is IOStatus.OK
+        assert tier.append_records([(key, right)])  # written again, logged again
         assert [e[:2] + e[4:] for e in events_until(b, 1)] == [("stored", "STORAGE", True)]
         tier.close()
     finally:

@@ -53,7 +53,7 @@ class FoundInTakes:
     def start(self, own, listen) -> None:
         pass
 
-    def drain(self) -> list[Found]:
+    def drain(self, limit: int | None = None) -> list[Found]:
         return self._takes.pop(0) if self._takes else []
 
 
@@ -135,7 +135,8 @@ def fleet(tmp_path):
 def test_a_chunk_found_before_its_parent_is_published_after_it(fleet, monkeypatch, anchored):
     router, sides = fleet
     if not anchored:  # the router's side of the contract: unanchored blocks are dropped
-        monkeypatch.setattr(event_feed.Anchors, "order", lambda self, found, published: found)
+        monkeypatch.setattr(event_feed.Anchors, "order",
+                            lambda self, found, publish, published: [publish(f) for f in found])
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype="float32")
     factory = VllmEvents(SimpleNamespace(cache_config=SimpleNamespace(
         prefix_caching_hash_algo="sha256")), SimpleNamespace(

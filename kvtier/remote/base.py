@@ -71,6 +71,13 @@ class RemoteTier(abc.ABC):
     @abc.abstractmethod
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
 
+    def exists_answered(self, keys: Sequence[ChunkKey]) -> list[bool | None] | None:
+        """As ``exists``, where the store answered: None for a key it refused alone (a
+        cluster's redirect while a slot moves), None for all when the round trip failed.
+        What a check that reports a chunk gone needs (a refusal is no loss); a backend that
+        keeps records implements it, the others say nothing (the default)."""
+        return None
+
     @abc.abstractmethod
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]: ...
 

@@ -132,6 +132,12 @@ class RedisTier(RemoteTier):
             return [False] * len(keys)
         return [r == 1 for r in replies]
 
+    def exists_answered(self, keys: Sequence[ChunkKey]) -> list[bool | None] | None:
+        replies = self._run("exists", [("exists", (self._key(k),)) for k in keys])
+        if isinstance(replies, IOResult):
+            return None
+        return [None if isinstance(r, Exception) else r == 1 for r in replies]
+
     def remove(self, keys: Sequence[ChunkKey]) -> bool:
         return not isinstance(self._run("remove", [("unlink", (self._key(k),)) for k in keys]),
                               IOResult)

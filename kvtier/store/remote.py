@@ -51,8 +51,9 @@ class StoreRemote:
 
     - ``held(keys)``: whether the store holds each of ``keys``: one round trip, blocking
       (nothing while the tier is out of service or the trip failed; the prefix walk goes on
-      through chunks it holds or the store caches itself, ``walk_remote``). A key the store answers "not there" is no longer known to be held
-      (a restart or an eviction lost it): its next store writes it again.
+      through each chunk it holds or this store caches, ``walk_remote``). A key the store
+      answers "not there" is no longer known to be held (a restart or an eviction lost
+      it): its next store writes it again.
     - ``reached_host(b, key, slot)`` (lock held): a chunk became visible in host slot
       ``slot``; with ``remote_min_hits`` 0 its write is queued. ``loaded(key, slot)``: a
       get served a chunk held in host slot ``slot``; at its ``remote_min_hits``-th load (with

@@ -106,6 +106,11 @@ class SlotIndex:
         """Visible keys, in no particular order."""
         return [k for k, e in self._entries.items() if e.state is EntryState.READY]
 
+    def visible(self) -> list[tuple[ChunkKey, int]]:
+        """(key, slot) of each visible key, in no particular order: one pass."""
+        ready = EntryState.READY
+        return [(k, e.slot) for k, e in self._entries.items() if e.state is ready]
+
     def slot_of(self, key: ChunkKey) -> int | None:
         """Slot of a visible key, without touching or pinning it."""
         entry = self._entries.get(key)

@@ -17,12 +17,13 @@ from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.remote_events import RemoteEvents
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.storage_events import Found, StorageEvents
-from kvtier.keys import ChunkKey, Namespace
+from kvtier.keys import Namespace
 from kvtier.segment.index_file import SlotLayout
 from kvtier.shared.follower import OtherWriters
 from kvtier.tiers.base import TierName
-from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.stack import TierStack
+
+TAKE_LIMIT = 1024  # chunks found from records handed on a take (a step), at most
 
 
 class EventFeed:
@@ -44,19 +45,21 @@ class EventFeed:
     def take(self) -> list[Any]:
         if not self._started:
             self._start()
-        disk = self._stack.indexes.get(TierName.DISK)
-        for found in self._anchors.order(self._found(), self.events.published):
-            if found.remote:
-                if found.blocks is None:
-                    self.events.remote_gone(found.key)
-                else:
-                    self.events.found_remote(found.key, found.blocks)
-            elif found.blocks is None:
-                self.events.shared_gone(found.key)
-            else:
-                self.events.found(found.key, found.blocks, shared=found.shared,
-                                  on_disk=disk is not None and found.key in disk)
+        self._anchors.order(self._found(), self._publish, self.events.published)
         return self.events.take()
+
+    def _publish(self, found: Found) -> None:
+        if found.remote:
+            if found.blocks is None:
+                self.events.remote_gone(found.key)
+            else:
+                self.events.found_remote(found.key, found.blocks)
+        elif found.blocks is None:
+            self.events.shared_gone(found.key)
+        else:
+            disk = self._stack.indexes.get(TierName.DISK)
+            self.events.found(found.key, found.blocks, shared=found.shared,
+                              on_disk=disk is not None and found.key in disk)
 
     @property
     def waiting(self) -> int:
@@ -64,12 +67,15 @@ class EventFeed:
         return len(self._anchors)
 
     def _found(self) -> list[Found]:
+        """What the sources found, at most ``TAKE_LIMIT`` a take (shared between them), so
+        that a backlog (an idle engine's) costs each step little."""
         found, unnamed = [], 0
+        share = TAKE_LIMIT // 2 if self._storage and self._remote else TAKE_LIMIT
         if self._storage is not None:
-            found += self._storage.drain()
+            found += self._storage.drain(share)
             unnamed += self._storage.unnamed + self._storage.dropped
         if self._remote is not None:
-            found += self._remote.drain()
+            found += self._remote.drain(share)
             unnamed += self._remote.unnamed
         self._counters["kv_events_unnamed"] = unnamed
         return found
@@ -78,7 +84,7 @@ class EventFeed:
         self._started = True
         if self._storage is not None:
             disk = self._stack.indexes.get(TierName.DISK)
-            own = [] if disk is None else _slots(disk)
+            own = [] if disk is None else disk.visible()  # one pass here; the rest on its thread
             self._storage.start(own, None if self._others is None else self._others.views[0].listen)
         if self._remote is not None:
             self._remote.start()
@@ -87,11 +93,6 @@ class EventFeed:
         for source in (self._storage, self._remote):
             if source is not None:
                 source.close()
-
-
-def _slots(index: SlotIndex) -> list[tuple[ChunkKey, int]]:
-    keys = index.keys()
-    return [(key, slot) for key in keys if (slot := index.slot_of(key)) is not None]
 
 
 def event_feed(events: KVEvents | None, stack: TierStack,

@@ -3,10 +3,13 @@ chunk from the store advertises it, whichever engine wrote it.
 
 Each engine appends the token record of each chunk it writes to the store's log of them
 (``RemoteTier.append_records``: a Valkey/Redis stream). Here a thread follows that log from
-its oldest entry, names each chunk whose record's hashes make its key (``record_blocks``),
-and asks the store now and then whether it still holds the chunks it named: one it lost
-(evicted, a restart) is reported gone. Nothing here runs on the scheduler's step but
-``drain``; like ``StorageEvents`` the thread rests three times as long as it works.
+its oldest entry, names each chunk whose record's hashes make its key (``record_blocks``)
+and that the store says it holds (the log outlives many of its values: the store evicts
+them by its own rule), and asks the store now and then whether it still holds the chunks
+it named: one it answers it lost (evicted, a restart) is reported gone; one it refused to
+answer for (a cluster's slot moving) is not. Nothing here runs on the scheduler's step but
+``drain``; like ``StorageEvents`` the thread rests three times as long as it works, and
+reads nothing more while ``FOUND_LIMIT`` chunks wait for vLLM to take them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from collections import deque
 
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.chunk_records import ChunkHashing, record_blocks
-from kvtier.connector.scheduler.storage_events import DUTY, Found, take_all
+from kvtier.connector.scheduler.events import ChunkBlocks
+from kvtier.connector.scheduler.storage_events import DUTY, FOUND_LIMIT, Found, take_all
 from kvtier.io.token_record import decode_record
 from kvtier.keys import KEY_BYTES, ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier
@@ -33,12 +37,14 @@ BATCH = 512  # log entries read at a time
 
 class RemoteEvents:
     """Contract: ``start()`` (at the first take of events: vLLM hashes blocks only once its
-    engine is up) starts the thread; ``drain()`` returns what was found since the last
-    call, in order: a chunk named (``Found`` with ``remote``), or gone (``blocks`` None).
-    At most ``RECORD_LOG`` chunks are named at once: past it the oldest named is reported
-    gone. Entries that name nothing (another shape, a key not of this size, a record that
-    does not make its key) are counted in ``unnamed``. A store that fails a round trip
-    costs this round only. ``close()`` stops the thread."""
+    engine is up) starts the thread; ``drain(limit)`` returns what was found since the last
+    call (at most ``limit``), in order: a chunk named (``Found`` with ``remote``), or gone
+    (``blocks`` None). A chunk is named once, while the store holds it; at most
+    ``RECORD_LOG`` are named at once: past it the oldest named is reported gone. Entries
+    that name nothing (another shape, a key not of this size, a record that does not make
+    its key) are counted in ``unnamed``. A store that fails a round trip, or refuses to
+    answer for a key, costs this round only: the log is read again from the same entry.
+    ``close()`` stops the thread."""
 
     def __init__(self, tier: RemoteTier, namespace: Namespace, geometry: KVGeometry,
                  hashing: ChunkHashing) -> None:
@@ -56,8 +62,8 @@ class RemoteEvents:
                                         daemon=True)
         self._thread.start()
 
-    def drain(self) -> list[Found]:
-        return take_all(self._found)
+    def drain(self, limit: int | None = None) -> list[Found]:
+        return take_all(self._found, limit)
 
     def close(self) -> None:
         self._stop.set()
@@ -76,40 +82,57 @@ class RemoteEvents:
             self._stop.wait(FOLLOW_EVERY_S)
 
     def _follow(self) -> None:
-        """Read what the log gained, ``BATCH`` entries at a time, resting between."""
-        while not self._stop.is_set():
+        """Read what the log gained, ``BATCH`` entries at a time, resting between; the
+        chunks they name that the store holds are named."""
+        while not self._stop.is_set() and len(self._found) < FOUND_LIMIT:
             started = time.monotonic()
             answer = self._tier.read_records(self._after, BATCH)
             if answer is None:
                 return
-            self._after, entries = answer
-            for key, record in entries:
-                self._name(key, record)
+            after, entries = answer
+            new = self._new(entries)
+            held = self._tier.exists_answered(list(new)) if new else []
+            if held is None or None in held:
+                return  # no answer for all: the same entries again next round
+            for (key, blocks), there in zip(new.items(), held, strict=True):
+                if there:
+                    self._name(key, blocks)
+            self._after = after
             if len(entries) < BATCH:
                 return
             self._stop.wait((time.monotonic() - started) * (1 / DUTY - 1))
 
-    def _name(self, key: bytes, data: bytes) -> None:
-        record = decode_record(data) if len(key) == KEY_BYTES else None
-        blocks = None if record is None else record_blocks(
-            record, ChunkKey(key), self._geometry, self._namespace, self._hashing)
-        if blocks is None:
-            self.unnamed += 1
-            return
-        self._found.append(Found(ChunkKey(key), blocks, False, remote=True))
-        for gone in self._named.add(ChunkKey(key)):
+    def _new(self, entries: list[tuple[bytes, bytes]]) -> dict[ChunkKey, ChunkBlocks]:
+        """The chunks ``entries`` name that are not named already, each once."""
+        new: dict[ChunkKey, ChunkBlocks] = {}
+        for key, data in entries:
+            if ChunkKey(key) in self._named or ChunkKey(key) in new:
+                continue
+            record = decode_record(data) if len(key) == KEY_BYTES else None
+            blocks = None if record is None else record_blocks(
+                record, ChunkKey(key), self._geometry, self._namespace, self._hashing)
+            if blocks is None:
+                self.unnamed += 1
+            else:
+                new[ChunkKey(key)] = blocks
+        return new
+
+    def _name(self, key: ChunkKey, blocks: ChunkBlocks) -> None:
+        self._found.append(Found(key, blocks, False, remote=True))
+        for gone in self._named.add(key):
             self._found.append(Found(gone, None, False, remote=True))
 
     def _check(self) -> None:
-        """Ask the store about the chunks named longest ago: those it lost are gone."""
+        """Ask the store about the chunks named longest ago: those it answers it lost are
+        gone."""
         self._checked = time.monotonic()
         keys = self._named.oldest(CHECK_KEYS)
         if not keys:
             return
-        there = self._tier.exists(keys)
-        if self._tier.down:
+        there = self._tier.exists_answered(keys)
+        if there is None:
             return  # the round trip failed: nothing learnt
         for key, held in zip(keys, there, strict=True):
-            if not held:
+            if held is False:
                 self._named.discard(key)
                 self._found.append(Found(key, None, False, remote=True))

@@ -1,14 +1,17 @@
 """Chunks on disk that no request has named since this engine started, named in its KV
-events from their slots' token records: this engine's disk tier at start (so that a router
-connecting to a restarted engine learns its disk) and other engines' segments of a shared
-directory, as this engine's follower sees them come and go (every engine that can load
-such a chunk advertises it).
+events from their slots' token records: this engine's disk tier at start and other engines'
+segments of a shared directory, as this engine's follower sees them come and go (every
+engine that can load such a chunk advertises it). vLLM takes a connector's events only
+after a step it ran, so a restarted engine publishes its disk from its first request on.
 
-Headers are read (4 KiB each, read only) on a thread of this class's own; nothing here
-runs on the scheduler's step but ``drain``. Naming a chunk costs about 17-35 us of Python
-(vLLM's hashes of its blocks), which holds the interpreter's lock the scheduler's step
-needs too: the thread rests after each batch, three times as long as the batch took, so
-it takes at most a quarter of a core (100,000 chunks: about 14 s to name).
+Headers are read (4 KiB each, read only) on a thread of this class's own; the scheduler's
+step only copies the disk tier's chunk list at the first take (``StorageEvents.start``)
+and takes what was found (``drain``, a bounded share per step). Naming a chunk costs about
+17-35 us of Python (vLLM's hashes of its blocks), which holds the interpreter's lock the
+scheduler's step needs too: the thread rests after each batch, three times as long as the
+batch took, whatever news comes meanwhile, so it takes at most a quarter of a core
+(100,000 chunks: about 14 s to name). While ``FOUND_LIMIT`` chunks wait for vLLM to take
+them (an idle engine takes none), it reads nothing more.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from kvtier.shared.followed import OtherChunk
 
 log = logging.getLogger("kvtier")
 QUEUE_LIMIT = 1 << 20  # headers waiting to be read; past it the newest are not read
+FOUND_LIMIT = 16384  # chunks found and not yet taken; past it no more headers are read
 BATCH = 512  # headers read at a time (about 20 ms of naming with blocks of 16 tokens)
+Listen = Callable[[Callable[[ChunkKey, OtherChunk | None], None]], list[OtherChunk]]
 DUTY = 0.25  # the share of one core the reads may take: a batch is followed by a rest
 
 
@@ -47,10 +52,11 @@ class Found:
     remote: bool = False
 
 
-def take_all(found: deque[Found]) -> list[Found]:
-    """What ``found`` holds, taken out oldest first (another thread may append meanwhile)."""
-    taken = []
-    while found:
+def take_all(found: deque[Found], limit: int | None = None) -> list[Found]:
+    """What ``found`` holds (at most its first ``limit``), taken out oldest first (another
+    thread may append meanwhile)."""
+    taken: list[Found] = []
+    while found and (limit is None or len(taken) < limit):
         taken.append(found.popleft())
     return taken
 
@@ -68,12 +74,12 @@ class StorageEvents:
     """Contract: ``start(own, listen)`` begins (once vLLM hashes blocks: at its first take
     of events) to read the header of each chunk of ``own`` ((key, slot) of this engine's
     disk tier, as ``own_writer``'s segment holds them) and, with ``listen`` (rank 0's
-    ``SharedView.listen``), of each chunk other segments hold, then of each they gain;
-    a chunk they lose is reported gone. ``drain()`` returns what was found since the last
-    call, in order. A header that cannot be read, is not the chunk's, or holds no record
-    naming its key (``record_blocks``) finds nothing (counted in ``unnamed``). At most
-    ``QUEUE_LIMIT`` headers wait: past it the newest are not read (``dropped``).
-    ``close()`` stops the thread.
+    ``SharedView.listen``, called on the thread), of each chunk other segments hold, then
+    of each they gain; a chunk they lose is reported gone. ``drain(limit)`` returns what was
+    found since the last call (at most ``limit``), in order. A header that cannot be read,
+    is not the chunk's, or holds no record naming its key (``record_blocks``) finds nothing
+    (counted in ``unnamed``). At most ``QUEUE_LIMIT`` headers wait: past it the newest are
+    not read (``dropped``); a loss is never dropped. ``close()`` stops the thread.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, own_writer: str,
@@ -84,28 +90,21 @@ class StorageEvents:
         self.unnamed = self.dropped = 0
         self._todo: deque[_Read | ChunkKey] = deque()  # a key alone: gone from other segments
         self._found: deque[Found] = deque()
-        self._wake = threading.Condition()
-        self._closed = False
+        self._wake = threading.Condition()  # news for the thread: work, or close
+        self._closing = threading.Event()  # the only end of a rest
         self._thread: threading.Thread | None = None
 
-    def start(self, own: Sequence[tuple[ChunkKey, int]],
-              listen: Callable[[Callable[[ChunkKey, OtherChunk | None], None]],
-                               list[OtherChunk]] | None) -> None:
-        paths = len(self._roots)
-        self._add([_Read(key, slot % paths, self._own, slot // paths, False)
-                   for key, slot in own])
-        if listen is not None:
-            self._add([self._other(chunk) for chunk in listen(self._changed)])
-        self._thread = threading.Thread(target=self._run, name="kvtier-storage-events",
-                                        daemon=True)
+    def start(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
+        self._thread = threading.Thread(target=self._run, args=(own, listen),
+                                        name="kvtier-storage-events", daemon=True)
         self._thread.start()
 
-    def drain(self) -> list[Found]:
-        return take_all(self._found)
+    def drain(self, limit: int | None = None) -> list[Found]:
+        return take_all(self._found, limit)
 
     def close(self) -> None:
+        self._closing.set()
         with self._wake:
-            self._closed = True
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -119,28 +118,47 @@ class StorageEvents:
 
     def _add(self, items: list[_Read | ChunkKey]) -> None:
         with self._wake:
-            room = max(0, QUEUE_LIMIT - len(self._todo))
-            if len(items) > room:
-                self.dropped += len(items) - room
-            self._todo.extend(items[:room])
+            room, kept = max(0, QUEUE_LIMIT - len(self._todo)), []
+            for item in items:
+                if isinstance(item, _Read):  # a read past the room is dropped
+                    if not room:
+                        self.dropped += 1
+                        continue
+                    room -= 1
+                kept.append(item)  # a loss always goes in
+            self._todo.extend(kept)
             self._wake.notify()
 
-    def _run(self) -> None:
-        while True:
+    def _begin(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
+        paths = len(self._roots)
+        self._add([_Read(key, slot % paths, self._own, slot // paths, False)
+                   for key, slot in own])
+        if listen is not None:
+            self._add([self._other(chunk) for chunk in listen(self._changed)])
+
+    def _run(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
+        try:
+            self._begin(own, listen)
+        except Exception as exc:  # a hint lost, never the engine
+            log.warning("kvtier: listing chunks on disk for KV events failed: %r", exc)
+        while not self._closing.is_set():
+            if len(self._found) >= FOUND_LIMIT:  # vLLM takes none now (an idle engine)
+                self._closing.wait(0.05)
+                continue
             with self._wake:
-                while not self._todo and not self._closed:
+                while not self._todo and not self._closing.is_set():
                     self._wake.wait()
-                if self._closed:
-                    return
                 batch = [self._todo.popleft() for _ in range(min(BATCH, len(self._todo)))]
+            if not batch:
+                continue
             started = time.monotonic()
             try:
                 self._found.extend(self._read(batch))
             except Exception as exc:  # a hint lost, never the engine
                 log.warning("kvtier: reading token records for KV events failed: %r", exc)
-            with self._wake:  # rest, so that the step keeps the interpreter most of the time
-                if not self._closed:
-                    self._wake.wait((time.monotonic() - started) * (1 / DUTY - 1))
+            # rest, so that the step keeps the interpreter most of the time: news of the
+            # follower only queues work, it does not cut the rest short
+            self._closing.wait((time.monotonic() - started) * (1 / DUTY - 1))
 
     def _read(self, batch: list[_Read | ChunkKey]) -> list[Found]:
         """What ``batch`` finds, in its order but each chunk after its parent chunk (as vLLM
