@@ -84,25 +84,37 @@ def test_a_consumer_waits_asking_again_then_recomputes_what_never_came_said_once
     clock, counters, asked = Clock(), Counter(), []
     handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock)
     req = request("r", 65, Handoff(65, DIGEST).params())
-    assert handoffs.match(req, 64, 64, 0, asked.append) == 64  # all there: no wait
-    assert handoffs.match(req, 32, 64, 0, asked.append) is None  # half: ask again
+    assert handoffs.match(req, 64, 64, 64, 0, asked.append) == 64  # all there: no wait
+    assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None  # half: ask again
     clock.now += ASK_EVERY_S / 2
-    assert handoffs.match(req, 32, 64, 0, asked.append) is None
+    assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None
     assert asked == ["r"]  # not asked again sooner than ASK_EVERY_S
     clock.now += ASK_EVERY_S
-    assert handoffs.match(req, 32, 64, 0, asked.append) is None and asked == ["r", "r"]
+    assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None and asked == ["r", "r"]
     clock.now += 2.0
     with caplog.at_level(logging.WARNING, logger="kvtier"):
-        assert handoffs.match(req, 32, 64, 0, asked.append) == 32
+        assert handoffs.match(req, 32, 32, 64, 0, asked.append) == 32
         other = request("q", 65, Handoff(65, DIGEST).params())
-        assert handoffs.match(other, 0, 64, 0, asked.append) is None
+        assert handoffs.match(other, 0, 0, 64, 0, asked.append) is None
         clock.now += 3.0
-        assert handoffs.match(other, 0, 64, 0, asked.append) == 0
+        assert handoffs.match(other, 0, 0, 64, 0, asked.append) == 0
     assert counters["handoffs_incomplete"] == 2 and counters["handoff_tokens_recomputed"] == 96
-    assert handoffs.match(req, 32, 64, 0, asked.append) == 32  # asked again: no second wait
+    assert handoffs.match(req, 32, 32, 64, 0, asked.append) == 32  # asked again: no second wait
     handoffs.forget("r")
-    assert handoffs.match(req, 32, 64, 0, asked.append) is None  # a new request of that id
+    assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None  # a new request of that id
     assert len([r for r in caplog.records if "load_timeout" in r.getMessage()]) == 1
+
+
+def test_the_wait_is_for_what_is_visible_not_for_what_a_cut_lets_load():
+    """What the load policy or host memory's room cuts off is no reason to wait: the
+    handed-off tokens are all in the pool."""
+    counters = Counter()
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, Clock())
+    req = request("r", 65, Handoff(65, DIGEST).params())
+    assert handoffs.match(req, 0, 64, 64, 0, print) == 0  # recompute is faster: at once
+    assert handoffs.match(req, 32, 64, 64, 0, print) == 32  # host memory stages half
+    assert handoffs.match(req, 32, 32, 64, 0, print) is None  # half in the pool: wait
+    assert counters["handoffs_incomplete"] == 0
 
 
 def test_a_hand_off_of_another_namespace_or_none_is_not_waited_for():
@@ -110,9 +122,9 @@ def test_a_hand_off_of_another_namespace_or_none_is_not_waited_for():
     handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, Clock())
     other = Namespace(model="other", kv_dtype="bfloat16", layout="l", block_tokens=16,
                       chunk_tokens=32).digest().hex()
-    assert handoffs.match(request("r", 65, Handoff(65, other).params()), 0, 64, 0, print) == 0
-    assert handoffs.match(request("s", 65), 0, 64, 0, print) == 0
-    assert handoffs.match(request("t", 65, Handoff(65, DIGEST).params()), None, 64, 0, print) is None
+    assert handoffs.match(request("r", 65, Handoff(65, other).params()), 0, 0, 64, 0, print) == 0
+    assert handoffs.match(request("s", 65), 0, 0, 64, 0, print) == 0
+    assert handoffs.match(request("t", 65, Handoff(65, DIGEST).params()), None, None, 64, 0, print) is None
 
 
 def test_a_producer_hands_off_only_the_tokens_it_offered_to_the_pool(tmp_path):
@@ -129,6 +141,53 @@ def test_a_producer_hands_off_only_the_tokens_it_offered_to_the_pool(tmp_path):
         assert producer.handoff_params(never) == Handoff(0, DIGEST).params()  # stored nothing
     finally:
         producer.close()
+
+
+def test_a_producer_hands_off_no_chunk_the_pool_will_not_get(tmp_path):
+    """A chunk found cached in host memory only (its disk write failed) is not in the pool,
+    and no write is on its way there: the hand-off ends before it, so a consumer computes it
+    at once instead of waiting load_timeout for it."""
+    producer = side(tmp_path, Role.PRODUCER, "p")
+    try:
+        x = request("x", 64, seed=3)
+        store_all(producer, x, disk_ok=False)  # in host memory, not on disk
+        store_all(producer, request("w", 64, seed=4))  # on disk: in the pool
+        for name, seed, handed in [("y", 3, 0), ("v", 4, 64)]:
+            req = request(name, 64, seed=seed)
+            req.num_prompt_tokens = 64  # type: ignore[attr-defined]
+            producer.plan_stores(req, (list(range(1, 1 + 64 // BLOCK)),), 64, StepPlan())
+            assert producer.handoff_params(req) == Handoff(handed, DIGEST).params()
+    finally:
+        producer.close()
+
+
+@pytest.mark.parametrize("cut", ["host memory's room", "load policy"])
+def test_a_consumer_does_not_wait_for_chunks_the_pool_holds_but_it_would_not_load(tmp_path, cut):
+    """Every handed-off chunk is visible: a load cut by host memory's room (4 slots for 6
+    chunks) or by the load policy (recompute measured faster) is answered at once, not
+    after load_timeout."""
+    disk = {"disk_capacity": 32 * (4096 + GEO.chunk_bytes)}
+    a = side(tmp_path, Role.PRODUCER, "a", host_capacity=8 * GEO.chunk_bytes, **disk)
+    b = side(tmp_path, Role.CONSUMER, "b", load_timeout="30s", **disk,
+             **({"load_policy": "auto"} if cut == "load policy" else {}))
+    try:
+        write_as(tmp_path, "a", store_all(a, request("x", 6 * CHUNK, seed=5)).stores)
+        handed = request("y", 6 * CHUNK + 1, Handoff(6 * CHUNK + 1, DIGEST).params(), seed=5)
+        last = b.chunk_keys(handed, 6)[-1]
+        deadline = time.monotonic() + 5
+        while b.others.find(last) is None:  # b's follower reads a's segment
+            assert time.monotonic() < deadline, "b never saw a's chunks"
+            b.others.refresh_soon()
+            time.sleep(ASK_EVERY_S)
+        if cut == "load policy":
+            b.decider.prefill_seconds_per_token.value = 1e-12  # measured: prefill is fast
+            b.decider.disk_seconds_per_byte.value = b.decider.host_seconds_per_byte.value = 1.0
+        found, _ = b.num_new_matched_tokens(handed, 0)
+        assert found == (4 * CHUNK if cut == "host memory's room" else 0)
+        assert b.counters["handoffs_incomplete"] == 0
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_consumer_stores_nothing(tmp_path):

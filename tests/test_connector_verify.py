@@ -186,7 +186,8 @@ def restarted_with_engine(tmp_path, **config):
     return side, w, engine, keys
 
 
-def test_a_copy_that_cannot_be_read_is_neither_right_nor_wrong(tmp_path):
+def test_a_copy_that_cannot_be_read_is_neither_right_nor_wrong_and_is_dropped(tmp_path):
+    """As a failed load's copy is: it is not served again."""
     side, w, engine, keys = restarted_with_engine(tmp_path)
     try:
         engine.fail(OSError(errno.EIO, "injected"))
@@ -194,13 +195,16 @@ def test_a_copy_that_cannot_be_read_is_neither_right_nor_wrong(tmp_path):
         assert side.counters["verify_unread_chunks"] == 2 and side.counters["chunks_verified"] == 0
         assert not side.counters["verify_mismatches_disk"]
         host = side.stack.indexes[HOST]
-        assert all(side.stack.locate(k).tier is DISK and not host.has_entry(k) for k in keys)
+        assert all(side.stack.locate(k) is None and not host.has_entry(k) for k in keys)
     finally:
         side.close()
         w.close(5)
 
 
-def test_a_read_past_load_timeout_holds_its_staging_slot_until_it_ends(tmp_path):
+def test_a_read_past_load_timeout_holds_its_staging_slot_and_holds_up_no_request(tmp_path):
+    """The copy a hung read was given up on is dropped: left visible beside the staging
+    slot the read still holds, it would look as if another load were staging it, and
+    every request with that prefix would be asked about again until the read ended."""
     side, w, engine, keys = restarted_with_engine(tmp_path, load_timeout="200ms")
     try:
         engine.hold()
@@ -208,13 +212,45 @@ def test_a_read_past_load_timeout_holds_its_staging_slot_until_it_ends(tmp_path)
         host = side.stack.indexes[HOST]
         assert side.counters["verify_unread_chunks"] == 2
         assert all(host.has_entry(k) for k in keys)  # a read may still fill the slots
+        assert all(side.stack.locate(k) is None for k in keys)
+        assert side.num_new_matched_tokens(request("q", 65), 0) == (0, False)  # not "ask again"
         engine.release()
         deadline = time.monotonic() + 10
         while any(host.has_entry(k) for k in keys):
             assert time.monotonic() < deadline
             side.worker_report(w.report() or WorkerReport())
             time.sleep(0.01)
-        assert all(side.stack.locate(k).tier is DISK for k in keys)
     finally:
+        engine.release()  # a failed assertion must not leave the read hung
         side.close()
         w.close(5)
+
+
+def test_chunks_vllms_own_prefix_cache_held_are_not_checked():
+    """vLLM did not compute them for the sampled request: its GPU blocks may hold kvtier's
+    own bytes, loaded by an earlier request (vLLM caches loaded blocks), and would be
+    compared with the very copy they came from."""
+    side = scheduler()
+    try:
+        store_all(side, request("x", 128))  # chunks 0-3 in host memory
+        side.verify.rate = 1.0
+        b = request("b", 129)
+        assert side.num_new_matched_tokens(b, 64) == (0, False)  # vLLM holds chunks 0-1
+        meta = StepPlan()
+        side.plan_stores(b, (list(range(1, 10)),), 129, meta)
+        assert [v.source.key for v in meta.verifies] == side.chunk_keys(b, 4)[2:]
+    finally:
+        side.close()
+
+
+def test_a_request_asked_about_again_and_again_is_sampled_once_at_most():
+    """vLLM asks again each step while a request cannot be admitted: the sampling share is
+    of requests that would hit, not of asks."""
+    side = scheduler(verify_sample=0.01)
+    try:
+        store_all(side, request("x", 64))
+        r = request("r", 65)
+        assert {side.num_new_matched_tokens(r, 0) for _ in range(300)} == {(64, False)}
+        assert side.counters["verify_sampled_requests"] == 0
+    finally:
+        side.close()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.config.settings import KVTierConfig, WritePolicy
+from kvtier.connector.scheduler.pool_reach import shares_directory
 from kvtier.keys import Namespace
 
 log = logging.getLogger("kvtier")
@@ -79,11 +80,13 @@ class Handoffs:
     consumer). ``params(request, stored)`` is what a finishing request hands vLLM: a
     producer's ``Handoff`` of the prompt's first ``stored`` tokens (those whose chunks it
     offered to the pool: a consumer waits for no more; the whole prompt when None), None
-    otherwise. ``match(request, found, end, num_computed, ask_again)`` takes what the tiers
-    matched for a request (tokens past ``num_computed``, or None: ask again; ``end``: the
-    furthest token stored chunks can reach) and returns it, or None while the handed-off
-    tokens up to ``end`` are not all visible and its wait (``timeout_s`` from the first ask;
-    30 s when None) is not over; ``ask_again(req_id)`` is called, at most every
+    otherwise. ``match(request, found, visible, end, num_computed, ask_again)`` takes what
+    the tiers matched for a request (tokens past ``num_computed`` to load, or None: ask
+    again; ``visible``: those found cached, before a cut that waiting cannot change: the
+    load policy, host memory's room; ``end``: the furthest token stored chunks can reach)
+    and returns it, or None while the handed-off tokens up to ``end`` are not all visible
+    and its wait (``timeout_s`` from the first ask; 30 s when None) is not over;
+    ``ask_again(req_id)`` is called, at most every
     ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the request
     is over."""
 
@@ -108,10 +111,10 @@ class Handoffs:
             return None
         return Handoff(length if stored is None else min(length, stored), self._digest).params()
 
-    def match(self, request: Any, found: int | None, end: int, num_computed: int,
-              ask_again: Callable[[str], None]) -> int | None:
+    def match(self, request: Any, found: int | None, visible: int | None, end: int,
+              num_computed: int, ask_again: Callable[[str], None]) -> int | None:
         handoff = Handoff.of(getattr(request, "kv_transfer_params", None))
-        if handoff is None or found is None:
+        if handoff is None or found is None or visible is None:
             return found
         req_id = request.request_id
         if req_id in self._given_up:  # its wait is over: what the pool holds, at once
@@ -121,7 +124,7 @@ class Handoffs:
                       "layout or chunking: not waited for (loads what matches)")
             return found
         wanted = min(handoff.tokens - 1, end) - num_computed
-        if found >= wanted:
+        if visible >= wanted:
             self._end(req_id)
             return found
         now = self._clock()
@@ -134,7 +137,7 @@ class Handoffs:
         self._end(req_id)
         self._given_up.add(req_id)
         self._counters["handoffs_incomplete"] += 1
-        self._counters["handoff_tokens_recomputed"] += wanted - found
+        self._counters["handoff_tokens_recomputed"] += wanted - visible
         self._say("incomplete", f"a handed-off prompt was not all in the pool after "
                   f"{self._timeout_s:g} s (load_timeout): its missing tokens are recomputed "
                   "(the producer died, or its writes failed or are slow; counted in "
@@ -168,8 +171,7 @@ def fit_role(role: Role, config: KVTierConfig) -> KVTierConfig:
                     config.write_policy.value, config.remote_min_hits)
         config = dataclasses.replace(config, write_policy=WritePolicy.WRITE_THROUGH,
                                      remote_min_hits=0)
-    shared = config.disk_paths and config.share_writers > 1 and config.share_refresh is not None
-    if role is not Role.BOTH and not config.remote_url and not shared:
+    if role is not Role.BOTH and not config.remote_url and not shares_directory(config):
         log.warning("kvtier: kv_role %s but no pool shared with other engines: set disk_paths "
                     "on a directory they share (with share_writers above 1), or remote_url; "
                     "until then nothing is handed off", role.value)

@@ -52,9 +52,10 @@ class LoadMatcher:
         chunk = self.geometry.chunk_tokens
         locations = self._match(keys, tracked.request.request_id, num_computed // chunk)
         if locations is None:
+            tracked.visible = None
             return None, False
         hit = min(len(locations) * chunk, limit)
-        wanted = hit - num_computed
+        wanted = tracked.visible = hit - num_computed
         if wanted <= 0:
             return 0, False
         first = num_computed // chunk

@@ -33,6 +33,7 @@ class Tracked:
     stored_upto: int = 0  # chunks already offered for store
     store_done: bool = False  # no later chunk can be stored (its pages left a window)
     asynchronous: bool = False  # what the last match promised vLLM
+    visible: int | None = None  # tokens its last match found cached, before any cut
     waiting_since: float | None = None  # when it began to wait for host slots to stage in
     tail: Tail | None = None  # its prompt's partial last chunk (``tails.prompt_tail``)
     tail_for: int | None = None  # the prompt length ``tail`` was worked out for
@@ -47,6 +48,8 @@ class Tracked:
             return tail.end
         return self.stored_upto * chunk_tokens
     verify: bool = False  # sampled (``verify_sample``): a miss to vLLM, its hits checked
+    verify_asked: bool = False  # the sampling was decided for it (once per request)
+    verify_from: int = 0  # its first chunk vLLM computes (those before: vLLM's own hit)
     verify_remote: frozenset = frozenset()  # its chunks the remote store said it holds
 
 

@@ -132,6 +132,10 @@ class RemoteWrites:
         first (they count as checked now), but for those being written now."""
         return [key for key in self._known.oldest(count) if key not in self._pending]
 
+    def holds(self, key: ChunkKey) -> bool:
+        """Whether the store is known to hold ``key`` or a write of it is in flight."""
+        return key in self._known or key in self._pending
+
     def writing(self, key: ChunkKey) -> bool:
         """Whether a write of ``key`` to the store is in flight."""
         return key in self._pending

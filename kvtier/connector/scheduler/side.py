@@ -28,6 +28,7 @@ from kvtier.connector.scheduler.handoff import Handoffs, Role
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
+from kvtier.connector.scheduler.pool_reach import PoolReach
 from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.remote_presence import open_presence
@@ -93,6 +94,7 @@ class SchedulerSide:
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
                                     self.events, self.verify, hashing)
         self._loads.records = self._stores.record if self.remote_writes is not None else None
+        self._reach = PoolReach(config, self.stack, pending, self.remote_writes, geometry.chunk_tokens)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
                                   self.remote_writes, self.verify)
@@ -169,15 +171,15 @@ class SchedulerSide:
             limit = limit // self.geometry.block_tokens * self.geometry.block_tokens
         keys, limit = self._keys(request, limit)
         found, load_async = self._loads.match(tracked, keys, limit, num_computed)
-        tail = self.tail(request)
-        chunk = self.geometry.chunk_tokens  # full chunks reach ``limit`` when they cover it
+        chunk = self.geometry.chunk_tokens
+        if found and (self.halt.halted or self.verify.sample(tracked, keys, -(-num_computed // chunk))):
+            tracked.asynchronous = False  # a miss at once: no hand-off is waited for
+            return 0, False
+        tail = self.tail(request)  # full chunks reach ``limit`` when they cover it
         reach = limit if tail is not None and keys[-1:] == [tail.key] else \
             min(limit, request.num_tokens // chunk * chunk)
-        found = self.handoffs.match(request, found, reach, num_computed, self._look_again)
-        if found and (self.halt.halted or self.verify.sample(tracked, keys)):
-            tracked.asynchronous = False
-            return 0, False
-        return found, load_async
+        return self.handoffs.match(request, found, tracked.visible, reach, num_computed,
+                                   self._look_again), load_async
 
     def _look_again(self, req_id: str) -> None:
         """A request waits for a hand-off: the pool is looked at anew (soon, off the step)."""
@@ -279,10 +281,10 @@ class SchedulerSide:
 
     def handoff_params(self, request: Any) -> dict | None:
         """What a finishing request hands vLLM (``Handoffs.params``): a producer's hand-off of
-        the prompt tokens whose chunks it offered to the pool, in order from the first (a
-        chunk it found no host slot for, or a prompt longer than its tiers, ends them)."""
+        its prompt's leading tokens the pool holds or is being written (``PoolReach``)."""
         tracked = self._tracked.get(request.request_id)
-        stored = tracked.offered_tokens(self.geometry.chunk_tokens) if tracked else 0
+        stored = self._reach.tokens(tracked, self.chunk_keys(request, tracked.stored_upto)) \
+            if tracked else 0
         return self.handoffs.params(request, stored)
 
     def request_finished(self, req_id: str) -> bool:

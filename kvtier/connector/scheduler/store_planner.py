@@ -70,8 +70,8 @@ class StorePlanner:
             ids = chunk_blocks(block_ids, c * per, (c + 1) * per)
             if len(ids) < per * len(block_ids):
                 break
-            if tracked.verify and self._verify is not None and self._verify.plan(
-                    tracked, key, ids, meta):
+            if tracked.verify and c >= tracked.verify_from and self._verify is not None \
+                    and self._verify.plan(tracked, key, ids, meta):
                 pass  # checked against its pages: kept if right
             elif self._cached(key):  # a hit, say, whose early pages a window has dropped since
                 self.stack.touch(key)
@@ -105,8 +105,9 @@ class StorePlanner:
             tracked.tail_done = True  # not all its pages are the request's any more
             return
         full = (tail.end - tail.start) // self.geometry.block_tokens  # its last block: partly
-        if full and tracked.verify and self._verify is not None and self._verify.plan(
-                tracked, tail.key, ids, meta, blocks=full):
+        if full and tracked.verify and tail.index >= tracked.verify_from \
+                and self._verify is not None and self._verify.plan(tracked, tail.key, ids, meta,
+                                                                   blocks=full):
             pass  # its full blocks checked against their pages: kept if right
         elif self._cached(tail.key):
             self.stack.touch(tail.key)

@@ -42,6 +42,7 @@ class _Check:
     pinned: list[tuple[ChunkKey, Location]]
     staged: StorePlan | None
     refs: tuple | None  # another engine's segment's copy
+    req_id: str  # the sampled request's
     verified: int = 0
     differed: int = 0
     failed: int = 0
@@ -50,11 +51,14 @@ class _Check:
 class VerifyPlanner:
     """The sampled checks of one engine.
 
-    Contract: ``sample(tracked, keys)`` (the request's chunks) is True, once per request,
-    for ``verify_sample`` of the requests that would hit (every 1/rate-th: spread evenly,
-    the same run to run), never past ``MAX_IN_FLIGHT`` checks, nor with ``verify_sample`` 0;
-    the caller then reports a miss. ``plan`` adds a ``ChunkVerify`` to the step's plan
-    (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
+    Contract: ``sample(tracked, keys, computed)`` (the request's chunks; ``computed``: how
+    many of them vLLM's own prefix cache holds) is True for ``verify_sample`` of the
+    requests that would hit, decided once per request however often vLLM asks (every
+    1/rate-th: spread evenly, the same run to run), never past ``MAX_IN_FLIGHT`` checks, nor
+    with ``verify_sample`` 0; the caller then reports a miss. The chunks vLLM held already
+    are never checked (``tracked.verify_from``): it did not compute them for this request,
+    and they may be kvtier's own bytes loaded earlier. ``plan`` adds a ``ChunkVerify`` to the
+    step's plan (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
     of a prompt's tail), pinned where it is cached (a copy on storage gets a host slot to
     stage its read, after any write-back out of that slot); not for a chunk already being
     checked, one still being written (``_writing``), one no tier holds any more, or one with
@@ -62,7 +66,10 @@ class VerifyPlanner:
     ``apply`` folds the workers' answers: once every rank has, the pins end; a copy that
     matched on every rank counts as verified; one that differed on any is removed from every
     tier (this engine's, the shared directory's copy it read, the remote store), counted by
-    tier, logged, and told to ``halt``; one some rank could not read counts as neither.
+    tier, logged, and told to ``halt``; one some rank could not read (damaged, an I/O error,
+    a read given up at ``load_timeout``) counts as neither and is dropped where it was read,
+    as a failed load's copy is: a copy left visible beside a staging slot a hung read still
+    holds would look as if another load were staging it, to every later request.
     """
 
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
@@ -76,20 +83,21 @@ class VerifyPlanner:
         self._share = 0.0  # hits since the last sample, times the rate
         self._checks: dict[ChunkKey, _Check] = {}
 
-    def sample(self, tracked: Tracked, keys: Sequence[ChunkKey] = ()) -> bool:
-        if tracked.verify:
-            return True
-        if not self.rate or len(self._checks) >= MAX_IN_FLIGHT:
-            return False
-        self._share += self.rate
-        if self._share < 1.0 - 1e-9:
-            return False
-        self._share -= 1.0
-        tracked.verify = True
-        self.counters["verify_sampled_requests"] += 1
-        held = self.presence.held(tracked.request.request_id, keys) if self.presence else None
-        tracked.verify_remote = frozenset(k for k, there in zip(keys, held or (), strict=False)
-                                          if there)  # the store's chunks, to check there
+    def sample(self, tracked: Tracked, keys: Sequence[ChunkKey] = (), computed: int = 0) -> bool:
+        if not tracked.verify:
+            if tracked.verify_asked or not self.rate or len(self._checks) >= MAX_IN_FLIGHT:
+                return False
+            tracked.verify_asked = True
+            self._share += self.rate
+            if self._share < 1.0 - 1e-9:
+                return False
+            self._share -= 1.0
+            tracked.verify = True
+            self.counters["verify_sampled_requests"] += 1
+            held = self.presence.held(tracked.request.request_id, keys) if self.presence else None
+            tracked.verify_remote = frozenset(k for k, there in zip(keys, held or (), strict=False)
+                                              if there)  # the store's chunks, to check there
+        tracked.verify_from = max(tracked.verify_from, computed)
         return True
 
     def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
@@ -110,7 +118,7 @@ class VerifyPlanner:
             self.stack.indexes[HOST].pin(key)
             pinned.append((key, where.loc))
             source = ChunkLoad(key, ids, 0, where.loc.slot)
-            self._checks[key] = _Check(tier, pinned, None, None)
+            self._checks[key] = _Check(tier, pinned, None, None, tracked.request.request_id)
         else:
             staged = self.stack.plan_store(key, HOST)
             if staged is None:  # no host slot free now to stage the copy in
@@ -121,7 +129,7 @@ class VerifyPlanner:
             refs = where.ref if isinstance(where, InOther) else None
             source = ChunkLoad(key, ids, 0, staged.dst.slot, disk_slot if tier is DISK else None,
                                other=refs, remote=remote)
-            self._checks[key] = _Check(tier, pinned, staged, refs)
+            self._checks[key] = _Check(tier, pinned, staged, refs, tracked.request.request_id)
         meta.verifies.append(ChunkVerify(source, str(tier), disk_slot, blocks))
         return True
 
@@ -156,7 +164,22 @@ class VerifyPlanner:
         elif check.differed:
             self._remove(key, check)
         else:
-            self.counters["verify_unread_chunks"] += 1
+            self._unread(key, check)
+
+    def _unread(self, key: ChunkKey, check: _Check) -> None:
+        """A copy some rank could not read: dropped where it was read (this engine's tier,
+        the other engine's copy in this view), or not offered from the store for a while."""
+        self.counters["verify_unread_chunks"] += 1
+        if check.tier is REMOTE:
+            if self.presence is not None:
+                self.presence.failed(check.req_id, [key])
+            if self.remote_writes is not None:
+                self.remote_writes.lost(key)
+        elif check.refs is not None:
+            if self.others is not None:
+                self.others.drop(check.refs)
+        else:
+            self.stack.discard(key)
 
     def _remove(self, key: ChunkKey, check: _Check) -> None:
         """A copy that differs from what the engine computed: gone from every tier."""
