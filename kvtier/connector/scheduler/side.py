@@ -71,8 +71,7 @@ class SchedulerSide:
         self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
-        self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout,
-                                      self.stack)
+        self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack)
         say_unstored_replies(geometry)
         own = [w or unheld_writer(config.disk_paths, ns)
                for w, ns in zip(self.writers, namespaces, strict=True)]
