@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvtier.connector.common.messages import WorkerReport
 from kvtier.connector.scheduler.remote_audit import RemoteAudit
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
@@ -34,6 +35,10 @@ class Store:
         self.asked.append(list(keys))
         return [key in self.held for key in keys]
 
+    def exists_answered(self, keys):
+        held = self.exists(keys)
+        return None if self.down else held
+
     def close(self):
         pass
 
@@ -47,6 +52,9 @@ class Stack:
 
     def locate(self, key):
         return Location(HOST, self.slots[key]) if key in self.slots else None
+
+    def unpin(self, key, location):
+        pass
 
 
 class Clock:
@@ -169,3 +177,27 @@ def test_a_store_restarted_empty_gets_this_engines_chunks_again_and_another_engi
     finally:
         a.close()
         b.close()
+
+
+def test_lost_chunks_past_the_writes_in_flight_are_written_as_room_comes():
+    """A restart lost more host chunks than may be written at once (``max_pending``): the
+    rest wait for room, and are written then, not dropped for good."""
+    store, clock, counters = Store(set()), Clock(), Counter()
+    presence = RemotePresence([store], wait_s=30)
+    writes = RemoteWrites(Stack(KEYS), counters, 1, 0, 2, lambda: presence.down,
+                          presence.take_absent)
+    for key in KEYS:
+        writes.in_store(key)
+    audit = RemoteAudit(presence, writes, counters, every_s=10, batch=len(KEYS), clock=clock)
+    rewritten: list = []
+    try:
+        clock.now = 10
+        settle(audit, presence)
+        for _ in range(len(KEYS)):  # a step each: the writes out end, room for two more
+            writes.forget_lost()
+            new = writes.take_new()
+            rewritten += [w.key for w in new]
+            writes.apply(WorkerReport(remote_written=Counter({w.key: 1 for w in new})))
+        assert sorted(rewritten) == sorted(KEYS) and counters["remote_dropped_chunks"] == 0
+    finally:
+        presence.close()

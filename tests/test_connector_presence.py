@@ -36,6 +36,10 @@ class Store:
         assert self.release.wait(30), "the test never released the store"
         return [True] * len(keys)
 
+    def exists_answered(self, keys):
+        held = self.exists(keys)
+        return None if self.down else held
+
     def close(self):
         self.release.set()
 
@@ -248,5 +252,31 @@ def test_a_failed_lookup_makes_no_chunk_forgotten():
         store.down = True  # what a failed round trip leaves: the tier out of service
         presence._ask([A])  # white-box: the question a step sent, as it ran
         assert not writes.with_store(A)
+    finally:
+        presence.close()
+
+
+class Refusing(Holding):
+    """A cluster whose node redirects the lookup of ``moved`` (a slot moving): no answer
+    for that key alone."""
+
+    def __init__(self, held, moved) -> None:
+        super().__init__(held)
+        self.moved = set(moved)
+
+    def exists_answered(self, keys):
+        held = self.exists(keys)
+        return [None if key in self.moved else there for key, there in zip(keys, held, strict=True)]
+
+
+def test_a_key_the_store_refused_to_answer_for_is_a_miss_not_a_loss():
+    store = Refusing([A], moved=[B])
+    presence = RemotePresence([store], wait_s=30)
+    writes = writes_told_by(presence)
+    try:
+        writes.in_store(B)
+        assert answer(presence, "r", [A, B]) == [True, False]  # B: a miss this time
+        assert presence.take_absent() == []
+        assert not writes.with_store(B)  # still known to be there: not written again
     finally:
         presence.close()

@@ -202,3 +202,53 @@ def test_a_hung_node_costs_a_batch_one_timeout_not_one_per_key(tmp_path):
     finally:
         tier.close()
         cluster.stop()
+
+
+def test_a_slot_moved_under_load_is_a_miss_of_its_key_and_fails_no_other_round_trip(tmp_path):
+    """A resharding moves a slot while another thread reads: the lookup redirected (MOVED)
+    answers nothing for its key, the slot map is asked for anew in place, and no round trip
+    of the other thread fails (closing the shared client would cut them: the tier out of
+    service for ``remote_retry``)."""
+    from redis.crc import key_slot
+
+    from kvtier.remote.values import value_key
+    from tests.helpers.redis_server import RedisCluster
+
+    cluster = RedisCluster(tmp_path / "cluster").start()
+    tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=30)
+    try:
+        keys = [key(i) for i in range(12)]
+        assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+        used = {key_slot(value_key("kvtier:", NS.digest(), k)) for k in keys}
+        probe = next(key(1000 + i) for i in range(10000)  # a slot no chunk uses
+                     if key_slot(value_key("kvtier:", NS.digest(), key(1000 + i))) not in used)
+        slot = key_slot(value_key("kvtier:", NS.digest(), probe))
+        assert tier.exists_answered([probe]) == [False]
+        clients = {node.port: node.client() for node in cluster.nodes}
+        ids = {port: c.execute_command("CLUSTER", "MYID").decode() for port, c in clients.items()}
+        owner = next(port for port, c in clients.items()
+                     if any(s[0] <= slot <= s[1] and s[2][1] == port
+                            for s in c.execute_command("CLUSTER", "SLOTS")))
+        target = next(port for port in clients if port != owner)
+        stop, statuses = threading.Event(), set()
+
+        def reader() -> None:
+            while not stop.is_set():
+                got = tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])
+                statuses.update(r.status for r in got)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        time.sleep(0.3)
+        for port in (target, owner, *[p for p in clients if p not in (owner, target)]):
+            clients[port].execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+        answers = [tier.exists_answered([probe]) for _ in range(10)]
+        time.sleep(0.3)
+        stop.set()
+        thread.join(30)
+        assert [None] in answers or answers[0] == [False]  # redirected, or the map was fresh
+        assert answers[-1] == [False]  # the map asked for anew: answered by the new owner
+        assert tier.failures == 0 and not tier.down and statuses == {IOStatus.OK}
+    finally:
+        tier.close()
+        cluster.stop()

@@ -55,6 +55,24 @@ def test_a_flush_writes_again_what_a_restarted_store_lost(server):
         assert served_whole(b, toks)
 
 
+def test_with_min_hits_a_flush_writes_again_the_chunks_that_earned_them_and_were_lost(server):
+    """Hot chunks served from host memory are never asked about by a get: the flush asks,
+    whatever ``remote_min_hits``, and writes again those the store lost; chunks that never
+    earned their hits stay unwritten."""
+    toks, cold = tokens(2, 4), tokens(3, 2)
+    with remote_store(server.url, remote_min_hits=1) as a:
+        a.put(toks, make_kv(toks))
+        assert served_whole(a, toks)  # its first load: written
+        a.put(cold, make_kv(cold))  # never loaded: not written
+        assert a.flush(10) and len(remote_keys(server)) == 4
+        server.stop()
+        server.start()  # empty, on the same port
+        assert served_whole(a, toks)  # hot here: nothing asks the store
+        result = a.flush(10)
+        assert result and result.remote_not_written == 0
+        assert len(remote_keys(server)) == 4
+
+
 def test_a_chunk_a_lookup_finds_gone_is_written_at_its_next_put(server):
     first, second, third = tokens(2, 8), tokens(3, 8), tokens(4, 8)
     with remote_store(server.url, host_capacity=16 * CHUNK_BYTES) as a:

@@ -63,13 +63,17 @@ def test_a_late_transfer_is_heard_at_its_deadline_and_waited_for_to_its_end():
     calls.close()
 
 
-def test_a_call_still_queued_at_its_deadline_never_runs():
+def test_a_call_still_queued_at_its_deadline_never_runs_and_the_tier_hears_of_it():
+    """Its None must not read as an answer (a lookup's "none held": a loss): the tier
+    hears of it as of a late call, and goes out of service."""
     late, release, ran = Late(), threading.Event(), threading.Event()
     calls = WatchedCalls(0.2, late, threads=1)
     first = threading.Thread(target=calls.run, args=("get", blocked(release)), kwargs={"holds_memory": True})
     first.start()
     assert late.heard.wait(5)
-    assert calls.run("get", ran.set, holds_memory=True) is None
+    assert calls.run("exists", ran.set, holds_memory=False) is None
+    assert [what for what, _ in late.calls] == ["get", "exists"]
+    assert "not started" in str(late.calls[1][1])
     release.set()
     first.join(10)
     time.sleep(0.1)

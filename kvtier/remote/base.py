@@ -74,9 +74,11 @@ class RemoteTier(abc.ABC):
     def exists_answered(self, keys: Sequence[ChunkKey]) -> list[bool | None] | None:
         """As ``exists``, where the store answered: None for a key it refused alone (a
         cluster's redirect while a slot moves), None for all when the round trip failed.
-        What a check that reports a chunk gone needs (a refusal is no loss); a backend that
-        keeps records implements it, the others say nothing (the default)."""
-        return None
+        What a check that reports a chunk gone needs: a refusal or a failure is no loss.
+        The default: ``exists``, None when a round trip of this tier failed meanwhile."""
+        failures = self.failures
+        held = self.exists(keys)
+        return None if self.failures != failures or self.down else list(held)
 
     @abc.abstractmethod
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]: ...

@@ -52,6 +52,7 @@ class RedisTier(RemoteTier):
         self._connecting = threading.Lock()
         self._cluster = parse_url(url).cluster
         self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
+        self._stale_map = False  # a reply said a slot moved: the map is asked for anew
 
     def _connected(self, what: str) -> Any:
         """The client, made on first use (a cluster client asks a node for the slot map),
@@ -96,9 +97,11 @@ class RedisTier(RemoteTier):
 
     def _round_trip(self, client: Any, commands: list[tuple[str, tuple]]) -> list[Any]:
         if self._cluster:
+            if self._stale_map:  # a slot moved: the map asked for anew, in place (closing
+                self._stale_map = False  # the client would cut other threads' round trips)
+                client.nodes_manager.initialize()
             replies = cluster_round_trip(client, commands)
-            if replies.stale:  # a slot moved: the next round trip asks for the map anew
-                self._forget(client)
+            self._stale_map |= replies.stale
             return list(replies)
         pipe = client.pipeline(transaction=False)
         for name, args in commands:

@@ -8,6 +8,8 @@ given ``TimeoutError`` naming the deadline), then
 
 - a call that holds no caller memory (``holds_memory=False``: a lookup) is left to end on its
   own thread, and the caller gets ``None`` within the deadline;
+- a call still queued at its deadline (every thread held by late calls) never runs: it is
+  failed the same way (``on_late``), so that its caller's None never reads as an answer;
 - a call that moves bytes into or out of caller memory (a get, a put) is waited for to its
   end: the transfer engine owns those buffers until the call returns, and a caller that
   reused them sooner could find another transfer's bytes in them. Callers wait on such reads
@@ -49,7 +51,10 @@ class WatchedCalls:
             pass
         except CancelledError:  # closed before it ran
             return None
-        if future.cancel():  # still queued behind other late calls: it never runs
+        if future.cancel():  # still queued behind late calls: it never runs, and no answer
+            self._on_late(what, TimeoutError(  # is no "not there" (the tier goes out of service)
+                f"not started within {self.deadline_s:g} s (remote_timeout): every call thread "
+                "is held by calls past it"))
             return None
         self.late += 1
         self._on_late(what, TimeoutError(f"no answer within {self.deadline_s:g} s (remote_timeout)"))

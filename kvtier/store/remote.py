@@ -32,9 +32,9 @@ CHECK_BATCH = 1024  # keys asked about in one round trip when a flush checks wha
 @dataclass(frozen=True)
 class RemoteFlush:
     """What a remote store's flush came to: ``not_written``, the chunks it was asked to
-    write that it does not hold (writes refused or failed since the last flush, and with
-    ``remote_min_hits`` 0 every host chunk it is not known to hold), and whether the flush
-    stopped at its deadline. True when neither."""
+    write that it does not hold (writes refused or failed since the last flush, and every
+    host chunk it is not known to hold: with ``remote_min_hits`` above 0, of those it held
+    once and lost), and whether the flush stopped at its deadline. True when neither."""
 
     not_written: int
     timed_out: bool = False
@@ -196,21 +196,21 @@ class StoreRemote:
         return self.lane.drain(timeout)
 
     def flush(self, deadline: float | None) -> RemoteFlush:
-        """With ``remote_min_hits`` 0, forget the host chunks the store lost (``_recheck``),
-        then write the host chunks it is not known to hold (writes dropped under
-        back-pressure, refused, failed or lost), as many at a time as the queue has room
-        for, each tried once (a write other traffic crowded out of the queue is not a try);
-        then wait for every write, until ``deadline``. Not written: what the store refused
-        or failed since the last flush, and every host chunk still not known to be held."""
+        """Forget the host chunks the store lost (``_recheck``), then write the host chunks
+        it is not known to hold (with ``remote_min_hits`` 0: writes dropped under
+        back-pressure, refused, failed or lost; with more: those it lost, which earned their
+        hits before), as many at a time as the queue has room for, each tried once (a write
+        other traffic crowded out of the queue is not a try); then wait for every write,
+        until ``deadline``. Not written: what the store refused or failed since the last
+        flush, and every such host chunk still not known to be held."""
         unchecked: set[ChunkKey] = set()
-        if not self._min_hits and self.drain(time_left(deadline)):
-            unchecked = self._recheck(deadline)
+        lost: set[ChunkKey] = set()
+        if self.drain(time_left(deadline)):
+            unchecked, lost = self._recheck(deadline)
         tried: set[ChunkKey] = set()
         while self.drain(time_left(deadline)):  # the queue empty: fill it now
-            if self._min_hits:
-                return self._flushed(False, unchecked)
             with self._books.held() as b:
-                todo = self._unwritten_held(b, tried)
+                todo = self._unwritten_held(b, tried, lost)
                 if todo and (self.lane.closed or self.tier.down):
                     break
                 room = max(0, self._max_pending - self.lane.puts_pending)
@@ -223,37 +223,42 @@ class StoreRemote:
                 break
             self.start()
         else:
-            return self._flushed(True, unchecked)
-        return self._flushed(False, unchecked)
+            return self._flushed(True, unchecked, lost)
+        return self._flushed(False, unchecked, lost)
 
-    def _unwritten_held(self, b: Held, tried: set[ChunkKey]) -> list[ChunkKey]:
-        """Host chunks the store is not known to hold, past ``tried`` (lock held: ``b``)."""
+    def _unwritten_held(self, b: Held, tried: set[ChunkKey], lost: set[ChunkKey]) -> list[ChunkKey]:
+        """Host chunks the store is not known to hold, past ``tried`` (lock held: ``b``); with
+        ``remote_min_hits``, only those it ``lost``."""
         visible = b.stack.indexes[HOST].keys()
-        return [key for key in visible if key not in self._known and key not in tried]
+        return [key for key in visible if key not in self._known and key not in tried
+                and (not self._min_hits or key in lost)]
 
-    def _recheck(self, deadline: float | None) -> set[ChunkKey]:
+    def _recheck(self, deadline: float | None) -> tuple[set[ChunkKey], set[ChunkKey]]:
         """Ask the store whether it still holds the host chunks it is known to hold,
         ``CHECK_BATCH`` a round trip: a store restarted empty, or evicting, loses them
         without a word, and those it lost are forgotten, so that the flush writes them.
         Returns the keys it could not ask about (the store out of service, or the deadline
-        passed): the flush cannot say they are stored."""
+        passed: the flush cannot say they are stored) and those it lost."""
         with self._books.held() as b:
             visible = b.stack.indexes[HOST].keys()
             keys = [key for key in visible if key in self._known and key not in self._writing]
+        lost: set[ChunkKey] = set()
         for at in range(0, len(keys), CHECK_BATCH):
             left = time_left(deadline)
-            if self.tier.down or (left is not None and left <= 0) \
-                    or self._ask(keys[at:at + CHECK_BATCH]) is None:
-                return set(keys[at:])
-        return set()
+            batch = keys[at:at + CHECK_BATCH]
+            held = None if self.tier.down or (left is not None and left <= 0) else self._ask(batch)
+            if held is None:
+                return set(keys[at:]), lost
+            lost.update(key for key, there in zip(batch, held, strict=True) if not there)
+        return set(), lost
 
-    def _flushed(self, timed_out: bool, unchecked: set[ChunkKey]) -> RemoteFlush:
+    def _flushed(self, timed_out: bool, unchecked: set[ChunkKey],
+                 lost: set[ChunkKey]) -> RemoteFlush:
         """What the flush came to; the writes refused since the last flush are reported
         once (those of chunks still held are reported again while not written)."""
         with self._books.held() as b:
             unwritten = set(self._refused) | unchecked
-            if not self._min_hits:
-                unwritten.update(self._unwritten_held(b, set()))
+            unwritten.update(self._unwritten_held(b, set(), lost))
             self._refused.clear()
         return RemoteFlush(len(unwritten), timed_out)
 

@@ -153,11 +153,21 @@ class RemotePresence:
             return [False] * len(question.keys)
 
     def _ask(self, keys: list[ChunkKey]) -> list[bool]:
-        found = [True] * len(keys)
+        answer = self._held_now(keys)
+        return [False] * len(keys) if answer is None else answer
+
+    def _held_now(self, keys: list[ChunkKey]) -> list[bool] | None:
+        """Whether every rank's copy of each key is in the store (None: a round trip failed,
+        nothing known). A key some rank's store answered "not there" goes to ``take_absent``;
+        one it refused to answer for (a cluster's redirect) is a miss, not a loss."""
+        found, absent = [True] * len(keys), [False] * len(keys)
         for tier in self.tiers:  # every rank's copy
-            found = [a and b for a, b in zip(found, tier.exists(keys), strict=True)]
-        if not self.down:  # every round trip answered (a failed one takes its tier down)
-            self._absent.extend(key for key, there in zip(keys, found, strict=True) if not there)
+            answer = tier.exists_answered(keys)
+            if answer is None:
+                return None
+            found = [f and a is True for f, a in zip(found, answer, strict=True)]
+            absent = [g or a is False for g, a in zip(absent, answer, strict=True)]
+        self._absent.extend(key for key, gone in zip(keys, absent, strict=True) if gone)
         return found
 
     def audit(self, keys: Sequence[ChunkKey]) -> Future[list[bool] | None]:
@@ -167,8 +177,7 @@ class RemotePresence:
         return self._pool.submit(self._audit, list(keys))
 
     def _audit(self, keys: list[ChunkKey]) -> list[bool] | None:
-        found = self._ask(keys)
-        return None if self.down else found
+        return self._held_now(keys)
 
     def take_absent(self) -> list[ChunkKey]:
         taken: list[ChunkKey] = []

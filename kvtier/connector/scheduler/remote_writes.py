@@ -3,7 +3,7 @@ the host slots they hold until every rank's copy is written."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -50,7 +50,7 @@ class RemoteWrites:
         self._stack, self._counters, self._min_hits = stack, counters, min_hits
         self._max_pending, self._down, self._lost = max_pending, down, lost
         capacity = max(KNOWN_MIN, 2 * sum(index.num_slots for index in stack.indexes.values()))
-        self._known = KnownKeys(capacity)
+        self._known, self._capacity = KnownKeys(capacity), capacity
         self._hits = HitCounts(capacity)
         self._outcomes = RankOutcomes(world_size)
         # key -> its host slot: pinned, None (its host store not over yet), or an aborted
@@ -59,6 +59,7 @@ class RemoteWrites:
         self._new: list[RemoteWrite] = []
         self._records: dict[bytes, bytes] = {}  # key -> its token record, while written
         self._written: list[tuple[ChunkKey, bytes]] = []  # written with a record, not taken
+        self._rewrite: OrderedDict[ChunkKey, None] = OrderedDict()  # lost: to write again
 
     def with_store(self, key: ChunkKey, record: bytes = b"") -> bool:
         self.forget_lost()
@@ -116,15 +117,21 @@ class RemoteWrites:
 
     def forget_lost(self) -> None:
         """Forget the chunks the store said it lost (not those being written now); with
-        ``remote_min_hits`` 0, those still in host memory are written again at once."""
-        if self._lost is None:
-            return
-        for key in self._lost():
-            if key in self._pending or key not in self._known:
-                continue
-            self._known.discard(key)
-            location = None if self._min_hits else self._stack.locate(key)
-            if location is not None and location.tier is HOST:
+        ``remote_min_hits`` 0, those still in host memory are written again at once, or, past
+        ``max_pending`` writes in flight, as soon as there is room (while still there)."""
+        if self._lost is not None:
+            for key in self._lost():
+                if key in self._pending or key not in self._known:
+                    continue
+                self._known.discard(key)
+                if not self._min_hits:
+                    self._rewrite[key] = None
+                    if len(self._rewrite) > self._capacity:
+                        self._rewrite.popitem(last=False)
+        while self._rewrite and not self._down() and len(self._pending) < self._max_pending:
+            key, _ = self._rewrite.popitem(last=False)
+            location = self._stack.locate(key)
+            if key not in self._known and location is not None and location.tier is HOST:
                 self._queue(key, location)
 
     def oldest_known(self, count: int) -> list[ChunkKey]:
