@@ -58,6 +58,27 @@ def test_a_segment_another_machine_writes_is_not_opened_under_its_id(tmp_path):
         assert not again.stats().paths_down and exact(again, tokens) == 2 * CHUNK
 
 
+def test_a_lease_dated_far_ahead_holds_no_segment_and_gc_finds_it_gone(tmp_path):
+    """A host whose clock ran days ahead, then died (or a forged date): its lease would hold
+    the segment until this clock caught up. Within ``REMOTE_LEASE_S`` ahead (clocks a little
+    apart) it still shows a live writer."""
+    from tests.helpers.cli import as_json
+
+    day, now = 86400 * 10**9, time.time_ns()
+    near = LeaseInfo("a", "elsewhere", 1, 7, now + 30 * 10**9 - 10**9, now + 30 * 10**9, 0, 120_000)
+    far = LeaseInfo("a", "elsewhere", 1, 7, now + 3 * day - 10**9, now + 3 * day, 0, 120_000)
+    assert held_elsewhere(near) and not held_elsewhere(far)
+    assert not held_elsewhere(LeaseInfo("a", "elsewhere", 1, 1, 0, (1 << 63) - 1))
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path, instance_id="a")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    lease = segment_of(tmp_path, "a") / "lease"
+    lease.write_bytes(far.encode())
+    code, report = as_json("gc", tmp_path, "--gone", "1h")
+    assert code == 0 and len(report["segments_removed"]) == 1, report
+
+
 def test_two_writers_on_one_id_without_a_shared_lock_leave_one_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(cachedir, "lock_namespace",  # a filesystem without flock between hosts
                         lambda directory, advice: directory.open_file(LOCK_FILE, os.O_RDWR,

@@ -158,3 +158,45 @@ def test_a_default_id_another_process_of_this_host_writes_is_never_taken(tmp_pat
                 assert time.monotonic() < deadline, "b never saw a's chunks"
                 time.sleep(0.05)
             assert exact(b, tokens) == 2 * CHUNK
+
+
+@pytest.mark.parametrize("by", ["reclaim", "gc --gone"])
+def test_a_writer_coming_back_while_its_segment_is_removed_never_shares_a_seat(tmp_path,
+                                                                             monkeypatch, by):
+    """The seat is given back while the segment's lock file is still there and held: the
+    writer coming back under its id finds the segment busy, rather than making a new lock
+    file, finding its old seat and losing it to the release (two writers on one seat)."""
+    from kvtier.ops import removal
+    from kvtier.ops.cache import namespaces
+    from kvtier.ops.reclaim import gc
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+
+    def cfg(name: str) -> dict:
+        return config(root, instance_id=name, share_writers=1, share_refresh="off")
+
+    run(root, "a", seq(0, 1), share_writers=1)
+    time.sleep(1.1)  # gone for a second
+    (ns,) = list(root.iterdir())
+    module = seats_module if by == "reclaim" else removal
+    real_release, back = module.release_seat, []
+
+    def release_seat(ns_dir, writer):
+        back.append(KVStore(SMALL, cfg("a")))  # "a" comes back at this moment
+        real_release(ns_dir, writer)
+
+    monkeypatch.setattr(module, "release_seat", release_seat)
+    if by == "reclaim":
+        with SafeDir.open(ns) as ns_dir:
+            assert seats_module.reclaim_segment(ns_dir, "a", (ns / "writers" / "a").stat().st_ino)
+    else:
+        gc(namespaces(root), gone_s=1.0)
+    monkeypatch.setattr(module, "release_seat", real_release)
+    third = KVStore(SMALL, cfg("c"))
+    try:
+        assert back and back[0].stats().paths_down  # the segment was busy: not in service
+        assert [s for s in (back[0], third) if not s.stats().paths_down] == [third]
+    finally:
+        back[0].close()
+        third.close()

@@ -92,6 +92,20 @@ def test_verify_reports_a_halt_and_repair_ends_it(tmp_path):
     assert code == 0 and report["halt_removed"] and marker.read() is None
 
 
+def test_a_halt_file_nested_past_the_parsers_depth_reads_as_a_halt_and_stops_nothing(tmp_path):
+    """4,000 ``[`` (within the file's bound) make the JSON parser raise ``RecursionError``:
+    read as a halt of no detail, never an engine that cannot start or a CLI traceback."""
+    marker, ns = namespace(tmp_path)
+    (ns / "halt.json").write_text("[" * 4000)
+    assert marker.read() == {}
+    halt = VerifyHalt(3, Counter(), marker)
+    assert halt.halted
+    halt.close()
+    for command in ("inspect", "verify"):
+        code, out = cli(command, ns.parent, "--json")
+        assert code in (0, 1) and "Traceback" not in out, (command, out)
+
+
 def test_inspect_says_a_namespace_is_halted(tmp_path):
     marker, ns = namespace(tmp_path)
     code, out = cli("inspect", ns.parent, "--json")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvtier.io.safefs import SafeDir
@@ -66,10 +67,11 @@ def remove_dir(handle: SafeDir, name: str) -> bool:
         raise OSError(exc.errno, f"cannot remove {handle.path}/{name}: {exc.strerror}") from None
 
 
-def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True) -> list[str]:
+def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True,
+                  before_lock: Callable[[list[str]], None] | None = None) -> list[str]:
     """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
-    its temporary files) and, when the caller holds it (``locked``), the lock file, last;
-    return the other entries."""
+    its temporary files) and, when the caller holds it (``locked``), the lock file, last,
+    after ``before_lock(left)``; return the other entries (``left``)."""
     left = []
     for name in handle.names():
         if name == LOCK_FILE and locked:
@@ -81,6 +83,8 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
                 left.append(name)
         except OSError:  # not a regular file of ours: not kvtier's to delete
             left.append(name)
+    if before_lock is not None:
+        before_lock(left)
     if locked:
         handle.remove_file(LOCK_FILE)  # held by us: nobody else is using it
     return left
@@ -100,10 +104,16 @@ def remove_segment(segment: Segment, ns_dir: SafeDir, writers: SafeDir, done: Re
                 done.keep(segment.label, unsafe)
                 return False
             lock = hold(handle)
+
+            def give_back_seat(left: list[str]) -> None:
+                # while the lock file is still there and held: a writer coming back under
+                # this id waits on it, then claims a seat afresh, rather than finding its old
+                # seat (with a lock file made anew) and losing it to this release
+                if not left:  # its bytes are gone
+                    release_seat(ns_dir, segment.writer)
+
             try:
-                left = _remove_files(handle, _SEGMENT_FILES)
-                if not left:
-                    release_seat(ns_dir, segment.writer)  # its bytes are gone
+                left = _remove_files(handle, _SEGMENT_FILES, before_lock=give_back_seat)
             finally:
                 os.close(lock)
     except OSError as exc:

@@ -20,7 +20,7 @@ from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
-from kvtier.segment.lease import MAX_LEASE_BYTES, held_elsewhere, read_lease
+from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, held_elsewhere, read_lease
 from kvtier.segment.lock import held_here as lock_held
 from kvtier.segment.lock import lock_namespace
 from kvtier.segment.log import SegmentLog, entries_of
@@ -50,11 +50,14 @@ def in_use(segment: Segment) -> bool:
 def idle_for(segment: Segment, now_ns: int | None = None) -> float:
     """Seconds since the segment's writer last showed life, by this machine's clock: its
     lease's last write (the segment directory's change time when it has no lease), whether
-    or not it is in use; ``OSError`` when the segment cannot be opened."""
+    or not it is in use; a lease dated more than ``REMOTE_LEASE_S`` ahead (a clock that far
+    off, or a forged date) counts as idle for as long as it is ahead, within that as 0.
+    ``OSError`` when the segment cannot be opened."""
     with segment.open() as handle:
         lease = read_lease(handle)
         since = lease.written_ns if lease is not None else os.fstat(handle.fd).st_ctime_ns
-    return max(0.0, ((time.time_ns() if now_ns is None else now_ns) - since) / 1e9)
+    age = ((time.time_ns() if now_ns is None else now_ns) - since) / 1e9
+    return -age if age < -REMOTE_LEASE_S else max(0.0, age)
 
 
 def gone_for(segment: Segment, now_ns: int | None = None) -> float | None:

@@ -53,7 +53,7 @@ class HaltFile:
             return None
         try:
             record = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return {}
         return record if isinstance(record, dict) else {}
 

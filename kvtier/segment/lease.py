@@ -90,16 +90,23 @@ def held_elsewhere(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
     was not closed and was written less than ``REMOTE_LEASE_S`` ago, less than the
     ``lease_timeout`` it states, or less than six of the writer's own heartbeat intervals
     (from its start time and beat count) ago, by this machine's clock; never more than a
-    day. A writer of this machine is told by its lock instead (``flock`` works within one
-    machine)."""
+    day. A lease dated more than ``REMOTE_LEASE_S`` ahead of this clock shows no live
+    writer (a clock that far off, or a forged date): it would hold the segment until this
+    clock caught up. A writer of this machine is told by its lock instead (``flock`` works
+    within one machine)."""
     if lease is None or lease.host == host_name() or lease.closed_ns:
         return ""
-    age = ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
+    age = lease_age(lease, now_ns)
     every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
     live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
-    if age >= max(REMOTE_LEASE_S, live_for):
+    if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
         return ""
     return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
+
+
+def lease_age(lease: LeaseInfo, now_ns: int | None = None) -> float:
+    """Seconds since ``lease`` was written, by this machine's clock (negative: dated ahead)."""
+    return ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
 
 
 def _is_count(value: object) -> bool:

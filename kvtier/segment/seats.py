@@ -212,12 +212,14 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
                 for name in segment.names():  # slot files, and temporary or probe files
                     if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
                         segment.remove_file(name)
-                for name in _SEGMENT_FILES:
+                for name in _SEGMENT_FILES[:-1]:
                     segment.remove_file(name)
-                # the seat goes before the directory, the lock still held: a writer coming
-                # back under this id after the seat is gone claims one afresh (or is not
-                # seated), rather than finding its old seat and losing it to this release
+                # the seat goes while the lock file is still there and held: a writer coming
+                # back under this id waits on it, then claims a seat afresh (or is not
+                # seated), rather than finding its old seat (with a lock file made anew once
+                # this one is gone) and losing it to this release
                 release_seat(ns_dir, writer)
+                segment.remove_file(LOCK_FILE)
                 if not writers.remove_dir(writer):
                     return False
             finally:
