@@ -216,6 +216,16 @@ def test_a_full_queue_drops_reads_never_losses(monkeypatch):
     assert s.dropped == 1 and list(s._todo)[-1] == key(3)
 
 
+def test_a_loss_told_again_and_again_while_it_waits_is_queued_once():
+    """A co-writer starting its log over and over, while this engine is idle (vLLM takes
+    nothing), queues no more losses than it has chunks."""
+    s = StorageEvents(["/nonexistent"], NS, "w", 4096, GEO, HASHING)
+    for _ in range(10):
+        for n in range(20):
+            s._changed(key(n), None)
+    assert len(s._todo) == 20
+
+
 def test_listing_the_chunks_on_disk_and_in_other_segments_runs_on_the_readers_thread():
     asked = []
 

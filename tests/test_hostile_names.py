@@ -269,3 +269,44 @@ def test_reclaiming_removes_what_a_writer_killed_in_its_o_direct_probe_left(tmp_
     with SafeDir.open(segment.parents[1]) as ns_dir:
         assert seats.reclaim_segment(ns_dir, "a", segment.stat().st_ino)
     assert not segment.exists() and not list(tmp_path.glob("*/seats/seat-*"))
+
+
+def test_a_forged_lease_beside_a_lock_that_cannot_be_tried_is_never_this_engines_segment(tmp_path):
+    """A co-writer's segment (first by name) with a lease naming this host and process and a
+    directory for its lock (which cannot be tried: "held", cautiously) must not be taken for
+    this engine's own: the scheduler side would read its index as this engine's."""
+    import fcntl
+    import multiprocessing
+
+    from kvtier.segment.names import host_name
+    from tests.helpers.disk_helpers import NS
+
+    root = tmp_path / "cache"
+    writers = root / NS.id / "writers"
+    real, forged = writers / f"{host_name()}-0", writers / "0000"
+    for segment in (real, forged):
+        segment.mkdir(parents=True, mode=0o700)
+        (segment / "lease").write_text(json.dumps({
+            "instance": segment.name, "host": host_name(), "pid": os.getpid(), "beat": 1,
+            "started_ns": 1, "written_ns": 1}))
+    for directory in (root, root / NS.id, writers):
+        os.chmod(directory, 0o700)
+    (forged / "lock").mkdir(mode=0o700)
+    (real / "lock").touch(mode=0o600)
+    holding, release = multiprocessing.Event(), multiprocessing.Event()
+
+    def worker() -> None:  # this engine's worker holds its real segment's lock
+        fd = os.open(real / "lock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        holding.set()
+        release.wait(30)
+
+    process = multiprocessing.get_context("fork").Process(target=worker)
+    process.start()
+    try:
+        assert holding.wait(10)
+        config = load_config({"disk_paths": [str(root)], "chunk_tokens": CHUNK}, environ={})
+        assert engine_writers(config, [NS]) == [real.name]
+    finally:
+        release.set()
+        process.join(10)

@@ -23,7 +23,7 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
-from kvtier.segment.lock import held_here
+from kvtier.segment.lock import locked_here
 from kvtier.segment.names import WRITER_ID, WRITERS_DIR, host_name, writer_ids
 
 
@@ -42,19 +42,19 @@ def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
     ``engine_writers``."""
     held = _held_here(roots, namespace)
     me = os.getpid()
-    for found in ([n for n, lease in held if lease.pid == me],
-                  [n for n, lease in held if lease.ppid == me]):
-        if found:
+    for found in ([n for n, lease, sure in held if sure and lease.pid == me],
+                  [n for n, lease, sure in held if sure and lease.ppid == me]):
+        if found:  # only a lock surely held: a lock that cannot be tried proves nobody's
             return found[0]
     first = writer_ids(None)[0]
-    return None if any(name == first for name, _ in held) else first
+    return None if any(name == first for name, _, _ in held) else first
 
 
 def unheld_writer(roots: tuple[str, ...], namespace: Namespace) -> str:
     """The first default writer id whose segment of ``namespace`` no process of this host
     holds: where this engine's workers stopped when they hold no segment (every seat taken),
     and so never another engine's segment (whose chunks this engine reads)."""
-    held = {name for name, _ in _held_here(roots, namespace)}
+    held = {name for name, _, _ in _held_here(roots, namespace)}
     ids = writer_ids(None)
     return next((name for name in ids if name not in held), ids[0])
 
@@ -72,8 +72,8 @@ def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = L
     parent = os.getppid() if parent is None else parent
     deadline = time.monotonic() + timeout
     while True:
-        found = [name for name, _ in _held_here(
-            roots, leader, lambda lease: lease.ppid == parent and lease.pid != os.getpid())]
+        found = [name for name, _, sure in _held_here(
+            roots, leader, lambda lease: lease.ppid == parent and lease.pid != os.getpid()) if sure]
         if len(found) == 1:
             return found[0]
         if len(found) > 1 or time.monotonic() >= deadline:
@@ -94,10 +94,11 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
 
 def _held_here(roots: tuple[str, ...], namespace: Namespace,
                wanted: Callable[[LeaseInfo], bool] = lambda lease: True,
-               ) -> list[tuple[str, LeaseInfo]]:
-    """The segments of ``namespace`` whose lock a process of this host holds, with their
-    leases; only those whose lease is ``wanted`` have their lock tried (a try takes the
-    lock for a moment)."""
+               ) -> list[tuple[str, LeaseInfo, bool]]:
+    """The segments of ``namespace`` whose lock a process of this host holds, or that cannot
+    be told (``held_here``'s cautious answer), with their leases and whether the lock is
+    surely held (a lock that cannot be opened, a directory say, is not); only those whose
+    lease is ``wanted`` have their lock tried (a try takes the lock for a moment)."""
     found, host = [], host_name()
     for root in roots:
         try:
@@ -109,9 +110,10 @@ def _held_here(roots: tuple[str, ...], namespace: Namespace,
                     try:
                         with writers.subdir(name) as segment:
                             lease = read_lease(segment)
-                            if lease is not None and lease.host == host and wanted(lease) \
-                                    and held_here(segment):
-                                found.append((name, lease))
+                            if lease is not None and lease.host == host and wanted(lease):
+                                locked = locked_here(segment)
+                                if locked is not False:
+                                    found.append((name, lease, locked is True))
                     except OSError:
                         continue
         except OSError:

@@ -79,7 +79,8 @@ class StorageEvents:
     found since the last call (at most ``limit``), in order. A header that cannot be read,
     is not the chunk's, or holds no record naming its key (``record_blocks``) finds nothing
     (counted in ``unnamed``). At most ``QUEUE_LIMIT`` headers wait: past it the newest are
-    not read (``dropped``); a loss is never dropped. ``close()`` stops the thread.
+    not read (``dropped``); a loss is never dropped, and waits once however often it is
+    told. ``close()`` stops the thread.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, own_writer: str,
@@ -89,6 +90,7 @@ class StorageEvents:
         self._digest = namespace.digest()
         self.unnamed = self.dropped = 0
         self._todo: deque[_Read | ChunkKey] = deque()  # a key alone: gone from other segments
+        self._losses: set[ChunkKey] = set()  # the losses in ``_todo``
         self._found: deque[Found] = deque()
         self._wake = threading.Condition()  # news for the thread: work, or close
         self._closing = threading.Event()  # the only end of a rest
@@ -125,6 +127,10 @@ class StorageEvents:
                         self.dropped += 1
                         continue
                     room -= 1
+                elif item in self._losses:  # a loss goes in once while it waits: a writer
+                    continue  # starting its log over and over queues no more than its chunks
+                else:
+                    self._losses.add(item)
                 kept.append(item)  # a loss always goes in
             self._todo.extend(kept)
             self._wake.notify()
@@ -149,6 +155,7 @@ class StorageEvents:
                 while not self._todo and not self._closing.is_set():
                     self._wake.wait()
                 batch = [self._todo.popleft() for _ in range(min(BATCH, len(self._todo)))]
+                self._losses.difference_update(i for i in batch if not isinstance(i, _Read))
             if not batch:
                 continue
             started = time.monotonic()
