@@ -43,6 +43,47 @@ def test_a_reader_keeps_nothing_of_writers_whose_segments_are_gone(tmp_path):
     view.close()
 
 
+def test_a_gone_writers_chunks_leave_the_view_a_batch_at_a_time(tmp_path, monkeypatch):
+    """Forgetting a writer of millions of slots (gone, or its log started over) holds the
+    view's lock for ``APPLY_BATCH`` of them at a time: lookups get it in between."""
+    import shutil
+    import threading
+
+    from kvtier.shared import view as view_module
+
+    monkeypatch.setattr(view_module, "APPLY_BATCH", 2)
+    with KVStore(SMALL, config(tmp_path, disk_chunks=32, share_writers=2, instance_id="pod",
+                               share_refresh="off")) as store:
+        store.put(seq(0, 5), make_kv(seq(0, 5)))
+        store.flush()
+        namespace, raw = store.namespace, store.chunk_bytes
+    view = SharedView([str(tmp_path)], namespace, raw, "reader", 120.0)
+    view.refresh()
+    assert len(view) == 5
+    held: list[int] = []
+
+    class Counted:
+        """The view's lock, each hold counted while the writer's chunks are dropped."""
+
+        def __init__(self) -> None:
+            self._lock = threading.Lock()
+
+        def __enter__(self):
+            self._lock.acquire()
+            held.append(len(view._index))
+
+        def __exit__(self, *exc):
+            self._lock.release()
+
+    (segment,) = tmp_path.glob("*/writers/pod")
+    shutil.rmtree(segment)
+    view._lock = Counted()
+    view.refresh()
+    drops = held.index(3) - 1  # the holds from the first drop on: 2 chunks a hold
+    assert len(view) == 0 and held[drops:drops + 4] == [5, 3, 1, 0]
+    view.close()
+
+
 def test_a_reader_follows_no_more_slots_than_the_directory_holds(tmp_path, caplog):
     """Writers whose logs name more chunks than the directory holds (files kvtier did not
     write, or an engine given a larger disk_capacity): the reader follows at most the

@@ -4,6 +4,7 @@ found in one, each writer as seen, and how many writers one reader may follow.""
 from __future__ import annotations
 
 import itertools
+import logging
 import resource
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.log import LogFollower
 from kvtier.shared.reads import SlotRef
 
+log = logging.getLogger("kvtier")
 MAX_WRITERS = 4096  # writer segments followed per namespace and path; more are not looked at
 FILES_PER_WRITER = 2  # a followed segment keeps its directory and its log open
 FILE_SHARE = 4  # of the process's open-file limit, at most a quarter goes to followed segments
@@ -27,6 +29,14 @@ def followable_writers(paths: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_WRITERS
     return max(1, min(MAX_WRITERS, soft // (FILE_SHARE * FILES_PER_WRITER * max(1, paths))))
+
+
+def say_passed_over(max_slots: int) -> None:
+    """Said once a view passed over slots past ``max_slots`` (``SharedView.passed_over``)."""
+    log.warning("kvtier: other writers' logs name more chunks than the shared directory holds "
+                "(%d slots a path, by disk_capacity); the rest are not followed (misses). Give "
+                "every engine on the directory the same disk_capacity, or look for files kvtier "
+                "did not write (kvtier verify)", max_slots)
 
 
 def directory_slots(raw_bytes: int, paths: int, disk_capacity: int) -> int:

@@ -15,7 +15,7 @@ from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
 from kvtier.segment.log import RECORD_BYTES, REFRESH_BYTES, LogChange
 from kvtier.segment.names import LEASE_FILE
 from kvtier.shared.chunk_index import ChunkIndex, Copy
-from kvtier.shared.followed import Followed, OtherChunk, WriterState, followable_writers
+from kvtier.shared.followed import Followed, OtherChunk, WriterState, followable_writers, say_passed_over
 from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
 from kvtier.shared.upkeep import Upkeep
@@ -83,8 +83,6 @@ class SharedView:
     def seats_freed(self) -> int:
         return self._upkeep.seats_freed
 
-    # -- lookups ------------------------------------------------------------------------
-
     def find(self, key: ChunkKey) -> OtherChunk | None:
         with self._lock:
             copy = self._index.first(key)
@@ -99,8 +97,7 @@ class SharedView:
 
     def _chunk(self, key: ChunkKey, copy: Copy) -> OtherChunk:
         followed = self._sources[copy.source]
-        return OtherChunk(followed.writer, followed.path, copy.slot, key, copy.codec,
-                            copy.payload_bytes)
+        return OtherChunk(followed.writer, followed.path, copy.slot, key, copy.codec, copy.payload_bytes)
 
     def ref(self, chunk: OtherChunk) -> SlotRef:
         """What a reader needs to read ``chunk`` (with its writer's log generation)."""
@@ -142,8 +139,6 @@ class SharedView:
                 live[writer] = live.get(writer, False) or self._watch.live(f"{path}:{writer}")
             return [WriterState(w, live[w], chunks[w], leases[w]) for w in sorted(chunks)]
 
-    # -- refresh ------------------------------------------------------------------------
-
     def refresh(self) -> None:
         seats_due = self._upkeep.seats_due()
         for path in range(len(self._roots)):
@@ -153,10 +148,10 @@ class SharedView:
             if names is None:
                 continue  # this process is short of files: the view stays as it was
             with self._lock:  # gone, or made again since (another directory of that name)
-                gone = [k for k, f in self._followed.items()
+                gone = [self._forget(k) for k, f in list(self._followed.items())
                         if k[0] == path and names.get(k[1]) != f.inode]
-                for key in gone:
-                    self._forget(key)
+            for followed in gone:
+                self._let_go(followed)
             self._follow(path, list(names))
         self.refreshes += 1
         self._say_over()
@@ -210,11 +205,7 @@ class SharedView:
     def _say_over(self) -> None:
         if not self._over_said and self.passed_over:
             self._over_said = True
-            log.warning("kvtier: other writers' logs name more chunks than the shared "
-                        "directory holds (%d slots a path, by disk_capacity); the rest are "
-                        "not followed (misses). Give every engine on the directory the same "
-                        "disk_capacity, or look for files kvtier did not write (kvtier verify)",
-                        self.max_slots)
+            say_passed_over(self.max_slots)
 
     def _refresh_one(self, path: int, writer: str, room: int, budget: int) -> None:
         """Follow ``writer`` on ``path`` one refresh further (reading at most ``budget``
@@ -241,6 +232,7 @@ class SharedView:
                 and self._upkeep.reclaim(followed):
             with self._lock:
                 self._forget(key)
+            self._let_go(followed)
             return
         with self._lock:
             followed.lease = LeaseInfo.parse(lease_bytes)  # never raises: damaged is none
@@ -257,12 +249,13 @@ class SharedView:
                       self._roots[followed.path], exc)
             with self._lock:
                 self._forget((followed.path, followed.writer))
+            self._let_go(followed)
             return
         self.bytes_read += follower.bytes_read - before
         if reset:
             with self._lock:
                 followed.renew()
-                self._drop_slots(followed, follower.forgotten())
+            self._drop_slots(followed.source, follower.forgotten())
         for start in range(0, len(changes), APPLY_BATCH):  # lookups get the lock in between
             with self._lock:
                 if self._sources.get(followed.source) is followed:  # not forgotten since
@@ -278,20 +271,30 @@ class SharedView:
                 self._index.put(header.key, Copy(source, change.slot, int(header.codec),
                                                  header.payload_bytes))
 
-    def _drop_slots(self, followed: Followed, slots: dict[int, ChunkKey]) -> None:
-        for slot, key in slots.items():
-            self._index.remove(key, followed.source, slot)
+    def _drop_slots(self, source: int, slots: dict[int, ChunkKey]) -> None:
+        """``source``'s copies in ``slots`` out of the index, ``APPLY_BATCH`` under the lock
+        at a time: lookups get it in between (a copy not dropped yet: a miss at its read)."""
+        items = list(slots.items())
+        for start in range(0, len(items), APPLY_BATCH):
+            with self._lock:
+                for slot, key in items[start:start + APPLY_BATCH]:
+                    self._index.remove(key, source, slot)
 
-    def _forget(self, key: tuple[int, str]) -> None:
+    def _forget(self, key: tuple[int, str]) -> Followed | None:
+        """A writer no longer followed (lock held); ``_let_go`` it once the lock is released."""
         self._watch.forget(f"{key[0]}:{key[1]}")  # a writer gone: nothing kept of it
         self._upkeep.forget(*key)
-        followed = self._followed.pop(key, None)
+        return self._followed.pop(key, None)
+
+    def _let_go(self, followed: Followed | None) -> None:
         if followed is not None:
-            self._sources.pop(followed.source, None)
-            self._drop_slots(followed, followed.follower.slots)
+            self._drop_slots(followed.source, followed.follower.slots)
+            with self._lock:
+                self._sources.pop(followed.source, None)
             followed.close()
 
     def close(self) -> None:
         with self._lock:
-            for key in list(self._followed):
-                self._forget(key)
+            gone = [self._forget(key) for key in list(self._followed)]
+        for followed in gone:
+            self._let_go(followed)
