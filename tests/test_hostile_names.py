@@ -310,3 +310,24 @@ def test_a_forged_lease_beside_a_lock_that_cannot_be_tried_is_never_this_engines
     finally:
         release.set()
         process.join(10)
+
+
+def test_junk_in_seats_costs_an_engines_look_no_more_than_its_bound(tmp_path, monkeypatch):
+    """An engine looks at the first ``LISTED`` entries of ``seats/`` and stats only those
+    named as seats or their temporary files: a co-writer filling it with junk makes each
+    look cost no more (the CLI's ``gc`` still looks at every entry)."""
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=1)):
+        pass
+    (ns,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    for n in range(300):
+        (ns / "seats" / f"junk-{n:04d}").touch(mode=0o600)
+    orphan = seat_file(ns, b"", name="seat-0003")  # names no writer
+    stats: list[str] = []
+    real = SafeDir.lstat
+    monkeypatch.setattr(SafeDir, "lstat", lambda self, name: stats.append(name) or real(self, name))
+    with SafeDir.open(ns) as ns_dir:
+        stats.clear()
+        found = seat_orphans.orphan_seats(ns_dir, None, limit=64)
+        assert not any(name.startswith("junk") for name in stats) and len(stats) <= 64 + 1
+        assert [n for n, _ in seat_orphans.orphan_seats(ns_dir, None)] == [orphan.name]
+        assert [n for n, _ in found] in ([], [orphan.name])  # within the first 64, or not

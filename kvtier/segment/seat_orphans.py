@@ -16,9 +16,11 @@ from kvtier.io.safefs import SafeDir
 from kvtier.segment.names import SEATS_DIR, TEMP_NAME, WRITER_ID, WRITERS_DIR, seat_number
 from kvtier.segment.seat_files import linked_temps, mine, read_holder
 
+LISTED = 8192  # seat directory entries an engine looks at per look (share_writers <= 4096)
 
-def orphan_seats(ns_dir: SafeDir, older_than_s: float | None,
-                 now_ns: int | None = None) -> list[tuple[str, os.stat_result]]:
+
+def orphan_seats(ns_dir: SafeDir, older_than_s: float | None, now_ns: int | None = None,
+                 limit: int | None = None) -> list[tuple[str, os.stat_result]]:
     """The seats of the namespace open as ``ns_dir`` that name no writer with a segment
     (empty, unreadable, or naming a writer whose ``writers/<id>`` does not exist), the
     temporary files of ``write_seat`` and the ``linked_temps``, each with its ``lstat``,
@@ -27,15 +29,20 @@ def orphan_seats(ns_dir: SafeDir, older_than_s: float | None,
     that old), or whatever their times with ``None`` (for a caller that judges by watching:
     ``OrphanWatch``). Changes nothing, and lists only what is provably kvtier's: regular
     files of this user with one link, or a linked temporary file (a seat that still has its
-    temporary file's link is judged once that is gone)."""
+    temporary file's link is judged once that is gone). With ``limit`` (an engine's look,
+    on a thread whose interpreter lock the scheduler needs) only the first ``limit`` entries
+    of ``seats/`` in its own order are looked at, and only those named as seats or their
+    temporary files are looked at further: junk there costs no more than that."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return []
     cutoff = math.inf if older_than_s is None else (
         (time.time_ns() if now_ns is None else now_ns) - older_than_s * 1e9)  # never overflows
     found = []
     with ns_dir.subdir(SEATS_DIR) as seats:
-        linked = linked_temps(seats)
-        for name in seats.names():
+        names = [name for name in (seats.names() if limit is None else seats.scan(limit))
+                 if seat_number(name) is not None or TEMP_NAME.fullmatch(name)]
+        linked = linked_temps(seats, names)
+        for name in names:
             info = seats.lstat(name)
             if not mine(info) or info.st_mtime_ns > cutoff:
                 continue
