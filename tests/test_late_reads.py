@@ -2,13 +2,17 @@
 disk slot is held until it ends, so no chunk written meanwhile can land there and be found
 by the late read as "another chunk", then blanked as corrupt."""
 
+import pytest
 import torch
 
 from kvtier import KVStore
+from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
 from kvtier.io.format import HEADER_BYTES
 from kvtier.tiers.base import TierName
+from tests.helpers.disk_helpers import delayed_io, wait_until
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, make_kv, same_bytes
+from tests.helpers.worker_side import LAYERS, same, worker
 
 DISK = TierName.DISK
 
@@ -57,3 +61,45 @@ def test_a_late_read_never_blanks_a_chunk_flushed_into_its_slot_since(tmp_path):
     with KVStore(SMALL, cfg) as again:
         for tokens in (b, c, d):
             assert get(again, tokens) == CHUNK
+
+
+@pytest.mark.parametrize("read_ends_first", [False, True], ids=["after", "before"])
+def test_a_read_given_up_on_never_blanks_the_next_chunk_written_to_its_slot(tmp_path, monkeypatch,
+                                                                          read_ends_first):
+    """A read given up on (load_timeout) still runs while the scheduler side, told the load
+    failed, frees its disk slot and a write-through puts another chunk there: when the read
+    ends it finds that chunk's header, and must leave it alone (it blanks only a slot that
+    still names the chunk it read)."""
+    side, kv = worker(tmp_path, load_timeout=0.2)
+    original = [t.clone() for t in kv]
+    k1, k2 = b"1" * 16, b"2" * 16
+    side.save(StepPlan(stores=[ChunkStore(k1, (2, 3), host_slot=0, disk_slot=0)]))
+    side.drain()
+    side.report()
+    release = delayed_io(monkeypatch, "preadv")  # the drive stops answering reads
+    side.start_loads(StepPlan(loads=[RequestLoad(
+        "r1", (ChunkLoad(k1, (10, 11), 0, host_slot=1, disk_slot=0),), asynchronous=True)]))
+    wait_until(lambda: "r1" in side.finished(), "the load was not given up")
+    assert side.take_invalid_blocks() == {10, 11}
+    report = side.report()
+    assert report.load_failed["r1"] == {k1} and report.reads_stalled[k1] == 1
+    # scheduler side: k1 discarded, disk slot 0 free again; a write-through of k2 takes it
+    if read_ends_first:
+        release.set()
+        side.drain()
+        side.finished()
+    side.save(StepPlan(stores=[ChunkStore(k2, (4, 5), host_slot=2, disk_slot=0)]))
+    wait_until(lambda: side._lane.pending() <= (0 if read_ends_first else 1),
+               "the write of k2 never ended")  # only the stalled read left
+    assert side.report().disk_written[k2] == 1  # k2 is on disk, and reported so
+    release.set()  # the stalled read ends: it finds k2's header
+    side.drain()
+    side.finished()
+    # k2 was written and reported OK: loading it back must work
+    side.start_loads(StepPlan(loads=[RequestLoad(
+        "r2", (ChunkLoad(k2, (12, 13), 0, host_slot=3, disk_slot=0),), asynchronous=True)]))
+    side.drain()
+    wait_until(lambda: "r2" in side.finished(), "the load of k2 never ended")
+    assert side.take_invalid_blocks() == set()  # k2, written and reported, loads whole
+    assert all(same(kv[i][12:14], original[i][4:6]) for i in range(LAYERS))
+    side.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ import numpy as np
 import xxhash
 
 from kvtier.io import codec as codecs
-from kvtier.io.format import Codec, HeaderError, SlotHeader, decode_header, payload_checksum
+from kvtier.io.format import HEADER_BYTES, Codec, HeaderError, SlotHeader, decode_header, payload_checksum
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey
 
@@ -118,3 +119,14 @@ def decode_into(codec: Codec, stored: np.ndarray, dst: np.ndarray | list[np.ndar
     for piece in dst:
         piece[:] = raw[done:done + piece.size]
         done += piece.size
+
+
+def holds_another(fd: int, offset: int, key: ChunkKey, ns_digest: bytes) -> bool:
+    """Whether the slot at ``offset`` of ``fd`` now holds a whole header of another chunk (a
+    later write into a slot freed meanwhile): one header's read, its errors for the caller."""
+    data = os.pread(fd, HEADER_BYTES, offset)
+    try:
+        header = decode_header(data)
+    except HeaderError:
+        return False
+    return header.namespace != ns_digest or header.key != key

@@ -101,8 +101,8 @@ class DiskLane:
     def queue_of(self, slot: int) -> str:
         return self.tier.queue_of(slot)
 
-    def invalidate(self, slot: int) -> IOResult:
-        return self.tier.invalidate(slot)
+    def invalidate(self, slot: int, key: ChunkKey | None = None) -> IOResult:
+        return self.tier.invalidate(slot, key)
 
     def read_many(self, items: Sequence[tuple[int, ChunkKey, np.ndarray]]) -> list[IOResult]:
         """Blocking, verified reads (run them in a job on the slots' queue)."""
@@ -218,7 +218,7 @@ class NoDisk:
                    records: Mapping[ChunkKey, bytes] | None = None) -> list[IOResult]:
         raise AssertionError("no disk tier: nothing may be written")
 
-    def invalidate(self, slot: int) -> IOResult:
+    def invalidate(self, slot: int, key: ChunkKey | None = None) -> IOResult:
         return IOResult(IOStatus.OK)
 
     def note_failure(self, result: IOResult, op: str) -> str | None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from kvtier.config.settings import DiskFloor
-from kvtier.disk.check import slot_problem
+from kvtier.disk.check import holds_another, slot_problem
 from kvtier.disk.parts import ChunkParts
 from kvtier.disk.paths import DiskPaths, OpenArgs, PathState
 from kvtier.disk.reads import Target, checked, landing, read_part_runs, read_run
@@ -245,15 +245,17 @@ class DiskTier:
                                wanted=self.parts.read_map(wanted))
         return IOResult(IOStatus.CORRUPT, read.nbytes, problem) if problem else read
 
-    def invalidate(self, slot: int) -> IOResult:
-        """Blank a slot's header so the chunk is not found again after a restart."""
+    def invalidate(self, slot: int, key: ChunkKey | None = None) -> IOResult:
+        """Blank a slot's header so the chunk is not found again after a restart; with
+        ``key``, not when the slot holds another chunk's now (freed and written since)."""
         path, directory, number, offset = self._where(slot)
         if directory is None:
             return IOResult(IOStatus.OK)
         header_buf = self._scratch.headers(1)
         header_buf[:] = 0
         try:
-            if directory.file_size(number) <= offset:
+            if directory.file_size(number) <= offset or (key is not None and holds_another(
+                    directory.fd(number), offset, key, self.ns_digest)):
                 return IOResult(IOStatus.OK)
             directory.write_index(slot // len(self._paths), header_buf)
             os.pwritev(directory.fd(number), [header_buf.data], offset)

@@ -132,8 +132,9 @@ class WorkerDisk:
               ) -> list[IOResult]:
         """Verified reads (an I/O thread): whole chunks, or the parts a load needs of them
         (``ChunkLoad.parts``). A corrupt slot's header is blanked before the load reports
-        it failed, so it is not recovered again after a restart and a slot the scheduler
-        side frees is never blanked under a later write."""
+        it failed, so it is not recovered again after a restart; a read given up on that
+        ends after the scheduler side freed the slot and another chunk was written there
+        leaves that chunk alone (``invalidate`` with the key read)."""
         whole = [i for i, item in enumerate(items) if item[3] is None]
         some = [i for i, item in enumerate(items) if item[3] is not None]
         results: list[IOResult] = [IOResult(IOStatus.IO_ERROR)] * len(items)
@@ -144,9 +145,9 @@ class WorkerDisk:
                                           for slot, key, dst, parts in (items[i] for i in some)])
             for i, result in zip(some, read, strict=True):
                 results[i] = result
-        for (slot, _, _, _), result in zip(items, results, strict=True):
+        for (slot, key, _, _), result in zip(items, results, strict=True):
             if result.status is IOStatus.CORRUPT:
-                self._lane.invalidate(slot)
+                self._lane.invalidate(slot, key)
         return results
 
     def demote(self, demotions: Sequence[DiskWrite], timeout: float | None = None) -> set[int]:

@@ -17,6 +17,7 @@ from kvtier.connector.worker.load_tracker import Reads
 from kvtier.connector.worker.pages import PagedKV
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.result import IOResult
+from kvtier.keys import ChunkKey
 from kvtier.store.tolerance import default_tolerance, same_kv
 from kvtier.tiers.host import HostTier
 
@@ -99,7 +100,7 @@ class WorkerVerify:
             self._end(check, "verified")
             return
         if check.disk_copy is not None:  # no restart finds it again
-            self._lane.invalidate(check.disk_copy)
+            self._lane.invalidate(check.disk_copy, ChunkKey(check.source.key))
         self._end(check, "verify_differed")
 
     def _read_ok(self, check: ChunkVerify, read: Future) -> bool:
