@@ -138,7 +138,9 @@ def test_a_disk_path_out_of_service_is_reported_then_reported_back(tmp_path, mon
     side.close()
 
 
-def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkeypatch):
+def test_a_load_whose_write_back_fails_reports_the_write_failed_and_loads_on(tmp_path, monkeypatch):
+    """The victim's write failed: it is lost to the disk (reported once, so its disk
+    reservation is given back), and the load into its staging slot goes on."""
     from kvtier.connector.common.messages import DiskWrite
 
     side, _ = worker(tmp_path)
@@ -146,7 +148,7 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
     side.drain()
     side.report()
 
-    def broken(items):
+    def broken(items, records=None):
         raise RuntimeError("write path broken")
 
     monkeypatch.setattr(side.disk, "write_many", broken)
@@ -155,8 +157,9 @@ def test_a_load_whose_write_back_fails_reports_the_write_failed(tmp_path, monkey
                        asynchronous=True)
     side.start_loads(StepPlan(loads=[load]))
     wait_until(lambda: side.finished() == {"r"}, "the load was never reported finished")
-    assert side.report().disk_failed[b"v" * 16] == 1  # its disk reservation is given back
-    assert side.take_invalid_blocks() == {10, 11}
+    report = side.report()
+    assert report.disk_failed[b"v" * 16] == 1 and not report.disk_written[b"v" * 16]
+    assert side.take_invalid_blocks() == set()
     side.close()
 
 
@@ -334,3 +337,61 @@ def test_shutdown_finishes_background_writes_first(tmp_path):
                                      for i in range(4)]))
     assert side.close() is True
     assert side.report().disk_written.total() == 4 and side.disk.paths[0].dir.closed
+
+
+def test_a_write_through_job_that_raises_reports_its_chunk_failed_once(tmp_path, monkeypatch):
+    """Anything but an I/O result out of a write job (out of memory in a codec's buffers)
+    still gives each chunk one outcome: without one, the scheduler side would keep its host
+    slot pinned for good."""
+    side, _ = worker(tmp_path)
+
+    def broken(items, records=None):
+        raise MemoryError("no memory for the codec's buffer")
+
+    monkeypatch.setattr(side.disk, "write_many", broken)
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), host_slot=1, disk_slot=0)]))
+    side.drain()
+    report = side.report()
+    assert report.host_stored[b"a" * 16] == 1
+    assert (report.disk_written[b"a" * 16], report.disk_failed[b"a" * 16]) == (0, 1)
+    side.close()
+
+
+def test_each_demotion_has_one_outcome_when_one_paths_job_raises(tmp_path, monkeypatch):
+    """Write-back demotions over two disk paths, one path's job raising: the chunk written
+    on the other path is reported written only (told both, one rank would count as every
+    rank of a TP group, and its slots be freed while another rank still writes them)."""
+    from kvtier.config.settings import load_config
+    from kvtier.connector.common.messages import DiskWrite
+    from tests.helpers.fake_io import FakeEngine
+    from tests.helpers.worker_side import BLOCK, HIDDEN
+
+    paths = [tmp_path / "p0", tmp_path / "p1"]
+    for path in paths:
+        path.mkdir()
+    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes,
+             "disk_paths": [str(p) for p in paths], "disk_min_free": 0,
+             "disk_capacity": 16 * (4096 + GEO.chunk_bytes), "write_policy": "write_back"}
+    make, _ = FakeEngine.factory()
+    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
+                      io_engine=make)
+    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
+    side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    a, b = b"a" * 16, b"b" * 16
+    side.save(StepPlan(stores=[ChunkStore(a, (2, 3), host_slot=0), ChunkStore(b, (4, 5), host_slot=1)]))
+    side.report()
+    real = side.disk.write_many
+
+    def half_broken(items, records=None):
+        if any(slot % 2 for slot, _, _ in items):  # path 1's job
+            raise MemoryError("no memory for a scratch buffer")
+        return real(items, records)
+
+    monkeypatch.setattr(side.disk, "write_many", half_broken)
+    side.save(StepPlan(demotions=[DiskWrite(a, host_slot=0, disk_slot=0),
+                                  DiskWrite(b, host_slot=1, disk_slot=1)]))
+    side.drain()
+    report = side.report()
+    assert (report.disk_written[a], report.disk_failed[a]) == (1, 0)
+    assert (report.disk_written[b], report.disk_failed[b]) == (0, 1)
+    side.close()

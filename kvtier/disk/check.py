@@ -10,7 +10,7 @@ import numpy as np
 import xxhash
 
 from kvtier.io import codec as codecs
-from kvtier.io.format import HEADER_BYTES, Codec, HeaderError, SlotHeader, decode_header, payload_checksum
+from kvtier.io.format import Codec, HeaderError, SlotHeader, decode_header, payload_checksum
 from kvtier.io.scratch import ThreadScratch
 from kvtier.keys import ChunkKey
 
@@ -121,12 +121,14 @@ def decode_into(codec: Codec, stored: np.ndarray, dst: np.ndarray | list[np.ndar
         done += piece.size
 
 
-def holds_another(fd: int, offset: int, key: ChunkKey, ns_digest: bytes) -> bool:
+def holds_another(fd: int, offset: int, key: ChunkKey, ns_digest: bytes,
+                  header_buf: np.ndarray) -> bool:
     """Whether the slot at ``offset`` of ``fd`` now holds a whole header of another chunk (a
-    later write into a slot freed meanwhile): one header's read, its errors for the caller."""
-    data = os.pread(fd, HEADER_BYTES, offset)
+    later write into a slot freed meanwhile): one header's read into ``header_buf`` (aligned,
+    as ``O_DIRECT`` wants), its errors for the caller."""
+    got = os.preadv(fd, [header_buf.data], offset)
     try:
-        header = decode_header(data)
+        header = decode_header(header_buf.data[:got])
     except HeaderError:
         return False
     return header.namespace != ns_digest or header.key != key

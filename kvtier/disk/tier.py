@@ -252,11 +252,11 @@ class DiskTier:
         if directory is None:
             return IOResult(IOStatus.OK)
         header_buf = self._scratch.headers(1)
-        header_buf[:] = 0
         try:
             if directory.file_size(number) <= offset or (key is not None and holds_another(
-                    directory.fd(number), offset, key, self.ns_digest)):
+                    directory.fd(number), offset, key, self.ns_digest, header_buf)):
                 return IOResult(IOStatus.OK)
+            header_buf[:] = 0
             directory.write_index(slot // len(self._paths), header_buf)
             os.pwritev(directory.fd(number), [header_buf.data], offset)
         except OSError as exc:

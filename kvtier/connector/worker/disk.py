@@ -179,7 +179,14 @@ class WorkerDisk:
         return started
 
     def _write(self, items: list, records: dict[ChunkKey, bytes]) -> None:
-        results = self._lane.write_many(items, records)
+        """A job of writes (an I/O thread): one outcome per chunk in the ledger, whatever
+        happens (an error outside the writes themselves, out of memory in a codec's
+        buffers, fails them all), so that no host slot stays pinned for an outcome that
+        never comes and none is told twice."""
+        try:
+            results = self._lane.write_many(items, records)
+        except Exception as exc:
+            results = [IOResult(IOStatus.IO_ERROR, 0, f"write job failed: {exc!r}")] * len(items)
         with self._ledger.lock:
             for (_, key, _), result in zip(items, results, strict=True):
                 if result.ok:
