@@ -149,8 +149,43 @@ def test_each_engine_step_gives_back_the_space_of_reclaimed_segments(tmp_path, m
 
     side, _ = worker(tmp_path)
     sweeps = []
-    monkeypatch.setattr(side._other_reads, "sweep_due", lambda: sweeps.append(1))
+    monkeypatch.setattr(side._other_reads, "sweep_soon", lambda: sweeps.append(1))
     side.save(StepPlan())
     side.save(StepPlan())
     assert len(sweeps) == 2
+    side.close()
+
+
+def test_a_step_never_waits_on_a_kept_file_of_a_dead_shared_mount(tmp_path, monkeypatch):
+    """The sweep of other writers' kept files runs off the step, and looks at each file
+    outside the reader's lock: an ``fstat`` a dead network server never answers holds
+    neither the engine's step nor a read."""
+    import threading
+
+    from kvtier.connector.common.messages import StepPlan
+    from tests.helpers.worker_side import worker
+
+    side, _ = worker(tmp_path)
+    reads = side._other_reads
+    other = tmp_path / "other-writer-slots-0"
+    other.write_bytes(b"\0" * 4096)
+    fd = os.open(other, os.O_RDONLY)
+    reads._fds[(0, "other", 0)] = (fd, 1)  # a file of another writer's segment, kept open
+    reads._swept = 0.0  # the last sweep was long ago
+    real_fstat, release = os.fstat, threading.Event()
+
+    def dead_server(target, *args, **kwargs):
+        if target == fd:
+            release.wait(20)
+        return real_fstat(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fstat", dead_server)
+    done = threading.Event()
+    threading.Thread(target=lambda: (side.save(StepPlan()), done.set()), daemon=True).start()
+    try:
+        assert done.wait(5), "the engine's step waited on fstat of a shared segment's file"
+        assert reads._lock.acquire(timeout=5), "the sweep held the reader's lock"
+        reads._lock.release()
+    finally:
+        release.set()
     side.close()

@@ -73,6 +73,7 @@ class OtherReads:
         self._lock = threading.Lock()
         self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
         self._swept = time.monotonic()
+        self._sweeping = threading.Lock()  # held by the one sweep on a thread of its own
 
     def read_many(self, items: Sequence[tuple[SlotRef, np.ndarray]]) -> list[IOResult]:
         """Read several chunks (each into its buffer, as ``read``): uncompressed neighbours in
@@ -189,19 +190,40 @@ class OtherReads:
                 if problem else IOResult(IOStatus.OK, arrived))
 
     def sweep(self) -> int:
-        """Close the kept files that no longer have a name (deleted); return how many."""
+        """Close the kept files that no longer have a name (deleted); return how many. The
+        files are looked at outside the lock (an ``fstat`` on a network filesystem whose
+        server stopped answering blocks): reads wait for no look."""
         with self._lock:
             self._swept = time.monotonic()
-            gone = [key for key, (fd, _) in self._fds.items() if _unlinked(fd)]
-            for key in gone:
-                os.close(self._fds.pop(key)[0])
-        return len(gone)
+            kept = [(key, fd) for key, (fd, _) in self._fds.items()]
+        gone = [(key, fd) for key, fd in kept if _unlinked(fd)]
+        closed = 0
+        with self._lock:
+            for key, fd in gone:
+                held = self._fds.get(key)
+                if held is not None and held[0] == fd:  # not replaced meanwhile
+                    os.close(self._fds.pop(key)[0])
+                    closed += 1
+        return closed
 
     def sweep_due(self) -> None:
-        """``sweep`` when the last was ``SWEEP_S`` ago or more (cheap to call often: each
-        engine step calls it, so a reclaimed segment's space goes back without reads)."""
+        """``sweep`` when the last was ``SWEEP_S`` ago or more (cheap to call often)."""
         if time.monotonic() - self._swept > SWEEP_S:
             self.sweep()
+
+    def sweep_soon(self) -> None:
+        """``sweep_due`` on a thread of its own, so that a caller that must not block (each
+        engine step calls it, so a reclaimed segment's space goes back without reads) never
+        waits on a file; one sweep at a time."""
+        if time.monotonic() - self._swept > SWEEP_S and self._sweeping.acquire(blocking=False):
+            self._swept = time.monotonic()
+            threading.Thread(target=self._sweep_then_free, name="kvtier-sweep", daemon=True).start()
+
+    def _sweep_then_free(self) -> None:
+        try:
+            self.sweep()
+        finally:
+            self._sweeping.release()
 
     def _fd(self, chunk: SlotRef, number: int) -> int:
         key = (chunk.path, chunk.writer, number)

@@ -34,7 +34,7 @@ class WorkerSaves:
         pages, host = self.pages, self.host
         self._lane.poll()
         if self._other_reads is not None:
-            self._other_reads.sweep_due()  # files of segments reclaimed since: space goes back
+            self._other_reads.sweep_soon()  # files of segments reclaimed since: space goes back
         with self._ledger.lock:
             self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
         busy = self._demote(meta.demotions)
