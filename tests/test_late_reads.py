@@ -103,3 +103,25 @@ def test_a_read_given_up_on_never_blanks_the_next_chunk_written_to_its_slot(tmp_
     assert side.take_invalid_blocks() == set()  # k2, written and reported, loads whole
     assert all(same(kv[i][12:14], original[i][4:6]) for i in range(LAYERS))
     side.close()
+
+
+def test_one_slow_load_counts_once_against_its_path_and_takes_no_path_out(tmp_path, monkeypatch):
+    """Three chunks of one load past load_timeout on a busy (not hung) drive: one slow
+    answer of the path, not three in a row (which take a path out of service, and every
+    chunk cached there with it)."""
+    side, _ = worker(tmp_path, load_timeout=0.2)
+    keys = [bytes([i + 1]) * 16 for i in range(3)]
+    side.save(StepPlan(stores=[ChunkStore(k, (2 * i + 1, 2 * i + 2), i, disk_slot=i)
+                               for i, k in enumerate(keys)]))
+    side.drain()
+    side.report()
+    delayed_io(monkeypatch, "preadv", seconds=0.5)  # each read takes 0.5 s
+    side.start_loads(StepPlan(loads=[RequestLoad("r", tuple(
+        ChunkLoad(k, (10 + i,), 0, host_slot=3 + i, disk_slot=i) for i, k in enumerate(keys)),
+        asynchronous=True)]))
+    wait_until(lambda: "r" in side.finished(), "the load never ended")
+    side.drain()
+    side.finished()  # the late reads ended
+    report = side.report()
+    assert sum(report.reads_stalled.values()) == 3 and not report.paths_down
+    side.close()

@@ -176,8 +176,10 @@ class WorkerSide:
                     self._note_read_failure(remote, result)
 
     def _note_late(self, ready: ReadyLoad) -> None:
-        """Reads given up on count against their paths' health; their slots stay taken."""
-        went_down = [self._lane.note_timeout(slot) for slot in ready.late_slots]
+        """Reads given up on count against their paths' health, once a load and path (one
+        slow answer, not one per chunk); their slots stay taken."""
+        one_each = {self._lane.queue_of(slot): slot for slot in ready.late_slots}
+        went_down = [self._lane.note_timeout(slot) for slot in one_each.values()]
         with self._lock:
             self._ledger.pending.reads_stalled.update(ready.late)
             if any(went_down):
