@@ -395,3 +395,29 @@ def test_each_demotion_has_one_outcome_when_one_paths_job_raises(tmp_path, monke
     assert (report.disk_written[a], report.disk_failed[a]) == (1, 0)
     assert (report.disk_written[b], report.disk_failed[b]) == (0, 1)
     side.close()
+
+
+def test_close_is_bounded_when_the_mount_hangs_with_no_job_in_flight(tmp_path, monkeypatch):
+    """An idle engine whose mount hung (NVMe-oF, NFS): its jobs drain at once, but closing
+    the paths writes each lease's last word on the dead mount. close(timeout) returns in
+    time all the same, saying it did not close."""
+    import os
+    import threading
+
+    side, _ = worker(tmp_path)
+    real_rename, release = os.rename, threading.Event()
+
+    def hung_rename(src, dst, *args, **kwargs):  # every metadata operation on it blocks
+        release.wait(20)
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", hung_rename)
+    outcome: list = []
+    closer = threading.Thread(target=lambda: outcome.append(side.close(timeout=0.3)), daemon=True)
+    closer.start()
+    closer.join(5)
+    try:
+        assert not closer.is_alive(), "close(timeout=0.3) hung on the mount"
+    finally:
+        release.set()
+        closer.join(30)
