@@ -169,9 +169,11 @@ class DiskLane:
         return FAILURE_COUNTERS.get(result.status)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
-        """Drain and close within ``timeout`` in all, a hung drive or mount included: the
-        jobs, then the paths (their heartbeats end and each lease says it closed, writes
-        that a dead mount never answers), on a thread of their own. False past it."""
+        """Drain and close within ``timeout``, a hung drive or mount included: the jobs,
+        then the paths (their heartbeats end and each lease says it closed, writes that a
+        dead mount never answers), on a thread of their own given what is left of
+        ``timeout``, ``PATHS_CLOSE_S`` at least (a failed start's ``close(0)`` closes its
+        healthy paths all the same). False when either is not over then."""
         ends = time.monotonic() + timeout
         if not self.engine.close(timeout):
             log.error("kvtier disk jobs still running after %g s (a hung drive?): queued "
@@ -180,12 +182,15 @@ class DiskLane:
             return False
         closing = threading.Thread(target=self.tier.close, name="kvtier-close", daemon=True)
         closing.start()
-        closing.join(max(0.0, ends - time.monotonic()))
+        closing.join(min(max(PATHS_CLOSE_S, ends - time.monotonic()), threading.TIMEOUT_MAX))
         if closing.is_alive():
             log.error("kvtier disk paths not closed after %g s (a hung mount?): their leases "
                       "do not say so; cache files stay open until the process exits", timeout)
             return False
         return True
+
+
+PATHS_CLOSE_S = 2.0  # the least a lane's close gives its paths' close
 
 
 def _moves(queue: str) -> str:

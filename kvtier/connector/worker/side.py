@@ -278,9 +278,9 @@ class WorkerSide:
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Finish loads and background writes, then release host memory, files and threads;
-        True when done. Waits at most ``timeout`` seconds: with disk jobs still running then
-        (a hung drive), queued ones are cancelled and the memory and files the running ones
-        use stay open until the process exits, so vLLM's shutdown goes on."""
+        True when done. Waits at most ``timeout`` seconds (2 s more for a hung mount's paths):
+        with disk jobs still running then (a hung drive), queued ones are cancelled and what
+        the running ones use stays open until the process exits; vLLM's shutdown goes on."""
         deadline = time.monotonic() + timeout
         self._loader.shutdown(wait=False, cancel_futures=True)
         done = not wait_futures(self._loads.jobs(), timeout=timeout).not_done
