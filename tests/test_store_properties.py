@@ -301,3 +301,21 @@ def test_a_get_serves_what_lookup_said_though_its_reads_push_host_chunks_onto_a_
         machine.get(prefix=(2, 6, 0))  # asserts get == lookup (6 chunks)
     finally:
         machine.teardown()
+
+
+def test_a_get_never_evicts_its_own_later_chunk_to_stage_an_earlier_one(tmp_path):
+    """Write-back, 4 host slots, a full disk: a prefix of 6 chunks, its last in host memory
+    and the rest on disk. Staging the disk chunks needs host slots: their victims are other
+    chunks first, never the prefix's own last chunk while another will do (it was dropped,
+    the disk full, and the get served less than its lookup said). Found by TestWriteBack."""
+    make, _ = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, host_chunks=4, disk_chunks=8, write_policy="write_back"),
+                 io_engine=make) as store:
+        family = FAMILIES[3]
+        store.put(seq(FRESH, 1), make_kv(seq(FRESH, 1)))
+        store.put(family, make_kv(family))
+        for n in range(1, 4):
+            store.put(seq(FRESH + n * 1000, 1), make_kv(seq(FRESH + n * 1000, 1)))
+        hit = store.lookup(family)
+        assert hit.chunks_by_tier == {DISK: 5, HOST: 1}
+        assert exact(store, family) == hit.tokens == MAX_CHUNKS * CHUNK

@@ -50,6 +50,7 @@ class PrefixRead:
         self._window: deque[Fetch] = deque()
         self._issued, self._ended, self._may_wait = 0, False, True
         self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
+        self._spare: frozenset[ChunkKey] = frozenset()  # this get's: evicted for its reads last
         self.loaded: list[TierName] = []
 
     def run(self, keys: list[ChunkKey], chunks_out: Callable[[int, int], Run]) -> int:
@@ -57,6 +58,7 @@ class PrefixRead:
         ``i`` to ``i + n - 1`` as one ``(n, layers, 2, chunk_tokens, hidden)`` view; return
         the prefix's chunks."""
         held = self._fetcher.hold_disk_chunks(keys)
+        self._spare = frozenset(keys)  # a read's staging slot never evicts a later chunk of it
         try:
             self._remote = self._remote_tail(keys)
             if self._remote:  # the window refills by the remote tier's groups
@@ -126,7 +128,7 @@ class PrefixRead:
     def _begin(self, key: ChunkKey) -> Fetch | Skip:
         direct = None if self._direct is None else (self._direct, self._issued)
         remote = key in self._remote
-        fetch = self._fetcher.begin(key, direct, remote)
+        fetch = self._fetcher.begin(key, direct, remote, self._spare)
         if fetch is Skip.NO_ROOM and not self._window and self._may_wait:
             fetch = self._after_writes(key, direct, remote)
         if fetch is Skip.BUSY and not self._window:  # this window holds nothing: wait
@@ -150,7 +152,7 @@ class PrefixRead:
                 break
             if not lane.pending():
                 time.sleep(0.001)  # a write between its queue and the engine
-            fetch = self._fetcher.begin(key, direct, remote)
+            fetch = self._fetcher.begin(key, direct, remote, self._spare)
         return fetch
 
     def _after_staging(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
@@ -161,7 +163,7 @@ class PrefixRead:
         deadline = None if timeout is None else time.monotonic() + timeout
         fetch: Fetch | Skip = Skip.BUSY
         while fetch is Skip.BUSY and self._fetcher.wait_staged(key, time_left(deadline)):
-            fetch = self._fetcher.begin(key, direct, remote)
+            fetch = self._fetcher.begin(key, direct, remote, self._spare)
         return Skip.END if fetch is Skip.BUSY else fetch
 
     def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], Run]) -> bool:

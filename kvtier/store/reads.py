@@ -4,6 +4,7 @@ bounded by ``load_timeout``."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from concurrent.futures import Future
 
 import numpy as np
@@ -55,7 +56,7 @@ class Fetcher:
         return self.books.pin_prefix(keys, DISK)
 
     def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None,
-              remote: bool = False) -> Fetch | Skip:
+              remote: bool = False, spare: Collection[ChunkKey] = ()) -> Fetch | Skip:
         """Pin ``key`` where it is hottest; from disk, another writer's segment or the
         remote store (``remote``: it said it holds the chunk), choose where its read lands.
 
@@ -72,7 +73,7 @@ class Fetcher:
             if direct is not None and isinstance(source, Ours) \
                     and self._read_direct[source.loc.slot] != fingerprint(key):
                 return Fetch(key, source, FetchState.READING, direct=direct)
-            plan = b.stack.plan_store(key, HOST)
+            plan = b.stack.plan_store(key, HOST, spare)  # its victim outside ``spare``
             if plan is None:
                 _unpin(b, key, source)
                 return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM

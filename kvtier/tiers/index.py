@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import Enum
 
@@ -52,9 +53,10 @@ class SlotIndex:
 
     Contract (checked by ``tests/test_index.py`` for every policy):
 
-    - ``reserve(key)`` returns a :class:`Reservation` on a free slot, or on the slot of the
-      policy's victim; ``None`` when the key is already present in any state, or when every
-      slot is pinned or being written ("no room"). A reserved key is invisible.
+    - ``reserve(key, spare)`` returns a :class:`Reservation` on a free slot, or on the slot
+      of the policy's victim (outside ``spare`` while it has one there); ``None`` when the
+      key is already present in any state, or when every slot is pinned or being written
+      ("no room"). A reserved key is invisible.
     - ``commit(key)`` makes a reserved key visible; ``abort(key)`` frees its slot.
     - ``pin(key)`` returns the slot of a visible key and keeps it from eviction until the
       matching ``unpin``; pins count. ``None`` when the key is not visible. ``hold(key)``
@@ -133,13 +135,15 @@ class SlotIndex:
         entry = self._entries.get(key)
         return entry is not None and entry.state is not EntryState.DOOMED
 
-    def reserve(self, key: ChunkKey) -> Reservation | None:
+    def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = ()) -> Reservation | None:
         if key in self._entries:
             return None
         victim: ChunkKey | None = None
         slot = self._take_free() if self._num_free else None
-        while slot is None:
-            victim = self._policy.victim(self._unpinned)
+        while slot is None:  # a victim outside ``spare`` (a read's next chunks) while one is
+            victim = self._policy.victim(lambda k: self._unpinned(k) and k not in spare) \
+                if spare else None
+            victim = victim if victim is not None else self._policy.victim(self._unpinned)
             if victim is None:
                 return None
             self._policy.remove(victim)

@@ -7,7 +7,7 @@ connector's scheduler side) moves the bytes as planned and reports each outcome.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from kvtier.keys import ChunkKey
@@ -130,17 +130,21 @@ class TierStack:
         for index in self.indexes.values():
             index.touch(key)
 
-    def plan_store(self, key: ChunkKey, tier: TierName) -> StorePlan | None:
-        reservation = self.indexes[tier].reserve(key)
+    def plan_store(self, key: ChunkKey, tier: TierName,
+                   spare: Collection[ChunkKey] = ()) -> StorePlan | None:
+        """A slot of ``tier`` for ``key``, its victim moved down (``_plan_demotion``); victims
+        are taken outside ``spare`` (a read's next chunks) in every tier while there are any."""
+        reservation = self.indexes[tier].reserve(key, spare)
         if reservation is None:
             return None
         dst = Location(tier, reservation.slot)
         victim = reservation.victim
         if victim is None:
             return StorePlan(key, dst)
-        return StorePlan(key, dst, self._plan_demotion(victim, dst))
+        return StorePlan(key, dst, self._plan_demotion(victim, dst, spare))
 
-    def _plan_demotion(self, victim: ChunkKey, src: Location) -> tuple[Move, ...]:
+    def _plan_demotion(self, victim: ChunkKey, src: Location,
+                       spare: Collection[ChunkKey] = ()) -> tuple[Move, ...]:
         """Moves that keep ``victim`` (evicted from ``src``) one tier down, or further down
         when a tier has no room now (every slot pinned or being written: host slots held
         by their chunks' background writes); none when a lower tier holds it already."""
@@ -151,7 +155,7 @@ class TierStack:
             if lower is TierName.DISK and self.on_disk_elsewhere is not None \
                     and self.on_disk_elsewhere(victim):
                 return ()
-            plan = self.plan_store(victim, lower)
+            plan = self.plan_store(victim, lower, spare)
             if plan is not None:
                 self.demotions += 1
                 return (*plan.demotions, Move(victim, src, plan.dst))

@@ -10,6 +10,8 @@ service). Used only while vLLM's KV events are on.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.events import KVEvents
@@ -36,8 +38,8 @@ class WatchedIndex(SlotIndex):
         super().commit(key)
         self.events.stored(key, self.tier)
 
-    def reserve(self, key: ChunkKey) -> Reservation | None:
-        reservation = super().reserve(key)
+    def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = ()) -> Reservation | None:
+        reservation = super().reserve(key, spare)
         if reservation is not None and reservation.victim is not None:
             self._gone(reservation.victim)
         return reservation
