@@ -376,3 +376,24 @@ def test_a_chunk_cached_only_here_past_one_only_the_store_holds_carries_the_hit_
     finally:
         a.close()
         b.close()
+
+
+def test_a_chunk_whose_write_the_store_missed_is_written_when_found_cached_at_a_store(server):
+    """Stored while the store was down (no write out), then computed again (vLLM's own hit,
+    say) with the store back: found cached, its write goes now, as a producer's hand-off of
+    it needs."""
+    a = Engine(server)
+    try:
+        server.stop()
+        req = request("r", 2 * CHUNK + 1, seed=7)
+        a.store(req, list(range(1, 5)))
+        assert a.scheduler.counters["stored_chunks"] == 2
+        assert a.scheduler.counters["remote_written_chunks"] == 0
+        server.start()
+        time.sleep(0.5)  # past remote_retry (300 ms): the store is asked again
+        a.scheduler.request_finished("r")
+        a.store(request("r2", 2 * CHUNK + 1, seed=7), list(range(5, 9)))  # found cached
+        assert a.scheduler.counters["remote_written_chunks"] == 2
+        assert len(list(server.client().scan_iter(match="kvtier:*"))) >= 2
+    finally:
+        a.close()

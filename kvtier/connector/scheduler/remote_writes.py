@@ -35,7 +35,8 @@ class RemoteWrites:
     loaded from this engine's host memory or disk) counts a hit and, at the
     ``min_hits``-th (with 0: when an earlier write of it failed or was dropped), queues a
     ``RemoteWrite`` with its host slot pinned, which ``take_new()`` hands to the step's
-    plan. ``in_store(key)`` notes a chunk the store is known to hold
+    plan; ``again(key)`` (a chunk found cached at a store) does so at once with ``min_hits``
+    0, when the store is not known to hold it. ``in_store(key)`` notes a chunk the store is known to hold
     (loaded from it: not written again while remembered), ``lost(key)`` one whose read from
     it failed (written again at its next store), and so is each key ``lost()`` returns (the
     store answered a lookup "not there": a restart or an eviction lost it), before each
@@ -105,6 +106,16 @@ class RemoteWrites:
         if location is None or location.tier is not HOST:
             return False
         return self._queue(key, location)
+
+    def again(self, key: ChunkKey) -> bool:
+        """A chunk found cached at a store (computed again, vLLM's own hit say): with
+        ``min_hits`` 0, written to the store from host memory when the store is not known to
+        hold it and no write of it is out (one dropped or failed before: a producer's hand-off
+        waits for none but the pool's chunks)."""
+        if self._min_hits or key in self._known or key in self._pending:
+            return False
+        location = self._stack.locate(key)
+        return location is not None and location.tier is HOST and self._queue(key, location)
 
     def add_record(self, key: ChunkKey, record: bytes) -> None:
         """The token record of a chunk whose write is in flight, for the store's log once

@@ -75,6 +75,8 @@ class StorePlanner:
                 pass  # checked against its pages: kept if right
             elif self._cached(key):  # a hit, say, whose early pages a window has dropped since
                 self.stack.touch(key)
+                if stores and self._remote_writes is not None:
+                    self._remote_writes.again(key)  # its write to the store dropped or failed
                 if self._events is not None:
                     self._events.seen(key, tracked.request, c, [
                         tier for tier, index in self.stack.indexes.items() if key in index])
