@@ -93,18 +93,18 @@ class StoreRemote:
 
     def _ask(self, keys: Sequence[ChunkKey]) -> list[bool] | None:
         """Which of ``keys`` the store holds (one round trip; None when it failed): a key it
-        answers "not there" is forgotten, unless its write is still out."""
-        failed_before = self.tier.failures
-        held = self.tier.exists(keys)
+        answers "not there" is forgotten, unless its write is still out; one it refused to
+        answer for (a cluster's redirect) is a miss, not a loss."""
+        answer = self.tier.exists_answered(keys)
         with self._books.held() as b:
             b.stats.remote_lookups += 1
-            if self.tier.failures != failed_before:  # the round trip failed: "none held"
+            if answer is None:  # the round trip failed: "none held"
                 b.stats.remote_failures += 1
                 return None
-            for key, there in zip(keys, held, strict=True):
-                if not there and key not in self._writing:
+            for key, there in zip(keys, answer, strict=True):
+                if there is False and key not in self._writing:
                     self._known.discard(key)
-        return held
+        return [there is True for there in answer]
 
     def reached_host(self, b: Held, key: ChunkKey, slot: int) -> None:
         if not self._min_hits and key not in self._known:

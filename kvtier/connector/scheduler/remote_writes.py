@@ -102,10 +102,7 @@ class RemoteWrites:
         if self._hits.hit(key) < self._min_hits:
             return False
         self._hits.forget(key)
-        location = self._stack.locate(key)
-        if location is None or location.tier is not HOST:
-            return False
-        return self._queue(key, location)
+        return self._from_host(key)
 
     def again(self, key: ChunkKey) -> bool:
         """A chunk found cached at a store (computed again, vLLM's own hit say): with
@@ -114,6 +111,10 @@ class RemoteWrites:
         waits for none but the pool's chunks)."""
         if self._min_hits or key in self._known or key in self._pending:
             return False
+        return self._from_host(key)
+
+    def _from_host(self, key: ChunkKey) -> bool:
+        """Queue ``key``'s write when host memory holds it; True when queued."""
         location = self._stack.locate(key)
         return location is not None and location.tier is HOST and self._queue(key, location)
 
@@ -141,9 +142,8 @@ class RemoteWrites:
                         self._rewrite.popitem(last=False)
         while self._rewrite and not self._down() and len(self._pending) < self._max_pending:
             key, _ = self._rewrite.popitem(last=False)
-            location = self._stack.locate(key)
-            if key not in self._known and location is not None and location.tier is HOST:
-                self._queue(key, location)
+            if key not in self._known:
+                self._from_host(key)
 
     def oldest_known(self, count: int) -> list[ChunkKey]:
         """Up to ``count`` keys known to be in the store, those checked least recently

@@ -131,7 +131,7 @@ class StorageEvents:
                     continue  # starting its log over and over queues no more than its chunks
                 else:
                     self._losses.add(item)
-                kept.append(item)  # a loss always goes in
+                kept.append(item)
             self._todo.extend(kept)
             self._wake.notify()
 
