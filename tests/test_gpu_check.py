@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kvtier.connector.worker.pages import PagedKV
+from tests.helpers.page_faults import off_by_one_byte
 from tests.helpers.script_module import load_script
 from tests.helpers.vllm_engine import ROOT
 
@@ -36,26 +37,10 @@ def test_without_a_gpu_the_default_run_says_so_and_exits_2():
     assert result.returncode == 2 and "no CUDA GPU" in result.stderr
 
 
-def _off_by_one_byte(method):
-    """``PagedKV.gather`` or ``scatter``, with one byte of what it wrote wrong."""
-    copy = getattr(PagedKV, method)
-
-    def gather(self, block_ids, slot):
-        copy(self, block_ids, slot)
-        slot[0] += 1  # layer 0, first page, first byte
-
-    def scatter(self, slot, block_ids, first):
-        copy(self, slot, block_ids, first)
-        page = self.pages[0][next(b for b in block_ids if b != 0)]  # not vLLM's null block
-        page[(0,) * page.dim()] += 1
-
-    return gather if method == "gather" else scatter
-
-
 @pytest.mark.parametrize("method", ["gather", "scatter"])
 def test_a_wrong_page_copy_fails_the_checks(monkeypatch, method):
     script = load_script("gpu_check")
-    monkeypatch.setattr(PagedKV, method, _off_by_one_byte(method))
+    monkeypatch.setattr(PagedKV, method, off_by_one_byte(method))
     pages = script.pages_check(CPU, script.SMALL)
     assert not (pages["gather_identical"] and pages["scatter_identical"])
     layouts = script.layouts_check(CPU, script.SMALL)

@@ -157,8 +157,12 @@ class PagedKV:
     def _scatter_cuda(self, groups: list[tuple[range, Sequence[int]]], chunk: torch.Tensor,
                       first: int) -> None:
         """On the side stream: a whole chunk to the device in one copy (the staging chunk),
-        part of one a layer's rows at a time; then its pages into place."""
+        part of one a layer's rows at a time; then its pages into place. After what the
+        compute stream has queued so far, as a gather is: vLLM zeroes newly allocated
+        blocks there before it starts loads (and orders its loads after that), and an
+        earlier step's forward may still be writing pages there."""
         assert self._stream is not None
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
         whole = first == 0 and bool(groups) and len(groups[0][1]) == chunk.shape[1]
         with torch.cuda.stream(self._stream):
             source = chunk

@@ -1,0 +1,70 @@
+"""``scripts/gpu_worker_check.py`` works before a GPU machine's time is spent on it: the
+connector's worker, driven as vLLM's GPU model runner drives it, runs on the CPU (``--device
+cpu --small``) in every layout, and its checks fail when a page copy is wrong."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvtier.connector.worker.pages import PagedKV
+from tests.helpers.page_faults import off_by_one_byte, scatter_nothing
+from tests.helpers.script_module import load_script
+from tests.helpers.vllm_engine import ROOT
+
+CPU = torch.device("cpu")
+
+
+def test_a_dry_run_on_the_cpu_passes_every_check_in_every_layout(tmp_path):
+    out = tmp_path / "gpu_worker_check.json"
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_worker_check.py"),
+                             "--device", "cpu", "--small", "--no-fio", "--disk", str(tmp_path),
+                             "--json", str(out)],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    script = load_script("gpu_worker_check")
+    small = script.SMALL
+    assert sorted(data["cases"]) == sorted(f"{c.name}/{small.chunk_tokens}"
+                                           for c in script.cases(small))
+    for name, case in data["cases"].items():
+        assert case["stores_identical"] and case["host_hits_identical"], name
+        assert case["disk_hits_identical"], name
+        assert case["chunks"] == small.requests * small.chunks, name
+        # a hybrid model's loads are all asynchronous (vLLM takes back only those as failed)
+        assert case["host_hits_asynchronous"] == name.startswith("hybrid"), name
+        assert min(case["store_gib_s"], case["host_load_gib_s"], case["disk_load_gib_s"]) > 0
+    assert list(tmp_path.iterdir()) == [out]  # the scratch directories are gone
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check runs")
+def test_without_a_gpu_the_default_run_says_so_and_exits_2():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_worker_check.py")],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and "no CUDA GPU" in result.stderr
+
+
+def _checks(script, tmp_path, name):
+    case = next(c for c in script.cases(script.SMALL) if c.name == name)
+    out = script.run_case(case, script.SMALL, CPU, tmp_path, fio=False)
+    return out["stores_identical"], out["host_hits_identical"], out["disk_hits_identical"]
+
+
+@pytest.mark.parametrize("name", ["LBNHC", "hybrid"])
+def test_a_wrong_byte_stored_fails_every_check_that_loads_it(monkeypatch, tmp_path, name):
+    script = load_script("gpu_worker_check")
+    monkeypatch.setattr(PagedKV, "gather", off_by_one_byte("gather"))
+    assert _checks(script, tmp_path, name) == (False, False, False)
+
+
+@pytest.mark.parametrize("name", ["LBNHC", "MLA", "hybrid"])
+@pytest.mark.parametrize("fault", ["off by one byte", "nothing copied"])
+def test_a_wrong_or_missing_load_fails_the_host_and_disk_checks(monkeypatch, tmp_path, name,
+                                                                fault):
+    script = load_script("gpu_worker_check")
+    wrong = off_by_one_byte("scatter") if fault == "off by one byte" else scatter_nothing
+    monkeypatch.setattr(PagedKV, "scatter", wrong)
+    _, host, disk = _checks(script, tmp_path, name)
+    assert not host and not disk
