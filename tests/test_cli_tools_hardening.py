@@ -306,3 +306,19 @@ def test_bench_leaves_the_users_entries_in_its_disk_path_alone(tmp_path):
     assert result.exit_code == 0, result.output
     assert (disk / "naive" / "keep.txt").read_text() == "the user's"
     assert sorted(p.name for p in disk.iterdir()) == ["naive"]  # and nothing of its own is left
+
+
+def test_stats_timeout_bounds_a_resolver_that_does_not_answer(monkeypatch):
+    import socket
+
+    real = socket.getaddrinfo
+
+    def slow_resolver(host, *args, **kwargs):
+        time.sleep(3)  # a name server that does not answer for a while
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["stats", "metrics.example:9", "--timeout", "0.5"])
+    assert time.monotonic() - started < 2.5
+    assert result.exit_code == 1 and "not resolved within 0.5 s" in result.output, result.output

@@ -119,8 +119,10 @@ def test_a_url_is_shown_without_userinfo_or_query_values(url, shown):
     assert redacted(url) == shown
 
 
-def test_a_tier_describes_and_logs_its_url_redacted(caplog):
-    url = f"rediss://127.0.0.1:1/0?ssl_keyfile=/{SECRET}.pem"
+def test_a_tier_describes_and_logs_its_url_redacted(caplog, tmp_path):
+    key = tmp_path / f"{SECRET}.pem"  # a TLS option's file must be there
+    key.write_text("not read: nothing answers on port 1")
+    url = f"rediss://127.0.0.1:1/0?ssl_keyfile={key}"
     tier = RedisTier(url, NS, 4096, timeout_s=0.2, retry_s=30)
     with caplog.at_level(logging.DEBUG, logger="kvtier"):
         (failed,) = tier.get_many([ChunkKey(b"k" * 16)], [np.zeros(4096, np.uint8)])
@@ -144,3 +146,22 @@ def test_the_cli_never_prints_a_credential_of_a_remote_url():
         assert result.returncode != 0, (args, result.stdout)
         assert SECRET not in result.stdout + result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("option", ["ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path"])
+def test_a_tls_file_not_there_stops_the_start_naming_its_option_not_its_path(option, tmp_path):
+    url = f"rediss://127.0.0.1:6380/0?{option}=/nonexistent/{SECRET}.pem"
+    with pytest.raises(ConfigError, match=option) as refused:
+        load_config({"remote_url": url}, environ={})
+    assert SECRET not in str(refused.value)
+
+
+def test_a_tls_file_of_the_wrong_kind_is_refused(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----")
+    with pytest.raises(ConfigError, match="ssl_ca_certs: its path is not a readable regular file"):
+        load_config({"remote_url": f"rediss://h:1/0?ssl_ca_certs={tmp_path}"}, environ={})
+    with pytest.raises(ConfigError, match="ssl_ca_path: its path is not a readable directory"):
+        load_config({"remote_url": f"rediss://h:1/0?ssl_ca_path={ca}"}, environ={})
+    assert load_config({"remote_url": f"rediss://h:1/0?ssl_ca_certs={ca}&ssl_ca_path={tmp_path}"},
+                       environ={}).remote_url

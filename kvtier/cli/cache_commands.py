@@ -38,7 +38,10 @@ def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
         found = namespaces(cache_root(path))
     except OSError as exc:
         raise fail(error_text(exc, path)) from exc
-    if prefix:
+    if prefix is not None:
+        if not prefix:  # an unset shell variable: not "every namespace" for clear or gc
+            raise fail("--namespace is empty; give a namespace id's first characters, or "
+                       "leave --namespace out for every namespace")
         found = [d for d in found if d.id.startswith(prefix)]
     return found
 
@@ -70,12 +73,12 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
     if "://" in path:
         inspect_remote(path, prefix, limit, namespace, as_json, 60.0 if timeout is None else timeout)
         return
-    with watchdog(600.0 if timeout is None else timeout, "inspect"):
+    with watchdog(600.0 if timeout is None else timeout, "inspect"):  # the printing too
         reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
-    if as_json:
-        emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
-    else:
-        print_inspect(path, reports)
+        if as_json:
+            emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
+        else:
+            print_inspect(path, reports)
     if any(r.status in ("damaged", "unsafe") for r in reports):
         raise typer.Exit(1)
 
@@ -92,11 +95,12 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
     """
     with watchdog(timeout, "verify"):
         reports = _verify_all(_dirs(path, namespace), repair, as_json)
-    problems = sum(r.problems for r in reports)
-    if as_json:
-        emit_json({"path": path, "problems": problems, "namespaces": [r.as_dict() for r in reports]})
-    else:
-        print_verify(path, reports)
+        problems = sum(r.problems for r in reports)
+        if as_json:
+            emit_json({"path": path, "problems": problems,
+                       "namespaces": [r.as_dict() for r in reports]})
+        else:
+            print_verify(path, reports)
     if (problems and not repair) or any(r.problem or any(w.problem for w in r.writers)
                                         for r in reports):
         raise typer.Exit(1)
@@ -140,10 +144,10 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
     with watchdog(timeout, "gc"):
         report = gc_namespaces(_dirs(path, namespace), older_than_s=age, target_bytes=size,
                                stale=stale, gone_s=gone_s, dry_run=dry_run)
-    if as_json:
-        emit_json(asdict(report))
-    else:
-        print_gc(report, gone is not None)
+        if as_json:
+            emit_json(asdict(report))
+        else:
+            print_gc(report, gone is not None)
     if report.left_alone:
         raise typer.Exit(1)
 
@@ -178,13 +182,14 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
         matching = f" matching {namespace}" if namespace else ""
         raise fail(f"clear: no kvtier namespace under {path}{matching}")
     asked = time.monotonic()
-    if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {printable(path)}?"):
+    if not yes and not typer.confirm(f"Remove {len(dirs)} namespace(s) under {printable(path)}?",
+                                     err=as_json):  # stdout is the JSON's alone
         raise typer.Exit(1)
     with watchdog(timeout, "clear", timeout - (asked - started)):  # not the question's time
         done = clear_namespaces(dirs)
-    if as_json:
-        emit_json(asdict(done))
-    else:
-        print_clear(done)
+        if as_json:
+            emit_json(asdict(done))
+        else:
+            print_clear(done)
     if done.in_use or done.left:
         raise typer.Exit(1)

@@ -3,6 +3,8 @@ lines, namespace ids shortened."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvtier.cli.app import console
 from kvtier.cli.app import shown as _show
 from kvtier.ops.inspect import NamespaceReport
@@ -10,6 +12,9 @@ from kvtier.ops.reclaim import GcReport
 from kvtier.ops.removal import Removal
 from kvtier.ops.verify import NamespaceVerify
 from kvtier.units import format_size
+
+TABLE_ROWS = 1000  # rows shown as a table; more are printed one a line
+BATCH = 10_000  # lines printed at once
 
 
 def short_name(name: str) -> str:
@@ -28,30 +33,45 @@ def age_text(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
-def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
-    from rich.table import Table
+def print_rows(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
+    """``rows`` (text safe for rich: ``shown``) as a table, or past ``TABLE_ROWS`` one line
+    each: a co-writer may put as many writer-like entries in a cache as it likes, and rich
+    takes seconds to lay a table of thousands out (``--json`` is for scripts)."""
+    if len(rows) <= TABLE_ROWS:
+        from rich.table import Table
 
-    table = Table("namespace", "status", "model", "dtype", "chunk", "tp", "writers", "chunks",
-                  "fill", "stored", "ratio", "age min/med/max", title=f"kvtier cache {_show(path)}")
+        table = Table(*columns, title=title)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        return
+    console.print(f"{title}: {len(rows):,} rows, one a line (more than {TABLE_ROWS:,} for a "
+                  "table)\n" + "  ".join(columns), highlight=False)
+    for start in range(0, len(rows), BATCH):
+        console.print("\n".join("  ".join(row) for row in rows[start:start + BATCH]),
+                      highlight=False)
+
+
+def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
+    rows: list[tuple[str, ...]] = []
     for r in reports:
         ages = "/".join(age_text(r.age_seconds.get(k)) for k in ("min", "median", "max"))
         status = r.status + (" (in use)" if r.in_use else "")
-        table.add_row(_show(r.id[:12]), status, _show(r.model[-30:]), _show(r.kv_dtype),
-                      str(r.chunk_tokens), _show(r.tp), str(len(r.writers)),
-                      f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
-                      f"{r.compression_ratio:.2f}", ages)
-    console.print(table)
-    writers = Table("namespace", "writer", "status", "host", "pid", "beats", "lease written",
-                    "chunks", "stored", title="writers")
-    for r in reports:
-        for w in r.writers:
-            status = w.status + (" (in use)" if w.in_use else "")
-            writers.add_row(_show(r.id[:12]), _show(w.writer), status, _show(w.host or "-"),
-                            str(w.pid or "-"), str(w.beat),
-                            age_text(w.lease_age_seconds) + (" ago" if w.host else ""),
-                            f"{w.chunks}/{w.slots}", format_size(w.stored_bytes))
-    if writers.rows:
-        console.print(writers)
+        rows.append((_show(r.id[:12]), status, _show(r.model[-30:]), _show(r.kv_dtype),
+                     str(r.chunk_tokens), _show(r.tp), str(len(r.writers)),
+                     f"{r.chunks}/{r.slots}", f"{r.fill:.0%}", format_size(r.stored_bytes),
+                     f"{r.compression_ratio:.2f}", ages))
+    print_rows(f"kvtier cache {_show(path)}", ("namespace", "status", "model", "dtype", "chunk",
+                                               "tp", "writers", "chunks", "fill", "stored",
+                                               "ratio", "age min/med/max"), rows)
+    writers = [(_show(r.id[:12]), _show(w.writer), w.status + (" (in use)" if w.in_use else ""),
+                _show(w.host or "-"), str(w.pid or "-"), str(w.beat),
+                age_text(w.lease_age_seconds) + (" ago" if w.host else ""),
+                f"{w.chunks}/{w.slots}", format_size(w.stored_bytes))
+               for r in reports for w in r.writers]
+    if writers:
+        print_rows("writers", ("namespace", "writer", "status", "host", "pid", "beats",
+                               "lease written", "chunks", "stored"), writers)
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")
@@ -65,20 +85,18 @@ def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
 
 
 def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
-    from rich.table import Table
-
-    table = Table("namespace", "writer", "slots", "ok", "free", "corrupt", "torn", "foreign",
-                  "mismatched", "unindexed", "stale index", "repaired",
-                  title=f"kvtier verify {_show(path)}")
+    rows: list[tuple[str, ...]] = []
     for r in reports:
         for w in r.writers:
-            table.add_row(r.id[:12], w.writer, str(w.slots), str(w.ok), str(w.free),
-                          str(len(w.corrupt)), str(len(w.torn)), str(len(w.foreign)),
-                          str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.stale_index)),
-                          str(w.repaired))
+            rows.append((r.id[:12], _show(w.writer), str(w.slots), str(w.ok), str(w.free),
+                         str(len(w.corrupt)), str(len(w.torn)), str(len(w.foreign)),
+                         str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.stale_index)),
+                         str(w.repaired)))
         if not r.writers:
-            table.add_row(r.id[:12], "-", *["0"] * 10)
-    console.print(table)
+            rows.append((r.id[:12], "-", *["0"] * 10))
+    print_rows(f"kvtier verify {_show(path)}", ("namespace", "writer", "slots", "ok", "free",
+                                                "corrupt", "torn", "foreign", "mismatched",
+                                                "unindexed", "stale index", "repaired"), rows)
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import http.client
 import io
+import ipaddress
 import math
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -95,7 +98,11 @@ def fetch(parts: SplitResult, timeout: float, limit: int = MAX_BODY,
     host = parts.hostname
     assert host, "fetch() takes an address checked by metrics_url()"
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    addresses = _resolved(host, deadline_at, timeout)
     conn = kind(host, parts.port, timeout=max(0.001, deadline_at - time.monotonic()))
+    # to the addresses resolved within the deadline (the name stays the Host and TLS name)
+    conn._create_connection = lambda at, wait, source: _connect(  # type: ignore[attr-defined]
+        addresses, at[1], deadline_at, source)
     sock = None
     try:
         conn.connect()
@@ -113,6 +120,48 @@ def fetch(parts: SplitResult, timeout: float, limit: int = MAX_BODY,
         conn.close()
         if sock is not None:
             sock.close()
+
+
+def _resolved(host: str, deadline_at: float, timeout: float) -> list[str]:
+    """``host``'s addresses, in the resolver's order, the lookup bounded by ``deadline_at``:
+    a resolver that does not answer holds ``getaddrinfo`` for 5 s a try and server, outside
+    any socket timeout, so the lookup runs on a thread of its own, left behind when the
+    time is up."""
+    try:
+        return [str(ipaddress.ip_address(host))]
+    except ValueError:
+        pass
+    found: list = []
+
+    def look_up() -> None:
+        try:
+            found.append([a[4][0] for a in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)])
+        except OSError as exc:
+            found.append(exc)
+
+    thread = threading.Thread(target=look_up, name="kvtier-resolve", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline_at - time.monotonic()))
+    if not found:
+        raise MetricsError(f"{host}: its name was not resolved within {timeout:g} s")
+    if isinstance(found[0], OSError):
+        raise found[0]
+    return found[0]
+
+
+def _connect(addresses: list[str], port: int, deadline_at: float, source) -> socket.socket:
+    """A connection to the first of ``addresses`` that takes one (``localhost`` may name
+    ``::1`` before ``127.0.0.1``), each try within what is left of the deadline."""
+    error: OSError = OSError("no address")
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), max(0.001, deadline_at - time.monotonic()),
+                                            source)
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            error = exc
+    raise error
 
 
 def _read_body(response: http.client.HTTPResponse, limit: int) -> bytes:

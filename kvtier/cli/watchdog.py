@@ -28,7 +28,7 @@ def watchdog(seconds: float, command: str, left: float | None = None) -> Iterato
     by already), unless the block is over first."""
     if not seconds > 0:  # NaN too
         raise fail(f"{command}: --timeout must be a positive number of seconds, not {seconds:g}")
-    if math.isinf(seconds):  # no deadline asked for
+    if math.isinf(seconds) or seconds >= threading.TIMEOUT_MAX:  # no deadline asked for
         yield
         return
 

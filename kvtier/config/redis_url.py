@@ -12,6 +12,8 @@ URL is logged and shown. A cluster has one database (0).
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -65,9 +67,29 @@ def parse_url(url: str) -> RedisOptions:
 
 
 def check_url(url: str) -> str:
-    """``url`` if it names a Redis store kvtier can use; ``ValueError`` saying what is wrong."""
-    parse_url(url)
+    """``url`` if it names a Redis store kvtier can use, its TLS files readable here;
+    ``ValueError`` saying what is wrong (not the paths: a URL's values are never shown)."""
+    for name, path in parse_url(url).client:
+        if name in TLS_FILES:
+            _check_tls_file(name, path)
     return url
+
+
+def _check_tls_file(name: str, path: str) -> None:
+    """A TLS option's file (a directory for ``ssl_ca_path``) is there and readable, so
+    that a typo stops the start, naming the option, rather than failing every connection
+    with a message that names neither."""
+    directory = name == "ssl_ca_path"
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"remote_url option {name}: its path cannot be read on this machine "
+                         f"({exc.strerror}); give the {'directory' if directory else 'file'} "
+                         "the TLS client reads") from None
+    kind_ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
+    if not kind_ok or not os.access(path, os.R_OK | (os.X_OK if directory else 0)):
+        raise ValueError(f"remote_url option {name}: its path is not a readable "
+                         f"{'directory' if directory else 'regular file'} on this machine")
 
 
 def _port_problem(exc: ValueError) -> str:

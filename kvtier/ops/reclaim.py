@@ -20,8 +20,8 @@ from kvtier.ops.segments import (
     idle_for,
     in_use,
     index_entries,
-    namespace_in_use,
     segment_problem,
+    top_lock_held,
 )
 from kvtier.segment.names import SEATS_DIR, WRITERS_DIR
 from kvtier.segment.seat_orphans import free_orphan_seats
@@ -237,10 +237,17 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
     refusal = removal_refusal(directory)
     if refusal:
         report.skip(report.skipped_unsafe, directory.id, refusal)
-    elif dry_run:
-        if namespace_in_use(directory):
+    elif dry_run:  # as the removal decides: each segment not in use goes, the rest stay
+        if top_lock_held(directory):
             report.skip(report.skipped_in_use, directory.id)
-        else:
+            return
+        busy = [segment for segment in directory.segments if in_use(segment)]
+        for segment in directory.segments:
+            if segment in busy:
+                report.skip(report.skipped_in_use, segment.label)
+            else:
+                report.segments_removed.append(segment.label)
+        if not busy:
             report.namespaces_removed.append(directory.id)
     else:
         done = Removal()
@@ -249,6 +256,7 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
         except OSError as exc:
             done.left[directory.id] = [error_text(exc, str(directory.path))]
         report.namespaces_removed += done.removed
+        report.segments_removed += done.segments_removed
         _take_left(done, report)
 
 

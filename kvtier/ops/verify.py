@@ -43,7 +43,7 @@ class VerifyReport:
     torn: list[int] = field(default_factory=list)  # header does not check out
     foreign: list[int] = field(default_factory=list)  # another namespace's slot
     mismatched: list[int] = field(default_factory=list)  # this namespace, another chunk size
-    unindexed: list[int] = field(default_factory=list)  # good slot the index does not name
+    unindexed: list[int] = field(default_factory=list)  # good slot the index names not, or wrongly
     stale_index: list[int] = field(default_factory=list)  # index names a slot that is not there
     problem: str = ""  # why the segment could not be verified (or repaired) at all
     in_use: bool = False  # a process holds it (see kvtier.ops.segments): read, never repaired
@@ -100,7 +100,11 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
     halt = HaltFile(ns.root, ns.id)
     report = NamespaceVerify(ns.id, halted=halt.read() is not None)
     if repair and report.halted and not ns.unsafe:
-        report.halt_removed = halt.remove()
+        try:
+            report.halt_removed = halt.remove()
+        except OSError as exc:  # a read-only mount, or a directory not ours to write
+            where = str(ns.root / ns.id / "halt.json")
+            report.problem = f"halt.json not removed: {error_text(exc, where)}"
     for segment in ns.segments:
         try:
             report.writers.append(verify_segment(segment, repair, progress))
@@ -257,8 +261,8 @@ def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
         report.free += 1
     elif verdict == "ok":
         report.ok += 1
-        if indexed.get(slot) is None:
-            report.unindexed.append(slot)
+        if indexed.get(slot) != decode_header(entry):  # none, or another chunk's (a crash
+            report.unindexed.append(slot)  # between the slot's write and its entry's)
             scan.fixes.append((slot, entry))
         return
     else:
