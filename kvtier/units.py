@@ -6,6 +6,7 @@ import math
 import operator
 import re
 import reprlib
+import threading
 import time
 
 MAX_SIZE = 2**60  # 1 EiB: more than any tier kvtier will ever be given
@@ -132,5 +133,15 @@ def positive_count(value: object) -> int:
 
 
 def time_left(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (``time.monotonic()``), or None for no deadline."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
+    """Seconds left until ``deadline`` (``time.monotonic()``), or None for no deadline (an
+    infinite one, or one too far for a wait to take: ``wait_limit``)."""
+    return None if deadline is None else wait_limit(max(0.0, deadline - time.monotonic()))
+
+
+def wait_limit(seconds: float | None) -> float | None:
+    """``seconds`` as a lock, condition or future wait takes it: None (no limit) for None,
+    infinity, or more than ``threading.TIMEOUT_MAX`` (about 292 years; past it those waits
+    raise ``OverflowError``)."""
+    if seconds is None or seconds >= threading.TIMEOUT_MAX:
+        return None
+    return max(0.0, seconds)

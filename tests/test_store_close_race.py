@@ -124,3 +124,66 @@ def test_two_closes_at_once_close_each_file_once(tmp_path, monkeypatch):
 def test_close_takes_any_timeout(tmp_path, timeout):
     store = KVStore(SMALL, store_config(tmp_path, disk=True))
     assert store.close(timeout) is True
+
+
+def _a_get_held_inside(tmp_path, **extra):
+    """A store over a cached prefix whose get is inside, its disk read held: (store, the
+    held engine, the get's thread)."""
+    tokens = seq(0, 2)
+    tmp_path.mkdir(exist_ok=True)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put(tokens, make_kv(tokens))
+        assert store.flush()
+    make, engines = FakeEngine.factory()
+    store = KVStore(SMALL, config(tmp_path, **extra), io_engine=make)
+    engines[0].hold()
+    out = torch.zeros_like(make_kv(tokens))
+    reader = threading.Thread(target=lambda: store.get(tokens, out), daemon=True)
+    reader.start()
+    assert engines[0].started.acquire(timeout=30)
+    return store, engines[0], reader
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e10])
+def test_close_and_flush_wait_without_end_when_told_to(tmp_path, timeout):
+    """A timeout past what a lock or a future wait takes (they raise OverflowError) is no
+    limit: close waits for the call inside, flush for the writes queued."""
+    store, engine, reader = _a_get_held_inside(tmp_path / "close")
+    threading.Timer(0.3, engine.release).start()  # the drive answers a moment later
+    try:
+        assert store.close(timeout) is True
+    finally:
+        engine.release()
+        reader.join(10)
+    make, engines = FakeEngine.factory()
+    (tmp_path / "flush").mkdir()
+    with KVStore(SMALL, config(tmp_path / "flush", write_policy="write_back"),
+                 io_engine=make) as store:
+        store.put(seq(100, 4), make_kv(seq(100, 4)))
+        engines[0].hold()
+        threading.Timer(0.3, engines[0].release).start()
+        assert store.flush(timeout)
+
+
+def test_a_second_close_at_once_keeps_to_its_own_timeout(tmp_path):
+    """The second of two closes waits for the first within its timeout, then only for what
+    is left of it (it gave the calls inside its whole timeout again: twice as long)."""
+    store, engine, reader = _a_get_held_inside(tmp_path, load_timeout=30)
+    took = {}
+
+    def close(name):
+        started = time.monotonic()
+        store.close(1.0)
+        took[name] = time.monotonic() - started
+
+    try:
+        closers = [threading.Thread(target=close, args=(name,)) for name in "ab"]
+        for closer in closers:
+            closer.start()
+        for closer in closers:
+            closer.join(30)
+        assert max(took.values()) < 1.8, took
+    finally:
+        engine.release()
+        reader.join(10)
+        store.close(5)

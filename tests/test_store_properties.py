@@ -10,7 +10,7 @@ import tempfile
 import threading
 
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -18,7 +18,7 @@ from kvtier import KVStore
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
 from tests.helpers.fake_io import FakeEngine
-from tests.helpers.kv import CHUNK, SMALL, background_writes, bookkeeping, make_kv, same_bytes
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, background_writes, bookkeeping, make_kv, same_bytes
 from tests.helpers.store import config, exact, seq
 
 HOST, DISK = TierName.HOST, TierName.DISK
@@ -319,3 +319,40 @@ def test_a_get_never_evicts_its_own_later_chunk_to_stage_an_earlier_one(tmp_path
         hit = store.lookup(family)
         assert hit.chunks_by_tier == {DISK: 5, HOST: 1}
         assert exact(store, family) == hit.tokens == MAX_CHUNKS * CHUNK
+
+
+def _memory_only_store() -> KVStore:
+    """A device pool of 3 chunks over 2 host slots, no disk: a chunk evicted from host
+    memory is gone."""
+    return KVStore(SMALL, {"chunk_tokens": CHUNK, "gpu_capacity": 3 * CHUNK_BYTES,
+                           "host_capacity": 2 * CHUNK_BYTES, "model": "test-model"})
+
+
+def test_a_get_never_evicts_its_own_later_chunk_to_promote_an_earlier_one():
+    """A get promotes each chunk it copies out of host memory to the device pool, whose
+    victim goes down to host memory. That victim's room was taken from the get's own next
+    chunk (no disk: dropped), so the get served one chunk of the two its lookup said. A
+    promotion now evicts none of the get's chunks, or does not happen. Found by a review."""
+    a, b, c = FAMILIES[0][:3 * CHUNK], FAMILIES[3][:2 * CHUNK], seq(FRESH, 3)
+    with _memory_only_store() as store:
+        for tokens in (a, b, c):  # device pool: c's three; host memory: b's two
+            store.put(tokens, make_kv(tokens))
+        hit = store.lookup(b)
+        assert hit.chunks_by_tier == {HOST: 2}
+        assert exact(store, b) == hit.tokens == len(b)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(PREFIXES, min_size=1, max_size=10), PREFIXES)
+def test_with_nothing_else_running_a_get_serves_what_its_lookup_said_in_memory(puts, asked):
+    """Over a device pool and host memory alone, no read to stage: whatever was put before,
+    a get serves exactly the tokens its lookup promised just before, every byte right."""
+    with _memory_only_store() as store:
+        for family, chunks, tail in puts:
+            tokens = FAMILIES[family][:chunks * CHUNK + tail]
+            store.put(tokens, make_kv(tokens))
+        family, chunks, tail = asked
+        tokens = FAMILIES[family][:chunks * CHUNK + tail]
+        for _ in range(2):  # the second after the first one's promotions moved chunks
+            promised = store.lookup(tokens).tokens
+            assert exact(store, tokens) == promised

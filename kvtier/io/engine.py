@@ -18,6 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, Protocol
 
+from kvtier.units import wait_limit
+
 CLOSE_TIMEOUT_S = 30.0  # how long closing waits for queued and running jobs
 
 
@@ -104,7 +106,7 @@ class IOEngine:
     def drain(self, timeout: float | None = None) -> bool:
         with self._lock:
             futures = set(self._inflight)
-        _, not_done = wait_futures(futures, timeout=timeout)
+        _, not_done = wait_futures(futures, timeout=wait_limit(timeout))
         return not not_done
 
     @property

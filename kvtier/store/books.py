@@ -5,7 +5,7 @@ through it; bytes move outside the lock."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -150,9 +150,10 @@ class Books:
 
     # -- reservations and pins -----------------------------------------------------------
 
-    def plan_store(self, key: ChunkKey, tier: TierName) -> StorePlan | None:
+    def plan_store(self, key: ChunkKey, tier: TierName,
+                   keep: Collection[ChunkKey] = ()) -> StorePlan | None:
         with self._lock:
-            return self._stack.plan_store(key, tier)
+            return self._stack.plan_store(key, tier, keep=keep)
 
     def plan_put(self, key: ChunkKey) -> StorePlan | Skip:
         """A plan to store ``key`` in the top tier, or why there is none (a chunk cached, or

@@ -6,6 +6,7 @@ import threading
 from types import TracebackType
 
 from kvtier.errors import KVTierError, StoreClosedError
+from kvtier.units import wait_limit
 
 CLOSED = "kvtier store is closed; open a new KVStore"
 
@@ -59,7 +60,7 @@ class CallGate:
     def close(self, timeout: float | None) -> bool:
         with self._changed:
             self._closed = True
-            return self._changed.wait_for(lambda: not self._inside, timeout)
+            return self._changed.wait_for(lambda: not self._inside, wait_limit(timeout))
 
     def closing(self, timeout: float | None) -> bool:
         """Become the one ``KVStore.close`` at work (``closed_by_me`` ends it), waiting up to

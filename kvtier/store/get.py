@@ -186,7 +186,7 @@ class PrefixRead:
         """A chunk copied out from ``source``: promoted to the top tier, offered to the
         remote store."""
         if source.tier is not self._state.books.top:
-            self._runner.promote(fetch.key, source)
+            self._runner.promote(fetch.key, source, self._spare)
         remote = self._state.remote
         if remote is not None and source.tier is HOST:  # it may have earned its write
             remote.loaded(fetch.key, source.slot)

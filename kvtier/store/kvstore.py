@@ -47,6 +47,7 @@ from kvtier.store.stats import StoreStats, store_samples
 from kvtier.store.verify import Verified, differing, forget, report
 from kvtier.tiers.base import MemoryTier, TierName
 from kvtier.tiers.prefix import walk_remote
+from kvtier.units import time_left
 
 Tokens = Sequence[int] | np.ndarray
 log = logging.getLogger("kvtier")
@@ -282,7 +283,7 @@ class KVStore:
             self._gate.closed_by_me()
 
     def _close(self, deadline: float, timeout: float) -> bool:
-        self._gate.close(timeout)  # the calls inside leave; none comes in
+        self._gate.close(time_left(deadline))  # the calls inside leave; none comes in
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None

@@ -3,7 +3,7 @@ and write-back to disk, promotions. One ``PlanRunner`` per ``KVStore``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from functools import partial
 
@@ -202,8 +202,10 @@ class PlanRunner:
         through = self.state.config.write_policy is WritePolicy.WRITE_THROUGH
         return (bool(self.disk_writes.groups) and through) or self.state.remote is not None
 
-    def promote(self, key: ChunkKey, source: Location) -> None:
-        plan = self.state.books.plan_store(key, self.state.books.top)
+    def promote(self, key: ChunkKey, source: Location, keep: Collection[ChunkKey] = ()) -> None:
+        """``key``, copied out from ``source``, copied to the top tier too, unless that
+        would evict a chunk of ``keep`` (the get's) from any tier."""
+        plan = self.state.books.plan_store(key, self.state.books.top, keep)
         if plan is None:
             return
         if self.run(plan, partial(self.copy_in, self.state.transfers.run_of(source, 1))):

@@ -135,15 +135,18 @@ class SlotIndex:
         entry = self._entries.get(key)
         return entry is not None and entry.state is not EntryState.DOOMED
 
-    def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = ()) -> Reservation | None:
+    def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = (),
+                keep: Collection[ChunkKey] = ()) -> Reservation | None:
         if key in self._entries:
             return None
         victim: ChunkKey | None = None
         slot = self._take_free() if self._num_free else None
-        while slot is None:  # a victim outside ``spare`` (a read's next chunks) while one is
-            victim = self._policy.victim(lambda k: self._unpinned(k) and k not in spare) \
-                if spare else None
-            victim = victim if victim is not None else self._policy.victim(self._unpinned)
+        while slot is None:  # a victim outside ``spare`` (a read's next chunks) while one is,
+            # never one of ``keep`` (those a promotion must not cost)
+            victim = self._policy.victim(lambda k: self._unpinned(k) and k not in spare
+                                         and k not in keep) if spare or keep else None
+            if victim is None and not keep:
+                victim = self._policy.victim(self._unpinned)
             if victim is None:
                 return None
             self._policy.remove(victim)

@@ -130,21 +130,23 @@ class TierStack:
         for index in self.indexes.values():
             index.touch(key)
 
-    def plan_store(self, key: ChunkKey, tier: TierName,
-                   spare: Collection[ChunkKey] = ()) -> StorePlan | None:
+    def plan_store(self, key: ChunkKey, tier: TierName, spare: Collection[ChunkKey] = (),
+                   keep: Collection[ChunkKey] = ()) -> StorePlan | None:
         """A slot of ``tier`` for ``key``, its victim moved down (``_plan_demotion``); victims
-        are taken outside ``spare`` (a read's next chunks) in every tier while there are any."""
-        reservation = self.indexes[tier].reserve(key, spare)
+        are taken outside ``spare`` (a read's next chunks) in every tier while there are any,
+        and never from ``keep`` (a get's chunks, which its promotions must not cost: one
+        moved down may find no room below, and be dropped)."""
+        reservation = self.indexes[tier].reserve(key, spare, keep)
         if reservation is None:
             return None
         dst = Location(tier, reservation.slot)
         victim = reservation.victim
         if victim is None:
             return StorePlan(key, dst)
-        return StorePlan(key, dst, self._plan_demotion(victim, dst, spare))
+        return StorePlan(key, dst, self._plan_demotion(victim, dst, spare, keep))
 
-    def _plan_demotion(self, victim: ChunkKey, src: Location,
-                       spare: Collection[ChunkKey] = ()) -> tuple[Move, ...]:
+    def _plan_demotion(self, victim: ChunkKey, src: Location, spare: Collection[ChunkKey] = (),
+                       keep: Collection[ChunkKey] = ()) -> tuple[Move, ...]:
         """Moves that keep ``victim`` (evicted from ``src``) one tier down, or further down
         when a tier has no room now (every slot pinned or being written: host slots held
         by their chunks' background writes); none when a lower tier holds it already."""
@@ -155,7 +157,7 @@ class TierStack:
             if lower is TierName.DISK and self.on_disk_elsewhere is not None \
                     and self.on_disk_elsewhere(victim):
                 return ()
-            plan = self.plan_store(victim, lower, spare)
+            plan = self.plan_store(victim, lower, spare, keep)
             if plan is not None:
                 self.demotions += 1
                 return (*plan.demotions, Move(victim, src, plan.dst))

@@ -38,8 +38,9 @@ class WatchedIndex(SlotIndex):
         super().commit(key)
         self.events.stored(key, self.tier)
 
-    def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = ()) -> Reservation | None:
-        reservation = super().reserve(key, spare)
+    def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = (),
+                keep: Collection[ChunkKey] = ()) -> Reservation | None:
+        reservation = super().reserve(key, spare, keep)
         if reservation is not None and reservation.victim is not None:
             self._gone(reservation.victim)
         return reservation
