@@ -174,3 +174,31 @@ def test_a_get_that_fails_midway_leaves_no_pin(tmp_path, monkeypatch):
         with bookkeeping(store) as stack:
             assert all(index.census().pins == 0 for index in stack.indexes.values())
         assert exact(store, tokens) == 4 * CHUNK
+
+
+def test_a_write_dropped_from_a_full_queue_evicts_nothing_from_disk(tmp_path, monkeypatch):
+    """The disk full of chunks, its write queue full: a write-through that is dropped took
+    a disk slot first, evicting a chunk there for nothing. Found by a review."""
+    singles = [seq(1000 * (i + 1), 1) for i in range(8)]
+    with KVStore(SMALL, config(tmp_path, host_chunks=8, disk_chunks=8)) as store:
+        for tokens in singles:
+            store.put(tokens, make_kv(tokens))
+        assert store.flush()
+    release = threading.Event()
+    real = os.pwritev
+
+    def stuck(fd, buffers, offset):
+        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+            release.wait(timeout=60)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", stuck)
+    store = KVStore(SMALL, config(tmp_path, host_chunks=8, disk_chunks=8, io_threads=1))
+    try:
+        store.put(seq(0, 8), make_kv(seq(0, 8)))  # 4 writes queue (half the host slots)
+        assert store.stats().dropped_writes == 4
+        # the 4 queued took 4 disk slots from the singles; the 4 dropped took none
+        assert sum(store.lookup(tokens).tokens > 0 for tokens in singles) == 4
+    finally:
+        release.set()
+        store.close()

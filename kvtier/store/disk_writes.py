@@ -72,20 +72,26 @@ class DiskWrites:
         the result to ``start`` once the lock is released). None when there is no room, or
         the path's queue is full (``max_pending`` chunks queued or being written) and
         ``may_drop``. The host slot stays pinned until the write ends."""
+        full = [g.pending >= self.state.max_pending for g in self.groups.values()]
+        if may_drop and full and all(full):  # before a disk slot's victim is evicted for it
+            return self._dropped(b)
         plan = b.stack.plan_store(key, DISK)
         if plan is None:
             return None
         groups = self.groups[self.state.lane.queue_of(plan.dst.slot)]
         if may_drop and groups.pending >= self.state.max_pending:
             b.stack.finish(key, plan.dst, False)
-            b.stats.dropped_writes += 1
-            b.failures.note("write-through dropped", "the disk write queue is full; chunks "
-                            "stay in host memory until flush() or eviction writes them "
-                            "(counted in dropped_writes)")
-            return None
+            return self._dropped(b)
         b.stack.indexes[HOST].pin(key)
         future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
         return StartedWrite(future, groups, group)
+
+    @staticmethod
+    def _dropped(b: Held) -> None:
+        b.stats.dropped_writes += 1
+        b.failures.note("write-through dropped", "the disk write queue is full; chunks stay "
+                        "in host memory until flush() or eviction writes them (counted in "
+                        "dropped_writes)")
 
     @property
     def writes_pending(self) -> int:
