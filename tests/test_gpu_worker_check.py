@@ -48,7 +48,7 @@ def test_without_a_gpu_the_default_run_says_so_and_exits_2():
 
 def _checks(script, tmp_path, name):
     case = next(c for c in script.cases(script.SMALL) if c.name == name)
-    out = script.run_case(case, script.SMALL, CPU, tmp_path, fio=False)
+    out = script.run_case(case, script.SMALL, CPU, tmp_path, ceiling=False)
     return out["stores_identical"], out["host_hits_identical"], out["disk_hits_identical"]
 
 
@@ -68,3 +68,11 @@ def test_a_wrong_or_missing_load_fails_the_host_and_disk_checks(monkeypatch, tmp
     monkeypatch.setattr(PagedKV, "scatter", wrong)
     _, host, disk = _checks(script, tmp_path, name)
     assert not host and not disk
+
+
+def test_without_fio_the_disk_is_measured_by_bare_reads(tmp_path, monkeypatch):
+    script = load_script("gpu_worker_check")
+    monkeypatch.setattr(script, "have_fio", lambda: False)  # a GPU machine's image lacks it
+    out = script.disk_ceiling(tmp_path, 64 * 1024, 4 * 2**20)
+    assert out["disk_ceiling"] == "bare reads" and out["disk_ceiling_gib_s"] > 0
+    assert script.disk_ceiling(tmp_path, 64 * 1024 + 512, 4 * 2**20)["disk_ceiling"] is None
