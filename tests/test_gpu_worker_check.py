@@ -3,6 +3,7 @@ connector's worker, driven as vLLM's GPU model runner drives it, runs on the CPU
 cpu --small``) in every layout, and its checks fail when a page copy is wrong."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,16 +18,18 @@ from tests.helpers.vllm_engine import ROOT
 CPU = torch.device("cpu")
 
 
-def test_a_dry_run_on_the_cpu_passes_every_check_in_every_layout(tmp_path):
-    out = tmp_path / "gpu_worker_check.json"
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_worker_check.py"),
-                             "--device", "cpu", "--small", "--no-fio", "--disk", str(tmp_path),
-                             "--json", str(out)],
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+def test_the_gpu_run_passes_every_check_in_every_layout_as_a_dry_run_on_the_cpu(tmp_path):
+    """``scripts/gpu_run.sh`` (what a GPU machine runs) with ``DRY_RUN=1``: both scripts, every
+    layout, and the chunk sizes it asks for."""
+    env = {**os.environ, "DRY_RUN": "1", "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    out = tmp_path / "out"
+    result = subprocess.run([str(ROOT / "scripts" / "gpu_run.sh"), str(out)], capture_output=True,
+                            text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    data = json.loads(out.read_text())
+    assert json.loads((out / "gpu_check.json").read_text())["store"]["identical"]
     script = load_script("gpu_worker_check")
     small = script.SMALL
+    data = json.loads((out / "gpu_worker_check.json").read_text())
     assert sorted(data["cases"]) == sorted(f"{c.name}/{small.chunk_tokens}"
                                            for c in script.cases(small))
     for name, case in data["cases"].items():
@@ -36,7 +39,10 @@ def test_a_dry_run_on_the_cpu_passes_every_check_in_every_layout(tmp_path):
         # a hybrid model's loads are all asynchronous (vLLM takes back only those as failed)
         assert case["host_hits_asynchronous"] == name.startswith("hybrid"), name
         assert min(case["store_gib_s"], case["host_load_gib_s"], case["disk_load_gib_s"]) > 0
-    assert list(tmp_path.iterdir()) == [out]  # the scratch directories are gone
+    chunks = json.loads((out / "gpu_worker_check_chunks.json").read_text())["cases"]
+    assert sorted(chunks) == ["LBNHC/1024", "LBNHC/64", "MLA/1024", "MLA/64"]
+    assert all(case["disk_hits_identical"] for case in chunks.values())
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("kvtier-gpu-worker-")]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the check runs")
