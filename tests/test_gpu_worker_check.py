@@ -26,7 +26,12 @@ def test_the_gpu_run_passes_every_check_in_every_layout_as_a_dry_run_on_the_cpu(
     result = subprocess.run([str(ROOT / "scripts" / "gpu_run.sh"), str(out)], capture_output=True,
                             text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert json.loads((out / "gpu_check.json").read_text())["store"]["identical"]
+    checked = json.loads((out / "gpu_check.json").read_text())
+    assert checked["store"]["identical"] and checked["store"]["demotions"] > 0
+    assert checked["store"]["flushed"] and checked["store"]["reloaded_tokens_after_restart"] == 2048
+    assert checked["pages"]["gather_identical"] and checked["pages"]["scatter_identical"]
+    assert sorted(checked["layouts"]) == sorted(load_script("gpu_check").LAYOUTS)
+    assert all(check["identical"] for check in checked["layouts"].values())
     script = load_script("gpu_worker_check")
     small = script.SMALL
     data = json.loads((out / "gpu_worker_check.json").read_text())
