@@ -421,3 +421,34 @@ def test_close_is_bounded_when_the_mount_hangs_with_no_job_in_flight(tmp_path, m
     finally:
         release.set()
         closer.join(30)
+
+
+def test_a_request_whose_host_load_failed_stores_nothing_computed_in_that_step(tmp_path,
+                                                                                monkeypatch):
+    """The forward of the step ran over the pages the failed copy left unfilled: what it
+    computed for that request is wrong (vLLM recomputes it), so its chunks of that step are
+    reported failed stores, not cached. Another request's are stored. Found by a review."""
+    from kvtier.connector.worker.pages import PagedKV
+
+    side, _ = worker(tmp_path, disk=False)
+    side.save(StepPlan(stores=[ChunkStore(b"h" * 16, (1, 2), host_slot=2)]))
+    side.report()
+    scatter = PagedKV.scatter
+
+    def broken(self, slot, block_ids, first):  # a copy that raises (a device error, say)
+        raise RuntimeError("the copy failed")
+
+    monkeypatch.setattr(PagedKV, "scatter", broken)
+    plan = StepPlan(loads=[RequestLoad("r", (ChunkLoad(b"h" * 16, (7, 8), 0, 2),))],
+                    stores=[ChunkStore(b"n" * 16, (9, 10), host_slot=3, req_id="r"),
+                            ChunkStore(b"o" * 16, (11, 12), host_slot=4, req_id="other")])
+    side.start_loads(plan)  # before the forward: fails
+    side.save(plan)  # after it
+    assert side.finished() == set() and side.take_invalid_blocks() == {7, 8}
+    report = side.report()
+    assert report.host_failed[b"n" * 16] == 1 and not report.host_stored[b"n" * 16]
+    assert report.host_stored[b"o" * 16] == 1
+    monkeypatch.setattr(PagedKV, "scatter", scatter)
+    side.save(StepPlan(stores=[ChunkStore(b"n" * 16, (9, 10), host_slot=3, req_id="r")]))
+    assert side.report().host_stored[b"n" * 16] == 1  # the next step's store of it goes in
+    side.close()

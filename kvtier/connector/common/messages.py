@@ -44,7 +44,9 @@ class ChunkStore:
     remote store in the background too. ``block_ids``: the chunk's blocks in each KV cache
     group, group after group (one group but for hybrid models). ``record``: its token
     record (``kvtier.io.token_record``), which its disk writes put in the slot's header
-    (b"": none)."""
+    (b"": none). ``req_id``: the request that computed it (a rank whose synchronous load of
+    that request failed in the step stores none of its chunks: they attended pages the
+    load did not fill)."""
 
     key: bytes
     block_ids: tuple[int, ...]
@@ -52,6 +54,7 @@ class ChunkStore:
     disk_slot: int | None = None
     remote: bool = False
     record: bytes = b""
+    req_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -60,13 +60,14 @@ class LoadMatcher:
             return 0, False
         first = num_computed // chunk
         matched = locations[first:]
-        loadable = self._loadable(keys[first:len(locations)], matched, first, hit)
+        patient = self._patient(tracked)
+        loadable = self._loadable(keys[first:len(locations)], matched, first, hit, patient)
         if loadable is None:
             return None, False
-        if loadable < len(matched) and self._wait_for_room(tracked, matched, wanted, first, hit):
+        if self._ask_again(tracked, keys[first:], matched, wanted, first, hit, loadable):
             return None, False
         tracked.waiting_since = None
-        loadable, end = self._fit(keys, matched, first, hit, loadable)
+        loadable, end = self._fit(keys, matched, first, hit, loadable, patient)
         if loadable is None:
             return None, False
         needed = matched[:loadable]
@@ -86,7 +87,7 @@ class LoadMatcher:
         return wanted, tracked.asynchronous
 
     def _fit(self, keys: list[ChunkKey], matched: Sequence[Matched], first: int, hit: int,
-             loadable: int) -> tuple[int | None, int]:
+             loadable: int, patient: bool) -> tuple[int | None, int]:
         """(chunks that can load, the load's end) once a hit of ``matched`` (chunks ``first``
         on, up to token ``hit``) is cut to its first ``loadable`` chunks: a window ends where
         the load ends, so the cut moves it onto chunks that needed nothing before, which may
@@ -94,7 +95,8 @@ class LoadMatcher:
         chunk = self.geometry.chunk_tokens
         end = min(hit, (first + loadable) * chunk)
         while loadable < len(matched):
-            fit = self._loadable(keys[first:first + loadable], matched[:loadable], first, end)
+            fit = self._loadable(keys[first:first + loadable], matched[:loadable], first, end,
+                                 patient)
             if fit is None or fit >= loadable:
                 return fit, end
             loadable, end = fit, min(hit, (first + fit) * chunk)
@@ -131,6 +133,26 @@ class LoadMatcher:
 
         return held
 
+    def _ask_again(self, tracked: Tracked, keys: list[ChunkKey], matched: Sequence[Matched],
+                   wanted: int, first: int, end: int, loadable: int) -> bool:
+        """Whether a hit cut to its first ``loadable`` chunks should ask again rather than
+        recompute the rest (``_wait_for_room``): never where the cut is at a chunk whose
+        staging slot a read given up on holds (it may never end)."""
+        if loadable >= len(matched) or keys[loadable] in self._stalled:
+            return False
+        return self._wait_for_room(tracked, matched, wanted, first, end)
+
+    def _patient(self, tracked: Tracked) -> bool:
+        """Whether the request may still wait for a chunk another load stages: until it has
+        waited ``staging_wait`` (the clock ``_wait_for_room`` keeps too)."""
+        limit = self.config.staging_wait
+        if limit is None:
+            return False
+        now = time.monotonic()
+        if tracked.waiting_since is None:
+            tracked.waiting_since = now
+        return now - tracked.waiting_since < limit
+
     def _wait_for_room(self, tracked: Tracked, matched: Sequence[Matched], wanted: int,
                        first: int, end: int) -> bool:
         """Whether a request whose hits do not all fit in the host slots free now should ask
@@ -161,17 +183,19 @@ class LoadMatcher:
                 sum(sizes))
 
     def _loadable(self, keys: list[ChunkKey], locations: Sequence[Matched], first: int,
-                  end: int) -> int | None:
+                  end: int, patient: bool) -> int | None:
         """How many of the matched chunks (in order, chunks ``first`` on) can load now, up to
         token ``end``: each holds a host slot while it loads (a disk read needs one to stage
         in; a host chunk not yet pinned takes one out of reach when this load pins it), but
-        for a chunk out of every group's window (nothing to copy). None when one of them is
-        being staged into host memory by another load."""
+        for a chunk out of every group's window (nothing to copy). A chunk whose host slot is
+        taken but not filled yet ends them: None (ask again) while ``patient`` and another
+        load stages it; else there, as where a read given up on holds the slot (a hung
+        drive's read may never end), or a store some rank failed does."""
         host = self.stack.indexes[HOST]
         room = host.reusable_slots
         for n, (key, loc) in enumerate(zip(keys, locations, strict=True)):
             if loc.tier in READ and host.has_entry(key):
-                return None
+                return None if patient and key not in self._stalled else n
             if not self.geometry.bytes_needed(first + n, end):
                 continue
             cost = 0 if loc.tier is HOST and host.pinned(key) else 1

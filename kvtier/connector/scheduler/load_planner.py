@@ -95,7 +95,8 @@ class LoadPlanner:
         their load into the request's GPU blocks."""
         geo = self.geometry
         start, end = num_computed, num_computed + num_external
-        load = Load([], [], num_external, {}, asynchronous=tracked.asynchronous)
+        load = Load([], [], num_external, {}, asynchronous=tracked.asynchronous,
+                    keys=frozenset(keys))
         if self.records is not None:
             load.request = tracked.request
         tracked.asynchronous = False  # what the match promised is used up
@@ -188,7 +189,9 @@ class LoadPlanner:
         in; (None, None) when no slot is free or the load is synchronous."""
         if isinstance(where, Ours):
             self.stack.indexes[DISK].pin(key)
-        plan = self.stack.plan_store(key, HOST) if load.asynchronous else None
+        # its victim not one of this load's host chunks while another will do: evicted,
+        # one would be read back from disk too, or (being written back) cut the load
+        plan = self.stack.plan_store(key, HOST, load.keys) if load.asynchronous else None
         if plan is None:
             if isinstance(where, Ours):
                 self.stack.unpin(key, where.loc)

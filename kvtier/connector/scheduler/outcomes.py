@@ -94,9 +94,14 @@ class Outcomes:
                 self._loads.finish(req_id)
 
     def _host_stores(self, report: WorkerReport) -> None:
-        for key in set(report.host_stored) | set(report.host_failed):
-            if key not in self._pending.host:
-                continue
+        reported = report.host_stored.keys() | report.host_failed.keys()
+        if not reported:
+            return
+        # in the reverse of the order they were planned: a prompt's last chunk enters the
+        # eviction order first and goes first, its first chunk last (as vLLM frees a
+        # request's blocks): a key names its whole prefix, so a prompt's first chunk gone
+        # leaves its later ones in memory with no hit
+        for key in reversed([key for key in self._pending.host if key in reported]):
             ok = self._host_outcomes.add(key, report.host_stored[key], report.host_failed[key])
             if ok is None:
                 continue

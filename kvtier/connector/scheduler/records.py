@@ -68,6 +68,7 @@ class Load:
     partial: set[ChunkKey] = field(default_factory=set)  # read in part: staged, never kept
     request: Any = None  # vLLM's Request: its chunks' token records, where a hit earns a write
     chunks: dict[ChunkKey, int] = field(default_factory=dict)  # each chunk's index in it
+    keys: frozenset[ChunkKey] = frozenset()  # the request's: its staging evicts them last
 
 
 @dataclass
@@ -150,6 +151,10 @@ class StalledReads:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key``'s staging slot is held by a read given up on."""
+        return key in self._plans
 
     def stalled(self, key: ChunkKey, ranks: int) -> None:
         self._ranks.up(key, ranks)

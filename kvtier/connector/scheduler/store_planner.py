@@ -85,7 +85,8 @@ class StorePlanner:
             elif NULL_BLOCK in ids:
                 tracked.store_done = True  # its pages are gone, and a chunk needs its prefix
                 break
-            elif not self._plan_one(key, ids, meta, blocks := self._blocks(tracked, c)):
+            elif not self._plan_one(key, ids, meta, tracked.request.request_id,
+                                    blocks := self._blocks(tracked, c)):
                 break
             elif self._events is not None:
                 self._events.record(key, tracked.request, c, blocks)
@@ -115,7 +116,7 @@ class StorePlanner:
             self.stack.touch(tail.key)
         elif not stores:
             pass
-        elif not self._plan_one(tail.key, ids, meta):
+        elif not self._plan_one(tail.key, ids, meta, tracked.request.request_id):
             return
         tracked.tail_done = tracked.tail_stored = True
 
@@ -143,10 +144,10 @@ class StorePlanner:
             return None
         return named_blocks(tracked.request, self.geometry, chunk, self._extra)
 
-    def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
+    def _plan_one(self, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan, req_id: str,
                   blocks: ChunkBlocks | None = None) -> bool:
-        """Plan the store of a chunk not cached (with the token record of its ``blocks``);
-        False when no host slot is free for it now."""
+        """Plan the store of request ``req_id``'s chunk not cached (with the token record of
+        its ``blocks``); False when no host slot is free for it now."""
         plan = self.stack.plan_store(key, HOST)
         if plan is None:
             return False
@@ -162,5 +163,5 @@ class StorePlanner:
         record = chunk_record(blocks, self.geometry) if self._records else b""
         remote = self._remote_writes is not None and self._remote_writes.with_store(key, record)
         meta.stores.append(ChunkStore(key, ids, plan.dst.slot, disk.slot if disk else None,
-                                      remote, record))
+                                      remote, record, req_id))
         return True

@@ -4,7 +4,7 @@ background; whatever fails is reported as failed stores, never raised into the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from kvtier.connector.common.messages import ChunkStore, DiskWrite, RemoteWrite, StepPlan
 from kvtier.connector.worker.disk import WorkerDisk
@@ -26,11 +26,12 @@ class WorkerSaves:
         self._disk, self._remote, self._ledger = disk, remote, ledger
         self._chunk_bytes, self._load_timeout = chunk_bytes, load_timeout
 
-    def save(self, meta: StepPlan) -> set[int]:
+    def save(self, meta: StepPlan, unfilled: Collection[str] = ()) -> set[int]:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes in the background. Failures are reported as
-        failed stores, never raised into the engine's step. Returns the host slots whose
-        write-back still runs (past ``load_timeout``)."""
+        failed stores, never raised into the step; so are the stores of ``unfilled``, whose
+        load left blocks unfilled that this step's forward attended (vLLM recomputes them).
+        Returns the host slots whose write-back still runs (past ``load_timeout``)."""
         pages, host = self.pages, self.host
         self._lane.poll()
         if self._other_reads is not None:
@@ -40,8 +41,8 @@ class WorkerSaves:
         busy = self._demote(meta.demotions)
         stored: list[ChunkStore] = []
         for store in meta.stores:
-            if store.host_slot in busy:  # its write-back still reads the slot: leave it be
-                self._ledger.store_failed(store)
+            if store.host_slot in busy or store.req_id in unfilled:  # its write-back still
+                self._ledger.store_failed(store)  # reads the slot, or its KV is wrong
                 continue
             try:
                 pages.gather(store.block_ids, host.slot(store.host_slot))
@@ -56,6 +57,13 @@ class WorkerSaves:
                 self._ledger.pending.host_stored[store.key] += 1
             self._ledger.record(lambda st: st.record_stores(
                 len(stored), len(stored) * self._chunk_bytes))
+        self._write_disk(stored)
+        self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
+                           + meta.remote_writes)
+        return busy
+
+    def _write_disk(self, stored: list[ChunkStore]) -> None:
+        """The write-through disk writes of the chunks just stored, in the background."""
         writes = [(s.disk_slot, s.key, s.host_slot) for s in stored if s.disk_slot is not None]
         if writes:
             try:
@@ -63,9 +71,6 @@ class WorkerSaves:
             except Exception as exc:
                 self._ledger.unexpected("disk writes could not start", "", exc)
                 self._ledger.disk_writes_failed(key for _, key, _ in writes)
-        self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
-                           + meta.remote_writes)
-        return busy
 
     def _demote(self, demotions: Sequence[DiskWrite]) -> set[int]:
         """Write-back demotions before the stores into their host slots, waited for at most

@@ -19,11 +19,7 @@ import torch
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.engine_writer import rank_writer_ids
 from kvtier.connector.common.geometry import KVGeometry
-from kvtier.connector.common.messages import (
-    RequestLoad,
-    StepPlan,
-    WorkerReport,
-)
+from kvtier.connector.common.messages import RequestLoad, StepPlan, WorkerReport
 from kvtier.connector.worker.counters import WorkerCounters
 from kvtier.connector.worker.disk import WorkerDisk
 from kvtier.connector.worker.ledger import WorkerLedger
@@ -68,9 +64,7 @@ class WorkerSide:
     - Nothing raises into vLLM's step: a failure becomes blocks to recompute
       (``take_invalid_blocks``) and failed chunks in ``report()``.
     - ``close(timeout)`` is bounded even with a hung drive.
-
-    ``io_engine`` builds the disk lane's I/O engine (tests pass one that can hold or fail
-    jobs).
+    - ``io_engine`` builds the disk lane's I/O engine (tests pass one that holds or fails jobs).
     """
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespace: Namespace,
@@ -90,6 +84,7 @@ class WorkerSide:
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
         self._loads = LoadTracker(config.load_timeout)
+        self._unfilled: set[str] = set()  # requests whose load this step left blocks unfilled
 
     @property
     def disk(self) -> DiskTier | None:
@@ -139,12 +134,13 @@ class WorkerSide:
 
     def start_loads(self, meta: StepPlan) -> None:
         """Loads from host memory run now (vLLM calls this before the forward that needs
-        them); loads with disk chunks start their reads and finish in a later step."""
+        them; one left unfilled stores nothing this step); the others start their reads."""
         for load in meta.loads:
             started = time.perf_counter()
             try:
                 if not load.asynchronous:
-                    self._complete(load, {}, started)
+                    if not self._complete(load, {}, started):
+                        self._unfilled.add(load.req_id)
                 elif load.demotions:  # write-back victims must leave the staging slots first
                     gate = ReadGate()
                     self._loads.add(load, self._loader.submit(
@@ -156,6 +152,7 @@ class WorkerSide:
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
                                started)
+                self._unfilled.add(load.req_id)
 
     def _finish_ready_loads(self) -> None:
         """Complete the asynchronous loads whose disk reads are all over, or whose time
@@ -186,10 +183,11 @@ class WorkerSide:
                 self._ledger.note_down_paths()
 
     def _complete(self, load: RequestLoad, reads: Reads, started: float,
-                  timed: bool = True) -> None:
+                  timed: bool = True) -> bool:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
         the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
-        dropped from the cache: chunks whose disk read failed."""
+        dropped from the cache: chunks whose disk read failed. True when every block was
+        filled."""
         pages, host = self._attached()
         done = LoadCopy()
         try:
@@ -214,6 +212,7 @@ class WorkerSide:
             self._ledger.record(lambda st: st.record_load(
                 load, done.copied, done.host_bytes, seconds, len(done.failed_keys),
                 done.read_bytes))
+        return not done.invalid
 
     def _note_read_failure(self, remote: bool, result: IOResult) -> None:
         """A failed read, counted against the remote store (``remote``) or the disk path."""
@@ -232,7 +231,8 @@ class WorkerSide:
         (``WorkerSaves``). Failures are reported as failed stores, never raised into the
         engine's step."""
         assert self._saves is not None and self._verify is not None, "register() comes first"
-        busy = self._saves.save(meta)
+        unfilled, self._unfilled = self._unfilled, set()  # this step's, from start_loads
+        busy = self._saves.save(meta, unfilled)
         if meta.verifies:  # after the stores: checks read slots they may have written back
             self._verify.start(meta.verifies, busy)
 
@@ -289,8 +289,8 @@ class WorkerSide:
         if not done:
             log.error("kvtier worker shut down with loads still running after %g s (a hung "
                       "drive?)", timeout)
-        # after the loads: they submit reads to the lanes
-        remote_done = self._remote is None or self._remote.close(max(0.0, deadline - time.monotonic()))
+        remote_done = self._remote is None or self._remote.close(  # after the loads' reads
+            max(0.0, deadline - time.monotonic()))
         if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done or not remote_done:
             return False  # host memory and cache files stay open for the running I/O
         if self._other_reads is not None:
