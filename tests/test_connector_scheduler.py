@@ -448,3 +448,28 @@ def test_a_prompt_longer_than_every_tier_keeps_its_first_chunks_rather_than_evic
     store_all(side, a)
     store_all(side, a)  # the next step: chunks 4 and 5 would evict chunks 0 and 1
     assert side.num_new_matched_tokens(request("b", 6 * CHUNK + 1), 0) == (4 * CHUNK, False)
+
+
+def test_a_chunk_whose_failed_store_still_holds_its_slot_is_offered_again_after(tmp_path):
+    """TP 2: rank 1 failed a chunk's store while rank 0's disk write of it still reads the
+    host slot, which stays reserved meanwhile. A second request computing the same chunk
+    then took it for cached and went past it for good: once the write ended the chunk was
+    in no tier, and the request's later chunks were unreachable. Now the offer stops there
+    and goes on at a later step. Found by a review."""
+    from kvtier.connector.common.messages import StepPlan, WorkerReport
+
+    side = scheduler(world=2, disk=tmp_path)
+    meta = StepPlan()
+    side.plan_stores(request("a", CHUNK), ([1, 2],), CHUNK, meta)
+    (key,) = [s.key for s in meta.stores]
+    side.worker_report(WorkerReport(host_stored=Counter({key: 1}), host_failed=Counter({key: 1}),
+                                    disk_failed=Counter({key: 1})))  # rank 0 still writes
+    b = request("b", 2 * CHUNK)  # the same first chunk, and one more
+    held = StepPlan()
+    side.plan_stores(b, ([3, 4, 5, 6],), 2 * CHUNK, held)
+    assert held.stores == []  # not past it while its slot is held
+    side.worker_report(WorkerReport(disk_written=Counter({key: 1})))  # rank 0's write ends
+    assert side.stack.locate(key) is None  # aborted: in no tier
+    later = StepPlan()
+    side.plan_stores(b, ([3, 4, 5, 6],), 2 * CHUNK, later)
+    assert [s.key for s in later.stores] == side.chunk_keys(b, 2)

@@ -128,8 +128,10 @@ class StorePlanner:
         return max(index.num_slots for index in self.stack.indexes.values())
 
     def _cached(self, key: ChunkKey) -> bool:
-        """Cached, or being stored."""
-        return self.stack.locate(key) is not None or self.stack.indexes[HOST].has_entry(key)
+        """Cached, or being stored by another request. Not a host slot reserved for it
+        otherwise: a store some rank failed while another rank's write still reads the slot
+        (then aborted: offered again once it is over), or a read staging it."""
+        return self.stack.locate(key) is not None or key in self._pending.host
 
     def record(self, request: Any, chunk: int) -> bytes:
         """The token record of ``request``'s chunk ``chunk`` (b"" where none is kept)."""
