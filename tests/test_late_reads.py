@@ -125,3 +125,45 @@ def test_one_slow_load_counts_once_against_its_path_and_takes_no_path_out(tmp_pa
     report = side.report()
     assert sum(report.reads_stalled.values()) == 3 and not report.paths_down
     side.close()
+
+
+def test_a_write_into_a_slot_while_a_late_read_checks_it_is_never_blanked(tmp_path, monkeypatch):
+    """A late read's clean-up checks that the slot still holds what it read, then blanks it.
+    A write of another chunk into the slot (freed meanwhile) that landed between the two
+    was blanked, though reported written. Writes and checked blanks of a slot now take
+    turns. Found by a review."""
+    import os
+    import threading
+
+    from kvtier.io.buffers import AlignedBuffer
+    from kvtier.io.result import IOStatus
+    from tests.helpers.disk_helpers import RAW, chunk, key, make_tier
+
+    tier = make_tier([tmp_path], slots_per_path=2, o_direct=False)
+    assert tier.write(0, key(1), chunk(1).array).ok  # K in slot 0
+    real, checked, go = os.preadv, threading.Event(), threading.Event()
+
+    def paused_check(fd, bufs, offset, *rest):
+        got = real(fd, bufs, offset, *rest)
+        if threading.current_thread().name == "late-clean-up":
+            checked.set()  # the header read says K: the blank follows
+            go.wait(10)
+        return got
+
+    monkeypatch.setattr(os, "preadv", paused_check)
+    late = threading.Thread(target=tier.invalidate, args=(0, key(1)), name="late-clean-up")
+    late.start()
+    assert checked.wait(10)
+    written = []
+    writer = threading.Thread(target=lambda: written.append(tier.write(0, key(2), chunk(2).array)))
+    writer.start()  # J into slot 0 (freed by the bookkeeping meanwhile)
+    writer.join(0.3)  # it waits for the clean-up, or (before) it lands in its middle
+    go.set()
+    late.join(10)
+    writer.join(10)
+    monkeypatch.setattr(os, "preadv", real)
+    assert written and written[0].ok
+    out = AlignedBuffer(RAW, pin=False)
+    assert tier.read(0, key(2), out.array).status is IOStatus.OK
+    out.close()
+    tier.close()

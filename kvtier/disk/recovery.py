@@ -47,6 +47,7 @@ class DiskRecovery:
 
     def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout) -> None:
         self._paths, self._ns_digest, self._layout = paths, ns_digest, layout
+        self._read_errors: list[OSError] = []  # header reads that failed, over every scan
 
     def recover(self, threads: int = 8) -> RecoveryReport:
         """The newest copy of each key, from index files or ``threads`` header scans."""
@@ -76,7 +77,10 @@ class DiskRecovery:
         entries = directory.read_index()
         if entries:
             return self._parse_index(index, directory, entries)
+        errors = len(self._read_errors)
         part, n, bad = self.scan_headers(self._written_slots(index, directory), threads)
+        if len(self._read_errors) > errors:  # a header not read: no index that leaves its
+            return part, n, bad  # slot out for good; the next start scans again
         paths = self._layout.num_paths
         directory.replace_index([(slot // paths, cast(bytes, header.encode()))  # bytes: no ``into``
                                  for slot, header in part])
@@ -147,6 +151,7 @@ class DiskRecovery:
             if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
                 return None, True
         except OSError as exc:
+            self._read_errors.append(exc)  # (scans run on several threads: append is atomic)
             self._paths.failed(path, exc, directory)
             return None, True
         if is_blank(buf.data):

@@ -246,19 +246,19 @@ class DiskTier:
         return IOResult(IOStatus.CORRUPT, read.nbytes, problem) if problem else read
 
     def invalidate(self, slot: int, key: ChunkKey | None = None) -> IOResult:
-        """Blank a slot's header so the chunk is not found again after a restart; with
-        ``key``, not when the slot holds another chunk's now (freed and written since)."""
+        """Blank a slot's header (no restart finds it); with ``key``, not if it holds another."""
         path, directory, number, offset = self._where(slot)
         if directory is None:
             return IOResult(IOStatus.OK)
-        header_buf = self._scratch.headers(1)
+        header_buf, local = self._scratch.headers(1), slot // len(self._paths)
         try:
-            if directory.file_size(number) <= offset or (key is not None and holds_another(
-                    directory.fd(number), offset, key, self.ns_digest, header_buf)):
-                return IOResult(IOStatus.OK)
-            header_buf[:] = 0
-            directory.write_index(slot // len(self._paths), header_buf)
-            os.pwritev(directory.fd(number), [header_buf.data], offset)
+            with directory.slot_locks.held(local):  # no write of the slot in between
+                if directory.file_size(number) <= offset or (key is not None and holds_another(
+                        directory.fd(number), offset, key, self.ns_digest, header_buf)):
+                    return IOResult(IOStatus.OK)
+                header_buf[:] = 0
+                directory.write_index(local, header_buf)
+                os.pwritev(directory.fd(number), [header_buf.data], offset)
         except OSError as exc:
             return self._health.failed(path, exc, directory)
         return IOResult(IOStatus.OK, HEADER_BYTES)

@@ -52,7 +52,13 @@ def write_run(directory: CacheDir, number: int, offset: int, iov: list, end: int
     expected = sum(b.size for b in iov)
     if not directory.ensure_allocated(number, end):
         return IOResult(IOStatus.NO_SPACE, detail=f"{root}: free-space floor reached")
-    written = os.pwritev(directory.fd(number), iov, offset)
+    first, count = number * directory.file_slots + offset // directory.stride, len(iov) // 2
+    with directory.slot_locks.held(first, count):  # no blank of a slot lands in between
+        # the slots' index entries blanked first: a crash (or a write that fails part-way)
+        # before the new entries are written must not leave them naming the chunks
+        # overwritten, which a restart would take for on disk without reading them
+        directory.blank_index(first, count)
+        written = os.pwritev(directory.fd(number), iov, offset)
     if written != expected:
         return IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")
     return IOResult(IOStatus.OK, written)

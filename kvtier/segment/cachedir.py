@@ -33,7 +33,7 @@ from kvtier.io.buffers import PAGE
 from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.segment.lease import Lease, held_elsewhere, read_lease
-from kvtier.segment.lock import lock_namespace, locked_here
+from kvtier.segment.lock import keep, let_go, lock_namespace, locked_here
 from kvtier.segment.log import Entries, SegmentLog
 from kvtier.segment.names import (
     INDEX_FILE,
@@ -47,6 +47,7 @@ from kvtier.segment.names import (
 from kvtier.segment.o_direct import probe_o_direct
 from kvtier.segment.seats import check_seated, claim_seat, still_seated
 from kvtier.segment.slot_files import grow_file, trim_slot_files
+from kvtier.segment.slot_locks import SlotLocks
 
 __all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
            "SafeDir"]
@@ -109,6 +110,7 @@ class CacheDir:
         self.writer = writer
         self._fds: dict[int, int] = {}
         self.index_fd = self._lock_fd = -1
+        self.slot_locks = SlotLocks()  # a write into slots against a checked blank of one
         self.closed = False
         self.log: SegmentLog | None = None
         self.lease: Lease | None = None
@@ -156,7 +158,7 @@ class CacheDir:
                     self.dir.remove_file(name)
 
     def _take_lock(self) -> int:
-        return lock_namespace(self.dir, _OWN_ID)
+        return keep(lock_namespace(self.dir, _OWN_ID))
 
     def _index_snapshot(self) -> Entries:
         """(local slots, entries) of every non-blank entry of the dense index."""
@@ -193,6 +195,11 @@ class CacheDir:
         if self.log is None:
             raise OSError(errno.EBADF, f"{self.path} has no log open")
         self.log.append(local_slot, prefix)
+
+    def blank_index(self, local_slot: int, count: int) -> None:
+        """Blank the index file's entries of ``count`` slots from ``local_slot`` (not the
+        log: followers learn of the slots when they are written)."""
+        write_all(self.index_fd, bytes(count * INDEX_ENTRY_BYTES), local_slot * INDEX_ENTRY_BYTES)
 
     def replace_index(self, entries: Sequence[tuple[int, bytes]]) -> None:
         """Make the index hold exactly ``entries`` (local slot, entry), atomically: written
@@ -273,7 +280,7 @@ class CacheDir:
             os.close(self.index_fd)
             self.index_fd = -1
         if self._lock_fd >= 0:
-            os.close(self._lock_fd)
+            let_go(self._lock_fd)
             self._lock_fd = -1
         self.dir.close()
 

@@ -3,12 +3,39 @@ taking it, and telling whether a process of this host holds it (nothing taken)."
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.segment.names import LOCK_FILE
+
+_KEPT: set[int] = set()  # lock descriptors held for as long as a segment is open
+
+
+def keep(fd: int) -> int:
+    """``fd``, a lock held for as long as its segment is open: a child this process forks
+    closes it (``let_go`` before closing it here). A child keeps its parent's descriptors,
+    so a helper forked by a writer later killed would hold the lock, and keep the writer
+    out of its own segment when it starts again, for as long as the helper lives."""
+    _KEPT.add(fd)
+    return fd
+
+
+def let_go(fd: int) -> None:
+    _KEPT.discard(fd)
+    os.close(fd)
+
+
+def _close_kept_in_child() -> None:
+    for fd in _KEPT:  # a close, never LOCK_UN: that would release the parent's lock too
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _KEPT.clear()
+
+
+os.register_at_fork(after_in_child=_close_kept_in_child)
 
 
 def lock_namespace(directory: SafeDir, advice: str) -> int:
