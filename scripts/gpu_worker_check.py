@@ -39,6 +39,7 @@ without a GPU (but with ``--device cpu``), 1 when a check fails.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import mmap
 import shutil
@@ -96,10 +97,12 @@ class Case:
     order: tuple[int, ...]
     mla: bool = False
     window: int = 0  # tokens of a second, sliding-window group; 0: one group
+    apart: bool = False  # one allocation per layer (vLLM's usual case), not one for all
 
 
 def cases(sizes: Sizes) -> list[Case]:
     return [*(Case(name, order) for name, order in ORDERS.items()),
+            Case("LBNHC-apart", ORDERS["LBNHC"], apart=True),
             Case("MLA", ORDERS["LBHNC"], mla=True),
             Case("hybrid", ORDERS["LBNHC"], window=2 * sizes.chunk_tokens)]
 
@@ -115,9 +118,11 @@ class Caches:
         groups = 2 if case.window else 1
         per_group = sizes.layers // groups
         shape = (per_group, num_blocks, heads, sizes.block, content)
-        raw = torch.empty([shape[axis] for axis in case.order], dtype=torch.bfloat16, device=device)
-        raw.view(torch.uint8).random_(0, 256)
-        allocation = raw.permute([case.order.index(axis) for axis in range(5)]).unbind(0)
+        if case.apart:  # each layer its own tensor, [B, H, N, C] in the order's B, H, N, C
+            allocation = [_allocated(shape[1:], [a - 1 for a in case.order if a], device)
+                          for _ in range(per_group)]
+        else:
+            allocation = list(_allocated(shape, list(case.order), device).unbind(0))
         self.logical = [t for _ in range(groups) for t in allocation]
         names = [f"model.layers.{i}.attn" for i in range(sizes.layers)]
         self.by_name = {name: t[:, 0] if case.mla else t for name, t in zip(names, self.logical, strict=True)}
@@ -140,6 +145,25 @@ class Caches:
         return sum(len(layers) * sum(1 for b in group if b != NULL_BLOCK)
                    for layers, group in zip(self.groups, ids, strict=True)) \
             * self.geometry.page_bytes
+
+
+def _stream_that_never_waits(device: torch.device) -> torch.cuda.Stream:
+    """A side stream whose ``wait_stream`` does nothing: kvtier's copies made not to wait
+    for the compute stream, as a control that the checks see what that does."""
+
+    class NoWait(torch.cuda.Stream):
+        def wait_stream(self, stream) -> None:
+            return None
+
+    return NoWait(device)
+
+
+def _allocated(shape: tuple[int, ...], order: list[int], device: torch.device) -> torch.Tensor:
+    """Random bf16 bytes laid out in ``order`` (the physical order of ``shape``'s axes),
+    seen in ``shape``'s logical order."""
+    raw = torch.empty([shape[axis] for axis in order], dtype=torch.bfloat16, device=device)
+    raw.view(torch.uint8).random_(0, 256)
+    return raw.permute([order.index(axis) for axis in range(len(shape))])
 
 
 @dataclass
@@ -166,7 +190,13 @@ class Compute:
             torch.cuda._sleep(self.late_cycles)
 
     def _index(self, ids: list[int]) -> torch.Tensor:
-        return torch.tensor(ids, dtype=torch.long, device=self.caches.device)
+        """``ids`` on the device without a wait: a copy from pageable memory would wait for
+        the compute stream, so the late work would be over before what follows it is even
+        queued, and nothing would be late any more when kvtier's copies start."""
+        host = torch.tensor(ids, dtype=torch.long)
+        if not self.cuda:
+            return host
+        return host.pin_memory().to(self.caches.device, non_blocking=True)
 
     def write(self, ids: tuple[list[int], ...], content: torch.Tensor, graph: bool,
               late: bool) -> None:
@@ -175,30 +205,43 @@ class Compute:
         if graph and self.cuda:
             self._replay(ids, content, late)
             return
+        indexes = [self._index(group) for group in ids]  # queued before the late work
         if late:
             self._late()
-        self._write(ids, content)
+        self._write(ids, indexes, content)
 
-    def _write(self, ids: tuple[list[int], ...], content: torch.Tensor) -> None:
-        for layers, group in zip(self.caches.groups, ids, strict=True):
-            index = self._index(group)
+    def _write(self, ids: tuple[list[int], ...], indexes: list[torch.Tensor],
+               content: torch.Tensor) -> None:
+        for layers, group, index in zip(self.caches.groups, ids, indexes, strict=True):
             for layer in layers:
                 self.caches.logical[layer].view(torch.uint8).index_copy_(
                     0, index, content[: len(group), layer])
 
-    def _replay(self, ids: tuple[list[int], ...], content: torch.Tensor, late: bool) -> None:
-        """The write as a CUDA graph captured once per request size and lateness: static
-        inputs filled on the compute stream, then the graph replayed there."""
-        flat = [b for group in ids for b in group]
-        if (len(flat), late) not in self._graphs:
-            index = torch.zeros(len(flat), dtype=torch.long, device=self.caches.device)
-            source = torch.empty_like(content)
+    def capture(self, blocks: int, content: torch.Tensor) -> None:
+        """The writes of a request of ``blocks`` blocks a group (``content`` its shape) as
+        CUDA graphs, late and not, captured once before any step: a capture synchronizes
+        the device and empties PyTorch's caches, which must not happen inside a step. The
+        static inputs point at vLLM's null block until a replay fills them (a warm-up
+        writes junk there, which nothing reads)."""
+        if not self.cuda:
+            return
+        flat = blocks * len(self.caches.groups)
+        for late in (False, True):
+            index = torch.zeros(flat, dtype=torch.long, device=self.caches.device)
+            source = torch.full_like(content, 0x5A)
+            self._write_static(index, source, blocks)  # warm-up, outside the capture
+            torch.cuda.synchronize(self.caches.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 if late:
                     self._late()
-                self._write_static(index, source, len(flat) // len(ids))
-            self._graphs[len(flat), late] = (graph, index, source)
+                self._write_static(index, source, blocks)
+            self._graphs[flat, late] = (graph, index, source)
+
+    def _replay(self, ids: tuple[list[int], ...], content: torch.Tensor, late: bool) -> None:
+        """The write as the graph ``capture`` made: its static inputs filled on the compute
+        stream, then the graph replayed there."""
+        flat = [b for group in ids for b in group]
         graph, index, source = self._graphs[len(flat), late]
         index.copy_(self._index(flat))
         source.copy_(content)
@@ -213,14 +256,14 @@ class Compute:
     def fill(self, ids: tuple[list[int], ...], value: int, late: bool) -> None:
         """Pages of ``ids`` (the null block left out) := ``value``: vLLM's zeroing of newly
         allocated blocks (late), or a later step's forward reusing stored blocks."""
-        if late:
+        work = [(layers, self._index(kept)) for layers, group in zip(self.caches.groups, ids,
+                                                                     strict=True)
+                if (kept := [b for b in group if b != NULL_BLOCK])]
+        if late:  # after the indexes are queued: nothing behind the late work waits for it
             self._late()
-        for layers, group in zip(self.caches.groups, ids, strict=True):
-            kept = [b for b in group if b != NULL_BLOCK]
-            if kept:
-                index = self._index(kept)
-                for layer in layers:
-                    self.caches.logical[layer].view(torch.uint8).index_fill_(0, index, value)
+        for layers, index in work:
+            for layer in layers:
+                self.caches.logical[layer].view(torch.uint8).index_fill_(0, index, value)
 
     def read(self, ids: tuple[list[int], ...]) -> list[torch.Tensor]:
         """Each group's layers' pages of ``ids`` as the forward reads them, copied out."""
@@ -260,8 +303,8 @@ class Engine:
     """One rank's two connector sides over ``caches``, driven as vLLM's GPU model runner
     drives them, one ``step`` at a time."""
 
-    def __init__(self, caches: Caches, sizes: Sizes, root: Path) -> None:
-        self.caches, self.sizes, self.root = caches, sizes, root
+    def __init__(self, caches: Caches, sizes: Sizes, root: Path, no_wait: bool = False) -> None:
+        self.caches, self.sizes, self.root, self.no_wait = caches, sizes, root, no_wait
         self.compute = Compute(caches, sizes.late_cycles)
         self.writing = 0  # disk writes planned and not reported yet
         self.finished: set[str] = set()
@@ -284,6 +327,9 @@ class Engine:
         self.scheduler = SchedulerSide(self.config, geometry, [namespace], 1)
         self.worker = WorkerSide(self.config, geometry, namespace)
         self.worker.register(self.caches.by_name)
+        pages = self.worker.pages
+        if self.no_wait and pages is not None and pages._stream is not None:
+            pages._stream = _stream_that_never_waits(self.caches.device)  # the control
 
     def close(self) -> None:
         if self.worker is not None and self.scheduler is not None:
@@ -337,14 +383,15 @@ class Engine:
 class Run:
     """The checks and figures of one case."""
 
-    def __init__(self, case: Case, sizes: Sizes, device: torch.device, root: Path) -> None:
+    def __init__(self, case: Case, sizes: Sizes, device: torch.device, root: Path,
+                 no_wait: bool = False) -> None:
         self.case, self.sizes = case, sizes
         blocks_per_request = -(-(sizes.chunks * sizes.chunk_tokens + 1) // sizes.block)
         groups = 2 if case.window else 1
         num_blocks = 1 + 3 * groups * sizes.requests * blocks_per_request  # stores, two loads
         self.caches = Caches(case, sizes, device, num_blocks)
         self.pool = BlockPool(num_blocks)
-        self.engine = Engine(self.caches, sizes, root)
+        self.engine = Engine(self.caches, sizes, root, no_wait)
         self.blocks = blocks_per_request
         generator = torch.Generator(device=device).manual_seed(len(case.name))
         page = self.caches.logical[0][0].view(torch.uint8).shape  # [H, N, C bytes]
@@ -354,6 +401,7 @@ class Run:
         self.tokens = sizes.chunks * sizes.chunk_tokens + 1
         self.loaded_tokens = sizes.chunks * sizes.chunk_tokens
         self._ids = 0
+        self.engine.compute.capture(self.blocks, self.content[0])
 
     def _request(self, r: int) -> Request:
         self._ids += 1
@@ -523,16 +571,17 @@ def disk_ceiling(directory: Path, block: int, size: int) -> dict:
     return {"disk_ceiling": None, "disk_ceiling_gib_s": None}
 
 
-def run_case(case: Case, sizes: Sizes, device: torch.device, root: Path, ceiling: bool) -> dict:
+def run_case(case: Case, sizes: Sizes, device: torch.device, root: Path, ceiling: bool,
+             no_wait: bool = False) -> dict:
     """Every check and figure of one layout, in a scratch directory under ``root``: half
     the requests stored with the forward's writes late (checked), half timed; host hits
     loaded once with the zeroing late (checked), then ``rounds`` times timed; disk hits
     after a restart."""
     scratch = Path(tempfile.mkdtemp(prefix=f"{case.name}-", dir=root))
-    run = Run(case, sizes, device, scratch)
+    run = Run(case, sizes, device, scratch, no_wait)
     half = max(1, sizes.requests // 2)
-    try:
-        stores = [run.store(0, half, late=True), run.store(half, sizes.requests - half, late=False)]
+    try:  # the timed store first: the checked one has kvtier's caches warm then too
+        stores = [run.store(half, sizes.requests - half, late=False), run.store(0, half, late=True)]
         host = [run.load(late=True)] + [run.load(late=False) for _ in range(sizes.rounds)]
         run.engine.close()
         if device.type == "cuda":  # not in a dry run: it would slow the rest of the machine
@@ -541,7 +590,7 @@ def run_case(case: Case, sizes: Sizes, device: torch.device, root: Path, ceiling
         disk = run.load(late=False)
     finally:
         run.engine.close()
-    timed, best = stores[-1], min(host[1:], key=lambda h: h["load_seconds"])
+    timed, best = stores[0], min(host[1:], key=lambda h: h["load_seconds"])
     geometry, total = run.caches.geometry, sum(s["bytes"] for s in stores)
     out: dict[str, Any] = {
         "chunk_tokens": sizes.chunk_tokens, "chunk_bytes": geometry.chunk_bytes,
@@ -562,6 +611,10 @@ def run_case(case: Case, sizes: Sizes, device: torch.device, root: Path, ceiling
     if out.get("disk_ceiling_gib_s"):
         out["disk_load_vs_ceiling"] = out["disk_load_gib_s"] / out["disk_ceiling_gib_s"]
     shutil.rmtree(scratch, ignore_errors=True)
+    del run
+    gc.collect()  # the worker's objects refer to each other: the case's caches go now
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
@@ -581,6 +634,9 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", default="", help="chunk sizes, comma-separated "
                         "(the requests scaled to move the same bytes); default: 256 (32 small)")
     parser.add_argument("--cases", default="", help="layouts, comma-separated (default: all)")
+    parser.add_argument("--no-wait", action="store_true", help="a control: kvtier's copies "
+                        "made not to wait for the compute stream; exits 0 only when the "
+                        "store and host-hit checks of every case catch it (CUDA only)")
     parser.add_argument("--no-fio", action="store_true", help="leave the disk's ceiling out "
                         "(fio's read, or bare reads where fio is not installed)")
     args = parser.parse_args()
@@ -602,13 +658,20 @@ def main() -> None:
             for case in cases(sizes):
                 if not wanted or case.name in wanted:
                     name = f"{case.name}/{chunk_tokens}"
-                    result["cases"][name] = run_case(case, sizes, device, root, not args.no_fio)
+                    result["cases"][name] = run_case(case, sizes, device, root,
+                                                     not args.no_fio, args.no_wait)
                     print(name, json.dumps(result["cases"][name]), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
+    if args.no_wait:  # the control: every case's stores and host hits must be caught
+        caught = all(not c["stores_identical"] and not c["host_hits_identical"]
+                     for c in result["cases"].values())
+        print("gpu_worker_check --no-wait:", "the checks caught the copies that do not wait"
+              if caught else "the checks did NOT catch the copies that do not wait")
+        raise SystemExit(0 if caught else 1)
     raise SystemExit(0 if passed(result) else 1)
 
 
