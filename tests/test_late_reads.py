@@ -167,3 +167,54 @@ def test_a_write_into_a_slot_while_a_late_read_checks_it_is_never_blanked(tmp_pa
     assert tier.read(0, key(2), out.array).status is IOStatus.OK
     out.close()
     tier.close()
+
+
+def test_writes_a_hung_drive_never_ends_take_its_path_out_and_give_host_memory_back(tmp_path):
+    """Write-through writes had no deadline: on a drive that stopped answering each kept
+    its chunk's host slot pinned, until no store could be planned (host memory frozen). A
+    write job running past load_timeout now counts against its path as a read does; the
+    path goes out, and the scheduler side fails the writes still out on it, giving their
+    host slots back (the chunks stay in host memory). Found by a review."""
+    import time
+
+    from kvtier.config.settings import load_config
+    from kvtier.connector.scheduler.side import SchedulerSide
+    from tests.helpers.worker_side import GEO, worker_and_engine
+
+    side, _, engine = worker_and_engine(tmp_path, load_timeout="50ms")
+    extra = {"chunk_tokens": 32, "host_capacity": 8 * GEO.chunk_bytes, "load_policy": "always",
+             "disk_paths": [str(tmp_path)], "disk_capacity": 8 * (4096 + GEO.chunk_bytes),
+             "disk_min_free": 0, "load_timeout": "50ms"}
+    scheduler = SchedulerSide(load_config(extra, environ={}), GEO,
+                              [GEO.namespace("m", "", 1, 0)], 1)
+
+    def step(plan):
+        side.start_loads(plan)
+        side.save(plan)
+        side.finished()
+        report = side.report()
+        if report is not None:
+            scheduler.worker_report(report)
+
+    class Request:
+        def __init__(self, name, seed):
+            self.request_id, self.num_tokens = name, 64
+            self.block_hashes = [bytes([seed, i]) * 16 for i in range(4)]
+
+    engine.hold()  # the drive stops answering
+    try:
+        for i in range(4):  # 8 chunks: every host slot, each pinned by its write
+            plan = scheduler.build_meta()
+            scheduler.plan_stores(Request(f"r{i}", i), ([1, 2, 3, 4],), 64, plan)
+            step(plan)
+        time.sleep(0.2)  # past load_timeout
+        for _ in range(3):
+            step(scheduler.build_meta())
+        assert scheduler.counters["disk_failed_chunks"] == 8
+        plan = scheduler.build_meta()
+        scheduler.plan_stores(Request("late", 9), ([1, 2, 3, 4],), 64, plan)
+        assert len(plan.stores) == 2 and all(s.disk_slot is None for s in plan.stores)
+    finally:
+        engine.release()
+        side.close()
+        scheduler.close()

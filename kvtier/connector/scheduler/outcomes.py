@@ -136,20 +136,23 @@ class Outcomes:
             if key not in self._pending.disk:
                 continue
             ok = self._disk_outcomes.add(key, report.disk_written[key], report.disk_failed[key])
-            if ok is None:
-                continue
-            dst, host = self._pending.disk.pop(key)
-            self._pending.demoted(key)
-            if key in self._after_demotion:  # the store into its host slot failed meanwhile
-                self._aborted.release(self._after_demotion.pop(key))
-            aborted = key in self._aborted
-            ok = ok and not aborted
-            self.stack.finish(key, dst, ok)
-            self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
-            if aborted:
-                self._aborted.release(key)
-            elif host is not None:
-                self.stack.unpin(key, host)
+            if ok is not None:
+                self._disk_write_over(key, ok)
+
+    def _disk_write_over(self, key: ChunkKey, ok: bool) -> None:
+        """Every rank's write of ``key`` to disk is over (or given up on: not ``ok``)."""
+        dst, host = self._pending.disk.pop(key)
+        self._pending.demoted(key)
+        if key in self._after_demotion:  # the store into its host slot failed meanwhile
+            self._aborted.release(self._after_demotion.pop(key))
+        aborted = key in self._aborted
+        ok = ok and not aborted
+        self.stack.finish(key, dst, ok)
+        self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
+        if aborted:
+            self._aborted.release(key)
+        elif host is not None:
+            self.stack.unpin(key, host)
 
     def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
@@ -158,6 +161,17 @@ class Outcomes:
         for path, ranks in report.paths_down.items():
             if self._ranks_down.up(path, ranks):
                 index.retire(range(path, layout.num_slots, layout.num_paths))
+                self._give_up_writes(path, layout.num_paths)
         for path, ranks in report.paths_up.items():
             if self._ranks_down.down(path, ranks):
                 index.unretire(range(path, layout.num_slots, layout.num_paths))
+
+    def _give_up_writes(self, path: int, num_paths: int) -> None:
+        """A path some rank took out of service: the writes to it not over yet (one on a
+        drive that stopped answering may never end) are failed now, so that the host slots
+        they pin are given back; a rank's late outcome of one is not counted. The chunks
+        stay in host memory. A write still running may read its host slot while the slot
+        is reused: what it puts on the path is checked wrong, and the path comes back empty."""
+        for key in [key for key, (dst, _) in self._pending.disk.items() if dst.slot % num_paths == path]:
+            self._disk_outcomes.forget(key)
+            self._disk_write_over(key, False)

@@ -3,6 +3,7 @@ path and into neighbouring runs, with their outcomes written into the worker's l
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
@@ -39,6 +40,7 @@ class WorkerDisk:
         self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
         self._other_reads, self._rank = other_reads, rank
         self._records: dict[int, tuple[bytes, bytes]] = {}  # host slot -> (key, token record)
+        self._writing: dict[Future, list] = {}  # write jobs running: [started, a slot, noted]
 
     def keep_records(self, stores: Sequence[ChunkStore]) -> None:
         for store in stores:
@@ -175,8 +177,25 @@ class WorkerDisk:
                        if self._lane.queue_of(d) == queue and (record := self.record(h, k))}
             if mine:
                 future = self._lane.submit(queue, partial(self._write, mine, records))
+                self._writing[future] = [time.monotonic(), mine[0][0], False]
+                future.add_done_callback(lambda done: self._writing.pop(done, None))
                 started.append(([k for _, k, _ in mine], future))
         return started
+
+    def note_stalled_writes(self, timeout: float | None) -> bool:
+        """Write jobs running past ``timeout`` (``load_timeout``) count once each against
+        their path's health, as a read given up on does: a drive that stopped answering is
+        taken out of service, so that writes stop queueing behind it (each pins its chunk's
+        host slot until it ends; the scheduler side fails a path's writes once it is out).
+        True when a path went out."""
+        if timeout is None:
+            return False
+        now, down = time.monotonic(), False
+        for job in list(self._writing.values()):  # (a copy: jobs end on other threads)
+            if not job[2] and now - job[0] >= timeout:
+                job[2] = True
+                down = self._lane.note_timeout(job[1]) or down
+        return down
 
     def _write(self, items: list, records: dict[ChunkKey, bytes]) -> None:
         """A job of writes (an I/O thread): one outcome per chunk in the ledger, whatever

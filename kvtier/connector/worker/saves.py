@@ -34,6 +34,7 @@ class WorkerSaves:
         Returns the host slots whose write-back still runs (past ``load_timeout``)."""
         pages, host = self.pages, self.host
         self._lane.poll()
+        self._disk.note_stalled_writes(self._load_timeout)  # a hung drive: taken out (below)
         if self._other_reads is not None:
             self._other_reads.sweep_soon()  # files of segments reclaimed since: space goes back
         with self._ledger.lock:
