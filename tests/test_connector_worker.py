@@ -397,6 +397,44 @@ def test_each_demotion_has_one_outcome_when_one_paths_job_raises(tmp_path, monke
     side.close()
 
 
+def test_each_write_has_one_outcome_when_one_paths_job_cannot_be_submitted(tmp_path, monkeypatch):
+    """Write-through over two disk paths, the second path's job refused at its submit (the
+    engine closing): every chunk was reported failed, the first path's too, whose job then
+    reported it written as well. Each is told once now. Found by a review."""
+    from kvtier.config.settings import load_config
+    from tests.helpers.fake_io import FakeEngine
+    from tests.helpers.worker_side import BLOCK, HIDDEN
+
+    paths = [tmp_path / "p0", tmp_path / "p1"]
+    for path in paths:
+        path.mkdir()
+    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes,
+             "disk_paths": [str(p) for p in paths], "disk_min_free": 0,
+             "disk_capacity": 16 * (4096 + GEO.chunk_bytes)}
+    make, _ = FakeEngine.factory()
+    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
+                      io_engine=make)
+    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
+    side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    lane = side._lane
+    submit = lane.submit
+
+    def refuse_the_second_path(queue, job):
+        if queue.endswith("1"):
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return submit(queue, job)
+
+    monkeypatch.setattr(lane, "submit", refuse_the_second_path)
+    a, b = b"a" * 16, b"b" * 16
+    side.save(StepPlan(stores=[ChunkStore(a, (2, 3), host_slot=0, disk_slot=0),
+                               ChunkStore(b, (4, 5), host_slot=1, disk_slot=1)]))
+    side.drain()
+    report = side.report()
+    assert (report.disk_written[a], report.disk_failed[a]) == (1, 0)
+    assert (report.disk_written[b], report.disk_failed[b]) == (0, 1)
+    side.close()
+
+
 def test_close_is_bounded_when_the_mount_hangs_with_no_job_in_flight(tmp_path, monkeypatch):
     """An idle engine whose mount hung (NVMe-oF, NFS): its jobs drain at once, but closing
     the paths writes each lease's last word on the dead mount. close(timeout) returns in

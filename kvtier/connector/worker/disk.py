@@ -176,7 +176,12 @@ class WorkerDisk:
             records = {ChunkKey(k): record for d, k, h in items
                        if self._lane.queue_of(d) == queue and (record := self.record(h, k))}
             if mine:
-                future = self._lane.submit(queue, partial(self._write, mine, records))
+                try:
+                    future = self._lane.submit(queue, partial(self._write, mine, records))
+                except Exception as exc:  # (the engine closed): these fail, once each; the
+                    self._ledger.unexpected("disk writes could not start", queue, exc)
+                    self._ledger.disk_writes_failed(key for _, key, _ in mine)  # others go on
+                    continue
                 self._writing[future] = [time.monotonic(), mine[0][0], False]
                 future.add_done_callback(lambda done: self._writing.pop(done, None))
                 started.append(([k for _, k, _ in mine], future))
