@@ -473,3 +473,22 @@ def test_a_chunk_whose_failed_store_still_holds_its_slot_is_offered_again_after(
     later = StepPlan()
     side.plan_stores(b, ([3, 4, 5, 6],), 2 * CHUNK, later)
     assert [s.key for s in later.stores] == side.chunk_keys(b, 2)
+
+
+def test_a_path_going_down_before_a_stores_host_outcome_fails_its_write_cleanly(tmp_path):
+    """A write-through whose host store is not reported yet (another rank's report, or an
+    earlier step's under async scheduling) when its path goes down: failing its write
+    unpinned a host copy never pinned (an AssertionError in the scheduler). Found by a
+    review of the fix that fails such writes."""
+    from kvtier.connector.common.messages import StepPlan, WorkerReport
+
+    side = scheduler(world=2, disk=tmp_path)
+    meta = StepPlan()
+    side.plan_stores(request("a", CHUNK), ([1, 2],), CHUNK, meta)
+    (store,) = meta.stores
+    side.worker_report(WorkerReport(host_stored=Counter({store.key: 1}),
+                                    paths_down=Counter({0: 1})))  # rank 0, first
+    side.worker_report(WorkerReport(host_stored=Counter({store.key: 1})))  # rank 1
+    host = side.stack.indexes[TierName.HOST]
+    assert side.stack.locate(store.key).tier is TierName.HOST and not host.pinned(store.key)
+

@@ -172,9 +172,10 @@ def test_a_write_into_a_slot_while_a_late_read_checks_it_is_never_blanked(tmp_pa
 def test_writes_a_hung_drive_never_ends_take_its_path_out_and_give_host_memory_back(tmp_path):
     """Write-through writes had no deadline: on a drive that stopped answering each kept
     its chunk's host slot pinned, until no store could be planned (host memory frozen). A
-    write job running past load_timeout now counts against its path as a read does; the
-    path goes out, and the scheduler side fails the writes still out on it, giving their
-    host slots back (the chunks stay in host memory). Found by a review."""
+    write job running load_timeout without ending now counts against its path as a load
+    given up on does, and again each further load_timeout; after three the path goes out,
+    and the scheduler side fails the writes still out on it, giving their host slots back
+    (the chunks stay in host memory). Found by a review."""
     import time
 
     from kvtier.config.settings import load_config
@@ -207,9 +208,11 @@ def test_writes_a_hung_drive_never_ends_take_its_path_out_and_give_host_memory_b
             plan = scheduler.build_meta()
             scheduler.plan_stores(Request(f"r{i}", i), ([1, 2, 3, 4],), 64, plan)
             step(plan)
-        time.sleep(0.2)  # past load_timeout
-        for _ in range(3):
+        for _ in range(40):  # steps, each past load_timeout: three take the path out
+            time.sleep(0.06)
             step(scheduler.build_meta())
+            if scheduler.counters["disk_failed_chunks"]:
+                break
         assert scheduler.counters["disk_failed_chunks"] == 8
         plan = scheduler.build_meta()
         scheduler.plan_stores(Request("late", 9), ([1, 2, 3, 4],), 64, plan)

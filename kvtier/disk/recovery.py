@@ -31,6 +31,9 @@ class RecoveryReport:
     duplicates: int  # older copies of a key found in another slot
 
 
+HEADER_TRIES = 3  # reads of a slot's header in a start-up scan before it is given up
+
+
 class DiskRecovery:
     """Finds the chunks that the slots of ``paths`` (laid out as ``layout``) hold for the
     namespace ``ns_digest``.
@@ -47,7 +50,6 @@ class DiskRecovery:
 
     def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout) -> None:
         self._paths, self._ns_digest, self._layout = paths, ns_digest, layout
-        self._read_errors: list[OSError] = []  # header reads that failed, over every scan
 
     def recover(self, threads: int = 8) -> RecoveryReport:
         """The newest copy of each key, from index files or ``threads`` header scans."""
@@ -77,10 +79,7 @@ class DiskRecovery:
         entries = directory.read_index()
         if entries:
             return self._parse_index(index, directory, entries)
-        errors = len(self._read_errors)
         part, n, bad = self.scan_headers(self._written_slots(index, directory), threads)
-        if len(self._read_errors) > errors:  # a header not read: no index that leaves its
-            return part, n, bad  # slot out for good; the next start scans again
         paths = self._layout.num_paths
         directory.replace_index([(slot // paths, cast(bytes, header.encode()))  # bytes: no ``into``
                                  for slot, header in part])
@@ -147,13 +146,15 @@ class DiskRecovery:
     def _read_header(self, path: PathState, directory: CacheDir, number: int, offset: int,
                      buf: np.ndarray) -> tuple[SlotHeader | None, bool]:
         """(the slot's header if valid and of this namespace, whether the slot is bad)."""
-        try:
-            if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
-                return None, True
-        except OSError as exc:
-            self._read_errors.append(exc)  # (scans run on several threads: append is atomic)
-            self._paths.failed(path, exc, directory)
-            return None, True
+        for attempt in range(HEADER_TRIES):  # a slot left out here is out of the index
+            try:  # written from the scan, for good: a passing error is tried again
+                if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
+                    return None, True
+                break
+            except OSError as exc:
+                if attempt == HEADER_TRIES - 1:
+                    self._paths.failed(path, exc, directory)
+                    return None, True
         if is_blank(buf.data):
             return None, False
         header = valid_header(buf, self._ns_digest, self._layout)

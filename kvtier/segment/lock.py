@@ -29,9 +29,18 @@ def let_go(fd: int) -> None:
 
 
 def _close_kept_in_child() -> None:
-    for fd in _KEPT:  # a close, never LOCK_UN: that would release the parent's lock too
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    """In a forked child, each kept lock descriptor is made ``/dev/null`` (``dup2`` closes
+    the lock's: never ``LOCK_UN``, which would release the parent's lock too). The number
+    stays taken, so the child's inherited objects, closing it later, close nothing else."""
+    if not _KEPT:
+        return
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for fd in _KEPT:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
     _KEPT.clear()
 
 

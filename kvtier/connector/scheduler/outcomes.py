@@ -151,8 +151,8 @@ class Outcomes:
         self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
         if aborted:
             self._aborted.release(key)
-        elif host is not None:
-            self.stack.unpin(key, host)
+        elif host is not None and key not in self._pending.host:  # (else not pinned yet:
+            self.stack.unpin(key, host)  # its host store's outcome will not pin it now)
 
     def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
@@ -171,7 +171,11 @@ class Outcomes:
         drive that stopped answering may never end) are failed now, so that the host slots
         they pin are given back; a rank's late outcome of one is not counted. The chunks
         stay in host memory. A write still running may read its host slot while the slot
-        is reused: what it puts on the path is checked wrong, and the path comes back empty."""
+        is reused: what it puts on the path is checked wrong, and the path comes back empty.
+        A rank's outcome of one that comes after the chunk was planned to disk again counts
+        for that write (outcomes name a chunk, not a write): the chunk may then be taken for
+        on disk before that rank wrote it there, and its load on that rank fails its check
+        and is recomputed. Never a wrong byte."""
         for key in [key for key, (dst, _) in self._pending.disk.items() if dst.slot % num_paths == path]:
             self._disk_outcomes.forget(key)
             self._disk_write_over(key, False)

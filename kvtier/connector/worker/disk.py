@@ -176,31 +176,35 @@ class WorkerDisk:
             records = {ChunkKey(k): record for d, k, h in items
                        if self._lane.queue_of(d) == queue and (record := self.record(h, k))}
             if mine:
+                job: list = [time.monotonic(), mine[0][0]]  # [submitted or last counted, a slot]
                 try:
                     future = self._lane.submit(queue, partial(self._write, mine, records))
                 except Exception as exc:  # (the engine closed): these fail, once each; the
                     self._ledger.unexpected("disk writes could not start", queue, exc)
                     self._ledger.disk_writes_failed(key for _, key, _ in mine)  # others go on
                     continue
-                self._writing[future] = [time.monotonic(), mine[0][0], False]
+                self._writing[future] = job
                 future.add_done_callback(lambda done: self._writing.pop(done, None))
                 started.append(([k for _, k, _ in mine], future))
         return started
 
     def note_stalled_writes(self, timeout: float | None) -> bool:
-        """Write jobs running past ``timeout`` (``load_timeout``) count once each against
-        their path's health, as a read given up on does: a drive that stopped answering is
-        taken out of service, so that writes stop queueing behind it (each pins its chunk's
-        host slot until it ends; the scheduler side fails a path's writes once it is out).
-        True when a path went out."""
+        """A write job out ``timeout`` (``load_timeout``) without ending counts against its
+        path's health, as a load given up on does, once a path and call, and again for each
+        further ``timeout``; a write that ends meanwhile sets the count back (a slow drive
+        that still writes stays): a drive that stopped answering is taken out after three,
+        so that writes stop queueing behind it (each pins its chunk's host slot until it
+        ends; the scheduler side fails a path's writes once it is out). True when a path
+        went out."""
         if timeout is None:
             return False
-        now, down = time.monotonic(), False
+        now, late = time.monotonic(), dict[str, int]()
         for job in list(self._writing.values()):  # (a copy: jobs end on other threads)
-            if not job[2] and now - job[0] >= timeout:
-                job[2] = True
-                down = self._lane.note_timeout(job[1]) or down
-        return down
+            if now - job[0] >= timeout:  # and again for each further timeout: a path with
+                job[0] = now  # writes ending meanwhile is back to none in a row each time
+                late.setdefault(self._lane.queue_of(job[1]), job[1])
+        # once a path and call, as loads count: one slow answer, not one per job
+        return any([self._lane.note_timeout(slot) for slot in late.values()])
 
     def _write(self, items: list, records: dict[ChunkKey, bytes]) -> None:
         """A job of writes (an I/O thread): one outcome per chunk in the ledger, whatever
