@@ -31,10 +31,11 @@ class LoadCopy:
 
 
 def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostTier,
-                    done: LoadCopy) -> None:
+                    done: LoadCopy, after: object = None) -> None:
     """Copy ``load``'s chunks whose reads (``reads``; none for chunks held in host memory)
-    checked out into their pages; from the first that did not, its blocks and every later
-    chunk's are invalid. Raises on a copy that fails (``done`` says what came before)."""
+    checked out into their pages (after ``after``: ``PagedKV.mark``); from the first that
+    did not, its blocks and every later chunk's are invalid. Raises on a copy that fails
+    (``done`` says what came before)."""
     broken = False
     for chunk in load.chunks:
         result = reads[chunk.key].result() if chunk.key in reads else None
@@ -52,7 +53,7 @@ def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostT
         if chunk.staged and result is None:  # its staging slot holds another chunk
             raise RuntimeError(f"chunk {chunk.key.hex()} was never read into host "
                                f"slot {chunk.host_slot}")
-        pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block)
+        pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block, after)
         moved = pages.bytes_of(chunk.block_ids)
         done.host_bytes += moved
         if result is not None:

@@ -78,6 +78,7 @@ class ReadyLoad:
     late: set[bytes] = field(default_factory=set)
     late_slots: list[int] = field(default_factory=list)
     error: BaseException | None = None
+    after: object = None  # what its copies into pages wait for (``PagedKV.mark``)
 
 
 class ReadGate:
@@ -109,6 +110,7 @@ class _Pending:
     job: Future[Reads]
     started: float
     gate: ReadGate
+    after: object = None
 
 
 class LoadTracker:
@@ -137,8 +139,8 @@ class LoadTracker:
         self._stalled: list[tuple[bytes, Future[IOResult], bool]] = []
 
     def add(self, load: RequestLoad, job: Future[Reads], started: float,
-            gate: ReadGate | None = None) -> None:
-        self._pending.append(_Pending(load, job, started, gate or ReadGate()))
+            gate: ReadGate | None = None, after: object = None) -> None:
+        self._pending.append(_Pending(load, job, started, gate or ReadGate(), after))
 
     def ready(self, now: float) -> list[ReadyLoad]:
         waiting, ready = [], []
@@ -164,7 +166,7 @@ class LoadTracker:
         late = {key for key, read in reads.items() if not read.done()}
         if late and not timed_out:
             return None
-        ready = ReadyLoad(load, reads, pending.started, late, error=error)
+        ready = ReadyLoad(load, reads, pending.started, late, error=error, after=pending.after)
         if late:  # a hung disk: recompute; the slots stay taken until the reads end
             detail = f"no answer after {self.timeout:g} s (load_timeout); recomputed"
             remote = {c.key for c in load.chunks if c.remote}
@@ -186,7 +188,7 @@ class LoadTracker:
         self._stalled += [(key, over, False) for key in staged]
         detail = f"write-back before the load not over after {self.timeout:g} s (load_timeout)"
         reads = {key: failed_read(detail, IOStatus.TIMED_OUT) for key in staged}
-        return ReadyLoad(load, reads, pending.started, late=staged)
+        return ReadyLoad(load, reads, pending.started, late=staged, after=pending.after)
 
     def released(self) -> list[tuple[bytes, IOResult, bool]]:
         ended, still = [], []

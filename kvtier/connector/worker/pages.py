@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -139,9 +140,18 @@ class PagedKV:
         return sum(len(layers) * sum(1 for b in ids if b != NULL_BLOCK)
                    for layers, ids in self._per_group(block_ids)) * self.geometry.page_bytes
 
-    def scatter(self, slot: torch.Tensor, block_ids: Sequence[int], first: int) -> None:
+    def mark(self) -> torch.cuda.Event | None:
+        """An event on the compute stream now (None on the CPU): what a load started now
+        comes after, for its scatter, later, to wait for (``after``), not the forward then."""
+        if self._stream is None:
+            return None
+        return torch.cuda.current_stream(self.device).record_event()
+
+    def scatter(self, slot: torch.Tensor, block_ids: Sequence[int], first: int,
+                after: Any = None) -> None:
         """Copy pages ``first ...`` of the chunk in ``slot`` into ``block_ids`` (the null
-        block skipped)."""
+        block skipped), after ``after`` (``mark``) or else all the compute stream has
+        queued so far."""
         groups, chunk = self._per_group(block_ids), self._chunk(slot)
         if self._stream is None:
             rows = chunk.numpy()
@@ -152,17 +162,19 @@ class PagedKV:
                         np.copyto(self._arrays[layer][block:block + count],
                                   rows[layer, at:at + count].reshape(count, *self._runs[layer]))
             return
-        self._scatter_cuda(groups, chunk, first)
+        self._scatter_cuda(groups, chunk, first, after)
 
     def _scatter_cuda(self, groups: list[tuple[range, Sequence[int]]], chunk: torch.Tensor,
-                      first: int) -> None:
+                      first: int, after: Any) -> None:
         """On the side stream: a whole chunk to the device in one copy (the staging chunk),
         part of one a layer's rows at a time; then its pages into place. After what the
         compute stream has queued so far, as a gather is: vLLM zeroes newly allocated
         blocks there before it starts loads (and orders its loads after that), and an
-        earlier step's forward may still be writing pages there."""
+        earlier step's forward may still be writing pages there. An asynchronous load's
+        scatter, in a later step, waits only for what came before its start (``after``):
+        its blocks are no forward's since (vLLM neither zeroes nor schedules them)."""
         assert self._stream is not None
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._follow(after)
         whole = first == 0 and bool(groups) and len(groups[0][1]) == chunk.shape[1]
         with torch.cuda.stream(self._stream):
             source = chunk
@@ -190,6 +202,14 @@ class PagedKV:
                         span = span.index_select(0, picked)
                     into, span = _wide(self.pages[layer], span)
                     into.index_copy_(0, index, span)
+
+    def _follow(self, after: Any) -> None:
+        """The side stream's next work after ``after`` (an event), or all the compute stream has queued."""
+        assert self._stream is not None
+        if after is not None:
+            self._stream.wait_event(after)
+        else:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def synchronize(self) -> None:
         """Wait for copies started on the side stream (no-op on the CPU)."""

@@ -145,9 +145,10 @@ class WorkerSide:
                     gate = ReadGate()
                     self._loads.add(load, self._loader.submit(
                         self._disk.demote_then_read, load, gate, self._submit_reads),
-                                    started, gate)
-                else:
-                    self._loads.add(load, resolved(self._submit_reads(load)), started)
+                                    started, gate, self._attached()[0].mark())
+                else:  # (its copies into pages, later, wait for what came before: ``mark``)
+                    self._loads.add(load, resolved(self._submit_reads(load)), started,
+                                    after=self._attached()[0].mark())
             except Exception as exc:  # never take the step down: the blocks are recomputed
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
@@ -163,7 +164,7 @@ class WorkerSide:
                                         ready.error)
             if ready.late:
                 self._note_late(ready)
-            self._complete(ready.load, ready.reads, ready.started, timed=not ready.late)
+            self._complete(ready.load, ready.reads, ready.started, not ready.late, ready.after)
         ended = self._loads.released()
         if ended:  # the given-up reads that ended: their staging slots may be reused
             with self._lock:
@@ -183,15 +184,14 @@ class WorkerSide:
                 self._ledger.note_down_paths()
 
     def _complete(self, load: RequestLoad, reads: Reads, started: float,
-                  timed: bool = True) -> bool:
+                  timed: bool = True, after: object = None) -> bool:
         """Host -> GPU pages in chunk order, up to the first chunk not loaded (its blocks and
         the later ones are reported invalid, for vLLM to recompute). Reported failed, to be
-        dropped from the cache: chunks whose disk read failed. True when every block was
-        filled."""
+        dropped from the cache: chunks whose disk read failed. True: every block filled."""
         pages, host = self._attached()
         done = LoadCopy()
         try:
-            copy_into_pages(load, reads, pages, host, done)
+            copy_into_pages(load, reads, pages, host, done, after)
         except Exception as exc:  # never take the engine down: recompute instead
             self._ledger.unexpected("load failed", load.req_id, exc)
             done.fail_all(load)
