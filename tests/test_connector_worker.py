@@ -490,3 +490,33 @@ def test_a_request_whose_host_load_failed_stores_nothing_computed_in_that_step(t
     side.save(StepPlan(stores=[ChunkStore(b"n" * 16, (9, 10), host_slot=3, req_id="r")]))
     assert side.report().host_stored[b"n" * 16] == 1  # the next step's store of it goes in
     side.close()
+
+
+def test_an_asynchronous_loads_copy_waits_for_what_came_before_its_start(tmp_path, monkeypatch):
+    """On CUDA a load's copy into pages waits for the compute stream: a host hit for all it
+    has queued (vLLM's zeroing of the new blocks comes just before), a disk hit, copied
+    in a later step while that step's forward runs, only for what was queued when the load
+    started (``PagedKV.mark``): not for that forward. The mark's way through, on the CPU."""
+    from kvtier.connector.worker.pages import PagedKV
+
+    side, _ = worker(tmp_path)
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), host_slot=0, disk_slot=0)]))
+    side.drain()
+    side.report()
+    marks, seen = iter(["mark-1", "mark-2"]), []
+    scatter = PagedKV.scatter
+    monkeypatch.setattr(PagedKV, "mark", lambda self: next(marks))
+
+    def recording(self, slot, block_ids, first, after=None):
+        seen.append(after)
+        return scatter(self, slot, block_ids, first, after if after is None else None)
+
+    monkeypatch.setattr(PagedKV, "scatter", recording)
+    disk_hit = RequestLoad("d", (ChunkLoad(b"a" * 16, (8, 9), 0, host_slot=1, disk_slot=0),),
+                           asynchronous=True)
+    side.start_loads(StepPlan(loads=[disk_hit]))
+    side.drain()
+    assert side.finished() == {"d"} and seen == ["mark-1"]
+    side.start_loads(StepPlan(loads=[RequestLoad("h", (ChunkLoad(b"a" * 16, (10, 11), 0, 1),))]))
+    assert seen == ["mark-1", None]  # a host hit: after all the compute stream has queued
+    side.close()
