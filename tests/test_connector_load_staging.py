@@ -113,3 +113,23 @@ def test_a_prompts_last_chunk_is_evicted_before_its_first():
         store_all(side, request("x", CHUNK, seed=200 + seed))  # one must go
         gone = [side.stack.locate(k) is None for k in side.chunk_keys(a, 4)]
         assert gone == [False, False, False, True], (seed, gone)
+
+
+def test_after_a_hit_a_prompts_last_chunk_is_evicted_before_its_first():
+    """A hit pinned (and so touched) a prompt's chunks head first: its head was then the
+    least recent of them and went first, leaving the rest with no hit. The hit's chunks are
+    touched last chunk first now, as a step's stores enter."""
+    side = scheduler()  # 4 host slots, no disk
+    a = request("a", 4 * CHUNK)
+    store_all(side, a)
+    keys = side.chunk_keys(a, 4)
+    for key in keys:  # the head the least recent, as after an earlier hit
+        side.stack.touch(key)
+    hit = request("hit", 4 * CHUNK + 1)
+    assert side.num_new_matched_tokens(hit, 0) == (4 * CHUNK, False)
+    side.plan_load(hit, (list(range(1, 10)),), 0, 4 * CHUNK)
+    side.build_meta()
+    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
+    side.request_finished("hit")
+    store_all(side, request("x", CHUNK, seed=9))  # one must go
+    assert [side.stack.locate(k) is None for k in keys] == [False, False, False, True]

@@ -116,6 +116,8 @@ class LoadPlanner:
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
                                            load, demotions,
                                            bool(held and c < len(held) and held[c]), tokens))
+        for key in reversed(keys[start // geo.chunk_tokens:-(-end // geo.chunk_tokens)]):
+            self.stack.touch(key)  # the head last: the most recent, the last of them evicted
         self._loads[req_id] = load
         self._new.append(RequestLoad(req_id, tuple(chunks), tuple(demotions), load.asynchronous))
 
