@@ -475,11 +475,12 @@ def test_a_chunk_whose_failed_store_still_holds_its_slot_is_offered_again_after(
     assert [s.key for s in later.stores] == side.chunk_keys(b, 2)
 
 
-def test_a_path_going_down_before_a_stores_host_outcome_fails_its_write_cleanly(tmp_path):
-    """A write-through whose host store is not reported yet (another rank's report, or an
-    earlier step's under async scheduling) when its path goes down: failing its write
-    unpinned a host copy never pinned (an AssertionError in the scheduler). Found by a
-    review of the fix that fails such writes."""
+def test_a_path_going_down_keeps_the_host_slots_its_writes_still_read(tmp_path):
+    """A path some rank took out of service: its writes still out are not failed at once,
+    as they once were: a write running on another rank reads its chunk's host slot, and a
+    slot reused under it puts another chunk's bytes, checksummed, under its header. Their
+    slots are given back as each rank's write ends (a worker cancels and fails the writes
+    queued on a path it took out: ``WorkerDisk.note_stalled_writes``). Found by a review."""
     from kvtier.connector.common.messages import StepPlan, WorkerReport
 
     side = scheduler(world=2, disk=tmp_path)
@@ -490,5 +491,8 @@ def test_a_path_going_down_before_a_stores_host_outcome_fails_its_write_cleanly(
                                     paths_down=Counter({0: 1})))  # rank 0, first
     side.worker_report(WorkerReport(host_stored=Counter({store.key: 1})))  # rank 1
     host = side.stack.indexes[TierName.HOST]
-    assert side.stack.locate(store.key).tier is TierName.HOST and not host.pinned(store.key)
-
+    assert side.stack.locate(store.key).tier is TierName.HOST and host.pinned(store.key)
+    side.worker_report(WorkerReport(disk_failed=Counter({store.key: 1})))  # rank 0's, cancelled
+    assert host.pinned(store.key)  # rank 1's may still read the slot
+    side.worker_report(WorkerReport(disk_written=Counter({store.key: 1})))  # rank 1's ends
+    assert not host.pinned(store.key) and side.stack.locate(store.key).tier is TierName.HOST

@@ -172,17 +172,18 @@ def test_a_write_into_a_slot_while_a_late_read_checks_it_is_never_blanked(tmp_pa
 def test_writes_a_hung_drive_never_ends_take_its_path_out_and_give_host_memory_back(tmp_path):
     """Write-through writes had no deadline: on a drive that stopped answering each kept
     its chunk's host slot pinned, until no store could be planned (host memory frozen). A
-    write job running load_timeout without ending now counts against its path as a load
-    given up on does, and again each further load_timeout; after three the path goes out,
-    and the scheduler side fails the writes still out on it, giving their host slots back
-    (the chunks stay in host memory). Found by a review."""
+    path with a write job out load_timeout without ending now counts against its health as
+    a load given up on does, again each further load_timeout; after three the path goes
+    out, its queued writes are cancelled and failed, and their host slots come back (the
+    chunks stay in host memory). The job running keeps its chunks' slots: it reads them.
+    Found by a review."""
     import time
 
     from kvtier.config.settings import load_config
     from kvtier.connector.scheduler.side import SchedulerSide
     from tests.helpers.worker_side import GEO, worker_and_engine
 
-    side, _, engine = worker_and_engine(tmp_path, load_timeout="50ms")
+    side, _, engine = worker_and_engine(tmp_path, load_timeout="50ms", io_threads=1)
     extra = {"chunk_tokens": 32, "host_capacity": 8 * GEO.chunk_bytes, "load_policy": "always",
              "disk_paths": [str(tmp_path)], "disk_capacity": 8 * (4096 + GEO.chunk_bytes),
              "disk_min_free": 0, "load_timeout": "50ms"}
@@ -213,7 +214,9 @@ def test_writes_a_hung_drive_never_ends_take_its_path_out_and_give_host_memory_b
             step(scheduler.build_meta())
             if scheduler.counters["disk_failed_chunks"]:
                 break
-        assert scheduler.counters["disk_failed_chunks"] == 8
+        assert scheduler.counters["disk_failed_chunks"] == 6  # the 3 queued jobs' chunks
+        host = scheduler.stack.indexes[TierName.HOST]
+        assert sum(host.pinned(k) for k in host) == 2  # the running job's
         plan = scheduler.build_meta()
         scheduler.plan_stores(Request("late", 9), ([1, 2, 3, 4],), 64, plan)
         assert len(plan.stores) == 2 and all(s.disk_slot is None for s in plan.stores)

@@ -80,6 +80,8 @@ class DiskRecovery:
         if entries:
             return self._parse_index(index, directory, entries)
         part, n, bad = self.scan_headers(self._written_slots(index, directory), threads)
+        if self._paths.states[index].dir is not directory:  # out during the scan: what it
+            return part, n, bad  # did not read is not in an index; the next start scans
         paths = self._layout.num_paths
         directory.replace_index([(slot // paths, cast(bytes, header.encode()))  # bytes: no ``into``
                                  for slot, header in part])
@@ -150,6 +152,7 @@ class DiskRecovery:
             try:  # written from the scan, for good: a passing error is tried again
                 if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
                     return None, True
+                path.eio_run = 0  # errors count in a row, as a request's do
                 break
             except OSError as exc:
                 if attempt == HEADER_TRIES - 1:

@@ -161,21 +161,7 @@ class Outcomes:
         for path, ranks in report.paths_down.items():
             if self._ranks_down.up(path, ranks):
                 index.retire(range(path, layout.num_slots, layout.num_paths))
-                self._give_up_writes(path, layout.num_paths)
         for path, ranks in report.paths_up.items():
             if self._ranks_down.down(path, ranks):
                 index.unretire(range(path, layout.num_slots, layout.num_paths))
 
-    def _give_up_writes(self, path: int, num_paths: int) -> None:
-        """A path some rank took out of service: the writes to it not over yet (one on a
-        drive that stopped answering may never end) are failed now, so that the host slots
-        they pin are given back; a rank's late outcome of one is not counted. The chunks
-        stay in host memory. A write still running may read its host slot while the slot
-        is reused: what it puts on the path is checked wrong, and the path comes back empty.
-        A rank's outcome of one that comes after the chunk was planned to disk again counts
-        for that write (outcomes name a chunk, not a write): the chunk may then be taken for
-        on disk before that rank wrote it there, and its load on that rank fails its check
-        and is recomputed. Never a wrong byte."""
-        for key in [key for key, (dst, _) in self._pending.disk.items() if dst.slot % num_paths == path]:
-            self._disk_outcomes.forget(key)
-            self._disk_write_over(key, False)

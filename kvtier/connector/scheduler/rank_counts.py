@@ -12,16 +12,12 @@ class RankOutcomes:
 
     Contract: ``add(key, done, failed)`` adds one report's counts and returns None while
     ranks are still to report, then (once ``world_size`` have) True when none failed, and
-    forgets the key; ``forget(key)`` drops what was counted.
+    forgets the key.
     """
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
         self._counts: dict[Hashable, list[int]] = {}
-
-    def forget(self, key: Hashable) -> None:
-        """Drop what ranks reported of ``key`` (an outcome given up on)."""
-        self._counts.pop(key, None)
 
     def add(self, key: Hashable, done: int, failed: int) -> bool | None:
         counts = self._counts.setdefault(key, [0, 0])

@@ -40,7 +40,8 @@ class WorkerDisk:
         self._lane, self._host, self._ledger, self._threads = lane, host, ledger, threads
         self._other_reads, self._rank = other_reads, rank
         self._records: dict[int, tuple[bytes, bytes]] = {}  # host slot -> (key, token record)
-        self._writing: dict[Future, list] = {}  # write jobs running: [started, a slot, noted]
+        self._writing: dict[Future, tuple[float, int, list]] = {}  # jobs out: (since, slot, keys)
+        self._counted: dict[str, float] = {}  # path's queue -> when its stall last counted
 
     def keep_records(self, stores: Sequence[ChunkStore]) -> None:
         for store in stores:
@@ -176,35 +177,48 @@ class WorkerDisk:
             records = {ChunkKey(k): record for d, k, h in items
                        if self._lane.queue_of(d) == queue and (record := self.record(h, k))}
             if mine:
-                job: list = [time.monotonic(), mine[0][0]]  # [submitted or last counted, a slot]
                 try:
                     future = self._lane.submit(queue, partial(self._write, mine, records))
                 except Exception as exc:  # (the engine closed): these fail, once each; the
                     self._ledger.unexpected("disk writes could not start", queue, exc)
                     self._ledger.disk_writes_failed(key for _, key, _ in mine)  # others go on
                     continue
-                self._writing[future] = job
-                future.add_done_callback(lambda done: self._writing.pop(done, None))
+                self._writing[future] = (time.monotonic(), mine[0][0], [k for _, k, _ in mine])
+                future.add_done_callback(self._write_over)
                 started.append(([k for _, k, _ in mine], future))
         return started
 
+    def _write_over(self, future: Future) -> None:
+        """A write job ended (an I/O thread), or was cancelled before it ran: then its
+        chunks are failed here, once each (its own outcomes never come)."""
+        job = self._writing.pop(future, None)
+        if job is not None and future.cancelled():
+            self._ledger.disk_writes_failed(job[2])
+
     def note_stalled_writes(self, timeout: float | None) -> bool:
-        """A write job out ``timeout`` (``load_timeout``) without ending counts against its
-        path's health, as a load given up on does, once a path and call, and again for each
-        further ``timeout``; a write that ends meanwhile sets the count back (a slow drive
-        that still writes stays): a drive that stopped answering is taken out after three,
-        so that writes stop queueing behind it (each pins its chunk's host slot until it
-        ends; the scheduler side fails a path's writes once it is out). True when a path
-        went out."""
+        """A path with a write job out ``timeout`` (``load_timeout``) without ending counts
+        against its health, as a load given up on does, again each further ``timeout``
+        while it stays so; a write that ends meanwhile sets the count back (a slow drive
+        that still writes stays). After three a drive that stopped answering is out of
+        service: its queued writes are cancelled and failed, so that the scheduler side
+        gives back the host slots they pin; one running keeps its chunks' slots until it
+        ends (it reads them). True when a path went out."""
         if timeout is None:
             return False
         now, late = time.monotonic(), dict[str, int]()
-        for job in list(self._writing.values()):  # (a copy: jobs end on other threads)
-            if now - job[0] >= timeout:  # and again for each further timeout: a path with
-                job[0] = now  # writes ending meanwhile is back to none in a row each time
-                late.setdefault(self._lane.queue_of(job[1]), job[1])
-        # once a path and call, as loads count: one slow answer, not one per job
-        return any([self._lane.note_timeout(slot) for slot in late.values()])
+        for since, slot, _ in list(self._writing.values()):  # (a copy: they end elsewhere)
+            queue = self._lane.queue_of(slot)
+            if now - since >= timeout and now - self._counted.get(queue, 0.0) >= timeout:
+                late.setdefault(queue, slot)
+        out = set()
+        for queue, slot in late.items():
+            self._counted[queue] = now
+            if self._lane.note_timeout(slot):
+                out.add(queue)
+        for future, (_, slot, _) in list(self._writing.items()):
+            if self._lane.queue_of(slot) in out:
+                future.cancel()  # only a job not running yet is: its outcome is a failure
+        return bool(out)
 
     def _write(self, items: list, records: dict[ChunkKey, bytes]) -> None:
         """A job of writes (an I/O thread): one outcome per chunk in the ledger, whatever
