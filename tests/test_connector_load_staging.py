@@ -133,3 +133,46 @@ def test_after_a_hit_a_prompts_last_chunk_is_evicted_before_its_first():
     side.request_finished("hit")
     store_all(side, request("x", CHUNK, seed=9))  # one must go
     assert [side.stack.locate(k) is None for k in keys] == [False, False, False, True]
+
+
+def test_a_hit_whose_request_then_runs_still_keeps_its_head_last():
+    """The step that loads a hit also offers the request's chunks for store, touching those
+    cached head first: that undid the hit's own order. They are touched last chunk first
+    too now. Found by a review."""
+    side = scheduler()
+    a = request("a", 4 * CHUNK)
+    store_all(side, a)
+    keys = side.chunk_keys(a, 4)
+    for key in keys:
+        side.stack.touch(key)
+    hit = request("hit", 4 * CHUNK + 1)
+    assert side.num_new_matched_tokens(hit, 0) == (4 * CHUNK, False)
+    side.plan_load(hit, (list(range(1, 10)),), 0, 4 * CHUNK)
+    side.build_meta()
+    store_all(side, hit)  # as build_connector_meta offers a scheduled request's chunks
+    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
+    side.request_finished("hit")
+    store_all(side, request("x", CHUNK, seed=9))
+    assert [side.stack.locate(k) is None for k in keys] == [False, False, False, True]
+
+
+def test_a_disk_hit_staged_into_host_memory_keeps_its_head_last(tmp_path):
+    """A disk hit's chunks come into host memory as its staging is committed, head first:
+    the head was the least recent of them there and went first. The load's chunks are
+    touched last chunk first once it is over. Found by a review."""
+    side = scheduler(disk=tmp_path, disk_slots=32)  # 4 host slots
+    keys = _on_disk_only(side)
+    hit = request("hit", 2 * CHUNK + 1)
+    assert side.num_new_matched_tokens(hit, 0) == (2 * CHUNK, True)
+    side.plan_load(hit, (list(range(1, 6)),), 0, 2 * CHUNK)
+    side.build_meta()
+    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
+    side.request_finished("hit")
+    assert all(side.stack.locate(k).tier is HOST for k in keys)
+    for seed in range(4):  # single-chunk prompts until one of the hit's leaves host memory
+        store_all(side, request(f"x{seed}", CHUNK, seed=100 + seed))
+        in_host = [side.stack.locate(k).tier is HOST for k in keys]
+        if not all(in_host):
+            assert in_host == [True, False], "the head went first"
+            return
+    raise AssertionError("none of the hit's chunks left host memory")

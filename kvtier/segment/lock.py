@@ -34,12 +34,17 @@ def _close_kept_in_child() -> None:
     stays taken, so the child's inherited objects, closing it later, close nothing else."""
     if not _KEPT:
         return
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
-        for fd in _KEPT:
-            with contextlib.suppress(OSError):
-                os.dup2(null, fd)
-    finally:
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:  # (no /dev/null, no descriptor left): closed, then
+        null = -1
+    for fd in _KEPT:
+        with contextlib.suppress(OSError):
+            if null >= 0:
+                os.dup2(null, fd, inheritable=False)
+            else:
+                os.close(fd)
+    if null >= 0:
         os.close(null)
     _KEPT.clear()
 

@@ -116,7 +116,8 @@ class LoadPlanner:
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
                                            load, demotions,
                                            bool(held and c < len(held) and held[c]), tokens))
-        for key in reversed(keys[start // geo.chunk_tokens:-(-end // geo.chunk_tokens)]):
+        load.order = tuple(keys[start // geo.chunk_tokens:-(-end // geo.chunk_tokens)])
+        for key in reversed(load.order):
             self.stack.touch(key)  # the head last: the most recent, the last of them evicted
         self._loads[req_id] = load
         self._new.append(RequestLoad(req_id, tuple(chunks), tuple(demotions), load.asynchronous))
@@ -236,6 +237,8 @@ class LoadPlanner:
             if key in failed and self.others is not None:
                 self.others.drop(refs)
                 self.counters["load_failed_chunks"] += 1
+        for key in reversed(load.order):  # its staged copies were committed head first:
+            self.stack.touch(key)  # the head made the most recent again
         self._remote_outcomes(req_id, load, failed)
 
     def _remote_outcomes(self, req_id: str, load: Load, failed: set[bytes]) -> None:

@@ -69,6 +69,7 @@ class Load:
     request: Any = None  # vLLM's Request: its chunks' token records, where a hit earns a write
     chunks: dict[ChunkKey, int] = field(default_factory=dict)  # each chunk's index in it
     keys: frozenset[ChunkKey] = frozenset()  # the request's: its staging evicts them last
+    order: tuple[ChunkKey, ...] = ()  # the chunks it loads, head first
 
 
 @dataclass

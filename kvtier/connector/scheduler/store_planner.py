@@ -63,6 +63,7 @@ class StorePlanner:
         can any after it: the request is done storing (``tracked.store_done``). Without
         ``stores`` (a consumer's sampled request) chunks are only checked, never stored."""
         per, keep = self.geometry.blocks_per_chunk, self._keep()
+        touched: list[ChunkKey] = []
         for c, key in enumerate(keys, start=tracked.stored_upto):
             if c >= keep:  # its store would evict the request's own first chunks
                 tracked.store_done = True
@@ -74,7 +75,7 @@ class StorePlanner:
                     and self._verify.plan(tracked, key, ids, meta):
                 pass  # checked against its pages: kept if right
             elif self._cached(key):  # a hit, say, whose early pages a window has dropped since
-                self.stack.touch(key)
+                touched.append(key)
                 if stores and self._remote_writes is not None:
                     self._remote_writes.again(key)  # its write to the store dropped or failed
                 if self._events is not None:
@@ -91,6 +92,8 @@ class StorePlanner:
             elif self._events is not None:
                 self._events.record(key, tracked.request, c, blocks)
             tracked.stored_upto = c + 1
+        for key in reversed(touched):  # last chunk first: a prompt's head the last evicted
+            self.stack.touch(key)
 
     def plan_tail(self, tracked: Tracked, tail: Tail, block_ids: GroupBlocks,
                   meta: StepPlan, stores: bool = True) -> None:

@@ -142,13 +142,13 @@ class WorkerSide:
                     if not self._complete(load, {}, started):
                         self._unfilled.add(load.req_id)
                 elif load.demotions:  # write-back victims must leave the staging slots first
-                    gate = ReadGate()
+                    gate, mark = ReadGate(), self._attached()[0].mark()  # (before the reads)
                     self._loads.add(load, self._loader.submit(
                         self._disk.demote_then_read, load, gate, self._submit_reads),
-                                    started, gate, self._attached()[0].mark())
-                else:  # (its copies into pages, later, wait for what came before: ``mark``)
-                    self._loads.add(load, resolved(self._submit_reads(load)), started,
-                                    after=self._attached()[0].mark())
+                                    started, gate, mark)
+                else:  # its copies into pages, later, wait for what came before (``mark``)
+                    mark = self._attached()[0].mark()
+                    self._loads.add(load, resolved(self._submit_reads(load)), started, after=mark)
             except Exception as exc:  # never take the step down: the blocks are recomputed
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
