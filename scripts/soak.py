@@ -36,6 +36,7 @@ import logging
 import os
 import queue
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -300,10 +301,22 @@ def start_writer(path: Path, cfg: dict, families: range = range(FAMILIES)) -> su
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "import random; from soak import *\n"
             f"s = KVStore(LAYOUT, {cfg!r}); r = random.Random(1)\n"
+            "print('ready', flush=True)\n"
             f"while True:\n    t = sequence(r, {families!r}); s.put(t, expected_kv(t))\n")
     # killed with this process, however it ends (started from the main thread, which lives
     # for the whole run)
-    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=die_with_parent)
+    return subprocess.Popen([sys.executable, "-c", code], preexec_fn=die_with_parent,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def wait_ready(child: subprocess.Popen, seconds: float = 120.0) -> None:
+    """Until ``child`` (``start_writer``'s) has its store open and starts putting, at most
+    ``seconds``: its start (importing torch and kvtier) takes seconds on a busy machine,
+    which its time to write before it is killed must not include."""
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], seconds)
+    if ready:
+        child.stdout.readline()
 
 
 def kill(child: subprocess.Popen) -> None:
@@ -399,6 +412,7 @@ def run(args: argparse.Namespace, path: Path, server: RemoteFaults | None) -> No
                 t.start()
             seconds = min(phase_s, max(1.0, deadline - time.monotonic()))
             if peer is not None:  # killed part-way: its last writes torn, its lease left to run out
+                wait_ready(peer)
                 alive = seconds * (0.4 + 0.5 * rng.random())
                 time.sleep(alive)
                 kill(peer)
