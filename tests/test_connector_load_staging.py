@@ -6,6 +6,8 @@ stores enter the eviction order so that a prompt's last chunk goes before its fi
 import time
 from collections import Counter
 
+import pytest
+
 from kvtier.connector.common.messages import WorkerReport
 from kvtier.tiers.base import TierName
 from tests.helpers.scheduler_side import CHUNK, request, scheduler, store_all
@@ -115,44 +117,33 @@ def test_a_prompts_last_chunk_is_evicted_before_its_first():
         assert gone == [False, False, False, True], (seed, gone)
 
 
-def test_after_a_hit_a_prompts_last_chunk_is_evicted_before_its_first():
+def _hit(side, chunks: int, synchronous: bool, runs: bool = False) -> None:
+    """A request hitting its first ``chunks`` chunks, loaded and finished (``runs``: its
+    chunks offered for store in the load's step, as build_connector_meta does)."""
+    hit = request("hit", chunks * CHUNK + 1)
+    assert side.num_new_matched_tokens(hit, 0) == (chunks * CHUNK, not synchronous)
+    side.plan_load(hit, (list(range(1, 2 * chunks + 2)),), 0, chunks * CHUNK)
+    side.build_meta()
+    if runs:
+        store_all(side, hit)
+    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
+    side.request_finished("hit")
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["hit", "hit then run"])
+def test_after_a_hit_a_prompts_last_chunk_is_evicted_before_its_first(runs):
     """A hit pinned (and so touched) a prompt's chunks head first: its head was then the
-    least recent of them and went first, leaving the rest with no hit. The hit's chunks are
-    touched last chunk first now, as a step's stores enter."""
+    least recent of them and went first, leaving the rest with no hit. The step that loads
+    it also offers the request's chunks for store, touching those cached head first. Both
+    touch last chunk first now, as a step's stores enter. Found by reviews."""
     side = scheduler()  # 4 host slots, no disk
     a = request("a", 4 * CHUNK)
     store_all(side, a)
     keys = side.chunk_keys(a, 4)
     for key in keys:  # the head the least recent, as after an earlier hit
         side.stack.touch(key)
-    hit = request("hit", 4 * CHUNK + 1)
-    assert side.num_new_matched_tokens(hit, 0) == (4 * CHUNK, False)
-    side.plan_load(hit, (list(range(1, 10)),), 0, 4 * CHUNK)
-    side.build_meta()
-    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
-    side.request_finished("hit")
+    _hit(side, 4, synchronous=True, runs=runs)
     store_all(side, request("x", CHUNK, seed=9))  # one must go
-    assert [side.stack.locate(k) is None for k in keys] == [False, False, False, True]
-
-
-def test_a_hit_whose_request_then_runs_still_keeps_its_head_last():
-    """The step that loads a hit also offers the request's chunks for store, touching those
-    cached head first: that undid the hit's own order. They are touched last chunk first
-    too now. Found by a review."""
-    side = scheduler()
-    a = request("a", 4 * CHUNK)
-    store_all(side, a)
-    keys = side.chunk_keys(a, 4)
-    for key in keys:
-        side.stack.touch(key)
-    hit = request("hit", 4 * CHUNK + 1)
-    assert side.num_new_matched_tokens(hit, 0) == (4 * CHUNK, False)
-    side.plan_load(hit, (list(range(1, 10)),), 0, 4 * CHUNK)
-    side.build_meta()
-    store_all(side, hit)  # as build_connector_meta offers a scheduled request's chunks
-    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
-    side.request_finished("hit")
-    store_all(side, request("x", CHUNK, seed=9))
     assert [side.stack.locate(k) is None for k in keys] == [False, False, False, True]
 
 
@@ -162,12 +153,7 @@ def test_a_disk_hit_staged_into_host_memory_keeps_its_head_last(tmp_path):
     touched last chunk first once it is over. Found by a review."""
     side = scheduler(disk=tmp_path, disk_slots=32)  # 4 host slots
     keys = _on_disk_only(side)
-    hit = request("hit", 2 * CHUNK + 1)
-    assert side.num_new_matched_tokens(hit, 0) == (2 * CHUNK, True)
-    side.plan_load(hit, (list(range(1, 6)),), 0, 2 * CHUNK)
-    side.build_meta()
-    side.worker_report(WorkerReport(loads_done=Counter({"hit": 1})))
-    side.request_finished("hit")
+    _hit(side, 2, synchronous=False)
     assert all(side.stack.locate(k).tier is HOST for k in keys)
     for seed in range(4):  # single-chunk prompts until one of the hit's leaves host memory
         store_all(side, request(f"x{seed}", CHUNK, seed=100 + seed))

@@ -361,22 +361,9 @@ def test_each_demotion_has_one_outcome_when_one_paths_job_raises(tmp_path, monke
     """Write-back demotions over two disk paths, one path's job raising: the chunk written
     on the other path is reported written only (told both, one rank would count as every
     rank of a TP group, and its slots be freed while another rank still writes them)."""
-    from kvtier.config.settings import load_config
     from kvtier.connector.common.messages import DiskWrite
-    from tests.helpers.fake_io import FakeEngine
-    from tests.helpers.worker_side import BLOCK, HIDDEN
 
-    paths = [tmp_path / "p0", tmp_path / "p1"]
-    for path in paths:
-        path.mkdir()
-    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes,
-             "disk_paths": [str(p) for p in paths], "disk_min_free": 0,
-             "disk_capacity": 16 * (4096 + GEO.chunk_bytes), "write_policy": "write_back"}
-    make, _ = FakeEngine.factory()
-    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
-                      io_engine=make)
-    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
-    side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    side, _ = worker(tmp_path, paths=2, write_policy="write_back")
     a, b = b"a" * 16, b"b" * 16
     side.save(StepPlan(stores=[ChunkStore(a, (2, 3), host_slot=0), ChunkStore(b, (4, 5), host_slot=1)]))
     side.report()
@@ -401,21 +388,7 @@ def test_each_write_has_one_outcome_when_one_paths_job_cannot_be_submitted(tmp_p
     """Write-through over two disk paths, the second path's job refused at its submit (the
     engine closing): every chunk was reported failed, the first path's too, whose job then
     reported it written as well. Each is told once now. Found by a review."""
-    from kvtier.config.settings import load_config
-    from tests.helpers.fake_io import FakeEngine
-    from tests.helpers.worker_side import BLOCK, HIDDEN
-
-    paths = [tmp_path / "p0", tmp_path / "p1"]
-    for path in paths:
-        path.mkdir()
-    extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes,
-             "disk_paths": [str(p) for p in paths], "disk_min_free": 0,
-             "disk_capacity": 16 * (4096 + GEO.chunk_bytes)}
-    make, _ = FakeEngine.factory()
-    side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
-                      io_engine=make)
-    kv = list(torch.randn(LAYERS, BLOCKS, 2, BLOCK, HIDDEN).to(torch.bfloat16).unbind(0))
-    side.register({f"layer{i}": t for i, t in enumerate(kv)})
+    side, _ = worker(tmp_path, paths=2)
     lane = side._lane
     submit = lane.submit
 

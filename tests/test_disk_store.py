@@ -98,7 +98,8 @@ def test_shrinking_the_disk_keeps_within_the_new_bound(tmp_path):
         exact(store, seq(0, 16))
 
 
-def test_full_write_queue_drops_writes_instead_of_blocking(tmp_path, monkeypatch):
+def _slot_writes_wait(monkeypatch) -> threading.Event:
+    """Writes into slot files wait (at most 60 s) until the event returned is set."""
     release = threading.Event()
     real = os.pwritev
 
@@ -108,6 +109,11 @@ def test_full_write_queue_drops_writes_instead_of_blocking(tmp_path, monkeypatch
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(os, "pwritev", stuck)
+    return release
+
+
+def test_full_write_queue_drops_writes_instead_of_blocking(tmp_path, monkeypatch):
+    release = _slot_writes_wait(monkeypatch)
     store = KVStore(SMALL, config(tmp_path, host_chunks=32, io_threads=1))
     done = threading.Event()
     worker = threading.Thread(target=lambda: (store.put(seq(0, 24), make_kv(seq(0, 24))), done.set()))
@@ -184,15 +190,7 @@ def test_a_write_dropped_from_a_full_queue_evicts_nothing_from_disk(tmp_path, mo
         for tokens in singles:
             store.put(tokens, make_kv(tokens))
         assert store.flush()
-    release = threading.Event()
-    real = os.pwritev
-
-    def stuck(fd, buffers, offset):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
-            release.wait(timeout=60)
-        return real(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "pwritev", stuck)
+    release = _slot_writes_wait(monkeypatch)
     store = KVStore(SMALL, config(tmp_path, host_chunks=8, disk_chunks=8, io_threads=1))
     try:
         store.put(seq(0, 8), make_kv(seq(0, 8)))  # 4 writes queue (half the host slots)

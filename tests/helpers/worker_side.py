@@ -17,13 +17,17 @@ def worker(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor
     return side, kv
 
 
-def worker_and_engine(tmp_path, disk=True, **config) -> tuple[WorkerSide, list[torch.Tensor],
-                                                              FakeEngine | None]:
-    """A worker over a synthetic paged cache, and its I/O engine (None without disk)."""
+def worker_and_engine(tmp_path, disk=True, paths=1, **config
+                      ) -> tuple[WorkerSide, list[torch.Tensor], FakeEngine | None]:
+    """A worker over a synthetic paged cache, and its I/O engine (None without disk); with
+    ``paths`` above 1, its disk striped over that many directories under ``tmp_path``."""
     extra = {"chunk_tokens": 2 * BLOCK, "host_capacity": 8 * GEO.chunk_bytes, **config}
     if disk:
-        extra.update(disk_paths=[str(tmp_path)], disk_capacity=8 * (4096 + GEO.chunk_bytes),
-                     disk_min_free=0)
+        roots = [tmp_path] if paths == 1 else [tmp_path / f"p{i}" for i in range(paths)]
+        for root in roots:
+            root.mkdir(exist_ok=True)
+        extra = {"disk_paths": [str(r) for r in roots], "disk_min_free": 0,
+                 "disk_capacity": 8 * paths * (4096 + GEO.chunk_bytes), **extra}
     make, engines = FakeEngine.factory()
     side = WorkerSide(load_config(extra, environ={}), GEO, GEO.namespace("m", "", 1, 0),
                       io_engine=make)

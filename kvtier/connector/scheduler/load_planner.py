@@ -95,8 +95,9 @@ class LoadPlanner:
         their load into the request's GPU blocks."""
         geo = self.geometry
         start, end = num_computed, num_computed + num_external
+        order = tuple(keys[start // geo.chunk_tokens:-(-end // geo.chunk_tokens)])
         load = Load([], [], num_external, {}, asynchronous=tracked.asynchronous,
-                    keys=frozenset(keys))
+                    order=order, keys=frozenset(order))
         if self.records is not None:
             load.request = tracked.request
         tracked.asynchronous = False  # what the match promised is used up
@@ -116,8 +117,7 @@ class LoadPlanner:
             chunks.append(self._plan_chunk(keys[c] if c < len(keys) else None, ids, first,
                                            load, demotions,
                                            bool(held and c < len(held) and held[c]), tokens))
-        load.order = tuple(keys[start // geo.chunk_tokens:-(-end // geo.chunk_tokens)])
-        for key in reversed(load.order):
+        for key in reversed(order):
             self.stack.touch(key)  # the head last: the most recent, the last of them evicted
         self._loads[req_id] = load
         self._new.append(RequestLoad(req_id, tuple(chunks), tuple(demotions), load.asynchronous))

@@ -136,23 +136,20 @@ class Outcomes:
             if key not in self._pending.disk:
                 continue
             ok = self._disk_outcomes.add(key, report.disk_written[key], report.disk_failed[key])
-            if ok is not None:
-                self._disk_write_over(key, ok)
-
-    def _disk_write_over(self, key: ChunkKey, ok: bool) -> None:
-        """Every rank's write of ``key`` to disk is over (or given up on: not ``ok``)."""
-        dst, host = self._pending.disk.pop(key)
-        self._pending.demoted(key)
-        if key in self._after_demotion:  # the store into its host slot failed meanwhile
-            self._aborted.release(self._after_demotion.pop(key))
-        aborted = key in self._aborted
-        ok = ok and not aborted
-        self.stack.finish(key, dst, ok)
-        self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
-        if aborted:
-            self._aborted.release(key)
-        elif host is not None and key not in self._pending.host:  # (else not pinned yet:
-            self.stack.unpin(key, host)  # its host store's outcome will not pin it now)
+            if ok is None:
+                continue
+            dst, host = self._pending.disk.pop(key)
+            self._pending.demoted(key)
+            if key in self._after_demotion:  # the store into its host slot failed meanwhile
+                self._aborted.release(self._after_demotion.pop(key))
+            aborted = key in self._aborted
+            ok = ok and not aborted
+            self.stack.finish(key, dst, ok)
+            self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
+            if aborted:
+                self._aborted.release(key)
+            elif host is not None:
+                self.stack.unpin(key, host)
 
     def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and
@@ -164,4 +161,3 @@ class Outcomes:
         for path, ranks in report.paths_up.items():
             if self._ranks_down.down(path, ranks):
                 index.unretire(range(path, layout.num_slots, layout.num_paths))
-

@@ -68,8 +68,8 @@ class Load:
     partial: set[ChunkKey] = field(default_factory=set)  # read in part: staged, never kept
     request: Any = None  # vLLM's Request: its chunks' token records, where a hit earns a write
     chunks: dict[ChunkKey, int] = field(default_factory=dict)  # each chunk's index in it
-    keys: frozenset[ChunkKey] = frozenset()  # the request's: its staging evicts them last
     order: tuple[ChunkKey, ...] = ()  # the chunks it loads, head first
+    keys: frozenset[ChunkKey] = frozenset()  # the same, for its staging to evict them last
 
 
 @dataclass
