@@ -8,6 +8,7 @@ import pytest
 from kvtier import KVLayout, KVStore
 from kvtier.store.state import StoreState
 from kvtier.tiers.base import TierName
+from tests.helpers.disk_helpers import wait_until
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, SMALL, bookkeeping, make_kv
 from tests.helpers.store import STRIDE, config, exact, load, seq
@@ -98,13 +99,15 @@ def test_shrinking_the_disk_keeps_within_the_new_bound(tmp_path):
         exact(store, seq(0, 16))
 
 
-def _slot_writes_wait(monkeypatch) -> threading.Event:
-    """Writes into slot files wait (at most 60 s) until the event returned is set."""
+def _slot_writes_wait(monkeypatch, only: str = "") -> threading.Event:
+    """Writes into slot files (under ``only``, where given) wait (at most 60 s) until the
+    event returned is set."""
     release = threading.Event()
     real = os.pwritev
 
     def stuck(fd, buffers, offset):
-        if "slots-" in os.readlink(f"/proc/self/fd/{fd}"):
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if "slots-" in name and name.startswith(only):
             release.wait(timeout=60)
         return real(fd, buffers, offset)
 
@@ -197,6 +200,37 @@ def test_a_write_dropped_from_a_full_queue_evicts_nothing_from_disk(tmp_path, mo
         assert store.stats().dropped_writes == 4
         # the 4 queued took 4 disk slots from the singles; the 4 dropped took none
         assert sum(store.lookup(tokens).tokens > 0 for tokens in singles) == 4
+    finally:
+        release.set()
+        store.close()
+
+
+def test_a_write_dropped_from_one_full_path_evicts_nothing_from_disk(tmp_path, monkeypatch):
+    """Two paths, the disk full of chunks, one path's writes stuck, the other's done before
+    the next put: a write-through whose disk slot's victim lay on the stuck path (its queue
+    full) was dropped after that victim was evicted, since the other path's queue had room.
+    Found by a review."""
+    paths = [tmp_path / "a", tmp_path / "b"]
+    for path in paths:
+        path.mkdir(mode=0o700)
+    cfg = config(tmp_path, host_chunks=16, disk_chunks=16, disk_paths=[str(p) for p in paths])
+    singles = [seq(1000 * (i + 1), 1) for i in range(16)]
+    with KVStore(SMALL, cfg) as store:
+        for tokens in singles:
+            store.put(tokens, make_kv(tokens))
+        assert store.flush()
+    release = _slot_writes_wait(monkeypatch, only=str(paths[0]))
+    store = KVStore(SMALL, {**cfg, "io_threads": 1})
+    try:
+        for n in range(12):  # 4 queue on the stuck path at most
+            store.put(seq(100_000 * (n + 1), 1), make_kv(seq(100_000 * (n + 1), 1)))
+            other = store._runner.disk_writes.groups["disk1"]
+            wait_until(lambda: other.pending == 0, "the other path's write")  # noqa: B023
+        dropped = store.stats().dropped_writes
+        assert dropped > 0
+        # each write queued took a disk slot from a single; each dropped took none
+        kept = sum(store.lookup(tokens).tokens > 0 for tokens in singles)
+        assert kept == len(singles) - (12 - dropped)
     finally:
         release.set()
         store.close()

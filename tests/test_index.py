@@ -65,6 +65,18 @@ def test_full_index_evicts_a_visible_unpinned_key(make_index):
     assert k(1) not in index and index.evictions == 1
 
 
+def test_peek_says_what_a_reserve_would_do_and_changes_nothing(make_index):
+    index = make_index(3)
+    fill(index, [k(1), k(2)])
+    assert index.peek() == (True, None)
+    fill(index, [k(3)])
+    index.pin(k(2))
+    assert index.peek() == (False, k(1)) and index.peek(keep={k(1)}) == (False, k(3))
+    assert index.peek(keep={k(1), k(3)}) == (False, None)
+    assert len(index) == 3 and index.evictions == 0
+    assert index.reserve(k(4), keep={k(1)}).victim == k(3)
+
+
 def test_pinned_keys_are_never_evicted(make_index):
     index = make_index(2)
     fill(index, [k(1), k(2)])

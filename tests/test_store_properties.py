@@ -342,6 +342,20 @@ def test_a_get_never_evicts_its_own_later_chunk_to_promote_an_earlier_one():
         assert exact(store, b) == hit.tokens == len(b)
 
 
+def test_a_promotion_never_drops_another_chunk_for_want_of_room_below():
+    """The get of the previous test: each promotion's victim (a chunk of ``c``, in the device
+    pool alone) found host memory full of the get's own chunks, was dropped, and ``c`` was
+    gone for a copy of ``b`` that host memory held already. Such a promotion is now not
+    made. Found by a review."""
+    a, b, c = FAMILIES[0][:3 * CHUNK], FAMILIES[3][:2 * CHUNK], seq(FRESH, 3)
+    with _memory_only_store() as store:
+        for tokens in (a, b, c):
+            store.put(tokens, make_kv(tokens))
+        assert exact(store, b) == len(b)
+        assert store.lookup(c).tokens == len(c)
+        assert exact(store, c) == len(c)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(PREFIXES, min_size=1, max_size=10), PREFIXES)
 def test_with_nothing_else_running_a_get_serves_what_its_lookup_said_in_memory(puts, asked):

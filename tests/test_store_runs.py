@@ -234,20 +234,22 @@ def test_a_get_of_chunks_in_slots_out_of_order_copies_each_run_to_its_place(monk
 
 
 def test_a_run_copied_out_of_host_memory_is_promoted_chunk_by_chunk(monkeypatch):
-    with make_store(host_chunks=8, gpu_capacity=4 * CHUNK_BYTES) as store:
+    with make_store(host_chunks=12, gpu_capacity=4 * CHUNK_BYTES) as store:
         tokens = list(range(8 * CHUNK))
         kv = make_kv(tokens)
         store.put(tokens, kv)  # chunks 0-3 demoted to host slots 0-3 as 4-7 came in
         other = list(range(10_000, 10_000 + 4 * CHUNK))
         store.put(other, make_kv(other))  # and 4-7 to host slots 4-7 as these came in
-        assert store.lookup(tokens).chunks_by_tier == {HOST: 8}
+        assert store.lookup(tokens).chunks_by_tier == {HOST: 8}  # 4 host slots free
         copies = count_copies_out(store, monkeypatch)
         n, out = read(store, tokens)
         assert n == 8 * CHUNK and same_bytes(out, kv)
         assert copies[0] > 1  # a run of host slots, copied out at once
-        # each promoted in turn over the other prefix's chunks; then the device pool holds
-        # only this get's chunks, which its promotions do not evict
+        # each promoted in turn over the other prefix's chunks (moved down to the free host
+        # slots); then the device pool holds only this get's chunks, which its promotions do
+        # not evict
         assert store.stats().chunks_promoted == 4
         assert store.lookup(tokens).chunks_by_tier == {TierName.GPU: 4, HOST: 4}
+        assert store.lookup(other).chunks_by_tier == {HOST: 4}
         n, out = read(store, tokens)  # every chunk still right wherever it went
         assert n == 8 * CHUNK and same_bytes(out, kv)

@@ -150,10 +150,14 @@ class Books:
 
     # -- reservations and pins -----------------------------------------------------------
 
-    def plan_store(self, key: ChunkKey, tier: TierName,
-                   keep: Collection[ChunkKey] = ()) -> StorePlan | None:
+    def plan_store(self, key: ChunkKey, tier: TierName) -> StorePlan | None:
         with self._lock:
-            return self._stack.plan_store(key, tier, keep=keep)
+            return self._stack.plan_store(key, tier)
+
+    def plan_promotion(self, key: ChunkKey, tier: TierName,
+                       keep: Collection[ChunkKey]) -> StorePlan | None:
+        with self._lock:
+            return self._stack.plan_promotion(key, tier, keep)
 
     def plan_put(self, key: ChunkKey) -> StorePlan | Skip:
         """A plan to store ``key`` in the top tier, or why there is none (a chunk cached, or

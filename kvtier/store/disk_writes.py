@@ -72,8 +72,7 @@ class DiskWrites:
         the result to ``start`` once the lock is released). None when there is no room, or
         the path's queue is full (``max_pending`` chunks queued or being written) and
         ``may_drop``. The host slot stays pinned until the write ends."""
-        full = [g.pending >= self.state.max_pending for g in self.groups.values()]
-        if may_drop and full and all(full):  # before a disk slot's victim is evicted for it
+        if may_drop and self._victim_on_full_path(b):  # dropped later, it was lost for it
             return self._dropped(b)
         plan = b.stack.plan_store(key, DISK)
         if plan is None:
@@ -85,6 +84,16 @@ class DiskWrites:
         b.stack.indexes[HOST].pin(key)
         future, group = groups.add(Move(key, Location(HOST, host_slot), plan.dst))
         return StartedWrite(future, groups, group)
+
+    def _victim_on_full_path(self, b: Held) -> bool:
+        """True when a disk slot reserved now would be a chunk's, evicted for it, on a path
+        whose queue is full (a free slot costs nothing if the write is dropped after all)."""
+        disk = b.stack.indexes[DISK]
+        free, victim = disk.peek()
+        slot = None if free or victim is None else disk.slot_of(victim)
+        if slot is None:
+            return False
+        return self.groups[self.state.lane.queue_of(slot)].pending >= self.state.max_pending
 
     @staticmethod
     def _dropped(b: Held) -> None:

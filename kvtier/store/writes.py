@@ -204,8 +204,9 @@ class PlanRunner:
 
     def promote(self, key: ChunkKey, source: Location, keep: Collection[ChunkKey] = ()) -> None:
         """``key``, copied out from ``source``, copied to the top tier too, unless that
-        would evict a chunk of ``keep`` (the get's) from any tier."""
-        plan = self.state.books.plan_store(key, self.state.books.top, keep)
+        would evict a chunk of ``keep`` (the get's) from any tier or drop another chunk for
+        want of room below (``TierStack.plan_promotion``)."""
+        plan = self.state.books.plan_promotion(key, self.state.books.top, keep)
         if plan is None:
             return
         if self.run(plan, partial(self.copy_in, self.state.transfers.run_of(source, 1))):

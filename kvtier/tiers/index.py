@@ -56,7 +56,8 @@ class SlotIndex:
     - ``reserve(key, spare)`` returns a :class:`Reservation` on a free slot, or on the slot
       of the policy's victim (outside ``spare`` while it has one there); ``None`` when the
       key is already present in any state, or when every slot is pinned or being written
-      ("no room"). A reserved key is invisible.
+      ("no room"). A reserved key is invisible. ``peek(keep)`` says what a ``reserve`` with
+      ``keep`` would do, changing nothing: a free slot, the victim it would evict, or none.
     - ``commit(key)`` makes a reserved key visible; ``abort(key)`` frees its slot.
     - ``pin(key)`` returns the slot of a visible key and keeps it from eviction until the
       matching ``unpin``; pins count. ``None`` when the key is not visible. ``hold(key)``
@@ -157,6 +158,13 @@ class SlotIndex:
                 victim, slot = None, None
         self._entries[key] = _Entry(slot, EntryState.WRITING)
         return Reservation(key, slot, victim)
+
+    def peek(self, keep: Collection[ChunkKey] = ()) -> tuple[bool, ChunkKey | None]:
+        """``(True, None)``: a free slot; ``(False, victim)``; ``(False, None)``: no room
+        (not foreseen: a victim on a retired slot, dropped for the next one)."""
+        if self._num_free:
+            return True, None
+        return False, self._policy.victim(lambda k: self._unpinned(k) and k not in keep)
 
     def commit(self, key: ChunkKey) -> None:
         entry = self._entries[key]

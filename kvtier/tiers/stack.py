@@ -145,6 +145,32 @@ class TierStack:
             return StorePlan(key, dst)
         return StorePlan(key, dst, self._plan_demotion(victim, dst, spare, keep))
 
+    def plan_promotion(self, key: ChunkKey, tier: TierName,
+                       keep: Collection[ChunkKey]) -> StorePlan | None:
+        """``plan_store`` for a copy that only speeds later reads (a get's promotion), or
+        none where it would cost another chunk its only copy: its victim finding no room
+        below but in ``keep``'s slots, where ``_plan_demotion`` would drop it. Evicting from
+        the lowest tier to make room below is eviction as usual, not such a cost."""
+        free, victim = self.indexes[tier].peek(keep)
+        if not free and victim is not None and not self._room_below(victim, tier, keep):
+            return None
+        return self.plan_store(key, tier, keep=keep)
+
+    def _room_below(self, victim: ChunkKey, tier: TierName, keep: Collection[ChunkKey]) -> bool:
+        """True when ``_plan_demotion`` of ``victim`` out of ``tier`` would keep it: a copy
+        below already, or a slot below whose own victim is kept in turn."""
+        for lower in self.order[self.order.index(tier) + 1:]:
+            if self.indexes[lower].has_entry(victim) or (
+                    lower is TierName.DISK and self.on_disk_elsewhere is not None
+                    and self.on_disk_elsewhere(victim)):
+                return True
+            free, below = self.indexes[lower].peek(keep)
+            if free:
+                return True
+            if below is not None:
+                return lower is self.order[-1] or self._room_below(below, lower, keep)
+        return False
+
     def _plan_demotion(self, victim: ChunkKey, src: Location, spare: Collection[ChunkKey] = (),
                        keep: Collection[ChunkKey] = ()) -> tuple[Move, ...]:
         """Moves that keep ``victim`` (evicted from ``src``) one tier down, or further down
