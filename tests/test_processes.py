@@ -46,7 +46,7 @@ def test_two_processes_then_a_restart(tmp_path, sharing):
     for result in results:
         check_clean(result, others)
     # on one directory each process writes its own segment (a writer id of its own)
-    assert all(not r["paths_down"] and r["disk_writes"] > 0 for r in results)
+    assert all(not r["paths_down"] and r["disk_writes"] > 0 for r in results), results
 
     again = run_two(first, second, tmp_path)  # restart on what the first two left
     for result in again:
