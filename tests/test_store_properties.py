@@ -356,6 +356,19 @@ def test_a_promotion_never_drops_another_chunk_for_want_of_room_below():
         assert exact(store, c) == len(c)
 
 
+def test_a_memory_only_store_promotes_over_the_oldest_chunk_of_host_memory():
+    """No disk: host memory is the lowest tier, and the device pool's victim moving down
+    evicts its oldest chunk as usual. Found by a review (every such promotion refused)."""
+    with KVStore(SMALL, {"chunk_tokens": CHUNK, "gpu_capacity": 2 * CHUNK_BYTES,
+                         "host_capacity": 2 * CHUNK_BYTES, "model": "test-model"}) as store:
+        a, b, c, d = (seq(FRESH + 1000 * i, 1) for i in range(4))
+        for tokens in (a, b, c, d):  # device pool: c, d; host memory: a, b
+            store.put(tokens, make_kv(tokens))
+        assert exact(store, a) == len(a)
+        assert store.stats().chunks_promoted == 1
+        assert store.lookup(a).chunks_by_tier == {TierName.GPU: 1}
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(PREFIXES, min_size=1, max_size=10), PREFIXES)
 def test_with_nothing_else_running_a_get_serves_what_its_lookup_said_in_memory(puts, asked):

@@ -152,3 +152,40 @@ def test_discard_removes_every_copy():
     store(s, k(1), GPU)
     assert s.discard(k(1)) == 2
     assert s.locate(k(1)) is None
+
+
+def test_a_promotion_is_refused_where_its_victim_finds_room_below_only_in_the_gets_chunks():
+    s = stack(gpu_slots=1, host_slots=2)
+    for key in (k(1), k(2), k(3)):  # host: 1, 2; device pool: 3
+        store(s, key)
+    drops = s.drops
+    assert s.plan_promotion(k(1), GPU, keep={k(1), k(2)}) is None  # 3 would be dropped
+    assert s.drops == drops and s.locate(k(3)) == Location(GPU, s.indexes[GPU].slot_of(k(3)))
+    plan = s.plan_promotion(k(1), GPU, keep={k(1)})  # 3 goes down over 2: eviction as usual
+    assert plan is not None and [m.key for m in plan.demotions] == [k(3)]
+
+
+def test_a_victim_with_a_copy_doomed_below_counts_as_finding_no_room_there():
+    """A doomed copy (discarded while pinned) blocks a new entry for its key, so the victim
+    would be dropped: the promotion is refused. Found by a review."""
+    s = TierStack([(HOST, SlotIndex(1, LRUPolicy())), (TierName.DISK, SlotIndex(2, LRUPolicy()))])
+    store(s, k(1), HOST)
+    store(s, k(1), TierName.DISK)
+    s.indexes[TierName.DISK].pin(k(1))
+    s.indexes[TierName.DISK].discard(k(1))
+    assert s.plan_promotion(k(9), HOST, keep={k(9)}) is None and s.drops == 0
+
+
+def test_below_the_lowest_tier_in_service_a_victim_is_evicted_as_usual():
+    """A disk index with no slot in service (none configured, or every path down) is no
+    lower tier: the host victim of a promotion's demotion is evicted as usual. Found by a
+    review: every promotion of a memory-only store was refused."""
+    disk = SlotIndex(2, LRUPolicy())
+    disk.retire(range(2))
+    s = TierStack([(GPU, SlotIndex(1, LRUPolicy())), (HOST, SlotIndex(1, LRUPolicy())),
+                   (TierName.DISK, disk)])
+    store(s, k(1))
+    store(s, k(2))  # host: 1; device pool: 2
+    assert s.plan_promotion(k(1), GPU, keep={k(1)}) is None  # 2 could go only over 1
+    store(s, k(3), HOST)  # host: 3 (1 evicted)
+    assert s.plan_promotion(k(4), GPU, keep={k(4)}) is not None  # 2 goes down over 3

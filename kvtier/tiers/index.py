@@ -3,49 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
-from enum import Enum
 
 from kvtier.keys import ChunkKey
 from kvtier.tiers.policy import EvictionPolicy
+from kvtier.tiers.slot_entries import EntryState, IndexCensus, Reservation, SlotEntry
 
-
-class EntryState(Enum):
-    WRITING = "writing"  # reserved; bytes being written; invisible
-    READY = "ready"  # visible to lookups
-    DOOMED = "doomed"  # discarded while pinned; freed at the last unpin
-
-
-@dataclass
-class _Entry:
-    slot: int
-    state: EntryState
-    pins: int = 0
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """A slot held for ``key`` until ``commit`` or ``abort``.
-
-    ``victim`` is the key evicted to make room, if any: it is gone from the index, but its
-    bytes stay in ``slot`` until the holder overwrites them, so the holder may first copy the
-    victim down to a lower tier.
-    """
-
-    key: ChunkKey
-    slot: int
-    victim: ChunkKey | None = None
-
-
-@dataclass(frozen=True)
-class IndexCensus:
-    """A count of one index's entries by state, and the pins they hold."""
-
-    entries: int
-    ready: int
-    writing: int
-    doomed: int
-    pins: int
+__all__ = ["EntryState", "IndexCensus", "Reservation", "SlotIndex"]
 
 
 class SlotIndex:
@@ -77,12 +40,13 @@ class SlotIndex:
             raise ValueError(f"num_slots must not be negative, got {num_slots}")
         self.num_slots = num_slots
         self._policy = policy
-        self._entries: dict[ChunkKey, _Entry] = {}
+        self._entries: dict[ChunkKey, SlotEntry] = {}
         self._free: list[int] = []  # slots given back (may hold adopted ones since)
         self._listed = bytearray(num_slots)  # in ``_free``: a slot is listed at most once
         self._fresh = 0  # slots from here on were never handed out (may be adopted since)
         self._is_free = bytearray(b"\x01") * num_slots
         self._retired = bytearray(num_slots)
+        self._num_retired = 0
         self._num_free = num_slots
         self._num_visible = 0
         self._num_pinned = 0  # visible keys with at least one pin
@@ -156,15 +120,24 @@ class SlotIndex:
             self.evictions += 1
             if self._retired[slot]:  # committed on a slot retired meanwhile: drop it
                 victim, slot = None, None
-        self._entries[key] = _Entry(slot, EntryState.WRITING)
+        self._entries[key] = SlotEntry(slot, EntryState.WRITING)
         return Reservation(key, slot, victim)
 
-    def peek(self, keep: Collection[ChunkKey] = ()) -> tuple[bool, ChunkKey | None]:
-        """``(True, None)``: a free slot; ``(False, victim)``; ``(False, None)``: no room
-        (not foreseen: a victim on a retired slot, dropped for the next one)."""
+    def peek(self, keep: Collection[ChunkKey] = (),
+             key: ChunkKey | None = None) -> tuple[bool, ChunkKey | None]:
+        """What ``reserve(key, keep=keep)`` would do: ``(True, None)``, a free slot;
+        ``(False, victim)``; ``(False, None)``, none (``key`` has an entry, or no room)."""
+        if key is not None and key in self._entries:
+            return False, None
         if self._num_free:
             return True, None
-        return False, self._policy.victim(lambda k: self._unpinned(k) and k not in keep)
+        return False, self._policy.victim(lambda k: self._unpinned(k) and k not in keep
+                                          and not self._retired[self._entries[k].slot])
+
+    @property
+    def in_service(self) -> int:
+        """Slots not retired (a disk path down retires its slots)."""
+        return self.num_slots - self._num_retired
 
     def commit(self, key: ChunkKey) -> None:
         entry = self._entries[key]
@@ -184,7 +157,7 @@ class SlotIndex:
             return False
         self._is_free[slot] = 0
         self._num_free -= 1
-        self._entries[key] = _Entry(slot, EntryState.READY)
+        self._entries[key] = SlotEntry(slot, EntryState.READY)
         self._num_visible += 1
         self._policy.insert(key)
         return True
@@ -248,6 +221,7 @@ class SlotIndex:
             if self._retired[slot]:
                 continue
             self._retired[slot] = 1
+            self._num_retired += 1
             if self._is_free[slot]:
                 self._is_free[slot] = 0
                 self._num_free -= 1
@@ -264,6 +238,7 @@ class SlotIndex:
             if not self._retired[slot]:
                 continue
             self._retired[slot] = 0
+            self._num_retired -= 1
             if slot not in held:
                 self._is_free[slot] = 1
                 self._num_free += 1

@@ -150,25 +150,29 @@ class TierStack:
         """``plan_store`` for a copy that only speeds later reads (a get's promotion), or
         none where it would cost another chunk its only copy: its victim finding no room
         below but in ``keep``'s slots, where ``_plan_demotion`` would drop it. Evicting from
-        the lowest tier to make room below is eviction as usual, not such a cost."""
-        free, victim = self.indexes[tier].peek(keep)
+        the lowest tier in service is eviction as usual, not such a cost."""
+        free, victim = self.indexes[tier].peek(keep, key)
         if not free and victim is not None and not self._room_below(victim, tier, keep):
             return None
         return self.plan_store(key, tier, keep=keep)
 
     def _room_below(self, victim: ChunkKey, tier: TierName, keep: Collection[ChunkKey]) -> bool:
-        """True when ``_plan_demotion`` of ``victim`` out of ``tier`` would keep it: a copy
-        below already, or a slot below whose own victim is kept in turn."""
-        for lower in self.order[self.order.index(tier) + 1:]:
+        """True when ``_plan_demotion`` of ``victim`` out of ``tier`` would keep it (a copy
+        below already, or a slot below whose own victim is kept in turn), or ``tier`` is the
+        lowest with slots in service."""
+        lower_tiers = self.order[self.order.index(tier) + 1:]
+        if not any(self.indexes[lower].in_service for lower in lower_tiers):
+            return True
+        for lower in lower_tiers:
             if self.indexes[lower].has_entry(victim) or (
                     lower is TierName.DISK and self.on_disk_elsewhere is not None
                     and self.on_disk_elsewhere(victim)):
                 return True
-            free, below = self.indexes[lower].peek(keep)
+            free, below = self.indexes[lower].peek(keep, victim)
             if free:
                 return True
             if below is not None:
-                return lower is self.order[-1] or self._room_below(below, lower, keep)
+                return self._room_below(below, lower, keep)
         return False
 
     def _plan_demotion(self, victim: ChunkKey, src: Location, spare: Collection[ChunkKey] = (),
