@@ -4,6 +4,8 @@ catches) is found in each tier it can be served from (host memory, disk, another
 segment, the remote store), removed from every tier, counted by tier; a cache that is right
 raises no alarm."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,7 @@ from kvtier import KVStore
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.store.tolerance import same_kv
 from kvtier.tiers.base import TierName
+from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
 from tests.helpers.redis_server import RedisServer, needs_redis
 from tests.helpers.shared import shared, wait_for
@@ -163,3 +166,36 @@ def test_a_dtype_named_as_torch_prints_it_is_compared_the_same():
     for name in ("float32", "torch.float32"):
         assert same_kv(moved.view(torch.uint8), fresh.view(torch.uint8), name, 1e-3), name
         assert not same_kv(torch.randn(256).view(torch.uint8), fresh.view(torch.uint8), name, 1e-3)
+
+
+def test_a_chunk_found_wrong_while_its_disk_write_runs_is_not_committed_by_it(tmp_path):
+    """The write-through, once over, committed the chunk that verification had removed
+    meanwhile: it was served again, and after a restart. Found by a review."""
+    make, engines = FakeEngine.factory()
+    wrong = make_kv(B)  # another prompt's KV under A's keys
+    with KVStore(SMALL, config(tmp_path), io_engine=make) as store:
+        engines[0].hold(*engines[0].queues)  # a slow disk: the writes wait
+        store.put(A, wrong)
+        assert store.verify_against(A, make_kv(A)).removed == tuple(store.keys(A))
+        engines[0].release(*engines[0].queues)
+        store.flush()
+        assert store.lookup(A).tokens == 0 and load(store, A)[0] == 0
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert store.lookup(A).tokens == 0
+
+
+@needs_redis
+def test_a_chunk_found_wrong_while_its_remote_write_runs_is_removed_once_it_is_over(tmp_path):
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        with remote_store(server.url) as a:
+            tier, release = a._state.remote.tier, threading.Event()
+            real = tier.put_many
+            tier.put_many = lambda items: (release.wait(10), real(items))[1]
+            a.put(A, make_kv(B))
+            assert a.verify_against(A, make_kv(A)).removed == tuple(a.keys(A))
+            release.set()
+            assert a._state.remote.drain(10)
+            assert tier.exists(list(a.keys(A))) == [False] * 4
+    finally:
+        server.stop()

@@ -146,10 +146,22 @@ class DiskWrites:
     def _settle_group(self, writes: Sequence[Move], results: Sequence[IOResult] | None) -> None:
         """Finish each write's disk reservation, unpin its host slot and count its outcome
         (a write that never ran, at close, is not counted)."""
+        wrong: list[Move] = []  # found wrong while being written (``verify.forget``)
         with self.state.books.held() as b:  # once for the group
             for i, write in enumerate(writes):
                 ok = results is not None and results[i].ok
-                b.stack.finish(write.key, write.dst, ok)
+                if ok and write.key in self.state.forgotten:
+                    wrong.append(write)
+                else:
+                    self.state.forgotten.discard(write.key)
+                    b.stack.finish(write.key, write.dst, ok)
                 b.stack.unpin(write.key, write.src)
                 if results is not None:
                     b.account_write(results[i])
+        for write in wrong:  # blanked while still reserved: no restart finds it
+            self.state.lane.invalidate(write.dst.slot, write.key)
+        if wrong:
+            with self.state.books.held() as b:
+                for write in wrong:
+                    self.state.forgotten.discard(write.key)
+                    b.stack.finish(write.key, write.dst, False)

@@ -82,6 +82,7 @@ class StoreRemote:
         self._hits = HitCounts(max(KNOWN_MIN, 2 * slots))
         self._refused = KnownKeys(max(KNOWN_MIN, 2 * slots))  # not written since the last flush
         self._writing: set[ChunkKey] = set()  # queued, not answered yet
+        self._wrong: set[ChunkKey] = set()  # of those, found wrong meanwhile: removed once over
         self._groups: list = []  # put jobs opened under the lock, started once it is released
         tier.register(host.buffer.array)
         self.lane = RemoteLane(tier, config.io_threads, host.slot_array, self._settle)
@@ -153,11 +154,17 @@ class StoreRemote:
                 self.lane.start(group)
 
     def _settle(self, items: Sequence[RemotePut], results: Sequence[IOResult] | None) -> None:
+        wrong: list[ChunkKey] = []  # written after ``remove`` asked for them gone
         with self._books.held() as b:  # once for the group
             for i, item in enumerate(items):
                 b.stack.unpin(item.key, Location(HOST, item.slot))
                 self._writing.discard(item.key)
                 result = results[i] if results is not None else None
+                if item.key in self._wrong:
+                    self._wrong.discard(item.key)
+                    self._known.discard(item.key)
+                    wrong.append(item.key)
+                    continue
                 if result is not None and result.ok:
                     b.stats.remote_writes += 1
                     b.stats.remote_write_bytes += result.nbytes
@@ -167,6 +174,8 @@ class StoreRemote:
                 self._refused.add(item.key)
                 if result is not None:
                     _failed(b, "write", result)
+        if wrong:
+            self.tier.remove(wrong)
 
     def get(self, pairs: Sequence[tuple[ChunkKey, int]]) -> list[IOResult]:
         """Read chunks into host slots, verified: (key, host slot) each; on a remote thread."""
@@ -187,9 +196,13 @@ class StoreRemote:
             _failed(b, "read", result)
 
     def remove(self, keys: Sequence[ChunkKey]) -> None:
-        """Chunks found wrong (``verify``): removed from the store, not known there."""
-        for key in keys:
-            self._known.discard(key)
+        """Chunks found wrong (``verify``): removed from the store, not known there; one
+        being written is removed again once its write is over."""
+        with self._books.held():
+            for key in keys:
+                self._known.discard(key)
+                if key in self._writing:
+                    self._wrong.add(key)
         self.tier.remove(keys)
 
     def drain(self, timeout: float | None) -> bool:

@@ -3,13 +3,14 @@ lock (``Books``), the tiers, the disk lane, and what other writers and a remote 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.disk.lane import DiskLane, NoDisk
+from kvtier.keys import ChunkKey
 from kvtier.store.books import Books
 from kvtier.store.transfers import Transfers
 from kvtier.tiers.base import MemoryTier, TierName
@@ -36,6 +37,9 @@ class StoreState:
     max_pending: int  # background disk writes queued per path before write-through drops
     others: OtherWriters | None = None  # other writers of a shared directory, when followed
     remote: StoreRemote | None = None  # the remote tier (remote_url)
+    # chunks found wrong while their disk write was in flight (books' lock): the write, once
+    # over, blanks its slot and gives it back instead of committing it (``DiskWrites``)
+    forgotten: set[ChunkKey] = field(default_factory=set)
 
     def sync(self) -> None:
         gpu = self.tiers.get(GPU)

@@ -78,15 +78,19 @@ def report(keys: Sequence[ChunkKey], tiers: Sequence[TierName], checked: int,
 
 def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
     """Remove chunks found wrong from every tier the store reaches: its own (a disk slot's
-    header blanked, so no restart finds it again), another writer's copy (not read again
-    until that writer writes the slot anew: its segment is not the store's to change),
-    and the remote store (removed there, for every node)."""
+    header blanked, so no restart finds it again; a disk write in flight blanks its slot
+    once over, ``DiskWrites``), another writer's copy (not read again until that writer
+    writes the slot anew: its segment is not the store's to change), and the remote store
+    (removed there, for every node; a write in flight, once over)."""
     others, remote = state.others, state.remote
     for key in keys:
         slot = state.books.slot_of(TierName.DISK, key) if state.lane.tier is not None else None
         if slot is not None:  # blanked while the index still holds the slot: no chunk put
             state.lane.invalidate(slot)  # meanwhile can land there and be blanked instead
-        state.books.discard(key)
+        with state.books.held() as b:
+            if b.stack.indexes[TierName.DISK].has_entry(key):  # its write is in flight
+                state.forgotten.add(key)
+            b.stack.discard(key)
         refs = others.find(key) if others is not None else None
         if others is not None and refs is not None:
             others.drop(refs)
