@@ -97,6 +97,25 @@ def test_another_prompts_pages_in_host_memory_are_caught_and_removed_everywhere(
     again.close()
 
 
+def test_a_chunk_found_wrong_has_its_older_copies_on_disk_blanked_too(sides, tmp_path):
+    """A second copy of the chunk in a slot the bookkeeping no longer knows (given back
+    unwritten after a failed read, say) came back at the next start. Found by a review."""
+    side, w = sides()
+    keys = store(side, w, "x")
+    slot = side.stack.locate(keys[1]).slot
+    wrong_pages_into(w, slot)
+    buffer = AlignedBuffer(GEO.chunk_bytes)
+    buffer.array[:] = w.host.slot_array(slot)[:GEO.chunk_bytes]
+    spare = side.stack.indexes[DISK].num_slots - 1  # never handed out
+    assert w.disk.write(spare, keys[1], buffer.array).ok
+    check(side, w, "y", 2)
+    assert side.counters["verify_mismatches_host"] == 1
+    w.close(5)
+    again = scheduler(disk=tmp_path, instance_id="a")
+    assert again.recovered == 1 and again.stack.locate(keys[1]) is None
+    again.close()
+
+
 def test_a_copy_read_from_disk_is_checked_there(sides, tmp_path):
     side, w = sides()
     keys = store(side, w, "x")

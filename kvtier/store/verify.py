@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvtier.disk.copies import blank_every_copy
 from kvtier.keys import ChunkKey
 from kvtier.store.state import StoreState
 from kvtier.store.tolerance import within
 from kvtier.tiers.base import TierName
 
 log = logging.getLogger("kvtier")
+MAX_COPIES = 64  # another writer's copies of one chunk dropped at most (a hostile one may
+# name a key in every slot: those past this are found and dropped at their next check)
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,15 @@ def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
         slot = state.books.slot_of(TierName.DISK, key) if state.lane.tier is not None else None
         if slot is not None:  # blanked while the index still holds the slot: no chunk put
             state.lane.invalidate(slot)  # meanwhile can land there and be blanked instead
+        blank_every_copy(state.lane, key)  # older copies, which a start-up would take
         with state.books.held() as b:
             if b.stack.indexes[TierName.DISK].has_entry(key):  # its write is in flight
                 state.forgotten.add(key)
             b.stack.discard(key)
-        refs = others.find(key) if others is not None else None
-        if others is not None and refs is not None:
+        for _ in range(MAX_COPIES):  # another writer's copies, each found in turn
+            refs = others.find(key) if others is not None else None
+            if others is None or refs is None:
+                break
             others.drop(refs)
     if remote is not None and keys:
         remote.remove(keys)

@@ -53,6 +53,10 @@ class FakeEngine:
         for name in queues or self.queues:
             self._errors[name] = error
 
+    def heal(self) -> None:
+        """Jobs of every queue run again (``fail`` undone)."""
+        self._errors.clear()
+
     def submit(self, queue_name: str, job: Callable[[], Any]) -> Future:
         self.submitted[queue_name] += 1
         return self._engine.submit(queue_name, lambda: self._run(queue_name, job))

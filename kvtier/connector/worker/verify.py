@@ -15,6 +15,7 @@ from kvtier.connector.common.messages import ChunkVerify, RequestLoad
 from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.load_tracker import Reads
 from kvtier.connector.worker.pages import PagedKV
+from kvtier.disk.copies import blank_every_copy
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey
@@ -101,6 +102,7 @@ class WorkerVerify:
             return
         if check.disk_copy is not None:  # no restart finds it again
             self._lane.invalidate(check.disk_copy, ChunkKey(check.source.key))
+        blank_every_copy(self._lane, ChunkKey(check.source.key))  # nor an older copy
         self._end(check, "verify_differed")
 
     def _read_ok(self, check: ChunkVerify, read: Future) -> bool:
