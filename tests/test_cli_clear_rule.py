@@ -72,3 +72,21 @@ def test_clear_says_what_it_left_and_why(tmp_path):
     assert f"{namespace_of(damaged).name[:12]}: left alone: damaged (namespace.json: not JSON" in text
     assert f"{namespace_of(oversized).name[:12]}/writers/{oversized.name}: left alone: " \
            f"{oversized}/lease is {MAX_LEASE_BYTES + 1} bytes" in text
+
+
+def test_clear_removes_a_segments_slot_files_before_its_index(tmp_path, monkeypatch):
+    """A clear killed midway must not leave slot files without their index: the next start
+    scans their headers and takes every chunk back. Found by a review."""
+    from kvtier.io.safefs import SafeDir
+
+    make_cache(tmp_path, 2, model="order-model")
+    removed, real = [], SafeDir.remove_file
+
+    def recording(self, name):
+        removed.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(SafeDir, "remove_file", recording)
+    assert kvtier("clear", tmp_path, "--yes")[0] == 0
+    slots = [i for i, name in enumerate(removed) if name.startswith("slots-")]
+    assert slots and "index.kvt" in removed and max(slots) < removed.index("index.kvt")

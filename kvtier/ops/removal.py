@@ -71,9 +71,11 @@ def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = Tru
                   before_lock: Callable[[list[str]], None] | None = None) -> list[str]:
     """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
     its temporary files) and, when the caller holds it (``locked``), the lock file, last,
-    after ``before_lock(left)``; return the other entries (``left``)."""
+    after ``before_lock(left)``; return the other entries (``left``). Slot files go first:
+    a removal killed midway leaves no slot file whose index is gone (a start-up would scan
+    its headers and take back every chunk)."""
     left = []
-    for name in handle.names():
+    for name in sorted(handle.names(), key=lambda n: slot_number(n) is None):
         if name == LOCK_FILE and locked:
             continue
         mine = (name in kvtier_names or slot_number(name) is not None
