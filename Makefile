@@ -23,8 +23,7 @@ $(STAMP): pyproject.toml
 
 # Three workers on two cores: many tests wait (on a lease, a timeout, a child process) and
 # an engine test's start is mostly one core. --dist loadscope keeps each module's tests (and
-# its engine fixtures) on one worker; --no-loadscope-reorder keeps tests/conftest.py's order
-# (the longest modules first) instead of ordering modules by their number of tests.
+# its engine fixtures) on one worker.
 TEST_WORKERS ?= 3
 
 # mypy runs beside the tests (its 45 s from a cold cache fill their waits); its report is
@@ -32,7 +31,7 @@ TEST_WORKERS ?= 3
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy >$(VENV)/mypy.log 2>&1 & typing=$$!; \
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=20; tests=$$?; \
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=20; tests=$$?; \
 	wait $$typing; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.log; \
 	[ $$tests = 0 ] && [ $$typed = 0 ]
 

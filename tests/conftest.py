@@ -2,7 +2,6 @@ import pytest
 
 from kvtier.layout import KVLayout
 from tests.helpers.kv import SMALL
-from tests.helpers.module_order import LONGEST
 
 
 @pytest.fixture
@@ -20,8 +19,7 @@ def _warm_engine_host():
 
 
 def pytest_collection_modifyitems(config, items):
-    """The longest modules first (``LONGEST``), each in its own order: with ``make test``'s
-    workers (pytest-xdist, ``--dist loadscope --no-loadscope-reorder``, which keeps this
-    order) they start first instead of holding the run's end."""
-    rank = {name: i for i, name in enumerate(LONGEST)}
-    items.sort(key=lambda item: rank.get(item.module.__name__.rpartition(".")[2], len(rank)))
+    """Engine tests (``vllm`` mark) first, each module in its own order: with ``make test``'s
+    workers (pytest-xdist, ``--dist loadscope``) the longest modules start first instead of
+    holding the run's end."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
