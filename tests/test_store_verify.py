@@ -15,6 +15,7 @@ from kvtier import KVStore
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.store.tolerance import same_kv
 from kvtier.tiers.base import TierName
+from tests.helpers.disk_helpers import wait_until
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv, same_bytes
 from tests.helpers.redis_server import RedisServer, needs_redis
@@ -237,3 +238,76 @@ def test_a_reader_of_the_directory_serves_no_older_copy_of_a_chunk_found_wrong(t
         wait_for(lambda: reader.lookup(A[:CHUNK]).tokens == CHUNK)
         assert writer.verify_against(A[:CHUNK], make_kv(A[:CHUNK])).removed
         wait_for(lambda: reader.lookup(A[:CHUNK]).tokens == 0)
+
+
+def _writes_over(store: KVStore) -> None:
+    wait_until(lambda: store._runner.disk_writes.writes_pending == 0, "the disk writes")
+
+
+def test_a_chunk_found_wrong_at_rest_on_disk_leaves_its_next_write_alone(tmp_path):
+    """Every chunk found wrong on disk was marked as being written (a committed entry counted
+    too), and the right KV put again after was blanked once written. Found by a review."""
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        store.put(A, make_kv(B))
+        assert store.flush()
+        assert store.verify_against(A, make_kv(A)).removed == tuple(store.keys(A))
+        assert store._state.forgotten == set()
+        store.put(A, make_kv(A))  # computed again, right
+        _writes_over(store)
+        assert all(store._books.slot_of(DISK, key) is not None for key in store.keys(A))
+
+
+def test_a_write_that_ends_while_a_chunk_is_removed_leaves_no_copy(tmp_path, monkeypatch):
+    """The write-through of a chunk found wrong ends while ``forget`` runs: whichever comes
+    first, no start-up finds the chunk. Found by a review."""
+    import kvtier.store.verify as verify
+
+    make, engines = FakeEngine.factory()
+    real = verify.blank_every_copy
+
+    def blank_then_the_write_ends(lane, key):
+        real(lane, key)
+        engines[0].release(*engines[0].queues)
+        _writes_over(store)
+
+    with KVStore(SMALL, config(tmp_path), io_engine=make) as store:
+        engines[0].hold(*engines[0].queues)
+        store.put(A, make_kv(B))
+        monkeypatch.setattr(verify, "blank_every_copy", blank_then_the_write_ends)
+        assert store.verify_against(A, make_kv(A)).removed == tuple(store.keys(A))
+        monkeypatch.undo()
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert store.lookup(A).tokens == 0
+
+
+def test_an_index_that_cannot_be_read_does_not_stop_a_removal(tmp_path, monkeypatch):
+    from kvtier.segment.cachedir import CacheDir
+
+    with KVStore(SMALL, config(tmp_path, host_chunks=8)) as store:
+        store.put(A, make_kv(B))
+        assert store.flush()
+        monkeypatch.setattr(CacheDir, "read_index", lambda self: (_ for _ in ()).throw(
+            OSError(errno.EIO, "injected")))
+        assert store.verify_against(A, make_kv(A)).removed == tuple(store.keys(A))
+        assert store.lookup(A).tokens == 0
+
+
+def test_a_device_pool_chunk_found_wrong_while_flush_writes_it_is_not_committed(tmp_path):
+    """Flush writes a device pool chunk to disk from a copy of its own; found wrong while
+    that write ran (past ``load_timeout``, left running), it was committed once over, and a
+    start-up served it. Found by a review."""
+    make, engines = FakeEngine.factory()
+    cfg = config(tmp_path, gpu_capacity=4 * CHUNK_BYTES, load_timeout="100ms")
+    two = A[:2 * CHUNK]  # two writes given up on: the path stays in service (three, not)
+    with KVStore(SMALL, cfg, io_engine=make) as store:
+        store.put(two, make_kv(B)[:, :, :2 * CHUNK])  # in the device pool only
+        engines[0].hold(*engines[0].queues)
+        store.flush(timeout=1)  # its writes left running
+        assert store.verify_against(two, make_kv(two)).removed == tuple(store.keys(two))
+        engines[0].release(*engines[0].queues)
+        wait_until(lambda: store.stats().disk_writes == 2, "the writes over")
+        assert not store.stats().paths_down
+        marked = set(store._state.forgotten)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert store.lookup(two).tokens == 0
+    assert not marked

@@ -32,7 +32,10 @@ def slots_naming(tier: DiskTier, key: ChunkKey) -> list[int]:
         directory = path.dir
         if directory is None:
             continue
-        data = directory.read_index()
+        try:
+            data = directory.read_index()
+        except OSError:  # its copies stay: a failing path is taken out, and back empty
+            continue
         rows = np.frombuffer(data, np.uint8, len(data) // INDEX_ENTRY_BYTES * INDEX_ENTRY_BYTES)
         rows = rows.reshape(-1, INDEX_ENTRY_BYTES)[: tier.layout.per_path]
         for local in np.flatnonzero((rows[:, KEY_AT:KEY_AT + len(wanted)] == wanted).all(axis=1)):

@@ -81,20 +81,26 @@ def report(keys: Sequence[ChunkKey], tiers: Sequence[TierName], checked: int,
 
 def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
     """Remove chunks found wrong from every tier the store reaches: its own (a disk slot's
-    header blanked, so no restart finds it again; a disk write in flight blanks its slot
-    once over, ``DiskWrites``), another writer's copy (not read again until that writer
-    writes the slot anew: its segment is not the store's to change), and the remote store
-    (removed there, for every node; a write in flight, once over)."""
+    header blanked, so no restart finds it again, and its older copies too; a disk write in
+    flight is blanked once over instead of committed, ``PlanRunner.finish`` and
+    ``DiskWrites``), another writer's copies (not read again until that writer writes the
+    slot anew: its segment is not the store's to change), and the remote store (removed
+    there, for every node; a write in flight, once over)."""
     others, remote = state.others, state.remote
     for key in keys:
-        slot = state.books.slot_of(TierName.DISK, key) if state.lane.tier is not None else None
-        if slot is not None:  # blanked while the index still holds the slot: no chunk put
-            state.lane.invalidate(slot)  # meanwhile can land there and be blanked instead
-        blank_every_copy(state.lane, key)  # older copies, which a start-up would take
         with state.books.held() as b:
-            if b.stack.indexes[TierName.DISK].has_entry(key):  # its write is in flight
+            disk = b.stack.indexes[TierName.DISK]
+            slot = disk.slot_of(key)  # on disk: held (no chunk put meanwhile lands there)
+            if slot is not None:
+                disk.hold(key)
+            elif disk.has_entry(key):  # being written: its writer blanks it once over
                 state.forgotten.add(key)
             b.stack.discard(key)
+        if slot is not None:
+            state.lane.invalidate(slot, key)
+            with state.books.held() as b:
+                disk.unpin(key)  # discarded while held: its slot is free from now
+        blank_every_copy(state.lane, key)  # older copies, which a start-up would take
         for _ in range(MAX_COPIES):  # another writer's copies, each found in turn
             refs = others.find(key) if others is not None else None
             if others is None or refs is None:

@@ -174,14 +174,23 @@ class PlanRunner:
         return write
 
     def _moved(self, move: Move, result: IOResult) -> None:
+        if result.ok and move.dst.tier is DISK:
+            with self.state.books.held():
+                wrong = move.key in self.state.forgotten
+            if wrong:  # found wrong while written: blanked, and not committed (``finish``)
+                self.state.lane.invalidate(move.dst.slot, move.key)
         self.finish(move.key, move.dst, result.ok)
         self.state.books.account_write(result)
 
     def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> None:
         """Finish a reservation (with ``pin``, pin the chunk there in the same breath); a
-        chunk that reached host memory starts its write-through."""
+        chunk that reached host memory starts its write-through. A disk write of a chunk
+        found wrong meanwhile (``StoreState.forgotten``) is not committed."""
         remote = self.state.remote
         with self.state.books.held() as b:
+            if dst.tier is DISK and key in self.state.forgotten:  # found wrong meanwhile:
+                self.state.forgotten.discard(key)  # its slot blanked (``_moved``), or if it
+                ok = False  # was found since, by ``forget``'s look at every copy after
             b.stack.finish(key, dst, ok)
             if ok and pin:
                 b.stack.indexes[dst.tier].pin(key)
