@@ -311,3 +311,24 @@ def test_a_device_pool_chunk_found_wrong_while_flush_writes_it_is_not_committed(
     with KVStore(SMALL, config(tmp_path)) as store:
         assert store.lookup(two).tokens == 0
     assert not marked
+
+
+def test_every_copy_of_several_chunks_is_found_in_one_read_of_each_index(tmp_path):
+    from kvtier.disk.copies import slots_naming
+
+    paths = [tmp_path / "a", tmp_path / "b"]
+    for path in paths:
+        path.mkdir(mode=0o700)
+    with KVStore(SMALL, config(tmp_path, disk_chunks=16,
+                               disk_paths=[str(path) for path in paths])) as store:
+        one, two = seq(0, 1), seq(1000, 1)
+        for tokens in (one, two, seq(2000, 1)):
+            store.put(tokens, make_kv(tokens))
+        assert store.flush()
+        keys = [store.keys(one)[0], store.keys(two)[0]]
+        buffer = AlignedBuffer(CHUNK_BYTES)
+        for spare, key in zip((14, 15), keys, strict=True):  # second copies, on both paths
+            assert store.disk.write(spare, key, buffer.array).ok
+        found = slots_naming(store.disk, keys)
+        assert sorted(key for _, key in found) == sorted(keys * 2)
+        assert {14, 15} <= {slot for slot, _ in found}

@@ -8,12 +8,13 @@ would come back at the next start."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kvtier.io.format import INDEX_ENTRY_BYTES
-from kvtier.keys import ChunkKey
+from kvtier.keys import KEY_BYTES, ChunkKey
 from kvtier.segment.index_file import valid_header
 
 if TYPE_CHECKING:
@@ -23,11 +24,15 @@ if TYPE_CHECKING:
 KEY_AT = struct.calcsize("<8sHHBBH16s")  # a header's key, after its magic, fields and namespace
 
 
-def slots_naming(tier: DiskTier, key: ChunkKey) -> list[int]:
-    """The slots whose index entries name ``key``, over the paths in service: one read of
-    each path's index file (128 bytes a slot), its entries matched at once."""
-    found: list[int] = []
-    wanted = np.frombuffer(bytes(key), np.uint8)
+def slots_naming(tier: DiskTier, keys: Collection[ChunkKey]) -> list[tuple[int, ChunkKey]]:
+    """(slot, key) of each slot whose index entry names one of ``keys``, over the paths in
+    service: one read of each path's index file (128 bytes a slot) for all of them, its
+    entries matched at once (a million in about 0.06 s)."""
+    found: list[tuple[int, ChunkKey]] = []
+    wanted = set(keys)
+    if not wanted:
+        return found
+    wanted_column = np.array([bytes(key) for key in wanted], dtype=f"V{KEY_BYTES}")
     for index, path in enumerate(tier.paths.states):
         directory = path.dir
         if directory is None:
@@ -38,17 +43,18 @@ def slots_naming(tier: DiskTier, key: ChunkKey) -> list[int]:
             continue
         rows = np.frombuffer(data, np.uint8, len(data) // INDEX_ENTRY_BYTES * INDEX_ENTRY_BYTES)
         rows = rows.reshape(-1, INDEX_ENTRY_BYTES)[: tier.layout.per_path]
-        for local in np.flatnonzero((rows[:, KEY_AT:KEY_AT + len(wanted)] == wanted).all(axis=1)):
+        column = np.ascontiguousarray(rows[:, KEY_AT:KEY_AT + KEY_BYTES]).view(f"V{KEY_BYTES}")
+        for local in np.flatnonzero(np.isin(column.ravel(), wanted_column)):
             header = valid_header(rows[local].tobytes(), tier.ns_digest, tier.layout)
-            if header is not None and header.key == key:
-                found.append(int(local) * tier.layout.num_paths + index)
+            if header is not None and header.key in wanted:
+                found.append((int(local) * tier.layout.num_paths + index, header.key))
     return found
 
 
-def blank_every_copy(lane: DiskLane | NoDisk, key: ChunkKey) -> None:
-    """Blank each slot whose index entry names ``key`` (its header read under the slot's
-    lock first: a slot written since with another chunk is left alone)."""
+def blank_every_copy(lane: DiskLane | NoDisk, keys: Collection[ChunkKey]) -> None:
+    """Blank each slot whose index entry names one of ``keys`` (its header read under the
+    slot's lock first: a slot written since with another chunk is left alone)."""
     if lane.tier is None:
         return
-    for slot in slots_naming(lane.tier, key):
+    for slot, key in slots_naming(lane.tier, keys):
         lane.invalidate(slot, key)

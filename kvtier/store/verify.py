@@ -100,11 +100,11 @@ def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
             state.lane.invalidate(slot, key)
             with state.books.held() as b:
                 disk.unpin(key)  # discarded while held: its slot is free from now
-        blank_every_copy(state.lane, key)  # older copies, which a start-up would take
         for _ in range(MAX_COPIES):  # another writer's copies, each found in turn
             refs = others.find(key) if others is not None else None
             if others is None or refs is None:
                 break
             others.drop(refs)
+    blank_every_copy(state.lane, keys)  # older copies, which a start-up would take
     if remote is not None and keys:
         remote.remove(keys)

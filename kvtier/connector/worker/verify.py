@@ -102,7 +102,7 @@ class WorkerVerify:
             return
         if check.disk_copy is not None:  # no restart finds it again
             self._lane.invalidate(check.disk_copy, ChunkKey(check.source.key))
-        blank_every_copy(self._lane, ChunkKey(check.source.key))  # nor an older copy
+        blank_every_copy(self._lane, [ChunkKey(check.source.key)])  # nor an older copy
         self._end(check, "verify_differed")
 
     def _read_ok(self, check: ChunkVerify, read: Future) -> bool:
