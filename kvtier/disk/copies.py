@@ -7,21 +7,18 @@ would come back at the next start."""
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvtier.io.format import INDEX_ENTRY_BYTES
+from kvtier.io.format import INDEX_ENTRY_BYTES, KEY_OFFSET
 from kvtier.keys import KEY_BYTES, ChunkKey
 from kvtier.segment.index_file import valid_header
 
 if TYPE_CHECKING:
     from kvtier.disk.lane import DiskLane, NoDisk
     from kvtier.disk.tier import DiskTier
-
-KEY_AT = struct.calcsize("<8sHHBBH16s")  # a header's key, after its magic, fields and namespace
 
 
 def slots_naming(tier: DiskTier, keys: Collection[ChunkKey]) -> list[tuple[int, ChunkKey]]:
@@ -43,7 +40,7 @@ def slots_naming(tier: DiskTier, keys: Collection[ChunkKey]) -> list[tuple[int, 
             continue
         rows = np.frombuffer(data, np.uint8, len(data) // INDEX_ENTRY_BYTES * INDEX_ENTRY_BYTES)
         rows = rows.reshape(-1, INDEX_ENTRY_BYTES)[: tier.layout.per_path]
-        column = np.ascontiguousarray(rows[:, KEY_AT:KEY_AT + KEY_BYTES]).view(f"V{KEY_BYTES}")
+        column = np.ascontiguousarray(rows[:, KEY_OFFSET:KEY_OFFSET + KEY_BYTES]).view(f"V{KEY_BYTES}")
         for local in np.flatnonzero(np.isin(column.ravel(), wanted_column)):
             header = valid_header(rows[local].tobytes(), tier.ns_digest, tier.layout)
             if header is not None and header.key in wanted:

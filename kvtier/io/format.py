@@ -31,7 +31,9 @@ from kvtier.keys import FORMAT_VERSION, KEY_BYTES, ChunkKey
 MAGIC = b"KVTSLOT\x00"
 HEADER_BYTES = 4096
 INDEX_ENTRY_BYTES = 128  # a header's meaningful prefix, as kept in the per-directory index
-_LAYOUT = struct.Struct("<8sHHBBH16s16sQQQQQ")
+_BEFORE_KEY = "<8sHHBBH16s"  # magic, version, fields, namespace digest
+_LAYOUT = struct.Struct(_BEFORE_KEY + "16sQQQQQ")
+KEY_OFFSET = struct.calcsize(_BEFORE_KEY)  # where a header (and an index entry) names its key
 _CHECKSUM = struct.Struct("<Q")
 _PART = struct.Struct("<QQ")  # a part's size and checksum
 MAX_PARTS = (HEADER_BYTES - INDEX_ENTRY_BYTES) // _PART.size

@@ -174,11 +174,12 @@ class PlanRunner:
         return write
 
     def _moved(self, move: Move, result: IOResult) -> None:
-        if result.ok and move.dst.tier is DISK:
-            with self.state.books.held():
+        if result.ok and move.dst.tier is DISK and self.state.forgotten:  # (empty but
+            with self.state.books.held():  # for a removal: no lock taken on every write)
                 wrong = move.key in self.state.forgotten
-            if wrong:  # found wrong while written: blanked, and not committed (``finish``)
-                self.state.lane.invalidate(move.dst.slot, move.key)
+            if wrong:  # found wrong while written: blanked, and not committed (``finish``;
+                self.state.lane.invalidate(move.dst.slot, move.key)  # one marked since is
+                # aborted there, and its slot blanked by ``forget``'s look at every copy)
         self.finish(move.key, move.dst, result.ok)
         self.state.books.account_write(result)
 
