@@ -44,6 +44,9 @@ def crash(store: KVStore, engine: FakeEngine) -> None:
     store.disk.close()  # slot files, index file and the lock's descriptor
     for tier in store.tiers.values():
         tier.close()
+    others = store._state.others  # its thread looks at the directory: gone with the process
+    if others is not None:
+        others.close()
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -204,6 +207,13 @@ class StoreMachine(RuleBasedStateMachine):
         # read first: it only falls meanwhile; a job writes a group of chunks, each pinned
         self.check_bookkeeping(self.engine.pending() + background_writes(self.store))
 
+    def losses(self) -> str:
+        """The store's counts of what may take a chunk away, for a failed check to name."""
+        stats = self.store.stats()
+        names = ("corruptions", "io_errors", "no_space", "torn_slots", "load_timeouts",
+                 "chunks_skipped", "dropped_writes", "drops", "paths_down")
+        return ", ".join(f"{name}={getattr(stats, name)}" for name in names)
+
     @invariant()
     def no_faults(self):
         stats = self.store.stats()
@@ -215,15 +225,18 @@ class StoreMachine(RuleBasedStateMachine):
         """A chunk put leaves the store only when the disk evicts it or a demotion drops it."""
         with bookkeeping(self.store) as stack:
             lost = sum(stack.locate(k) is None for k in self.put_since_open)
-            assert lost <= stack.indexes[DISK].evictions + stack.drops, "chunks vanished"
+            evicted = stack.indexes[DISK].evictions + stack.drops
+        assert lost <= evicted, f"chunks vanished ({lost}; {self.losses()})"
 
     @invariant()
     def keeps_what_was_put(self):
         if self.keeps_all:
             with bookkeeping(self.store) as stack:
                 held = self.durable | self.since_open
-                assert all(stack.locate(k) for k in held), "a chunk put was lost"
-                assert self.durable <= set(stack.indexes[DISK].keys()), "durable chunk left the disk"
+                lost = sum(stack.locate(k) is None for k in held)
+                off_disk = len(self.durable - set(stack.indexes[DISK].keys()))
+            assert not lost, f"{lost} chunks put were lost ({self.losses()})"
+            assert not off_disk, f"{off_disk} durable chunks left the disk ({self.losses()})"
 
 
 class WriteBackMachine(StoreMachine):
