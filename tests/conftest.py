@@ -6,6 +6,8 @@ import os
 # engine runs at once took 0.59x the time with it, one alone the same).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import sys
+
 import pytest
 
 from kvtier.layout import KVLayout
@@ -24,6 +26,27 @@ def _warm_engine_host():
     from tests.helpers.vllm_engine import close_warm_host
 
     close_warm_host()
+
+
+@pytest.fixture(autouse=True)
+def _close_scheduler_sides(monkeypatch):
+    """Every connector scheduler side a test builds is closed at its end, as the connector's
+    ``shutdown`` does: its threads (the follower of other writers' segments, the halt file's
+    watch) would otherwise look at the test's directory for the rest of the session."""
+    module = sys.modules.get("kvtier.connector.scheduler.side")  # imported by the tests using it
+    if module is None:
+        yield
+        return
+    built, init = [], module.SchedulerSide.__init__
+
+    def recorded(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(module.SchedulerSide, "__init__", recorded)
+    yield
+    for side in built:
+        side.close()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -58,8 +58,9 @@ def test_empty_kv_rows_start_on_pages_and_hold_zeros(tmp_path):
     assert out.stride(3) == 1 and out.stride(2) == LAYOUT.hidden
     assert (out.stride(1) * out.element_size()) % PAGE == 0 and out.data_ptr() % PAGE == 0
     assert not out.view(torch.int16).any()
-    with pytest.raises(ValueError, match="positive"):
-        KVStore(LAYOUT, config(tmp_path), model="m").empty_kv(0)
+    with KVStore(LAYOUT, config(tmp_path), model="m") as store, \
+            pytest.raises(ValueError, match="positive"):
+        store.empty_kv(0)
 
 
 def test_a_first_disk_read_lands_in_the_tensor_and_the_second_promotes(tmp_path):

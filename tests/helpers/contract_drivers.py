@@ -279,6 +279,7 @@ class ConnectorDriver(Driver):
         if self.worker is not None:
             assert self.worker.close(), "WorkerSide.close did not finish its disk jobs"
             self.pump()  # the writes close waited for
+            self._sides[0].close()  # as the connector's shutdown
             self.worker = self.scheduler = None
 
     @property
