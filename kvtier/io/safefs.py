@@ -141,6 +141,15 @@ class SafeDir:
         """Entry names, sorted."""
         return sorted(os.listdir(self.fd))
 
+    def listed(self, limit: int) -> list[str]:
+        """Entry names, sorted; ``UnsafeEntry`` (E2BIG) past ``limit``, kvtier's most there
+        (the listing stops: a directory stuffed with entries costs ``limit`` of them)."""
+        names = self.scan(limit + 1)
+        if len(names) > limit:
+            raise UnsafeEntry(errno.E2BIG, f"{self.path} holds more than {limit} entries, more "
+                              "than kvtier ever makes there: remove those it did not make")
+        return sorted(names)
+
     def scan(self, limit: int) -> list[str]:
         """At most ``limit`` entry names, in the directory's own order: the listing stops
         there, so a directory stuffed with entries costs no more than ``limit`` of them."""

@@ -39,6 +39,7 @@ from kvtier.segment.names import (
     INDEX_FILE,
     LOCK_FILE,
     META_FILE,
+    SEGMENT_LISTED,
     SLOT_FILE,
     TEMP_NAME,
     WRITERS_DIR,
@@ -152,7 +153,7 @@ class CacheDir:
     def _remove_leftovers(self) -> None:
         """Remove the temporary and probe files a writer of this segment killed midway left
         (their exact names only; anything else is not kvtier's and stays)."""
-        for name in self.dir.names():
+        for name in self.dir.listed(SEGMENT_LISTED):
             if TEMP_NAME.fullmatch(name):
                 with contextlib.suppress(OSError):  # not a regular file of ours: left alone
                     self.dir.remove_file(name)
@@ -184,7 +185,7 @@ class CacheDir:
 
     def slot_file_numbers(self) -> list[int]:
         """Numbers of the slot files there are, within the capacity."""
-        numbers = (slot_number(name) for name in self.dir.names())
+        numbers = (slot_number(name) for name in self.dir.listed(SEGMENT_LISTED))
         return sorted(n for n in numbers if n is not None and self.slots_in_file(n))
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:

@@ -33,6 +33,11 @@ LEASE_FILE = "lease"
 LOG_FILE = "log.kvt"
 SLOT_FILE = "slots-{:04d}.kvt"
 SLOT_NAME = re.compile(r"slots-([0-9]{4,9})\.kvt", re.ASCII)  # see ``slot_number``
+# Entries of a directory an engine lists at most (more are not kvtier's: the directory is
+# refused, or the rest not looked at): ``seats/`` holds at most 4096 seats (share_writers)
+# and their temporary files; a segment its slot files (8 GiB each) and a few of its own.
+SEATS_LISTED = 8192
+SEGMENT_LISTED = 4096
 NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
 # Temporary and probe files kvtier makes: ``.<name>.tmp-<pid>-<8 hex>`` (``SafeDir.replace_file``,
 # ``write_seat`` and ``CacheDir.replace_index``), ``.o_direct_probe-<pid>-<8 hex>``; ``-<pid>``
@@ -42,8 +47,8 @@ TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|halt\.json|lease|log\.kvt|index
                        r"-[1-9][0-9]{0,9}(?:-[0-9a-f]{8})?", re.ASCII)
 
 __all__ = ["HALT_FILE", "INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",
-           "SEATS_DIR", "SEAT_FILE", "SEAT_NAME", "SLOT_FILE", "SLOT_NAME", "TEMP_NAME",
-           "WRITERS_DIR", "WRITER_ID", "seat_number", "slot_number"]
+           "SEATS_DIR", "SEATS_LISTED", "SEAT_FILE", "SEAT_NAME", "SEGMENT_LISTED", "SLOT_FILE",
+           "SLOT_NAME", "TEMP_NAME", "WRITERS_DIR", "WRITER_ID", "seat_number", "slot_number"]
 
 
 def _number(name: str, pattern: re.Pattern[str], written: str) -> int | None:

@@ -13,10 +13,8 @@ import time
 from collections.abc import Callable
 
 from kvtier.io.safefs import SafeDir
-from kvtier.segment.names import SEATS_DIR, TEMP_NAME, WRITER_ID, WRITERS_DIR, seat_number
+from kvtier.segment.names import SEATS_DIR, SEATS_LISTED, TEMP_NAME, WRITER_ID, WRITERS_DIR, seat_number
 from kvtier.segment.seat_files import linked_temps, mine, read_holder
-
-LISTED = 8192  # seat directory entries an engine looks at per look (share_writers <= 4096)
 
 
 def orphan_seats(ns_dir: SafeDir, older_than_s: float | None, now_ns: int | None = None,
@@ -108,7 +106,7 @@ def give_back_seats(ns_dir: SafeDir, orphans: list[tuple[str, os.stat_result]]) 
         return []
     freed = []
     with ns_dir.subdir(SEATS_DIR) as seats:
-        linked = linked_temps(seats)
+        linked = linked_temps(seats, seats.scan(SEATS_LISTED))  # one past: not removed
         for name, info in orphans:
             now = seats.lstat(name)
             if now is None or (now.st_ino, now.st_mtime_ns) != (info.st_ino, info.st_mtime_ns):

@@ -12,9 +12,16 @@ import logging
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseWatch
 from kvtier.segment.lock import held_here
-from kvtier.segment.names import LEASE_FILE, SEATS_DIR, WRITER_ID, WRITERS_DIR, seat_number
+from kvtier.segment.names import (
+    LEASE_FILE,
+    SEATS_DIR,
+    SEATS_LISTED,
+    WRITER_ID,
+    WRITERS_DIR,
+    seat_number,
+)
 from kvtier.segment.seat_files import read_holder
-from kvtier.segment.seat_orphans import LISTED, OrphanWatch, give_back_seats, orphan_seats
+from kvtier.segment.seat_orphans import OrphanWatch, give_back_seats, orphan_seats
 from kvtier.segment.seats import reclaim_segment
 
 log = logging.getLogger("kvtier")
@@ -41,9 +48,9 @@ class SeatReclaimer:
                 watch = self._orphans.setdefault((root, namespace_id),
                                                  OrphanWatch(self._leases.timeout))
                 freed = len(give_back_seats(ns_dir, watch.due(
-                    orphan_seats(ns_dir, None, limit=LISTED))))
+                    orphan_seats(ns_dir, None, limit=SEATS_LISTED))))
                 with ns_dir.subdir(SEATS_DIR) as seats:
-                    holders = {read_holder(seats, name) for name in seats.scan(LISTED)
+                    holders = {read_holder(seats, name) for name in seats.scan(SEATS_LISTED)
                                if seat_number(name) is not None}
                 for writer in sorted(h for h in holders if h and h != own and WRITER_ID.fullmatch(h)):
                     freed += self._reclaim_if_gone(root, ns_dir, writer)

@@ -29,6 +29,8 @@ from kvtier.segment.names import (
     LOG_FILE,
     SEAT_FILE,
     SEATS_DIR,
+    SEATS_LISTED,
+    SEGMENT_LISTED,
     TEMP_NAME,
     WRITERS_DIR,
     seat_number,
@@ -96,8 +98,9 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     that ran with a larger ``share_writers``, whose segment still takes its share of
     ``disk_capacity`` until it is reclaimed."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
-        _remove_linked_temps(seats)
-        held = {name: read_holder(seats, name) for name in seats.names() if seat_number(name) is not None}
+        listed = seats.listed(SEATS_LISTED)
+        _remove_linked_temps(seats, listed)
+        held = {name: read_holder(seats, name) for name in listed if seat_number(name) is not None}
         names = [SEAT_FILE.format(k) for k in range(limit)]
         others = sorted(name for name, holder in held.items() if holder != writer)
         seat = None
@@ -134,7 +137,8 @@ def _one_too_many(seats: SafeDir, name: str, limit: int) -> bool:
     held (writers that counted the seats at once, each then taking one), and it is among
     the highest-numbered of the first ``limit``, which give way. Every writer that took a
     seat sees the same seats once each has taken its own, so just the excess gives way."""
-    held = sorted(n for n in (seat_number(name) for name in seats.names()) if n is not None)
+    held = sorted(n for n in (seat_number(name) for name in seats.listed(SEATS_LISTED))
+                  if n is not None)
     excess = len(held) - limit
     return excess > 0 and seat_number(name) in [n for n in held if n < limit][-excess:]
 
@@ -146,9 +150,10 @@ def _touch(seats: SafeDir, name: str) -> None:
         os.utime(name, dir_fd=seats.fd, follow_symlinks=False)
 
 
-def _remove_linked_temps(seats: SafeDir) -> None:
-    """Remove the ``linked_temps``: the seat keeps the data, and reads again (one link)."""
-    for name in linked_temps(seats):
+def _remove_linked_temps(seats: SafeDir, names: list[str]) -> None:
+    """Remove the ``linked_temps`` among ``names``: the seat keeps the data, and reads again
+    (one link)."""
+    for name in linked_temps(seats, names):
         with contextlib.suppress(OSError):  # changed since: left alone
             seats.remove_file(name, links=2)
 
@@ -209,7 +214,7 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
             except OSError:
                 return False
             try:
-                for name in segment.names():  # slot files, and temporary or probe files
+                for name in segment.listed(SEGMENT_LISTED):  # slot files, temporary files
                     if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
                         segment.remove_file(name)
                 for name in _SEGMENT_FILES[:-1]:
@@ -233,6 +238,6 @@ def release_seat(ns_dir: SafeDir, writer: str) -> None:
     if ns_dir.lstat(SEATS_DIR) is None:
         return
     with ns_dir.subdir(SEATS_DIR) as seats:
-        for name in seats.names():
+        for name in seats.listed(SEATS_LISTED):
             if seat_number(name) is not None and read_holder(seats, name) == writer:
                 seats.remove_file(name)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from kvtier.config.settings import DiskFloor
 from kvtier.io.safefs import SafeDir
-from kvtier.segment.names import slot_number
+from kvtier.segment.names import SEGMENT_LISTED, slot_number
 
 GROW_BYTES = 256 * 1024**2
 
@@ -43,7 +43,7 @@ def grow_file(fd: int, size: int, end: int, limit: int, floor: DiskFloor, dir_fd
 def trim_slot_files(directory: SafeDir, limit_of: Callable[[int], int]) -> None:
     """Cut every slot file of ``directory`` down to ``limit_of(its number)`` bytes, and remove
     those with no room left; a slot file that is not a regular file of ours is refused."""
-    for name in directory.names():
+    for name in directory.listed(SEGMENT_LISTED):
         number = slot_number(name)
         if number is None:
             continue  # not a name kvtier writes: never truncated nor removed

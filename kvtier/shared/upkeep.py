@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.lease import LeaseWatch, beat_every
 from kvtier.segment.lock import held_here
-from kvtier.segment.seat_orphans import LISTED, OrphanWatch, give_back_seats, orphan_seats
+from kvtier.segment.names import SEATS_LISTED
+from kvtier.segment.seat_orphans import OrphanWatch, give_back_seats, orphan_seats
 from kvtier.segment.seats import reclaim_segment
 from kvtier.shared.followed import Followed
 
@@ -50,7 +51,7 @@ class Upkeep:
         ever free them, and with every seat taken no writer could write."""
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns_id) as ns_dir:
-                due = self._orphans[path].due(orphan_seats(ns_dir, None, limit=LISTED))
+                due = self._orphans[path].due(orphan_seats(ns_dir, None, limit=SEATS_LISTED))
                 freed = give_back_seats(ns_dir, due)
         except OSError as exc:
             log.debug("kvtier: cannot look at the seats on %s: %s", self._roots[path], exc)

@@ -24,7 +24,7 @@ from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
 from kvtier.segment.lock import locked_here
-from kvtier.segment.names import WRITER_ID, WRITERS_DIR, host_name, writer_ids
+from kvtier.segment.names import WRITERS_DIR, default_writer_ids, host_name, writer_ids
 
 
 def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[str | None]:
@@ -95,18 +95,19 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
 def _held_here(roots: tuple[str, ...], namespace: Namespace,
                wanted: Callable[[LeaseInfo], bool] = lambda lease: True,
                ) -> list[tuple[str, LeaseInfo, bool]]:
-    """The segments of ``namespace`` whose lock a process of this host holds, or that cannot
-    be told (``held_here``'s cautious answer), with their leases and whether the lock is
-    surely held (a lock that cannot be opened, a directory say, is not); only those whose
-    lease is ``wanted`` have their lock tried (a try takes the lock for a moment)."""
+    """The segments of ``namespace`` under this host's default writer ids (the only ones its
+    engines take without an ``instance_id``) whose lock a process of this host holds, or
+    that cannot be told (``held_here``'s cautious answer), with their leases and whether the
+    lock is surely held (a lock that cannot be opened, a directory say, is not); only those
+    whose lease is ``wanted`` have their lock tried (a try takes the lock for a moment).
+    Each id is looked up by name: ``writers/`` is not listed (other hosts' writers, or
+    entries stuffed there, cost nothing)."""
     found, host = [], host_name()
     for root in roots:
         try:
             with SafeDir.open(root) as top, top.subdir(namespace.id) as ns_dir, \
                     ns_dir.subdir(WRITERS_DIR) as writers:
-                for name in writers.names():
-                    if not WRITER_ID.fullmatch(name):
-                        continue
+                for name in default_writer_ids(host):
                     try:
                         with writers.subdir(name) as segment:
                             lease = read_lease(segment)
