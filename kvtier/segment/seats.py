@@ -98,9 +98,7 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     that ran with a larger ``share_writers``, whose segment still takes its share of
     ``disk_capacity`` until it is reclaimed."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
-        listed = seats.listed(SEATS_LISTED)
-        _remove_linked_temps(seats, listed)
-        held = {name: read_holder(seats, name) for name in listed if seat_number(name) is not None}
+        held = _held_seats(seats)
         names = [SEAT_FILE.format(k) for k in range(limit)]
         others = sorted(name for name, holder in held.items() if holder != writer)
         seat = None
@@ -130,6 +128,15 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
                         "or wait for a writer that is gone to be reclaimed (lease_timeout: "
                         "this store reclaims it at the path's next try), or remove a gone "
                         "writer's segment with `kvtier gc PATH --gone AGE`")
+
+
+def _held_seats(seats: SafeDir) -> dict[str, str | None]:
+    """Each seat of ``seats`` and the writer it holds (``read_holder``), once the
+    ``linked_temps`` are removed; ``UnsafeEntry`` when it holds more than ``SEATS_LISTED``
+    entries."""
+    listed = seats.listed(SEATS_LISTED)
+    _remove_linked_temps(seats, listed)
+    return {name: read_holder(seats, name) for name in listed if seat_number(name) is not None}
 
 
 def _one_too_many(seats: SafeDir, name: str, limit: int) -> bool:
