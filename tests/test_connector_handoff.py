@@ -83,8 +83,8 @@ def test_a_producer_hands_off_its_prompts_length_and_namespace_and_only_a_produc
 def test_a_consumer_waits_asking_again_then_recomputes_what_never_came_said_once(caplog):
     clock, counters, asked = Clock(), Counter(), []
     handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock)
-    req = request("r", 65, Handoff(65, DIGEST).params())
-    assert handoffs.match(req, 64, 64, 64, 0, asked.append) == 64  # all there: no wait
+    whole, req = (request(name, 65, Handoff(65, DIGEST).params()) for name in ("w", "r"))
+    assert handoffs.match(whole, 64, 64, 64, 0, asked.append) == 64  # all there: no wait
     assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None  # half: ask again
     clock.now += ASK_EVERY_S / 2
     assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None
@@ -110,11 +110,29 @@ def test_the_wait_is_for_what_is_visible_not_for_what_a_cut_lets_load():
     handed-off tokens are all in the pool."""
     counters = Counter()
     handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, Clock())
-    req = request("r", 65, Handoff(65, DIGEST).params())
-    assert handoffs.match(req, 0, 64, 64, 0, print) == 0  # recompute is faster: at once
-    assert handoffs.match(req, 32, 64, 64, 0, print) == 32  # host memory stages half
-    assert handoffs.match(req, 32, 32, 64, 0, print) is None  # half in the pool: wait
+    first, second, third = (request(name, 65, Handoff(65, DIGEST).params()) for name in "rst")
+    assert handoffs.match(first, 0, 64, 64, 0, print) == 0  # recompute is faster: at once
+    assert handoffs.match(second, 32, 64, 64, 0, print) == 32  # host memory stages half
+    assert handoffs.match(third, 32, 32, 64, 0, print) is None  # half in the pool: wait
     assert counters["handoffs_incomplete"] == 0
+
+
+def test_a_request_whose_wait_was_met_is_not_held_back_again_when_preempted():
+    """vLLM asks again for a preempted request (nothing computed any more). Its hand-off
+    was met long ago: if the pool has lost chunks since (its host memory and the producer's
+    segment turned over), they are recomputed at once, not waited for until load_timeout
+    for writes nobody will make. Found by a review."""
+    clock, counters = Clock(), Counter()
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock)
+    req = request("r", 65, Handoff(65, DIGEST).params())
+    assert handoffs.match(req, 32, 32, 64, 0, print) is None  # half there: it waits
+    clock.now += 1.0
+    assert handoffs.match(req, 64, 64, 64, 0, print) == 64  # all there: met, loaded
+    clock.now += 5.0
+    assert handoffs.match(req, 0, 0, 64, 0, print) == 0  # preempted, the pool lost it all
+    assert counters["handoffs_waited"] == 1 and counters["handoffs_incomplete"] == 0
+    handoffs.forget("r")
+    assert handoffs.match(req, 0, 0, 64, 0, print) is None  # a new request of that id
 
 
 def test_a_hand_off_of_another_namespace_or_none_is_not_waited_for():

@@ -85,8 +85,9 @@ class Handoffs:
     again; ``visible``: those found cached, before a cut that waiting cannot change: the
     load policy, host memory's room; ``end``: the furthest token stored chunks can reach)
     and returns it, or None while the handed-off tokens up to ``end`` are not all visible
-    and its wait (``timeout_s`` from the first ask; 30 s when None) is not over;
-    ``ask_again(req_id)`` is called, at most every
+    and its wait (``timeout_s`` from the first ask; 30 s when None) is not over; once it is
+    (met or run out) every later ask of the request (a preemption asks again) is answered at
+    once. ``ask_again(req_id)`` is called, at most every
     ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the request
     is over."""
 
@@ -97,7 +98,7 @@ class Handoffs:
         self._counters, self._clock = counters, clock
         self._since: dict[str, tuple[float, float]] = {}  # req id -> (first ask, last ask)
         self._said: set[str] = set()  # what was logged once
-        self._given_up: set[str] = set()  # requests whose wait ran out (asked again: no wait)
+        self._over: set[str] = set()  # requests whose wait is over, met or run out: no other
 
     @property
     def stores(self) -> bool:
@@ -117,8 +118,8 @@ class Handoffs:
         if handoff is None or found is None or visible is None:
             return found
         req_id = request.request_id
-        if req_id in self._given_up:  # its wait is over: what the pool holds, at once
-            return found
+        if req_id in self._over:  # asked again (preempted, or not scheduled): what the pool
+            return found  # holds, at once: the producer wrote what it had long ago
         if handoff.namespace != self._digest:
             self._say("namespace", "a request handed off by an engine of another model, "
                       "layout or chunking: not waited for (loads what matches)")
@@ -135,7 +136,6 @@ class Handoffs:
                 ask_again(req_id)
             return None
         self._end(req_id)
-        self._given_up.add(req_id)
         self._counters["handoffs_incomplete"] += 1
         self._counters["handoff_tokens_recomputed"] += wanted - visible
         self._say("incomplete", f"a handed-off prompt was not all in the pool after "
@@ -145,6 +145,7 @@ class Handoffs:
         return found
 
     def _end(self, req_id: str) -> None:
+        self._over.add(req_id)
         if self._since.pop(req_id, None) is not None:
             self._counters["handoffs_waited"] += 1
 
@@ -155,7 +156,7 @@ class Handoffs:
 
     def forget(self, req_id: str) -> None:
         self._since.pop(req_id, None)
-        self._given_up.discard(req_id)
+        self._over.discard(req_id)
 
 
 def fit_role(role: Role, config: KVTierConfig) -> KVTierConfig:
