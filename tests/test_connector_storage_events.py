@@ -4,6 +4,7 @@ disk, and an engine following another's segment of a shared directory, publish t
 chunks with the hashes vLLM gives their tokens, without a request for them; a record that
 lies, or no record, names nothing; ``STORAGE`` is removed only when no holder is left."""
 
+import threading
 import time
 from array import array
 from collections import Counter
@@ -19,9 +20,11 @@ from kvtier.config.settings import load_config
 from kvtier.connector.common.messages import StepPlan
 from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.scheduler.storage_events import StorageEvents
 from kvtier.connector.vllm_events import VllmHashing
 from kvtier.io.format import Codec, SlotHeader
 from kvtier.io.token_record import encode_record, read_record
+from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 from tests.helpers.vllm_requests import vllm_chain
 from tests.helpers.vllm_requests import vllm_request as make_request
@@ -135,6 +138,31 @@ def test_another_engines_chunks_are_published_until_no_segment_holds_them(tmp_pa
     gone = events_until(b, 1)
     assert gone == [("removed", "STORAGE", tuple(chain(TOKENS)[0:2]), None)]
     b.close()
+
+
+def test_a_loss_of_a_chunk_never_named_queues_nothing(tmp_path):
+    """Another segment losing a chunk this engine never named nor reads names nothing: it
+    is not queued. An idle engine, whose reads wait for vLLM to take what was found, queued
+    every such loss of the other engines' churn without bound. Found by a review."""
+    events = StorageEvents([str(tmp_path)], GEO.namespace("m", "", 1, 0), "me",
+                           4096 + GEO.chunk_bytes, GEO, HASHING)
+    told = threading.Event()
+    listeners = []
+
+    def listen(changed):
+        listeners.append(changed)
+        told.set()
+        return []
+
+    events.start([], listen)
+    try:
+        assert told.wait(10)
+        for n in range(10_000):
+            listeners[0](ChunkKey(n.to_bytes(16, "big")), None)
+        time.sleep(0.2)
+        assert events.drain() == []
+    finally:
+        events.close()
 
 
 def held_back(s: SchedulerSide, timeout: float = 10.0) -> None:

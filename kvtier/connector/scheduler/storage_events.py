@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -79,8 +79,11 @@ class StorageEvents:
     found since the last call (at most ``limit``), in order. A header that cannot be read,
     is not the chunk's, or holds no record naming its key (``record_blocks``) finds nothing
     (counted in ``unnamed``). At most ``QUEUE_LIMIT`` headers wait: past it the newest are
-    not read (``dropped``); a loss is never dropped, and waits once however often it is
-    told. ``close()`` stops the thread.
+    not read (``dropped``). A loss waits once however often it is told, and only for a chunk
+    named (found, and no loss of it found since) or being read: a loss of any other names
+    nothing anyone was told, and is dropped, so that an idle engine whose reads wait queues
+    no more losses than the chunks it named and the reads waiting. ``close()`` stops the
+    thread.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, own_writer: str,
@@ -91,6 +94,8 @@ class StorageEvents:
         self.unnamed = self.dropped = 0
         self._todo: deque[_Read | ChunkKey] = deque()  # a key alone: gone from other segments
         self._losses: set[ChunkKey] = set()  # the losses in ``_todo``
+        self._reading: Counter[ChunkKey] = Counter()  # reads in ``_todo`` or being read
+        self._told: set[ChunkKey] = set()  # found, and no loss of it found since
         self._found: deque[Found] = deque()
         self._wake = threading.Condition()  # news for the thread: work, or close
         self._closing = threading.Event()  # the only end of a rest
@@ -127,8 +132,11 @@ class StorageEvents:
                         self.dropped += 1
                         continue
                     room -= 1
+                    self._reading[item.key] += 1
                 elif item in self._losses:  # a loss goes in once while it waits: a writer
                     continue  # starting its log over and over queues no more than its chunks
+                elif item not in self._told and not self._reading[item]:
+                    continue  # nothing was, or will be, said of it
                 else:
                     self._losses.add(item)
                 kept.append(item)
@@ -158,14 +166,31 @@ class StorageEvents:
                 self._losses.difference_update(i for i in batch if not isinstance(i, _Read))
             if not batch:
                 continue
-            started = time.monotonic()
+            started, found = time.monotonic(), []
             try:
-                self._found.extend(self._read(batch))
+                found = self._read(batch)
             except Exception as exc:  # a hint lost, never the engine
                 log.warning("kvtier: reading token records for KV events failed: %r", exc)
+            self._over(batch, found)
+            self._found.extend(found)
             # rest, so that the step keeps the interpreter most of the time: news of the
             # follower only queues work, it does not cut the rest short
             self._closing.wait((time.monotonic() - started) * (1 / DUTY - 1))
+
+    def _over(self, batch: list[_Read | ChunkKey], found: list[Found]) -> None:
+        """``batch`` was read and ``found`` what it names, in order (a chunk named, then
+        lost, is not named)."""
+        with self._wake:
+            for item in found:
+                if item.blocks is None:
+                    self._told.discard(item.key)
+                else:
+                    self._told.add(item.key)
+            for read in batch:
+                if isinstance(read, _Read):
+                    self._reading[read.key] -= 1
+                    if not self._reading[read.key]:
+                        del self._reading[read.key]
 
     def _read(self, batch: list[_Read | ChunkKey]) -> list[Found]:
         """What ``batch`` finds, in its order but each chunk after its parent chunk (as vLLM
