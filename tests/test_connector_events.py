@@ -150,6 +150,26 @@ def test_a_discarded_chunk_and_a_retired_disk_path_are_removed(tmp_path):
     assert [e[:2] for e in side.take_events()] == [("removed", "STORAGE")]
 
 
+def test_a_disk_write_that_ends_after_its_path_went_down_is_not_published(tmp_path):
+    """A write job already running when its path went out of service ends well: the chunk
+    is not made visible on the retired slot nor published on disk (it was published, and
+    never removed once that entry fell out). Found by a review."""
+    side = side_with_events(tmp_path)
+    meta = StepPlan()
+    side.plan_stores(vllm_request("a", TOKENS[:32]), ([100, 101],), 32, meta)
+    (chunk,) = meta.stores
+    side.worker_report(WorkerReport(host_stored=Counter({chunk.key: 1})))
+    assert [e[:2] for e in side.take_events()] == [("stored", "CPU")]
+    side.worker_report(WorkerReport(paths_down=Counter({0: 1})))
+    side.worker_report(WorkerReport(disk_written=Counter({chunk.key: 1})))
+    assert side.take_events() == []
+    assert side.stack.locate(chunk.key).tier is TierName.HOST
+    assert side.counters["disk_failed_chunks"] == 1 and side.counters["disk_written_chunks"] == 0
+    side.stack.discard(chunk.key)
+    assert [e[:2] for e in side.take_events()] == [("removed", "CPU")]
+    assert len(side.events) == 0  # its record let go
+
+
 def test_the_queue_is_bounded_dropping_the_oldest():
     counters: Counter = Counter()
     events = KVEvents(geometry(), Made(), counters, limit=2)

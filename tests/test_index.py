@@ -77,16 +77,19 @@ def test_peek_says_what_a_reserve_would_do_and_changes_nothing(make_index):
     assert index.reserve(k(4), keep={k(1)}).victim == k(3)
 
 
-def test_peek_passes_over_a_key_committed_on_a_retired_slot_as_reserve_does(make_index):
-    """A write that ends after its path went down commits on a retired slot; reserve drops
-    that key and takes the next victim, and peek names that next one. Found by a review."""
+def test_a_write_that_ends_after_its_slot_was_retired_commits_nothing(make_index):
+    """A write that ends after its path went down: its key is not made visible on the
+    retired slot (it was, then fell out unseen at a later reserve: a review found such a
+    chunk published on disk and never removed), and the slot stays out of service."""
     index = make_index(2)
     first = index.reserve(k(1))
     index.retire(range(first.slot, first.slot + 1))
-    index.commit(k(1))
+    assert index.commit(k(1)) is False
+    assert k(1) not in index and index.free_slots == 1
     fill(index, [k(2)])
     assert index.peek() == (False, k(2)) and index.reserve(k(3)).victim == k(2)
     assert index.peek(key=k(3)) == (False, None)  # a key with an entry: no reservation
+    assert index.reserve(k(4)) is None  # the retired slot is not handed out
 
 
 def test_pinned_keys_are_never_evicted(make_index):

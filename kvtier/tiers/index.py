@@ -21,7 +21,9 @@ class SlotIndex:
       key is already present in any state, or when every slot is pinned or being written
       ("no room"). A reserved key is invisible. ``peek(keep)`` says what a ``reserve`` with
       ``keep`` would do, changing nothing: a free slot, the victim it would evict, or none.
-    - ``commit(key)`` makes a reserved key visible; ``abort(key)`` frees its slot.
+    - ``commit(key)`` makes a reserved key visible (False, and aborted, when its slot was
+      retired meanwhile: no visible key ever lies on a retired slot); ``abort(key)`` frees
+      its slot.
     - ``pin(key)`` returns the slot of a visible key and keeps it from eviction until the
       matching ``unpin``; pins count. ``None`` when the key is not visible. ``hold(key)``
       pins a visible or discarded-while-pinned key without touching it (an I/O still
@@ -106,7 +108,7 @@ class SlotIndex:
             return None
         victim: ChunkKey | None = None
         slot = self._take_free() if self._num_free else None
-        while slot is None:  # a victim outside ``spare`` (a read's next chunks) while one is,
+        if slot is None:  # a victim outside ``spare`` (a read's next chunks) while one is,
             # never one of ``keep`` (those a promotion must not cost)
             victim = self._policy.victim(lambda k: self._unpinned(k) and k not in spare
                                          and k not in keep) if spare or keep else None
@@ -118,8 +120,6 @@ class SlotIndex:
             slot = self._entries.pop(victim).slot
             self._num_visible -= 1
             self.evictions += 1
-            if self._retired[slot]:  # committed on a slot retired meanwhile: drop it
-                victim, slot = None, None
         self._entries[key] = SlotEntry(slot, EntryState.WRITING)
         return Reservation(key, slot, victim)
 
@@ -131,20 +131,25 @@ class SlotIndex:
             return False, None
         if self._num_free:
             return True, None
-        return False, self._policy.victim(lambda k: self._unpinned(k) and k not in keep
-                                          and not self._retired[self._entries[k].slot])
+        return False, self._policy.victim(lambda k: self._unpinned(k) and k not in keep)
 
     @property
     def in_service(self) -> int:
         """Slots not retired (a disk path down retires its slots)."""
         return self.num_slots - self._num_retired
 
-    def commit(self, key: ChunkKey) -> None:
+    def commit(self, key: ChunkKey) -> bool:
+        """Make a reservation visible; False, and it is aborted, when its slot was retired
+        while it was written (the chunk is on a path out of service)."""
         entry = self._entries[key]
         assert entry.state is EntryState.WRITING, f"commit of a key in state {entry.state}"
+        if self._retired[entry.slot]:
+            self.abort(key)
+            return False
         entry.state = EntryState.READY
         self._num_visible += 1
         self._policy.insert(key)
+        return True
 
     def abort(self, key: ChunkKey) -> None:
         entry = self._entries.pop(key)

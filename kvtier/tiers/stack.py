@@ -194,12 +194,13 @@ class TierStack:
         self.drops += 1
         return ()
 
-    def finish(self, key: ChunkKey, dst: Location, ok: bool) -> None:
+    def finish(self, key: ChunkKey, dst: Location, ok: bool) -> bool:
+        """End a reservation: visible (True) when ``ok`` and its slot is still in service."""
         index = self.indexes[dst.tier]
         if ok:
-            index.commit(key)
-        else:
-            index.abort(key)
+            return index.commit(key)
+        index.abort(key)
+        return False
 
     def discard(self, key: ChunkKey) -> int:
         """Drop ``key`` from every tier (for example after a failed checksum)."""

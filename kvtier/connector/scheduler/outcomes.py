@@ -143,8 +143,7 @@ class Outcomes:
             if key in self._after_demotion:  # the store into its host slot failed meanwhile
                 self._aborted.release(self._after_demotion.pop(key))
             aborted = key in self._aborted
-            ok = ok and not aborted
-            self.stack.finish(key, dst, ok)
+            ok = self.stack.finish(key, dst, ok and not aborted)  # False: its path went down
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
             if aborted:
                 self._aborted.release(key)

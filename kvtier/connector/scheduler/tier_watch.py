@@ -34,9 +34,11 @@ class WatchedIndex(SlotIndex):
         super().__init__(num_slots, policy)
         self.tier, self.events = tier, events
 
-    def commit(self, key: ChunkKey) -> None:
-        super().commit(key)
+    def commit(self, key: ChunkKey) -> bool:
+        if not super().commit(key):
+            return False
         self.events.stored(key, self.tier)
+        return True
 
     def reserve(self, key: ChunkKey, spare: Collection[ChunkKey] = (),
                 keep: Collection[ChunkKey] = ()) -> Reservation | None:
