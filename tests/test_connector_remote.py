@@ -5,13 +5,16 @@ separate host memory and no shared directory share chunks through one redis-serv
 
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from kvtier.config.settings import load_config
 from kvtier.connector.common.messages import ChunkStore, StepPlan, WorkerReport
+from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.keys import ChunkKey
 from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
 from tests.helpers.redis_server import RedisServer, needs_redis
@@ -143,6 +146,20 @@ def test_remote_outcomes_count_over_ranks():
         WorkerReport(remote_failed=Counter({b"k": 1})))
     assert report.remote_written[b"k"] == 1 and report.remote_failed[b"k"] == 1
     assert not report.is_empty()
+
+
+def test_remote_writes_in_flight_hold_at_most_256_mib_of_host_memory():
+    """Half the host slots and 256 MiB at most, as in a KVStore: with chunks of 32 MiB and
+    2,048 host slots (a 64 GiB host tier) a slow store held 1,024 of them. Found by a
+    review."""
+    chunk, slots = 32 * 2**20, 2048
+    host = SimpleNamespace(num_slots=slots, pin=lambda key: None)
+    stack = SimpleNamespace(indexes={TierName.HOST: host})
+    presence = SimpleNamespace(down=False, take_absent=list)
+    counters = Counter()
+    writes, _ = remote_writes(presence, stack, counters, 1, 0, chunk)
+    taken = sum(writes.with_store(ChunkKey(i.to_bytes(16, "big"))) for i in range(slots))
+    assert taken == 8 and counters["remote_dropped_chunks"] == slots - 8
 
 
 def test_with_two_ranks_a_chunk_counts_only_when_both_copies_are_in_the_store(server):

@@ -22,6 +22,13 @@ from kvtier.keys import ChunkKey
 from kvtier.remote.base import RemoteTier
 
 PUT_JOBS = 2  # put jobs running at once; the rest of the threads read
+IN_FLIGHT_BYTES = 256 * 2**20  # writes in flight at most (and half the host slots)
+
+
+def writes_in_flight(host_slots: int, chunk_bytes: int) -> int:
+    """The remote writes a store or an engine keeps in flight at most, each pinning its
+    host slot: half the host slots, ``IN_FLIGHT_BYTES`` at most, one at least."""
+    return max(1, min(host_slots // 2, IN_FLIGHT_BYTES // max(1, chunk_bytes)))
 
 
 @dataclass(frozen=True)

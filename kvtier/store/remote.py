@@ -16,7 +16,7 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.known import KNOWN_MIN, HitCounts, KnownKeys
-from kvtier.remote.lane import RemoteLane, RemotePut
+from kvtier.remote.lane import RemoteLane, RemotePut, writes_in_flight
 from kvtier.remote.opening import open_remote
 from kvtier.store.books import Books, Held
 from kvtier.tiers.base import TierName
@@ -25,7 +25,6 @@ from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
 HOST = TierName.HOST
-QUEUED_BYTES = 256 * 2**20  # chunks queued for the store at most (and half the host slots)
 CHECK_BATCH = 1024  # keys asked about in one round trip when a flush checks what the store lost
 
 
@@ -290,7 +289,7 @@ def open_store_remote(config: KVTierConfig, namespace: Namespace, raw_bytes: int
         tier.close()
         raise ConfigError("kvtier config: remote_url needs host memory to stage chunks in: "
                           "raise host_capacity to at least one chunk")
-    queued = max(1, min(host.num_slots // 2, QUEUED_BYTES // max(1, raw_bytes)))
+    queued = writes_in_flight(host.num_slots, raw_bytes)
     return StoreRemote(tier, config, host, books, queued)
 
 

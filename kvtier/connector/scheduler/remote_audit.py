@@ -14,6 +14,7 @@ from concurrent.futures import Future
 
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
+from kvtier.remote.lane import writes_in_flight
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import TierStack
 
@@ -70,12 +71,13 @@ class RemoteAudit:
 
 
 def remote_writes(presence: RemotePresence | None, stack: TierStack, counters: Counter,
-                  world_size: int, min_hits: int) -> tuple[RemoteWrites | None, RemoteAudit | None]:
+                  world_size: int, min_hits: int, chunk_bytes: int,
+                  ) -> tuple[RemoteWrites | None, RemoteAudit | None]:
     """The scheduler side's remote writes and their periodic check (None without a remote
-    store): at most half the host slots' writes in flight."""
+    store): at most ``writes_in_flight`` in flight (``chunk_bytes``: a rank's chunk)."""
     if presence is None:
         return None, None
     writes = RemoteWrites(stack, counters, world_size, min_hits,
-                          max(1, stack.indexes[TierName.HOST].num_slots // 2),
+                          writes_in_flight(stack.indexes[TierName.HOST].num_slots, chunk_bytes),
                           lambda: presence.down, presence.take_absent)
     return writes, RemoteAudit(presence, writes, counters)
