@@ -14,6 +14,7 @@ from kvtier.config.settings import load_config
 from kvtier.connector.common.messages import ChunkStore, StepPlan, WorkerReport
 from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
@@ -288,9 +289,13 @@ def test_a_remote_chunk_whose_read_failed_is_not_offered_to_its_request_again(se
         b.close()
 
 
-def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed(server):
+@pytest.mark.parametrize("fault", ["corrupt", "timed out"])
+def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed(
+        server, monkeypatch, fault):
     """An engine that wrote a chunk to the store remembers it is there and does not write it
-    again; once its read from there failed, its recompute writes it over the damaged value."""
+    again; once its read from there found the value damaged, its recompute writes it over
+    it. A read that failed otherwise (a timeout, a redirect) is no news of the value: the
+    recompute writes nothing (it wrote it again; found by a review)."""
     a, b, c = Engine(server), Engine(server), Engine(server)
     try:
         req = request("r", CHUNK + 1, seed=16)
@@ -298,7 +303,13 @@ def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed
         (key,) = b.scheduler.chunk_keys(req, 1)
         for i in range(8):  # b's host memory fills with others: the chunk is evicted there
             b.store(request(f"o{i}", CHUNK + 1, seed=20 + i), [3, 4])
-        damage(server, "corrupt", [value_key("kvtier:", b.ns.digest(), key)])
+        if fault == "corrupt":
+            damage(server, "corrupt", [value_key("kvtier:", b.ns.digest(), key)])
+        else:
+            tier = b.worker._remote._lane.tier
+            timed_out = [IOResult(IOStatus.TIMED_OUT, 0, "no answer")]
+            monkeypatch.setattr(tier, "get_many", lambda keys, dsts: timed_out * len(keys))
+            monkeypatch.setattr(tier, "get_parts", lambda keys, dsts, w: timed_out * len(keys))
         assert b.match(req) == (CHUNK, True)
         b.scheduler.plan_load(req, ([9, 10],), 0, CHUNK)
         b.step()
@@ -306,7 +317,8 @@ def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed
         b.scheduler.request_finished("r")
         written = b.scheduler.counters["remote_written_chunks"]
         b.store(request("r", CHUNK + 1, seed=16), [9, 10])  # recomputed, stored again
-        assert b.scheduler.counters["remote_written_chunks"] == written + 1
+        again = 1 if fault == "corrupt" else 0
+        assert b.scheduler.counters["remote_written_chunks"] == written + again
         assert c.match(req) == (CHUNK, True)  # another engine loads it, whole
         c.scheduler.plan_load(req, ([5, 6],), 0, CHUNK)
         c.step()

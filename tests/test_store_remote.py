@@ -13,6 +13,7 @@ import torch
 
 from kvtier import KVStore
 from kvtier.errors import ConfigError
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.remote.values import value_key
 from kvtier.tiers.base import TierName
 from tests.helpers.fake_io import FakeEngine
@@ -144,6 +145,25 @@ def test_a_damaged_value_ends_the_prefix_there_never_wrong_bytes(server, damage)
         assert n == 3 * CHUNK
         assert same_bytes(out[:, :, :n], make_kv(toks)[:, :, :n])
         assert b.stats().remote_failures == 1
+
+
+@pytest.mark.parametrize("answer", [IOStatus.IO_ERROR, IOStatus.TIMED_OUT])
+def test_a_read_that_fails_is_no_news_that_the_store_lost_the_chunk(server, monkeypatch, answer):
+    """A read the store did not answer with the value (a timeout, a cluster's redirect)
+    says nothing of what it holds: the chunk stays known there, and storing it again
+    writes nothing. It was forgotten, and written again. Found by a review."""
+    toks, other = tokens(7, chunks=2), tokens(8, chunks=2)
+    with store(server, host_capacity=2 * CHUNK_BYTES) as a:
+        for each in (toks, other):  # the second pushes the first out of host memory
+            a.put(each, make_kv(each))
+            assert a.flush(10)
+        assert a.lookup(toks).chunks_by_tier == {TierName.REMOTE: 2}
+        failed = IOResult(answer, 0, "get: MovedError: 1234 127.0.0.1:1")
+        monkeypatch.setattr(a._state.remote.tier, "get_many", lambda keys, dsts: [failed] * len(keys))
+        assert read(a, toks)[0] == 0 and a.stats().remote_failures >= 1
+        a.put(toks, make_kv(toks))  # recomputed
+        assert a.flush(10)
+        assert a.stats().remote_writes == 4  # each chunk once
 
 
 def test_a_chunk_evicted_between_lookup_and_read_is_a_miss(server):

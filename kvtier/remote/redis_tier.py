@@ -207,8 +207,8 @@ class RedisTier(RemoteTier):
     def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
         if reply is None:
             return IOResult(IOStatus.MISSING)
-        if isinstance(reply, Exception):
-            return IOResult(IOStatus.IO_ERROR, 0, f"get: {reply}")
+        if isinstance(reply, Exception):  # a redirect (MovedError, AskError) among others
+            return IOResult(IOStatus.IO_ERROR, 0, f"get: {type(reply).__name__}: {reply}")
         problem = self._format.value_problem(reply, key)
         if problem:
             return IOResult(IOStatus.CORRUPT, 0, problem)

@@ -188,7 +188,8 @@ class StoreRemote:
             b.stats.remote_reads += 1
             b.stats.remote_read_bytes += result.nbytes
             return
-        self._known.discard(key)
+        if result.status in (IOStatus.MISSING, IOStatus.CORRUPT):  # not there: written again
+            self._known.discard(key)  # (a timeout or a redirect is no such news)
         if result.status is IOStatus.MISSING:
             b.stats.remote_misses += 1
         else:

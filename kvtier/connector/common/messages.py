@@ -156,7 +156,9 @@ class WorkerReport:
     slot be reused. ``remote_written``/``remote_failed`` count the ranks' remote writes.
     ``load_seconds``: each load's time, the slowest rank's. ``verified``/``verify_differed``/
     ``verify_failed`` count, per chunk key, the ranks whose cached copy matched what was
-    computed, differed from it, or could not be read (a ``ChunkVerify``).
+    computed, differed from it, or could not be read (a ``ChunkVerify``). ``remote_absent``:
+    the keys a rank's remote read found the store without (missing, or a value not the
+    chunk's); a read that failed otherwise (a timeout, a redirect) says nothing of it.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -177,6 +179,7 @@ class WorkerReport:
     verify_differed: Counter = field(default_factory=Counter)
     verify_failed: Counter = field(default_factory=Counter)
     remote_records: dict = field(default_factory=dict)  # key -> token record (``RemoteWrite``)
+    remote_absent: set = field(default_factory=set)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -200,6 +203,7 @@ class WorkerReport:
             self.verified + other.verified, self.verify_differed + other.verify_differed,
             self.verify_failed + other.verify_failed,
             {**self.remote_records, **other.remote_records},
+            self.remote_absent | other.remote_absent,
         )
 
     def is_empty(self) -> bool:
@@ -208,4 +212,5 @@ class WorkerReport:
                     or self.load_samples or self.loads_done or self.paths_up
                     or self.reads_stalled or self.reads_over or self.remote_written
                     or self.remote_failed or self.load_seconds or self.verified
-                    or self.verify_differed or self.verify_failed or self.remote_records)
+                    or self.verify_differed or self.verify_failed or self.remote_records
+                    or self.remote_absent)

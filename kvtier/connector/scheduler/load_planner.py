@@ -252,8 +252,6 @@ class LoadPlanner:
             self.presence.failed(req_id, lost)
         if self.remote_writes is None:
             return
-        for key in lost:
-            self.remote_writes.lost(ChunkKey(key))
         for key in load.remote - failed:
             self.remote_writes.in_store(key)
         for key, _ in load.pinned:

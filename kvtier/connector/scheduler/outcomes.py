@@ -83,6 +83,9 @@ class Outcomes:
     def _loads_over(self, report: WorkerReport) -> None:
         for req_id, keys in report.load_failed.items():
             self._loads.note_failed(req_id, keys)
+        if self._remote_writes is not None:
+            for key in report.remote_absent:  # written again at its next store
+                self._remote_writes.lost(ChunkKey(key))
         for key, ranks in report.reads_stalled.items():
             self._stalled.stalled(key, ranks)
         for req_id, seconds in report.load_seconds.items():

@@ -159,8 +159,9 @@ class RemoteWrites:
         return key in self._pending
 
     def lost(self, key: ChunkKey) -> None:
-        """A read of ``key`` from the store failed (evicted, or damaged): not known to be
-        there any more, so its next store writes it again (over a damaged value)."""
+        """A read of ``key`` found the store without it (evicted, or a damaged value): not
+        known to be there any more, so its next store writes it again (over the damage). A
+        read that failed otherwise (a timeout, a redirect) is no such news."""
         self._known.discard(key)
 
     def _room(self) -> bool:

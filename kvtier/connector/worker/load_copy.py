@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvtier.connector.common.messages import NULL_BLOCK, RequestLoad
+from kvtier.connector.common.messages import NULL_BLOCK, RequestLoad, WorkerReport
 from kvtier.connector.worker.counters import SOURCES, source_of
 from kvtier.connector.worker.load_tracker import Reads
 from kvtier.connector.worker.pages import PagedKV
-from kvtier.io.result import IOResult
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.tiers.host import HostTier
 
 
@@ -20,6 +20,7 @@ class LoadCopy:
     invalid: set[int] = field(default_factory=set)  # blocks vLLM must recompute
     failed_keys: set[bytes] = field(default_factory=set)  # reads failed: drop from the cache
     read_failures: list[tuple[bool, IOResult]] = field(default_factory=list)  # (remote, result)
+    absent_keys: set[bytes] = field(default_factory=set)  # the remote store does not hold them
     host_bytes: int = 0  # copied into vLLM's pages
     read_bytes: int = 0  # read from disk for it
     copied: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
@@ -28,6 +29,13 @@ class LoadCopy:
         """Nothing of ``load`` counts as loaded: every block is recomputed."""
         self.invalid.update(b for c in load.chunks for b in c.block_ids if b != NULL_BLOCK)
         self.failed_keys.update(c.key for c in load.chunks if c.key)
+
+    def report(self, pending: WorkerReport, req_id: str) -> None:
+        """What the scheduler side learns of it: the keys whose reads failed, and those the
+        remote store was found not to hold (to be written again)."""
+        if self.failed_keys:
+            pending.load_failed[req_id] = self.failed_keys
+        pending.remote_absent |= self.absent_keys
 
 
 def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostTier,
@@ -44,6 +52,8 @@ def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostT
         if result is not None and not result.ok:
             done.failed_keys.add(chunk.key)
             done.read_failures.append((chunk.remote, result))
+            if chunk.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
+                done.absent_keys.add(chunk.key)
         if chunk.fills_nothing:  # out of every group's window: nothing to copy
             continue
         if broken or chunk.host_slot is None or chunk.key in done.failed_keys:

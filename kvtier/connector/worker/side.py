@@ -201,8 +201,7 @@ class WorkerSide:
         with self._lock:
             self._ledger.load_over(load.req_id, done.invalid, load.asynchronous,
                                    whole=self.geometry.loads_whole)
-            if done.failed_keys:
-                self._ledger.pending.load_failed[load.req_id] = done.failed_keys
+            done.report(self._ledger.pending, load.req_id)
             self._ledger.pending.load_seconds[load.req_id] = seconds
             if timed:  # a load cut short by load_timeout says nothing of the disk's speed
                 # what was read from storage (in part, for a sliding window's hit), as the
