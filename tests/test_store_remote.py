@@ -166,6 +166,28 @@ def test_a_read_that_fails_is_no_news_that_the_store_lost_the_chunk(server, monk
         assert a.stats().remote_writes == 4  # each chunk once
 
 
+def test_a_key_of_another_type_under_a_chunks_name_is_written_over(server):
+    """A list where a chunk's value goes (any key not a string: WRONGTYPE) is a value not
+    kvtier's, as a damaged one is: a miss, and the chunk is written over it when stored
+    again, though its writer knew it was there. Found by a review."""
+    toks, other = tokens(9, chunks=2), tokens(10, chunks=2)
+    with store(server, host_capacity=2 * CHUNK_BYTES) as a:
+        for each in (toks, other):  # the second pushes the first out of host memory
+            a.put(each, make_kv(each))
+            assert a.flush(10)
+        name = value_key("kvtier:", a.namespace.digest(), a.keys(toks)[0])
+        raw = server.client()
+        raw.delete(name)
+        raw.rpush(name, b"not kvtier's")
+        assert read(a, toks)[0] == 0 and a.stats().remote_failures == 1
+        a.put(toks, make_kv(toks))  # recomputed
+        assert a.flush(10)
+        assert raw.type(name) == b"string"
+    with store(server) as b:
+        n, out = read(b, toks)
+        assert n == len(toks) and same_bytes(out, make_kv(toks))
+
+
 def test_a_chunk_evicted_between_lookup_and_read_is_a_miss(server):
     toks = tokens(6)
     with store(server) as a, store(server) as b:

@@ -15,6 +15,14 @@ from kvtier.remote.resp import payload_view
 from kvtier.remote.values import ValueFormat
 
 
+def failed_answer(answer: str) -> IOResult:
+    """A reply that is no value: CORRUPT when the key holds what kvtier did not write (a
+    value of another length, a key of another type), so that it is written over; IO_ERROR
+    otherwise (a redirect, a refusal), which says nothing of the value."""
+    ours = not answer.startswith("wrong") and "WRONGTYPE" not in answer
+    return IOResult(IOStatus.IO_ERROR if ours else IOStatus.CORRUPT, 0, f"get: {answer}")
+
+
 class RangeRead:
     """A read of some parts of chunk ``key`` into their places in ``dst``: ``runs`` are the
     value's byte ranges ``[start, end)`` read (the header first, adjacent parts together),
@@ -40,8 +48,7 @@ class RangeRead:
         """What the replies of ``runs`` (as ``BulkReplies.bulk_into`` answers) come to."""
         wrong = next((a for a in answers if a), None)
         if wrong is not None:  # an error, or a value of another length
-            return IOResult(IOStatus.CORRUPT if wrong.startswith("wrong") else IOStatus.IO_ERROR,
-                            0, f"get: {wrong}")
+            return failed_answer(wrong)
         if None in answers:  # not there, or evicted between the reads of its ranges
             return IOResult(IOStatus.MISSING)
         problem = self.form.parts_problem(self.header, self.payload, self.key, self.wanted)

@@ -12,7 +12,7 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.remote.range_reads import RangeRead
+from kvtier.remote.range_reads import RangeRead, failed_answer
 from kvtier.remote.resp import BulkReplies, payload_view
 from kvtier.remote.values import ValueFormat
 
@@ -32,8 +32,7 @@ def get_into(connection: Any, form: ValueFormat, names: Sequence[bytes], keys: S
         if answer is None:
             results.append(IOResult(IOStatus.MISSING))
         elif answer:
-            results.append(IOResult(IOStatus.CORRUPT if answer.startswith("wrong")
-                                    else IOStatus.IO_ERROR, 0, f"get: {answer}"))
+            results.append(failed_answer(answer))
         else:
             problem = form.problem(header, payload, key)
             results.append(IOResult(IOStatus.CORRUPT, 0, problem) if problem

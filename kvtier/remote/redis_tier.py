@@ -26,7 +26,7 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier
 from kvtier.remote.deadline import bounded
-from kvtier.remote.range_reads import RangeRead, answer_into
+from kvtier.remote.range_reads import RangeRead, answer_into, failed_answer
 from kvtier.remote.record_log import stream_entries
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_round_trip
@@ -207,8 +207,8 @@ class RedisTier(RemoteTier):
     def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
         if reply is None:
             return IOResult(IOStatus.MISSING)
-        if isinstance(reply, Exception):  # a redirect (MovedError, AskError) among others
-            return IOResult(IOStatus.IO_ERROR, 0, f"get: {type(reply).__name__}: {reply}")
+        if isinstance(reply, Exception):  # a redirect (MovedError, AskError), WRONGTYPE...
+            return failed_answer(f"{type(reply).__name__}: {reply}")
         problem = self._format.value_problem(reply, key)
         if problem:
             return IOResult(IOStatus.CORRUPT, 0, problem)
