@@ -158,7 +158,7 @@ def test_remote_writes_in_flight_hold_at_most_256_mib_of_host_memory():
     stack = SimpleNamespace(indexes={TierName.HOST: host})
     presence = SimpleNamespace(down=False, take_absent=list)
     counters = Counter()
-    writes, _ = remote_writes(presence, stack, counters, 1, 0, chunk)
+    writes, _ = remote_writes(presence, stack, counters, 1, load_config({}, environ={}), chunk)
     taken = sum(writes.with_store(ChunkKey(i.to_bytes(16, "big"))) for i in range(slots))
     assert taken == 8 and counters["remote_dropped_chunks"] == slots - 8
 

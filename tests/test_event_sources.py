@@ -212,18 +212,20 @@ def test_a_full_queue_drops_reads_never_losses(monkeypatch):
     read = storage_module._Read(key(1), 0, "x", 0, True)
     s._add([read, read])
     s._add([read])  # past the room: dropped
-    s._changed(key(3), None)  # another segment lost chunk 3: kept
-    assert s.dropped == 1 and list(s._todo)[-1] == key(3)
+    s._changed(key(1), None)  # another segment lost chunk 1, being read: kept
+    s._changed(key(3), None)  # chunk 3, never named nor read: nothing to say
+    assert s.dropped == 1 and list(s._todo) == [read, read, key(1)]
 
 
 def test_a_loss_told_again_and_again_while_it_waits_is_queued_once():
     """A co-writer starting its log over and over, while this engine is idle (vLLM takes
     nothing), queues no more losses than it has chunks."""
     s = StorageEvents(["/nonexistent"], NS, "w", 4096, GEO, HASHING)
+    s._add([storage_module._Read(key(n), 0, "x", n, True) for n in range(20)])
     for _ in range(10):
         for n in range(20):
             s._changed(key(n), None)
-    assert len(s._todo) == 20
+    assert len(s._todo) == 40
 
 
 def test_listing_the_chunks_on_disk_and_in_other_segments_runs_on_the_readers_thread():

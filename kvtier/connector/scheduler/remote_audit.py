@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from kvtier.config.settings import KVTierConfig
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.remote.lane import writes_in_flight
@@ -71,13 +72,13 @@ class RemoteAudit:
 
 
 def remote_writes(presence: RemotePresence | None, stack: TierStack, counters: Counter,
-                  world_size: int, min_hits: int, chunk_bytes: int,
+                  world_size: int, config: KVTierConfig, chunk_bytes: int,
                   ) -> tuple[RemoteWrites | None, RemoteAudit | None]:
     """The scheduler side's remote writes and their periodic check (None without a remote
     store): at most ``writes_in_flight`` in flight (``chunk_bytes``: a rank's chunk)."""
     if presence is None:
         return None, None
-    writes = RemoteWrites(stack, counters, world_size, min_hits,
+    writes = RemoteWrites(stack, counters, world_size, config.remote_min_hits,
                           writes_in_flight(stack.indexes[TierName.HOST].num_slots, chunk_bytes),
                           lambda: presence.down, presence.take_absent)
     return writes, RemoteAudit(presence, writes, counters)

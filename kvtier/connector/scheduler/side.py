@@ -81,8 +81,7 @@ class SchedulerSide:
                                config.disk_paths, namespaces[0], self.writers[0],
                                self.disk_layout, geometry, hashing, self.counters)
         self.remote_writes, self._audit = remote_writes(self.presence, self.stack, self.counters,
-                                                        world_size, config.remote_min_hits,
-                                                        geometry.chunk_bytes)
+                                                        world_size, config, geometry.chunk_bytes)
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
                                   pending, stalled, self.others, self.presence,
                                   self.remote_writes)
