@@ -136,7 +136,8 @@ def test_what_the_replies_of_a_read_in_part_come_to():
     assert read([None, None]).status is IOStatus.MISSING
     assert read(["", None]).status is IOStatus.MISSING  # evicted between its reads
     assert read(["", "wrong length: a value of 3 bytes"]).status is IOStatus.CORRUPT
-    assert read(["WRONGTYPE Operation", ""]).status is IOStatus.IO_ERROR
+    assert read(["WRONGTYPE Operation", ""]).status is IOStatus.CORRUPT  # a key not kvtier's
+    assert read(["MOVED 1234 127.0.0.1:7001", ""]).status is IOStatus.IO_ERROR  # no news
     other = bytes(FORM.encode(key(1), chunk(2)))  # replaced between the reads: A's header, B's part
     replaced = read(["", ""], payload=np.frombuffer(other, np.uint8, offset=FORM.header_bytes))
     assert replaced.status is IOStatus.CORRUPT, replaced
@@ -147,14 +148,14 @@ def test_a_batch_of_whole_and_part_reads_and_an_error_reply_stays_in_step(server
     t = tier(server.url)
     t.put_many([(key(i), chunk(i)) for i in range(4)])
     raw = server.client()
-    raw.rpush(value_key("kvtier:", NS.digest(), key(9)), b"x")  # not a string: an error reply
+    raw.rpush(value_key("kvtier:", NS.digest(), key(9)), b"x")  # not a string: WRONGTYPE
     name = value_key("kvtier:", NS.digest(), key(3))
     damaged = bytearray(raw.get(name))
     damaged[FORM.header_bytes + SPANS[1][0] + 3] ^= 1
     raw.set(name, bytes(damaged))
     wanted = [{0}, set(range(4)), {1, 2}, set(range(4)), {0}, {0}]
     results, dsts = read_parts(t, [key(0), key(1), key(9), key(3), key(7), key(2)], wanted)
-    assert [r.status for r in results] == [IOStatus.OK, IOStatus.OK, IOStatus.IO_ERROR,
+    assert [r.status for r in results] == [IOStatus.OK, IOStatus.OK, IOStatus.CORRUPT,
                                            IOStatus.CORRUPT, IOStatus.MISSING, IOStatus.OK]
     check_parts(dsts[0], 0, {0})
     assert np.array_equal(dsts[1], chunk(1)) and results[1].nbytes == RAW  # whole, checked
