@@ -96,6 +96,41 @@ def test_another_engine_publishes_the_chunks_one_wrote_until_the_store_loses_the
         b.close()
 
 
+def test_a_chunk_the_store_will_not_answer_for_holds_no_later_chunk_back(server, monkeypatch):
+    """A cluster slot out of service for long: the store answers for the other chunks of
+    the log, which are named, and the refused one is asked about again each round until it
+    is answered (then the chunk after it in its prompt follows). The log was read again
+    from the same entry, and no later chunk was named while that slot was out. Found by a
+    review."""
+    a = Engine(server, hashing=HASHING)
+    b = Engine(server, events=Recorded(), hashing=HASHING)
+    other = list(range(9000, 9000 + 2 * CHUNK))
+    try:
+        assert b.scheduler.take_events() == []  # starts following the log
+        refused = b.scheduler.chunk_keys(vllm_request("r", TOKENS), 1)[0]
+        tier, out = b.scheduler.presence.tiers[0], [True]
+        real = tier.exists_answered
+
+        def answered(keys):
+            there = real(keys)
+            return there if there is None or out[0] else [
+                None if key == refused else held for key, held in zip(keys, there, strict=True)]
+
+        monkeypatch.setattr(tier, "exists_answered", answered)
+        out[0] = False
+        for name, tokens in (("r", TOKENS), ("q", other)):
+            a.store(vllm_request(name, tokens), [1, 2, 3, 4])
+            a.step()  # the records of the chunks written go to the store's log
+        hashes, others = chain(TOKENS), chain(other)
+        got = events_until(b, 2)  # r's second chunk waits for its first, as vLLM's blocks do
+        assert [e[2] for e in got] == [tuple(others[0:2]), tuple(others[2:4])]
+        out[0] = True  # the slot is served again
+        assert [e[2] for e in events_until(b, 2)] == [tuple(hashes[0:2]), tuple(hashes[2:4])]
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_chunk_written_once_it_earned_its_hits_is_logged_with_its_record(server):
     a = Engine(server, hashing=HASHING, remote_min_hits=1)
     b = Engine(server, events=Recorded(), hashing=HASHING)

@@ -33,6 +33,7 @@ FOLLOW_EVERY_S = 1.0  # how often the log is read for what it gained
 CHECK_EVERY_S = 10.0  # how often named chunks are asked about
 CHECK_KEYS = 1024  # chunks asked about at a time: one round trip
 BATCH = 512  # log entries read at a time
+UNANSWERED = BATCH  # chunks the store refused to answer for, asked about again (the rest: not)
 
 
 class RemoteEvents:
@@ -43,14 +44,18 @@ class RemoteEvents:
     ``RECORD_LOG`` are named at once: past it the oldest named is reported gone. Entries
     that name nothing (another shape, a key not of this size, a record that does not make
     its key) are counted in ``unnamed``. A store that fails a round trip, or refuses to
-    answer for a key, costs this round only: the log is read again from the same entry.
-    ``close()`` stops the thread."""
+    answer for every key, costs this round only: the log is read again from the same entry.
+    One that refuses to answer for some keys (a cluster's slot moving, or not served)
+    has the log read on past them, and is asked about those again at each later round (at
+    most ``UNANSWERED`` of them), so that one slot out of service for long holds no other
+    chunk back. ``close()`` stops the thread."""
 
     def __init__(self, tier: RemoteTier, namespace: Namespace, geometry: KVGeometry,
                  hashing: ChunkHashing) -> None:
         self._tier, self._namespace, self._geometry, self._hashing = tier, namespace, geometry, hashing
         self._after = b"0"
         self._named = KnownKeys(RECORD_LOG)
+        self._unanswered: dict[ChunkKey, ChunkBlocks] = {}  # asked about again next round
         self._found: deque[Found] = deque()
         self.unnamed = 0
         self._stop = threading.Event()
@@ -90,13 +95,16 @@ class RemoteEvents:
             if answer is None:
                 return
             after, entries = answer
-            new = self._new(entries)
+            new = {**self._unanswered, **self._new(entries)}
             held = self._tier.exists_answered(list(new)) if new else []
-            if held is None or None in held:
-                return  # no answer for all: the same entries again next round
+            if held is None or (held and all(there is None for there in held)):
+                return  # no answer at all: the same entries again next round
+            self._unanswered = {}
             for (key, blocks), there in zip(new.items(), held, strict=True):
                 if there:
                     self._name(key, blocks)
+                elif there is None and len(self._unanswered) < UNANSWERED:
+                    self._unanswered[key] = blocks
             self._after = after
             if len(entries) < BATCH:
                 return
