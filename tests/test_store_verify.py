@@ -332,3 +332,46 @@ def test_every_copy_of_several_chunks_is_found_in_one_read_of_each_index(tmp_pat
         found = slots_naming(store.disk, keys)
         assert sorted(key for _, key in found) == sorted(keys * 2)
         assert {14, 15} <= {slot for slot, _ in found}
+
+
+def test_a_wrong_chunk_another_get_is_reading_when_it_is_removed_is_not_cached_again(
+        tmp_path, monkeypatch):
+    """Between verify_against's own get and its removal, another caller's get starts reading
+    the chunk from disk into host memory; its read has the bytes before the header is
+    blanked, and ends after the removal. That read is not committed: the wrong chunk was
+    back in host memory, served to every later get. Found by a review."""
+    from kvtier.store import kvstore as kvstore_module
+    from kvtier.store.read_jobs import ReadJobs
+
+    a, b = seq(0, 1), seq(90_000, 1)
+    with KVStore(SMALL, config(tmp_path, host_chunks=4)) as before:
+        before.put(a, make_kv(b))  # another prompt's KV under a's key
+        assert before.flush()
+    landed, removed, slow = threading.Event(), threading.Event(), threading.Event()
+    real_read, real_forget = ReadJobs._read_and_blank, kvstore_module.forget
+
+    def read_then_wait(self, items):
+        results = real_read(self, items)
+        if slow.is_set():  # the bytes are in the host slot; the read ends after the removal
+            landed.set()
+            removed.wait(10)
+        return results
+
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
+        def forget(state, keys):
+            for t in (seq(100_000, 1), seq(110_000, 1)):  # another caller's puts: a's chunk
+                store.put(t, make_kv(t))  # leaves host memory, its disk copy stays
+            slow.set()
+            other = threading.Thread(target=load, args=(store, a))
+            other.start()
+            assert landed.wait(10)
+            slow.clear()
+            real_forget(state, keys)
+            removed.set()
+            other.join(10)
+
+        monkeypatch.setattr(ReadJobs, "_read_and_blank", read_then_wait)
+        monkeypatch.setattr(kvstore_module, "forget", forget)
+        assert store.verify_against(a, make_kv(a)).removed == tuple(store.keys(a))
+        assert store.lookup(a).tokens == 0
+        assert load(store, a)[0] == 0

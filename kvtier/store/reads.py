@@ -108,10 +108,13 @@ class Fetcher:
         when one still is after ``timeout`` seconds."""
         return self.stagings.wait(key, timeout)
 
-    def _staged(self, b: Held, plan: StorePlan, ok: bool) -> None:
-        """Finish the host slot reserved for a chunk's read (lock held: ``b``)."""
-        b.stack.finish(plan.key, plan.dst, ok)
+    def _staged(self, b: Held, plan: StorePlan, ok: bool) -> bool:
+        """Finish the host slot reserved for a chunk's read (lock held: ``b``): True when
+        committed (not when the chunk was found wrong meanwhile: ``StoreState.unwanted``)."""
+        ok = not self.state.was_unwanted(plan.key, plan.dst) and ok
+        committed = b.stack.finish(plan.key, plan.dst, ok)
         self.stagings.end(plan)
+        return committed
 
     def start(self, fetches: list[Fetch]) -> None:
         """Start the reads of fetches ``begin`` reserved (``ReadJobs.start``)."""
@@ -153,8 +156,9 @@ class Fetcher:
         the caller's tensor, or its disk copy is dropped."""
         plan = fetch.plan
         with self.books.held() as b:
-            if plan is not None:
-                self._staged(b, plan, result.ok)
+            if not (plan is None or self._staged(b, plan, result.ok)) and result.ok:
+                fetch.state = FetchState.FAILED  # found wrong while it was read: a miss
+                return None
             if result.ok:
                 b.stats.disk_reads += 1
                 b.stats.disk_read_bytes += result.nbytes
@@ -177,7 +181,9 @@ class Fetcher:
         plan, others, refs = fetch.plan, self.state.others, fetch.other
         assert plan is not None and others is not None and refs is not None
         with self.books.held() as b:
-            self._staged(b, plan, result.ok)
+            if not self._staged(b, plan, result.ok) and result.ok:
+                fetch.state = FetchState.FAILED  # found wrong while it was read: a miss
+                return None
             if result.ok:
                 b.stats.shared_reads += 1
                 b.stats.shared_read_bytes += result.nbytes
@@ -203,10 +209,13 @@ class Fetcher:
                 return None
         fetch.state = FetchState.STAGED  # pinned by the finish: released by release()
         try:
-            self.runner.finish(fetch.key, plan.dst, True, pin=True)
+            committed = self.runner.finish(fetch.key, plan.dst, True, pin=True)
         finally:
             with self.books.held():  # after the commit: whoever waited finds it in host memory
                 self.stagings.end(plan)
+        if not committed:  # found wrong while it was read (``forget``): a miss
+            fetch.state = FetchState.FAILED
+            return None
         return plan.dst
 
     def drop_unused(self, fetch: Fetch) -> None:

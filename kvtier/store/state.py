@@ -14,6 +14,7 @@ from kvtier.keys import ChunkKey
 from kvtier.store.books import Books
 from kvtier.store.transfers import Transfers
 from kvtier.tiers.base import MemoryTier, TierName
+from kvtier.tiers.stack import Location
 
 if TYPE_CHECKING:
     from kvtier.shared.follower import OtherWriters
@@ -40,6 +41,17 @@ class StoreState:
     # chunks found wrong while their disk write was in flight (books' lock): the write, once
     # over, blanks its slot and gives it back instead of committing it (``DiskWrites``)
     forgotten: set[ChunkKey] = field(default_factory=set)
+    # chunks found wrong while a copy into a memory tier was in flight (a get's read from
+    # disk, another writer or the remote store; a promotion): aborted once over, not committed
+    unwanted: set[ChunkKey] = field(default_factory=set)
+
+    def was_unwanted(self, key: ChunkKey, dst: Location) -> bool:
+        """Whether a copy of ``key`` into memory tier ``dst`` that is now over was found wrong
+        while in flight (books' lock held): then it is aborted, not committed."""
+        if dst.tier is DISK or key not in self.unwanted:
+            return False
+        self.unwanted.discard(key)
+        return True
 
     def sync(self) -> None:
         gpu = self.tiers.get(GPU)

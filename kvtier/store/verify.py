@@ -83,7 +83,8 @@ def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
     """Remove chunks found wrong from every tier the store reaches: its own (a disk slot's
     header blanked, so no restart finds it again, and its older copies too; a disk write in
     flight is blanked once over instead of committed, ``PlanRunner.finish`` and
-    ``DiskWrites``), another writer's copies (not read again until that writer writes the
+    ``DiskWrites``; a copy into memory in flight, a get's read say, is aborted once over:
+    ``StoreState.unwanted``), another writer's copies (not read again until that writer writes the
     slot anew: its segment is not the store's to change), and the remote store (removed
     there, for every node; a write in flight, once over)."""
     others, remote = state.others, state.remote
@@ -95,6 +96,10 @@ def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
                 disk.hold(key)
             elif disk.has_entry(key):  # being written: its writer blanks it once over
                 state.forgotten.add(key)
+            for tier in b.stack.order:  # a copy into memory in flight: aborted once over
+                index = b.stack.indexes[tier]
+                if tier is not TierName.DISK and index.has_entry(key) and index.slot_of(key) is None:
+                    state.unwanted.add(key)
             b.stack.discard(key)
         if slot is not None:
             state.lane.invalidate(slot, key)

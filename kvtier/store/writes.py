@@ -183,16 +183,18 @@ class PlanRunner:
         self.finish(move.key, move.dst, result.ok)
         self.state.books.account_write(result)
 
-    def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> None:
+    def finish(self, key: ChunkKey, dst: Location, ok: bool, pin: bool = False) -> bool:
         """Finish a reservation (with ``pin``, pin the chunk there in the same breath); a
-        chunk that reached host memory starts its write-through. A disk write of a chunk
-        found wrong meanwhile (``StoreState.forgotten``) is not committed."""
+        chunk that reached host memory starts its write-through. A copy of a chunk found
+        wrong meanwhile (``StoreState.forgotten`` for a disk write, ``unwanted`` for a
+        memory tier) is not committed. True when the chunk is there now."""
         remote = self.state.remote
         with self.state.books.held() as b:
             if dst.tier is DISK and key in self.state.forgotten:  # found wrong meanwhile:
                 self.state.forgotten.discard(key)  # its slot blanked (``_moved``), or if it
                 ok = False  # was found since, by ``forget``'s look at every copy after
-            b.stack.finish(key, dst, ok)
+            ok = ok and not self.state.was_unwanted(key, dst)
+            ok = b.stack.finish(key, dst, ok)
             if ok and pin:
                 b.stack.indexes[dst.tier].pin(key)
             write = self.disk_writes.write_through(b, key, dst.slot) if ok and dst.tier is HOST else None
@@ -204,6 +206,7 @@ class PlanRunner:
         finally:
             if remote is not None:
                 remote.start()
+        return ok
 
     @property
     def writes_behind(self) -> bool:
