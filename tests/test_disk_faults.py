@@ -4,6 +4,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 
 import pytest
@@ -14,7 +15,7 @@ from kvtier.io.format import HEADER_BYTES
 from tests.helpers.disk_helpers import failing_io, remount, small_filesystem, wait_until
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.faults import flip, slot_of, stored
-from tests.helpers.kv import CHUNK, SMALL, bookkeeping, index_of, make_kv
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, bookkeeping, index_of, make_kv
 from tests.helpers.store import STRIDE, config, exact, seq
 
 
@@ -412,3 +413,41 @@ def test_a_read_job_the_engine_fails_before_it_runs_gives_its_host_slot_back(tmp
                        for index in stack.indexes.values())
         fresh = seq(5000, 2)
         assert store.put(fresh, make_kv(fresh)) == 2 * CHUNK
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_a_flush_on_a_hung_drive_counts_the_writes_not_over_as_not_written(tmp_path, policy):
+    """A chunk whose write is queued or hung is not on disk when the flush returns: it was
+    counted neither written nor not written. Found by a review."""
+    make, engines = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, write_policy=policy), io_engine=make) as store:
+        engines[0].hold()  # the drive stops answering
+        tokens = seq(0, 3)
+        store.put(tokens, make_kv(tokens))
+        result = store.flush(timeout=0.3)
+        assert not result and result.timed_out
+        assert (result.written, result.not_written) == (0, 3)
+        engines[0].release()
+        assert store.flush(timeout=10) and store.lookup(tokens).tokens == len(tokens)
+
+
+def test_a_flush_of_device_pool_chunks_on_a_hung_drive_ends_at_its_timeout(tmp_path):
+    """Chunks held only in the device pool are written one at a time; on a hung drive the
+    first write was waited for ``load_timeout``, and with ``load_timeout`` off for ever,
+    whatever the flush's own timeout. Found by a review."""
+    make, engines = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, gpu_capacity=2 * CHUNK_BYTES,
+                               load_timeout="off"), io_engine=make) as store:
+        tokens = seq(0, 2)
+        store.put(tokens, make_kv(tokens))  # both in the device pool only
+        engines[0].hold()
+        results = []
+        flushing = threading.Thread(target=lambda: results.append(store.flush(timeout=0.3)))
+        flushing.start()
+        flushing.join(10)
+        returned = bool(results)  # before the drive answers again
+        engines[0].release()
+        flushing.join(10)
+        assert returned, "the flush did not return while the drive hung"
+        assert results[0].timed_out and results[0].not_written == 2
+        assert store.flush(timeout=10)

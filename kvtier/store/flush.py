@@ -82,8 +82,16 @@ class Flusher:
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         with books.held() as b:
-            left = len(self._host_only(b)) + len(self._device_only(b))
+            left = self._not_on_disk(b)
         return FlushResult(written, left, timed_out=not drained)
+
+    def _not_on_disk(self, b: Held) -> int:
+        """Chunks held in memory with no disk copy (one whose write is not over counts: it
+        is not on disk yet), nor one in another writer's segment (lock held: ``b``)."""
+        indexes, others = b.stack.indexes, self._state.others
+        held = set().union(*(indexes[tier].keys() for tier in (GPU, HOST) if tier in indexes))
+        return sum(1 for key in held if indexes[DISK].slot_of(key) is None
+                   and (others is None or others.find(key) is None))
 
     def _device_only(self, b: Held) -> list[ChunkKey]:
         """Device pool chunks with no host or disk copy (lock held: ``b``), none in another
@@ -106,10 +114,10 @@ class Flusher:
         for key in keys:
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            written += self._write_device_chunk(key)
+            written += self._write_device_chunk(key, deadline)
         return written
 
-    def _write_device_chunk(self, key: ChunkKey) -> bool:
+    def _write_device_chunk(self, key: ChunkKey, deadline: float | None) -> bool:
         books = self._state.books
         with books.held() as b:
             indexes = b.stack.indexes
@@ -130,7 +138,7 @@ class Flusher:
             raise
         finally:
             books.unpin([(key, pinned)])
-        return bool(self._runner.write_staged(key, staged, plan.dst))
+        return bool(self._runner.write_staged(key, staged, plan.dst, deadline))
 
     def _host_only(self, b: Held) -> list[tuple[ChunkKey, int]]:
         """(key, host slot) of host chunks with no disk copy and none being written (lock

@@ -16,6 +16,7 @@ from kvtier.store.chunk_runs import Run, copy_run
 from kvtier.store.disk_writes import DiskWrites
 from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.tiers.stack import Location, Move, StorePlan
+from kvtier.units import time_left
 
 
 class PlanRunner:
@@ -138,27 +139,37 @@ class PlanRunner:
         else:
             self._moved(move, _result_of(write))
 
-    def write_staged(self, key: ChunkKey, staged: np.ndarray, dst: Location) -> bool | None:
+    def write_staged(self, key: ChunkKey, staged: np.ndarray, dst: Location,
+                     deadline: float | None = None) -> bool | None:
         """Write a chunk from ``staged`` (``Transfers.staged``) into disk slot ``dst``, which
         ``plan_store`` reserved, and finish that reservation: True when written, False when
-        the write failed, None when it is not over by ``load_timeout`` (left running)."""
+        the write failed, None when it is not over by ``load_timeout`` or the caller's
+        ``deadline`` (``time.monotonic()``), whichever comes first (left running)."""
         disk = self.state.transfers.disk
         assert disk is not None, "a staged write goes to the disk tier"
         move = Move(key, dst, dst)  # no memory slot to give back: the copy is the write's own
-        if self._disk_move(move, partial(disk.write, dst.slot, key, staged)) is not None:
+        if self._disk_move(move, partial(disk.write, dst.slot, key, staged), deadline) is not None:
             return None
         return self.state.books.slot_of(DISK, key) == dst.slot
 
-    def _disk_move(self, move: Move, job: Callable[[], IOResult]) -> Future | None:
-        """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``."""
+    def _disk_move(self, move: Move, job: Callable[[], IOResult],
+                   deadline: float | None = None) -> Future | None:
+        """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``. Waited for
+        ``load_timeout`` at most, or until the caller's ``deadline`` where that is sooner
+        (then left running, finished when it ends: the drive is not counted as hung)."""
         try:
             write = self.state.lane.submit(self.state.lane.move_queue_of(move.dst.slot), job)
         except BaseException:  # the engine is closed: nothing runs
             self.finish(move.key, move.dst, False)
             raise
+        timeout, left = self.state.config.load_timeout, time_left(deadline)
+        caller_first = left is not None and (timeout is None or left < timeout)
         try:
-            result = write.result(timeout=self.state.config.load_timeout)
+            result = write.result(timeout=left if caller_first else timeout)
         except TimeoutError:
+            if caller_first:
+                write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
+                return write
             return self._left_running(move, write)
         except Exception as exc:  # the copy raised: a failed write, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
