@@ -167,6 +167,20 @@ def test_gets_of_one_prefix_through_a_small_host_tier_never_hang(tmp_path):
         assert Reader(store, tokens).result() > 0
 
 
+def test_more_gets_of_one_prefix_than_host_memory_stages_at_once_all_get_all_of_it(tmp_path):
+    """Three gets at once of a prefix on disk through two host slots: a get whose every
+    host slot the others hold (copying their chunks out, or reading them in) waits for one
+    to be let go. It ended there, short of the prefix that is all cached. Found by a
+    review."""
+    tokens = stored_on_disk(tmp_path, 8)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2)) as store:
+        for _ in range(20):
+            barrier = threading.Barrier(3)
+            readers = [Reader(store, tokens, barrier) for _ in range(3)]
+            assert [reader.result() for reader in readers] == [len(tokens)] * 3
+        settled(store)
+
+
 def test_a_staging_ends_only_by_its_own_plan():
     """A staging whose host slot went back before its ``end`` (a failed demotion) and was
     reserved again: its late ``end`` leaves the new staging in flight."""

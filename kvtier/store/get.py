@@ -20,6 +20,8 @@ from kvtier.tiers.prefix import IN_REMOTE, walk_remote
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
+HELD_POLL_S = 0.001  # how often a get whose every host slot others hold looks again
+
 
 class PrefixRead:
     """Reads ``keys`` in order into the caller's tensor, up to the first chunk not served.
@@ -49,6 +51,7 @@ class PrefixRead:
         self._refill = min(group, read_ahead)  # free places in the window worth a refill
         self._window: deque[Fetch] = deque()
         self._issued, self._ended, self._may_wait = 0, False, True
+        self._wait_until: float | None = None  # the end of this get's waits for room
         self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
         self._spare: frozenset[ChunkKey] = frozenset()  # this get's: evicted for its reads last
         self.loaded: list[TierName] = []
@@ -129,29 +132,42 @@ class PrefixRead:
         direct = None if self._direct is None else (self._direct, self._issued)
         remote = key in self._remote
         fetch = self._fetcher.begin(key, direct, remote, self._spare)
-        if fetch is Skip.NO_ROOM and not self._window and self._may_wait:
-            fetch = self._after_writes(key, direct, remote)
-        if fetch is Skip.BUSY and not self._window:  # this window holds nothing: wait
-            fetch = self._after_staging(key, direct, remote)
+        while not self._window:  # this window holds nothing: wait, for room or for a read
+            if fetch is Skip.NO_ROOM and self._may_wait:  # (after a read, the room it took)
+                fetch = self._after_writes(key, direct, remote)
+            elif fetch is Skip.BUSY:
+                fetch = self._after_staging(key, direct, remote)
+            else:
+                break
         return fetch
 
     def _after_writes(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
                       remote: bool) -> Fetch | Skip:
-        """No host slot is free and this window holds none: while background writes (each
-        pins the host slot it writes from) are queued or running, wait for them and begin
-        the chunk again, at most ``drain_timeout`` in all for this get. A write queued but
-        not yet handed to the engine counts too: the chunks this get promoted start theirs
-        just after their copy."""
+        """No host slot is free and this window holds none: every host slot is pinned or
+        reserved, by background writes (each pins the host slot it writes from) or by other
+        gets copying chunks out and reading them in. Wait for the writes (a write queued
+        but not yet handed to the engine counts too: the chunks this get promoted start
+        theirs just after their copy), or look again every ``HELD_POLL_S`` for the other
+        gets to let go, and begin the chunk again: at most ``drain_timeout`` in all for
+        this get, after which no later chunk of it waits (a hung drive)."""
         lane, writes = self._state.lane, self._runner.disk_writes
-        deadline = time.monotonic() + self._drain_timeout
+        if self._wait_until is None:
+            self._wait_until = time.monotonic() + self._drain_timeout
+        deadline = self._wait_until
         fetch: Fetch | Skip = Skip.NO_ROOM
-        while fetch is Skip.NO_ROOM and (lane.pending() or writes.writes_pending):
+        while fetch is Skip.NO_ROOM:
             left = time_left(deadline)
-            if not left or not lane.drain(timeout=left):
-                self._may_wait = False  # a hung drive: no later chunk waits again
+            if not left:
+                self._may_wait = False
                 break
-            if not lane.pending():
-                time.sleep(0.001)  # a write between its queue and the engine
+            if lane.pending() or writes.writes_pending:
+                if not lane.drain(timeout=left):
+                    self._may_wait = False  # a hung drive: no later chunk waits again
+                    break
+                if not lane.pending():
+                    time.sleep(HELD_POLL_S)  # a write between its queue and the engine
+            else:  # other gets hold the slots: they let go once a copy or a read is over
+                time.sleep(HELD_POLL_S)
             fetch = self._fetcher.begin(key, direct, remote, self._spare)
         return fetch
 
