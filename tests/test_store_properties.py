@@ -9,6 +9,8 @@ import shutil
 import tempfile
 import threading
 
+import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -396,3 +398,25 @@ def test_with_nothing_else_running_a_get_serves_what_its_lookup_said_in_memory(p
         for _ in range(2):  # the second after the first one's promotions moved chunks
             promised = store.lookup(tokens).tokens
             assert exact(store, tokens) == promised
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_get_over_a_device_pool_and_a_small_disk_serves_at_least_its_lookup(tmp_path, seed):
+    """Write-back under a device pool of 2 chunks, host memory of 2 and a disk of 4: a get's
+    reads make room in host memory by moving its own later chunks to disk, and promotions
+    send device victims to disk in the background. A later chunk of the get lost its only
+    copy to that room (evicted from disk, or dropped for want of a disk slot), and the get
+    served less than the lookup just before it. (More is fine: a write in flight at the
+    lookup may have ended since.) Found by a review."""
+    families = [*FAMILIES, seq(80_000, 3)]
+    rng = np.random.default_rng(seed)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_chunks=4, write_policy="write_back",
+                               gpu_capacity=2 * CHUNK_BYTES)) as store:
+        for _ in range(1500):
+            family = families[int(rng.integers(len(families)))]
+            tokens = family[: int(rng.integers(1, len(family) // CHUNK + 1)) * CHUNK]
+            if rng.random() < 0.4:
+                store.put(tokens, make_kv(tokens))
+            else:
+                promised = store.lookup(tokens).tokens
+                assert exact(store, tokens) >= promised

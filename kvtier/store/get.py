@@ -54,13 +54,14 @@ class PrefixRead:
         self._wait_until: float | None = None  # the end of this get's waits for room
         self._remote: set[ChunkKey] = set()  # keys past the cached prefix the remote store holds
         self._spare: frozenset[ChunkKey] = frozenset()  # this get's: evicted for its reads last
+        self._held: list[tuple[ChunkKey, Location]] = []  # this get's disk chunks, pinned
         self.loaded: list[TierName] = []
 
     def run(self, keys: list[ChunkKey], chunks_out: Callable[[int, int], Run]) -> int:
         """Copy the prefix into the caller's tensor, ``chunks_out(i, n)`` being its chunks
         ``i`` to ``i + n - 1`` as one ``(n, layers, 2, chunk_tokens, hidden)`` view; return
         the prefix's chunks."""
-        held = self._fetcher.hold_disk_chunks(keys)
+        held = self._held = self._fetcher.hold_disk_chunks(keys)
         self._spare = frozenset(keys)  # a read's staging slot never evicts a later chunk of it
         try:
             self._remote = self._remote_tail(keys)
@@ -131,7 +132,7 @@ class PrefixRead:
     def _begin(self, key: ChunkKey) -> Fetch | Skip:
         direct = None if self._direct is None else (self._direct, self._issued)
         remote = key in self._remote
-        fetch = self._fetcher.begin(key, direct, remote, self._spare)
+        fetch = self._fetcher.begin(key, direct, remote, self._spare, self._held)
         while not self._window:  # this window holds nothing: wait, for room or for a read
             if fetch is Skip.NO_ROOM and self._may_wait:  # (after a read, the room it took)
                 fetch = self._after_writes(key, direct, remote)
@@ -168,7 +169,7 @@ class PrefixRead:
                     time.sleep(HELD_POLL_S)  # a write between its queue and the engine
             else:  # other gets hold the slots: they let go once a copy or a read is over
                 time.sleep(HELD_POLL_S)
-            fetch = self._fetcher.begin(key, direct, remote, self._spare)
+            fetch = self._fetcher.begin(key, direct, remote, self._spare, self._held)
         return fetch
 
     def _after_staging(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
@@ -179,7 +180,7 @@ class PrefixRead:
         deadline = None if timeout is None else time.monotonic() + timeout
         fetch: Fetch | Skip = Skip.BUSY
         while fetch is Skip.BUSY and self._fetcher.wait_staged(key, time_left(deadline)):
-            fetch = self._fetcher.begin(key, direct, remote, self._spare)
+            fetch = self._fetcher.begin(key, direct, remote, self._spare, self._held)
         return Skip.END if fetch is Skip.BUSY else fetch
 
     def _copy(self, fetches: list[Fetch], chunks_out: Callable[[int, int], Run]) -> bool:

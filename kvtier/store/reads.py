@@ -56,9 +56,13 @@ class Fetcher:
         return self.books.pin_prefix(keys, DISK)
 
     def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None,
-              remote: bool = False, spare: Collection[ChunkKey] = ()) -> Fetch | Skip:
+              remote: bool = False, spare: Collection[ChunkKey] = (),
+              held: list[tuple[ChunkKey, Location]] | None = None) -> Fetch | Skip:
         """Pin ``key`` where it is hottest; from disk, another writer's segment or the
         remote store (``remote``: it said it holds the chunk), choose where its read lands.
+        A chunk of ``spare`` (the get's later ones) that making room moves to disk is pinned
+        there and added to ``held`` (the get's disk pins, given back when it ends): a later
+        read's room must not evict it from its only copy.
 
         ``END`` when the key is not cached or its host slot's previous chunk could not be
         written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it,
@@ -73,7 +77,7 @@ class Fetcher:
             if direct is not None and isinstance(source, Ours) \
                     and self._read_direct[source.loc.slot] != fingerprint(key):
                 return Fetch(key, source, FetchState.READING, direct=direct)
-            plan = b.stack.plan_store(key, HOST, spare)  # its victim outside ``spare``
+            plan = b.stack.plan_staging(key, HOST, spare)  # its victim outside ``spare``
             if plan is None:
                 _unpin(b, key, source)
                 return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM
@@ -86,7 +90,20 @@ class Fetcher:
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
             self._abandon(key, source, plan)  # whoever waits for it: no read is coming
             return Skip.END
+        if held is not None:
+            self._hold_moved(plan, spare, held)
         return Fetch(key, source, FetchState.READING, None, plan)
+
+    def _hold_moved(self, plan: StorePlan, spare: Collection[ChunkKey],
+                    held: list[tuple[ChunkKey, Location]]) -> None:
+        """Pin on disk each chunk of ``spare`` the plan's demotions moved there."""
+        moved = [move.key for move in plan.demotions if move.dst.tier is DISK and move.key in spare]
+        if not moved:
+            return
+        with self.books.held() as b:
+            disk = b.stack.indexes[DISK]
+            held += [(key, Location(DISK, slot)) for key in moved
+                     if (slot := disk.pin(key)) is not None]
 
     def _pin_where(self, b: Held, key: ChunkKey, remote: bool) -> Source | None:
         """Where ``key`` is hottest, pinned there when it is this store's (lock held: ``b``);
