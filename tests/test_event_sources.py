@@ -274,3 +274,28 @@ def test_the_readers_rest_is_not_cut_short_by_the_followers_news(monkeypatch):
     s.close()
     thread.join()
     assert len(batches) <= 1.0 / (work / storage_module.DUTY) * 2  # 12.5 a second at most
+
+
+def test_a_refused_chunk_carried_over_holds_back_no_batch_of_old_entries():
+    """A chunk the store will not answer for is asked about again each round; a later
+    batch of 512 entries naming only chunks already named left that chunk alone in the
+    round, refused again, taken for no answer at all: the log stuck there. Found by a
+    review."""
+    refused, named, last = (ChunkKey(bytes([c]) * 16) for c in b"xyz")
+    log = [refused, named] + [named] * (2 * remote_module.BATCH) + [last]
+
+    class Store:
+        def read_records(self, after, count):
+            start = int(after)
+            entries = [(bytes(k), b"record") for k in log[start:start + count]]
+            return str(start + len(entries)).encode(), entries
+
+        def exists_answered(self, keys):
+            return [None if k == refused else True for k in keys]
+
+    events = RemoteEvents(Store(), NS, GEO, HASHING)
+    events._new = lambda entries: {ChunkKey(k): "blocks" for k, _ in entries
+                                   if ChunkKey(k) not in events._named}
+    for _ in range(4):
+        events._follow()
+    assert [f.key for f in events.drain()] == [named, last]

@@ -420,3 +420,22 @@ def test_a_get_over_a_device_pool_and_a_small_disk_serves_at_least_its_lookup(tm
             else:
                 promised = store.lookup(tokens).tokens
                 assert exact(store, tokens) >= promised
+
+
+def test_a_get_whose_room_below_only_its_own_chunks_hold_does_not_wait_for_it(tmp_path):
+    """A prefix of 8 chunks: 4 on disk (pinned by the get), 2 in host memory, 2 in a device
+    pool. Room for the first read could only be made by dropping a later chunk of the get:
+    nothing will free it, so the get goes on as it can at once rather than waiting for room
+    (``drain_timeout``, 30 s with ``load_timeout`` off) and serving nothing. Found by a
+    review."""
+    tokens, other = seq(0, 8), seq(500_000, 6)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, disk_chunks=4, write_policy="write_back",
+                               gpu_capacity=8 * CHUNK_BYTES, load_timeout="off")) as store:
+        store.put(tokens, make_kv(tokens))
+        store.put(other, make_kv(other))  # pushes 6 of the first prefix's chunks down
+        assert store.lookup(tokens).tokens == len(tokens)
+        served = []
+        getting = threading.Thread(target=lambda: served.append(exact(store, tokens)))
+        getting.start()
+        getting.join(10)
+        assert served and served[0] > 0, "the get waited for room only it held"

@@ -375,3 +375,41 @@ def test_a_wrong_chunk_another_get_is_reading_when_it_is_removed_is_not_cached_a
         assert store.verify_against(a, make_kv(a)).removed == tuple(store.keys(a))
         assert store.lookup(a).tokens == 0
         assert load(store, a)[0] == 0
+
+
+def test_a_copy_into_another_tier_does_not_take_the_mark_of_the_read_found_wrong(
+        tmp_path, monkeypatch):
+    """The chunk is removed while another get's read of it into host memory is in flight;
+    a put of its right KV into the device pool ends first. The mark that aborts the read
+    belongs to the host tier's copy: the put took it, the read committed the wrong bytes,
+    and later gets were served them. Found by a review."""
+    from kvtier.store.read_jobs import ReadJobs
+    from kvtier.store.verify import forget
+
+    a, b = seq(0, 1), seq(90_000, 1)
+    with KVStore(SMALL, config(tmp_path, host_chunks=4)) as before:
+        before.put(a, make_kv(b))  # another prompt's KV under a's key
+        assert before.flush()
+    landed, removed, slow = threading.Event(), threading.Event(), threading.Event()
+    real_read = ReadJobs._read_and_blank
+
+    def read_then_wait(self, items):
+        results = real_read(self, items)
+        if slow.is_set():
+            landed.set()
+            removed.wait(10)
+        return results
+
+    monkeypatch.setattr(ReadJobs, "_read_and_blank", read_then_wait)
+    with KVStore(SMALL, config(tmp_path, host_chunks=2, gpu_capacity=CHUNK_BYTES)) as store:
+        slow.set()
+        other = threading.Thread(target=load, args=(store, a))
+        other.start()
+        assert landed.wait(10)
+        slow.clear()
+        forget(store._state, store.keys(a))  # what verify_against does on a mismatch
+        store.put(a, make_kv(a))  # right KV, into the device pool
+        removed.set()
+        other.join(10)
+        n, out = load(store, a)
+        assert n == len(a) and same_bytes(out, make_kv(a))

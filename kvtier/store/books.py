@@ -31,6 +31,7 @@ class Skip(Enum):
 
     PRESENT = "present"  # put: cached already, or being written
     NO_ROOM = "no room"  # no slot free now
+    NO_ROOM_BELOW = "no room below"  # get: room only by dropping a later chunk of its own
     BUSY = "busy"  # get: another get is reading it into host memory: wait for that
     END = "end"  # get: not cached, or its staging slot could not be written back in time
 

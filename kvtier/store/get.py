@@ -114,7 +114,7 @@ class PrefixRead:
         try:
             while not self._ended and self._issued < len(keys) and len(self._window) < self._read_ahead:
                 fetch = self._begin(keys[self._issued])
-                if fetch in (Skip.NO_ROOM, Skip.BUSY) and self._window:
+                if fetch in (Skip.NO_ROOM, Skip.NO_ROOM_BELOW, Skip.BUSY) and self._window:
                     break  # host slots held by this window, or a wait: complete one first
                 if not isinstance(fetch, Fetch):
                     self._ended = True
@@ -134,16 +134,19 @@ class PrefixRead:
         remote = key in self._remote
         fetch = self._fetcher.begin(key, direct, remote, self._spare, self._held)
         while not self._window:  # this window holds nothing: wait, for room or for a read
-            if fetch is Skip.NO_ROOM and self._may_wait:  # (after a read, the room it took)
-                fetch = self._after_writes(key, direct, remote)
-            elif fetch is Skip.BUSY:
+            if fetch in (Skip.NO_ROOM, Skip.NO_ROOM_BELOW) and self._may_wait:
+                fetch = self._after_writes(key, direct, remote, fetch)
+                if fetch is Skip.NO_ROOM_BELOW:  # no write to wait for would make room: a
+                    fetch = self._fetcher.begin(  # later chunk of its own goes, as it must
+                        key, direct, remote, self._spare, self._held, careful=False)
+            elif fetch is Skip.BUSY:  # (then, perhaps, for the room its read took)
                 fetch = self._after_staging(key, direct, remote)
             else:
                 break
         return fetch
 
     def _after_writes(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None,
-                      remote: bool) -> Fetch | Skip:
+                      remote: bool, fetch: Fetch | Skip) -> Fetch | Skip:
         """No host slot is free and this window holds none: every host slot is pinned or
         reserved, by background writes (each pins the host slot it writes from) or by other
         gets copying chunks out and reading them in. Wait for the writes (a write queued
@@ -155,8 +158,7 @@ class PrefixRead:
         if self._wait_until is None:
             self._wait_until = time.monotonic() + self._drain_timeout
         deadline = self._wait_until
-        fetch: Fetch | Skip = Skip.NO_ROOM
-        while fetch is Skip.NO_ROOM:
+        while fetch in (Skip.NO_ROOM, Skip.NO_ROOM_BELOW):
             left = time_left(deadline)
             if not left:
                 self._may_wait = False
@@ -167,6 +169,8 @@ class PrefixRead:
                     break
                 if not lane.pending():
                     time.sleep(HELD_POLL_S)  # a write between its queue and the engine
+            elif fetch is Skip.NO_ROOM_BELOW:  # the room below is this get's own, or others'
+                break  # pins: only a write ends soon for sure
             else:  # other gets hold the slots: they let go once a copy or a read is over
                 time.sleep(HELD_POLL_S)
             fetch = self._fetcher.begin(key, direct, remote, self._spare, self._held)

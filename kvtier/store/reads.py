@@ -32,8 +32,7 @@ class Fetcher:
     begin again; ``Skip.END`` when the prefix ends there), or with a ``direct`` target
     reads it straight there on the chunk's first read from disk (its second one goes
     through a host slot, which promotes it); ``start(fetches)`` starts the reads of fetches
-    begun, grouped;
-    ``complete(fetch)`` says where the chunk can be copied from (for a direct read: its disk
+    begun, grouped; ``complete(fetch)`` says where the chunk can be copied from (for a direct read: its disk
     slot, the bytes being in place), or None when its read failed (the chunk is dropped) or
     was not over in time (a direct read's pages are then detached from the caller);
     ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
@@ -57,16 +56,15 @@ class Fetcher:
 
     def begin(self, key: ChunkKey, direct: tuple[DirectTarget, int] | None = None,
               remote: bool = False, spare: Collection[ChunkKey] = (),
-              held: list[tuple[ChunkKey, Location]] | None = None) -> Fetch | Skip:
-        """Pin ``key`` where it is hottest; from disk, another writer's segment or the
-        remote store (``remote``: it said it holds the chunk), choose where its read lands.
-        A chunk of ``spare`` (the get's later ones) that making room moves to disk is pinned
-        there and added to ``held`` (the get's disk pins, given back when it ends): a later
-        read's room must not evict it from its only copy.
-
-        ``END`` when the key is not cached or its host slot's previous chunk could not be
-        written back in time (a hung drive), ``NO_ROOM`` when no host slot is free for it,
-        ``BUSY`` when another ``get`` is reading it into host memory.
+              held: list[tuple[ChunkKey, Location]] | None = None,
+              careful: bool = True) -> Fetch | Skip:
+        """Pin ``key`` where it is hottest; from disk, another writer's segment or the remote
+        store (``remote``: it said it holds the chunk), choose where its read lands. A chunk
+        of ``spare`` (the get's later ones) that making room moves to disk is pinned there,
+        in ``held`` (the get's disk pins). ``END`` when the key is not cached or its host
+        slot's previous chunk could not be written back in time (a hung drive), ``NO_ROOM``
+        when no host slot is free, ``NO_ROOM_BELOW`` (``careful``) when one could be made
+        only by dropping one of ``spare``, ``BUSY`` when another get is reading it in.
         """
         with self.books.held() as b:
             source = self._pin_where(b, key, remote)
@@ -77,10 +75,13 @@ class Fetcher:
             if direct is not None and isinstance(source, Ours) \
                     and self._read_direct[source.loc.slot] != fingerprint(key):
                 return Fetch(key, source, FetchState.READING, direct=direct)
-            plan = b.stack.plan_staging(key, HOST, spare)  # its victim outside ``spare``
+            below = careful and b.stack.costs_spare(key, HOST, spare)  # victim outside it
+            plan = None if below else b.stack.plan_store(key, HOST, spare)
             if plan is None:
                 _unpin(b, key, source)
-                return Skip.BUSY if self.stagings.busy(key) else Skip.NO_ROOM
+                if self.stagings.busy(key):
+                    return Skip.BUSY
+                return Skip.NO_ROOM_BELOW if below else Skip.NO_ROOM
             self.stagings.begin(plan)
         try:
             demoted = self.runner.demote(plan)
@@ -98,8 +99,6 @@ class Fetcher:
                     held: list[tuple[ChunkKey, Location]]) -> None:
         """Pin on disk each chunk of ``spare`` the plan's demotions moved there."""
         moved = [move.key for move in plan.demotions if move.dst.tier is DISK and move.key in spare]
-        if not moved:
-            return
         with self.books.held() as b:
             disk = b.stack.indexes[DISK]
             held += [(key, Location(DISK, slot)) for key in moved

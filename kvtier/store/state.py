@@ -43,14 +43,15 @@ class StoreState:
     forgotten: set[ChunkKey] = field(default_factory=set)
     # chunks found wrong while a copy into a memory tier was in flight (a get's read from
     # disk, another writer or the remote store; a promotion): aborted once over, not committed
-    unwanted: set[ChunkKey] = field(default_factory=set)
+    unwanted: set[tuple[ChunkKey, TierName]] = field(default_factory=set)
 
     def was_unwanted(self, key: ChunkKey, dst: Location) -> bool:
-        """Whether a copy of ``key`` into memory tier ``dst`` that is now over was found wrong
-        while in flight (books' lock held): then it is aborted, not committed."""
-        if dst.tier is DISK or key not in self.unwanted:
+        """Whether a copy of ``key`` into memory tier ``dst`` that is now over (committed or
+        not: ask once for each) was found wrong while in flight (books' lock held): then it
+        is aborted, not committed."""
+        if (key, dst.tier) not in self.unwanted:
             return False
-        self.unwanted.discard(key)
+        self.unwanted.discard((key, dst.tier))
         return True
 
     def sync(self) -> None:

@@ -99,7 +99,7 @@ def forget(state: StoreState, keys: Sequence[ChunkKey]) -> None:
             for tier in b.stack.order:  # a copy into memory in flight: aborted once over
                 index = b.stack.indexes[tier]
                 if tier is not TierName.DISK and index.has_entry(key) and index.slot_of(key) is None:
-                    state.unwanted.add(key)
+                    state.unwanted.add((key, tier))
             b.stack.discard(key)
         if slot is not None:
             state.lane.invalidate(slot, key)

@@ -90,7 +90,11 @@ class PlanRunner:
 
     def _fail_reservations(self, plan: StorePlan, first_move: int, _: Future | None = None) -> None:
         moves = plan.demotions[first_move:]
-        self.state.books.abort([*((move.key, move.dst) for move in moves), (plan.key, plan.dst)])
+        aborted = [*((move.key, move.dst) for move in moves), (plan.key, plan.dst)]
+        with self.state.books.held():  # a mark of a copy found wrong meanwhile goes with it
+            for key, dst in aborted:
+                self.state.was_unwanted(key, dst)
+        self.state.books.abort(aborted)
 
     def _move(self, move: Move) -> Future | None:
         """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
@@ -204,7 +208,7 @@ class PlanRunner:
             if dst.tier is DISK and key in self.state.forgotten:  # found wrong meanwhile:
                 self.state.forgotten.discard(key)  # its slot blanked (``_moved``), or if it
                 ok = False  # was found since, by ``forget``'s look at every copy after
-            ok = ok and not self.state.was_unwanted(key, dst)
+            ok = not self.state.was_unwanted(key, dst) and ok  # asked whatever ``ok``
             ok = b.stack.finish(key, dst, ok)
             if ok and pin:
                 b.stack.indexes[dst.tier].pin(key)

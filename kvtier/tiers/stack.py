@@ -145,18 +145,16 @@ class TierStack:
             return StorePlan(key, dst)
         return StorePlan(key, dst, self._plan_demotion(victim, dst, spare, keep))
 
-    def plan_staging(self, key: ChunkKey, tier: TierName,
-                     spare: Collection[ChunkKey]) -> StorePlan | None:
-        """``plan_store`` with ``spare`` (a get's later chunks, evicted last) for the slot a
-        get's read lands in, or none where its victim could only be one of ``spare`` that
-        would find no room below outside them: a read must not cost a later chunk of the
-        same get its only copy (the get waits for room, or ends there)."""
+    def costs_spare(self, key: ChunkKey, tier: TierName, spare: Collection[ChunkKey]) -> bool:
+        """Whether ``plan_store(key, tier, spare)`` (the slot a get's read lands in;
+        ``spare``: the get's later chunks, evicted last) could make room only by evicting one
+        of ``spare`` that would find no room below outside them: a read must not cost a
+        later chunk of the same get its only copy."""
         free, outside = self.indexes[tier].peek(spare, key)
-        if not free and outside is None:
-            _, victim = self.indexes[tier].peek((), key)
-            if victim is not None and not self._room_below(victim, tier, spare):
-                return None
-        return self.plan_store(key, tier, spare)
+        if free or outside is not None:
+            return False
+        _, victim = self.indexes[tier].peek((), key)
+        return victim is not None and not self._room_below(victim, tier, spare)
 
     def plan_promotion(self, key: ChunkKey, tier: TierName,
                        keep: Collection[ChunkKey]) -> StorePlan | None:

@@ -95,10 +95,12 @@ class RemoteEvents:
             if answer is None:
                 return
             after, entries = answer
-            new = {**self._unanswered, **self._new(entries)}
+            fresh = self._new(entries)
+            new = {**self._unanswered, **fresh}
             held = self._tier.exists_answered(list(new)) if new else []
-            if held is None or (held and all(there is None for there in held)):
-                return  # no answer at all: the same entries again next round
+            if held is None or (fresh and all(held[i] is None for i, key in enumerate(new)
+                                               if key in fresh)):
+                return  # no answer for this round's chunks: the same entries next round
             self._unanswered = {}
             for (key, blocks), there in zip(new.items(), held, strict=True):
                 if there:
