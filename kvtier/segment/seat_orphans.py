@@ -106,7 +106,8 @@ def give_back_seats(ns_dir: SafeDir, orphans: list[tuple[str, os.stat_result]]) 
         return []
     freed = []
     with ns_dir.subdir(SEATS_DIR) as seats:
-        linked = linked_temps(seats, seats.scan(SEATS_LISTED))  # one past: not removed
+        # a temporary file whose seat lies past these is not known as linked: left alone
+        linked = linked_temps(seats, seats.scan(SEATS_LISTED))
         for name, info in orphans:
             now = seats.lstat(name)
             if now is None or (now.st_ino, now.st_mtime_ns) != (info.st_ino, info.st_mtime_ns):

@@ -61,7 +61,7 @@ class PrefixRead:
         """Copy the prefix into the caller's tensor, ``chunks_out(i, n)`` being its chunks
         ``i`` to ``i + n - 1`` as one ``(n, layers, 2, chunk_tokens, hidden)`` view; return
         the prefix's chunks."""
-        held = self._held = self._fetcher.hold_disk_chunks(keys)
+        self._held = self._fetcher.hold_disk_chunks(keys)
         self._spare = frozenset(keys)  # a read's staging slot never evicts a later chunk of it
         try:
             self._remote = self._remote_tail(keys)
@@ -77,7 +77,7 @@ class PrefixRead:
                 finally:
                     self._fetcher.release(*fetches)
         finally:
-            self._finish(held, len(keys))
+            self._finish(self._held, len(keys))
         return len(self.loaded)
 
     def _next_run(self) -> list[Fetch]:

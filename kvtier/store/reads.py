@@ -32,7 +32,8 @@ class Fetcher:
     begin again; ``Skip.END`` when the prefix ends there), or with a ``direct`` target
     reads it straight there on the chunk's first read from disk (its second one goes
     through a host slot, which promotes it); ``start(fetches)`` starts the reads of fetches
-    begun, grouped; ``complete(fetch)`` says where the chunk can be copied from (for a direct read: its disk
+    begun, grouped; ``complete(fetch)`` says where the chunk can be copied from (for a
+    direct read: its disk
     slot, the bytes being in place), or None when its read failed (the chunk is dropped) or
     was not over in time (a direct read's pages are then detached from the caller);
     ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
@@ -91,7 +92,7 @@ class Fetcher:
         if not demoted:  # a hung drive: end the prefix here, the chunk stays cached
             self._abandon(key, source, plan)  # whoever waits for it: no read is coming
             return Skip.END
-        if held is not None:
+        if held is not None and plan.demotions:
             self._hold_moved(plan, spare, held)
         return Fetch(key, source, FetchState.READING, None, plan)
 
@@ -172,8 +173,9 @@ class Fetcher:
         the caller's tensor, or its disk copy is dropped."""
         plan = fetch.plan
         with self.books.held() as b:
-            if not (plan is None or self._staged(b, plan, result.ok)) and result.ok:
-                fetch.state = FetchState.FAILED  # found wrong while it was read: a miss
+            committed = plan is None or self._staged(b, plan, result.ok)
+            if result.ok and not committed:  # found wrong while it was read: a miss
+                fetch.state = FetchState.FAILED
                 return None
             if result.ok:
                 b.stats.disk_reads += 1

@@ -98,8 +98,10 @@ class RemoteEvents:
             fresh = self._new(entries)
             new = {**self._unanswered, **fresh}
             held = self._tier.exists_answered(list(new)) if new else []
-            if held is None or (fresh and all(held[i] is None for i, key in enumerate(new)
-                                               if key in fresh)):
+            if held is None:
+                return  # the round trip failed: the same entries next round
+            answered = dict(zip(new, held, strict=True))
+            if fresh and all(answered[key] is None for key in fresh):
                 return  # no answer for this round's chunks: the same entries next round
             self._unanswered = {}
             for (key, blocks), there in zip(new.items(), held, strict=True):
