@@ -95,21 +95,32 @@ class DeadlineSocket:
 
 class DeadlineMixin:
     """Mixed into a redis-py connection class: its socket is a ``DeadlineSocket``, and its
-    connect waits at most the time left too."""
+    connect waits at most the time left too: the TCP connect, and a TLS connection's
+    handshake after it (redis-py gives the handshake the connect timeout again)."""
 
     socket_connect_timeout: float | None
 
     def _connect(self) -> Any:
+        with self._connect_bounded():
+            sock = super()._connect()  # type: ignore[misc]
+        return DeadlineSocket(sock)
+
+    def _wrap_socket_with_ssl(self, sock: Any) -> Any:
+        with self._connect_bounded():
+            return super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
+
+    @contextmanager
+    def _connect_bounded(self) -> Iterator[None]:
+        """Within the block the connect timeout is at most the time left now."""
         configured, left = self.socket_connect_timeout, time_left()
         if left is not None:
             if left <= 0.0:
                 raise TimeoutError("the exchange with the store ran past its deadline")
             self.socket_connect_timeout = left if configured is None else min(left, configured)
         try:
-            sock = super()._connect()  # type: ignore[misc]
+            yield
         finally:
             self.socket_connect_timeout = configured
-        return DeadlineSocket(sock)
 
 
 @functools.cache
