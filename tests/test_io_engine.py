@@ -122,3 +122,52 @@ def test_a_job_may_submit_another_while_the_engine_closes(make):
     wait_until(lambda: all(f.done() for f in queued), "a queued job neither ran nor was cancelled")
     with pytest.raises(RuntimeError):
         engine.submit("a", lambda: None)
+
+
+def test_every_thread_starts_with_the_engine():
+    before = {t.name for t in threading.enumerate()}
+    engine = IOEngine(["a", "b"], 3)
+    started = [t for t in threading.enumerate() if t.name not in before]
+    assert len(started) == 6 and all(t.name.startswith("kvtier-io-") for t in started)
+    assert engine.close(1)
+
+
+def test_a_thread_that_cannot_start_fails_the_engine_and_lets_the_others_go(monkeypatch):
+    real_start, calls = threading.Thread.start, []
+
+    def start(thread):
+        calls.append(thread.name)
+        if len(calls) == 3:
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    begun = time.monotonic()
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        IOEngine(["a"], 4)
+    monkeypatch.undo()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name in calls],
+               "a thread started for the failed engine is still waiting")
+    assert time.monotonic() - begun < 10  # not the barrier's own 30 s
+
+
+def test_a_submit_that_raises_never_runs_its_job(monkeypatch):
+    """The pool may queue a job and then fail to start a thread for it: the job must not run
+    later, since its caller gives back the memory and slots it would use."""
+    engine = IOEngine(["a"], 1)
+    release, ran = threading.Event(), []
+    busy = engine.submit("a", lambda: release.wait(10))
+    pool = engine._pools["a"]
+
+    def no_thread():
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(pool, "_adjust_thread_count", no_thread)  # after the job is queued
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        engine.submit("a", lambda: ran.append("the refused job"))
+    monkeypatch.undo()
+    release.set()
+    assert busy.result(5) is True
+    assert engine.submit("a", lambda: "later").result(5) == "later"  # the queue ran past it
+    assert ran == [] and engine.pending() == 0
+    assert engine.close(1)

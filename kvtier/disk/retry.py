@@ -15,7 +15,8 @@ class DiskRetries:
     time, and calls ``on_back(index)`` (with ``lock`` held) for each path that came back.
 
     ``poll`` does no I/O and may be called on every store; the tries run on the engine's
-    queue of that path, so a hung mount holds up only that path's own threads.
+    queue of that path, so a hung mount holds up only that path's own threads. A try the
+    engine refuses (closed) is not started, and is due again at the next ``poll``.
     """
 
     def __init__(self, disk: DiskTier, engine: IOExecutor, lock: threading.Lock,
@@ -29,7 +30,11 @@ class DiskRetries:
                 if index in self._trying:
                     continue
                 self._trying.add(index)
-            self._engine.submit(self._disk.queues[index], partial(self._try, index))
+            try:
+                self._engine.submit(self._disk.queues[index], partial(self._try, index))
+            except RuntimeError:  # the engine closed (or refused): the try never runs
+                with self._lock:
+                    self._trying.discard(index)
 
     def _try(self, index: int) -> None:
         back = False

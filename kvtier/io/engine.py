@@ -30,7 +30,8 @@ class IOExecutor(Protocol):
 
     - ``submit(queue, job)`` queues ``job()`` and returns its ``Future`` at once; it never
       blocks on I/O. Jobs of one queue run on that queue's threads, in parallel; a job's
-      exception is in its future. Once closed, ``submit`` raises ``RuntimeError``.
+      exception is in its future. Once closed, ``submit`` raises ``RuntimeError``. A
+      ``submit`` that raises never runs its job.
     - ``pending(queue=None)`` counts jobs submitted and not finished (for back-pressure), of
       one queue or of all.
     - ``drain(timeout)`` waits until no job is pending; True if none is left.
@@ -58,10 +59,15 @@ EngineFactory = Callable[[Sequence[str], int], IOExecutor]
 
 
 class IOEngine:
-    """The :class:`IOExecutor` of production: a thread pool per queue.
+    """The :class:`IOExecutor` of production: a thread pool per queue, its threads all
+    started with the engine (a thread that cannot be started fails the engine's making,
+    not a later ``submit``).
 
-    The process's own exit still waits for threads blocked in I/O on a hung drive, as the
-    kernel waits for the I/O they are blocked in.
+    A job runs only if its own future is still pending when a thread takes it: a ``submit``
+    that raised never runs its job later (the pool may have queued it before failing), so
+    its caller may give back what the job would have used. The process's own exit still
+    waits for threads blocked in I/O on a hung drive, as the kernel waits for the I/O they
+    are blocked in.
     """
 
     def __init__(self, queues: Sequence[str], threads_per_queue: int) -> None:
@@ -75,6 +81,12 @@ class IOEngine:
         self._inflight: set[Future] = set()
         self._lock = threading.Lock()
         self._closed = False
+        try:
+            for pool in self._pools.values():
+                _start_threads(pool, threads_per_queue)
+        except BaseException:
+            self.close(0)
+            raise
 
     def submit(self, queue_name: str, job: Callable[[], Any]) -> Future:
         # never hold our lock around the pool's submit: closing holds the pool's lock while
@@ -83,15 +95,16 @@ class IOEngine:
             if self._closed:
                 raise RuntimeError("kvtier I/O engine is closed")
             self._pending[queue_name] += 1
-        try:
-            future = self._pools[queue_name].submit(job)  # raises once shut down
-        except BaseException:
-            with self._lock:
-                self._pending[queue_name] -= 1
-            raise
-        with self._lock:
+            future: Future = Future()
             self._inflight.add(future)
-        future.add_done_callback(lambda f: self._finished(queue_name, f))  # at once if over
+        future.add_done_callback(lambda f: self._finished(queue_name, f))
+        try:
+            queued = self._pools[queue_name].submit(_run, future, job)  # raises once shut down
+        except BaseException:
+            if future.cancel():  # the job never runs, even if the pool queued it
+                raise
+            return future  # a thread took it meanwhile: it ends as any job does
+        queued.add_done_callback(lambda q: future.cancel() if q.cancelled() else None)
         return future
 
     def _finished(self, queue_name: str, future: Future) -> None:
@@ -120,3 +133,28 @@ class IOEngine:
         for pool in self._pools.values():
             pool.shutdown(wait=drained, cancel_futures=not drained)
         return drained
+
+
+def _run(future: Future, job: Callable[[], Any]) -> None:
+    """Run ``job`` into ``future``, unless the future was cancelled first."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = job()
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _start_threads(pool: ThreadPoolExecutor, count: int) -> None:
+    """Start all ``count`` threads of ``pool`` now: each of ``count`` jobs holds its thread
+    until every one has one (the pool starts a thread for a job no idle thread takes)."""
+    started = threading.Barrier(count + 1)
+    try:
+        for _ in range(count):
+            pool.submit(started.wait, CLOSE_TIMEOUT_S)
+        started.wait(CLOSE_TIMEOUT_S)
+    except BaseException:
+        started.abort()  # the threads started let go at once
+        raise

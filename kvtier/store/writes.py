@@ -51,8 +51,14 @@ class PlanRunner:
             self.state.sync()
             ok = True
         finally:
-            for plan in plans:
-                self.finish(plan.key, plan.dst, ok)
+            refused: RuntimeError | None = None
+            for plan in plans:  # every one, even past a write the engine refused (closed)
+                try:
+                    self.finish(plan.key, plan.dst, ok)
+                except RuntimeError as exc:
+                    refused = refused or exc
+            if refused is not None:
+                raise refused
 
     def copy(self, target: Run, source: Run) -> None:
         """Copy run ``source`` into ``target``. With a disk or remote tier, a copy in CPU

@@ -25,6 +25,7 @@ class FakeEngine:
         for gate in self._gates.values():
             gate.set()
         self._errors: dict[str, BaseException] = {}
+        self._refusing = False
         self.submitted = dict.fromkeys(queues, 0)
         self.started = threading.Semaphore(0)  # released as each held job begins to wait
 
@@ -54,10 +55,17 @@ class FakeEngine:
             self._errors[name] = error
 
     def heal(self) -> None:
-        """Jobs of every queue run again (``fail`` undone)."""
+        """Jobs of every queue run again (``fail`` and ``refuse`` undone)."""
         self._errors.clear()
+        self._refusing = False
+
+    def refuse(self) -> None:
+        """``submit`` raises ``RuntimeError``, as a closed engine's does, until ``heal``."""
+        self._refusing = True
 
     def submit(self, queue_name: str, job: Callable[[], Any]) -> Future:
+        if self._refusing:
+            raise RuntimeError("kvtier I/O engine is closed (FakeEngine.refuse)")
         self.submitted[queue_name] += 1
         return self._engine.submit(queue_name, lambda: self._run(queue_name, job))
 
