@@ -204,11 +204,14 @@ def test_a_slot_write_cut_short_leaves_no_index_entry_naming_its_old_chunk(tmp_p
     with KVStore(SMALL, cfg) as store:
         store.put(k, make_kv(k))
         assert store.flush()
-        real = os.pwritev
+        real, cut = os.pwritev, []
 
         def short(fd, buffers, offset, *rest):
             if "slots-" in os.readlink(f"/proc/self/fd/{fd}") and len(buffers) > 1:
+                cut.append(offset)
                 return real(fd, buffers[:1], offset)  # the header only
+            if cut and cut[-1] < offset:  # the rest, asked for again: the device wrote none
+                return 0
             return real(fd, buffers, offset, *rest)
 
         monkeypatch.setattr(os, "pwritev", short)

@@ -153,6 +153,11 @@ class DiskLane:
         if self._reported:
             self._retries.poll()
 
+    @property
+    def down_paths(self) -> dict[int, str]:
+        """Paths out of service by index, with the reason."""
+        return self.tier.down_paths
+
     def newly_down(self) -> dict[int, str]:
         down = {i: reason for i, reason in self.tier.down_paths.items() if i not in self._reported}
         self._reported.update(down)
@@ -208,6 +213,7 @@ class NoDisk:
     num_slots = 0
     queues: ClassVar[list[str]] = []
     roots: ClassVar[list[str]] = []
+    down_paths: ClassVar[dict[int, str]] = {}
 
     def slots_of_path(self, index: int) -> range:
         return range(0)

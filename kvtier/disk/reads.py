@@ -4,9 +4,8 @@ compressed). ``DiskTier.read_many`` cuts the runs and answers for the paths."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,11 +13,12 @@ from kvtier.disk.check import decode_into, slot_problem
 from kvtier.io.format import HEADER_BYTES, Codec
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
+from kvtier.io.vectored import read_fully
 from kvtier.keys import ChunkKey
 from kvtier.segment.cachedir import CacheDir, aligned_view
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
+    pass  # collections.abc.Buffer from Python 3.12
 
 # where a chunk read lands: one buffer, or pieces its payload is scattered over in order
 Target = np.ndarray | list[np.ndarray]
@@ -51,7 +51,7 @@ def read_run(fd: int, offset: int, landed: list[Landing], stride: int) -> list[i
     vectored call into where each lands; return the bytes of each (header and payload) that
     arrived."""
     iov = [buffer for header_buf, payload, _ in landed for buffer in (header_buf, *payload)]
-    got = os.preadv(fd, cast("list[Buffer]", iov), offset)
+    got = read_fully(fd, iov, offset)
     return [min(max(got - j * stride, 0), HEADER_BYTES + size)
             for j, (_, _, size) in enumerate(landed)]
 
@@ -63,7 +63,7 @@ def read_part_runs(directory: CacheDir, number: int, offset: int,
     bytes that arrived, or CORRUPT at the first run that came short."""
     arrived = 0
     for start, iov in runs:
-        got = os.preadv(directory.fd(number), cast("list[Buffer]", iov), offset + start)
+        got = read_fully(directory.fd(number), iov, offset + start)
         arrived += got
         if got < sum(b.size for b in iov):
             return IOResult(IOStatus.CORRUPT, arrived, "slot truncated")

@@ -5,7 +5,6 @@ vectored call. ``DiskTier.write_many`` cuts the runs and keeps the bookkeeping."
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
@@ -16,6 +15,7 @@ from kvtier.io import codec as codecs
 from kvtier.io.format import Codec, SlotHeader, payload_checksum
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
+from kvtier.io.vectored import write_fully
 from kvtier.keys import ChunkKey
 from kvtier.segment.cachedir import CacheDir, aligned_view
 
@@ -58,7 +58,7 @@ def write_run(directory: CacheDir, number: int, offset: int, iov: list, end: int
         # before the new entries are written must not leave them naming the chunks
         # overwritten, which a restart would take for on disk without reading them
         directory.blank_index(first, count)
-        written = os.pwritev(directory.fd(number), iov, offset)
+        written = write_fully(directory.fd(number), iov, offset)
     if written != expected:
         return IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")
     return IOResult(IOStatus.OK, written)

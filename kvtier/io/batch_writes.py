@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -32,6 +33,7 @@ class WriteGroup(Generic[T]):
     items: list[T] = field(default_factory=list)
     futures: list[Future[IOResult]] = field(default_factory=list)
     settled: bool = False
+    began: float | None = None  # when a job was given it (monotonic)
 
 
 class WriteGroups(Generic[T]):
@@ -55,6 +57,9 @@ class WriteGroups(Generic[T]):
       takes no more jobs, a running job drops the groups waiting instead of writing them.
     - ``pending`` counts the items added and not settled (back-pressure); ``waiting`` those
       not in a job yet.
+    - ``stalled(timeout)`` names an item of a group given to a job ``timeout`` or more ago
+      and not over (a hung drive), if any; ``fail_waiting(result)`` settles every group waiting
+      for a job with ``result`` (its path out of service: they would wait for a hung job).
     """
 
     def __init__(self, submit: Callable[[Callable[[], None]], Future],
@@ -67,6 +72,7 @@ class WriteGroups(Generic[T]):
         self._waiting: deque[WriteGroup[T]] = deque()
         self._running = 0  # jobs submitted and not over; a group waits only when all are taken
         self._pending = 0
+        self._groups: dict[int, WriteGroup[T]] = {}  # given to a job and not over, by id
 
     @property
     def pending(self) -> int:
@@ -95,6 +101,8 @@ class WriteGroups(Generic[T]):
     def start(self, group: WriteGroup[T]) -> None:
         """Submit the job of a group ``add`` returned; re-raises when ``submit`` refuses,
         after settling that group and those waiting (never written)."""
+        with self._lock:
+            self._out(group)
         try:
             job = self._submit(partial(self._run, group))
         except BaseException:
@@ -111,6 +119,29 @@ class WriteGroups(Generic[T]):
                 results = [IOResult(IOStatus.IO_ERROR, detail=repr(exc))] * len(group.items)
             self._over(group, results)
             group = self._next()
+
+    def _out(self, group: WriteGroup[T]) -> WriteGroup[T]:
+        """``group`` handed to a job now (lock held)."""
+        group.began = time.monotonic()
+        self._groups[id(group)] = group
+        return group
+
+    def stalled(self, timeout: float) -> T | None:
+        """An item of a group handed to a job ``timeout`` or more seconds ago and not over
+        (its job queued or writing), if any."""
+        now = time.monotonic()
+        with self._lock:
+            return next((group.items[0] for group in self._groups.values()
+                         if group.began is not None and now - group.began >= timeout), None)
+
+    def fail_waiting(self, result: IOResult) -> int:
+        """Settle every group waiting for a job with ``result``; the items settled."""
+        with self._lock:
+            dropped = list(self._waiting)
+            self._waiting.clear()
+        for group in dropped:
+            self._over(group, [result] * len(group.items))
+        return sum(len(group.items) for group in dropped)
 
     def _next(self) -> WriteGroup[T] | None:
         """The next group waiting for a job; None, and one job fewer, when none waits or the
@@ -130,7 +161,7 @@ class WriteGroups(Generic[T]):
             return None
         with self._lock:  # another job may have taken the last one meanwhile
             if self._waiting:
-                return self._waiting.popleft()
+                return self._out(self._waiting.popleft())
             self._running -= 1
             return None
 
@@ -146,6 +177,7 @@ class WriteGroups(Generic[T]):
                 future.set_result(results[i] if results is not None else _NOT_RUN)
             with self._lock:
                 self._pending -= len(group.items)
+                self._groups.pop(id(group), None)
 
     def _ended(self, group: WriteGroup[T], job: Future) -> None:
         """A job is over. One cancelled never ran; one that raised (failed by the engine

@@ -18,6 +18,7 @@ from kvtier.io.format import (
     is_blank,
 )
 from kvtier.io.safefs import SafeDir, read_at
+from kvtier.io.vectored import RUN_BYTES
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.names import INDEX_FILE, WRITERS_DIR
 
@@ -54,7 +55,9 @@ class SlotLayout:
 
     def runs(self, slots: list[int], max_run: int) -> list[list[int]]:
         """Indexes of ``slots`` grouped into runs of neighbours in one slot file (sorted),
-        at most ``max_run`` each: each run moves in one vectored call."""
+        at most ``max_run`` each and ``RUN_BYTES`` in all: each run moves in one vectored
+        call."""
+        max_run = max(1, min(max_run, RUN_BYTES // self.stride))
         order = sorted(range(len(slots)), key=lambda i: slots[i])
         paths, file_slots = self.num_paths, self.file_slots
         runs: list[list[int]] = []

@@ -25,6 +25,7 @@ from kvtier.io.format import HEADER_BYTES, Codec
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.safefs import SafeDir
 from kvtier.io.scratch import ThreadScratch
+from kvtier.io.vectored import RUN_BYTES, read_fully
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.cachedir import aligned_view
 from kvtier.segment.index_file import file_slots_for, open_segment_dir
@@ -70,6 +71,7 @@ class OtherReads:
         self._file_slots = file_slots_for(stride)
         self._o_direct = list(o_direct)
         self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, stride, raw_bytes)
+        self._max_run = max(1, min(MAX_RUN, RUN_BYTES // stride))  # slots in one call
         self._lock = threading.Lock()
         self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
         self._swept = time.monotonic()
@@ -82,7 +84,8 @@ class OtherReads:
                                                          items[i][0].slot))
         runs: list[list[int]] = []
         for i in order:
-            if runs and len(runs[-1]) < MAX_RUN and self._follows(items[runs[-1][-1]][0], items[i][0]):
+            if runs and len(runs[-1]) < self._max_run and self._follows(items[runs[-1][-1]][0],
+                                                                        items[i][0]):
                 runs[-1].append(i)
             else:
                 runs.append([i])
@@ -114,7 +117,7 @@ class OtherReads:
         try:
             fd = self._fd(first, number)
             try:
-                got = os.preadv(fd, [b.data for pair in landed for b in pair], offset * self._stride)
+                got = read_fully(fd, [b for pair in landed for b in pair], offset * self._stride)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -145,7 +148,7 @@ class OtherReads:
         try:
             fd = self._fd(chunk, number)  # a duplicate: no other thread closes it under us
             try:
-                got = os.preadv(fd, [header_buf.data, payload.data], offset)
+                got = read_fully(fd, [header_buf, payload], offset)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -174,7 +177,7 @@ class OtherReads:
             fd = self._fd(chunk, number)
             try:
                 for start, iov in self._parts.runs(header_buf, dst, wanted):
-                    got = os.preadv(fd, [b.data for b in iov], offset * self._stride + start)
+                    got = read_fully(fd, iov, offset * self._stride + start)
                     arrived += got
                     if got < sum(b.size for b in iov):
                         return IOResult(IOStatus.CORRUPT, arrived,

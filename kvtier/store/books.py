@@ -223,12 +223,12 @@ class Books:
         with self._lock:
             self._held.account_write(result)
 
-    def timed_out(self, slot: int, kind: str, detail: str) -> None:
-        """Count (``load_timeouts``) and log once an I/O given up on after ``load_timeout``;
-        it counts against its path's health too."""
+    def timed_out(self, slot: int, kind: str, detail: str, given_up: bool = True) -> None:
+        """Count (``load_timeouts``, unless still going on: not ``given_up``) and log once
+        an I/O not over after ``load_timeout``; it counts against its path's health too."""
         went_down = self._lane.note_timeout(slot)
         with self._lock:
-            self._stats.load_timeouts += 1
+            self._stats.load_timeouts += given_up
             self._failures.note(kind, detail)
             if went_down:
                 self._held.retire_down_paths()

@@ -7,7 +7,8 @@ counted on its own, and its future is settled inside the job."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
@@ -56,6 +57,7 @@ class DiskWrites:
         self.groups = {queue: WriteGroups(partial(lane.submit, queue), self._write_group,
                                           self._settle_group, per_group, jobs, lambda: lane.closed)
                        for queue in lane.queues}
+        self._counted: dict[str, float] = {}  # queue -> when a stalled write last counted
 
     def write_through(self, b: Held, key: ChunkKey, host_slot: int) -> StartedWrite | None:
         """Queue the background disk write of a chunk that just reached host (lock held:
@@ -101,6 +103,28 @@ class DiskWrites:
         b.failures.note("write-through dropped", "the disk write queue is full; chunks stay "
                         "in host memory until flush() or eviction writes them (counted in "
                         "dropped_writes)")
+
+    def count_stalled(self, timeout: float | None) -> None:
+        """Each path whose write job has been writing for ``timeout`` (``load_timeout``) or
+        more, once per ``timeout`` while it stays so, counts that against its health, as a
+        read given up on does (three take a drive that stopped answering out of service)."""
+        if timeout is None:
+            return
+        now = time.monotonic()
+        for queue, groups in self.groups.items():
+            move = groups.stalled(timeout)
+            if move is not None and now - self._counted.get(queue, 0.0) >= timeout:
+                self._counted[queue] = now
+                self.state.books.timed_out(move.dst.slot, "disk write stalled", "a write not "
+                                           "over after load_timeout counts against its path",
+                                           given_up=False)
+
+    def fail_waiting(self, down: Iterable[int]) -> None:
+        """The writes waiting for a job on paths ``down`` (out of service) fail now, their
+        host slots unpinned, rather than wait for a job a hung drive holds."""
+        for index in down:
+            self.groups[self.state.lane.queues[index]].fail_waiting(
+                IOResult(IOStatus.PATH_DOWN, detail="its disk path went out of service"))
 
     @property
     def writes_pending(self) -> int:

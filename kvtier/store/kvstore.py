@@ -141,10 +141,13 @@ class KVStore:
             return stored * self.chunk_tokens
 
     def _poll(self) -> None:
-        """Every call: disk paths due a retry are tried again (in the background), and paths
-        taken out by a check of their own (their lease) are retired."""
+        """Every call: disk paths due a retry are tried again (in the background), a write
+        stalled past ``load_timeout`` counts against its path, paths taken out by a check
+        of their own (their lease, stalls) are retired, and their waiting writes failed."""
         self._lane.poll()
+        self._runner.disk_writes.count_stalled(self.config.load_timeout)
         self._books.retire_down_paths()
+        self._runner.disk_writes.fail_waiting(self._lane.down_paths)
 
     def _drain_timeout(self) -> float:
         timeout = self.config.load_timeout

@@ -1,0 +1,41 @@
+"""A standalone store on a drive whose writes stop answering: a write job out past
+``load_timeout`` counts against its path at each call of the store, once per
+``load_timeout``, and three take the path out of service (as three reads given up on do);
+the writes waiting behind the hung job then fail at once and give back their host slots,
+which a dead drive would otherwise pin for ever. The write still running keeps its slot
+until it ends."""
+
+from kvtier import KVStore
+from kvtier.tiers.base import TierName
+from tests.helpers.disk_helpers import wait_until
+from tests.helpers.fake_io import FakeEngine
+from tests.helpers.kv import SMALL, index_of, make_kv
+from tests.helpers.store import config, seq
+
+CHUNKS = 4  # the path's queue holds four (max_pending): none is dropped
+
+
+def test_writes_stalled_past_load_timeout_take_the_path_out_and_free_the_waiting(tmp_path):
+    make, engines = FakeEngine.factory()
+    cfg = config(tmp_path, host_chunks=8, io_threads=1, load_timeout="100ms", disk_retry="off")
+    with KVStore(SMALL, cfg, io_engine=make) as store:
+        engines[0].hold("disk0")  # the drive stops answering writes
+        try:
+            for i in range(CHUNKS):  # one write runs (and hangs), the others wait behind it
+                store.put(seq(1000 * i, 1), make_kv(seq(1000 * i, 1)))
+            host = index_of(store, TierName.HOST)
+            assert host.census().pins == CHUNKS and not store.stats().paths_down
+            # every call of the store looks; nothing else goes to the disk meanwhile
+            wait_until(lambda: store.lookup(seq(0, 1)).tokens >= 0 and store.stats().paths_down,
+                       "a drive whose writes hang was never taken out of service")
+            assert str(tmp_path) in store.stats().paths_down
+            assert store.stats().load_timeouts == 0  # none given up: the write still runs
+            assert host.census().pins == 1  # the waiting writes failed; the running one holds
+            assert store.stats().disk_writes == 0
+            later = [seq(50_000 + 1000 * i, 1) for i in range(8)]
+            for tokens in later:  # host memory is all usable but the one slot
+                store.put(tokens, make_kv(tokens))
+            assert len(host) == 8
+        finally:
+            engines[0].release("disk0")
+        wait_until(lambda: host.census().pins == 0, "the hung write's slot was never let go")
