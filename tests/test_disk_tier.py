@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from kvtier.io.buffers import AlignedBuffer
-from kvtier.io.format import HEADER_BYTES
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES
 from kvtier.io.result import IOStatus
+from kvtier.segment.cachedir import CacheDir
 from tests.helpers.disk_helpers import NS, RAW, chunk, key, make_tier, slot_files
 
 
@@ -105,6 +106,27 @@ def test_recovery_without_the_index_scans_slot_headers(tmp_path):
     assert (tmp_path / NS.id / "writers" / tier.writer / "index.kvt").stat().st_size > 0
     assert len(tier.recover().slots) == 3
     tier.close()
+
+
+def test_an_index_rebuilt_by_a_scan_holds_one_entry_at_a_time(tmp_path, monkeypatch):
+    """A start that scans slot headers writes the new index from entries made one by one,
+    each an index entry's bytes: not a list of whole 4 KiB headers (4 GiB at 1M chunks)."""
+    tier = make_tier([tmp_path])
+    for slot in range(3):
+        tier.write(slot, key(slot), chunk(slot).array)
+    tier.close()
+    next(tmp_path.glob("*/writers/*/index.kvt")).unlink()
+    real, given = CacheDir.replace_index, []
+
+    def replace_index(self, entries):
+        given.append(entries)
+        return real(self, (given.append(len(entry)) or (slot, entry) for slot, entry in entries))
+
+    monkeypatch.setattr(CacheDir, "replace_index", replace_index)
+    tier = make_tier([tmp_path])
+    assert len(tier.recover().slots) == 3
+    tier.close()
+    assert not isinstance(given[0], list | tuple) and given[1:] == [INDEX_ENTRY_BYTES] * 3
 
 
 def test_recovery_keeps_the_newest_copy_of_a_key(tmp_path):

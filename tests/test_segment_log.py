@@ -1,6 +1,7 @@
 """The segment log: a writer appends, readers follow from their last offset, rotations and
 torn or damaged records never yield a wrong slot, and leases tell live writers from gone ones."""
 
+import errno
 import json
 import os
 import time
@@ -18,11 +19,11 @@ from kvtier.segment.log import (
     LOG_HEADER_BYTES,
     RECORD_BYTES,
     LogFollower,
-    SegmentLog,
     encode_record,
     encode_records,
     entries_of,
 )
+from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import LOG_FILE
 from tests.helpers.disk_helpers import NS, RAW, chunk, key, make_tier
 
@@ -82,6 +83,40 @@ def test_a_rotation_makes_followers_start_over_from_the_snapshot(segment):
         state[n % 3] = n
         log.append(n % 3, entry(n))
     assert log.rotations == 1 and log.records < 5
+    reset, _ = follower.refresh()
+    assert reset and keys_of(follower) == state
+    log.close()
+
+
+def test_a_rotation_that_fails_for_space_keeps_the_old_log_and_tries_again_later(segment,
+                                                                                 monkeypatch):
+    """A full disk at a rotation: each record is still appended (no error for a write that
+    was logged), followers read on, and the next try comes a quarter of ``rotate_after``
+    records later, not at every append (each try snapshots the whole index)."""
+    state, snapshots = {0: 0}, []
+
+    def snapshot():
+        snapshots.append(len(state))
+        return entries_of((s, entry(n)) for s, n in state.items())
+
+    log = SegmentLog(segment, DIGEST, snapshot, rotate_after=8)
+    follower = LogFollower(segment, DIGEST, RAW)
+    follower.refresh()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SafeDir, "replace_file", full)
+    for n in range(1, 41):
+        state[n % 5] = n
+        log.append(n % 5, entry(n))  # never raises: the record is in the old log
+    assert log.rotations == 0 and len(snapshots) == 1 + 11  # at records 9, 12, ..., 39
+    reset, _ = follower.refresh()
+    assert not reset and keys_of(follower) == state
+    monkeypatch.undo()
+    state[0] = 99
+    log.append(0, entry(99))  # the try due now works
+    assert log.rotations == 1
     reset, _ = follower.refresh()
     assert reset and keys_of(follower) == state
     log.close()

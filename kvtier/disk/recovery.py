@@ -83,8 +83,8 @@ class DiskRecovery:
         if self._paths.states[index].dir is not directory:  # out during the scan: what it
             return part, n, bad  # did not read is not in an index; the next start scans
         paths = self._layout.num_paths
-        directory.replace_index([(slot // paths, cast(bytes, header.encode()))  # bytes: no ``into``
-                                 for slot, header in part])
+        directory.replace_index((slot // paths, cast(bytes, header.encode())[:INDEX_ENTRY_BYTES])
+                                for slot, header in part)  # one header at a time: 4 KiB each
         return part, n, bad
 
     def _parse_index(self, index: int, directory: CacheDir,

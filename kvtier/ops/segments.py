@@ -23,7 +23,8 @@ from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, writt
 from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, held_elsewhere, read_lease
 from kvtier.segment.lock import held_here as lock_held
 from kvtier.segment.lock import lock_namespace
-from kvtier.segment.log import SegmentLog, entries_of
+from kvtier.segment.log import entries_of
+from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2

@@ -22,7 +22,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
@@ -34,7 +34,8 @@ from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.segment.lease import Lease, held_elsewhere, read_lease
 from kvtier.segment.lock import keep, let_go, lock_namespace, locked_here
-from kvtier.segment.log import Entries, SegmentLog
+from kvtier.segment.log import Entries
+from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import (
     INDEX_FILE,
     LOCK_FILE,
@@ -202,8 +203,9 @@ class CacheDir:
         log: followers learn of the slots when they are written)."""
         write_all(self.index_fd, bytes(count * INDEX_ENTRY_BYTES), local_slot * INDEX_ENTRY_BYTES)
 
-    def replace_index(self, entries: Sequence[tuple[int, bytes]]) -> None:
-        """Make the index hold exactly ``entries`` (local slot, entry), atomically: written
+    def replace_index(self, entries: Iterable[tuple[int, bytes]]) -> None:
+        """Make the index hold exactly ``entries`` (local slot, entry; taken one at a time,
+        so a generator keeps one entry in memory), atomically: written
         to a temporary file, synced, then renamed over the index; the log starts again from
         it. A crash or a full disk midway leaves the index as it was."""
         temp = f".{INDEX_FILE}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``

@@ -15,9 +15,7 @@ to look, and every read checks what it finds.
 from __future__ import annotations
 
 import os
-import secrets
 import struct
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -46,7 +44,7 @@ Entries = tuple[np.ndarray, np.ndarray]
 Snapshot = Callable[[], Entries]
 
 
-def _file_header(namespace: bytes, epoch: int) -> bytes:
+def file_header(namespace: bytes, epoch: int) -> bytes:
     body = _HEAD.pack(LOG_MAGIC, LOG_VERSION, LOG_HEADER_BYTES, RECORD_BYTES, namespace, epoch)
     return (body + _SUM.pack(xxhash.xxh3_64_intdigest(body))).ljust(LOG_HEADER_BYTES, b"\0")
 
@@ -90,61 +88,6 @@ def encode_records(snapshot: Entries) -> bytes:
     sums = np.fromiter(map(digest, records[:, :_RECORD.size]), "<u8", count=len(slots))
     records[:, _RECORD.size:] = sums.view(np.uint8).reshape(-1, 8)
     return records.tobytes()
-
-
-class SegmentLog:
-    """The writer's side: ``append(local_slot, entry)`` records a slot written (or emptied,
-    with a blank entry); thread-safe. The log starts afresh from ``snapshot()`` when opened
-    and whenever it passes ``rotate_after`` records. An ``OSError`` from ``append`` means
-    the record may be missing: the caller fails the write it belongs to."""
-
-    def __init__(self, directory: SafeDir, namespace: bytes, snapshot: Snapshot,
-                 rotate_after: int) -> None:
-        self._dir, self._namespace, self._snapshot = directory, namespace, snapshot
-        self._rotate_after = rotate_after
-        self._lock = threading.Lock()
-        self._fd = -1
-        self._end = self.records = 0
-        self.rotations = 0
-        with self._lock:
-            self._start()
-
-    def _start(self) -> None:
-        snapshot = self._snapshot()
-        data = _file_header(self._namespace, secrets.randbits(64)) + encode_records(snapshot)
-        self._dir.replace_file(LOG_FILE, data)
-        fd = self._dir.open_file(LOG_FILE, os.O_RDWR)
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd, self._end, self.records = fd, len(data), len(snapshot[0])
-
-    def restart(self) -> None:
-        """Start afresh from ``snapshot()`` now (the index was replaced)."""
-        with self._lock:
-            self._start()
-            self.rotations += 1
-
-    def append(self, local_slot: int, entry: bytes | memoryview) -> None:
-        record = encode_record(local_slot, entry)
-        with self._lock:
-            if self._fd < 0:
-                raise OSError(9, "the segment's log was closed")
-            os.pwrite(self._fd, record, self._end)
-            self._end += RECORD_BYTES
-            self.records += 1
-            if self.records > self._rotate_after:
-                self._start()
-                self.rotations += 1
-
-    @property
-    def size(self) -> int:
-        return self._end
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ namespace per TP rank) alike."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from kvtier.shared.followed import WriterState, directory_slots
 from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.shared.refresh import RefreshThread
 from kvtier.shared.view import SharedView
+
+log = logging.getLogger("kvtier")
+CLOSE_WAIT_S = 5.0  # how long closing waits for a refresh under way
 
 Refs = tuple[SlotRef, ...]  # where another writer holds a chunk: one place per rank
 
@@ -98,12 +102,19 @@ class OtherWriters:
                               sum(v.reclaimed for v in self.views),
                               sum(v.seats_freed for v in self.views))
 
-    def close(self) -> None:
-        self._thread.close()
+    def close(self, timeout: float | None = CLOSE_WAIT_S) -> bool:
+        """Stop refreshing, waiting at most ``timeout`` for a refresh under way; one still
+        running then (a hung mount) keeps the views' files open, left to the process's exit,
+        and False is returned."""
+        if not self._thread.close(timeout):
+            log.warning("kvtier: a look at other writers' segments has not ended in %s s (a "
+                        "hung mount?): its files stay open until it ends", timeout)
+            return False
         for view in self.views:
             view.close()
         if self._reads is not None:
             self._reads.close()
+        return True
 
 
 def follow_others(config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,

@@ -6,6 +6,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from kvtier.units import wait_limit
+
 log = logging.getLogger("kvtier")
 SOON_GAP_S = 0.01  # refreshes asked for with ``soon`` come at most this often
 
@@ -45,7 +47,10 @@ class RefreshThread:
         """Refresh now rather than at the next period (``SOON_GAP_S`` after the last at most)."""
         self._wake.set()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> bool:
+        """Stop the thread, waiting at most ``timeout`` for a refresh under way; False when
+        one still runs then (blocked on a hung mount): what it reads must stay open."""
         self._stop.set()
         self._wake.set()
-        self._thread.join()
+        self._thread.join(wait_limit(timeout))
+        return not self._thread.is_alive()

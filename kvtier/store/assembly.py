@@ -80,7 +80,7 @@ class StoreParts:
                       "stays until they end and close() is called again", gate.inside, timeout)
             return False
         if state.others:  # after the lane: no read of another writer's chunk is left
-            state.others.close()
+            state.others.close(max(_left(deadline), 0.1))  # an idle refresh ends at once
         state.transfers.close()  # its views of host memory go before the memory
         for tier in self.tiers.values():
             tier.close()

@@ -7,7 +7,8 @@ from __future__ import annotations
 from kvtier.io.format import INDEX_ENTRY_BYTES, Codec, SlotHeader
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import ChunkKey
-from kvtier.segment.log import SegmentLog, entries_of
+from kvtier.segment.log import entries_of
+from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import WRITERS_DIR
 from tests.helpers.disk_helpers import NS, RAW, key
 
