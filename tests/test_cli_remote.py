@@ -156,3 +156,24 @@ def test_inspect_of_a_slow_store_ends_at_its_timeout_with_what_it_saw(server):
         assert table.returncode == 0 and "cut short at --timeout 1 s" in table.stdout
     finally:
         slow.stop()
+
+
+def test_inspect_of_a_store_that_never_answers_fails_rather_than_showing_it_empty():
+    with socket.socket() as silent:  # takes connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        result = run("inspect", f"redis://127.0.0.1:{port}/0", "--timeout", "1")
+    assert result.returncode == 2, result.stdout
+    assert "no answer within --timeout 1 s" in result.stderr
+    assert "no kvtier chunks" not in result.stdout
+
+
+def test_inspect_of_a_store_wanting_a_password_names_the_variables_to_set(tmp_path):
+    srv = RedisServer(tmp_path / "redis", "--requirepass", "s3cret").start()
+    try:
+        result = run("inspect", srv.url)
+    finally:
+        srv.stop()
+    assert result.returncode == 2 and "KVTIER_REMOTE_PASSWORD" in result.stderr
+    assert "s3cret" not in result.stderr

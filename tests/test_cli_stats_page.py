@@ -229,3 +229,12 @@ def test_top_reads_an_endpoint_fetch_and_parse_within_its_timeout(monkeypatch):
         result = kvtier("top", address, "--once", "--timeout", "30")
     refused(result, 1, f"top: cannot read {address}: --timeout 30 s ran out while parsing "
             "the page (line ")
+
+
+@pytest.mark.parametrize("command", [["stats"], ["top", "--once"]])
+@pytest.mark.parametrize("url", ["http://admin:Sup3rSecret@127.0.0.1:1/metrics",
+                                 "admin:Sup3r/Secret@127.0.0.1:1"])
+def test_a_metrics_address_with_a_password_is_refused_without_showing_it(command, url):
+    result = CliRunner().invoke(app, [*command, url])
+    assert result.exit_code != 0 and "user or password" in result.output
+    assert "Sup3r" not in result.output

@@ -26,6 +26,7 @@ from kvtier.cli.deadline import Deadline, DeadlineExpired
 from kvtier.cli.metrics_text import PageError
 from kvtier.cli.metrics_text import parse_samples as parse_page
 from kvtier.cli.stats_render import print_json, print_samples
+from kvtier.config.redact import redacted
 from kvtier.units import format_size
 
 MAX_BODY = 32 * 2**20  # a store's metrics are a few KiB; anything past this is not them
@@ -84,6 +85,9 @@ def metrics_url(url: str) -> SplitResult:
     if url.rstrip("/").count("/") < 3:
         url = url.rstrip("/") + "/metrics"
     parts = urlsplit(url)
+    if "@" in url:  # never sent, and never shown back in a message either
+        raise ValueError(f"{redacted(url)}: a metrics address takes no user or password (kvtier "
+                         "sends none): give host:port")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) address: {url!r}")
     _ = parts.port  # raises ValueError on a bad port

@@ -67,18 +67,23 @@ def survey(url: str, prefix: str = "kvtier:", limit: int = 1_000_000, sample: in
         raise SurveyError(f"{backend} stores cannot list their keys: inspect a Mooncake store "
                           "with its master's metrics (mooncake_master -metrics_port)")
     from kvtier.config.redis_url import PASSWORD_ENV, USER_ENV
-    from kvtier.remote.redis_client import connect
+    from kvtier.remote.redis_client import connect, explained
 
-    client = None
+    client, late = None, False
     try:  # a cluster's client connects as it is made: its failure is the survey's too
         with bounded(timeout):
-            client = connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV)
-                                         if k in os.environ})
-            return _survey_redis(client, redacted(url), prefix, limit, sample)
+            try:
+                client = connect(url, 10.0, {k: os.environ[k] for k in (USER_ENV, PASSWORD_ENV)
+                                             if k in os.environ})
+                return _survey_redis(client, redacted(url), prefix, limit, sample)
+            except Exception:
+                late = expired()
+                raise
     except SurveyError:
         raise
     except Exception as exc:  # the client's errors for every transport fault
-        raise SurveyError(f"{redacted(url)}: {exc}") from exc
+        why = f"no answer within --timeout {timeout:g} s" if late else explained(exc)
+        raise SurveyError(f"{redacted(url)}: {why}") from exc
     finally:
         if client is not None:
             client.close()
@@ -88,6 +93,7 @@ def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -
     """The survey, or what it saw before the deadline passed (``cut_short``)."""
     found: dict[str, NamespaceHoldings] = {}
     result = RemoteSurvey(url, "redis", prefix, 0, True)
+    client.ping()  # a store that does not answer at all fails the survey: it is not empty
     try:
         _walk(client, prefix, limit, sample, found, result)
     except Exception:

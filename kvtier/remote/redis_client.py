@@ -13,6 +13,8 @@ from kvtier.config.redis_url import PASSWORD_ENV, USER_ENV, parse_url
 from kvtier.remote.deadline import deadline_class
 
 _NO_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.IGNORECASE)
+_NO_AUTH = re.compile(r"NOAUTH|authentication required|must be called with the client already "
+                      r"authenticated|WRONGPASS|invalid (username-)?password", re.IGNORECASE)
 SECURITY = "docs/remote.md, Security"
 
 
@@ -62,6 +64,8 @@ def known_nodes(client: Any) -> list[tuple[str, int]]:
 def as_builtin(exc: BaseException) -> BaseException:
     """The client's timeout, or the socket's, as the builtin ``TimeoutError`` (so it counts
     as timed out)."""
+    if isinstance(exc, ImportError):  # the client is missing: nothing of it to import
+        return exc
     from redis.exceptions import TimeoutError as RedisTimeout
 
     return TimeoutError(str(exc)) if isinstance(exc, RedisTimeout | TimeoutError) else exc
@@ -78,6 +82,9 @@ def explained(exc: BaseException) -> BaseException:
     if "no permissions to access" in text.lower():
         return PermissionError(f"{text}: the ACL user's key pattern must cover remote_prefix, "
                                f"e.g. ~kvtier:* ({SECURITY})")
+    if _NO_AUTH.search(text):  # no password given, or the wrong one
+        return PermissionError(f"{text}: set {PASSWORD_ENV} (and {USER_ENV} for an ACL user) in "
+                               f"the environment ({SECURITY})")
     if "Cluster mode is not enabled" in text:  # how redis-py reports CLUSTER SLOTS refused
         return ConnectionError(f"{text} (or the ACL user lacks +cluster|slots: {SECURITY})")
     return as_builtin(exc)
