@@ -414,6 +414,60 @@ def test_a_writer_whose_seat_is_taken_away_stops_writing_at_its_next_beat(tmp_pa
         assert "holds no seat" in next(iter(a.stats().paths_down.values()))
 
 
+def seats_out_of_files(monkeypatch) -> None:
+    """From now on every seat file fails to open as in a process short of open files."""
+    import errno
+
+    from kvtier.io.safefs import SafeDir
+    from kvtier.segment.names import seat_number
+
+    plain_open = SafeDir.open_file
+
+    def open_file(self, name, flags, *, create=False):
+        if seat_number(name) is not None:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return plain_open(self, name, flags, create=create)
+
+    monkeypatch.setattr(SafeDir, "open_file", open_file)
+
+
+def test_a_writer_that_cannot_read_its_seat_at_a_beat_keeps_its_path_and_chunks(
+        tmp_path, monkeypatch):
+    """Who holds the seat cannot be told then: the beat goes on, rather than taking the path
+    out of service as if the seat were given back (it came back with its disk tier empty)."""
+    tokens = seq(0, 8)
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=2, share_refresh="off",
+                               lease_timeout="1h")) as a:  # no beat of its own meanwhile
+        a.put(tokens, make_kv(tokens))
+        assert a.flush()
+        seats_out_of_files(monkeypatch)
+        a.disk.paths[0].dir.lease.beat()
+        monkeypatch.undo()
+        a.disk.paths[0].dir.lease.beat()
+        assert a.stats().paths_down == {}
+        assert a.lookup(tokens).tokens == 8 * CHUNK
+
+
+def test_seats_that_cannot_be_read_are_neither_taken_twice_nor_judged_orphans(
+        tmp_path, monkeypatch):
+    """A writer whose own seat cannot be read for a moment fails its try, rather than taking
+    a second seat it would never give back; a reader does not judge the seat an orphan."""
+    from kvtier.io.safefs import SafeDir
+    from kvtier.segment.seat_orphans import orphan_seats
+    from kvtier.segment.seats import claim_seat
+
+    ns = tmp_path / "ns"
+    ns.mkdir(mode=0o700)
+    with SafeDir.open(ns) as ns_dir:
+        assert claim_seat(ns_dir, "a", 2) == 0
+        (ns / "writers" / "a").mkdir(parents=True)
+        seats_out_of_files(monkeypatch)
+        with pytest.raises(OSError, match="Too many open files"):
+            claim_seat(ns_dir, "a", 2)
+        assert orphan_seats(ns_dir, None) == []
+    assert sorted(p.name for p in (ns / "seats").iterdir()) == ["seat-0000"]
+
+
 def test_a_writer_that_finds_its_own_seat_again_marks_it_in_use(tmp_path):
     """A reader judging seats as orphans frees one only if it is unchanged since: a writer
     taking its seat again touches it, so a stale judgement frees nothing."""

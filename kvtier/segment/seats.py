@@ -167,12 +167,22 @@ def _remove_linked_temps(seats: SafeDir, names: list[str]) -> None:
 
 def holds_seat(ns_dir: SafeDir, writer: str, limit: int) -> bool:
     """Whether ``writer`` holds one of the first ``limit`` seats of the namespace open as
-    ``ns_dir``."""
+    ``ns_dir``. A seat that cannot be read (``read_holder`` raises: a process short of open
+    files, an I/O error) may be its own: when no other is, that error is raised, and the
+    caller counts it as "cannot be told"."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return False
+    unread: OSError | None = None
     with ns_dir.subdir(SEATS_DIR) as seats:
-        return any(read_holder(seats, SEAT_FILE.format(k)) == writer for k in range(limit))
-
+        for k in range(limit):
+            try:
+                if read_holder(seats, SEAT_FILE.format(k)) == writer:
+                    return True
+            except OSError as exc:
+                unread = unread or exc
+    if unread is not None:
+        raise unread
+    return False
 
 
 def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
@@ -180,7 +190,8 @@ def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
     """With the segment's lock held: ``CacheDirError`` (EAGAIN) unless ``segment`` is still
     ``writer``'s directory and ``writer`` still holds a seat. A reclaim of the segment of a
     writer gone (``reclaim_segment``, which holds that lock throughout) may have run between
-    the seat's claim and the lock: writing on would make a segment without a seat."""
+    the seat's claim and the lock: writing on would make a segment without a seat. When the
+    seat cannot be told (``holds_seat`` raises), that error is raised: the path's try fails."""
     with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
         with ns_dir.subdir(WRITERS_DIR) as writers:
             entry = writers.lstat(writer)
@@ -193,12 +204,14 @@ def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
 
 def still_seated(root: Path, namespace_id: str, writer: str, share_writers: int) -> bool:
     """Whether ``writer`` still holds a seat (its lease's check at each beat); True when that
-    cannot be told (the path's own checks report a path that cannot be read)."""
+    cannot be told (a seat or directory that cannot be read for a moment, such as a process
+    short of open files: the path's own checks report a path that cannot be read)."""
     try:
         with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
             return holds_seat(ns_dir, writer, share_writers)
     except OSError:
         return True
+
 
 def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
     """Delete the segment of ``writer`` (a writer that is gone), if it is still the directory
@@ -241,10 +254,12 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
 
 def release_seat(ns_dir: SafeDir, writer: str) -> None:
     """Give back ``writer``'s seat (its segment is gone); ``seats/`` itself stays (a writer
-    may be claiming a seat in it now)."""
+    may be claiming a seat in it now). A seat that cannot be read (``read_holder`` raises)
+    may be the writer's: its error is raised, and no seat is given back."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return
     with ns_dir.subdir(SEATS_DIR) as seats:
-        for name in seats.listed(SEATS_LISTED):
-            if seat_number(name) is not None and read_holder(seats, name) == writer:
-                seats.remove_file(name)
+        own = [name for name in seats.listed(SEATS_LISTED)
+               if seat_number(name) is not None and read_holder(seats, name) == writer]
+        for name in own:
+            seats.remove_file(name)
