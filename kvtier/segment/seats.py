@@ -93,41 +93,59 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     """The number of ``writer``'s seat in the namespace open as ``ns_dir``: the one it holds
     already among the first ``limit``, else the first free one, taken (``write_seat``); a
     seat of its own past ``limit`` (from a run with a larger ``share_writers``) is given back
-    once it holds one within. ``CacheDirError`` (EDQUOT) when the seats held otherwise,
+    once it holds one within. ``CacheDirError`` (EDQUOT) when the seats held by others,
     whatever their number, are ``limit`` or more: a seat past ``limit`` is that of a writer
     that ran with a larger ``share_writers``, whose segment still takes its share of
-    ``disk_capacity`` until it is reclaimed."""
+    ``disk_capacity`` until it is reclaimed (one of ``writer``'s own does not count: it
+    goes as ``writer`` takes one within); or when writers claiming at the same moment took
+    the free ones (``_one_too_many``)."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
         held = _held_seats(seats)
-        names = [SEAT_FILE.format(k) for k in range(limit)]
-        others = sorted(name for name, holder in held.items() if holder != writer)
-        seat = None
-        if len(others) < limit:
-            seat = next((k for k, name in enumerate(names) if held.get(name) == writer), None)
-            if seat is not None:
-                _touch(seats, names[seat])  # in use again: not the orphan a reader may have judged it
-            else:
-                seat = next((k for k, name in enumerate(names)
-                             if name not in held and seats.lstat(name) is None
-                             and write_seat(seats, name, writer)), None)
-                if seat is not None and _one_too_many(seats, names[seat], limit):
-                    seats.remove_file(names[seat])
-                    seat = None
+        own = {name for name, holder in held.items() if holder == writer}
+        seat = _seat_within(seats, held, own, writer, limit) if len(held) - len(own) < limit \
+            else None
         if seat is not None:
-            for name, holder in held.items():
-                if holder == writer and name != names[seat]:
-                    with contextlib.suppress(OSError):  # not a seat file of ours any more
-                        seats.remove_file(name)
+            for name in sorted(own - {SEAT_FILE.format(seat)}):
+                with contextlib.suppress(OSError):  # not a seat file of ours any more
+                    seats.remove_file(name)
             return seat
-        holders = sorted({holder or "entries kvtier did not write" for holder in
-                          (held[name] for name in others)})
-    raise CacheDirError(errno.EDQUOT, f"{len(others)} writer seats of {ns_dir.path} are held "
-                        f"(by {', '.join(holders) or 'nobody'}) and share_writers is {limit}: "
-                        "this writer reads the others' chunks but writes none; raise "
-                        "share_writers (each writer then holds disk_capacity / share_writers), "
-                        "or wait for a writer that is gone to be reclaimed (lease_timeout: "
-                        "this store reclaims it at the path's next try), or remove a gone "
-                        "writer's segment with `kvtier gc PATH --gone AGE`")
+        others = [holder for holder in _held_seats(seats).values() if holder != writer]
+    raise _no_seat(ns_dir.path, others, limit)
+
+
+def _seat_within(seats: SafeDir, held: dict[str, str | None], own: set[str], writer: str,
+                 limit: int) -> int | None:
+    """The number of ``writer``'s seat among the first ``limit`` of ``seats`` (``held`` as
+    ``_held_seats`` read them, ``own`` those holding ``writer``): its own, touched, else the
+    first free one, taken unless it is one too many (``_one_too_many``); None when none is."""
+    names = [SEAT_FILE.format(k) for k in range(limit)]
+    seat = next((k for k, name in enumerate(names) if name in own), None)
+    if seat is not None:
+        _touch(seats, names[seat])  # in use again: not the orphan a reader may have judged it
+        return seat
+    seat = next((k for k, name in enumerate(names) if name not in held
+                 and seats.lstat(name) is None and write_seat(seats, name, writer)), None)
+    if seat is not None and _one_too_many(seats, names[seat], own, limit):
+        seats.remove_file(names[seat])
+        return None
+    return seat
+
+
+def _no_seat(path: str, others: list[str | None], limit: int) -> CacheDirError:
+    """Why a writer holds no seat: ``others`` are the holders of the seats held by others
+    now (None for an entry kvtier did not write)."""
+    holders = ", ".join(sorted({h or "entries kvtier did not write" for h in others})) or "nobody"
+    if len(others) >= limit:
+        why = (f"{len(others)} writer seats of {path} are held (by {holders}) and "
+               f"share_writers is {limit}")
+    else:  # taken and given back again meanwhile
+        why = (f"writers claiming seats of {path} at the same moment took the free ones "
+               f"({len(others)} held by others now, by {holders}; share_writers is {limit})")
+    return CacheDirError(errno.EDQUOT, f"{why}: this writer reads the others' chunks but writes "
+                         "none; raise share_writers (each writer then holds disk_capacity / "
+                         "share_writers), or wait for a writer that is gone to be reclaimed "
+                         "(lease_timeout: this store reclaims it at the path's next try), or "
+                         "remove a gone writer's segment with `kvtier gc PATH --gone AGE`")
 
 
 def _held_seats(seats: SafeDir) -> dict[str, str | None]:
@@ -139,13 +157,14 @@ def _held_seats(seats: SafeDir) -> dict[str, str | None]:
     return {name: read_holder(seats, name) for name in listed if seat_number(name) is not None}
 
 
-def _one_too_many(seats: SafeDir, name: str, limit: int) -> bool:
+def _one_too_many(seats: SafeDir, name: str, own: set[str], limit: int) -> bool:
     """Whether seat ``name``, just taken, must be given back: more than ``limit`` seats are
     held (writers that counted the seats at once, each then taking one), and it is among
     the highest-numbered of the first ``limit``, which give way. Every writer that took a
-    seat sees the same seats once each has taken its own, so just the excess gives way."""
-    held = sorted(n for n in (seat_number(name) for name in seats.listed(SEATS_LISTED))
-                  if n is not None)
+    seat sees the same seats once each has taken its own, so just the excess gives way. The
+    claimant's ``own`` other seats are not counted: it gives them back once it holds this."""
+    held = sorted(n for n in (seat_number(entry) for entry in seats.listed(SEATS_LISTED)
+                              if entry not in own) if n is not None)
     excess = len(held) - limit
     return excess > 0 and seat_number(name) in [n for n in held if n < limit][-excess:]
 
