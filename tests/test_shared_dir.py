@@ -324,6 +324,34 @@ def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
         assert not list(segment.parents[1].glob("seats/seat-*"))
 
 
+@pytest.mark.parametrize("by", ["reclaim", "gc --gone"])
+def test_a_segment_left_with_an_entry_kvtier_did_not_write_keeps_its_seat(tmp_path, by):
+    """Both removers leave the entry, the directory and the seat: a reclaim gave the seat
+    back although the directory stayed (and said the segment was not proven free)."""
+    import time
+
+    from kvtier.io.safefs import SafeDir
+    from kvtier.ops.cache import namespaces
+    from kvtier.ops.reclaim import gc
+    from kvtier.segment.seats import reclaim_segment
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    with KVStore(SMALL, shared(root, "a")) as a:
+        a.put(seq(0, 2), make_kv(seq(0, 2)))
+        assert a.flush()
+    (segment,) = root.glob("*/writers/a")
+    (segment / "notes.txt").write_text("not kvtier's")
+    if by == "reclaim":
+        with SafeDir.open(segment.parents[1]) as ns_dir:
+            assert not reclaim_segment(ns_dir, "a", segment.stat().st_ino)
+    else:
+        time.sleep(1.1)  # gone for a second
+        assert not gc(namespaces(root), gone_s=1.0).segments_removed
+    assert [p.name for p in segment.iterdir()] == ["notes.txt"]
+    assert [p.read_text() for p in segment.parents[1].glob("seats/seat-*")] == ["a"]
+
+
 def test_junk_in_writers_never_hides_the_real_writers(tmp_path):
     tokens = seq(0, 2)
     with KVStore(SMALL, shared(tmp_path, "a")) as a:

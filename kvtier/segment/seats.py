@@ -237,8 +237,8 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
     ``inode`` that was watched, and give back its seat: only files kvtier names, each a
     regular file of this user, with the segment's lock held throughout (a process of this
     host holding it is alive: nothing is touched). True when the segment is gone. Anything
-    else in it stays, and so do the segment and its seat (nothing is given back that cannot
-    be proven free)."""
+    else in it stays, and so do the directory and the seat (nothing is given back that
+    cannot be proven free), as with ``kvtier gc --gone`` (``ops.removal.remove_segment``)."""
     with ns_dir.subdir(WRITERS_DIR) as writers:
         try:
             segment = writers.subdir(writer)
@@ -253,22 +253,30 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
             except OSError:
                 return False
             try:
-                for name in segment.listed(SEGMENT_LISTED):  # slot files, temporary files
-                    if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
-                        segment.remove_file(name)
-                for name in _SEGMENT_FILES[:-1]:
-                    segment.remove_file(name)
+                bare = _remove_all_but_lock(segment)
                 # the seat goes while the lock file is still there and held: a writer coming
                 # back under this id waits on it, then claims a seat afresh (or is not
                 # seated), rather than finding its old seat (with a lock file made anew once
                 # this one is gone) and losing it to this release
-                release_seat(ns_dir, writer)
+                if bare:
+                    release_seat(ns_dir, writer)
                 segment.remove_file(LOCK_FILE)
-                if not writers.remove_dir(writer):
+                if not bare or not writers.remove_dir(writer):
                     return False
             finally:
                 os.close(lock)
     return True
+
+
+def _remove_all_but_lock(segment: SafeDir) -> bool:
+    """Remove the files kvtier names in ``segment`` but its lock (slot files, temporary files,
+    lease, log, index); True when the lock file is all that is left (its bytes are gone)."""
+    for name in segment.listed(SEGMENT_LISTED):
+        if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
+            segment.remove_file(name)
+    for name in _SEGMENT_FILES[:-1]:
+        segment.remove_file(name)
+    return segment.listed(SEGMENT_LISTED) == [LOCK_FILE]
 
 
 def release_seat(ns_dir: SafeDir, writer: str) -> None:
