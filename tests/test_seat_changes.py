@@ -80,6 +80,26 @@ def test_a_writer_seated_past_a_lower_share_writers_takes_a_seat_within_and_give
     assert seats_of(tmp_path) == {"seat-0000": "c"}
 
 
+def test_a_writer_seated_past_a_lower_share_writers_moves_in_beside_another_writer(tmp_path):
+    """Seats {0: x, 3: w}, share_writers lowered to 2: w counted its own old seat among those
+    held, gave back the free seat it took as one too many, and ran without a disk tier for
+    as long as x held its seat."""
+    for name, first in (("x", 0), ("y", 1000), ("z", 2000), ("w", 3000)):
+        run(tmp_path, name, seq(first, 1), share_writers=4)
+    for name in ("y", "z"):  # gone, their segments cleared
+        (segment,) = tmp_path.glob(f"*/writers/{name}")
+        for f in segment.iterdir():
+            f.unlink()
+        segment.rmdir()
+    for seat in ("seat-0001", "seat-0002"):
+        os.unlink(next(tmp_path.glob(f"*/seats/{seat}")))
+    assert seats_of(tmp_path) == {"seat-0000": "x", "seat-0003": "w"}
+    with KVStore(SMALL, config(tmp_path, instance_id="w", share_writers=2, share_refresh="off")) as w:
+        assert w.stats().paths_down == {}
+        assert exact(w, seq(3000, 1)) == CHUNK  # its own chunk, from its own segment
+    assert seats_of(tmp_path) == {"seat-0000": "x", "seat-0001": "w"}
+
+
 def test_a_private_cache_whose_seat_a_gone_writer_holds_gets_it_back(tmp_path):
     """instance_id changed, share_writers=1, share_refresh off: the old segment held the only
     seat and nothing in a private cache ever reclaimed it; the store ran without a disk tier
@@ -136,8 +156,9 @@ def test_writers_claiming_at_once_never_hold_more_seats_than_share_writers(tmp_p
         return real(seats, name, writer)
 
     monkeypatch.setattr(seats_module, "write_seat", b_claims_meanwhile)
-    with SafeDir.open(ns) as directory, pytest.raises(CacheDirError, match="share_writers is 2"):
-        claim_seat(directory, "a", 2)
+    with SafeDir.open(ns) as directory, pytest.raises(
+            CacheDirError, match=r"2 writer seats of \S+ are held \(by b, z\) and share_writers is 2"):
+        claim_seat(directory, "a", 2)  # as they are now, not as counted before b's claim
     assert seats_of_ns(ns) == {"seat-0000": "b", "seat-0005": "z"}
 
 

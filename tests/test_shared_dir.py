@@ -324,6 +324,34 @@ def test_reclaiming_leaves_a_segment_made_again_or_locked(tmp_path):
         assert not list(segment.parents[1].glob("seats/seat-*"))
 
 
+@pytest.mark.parametrize("by", ["reclaim", "gc --gone"])
+def test_a_segment_left_with_an_entry_kvtier_did_not_write_keeps_its_seat(tmp_path, by):
+    """Both removers leave the entry, the directory and the seat: a reclaim gave the seat
+    back although the directory stayed (and said the segment was not proven free)."""
+    import time
+
+    from kvtier.io.safefs import SafeDir
+    from kvtier.ops.cache import namespaces
+    from kvtier.ops.reclaim import gc
+    from kvtier.segment.seats import reclaim_segment
+
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    with KVStore(SMALL, shared(root, "a")) as a:
+        a.put(seq(0, 2), make_kv(seq(0, 2)))
+        assert a.flush()
+    (segment,) = root.glob("*/writers/a")
+    (segment / "notes.txt").write_text("not kvtier's")
+    if by == "reclaim":
+        with SafeDir.open(segment.parents[1]) as ns_dir:
+            assert not reclaim_segment(ns_dir, "a", segment.stat().st_ino)
+    else:
+        time.sleep(1.1)  # gone for a second
+        assert not gc(namespaces(root), gone_s=1.0).segments_removed
+    assert [p.name for p in segment.iterdir()] == ["notes.txt"]
+    assert [p.read_text() for p in segment.parents[1].glob("seats/seat-*")] == ["a"]
+
+
 def test_junk_in_writers_never_hides_the_real_writers(tmp_path):
     tokens = seq(0, 2)
     with KVStore(SMALL, shared(tmp_path, "a")) as a:
@@ -412,6 +440,60 @@ def test_a_writer_whose_seat_is_taken_away_stops_writing_at_its_next_beat(tmp_pa
         seat.unlink()  # given back by another process (a reclaim or orphan race)
         wait_for(lambda: a.stats().paths_down)
         assert "holds no seat" in next(iter(a.stats().paths_down.values()))
+
+
+def seats_out_of_files(monkeypatch) -> None:
+    """From now on every seat file fails to open as in a process short of open files."""
+    import errno
+
+    from kvtier.io.safefs import SafeDir
+    from kvtier.segment.names import seat_number
+
+    plain_open = SafeDir.open_file
+
+    def open_file(self, name, flags, *, create=False):
+        if seat_number(name) is not None:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return plain_open(self, name, flags, create=create)
+
+    monkeypatch.setattr(SafeDir, "open_file", open_file)
+
+
+def test_a_writer_that_cannot_read_its_seat_at_a_beat_keeps_its_path_and_chunks(
+        tmp_path, monkeypatch):
+    """Who holds the seat cannot be told then: the beat goes on, rather than taking the path
+    out of service as if the seat were given back (it came back with its disk tier empty)."""
+    tokens = seq(0, 8)
+    with KVStore(SMALL, shared(tmp_path, "a", share_writers=2, share_refresh="off",
+                               lease_timeout="1h")) as a:  # no beat of its own meanwhile
+        a.put(tokens, make_kv(tokens))
+        assert a.flush()
+        seats_out_of_files(monkeypatch)
+        a.disk.paths[0].dir.lease.beat()
+        monkeypatch.undo()
+        a.disk.paths[0].dir.lease.beat()
+        assert a.stats().paths_down == {}
+        assert a.lookup(tokens).tokens == 8 * CHUNK
+
+
+def test_seats_that_cannot_be_read_are_neither_taken_twice_nor_judged_orphans(
+        tmp_path, monkeypatch):
+    """A writer whose own seat cannot be read for a moment fails its try, rather than taking
+    a second seat it would never give back; a reader does not judge the seat an orphan."""
+    from kvtier.io.safefs import SafeDir
+    from kvtier.segment.seat_orphans import orphan_seats
+    from kvtier.segment.seats import claim_seat
+
+    ns = tmp_path / "ns"
+    ns.mkdir(mode=0o700)
+    with SafeDir.open(ns) as ns_dir:
+        assert claim_seat(ns_dir, "a", 2) == 0
+        (ns / "writers" / "a").mkdir(parents=True)
+        seats_out_of_files(monkeypatch)
+        with pytest.raises(OSError, match="Too many open files"):
+            claim_seat(ns_dir, "a", 2)
+        assert orphan_seats(ns_dir, None) == []
+    assert sorted(p.name for p in (ns / "seats").iterdir()) == ["seat-0000"]
 
 
 def test_a_writer_that_finds_its_own_seat_again_marks_it_in_use(tmp_path):

@@ -8,18 +8,21 @@ import os
 import stat
 from typing import TypeGuard
 
-from kvtier.io.safefs import SafeDir
+from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment.names import TEMP_NAME, seat_number
 
 _SEAT_BYTES = 256  # a writer id is at most 64 characters
 
 
 def read_holder(seats: SafeDir, name: str) -> str | None:
-    """The writer id seat ``name`` of ``seats`` holds; None when it is empty, unreadable or
-    not a seat kvtier wrote (it stays taken)."""
+    """The writer id seat ``name`` of ``seats`` holds; None when it is missing, empty, or
+    not a seat kvtier wrote (``UnsafeEntry``, or a file this process may not read: kvtier
+    writes its seats 0600, as their owner; such a seat stays taken). Any other error (a
+    process short of open files, an I/O error) is raised: who holds the seat cannot be told
+    then, and each caller says what that means for it."""
     try:
         data = seats.read_file(name, _SEAT_BYTES)
-    except OSError:
+    except (UnsafeEntry, PermissionError):
         return None  # not a seat kvtier wrote: it stays taken
     return data.decode("utf-8", "replace").strip() if data is not None else None
 

@@ -1,8 +1,8 @@
-"""Orphan seats: a seat that names no writer with a segment (empty or unreadable: a crash of a
-version that wrote seats in place; or a writer that crashed before it made its segment), and
-the temporary files ``write_seat`` left, judged by their file times (``orphan_seats``) or by
-watching them (``OrphanWatch``), then given back (``give_back_seats``) once they stood
-unchanged long enough.
+"""Orphan seats: a seat that names no writer with a segment (empty or not one kvtier wrote:
+a crash of a version that wrote seats in place; or a writer that crashed before it made its
+segment), and the temporary files ``write_seat`` left, judged by their file times
+(``orphan_seats``) or by watching them (``OrphanWatch``), then given back
+(``give_back_seats``) once they stood unchanged long enough.
 """
 
 from __future__ import annotations
@@ -45,15 +45,19 @@ def orphan_seats(ns_dir: SafeDir, older_than_s: float | None, now_ns: int | None
             if not mine(info) or info.st_mtime_ns > cutoff:
                 continue
             if name in linked or (info.st_nlink == 1 and (TEMP_NAME.fullmatch(name) or (
-                    seat_number(name) is not None
-                    and not _has_segment(ns_dir, read_holder(seats, name))))):
+                    seat_number(name) is not None and not _has_segment(ns_dir, seats, name)))):
                 found.append((name, info))
     return found
 
 
-def _has_segment(ns_dir: SafeDir, writer: str | None) -> bool:
-    """True when ``writer`` is a writer id whose ``writers/<id>`` entry exists (or when that
-    cannot be told: the cautious answer)."""
+def _has_segment(ns_dir: SafeDir, seats: SafeDir, name: str) -> bool:
+    """True when seat ``name`` of ``seats`` holds a writer id whose ``writers/<id>`` entry
+    exists (or when that cannot be told, the seat or the entry unreadable for a moment: the
+    cautious answer)."""
+    try:
+        writer = read_holder(seats, name)
+    except OSError:
+        return True
     if not writer or not WRITER_ID.fullmatch(writer):
         return False
     try:

@@ -50,7 +50,7 @@ class SeatReclaimer:
                 freed = len(give_back_seats(ns_dir, watch.due(
                     orphan_seats(ns_dir, None, limit=SEATS_LISTED))))
                 with ns_dir.subdir(SEATS_DIR) as seats:
-                    holders = {read_holder(seats, name) for name in seats.scan(SEATS_LISTED)
+                    holders = {_holder(seats, name) for name in seats.scan(SEATS_LISTED)
                                if seat_number(name) is not None}
                 for writer in sorted(h for h in holders if h and h != own and WRITER_ID.fullmatch(h)):
                     freed += self._reclaim_if_gone(root, ns_dir, writer)
@@ -79,3 +79,12 @@ class SeatReclaimer:
                  "its seat is free", writer, root, self._leases.idle_for(name) or 0.0)
         self._leases.forget(name)
         return 1
+
+
+def _holder(seats: SafeDir, name: str) -> str | None:
+    """``read_holder``; None when the seat cannot be read now (it is looked at again at the
+    next try), so that one seat unreadable for a moment keeps no other from being freed."""
+    try:
+        return read_holder(seats, name)
+    except OSError:
+        return None

@@ -93,41 +93,59 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     """The number of ``writer``'s seat in the namespace open as ``ns_dir``: the one it holds
     already among the first ``limit``, else the first free one, taken (``write_seat``); a
     seat of its own past ``limit`` (from a run with a larger ``share_writers``) is given back
-    once it holds one within. ``CacheDirError`` (EDQUOT) when the seats held otherwise,
+    once it holds one within. ``CacheDirError`` (EDQUOT) when the seats held by others,
     whatever their number, are ``limit`` or more: a seat past ``limit`` is that of a writer
     that ran with a larger ``share_writers``, whose segment still takes its share of
-    ``disk_capacity`` until it is reclaimed."""
+    ``disk_capacity`` until it is reclaimed (one of ``writer``'s own does not count: it
+    goes as ``writer`` takes one within); or when writers claiming at the same moment took
+    the free ones (``_one_too_many``)."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
         held = _held_seats(seats)
-        names = [SEAT_FILE.format(k) for k in range(limit)]
-        others = sorted(name for name, holder in held.items() if holder != writer)
-        seat = None
-        if len(others) < limit:
-            seat = next((k for k, name in enumerate(names) if held.get(name) == writer), None)
-            if seat is not None:
-                _touch(seats, names[seat])  # in use again: not the orphan a reader may have judged it
-            else:
-                seat = next((k for k, name in enumerate(names)
-                             if name not in held and seats.lstat(name) is None
-                             and write_seat(seats, name, writer)), None)
-                if seat is not None and _one_too_many(seats, names[seat], limit):
-                    seats.remove_file(names[seat])
-                    seat = None
+        own = {name for name, holder in held.items() if holder == writer}
+        seat = _seat_within(seats, held, own, writer, limit) if len(held) - len(own) < limit \
+            else None
         if seat is not None:
-            for name, holder in held.items():
-                if holder == writer and name != names[seat]:
-                    with contextlib.suppress(OSError):  # not a seat file of ours any more
-                        seats.remove_file(name)
+            for name in sorted(own - {SEAT_FILE.format(seat)}):
+                with contextlib.suppress(OSError):  # not a seat file of ours any more
+                    seats.remove_file(name)
             return seat
-        holders = sorted({holder or "entries kvtier did not write" for holder in
-                          (held[name] for name in others)})
-    raise CacheDirError(errno.EDQUOT, f"{len(others)} writer seats of {ns_dir.path} are held "
-                        f"(by {', '.join(holders) or 'nobody'}) and share_writers is {limit}: "
-                        "this writer reads the others' chunks but writes none; raise "
-                        "share_writers (each writer then holds disk_capacity / share_writers), "
-                        "or wait for a writer that is gone to be reclaimed (lease_timeout: "
-                        "this store reclaims it at the path's next try), or remove a gone "
-                        "writer's segment with `kvtier gc PATH --gone AGE`")
+        others = [holder for holder in _held_seats(seats).values() if holder != writer]
+    raise _no_seat(ns_dir.path, others, limit)
+
+
+def _seat_within(seats: SafeDir, held: dict[str, str | None], own: set[str], writer: str,
+                 limit: int) -> int | None:
+    """The number of ``writer``'s seat among the first ``limit`` of ``seats`` (``held`` as
+    ``_held_seats`` read them, ``own`` those holding ``writer``): its own, touched, else the
+    first free one, taken unless it is one too many (``_one_too_many``); None when none is."""
+    names = [SEAT_FILE.format(k) for k in range(limit)]
+    seat = next((k for k, name in enumerate(names) if name in own), None)
+    if seat is not None:
+        _touch(seats, names[seat])  # in use again: not the orphan a reader may have judged it
+        return seat
+    seat = next((k for k, name in enumerate(names) if name not in held
+                 and seats.lstat(name) is None and write_seat(seats, name, writer)), None)
+    if seat is not None and _one_too_many(seats, names[seat], own, limit):
+        seats.remove_file(names[seat])
+        return None
+    return seat
+
+
+def _no_seat(path: str, others: list[str | None], limit: int) -> CacheDirError:
+    """Why a writer holds no seat: ``others`` are the holders of the seats held by others
+    now (None for an entry kvtier did not write)."""
+    holders = ", ".join(sorted({h or "entries kvtier did not write" for h in others})) or "nobody"
+    if len(others) >= limit:
+        why = (f"{len(others)} writer seats of {path} are held (by {holders}) and "
+               f"share_writers is {limit}")
+    else:  # taken and given back again meanwhile
+        why = (f"writers claiming seats of {path} at the same moment took the free ones "
+               f"({len(others)} held by others now, by {holders}; share_writers is {limit})")
+    return CacheDirError(errno.EDQUOT, f"{why}: this writer reads the others' chunks but writes "
+                         "none; raise share_writers (each writer then holds disk_capacity / "
+                         "share_writers), or wait for a writer that is gone to be reclaimed "
+                         "(lease_timeout: this store reclaims it at the path's next try), or "
+                         "remove a gone writer's segment with `kvtier gc PATH --gone AGE`")
 
 
 def _held_seats(seats: SafeDir) -> dict[str, str | None]:
@@ -139,13 +157,14 @@ def _held_seats(seats: SafeDir) -> dict[str, str | None]:
     return {name: read_holder(seats, name) for name in listed if seat_number(name) is not None}
 
 
-def _one_too_many(seats: SafeDir, name: str, limit: int) -> bool:
+def _one_too_many(seats: SafeDir, name: str, own: set[str], limit: int) -> bool:
     """Whether seat ``name``, just taken, must be given back: more than ``limit`` seats are
     held (writers that counted the seats at once, each then taking one), and it is among
     the highest-numbered of the first ``limit``, which give way. Every writer that took a
-    seat sees the same seats once each has taken its own, so just the excess gives way."""
-    held = sorted(n for n in (seat_number(name) for name in seats.listed(SEATS_LISTED))
-                  if n is not None)
+    seat sees the same seats once each has taken its own, so just the excess gives way. The
+    claimant's ``own`` other seats are not counted: it gives them back once it holds this."""
+    held = sorted(n for n in (seat_number(entry) for entry in seats.listed(SEATS_LISTED)
+                              if entry not in own) if n is not None)
     excess = len(held) - limit
     return excess > 0 and seat_number(name) in [n for n in held if n < limit][-excess:]
 
@@ -167,12 +186,22 @@ def _remove_linked_temps(seats: SafeDir, names: list[str]) -> None:
 
 def holds_seat(ns_dir: SafeDir, writer: str, limit: int) -> bool:
     """Whether ``writer`` holds one of the first ``limit`` seats of the namespace open as
-    ``ns_dir``."""
+    ``ns_dir``. A seat that cannot be read (``read_holder`` raises: a process short of open
+    files, an I/O error) may be its own: when no other is, that error is raised, and the
+    caller counts it as "cannot be told"."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return False
+    unread: OSError | None = None
     with ns_dir.subdir(SEATS_DIR) as seats:
-        return any(read_holder(seats, SEAT_FILE.format(k)) == writer for k in range(limit))
-
+        for k in range(limit):
+            try:
+                if read_holder(seats, SEAT_FILE.format(k)) == writer:
+                    return True
+            except OSError as exc:
+                unread = unread or exc
+    if unread is not None:
+        raise unread
+    return False
 
 
 def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
@@ -180,7 +209,8 @@ def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
     """With the segment's lock held: ``CacheDirError`` (EAGAIN) unless ``segment`` is still
     ``writer``'s directory and ``writer`` still holds a seat. A reclaim of the segment of a
     writer gone (``reclaim_segment``, which holds that lock throughout) may have run between
-    the seat's claim and the lock: writing on would make a segment without a seat."""
+    the seat's claim and the lock: writing on would make a segment without a seat. When the
+    seat cannot be told (``holds_seat`` raises), that error is raised: the path's try fails."""
     with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
         with ns_dir.subdir(WRITERS_DIR) as writers:
             entry = writers.lstat(writer)
@@ -193,20 +223,22 @@ def check_seated(root: Path, namespace_id: str, writer: str, share_writers: int,
 
 def still_seated(root: Path, namespace_id: str, writer: str, share_writers: int) -> bool:
     """Whether ``writer`` still holds a seat (its lease's check at each beat); True when that
-    cannot be told (the path's own checks report a path that cannot be read)."""
+    cannot be told (a seat or directory that cannot be read for a moment, such as a process
+    short of open files: the path's own checks report a path that cannot be read)."""
     try:
         with SafeDir.open(root) as top, top.subdir(namespace_id) as ns_dir:
             return holds_seat(ns_dir, writer, share_writers)
     except OSError:
         return True
 
+
 def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
     """Delete the segment of ``writer`` (a writer that is gone), if it is still the directory
     ``inode`` that was watched, and give back its seat: only files kvtier names, each a
     regular file of this user, with the segment's lock held throughout (a process of this
     host holding it is alive: nothing is touched). True when the segment is gone. Anything
-    else in it stays, and so do the segment and its seat (nothing is given back that cannot
-    be proven free)."""
+    else in it stays, and so do the directory and the seat (nothing is given back that
+    cannot be proven free), as with ``kvtier gc --gone`` (``ops.removal.remove_segment``)."""
     with ns_dir.subdir(WRITERS_DIR) as writers:
         try:
             segment = writers.subdir(writer)
@@ -221,30 +253,40 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
             except OSError:
                 return False
             try:
-                for name in segment.listed(SEGMENT_LISTED):  # slot files, temporary files
-                    if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
-                        segment.remove_file(name)
-                for name in _SEGMENT_FILES[:-1]:
-                    segment.remove_file(name)
+                bare = _remove_all_but_lock(segment)
                 # the seat goes while the lock file is still there and held: a writer coming
                 # back under this id waits on it, then claims a seat afresh (or is not
                 # seated), rather than finding its old seat (with a lock file made anew once
                 # this one is gone) and losing it to this release
-                release_seat(ns_dir, writer)
+                if bare:
+                    release_seat(ns_dir, writer)
                 segment.remove_file(LOCK_FILE)
-                if not writers.remove_dir(writer):
+                if not bare or not writers.remove_dir(writer):
                     return False
             finally:
                 os.close(lock)
     return True
 
 
+def _remove_all_but_lock(segment: SafeDir) -> bool:
+    """Remove the files kvtier names in ``segment`` but its lock (slot files, temporary files,
+    lease, log, index); True when the lock file is all that is left (its bytes are gone)."""
+    for name in segment.listed(SEGMENT_LISTED):
+        if slot_number(name) is not None or TEMP_NAME.fullmatch(name):
+            segment.remove_file(name)
+    for name in _SEGMENT_FILES[:-1]:
+        segment.remove_file(name)
+    return segment.listed(SEGMENT_LISTED) == [LOCK_FILE]
+
+
 def release_seat(ns_dir: SafeDir, writer: str) -> None:
     """Give back ``writer``'s seat (its segment is gone); ``seats/`` itself stays (a writer
-    may be claiming a seat in it now)."""
+    may be claiming a seat in it now). A seat that cannot be read (``read_holder`` raises)
+    may be the writer's: its error is raised, and no seat is given back."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return
     with ns_dir.subdir(SEATS_DIR) as seats:
-        for name in seats.listed(SEATS_LISTED):
-            if seat_number(name) is not None and read_holder(seats, name) == writer:
-                seats.remove_file(name)
+        own = [name for name in seats.listed(SEATS_LISTED)
+               if seat_number(name) is not None and read_holder(seats, name) == writer]
+        for name in own:
+            seats.remove_file(name)
