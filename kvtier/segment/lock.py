@@ -7,10 +7,12 @@ import contextlib
 import errno
 import fcntl
 import os
+import time
 
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.segment.names import LOCK_FILE
 
+BUSY_WAIT_S = 0.2  # how long taking a segment waits out a lock held for a moment
 _KEPT: set[int] = set()  # lock descriptors held for as long as a segment is open
 
 
@@ -54,15 +56,24 @@ os.register_at_fork(after_in_child=_close_kept_in_child)
 
 def lock_namespace(directory: SafeDir, advice: str) -> int:
     """Hold ``directory``'s lock file (``flock``, exclusive) and return its descriptor; raise
-    ``CacheDirError`` (EBUSY) with ``advice`` when another process holds it."""
+    ``CacheDirError`` (EBUSY) with ``advice`` when another process holds it. A lock held
+    for a moment (``locked_here``'s look, from ``kvtier inspect`` or another engine) is
+    waited out: it is tried again for ``BUSY_WAIT_S``."""
     fd = directory.open_file(LOCK_FILE, os.O_RDWR, create=True)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise CacheDirError(errno.EBUSY, f"{directory.path} is in use by another kvtier "
-                            f"process; {advice}") from None
-    return fd
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise CacheDirError(errno.EBUSY, f"{directory.path} is in use by another "
+                                    f"kvtier process; {advice}") from None
+            time.sleep(BUSY_WAIT_S / 10)
+        except BaseException:
+            os.close(fd)
+            raise
 
 
 def held_here(segment: SafeDir) -> bool:
@@ -74,7 +85,9 @@ def held_here(segment: SafeDir) -> bool:
 
 def locked_here(segment: SafeDir) -> bool | None:
     """Whether a process of this host holds the segment's lock; None when that cannot be
-    told (a lock file that cannot be opened or tried). Nothing is taken."""
+    told (a lock file that cannot be opened or tried). Nothing is kept: the look holds a
+    shared lock for a moment, which no other look conflicts with, and which a writer taking
+    the segment then (``lock_namespace``) waits out."""
     try:
         fd = segment.open_file(LOCK_FILE, os.O_RDWR)  # NFS locks need a file open for writing
     except FileNotFoundError:
@@ -82,7 +95,7 @@ def locked_here(segment: SafeDir) -> bool | None:
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     except OSError:
