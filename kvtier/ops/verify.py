@@ -16,17 +16,11 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvtier.io.format import (
-    HEADER_BYTES,
-    INDEX_ENTRY_BYTES,
-    HeaderError,
-    decode_header,
-    is_blank,
-    payload_matches,
-)
-from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header
+from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
+from kvtier.ops.slot_reads import open_slot_file, slots_of_file
 from kvtier.segment.cachedir import INDEX_FILE
 from kvtier.segment.halt_file import HaltFile
 
@@ -85,6 +79,7 @@ class NamespaceVerify:
 class _Scan:
     """What one pass over the slots found, and what repairing would write."""
 
+    names: dict[int, str]  # the slot files, listed once: every read and write goes by this
     blanks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, file number, offset)
     fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
 
@@ -149,7 +144,8 @@ def _repair(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyRep
         return
     report.repaired = _apply(directory, scan)
     if report.repaired:
-        report.problem = rewrite_log(segment, directory, slot_file_sizes(segment.meta, directory))
+        sizes = slot_file_sizes(segment.meta, directory, scan.names)
+        report.problem = rewrite_log(segment, directory, sizes)
 
 
 def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
@@ -165,16 +161,16 @@ def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
 
 def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
           progress: Callable[[int], None] | None) -> _Scan:
-    sizes = slot_file_sizes(segment.meta, directory)
+    scan = _Scan(slot_files(directory))
+    sizes = slot_file_sizes(segment.meta, directory, scan.names)
     indexed = dict(index_entries(segment, directory, sizes))
-    scan = _Scan()
     seen: set[int] = set()
     stride, per_file = segment.meta.stride, segment.meta.file_slots
-    names = slot_files(directory)
     for number, size in sizes.items():
-        fd = directory.open_file(names[number], os.O_RDONLY)
+        fd = open_slot_file(directory, scan.names[number], os.O_RDONLY)
         try:
-            for local, verdict, entry in _slots_of_file(fd, size // stride, segment):
+            for local, (verdict, entry) in slots_of_file(fd, size // stride, segment.meta,
+                                                         segment.digest):
                 if isinstance(local, range):  # a hole: free slots, never read
                     report.slots += len(local)
                     report.free += len(local)
@@ -197,52 +193,6 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
             report.stale_index.append(slot)
             scan.fixes.append((slot, None))
     return scan
-
-
-def _slots_of_file(fd: int, count: int, segment: Segment):
-    """(slot in file, verdict, its index entry bytes) for slots ``0..count``; slots in a hole
-    of a sparse file are free and not read."""
-    meta, digest = segment.meta, segment.digest
-    stride = meta.stride
-    local = 0
-    while local < count:
-        start = _next_data(fd, local * stride)
-        first = count if start is None else min(count, start // stride)
-        if first > local:
-            yield range(local, first), "free", b""
-        if first >= count:
-            return
-        data = read_at(fd, stride, first * stride)
-        yield first, _verdict(data, digest, meta.raw_bytes), data[:INDEX_ENTRY_BYTES]
-        local = first + 1
-
-
-def _next_data(fd: int, offset: int) -> int | None:
-    """The offset of the next byte of data at or after ``offset``; None when only a hole
-    follows. Filesystems without SEEK_DATA report all of a file as data."""
-    try:
-        return os.lseek(fd, offset, os.SEEK_DATA)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            return None
-        return offset
-
-
-def _verdict(data: bytes, digest: bytes, raw_bytes: int) -> str:
-    if len(data) < HEADER_BYTES or is_blank(data):
-        return "free"
-    try:
-        header = decode_header(data[:HEADER_BYTES])
-    except HeaderError:
-        return "torn"
-    if header.namespace != digest:
-        return "foreign"
-    if header.raw_bytes != raw_bytes:
-        return "mismatched"
-    payload = data[HEADER_BYTES:HEADER_BYTES + header.payload_bytes]
-    if not payload_matches(header, payload):  # its checksum, or every part's
-        return "corrupt"
-    return "ok"
 
 
 def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
@@ -277,11 +227,10 @@ def _apply(directory: SafeDir, scan: _Scan) -> int:
     """Blank the bad slots' headers and rewrite the index entries; the count of slots
     changed (each once, whether blanked, its entry fixed, or both)."""
     files: dict[int, int] = {}
-    names = slot_files(directory)
     try:
         for _, number, offset in scan.blanks:
             if number not in files:
-                files[number] = directory.open_file(names[number], os.O_RDWR)
+                files[number] = open_slot_file(directory, scan.names[number], os.O_RDWR)
             os.pwrite(files[number], bytes(HEADER_BYTES), offset)
     finally:
         for fd in files.values():
