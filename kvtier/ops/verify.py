@@ -7,6 +7,9 @@ the files (slots freed by ``gc``, never written) are skipped without reading. ``
 changes nothing when a slot shows that the metadata disagrees with the slots (a good header
 of this namespace for another chunk size): blanking then would destroy good chunks, nor in a
 segment in use.
+
+A segment in use is being written while it is read: its slots that look bad are read again
+after a pause, and only those still bad the same way count (``kvtier.ops.recheck``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import asdict, dataclass, field
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.recheck import read_again, seen_of
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
-from kvtier.ops.slot_reads import open_slot_file, slots_of_file
+from kvtier.ops.slot_reads import Look, open_slot_file, slots_of_file
 from kvtier.segment.cachedir import INDEX_FILE
 from kvtier.segment.halt_file import HaltFile
 
@@ -82,6 +86,13 @@ class _Scan:
     names: dict[int, str]  # the slot files, listed once: every read and write goes by this
     blanks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, file number, offset)
     fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
+    suspects: dict[int, tuple] = field(default_factory=dict)  # bad slots: ``seen_of``, first read
+
+    def suspect(self, slot: int, seen: Look, indexed: dict) -> None:
+        self.suspects[slot] = seen_of(slot, seen, indexed)
+
+
+_PROBLEMS = ("corrupt", "torn", "foreign", "mismatched", "unindexed", "stale_index")
 
 
 def verify_namespace(ns: NamespaceDir, repair: bool = False,
@@ -129,6 +140,8 @@ def verify_segment(segment: Segment, repair: bool = False,
             lock, report.in_use = -1, bool(busy_reason(directory))
         try:
             scan = _scan(segment, directory, report, progress)
+            if report.in_use and scan.suspects:
+                _recheck(segment, directory, scan, report)
             if repair and not report.in_use:  # in use: the problem says it was not repaired
                 _repair(segment, directory, scan, report)
         finally:
@@ -181,7 +194,7 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
                 slot = number * per_file + local
                 report.slots += 1
                 seen.add(slot)
-                _classify(report, slot, verdict, indexed, entry, scan)
+                _classify(report, slot, (verdict, entry), indexed, scan)
                 if verdict in ("corrupt", "torn", "foreign"):
                     scan.blanks.append((slot, number, local * stride))
                 if progress:
@@ -192,7 +205,24 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
         if slot not in seen:  # the index names a slot past the end of the files
             report.stale_index.append(slot)
             scan.fixes.append((slot, None))
+            scan.suspect(slot, ("free", b""), indexed)
     return scan
+
+
+def _recheck(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyReport) -> None:
+    """Read the slots of a segment in use that looked bad again (``read_again``), and forget
+    those not bad the same way (a write or removal was under way); one that did not count as
+    ok or free is counted as the second read found it."""
+    again = read_again(segment, directory, scan.names, sorted(scan.suspects))
+    passed = {slot for slot, first in scan.suspects.items() if again[slot] != first}
+    for name in _PROBLEMS:
+        setattr(report, name, [slot for slot in getattr(report, name) if slot not in passed])
+    for slot in passed:
+        first, now = scan.suspects[slot][0][0], again[slot][0][0]
+        if first not in ("ok", "free") and now in ("ok", "free"):
+            setattr(report, now, getattr(report, now) + 1)
+    scan.blanks = [blank for blank in scan.blanks if blank[0] not in passed]
+    scan.fixes = [fix for fix in scan.fixes if fix[0] not in passed]
 
 
 def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
@@ -203,10 +233,11 @@ def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
         if slot in indexed:
             report.stale_index.append(slot)
             scan.fixes.append((slot, None))
+            scan.suspect(slot, ("free", b""), indexed)
 
 
-def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
-              entry: bytes, scan: _Scan) -> None:
+def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: _Scan) -> None:
+    verdict, entry = seen
     if verdict == "free":
         report.free += 1
     elif verdict == "ok":
@@ -214,12 +245,15 @@ def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
         if indexed.get(slot) != decode_header(entry):  # none, or another chunk's (a crash
             report.unindexed.append(slot)  # between the slot's write and its entry's)
             scan.fixes.append((slot, entry))
+            scan.suspect(slot, seen, indexed)
         return
     else:
         getattr(report, verdict).append(slot)
+        scan.suspect(slot, seen, indexed)
     if slot in indexed:  # the index names a slot that holds nothing good
         if verdict == "free":
             report.stale_index.append(slot)
+            scan.suspect(slot, seen, indexed)
         scan.fixes.append((slot, None))
 
 
