@@ -68,10 +68,10 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
        dry_run: bool = False) -> GcReport:
     """Free chunks older than ``older_than_s``, then the oldest until what is stored is at most
     ``target_bytes``; with ``stale``, remove namespaces of another format version, and those
-    without metadata that a slot header proves kvtier's; with ``gone_s``, first remove the
-    segments (and give back the seats) of writers gone that long (``_is_gone``), and give back
-    the seats that name no writer with a segment (``_free_seats``). Whatever is left alone
-    is recorded with why (``GcReport``)."""
+    without metadata that a slot header or index entry proves kvtier's; with ``gone_s``, first
+    remove the segments (and give back the seats) of writers gone that long (``_is_gone``),
+    and give back the seats that name no writer with a segment (``_free_seats``). Whatever is
+    left alone is recorded with why (``GcReport``)."""
     report = GcReport(dry_run=dry_run)
     chunks = []
     for directory in dirs:
@@ -101,7 +101,8 @@ def _skip_unreadable(directory: NamespaceDir, report: GcReport) -> None:
         version = directory.meta.format_version if directory.meta else 0
         why = f"written by format version {version}; --stale removes it"
     else:
-        why = "no namespace.json; --stale removes it when a slot header proves it kvtier's"
+        why = ("no namespace.json; --stale removes it when a slot header or index entry proves "
+               "it kvtier's")
     report.skip(report.unreadable, directory.id, why)
 
 
