@@ -156,3 +156,17 @@ def test_an_orphan_holding_another_namespaces_slots_and_index_is_not_proven(tmp_
     assert "no slot header or index entry proves it kvtier's" in \
         data["reasons"][namespace_of(segment).name]
     assert tree_digest(namespace_of(segment)) == kept
+
+
+def test_clear_keeps_only_the_unsafe_segment_of_a_namespace_inspect_calls_unsafe(tmp_path):
+    good = make_cache(tmp_path, 2, instance_id="good-0", share_writers=2)
+    bad = make_cache(tmp_path, 2, instance_id="bad-0", share_writers=2)
+    os.mkfifo(bad / "slots-0001.kvt")
+    code, data = report("inspect", tmp_path)
+    assert code == 1 and data["namespaces"][0]["status"] == "unsafe"
+    kept = tree_digest(bad)
+    code, data = report("clear", tmp_path, "--yes")
+    assert code == 1 and data["segments_removed"] == [label(good)] and not data["removed"]
+    assert f"{bad}/slots-0001.kvt is a FIFO" in data["reasons"][label(bad)]
+    assert not good.exists() and tree_digest(bad) == kept
+    assert (namespace_of(bad) / "namespace.json").exists()
