@@ -2,10 +2,14 @@
 
 import json
 import os
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from kvtier import KVStore
+from kvtier.disk import writes
+from kvtier.ops.victims import WINDOW_S
 from tests.helpers.cli import as_json, kvtier, logged_slots, old_layout_namespace, two_writers
 from tests.helpers.hostile import label, namespace_of, segment_dir
 from tests.helpers.kv import SMALL, make_kv
@@ -132,10 +136,13 @@ def test_gc_by_age_dry_run_then_for_real(cache):
     assert as_json("verify", cache)[0] == 0
 
 
-def test_gc_to_a_size_target_keeps_the_newest(cache):
+def test_gc_to_a_size_target_keeps_the_newest(cache, monkeypatch):
+    later = time.time_ns() + int(2 * WINDOW_S * 1e9)  # a write window after the cache's chunks
+    monkeypatch.setattr(writes, "time", SimpleNamespace(time_ns=lambda: later))
     with KVStore(SMALL, config(cache)) as store:
         store.put(seq(5000, 2), make_kv(seq(5000, 2)))
         store.flush()
+    monkeypatch.undo()
     code, data = as_json("gc", cache, "--target", str(2 * SMALL.token_bytes * 16))
     assert code == 0 and data["chunks_freed"] == 6
     with KVStore(SMALL, config(cache)) as store:

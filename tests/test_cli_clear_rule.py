@@ -6,12 +6,16 @@ beside them still goes."""
 
 import json
 import os
+import shutil
 
 from typer.testing import CliRunner
 
 from kvtier.cli.main import app
+from kvtier.ops.cache import cache_root, namespaces
+from kvtier.ops.segments import free_slots
 from kvtier.segment.lease import MAX_LEASE_BYTES
 from tests.helpers.hostile import label, make_cache, namespace_of, tree_digest
+from tests.helpers.store import STRIDE
 
 
 def kvtier(*args):
@@ -90,3 +94,79 @@ def test_clear_removes_a_segments_slot_files_before_its_index(tmp_path, monkeypa
     assert kvtier("clear", tmp_path, "--yes")[0] == 0
     slots = [i for i, name in enumerate(removed) if name.startswith("slots-")]
     assert slots and "index.kvt" in removed and max(slots) < removed.index("index.kvt")
+
+
+# ---- a namespace that lost its namespace.json: proven kvtier's by its slots or its index ---
+
+
+def orphan(root, chunks, **extra):
+    """A namespace of ``chunks`` chunks under ``root`` whose namespace.json is gone; its
+    segment directory."""
+    segment = make_cache(root, chunks, **extra)
+    (namespace_of(segment) / "namespace.json").unlink()
+    return segment
+
+
+def blank_header(path, offset):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(4096), offset)
+    finally:
+        os.close(fd)
+
+
+def first_data(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_DATA)
+    finally:
+        os.close(fd)
+
+
+def test_an_orphan_whose_first_slot_was_freed_is_proven_by_a_later_one(tmp_path):
+    segment = make_cache(tmp_path, 6, model="freed-head-model")
+    (ns,) = namespaces(cache_root(tmp_path))
+    assert free_slots(ns.segments[0], [0], []) == ""  # as gc frees it: its space punched out
+    assert first_data(segment / "slots-0000.kvt") > 0  # slot 0 is a hole
+    (namespace_of(segment) / "namespace.json").unlink()
+    (segment / "index.kvt").unlink()  # only the slots themselves can prove it
+    code, data = report("clear", tmp_path, "--yes")
+    assert code == 0 and data["removed"] == [namespace_of(segment).name]
+    assert not namespace_of(segment).exists()
+
+
+def test_an_orphan_whose_slot_headers_are_blank_is_proven_by_its_index(tmp_path):
+    segment = orphan(tmp_path, 3, model="blank-headers-model")
+    for slot in range(3):
+        blank_header(segment / "slots-0000.kvt", slot * STRIDE)
+    code, data = report("gc", tmp_path, "--stale")
+    assert code == 0 and data["namespaces_removed"] == [namespace_of(segment).name]
+    assert not namespace_of(segment).exists()
+
+
+def test_an_orphan_holding_another_namespaces_slots_and_index_is_not_proven(tmp_path):
+    other = make_cache(tmp_path, 3, model="other-model")
+    segment = orphan(tmp_path, 3, model="copied-model")
+    for name in ("slots-0000.kvt", "index.kvt"):
+        shutil.copyfile(other / name, segment / name)
+    blank_header(segment / "slots-0000.kvt", 0)
+    kept = tree_digest(namespace_of(segment))
+    code, data = report("clear", tmp_path, "--yes")
+    assert code == 1 and data["removed"] == [namespace_of(other).name]
+    assert "no slot header or index entry proves it kvtier's" in \
+        data["reasons"][namespace_of(segment).name]
+    assert tree_digest(namespace_of(segment)) == kept
+
+
+def test_clear_keeps_only_the_unsafe_segment_of_a_namespace_inspect_calls_unsafe(tmp_path):
+    good = make_cache(tmp_path, 2, instance_id="good-0", share_writers=2)
+    bad = make_cache(tmp_path, 2, instance_id="bad-0", share_writers=2)
+    os.mkfifo(bad / "slots-0001.kvt")
+    code, data = report("inspect", tmp_path)
+    assert code == 1 and data["namespaces"][0]["status"] == "unsafe"
+    kept = tree_digest(bad)
+    code, data = report("clear", tmp_path, "--yes")
+    assert code == 1 and data["segments_removed"] == [label(good)] and not data["removed"]
+    assert f"{bad}/slots-0001.kvt is a FIFO" in data["reasons"][label(bad)]
+    assert not good.exists() and tree_digest(bad) == kept
+    assert (namespace_of(bad) / "namespace.json").exists()

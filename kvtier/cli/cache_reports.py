@@ -88,7 +88,8 @@ def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
     rows: list[tuple[str, ...]] = []
     for r in reports:
         for w in r.writers:
-            rows.append((r.id[:12], _show(w.writer), str(w.slots), str(w.ok), str(w.free),
+            writer = _show(w.writer) + (" (in use)" if w.in_use else "")
+            rows.append((r.id[:12], writer, str(w.slots), str(w.ok), str(w.free),
                          str(len(w.corrupt)), str(len(w.torn)), str(len(w.foreign)),
                          str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.stale_index)),
                          str(w.repaired)))

@@ -279,13 +279,14 @@ def slot_files(directory: SafeDir) -> dict[int, str]:
     return dict(sorted(files.items()))
 
 
-def slot_file_sizes(meta: NamespaceMeta, directory: SafeDir) -> dict[int, int]:
-    """Bytes of each slot file of a segment, as far as slots can be (a file is never longer
-    than its ``file_slots`` slots); ``UnsafeEntry`` when one is not a regular file of this
-    user."""
+def slot_file_sizes(meta: NamespaceMeta, directory: SafeDir,
+                    names: dict[int, str] | None = None) -> dict[int, int]:
+    """Bytes of each slot file of a segment (those of ``names``, a ``slot_files`` listing the
+    caller goes on using, when given), as far as slots can be (a file is never longer than its
+    ``file_slots`` slots); ``UnsafeEntry`` when one is not a regular file of this user."""
     limit = meta.stride * meta.file_slots
     sizes = {}
-    for number, name in slot_files(directory).items():
+    for number, name in (slot_files(directory) if names is None else names).items():
         if number * meta.file_slots >= MAX_SLOTS:
             continue  # past any capacity kvtier keeps: not its file
         fd = directory.open_file(name, os.O_RDONLY)

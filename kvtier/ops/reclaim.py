@@ -8,7 +8,6 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 from __future__ import annotations
 
 import errno
-import time
 from dataclasses import dataclass, field
 
 from kvtier.io.safefs import SafeDir
@@ -23,6 +22,7 @@ from kvtier.ops.segments import (
     segment_problem,
     top_lock_held,
 )
+from kvtier.ops.victims import Chunk, victims
 from kvtier.segment.names import SEATS_DIR, WRITERS_DIR
 from kvtier.segment.seat_orphans import free_orphan_seats
 
@@ -55,23 +55,16 @@ class GcReport:
             self.reasons.setdefault(name, reason)
 
 
-@dataclass(frozen=True)
-class _Chunk:
-    segment: Segment
-    slot: int
-    created_ns: int
-    stored_bytes: int
-
-
 def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
        target_bytes: int | None = None, stale: bool = False, gone_s: float | None = None,
        dry_run: bool = False) -> GcReport:
     """Free chunks older than ``older_than_s``, then the oldest until what is stored is at most
-    ``target_bytes``; with ``stale``, remove namespaces of another format version, and those
-    without metadata that a slot header proves kvtier's; with ``gone_s``, first remove the
-    segments (and give back the seats) of writers gone that long (``_is_gone``), and give back
-    the seats that name no writer with a segment (``_free_seats``). Whatever is left alone
-    is recorded with why (``GcReport``)."""
+    ``target_bytes``, by write window (``kvtier.ops.victims``: a prompt's tail before its
+    head); with ``stale``, remove namespaces of another format version, and those
+    without metadata that a slot header or index entry proves kvtier's; with ``gone_s``, first
+    remove the segments (and give back the seats) of writers gone that long (``_is_gone``),
+    and give back the seats that name no writer with a segment (``_free_seats``). Whatever is
+    left alone is recorded with why (``GcReport``)."""
     report = GcReport(dry_run=dry_run)
     chunks = []
     for directory in dirs:
@@ -85,8 +78,10 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
                 chunks += _namespace_chunks(directory, report, removed)
         else:
             _skip_unreadable(directory, report)
-    chunks.sort(key=lambda c: c.created_ns)
-    for segment, mine in _victims(chunks, older_than_s, target_bytes).values():
+    by_segment: dict[str, tuple[Segment, list[Chunk]]] = {}
+    for chunk in victims(chunks, older_than_s, target_bytes):
+        by_segment.setdefault(chunk.segment.label, (chunk.segment, []))[1].append(chunk)
+    for segment, mine in by_segment.values():
         _free(segment, mine, report, dry_run)
     return report
 
@@ -101,11 +96,12 @@ def _skip_unreadable(directory: NamespaceDir, report: GcReport) -> None:
         version = directory.meta.format_version if directory.meta else 0
         why = f"written by format version {version}; --stale removes it"
     else:
-        why = "no namespace.json; --stale removes it when a slot header proves it kvtier's"
+        why = ("no namespace.json; --stale removes it when a slot header or index entry proves "
+               "it kvtier's")
     report.skip(report.unreadable, directory.id, why)
 
 
-def _free(segment: Segment, mine: list[_Chunk], report: GcReport, dry_run: bool) -> None:
+def _free(segment: Segment, mine: list[Chunk], report: GcReport, dry_run: bool) -> None:
     """Free ``mine`` (chunks of ``segment``), counting exactly those freed."""
     freed: list[int] = [c.slot for c in mine] if dry_run else []
     problem = ""
@@ -186,7 +182,7 @@ def _free_seats(directory: NamespaceDir, gone_s: float, report: GcReport, dry_ru
 
 
 def _namespace_chunks(directory: NamespaceDir, report: GcReport,
-                      removed: set[str]) -> list[_Chunk]:
+                      removed: set[str]) -> list[Chunk]:
     chunks = []
     for segment in directory.segments:
         if segment.label in removed:
@@ -201,36 +197,15 @@ def _namespace_chunks(directory: NamespaceDir, report: GcReport,
     return chunks
 
 
-def _chunks(segment: Segment, report: GcReport) -> list[_Chunk]:
+def _chunks(segment: Segment, report: GcReport) -> list[Chunk]:
     try:
         with segment.open() as handle:
             entries = index_entries(segment, handle, slot_file_sizes(segment.meta, handle))
     except OSError as exc:
         report.skip(report.skipped_unsafe, segment.label, error_text(exc, str(segment.path)))
         return []
-    return [_Chunk(segment, slot, h.created_ns, h.payload_bytes)
+    return [Chunk(segment, slot, h.generation, h.created_ns, h.payload_bytes)
             for slot, h in entries if h is not None]
-
-
-def _victims(chunks: list[_Chunk], older_than_s: float | None,
-             target_bytes: int | None) -> dict[str, tuple[Segment, list[_Chunk]]]:
-    """The chunks to free (oldest first), by segment."""
-    victims = []
-    if older_than_s is not None:
-        cutoff = time.time_ns() - older_than_s * 1e9  # a float: never overflows
-        victims = [c for c in chunks if c.created_ns < cutoff]
-    if target_bytes is not None:
-        kept = chunks[len(victims):]
-        stored = sum(c.stored_bytes for c in kept)
-        for chunk in kept:
-            if stored <= target_bytes:
-                break
-            victims.append(chunk)
-            stored -= chunk.stored_bytes
-    by_segment: dict[str, tuple[Segment, list[_Chunk]]] = {}
-    for chunk in victims:
-        by_segment.setdefault(chunk.segment.label, (chunk.segment, []))[1].append(chunk)
-    return by_segment
 
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:

@@ -7,6 +7,9 @@ the files (slots freed by ``gc``, never written) are skipped without reading. ``
 changes nothing when a slot shows that the metadata disagrees with the slots (a good header
 of this namespace for another chunk size): blanking then would destroy good chunks, nor in a
 segment in use.
+
+A segment in use is being written while it is read: its slots that look bad are read again
+after a pause, and only those still bad the same way count (``kvtier.ops.recheck``).
 """
 
 from __future__ import annotations
@@ -16,17 +19,12 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvtier.io.format import (
-    HEADER_BYTES,
-    INDEX_ENTRY_BYTES,
-    HeaderError,
-    decode_header,
-    is_blank,
-    payload_matches,
-)
-from kvtier.io.safefs import CacheDirError, SafeDir, read_at
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header
+from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.recheck import read_again, seen_of
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
+from kvtier.ops.slot_reads import Look, open_slot_file, slots_of_file
 from kvtier.segment.cachedir import INDEX_FILE
 from kvtier.segment.halt_file import HaltFile
 
@@ -85,8 +83,16 @@ class NamespaceVerify:
 class _Scan:
     """What one pass over the slots found, and what repairing would write."""
 
+    names: dict[int, str]  # the slot files, listed once: every read and write goes by this
     blanks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, file number, offset)
     fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
+    suspects: dict[int, tuple] = field(default_factory=dict)  # bad slots: ``seen_of``, first read
+
+    def suspect(self, slot: int, seen: Look, indexed: dict) -> None:
+        self.suspects[slot] = seen_of(slot, seen, indexed)
+
+
+_PROBLEMS = ("corrupt", "torn", "foreign", "mismatched", "unindexed", "stale_index")
 
 
 def verify_namespace(ns: NamespaceDir, repair: bool = False,
@@ -134,6 +140,8 @@ def verify_segment(segment: Segment, repair: bool = False,
             lock, report.in_use = -1, bool(busy_reason(directory))
         try:
             scan = _scan(segment, directory, report, progress)
+            if report.in_use and scan.suspects:
+                _recheck(segment, directory, scan, report)
             if repair and not report.in_use:  # in use: the problem says it was not repaired
                 _repair(segment, directory, scan, report)
         finally:
@@ -149,7 +157,8 @@ def _repair(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyRep
         return
     report.repaired = _apply(directory, scan)
     if report.repaired:
-        report.problem = rewrite_log(segment, directory, slot_file_sizes(segment.meta, directory))
+        sizes = slot_file_sizes(segment.meta, directory, scan.names)
+        report.problem = rewrite_log(segment, directory, sizes)
 
 
 def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
@@ -165,16 +174,16 @@ def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
 
 def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
           progress: Callable[[int], None] | None) -> _Scan:
-    sizes = slot_file_sizes(segment.meta, directory)
+    scan = _Scan(slot_files(directory))
+    sizes = slot_file_sizes(segment.meta, directory, scan.names)
     indexed = dict(index_entries(segment, directory, sizes))
-    scan = _Scan()
     seen: set[int] = set()
     stride, per_file = segment.meta.stride, segment.meta.file_slots
-    names = slot_files(directory)
     for number, size in sizes.items():
-        fd = directory.open_file(names[number], os.O_RDONLY)
+        fd = open_slot_file(directory, scan.names[number], os.O_RDONLY)
         try:
-            for local, verdict, entry in _slots_of_file(fd, size // stride, segment):
+            for local, (verdict, entry) in slots_of_file(fd, size // stride, segment.meta,
+                                                         segment.digest):
                 if isinstance(local, range):  # a hole: free slots, never read
                     report.slots += len(local)
                     report.free += len(local)
@@ -185,7 +194,7 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
                 slot = number * per_file + local
                 report.slots += 1
                 seen.add(slot)
-                _classify(report, slot, verdict, indexed, entry, scan)
+                _classify(report, slot, (verdict, entry), indexed, scan)
                 if verdict in ("corrupt", "torn", "foreign"):
                     scan.blanks.append((slot, number, local * stride))
                 if progress:
@@ -196,53 +205,24 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
         if slot not in seen:  # the index names a slot past the end of the files
             report.stale_index.append(slot)
             scan.fixes.append((slot, None))
+            scan.suspect(slot, ("free", b""), indexed)
     return scan
 
 
-def _slots_of_file(fd: int, count: int, segment: Segment):
-    """(slot in file, verdict, its index entry bytes) for slots ``0..count``; slots in a hole
-    of a sparse file are free and not read."""
-    meta, digest = segment.meta, segment.digest
-    stride = meta.stride
-    local = 0
-    while local < count:
-        start = _next_data(fd, local * stride)
-        first = count if start is None else min(count, start // stride)
-        if first > local:
-            yield range(local, first), "free", b""
-        if first >= count:
-            return
-        data = read_at(fd, stride, first * stride)
-        yield first, _verdict(data, digest, meta.raw_bytes), data[:INDEX_ENTRY_BYTES]
-        local = first + 1
-
-
-def _next_data(fd: int, offset: int) -> int | None:
-    """The offset of the next byte of data at or after ``offset``; None when only a hole
-    follows. Filesystems without SEEK_DATA report all of a file as data."""
-    try:
-        return os.lseek(fd, offset, os.SEEK_DATA)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:
-            return None
-        return offset
-
-
-def _verdict(data: bytes, digest: bytes, raw_bytes: int) -> str:
-    if len(data) < HEADER_BYTES or is_blank(data):
-        return "free"
-    try:
-        header = decode_header(data[:HEADER_BYTES])
-    except HeaderError:
-        return "torn"
-    if header.namespace != digest:
-        return "foreign"
-    if header.raw_bytes != raw_bytes:
-        return "mismatched"
-    payload = data[HEADER_BYTES:HEADER_BYTES + header.payload_bytes]
-    if not payload_matches(header, payload):  # its checksum, or every part's
-        return "corrupt"
-    return "ok"
+def _recheck(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyReport) -> None:
+    """Read the slots of a segment in use that looked bad again (``read_again``), and forget
+    those not bad the same way (a write or removal was under way); one that did not count as
+    ok or free is counted as the second read found it."""
+    again = read_again(segment, directory, scan.names, sorted(scan.suspects))
+    passed = {slot for slot, first in scan.suspects.items() if again[slot] != first}
+    for name in _PROBLEMS:
+        setattr(report, name, [slot for slot in getattr(report, name) if slot not in passed])
+    for slot in passed:
+        first, now = scan.suspects[slot][0][0], again[slot][0][0]
+        if first not in ("ok", "free") and now in ("ok", "free"):
+            setattr(report, now, getattr(report, now) + 1)
+    scan.blanks = [blank for blank in scan.blanks if blank[0] not in passed]
+    scan.fixes = [fix for fix in scan.fixes if fix[0] not in passed]
 
 
 def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
@@ -253,10 +233,11 @@ def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
         if slot in indexed:
             report.stale_index.append(slot)
             scan.fixes.append((slot, None))
+            scan.suspect(slot, ("free", b""), indexed)
 
 
-def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
-              entry: bytes, scan: _Scan) -> None:
+def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: _Scan) -> None:
+    verdict, entry = seen
     if verdict == "free":
         report.free += 1
     elif verdict == "ok":
@@ -264,12 +245,15 @@ def _classify(report: VerifyReport, slot: int, verdict: str, indexed: dict,
         if indexed.get(slot) != decode_header(entry):  # none, or another chunk's (a crash
             report.unindexed.append(slot)  # between the slot's write and its entry's)
             scan.fixes.append((slot, entry))
+            scan.suspect(slot, seen, indexed)
         return
     else:
         getattr(report, verdict).append(slot)
+        scan.suspect(slot, seen, indexed)
     if slot in indexed:  # the index names a slot that holds nothing good
         if verdict == "free":
             report.stale_index.append(slot)
+            scan.suspect(slot, seen, indexed)
         scan.fixes.append((slot, None))
 
 
@@ -277,11 +261,10 @@ def _apply(directory: SafeDir, scan: _Scan) -> int:
     """Blank the bad slots' headers and rewrite the index entries; the count of slots
     changed (each once, whether blanked, its entry fixed, or both)."""
     files: dict[int, int] = {}
-    names = slot_files(directory)
     try:
         for _, number, offset in scan.blanks:
             if number not in files:
-                files[number] = directory.open_file(names[number], os.O_RDWR)
+                files[number] = open_slot_file(directory, scan.names[number], os.O_RDWR)
             os.pwrite(files[number], bytes(HEADER_BYTES), offset)
     finally:
         for fd in files.values():

@@ -4,7 +4,7 @@ threads or locks: shared by the disk tier at start-up and by the vLLM scheduler 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
@@ -149,7 +149,8 @@ def newest_per_key(found: Iterable[Found]) -> tuple[dict[ChunkKey, Found], int]:
 INDEX_PIECE_ENTRIES = 8192  # entries read at a time by ``written_index_entries``: 1 MiB
 
 
-def written_index_entries(directory: SafeDir, slots: int) -> Iterator[tuple[int, bytes]]:
+def written_index_entries(directory: SafeDir,
+                          slots: int) -> Generator[tuple[int, bytes], None, None]:
     """(slot, entry) for each entry of the first ``slots`` of a namespace's index file that
     is not blank, read a MiB at a time (so a huge or sparse index is never held whole, and
     a MiB holding no entry costs one search); none when the file is missing."""

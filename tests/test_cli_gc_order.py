@@ -1,0 +1,71 @@
+"""``kvtier gc`` frees a prompt's chunks tail first: each chunk's key is chained over the
+chunks before it, so what gc keeps of a prompt must be its head, or it can never be hit.
+Chunks go by write window (``kvtier.ops.victims``)."""
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from kvtier import KVStore
+from kvtier.disk import writes
+from kvtier.ops.cache import NamespaceDir, Segment
+from kvtier.ops.victims import WINDOW_S, Chunk, victims, windows
+from tests.helpers.cli import as_json
+from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv
+from tests.helpers.store import config, load, seq
+
+
+def written_ago(monkeypatch, seconds):
+    """Chunks written from now on carry a time ``seconds`` ago, as if written then."""
+    monkeypatch.setattr(writes, "time", SimpleNamespace(
+        time_ns=lambda: time.time_ns() - int(seconds * 1e9)))
+
+
+def put(root, tokens):
+    with KVStore(SMALL, config(root)) as store:
+        store.put(tokens, make_kv(tokens))
+        assert store.flush()
+
+
+def served(root, tokens):
+    """Tokens of ``tokens`` a store over ``root`` serves, and the chunks it found there."""
+    with KVStore(SMALL, config(root, host_chunks=16)) as store:
+        return load(store, tokens)[0], store.stats().recovered_chunks
+
+
+def test_gc_target_keeps_a_prompts_head_which_still_hits(tmp_path):
+    put(tmp_path, seq(0, 10))
+    code, data = as_json("gc", tmp_path, "--target", 2 * CHUNK_BYTES)
+    assert code == 0 and data["chunks_freed"] == 8
+    assert served(tmp_path, seq(0, 10)) == (2 * CHUNK, 2)
+
+
+def test_gc_older_than_frees_the_rest_of_a_prompt_written_over_time(tmp_path, monkeypatch):
+    written_ago(monkeypatch, 100)
+    put(tmp_path, seq(0, 3))
+    written_ago(monkeypatch, 90)  # the prompt's later chunks, written 10 s after its head
+    put(tmp_path, seq(0, 6))
+    written_ago(monkeypatch, 10)
+    put(tmp_path, seq(5000, 2))
+    monkeypatch.undo()
+    code, data = as_json("gc", tmp_path, "--older-than", "95s")
+    assert code == 0 and data["chunks_freed"] == 6  # the head, and the tail it leaves dead
+    assert served(tmp_path, seq(5000, 2)) == (2 * CHUNK, 2)
+
+
+def chunk(writer, generation, seconds):
+    ns = NamespaceDir(Path("/cache"), "0" * 32, None)
+    return Chunk(Segment(ns, writer), generation, generation, int(seconds * 1e9), 1)
+
+
+def test_windows_go_oldest_first_and_each_from_its_last_write():
+    a1, a2, a3 = chunk("a", 1, 0), chunk("a", 2, 1), chunk("a", 3, 2)
+    b1, b2 = chunk("b", 7, 1), chunk("b", 8, 3)
+    a4 = chunk("a", 4, WINDOW_S + 1)  # past its window: starts the next
+    assert windows([a4, b1, a1, b2, a3, a2]) == [[a3, a2, a1], [b2, b1], [a4]]
+    assert victims([a1, a2, a3, a4, b1, b2], None, 4) == [a3, a2]
+
+
+def test_a_clock_set_back_starts_a_new_window():
+    a1, a2 = chunk("a", 1, 100), chunk("a", 2, 50)  # written later, by a clock set back
+    assert windows([a1, a2]) == [[a2], [a1]]
