@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvtier.io.safefs import CacheDirError, SafeDir
+from kvtier.segment import machine
 from kvtier.segment.names import LEASE_FILE, host_name
 
 MAX_LEASE_BYTES = 4096  # a lease is about 150 bytes; anything larger is not kvtier's
@@ -39,7 +40,8 @@ def beat_every(lease_timeout: float) -> float:
 
 @dataclass(frozen=True)
 class LeaseInfo:
-    """What a lease file says: who writes the segment, and its heartbeat count."""
+    """What a lease file says: who writes the segment, on which machine, and its heartbeat
+    count."""
 
     instance: str
     host: str
@@ -50,6 +52,17 @@ class LeaseInfo:
     ppid: int = 0  # the writing process's parent (a vLLM worker's: its engine core)
     timeout_ms: int = 0  # the writer's lease_timeout (0: not stated, by an older kvtier)
     closed_ns: int = 0  # when its writer closed the segment (0: open, or killed)
+    pid_ns: int = 0  # the writer's PID namespace (``kvtier.segment.machine``; 0: not stated)
+    boot_id: str = ""  # the writer's kernel's boot id ("": not stated, by an older kvtier)
+
+    def this_machine(self) -> bool:
+        """Written on this machine, whose ``flock`` is seen here (``same_machine``)."""
+        return machine.same_machine(self.boot_id, self.host)
+
+    def this_pid_space(self) -> bool:
+        """Its ``pid`` and ``ppid`` name processes as this process sees them
+        (``same_pid_space``)."""
+        return machine.same_pid_space(self.boot_id, self.host, self.pid_ns)
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -57,27 +70,27 @@ class LeaseInfo:
     @classmethod
     def parse(cls, data: bytes | None) -> LeaseInfo | None:
         """The lease in ``data``, or None when it is missing or not a lease kvtier writes: a
-        JSON object whose ``instance`` and ``host`` are strings and whose counts are
-        integers (not booleans, not floats) from 0 to ``MAX_LEASE_INT`` (exclusive). Never
-        raises: a damaged lease reads as no lease."""
+        JSON object whose ``instance`` and ``host`` (and ``boot_id``, when there is one) are
+        strings and whose counts are integers (not booleans, not floats) from 0 to
+        ``MAX_LEASE_INT`` (exclusive). Never raises: a damaged lease reads as no lease."""
         if not data or len(data) > MAX_LEASE_BYTES:
             return None
         try:
             fields = json.loads(data)
             if not isinstance(fields, dict):
                 return None
-            instance, host = fields["instance"], fields["host"]
+            instance, host, boot = fields["instance"], fields["host"], fields.get("boot_id", "")
             counts = [fields[name] for name in _COUNTS] + [fields.get(name, 0) for name in _OPTIONAL]
         except (ValueError, TypeError, KeyError, RecursionError, OverflowError):
             return None
-        if not isinstance(instance, str) or not isinstance(host, str) \
+        if not all(isinstance(text, str) for text in (instance, host, boot)) \
                 or not all(_is_count(value) for value in counts):
             return None
-        return cls(instance, host, *counts)
+        return replace(cls(instance, host, *counts), boot_id=boot)
 
 
 _COUNTS = ("pid", "beat", "started_ns", "written_ns")  # LeaseInfo's order, then _OPTIONAL
-_OPTIONAL = ("ppid", "timeout_ms", "closed_ns")  # counts an older kvtier did not write: 0 when missing
+_OPTIONAL = ("ppid", "timeout_ms", "closed_ns", "pid_ns")  # an older kvtier may not write these: 0
 MAX_LEASE_INT = 1 << 63  # a pid, a beat count or a time in ns is far below: more is damage
 
 
@@ -92,9 +105,10 @@ def held_elsewhere(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
     (from its start time and beat count) ago, by this machine's clock; never more than a
     day. A lease dated more than ``REMOTE_LEASE_S`` ahead of this clock shows no live
     writer (a clock that far off, or a forged date): it would hold the segment until this
-    clock caught up. A writer of this machine is told by its lock instead (``flock`` works
-    within one machine)."""
-    if lease is None or lease.host == host_name() or lease.closed_ns:
+    clock caught up. A writer of this machine (``LeaseInfo.this_machine``: its kernel's boot
+    id, else its host name) is told by its lock instead (``flock`` works within one
+    machine)."""
+    if lease is None or lease.this_machine() or lease.closed_ns:
         return ""
     age = lease_age(lease, now_ns)
     every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
@@ -163,7 +177,8 @@ class Lease:
                  seated: Callable[[], bool] | None = None) -> None:
         self._directory, self._seated = directory, seated
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
-                               os.getppid(), round(timeout * 1000))
+                               os.getppid(), round(timeout * 1000), 0, machine.pid_namespace(),
+                               machine.boot_id())
 
     def beat(self, closing: bool = False) -> None:
         if self._info.beat:
@@ -181,8 +196,8 @@ class Lease:
     def _is_mine(self, lease: LeaseInfo) -> bool:
         """Written by this lease's writer (whatever beat: a write that failed half-way)."""
         mine = self._info
-        return (lease.instance, lease.host, lease.pid, lease.started_ns) == (
-            mine.instance, mine.host, mine.pid, mine.started_ns)
+        return (lease.instance, lease.host, lease.boot_id, lease.pid, lease.started_ns) == (
+            mine.instance, mine.host, mine.boot_id, mine.pid, mine.started_ns)
 
     def close(self) -> None:
         """The last beat, saying the writer closed the segment: a writer of another machine
