@@ -14,7 +14,8 @@ from kvtier import KVStore
 from kvtier.config.settings import load_config
 from kvtier.connector.common.engine_writer import engine_writers
 from kvtier.segment import machine
-from kvtier.segment.lease import LeaseInfo, held_elsewhere
+from kvtier.segment.lease import LeaseInfo
+from kvtier.segment.lease_age import held_elsewhere
 from kvtier.segment.names import default_writer_ids, host_name
 from tests.helpers.disk_helpers import NS
 from tests.helpers.kv import CHUNK, SMALL, make_kv
@@ -33,7 +34,7 @@ def lease(**fields) -> bytes:
 
 
 def elsewhere(**fields) -> bool:
-    return bool(held_elsewhere(LeaseInfo.parse(lease(**fields))))
+    return bool(held_elsewhere(LeaseInfo.parse(lease(**fields)), 0.0))  # written just now
 
 
 def test_a_lease_is_of_this_machine_by_its_boot_id_or_else_its_host_name():

@@ -3,7 +3,8 @@ few seconds (a heartbeat), and how a reader tells a live writer from one that is
 
 Liveness never relies on clocks agreeing between machines, nor on ``flock`` (which some
 network filesystems do not honour across machines): a reader notes, on its own monotonic
-clock, when it last saw a lease change. A writer whose lease stood still for
+clock, when it last saw a lease change (a process that looks once judges by file times
+instead: ``kvtier.segment.lease_age``). A writer whose lease stood still for
 ``lease_timeout`` seconds is gone. A reader that has just started knows nothing yet, so a
 writer counts as live until the reader has watched its lease stand still that long.
 
@@ -96,31 +97,6 @@ MAX_LEASE_INT = 1 << 63  # a pid, a beat count or a time in ns is far below: mor
 
 REMOTE_LEASE_S = 120.0  # the default lease_timeout: a writer elsewhere beats well within it
 MAX_STATED_TIMEOUT_S = 86400.0  # the largest lease_timeout kvtier accepts: more is not honoured
-
-
-def held_elsewhere(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
-    """Why ``lease`` shows a writer on another machine that may be alive ("" when not): it
-    was not closed and was written less than ``REMOTE_LEASE_S`` ago, less than the
-    ``lease_timeout`` it states, or less than six of the writer's own heartbeat intervals
-    (from its start time and beat count) ago, by this machine's clock; never more than a
-    day. A lease dated more than ``REMOTE_LEASE_S`` ahead of this clock shows no live
-    writer (a clock that far off, or a forged date): it would hold the segment until this
-    clock caught up. A writer of this machine (``LeaseInfo.this_machine``: its kernel's boot
-    id, else its host name) is told by its lock instead (``flock`` works within one
-    machine)."""
-    if lease is None or lease.this_machine() or lease.closed_ns:
-        return ""
-    age = lease_age(lease, now_ns)
-    every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
-    live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
-    if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
-        return ""
-    return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
-
-
-def lease_age(lease: LeaseInfo, now_ns: int | None = None) -> float:
-    """Seconds since ``lease`` was written, by this machine's clock (negative: dated ahead)."""
-    return ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
 
 
 def _is_count(value: object) -> bool:
