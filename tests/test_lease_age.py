@@ -96,3 +96,79 @@ def test_the_clock_probe_leaves_nothing_behind_and_a_leftover_is_kvtiers(tmp_pat
     report("inspect", root)
     assert sorted(p.name for p in root.rglob("*")) == before
     assert TEMP_NAME.fullmatch(f".clock_probe-{os.getpid()}-0badc0de")
+
+
+class ClientClockBeats:
+    """A live writer elsewhere on a filesystem whose clients set file times by their own
+    clocks, this one 15 minutes behind: it rewrites its lease every 50 ms (a new file, its
+    time set, renamed over the lease), each time dated 15 minutes ago."""
+
+    def __init__(self, segment):
+        import threading
+
+        self.segment, self.stop = segment, threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        beat = 1
+        while not self.stop.wait(0.05):
+            self.beat(beat := beat + 1)
+
+    def beat(self, beat):
+        now = time.time_ns() - 15 * MINUTE
+        lease = LeaseInfo(self.segment.name, "nodeB", 4242, beat, now - (beat - 1) * 10**8,
+                          now, 1, 600, 0, 1, OTHER_BOOT)
+        temp = self.segment / f".lease.tmp-4242-{beat:08x}"
+        temp.write_bytes(lease.encode())
+        os.utime(temp, ns=(now, now))
+        temp.rename(self.segment / "lease")
+
+    def __enter__(self):
+        self.beat(1)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def test_a_live_writer_whose_file_times_look_old_is_kept_by_the_watch_before_a_change(tmp_path):
+    root = tmp_path / "cache"
+    segment = make_cache(root, instance_id="nodeB-0")
+    with ClientClockBeats(segment):
+        code, gone = report("gc", root, "--gone", "10m")
+        assert code == 1 and gone["skipped_in_use"] == [label(segment)] and segment.exists()
+        code, freed = report("gc", root, "--older-than", "0s")
+        assert code == 1 and freed["skipped_in_use"] == [label(segment)] and freed["chunks_freed"] == 0
+        code, repaired = report("verify", root, "--repair")
+        assert code == 1 and "changed while watched" in repaired["namespaces"][0]["writers"][0]["problem"]
+        code, cleared = report("clear", root, "--yes")
+        assert code == 1 and cleared["in_use"] == [label(segment)] and segment.exists()
+    code, gone = report("gc", root, "--gone", "10m")  # it stopped: its lease stands still
+    assert code == 0 and gone["segments_removed"] == [label(segment)] and not segment.exists()
+
+
+def test_a_command_waits_once_for_all_the_leases_it_watches():
+    from kvtier.ops.liveness import LeaseLooks, watch_span
+
+    now, slept = [100.0], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    looks = LeaseLooks(clock=lambda: now[0], sleep=sleep)
+    looks.note(("a", 1, 1), b"1")
+    looks.note(("b", 1, 2), b"1")
+    now[0] += 0.5
+    assert not looks.changed(("a", 1, 1), lambda: b"1", 2.0) and slept == [1.5]  # the rest of 2 s
+    assert not looks.changed(("b", 1, 2), lambda: b"1", 2.0) and slept == [1.5]  # none left
+    beats = iter([b"2", b"3"])
+    assert looks.changed(("c", 1, 3), lambda: next(beats), 2.0) and slept == [1.5, 2.0]
+    looks.forget()  # a new command: what this process saw before counts no more
+    assert not looks.changed(("a", 1, 1), lambda: b"1", 2.0) and slept == [1.5, 2.0, 2.0]
+    lease = LeaseInfo("w", "h", 1, 7, 0, 6 * 10**9, 0, 0)
+    assert watch_span(lease) == 2.0  # two beats of 1 s, by its own clock
+    assert watch_span(LeaseInfo("w", "h", 1, 7, 0, 6 * 10**9, 0, 120_000)) == 40.0
+    assert watch_span(LeaseInfo("w", "h", 1, 1, 0, 0, 0, 86_400_000)) == 60.0  # at most
