@@ -3,8 +3,8 @@ its index entries, the lock an operation that changes it holds, and freeing its 
 
 A segment is in use when a process holds its ``lock`` (``flock``: decisive on this machine),
 or when its lease was written on another machine, not closed, and recently by the
-filesystem's clock (``remote_holder``: the lease file's modification time against that of a
-file made now; never the time the lease states, its writer's clock): ``flock`` is not seen
+filesystem's clock (``remote_holder``: the lease file's modification time against the time
+of a file made now; never the time the lease states, its writer's clock): ``flock`` is not seen
 across machines on every shared filesystem, so a writer elsewhere is assumed alive until its
 lease is that old. Before a command changes a segment whose lease another machine's writer
 did not close, it also watches that lease for two of the writer's heartbeats

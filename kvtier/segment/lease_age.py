@@ -25,17 +25,18 @@ from kvtier.segment.names import LEASE_FILE
 
 
 def filesystem_now_ns(directory: SafeDir) -> int | None:
-    """The time now by the clock that sets file times in ``directory``: the modification time
-    of a new file made there (``.clock_probe-<pid>-<8 hex>``, a ``TEMP_NAME``), removed at
-    once; None when none can be made (a read-only mount, a directory not writable, a full
-    disk)."""
+    """The time now by the clock that sets file times in ``directory``: the change time of a
+    new file made there (``.clock_probe-<pid>-<8 hex>``, a ``TEMP_NAME``), removed at once:
+    set as it is made, and never from a client's request, unlike a modification time (an
+    NFS exclusive create stores a verifier there for a moment); None when none can be made (a
+    read-only mount, a directory not writable, a full disk)."""
     name = f".clock_probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         fd = directory.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
     except OSError:
         return None
     try:
-        return os.fstat(fd).st_mtime_ns
+        return os.fstat(fd).st_ctime_ns
     except OSError:
         return None
     finally:
@@ -66,8 +67,8 @@ def held_elsewhere(lease: LeaseInfo | None, age: float | None) -> str:
     assert lease is not None, "written_elsewhere said it is a lease"
     who = f"its lease was written by {lease.host} (pid {lease.pid})"
     if age is None:
-        return (f"{who} and not closed; its age cannot be told here (no file can be made "
-                "beside it to read the filesystem's clock)")
+        return (f"{who} and not closed, and its age cannot be told: no file can be made beside "
+                "it to read the filesystem's clock (run this where the cache can be written)")
     every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
     live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
     if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
