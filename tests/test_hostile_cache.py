@@ -390,9 +390,10 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
     assert code == 1 and "elsewhere" in report["namespaces"][0]["writers"][0]["problem"]
     code, report = data(cli("clear", root, "--yes", "--json"))
     assert code == 1 and report["in_use"] == [label(segment)] and segment.exists()
-    written = time.time_ns() - 3600 * 10**9  # an hour ago, after 6 beats in 60 s
-    old = LeaseInfo("w", "elsewhere", 1, 7, written - 60 * 10**9, written)
+    written = time.time_ns() - 3600 * 10**9  # an hour ago, after 6 beats in 0.6 s
+    old = LeaseInfo("w", "elsewhere", 1, 7, written - 6 * 10**8, written)
     (segment / "lease").write_bytes(old.encode())
+    os.utime(segment / "lease", ns=(written, written))  # by the filesystem's clock
     code, report = data(cli("clear", root, "--yes", "--json"))
     assert code == 0 and not segment.exists()
 
@@ -408,14 +409,15 @@ def test_a_fresh_lease_of_another_machine_keeps_its_segment(cache):
 ])
 def test_a_lease_of_another_machine_counts_for_six_of_its_heartbeats(host, beats, every_s,
                                                                       age_s, live, stated_s):
-    from kvtier.segment.lease import LeaseInfo, held_elsewhere
+    from kvtier.segment.lease import LeaseInfo
+    from kvtier.segment.lease_age import held_elsewhere
     from kvtier.segment.names import host_name
 
-    now = 10**18
-    written = now - age_s * 10**9
+    written = 10**18  # by the writer's clock: its heartbeat intervals, never its age
     started = written - (beats - 1) * every_s * 10**9
     lease = LeaseInfo("w", host or host_name(), 1, beats, started, written, 0, stated_s * 1000)
-    assert bool(held_elsewhere(lease, now)) is live
+    assert bool(held_elsewhere(lease, age_s)) is live  # age_s: by the filesystem's clock
+    assert bool(held_elsewhere(lease, None)) is (host is not None)  # an age not known: live
 
 
 def test_a_disk_path_that_is_a_symlink_to_a_directory_is_named_a_symlink(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 from kvtier import KVStore
 from kvtier.io.safefs import SafeDir
 from kvtier.segment import cachedir
-from kvtier.segment.lease import LeaseInfo, held_elsewhere, read_lease
+from kvtier.segment.lease import LeaseInfo, read_lease
+from kvtier.segment.lease_age import held_elsewhere
 from kvtier.segment.names import LOCK_FILE
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.shared import wait_for
@@ -36,8 +37,8 @@ def test_a_closed_store_says_so_in_its_lease(tmp_path):
     closed = lease_of(tmp_path, "a")
     assert closed.closed_ns >= closed.started_ns > 0
     elsewhere = LeaseInfo("a", "elsewhere", 1, 9, time.time_ns(), time.time_ns())
-    assert held_elsewhere(elsewhere) and not held_elsewhere(
-        LeaseInfo(**{**elsewhere.__dict__, "closed_ns": time.time_ns()}))
+    assert held_elsewhere(elsewhere, 0.0) and not held_elsewhere(
+        LeaseInfo(**{**elsewhere.__dict__, "closed_ns": time.time_ns()}), 0.0)
 
 
 def test_a_segment_another_machine_writes_is_not_opened_under_its_id(tmp_path):
@@ -59,22 +60,22 @@ def test_a_segment_another_machine_writes_is_not_opened_under_its_id(tmp_path):
 
 
 def test_a_lease_dated_far_ahead_holds_no_segment_and_gc_finds_it_gone(tmp_path):
-    """A host whose clock ran days ahead, then died (or a forged date): its lease would hold
-    the segment until this clock caught up. Within ``REMOTE_LEASE_S`` ahead (clocks a little
-    apart) it still shows a live writer."""
+    """A lease file dated days ahead (a forged time, or a client whose clock ran that far
+    ahead where clients set file times), its writer since gone: it would hold the segment
+    until the clock caught up. Within ``REMOTE_LEASE_S`` ahead it still shows a live writer."""
     from tests.helpers.cli import as_json
 
-    day, now = 86400 * 10**9, time.time_ns()
-    near = LeaseInfo("a", "elsewhere", 1, 7, now + 30 * 10**9 - 10**9, now + 30 * 10**9, 0, 120_000)
-    far = LeaseInfo("a", "elsewhere", 1, 7, now + 3 * day - 10**9, now + 3 * day, 0, 120_000)
-    assert held_elsewhere(near) and not held_elsewhere(far)
-    assert not held_elsewhere(LeaseInfo("a", "elsewhere", 1, 1, 0, (1 << 63) - 1))
+    day, now = 86400, time.time_ns()
+    lease = LeaseInfo("a", "elsewhere", 1, 7, now - 6 * 10**8, now, 0, 600)
+    assert held_elsewhere(lease, -30.0) and not held_elsewhere(lease, -3.0 * day)
     tokens = seq(0, 2)
     with KVStore(SMALL, config(tmp_path, instance_id="a")) as a:
         a.put(tokens, make_kv(tokens))
         a.flush()
-    lease = segment_of(tmp_path, "a") / "lease"
-    lease.write_bytes(far.encode())
+    path = segment_of(tmp_path, "a") / "lease"
+    path.write_bytes(lease.encode())
+    ahead = now + 3 * day * 10**9
+    os.utime(path, ns=(ahead, ahead))
     code, report = as_json("gc", tmp_path, "--gone", "1h")
     assert code == 0 and len(report["segments_removed"]) == 1, report
 

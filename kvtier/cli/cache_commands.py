@@ -20,6 +20,7 @@ from kvtier.ops.cache import NamespaceDir, cache_root, error_text, namespaces
 from kvtier.ops.inspect import inspect_namespace
 from kvtier.ops.reclaim import gc as gc_namespaces
 from kvtier.ops.removal import clear as clear_namespaces
+from kvtier.ops.segments import note_leases
 from kvtier.ops.verify import verify_namespace
 from kvtier.units import parse_duration, parse_size
 
@@ -110,6 +111,8 @@ def _verify_all(dirs: list[NamespaceDir], repair: bool, as_json: bool) -> list:
     from rich.progress import Progress
 
     reports = []
+    if repair:  # the leases other machines' writers left open are watched once for all
+        note_leases(dirs)
     with Progress(console=console, transient=True, disable=as_json or not console.is_terminal) as bar:
         for directory in dirs:
             task = bar.add_task(f"verify {directory.id[:12]}", total=None)

@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass, field
 
 from kvtier.io.format import SlotHeader
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
-from kvtier.ops.segments import busy_reason, file_problem, index_entries, top_lock_held
+from kvtier.ops.segments import busy_reason, file_problem, index_entries, namespace_now, top_lock_held
 from kvtier.segment.halt_file import HaltFile
 from kvtier.segment.lease import read_lease
+from kvtier.segment.names import LEASE_FILE
 
 
 @dataclass
@@ -41,7 +42,7 @@ class WriterReport(Holdings):
     host: str = ""  # from the lease; empty when there is none
     pid: int = 0
     beat: int = 0  # heartbeats the lease counts
-    lease_age_seconds: float | None = None  # now - when the lease says it was written
+    lease_age_seconds: float | None = None  # since the lease was written, by the filesystem's clock
 
 
 @dataclass
@@ -79,8 +80,10 @@ class NamespaceReport(Holdings):
 
 def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> NamespaceReport:
     """What ``directory`` holds, from its metadata, and each segment's lease, file sizes and
-    index (no slot is read)."""
+    index (no slot is read). The filesystem's clock is read once for the namespace
+    (``namespace_now``), before any lease: a lease's age is never overstated."""
     now = time.time() if now is None else now
+    file_now = namespace_now(directory) if directory.segments else None
     ns = directory.namespace
     report = NamespaceReport(
         id=directory.id, status=directory.status, in_use=top_lock_held(directory),
@@ -92,7 +95,7 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         halted=HaltFile(directory.root, directory.id).read() is not None)
     created: list[int] = []
     for segment in directory.segments:
-        writer, headers = inspect_segment(segment, directory.readable, now)
+        writer, headers = inspect_segment(segment, directory.readable, file_now)
         report.writers.append(writer)
         report.add(writer)
         report.in_use = report.in_use or writer.in_use
@@ -107,9 +110,10 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
 
 
 def inspect_segment(segment: Segment, readable: bool,
-                    now: float) -> tuple[WriterReport, list[SlotHeader]]:
+                    file_now: int | None) -> tuple[WriterReport, list[SlotHeader]]:
     """The report of one segment and the headers its index names (those of a ``readable``
-    namespace only: the others' geometry is not known)."""
+    namespace only: the others' geometry is not known); ``file_now``: the filesystem's
+    clock (``namespace_now``; None: not known, and the lease's age not told)."""
     report = WriterReport(writer=segment.writer, status="unsafe" if segment.unsafe else "ok",
                           problem=segment.problem)
     if segment.unsafe:
@@ -122,7 +126,8 @@ def inspect_segment(segment: Segment, readable: bool,
                 report.status, report.problem = "unsafe", problem
                 return report, []
             lease = read_lease(handle)
-            report.in_use = bool(busy_reason(handle))
+            written = handle.lstat(LEASE_FILE) if lease is not None else None
+            report.in_use = bool(busy_reason(handle, file_now))
             if readable:
                 sizes = slot_file_sizes(segment.meta, handle)
                 entries = index_entries(segment, handle, sizes)
@@ -133,7 +138,8 @@ def inspect_segment(segment: Segment, readable: bool,
         return report, []
     if lease is not None:
         report.host, report.pid, report.beat = lease.host, lease.pid, lease.beat
-        report.lease_age_seconds = now - lease.written_ns / 1e9
+        if written is not None and file_now is not None:
+            report.lease_age_seconds = (file_now - written.st_mtime_ns) / 1e9
     headers = [header for _, header in entries if header is not None]
     report.bad_index_entries = len(entries) - len(headers)
     report.chunks = len(headers)

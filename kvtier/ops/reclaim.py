@@ -19,6 +19,7 @@ from kvtier.ops.segments import (
     idle_for,
     in_use,
     index_entries,
+    note_leases,
     segment_problem,
     top_lock_held,
 )
@@ -64,8 +65,11 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
     without metadata that a slot header or index entry proves kvtier's; with ``gone_s``, first
     remove the segments (and give back the seats) of writers gone that long (``_is_gone``),
     and give back the seats that name no writer with a segment (``_free_seats``). Whatever is
-    left alone is recorded with why (``GcReport``)."""
+    left alone is recorded with why (``GcReport``). A segment is in use as a change judges
+    it, its lease watched too when another machine's writer left it open (``note_leases``:
+    once for all of them), in a dry run as well: it says what the run would do."""
     report = GcReport(dry_run=dry_run)
+    note_leases(dirs)
     chunks = []
     for directory in dirs:
         if directory.unsafe:
@@ -135,7 +139,7 @@ def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
         return False
     if idle < gone_s:
         return False
-    if in_use(segment):
+    if in_use(segment, watch=True):
         report.skip(report.skipped_in_use, segment.label)
         return False
     return True
@@ -190,7 +194,7 @@ def _namespace_chunks(directory: NamespaceDir, report: GcReport,
         problem = segment_problem(segment)
         if problem:
             report.skip(report.skipped_unsafe, segment.label, problem)
-        elif in_use(segment):
+        elif in_use(segment, watch=True):
             report.skip(report.skipped_in_use, segment.label)
         else:
             chunks += _chunks(segment, report)
@@ -216,7 +220,7 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
         if top_lock_held(directory):
             report.skip(report.skipped_in_use, directory.id)
             return
-        busy = [segment for segment in directory.segments if in_use(segment)]
+        busy = [segment for segment in directory.segments if in_use(segment, watch=True)]
         for segment in directory.segments:
             if segment in busy:
                 report.skip(report.skipped_in_use, segment.label)

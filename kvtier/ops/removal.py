@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text
 from kvtier.ops.provenance import removal_refusal
-from kvtier.ops.segments import file_problem, hold
+from kvtier.ops.segments import file_problem, hold, note_leases
 from kvtier.segment.names import (
     HALT_FILE,
     INDEX_FILE,
@@ -203,8 +203,10 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
 def clear(dirs: list[NamespaceDir]) -> Removal:
     """Remove whole namespaces that kvtier provably wrote (in each, the segments that are not
     in use and not unsafe); the others (``provenance.removal_refusal``) are left alone with
-    the reason."""
+    the reason. The leases other machines' writers left open are watched from the start, once
+    for all (``note_leases``)."""
     done = Removal()
+    note_leases(dirs)
     for directory in dirs:
         try:
             refusal = removal_refusal(directory)

@@ -2,9 +2,14 @@
 its index entries, the lock an operation that changes it holds, and freeing its slots.
 
 A segment is in use when a process holds its ``lock`` (``flock``: decisive on this machine),
-or when its lease names another machine and was written recently by this machine's clock
-(``held_elsewhere``): ``flock`` is not seen across machines on every shared filesystem, so a
-writer elsewhere is assumed alive until its lease is that old.
+or when its lease was written on another machine, not closed, and recently by the
+filesystem's clock (``remote_holder``: the lease file's modification time against the time
+of a file made now; never the time the lease states, its writer's clock): ``flock`` is not seen
+across machines on every shared filesystem, so a writer elsewhere is assumed alive until its
+lease is that old. Before a command changes a segment whose lease another machine's writer
+did not close, it also watches that lease for two of the writer's heartbeats
+(``kvtier.ops.liveness``): one that changed meanwhile is a live writer's, whatever file times
+say (where a filesystem's clients set them, by their own clocks).
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ import ctypes.util
 import errno
 import os
 import stat
-import time
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.liveness import LOOKS, changed_while_watched, note_lease
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
-from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, held_elsewhere, read_lease
+from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, read_lease
+from kvtier.segment.lease_age import filesystem_now_ns, remote_holder
 from kvtier.segment.lock import held_here as lock_held
 from kvtier.segment.lock import lock_namespace
 from kvtier.segment.log import entries_of
@@ -30,34 +36,67 @@ from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
-def busy_reason(directory: SafeDir) -> str:
-    """Why the segment open in ``directory`` is in use ("" when it is not)."""
+def busy_reason(directory: SafeDir, now_ns: int | None = None, watch: bool = False) -> str:
+    """Why the segment open in ``directory`` is in use ("" when it is not); ``now_ns``: the
+    filesystem's clock, read before (``namespace_now``), else read when needed; ``watch``:
+    as a change judges it, its lease watched as well (``changed_while_watched``)."""
     if lock_held(directory):
         return "a running kvtier process holds its lock"
-    return held_elsewhere(read_lease(directory))
+    remote = remote_holder(directory, now_ns)
+    return remote or (changed_while_watched(directory) if watch else "")
 
 
-def in_use(segment: Segment) -> bool:
-    """True when the segment is in use (see the module docstring); an unsafe one is not."""
+def in_use(segment: Segment, watch: bool = False) -> bool:
+    """True when the segment is in use (see the module docstring; ``watch``: as
+    ``busy_reason``); an unsafe one is not."""
     if segment.unsafe:
         return False
     try:
         with segment.open() as directory:
-            return bool(busy_reason(directory))
+            return bool(busy_reason(directory, watch=watch))
     except OSError:
         return False
 
 
+def note_leases(dirs: list[NamespaceDir]) -> None:
+    """Start watching the lease of every segment of ``dirs`` that another machine's writer
+    did not close (``note_lease``), afresh (what this process saw before counts no more): a
+    command that may change many segments calls it first, and waits once for all."""
+    LOOKS.forget()
+    for directory in dirs:
+        for segment in directory.segments:
+            try:
+                with segment.open() as handle:
+                    note_lease(handle)
+            except OSError:
+                continue
+
+
+def namespace_now(ns: NamespaceDir) -> int | None:
+    """The time now by the clock that sets file times in ``ns`` (``filesystem_now_ns``, a file
+    made in the namespace directory); None when it cannot be read."""
+    try:
+        with ns.open() as directory:
+            return filesystem_now_ns(directory)
+    except OSError:
+        return None
+
+
 def idle_for(segment: Segment, now_ns: int | None = None) -> float:
-    """Seconds since the segment's writer last showed life, by this machine's clock: its
-    lease's last write (the segment directory's change time when it has no lease), whether
-    or not it is in use; a lease dated more than ``REMOTE_LEASE_S`` ahead (a clock that far
-    off, or a forged date) counts as idle for as long as it is ahead, within that as 0.
+    """Seconds since the segment's writer last showed life, by the filesystem's clock: since
+    its lease file was last written (the segment directory's change time when it has no
+    lease), against ``now_ns`` (``namespace_now``, read first when not given: the namespace
+    directory's, so that reading it changes no time of the segment's), whether or not it
+    is in use. 0 when the clock cannot be read. A lease dated more than ``REMOTE_LEASE_S``
+    ahead (a forged time) counts as idle for as long as it is ahead, within that as 0.
     ``OSError`` when the segment cannot be opened."""
+    now = namespace_now(segment.ns) if now_ns is None else now_ns
     with segment.open() as handle:
-        lease = read_lease(handle)
-        since = lease.written_ns if lease is not None else os.fstat(handle.fd).st_ctime_ns
-    age = ((time.time_ns() if now_ns is None else now_ns) - since) / 1e9
+        info = handle.lstat(LEASE_FILE) if read_lease(handle) is not None else None
+        since = info.st_mtime_ns if info is not None else os.fstat(handle.fd).st_ctime_ns
+    if now is None:
+        return 0.0
+    age = (now - since) / 1e9
     return -age if age < -REMOTE_LEASE_S else max(0.0, age)
 
 
@@ -131,8 +170,9 @@ def namespace_in_use(ns: NamespaceDir) -> bool:
 
 def hold(directory: SafeDir) -> int:
     """Take the lock of the segment (or old-layout namespace) open in ``directory`` for an
-    operation that changes it; raise ``CacheDirError`` (EBUSY) when it is in use."""
-    remote = held_elsewhere(read_lease(directory))
+    operation that changes it; raise ``CacheDirError`` (EBUSY) when it is in use, its lease
+    watched as well (``busy_reason`` with ``watch``)."""
+    remote = remote_holder(directory) or changed_while_watched(directory)
     if remote:
         raise CacheDirError(errno.EBUSY, f"{directory.path} is in use: {remote}; stop it first")
     return lock_namespace(directory, "stop it first")

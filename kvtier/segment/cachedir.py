@@ -32,7 +32,8 @@ from kvtier.config.settings import DiskFloor
 from kvtier.io.buffers import PAGE
 from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
-from kvtier.segment.lease import Lease, held_elsewhere, read_lease
+from kvtier.segment.lease import Lease
+from kvtier.segment.lease_age import remote_holder
 from kvtier.segment.lock import keep, let_go, lock_namespace, locked_here
 from kvtier.segment.log import Entries
 from kvtier.segment.log_writer import SegmentLog
@@ -144,9 +145,9 @@ class CacheDir:
 
     def _check_lease(self) -> None:
         """``CacheDirError`` (EBUSY) when the segment's lease shows a live writer on another
-        machine: the lock just taken says nothing about one where ``flock`` is not passed on
-        between machines."""
-        elsewhere = held_elsewhere(read_lease(self.dir))
+        machine (``remote_holder``: by the lease's age on the filesystem's clock): the lock
+        just taken says nothing about one where ``flock`` is not passed on between machines."""
+        elsewhere = remote_holder(self.dir)
         if elsewhere:
             raise CacheDirError(errno.EBUSY, f"{self.path} is in use on another machine: "
                                 f"{elsewhere}; give each engine its own instance_id")

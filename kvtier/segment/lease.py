@@ -3,7 +3,8 @@ few seconds (a heartbeat), and how a reader tells a live writer from one that is
 
 Liveness never relies on clocks agreeing between machines, nor on ``flock`` (which some
 network filesystems do not honour across machines): a reader notes, on its own monotonic
-clock, when it last saw a lease change. A writer whose lease stood still for
+clock, when it last saw a lease change (a process that looks once judges by file times
+instead: ``kvtier.segment.lease_age``). A writer whose lease stood still for
 ``lease_timeout`` seconds is gone. A reader that has just started knows nothing yet, so a
 writer counts as live until the reader has watched its lease stand still that long.
 
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvtier.io.safefs import CacheDirError, SafeDir
+from kvtier.segment import machine
 from kvtier.segment.names import LEASE_FILE, host_name
 
 MAX_LEASE_BYTES = 4096  # a lease is about 150 bytes; anything larger is not kvtier's
@@ -39,7 +41,8 @@ def beat_every(lease_timeout: float) -> float:
 
 @dataclass(frozen=True)
 class LeaseInfo:
-    """What a lease file says: who writes the segment, and its heartbeat count."""
+    """What a lease file says: who writes the segment, on which machine, and its heartbeat
+    count."""
 
     instance: str
     host: str
@@ -50,6 +53,17 @@ class LeaseInfo:
     ppid: int = 0  # the writing process's parent (a vLLM worker's: its engine core)
     timeout_ms: int = 0  # the writer's lease_timeout (0: not stated, by an older kvtier)
     closed_ns: int = 0  # when its writer closed the segment (0: open, or killed)
+    pid_ns: int = 0  # the writer's PID namespace (``kvtier.segment.machine``; 0: not stated)
+    boot_id: str = ""  # the writer's kernel's boot id ("": not stated, by an older kvtier)
+
+    def this_machine(self) -> bool:
+        """Written on this machine, whose ``flock`` is seen here (``same_machine``)."""
+        return machine.same_machine(self.boot_id, self.host)
+
+    def this_pid_space(self) -> bool:
+        """Its ``pid`` and ``ppid`` name processes as this process sees them
+        (``same_pid_space``)."""
+        return machine.same_pid_space(self.boot_id, self.host, self.pid_ns)
 
     def encode(self) -> bytes:
         return json.dumps(self.__dict__, sort_keys=True).encode()
@@ -57,56 +71,32 @@ class LeaseInfo:
     @classmethod
     def parse(cls, data: bytes | None) -> LeaseInfo | None:
         """The lease in ``data``, or None when it is missing or not a lease kvtier writes: a
-        JSON object whose ``instance`` and ``host`` are strings and whose counts are
-        integers (not booleans, not floats) from 0 to ``MAX_LEASE_INT`` (exclusive). Never
-        raises: a damaged lease reads as no lease."""
+        JSON object whose ``instance`` and ``host`` (and ``boot_id``, when there is one) are
+        strings and whose counts are integers (not booleans, not floats) from 0 to
+        ``MAX_LEASE_INT`` (exclusive). Never raises: a damaged lease reads as no lease."""
         if not data or len(data) > MAX_LEASE_BYTES:
             return None
         try:
             fields = json.loads(data)
             if not isinstance(fields, dict):
                 return None
-            instance, host = fields["instance"], fields["host"]
+            instance, host, boot = fields["instance"], fields["host"], fields.get("boot_id", "")
             counts = [fields[name] for name in _COUNTS] + [fields.get(name, 0) for name in _OPTIONAL]
         except (ValueError, TypeError, KeyError, RecursionError, OverflowError):
             return None
-        if not isinstance(instance, str) or not isinstance(host, str) \
+        if not all(isinstance(text, str) for text in (instance, host, boot)) \
                 or not all(_is_count(value) for value in counts):
             return None
-        return cls(instance, host, *counts)
+        return replace(cls(instance, host, *counts), boot_id=boot)
 
 
 _COUNTS = ("pid", "beat", "started_ns", "written_ns")  # LeaseInfo's order, then _OPTIONAL
-_OPTIONAL = ("ppid", "timeout_ms", "closed_ns")  # counts an older kvtier did not write: 0 when missing
+_OPTIONAL = ("ppid", "timeout_ms", "closed_ns", "pid_ns")  # an older kvtier may not write these: 0
 MAX_LEASE_INT = 1 << 63  # a pid, a beat count or a time in ns is far below: more is damage
 
 
 REMOTE_LEASE_S = 120.0  # the default lease_timeout: a writer elsewhere beats well within it
 MAX_STATED_TIMEOUT_S = 86400.0  # the largest lease_timeout kvtier accepts: more is not honoured
-
-
-def held_elsewhere(lease: LeaseInfo | None, now_ns: int | None = None) -> str:
-    """Why ``lease`` shows a writer on another machine that may be alive ("" when not): it
-    was not closed and was written less than ``REMOTE_LEASE_S`` ago, less than the
-    ``lease_timeout`` it states, or less than six of the writer's own heartbeat intervals
-    (from its start time and beat count) ago, by this machine's clock; never more than a
-    day. A lease dated more than ``REMOTE_LEASE_S`` ahead of this clock shows no live
-    writer (a clock that far off, or a forged date): it would hold the segment until this
-    clock caught up. A writer of this machine is told by its lock instead (``flock`` works
-    within one machine)."""
-    if lease is None or lease.host == host_name() or lease.closed_ns:
-        return ""
-    age = lease_age(lease, now_ns)
-    every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
-    live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
-    if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
-        return ""
-    return f"its lease was written by {lease.host} (pid {lease.pid}) {max(age, 0.0):.0f} s ago"
-
-
-def lease_age(lease: LeaseInfo, now_ns: int | None = None) -> float:
-    """Seconds since ``lease`` was written, by this machine's clock (negative: dated ahead)."""
-    return ((time.time_ns() if now_ns is None else now_ns) - lease.written_ns) / 1e9
 
 
 def _is_count(value: object) -> bool:
@@ -163,7 +153,8 @@ class Lease:
                  seated: Callable[[], bool] | None = None) -> None:
         self._directory, self._seated = directory, seated
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
-                               os.getppid(), round(timeout * 1000))
+                               os.getppid(), round(timeout * 1000), 0, machine.pid_namespace(),
+                               machine.boot_id())
 
     def beat(self, closing: bool = False) -> None:
         if self._info.beat:
@@ -181,8 +172,8 @@ class Lease:
     def _is_mine(self, lease: LeaseInfo) -> bool:
         """Written by this lease's writer (whatever beat: a write that failed half-way)."""
         mine = self._info
-        return (lease.instance, lease.host, lease.pid, lease.started_ns) == (
-            mine.instance, mine.host, mine.pid, mine.started_ns)
+        return (lease.instance, lease.host, lease.boot_id, lease.pid, lease.started_ns) == (
+            mine.instance, mine.host, mine.boot_id, mine.pid, mine.started_ns)
 
     def close(self) -> None:
         """The last beat, saying the writer closed the segment: a writer of another machine

@@ -40,10 +40,11 @@ SEATS_LISTED = 8192
 SEGMENT_LISTED = 4096
 NAMESPACE_NAME = re.compile(r"[0-9a-f]{32}")
 # Temporary and probe files kvtier makes: ``.<name>.tmp-<pid>-<8 hex>`` (``SafeDir.replace_file``,
-# ``write_seat`` and ``CacheDir.replace_index``), ``.o_direct_probe-<pid>-<8 hex>``; ``-<pid>``
-# alone: an older version's.
+# ``write_seat`` and ``CacheDir.replace_index``), ``.o_direct_probe-<pid>-<8 hex>``,
+# ``.clock_probe-<pid>-<8 hex>`` (``lease_age.filesystem_now_ns``); ``-<pid>`` alone: an older
+# version's.
 TEMP_NAME = re.compile(r"\.(?:(?:namespace\.json|halt\.json|lease|log\.kvt|index\.kvt|seat)\.tmp"
-                       r"|o_direct_probe)"
+                       r"|o_direct_probe|clock_probe)"
                        r"-[1-9][0-9]{0,9}(?:-[0-9a-f]{8})?", re.ASCII)
 
 __all__ = ["HALT_FILE", "INDEX_FILE", "LEASE_FILE", "LOCK_FILE", "LOG_FILE", "META_FILE", "NAMESPACE_NAME",

@@ -6,6 +6,9 @@ parent's. vLLM sets the workers up (and so their disk tiers) before the schedule
 engine core process that is either the workers' own or their parent; the scheduler side
 then takes, for each rank, the segment whose lock is held and whose lease names its process
 (a worker in it), else one whose lease names it as the parent (a worker process of it).
+A lease's process ids count only when it was written in this process's PID namespace of
+this kernel (``LeaseInfo.this_pid_space``): machines, or containers, that share a host name
+number their processes each in their own way, and the same pid there is another process.
 
 So that every rank of an engine writes under one id even when engines of one host start at
 the same time, a rank other than 0 first looks for the id its rank 0 took
@@ -42,8 +45,9 @@ def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
     ``engine_writers``."""
     held = _held_here(roots, namespace)
     me = os.getpid()
-    for found in ([n for n, lease, sure in held if sure and lease.pid == me],
-                  [n for n, lease, sure in held if sure and lease.ppid == me]):
+    ours = [(n, lease) for n, lease, sure in held if sure and lease.this_pid_space()]
+    for found in ([n for n, lease in ours if lease.pid == me],
+                  [n for n, lease in ours if lease.ppid == me]):
         if found:  # only a lock surely held: a lock that cannot be tried proves nobody's
             return found[0]
     first = writer_ids(None)[0]
@@ -66,14 +70,18 @@ def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = L
                    parent: int | None = None) -> str | None:
     """The writer id rank 0 of this engine holds: the one segment of ``leader`` (rank 0's
     namespace) held on this host whose lease names ``parent`` (default: this process's
-    parent) as its writer's parent, from another process (a sibling worker). Waited for up
+    parent) as its writer's parent, from another process (a sibling worker) of this PID
+    namespace (``LeaseInfo.this_pid_space``). Waited for up
     to ``timeout`` seconds; None when there is not exactly one (the caller then takes the
     first id free, as rank 0 did)."""
     parent = os.getppid() if parent is None else parent
     deadline = time.monotonic() + timeout
+
+    def sibling(lease: LeaseInfo) -> bool:
+        return lease.this_pid_space() and lease.ppid == parent and lease.pid != os.getpid()
+
     while True:
-        found = [name for name, _, sure in _held_here(
-            roots, leader, lambda lease: lease.ppid == parent and lease.pid != os.getpid()) if sure]
+        found = [name for name, _, sure in _held_here(roots, leader, sibling) if sure]
         if len(found) == 1:
             return found[0]
         if len(found) > 1 or time.monotonic() >= deadline:
