@@ -43,29 +43,32 @@ def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostT
     """Copy ``load``'s chunks whose reads (``reads``; none for chunks held in host memory)
     checked out into their pages (after ``after``: ``PagedKV.mark``); from the first that
     did not, its blocks and every later chunk's are invalid. Raises on a copy that fails
-    (``done`` says what came before)."""
+    (``done`` says what came before), once the copies queued before it are over: vLLM may
+    give the blocks to another request as soon as the load is reported."""
     broken = False
-    for chunk in load.chunks:
-        result = reads[chunk.key].result() if chunk.key in reads else None
-        if result is not None and result.ok and not chunk.remote:
-            done.read_bytes += result.nbytes
-        if result is not None and not result.ok:
-            done.failed_keys.add(chunk.key)
-            done.read_failures.append((chunk.remote, result))
-            if chunk.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
-                done.absent_keys.add(chunk.key)
-        if chunk.fills_nothing:  # out of every group's window: nothing to copy
-            continue
-        if broken or chunk.host_slot is None or chunk.key in done.failed_keys:
-            broken = True
-            done.invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
-            continue
-        if chunk.staged and result is None:  # its staging slot holds another chunk
-            raise RuntimeError(f"chunk {chunk.key.hex()} was never read into host "
-                               f"slot {chunk.host_slot}")
-        pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block, after)
-        moved = pages.bytes_of(chunk.block_ids)
-        done.host_bytes += moved
-        if result is not None:
-            done.copied[source_of(chunk)] += moved
-    pages.synchronize()
+    try:  # a copy that raises still waits for those queued before it (a CUDA stream)
+        for chunk in load.chunks:
+            result = reads[chunk.key].result() if chunk.key in reads else None
+            if result is not None and result.ok and not chunk.remote:
+                done.read_bytes += result.nbytes
+            if result is not None and not result.ok:
+                done.failed_keys.add(chunk.key)
+                done.read_failures.append((chunk.remote, result))
+                if chunk.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
+                    done.absent_keys.add(chunk.key)
+            if chunk.fills_nothing:  # out of every group's window: nothing to copy
+                continue
+            if broken or chunk.host_slot is None or chunk.key in done.failed_keys:
+                broken = True
+                done.invalid.update(b for b in chunk.block_ids if b != NULL_BLOCK)
+                continue
+            if chunk.staged and result is None:  # its staging slot holds another chunk
+                raise RuntimeError(f"chunk {chunk.key.hex()} was never read into host "
+                                   f"slot {chunk.host_slot}")
+            pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block, after)
+            moved = pages.bytes_of(chunk.block_ids)
+            done.host_bytes += moved
+            if result is not None:
+                done.copied[source_of(chunk)] += moved
+    finally:
+        pages.synchronize()
