@@ -35,7 +35,10 @@ class Namespace:
     """Everything that makes KV bytes incompatible between two caches.
 
     ``layout`` names the order of a chunk's dimensions and ``layout_version`` its revision;
-    ``block_tokens`` is the engine's page size and ``chunk_tokens`` kvtier's unit of storage.
+    ``block_tokens`` is the engine's page size and ``chunk_tokens`` kvtier's unit of storage;
+    ``model_settings`` a digest of what else changes the bytes for the same tokens (an
+    engine's rope scaling, quantization, model length: ``connector.common.model_settings``;
+    left out of the digest when empty, as for the standalone store).
     """
 
     model: str
@@ -50,6 +53,7 @@ class Namespace:
     pp_size: int = 1
     pp_rank: int = 0
     format_version: int = FORMAT_VERSION
+    model_settings: str = ""
 
     def __post_init__(self) -> None:
         if self.chunk_tokens <= 0 or self.block_tokens <= 0:
@@ -65,7 +69,10 @@ class Namespace:
 
     def canonical_json(self) -> str:
         """The fields as sorted JSON: the exact bytes the digest covers."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        fields = asdict(self)
+        if not self.model_settings:  # namespaces made before it existed keep their digest
+            del fields["model_settings"]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> bytes:
         """16-byte stable digest of every field (computed once: keys of every chunk use it)."""

@@ -23,7 +23,7 @@ def test_namespace_digest_is_fixed():
 @pytest.mark.parametrize(("field", "value"), [
     ("model", "other"), ("kv_dtype", "float16"), ("layout", "l2"), ("layout_version", 2),
     ("block_tokens", 32), ("chunk_tokens", 64), ("model_revision", "abc"), ("tp_size", 2),
-    ("pp_size", 2), ("format_version", 4),
+    ("pp_size", 2), ("format_version", 4), ("model_settings", "0123abcd"),
 ])
 def test_every_field_changes_the_digest(field, value):
     assert dataclasses.replace(NS, **{field: value}).digest() != NS.digest()

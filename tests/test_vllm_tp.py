@@ -62,3 +62,5 @@ def test_each_rank_has_its_own_namespace(runs):
     assert code == 0
     ranks = sorted(ns["tp"] for ns in data["namespaces"])
     assert ranks == ["0/2", "1/2"] and all(ns["chunks"] == 9 for ns in data["namespaces"])
+    # both ranks name the engine's model settings alike (rope, model length, quantization)
+    assert len({ns["model_settings"] for ns in data["namespaces"]} - {""}) == 1

@@ -21,6 +21,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.config.settings import KVTierConfig, load_config
 from kvtier.connector.common.geometry import geometry_from_vllm
 from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.common.model_settings import settings_digest
 from kvtier.connector.scheduler.handoff import Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.vllm_events import VllmHashing, event_factory
@@ -96,8 +97,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         check_metrics_ports(self.config, tp)
         self.geometry = geometry_from_vllm(vllm_config, kv_cache_config, self.config)
         model = vllm_config.model_config
-        namespaces = [self.geometry.namespace(str(model.model), str(model.revision or ""), tp, r)
-                      for r in range(tp)]
+        settings = settings_digest(vllm_config)
+        namespaces = [self.geometry.namespace(str(model.model), str(model.revision or ""), tp, r,
+                                              settings) for r in range(tp)]
         self._local_computed: dict[str, int] = {}
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None

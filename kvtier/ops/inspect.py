@@ -57,6 +57,7 @@ class NamespaceReport(Holdings):
     chunk_tokens: int = 0
     block_tokens: int = 0
     tp: str = ""
+    model_settings: str = ""  # a vLLM engine's digest of what else changes the KV bytes
     format_version: int = 0
     age_seconds: dict[str, float] = field(default_factory=dict)
     writers: list[WriterReport] = field(default_factory=list)
@@ -91,6 +92,7 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         kv_dtype=str(ns.get("kv_dtype", "")), layout=str(ns.get("layout", "")),
         chunk_tokens=_int(ns.get("chunk_tokens")), block_tokens=_int(ns.get("block_tokens")),
         tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "",
+        model_settings=str(ns.get("model_settings", "")),
         format_version=_int(ns.get("format_version")), ignored=list(directory.ignored),
         halted=HaltFile(directory.root, directory.id).read() is not None)
     created: list[int] = []

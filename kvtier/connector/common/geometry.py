@@ -137,7 +137,8 @@ class KVGeometry:
                        if any(b != NULL_BLOCK for b in block_ids[g * per:(g + 1) * per]))
         return filled if len(filled) < groups else None
 
-    def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int) -> Namespace:
+    def namespace(self, model: str, revision: str, tp_size: int, tp_rank: int,
+                  settings: str = "") -> Namespace:
         layout = f"{LAYOUT_NAME}:{self.num_layers}x{self.page_shape}"
         if self.page_order != "HNC":  # tokens outside heads: other bytes in a page
             layout += f":{self.page_order}"
@@ -149,7 +150,7 @@ class KVGeometry:
             layout=layout,
             layout_version=LAYOUT_VERSION, block_tokens=self.block_tokens,
             chunk_tokens=self.chunk_tokens, tp_size=tp_size, tp_rank=tp_rank,
-        )
+            model_settings=settings)
 
 
 def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KVGeometry:

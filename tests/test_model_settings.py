@@ -1,0 +1,71 @@
+"""An engine's model settings that change its KV bytes without changing their shape (rope
+scaling, the model length LongRoPE picks its factors by, online quantization, the model's
+dtype under an fp8 KV cache, config overrides, a hub snapshot, a draft model) keep its
+chunks apart from another engine's: engines that differ in any of them never load each
+other's chunks, and engines alike always share theirs, in any process."""
+
+import dataclasses
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from kvtier.connector.common.model_settings import model_settings, settings_digest
+from kvtier.keys import Namespace
+
+
+def engine(**changes):
+    """A vLLM config as the connector reads it (Phi-3 style LongRoPE)."""
+    hf = {"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [4.0]},
+          "rope_theta": 10000.0, "max_position_embeddings": 131072,
+          "original_max_position_embeddings": 4096, "_commit_hash": None}
+    model = {"max_model_len": 4096, "quantization": None, "dtype": "bfloat16",
+             "hf_overrides": {}}
+    spec = None
+    for name, value in changes.items():
+        if name == "draft":
+            spec = SimpleNamespace(draft_model_config=SimpleNamespace(model=value))
+        elif name in hf:
+            hf[name] = value
+        else:
+            model[name] = value
+    return SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(**hf), **model),
+                           speculative_config=spec)
+
+
+def overrides(config):  # a function as hf_overrides: named, never by its address
+    return config
+
+
+@pytest.mark.parametrize("change", [
+    {"max_model_len": 131072}, {"quantization": "fp8"}, {"dtype": "float16"},
+    {"hf_overrides": {"rope_scaling": {"type": "yarn", "factor": 4.0}}},
+    {"rope_scaling": {"type": "yarn", "factor": 4.0}}, {"rope_theta": 500000.0},
+    {"_commit_hash": "8fd2f1b"}, {"draft": "eagle-head"},
+])
+def test_each_setting_that_changes_the_kv_changes_the_digest(change):
+    assert settings_digest(engine(**change)) != settings_digest(engine())
+
+
+def test_engines_alike_share_a_digest_and_the_namespace_carries_it():
+    assert settings_digest(engine()) == settings_digest(engine())
+    base = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16,
+                     chunk_tokens=32)
+    ours = dataclasses.replace(base, model_settings=settings_digest(engine()))
+    theirs = dataclasses.replace(base, model_settings=settings_digest(engine(max_model_len=8192)))
+    assert len({base.id, ours.id, theirs.id}) == 3
+    assert "model_settings" not in base.canonical_json()  # the standalone store's: as before
+
+
+def test_a_function_as_hf_overrides_gives_the_same_digest_in_every_process():
+    code = ("import sys; sys.path.insert(0, '.'); from tests.test_model_settings import engine, "
+            "overrides; from kvtier.connector.common.model_settings import settings_digest; "
+            "print(settings_digest(engine(hf_overrides=overrides)))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout for _ in range(2)}
+    assert len(runs) == 1 and "overrides" in str(model_settings(engine(hf_overrides=overrides)))
+
+
+def test_a_config_without_these_fields_has_a_digest_still():
+    assert settings_digest(SimpleNamespace(model_config=SimpleNamespace(model="m")))
