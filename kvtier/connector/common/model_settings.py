@@ -5,8 +5,9 @@ the same tokens when they run the model differently: rotary embeddings scaled ot
 (``rope_scaling``, ``rope_theta``; Phi-3's LongRoPE picks its factors by ``max_model_len``),
 weights quantized online (``quantization``), another activation dtype under an fp8 KV cache,
 a config overridden (``hf_overrides``), another snapshot of a hub model, another draft model
-for speculative decoding. ``settings_digest`` names them all, so that such engines keep
-their chunks apart (``Namespace.model_settings``) and never load each other's.
+for speculative decoding, and on CPUs the instruction set attention writes pages with.
+``settings_digest`` names them all, so that such engines keep their chunks apart
+(``Namespace.model_settings``) and never load each other's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,26 @@ def model_settings(vllm_config: Any) -> dict[str, Any]:
     speculative = getattr(vllm_config, "speculative_config", None)
     draft = getattr(speculative, "draft_model_config", None)
     found["draft"] = getattr(draft, "model", None) or getattr(speculative, "model", None)
+    found["cpu_attention"] = cpu_attention_isa(vllm_config)
     return {name: value for name, value in found.items() if value not in (None, {}, "")}
+
+
+def cpu_attention_isa(vllm_config: Any) -> str | None:
+    """On vLLM's CPU platform, the instruction set its attention writes pages with (``amx``,
+    ``vec``, ``vec16``, ``neon``...: each may lay a page out its own way, and hosts differ);
+    None elsewhere, or where vLLM does not say."""
+    try:
+        model, cache = vllm_config.model_config, vllm_config.cache_config
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return None
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        return str(_get_attn_isa(model.dtype, cache.block_size, model.get_head_size(),
+                                 str(cache.cache_dtype)))
+    except Exception:  # no vLLM, another version's names, a config of the tests' own
+        return None
 
 
 def settings_digest(vllm_config: Any) -> str:
