@@ -106,3 +106,36 @@ def test_a_held_segment_whose_lease_names_this_pid_in_another_pid_space_is_not_t
                             ({"boot_id": OTHER_BOOT}, None), ({}, segment.name)):
             (segment / "lease").write_bytes(lease(instance=segment.name, pid=os.getpid(), **other))
             assert engine_writers(cfg, [NS]) == [mine], other
+
+
+def test_a_lease_of_this_hosts_boot_before_this_one_shows_no_live_writer(monkeypatch):
+    """A crash, then a reboot: the lease names this host and the previous boot, and was last
+    written before this kernel booted (and more than two of its heartbeats ago). Its writer
+    went with that kernel: the restarted engine takes its own segment (and cache) back."""
+    from kvtier.segment import lease_age
+
+    previous = LeaseInfo.parse(lease(boot_id=OTHER_BOOT))  # beats every 1/6 s (7 in 1 s)
+    monkeypatch.setattr(lease_age, "uptime_s", lambda: 30.0)  # booted 30 s ago
+    assert not held_elsewhere(previous, 45.0)  # written 45 s ago: before this boot
+    assert held_elsewhere(previous, 20.0)  # since this boot: another machine of this name
+    assert held_elsewhere(LeaseInfo.parse(lease(boot_id=OTHER_BOOT, host="other")), 45.0)
+    monkeypatch.setattr(lease_age, "uptime_s", lambda: None)  # not Linux: cannot be told
+    assert held_elsewhere(previous, 45.0)
+
+
+def test_after_a_reboot_an_engine_with_an_instance_id_serves_its_cache(tmp_path, monkeypatch):
+    from kvtier.segment import lease_age
+
+    tokens, cfg = seq(0, 2), config(tmp_path, instance_id="a", lease_timeout="10m")
+    with KVStore(SMALL, cfg) as before:
+        before.put(tokens, make_kv(tokens))
+        before.flush()
+    (segment,) = tmp_path.glob("*/writers/a")
+    crashed = json.loads((segment / "lease").read_text())
+    crashed.update(closed_ns=0, boot_id=OTHER_BOOT)  # killed, then the machine rebooted
+    (segment / "lease").write_text(json.dumps(crashed))
+    old = time.time() - 90
+    os.utime(segment / "lease", (old, old))  # last beat 90 s ago
+    monkeypatch.setattr(lease_age, "uptime_s", lambda: 60.0)  # booted 60 s ago
+    with KVStore(SMALL, cfg) as after:
+        assert not after.stats().paths_down and exact(after, tokens) == 2 * CHUNK

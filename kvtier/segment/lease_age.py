@@ -21,7 +21,8 @@ import secrets
 
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.lease import MAX_STATED_TIMEOUT_S, REMOTE_LEASE_S, LeaseInfo, read_lease
-from kvtier.segment.names import LEASE_FILE
+from kvtier.segment.machine import uptime_s
+from kvtier.segment.names import LEASE_FILE, host_name
 
 
 def filesystem_now_ns(directory: SafeDir) -> int | None:
@@ -73,7 +74,17 @@ def held_elsewhere(lease: LeaseInfo | None, age: float | None) -> str:
     live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
     if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
         return ""
+    if lease.host == host_name() and _before_this_boot(age, every):
+        return ""  # this host's writer before it restarted: gone with that kernel
     return f"{who} {max(age, 0.0):.0f} s ago"
+
+
+def _before_this_boot(age: float, every: float) -> bool:
+    """Whether a lease ``age`` seconds old was last written before this kernel booted, and
+    more than two of its writer's heartbeats (``every``) ago: a live writer on another
+    machine of this host name would have written it since."""
+    uptime = uptime_s()
+    return uptime is not None and age > max(uptime, 2 * every) + 1.0
 
 
 def remote_holder(directory: SafeDir, now_ns: int | None = None) -> str:

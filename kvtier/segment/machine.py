@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import time
 
 from kvtier.segment.names import host_name
 
@@ -40,6 +41,14 @@ def pid_namespace() -> int:
         return os.stat(PID_NAMESPACE).st_ino
     except OSError:
         return 0
+
+
+def uptime_s() -> float | None:
+    """Seconds since this kernel booted (None where it cannot be read)."""
+    try:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (AttributeError, OSError):  # not Linux
+        return None
 
 
 def same_machine(lease_boot_id: str, lease_host: str) -> bool:
