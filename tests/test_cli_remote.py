@@ -177,3 +177,18 @@ def test_inspect_of_a_store_wanting_a_password_names_the_variables_to_set(tmp_pa
         srv.stop()
     assert result.returncode == 2 and "KVTIER_REMOTE_PASSWORD" in result.stderr
     assert "s3cret" not in result.stderr
+
+
+def test_inspect_runs_as_the_acl_user_docs_remote_md_gives(server):
+    """The documented ACL grants no PING: a refusal is an answer, not a store that is down."""
+    import re
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[1] / "docs" / "remote.md").read_text()
+    rules = re.findall(r"^\s+user kvtier on >secret (.+)$", docs, re.MULTILINE)[0].split()
+    server.client().execute_command("ACL", "SETUSER", "kvtier", "reset", "on", ">secret", *rules)
+    fill(server, "m", 2).close()
+    result = run("inspect", server.url, "--json",
+                 env={"KVTIER_REMOTE_USERNAME": "kvtier", "KVTIER_REMOTE_PASSWORD": "secret"})
+    assert result.returncode == 0, result.stderr
+    assert [h["chunks"] for h in json.loads(result.stdout)["namespaces"]] == [2]

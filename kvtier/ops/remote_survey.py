@@ -8,6 +8,7 @@ listing), so it is safe on a store in use. The URL is shown redacted (``config.r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -93,7 +94,7 @@ def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -
     """The survey, or what it saw before the deadline passed (``cut_short``)."""
     found: dict[str, NamespaceHoldings] = {}
     result = RemoteSurvey(url, "redis", prefix, 0, True)
-    client.ping()  # a store that does not answer at all fails the survey: it is not empty
+    _answers(client)  # a store that does not answer at all fails the survey: it is not empty
     try:
         _walk(client, prefix, limit, sample, found, result)
     except Exception:
@@ -102,6 +103,15 @@ def _survey_redis(client: Any, url: str, prefix: str, limit: int, sample: int) -
         result.cut_short = True
     result.namespaces = sorted(found.values(), key=lambda h: -h.value_bytes)
     return result
+
+
+def _answers(client: Any) -> None:
+    """Raise unless the store answers a ``PING``; a refusal is an answer (an ACL user of
+    docs/remote.md's may not run it)."""
+    from redis.exceptions import ResponseError
+
+    with contextlib.suppress(ResponseError):
+        client.ping()
 
 
 def _walk(client: Any, prefix: str, limit: int, sample: int, found: dict[str, NamespaceHoldings],
