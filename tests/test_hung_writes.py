@@ -39,3 +39,31 @@ def test_writes_stalled_past_load_timeout_take_the_path_out_and_free_the_waiting
         finally:
             engines[0].release("disk0")
         wait_until(lambda: host.census().pins == 0, "the hung write's slot was never let go")
+
+
+def test_a_write_job_queued_behind_hung_ones_gives_its_slots_back_once_the_path_is_out(tmp_path):
+    """Two threads a path, both held by the dead drive (a read given up on, a write): the
+    next write job waits in the engine's queue. Once the path is out it is cancelled, and
+    its chunk's host slot given back, as the writes waiting for a job are."""
+    import torch
+
+    make, engines = FakeEngine.factory()
+    cfg = config(tmp_path, host_chunks=8, io_threads=2, load_timeout="100ms", disk_retry="off")
+    with KVStore(SMALL, cfg, io_engine=make) as store:
+        early = seq(0, 10)
+        store.put(early, make_kv(early))
+        assert store.flush(10).not_written == 0  # its first chunk now only on disk
+        host = index_of(store, TierName.HOST)
+        engines[0].hold("disk0")
+        try:
+            first = seq(0, 1)
+            store.get(first, torch.zeros(SMALL.shape(len(first)), dtype=getattr(torch, SMALL.dtype)))
+            before = host.census().pins  # the hung read's
+            for i in range(1, 5):  # a write job hangs, the next queues in the engine, 2 wait
+                store.put(seq(1000 * i, 1), make_kv(seq(1000 * i, 1)))
+            assert host.census().pins - before == 4
+            wait_until(lambda: store.lookup(first).tokens >= 0 and store.stats().paths_down,
+                       "a drive that stopped answering was never taken out of service")
+            assert host.census().pins - before == 1  # the running write's, until it ends
+        finally:
+            engines[0].release("disk0")

@@ -34,6 +34,7 @@ class WriteGroup(Generic[T]):
     futures: list[Future[IOResult]] = field(default_factory=list)
     settled: bool = False
     began: float | None = None  # when a job was given it (monotonic)
+    job: Future | None = None  # the job submitted for it (None: a running job took it)
 
 
 class WriteGroups(Generic[T]):
@@ -59,7 +60,8 @@ class WriteGroups(Generic[T]):
       not in a job yet.
     - ``stalled(timeout)`` names an item of a group given to a job ``timeout`` or more ago
       and not over (a hung drive), if any; ``fail_waiting(result)`` settles every group waiting
-      for a job with ``result`` (its path out of service: they would wait for a hung job).
+      for a job with ``result`` and cancels the jobs queued and not started (its path out of
+      service: they would wait for a hung job).
     """
 
     def __init__(self, submit: Callable[[Callable[[], None]], Future],
@@ -108,6 +110,7 @@ class WriteGroups(Generic[T]):
         except BaseException:
             self.abandon(group)
             raise
+        group.job = job
         job.add_done_callback(partial(self._ended, group))
 
     def _run(self, group: WriteGroup[T] | None) -> None:
@@ -135,12 +138,17 @@ class WriteGroups(Generic[T]):
                          if group.began is not None and now - group.began >= timeout), None)
 
     def fail_waiting(self, result: IOResult) -> int:
-        """Settle every group waiting for a job with ``result``; the items settled."""
+        """Settle every group waiting for a job with ``result``, and cancel the jobs the
+        engine holds queued, not started (their groups settle as never run); the items
+        settled here."""
         with self._lock:
             dropped = list(self._waiting)
             self._waiting.clear()
+            queued = [group.job for group in self._groups.values() if group.job is not None]
         for group in dropped:
             self._over(group, [result] * len(group.items))
+        for job in queued:
+            job.cancel()  # only one not running yet is: ``_ended`` gives its group back
         return sum(len(group.items) for group in dropped)
 
     def _next(self) -> WriteGroup[T] | None:

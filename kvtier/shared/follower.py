@@ -108,7 +108,7 @@ class OtherWriters:
         and False is returned."""
         if not self._thread.close(timeout):
             log.warning("kvtier: a look at other writers' segments has not ended in %s s (a "
-                        "hung mount?): its files stay open until it ends", timeout)
+                        "hung mount?): its files stay open until the process exits", timeout)
             return False
         for view in self.views:
             view.close()
