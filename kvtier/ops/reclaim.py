@@ -124,11 +124,16 @@ def _free(segment: Segment, mine: list[Chunk], report: GcReport, dry_run: bool) 
         report.left[segment.label] = [problem]
 
 
+NO_CLOCK = ("its writer's last sign of life cannot be dated: no file can be made in the "
+            "namespace directory to read the filesystem's clock (a full disk, a read-only "
+            "mount); run gc where the cache can be written")
+
+
 def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
     """True when the writer of ``segment`` is gone for ``gone_s`` seconds and it is not in
     use; an unsafe segment, or one in use although idle that long, is recorded as skipped."""
     problem = segment_problem(segment)
-    idle = 0.0
+    idle: float | None = 0.0
     if not problem:
         try:
             idle = idle_for(segment)
@@ -136,6 +141,9 @@ def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
             problem = error_text(exc, str(segment.path))
     if problem:
         report.skip(report.skipped_unsafe, segment.label, problem)
+        return False
+    if idle is None:  # counted as in use: how long it has been idle cannot be told
+        report.skip(report.skipped_in_use, segment.label, NO_CLOCK)
         return False
     if idle < gone_s:
         return False

@@ -19,6 +19,7 @@ import ctypes.util
 import errno
 import os
 import stat
+import time
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
@@ -82,20 +83,25 @@ def namespace_now(ns: NamespaceDir) -> int | None:
         return None
 
 
-def idle_for(segment: Segment, now_ns: int | None = None) -> float:
+def idle_for(segment: Segment, now_ns: int | None = None) -> float | None:
     """Seconds since the segment's writer last showed life, by the filesystem's clock: since
     its lease file was last written (the segment directory's change time when it has no
     lease), against ``now_ns`` (``namespace_now``, read first when not given: the namespace
     directory's, so that reading it changes no time of the segment's), whether or not it
-    is in use. 0 when the clock cannot be read. A lease dated more than ``REMOTE_LEASE_S``
+    is in use. Where that clock cannot be read (no file can be made: a full disk), a lease of
+    this machine is dated by the time it states, on this machine's clock; None for any
+    other. A lease dated more than ``REMOTE_LEASE_S``
     ahead (a forged time) counts as idle for as long as it is ahead, within that as 0.
     ``OSError`` when the segment cannot be opened."""
     now = namespace_now(segment.ns) if now_ns is None else now_ns
     with segment.open() as handle:
-        info = handle.lstat(LEASE_FILE) if read_lease(handle) is not None else None
+        lease = read_lease(handle)
+        info = handle.lstat(LEASE_FILE) if lease is not None else None
         since = info.st_mtime_ns if info is not None else os.fstat(handle.fd).st_ctime_ns
+    if now is None and lease is not None and lease.this_machine():
+        now, since = time.time_ns(), lease.written_ns  # one clock: this machine's
     if now is None:
-        return 0.0
+        return None
     age = (now - since) / 1e9
     return -age if age < -REMOTE_LEASE_S else max(0.0, age)
 

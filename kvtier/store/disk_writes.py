@@ -7,6 +7,7 @@ counted on its own, and its future is settled inside the job."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
@@ -58,6 +59,7 @@ class DiskWrites:
                                           self._settle_group, per_group, jobs, lambda: lane.closed)
                        for queue in lane.queues}
         self._counted: dict[str, float] = {}  # queue -> when a stalled write last counted
+        self._counting = threading.Lock()
 
     def write_through(self, b: Held, key: ChunkKey, host_slot: int) -> StartedWrite | None:
         """Queue the background disk write of a chunk that just reached host (lock held:
@@ -110,14 +112,16 @@ class DiskWrites:
         read given up on does (three take a drive that stopped answering out of service)."""
         if timeout is None:
             return
-        now = time.monotonic()
-        for queue, groups in self.groups.items():
-            move = groups.stalled(timeout)
-            if move is not None and now - self._counted.get(queue, 0.0) >= timeout:
-                self._counted[queue] = now
-                self.state.books.timed_out(move.dst.slot, "disk write stalled", "a write not "
-                                           "over after load_timeout counts against its path",
-                                           given_up=False)
+        now, due = time.monotonic(), []
+        with self._counting:  # every call of the store looks: each stall counts once
+            for queue, groups in self.groups.items():
+                move = groups.stalled(timeout)
+                if move is not None and now - self._counted.get(queue, 0.0) >= timeout:
+                    self._counted[queue] = now
+                    due.append(move.dst.slot)
+        for slot in due:
+            self.state.books.timed_out(slot, "disk write stalled", "a write not over after "
+                                       "load_timeout counts against its path", given_up=False)
 
     def fail_waiting(self, down: Iterable[int]) -> None:
         """The writes waiting for a job on paths ``down`` (out of service) fail now, their
