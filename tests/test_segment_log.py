@@ -122,6 +122,33 @@ def test_a_rotation_that_fails_for_space_keeps_the_old_log_and_tries_again_later
     log.close()
 
 
+def test_a_rotation_whose_new_log_cannot_be_opened_is_tried_again_at_the_next_append(
+        segment, monkeypatch):
+    """The new log took the old one's place, then opening it failed (out of descriptors):
+    records must not go on to the old file, which no reader follows any more."""
+    state = {0: 0}
+    log = SegmentLog(segment, DIGEST, lambda: entries_of((s, entry(n)) for s, n in state.items()),
+                     rotate_after=8)
+    follower = LogFollower(segment, DIGEST, RAW)
+    follower.refresh()
+    real, failures = SafeDir.open_file, [1]
+
+    def open_file(self, name, *args, **kwargs):
+        if name == LOG_FILE and failures:
+            failures.pop()
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(SafeDir, "open_file", open_file)
+    for n in range(1, 11):  # the rotation at the 8th record fails; the next append's works
+        state[n % 4] = n
+        log.append(n % 4, entry(n))
+    assert log.rotations == 1
+    follower.refresh()
+    assert keys_of(follower) == state
+    log.close()
+
+
 def test_a_torn_last_record_waits_and_a_damaged_one_is_stepped_over(segment, tmp_path):
     log, follower = pair(segment)
     log.append(0, entry(1))

@@ -22,7 +22,9 @@ class SegmentLog:
     and whenever it passes ``rotate_after`` records. An ``OSError`` from ``append`` means
     the record may be missing: the caller fails the write it belongs to. A rotation that
     fails (a full disk) does not: the record is in the old log, appended to until a later
-    try, ``rotate_after // 4`` records on, succeeds (logged once)."""
+    try, ``rotate_after // 4`` records on, succeeds (logged once); one whose new log took
+    the old one's place but could not be opened is tried again at the next append (records
+    meanwhile reach no reader: the new log's snapshot covers them)."""
 
     def __init__(self, directory: SafeDir, namespace: bytes, snapshot: Snapshot,
                  rotate_after: int) -> None:
@@ -33,14 +35,16 @@ class SegmentLog:
         self._end = self.records = 0
         self.rotations = 0
         self._rotate_at = rotate_after  # records past which the next rotation is tried
-        self._rotation_failed = False
+        self._rotation_failed = self._replaced = False
         with self._lock:
             self._start()
 
     def _start(self) -> None:
         snapshot = self._snapshot()
         data = file_header(self._namespace, secrets.randbits(64)) + encode_records(snapshot)
+        self._replaced = False
         self._dir.replace_file(LOG_FILE, data)
+        self._replaced = True  # the old log is no longer the one readers follow
         fd = self._dir.open_file(LOG_FILE, os.O_RDWR)
         if self._fd >= 0:
             os.close(self._fd)
@@ -65,11 +69,12 @@ class SegmentLog:
                 self._rotate()
 
     def _rotate(self) -> None:
-        """Start afresh (lock held); on failure go on appending to the old log."""
+        """Start afresh (lock held); on failure go on appending to the old log, or, when
+        the new one was put in its place but could not be opened, try again at once."""
         try:
             self._start()
         except OSError as exc:
-            self._rotate_at = self.records + max(1, self._rotate_after // 4)
+            self._rotate_at = self.records + (0 if self._replaced else max(1, self._rotate_after // 4))
             if not self._rotation_failed:
                 log.warning("kvtier: the segment's log could not start afresh (%s); records go "
                             "on to the old one, tried again every %d records (further failures "
