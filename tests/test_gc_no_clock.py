@@ -69,3 +69,16 @@ def test_another_machines_writer_that_cannot_be_dated_is_reported_in_use(gone, f
     code, report = gc_gone(root)
     assert code == 1 and segment.exists() and report["skipped_in_use"]
     assert "cannot be dated" in json.dumps(report)
+
+
+def test_this_hosts_writer_from_before_a_reboot_is_removed_by_its_stated_time(gone, full_disk,
+                                                                               monkeypatch):
+    """A crash, a reboot, then a full disk: the lease names this host and the previous boot,
+    its stated time before this boot (two hours ago; booted ten minutes ago)."""
+    from kvtier.segment import lease_age
+
+    root, segment = gone
+    age(segment, boot_id="00000000-0000-0000-0000-000000000001", closed_ns=0)
+    monkeypatch.setattr(lease_age, "uptime_s", lambda: 600.0)
+    code, report = gc_gone(root)
+    assert code == 0 and report["segments_removed"] and not segment.exists()

@@ -1,8 +1,9 @@
-"""An engine's model settings that change its KV bytes without changing their shape (rope
-scaling, the model length LongRoPE picks its factors by, online quantization, the model's
-dtype under an fp8 KV cache, config overrides, a hub snapshot, a draft model) keep its
-chunks apart from another engine's: engines that differ in any of them never load each
-other's chunks, and engines alike always share theirs, in any process."""
+"""An engine's model settings that change its KV bytes without changing their shape (config
+overrides, another model class, online quantization, the model's dtype under an fp8 KV
+cache, Phi-3's LongRoPE on its long factors, a draft model of its own, the CPU attention's
+instruction set) keep its chunks apart from another engine's: engines that differ in any of
+them never load each other's chunks; engines alike always share theirs, in any process, and
+whatever a worker's model code rewrites of its ``hf_config``."""
 
 import dataclasses
 import subprocess
@@ -20,9 +21,9 @@ def engine(**changes):
     """A vLLM config as the connector reads it (Phi-3 style LongRoPE)."""
     hf = {"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [4.0]},
           "rope_theta": 10000.0, "max_position_embeddings": 131072,
-          "original_max_position_embeddings": 4096, "_commit_hash": None}
-    model = {"max_model_len": 4096, "quantization": None, "dtype": "bfloat16",
-             "hf_overrides": {}}
+          "original_max_position_embeddings": 4096}
+    model = {"model": "phi-3", "max_model_len": 4096, "quantization": None,
+             "dtype": "bfloat16", "hf_overrides": {}, "model_class_overrides": None}
     spec = None
     for name, value in changes.items():
         if name == "draft":
@@ -42,11 +43,20 @@ def overrides(config):  # a function as hf_overrides: named, never by its addres
 @pytest.mark.parametrize("change", [
     {"max_model_len": 131072}, {"quantization": "fp8"}, {"dtype": "float16"},
     {"hf_overrides": {"rope_scaling": {"type": "yarn", "factor": 4.0}}},
-    {"rope_scaling": {"type": "yarn", "factor": 4.0}}, {"rope_theta": 500000.0},
-    {"_commit_hash": "8fd2f1b"}, {"draft": "eagle-head"},
+    {"model_class_overrides": {"Phi3ForCausalLM": "MyPhi3"}}, {"draft": "eagle-head"},
 ])
 def test_each_setting_that_changes_the_kv_changes_the_digest(change):
     assert settings_digest(engine(**change)) != settings_digest(engine())
+
+
+@pytest.mark.parametrize("change", [
+    {"max_model_len": 2048},  # LongRoPE's short factors still
+    {"rope_scaling": {"rope_type": "deepseek_yarn", "factor": 40.0}},  # a worker's model code
+    {"rope_theta": 500000.0, "max_position_embeddings": 8192},  # hf_config is never read
+    {"draft": "phi-3"},  # n-gram or MTP: the target model itself, no KV of another model
+])
+def test_what_leaves_the_kv_alike_leaves_the_digest_alike(change):
+    assert settings_digest(engine(**change)) == settings_digest(engine())
 
 
 def test_engines_alike_share_a_digest_and_the_namespace_carries_it():

@@ -149,6 +149,29 @@ def test_a_rotation_whose_new_log_cannot_be_opened_is_tried_again_at_the_next_ap
     log.close()
 
 
+def test_a_rotation_whose_snapshot_fails_after_a_good_one_waits_its_turn(segment):
+    """A snapshot that fails (the index unreadable) replaces nothing: the next try comes
+    rotate_after/4 records on, not at every append, even after a rotation that worked."""
+    snapshots, failing = [], [False]
+
+    def snapshot():
+        snapshots.append(1)
+        if failing[0]:
+            raise OSError(errno.EIO, "Input/output error")
+        return entries_of([(0, entry(0))])
+
+    log = SegmentLog(segment, DIGEST, snapshot, rotate_after=8)
+    for n in range(8):
+        log.append(n % 4, entry(n))  # the rotation at the 8th record works
+    assert log.rotations == 1
+    failing[0] = True
+    before = len(snapshots)
+    for n in range(40):
+        log.append(n % 4, entry(n))
+    assert len(snapshots) - before <= 40 // 2 // 2 + 2  # a try every other record at most
+    log.close()
+
+
 def test_a_torn_last_record_waits_and_a_damaged_one_is_stepped_over(segment, tmp_path):
     log, follower = pair(segment)
     log.append(0, entry(1))

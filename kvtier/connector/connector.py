@@ -97,7 +97,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         check_metrics_ports(self.config, tp)
         self.geometry = geometry_from_vllm(vllm_config, kv_cache_config, self.config)
         model = vllm_config.model_config
-        settings = settings_digest(vllm_config)
+        settings = settings_digest(vllm_config, kv_cache_config)
         namespaces = [self.geometry.namespace(str(model.model), str(model.revision or ""), tp, r,
                                               settings) for r in range(tp)]
         self._local_computed: dict[str, int] = {}

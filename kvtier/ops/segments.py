@@ -27,7 +27,7 @@ from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes,
 from kvtier.ops.liveness import LOOKS, changed_while_watched, note_lease
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
 from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, read_lease
-from kvtier.segment.lease_age import filesystem_now_ns, remote_holder
+from kvtier.segment.lease_age import dated_here, filesystem_now_ns, remote_holder
 from kvtier.segment.lock import held_here as lock_held
 from kvtier.segment.lock import lock_namespace
 from kvtier.segment.log import entries_of
@@ -89,8 +89,8 @@ def idle_for(segment: Segment, now_ns: int | None = None) -> float | None:
     lease), against ``now_ns`` (``namespace_now``, read first when not given: the namespace
     directory's, so that reading it changes no time of the segment's), whether or not it
     is in use. Where that clock cannot be read (no file can be made: a full disk), a lease of
-    this machine is dated by the time it states, on this machine's clock; None for any
-    other. A lease dated more than ``REMOTE_LEASE_S``
+    this machine (or of this host before its last boot) is dated by the time it states, on
+    this machine's clock; None for any other. A lease dated more than ``REMOTE_LEASE_S``
     ahead (a forged time) counts as idle for as long as it is ahead, within that as 0.
     ``OSError`` when the segment cannot be opened."""
     now = namespace_now(segment.ns) if now_ns is None else now_ns
@@ -98,7 +98,7 @@ def idle_for(segment: Segment, now_ns: int | None = None) -> float | None:
         lease = read_lease(handle)
         info = handle.lstat(LEASE_FILE) if lease is not None else None
         since = info.st_mtime_ns if info is not None else os.fstat(handle.fd).st_ctime_ns
-    if now is None and lease is not None and lease.this_machine():
+    if now is None and lease is not None and dated_here(lease):
         now, since = time.time_ns(), lease.written_ns  # one clock: this machine's
     if now is None:
         return None

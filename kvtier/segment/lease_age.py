@@ -18,9 +18,16 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 
 from kvtier.io.safefs import SafeDir
-from kvtier.segment.lease import MAX_STATED_TIMEOUT_S, REMOTE_LEASE_S, LeaseInfo, read_lease
+from kvtier.segment.lease import (
+    MAX_STATED_TIMEOUT_S,
+    REMOTE_LEASE_S,
+    LeaseInfo,
+    beat_every,
+    read_lease,
+)
 from kvtier.segment.machine import uptime_s
 from kvtier.segment.names import LEASE_FILE, host_name
 
@@ -74,7 +81,7 @@ def held_elsewhere(lease: LeaseInfo | None, age: float | None) -> str:
     live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
     if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
         return ""
-    if lease.host == host_name() and _before_this_boot(age, every):
+    if lease.host == host_name() and _before_this_boot(age, every or beat_every(lease.timeout_ms / 1000)):
         return ""  # this host's writer before it restarted: gone with that kernel
     return f"{who} {max(age, 0.0):.0f} s ago"
 
@@ -99,4 +106,17 @@ def remote_holder(directory: SafeDir, now_ns: int | None = None) -> str:
     info = directory.lstat(LEASE_FILE)
     if info is None:
         return ""  # removed since it was read: no lease shows no writer
+    assert lease is not None, "written_elsewhere said it is a lease"
+    if now is None and dated_here(lease):  # no file can be made: its stated time, one clock
+        return held_elsewhere(lease, (time.time_ns() - lease.written_ns) / 1e9)
     return held_elsewhere(lease, None if now is None else (now - info.st_mtime_ns) / 1e9)
+
+
+def dated_here(lease: LeaseInfo) -> bool:
+    """Whether ``lease`` states its time by this machine's clock: written by this kernel, or
+    by this host before it last booted (its stated time before this boot)."""
+    if lease.this_machine():
+        return True
+    uptime = uptime_s()
+    return lease.host == host_name() and uptime is not None \
+        and lease.written_ns < time.time_ns() - uptime * 1e9

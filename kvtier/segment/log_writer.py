@@ -40,9 +40,9 @@ class SegmentLog:
             self._start()
 
     def _start(self) -> None:
+        self._replaced = False  # (a snapshot that fails replaces nothing)
         snapshot = self._snapshot()
         data = file_header(self._namespace, secrets.randbits(64)) + encode_records(snapshot)
-        self._replaced = False
         self._dir.replace_file(LOG_FILE, data)
         self._replaced = True  # the old log is no longer the one readers follow
         fd = self._dir.open_file(LOG_FILE, os.O_RDWR)

@@ -7,7 +7,6 @@ counted on its own, and its future is settled inside the job."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
@@ -59,7 +58,6 @@ class DiskWrites:
                                           self._settle_group, per_group, jobs, lambda: lane.closed)
                        for queue in lane.queues}
         self._counted: dict[str, float] = {}  # queue -> when a stalled write last counted
-        self._counting = threading.Lock()
 
     def write_through(self, b: Held, key: ChunkKey, host_slot: int) -> StartedWrite | None:
         """Queue the background disk write of a chunk that just reached host (lock held:
@@ -113,7 +111,7 @@ class DiskWrites:
         if timeout is None:
             return
         now, due = time.monotonic(), []
-        with self._counting:  # every call of the store looks: each stall counts once
+        with self.state.books.held():  # every call of the store looks: each stall counts once
             for queue, groups in self.groups.items():
                 move = groups.stalled(timeout)
                 if move is not None and now - self._counted.get(queue, 0.0) >= timeout:

@@ -1,64 +1,89 @@
 """The model settings that change a chunk's KV bytes without changing its shape.
 
-Two engines of one model, one KV dtype and one page shape still compute other K and V for
-the same tokens when they run the model differently: rotary embeddings scaled otherwise
-(``rope_scaling``, ``rope_theta``; Phi-3's LongRoPE picks its factors by ``max_model_len``),
-weights quantized online (``quantization``), another activation dtype under an fp8 KV cache,
-a config overridden (``hf_overrides``), another snapshot of a hub model, another draft model
-for speculative decoding, and on CPUs the instruction set attention writes pages with.
-``settings_digest`` names them all, so that such engines keep their chunks apart
-(``Namespace.model_settings``) and never load each other's.
+Two engines of one model (path and revision), one KV dtype and one page shape still compute
+other K and V for the same tokens when they run the model differently: a config overridden
+(``hf_overrides``: rope scaling, say) or another model class (``model_class_overrides``),
+weights quantized online (``quantization``), another activation dtype under an fp8 KV cache
+(``dtype``), Phi-3's LongRoPE on its long factors (``max_model_len`` past the model's
+``original_max_position_embeddings``), another draft model for speculative decoding, and on
+CPUs the instruction set attention writes pages with. ``settings_digest`` names them all,
+so that such engines keep their chunks apart (``Namespace.model_settings``) and never load
+each other's.
+
+Only what every process of one engine reads alike is digested: the scheduler and each
+worker compute it apart, and a worker's model code may rewrite its ``hf_config`` as it
+builds the model (DeepSeek's rope parameters), so nothing of ``hf_config`` is read but the
+LongRoPE switch. A hub model's snapshot is named by ``revision`` (the namespace has it):
+pin it, or a new snapshot under one name shares the namespace.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from typing import Any
 
-# the model config's fields (``hf_config``) that rotary embeddings read
+log = logging.getLogger("kvtier")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # an object's address in its default text
-ROPE_FIELDS = ("rope_scaling", "rope_theta", "rope_parameters", "partial_rotary_factor",
-               "max_position_embeddings", "original_max_position_embeddings")
+_USER_FIELDS = ("quantization", "dtype", "hf_overrides", "model_class_overrides")
 
 
-def model_settings(vllm_config: Any) -> dict[str, Any]:
+def model_settings(vllm_config: Any, kv_cache_config: Any = None) -> dict[str, Any]:
     """What the digest covers, read from vLLM's config (a field it lacks is left out)."""
     model = getattr(vllm_config, "model_config", None)
-    hf_config = getattr(model, "hf_config", None)
-    found = {name: getattr(model, name, None)
-             for name in ("max_model_len", "quantization", "dtype", "hf_overrides")}
-    found["snapshot"] = getattr(hf_config, "_commit_hash", None)  # a hub model's, resolved
-    found.update({name: getattr(hf_config, name, None) for name in ROPE_FIELDS})
+    found = {name: getattr(model, name, None) for name in _USER_FIELDS}
+    found["long_rope"] = long_rope(model) or None
     speculative = getattr(vllm_config, "speculative_config", None)
-    draft = getattr(speculative, "draft_model_config", None)
-    found["draft"] = getattr(draft, "model", None) or getattr(speculative, "model", None)
-    found["cpu_attention"] = cpu_attention_isa(vllm_config)
+    draft = getattr(getattr(speculative, "draft_model_config", None), "model", None)
+    if draft != getattr(model, "model", None):  # a model of its own (not n-gram, not MTP)
+        found["draft"] = draft
+    found["cpu_attention"] = cpu_attention_isa(vllm_config, kv_cache_config)
     return {name: value for name, value in found.items() if value not in (None, {}, "")}
 
 
-def cpu_attention_isa(vllm_config: Any) -> str | None:
-    """On vLLM's CPU platform, the instruction set its attention writes pages with (``amx``,
-    ``vec``, ``vec16``, ``neon``...: each may lay a page out its own way, and hosts differ);
-    None elsewhere, or where vLLM does not say."""
-    try:
-        model, cache = vllm_config.model_config, vllm_config.cache_config
-        from vllm.platforms import current_platform
+def long_rope(model: Any) -> bool:
+    """Whether Phi-3's LongRoPE runs on its long factors: its rope type is ``longrope`` and
+    ``max_model_len`` passes ``original_max_position_embeddings``."""
+    hf_config = getattr(model, "hf_config", None)
+    rope = getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None)
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    original = getattr(hf_config, "original_max_position_embeddings", None)
+    length = getattr(model, "max_model_len", None)
+    return kind == "longrope" and isinstance(original, int) and isinstance(length, int) \
+        and length > original
 
+
+def cpu_attention_isa(vllm_config: Any, kv_cache_config: Any = None) -> str | None:
+    """On vLLM's CPU platform, the instruction set its attention writes pages with (``amx``,
+    ``vec``, ``vec16``, ``neon``...: each may lay a page out its own way, and hosts differ),
+    for the KV cache's own block size and head size; None elsewhere, or where vLLM does not
+    say (logged)."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # no vLLM: a configuration of the tests' own
+        return None
+    try:
         if not current_platform.is_cpu():
             return None
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-        return str(_get_attn_isa(model.dtype, cache.block_size, model.get_head_size(),
-                                 str(cache.cache_dtype)))
-    except Exception:  # no vLLM, another version's names, a config of the tests' own
+        model, cache = vllm_config.model_config, vllm_config.cache_config
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or ()
+        spec = groups[0].kv_cache_spec if groups else None
+        block = getattr(spec, "block_size", None) or cache.block_size
+        head = getattr(spec, "head_size", None) or model.get_head_size()
+        return str(_get_attn_isa(model.dtype, block, head, str(cache.cache_dtype)))
+    except Exception as exc:  # another version's names, a configuration of the tests' own
+        log.debug("kvtier: the CPU attention's instruction set is not known (%r)", exc)
         return None
 
 
-def settings_digest(vllm_config: Any) -> str:
+def settings_digest(vllm_config: Any, kv_cache_config: Any = None) -> str:
     """A digest (hex) of ``model_settings``: the same for engines that compute the same KV."""
-    text = json.dumps(model_settings(vllm_config), sort_keys=True, default=_plain)
+    text = json.dumps(model_settings(vllm_config, kv_cache_config), sort_keys=True,
+                      default=_plain)
     return hashlib.blake2b(text.encode(), digest_size=8, person=b"kvtier-model").hexdigest()
 
 
