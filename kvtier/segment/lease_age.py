@@ -113,10 +113,7 @@ def remote_holder(directory: SafeDir, now_ns: int | None = None) -> str:
 
 
 def dated_here(lease: LeaseInfo) -> bool:
-    """Whether ``lease`` states its time by this machine's clock: written by this kernel, or
-    by this host before it last booted (its stated time before this boot)."""
-    if lease.this_machine():
-        return True
-    uptime = uptime_s()
-    return lease.host == host_name() and uptime is not None \
-        and lease.written_ns < time.time_ns() - uptime * 1e9
+    """Whether ``lease`` states its time by this machine's clock: written by this kernel.
+    (Not a lease of this host name and another boot: another machine may bear the name,
+    and its clock need not agree with this one's.)"""
+    return lease.this_machine()
