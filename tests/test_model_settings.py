@@ -158,3 +158,20 @@ def test_a_workers_spec_of_layers_of_one_type_gives_the_schedulers_instruction_s
         kv = SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec)])
         seen.append(settings_digest(config, kv))
     assert seen[0] == seen[1]
+
+
+def test_a_worker_rewriting_rope_parameters_beside_longrope_leaves_the_digest_alike():
+    """At a length where LongRoPE runs on its long factors: a model's code adding to its
+    rope parameters (as GLM or Bailing add ``partial_rotary_factor``) changes nothing."""
+    rope = {"type": "longrope", "short_factor": [1.0], "long_factor": [4.0]}
+    long = settings_digest(engine(max_model_len=131072, rope_scaling=dict(rope)))
+    rewritten = engine(max_model_len=131072, rope_scaling={**rope, "partial_rotary_factor": 0.5})
+    assert settings_digest(rewritten) == long != settings_digest(engine())
+
+
+def test_longrope_is_read_from_the_language_models_config_and_its_rope_parameters():
+    text = SimpleNamespace(rope_parameters={"rope_type": "longrope",
+                                            "original_max_position_embeddings": 4096})
+    vision = SimpleNamespace(model="phi-3-vision", max_model_len=131072, hf_config=SimpleNamespace(),
+                             hf_text_config=text)
+    assert model_settings(SimpleNamespace(model_config=vision)).get("long_rope") is True

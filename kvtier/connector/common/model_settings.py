@@ -67,11 +67,14 @@ def config_file_digest(model: Any) -> str | None:
 
 def long_rope(model: Any) -> bool:
     """Whether Phi-3's LongRoPE runs on its long factors: its rope type is ``longrope`` and
-    ``max_model_len`` passes ``original_max_position_embeddings``."""
-    hf_config = getattr(model, "hf_config", None)
+    ``max_model_len`` passes ``original_max_position_embeddings`` (of the language model's
+    config, in its rope parameters where they hold it)."""
+    hf_config = getattr(model, "hf_text_config", None) or getattr(model, "hf_config", None)
     rope = getattr(hf_config, "rope_scaling", None) or getattr(hf_config, "rope_parameters", None)
-    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-    original = getattr(hf_config, "original_max_position_embeddings", None)
+    rope = rope if isinstance(rope, dict) else {}
+    kind = rope.get("rope_type", rope.get("type"))
+    original = rope.get("original_max_position_embeddings",  # where vLLM reads it
+                        getattr(hf_config, "original_max_position_embeddings", None))
     length = getattr(model, "max_model_len", None)
     return kind == "longrope" and isinstance(original, int) and isinstance(length, int) \
         and length > original
