@@ -275,11 +275,9 @@ def test_a_forged_lease_beside_a_lock_that_cannot_be_tried_is_never_this_engines
     """A co-writer's segment (first by name) with a lease naming this host and process and a
     directory for its lock (which cannot be tried: "held", cautiously) must not be taken for
     this engine's own: the scheduler side would read its index as this engine's."""
-    import fcntl
-    import multiprocessing
 
     from kvtier.segment.names import host_name
-    from tests.helpers.disk_helpers import NS
+    from tests.helpers.disk_helpers import NS, lock_held_elsewhere
 
     root = tmp_path / "cache"
     writers = root / NS.id / "writers"
@@ -293,23 +291,9 @@ def test_a_forged_lease_beside_a_lock_that_cannot_be_tried_is_never_this_engines
         os.chmod(directory, 0o700)
     (forged / "lock").mkdir(mode=0o700)
     (real / "lock").touch(mode=0o600)
-    holding, release = multiprocessing.Event(), multiprocessing.Event()
-
-    def worker() -> None:  # this engine's worker holds its real segment's lock
-        fd = os.open(real / "lock", os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        holding.set()
-        release.wait(30)
-
-    process = multiprocessing.get_context("fork").Process(target=worker)
-    process.start()
-    try:
-        assert holding.wait(10)
+    with lock_held_elsewhere(real):  # this engine's worker holds its real segment's lock
         config = load_config({"disk_paths": [str(root)], "chunk_tokens": CHUNK}, environ={})
         assert engine_writers(config, [NS]) == [real.name]
-    finally:
-        release.set()
-        process.join(10)
 
 
 def test_junk_in_seats_costs_an_engines_look_no_more_than_its_bound(tmp_path, monkeypatch):

@@ -2,10 +2,7 @@
 not by host name alone: machines (or containers) given one host name never take each
 other's live segment, nor each other's processes for their own."""
 
-import contextlib
-import fcntl
 import json
-import multiprocessing
 import os
 import time
 import uuid
@@ -17,7 +14,7 @@ from kvtier.segment import machine
 from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.lease_age import held_elsewhere
 from kvtier.segment.names import default_writer_ids, host_name
-from tests.helpers.disk_helpers import NS
+from tests.helpers.disk_helpers import NS, lock_held_elsewhere
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.store import config, exact, seq
 
@@ -70,27 +67,6 @@ def test_a_live_segment_of_another_machine_with_this_host_name_is_not_taken(tmp_
         assert again.disk.writer == first_id
 
 
-@contextlib.contextmanager
-def locked(segment):
-    """The segment's lock held by another process of this machine (an engine's worker)."""
-    holding, release = multiprocessing.Event(), multiprocessing.Event()
-
-    def worker() -> None:
-        fd = os.open(segment / "lock", os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        holding.set()
-        release.wait(30)
-
-    process = multiprocessing.get_context("fork").Process(target=worker)
-    process.start()
-    try:
-        assert holding.wait(10)
-        yield
-    finally:
-        release.set()
-        process.join(10)
-
-
 def test_a_held_segment_whose_lease_names_this_pid_in_another_pid_space_is_not_this_engines(tmp_path):
     """Containers of one host name, on one kernel (so one ``flock``) or not: the other's
     worker may have this process's pid in its own PID namespace."""
@@ -101,7 +77,7 @@ def test_a_held_segment_whose_lease_names_this_pid_in_another_pid_space_is_not_t
         os.chmod(directory, 0o700)
     (segment / "lock").touch(mode=0o600)
     cfg = load_config({"disk_paths": [str(root)], "chunk_tokens": CHUNK}, environ={})
-    with locked(segment):
+    with lock_held_elsewhere(segment):
         for other, mine in (({"pid_ns": machine.pid_namespace() + 1}, None),
                             ({"boot_id": OTHER_BOOT}, None), ({}, segment.name)):
             (segment / "lease").write_bytes(lease(instance=segment.name, pid=os.getpid(), **other))

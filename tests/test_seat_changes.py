@@ -60,19 +60,24 @@ def test_a_lower_share_writers_counts_the_seats_of_writers_that_ran_with_more(tm
     assert slot_file_bytes(tmp_path) == before <= 8 * STRIDE
 
 
+def gone(root, writers, seats) -> None:
+    """``writers`` gone, their segments cleared and ``seats`` given back."""
+    for name in writers:
+        (segment,) = root.glob(f"*/writers/{name}")
+        for f in segment.iterdir():
+            f.unlink()
+        segment.rmdir()
+    for seat in seats:
+        os.unlink(next(root.glob(f"*/seats/{seat}")))
+
+
 def test_a_writer_seated_past_a_lower_share_writers_takes_a_seat_within_and_gives_back_its_own(
         tmp_path):
     run(tmp_path, "x", seq(0, 1), share_writers=4)
     run(tmp_path, "y", seq(1000, 1), share_writers=4)
     run(tmp_path, "c", seq(2000, 1), share_writers=4)
     assert seats_of(tmp_path)["seat-0002"] == "c"
-    for name in ("x", "y"):  # gone, their segments cleared
-        (segment,) = tmp_path.glob(f"*/writers/{name}")
-        for f in segment.iterdir():
-            f.unlink()
-        segment.rmdir()
-    for seat in ("seat-0000", "seat-0001"):
-        os.unlink(next(tmp_path.glob(f"*/seats/{seat}")))
+    gone(tmp_path, ("x", "y"), ("seat-0000", "seat-0001"))
     tokens = seq(2000, 1)
     with KVStore(SMALL, config(tmp_path, instance_id="c", share_writers=2, share_refresh="off")) as c:
         assert c.stats().paths_down == {}
@@ -86,13 +91,7 @@ def test_a_writer_seated_past_a_lower_share_writers_moves_in_beside_another_writ
     as long as x held its seat."""
     for name, first in (("x", 0), ("y", 1000), ("z", 2000), ("w", 3000)):
         run(tmp_path, name, seq(first, 1), share_writers=4)
-    for name in ("y", "z"):  # gone, their segments cleared
-        (segment,) = tmp_path.glob(f"*/writers/{name}")
-        for f in segment.iterdir():
-            f.unlink()
-        segment.rmdir()
-    for seat in ("seat-0001", "seat-0002"):
-        os.unlink(next(tmp_path.glob(f"*/seats/{seat}")))
+    gone(tmp_path, ("y", "z"), ("seat-0001", "seat-0002"))
     assert seats_of(tmp_path) == {"seat-0000": "x", "seat-0003": "w"}
     with KVStore(SMALL, config(tmp_path, instance_id="w", share_writers=2, share_refresh="off")) as w:
         assert w.stats().paths_down == {}

@@ -36,7 +36,7 @@ def watch_span(lease: LeaseInfo) -> float:
     if lease.timeout_ms:
         every = beat_every(lease.timeout_ms / 1000)
     elif lease.beat > 1:
-        every = max(0.1, (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1))
+        every = max(0.1, lease.beat_interval)
     else:
         every = beat_every(REMOTE_LEASE_S)
     return min(2 * every, MAX_WATCH_S)

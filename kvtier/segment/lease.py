@@ -56,6 +56,12 @@ class LeaseInfo:
     pid_ns: int = 0  # the writer's PID namespace (``kvtier.segment.machine``; 0: not stated)
     boot_id: str = ""  # the writer's kernel's boot id ("": not stated, by an older kvtier)
 
+    @property
+    def beat_interval(self) -> float:
+        """Seconds between its writer's beats, from its start time and beat count (both by
+        its own clock); 0 after one beat."""
+        return (self.written_ns - self.started_ns) / 1e9 / (self.beat - 1) if self.beat > 1 else 0.0
+
     def this_machine(self) -> bool:
         """Written on this machine, whose ``flock`` is seen here (``same_machine``)."""
         return machine.same_machine(self.boot_id, self.host)

@@ -77,7 +77,7 @@ def held_elsewhere(lease: LeaseInfo | None, age: float | None) -> str:
     if age is None:
         return (f"{who} and not closed, and its age cannot be told: no file can be made beside "
                 "it to read the filesystem's clock (run this where the cache can be written)")
-    every = (lease.written_ns - lease.started_ns) / 1e9 / (lease.beat - 1) if lease.beat > 1 else 0
+    every = lease.beat_interval
     live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
     if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
         return ""

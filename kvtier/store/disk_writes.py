@@ -110,11 +110,15 @@ class DiskWrites:
         read given up on does (three take a drive that stopped answering out of service)."""
         if timeout is None:
             return
-        now, due = time.monotonic(), []
+        now = time.monotonic()
+        stalled = {queue: move for queue, groups in self.groups.items()
+                   if (move := groups.stalled(timeout)) is not None}
+        if not stalled:  # the common case: no store lock taken
+            return
+        due = []
         with self.state.books.held():  # every call of the store looks: each stall counts once
-            for queue, groups in self.groups.items():
-                move = groups.stalled(timeout)
-                if move is not None and now - self._counted.get(queue, 0.0) >= timeout:
+            for queue, move in stalled.items():
+                if now - self._counted.get(queue, 0.0) >= timeout:
                     self._counted[queue] = now
                     due.append(move.dst.slot)
         for slot in due:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import multiprocessing
 import os
 import subprocess
 import tempfile
@@ -107,3 +109,24 @@ def small_filesystem(size: str):
 
 def remount(where: Path, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(segment: Path):
+    """The segment's lock held by another process of this machine (an engine's worker)."""
+    holding, release = multiprocessing.Event(), multiprocessing.Event()
+
+    def worker() -> None:
+        fd = os.open(segment / "lock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        holding.set()
+        release.wait(30)
+
+    process = multiprocessing.get_context("fork").Process(target=worker)
+    process.start()
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        release.set()
+        process.join(10)
