@@ -222,7 +222,10 @@ def test_a_write_dropped_from_one_full_path_evicts_nothing_from_disk(tmp_path, m
     release = _slot_writes_wait(monkeypatch, only=str(paths[0]))
     store = KVStore(SMALL, {**cfg, "io_threads": 1})
     try:
-        for n in range(12):  # 4 queue on the stuck path at most
+        # 4 queue on the stuck path at most; as many puts as singles, so that 8 victims lie
+        # on the stuck path whatever order the restart's recovery left them in
+        puts = len(singles)
+        for n in range(puts):
             store.put(seq(100_000 * (n + 1), 1), make_kv(seq(100_000 * (n + 1), 1)))
             other = store._runner.disk_writes.groups["disk1"]
             wait_until(lambda: other.pending == 0, "the other path's write")  # noqa: B023
@@ -230,7 +233,7 @@ def test_a_write_dropped_from_one_full_path_evicts_nothing_from_disk(tmp_path, m
         assert dropped > 0
         # each write queued took a disk slot from a single; each dropped took none
         kept = sum(store.lookup(tokens).tokens > 0 for tokens in singles)
-        assert kept == len(singles) - (12 - dropped)
+        assert kept == len(singles) - (puts - dropped)
     finally:
         release.set()
         store.close()
