@@ -22,7 +22,8 @@ same in every arm), ``--concurrency`` at once, ``--output-tokens`` each; or with
 ``--pattern chat`` a multi-turn load (scripts/chat_load.py): ``--prefixes`` conversations of
 ``--turns`` turns, each opening with ``--prefix-tokens`` tokens of its own, each later turn
 the history so far (replies included) and ``--suffix-tokens`` new ones, as text or with
-``--token-ids`` as token ids (the router then renders nothing). The model gets a
+``--token-ids`` as token ids (the router then renders nothing), and with ``--sessions``
+each turn naming its conversation (header ``X-Session-ID``). The model gets a
 word-level tokenizer (word ``w{i}`` is token i), so text prompts are the ids they were
 made of; the router gets a prompt's ids from the engines (their ``/v1/completions/render``).
 
@@ -189,7 +190,7 @@ def chat(args, router: str) -> dict:
     """The multi-turn load (scripts/chat_load.py) against ``router``: its figures under the
     names of vLLM's benchmark client's result."""
     result = run_chat(router, args.shape, args.concurrency, seed=0, timeout=args.timeout,
-                      token_ids=args.token_ids)
+                      token_ids=args.token_ids, sessions=args.sessions)
     if not result.ttfts_s:
         raise RuntimeError(f"chat: every turn failed, first: {result.errors[0]}")
     if result.errors:
@@ -244,7 +245,9 @@ def run_arm(arm: str, args, model: Path, work: Path, console: Console) -> dict:
     return {"policy": policy, "kvtier_events": not quiet, **{k: result[k] for k in keys},
             "ttfts_s": result["ttfts"], "engines": engines,
             "router_lookups_with_holder": hits / asked if asked else None,
-            "router_args": list(extra)}
+            "router_args": list(extra),
+            "router_decisions": {k: v for k, v in lookups.items()
+                                 if k.startswith("vllm_router_prefix_routing_decisions_total")}}
 
 
 def log_tails(work: Path, console: Console) -> None:
@@ -300,6 +303,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--token-ids", action="store_true",
                         help="chat prompts as token ids, not text: the router need not ask the "
                              "engines for them (/v1/completions/render)")
+    parser.add_argument("--sessions", action="store_true",
+                        help="each chat turn names its conversation (X-Session-ID), for the "
+                             "router's session affinity (--router-args "
+                             "'--kv-aware-session-affinity-ttl-secs N')")
     parser.add_argument("--prompts", type=int, default=160, help="prompts (prefix_repetition)")
     parser.add_argument("--prefixes", type=int, default=16)
     parser.add_argument("--prefix-tokens", type=int, default=4096)

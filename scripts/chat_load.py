@@ -102,9 +102,10 @@ class Dispatcher:
 
 
 def run_chat(url: str, shape: ChatShape, concurrency: int, seed: int = 0,
-             timeout: float = 120.0, token_ids: bool = False) -> ChatResult:
-    """The whole load against ``url``, prompts as text (or as token ids with ``token_ids``);
-    a failed turn is counted (its message kept) and its conversation goes on."""
+             timeout: float = 120.0, token_ids: bool = False, sessions: bool = False) -> ChatResult:
+    """The whole load against ``url``, prompts as text (or as token ids with ``token_ids``),
+    each turn naming its conversation (``X-Session-ID: chat-<n>``) with ``sessions``; a failed
+    turn is counted (its message kept) and its conversation goes on."""
     prompts, result = histories(shape, seed), ChatResult()
     dispatcher, lock = Dispatcher(order(shape, seed)), threading.Lock()
 
@@ -114,7 +115,8 @@ def run_chat(url: str, shape: ChatShape, concurrency: int, seed: int = 0,
             ids = prompts[conversation][turn]
             prompt = ids if token_ids else " ".join(f"w{t}" for t in ids)
             try:
-                reply = complete(url, prompt, max_tokens=shape.reply, timeout=timeout)
+                reply = complete(url, prompt, max_tokens=shape.reply, timeout=timeout,
+                                 session=f"chat-{conversation}" if sessions else None)
             except Exception as error:  # a failed turn is counted, not fatal
                 with lock:
                     result.failed += 1

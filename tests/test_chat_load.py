@@ -50,6 +50,19 @@ def test_each_turn_follows_its_conversations_last_answer_and_extends_its_history
     assert max(len(prompt(s)) for s in stand_in.seen) == SHAPE.longest - SHAPE.reply
 
 
+def test_with_sessions_every_turn_names_its_conversation_and_only_then(server) -> None:
+    stand_in, url = server
+    chat.run_chat(url, SHAPE, concurrency=3, sessions=True)
+    by_opening: dict[tuple[int, ...], set[str | None]] = {}
+    for seen in stand_in.seen:
+        by_opening.setdefault(tuple(prompt(seen)[:SHAPE.opening]), set()).add(seen.session)
+    named = [sessions.pop() for sessions in by_opening.values() if len(sessions) == 1]
+    assert len(named) == SHAPE.conversations == len(set(named)) and None not in named
+    stand_in.seen.clear()
+    chat.run_chat(url, SHAPE, concurrency=3)
+    assert {seen.session for seen in stand_in.seen} == {None}
+
+
 def test_no_more_turns_in_flight_than_the_concurrency(server) -> None:
     stand_in, url = server
     chat.run_chat(url, SHAPE, concurrency=2)

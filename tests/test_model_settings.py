@@ -69,9 +69,13 @@ def test_engines_alike_share_a_digest_and_the_namespace_carries_it():
     assert len({base.id, ours.id, theirs.id}) == 3
     assert "model_settings" not in base.canonical_json()  # the standalone store's: as before
 
+# A child process digesting a configuration of the tests' own, without importing vLLM (seconds
+# a process): these settings do not depend on it, and the instruction set has tests of its own.
+NO_VLLM = "import sys; sys.modules['vllm'] = None\n"
+
 
 def test_a_function_as_hf_overrides_gives_the_same_digest_in_every_process():
-    code = ("from types import SimpleNamespace as S\n"
+    code = (NO_VLLM + "from types import SimpleNamespace as S\n"
             "from kvtier.connector.common.model_settings import settings_digest\n"
             "def overrides(config): return config\n"
             "print(settings_digest(S(model_config=S(max_model_len=4096, hf_overrides=overrides))))")
@@ -135,7 +139,7 @@ def test_functions_of_one_name_and_other_bodies_digest_apart():
 
 
 def test_overrides_of_any_json_shape_digest_alike_in_every_process():
-    code = ("from types import SimpleNamespace as S\n"
+    code = (NO_VLLM + "from types import SimpleNamespace as S\n"
             "from kvtier.connector.common.model_settings import settings_digest\n"
             "print(settings_digest(S(model_config=S(hf_overrides={'a': {'x', 'y', 'z'}, 1: 2}))))")
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

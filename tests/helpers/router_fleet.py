@@ -251,17 +251,21 @@ class Reply:
 
 
 def complete(url: str, prompt: list[int] | str, max_tokens: int = 1,
-             timeout: float = 120.0) -> Reply:
+             timeout: float = 120.0, session: str | None = None) -> Reply:
     """A streamed greedy completion of ``prompt`` (token ids, or text where the model has a
-    tokenizer) at ``url`` (an engine or the router); RuntimeError on an answer other than 200."""
+    tokenizer) at ``url`` (an engine or the router), in conversation ``session`` where given
+    (header ``X-Session-ID``, which vllm-router keys session affinity on); RuntimeError on an
+    answer other than 200."""
     body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0, "stream": True}
     where = urlsplit(url)
     connection = http.client.HTTPConnection(where.hostname, where.port, timeout=timeout)
     start, first = time.monotonic(), None
     try:
-        connection.request("POST", "/v1/completions", json.dumps(body),
-                           {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if session is not None:
+            headers["X-Session-ID"] = session
+        connection.request("POST", "/v1/completions", json.dumps(body), headers)
         reply = connection.getresponse()
         if reply.status != 200:
             raise RuntimeError(f"{url}: HTTP {reply.status}: {reply.read()[:500]!r}")

@@ -1,6 +1,6 @@
 """A stand-in for a vLLM OpenAI server on 127.0.0.1: answers ``/health`` and
 ``/v1/completions`` (streamed when asked: two chunks, then ``[DONE]``) and records each
-completion's body with when it started and ended."""
+completion's body with when it started and ended, and the session it named."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class Seen:
     body: dict[str, Any]
     start: float
     end: float
+    session: str | None = None  # its X-Session-ID header
 
 
 class StandInEngine:
@@ -70,7 +71,8 @@ class StandInEngine:
                                                   "choices": [{"index": 0, "text": "w1",
                                                                "finish_reason": "length"}]}).encode())
                 with engine._lock:
-                    engine.seen.append(Seen(body, start, time.monotonic()))
+                    engine.seen.append(Seen(body, start, time.monotonic(),
+                                            self.headers.get("X-Session-ID")))
 
             def _answer(self, status: int, data: bytes) -> None:
                 self.send_response(status)
