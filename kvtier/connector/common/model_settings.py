@@ -2,12 +2,14 @@
 
 Two engines of one model (path and revision), one KV dtype and one page shape still compute
 other K and V for the same tokens when they run the model differently: another config file
-(a local model's ``config.json`` edited, or ``hf_config_path``), a config overridden
-(``hf_overrides``: rope scaling, say) or another model class (``model_class_overrides``),
-weights quantized online (``quantization``), another activation dtype under an fp8 KV cache
-(``dtype``), Phi-3's LongRoPE on its long factors (``max_model_len`` past the model's
-``original_max_position_embeddings``), another draft model for speculative decoding, and on
-CPUs the instruction set attention writes pages with. ``settings_digest`` names them all,
+(a local model's ``config.json`` edited, or ``hf_config_path``), other weights under one
+local path (``weights_digest``: sampled, so a change between the samples is not seen), a
+config overridden (``hf_overrides``: rope scaling, say) or another model class
+(``model_class_overrides``), weights quantized online (``quantization``), another activation
+dtype under an fp8 KV cache (``dtype``), Phi-3's LongRoPE on its long factors
+(``max_model_len`` past the model's ``original_max_position_embeddings``), another draft
+model for speculative decoding (or its weights), and on CPUs the instruction set attention
+writes pages with. ``settings_digest`` names them all,
 so that such engines keep their chunks apart (``Namespace.model_settings``) and never load
 each other's.
 
@@ -29,6 +31,8 @@ import os
 import re
 from typing import Any
 
+from kvtier.connector.common.weights_digest import weights_digest
+
 log = logging.getLogger("kvtier")
 CONFIG_FILE, CONFIG_BYTES = "config.json", 4 * 1024 * 1024  # a model's config, read at most
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # an object's address in its default text
@@ -40,11 +44,13 @@ def model_settings(vllm_config: Any, kv_cache_config: Any = None) -> dict[str, A
     model = getattr(vllm_config, "model_config", None)
     found = {name: getattr(model, name, None) for name in _USER_FIELDS}
     found["config_file"] = config_file_digest(model)
+    found["weights"] = _local_weights(getattr(model, "model", None))
     found["long_rope"] = long_rope(model) or None
     speculative = getattr(vllm_config, "speculative_config", None)
     draft = getattr(getattr(speculative, "draft_model_config", None), "model", None)
     if draft != getattr(model, "model", None):  # a model of its own (not n-gram, not MTP)
         found["draft"] = draft
+        found["draft_weights"] = _local_weights(draft)
     found["cpu_attention"] = cpu_attention_isa(vllm_config, kv_cache_config)
     return {name: value for name, value in found.items() if value not in (None, {}, "")}
 
@@ -63,6 +69,11 @@ def config_file_digest(model: Any) -> str | None:
     except OSError:
         return None
     return hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def _local_weights(where: Any) -> str | None:
+    """``weights_digest`` of a local model directory; None for a hub model's name."""
+    return weights_digest(where) if isinstance(where, str) and os.path.isdir(where) else None
 
 
 def long_rope(model: Any) -> bool:
