@@ -43,7 +43,6 @@ from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
 
 log = logging.getLogger("kvtier")
-HOST, DISK = TierName.HOST, TierName.DISK
 
 
 class SchedulerSide:
@@ -82,14 +81,12 @@ class SchedulerSide:
                                self.disk_layout, geometry, hashing, self.counters)
         self.remote_writes, self._audit = remote_writes(self.presence, self.stack, self.counters,
                                                         world_size, config, geometry.chunk_bytes)
-        self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
-                                  pending, stalled, self.others, self.presence,
-                                  self.remote_writes)
+        self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters, pending,
+                                  stalled, self.others, self.presence, self.remote_writes)
         self.halt = VerifyHalt(config.verify_halt_after, self.counters, HaltFile(
             config.disk_paths[0], namespaces[0].id) if self.disk_layout else None)
-        self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending,
-                                    stalled, self.others, self.presence, self.remote_writes,
-                                    self.halt)
+        self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending, stalled,
+                                    self.others, self.presence, self.remote_writes, self.halt)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
                                     self.events, self.verify, hashing)
         self._loads.records = self._stores.record if self.remote_writes is not None else None
@@ -141,16 +138,7 @@ class SchedulerSide:
 
     def load_tiers(self, req_id: str, tokens: int) -> dict[TierName, int]:
         """Tokens of a planned load by the tier they come from."""
-        load = self._loads.in_flight(req_id)
-        if load is None or not load.tiers:
-            return {}
-        remote = min(tokens, load.tiers.get(TierName.REMOTE, 0))
-        read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
-        disk = min(tokens - remote, read)
-        tiers = {DISK: disk, HOST: tokens - disk - remote}
-        if remote:
-            tiers[TierName.REMOTE] = remote
-        return tiers
+        return self._loads.tiers(req_id, tokens)
 
     # -- loads --------------------------------------------------------------------------
 
