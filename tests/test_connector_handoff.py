@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from kvtier.config.settings import WritePolicy, load_config
-from kvtier.connector.common.messages import StepPlan
+from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
@@ -162,13 +162,18 @@ def test_a_producer_hands_off_only_the_tokens_it_offered_to_the_pool(tmp_path):
 
 
 def test_a_producer_hands_off_no_chunk_the_pool_will_not_get(tmp_path):
-    """A chunk found cached in host memory only (its disk write failed) is not in the pool,
-    and no write is on its way there: the hand-off ends before it, so a consumer computes it
-    at once instead of waiting load_timeout for it."""
+    """A chunk found cached in host memory only (its disk write failed three times: given
+    up) is not in the pool, and no write is on its way there: the hand-off ends before it,
+    so a consumer computes it at once instead of waiting load_timeout for it."""
     producer = side(tmp_path, Role.PRODUCER, "p")
     try:
         x = request("x", 64, seed=3)
         store_all(producer, x, disk_ok=False)  # in host memory, not on disk
+        for _ in range(2):  # written again, and failed again
+            again = producer.build_meta().rewrites
+            assert len(again) == 2
+            producer.worker_report(WorkerReport(disk_failed=Counter({w.key: 1 for w in again})))
+        assert producer.build_meta().rewrites == []
         store_all(producer, request("w", 64, seed=4))  # on disk: in the pool
         for name, seed, handed in [("y", 3, 0), ("v", 4, 64)]:
             req = request(name, 64, seed=seed)

@@ -252,6 +252,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def take_events(self) -> list[KVCacheEvent]:
         return self._scheduler.take_events() if self._scheduler is not None else []
 
+    def has_pending_push_work(self) -> bool:
+        # a producer's pool writes after a hand-off: their outcomes (and a failed one's
+        # write again) come only with steps, so an idle engine keeps stepping a while
+        return self._scheduler is not None and self._scheduler.has_pending_push_work()
+
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)
         scheduler = self._scheduler_side  # a producer hands off what it stored (``handoff``)

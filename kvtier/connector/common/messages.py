@@ -29,8 +29,8 @@ def chunk_blocks(groups: GroupBlocks, start: int, stop: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class DiskWrite:
-    """Write host slot ``host_slot`` to disk slot ``disk_slot`` (write-back demotion, run
-    before anything reuses the host slot)."""
+    """Write host slot ``host_slot`` to disk slot ``disk_slot`` (a write-back demotion, run
+    before anything reuses the host slot; or a failed write-through write made again)."""
 
     key: bytes
     host_slot: int
@@ -140,6 +140,9 @@ class StepPlan:
     demotions: list[DiskWrite] = field(default_factory=list)  # before ``stores``
     stores: list[ChunkStore] = field(default_factory=list)
     remote_writes: list[RemoteWrite] = field(default_factory=list)  # after ``stores``
+    # after ``stores``, in the background: a producer's failed write-through disk writes
+    # written again from their host slots (pinned) to new disk slots
+    rewrites: list[DiskWrite] = field(default_factory=list)
     verifies: list[ChunkVerify] = field(default_factory=list)  # after ``stores``
 
 

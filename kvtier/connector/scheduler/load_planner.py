@@ -77,6 +77,19 @@ class LoadPlanner:
     def in_flight(self, req_id: str) -> Load | None:
         return self._loads.get(req_id)
 
+    def tiers(self, req_id: str, tokens: int) -> dict[TierName, int]:
+        """Tokens of a planned load by the tier they come from."""
+        load = self._loads.get(req_id)
+        if load is None or not load.tiers:
+            return {}
+        remote = min(tokens, load.tiers.get(REMOTE, 0))
+        read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
+        disk = min(tokens - remote, read)
+        tiers = {DISK: disk, HOST: tokens - disk - remote}
+        if remote:
+            tiers[REMOTE] = remote
+        return tiers
+
     def take_new(self) -> list[RequestLoad]:
         """The loads planned since the last call."""
         new, self._new = self._new, []

@@ -47,6 +47,11 @@ _PLAIN = [  # (metric, help, counter)
      "after load_timeout (the rest recomputed)", "handoffs_incomplete"),
     ("handoff_tokens_recomputed_total", "Tokens of handed-off prompts recomputed for want of "
      "their chunks in the pool", "handoff_tokens_recomputed"),
+    ("pool_rewritten_total", "Chunks a kv_producer wrote to the pool again after a write of "
+     "them failed (disk or remote store)", "pool_rewritten_chunks"),
+    ("pool_given_up_total", "Chunks whose failed write to the pool a kv_producer did not make "
+     "again: tries spent, no disk slot in service, or no longer in host memory",
+     "pool_given_up_chunks"),
     ("kv_events_total", "KV events of the host and disk tiers handed to vLLM's event stream",
      "kv_events"),
     ("chunks_verified_total", "Cached chunks compared with KV computed now (verify_sample)",

@@ -14,6 +14,7 @@ from kvtier.connector.common.messages import WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.payoff import Payoff
+from kvtier.connector.scheduler.pool_writes import DiskRewrites
 from kvtier.connector.scheduler.rank_counts import RankCount, RankOutcomes
 from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
@@ -40,7 +41,8 @@ class Outcomes:
     and remote outcomes are in (``AbortedStores``): other ranks may still read the slot, and
     the chunk never becomes visible; so do write-back demotions still writing from the slot
     (a worker gives up waiting for them after ``load_timeout``, and fails the stores into
-    their slots). A pending disk write ends the same way. A disk path's
+    their slots). A pending disk write ends the same way; one of a stored chunk that failed
+    may be written again from its host slot, kept pinned (``rewrites``: a producer's). A disk path's
     slots are retired when a first rank takes it out of service and come back (empty) when
     every rank that did has it back. Outcomes of keys not pending are ignored.
     """
@@ -49,8 +51,9 @@ class Outcomes:
                  loads: LoadPlanner, decider: LoadDecider, pending: PendingStores,
                  stalled: StalledReads, disk_layout: SlotLayout | None,
                  remote_writes: RemoteWrites | None = None,
-                 verify: VerifyPlanner | None = None) -> None:
-        self._verify = verify
+                 verify: VerifyPlanner | None = None,
+                 rewrites: DiskRewrites | None = None) -> None:
+        self._verify, self._rewrites = verify, rewrites
         self.world_size, self.stack, self.counters = world_size, stack, counters
         self._loads, self._decider, self._layout = loads, decider, disk_layout
         self._pending, self._stalled = pending, stalled
@@ -79,6 +82,8 @@ class Outcomes:
                 self.stack.finish(plan.key, plan.dst, False)
         if self._layout is not None:
             self._paths_changed(report, self._layout)
+        if self._rewrites is not None:  # once the paths out of service are known
+            self._rewrites.plan()
 
     def _loads_over(self, report: WorkerReport) -> None:
         for req_id, keys in report.load_failed.items():
@@ -150,8 +155,9 @@ class Outcomes:
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1
             if aborted:
                 self._aborted.release(key)
-            elif host is not None:
-                self.stack.unpin(key, host)
+            elif host is not None and not (self._rewrites is not None
+                                           and self._rewrites.over(key, ok, host)):
+                self.stack.unpin(key, host)  # else pinned still: written again from there
 
     def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
         """A disk path's slots leave the index when a rank takes it out of service, and

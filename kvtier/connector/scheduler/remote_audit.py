@@ -72,13 +72,14 @@ class RemoteAudit:
 
 
 def remote_writes(presence: RemotePresence | None, stack: TierStack, counters: Counter,
-                  world_size: int, config: KVTierConfig, chunk_bytes: int,
+                  world_size: int, config: KVTierConfig, chunk_bytes: int, tries: int = 1,
                   ) -> tuple[RemoteWrites | None, RemoteAudit | None]:
     """The scheduler side's remote writes and their periodic check (None without a remote
-    store): at most ``writes_in_flight`` in flight (``chunk_bytes``: a rank's chunk)."""
+    store): at most ``writes_in_flight`` in flight (``chunk_bytes``: a rank's chunk), each
+    chunk's at most ``tries`` times when they fail (``RemoteWrites``)."""
     if presence is None:
         return None, None
     writes = RemoteWrites(stack, counters, world_size, config.remote_min_hits,
                           writes_in_flight(stack.indexes[TierName.HOST].num_slots, chunk_bytes),
-                          lambda: presence.down, presence.take_absent)
+                          lambda: presence.down, presence.take_absent, tries)
     return writes, RemoteAudit(presence, writes, counters)

@@ -43,13 +43,16 @@ class RemoteWrites:
     decision. A pin ends once ``apply`` saw
     every rank's outcome. Past ``max_pending`` writes in flight, new ones are dropped and
     counted (``remote_dropped_chunks``); none is planned while ``down()`` says the store is
-    out of service."""
+    out of service. With ``tries`` above 1 (a producer's: ``pool_writes``) a write that
+    failed (its host store did not) is written again from host memory as a lost chunk is,
+    up to ``tries`` writes of it in all (``pool_rewritten_chunks``; past them, or no longer
+    in host memory, ``pool_given_up_chunks``). ``busy()``: a write is out or due again."""
 
     def __init__(self, stack: TierStack, counters: Counter, world_size: int, min_hits: int,
                  max_pending: int, down,
-                 lost: Callable[[], Iterable[ChunkKey]] | None = None) -> None:
+                 lost: Callable[[], Iterable[ChunkKey]] | None = None, tries: int = 1) -> None:
         self._stack, self._counters, self._min_hits = stack, counters, min_hits
-        self._max_pending, self._down, self._lost = max_pending, down, lost
+        self._max_pending, self._down, self._lost, self._tries = max_pending, down, lost, tries
         capacity = max(KNOWN_MIN, 2 * sum(index.num_slots for index in stack.indexes.values()))
         self._known, self._capacity = KnownKeys(capacity), capacity
         self._hits = HitCounts(capacity)
@@ -60,7 +63,9 @@ class RemoteWrites:
         self._new: list[RemoteWrite] = []
         self._records: dict[bytes, bytes] = {}  # key -> its token record, while written
         self._written: list[tuple[ChunkKey, bytes]] = []  # written with a record, not taken
-        self._rewrite: OrderedDict[ChunkKey, None] = OrderedDict()  # lost: to write again
+        # to write again: lost by the store (0), or the writes of it that failed so far
+        self._rewrite: OrderedDict[ChunkKey, int] = OrderedDict()
+        self._made: dict[bytes, int] = {}  # key -> writes made of it, a write again out
 
     def with_store(self, key: ChunkKey, record: bytes = b"") -> bool:
         self.forget_lost()
@@ -137,13 +142,23 @@ class RemoteWrites:
                     continue
                 self._known.discard(key)
                 if not self._min_hits:
-                    self._rewrite[key] = None
-                    if len(self._rewrite) > self._capacity:
-                        self._rewrite.popitem(last=False)
+                    self._again_later(key, 0)
         while self._rewrite and not self._down() and len(self._pending) < self._max_pending:
-            key, _ = self._rewrite.popitem(last=False)
-            if key not in self._known:
-                self._from_host(key)
+            key, failed = self._rewrite.popitem(last=False)
+            if key in self._known:
+                continue
+            queued = self._from_host(key)
+            if failed:  # a write of it failed: written again, or given up
+                self._counters["pool_rewritten_chunks" if queued else "pool_given_up_chunks"] += 1
+                if queued:
+                    self._made[key] = failed + 1
+
+    def _again_later(self, key: ChunkKey, failed: int) -> None:
+        """``key`` to be written again from host memory once the store has room
+        (``failed``: the writes of it that failed, 0 for one the store lost)."""
+        self._rewrite[key] = failed
+        if len(self._rewrite) > self._capacity:
+            self._rewrite.popitem(last=False)
 
     def oldest_known(self, count: int) -> list[ChunkKey]:
         """Up to ``count`` keys known to be in the store, those checked least recently
@@ -153,6 +168,10 @@ class RemoteWrites:
     def holds(self, key: ChunkKey) -> bool:
         """Whether the store is known to hold ``key`` or a write of it is in flight."""
         return key in self._known or key in self._pending
+
+    def busy(self) -> bool:
+        """Whether a write to the store is in flight, or one is due again."""
+        return bool(self._pending or self._rewrite)
 
     def writing(self, key: ChunkKey) -> bool:
         """Whether a write of ``key`` to the store is in flight."""
@@ -193,7 +212,7 @@ class RemoteWrites:
             ok = self._outcomes.add(key, report.remote_written[key], report.remote_failed[key])
             if ok is None:
                 continue
-            host = self._pending.pop(key)
+            host, made = self._pending.pop(key), self._made.pop(key, 1)
             if isinstance(host, _Aborted):  # its host store failed: no rank sends it any more
                 host.release(ChunkKey(key))
                 ok = False
@@ -205,3 +224,14 @@ class RemoteWrites:
                 self._written.append((ChunkKey(key), record))
             if not ok:
                 self._known.discard(ChunkKey(key))
+                self._failed(ChunkKey(key), made, isinstance(host, _Aborted))
+
+    def _failed(self, key: ChunkKey, made: int, aborted: bool) -> None:
+        """A write of ``key`` failed (``made``: the writes of it so far): written again
+        from host memory while tries are left (not when its host store failed)."""
+        if self._tries <= 1 or aborted:
+            return
+        if made >= self._tries:
+            self._counters["pool_given_up_chunks"] += 1
+        else:
+            self._again_later(key, made)

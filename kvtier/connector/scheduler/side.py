@@ -28,7 +28,7 @@ from kvtier.connector.scheduler.handoff import Handoffs, Role
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
-from kvtier.connector.scheduler.pool_reach import PoolReach
+from kvtier.connector.scheduler.pool_writes import PoolWrites, pool_write_tries
 from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.remote_presence import open_presence
@@ -43,7 +43,6 @@ from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
 
 log = logging.getLogger("kvtier")
-HOST, DISK = TierName.HOST, TierName.DISK
 
 
 class SchedulerSide:
@@ -81,22 +80,22 @@ class SchedulerSide:
                                config.disk_paths, namespaces[0], self.writers[0],
                                self.disk_layout, geometry, hashing, self.counters)
         self.remote_writes, self._audit = remote_writes(self.presence, self.stack, self.counters,
-                                                        world_size, config, geometry.chunk_bytes)
-        self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters,
-                                  pending, stalled, self.others, self.presence,
-                                  self.remote_writes)
+                                                        world_size, config, geometry.chunk_bytes,
+                                                        pool_write_tries(role))
+        self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters, pending,
+                                  stalled, self.others, self.presence, self.remote_writes)
         self.halt = VerifyHalt(config.verify_halt_after, self.counters, HaltFile(
             config.disk_paths[0], namespaces[0].id) if self.disk_layout else None)
-        self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending,
-                                    stalled, self.others, self.presence, self.remote_writes,
-                                    self.halt)
+        self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending, stalled,
+                                    self.others, self.presence, self.remote_writes, self.halt)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
                                     self.events, self.verify, hashing)
         self._loads.records = self._stores.record if self.remote_writes is not None else None
-        self._reach = PoolReach(config, self.stack, pending, self.remote_writes, geometry.chunk_tokens)
+        self._pool = PoolWrites(config, role, self.stack, pending, self.remote_writes,
+                                geometry.chunk_tokens, self.counters)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
-                                  self.remote_writes, self.verify)
+                                  self.remote_writes, self.verify, self._pool.rewrites)
 
     # -- keys ---------------------------------------------------------------------------
 
@@ -141,16 +140,7 @@ class SchedulerSide:
 
     def load_tiers(self, req_id: str, tokens: int) -> dict[TierName, int]:
         """Tokens of a planned load by the tier they come from."""
-        load = self._loads.in_flight(req_id)
-        if load is None or not load.tiers:
-            return {}
-        remote = min(tokens, load.tiers.get(TierName.REMOTE, 0))
-        read = load.tiers.get(DISK, 0) + load.tiers.get(TierName.SHARED, 0)  # from storage
-        disk = min(tokens - remote, read)
-        tiers = {DISK: disk, HOST: tokens - disk - remote}
-        if remote:
-            tiers[TierName.REMOTE] = remote
-        return tiers
+        return self._loads.tiers(req_id, tokens)
 
     # -- loads --------------------------------------------------------------------------
 
@@ -274,17 +264,23 @@ class SchedulerSide:
         if self._audit is not None:  # before the writes are taken: lost host chunks go again
             self._audit.tick()
         meta.loads = self._loads.take_new()
+        meta.rewrites = self._pool.rewrites.take_new()  # a producer's failed disk writes
         if self.remote_writes is not None:
             meta.remote_writes = self.remote_writes.take_new()
         return meta
 
     def handoff_params(self, request: Any) -> dict | None:
         """What a finishing request hands vLLM (``Handoffs.params``): a producer's hand-off of
-        its prompt's leading tokens the pool holds or is being written (``PoolReach``)."""
+        its prompt's leading tokens the pool holds or is being written (``PoolWrites``)."""
         tracked = self._tracked.get(request.request_id)
-        stored = self._reach.tokens(tracked, self.chunk_keys(request, tracked.stored_upto)) \
+        stored = self._pool.tokens(tracked, self.chunk_keys(request, tracked.stored_upto)) \
             if tracked else 0
         return self.handoffs.params(request, stored)
+
+    def has_pending_push_work(self) -> bool:
+        """Whether vLLM should step this engine though it has no request: a producer's pool
+        writes are out after a recent hand-off (``PoolWrites.pushing``)."""
+        return self._pool.pushing()
 
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a

@@ -28,9 +28,10 @@ class WorkerSaves:
 
     def save(self, meta: StepPlan, unfilled: Collection[str] = ()) -> set[int]:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
-        for), then write-through disk writes in the background. Failures are reported as
-        failed stores, never raised into the step; so are the stores of ``unfilled``, whose
-        load left blocks unfilled that this step's forward attended (vLLM recomputes them).
+        for), then write-through disk writes (and those written again) in the background.
+        Failures are reported as failed stores, never raised into the step; so are the
+        stores of ``unfilled``, whose load left blocks unfilled that this step's forward
+        attended (vLLM recomputes them).
         Returns the host slots whose write-back still runs (past ``load_timeout``)."""
         pages, host = self.pages, self.host
         self._lane.poll()
@@ -58,14 +59,16 @@ class WorkerSaves:
                 self._ledger.pending.host_stored[store.key] += 1
             self._ledger.record(lambda st: st.record_stores(
                 len(stored), len(stored) * self._chunk_bytes))
-        self._write_disk(stored)
+        self._write_disk(stored, meta.rewrites)
         self._write_remote([RemoteWrite(s.key, s.host_slot) for s in stored if s.remote]
                            + meta.remote_writes)
         return busy
 
-    def _write_disk(self, stored: list[ChunkStore]) -> None:
-        """The write-through disk writes of the chunks just stored, in the background."""
+    def _write_disk(self, stored: list[ChunkStore], again: Sequence[DiskWrite]) -> None:
+        """The write-through disk writes of the chunks just stored, and those written again
+        (``StepPlan.rewrites``: from host slots pinned since), in the background."""
         writes = [(s.disk_slot, s.key, s.host_slot) for s in stored if s.disk_slot is not None]
+        writes += [(w.disk_slot, w.key, w.host_slot) for w in again]
         if writes:
             try:
                 self._disk.submit_writes(writes)
