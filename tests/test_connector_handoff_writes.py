@@ -291,3 +291,19 @@ def test_a_failed_remote_write_is_not_written_again_on_other_roles_nor_once_out_
     gone.apply(WorkerReport(remote_failed=Counter({key: 1})))
     gone.forget_lost()  # evicted from host memory meanwhile: nothing to write it from
     assert gone.take_new() == [] and counters["pool_given_up_chunks"] == 1
+
+
+def test_a_failed_write_pushed_out_of_a_full_queue_of_writes_again_counts_as_given_up():
+    keys, counters, down = [ChunkKey(bytes([i]) * 16) for i in range(3)], Counter(), [False]
+    writes = RemoteWrites(Stack(keys), counters, 1, 0, 8, lambda: down[0], tries=3)
+    writes._capacity = 2  # more failed writes than the queue of writes again holds
+    for key in keys:
+        assert writes.with_store(key)
+        writes.stored(key, Location(TierName.HOST, 0))
+    down[0] = True  # the store goes out of service as the writes fail
+    for key in keys:
+        writes.apply(WorkerReport(remote_failed=Counter({key: 1})))
+    assert counters["pool_given_up_chunks"] == 1  # the oldest, pushed out
+    down[0] = False
+    writes.forget_lost()
+    assert [w.key for w in writes.take_new()] == keys[1:]

@@ -158,7 +158,9 @@ class RemoteWrites:
         (``failed``: the writes of it that failed, 0 for one the store lost)."""
         self._rewrite[key] = failed
         if len(self._rewrite) > self._capacity:
-            self._rewrite.popitem(last=False)
+            _, dropped = self._rewrite.popitem(last=False)
+            if dropped:  # a failed write of it will not be made again
+                self._counters["pool_given_up_chunks"] += 1
 
     def oldest_known(self, count: int) -> list[ChunkKey]:
         """Up to ``count`` keys known to be in the store, those checked least recently
