@@ -31,7 +31,7 @@ import numpy as np
 
 from kvtier.config.settings import DiskFloor
 from kvtier.io.buffers import PAGE
-from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
+from kvtier.io.format import INDEX_ENTRY_BYTES, removed_entries, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.segment.lease import Lease
 from kvtier.segment.lease_age import remote_holder
@@ -53,8 +53,7 @@ from kvtier.segment.seats import check_seated, claim_seat, still_seated
 from kvtier.segment.slot_files import grow_file, sync_segment, trim_slot_files
 from kvtier.segment.slot_locks import SlotLocks
 
-__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
-           "SafeDir"]
+__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError", "SafeDir"]
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +189,7 @@ class CacheDir:
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file and the log
-        (all zeros: the slot was emptied)."""
+        (blank, zeros or a tombstone: the slot was emptied)."""
         prefix = entry[:INDEX_ENTRY_BYTES].data
         os.pwrite(self.index_fd, prefix, local_slot * INDEX_ENTRY_BYTES)
         if self.log is None:
@@ -198,9 +197,10 @@ class CacheDir:
         self.log.append(local_slot, prefix)
 
     def blank_index(self, local_slot: int, count: int) -> None:
-        """Blank the index file's entries of ``count`` slots from ``local_slot`` (not the
-        log: followers learn of the slots when they are written)."""
-        write_all(self.index_fd, bytes(count * INDEX_ENTRY_BYTES), local_slot * INDEX_ENTRY_BYTES)
+        """Blank the index entries of ``count`` slots from ``local_slot``, as tombstones
+        (``removed_entries``; the log hears of the slots when they are written)."""
+        at, size = local_slot * INDEX_ENTRY_BYTES, count * INDEX_ENTRY_BYTES
+        write_all(self.index_fd, removed_entries(read_at(self.index_fd, size, at), count), at)
 
     def replace_index(self, entries: Iterable[tuple[int, bytes]]) -> None:
         """Make the index hold exactly ``entries`` (local slot, entry; taken one at a time,
