@@ -91,13 +91,14 @@ def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
             writer = _show(w.writer) + (" (in use)" if w.in_use else "")
             rows.append((r.id[:12], writer, str(w.slots), str(w.ok), str(w.free),
                          str(len(w.corrupt)), str(len(w.torn)), str(len(w.foreign)),
-                         str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.stale_index)),
-                         str(w.repaired)))
+                         str(len(w.mismatched)), str(len(w.unindexed)), str(len(w.removed)),
+                         str(len(w.stale_index)), str(w.repaired)))
         if not r.writers:
-            rows.append((r.id[:12], "-", *["0"] * 10))
+            rows.append((r.id[:12], "-", *["0"] * 11))
     print_rows(f"kvtier verify {_show(path)}", ("namespace", "writer", "slots", "ok", "free",
                                                 "corrupt", "torn", "foreign", "mismatched",
-                                                "unindexed", "stale index", "repaired"), rows)
+                                                "unindexed", "removed", "stale index",
+                                                "repaired"), rows)
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")

@@ -121,14 +121,16 @@ def decode_into(codec: Codec, stored: np.ndarray, dst: np.ndarray | list[np.ndar
         done += piece.size
 
 
-def holds_another(fd: int, offset: int, key: ChunkKey, ns_digest: bytes,
+def holds_another(fd: int, offset: int, key: ChunkKey | None, ns_digest: bytes,
                   header_buf: np.ndarray) -> bool:
-    """Whether the slot at ``offset`` of ``fd`` now holds a whole header of another chunk (a
-    later write into a slot freed meanwhile): one header's read into ``header_buf`` (aligned,
-    as ``O_DIRECT`` wants), its errors for the caller."""
+    """Whether the slot at ``offset`` of ``fd`` now holds a whole header of another chunk
+    than ``key`` (a later write into a slot freed meanwhile; never, for None): one header's
+    read into ``header_buf`` (aligned, as ``O_DIRECT`` wants; zeros past the end of the
+    file), its errors for the caller."""
     got = os.preadv(fd, [header_buf.data], offset)
+    header_buf[got:] = 0
     try:
         header = decode_header(header_buf.data[:got])
     except HeaderError:
         return False
-    return header.namespace != ns_digest or header.key != key
+    return key is not None and (header.namespace != ns_digest or header.key != key)

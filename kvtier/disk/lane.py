@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kvtier.config.settings import Compression, KVTierConfig, ODirect
+from kvtier.disk.durable import sync_at_close, sync_path
 from kvtier.disk.recovery import RecoveryReport
 from kvtier.disk.retry import DiskRetries
 from kvtier.disk.tier import DiskTier
@@ -49,9 +50,12 @@ class DiskLane:
       last reported, once: the owner retires its slots.
     - ``note_failure(result, op)`` logs a failed request once per kind (a path going down is
       logged by the tier, once per path) and returns its counter name (``FAILURE_COUNTERS``).
+    - ``sync(index)`` makes what path ``index`` holds durable (blocking: ``KVStore.flush``
+      runs it on the path's queue).
     - ``close(timeout)`` waits at most ``timeout`` for jobs; True when all ended and the files
-      are closed. With jobs still running (a hung drive) it cancels the queued ones, logs
-      one ERROR and returns False: the files stay open for the running ones.
+      are synced (``sync_at_close``) and closed. With jobs still running (a hung drive) it
+      cancels the queued ones, logs one ERROR and returns False: the files stay open for the
+      running ones.
     """
 
     def __init__(self, tier: DiskTier, engine: IOExecutor, lock: threading.Lock,
@@ -124,6 +128,11 @@ class DiskLane:
         path's health. True when that took the path out of service."""
         return self.tier.note_timeout(slot)
 
+    def sync(self, index: int) -> IOResult:
+        """Blocking (run it on path ``index``'s queue): make what the path holds durable
+        (``kvtier.disk.durable.sync_path``)."""
+        return sync_path(self.tier.paths, index)
+
     def move_queue_of(self, slot: int) -> str:
         queue = self.tier.queue_of(slot)
         return _moves(queue) if self._move_lanes else queue
@@ -175,8 +184,8 @@ class DiskLane:
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Drain and close within ``timeout``, a hung drive or mount included: the jobs,
-        then the paths (their heartbeats end and each lease says it closed, writes that a
-        dead mount never answers), on a thread of their own given what is left of
+        then the paths (each in service synced, then their heartbeats end and each lease says
+        it closed: writes that a dead mount never answers), on a thread of their own given what is left of
         ``timeout``, ``PATHS_CLOSE_S`` at least (a failed start's ``close(0)`` closes its
         healthy paths all the same). False when either is not over then."""
         ends = time.monotonic() + timeout
@@ -185,7 +194,7 @@ class DiskLane:
                       "writes were dropped; host memory and cache files stay open until the "
                       "process exits", timeout)
             return False
-        closing = threading.Thread(target=self.tier.close, name="kvtier-close", daemon=True)
+        closing = threading.Thread(target=self._close_paths, name="kvtier-close", daemon=True)
         closing.start()
         closing.join(min(max(PATHS_CLOSE_S, ends - time.monotonic()), threading.TIMEOUT_MAX))
         if closing.is_alive():
@@ -193,6 +202,11 @@ class DiskLane:
                       "do not say so; cache files stay open until the process exits", timeout)
             return False
         return True
+
+
+    def _close_paths(self) -> None:
+        sync_at_close(self.tier.paths)  # before each lease says its segment closed
+        self.tier.close()
 
 
 PATHS_CLOSE_S = 2.0  # the least a lane's close gives its paths' close
@@ -226,6 +240,9 @@ class NoDisk:
 
     def queue_of(self, slot: int) -> str:
         raise AssertionError("no disk tier: it has no slots")
+
+    def sync(self, index: int) -> IOResult:
+        raise AssertionError("no disk tier: it has no paths")
 
     move_queue_of = queue_of
 

@@ -13,19 +13,18 @@ blocks: the owner runs them on the I/O engine's threads (queue ``queue_of(slot)`
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from kvtier.config.settings import DiskFloor
-from kvtier.disk.check import holds_another, slot_problem
+from kvtier.disk.check import slot_problem
 from kvtier.disk.parts import ChunkParts
 from kvtier.disk.paths import DiskPaths, OpenArgs, PathState
 from kvtier.disk.reads import Target, checked, landing, read_part_runs, read_run
 from kvtier.disk.recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
-from kvtier.disk.writes import encode, write_run
+from kvtier.disk.writes import encode, remove_slot, write_run
 from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
@@ -246,19 +245,15 @@ class DiskTier:
         return IOResult(IOStatus.CORRUPT, read.nbytes, problem) if problem else read
 
     def invalidate(self, slot: int, key: ChunkKey | None = None) -> IOResult:
-        """Blank a slot's header (no restart finds it); with ``key``, not if it holds another."""
+        """Blank a slot's header (no restart finds it; its index entry first, made a
+        tombstone: ``remove_slot``); with ``key``, not if it holds another."""
         path, directory, number, offset = self._where(slot)
         if directory is None:
             return IOResult(IOStatus.OK)
         header_buf, local = self._scratch.headers(1), slot // len(self._paths)
         try:
-            with directory.slot_locks.held(local):  # no write of the slot in between
-                if directory.file_size(number) <= offset or (key is not None and holds_another(
-                        directory.fd(number), offset, key, self.ns_digest, header_buf)):
-                    return IOResult(IOStatus.OK)
-                header_buf[:] = 0
-                directory.write_index(local, header_buf)
-                os.pwritev(directory.fd(number), [header_buf.data], offset)
+            if not remove_slot(directory, number, offset, local, key, self.ns_digest, header_buf):
+                return IOResult(IOStatus.OK)
         except OSError as exc:
             return self._health.failed(path, exc, directory)
         return IOResult(IOStatus.OK, HEADER_BYTES)

@@ -1,18 +1,21 @@
 """The disk tier's writes, apart from its reads: a chunk made into what its slot holds, a
 header naming it and checking its payload (each part's on its own for a chunk in parts),
-then the payload, compressed when that makes it smaller; and a run of slots written in one
-vectored call. ``DiskTier.write_many`` cuts the runs and keeps the bookkeeping."""
+then the payload, compressed when that makes it smaller; a run of slots written in one
+vectored call; and a slot's chunk removed. ``DiskTier.write_many`` cuts the runs and keeps
+the bookkeeping."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import numpy as np
 
+from kvtier.disk.check import holds_another
 from kvtier.disk.parts import ChunkParts
 from kvtier.io import codec as codecs
-from kvtier.io.format import Codec, SlotHeader, payload_checksum
+from kvtier.io.format import INDEX_ENTRY_BYTES, Codec, SlotHeader, mark_removed, payload_checksum
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.io.scratch import ThreadScratch
 from kvtier.io.vectored import write_fully
@@ -62,3 +65,23 @@ def write_run(directory: CacheDir, number: int, offset: int, iov: list, end: int
     if written != expected:
         return IOResult(IOStatus.IO_ERROR, detail=f"short write of {written} bytes")
     return IOResult(IOStatus.OK, written)
+
+
+def remove_slot(directory: CacheDir, number: int, offset: int, local: int, key: ChunkKey | None,
+                ns_digest: bytes, header_buf: np.ndarray) -> bool:
+    """Blank slot ``local`` of the segment (at ``offset`` of slot file ``number``) with its
+    lock held, through ``header_buf`` (one aligned header); False, and nothing changed, when
+    it lies past the end of its file or holds another chunk than ``key`` (``holds_another``).
+    Its index entry goes first, and a record in the log, so that readers stop before the
+    header changes: the tombstone of the header read (``mark_removed``), so that should a
+    kill fall before the header is blanked, ``kvtier verify --repair`` finishes the removal
+    rather than index the chunk again. Errors for the caller."""
+    with directory.slot_locks.held(local):  # no write of the slot in between
+        if directory.file_size(number) <= offset or holds_another(
+                directory.fd(number), offset, key, ns_digest, header_buf):
+            return False
+        mark_removed(header_buf[:INDEX_ENTRY_BYTES].reshape(1, -1))
+        directory.write_index(local, header_buf)
+        header_buf[:] = 0
+        os.pwritev(directory.fd(number), [header_buf.data], offset)
+    return True

@@ -29,6 +29,7 @@ import xxhash
 from kvtier.keys import FORMAT_VERSION, KEY_BYTES, ChunkKey
 
 MAGIC = b"KVTSLOT\x00"
+REMOVED = b"KVTGONE\x00"  # in place of MAGIC: an index entry's tombstone (``mark_removed``)
 HEADER_BYTES = 4096
 INDEX_ENTRY_BYTES = 128  # a header's meaningful prefix, as kept in the per-directory index
 _BEFORE_KEY = "<8sHHBBH16s"  # magic, version, fields, namespace digest
@@ -122,6 +123,39 @@ def written_rows(rows: np.ndarray) -> np.ndarray:
     """The numbers of the rows of ``rows`` (headers or index entries, one a row of uint8)
     that are not ``is_blank``."""
     return np.flatnonzero((rows[:, :len(MAGIC)] == np.frombuffer(MAGIC, np.uint8)).all(axis=1))
+
+
+def mark_removed(rows: np.ndarray) -> None:
+    """Make index entries (``rows``: one entry a row of uint8, changed in place) say that
+    their slots' chunks are removed: an entry naming a chunk becomes its tombstone
+    (``REMOVED`` in place of ``MAGIC``, the rest as it was), a tombstone stays, anything else
+    is zeroed. A tombstone has no ``MAGIC``: every reader, of any version, takes it for a
+    blank entry (``is_blank``). ``kvtier verify --repair`` reads it (``removed_from``) to
+    finish a removal cut short between the entry and the slot's header, rather than take
+    the chunk still in the slot for one the index missed and index it again. No format
+    version changes: an older kvtier reads and writes the index as before (its blanks are
+    zeros, so it only leaves a repair less to go by)."""
+    magic = rows[:, :len(MAGIC)]
+    named = (magic == np.frombuffer(MAGIC, np.uint8)).all(axis=1)
+    kept = named | (magic == np.frombuffer(REMOVED, np.uint8)).all(axis=1)
+    rows[~kept] = 0
+    rows[named, :len(REMOVED)] = np.frombuffer(REMOVED, np.uint8)
+
+
+def removed_entries(data: bytes, count: int) -> bytes:
+    """``count`` index entries read as ``data`` (zeros past its end), ``mark_removed``."""
+    rows = np.zeros((count, INDEX_ENTRY_BYTES), np.uint8)
+    rows.reshape(-1)[:len(data)] = np.frombuffer(data, np.uint8)
+    mark_removed(rows)
+    return rows.tobytes()
+
+
+def removed_from(entry: bytes | None, header: bytes) -> bool:
+    """Whether index entry ``entry`` is the tombstone (``mark_removed``) of the slot header
+    ``header`` (at least its first ``INDEX_ENTRY_BYTES``, checked by the caller): the chunk
+    was removed and its slot's header not blanked yet."""
+    return (entry is not None and entry[:len(REMOVED)] == REMOVED
+            and entry[len(REMOVED):INDEX_ENTRY_BYTES] == bytes(header[len(MAGIC):INDEX_ENTRY_BYTES]))
 
 
 def decode_header(data: bytes | memoryview) -> SlotHeader:

@@ -21,7 +21,7 @@ import os
 import stat
 import time
 
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, REMOVED, SlotHeader
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.ops.liveness import LOOKS, changed_while_watched, note_lease
@@ -203,6 +203,12 @@ def index_entries(segment: Segment, directory: SafeDir,
         present = sizes.get(slot // per_file, 0) >= (slot % per_file + 1) * stride
         entries.append((slot, valid_header(entry, segment.digest, layout) if present else None))
     return entries
+
+
+def index_tombstones(segment: Segment, directory: SafeDir, sizes: dict[int, int]) -> dict[int, bytes]:
+    """The tombstones of the segment's index file by slot (``mark_removed``: chunks removed,
+    their headers perhaps not blanked yet), read as ``index_entries`` reads the entries."""
+    return dict(written_index_entries(directory, _index_slots(segment, sizes), REMOVED))
 
 
 def free_slots(segment: Segment, slots: list[int], freed: list[int]) -> str:

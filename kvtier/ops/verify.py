@@ -6,7 +6,10 @@ checked against the chunk size), each only as far as its files can hold slots, a
 the files (slots freed by ``gc``, never written) are skipped without reading. ``--repair``
 changes nothing when a slot shows that the metadata disagrees with the slots (a good header
 of this namespace for another chunk size): blanking then would destroy good chunks, nor in a
-segment in use.
+segment in use. A good slot that the index does not name is indexed, unless its entry is
+the slot's tombstone (``kvtier.io.format.mark_removed``): a removal killed between its entry
+and its header, which a repair finishes (the header blanked) rather than bring the chunk
+back.
 
 A segment in use is being written while it is read: its slots that look bad are read again
 after a pause, and only those still bad the same way count (``kvtier.ops.recheck``).
@@ -19,11 +22,11 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header, removed_from
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.ops.recheck import read_again, seen_of
-from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, rewrite_log
+from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, index_tombstones, rewrite_log
 from kvtier.ops.slot_reads import Look, open_slot_file, slots_of_file
 from kvtier.segment.cachedir import INDEX_FILE
 from kvtier.segment.halt_file import HaltFile
@@ -42,6 +45,7 @@ class VerifyReport:
     foreign: list[int] = field(default_factory=list)  # another namespace's slot
     mismatched: list[int] = field(default_factory=list)  # this namespace, another chunk size
     unindexed: list[int] = field(default_factory=list)  # good slot the index names not, or wrongly
+    removed: list[int] = field(default_factory=list)  # good slot its index entry says was removed
     stale_index: list[int] = field(default_factory=list)  # index names a slot that is not there
     problem: str = ""  # why the segment could not be verified (or repaired) at all
     in_use: bool = False  # a process holds it (see kvtier.ops.segments): read, never repaired
@@ -50,7 +54,8 @@ class VerifyReport:
     @property
     def problems(self) -> int:
         return (len(self.corrupt) + len(self.torn) + len(self.foreign) + len(self.mismatched)
-                + len(self.unindexed) + len(self.stale_index) + bool(self.problem))
+                + len(self.unindexed) + len(self.removed) + len(self.stale_index)
+                + bool(self.problem))
 
     def as_dict(self) -> dict:
         return {**asdict(self), "problems": self.problems}
@@ -84,6 +89,7 @@ class _Scan:
     """What one pass over the slots found, and what repairing would write."""
 
     names: dict[int, str]  # the slot files, listed once: every read and write goes by this
+    tombstones: dict[int, bytes] = field(default_factory=dict)  # index entries of removals
     blanks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, file number, offset)
     fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
     suspects: dict[int, tuple] = field(default_factory=dict)  # bad slots: ``seen_of``, first read
@@ -92,7 +98,7 @@ class _Scan:
         self.suspects[slot] = seen_of(slot, seen, indexed)
 
 
-_PROBLEMS = ("corrupt", "torn", "foreign", "mismatched", "unindexed", "stale_index")
+_PROBLEMS = ("corrupt", "torn", "foreign", "mismatched", "unindexed", "removed", "stale_index")
 
 
 def verify_namespace(ns: NamespaceDir, repair: bool = False,
@@ -122,7 +128,8 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
 def verify_segment(segment: Segment, repair: bool = False,
                    progress: Callable[[int], None] | None = None) -> VerifyReport:
     """Read every slot of ``segment``; with ``repair`` blank bad slots and wrong index
-    entries, index good slots the index missed, and start the segment's log afresh from the
+    entries, index good slots the index missed, finish removals cut short (a good slot whose
+    entry is its tombstone: its header blanked), and start the segment's log afresh from the
     repaired index. A segment in use is read but not repaired (``in_use``; with ``repair``,
     ``problem`` says it was not repaired); an unsafe one (``file_problem``) is not read."""
     report = VerifyReport(segment.writer)
@@ -177,6 +184,7 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
     scan = _Scan(slot_files(directory))
     sizes = slot_file_sizes(segment.meta, directory, scan.names)
     indexed = dict(index_entries(segment, directory, sizes))
+    scan.tombstones = index_tombstones(segment, directory, sizes)
     seen: set[int] = set()
     stride, per_file = segment.meta.stride, segment.meta.file_slots
     for number, size in sizes.items():
@@ -194,8 +202,7 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
                 slot = number * per_file + local
                 report.slots += 1
                 seen.add(slot)
-                _classify(report, slot, (verdict, entry), indexed, scan)
-                if verdict in ("corrupt", "torn", "foreign"):
+                if _classify(report, slot, (verdict, entry), indexed, scan):
                     scan.blanks.append((slot, number, local * stride))
                 if progress:
                     progress(1)
@@ -236,17 +243,22 @@ def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
             scan.suspect(slot, ("free", b""), indexed)
 
 
-def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: _Scan) -> None:
+def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: _Scan) -> bool:
+    """Count one slot read; True when a repair blanks its header."""
     verdict, entry = seen
     if verdict == "free":
         report.free += 1
     elif verdict == "ok":
         report.ok += 1
+        if removed_from(scan.tombstones.get(slot), entry):  # a removal killed between the
+            report.removed.append(slot)  # entry's tombstone and the header's blanking:
+            scan.suspect(slot, seen, indexed)  # finished, never indexed again
+            return True
         if indexed.get(slot) != decode_header(entry):  # none, or another chunk's (a crash
             report.unindexed.append(slot)  # between the slot's write and its entry's)
             scan.fixes.append((slot, entry))
             scan.suspect(slot, seen, indexed)
-        return
+        return False
     else:
         getattr(report, verdict).append(slot)
         scan.suspect(slot, seen, indexed)
@@ -255,6 +267,7 @@ def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: 
             report.stale_index.append(slot)
             scan.suspect(slot, seen, indexed)
         scan.fixes.append((slot, None))
+    return verdict in ("corrupt", "torn", "foreign")
 
 
 def _apply(directory: SafeDir, scan: _Scan) -> int:

@@ -6,7 +6,8 @@ namespace is, for the CLI) and ``writers/<writer id>/`` (mode 0700), the segment
 ``lock`` (held with ``flock`` by the process writing it), ``lease`` (its heartbeat, for
 readers on other machines), ``slots-NNNN.kvt`` files (mode 0600) of fixed-size slots,
 ``index.kvt`` (a copy of each slot's header, 128 bytes per slot, written after the slot, so
-that start-up reads one small file instead of every slot's header) and ``log.kvt`` (the same
+that start-up reads one small file instead of every slot's header; synced after the slot
+files by a flush and a clean close: ``sync``) and ``log.kvt`` (the same
 entries appended, for readers that follow the segment). The slot's own header stays the
 truth: every read checks it. Every entry is opened through :mod:`kvtier.io.safefs`. Files
 grow in large preallocated steps, never past the capacity, and never below the
@@ -30,7 +31,7 @@ import numpy as np
 
 from kvtier.config.settings import DiskFloor
 from kvtier.io.buffers import PAGE
-from kvtier.io.format import INDEX_ENTRY_BYTES, written_rows
+from kvtier.io.format import INDEX_ENTRY_BYTES, removed_entries, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
 from kvtier.segment.lease import Lease
 from kvtier.segment.lease_age import remote_holder
@@ -49,11 +50,10 @@ from kvtier.segment.names import (
 )
 from kvtier.segment.o_direct import probe_o_direct
 from kvtier.segment.seats import check_seated, claim_seat, still_seated
-from kvtier.segment.slot_files import grow_file, trim_slot_files
+from kvtier.segment.slot_files import grow_file, sync_segment, trim_slot_files
 from kvtier.segment.slot_locks import SlotLocks
 
-__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError",
-           "SafeDir"]
+__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError", "SafeDir"]
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class CacheDir:
         self.lease: Lease | None = None
         self.dir = open_segment(root, namespace_id, writer, meta, share_writers)
         try:  # anything failing from here on must not keep the segment locked
-            self._lock_fd = self._take_lock()
+            self._lock_fd = keep(lock_namespace(self.dir, _OWN_ID))
             check_seated(root, namespace_id, writer, share_writers, self.dir)
             self._check_lease()
             self._remove_leftovers()
@@ -160,9 +160,6 @@ class CacheDir:
                 with contextlib.suppress(OSError):  # not a regular file of ours: left alone
                     self.dir.remove_file(name)
 
-    def _take_lock(self) -> int:
-        return keep(lock_namespace(self.dir, _OWN_ID))
-
     def _index_snapshot(self) -> Entries:
         """(local slots, entries) of every non-blank entry of the dense index."""
         data = self.read_index()
@@ -192,7 +189,7 @@ class CacheDir:
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file and the log
-        (all zeros: the slot was emptied)."""
+        (blank, zeros or a tombstone: the slot was emptied)."""
         prefix = entry[:INDEX_ENTRY_BYTES].data
         os.pwrite(self.index_fd, prefix, local_slot * INDEX_ENTRY_BYTES)
         if self.log is None:
@@ -200,9 +197,10 @@ class CacheDir:
         self.log.append(local_slot, prefix)
 
     def blank_index(self, local_slot: int, count: int) -> None:
-        """Blank the index file's entries of ``count`` slots from ``local_slot`` (not the
-        log: followers learn of the slots when they are written)."""
-        write_all(self.index_fd, bytes(count * INDEX_ENTRY_BYTES), local_slot * INDEX_ENTRY_BYTES)
+        """Blank the index entries of ``count`` slots from ``local_slot``, as tombstones
+        (``removed_entries``; the log hears of the slots when they are written)."""
+        at, size = local_slot * INDEX_ENTRY_BYTES, count * INDEX_ENTRY_BYTES
+        write_all(self.index_fd, removed_entries(read_at(self.index_fd, size, at), count), at)
 
     def replace_index(self, entries: Iterable[tuple[int, bytes]]) -> None:
         """Make the index hold exactly ``entries`` (local slot, entry; taken one at a time,
@@ -225,6 +223,14 @@ class CacheDir:
         self.index_fd = fd
         if self.log is not None:
             self.log.restart()
+
+    def sync(self) -> None:
+        """Make the slot files, then the index, durable (``sync_segment``); ``OSError``."""
+        with self._grow_lock:  # (an I/O thread may open a slot file meanwhile)
+            if self.closed:
+                raise OSError(errno.EBADF, f"{self.path} was closed")
+            fds = list(self._fds.values())
+        sync_segment(fds, self.index_fd, self.dir.fd)
 
     def read_index(self) -> bytes:
         """The index file (empty when it was never written), at most one entry per slot."""

@@ -149,11 +149,12 @@ def newest_per_key(found: Iterable[Found]) -> tuple[dict[ChunkKey, Found], int]:
 INDEX_PIECE_ENTRIES = 8192  # entries read at a time by ``written_index_entries``: 1 MiB
 
 
-def written_index_entries(directory: SafeDir,
-                          slots: int) -> Generator[tuple[int, bytes], None, None]:
+def written_index_entries(directory: SafeDir, slots: int,
+                          magic: bytes = MAGIC) -> Generator[tuple[int, bytes], None, None]:
     """(slot, entry) for each entry of the first ``slots`` of a namespace's index file that
-    is not blank, read a MiB at a time (so a huge or sparse index is never held whole, and
-    a MiB holding no entry costs one search); none when the file is missing."""
+    is not blank (or, with ``magic`` ``REMOVED``, each tombstone: ``mark_removed``), read a
+    MiB at a time (so a huge or sparse index is never held whole, and a MiB holding no
+    entry costs one search); none when the file is missing."""
     try:
         fd = directory.open_file(INDEX_FILE, os.O_RDONLY)
     except FileNotFoundError:
@@ -163,10 +164,10 @@ def written_index_entries(directory: SafeDir,
         for first in range(0, end, INDEX_PIECE_ENTRIES):
             wanted = min(INDEX_PIECE_ENTRIES, end - first) * INDEX_ENTRY_BYTES
             data = read_at(fd, wanted, first * INDEX_ENTRY_BYTES)
-            if MAGIC in data:
+            if magic in data:
                 for j in range(len(data) // INDEX_ENTRY_BYTES):
                     entry = data[j * INDEX_ENTRY_BYTES:(j + 1) * INDEX_ENTRY_BYTES]
-                    if not is_blank(entry):
+                    if entry[:len(magic)] == magic:
                         yield first + j, entry
             if len(data) < wanted:  # the file shrank meanwhile
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from kvtier.config.settings import DiskFloor
 from kvtier.io.safefs import SafeDir
@@ -56,3 +56,31 @@ def trim_slot_files(directory: SafeDir, limit_of: Callable[[int], int]) -> None:
             os.close(fd)
         if limit == 0:
             directory.remove_file(name)
+
+
+_NO_DIRECTORY_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS}  # filesystems that sync none
+
+
+def sync_segment(slot_fds: Iterable[int], index_fd: int, dir_fd: int) -> None:
+    """Make a segment durable (``fdatasync``) in the order a restart trusts it: every slot
+    file, then the index, then the directory (so that files made since it opened are found).
+
+    The index is written through the page cache, and a restart adopts what it names without
+    reading the slots. Left to the kernel's write-back, a power loss or kernel crash even
+    after a clean close can leave it older than the slots: entries naming chunks since
+    overwritten (a miss counted as corrupt at the first read, and not stored again until
+    then), none for the chunks written since (lost: only a missing index is rebuilt from
+    the slot headers), or an index never written back (a full scan at the next start). Synced after
+    the slots (whose ``O_DIRECT`` writes the same call makes durable: a drive's write cache,
+    the extents they filled), it names no chunk a slot does not hold. ``log.kvt`` and the
+    lease need no sync: the log starts afresh from the index at every open, and a lease a
+    power loss left open is a writer gone (its host booted since). Errors (``OSError``) are
+    the caller's; a filesystem that cannot sync a directory is taken as it is."""
+    for fd in slot_fds:
+        os.fdatasync(fd)
+    os.fdatasync(index_fd)
+    try:
+        os.fsync(dir_fd)
+    except OSError as exc:
+        if exc.errno not in _NO_DIRECTORY_SYNC:
+            raise

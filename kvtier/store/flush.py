@@ -1,12 +1,15 @@
 """``KVStore.flush``: every chunk held in memory and not on disk yet is written (host chunks a
-batch at a time, device pool chunks one by one)."""
+batch at a time, device pool chunks one by one), then each disk path is synced."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import wait
 from dataclasses import dataclass, replace
+from functools import partial
 
+from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store.books import Held
 from kvtier.store.disk_writes import StartedWrite
@@ -23,16 +26,19 @@ class FlushResult:
     returned (without a disk tier or remote store: every chunk held, as none outlives the
     process), chunks a remote store was asked to write and does not hold
     (``remote_not_written``: refused, failed or lost; ``StoreRemote.flush``), and whether it
-    stopped at its timeout. True when every chunk held in memory is on disk and every chunk
-    sent to the remote store is there."""
+    stopped at its timeout; ``not_synced``: disk paths whose files could not be made durable
+    (``DiskLane.sync`` failed: an I/O error). True when every chunk held in memory is on
+    disk, synced, and every chunk sent to the remote store is there."""
 
     written: int
     not_written: int
     timed_out: bool = False
     remote_not_written: int = 0
+    not_synced: int = 0
 
     def __bool__(self) -> bool:
-        return self.not_written == 0 and self.remote_not_written == 0 and not self.timed_out
+        return (self.not_written == 0 and self.remote_not_written == 0 and not self.timed_out
+                and self.not_synced == 0)
 
     def with_remote(self, remote: RemoteFlush) -> FlushResult:
         """This result with a remote store's flush."""
@@ -83,7 +89,24 @@ class Flusher:
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         with books.held() as b:
             left = self._not_on_disk(b)
-        return FlushResult(written, left, timed_out=not drained)
+        if not drained:  # a hung drive: a sync would hang as well
+            return FlushResult(written, left, timed_out=True)
+        not_synced, synced = self._sync(deadline)
+        return FlushResult(written, left, timed_out=not synced, not_synced=not_synced)
+
+    def _sync(self, deadline: float | None) -> tuple[int, bool]:
+        """Sync every disk path on its own queue, its writes over (``DiskLane.sync``):
+        (paths whose sync failed, each counted and logged as a failed request; whether
+        every sync ended by ``deadline``)."""
+        lane = self._state.lane
+        jobs = [lane.submit(queue, partial(lane.sync, index))
+                for index, queue in enumerate(lane.queues)]
+        done, pending = wait(jobs, time_left(deadline))
+        failed = [job.result() for job in done if not job.result().ok]
+        with self._state.books.held() as b:
+            for result in failed:
+                b.account_failure(result, "sync")
+        return sum(result.status is not IOStatus.PATH_DOWN for result in failed), not pending
 
     def _not_on_disk(self, b: Held) -> int:
         """Chunks held in memory with no disk copy (one whose write is not over counts: it

@@ -223,10 +223,11 @@ class KVStore:
 
     def flush(self, timeout: float | None = None) -> FlushResult:
         """Write every chunk held in host memory or the device pool (from a copy of its
-        own, not a host slot) that is not on disk yet, write-through writes dropped under back-pressure and
-        write-back chunks not evicted yet included, then wait for every disk write, at most
-        ``timeout`` seconds. True when every chunk held is on disk; ``not_written`` says
-        how many are not (disk full or failing, a hung drive). With a remote store, host
+        own, not a host slot) not on disk yet (dropped write-through writes and write-back
+        chunks not evicted yet included), wait for every disk write, then sync each disk path
+        (a power loss keeps what it holds), at most ``timeout`` seconds. True when every chunk
+        held is on disk; ``not_written`` says how many are not (disk full or failing, a hung
+        drive), ``not_synced`` on how many paths the sync failed. With a remote store, host
         chunks it is not known to hold are written to it too (those its back-pressure
         dropped, refused or lost), and every write to it is waited for (within the same
         ``timeout``): ``remote_not_written`` counts those it does not hold;

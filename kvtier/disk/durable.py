@@ -1,0 +1,43 @@
+"""Making what a disk tier's paths hold durable: ``KVStore.flush`` syncs each path in
+service on the path's own I/O queue once its writes are over, and a clean close syncs them
+before each lease says its segment closed (``CacheDir.sync``: the slot files, then the
+index; ``kvtier.segment.slot_files.sync_segment`` says why)."""
+
+from __future__ import annotations
+
+import logging
+
+from kvtier.disk.paths import DiskPaths
+from kvtier.io.result import IOResult, IOStatus
+
+log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
+
+
+def sync_path(paths: DiskPaths, index: int) -> IOResult:
+    """Blocking (run it on the path's queue): sync path ``index``. OK; PATH_DOWN when it is
+    out of service; else the failure, counted as any request's on the path
+    (``DiskPaths.failed``: an I/O error, three in a row take it out; a full disk is
+    NO_SPACE)."""
+    path = paths[index]
+    directory = path.dir
+    if directory is None:
+        return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason)
+    try:
+        directory.sync()
+    except OSError as exc:
+        return paths.failed(path, exc, directory)
+    path.eio_run = 0
+    return IOResult(IOStatus.OK)
+
+
+def sync_at_close(paths: DiskPaths) -> None:
+    """``sync_path`` of every path in service (and not closed yet: a second close), before
+    the paths close; a failure is logged and the close goes on (the chunks written survive
+    a crash of the process all the same)."""
+    for index, path in enumerate(paths.states):
+        if path.dir is None or path.dir.closed:
+            continue
+        result = sync_path(paths, index)
+        if not result.ok and result.status is not IOStatus.PATH_DOWN:
+            log.warning("kvtier disk path %s not synced at close (%s): after a power loss its "
+                        "index may be older than its slots", path.root, result.detail)

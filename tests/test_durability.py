@@ -1,0 +1,87 @@
+"""What a power loss or a kernel crash after ``flush()`` or a clean close leaves of a segment:
+its slot files, then its index, are made durable (``fdatasync``), so that the index a restart
+adopts without reading the slots is the one the store last wrote, and names no slot the
+device never got. What reaches the disk is modelled by the syncs: a file holds, after a
+power loss, what it held when it was last synced."""
+
+import errno
+import fcntl
+import logging
+import os
+
+from kvtier import KVStore
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import config, seq
+
+
+class Disk:
+    """Every ``fdatasync``: the order files were synced in (by inode) and, for files opened
+    without ``O_DIRECT``, their bytes at their last sync; ``fail(inode)`` makes one fail."""
+
+    def __init__(self, monkeypatch, fail=lambda inode: False):
+        self.order: list[int] = []
+        self.synced: dict[int, bytes] = {}
+        real = os.fdatasync
+
+        def fdatasync(fd):
+            info = os.fstat(fd)
+            if fail(info.st_ino):
+                raise OSError(errno.EIO, "Input/output error")
+            real(fd)
+            self.order.append(info.st_ino)
+            if not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+                self.synced[info.st_ino] = os.pread(fd, info.st_size, 0)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    def holds(self, path) -> bytes | None:
+        """What ``path`` would hold after a power loss now (None: never synced)."""
+        return self.synced.get(path.stat().st_ino)
+
+    def last_sync(self, path) -> int:
+        inode = path.stat().st_ino
+        return max((i for i, synced in enumerate(self.order) if synced == inode), default=-1)
+
+
+def _segment(root, store):
+    return root / store.namespace.id / "writers" / store.disk.writer
+
+
+def test_flush_leaves_on_disk_the_index_the_store_wrote_after_its_slots(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch)
+    tokens = seq(0, 6)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put(tokens, make_kv(tokens))
+        assert store.flush()
+        segment = _segment(tmp_path, store)
+        index = segment / "index.kvt"
+        assert disk.holds(index) == index.read_bytes() != b""
+        slot_files = sorted(segment.glob("slots-*.kvt"))
+        assert slot_files and all(0 <= disk.last_sync(f) < disk.last_sync(index)
+                                  for f in slot_files)
+
+
+def test_a_clean_close_leaves_on_disk_the_index_the_store_wrote(tmp_path, monkeypatch):
+    disk = Disk(monkeypatch)
+    tokens = seq(0, 6)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put(tokens, make_kv(tokens))  # written through in the background: no flush
+        segment = _segment(tmp_path, store)
+    index = segment / "index.kvt"
+    assert disk.holds(index) == index.read_bytes() != b""
+    with KVStore(SMALL, config(tmp_path)) as store:
+        assert store.stats().recovered_chunks == 6
+
+
+def test_a_sync_that_fails_makes_flush_false_and_is_counted(tmp_path, monkeypatch, caplog):
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        index = _segment(tmp_path, store) / "index.kvt"
+        Disk(monkeypatch, fail=lambda inode: inode == index.stat().st_ino)
+        store.put(tokens, make_kv(tokens))
+        result = store.flush()
+        assert not result and result.not_synced == 1 and result.not_written == 0, result
+        assert store.stats().io_errors == 1
+        with caplog.at_level(logging.WARNING, logger="kvtier"):
+            assert store.close()
+    assert "not synced at close" in caplog.text
