@@ -370,7 +370,7 @@ def test_a_writer_whose_segment_is_reclaimed_as_it_opens_never_writes_without_a_
     """A writer restarting under its old id finds its seat just as another process reclaims
     its segment (a writer gone) and gives that seat back: it must not go on with a segment of
     no seat, which would let a third writer take the seat (two segments, one seat)."""
-    import kvtier.segment.cachedir as cachedir
+    import kvtier.segment.segment_open as segment_open
     from kvtier.segment.seats import claim_seat, reclaim_segment
 
     root = tmp_path / "cache"
@@ -391,9 +391,9 @@ def test_a_writer_whose_segment_is_reclaimed_as_it_opens_never_writes_without_a_
             assert reclaim_segment(ns_dir, "a", gone)
         return seat
 
-    monkeypatch.setattr(cachedir, "claim_seat", claim_then_reclaimed)
+    monkeypatch.setattr(segment_open, "claim_seat", claim_then_reclaimed)
     restarted = KVStore(SMALL, cfg("a"))
-    monkeypatch.setattr(cachedir, "claim_seat", claim_seat)
+    monkeypatch.setattr(segment_open, "claim_seat", claim_seat)
     third = KVStore(SMALL, cfg("c"))
     try:
         up = [s for s in (restarted, third) if not s.stats().paths_down]

@@ -46,12 +46,14 @@ def landing(run: list[int], items: Sequence[tuple[int, ChunkKey, Target]], compr
     return landed
 
 
-def read_run(fd: int, offset: int, landed: list[Landing], stride: int) -> list[int]:
-    """Read the slots of a run (``stride`` bytes apart from ``offset`` of file ``fd``) in one
-    vectored call into where each lands; return the bytes of each (header and payload) that
-    arrived."""
+def read_run(directory: CacheDir, number: int, offset: int, landed: list[Landing],
+             stride: int) -> list[int]:
+    """Read the slots of a run (``stride`` bytes apart from ``offset`` of slot file
+    ``number``) in one vectored call into where each lands; return the bytes of each (header
+    and payload) that arrived."""
     iov = [buffer for header_buf, payload, _ in landed for buffer in (header_buf, *payload)]
-    got = read_fully(fd, iov, offset)
+    with directory.held():
+        got = read_fully(directory.fd(number), iov, offset)
     return [min(max(got - j * stride, 0), HEADER_BYTES + size)
             for j, (_, _, size) in enumerate(landed)]
 
@@ -63,7 +65,8 @@ def read_part_runs(directory: CacheDir, number: int, offset: int,
     bytes that arrived, or CORRUPT at the first run that came short."""
     arrived = 0
     for start, iov in runs:
-        got = read_fully(directory.fd(number), iov, offset + start)
+        with directory.held():
+            got = read_fully(directory.fd(number), iov, offset + start)
         arrived += got
         if got < sum(b.size for b in iov):
             return IOResult(IOStatus.CORRUPT, arrived, "slot truncated")

@@ -150,7 +150,9 @@ class DiskRecovery:
         """(the slot's header if valid and of this namespace, whether the slot is bad)."""
         for attempt in range(HEADER_TRIES):  # a slot left out here is out of the index
             try:  # written from the scan, for good: a passing error is tried again
-                if os.preadv(directory.fd(number), [buf.data], offset) != HEADER_BYTES:
+                with directory.held():
+                    got = os.preadv(directory.fd(number), [buf.data], offset)
+                if got != HEADER_BYTES:
                     return None, True
                 path.eio_run = 0  # errors count in a row, as a request's do
                 break

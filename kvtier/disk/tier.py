@@ -198,7 +198,7 @@ class DiskTier:
                 continue
             landed = landing(run, items, compressed, self._scratch, self._lengths, self.raw_bytes)
             try:
-                arrivals = read_run(directory.fd(number), offset, landed, self.stride)
+                arrivals = read_run(directory, number, offset, landed, self.stride)
             except OSError as exc:
                 if len(run) > 1 and not self._health.is_path_error(exc):
                     # one bad sector must not fail its neighbours: read them one by one

@@ -56,7 +56,7 @@ def write_run(directory: CacheDir, number: int, offset: int, iov: list, end: int
     if not directory.ensure_allocated(number, end):
         return IOResult(IOStatus.NO_SPACE, detail=f"{root}: free-space floor reached")
     first, count = number * directory.file_slots + offset // directory.stride, len(iov) // 2
-    with directory.slot_locks.held(first, count):  # no blank of a slot lands in between
+    with directory.slot_locks.held(first, count), directory.held():  # no blank in between
         # the slots' index entries blanked first: a crash (or a write that fails part-way)
         # before the new entries are written must not leave them naming the chunks
         # overwritten, which a restart would take for on disk without reading them
@@ -76,7 +76,7 @@ def remove_slot(directory: CacheDir, number: int, offset: int, local: int, key: 
     header changes: the tombstone of the header read (``mark_removed``), so that should a
     kill fall before the header is blanked, ``kvtier verify --repair`` finishes the removal
     rather than index the chunk again. Errors for the caller."""
-    with directory.slot_locks.held(local):  # no write of the slot in between
+    with directory.slot_locks.held(local), directory.held():  # no write of it in between
         if directory.file_size(number) <= offset or holds_another(
                 directory.fd(number), offset, key, ns_digest, header_buf):
             return False

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import secrets
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 
@@ -33,9 +33,10 @@ from kvtier.config.settings import DiskFloor
 from kvtier.io.buffers import PAGE
 from kvtier.io.format import INDEX_ENTRY_BYTES, removed_entries, written_rows
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at, write_all
+from kvtier.segment.holds import Holds
 from kvtier.segment.lease import Lease
 from kvtier.segment.lease_age import remote_holder
-from kvtier.segment.lock import keep, let_go, lock_namespace, locked_here
+from kvtier.segment.lock import keep, let_go, lock_namespace
 from kvtier.segment.log import Entries
 from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import (
@@ -49,50 +50,14 @@ from kvtier.segment.names import (
     slot_number,
 )
 from kvtier.segment.o_direct import probe_o_direct
-from kvtier.segment.seats import check_seated, claim_seat, still_seated
+from kvtier.segment.seats import check_seated, still_seated
+from kvtier.segment.segment_open import MAX_META_BYTES, OWN_ID_HINT, open_segment
 from kvtier.segment.slot_files import grow_file, sync_segment, trim_slot_files
 from kvtier.segment.slot_locks import SlotLocks
 
-__all__ = ["INDEX_FILE", "LOCK_FILE", "META_FILE", "CacheDir", "CacheDirError", "SafeDir"]
+__all__ = ["INDEX_FILE", "LOCK_FILE", "MAX_META_BYTES", "META_FILE", "CacheDir", "CacheDirError", "SafeDir"]
 
 log = logging.getLogger(__name__)
-
-MAX_META_BYTES = 1 << 20  # namespace.json is a few hundred bytes; anything larger is not ours
-
-
-_OWN_ID = "give each instance its own instance_id (or let kvtier derive one)"
-
-
-def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
-                 share_writers: int) -> SafeDir:
-    """The segment directory of ``writer`` in namespace ``namespace_id`` under ``root``,
-    made (mode 0700) when missing, once ``writer`` holds one of the namespace's
-    ``share_writers`` seats (``claim_seat``); ``namespace.json`` is written when it does not
-    already say ``meta`` (every writer of a namespace writes the same)."""
-    text = json.dumps(meta, indent=2, sort_keys=True).encode()
-    with SafeDir.open(root) as top, top.subdir(namespace_id, create=True) as ns_dir:
-        try:
-            same = ns_dir.read_file(META_FILE, MAX_META_BYTES) == text
-        except OSError:
-            same = False  # not ours, or unreadable: replace it
-        if not same:
-            ns_dir.replace_file(META_FILE, text)
-        with ns_dir.subdir(WRITERS_DIR, create=True) as writers:
-            if writers.lstat(writer) is not None:
-                with writers.subdir(writer) as segment:
-                    refuse_if_locked(segment)  # another process's id: before any seat is looked at
-            claim_seat(ns_dir, writer, share_writers)
-            return writers.subdir(writer, create=True)
-
-
-def refuse_if_locked(segment: SafeDir) -> None:
-    """``CacheDirError`` (EBUSY) when another process holds ``segment``'s lock (a writer of
-    this host writes it); nothing is taken. A lock that cannot be looked at is left to
-    ``lock_namespace`` to report."""
-    if locked_here(segment):
-        raise CacheDirError(errno.EBUSY, f"{segment.path} is in use by another kvtier process; "
-                            f"{_OWN_ID}")
-
 
 class CacheDir:
     """The slot files of one writer's segment of a namespace on one disk path, opened,
@@ -114,17 +79,18 @@ class CacheDir:
         self._fds: dict[int, int] = {}
         self.index_fd = self._lock_fd = -1
         self.slot_locks = SlotLocks()  # a write into slots against a checked blank of one
-        self.closed = False
+        self._holds = Holds(str(self.path), self._release)
         self.log: SegmentLog | None = None
         self.lease: Lease | None = None
         self.dir = open_segment(root, namespace_id, writer, meta, share_writers)
         try:  # anything failing from here on must not keep the segment locked
-            self._lock_fd = keep(lock_namespace(self.dir, _OWN_ID))
+            self._lock_fd = keep(lock_namespace(self.dir, OWN_ID_HINT))
             check_seated(root, namespace_id, writer, share_writers, self.dir)
             self._check_lease()
             self._remove_leftovers()
             self.lease = Lease(self.dir, writer, lease_timeout,
-                               seated=partial(still_seated, root, namespace_id, writer, share_writers))
+                               seated=partial(still_seated, root, namespace_id, writer, share_writers),
+                               held=self.held)
             self.lease.beat()
             probed = probe_o_direct(self.dir)
             if o_direct and not probed:
@@ -169,6 +135,17 @@ class CacheDir:
         return written.astype(np.uint64), rows[written]
 
     @property
+    def closed(self) -> bool:
+        return self._holds.closed
+
+    def held(self) -> AbstractContextManager[None]:
+        """Around each use of the directory's descriptors (``fd``'s, the index's), from
+        fetching one to its last system call: they stay open until the block ends whatever
+        closes the directory meanwhile, so that a number never goes to a file opened later;
+        ``OSError`` (EBADF) once closed."""
+        return self._holds.held()
+
+    @property
     def inode(self) -> int:
         return self.dir.inode()
 
@@ -184,29 +161,36 @@ class CacheDir:
 
     def slot_file_numbers(self) -> list[int]:
         """Numbers of the slot files there are, within the capacity."""
-        numbers = (slot_number(name) for name in self.dir.listed(SEGMENT_LISTED))
+        with self._holds.held():
+            numbers = [slot_number(name) for name in self.dir.listed(SEGMENT_LISTED)]
         return sorted(n for n in numbers if n is not None and self.slots_in_file(n))
 
     def write_index(self, local_slot: int, entry: np.ndarray) -> None:
         """Record a slot's header prefix (``INDEX_ENTRY_BYTES``) in the index file and the log
         (blank, zeros or a tombstone: the slot was emptied)."""
         prefix = entry[:INDEX_ENTRY_BYTES].data
-        os.pwrite(self.index_fd, prefix, local_slot * INDEX_ENTRY_BYTES)
-        if self.log is None:
-            raise OSError(errno.EBADF, f"{self.path} has no log open")
-        self.log.append(local_slot, prefix)
+        with self._holds.held():
+            os.pwrite(self.index_fd, prefix, local_slot * INDEX_ENTRY_BYTES)
+            if self.log is None:
+                raise OSError(errno.EBADF, f"{self.path} has no log open")
+            self.log.append(local_slot, prefix)
 
     def blank_index(self, local_slot: int, count: int) -> None:
         """Blank the index entries of ``count`` slots from ``local_slot``, as tombstones
         (``removed_entries``; the log hears of the slots when they are written)."""
         at, size = local_slot * INDEX_ENTRY_BYTES, count * INDEX_ENTRY_BYTES
-        write_all(self.index_fd, removed_entries(read_at(self.index_fd, size, at), count), at)
+        with self._holds.held():
+            write_all(self.index_fd, removed_entries(read_at(self.index_fd, size, at), count), at)
 
     def replace_index(self, entries: Iterable[tuple[int, bytes]]) -> None:
         """Make the index hold exactly ``entries`` (local slot, entry; taken one at a time,
         so a generator keeps one entry in memory), atomically: written
         to a temporary file, synced, then renamed over the index; the log starts again from
         it. A crash or a full disk midway leaves the index as it was."""
+        with self._holds.held():
+            self._replace_index(entries)
+
+    def _replace_index(self, entries: Iterable[tuple[int, bytes]]) -> None:
         temp = f".{INDEX_FILE}.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``
         fd = self.dir.open_file(temp, os.O_RDWR | os.O_EXCL, create=True)
         try:
@@ -226,16 +210,16 @@ class CacheDir:
 
     def sync(self) -> None:
         """Make the slot files, then the index, durable (``sync_segment``); ``OSError``."""
-        with self._grow_lock:  # (an I/O thread may open a slot file meanwhile)
-            if self.closed:
-                raise OSError(errno.EBADF, f"{self.path} was closed")
-            fds = list(self._fds.values())
-        sync_segment(fds, self.index_fd, self.dir.fd)
+        with self._holds.held():
+            with self._grow_lock:  # (an I/O thread may open a slot file meanwhile)
+                fds = list(self._fds.values())
+            sync_segment(fds, self.index_fd, self.dir.fd)
 
     def read_index(self) -> bytes:
         """The index file (empty when it was never written), at most one entry per slot."""
-        size = min(os.fstat(self.index_fd).st_size, self.num_slots * INDEX_ENTRY_BYTES)
-        return read_at(self.index_fd, size, 0)
+        with self._holds.held():
+            size = min(os.fstat(self.index_fd).st_size, self.num_slots * INDEX_ENTRY_BYTES)
+            return read_at(self.index_fd, size, 0)
 
     def locate(self, local_slot: int) -> tuple[int, int]:
         """(file number, byte offset) of a slot of this directory."""
@@ -257,30 +241,39 @@ class CacheDir:
                     self._fds[number] = fd
         return fd
     def file_size(self, number: int) -> int:
-        self.fd(number)
-        return self._sizes[number]
+        with self._holds.held():
+            self.fd(number)
+            return self._sizes[number]
 
     def ensure_allocated(self, number: int, end: int) -> bool:
         """Make file ``number`` at least ``end`` bytes, preallocated; False below the floor."""
         if self._sizes.get(number, 0) >= end:
             return True
-        fd = self.fd(number)
-        with self._grow_lock:
-            size = self._sizes[number]
-            if size >= end:
+        with self._holds.held():
+            fd = self.fd(number)
+            with self._grow_lock:
+                size = self._sizes[number]
+                if size >= end:
+                    return True
+                grown = grow_file(fd, size, end, self.slots_in_file(number) * self.stride,
+                                  self.floor, self.dir.fd)
+                if grown is None:
+                    return False
+                self._sizes[number] = grown
                 return True
-            grown = grow_file(fd, size, end, self.slots_in_file(number) * self.stride, self.floor,
-                              self.dir.fd)
-            if grown is None:
-                return False
-            self._sizes[number] = grown
-            return True
 
     def close(self, lease: bool = True) -> None:
-        """Close every file; with ``lease``, the lease says the segment was closed."""
+        """Let the segment go: with ``lease``, the lease says it was closed, and the lock is
+        released, at once (a path coming back reopens it while a request on these files may
+        still run); the files are closed once the last ``held`` block ends."""
         if lease and not self.closed and self.lease is not None:
             self.lease.close()
-        self.closed = True
+        if self._lock_fd >= 0:
+            let_go(self._lock_fd)
+            self._lock_fd = -1
+        self._holds.close()
+
+    def _release(self) -> None:
         if self.log is not None:
             self.log.close()
         for fd in self._fds.values():
@@ -289,9 +282,6 @@ class CacheDir:
         if self.index_fd >= 0:
             os.close(self.index_fd)
             self.index_fd = -1
-        if self._lock_fd >= 0:
-            let_go(self._lock_fd)
-            self._lock_fd = -1
         self.dir.close()
 
 

@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 from kvtier.io.safefs import CacheDirError, SafeDir
@@ -156,13 +157,18 @@ class Lease:
     gone (a reclaim) is no conflict: the path's own checks see the segment gone."""
 
     def __init__(self, directory: SafeDir, instance: str, timeout: float,
-                 seated: Callable[[], bool] | None = None) -> None:
-        self._directory, self._seated = directory, seated
+                 seated: Callable[[], bool] | None = None,
+                 held: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+        self._directory, self._seated, self._held = directory, seated, held
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
                                os.getppid(), round(timeout * 1000), 0, machine.pid_namespace(),
                                machine.boot_id())
 
     def beat(self, closing: bool = False) -> None:
+        with self._held():  # the directory's descriptor stays its own meanwhile
+            self._beat(closing)
+
+    def _beat(self, closing: bool) -> None:
         if self._info.beat:
             current = read_lease(self._directory)
             if current is not None and not self._is_mine(current):
