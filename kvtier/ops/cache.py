@@ -13,75 +13,21 @@ another format version may hold its files directly in the namespace directory.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.io.format import HEADER_BYTES
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
-from kvtier.keys import FORMAT_VERSION, namespace_id_of
+from kvtier.keys import FORMAT_VERSION
+from kvtier.ops.meta import MetaError, NamespaceMeta, parse_meta
 from kvtier.segment.cachedir import MAX_META_BYTES
-from kvtier.segment.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, open_segment_dir
+from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
 from kvtier.segment.names import META_FILE, NAMESPACE_NAME, WRITER_ID, WRITERS_DIR, slot_number
 
 CacheRootError = CacheDirError  # a path the commands must not operate on, and why
-
-
-class MetaError(ValueError):
-    """A ``namespace.json`` that cannot be trusted; the message says why."""
-
-
-@dataclass(frozen=True)
-class NamespaceMeta:
-    """What a trusted ``namespace.json`` says."""
-
-    namespace: dict
-    stride: int
-    raw_bytes: int
-    file_slots: int
-
-    @property
-    def format_version(self) -> int:
-        version = self.namespace.get("format_version", 0)
-        return version if isinstance(version, int) else 0
-
-
-def parse_meta(data: bytes, namespace_id: str) -> NamespaceMeta:
-    """Check a ``namespace.json`` against its directory's name; raise ``MetaError``."""
-    try:
-        meta = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise MetaError(f"not JSON ({exc})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("namespace"), str):
-        raise MetaError("not a kvtier namespace description")
-    try:
-        described = namespace_id_of(meta["namespace"])
-    except UnicodeEncodeError:  # a lone surrogate (JSON "\\ud800"): not text kvtier writes
-        raise MetaError("its namespace is not UTF-8 text") from None
-    if described != namespace_id:
-        raise MetaError("describes another namespace than the directory's name")
-    try:
-        namespace = json.loads(meta["namespace"])
-    except (ValueError, RecursionError) as exc:
-        raise MetaError(f"its namespace is not JSON ({exc})") from None
-    if not isinstance(namespace, dict):
-        raise MetaError("not a kvtier namespace description")
-    numbers: dict[str, int] = {}
-    for key in ("stride", "raw_bytes", "file_slots"):
-        value = meta.get(key)
-        if type(value) is not int or not 0 < value <= MAX_RAW_BYTES + HEADER_BYTES:
-            raise MetaError(f"{key} is {value!r}, not a size kvtier writes")
-        numbers[key] = value
-    result = NamespaceMeta(namespace, **numbers)
-    if result.format_version == FORMAT_VERSION:
-        stride = SlotLayout(result.raw_bytes, 1, 0).stride
-        if result.stride != stride or result.file_slots != file_slots_for(stride):
-            raise MetaError(f"stride {result.stride} and file_slots {result.file_slots} do not "
-                            f"match raw_bytes {result.raw_bytes} (kvtier writes {stride} and "
-                            f"{file_slots_for(stride)})")
-    return result
+__all__ = ["CacheRootError", "MetaError", "NamespaceDir", "NamespaceMeta", "Segment", "cache_root",
+           "error_text", "list_writers", "namespaces", "parse_meta", "slot_file_sizes", "slot_files"]
 
 
 @dataclass(frozen=True)
