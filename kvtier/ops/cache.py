@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.keys import FORMAT_VERSION
+from kvtier.ops.listing import namespace_names, root_names, segment_names, writer_names
 from kvtier.ops.meta import MetaError, NamespaceMeta, parse_meta
 from kvtier.segment.cachedir import MAX_META_BYTES
 from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
@@ -149,11 +150,13 @@ def cache_root(path: str | Path) -> Path:
                              "directory") from None
 
 
-def namespaces(root: Path) -> list[NamespaceDir]:
-    """The namespace directories directly under ``root`` (other entries are not kvtier's)."""
+def namespaces(root: Path, only: str | None = None) -> list[NamespaceDir]:
+    """The namespace directories directly under ``root`` (other entries are not kvtier's);
+    with ``only`` (a namespace id), that one alone, looked up by its name: the root is not
+    listed. ``UnsafeEntry`` (E2BIG) when the root holds more entries than ``ROOT_LISTED``."""
     found: list[NamespaceDir] = []
     with SafeDir.open(root) as top:
-        for name in top.names():
+        for name in root_names(top) if only is None else [only]:
             info = top.lstat(name) if NAMESPACE_NAME.fullmatch(name) else None
             if info is None or not stat.S_ISDIR(info.st_mode):
                 continue
@@ -169,13 +172,16 @@ def namespaces(root: Path) -> list[NamespaceDir]:
 
 
 def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
-    names = directory.names()
-    if (META_FILE not in names and WRITERS_DIR not in names
-            and not any(slot_number(n) is not None for n in names)):
+    """What the namespace directory ``name`` is, or None when nothing in it is kvtier's;
+    it is listed (``namespace_names``) only when it holds neither a ``namespace.json`` nor
+    ``writers/``, to find the slot files of format version 1."""
+    has_meta = directory.lstat(META_FILE) is not None
+    has_writers = directory.lstat(WRITERS_DIR) is not None
+    if not has_meta and not has_writers and not any(
+            slot_number(n) is not None for n in namespace_names(directory)):
         return None
-    has_meta = META_FILE in names
     try:
-        writers, ignored = list_writers(directory) if WRITERS_DIR in names else ((), ())
+        writers, ignored = list_writers(directory) if has_writers else ((), ())
         data = directory.read_file(META_FILE, MAX_META_BYTES)
     except OSError as exc:
         return NamespaceDir(root, name, None, error_text(exc, directory.path), unsafe=True,
@@ -193,10 +199,11 @@ def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
 
 def list_writers(directory: SafeDir) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """(writer id, problem) of each entry of the namespace's ``writers/`` named like a writer
-    id, and the names of the others; ``UnsafeEntry`` when ``writers`` itself is unsafe."""
+    id, and the names of the others; ``UnsafeEntry`` when ``writers`` itself is unsafe, or
+    holds more entries than ``WRITERS_LISTED``."""
     writers, ignored = [], []
     with directory.subdir(WRITERS_DIR) as handle:
-        for name in handle.names():
+        for name in writer_names(handle):
             if not WRITER_ID.fullmatch(name):
                 ignored.append(name)
                 continue
@@ -215,10 +222,11 @@ def list_writers(directory: SafeDir) -> tuple[tuple[tuple[str, str], ...], tuple
     return tuple(writers), tuple(ignored)
 
 
-def slot_files(directory: SafeDir) -> dict[int, str]:
-    """Slot file names by number (only names kvtier writes)."""
+def slot_files(directory: SafeDir, names: list[str] | None = None) -> dict[int, str]:
+    """Slot file names by number (only names kvtier writes) among ``names``, by default the
+    segment's listing (``segment_names``: ``UnsafeEntry`` past its bound)."""
     files = {}
-    for name in directory.names():
+    for name in segment_names(directory) if names is None else names:
         number = slot_number(name)
         if number is not None:
             files[number] = name  # one name per number: the one kvtier writes
