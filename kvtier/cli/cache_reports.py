@@ -83,6 +83,8 @@ def print_inspect(path: str, reports: list[NamespaceReport], problem: str = "") 
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        if r.clock_problem:
+            console.print(f"{r.id[:12]}: {_show(r.clock_problem)}")
         if r.halted:
             console.print(f"{r.id[:12]}: engines found wrong KV while serving and serve no hits "
                           "(halt.json): `kvtier verify --repair` ends it")
@@ -108,8 +110,9 @@ def print_verify(path: str, reports: list[NamespaceVerify], problem: str = "") -
                                                 "corrupt", "torn", "foreign", "mismatched",
                                                 "unindexed", "stale index", "repaired"), rows)
     for r in reports:
-        if r.problem:
-            console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        for problem in (r.problem, r.clock_problem):
+            if problem:
+                console.print(f"{r.id[:12]}: {_show(problem)}")
         if r.halted:
             console.print(f"{r.id[:12]}: engines found wrong KV while serving and serve no "
                           "hits (halt.json): " + ("removed, hits are served again"

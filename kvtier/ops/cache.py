@@ -39,7 +39,8 @@ class NamespaceDir:
 
     ``writers``: (writer id, problem) of every entry under ``writers/`` named like a writer
     id (a problem when it is not a directory kvtier would use); ``ignored``: the other
-    entries there, which are not kvtier's and are left alone."""
+    entries there, which are not kvtier's and are left alone; ``proven``: kvtier's by a slot
+    header or index entry (``provenance.removal_refusal`` found it so, before a removal)."""
 
     root: Path
     id: str
@@ -49,6 +50,13 @@ class NamespaceDir:
     has_meta_file: bool = False
     writers: tuple[tuple[str, str], ...] = ()
     ignored: tuple[str, ...] = ()
+    proven: bool = False
+
+    @property
+    def owned(self) -> bool:
+        """True when kvtier provably wrote the directory: its ``namespace.json`` is trusted
+        (or ``proven``), and nothing in it breaks the hostile-directory rule."""
+        return not self.unsafe and (self.meta is not None or self.proven)
 
     @property
     def path(self) -> Path:

@@ -8,10 +8,11 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
+from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.provenance import damaged_reason, removal_refusal
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
@@ -125,9 +126,7 @@ def _free(segment: Segment, mine: list[Chunk], report: GcReport, dry_run: bool) 
         report.left[segment.label] = [problem]
 
 
-NO_CLOCK = ("its writer's last sign of life cannot be dated: no file can be made in the "
-            "namespace directory to read the filesystem's clock (a full disk, a read-only "
-            "mount); run gc where the cache can be written")
+NO_CLOCK = "its writer's last sign of life cannot be dated; run gc where the cache can be written"
 
 
 def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
@@ -135,16 +134,17 @@ def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
     use; an unsafe segment, or one in use although idle that long, is recorded as skipped."""
     problem = segment_problem(segment)
     idle: float | None = 0.0
+    clock = NamespaceClock(segment.ns)
     if not problem:
         try:
-            idle = idle_for(segment)
+            idle = idle_for(segment, clock)
         except OSError as exc:
             problem = error_text(exc, str(segment.path))
     if problem:
         report.skip(report.skipped_unsafe, segment.label, problem)
         return False
     if idle is None:  # counted as in use: how long it has been idle cannot be told
-        report.skip(report.skipped_in_use, segment.label, NO_CLOCK)
+        report.skip(report.skipped_in_use, segment.label, f"{NO_CLOCK}: {clock.problem}")
         return False
     if idle < gone_s:
         return False
@@ -226,6 +226,7 @@ def _chunks(segment: Segment, report: GcReport) -> list[Chunk]:
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:
     refusal = removal_refusal(directory)
+    directory = replace(directory, proven=not refusal)  # its clock may then be read in it
     if refusal:
         report.skip(report.skipped_unsafe, directory.id, refusal)
     elif dry_run:  # as the removal decides: each segment not in use goes, the rest stay

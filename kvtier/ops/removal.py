@@ -13,10 +13,11 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text
+from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.listing import namespace_names, seat_names, segment_names, writer_names
 from kvtier.ops.provenance import removal_refusal
 from kvtier.ops.segments import file_problem, hold, note_leases
@@ -110,7 +111,7 @@ def remove_segment(segment: Segment, ns_dir: SafeDir, writers: SafeDir, done: Re
             if unsafe:
                 done.keep(segment.label, unsafe)
                 return False
-            lock = hold(handle)
+            lock = hold(handle, NamespaceClock(segment.ns))
 
             def give_back_seat(left: list[str]) -> None:
                 # while the lock file is still there and held: a writer coming back under
@@ -185,7 +186,7 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
     with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle:
         old_layout = directory.status != "ok" or handle.lstat(LOCK_FILE) is not None
         try:
-            lock = hold(handle) if old_layout else -1
+            lock = hold(handle, NamespaceClock(directory)) if old_layout else -1
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
@@ -224,7 +225,7 @@ def clear(dirs: list[NamespaceDir]) -> Removal:
             if refusal:
                 done.keep(directory.id, refusal)
                 continue
-            remove_namespace(directory, done)
+            remove_namespace(replace(directory, proven=True), done)
         except OSError as exc:
             done.left[directory.id] = [error_text(exc, str(directory.path))]
     return done
