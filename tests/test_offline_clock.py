@@ -108,11 +108,12 @@ def test_a_namespace_proven_by_its_slots_is_dated_once_proven(tmp_path, probes):
 
 
 def read_only(monkeypatch):
-    """From now on no file can be made anywhere (as on a read-only mount)."""
+    """From now on no file can be made, nor opened for writing, anywhere (as on a read-only
+    mount)."""
     real = SafeDir.open_file
 
     def open_file(self, name, flags, *, create=False):
-        if create:
+        if create or flags & (os.O_WRONLY | os.O_RDWR):
             raise OSError(errno.EROFS, "Read-only file system")
         return real(self, name, flags, create=create)
 
@@ -139,3 +140,22 @@ def test_where_no_file_can_be_made_the_commands_work_and_say_so(tmp_path, monkey
     assert code == 1 and gone["skipped_in_use"] == [label(segment)] and segment.exists()
     assert "cannot be dated" in gone["reasons"][label(segment)]
     assert why in gone["reasons"][label(segment)]
+
+
+def test_on_a_read_only_mount_a_lock_held_is_told_from_one_not_held(tmp_path, monkeypatch):
+    """A lock file cannot be opened for writing there: it is looked at open for reading, so
+    a segment no process holds is not in use, and one a process of this host holds is."""
+    from kvtier import KVStore
+    from tests.helpers.kv import SMALL
+    from tests.helpers.store import config
+
+    root = tmp_path / "cache"
+    make_cache(root, instance_id="a")
+    with KVStore(SMALL, config(root, instance_id="b", share_writers=4)):
+        read_only(monkeypatch)
+        code, found = report("inspect", root)
+        in_use = {w["writer"]: w["in_use"] for w in found["namespaces"][0]["writers"]}
+        assert code == 0 and in_use == {"a": False, "b": True}, found
+        code, checked = report("verify", root)
+        in_use = {w["writer"]: w["in_use"] for w in checked["namespaces"][0]["writers"]}
+        assert code == 0 and in_use == {"a": False, "b": True}, checked
