@@ -106,9 +106,10 @@ def print_verify(path: str, reports: list[NamespaceVerify], problem: str = "") -
                          str(w.repaired)))
         if not r.writers:
             rows.append((r.id[:12], "-", *["0"] * 10))
-    print_rows(f"kvtier verify {_show(path)}", ("namespace", "writer", "slots", "ok", "free",
-                                                "corrupt", "torn", "foreign", "mismatched",
-                                                "unindexed", "stale index", "repaired"), rows)
+    if rows or not problem:  # nothing was looked at: no empty table
+        print_rows(f"kvtier verify {_show(path)}", ("namespace", "writer", "slots", "ok", "free",
+                                                    "corrupt", "torn", "foreign", "mismatched",
+                                                    "unindexed", "stale index", "repaired"), rows)
     for r in reports:
         for problem in (r.problem, r.clock_problem):
             if problem:
