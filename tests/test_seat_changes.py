@@ -33,7 +33,7 @@ def seats_of(root: Path) -> dict[str, str | None]:
 
 def seats_of_ns(ns: Path) -> dict[str, str | None]:
     with SafeDir.open(ns / "seats") as seats:
-        return {name: read_holder(seats, name) for name in sorted(seats.names())}
+        return {name: read_holder(seats, name) for name in seats.listed(64)}
 
 
 def slot_file_bytes(root: Path) -> int:

@@ -4,6 +4,7 @@ they print is ``cache_reports``'s, and a remote store's inspection ``remote_insp
 
 from __future__ import annotations
 
+import errno
 import functools
 import reprlib
 import time
@@ -19,9 +20,11 @@ from kvtier.cli.watchdog import watchdog
 from kvtier.ops.cache import NamespaceDir, cache_root, error_text, namespaces
 from kvtier.ops.inspect import inspect_namespace
 from kvtier.ops.reclaim import gc as gc_namespaces
+from kvtier.ops.removal import Removal
 from kvtier.ops.removal import clear as clear_namespaces
 from kvtier.ops.segments import note_leases
 from kvtier.ops.verify import verify_namespace
+from kvtier.segment.names import NAMESPACE_NAME
 from kvtier.units import parse_duration, parse_size
 
 PathArg = Annotated[str, typer.Argument(help="A cache root: one of the disk_paths.")]
@@ -32,19 +35,25 @@ TimeoutOpt = Annotated[float, typer.Option(help="Seconds the whole command takes
                                            "them it stops, saying so (exit 1).")]
 
 
-def _dirs(path: str, prefix: str | None) -> list[NamespaceDir]:
+def _dirs(path: str, prefix: str | None) -> tuple[list[NamespaceDir], str]:
+    """The namespaces under ``path`` (those whose id starts with ``prefix``), and why the
+    root's were not looked at ("" when they were): it holds more entries than the commands
+    list (``ROOT_LISTED``). A whole namespace id as ``prefix`` is looked up by its name, and
+    the root is not listed."""
     if not path:
         raise fail("PATH is empty; name a cache directory (one of the disk_paths)")
+    if prefix is not None and not prefix:  # an unset shell variable: not "every namespace"
+        raise fail("--namespace is empty; give a namespace id's first characters, or "
+                   "leave --namespace out for every namespace")
+    only = prefix if prefix is not None and NAMESPACE_NAME.fullmatch(prefix) else None
     try:
-        found = namespaces(cache_root(path))
+        found = namespaces(cache_root(path), only)
     except OSError as exc:
-        raise fail(error_text(exc, path)) from exc
-    if prefix is not None:
-        if not prefix:  # an unset shell variable: not "every namespace" for clear or gc
-            raise fail("--namespace is empty; give a namespace id's first characters, or "
-                       "leave --namespace out for every namespace")
-        found = [d for d in found if d.id.startswith(prefix)]
-    return found
+        if exc.errno != errno.E2BIG:
+            raise fail(error_text(exc, path)) from exc
+        return [], (f"{error_text(exc, path)}; its namespaces were not looked at (name one "
+                    "with --namespace and its whole id, which is looked up without a listing)")
+    return [d for d in found if prefix is None or d.id.startswith(prefix)], ""
 
 
 @app.command()
@@ -75,12 +84,14 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
         inspect_remote(path, prefix, limit, namespace, as_json, 60.0 if timeout is None else timeout)
         return
     with watchdog(600.0 if timeout is None else timeout, "inspect"):  # the printing too
-        reports = [inspect_namespace(d) for d in _dirs(path, namespace)]
+        dirs, problem = _dirs(path, namespace)
+        reports = [inspect_namespace(d) for d in dirs]
         if as_json:
-            emit_json({"path": path, "namespaces": [r.as_dict() for r in reports]})
+            emit_json({"path": path, "problem": problem,
+                       "namespaces": [r.as_dict() for r in reports]})
         else:
-            print_inspect(path, reports)
-    if any(r.status in ("damaged", "unsafe") for r in reports):
+            print_inspect(path, reports, problem)
+    if problem or any(r.status in ("damaged", "unsafe") for r in reports):
         raise typer.Exit(1)
 
 
@@ -95,15 +106,16 @@ def verify(path: PathArg, namespace: NamespaceOpt = None,
     segment that is not in use (one in use is checked, not repaired: exit 1).
     """
     with watchdog(timeout, "verify"):
-        reports = _verify_all(_dirs(path, namespace), repair, as_json)
-        problems = sum(r.problems for r in reports)
+        dirs, problem = _dirs(path, namespace)
+        reports = _verify_all(dirs, repair, as_json)
+        problems = sum(r.problems for r in reports) + bool(problem)
         if as_json:
-            emit_json({"path": path, "problems": problems,
+            emit_json({"path": path, "problems": problems, "problem": problem,
                        "namespaces": [r.as_dict() for r in reports]})
         else:
-            print_verify(path, reports)
-    if (problems and not repair) or any(r.problem or any(w.problem for w in r.writers)
-                                        for r in reports):
+            print_verify(path, reports, problem)
+    if problem or (problems and not repair) or any(
+            r.problem or any(w.problem for w in r.writers) for r in reports):
         raise typer.Exit(1)
 
 
@@ -145,8 +157,10 @@ def gc(path: PathArg, namespace: NamespaceOpt = None,
     except ValueError as exc:
         raise fail(f"gc: {exc}") from exc
     with watchdog(timeout, "gc"):
-        report = gc_namespaces(_dirs(path, namespace), older_than_s=age, target_bytes=size,
+        dirs, problem = _dirs(path, namespace)
+        report = gc_namespaces(dirs, older_than_s=age, target_bytes=size,
                                stale=stale, gone_s=gone_s, dry_run=dry_run)
+        report.problem = problem
         if as_json:
             emit_json(asdict(report))
         else:
@@ -180,7 +194,9 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
     """
     started = time.monotonic()
     with watchdog(timeout, "clear"):
-        dirs = _dirs(path, namespace)
+        dirs, problem = _dirs(path, namespace)
+    if problem:  # no namespace was looked at
+        _report_clear(Removal(problem=problem), as_json)
     if not dirs:
         matching = f" matching {namespace}" if namespace else ""
         raise fail(f"clear: no kvtier namespace under {path}{matching}")
@@ -189,10 +205,14 @@ def clear(path: PathArg, namespace: NamespaceOpt = None,
                                      err=as_json):  # stdout is the JSON's alone
         raise typer.Exit(1)
     with watchdog(timeout, "clear", timeout - (asked - started)):  # not the question's time
-        done = clear_namespaces(dirs)
-        if as_json:
-            emit_json(asdict(done))
-        else:
-            print_clear(done)
-    if done.in_use or done.left:
+        _report_clear(clear_namespaces(dirs), as_json)
+
+
+def _report_clear(done: Removal, as_json: bool) -> None:
+    """Print what ``clear`` did; exit 1 when it left something alone."""
+    if as_json:
+        emit_json(asdict(done))
+    else:
+        print_clear(done)
+    if done.in_use or done.left or done.problem:
         raise typer.Exit(1)

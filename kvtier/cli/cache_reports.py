@@ -52,7 +52,15 @@ def print_rows(title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, .
                       highlight=False)
 
 
-def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
+def print_root_problem(problem: str) -> None:
+    """Why the cache root's namespaces were not looked at (the reason names the root), when
+    they were not."""
+    if problem:
+        console.print(_show(problem), highlight=False)
+
+
+def print_inspect(path: str, reports: list[NamespaceReport], problem: str = "") -> None:
+    print_root_problem(problem)
     rows: list[tuple[str, ...]] = []
     for r in reports:
         ages = "/".join(age_text(r.age_seconds.get(k)) for k in ("min", "median", "max"))
@@ -75,16 +83,19 @@ def print_inspect(path: str, reports: list[NamespaceReport]) -> None:
     for r in reports:
         if r.problem:
             console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        if r.clock_problem:
+            console.print(f"{r.id[:12]}: {_show(r.clock_problem)}")
         if r.halted:
             console.print(f"{r.id[:12]}: engines found wrong KV while serving and serve no hits "
                           "(halt.json): `kvtier verify --repair` ends it")
         for name in r.ignored:
             console.print(f"{r.id[:12]}: writers/{_show(name)} is not a writer's segment; left alone")
-    if not reports:
+    if not reports and not problem:
         console.print("no kvtier namespaces here")
 
 
-def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
+def print_verify(path: str, reports: list[NamespaceVerify], problem: str = "") -> None:
+    print_root_problem(problem)
     rows: list[tuple[str, ...]] = []
     for r in reports:
         for w in r.writers:
@@ -95,13 +106,15 @@ def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
                          str(len(w.stale_index)), str(w.repaired)))
         if not r.writers:
             rows.append((r.id[:12], "-", *["0"] * 11))
-    print_rows(f"kvtier verify {_show(path)}", ("namespace", "writer", "slots", "ok", "free",
-                                                "corrupt", "torn", "foreign", "mismatched",
-                                                "unindexed", "removed", "stale index",
-                                                "repaired"), rows)
+    if rows or not problem:  # nothing was looked at: no empty table
+        print_rows(f"kvtier verify {_show(path)}", ("namespace", "writer", "slots", "ok", "free",
+                                                    "corrupt", "torn", "foreign", "mismatched",
+                                                    "unindexed", "removed", "stale index",
+                                                    "repaired"), rows)
     for r in reports:
-        if r.problem:
-            console.print(f"{r.id[:12]}: {_show(r.problem)}")
+        for problem in (r.problem, r.clock_problem):
+            if problem:
+                console.print(f"{r.id[:12]}: {_show(problem)}")
         if r.halted:
             console.print(f"{r.id[:12]}: engines found wrong KV while serving and serve no "
                           "hits (halt.json): " + ("removed, hits are served again"
@@ -113,6 +126,7 @@ def print_verify(path: str, reports: list[NamespaceVerify]) -> None:
 
 
 def print_gc(report: GcReport, gone: bool) -> None:
+    print_root_problem(report.problem)
     free, remove = ("would free", "would remove") if report.dry_run else ("freed", "removed")
     skipped = [(report.skipped_in_use, "in use"),
                (report.skipped_unsafe, "not provably kvtier's or unsafe"),
@@ -130,6 +144,7 @@ def print_gc(report: GcReport, gone: bool) -> None:
 
 def print_clear(done: Removal) -> None:
     """What ``kvtier clear`` removed, and what it left alone."""
+    print_root_problem(done.problem)
     console.print(f"removed {len(done.removed)} namespace(s), "
                   f"{len(done.segments_removed)} writer segment(s)"
                   + (f"; {len(done.in_use)} in use, left alone" if done.in_use else ""))

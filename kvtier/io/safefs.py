@@ -137,10 +137,6 @@ class SafeDir:
         except FileNotFoundError:
             return None
 
-    def names(self) -> list[str]:
-        """Entry names, sorted."""
-        return sorted(os.listdir(self.fd))
-
     def listed(self, limit: int) -> list[str]:
         """Entry names, sorted; ``UnsafeEntry`` (E2BIG) past ``limit``, kvtier's most there
         (the listing stops: a directory stuffed with entries costs ``limit`` of them)."""

@@ -13,75 +13,22 @@ another format version may hold its files directly in the namespace directory.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.io.format import HEADER_BYTES
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
-from kvtier.keys import FORMAT_VERSION, namespace_id_of
+from kvtier.keys import FORMAT_VERSION
+from kvtier.ops.listing import namespace_names, root_names, segment_names, writer_names
+from kvtier.ops.meta import MetaError, NamespaceMeta, parse_meta
 from kvtier.segment.cachedir import MAX_META_BYTES
-from kvtier.segment.index_file import MAX_RAW_BYTES, MAX_SLOTS, SlotLayout, file_slots_for, open_segment_dir
+from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
 from kvtier.segment.names import META_FILE, NAMESPACE_NAME, WRITER_ID, WRITERS_DIR, slot_number
 
 CacheRootError = CacheDirError  # a path the commands must not operate on, and why
-
-
-class MetaError(ValueError):
-    """A ``namespace.json`` that cannot be trusted; the message says why."""
-
-
-@dataclass(frozen=True)
-class NamespaceMeta:
-    """What a trusted ``namespace.json`` says."""
-
-    namespace: dict
-    stride: int
-    raw_bytes: int
-    file_slots: int
-
-    @property
-    def format_version(self) -> int:
-        version = self.namespace.get("format_version", 0)
-        return version if isinstance(version, int) else 0
-
-
-def parse_meta(data: bytes, namespace_id: str) -> NamespaceMeta:
-    """Check a ``namespace.json`` against its directory's name; raise ``MetaError``."""
-    try:
-        meta = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise MetaError(f"not JSON ({exc})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("namespace"), str):
-        raise MetaError("not a kvtier namespace description")
-    try:
-        described = namespace_id_of(meta["namespace"])
-    except UnicodeEncodeError:  # a lone surrogate (JSON "\\ud800"): not text kvtier writes
-        raise MetaError("its namespace is not UTF-8 text") from None
-    if described != namespace_id:
-        raise MetaError("describes another namespace than the directory's name")
-    try:
-        namespace = json.loads(meta["namespace"])
-    except (ValueError, RecursionError) as exc:
-        raise MetaError(f"its namespace is not JSON ({exc})") from None
-    if not isinstance(namespace, dict):
-        raise MetaError("not a kvtier namespace description")
-    numbers: dict[str, int] = {}
-    for key in ("stride", "raw_bytes", "file_slots"):
-        value = meta.get(key)
-        if type(value) is not int or not 0 < value <= MAX_RAW_BYTES + HEADER_BYTES:
-            raise MetaError(f"{key} is {value!r}, not a size kvtier writes")
-        numbers[key] = value
-    result = NamespaceMeta(namespace, **numbers)
-    if result.format_version == FORMAT_VERSION:
-        stride = SlotLayout(result.raw_bytes, 1, 0).stride
-        if result.stride != stride or result.file_slots != file_slots_for(stride):
-            raise MetaError(f"stride {result.stride} and file_slots {result.file_slots} do not "
-                            f"match raw_bytes {result.raw_bytes} (kvtier writes {stride} and "
-                            f"{file_slots_for(stride)})")
-    return result
+__all__ = ["CacheRootError", "MetaError", "NamespaceDir", "NamespaceMeta", "Segment", "cache_root",
+           "error_text", "list_writers", "namespaces", "parse_meta", "slot_file_sizes", "slot_files"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +39,8 @@ class NamespaceDir:
 
     ``writers``: (writer id, problem) of every entry under ``writers/`` named like a writer
     id (a problem when it is not a directory kvtier would use); ``ignored``: the other
-    entries there, which are not kvtier's and are left alone."""
+    entries there, which are not kvtier's and are left alone; ``proven``: kvtier's by a slot
+    header or index entry (``provenance.removal_refusal`` found it so, before a removal)."""
 
     root: Path
     id: str
@@ -102,6 +50,13 @@ class NamespaceDir:
     has_meta_file: bool = False
     writers: tuple[tuple[str, str], ...] = ()
     ignored: tuple[str, ...] = ()
+    proven: bool = False
+
+    @property
+    def owned(self) -> bool:
+        """True when kvtier provably wrote the directory: its ``namespace.json`` is trusted
+        (or ``proven``), and nothing in it breaks the hostile-directory rule."""
+        return not self.unsafe and (self.meta is not None or self.proven)
 
     @property
     def path(self) -> Path:
@@ -203,11 +158,13 @@ def cache_root(path: str | Path) -> Path:
                              "directory") from None
 
 
-def namespaces(root: Path) -> list[NamespaceDir]:
-    """The namespace directories directly under ``root`` (other entries are not kvtier's)."""
+def namespaces(root: Path, only: str | None = None) -> list[NamespaceDir]:
+    """The namespace directories directly under ``root`` (other entries are not kvtier's);
+    with ``only`` (a namespace id), that one alone, looked up by its name: the root is not
+    listed. ``UnsafeEntry`` (E2BIG) when the root holds more entries than ``ROOT_LISTED``."""
     found: list[NamespaceDir] = []
     with SafeDir.open(root) as top:
-        for name in top.names():
+        for name in root_names(top) if only is None else [only]:
             info = top.lstat(name) if NAMESPACE_NAME.fullmatch(name) else None
             if info is None or not stat.S_ISDIR(info.st_mode):
                 continue
@@ -223,13 +180,16 @@ def namespaces(root: Path) -> list[NamespaceDir]:
 
 
 def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
-    names = directory.names()
-    if (META_FILE not in names and WRITERS_DIR not in names
-            and not any(slot_number(n) is not None for n in names)):
+    """What the namespace directory ``name`` is, or None when nothing in it is kvtier's;
+    it is listed (``namespace_names``) only when it holds neither a ``namespace.json`` nor
+    ``writers/``, to find the slot files of format version 1."""
+    has_meta = directory.lstat(META_FILE) is not None
+    has_writers = directory.lstat(WRITERS_DIR) is not None
+    if not has_meta and not has_writers and not any(
+            slot_number(n) is not None for n in namespace_names(directory)):
         return None
-    has_meta = META_FILE in names
     try:
-        writers, ignored = list_writers(directory) if WRITERS_DIR in names else ((), ())
+        writers, ignored = list_writers(directory) if has_writers else ((), ())
         data = directory.read_file(META_FILE, MAX_META_BYTES)
     except OSError as exc:
         return NamespaceDir(root, name, None, error_text(exc, directory.path), unsafe=True,
@@ -247,10 +207,11 @@ def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
 
 def list_writers(directory: SafeDir) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     """(writer id, problem) of each entry of the namespace's ``writers/`` named like a writer
-    id, and the names of the others; ``UnsafeEntry`` when ``writers`` itself is unsafe."""
+    id, and the names of the others; ``UnsafeEntry`` when ``writers`` itself is unsafe, or
+    holds more entries than ``WRITERS_LISTED``."""
     writers, ignored = [], []
     with directory.subdir(WRITERS_DIR) as handle:
-        for name in handle.names():
+        for name in writer_names(handle):
             if not WRITER_ID.fullmatch(name):
                 ignored.append(name)
                 continue
@@ -269,10 +230,11 @@ def list_writers(directory: SafeDir) -> tuple[tuple[tuple[str, str], ...], tuple
     return tuple(writers), tuple(ignored)
 
 
-def slot_files(directory: SafeDir) -> dict[int, str]:
-    """Slot file names by number (only names kvtier writes)."""
+def slot_files(directory: SafeDir, names: list[str] | None = None) -> dict[int, str]:
+    """Slot file names by number (only names kvtier writes) among ``names``, by default the
+    segment's listing (``segment_names``: ``UnsafeEntry`` past its bound)."""
     files = {}
-    for name in directory.names():
+    for name in segment_names(directory) if names is None else names:
         number = slot_number(name)
         if number is not None:
             files[number] = name  # one name per number: the one kvtier writes

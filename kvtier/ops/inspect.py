@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 from kvtier.io.format import SlotHeader
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
-from kvtier.ops.segments import busy_reason, file_problem, index_entries, namespace_now, top_lock_held
+from kvtier.ops.clock import NamespaceClock
+from kvtier.ops.segments import busy_reason, file_problem, index_entries, top_lock_held
 from kvtier.segment.halt_file import HaltFile
 from kvtier.segment.lease import read_lease
 from kvtier.segment.names import LEASE_FILE
@@ -63,6 +64,7 @@ class NamespaceReport(Holdings):
     writers: list[WriterReport] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # entries of writers/ that are not kvtier's
     halted: bool = False  # engines found wrong KV while serving: no hits (halt.json)
+    clock_problem: str = ""  # why the filesystem's clock was not read (lease ages not told)
 
     @property
     def fill(self) -> float:
@@ -82,9 +84,11 @@ class NamespaceReport(Holdings):
 def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> NamespaceReport:
     """What ``directory`` holds, from its metadata, and each segment's lease, file sizes and
     index (no slot is read). The filesystem's clock is read once for the namespace
-    (``namespace_now``), before any lease: a lease's age is never overstated."""
+    (``NamespaceClock``: only in a directory kvtier provably wrote), before any lease: a
+    lease's age is never overstated; where it is not read, ``clock_problem`` says why."""
     now = time.time() if now is None else now
-    file_now = namespace_now(directory) if directory.segments else None
+    clock = NamespaceClock(directory)
+    file_now = clock() if directory.segments else None
     ns = directory.namespace
     report = NamespaceReport(
         id=directory.id, status=directory.status, in_use=top_lock_held(directory),
@@ -94,7 +98,8 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "",
         model_settings=str(ns.get("model_settings", "")),
         format_version=_int(ns.get("format_version")), ignored=list(directory.ignored),
-        halted=HaltFile(directory.root, directory.id).read() is not None)
+        halted=HaltFile(directory.root, directory.id).read() is not None,
+        clock_problem=clock.problem)
     created: list[int] = []
     for segment in directory.segments:
         writer, headers = inspect_segment(segment, directory.readable, file_now)
@@ -115,7 +120,7 @@ def inspect_segment(segment: Segment, readable: bool,
                     file_now: int | None) -> tuple[WriterReport, list[SlotHeader]]:
     """The report of one segment and the headers its index names (those of a ``readable``
     namespace only: the others' geometry is not known); ``file_now``: the filesystem's
-    clock (``namespace_now``; None: not known, and the lease's age not told)."""
+    clock (``NamespaceClock``; None: not known, and the lease's age not told)."""
     report = WriterReport(writer=segment.writer, status="unsafe" if segment.unsafe else "ok",
                           problem=segment.problem)
     if segment.unsafe:
@@ -129,7 +134,7 @@ def inspect_segment(segment: Segment, readable: bool,
                 return report, []
             lease = read_lease(handle)
             written = handle.lstat(LEASE_FILE) if lease is not None else None
-            report.in_use = bool(busy_reason(handle, file_now))
+            report.in_use = bool(busy_reason(handle, lambda: file_now))
             if readable:
                 sizes = slot_file_sizes(segment.meta, handle)
                 entries = index_entries(segment, handle, sizes)

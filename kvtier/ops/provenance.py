@@ -21,6 +21,7 @@ from collections.abc import Callable
 from kvtier.io.format import HEADER_BYTES, HeaderError, decode_header
 from kvtier.io.safefs import SafeDir, read_at
 from kvtier.ops.cache import NamespaceDir, error_text, slot_files
+from kvtier.ops.listing import namespace_names
 from kvtier.ops.slot_reads import next_data
 from kvtier.segment.index_file import MAX_SLOTS, written_index_entries
 
@@ -29,13 +30,14 @@ PROOF_REGIONS = 64  # stretches of data of a slot file looked into for a header,
 PROOF_ENTRIES = 64  # index entries that are not blank looked at, at most
 
 
-def proven_by_slots(directory: SafeDir, digest: bytes) -> bool:
+def proven_by_slots(directory: SafeDir, digest: bytes, names: list[str] | None = None) -> bool:
     """True when a slot file in ``directory`` holds a checked header of ``digest`` where one
     of its first ``PROOF_REGIONS`` stretches of data starts (a slot freed by ``gc`` is a
     hole: the next slot holding a chunk starts the next stretch), or its ``index.kvt`` a
     checked entry of ``digest`` among its first ``PROOF_ENTRIES`` that are not blank. Only
-    regular files of this user are read (``SafeDir.open_file``), 4 KiB at a time."""
-    for name in slot_files(directory).values():
+    regular files of this user are read (``SafeDir.open_file``), 4 KiB at a time. ``names``:
+    the directory's listing (by default a segment's: ``slot_files``)."""
+    for name in slot_files(directory, names).values():
         if _file_proves(directory, name, lambda fd: _header_proves(fd, digest)):
             return True
     return _index_proves(directory, digest)
@@ -104,8 +106,8 @@ def is_proven(ns: NamespaceDir) -> bool:
     if ns.unsafe:
         return False
     digest = bytes.fromhex(ns.id)
-    with ns.open() as directory:
-        if proven_by_slots(directory, digest):
+    with ns.open() as directory:  # format version 1's slot files lie there
+        if proven_by_slots(directory, digest, namespace_names(directory)):
             return True
     for segment in ns.segments:
         if segment.unsafe:

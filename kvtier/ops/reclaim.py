@@ -8,10 +8,11 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
+from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.provenance import damaged_reason, removal_refusal
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
@@ -41,12 +42,13 @@ class GcReport:
     reasons: dict[str, str] = field(default_factory=dict)  # why, for skipped_unsafe and unreadable
     left: dict[str, list[str]] = field(default_factory=dict)  # entries kvtier did not write
     dry_run: bool = False
+    problem: str = ""  # why the cache root's namespaces were not looked at (too many entries)
 
     @property
     def left_alone(self) -> bool:
-        """True when something was not done: in use, unsafe or entries left behind (an
-        ``unreadable`` namespace is left alone by design, and does not count)."""
-        return bool(self.skipped_in_use or self.skipped_unsafe or self.left)
+        """True when something was not done: the root not listed, in use, unsafe or entries
+        left behind (an ``unreadable`` namespace is left alone by design, and does not count)."""
+        return bool(self.problem or self.skipped_in_use or self.skipped_unsafe or self.left)
 
     def skip(self, skipped: list[str], name: str, reason: str = "") -> None:
         """Record ``name`` once in ``skipped`` (a ``skipped_*`` list or ``unreadable``), and why."""
@@ -124,9 +126,7 @@ def _free(segment: Segment, mine: list[Chunk], report: GcReport, dry_run: bool) 
         report.left[segment.label] = [problem]
 
 
-NO_CLOCK = ("its writer's last sign of life cannot be dated: no file can be made in the "
-            "namespace directory to read the filesystem's clock (a full disk, a read-only "
-            "mount); run gc where the cache can be written")
+NO_CLOCK = "its writer's last sign of life cannot be dated; run gc where the cache can be written"
 
 
 def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
@@ -134,16 +134,17 @@ def _is_gone(segment: Segment, gone_s: float, report: GcReport) -> bool:
     use; an unsafe segment, or one in use although idle that long, is recorded as skipped."""
     problem = segment_problem(segment)
     idle: float | None = 0.0
+    clock = NamespaceClock(segment.ns)
     if not problem:
         try:
-            idle = idle_for(segment)
+            idle = idle_for(segment, clock)
         except OSError as exc:
             problem = error_text(exc, str(segment.path))
     if problem:
         report.skip(report.skipped_unsafe, segment.label, problem)
         return False
     if idle is None:  # counted as in use: how long it has been idle cannot be told
-        report.skip(report.skipped_in_use, segment.label, NO_CLOCK)
+        report.skip(report.skipped_in_use, segment.label, f"{NO_CLOCK}: {clock.problem}")
         return False
     if idle < gone_s:
         return False
@@ -157,10 +158,12 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
                  dry_run: bool) -> set[str]:
     """Remove the segments of ``directory`` whose writers are gone for ``gone_s`` seconds,
     and release their seats; return the labels of the segments removed or skipped (what a
-    dry run would remove, or skip)."""
+    dry run would remove, or skip). None is removed when ``seats/`` cannot be read (more
+    entries than are listed): a segment's removal gives its seat back."""
     gone = [segment for segment in directory.segments if _is_gone(segment, gone_s, report)]
     skipped = {s.label for s in directory.segments} & {*report.skipped_in_use, *report.skipped_unsafe}
-    _free_seats(directory, gone_s, report, dry_run)
+    if not _free_seats(directory, gone_s, report, dry_run):
+        gone = []  # the reason is in ``left``, under ``<namespace id>/seats``
     if dry_run or not gone:
         report.segments_removed += [s.label for s in gone]
         return {s.label for s in gone} | skipped
@@ -180,17 +183,18 @@ def _remove_gone(directory: NamespaceDir, gone_s: float, report: GcReport,
 SEAT_GRACE_S = 60.0  # a seat younger than this may be one a writer is setting up elsewhere
 
 
-def _free_seats(directory: NamespaceDir, gone_s: float, report: GcReport, dry_run: bool) -> None:
+def _free_seats(directory: NamespaceDir, gone_s: float, report: GcReport, dry_run: bool) -> bool:
     """Give back the seats of ``directory`` that name no writer with a segment, unchanged
     for ``gone_s`` (at least ``SEAT_GRACE_S``): ``free_orphan_seats``; a dry run lists them
-    and changes nothing."""
+    and changes nothing. False, and why in ``left``, when ``seats/`` could not be read."""
     try:
         with directory.open() as handle:
             freed = free_orphan_seats(handle, max(gone_s, SEAT_GRACE_S), dry_run)
     except OSError as exc:
         report.left[f"{directory.id}/{SEATS_DIR}"] = [error_text(exc, f"{directory.path}/{SEATS_DIR}")]
-        return
+        return False
     report.seats_freed += [f"{directory.id}/{SEATS_DIR}/{name}" for name in freed]
+    return True
 
 
 def _namespace_chunks(directory: NamespaceDir, report: GcReport,
@@ -222,6 +226,7 @@ def _chunks(segment: Segment, report: GcReport) -> list[Chunk]:
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:
     refusal = removal_refusal(directory)
+    directory = replace(directory, proven=not refusal)  # its clock may then be read in it
     if refusal:
         report.skip(report.skipped_unsafe, directory.id, refusal)
     elif dry_run:  # as the removal decides: each segment not in use goes, the rest stay

@@ -13,10 +13,12 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text
+from kvtier.ops.clock import NamespaceClock
+from kvtier.ops.listing import namespace_names, seat_names, segment_names, writer_names
 from kvtier.ops.provenance import removal_refusal
 from kvtier.ops.segments import file_problem, hold, note_leases
 from kvtier.segment.names import (
@@ -45,13 +47,15 @@ class Removal:
     """What removing namespaces did: namespaces and segments removed, segments (or old-layout
     namespaces) in use and left alone, and what was left where, with why: ``left`` names the
     entries left in each place, or why it was left whole, and ``reasons`` says why each
-    namespace or segment that the rule of ``provenance`` keeps was left whole."""
+    namespace or segment that the rule of ``provenance`` keeps was left whole; ``problem``
+    why the cache root's namespaces were not looked at (more entries than are listed)."""
 
     removed: list[str] = field(default_factory=list)
     segments_removed: list[str] = field(default_factory=list)
     in_use: list[str] = field(default_factory=list)
     left: dict[str, list[str]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
+    problem: str = ""
 
     def keep(self, name: str, why: str) -> None:
         """Record that ``name`` (a namespace or a segment) was left whole, and why."""
@@ -68,14 +72,16 @@ def remove_dir(handle: SafeDir, name: str) -> bool:
 
 
 def _remove_files(handle: SafeDir, kvtier_names: set[str], *, locked: bool = True,
-                  before_lock: Callable[[list[str]], None] | None = None) -> list[str]:
+                  before_lock: Callable[[list[str]], None] | None = None,
+                  listing: Callable[[SafeDir], list[str]] = segment_names) -> list[str]:
     """Remove the regular files of ``handle`` that kvtier names (``kvtier_names``, slot files,
     its temporary files) and, when the caller holds it (``locked``), the lock file, last,
     after ``before_lock(left)``; return the other entries (``left``). Slot files go first:
     a removal killed midway leaves no slot file whose index is gone (a start-up would scan
-    its headers and take back every chunk)."""
+    its headers and take back every chunk). ``listing`` lists ``handle`` within its bound
+    (past it, ``UnsafeEntry`` and nothing removed)."""
     left = []
-    for name in sorted(handle.names(), key=lambda n: slot_number(n) is None):
+    for name in sorted(listing(handle), key=lambda n: slot_number(n) is None):
         if name == LOCK_FILE and locked:
             continue
         mine = (name in kvtier_names or slot_number(name) is not None
@@ -105,7 +111,7 @@ def remove_segment(segment: Segment, ns_dir: SafeDir, writers: SafeDir, done: Re
             if unsafe:
                 done.keep(segment.label, unsafe)
                 return False
-            lock = hold(handle)
+            lock = hold(handle, NamespaceClock(segment.ns))
 
             def give_back_seat(left: list[str]) -> None:
                 # while the lock file is still there and held: a writer coming back under
@@ -140,7 +146,7 @@ def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> 
         return True
     gone = True
     with handle.subdir(WRITERS_DIR) as writers:
-        for name in writers.names():
+        for name in writer_names(writers):
             if not WRITER_ID.fullmatch(name):
                 done.left.setdefault(f"{directory.id}/{WRITERS_DIR}", []).append(name)
                 gone = False
@@ -154,18 +160,20 @@ def _remove_writers(directory: NamespaceDir, handle: SafeDir, done: Removal) -> 
 
 def _remove_seats(handle: SafeDir) -> None:
     """With no segment left, every seat is free: remove the seat files, then ``seats/``
-    (anything else in it stays, and so does the directory)."""
+    (anything else in it stays, and so does the directory; past its bound, ``UnsafeEntry``
+    and nothing removed)."""
     if handle.lstat(SEATS_DIR) is None:
         return
     with handle.subdir(SEATS_DIR) as seats:
-        linked = linked_temps(seats)  # a crash's temporary file linked to its seat goes first
-        for name in sorted(linked) + [n for n in seats.names() if n not in linked]:
+        names = seat_names(seats)
+        linked = linked_temps(seats, names)  # a crash's temporary file linked to its seat goes first
+        for name in sorted(linked) + [n for n in names if n not in linked]:
             if seat_number(name) is not None or TEMP_NAME.fullmatch(name):
                 try:
                     seats.remove_file(name, links=2 if name in linked else 1)
                 except OSError:
                     continue  # not a regular file of ours: not kvtier's to delete
-        empty = not seats.names()
+        empty = not seats.scan(1)
     if empty:
         remove_dir(handle, SEATS_DIR)
 
@@ -178,17 +186,21 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
     with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle:
         old_layout = directory.status != "ok" or handle.lstat(LOCK_FILE) is not None
         try:
-            lock = hold(handle) if old_layout else -1
+            lock = hold(handle, NamespaceClock(directory)) if old_layout else -1
         except OSError as exc:
             if exc.errno != errno.EBUSY:
                 raise
             done.in_use.append(directory.id)
             return
         try:
+            if handle.lstat(SEATS_DIR) is not None:  # each segment removed gives its seat back:
+                with handle.subdir(SEATS_DIR) as seats:  # past its bound, nothing is removed
+                    seat_names(seats)
             if not _remove_writers(directory, handle, done):
                 return  # namespace.json stays: it describes the segments left
             _remove_seats(handle)
-            left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0)
+            left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0,
+                                 listing=namespace_names)
         finally:
             if lock >= 0:
                 os.close(lock)
@@ -213,7 +225,7 @@ def clear(dirs: list[NamespaceDir]) -> Removal:
             if refusal:
                 done.keep(directory.id, refusal)
                 continue
-            remove_namespace(directory, done)
+            remove_namespace(replace(directory, proven=True), done)
         except OSError as exc:
             done.left[directory.id] = [error_text(exc, str(directory.path))]
     return done

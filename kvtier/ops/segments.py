@@ -4,7 +4,8 @@ its index entries, the lock an operation that changes it holds, and freeing its 
 A segment is in use when a process holds its ``lock`` (``flock``: decisive on this machine),
 or when its lease was written on another machine, not closed, and recently by the
 filesystem's clock (``remote_holder``: the lease file's modification time against the time
-of a file made now; never the time the lease states, its writer's clock): ``flock`` is not seen
+of a file made now in its namespace's directory, ``kvtier.ops.clock``; never the time the
+lease states, its writer's clock): ``flock`` is not seen
 across machines on every shared filesystem, so a writer elsewhere is assumed alive until its
 lease is that old. Before a command changes a segment whose lease another machine's writer
 did not close, it also watches that lease for two of the writer's heartbeats
@@ -20,14 +21,16 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, REMOVED, SlotHeader
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.liveness import LOOKS, changed_while_watched, note_lease
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
 from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, read_lease
-from kvtier.segment.lease_age import dated_here, filesystem_now_ns, remote_holder
+from kvtier.segment.lease_age import dated_here, remote_holder
 from kvtier.segment.lock import held_here as lock_held
 from kvtier.segment.lock import lock_namespace
 from kvtier.segment.log import entries_of
@@ -36,14 +39,16 @@ from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 
 _FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+Clock = Callable[[], int | None]  # the filesystem's clock: the time now, or None when not known
 
-def busy_reason(directory: SafeDir, now_ns: int | None = None, watch: bool = False) -> str:
-    """Why the segment open in ``directory`` is in use ("" when it is not); ``now_ns``: the
-    filesystem's clock, read before (``namespace_now``), else read when needed; ``watch``:
-    as a change judges it, its lease watched as well (``changed_while_watched``)."""
+def busy_reason(directory: SafeDir, clock: Clock, watch: bool = False) -> str:
+    """Why the segment open in ``directory`` is in use ("" when it is not); ``clock``: the
+    filesystem's clock (``NamespaceClock``: read in the namespace's directory, never in the
+    segment's), read when needed; ``watch``: as a change judges it, its lease watched as
+    well (``changed_while_watched``)."""
     if lock_held(directory):
         return "a running kvtier process holds its lock"
-    remote = remote_holder(directory, now_ns)
+    remote = remote_holder(directory, clock)
     return remote or (changed_while_watched(directory) if watch else "")
 
 
@@ -54,7 +59,7 @@ def in_use(segment: Segment, watch: bool = False) -> bool:
         return False
     try:
         with segment.open() as directory:
-            return bool(busy_reason(directory, watch=watch))
+            return bool(busy_reason(directory, NamespaceClock(segment.ns), watch=watch))
     except OSError:
         return False
 
@@ -73,27 +78,17 @@ def note_leases(dirs: list[NamespaceDir]) -> None:
                 continue
 
 
-def namespace_now(ns: NamespaceDir) -> int | None:
-    """The time now by the clock that sets file times in ``ns`` (``filesystem_now_ns``, a file
-    made in the namespace directory); None when it cannot be read."""
-    try:
-        with ns.open() as directory:
-            return filesystem_now_ns(directory)
-    except OSError:
-        return None
-
-
-def idle_for(segment: Segment, now_ns: int | None = None) -> float | None:
+def idle_for(segment: Segment, clock: Clock | None = None) -> float | None:
     """Seconds since the segment's writer last showed life, by the filesystem's clock: since
     its lease file was last written (the segment directory's change time when it has no
-    lease), against ``now_ns`` (``namespace_now``, read first when not given: the namespace
-    directory's, so that reading it changes no time of the segment's), whether or not it
-    is in use. Where that clock cannot be read (no file can be made: a full disk), a lease of
-    this machine (or of this host before its last boot) is dated by the time it states, on
-    this machine's clock; None for any other. A lease dated more than ``REMOTE_LEASE_S``
+    lease), against ``clock`` (by default a ``NamespaceClock``), read first: in the namespace
+    directory, so that reading it changes no time of the segment's, whether or not it is in
+    use. Where that clock is not known (no file can be made: a full disk; or may be: a
+    namespace not proven kvtier's), a lease of this machine is dated by the time it states,
+    on this machine's clock; None for any other. A lease dated more than ``REMOTE_LEASE_S``
     ahead (a forged time) counts as idle for as long as it is ahead, within that as 0.
     ``OSError`` when the segment cannot be opened."""
-    now = namespace_now(segment.ns) if now_ns is None else now_ns
+    now = (NamespaceClock(segment.ns) if clock is None else clock)()
     with segment.open() as handle:
         lease = read_lease(handle)
         info = handle.lstat(LEASE_FILE) if lease is not None else None
@@ -106,12 +101,12 @@ def idle_for(segment: Segment, now_ns: int | None = None) -> float | None:
     return -age if age < -REMOTE_LEASE_S else max(0.0, age)
 
 
-def gone_for(segment: Segment, now_ns: int | None = None) -> float | None:
+def gone_for(segment: Segment, clock: Clock | None = None) -> float | None:
     """``idle_for``; None while the segment is in use (``in_use``: its lock held here, or a
     recent lease of another host)."""
     if in_use(segment):
         return None
-    return idle_for(segment, now_ns)
+    return idle_for(segment, clock)
 
 
 def file_problem(directory: SafeDir) -> str:
@@ -174,11 +169,11 @@ def namespace_in_use(ns: NamespaceDir) -> bool:
     return top_lock_held(ns) or any(in_use(segment) for segment in ns.segments)
 
 
-def hold(directory: SafeDir) -> int:
+def hold(directory: SafeDir, clock: Clock) -> int:
     """Take the lock of the segment (or old-layout namespace) open in ``directory`` for an
     operation that changes it; raise ``CacheDirError`` (EBUSY) when it is in use, its lease
-    watched as well (``busy_reason`` with ``watch``)."""
-    remote = remote_holder(directory) or changed_while_watched(directory)
+    watched as well (``busy_reason`` with ``watch``; ``clock``: the namespace's)."""
+    remote = remote_holder(directory, clock) or changed_while_watched(directory)
     if remote:
         raise CacheDirError(errno.EBUSY, f"{directory.path} is in use: {remote}; stop it first")
     return lock_namespace(directory, "stop it first")
@@ -221,7 +216,7 @@ def free_slots(segment: Segment, slots: list[int], freed: list[int]) -> str:
     problem ("" when the log was restarted, or there is none)."""
     stride, per_file = segment.meta.stride, segment.meta.file_slots
     with segment.open() as handle:
-        lock = hold(handle)
+        lock = hold(handle, NamespaceClock(segment.ns))
         try:
             index, files = _open_for_writing(handle, {slot // per_file for slot in slots})
             try:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header, removed_from
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.recheck import read_again, seen_of
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, index_tombstones, rewrite_log
 from kvtier.ops.slot_reads import Look, open_slot_file, slots_of_file
@@ -70,6 +71,7 @@ class NamespaceVerify:
     writers: list[VerifyReport] = field(default_factory=list)
     halted: bool = False  # sampled checks found wrong KV while serving: no hits (halt.json)
     halt_removed: bool = False  # --repair removed the halt: engines serve hits again
+    clock_problem: str = ""  # why the filesystem's clock was not read, when it was needed
 
     @property
     def problems(self) -> int:
@@ -81,7 +83,7 @@ class NamespaceVerify:
                  for name in ("slots", "ok", "free", "repaired")}
         return {"id": self.id, "problems": self.problems, **total, "problem": self.problem,
                 "halted": self.halted, "halt_removed": self.halt_removed,
-                "writers": [w.as_dict() for w in self.writers]}
+                "clock_problem": self.clock_problem, "writers": [w.as_dict() for w in self.writers]}
 
 
 @dataclass
@@ -117,22 +119,28 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
         except OSError as exc:  # a read-only mount, or a directory not ours to write
             where = str(ns.root / ns.id / "halt.json")
             report.problem = f"halt.json not removed: {error_text(exc, where)}"
+    clock = NamespaceClock(ns)
     for segment in ns.segments:
         try:
-            report.writers.append(verify_segment(segment, repair, progress))
+            report.writers.append(verify_segment(segment, repair, progress, clock))
         except OSError as exc:
             report.writers.append(VerifyReport(segment.writer, problem=error_text(exc, str(segment.path))))
+    report.clock_problem = clock.problem
     return report
 
 
 def verify_segment(segment: Segment, repair: bool = False,
-                   progress: Callable[[int], None] | None = None) -> VerifyReport:
+                   progress: Callable[[int], None] | None = None,
+                   clock: NamespaceClock | None = None) -> VerifyReport:
     """Read every slot of ``segment``; with ``repair`` blank bad slots and wrong index
     entries, index good slots the index missed, finish removals cut short (a good slot whose
     entry is its tombstone: its header blanked), and start the segment's log afresh from the
     repaired index. A segment in use is read but not repaired (``in_use``; with ``repair``,
-    ``problem`` says it was not repaired); an unsafe one (``file_problem``) is not read."""
+    ``problem`` says it was not repaired); an unsafe one (``file_problem``) is not read.
+    ``clock``: its namespace's (``NamespaceClock``), read for a lease another machine left
+    open."""
     report = VerifyReport(segment.writer)
+    clock = NamespaceClock(segment.ns) if clock is None else clock
     if segment.unsafe:
         report.problem = f"unsafe: {segment.problem}"
         return report
@@ -142,9 +150,9 @@ def verify_segment(segment: Segment, repair: bool = False,
             report.problem = f"unsafe: {unsafe}"
             return report
         if repair:  # in use: not repaired, and the problem says so
-            lock = _hold_for_repair(directory, report)
+            lock = _hold_for_repair(directory, report, clock)
         else:
-            lock, report.in_use = -1, bool(busy_reason(directory))
+            lock, report.in_use = -1, bool(busy_reason(directory, clock))
         try:
             scan = _scan(segment, directory, report, progress)
             if report.in_use and scan.suspects:
@@ -168,10 +176,10 @@ def _repair(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyRep
         report.problem = rewrite_log(segment, directory, sizes)
 
 
-def _hold_for_repair(directory: SafeDir, report: VerifyReport) -> int:
+def _hold_for_repair(directory: SafeDir, report: VerifyReport, clock: NamespaceClock) -> int:
     """The segment's lock, or -1 with ``report`` saying it is in use."""
     try:
-        return hold(directory)
+        return hold(directory, clock)
     except CacheDirError as exc:
         if exc.errno != errno.EBUSY:
             raise

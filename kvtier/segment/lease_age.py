@@ -19,6 +19,7 @@ import contextlib
 import os
 import secrets
 import time
+from collections.abc import Callable
 
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.lease import (
@@ -33,20 +34,23 @@ from kvtier.segment.names import LEASE_FILE, host_name
 
 
 def filesystem_now_ns(directory: SafeDir) -> int | None:
+    """``read_filesystem_clock``; None when no file can be made in ``directory``."""
+    try:
+        return read_filesystem_clock(directory)
+    except OSError:
+        return None
+
+
+def read_filesystem_clock(directory: SafeDir) -> int:
     """The time now by the clock that sets file times in ``directory``: the change time of a
     new file made there (``.clock_probe-<pid>-<8 hex>``, a ``TEMP_NAME``), removed at once:
     set as it is made, and never from a client's request, unlike a modification time (an
-    NFS exclusive create stores a verifier there for a moment); None when none can be made (a
-    read-only mount, a directory not writable, a full disk)."""
+    NFS exclusive create stores a verifier there for a moment); ``OSError`` when none can be
+    made (a read-only mount, a directory not writable, a full disk)."""
     name = f".clock_probe-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        fd = directory.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
-    except OSError:
-        return None
+    fd = directory.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
     try:
         return os.fstat(fd).st_ctime_ns
-    except OSError:
-        return None
     finally:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -75,8 +79,9 @@ def held_elsewhere(lease: LeaseInfo | None, age: float | None) -> str:
     assert lease is not None, "written_elsewhere said it is a lease"
     who = f"its lease was written by {lease.host} (pid {lease.pid})"
     if age is None:
-        return (f"{who} and not closed, and its age cannot be told: no file can be made beside "
-                "it to read the filesystem's clock (run this where the cache can be written)")
+        return (f"{who} and not closed, and its age cannot be told without the filesystem's "
+                "clock, read from a file made for the purpose: none was made (a read-only "
+                "mount, a full disk, or a directory not proven kvtier's)")
     every = lease.beat_interval
     live_for = min(max(6 * every, lease.timeout_ms / 1000), MAX_STATED_TIMEOUT_S)  # a day at most
     if age >= max(REMOTE_LEASE_S, live_for) or age < -REMOTE_LEASE_S:
@@ -94,15 +99,16 @@ def _before_this_boot(age: float, every: float) -> bool:
     return uptime is not None and age > max(uptime, 2 * every) + 1.0
 
 
-def remote_holder(directory: SafeDir, now_ns: int | None = None) -> str:
+def remote_holder(directory: SafeDir, clock: Callable[[], int | None] | None = None) -> str:
     """``held_elsewhere`` for the lease of the segment open in ``directory``, its age its
-    modification time against ``now_ns`` (read with ``filesystem_now_ns``; made in
-    ``directory`` when not given, and only for a lease another machine's writer has not
-    closed). The clock is read before the lease's time: an age is never overstated."""
+    modification time against the filesystem's clock, read with ``clock`` (None: not known;
+    by default ``filesystem_now_ns``, a file made in ``directory``: an engine's own segment),
+    and only for a lease another machine's writer has not closed. The clock is read before
+    the lease's time: an age is never overstated."""
     lease = read_lease(directory)
     if not written_elsewhere(lease):
         return ""
-    now = filesystem_now_ns(directory) if now_ns is None else now_ns
+    now = filesystem_now_ns(directory) if clock is None else clock()
     info = directory.lstat(LEASE_FILE)
     if info is None:
         return ""  # removed since it was read: no lease shows no writer

@@ -89,7 +89,7 @@ def locked_here(segment: SafeDir) -> bool | None:
     shared lock for a moment, which no other look conflicts with, and which a writer taking
     the segment then (``lock_namespace``) waits out."""
     try:
-        fd = segment.open_file(LOCK_FILE, os.O_RDWR)  # NFS locks need a file open for writing
+        fd = _open_lock(segment)
     except FileNotFoundError:
         return False
     except OSError:
@@ -105,3 +105,15 @@ def locked_here(segment: SafeDir) -> bool | None:
         return False
     finally:
         os.close(fd)
+
+
+def _open_lock(segment: SafeDir) -> int:
+    """The segment's lock file, open for a look: for writing (NFS locks need it), or on a
+    read-only mount (``EROFS``) for reading, which a shared lock needs alone (a process of
+    this host writing through another mount of the filesystem holds it all the same)."""
+    try:
+        return segment.open_file(LOCK_FILE, os.O_RDWR)
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+    return segment.open_file(LOCK_FILE, os.O_RDONLY)

@@ -32,12 +32,11 @@ def mine(info: os.stat_result | None) -> TypeGuard[os.stat_result]:
     return info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
-def linked_temps(seats: SafeDir, names: list[str] | None = None) -> set[str]:
+def linked_temps(seats: SafeDir, names: list[str]) -> set[str]:
     """The temporary files of ``write_seat`` already linked to their seat (a crash between
     the link and the unlink): each of this user, with two links, the other a seat file in
-    ``seats`` (the same inode), so removing it loses nothing. Among ``names`` (default: all
-    of ``seats``)."""
-    names = seats.names() if names is None else names
+    ``seats`` (the same inode), so removing it loses nothing. Among ``names`` (a listing of
+    ``seats`` within its bound)."""
     seat_inodes = set()
     for name in names:
         info = seats.lstat(name) if seat_number(name) is not None else None

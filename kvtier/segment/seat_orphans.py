@@ -30,14 +30,16 @@ def orphan_seats(ns_dir: SafeDir, older_than_s: float | None, now_ns: int | None
     temporary file's link is judged once that is gone). With ``limit`` (an engine's look,
     on a thread whose interpreter lock the scheduler needs) only the first ``limit`` entries
     of ``seats/`` in its own order are looked at, and only those named as seats or their
-    temporary files are looked at further: junk there costs no more than that."""
+    temporary files are looked at further: junk there costs no more than that. Without
+    (``kvtier gc``) all of ``seats/`` is, up to ``SEATS_LISTED`` entries: past them,
+    ``UnsafeEntry`` (E2BIG) naming the directory and the bound, and nothing is judged."""
     if ns_dir.lstat(SEATS_DIR) is None:
         return []
     cutoff = math.inf if older_than_s is None else (
         (time.time_ns() if now_ns is None else now_ns) - older_than_s * 1e9)  # never overflows
     found = []
     with ns_dir.subdir(SEATS_DIR) as seats:
-        names = [name for name in (seats.names() if limit is None else seats.scan(limit))
+        names = [name for name in (seats.listed(SEATS_LISTED) if limit is None else seats.scan(limit))
                  if seat_number(name) is not None or TEMP_NAME.fullmatch(name)]
         linked = linked_temps(seats, names)
         for name in names:
