@@ -164,3 +164,23 @@ def test_a_store_that_is_down_or_hung_answers_none_and_false_in_time(server, tie
     assert other.append_records(items(6, 3)) is False
     assert other.read_records(b"0", 10) is None
     assert time.monotonic() - started < 2.5 and other.down
+
+
+def test_a_batch_still_being_put_holds_readers_back_until_it_stalled(server, tiers, monkeypatch):
+    """A get of a value whose put has not ended answers REPLICA_IS_NOT_READY: readers wait
+    for it there (it is named by the head: a writer put it and is about to end), and pass
+    it over once it stayed so ``STALLED_S`` (its writer went away in the middle)."""
+    monkeypatch.setattr(mooncake_log, "STALLED_S", 1.0)
+    client = server.client()
+    t = tier(tiers, server)
+    assert t.append_records(items(0, 2))
+    assert client.batch_put_session_start([f"{LOG}:2"], [100]) == [0]  # a put not ended
+    try:
+        assert t.append_records(items(2, 2))  # seq 2 is taken: at 3
+        reader = tier(tiers, server)
+        assert reader.read_records(b"0", 10) == (b"1", as_read(items(0, 2)))
+        assert reader.read_records(b"1", 10) == (b"1", [])  # waits for seq 2
+        time.sleep(1.1)
+        assert reader.read_records(b"1", 10) == (b"3", as_read(items(2, 2)))
+    finally:
+        client.batch_put_session_revoke([f"{LOG}:2"])

@@ -13,7 +13,8 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
   ``KEEP`` batches, up to ``RECORD_LOG`` entries (fewer when appends are small).
 - **Reading.** The batches after the cursor, ``WINDOW`` a get, ``ROUNDS`` gets at most. A
   batch missing at or below the head was removed or evicted: passed over; one missing
-  past it ends the log for now, and so does one still being put (``NOT_READY``). A reader
+  past it ends the log for now, and so does one still being put (``NOT_READY``; verified:
+  a get of a value whose put has not ended answers it; for ``STALLED_S`` at most). A reader
   that starts (``b"0"``) or fell behind the batches kept starts at the oldest one kept.
   The cursor names the last batch read (``b"<seq>"``) or how far into it (``b"<seq>.<n>"``).
 - **Trust.** Values are parsed with bounds (magic, version, count, lengths, the seq of the
@@ -29,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +46,8 @@ KEEP = RECORD_LOG // ENTRIES  # batches kept
 WINDOW = 16  # batches a get reads
 ROUNDS = 4  # gets a read makes at most
 TRIES = 8  # seqs a batch is put at before its append fails
-NOT_READY = -703  # a value still being put
+NOT_READY, TOO_LARGE = -703, -600  # a value still being put; one larger than its buffer
+STALLED_S = 30.0  # a batch still being put this long at or below the head is passed over
 HEAD_READ = 64  # bytes read of the head hint (a larger value is no hint)
 
 _BATCH = struct.Struct("<4sBBHQ8s")  # magic, version, 0, count, seq, nonce
@@ -143,7 +146,7 @@ class _Trip:
         base = area.ctypes.data
         codes = self.client.batch_get_into(list(names), [base + at for at in offsets[:-1]], list(sizes))
         self.codes += codes
-        return [bytes(area[at:at + code]) if 0 < code <= size else (code if code <= 0 else -600)
+        return [bytes(area[at:at + code]) if 0 < code <= size else (code if code <= 0 else TOO_LARGE)
                 for at, size, code in zip(offsets, sizes, codes, strict=False)]
 
     def put(self, names: Sequence[str], values: Sequence[bytes], upsert: bool = False) -> list[int]:
@@ -172,6 +175,7 @@ class RecordLog:
     def __init__(self, name: str, ask: Ask, area: Callable[[Any, int], np.ndarray]) -> None:
         self._name, self._ask, self._area = name, ask, area
         self._last = 0  # the highest seq known to be taken (a hint for the next append)
+        self._waiting = (0, 0.0)  # a batch still being put that reads wait for, since when
 
     def _key(self, seq: int) -> str:
         return f"{self._name}:{seq}"
@@ -232,6 +236,19 @@ class RecordLog:
             return oldest, 0
         return seq, skip
 
+    def _ends(self, code: int, seq: int, head: int) -> bool:
+        """Whether the log ends for now at ``seq``, which the store answered ``code`` for:
+        missing past the head, or still being put (unless at or below the head for
+        ``STALLED_S``: a writer gone in the middle of its put). Too large: passed over."""
+        if code == TOO_LARGE or (code != NOT_READY and seq <= head):
+            return False
+        if code != NOT_READY or seq > head:
+            return True
+        now = time.monotonic()
+        if self._waiting[0] != seq:
+            self._waiting = (seq, now)
+        return now - self._waiting[1] < STALLED_S
+
     def _read(self, trip: _Trip, after: bytes, count: int) -> tuple[_Trip, tuple[bytes, list[Entry]]]:
         head = self._head(trip)
         seq, skip = self._start(parse_cursor(after), head)
@@ -240,8 +257,8 @@ class RecordLog:
             values = [] if trip.broken else trip.get([self._key(s) for s in range(seq, seq + WINDOW)],
                                                      [BATCH_BYTES] * WINDOW)
             for value in values:
-                if isinstance(value, int) and (value == NOT_READY or seq > head) and value != -600:
-                    return trip, (cursor, entries)  # the end for now (or still being put)
+                if isinstance(value, int) and self._ends(value, seq, head):
+                    return trip, (cursor, entries)
                 batch = unpack_batch(value, seq) if isinstance(value, bytes) else []
                 taken = (batch or [])[skip:skip + count - len(entries)]
                 entries += taken
