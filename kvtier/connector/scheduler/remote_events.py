@@ -2,7 +2,7 @@
 chunk from the store advertises it, whichever engine wrote it.
 
 Each engine appends the token record of each chunk it writes to the store's log of them
-(``RemoteTier.append_records``: a Valkey/Redis stream). Here a thread follows that log from
+(``RemoteTier.append_records``: a Valkey/Redis stream, Mooncake Store's batches). Here a thread follows that log from
 its oldest entry, names each chunk whose record's hashes make its key (``record_blocks``)
 and that the store says it holds (the log outlives many of its values: the store evicts
 them by its own rule), and asks the store now and then whether it still holds the chunks
