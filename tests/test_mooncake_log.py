@@ -66,6 +66,8 @@ def test_head_hints_and_cursors_are_parsed_with_bounds():
     assert unpack_head(pack_head(12)) == 12
     assert unpack_head(pack_head(12)[:-1]) == 0 and unpack_head(-704) == 0
     assert unpack_head(b"KVRX" + pack_head(12)[4:]) == 0
+    assert unpack_head(pack_head(10**18 - 1)) == 10**18 - 1 and unpack_head(pack_head(10**18)) == 0
+    assert parse_cursor(b"%d.3" % (10**18 - 1)) == (10**18 - 1, 3)
     assert parse_cursor(b"0") is None and parse_cursor(b"") is None
     assert parse_cursor(b"17") == (17, None) and parse_cursor(b"17.5") == (17, 5)
     for junk in (b"-1", b"1.2.3", b"9" * 40, b"1-0", b" 1", b"1.", "17"):

@@ -49,6 +49,7 @@ TRIES = 8  # seqs a batch is put at before its append fails
 NOT_READY, TOO_LARGE = -703, -600  # a value still being put; one larger than its buffer
 STALLED_S = 30.0  # a batch still being put this long at or below the head is passed over
 HEAD_READ = 64  # bytes read of the head hint (a larger value is no hint)
+MAX_SEQ = 10**18 - 1  # a head naming more is no hint (a cursor names up to 18 digits)
 
 _BATCH = struct.Struct("<4sBBHQ8s")  # magic, version, 0, count, seq, nonce
 _ENTRY = struct.Struct("<HI")  # key length, record length
@@ -114,7 +115,7 @@ def unpack_head(value: bytes | int) -> int:
     if not isinstance(value, bytes) or len(value) != _HEAD.size:
         return 0
     magic, version, seq = _HEAD.unpack(value)
-    return int(seq) if magic == HEAD_MAGIC and version == VERSION and seq < 2**62 else 0
+    return int(seq) if magic == HEAD_MAGIC and version == VERSION and seq <= MAX_SEQ else 0
 
 
 def parse_cursor(after: bytes) -> tuple[int, int | None] | None:
