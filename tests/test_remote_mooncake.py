@@ -1,6 +1,7 @@
 """The Mooncake Store remote tier. Its store tests (tests/mooncake_inner_contract.py, the
-remote tier's contract suite; tests/mooncake_inner_tier.py, what is Mooncake's own; and
-tests/mooncake_inner_store.py for ``KVStore`` over it) run in a
+remote tier's contract suite; tests/mooncake_inner_tier.py, what is Mooncake's own;
+tests/mooncake_inner_store.py for ``KVStore`` over it; tests/mooncake_inner_records.py and
+tests/mooncake_inner_events.py, its log of token records and the KV events that follow it) run in a
 private network namespace holding only loopback, since Mooncake's listeners bind every
 interface: one test here starts them there and reports what failed. URLs and the missing
 client are checked here directly."""
@@ -26,8 +27,9 @@ def test_the_store_tests_pass_in_a_private_network_namespace(tmp_path):
     run = run_in_namespace([sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
                             f"--basetemp={tmp_path / 'inner'}", "-o", "timeout=120",
                             "tests/mooncake_inner_contract.py", "tests/mooncake_inner_tier.py",
-                            "tests/mooncake_inner_store.py"],
-                           timeout_s=280)
+                            "tests/mooncake_inner_store.py", "tests/mooncake_inner_records.py",
+                            "tests/mooncake_inner_events.py"],
+                           timeout_s=400)
     lines = (run.stdout + run.stderr).splitlines()
     output = "\n".join(line for line in lines if not GLOG_LINE.match(line))
     summary = output.strip().splitlines()[-1] if output.strip() else ""

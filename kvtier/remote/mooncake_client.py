@@ -4,11 +4,13 @@ reaching its master, and the environment its setup reads."""
 from __future__ import annotations
 
 import contextlib
+import math
 import socket
 import threading
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
+from kvtier.config.mooncake_url import MooncakeOptions
 from kvtier.io.result import IOResult, IOStatus
 
 # Mooncake's error codes (mooncake-store's ErrorCode), as its client returns them
@@ -89,3 +91,20 @@ def client_module() -> Any:
         raise ImportError("the Mooncake remote tier needs the Mooncake Store client: pip "
                           "install 'kvtier[mooncake]' (or mooncake-transfer-engine-non-cuda)") from None
     return mooncake.store
+
+
+def set_up(module: Any, opts: MooncakeOptions, timeout_s: float, environ: MutableMapping[str, str]) -> Any:
+    """A client of ``module`` (``mooncake.store``) set up as ``opts`` say, its timeouts from
+    ``timeout_s`` where the operator set none (it holds the GIL meanwhile: a master
+    reachable but hung costs the process up to its RPC timeout, ``timeout_s``);
+    ``ConnectionError`` when the setup fails."""
+    host = opts.host or local_address(opts.master)
+    rpc_ms = str(max(1, round(timeout_s * 1000)))
+    environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", str(max(1, math.ceil(timeout_s))))
+    with SETUP_LOCK, unset_only(environ, {"MC_RPC_TIMEOUT_MS": rpc_ms, "MC_STORE_CLIENT_SETUP_RETRIES": "1"}):
+        client = module.MooncakeDistributedStore()
+        code = client.setup(host, opts.metadata, opts.segment, 0, opts.protocol, opts.device, opts.master)
+    if code != 0:
+        raise ConnectionError(f"setting up a client of master {opts.master} failed ({code}): "
+                              "its log and this process's stderr say why")
+    return client

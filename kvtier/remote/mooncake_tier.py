@@ -19,7 +19,6 @@ connection within ``timeout_s`` (a dead master refuses it at once).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 from collections.abc import Callable, Collection, MutableMapping, Sequence
@@ -37,14 +36,13 @@ from kvtier.remote.mooncake_client import (
     GONE,
     RPC_FAIL,
     RPC_TIMEOUT,
-    SETUP_LOCK,
     client_module,
-    local_address,
     put_result,
     reachable,
+    set_up,
     unreachable,
-    unset_only,
 )
+from kvtier.remote.mooncake_log import RecordLog
 from kvtier.remote.mooncake_memory import RegisteredMemory
 from kvtier.remote.mooncake_pieces import fill_pieces, get_result, settle
 from kvtier.remote.values import ValueFormat, value_key
@@ -77,6 +75,7 @@ class MooncakeTier(RemoteTier):
         self._suspect = False  # a round trip failed: probe before the next one
         self._memory = RegisteredMemory(redacted(url), self._hb, raw_bytes)
         self._calls = WatchedCalls(timeout_s, self._failed, name="kvtier-mooncake")
+        self._log = RecordLog(f"{prefix}log:{self._ns.hex()}", self._ask, self._memory.area)
 
     @property
     def staged(self) -> int:
@@ -125,18 +124,7 @@ class MooncakeTier(RemoteTier):
     def _connect(self) -> None:
         """Set the client up (it holds the GIL meanwhile: a master reachable but hung
         costs the process up to its RPC timeout, ``timeout_s``)."""
-        opts = self._options
-        host = opts.host or local_address(opts.master)
-        rpc_ms = str(max(1, round(self._timeout_s * 1000)))
-        self._environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", str(max(1, math.ceil(self._timeout_s))))
-        with SETUP_LOCK, unset_only(self._environ, {"MC_RPC_TIMEOUT_MS": rpc_ms,
-                                                     "MC_STORE_CLIENT_SETUP_RETRIES": "1"}):
-            client = self._module.MooncakeDistributedStore()
-            code = client.setup(host, opts.metadata, opts.segment, 0, opts.protocol, opts.device,
-                                opts.master)
-        if code != 0:
-            raise ConnectionError(f"setting up a client of master {opts.master} failed ({code}): "
-                                  "its log and this process's stderr say why")
+        client = set_up(self._module, self._options, self._timeout_s, self._environ)
         with self._lock:
             if self._closed:
                 client.close()
@@ -169,18 +157,20 @@ class MooncakeTier(RemoteTier):
         with self._lock:  # not while a client is set up: each is registered once
             self._memory.add(memory.reshape(-1).view(np.uint8), self._client)
 
-    def _ask(self, what: str, call: Callable[[Any], Any]) -> list[int] | None:
-        """``call(client)``'s codes for a call holding no memory (a lookup, a removal): a
-        late answer is not waited for; None when the round trip failed."""
+    def _ask(self, what: str, call: Callable[[Any], Any],
+             codes: Callable[[Any], Sequence[int]] = lambda answer: answer) -> Any:
+        """``call(client)``'s answer (``codes(answer)``: the codes in it) for a call holding
+        no caller memory (a lookup, a removal, the log's, whose scratch is its thread's):
+        a late answer is not waited for; None when the round trip failed."""
         client = self._ready(what)
         if isinstance(client, IOResult):
             return None
         try:
-            codes = self._calls.run(what, lambda: call(client), holds_memory=False)
+            answer = self._calls.run(what, lambda: call(client), holds_memory=False)
         except Exception as exc:  # a client that refuses its arguments: a failed trip
             self._failed(what, exc)
             return None
-        return None if codes is None or self._trip_failed(what, codes) is not None else codes
+        return None if answer is None or self._trip_failed(what, codes(answer)) is not None else answer
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         codes = self._ask("exists", lambda client: client.batch_is_exist(self._names(keys)))
@@ -188,6 +178,14 @@ class MooncakeTier(RemoteTier):
 
     def remove(self, keys: Sequence[ChunkKey]) -> bool:
         return self._ask("remove", lambda c: c.batch_remove(self._names(keys), True)) is not None
+
+    keeps_records = True  # batches under ``<prefix>log:<namespace digest>:<seq>`` (``mooncake_log``)
+
+    def append_records(self, items: Sequence[tuple[ChunkKey, bytes]]) -> bool:
+        return self._log.append(items)
+
+    def read_records(self, after: bytes, count: int) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
+        return self._log.read(after, count)
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
         unfit = self._unfit(dsts)  # short, strided or read-only: that call fails, nothing else

@@ -2,14 +2,15 @@
 chunk from the store advertises it, whichever engine wrote it.
 
 Each engine appends the token record of each chunk it writes to the store's log of them
-(``RemoteTier.append_records``: a Valkey/Redis stream). Here a thread follows that log from
-its oldest entry, names each chunk whose record's hashes make its key (``record_blocks``)
-and that the store says it holds (the log outlives many of its values: the store evicts
-them by its own rule), and asks the store now and then whether it still holds the chunks
-it named: one it answers it lost (evicted, a restart) is reported gone; one it refused to
-answer for (a cluster's slot moving) is not. Nothing here runs on the scheduler's step but
-``drain``; like ``StorageEvents`` the thread rests three times as long as it works, and
-reads nothing more while ``FOUND_LIMIT`` chunks wait for vLLM to take them.
+(``RemoteTier.append_records``: a Valkey/Redis stream, Mooncake Store's batches). Here a
+thread follows that log from its oldest entry, names each chunk whose record's hashes make
+its key (``record_blocks``) and that the store says it holds (the log outlives many of its
+values: the store evicts them by its own rule), and asks the store now and then whether it
+still holds the chunks it named: one it answers it lost (evicted, a restart) is reported
+gone; one it refused to answer for (a cluster's slot moving) is not. Nothing here runs on
+the scheduler's step but ``drain``; like ``StorageEvents`` the thread rests three times as
+long as it works, and reads nothing more while ``FOUND_LIMIT`` chunks wait for vLLM to
+take them.
 """
 
 from __future__ import annotations
