@@ -138,15 +138,15 @@ def token_chunk_keys(
     return keys
 
 
-def block_hash_chunk_key(namespace: Namespace, last_block_hash: bytes) -> ChunkKey:
-    """Key of a chunk from the engine's hash of the chunk's last block.
+def block_hash_chunk_key(namespace: Namespace, last_block_hash: bytes, extra: bytes = b"") -> ChunkKey:
+    """Key of a chunk from the engine's hash of the chunk's last block, and ``extra``: what
+    else computed it that the hash does not cover (a LoRA adapter's files).
 
     vLLM's block hashes are already chained over the whole prefix (and the request's cache
     salt), so the last block's hash names the chunk and everything before it.
     """
-    return ChunkKey(
-        hashlib.blake2b(namespace.digest() + bytes(last_block_hash), digest_size=KEY_BYTES).digest()
-    )
+    return ChunkKey(hashlib.blake2b(namespace.digest() + bytes(last_block_hash) + extra,
+                                    digest_size=KEY_BYTES).digest())
 
 
 def tail_chunk_key(namespace: Namespace, parent: bytes, tokens: Sequence[int] | np.ndarray,

@@ -19,6 +19,7 @@ from kvtier.config.settings import KVTierConfig, LoadPolicy
 from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
 from kvtier.connector.common.geometry import KVGeometry, say_unstored_replies
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
+from kvtier.connector.scheduler.adapters import AdapterDigests
 from kvtier.connector.scheduler.chunk_records import ChunkHashing
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.disk_recovery import disk_layout, recover_disk
@@ -66,7 +67,7 @@ class SchedulerSide:
         self.events = KVEvents(geometry, event_factory, self.counters) if event_factory else None
         self.stack = tier_stack(config, geometry, self.disk_layout, self.events)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
-        self._namespace = namespaces[0]
+        self._namespace, self._adapters = namespaces[0], AdapterDigests()
         self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
@@ -105,7 +106,8 @@ class SchedulerSide:
         per = self.geometry.hashes_per_chunk
         hashes = request.block_hashes
         count = min(len(hashes) // per, count)
-        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1])
+        adapter = self._adapters.of(request)
+        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1], adapter)
                 for c in range(first, count)]
 
     def tail(self, request: Any) -> Tail | None:
@@ -114,7 +116,8 @@ class SchedulerSide:
         tracked = self.track(request)
         length = prompt_length(request)
         if tracked.tail_for != length:
-            tracked.tail = prompt_tail(request, self.geometry, self._namespace)
+            tracked.tail = prompt_tail(request, self.geometry, self._namespace,
+                                       self._adapters.of(request))
             tracked.tail_for, tracked.tail_done = length, False
         return tracked.tail
 

@@ -35,9 +35,10 @@ def prompt_length(request: Any) -> int | None:
     return length if isinstance(length, int) else None
 
 
-def prompt_tail(request: Any, geometry: KVGeometry, namespace: Namespace) -> Tail | None:
+def prompt_tail(request: Any, geometry: KVGeometry, namespace: Namespace,
+                adapter: bytes = b"") -> Tail | None:
     """The request's tail, or None when its prompt ends on a chunk boundary (or one token
-    past it), or may have none."""
+    past it), or may have none; ``adapter``: its LoRA adapter's digest (``AdapterDigests``)."""
     end = prompt_length(request)
     tokens = getattr(request, "prompt_token_ids", None)
     if end is None or tokens is None or geometry.loads_whole:
@@ -53,7 +54,7 @@ def prompt_tail(request: Any, geometry: KVGeometry, namespace: Namespace) -> Tai
         return None
     parent = bytes(hashes[full - 1]) if full else b""
     return Tail(tail_chunk_key(namespace, parent, tokens[full * geometry.hash_block_tokens:end],
-                               _extra(request)),
+                               _extra(request) + adapter),
                 start // geometry.chunk_tokens, start, end)
 
 

@@ -1,0 +1,74 @@
+"""A LoRA adapter's files are in its chunks' keys: an adapter replaced under the same name and
+path (a new version rolled out, or another version on another engine of the fleet) never
+loads the KV the other version computed; the same files give the same keys in every engine,
+and requests without an adapter keep the keys they had."""
+
+from types import SimpleNamespace
+
+from kvtier.connector.scheduler import adapters
+from kvtier.connector.scheduler.adapters import AdapterDigests
+from kvtier.connector.scheduler.tails import prompt_tail
+from kvtier.keys import block_hash_chunk_key
+from tests.helpers.scheduler_side import GEO, request, scheduler
+from tests.test_connector_tails import prompt
+
+
+def adapter(path, weights=b"A" * 5000, config=b'{"r": 8}'):
+    path.mkdir(exist_ok=True)
+    (path / "adapter_model.safetensors").write_bytes(weights)
+    (path / "adapter_config.json").write_bytes(config)
+    return path
+
+
+def with_lora(req, path, name="sql"):
+    req.lora_request = SimpleNamespace(lora_name=name, lora_path=str(path), lora_int_id=3)
+    return req
+
+
+def test_an_adapter_replaced_under_its_path_gives_its_chunks_other_keys(tmp_path):
+    path = adapter(tmp_path / "sql")
+    before = scheduler().chunk_keys(with_lora(request("a", 64), path), 4)
+    adapter(path, weights=b"B" * 5000)  # a new version copied over the old files
+    after = scheduler().chunk_keys(with_lora(request("a", 64), path), 4)  # a restarted engine
+    assert before and all(a != b for a, b in zip(before, after, strict=True))
+    adapter(path, weights=b"A" * 5000, config=b'{"r": 16}')
+    assert scheduler().chunk_keys(with_lora(request("a", 64), path), 4) != before
+
+
+def test_the_same_adapter_files_give_the_same_keys_in_every_engine(tmp_path):
+    first, second = adapter(tmp_path / "one"), adapter(tmp_path / "two")
+    keys = scheduler().chunk_keys(with_lora(request("a", 64), first), 4)
+    assert scheduler().chunk_keys(with_lora(request("a", 64), first), 4) == keys
+    # vLLM's hashes already differ by path; with the same path elsewhere, the files decide
+    assert AdapterDigests().of(with_lora(request("a", 64), first)) == \
+        AdapterDigests().of(with_lora(request("a", 64), second))
+
+
+def test_a_request_without_an_adapter_keeps_its_keys():
+    side, req = scheduler(), request("a", 64)
+    assert side.chunk_keys(req, 4) == [block_hash_chunk_key(side._namespace, h)
+                                       for h in req.block_hashes[GEO.hashes_per_chunk - 1::GEO.hashes_per_chunk]]
+
+
+def test_a_hub_adapter_is_keyed_by_name_and_path_as_vllm_keys_it():
+    digest = AdapterDigests().of(with_lora(request("a", 64), "org/sql-adapter"))
+    assert digest == b"lora:not-local"
+
+
+def test_a_prompt_tail_carries_its_adapters_files(tmp_path):
+    path = adapter(tmp_path / "sql")
+    side = scheduler()
+    req = with_lora(prompt("a", 10), path)
+    before = prompt_tail(req, GEO, side._namespace, AdapterDigests().of(req)).key
+    adapter(path, weights=b"C" * 5000)
+    assert prompt_tail(req, GEO, side._namespace, AdapterDigests().of(req)).key != before
+
+
+def test_an_adapter_is_read_once_per_engine_and_kept_within_a_bound(tmp_path, monkeypatch):
+    reads = []
+    monkeypatch.setattr(adapters, "adapter_digest", lambda path: reads.append(path) or b"d")
+    monkeypatch.setattr(adapters, "KEPT", 2)
+    digests = AdapterDigests()
+    for name in ("a", "a", "b", "a", "c", "b"):
+        digests.of(with_lora(request("r", 16), tmp_path / name, name=name))
+    assert [p.rsplit("/", 1)[1] for p in reads] == ["a", "b", "c", "b"]  # b dropped for c
