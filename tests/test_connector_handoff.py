@@ -346,3 +346,30 @@ def test_a_consumer_waits_for_the_producers_chunks_to_reach_the_remote_store(tmp
         a.close()
         b.close()
         server.stop()
+
+
+def test_a_producer_hands_off_the_chunks_it_loaded_from_another_engines_segment(tmp_path):
+    """A prefix this producer loaded from another engine's segment of the shared directory is
+    in the pool: the consumer reads it there, so the hand-off names it and what follows."""
+    a, b = side(tmp_path, Role.PRODUCER, "a"), side(tmp_path, Role.PRODUCER, "b")
+    try:
+        write_as(tmp_path, "a", store_all(a, request("x", 2 * CHUNK, seed=5)).stores)
+        y = request("y", 4 * CHUNK, seed=5)  # the same first two chunks as x
+        y.num_prompt_tokens = 4 * CHUNK
+        last, deadline = b.chunk_keys(y, 2)[-1], time.monotonic() + 5
+        while b.others.find(last) is None:
+            assert time.monotonic() < deadline
+            b.others.refresh_soon()
+            time.sleep(ASK_EVERY_S)
+        found, _ = b.num_new_matched_tokens(y, 0)
+        blocks = (list(range(1, 1 + 4 * CHUNK // BLOCK)),)
+        b.plan_load(y, blocks, 0, found)
+        assert found == 2 * CHUNK and len(b.build_meta().loads) == 1
+        b.worker_report(WorkerReport(loads_done=Counter({"y": 1})))
+        meta = StepPlan()
+        b.plan_stores(y, blocks, 4 * CHUNK, meta)
+        assert len(meta.stores) == 2  # the chunks it computed, with disk slots
+        assert b.handoff_params(y) == Handoff(4 * CHUNK, DIGEST).params()
+    finally:
+        a.close()
+        b.close()

@@ -45,9 +45,9 @@ def test_the_same_adapter_files_give_the_same_keys_in_every_engine(tmp_path):
 
 
 def test_a_request_without_an_adapter_keeps_its_keys():
-    side, req = scheduler(), request("a", 64)
+    side, req, per = scheduler(), request("a", 64), GEO.hashes_per_chunk
     assert side.chunk_keys(req, 4) == [block_hash_chunk_key(side._namespace, h)
-                                       for h in req.block_hashes[GEO.hashes_per_chunk - 1::GEO.hashes_per_chunk]]
+                                       for h in req.block_hashes[per - 1::per]]
 
 
 def test_a_hub_adapter_is_keyed_by_name_and_path_as_vllm_keys_it():

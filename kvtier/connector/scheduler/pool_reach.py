@@ -3,10 +3,11 @@
 A consumer waits, up to ``load_timeout``, for every token a hand-off names. So a producer
 names only the leading chunks that are in the pool or on their way there: on its disk
 when that is a shared directory other engines follow (held, or a write to it in flight),
-or in the remote store (known there, or a write to it in flight). A chunk found cached in
-host memory only (its disk write failed, no disk slot was free, its remote write was
-dropped) ends the hand-off there: the consumer computes the rest at once instead of
-waiting for a chunk that is not coming.
+in another engine's segment of that directory (a chunk this engine loaded from there: the
+consumer reads it there too), or in the remote store (known there, or a write to it in
+flight). A chunk found cached in host memory only (its disk write failed, no disk slot
+was free, its remote write was dropped) ends the hand-off there: the consumer computes the
+rest at once instead of waiting for a chunk that is not coming.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.connector.scheduler.records import PendingStores, Tracked
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.keys import ChunkKey
+from kvtier.shared.follower import OtherWriters
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import TierStack
 
@@ -33,15 +35,19 @@ class PoolReach:
     its tail where offered) up to the first the pool does not hold."""
 
     def __init__(self, config: KVTierConfig, stack: TierStack, pending: PendingStores,
-                 remote_writes: RemoteWrites | None, chunk_tokens: int) -> None:
+                 remote_writes: RemoteWrites | None, chunk_tokens: int,
+                 others: OtherWriters | None = None) -> None:
         self._disk = stack.indexes.get(TierName.DISK) if shares_directory(config) else None
         self._pending, self._remote, self._chunk = pending, remote_writes, chunk_tokens
+        self._others = others
 
     def holds(self, key: ChunkKey) -> bool:
         if self._disk is not None:
             planned = self._pending.host.get(key)
             if key in self._disk or key in self._pending.disk \
                     or (planned is not None and planned[1] is not None):
+                return True
+            if self._others is not None and self._others.find(key) is not None:
                 return True
         return self._remote is not None and self._remote.holds(key)
 

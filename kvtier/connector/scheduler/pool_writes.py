@@ -30,6 +30,7 @@ from kvtier.connector.scheduler.pool_reach import PoolReach, shares_directory
 from kvtier.connector.scheduler.records import PendingStores, Tracked
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.keys import ChunkKey
+from kvtier.shared.follower import OtherWriters
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import Location, TierStack
 
@@ -109,8 +110,9 @@ class PoolWrites:
 
     def __init__(self, config: KVTierConfig, role: Role, stack: TierStack,
                  pending: PendingStores, remote: RemoteWrites | None, chunk_tokens: int,
-                 counters: Counter, clock: Callable[[], float] = time.monotonic) -> None:
-        self._reach = PoolReach(config, stack, pending, remote, chunk_tokens)
+                 counters: Counter, others: OtherWriters | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._reach = PoolReach(config, stack, pending, remote, chunk_tokens, others)
         self._producer = role is Role.PRODUCER
         self._disk = self._producer and shares_directory(config)
         self.rewrites = DiskRewrites(stack, pending, counters,

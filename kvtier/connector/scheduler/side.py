@@ -93,7 +93,7 @@ class SchedulerSide:
                                     self.events, self.verify, hashing)
         self._loads.records = self._stores.record if self.remote_writes is not None else None
         self._pool = PoolWrites(config, role, self.stack, pending, self.remote_writes,
-                                geometry.chunk_tokens, self.counters)
+                                geometry.chunk_tokens, self.counters, self.others)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
                                   self.remote_writes, self.verify, self._pool.rewrites)
