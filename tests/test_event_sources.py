@@ -20,6 +20,7 @@ from kvtier.connector.scheduler.storage_events import Found, StorageEvents
 from kvtier.connector.vllm_events import VllmHashing
 from kvtier.io.token_record import encode_record
 from kvtier.keys import ChunkKey, block_hash_chunk_key
+from kvtier.shared.followed import OtherChunk
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy
@@ -226,6 +227,32 @@ def test_a_loss_told_again_and_again_while_it_waits_is_queued_once():
         for n in range(20):
             s._changed(key(n), None)
     assert len(s._todo) == 40
+
+
+def test_news_told_while_the_listing_is_queued_follows_it_in_order():
+    """Another segment loses a listed chunk right after the listing, before its read was
+    queued (the refresh thread is free once ``listen`` returned), then gains it again: the
+    loss is kept, after the listed chunk's read (whose header may still name it: a gone
+    writer's files stay until gc), and the gain after the loss. Found by a review."""
+    listed = OtherChunk("other-0", 0, 3, key(1), 0, 100)
+    again = OtherChunk("other-1", 0, 4, key(1), 0, 100)
+
+    class Listing(list):
+        def __iter__(self):  # the refresh thread's news, as the listing is walked
+            self.listener(key(1), None)
+            self.listener(key(1), again)
+            return super().__iter__()
+
+    def listen(listener):
+        listing = Listing([listed])
+        listing.listener = listener
+        return listing
+
+    s = StorageEvents(["/nonexistent"], NS, "w", 4096, GEO, HASHING)
+    s._begin([], listen)
+    assert list(s._todo) == [s._other(listed), key(1), s._other(again)]
+    s._changed(key(2), None)  # a loss past the listing, of a chunk never named: dropped
+    assert len(s._todo) == 3
 
 
 def test_listing_the_chunks_on_disk_and_in_other_segments_runs_on_the_readers_thread():
