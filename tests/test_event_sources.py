@@ -205,6 +205,61 @@ def test_the_log_is_not_read_while_vllm_takes_nothing(monkeypatch):
     assert log.reads == reads + 1
 
 
+def logged_entry(tokens: list[int]) -> tuple[ChunkKey, tuple[bytes, bytes]]:
+    chunk = block_hash_chunk_key(NS, vllm_chain(tokens, BLOCK)[-1])
+    return chunk, (bytes(chunk), encode_record(b"", array("i", tokens)))
+
+
+def test_a_chunk_the_engine_found_lost_is_removed_at_once_and_named_again_once_logged():
+    """A read that found the chunk missing or damaged, or a sampled check that removed it:
+    its removal goes out at the next take, with no check of the store (every 10 s over up
+    to 65,536 chunks), and a later entry of the log names it again. Found by a review."""
+    log = Log([entry()])
+    remote = RemoteEvents(log, NS, GEO, HASHING)
+    f = feed(None, remote)
+    f._started = True  # the test is the thread
+    remote._follow()
+    assert [e[:3] for e in f.take()] == [("stored", "STORAGE", True)]
+    f.remote_lost([LOGGED])
+    assert [e[:3] for e in f.take()] == [("removed", "STORAGE", True)]
+    remote._forget_lost()
+    assert f.take() == [] and log.asked == [[LOGGED]]  # the store was not asked
+    log.entries.append(entry())  # written again, logged again
+    remote._follow()
+    assert [e[:3] for e in f.take()] == [("stored", "STORAGE", True)]
+
+
+def test_a_naming_not_taken_when_the_loss_was_told_is_followed_by_its_removal():
+    log = Log([entry()])
+    remote = RemoteEvents(log, NS, GEO, HASHING)
+    f = feed(None, remote)
+    f._started = True
+    remote._follow()  # named, not taken yet: the store said it held it a moment ago
+    f.remote_lost([LOGGED])
+    assert [e[:3] for e in f.take()] == [("stored", "STORAGE", True)]
+    remote._forget_lost()
+    assert [e[:3] for e in f.take()] == [("removed", "STORAGE", True)]
+
+
+def test_a_chunk_lost_and_named_again_is_asked_about_first(monkeypatch):
+    """The store answered that it held a chunk just before its removal ran (a sampled
+    check's removal runs in the background): the next check asks about it first, not after
+    every chunk named before it."""
+    monkeypatch.setattr(remote_module, "CHECK_KEYS", 2)
+    older = [logged_entry(list(range(4000 + CHUNK * n, 4000 + CHUNK * (n + 1))))
+             for n in range(3)]
+    log = Log([e for _, e in older] + [entry()])
+    remote = RemoteEvents(log, NS, GEO, HASHING)
+    remote._follow()
+    remote.lost([LOGGED])
+    remote._forget_lost()
+    log.entries.append(entry())
+    remote._follow()
+    assert LOGGED in remote._named
+    remote._check()
+    assert log.asked[-1] == [LOGGED, older[0][0]]
+
+
 # -- this engine's disk and other segments -------------------------------------------------
 
 def test_a_full_queue_drops_reads_never_losses(monkeypatch):
