@@ -213,3 +213,44 @@ def test_a_log_entry_that_lies_is_damaged_or_names_a_value_gone_names_nothing(se
         tier.close()
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("how", ["read missing", "read damaged", "removed as wrong"])
+def test_a_chunk_the_engine_learnt_the_store_lost_is_removed_at_once(server, monkeypatch, how):
+    """A read from the store that answered missing or damaged, or a sampled check that
+    removed the chunk as wrong, is certain news: the removal goes out at the next take,
+    not at a check of the store (every 10 s over up to 65,536 chunks, here never). Found
+    by a review."""
+    monkeypatch.setattr(remote_events, "CHECK_EVERY_S", 3600.0)
+    a = Engine(server, hashing=HASHING)
+    b = Engine(server, events=Recorded(), hashing=HASHING)
+    try:
+        assert b.scheduler.take_events() == []  # starts following the log
+        a.store(vllm_request("r", TOKENS), [1, 2, 3, 4])
+        a.step()  # the records of the chunks written go to the store's log
+        assert len(events_until(b, 2)) == 2
+        req = vllm_request("q", [*TOKENS, 1])
+        keys = b.scheduler.chunk_keys(req, 2)
+        if how == "removed as wrong":
+            assert b.scheduler.presence is not None
+            b.scheduler.presence.remove(keys)  # as a sampled check that found them wrong
+        else:
+            assert b.match(req) == (2 * CHUNK, True)
+            client = server.client()
+            for name in [k for k in client.scan_iter(match="kvtier:*") if b":log:" not in k]:
+                if how == "read missing":
+                    client.delete(name)
+                else:
+                    value = bytearray(client.get(name))
+                    value[-7] ^= 0x5A
+                    client.set(name, bytes(value))
+            b.scheduler.plan_load(req, ([9, 10, 11, 12],), 0, 2 * CHUNK)
+            b.step()
+            assert b.worker.take_invalid_blocks() == {9, 10, 11, 12}
+        hashes = chain(TOKENS)
+        assert sorted(e[:3] + e[4:] for e in b.scheduler.take_events()) == sorted([
+            ("removed", "STORAGE", tuple(hashes[0:2]), True),
+            ("removed", "STORAGE", tuple(hashes[2:4]), True)])
+    finally:
+        a.close()
+        b.close()

@@ -20,6 +20,7 @@ from kvtier.connector.scheduler.storage_events import Found, StorageEvents
 from kvtier.connector.vllm_events import VllmHashing
 from kvtier.io.token_record import encode_record
 from kvtier.keys import ChunkKey, block_hash_chunk_key
+from kvtier.shared.followed import OtherChunk
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import make_policy
@@ -204,6 +205,61 @@ def test_the_log_is_not_read_while_vllm_takes_nothing(monkeypatch):
     assert log.reads == reads + 1
 
 
+def logged_entry(tokens: list[int]) -> tuple[ChunkKey, tuple[bytes, bytes]]:
+    chunk = block_hash_chunk_key(NS, vllm_chain(tokens, BLOCK)[-1])
+    return chunk, (bytes(chunk), encode_record(b"", array("i", tokens)))
+
+
+def test_a_chunk_the_engine_found_lost_is_removed_at_once_and_named_again_once_logged():
+    """A read that found the chunk missing or damaged, or a sampled check that removed it:
+    its removal goes out at the next take, with no check of the store (every 10 s over up
+    to 65,536 chunks), and a later entry of the log names it again. Found by a review."""
+    log = Log([entry()])
+    remote = RemoteEvents(log, NS, GEO, HASHING)
+    f = feed(None, remote)
+    f._started = True  # the test is the thread
+    remote._follow()
+    assert [e[:3] for e in f.take()] == [("stored", "STORAGE", True)]
+    f.remote_lost([LOGGED])
+    assert [e[:3] for e in f.take()] == [("removed", "STORAGE", True)]
+    remote._forget_lost()
+    assert f.take() == [] and log.asked == [[LOGGED]]  # the store was not asked
+    log.entries.append(entry())  # written again, logged again
+    remote._follow()
+    assert [e[:3] for e in f.take()] == [("stored", "STORAGE", True)]
+
+
+def test_a_naming_not_taken_when_the_loss_was_told_is_followed_by_its_removal():
+    log = Log([entry()])
+    remote = RemoteEvents(log, NS, GEO, HASHING)
+    f = feed(None, remote)
+    f._started = True
+    remote._follow()  # named, not taken yet: the store said it held it a moment ago
+    f.remote_lost([LOGGED])
+    assert [e[:3] for e in f.take()] == [("stored", "STORAGE", True)]
+    remote._forget_lost()
+    assert [e[:3] for e in f.take()] == [("removed", "STORAGE", True)]
+
+
+def test_a_chunk_lost_and_named_again_is_asked_about_first(monkeypatch):
+    """The store answered that it held a chunk just before its removal ran (a sampled
+    check's removal runs in the background): the next check asks about it first, not after
+    every chunk named before it."""
+    monkeypatch.setattr(remote_module, "CHECK_KEYS", 2)
+    older = [logged_entry(list(range(4000 + CHUNK * n, 4000 + CHUNK * (n + 1))))
+             for n in range(3)]
+    log = Log([e for _, e in older] + [entry()])
+    remote = RemoteEvents(log, NS, GEO, HASHING)
+    remote._follow()
+    remote.lost([LOGGED])
+    remote._forget_lost()
+    log.entries.append(entry())
+    remote._follow()
+    assert LOGGED in remote._named
+    remote._check()
+    assert log.asked[-1] == [LOGGED, older[0][0]]
+
+
 # -- this engine's disk and other segments -------------------------------------------------
 
 def test_a_full_queue_drops_reads_never_losses(monkeypatch):
@@ -226,6 +282,32 @@ def test_a_loss_told_again_and_again_while_it_waits_is_queued_once():
         for n in range(20):
             s._changed(key(n), None)
     assert len(s._todo) == 40
+
+
+def test_news_told_while_the_listing_is_queued_follows_it_in_order():
+    """Another segment loses a listed chunk right after the listing, before its read was
+    queued (the refresh thread is free once ``listen`` returned), then gains it again: the
+    loss is kept, after the listed chunk's read (whose header may still name it: a gone
+    writer's files stay until gc), and the gain after the loss. Found by a review."""
+    listed = OtherChunk("other-0", 0, 3, key(1), 0, 100)
+    again = OtherChunk("other-1", 0, 4, key(1), 0, 100)
+
+    class Listing(list):
+        def __iter__(self):  # the refresh thread's news, as the listing is walked
+            self.listener(key(1), None)
+            self.listener(key(1), again)
+            return super().__iter__()
+
+    def listen(listener):
+        listing = Listing([listed])
+        listing.listener = listener
+        return listing
+
+    s = StorageEvents(["/nonexistent"], NS, "w", 4096, GEO, HASHING)
+    s._begin([], listen)
+    assert list(s._todo) == [s._other(listed), key(1), s._other(again)]
+    s._changed(key(2), None)  # a loss past the listing, of a chunk never named: dropped
+    assert len(s._todo) == 3
 
 
 def test_listing_the_chunks_on_disk_and_in_other_segments_runs_on_the_readers_thread():

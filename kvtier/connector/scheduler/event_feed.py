@@ -7,7 +7,7 @@ chunks (``RemoteEvents``)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kvtier.connector.common.geometry import KVGeometry
@@ -17,7 +17,7 @@ from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.remote_events import RemoteEvents
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.storage_events import Found, StorageEvents
-from kvtier.keys import Namespace
+from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.index_file import SlotLayout
 from kvtier.shared.follower import OtherWriters
 from kvtier.tiers.base import TierName
@@ -32,7 +32,8 @@ class EventFeed:
     up): of every chunk the disk tier holds then, and of other writers' chunks, then as
     they come and go. A record's chunk is published as stored on disk (``STORAGE``) while
     this engine's disk or another segment holds it, once the chunk before it in its prompt
-    was (``Anchors``). ``close()`` stops the reads."""
+    was (``Anchors``). ``remote_lost(keys)``: the remote store is known to have lost
+    ``keys``: their removal is published at once. ``close()`` stops the reads."""
 
     def __init__(self, events: KVEvents, storage: StorageEvents | None,
                  remote: RemoteEvents | None, stack: TierStack, others: OtherWriters | None,
@@ -47,6 +48,18 @@ class EventFeed:
             self._start()
         self._anchors.order(self._found(), self._publish, self.events.published)
         return self.events.take()
+
+    def remote_lost(self, keys: Iterable[ChunkKey]) -> None:
+        """The engine learnt that the remote store lost ``keys`` (a read of them answered
+        missing or damaged, or a sampled check removed them as wrong): the removal of each
+        published is queued now (a naming waiting for its parent is dropped), and the remote
+        events forget them, so that a later entry of the log names them again."""
+        if self._remote is None:
+            return
+        keys = list(keys)
+        self._anchors.order([Found(key, None, False, remote=True) for key in keys],
+                            self._publish, self.events.published)
+        self._remote.lost(keys)
 
     def _publish(self, found: Found) -> None:
         if found.remote:
@@ -112,4 +125,7 @@ def event_feed(events: KVEvents | None, stack: TierStack,
                                 hashing)
     if presence is not None and presence.tiers[0].keeps_records and hashing is not None:
         remote = RemoteEvents(presence.tiers[0], namespace, geometry, hashing)
-    return EventFeed(events, storage, remote, stack, others, counters)
+    feed = EventFeed(events, storage, remote, stack, others, counters)
+    if presence is not None and remote is not None:
+        presence.on_gone = feed.remote_lost
+    return feed

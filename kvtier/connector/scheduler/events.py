@@ -22,19 +22,21 @@ Events are hints, never promises.
 from __future__ import annotations
 
 from array import array
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvtier.connector.common.geometry import KVGeometry
+from kvtier.connector.scheduler.event_backlog import EventBacklog
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 
 MEDIUMS = {TierName.HOST: "CPU", TierName.DISK: "STORAGE"}  # vLLM's MEDIUM_CPU, MEDIUM_STORAGE
 OWN_DISK, SHARED = 1, 2  # who holds a chunk in STORAGE: this engine's disk, others' segments
 OWNERSHIP = "kvtier"  # a remote store's chunks: locality REMOTE, this ownership
-QUEUE_LIMIT = 65536  # events held between two of vLLM's takes; the oldest are dropped past it
+QUEUE_LIMIT = 65536  # stored changes waiting for vLLM's takes; the oldest dropped past it
+TAKE_CHANGES = 4096  # chunks' changes handed over in one take (a step), at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,18 +102,21 @@ class KVEvents:
     blocks)`` and ``remote_gone(key)`` the same of the remote store (published with
     ``remote``); ``left(key)`` marks a chunk that may be in no tier any more: its record
     is dropped at the next ``take`` unless ``still_held(key)``, ``STORAGE`` or the remote
-    store holds it. ``take()`` returns
-    the events queued since the last one, oldest first. The queue holds at most ``limit``
-    events: past it the oldest are dropped, counted in ``counters["kv_events_dropped"]``;
-    ``counters["kv_events"]`` counts those taken. Nothing here blocks or does I/O.
+    store holds it. ``take()`` returns the events since the last one, oldest first, as
+    each chunk's net change per medium (``EventBacklog``: a chunk stored and removed in
+    between is not told), at most ``per_take`` chunks' changes: the rest wait for the next
+    take. Past ``limit`` stored changes waiting the oldest is dropped, counted in
+    ``counters["kv_events_dropped"]``; a removal is never dropped. ``counters["kv_events"]``
+    counts the events taken. Nothing here blocks or does I/O.
     """
 
     def __init__(self, geometry: KVGeometry, factory: EventFactory, counters: Counter,
-                 limit: int = QUEUE_LIMIT) -> None:
+                 limit: int = QUEUE_LIMIT, per_take: int = TAKE_CHANGES) -> None:
         self.geometry, self.factory, self.counters = geometry, factory, counters
         self.still_held: Callable[[ChunkKey], bool] = lambda key: False
         self._blocks: dict[ChunkKey, ChunkBlocks] = {}
-        self._queue: deque[tuple[bool, ChunkBlocks, str, bool]] = deque(maxlen=limit)
+        self._backlog = EventBacklog(limit, counters)
+        self.per_take = per_take
         self._left: set[ChunkKey] = set()
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
         self._remote: set[ChunkKey] = set()  # published as held by the remote store
@@ -202,9 +207,7 @@ class KVEvents:
         blocks = self._blocks.get(key)
         if blocks is None:
             return
-        if len(self._queue) == self._queue.maxlen:
-            self.counters["kv_events_dropped"] += 1  # the oldest goes
-        self._queue.append((stored, blocks, medium, remote))
+        self._backlog.change(stored, (key, medium, remote), blocks)
         if stored:
             self._published.add(blocks.hashes[-1])
 
@@ -216,8 +219,7 @@ class KVEvents:
                     self._published.discard(blocks.hashes[-1])
         self._left.clear()
         events: list[Any] = []
-        while self._queue:
-            stored, blocks, medium, remote = self._queue.popleft()
+        for stored, (_, medium, remote), blocks in self._backlog.take(self.per_take):
             make = self.factory.stored if stored else self.factory.removed
             events += make(blocks, medium, remote=True) if remote else make(blocks, medium)
         self.counters["kv_events"] += len(events)

@@ -60,9 +60,9 @@ _PLAIN = [  # (metric, help, counter)
      "hits (verify_sample)", "verify_sampled_requests"),
     ("verify_unread_total", "Sampled chunks whose cached copy could not be read to check",
      "verify_unread_chunks"),
-    ("kv_events_dropped_total", "KV events dropped, the oldest first, while vLLM took none "
-     "(more than 65,536 waiting), and chunks named from token records dropped while waiting "
-     "for the chunk before them (more than 65,536)", "kv_events_dropped"),
+    ("kv_events_dropped_total", "KV stored events dropped, the oldest first, while vLLM took "
+     "none (more than 65,536 waiting; never a removal), and chunks named from token records "
+     "dropped while waiting for the chunk before them (more than 65,536)", "kv_events_dropped"),
     ("kv_events_unnamed_total", "Chunks on disk (at start, or in other engines' segments) "
      "and remote log entries not named in KV events: no token record naming their key",
      "kv_events_unnamed"),

@@ -91,6 +91,8 @@ class Outcomes:
         if self._remote_writes is not None:
             for key in report.remote_absent:  # written again at its next store
                 self._remote_writes.lost(ChunkKey(key))
+        if report.remote_absent and self._loads.presence is not None:  # for the KV events
+            self._loads.presence.gone(ChunkKey(key) for key in report.remote_absent)
         for key, ranks in report.reads_stalled.items():
             self._stalled.stalled(key, ranks)
         for req_id, seconds in report.load_seconds.items():

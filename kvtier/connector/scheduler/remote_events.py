@@ -7,10 +7,13 @@ thread follows that log from its oldest entry, names each chunk whose record's h
 its key (``record_blocks``) and that the store says it holds (the log outlives many of its
 values: the store evicts them by its own rule), and asks the store now and then whether it
 still holds the chunks it named: one it answers it lost (evicted, a restart) is reported
-gone; one it refused to answer for (a cluster's slot moving) is not. Nothing here runs on
-the scheduler's step but ``drain``; like ``StorageEvents`` the thread rests three times as
-long as it works, and reads nothing more while ``FOUND_LIMIT`` chunks wait for vLLM to
-take them.
+gone; one it refused to answer for (a cluster's slot moving) is not. What the engine learns
+for certain on its own (a read of the chunk answered missing or damaged, or a sampled check
+removed it as wrong) is published at once by the feed and told here (``lost``): the chunk
+is forgotten, so that a later entry names it again, and asked about first should it be
+named again meanwhile. Nothing here runs on the scheduler's step but ``drain`` and
+``lost``; like ``StorageEvents`` the thread rests three times as long as it works, and
+reads nothing more while ``FOUND_LIMIT`` chunks wait for vLLM to take them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.chunk_records import ChunkHashing, record_blocks
@@ -49,7 +53,10 @@ class RemoteEvents:
     One that refuses to answer for some keys (a cluster's slot moving, or not served)
     has the log read on past them, and is asked about those again at each later round (at
     most ``UNANSWERED`` of them), so that one slot out of service for long holds no other
-    chunk back. ``close()`` stops the thread."""
+    chunk back. ``lost(keys)`` (on the scheduler's thread, whose feed published their
+    removal): the thread forgets them at its next round (a naming of one still waiting is
+    followed by its loss), and its next check asks first about those named again since.
+    ``close()`` stops the thread."""
 
     def __init__(self, tier: RemoteTier, namespace: Namespace, geometry: KVGeometry,
                  hashing: ChunkHashing) -> None:
@@ -58,6 +65,8 @@ class RemoteEvents:
         self._named = KnownKeys(RECORD_LOG)
         self._unanswered: dict[ChunkKey, ChunkBlocks] = {}  # asked about again next round
         self._found: deque[Found] = deque()
+        self._lost: deque[ChunkKey] = deque(maxlen=RECORD_LOG)  # told by the scheduler side
+        self._suspects = KnownKeys(CHECK_KEYS)  # lost: asked about first if named again
         self.unnamed = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -71,6 +80,9 @@ class RemoteEvents:
     def drain(self, limit: int | None = None) -> list[Found]:
         return take_all(self._found, limit)
 
+    def lost(self, keys: Iterable[ChunkKey]) -> None:
+        self._lost.extend(keys)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -79,6 +91,7 @@ class RemoteEvents:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
+                self._forget_lost()
                 self._follow()
                 if time.monotonic() - self._checked >= CHECK_EVERY_S:
                     self._check()
@@ -135,11 +148,25 @@ class RemoteEvents:
         for gone in self._named.add(key):
             self._found.append(Found(gone, None, False, remote=True))
 
+    def _forget_lost(self) -> None:
+        """Forget the chunks the scheduler side said the store lost; one still named is
+        reported gone too, after any naming of it not taken yet."""
+        while self._lost:
+            key = self._lost.popleft()
+            if key in self._named:
+                self._named.discard(key)
+                self._found.append(Found(key, None, False, remote=True))
+            self._suspects.add(key)
+
     def _check(self) -> None:
-        """Ask the store about the chunks named longest ago: those it answers it lost are
-        gone."""
+        """Ask the store about the chunks lost and named again since, then those named
+        longest ago: those it answers it lost are gone."""
         self._checked = time.monotonic()
-        keys = self._named.oldest(CHECK_KEYS)
+        first = [key for key in self._suspects if key in self._named]
+        self._suspects.clear()
+        asked = set(first)
+        keys = first + [key for key in self._named.oldest(CHECK_KEYS - len(first))
+                        if key not in asked]
         if not keys:
             return
         there = self._tier.exists_answered(keys)

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -76,6 +76,7 @@ class RemotePresence:
         self._closed = False
         self.lookups = 0  # questions sent
         self._absent: deque[ChunkKey] = deque(maxlen=ABSENT_MAX)  # appended on the threads
+        self.on_gone: Callable[[list[ChunkKey]], None] | None = None  # the KV events' (``gone``)
 
     @property
     def down(self) -> bool:
@@ -209,10 +210,19 @@ class RemotePresence:
             question.refused |= failed
         self._distrusted.add(failed)
 
+    def gone(self, keys: Iterable[ChunkKey]) -> None:
+        """The store is known not to hold ``keys`` any more (a read of them answered missing
+        or damaged, or they were removed as wrong): told to ``on_gone`` at once (the KV
+        events, which publish their removal), on the scheduler's thread."""
+        keys = list(keys)
+        if keys and self.on_gone is not None:
+            self.on_gone(keys)
+
     def remove(self, keys: Sequence[ChunkKey]) -> None:
         """``keys`` hold wrong KV (a check against a recompute): removed from the store, every
-        rank's copy, in the background; not offered to any request meanwhile."""
+        rank's copy, in the background; not offered to any request meanwhile (``gone``)."""
         self._distrusted.add(set(keys))
+        self.gone(keys)
         if not self._closed:
             self._pool.submit(lambda: [tier.remove(list(keys)) for tier in self.tiers])
 

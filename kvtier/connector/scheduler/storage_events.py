@@ -82,7 +82,9 @@ class StorageEvents:
     not read (``dropped``). A loss waits once however often it is told, and only for a chunk
     named (found, and no loss of it found since) or being read: a loss of any other names
     nothing anyone was told, and is dropped, so that an idle engine whose reads wait queues
-    no more losses than the chunks it named and the reads waiting. ``close()`` stops the
+    no more losses than the chunks it named and the reads waiting. What the follower tells
+    while other segments' chunks are listed waits, then follows the listing in the order it
+    came (a chunk lost right after it was listed is read, then lost). ``close()`` stops the
     thread.
     """
 
@@ -97,7 +99,9 @@ class StorageEvents:
         self._reading: Counter[ChunkKey] = Counter()  # reads in ``_todo`` or being read
         self._told: set[ChunkKey] = set()  # found, and no loss of it found since
         self._found: deque[Found] = deque()
-        self._wake = threading.Condition()  # news for the thread: work, or close
+        self._listing = False  # other segments' chunks being listed: their news waits
+        self._early: list[_Read | ChunkKey] = []  # the follower's news while listing
+        self._wake = threading.Condition()  # news for the thread: work, or close (reentrant)
         self._closing = threading.Event()  # the only end of a rest
         self._thread: threading.Thread | None = None
 
@@ -120,8 +124,14 @@ class StorageEvents:
         return _Read(chunk.key, chunk.path, chunk.writer, chunk.slot, True)
 
     def _changed(self, key: ChunkKey, chunk: OtherChunk | None) -> None:
-        """The follower's news (on its refresh thread, under its view's lock)."""
-        self._add([key if chunk is None else self._other(chunk)])
+        """The follower's news (on its refresh thread, under its view's lock); while the
+        listing is added, news waits to follow it."""
+        item = key if chunk is None else self._other(chunk)
+        with self._wake:
+            if self._listing:
+                self._early.append(item)
+                return
+        self._add([item])
 
     def _add(self, items: list[_Read | ChunkKey]) -> None:
         with self._wake:
@@ -147,8 +157,17 @@ class StorageEvents:
         paths = len(self._roots)
         self._add([_Read(key, slot % paths, self._own, slot // paths, False)
                    for key, slot in own])
-        if listen is not None:
-            self._add([self._other(chunk) for chunk in listen(self._changed)])
+        if listen is None:
+            return
+        with self._wake:  # never held around ``listen``: the view's lock comes first
+            self._listing = True
+        reads: list[_Read | ChunkKey] = []
+        try:
+            reads += [self._other(chunk) for chunk in listen(self._changed)]
+        finally:
+            with self._wake:  # the news since the listing follows it, in the order it came
+                self._listing, early, self._early = False, self._early, []
+                self._add(reads + early)
 
     def _run(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
         try:

@@ -1,0 +1,125 @@
+"""The KV events waiting for vLLM's takes (``event_backlog.py``, through ``KVEvents``): a
+removal of a chunk the router was told of is never dropped, however many come at once (a
+disk path taken out of service), a take hands over a bounded share, the rest follow in
+order, and a chunk stored and removed between two takes is not told at all."""
+
+from array import array
+from collections import Counter
+
+from kvtier.connector.scheduler.event_backlog import EventBacklog
+from kvtier.connector.scheduler.events import ChunkBlocks, KVEvents
+from kvtier.connector.scheduler.tier_watch import WatchedIndex
+from kvtier.keys import ChunkKey
+from kvtier.tiers.base import TierName
+from kvtier.tiers.policy import make_policy
+from tests.helpers.scheduler_side import GEO
+
+
+class Factory:
+    """A stand-in for ``VllmEvents``: (kind, medium, remote, last hash)."""
+
+    def extra_keys(self, request, start, stop):
+        return None
+
+    def stored(self, blocks, medium, remote=False):
+        return [("stored", medium, remote, blocks.hashes[-1])]
+
+    def removed(self, blocks, medium, remote=False):
+        return [("removed", medium, remote, blocks.hashes[-1])]
+
+
+class Router:
+    """What a router credits the engine with, per medium, from the events it was given."""
+
+    def __init__(self) -> None:
+        self.held: set[tuple[str, bool, bytes]] = set()
+
+    def apply(self, events) -> int:
+        for kind, medium, remote, last in events:
+            (self.held.add if kind == "stored" else self.held.discard)((medium, remote, last))
+        return len(events)
+
+
+def chunk(i: int) -> tuple[ChunkKey, ChunkBlocks]:
+    h = i.to_bytes(32, "big")
+    return ChunkKey(i.to_bytes(16, "big")), ChunkBlocks((h, h), None, array("i", [i] * 32))
+
+
+def recorded(events: KVEvents, count: int, first: int = 0) -> list[ChunkKey]:
+    keys = []
+    for i in range(first, first + count):
+        key, blocks = chunk(i)
+        events.record(key, None, 0, blocks)
+        keys.append(key)
+    return keys
+
+
+def test_every_removal_of_a_retired_path_reaches_the_router_a_share_per_take():
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Factory(), counters, limit=1000)
+    events.per_take = 700
+    disk = WatchedIndex(3000, make_policy("lru"), TierName.DISK, events)
+    router = Router()
+    for n, key in enumerate(recorded(events, 3000)):
+        disk.reserve(key)
+        disk.commit(key)
+        if n % 500 == 499:  # a take per step while they were written
+            router.apply(events.take())
+    while router.apply(events.take()):
+        pass
+    assert len(router.held) == 3000 and counters["kv_events_dropped"] == 0
+    disk.retire(range(3000))  # the path is taken out of service: 3,000 removals at once
+    sizes = []
+    while size := router.apply(events.take()):
+        sizes.append(size)
+    assert sizes == [700, 700, 700, 700, 200]  # a share per take, the rest the next
+    assert router.held == set() and counters["kv_events_dropped"] == 0
+    assert len(events) == 0  # every record let go once its removal was handed over
+
+
+def test_past_the_limit_stored_changes_are_dropped_never_removals():
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Factory(), counters, limit=2)
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    router = Router()
+    old = recorded(events, 3)
+    for key in old:
+        host.reserve(key)
+        host.commit(key)
+        router.apply(events.take())
+    assert len(router.held) == 3
+    for key in old:  # three removals, past the limit of two: every one kept
+        host.discard(key)
+    for key in recorded(events, 3, first=3):  # three stored past the limit of two
+        host.reserve(key)
+        host.commit(key)
+    router.apply(events.take())
+    assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in (4, 5)}
+    assert counters["kv_events_dropped"] == 1  # the oldest stored change, not a removal
+
+
+def test_a_chunk_stored_and_removed_between_takes_is_not_told():
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Factory(), counters)
+    a, b = recorded(events, 2)
+    events.stored(a, TierName.HOST)
+    events.removed(a, TierName.HOST)  # gone before vLLM took anything: nothing to tell
+    events.stored(b, TierName.HOST)
+    assert [e[0] for e in events.take()] == ["stored"]
+    events.removed(b, TierName.HOST)
+    events.stored(b, TierName.HOST)  # back before the take: the router's view holds
+    events.stored(a, TierName.HOST)
+    assert [(e[0], e[3]) for e in events.take()] == [("stored", chunk(0)[1].hashes[-1])]
+
+
+def test_the_backlog_hands_changes_over_in_the_order_they_came():
+    backlog = EventBacklog(10, Counter())
+    slots = [(ChunkKey(bytes([i]) * 16), "CPU", False) for i in range(4)]
+    backlog.change(True, slots[0], "a")
+    backlog.change(False, slots[1], "b")
+    backlog.change(True, slots[2], "c")
+    backlog.change(True, slots[0], "a")  # a repeat keeps its first place
+    backlog.change(False, slots[3], "d")
+    assert backlog.take(3) == [(True, slots[0], "a"), (False, slots[1], "b"),
+                               (True, slots[2], "c")]
+    assert backlog.take(3) == [(False, slots[3], "d")] and len(backlog) == 0
