@@ -17,10 +17,10 @@ if not inside_namespace():
                 "starts it there", allow_module_level=True)
 
 from kvtier.connector.vllm_events import VllmHashing
+from tests.helpers.recorded_events import Recorded, events_until
 from tests.helpers.remote_engine import Engine
 from tests.helpers.scheduler_side import BLOCK, CHUNK
 from tests.helpers.vllm_requests import vllm_chain, vllm_request
-from tests.test_connector_remote_events import Recorded, events_until
 
 TOKENS = list(range(7000, 7000 + 2 * CHUNK))
 HASHING = VllmHashing(SimpleNamespace(cache_config=SimpleNamespace(

@@ -6,7 +6,6 @@ nothing."""
 
 import time
 from array import array
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,11 +15,11 @@ pytest.importorskip("vllm")
 from vllm.v1.request import Request
 
 from kvtier.connector.scheduler import remote_events
-from kvtier.connector.vllm_events import VllmHashing
 from kvtier.io.result import IOStatus
 from kvtier.io.token_record import encode_record
 from kvtier.keys import ChunkKey
 from kvtier.remote.redis_tier import RedisTier
+from tests.helpers.recorded_events import HASHING, Recorded, events_until
 from tests.helpers.redis_server import RedisServer, needs_redis
 from tests.helpers.remote_engine import Engine
 from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO
@@ -29,37 +28,12 @@ from tests.helpers.vllm_requests import vllm_request as make_request
 
 pytestmark = needs_redis
 TOKENS = list(range(7000, 7000 + 2 * CHUNK))
-HASHING = VllmHashing(SimpleNamespace(cache_config=SimpleNamespace(
-    prefix_caching_hash_algo="sha256")), BLOCK)
-
-
-class Recorded:
-    """A stand-in for ``VllmEvents``: (kind, medium, hashes, tokens, remote) of each."""
-
-    extra_keys = HASHING.extra_keys
-
-    def stored(self, blocks, medium, remote=False):
-        return [("stored", medium, blocks.hashes, blocks.tokens.tolist(), remote)]
-
-    def removed(self, blocks, medium, remote=False):
-        return [("removed", medium, blocks.hashes, None, remote)]
-
-
 def vllm_request(name: str, tokens: list[int]) -> Request:
     return make_request(name, tokens, BLOCK)
 
 
 def chain(tokens: list[int]) -> list[bytes]:
     return vllm_chain(tokens, BLOCK)
-
-
-def events_until(engine: Engine, count: int, timeout: float = 15.0) -> list:
-    got, deadline = [], time.monotonic() + timeout
-    while len(got) < count:
-        assert time.monotonic() < deadline, got
-        got += engine.scheduler.take_events()
-        time.sleep(0.02)
-    return got
 
 
 @pytest.fixture

@@ -3,14 +3,32 @@ path (a new version rolled out, or another version on another engine of the flee
 loads the KV the other version computed; the same files give the same keys in every engine,
 and requests without an adapter keep the keys they had."""
 
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from kvtier.connector.scheduler import adapters
 from kvtier.connector.scheduler.adapters import AdapterDigests
 from kvtier.connector.scheduler.tails import prompt_tail
 from kvtier.keys import block_hash_chunk_key
-from tests.helpers.scheduler_side import GEO, request, scheduler
-from tests.test_connector_tails import prompt
+from tests.helpers.scheduler_side import BLOCK, GEO, request, scheduler
+
+
+@dataclass
+class Prompt:
+    """A request with a prompt tail: its tokens and their blocks' hashes."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    block_hashes: list[bytes] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+def prompt(name: str, length: int) -> Prompt:
+    tokens = [i * 31 % 30000 for i in range(length)]
+    return Prompt(name, tokens, [bytes([i]) * 32 for i in range(length // BLOCK)])
 
 
 def adapter(path, weights=b"A" * 5000, config=b'{"r": 8}'):

@@ -15,26 +15,8 @@ import pytest
 
 from kvtier.connector.common.model_settings import model_settings, settings_digest
 from kvtier.keys import Namespace
+from tests.helpers.vllm_config import engine
 from tests.helpers.vllm_engine import have_vllm
-
-
-def engine(**changes):
-    """A vLLM config as the connector reads it (Phi-3 style LongRoPE)."""
-    hf = {"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [4.0]},
-          "rope_theta": 10000.0, "max_position_embeddings": 131072,
-          "original_max_position_embeddings": 4096}
-    model = {"model": "phi-3", "max_model_len": 4096, "quantization": None,
-             "dtype": "bfloat16", "hf_overrides": {}, "model_class_overrides": None}
-    spec = None
-    for name, value in changes.items():
-        if name == "draft":
-            spec = SimpleNamespace(draft_model_config=SimpleNamespace(model=value))
-        elif name in hf:
-            hf[name] = value
-        else:
-            model[name] = value
-    return SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(**hf), **model),
-                           speculative_config=spec)
 
 
 def overrides(config):  # a function as hf_overrides: named, never by its address

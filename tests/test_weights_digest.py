@@ -9,7 +9,7 @@ import pytest
 
 from kvtier.connector.common import weights_digest as wd
 from kvtier.connector.common.model_settings import model_settings, settings_digest
-from tests.test_model_settings import engine
+from tests.helpers.vllm_config import engine
 
 SIZE = 3 * 2**20 + 123  # past SAMPLES * SAMPLE_BYTES: sampled, not read whole
 
