@@ -273,3 +273,21 @@ def test_a_request_asked_about_again_and_again_is_sampled_once_at_most():
         assert side.counters["verify_sampled_requests"] == 0
     finally:
         side.close()
+
+
+def test_a_sampled_request_whose_prefix_vllm_loaded_meanwhile_checks_none_of_it():
+    """Sampled at its first ask (a miss), the request waits; another request loads the
+    prefix from kvtier into vLLM's prefix cache, so vLLM asks again with it computed and
+    nothing left to load: those blocks hold the cached copy itself, never checked."""
+    side = scheduler(verify_sample=1)
+    try:
+        store_all(side, request("x", 64))  # chunks 0-1 in host memory
+        y = request("y", 65)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)  # sampled
+        assert side.num_new_matched_tokens(y, 64) == (0, False)  # vLLM holds 0-1 now
+        meta = StepPlan()
+        side.plan_stores(y, ([1, 2, 3, 4, 5],), 65, meta)
+        assert meta.verifies == []
+        assert side.counters["verify_sampled_requests"] == 1
+    finally:
+        side.close()

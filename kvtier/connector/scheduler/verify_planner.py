@@ -57,7 +57,8 @@ class VerifyPlanner:
     1/rate-th: spread evenly, the same run to run), never past ``MAX_IN_FLIGHT`` checks, nor
     with ``verify_sample`` 0; the caller then reports a miss. The chunks vLLM held already
     are never checked (``tracked.verify_from``): it did not compute them for this request,
-    and they may be kvtier's own bytes loaded earlier. ``plan`` adds a ``ChunkVerify`` to the
+    and they may be kvtier's own bytes loaded earlier; ``held`` follows them at every ask
+    about a sampled request, whether it would hit then or not. ``plan`` adds a ``ChunkVerify`` to the
     step's plan (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
     of a prompt's tail), pinned where it is cached (a copy on storage gets a host slot to
     stage its read, after any write-back out of that slot); not for a chunk already being
@@ -97,8 +98,15 @@ class VerifyPlanner:
             held = self.presence.held(tracked.request.request_id, keys) if self.presence else None
             tracked.verify_remote = frozenset(k for k, there in zip(keys, held or (), strict=False)
                                               if there)  # the store's chunks, to check there
-        tracked.verify_from = max(tracked.verify_from, computed)
+        self.held(tracked, computed)
         return True
+
+    def held(self, tracked: Tracked, computed: int) -> None:
+        """vLLM asked about a request whose first ``computed`` chunks its own prefix cache
+        holds: of a sampled request, those are never checked (at each ask, hit or not: a
+        request that waited may find its prefix loaded by another meanwhile)."""
+        if tracked.verify:
+            tracked.verify_from = max(tracked.verify_from, computed)
 
     def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
              blocks: int | None = None) -> bool:
