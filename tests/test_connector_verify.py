@@ -13,8 +13,10 @@ import pytest
 
 from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.scheduler.verify_planner import MAX_IN_FLIGHT
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
+from tests.helpers.scheduler_side import GEO as GEO_S
 from tests.helpers.scheduler_side import request, scheduler, store_all
 from tests.helpers.shared import wait_for
 from tests.helpers.worker_side import GEO, worker, worker_and_engine
@@ -291,3 +293,45 @@ def test_a_sampled_request_whose_prefix_vllm_loaded_meanwhile_checks_none_of_it(
         assert side.counters["verify_sampled_requests"] == 1
     finally:
         side.close()
+
+
+def test_one_sampled_long_prompt_checks_at_most_max_in_flight_chunks_at_once():
+    """``MAX_IN_FLIGHT`` bounds the chunks being checked, not only the requests sampled: a
+    long prompt's chunks past it are only touched, and hold no host slot."""
+    side = scheduler(verify_sample=1, host_capacity=64 * GEO_S.chunk_bytes)
+    try:
+        store_all(side, request("x", 40 * 32))
+        y = request("y", 40 * 32 + 1)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)
+        meta = StepPlan()
+        side.plan_stores(y, (list(range(1, 82)),), 40 * 32 + 1, meta)
+        assert len(meta.verifies) == MAX_IN_FLIGHT
+        assert side.stack.indexes[HOST].census().pins == MAX_IN_FLIGHT
+    finally:
+        side.close()
+
+
+def test_checked_copies_on_disk_stage_in_at_most_a_share_of_the_host_slots(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=64, verify_sample=1,
+                     host_capacity=8 * GEO_S.chunk_bytes)
+    try:
+        x = request("x", 40 * 32)
+        for n in range(1, 41):  # one chunk a step, each written through to disk
+            store_all_upto(side, x, n * 32)
+        assert len(side.stack.indexes[DISK]) == 40
+        y = request("y", 40 * 32 + 1)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)
+        meta = StepPlan()
+        side.plan_stores(y, (list(range(1, 82)),), 40 * 32 + 1, meta)
+        staged = [v for v in meta.verifies if v.source.staged]
+        assert 0 < len(staged) <= 4  # half of 8 host slots
+    finally:
+        side.close()
+
+
+def store_all_upto(side: SchedulerSide, req, tokens: int) -> None:
+    meta = StepPlan()
+    side.plan_stores(req, (list(range(100, 100 + req.num_tokens // 16)),), tokens, meta)
+    done = Counter({s.key: 1 for s in meta.stores})
+    side.worker_report(WorkerReport(host_stored=done, disk_written=Counter(
+        {s.key: 1 for s in meta.stores if s.disk_slot is not None})))

@@ -32,6 +32,7 @@ from kvtier.tiers.stack import Location, StorePlan, TierStack
 log = logging.getLogger("kvtier")
 HOST, DISK, REMOTE = TierName.HOST, TierName.DISK, TierName.REMOTE
 MAX_IN_FLIGHT = 16  # chunks being checked at once; no request is sampled past it
+STAGE_SHARE = 0.5  # of the host slots, at most this share staging checked copies at once
 
 
 @dataclass
@@ -62,8 +63,9 @@ class VerifyPlanner:
     step's plan (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
     of a prompt's tail), pinned where it is cached (a copy on storage gets a host slot to
     stage its read, after any write-back out of that slot); not for a chunk already being
-    checked, one still being written (``_writing``), one no tier holds any more, or one with
-    no host slot free to stage it in.
+    checked, one still being written (``_writing``), one no tier holds any more, one with
+    no host slot free to stage it in, nor past ``MAX_IN_FLIGHT`` chunks being checked or
+    ``STAGE_SHARE`` of the host slots staging them (the chunk is then only touched).
     ``apply`` folds the workers' answers: once every rank has, the pins end; a copy that
     matched on every rank counts as verified; one that differed on any is removed from every
     tier (this engine's, the shared directory's copy it read, the remote store), counted by
@@ -110,7 +112,8 @@ class VerifyPlanner:
 
     def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
              blocks: int | None = None) -> bool:
-        if key in self._checks or NULL_BLOCK in ids or self._writing(key):
+        if key in self._checks or len(self._checks) >= MAX_IN_FLIGHT or NULL_BLOCK in ids \
+                or self._writing(key):
             return False
         where = find(key, self.stack.locate, self.others.find if self.others else None)
         remote = where is None and key in tracked.verify_remote
@@ -128,7 +131,7 @@ class VerifyPlanner:
             source = ChunkLoad(key, ids, 0, where.loc.slot)
             self._checks[key] = _Check(tier, pinned, None, None, tracked.request.request_id)
         else:
-            staged = self.stack.plan_store(key, HOST)
+            staged = self.stack.plan_store(key, HOST) if self._may_stage() else None
             if staged is None:  # no host slot free now to stage the copy in
                 for pin in pinned:
                     self.stack.unpin(*pin)
@@ -140,6 +143,12 @@ class VerifyPlanner:
             self._checks[key] = _Check(tier, pinned, staged, refs, tracked.request.request_id)
         meta.verifies.append(ChunkVerify(source, str(tier), disk_slot, blocks))
         return True
+
+    def _may_stage(self) -> bool:
+        """Whether one more check may take a host slot to stage its copy in: at most
+        ``STAGE_SHARE`` of them at once (at least one), so checks never crowd out loads."""
+        staging = sum(check.staged is not None for check in self._checks.values())
+        return staging < max(1, int(self.stack.indexes[HOST].num_slots * STAGE_SHARE))
 
     def _writing(self, key: ChunkKey) -> bool:
         """Being stored, or written to disk or the remote store: a copy removed now would
