@@ -44,6 +44,7 @@ class WorkerVerify:
         self._submit_reads, self._chunk_bytes = submit_reads, geometry.chunk_bytes
         self._layers, self._page_bytes = geometry.num_layers, geometry.page_bytes
         self._dtype, self._tolerance, self._timeout = geometry.kv_dtype, tolerance, timeout
+        self._kv_run = geometry.kv_run
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-verify")
         self._jobs: list[Future] = []
 
@@ -94,10 +95,10 @@ class WorkerVerify:
             return
         assert source.host_slot is not None
         cached = self.host.slot(source.host_slot)[:self._chunk_bytes]
-        if check.blocks is not None:  # each layer's first pages only
-            cached, fresh = (t.view(self._layers, -1, self._page_bytes)[:, :check.blocks]
-                             .reshape(-1) for t in (cached, fresh))
-        if same_kv(cached, fresh, self._dtype, self._tolerance):
+        # each layer's pages (a tail: its first pages only), each page's K and V on its own
+        cached, fresh = (t.view(self._layers, -1, self._page_bytes)[:, :check.blocks]
+                         .reshape(-1, self._page_bytes) for t in (cached, fresh))
+        if same_kv(cached, fresh, self._dtype, self._tolerance, cached.shape[0], self._kv_run):
             self._end(check, "verified")
             return
         if check.disk_copy is not None:  # no restart finds it again
