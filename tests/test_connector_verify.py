@@ -335,3 +335,25 @@ def store_all_upto(side: SchedulerSide, req, tokens: int) -> None:
     done = Counter({s.key: 1 for s in meta.stores})
     side.worker_report(WorkerReport(host_stored=done, disk_written=Counter(
         {s.key: 1 for s in meta.stores if s.disk_slot is not None})))
+
+
+def test_bytes_of_a_format_kvtier_cannot_decode_that_differ_halt_nothing():
+    """An fp8 or integer cache kvtier cannot decode: a recompute in another batch shape may
+    flip bytes of a right chunk, so such a check is counted apart, its copy kept, and it
+    never counts toward ``verify_halt_after``."""
+    side = scheduler(verify_sample=1, verify_halt_after=1)
+    try:
+        store_all(side, request("x", 64))
+        y = request("y", 65)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)
+        meta = StepPlan()
+        side.plan_stores(y, BLOCKS, 64, meta)
+        keys = [v.source.key for v in meta.verifies]
+        assert len(keys) == 2
+        side.worker_report(WorkerReport(verify_undecided=Counter(keys)))
+        assert not side.halt.halted and side.counters["verify_undecided_chunks"] == 2
+        assert all(side.stack.locate(k) is not None for k in keys)
+        side.verify.rate = 0.0
+        assert side.num_new_matched_tokens(request("z", 65), 0) == (64, False)  # hits served
+    finally:
+        side.close()

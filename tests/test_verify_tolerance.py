@@ -102,3 +102,60 @@ def test_the_geometry_says_how_k_and_v_lie_in_a_page(monkeypatch):
     mla = spec_types.MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576,
                                       dtype=torch.bfloat16)
     assert page_values.kv_run(mla) == 0
+
+
+def fp8_pair(noise: float):
+    """A right fp8 chunk twice: rounding noise of ``noise`` before quantizing (a recompute
+    in another batch shape) flips some bytes by one fp8 step."""
+    x = pages(0.3)
+    a = x.to(torch.float8_e4m3fn)
+    b = (x * (1 + noise * torch.randn(x.shape, generator=torch.Generator().manual_seed(3))))
+    return a, b.to(torch.float8_e4m3fn)
+
+
+def fp8_same(a, b, dtype: str, tolerance=None):
+    as_bytes = [t.view(torch.uint8).flatten() for t in (a, b)]
+    return same_kv(*as_bytes, dtype, tolerance, L * BLOCKS, TOK * HD)
+
+
+def test_an_fp8_cache_is_decoded_and_a_step_of_rounding_is_no_alarm():
+    a, b = fp8_pair(1e-3)
+    assert not torch.equal(a.view(torch.uint8), b.view(torch.uint8))  # some bytes flipped
+    assert fp8_same(a, b, "float8_e4m3fn") is True
+    assert fp8_same(a, b, "float8_e4m3fn", 0.0) is False  # byte for byte when asked
+    wrong = a.clone()
+    wrong[:, :, :, 1] = pages(0.3, seed=1)[:, :, :, 1].to(torch.float8_e4m3fn)
+    assert fp8_same(wrong, b, "float8_e4m3fn") is False
+    e5 = [t.float().to(torch.float8_e5m2) for t in (a, b)]
+    assert fp8_same(*e5, "float8_e5m2") is True
+
+
+def test_an_explicit_tolerance_counts_for_every_dtype():
+    a, b = fp8_pair(1e-3)
+    assert fp8_same(a, b, "float8_e4m3fn", 1e-3) is False
+    assert fp8_same(a, b, "float8_e4m3fn", 0.3) is True
+
+
+def test_bytes_kvtier_cannot_decode_that_differ_are_no_verdict():
+    """uint8 of unknown format (an integer cache, fp8 with inline scales): a recompute need
+    not give the same bytes, so differing ones are neither right nor wrong."""
+    a, b = fp8_pair(1e-3)
+    assert fp8_same(a, b, "uint8") is None
+    assert fp8_same(a, a.clone(), "uint8") is True
+    assert fp8_same(a, b, "uint8", 0.0) is False  # byte for byte, as asked
+
+
+def test_the_geometry_knows_an_fp8_caches_format():
+    spec_types = pytest.importorskip("vllm.v1.kv_cache_interface")
+    from kvtier.connector.common.geometry import geometry_from_vllm
+    from tests.test_hybrid_groups import BLOCK, CONFIG, full, vllm_configs
+
+    def fp8(cache_dtype):
+        spec = spec_types.FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64,
+                                            dtype=torch.uint8)
+        return geometry_from_vllm(*vllm_configs(spec, cache_dtype=cache_dtype), CONFIG)
+
+    assert fp8("fp8").value_dtype == fp8("fp8_e4m3").value_dtype == "float8_e4m3fn"
+    assert fp8("fp8_e5m2").value_dtype == "float8_e5m2"
+    assert fp8("fp8_ds_mla").value_dtype == "bytes"
+    assert geometry_from_vllm(*vllm_configs(full()), CONFIG).value_dtype == "bfloat16"

@@ -10,9 +10,11 @@ largest finite magnitude of the fresh values of its part, where a part is one la
 V (in vLLM, of one page): one bound for the whole chunk would let a V part, or a layer of
 small values, replaced by another prompt's pass under the scale of the largest. NaN and
 infinities must sit at the same places (an infinity never sets a scale). The default per
-dtype leaves room for several rounding steps of that dtype's precision, and stays far below
-what a wrong chunk shows; calibrate it on a GPU with ``scripts/kv_determinism.py``
-(docs/reliability.md).
+dtype leaves room for several rounding steps of that dtype's precision (for an fp8 cache,
+whose bytes are decoded as the fp8 format they hold, two steps), and stays far below what a
+wrong chunk shows; a cache whose values kvtier cannot decode is compared byte for byte, and
+bytes that differ there say nothing either way (``same_kv`` gives None). Calibrate it on a
+GPU with ``scripts/kv_determinism.py`` (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -23,27 +25,41 @@ DEFAULT_TOLERANCE = {  # relative to the largest fresh value of each part
     "float32": 1e-3,
     "float16": 1e-2,
     "bfloat16": 4e-2,
+    # fp8: a value one rounding step off moves by at most 1/8 (e4m3, 3 mantissa bits) or
+    # 1/4 (e5m2) of its part's largest value; two steps of room
+    "float8_e4m3fn": 0.25,
+    "float8_e4m3fnuz": 0.25,
+    "float8_e5m2": 0.5,
+    "float8_e5m2fnuz": 0.5,
 }
-EXACT = 0.0  # a dtype not listed (an fp8 or integer cache): compared byte for byte
 
 
-def default_tolerance(dtype: str) -> float:
-    """The tolerance for KV of ``dtype`` (a torch dtype's name: ``bfloat16``)."""
-    return DEFAULT_TOLERANCE.get(dtype.removeprefix("torch."), EXACT)
+def default_tolerance(dtype: str) -> float | None:
+    """The tolerance for KV of ``dtype`` (a torch dtype's name: ``bfloat16``); None for a
+    dtype whose values kvtier does not decode (an integer cache, uint8 bytes of unknown
+    format)."""
+    return DEFAULT_TOLERANCE.get(dtype.removeprefix("torch."))
 
 
-def same_kv(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance: float,
-            pages: int = 1, kv_run: int = 0) -> bool:
+def same_kv(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance: float | None,
+            pages: int = 1, kv_run: int = 0) -> bool | None:
     """Whether ``cached`` holds the same KV as ``fresh`` (both bytes, the same length, of KV
-    of ``dtype``, ``pages`` pages one after the other): byte for byte at tolerance 0 or for
-    a dtype with no float view, else ``within`` ``tolerance``, each page's K and V apart
-    (``kv_parts``)."""
+    of ``dtype``, ``pages`` pages one after the other): ``within`` ``tolerance`` (None: the
+    dtype's ``default_tolerance``), each page's K and V apart (``kv_parts``); byte for byte
+    at tolerance 0. For a dtype kvtier cannot decode, bytes that differ are None (cannot
+    tell: a recompute need not give the same bytes) unless ``tolerance`` is 0."""
     if cached.shape != fresh.shape:
         return False
     name = dtype.removeprefix("torch.")
     view = getattr(torch, name, None)
-    if tolerance == 0.0 or name not in DEFAULT_TOLERANCE or not isinstance(view, torch.dtype):
-        return bool(torch.equal(cached, fresh))
+    decodable = name in DEFAULT_TOLERANCE and isinstance(view, torch.dtype)
+    if tolerance is None:
+        tolerance = default_tolerance(name)
+    if not decodable or tolerance == 0.0:
+        if torch.equal(cached, fresh):
+            return True
+        return False if tolerance == 0.0 else None
+    assert isinstance(view, torch.dtype) and tolerance is not None
     a, b = (kv_parts(t.reshape(pages, -1).view(view), kv_run) for t in (cached, fresh))
     return within(a, b, tolerance)
 

@@ -47,6 +47,7 @@ class _Check:
     verified: int = 0
     differed: int = 0
     failed: int = 0
+    undecided: int = 0  # bytes differed in a format kvtier cannot decode
 
 
 class VerifyPlanner:
@@ -67,12 +68,14 @@ class VerifyPlanner:
     no host slot free to stage it in, nor past ``MAX_IN_FLIGHT`` chunks being checked or
     ``STAGE_SHARE`` of the host slots staging them (the chunk is then only touched).
     ``apply`` folds the workers' answers: once every rank has, the pins end; a copy that
-    matched on every rank counts as verified; one that differed on any is removed from every
-    tier (this engine's, the shared directory's copy it read, the remote store), counted by
-    tier, logged, and told to ``halt``; one some rank could not read (damaged, an I/O error,
-    a read given up at ``load_timeout``) counts as neither and is dropped where it was read,
-    as a failed load's copy is: a copy left visible beside a staging slot a hung read still
-    holds would look as if another load were staging it, to every later request.
+    matched on every rank counts as verified (kept but counted apart, never halting, where
+    some rank could not tell: bytes of a format kvtier cannot decode differed); one that
+    differed on any is removed from every tier (this engine's, the shared directory's copy
+    it read, the remote store), counted by tier, logged, and told to ``halt``; one some
+    rank could not read (damaged, an I/O error, a read given up at ``load_timeout``) counts
+    as neither and is dropped where it was read, as a failed load's copy is: a copy left
+    visible beside a staging slot a hung read still holds would look as if another load
+    were staging it, to every later request.
     """
 
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
@@ -85,6 +88,7 @@ class VerifyPlanner:
         self.halt = halt
         self._share = 0.0  # hits since the last sample, times the rate
         self._checks: dict[ChunkKey, _Check] = {}
+        self._said_undecided = False
 
     def sample(self, tracked: Tracked, keys: Sequence[ChunkKey] = (), computed: int = 0) -> bool:
         if not tracked.verify:
@@ -159,14 +163,17 @@ class VerifyPlanner:
             or (self.remote_writes is not None and self.remote_writes.writing(key))
 
     def apply(self, report: WorkerReport) -> None:
-        for key in set(report.verified) | set(report.verify_differed) | set(report.verify_failed):
+        answers = (report.verified, report.verify_differed, report.verify_failed,
+                   report.verify_undecided)
+        for key in set().union(*answers):
             check = self._checks.get(key)
             if check is None:
                 continue
             check.verified += report.verified[key]
             check.differed += report.verify_differed[key]
             check.failed += report.verify_failed[key]
-            if check.verified + check.differed + check.failed >= self.world_size:
+            check.undecided += report.verify_undecided[key]
+            if check.verified + check.differed + check.failed + check.undecided >= self.world_size:
                 del self._checks[key]
                 self._end(key, check)
 
@@ -176,12 +183,25 @@ class VerifyPlanner:
             self.stack.finish(key, check.staged.dst, ok)  # a copy read and right is kept
         for pin in check.pinned:
             self.stack.unpin(*pin)
-        if ok:
+        if ok and check.undecided:
+            self._undecided(key)
+        elif ok:
             self.counters["chunks_verified"] += 1
         elif check.differed:
             self._remove(key, check)
         else:
             self._unread(key, check)
+
+    def _undecided(self, key: ChunkKey) -> None:
+        """Bytes that differ in a format kvtier cannot decode: a recompute need not give the
+        same bytes, so it is neither right nor wrong; kept, counted apart, never halting."""
+        self.counters["verify_undecided_chunks"] += 1
+        if not self._said_undecided:
+            self._said_undecided = True
+            log.warning("kvtier: a sampled chunk's cached bytes differ from what vLLM computed, "
+                        "in a KV cache format kvtier cannot decode (chunk %s): not taken for "
+                        "wrong KV (kvtier_verify_undecided_total); set verify_tolerance = 0 "
+                        "where this engine computes the same bytes every time", key.hex()[:16])
 
     def _unread(self, key: ChunkKey, check: _Check) -> None:
         """A copy some rank could not read: dropped where it was read (this engine's tier,
