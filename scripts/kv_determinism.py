@@ -9,8 +9,9 @@ alone; in one batch with two other prompts; after a prompt sharing its first 1,0
 (vLLM's prefix cache on, so P's later tokens attend to cached ones); with chunked prefill
 of 512 tokens a step. Then each chunk of P is read back from each arm's directory and
 compared with the one computed alone: the largest difference, relative to the chunk's
-largest value, and the share of values that differ. Another prompt's chunk differs by the
-values' own size; a tolerance between the two tells them apart.
+largest value and to the largest value of its layer's K or V (the scale of the sampled
+checks' ``verify_tolerance``), and the share of values that differ. Another prompt's
+chunk differs by the values' own size; a tolerance between the two tells them apart.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from kvtier.io.format import HEADER_BYTES, decode_header  # noqa: E402
+
+BLOCK, KV_HEADS, HEAD_SIZE = 128, 2, 64  # the tiny model on vLLM's CPU build
+KV_RUN = BLOCK * HEAD_SIZE  # values of a head's tokens' K, then of their V (page_values)
+PAGE_VALUES = KV_HEADS * 2 * KV_RUN
 
 
 def arms(tokens: int) -> dict[str, tuple[list[dict], dict]]:
@@ -80,6 +85,14 @@ def chunks(root: Path) -> dict[bytes, np.ndarray]:
     return found
 
 
+def parts(values: np.ndarray) -> np.ndarray:
+    """A chunk's values as the sampled checks scale them (``tolerance.kv_parts``): each
+    page's K, then its V, one row each (the tiny model's page on the CPU: a head's tokens'
+    K, then their V)."""
+    runs = values.reshape(-1, PAGE_VALUES // (2 * KV_RUN), 2, KV_RUN)
+    return runs.transpose(0, 2, 1, 3).reshape(-1, PAGE_VALUES // 2)
+
+
 def compare(work: Path, names: list[str]) -> list[dict]:
     base = chunks(work / "alone")
     rows = []
@@ -89,8 +102,10 @@ def compare(work: Path, names: list[str]) -> list[dict]:
             if key not in other:
                 continue
             diff = np.abs(values.astype(np.float64) - other[key].astype(np.float64))
+            scale = np.abs(parts(values)).max(axis=1, keepdims=True)  # the checks' scale
             rows.append({"arm": name, "chunk": index,
                          "max_rel_diff": float(diff.max() / np.abs(values).max()),
+                         "max_part_diff": float((parts(diff) / scale).max()),
                          "share_differing": float(np.count_nonzero(diff) / diff.size)})
     return rows
 
@@ -109,7 +124,8 @@ def main() -> None:
         run_arm(work, model, name, phases, engine)
     for row in compare(work, list(plan)):
         print(f"{row['arm']:>17} chunk {row['chunk']}: max difference {row['max_rel_diff']:.2g} "
-              f"of the largest value, {row['share_differing']:.0%} of values differ")
+              f"of the largest value ({row['max_part_diff']:.2g} of its layer's K or V, as "
+              f"verify_tolerance counts), {row['share_differing']:.0%} of values differ")
 
 
 if __name__ == "__main__":

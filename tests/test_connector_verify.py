@@ -13,8 +13,10 @@ import pytest
 
 from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.scheduler.verify_planner import MAX_IN_FLIGHT
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.tiers.base import TierName
+from tests.helpers.scheduler_side import GEO as GEO_S
 from tests.helpers.scheduler_side import request, scheduler, store_all
 from tests.helpers.shared import wait_for
 from tests.helpers.worker_side import GEO, worker, worker_and_engine
@@ -271,5 +273,87 @@ def test_a_request_asked_about_again_and_again_is_sampled_once_at_most():
         r = request("r", 65)
         assert {side.num_new_matched_tokens(r, 0) for _ in range(300)} == {(64, False)}
         assert side.counters["verify_sampled_requests"] == 0
+    finally:
+        side.close()
+
+
+def test_a_sampled_request_whose_prefix_vllm_loaded_meanwhile_checks_none_of_it():
+    """Sampled at its first ask (a miss), the request waits; another request loads the
+    prefix from kvtier into vLLM's prefix cache, so vLLM asks again with it computed and
+    nothing left to load: those blocks hold the cached copy itself, never checked."""
+    side = scheduler(verify_sample=1)
+    try:
+        store_all(side, request("x", 64))  # chunks 0-1 in host memory
+        y = request("y", 65)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)  # sampled
+        assert side.num_new_matched_tokens(y, 64) == (0, False)  # vLLM holds 0-1 now
+        meta = StepPlan()
+        side.plan_stores(y, ([1, 2, 3, 4, 5],), 65, meta)
+        assert meta.verifies == []
+        assert side.counters["verify_sampled_requests"] == 1
+    finally:
+        side.close()
+
+
+def test_one_sampled_long_prompt_checks_at_most_max_in_flight_chunks_at_once():
+    """``MAX_IN_FLIGHT`` bounds the chunks being checked, not only the requests sampled: a
+    long prompt's chunks past it are only touched, and hold no host slot."""
+    side = scheduler(verify_sample=1, host_capacity=64 * GEO_S.chunk_bytes)
+    try:
+        store_all(side, request("x", 40 * 32))
+        y = request("y", 40 * 32 + 1)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)
+        meta = StepPlan()
+        side.plan_stores(y, (list(range(1, 82)),), 40 * 32 + 1, meta)
+        assert len(meta.verifies) == MAX_IN_FLIGHT
+        assert side.stack.indexes[HOST].census().pins == MAX_IN_FLIGHT
+    finally:
+        side.close()
+
+
+def test_checked_copies_on_disk_stage_in_at_most_a_share_of_the_host_slots(tmp_path):
+    side = scheduler(disk=tmp_path, disk_slots=64, verify_sample=1,
+                     host_capacity=8 * GEO_S.chunk_bytes)
+    try:
+        x = request("x", 40 * 32)
+        for n in range(1, 41):  # one chunk a step, each written through to disk
+            store_all_upto(side, x, n * 32)
+        assert len(side.stack.indexes[DISK]) == 40
+        y = request("y", 40 * 32 + 1)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)
+        meta = StepPlan()
+        side.plan_stores(y, (list(range(1, 82)),), 40 * 32 + 1, meta)
+        staged = [v for v in meta.verifies if v.source.staged]
+        assert 0 < len(staged) <= 4  # half of 8 host slots
+    finally:
+        side.close()
+
+
+def store_all_upto(side: SchedulerSide, req, tokens: int) -> None:
+    meta = StepPlan()
+    side.plan_stores(req, (list(range(100, 100 + req.num_tokens // 16)),), tokens, meta)
+    done = Counter({s.key: 1 for s in meta.stores})
+    side.worker_report(WorkerReport(host_stored=done, disk_written=Counter(
+        {s.key: 1 for s in meta.stores if s.disk_slot is not None})))
+
+
+def test_bytes_of_a_format_kvtier_cannot_decode_that_differ_halt_nothing():
+    """An fp8 or integer cache kvtier cannot decode: a recompute in another batch shape may
+    flip bytes of a right chunk, so such a check is counted apart, its copy kept, and it
+    never counts toward ``verify_halt_after``."""
+    side = scheduler(verify_sample=1, verify_halt_after=1)
+    try:
+        store_all(side, request("x", 64))
+        y = request("y", 65)
+        assert side.num_new_matched_tokens(y, 0) == (0, False)
+        meta = StepPlan()
+        side.plan_stores(y, BLOCKS, 64, meta)
+        keys = [v.source.key for v in meta.verifies]
+        assert len(keys) == 2
+        side.worker_report(WorkerReport(verify_undecided=Counter(keys)))
+        assert not side.halt.halted and side.counters["verify_undecided_chunks"] == 2
+        assert all(side.stack.locate(k) is not None for k in keys)
+        side.verify.rate = 0.0
+        assert side.num_new_matched_tokens(request("z", 65), 0) == (64, False)  # hits served
     finally:
         side.close()

@@ -5,11 +5,14 @@ every halt that came from it. Only a regular file of this user counts: a symlink
 under its name is ignored (no one else can stop an engine's hits, nothing blocks), and a
 halt whose file could not be written lasts until the engine restarts."""
 
+import errno
 import json
 import os
+import threading
 from collections import Counter
 
 from kvtier.connector.scheduler.verify_halt import VerifyHalt
+from kvtier.io.safefs import SafeDir
 from kvtier.segment.halt_file import HaltFile
 from tests.helpers.hostile import cli, make_cache, namespace_of
 from tests.helpers.shared import wait_for
@@ -122,3 +125,70 @@ def test_clear_removes_a_halted_namespace_whole(tmp_path):
     marker.write({"mismatches": 3})
     code, _ = cli("clear", ns.parent, "--yes")
     assert code == 0 and not ns.exists()
+
+
+def test_a_halt_file_that_cannot_be_read_for_a_moment_keeps_the_halt(tmp_path, monkeypatch):
+    """EIO or ESTALE on a network filesystem is not the file's removal: the halt goes on,
+    and the state is kept until a read tells; only ENOENT ends it."""
+    marker, ns = namespace(tmp_path)
+    halt = VerifyHalt(1, Counter(), marker)
+    halt.mismatch()
+    wait_for(lambda: (ns / "halt.json").exists())
+    halt.look()
+    real = SafeDir.open
+
+    def unreadable(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(SafeDir, "open", unreadable)
+    for _ in range(2):
+        halt.look()
+        assert halt.halted and marker.read() is None  # offline commands: no halt counted
+    monkeypatch.setattr(SafeDir, "open", real)
+    halt.look()
+    assert halt.halted
+    assert marker.remove()
+    halt.look()
+    assert not halt.halted
+    halt.close()
+
+
+def test_a_look_that_read_before_the_engines_own_halt_file_was_written_ends_nothing(tmp_path):
+    """The watching thread reads no file, then this engine's halt file is written (its
+    own halt), then the watcher takes the lock: its read is older than the file, and must
+    not end the halt the file now holds."""
+    _, ns = namespace(tmp_path)
+    release, written = threading.Event(), threading.Event()
+
+    class Racing(HaltFile):
+        def write(self, record):
+            release.wait(10)
+            super().write(record)
+
+        def look(self):
+            return self._raced(super().look())
+
+        def read(self):  # what an engine followed the file with before ``look``
+            return self._raced(super().read())
+
+        def _raced(self, there):
+            release.set()  # the write lands after this read ...
+            written.wait(10)  # ... and is recorded before the look takes the lock
+            return there
+
+    marker = Racing(ns.parent, ns.name)
+    halt = VerifyHalt(1, Counter(), None)
+    halt.mismatch()  # halted (its file is written below, as the engine's thread would)
+    halt.marker = marker
+    original = halt._write
+
+    def write(mismatches):
+        original(mismatches)
+        written.set()
+
+    halt._write = write
+    threading.Thread(target=halt._write, args=(1,), daemon=True).start()
+    halt.look()
+    assert (ns / "halt.json").exists()
+    assert halt.halted, "a look older than the halt file ended the halt"
+    halt.close()

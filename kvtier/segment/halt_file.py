@@ -12,6 +12,7 @@ not kvtier's and is ignored, so no other user can stop an engine's hits with it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -43,11 +44,11 @@ class HaltFile:
 
     def read(self) -> dict[str, Any] | None:
         """What the halt file says (``{}`` when it is not JSON), or None when there is none
-        that counts: missing, or not a regular file of this user (``UnsafeEntry``)."""
+        that counts: missing, not a regular file of this user (``UnsafeEntry``), or
+        unreadable (offline commands; an engine follows the file with ``look``)."""
         try:
-            with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
-                data = ns.read_file(HALT_FILE, HALT_MAX_BYTES)
-        except OSError:  # missing, not this user's, unreadable: no halt that counts
+            data = self.look()
+        except OSError:
             return None
         if data is None:
             return None
@@ -56,6 +57,21 @@ class HaltFile:
         except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return {}
         return record if isinstance(record, dict) else {}
+
+    def look(self) -> bytes | None:
+        """The halt file's bytes, or None when there is none that counts: missing (ENOENT,
+        the file or its namespace's directory) or not a regular file of this user.
+        ``OSError`` when it cannot be told (EIO, ESTALE, EACCES on a network filesystem): a
+        halt must not end because its file could not be read for a moment."""
+        try:
+            with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
+                return ns.read_file(HALT_FILE, HALT_MAX_BYTES)
+        except UnsafeEntry:  # a symlink, a FIFO, another user's: not kvtier's halt
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return None
+            raise
 
     def remove(self) -> bool:
         """Remove the halt file; False when there was none of this user's."""

@@ -47,11 +47,11 @@ class Verified:
 def same_chunk(cached: torch.Tensor, fresh: torch.Tensor, atol: float,
                tolerance: float | None = None) -> bool:
     """Whether a chunk's cached KV equals the fresh one: with ``tolerance``, every value
-    within that share of the fresh chunk's largest magnitude (``tolerance.within``, as the
-    engine's sampled checks compare); else byte for byte (``atol`` 0, what a deterministic
-    engine gives), or every value within ``atol``."""
-    if tolerance is not None:
-        return within(cached, fresh, tolerance)
+    within that share of the largest magnitude of its layer's fresh K or V
+    (``tolerance.within``, as the engine's sampled checks compare); else byte for byte
+    (``atol`` 0, what a deterministic engine gives), or every value within ``atol``."""
+    if tolerance is not None:  # each layer's K and V on its own scale
+        return within(cached.flatten(0, 1), fresh.flatten(0, 1), tolerance)
     if atol == 0.0:
         return bool(torch.equal(cached.contiguous().view(torch.uint8),
                                 fresh.contiguous().view(torch.uint8)))

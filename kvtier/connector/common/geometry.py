@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.messages import NULL_BLOCK
+from kvtier.connector.common.page_values import kv_run, value_dtype
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 
@@ -49,6 +50,8 @@ class KVGeometry:
     group_kinds: tuple[str, ...] = ()  # "full", "mla", "sliding256", "local512" per group
     page_order: str = "HNC"  # a page's dims in memory: heads, tokens, content (page_view)
     retained_tokens: int = 0  # kept past a sliding window (vLLM's extra_retained_tokens)
+    kv_run: int = 0  # values of K, then of V, in turn in a page (page_values); 0: one part
+    value_dtype: str = ""  # what a page's values decode as (page_values); "": as kv_dtype
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -187,7 +190,7 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         group_kinds=tuple(kinds),
         page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
         retained_tokens=max(int(getattr(s, "extra_retained_tokens", 0) or 0) for s in specs),
-    )
+        kv_run=kv_run(spec), value_dtype=value_dtype(spec, cache_dtype))
 
 
 def _check_parallel(parallel) -> None:

@@ -159,7 +159,8 @@ class WorkerReport:
     slot be reused. ``remote_written``/``remote_failed`` count the ranks' remote writes.
     ``load_seconds``: each load's time, the slowest rank's. ``verified``/``verify_differed``/
     ``verify_failed`` count, per chunk key, the ranks whose cached copy matched what was
-    computed, differed from it, or could not be read (a ``ChunkVerify``). ``remote_absent``:
+    computed, differed from it, or could not be read (a ``ChunkVerify``); ``verify_undecided``
+    those whose bytes differed in a format kvtier cannot decode (no verdict). ``remote_absent``:
     the keys a rank's remote read found the store without (missing, or a value not the
     chunk's); a read that failed otherwise (a timeout, a redirect) says nothing of it.
     """
@@ -183,6 +184,7 @@ class WorkerReport:
     verify_failed: Counter = field(default_factory=Counter)
     remote_records: dict = field(default_factory=dict)  # key -> token record (``RemoteWrite``)
     remote_absent: set = field(default_factory=set)
+    verify_undecided: Counter = field(default_factory=Counter)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -207,6 +209,7 @@ class WorkerReport:
             self.verify_failed + other.verify_failed,
             {**self.remote_records, **other.remote_records},
             self.remote_absent | other.remote_absent,
+            self.verify_undecided + other.verify_undecided,
         )
 
     def is_empty(self) -> bool:
@@ -216,4 +219,4 @@ class WorkerReport:
                     or self.reads_stalled or self.reads_over or self.remote_written
                     or self.remote_failed or self.load_seconds or self.verified
                     or self.verify_differed or self.verify_failed or self.remote_records
-                    or self.remote_absent)
+                    or self.remote_absent or self.verify_undecided)

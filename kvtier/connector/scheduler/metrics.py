@@ -60,6 +60,8 @@ _PLAIN = [  # (metric, help, counter)
      "hits (verify_sample)", "verify_sampled_requests"),
     ("verify_unread_total", "Sampled chunks whose cached copy could not be read to check",
      "verify_unread_chunks"),
+    ("verify_undecided_total", "Sampled chunks whose bytes differed in a KV cache format kvtier "
+     "cannot decode: neither right nor wrong", "verify_undecided_chunks"),
     ("kv_events_dropped_total", "KV stored events dropped, the oldest first, while vLLM took "
      "none (more than 65,536 waiting; never a removal), and chunks named from token records "
      "dropped while waiting for the chunk before them (more than 65,536)", "kv_events_dropped"),

@@ -163,8 +163,9 @@ class SchedulerSide:
             limit = limit // self.geometry.block_tokens * self.geometry.block_tokens
         keys, limit = self._keys(request, limit)
         found, load_async = self._loads.match(tracked, keys, limit, num_computed)
-        chunk = self.geometry.chunk_tokens
-        if found and (self.halt.halted or self.verify.sample(tracked, keys, -(-num_computed // chunk))):
+        chunk, computed = self.geometry.chunk_tokens, -(-num_computed // self.geometry.chunk_tokens)
+        self.verify.held(tracked, computed)  # sampled: what vLLM holds by now is never checked
+        if found and (self.halt.halted or self.verify.sample(tracked, keys, computed)):
             tracked.asynchronous = False  # a miss at once: no hand-off is waited for
             return 0, False
         tail = self.tail(request)  # full chunks reach ``limit`` when they cover it

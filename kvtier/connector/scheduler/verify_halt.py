@@ -33,6 +33,8 @@ class VerifyHalt:
         self.mismatches = 0
         self.halted = False
         self._in_file = False  # the halt is the file's: it ends when the file goes
+        self._writes = 0  # halt files this engine wrote (a look that raced one is dropped)
+        self._unreadable = False  # the last look could not read the file (said once)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         if marker is not None:
@@ -64,6 +66,7 @@ class VerifyHalt:
             return
         with self._lock:
             self._in_file = self.halted
+            self._writes += 1
 
     def _halt(self) -> None:
         self.halted = True
@@ -71,10 +74,26 @@ class VerifyHalt:
 
     def look(self) -> None:
         """Follow the halt file: halt when one exists; go on when the file this halt was
-        written to, or found in, is removed (a halt whose file could not be written lasts)."""
+        written to, or found in, is removed (a halt whose file could not be written lasts).
+        Only a file gone (ENOENT) ends a halt: one that cannot be read now (EIO, ESTALE)
+        keeps the state as it is, said once until a read succeeds. The file is read
+        outside the lock; a write of it meanwhile (``_writes``) makes this look count for
+        nothing, so a halt is never ended by a look older than its file."""
         assert self.marker is not None
-        there = self.marker.read() is not None
         with self._lock:
+            writes = self._writes
+        try:
+            there = self.marker.look() is not None
+        except OSError as exc:
+            if not self._unreadable:
+                log.warning("kvtier: the halt file %s cannot be read (%s): hits stay as they "
+                            "are until it can", self.marker.path, exc)
+            self._unreadable = True
+            return
+        self._unreadable = False
+        with self._lock:
+            if writes != self._writes:
+                return  # written since it was read: the next look sees it
             if there and not self.halted:
                 self._halt()
                 log.error("kvtier: %s says wrong KV was found in this namespace: no hits are "

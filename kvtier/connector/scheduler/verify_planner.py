@@ -32,6 +32,7 @@ from kvtier.tiers.stack import Location, StorePlan, TierStack
 log = logging.getLogger("kvtier")
 HOST, DISK, REMOTE = TierName.HOST, TierName.DISK, TierName.REMOTE
 MAX_IN_FLIGHT = 16  # chunks being checked at once; no request is sampled past it
+STAGE_SHARE = 0.5  # of the host slots, at most this share staging checked copies at once
 
 
 @dataclass
@@ -46,6 +47,7 @@ class _Check:
     verified: int = 0
     differed: int = 0
     failed: int = 0
+    undecided: int = 0  # bytes differed in a format kvtier cannot decode
 
 
 class VerifyPlanner:
@@ -57,19 +59,23 @@ class VerifyPlanner:
     1/rate-th: spread evenly, the same run to run), never past ``MAX_IN_FLIGHT`` checks, nor
     with ``verify_sample`` 0; the caller then reports a miss. The chunks vLLM held already
     are never checked (``tracked.verify_from``): it did not compute them for this request,
-    and they may be kvtier's own bytes loaded earlier. ``plan`` adds a ``ChunkVerify`` to the
+    and they may be kvtier's own bytes loaded earlier; ``held`` follows them at every ask
+    about a sampled request, whether it would hit then or not. ``plan`` adds a ``ChunkVerify`` to the
     step's plan (True) for a sampled request's chunk vLLM has just computed (``blocks``: the first pages
     of a prompt's tail), pinned where it is cached (a copy on storage gets a host slot to
     stage its read, after any write-back out of that slot); not for a chunk already being
-    checked, one still being written (``_writing``), one no tier holds any more, or one with
-    no host slot free to stage it in.
+    checked, one still being written (``_writing``), one no tier holds any more, one with
+    no host slot free to stage it in, nor past ``MAX_IN_FLIGHT`` chunks being checked or
+    ``STAGE_SHARE`` of the host slots staging them (the chunk is then only touched).
     ``apply`` folds the workers' answers: once every rank has, the pins end; a copy that
-    matched on every rank counts as verified; one that differed on any is removed from every
-    tier (this engine's, the shared directory's copy it read, the remote store), counted by
-    tier, logged, and told to ``halt``; one some rank could not read (damaged, an I/O error,
-    a read given up at ``load_timeout``) counts as neither and is dropped where it was read,
-    as a failed load's copy is: a copy left visible beside a staging slot a hung read still
-    holds would look as if another load were staging it, to every later request.
+    matched on every rank counts as verified (kept but counted apart, never halting, where
+    some rank could not tell: bytes of a format kvtier cannot decode differed); one that
+    differed on any is removed from every tier (this engine's, the shared directory's copy
+    it read, the remote store), counted by tier, logged, and told to ``halt``; one some
+    rank could not read (damaged, an I/O error, a read given up at ``load_timeout``) counts
+    as neither and is dropped where it was read, as a failed load's copy is: a copy left
+    visible beside a staging slot a hung read still holds would look as if another load
+    were staging it, to every later request.
     """
 
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
@@ -82,6 +88,7 @@ class VerifyPlanner:
         self.halt = halt
         self._share = 0.0  # hits since the last sample, times the rate
         self._checks: dict[ChunkKey, _Check] = {}
+        self._said_undecided = False
 
     def sample(self, tracked: Tracked, keys: Sequence[ChunkKey] = (), computed: int = 0) -> bool:
         if not tracked.verify:
@@ -97,12 +104,20 @@ class VerifyPlanner:
             held = self.presence.held(tracked.request.request_id, keys) if self.presence else None
             tracked.verify_remote = frozenset(k for k, there in zip(keys, held or (), strict=False)
                                               if there)  # the store's chunks, to check there
-        tracked.verify_from = max(tracked.verify_from, computed)
+        self.held(tracked, computed)
         return True
+
+    def held(self, tracked: Tracked, computed: int) -> None:
+        """vLLM asked about a request whose first ``computed`` chunks its own prefix cache
+        holds: of a sampled request, those are never checked (at each ask, hit or not: a
+        request that waited may find its prefix loaded by another meanwhile)."""
+        if tracked.verify:
+            tracked.verify_from = max(tracked.verify_from, computed)
 
     def plan(self, tracked: Tracked, key: ChunkKey, ids: tuple[int, ...], meta: StepPlan,
              blocks: int | None = None) -> bool:
-        if key in self._checks or NULL_BLOCK in ids or self._writing(key):
+        if key in self._checks or len(self._checks) >= MAX_IN_FLIGHT or NULL_BLOCK in ids \
+                or self._writing(key):
             return False
         where = find(key, self.stack.locate, self.others.find if self.others else None)
         remote = where is None and key in tracked.verify_remote
@@ -120,7 +135,7 @@ class VerifyPlanner:
             source = ChunkLoad(key, ids, 0, where.loc.slot)
             self._checks[key] = _Check(tier, pinned, None, None, tracked.request.request_id)
         else:
-            staged = self.stack.plan_store(key, HOST)
+            staged = self.stack.plan_store(key, HOST) if self._may_stage() else None
             if staged is None:  # no host slot free now to stage the copy in
                 for pin in pinned:
                     self.stack.unpin(*pin)
@@ -133,6 +148,12 @@ class VerifyPlanner:
         meta.verifies.append(ChunkVerify(source, str(tier), disk_slot, blocks))
         return True
 
+    def _may_stage(self) -> bool:
+        """Whether one more check may take a host slot to stage its copy in: at most
+        ``STAGE_SHARE`` of them at once (at least one), so checks never crowd out loads."""
+        staging = sum(check.staged is not None for check in self._checks.values())
+        return staging < max(1, int(self.stack.indexes[HOST].num_slots * STAGE_SHARE))
+
     def _writing(self, key: ChunkKey) -> bool:
         """Being stored, or written to disk or the remote store: a copy removed now would
         land after (a write-through's commit), so it is checked at a later sample."""
@@ -142,14 +163,17 @@ class VerifyPlanner:
             or (self.remote_writes is not None and self.remote_writes.writing(key))
 
     def apply(self, report: WorkerReport) -> None:
-        for key in set(report.verified) | set(report.verify_differed) | set(report.verify_failed):
+        answers = (report.verified, report.verify_differed, report.verify_failed,
+                   report.verify_undecided)
+        for key in set().union(*answers):
             check = self._checks.get(key)
             if check is None:
                 continue
             check.verified += report.verified[key]
             check.differed += report.verify_differed[key]
             check.failed += report.verify_failed[key]
-            if check.verified + check.differed + check.failed >= self.world_size:
+            check.undecided += report.verify_undecided[key]
+            if check.verified + check.differed + check.failed + check.undecided >= self.world_size:
                 del self._checks[key]
                 self._end(key, check)
 
@@ -159,12 +183,25 @@ class VerifyPlanner:
             self.stack.finish(key, check.staged.dst, ok)  # a copy read and right is kept
         for pin in check.pinned:
             self.stack.unpin(*pin)
-        if ok:
+        if ok and check.undecided:
+            self._undecided(key)
+        elif ok:
             self.counters["chunks_verified"] += 1
         elif check.differed:
             self._remove(key, check)
         else:
             self._unread(key, check)
+
+    def _undecided(self, key: ChunkKey) -> None:
+        """Bytes that differ in a format kvtier cannot decode: a recompute need not give the
+        same bytes, so it is neither right nor wrong; kept, counted apart, never halting."""
+        self.counters["verify_undecided_chunks"] += 1
+        if not self._said_undecided:
+            self._said_undecided = True
+            log.warning("kvtier: a sampled chunk's cached bytes differ from what vLLM computed, "
+                        "in a KV cache format kvtier cannot decode (chunk %s): not taken for "
+                        "wrong KV (kvtier_verify_undecided_total); set verify_tolerance = 0 "
+                        "where this engine computes the same bytes every time", key.hex()[:16])
 
     def _unread(self, key: ChunkKey, check: _Check) -> None:
         """A copy some rank could not read: dropped where it was read (this engine's tier,

@@ -19,7 +19,7 @@ from kvtier.disk.copies import blank_every_copy
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey
-from kvtier.store.tolerance import default_tolerance, same_kv
+from kvtier.store.tolerance import same_kv
 from kvtier.tiers.host import HostTier
 
 
@@ -31,19 +31,22 @@ class WorkerVerify:
     reuse them after the step), and its cached copy's read starts when it is on storage (into
     its staging slot, as a load's; not when that slot is in ``busy``, still being written
     back). The comparison runs on a thread of its own. Each check ends in the ledger as
-    ``verified``, ``verify_differed`` or ``verify_failed`` (the copy could not be read, in
-    ``load_timeout``, or the check could not start); a read given up on is reported in
+    ``verified``, ``verify_differed``, ``verify_undecided`` (bytes of a format kvtier cannot
+    decode differ) or ``verify_failed`` (the copy could not be read, in ``load_timeout``, or
+    the check could not start); a read given up on is reported in
     ``reads_stalled``, and in ``reads_over`` once it ends. A copy that differed has this
     rank's disk copy (``disk_copy``) blanked before it is reported.
     """
 
     def __init__(self, pages: PagedKV, host: HostTier, ledger: WorkerLedger,
                  lane: DiskLane | NoDisk, submit_reads: Callable[[RequestLoad], Reads],
-                 geometry: KVGeometry, tolerance: float, timeout: float | None) -> None:
+                 geometry: KVGeometry, tolerance: float | None, timeout: float | None) -> None:
         self.pages, self.host, self._ledger, self._lane = pages, host, ledger, lane
         self._submit_reads, self._chunk_bytes = submit_reads, geometry.chunk_bytes
         self._layers, self._page_bytes = geometry.num_layers, geometry.page_bytes
-        self._dtype, self._tolerance, self._timeout = geometry.kv_dtype, tolerance, timeout
+        self._dtype = geometry.value_dtype or geometry.kv_dtype  # an fp8 cache's real format
+        self._tolerance, self._timeout = tolerance, timeout
+        self._kv_run = geometry.kv_run
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-verify")
         self._jobs: list[Future] = []
 
@@ -53,9 +56,7 @@ class WorkerVerify:
            submit_reads: Callable[[RequestLoad], Reads]) -> WorkerVerify:
         """The checks of a worker with ``config`` (``verify_tolerance``: per dtype when
         auto) over KV of ``geometry``."""
-        tolerance = config.verify_tolerance
-        return cls(pages, host, ledger, lane, submit_reads, geometry,
-                   default_tolerance(geometry.kv_dtype) if tolerance is None else tolerance,
+        return cls(pages, host, ledger, lane, submit_reads, geometry, config.verify_tolerance,
                    config.load_timeout)
 
     def start(self, verifies: Sequence[ChunkVerify], busy: set[int]) -> None:
@@ -94,10 +95,14 @@ class WorkerVerify:
             return
         assert source.host_slot is not None
         cached = self.host.slot(source.host_slot)[:self._chunk_bytes]
-        if check.blocks is not None:  # each layer's first pages only
-            cached, fresh = (t.view(self._layers, -1, self._page_bytes)[:, :check.blocks]
-                             .reshape(-1) for t in (cached, fresh))
-        if same_kv(cached, fresh, self._dtype, self._tolerance):
+        # each layer's pages (a tail: its first pages only), each page's K and V on its own
+        cached, fresh = (t.view(self._layers, -1, self._page_bytes)[:, :check.blocks]
+                         .reshape(-1, self._page_bytes) for t in (cached, fresh))
+        same = same_kv(cached, fresh, self._dtype, self._tolerance, cached.shape[0], self._kv_run)
+        if same is None:  # bytes of a format kvtier cannot decode differ: it cannot tell
+            self._end(check, "verify_undecided")
+            return
+        if same:
             self._end(check, "verified")
             return
         if check.disk_copy is not None:  # no restart finds it again
