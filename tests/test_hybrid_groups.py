@@ -1,7 +1,6 @@
 """Hybrid models (several KV cache groups): the geometry read from vLLM's config, pages copied
 group by group with vLLM's null block skipped, and the scheduler side's plans."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,33 +14,9 @@ from kvtier.connector.worker.pages import PagedKV
 from kvtier.errors import ConfigError
 from kvtier.tiers.host import HostTier
 from tests.helpers.scheduler_side import Request, request
+from tests.helpers.vllm_specs import BLOCK, CHUNK, CONFIG, full, sliding, vllm_configs
 
 spec_types = pytest.importorskip("vllm.v1.kv_cache_interface")
-
-BLOCK, CHUNK = 16, 32
-CONFIG = load_config({"chunk_tokens": CHUNK, "host_capacity": "4MiB"}, environ={})
-
-
-def full(**kw):
-    return spec_types.FullAttentionSpec(block_size=kw.get("block", BLOCK), num_kv_heads=2,
-                                        head_size=kw.get("head", 64), dtype=torch.bfloat16)
-
-
-def sliding(window=64, **kw):
-    return spec_types.SlidingWindowSpec(block_size=kw.get("block", BLOCK), num_kv_heads=2,
-                                        head_size=kw.get("head", 64), dtype=torch.bfloat16,
-                                        sliding_window=window)
-
-
-def vllm_configs(*specs, pp=1, cache_dtype="auto", dcp=1, pcp=1):
-    groups = [spec_types.KVCacheGroupSpec([f"layers.{g}.{i}" for i in range(2)], s)
-              for g, s in enumerate(specs)]
-    parallel = SimpleNamespace(pipeline_parallel_size=pp, decode_context_parallel_size=dcp,
-                               prefill_context_parallel_size=pcp)
-    vllm_config = SimpleNamespace(model_config=SimpleNamespace(model="tiny-gemma"),
-                                  parallel_config=parallel,
-                                  cache_config=SimpleNamespace(cache_dtype=cache_dtype))
-    return vllm_config, SimpleNamespace(kv_cache_groups=groups)
 
 
 def test_a_hybrid_model_has_every_group_in_chunk_order():

@@ -93,7 +93,7 @@ def test_the_geometry_says_how_k_and_v_lie_in_a_page(monkeypatch):
     spec_types = pytest.importorskip("vllm.v1.kv_cache_interface")
     from kvtier.connector.common import page_values
     from kvtier.connector.common.geometry import geometry_from_vllm
-    from tests.test_hybrid_groups import BLOCK, CONFIG, full, vllm_configs
+    from tests.helpers.vllm_specs import BLOCK, CONFIG, full, vllm_configs
 
     monkeypatch.setattr(page_values, "_on_cpu", lambda: True)
     assert geometry_from_vllm(*vllm_configs(full()), CONFIG).kv_run == BLOCK * 64
@@ -148,7 +148,7 @@ def test_bytes_kvtier_cannot_decode_that_differ_are_no_verdict():
 def test_the_geometry_knows_an_fp8_caches_format():
     spec_types = pytest.importorskip("vllm.v1.kv_cache_interface")
     from kvtier.connector.common.geometry import geometry_from_vllm
-    from tests.test_hybrid_groups import BLOCK, CONFIG, full, vllm_configs
+    from tests.helpers.vllm_specs import BLOCK, CONFIG, full, vllm_configs
 
     def fp8(cache_dtype):
         spec = spec_types.FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64,
