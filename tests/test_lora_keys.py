@@ -3,6 +3,7 @@ path (a new version rolled out, or another version on another engine of the flee
 loads the KV the other version computed; the same files give the same keys in every engine,
 and requests without an adapter keep the keys they had."""
 
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -25,6 +26,10 @@ class Prompt:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
 
 def prompt(name: str, length: int) -> Prompt:
     tokens = [i * 31 % 30000 for i in range(length)]
@@ -43,23 +48,51 @@ def with_lora(req, path, name="sql"):
     return req
 
 
+def keys(req, side=None):
+    """The request's keys in an engine, once its adapter's files are read."""
+    side = side or scheduler()
+    side.chunk_keys(req, 4)
+    side._adapters.settle(10)
+    return side.chunk_keys(req, 4)
+
+
+def digest(req):
+    digests = AdapterDigests()
+    digests.of(req)
+    digests.settle(10)
+    return digests.of(req)
+
+
 def test_an_adapter_replaced_under_its_path_gives_its_chunks_other_keys(tmp_path):
     path = adapter(tmp_path / "sql")
-    before = scheduler().chunk_keys(with_lora(request("a", 64), path), 4)
+    before = keys(with_lora(request("a", 64), path))
     adapter(path, weights=b"B" * 5000)  # a new version copied over the old files
-    after = scheduler().chunk_keys(with_lora(request("a", 64), path), 4)  # a restarted engine
+    after = keys(with_lora(request("a", 64), path))  # a restarted engine
     assert before and all(a != b for a, b in zip(before, after, strict=True))
     adapter(path, weights=b"A" * 5000, config=b'{"r": 16}')
-    assert scheduler().chunk_keys(with_lora(request("a", 64), path), 4) != before
+    assert keys(with_lora(request("a", 64), path)) != before
 
 
 def test_the_same_adapter_files_give_the_same_keys_in_every_engine(tmp_path):
     first, second = adapter(tmp_path / "one"), adapter(tmp_path / "two")
-    keys = scheduler().chunk_keys(with_lora(request("a", 64), first), 4)
-    assert scheduler().chunk_keys(with_lora(request("a", 64), first), 4) == keys
+    assert keys(with_lora(request("a", 64), first)) == keys(with_lora(request("a", 64), first))
     # vLLM's hashes already differ by path; with the same path elsewhere, the files decide
-    assert AdapterDigests().of(with_lora(request("a", 64), first)) == \
-        AdapterDigests().of(with_lora(request("a", 64), second))
+    assert digest(with_lora(request("a", 64), first)) == digest(with_lora(request("a", 64), second))
+
+
+def test_until_its_adapter_is_read_a_request_neither_loads_nor_stores(tmp_path, monkeypatch):
+    """The files are read off the step: the step goes on without the request's chunks."""
+    gate = threading.Event()
+    real = adapters.adapter_digest
+    monkeypatch.setattr(adapters, "adapter_digest", lambda path: gate.wait(10) and real(path))
+    side, req = scheduler(), with_lora(prompt("a", 70), adapter(tmp_path / "sql"))
+    req.block_hashes = request("a", 64).block_hashes
+    assert side.chunk_keys(req, 4) == [] and side.tail(req) is None
+    assert side.num_new_matched_tokens(req, 0) == (0, False)
+    gate.set()
+    side._adapters.settle(10)
+    assert len(side.chunk_keys(req, 4)) == 2 and side.tail(req) is not None
+    side.close()
 
 
 def test_a_request_without_an_adapter_keeps_its_keys():
@@ -69,24 +102,33 @@ def test_a_request_without_an_adapter_keeps_its_keys():
 
 
 def test_a_hub_adapter_is_keyed_by_name_and_path_as_vllm_keys_it():
-    digest = AdapterDigests().of(with_lora(request("a", 64), "org/sql-adapter"))
-    assert digest == b"lora:not-local"
+    assert digest(with_lora(request("a", 64), "org/sql-adapter")) == b"lora:not-local"
+
+
+def test_an_adapter_under_the_home_directory_is_read_as_vllm_finds_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    adapter(tmp_path / "sql")
+    assert digest(with_lora(request("a", 64), "~/sql")) == digest(with_lora(request("a", 64),
+                                                                         tmp_path / "sql"))
 
 
 def test_a_prompt_tail_carries_its_adapters_files(tmp_path):
     path = adapter(tmp_path / "sql")
     side = scheduler()
     req = with_lora(prompt("a", 10), path)
-    before = prompt_tail(req, GEO, side._namespace, AdapterDigests().of(req)).key
+    before = prompt_tail(req, GEO, side._namespace, digest(req)).key
     adapter(path, weights=b"C" * 5000)
-    assert prompt_tail(req, GEO, side._namespace, AdapterDigests().of(req)).key != before
+    assert prompt_tail(req, GEO, side._namespace, digest(req)).key != before
 
 
-def test_an_adapter_is_read_once_per_engine_and_kept_within_a_bound(tmp_path, monkeypatch):
+def test_an_adapter_is_read_once_per_engine_and_past_the_bound_skips_kvtier(tmp_path, monkeypatch):
     reads = []
     monkeypatch.setattr(adapters, "adapter_digest", lambda path: reads.append(path) or b"d")
     monkeypatch.setattr(adapters, "KEPT", 2)
     digests = AdapterDigests()
     for name in ("a", "a", "b", "a", "c", "b"):
         digests.of(with_lora(request("r", 16), tmp_path / name, name=name))
-    assert [p.rsplit("/", 1)[1] for p in reads] == ["a", "b", "c", "b"]  # b dropped for c
+        digests.settle(10)
+    assert [p.rsplit("/", 1)[1] for p in reads] == ["a", "b"]
+    assert digests.of(with_lora(request("r", 16), tmp_path / "c", name="c")) is None
+    assert digests.of(with_lora(request("r", 16), tmp_path / "a", name="a")) == b"d"

@@ -111,3 +111,12 @@ def test_every_weight_format_counts(tmp_path, suffix):
     before = wd.weights_digest(str(tmp_path))
     tmp_path.joinpath(f"weights{suffix}").write_bytes(b"b" * 100)
     assert before is not None and wd.weights_digest(str(tmp_path)) != before
+
+
+def test_a_model_given_as_one_file_is_fingerprinted(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"G" * 9000)
+    before = settings_digest(engine(model=str(model)))
+    assert "weights" in model_settings(engine(model=str(model)))
+    model.write_bytes(b"H" * 9000)
+    assert settings_digest(engine(model=str(model))) != before

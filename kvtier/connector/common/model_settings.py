@@ -72,8 +72,9 @@ def config_file_digest(model: Any) -> str | None:
 
 
 def _local_weights(where: Any) -> str | None:
-    """``weights_digest`` of a local model directory; None for a hub model's name."""
-    return weights_digest(where) if isinstance(where, str) and os.path.isdir(where) else None
+    """``weights_digest`` of a local model (a directory, or one file); None for a hub
+    model's name."""
+    return weights_digest(where) if isinstance(where, str) and os.path.exists(where) else None
 
 
 def long_rope(model: Any) -> bool:

@@ -21,18 +21,22 @@ import hashlib
 import os
 import stat
 
-SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack", ".h5")
+SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack", ".h5", ".tensors")
 SAMPLES, SAMPLE_BYTES = 64, 4096  # per file: 256 KiB read
 MAX_FILES = 4096  # weight files looked at, in name order; the rest named by name only
 
 
 def weights_digest(directory: str) -> str | None:
-    """A digest (hex) of the weight files directly in ``directory``; None where it holds
-    none or cannot be listed (a hub model's name: its ``revision`` names it)."""
-    try:
-        names = sorted(name for name in os.listdir(directory) if name.endswith(SUFFIXES))
-    except OSError:
-        return None
+    """A digest (hex) of the weight files directly in ``directory`` (or of the file
+    ``directory`` names: a GGUF model given as one file); None where it holds none or
+    cannot be listed (a hub model's name: its ``revision`` names it)."""
+    if os.path.isfile(directory):
+        directory, names = os.path.split(directory)[0] or ".", [os.path.basename(directory)]
+    else:
+        try:
+            names = sorted(name for name in os.listdir(directory) if name.endswith(SUFFIXES))
+        except OSError:
+            return None
     if not names:
         return None
     digest = hashlib.blake2b(digest_size=8, person=b"kvtier-weights")

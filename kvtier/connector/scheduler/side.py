@@ -102,12 +102,11 @@ class SchedulerSide:
 
     def chunk_keys(self, request: Any, count: int, first: int = 0) -> list[ChunkKey]:
         """Keys of the request's chunks ``first`` to ``count - 1`` (fewer if its tokens run
-        out)."""
-        per = self.geometry.hashes_per_chunk
-        hashes = request.block_hashes
-        count = min(len(hashes) // per, count)
-        adapter = self._adapters.of(request)
-        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1], adapter)
+        out; none while its LoRA adapter's files are being read: ``AdapterDigests``)."""
+        per, hashes, adapter = self.geometry.hashes_per_chunk, request.block_hashes, \
+            self._adapters.of(request)
+        count = min(len(hashes) // per, count) if adapter is not None else 0
+        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1], adapter or b"")
                 for c in range(first, count)]
 
     def tail(self, request: Any) -> Tail | None:
@@ -115,9 +114,11 @@ class SchedulerSide:
         (a streaming session's prompt grows: its new tail is offered again)."""
         tracked = self.track(request)
         length = prompt_length(request)
+        adapter = self._adapters.of(request)
+        if adapter is None:  # its adapter's files are being read: no tail yet
+            return None
         if tracked.tail_for != length:
-            tracked.tail = prompt_tail(request, self.geometry, self._namespace,
-                                       self._adapters.of(request))
+            tracked.tail = prompt_tail(request, self.geometry, self._namespace, adapter)
             tracked.tail_for, tracked.tail_done = length, False
         return tracked.tail
 
@@ -246,6 +247,7 @@ class SchedulerSide:
     def close(self) -> None:
         """Stop following other engines' segments, the halt file, asking the remote store."""
         self.halt.close()
+        self._adapters.close()
         for part in (self.feed, self.others, self.presence):
             if part is not None:
                 part.close()
