@@ -77,3 +77,19 @@ def test_a_read_under_way_when_its_path_comes_back_keeps_the_file_it_fetched(tmp
         for fd in others:
             os.close(fd)
         disk.close()
+
+
+def test_a_close_that_fails_closes_every_other_file_and_raises_nothing(tmp_path, monkeypatch):
+    from kvtier.segment import log_writer
+
+    disk = make_tier([tmp_path])
+    assert disk.write(2, key(5), chunk(5).array).ok
+    directory = disk.paths[0].dir
+
+    def eio(self):
+        raise OSError(errno.EIO, "close: write-back failed")
+
+    monkeypatch.setattr(log_writer.SegmentLog, "close", eio)
+    directory.close()  # a network filesystem's close reporting a failed write-back
+    assert not directory._fds and directory.index_fd == -1 and directory.dir.fd == -1
+    disk.close()

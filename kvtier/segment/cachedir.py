@@ -274,15 +274,18 @@ class CacheDir:
         self._holds.close()
 
     def _release(self) -> None:
-        if self.log is not None:
-            self.log.close()
-        for fd in self._fds.values():
-            os.close(fd)
+        """Close every file, each whatever the others' close said (a network filesystem's
+        close may report a failed write-back), never raising: it may run on an I/O thread."""
+        closes = [self.log.close] if self.log is not None else []
+        closes += [partial(os.close, fd) for fd in self._fds.values()]
+        closes += [partial(os.close, self.index_fd)] if self.index_fd >= 0 else []
         self._fds.clear()
-        if self.index_fd >= 0:
-            os.close(self.index_fd)
-            self.index_fd = -1
-        self.dir.close()
+        self.index_fd = -1
+        for close in [*closes, self.dir.close]:
+            try:
+                close()
+            except OSError as exc:
+                log.warning("kvtier: closing a file of %s failed: %s", self.path, exc)
 
 
 def aligned_view(buffer: np.ndarray, length: int) -> np.ndarray:
