@@ -85,3 +85,41 @@ def test_a_sync_that_fails_makes_flush_false_and_is_counted(tmp_path, monkeypatc
         with caplog.at_level(logging.WARNING, logger="kvtier"):
             assert store.close()
     assert "not synced at close" in caplog.text
+
+
+def test_a_slow_sync_at_close_holds_up_neither_the_close_nor_the_other_paths(tmp_path, monkeypatch):
+    """A slow (not hung) sync on one path: past half its budget the close goes on, every
+    lease says its segment closed, and the slow path's files close once its sync ends."""
+    import glob
+    import json
+    import os
+    import time
+
+    from kvtier import KVStore
+    from kvtier.segment import slot_files
+    from tests.helpers.kv import SMALL, make_kv
+    from tests.helpers.store import config, seq
+
+    slow_root, fast_root = tmp_path / "a", tmp_path / "b"
+    slow_root.mkdir()
+    fast_root.mkdir()
+    real = os.fdatasync
+
+    def slow(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(slow_root)):
+            time.sleep(4)  # a slow device, a large dirty page cache on NFS
+        real(fd)
+
+    cfg = config(str(slow_root), o_direct=False)
+    cfg["disk_paths"] = [str(slow_root), str(fast_root)]
+    store = KVStore(SMALL, cfg)
+    tokens = seq(0, 6)
+    store.put(tokens, make_kv(tokens))
+    assert store.flush(timeout=30)
+    monkeypatch.setattr(slot_files.os, "fdatasync", slow)
+    start = time.monotonic()
+    assert store.close(timeout=1.0)
+    assert time.monotonic() - start < 3.5
+    leases = [json.loads(open(p).read()) for root in (slow_root, fast_root)
+              for p in glob.glob(f"{root}/*/writers/*/lease")]
+    assert len(leases) == 2 and all(lease["closed_ns"] for lease in leases)

@@ -6,6 +6,8 @@ index; ``kvtier.segment.slot_files.sync_segment`` says why)."""
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import Future, wait
 
 from kvtier.disk.paths import DiskPaths
 from kvtier.io.result import IOResult, IOStatus
@@ -30,14 +32,29 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     return IOResult(IOStatus.OK)
 
 
-def sync_at_close(paths: DiskPaths) -> None:
-    """``sync_path`` of every path in service (and not closed yet: a second close), before
-    the paths close; a failure is logged and the close goes on (the chunks written survive
-    a crash of the process all the same)."""
+def sync_at_close(paths: DiskPaths, within_s: float) -> None:
+    """``sync_path`` of every path in service (and not closed yet: a second close), each on
+    a thread of its own, before the paths close, waiting ``within_s`` at most: a failure, or
+    a sync still under way then (a slow drive, a network filesystem's commit), is logged and
+    the close goes on (the chunks written survive a crash of the process all the same; a
+    sync under way holds its segment's files open until it ends)."""
+    syncs = {}
     for index, path in enumerate(paths.states):
-        if path.dir is None or path.dir.closed:
-            continue
-        result = sync_path(paths, index)
+        if path.dir is not None and not path.dir.closed:
+            syncs[index] = Future[IOResult]()
+            threading.Thread(target=_run, args=(syncs[index], paths, index), daemon=True,
+                             name=f"kvtier-sync-{index}").start()
+    wait(syncs.values(), within_s)
+    for index, sync in syncs.items():
+        result = sync.result() if sync.done() else IOResult(IOStatus.TIMED_OUT, detail=(
+            f"still syncing after {within_s:g} s"))
         if not result.ok and result.status is not IOStatus.PATH_DOWN:
             log.warning("kvtier disk path %s not synced at close (%s): after a power loss its "
-                        "index may be older than its slots", path.root, result.detail)
+                        "index may be older than its slots", paths[index].root, result.detail)
+
+
+def _run(sync: Future[IOResult], paths: DiskPaths, index: int) -> None:
+    try:
+        sync.set_result(sync_path(paths, index))
+    except Exception as exc:  # never lost: the close reports it
+        sync.set_result(IOResult(IOStatus.IO_ERROR, detail=repr(exc)))

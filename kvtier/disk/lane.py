@@ -194,9 +194,11 @@ class DiskLane:
                       "writes were dropped; host memory and cache files stay open until the "
                       "process exits", timeout)
             return False
-        closing = threading.Thread(target=self._close_paths, name="kvtier-close", daemon=True)
+        budget = min(max(PATHS_CLOSE_S, ends - time.monotonic()), threading.TIMEOUT_MAX)
+        closing = threading.Thread(target=self._close_paths, args=(budget / 2,),
+                                   name="kvtier-close", daemon=True)
         closing.start()
-        closing.join(min(max(PATHS_CLOSE_S, ends - time.monotonic()), threading.TIMEOUT_MAX))
+        closing.join(budget)
         if closing.is_alive():
             log.error("kvtier disk paths not closed after %g s (a hung mount?): their leases "
                       "do not say so; cache files stay open until the process exits", timeout)
@@ -204,8 +206,8 @@ class DiskLane:
         return True
 
 
-    def _close_paths(self) -> None:
-        sync_at_close(self.tier.paths)  # before each lease says its segment closed
+    def _close_paths(self, sync_s: float) -> None:
+        sync_at_close(self.tier.paths, sync_s)  # before each lease says its segment closed
         self.tier.close()
 
 
