@@ -8,6 +8,7 @@ import errno
 import fcntl
 import logging
 import os
+from pathlib import Path
 
 from kvtier import KVStore
 from tests.helpers.kv import SMALL, make_kv
@@ -120,6 +121,26 @@ def test_a_slow_sync_at_close_holds_up_neither_the_close_nor_the_other_paths(tmp
     start = time.monotonic()
     assert store.close(timeout=1.0)
     assert time.monotonic() - start < 3.5
-    leases = [json.loads(open(p).read()) for root in (slow_root, fast_root)
+    leases = [json.loads(Path(p).read_text()) for root in (slow_root, fast_root)
               for p in glob.glob(f"{root}/*/writers/*/lease")]
     assert len(leases) == 2 and all(lease["closed_ns"] for lease in leases)
+
+
+def test_a_sync_racing_its_paths_take_down_counts_as_the_path_down_not_a_failure(tmp_path):
+    from kvtier.disk.durable import sync_path
+    from kvtier.io.result import IOStatus
+    from tests.helpers.disk_helpers import make_tier
+
+    disk = make_tier([tmp_path])
+    paths, path = disk.paths, disk.paths[0]
+    directory = path.dir
+
+    def taken_down_meanwhile():
+        paths.take_down(path, "test")
+        directory.close()
+        raise OSError(errno.EBADF, f"{directory.path} was closed")
+
+    directory.sync = taken_down_meanwhile
+    result = sync_path(paths, 0)
+    assert result.status is IOStatus.PATH_DOWN and path.eio_run == 0
+    disk.close()

@@ -27,6 +27,8 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     try:
         directory.sync()
     except OSError as exc:
+        if path.dir is not directory:  # taken down (and maybe back) meanwhile: not this sync's
+            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason or str(exc))
         return paths.failed(path, exc, directory)
     path.eio_run = 0
     return IOResult(IOStatus.OK)
