@@ -144,3 +144,15 @@ def test_a_sync_racing_its_paths_take_down_counts_as_the_path_down_not_a_failure
     result = sync_path(paths, 0)
     assert result.status is IOStatus.PATH_DOWN and path.eio_run == 0
     disk.close()
+
+
+def test_a_new_segments_directories_are_synced_as_it_opens(tmp_path, monkeypatch):
+    """Its name in writers/, the namespace's in the root: a power loss does not lose the
+    segment whose files flush made durable."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.fstat(fd).st_ino) or real(fd))
+    with KVStore(SMALL, config(tmp_path)) as store:
+        segment = _segment(tmp_path, store)
+    assert {tmp_path.stat().st_ino, segment.parent.stat().st_ino,
+            segment.parent.parent.stat().st_ino} <= set(synced)

@@ -3,8 +3,10 @@ written, and refused where another process of this host holds the segment."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import os
 from pathlib import Path
 
 from kvtier.io.safefs import CacheDirError, SafeDir
@@ -36,7 +38,11 @@ def open_segment(root: Path, namespace_id: str, writer: str, meta: dict,
                 with writers.subdir(writer) as segment:
                     refuse_if_locked(segment)  # another process's id: before any seat is looked at
             claim_seat(ns_dir, writer, share_writers)
-            return writers.subdir(writer, create=True)
+            segment = writers.subdir(writer, create=True)
+            for parent in (writers, ns_dir, top):  # the new names durable, as the files' syncs
+                with contextlib.suppress(OSError):  # a filesystem that cannot: its own rule
+                    os.fsync(parent.fd)
+            return segment
 
 
 def refuse_if_locked(segment: SafeDir) -> None:
