@@ -373,3 +373,18 @@ def test_a_producer_hands_off_the_chunks_it_loaded_from_another_engines_segment(
     finally:
         a.close()
         b.close()
+
+
+def test_params_any_client_can_send_hold_no_producer_and_at_most_so_many_requests(monkeypatch):
+    """A producer computes its prompts (it waits for no one's), and past ``MAX_WAITING``
+    requests waiting at once the others load what the pool holds now."""
+    from kvtier.connector.scheduler import handoff as handoff_module
+
+    params = Handoff(65, DIGEST).params()
+    producer = Handoffs(Role.PRODUCER, NS, 2.0, Counter(), Clock())
+    assert producer.match(request("p", 65, params), 0, 0, 64, 0, lambda r: None) == 0
+    monkeypatch.setattr(handoff_module, "MAX_WAITING", 2)
+    both = Handoffs(Role.BOTH, NS, 2.0, Counter(), Clock())
+    waits = [both.match(request(n, 65, params), 0, 0, 64, 0, lambda r: None) for n in "abc"]
+    assert waits == [None, None, 0]
+    assert both.match(request("a", 65, params), 0, 0, 64, 0, lambda r: None) is None  # still

@@ -31,6 +31,7 @@ log = logging.getLogger("kvtier")
 PARAMS_KEY = "kvtier"  # kvtier's entry in kv_transfer_params
 ASK_EVERY_S = 0.02  # a waiting request asks the pool again at most this often
 WAIT_S_WITHOUT_LOAD_TIMEOUT = 30.0  # the wait for a hand-off with load_timeout off
+MAX_WAITING = 4096  # requests waiting for handed-off KV at once; more load what is there
 
 
 class Role(enum.Enum):
@@ -115,11 +116,16 @@ class Handoffs:
     def match(self, request: Any, found: int | None, visible: int | None, end: int,
               num_computed: int, ask_again: Callable[[str], None]) -> int | None:
         handoff = Handoff.of(getattr(request, "kv_transfer_params", None))
-        if handoff is None or found is None or visible is None:
-            return found
+        if handoff is None or found is None or visible is None or self.role is Role.PRODUCER:
+            return found  # (a producer computes its prompts: it waits for no one's)
         req_id = request.request_id
         if req_id in self._over:  # asked again (preempted, or not scheduled): what the pool
             return found  # holds, at once: the producer wrote what it had long ago
+        if req_id not in self._since and len(self._since) >= MAX_WAITING:
+            self._say("waiting", f"more than {MAX_WAITING} requests wait for handed-off KV: "
+                      "the others load what the pool holds now (params any client can send)")
+            self._over.add(req_id)
+            return found
         if handoff.namespace != self._digest:
             self._say("namespace", "a request handed off by an engine of another model, "
                       "layout or chunking: not waited for (loads what matches)")
