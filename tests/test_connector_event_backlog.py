@@ -1,7 +1,9 @@
 """The KV events waiting for vLLM's takes (``event_backlog.py``, through ``KVEvents``): a
 removal of a chunk the router was told of is never dropped, however many come at once (a
 disk path taken out of service), a take hands over a bounded share, the rest follow in
-order, and a chunk stored and removed between two takes is not told at all."""
+order, and a chunk stored and removed between two takes is not told at all; stored again,
+it goes before its children, and a chunk whose stored change was dropped is told once
+stored again."""
 
 from array import array
 from collections import Counter
@@ -214,3 +216,24 @@ def test_the_places_kept_for_cancelled_changes_stay_bounded():
         assert len(backlog._cancelled) <= 4 and len(backlog._places) <= 3 * 4 + 1
     assert counters["kv_events_dropped"] == 7  # the oldest, each time a fifth came
     assert backlog.take(10) == [(True, slots[n], n) for n in (700, 800, 900)]
+
+
+def test_a_chunk_whose_stored_change_was_dropped_is_told_when_stored_again():
+    """Past the limit a chunk's stored change is dropped; its eviction then is not queued
+    (the router never learnt it, and the removal would cancel the store that follows), so
+    stored again, the chunk is told."""
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Factory(), counters, limit=2)
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    router = Router()
+    keys = recorded(events, 3)
+    for key in keys:  # past the limit of two: the first one's stored change dropped
+        host.reserve(key)
+        host.commit(key)
+    router.apply(events.take())
+    host.discard(keys[0])
+    host.reserve(keys[0])
+    host.commit(keys[0])
+    router.apply(events.take())
+    assert counters["kv_events_dropped"] == 1
+    assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in range(3)}

@@ -33,8 +33,10 @@ class EventBacklog:
     place back (at most ``limit`` such places are kept, the oldest forgotten past it).
     ``take(count)`` hands over the oldest ``count`` changes at most, as ``(stored, slot,
     blocks)``, and keeps the rest in order. At most ``limit`` stored changes wait: past it
-    the oldest of them is dropped (the router is told nothing of it, and of its removal only
-    what it ignores), counted in ``counters["kv_events_dropped"]``. Removals are never
+    the oldest of them is dropped (the router is told nothing of it), counted in
+    ``counters["kv_events_dropped"]``, and so is the removal that follows it (the router
+    never learnt the chunk: a store after it is told, not cancelled; the last ``limit``
+    slots dropped are kept for this). A removal of a chunk the router was told of is never
     dropped: at most one waits per chunk and medium, and only of a chunk recorded while a
     tier held it, so that they take no more room than the records of the chunks the tiers
     held."""
@@ -46,6 +48,7 @@ class EventBacklog:
         self._cancelled: OrderedDict[Slot, tuple[int, bool]] = OrderedDict()  # place, in heap
         self._stale = 0  # places in the heap of cancelled changes no longer kept
         self._removed: OrderedDict[Slot, tuple[int, Any]] = OrderedDict()  # as they came
+        self._dropped: OrderedDict[Slot, None] = OrderedDict()  # stored changes dropped
         self._next = 0  # the order of a change among both
 
     def __len__(self) -> int:
@@ -54,6 +57,9 @@ class EventBacklog:
     def change(self, stored: bool, slot: Slot, blocks: Any) -> None:
         if stored:
             self._store(slot, blocks)
+            return
+        if slot in self._dropped:  # the router was never told of it: nothing to undo
+            del self._dropped[slot]
             return
         held = self._stored.pop(slot, None)
         if held is not None:
@@ -78,6 +84,7 @@ class EventBacklog:
         return taken
 
     def _store(self, slot: Slot, blocks: Any) -> None:
+        self._dropped.pop(slot, None)
         if self._removed.pop(slot, None) is not None or slot in self._stored:
             return  # undoes a removal still waiting, or repeats a change
         kept = self._cancelled.pop(slot, None)
@@ -90,9 +97,18 @@ class EventBacklog:
             heappush(self._places, (place, slot))
         self._stored[slot] = (place, blocks)
         if len(self._stored) > self._limit:
-            self._head()
-            self._stored.pop(heappop(self._places)[1])
-            self._counters["kv_events_dropped"] += 1
+            self._drop()
+
+    def _drop(self) -> None:
+        """The oldest stored change dropped: its chunk's removal, which the router would
+        ignore, is dropped too, so that a store after it is told (``limit`` kept)."""
+        self._head()
+        slot = heappop(self._places)[1]
+        del self._stored[slot]
+        self._counters["kv_events_dropped"] += 1
+        self._dropped[slot] = None
+        if len(self._dropped) > self._limit:
+            self._dropped.popitem(last=False)
 
     def _cancel(self, slot: Slot, place: int) -> None:
         """A stored change undone by a removal: its place is kept for the chunk's next."""
