@@ -1,7 +1,9 @@
 """The KV events waiting for vLLM's takes (``event_backlog.py``, through ``KVEvents``): a
 removal of a chunk the router was told of is never dropped, however many come at once (a
 disk path taken out of service), a take hands over a bounded share, the rest follow in
-order, and a chunk stored and removed between two takes is not told at all."""
+order, and a chunk stored and removed between two takes is not told at all; stored again,
+it goes before its children, and a chunk whose stored change was dropped is told once
+stored again."""
 
 from array import array
 from collections import Counter
@@ -123,3 +125,115 @@ def test_the_backlog_hands_changes_over_in_the_order_they_came():
     assert backlog.take(3) == [(True, slots[0], "a"), (False, slots[1], "b"),
                                (True, slots[2], "c")]
     assert backlog.take(3) == [(False, slots[3], "d")] and len(backlog) == 0
+
+
+class Anchored(Router):
+    """A router that drops a stored chunk whose parent block it was not told of (vllm-router
+    0.1.17: "unknown parent; skipping unanchored store"), as the events of ``Chained`` say."""
+
+    def apply(self, events) -> int:
+        known = {last for _, _, last in self.held}
+        for kind, medium, remote, last, parent in events:
+            if kind == "removed":
+                self.held.discard((medium, remote, last))
+            elif parent is None or parent in known:
+                self.held.add((medium, remote, last))
+                known.add(last)
+        return len(events)
+
+
+class Chained(Factory):
+    """``Factory``'s events, and the hash of the block before the chunk."""
+
+    def stored(self, blocks, medium, remote=False):
+        return [(*event, blocks.parent) for event in super().stored(blocks, medium, remote)]
+
+    def removed(self, blocks, medium, remote=False):
+        return [(*event, blocks.parent) for event in super().removed(blocks, medium, remote)]
+
+
+def prompt(events: KVEvents, count: int, first: int = 0) -> list[ChunkKey]:
+    """``count`` chunks of one prompt, recorded: each one's last block the next one's parent."""
+    keys, parent = [], None
+    for i in range(first, first + count):
+        key, blocks = chunk(i)
+        events.record(key, None, 0, ChunkBlocks(blocks.hashes, parent, blocks.tokens))
+        keys.append(key)
+        parent = blocks.hashes[-1]
+    return keys
+
+
+def test_a_chunk_stored_again_before_the_take_goes_before_its_children():
+    """Parent stored, child stored, parent evicted and stored again, all before one take:
+    the parent keeps its first place, so the router does not drop the child."""
+    events = KVEvents(GEO, Chained(), Counter())
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    parent, child = prompt(events, 2)
+    for key in (parent, child, parent):
+        if key in host:
+            host.discard(key)  # evicted before vLLM took anything
+        host.reserve(key)
+        host.commit(key)
+    router = Anchored()
+    router.apply(events.take())
+    assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in (0, 1)}
+
+
+def test_a_take_passing_a_cancelled_place_keeps_it_for_the_chunk_stored_again():
+    """A take that passes the place of a parent's stored change cancelled since, handing an
+    unrelated chunk stored after it: the parent stored again still goes before its child."""
+    events = KVEvents(GEO, Chained(), Counter())
+    events.per_take = 1
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    (other,) = prompt(events, 1, first=5)
+    parent, child = prompt(events, 2)
+    for key in (parent, other, child):
+        host.reserve(key)
+        host.commit(key)
+    host.discard(parent)
+    router = Anchored()
+    router.apply(events.take())  # past the parent's place, to the other chunk
+    assert router.held == {("CPU", False, chunk(5)[1].hashes[-1])}
+    prompt(events, 1)  # its record was let go at the take: planned for store, it is kept again
+    host.reserve(parent)
+    host.commit(parent)
+    while router.apply(events.take()):
+        pass
+    assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in (0, 1, 5)}
+
+
+def test_the_places_kept_for_cancelled_changes_stay_bounded():
+    """An engine vLLM takes nothing from while its host churns: each chunk stored and
+    evicted keeps its place only while ``limit`` others do, and the stored changes
+    waiting past ``limit`` are dropped, the oldest first."""
+    counters: Counter = Counter()
+    backlog = EventBacklog(4, counters)
+    slots = [(ChunkKey(i.to_bytes(16, "big")), "CPU", False) for i in range(1000)]
+    for n, slot in enumerate(slots):
+        backlog.change(True, slot, n)
+        if n % 100:  # evicted before any take, but one chunk of each hundred
+            backlog.change(False, slot, n)
+        assert len(backlog._cancelled) <= 4 and len(backlog._places) <= 3 * 4 + 1
+    assert counters["kv_events_dropped"] == 7  # the oldest, each time a fifth came
+    assert backlog.take(10) == [(True, slots[n], n) for n in (700, 800, 900)]
+
+
+def test_a_chunk_whose_stored_change_was_dropped_is_told_when_stored_again():
+    """Past the limit a chunk's stored change is dropped; its eviction then is not queued
+    (the router never learnt it, and the removal would cancel the store that follows), so
+    stored again, the chunk is told."""
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Factory(), counters, limit=2)
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    router = Router()
+    keys = recorded(events, 3)
+    for key in keys:  # past the limit of two: the first one's stored change dropped
+        host.reserve(key)
+        host.commit(key)
+    router.apply(events.take())
+    host.discard(keys[0])
+    host.reserve(keys[0])
+    host.commit(keys[0])
+    router.apply(events.take())
+    assert counters["kv_events_dropped"] == 1
+    assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in range(3)}

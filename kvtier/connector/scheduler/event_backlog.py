@@ -7,14 +7,17 @@ credits the engine with the chunk for good, so a removal of a chunk the router w
 is never dropped; a stored event and a removal of the same chunk and medium before either
 was handed over cancel out (the router was told nothing, and nothing holds it). Each take
 hands over at most a given number of changes, oldest first; the rest wait for the next.
+
+A router drops a chunk's stored event whose parent block it was not told of, so a chunk
+stored again after its stored change was cancelled takes that change's place back, not a
+new one after the chunks stored since (its children among them): the place of a cancelled
+change is kept, a take passing it goes on, and a chunk stored again is handed from there.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from heapq import merge
-from itertools import islice
-from operator import itemgetter
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from kvtier.keys import ChunkKey
@@ -26,38 +29,111 @@ class EventBacklog:
     """Contract: ``change(stored, slot, blocks)`` notes that ``slot`` (a chunk in one
     medium) was stored or removed (``blocks``: what its event names). A change that undoes
     one still waiting cancels it (nothing is handed over); a change already waiting is kept
-    once, in its first place. ``take(count)`` hands over the oldest ``count`` changes at
-    most, as ``(stored, slot, blocks)``, and keeps the rest in order. At most ``limit``
-    stored changes wait: past it the oldest of them is dropped (the router is told nothing
-    of it, and of its removal only what it ignores), counted in
-    ``counters["kv_events_dropped"]``. Removals are never dropped: at most one waits per
-    chunk and medium, and only of a chunk recorded while a tier held it, so that they take
-    no more room than the records of the chunks the tiers held."""
+    once, in its first place; a stored change cancelled and made again takes its first
+    place back (at most ``limit`` such places are kept, the oldest forgotten past it).
+    ``take(count)`` hands over the oldest ``count`` changes at most, as ``(stored, slot,
+    blocks)``, and keeps the rest in order. At most ``limit`` stored changes wait: past it
+    the oldest of them is dropped (the router is told nothing of it), counted in
+    ``counters["kv_events_dropped"]``, and so is the removal that follows it (the router
+    never learnt the chunk: a store after it is told, not cancelled; the last ``limit``
+    slots dropped are kept for this). A removal of a chunk the router was told of is never
+    dropped: at most one waits per chunk and medium, and only of a chunk recorded while a
+    tier held it, so that they take no more room than the records of the chunks the tiers
+    held."""
 
     def __init__(self, limit: int, counters: Counter) -> None:
         self._limit, self._counters = limit, counters
-        self._stored: OrderedDict[Slot, tuple[int, Any]] = OrderedDict()  # as they came
-        self._removed: OrderedDict[Slot, tuple[int, Any]] = OrderedDict()
+        self._stored: dict[Slot, tuple[int, Any]] = {}  # the stored changes: (place, blocks)
+        self._places: list[tuple[int, Slot]] = []  # a heap of their places, and of others
+        self._cancelled: OrderedDict[Slot, tuple[int, bool]] = OrderedDict()  # place, in heap
+        self._stale = 0  # places in the heap of cancelled changes no longer kept
+        self._removed: OrderedDict[Slot, tuple[int, Any]] = OrderedDict()  # as they came
+        self._dropped: OrderedDict[Slot, None] = OrderedDict()  # stored changes dropped
         self._next = 0  # the order of a change among both
 
     def __len__(self) -> int:
         return len(self._stored) + len(self._removed)
 
     def change(self, stored: bool, slot: Slot, blocks: Any) -> None:
-        same, other = (self._stored, self._removed) if stored else (self._removed, self._stored)
-        if other.pop(slot, None) is not None or slot in same:
-            return  # undoes a change still waiting, or repeats one
-        same[slot] = (self._next, blocks)
-        self._next += 1
-        if stored and len(same) > self._limit:
-            same.popitem(last=False)
-            self._counters["kv_events_dropped"] += 1
+        if stored:
+            self._store(slot, blocks)
+            return
+        if slot in self._dropped:  # the router was never told of it: nothing to undo
+            del self._dropped[slot]
+            return
+        held = self._stored.pop(slot, None)
+        if held is not None:
+            self._cancel(slot, held[0])
+        elif slot not in self._removed and slot not in self._cancelled:
+            self._removed[slot] = (self._next, blocks)
+            self._next += 1
 
     def take(self, count: int) -> list[tuple[bool, Slot, Any]]:
-        stored = ((order, True, slot, blocks) for slot, (order, blocks) in self._stored.items())
-        removed = ((order, False, slot, blocks) for slot, (order, blocks) in self._removed.items())
-        taken = [(kind, slot, blocks) for _, kind, slot, blocks
-                 in islice(merge(stored, removed, key=itemgetter(0)), count)]
-        for kind, slot, _ in taken:
-            del (self._stored if kind else self._removed)[slot]
+        taken: list[tuple[bool, Slot, Any]] = []
+        while len(taken) < count:
+            head = self._head()
+            removal = next(iter(self._removed.items()), None)
+            if removal is not None and (head is None or removal[1][0] < head[0]):
+                self._removed.popitem(last=False)
+                taken.append((False, removal[0], removal[1][1]))
+            elif head is not None:
+                heappop(self._places)
+                taken.append((True, head[1], self._stored.pop(head[1])[1]))
+            else:
+                break
         return taken
+
+    def _store(self, slot: Slot, blocks: Any) -> None:
+        self._dropped.pop(slot, None)
+        if self._removed.pop(slot, None) is not None or slot in self._stored:
+            return  # undoes a removal still waiting, or repeats a change
+        kept = self._cancelled.pop(slot, None)
+        if kept is None:
+            place, placed = self._next, False
+            self._next += 1
+        else:
+            place, placed = kept
+        if not placed:
+            heappush(self._places, (place, slot))
+        self._stored[slot] = (place, blocks)
+        if len(self._stored) > self._limit:
+            self._drop()
+
+    def _drop(self) -> None:
+        """The oldest stored change dropped: its chunk's removal, which the router would
+        ignore, is dropped too, so that a store after it is told (``limit`` kept)."""
+        self._head()
+        slot = heappop(self._places)[1]
+        del self._stored[slot]
+        self._counters["kv_events_dropped"] += 1
+        self._dropped[slot] = None
+        if len(self._dropped) > self._limit:
+            self._dropped.popitem(last=False)
+
+    def _cancel(self, slot: Slot, place: int) -> None:
+        """A stored change undone by a removal: its place is kept for the chunk's next."""
+        if len(self._cancelled) >= self._limit:
+            self._stale += self._cancelled.popitem(last=False)[1][1]
+        self._cancelled[slot] = (place, True)
+        if self._stale > self._limit:  # rebuilt without them: the heap stays bounded
+            self._places = [(place, slot) for slot, (place, _) in self._stored.items()]
+            self._places += [(place, slot) for slot, (place, placed) in self._cancelled.items()
+                             if placed]
+            heapify(self._places)
+            self._stale = 0
+
+    def _head(self) -> tuple[int, Slot] | None:
+        """The place of the oldest stored change, passing the places before it that no
+        longer name one (a cancelled change's place stays kept, out of the heap)."""
+        places = self._places
+        while places:
+            place, slot = places[0]
+            held = self._stored.get(slot)
+            if held is not None and held[0] == place:
+                return place, slot
+            heappop(places)
+            if self._cancelled.get(slot) == (place, True):
+                self._cancelled[slot] = (place, False)
+            else:
+                self._stale -= 1
+        return None

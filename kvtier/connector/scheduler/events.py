@@ -106,8 +106,9 @@ class KVEvents:
     each chunk's net change per medium (``EventBacklog``: a chunk stored and removed in
     between is not told), at most ``per_take`` chunks' changes: the rest wait for the next
     take. Past ``limit`` stored changes waiting the oldest is dropped, counted in
-    ``counters["kv_events_dropped"]``; a removal is never dropped. ``counters["kv_events"]``
-    counts the events taken. Nothing here blocks or does I/O.
+    ``counters["kv_events_dropped"]`` (and the chunk's removal that follows, which the
+    router would ignore); a removal of a chunk the router was told of is never dropped.
+    ``counters["kv_events"]`` counts the events taken. Nothing here blocks or does I/O.
     """
 
     def __init__(self, geometry: KVGeometry, factory: EventFactory, counters: Counter,
