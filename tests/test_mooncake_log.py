@@ -1,14 +1,23 @@
 """The values of Mooncake Store's log of token records (``kvtier/remote/mooncake_log.py``),
 without a store: batches split within their bounds, parsed back whole, and any other bytes
 (cut, grown, another seq's, random) read as no batch, never raising; cursors and head hints
-the same. The log against a real store: tests/mooncake_inner_records.py."""
+the same. A reader against a fake client: a batch gone or too large to be one passed over,
+any other failure ending the read before it. The log against a real store:
+tests/mooncake_inner_records.py."""
 
+import ctypes
 import random
 
+import numpy as np
+
 from kvtier.keys import ChunkKey
+from kvtier.remote.mooncake_client import CODE_NAMES, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL
 from kvtier.remote.mooncake_log import (
     BATCH_BYTES,
     ENTRIES,
+    NOT_READY,
+    TOO_LARGE,
+    RecordLog,
     pack_batch,
     pack_head,
     parse_cursor,
@@ -72,3 +81,88 @@ def test_head_hints_and_cursors_are_parsed_with_bounds():
     assert parse_cursor(b"17") == (17, None) and parse_cursor(b"17.5") == (17, 5)
     for junk in (b"-1", b"1.2.3", b"9" * 40, b"1-0", b" 1", b"1.", "17"):
         assert parse_cursor(junk) is None  # type: ignore[arg-type]
+
+
+class FakeStore:
+    """Mooncake's client as the log's reader uses it: ``values`` by name, ``codes`` a get of a
+    name answers instead (a failure), ``sizes`` the size ``get_size`` reports instead."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.codes: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}
+
+    def batch_get_into(self, names, addresses, sizes):
+        answers = []
+        for name, address, size in zip(names, addresses, sizes, strict=True):
+            value = self.values.get(name)
+            if name in self.codes or value is None:
+                answers.append(self.codes.get(name, NOT_FOUND))
+            elif len(value) > size:
+                answers.append(INVALID_PARAMS)  # Mooncake's answer for a buffer too small
+            else:
+                ctypes.memmove(address, value, len(value))
+                answers.append(len(value))
+        return answers
+
+    def get_size(self, name):
+        value = self.values.get(name)
+        return self.sizes.get(name, NOT_FOUND if value is None else len(value))
+
+
+def record_log(store: FakeStore, batches: dict[int, list], head: int) -> RecordLog:
+    for seq, entries in batches.items():
+        store.values[f"log:{seq}"] = pack_batch(seq, entries)
+    store.values["log:head"] = pack_head(head)
+    return RecordLog("log", lambda what, call, codes_of: call(store), lambda c, n: np.zeros(n, np.uint8))
+
+
+def entries(seq: int) -> list:
+    return [(bytes(key(seq)), b"record %d" % seq)]
+
+
+def test_a_read_ends_at_a_batch_the_store_failed_to_answer_and_reads_it_next_time():
+    """At or below the head only a batch gone (removed, evicted) is passed over: a transfer
+    that failed, or INVALID_PARAMS for a batch that is not there, ends the read with the
+    cursor before it, and the batch is read once the store answers it."""
+    store = FakeStore()
+    log = record_log(store, {1: entries(1), 3: entries(3), 4: entries(4)}, head=4)  # 2: evicted
+    store.codes["log:3"] = TRANSFER_FAIL
+    assert log.read(b"0", 10) == (b"2", entries(1))
+    store.codes["log:3"] = -1  # INTERNAL_ERROR
+    assert log.read(b"2", 10) == (b"2", [])
+    del store.codes["log:3"]
+    assert log.read(b"2", 10) == (b"4", entries(3) + entries(4))
+    store.codes["log:5"] = INVALID_PARAMS  # past the head, for a batch not put yet
+    assert log.read(b"4", 10) == (b"4", [])
+    store.codes["log:5"] = INVALID_PARAMS
+    store.sizes["log:5"] = 100  # a size a batch can have: not too large, so read again
+    assert log.read(b"4", 10) == (b"4", [])
+    del store.codes["log:5"], store.sizes["log:5"]
+    record_log(store, {5: entries(5)}, head=5)
+    assert log.read(b"4", 10) == (b"5", entries(5))
+
+
+def test_a_read_passes_over_values_too_large_to_be_batches_and_batches_gone():
+    store = FakeStore()
+    log = record_log(store, {1: entries(1), 4: entries(4)}, head=4)
+    store.values["log:2"] = b"x" * (BATCH_BYTES + 1)  # INVALID_PARAMS, and its size says why
+    store.codes["log:3"] = TRANSFER_FAIL
+    store.sizes["log:3"] = 2 * BATCH_BYTES
+    assert log.read(b"0", 10) == (b"4", entries(1) + entries(4))
+    store.values["log:6"] = b"x" * (BATCH_BYTES + 1)  # past the head: no batch either
+    record_log(store, {7: entries(7)}, head=4)
+    assert log.read(b"4", 10) == (b"4", [])  # 5 missing past the head: the log ends there
+    store.values["log:5"] = b""  # a value of no bytes: no batch
+    assert log.read(b"4", 10) == (b"7", entries(7))
+
+
+def test_which_codes_end_the_log_for_now():
+    log = record_log(FakeStore(), {}, head=0)
+    for code in (NOT_FOUND, -710, -712):
+        assert not log._ends(code, 5, head=5) and log._ends(code, 6, head=5)
+    for code in (TRANSFER_FAIL, INVALID_PARAMS, -1, -10, -900, -901, -1010):
+        assert log._ends(code, 5, head=5) and log._ends(code, 6, head=5)
+    assert not log._ends(TOO_LARGE, 5, head=5) and not log._ends(TOO_LARGE, 6, head=5)
+    assert log._ends(NOT_READY, 5, head=5) and log._ends(NOT_READY, 6, head=5)
+    assert TOO_LARGE not in CODE_NAMES and min(CODE_NAMES) > TOO_LARGE

@@ -27,7 +27,7 @@ def pages(v_scale: float, k_scale: float = 1.0, seed: int = 0) -> torch.Tensor:
 def same(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance=None) -> bool:
     tolerance = default_tolerance(dtype) if tolerance is None else tolerance
     as_bytes = [t.contiguous().view(torch.uint8).flatten() for t in (cached, fresh)]
-    return same_kv(*as_bytes, dtype, tolerance, L * BLOCKS, TOK * HD)
+    return same_kv(*as_bytes, dtype, tolerance, L * BLOCKS, (TOK * HD, TOK * HD))
 
 
 def test_rounding_noise_passes_and_a_right_chunk_is_right():
@@ -96,12 +96,12 @@ def test_the_geometry_says_how_k_and_v_lie_in_a_page(monkeypatch):
     from tests.helpers.vllm_specs import BLOCK, CONFIG, full, vllm_configs
 
     monkeypatch.setattr(page_values, "_on_cpu", lambda: True)
-    assert geometry_from_vllm(*vllm_configs(full()), CONFIG).kv_run == BLOCK * 64
+    assert geometry_from_vllm(*vllm_configs(full()), CONFIG).kv_run == (BLOCK * 64, BLOCK * 64)
     monkeypatch.setattr(page_values, "_on_cpu", lambda: False)
-    assert geometry_from_vllm(*vllm_configs(full()), CONFIG).kv_run == 64
+    assert geometry_from_vllm(*vllm_configs(full()), CONFIG).kv_run == (64, 64)
     mla = spec_types.MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576,
                                       dtype=torch.bfloat16)
-    assert page_values.kv_run(mla) == 0
+    assert page_values.kv_run(mla) == (0, 0)
 
 
 def fp8_pair(noise: float):
@@ -115,7 +115,7 @@ def fp8_pair(noise: float):
 
 def fp8_same(a, b, dtype: str, tolerance=None):
     as_bytes = [t.view(torch.uint8).flatten() for t in (a, b)]
-    return same_kv(*as_bytes, dtype, tolerance, L * BLOCKS, TOK * HD)
+    return same_kv(*as_bytes, dtype, tolerance, L * BLOCKS, (TOK * HD, TOK * HD))
 
 
 def test_an_fp8_cache_is_decoded_and_a_step_of_rounding_is_no_alarm():
@@ -159,3 +159,37 @@ def test_the_geometry_knows_an_fp8_caches_format():
     assert fp8("fp8_e5m2").value_dtype == "float8_e5m2"
     assert fp8("fp8_ds_mla").value_dtype == "bytes"
     assert geometry_from_vllm(*vllm_configs(full()), CONFIG).value_dtype == "bfloat16"
+
+
+def test_a_model_whose_v_heads_are_smaller_than_its_k_heads_is_checked_as_values(monkeypatch):
+    """vLLM's ``head_size_v``: a token's content for a head is ``head_size`` values of K,
+    then ``head_size_v`` of V. Such a page is decoded, and its K and V scaled apart: a V
+    replaced by another prompt's is caught beside a K of larger values, and noise passes."""
+    spec_types = pytest.importorskip("vllm.v1.kv_cache_interface")
+    from kvtier.connector.common import page_values
+    from kvtier.connector.common.geometry import geometry_from_vllm
+    from tests.helpers.vllm_specs import BLOCK, CONFIG, vllm_configs
+
+    spec = spec_types.FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=192,
+                                        head_size_v=128, dtype=torch.bfloat16)
+    monkeypatch.setattr(page_values, "_on_cpu", lambda: False)
+    geometry = geometry_from_vllm(*vllm_configs(spec), CONFIG)
+    assert geometry.value_dtype == "bfloat16" and geometry.kv_run == (192, 128)
+    monkeypatch.setattr(page_values, "_on_cpu", lambda: True)
+    assert page_values.kv_run(spec) == (0, 0) and page_values.value_dtype(spec, "auto") == "bfloat16"
+
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(L, 2, BLOCK, 192, generator=g) * 10  # (layers, heads, tokens, K)
+    v = torch.randn(L, 2, BLOCK, 128, generator=g) * 0.1
+    fresh = torch.cat([k, v], -1).bfloat16()
+    noisy = (fresh.float() * (1 + 2e-3 * torch.randn(fresh.shape, generator=g))).bfloat16()
+    wrong = fresh.clone()
+    wrong[2, ..., 192:] = (torch.randn(2, BLOCK, 128, generator=g) * 0.1).bfloat16()
+
+    def check(cached):
+        as_bytes = [t.contiguous().view(torch.uint8).flatten() for t in (cached, fresh)]
+        assert as_bytes[0].numel() == L * spec.page_size_bytes
+        return same_kv(*as_bytes, geometry.value_dtype, None, L, geometry.kv_run)
+
+    assert check(noisy) is True and check(fresh.clone()) is True
+    assert check(wrong) is False

@@ -14,11 +14,13 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
 - **Reading.** The batches after the cursor, ``WINDOW`` a get, ``ROUNDS`` gets at most. A
   batch missing at or below the head was removed or evicted: passed over; one missing
   past it ends the log for now, and so does one still being put (``NOT_READY``; verified:
-  a get of a value whose put has not ended answers it; for ``STALLED_S`` at most). A reader
+  a get of a value whose put has not ended answers it; for ``STALLED_S`` at most), and so
+  does any other code (a transfer failed, INVALID_PARAMS: read again next time), unless
+  the store reports the value's size larger than a batch can be (``TOO_LARGE``). A reader
   that starts (``b"0"``) or fell behind the batches kept starts at the oldest one kept.
   The cursor names the last batch read (``b"<seq>"``) or how far into it (``b"<seq>.<n>"``).
 - **Trust.** Values are parsed with bounds (magic, version, count, lengths, the seq of the
-  key); one that does not parse, or is too large to read, is passed over, never raised.
+  key); one that does not parse, or is too large to be a batch, is passed over, never raised.
 
 An append costs four round trips (head, put, read back, head and removal in two), a read
 two (head, batches) per ``WINDOW``; all in one call given to ``ask``, watched as a whole.
@@ -38,7 +40,7 @@ import numpy as np
 
 from kvtier.keys import ChunkKey
 from kvtier.remote.base import RECORD_LOG
-from kvtier.remote.mooncake_client import RPC_FAIL, RPC_TIMEOUT, STORED
+from kvtier.remote.mooncake_client import GONE, INVALID_PARAMS, RPC_FAIL, RPC_TIMEOUT, STORED, TRANSFER_FAIL
 
 ENTRIES = 64  # records a batch holds at most
 BATCH_BYTES = 128 * 1024  # a batch's bytes at most (64 records of 256 tokens take 72 KiB)
@@ -46,7 +48,9 @@ KEEP = RECORD_LOG // ENTRIES  # batches kept
 WINDOW = 16  # batches a get reads
 ROUNDS = 4  # gets a read makes at most
 TRIES = 8  # seqs a batch is put at before its append fails
-NOT_READY, TOO_LARGE = -703, -600  # a value still being put; one larger than its buffer
+NOT_READY = -703  # a value still being put
+MISSING = GONE - {NOT_READY}  # a value removed or evicted (or not yet put)
+TOO_LARGE = -(1 << 62)  # a value larger than its buffer (no code of the store's)
 STALLED_S = 30.0  # a batch still being put this long at or below the head is passed over
 HEAD_READ = 64  # bytes read of the head hint (a larger value is no hint)
 MAX_SEQ = 10**18 - 1  # a head naming more is no hint (a cursor names up to 18 digits)
@@ -140,15 +144,26 @@ class _Trip:
         return any(code in (RPC_FAIL, RPC_TIMEOUT) for code in self.codes)
 
     def get(self, names: Sequence[str], sizes: Sequence[int]) -> list[bytes | int]:
-        """Each value, or the code the store answered for it (a value larger than its
-        size answers one too)."""
+        """Each value, or the code the store answered for it; ``TOO_LARGE`` where it read
+        more than the size (a value larger than it answers a code too: ``settled``)."""
         offsets = np.cumsum([0, *sizes]).tolist()
         area = self._area(self.client, max(1, offsets[-1]))
         base = area.ctypes.data
         codes = self.client.batch_get_into(list(names), [base + at for at in offsets[:-1]], list(sizes))
         self.codes += codes
-        return [bytes(area[at:at + code]) if 0 < code <= size else (code if code <= 0 else TOO_LARGE)
+        return [bytes(area[at:at + code]) if 0 <= code <= size else (code if code < 0 else TOO_LARGE)
                 for at, size, code in zip(offsets, sizes, codes, strict=False)]
+
+    def settled(self, name: str, code: int, size: int) -> int:
+        """``code``, which a get of ``name`` into ``size`` bytes answered, or ``TOO_LARGE``
+        where it may mean a larger value and the store reports one, or the code it answers
+        for the size (the value gone meanwhile, say)."""
+        if code not in (INVALID_PARAMS, TRANSFER_FAIL):
+            return code
+        held = int(self.client.get_size(name))
+        if held < 0:
+            self.codes.append(held)
+        return TOO_LARGE if held > size else (held if held < 0 else code)
 
     def put(self, names: Sequence[str], values: Sequence[bytes], upsert: bool = False) -> list[int]:
         offsets = np.cumsum([0, *map(len, values)]).tolist()
@@ -239,9 +254,10 @@ class RecordLog:
 
     def _ends(self, code: int, seq: int, head: int) -> bool:
         """Whether the log ends for now at ``seq``, which the store answered ``code`` for:
-        missing past the head, or still being put (unless at or below the head for
-        ``STALLED_S``: a writer gone in the middle of its put). Too large: passed over."""
-        if code == TOO_LARGE or (code != NOT_READY and seq <= head):
+        missing past the head, still being put (unless at or below the head for
+        ``STALLED_S``: a writer gone in the middle of its put), or any other code (a failure
+        that may pass: the batch is read again next time). Too large: passed over."""
+        if code == TOO_LARGE or (code in MISSING and seq <= head):
             return False
         if code != NOT_READY or seq > head:
             return True
@@ -258,6 +274,8 @@ class RecordLog:
             values = [] if trip.broken else trip.get([self._key(s) for s in range(seq, seq + WINDOW)],
                                                      [BATCH_BYTES] * WINDOW)
             for value in values:
+                if isinstance(value, int):
+                    value = trip.settled(self._key(seq), value, BATCH_BYTES)
                 if isinstance(value, int) and self._ends(value, seq, head):
                     return trip, (cursor, entries)
                 batch = unpack_batch(value, seq) if isinstance(value, bytes) else []

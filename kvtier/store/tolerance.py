@@ -42,7 +42,7 @@ def default_tolerance(dtype: str) -> float | None:
 
 
 def same_kv(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance: float | None,
-            pages: int = 1, kv_run: int = 0) -> bool | None:
+            pages: int = 1, kv_run: tuple[int, int] = (0, 0)) -> bool | None:
     """Whether ``cached`` holds the same KV as ``fresh`` (both bytes, the same length, of KV
     of ``dtype``, ``pages`` pages one after the other): ``within`` ``tolerance`` (None: the
     dtype's ``default_tolerance``), each page's K and V apart (``kv_parts``); byte for byte
@@ -61,18 +61,21 @@ def same_kv(cached: torch.Tensor, fresh: torch.Tensor, dtype: str, tolerance: fl
         return False if tolerance == 0.0 else None
     assert isinstance(view, torch.dtype) and tolerance is not None
     a, b = (kv_parts(t.reshape(pages, -1).view(view), kv_run) for t in (cached, fresh))
-    return within(a, b, tolerance)
+    return all(within(x, y, tolerance) for x, y in zip(a, b, strict=True))
 
 
-def kv_parts(values: torch.Tensor, kv_run: int) -> torch.Tensor:
-    """Pages of values ``(pages, n)`` as parts ``(parts, m)``: each page's K then its V, where
-    a page holds runs of ``kv_run`` values of K and of V in turn (vLLM: a head's K then its
-    V for each token, ``kv_run`` = head size; or each head's tokens' K then V); each page
-    whole without runs, or where its values do not fall in them evenly (padding)."""
+def kv_parts(values: torch.Tensor, kv_run: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """Pages of values ``(pages, n)`` as parts, each ``(pages, m)`` (a row a part): every
+    page's K, and every page's V, where a page holds a run of ``kv_run[0]`` values of K then
+    one of ``kv_run[1]`` of V, in turn (vLLM: a head's K then its V for each token, the
+    runs its K and V head sizes; or each head's tokens' K then V); each page whole without
+    runs, or where its values do not fall in them evenly (padding)."""
     pages, n = values.shape
-    if not kv_run or n % (2 * kv_run):
-        return values
-    return values.view(pages, -1, 2, kv_run).transpose(1, 2).reshape(2 * pages, -1)
+    k, v = kv_run
+    if not k or not v or n % (k + v):
+        return (values,)
+    runs = values.view(pages, -1, k + v)
+    return runs[..., :k].reshape(pages, -1), runs[..., k:].reshape(pages, -1)
 
 
 def within(cached: torch.Tensor, fresh: torch.Tensor, tolerance: float) -> bool:

@@ -50,7 +50,7 @@ class KVGeometry:
     group_kinds: tuple[str, ...] = ()  # "full", "mla", "sliding256", "local512" per group
     page_order: str = "HNC"  # a page's dims in memory: heads, tokens, content (page_view)
     retained_tokens: int = 0  # kept past a sliding window (vLLM's extra_retained_tokens)
-    kv_run: int = 0  # values of K, then of V, in turn in a page (page_values); 0: one part
+    kv_run: tuple[int, int] = (0, 0)  # values of K, then of V, in turn in a page (page_values); 0s: one part
     value_dtype: str = ""  # what a page's values decode as (page_values); "": as kv_dtype
 
     @property

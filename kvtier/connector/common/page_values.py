@@ -3,9 +3,11 @@
 A check compares a cached chunk with the one vLLM just computed value by value, each layer's
 K and V on its own scale (``kvtier.store.tolerance``). For that it needs how K and V lie in
 a page (``kv_run``): by vLLM's logical page ``[heads, tokens, content]`` a token's content
-for one head is its K, then its V (``head_size`` values each); vLLM's CPU attention reads a
-head's content as its tokens' K, then their V (``block_size * head_size`` values each). A
-page that holds one latent (MLA), or is packed or padded otherwise, is one part.
+for one head is its K, then its V (``head_size`` values, then ``head_size_v``: a model's V
+heads may be smaller than its K heads); vLLM's CPU attention reads a head's content as its
+tokens' K, then their V (``block_size * head_size`` values each; with V heads of another
+size, one part). A page that holds one latent (MLA), or is packed or padded otherwise, is
+one part.
 
 It also needs the values' real format (``value_dtype``): vLLM keeps an fp8 cache as
 ``torch.uint8`` (``cache_dtype`` fp8, fp8_e4m3, fp8_e5m2), whose bytes a check decodes as
@@ -19,25 +21,23 @@ from __future__ import annotations
 from typing import Any
 
 
-def kv_run(spec: Any) -> int:
-    """Values in one run of K (then of V) in a page of ``spec`` (vLLM's ``KVCacheSpec``);
-    0 when a page is one part."""
-    if type(spec).__name__.startswith("MLA") or not hasattr(spec, "head_size"):
-        return 0
-    plain = spec.num_kv_heads * spec.block_size * 2 * spec.head_size * spec.dtype.itemsize
-    if spec.page_size_bytes != plain or int(getattr(spec, "kv_quant_mode", 0) or 0):
-        return 0
-    return spec.head_size * (spec.block_size if _on_cpu() else 1)
+def kv_run(spec: Any) -> tuple[int, int]:
+    """Values in one run of K, and in the run of V after it, in a page of ``spec`` (vLLM's
+    ``KVCacheSpec``); (0, 0) when a page is one part."""
+    if type(spec).__name__.startswith("MLA") or not hasattr(spec, "head_size") or not _plain(spec):
+        return 0, 0
+    k, v = spec.head_size, _head_size_v(spec)
+    if not v:  # one latent, no V
+        return 0, 0
+    if _on_cpu():
+        return (k * spec.block_size,) * 2 if k == v else (0, 0)
+    return k, v
 
 
 def value_dtype(spec: Any, cache_dtype: str) -> str:
     """The torch dtype (by name) a page's values of ``spec`` decode as, under vLLM's
     ``cache_dtype``; ``BYTES`` when kvtier cannot decode them (compared byte for byte)."""
-    quant = int(getattr(spec, "kv_quant_mode", 0) or 0)
-    plain = not quant and (not hasattr(spec, "head_size") or type(spec).__name__.startswith("MLA")
-                           or spec.page_size_bytes == spec.num_kv_heads * spec.block_size * 2
-                           * spec.head_size * spec.dtype.itemsize)
-    if not plain:
+    if not _plain(spec):
         return BYTES
     if cache_dtype in ("fp8", "fp8_e4m3"):
         return _fp8_e4m3()
@@ -46,6 +46,23 @@ def value_dtype(spec: Any, cache_dtype: str) -> str:
     dtype = getattr(spec, "dtype", None)
     floating = dtype is not None and dtype.is_floating_point
     return str(dtype).removeprefix("torch.") if floating and cache_dtype in FLOAT_CACHES else BYTES
+
+
+def _plain(spec: Any) -> bool:
+    """Whether a page of ``spec`` holds its values and nothing else: K and V of each head and
+    token (or one latent, MLA), no inline scales, packing or padding."""
+    if int(getattr(spec, "kv_quant_mode", 0) or 0):
+        return False
+    if not hasattr(spec, "head_size") or type(spec).__name__.startswith("MLA"):
+        return True
+    content = spec.head_size + _head_size_v(spec)
+    return bool(spec.page_size_bytes == spec.num_kv_heads * spec.block_size * content * spec.dtype.itemsize)
+
+
+def _head_size_v(spec: Any) -> int:
+    """Values of V a head holds for a token (vLLM's ``head_size_v``; as K's where unset)."""
+    size = getattr(spec, "head_size_v", None)
+    return int(spec.head_size if size is None else size)
 
 
 BYTES = "bytes"  # values kvtier cannot decode
