@@ -346,7 +346,7 @@ def test_a_request_that_ends_while_waiting_for_room_leaves_nothing_behind(tmp_pa
 
 
 def test_a_step_that_completes_no_chunk_hashes_nothing(monkeypatch):
-    from kvtier.connector.scheduler import side as module
+    from kvtier.connector.scheduler import request_keys as module
     side = scheduler()
     req = request("a", 96)
     store_all(side, req)  # three chunks offered

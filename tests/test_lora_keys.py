@@ -52,7 +52,7 @@ def keys(req, side=None):
     """The request's keys in an engine, once its adapter's files are read."""
     side = side or scheduler()
     side.chunk_keys(req, 4)
-    side._adapters.settle(10)
+    side.keys.adapters.settle(10)
     return side.chunk_keys(req, 4)
 
 
@@ -88,9 +88,10 @@ def test_until_its_adapter_is_read_a_request_neither_loads_nor_stores(tmp_path, 
     side, req = scheduler(), with_lora(prompt("a", 70), adapter(tmp_path / "sql"))
     req.block_hashes = request("a", 64).block_hashes
     assert side.chunk_keys(req, 4) == [] and side.tail(req) is None
-    assert side.num_new_matched_tokens(req, 0) == (0, False)
+    assert side.num_new_matched_tokens(req, 0) == (None, False)  # asked again, a while
+    assert not side.completes_chunks("a", 64)
     gate.set()
-    side._adapters.settle(10)
+    side.keys.adapters.settle(10)
     assert len(side.chunk_keys(req, 4)) == 2 and side.tail(req) is not None
     side.close()
 
@@ -121,7 +122,7 @@ def test_a_prompt_tail_carries_its_adapters_files(tmp_path):
     assert prompt_tail(req, GEO, side._namespace, digest(req)).key != before
 
 
-def test_an_adapter_is_read_once_per_engine_and_past_the_bound_skips_kvtier(tmp_path, monkeypatch):
+def test_the_last_adapters_are_kept_and_one_used_again_after_is_read_again(tmp_path, monkeypatch):
     reads = []
     monkeypatch.setattr(adapters, "adapter_digest", lambda path: reads.append(path) or b"d")
     monkeypatch.setattr(adapters, "KEPT", 2)
@@ -129,6 +130,32 @@ def test_an_adapter_is_read_once_per_engine_and_past_the_bound_skips_kvtier(tmp_
     for name in ("a", "a", "b", "a", "c", "b"):
         digests.of(with_lora(request("r", 16), tmp_path / name, name=name))
         digests.settle(10)
-    assert [p.rsplit("/", 1)[1] for p in reads] == ["a", "b"]
-    assert digests.of(with_lora(request("r", 16), tmp_path / "c", name="c")) is None
-    assert digests.of(with_lora(request("r", 16), tmp_path / "a", name="a")) == b"d"
+    assert [p.rsplit("/", 1)[1] for p in reads] == ["a", "b", "c", "b"]  # b dropped for c
+    digests.close()
+
+
+def test_a_requests_keys_never_change_once_known_and_a_slow_read_makes_it_skip_kvtier(
+        tmp_path, monkeypatch):
+    """Its adapter's part of its keys is kept on the request (another read of the adapter,
+    after it was dropped, changes nothing for it); a read that takes longer than
+    ADAPTER_WAIT_S leaves the request out of kvtier: no load, no store, no hand-off wait."""
+    from kvtier.connector.scheduler import request_keys
+
+    side, path = scheduler(), adapter(tmp_path / "sql")
+    req = with_lora(request("a", 64), path)
+    first = keys(req, side)
+    adapter(path, weights=b"Z" * 5000)
+    side.keys.adapters._kept.clear()  # dropped, and read again for the next request
+    assert side.chunk_keys(req, 4) == first
+    gate = threading.Event()
+    monkeypatch.setattr(adapters, "adapter_digest", lambda p: gate.wait(10) and b"late")
+    clock = [0.0]
+    side.keys._clock = lambda: clock[0]
+    slow = with_lora(prompt("s", 70), tmp_path / "other", name="other")
+    slow.block_hashes = request("s", 64).block_hashes
+    assert side.num_new_matched_tokens(slow, 0) == (None, False)  # asked again
+    clock[0] += request_keys.ADAPTER_WAIT_S
+    assert side.num_new_matched_tokens(slow, 0) == (0, False)  # a miss, at once
+    assert not side.completes_chunks("s", 64) and side.chunk_keys(slow, 4) == []
+    gate.set()
+    side.close()

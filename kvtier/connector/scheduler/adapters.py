@@ -4,44 +4,46 @@ vLLM keys an adapter's blocks by the adapter's name and path only: enough inside
 whose adapters do not change under it, but chunks outlive the process (disk, a shared
 directory, a remote store). An adapter whose files were replaced under the same path (a new
 version rolled out), or that another engine of the fleet holds in another version at that
-path, would load KV the other adapter computed. So each adapter a request names is read once
-per engine (``weights_digest`` of its weight files, and its ``adapter_config.json``) and that
-digest goes into its chunks' keys. An adapter that is not a local directory (a hub name) is
-named by name and path, as vLLM names it.
+path, would load KV the other adapter computed. So each adapter a request names is read
+(``weights_digest`` of its weight files, and its ``adapter_config.json``) and that digest goes
+into its chunks' keys. An adapter that is not a local directory (a hub name) is named by name
+and path, as vLLM names it.
 
-The files are read off the scheduler's step, on a thread of their own: until an adapter's
-digest is known its requests neither load nor store chunks (they compute, as without
-kvtier); their chunks are offered for store at a later step, once it is. An adapter replaced
-under its path while the engine runs is not read again (vLLM may load the new files when its
-adapter cache dropped the old ones): roll adapters out under new paths, or restart.
+The files are read off the scheduler's step, on threads of their own (``RequestKeys`` keeps
+each request's digest once known, and waits a little for it). The last ``KEPT`` adapters'
+digests are kept; one used again after that is read again. An adapter replaced under its
+path while the engine runs is told apart only once it is read again (vLLM may load the new
+files when its adapter cache dropped the old ones): roll adapters out under new paths.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections import OrderedDict
 from typing import Any
 
 from kvtier.connector.common.weights_digest import weights_digest
 
 CONFIG_FILE, CONFIG_BYTES = "adapter_config.json", 4 * 1024 * 1024
-KEPT = 4096  # adapters an engine keys its chunks by; requests of any more skip kvtier
-READERS = 2  # threads reading adapters' files
+KEPT = 4096  # adapters whose digest is kept (least recently used dropped past it)
+READERS = 2  # threads reading adapters' files (daemons: a hung mount holds no exit)
+_READING = b""  # a read under way (no digest is empty)
 
 
 class AdapterDigests:
     """Contract: ``of(request)`` never blocks: b"" for a request without an adapter, the
     digest of its adapter's files once read (the same bytes for the same files in every
-    engine, other bytes for other files), None until then (the read is started) or for an
-    adapter past the first ``KEPT``. A digest once known stays for the engine's life.
-    ``settle(timeout)`` waits for the reads started; ``close()`` stops reading."""
+    engine, other bytes for other files), None until then (the read is started). ``settle``
+    waits up to ``timeout`` for the reads started; ``close()`` stops reading."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._reads: dict[tuple[str, str], Future[bytes]] = {}
-        self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="kvtier-adapters")
+        self._lock = threading.Condition()
+        self._kept: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+        self._todo: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        self._readers: list[threading.Thread] = []
 
     def of(self, request: Any) -> bytes | None:
         lora = getattr(request, "lora_request", None)
@@ -49,22 +51,44 @@ class AdapterDigests:
             return b""
         name_path = (str(getattr(lora, "lora_name", "")), str(getattr(lora, "lora_path", "")))
         with self._lock:
-            read = self._reads.get(name_path)
-            if read is None:
-                if len(self._reads) >= KEPT:
-                    return None
-                read = self._reads[name_path] = self._pool.submit(adapter_digest, name_path[1])
-        if not read.done() or read.exception() is not None:
-            return None
-        return read.result()
+            digest = self._kept.get(name_path)
+            if digest is None:
+                self._start(name_path)
+                return None
+            self._kept.move_to_end(name_path)
+            return digest or None
+
+    def _start(self, name_path: tuple[str, str]) -> None:
+        self._kept[name_path] = _READING
+        while len(self._kept) > KEPT:
+            oldest = next((k for k, v in self._kept.items() if v != _READING), None)
+            if oldest is None:
+                break
+            del self._kept[oldest]
+        if len(self._readers) < READERS:
+            reader = threading.Thread(target=self._read, name="kvtier-adapters", daemon=True)
+            self._readers.append(reader)
+            reader.start()
+        self._todo.put(name_path)
+
+    def _read(self) -> None:
+        while (name_path := self._todo.get()) is not None:
+            try:
+                digest = adapter_digest(name_path[1])
+            except Exception:  # never shared: another engine cannot name these chunks
+                digest = b"lora:unread:" + os.urandom(16)
+            with self._lock:
+                if self._kept.get(name_path) == _READING:
+                    self._kept[name_path] = digest
+                self._lock.notify_all()
 
     def settle(self, timeout: float) -> None:
         with self._lock:
-            reads = list(self._reads.values())
-        wait(reads, timeout)
+            self._lock.wait_for(lambda: _READING not in self._kept.values(), timeout)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for _ in self._readers:
+            self._todo.put(None)
 
 
 def adapter_digest(path: str) -> bytes:

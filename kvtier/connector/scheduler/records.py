@@ -51,6 +51,8 @@ class Tracked:
     verify_asked: bool = False  # the sampling was decided for it (once per request)
     verify_from: int = 0  # its first chunk vLLM computes (those before: vLLM's own hit)
     verify_remote: frozenset = frozenset()  # its chunks the remote store said it holds
+    adapter: bytes | None = None  # its LoRA adapter's part of its keys, once known
+    adapter_since: float | None = None  # when it first waited for its adapter to be read
 
 
 @dataclass

@@ -19,7 +19,6 @@ from kvtier.config.settings import KVTierConfig, LoadPolicy
 from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
 from kvtier.connector.common.geometry import KVGeometry, say_unstored_replies
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
-from kvtier.connector.scheduler.adapters import AdapterDigests
 from kvtier.connector.scheduler.chunk_records import ChunkHashing
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.disk_recovery import disk_layout, recover_disk
@@ -33,12 +32,13 @@ from kvtier.connector.scheduler.pool_writes import PoolWrites, pool_write_tries
 from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.remote_presence import open_presence
+from kvtier.connector.scheduler.request_keys import RequestKeys
 from kvtier.connector.scheduler.store_planner import StorePlanner
-from kvtier.connector.scheduler.tails import Tail, prompt_length, prompt_tail
+from kvtier.connector.scheduler.tails import Tail, prompt_length
 from kvtier.connector.scheduler.tier_watch import tier_stack
 from kvtier.connector.scheduler.verify_halt import VerifyHalt
 from kvtier.connector.scheduler.verify_planner import VerifyPlanner
-from kvtier.keys import ChunkKey, Namespace, block_hash_chunk_key
+from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.halt_file import HaltFile
 from kvtier.shared.follower import follow_others
 from kvtier.tiers.base import TierName
@@ -67,7 +67,7 @@ class SchedulerSide:
         self.events = KVEvents(geometry, event_factory, self.counters) if event_factory else None
         self.stack = tier_stack(config, geometry, self.disk_layout, self.events)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
-        self._namespace, self._adapters = namespaces[0], AdapterDigests()
+        self._namespace, self.keys = namespaces[0], RequestKeys(geometry, namespaces[0])
         self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled = PendingStores(), StalledReads()
@@ -101,37 +101,15 @@ class SchedulerSide:
     # -- keys ---------------------------------------------------------------------------
 
     def chunk_keys(self, request: Any, count: int, first: int = 0) -> list[ChunkKey]:
-        """Keys of the request's chunks ``first`` to ``count - 1`` (fewer if its tokens run
-        out; none while its LoRA adapter's files are being read: ``AdapterDigests``)."""
-        per, hashes, adapter = self.geometry.hashes_per_chunk, request.block_hashes, \
-            self._adapters.of(request)
-        count = min(len(hashes) // per, count) if adapter is not None else 0
-        return [block_hash_chunk_key(self._namespace, hashes[(c + 1) * per - 1], adapter or b"")
-                for c in range(first, count)]
+        """Keys of the request's chunks ``first`` to ``count - 1`` (``RequestKeys``)."""
+        return self.keys.chunk_keys(self.track(request), count, first)
 
     def tail(self, request: Any) -> Tail | None:
-        """The request's prompt tail (its partial last chunk), worked out once per prompt
-        (a streaming session's prompt grows: its new tail is offered again)."""
-        tracked = self.track(request)
-        length = prompt_length(request)
-        adapter = self._adapters.of(request)
-        if adapter is None:  # its adapter's files are being read: no tail yet
-            return None
-        if tracked.tail_for != length:
-            tracked.tail = prompt_tail(request, self.geometry, self._namespace, adapter)
-            tracked.tail_for, tracked.tail_done = length, False
-        return tracked.tail
+        """The request's prompt tail (its partial last chunk: ``RequestKeys``)."""
+        return self.keys.tail(self.track(request))
 
     def _keys(self, request: Any, end: int) -> tuple[list[ChunkKey], int]:
-        """Keys of the chunks covering the request's tokens up to ``end``: its full chunks,
-        then its prompt's tail where they stop at it; and how far they reach (``end``, or
-        the tail's end when that comes first: the tail holds nothing past the prompt)."""
-        keys = self.chunk_keys(request, -(-end // self.geometry.chunk_tokens))
-        tail = self.tail(request)
-        if tail is not None and len(keys) == tail.index and end > tail.start:
-            keys.append(tail.key)
-            end = min(end, tail.end)
-        return keys, end
+        return self.keys.keys(self.track(request), end)
 
     def track(self, request: Any) -> Tracked:
         tracked = self._tracked.setdefault(request.request_id, Tracked(request))
@@ -157,8 +135,8 @@ class SchedulerSide:
         request (it will then be in host memory), or while host slots to stage them in are
         held by loads and stores in flight (see ``LoadPlanner.match``)."""
         tracked = self.track(request)
-        if self._loads.in_flight(request.request_id) is not None:
-            return 0, False
+        if self._loads.in_flight(request.request_id) is not None or not self.keys.keyable(tracked):
+            return (None if self.keys.pending(tracked) else 0), False  # adapter: being read
         limit = request.num_tokens - 1
         if self.geometry.loads_whole or prompt_length(request) is None:
             limit = limit // self.geometry.block_tokens * self.geometry.block_tokens
@@ -200,7 +178,7 @@ class SchedulerSide:
         """Whether the request has chunks computed and not yet offered for store (on a
         consumer, which stores nothing: for a sampled check)."""
         tracked = self._tracked.get(req_id)
-        if tracked is not None and tracked.store_done:
+        if tracked is not None and (tracked.store_done or not self.keys.keyable(tracked)):
             return False
         if not self.handoffs.stores and (tracked is None or not tracked.verify):
             return False
@@ -247,7 +225,7 @@ class SchedulerSide:
     def close(self) -> None:
         """Stop following other engines' segments, the halt file, asking the remote store."""
         self.halt.close()
-        self._adapters.close()
+        self.keys.adapters.close()
         for part in (self.feed, self.others, self.presence):
             if part is not None:
                 part.close()
