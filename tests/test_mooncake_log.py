@@ -11,6 +11,7 @@ import random
 import numpy as np
 
 from kvtier.keys import ChunkKey
+from kvtier.remote import mooncake_log
 from kvtier.remote.mooncake_client import CODE_NAMES, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL
 from kvtier.remote.mooncake_log import (
     BATCH_BYTES,
@@ -84,19 +85,27 @@ def test_head_hints_and_cursors_are_parsed_with_bounds():
 
 
 class FakeStore:
-    """Mooncake's client as the log's reader uses it: ``values`` by name, ``codes`` a get of a
-    name answers instead (a failure), ``sizes`` the size ``get_size`` reports instead."""
+    """Mooncake's client as the log uses it: ``values`` by name, ``codes`` a get of a name
+    answers instead (a failure), ``once`` the codes its next gets answer, ``sizes`` the size
+    ``get_size`` reports instead; a put never replaces a value and answers 0 either way,
+    after ``rival`` (other writers) had its turn; ``calls`` the round trips made."""
 
     def __init__(self) -> None:
         self.values: dict[str, bytes] = {}
         self.codes: dict[str, int] = {}
+        self.once: dict[str, list[int]] = {}
         self.sizes: dict[str, int] = {}
+        self.rival = lambda names: None
+        self.calls: list[str] = []
 
     def batch_get_into(self, names, addresses, sizes):
+        self.calls.append("get")
         answers = []
         for name, address, size in zip(names, addresses, sizes, strict=True):
             value = self.values.get(name)
-            if name in self.codes or value is None:
+            if self.once.get(name):
+                answers.append(self.once[name].pop(0))
+            elif name in self.codes or value is None:
                 answers.append(self.codes.get(name, NOT_FOUND))
             elif len(value) > size:
                 answers.append(INVALID_PARAMS)  # Mooncake's answer for a buffer too small
@@ -108,6 +117,26 @@ class FakeStore:
     def get_size(self, name):
         value = self.values.get(name)
         return self.sizes.get(name, NOT_FOUND if value is None else len(value))
+
+    def batch_put_from(self, names, addresses, sizes, upsert=False):
+        self.calls.append("upsert" if upsert else "put")
+        if not upsert:
+            self.rival(names)
+        for name, address, size in zip(names, addresses, sizes, strict=True):
+            if upsert or name not in self.values:
+                self.values[name] = ctypes.string_at(address, size)
+        return [0] * len(names)
+
+    def batch_upsert_from(self, names, addresses, sizes):
+        return self.batch_put_from(names, addresses, sizes, upsert=True)
+
+    def batch_is_exist(self, names):
+        self.calls.append("exist")
+        return [int(name in self.values) for name in names]
+
+    def batch_remove(self, names, force):
+        self.calls.append("remove")
+        return [0 if self.values.pop(name, None) is not None else NOT_FOUND for name in names]
 
 
 def record_log(store: FakeStore, batches: dict[int, list], head: int) -> RecordLog:
@@ -166,3 +195,47 @@ def test_which_codes_end_the_log_for_now():
     assert not log._ends(TOO_LARGE, 5, head=5) and not log._ends(TOO_LARGE, 6, head=5)
     assert log._ends(NOT_READY, 5, head=5) and log._ends(NOT_READY, 6, head=5)
     assert TOO_LARGE not in CODE_NAMES and min(CODE_NAMES) > TOO_LARGE
+
+
+def test_a_writer_that_lost_its_claim_catches_up_however_far_the_head_lags():
+    """Other writers took seqs 4 to 40 and the head still says 3 (their upserts of it failed,
+    or are still under way): a lost claim asks which seqs after it the store holds, in one
+    round trip, and puts past the last one held; the seqs left free below it stay free (a
+    reader may have passed them). Rivals that take the seq it aims at each time cost it a
+    try each, not a climb."""
+    store = FakeStore()
+    log = record_log(store, {seq: entries(seq) for seq in (*range(1, 17), *range(18, 41))}, head=3)
+    assert log.append([(key(100), b"mine")])
+    assert unpack_batch(store.values["log:41"], 41) == [(bytes(key(100)), b"mine")]
+    assert "log:17" not in store.values and unpack_head(store.values["log:head"]) == 41
+    assert store.calls.count("put") == 2 + 37 // mooncake_log.PROBE, store.calls  # 4, 21, 38, 41
+    taken = iter(range(42, 45))  # a rival takes the seq aimed at, three times
+
+    def rival(names):
+        seq = next(taken, None)
+        if seq is not None:
+            store.values[f"log:{seq}"] = pack_batch(seq, entries(seq))
+    store.rival = rival
+    assert log.append([(key(101), b"next")])
+    assert unpack_batch(store.values["log:45"], 45) == [(bytes(key(101)), b"next")]
+
+
+def test_a_head_being_upserted_is_read_again_not_taken_for_no_head():
+    """A get of the head while another writer upserts it answers REPLICA_IS_NOT_READY: read
+    again, the append goes after the head, not to seq 1 (removed long ago: no reader would
+    look there). Unknown still, a writer that knows where it left the log goes on from there,
+    and one that does not appends nothing (a hint lost)."""
+    store = FakeStore()
+    log = record_log(store, {seq: entries(seq) for seq in range(2000, 2004)}, head=2003)
+    store.once["log:head"] = [NOT_READY, NOT_READY]
+    assert log.append([(key(1), b"one")])
+    assert "log:1" not in store.values and unpack_batch(store.values["log:2004"], 2004) is not None
+    store.once["log:head"] = [NOT_READY] * 20
+    assert log.append([(key(2), b"two")])
+    assert unpack_batch(store.values["log:2005"], 2005) == [(bytes(key(2)), b"two")]
+    fresh = record_log(store, {}, head=2005)  # another engine's, knowing nothing yet
+    store.once["log:head"] = [NOT_READY] * 20
+    before = dict(store.values)
+    assert not fresh.append([(key(3), b"three")])
+    assert store.values == before
+    assert log.read(b"2003", 10) == (b"2005", [(bytes(key(1)), b"one"), (bytes(key(2)), b"two")])

@@ -7,10 +7,15 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
 - **Claiming a seq.** A put never replaces a value the store holds, but answers 0 either
   way (verified on the store: three writers racing on the same keys all hear 0, each key
   keeps the first value). So a writer puts its batch, which carries a nonce of its own, at
-  the next seq it believes free and reads it back: the value there is its own, or another
-  writer took that seq and the batch goes at the next one, the head learnt again (``TRIES``
-  tries). Then it upserts the head and removes seq - ``KEEP``: the log keeps its last
-  ``KEEP`` batches, up to ``RECORD_LOG`` entries (fewer when appends are small).
+  the seq after the head (or after its own last seq, if higher) and reads it back: the value
+  there is its own, or another writer took that seq and it asks which of the ``PROBE``
+  seqs after it the store holds (one round trip, however far the head lags: every upsert
+  of the head lags, some fail) and puts the batch past the last one held (``TRIES`` tries);
+  a free seq below it is left free, since a reader may have passed it. A head being
+  upserted (``NOT_READY``) is read again, up to ``HEAD_TRIES`` times: unknown still, the
+  writer goes on from its own last seq, or puts nothing if it has none. Then it upserts
+  the head and removes seq - ``KEEP``: the log keeps its last ``KEEP`` batches, up to
+  ``RECORD_LOG`` entries (fewer when appends are small).
 - **Reading.** The batches after the cursor, ``WINDOW`` a get, ``ROUNDS`` gets at most. A
   batch missing at or below the head was removed or evicted: passed over; one missing
   past it ends the log for now, and so does one still being put (``NOT_READY``; verified:
@@ -18,12 +23,14 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
   does any other code (a transfer failed, INVALID_PARAMS: read again next time), unless
   the store reports the value's size larger than a batch can be (``TOO_LARGE``). A reader
   that starts (``b"0"``) or fell behind the batches kept starts at the oldest one kept.
+  A head still being upserted after ``HEAD_TRIES`` reads is taken as none.
   The cursor names the last batch read (``b"<seq>"``) or how far into it (``b"<seq>.<n>"``).
 - **Trust.** Values are parsed with bounds (magic, version, count, lengths, the seq of the
   key); one that does not parse, or is too large to be a batch, is passed over, never raised.
 
-An append costs four round trips (head, put, read back, head and removal in two), a read
-two (head, batches) per ``WINDOW``; all in one call given to ``ask``, watched as a whole.
+An append costs four round trips (head, put, read back, head and removal in two) and
+three more for each seq lost (probe, put, read back), a read two (head, batches) per
+``WINDOW``; all in one call given to ``ask``, watched as a whole.
 Eviction by the store loses only hints.
 """
 
@@ -40,7 +47,8 @@ import numpy as np
 
 from kvtier.keys import ChunkKey
 from kvtier.remote.base import RECORD_LOG
-from kvtier.remote.mooncake_client import GONE, INVALID_PARAMS, RPC_FAIL, RPC_TIMEOUT, STORED, TRANSFER_FAIL
+from kvtier.remote.mooncake_client import GONE, STORED
+from kvtier.remote.mooncake_trip import TOO_LARGE, Trip
 
 ENTRIES = 64  # records a batch holds at most
 BATCH_BYTES = 128 * 1024  # a batch's bytes at most (64 records of 256 tokens take 72 KiB)
@@ -48,9 +56,10 @@ KEEP = RECORD_LOG // ENTRIES  # batches kept
 WINDOW = 16  # batches a get reads
 ROUNDS = 4  # gets a read makes at most
 TRIES = 8  # seqs a batch is put at before its append fails
+PROBE = 16  # seqs a lost claim asks the store about at once
+HEAD_TRIES, HEAD_WAIT_S = 4, 0.0005  # reads of a head being upserted, the wait growing by this
 NOT_READY = -703  # a value still being put
 MISSING = GONE - {NOT_READY}  # a value removed or evicted (or not yet put)
-TOO_LARGE = -(1 << 62)  # a value larger than its buffer (no code of the store's)
 STALLED_S = 30.0  # a batch still being put this long at or below the head is passed over
 HEAD_READ = 64  # bytes read of the head hint (a larger value is no hint)
 MAX_SEQ = 10**18 - 1  # a head naming more is no hint (a cursor names up to 18 digits)
@@ -131,54 +140,6 @@ def parse_cursor(after: bytes) -> tuple[int, int | None] | None:
     return int(match[1]), None if match[2] is None else int(match[2])
 
 
-class _Trip:
-    """Round trips of one call with one client, through a registered scratch; every code
-    the store answered is in ``codes``; ``broken`` once the master did not answer."""
-
-    def __init__(self, client: Any, area: Callable[[Any, int], np.ndarray]) -> None:
-        self.client, self._area, self.codes = client, area, list[int]()
-        self.ok = False
-
-    @property
-    def broken(self) -> bool:
-        return any(code in (RPC_FAIL, RPC_TIMEOUT) for code in self.codes)
-
-    def get(self, names: Sequence[str], sizes: Sequence[int]) -> list[bytes | int]:
-        """Each value, or the code the store answered for it; ``TOO_LARGE`` where it read
-        more than the size (a value larger than it answers a code too: ``settled``)."""
-        offsets = np.cumsum([0, *sizes]).tolist()
-        area = self._area(self.client, max(1, offsets[-1]))
-        base = area.ctypes.data
-        codes = self.client.batch_get_into(list(names), [base + at for at in offsets[:-1]], list(sizes))
-        self.codes += codes
-        return [bytes(area[at:at + code]) if 0 <= code <= size else (code if code < 0 else TOO_LARGE)
-                for at, size, code in zip(offsets, sizes, codes, strict=False)]
-
-    def settled(self, name: str, code: int, size: int) -> int:
-        """``code``, which a get of ``name`` into ``size`` bytes answered, or ``TOO_LARGE``
-        where it may mean a larger value and the store reports one, or the code it answers
-        for the size (the value gone meanwhile, say)."""
-        if code not in (INVALID_PARAMS, TRANSFER_FAIL):
-            return code
-        held = int(self.client.get_size(name))
-        if held < 0:
-            self.codes.append(held)
-        return TOO_LARGE if held > size else (held if held < 0 else code)
-
-    def put(self, names: Sequence[str], values: Sequence[bytes], upsert: bool = False) -> list[int]:
-        offsets = np.cumsum([0, *map(len, values)]).tolist()
-        area = self._area(self.client, offsets[-1])
-        for at, value in zip(offsets, values, strict=False):
-            area[at:at + len(value)] = np.frombuffer(value, np.uint8)
-        call = self.client.batch_upsert_from if upsert else self.client.batch_put_from
-        codes = call(list(names), [area.ctypes.data + at for at in offsets[:-1]], list(map(len, values)))
-        self.codes += codes
-        return list(codes)
-
-    def remove(self, names: Sequence[str]) -> None:
-        self.codes += self.client.batch_remove(list(names), True)
-
-
 Ask = Callable[[str, Callable[[Any], Any], Callable[[Any], Sequence[int]]], Any]
 
 
@@ -196,8 +157,17 @@ class RecordLog:
     def _key(self, seq: int) -> str:
         return f"{self._name}:{seq}"
 
-    def _head(self, trip: _Trip) -> int:
-        (value,) = trip.get([f"{self._name}:head"], [HEAD_READ])
+    def _head(self, trip: Trip) -> int | None:
+        """The seq the head hint names (0: none), or None while another writer upserts it
+        (``NOT_READY`` ``HEAD_TRIES`` times): unknown now, which is not no head."""
+        value: bytes | int = NOT_READY
+        for tried in range(HEAD_TRIES):
+            time.sleep(HEAD_WAIT_S * tried)
+            (value,) = trip.get([f"{self._name}:head"], [HEAD_READ])
+            if value != NOT_READY or trip.broken:
+                break
+        if value == NOT_READY:
+            return None
         head = unpack_head(value)
         self._last = max(self._last, head)
         return head
@@ -206,28 +176,14 @@ class RecordLog:
         batches, dropped = split(items)
         if not batches:
             return not dropped
-        trip = self._ask("log", lambda client: self._append(_Trip(client, self._area), batches),
+        trip = self._ask("log", lambda client: self._append(Trip(client, self._area), batches),
                          lambda trip: trip.codes)
         return trip is not None and trip.ok and not dropped
 
-    def _append(self, trip: _Trip, batches: list[list[Entry]]) -> _Trip:
-        pending, won = batches, list[int]()
-        for _ in range(TRIES):
-            first = max(self._head(trip), self._last) + 1
-            if trip.broken:
-                return trip
-            seqs = list(range(first, first + len(pending)))
-            values = [pack_batch(seq, batch) for seq, batch in zip(seqs, pending, strict=True)]
-            codes = trip.put([self._key(s) for s in seqs], values)
-            back = [] if trip.broken else trip.get([self._key(s) for s in seqs], [len(v) for v in values])
-            if trip.broken:
-                return trip
-            self._last = max(self._last, seqs[-1])
-            mine = [held == value for held, value in zip(back, values, strict=True)]
-            won += [seq for seq, ok in zip(seqs, mine, strict=True) if ok]
-            pending = [batch for batch, ok in zip(pending, mine, strict=True) if not ok]
-            if not pending or any(code not in STORED for code in codes):
-                break  # all in, or refused (no space): not tried further
+    def _append(self, trip: Trip, batches: list[list[Entry]]) -> Trip:
+        pending, won, head = batches, list[int](), self._head(trip)
+        if head is not None or self._last:  # else the log's end is unknown: nothing is put
+            pending = self._claim(trip, pending, won, max(head or 0, self._last) + 1)
         if won:
             trip.put([f"{self._name}:head"], [pack_head(max(won))], upsert=True)
             old = [self._key(seq - KEEP) for seq in won if seq > KEEP]
@@ -236,8 +192,38 @@ class RecordLog:
         trip.ok = not pending and not trip.broken
         return trip
 
+    def _claim(self, trip: Trip, pending: list[list[Entry]], won: list[int], first: int) -> list[list[Entry]]:
+        """Puts ``pending`` at ``first`` on and reads each back; a batch another writer's
+        value holds the seq of is put again past the last seq held (``_frontier``). The seqs
+        won go to ``won``; the batches not put are answered."""
+        for _ in range(TRIES):
+            if trip.broken:
+                return pending
+            seqs = list(range(first, first + len(pending)))
+            values = [pack_batch(seq, batch) for seq, batch in zip(seqs, pending, strict=True)]
+            codes = trip.put([self._key(s) for s in seqs], values)
+            back = [] if trip.broken else trip.get([self._key(s) for s in seqs], [len(v) for v in values])
+            if trip.broken:
+                return pending
+            self._last = max(self._last, seqs[-1])
+            mine = [held == value for held, value in zip(back, values, strict=True)]
+            won += [seq for seq, ok in zip(seqs, mine, strict=True) if ok]
+            pending = [batch for batch, ok in zip(pending, mine, strict=True) if not ok]
+            if not pending or any(code not in STORED for code in codes):
+                break  # all in, or refused (no space): not tried further
+            first = self._frontier(trip, seqs[-1] + 1)
+        return pending
+
+    def _frontier(self, trip: Trip, start: int) -> int:
+        """The seq after the last of the ``PROBE`` from ``start`` the store holds (``start``
+        when it holds none), in one round trip however far the head lags: other writers
+        took the seqs up to it. Free seqs below it stay free: readers pass over a seq
+        missing once the head is past it, and one may have, so a batch put there is lost."""
+        held = trip.held([self._key(seq) for seq in range(start, start + PROBE)])
+        return start + max((at + 1 for at, taken in enumerate(held) if taken), default=0)
+
     def read(self, after: bytes, count: int) -> tuple[bytes, list[Entry]] | None:
-        answer = self._ask("log", lambda client: self._read(_Trip(client, self._area), after, count),
+        answer = self._ask("log", lambda client: self._read(Trip(client, self._area), after, count),
                            lambda answer: answer[0].codes)
         return None if answer is None else answer[1]
 
@@ -266,8 +252,8 @@ class RecordLog:
             self._waiting = (seq, now)
         return now - self._waiting[1] < STALLED_S
 
-    def _read(self, trip: _Trip, after: bytes, count: int) -> tuple[_Trip, tuple[bytes, list[Entry]]]:
-        head = self._head(trip)
+    def _read(self, trip: Trip, after: bytes, count: int) -> tuple[Trip, tuple[bytes, list[Entry]]]:
+        head = self._head(trip) or 0  # unknown: as none (a missing batch ends the read)
         seq, skip = self._start(parse_cursor(after), head)
         cursor, entries = after, list[Entry]()
         for _ in range(ROUNDS):
