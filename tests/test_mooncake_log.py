@@ -239,3 +239,19 @@ def test_a_head_being_upserted_is_read_again_not_taken_for_no_head():
     assert not fresh.append([(key(3), b"three")])
     assert store.values == before
     assert log.read(b"2003", 10) == (b"2005", [(bytes(key(1)), b"one"), (bytes(key(2)), b"two")])
+
+
+def test_a_batch_the_store_keeps_failing_to_send_is_passed_over_after_a_while(monkeypatch):
+    """At or below the head a failure is waited out for STALLED_S, as a batch still being
+    put is: then passed over, rather than holding the reader until KEEP batches later."""
+    from kvtier.remote import mooncake_log
+
+    store, now = FakeStore(), [100.0]
+    monkeypatch.setattr(mooncake_log.time, "monotonic", lambda: now[0])
+    log = record_log(store, {1: entries(1), 2: entries(2), 3: entries(3)}, head=3)
+    store.codes["log:2"] = TRANSFER_FAIL  # for good
+    assert log.read(b"0", 10) == (b"1", entries(1))
+    now[0] += mooncake_log.STALLED_S / 2
+    assert log.read(b"1", 10) == (b"1", [])
+    now[0] += mooncake_log.STALLED_S
+    assert log.read(b"1", 10) == (b"3", entries(3))

@@ -19,9 +19,10 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
 - **Reading.** The batches after the cursor, ``WINDOW`` a get, ``ROUNDS`` gets at most. A
   batch missing at or below the head was removed or evicted: passed over; one missing
   past it ends the log for now, and so does one still being put (``NOT_READY``; verified:
-  a get of a value whose put has not ended answers it; for ``STALLED_S`` at most), and so
-  does any other code (a transfer failed, INVALID_PARAMS: read again next time), unless
-  the store reports the value's size larger than a batch can be (``TOO_LARGE``). A reader
+  a get of a value whose put has not ended answers it) or any other code (a transfer
+  failed, INVALID_PARAMS: read again next time; at or below the head for ``STALLED_S`` at
+  most, then passed over), unless the store reports the value's size larger than a batch
+  can be (``TOO_LARGE``). A reader
   that starts (``b"0"``) or fell behind the batches kept starts at the oldest one kept.
   A head still being upserted after ``HEAD_TRIES`` reads is taken as none.
   The cursor names the last batch read (``b"<seq>"``) or how far into it (``b"<seq>.<n>"``).
@@ -60,7 +61,7 @@ PROBE = 16  # seqs a lost claim asks the store about at once
 HEAD_TRIES, HEAD_WAIT_S = 4, 0.0005  # reads of a head being upserted, the wait growing by this
 NOT_READY = -703  # a value still being put
 MISSING = GONE - {NOT_READY}  # a value removed or evicted (or not yet put)
-STALLED_S = 30.0  # a batch still being put this long at or below the head is passed over
+STALLED_S = 30.0  # a batch at or below the head unread this long (being put, failing) is passed over
 HEAD_READ = 64  # bytes read of the head hint (a larger value is no hint)
 MAX_SEQ = 10**18 - 1  # a head naming more is no hint (a cursor names up to 18 digits)
 
@@ -240,12 +241,14 @@ class RecordLog:
 
     def _ends(self, code: int, seq: int, head: int) -> bool:
         """Whether the log ends for now at ``seq``, which the store answered ``code`` for:
-        missing past the head, still being put (unless at or below the head for
-        ``STALLED_S``: a writer gone in the middle of its put), or any other code (a failure
-        that may pass: the batch is read again next time). Too large: passed over."""
+        missing past the head, or at or below it still being put or failing otherwise (a
+        failure that may pass: the batch is read again next time), for ``STALLED_S`` at
+        most (a writer gone in the middle of its put, a value the store keeps failing to
+        send: passed over then, not waited for until ``KEEP`` batches later). Too large:
+        passed over."""
         if code == TOO_LARGE or (code in MISSING and seq <= head):
             return False
-        if code != NOT_READY or seq > head:
+        if seq > head:
             return True
         now = time.monotonic()
         if self._waiting[0] != seq:
