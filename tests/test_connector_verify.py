@@ -357,3 +357,34 @@ def test_bytes_of_a_format_kvtier_cannot_decode_that_differ_halt_nothing():
         assert side.num_new_matched_tokens(request("z", 65), 0) == (64, False)  # hits served
     finally:
         side.close()
+
+
+def test_a_sampled_copy_the_store_lost_is_told_as_lost_and_one_timed_out_is_not(tmp_path):
+    """A check's read of the remote store answered missing or damaged: the store lost it,
+    for certain, told as a load's read tells it (``remote_absent``: written again, removed
+    from the KV events); a read that failed otherwise (timed out) is no loss."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from kvtier.connector.scheduler.verify_planner import REMOTE
+    from kvtier.connector.worker.verify import WorkerVerify
+    from kvtier.io.result import IOResult, IOStatus
+    from kvtier.keys import ChunkKey
+
+    w, _ = worker(tmp_path, verify_sample=1)
+    verify = w._verify or WorkerVerify.of(w.config, w.geometry, w.pages, w.host, w._ledger,
+                                          w._lane)
+    for i, (status, told) in enumerate(((IOStatus.TIMED_OUT, False), (IOStatus.IO_ERROR, False),
+                                        (IOStatus.MISSING, True), (IOStatus.CORRUPT, True))):
+        key = bytes([i]) * 16
+        read: Future = Future()
+        read.set_result(IOResult(status))
+        check = SimpleNamespace(source=SimpleNamespace(key=key, remote=True))
+        assert not verify._read_ok(check, read)
+        assert (key in w._ledger.pending.remote_absent) is told, status
+    side = scheduler()
+    lost = []
+    side.verify.remote_writes = SimpleNamespace(lost=lost.append)
+    side.verify._unread(ChunkKey(b"k" * 16), SimpleNamespace(tier=REMOTE, req_id="r", refs=None))
+    assert lost == []  # no certain loss: the workers say when there is one
+    w.close()

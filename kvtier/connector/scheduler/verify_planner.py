@@ -205,13 +205,13 @@ class VerifyPlanner:
 
     def _unread(self, key: ChunkKey, check: _Check) -> None:
         """A copy some rank could not read: dropped where it was read (this engine's tier,
-        the other engine's copy in this view), or not offered from the store for a while."""
+        the other engine's copy in this view), or not offered from the store for a while (a
+        read the store answered missing or damaged: forgotten as lost through the workers'
+        ``remote_absent``, as a load's; one that timed out or failed is no loss)."""
         self.counters["verify_unread_chunks"] += 1
         if check.tier is REMOTE:
             if self.presence is not None:
                 self.presence.failed(check.req_id, [key])
-            if self.remote_writes is not None:
-                self.remote_writes.lost(key)
         elif check.refs is not None:
             if self.others is not None:
                 self.others.drop(check.refs)

@@ -17,7 +17,7 @@ from kvtier.connector.worker.load_tracker import Reads
 from kvtier.connector.worker.pages import PagedKV
 from kvtier.disk.copies import blank_every_copy
 from kvtier.disk.lane import DiskLane, NoDisk
-from kvtier.io.result import IOResult
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store.tolerance import same_kv
 from kvtier.tiers.host import HostTier
@@ -121,6 +121,9 @@ class WorkerVerify:
             return False
         result: IOResult = read.result()
         if not result.ok:
+            if check.source.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
+                with self._ledger.lock:  # the store lost it, for certain: as a load's read
+                    self._ledger.pending.remote_absent.add(key)
             self._end(check, "verify_failed")
             return False
         return True
