@@ -5,7 +5,6 @@ store's log (``kvtier/remote/mooncake_log.py``); another engine, which never saw
 for them, publishes them with vLLM's hashes, as held REMOTE, and as removed once the store
 lost them. ``tests/test_connector_remote_events.py`` has the rest, on Valkey/Redis."""
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,15 +15,12 @@ if not inside_namespace():
     pytest.skip("runs only inside a private network namespace: tests/test_remote_mooncake.py "
                 "starts it there", allow_module_level=True)
 
-from kvtier.connector.vllm_events import VllmHashing
-from tests.helpers.recorded_events import Recorded, events_until
+from tests.helpers.recorded_events import HASHING, Recorded, events_until
 from tests.helpers.remote_engine import Engine
 from tests.helpers.scheduler_side import BLOCK, CHUNK
 from tests.helpers.vllm_requests import vllm_chain, vllm_request
 
 TOKENS = list(range(7000, 7000 + 2 * CHUNK))
-HASHING = VllmHashing(SimpleNamespace(cache_config=SimpleNamespace(
-    prefix_caching_hash_algo="sha256")), BLOCK)
 
 
 @pytest.fixture

@@ -15,7 +15,9 @@ from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote import mooncake_log
 from kvtier.remote.mooncake_log import pack_batch
 from kvtier.remote.mooncake_tier import MooncakeTier
-from tests.helpers.mooncake_server import MooncakeServer, inside_namespace
+from tests.helpers.mooncake_server import inside_namespace
+
+pytest_plugins = ["tests.helpers.mooncake_fixtures"]  # server, tiers
 
 if not inside_namespace():
     pytest.skip("runs only inside a private network namespace: tests/test_remote_mooncake.py "
@@ -36,21 +38,6 @@ def items(first: int, count: int, size: int = 40) -> list[tuple[ChunkKey, bytes]
 
 def as_read(pairs) -> list[tuple[bytes, bytes]]:
     return [(bytes(k), r) for k, r in pairs]
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = MooncakeServer(tmp_path / "mooncake").start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def tiers():
-    made: list[MooncakeTier] = []
-    yield made
-    for t in made:
-        t.close()
 
 
 def tier(made, server, **options) -> MooncakeTier:

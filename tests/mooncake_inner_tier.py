@@ -13,7 +13,9 @@ import pytest
 from kvtier.io.result import IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.mooncake_tier import MooncakeTier
-from tests.helpers.mooncake_server import MooncakeServer, inside_namespace
+from tests.helpers.mooncake_server import inside_namespace
+
+pytest_plugins = ["tests.helpers.mooncake_fixtures"]  # server, tiers
 
 if not inside_namespace():
     pytest.skip("runs only inside a private network namespace: tests/test_remote_mooncake.py "
@@ -30,21 +32,6 @@ def key(i: int) -> ChunkKey:
 
 def chunk(i: int) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
-
-
-@pytest.fixture
-def server(tmp_path):
-    srv = MooncakeServer(tmp_path / "mooncake").start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def tiers():
-    made: list[MooncakeTier] = []
-    yield made
-    for t in made:
-        t.close()
 
 
 def tier(made, server, namespace=NS, **options) -> MooncakeTier:

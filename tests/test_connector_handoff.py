@@ -6,7 +6,6 @@ directory before loading it, or recomputes what never came."""
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -15,25 +14,11 @@ from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
+from tests.helpers.handoff_requests import DIGEST, NS, request
 from tests.helpers.redis_server import RedisServer, needs_redis
 from tests.helpers.remote_engine import Engine as RemoteEngine
 from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO, store_all, write_as
 from tests.helpers.scheduler_side import request as remote_request
-
-NS = GEO.namespace("m", "", 1, 0)
-DIGEST = NS.digest().hex()
-
-
-@dataclass
-class Request:
-    request_id: str
-    num_tokens: int
-    block_hashes: list = field(default_factory=list)
-    kv_transfer_params: dict | None = None
-
-
-def request(name: str, tokens: int, params=None, seed: int = 0) -> Request:
-    return Request(name, tokens, [bytes([seed, i]) * 16 for i in range(tokens // BLOCK)], params)
 
 
 class Clock:

@@ -6,7 +6,6 @@ waiting out load_timeout and recomputing it."""
 import errno
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
@@ -21,25 +20,14 @@ from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import Location
 from tests.helpers.disk_helpers import failing_io
+from tests.helpers.handoff_requests import DIGEST, NS, Request
+from tests.helpers.handoff_requests import request as handoff_request
 from tests.helpers.scheduler_side import BLOCK, CHUNK, GEO
 from tests.helpers.worker_side import BLOCKS, same
 
-NS = GEO.namespace("m", "", 1, 0)
-DIGEST = NS.digest().hex()
-
-
-@dataclass
-class Request:
-    request_id: str
-    num_tokens: int
-    block_hashes: list = field(default_factory=list)
-    kv_transfer_params: dict | None = None
-    num_prompt_tokens: int = 0
-
 
 def request(name: str, tokens: int, params=None, seed: int = 0) -> Request:
-    return Request(name, tokens, [bytes([seed, i]) * 16 for i in range(tokens // BLOCK)],
-                   params, tokens)
+    return handoff_request(name, tokens, params, seed, prompt=tokens)
 
 
 class Engine:
