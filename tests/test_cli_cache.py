@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvtier import KVStore
-from kvtier.disk import writes
+from kvtier.disk import stamps
 from kvtier.ops.victims import WINDOW_S
 from tests.helpers.cli import as_json, kvtier, logged_slots, old_layout_namespace, two_writers
 from tests.helpers.hostile import label, namespace_of, segment_dir
@@ -138,7 +138,7 @@ def test_gc_by_age_dry_run_then_for_real(cache):
 
 def test_gc_to_a_size_target_keeps_the_newest(cache, monkeypatch):
     later = time.time_ns() + int(2 * WINDOW_S * 1e9)  # a write window after the cache's chunks
-    monkeypatch.setattr(writes, "time", SimpleNamespace(time_ns=lambda: later))
+    monkeypatch.setattr(stamps, "time", SimpleNamespace(time_ns=lambda: later))
     with KVStore(SMALL, config(cache)) as store:
         store.put(seq(5000, 2), make_kv(seq(5000, 2)))
         store.flush()

@@ -7,17 +7,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from kvtier import KVStore
-from kvtier.disk import writes
+from kvtier.disk import stamps
 from kvtier.ops.cache import NamespaceDir, Segment
 from kvtier.ops.victims import WINDOW_S, Chunk, victims, windows
 from tests.helpers.cli import as_json
+from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv
 from tests.helpers.store import config, load, seq
 
 
 def written_ago(monkeypatch, seconds):
     """Chunks written from now on carry a time ``seconds`` ago, as if written then."""
-    monkeypatch.setattr(writes, "time", SimpleNamespace(
+    monkeypatch.setattr(stamps, "time", SimpleNamespace(
         time_ns=lambda: time.time_ns() - int(seconds * 1e9)))
 
 
@@ -27,9 +28,9 @@ def put(root, tokens):
         assert store.flush()
 
 
-def served(root, tokens):
+def served(root, tokens, **extra):
     """Tokens of ``tokens`` a store over ``root`` serves, and the chunks it found there."""
-    with KVStore(SMALL, config(root, host_chunks=16)) as store:
+    with KVStore(SMALL, config(root, host_chunks=16, **extra)) as store:
         return load(store, tokens)[0], store.stats().recovered_chunks
 
 
@@ -38,6 +39,20 @@ def test_gc_target_keeps_a_prompts_head_which_still_hits(tmp_path):
     code, data = as_json("gc", tmp_path, "--target", 2 * CHUNK_BYTES)
     assert code == 0 and data["chunks_freed"] == 8
     assert served(tmp_path, seq(0, 10)) == (2 * CHUNK, 2)
+
+
+def test_gc_keeps_the_head_of_a_prompt_whose_tail_reached_the_disk_first(tmp_path):
+    """Each write is stamped when its slot is reserved, in the prompt's order, not when an
+    I/O thread gets to it: here the job writing chunk 1 runs before the one writing 0."""
+    make, engines = FakeEngine.factory()
+    with KVStore(SMALL, config(tmp_path, host_chunks=16), io_engine=make) as store:
+        engines[0].hold("disk0")
+        store.put(seq(0, 6), make_kv(seq(0, 6)))  # write-through: two jobs take chunks 0 and 1
+        engines[0].release_last_first("disk0", 2)
+        assert store.flush()
+    code, data = as_json("gc", tmp_path, "--target", CHUNK_BYTES)
+    assert code == 0 and data["chunks_freed"] == 5
+    assert served(tmp_path, seq(0, 6)) == (CHUNK, 1)
 
 
 def test_gc_older_than_frees_the_rest_of_a_prompt_written_over_time(tmp_path, monkeypatch):

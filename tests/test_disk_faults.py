@@ -235,7 +235,7 @@ def test_a_path_still_failing_is_tried_less_and_less_often(tmp_path, monkeypatch
             store.flush()
         disk = store.disk
         assert disk.revive_due() == []  # not before its first retry time
-        monkeypatch.setattr(disk_module.time, "monotonic", lambda: 1e12)
+        monkeypatch.setattr(time, "monotonic", lambda: 1e12)
         assert disk.revive_due() == [0]
         monkeypatch.setattr(disk_module.CacheDir, "__init__", lambda *a, **k: (_ for _ in ()).throw(
             OSError(errno.EIO, "still failing")))
@@ -249,7 +249,7 @@ def test_disk_retry_off_leaves_a_path_out(tmp_path, monkeypatch):
         with failing_io(monkeypatch, "slots-", err=errno.EROFS, calls=("pwritev",)):
             store.put(seq(0, 1), make_kv(seq(0, 1)))
             store.flush()
-        monkeypatch.setattr(disk_module.time, "monotonic", lambda: 1e12)
+        monkeypatch.setattr(time, "monotonic", lambda: 1e12)
         assert store.disk.revive_due() == [] and store.disk.revive(0) is False
 
 
@@ -368,7 +368,7 @@ def test_a_path_that_holds_after_coming_back_starts_its_back_off_again(tmp_path,
     from tests.helpers.disk_helpers import chunk, key, make_tier
 
     clock = [1000.0]
-    monkeypatch.setattr(disk_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     tier = make_tier([tmp_path], retry=30.0)
     path = tier.paths[0]
 

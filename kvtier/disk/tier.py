@@ -12,8 +12,6 @@ blocks: the owner runs them on the I/O engine's threads (queue ``queue_of(slot)`
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -24,6 +22,7 @@ from kvtier.disk.parts import ChunkParts
 from kvtier.disk.paths import DiskPaths, OpenArgs, PathState
 from kvtier.disk.reads import Target, checked, landing, read_part_runs, read_run
 from kvtier.disk.recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
+from kvtier.disk.stamps import WriteStamps
 from kvtier.disk.writes import encode, remove_slot, write_run
 from kvtier.io.format import HEADER_BYTES, Codec, SlotHeader
 from kvtier.io.result import IOResult, IOStatus
@@ -82,7 +81,7 @@ class DiskTier:
         self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)
         self._lengths = np.zeros(self.num_slots, dtype=np.uint32)  # payload <= MAX_RAW_BYTES
         self._codecs = np.zeros(self.num_slots, dtype=np.uint8)
-        self._generation = itertools.count(time.time_ns())
+        self.stamps = WriteStamps()  # each write's generation and time (``reserve`` a slot's)
         self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, self.stride, raw_bytes)
 
     # -- layout -------------------------------------------------------------------------
@@ -154,7 +153,7 @@ class DiskTier:
             for j, i in enumerate(run):
                 slot, key, src = items[i]
                 header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
-                codec, body, size = encode(key, src, header_buf, self._scratch, self._generation,
+                codec, body, size = encode(key, src, header_buf, self._scratch, self.stamps.take(slot),
                                            ns_digest=self.ns_digest, raw_bytes=self.raw_bytes,
                                            parts=self.parts, compression=self.compression,
                                            element_bytes=self.element_bytes,
@@ -279,7 +278,7 @@ class DiskTier:
         (``threads`` at a time) where the index is missing. Newest copy of each key wins."""
         report = self._recovery.recover(threads)
         last_generation = max((r.header.generation for r in report.slots), default=0)
-        self._generation = itertools.count(max(last_generation + 1, time.time_ns()))
+        self.stamps.restart(last_generation)
         for recovered in report.slots:
             self._lengths[recovered.slot] = recovered.header.payload_bytes
             self._codecs[recovered.slot] = recovered.header.codec

@@ -7,13 +7,12 @@ the bookkeeping."""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterator
 
 import numpy as np
 
 from kvtier.disk.check import holds_another
 from kvtier.disk.parts import ChunkParts
+from kvtier.disk.stamps import Stamp
 from kvtier.io import codec as codecs
 from kvtier.io.format import INDEX_ENTRY_BYTES, Codec, SlotHeader, mark_removed, payload_checksum
 from kvtier.io.result import IOResult, IOStatus
@@ -24,11 +23,11 @@ from kvtier.segment.cachedir import CacheDir, aligned_view
 
 
 def encode(key: ChunkKey, src: np.ndarray, header_buf: np.ndarray, scratch: ThreadScratch,
-           generations: Iterator[int], *, ns_digest: bytes, raw_bytes: int, parts: ChunkParts,
+           stamp: Stamp, *, ns_digest: bytes, raw_bytes: int, parts: ChunkParts,
            compression: bool, element_bytes: int, record: bytes = b"",
            ) -> tuple[Codec, np.ndarray, int]:
     """(codec, aligned body to write, payload size) of chunk ``key`` from ``src``; the header
-    (its generation the next of ``generations``, the chunk's token ``record`` after its part
+    (its generation and time ``stamp``, the chunk's token ``record`` after its part
     table) goes in ``header_buf``, a compressed payload in this thread's payload buffer."""
     raw = src[: raw_bytes]
     codec, payload, body_source = Codec.NONE, raw, src
@@ -40,10 +39,10 @@ def encode(key: ChunkKey, src: np.ndarray, header_buf: np.ndarray, scratch: Thre
             payload = body_source[: len(blob)]
             payload[:] = np.frombuffer(blob, dtype=np.uint8)
     if codec is Codec.NONE and parts:
-        header = parts.header(ns_digest, key, raw, next(generations), time.time_ns())
+        header = parts.header(ns_digest, key, raw, *stamp)
     else:
         header = SlotHeader(ns_digest, key, codec, payload.size, raw_bytes,
-                            payload_checksum(payload.data), next(generations), time.time_ns())
+                            payload_checksum(payload.data), *stamp)
     header.encode(into=header_buf, record=record)
     return codec, aligned_view(body_source, payload.size), payload.size
 

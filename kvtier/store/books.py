@@ -106,6 +106,8 @@ class Books:
         """``lock``: only ``open_books``, which shares it with the lane, passes one."""
         self._lock = lock or threading.Lock()
         self._stack, self._lane = stack, lane or NoDisk()
+        if isinstance(self._lane, DiskLane):  # a write's stamp in the order writes are planned
+            stack.on_disk_reserved = self._lane.tier.stamps.reserve
         self._stats = StoreStats() if stats is None else stats
         self._failures = FailureLog() if failures is None else failures
         self._held = Held(self._stack, self._stats, self._failures, self._lane, self._lock)

@@ -76,7 +76,8 @@ class TierStack:
       host slot is held by a write), unless a tier on the way already holds it; with no room
       below it is dropped and counted in ``drops``. A victim bound for the disk tier is
       dropped, uncounted, when ``on_disk_elsewhere(victim)`` says a disk copy outside the
-      stack serves it (another writer's segment of a shared directory).
+      stack serves it (another writer's segment of a shared directory). Each disk slot
+      reserved is told to ``on_disk_reserved(slot)``, in the order they are planned.
     - ``finish(key, dst, ok)`` ends each reservation: visible on success, freed on failure.
     - Not thread-safe: the owner holds one lock around calls; bytes move outside the lock,
       which is safe because reserved slots are invisible and pinned ones are never evicted.
@@ -90,6 +91,7 @@ class TierStack:
         self.drops = 0
         self.demotions = 0
         self.on_disk_elsewhere: Callable[[ChunkKey], bool] | None = None
+        self.on_disk_reserved: Callable[[int], None] | None = None
 
     def locate(self, key: ChunkKey) -> Location | None:
         """The hottest visible location of ``key``."""
@@ -140,6 +142,8 @@ class TierStack:
         if reservation is None:
             return None
         dst = Location(tier, reservation.slot)
+        if tier is TierName.DISK and self.on_disk_reserved is not None:
+            self.on_disk_reserved(reservation.slot)
         victim = reservation.victim
         if victim is None:
             return StorePlan(key, dst)

@@ -28,6 +28,8 @@ class FakeEngine:
         self._refusing = False
         self.submitted = dict.fromkeys(queues, 0)
         self.started = threading.Semaphore(0)  # released as each held job begins to wait
+        self._held: dict[str, list[tuple[threading.Event, threading.Event]]] = {
+            name: [] for name in queues}  # each held job's (turn, over), in arrival order
 
     @classmethod
     def factory(cls) -> tuple[Callable[[Sequence[str], int], FakeEngine], list[FakeEngine]]:
@@ -48,6 +50,18 @@ class FakeEngine:
     def release(self, *queues: str) -> None:
         for name in queues or self.queues:
             self._gates[name].set()
+            for turn, _ in self._held[name]:
+                turn.set()
+
+    def release_last_first(self, queue_name: str, jobs: int, timeout: float = 10.0) -> None:
+        """Once ``jobs`` jobs wait on held queue ``queue_name``, run them one at a time, the
+        last to arrive first (a drive answering out of order), then release the queue."""
+        for _ in range(jobs):
+            assert self.started.acquire(timeout=timeout), f"{jobs} jobs never waited on {queue_name}"
+        for turn, over in reversed(self._held[queue_name][:jobs]):
+            turn.set()
+            assert over.wait(timeout), f"a job of {queue_name} never ended"
+        self.release(queue_name)
 
     def fail(self, error: BaseException, *queues: str) -> None:
         """Jobs of these queues (all when none is named) raise ``error`` instead of running."""
@@ -71,13 +85,20 @@ class FakeEngine:
 
     def _run(self, queue_name: str, job: Callable[[], Any]) -> Any:
         gate = self._gates[queue_name]
+        over = threading.Event()
         if not gate.is_set():
+            turn = threading.Event()
+            self._held[queue_name].append((turn, over))
             self.started.release()
-            gate.wait()
-        error = self._errors.get(queue_name)
-        if error is not None:
-            raise error
-        return job()
+            while not (gate.is_set() or turn.wait(0.01)):
+                pass
+        try:
+            error = self._errors.get(queue_name)
+            if error is not None:
+                raise error
+            return job()
+        finally:
+            over.set()
 
     def stop(self) -> None:
         """Stop as kill -9 would, at a job boundary: queued jobs are cancelled, running ones

@@ -171,6 +171,9 @@ class WorkerDisk:
     def submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
         host = self._host
         started = []
+        if isinstance(self._lane, DiskLane):  # stamped in the scheduler's order (a prompt's
+            for d, _, _ in items:  # head first), not in the order the jobs run
+                self._lane.tier.stamps.reserve(d)
         for queue in self._lane.queues:
             mine = [(d, ChunkKey(k), host.slot_array(h)) for d, k, h in items
                     if self._lane.queue_of(d) == queue]

@@ -1,0 +1,40 @@
+"""Each disk write's stamp, its generation and time, given when its slot is reserved.
+
+A slot's header carries a generation (its writer's count: a later write has a larger one)
+and the time it was written. ``kvtier gc`` reads a prompt's order from them (its head was
+written before its tail: ``kvtier.ops.victims``), and a restart keeps the later of two
+copies of a key. Both are taken when the store reserves the disk slot, under its lock, in
+the order it plans chunks (a prompt's head before its tail), not when an I/O thread gets
+to the write: writes run on several threads and paths at once and finish in any order."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+Stamp = tuple[int, int]  # (generation, created_ns)
+
+
+class WriteStamps:
+    """Stamps of one disk tier's writes.
+
+    Contract: ``reserve(slot)`` stamps the next write of ``slot`` now; ``take(slot)`` is that
+    stamp, or a new one when the slot was not reserved (each stamp is taken once).
+    Generations only grow: ``restart(last)`` carries on past ``last`` (what a restart found
+    on disk) and forgets the stamps given before. ``reserve`` and ``take`` may run on
+    different threads (a dict's set and pop are atomic)."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count(time.time_ns())
+        self._given: dict[int, Stamp] = {}
+
+    def reserve(self, slot: int) -> None:
+        self._given[slot] = (next(self._next), time.time_ns())
+
+    def take(self, slot: int) -> Stamp:
+        stamp = self._given.pop(slot, None)
+        return stamp if stamp is not None else (next(self._next), time.time_ns())
+
+    def restart(self, last_generation: int) -> None:
+        self._next = itertools.count(max(last_generation + 1, time.time_ns()))
+        self._given.clear()
