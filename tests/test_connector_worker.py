@@ -493,3 +493,18 @@ def test_an_asynchronous_loads_copy_waits_for_what_came_before_its_start(tmp_pat
     side.start_loads(StepPlan(loads=[RequestLoad("h", (ChunkLoad(b"a" * 16, (10, 11), 0, 1),))]))
     assert seen == ["mark-1", None]  # a host hit: after all the compute stream has queued
     side.close()
+
+
+def test_writes_are_stamped_in_the_order_the_scheduler_planned_them(tmp_path):
+    """A write's generation follows the plans' order even when a later step's write job
+    runs first: ``kvtier gc`` reads a prompt's order (head before tail) from them."""
+    side, _, engine = worker_and_engine(tmp_path)
+    engine.hold()
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (2, 3), host_slot=0, disk_slot=0)]))
+    side.save(StepPlan(stores=[ChunkStore(b"b" * 16, (4, 5), host_slot=1, disk_slot=1)]))
+    engine.release_last_first("disk0", 2)
+    side.drain()
+    headers = dict(side.disk.scan_headers([0, 1])[0])
+    assert headers[0].generation < headers[1].generation
+    assert headers[0].created_ns <= headers[1].created_ns
+    side.close()
