@@ -2,13 +2,15 @@
 chunks before it, so what gc keeps of a prompt must be its head, or it can never be hit.
 Chunks go by write window (``kvtier.ops.victims``)."""
 
+import errno
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from kvtier import KVStore
-from kvtier.disk import stamps
-from kvtier.ops.cache import NamespaceDir, Segment
+from kvtier.disk import stamps, writes
+from kvtier.ops import reclaim
+from kvtier.ops.cache import NamespaceDir, Segment, namespaces
 from kvtier.ops.victims import WINDOW_S, Chunk, victims, windows
 from tests.helpers.cli import as_json
 from tests.helpers.fake_io import FakeEngine
@@ -22,8 +24,8 @@ def written_ago(monkeypatch, seconds):
         time_ns=lambda: time.time_ns() - int(seconds * 1e9)))
 
 
-def put(root, tokens):
-    with KVStore(SMALL, config(root)) as store:
+def put(root, tokens, **extra):
+    with KVStore(SMALL, config(root, **extra)) as store:
         store.put(tokens, make_kv(tokens))
         assert store.flush()
 
@@ -55,6 +57,28 @@ def test_gc_keeps_the_head_of_a_prompt_whose_tail_reached_the_disk_first(tmp_pat
     assert served(tmp_path, seq(0, 6)) == (CHUNK, 1)
 
 
+def test_gc_keeps_the_head_of_a_prompt_whose_head_was_written_again(tmp_path, monkeypatch):
+    """A write tried again after an I/O error (each chunk its own run: compressed) keeps the
+    stamp its slot was given: it does not become the prompt's last write."""
+    real, calls = writes.write_fully, []
+
+    def third_fails(fd, iov, offset):
+        calls.append(offset)
+        if len(calls) == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, iov, offset)
+
+    monkeypatch.setattr(writes, "write_fully", third_fails)
+    cfg = config(tmp_path, host_chunks=16, compression="zstd", write_policy="write_back")
+    with KVStore(SMALL, cfg) as store:
+        store.put(seq(0, 6), make_kv(seq(0, 6)))
+        assert store.flush()
+    monkeypatch.undo()
+    code, data = as_json("gc", tmp_path, "--target", 3 * CHUNK_BYTES)
+    assert code == 0 and data["chunks_freed"] == 3
+    assert served(tmp_path, seq(0, 6)) == (3 * CHUNK, 3)
+
+
 def test_gc_older_than_frees_the_rest_of_a_prompt_written_over_time(tmp_path, monkeypatch):
     written_ago(monkeypatch, 100)
     put(tmp_path, seq(0, 3))
@@ -84,3 +108,22 @@ def test_windows_go_oldest_first_and_each_from_its_last_write():
 def test_a_clock_set_back_starts_a_new_window():
     a1, a2 = chunk("a", 1, 100), chunk("a", 2, 50)  # written later, by a clock set back
     assert windows([a1, a2]) == [[a2], [a1]]
+
+
+def test_gc_frees_only_the_writes_it_chose(tmp_path, monkeypatch):
+    """An engine that opens the segment after gc read it, evicts gc's victims (its oldest
+    chunks) for new ones and stops, all before gc frees them: gc frees a slot only if its
+    index entry still names the write it chose."""
+    written_ago(monkeypatch, 100)
+    put(tmp_path, seq(0, 6), disk_chunks=6)
+    monkeypatch.undo()
+    real = reclaim.victims
+
+    def then_an_engine_runs(*args, **kwargs):
+        chosen = real(*args, **kwargs)
+        put(tmp_path, seq(9000, 6), disk_chunks=6)
+        return chosen
+
+    monkeypatch.setattr(reclaim, "victims", then_an_engine_runs)
+    assert reclaim.gc(namespaces(tmp_path), older_than_s=50).chunks_freed == 0
+    assert served(tmp_path, seq(9000, 6), disk_chunks=6) == (6 * CHUNK, 6)

@@ -353,3 +353,26 @@ def test_an_uncompressed_header_claiming_a_shorter_payload_is_corrupt(tmp_path):
     path.write_bytes(bytes(raw))
     assert read_back(tier, 0, key(1))[0].status is IOStatus.CORRUPT
     tier.close()
+
+
+def test_an_index_replaced_keeps_its_new_descriptor_when_closing_the_old_one_fails(
+        tmp_path, monkeypatch):
+    """(a close on NFS may report a failed write-back: the descriptor is closed all the same,
+    and its number may soon name another file, which a later close must not close)"""
+    from kvtier.segment import cachedir
+
+    tier = make_tier([tmp_path])
+    directory = tier.paths[0].dir
+    old, real, failed = directory.index_fd, os.close, []
+
+    def close(fd):
+        real(fd)
+        if fd == old and not failed:
+            failed.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(cachedir.os, "close", close)
+    directory.replace_index([])
+    monkeypatch.undo()
+    assert failed and directory.index_fd != old and stat.S_ISREG(os.fstat(directory.index_fd).st_mode)
+    tier.close()

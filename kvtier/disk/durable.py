@@ -16,10 +16,12 @@ log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
 
 def sync_path(paths: DiskPaths, index: int) -> IOResult:
-    """Blocking (run it on the path's queue): sync path ``index``. OK; PATH_DOWN when it is
-    out of service; else the failure, counted as any request's on the path
-    (``DiskPaths.failed``: an I/O error, three in a row take it out; a full disk is
-    NO_SPACE)."""
+    """Blocking (run it on the path's queue): sync path ``index``. OK, or PATH_DOWN: it is
+    out of service, or the sync failed and took it out. What the kernel could not write back
+    is lost, and a later sync would not say so (Linux marks the pages clean and reports the
+    error once): the path's chunks since its last good sync may not be on the disk, and an
+    index synced later would vouch for them. So a failed sync, whatever its error, takes
+    the path out of service, and it comes back empty to its owner, as any path does."""
     path = paths[index]
     directory = path.dir
     if directory is None:
@@ -27,9 +29,10 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     try:
         directory.sync()
     except OSError as exc:
-        if path.dir is not directory:  # taken down (and maybe back) meanwhile: not this sync's
-            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason or str(exc))
-        return paths.failed(path, exc, directory)
+        if path.dir is directory:  # else taken down (and maybe back) meanwhile
+            paths.take_down(path, f"a sync failed ({exc}): what it held since its last sync "
+                            "may not be on the disk", directory)
+        return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason or str(exc))
     path.eio_run = 0
     return IOResult(IOStatus.OK)
 

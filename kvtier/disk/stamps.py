@@ -18,8 +18,9 @@ Stamp = tuple[int, int]  # (generation, created_ns)
 class WriteStamps:
     """Stamps of one disk tier's writes.
 
-    Contract: ``reserve(slot)`` stamps the next write of ``slot`` now; ``take(slot)`` is that
-    stamp, or a new one when the slot was not reserved (each stamp is taken once).
+    Contract: ``reserve(slot)`` stamps the next write of ``slot`` now; ``of(slot)`` is that
+    stamp, or a new one kept for it when the slot was not reserved; ``written(slot)``, once
+    the write succeeded, lets it go: a write tried again after a failure keeps its place.
     Generations only grow: ``restart(last)`` carries on past ``last`` (what a restart found
     on disk) and forgets the stamps given before. ``reserve`` and ``take`` may run on
     different threads (a dict's set and pop are atomic)."""
@@ -31,9 +32,14 @@ class WriteStamps:
     def reserve(self, slot: int) -> None:
         self._given[slot] = (next(self._next), time.time_ns())
 
-    def take(self, slot: int) -> Stamp:
-        stamp = self._given.pop(slot, None)
-        return stamp if stamp is not None else (next(self._next), time.time_ns())
+    def of(self, slot: int) -> Stamp:
+        stamp = self._given.get(slot)
+        if stamp is None:
+            stamp = self._given[slot] = (next(self._next), time.time_ns())
+        return stamp
+
+    def written(self, slot: int) -> None:
+        self._given.pop(slot, None)
 
     def restart(self, last_generation: int) -> None:
         self._next = itertools.count(max(last_generation + 1, time.time_ns()))

@@ -153,7 +153,7 @@ class DiskTier:
             for j, i in enumerate(run):
                 slot, key, src = items[i]
                 header_buf = headers[j * HEADER_BYTES:(j + 1) * HEADER_BYTES]
-                codec, body, size = encode(key, src, header_buf, self._scratch, self.stamps.take(slot),
+                codec, body, size = encode(key, src, header_buf, self._scratch, self.stamps.of(slot),
                                            ns_digest=self.ns_digest, raw_bytes=self.raw_bytes,
                                            parts=self.parts, compression=self.compression,
                                            element_bytes=self.element_bytes,
@@ -174,6 +174,7 @@ class DiskTier:
             for slot, codec, size, header_buf in sizes:
                 self._lengths[slot], self._codecs[slot] = size, codec
                 directory.write_index(slot // len(self._paths), header_buf)
+                self.stamps.written(slot)
         except OSError as exc:
             return [self._health.failed(path, exc, directory)] * len(sizes)
         path.eio_run = 0

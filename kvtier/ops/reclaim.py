@@ -113,7 +113,7 @@ def _free(segment: Segment, mine: list[Chunk], report: GcReport, dry_run: bool) 
     problem = ""
     try:
         if not dry_run:
-            problem = free_slots(segment, [c.slot for c in mine], freed)
+            problem = free_slots(segment, {c.slot: c.generation for c in mine}, freed)
     except OSError as exc:
         if exc.errno == errno.EBUSY:  # in use since it was looked at
             report.skip(report.skipped_in_use, segment.label)

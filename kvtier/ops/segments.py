@@ -23,7 +23,7 @@ import stat
 import time
 from collections.abc import Callable
 
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, REMOVED, SlotHeader
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, REMOVED, HeaderError, SlotHeader, decode_header
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
 from kvtier.ops.clock import NamespaceClock
@@ -206,20 +206,24 @@ def index_tombstones(segment: Segment, directory: SafeDir, sizes: dict[int, int]
     return dict(written_index_entries(directory, _index_slots(segment, sizes), REMOVED))
 
 
-def free_slots(segment: Segment, slots: list[int], freed: list[int]) -> str:
-    """Free ``slots``: start the segment's log afresh without them (readers following it
-    forget them first), blank their index entries, then punch their space out of the files
-    (their headers blanked where holes cannot be punched). The index and slot files are all
-    opened before anything changes, and the log is restarted next, so a file that cannot be
-    written changes nothing (``OSError``). Each slot goes to ``freed`` once its index entry
-    is blank (an error part-way leaves there what was done). Returns ``rewrite_log``'s
-    problem ("" when the log was restarted, or there is none)."""
+def free_slots(segment: Segment, chosen: dict[int, int], freed: list[int]) -> str:
+    """Free the slots of ``chosen`` (slot: the generation of the write gc chose there) whose
+    index entry still names that write once the segment's lock is held (a writer may have
+    opened the segment and written them again since gc read it): start the segment's log
+    afresh without them (readers following it forget them first), blank their index
+    entries, then punch their space out of the files (their headers blanked where holes
+    cannot be punched). The index and slot files are all opened before anything changes,
+    and the log is restarted next, so a file that cannot be written changes nothing
+    (``OSError``). Each slot goes to ``freed`` once its index entry is blank (an error
+    part-way leaves there what was done). Returns ``rewrite_log``'s problem ("" when the
+    log was restarted, or there is none)."""
     stride, per_file = segment.meta.stride, segment.meta.file_slots
     with segment.open() as handle:
         lock = hold(handle, NamespaceClock(segment.ns))
         try:
-            index, files = _open_for_writing(handle, {slot // per_file for slot in slots})
+            index, files = _open_for_writing(handle, {slot // per_file for slot in chosen})
             try:
+                slots = _still_chosen(index, chosen)
                 problem = rewrite_log(segment, handle, slot_file_sizes(segment.meta, handle),
                                       set(slots))
                 for slot in slots:
@@ -233,6 +237,20 @@ def free_slots(segment: Segment, slots: list[int], freed: list[int]) -> str:
         finally:
             os.close(lock)
     return problem
+
+
+def _still_chosen(index: int, chosen: dict[int, int]) -> list[int]:
+    """The slots of ``chosen`` whose entry in the index (open as ``index``) still names the
+    write of the generation chosen."""
+    slots = []
+    for slot, generation in sorted(chosen.items()):
+        entry = os.pread(index, INDEX_ENTRY_BYTES, slot * INDEX_ENTRY_BYTES)
+        try:
+            if decode_header(entry).generation == generation:
+                slots.append(slot)
+        except HeaderError:
+            continue
+    return slots
 
 
 def _open_for_writing(directory: SafeDir, numbers: set[int]) -> tuple[int, dict[int, int]]:

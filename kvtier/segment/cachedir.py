@@ -203,8 +203,9 @@ class CacheDir:
             with contextlib.suppress(OSError):
                 self.dir.remove_file(temp)
             raise
-        os.close(self.index_fd)
-        self.index_fd = fd
+        old, self.index_fd = self.index_fd, fd
+        with contextlib.suppress(OSError):  # (closed all the same: NFS may report a write-back)
+            os.close(old)
         if self.log is not None:
             self.log.restart()
 

@@ -69,6 +69,7 @@ class Flusher:
                     return FlushResult(0, len(self._device_only(b)))
                 return FlushResult(0, sum(len(index) for index in b.stack.indexes.values()))
         deadline = None if timeout is None else time.monotonic() + timeout
+        in_service = set(range(len(lane.queues))) - set(lane.down_paths)
         batch = self._state.max_pending * len(lane.queues)
         written = self._write_device_chunks(deadline)
         drained = lane.drain(time_left(deadline))
@@ -87,26 +88,30 @@ class Flusher:
                 self._runner.disk_writes.start_all(started)
                 drained = lane.drain(time_left(deadline))
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
-        with books.held() as b:
-            left = self._not_on_disk(b)
         if not drained:  # a hung drive: a sync would hang as well
-            return FlushResult(written, left, timed_out=True)
-        not_synced, synced = self._sync(deadline)
-        return FlushResult(written, left, timed_out=not synced, not_synced=not_synced)
+            with books.held() as b:
+                return FlushResult(written, self._not_on_disk(b), timed_out=True)
+        not_synced, synced = self._sync(deadline, in_service)
+        with books.held() as b:  # after the syncs: one may have taken its path down
+            return FlushResult(written, self._not_on_disk(b), timed_out=not synced,
+                               not_synced=not_synced)
 
-    def _sync(self, deadline: float | None) -> tuple[int, bool]:
+    def _sync(self, deadline: float | None, in_service: set[int]) -> tuple[int, bool]:
         """Sync every disk path on its own queue, its writes over (``DiskLane.sync``):
-        (paths whose sync failed, each counted and logged as a failed request; whether
-        every sync ended by ``deadline``)."""
+        (paths of ``in_service``, those in service when the flush began, whose sync failed
+        or that went out of service meanwhile, each failure counted and logged as a failed
+        request's; whether every sync ended by ``deadline``)."""
         lane = self._state.lane
-        jobs = [lane.submit(queue, partial(lane.sync, index))
-                for index, queue in enumerate(lane.queues)]
-        done, pending = wait(jobs, time_left(deadline))
-        failed = [job.result() for job in done if not job.result().ok]
+        jobs = {index: lane.submit(queue, partial(lane.sync, index))
+                for index, queue in enumerate(lane.queues)}
+        done, pending = wait(jobs.values(), time_left(deadline))
+        failed = {index: job.result() for index, job in jobs.items()
+                  if job in done and not job.result().ok}
         with self._state.books.held() as b:
-            for result in failed:
+            for result in failed.values():
                 b.account_failure(result, "sync")
-        return sum(result.status is not IOStatus.PATH_DOWN for result in failed), not pending
+        return sum(index in in_service or result.status is not IOStatus.PATH_DOWN
+                   for index, result in failed.items()), not pending
 
     def _not_on_disk(self, b: Held) -> int:
         """Chunks held in memory with no disk copy (one whose write is not over counts: it
