@@ -223,22 +223,38 @@ def test_a_writer_that_lost_its_claim_catches_up_however_far_the_head_lags():
 def test_a_head_being_upserted_is_read_again_not_taken_for_no_head():
     """A get of the head while another writer upserts it answers REPLICA_IS_NOT_READY: read
     again, the append goes after the head, not to seq 1 (removed long ago: no reader would
-    look there). Unknown still, a writer that knows where it left the log goes on from there,
-    and one that does not appends nothing (a hint lost)."""
+    look there). Unknown still, a writer appends nothing (a hint lost), even one that knows
+    where it left the log: the log may have moved on past its last seq since, which a
+    batch put there would be behind every reader, and the head taken back."""
     store = FakeStore()
     log = record_log(store, {seq: entries(seq) for seq in range(2000, 2004)}, head=2003)
     store.once["log:head"] = [NOT_READY, NOT_READY]
     assert log.append([(key(1), b"one")])
     assert "log:1" not in store.values and unpack_batch(store.values["log:2004"], 2004) is not None
-    store.once["log:head"] = [NOT_READY] * 20
-    assert log.append([(key(2), b"two")])
-    assert unpack_batch(store.values["log:2005"], 2005) == [(bytes(key(2)), b"two")]
-    fresh = record_log(store, {}, head=2005)  # another engine's, knowing nothing yet
-    store.once["log:head"] = [NOT_READY] * 20
+    for seq in range(1, 2005):  # the fleet writes on, and the old batches go
+        store.values.pop(f"log:{seq}", None)
+    record_log(store, {seq: entries(seq) for seq in range(2990, 3001)}, head=3000)
+    store.once["log:head"] = [NOT_READY] * mooncake_log.HEAD_TRIES
     before = dict(store.values)
-    assert not fresh.append([(key(3), b"three")])
+    assert not log.append([(key(2), b"two")])
     assert store.values == before
-    assert log.read(b"2003", 10) == (b"2005", [(bytes(key(1)), b"one"), (bytes(key(2)), b"two")])
+    assert log.append([(key(3), b"three")])  # the head read: after it
+    assert unpack_batch(store.values["log:3001"], 3001) == [(bytes(key(3)), b"three")]
+
+
+def test_a_head_whose_read_failed_is_not_taken_for_no_head():
+    """(taken for none, a writer knowing nothing would put at seq 1, removed long ago, and
+    set the head back to it: no reader past it reads that batch)"""
+    store = FakeStore()
+    record_log(store, {seq: entries(seq) for seq in range(2000, 2004)}, head=2003)
+    fresh = record_log(store, {}, head=2003)
+    for code in (TRANSFER_FAIL, INVALID_PARAMS):
+        store.once["log:head"] = [code]
+        before = dict(store.values)
+        assert not fresh.append([(key(7), b"fresh")])
+        assert store.values == before
+    assert fresh.append([(key(7), b"fresh")])
+    assert unpack_batch(store.values["log:2004"], 2004) == [(bytes(key(7)), b"fresh")]
 
 
 def test_a_batch_the_store_keeps_failing_to_send_is_passed_over_after_a_while(monkeypatch):

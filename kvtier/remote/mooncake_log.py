@@ -12,8 +12,9 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
   seqs after it the store holds (one round trip, however far the head lags: every upsert
   of the head lags, some fail) and puts the batch past the last one held (``TRIES`` tries);
   a free seq below it is left free, since a reader may have passed it. A head being
-  upserted (``NOT_READY``) is read again, up to ``HEAD_TRIES`` times: unknown still, the
-  writer goes on from its own last seq, or puts nothing if it has none. Then it upserts
+  upserted (``NOT_READY``) is read again, up to ``HEAD_TRIES`` times: unknown still, or a
+  head whose read failed, the writer puts nothing (its own last seq may be far behind, removed
+  long since, and a batch put there is behind every reader): the append fails. Then it upserts
   the head and removes seq - ``KEEP``: the log keeps its last ``KEEP`` batches, up to
   ``RECORD_LOG`` entries (fewer when appends are small).
 - **Reading.** The batches after the cursor, ``WINDOW`` a get, ``ROUNDS`` gets at most. A
@@ -159,15 +160,19 @@ class RecordLog:
         return f"{self._name}:{seq}"
 
     def _head(self, trip: Trip) -> int | None:
-        """The seq the head hint names (0: none), or None while another writer upserts it
-        (``NOT_READY`` ``HEAD_TRIES`` times): unknown now, which is not no head."""
+        """The seq the head hint names (0: none: missing, or a value that is no hint), or
+        None when it is unknown now, which is not no head: another writer upserts it
+        (``NOT_READY`` ``HEAD_TRIES`` times), or its read failed (a transfer, say)."""
         value: bytes | int = NOT_READY
+        name = f"{self._name}:head"
         for tried in range(HEAD_TRIES):
             time.sleep(HEAD_WAIT_S * tried)
-            (value,) = trip.get([f"{self._name}:head"], [HEAD_READ])
+            (value,) = trip.get([name], [HEAD_READ])
             if value != NOT_READY or trip.broken:
                 break
-        if value == NOT_READY:
+        if isinstance(value, int) and value != TOO_LARGE and value not in MISSING:
+            value = trip.settled(name, value, HEAD_READ)  # too large for a hint: none
+        if isinstance(value, int) and value != TOO_LARGE and value not in MISSING:
             return None
         head = unpack_head(value)
         self._last = max(self._last, head)
@@ -183,8 +188,9 @@ class RecordLog:
 
     def _append(self, trip: Trip, batches: list[list[Entry]]) -> Trip:
         pending, won, head = batches, list[int](), self._head(trip)
-        if head is not None or self._last:  # else the log's end is unknown: nothing is put
-            pending = self._claim(trip, pending, won, max(head or 0, self._last) + 1)
+        if head is not None:  # else the log's end is unknown: nothing is put (a seq after
+            pending = self._claim(trip, pending, won, max(head, self._last) + 1)  # our last
+            # one may have been removed long since, behind every reader)
         if won:
             trip.put([f"{self._name}:head"], [pack_head(max(won))], upsert=True)
             old = [self._key(seq - KEEP) for seq in won if seq > KEEP]
