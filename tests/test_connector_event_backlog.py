@@ -2,14 +2,17 @@
 removal of a chunk the router was told of is never dropped, however many come at once (a
 disk path taken out of service), a take hands over a bounded share, the rest follow in
 order, and a chunk stored and removed between two takes is not told at all; stored again,
-it goes before its children, and a chunk whose stored change was dropped is told once
-stored again."""
+it goes before its children (and after its parent), and a chunk whose stored change was
+dropped is told once stored again. A parent counts as published only while the router
+holds it once the events waiting are taken."""
 
 from array import array
 from collections import Counter
 
+from kvtier.connector.scheduler.anchors import Anchors
 from kvtier.connector.scheduler.event_backlog import EventBacklog
 from kvtier.connector.scheduler.events import ChunkBlocks, KVEvents
+from kvtier.connector.scheduler.storage_events import Found
 from kvtier.connector.scheduler.tier_watch import WatchedIndex
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
@@ -237,3 +240,92 @@ def test_a_chunk_whose_stored_change_was_dropped_is_told_when_stored_again():
     router.apply(events.take())
     assert counters["kv_events_dropped"] == 1
     assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in range(3)}
+
+
+def test_a_child_stored_again_follows_its_parent_stored_anew_after_a_take():
+    """The router was told of the parent; in one step the child is stored and evicted (its
+    place kept) and the parent evicted, its removal handed after that place; stored again,
+    the parent takes a new place, and the child stored after it goes after it, not back to
+    its kept place."""
+    events = KVEvents(GEO, Chained(), Counter())
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    router = Anchored()
+    parent, child = prompt(events, 2)
+    host.reserve(parent)
+    host.commit(parent)
+    router.apply(events.take())
+    host.reserve(child)
+    host.commit(child)
+    host.discard(child)  # its stored change cancelled, its place kept
+    host.discard(parent)  # the removal waits after the child's place
+    router.apply(events.take())
+    assert router.held == set()
+    prompt(events, 2)  # their records were let go at the take: planned for store again
+    for key in (parent, child):
+        host.reserve(key)
+        host.commit(key)
+    router.apply(events.take())
+    assert router.held == {("CPU", False, chunk(i)[1].hashes[-1]) for i in (0, 1)}
+
+
+def test_a_parent_is_published_only_while_the_router_holds_it_once_the_events_are_taken():
+    """``published`` says whether a chunk queued now follows a stored event of its parent
+    the router keeps: not when the parent's stored change was cancelled or dropped, or its
+    removal waits."""
+    events = KVEvents(GEO, Chained(), Counter(), limit=1)
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    a, b, c = prompt(events, 3)
+    last = [chunk(i)[1].hashes[-1] for i in range(3)]
+    host.reserve(a)
+    host.commit(a)
+    assert events.published(last[0])  # its stored change waits
+    host.discard(a)
+    assert not events.published(last[0])  # cancelled: the router is told nothing
+    host.reserve(b)
+    host.commit(b)
+    host.reserve(c)
+    host.commit(c)  # past the limit of one: b's stored change dropped
+    assert not events.published(last[1]) and events.published(last[2])
+    events.take()
+    assert events.published(last[2])  # taken, held
+    host.discard(c)
+    assert not events.published(last[2])  # its removal waits
+
+
+def test_a_child_named_by_the_remote_log_waits_for_a_parent_whose_store_was_cancelled():
+    """The parent stored in host memory and evicted before the take (never told); the remote
+    log names the child in that step: it waits rather than reach a router that drops it."""
+    events = KVEvents(GEO, Chained(), Counter())
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    anchors, router = Anchors(Counter()), Anchored()
+    (parent,) = prompt(events, 1)
+    child, blocks = chunk(1)  # known only from the log
+    named = ChunkBlocks(blocks.hashes, chunk(0)[1].hashes[-1], blocks.tokens)
+    host.reserve(parent)
+    host.commit(parent)
+    host.discard(parent)
+    anchors.order([Found(child, named, False, remote=True)],
+                  lambda found: events.found_remote(found.key, found.blocks), events.published)
+    router.apply(events.take())
+    assert len(anchors) == 1 and router.held == set()
+
+
+def test_a_child_stored_again_keeps_its_place_while_the_router_holds_its_parent():
+    """The parent told in host memory, then written to disk after its children were stored:
+    the child evicted and stored again takes its place back, ahead of its own child."""
+    events = KVEvents(GEO, Chained(), Counter())
+    host = WatchedIndex(10, make_policy("lru"), TierName.HOST, events)
+    disk = WatchedIndex(10, make_policy("lru"), TierName.DISK, events)
+    router = Anchored()
+    parent, child, grandchild = prompt(events, 3)
+    host.reserve(parent)
+    host.commit(parent)
+    router.apply(events.take())
+    for index, key in ((host, child), (host, grandchild), (disk, parent), (host, child)):
+        if key in index:
+            index.discard(key)  # evicted before the take
+        index.reserve(key)
+        index.commit(key)
+    router.apply(events.take())
+    held = {("CPU", False, chunk(i)[1].hashes[-1]) for i in range(3)}
+    assert router.held == held | {("STORAGE", False, chunk(0)[1].hashes[-1])}

@@ -36,7 +36,8 @@ class Anchors:
     """Contract: ``order(found, publish, published)`` hands each of ``found`` to
     ``publish``, in order, as soon as it may be published: a chunk gone at once (and its
     holder's naming stops waiting); a chunk named once its parent is None or
-    ``published(parent)`` (a block this engine published as stored and still holds). After
+    ``published(parent)`` (the router holds that block once this engine's events waiting
+    are taken, so that a chunk queued now follows it). After
     each chunk ``publish`` made published, the chunks waiting for it follow (and theirs, in
     turn). The others wait, each until its parent is published, by this call or otherwise
     (``published`` asked again at most once every ``SWEEP_EVERY_S``); a holder's chunk

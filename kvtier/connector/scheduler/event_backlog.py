@@ -11,7 +11,9 @@ hands over at most a given number of changes, oldest first; the rest wait for th
 A router drops a chunk's stored event whose parent block it was not told of, so a chunk
 stored again after its stored change was cancelled takes that change's place back, not a
 new one after the chunks stored since (its children among them): the place of a cancelled
-change is kept, a take passing it goes on, and a chunk stored again is handed from there.
+change is kept, a take passing it goes on, and a chunk stored again is handed from there,
+unless its parent's stored change waits after that place (its parent was stored again with
+a new place, say, after a take handed its removal): then the chunk takes a new place too.
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ Slot = tuple[ChunkKey, str, bool]  # a chunk, the medium, and whether in the rem
 
 
 class EventBacklog:
-    """Contract: ``change(stored, slot, blocks)`` notes that ``slot`` (a chunk in one
+    """Contract: ``change(stored, slot, blocks, after)`` notes that ``slot`` (a chunk in one
     medium) was stored or removed (``blocks``: what its event names). A change that undoes
     one still waiting cancels it (nothing is handed over); a change already waiting is kept
     once, in its first place; a stored change cancelled and made again takes its first
-    place back (at most ``limit`` such places are kept, the oldest forgotten past it).
+    place back if that is after place ``after`` (its parent's stored change waiting there),
+    else a new one (at most ``limit`` such places are kept, the oldest forgotten past it).
+    ``place(slot)`` is the place of the stored change of ``slot`` waiting (None: none);
+    ``held(slot)`` whether the router holds ``slot`` once the changes waiting are handed
+    over (a stored change waits, or one was handed and no removal since, handed or waiting:
+    a slot told of is remembered until its removal is handed over).
     ``take(count)`` hands over the oldest ``count`` changes at most, as ``(stored, slot,
     blocks)``, and keeps the rest in order. At most ``limit`` stored changes wait: past it
     the oldest of them is dropped (the router is told nothing of it), counted in
@@ -49,14 +56,22 @@ class EventBacklog:
         self._stale = 0  # places in the heap of cancelled changes no longer kept
         self._removed: OrderedDict[Slot, tuple[int, Any]] = OrderedDict()  # as they came
         self._dropped: OrderedDict[Slot, None] = OrderedDict()  # stored changes dropped
+        self._told: set[Slot] = set()  # slots handed over as stored, not removed since
         self._next = 0  # the order of a change among both
 
     def __len__(self) -> int:
         return len(self._stored) + len(self._removed)
 
-    def change(self, stored: bool, slot: Slot, blocks: Any) -> None:
+    def place(self, slot: Slot) -> int | None:
+        held = self._stored.get(slot)
+        return None if held is None else held[0]
+
+    def held(self, slot: Slot) -> bool:
+        return slot in self._stored or (slot in self._told and slot not in self._removed)
+
+    def change(self, stored: bool, slot: Slot, blocks: Any, after: int = -1) -> None:
         if stored:
-            self._store(slot, blocks)
+            self._store(slot, blocks, after)
             return
         if slot in self._dropped:  # the router was never told of it: nothing to undo
             del self._dropped[slot]
@@ -75,19 +90,24 @@ class EventBacklog:
             removal = next(iter(self._removed.items()), None)
             if removal is not None and (head is None or removal[1][0] < head[0]):
                 self._removed.popitem(last=False)
+                self._told.discard(removal[0])
                 taken.append((False, removal[0], removal[1][1]))
             elif head is not None:
                 heappop(self._places)
+                self._told.add(head[1])
                 taken.append((True, head[1], self._stored.pop(head[1])[1]))
             else:
                 break
         return taken
 
-    def _store(self, slot: Slot, blocks: Any) -> None:
+    def _store(self, slot: Slot, blocks: Any, after: int) -> None:
         self._dropped.pop(slot, None)
         if self._removed.pop(slot, None) is not None or slot in self._stored:
             return  # undoes a removal still waiting, or repeats a change
         kept = self._cancelled.pop(slot, None)
+        if kept is not None and kept[0] <= after:  # before its parent's: a new place
+            self._stale += kept[1]  # its place in the heap, if there, no longer kept
+            kept = None
         if kept is None:
             place, placed = self._next, False
             self._next += 1

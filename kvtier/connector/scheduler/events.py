@@ -37,6 +37,8 @@ OWN_DISK, SHARED = 1, 2  # who holds a chunk in STORAGE: this engine's disk, oth
 OWNERSHIP = "kvtier"  # a remote store's chunks: locality REMOTE, this ownership
 QUEUE_LIMIT = 65536  # stored changes waiting for vLLM's takes; the oldest dropped past it
 TAKE_CHANGES = 4096  # chunks' changes handed over in one take (a step), at most
+PLACES = ((MEDIUMS[TierName.HOST], False), (MEDIUMS[TierName.DISK], False),
+          (MEDIUMS[TierName.DISK], True))  # where a chunk is published: medium, remote
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,9 @@ class KVEvents:
     take. Past ``limit`` stored changes waiting the oldest is dropped, counted in
     ``counters["kv_events_dropped"]`` (and the chunk's removal that follows, which the
     router would ignore); a removal of a chunk the router was told of is never dropped.
-    ``counters["kv_events"]`` counts the events taken. Nothing here blocks or does I/O.
+    ``counters["kv_events"]`` counts the events taken. A chunk stored again goes after
+    its parent's stored change waiting, unless the router holds the parent already.
+    Nothing here blocks or does I/O.
     """
 
     def __init__(self, geometry: KVGeometry, factory: EventFactory, counters: Counter,
@@ -121,16 +125,19 @@ class KVEvents:
         self._left: set[ChunkKey] = set()
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
         self._remote: set[ChunkKey] = set()  # published as held by the remote store
-        self._published: set[bytes] = set()  # last block hashes of chunks published stored
+        self._keys: dict[bytes, ChunkKey] = {}  # the recorded chunks by their last block hash
 
     def __len__(self) -> int:
         """Chunks recorded."""
         return len(self._blocks)
 
     def published(self, block_hash: bytes) -> bool:
-        """Whether a chunk ending with block ``block_hash`` was published as stored (and is
-        still recorded): a chunk whose parent it is may follow (``anchors.py``)."""
-        return block_hash in self._published
+        """Whether the router holds a chunk ending with block ``block_hash`` once the events
+        waiting are taken (its stored event was taken and no removal since, or one waits):
+        a chunk whose parent it is, queued now, follows it (``anchors.py``). A chunk whose
+        stored event was cancelled, dropped or followed by its removal is not."""
+        key = self._keys.get(block_hash)
+        return key is not None and any(self._backlog.held((key, *place)) for place in PLACES)
 
     def record(self, key: ChunkKey, request: Any, chunk: int,
                blocks: ChunkBlocks | None = None) -> None:
@@ -140,7 +147,7 @@ class KVEvents:
             if blocks is None:
                 blocks = chunk_blocks(request, self.geometry, chunk, self.factory.extra_keys)
             if blocks is not None:
-                self._blocks[key] = blocks
+                self._keep(key, blocks)
 
     def seen(self, key: ChunkKey, request: Any, chunk: int, tiers: list[TierName]) -> None:
         """A chunk found cached with no record (on disk since before this start, say):
@@ -157,7 +164,7 @@ class KVEvents:
         self._put(False, key, tier)
 
     def found(self, key: ChunkKey, blocks: ChunkBlocks, *, shared: bool, on_disk: bool) -> None:
-        self._blocks.setdefault(key, blocks)
+        self._keep(key, blocks)
         if shared:
             self._storage_change(True, key, SHARED)
         elif on_disk:
@@ -166,7 +173,7 @@ class KVEvents:
             self.left(key)
 
     def found_remote(self, key: ChunkKey, blocks: ChunkBlocks) -> None:
-        self._blocks.setdefault(key, blocks)
+        self._keep(key, blocks)
         if key not in self._remote:
             self._remote.add(key)
             self._queue_event(True, key, MEDIUMS[TierName.DISK], remote=True)
@@ -185,6 +192,11 @@ class KVEvents:
     def left(self, key: ChunkKey) -> None:
         if key in self._blocks:
             self._left.add(key)
+
+    def _keep(self, key: ChunkKey, blocks: ChunkBlocks) -> None:
+        if key not in self._blocks:
+            self._blocks[key] = blocks
+            self._keys.setdefault(blocks.hashes[-1], key)
 
     def _put(self, stored: bool, key: ChunkKey, tier: TierName) -> None:
         if tier is TierName.DISK:
@@ -208,16 +220,32 @@ class KVEvents:
         blocks = self._blocks.get(key)
         if blocks is None:
             return
-        self._backlog.change(stored, (key, medium, remote), blocks)
-        if stored:
-            self._published.add(blocks.hashes[-1])
+        after = self._parent_place(blocks) if stored else -1
+        self._backlog.change(stored, (key, medium, remote), blocks, after)
+
+    def _parent_place(self, blocks: ChunkBlocks) -> int:
+        """The place of the parent's first stored change waiting, which a chunk of
+        ``blocks`` stored again must follow; -1 when none waits or the router holds the
+        parent already (a stored change taken, and nothing waiting)."""
+        key = None if blocks.parent is None else self._keys.get(blocks.parent)
+        if key is None:
+            return -1
+        places = []
+        for place in PLACES:
+            slot = (key, *place)
+            waiting = self._backlog.place(slot)
+            if waiting is None and self._backlog.held(slot):
+                return -1
+            if waiting is not None:
+                places.append(waiting)
+        return min(places, default=-1)
 
     def take(self) -> list[Any]:
         for key in self._left:
             if not self.still_held(key) and key not in self._storage and key not in self._remote:
                 blocks = self._blocks.pop(key, None)
-                if blocks is not None:
-                    self._published.discard(blocks.hashes[-1])
+                if blocks is not None and self._keys.get(blocks.hashes[-1]) == key:
+                    del self._keys[blocks.hashes[-1]]
         self._left.clear()
         events: list[Any] = []
         for stored, (_, medium, remote), blocks in self._backlog.take(self.per_take):
