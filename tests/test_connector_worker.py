@@ -434,11 +434,12 @@ def test_close_is_bounded_when_the_mount_hangs_with_no_job_in_flight(tmp_path, m
         closer.join(30)
 
 
-def test_a_request_whose_host_load_failed_stores_nothing_computed_in_that_step(tmp_path,
-                                                                                monkeypatch):
+def test_a_failed_host_load_fails_every_store_of_its_step_and_the_next(tmp_path, monkeypatch):
     """The forward of the step ran over the pages the failed copy left unfilled: what it
-    computed for that request is wrong (vLLM recomputes it), so its chunks of that step are
-    reported failed stores, not cached. Another request's are stored. Found by a review."""
+    computed over them is wrong (vLLM recomputes it), in that request and in any other whose
+    prefix hit in vLLM's cache shares those blocks (vLLM caches a synchronous load's blocks
+    as it allocates them); with asynchronous scheduling the next step was planned before
+    the failure was told. Every store of those two steps fails; the step after stores."""
     from kvtier.connector.worker.pages import PagedKV
 
     side, _ = worker(tmp_path, disk=False)
@@ -452,16 +453,18 @@ def test_a_request_whose_host_load_failed_stores_nothing_computed_in_that_step(t
     monkeypatch.setattr(PagedKV, "scatter", broken)
     plan = StepPlan(loads=[RequestLoad("r", (ChunkLoad(b"h" * 16, (7, 8), 0, 2),))],
                     stores=[ChunkStore(b"n" * 16, (9, 10), host_slot=3, req_id="r"),
-                            ChunkStore(b"o" * 16, (11, 12), host_slot=4, req_id="other")])
+                            ChunkStore(b"o" * 16, (11, 12), host_slot=4, req_id="sharer")])
     side.start_loads(plan)  # before the forward: fails
     side.save(plan)  # after it
     assert side.finished() == set() and side.take_invalid_blocks() == {7, 8}
     report = side.report()
     assert report.host_failed[b"n" * 16] == 1 and not report.host_stored[b"n" * 16]
-    assert report.host_stored[b"o" * 16] == 1
+    assert report.host_failed[b"o" * 16] == 1 and not report.host_stored[b"o" * 16]
     monkeypatch.setattr(PagedKV, "scatter", scatter)
+    side.save(StepPlan(stores=[ChunkStore(b"p" * 16, (13, 14), host_slot=5, req_id="sharer")]))
+    assert side.report().host_failed[b"p" * 16] == 1  # planned before the failure was told
     side.save(StepPlan(stores=[ChunkStore(b"n" * 16, (9, 10), host_slot=3, req_id="r")]))
-    assert side.report().host_stored[b"n" * 16] == 1  # the next step's store of it goes in
+    assert side.report().host_stored[b"n" * 16] == 1  # the step after stores again
     side.close()
 
 

@@ -4,7 +4,7 @@ background; whatever fails is reported as failed stores, never raised into the s
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 from kvtier.connector.common.messages import ChunkStore, DiskWrite, RemoteWrite, StepPlan
 from kvtier.connector.worker.disk import WorkerDisk
@@ -26,12 +26,15 @@ class WorkerSaves:
         self._disk, self._remote, self._ledger = disk, remote, ledger
         self._chunk_bytes, self._load_timeout = chunk_bytes, load_timeout
 
-    def save(self, meta: StepPlan, unfilled: Collection[str] = ()) -> set[int]:
+    def save(self, meta: StepPlan, unfilled: bool = False) -> set[int]:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
         for), then write-through disk writes (and those written again) in the background.
-        Failures are reported as failed stores, never raised into the step; so are the
-        stores of ``unfilled``, whose load left blocks unfilled that this step's forward
-        attended (vLLM recomputes them).
+        Failures are reported as failed stores, never raised into the step; so is every
+        store when ``unfilled``: a synchronous load of this step or the last left blocks
+        unfilled, which this step's forward may have attended, in any request (vLLM's
+        prefix cache shares a block a synchronous load fills from its allocation on, and
+        with asynchronous scheduling the next step was planned before the failure was
+        told); vLLM recomputes what attended them.
         Returns the host slots whose write-back still runs (past ``load_timeout``)."""
         pages, host = self.pages, self.host
         self._lane.poll()
@@ -43,7 +46,7 @@ class WorkerSaves:
         busy = self._demote(meta.demotions)
         stored: list[ChunkStore] = []
         for store in meta.stores:
-            if store.host_slot in busy or store.req_id in unfilled:  # its write-back still
+            if store.host_slot in busy or unfilled:  # its write-back still
                 self._ledger.store_failed(store)  # reads the slot, or its KV is wrong
                 continue
             try:

@@ -84,7 +84,7 @@ class WorkerSide:
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
         self._loads = LoadTracker(config.load_timeout)
-        self._unfilled: set[str] = set()  # requests whose load this step left blocks unfilled
+        self._unfilled = 0  # steps whose stores all fail: a sync load left blocks unfilled
 
     @property
     def disk(self) -> DiskTier | None:
@@ -134,13 +134,14 @@ class WorkerSide:
 
     def start_loads(self, meta: StepPlan) -> None:
         """Loads from host memory run now (vLLM calls this before the forward that needs
-        them; one left unfilled stores nothing this step); the others start their reads."""
+        them; one left unfilled fails the stores of this step and the next); the others
+        start their reads."""
         for load in meta.loads:
             started = time.perf_counter()
             try:
                 if not load.asynchronous:
                     if not self._complete(load, {}, started):
-                        self._unfilled.add(load.req_id)
+                        self._unfilled = 2  # this step's and the next's (``WorkerSaves.save``)
                 elif load.demotions:  # write-back victims must leave the staging slots first
                     gate, mark = ReadGate(), self._attached()[0].mark()  # (before the reads)
                     self._loads.add(load, self._loader.submit(
@@ -153,7 +154,7 @@ class WorkerSide:
                 self._ledger.unexpected("load could not start", load.req_id, exc)
                 self._complete(load, {c.key: failed_read(repr(exc)) for c in load.chunks},
                                started)
-                self._unfilled.add(load.req_id)
+                self._unfilled = 2  # this step's and the next's (``WorkerSaves.save``)
 
     def _finish_ready_loads(self) -> None:
         """Complete the asynchronous loads whose disk reads are all over, or whose time
@@ -230,7 +231,7 @@ class WorkerSide:
         (``WorkerSaves``). Failures are reported as failed stores, never raised into the
         engine's step."""
         assert self._saves is not None and self._verify is not None, "register() comes first"
-        unfilled, self._unfilled = self._unfilled, set()  # this step's, from start_loads
+        unfilled, self._unfilled = self._unfilled > 0, max(0, self._unfilled - 1)
         busy = self._saves.save(meta, unfilled)
         if meta.verifies:  # after the stores: checks read slots they may have written back
             self._verify.start(meta.verifies, busy)
