@@ -2,13 +2,12 @@
 chunks before it, so what gc keeps of a prompt must be its head, or it can never be hit.
 Chunks go by write window (``kvtier.ops.victims``)."""
 
-import errno
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from kvtier import KVStore
-from kvtier.disk import stamps, writes
+from kvtier.disk import stamps
 from kvtier.ops import reclaim
 from kvtier.ops.cache import NamespaceDir, Segment, namespaces
 from kvtier.ops.victims import WINDOW_S, Chunk, victims, windows
@@ -55,28 +54,6 @@ def test_gc_keeps_the_head_of_a_prompt_whose_tail_reached_the_disk_first(tmp_pat
     code, data = as_json("gc", tmp_path, "--target", CHUNK_BYTES)
     assert code == 0 and data["chunks_freed"] == 5
     assert served(tmp_path, seq(0, 6)) == (CHUNK, 1)
-
-
-def test_gc_keeps_the_head_of_a_prompt_whose_head_was_written_again(tmp_path, monkeypatch):
-    """A write tried again after an I/O error (each chunk its own run: compressed) keeps the
-    stamp its slot was given: it does not become the prompt's last write."""
-    real, calls = writes.write_fully, []
-
-    def third_fails(fd, iov, offset):
-        calls.append(offset)
-        if len(calls) == 3:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, iov, offset)
-
-    monkeypatch.setattr(writes, "write_fully", third_fails)
-    cfg = config(tmp_path, host_chunks=16, compression="zstd", write_policy="write_back")
-    with KVStore(SMALL, cfg) as store:
-        store.put(seq(0, 6), make_kv(seq(0, 6)))
-        assert store.flush()
-    monkeypatch.undo()
-    code, data = as_json("gc", tmp_path, "--target", 3 * CHUNK_BYTES)
-    assert code == 0 and data["chunks_freed"] == 3
-    assert served(tmp_path, seq(0, 6)) == (3 * CHUNK, 3)
 
 
 def test_gc_older_than_frees_the_rest_of_a_prompt_written_over_time(tmp_path, monkeypatch):

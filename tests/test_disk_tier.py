@@ -376,3 +376,29 @@ def test_an_index_replaced_keeps_its_new_descriptor_when_closing_the_old_one_fai
     monkeypatch.undo()
     assert failed and directory.index_fd != old and stat.S_ISREG(os.fstat(directory.index_fd).st_mode)
     tier.close()
+
+
+def test_a_write_tried_again_keeps_the_stamp_its_slot_was_given(tmp_path, monkeypatch):
+    """Stamps follow the order slots were reserved in (a prompt's head first: ``kvtier gc``
+    reads that order), a write tried again after a failure included: it does not become the
+    last one written."""
+    from kvtier.disk import writes
+
+    tier = make_tier([tmp_path])
+    for slot in range(3):
+        tier.stamps.reserve(slot)
+    real, calls = writes.write_fully, []
+
+    def first_fails(fd, iov, offset):
+        calls.append(offset)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, iov, offset)
+
+    monkeypatch.setattr(writes, "write_fully", first_fails)
+    assert not tier.write(0, key(0), chunk(0).array).ok
+    assert tier.write(1, key(1), chunk(1).array).ok and tier.write(2, key(2), chunk(2).array).ok
+    assert tier.write(0, key(0), chunk(0).array).ok  # tried again
+    headers = dict(tier.scan_headers([0, 1, 2])[0])
+    assert headers[0].generation < headers[1].generation < headers[2].generation
+    tier.close()
