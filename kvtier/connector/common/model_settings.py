@@ -63,12 +63,18 @@ def config_file_digest(model: Any) -> str | None:
     where = getattr(model, "hf_config_path", None) or getattr(model, "model", None)
     if not isinstance(where, str) or not os.path.isdir(where):
         return None
-    try:  # the model's own directory (vLLM read this file already), not a cache root
-        with open(os.path.join(where, CONFIG_FILE), "rb") as file:
-            data = file.read(CONFIG_BYTES)
+    data = config_bytes(where, CONFIG_FILE)
+    return None if data is None else hashlib.blake2b(data, digest_size=8).hexdigest()
+
+
+def config_bytes(where: str, name: str) -> bytes | None:
+    """The first ``CONFIG_BYTES`` of file ``name`` in directory ``where``, a model's or an
+    adapter's own (vLLM read the file already), not a cache root; None when unreadable."""
+    try:
+        with open(os.path.join(where, name), "rb") as file:
+            return file.read(CONFIG_BYTES)
     except OSError:
         return None
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 def _local_weights(where: Any) -> str | None:

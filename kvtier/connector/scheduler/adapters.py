@@ -25,9 +25,10 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from kvtier.connector.common.model_settings import config_bytes
 from kvtier.connector.common.weights_digest import weights_digest
 
-CONFIG_FILE, CONFIG_BYTES = "adapter_config.json", 4 * 1024 * 1024
+CONFIG_FILE = "adapter_config.json"
 KEPT = 4096  # adapters whose digest is kept (least recently used dropped past it)
 READERS = 2  # threads reading adapters' files (daemons: a hung mount holds no exit)
 _READING = b""  # a read under way (no digest is empty)
@@ -97,11 +98,6 @@ def adapter_digest(path: str) -> bytes:
     path = os.path.expanduser(path)  # as vLLM finds it
     if not os.path.isdir(path):
         return b"lora:not-local"
-    config = b""
-    try:  # the engine's own adapter directory (vLLM reads it), not a cache root
-        with open(os.path.join(path, CONFIG_FILE), "rb") as file:
-            config = file.read(CONFIG_BYTES)
-    except OSError:
-        pass
+    config = config_bytes(path, CONFIG_FILE) or b""
     text = f"{weights_digest(path)}|".encode() + hashlib.blake2b(config, digest_size=8).digest()
     return b"lora:" + hashlib.blake2b(text, digest_size=16).digest()
