@@ -91,6 +91,21 @@ def test_a_sync_that_fails_makes_flush_false_and_takes_the_path_out(tmp_path, mo
         assert not store.flush()  # the chunks held in memory have no disk copy now
 
 
+def test_a_filesystem_that_syncs_no_file_keeps_its_path_and_flush_is_false(tmp_path, monkeypatch):
+    with KVStore(SMALL, config(tmp_path, disk_retry="off")) as store:
+        store.put(seq(0, 2), make_kv(seq(0, 2)))
+
+        def unsupported(fd):
+            raise OSError(errno.ENOSYS, "Function not implemented")
+
+        monkeypatch.setattr(os, "fdatasync", unsupported)
+        for _ in range(4):  # never taken out for it, nor counted as I/O errors against it
+            result = store.flush()
+            assert not result and result.not_synced == 1 and result.not_written == 0, result
+        monkeypatch.undo()
+        assert not store.stats().paths_down and store.flush()
+
+
 @pytest.mark.parametrize("err", [errno.EROFS, errno.ENOSPC])
 def test_a_sync_failing_on_a_read_only_or_full_filesystem_makes_flush_false(tmp_path,
                                                                            monkeypatch, err):

@@ -5,6 +5,7 @@ index; ``kvtier.segment.slot_files.sync_segment`` says why)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from concurrent.futures import Future, wait
@@ -13,6 +14,7 @@ from kvtier.disk.paths import DiskPaths
 from kvtier.io.result import IOResult, IOStatus
 
 log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
+NO_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS}  # a filesystem that syncs no file
 
 
 def sync_path(paths: DiskPaths, index: int) -> IOResult:
@@ -20,8 +22,10 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     out of service, or the sync failed and took it out. What the kernel could not write back
     is lost, and a later sync would not say so (Linux marks the pages clean and reports the
     error once): the path's chunks since its last good sync may not be on the disk, and an
-    index synced later would vouch for them. So a failed sync, whatever its error, takes
-    the path out of service, and it comes back empty to its owner, as any path does."""
+    index synced later would vouch for them. So a failed sync takes the path out of
+    service, and it comes back empty to its owner, as any path does; but on a filesystem
+    that syncs no file (``NO_SYNC``: some FUSE and network filesystems), where nothing was
+    lost by it, the sync is IO_ERROR (not synced) and the path stays."""
     path = paths[index]
     directory = path.dir
     if directory is None:
@@ -29,6 +33,8 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     try:
         directory.sync()
     except OSError as exc:
+        if exc.errno in NO_SYNC and path.dir is directory:
+            return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: cannot sync here: {exc}")
         if path.dir is directory:  # else taken down (and maybe back) meanwhile
             paths.take_down(path, f"a sync failed ({exc}): what it held since its last sync "
                             "may not be on the disk", directory)
