@@ -189,3 +189,65 @@ def test_a_step_never_waits_on_a_kept_file_of_a_dead_shared_mount(tmp_path, monk
     finally:
         release.set()
     side.close()
+
+
+def test_a_read_never_waits_on_a_kept_file_of_another_paths_dead_mount(tmp_path, monkeypatch):
+    """Reads start the sweep of kept files on a thread of its own: a file of path 0 kept
+    open on a mount whose server stopped answering holds no read of path 1."""
+    import threading
+
+    import numpy as np
+
+    from kvtier.keys import Namespace
+    from kvtier.shared import reads as reads_module
+    from kvtier.shared.reads import OtherReads, SlotRef
+
+    ns = Namespace(model="m", kv_dtype="bf16", layout="x", block_tokens=16, chunk_tokens=16)
+    roots = [tmp_path / "p0", tmp_path / "p1"]
+    for root in roots:
+        (root / ns.id / WRITERS_DIR / "w").mkdir(parents=True, mode=0o700)
+        (root / ns.id / WRITERS_DIR / "w" / "slots-0000.kvt").write_bytes(bytes(1 << 16))
+    raw = 4096
+    reads = OtherReads([str(r) for r in roots], ns, raw, 4096 + raw, [False, False])
+    into = np.zeros(raw + 4096, np.uint8)
+    reads.read(SlotRef("w", 0, 0, b"\0" * 16, 0, raw, 1), into)  # path 0's file kept open
+    dead, real, release = reads._fds[(0, "w", 0)][0], reads_module._unlinked, threading.Event()
+
+    def unlinked(fd):
+        if fd == dead:
+            release.wait(20)  # path 0's server stopped answering
+        return real(fd)
+
+    monkeypatch.setattr(reads_module, "_unlinked", unlinked)
+    reads._swept -= reads_module.SWEEP_S + 1  # the next read is due to sweep
+    done = threading.Event()
+    threading.Thread(target=lambda: (reads.read(SlotRef("w", 1, 0, b"\0" * 16, 0, raw, 1), into),
+                                     done.set()), daemon=True).start()
+    try:
+        assert done.wait(5), "a read of path 1 waited on fstat of path 0's kept file"
+    finally:
+        release.set()
+
+
+def test_a_listener_gets_what_the_view_holds_without_holding_up_lookups(tmp_path, monkeypatch):
+    """(with KV events on, ``listen`` takes every chunk followed: made into chunks under the
+    view's lock, a million of them held a step's lookup for seconds)"""
+    from kvtier.keys import ChunkKey, Namespace
+    from kvtier.shared import view as view_module
+    from kvtier.shared.chunk_index import Copy
+
+    ns = Namespace(model="m", kv_dtype="bf16", layout="x", block_tokens=16, chunk_tokens=16)
+    view = SharedView([str(tmp_path)], ns, 4096, "me", 120.0)
+
+    class Segment:  # a followed segment, as far as the view's chunks name it
+        writer, path = "w", 0
+
+    view._sources[0] = Segment()
+    for i in range(3):
+        view._index.put(ChunkKey(i.to_bytes(16, "little")), Copy(0, i, 0, 4096))
+    real, locked = view_module.unpack, []
+    monkeypatch.setattr(view_module, "unpack",
+                        lambda packed: (locked.append(view._lock.locked()), real(packed))[1])
+    chunks = view.listen(lambda key, chunk: None)
+    assert sorted(c.slot for c in chunks) == [0, 1, 2] and locked == [False] * 3
+    view.close()

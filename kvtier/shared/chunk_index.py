@@ -35,7 +35,7 @@ def _pack(copy: Copy) -> int:
             | copy.payload_bytes)
 
 
-def _unpack(packed: int) -> Copy:
+def unpack(packed: int) -> Copy:
     place = packed >> _SIZE_BITS
     return Copy(place >> _SLOT_BITS, place & (MAX_SLOTS - 1), packed >> 32 & 0xFF,
                 packed & _PAYLOAD_MASK)
@@ -117,23 +117,27 @@ class ChunkIndex:
         return False
 
     def items(self) -> list[tuple[ChunkKey, Copy]]:
-        return [(key, _unpack(held if isinstance(held, int) else held.packed[0]))
+        return [(key, unpack(packed)) for key, packed in self.packed_items()]
+
+    def packed_items(self) -> list[tuple[ChunkKey, int]]:
+        """``items``, each copy packed (``unpack`` it): quick to take under a lock."""
+        return [(key, held if isinstance(held, int) else held.packed[0])
                 for key, held in self._by_key.items()]
 
     def first(self, key: ChunkKey) -> Copy | None:
         held = self._by_key.get(key)
         if held is None:
             return None
-        return _unpack(held if isinstance(held, int) else held.packed[0])
+        return unpack(held if isinstance(held, int) else held.packed[0])
 
     def at(self, key: ChunkKey, source: int, slot: int) -> Copy | None:
         held = self._by_key.get(key)
         place = _place(source, slot)
         if isinstance(held, int):
-            return _unpack(held) if held >> _SIZE_BITS == place else None
+            return unpack(held) if held >> _SIZE_BITS == place else None
         if held is None or place not in held.at:
             return None
-        return _unpack(held.packed[held.at[place]])
+        return unpack(held.packed[held.at[place]])
 
     def __len__(self) -> int:
         return len(self._by_key)

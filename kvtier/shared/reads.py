@@ -59,8 +59,9 @@ class OtherReads:
     least ``raw_bytes``); ``o_direct[path]`` says whether to read a path's files with
     O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
     symlink followed, regular files of this user with one link) and reopened when a
-    reference comes with a new ``generation``; ``sweep()`` (run every ``SWEEP_S`` by
-    reads and by ``sweep_due``) closes the kept files that were deleted since, so that a reclaimed
+    reference comes with a new ``generation``; ``sweep()`` (every ``SWEEP_S``, started by
+    reads on a thread of its own, ``sweep_soon``: a kept file on a hung mount holds no read
+    of another path) closes the kept files that were deleted since, so that a reclaimed
     segment's space goes back to the filesystem. Thread-safe."""
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
@@ -231,7 +232,7 @@ class OtherReads:
     def _fd(self, chunk: SlotRef, number: int) -> int:
         key = (chunk.path, chunk.writer, number)
         generation = chunk.generation
-        self.sweep_due()
+        self.sweep_soon()  # never on this thread: a file on a hung mount would hold it
         with self._lock:
             held = self._fds.get(key)
             if held is not None and held[1] == generation:

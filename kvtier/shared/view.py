@@ -14,7 +14,7 @@ from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
 from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
 from kvtier.segment.log import RECORD_BYTES, REFRESH_BYTES, LogChange
 from kvtier.segment.names import LEASE_FILE
-from kvtier.shared.chunk_index import ChunkIndex, Copy
+from kvtier.shared.chunk_index import ChunkIndex, Copy, unpack
 from kvtier.shared.followed import Followed, OtherChunk, WriterState, followable_writers, say_passed_over
 from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
@@ -31,10 +31,9 @@ class SharedView:
     ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
     valid writer id other than ``own``: at most ``max_writers`` of them, ``MAX_WRITERS`` or
     fewer under a low open-file limit (``followable_writers``), segments first: junk never
-    hides one, ``WriterListing``),
-    reads each writer's lease and what its log gained since the last refresh, and updates
-    the view; a writer whose segment vanished is forgotten. ``find(key)``
-    returns where another writer holds ``key`` (None when none does); ``drop(chunk)`` forgets
+    hides one, ``WriterListing``), reads each writer's lease and what its log gained since the
+    last refresh, and updates the view; a writer whose segment vanished is forgotten.
+    ``find(key)`` returns where another writer holds ``key`` (None if none); ``drop(chunk)`` forgets
     a copy whose read failed, until its writer's log names that slot again. ``writers()``
     says who is there and who is live (``LeaseWatch``: a lease that changed within
     ``lease_timeout``). A writer's chunks stay readable after its lease expired, until its
@@ -50,9 +49,9 @@ class SharedView:
     refresh). Every time (leases, seats, reclaims) is ``clock``'s. Each change to the view is
     O(1) (``ChunkIndex``), whatever the copies of one chunk. Memory is bounded by
     ``max_slots``, the slots the namespace's whole directory holds on one path
-    (``directory_slots``): no writer's log names a slot past it,
-    and the writers of a path together are followed in at most that many slots (their logs'
-    further slots are passed over: misses, counted in ``passed_over`` and said once).
+    (``directory_slots``): no writer's log names a slot past it, and the writers of a path
+    together are followed in at most that many slots (their logs' further slots are passed
+    over: misses, counted in ``passed_over`` and said once).
     Thread-safe.
     """
 
@@ -86,18 +85,14 @@ class SharedView:
     def find(self, key: ChunkKey) -> OtherChunk | None:
         with self._lock:
             copy = self._index.first(key)
-            return None if copy is None else self._chunk(key, copy)
+            return None if copy is None else _chunk_of(self._sources, key, copy)
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
         with self._lock:
             followed = self._followed.get((path, writer))
             copy = None if followed is None else self._index.at(key, followed.source, slot)
-            return None if copy is None else self._chunk(key, copy)
-
-    def _chunk(self, key: ChunkKey, copy: Copy) -> OtherChunk:
-        followed = self._sources[copy.source]
-        return OtherChunk(followed.writer, followed.path, copy.slot, key, copy.codec, copy.payload_bytes)
+            return None if copy is None else _chunk_of(self._sources, key, copy)
 
     def ref(self, chunk: OtherChunk) -> SlotRef:
         """What a reader needs to read ``chunk`` (with its writer's log generation)."""
@@ -105,18 +100,18 @@ class SharedView:
 
     def drop(self, chunk: OtherChunk) -> None:
         with self._lock:
-            followed = self._followed.get((chunk.path, chunk.writer))
-            if followed is not None:
+            if (followed := self._followed.get((chunk.path, chunk.writer))) is not None:
                 self._index.remove(chunk.key, followed.source, chunk.slot)
 
     def listen(self, listener: Callable[[ChunkKey, OtherChunk | None], None]) -> list[OtherChunk]:
         """Call ``listener`` (on the refresh thread, under the view's lock: keep it short)
         with (key, a copy) when a key gains its first copy, (key, None) when it loses its
-        last; returns what the view holds now, one copy a key."""
+        last; returns what the view held then, one copy a key (made into chunks outside it)."""
         with self._lock:
             self._index.listener = lambda key, copy: listener(
-                key, None if copy is None else self._chunk(key, copy))
-            return [self._chunk(key, copy) for key, copy in self._index.items()]
+                key, None if copy is None else _chunk_of(self._sources, key, copy))
+            held, sources = self._index.packed_items(), dict(self._sources)
+        return [_chunk_of(sources, key, unpack(packed)) for key, packed in held]
 
     def generation(self, path: int, writer: str) -> int:
         """How many times that writer's log started over (its files may be new since)."""
@@ -298,3 +293,8 @@ class SharedView:
             gone = [self._forget(key) for key in list(self._followed)]
         for followed in gone:
             self._let_go(followed)
+
+
+def _chunk_of(sources: dict, key: ChunkKey, copy: Copy) -> OtherChunk:
+    by = sources[copy.source]  # the segment followed
+    return OtherChunk(by.writer, by.path, copy.slot, key, copy.codec, copy.payload_bytes)
