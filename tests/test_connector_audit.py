@@ -201,3 +201,22 @@ def test_lost_chunks_past_the_writes_in_flight_are_written_as_room_comes():
         assert sorted(rewritten) == sorted(KEYS) and counters["remote_dropped_chunks"] == 0
     finally:
         presence.close()
+
+
+def test_keys_a_store_refused_to_answer_for_are_not_lost():
+    """(a cluster's slot moving answers ASK or TRYAGAIN for its keys: counted lost, every
+    step checked again at once, for as long as the slot moved)"""
+    store, clock, counters, presence, writes, audit = parts(KEYS, in_host=KEYS)
+    answer = store.exists_answered
+    store.exists_answered = lambda keys: [None if key in KEYS[:2] else a
+                                          for key, a in zip(keys, answer(keys), strict=True)]
+    try:
+        clock.now = 10
+        audit.tick()
+        settle(audit, presence)
+        assert counters["remote_lost_chunks"] == 0 and writes.take_new() == []
+        clock.now = 11
+        audit.tick()
+        assert len(store.asked) == 1  # none lost: the next check waits its turn
+    finally:
+        presence.close()

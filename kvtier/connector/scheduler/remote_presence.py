@@ -159,8 +159,15 @@ class RemotePresence:
 
     def _held_now(self, keys: list[ChunkKey]) -> list[bool] | None:
         """Whether every rank's copy of each key is in the store (None: a round trip failed,
-        nothing known). A key some rank's store answered "not there" goes to ``take_absent``;
-        one it refused to answer for (a cluster's redirect) is a miss, not a loss."""
+        nothing known)."""
+        answers = self._answers(keys)
+        return None if answers is None else answers[0]
+
+    def _answers(self, keys: list[ChunkKey]) -> tuple[list[bool], list[bool]] | None:
+        """(whether every rank's copy of each key is in the store, whether some rank's
+        store answered it is not): None when a round trip failed. A key answered "not
+        there" goes to ``take_absent``; one a store refused to answer for (a cluster's
+        redirect) is neither held nor lost."""
         found, absent = [True] * len(keys), [False] * len(keys)
         for tier in self.tiers:  # every rank's copy
             answer = tier.exists_answered(keys)
@@ -169,16 +176,18 @@ class RemotePresence:
             found = [f and a is True for f, a in zip(found, answer, strict=True)]
             absent = [g or a is False for g, a in zip(absent, answer, strict=True)]
         self._absent.extend(key for key, gone in zip(keys, absent, strict=True) if gone)
-        return found
+        return found, absent
 
     def audit(self, keys: Sequence[ChunkKey]) -> Future[list[bool] | None]:
         """Ask about ``keys`` in the background for no request (``RemoteAudit``): their
-        "not there" answers reach ``take_absent``. The answer is None when a round trip
-        failed (nothing known)."""
+        "not there" answers reach ``take_absent``. The answer is, per key, False where a
+        store answered "not there" (lost), or None when a round trip failed (nothing
+        known)."""
         return self._pool.submit(self._audit, list(keys))
 
     def _audit(self, keys: list[ChunkKey]) -> list[bool] | None:
-        return self._held_now(keys)
+        answers = self._answers(keys)  # a key refused an answer is not lost
+        return None if answers is None else [not gone for gone in answers[1]]
 
     def take_absent(self) -> list[ChunkKey]:
         taken: list[ChunkKey] = []
