@@ -104,3 +104,27 @@ def test_flush_is_false_while_a_full_store_refuses_writes(tmp_path, maxmemory):
             assert served_whole(s, toks)  # the store serves on from host memory
     finally:
         srv.stop()
+
+
+def test_a_value_far_longer_than_a_chunk_is_damaged_and_the_store_stays_in_service(server):
+    """A value of 64 MiB put under a chunk's key by another client: that chunk is damaged,
+    the chunks read after it on the dropped connection are not read, and the store is not
+    taken out of service for it (it was, at every read of that key)."""
+    from kvtier.io.result import IOStatus
+    from kvtier.keys import ChunkKey, Namespace
+    from kvtier.remote.redis_tier import RedisTier
+
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+    raw = 1 << 16
+    tier = RedisTier(server.url, ns, raw, timeout_s=5.0, retry_s=60.0)
+    keys = [ChunkKey(i.to_bytes(16, "big")) for i in range(3)]
+    good = np.arange(raw, dtype=np.uint8)
+    assert all(r.ok for r in tier.put_many([(keys[0], good), (keys[2], good)]))
+    server.client().set(value_key("kvtier:", ns.digest(), keys[1]), b"\0" * (64 << 20))
+    into = [np.zeros(raw, np.uint8) for _ in keys]
+    got = [r.status for r in tier.get_many(keys, into)]
+    assert got == [IOStatus.OK, IOStatus.CORRUPT, IOStatus.IO_ERROR], got
+    assert not tier.down and tier.failures == 0
+    assert [r.status for r in tier.get_many([keys[2]], into[2:])] == [IOStatus.OK]
+    assert np.array_equal(into[2], good)
+    tier.close()

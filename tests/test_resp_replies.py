@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from kvtier.remote.resp import BulkReplies, RespError
+from kvtier.remote.resp import BulkReplies, RespError, TooLong
 
 
 def replies(*chunks: bytes) -> BulkReplies:
@@ -67,3 +67,11 @@ def test_a_range_reply_fills_several_views_and_an_empty_one_is_a_missing_key():
     assert r.bulk_into(*buffers()) is None  # GETRANGE of a key that is not there
     view = memoryview(bytearray(3))
     assert r.bulk_into(view) == "" and bytes(view) == b"xyz"  # still in step
+
+
+def test_a_value_far_longer_than_asked_is_not_read_through():
+    """(a hostile writer's value of hundreds of MiB under a key: read through, it ran every
+    read of it past the round trip's deadline, and the store was taken out of service)"""
+    r = replies(b"$%d\r\n" % ((1 << 30) + 10), b"x" * 4096)  # the rest never comes
+    with pytest.raises(TooLong, match="wrong length"):
+        r.bulk_into(*buffers())

@@ -13,7 +13,7 @@ import numpy as np
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.remote.range_reads import RangeRead, failed_answer
-from kvtier.remote.resp import BulkReplies, payload_view
+from kvtier.remote.resp import BulkReplies, TooLong, payload_view
 from kvtier.remote.values import ValueFormat
 
 
@@ -28,7 +28,14 @@ def get_into(connection: Any, form: ValueFormat, names: Sequence[bytes], keys: S
     results: list[IOResult] = []
     for key, dst in zip(keys, dsts, strict=True):
         payload = payload_view(dst, form.raw_bytes)
-        answer = replies.bulk_into(header, payload)
+        try:
+            answer = replies.bulk_into(header, payload)
+        except TooLong as exc:  # no chunk of ours: that key damaged, the rest not read (the
+            connection.disconnect()  # connection dropped); no failure of the store's
+            results.append(IOResult(IOStatus.CORRUPT, 0, str(exc)))
+            not_read = IOResult(IOStatus.IO_ERROR, 0, "not read: the connection was dropped "
+                                "after a value far longer than a chunk's")
+            return results + [not_read] * (len(keys) - len(results))
         if answer is None:
             results.append(IOResult(IOStatus.MISSING))
         elif answer:

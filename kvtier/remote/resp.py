@@ -5,7 +5,10 @@ allocation the size of a chunk.
 
 Every length is bounded by what was asked for: a reply of any other length (another
 writer's value, a damaged one) is read through a small scratch buffer and answered as
-``wrong length``, so the connection stays in step with its replies.
+``wrong length``, so the connection stays in step with its replies; one much longer than
+asked (``SKIP_MAX``: a hostile writer's value of hundreds of MiB under a key) is not read
+through within the round trip's deadline, at every read of it: ``TooLong`` says the
+connection must be dropped.
 """
 
 from __future__ import annotations
@@ -16,10 +19,16 @@ import numpy as np
 
 LINE_MAX = 4096  # the longest reply line read (an error message, a length)
 SCRATCH = 1 << 20  # reading a value of a length not asked for, a piece at a time
+SKIP_MAX = 8 << 20  # a value of a length not asked for is read through up to this much more
 
 
 class RespError(Exception):
     """The stream is not RESP as expected: the connection must be dropped."""
+
+
+class TooLong(RespError):
+    """A value far longer than asked for: the reply is not read through (drop the
+    connection); the value is no chunk of this tier's."""
 
 
 class BulkReplies:
@@ -96,6 +105,8 @@ class BulkReplies:
             self._skip(2)
             return None
         if length != expected:
+            if length > expected + SKIP_MAX:
+                raise TooLong(f"wrong length: a value of {length} bytes")
             self._skip(length + 2)
             return f"wrong length: a value of {length} bytes"
         for view in views:
