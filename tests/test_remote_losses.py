@@ -128,3 +128,27 @@ def test_a_value_far_longer_than_a_chunk_is_damaged_and_the_store_stays_in_servi
     assert [r.status for r in tier.get_many([keys[2]], into[2:])] == [IOStatus.OK]
     assert np.array_equal(into[2], good)
     tier.close()
+
+
+def test_a_log_read_that_fails_takes_the_store_out_of_service_for_no_lookup(server, monkeypatch):
+    """The log of token records names chunks for KV events: hints. An entry another client
+    made too large to read within ``remote_timeout`` failed its read, and took the store out
+    of service for lookups and loads too, again at every read of the log."""
+    from kvtier.keys import ChunkKey, Namespace
+    from kvtier.remote.redis_tier import RedisTier
+
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+    tier = RedisTier(server.url, ns, 1 << 16, timeout_s=5.0, retry_s=60.0)
+    key = ChunkKey(bytes(16))
+    assert all(r.ok for r in tier.put_many([(key, np.zeros(1 << 16, np.uint8))]))
+    real = tier._round_trip
+
+    def log_too_large(client, commands):
+        if commands[0][0] == "xrange":
+            raise TimeoutError("Timeout reading from socket")
+        return real(client, commands)
+
+    monkeypatch.setattr(tier, "_round_trip", log_too_large)
+    assert tier.read_records(b"0", 16) is None
+    assert not tier.down and tier.failures == 0 and tier.exists([key]) == [True]
+    tier.close()

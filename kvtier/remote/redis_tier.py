@@ -78,10 +78,12 @@ class RedisTier(RemoteTier):
     def _key(self, key: ChunkKey) -> bytes:
         return value_key(self._prefix, self._ns, key)
 
-    def _run(self, what: str, commands: list[tuple[str, tuple]]) -> list[Any] | IOResult:
+    def _run(self, what: str, commands: list[tuple[str, tuple]],
+             health: bool = True) -> list[Any] | IOResult:
         """One pipelined round trip (on a cluster, one exchange per node:
         ``redis_cluster``); per-command replies (exceptions in place), or the failure of
-        the whole: a store or a node that does not answer fails it once."""
+        the whole: a store or a node that does not answer fails it once. Without
+        ``health`` (the log of token records: hints) a failure takes no one out of service."""
         if self.down:
             return self._out_of_service()
         with bounded(self._timeout_s):
@@ -91,6 +93,8 @@ class RedisTier(RemoteTier):
             try:
                 replies = self._round_trip(client, commands)
             except Exception as exc:  # the client raises its own errors for every transport fault
+                if not health:  # (an entry another client made too large to read in time)
+                    return IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}")
                 return self._broken(what, exc)
         self._succeeded()
         return replies
@@ -157,7 +161,8 @@ class RedisTier(RemoteTier):
     def read_records(self, after: bytes, count: int) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
         log_key = f"{self._prefix}log:{self._ns.hex()}".encode()
         start = b"-" if after == b"0" else b"(" + after
-        replies = self._run("log", [("xrange", (log_key, start, b"+", "COUNT", count))])
+        replies = self._run("log", [("xrange", (log_key, start, b"+", "COUNT", count))],
+                            health=False)
         if isinstance(replies, IOResult) or isinstance(replies[0], Exception):
             return None
         return stream_entries(replies[0], after)
