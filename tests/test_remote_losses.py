@@ -152,3 +152,26 @@ def test_a_log_read_that_fails_takes_the_store_out_of_service_for_no_lookup(serv
     assert tier.read_records(b"0", 16) is None
     assert not tier.down and tier.failures == 0 and tier.exists([key]) == [True]
     tier.close()
+
+
+def test_pooled_connections_keep_their_flows_alive_when_idle(server):
+    """(a load balancer or NAT that forgets an idle flow without a word cost the next round
+    trip its whole timeout, then an outage of ``remote_retry``, after every lull; redis-py
+    8 turns keepalive on by itself, the 5.x kvtier allows does not)"""
+    import socket
+
+    from kvtier.keys import ChunkKey, Namespace
+    from kvtier.remote.redis_tier import RedisTier
+
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+    tier = RedisTier(server.url, ns, 1 << 16, timeout_s=5.0, retry_s=60.0)
+    assert tier.exists([ChunkKey(bytes(16))]) == [False]
+    pool = tier._client.connection_pool
+    connection = pool.get_connection()
+    try:
+        sock = connection._sock
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 30
+    finally:
+        pool.release(connection)
+        tier.close()

@@ -6,6 +6,7 @@ from the environment only, and sockets that honour the calling thread's deadline
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,11 @@ def client_module() -> Any:
     return redis
 
 
+# TCP keepalive on every connection: a probe after 30 s idle, then every 10 s, 3 unanswered
+# drop it (a peer gone for good is noticed in about a minute, not at the next round trip)
+KEEPALIVE = {socket.TCP_KEEPIDLE: 30, socket.TCP_KEEPINTVL: 10, socket.TCP_KEEPCNT: 3}
+
+
 def connect(url: str, timeout_s: float, environ: Mapping[str, str],
             startup: Sequence[tuple[str, int]] = ()) -> Any:
     """A client of the store ``url`` names. One server's connects on first use; a cluster's
@@ -41,6 +47,9 @@ def connect(url: str, timeout_s: float, environ: Mapping[str, str],
     url_options = parse_url(url)
     options: dict[str, Any] = {
         "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+        # a pooled connection idle for minutes stays known to the load balancers and NAT on
+        # the way (one that forgot it silently cost a round trip's timeout and an outage)
+        "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE,
         "username": environ.get(USER_ENV) or None, "password": environ.get(PASSWORD_ENV) or None,
         "retry": Retry(NoBackoff(), 0), "ssl": url_options.tls, **dict(url_options.client)}
     sockets = deadline_class(SSLConnection if url_options.tls else Connection)
