@@ -223,9 +223,9 @@ def test_a_writer_that_lost_its_claim_catches_up_however_far_the_head_lags():
 def test_a_head_being_upserted_is_read_again_not_taken_for_no_head():
     """A get of the head while another writer upserts it answers REPLICA_IS_NOT_READY: read
     again, the append goes after the head, not to seq 1 (removed long ago: no reader would
-    look there). Unknown still, a writer appends nothing (a hint lost), even one that knows
-    where it left the log: the log may have moved on past its last seq since, which a
-    batch put there would be behind every reader, and the head taken back."""
+    look there). Unknown still, a writer goes on from its own last seq while the store
+    keeps that batch, and appends nothing (a hint lost) once it is gone: the log moved on
+    far past it, and a batch put there would be behind every reader, the head taken back."""
     store = FakeStore()
     log = record_log(store, {seq: entries(seq) for seq in range(2000, 2004)}, head=2003)
     store.once["log:head"] = [NOT_READY, NOT_READY]
@@ -240,6 +240,9 @@ def test_a_head_being_upserted_is_read_again_not_taken_for_no_head():
     assert store.values == before
     assert log.append([(key(3), b"three")])  # the head read: after it
     assert unpack_batch(store.values["log:3001"], 3001) == [(bytes(key(3)), b"three")]
+    store.once["log:head"] = [NOT_READY] * mooncake_log.HEAD_TRIES
+    assert log.append([(key(4), b"four")])  # unknown, but its last batch is kept: after it
+    assert unpack_batch(store.values["log:3002"], 3002) == [(bytes(key(4)), b"four")]
 
 
 def test_a_head_whose_read_failed_is_not_taken_for_no_head():

@@ -13,8 +13,9 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
   of the head lags, some fail) and puts the batch past the last one held (``TRIES`` tries);
   a free seq below it is left free, since a reader may have passed it. A head being
   upserted (``NOT_READY``) is read again, up to ``HEAD_TRIES`` times: unknown still, or a
-  head whose read failed, the writer puts nothing (its own last seq may be far behind, removed
-  long since, and a batch put there is behind every reader): the append fails. Then it upserts
+  head whose read failed, the writer goes on from its own last seq while the store still
+  holds that batch, and puts nothing otherwise (a seq past one long removed is behind every
+  reader): the append fails. Then it upserts
   the head and removes seq - ``KEEP``: the log keeps its last ``KEEP`` batches, up to
   ``RECORD_LOG`` entries (fewer when appends are small).
 - **Reading.** The batches after the cursor, ``WINDOW`` a get, ``ROUNDS`` gets at most. A
@@ -188,9 +189,11 @@ class RecordLog:
 
     def _append(self, trip: Trip, batches: list[list[Entry]]) -> Trip:
         pending, won, head = batches, list[int](), self._head(trip)
-        if head is not None:  # else the log's end is unknown: nothing is put (a seq after
-            pending = self._claim(trip, pending, won, max(head, self._last) + 1)  # our last
-            # one may have been removed long since, behind every reader)
+        if head is None and self._last and trip.held([self._key(self._last)]) == [True]:
+            head = 0  # unknown, but our last batch is still kept: the log's end is near it
+        if head is not None:  # else nothing is put (past a last seq long removed, a batch
+            pending = self._claim(trip, pending, won, max(head, self._last) + 1)  # would be
+            # behind every reader)
         if won:
             trip.put([f"{self._name}:head"], [pack_head(max(won))], upsert=True)
             old = [self._key(seq - KEEP) for seq in won if seq > KEEP]
