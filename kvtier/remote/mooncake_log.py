@@ -12,8 +12,8 @@ records and ``BATCH_BYTES``, and a head hint ``<name>:head``: the last seq writt
   seqs after it the store holds (one round trip, however far the head lags: every upsert
   of the head lags, some fail) and puts the batch past the last one held (``TRIES`` tries);
   a free seq below it is left free, since a reader may have passed it. A head being
-  upserted (``NOT_READY``) is read again, up to ``HEAD_TRIES`` times: unknown still, or a
-  head whose read failed, the writer goes on from its own last seq while the store still
+  upserted (``NOT_READY``), or whose read failed otherwise, is read again, up to
+  ``HEAD_TRIES`` times: unknown still, the writer goes on from its own last seq while the store still
   holds that batch, and puts nothing otherwise (a seq past one long removed is behind every
   reader): the append fails. Then it upserts
   the head and removes seq - ``KEEP``: the log keeps its last ``KEEP`` batches, up to
@@ -60,7 +60,7 @@ WINDOW = 16  # batches a get reads
 ROUNDS = 4  # gets a read makes at most
 TRIES = 8  # seqs a batch is put at before its append fails
 PROBE = 16  # seqs a lost claim asks the store about at once
-HEAD_TRIES, HEAD_WAIT_S = 4, 0.0005  # reads of a head being upserted, the wait growing by this
+HEAD_TRIES, HEAD_WAIT_S = 6, 0.0005  # reads of a head being upserted, the wait growing by this
 NOT_READY = -703  # a value still being put
 MISSING = GONE - {NOT_READY}  # a value removed or evicted (or not yet put)
 STALLED_S = 30.0  # a batch at or below the head unread this long (being put, failing) is passed over
@@ -166,10 +166,10 @@ class RecordLog:
         (``NOT_READY`` ``HEAD_TRIES`` times), or its read failed (a transfer, say)."""
         value: bytes | int = NOT_READY
         name = f"{self._name}:head"
-        for tried in range(HEAD_TRIES):
+        for tried in range(HEAD_TRIES):  # being upserted, or a transfer that failed as it was
             time.sleep(HEAD_WAIT_S * tried)
             (value,) = trip.get([name], [HEAD_READ])
-            if value != NOT_READY or trip.broken:
+            if not isinstance(value, int) or value in MISSING or value == TOO_LARGE or trip.broken:
                 break
         if isinstance(value, int) and value != TOO_LARGE and value not in MISSING:
             value = trip.settled(name, value, HEAD_READ)  # too large for a hint: none
