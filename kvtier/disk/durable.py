@@ -5,16 +5,15 @@ index; ``kvtier.segment.slot_files.sync_segment`` says why)."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 from concurrent.futures import Future, wait
 
 from kvtier.disk.paths import DiskPaths
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.segment.slot_files import NO_SYNC
 
 log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
-NO_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS}  # a filesystem that syncs no file
 
 
 def sync_path(paths: DiskPaths, index: int) -> IOResult:

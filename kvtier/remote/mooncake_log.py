@@ -44,7 +44,7 @@ import re
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -143,6 +143,11 @@ def parse_cursor(after: bytes) -> tuple[int, int | None] | None:
     return int(match[1]), None if match[2] is None else int(match[2])
 
 
+def _failed(value: bytes | int) -> TypeGuard[int]:
+    """Whether a get answered a failure: neither a value, nor one missing or too large."""
+    return isinstance(value, int) and value != TOO_LARGE and value not in MISSING
+
+
 Ask = Callable[[str, Callable[[Any], Any], Callable[[Any], Sequence[int]]], Any]
 
 
@@ -169,11 +174,11 @@ class RecordLog:
         for tried in range(HEAD_TRIES):  # being upserted, or a transfer that failed as it was
             time.sleep(HEAD_WAIT_S * tried)
             (value,) = trip.get([name], [HEAD_READ])
-            if not isinstance(value, int) or value in MISSING or value == TOO_LARGE or trip.broken:
+            if not _failed(value) or trip.broken:
                 break
-        if isinstance(value, int) and value != TOO_LARGE and value not in MISSING:
+        if _failed(value):
             value = trip.settled(name, value, HEAD_READ)  # too large for a hint: none
-        if isinstance(value, int) and value != TOO_LARGE and value not in MISSING:
+        if _failed(value):
             return None
         head = unpack_head(value)
         self._last = max(self._last, head)

@@ -58,7 +58,7 @@ def trim_slot_files(directory: SafeDir, limit_of: Callable[[int], int]) -> None:
             directory.remove_file(name)
 
 
-_NO_DIRECTORY_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS}  # filesystems that sync none
+NO_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.ENOSYS}  # filesystems that sync none
 
 
 def sync_segment(slot_fds: Iterable[int], index_fd: int, dir_fd: int) -> None:
@@ -82,5 +82,5 @@ def sync_segment(slot_fds: Iterable[int], index_fd: int, dir_fd: int) -> None:
     try:
         os.fsync(dir_fd)
     except OSError as exc:
-        if exc.errno not in _NO_DIRECTORY_SYNC:
+        if exc.errno not in NO_SYNC:
             raise

@@ -210,15 +210,10 @@ class OtherReads:
                     closed += 1
         return closed
 
-    def sweep_due(self) -> None:
-        """``sweep`` when the last was ``SWEEP_S`` ago or more (cheap to call often)."""
-        if time.monotonic() - self._swept > SWEEP_S:
-            self.sweep()
-
     def sweep_soon(self) -> None:
-        """``sweep_due`` on a thread of its own, so that a caller that must not block (each
-        engine step calls it, so a reclaimed segment's space goes back without reads) never
-        waits on a file; one sweep at a time."""
+        """``sweep`` on a thread of its own when the last was ``SWEEP_S`` ago or more, so that
+        a caller that must not block (each engine step, each read: a reclaimed segment's space
+        goes back) never waits on a file; one sweep at a time."""
         if time.monotonic() - self._swept > SWEEP_S and self._sweeping.acquire(blocking=False):
             self._swept = time.monotonic()
             threading.Thread(target=self._sweep_then_free, name="kvtier-sweep", daemon=True).start()
