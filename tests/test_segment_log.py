@@ -194,6 +194,62 @@ def test_a_torn_last_record_waits_and_a_damaged_one_is_stepped_over(segment, tmp
     log.close()
 
 
+def short_pwrite(then: OSError | None):
+    """``os.pwrite`` whose first call writes 50 bytes only (a full disk midway, a signal, a
+    network filesystem); later calls raise ``then``, or write as asked when None."""
+    real, calls = os.pwrite, []
+
+    def pwrite(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 1:
+            return real(fd, bytes(data)[:50], offset)
+        if then is not None:
+            raise then
+        return real(fd, data, offset)
+
+    return pwrite
+
+
+def test_a_record_written_short_is_written_whole_before_the_log_goes_on(segment, tmp_path,
+                                                                         monkeypatch):
+    log, follower = pair(segment)
+    follower.refresh()
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pwrite", short_pwrite(None))
+        log.append(1, entry(1))  # the rest of the record is written by a second call
+    log.append(2, entry(2))
+    follower.refresh()
+    assert keys_of(follower) == {1: 1, 2: 2} and follower.bad == 0
+    size = LOG_HEADER_BYTES + 2 * RECORD_BYTES
+    assert log.size == size == os.stat(tmp_path / LOG_FILE).st_size
+    log.close()
+
+
+def test_a_record_that_cannot_be_written_whole_leaves_the_end_at_the_last_whole_one(
+        segment, tmp_path, monkeypatch):
+    """The write fails after a short one: the append raises (its slot write fails), the
+    log's end stays where the last whole record ends, the torn bytes past it are no record
+    to a reader, and the next record is written over them."""
+    log, follower = pair(segment)
+    log.append(0, entry(5))
+    end = LOG_HEADER_BYTES + RECORD_BYTES
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "pwrite", short_pwrite(OSError(errno.ENOSPC, "No space left")))
+        with pytest.raises(OSError):
+            log.append(1, entry(1))
+    assert log.size == end and os.stat(tmp_path / LOG_FILE).st_size == end + 50
+    for _ in range(4):
+        follower.refresh()
+    assert keys_of(follower) == {0: 5} and follower.bad == 0
+    log.append(2, entry(2))
+    log.append(3, entry(3))
+    for _ in range(4):
+        follower.refresh()
+    assert keys_of(follower) == {0: 5, 2: 2, 3: 3} and follower.bad == 0
+    assert log.size == end + 2 * RECORD_BYTES == os.stat(tmp_path / LOG_FILE).st_size
+    log.close()
+
+
 def test_entries_of_another_namespace_are_not_taken(segment):
     log, follower = pair(segment)
     log.append(0, entry(1, namespace=bytes(16)))

@@ -4,6 +4,7 @@ afresh from the segment's dense index when it grows past ``rotate_after`` record
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -19,8 +20,12 @@ log = logging.getLogger("kvtier")
 class SegmentLog:
     """The writer's side: ``append(local_slot, entry)`` records a slot written (or emptied,
     with a blank entry); thread-safe. The log starts afresh from ``snapshot()`` when opened
-    and whenever it passes ``rotate_after`` records. An ``OSError`` from ``append`` means
-    the record may be missing: the caller fails the write it belongs to. A rotation that
+    and whenever it passes ``rotate_after`` records. A record is written whole or the log's
+    end does not move: after a short write the rest is written again, and an ``OSError``
+    from ``append`` (a call that failed or wrote nothing) leaves the end where the last
+    whole record ends, the torn bytes past it (the file's end: a reader reads whole records
+    only, each checked) written over by the next record. Such an ``OSError`` means the
+    record is missing: the caller fails the write it belongs to. A rotation that
     fails (a full disk) does not: the record is in the old log, appended to until a later
     try, ``rotate_after // 4`` records on, succeeds (logged once); one whose new log took
     the old one's place but could not be opened is tried again at the next append (records
@@ -62,7 +67,7 @@ class SegmentLog:
         with self._lock:
             if self._fd < 0:
                 raise OSError(9, "the segment's log was closed")
-            os.pwrite(self._fd, record, self._end)
+            _write_whole(self._fd, record, self._end)
             self._end += RECORD_BYTES
             self.records += 1
             if self.records > self._rotate_at:
@@ -92,3 +97,16 @@ class SegmentLog:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _write_whole(fd: int, record: bytes, offset: int) -> None:
+    """Write ``record`` at ``offset`` of ``fd``, the rest again after a short write (a full
+    disk midway, a signal, a network filesystem); ``OSError`` when a call fails or writes
+    nothing."""
+    done = 0
+    while done < len(record):
+        wrote = os.pwrite(fd, record[done:], offset + done)
+        if wrote <= 0:
+            raise OSError(errno.EIO, f"a record of the segment's log was written short ({done} "
+                          f"of {len(record)} bytes, then a write wrote nothing)")
+        done += wrote
