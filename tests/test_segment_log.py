@@ -14,7 +14,8 @@ from kvtier.io.format import INDEX_ENTRY_BYTES, MAGIC, Codec, SlotHeader
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.keys import ChunkKey
 from kvtier.segment.cachedir import CacheDir
-from kvtier.segment.lease import Lease, LeaseInfo, LeaseKeeper, LeaseWatch, read_lease
+from kvtier.segment.lease import Lease, LeaseInfo, LeaseWatch, read_lease
+from kvtier.segment.lease_keeper import LeaseKeeper
 from kvtier.segment.log import (
     LOG_HEADER_BYTES,
     RECORD_BYTES,

@@ -15,7 +15,8 @@ from pathlib import Path
 from kvtier.config.settings import DiskFloor
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.segment.cachedir import CacheDir, CacheDirError
-from kvtier.segment.lease import Lease, LeaseKeeper, LeaseLost
+from kvtier.segment.lease import Lease, LeaseLost
+from kvtier.segment.lease_keeper import LeaseKeeper
 from kvtier.segment.seat_reclaim import SeatReclaimer
 
 log = logging.getLogger("kvtier.disk.tier")  # these are the disk tier's messages
@@ -154,8 +155,8 @@ class DiskPaths:
                 if directory is not None and directory.lease is not None]
 
     def _lease_taken(self, lease: Lease, conflict: LeaseLost) -> None:
-        """Another process wrote ``lease``'s segment, or its seat is gone: its path goes out
-        of service."""
+        """Another process wrote ``lease``'s segment, its seat is gone, or its beat has hung
+        (``LeaseHung``): its path goes out of service."""
         for path in self.states:
             directory = path.dir
             if directory is not None and directory.lease is lease:

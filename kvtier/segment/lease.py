@@ -31,6 +31,7 @@ from kvtier.segment import machine
 from kvtier.segment.names import LEASE_FILE, host_name
 
 MAX_LEASE_BYTES = 4096  # a lease is about 150 bytes; anything larger is not kvtier's
+CLOSE_WAIT_S = 5.0  # how long a lease's closing beat waits for a beat under way
 
 log = logging.getLogger("kvtier")
 
@@ -154,7 +155,8 @@ class Lease:
     since (``LeaseConflict``), nothing is written, and the writer's path goes out of service
     (``LeaseKeeper``'s ``on_conflict``) rather than two writers sharing one segment. So it
     does when ``seated()`` says the writer's seat is gone (``SeatLost``). A lease
-    gone (a reclaim) is no conflict: the path's own checks see the segment gone."""
+    gone (a reclaim) is no conflict: the path's own checks see the segment gone. Beats
+    of one lease run one at a time; once ``close`` ran, none is written. Thread-safe."""
 
     def __init__(self, directory: SafeDir, instance: str, timeout: float,
                  seated: Callable[[], bool] | None = None,
@@ -163,9 +165,23 @@ class Lease:
         self._info = LeaseInfo(instance, host_name(), os.getpid(), 0, time.time_ns(), 0,
                                os.getppid(), round(timeout * 1000), 0, machine.pid_namespace(),
                                machine.boot_id())
+        self._beating = threading.Lock()  # one beat at a time, the closing one last
+        self._closed = False
 
-    def beat(self, closing: bool = False) -> None:
+    @property
+    def path(self) -> str:
+        """The segment's directory, for messages."""
+        return self._directory.path
+
+    def beat(self) -> None:
+        """Rewrite the lease (``OSError`` EBADF once closed; see the class docstring)."""
+        with self._beating:
+            self._beat_held(closing=False)
+
+    def _beat_held(self, closing: bool) -> None:
         with self._held():  # the directory's descriptor stays its own meanwhile
+            if self._closed:
+                raise OSError(errno.EBADF, f"the lease of {self.path} was closed")
             self._beat(closing)
 
     def _beat(self, closing: bool) -> None:
@@ -190,40 +206,20 @@ class Lease:
     def close(self) -> None:
         """The last beat, saying the writer closed the segment: a writer of another machine
         may take the id at once. Nothing is written when another process wrote the lease
-        since, or the segment is gone; never raises."""
+        since, or the segment is gone, or a beat under way has not returned within
+        ``CLOSE_WAIT_S`` (a hung filesystem: the lease then stands still, and readers take
+        the writer for gone after their ``lease_timeout``); never raises. No beat follows."""
+        if not self._beating.acquire(timeout=CLOSE_WAIT_S):
+            self._closed = True
+            log.debug("kvtier: lease of %s not closed: a beat of it has not returned", self.path)
+            return
         try:
-            self.beat(closing=True)
+            self._beat_held(closing=True)
         except OSError as exc:
             log.debug("kvtier: lease not closed: %s", exc)
-
-
-class LeaseKeeper:
-    """A daemon thread that beats every lease ``leases()`` returns, every ``every`` seconds,
-    until ``close``. A beat that finds another writer's lease, or its seat gone, calls
-    ``on_conflict(lease, error)``; one that fails otherwise (the segment was taken away, the path is down) is
-    logged at debug level: the path's own health checks report it."""
-
-    def __init__(self, leases: Callable[[], list[Lease]], every: float,
-                 on_conflict: Callable[[Lease, LeaseLost], None] = lambda lease, e: None,
-                 ) -> None:
-        self._leases, self._every, self._on_conflict = leases, every, on_conflict
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kvtier-lease", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._every):
-            for lease in self._leases():
-                try:
-                    lease.beat()
-                except LeaseLost as exc:
-                    self._on_conflict(lease, exc)
-                except OSError as exc:
-                    log.debug("kvtier: lease heartbeat failed: %s", exc)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        finally:
+            self._closed = True
+            self._beating.release()
 
 
 def stated_timeout(data: bytes | None) -> float:

@@ -1,0 +1,80 @@
+"""One path's lease heartbeat never waits on another's: a path whose filesystem hangs holds
+back only its own beats, and goes out of service once its beat has hung for three turns
+(its lease stands still meanwhile, as it would for a writer that is gone)."""
+
+import threading
+
+from kvtier.io.safefs import SafeDir
+from kvtier.segment.lease import read_lease
+from kvtier.segment.lease_keeper import HUNG_TURNS, LeaseHung, LeaseKeeper
+from tests.helpers.disk_helpers import NS, make_tier
+from tests.helpers.shared import wait_for
+
+WAIT_S = 20.0  # a bound on waits for what must come soon, never a measure of speed
+
+
+class Beats:
+    """A stand-in lease counting its beats; each beat waits for ``hang`` when given."""
+
+    def __init__(self, path: str, hang: threading.Event | None = None) -> None:
+        self.path, self.hang, self.count = path, hang, 0
+        self._changed = threading.Condition()
+
+    def beat(self) -> None:
+        with self._changed:
+            self.count += 1
+            self._changed.notify_all()
+        if self.hang is not None:
+            self.hang.wait()
+
+    def reached(self, count: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.count >= count, WAIT_S)
+
+
+def test_a_beat_that_hangs_holds_back_no_other_lease(tmp_path):
+    hang = threading.Event()
+    hung, good = Beats("/hung", hang), Beats("/good")
+    lost: list[tuple[object, Exception]] = []
+    said = threading.Event()
+
+    def on_lost(lease, error):
+        lost.append((lease, error))
+        said.set()
+
+    keeper = LeaseKeeper(lambda: [hung, good], every=0.01, on_conflict=on_lost)
+    try:
+        assert hung.reached(1)
+        assert good.reached(HUNG_TURNS + 5)  # beats on while the first path hangs
+        assert said.wait(WAIT_S)
+        assert hung.count == 1  # never beaten again while its beat hangs: one thread waits
+        ((lease, error),) = lost
+        assert lease is hung and isinstance(error, LeaseHung)
+        assert "heartbeat" in str(error) and "hung" in str(error)
+    finally:
+        hang.set()
+    assert hung.reached(2)  # once its beat returned, it beats again
+    keeper.close()
+
+
+def test_a_path_whose_lease_beat_hangs_goes_out_and_the_other_paths_beat_on(tmp_path):
+    roots = [tmp_path / "p0", tmp_path / "p1"]
+    for root in roots:
+        root.mkdir(mode=0o700)
+    tier = make_tier(roots, writers=["node-a"], lease_timeout=0.6)  # a beat every 0.1 s
+    hang = threading.Event()
+    stuck = tier.paths[0].dir
+    assert stuck is not None and stuck.lease is not None
+    stuck.lease.beat = lambda: hang.wait()  # an NFS server gone: this path's beat never returns
+    segment = SafeDir.open(roots[1] / NS.id / "writers" / "node-a")
+    try:
+        first = read_lease(segment).beat
+        wait_for(lambda: read_lease(segment).beat >= first + HUNG_TURNS + 3, WAIT_S)
+        wait_for(lambda: 0 in tier.paths.down, WAIT_S)
+        down = tier.paths.down
+        assert list(down) == [0] and "heartbeat" in down[0]
+        assert tier.paths[1].dir is not None
+    finally:
+        hang.set()
+        segment.close()
+        tier.close()
