@@ -38,7 +38,7 @@ def test_a_chunk_only_another_engine_wrote_is_loaded_from_its_segment(tmp_path):
     b.close()
 
 
-def test_a_copy_a_rank_failed_to_read_is_forgotten(tmp_path):
+def test_a_copy_a_rank_found_bad_is_forgotten(tmp_path):
     a = scheduler(disk=tmp_path, instance_id="a", share_writers=2)
     write_as(tmp_path, "a", store_all(a, request("x", 64)).stores)
     b = scheduler(disk=tmp_path, instance_id="b", share_writers=2)
@@ -46,7 +46,8 @@ def test_a_copy_a_rank_failed_to_read_is_forgotten(tmp_path):
     b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
     (load,) = b.build_meta().loads
     bad = load.chunks[1].key
-    b.worker_report(WorkerReport(load_failed={"y": {bad}}, loads_done=Counter({"y": 1})))
+    b.worker_report(WorkerReport(load_failed={"y": {bad}}, other_bad={bad},
+                                 loads_done=Counter({"y": 1})))
     assert b.counters["load_failed_chunks"] == 1 and b.others.find(bad) is None
     assert b.num_new_matched_tokens(request("z", 65), 0) == (32, False)  # the first, from host
     b.close()

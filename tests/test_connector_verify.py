@@ -379,7 +379,7 @@ def test_a_sampled_copy_the_store_lost_is_told_as_lost_and_one_timed_out_is_not(
         key = bytes([i]) * 16
         read: Future = Future()
         read.set_result(IOResult(status))
-        check = SimpleNamespace(source=SimpleNamespace(key=key, remote=True))
+        check = SimpleNamespace(source=SimpleNamespace(key=key, remote=True, other=None))
         assert not verify._read_ok(check, read)
         assert (key in w._ledger.pending.remote_absent) is told, status
     side = scheduler()

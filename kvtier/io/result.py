@@ -18,7 +18,8 @@ class IOStatus(Enum):
     NO_SPACE = "no_space"  # free-space floor reached, or ENOSPC
     PATH_DOWN = "path_down"  # the path is out of service
     TIMED_OUT = "timed_out"  # not over within load_timeout: a miss (the read may still end)
-    MISSING = "missing"  # a remote store does not hold the value (never put, or evicted)
+    MISSING = "missing"  # not there: a remote store's value (never put, or evicted), or
+    # another writer's slot file (gone, or not kvtier's)
 
 
 @dataclass(frozen=True)

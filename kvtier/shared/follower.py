@@ -15,6 +15,7 @@ from kvtier.config.settings import KVTierConfig
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.shared.followed import WriterState, directory_slots
+from kvtier.shared.misreads import Misreads, proves_bad
 from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.shared.refresh import RefreshThread
 from kvtier.shared.view import SharedView
@@ -40,8 +41,12 @@ class OtherWriters:
     """Contract: ``find(key)`` returns, for each rank in order, where another writer holds
     ``key``: the same writer and slot on every rank, since a writer's ranks write the slots
     its scheduler side chose for all of them (None when no writer does, as of the last
-    refresh). ``drop(refs)`` forgets such a copy (a read of it failed) until its writer's
-    log names that slot again. ``read_many(items)`` reads copies into memory, verified
+    refresh). ``drop(refs)`` forgets such a copy until its writer's log names that slot
+    again. ``read_failed(refs, proven)`` tells of a read of it that failed: ``proven`` (it
+    proved the copy bad, ``misreads.proves_bad``) drops it; any other failure (an I/O error,
+    a short read, a read not over in time) leaves it found, a miss for that load only, until
+    ``MISSES_IN_A_ROW`` of them in a row drop it (True when dropped); ``read_ok(refs)``
+    ends its run (``Misreads``). ``read_many(items)`` reads copies into memory, verified
     (blocking: an I/O thread), results never exceptions: only when made with ``reads``.
     ``own()`` names this process's writer id of each rank (those segments are its own; it
     may change between refreshes). The views are refreshed once when made (``refresh``),
@@ -53,6 +58,7 @@ class OtherWriters:
                  clock: Callable[[], float] = time.monotonic) -> None:
         slots = directory_slots(raw_bytes, len(config.disk_paths), config.disk_capacity)
         self._own, self._reads = own, reads
+        self._misreads = Misreads()
         self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout,
                                  slots, clock=clock)
                       for ns, writer in zip(namespaces, own(), strict=True)]
@@ -83,7 +89,24 @@ class OtherWriters:
             chunks.append(chunk)
         return tuple(view.ref(chunk) for view, chunk in zip(self.views, chunks, strict=True))
 
+    def read_failed(self, refs: Refs, proven: bool) -> bool:
+        if proven or self._misreads.missed(refs):
+            self.drop(refs)
+            return True
+        return False
+
+    def read_ok(self, refs: Refs) -> None:
+        self._misreads.forget(refs)
+
+    def read_over(self, refs: Refs, result: IOResult) -> None:
+        """``read_ok`` or ``read_failed`` of ``refs``, as ``result`` says."""
+        if result.ok:
+            self.read_ok(refs)
+        else:
+            self.read_failed(refs, proves_bad(result))
+
     def drop(self, refs: Refs) -> None:
+        self._misreads.forget(refs)
         for view, ref in zip(self.views, refs, strict=True):
             chunk = view.find_at(ChunkKey(ref.key), ref.writer, ref.path, ref.slot)
             if chunk is not None:

@@ -4,6 +4,7 @@ Another writer may be overwriting, truncating or deleting the slot being read, o
 crashed halfway through writing it: the slot's own header (namespace, key, codec, sizes,
 its checksum) and the payload checksum decide, so a read racing a writer is CORRUPT (a
 miss), never wrong bytes. Nothing in another writer's segment is ever written or blanked.
+Which failures prove a copy bad, and which prove nothing: ``kvtier.shared.misreads``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.cachedir import aligned_view
 from kvtier.segment.index_file import file_slots_for, open_segment_dir
 from kvtier.segment.names import SLOT_FILE
+from kvtier.shared.misreads import failed_read, short_read
 
 if TYPE_CHECKING:
     from kvtier.disk.lane import DiskLane, NoDisk
@@ -57,9 +59,12 @@ class SlotRef:
 class OtherReads:
     """Verified reads of :class:`SlotRef` s into host slots (page-aligned buffers of at
     least ``raw_bytes``); ``o_direct[path]`` says whether to read a path's files with
-    O_DIRECT. Results, never exceptions. Files are opened through :class:`SafeDir` (no
-    symlink followed, regular files of this user with one link) and reopened when a
-    reference comes with a new ``generation``; ``sweep()`` (every ``SWEEP_S``, started by
+    O_DIRECT. Results, never exceptions: ``CORRUPT`` (the slot does not hold the chunk) or
+    ``MISSING`` (its file gone, or not kvtier's) prove the copy bad; ``IO_ERROR`` (a failed
+    or short read) proves nothing (``misreads``). Files are opened through :class:`SafeDir`
+    (no symlink followed, regular files of this user with one link) and reopened when a
+    reference comes with a new ``generation``, or after a failed or short read (a stale
+    handle, or size, stays so: an open looks again); ``sweep()`` (every ``SWEEP_S``, started by
     reads on a thread of its own, ``sweep_soon``: a kept file on a hung mount holds no read
     of another path) closes the kept files that were deleted since, so that a reclaimed
     segment's space goes back to the filesystem. Thread-safe."""
@@ -122,14 +127,20 @@ class OtherReads:
             finally:
                 os.close(fd)
         except OSError as exc:
-            return [IOResult(IOStatus.IO_ERROR, detail=f"writer {first.writer}: {exc}")] * len(run)
+            self._let_go(first, number)
+            return [failed_read(exc, first.writer)] * len(run)
         results = []
         for j, ((ref, _), (header_buf, payload)) in enumerate(zip(run, landed, strict=True)):
             arrived = min(max(got - j * self._stride, 0), HEADER_BYTES + payload.size)
+            if arrived < HEADER_BYTES + self._raw_bytes:
+                results.append(short_read(ref.writer, arrived, HEADER_BYTES + self._raw_bytes))
+                continue
             problem = slot_problem(header_buf, ChunkKey(ref.key), [payload], arrived - HEADER_BYTES,
                                    Codec.NONE, self._digest, self._raw_bytes, True)
             results.append(IOResult(IOStatus.CORRUPT, arrived, f"writer {ref.writer}: {problem}")
                            if problem else IOResult(IOStatus.OK, arrived))
+        if any(r.status is IOStatus.IO_ERROR for r in results):  # short: opened afresh next
+            self._let_go(first, number)
         return results
 
     def read(self, chunk: SlotRef, dst: np.ndarray) -> IOResult:
@@ -153,7 +164,11 @@ class OtherReads:
             finally:
                 os.close(fd)
         except OSError as exc:
-            return IOResult(IOStatus.IO_ERROR, detail=f"writer {chunk.writer}: {exc}")
+            self._let_go(chunk, number)
+            return failed_read(exc, chunk.writer)
+        if got < HEADER_BYTES + chunk.payload_bytes:
+            self._let_go(chunk, number)
+            return short_read(chunk.writer, got, HEADER_BYTES + chunk.payload_bytes)
         problem = slot_problem(header_buf, ChunkKey(chunk.key), [payload], got - HEADER_BYTES,
                                codec, self._digest, self._raw_bytes, True)
         if problem:
@@ -178,15 +193,17 @@ class OtherReads:
             fd = self._fd(chunk, number)
             try:
                 for start, iov in self._parts.runs(header_buf, dst, wanted):
+                    asked = sum(b.size for b in iov)
                     got = read_fully(fd, iov, offset * self._stride + start)
                     arrived += got
-                    if got < sum(b.size for b in iov):
-                        return IOResult(IOStatus.CORRUPT, arrived,
-                                        f"writer {chunk.writer}: slot truncated")
+                    if got < asked:
+                        self._let_go(chunk, number)
+                        return short_read(chunk.writer, arrived, arrived - got + asked)
             finally:
                 os.close(fd)
         except OSError as exc:
-            return IOResult(IOStatus.IO_ERROR, detail=f"writer {chunk.writer}: {exc}")
+            self._let_go(chunk, number)
+            return failed_read(exc, chunk.writer)
         problem = slot_problem(header_buf, ChunkKey(chunk.key), [dst], self._raw_bytes,
                                Codec.NONE, self._digest, self._raw_bytes, True,
                                wanted=self._parts.read_map(wanted))
@@ -242,6 +259,13 @@ class OtherReads:
         if old is not None:
             os.close(old[0])
         return mine
+
+    def _let_go(self, chunk: SlotRef, number: int) -> None:
+        """Close the kept file ``number`` of ``chunk``'s writer: the next read opens it."""
+        with self._lock:
+            held = self._fds.pop((chunk.path, chunk.writer, number), None)
+        if held is not None:
+            os.close(held[0])
 
     def _open(self, chunk: SlotRef, number: int) -> int:
         if chunk.path >= len(self._roots):

@@ -195,9 +195,10 @@ class Fetcher:
 
     def _complete_other(self, fetch: Fetch, result: IOResult) -> Location | None:
         """A read from another writer's segment: the chunk is now in this store's host
-        memory, or that copy is forgotten (the writer overwrote or lost it meanwhile)."""
+        memory, or a miss (that copy forgotten or not: ``OtherWriters.read_over``)."""
         plan, others, refs = fetch.plan, self.state.others, fetch.other
         assert plan is not None and others is not None and refs is not None
+        others.read_over(refs, result)
         with self.books.held() as b:
             if not self._staged(b, plan, result.ok) and result.ok:
                 fetch.state = FetchState.FAILED  # found wrong while it was read: a miss
@@ -211,7 +212,6 @@ class Fetcher:
             fetch.state = FetchState.FAILED
             b.stats.shared_failures += 1
             b.failures.note(f"shared read {result.status.value}", result.detail)
-        others.drop(refs)
         return None
 
     def _complete_remote(self, fetch: Fetch, result: IOResult) -> Location | None:

@@ -163,6 +163,9 @@ class WorkerReport:
     those whose bytes differed in a format kvtier cannot decode (no verdict). ``remote_absent``:
     the keys a rank's remote read found the store without (missing, or a value not the
     chunk's); a read that failed otherwise (a timeout, a redirect) says nothing of it.
+    ``other_bad``: the keys whose read (a load's or a check's) of another engine's copy
+    proved that copy bad (``kvtier.shared.misreads.proves_bad``); another failure of such a
+    read (an I/O error, a short read, a timeout) says nothing of the copy.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -185,6 +188,7 @@ class WorkerReport:
     remote_records: dict = field(default_factory=dict)  # key -> token record (``RemoteWrite``)
     remote_absent: set = field(default_factory=set)
     verify_undecided: Counter = field(default_factory=Counter)
+    other_bad: set = field(default_factory=set)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -210,6 +214,7 @@ class WorkerReport:
             {**self.remote_records, **other.remote_records},
             self.remote_absent | other.remote_absent,
             self.verify_undecided + other.verify_undecided,
+            self.other_bad | other.other_bad,
         )
 
     def is_empty(self) -> bool:
@@ -219,4 +224,4 @@ class WorkerReport:
                     or self.reads_stalled or self.reads_over or self.remote_written
                     or self.remote_failed or self.load_seconds or self.verified
                     or self.verify_differed or self.verify_failed or self.remote_records
-                    or self.remote_absent or self.verify_undecided)
+                    or self.remote_absent or self.verify_undecided or self.other_bad)

@@ -50,8 +50,9 @@ class LoadPlanner:
     freed, or held in ``StalledReads`` while a read given up on still runs), pins end, and
     failed chunks are discarded from every tier. Chunks no tier of this engine holds are
     looked for in other engines' segments (``others``, when given): loaded like disk chunks,
-    from there, and forgotten there when a rank fails to read them. Past those, the remote
-    store is asked (``presence``, once per request, in the background: "ask again" until it
+    from there, and forgotten there when a rank's read proved the copy bad (``note_failed``'s
+    ``bad``), or failed otherwise too often in a row (``OtherWriters.read_failed``). Past
+    those, the remote store is asked (``presence``, once per request, in the background: "ask again" until it
     answered); its chunks load like disk chunks too, and one whose read failed is not offered
     to the request again. Loads over tell ``remote_writes`` which chunks were hit, and which
     the store holds.
@@ -68,6 +69,7 @@ class LoadPlanner:
         self._loads: dict[str, Load] = {}
         self._new: list[RequestLoad] = []
         self._failures: dict[str, set[bytes]] = {}
+        self._bad: dict[str, set[bytes]] = {}  # of those, another engine's copy proved bad
         # a chunk's token record from its request and index (``StorePlanner.record``), for the
         # store's log of a chunk a hit sends there; None: none kept
         self.records: Callable[[Any, int], bytes] | None = None
@@ -226,13 +228,17 @@ class LoadPlanner:
 
     # -- finish ---------------------------------------------------------------------------
 
-    def note_failed(self, req_id: str, keys: set[bytes]) -> None:
-        """Some rank failed to load ``keys`` of ``req_id``'s load."""
+    def note_failed(self, req_id: str, keys: set[bytes], bad: set[bytes] | None = None) -> None:
+        """Some rank failed to load ``keys`` of ``req_id``'s load; of those, its reads of
+        another engine's copy of ``bad`` proved that copy bad."""
         self._failures.setdefault(req_id, set()).update(keys)
+        if bad:
+            self._bad.setdefault(req_id, set()).update(bad)
 
     def finish(self, req_id: str) -> None:
         """The workers finished loading ``req_id``: keep what arrived, drop what failed."""
         failed = self._failures.pop(req_id, set())
+        bad = self._bad.pop(req_id, set())
         load = self._loads.pop(req_id, None)
         if load is None:
             return
@@ -247,9 +253,11 @@ class LoadPlanner:
                 self.stack.discard(key)
                 self.counters["load_failed_chunks"] += 1
         for key, refs in load.other.items():
-            if key in failed and self.others is not None:
-                self.others.drop(refs)
+            if self.others is not None and key in failed:
+                self.others.read_failed(refs, key in bad)
                 self.counters["load_failed_chunks"] += 1
+            elif self.others is not None:
+                self.others.read_ok(refs)
         for key in reversed(load.order):  # its staged copies were committed head first:
             self.stack.touch(key)  # the head made the most recent again
         self._remote_outcomes(req_id, load, failed)

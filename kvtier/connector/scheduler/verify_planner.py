@@ -48,6 +48,7 @@ class _Check:
     differed: int = 0
     failed: int = 0
     undecided: int = 0  # bytes differed in a format kvtier cannot decode
+    bad: bool = False  # some rank's read proved another engine's copy bad
 
 
 class VerifyPlanner:
@@ -75,7 +76,9 @@ class VerifyPlanner:
     rank could not read (damaged, an I/O error, a read given up at ``load_timeout``) counts
     as neither and is dropped where it was read, as a failed load's copy is: a copy left
     visible beside a staging slot a hung read still holds would look as if another load
-    were staging it, to every later request.
+    were staging it, to every later request. Another engine's copy is dropped only when the
+    read proved it bad, or failed too often in a row (``OtherWriters.read_failed``): a hit
+    ends at a chunk whose staging slot such a read holds (``LoadMatcher``).
     """
 
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
@@ -173,6 +176,7 @@ class VerifyPlanner:
             check.differed += report.verify_differed[key]
             check.failed += report.verify_failed[key]
             check.undecided += report.verify_undecided[key]
+            check.bad = check.bad or key in report.other_bad
             if check.verified + check.differed + check.failed + check.undecided >= self.world_size:
                 del self._checks[key]
                 self._end(key, check)
@@ -204,8 +208,9 @@ class VerifyPlanner:
                         "where this engine computes the same bytes every time", key.hex()[:16])
 
     def _unread(self, key: ChunkKey, check: _Check) -> None:
-        """A copy some rank could not read: dropped where it was read (this engine's tier,
-        the other engine's copy in this view), or not offered from the store for a while (a
+        """A copy some rank could not read: dropped where it was read (this engine's tier;
+        the other engine's copy in this view when the read proved it bad, or after several
+        failed reads of it in a row), or not offered from the store for a while (a
         read the store answered missing or damaged: forgotten as lost through the workers'
         ``remote_absent``, as a load's; one that timed out or failed is no loss)."""
         self.counters["verify_unread_chunks"] += 1
@@ -213,8 +218,8 @@ class VerifyPlanner:
             if self.presence is not None:
                 self.presence.failed(check.req_id, [key])
         elif check.refs is not None:
-            if self.others is not None:
-                self.others.drop(check.refs)
+            if self.others is not None:  # as a failed load's read of it
+                self.others.read_failed(check.refs, check.bad)
         else:
             self.stack.discard(key)
 

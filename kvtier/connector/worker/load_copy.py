@@ -10,6 +10,7 @@ from kvtier.connector.worker.counters import SOURCES, source_of
 from kvtier.connector.worker.load_tracker import Reads
 from kvtier.connector.worker.pages import PagedKV
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.shared.misreads import proves_bad
 from kvtier.tiers.host import HostTier
 
 
@@ -21,6 +22,7 @@ class LoadCopy:
     failed_keys: set[bytes] = field(default_factory=set)  # reads failed: drop from the cache
     read_failures: list[tuple[bool, IOResult]] = field(default_factory=list)  # (remote, result)
     absent_keys: set[bytes] = field(default_factory=set)  # the remote store does not hold them
+    other_bad: set[bytes] = field(default_factory=set)  # another engine's copy proved bad
     host_bytes: int = 0  # copied into vLLM's pages
     read_bytes: int = 0  # read from disk for it
     copied: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
@@ -31,11 +33,13 @@ class LoadCopy:
         self.failed_keys.update(c.key for c in load.chunks if c.key)
 
     def report(self, pending: WorkerReport, req_id: str) -> None:
-        """What the scheduler side learns of it: the keys whose reads failed, and those the
-        remote store was found not to hold (to be written again)."""
+        """What the scheduler side learns of it: the keys whose reads failed, those whose
+        read proved another engine's copy bad (forgotten), and those the remote store was
+        found not to hold (to be written again)."""
         if self.failed_keys:
             pending.load_failed[req_id] = self.failed_keys
         pending.remote_absent |= self.absent_keys
+        pending.other_bad |= self.other_bad
 
 
 def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostTier,
@@ -56,6 +60,8 @@ def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostT
                 done.read_failures.append((chunk.remote, result))
                 if chunk.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
                     done.absent_keys.add(chunk.key)
+                if chunk.other is not None and proves_bad(result):
+                    done.other_bad.add(chunk.key)
             if chunk.fills_nothing:  # out of every group's window: nothing to copy
                 continue
             if broken or chunk.host_slot is None or chunk.key in done.failed_keys:

@@ -19,6 +19,7 @@ from kvtier.disk.copies import blank_every_copy
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
+from kvtier.shared.misreads import proves_bad
 from kvtier.store.tolerance import same_kv
 from kvtier.tiers.host import HostTier
 
@@ -121,10 +122,12 @@ class WorkerVerify:
             return False
         result: IOResult = read.result()
         if not result.ok:
-            if check.source.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
-                with self._ledger.lock:  # the store lost it, for certain: as a load's read
-                    self._ledger.pending.remote_absent.add(key)
-            self._end(check, "verify_failed")
+            with self._ledger.lock:  # in the report that says the check failed
+                if check.source.remote and result.status in (IOStatus.MISSING, IOStatus.CORRUPT):
+                    self._ledger.pending.remote_absent.add(key)  # the store lost it, for certain
+                if check.source.other is not None and proves_bad(result):
+                    self._ledger.pending.other_bad.add(key)  # that copy is bad: as a load's read
+                self._ledger.pending.verify_failed[key] += 1
             return False
         return True
 
