@@ -15,7 +15,7 @@ from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad,
 from kvtier.shared.misreads import MISSES_IN_A_ROW
 from kvtier.shared.view import SharedView
 from kvtier.tiers.base import TierName
-from tests.helpers.disk_helpers import failing_io
+from tests.helpers.disk_helpers import delayed_io, failing_io
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.scheduler_side import request, scheduler, store_all, write_as
 from tests.helpers.shared import shared
@@ -87,6 +87,19 @@ def out_of_memory(store, theirs):
     mine = seq(900_000 + 10_000 * next(FILLS), 4)
     store.put(mine, make_kv(mine))
     assert store.lookup(theirs).chunks_by_tier == {SHARED: len(theirs) // CHUNK}
+
+
+def test_reads_not_over_in_time_count_as_failures_that_prove_nothing(tmp_path, monkeypatch):
+    tokens = seq(0, 1)
+    written_by_a(tmp_path, tokens)
+    with KVStore(SMALL, shared(tmp_path, "b", share_refresh="1h", load_timeout="100ms")) as b:
+        for n in range(MISSES_IN_A_ROW):
+            assert b.lookup(tokens).tokens == CHUNK  # kept: a miss for each load till then
+            hung = delayed_io(monkeypatch, "preadv")  # a's path answers nothing
+            assert load(b, tokens)[0] == 0
+            assert b.stats().load_timeouts == n + 1
+            hung.set()  # its read ends late (its host slot free again)
+        assert b.lookup(tokens).tokens == 0
 
 
 def test_a_copy_whose_file_is_gone_is_forgotten_at_once(tmp_path):

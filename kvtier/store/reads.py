@@ -33,10 +33,9 @@ class Fetcher:
     reads it straight there on the chunk's first read from disk (its second one goes
     through a host slot, which promotes it); ``start(fetches)`` starts the reads of fetches
     begun, grouped; ``complete(fetch)`` says where the chunk can be copied from (for a
-    direct read: its disk
-    slot, the bytes being in place), or None when its read failed (the chunk is dropped) or
-    was not over in time (a direct read's pages are then detached from the caller);
-    ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
+    direct read: its disk slot, the bytes being in place), or None when its read failed (the
+    chunk is dropped) or was not over in time (a direct read's pages are then detached from
+    the caller); ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
     """
 
     def __init__(self, state: StoreState, runner: PlanRunner) -> None:
@@ -263,11 +262,12 @@ class Fetcher:
             where = "shared" if fetch.other is not None else "remote"  # not this store's disk
             self.books.failed("load_timeouts", f"{where} read timed_out", "no answer after "
                               f"{self.state.config.load_timeout:g} s (load_timeout)")
+            if fetch.other is not None and self.state.others is not None:  # no proof: three
+                self.state.others.read_failed(fetch.other, False)  # in a row forget the copy
         elif timed_out:
             self.books.discard(fetch.key)
             self.books.timed_out(fetch.loc.slot, "disk read timed_out", "no answer from disk "
                                   f"after {self.state.config.load_timeout:g} s (load_timeout)")
-
         if plan is not None or held is not None:  # its slots are free once the read ends
             staged, key = plan, fetch.key
 
