@@ -79,8 +79,12 @@ class LeaseKeeper:
                 continue
             thread = threading.Thread(target=self._beat, args=(lease,), name="kvtier-beat",
                                       daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no thread to be had now: tried again next turn
+                log.debug("kvtier: lease heartbeat not started: %s", exc)
+                continue
             self._beats[lease] = _Beat(thread)
-            thread.start()
 
     def _beat(self, lease: Lease) -> None:
         try:
