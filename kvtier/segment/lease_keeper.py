@@ -51,7 +51,7 @@ class LeaseKeeper:
     ``on_conflict(lease, error)``; one that fails otherwise (the segment was taken away,
     the path is down) is logged at debug level: the path's own health checks report it.
     ``close`` stops the turns at once: a beat still under way ends on its own, and its lease
-    is closed after it (``Lease.close``)."""
+    is closed after it (``Lease.close``, which waits for it at most ``CLOSE_WAIT_S``)."""
 
     def __init__(self, leases: Callable[[], list[Lease]], every: float,
                  on_conflict: Callable[[Lease, LeaseLost], None] = lambda lease, e: None,
