@@ -12,6 +12,7 @@ store answers. Outside a deadline the sockets behave as plain ones.
 from __future__ import annotations
 
 import functools
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -51,11 +52,14 @@ def expired() -> bool:
 class DeadlineSocket:
     """A socket whose sends and receives end by the calling thread's deadline: each gets
     the smaller of the timeout set on it and the time left (``TimeoutError`` when none is).
-    Everything else goes to the socket it wraps."""
+    Everything else goes to the socket it wraps. ``received`` counts the bytes received on
+    it, ``served`` the round trips that ended well on it (``pooled.PooledExchange``)."""
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self._timeout = sock.gettimeout()  # what the connection asked for
+        self.received = 0
+        self.served = 0
 
     def settimeout(self, timeout: float | None) -> None:
         self._timeout = timeout
@@ -75,11 +79,16 @@ class DeadlineSocket:
 
     def recv(self, *args: Any) -> bytes:
         self._arm()
-        return self._sock.recv(*args)
+        data: bytes = self._sock.recv(*args)
+        if not (len(args) > 1 and args[1] & socket.MSG_PEEK):  # a peek reads nothing yet
+            self.received += len(data)
+        return data
 
     def recv_into(self, *args: Any) -> int:
         self._arm()
-        return self._sock.recv_into(*args)
+        n: int = self._sock.recv_into(*args)
+        self.received += n
+        return n
 
     def send(self, *args: Any) -> int:
         self._arm()

@@ -7,7 +7,9 @@ one pipeline (one exchange per node: ``redis_cluster``), bounded as a whole by
 ``timeout_s`` (``deadline``: connecting, sending and every reply together, however slowly
 the store drips its answer), with no client-side retries or re-sends: a slow or dead store
 or node is a failure now (the tier out of service) and a retry after ``retry_s``, never a
-stalled step.
+stalled step. One exception: a request on a pooled connection that was dead before it
+reached the store is sent again once on a fresh connection, within the same deadline
+(``pooled``); every request here may be applied twice.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier
 from kvtier.remote.deadline import bounded
+from kvtier.remote.pooled import Request, exchange
 from kvtier.remote.range_reads import RangeRead, answer_into, failed_answer
 from kvtier.remote.record_log import stream_entries
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_round_trip
-from kvtier.remote.redis_direct import get_into, ranges_into, set_from
+from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
 from kvtier.remote.values import ValueFormat, value_key
 
 __all__ = ["PASSWORD_ENV", "SCHEMES", "USER_ENV", "RedisTier", "check_url"]
@@ -80,10 +83,15 @@ class RedisTier(RemoteTier):
 
     def _run(self, what: str, commands: list[tuple[str, tuple]],
              health: bool = True) -> list[Any] | IOResult:
-        """One pipelined round trip (on a cluster, one exchange per node:
+        """One pipelined round trip of ``commands`` (on a cluster, one exchange per node:
         ``redis_cluster``); per-command replies (exceptions in place), or the failure of
-        the whole: a store or a node that does not answer fails it once. Without
-        ``health`` (the log of token records: hints) a failure takes no one out of service."""
+        the whole."""
+        return self._trip(what, lambda client: self._commands(client, commands), health)
+
+    def _trip(self, what: str, round_trip: Callable[[Any], T], health: bool = True) -> T | IOResult:
+        """``round_trip(client)`` within one deadline: what it answers, or the failure of the
+        whole (a store or a node that does not answer fails it once). Without ``health``
+        (the log of token records: hints) a failure takes no one out of service."""
         if self.down:
             return self._out_of_service()
         with bounded(self._timeout_s):
@@ -91,7 +99,7 @@ class RedisTier(RemoteTier):
             if isinstance(client, IOResult):
                 return client
             try:
-                replies = self._round_trip(client, commands)
+                replies = round_trip(client)
             except Exception as exc:  # the client raises its own errors for every transport fault
                 if not health:  # (an entry another client made too large to read in time)
                     return IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}")
@@ -99,18 +107,15 @@ class RedisTier(RemoteTier):
         self._succeeded()
         return replies
 
-    def _round_trip(self, client: Any, commands: list[tuple[str, tuple]]) -> list[Any]:
-        if self._cluster:
-            if self._stale_map:  # a slot moved: the map asked for anew, in place (closing
-                self._stale_map = False  # the client would cut other threads' round trips)
-                client.nodes_manager.initialize()
-            replies = cluster_round_trip(client, commands)
-            self._stale_map |= replies.stale
-            return list(replies)
-        pipe = client.pipeline(transaction=False)
-        for name, args in commands:
-            pipe.execute_command(name.upper(), *args)  # as sent to a cluster: the raw command
-        return list(pipe.execute(raise_on_error=False))
+    def _commands(self, client: Any, commands: list[tuple[str, tuple]]) -> list[Any]:
+        if not self._cluster:  # one connection, sent again on a fresh one if it was dead
+            return exchange(client.connection_pool, Commands(commands))
+        if self._stale_map:  # a slot moved: the map asked for anew, in place (closing
+            self._stale_map = False  # the client would cut other threads' round trips)
+            client.nodes_manager.initialize()
+        replies = cluster_round_trip(client, commands)
+        self._stale_map |= replies.stale
+        return list(replies)
 
     def _broken(self, what: str, exc: BaseException) -> IOResult:
         """A failed round trip. A cluster client is made anew at the next one, from every
@@ -179,35 +184,14 @@ class RedisTier(RemoteTier):
             return [replies] * len(keys)
         return [self._take(key, reply, dst) for key, reply, dst in zip(keys, replies, dsts, strict=True)]
 
-    def _exchange(self, what: str, body: Callable[[Any], T]) -> T | IOResult:
-        """``body(connection)`` on a connection of the pool (one server): an exception in it
-        is the round trip's failure and drops the connection, which may be out of step."""
-        if self.down:
-            return self._out_of_service()
-        with bounded(self._timeout_s):
-            client = self._connected(what)
-            if isinstance(client, IOResult):
-                return client
-            try:
-                pool = client.connection_pool
-                connection = pool.get_connection()
-            except Exception as exc:
-                return self._failed(what, explained(exc))
-            try:
-                result = body(connection)
-            except Exception as exc:  # a transport fault or a stream out of step
-                connection.disconnect()
-                return self._failed(what, explained(exc))
-            finally:
-                pool.release(connection)
-        self._succeeded()
-        return result
+    def _exchange(self, what: str, request: Request[T]) -> T | IOResult:
+        """``request`` on a connection of the pool (one server: ``pooled.exchange``)."""
+        return self._trip(what, lambda client: exchange(client.connection_pool, request))
 
     def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
         """GET each chunk in one pipelined round trip on one connection, each value read
         off the socket straight into its destination (``resp.BulkReplies``), then checked."""
-        return self._exchange("get", lambda connection: get_into(
-            connection, self._format, [self._key(k) for k in keys], keys, dsts))
+        return self._exchange("get", Gets(self._format, [self._key(k) for k in keys], keys, dsts))
 
     def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
         if reply is None:
@@ -239,8 +223,7 @@ class RedisTier(RemoteTier):
 
     def _ranges_direct(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` on one connection, read off the socket into place."""
-        return self._exchange("get", lambda connection: ranges_into(
-            connection, plans, [self._key(plan.key) for plan in plans]))
+        return self._exchange("get", Ranges(plans, [self._key(plan.key) for plan in plans]))
 
     def _ranges_piped(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
         """The range reads of ``plans`` through the client's pipeline (a cluster's)."""
@@ -275,8 +258,7 @@ class RedisTier(RemoteTier):
         """SET each chunk in one pipelined round trip on one connection, its bytes sent from
         the caller's buffer with no copy (the header goes before them as its own piece of
         the command); replies in order, a refused one as its exception."""
-        return self._exchange("set", lambda connection: set_from(
-            connection, self._format, [self._key(k) for k, _ in items], items))
+        return self._exchange("set", Sets(self._format, [self._key(k) for k, _ in items], items))
 
     def close(self) -> None:
         super().close()

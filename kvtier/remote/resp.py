@@ -118,6 +118,12 @@ class BulkReplies:
         return ""
 
 
+def redirect(error: str) -> bool:
+    """Whether an error reply (as ``bulk_into`` answers it) is a cluster's redirect: the
+    key's slot moved or is moving."""
+    return error.startswith(("MOVED ", "ASK ", "TRYAGAIN "))
+
+
 def payload_view(dst: np.ndarray, nbytes: int) -> memoryview:
     """The first ``nbytes`` of ``dst`` as a writable byte view."""
     return dst.reshape(-1).view(np.uint8)[:nbytes].data.cast("B")
