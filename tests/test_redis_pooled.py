@@ -9,6 +9,7 @@ connection that never served, and a store that does not answer are not asked aga
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -87,6 +88,47 @@ def test_a_request_on_a_pooled_connection_that_died_idle_is_sent_again_fresh(beh
         assert tier.get_many([key(3)], [into])[0].ok and np.array_equal(into, chunk(3))
     finally:
         tier.close()
+
+
+def cluster_behind(workdir) -> tuple[RedisServer, Balancer]:
+    """A one-node cluster that names the balancer as its address: every connection of a
+    cluster client goes through it."""
+    server = RedisServer(workdir, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    balancer = Balancer(server.port)
+    server.extra += ("--cluster-announce-ip", "127.0.0.1", "--cluster-announce-port", str(balancer.port))
+    server.start()
+    client = server.client()
+    client.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    wait_cluster(server)
+    return server, balancer
+
+
+def wait_cluster(server: RedisServer) -> None:
+    deadline = time.monotonic() + 30
+    while b"cluster_state:ok" not in server.client().execute_command("CLUSTER", "INFO"):
+        assert time.monotonic() < deadline, "the one-node cluster never came up"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["restart", "kill"])
+def test_a_cluster_nodes_pooled_connection_that_died_idle_is_sent_again_fresh(tmp_path, how):
+    server, balancer = cluster_behind(tmp_path / "node")
+    tier = RedisTier(f"redis+cluster://127.0.0.1:{balancer.port}", NS, RAW, timeout_s=5.0,
+                     retry_s=60.0, parts=(RAW // 2, RAW // 2))
+    try:
+        for name, call in calls(tier).items():
+            assert tier.put_many([(key(1), chunk(1))])[0].ok
+            resets = balancer.resets
+            break_flows(server, balancer, how)
+            if how == "restart":
+                wait_cluster(server)
+            assert call(), name
+            assert balancer.resets > resets, name
+            assert tier.failures == 0 and not tier.down, name
+    finally:
+        tier.close()
+        balancer.stop()
+        server.stop()
 
 
 def test_every_pooled_connection_dead_at_once_fails_no_round_trip(behind):

@@ -141,14 +141,14 @@ def test_a_log_read_that_fails_takes_the_store_out_of_service_for_no_lookup(serv
     tier = RedisTier(server.url, ns, 1 << 16, timeout_s=5.0, retry_s=60.0)
     key = ChunkKey(bytes(16))
     assert all(r.ok for r in tier.put_many([(key, np.zeros(1 << 16, np.uint8))]))
-    real = tier._commands
+    real = tier._round_trip
 
-    def log_too_large(client, commands):
-        if commands[0][0] == "xrange":
+    def log_too_large(client, names, make):
+        if names[0].startswith(b"kvtier:log:"):
             raise TimeoutError("Timeout reading from socket")
-        return real(client, commands)
+        return real(client, names, make)
 
-    monkeypatch.setattr(tier, "_commands", log_too_large)
+    monkeypatch.setattr(tier, "_round_trip", log_too_large)
     assert tier.read_records(b"0", 16) is None
     assert not tier.down and tier.failures == 0 and tier.exists([key]) == [True]
     tier.close()

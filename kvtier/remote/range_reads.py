@@ -5,7 +5,6 @@ and what the replies come to, each part read checked against the value's part ta
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -53,18 +52,3 @@ class RangeRead:
             return IOResult(IOStatus.MISSING)
         problem = self.form.parts_problem(self.header, self.payload, self.key, self.wanted)
         return IOResult(IOStatus.CORRUPT, 0, problem) if problem else IOResult(IOStatus.OK, self.nbytes)
-
-
-def answer_into(reply: Any, views: Sequence[memoryview]) -> str | None:
-    """A pipeline's GETRANGE reply copied into ``views`` (as ``BulkReplies.bulk_into``)."""
-    if isinstance(reply, Exception):
-        return str(reply)
-    if not reply:
-        return None
-    if len(reply) != sum(len(v) for v in views):
-        return f"wrong length: a value of {len(reply)} bytes"
-    at = 0
-    for view in views:
-        view[:] = reply[at:at + len(view)]
-        at += len(view)
-    return ""

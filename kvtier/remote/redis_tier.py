@@ -29,10 +29,10 @@ from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier
 from kvtier.remote.deadline import bounded
 from kvtier.remote.pooled import Request, exchange
-from kvtier.remote.range_reads import RangeRead, answer_into, failed_answer
+from kvtier.remote.range_reads import RangeRead
 from kvtier.remote.record_log import stream_entries
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
-from kvtier.remote.redis_cluster import cluster_round_trip
+from kvtier.remote.redis_cluster import cluster_exchange
 from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
 from kvtier.remote.values import ValueFormat, value_key
 
@@ -83,15 +83,18 @@ class RedisTier(RemoteTier):
 
     def _run(self, what: str, commands: list[tuple[str, tuple]],
              health: bool = True) -> list[Any] | IOResult:
-        """One pipelined round trip of ``commands`` (on a cluster, one exchange per node:
-        ``redis_cluster``); per-command replies (exceptions in place), or the failure of
-        the whole."""
-        return self._trip(what, lambda client: self._commands(client, commands), health)
+        """One pipelined round trip of ``commands`` (name, args: the key first); per-command
+        replies (exceptions in place), or the failure of the whole."""
+        return self._trip(what, [args[0] for _, args in commands],
+                          lambda at: Commands(pick(commands, at)), health)
 
-    def _trip(self, what: str, round_trip: Callable[[Any], T], health: bool = True) -> T | IOResult:
-        """``round_trip(client)`` within one deadline: what it answers, or the failure of the
-        whole (a store or a node that does not answer fails it once). Without ``health``
-        (the log of token records: hints) a failure takes no one out of service."""
+    def _trip(self, what: str, names: Sequence[bytes], make: Callable[[list[int]], Request[list[Any]]],
+              health: bool = True) -> list[Any] | IOResult:
+        """What ``make(indexes)`` asks about ``names[i]``, in one round trip within one
+        deadline (one request on one server, one per node on a cluster): a reply per name,
+        or the failure of the whole (a store or a node that does not answer fails it once).
+        Without ``health`` (the log of token records: hints) a failure takes no one out of
+        service."""
         if self.down:
             return self._out_of_service()
         with bounded(self._timeout_s):
@@ -99,7 +102,7 @@ class RedisTier(RemoteTier):
             if isinstance(client, IOResult):
                 return client
             try:
-                replies = round_trip(client)
+                replies = self._round_trip(client, names, make)
             except Exception as exc:  # the client raises its own errors for every transport fault
                 if not health:  # (an entry another client made too large to read in time)
                     return IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}")
@@ -107,13 +110,14 @@ class RedisTier(RemoteTier):
         self._succeeded()
         return replies
 
-    def _commands(self, client: Any, commands: list[tuple[str, tuple]]) -> list[Any]:
+    def _round_trip(self, client: Any, names: Sequence[bytes],
+                    make: Callable[[list[int]], Request[list[Any]]]) -> list[Any]:
         if not self._cluster:  # one connection, sent again on a fresh one if it was dead
-            return exchange(client.connection_pool, Commands(commands))
+            return exchange(client.connection_pool, make(list(range(len(names)))))
         if self._stale_map:  # a slot moved: the map asked for anew, in place (closing
             self._stale_map = False  # the client would cut other threads' round trips)
             client.nodes_manager.initialize()
-        replies = cluster_round_trip(client, commands)
+        replies = cluster_exchange(client, names, make)
         self._stale_map |= replies.stale
         return list(replies)
 
@@ -173,43 +177,21 @@ class RedisTier(RemoteTier):
         return stream_entries(replies[0], after)
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
+        """GET of each chunk in one pipelined round trip, each value read off the socket
+        straight into its destination (``redis_direct.Gets``), then checked."""
         unfit = self._unfit(dsts)
         if unfit is not None:
             return [unfit] * len(keys)
-        if not self._cluster:
-            direct = self._get_direct(keys, dsts)
-            return [direct] * len(keys) if isinstance(direct, IOResult) else direct
-        replies = self._run("get", [("get", (self._key(k),)) for k in keys])
-        if isinstance(replies, IOResult):
-            return [replies] * len(keys)
-        return [self._take(key, reply, dst) for key, reply, dst in zip(keys, replies, dsts, strict=True)]
-
-    def _exchange(self, what: str, request: Request[T]) -> T | IOResult:
-        """``request`` on a connection of the pool (one server: ``pooled.exchange``)."""
-        return self._trip(what, lambda client: exchange(client.connection_pool, request))
-
-    def _get_direct(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult] | IOResult:
-        """GET each chunk in one pipelined round trip on one connection, each value read
-        off the socket straight into its destination (``resp.BulkReplies``), then checked."""
-        return self._exchange("get", Gets(self._format, [self._key(k) for k in keys], keys, dsts))
-
-    def _take(self, key: ChunkKey, reply: Any, dst: np.ndarray) -> IOResult:
-        if reply is None:
-            return IOResult(IOStatus.MISSING)
-        if isinstance(reply, Exception):  # a redirect (MovedError, AskError), WRONGTYPE...
-            return failed_answer(f"{type(reply).__name__}: {reply}")
-        problem = self._format.value_problem(reply, key)
-        if problem:
-            return IOResult(IOStatus.CORRUPT, 0, problem)
-        payload = np.frombuffer(reply, dtype=np.uint8, offset=self._format.header_bytes)
-        np.copyto(dst.reshape(-1).view(np.uint8)[: self.raw_bytes], payload)
-        return IOResult(IOStatus.OK, self.raw_bytes)
+        names = [self._key(k) for k in keys]
+        got = self._trip("get", names, lambda at: Gets(self._format, pick(names, at),
+                                                       pick(keys, at), pick(dsts, at)))
+        return [got] * len(keys) if isinstance(got, IOResult) else got
 
     def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
                   wanted: Sequence[Collection[int]]) -> list[IOResult]:
         """GETRANGE of each chunk's header and of the runs of parts ``wanted``, all in one
-        pipelined round trip; a chunk that needs every part is one GETRANGE of the whole
-        value, every part checked."""
+        pipelined round trip, read off the socket into place; a chunk that needs every part
+        is one GETRANGE of the whole value, every part checked."""
         unfit = self._unfit(dsts)
         if unfit is not None:
             return [unfit] * len(keys)
@@ -218,47 +200,24 @@ class RedisTier(RemoteTier):
         every = range(len(self.parts))
         plans = [RangeRead(self._format, key, dst, parts if self._format.reads_alone(parts) else every)
                  for key, dst, parts in zip(keys, dsts, wanted, strict=True)]
-        got = self._ranges_direct(plans) if not self._cluster else self._ranges_piped(plans)
+        names = [self._key(plan.key) for plan in plans]
+        got = self._trip("get", names, lambda at: Ranges(pick(plans, at), pick(names, at)))
         return [got] * len(plans) if isinstance(got, IOResult) else got
 
-    def _ranges_direct(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
-        """The range reads of ``plans`` on one connection, read off the socket into place."""
-        return self._exchange("get", Ranges(plans, [self._key(plan.key) for plan in plans]))
-
-    def _ranges_piped(self, plans: Sequence[RangeRead]) -> list[IOResult] | IOResult:
-        """The range reads of ``plans`` through the client's pipeline (a cluster's)."""
-        replies = self._run("get", [("getrange", (self._key(plan.key), start, end - 1))
-                                    for plan in plans for start, end, _ in plan.runs])
-        if isinstance(replies, IOResult):
-            return replies
-        results, at = [], 0
-        for plan in plans:
-            answers = [answer_into(r, views) for r, (_, _, views)
-                       in zip(replies[at:at + len(plan.runs)], plan.runs, strict=True)]
-            at += len(plan.runs)
-            results.append(plan.outcome(answers))
-        return results
-
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
+        """SET of each chunk in one pipelined round trip, its bytes sent from the caller's
+        buffer with no copy (``redis_direct.Sets``)."""
         wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
         if wrong:
             return [IOResult(IOStatus.IO_ERROR, 0, f"a payload of {wrong[0]} bytes: this tier's "
                              f"chunks have {self.raw_bytes}")] * len(items)
-        if self._cluster:
-            replies = self._run("set", [("set", (self._key(k), self._format.encode(k, raw)))
-                                        for k, raw in items])
-        else:
-            replies = self._set_direct(items)
+        names = [self._key(k) for k, _ in items]
+        replies = self._trip("set", names, lambda at: Sets(self._format, pick(names, at),
+                                                           pick(items, at)))
         if isinstance(replies, IOResult):
             return [replies] * len(items)
         return [IOResult(IOStatus.OK, self.raw_bytes) if r is True else _put_failure(r)
                 for r in replies]
-
-    def _set_direct(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[Any] | IOResult:
-        """SET each chunk in one pipelined round trip on one connection, its bytes sent from
-        the caller's buffer with no copy (the header goes before them as its own piece of
-        the command); replies in order, a refused one as its exception."""
-        return self._exchange("set", Sets(self._format, [self._key(k) for k, _ in items], items))
 
     def close(self) -> None:
         super().close()
@@ -267,6 +226,11 @@ class RedisTier(RemoteTier):
         if client is not None:
             with contextlib.suppress(Exception):  # a broken connection: nothing more to do
                 client.close()
+
+
+def pick(items: Sequence[T], at: Sequence[int]) -> list[T]:
+    """The items at the indexes ``at``, in that order."""
+    return [items[i] for i in at]
 
 
 def _put_failure(reply: Any) -> IOResult:
