@@ -1,16 +1,19 @@
 """A remote store's log of token records (``RemoteTier.append_records``/``read_records``) on
 Valkey/Redis, against a real redis-server and a one-node cluster: entries come back in
 order from any point, the log is trimmed to about ``RECORD_LOG``, entries another writer
-shaped otherwise are passed over, and a store that is down answers None, never raises."""
+shaped otherwise are passed over, ``XRANGE`` replies are read with bounds, and a store that
+is down answers None, never raises."""
 
+import socket
 import time
 
 import pytest
 
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote import redis_tier
-from kvtier.remote.record_log import stream_entries
+from kvtier.remote.record_log import ENTRY_MAX, TOO_LARGE, LogEntries, read_entries
 from kvtier.remote.redis_tier import RedisTier
+from kvtier.remote.resp import BulkReplies, RespError
 from tests.helpers.redis_server import RedisServer, needs_redis
 
 pytestmark = needs_redis
@@ -96,8 +99,38 @@ def test_entries_shaped_otherwise_are_passed_over(tmp_path):
         tier.close()
     finally:
         server.stop()
-    assert stream_entries(b"junk", b"7") == (b"7", [])
-    assert stream_entries([(b"1-0", [b"k", b"a", b"r"]), [b"2-0"], (3, {})], b"0") == (b"1-0", [])
+
+
+def entries(*chunks: bytes, count: int = 8):
+    """What ``read_entries`` makes of an XRANGE reply sent as ``chunks``."""
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    with ours, theirs:
+        theirs.sendall(b"".join(chunks))
+        theirs.shutdown(socket.SHUT_WR)
+        return read_entries(BulkReplies(ours), b"0-1", count)
+
+
+def entry(ident: bytes, *fields: bytes, kind: bytes = b"*") -> bytes:
+    items = len(fields) // 2 if kind == b"%" else len(fields)
+    return b"*2\r\n$%d\r\n%s\r\n%s%d\r\n" % (len(ident), ident, kind, items) + b"".join(
+        b"$%d\r\n%s\r\n" % (len(f), f) for f in fields)
+
+
+def test_an_xrange_reply_is_read_with_bounds_whatever_its_entries_hold():
+    assert entries(b"*0\r\n") == LogEntries(b"0-1", [])
+    assert entries(b"-WRONGTYPE Operation against a key\r\n") == "WRONGTYPE Operation against a key"
+    shapes = [entry(b"1-0", b"x", b"y"), entry(b"2-0", b"k", b"a"), entry(b"3-0"),
+              entry(b"4-0", b"r", b"b", b"k", b"a", b"z", b"!"), entry(b"5-0", b"k", b"c", b"r", b"d",
+                                                                      kind=b"%")]
+    assert entries(b"*5\r\n", *shapes) == LogEntries(b"5-0", [(b"a", b"b"), (b"c", b"d")])
+    huge = b"*2\r\n$3\r\n6-0\r\n*4\r\n$1\r\nk\r\n$%d\r\n" % (1 << 30)  # its bytes never come
+    assert entries(b"*2\r\n", shapes[3], huge) == LogEntries(b"6-0", [(b"a", b"b"), TOO_LARGE], b"6-0")
+    many = entry(b"7-0", *[b"f"] * (2 * ENTRY_MAX // 6))  # small fields, too many of them
+    assert entries(b"*1\r\n", many).passed == b"7-0"
+    for junk in (b"+OK\r\n", b"*9\r\n", b"*1\r\n*3\r\n", b"*1\r\n*2\r\n$99\r\n"):
+        with pytest.raises((RespError, ConnectionError)):
+            entries(junk)
 
 
 def test_a_store_that_is_down_answers_none_and_false(tmp_path):

@@ -109,7 +109,9 @@ class RemoteTier(abc.ABC):
         """Up to ``count`` entries of that log after the entry named ``after`` (b"0": from
         its oldest), with the name of the last one read (``after`` when none): each (key,
         record) as the store holds it, unchecked (whoever can write the store can write
-        these). None when the round trip failed or the backend keeps no log (the default)."""
+        these; an entry too large to be kvtier's, passed over unread, may read as (b"", b""),
+        which names nothing). None when the round trip failed or the backend keeps no log (the
+        default)."""
         return None
 
     def register(self, memory: np.ndarray) -> None:

@@ -15,6 +15,7 @@ reached the store is sent again once on a fresh connection, within the same dead
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -26,11 +27,11 @@ from kvtier.config.redact import redacted
 from kvtier.config.redis_url import PASSWORD_ENV, SCHEMES, USER_ENV, check_url, parse_url
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.remote.base import RECORD_LOG, RemoteTier
+from kvtier.remote.base import RECORD_LOG, RemoteTier, log
 from kvtier.remote.deadline import bounded
 from kvtier.remote.pooled import Request, exchange
 from kvtier.remote.range_reads import RangeRead
-from kvtier.remote.record_log import stream_entries
+from kvtier.remote.record_log import ENTRY_MAX, LogEntries, LogRead
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_exchange
 from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
@@ -56,6 +57,7 @@ class RedisTier(RemoteTier):
         self._cluster = parse_url(url).cluster
         self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
         self._stale_map = False  # a reply said a slot moved: the map is asked for anew
+        self.records_passed_over = 0  # entries of the log of token records too large to read
 
     def _connected(self, what: str) -> Any:
         """The client, made on first use (a cluster client asks a node for the slot map),
@@ -168,13 +170,22 @@ class RedisTier(RemoteTier):
             isinstance(r, Exception) for r in replies)
 
     def read_records(self, after: bytes, count: int) -> tuple[bytes, list[tuple[bytes, bytes]]] | None:
+        """Read with bounds (``record_log``): an entry far larger than kvtier's is passed
+        over, answered as ``TOO_LARGE`` (it names nothing), counted and logged."""
         log_key = f"{self._prefix}log:{self._ns.hex()}".encode()
-        start = b"-" if after == b"0" else b"(" + after
-        replies = self._run("log", [("xrange", (log_key, start, b"+", "COUNT", count))],
-                            health=False)
-        if isinstance(replies, IOResult) or isinstance(replies[0], Exception):
+        got = self._trip("log", [log_key], lambda _: LogRead(log_key, after, count), health=False)
+        if isinstance(got, IOResult) or not isinstance(got[0], LogEntries):
             return None
-        return stream_entries(replies[0], after)
+        if got[0].passed is not None:
+            self._passed_over(got[0].passed)
+        return got[0].last, got[0].entries
+
+    def _passed_over(self, entry: bytes) -> None:
+        self.records_passed_over += 1
+        log.log(logging.WARNING if self.records_passed_over == 1 else logging.DEBUG,
+                "kvtier: remote tier %s: the log of token records holds an entry (%s) larger "
+                "than %d bytes, which kvtier never writes (another client's): passed over "
+                "unread", self.describe(), entry.decode(errors="replace"), ENTRY_MAX)
 
     def get_many(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray]) -> list[IOResult]:
         """GET of each chunk in one pipelined round trip, each value read off the socket

@@ -81,6 +81,19 @@ class BulkReplies:
             self._read_into(scratch[:piece])
             count -= piece
 
+    def line(self) -> bytes:
+        """The next reply line (its type byte and what follows), without its CRLF."""
+        return self._line()
+
+    def body(self, length: int) -> bytes:
+        """The ``length`` bytes of the bulk string whose line was just read (its CRLF read
+        and checked)."""
+        data = memoryview(bytearray(length + 2))
+        self._read_into(data)
+        if data[length:] != b"\r\n":
+            raise RespError("a value not followed by CRLF")
+        return bytes(data[:length])
+
     def bulk_into(self, *views: memoryview) -> str | None:
         """Read one GET or GETRANGE reply into ``views`` in turn when its length is theirs
         together: "" when it was, None when there is no such key (a null, or the empty
