@@ -3,8 +3,10 @@ redis-server behind a load balancer that forgets flows without a word
 (``tests/helpers/balancer.py``): the store restarted, or its clients killed, and the
 tier's next request on each pooled connection is reset before any byte of a reply. Such a
 request is sent again once on a fresh connection, within the round trip's deadline: no
-round trip fails and the tier stays in service. A fresh connection that fails too, a
-connection that never served, and a store that does not answer are not asked again."""
+round trip fails and the tier stays in service, on one server and on a cluster's node. A
+fresh connection that fails too, a connection that never served, and a store that does not
+answer are not asked again. Without a balancer, a close reaches the idle connection and
+costs nothing either."""
 
 import os
 import signal
@@ -88,6 +90,27 @@ def test_a_request_on_a_pooled_connection_that_died_idle_is_sent_again_fresh(beh
         assert tier.get_many([key(3)], [into])[0].ok and np.array_equal(into, chunk(3))
     finally:
         tier.close()
+
+
+@pytest.mark.parametrize("how", ["restart", "kill"])
+def test_a_close_the_client_was_told_of_costs_nothing_either(tmp_path, how):
+    """Without a balancer in between the store's close reaches the idle connection, and
+    redis-py's pool makes it anew before handing it out: nothing to send again."""
+    server = RedisServer(tmp_path / "redis").start()
+    tier = RedisTier(server.url, NS, RAW, timeout_s=5.0, retry_s=60.0)
+    try:
+        for name, call in calls(tier).items():
+            assert tier.put_many([(key(1), chunk(1))])[0].ok
+            if how == "restart":
+                server.stop()
+                server.start()
+            else:
+                server.client().execute_command("CLIENT", "KILL", "TYPE", "normal")
+            assert call(), name
+            assert tier.failures == 0 and not tier.down, name
+    finally:
+        tier.close()
+        server.stop()
 
 
 def cluster_behind(workdir) -> tuple[RedisServer, Balancer]:
