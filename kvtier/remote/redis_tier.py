@@ -106,7 +106,7 @@ class RedisTier(RemoteTier):
             try:
                 replies = self._round_trip(client, names, make)
             except Exception as exc:  # the client raises its own errors for every transport fault
-                if not health:  # (an entry another client made too large to read in time)
+                if not health:  # (hints: a failed read of the log costs that read only)
                     return IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}")
                 return self._broken(what, exc)
         self._succeeded()
