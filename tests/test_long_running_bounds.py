@@ -149,7 +149,7 @@ def test_each_engine_step_gives_back_the_space_of_reclaimed_segments(tmp_path, m
 
     side, _ = worker(tmp_path)
     sweeps = []
-    monkeypatch.setattr(side._other_reads, "sweep_soon", lambda: sweeps.append(1))
+    monkeypatch.setattr(side._other_reads.kept, "sweep_soon", lambda: sweeps.append(1))
     side.save(StepPlan())
     side.save(StepPlan())
     assert len(sweeps) == 2
@@ -170,8 +170,8 @@ def test_a_step_never_waits_on_a_kept_file_of_a_dead_shared_mount(tmp_path, monk
     other = tmp_path / "other-writer-slots-0"
     other.write_bytes(b"\0" * 4096)
     fd = os.open(other, os.O_RDONLY)
-    reads._fds[(0, "other", 0)] = (fd, 1)  # a file of another writer's segment, kept open
-    reads._swept = 0.0  # the last sweep was long ago
+    reads.kept._fds[(0, "other", 0)] = (fd, 1)  # a file of another writer's segment, kept open
+    reads.kept._swept = 0.0  # the last sweep was long ago
     real_fstat, release = os.fstat, threading.Event()
 
     def dead_server(target, *args, **kwargs):
@@ -184,8 +184,8 @@ def test_a_step_never_waits_on_a_kept_file_of_a_dead_shared_mount(tmp_path, monk
     threading.Thread(target=lambda: (side.save(StepPlan()), done.set()), daemon=True).start()
     try:
         assert done.wait(5), "the engine's step waited on fstat of a shared segment's file"
-        assert reads._lock.acquire(timeout=5), "the sweep held the reader's lock"
-        reads._lock.release()
+        assert reads.kept._lock.acquire(timeout=5), "the sweep held the reader's lock"
+        reads.kept._lock.release()
     finally:
         release.set()
     side.close()
@@ -199,7 +199,7 @@ def test_a_read_never_waits_on_a_kept_file_of_another_paths_dead_mount(tmp_path,
     import numpy as np
 
     from kvtier.keys import Namespace
-    from kvtier.shared import reads as reads_module
+    from kvtier.shared import kept_files
     from kvtier.shared.reads import OtherReads, SlotRef
 
     ns = Namespace(model="m", kv_dtype="bf16", layout="x", block_tokens=16, chunk_tokens=16)
@@ -211,15 +211,15 @@ def test_a_read_never_waits_on_a_kept_file_of_another_paths_dead_mount(tmp_path,
     reads = OtherReads([str(r) for r in roots], ns, raw, 4096 + raw, [False, False])
     into = np.zeros(raw + 4096, np.uint8)
     reads.read(SlotRef("w", 0, 0, b"\0" * 16, 0, raw, 1), into)  # path 0's file kept open
-    dead, real, release = reads._fds[(0, "w", 0)][0], reads_module._unlinked, threading.Event()
+    dead, real, release = reads.kept._fds[(0, "w", 0)][0], kept_files._unlinked, threading.Event()
 
     def unlinked(fd):
         if fd == dead:
             release.wait(20)  # path 0's server stopped answering
         return real(fd)
 
-    monkeypatch.setattr(reads_module, "_unlinked", unlinked)
-    reads._swept -= reads_module.SWEEP_S + 1  # the next read is due to sweep
+    monkeypatch.setattr(kept_files, "_unlinked", unlinked)
+    reads.kept._swept -= kept_files.SWEEP_S + 1  # the next read is due to sweep
     done = threading.Event()
     threading.Thread(target=lambda: (reads.read(SlotRef("w", 1, 0, b"\0" * 16, 0, raw, 1), into),
                                      done.set()), daemon=True).start()

@@ -295,8 +295,8 @@ def test_a_reader_with_a_shorter_lease_timeout_waits_for_the_writers_own(tmp_pat
         assert [w.live for w in view.writers()] == [True] and list(tmp_path.glob("*/writers/a"))
         assert len(view) == 2 and a.lookup(tokens).chunks_by_tier[HOST] == 2
         now[0] += 300  # past the writer's own timeout, its lease standing still: gone
-        view.refresh()
-        assert [w.live for w in view.writers()] == [False]
+        view.refresh()  # (let go of to be reclaimed, which a's lock held here refuses)
+        assert not any(w.live for w in view.writers())
         view.close()
 
 

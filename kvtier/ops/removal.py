@@ -63,6 +63,28 @@ class Removal:
         self.reasons[name] = why
 
 
+def _empty(segment: Segment, ns_dir: SafeDir, handle: SafeDir, done: Removal) -> list[str] | None:
+    """``remove_segment``'s removal of the files, its lock held: what is left, or None when
+    the segment is left whole (``file_problem``)."""
+    unsafe = file_problem(handle)
+    if unsafe:
+        done.keep(segment.label, unsafe)
+        return None
+    lock = hold(handle, NamespaceClock(segment.ns))
+
+    def give_back_seat(left: list[str]) -> None:
+        # while the lock file is still there and held: a writer coming back under this id
+        # waits on it, then claims a seat afresh, rather than finding its old seat (with a
+        # lock file made anew) and losing it to this release
+        if not left:  # its bytes are gone
+            release_seat(ns_dir, segment.writer)
+
+    try:
+        return _remove_files(handle, _SEGMENT_FILES, before_lock=give_back_seat)
+    finally:
+        os.close(lock)
+
+
 def remove_dir(handle: SafeDir, name: str) -> bool:
     """``SafeDir.remove_dir``, its errors naming the directory by its path."""
     try:
@@ -104,31 +126,18 @@ def remove_segment(segment: Segment, ns_dir: SafeDir, writers: SafeDir, done: Re
     its writer's seat (the lock still held, before the directory goes: see
     ``seats.reclaim_segment``), then remove its directory if nothing else is left in it
     (``ns_dir`` is the namespace open, ``writers`` its ``writers/``); record the outcome in
-    ``done``; True when the segment is gone."""
+    ``done``; True when the segment is gone. A segment left empty (on NFS, by a removal
+    whose lock file was only renamed while held) is removed as it is."""
     try:
         with writers.subdir(segment.writer) as handle:
-            unsafe = file_problem(handle)
-            if unsafe:
-                done.keep(segment.label, unsafe)
-                return False
-            lock = hold(handle, NamespaceClock(segment.ns))
-
-            def give_back_seat(left: list[str]) -> None:
-                # while the lock file is still there and held: a writer coming back under
-                # this id waits on it, then claims a seat afresh, rather than finding its old
-                # seat (with a lock file made anew) and losing it to this release
-                if not left:  # its bytes are gone
-                    release_seat(ns_dir, segment.writer)
-
-            try:
-                left = _remove_files(handle, _SEGMENT_FILES, before_lock=give_back_seat)
-            finally:
-                os.close(lock)
+            left = _empty(segment, ns_dir, handle, done) if segment_names(handle) else []
     except OSError as exc:
         if exc.errno == errno.EBUSY:
             done.in_use.append(segment.label)
         else:
             done.left[segment.label] = [error_text(exc, str(segment.path))]
+        return False
+    if left is None:
         return False
     if not left and not remove_dir(writers, segment.writer):
         left = ["(entries made while it was being removed)"]

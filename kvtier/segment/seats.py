@@ -238,7 +238,10 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
     regular file of this user, with the segment's lock held throughout (a process of this
     host holding it is alive: nothing is touched). True when the segment is gone. Anything
     else in it stays, and so do the directory and the seat (nothing is given back that
-    cannot be proven free), as with ``kvtier gc --gone`` (``ops.removal.remove_segment``)."""
+    cannot be proven free), as with ``kvtier gc --gone`` (``ops.removal.remove_segment``).
+    On NFS the lock file, removed while held, is only renamed (``.nfs*``) until it closes:
+    the directory then stays, empty once the client deleted it, and the next reclaim
+    removes it as it is (an empty segment holds nothing; its seat was given back)."""
     with ns_dir.subdir(WRITERS_DIR) as writers:
         try:
             segment = writers.subdir(writer)
@@ -247,6 +250,8 @@ def reclaim_segment(ns_dir: SafeDir, writer: str, inode: int) -> bool:
         with segment:
             if segment.inode() != inode:
                 return False  # made again since it was watched: a writer that came back
+            if not segment.listed(SEGMENT_LISTED):  # emptied by an earlier reclaim (NFS)
+                return writers.remove_dir(writer)
             try:
                 lock = segment.open_file(LOCK_FILE, os.O_RDWR, create=True)
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

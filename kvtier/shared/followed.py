@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtier.io.safefs import SafeDir
@@ -96,3 +97,17 @@ class Followed:
     def close(self) -> None:
         self.follower.close()
         self.dir.close()
+
+
+def writer_states(followed: dict[tuple[int, str], Followed],
+                  live: Callable[[int, str], bool]) -> list[WriterState]:
+    """One ``WriterState`` a writer of the segments ``followed`` (by path and writer), its
+    chunks summed over its paths, live when ``live(path, writer)`` is on any of them."""
+    chunks: dict[str, int] = {}
+    leases: dict[str, LeaseInfo | None] = {}
+    lives: dict[str, bool] = {}
+    for (path, writer), segment in followed.items():
+        chunks[writer] = chunks.get(writer, 0) + len(segment.follower.slots)
+        leases[writer] = leases.get(writer) or segment.lease
+        lives[writer] = lives.get(writer, False) or live(path, writer)
+    return [WriterState(w, lives[w], chunks[w], leases[w]) for w in sorted(chunks)]

@@ -62,6 +62,9 @@ class OtherWriters:
         self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout,
                                  slots, clock=clock)
                       for ns, writer in zip(namespaces, own(), strict=True)]
+        if reads is not None:
+            for view in self.views:  # a segment's files closed before a reclaim deletes them
+                view.on_let_go = reads.kept.let_go_writer
         self.refresh()
         self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0)
 
@@ -71,7 +74,7 @@ class OtherWriters:
             view.own = writer
             view.refresh()
         if self._reads is not None:
-            self._reads.sweep()  # files of segments reclaimed since: their space goes back
+            self._reads.kept.sweep()  # files of segments reclaimed since: their space goes back
 
     def refresh_soon(self) -> None:
         """Refresh in the background now rather than at the next period."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
-import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -31,14 +29,13 @@ from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.cachedir import aligned_view
 from kvtier.segment.index_file import file_slots_for, open_segment_dir
 from kvtier.segment.names import SLOT_FILE
+from kvtier.shared.kept_files import KeptFiles
 from kvtier.shared.misreads import failed_read, short_read
 
 if TYPE_CHECKING:
     from kvtier.disk.lane import DiskLane, NoDisk
 
-MAX_OPEN = 256  # slot files of other writers kept open; the least recently opened close first
 MAX_RUN = 16  # neighbouring slots of one file read in one vectored call
-SWEEP_S = 5.0  # how often reads close the kept files that were deleted (a reclaimed segment)
 
 
 @dataclass(frozen=True)
@@ -64,10 +61,9 @@ class OtherReads:
     or short read) proves nothing (``misreads``). Files are opened through :class:`SafeDir`
     (no symlink followed, regular files of this user with one link) and reopened when a
     reference comes with a new ``generation``, or after a failed or short read (a stale
-    handle, or size, stays so: an open looks again); ``sweep()`` (every ``SWEEP_S``, started by
-    reads on a thread of its own, ``sweep_soon``: a kept file on a hung mount holds no read
-    of another path) closes the kept files that were deleted since, so that a reclaimed
-    segment's space goes back to the filesystem. Thread-safe."""
+    handle, or size, stays so: an open looks again). Files read are kept open (``kept``,
+    ``KeptFiles``: closed once deleted, swept every ``SWEEP_S`` on a thread of its own, and
+    when their segment is no longer followed). Thread-safe."""
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, stride: int,
                  o_direct: Sequence[bool], parts: ChunkParts | None = None) -> None:
@@ -78,10 +74,7 @@ class OtherReads:
         self._o_direct = list(o_direct)
         self._scratch = ThreadScratch(MAX_RUN, HEADER_BYTES, stride, raw_bytes)
         self._max_run = max(1, min(MAX_RUN, RUN_BYTES // stride))  # slots in one call
-        self._lock = threading.Lock()
-        self._fds: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (fd, generation)
-        self._swept = time.monotonic()
-        self._sweeping = threading.Lock()  # held by the one sweep on a thread of its own
+        self.kept = KeptFiles()
 
     def read_many(self, items: Sequence[tuple[SlotRef, np.ndarray]]) -> list[IOResult]:
         """Read several chunks (each into its buffer, as ``read``): uncompressed neighbours in
@@ -210,62 +203,13 @@ class OtherReads:
         return (IOResult(IOStatus.CORRUPT, arrived, f"writer {chunk.writer}: {problem}")
                 if problem else IOResult(IOStatus.OK, arrived))
 
-    def sweep(self) -> int:
-        """Close the kept files that no longer have a name (deleted); return how many. The
-        files are looked at outside the lock (an ``fstat`` on a network filesystem whose
-        server stopped answering blocks): reads wait for no look."""
-        with self._lock:
-            self._swept = time.monotonic()
-            kept = [(key, fd) for key, (fd, _) in self._fds.items()]
-        gone = [(key, fd) for key, fd in kept if _unlinked(fd)]
-        closed = 0
-        with self._lock:
-            for key, fd in gone:
-                held = self._fds.get(key)
-                if held is not None and held[0] == fd:  # not replaced meanwhile
-                    os.close(self._fds.pop(key)[0])
-                    closed += 1
-        return closed
-
-    def sweep_soon(self) -> None:
-        """``sweep`` on a thread of its own when the last was ``SWEEP_S`` ago or more, so that
-        a caller that must not block (each engine step, each read: a reclaimed segment's space
-        goes back) never waits on a file; one sweep at a time."""
-        if time.monotonic() - self._swept > SWEEP_S and self._sweeping.acquire(blocking=False):
-            self._swept = time.monotonic()
-            threading.Thread(target=self._sweep_then_free, name="kvtier-sweep", daemon=True).start()
-
-    def _sweep_then_free(self) -> None:
-        try:
-            self.sweep()
-        finally:
-            self._sweeping.release()
-
     def _fd(self, chunk: SlotRef, number: int) -> int:
-        key = (chunk.path, chunk.writer, number)
-        generation = chunk.generation
-        self.sweep_soon()  # never on this thread: a file on a hung mount would hold it
-        with self._lock:
-            held = self._fds.get(key)
-            if held is not None and held[1] == generation:
-                return os.dup(held[0])
-        fd = self._open(chunk, number)
-        with self._lock:
-            old = self._fds.pop(key, None)
-            self._fds[key] = (fd, generation)
-            while len(self._fds) > MAX_OPEN:
-                os.close(self._fds.pop(next(iter(self._fds)))[0])
-            mine = os.dup(fd)
-        if old is not None:
-            os.close(old[0])
-        return mine
+        return self.kept.get((chunk.path, chunk.writer, number), chunk.generation,
+                             lambda: self._open(chunk, number))
 
     def _let_go(self, chunk: SlotRef, number: int) -> None:
         """Close the kept file ``number`` of ``chunk``'s writer: the next read opens it."""
-        with self._lock:
-            held = self._fds.pop((chunk.path, chunk.writer, number), None)
-        if held is not None:
-            os.close(held[0])
+        self.kept.let_go((chunk.path, chunk.writer, number))
 
     def _open(self, chunk: SlotRef, number: int) -> int:
         if chunk.path >= len(self._roots):
@@ -276,17 +220,7 @@ class OtherReads:
             return cast(int, directory.open_file(SLOT_FILE.format(number), flags))
 
     def close(self) -> None:
-        with self._lock:
-            for fd, _ in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
-
-
-def _unlinked(fd: int) -> bool:
-    try:
-        return os.fstat(fd).st_nlink == 0
-    except OSError:  # a network filesystem's stale handle: deleted as well
-        return True
+        self.kept.close()
 
 
 def other_reads(config: KVTierConfig, namespace: Namespace, raw_bytes: int,

@@ -23,9 +23,12 @@ class Upkeep:
     """Reclaiming and seat upkeep for one view of namespace ``ns_id`` under ``roots``.
 
     Contract: ``reclaim(followed)`` deletes the segment of a writer whose lease ``watch``
-    saw stand still (``reclaim_segment``: its files, then its seat) unless a process of this
-    host holds its lock; True when it is gone (``reclaimed`` counts them). One that cannot be
-    reclaimed is tried again once per ``lease_timeout``, and said once. ``seats_due()`` is
+    saw stand still (``reclaim_segment``: its files, then its seat); True when it is gone
+    (``reclaimed`` counts them). It is tried only when ``may_reclaim(followed)``: not while
+    a process of this host holds its lock, and once per ``lease_timeout`` after a try that
+    failed (said once). The caller closes what it holds open of the segment first: on a
+    network filesystem (NFS) a file open on this host is not deleted but renamed
+    (``.nfs*``), and the segment, so not empty, and its seat would stay. ``seats_due()`` is
     True once per heartbeat interval; ``free_seats(path)`` then gives back the seats of that
     path that name no writer with a segment and stood unchanged for ``lease_timeout``
     (``OrphanWatch``; ``seats_freed`` counts them). Every time is ``clock``'s."""
@@ -61,10 +64,14 @@ class Upkeep:
                      "for %g s)", ", ".join(freed), self._roots[path], self._watch.timeout)
             self.seats_freed += len(freed)
 
+    def may_reclaim(self, followed: Followed) -> bool:
+        """Whether ``reclaim`` may be tried now: no process of this host holds the segment's
+        lock, and no try failed within ``lease_timeout``."""
+        key = (followed.path, followed.writer)
+        return not held_here(followed.dir) and self._clock() >= self._reclaim_after.get(key, 0)
+
     def reclaim(self, followed: Followed) -> bool:
         path, writer = followed.path, followed.writer
-        if held_here(followed.dir) or self._clock() < self._reclaim_after.get((path, writer), 0):
-            return False
         try:
             with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns_id) as ns_dir:
                 done = reclaim_segment(ns_dir, writer, followed.inode)

@@ -15,7 +15,14 @@ from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
 from kvtier.segment.log import RECORD_BYTES, REFRESH_BYTES, LogChange
 from kvtier.segment.names import LEASE_FILE
 from kvtier.shared.chunk_index import ChunkIndex, Copy, unpack
-from kvtier.shared.followed import Followed, OtherChunk, WriterState, followable_writers, say_passed_over
+from kvtier.shared.followed import (
+    Followed,
+    OtherChunk,
+    WriterState,
+    followable_writers,
+    say_passed_over,
+    writer_states,
+)
 from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
 from kvtier.shared.upkeep import Upkeep
@@ -29,29 +36,28 @@ class SharedView:
 
     Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
     ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
-    valid writer id other than ``own``: at most ``max_writers`` of them, ``MAX_WRITERS`` or
-    fewer under a low open-file limit (``followable_writers``), segments first: junk never
-    hides one, ``WriterListing``), reads each writer's lease and what its log gained since the
-    last refresh, and updates the view; a writer whose segment vanished is forgotten.
-    ``find(key)`` returns where another writer holds ``key`` (None if none); ``drop(chunk)`` forgets
-    a copy whose read failed, until its writer's log names that slot again. ``writers()``
-    says who is there and who is live (``LeaseWatch``: a lease that changed within
-    ``lease_timeout``). A writer's chunks stay readable after its lease expired, until its
-    segment is reclaimed: by ``refresh`` itself, once this reader watched the lease stand still
-    for ``lease_timeout`` and no process of this host holds the segment's lock
-    (``reclaim_segment``: its files, then its seat; ``reclaimed`` counts them). Once per
-    heartbeat interval it also gives back the seats that name no writer with a segment and
-    that it watched stand unchanged for ``lease_timeout`` by its own clock (``OrphanWatch``;
-    ``seats_freed`` counts them). A path that cannot be read holds nothing this time; a
-    listing that fails for want of files or memory in this process (``EMFILE``) leaves the
-    view as it was. One refresh reads at most ``REFRESH_BYTES`` of log a path: each writer's
-    share first, then what the others left to those with more (the rest waits for the next
-    refresh). Every time (leases, seats, reclaims) is ``clock``'s. Each change to the view is
-    O(1) (``ChunkIndex``), whatever the copies of one chunk. Memory is bounded by
-    ``max_slots``, the slots the namespace's whole directory holds on one path
-    (``directory_slots``): no writer's log names a slot past it, and the writers of a path
-    together are followed in at most that many slots (their logs' further slots are passed
-    over: misses, counted in ``passed_over`` and said once).
+    valid writer id other than ``own``: at most ``max_writers``, fewer under a low open-file
+    limit (``followable_writers``), segments first: junk never hides one, ``WriterListing``),
+    reads each writer's lease and what its log gained since the last refresh, and updates
+    the view; a writer whose segment vanished is forgotten. ``find(key)`` returns where
+    another writer holds ``key`` (None if none); ``drop(chunk)`` forgets a copy until its
+    writer's log names that slot again. ``writers()`` says who is there and who is live
+    (``LeaseWatch``: a lease that changed within ``lease_timeout``). A writer's chunks stay
+    readable after its lease expired, until its segment is reclaimed (``Upkeep``): by
+    ``refresh`` itself, once this reader watched the lease stand still for ``lease_timeout``
+    and no process of this host holds the segment's lock; the view lets go of the segment
+    first (followed again if it stays). ``on_let_go(path, writer)``, when set, hears of
+    each segment the view stops following, to close its files. Once per heartbeat interval
+    it also gives back the seats that name no writer with a segment and that it watched
+    stand unchanged for ``lease_timeout`` (``OrphanWatch``; ``seats_freed``). A path that
+    cannot be read holds nothing this time; a listing that fails for want of files or
+    memory in this process (``EMFILE``) leaves the view as it was. One refresh reads at
+    most ``REFRESH_BYTES`` of log a path: each writer's share first, then what the others
+    left to those with more. Every time is ``clock``'s. Each change to the view is O(1)
+    (``ChunkIndex``). Memory is bounded by ``max_slots``, the slots the namespace's whole
+    directory holds on one path (``directory_slots``): no writer's log names a slot past
+    it, and the writers of a path together are followed in at most that many slots (their
+    logs' further slots are passed over: misses, counted in ``passed_over``, said once).
     Thread-safe.
     """
 
@@ -73,6 +79,7 @@ class SharedView:
         self.max_writers = followable_writers(len(self._roots))
         self._listing = WriterListing(self._roots, namespace.id, self.max_writers)
         self._over_said = False  # whether passing over slots past max_slots was said
+        self.on_let_go: Callable[[int, str], None] | None = None  # (path, writer) no longer followed
 
     @property
     def reclaimed(self) -> int:
@@ -125,14 +132,7 @@ class SharedView:
 
     def writers(self) -> list[WriterState]:
         with self._lock:
-            chunks: dict[str, int] = {}
-            leases: dict[str, LeaseInfo | None] = {}
-            live: dict[str, bool] = {}
-            for (path, writer), followed in self._followed.items():
-                chunks[writer] = chunks.get(writer, 0) + len(followed.follower.slots)
-                leases[writer] = leases.get(writer) or followed.lease
-                live[writer] = live.get(writer, False) or self._watch.live(f"{path}:{writer}")
-            return [WriterState(w, live[w], chunks[w], leases[w]) for w in sorted(chunks)]
+            return writer_states(self._followed, lambda p, w: self._watch.live(f"{p}:{w}"))
 
     def refresh(self) -> None:
         seats_due = self._upkeep.seats_due()
@@ -149,7 +149,9 @@ class SharedView:
                 self._let_go(followed)
             self._follow(path, list(names))
         self.refreshes += 1
-        self._say_over()
+        if not self._over_said and self.passed_over:
+            self._over_said = True
+            say_passed_over(self.max_slots)
 
     def _follow(self, path: int, names: list[str]) -> None:
         """Each writer of ``names`` one refresh further: its lease, and its share of
@@ -197,11 +199,6 @@ class SharedView:
         with self._lock:
             return sum(len(f.follower.slots) for (p, _), f in self._followed.items() if p == path)
 
-    def _say_over(self) -> None:
-        if not self._over_said and self.passed_over:
-            self._over_said = True
-            say_passed_over(self.max_slots)
-
     def _refresh_one(self, path: int, writer: str, room: int, budget: int) -> None:
         """Follow ``writer`` on ``path`` one refresh further (reading at most ``budget``
         bytes of its log), knowing at most ``room`` of its slots; reclaim its segment when
@@ -224,10 +221,11 @@ class SharedView:
         except OSError:
             lease_bytes = None
         if not self._watch.observe(f"{path}:{writer}", lease_bytes) \
-                and self._upkeep.reclaim(followed):
-            with self._lock:
+                and self._upkeep.may_reclaim(followed):
+            with self._lock:  # let go first (``Upkeep``): followed again if it stays
                 self._forget(key)
             self._let_go(followed)
+            self._upkeep.reclaim(followed)
             return
         with self._lock:
             followed.lease = LeaseInfo.parse(lease_bytes)  # never raises: damaged is none
@@ -287,6 +285,8 @@ class SharedView:
             with self._lock:
                 self._sources.pop(followed.source, None)
             followed.close()
+            if self.on_let_go is not None:
+                self.on_let_go(followed.path, followed.writer)
 
     def close(self) -> None:
         with self._lock:

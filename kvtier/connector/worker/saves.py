@@ -40,7 +40,7 @@ class WorkerSaves:
         self._lane.poll()
         self._disk.note_stalled_writes(self._load_timeout)  # a hung drive: taken out (below)
         if self._other_reads is not None:
-            self._other_reads.sweep_soon()  # files of segments reclaimed since: space goes back
+            self._other_reads.kept.sweep_soon()  # files of segments reclaimed since: space goes back
         with self._ledger.lock:
             self._ledger.note_down_paths()  # taken out by a check of its own (its lease)
         busy = self._demote(meta.demotions)
