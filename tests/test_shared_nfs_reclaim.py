@@ -10,10 +10,12 @@ import time
 
 from kvtier import KVStore
 from kvtier.io import safefs
+from kvtier.ops.cache import namespaces
+from kvtier.ops.reclaim import gc
 from kvtier.tiers.base import TierName
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.shared import shared, wait_for
-from tests.helpers.store import exact, seq
+from tests.helpers.store import config, exact, seq
 
 
 def held_open(info: os.stat_result, but: int = -1) -> bool:
@@ -72,5 +74,26 @@ def test_a_reader_lets_go_of_a_gone_writers_files_before_it_reclaims_them(tmp_pa
         wait_for(lambda: not list(tmp_path.glob("*/writers/a")), timeout=20)
         assert set(renamed) <= {"lock"}, renamed  # (held by the reclaim itself, then closed)
         assert [p.read_text() for p in tmp_path.glob("*/seats/seat-*")] == ["b"]
-        assert b.stats().shared_reclaimed == 1
+        wait_for(lambda: b.stats().shared_reclaimed == 1)  # (counted once it is gone)
         assert b.lookup(tokens).chunks_by_tier.get(TierName.SHARED, 0) == 0  # gone with it
+
+
+def test_gc_gone_removes_on_nfs_the_segment_its_own_lock_kept(tmp_path, monkeypatch):
+    """``kvtier gc --gone`` holds the segment's lock as it removes it: on NFS that file is
+    only renamed, so the directory stays; the next run finds it empty and removes it."""
+    renamed = nfs_like(monkeypatch)
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    tokens = seq(0, 2)
+    with KVStore(SMALL, config(root, instance_id="a", share_writers=2, share_refresh="off")) as a:
+        a.put(tokens, make_kv(tokens))
+        a.flush()
+    time.sleep(1.2)
+    for _ in range(3):
+        report = gc(namespaces(root), gone_s=1.0)
+        if not list(root.glob("*/writers/a")):
+            break
+        time.sleep(1.2)  # the client deletes the renamed lock once closed; the directory
+        # has changed since: gone that long again
+    assert not list(root.glob("*/writers/a")) and not list(root.glob("*/seats/seat-*"))
+    assert renamed == ["lock"] and not report.left, report
