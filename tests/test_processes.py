@@ -35,6 +35,12 @@ def check_clean(result: dict, others: int = 0) -> None:
     assert result["end"]["rss_mib"] - result["warm"]["rss_mib"] < 48, result
 
 
+def said(result: dict) -> None:
+    """Print what a process's store logged and its flush said (shown, whole, when the test
+    fails: an assertion's message is cut short)."""
+    print(f"flush: {result['flush']}", *result["warnings"], sep="\n")
+
+
 @pytest.mark.parametrize("sharing", ["one directory", "a directory each"])
 def test_two_processes_then_a_restart(tmp_path, sharing):
     first = tmp_path / "cache"
@@ -46,10 +52,14 @@ def test_two_processes_then_a_restart(tmp_path, sharing):
     for result in results:
         check_clean(result, others)
     # on one directory each process writes its own segment (a writer id of its own)
-    assert all(not r["paths_down"] and r["disk_writes"] > 0 for r in results), results
+    for result in results:
+        said(result)
+        assert not result["paths_down"], f"a path went down: {result['paths_down']}"
+        assert result["disk_writes"] > 0, f"no disk write; flush: {result['flush']}"
 
     again = run_two(first, second, tmp_path)  # restart on what the first two left
     for result in again:
         check_clean(result, others)
-        assert not result["paths_down"]
+        said(result)
+        assert not result["paths_down"], f"a path went down: {result['paths_down']}"
         assert result["recovered"] > 0 and result["disk_reads"] > 0

@@ -4,10 +4,13 @@
 
 Threads put and get overlapping prefixes (the families of scripts/soak.py) and check every
 byte they get back. Open descriptors and resident memory are sampled once warmed up (a third
-of the way) and at the end. Writes what happened to OUT.json.
+of the way) and at the end. Writes what happened to OUT.json, with the store's warnings and
+errors (``warnings``: why a path went down, a failed sync, ...) and what the final flush
+said (``flush``).
 """
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -24,6 +27,17 @@ from kvtier import KVStore
 THREADS = 3
 
 
+class Kept(logging.Handler):
+    """Keeps the message of every record at WARNING or above (the store's own log)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+
 def sample() -> dict:
     """Descriptors (at the quietest of a few looks: the store's lease and share threads open
     a file for a moment now and then; a leak stays) and resident memory."""
@@ -37,6 +51,8 @@ def sample() -> dict:
 if __name__ == "__main__":
     directory, seconds, seed, out = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     counts, lock, stop = Counter(), threading.Lock(), threading.Event()
+    kept = Kept()
+    logging.getLogger("kvtier").addHandler(kept)
     # load_timeout well above the soak's 1 s: on a busy machine (a CI running other tests
     # beside it) a write stalled that long counts against its path, and with disk_retry off
     # a path taken out stays out, which is not what this test is about
@@ -54,12 +70,12 @@ if __name__ == "__main__":
     stop.set()
     for t in threads:
         t.join()
-    store.flush()
+    flushed = store.flush()
     stats = store.stats()
     store.close()
     Path(out).write_text(json.dumps({
         "counts": dict(counts), "warm": warm, "end": end, "recovered": recovered,
         "paths_down": stats.paths_down, "disk_writes": stats.disk_writes,
         "disk_reads": stats.disk_reads, "corruptions": stats.corruptions,
-        "closed_fds": sample()["fds"],
+        "closed_fds": sample()["fds"], "flush": repr(flushed), "warnings": kept.messages,
     }))
