@@ -1,10 +1,13 @@
-"""What the files of a namespace's ``seats/`` directory say: the writer a seat holds, whether a
-file is provably kvtier's, and which temporary files of ``write_seat`` are already linked to
-their seat (``kvtier.segment.seats``)."""
+"""The files of a namespace's ``seats/`` directory: how a seat is made crash-safely
+(``write_seat``), and what they say: the writer a seat holds, whether a file is provably
+kvtier's, and which temporary files of ``write_seat`` are already linked to their seat
+(``kvtier.segment.seats``)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
 import stat
 from typing import TypeGuard
 
@@ -12,6 +15,54 @@ from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment.names import TEMP_NAME, seat_number
 
 _SEAT_BYTES = 256  # a writer id is at most 64 characters
+_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # no hard links here
+
+
+def write_seat(seats: SafeDir, name: str, writer: str) -> bool:
+    """Make seat ``name`` in ``seats`` hold ``writer``, crash-safely; False when it is taken.
+
+    The id is written and synced to a new temporary file, which is then hard-linked to
+    ``name`` (atomic; ``EEXIST`` when the seat exists: it is never replaced) and unlinked.
+    A crash leaves no seat or a whole one, and perhaps the temporary file (``orphan_seats``
+    and ``kvtier clear`` remove it). Where hard links are not supported the seat is made in
+    place (``O_EXCL``), then synced."""
+    temp = f".seat.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``
+    fd = seats.open_file(temp, os.O_WRONLY | os.O_EXCL, create=True)
+    try:
+        _write_synced(fd, writer.encode(), seats.path)
+        os.close(fd)
+        fd = -1
+        os.link(temp, name, src_dir_fd=seats.fd, dst_dir_fd=seats.fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS:
+            raise
+        return _write_in_place(seats, name, writer)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        seats.remove_file(temp, links=2)  # linked to the seat just made, or not
+    os.fsync(seats.fd)  # the seat's name is on disk before the writer counts on it
+    return True
+
+
+def _write_in_place(seats: SafeDir, name: str, writer: str) -> bool:
+    try:
+        fd = seats.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
+    except FileExistsError:
+        return False
+    try:
+        _write_synced(fd, writer.encode(), seats.path)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _write_synced(fd: int, data: bytes, where: str) -> None:
+    if os.write(fd, data) != len(data):
+        raise OSError(errno.EIO, f"short write of a seat in {where}")
+    os.fsync(fd)
 
 
 def read_holder(seats: SafeDir, name: str) -> str | None:

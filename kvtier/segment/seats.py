@@ -4,7 +4,7 @@ writers, and how the segment of a writer that is gone is handed back.
 A writer holds a segment only while it holds one of ``share_writers`` seats: a file
 ``seats/seat-NNNN`` holding its id, so at most ``share_writers`` segments exist and each
 holds at most ``disk_capacity / share_writers``. A seat is made crash-safely
-(``write_seat``): the id is written and synced under a temporary name, then hard-linked to
+(``seat_files.write_seat``): the id is written and synced under a temporary name, then hard-linked to
 the seat's name, which is atomic and never replaces a seat (on local and network
 filesystems alike), so a seat is whole or absent. A writer that restarts finds its own seat
 again. A seat is given back only with its segment, when the segment is reclaimed: never
@@ -18,7 +18,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import secrets
 from pathlib import Path
 
 from kvtier.io.safefs import CacheDirError, SafeDir
@@ -36,57 +35,9 @@ from kvtier.segment.names import (
     seat_number,
     slot_number,
 )
-from kvtier.segment.seat_files import linked_temps, read_holder
+from kvtier.segment.seat_files import linked_temps, read_holder, write_seat
 
 _SEGMENT_FILES = (LEASE_FILE, LOG_FILE, INDEX_FILE, LOCK_FILE)  # the lock goes last
-_NO_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}  # no hard links here
-
-
-def write_seat(seats: SafeDir, name: str, writer: str) -> bool:
-    """Make seat ``name`` in ``seats`` hold ``writer``, crash-safely; False when it is taken.
-
-    The id is written and synced to a new temporary file, which is then hard-linked to
-    ``name`` (atomic; ``EEXIST`` when the seat exists: it is never replaced) and unlinked.
-    A crash leaves no seat or a whole one, and perhaps the temporary file (``orphan_seats``
-    and ``kvtier clear`` remove it). Where hard links are not supported the seat is made in
-    place (``O_EXCL``), then synced."""
-    temp = f".seat.tmp-{os.getpid()}-{secrets.token_hex(4)}"  # a ``TEMP_NAME``
-    fd = seats.open_file(temp, os.O_WRONLY | os.O_EXCL, create=True)
-    try:
-        _write_synced(fd, writer.encode(), seats.path)
-        os.close(fd)
-        fd = -1
-        os.link(temp, name, src_dir_fd=seats.fd, dst_dir_fd=seats.fd, follow_symlinks=False)
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        if exc.errno not in _NO_LINKS:
-            raise
-        return _write_in_place(seats, name, writer)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-        seats.remove_file(temp, links=2)  # linked to the seat just made, or not
-    os.fsync(seats.fd)  # the seat's name is on disk before the writer counts on it
-    return True
-
-
-def _write_in_place(seats: SafeDir, name: str, writer: str) -> bool:
-    try:
-        fd = seats.open_file(name, os.O_WRONLY | os.O_EXCL, create=True)
-    except FileExistsError:
-        return False
-    try:
-        _write_synced(fd, writer.encode(), seats.path)
-    finally:
-        os.close(fd)
-    return True
-
-
-def _write_synced(fd: int, data: bytes, where: str) -> None:
-    if os.write(fd, data) != len(data):
-        raise OSError(errno.EIO, f"short write of a seat in {where}")
-    os.fsync(fd)
 
 
 def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
