@@ -161,6 +161,65 @@ def test_writers_claiming_at_once_never_hold_more_seats_than_share_writers(tmp_p
     assert seats_of_ns(ns) == {"seat-0000": "b", "seat-0005": "z"}
 
 
+def test_one_id_claimed_twice_at_once_keeps_one_seat(tmp_path, monkeypatch):
+    """Two processes of one host trying the first default id on an empty directory: each
+    counted no seat held, and each took one under that id. The later one gives its seat
+    back, so that the one of the two left without the segment's lock, trying its next id,
+    finds a seat free."""
+    ns = tmp_path / "ns"
+    ns.mkdir()
+    real, raced = seats_module.write_seat, []
+
+    def the_other_claims_meanwhile(seats, name, writer):
+        if not raced:
+            raced.append(True)
+            with SafeDir.open(ns) as other:
+                assert claim_seat(other, "w-0", 2) == 0
+        return real(seats, name, writer)
+
+    monkeypatch.setattr(seats_module, "write_seat", the_other_claims_meanwhile)
+    with SafeDir.open(ns) as directory:
+        assert claim_seat(directory, "w-0", 2) == 0
+    monkeypatch.setattr(seats_module, "write_seat", real)
+    assert seats_of_ns(ns) == {"seat-0000": "w-0"}
+    with SafeDir.open(ns) as directory:
+        assert claim_seat(directory, "w-1", 2) == 1
+
+
+def test_two_engines_of_a_host_starting_together_on_one_directory_each_write(tmp_path,
+                                                                            monkeypatch):
+    """Default ids, share_writers 2: the second engine starts while the first is claiming
+    its seat under the first id. The first then finds that segment locked and takes the
+    next id, with the seat left free (it found both seats held under the first id, and
+    its path out of service: test_processes, now and then)."""
+    def engine() -> KVStore:
+        return KVStore(SMALL, config(tmp_path, share_writers=2, share_refresh="off"))
+
+    real, second = seats_module.write_seat, []
+
+    def the_second_starts_meanwhile(seats, name, writer):
+        if not second:
+            second.append(None)
+            second[0] = engine()
+        return real(seats, name, writer)
+
+    monkeypatch.setattr(seats_module, "write_seat", the_second_starts_meanwhile)
+    first = engine()
+    monkeypatch.setattr(seats_module, "write_seat", real)
+    stores = [first, second[0]]
+    try:
+        assert [store.stats().paths_down for store in stores] == [{}, {}]
+        writers = sorted(store.disk.writer for store in stores)
+        assert sorted(seats_of(tmp_path).values()) == writers and writers[0] != writers[1]
+        for i, store in enumerate(stores):
+            tokens = seq(100 * i, 2)
+            store.put(tokens, make_kv(tokens))
+            assert store.flush() and store.stats().disk_writes == 2
+    finally:
+        for store in stores:
+            store.close()
+
+
 def test_a_default_id_another_process_of_this_host_writes_is_never_taken(tmp_path):
     """Default writer ids, share_writers lowered from 2 to 1 for a new engine next to a
     running one: the new one was refused a seat under the running engine's id before its

@@ -49,17 +49,14 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     that ran with a larger ``share_writers``, whose segment still takes its share of
     ``disk_capacity`` until it is reclaimed (one of ``writer``'s own does not count: it
     goes as ``writer`` takes one within); or when writers claiming at the same moment took
-    the free ones (``_one_too_many``)."""
+    the free ones (``_one_too_many``). Seated, ``writer`` keeps one seat (``_keep_one``)."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
         held = _held_seats(seats)
         own = {name for name, holder in held.items() if holder == writer}
         seat = _seat_within(seats, held, own, writer, limit) if len(held) - len(own) < limit \
             else None
         if seat is not None:
-            for name in sorted(own - {SEAT_FILE.format(seat)}):
-                with contextlib.suppress(OSError):  # not a seat file of ours any more
-                    seats.remove_file(name)
-            return seat
+            return _keep_one(seats, writer, seat, limit)
         others = [holder for holder in _held_seats(seats).values() if holder != writer]
     raise _no_seat(ns_dir.path, others, limit)
 
@@ -80,6 +77,26 @@ def _seat_within(seats: SafeDir, held: dict[str, str | None], own: set[str], wri
         seats.remove_file(names[seat])
         return None
     return seat
+
+
+def _keep_one(seats: SafeDir, writer: str, seat: int, limit: int) -> int:
+    """The seat ``writer``, seated at ``seat``, keeps: the lowest within ``limit`` holding its
+    id now; every other one holding it is given back (one past ``limit``, or one taken at
+    the same moment by another process of this host trying the same id: only one of them
+    gets the segment's lock, and the other, trying its next id, would find no seat free).
+    Seats that cannot be read for a moment: nothing is given back."""
+    try:
+        held = _held_seats(seats)
+    except OSError:
+        return seat
+    ours = sorted((n, name) for name, holder in held.items()
+                  if holder == writer and (n := seat_number(name)) is not None)
+    kept = next((n for n, _ in ours if n < limit), seat)
+    for n, name in ours:
+        if n != kept:
+            with contextlib.suppress(OSError):  # not a seat file of ours any more
+                seats.remove_file(name)
+    return kept
 
 
 def _no_seat(path: str, others: list[str | None], limit: int) -> CacheDirError:
