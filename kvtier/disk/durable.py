@@ -17,11 +17,16 @@ log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
 
 def sync_path(paths: DiskPaths, index: int) -> IOResult:
-    """Blocking (run it on the path's queue): sync path ``index``. OK; PATH_DOWN when it is
-    out of service; IO_ERROR on a filesystem that syncs no file (``NO_SYNC``: some FUSE and
-    network filesystems; not counted against the path); else the failure, counted as any
-    request's on the path (``DiskPaths.failed``: an I/O error, three in a row take it out;
-    a read-only filesystem takes it out at once; a full disk is NO_SPACE)."""
+    """Blocking (run it on the path's queue): sync path ``index``. OK, or PATH_DOWN: it is
+    out of service, or the sync failed and took it out. What the kernel could not write back
+    (an I/O error, a full disk or quota at write-back) is lost, and a later sync would not
+    say so (Linux marks the pages clean and reports the error once): the path's chunks
+    since its last good sync may not be on the disk, and an index synced later would vouch
+    for them. So a failed sync takes the path out of service at once (its chunks leave the
+    owner's index, a miss from then on), and it comes back empty, as any path does: a
+    later sync vouches only for what was written since. On a filesystem that syncs no file
+    (``NO_SYNC``: some FUSE and network filesystems), where nothing was lost by it, the
+    sync is IO_ERROR (not synced) and the path stays."""
     path = paths[index]
     directory = path.dir
     if directory is None:
@@ -31,9 +36,10 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     except OSError as exc:
         if exc.errno in NO_SYNC and path.dir is directory:
             return IOResult(IOStatus.IO_ERROR, detail=f"{path.root}: cannot sync here: {exc}")
-        if path.dir is not directory:  # taken down (and maybe back) meanwhile: not this sync's
-            return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason or str(exc))
-        return paths.failed(path, exc, directory)
+        if path.dir is directory:  # else taken down (and maybe back) meanwhile
+            paths.take_down(path, f"a sync failed ({exc}): what it held since its last sync "
+                            "may not be on the disk", directory)
+        return IOResult(IOStatus.PATH_DOWN, detail=path.down_reason or str(exc))
     path.eio_run = 0
     return IOResult(IOStatus.OK)
 

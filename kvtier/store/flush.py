@@ -27,8 +27,9 @@ class FlushResult:
     process), chunks a remote store was asked to write and does not hold
     (``remote_not_written``: refused, failed or lost; ``StoreRemote.flush``), and whether it
     stopped at its timeout; ``not_synced``: disk paths whose files could not be made durable
-    (``DiskLane.sync`` failed: an I/O error). True when every chunk held in memory is on
-    disk, synced, and every chunk sent to the remote store is there."""
+    (``DiskLane.sync`` failed: an I/O error, which takes the path out of service, or a
+    filesystem that syncs no file). True when every chunk held in memory is on disk, synced,
+    and every chunk sent to the remote store is there."""
 
     written: int
     not_written: int
@@ -99,8 +100,9 @@ class Flusher:
     def _sync(self, deadline: float | None, in_service: set[int]) -> tuple[int, bool]:
         """Sync every disk path on its own queue, its writes over (``DiskLane.sync``):
         (paths of ``in_service``, those in service when the flush began, whose sync failed
-        or that went out of service meanwhile, each failure counted and logged as a failed
-        request's; whether every sync ended by ``deadline``)."""
+        or that went out of service meanwhile, each failure counted and logged once per
+        kind, a path taken out retired from the disk index at once, so that the count of
+        chunks not on disk follows; whether every sync ended by ``deadline``)."""
         lane = self._state.lane
         jobs = {index: lane.submit(queue, partial(lane.sync, index))
                 for index, queue in enumerate(lane.queues)}
