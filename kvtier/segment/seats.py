@@ -49,7 +49,11 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
     that ran with a larger ``share_writers``, whose segment still takes its share of
     ``disk_capacity`` until it is reclaimed (one of ``writer``'s own does not count: it
     goes as ``writer`` takes one within); or when writers claiming at the same moment took
-    the free ones (``_one_too_many``). Seated, ``writer`` keeps one seat (``_keep_one``)."""
+    the free ones (``_one_too_many``). ``CacheDirError`` (EBUSY) when, left without one,
+    ``writer`` finds a seat under its own id that it did not hold as it began: another
+    process claimed one under that id at the same moment (two processes of this host trying
+    one default id before either made its segment), so the id is that process's and the
+    caller tries its next. Seated, ``writer`` keeps one seat (``_keep_one``)."""
     with ns_dir.subdir(SEATS_DIR, create=True) as seats:
         held = _held_seats(seats)
         own = {name for name, holder in held.items() if holder == writer}
@@ -57,8 +61,10 @@ def claim_seat(ns_dir: SafeDir, writer: str, limit: int) -> int:
             else None
         if seat is not None:
             return _keep_one(seats, writer, seat, limit)
-        others = [holder for holder in _held_seats(seats).values() if holder != writer]
-    raise _no_seat(ns_dir.path, others, limit)
+        now = _held_seats(seats)
+    if any(holder == writer and name not in own for name, holder in now.items()):
+        raise _taken_under_own_id(ns_dir.path, writer)
+    raise _no_seat(ns_dir.path, [holder for holder in now.values() if holder != writer], limit)
 
 
 def _seat_within(seats: SafeDir, held: dict[str, str | None], own: set[str], writer: str,
@@ -97,6 +103,14 @@ def _keep_one(seats: SafeDir, writer: str, seat: int, limit: int) -> int:
             with contextlib.suppress(OSError):  # not a seat file of ours any more
                 seats.remove_file(name)
     return kept
+
+
+def _taken_under_own_id(path: str, writer: str) -> CacheDirError:
+    """Why ``writer`` holds no seat though one holds its id: another process took it."""
+    return CacheDirError(errno.EBUSY, f"a seat of {path} was taken under writer id {writer} "
+                         "by another process claiming one at the same moment: that id is "
+                         "the other process's; give each instance its own instance_id (or let "
+                         "kvtier derive one: the next default id is tried)")
 
 
 def _no_seat(path: str, others: list[str | None], limit: int) -> CacheDirError:
