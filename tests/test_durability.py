@@ -79,6 +79,34 @@ def test_a_clean_close_leaves_on_disk_the_index_the_store_wrote(tmp_path, monkey
         assert store.stats().recovered_chunks == 6
 
 
+def test_a_write_over_after_its_paths_sync_began_is_not_vouched_for(tmp_path, monkeypatch):
+    """A chunk put while a flush syncs, its write over after its path's sync began and before
+    the flush counts what is not on disk: no sync covered it (a power loss would lose its
+    index entry), so it counts as not written, where it counted as on disk and the flush was
+    true. The next flush's sync covers it."""
+    from kvtier.store import flush as flush_module
+
+    disk = Disk(monkeypatch)
+    first, late = seq(0, 2), seq(100, 1)
+    with KVStore(SMALL, config(tmp_path)) as store:
+        store.put(first, make_kv(first))
+        real = flush_module.Flusher._sync
+
+        def a_write_ends_after_the_sync(self, *args):
+            synced = real(self, *args)
+            store.put(late, make_kv(late))
+            assert store._state.lane.drain()  # its write over: on disk, in the index
+            return synced
+
+        monkeypatch.setattr(flush_module.Flusher, "_sync", a_write_ends_after_the_sync)
+        result = store.flush()
+        monkeypatch.setattr(flush_module.Flusher, "_sync", real)
+        index = _segment(tmp_path, store) / "index.kvt"
+        assert store.stats().disk_writes == 3 and disk.holds(index) != index.read_bytes()
+        assert not result and result.not_written == 1 and not result.not_synced, result
+        assert store.flush() and disk.holds(index) == index.read_bytes()
+
+
 @pytest.mark.parametrize("failing", ["slots-0000.kvt", "index.kvt"])
 def test_a_sync_that_fails_makes_flush_false_and_takes_the_path_out(tmp_path, monkeypatch,
                                                                     failing):

@@ -29,6 +29,7 @@ from kvtier.store.gate import CallGate
 from kvtier.store.reads import Fetcher
 from kvtier.store.remote import open_store_remote
 from kvtier.store.state import StoreState
+from kvtier.store.sync_watch import SyncedIndex
 from kvtier.store.transfers import Transfers
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import MemoryTier, TierName
@@ -136,10 +137,13 @@ def _open_bookkeeping(parts: StoreParts, shape: StoreShape, io_engine: EngineFac
                                engine_factory=io_engine)
         return parts.lane
 
+    synced: list[SyncedIndex] = []  # the disk tier's index, which flushes watch
+
     def levels(lane: DiskLane | NoDisk) -> list[tuple[TierName, SlotIndex]]:
         policy = cfg.eviction_policy
         found = [(name, SlotIndex(t.num_slots, make_policy(policy))) for name, t in parts.tiers.items()]
-        return [*found, (DISK, SlotIndex(lane.num_slots, make_policy(policy)))]  # 0 without disk
+        synced.append(SyncedIndex(lane.num_slots, make_policy(policy), lane.queue_of))
+        return [*found, (DISK, synced[0])]  # 0 slots without disk
 
     books = open_books(lane, levels)
     transfers = Transfers(parts.tiers, parts.lane.tier, shape.chunk_bytes,
@@ -149,7 +153,7 @@ def _open_bookkeeping(parts: StoreParts, shape: StoreShape, io_engine: EngineFac
     parts.state = state = StoreState(cfg, books, parts.lane, transfers, parts.tiers, max_pending)
     parts.runner = PlanRunner(state)
     parts.fetcher = Fetcher(state, parts.runner)
-    parts.flusher = Flusher(state, parts.runner)
+    parts.flusher = Flusher(state, parts.runner, synced[0])
     parts.read_ahead = max(1, min(2 * cfg.io_threads, host_slots // 2 if host_slots else 1))
 
 

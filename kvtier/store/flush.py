@@ -9,12 +9,13 @@ from concurrent.futures import wait
 from dataclasses import dataclass, replace
 from functools import partial
 
-from kvtier.io.result import IOStatus
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.store.books import Held
 from kvtier.store.disk_writes import StartedWrite
 from kvtier.store.remote import RemoteFlush
 from kvtier.store.state import DISK, GPU, HOST, StoreState
+from kvtier.store.sync_watch import SyncedIndex, SyncWatch
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
@@ -23,7 +24,8 @@ from kvtier.units import time_left
 @dataclass(frozen=True)
 class FlushResult:
     """What ``flush`` did: chunks it wrote, chunks held in memory still not on disk when it
-    returned (without a disk tier or remote store: every chunk held, as none outlives the
+    returned, or on disk only by a write over after its path's sync began, which no sync
+    covered (without a disk tier or remote store: every chunk held, as none outlives the
     process), chunks a remote store was asked to write and does not hold
     (``remote_not_written``: refused, failed or lost; ``StoreRemote.flush``), and whether it
     stopped at its timeout; ``not_synced``: disk paths whose files could not be made durable
@@ -59,8 +61,8 @@ class Flusher:
     says the rest (``KVStore.flush``; device pool chunks with no host copy count as not
     written); without one, every chunk held is unwritten."""
 
-    def __init__(self, state: StoreState, runner: PlanRunner) -> None:
-        self._state, self._runner = state, runner
+    def __init__(self, state: StoreState, runner: PlanRunner, synced: SyncedIndex) -> None:
+        self._state, self._runner, self._synced = state, runner, synced
 
     def flush(self, timeout: float | None) -> FlushResult:
         lane, books = self._state.lane, self._state.books
@@ -91,20 +93,28 @@ class Flusher:
                 written += sum(1 for w in started if w.future.done() and w.future.result().ok)
         if not drained:  # a hung drive: a sync would hang as well
             with books.held() as b:
-                return FlushResult(written, self._not_on_disk(b), timed_out=True)
-        not_synced, synced = self._sync(deadline, in_service)
-        with books.held() as b:  # after the syncs: one may have taken its path down
-            return FlushResult(written, self._not_on_disk(b), timed_out=not synced,
-                               not_synced=not_synced)
+                return FlushResult(written, self._not_on_disk(b, set()), timed_out=True)
+        with books.held():
+            watch = self._synced.watch()
+        try:
+            not_synced, synced = self._sync(deadline, in_service, watch)
+            with books.held() as b:  # after the syncs: one may have taken its path down
+                return FlushResult(written, self._not_on_disk(b, watch.late),
+                                   timed_out=not synced, not_synced=not_synced)
+        finally:
+            with books.held():
+                self._synced.unwatch(watch)
 
-    def _sync(self, deadline: float | None, in_service: set[int]) -> tuple[int, bool]:
-        """Sync every disk path on its own queue, its writes over (``DiskLane.sync``):
-        (paths of ``in_service``, those in service when the flush began, whose sync failed
-        or that went out of service meanwhile, each failure counted and logged once per
-        kind, a path taken out retired from the disk index at once, so that the count of
-        chunks not on disk follows; whether every sync ended by ``deadline``)."""
+    def _sync(self, deadline: float | None, in_service: set[int],
+              watch: SyncWatch) -> tuple[int, bool]:
+        """Sync every disk path on its own queue, its writes over (``DiskLane.sync``), each
+        sync's beginning told to ``watch`` (``SyncedIndex``: a write over after it is not
+        covered): (paths of ``in_service``, those in service when the flush began, whose
+        sync failed or that went out of service meanwhile, each failure counted and logged
+        once per kind, a path taken out retired from the disk index at once, so that the
+        count of chunks not on disk follows; whether every sync ended by ``deadline``)."""
         lane = self._state.lane
-        jobs = {index: lane.submit(queue, partial(lane.sync, index))
+        jobs = {index: lane.submit(queue, partial(self._sync_path, watch, queue, index))
                 for index, queue in enumerate(lane.queues)}
         done, pending = wait(jobs.values(), time_left(deadline))
         failed = {index: job.result() for index, job in jobs.items()
@@ -115,12 +125,20 @@ class Flusher:
         return sum(index in in_service or result.status is not IOStatus.PATH_DOWN
                    for index, result in failed.items()), not pending
 
-    def _not_on_disk(self, b: Held) -> int:
-        """Chunks held in memory with no disk copy (one whose write is not over counts: it
-        is not on disk yet), nor one in another writer's segment (lock held: ``b``)."""
+    def _sync_path(self, watch: SyncWatch, queue: str, index: int) -> IOResult:
+        """Blocking (on ``queue``, path ``index``'s): ``DiskLane.sync``, once ``watch`` is
+        told it begins."""
+        with self._state.books.held():
+            watch.begin(queue)
+        return self._state.lane.sync(index)
+
+    def _not_on_disk(self, b: Held, late: set[ChunkKey]) -> int:
+        """Chunks held in memory with no disk copy a sync covered (one whose write is not
+        over counts: it is not on disk yet; one of ``late``, written after its path's sync
+        began, is not durable yet), nor one in another writer's segment (lock held: ``b``)."""
         indexes, others = b.stack.indexes, self._state.others
         held = set().union(*(indexes[tier].keys() for tier in (GPU, HOST) if tier in indexes))
-        return sum(1 for key in held if indexes[DISK].slot_of(key) is None
+        return sum(1 for key in held if (indexes[DISK].slot_of(key) is None or key in late)
                    and (others is None or others.find(key) is None))
 
     def _device_only(self, b: Held) -> list[ChunkKey]:
