@@ -72,7 +72,10 @@ def sync_segment(slot_fds: Iterable[int], index_fd: int, dir_fd: int) -> None:
     then), none for the chunks written since (lost: only a missing index is rebuilt from
     the slot headers), or an index never written back (a full scan at the next start). Synced after
     the slots (whose ``O_DIRECT`` writes the same call makes durable: a drive's write cache,
-    the extents they filled), it names no chunk a slot does not hold. ``log.kvt`` and the
+    the extents they filled), it names no chunk written before the sync began that a slot
+    does not hold (a write over between the two syncs may leave an entry naming bytes not on
+    the disk: its checksum makes it a miss; ``KVStore.flush`` does not vouch for it,
+    ``kvtier.store.sync_watch``). ``log.kvt`` and the
     lease need no sync: the log starts afresh from the index at every open, and a lease a
     power loss left open is a writer gone (its host booted since). Errors (``OSError``) are
     the caller's; a filesystem that cannot sync a directory is taken as it is."""
