@@ -282,6 +282,7 @@ def test_a_child_forked_by_a_writer_later_killed_does_not_keep_its_segment(tmp_p
         assert store.flush()
         pid = os.fork()
         if pid == 0:  # a helper the application forks, nothing to do with kvtier
+            open(os.path.join(sys.argv[1], "running"), "w").close()  # (past fork's handlers)
             time.sleep(60)
             os._exit(0)
         print(pid, flush=True)
@@ -290,6 +291,10 @@ def test_a_child_forked_by_a_writer_later_killed_does_not_keep_its_segment(tmp_p
     proc = subprocess.Popen([sys.executable, "-c", writer, str(tmp_path)], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
     helper = int(proc.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "running").exists():  # the child runs (on a busy machine, not
+        assert time.monotonic() < deadline  # at once): the writer is killed after that
+        time.sleep(0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     try:

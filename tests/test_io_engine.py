@@ -125,9 +125,9 @@ def test_a_job_may_submit_another_while_the_engine_closes(make):
 
 
 def test_every_thread_starts_with_the_engine():
-    before = {t.name for t in threading.enumerate()}
+    before = set(threading.enumerate())  # (threads, not names: another test's may linger)
     engine = IOEngine(["a", "b"], 3)
-    started = [t for t in threading.enumerate() if t.name not in before]
+    started = [t for t in threading.enumerate() if t not in before]
     assert len(started) == 6 and all(t.name.startswith("kvtier-io-") for t in started)
     assert engine.close(1)
 
@@ -136,7 +136,7 @@ def test_a_thread_that_cannot_start_fails_the_engine_and_lets_the_others_go(monk
     real_start, calls = threading.Thread.start, []
 
     def start(thread):
-        calls.append(thread.name)
+        calls.append(thread)
         if len(calls) == 3:
             raise RuntimeError("can't start new thread")
         real_start(thread)
@@ -146,7 +146,7 @@ def test_a_thread_that_cannot_start_fails_the_engine_and_lets_the_others_go(monk
     with pytest.raises(RuntimeError, match="can't start new thread"):
         IOEngine(["a"], 4)
     monkeypatch.undo()
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name in calls],
+    wait_until(lambda: not [t for t in calls if t.is_alive()],
                "a thread started for the failed engine is still waiting")
     assert time.monotonic() - begun < 10  # not the barrier's own 30 s
 
