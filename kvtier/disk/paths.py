@@ -9,10 +9,8 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
-from kvtier.config.settings import DiskFloor
+from kvtier.disk.opening import OpenArgs
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.segment.cachedir import CacheDir, CacheDirError
 from kvtier.segment.lease import Lease, LeaseLost
@@ -25,37 +23,6 @@ _PATH_FATAL = {errno.EROFS, errno.ENOENT, errno.EACCES, errno.EPERM, errno.EBADF
                errno.ENXIO, errno.ESTALE, errno.ENOTDIR}
 _EIO_LIMIT = 3  # consecutive I/O errors that take a path out of service
 _RETRY_MAX_S = 600.0  # the longest wait between two tries of a path out of service
-
-
-@dataclass(frozen=True)
-class OpenArgs:
-    """What every ``CacheDir`` of a tier is opened with, besides its root and writer id:
-    ``writers`` are the ids to try, in order, until one is free (one when configured)."""
-
-    namespace_id: str
-    writers: tuple[str, ...]
-    meta: dict[str, object]
-    num_slots: int
-    stride: int
-    file_slots: int
-    o_direct: bool | None
-    floor: DiskFloor
-    share_writers: int = 1
-    lease_timeout: float = 120.0  # stated in the lease, for readers configured otherwise
-
-    def open(self, root: str, writer: str) -> tuple[CacheDir, int]:
-        """``writer``'s segment at ``root``, opened with every check, and its inode."""
-        directory = CacheDir(Path(root), self.namespace_id, self.meta, writer=writer,
-                             num_slots=self.num_slots,
-                             stride=self.stride, file_slots=self.file_slots,
-                             o_direct=self.o_direct, floor=self.floor,
-                             share_writers=self.share_writers,
-                             lease_timeout=self.lease_timeout)
-        try:
-            return directory, directory.inode
-        except OSError:
-            directory.close()
-            raise
 
 
 class PathState:

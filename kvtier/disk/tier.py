@@ -18,8 +18,9 @@ import numpy as np
 
 from kvtier.config.settings import DiskFloor
 from kvtier.disk.check import slot_problem
+from kvtier.disk.opening import OpenArgs
 from kvtier.disk.parts import ChunkParts
-from kvtier.disk.paths import DiskPaths, OpenArgs, PathState
+from kvtier.disk.paths import DiskPaths, PathState
 from kvtier.disk.reads import Target, checked, landing, read_part_runs, read_run
 from kvtier.disk.recovery import DiskRecovery, RecoveredSlot, RecoveryReport  # noqa: F401
 from kvtier.disk.stamps import WriteStamps
