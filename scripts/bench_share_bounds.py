@@ -62,7 +62,7 @@ def write_log(directory: SafeDir, pairs: list[tuple[int, bytes]]) -> SegmentLog:
 
 
 def view_of(root: Path) -> SharedView:
-    return SharedView([str(root)], NS, RAW, "reader", 120.0)
+    return SharedView([str(root)], NS, RAW, ("reader",), 120.0)
 
 
 def catch_up(view: SharedView) -> int:

@@ -59,7 +59,7 @@ def main() -> None:
              for i in range(args.writers)]
     for w, tier in enumerate(tiers):
         tier.write_many([(s, key(w, s), data.array) for s in range(args.chunks)])
-    view = SharedView([str(root)], NS, RAW, own="reader", lease_timeout=30)
+    view = SharedView([str(root)], NS, RAW, own=("reader",), lease_timeout=30)
     first = timed(view.refresh)
     first_bytes = view.bytes_read
     catch_up, catch_up_refreshes = first, 1

@@ -79,7 +79,7 @@ def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
     a.drain()
     from kvtier.shared.view import SharedView
 
-    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, "b", 30)
+    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, ("b",), 30)
     view.refresh()
     ref = view.ref(view.find(b"k" * 16))
     b, kv_b = worker(tmp_path, instance_id="b", share_writers=2)

@@ -41,7 +41,7 @@ def test_the_engine_gives_back_no_orphan_seat_linked_from_outside(tmp_path):
     quick = {"share_writers": 1, "lease_timeout": "2s", "share_refresh": "1h"}
     now = [0.0]  # the reader's clock, moved by hand
     with KVStore(SMALL, shared(tmp_path / "c", "b", **quick)) as b:
-        view = SharedView([str(tmp_path / "c")], b.namespace, b.chunk_bytes, "b", 2.0,
+        view = SharedView([str(tmp_path / "c")], b.namespace, b.chunk_bytes, ("b",), 2.0,
                           clock=lambda: now[0])
         for _ in range(2):  # watched for longer than lease_timeout: it would be due
             view.refresh()

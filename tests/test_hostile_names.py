@@ -193,7 +193,7 @@ def test_a_seat_naming_no_writer_with_a_segment_is_given_back_once_watched_that_
     seat = seat_file(ns, content, age_s=skew_s)
     now = [0.0]  # the reader's clock, moved by hand
     with KVStore(SMALL, shared(tmp_path, "b", **quick)) as b:  # looks at the seats as it opens
-        view = SharedView([str(tmp_path)], b.namespace, b.chunk_bytes, "b", 2.0,
+        view = SharedView([str(tmp_path)], b.namespace, b.chunk_bytes, ("b",), 2.0,
                           clock=lambda: now[0])
         view.refresh()
         assert b.stats().paths_down and seat.exists()  # it may be a seat being made right now

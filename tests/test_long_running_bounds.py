@@ -31,7 +31,7 @@ def write_as(tmp_path, writer, start=0, **extra):
 
 def test_a_reader_keeps_nothing_of_writers_whose_segments_are_gone(tmp_path):
     namespace, raw = write_as(tmp_path, "reader")
-    view = SharedView([str(tmp_path)], namespace, raw, "reader", 120.0)
+    view = SharedView([str(tmp_path)], namespace, raw, ("reader",), 120.0)
     for n in range(5):
         write_as(tmp_path, f"pod-{n}")  # a pod restarted under a new name, each time
         view.refresh()
@@ -57,7 +57,7 @@ def test_a_gone_writers_chunks_leave_the_view_a_batch_at_a_time(tmp_path, monkey
         store.put(seq(0, 5), make_kv(seq(0, 5)))
         store.flush()
         namespace, raw = store.namespace, store.chunk_bytes
-    view = SharedView([str(tmp_path)], namespace, raw, "reader", 120.0)
+    view = SharedView([str(tmp_path)], namespace, raw, ("reader",), 120.0)
     view.refresh()
     assert len(view) == 5
     held: list[int] = []
@@ -90,7 +90,7 @@ def test_a_reader_follows_no_more_slots_than_the_directory_holds(tmp_path, caplo
     directory's slots a path, over every writer, says so once, and reads the rest as misses."""
     for n in range(3):
         namespace, raw = write_as(tmp_path, f"pod-{n}", start=n)
-    view = SharedView([str(tmp_path)], namespace, raw, "reader", 120.0, max_slots=2)
+    view = SharedView([str(tmp_path)], namespace, raw, ("reader",), 120.0, max_slots=2)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         view.refresh()
         view.refresh()
@@ -128,7 +128,7 @@ def test_a_segment_that_cannot_be_reclaimed_is_said_once_and_tried_once_per_time
     real = upkeep.reclaim_segment
     monkeypatch.setattr(upkeep, "reclaim_segment", lambda *args: tries.append(1) or real(*args))
     now = [0.0]  # the reader's clock, moved by hand
-    view = SharedView([str(tmp_path)], namespace, raw, "reader", 2.0, clock=lambda: now[0])
+    view = SharedView([str(tmp_path)], namespace, raw, ("reader",), 2.0, clock=lambda: now[0])
     view.refresh()  # first seen
     now[0] += 2.1  # its lease stood still for the timeout: gone
     with caplog.at_level(logging.WARNING, logger="kvtier"):
@@ -237,7 +237,7 @@ def test_a_listener_gets_what_the_view_holds_without_holding_up_lookups(tmp_path
     from kvtier.shared.chunk_index import Copy
 
     ns = Namespace(model="m", kv_dtype="bf16", layout="x", block_tokens=16, chunk_tokens=16)
-    view = SharedView([str(tmp_path)], ns, 4096, "me", 120.0)
+    view = SharedView([str(tmp_path)], ns, 4096, ("me",), 120.0)
 
     class Segment:  # a followed segment, as far as the view's chunks name it
         writer, path = "w", 0

@@ -390,7 +390,7 @@ def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp
     tier = make_tier([tmp_path], writers=["a"])
     chunks = {slot: chunk(slot) for slot in range(4)}
     assert all(tier.write(s, key(s), c.array).ok for s, c in chunks.items())
-    view = SharedView([str(tmp_path)], NS, RAW, "b", 30)
+    view = SharedView([str(tmp_path)], NS, RAW, ("b",), 30)
     view.refresh()
     reads = OtherReads([str(tmp_path)], NS, RAW, tier.stride, [False])
     (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")

@@ -24,7 +24,7 @@ KVTIER_CODE = str(Path(kvtier.__file__).parent)
 
 
 def reader(root, **extra) -> SharedView:
-    return SharedView([str(root)], NS, RAW, "reader", 120.0, **extra)
+    return SharedView([str(root)], NS, RAW, ("reader",), 120.0, **extra)
 
 
 def kvtier_lines(step) -> int:

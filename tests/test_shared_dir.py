@@ -266,7 +266,7 @@ def test_a_writer_whose_lock_is_held_on_this_host_is_never_reclaimed(tmp_path, m
     with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="2s")) as a:
         a.put(tokens, make_kv(tokens))
         a.flush()
-        view = SharedView([str(tmp_path)], a.namespace, a.chunk_bytes, "b", 2.0,
+        view = SharedView([str(tmp_path)], a.namespace, a.chunk_bytes, ("b",), 2.0,
                           clock=lambda: now[0])
         view.refresh()
         now[0] += 2.1  # its lease stood still for lease_timeout
@@ -287,7 +287,7 @@ def test_a_reader_with_a_shorter_lease_timeout_waits_for_the_writers_own(tmp_pat
     with KVStore(SMALL, shared(tmp_path, "a", lease_timeout="300s")) as a:
         a.put(tokens, make_kv(tokens))
         a.flush()
-        view = SharedView([str(tmp_path)], a.namespace, a.chunk_bytes, "b", 2.0,
+        view = SharedView([str(tmp_path)], a.namespace, a.chunk_bytes, ("b",), 2.0,
                           clock=lambda: now[0])
         view.refresh()
         now[0] += 3.5  # past the reader's timeout, within a's first heartbeat (every 50 s)

@@ -175,7 +175,7 @@ def test_a_worker_says_which_failed_reads_proved_another_engines_copy_bad(tmp_pa
     a, _ = worker(tmp_path, instance_id="a", share_writers=2)
     a.save(StepPlan(stores=[ChunkStore(key, (3, 4), host_slot=0, disk_slot=2)]))
     a.drain()
-    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, "b", 30)
+    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, ("b",), 30)
     view.refresh()
     chunks = (ChunkLoad(key, (8, 9), 0, host_slot=1, other=(view.ref(view.find(key)),)),)
     b, _ = worker(tmp_path, instance_id="b", share_writers=2)

@@ -13,6 +13,7 @@ from kvtier.connector.common.engine_writer import unheld_writer
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment import cachedir, seats, slot_files
 from kvtier.segment.names import writer_ids
+from kvtier.tiers.base import TierName
 from tests.helpers.hostile import make_cache, namespace_of
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.store import config, exact, seq
@@ -78,7 +79,9 @@ def test_a_stuffed_directory_takes_the_path_out_and_the_store_serves_from_memory
     stuff(stuffed, BOUND)
     tokens = seq(0, 2)
     with KVStore(SMALL, config(tmp_path / "cache", share_writers=4)) as store:
-        assert store.lookup(tokens).tokens == 0  # the chunks on disk are not served
+        # its disk tier holds none of the chunks on disk: it holds no segment, and reads
+        # the one it could not open as another writer's, verified
+        assert store.lookup(tokens).chunks_by_tier == {TierName.SHARED: 2}
         reason = down_reason(store)
         assert f"{stuffed} holds more than {BOUND} entries" in reason, reason
         store.put(tokens, make_kv(tokens))

@@ -136,7 +136,7 @@ def test_another_engines_chunk_is_read_in_part_too(tmp_path):
     tier = parted_tier(tmp_path, writers=["a"])
     data = chunk(6, RAW)
     tier.write(0, key(6), data.array)
-    view = SharedView([str(tmp_path)], NS, RAW, "b", 30)
+    view = SharedView([str(tmp_path)], NS, RAW, ("b",), 30)
     view.refresh()
     reads = OtherReads([str(tmp_path)], NS, RAW, tier.stride, [False], ChunkParts(RAW, PARTS))
     ref = view.ref(view.find(key(6)))
@@ -432,7 +432,7 @@ def test_the_worker_reads_another_engines_chunk_in_part(tmp_path):
     a.drain()
     damage_sliding_part(tmp_path, "a")
     view = SharedView([str(tmp_path)], WORKER_GEO.namespace("m", "", 1, 0),
-                      WORKER_GEO.chunk_bytes, "b", 30)
+                      WORKER_GEO.chunk_bytes, ("b",), 30)
     view.refresh()
     ref = view.ref(view.find(b"k" * 16))
     b, kv_b = parted_worker(tmp_path, instance_id="b", share_writers=2)

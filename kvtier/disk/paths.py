@@ -47,6 +47,14 @@ class PathState:
         self.retry_first = retry
         self.back_at = 0.0  # when it last came back into service
 
+    @property
+    def own(self) -> str | None:
+        """The writer id of the segment this store holds on the path (its lock and seat):
+        the directory in service, or the one taken out and kept open until the next try;
+        None while it holds none (its id is then nobody's here: ``DiskPaths.own``)."""
+        held = self.dir if self.dir is not None else self.stale
+        return None if held is None or held.closed else held.writer
+
 
 class DiskPaths:
     """The paths of one tier, each opened at start (a path that cannot be opened starts out
@@ -83,10 +91,10 @@ class DiskPaths:
         """Open ``path`` under this store's id once one of its paths has opened; until then
         under the first candidate whose segment no other process holds (``busy`` gathers
         those). ``writer`` becomes the candidate where the search stopped, even when that
-        open fails for another reason (no seat free): a segment another process holds is
-        never this store's own (its chunks are read as another writer's). So a store none of
-        whose paths ever opened looks for an id again at each try: the segment it stopped at
-        may have been taken since, and one before it let go of."""
+        open fails for another reason (no seat free), but it is this store's own on a path
+        only once it holds that segment there (``own``): another process may open it first.
+        So a store none of whose paths ever opened looks for an id again at each try: the
+        segment it stopped at may have been taken since, and one before it let go of."""
         if self._settled:
             return self._open_as(path.root, self.writer)
         free = [w for w in self._opener.writers if w not in busy] or list(self._opener.writers[-1:])
@@ -116,6 +124,13 @@ class DiskPaths:
                     or not self._seats.free_seats(root, self._opener.namespace_id, writer):
                 raise
         return self._opener.open(root, writer)
+
+    @property
+    def own(self) -> tuple[str | None, ...]:
+        """Each path's ``PathState.own``: the segments a reader of the shared directory
+        skips as this store's own. A path where it holds none is read as every writer's
+        (a segment another process opened under ``writer`` since is another writer's)."""
+        return tuple(path.own for path in self.states)
 
     def _leases(self) -> list[Lease]:
         return [directory.lease for directory in (p.dir for p in self.states)

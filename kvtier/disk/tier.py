@@ -103,7 +103,9 @@ class DiskTier:
 
     @property
     def writer(self) -> str:
-        """This tier's writer id: its segment's name on every path."""
+        """This tier's writer id: its segment's name on every path; while no path has
+        opened, the id where its search for one stopped, no segment of its own
+        (``paths.own``)."""
         return self._health.writer
 
     @property

@@ -14,6 +14,7 @@ from kvtier.keys import ChunkKey
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout
 from kvtier.segment.lease import LeaseInfo
 from kvtier.segment.log import LogFollower
+from kvtier.shared.chunk_index import Copy
 from kvtier.shared.reads import SlotRef
 
 log = logging.getLogger("kvtier")
@@ -73,6 +74,9 @@ class WriterState:
     lease: LeaseInfo | None
 
 
+# A process's writer id on each disk path: the segments there it skips as its own; None where
+# it holds none (every writer there is another)
+OwnSegments = tuple[str | None, ...]
 _GENERATIONS = itertools.count(1)  # never the same twice: readers' cached files go stale
 _SOURCES = itertools.count()  # each segment followed gets a number of its own
 
@@ -111,3 +115,9 @@ def writer_states(followed: dict[tuple[int, str], Followed],
         leases[writer] = leases.get(writer) or segment.lease
         lives[writer] = lives.get(writer, False) or live(path, writer)
     return [WriterState(w, lives[w], chunks[w], leases[w]) for w in sorted(chunks)]
+
+
+def chunk_of(sources: dict[int, Followed], key: ChunkKey, copy: Copy) -> OtherChunk:
+    """``copy`` of ``key`` as the chunk of the segment it is in (``sources``, by number)."""
+    by = sources[copy.source]  # the segment followed
+    return OtherChunk(by.writer, by.path, copy.slot, key, copy.codec, copy.payload_bytes)

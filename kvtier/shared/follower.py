@@ -14,7 +14,7 @@ import numpy as np
 from kvtier.config.settings import KVTierConfig
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.shared.followed import WriterState, directory_slots
+from kvtier.shared.followed import OwnSegments, WriterState, directory_slots
 from kvtier.shared.misreads import Misreads, proves_bad
 from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.shared.refresh import RefreshThread
@@ -48,13 +48,14 @@ class OtherWriters:
     ``MISSES_IN_A_ROW`` of them in a row drop it (True when dropped); ``read_ok(refs)``
     ends its run (``Misreads``). ``read_many(items)`` reads copies into memory, verified
     (blocking: an I/O thread), results never exceptions: only when made with ``reads``.
-    ``own()`` names this process's writer id of each rank (those segments are its own; it
-    may change between refreshes). The views are refreshed once when made (``refresh``),
+    ``own()`` names this process's writer id of each rank on each disk path (``OwnSegments``:
+    those segments are its own; None where it holds none: every writer there is followed;
+    it may change between refreshes). The views are refreshed once when made (``refresh``),
     then every ``share_refresh`` seconds by a thread, until ``close``. Thread-safe.
     """
 
     def __init__(self, config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
-                 own: Callable[[], Sequence[str]], reads: OtherReads | None = None,
+                 own: Callable[[], Sequence[OwnSegments]], reads: OtherReads | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         slots = directory_slots(raw_bytes, len(config.disk_paths), config.disk_capacity)
         self._own, self._reads = own, reads
@@ -144,7 +145,7 @@ class OtherWriters:
 
 
 def follow_others(config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
-                  own: Callable[[], Sequence[str]], reads: OtherReads | None = None,
+                  own: Callable[[], Sequence[OwnSegments]], reads: OtherReads | None = None,
                   ) -> OtherWriters | None:
     """The follower of the other writers of ``namespaces`` (one per rank), or None: no
     disk paths, or ``share_refresh`` off (a private cache)."""

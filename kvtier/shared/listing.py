@@ -24,7 +24,7 @@ class WriterListing:
     """The writers' segments of namespace ``ns_id`` under ``roots``.
 
     Contract: ``names(path, own)`` returns at most ``max_writers`` directories of
-    ``writers/`` with a valid writer id other than ``own``, by name (sorted) with their
+    ``writers/`` with a valid writer id other than ``own`` (None: any), by name (sorted) with their
     inodes. Segments (a directory holding a regular ``log.kvt``, ``lease`` or ``index.kvt``)
     come first; other directories (empty, or junk) only fill the places segments leave, so
     that a segment of theirs left by a writer that crashed while making it is still followed
@@ -36,7 +36,7 @@ class WriterListing:
         self._capped = False  # whether leaving writers unfollowed was said
         self._kinds: list[dict[str, tuple[int, int, bool]]] = [{} for _ in roots]
 
-    def names(self, path: int, own: str) -> dict[str, int] | None:
+    def names(self, path: int, own: str | None) -> dict[str, int] | None:
         """The segments on path ``path`` of writers other than ``own``, by name, with their directories'
         inodes, at most ``max_writers`` (none when the path cannot be read; None when this
         process is out of files or memory, which says nothing about the path)."""

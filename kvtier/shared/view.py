@@ -18,7 +18,9 @@ from kvtier.shared.chunk_index import ChunkIndex, Copy, unpack
 from kvtier.shared.followed import (
     Followed,
     OtherChunk,
+    OwnSegments,
     WriterState,
+    chunk_of,
     followable_writers,
     say_passed_over,
     writer_states,
@@ -36,8 +38,9 @@ class SharedView:
 
     Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
     ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
-    valid writer id other than ``own``: at most ``max_writers``, fewer under a low open-file
-    limit (``followable_writers``), segments first: junk never hides one, ``WriterListing``),
+    valid writer id other than ``own[path]``, this process's segment there if it holds one
+    (``OwnSegments``): at most ``max_writers``, fewer under a low open-file limit
+    (``followable_writers``), segments first: junk never hides one, ``WriterListing``),
     reads each writer's lease and what its log gained since the last refresh, and updates
     the view; a writer whose segment vanished is forgotten. ``find(key)`` returns where
     another writer holds ``key`` (None if none); ``drop(chunk)`` forgets a copy until its
@@ -61,8 +64,8 @@ class SharedView:
     Thread-safe.
     """
 
-    def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int, own: str,
-                 lease_timeout: float, max_slots: int = MAX_SLOTS,
+    def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int,
+                 own: OwnSegments, lease_timeout: float, max_slots: int = MAX_SLOTS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._roots, self._ns, self._raw_bytes, self.own = list(roots), namespace, raw_bytes, own
         self.max_slots = max_slots
@@ -92,14 +95,14 @@ class SharedView:
     def find(self, key: ChunkKey) -> OtherChunk | None:
         with self._lock:
             copy = self._index.first(key)
-            return None if copy is None else _chunk_of(self._sources, key, copy)
+            return None if copy is None else chunk_of(self._sources, key, copy)
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
         with self._lock:
             followed = self._followed.get((path, writer))
             copy = None if followed is None else self._index.at(key, followed.source, slot)
-            return None if copy is None else _chunk_of(self._sources, key, copy)
+            return None if copy is None else chunk_of(self._sources, key, copy)
 
     def ref(self, chunk: OtherChunk) -> SlotRef:
         """What a reader needs to read ``chunk`` (with its writer's log generation)."""
@@ -116,9 +119,9 @@ class SharedView:
         last; returns what the view held then, one copy a key (made into chunks outside it)."""
         with self._lock:
             self._index.listener = lambda key, copy: listener(
-                key, None if copy is None else _chunk_of(self._sources, key, copy))
+                key, None if copy is None else chunk_of(self._sources, key, copy))
             held, sources = self._index.packed_items(), dict(self._sources)
-        return [_chunk_of(sources, key, unpack(packed)) for key, packed in held]
+        return [chunk_of(sources, key, unpack(packed)) for key, packed in held]
 
     def generation(self, path: int, writer: str) -> int:
         """How many times that writer's log started over (its files may be new since)."""
@@ -139,7 +142,7 @@ class SharedView:
         for path in range(len(self._roots)):
             if seats_due:
                 self._upkeep.free_seats(path)
-            names = self._listing.names(path, self.own)
+            names = self._listing.names(path, self.own[path])
             if names is None:
                 continue  # this process is short of files: the view stays as it was
             with self._lock:  # gone, or made again since (another directory of that name)
@@ -293,8 +296,3 @@ class SharedView:
             gone = [self._forget(key) for key in list(self._followed)]
         for followed in gone:
             self._let_go(followed)
-
-
-def _chunk_of(sources: dict, key: ChunkKey, copy: Copy) -> OtherChunk:
-    by = sources[copy.source]  # the segment followed
-    return OtherChunk(by.writer, by.path, copy.slot, key, copy.codec, copy.payload_bytes)

@@ -184,10 +184,10 @@ def _follow_others(shape: StoreShape, lane: DiskLane | NoDisk,
     disk tier, no host tier to read their chunks into, or ``share_refresh`` off."""
     if not isinstance(lane, DiskLane) or host is None:
         return None
-    tier = lane.tier  # it may take another writer id when its path comes back
+    paths = lane.tier.paths  # a segment of its own on a path once it holds one there
     reads = other_reads(shape.config, shape.namespace, shape.chunk_bytes, lane)
     return follow_others(shape.config, [shape.namespace], shape.chunk_bytes,
-                         lambda: [tier.writer], reads)
+                         lambda: [paths.own], reads)
 
 
 def _left(deadline: float) -> float:

@@ -73,7 +73,7 @@ class SchedulerSide:
         pending, stalled = PendingStores(), StalledReads()
         self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack)
         say_unstored_replies(geometry)
-        own = [w or unheld_writer(config.disk_paths, ns)
+        own = [(w or unheld_writer(config.disk_paths, ns),) * len(config.disk_paths)
                for w, ns in zip(self.writers, namespaces, strict=True)]
         self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
