@@ -13,7 +13,6 @@ import torch
 
 from kvtier.connector.common.messages import ChunkLoad, RequestLoad, StepPlan, WorkerReport
 from kvtier.tiers.base import TierName
-from tests.helpers.scheduler_side import GEO as SCHED_GEO
 from tests.helpers.scheduler_side import request, scheduler, store_all, write_as
 from tests.helpers.worker_side import GEO, LAYERS, same, worker
 
@@ -164,19 +163,50 @@ def another_engine_on_the_first_id(tmp_path):
 
 
 def test_when_its_workers_hold_no_segment_another_engines_segment_is_still_read(tmp_path):
-    from kvtier.connector.common.engine_writer import unheld_writer
     from kvtier.segment.names import writer_ids
 
-    first, second = writer_ids(None)[:2]
+    first = writer_ids(None)[0]
     a = scheduler(disk=tmp_path, instance_id=first, share_writers=2)
     write_as(tmp_path, first, store_all(a, request("x", 64)).stores)
     a.close()
     with another_engine_on_the_first_id(tmp_path):  # chunks and all
-        namespace = SCHED_GEO.namespace("m", "", 1, 0)
-        assert unheld_writer((str(tmp_path),), namespace) == second
         # this engine's workers are not found (they hold no segment): its scheduler side
         # must not take the other engine's segment for its own and skip it
         b = scheduler(disk=tmp_path, share_writers=2)
         assert b.writers == [None] and b.recovered == 0
+        assert [w.writer for w in b.others.writers()] == [first]
         assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
+        b.close()
+
+
+def test_a_segment_opened_later_under_the_id_where_its_workers_stopped_is_read(tmp_path):
+    """Its workers hold no segment (not found: another engine holds the first default id);
+    another engine then opens the first id free, where the workers would have stopped:
+    this engine reads its chunks, never skipping them as its own."""
+    from kvtier.segment.names import writer_ids
+
+    second = writer_ids(None)[1]
+    with another_engine_on_the_first_id(tmp_path):
+        b = scheduler(disk=tmp_path, share_writers=2, share_refresh="1h")
+        assert b.writers == [None]
+        a = scheduler(disk=tmp_path, instance_id=second, share_writers=2)
+        write_as(tmp_path, second, store_all(a, request("x", 64)).stores)
+        a.close()
+        b.others.refresh()
+        assert second in [w.writer for w in b.others.writers()]
+        assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
+        b.close()
+
+
+def test_a_segment_its_workers_open_after_it_started_is_its_own(tmp_path):
+    """Its workers hold no segment when it starts; once one of them holds one, the view of
+    the other engines passes over it as this engine's own."""
+    with another_engine_on_the_first_id(tmp_path):
+        b = scheduler(disk=tmp_path, share_writers=2, share_refresh="1h")
+        assert b.writers == [None]
+        side, _ = worker(tmp_path, share_writers=2)  # in this process: a worker of b's
+        b.others.refresh()
+        assert side.disk.writer not in [w.writer for w in b.others.writers()]
+        assert len(b.others.writers()) == 1  # the other engine's
+        side.close()
         b.close()

@@ -11,7 +11,7 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.config.settings import load_config
-from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
+from kvtier.connector.common.engine_writer import engine_writers
 from kvtier.io.format import INDEX_ENTRY_BYTES, SlotHeader, decode_header
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import namespace_id_of
@@ -19,7 +19,7 @@ from kvtier.ops.cache import namespaces
 from kvtier.segment import seat_orphans, seats
 from kvtier.segment.index_file import valid_header
 from kvtier.segment.lease import LeaseInfo
-from kvtier.segment.names import TEMP_NAME, seat_number, slot_number
+from kvtier.segment.names import TEMP_NAME, seat_number, slot_number, writer_ids
 from kvtier.shared.view import SharedView
 from tests.helpers.hostile import cli, make_cache, namespace_of, seat_file, stopped_writer_namespace
 from tests.helpers.kv import CHUNK, SMALL, make_kv
@@ -62,7 +62,7 @@ def test_a_lease_of_huge_numbers_never_stops_the_engine_the_view_or_a_command(tm
         namespace = b.namespace
         assert [w.lease for w in b.writers() if w.writer == "a"] == [None]  # damaged: none
     plain = load_config({"disk_paths": [str(root)], "chunk_tokens": CHUNK}, environ={})
-    assert engine_writers(plain, [namespace]) == [unheld_writer((str(root),), namespace)]
+    assert engine_writers(plain, [namespace]) == [writer_ids(None)[0]]  # no process holds it
     (segment / "lease").write_text(json.dumps({**lease, "host": "elsewhere",
                                                "written_ns": 10**400}))
     code, report = as_json(cli("inspect", root, "--json"))

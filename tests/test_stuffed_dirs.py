@@ -9,7 +9,7 @@ import os
 import pytest
 
 from kvtier import KVStore
-from kvtier.connector.common.engine_writer import unheld_writer
+from kvtier.connector.common.engine_writer import workers_writer
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment import cachedir, seats, slot_files
 from kvtier.segment.names import writer_ids
@@ -100,9 +100,9 @@ def test_within_the_bound_the_segment_opens_with_every_chunk(tmp_path, monkeypat
 
 
 def test_this_hosts_segments_are_found_without_listing_writers(tmp_path, monkeypatch):
-    """``unheld_writer`` finds the first default id free while a store of this process holds
-    the first, though ``writers/`` holds 200 other directories and cannot be listed."""
-    first, second = writer_ids(None)[:2]
+    """``workers_writer`` finds the segment a store of this process holds under the first
+    default id, though ``writers/`` holds 200 other directories and cannot be listed."""
+    first = writer_ids(None)[0]
     root = tmp_path / "cache"
     root.mkdir(mode=0o700)
     with KVStore(SMALL, config(root, share_writers=4, instance_id=first)) as store:
@@ -115,4 +115,4 @@ def test_this_hosts_segments_are_found_without_listing_writers(tmp_path, monkeyp
 
         for name in ("names", "scan", "listed"):
             monkeypatch.setattr(SafeDir, name, refused, raising=False)
-        assert unheld_writer((str(root),), store.namespace) == second
+        assert workers_writer((str(root),), store.namespace) == first

@@ -14,6 +14,9 @@ So that every rank of an engine writes under one id even when engines of one hos
 the same time, a rank other than 0 first looks for the id its rank 0 took
 (``leaders_writer``: a sibling worker process's segment of rank 0's namespace) and tries it
 first.
+
+The scheduler side's view of the other engines passes over only the segments its workers
+hold (``EngineSegments``): while they hold none it follows every writer.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
 from kvtier.segment.lock import locked_here
 from kvtier.segment.names import WRITERS_DIR, default_writer_ids, host_name, writer_ids
+from kvtier.shared.followed import OwnSegments
 
 
 def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[str | None]:
@@ -41,26 +45,51 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
 
 
 def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
-    """A segment held by a worker in this process, else by a child of it, else see
-    ``engine_writers``."""
-    held = _held_here(roots, namespace)
+    """``workers_writer``, else see ``engine_writers``."""
+    found = workers_writer(roots, namespace)
+    if found is not None:
+        return found
+    first = writer_ids(None)[0]
+    return None if any(name == first for name, _, _ in _held_here(roots, namespace)) else first
+
+
+def workers_writer(roots: tuple[str, ...], namespace: Namespace) -> str | None:
+    """The default writer id of a segment of ``namespace`` held by a worker in this process,
+    else by a child of it (its lease says so, written in this PID namespace); None when no
+    worker of this engine holds one. Only such segments have their lock tried."""
     me = os.getpid()
-    ours = [(n, lease) for n, lease, sure in held if sure and lease.this_pid_space()]
-    for found in ([n for n, lease in ours if lease.pid == me],
-                  [n for n, lease in ours if lease.ppid == me]):
+
+    def ours(lease: LeaseInfo) -> bool:
+        return lease.this_pid_space() and me in (lease.pid, lease.ppid)
+
+    held = [(n, lease) for n, lease, sure in _held_here(roots, namespace, ours) if sure]
+    for found in ([n for n, lease in held if lease.pid == me],
+                  [n for n, lease in held if lease.ppid == me]):
         if found:  # only a lock surely held: a lock that cannot be tried proves nobody's
             return found[0]
-    first = writer_ids(None)[0]
-    return None if any(name == first for name, _, _ in held) else first
+    return None
 
 
-def unheld_writer(roots: tuple[str, ...], namespace: Namespace) -> str:
-    """The first default writer id whose segment of ``namespace`` no process of this host
-    holds: where this engine's workers stopped when they hold no segment (every seat taken),
-    and so never another engine's segment (whose chunks this engine reads)."""
-    held = {name for name, _, _ in _held_here(roots, namespace)}
-    ids = writer_ids(None)
-    return next((name for name in ids if name not in held), ids[0])
+class EngineSegments:
+    """The segments a scheduler side's view of the other engines passes over as this
+    engine's own (``OtherWriters``' ``own``).
+
+    Contract: calling it returns, for each rank (``namespaces``), the writer id of its
+    segments on each disk path: ``instance_id`` when set; else the one this engine's
+    workers hold (``workers_writer``), looked for again at each call until found, then kept
+    (a worker keeps its id); None on every path until then. So an engine whose workers hold
+    no segment (every seat taken) follows every writer: a segment another engine opens
+    later under the id where its workers stopped is read, never skipped as its own."""
+
+    def __init__(self, config: KVTierConfig, namespaces: list[Namespace]) -> None:
+        self._roots, self._namespaces = config.disk_paths, namespaces
+        self._found: list[str | None] = [config.instance_id] * len(namespaces)
+
+    def __call__(self) -> list[OwnSegments]:
+        for rank, namespace in enumerate(self._namespaces):
+            if self._found[rank] is None:
+                self._found[rank] = workers_writer(self._roots, namespace)
+        return [(writer,) * len(self._roots) for writer in self._found]
 
 
 LEADER_WAIT_S = 10.0  # the ranks set their disk tiers up at about the same time

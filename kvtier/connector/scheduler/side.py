@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from kvtier.config.settings import KVTierConfig, LoadPolicy
-from kvtier.connector.common.engine_writer import engine_writers, unheld_writer
+from kvtier.connector.common.engine_writer import EngineSegments, engine_writers
 from kvtier.connector.common.geometry import KVGeometry, say_unstored_replies
 from kvtier.connector.common.messages import GroupBlocks, StepPlan, WorkerReport
 from kvtier.connector.scheduler.chunk_records import ChunkHashing
@@ -73,9 +73,8 @@ class SchedulerSide:
         pending, stalled = PendingStores(), StalledReads()
         self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack)
         say_unstored_replies(geometry)
-        own = [(w or unheld_writer(config.disk_paths, ns),) * len(config.disk_paths)
-               for w, ns in zip(self.writers, namespaces, strict=True)]
-        self.others = follow_others(config, namespaces, geometry.chunk_bytes, lambda: own)
+        self.others = follow_others(config, namespaces, geometry.chunk_bytes,
+                                    EngineSegments(config, namespaces))
         self.presence = open_presence(config, namespaces, geometry.chunk_bytes)
         self.feed = event_feed(self.events, self.stack, (self.others, self.presence),
                                config.disk_paths, namespaces[0], self.writers[0],
