@@ -35,7 +35,8 @@ from pathlib import Path
 from kvtier.io.format import INDEX_ENTRY_BYTES, Codec, SlotHeader
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.segment.log import RECORD_BYTES, SegmentLog, entries_of
+from kvtier.segment.log import RECORD_BYTES, entries_of
+from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import LOG_FILE, WRITERS_DIR
 from kvtier.shared.view import SharedView
 
