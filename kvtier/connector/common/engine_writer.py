@@ -16,7 +16,7 @@ the same time, a rank other than 0 first looks for the id its rank 0 took
 first.
 
 The scheduler side's view of the other engines passes over only the segments its workers
-hold (``EngineSegments``): while they hold none it follows every writer.
+hold, or are about to take (``EngineSegments``).
 """
 
 from __future__ import annotations
@@ -46,9 +46,12 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
 
 def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
     """``workers_writer``, else see ``engine_writers``."""
-    found = workers_writer(roots, namespace)
-    if found is not None:
-        return found
+    return workers_writer(roots, namespace) or _first_unheld(roots, namespace)
+
+
+def _first_unheld(roots: tuple[str, ...], namespace: Namespace) -> str | None:
+    """The first default writer id, when no process of this host holds its segment of
+    ``namespace`` (the workers would take it); else None."""
     first = writer_ids(None)[0]
     return None if any(name == first for name, _, _ in _held_here(roots, namespace)) else first
 
@@ -77,19 +80,25 @@ class EngineSegments:
     Contract: calling it returns, for each rank (``namespaces``), the writer id of its
     segments on each disk path: ``instance_id`` when set; else the one this engine's
     workers hold (``workers_writer``), looked for again at each call until found, then kept
-    (a worker keeps its id); None on every path until then. So an engine whose workers hold
-    no segment (every seat taken) follows every writer: a segment another engine opens
-    later under the id where its workers stopped is read, never skipped as its own."""
+    (a worker keeps its id). Until then, the id the workers are about to take, when no
+    process of this host holds it (the first default: a scheduler side made before its
+    workers opened their segments), else None, looked at anew at each call. So an engine
+    whose workers hold no segment (every seat taken) follows every writer once another
+    process holds the id where its workers stopped: that segment is read, never skipped as
+    its own."""
 
     def __init__(self, config: KVTierConfig, namespaces: list[Namespace]) -> None:
         self._roots, self._namespaces = config.disk_paths, namespaces
         self._found: list[str | None] = [config.instance_id] * len(namespaces)
 
     def __call__(self) -> list[OwnSegments]:
+        own = []
         for rank, namespace in enumerate(self._namespaces):
             if self._found[rank] is None:
                 self._found[rank] = workers_writer(self._roots, namespace)
-        return [(writer,) * len(self._roots) for writer in self._found]
+            writer = self._found[rank] or _first_unheld(self._roots, namespace)
+            own.append((writer,) * len(self._roots))
+        return own
 
 
 LEADER_WAIT_S = 10.0  # the ranks set their disk tiers up at about the same time
