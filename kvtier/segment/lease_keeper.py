@@ -7,10 +7,11 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvtier.segment.lease import Lease, LeaseLost
+from kvtier.segment.lease import CLOSE_WAIT_S, Lease, LeaseLost
 
 log = logging.getLogger("kvtier")
 HUNG_TURNS = 3  # turns a beat may stay under way before its path is told (half a lease_timeout)
@@ -50,8 +51,8 @@ class LeaseKeeper:
     its next turn. A beat that finds another writer's lease, or its seat gone, calls
     ``on_conflict(lease, error)``; one that fails otherwise (the segment was taken away,
     the path is down) is logged at debug level: the path's own health checks report it.
-    ``close`` stops the turns at once: a beat still under way ends on its own, and its lease
-    is closed after it (``Lease.close``, which waits for it at most ``CLOSE_WAIT_S``)."""
+    ``close`` stops the turns, then waits for the beats under way, ``CLOSE_WAIT_S`` at most
+    in all (a hung one ends on its own; its lease is closed after it, ``Lease.close``)."""
 
     def __init__(self, leases: Callable[[], list[Lease]], every: float,
                  on_conflict: Callable[[Lease, LeaseLost], None] = lambda lease, e: None,
@@ -97,3 +98,6 @@ class LeaseKeeper:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        deadline = time.monotonic() + CLOSE_WAIT_S  # beats under way: waited for, bounded
+        for beat in self._beats.values():
+            beat.thread.join(max(0.0, deadline - time.monotonic()))
