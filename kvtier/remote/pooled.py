@@ -14,6 +14,12 @@ close; never a timeout: a slow store is not a gone one) and the round trip's dea
 so a store that is down still costs one failed round trip within its deadline, and a
 store restarted costs none.
 
+A connection whose server was demoted to a replica (a failover behind a virtual IP or a DNS
+name: the address moved on to the new primary, the connection did not) answers every write
+READONLY for as long as it lives. A reply that says so has the request sent again once on a
+fresh connection, under the same conditions but the bytes received; a connection that still
+reaches a replica is dropped, never reused.
+
 Callers send only requests that may be applied twice: one lost with its connection may
 have reached the store.
 """
@@ -33,10 +39,12 @@ R = TypeVar("R", covariant=True)
 class Request(Protocol[R]):
     """What one round trip asks on one connection: ``send`` writes all of it, ``read``
     reads every reply and says what they come to; either raises a transport fault, after
-    which the connection is out of step. ``redirected``: a reply said a key's slot moved
-    (a cluster's ``MOVED``, ``ASK``, ``TRYAGAIN``), set by ``read``."""
+    which the connection is out of step. Set by ``read``: ``redirected``, a reply said a
+    key's slot moved (a cluster's ``MOVED``, ``ASK``, ``TRYAGAIN``); ``replica``, a reply
+    said the connection reaches a replica (``READONLY``)."""
 
     redirected: bool
+    replica: bool
 
     def send(self, connection: Any) -> None: ...
 
@@ -56,8 +64,9 @@ def lost_connection(exc: BaseException) -> bool:
 class PooledExchange(Generic[T]):
     """``request`` on ``connection``, just taken from a pool: ``send()``, then ``read()``
     (a cluster writes to every node before it reads any). A failure of either on a
-    connection that had served a round trip, as the module says, has the connection made
-    anew and the request sent on it again (and read), once; any other failure is raised.
+    connection that had served a round trip, as the module says, or replies saying it
+    reaches a replica, have the connection made anew and the request sent on it again (and
+    read), once; any other failure is raised.
     A round trip that ends well counts as served on its socket (a ``DeadlineSocket``)."""
 
     def __init__(self, connection: Any, request: Request[T]) -> None:
@@ -72,7 +81,7 @@ class PooledExchange(Generic[T]):
         except Exception as exc:
             if not self._dead_on_arrival(exc):
                 raise
-            self._send_fresh(exc)
+            self._send_fresh(f"a pooled connection to the remote store was closed ({exc})")
 
     def read(self) -> T:
         try:
@@ -80,9 +89,11 @@ class PooledExchange(Generic[T]):
         except Exception as exc:
             if not self._dead_on_arrival(exc):
                 raise
-            self._send_fresh(exc)
+            self._send_fresh(f"a pooled connection to the remote store was closed ({exc})")
             result = self.request.read(self.connection)
-        sock = self.connection._sock  # None: dropped by the request (a reply too long)
+        if self.request.replica:
+            result = self._off_replica(result)
+        sock = self.connection._sock  # None: dropped (a reply too long, a replica's)
         if sock is not None and hasattr(sock, "served"):
             sock.served += 1
         return result
@@ -92,10 +103,21 @@ class PooledExchange(Generic[T]):
         return (self._again and lost_connection(exc) and not expired()
                 and getattr(self._sock, "received", 0) == self._received)
 
-    def _send_fresh(self, exc: BaseException) -> None:
+    def _off_replica(self, result: T) -> T:
+        """What the request comes to once a reply said the connection reaches a replica:
+        sent again on a fresh connection when this one served before (the address may lead
+        to the new primary now); a connection still reaching a replica is dropped."""
+        if self._again and not expired():
+            self._send_fresh("a pooled connection to the remote store reaches a replica now "
+                             "(READONLY: a failover)")
+            result = self.request.read(self.connection)
+        if self.request.replica:
+            self.connection.disconnect()
+        return result
+
+    def _send_fresh(self, why: str) -> None:
         self._again = False
-        log.debug("kvtier: a pooled connection to the remote store was closed (%s): sent "
-                  "again on a fresh one", exc)
+        log.debug("kvtier: %s: sent again on a fresh connection", why)
         self.connection.disconnect()
         self.connection.connect()
         self.request.send(self.connection)

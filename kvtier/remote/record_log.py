@@ -43,7 +43,7 @@ class LogRead:
 
     def __init__(self, name: bytes, after: bytes, count: int) -> None:
         self.name, self.after, self.count = name, after, max(1, min(count, COUNT_MAX))
-        self.redirected = False
+        self.redirected = self.replica = False
 
     def send(self, connection: Any) -> None:
         start = b"-" if self.after == b"0" else b"(" + self.after

@@ -27,7 +27,7 @@ class Gets:
     def __init__(self, form: ValueFormat, names: Sequence[bytes], keys: Sequence[ChunkKey],
                  dsts: Sequence[np.ndarray]) -> None:
         self.form, self.names, self.keys, self.dsts = form, names, keys, dsts
-        self.redirected = False
+        self.redirected = self.replica = False
 
     def send(self, connection: Any) -> None:
         connection.send_packed_command(
@@ -66,7 +66,7 @@ class Ranges:
 
     def __init__(self, plans: Sequence[RangeRead], names: Sequence[bytes]) -> None:
         self.plans, self.names = plans, names
-        self.redirected = False
+        self.redirected = self.replica = False
 
     def send(self, connection: Any) -> None:
         command = b"".join(
@@ -95,7 +95,7 @@ class Sets:
     def __init__(self, form: ValueFormat, names: Sequence[bytes],
                  items: Sequence[tuple[ChunkKey, np.ndarray]]) -> None:
         self.form, self.names, self.items = form, names, items
-        self.redirected = False
+        self.redirected = self.replica = False
 
     def send(self, connection: Any) -> None:
         parts: list[bytes | memoryview] = []
@@ -108,7 +108,7 @@ class Sets:
 
     def read(self, connection: Any) -> list[Any]:
         replies = read_replies(connection, len(self.items))
-        self.redirected = any(redirected(r) for r in replies)
+        self.redirected, self.replica = refusals(replies)
         return [True if r == b"OK" else r for r in replies]
 
 
@@ -118,7 +118,7 @@ class Commands:
 
     def __init__(self, commands: Sequence[tuple[str, tuple]]) -> None:
         self.commands = commands
-        self.redirected = False
+        self.redirected = self.replica = False
 
     def send(self, connection: Any) -> None:
         connection.send_packed_command(connection.pack_commands(
@@ -126,7 +126,7 @@ class Commands:
 
     def read(self, connection: Any) -> list[Any]:
         replies = read_replies(connection, len(self.commands))
-        self.redirected = any(redirected(r) for r in replies)
+        self.redirected, self.replica = refusals(replies)
         return replies
 
 
@@ -144,8 +144,10 @@ def read_replies(connection: Any, count: int) -> list[Any]:
     return replies
 
 
-def redirected(reply: Any) -> bool:
-    """Whether ``reply`` (as the client's parser reads it) is a cluster's redirect."""
-    from redis.exceptions import AskError, MovedError, TryAgainError
+def refusals(replies: Sequence[Any]) -> tuple[bool, bool]:
+    """Whether any of ``replies`` (as the client's parser reads them) is a cluster's
+    redirect, and whether any says the connection reaches a replica (``READONLY``)."""
+    from redis.exceptions import AskError, MovedError, ReadOnlyError, TryAgainError
 
-    return isinstance(reply, MovedError | AskError | TryAgainError)
+    return (any(isinstance(r, MovedError | AskError | TryAgainError) for r in replies),
+            any(isinstance(r, ReadOnlyError) for r in replies))

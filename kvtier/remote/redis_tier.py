@@ -8,8 +8,9 @@ one pipeline (one exchange per node: ``redis_cluster``), bounded as a whole by
 the store drips its answer), with no client-side retries or re-sends: a slow or dead store
 or node is a failure now (the tier out of service) and a retry after ``retry_s``, never a
 stalled step. One exception: a request on a pooled connection that was dead before it
-reached the store is sent again once on a fresh connection, within the same deadline
-(``pooled``); every request here may be applied twice.
+reached the store, or that reaches a replica now (``READONLY``: a failover behind a virtual
+IP), is sent again once on a fresh connection, within the same deadline (``pooled``); every
+request here may be applied twice.
 """
 
 from __future__ import annotations

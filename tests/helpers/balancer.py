@@ -4,7 +4,8 @@ conntrack state gone, a server replaced behind a virtual IP): when the server si
 flow closes (the server restarted, ``CLIENT KILL``), or ``forget()`` drops every flow,
 the client is told nothing; its next send is answered with a reset. A client that checks
 its idle connections before using them (redis-py's pool does) cannot see such a flow is
-dead until its request fails.
+dead until its request fails. Setting ``target_port`` moves it: flows opened later go to
+that port (a virtual IP moved to another server), those open stay where they were.
 
 Every loop is bounded (``stop()``, a closed socket, a short poll)."""
 
