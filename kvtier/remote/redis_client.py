@@ -5,6 +5,7 @@ from the environment only, and sockets that honour the calling thread's deadline
 
 from __future__ import annotations
 
+import inspect
 import re
 import socket
 from collections.abc import Mapping, Sequence
@@ -58,11 +59,23 @@ def connect(url: str, timeout_s: float, environ: Mapping[str, str],
 
         nodes = [(url_options.host, url_options.port), *startup]
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in dict.fromkeys(nodes)],
-                            connection_class=sockets, **options)
+                            connection_class=sockets, **options, **no_notifications(RedisCluster))
     client = redis.Redis(host=url_options.host, port=url_options.port, db=url_options.db,
-                         **options)
+                         **options, **no_notifications(redis.Redis))
     client.connection_pool.connection_class = sockets  # Redis() picks its own for TLS
     return client
+
+
+def no_notifications(client_class: type) -> dict[str, Any]:
+    """The option that keeps ``client_class``'s connections from turning on maintenance
+    notifications, where it has them (redis-py 8 turns them on by itself on RESP3, and a
+    store that sends them, Redis Software or Cloud, then pushes them among the replies
+    ``resp`` reads by hand: every read failed as an unexpected reply)."""
+    if "maint_notifications_config" not in inspect.signature(client_class).parameters:
+        return {}
+    from redis.maint_notifications import MaintNotificationsConfig
+
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 def known_nodes(client: Any) -> list[tuple[str, int]]:
