@@ -39,12 +39,14 @@ R = TypeVar("R", covariant=True)
 class Request(Protocol[R]):
     """What one round trip asks on one connection: ``send`` writes all of it, ``read``
     reads every reply and says what they come to; either raises a transport fault, after
-    which the connection is out of step. Set by ``read``: ``redirected``, a reply said a
-    key's slot moved (a cluster's ``MOVED``, ``ASK``, ``TRYAGAIN``); ``replica``, a reply
-    said the connection reaches a replica (``READONLY``)."""
+    which the connection is out of step. What its replies said of where its keys live is
+    set by ``read`` (``resp.Refusals``: ``stale``, ``targets``, ``replica``); with
+    ``asking`` set before ``send``, every command goes after an ``ASKING``."""
 
-    redirected: bool
+    stale: bool
     replica: bool
+    asking: bool
+    targets: dict[int, tuple[bool, str, int]]
 
     def send(self, connection: Any) -> None: ...
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.io.format import HEADER_BYTES
-from kvtier.remote.resp import SKIP_MAX, BulkReplies, RespError, redirect
+from kvtier.remote.resp import ASKING, SKIP_MAX, BulkReplies, Refusals, RespError
 
 ENTRY_MAX = 4 * HEADER_BYTES  # an entry's bytes in a reply at most: id, key, record, framing
 COUNT_MAX = SKIP_MAX // ENTRY_MAX  # entries a read asks for at most
@@ -35,7 +35,7 @@ class LogEntries:
     passed: bytes | None = None
 
 
-class LogRead:
+class LogRead(Refusals):
     """``XRANGE`` of the log at ``name`` after the entry ``after`` (b"0": from its oldest),
     ``count`` entries at most (``COUNT_MAX``); a ``pooled.Request`` whose reply is
     ``[LogEntries]``, or ``[error]`` when the store refused (a key of another type, a
@@ -43,16 +43,21 @@ class LogRead:
 
     def __init__(self, name: bytes, after: bytes, count: int) -> None:
         self.name, self.after, self.count = name, after, max(1, min(count, COUNT_MAX))
-        self.redirected = self.replica = False
+        self.clear()
 
     def send(self, connection: Any) -> None:
         start = b"-" if self.after == b"0" else b"(" + self.after
-        connection.send_packed_command(connection.pack_command(
+        connection.send_packed_command([ASKING] * self.asking + connection.pack_command(
             "XRANGE", self.name, start, b"+", "COUNT", self.count), check_health=False)
 
     def read(self, connection: Any) -> list[LogEntries | str]:
-        got = read_entries(BulkReplies(connection._sock), self.after, self.count)
-        self.redirected = isinstance(got, str) and redirect(got)
+        replies = BulkReplies(connection._sock)
+        self.clear()
+        if self.asking:
+            replies.line()
+        got = read_entries(replies, self.after, self.count)
+        if isinstance(got, str):
+            self.note(0, got)
         if isinstance(got, LogEntries) and got.passed is not None:
             connection.disconnect()  # the rest of the reply not read
         return [got]

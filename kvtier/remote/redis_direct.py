@@ -2,10 +2,14 @@
 each a ``pooled.Request``: every command sent at once, the replies read in order, so that
 the connection stays in step with them. GET and GETRANGE read each value off the socket
 straight into its chunk's buffer (``resp.BulkReplies``), SET sends it from there with no
-copy; other commands' replies are read by the client's parser."""
+copy; other commands' replies are read by the client's parser. Each says what its replies
+said of where its keys live (``resp.Refusals``), and with ``asking`` set sends each of its
+commands after an ``ASKING`` (its reply read and dropped: a refused one leaves the command
+answered ``ASK`` again)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,11 +18,11 @@ import numpy as np
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.remote.range_reads import RangeRead, failed_answer
-from kvtier.remote.resp import BulkReplies, TooLong, payload_view, redirect
+from kvtier.remote.resp import ASKING, BulkReplies, Refusals, TooLong, payload_view
 from kvtier.remote.values import ValueFormat
 
 
-class Gets:
+class Gets(Refusals):
     """GET of each chunk (its value at ``names``), read into its ``dsts`` and checked: one
     ``IOResult`` each. A value far longer than a chunk's (``TooLong``) is CORRUPT, the
     connection dropped and the chunks after it not read (IO_ERROR): no failure of the
@@ -27,19 +31,23 @@ class Gets:
     def __init__(self, form: ValueFormat, names: Sequence[bytes], keys: Sequence[ChunkKey],
                  dsts: Sequence[np.ndarray]) -> None:
         self.form, self.names, self.keys, self.dsts = form, names, keys, dsts
-        self.redirected = self.replica = False
+        self.clear()
 
     def send(self, connection: Any) -> None:
-        connection.send_packed_command(
-            [b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in self.names)],
+        ask = ASKING if self.asking else b""
+        connection.send_packed_command([b"".join(
+            ask + b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in self.names)],
             check_health=False)
 
     def read(self, connection: Any) -> list[IOResult]:
-        replies, self.redirected = BulkReplies(connection._sock), False
+        replies = BulkReplies(connection._sock)
+        self.clear()
         header = memoryview(bytearray(self.form.header_bytes))
         results: list[IOResult] = []
         for key, dst in zip(self.keys, self.dsts, strict=True):
             payload = payload_view(dst, self.form.raw_bytes)
+            if self.asking:
+                replies.line()
             try:
                 answer = replies.bulk_into(header, payload)
             except TooLong as exc:  # no chunk of ours: that key damaged, the rest not read
@@ -51,7 +59,7 @@ class Gets:
             if answer is None:
                 results.append(IOResult(IOStatus.MISSING))
             elif answer:
-                self.redirected |= redirect(answer)
+                self.note(len(results), answer)
                 results.append(failed_answer(answer))
             else:
                 problem = self.form.problem(header, payload, key)
@@ -60,33 +68,40 @@ class Gets:
         return results
 
 
-class Ranges:
+class Ranges(Refusals):
     """GETRANGE of each run of each plan (of the value at its name in ``names``), read into
     place: what each plan comes to."""
 
     def __init__(self, plans: Sequence[RangeRead], names: Sequence[bytes]) -> None:
         self.plans, self.names = plans, names
-        self.redirected = self.replica = False
+        self.clear()
 
     def send(self, connection: Any) -> None:
         command = b"".join(
-            b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%s\r\n$%d\r\n%d\r\n$%d\r\n%d\r\n"
+            (ASKING if self.asking else b"")
+            + b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n%s\r\n$%d\r\n%d\r\n$%d\r\n%d\r\n"
             % (len(name), name, len(b"%d" % start), start, len(b"%d" % (end - 1)), end - 1)
             for plan, name in zip(self.plans, self.names, strict=True)
             for start, end, _ in plan.runs)
         connection.send_packed_command([command], check_health=False)
 
     def read(self, connection: Any) -> list[IOResult]:
-        replies, self.redirected = BulkReplies(connection._sock), False
+        replies = BulkReplies(connection._sock)
+        self.clear()
         results = []
-        for plan in self.plans:
-            answers = [replies.bulk_into(*views) for _, _, views in plan.runs]
-            self.redirected |= any(redirect(a) for a in answers if a)
+        for at, plan in enumerate(self.plans):
+            answers = []
+            for _, _, views in plan.runs:
+                if self.asking:
+                    replies.line()
+                answers.append(replies.bulk_into(*views))
+            for answer in filter(None, answers):
+                self.note(at, answer)
             results.append(plan.outcome(answers))
         return results
 
 
-class Sets:
+class Sets(Refusals):
     """SET of each chunk at its name in ``names``, its bytes sent from the caller's buffer
     with no copy (the header goes before them as its own piece of the command); replies in
     order: True, or a refused one as its exception. A SET may be sent twice: a chunk's
@@ -95,59 +110,68 @@ class Sets:
     def __init__(self, form: ValueFormat, names: Sequence[bytes],
                  items: Sequence[tuple[ChunkKey, np.ndarray]]) -> None:
         self.form, self.names, self.items = form, names, items
-        self.redirected = self.replica = False
+        self.clear()
 
     def send(self, connection: Any) -> None:
         parts: list[bytes | memoryview] = []
+        ask = ASKING if self.asking else b""
         for (key, payload), name in zip(self.items, self.names, strict=True):
             raw = np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
-            parts += [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
+            parts += [ask + b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
                       % (len(name), name, self.form.header_bytes + raw.nbytes)
                       + self.form.header(key, raw), raw.data, b"\r\n"]
         connection.send_packed_command(parts, check_health=False)
 
     def read(self, connection: Any) -> list[Any]:
-        replies = read_replies(connection, len(self.items))
-        self.redirected, self.replica = refusals(replies)
+        replies = read_replies(self, connection, len(self.items))
         return [True if r == b"OK" else r for r in replies]
 
 
-class Commands:
+class Commands(Refusals):
     """``commands`` (name, args), their replies as the client's parser reads them (a
     refused command as its exception)."""
 
     def __init__(self, commands: Sequence[tuple[str, tuple]]) -> None:
         self.commands = commands
-        self.redirected = self.replica = False
+        self.clear()
 
     def send(self, connection: Any) -> None:
+        asking = [("ASKING",)] if self.asking else []
         connection.send_packed_command(connection.pack_commands(
-            [(name.upper(), *args) for name, args in self.commands]), check_health=False)
+            [c for name, args in self.commands for c in (*asking, (name.upper(), *args))]),
+            check_health=False)
 
     def read(self, connection: Any) -> list[Any]:
-        replies = read_replies(connection, len(self.commands))
-        self.redirected, self.replica = refusals(replies)
-        return replies
+        return read_replies(self, connection, len(self.commands))
 
 
-def read_replies(connection: Any, count: int) -> list[Any]:
-    """The next ``count`` replies, read whole: a refused command's as its exception (the
-    connection stays in step)."""
+def read_replies(request: Refusals, connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies to ``request``'s commands (an ``ASKING``'s before each
+    dropped), read whole: a refused command's as its exception (the connection stays in
+    step), noted in ``request``."""
     from redis.exceptions import ResponseError
 
+    request.clear()
     replies: list[Any] = []
     for _ in range(count):
+        if request.asking:
+            with contextlib.suppress(ResponseError):
+                connection.read_response()
         try:
             replies.append(connection.read_response())
         except ResponseError as refused:
+            request.note(len(replies), error_text(refused))
             replies.append(refused)
     return replies
 
 
-def refusals(replies: Sequence[Any]) -> tuple[bool, bool]:
-    """Whether any of ``replies`` (as the client's parser reads them) is a cluster's
-    redirect, and whether any says the connection reaches a replica (``READONLY``)."""
+def error_text(refused: Any) -> str:
+    """A refusal the client's parser read, as ``resp.BulkReplies`` answers it: its error
+    code first (redis-py leaves a redirect's out)."""
     from redis.exceptions import AskError, MovedError, ReadOnlyError, TryAgainError
 
-    return (any(isinstance(r, MovedError | AskError | TryAgainError) for r in replies),
-            any(isinstance(r, ReadOnlyError) for r in replies))
+    for kind, code in ((MovedError, "MOVED"), (AskError, "ASK"), (TryAgainError, "TRYAGAIN"),
+                       (ReadOnlyError, "READONLY")):
+        if isinstance(refused, kind):
+            return f"{code} {refused}"
+    return str(refused)

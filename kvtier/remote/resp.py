@@ -131,10 +131,42 @@ class BulkReplies:
         return ""
 
 
-def redirect(error: str) -> bool:
-    """Whether an error reply (as ``bulk_into`` answers it) is a cluster's redirect: the
-    key's slot moved or is moving."""
-    return error.startswith(("MOVED ", "ASK ", "TRYAGAIN "))
+ASKING = b"*1\r\n$6\r\nASKING\r\n"  # the next command is for a slot being imported here
+Target = tuple[bool, str, int]  # where a redirect sends a key: (ASKING first, host, port)
+
+
+def redirect_target(error: str) -> Target | None:
+    """Where a ``MOVED`` or ``ASK`` reply (as ``bulk_into`` answers it) sends its key; None
+    for any other reply (``TRYAGAIN`` names no node)."""
+    kind, _, rest = error.partition(" ")
+    host, _, port = rest.partition(" ")[2].rpartition(":")
+    if kind not in ("MOVED", "ASK") or not host or not port.isdigit():
+        return None
+    return kind == "ASK", host, int(port)
+
+
+class Refusals:
+    """What the replies to a request (a ``pooled.Request``) said of where its keys live,
+    set by its ``read`` (``note`` each error reply, after ``clear``): ``stale``, the slot
+    map is out of date (``MOVED``, ``TRYAGAIN``; an ``ASK`` comes from the node the map
+    names, its slot migrating); ``targets``, the position in the request of each key
+    answered ``MOVED`` or ``ASK``, with where it lives; ``replica``, a reply said the
+    connection reaches a replica (``READONLY``). ``asking``, set before ``send``: every
+    command is sent after an ``ASKING`` (keys an ``ASK`` sent to this node)."""
+
+    asking = False
+
+    def clear(self) -> None:
+        self.stale = self.replica = False
+        self.targets: dict[int, Target] = {}
+
+    def note(self, at: int, error: str) -> None:
+        """The error reply (as ``bulk_into`` answers it) to the command at ``at``."""
+        target = redirect_target(error)
+        if target is not None:
+            self.targets[at] = target
+        self.stale |= error.startswith(("MOVED ", "TRYAGAIN "))
+        self.replica |= error.startswith("READONLY ")
 
 
 def payload_view(dst: np.ndarray, nbytes: int) -> memoryview:

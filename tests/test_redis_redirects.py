@@ -1,0 +1,189 @@
+"""A Redis cluster's slot moving under the tier, against three real redis-servers: while a
+slot migrates (``MIGRATING`` on its owner, ``IMPORTING`` on its next one) a key already
+moved, or never there, is answered ``ASK``: the tier asks the node named, after ``ASKING``,
+in the same round trip and within its deadline, so the chunk is read, written, looked up
+and logged as if nothing moved; once the slot moved, a node that still gets its keys
+answers ``MOVED``: asked again at the node named too, and the slot map asked for anew
+(never while the slot only migrates)."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from redis.crc import key_slot
+
+from kvtier.io.result import IOStatus
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, RedisTier
+from kvtier.remote.values import value_key
+from tests.helpers.redis_server import RedisCluster, needs_redis
+
+pytestmark = needs_redis
+RAW = 16 * 1024
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+
+
+def key(i: int) -> ChunkKey:
+    return ChunkKey(i.to_bytes(16, "big"))
+
+
+def chunk(i: int) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
+
+
+def name(k: ChunkKey) -> bytes:
+    return value_key("kvtier:", NS.digest(), k)
+
+
+class Slot:
+    """The slot of ``keys[0]``, its owner and another node, moved by hand as
+    ``redis-cli --cluster reshard`` moves it."""
+
+    def __init__(self, cluster: RedisCluster, first: ChunkKey) -> None:
+        self.number = key_slot(name(first))
+        self.clients = {node.port: node.client() for node in cluster.nodes}
+        self.ids = {port: c.execute_command("CLUSTER", "MYID").decode()
+                    for port, c in self.clients.items()}
+        self.owner = self.node_of(self.number)
+        self.target = next(port for port in self.clients if port != self.owner)
+
+    def node_of(self, number: int) -> int:
+        """The port of the node serving slot ``number``, as the first node sees it."""
+        return next(s[2][1] for s in next(iter(self.clients.values())).execute_command(
+            "CLUSTER", "SLOTS") if s[0] <= number <= s[1])
+
+    def begin(self) -> None:
+        self.clients[self.target].execute_command("CLUSTER", "SETSLOT", self.number, "IMPORTING",
+                                                  self.ids[self.owner])
+        self.clients[self.owner].execute_command("CLUSTER", "SETSLOT", self.number, "MIGRATING",
+                                                 self.ids[self.target])
+
+    def move(self, *keys: bytes) -> None:
+        self.clients[self.owner].execute_command("MIGRATE", "127.0.0.1", self.target, "", 0, 5000,
+                                                 "KEYS", *keys)
+
+    def end(self) -> None:
+        """The slot is the target's: every node says so."""
+        for port in (self.target, self.owner, *[p for p in self.clients
+                                                if p not in (self.owner, self.target)]):
+            self.clients[port].execute_command("CLUSTER", "SETSLOT", self.number, "NODE",
+                                               self.ids[self.target])
+        deadline = time.monotonic() + 30
+        while any(self._owner_as_seen_by(c) != self.target for c in self.clients.values()):
+            assert time.monotonic() < deadline, "the nodes never agreed on the slot's owner"
+            time.sleep(0.05)
+
+    def _owner_as_seen_by(self, client) -> int:
+        return next(s[2][1] for s in client.execute_command("CLUSTER", "SLOTS")
+                    if s[0] <= self.number <= s[1])
+
+    def refreshes(self) -> int:
+        """Slot maps asked for, by any client, on every node."""
+        return sum(int(c.info("commandstats").get("cmdstat_cluster|slots", {}).get("calls", 0))
+                   for c in self.clients.values())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    started = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield started
+    started.stop()
+
+
+def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
+    """(each key ASK redirected was a miss for as long as the slot migrated, a write of a new
+    key into it refused, and the slot map asked for anew at every round trip)"""
+    tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0)
+    try:
+        assert tier.put_many([(key(0), chunk(0))])[0].ok
+        slot = Slot(cluster, key(0))
+        fresh = next(key(i) for i in range(1, 1 << 20) if key_slot(name(key(i))) == slot.number)
+        slot.begin()
+        slot.move(name(key(0)))  # moved already: the owner answers ASK
+        refreshes = slot.refreshes()
+        for _ in range(3):
+            into = np.zeros(RAW, np.uint8)
+            got = tier.get_many([key(0)], [into])[0]
+            assert got.ok and np.array_equal(into, chunk(0)), got
+            assert tier.get_parts([key(0)], [into], [(0,)])[0].ok
+            assert tier.put_many([(fresh, chunk(1))])[0].ok  # never there: ASK, written there
+            assert tier.exists_answered([key(0), fresh]) == [True, True]
+            assert tier.append_records([(key(0), b"record")])
+        assert slot.refreshes() == refreshes  # the map is right: the slot only migrates
+        slot.end()
+        into = np.zeros(RAW, np.uint8)  # MOVED now, at the first round trip after
+        assert tier.get_many([fresh], [into])[0].ok and np.array_equal(into, chunk(1))
+        assert tier.failures == 0 and not tier.down
+    finally:
+        tier.close()
+
+
+def test_a_key_whose_slot_moved_is_asked_for_at_its_new_node_at_once(cluster):
+    """(the first round trip after a slot moved answered its keys as misses, or their writes
+    as refused, until the slot map was asked for anew at the next round trip). Each call
+    has a key of its own, in a slot moved once: a slot moved back and forth at once can
+    have its nodes disagree for a while, the old owner's gossip undoing the move."""
+    tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0, parts=(RAW // 2, RAW // 2))
+    try:
+        keys = [key(7 + i) for i in range(4)]
+        assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+        assert tier.exists_answered(keys) == [True] * 4  # the map the tier holds names each slot
+        calls = {
+            "get": lambda k: tier.get_many([k], [np.zeros(RAW, np.uint8)])[0].ok,
+            "parts": lambda k: tier.get_parts([k], [np.zeros(RAW, np.uint8)], [(1,)])[0].ok,
+            "put": lambda k: tier.put_many([(k, chunk(0))])[0].ok,
+            "exists": lambda k: tier.exists_answered([k]) == [True],
+        }
+        for k, (what, call) in zip(keys, calls.items(), strict=True):
+            slot = Slot(cluster, k)
+            slot.begin()
+            slot.move(name(k))
+            slot.end()  # moved for good: the tier's map still names the old owner
+            assert call(k), what
+            assert tier.exists_answered(keys) == [True] * 4  # the map asked for anew
+        assert tier.failures == 0 and not tier.down
+    finally:
+        tier.close()
+
+
+def test_a_refused_asking_or_a_node_that_fails_when_asked_again_costs_that_key_only(cluster):
+    """An ACL user without ``+asking``: the node named answers ``MOVED`` back, a miss, and
+    the connection stays in step; the node a key is sent to hung: that key is a miss once the
+    round trip's deadline passed, the other keys are answered and the tier stays in
+    service."""
+    slot, tiers = None, []
+    try:
+        for client in (n.client() for n in cluster.nodes):
+            client.execute_command("ACL", "SETUSER", "kvtier", "on", ">secret", "~kvtier:*", "+@all",
+                                   "-asking")
+        tiers = [RedisTier(cluster.url, NS, RAW, timeout_s=1.0, retry_s=60.0, environ=environ)
+                 for environ in ({USER_ENV: "kvtier", PASSWORD_ENV: "secret"}, {})]
+        keys = [key(100 + i) for i in range(12)]
+        for tier in tiers:  # each has a connection to every node
+            assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+        slot = Slot(cluster, keys[0])
+        others = [k for k in keys[1:] if slot.node_of(key_slot(name(k))) != slot.target]
+        slot.begin()
+        slot.move(name(keys[0]))
+        for tier, hung in zip(tiers, (False, True), strict=True):
+            if hung:
+                target = next(n for n in cluster.nodes if n.port == slot.target)
+                os.kill(target.process.pid, signal.SIGSTOP)
+            started = time.monotonic()
+            into = [np.zeros(RAW, np.uint8) for _ in range(len(others) + 1)]
+            got = tier.get_many([keys[0], *others], into)
+            assert time.monotonic() - started < 3.0
+            assert got[0].status is IOStatus.IO_ERROR and got[0].detail.startswith(("get: ASK ",
+                                                                                       "get: MOVED "))
+            assert all(r.ok for r in got[1:]), got
+            assert tier.exists_answered(others) == [True] * len(others)
+            assert tier.failures == 0 and not tier.down
+    finally:
+        for node in cluster.nodes:
+            os.kill(node.process.pid, signal.SIGCONT)
+        for tier in tiers:
+            tier.close()
+        if slot is not None:
+            slot.end()
