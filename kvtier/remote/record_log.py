@@ -58,6 +58,7 @@ class LogRead(Refusals):
         got = read_entries(replies, self.after, self.count)
         if isinstance(got, str):
             self.note(0, got)
+            self.settle()
         if isinstance(got, LogEntries) and got.passed is not None:
             connection.disconnect()  # the rest of the reply not read
         return [got]

@@ -65,6 +65,7 @@ class Gets(Refusals):
                 problem = self.form.problem(header, payload, key)
                 results.append(IOResult(IOStatus.CORRUPT, 0, problem) if problem
                                else IOResult(IOStatus.OK, self.form.raw_bytes))
+        self.settle()
         return results
 
 
@@ -98,6 +99,7 @@ class Ranges(Refusals):
             for answer in filter(None, answers):
                 self.note(at, answer)
             results.append(plan.outcome(answers))
+        self.settle()
         return results
 
 

@@ -152,13 +152,23 @@ class Refusals:
     names, its slot migrating); ``targets``, the position in the request of each key
     answered ``MOVED`` or ``ASK``, with where it lives; ``replica``, a reply said the
     connection reaches a replica (``READONLY``). ``asking``, set before ``send``: every
-    command is sent after an ``ASKING`` (keys an ``ASK`` sent to this node)."""
+    command is sent after an ``ASKING`` (keys an ``ASK`` sent to this node). A ``LOADING``
+    reply (the store still loading its data) fails the round trip: ``settle``, once every
+    reply was read, raises it as redis-py raises it for the commands it reads."""
 
     asking = False
 
     def clear(self) -> None:
         self.stale = self.replica = False
+        self.loading = ""
         self.targets: dict[int, Target] = {}
+
+    def settle(self) -> None:
+        """Raise ``redis.exceptions.BusyLoadingError`` when a reply said ``LOADING``."""
+        if self.loading:
+            from redis.exceptions import BusyLoadingError
+
+            raise BusyLoadingError(self.loading)
 
     def note(self, at: int, error: str) -> None:
         """The error reply (as ``bulk_into`` answers it) to the command at ``at``."""
@@ -167,6 +177,8 @@ class Refusals:
             self.targets[at] = target
         self.stale |= error.startswith(("MOVED ", "TRYAGAIN "))
         self.replica |= error.startswith("READONLY ")
+        if error.startswith("LOADING "):
+            self.loading = error[len("LOADING "):]
 
 
 def payload_view(dst: np.ndarray, nbytes: int) -> memoryview:

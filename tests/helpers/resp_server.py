@@ -4,7 +4,9 @@ of the protocol for redis-py's handshake (``HELLO``, ``CLIENT SETINFO``, ``CLIEN
 MAINT_NOTIFICATIONS``, ``SELECT``, ``PING``), keeps ``GET``, ``GETRANGE``, ``SET``,
 ``EXISTS`` and ``UNLINK`` in memory, and, as such a store does before a shard moves, sends a
 ``MIGRATING`` push to every connection that turned notifications on, just before the reply
-to each of its commands. A connection that did not ask is sent no push.
+to each of its commands. A connection that did not ask is sent no push. While ``loading``
+is set, every command but the handshake's is answered ``LOADING``, as a store loading its
+data after a restart answers.
 
 Every loop is bounded (``stop()``, a closed socket, a short poll)."""
 
@@ -23,6 +25,7 @@ class RespServer:
         self.values: dict[bytes, bytes] = {}
         self.pushes = 0  # pushes sent
         self.notified = 0  # connections that turned notifications on
+        self.loading = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._accept, daemon=True)]
@@ -91,6 +94,8 @@ class RespServer:
         with self._lock:
             if verb in (b"CLIENT", b"SELECT"):
                 return b"+OK\r\n"
+            if self.loading:
+                return b"-LOADING Redis is loading the dataset in memory\r\n"
             if verb == b"PING":
                 return b"+PONG\r\n"
             if verb == b"SET":
