@@ -37,12 +37,15 @@ def name(k: ChunkKey) -> bytes:
     return value_key("kvtier:", NS.digest(), k)
 
 
+LOG = f"kvtier:log:{NS.digest().hex()}".encode()  # the log of token records
+
+
 class Slot:
-    """The slot of ``keys[0]``, its owner and another node, moved by hand as
+    """The slot of the store's key ``held``, its owner and another node, moved by hand as
     ``redis-cli --cluster reshard`` moves it."""
 
-    def __init__(self, cluster: RedisCluster, first: ChunkKey) -> None:
-        self.number = key_slot(name(first))
+    def __init__(self, cluster: RedisCluster, held: bytes) -> None:
+        self.number = key_slot(held)
         self.clients = {node.port: node.client() for node in cluster.nodes}
         self.ids = {port: c.execute_command("CLUSTER", "MYID").decode()
                     for port, c in self.clients.items()}
@@ -71,11 +74,11 @@ class Slot:
             self.clients[port].execute_command("CLUSTER", "SETSLOT", self.number, "NODE",
                                                self.ids[self.target])
         deadline = time.monotonic() + 30
-        while any(self._owner_as_seen_by(c) != self.target for c in self.clients.values()):
+        while any(self.owner_as_seen_by(c) != self.target for c in self.clients.values()):
             assert time.monotonic() < deadline, "the nodes never agreed on the slot's owner"
             time.sleep(0.05)
 
-    def _owner_as_seen_by(self, client) -> int:
+    def owner_as_seen_by(self, client) -> int:
         return next(s[2][1] for s in client.execute_command("CLUSTER", "SLOTS")
                     if s[0] <= self.number <= s[1])
 
@@ -95,24 +98,31 @@ def cluster(tmp_path_factory):
 def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
     """(each key ASK redirected was a miss for as long as the slot migrated, a write of a new
     key into it refused, and the slot map asked for anew at every round trip)"""
-    tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0)
+    tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0, parts=(RAW // 2, RAW // 2))
     try:
         assert tier.put_many([(key(0), chunk(0))])[0].ok
-        slot = Slot(cluster, key(0))
+        slot = Slot(cluster, name(key(0)))
         fresh = next(key(i) for i in range(1, 1 << 20) if key_slot(name(key(i))) == slot.number)
-        slot.begin()
+        assert tier.append_records([(key(0), b"record")])
+        log = Slot(cluster, LOG)
+        for moving in {slot.number: slot, log.number: log}.values():
+            moving.begin()
         slot.move(name(key(0)))  # moved already: the owner answers ASK
+        log.move(LOG)
         refreshes = slot.refreshes()
         for _ in range(3):
             into = np.zeros(RAW, np.uint8)
             got = tier.get_many([key(0)], [into])[0]
             assert got.ok and np.array_equal(into, chunk(0)), got
-            assert tier.get_parts([key(0)], [into], [(0,)])[0].ok
+            assert tier.get_parts([key(0)], [into], [(1,)])[0].ok
+            assert (tier.read_records(b"0", 1) or (b"", []))[1] == [(bytes(key(0)), b"record")]
             assert tier.put_many([(fresh, chunk(1))])[0].ok  # never there: ASK, written there
             assert tier.exists_answered([key(0), fresh]) == [True, True]
             assert tier.append_records([(key(0), b"record")])
         assert slot.refreshes() == refreshes  # the map is right: the slot only migrates
-        slot.end()
+        for moving in {slot.number: slot, log.number: log}.values():
+            moving.end()
+        settle([slot, log])
         into = np.zeros(RAW, np.uint8)  # MOVED now, at the first round trip after
         assert tier.get_many([fresh], [into])[0].ok and np.array_equal(into, chunk(1))
         assert tier.failures == 0 and not tier.down
@@ -122,30 +132,45 @@ def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
 
 def test_a_key_whose_slot_moved_is_asked_for_at_its_new_node_at_once(cluster):
     """(the first round trip after a slot moved answered its keys as misses, or their writes
-    as refused, until the slot map was asked for anew at the next round trip). Each call
-    has a key of its own, in a slot moved once: a slot moved back and forth at once can
-    have its nodes disagree for a while, the old owner's gossip undoing the move."""
-    tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0, parts=(RAW // 2, RAW // 2))
+    as refused, until the slot map was asked for anew at the next round trip). A tier per
+    kind of round trip, each holding the slot map of before; every slot moved once, and
+    only then the round trips (a slot moving while the nodes still gossip about the last
+    move can have them disagree for a while)."""
+    tiers = [RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0, parts=(RAW // 2, RAW // 2))
+             for _ in range(4)]
     try:
         keys = [key(7 + i) for i in range(4)]
-        assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
-        assert tier.exists_answered(keys) == [True] * 4  # the map the tier holds names each slot
-        calls = {
-            "get": lambda k: tier.get_many([k], [np.zeros(RAW, np.uint8)])[0].ok,
-            "parts": lambda k: tier.get_parts([k], [np.zeros(RAW, np.uint8)], [(1,)])[0].ok,
-            "put": lambda k: tier.put_many([(k, chunk(0))])[0].ok,
-            "exists": lambda k: tier.exists_answered([k]) == [True],
-        }
-        for k, (what, call) in zip(keys, calls.items(), strict=True):
-            slot = Slot(cluster, k)
+        for tier in tiers:  # each has its slot map and a connection to each node
+            assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+        slots = [Slot(cluster, name(k)) for k in keys]
+        for slot, k in zip(slots, keys, strict=True):
             slot.begin()
             slot.move(name(k))
-            slot.end()  # moved for good: the tier's map still names the old owner
-            assert call(k), what
+            slot.end()
+        settle(slots)
+        calls = {
+            "get": lambda tier, k: tier.get_many([k], [np.zeros(RAW, np.uint8)])[0].ok,
+            "parts": lambda tier, k: tier.get_parts([k], [np.zeros(RAW, np.uint8)], [(1,)])[0].ok,
+            "put": lambda tier, k: tier.put_many([(k, chunk(0))])[0].ok,
+            "exists": lambda tier, k: tier.exists_answered([k]) == [True],
+        }
+        for tier, k, (what, call) in zip(tiers, keys, calls.items(), strict=True):
+            assert call(tier, k), what  # the tier's map still names the old owner
             assert tier.exists_answered(keys) == [True] * 4  # the map asked for anew
-        assert tier.failures == 0 and not tier.down
+            assert tier.failures == 0 and not tier.down
     finally:
-        tier.close()
+        for tier in tiers:
+            tier.close()
+
+
+def settle(slots: list[Slot]) -> None:
+    """Until every node has said for a while that each slot is its target's."""
+    deadline, agreed = time.monotonic() + 30, 0
+    while agreed < 10:
+        assert time.monotonic() < deadline, "the nodes never agreed on the slots' owners"
+        same = all(s.owner_as_seen_by(c) == s.target for s in slots for c in s.clients.values())
+        agreed = agreed + 1 if same else 0
+        time.sleep(0.05)
 
 
 def test_a_refused_asking_or_a_node_that_fails_when_asked_again_costs_that_key_only(cluster):
@@ -163,7 +188,7 @@ def test_a_refused_asking_or_a_node_that_fails_when_asked_again_costs_that_key_o
         keys = [key(100 + i) for i in range(12)]
         for tier in tiers:  # each has a connection to every node
             assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
-        slot = Slot(cluster, keys[0])
+        slot = Slot(cluster, name(keys[0]))
         others = [k for k in keys[1:] if slot.node_of(key_slot(name(k))) != slot.target]
         slot.begin()
         slot.move(name(keys[0]))
