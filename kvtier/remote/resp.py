@@ -9,6 +9,9 @@ writer's value, a damaged one) is read through a small scratch buffer and answer
 asked (``SKIP_MAX``: a hostile writer's value of hundreds of MiB under a key) is not read
 through within the round trip's deadline, at every read of it: ``TooLong`` says the
 connection must be dropped.
+
+What error replies say of where a request's keys live (a cluster's redirect and the node it
+names, a replica, a store still loading) is kept by ``Refusals``, for every request.
 """
 
 from __future__ import annotations
