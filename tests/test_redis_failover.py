@@ -11,33 +11,19 @@ import numpy as np
 import pytest
 
 from kvtier.io.result import IOStatus
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import RedisTier
-from kvtier.remote.values import value_key
 from tests.helpers.balancer import Balancer
 from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_setup import LOG, NS, RAW, chunk, key, name, running
 
 pytestmark = needs_redis
-RAW = 64 * 1024
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
-
-
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
 
 
 @pytest.fixture
 def pair(tmp_path):
-    old, new = RedisServer(tmp_path / "old").start(), RedisServer(tmp_path / "new").start()
-    vip = Balancer(old.port)  # the address the tier is given
-    yield old, new, vip
-    vip.stop()
-    old.stop()
-    new.stop()
+    with (running(RedisServer(tmp_path / "old")) as old, running(RedisServer(tmp_path / "new")) as new,
+          Balancer(old.port) as vip):  # the address the tier is given
+        yield old, new, vip
 
 
 def demote(old: RedisServer, new: RedisServer) -> None:
@@ -47,10 +33,6 @@ def demote(old: RedisServer, new: RedisServer) -> None:
     while old.client().info("replication").get("master_link_status") != "up":
         assert time.monotonic() < deadline, "the replica never synced"
         time.sleep(0.05)
-
-
-def name(i: int) -> bytes:
-    return value_key("kvtier:", NS.digest(), key(i))
 
 
 def fail_over(servers: list[RedisServer], vip: Balancer) -> None:
@@ -75,13 +57,13 @@ def test_writes_after_a_failover_behind_a_virtual_ip_reach_the_new_primary(pair)
             primary = servers[0].client()
             if what == "put":
                 assert tier.put_many([(key(i), chunk(i))])[0].ok
-                assert primary.exists(name(i)) == 1
+                assert primary.exists(name(key(i))) == 1
             elif what == "append":
                 assert tier.append_records([(key(i), b"record")])
-                assert primary.xlen(f"kvtier:log:{NS.digest().hex()}".encode()) >= 1
+                assert primary.xlen(LOG) >= 1
             else:
-                primary.set(name(i), b"not a chunk")
-                assert tier.remove([key(i)]) and primary.exists(name(i)) == 0
+                primary.set(name(key(i)), b"not a chunk")
+                assert tier.remove([key(i)]) and primary.exists(name(key(i))) == 0
             assert tier.failures == 0 and not tier.down, what
         into = np.zeros(RAW, np.uint8)  # (what replication had not copied when a failover
         assert tier.put_many([(key(50), chunk(50))])[0].ok  # came is gone: a key of its own)
@@ -105,7 +87,7 @@ def test_a_fresh_connection_to_a_replica_fails_the_write_and_is_not_kept(pair):
         assert vip.connections == opened + 1  # sent again once, on a fresh connection
         vip.target_port = new.port
         assert tier.put_many([(key(1), chunk(1))])[0].ok
-        assert new.client().exists(name(1)) == 1
+        assert new.client().exists(name(key(1))) == 1
         assert tier.failures == 0 and not tier.down
     finally:
         tier.close()

@@ -11,21 +11,12 @@ import time
 import numpy as np
 
 from kvtier.io.result import IOStatus
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import RedisTier
+from tests.helpers.redis_setup import NS, chunk, key
 from tests.helpers.resp_server import RespServer
 
 RAW = 16 * 1024
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
 RETRY_S = 0.2
-
-
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
 
 
 def test_a_store_loading_its_data_takes_the_tier_out_of_service_until_it_is_done(caplog):
@@ -38,7 +29,7 @@ def test_a_store_loading_its_data_takes_the_tier_out_of_service_until_it_is_done
                      parts=(RAW // 2, RAW // 2))
     try:
         into = np.zeros(RAW, np.uint8)
-        assert tier.put_many([(key(0), chunk(0))])[0].ok
+        assert tier.put_many([(key(0), chunk(0, RAW))])[0].ok
         server.loading = True
         calls = {"get": lambda: tier.get_many([key(0)], [into])[0],
                  "parts": lambda: tier.get_parts([key(0)], [into], [(1,)])[0],
@@ -54,7 +45,7 @@ def test_a_store_loading_its_data_takes_the_tier_out_of_service_until_it_is_done
                     assert tier.down and tier.failures == failures + 1, (what, round_)
         server.loading = False
         time.sleep(RETRY_S * 1.5)
-        assert tier.get_many([key(0)], [into])[0].ok and np.array_equal(into, chunk(0))
+        assert tier.get_many([key(0)], [into])[0].ok and np.array_equal(into, chunk(0, RAW))
         logged = [r.getMessage() for r in caplog.records if "remote tier" in r.getMessage()]
         assert sum("out of service" in m for m in logged) == 1, logged
         assert sum("back in service" in m for m in logged) == 1, logged

@@ -13,41 +13,28 @@ import numpy as np
 import pytest
 
 from kvtier.io.result import IOStatus
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import RedisTier
-from kvtier.remote.values import value_key
 from tests.helpers.drip_proxy import DripProxy
 from tests.helpers.redis_server import RedisCluster, RedisServer, needs_redis
+from tests.helpers.redis_setup import LOG, NS, RAW, chunk, key, name, running
 
 pytestmark = needs_redis
-RAW = 1 << 16
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
 HUGE = 64 << 20
 READ_AT_MOST = 24 << 20  # the bound (8 MiB past a chunk) and what the reading itself holds
 LOADED = 10.0  # round trips on a loaded machine
 TOO_LARGE = (b"", b"")  # an entry passed over reads as one that names nothing
 
 
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    nodes = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
-    yield nodes
-    nodes.stop()
+    with running(RedisCluster(tmp_path_factory.mktemp("cluster"))) as nodes:
+        yield nodes
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    one = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield one
-    one.stop()
+    with running(RedisServer(tmp_path_factory.mktemp("redis"))) as one:
+        yield one
 
 
 def cluster_client(cluster: RedisCluster):
@@ -75,7 +62,7 @@ def test_a_huge_value_under_a_chunks_key_on_a_cluster_is_not_read_whole(cluster)
     try:
         keys = [key(i) for i in range(24)]
         assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
-        cluster_client(cluster).set(value_key("kvtier:", NS.digest(), keys[0]), b"\0" * HUGE)
+        cluster_client(cluster).set(name(keys[0]), b"\0" * HUGE)
         into = [np.zeros(RAW, np.uint8) for _ in keys]
         got, peak = peak_bytes(lambda: tier.get_many(keys, into))
         assert got[0].status is IOStatus.CORRUPT and peak < READ_AT_MOST, (got[0], peak)
@@ -94,7 +81,7 @@ def log_with_a_huge_entry(tier: RedisTier, client) -> bytes:
     """Entries one and three are kvtier's, the second another client's of 64 MiB (with
     both fields); the huge entry's id."""
     assert tier.append_records([(key(1), b"one")])
-    huge = client.xadd(f"kvtier:log:{NS.digest().hex()}", {"k": bytes(key(2)), "r": b"\0" * HUGE})
+    huge = client.xadd(LOG, {"k": bytes(key(2)), "r": b"\0" * HUGE})
     assert tier.append_records([(key(3), b"three")])
     return huge
 
@@ -106,7 +93,7 @@ def test_a_huge_entry_in_the_log_of_token_records_is_passed_over_unread(where, s
     it within ``remote_timeout`` never got past it until the stream's trimming removed it)"""
     url, client = (server.url, server.client()) if where == "server" else \
         (cluster.url, cluster_client(cluster))
-    client.delete(f"kvtier:log:{NS.digest().hex()}")
+    client.delete(LOG)
     tier = RedisTier(url, NS, RAW, timeout_s=LOADED, retry_s=60.0)
     try:
         huge = log_with_a_huge_entry(tier, client)
@@ -126,7 +113,7 @@ def test_a_huge_entry_in_the_log_of_token_records_is_passed_over_unread(where, s
 def test_a_huge_entry_behind_a_slow_link_does_not_hold_the_follower(server):
     """64 MiB at about 3 MB/s takes 20 s: read through, every read of the log ran past
     ``remote_timeout`` and the follower never got past the entry."""
-    server.client().delete(f"kvtier:log:{NS.digest().hex()}")
+    server.client().delete(LOG)
     writer = RedisTier(server.url, NS, RAW, timeout_s=LOADED)
     slow = DripProxy(server.port, piece=1 << 16, pause=0.02, lifetime=60)
     tier = RedisTier(slow.url, NS, RAW, timeout_s=5.0, retry_s=60.0)

@@ -11,49 +11,38 @@ costs nothing either."""
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from kvtier.io.result import IOStatus
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import RedisTier
 from tests.helpers.balancer import Balancer
 from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_setup import NS, RAW, chunk, key, running, wait_cluster
 
 pytestmark = needs_redis
-RAW = 64 * 1024
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
 ANSWERED = {IOStatus.OK, IOStatus.MISSING}
-
-
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
 
 
 @pytest.fixture
 def behind(tmp_path):
-    server = RedisServer(tmp_path / "redis").start()
-    balancer = Balancer(server.port)
-    yield server, balancer
-    balancer.stop()
-    if server.process is not None and server.process.poll() is None:
-        os.kill(server.process.pid, signal.SIGCONT)
-    server.stop()
+    with running(RedisServer(tmp_path / "redis")) as server, Balancer(server.port) as balancer:
+        yield server, balancer
+        if server.process is not None and server.process.poll() is None:
+            os.kill(server.process.pid, signal.SIGCONT)
 
 
-def break_flows(server: RedisServer, balancer: Balancer, how: str) -> None:
+def break_flows(server: RedisServer, how: str, balancer: Balancer | None = None) -> None:
+    """The store's connections closed (``how``: a restart or ``CLIENT KILL``); behind a
+    balancer, once every flow through it has lost its server side."""
     if how == "restart":
         server.stop()
         server.start()
     else:
         server.client().execute_command("CLIENT", "KILL", "TYPE", "normal")
-    balancer.wait_dead()
+    if balancer is not None:
+        balancer.wait_dead()
 
 
 def calls(tier: RedisTier) -> dict:
@@ -81,7 +70,7 @@ def test_a_request_on_a_pooled_connection_that_died_idle_is_sent_again_fresh(beh
         for name, call in calls(tier).items():
             assert tier.put_many([(key(1), chunk(1))])[0].ok  # the pool holds a served one
             resets = balancer.resets
-            break_flows(server, balancer, how)
+            break_flows(server, how, balancer)
             assert call(), name
             assert balancer.resets > resets, name  # the pooled connection was dead
             assert tier.failures == 0 and not tier.down, name
@@ -101,11 +90,7 @@ def test_a_close_the_client_was_told_of_costs_nothing_either(tmp_path, how):
     try:
         for name, call in calls(tier).items():
             assert tier.put_many([(key(1), chunk(1))])[0].ok
-            if how == "restart":
-                server.stop()
-                server.start()
-            else:
-                server.client().execute_command("CLIENT", "KILL", "TYPE", "normal")
+            break_flows(server, how)
             assert call(), name
             assert tier.failures == 0 and not tier.down, name
     finally:
@@ -126,13 +111,6 @@ def cluster_behind(workdir) -> tuple[RedisServer, Balancer]:
     return server, balancer
 
 
-def wait_cluster(server: RedisServer) -> None:
-    deadline = time.monotonic() + 30
-    while b"cluster_state:ok" not in server.client().execute_command("CLUSTER", "INFO"):
-        assert time.monotonic() < deadline, "the one-node cluster never came up"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize("how", ["restart", "kill"])
 def test_a_cluster_nodes_pooled_connection_that_died_idle_is_sent_again_fresh(tmp_path, how):
     server, balancer = cluster_behind(tmp_path / "node")
@@ -142,7 +120,7 @@ def test_a_cluster_nodes_pooled_connection_that_died_idle_is_sent_again_fresh(tm
         for name, call in calls(tier).items():
             assert tier.put_many([(key(1), chunk(1))])[0].ok
             resets = balancer.resets
-            break_flows(server, balancer, how)
+            break_flows(server, how, balancer)
             if how == "restart":
                 wait_cluster(server)
             assert call(), name
@@ -173,7 +151,7 @@ def test_every_pooled_connection_dead_at_once_fails_no_round_trip(behind):
             for thread in threads:
                 thread.join(60)
             assert answers == [True] * 48
-            break_flows(server, balancer, "restart")
+            break_flows(server, "restart", balancer)
         assert balancer.resets > 0 and tier.failures == 0
     finally:
         tier.close()

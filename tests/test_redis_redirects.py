@@ -15,29 +15,12 @@ import pytest
 from redis.crc import key_slot
 
 from kvtier.io.result import IOStatus
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, RedisTier
-from kvtier.remote.values import value_key
 from tests.helpers.redis_server import RedisCluster, needs_redis
+from tests.helpers.redis_setup import LOG, NS, chunk, key, name, running
 
 pytestmark = needs_redis
 RAW = 16 * 1024
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
-
-
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
-
-
-def name(k: ChunkKey) -> bytes:
-    return value_key("kvtier:", NS.digest(), k)
-
-
-LOG = f"kvtier:log:{NS.digest().hex()}".encode()  # the log of token records
 
 
 class Slot:
@@ -90,9 +73,8 @@ class Slot:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    started = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
-    yield started
-    started.stop()
+    with running(RedisCluster(tmp_path_factory.mktemp("cluster"))) as started:
+        yield started
 
 
 def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
@@ -100,7 +82,7 @@ def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
     key into it refused, and the slot map asked for anew at every round trip)"""
     tier = RedisTier(cluster.url, NS, RAW, timeout_s=5.0, retry_s=60.0, parts=(RAW // 2, RAW // 2))
     try:
-        assert tier.put_many([(key(0), chunk(0))])[0].ok
+        assert tier.put_many([(key(0), chunk(0, RAW))])[0].ok
         slot = Slot(cluster, name(key(0)))
         fresh = next(key(i) for i in range(1, 1 << 20) if key_slot(name(key(i))) == slot.number)
         assert tier.append_records([(key(0), b"record")])
@@ -113,10 +95,10 @@ def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
         for _ in range(3):
             into = np.zeros(RAW, np.uint8)
             got = tier.get_many([key(0)], [into])[0]
-            assert got.ok and np.array_equal(into, chunk(0)), got
+            assert got.ok and np.array_equal(into, chunk(0, RAW)), got
             assert tier.get_parts([key(0)], [into], [(1,)])[0].ok
             assert (tier.read_records(b"0", 1) or (b"", []))[1] == [(bytes(key(0)), b"record")]
-            assert tier.put_many([(fresh, chunk(1))])[0].ok  # never there: ASK, written there
+            assert tier.put_many([(fresh, chunk(1, RAW))])[0].ok  # never there: ASK, written there
             assert tier.exists_answered([key(0), fresh]) == [True, True]
             assert tier.append_records([(key(0), b"record")])
         assert slot.refreshes() == refreshes  # the map is right: the slot only migrates
@@ -124,7 +106,7 @@ def test_a_migrating_slot_is_read_written_and_looked_up_through_asking(cluster):
             moving.end()
         settle([slot, log])
         into = np.zeros(RAW, np.uint8)  # MOVED now, at the first round trip after
-        assert tier.get_many([fresh], [into])[0].ok and np.array_equal(into, chunk(1))
+        assert tier.get_many([fresh], [into])[0].ok and np.array_equal(into, chunk(1, RAW))
         assert tier.failures == 0 and not tier.down
     finally:
         tier.close()
@@ -141,7 +123,7 @@ def test_a_key_whose_slot_moved_is_asked_for_at_its_new_node_at_once(cluster):
     try:
         keys = [key(7 + i) for i in range(4)]
         for tier in tiers:  # each has its slot map and a connection to each node
-            assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+            assert all(r.ok for r in tier.put_many([(k, chunk(i, RAW)) for i, k in enumerate(keys)]))
         slots = [Slot(cluster, name(k)) for k in keys]
         for slot, k in zip(slots, keys, strict=True):
             slot.begin()
@@ -151,7 +133,7 @@ def test_a_key_whose_slot_moved_is_asked_for_at_its_new_node_at_once(cluster):
         calls = {
             "get": lambda tier, k: tier.get_many([k], [np.zeros(RAW, np.uint8)])[0].ok,
             "parts": lambda tier, k: tier.get_parts([k], [np.zeros(RAW, np.uint8)], [(1,)])[0].ok,
-            "put": lambda tier, k: tier.put_many([(k, chunk(0))])[0].ok,
+            "put": lambda tier, k: tier.put_many([(k, chunk(0, RAW))])[0].ok,
             "exists": lambda tier, k: tier.exists_answered([k]) == [True],
         }
         for tier, k, (what, call) in zip(tiers, keys, calls.items(), strict=True):
@@ -187,7 +169,7 @@ def test_a_refused_asking_or_a_node_that_fails_when_asked_again_costs_that_key_o
                  for environ in ({USER_ENV: "kvtier", PASSWORD_ENV: "secret"}, {})]
         keys = [key(100 + i) for i in range(12)]
         for tier in tiers:  # each has a connection to every node
-            assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
+            assert all(r.ok for r in tier.put_many([(k, chunk(i, RAW)) for i, k in enumerate(keys)]))
         slot = Slot(cluster, name(keys[0]))
         others = [k for k in keys[1:] if slot.node_of(key_slot(name(k))) != slot.target]
         slot.begin()

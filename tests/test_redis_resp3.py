@@ -4,37 +4,26 @@ maintenance notifications (``tests/helpers/resp_server.py``), which the tier nev
 on: redis-py 8 turned them on by itself on RESP3, and the store's pushes then came among
 the replies read by hand, failing every read as an unexpected reply."""
 
-import time
-
 import numpy as np
 import pytest
 
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import PASSWORD_ENV, USER_ENV, RedisTier
 from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_setup import NS, chunk, key, wait_cluster
 from tests.helpers.resp_server import RespServer
 
 RAW = 16 * 1024
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
 ACL = ("~kvtier:*", "+get", "+getrange", "+set", "+exists", "+unlink", "+xadd", "+xrange",
        "+strlen", "+scan", "+info", "+cluster|slots", "+cluster|shards", "+command")
-
-
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
 
 
 def every_round_trip(tier: RedisTier) -> dict[str, bool]:
     """Each kind of round trip, answering whether it came back as it should."""
     into = [np.zeros(RAW, np.uint8) for _ in range(3)]
     return {
-        "put": all(r.ok for r in tier.put_many([(key(i), chunk(i)) for i in range(2)])),
+        "put": all(r.ok for r in tier.put_many([(key(i), chunk(i, RAW)) for i in range(2)])),
         "get": [r.ok for r in tier.get_many([key(0), key(1), key(9)], into)] == [True, True, False]
-        and all(np.array_equal(into[i], chunk(i)) for i in range(2)),
+        and all(np.array_equal(into[i], chunk(i, RAW)) for i in range(2)),
         "parts": [r.ok for r in tier.get_parts([key(0), key(9)], into[:2], [(1,), (1,)])]
         == [True, False],
         "exists": tier.exists_answered([key(0), key(9)]) == [True, False],
@@ -55,10 +44,7 @@ def test_every_round_trip_on_resp3_as_an_acl_user(tmp_path, cluster):
         admin.execute_command("ACL", "SETUSER", "kvtier", "on", ">secret", *ACL)
         if cluster:
             admin.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
-            deadline = time.monotonic() + 30
-            while b"cluster_state:ok" not in admin.execute_command("CLUSTER", "INFO"):
-                assert time.monotonic() < deadline, "the one-node cluster never came up"
-                time.sleep(0.05)
+            wait_cluster(server)
         scheme = "redis+cluster" if cluster else "redis"
         tier = RedisTier(f"{scheme}://127.0.0.1:{server.port}?protocol=3", NS, RAW,
                          timeout_s=5.0, retry_s=60.0, parts=(RAW // 2, RAW // 2),
@@ -80,10 +66,10 @@ def test_a_store_sending_maintenance_notifications_sends_the_tier_none():
         tier = RedisTier(server.url("protocol=3"), NS, RAW, timeout_s=5.0, retry_s=60.0,
                          parts=(RAW // 2, RAW // 2))
         try:
-            assert tier.put_many([(key(0), chunk(0))])[0].ok
+            assert tier.put_many([(key(0), chunk(0, RAW))])[0].ok
             into = np.zeros(RAW, np.uint8)
             got = tier.get_many([key(0)], [into])[0]
-            assert got.ok and np.array_equal(into, chunk(0)), got
+            assert got.ok and np.array_equal(into, chunk(0, RAW)), got
             assert tier.get_parts([key(0)], [into], [(1,)])[0].ok
             assert tier.exists_answered([key(0)]) == [True]
             assert tier.failures == 0 and not tier.down

@@ -11,28 +11,17 @@ import numpy as np
 import pytest
 
 from kvtier.io.result import IOStatus
-from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.redis_tier import PASSWORD_ENV, RedisTier, check_url
 from tests.helpers.redis_server import RedisServer, needs_redis
+from tests.helpers.redis_setup import NS, RAW, chunk, key, running
 
 pytestmark = needs_redis
-RAW = 64 * 1024
-NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
-
-
-def key(i: int) -> ChunkKey:
-    return ChunkKey(i.to_bytes(16, "big"))
-
-
-def chunk(i: int) -> np.ndarray:
-    return np.random.default_rng(i).integers(0, 256, RAW, dtype=np.uint8)
 
 
 @pytest.fixture
 def server(tmp_path):
-    srv = RedisServer(tmp_path / "redis").start()
-    yield srv
-    srv.stop()
+    with running(RedisServer(tmp_path / "redis")) as srv:
+        yield srv
 
 
 def tier(server, namespace=NS, **options) -> RedisTier:
@@ -40,14 +29,11 @@ def tier(server, namespace=NS, **options) -> RedisTier:
 
 
 def test_a_full_store_refuses_puts_as_no_space(tmp_path):
-    srv = RedisServer(tmp_path / "redis", "--maxmemory", "2mb",
-                      "--maxmemory-policy", "noeviction").start()
-    try:
+    with running(RedisServer(tmp_path / "redis", "--maxmemory", "2mb",
+                             "--maxmemory-policy", "noeviction")) as srv:
         t = tier(srv)
         statuses = [r.status for i in range(64) for r in t.put_many([(key(i), chunk(i))])]
         assert IOStatus.NO_SPACE in statuses and not t.down  # the store is up, only full
-    finally:
-        srv.stop()
 
 
 def test_credentials_come_from_the_environment_only(tmp_path, monkeypatch):
@@ -55,15 +41,12 @@ def test_credentials_come_from_the_environment_only(tmp_path, monkeypatch):
         check_url("redis://user:secret@127.0.0.1:6379/0")
     with pytest.raises(ValueError, match="scheme"):
         check_url("http://127.0.0.1:6379")
-    srv = RedisServer(tmp_path / "redis", "--requirepass", "s3cret").start()
-    try:
+    with running(RedisServer(tmp_path / "redis", "--requirepass", "s3cret")) as srv:
         denied = tier(srv)
         assert denied.put_many([(key(1), chunk(1))])[0].status is IOStatus.IO_ERROR
         allowed = RedisTier(srv.url, NS, RAW, environ={PASSWORD_ENV: "s3cret"})
         assert allowed.put_many([(key(1), chunk(1))])[0].ok
         assert "s3cret" not in allowed.describe()
-    finally:
-        srv.stop()
     assert os.environ.get(PASSWORD_ENV) is None
 
 

@@ -16,6 +16,7 @@ from kvtier.segment.cachedir import CacheDirError
 from kvtier.segment.seat_files import read_holder
 from kvtier.segment.seats import claim_seat
 from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.seat_races import claims_meanwhile, started_together
 from tests.helpers.store import STRIDE, config, exact, seq
 
 
@@ -136,7 +137,7 @@ def test_a_writer_without_a_seat_reclaims_no_live_writer(tmp_path):
     assert seats_of(tmp_path) == {"seat-0000": "a"}
 
 
-def test_writers_claiming_at_once_never_hold_more_seats_than_share_writers(tmp_path, monkeypatch):
+def test_writers_claiming_at_once_never_hold_more_seats_than_share_writers(tmp_path):
     """Each counts the seats held, then takes one: two counting at once both saw room. The
     one whose seat is highest within share_writers gives it back."""
     ns = tmp_path / "ns"
@@ -145,68 +146,34 @@ def test_writers_claiming_at_once_never_hold_more_seats_than_share_writers(tmp_p
         claim_seat(directory, "z", 8)
     os.rename(ns / "seats" / "seat-0000", ns / "seats" / "seat-0005")  # from share_writers=8
     (ns / "writers" / "z").mkdir(parents=True)
-    real, raced = seats_module.write_seat, []
-
-    def b_claims_meanwhile(seats, name, writer):
-        if not raced:  # "a" counted 1 seat held of 2; "b", elsewhere, claims now
-            raced.append(True)
-            with SafeDir.open(ns) as other:
-                assert claim_seat(other, "b", 2) == 0
-        return real(seats, name, writer)
-
-    monkeypatch.setattr(seats_module, "write_seat", b_claims_meanwhile)
-    with SafeDir.open(ns) as directory, pytest.raises(
+    # "a" counts 1 seat held of 2; "b", elsewhere, claims then
+    with claims_meanwhile(ns, "b", 2), SafeDir.open(ns) as directory, pytest.raises(
             CacheDirError, match=r"2 writer seats of \S+ are held \(by b, z\) and share_writers is 2"):
         claim_seat(directory, "a", 2)  # as they are now, not as counted before b's claim
     assert seats_of_ns(ns) == {"seat-0000": "b", "seat-0005": "z"}
 
 
-def test_one_id_claimed_twice_at_once_keeps_one_seat(tmp_path, monkeypatch):
+def test_one_id_claimed_twice_at_once_keeps_one_seat(tmp_path):
     """Two processes of one host trying the first default id on an empty directory: each
     counted no seat held, and each took one under that id. The later one gives its seat
     back, so that the one of the two left without the segment's lock, trying its next id,
     finds a seat free."""
     ns = tmp_path / "ns"
     ns.mkdir()
-    real, raced = seats_module.write_seat, []
-
-    def the_other_claims_meanwhile(seats, name, writer):
-        if not raced:
-            raced.append(True)
-            with SafeDir.open(ns) as other:
-                assert claim_seat(other, "w-0", 2) == 0
-        return real(seats, name, writer)
-
-    monkeypatch.setattr(seats_module, "write_seat", the_other_claims_meanwhile)
-    with SafeDir.open(ns) as directory:
+    with claims_meanwhile(ns, "w-0", 2) as raced, SafeDir.open(ns) as directory:
         assert claim_seat(directory, "w-0", 2) == 0
-    monkeypatch.setattr(seats_module, "write_seat", real)
-    assert seats_of_ns(ns) == {"seat-0000": "w-0"}
+    assert raced and seats_of_ns(ns) == {"seat-0000": "w-0"}
     with SafeDir.open(ns) as directory:
         assert claim_seat(directory, "w-1", 2) == 1
 
 
-def test_two_engines_of_a_host_starting_together_on_one_directory_each_write(tmp_path,
-                                                                            monkeypatch):
+def test_two_engines_of_a_host_starting_together_on_one_directory_each_write(tmp_path):
     """Default ids, share_writers 2: the second engine starts while the first is claiming
     its seat under the first id. The first then finds that segment locked and takes the
     next id, with the seat left free (it found both seats held under the first id, and
     its path out of service: test_processes, now and then)."""
-    def engine() -> KVStore:
-        return KVStore(SMALL, config(tmp_path, share_writers=2, share_refresh="off"))
-
-    real, second = seats_module.write_seat, []
-
-    def the_second_starts_meanwhile(seats, name, writer):
-        if not second:
-            second.append(None)
-            second[0] = engine()
-        return real(seats, name, writer)
-
-    monkeypatch.setattr(seats_module, "write_seat", the_second_starts_meanwhile)
-    first = engine()
-    monkeypatch.setattr(seats_module, "write_seat", real)
-    stores = [first, second[0]]
+    stores = started_together(
+        lambda: KVStore(SMALL, config(tmp_path, share_writers=2, share_refresh="off")))
     try:
         assert [store.stats().paths_down for store in stores] == [{}, {}]
         writers = sorted(store.disk.writer for store in stores)

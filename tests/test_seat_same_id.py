@@ -9,61 +9,40 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.io.safefs import SafeDir
-from kvtier.segment import seats as seats_module
 from kvtier.segment.cachedir import CacheDirError
 from kvtier.segment.seats import claim_seat
 from tests.helpers.kv import CHUNK, SMALL, make_kv
+from tests.helpers.seat_races import claims_meanwhile, started_together
 from tests.helpers.store import config, seq
 
 
-def test_a_seat_taken_under_ones_own_id_meanwhile_is_busy_not_full(tmp_path, monkeypatch):
+def test_a_seat_taken_under_ones_own_id_meanwhile_is_busy_not_full(tmp_path):
     """share_writers 1, an empty directory: another process takes the one seat under the
     same id between this claim's count and its take. The claim fails as busy (EBUSY: its
     id is another process's now, try the next), not as "no seat free" under that id."""
     ns = tmp_path / "ns"
     ns.mkdir()
-    real, raced = seats_module.write_seat, []
-
-    def the_other_claims_meanwhile(seats, name, writer):
-        if not raced:
-            raced.append(True)
-            with SafeDir.open(ns) as other:
-                assert claim_seat(other, "w-0", 1) == 0
-        return real(seats, name, writer)
-
-    monkeypatch.setattr(seats_module, "write_seat", the_other_claims_meanwhile)
-    with SafeDir.open(ns) as directory, pytest.raises(CacheDirError) as caught:
+    with claims_meanwhile(ns, "w-0", 1) as raced, SafeDir.open(ns) as directory, \
+            pytest.raises(CacheDirError) as caught:
         claim_seat(directory, "w-0", 1)
     assert caught.value.errno == errno.EBUSY and "w-0" in str(caught.value)
     assert raced
 
 
-def test_the_engine_left_without_the_last_seat_reads_the_others_chunks(tmp_path, monkeypatch):
+def test_the_engine_left_without_the_last_seat_reads_the_others_chunks(tmp_path):
     """Default ids, share_writers 1: the second engine starts (and takes the one seat under
     the first id) while the first is claiming that seat under that id. The first has no
     seat, under its next id: it writes nothing, and reads what the second wrote."""
-    def engine() -> KVStore:
-        return KVStore(SMALL, config(tmp_path, share_writers=1, share_refresh="1h"))
-
-    real, second = seats_module.write_seat, []
-
-    def the_second_starts_meanwhile(seats, name, writer):
-        if not second:
-            second.append(None)
-            second[0] = engine()
-        return real(seats, name, writer)
-
-    monkeypatch.setattr(seats_module, "write_seat", the_second_starts_meanwhile)
-    first = engine()
-    monkeypatch.setattr(seats_module, "write_seat", real)
+    first, second = started_together(
+        lambda: KVStore(SMALL, config(tmp_path, share_writers=1, share_refresh="1h")))
     try:
-        assert not second[0].stats().paths_down and first.stats().paths_down
-        assert first.disk.writer != second[0].disk.writer
+        assert not second.stats().paths_down and first.stats().paths_down
+        assert first.disk.writer != second.disk.writer
         tokens = seq(0, 2)
-        second[0].put(tokens, make_kv(tokens))
-        assert second[0].flush()
+        second.put(tokens, make_kv(tokens))
+        assert second.flush()
         first._state.others.refresh()
         assert first.lookup(tokens).tokens == 2 * CHUNK
     finally:
         first.close()
-        second[0].close()
+        second.close()

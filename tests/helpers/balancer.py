@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
-import threading
 import time
+
+from tests.helpers.loopback import Loopback
 
 
 class _Flow:
@@ -24,48 +25,27 @@ class _Flow:
         self.dead = server is None  # the server side is gone: the next send is reset
 
 
-class Balancer:
+class Balancer(Loopback):
     def __init__(self, target_port: int) -> None:
+        super().__init__()
         self.target_port = target_port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.1)
-        self.port = self._listener.getsockname()[1]
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
         self._flows: list[_Flow] = []
         self.connections = 0  # flows clients opened
         self.resets = 0  # sends answered with a reset
-        self._spawn(self._accept)
+        self.start()
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _spawn(self, target, *args) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:  # no server: the client's first send is reset
-                server = None
-            flow = _Flow(client, server)
-            with self._lock:
-                self._flows.append(flow)
-                self.connections += 1
-            self._spawn(self._requests, flow)
-            if server is not None:
-                self._spawn(self._answers, flow)
+    def _accepted(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+        except OSError:  # no server: the client's first send is reset
+            server = None
+        flow = _Flow(client, server)
+        with self._lock:
+            self._flows.append(flow)
+            self.connections += 1
+        self._spawn(self._requests, flow)
+        if server is not None:
+            self._spawn(self._answers, flow)
 
     def _requests(self, flow: _Flow) -> None:
         """Client to server; a send on a dead flow is reset."""
@@ -145,10 +125,7 @@ class Balancer:
             time.sleep(0.02)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._listener.close()
-        for thread in self._threads:
-            thread.join(timeout=5)
+        super().stop()
         with self._lock:
             flows = list(self._flows)
         for flow in flows:

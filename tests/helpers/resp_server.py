@@ -14,43 +14,25 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
+
+from tests.helpers.loopback import Loopback
 
 
-class RespServer:
+class RespServer(Loopback):
     def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.1)
-        self.port = self._listener.getsockname()[1]
+        super().__init__()
         self.values: dict[bytes, bytes] = {}
         self.pushes = 0  # pushes sent
         self.notified = 0  # connections that turned notifications on
         self.loading = False
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
+        self.start()
 
     def url(self, query: str = "protocol=3") -> str:
-        return f"redis://127.0.0.1:{self.port}/0?{query}"
+        """This server's address with ``query`` (RESP3 unless told otherwise)."""
+        return f"{super().url}?{query}"
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._listener.close()
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            self._threads.append(thread)
-            thread.start()
+    def _accepted(self, conn: socket.socket) -> None:
+        self._spawn(self._serve, conn)
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(0.1)
