@@ -1,10 +1,12 @@
 """One path's lease heartbeat never waits on another's: a path whose filesystem hangs holds
 back only its own beats, and goes out of service once its beat has hung for three turns
-(its lease stands still meanwhile, as it would for a writer that is gone)."""
+(its lease stands still meanwhile, as it would for a writer that is gone). Each lease is
+beaten by one long-lived thread, never by a thread started per beat."""
 
 import threading
 
 from kvtier.io.safefs import SafeDir
+from kvtier.segment import lease_keeper
 from kvtier.segment.lease import read_lease
 from kvtier.segment.lease_keeper import HUNG_TURNS, LeaseHung, LeaseKeeper
 from tests.helpers.disk_helpers import NS, make_tier
@@ -14,18 +16,28 @@ WAIT_S = 20.0  # a bound on waits for what must come soon, never a measure of sp
 
 
 class Beats:
-    """A stand-in lease counting its beats; each beat waits for ``hang`` when given."""
+    """A stand-in lease counting its beats and keeping the thread of each (so that no two
+    are ever the same object by chance); each beat waits for ``hang`` when given."""
 
     def __init__(self, path: str, hang: threading.Event | None = None) -> None:
         self.path, self.hang, self.count = path, hang, 0
+        self.threads: list[threading.Thread] = []
+        self.returned = 0
         self._changed = threading.Condition()
 
     def beat(self) -> None:
         with self._changed:
             self.count += 1
+            self.threads.append(threading.current_thread())
             self._changed.notify_all()
         if self.hang is not None:
             self.hang.wait()
+        self.returned += 1
+
+    def beaters(self) -> set[int]:
+        """The threads that beat it, by object identity."""
+        with self._changed:
+            return {id(thread) for thread in self.threads}
 
     def reached(self, count: int) -> bool:
         with self._changed:
@@ -78,3 +90,70 @@ def test_a_path_whose_lease_beat_hangs_goes_out_and_the_other_paths_beat_on(tmp_
         hang.set()
         segment.close()
         tier.close()
+
+
+def test_each_lease_is_beaten_by_one_thread_of_its_own_over_many_beats():
+    first, second = Beats("/p0"), Beats("/p1")
+    keeper = LeaseKeeper(lambda: [first, second], every=0.01)
+    try:
+        assert first.reached(30) and second.reached(30)
+        assert len(first.beaters()) == 1 and len(second.beaters()) == 1  # no thread per beat
+        assert first.beaters() != second.beaters()  # one path never waits on another's
+    finally:
+        keeper.close()
+    for thread in first.threads[:1] + second.threads[:1]:
+        thread.join(WAIT_S)
+        assert not thread.is_alive()  # closed: no thread left behind
+
+
+def test_a_lease_no_longer_listed_has_its_thread_end_and_one_listed_anew_is_beaten():
+    old, new = Beats("/p0"), Beats("/p0")  # a path out of service, then back (a new lease)
+    listed = [old]
+    keeper = LeaseKeeper(lambda: list(listed), every=0.01)
+    try:
+        assert old.reached(3)
+        listed[:] = [new]
+        assert new.reached(3)
+        thread = old.threads[0]
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+        assert not new.beaters() & old.beaters()
+        listed[:] = [new, old]  # listed again: beaten again
+        assert old.reached(old.count + 2)
+    finally:
+        keeper.close()
+
+
+def test_close_waits_for_a_beat_under_way(monkeypatch):
+    monkeypatch.setattr(lease_keeper, "CLOSE_WAIT_S", 10 * WAIT_S)
+    gate = threading.Event()
+    slow = Beats("/slow", gate)
+    keeper = LeaseKeeper(lambda: [slow], every=0.01)
+    closed = threading.Event()
+    try:
+        assert slow.reached(1)
+        threading.Thread(target=lambda: (keeper.close(), closed.set()), daemon=True).start()
+        assert not closed.wait(0.2)  # its beat under way holds close back
+    finally:
+        gate.set()
+    assert closed.wait(WAIT_S)
+    assert slow.returned == slow.count  # the beat returned before close did
+
+
+def test_close_never_waits_for_ever_on_a_hung_beat(monkeypatch):
+    monkeypatch.setattr(lease_keeper, "CLOSE_WAIT_S", 0.05)
+    hang = threading.Event()
+    hung, good = Beats("/hung", hang), Beats("/good")
+    keeper = LeaseKeeper(lambda: [hung, good], every=0.01)
+    closed = threading.Event()
+    try:
+        assert hung.reached(1) and good.reached(3)
+        threading.Thread(target=lambda: (keeper.close(), closed.set()), daemon=True).start()
+        assert closed.wait(WAIT_S)
+        assert hung.count == 1 and hung.returned == 0  # still hung when close returned
+    finally:
+        hang.set()
+    thread = hung.threads[0]
+    thread.join(WAIT_S)
+    assert not thread.is_alive()  # once its beat returned, its thread ended
+    assert hung.count == 1  # and never beat after close

@@ -1,6 +1,6 @@
 """A writer's heartbeats: every lease it holds (one per disk path) rewritten every few
-seconds, each path's beat on a thread of its own, so that a path whose filesystem hangs
-holds back no other path's lease."""
+seconds, each path's beats on a long-lived thread of its own, so that a path whose
+filesystem hangs holds back no other path's lease."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from kvtier.segment.lease import CLOSE_WAIT_S, Lease, LeaseLost
 
@@ -28,18 +27,60 @@ class LeaseHung(LeaseLost):
                          "other engines would take this writer for gone")
 
 
-@dataclass
-class _Beat:
-    """A beat under way on a thread of its own, and the turns it has been so since."""
+class _Beater:
+    """One lease's beat thread (``kvtier-beat``), long-lived: it beats the lease once each
+    time ``ask`` is called, and ends once ``stop`` was called and its beat under way, if
+    any, returned."""
 
-    thread: threading.Thread
-    turns: int = 0
+    def __init__(self, lease: Lease, beat: Callable[[Lease], None]) -> None:
+        self.lease, self._beat = lease, beat
+        self.turns = 0  # turns the beat asked for last has been under way (the keeper's)
+        self._changed = threading.Condition()
+        self._asked = self._busy = self._stopped = self._ended = False
+        self.thread = threading.Thread(target=self._run, name="kvtier-beat", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._asked or self._stopped)
+                if self._stopped:  # a beat asked for and not begun is not made
+                    self._asked = self._busy = False
+                    self._ended = True
+                    return
+                self._asked = False
+            try:
+                self._beat(self.lease)
+            finally:
+                with self._changed:
+                    self._busy = False
+
+    def ask(self) -> bool:
+        """Ask for a beat; False, and nothing asked, while the last one asked is under way."""
+        with self._changed:
+            if self._busy:
+                return False
+            self._asked = self._busy = True
+            self._changed.notify()
+        self.turns = 0
+        return True
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+
+    def resume(self) -> bool:
+        """Undo ``stop``; False when the thread has ended (or never started)."""
+        with self._changed:
+            self._stopped = False
+            return not self._ended and self.thread.is_alive()
 
 
 class LeaseKeeper:
-    """A daemon thread that, every ``every`` seconds until ``close``, starts a beat of every
-    lease ``leases()`` returns, each on a thread of its own (``kvtier-beat``): a path whose
-    filesystem hangs holds back no other path's beats.
+    """A daemon thread that, every ``every`` seconds until ``close``, has every lease
+    ``leases()`` returns beaten, each on a long-lived thread of its own (``_Beater``), kept
+    while the lease is listed: a path whose filesystem hangs holds back no other path's
+    beats, and no thread is started per beat.
 
     A lease whose beat is still under way at its next turn is not beaten again (one thread at
     most waits on a hung path). Its lease file stands still meanwhile, as a gone writer's
@@ -48,18 +89,20 @@ class LeaseKeeper:
     turns in a row, ``on_conflict(lease, LeaseHung)`` is called, once for that beat (its
     path goes out of service, ``DiskPaths``: this writer stops writing a segment the others
     are about to take for a dead writer's); once it returns, the lease is beaten again at
-    its next turn. A beat that finds another writer's lease, or its seat gone, calls
-    ``on_conflict(lease, error)``; one that fails otherwise (the segment was taken away,
-    the path is down) is logged at debug level: the path's own health checks report it.
-    ``close`` stops the turns, then waits for the beats under way, ``CLOSE_WAIT_S`` at most
-    in all (a hung one ends on its own; its lease is closed after it, ``Lease.close``)."""
+    its next turn. A lease no longer listed has its thread end (once its beat under way
+    returned); one listed anew (a path back in service) gets a thread. A beat that finds
+    another writer's lease, or its seat gone, calls ``on_conflict(lease, error)``; one that
+    fails otherwise (the segment was taken away, the path is down) is logged at debug
+    level: the path's own health checks report it. ``close`` stops the turns, then waits
+    for the beats under way, ``CLOSE_WAIT_S`` at most in all (a hung one ends on its own;
+    its lease is closed after it, ``Lease.close``)."""
 
     def __init__(self, leases: Callable[[], list[Lease]], every: float,
                  on_conflict: Callable[[Lease, LeaseLost], None] = lambda lease, e: None,
                  ) -> None:
         self._leases, self._every, self._on_conflict = leases, every, on_conflict
         self._stop = threading.Event()
-        self._beats: dict[Lease, _Beat] = {}  # beats under way (the keeper's thread only)
+        self._beaters: dict[Lease, _Beater] = {}  # threads alive (the keeper's thread only)
         self._thread = threading.Thread(target=self._run, name="kvtier-lease", daemon=True)
         self._thread.start()
 
@@ -68,24 +111,31 @@ class LeaseKeeper:
             self._turn()
 
     def _turn(self) -> None:
-        """Start a beat of each lease whose last one returned; count a turn against the
-        others."""
-        self._beats = {lease: b for lease, b in self._beats.items() if b.thread.is_alive()}
-        for lease in self._leases():
-            under_way = self._beats.get(lease)
-            if under_way is not None:
-                under_way.turns += 1
-                if under_way.turns == HUNG_TURNS:
-                    self._on_conflict(lease, LeaseHung(lease.path, HUNG_TURNS * self._every))
+        """Ask each listed lease's thread for a beat, or count a turn against a beat still
+        under way; stop the threads of leases no longer listed."""
+        listed = self._leases()
+        self._beaters = {lease: b for lease, b in self._beaters.items() if b.thread.is_alive()}
+        for lease in listed:
+            beater = self._beaters.get(lease)
+            if beater is None or not beater.resume():
+                beater = self._start(lease)
+            if beater is None or beater.ask():
                 continue
-            thread = threading.Thread(target=self._beat, args=(lease,), name="kvtier-beat",
-                                      daemon=True)
-            try:
-                thread.start()
-            except RuntimeError as exc:  # no thread to be had now: tried again next turn
-                log.debug("kvtier: lease heartbeat not started: %s", exc)
-                continue
-            self._beats[lease] = _Beat(thread)
+            beater.turns += 1
+            if beater.turns == HUNG_TURNS:
+                self._on_conflict(lease, LeaseHung(lease.path, HUNG_TURNS * self._every))
+        for lease in self._beaters.keys() - set(listed):
+            self._beaters[lease].stop()
+
+    def _start(self, lease: Lease) -> _Beater | None:
+        beater = _Beater(lease, self._beat)
+        try:
+            beater.thread.start()
+        except RuntimeError as exc:  # no thread to be had now: tried again next turn
+            log.debug("kvtier: lease heartbeat not started: %s", exc)
+            return None
+        self._beaters[lease] = beater
+        return beater
 
     def _beat(self, lease: Lease) -> None:
         try:
@@ -98,6 +148,8 @@ class LeaseKeeper:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        for beater in self._beaters.values():
+            beater.stop()
         deadline = time.monotonic() + CLOSE_WAIT_S  # beats under way: waited for, bounded
-        for beat in self._beats.values():
-            beat.thread.join(max(0.0, deadline - time.monotonic()))
+        for beater in self._beaters.values():
+            beater.thread.join(max(0.0, deadline - time.monotonic()))

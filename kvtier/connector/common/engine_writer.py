@@ -46,30 +46,40 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
 
 def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
     """``workers_writer``, else see ``engine_writers``."""
-    return workers_writer(roots, namespace) or _first_unheld(roots, namespace)
+    workers, unheld = _look(roots, namespace)
+    return workers or unheld
 
 
-def _first_unheld(roots: tuple[str, ...], namespace: Namespace) -> str | None:
-    """The first default writer id, when no process of this host holds its segment of
-    ``namespace`` (the workers would take it); else None."""
+def _look(roots: tuple[str, ...], namespace: Namespace) -> tuple[str | None, str | None]:
+    """``workers_writer``'s answer, and the first default writer id when no process of this
+    host holds its segment of ``namespace`` (the workers would take it; else None), from one
+    look at each default id."""
     first = writer_ids(None)[0]
-    return None if any(name == first for name, _, _ in _held_here(roots, namespace)) else first
+    held = _held_here(roots, namespace, lambda name, lease: name == first or _ours(lease))
+    unheld = None if any(name == first for name, _, _ in held) else first
+    return _workers_among(held), unheld
 
 
 def workers_writer(roots: tuple[str, ...], namespace: Namespace) -> str | None:
     """The default writer id of a segment of ``namespace`` held by a worker in this process,
     else by a child of it (its lease says so, written in this PID namespace); None when no
     worker of this engine holds one. Only such segments have their lock tried."""
+    return _workers_among(_held_here(roots, namespace, lambda name, lease: _ours(lease)))
+
+
+def _ours(lease: LeaseInfo) -> bool:
+    """Written by this process or a child of it, in this PID namespace."""
+    return lease.this_pid_space() and os.getpid() in (lease.pid, lease.ppid)
+
+
+def _workers_among(found: list[tuple[str, LeaseInfo, bool]]) -> str | None:
+    """``workers_writer``'s answer among what ``_held_here`` found."""
     me = os.getpid()
-
-    def ours(lease: LeaseInfo) -> bool:
-        return lease.this_pid_space() and me in (lease.pid, lease.ppid)
-
-    held = [(n, lease) for n, lease, sure in _held_here(roots, namespace, ours) if sure]
-    for found in ([n for n, lease in held if lease.pid == me],
-                  [n for n, lease in held if lease.ppid == me]):
-        if found:  # only a lock surely held: a lock that cannot be tried proves nobody's
-            return found[0]
+    held = [(n, lease) for n, lease, sure in found if sure and _ours(lease)]
+    for ids in ([n for n, lease in held if lease.pid == me],
+                [n for n, lease in held if lease.ppid == me]):
+        if ids:  # only a lock surely held: a lock that cannot be tried proves nobody's
+            return ids[0]
     return None
 
 
@@ -94,9 +104,10 @@ class EngineSegments:
     def __call__(self) -> list[OwnSegments]:
         own = []
         for rank, namespace in enumerate(self._namespaces):
-            if self._found[rank] is None:
-                self._found[rank] = workers_writer(self._roots, namespace)
-            writer = self._found[rank] or _first_unheld(self._roots, namespace)
+            writer = self._found[rank]
+            if writer is None:  # one look at the default ids answers both
+                self._found[rank], unheld = _look(self._roots, namespace)
+                writer = self._found[rank] or unheld
             own.append((writer,) * len(self._roots))
         return own
 
@@ -115,7 +126,7 @@ def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = L
     parent = os.getppid() if parent is None else parent
     deadline = time.monotonic() + timeout
 
-    def sibling(lease: LeaseInfo) -> bool:
+    def sibling(name: str, lease: LeaseInfo) -> bool:
         return lease.this_pid_space() and lease.ppid == parent and lease.pid != os.getpid()
 
     while True:
@@ -139,13 +150,13 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
 
 
 def _held_here(roots: tuple[str, ...], namespace: Namespace,
-               wanted: Callable[[LeaseInfo], bool] = lambda lease: True,
+               wanted: Callable[[str, LeaseInfo], bool],
                ) -> list[tuple[str, LeaseInfo, bool]]:
     """The segments of ``namespace`` under this host's default writer ids (the only ones its
     engines take without an ``instance_id``) whose lock a process of this host holds, or
     that cannot be told (``held_here``'s cautious answer), with their leases and whether the
     lock is surely held (a lock that cannot be opened, a directory say, is not); only those
-    whose lease is ``wanted`` have their lock tried (a try takes the lock for a moment).
+    ``wanted`` (by id and lease) have their lock tried (a try takes the lock for a moment).
     Each id is looked up by name: ``writers/`` is not listed (other hosts' writers, or
     entries stuffed there, cost nothing)."""
     found, host = [], host_name()
@@ -157,7 +168,7 @@ def _held_here(roots: tuple[str, ...], namespace: Namespace,
                     try:
                         with writers.subdir(name) as segment:
                             lease = read_lease(segment)
-                            if lease is not None and lease.host == host and wanted(lease):
+                            if lease is not None and lease.host == host and wanted(name, lease):
                                 locked = locked_here(segment)
                                 if locked is not False:
                                     found.append((name, lease, locked is True))
