@@ -1,110 +1,213 @@
 """A round trip to a Redis cluster: each key's commands to its slot's node, every node's
 written by hand on one connection of that node (``redis_direct``'s requests: a value read
 off the socket into its chunk's buffer, with the same bounds as on one server), all nodes
-written before any is read, and never a command re-sent but on a pooled connection found
-dead (``pooled``) and to follow a redirect.
+written before any is read, the replies read in the order they arrive, and never a command
+re-sent but on a pooled connection found dead (``pooled``) and to follow a redirect.
 
 redis-py's ``ClusterPipeline.execute`` re-sends every command of a node that timed out one
 at a time, each waiting the socket timeout again: a hung node would cost a batch
 (its keys + 1) x ``remote_timeout``; and it reads each value whole into memory. Here a node
-that does not answer fails the round trip once (its connection error or timeout raised).
+that fails (its connection refused or reset, or no reply before the deadline) costs its own
+keys (each answered by that failure: a miss) and goes out of service (``node_outages``):
+the other nodes' replies are kept, and the next round trips answer its keys at once
+without asking it, until ``retry_s`` has passed. Replies are read as they begin to arrive,
+so a hung node is read last and the deadline it runs out holds no other node's reply. A
+node reached only once the deadline had passed (another node took it) fails its keys but
+is not taken out. The round trip fails as a whole (raises) only when no node answered it
+and every primary of the slot map is out of service: the cluster unreachable.
 
 A key the cluster redirects is asked for again once, within the same round trip and its
 deadline, at the node the reply names, as every cluster client does: after ``MOVED`` (its
 slot moved) as it is, after ``ASK`` (its slot migrating, the key moved already or never
 there) after an ``ASKING``; the keys of one node and kind in one request, all written
 before any is read. Asked again, a key keeps what that node answered; a node the client
-does not know, one that fails (the failure dropped its connection, the round trip going on)
-or a second redirect leave the key answered as its redirect's error, a miss. ``MOVED`` and
-``TRYAGAIN`` flag the slot map as stale, for the caller to ask for it anew; ``ASK`` does
-not (the map names the node that sent it, the slot only migrating).
+does not know or one out of service leave the key answered as its redirect's error (a
+miss), a node that fails answers its failure, a second redirect is not followed. ``MOVED``,
+``TRYAGAIN`` and a node that failed flag the slot map as stale, for the caller to ask for
+it anew; ``ASK`` does not (the map names the node that sent it, the slot only migrating).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+import selectors
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from kvtier.remote.deadline import expired, time_left
+from kvtier.remote.node_outages import NodeOutages
 from kvtier.remote.pooled import PooledExchange, Request
 from kvtier.remote.resp import Target
 
-log = logging.getLogger("kvtier")
 Requests = list[tuple[Any, Request[list[Any]], list[int]]]  # (node, request, indexes)
+Sent = tuple[Any, PooledExchange[list[Any]], list[int]]  # (node, exchange, indexes)
 
 
 class ClusterReplies(list[Any]):
-    """Per-command replies in order (a refused command as its exception); ``stale``: the
-    cluster redirected some command, so the client's slot map is out of date."""
+    """Per-command replies in order (a refused command, or one whose node failed or is out
+    of service, as its exception); ``stale``: the client's slot map is out of date (a
+    redirect, a node that failed); ``answered``: the nodes that answered, by name;
+    ``failed``: the nodes that failed (name, failure, whether theirs: not a deadline
+    another node's reply had run out)."""
 
     stale = False
 
+    def __init__(self, size: int) -> None:
+        super().__init__([None] * size)
+        self.answered: list[str] = []
+        self.failed: list[tuple[str, BaseException, bool]] = []
+
 
 def cluster_exchange(client: Any, names: Sequence[bytes],
-                     make: Callable[[list[int]], Request[list[Any]]]) -> ClusterReplies:
+                     make: Callable[[list[int]], Request[list[Any]]],
+                     outages: NodeOutages) -> ClusterReplies:
     """What ``make(indexes)`` asks (a request about ``names[i]`` for each index, one reply
     each) sent through ``client`` (a ``RedisCluster``) to the node of each name's slot, one
-    request per node, then the keys redirected to the nodes named; the replies in the
-    order of ``names``. Raises the first failure of any node of the first requests (a slot
-    no node serves too), every connection not read to its end dropped."""
+    request per node (none to a node out of service), then the keys redirected to the nodes
+    named; the replies in the order of ``names``. Raises the first failure when the cluster
+    is unreachable, as the module says (a slot no node serves too)."""
+    replies = ClusterReplies(len(names))
     by_node: dict[str, tuple[Any, list[int]]] = {}
     for i, name in enumerate(names):
         node = client.get_node_from_key(name)
-        by_node.setdefault(node.name, (node, []))[1].append(i)
-    replies = ClusterReplies([None] * len(names))
+        replies[i] = outages.out(node.name)
+        if replies[i] is None:
+            by_node.setdefault(node.name, (node, []))[1].append(i)
     redirected = _exchange(client, [(node, make(at), at) for node, at in by_node.values()],
                            replies)
+    failed = {name: exc for name, exc, _ in replies.failed}
+    unreachable = bool(failed) and not replies.answered and all(
+        node.name in failed or outages.out(node.name) for node in client.get_primaries())
+    _settle(replies, outages, quiet=unreachable)
+    if unreachable:  # the tier goes out of service, and says so
+        raise next(iter(failed.values()))
     if redirected:
-        _follow(client, redirected, make, replies)
+        _follow(client, redirected, make, replies, outages)
     return replies
 
 
+def _settle(replies: ClusterReplies, outages: NodeOutages, quiet: bool = False) -> None:
+    """Each node that answered back in service, each that failed (its own failure) out:
+    ``quiet``, logged at debug only (the whole tier going out says it)."""
+    for name in replies.answered:
+        outages.answered(name)
+    for name, exc, own in replies.failed:
+        if own:
+            outages.failed(name, exc, quiet)
+    replies.answered, replies.failed = [], []
+
+
 def _exchange(client: Any, requests: Requests, replies: ClusterReplies) -> dict[Target, list[int]]:
-    """Each request to its node, all written before any is read, each reply put in
-    ``replies`` at its index; the indexes of the keys redirected, by where to. Raises the
-    first failure, every connection not read to its end dropped."""
+    """Each request to its node, all written before any is read, the replies read as they
+    arrive and put in ``replies`` at their indexes, a node's failure there instead (noted
+    in ``replies.failed``); the indexes of the keys redirected, by where to. Every
+    connection not read to its end is dropped."""
     taken: list[tuple[Any, Any]] = []  # (pool, connection)
-    exchanges: list[tuple[PooledExchange[list[Any]], list[int]]] = []
-    redirected: dict[Target, list[int]] = {}
-    read = 0
     try:
-        for node, request, indexes in requests:
-            pool = client.get_redis_connection(node).connection_pool
-            taken.append((pool, pool.get_connection()))
-            exchanges.append((PooledExchange(taken[-1][1], request), indexes))
-            exchanges[-1][0].send()
-        for exchange, indexes in exchanges:
-            for i, reply in zip(indexes, exchange.read(), strict=True):
-                replies[i] = reply
-            replies.stale |= exchange.request.stale
-            for at, target in exchange.request.targets.items():
-                redirected.setdefault(target, []).append(indexes[at])
-            read += 1
+        return _read_all(_send_all(client, requests, replies, taken), replies)
     except BaseException:
-        for _, connection in taken[read:]:
-            connection.disconnect()  # out of step with its replies
+        for _, connection in taken:
+            connection.disconnect()  # maybe out of step with its replies
         raise
     finally:
         for pool, connection in taken:
             pool.release(connection)
+
+
+def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
+              taken: list[tuple[Any, Any]]) -> list[Sent]:
+    """Each request sent to its node on a connection of its pool (added to ``taken``); the
+    exchanges sent. A node that fails to take one or to be written fails its keys."""
+    sent: list[Sent] = []
+    for node, request, indexes in requests:
+        pool = client.get_redis_connection(node).connection_pool
+        try:
+            connection = pool.get_connection()  # (connects a new one: may fail)
+        except Exception as exc:
+            _node_failed(node, indexes, exc, replies)
+            continue
+        taken.append((pool, connection))
+        exchange = PooledExchange(connection, request)
+        try:
+            exchange.send()
+        except Exception as exc:
+            connection.disconnect()  # out of step
+            _node_failed(node, indexes, exc, replies)
+            continue
+        sent.append((node, exchange, indexes))
+    return sent
+
+
+def _read_all(sent: list[Sent], replies: ClusterReplies) -> dict[Target, list[int]]:
+    """The replies of the exchanges ``sent``, read as they arrive, put in ``replies``; the
+    indexes of the keys redirected, by where to."""
+    redirected: dict[Target, list[int]] = {}
+    for (node, exchange, indexes), silent in _by_arrival(sent):
+        own = silent or not expired()  # else another node's reply took the time left
+        try:
+            got = exchange.read()
+        except Exception as exc:
+            exchange.connection.disconnect()  # out of step
+            _node_failed(node, indexes, exc, replies, own)
+            continue
+        replies.answered.append(node.name)
+        for i, reply in zip(indexes, got, strict=True):
+            replies[i] = reply
+        replies.stale |= exchange.request.stale
+        for at, target in exchange.request.targets.items():
+            redirected.setdefault(target, []).append(indexes[at])
     return redirected
 
 
+def _by_arrival(sent: list[Sent]) -> Iterator[tuple[Sent, bool]]:
+    """``sent`` in the order their replies begin to arrive, while the deadline leaves time to
+    wait for one; those none came for by then after, in their order, said ``silent`` (the
+    second of each pair). Without a deadline, or with one node, as they are."""
+    if len(sent) < 2 or time_left() is None:
+        yield from ((item, False) for item in sent)
+        return
+    with selectors.DefaultSelector() as selector:
+        for item in sent:
+            sock = item[1].connection._sock
+            if sock is None or getattr(sock, "pending", lambda: 0)():  # (TLS: bytes decrypted)
+                yield item, False
+                continue
+            selector.register(sock.fileno(), selectors.EVENT_READ, item)
+        while selector.get_map():
+            ready = selector.select(time_left())
+            if not ready:
+                break
+            for key, _ in ready:
+                selector.unregister(key.fileobj)
+                yield key.data, False
+        rest = [key.data for key in selector.get_map().values()]
+    yield from ((item, True) for item in rest)
+
+
+def _node_failed(node: Any, indexes: list[int], exc: BaseException, replies: ClusterReplies,
+                 own: bool = True) -> None:
+    """``node``'s keys answered by its failure ``exc`` (``own``: not a deadline another
+    node's reply ran out), noted in ``replies.failed``, the slot map stale."""
+    for i in indexes:
+        replies[i] = exc
+    replies.failed.append((node.name, exc, own))
+    replies.stale = True  # it may have failed over: its slots served by another node now
+
+
 def _follow(client: Any, redirected: dict[Target, list[int]],
-            make: Callable[[list[int]], Request[list[Any]]], replies: ClusterReplies) -> None:
+            make: Callable[[list[int]], Request[list[Any]]], replies: ClusterReplies,
+            outages: NodeOutages) -> None:
     """The keys ``redirected`` asked for again at the nodes named, once; what those nodes
-    answer replaces their replies (a failure leaves them as they were)."""
+    answer replaces their replies (a node that fails answers its failure)."""
     requests: Requests = []
     for (asking, host, port), indexes in redirected.items():
         node = client.get_node(host=host, port=port)
         if node is None:  # a node the slot map does not know yet: asked for at the next
             replies.stale = True
             continue
+        if outages.out(node.name) is not None:
+            continue
         request = make(indexes)
         request.asking = asking
         requests.append((node, request, indexes))
-    try:
-        _exchange(client, requests, replies)  # a second redirect is not followed
-    except Exception as exc:  # those keys stay redirected: misses, no failure of the round trip
-        log.debug("kvtier: a key the Redis cluster redirected could not be asked for again: %s",
-                  exc)
+    _exchange(client, requests, replies)  # a second redirect is not followed
+    _settle(replies, outages)

@@ -6,11 +6,13 @@ Credentials never come from the URL (``redis_url``; it is logged and shown redac
 one pipeline (one exchange per node: ``redis_cluster``), bounded as a whole by
 ``timeout_s`` (``deadline``: connecting, sending and every reply together, however slowly
 the store drips its answer), with no client-side retries or re-sends: a slow or dead store
-or node is a failure now (the tier out of service) and a retry after ``retry_s``, never a
-stalled step. One exception: a request on a pooled connection that was dead before it
-reached the store, or that reaches a replica now (``READONLY``: a failover behind a virtual
-IP), is sent again once on a fresh connection, within the same deadline (``pooled``); every
-request here may be applied twice.
+is a failure now (the tier out of service) and a retry after ``retry_s``, never a stalled
+step. On a cluster a slow or dead node costs its own keys (misses) and is out of service
+alone (``node_outages``); the tier goes out when the whole cluster does. The slot map is
+asked for anew off the round trips (``slot_map``). One exception to "no re-sends": a
+request on a pooled connection that was dead before it reached the store, or that reaches
+a replica now (``READONLY``: a failover behind a virtual IP), is sent again once on a fresh
+connection, within the same deadline (``pooled``); every request here may be applied twice.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier, log
 from kvtier.remote.deadline import bounded
+from kvtier.remote.node_outages import NodeOut, NodeOutages
 from kvtier.remote.pooled import Request, exchange
 from kvtier.remote.range_reads import RangeRead
 from kvtier.remote.record_log import ENTRY_MAX, LogEntries, LogRead
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
 from kvtier.remote.redis_cluster import cluster_exchange
 from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
+from kvtier.remote.slot_map import SlotMapRefresh
 from kvtier.remote.values import ValueFormat, value_key
 
 __all__ = ["PASSWORD_ENV", "SCHEMES", "USER_ENV", "RedisTier", "check_url"]
@@ -57,7 +61,8 @@ class RedisTier(RemoteTier):
         self._connecting = threading.Lock()
         self._cluster = parse_url(url).cluster
         self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
-        self._stale_map = False  # a reply said a slot moved: the map is asked for anew
+        self.outages = NodeOutages(retry_s, self.describe())  # a cluster's nodes out of service
+        self.slot_map = SlotMapRefresh(timeout_s)
         self.records_passed_over = 0  # entries of the log of token records too large to read
 
     def _connected(self, what: str) -> Any:
@@ -117,11 +122,9 @@ class RedisTier(RemoteTier):
                     make: Callable[[list[int]], Request[list[Any]]]) -> list[Any]:
         if not self._cluster:  # one connection, sent again on a fresh one if it was dead
             return exchange(client.connection_pool, make(list(range(len(names)))))
-        if self._stale_map:  # a slot moved: the map asked for anew, in place (closing
-            self._stale_map = False  # the client would cut other threads' round trips)
-            client.nodes_manager.initialize()
-        replies = cluster_exchange(client, names, make)
-        self._stale_map |= replies.stale
+        self.slot_map.start(client)  # where a reply said the map is stale: off this thread
+        replies = cluster_exchange(client, names, make, self.outages)
+        self.slot_map.stale |= replies.stale
         return list(replies)
 
     def _broken(self, what: str, exc: BaseException) -> IOResult:
@@ -158,8 +161,9 @@ class RedisTier(RemoteTier):
         return [None if isinstance(r, Exception) else r == 1 for r in replies]
 
     def remove(self, keys: Sequence[ChunkKey]) -> bool:
-        return not isinstance(self._run("remove", [("unlink", (self._key(k),)) for k in keys]),
-                              IOResult)
+        replies = self._run("remove", [("unlink", (self._key(k),)) for k in keys])
+        return not isinstance(replies, IOResult) and not any(
+            isinstance(r, Exception) for r in replies)
 
     keeps_records = True  # a stream per namespace: ``<prefix>log:<namespace digest>``
 
@@ -197,7 +201,7 @@ class RedisTier(RemoteTier):
         names = [self._key(k) for k in keys]
         got = self._trip("get", names, lambda at: Gets(self._format, pick(names, at),
                                                        pick(keys, at), pick(dsts, at)))
-        return [got] * len(keys) if isinstance(got, IOResult) else got
+        return [got] * len(keys) if isinstance(got, IOResult) else [_answer(r) for r in got]
 
     def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
                   wanted: Sequence[Collection[int]]) -> list[IOResult]:
@@ -214,7 +218,7 @@ class RedisTier(RemoteTier):
                  for key, dst, parts in zip(keys, dsts, wanted, strict=True)]
         names = [self._key(plan.key) for plan in plans]
         got = self._trip("get", names, lambda at: Ranges(pick(plans, at), pick(names, at)))
-        return [got] * len(plans) if isinstance(got, IOResult) else got
+        return [got] * len(plans) if isinstance(got, IOResult) else [_answer(r) for r in got]
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
         """SET of each chunk in one pipelined round trip, its bytes sent from the caller's
@@ -228,7 +232,7 @@ class RedisTier(RemoteTier):
                                                            pick(items, at)))
         if isinstance(replies, IOResult):
             return [replies] * len(items)
-        return [IOResult(IOStatus.OK, self.raw_bytes) if r is True else _put_failure(r)
+        return [IOResult(IOStatus.OK, self.raw_bytes) if r is True else _failure("set", r)
                 for r in replies]
 
     def close(self) -> None:
@@ -238,6 +242,7 @@ class RedisTier(RemoteTier):
         if client is not None:
             with contextlib.suppress(Exception):  # a broken connection: nothing more to do
                 client.close()
+        self.slot_map.wait(self._timeout_s)  # a refresh under way fails fast on a closed client
 
 
 def pick(items: Sequence[T], at: Sequence[int]) -> list[T]:
@@ -245,9 +250,19 @@ def pick(items: Sequence[T], at: Sequence[int]) -> list[T]:
     return [items[i] for i in at]
 
 
-def _put_failure(reply: Any) -> IOResult:
-    """A refused SET: the store full (``maxmemory`` with ``noeviction``) or another error."""
+def _answer(reply: IOResult | BaseException) -> IOResult:
+    """A chunk's answer: its ``IOResult``, or the failure of its cluster node (a miss)."""
+    return reply if isinstance(reply, IOResult) else _failure("get", reply)
+
+
+def _failure(what: str, reply: Any) -> IOResult:
+    """A command refused, or whose cluster node failed or is out of service
+    (``PATH_DOWN``); a refused SET may say the store is full (``maxmemory`` with
+    ``noeviction``: ``NO_SPACE``)."""
     from redis.exceptions import OutOfMemoryError
 
-    status = IOStatus.NO_SPACE if isinstance(reply, OutOfMemoryError) else IOStatus.IO_ERROR
-    return IOResult(status, 0, f"set: {explained(reply)}")
+    exc = explained(reply)
+    status = (IOStatus.PATH_DOWN if isinstance(reply, NodeOut) else IOStatus.NO_SPACE
+              if isinstance(reply, OutOfMemoryError) else IOStatus.TIMED_OUT
+              if isinstance(exc, TimeoutError) else IOStatus.IO_ERROR)
+    return IOResult(status, 0, f"{what}: {exc}")

@@ -109,13 +109,15 @@ class RedisServer:
 
 class RedisCluster:
     """Three redis-server primaries in cluster mode on loopback, slots spread over them,
-    each with ``replicas`` replicas (which take over when it fails)."""
+    each with ``replicas`` replicas (which take over when it fails). A node that answers no
+    other for ``node_timeout_ms`` is failed by them: its replica takes over, or without one
+    the cluster refuses every command (``CLUSTERDOWN``) until it is back."""
 
-    def __init__(self, workdir: Path, replicas: int = 0) -> None:
+    def __init__(self, workdir: Path, replicas: int = 0, node_timeout_ms: int = 2000) -> None:
         self.replicas = replicas
         self.nodes = [RedisServer(workdir / f"node{i}", "--cluster-enabled", "yes",
                                   "--cluster-config-file", f"nodes-{i}.conf",
-                                  "--cluster-node-timeout", "2000",
+                                  "--cluster-node-timeout", str(node_timeout_ms),
                                   # a replica takes over however long since it last synced
                                   "--cluster-replica-validity-factor", "0")
                       for i in range(3 * (1 + replicas))]
