@@ -5,6 +5,7 @@ set-up at a time (the callers that waited on a failed one do not repeat it), TLS
 of a ``rediss+cluster://`` URL reach every node's connection, and the ACL docs/remote.md
 gives runs a cluster tier (a missing permission is named in the failure)."""
 
+import logging
 import os
 import re
 import signal
@@ -231,6 +232,26 @@ def test_a_hung_node_costs_its_own_keys_and_the_others_nodes_are_served(cluster)
         time.sleep(0.2)
     assert tier.outages.names() == [] and tier.exists(keys) == [True] * len(keys)
     tier.close()
+
+
+def test_a_redis_url_naming_a_cluster_node_says_to_name_it_as_a_cluster(cluster, caplog):
+    """``redis://`` naming one node of a cluster: the keys of its own slots are served, the
+    others are misses (redirected), and a warning says, once, to use ``redis+cluster://``."""
+    caplog.set_level(logging.WARNING, logger="kvtier")
+    node = cluster.nodes[0]
+    tier = RedisTier(node.url, NS, RAW, timeout_s=5.0, retry_s=60)
+    keys = [key(200 + i) for i in range(24)]
+    try:
+        mine = [holder(cluster, k) is node for k in keys]
+        assert any(mine) and not all(mine)
+        for _ in range(2):
+            put = tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)])
+            assert [r.ok for r in put] == mine
+        said = [r.getMessage() for r in caplog.records if "redis+cluster://" in r.getMessage()]
+        assert len(said) == 1 and "a node of a Redis cluster" in said[0], said
+        assert not tier.down and tier.failures == 0
+    finally:
+        tier.close()
 
 
 def test_a_cluster_whose_every_node_is_hung_takes_the_tier_out(cluster):

@@ -41,12 +41,14 @@ class Request(Protocol[R]):
     reads every reply and says what they come to; either raises a transport fault, after
     which the connection is out of step. What its replies said of where its keys live is
     set by ``read`` (``resp.Refusals``: ``stale``, ``targets``, ``replica``); with
-    ``asking`` set before ``send``, every command goes after an ``ASKING``."""
+    ``asking`` set before ``send``, every command goes after an ``ASKING``; ``done``, the
+    replies read before a failure partway."""
 
     stale: bool
     replica: bool
     asking: bool
     targets: dict[int, tuple[bool, str, int]]
+    done: list[Any]
 
     def send(self, connection: Any) -> None: ...
 

@@ -59,13 +59,13 @@ class ClusterReplies(list[Any]):
 
 def cluster_exchange(client: Any, names: Sequence[bytes],
                      make: Callable[[list[int]], Request[list[Any]]],
-                     outages: NodeOutages) -> ClusterReplies:
+                     outages: NodeOutages, replies: ClusterReplies) -> ClusterReplies:
     """What ``make(indexes)`` asks (a request about ``names[i]`` for each index, one reply
     each) sent through ``client`` (a ``RedisCluster``) to the node of each name's slot, one
     request per node (none to a node out of service), then the keys redirected to the nodes
-    named; the replies in the order of ``names``. Raises the first failure when the cluster
-    is unreachable, as the module says (a slot no node serves too)."""
-    replies = ClusterReplies(len(names))
+    named; the replies in the order of ``names``, in ``replies`` (made for as many). Raises
+    the first failure when the cluster is unreachable, as the module says (a slot no node
+    serves too): what ``replies`` holds then is what was read before it."""
     by_node: dict[str, tuple[Any, list[int]]] = {}
     for i, name in enumerate(names):
         node = client.get_node_from_key(name)
@@ -148,6 +148,8 @@ def _read_all(sent: list[Sent], replies: ClusterReplies) -> dict[Target, list[in
         except Exception as exc:
             exchange.connection.disconnect()  # out of step
             _node_failed(node, indexes, exc, replies, own)
+            for i, reply in zip(indexes, exchange.request.done, strict=False):
+                replies[i] = reply  # those read before the failure, whole and checked
             continue
         replies.answered.append(node.name)
         for i, reply in zip(indexes, got, strict=True):

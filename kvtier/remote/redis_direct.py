@@ -43,7 +43,7 @@ class Gets(Refusals):
         replies = BulkReplies(connection._sock)
         self.clear()
         header = memoryview(bytearray(self.form.header_bytes))
-        results: list[IOResult] = []
+        results: list[IOResult] = self.done
         for key, dst in zip(self.keys, self.dsts, strict=True):
             payload = payload_view(dst, self.form.raw_bytes)
             if self.asking:
@@ -89,7 +89,7 @@ class Ranges(Refusals):
     def read(self, connection: Any) -> list[IOResult]:
         replies = BulkReplies(connection._sock)
         self.clear()
-        results = []
+        results: list[IOResult] = self.done
         for at, plan in enumerate(self.plans):
             answers = []
             for _, _, views in plan.runs:
@@ -154,7 +154,7 @@ def read_replies(request: Refusals, connection: Any, count: int) -> list[Any]:
     from redis.exceptions import ResponseError
 
     request.clear()
-    replies: list[Any] = []
+    replies = request.done
     for _ in range(count):
         if request.asking:
             with contextlib.suppress(ResponseError):

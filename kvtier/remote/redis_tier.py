@@ -37,7 +37,7 @@ from kvtier.remote.pooled import Request, exchange
 from kvtier.remote.range_reads import RangeRead
 from kvtier.remote.record_log import ENTRY_MAX, LogEntries, LogRead
 from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
-from kvtier.remote.redis_cluster import cluster_exchange
+from kvtier.remote.redis_cluster import ClusterReplies, cluster_exchange
 from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
 from kvtier.remote.slot_map import SlotMapRefresh
 from kvtier.remote.values import ValueFormat, value_key
@@ -63,6 +63,7 @@ class RedisTier(RemoteTier):
         self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
         self.outages = NodeOutages(retry_s, self.describe())  # a cluster's nodes out of service
         self.slot_map = SlotMapRefresh(timeout_s)
+        self._said_cluster = False  # a redis:// URL naming a cluster's node was said
         self.records_passed_over = 0  # entries of the log of token records too large to read
 
     def _connected(self, what: str) -> Any:
@@ -100,7 +101,9 @@ class RedisTier(RemoteTier):
               health: bool = True) -> list[Any] | IOResult:
         """What ``make(indexes)`` asks about ``names[i]``, in one round trip within one
         deadline (one request on one server, one per node on a cluster): a reply per name,
-        or the failure of the whole (a store or a node that does not answer fails it once).
+        or the failure of the whole (a store or a node that does not answer fails it once);
+        one that fails partway keeps the replies read before it, the others answered by
+        the failure (the tier out of service all the same).
         Without ``health`` (the log of token records: hints) a failure takes no one out of
         service."""
         if self.down:
@@ -109,23 +112,47 @@ class RedisTier(RemoteTier):
             client = self._connected(what)
             if isinstance(client, IOResult):
                 return client
+            read: list[Callable[[BaseException], list[Any]]] = []
             try:
-                replies = self._round_trip(client, names, make)
+                replies = self._round_trip(client, names, make, read)
             except Exception as exc:  # the client raises its own errors for every transport fault
-                if not health:  # (hints: a failed read of the log costs that read only)
-                    return IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}")
-                return self._broken(what, exc)
+                # (without health, hints: a failed read of the log costs that read only)
+                failure = (self._broken(what, exc) if health
+                           else IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}"))
+                kept = [exc if r is None else r for r in (read[0](exc) if read else [])]
+                return kept if any(not isinstance(r, BaseException) for r in kept) else failure
         self._succeeded()
         return replies
 
     def _round_trip(self, client: Any, names: Sequence[bytes],
-                    make: Callable[[list[int]], Request[list[Any]]]) -> list[Any]:
+                    make: Callable[[list[int]], Request[list[Any]]],
+                    read: list[Callable[[BaseException], list[Any]]]) -> list[Any]:
+        """The replies to ``make``'s requests. Adds to ``read`` what gives, after a failure
+        (the argument), a reply per name: those read before it, the failure for the rest."""
         if not self._cluster:  # one connection, sent again on a fresh one if it was dead
-            return exchange(client.connection_pool, make(list(range(len(names)))))
+            request = make(list(range(len(names))))
+            read.append(lambda exc: [*request.done, *[exc] * (len(names) - len(request.done))])
+            replies = exchange(client.connection_pool, request)
+            if request.targets:
+                self._cluster_node()
+            return replies
         self.slot_map.start(client)  # where a reply said the map is stale: off this thread
-        replies = cluster_exchange(client, names, make, self.outages)
-        self.slot_map.stale |= replies.stale
-        return list(replies)
+        answers = ClusterReplies(len(names))
+        read.append(lambda _: list(answers))
+        cluster_exchange(client, names, make, self.outages, answers)
+        self.slot_map.stale |= answers.stale
+        return list(answers)
+
+    def _cluster_node(self) -> None:
+        """A reply redirected a key (``MOVED``, ``ASK``): the URL names a node of a cluster
+        as one server. Its keys in other nodes' slots are misses; said once (a warning)."""
+        if self._said_cluster:
+            return
+        self._said_cluster = True
+        log.warning("kvtier: remote tier %s: the store redirected a key (MOVED): it is a node of "
+                    "a Redis cluster, and the keys of other nodes' slots are misses; name it "
+                    "redis+cluster://host:port (rediss+cluster:// with TLS) in remote_url "
+                    "(docs/remote.md)", self.describe())
 
     def _broken(self, what: str, exc: BaseException) -> IOResult:
         """A failed round trip. A cluster client is made anew at the next one, from every

@@ -17,6 +17,7 @@ names, a replica, a store still loading) is kept by ``Refusals``, for every requ
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +158,9 @@ class Refusals:
     connection reaches a replica (``READONLY``). ``asking``, set before ``send``: every
     command is sent after an ``ASKING`` (keys an ``ASK`` sent to this node). A ``LOADING``
     reply (the store still loading its data) fails the round trip: ``settle``, once every
-    reply was read, raises it as redis-py raises it for the commands it reads."""
+    reply was read, raises it as redis-py raises it for the commands it reads. ``done``:
+    the replies read so far, in order (a ``read`` that fails partway leaves there those of
+    the commands before the failure, each whole and checked)."""
 
     asking = False
 
@@ -165,6 +168,7 @@ class Refusals:
         self.stale = self.replica = False
         self.loading = ""
         self.targets: dict[int, Target] = {}
+        self.done: list[Any] = []
 
     def settle(self) -> None:
         """Raise ``redis.exceptions.BusyLoadingError`` when a reply said ``LOADING``."""

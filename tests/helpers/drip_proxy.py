@@ -2,7 +2,9 @@
 passes requests on at once and drips the answers back, ``piece`` bytes every ``pause``
 seconds, so that every receive of a client ends well inside its socket timeout while a
 large answer takes minutes. Every loop is bounded (``stop()``, a closed socket, or
-``lifetime`` seconds per connection)."""
+``lifetime`` seconds per connection). ``answered`` counts the answer bytes passed on, over
+every connection; once ``stall_after`` is set, no byte past that count is passed on (a
+store that stops answering partway through a reply)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ class DripProxy(Loopback):
         self.target_port, self.piece, self.pause, self.lifetime = target_port, piece, pause, lifetime
         self._sockets: list[socket.socket] = []
         self.connections = 0
+        self.answered = 0
+        self.stall_after: int | None = None
         self.start()
 
     def _accepted(self, client: socket.socket) -> None:
@@ -41,6 +45,8 @@ class DripProxy(Loopback):
                     continue
                 if not data:
                     break
+                if piece:
+                    data = self._passed(data)
                 dst.sendall(data)
                 if piece:
                     time.sleep(self.pause)
@@ -50,6 +56,14 @@ class DripProxy(Loopback):
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+    def _passed(self, data: bytes) -> bytes:
+        """What of an answer's ``data`` is passed on: all of it, or up to ``stall_after``."""
+        with self._lock:
+            if self.stall_after is not None:
+                data = data[:max(0, self.stall_after - self.answered)]
+            self.answered += len(data)
+        return data
 
     def stop(self) -> None:
         super().stop()
