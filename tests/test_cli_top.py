@@ -134,6 +134,18 @@ def test_a_remote_store_is_a_tier_and_its_outage_is_shown():
     assert first[10:] == ["0 + 3 remote", "remote_failures 2 (+2)", "2 disk paths, remote store"]
 
 
+def test_a_clusters_nodes_out_alone_are_shown_while_the_store_is_in_service():
+    page = REMOTE_PAGE + "kvtier_remote_nodes_out{backend=\"redis\"} %d\n"
+    view = figures(read(page % (0, 0, 0, 0, 1, 0), 0.0), read(page % (4, 4096, 1024, 2, 1, 1), 1.0))
+    assert (view.remote_up, view.remote_nodes_out) == (1, 1)
+    from rich.console import Console
+
+    console = Console(record=True, width=250)
+    console.print(render([view], 1.0))
+    first = next(cells(line) for line in console.export_text().splitlines() if line.startswith("│"))
+    assert first[-1] == "2 disk paths, 1 remote nodes"
+
+
 SCHEDULER_PAGE = """kvtier_chunks_loaded_total{tier="host"} %d
 kvtier_chunks_loaded_total{tier="disk"} 0
 kvtier_slots{tier="host"} 4

@@ -135,6 +135,7 @@ def test_metrics_count_remote_loads_and_writes(server):
         samples = {s.name: s for s in a.scheduler.metric_samples()}
         assert samples["remote_written_total"].values[()] == 2
         assert samples["remote_up"].values[()] == 1
+        assert samples["remote_nodes_out"].values[()] == 0
         assert (("tier", "remote"),) in samples["chunks_loaded_total"].values
         worker = {s.name: s for s in a.worker.metric_samples()}
         assert worker["worker_remote_writes_total"].values[()] == 2
@@ -426,3 +427,19 @@ def test_a_chunk_whose_write_the_store_missed_is_written_when_found_cached_at_a_
         assert len(list(server.client().scan_iter(match="kvtier:*"))) >= 2
     finally:
         a.close()
+
+
+def test_the_nodes_out_are_those_any_ranks_copy_of_the_tier_found():
+    """Each rank's copy of a cluster's tier knows the nodes it found out of service: the
+    scheduler side counts each node once, whichever copies found it."""
+    from kvtier.connector.scheduler.remote_presence import RemotePresence
+
+    found = (["a:1", "b:1"], ["b:1"], [])
+    copies = [SimpleNamespace(nodes_out=lambda out=out: out, close=lambda: None) for out in found]
+    presence = RemotePresence(copies, wait_s=1)
+    try:
+        assert presence.nodes_out() == 2
+        presence.tiers = copies[2:]
+        assert presence.nodes_out() == 0
+    finally:
+        presence.close()

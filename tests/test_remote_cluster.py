@@ -214,7 +214,7 @@ def test_a_hung_node_costs_its_own_keys_and_the_others_nodes_are_served(cluster)
         assert [r.ok for r in got] == [not v for v in on_victim]
         assert {r.status for r, v in zip(got, on_victim, strict=True) if v} == {IOStatus.TIMED_OUT}
         assert tier.failures == 0 and not tier.down
-        assert tier.outages.names() == [f"127.0.0.1:{victim.port}"]
+        assert tier.outages.names() == tier.nodes_out() == [f"127.0.0.1:{victim.port}"]
         parts = tier.get_parts(keys, [np.zeros(RAW, np.uint8) for _ in keys], [(1,)] * len(keys))
         assert [r.ok for r in parts] == [not v for v in on_victim]
         assert {r.status for r, v in zip(parts, on_victim, strict=True) if v} == {IOStatus.PATH_DOWN}

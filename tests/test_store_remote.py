@@ -259,7 +259,7 @@ def test_a_full_store_refuses_writes_and_the_store_serves_on(tmp_path):
         srv.stop()
 
 
-def test_metrics_show_the_remote_tier_by_backend(server):
+def test_metrics_show_the_remote_tier_by_backend(server, monkeypatch):
     toks = tokens(12, 2)
     with store(server) as a:
         a.put(toks, make_kv(toks))
@@ -268,7 +268,13 @@ def test_metrics_show_the_remote_tier_by_backend(server):
         written = samples["remote_chunks_total"].values
         assert written[(("backend", "redis"), ("direction", "write"))] == 2
         assert samples["remote_up"].values[(("backend", "redis"),)] == 1
+        assert samples["remote_nodes_out"].values[(("backend", "redis"),)] == 0
         assert "remote_queue_depth" in samples
+        # white-box: a cluster's tier with two nodes out of service alone
+        monkeypatch.setattr(a._state.remote.tier, "nodes_out", lambda: ["10.0.0.1:6379", "10.0.0.2:6379"])
+        assert a.stats().remote_nodes_out == 2
+        samples = {s.name: s for s in a.metric_samples()}
+        assert samples["remote_nodes_out"].values[(("backend", "redis"),)] == 2
 
 
 def test_remote_config_is_checked_and_credentials_come_from_the_environment(tmp_path, monkeypatch):

@@ -82,6 +82,7 @@ class EndpointFigures:
     remote_queue_depth: float | None  # remote writes queued or running
     paths_down: float | None  # disk paths out of service now
     remote_up: float | None  # 1 while the remote store is in service, 0 while it is not
+    remote_nodes_out: float | None  # a cluster's nodes out of service alone
     failures: tuple[Failure, ...]  # the counters that are not zero
     hits_halted: float | None = None  # 1 once sampled checks stopped every hit
 
@@ -201,5 +202,6 @@ def figures(before: Scrape | None, after: Scrape,
         remote_queue_depth=after.value("kvtier_remote_queue_depth"),
         paths_down=after.value("kvtier_paths_down"),
         remote_up=after.value("kvtier_remote_up"),
+        remote_nodes_out=after.value("kvtier_remote_nodes_out"),
         failures=_failures(before, after),
         hits_halted=after.value("kvtier_verify_halted"))

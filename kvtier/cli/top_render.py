@@ -36,6 +36,8 @@ def _down_text(view: EndpointFigures) -> str:
         return "-"
     down = [f"{view.paths_down:,.0f} disk paths"] if view.paths_down else []
     down += ["remote store"] * (view.remote_up == 0)
+    if view.remote_up != 0 and view.remote_nodes_out:  # a cluster's nodes out alone
+        down.append(f"{view.remote_nodes_out:,.0f} remote nodes")
     return ", ".join(down + ["hits (wrong KV found)"] * bool(view.hits_halted)) or "none"
 
 

@@ -114,6 +114,12 @@ class RemoteTier(abc.ABC):
         default)."""
         return None
 
+    def nodes_out(self) -> list[str]:
+        """The nodes of the store out of service alone now (a cluster's, by address: their
+        keys are misses while the others serve theirs); [] for a store that goes out of
+        service as one (the default)."""
+        return []
+
     def register(self, memory: np.ndarray) -> None:
         """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):
         a backend that moves bytes by DMA (an RDMA or TCP transfer engine) registers it once

@@ -143,6 +143,9 @@ class RedisTier(RemoteTier):
         self.slot_map.stale |= answers.stale
         return list(answers)
 
+    def nodes_out(self) -> list[str]:
+        return self.outages.names()
+
     def _cluster_node(self) -> None:
         """A reply redirected a key (``MOVED``, ``ASK``): the URL names a node of a cluster
         as one server. Its keys in other nodes' slots are misses; said once (a warning)."""

@@ -51,6 +51,7 @@ class StoreStats:
     remote_failures: int = 0  # lookups, reads and writes that failed: corrupt, timed out, down, full
     remote_dropped_writes: int = 0  # writes skipped under back-pressure
     remote_down: bool = False  # out of service now (after a failed round trip)
+    remote_nodes_out: int = 0  # a cluster's nodes out of service alone now
     chunks_verified: int = 0  # compared with KV computed now (verify_against)
     verify_mismatches: Counter = field(default_factory=Counter)  # found wrong, by tier
 
@@ -178,6 +179,8 @@ def remote_samples(stats: StoreStats, backend: str, queued: int) -> list:
              ("remote_dropped_writes_total", "counter", "Remote writes dropped under "
               "back-pressure", stats.remote_dropped_writes),
              ("remote_queue_depth", "gauge", "Remote writes queued or running", queued),
-             ("remote_up", "gauge", "1 while the remote store is in service", int(not stats.remote_down))]
+             ("remote_up", "gauge", "1 while the remote store is in service", int(not stats.remote_down)),
+             ("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's) out of service "
+              "alone now: their chunks are misses", stats.remote_nodes_out)]
     return [moved, chunks, *(Sample(name, kind, text).add(value, backend=backend)
                              for name, kind, text, value in plain)]

@@ -99,7 +99,10 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
         extra += [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "
                          "for in the remote store").add(presence.lookups),
                   Sample("remote_up", "gauge", "1 while the remote store is in service").add(
-                      int(not presence.down))]
+                      int(not presence.down)),
+                  Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's) "
+                         "out of service alone now: their chunks are misses").add(
+                      presence.nodes_out())]
     tiers = [*stack.indexes, *([TierName.SHARED] if others else []),
              *([TierName.REMOTE] if presence else [])]
     return [loaded, evictions, slots, used, *verify_samples(counters, tiers),

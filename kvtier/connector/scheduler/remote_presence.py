@@ -82,6 +82,11 @@ class RemotePresence:
     def down(self) -> bool:
         return any(tier.down for tier in self.tiers)
 
+    def nodes_out(self) -> int:
+        """The store's nodes out of service alone now (a cluster's), as any rank's copy
+        found them."""
+        return len(set().union(*(tier.nodes_out() for tier in self.tiers)))
+
     @property
     def questions_out(self) -> int:
         """Questions sent and not answered yet."""
