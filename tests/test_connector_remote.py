@@ -136,7 +136,11 @@ def test_metrics_count_remote_loads_and_writes(server):
         assert samples["remote_written_total"].values[()] == 2
         assert samples["remote_up"].values[()] == 1
         assert samples["remote_nodes_out"].values[()] == 0
+        assert samples["remote_records_passed_over_total"].values[()] == 0
         assert (("tier", "remote"),) in samples["chunks_loaded_total"].values
+        a.scheduler.presence.tiers[0].records_passed_over = 3  # white-box: as the log's reader counts
+        samples = {s.name: s for s in a.scheduler.metric_samples()}
+        assert samples["remote_records_passed_over_total"].values[()] == 3
         worker = {s.name: s for s in a.worker.metric_samples()}
         assert worker["worker_remote_writes_total"].values[()] == 2
     finally:

@@ -97,6 +97,7 @@ class RemoteTier(abc.ABC):
         return False
 
     keeps_records = False  # whether ``append_records`` and ``read_records`` do anything
+    records_passed_over = 0  # entries of that log too large to be kvtier's, passed over unread
 
     def append_records(self, items: Sequence[tuple[ChunkKey, bytes]]) -> bool:
         """Append each chunk's token record (``kvtier.io.token_record``) to the store's log

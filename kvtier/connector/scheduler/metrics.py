@@ -102,7 +102,10 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
                       int(not presence.down)),
                   Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's) "
                          "out of service alone now: their chunks are misses").add(
-                      presence.nodes_out())]
+                      presence.nodes_out()),
+                  Sample("remote_records_passed_over_total", "counter", "Entries of the remote "
+                         "store's log of token records passed over unread: far larger than "
+                         "kvtier's (another client's)").add(presence.tiers[0].records_passed_over)]
     tiers = [*stack.indexes, *([TierName.SHARED] if others else []),
              *([TierName.REMOTE] if presence else [])]
     return [loaded, evictions, slots, used, *verify_samples(counters, tiers),
