@@ -38,24 +38,42 @@ def cluster_node(server: RedisServer, proxy: DripProxy) -> Iterator[RedisServer]
         yield server
 
 
-@pytest.mark.parametrize("kind", ["server", "cluster"])
-def test_a_get_that_fails_partway_keeps_the_chunks_read_before_it(tmp_path, kind):
+@contextmanager
+def stalling_tier(workdir, kind: str) -> Iterator[tuple[RedisTier, DripProxy]]:
+    """A tier holding ``KEYS``, on one server or a one-node cluster behind a proxy that can
+    stall its answers (``stall_after``), every connection made."""
     cluster = kind == "cluster"
     extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf") if cluster else ()
-    server = RedisServer(tmp_path / "redis", *extra)
+    server = RedisServer(workdir / "redis", *extra)
     proxy = DripProxy(server.port, piece=1 << 20, pause=0.0, lifetime=120)
     with proxy, cluster_node(server, proxy) if cluster else running(server):
         url = (f"redis+cluster://127.0.0.1:{proxy.port}" if cluster else proxy.url)
         tier = RedisTier(url, NS, RAW, timeout_s=2.0, retry_s=60)
         try:
             assert all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(KEYS)]))
-            assert tier.exists(KEYS) == [True] * len(KEYS)  # every connection made
-            proxy.stall_after = proxy.answered + 3 * reply_bytes() + 100  # into the 4th
-            dsts = [np.zeros(RAW, np.uint8) for _ in KEYS]
-            got = tier.get_many(KEYS, dsts)
-            assert [r.ok for r in got] == [True] * 3 + [False] * 3, got
-            assert all(np.array_equal(dsts[i], chunk(i)) for i in range(3))
-            assert {r.status for r in got[3:]} == {IOStatus.TIMED_OUT}
-            assert tier.down and tier.failures == 1  # out of service all the same
+            assert tier.exists(KEYS) == [True] * len(KEYS)
+            yield tier, proxy
         finally:
             tier.close()
+
+
+@pytest.mark.parametrize("kind", ["server", "cluster"])
+def test_a_get_that_fails_partway_keeps_the_chunks_read_before_it(tmp_path, kind):
+    with stalling_tier(tmp_path, kind) as (tier, proxy):
+        proxy.stall_after = proxy.answered + 3 * reply_bytes() + 100  # into the 4th
+        dsts = [np.zeros(RAW, np.uint8) for _ in KEYS]
+        got = tier.get_many(KEYS, dsts)
+        assert [r.ok for r in got] == [True] * 3 + [False] * 3, got
+        assert all(np.array_equal(dsts[i], chunk(i)) for i in range(3))
+        assert {r.status for r in got[3:]} == {IOStatus.TIMED_OUT}
+        assert tier.down and tier.failures == 1  # out of service all the same
+
+
+@pytest.mark.parametrize("kind", ["server", "cluster"])
+def test_a_put_that_fails_partway_says_which_chunks_were_stored(tmp_path, kind):
+    with stalling_tier(tmp_path, kind) as (tier, proxy):
+        proxy.stall_after = proxy.answered + 3 * len(b"+OK\r\n") + 2  # into the 4th
+        put = tier.put_many([(k, chunk(i)) for i, k in enumerate(KEYS)])
+        assert [r.ok for r in put] == [True] * 3 + [False] * 3, put
+        assert {r.status for r in put[3:]} == {IOStatus.TIMED_OUT}
+        assert tier.down and tier.failures == 1

@@ -224,6 +224,10 @@ def test_a_hung_node_costs_its_own_keys_and_the_others_nodes_are_served(cluster)
         assert tier.outages.failures == 1  # asked once: the round trips after did not wait on it
         assert tier.slot_map.wait(30) and tier.slot_map.refreshes >= 1
         assert tier.failures == 0 and not tier.down
+        time.sleep(2.1)  # past retry_s: asked again, last; its connect (made anew) hangs
+        got = tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])
+        assert [r.ok for r in got] == [not v for v in on_victim]
+        assert tier.outages.failures == 2 and tier.failures == 0 and not tier.down
     finally:
         os.kill(victim.process.pid, signal.SIGCONT)
     deadline = time.monotonic() + 30
@@ -255,13 +259,17 @@ def test_a_redis_url_naming_a_cluster_node_says_to_name_it_as_a_cluster(cluster,
 
 
 def test_a_cluster_whose_every_node_is_hung_takes_the_tier_out(cluster):
-    """Every primary hung: the round trip fails as a whole once every node of the map is
-    out of service (the tier out, as one server's would be), and comes back after."""
+    """Every primary hung: a read of the log of token records fails (a hint: no node taken
+    out); a round trip fails as a whole once every node of the map is out of service (the
+    tier out, as one server's would be), and comes back after."""
     keys = [key(100 + i) for i in range(24)]
     tier = filled_tier(cluster, keys)
+    assert tier.read_records(b"0", 16) is not None
     for node in cluster.nodes:
         os.kill(node.process.pid, signal.SIGSTOP)
     try:
+        assert tier.read_records(b"0", 16) is None  # a hint: its failure takes no node out
+        assert tier.outages.names() == [] and not tier.down and tier.failures == 0
         got = tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])
         assert not any(r.ok for r in got)
         assert tier.failures == 1 and tier.down

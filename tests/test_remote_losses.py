@@ -143,10 +143,10 @@ def test_a_log_read_that_fails_takes_the_store_out_of_service_for_no_lookup(serv
     assert all(r.ok for r in tier.put_many([(key, np.zeros(1 << 16, np.uint8))]))
     real = tier._round_trip
 
-    def log_too_large(client, names, make):
+    def log_too_large(client, names, make, *rest):
         if names[0].startswith(b"kvtier:log:"):
             raise TimeoutError("Timeout reading from socket")
-        return real(client, names, make)
+        return real(client, names, make, *rest)
 
     monkeypatch.setattr(tier, "_round_trip", log_too_large)
     assert tier.read_records(b"0", 16) is None

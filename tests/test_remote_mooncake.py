@@ -7,7 +7,10 @@ interface: one test here starts them there and reports what failed. URLs and the
 client are checked here directly."""
 
 import re
+import signal
 import sys
+from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -19,18 +22,32 @@ from tests.helpers.mooncake_server import run_in_namespace, skip_reason
 GLOG_LINE = re.compile(r"(E +)?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")  # Mooncake's own log lines
 NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
 # pytest, then an exit that skips the interpreter's finalization: Mooncake's client (its Go
-# runtime's signal forwarding) has crashed there (SIGSEGV) after every test had passed
+# runtime's signal forwarding) has crashed there (SIGSEGV) after every test had passed; it
+# has crashed too while pytest printed its last lines, after its report was written
 PYTEST_THEN_EXIT = ("import os, sys, pytest\n"
                     "code = pytest.main(sys.argv[1:])\n"
                     "sys.stdout.flush(); sys.stderr.flush(); os._exit(int(code))")
+
+
+def every_test_passed(report: Path) -> bool:
+    """Whether pytest's JUnit report at ``report`` is there and says tests ran, and every one
+    passed (none failed, raised or was skipped)."""
+    if not report.exists():
+        return False
+    suite = ElementTree.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    return counts["tests"] > 0 and counts["failures"] == counts["errors"] == counts["skipped"] == 0
 
 
 def test_the_store_tests_pass_in_a_private_network_namespace(tmp_path):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
+    report = tmp_path / "inner.xml"
     run = run_in_namespace([sys.executable, "-c", PYTEST_THEN_EXIT, "-q", "-rfEs", "-p", "no:cacheprovider",
                             f"--basetemp={tmp_path / 'inner'}", "-o", "timeout=120",
+                            f"--junitxml={report}",
                             "tests/mooncake_inner_contract.py", "tests/mooncake_inner_tier.py",
                             "tests/mooncake_inner_store.py", "tests/mooncake_inner_records.py",
                             "tests/mooncake_inner_events.py"],
@@ -38,7 +55,9 @@ def test_the_store_tests_pass_in_a_private_network_namespace(tmp_path):
     lines = (run.stdout + run.stderr).splitlines()
     output = "\n".join(line for line in lines if not GLOG_LINE.match(line))
     summary = output.strip().splitlines()[-1] if output.strip() else ""
-    assert run.returncode == 0 and "passed" in summary and "skipped" not in summary, \
+    passed = run.returncode == 0 and "passed" in summary and "skipped" not in summary
+    crashed_after = run.returncode == -signal.SIGSEGV and every_test_passed(report)  # (above)
+    assert passed or crashed_after, \
         f"the Mooncake store tests failed (exit {run.returncode}):\n{output[-12000:]}"
 
 

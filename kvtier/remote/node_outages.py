@@ -3,9 +3,10 @@
 A node that fails a round trip (its connection refused, reset, or no reply before the
 deadline) is out of service for ``retry_s``: its keys are answered at once as failures
 (misses) without asking it, while the other nodes go on serving theirs, and the round trip
-after ``retry_s`` asks it again. Only a round trip in which every node asked failed takes
-the whole tier out of service (``RemoteTier._failed``). Going out is logged once per
-outage (a warning), coming back once (info), the failed retries between at debug.
+after ``retry_s`` asks it again (``on_trial``). Only a round trip that no node answered,
+once every primary of the slot map failed or is out, takes the whole tier out of service
+(``redis_cluster``, ``RemoteTier._failed``). Going out is logged once per outage (a
+warning), coming back once (info), the failed retries between at debug.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ class NodeOutages:
         if time.monotonic() >= until:
             return None
         return NodeOut(f"cluster node {node} out of service (tried again every {self.retry_s:g} s)")
+
+    def on_trial(self, node: str) -> bool:
+        """Whether ``node`` failed and has not answered since, its outage over: the next
+        round trip asks it again (last)."""
+        with self._lock:
+            until = self._until.get(node)
+        return until is not None and time.monotonic() >= until[0]
 
     def failed(self, node: str, exc: BaseException, quiet: bool = False) -> None:
         """Note that ``node`` failed a round trip (``exc``): out of service for ``retry_s``;

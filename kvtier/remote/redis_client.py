@@ -1,7 +1,8 @@
 """The redis-py client a ``RedisTier`` talks through: one server or a cluster, built from
 a parsed URL (``redis_url``), with a socket timeout, no client-side retries, credentials
 from the environment only, and sockets that honour the calling thread's deadline
-(``deadline.bounded``: one bound on a whole round trip, not on each receive)."""
+(``deadline.bounded``: one bound on a whole round trip, not on each receive); and what a
+command's failed reply comes to as a chunk's result (``failed_reply``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvtier.config.redis_url import PASSWORD_ENV, USER_ENV, parse_url
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.remote.deadline import deadline_class
+from kvtier.remote.node_outages import NodeOut
 
 _NO_COMMAND = re.compile(r"no permissions to run the '([^']+)' command", re.IGNORECASE)
 _NO_AUTH = re.compile(r"NOAUTH|authentication required|must be called with the client already "
@@ -110,3 +113,21 @@ def explained(exc: BaseException) -> BaseException:
     if "Cluster mode is not enabled" in text:  # how redis-py reports CLUSTER SLOTS refused
         return ConnectionError(f"{text} (or the ACL user lacks +cluster|slots: {SECURITY})")
     return as_builtin(exc)
+
+
+def answered(reply: IOResult | BaseException) -> IOResult:
+    """A chunk's answer: its ``IOResult``, or the failure of its cluster node (a miss)."""
+    return reply if isinstance(reply, IOResult) else failed_reply("get", reply)
+
+
+def failed_reply(what: str, reply: Any) -> IOResult:
+    """A command refused, or whose cluster node failed or is out of service
+    (``PATH_DOWN``); a refused SET may say the store is full (``maxmemory`` with
+    ``noeviction``: ``NO_SPACE``)."""
+    from redis.exceptions import OutOfMemoryError
+
+    exc = explained(reply)
+    status = (IOStatus.PATH_DOWN if isinstance(reply, NodeOut) else IOStatus.NO_SPACE
+              if isinstance(reply, OutOfMemoryError) else IOStatus.TIMED_OUT
+              if isinstance(exc, TimeoutError) else IOStatus.IO_ERROR)
+    return IOResult(status, 0, f"{what}: {exc}")

@@ -33,7 +33,7 @@ import selectors
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvtier.remote.deadline import expired, time_left
+from kvtier.remote.deadline import bounded, expired, time_left
 from kvtier.remote.node_outages import NodeOutages
 from kvtier.remote.pooled import PooledExchange, Request
 from kvtier.remote.resp import Target
@@ -59,39 +59,43 @@ class ClusterReplies(list[Any]):
 
 def cluster_exchange(client: Any, names: Sequence[bytes],
                      make: Callable[[list[int]], Request[list[Any]]],
-                     outages: NodeOutages, replies: ClusterReplies) -> ClusterReplies:
+                     outages: NodeOutages, replies: ClusterReplies,
+                     health: bool = True) -> ClusterReplies:
     """What ``make(indexes)`` asks (a request about ``names[i]`` for each index, one reply
     each) sent through ``client`` (a ``RedisCluster``) to the node of each name's slot, one
-    request per node (none to a node out of service), then the keys redirected to the nodes
-    named; the replies in the order of ``names``, in ``replies`` (made for as many). Raises
-    the first failure when the cluster is unreachable, as the module says (a slot no node
-    serves too): what ``replies`` holds then is what was read before it."""
+    request per node (none to a node out of service; a node on trial after one, last),
+    then the keys redirected to the nodes named; the replies in the order of ``names``, in
+    ``replies`` (made for as many). Raises the first failure when the cluster is
+    unreachable, as the module says (a slot no node serves too): what ``replies`` holds
+    then is what was read before it. Without ``health`` (hints) no node is taken out."""
     by_node: dict[str, tuple[Any, list[int]]] = {}
     for i, name in enumerate(names):
         node = client.get_node_from_key(name)
         replies[i] = outages.out(node.name)
         if replies[i] is None:
             by_node.setdefault(node.name, (node, []))[1].append(i)
-    redirected = _exchange(client, [(node, make(at), at) for node, at in by_node.values()],
-                           replies)
-    failed = {name: exc for name, exc, _ in replies.failed}
+    trial = {name for name in by_node if outages.on_trial(name)}
+    requests = sorted(((node, make(at), at) for node, at in by_node.values()),
+                      key=lambda request: request[0].name in trial)
+    redirected = _exchange(client, requests, replies)
+    failed = {name: exc for name, exc, own in replies.failed if own}
     unreachable = bool(failed) and not replies.answered and all(
         node.name in failed or outages.out(node.name) for node in client.get_primaries())
-    _settle(replies, outages, quiet=unreachable)
+    _settle(replies, outages, health, quiet=unreachable)
     if unreachable:  # the tier goes out of service, and says so
         raise next(iter(failed.values()))
-    if redirected:
-        _follow(client, redirected, make, replies, outages)
+    if redirected and not expired():
+        _follow(client, redirected, make, replies, outages, health)
     return replies
 
 
-def _settle(replies: ClusterReplies, outages: NodeOutages, quiet: bool = False) -> None:
-    """Each node that answered back in service, each that failed (its own failure) out:
-    ``quiet``, logged at debug only (the whole tier going out says it)."""
+def _settle(replies: ClusterReplies, outages: NodeOutages, health: bool, quiet: bool = False) -> None:
+    """Each node that answered back in service; with ``health`` each that failed (its own
+    failure) out: ``quiet``, logged at debug only (the whole tier going out says it)."""
     for name in replies.answered:
         outages.answered(name)
     for name, exc, own in replies.failed:
-        if own:
+        if own and health:
             outages.failed(name, exc, quiet)
     replies.answered, replies.failed = [], []
 
@@ -116,22 +120,26 @@ def _exchange(client: Any, requests: Requests, replies: ClusterReplies) -> dict[
 def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
               taken: list[tuple[Any, Any]]) -> list[Sent]:
     """Each request sent to its node on a connection of its pool (added to ``taken``); the
-    exchanges sent. A node that fails to take one or to be written fails its keys."""
+    exchanges sent. A node that fails to take one or to be written fails its keys (its
+    own failure unless the deadline had passed before its turn). A connection made now
+    gets its share of the time left (that over the nodes still to write and their reads):
+    a hung node's connect (accepted by its kernel, never answered) holds no other's."""
     sent: list[Sent] = []
-    for node, request, indexes in requests:
+    for at, (node, request, indexes) in enumerate(requests):
+        own, left = not expired(), time_left()
         pool = client.get_redis_connection(node).connection_pool
         try:
-            connection = pool.get_connection()  # (connects a new one: may fail)
+            with bounded(None if left is None else left / (len(requests) - at + 1)):
+                taken.append((pool, pool.get_connection()))  # (made now where none is pooled)
         except Exception as exc:
-            _node_failed(node, indexes, exc, replies)
+            _node_failed(node, indexes, exc, replies, own)
             continue
-        taken.append((pool, connection))
-        exchange = PooledExchange(connection, request)
+        exchange = PooledExchange(taken[-1][1], request)
         try:
             exchange.send()
         except Exception as exc:
-            connection.disconnect()  # out of step
-            _node_failed(node, indexes, exc, replies)
+            taken[-1][1].disconnect()  # out of step
+            _node_failed(node, indexes, exc, replies, own)
             continue
         sent.append((node, exchange, indexes))
     return sent
@@ -197,7 +205,7 @@ def _node_failed(node: Any, indexes: list[int], exc: BaseException, replies: Clu
 
 def _follow(client: Any, redirected: dict[Target, list[int]],
             make: Callable[[list[int]], Request[list[Any]]], replies: ClusterReplies,
-            outages: NodeOutages) -> None:
+            outages: NodeOutages, health: bool) -> None:
     """The keys ``redirected`` asked for again at the nodes named, once; what those nodes
     answer replaces their replies (a node that fails answers its failure)."""
     requests: Requests = []
@@ -212,4 +220,4 @@ def _follow(client: Any, redirected: dict[Target, list[int]],
         request.asking = asking
         requests.append((node, request, indexes))
     _exchange(client, requests, replies)  # a second redirect is not followed
-    _settle(replies, outages)
+    _settle(replies, outages, health)

@@ -10,7 +10,7 @@ answered ``ASK`` again)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -125,8 +125,7 @@ class Sets(Refusals):
         connection.send_packed_command(parts, check_health=False)
 
     def read(self, connection: Any) -> list[Any]:
-        replies = read_replies(self, connection, len(self.items))
-        return [True if r == b"OK" else r for r in replies]
+        return read_replies(self, connection, len(self.items), _stored)
 
 
 class Commands(Refusals):
@@ -147,10 +146,16 @@ class Commands(Refusals):
         return read_replies(self, connection, len(self.commands))
 
 
-def read_replies(request: Refusals, connection: Any, count: int) -> list[Any]:
+def _stored(reply: Any) -> Any:
+    """A SET's reply as ``Sets`` answers it: True once stored."""
+    return True if reply == b"OK" else reply
+
+
+def read_replies(request: Refusals, connection: Any, count: int,
+                 answer: Callable[[Any], Any] = lambda reply: reply) -> list[Any]:
     """The next ``count`` replies to ``request``'s commands (an ``ASKING``'s before each
-    dropped), read whole: a refused command's as its exception (the connection stays in
-    step), noted in ``request``."""
+    dropped), read whole, each as ``answer`` makes it: a refused command's as its
+    exception (the connection stays in step), noted in ``request``."""
     from redis.exceptions import ResponseError
 
     request.clear()
@@ -160,7 +165,7 @@ def read_replies(request: Refusals, connection: Any, count: int) -> list[Any]:
             with contextlib.suppress(ResponseError):
                 connection.read_response()
         try:
-            replies.append(connection.read_response())
+            replies.append(answer(connection.read_response()))
         except ResponseError as refused:
             request.note(len(replies), error_text(refused))
             replies.append(refused)

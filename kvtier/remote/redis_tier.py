@@ -32,11 +32,11 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier, log
 from kvtier.remote.deadline import bounded
-from kvtier.remote.node_outages import NodeOut, NodeOutages
+from kvtier.remote.node_outages import NodeOutages
 from kvtier.remote.pooled import Request, exchange
 from kvtier.remote.range_reads import RangeRead
 from kvtier.remote.record_log import ENTRY_MAX, LogEntries, LogRead
-from kvtier.remote.redis_client import client_module, connect, explained, known_nodes
+from kvtier.remote.redis_client import answered, client_module, connect, explained, failed_reply, known_nodes
 from kvtier.remote.redis_cluster import ClusterReplies, cluster_exchange
 from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
 from kvtier.remote.slot_map import SlotMapRefresh
@@ -101,9 +101,10 @@ class RedisTier(RemoteTier):
               health: bool = True) -> list[Any] | IOResult:
         """What ``make(indexes)`` asks about ``names[i]``, in one round trip within one
         deadline (one request on one server, one per node on a cluster): a reply per name,
-        or the failure of the whole (a store or a node that does not answer fails it once);
-        one that fails partway keeps the replies read before it, the others answered by
-        the failure (the tier out of service all the same).
+        or the failure of the whole (a store, or every node of a cluster, that does not
+        answer fails it once); one that fails partway keeps the replies read before it,
+        the others answered by the failure (the store out of service all the same; on a
+        cluster, the node).
         Without ``health`` (the log of token records: hints) a failure takes no one out of
         service."""
         if self.down:
@@ -114,7 +115,7 @@ class RedisTier(RemoteTier):
                 return client
             read: list[Callable[[BaseException], list[Any]]] = []
             try:
-                replies = self._round_trip(client, names, make, read)
+                replies = self._round_trip(client, names, make, read, health)
             except Exception as exc:  # the client raises its own errors for every transport fault
                 # (without health, hints: a failed read of the log costs that read only)
                 failure = (self._broken(what, exc) if health
@@ -126,9 +127,10 @@ class RedisTier(RemoteTier):
 
     def _round_trip(self, client: Any, names: Sequence[bytes],
                     make: Callable[[list[int]], Request[list[Any]]],
-                    read: list[Callable[[BaseException], list[Any]]]) -> list[Any]:
+                    read: list[Callable[[BaseException], list[Any]]], health: bool) -> list[Any]:
         """The replies to ``make``'s requests. Adds to ``read`` what gives, after a failure
-        (the argument), a reply per name: those read before it, the failure for the rest."""
+        (the argument), a reply per name: those read before it, the failure for the rest.
+        Without ``health`` no cluster node is taken out of service."""
         if not self._cluster:  # one connection, sent again on a fresh one if it was dead
             request = make(list(range(len(names))))
             read.append(lambda exc: [*request.done, *[exc] * (len(names) - len(request.done))])
@@ -139,8 +141,9 @@ class RedisTier(RemoteTier):
         self.slot_map.start(client)  # where a reply said the map is stale: off this thread
         answers = ClusterReplies(len(names))
         read.append(lambda _: list(answers))
-        cluster_exchange(client, names, make, self.outages, answers)
-        self.slot_map.stale |= answers.stale
+        cluster_exchange(client, names, make, self.outages, answers, health)
+        if answers.stale:
+            self.slot_map.mark()
         return list(answers)
 
     def nodes_out(self) -> list[str]:
@@ -231,7 +234,7 @@ class RedisTier(RemoteTier):
         names = [self._key(k) for k in keys]
         got = self._trip("get", names, lambda at: Gets(self._format, pick(names, at),
                                                        pick(keys, at), pick(dsts, at)))
-        return [got] * len(keys) if isinstance(got, IOResult) else [_answer(r) for r in got]
+        return [got] * len(keys) if isinstance(got, IOResult) else [answered(r) for r in got]
 
     def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
                   wanted: Sequence[Collection[int]]) -> list[IOResult]:
@@ -248,7 +251,7 @@ class RedisTier(RemoteTier):
                  for key, dst, parts in zip(keys, dsts, wanted, strict=True)]
         names = [self._key(plan.key) for plan in plans]
         got = self._trip("get", names, lambda at: Ranges(pick(plans, at), pick(names, at)))
-        return [got] * len(plans) if isinstance(got, IOResult) else [_answer(r) for r in got]
+        return [got] * len(plans) if isinstance(got, IOResult) else [answered(r) for r in got]
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
         """SET of each chunk in one pipelined round trip, its bytes sent from the caller's
@@ -262,7 +265,7 @@ class RedisTier(RemoteTier):
                                                            pick(items, at)))
         if isinstance(replies, IOResult):
             return [replies] * len(items)
-        return [IOResult(IOStatus.OK, self.raw_bytes) if r is True else _failure("set", r)
+        return [IOResult(IOStatus.OK, self.raw_bytes) if r is True else failed_reply("set", r)
                 for r in replies]
 
     def close(self) -> None:
@@ -272,27 +275,9 @@ class RedisTier(RemoteTier):
         if client is not None:
             with contextlib.suppress(Exception):  # a broken connection: nothing more to do
                 client.close()
-        self.slot_map.wait(self._timeout_s)  # a refresh under way fails fast on a closed client
+        self.slot_map.close(self._timeout_s)
 
 
 def pick(items: Sequence[T], at: Sequence[int]) -> list[T]:
     """The items at the indexes ``at``, in that order."""
     return [items[i] for i in at]
-
-
-def _answer(reply: IOResult | BaseException) -> IOResult:
-    """A chunk's answer: its ``IOResult``, or the failure of its cluster node (a miss)."""
-    return reply if isinstance(reply, IOResult) else _failure("get", reply)
-
-
-def _failure(what: str, reply: Any) -> IOResult:
-    """A command refused, or whose cluster node failed or is out of service
-    (``PATH_DOWN``); a refused SET may say the store is full (``maxmemory`` with
-    ``noeviction``: ``NO_SPACE``)."""
-    from redis.exceptions import OutOfMemoryError
-
-    exc = explained(reply)
-    status = (IOStatus.PATH_DOWN if isinstance(reply, NodeOut) else IOStatus.NO_SPACE
-              if isinstance(reply, OutOfMemoryError) else IOStatus.TIMED_OUT
-              if isinstance(exc, TimeoutError) else IOStatus.IO_ERROR)
-    return IOResult(status, 0, f"{what}: {exc}")

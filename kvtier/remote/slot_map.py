@@ -33,12 +33,19 @@ class SlotMapRefresh:
         self.stale = False
         self.refreshes = 0  # refreshes over, well or not
         self.failed = 0  # of them, those that failed
+        self._closed = False
+
+    def mark(self) -> None:
+        """A reply said the map is out of date: the next round trip starts a refresh."""
+        with self._lock:
+            self.stale = True
 
     def start(self, client: Any) -> None:
         """Ask ``client`` for its slot map anew on a thread of its own, where the map is
         stale and no refresh runs (the flag cleared: one that fails sets it again)."""
         with self._lock:
-            if not self.stale or (self._thread is not None and self._thread.is_alive()):
+            if self._closed or not self.stale or (self._thread is not None
+                                                   and self._thread.is_alive()):
                 return
             self.stale = False
             self._thread = threading.Thread(target=self._refresh, args=(client,),
@@ -55,6 +62,14 @@ class SlotMapRefresh:
                 self.stale, self.failed = True, self.failed + 1
         with self._lock:
             self.refreshes += 1
+
+    def close(self, timeout_s: float) -> None:
+        """Start no refresh from now on, and wait up to ``timeout_s`` for one under way (its
+        client closed, it ends within its own bound: a daemon thread, never waited on
+        longer)."""
+        with self._lock:
+            self._closed = True
+        self.wait(timeout_s)
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a refresh under way; whether none runs now."""
