@@ -110,7 +110,7 @@ def test_counts_and_failures_show_in_the_snapshot():
     books.failed("load_timeouts", "test timed_out", "no answer")
     books.got([HOST, HOST, DISK], wanted=5)
     books.account_write(IOResult(IOStatus.OK, nbytes=7))
-    stats = books.snapshot(with_disk=True, shared=FollowedCounts(1, 2, 3, 4), remote_down=True)
+    stats = books.snapshot(with_disk=True, shared=FollowedCounts(1, 2, 3, 4), remote=(True, 0))
     assert stats.chunks_stored == 3 and stats.load_timeouts == 1
     assert stats.chunks_loaded == {HOST: 2, DISK: 1} and stats.chunks_missed == 2
     assert (stats.disk_writes, stats.disk_write_bytes) == (1, 7)

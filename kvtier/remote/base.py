@@ -121,6 +121,11 @@ class RemoteTier(abc.ABC):
         service as one (the default)."""
         return []
 
+    def health(self) -> tuple[bool, int]:
+        """Whether the store is out of service now (``down``), and how many of its nodes
+        are alone (``nodes_out``)."""
+        return self.down, len(self.nodes_out())
+
     def register(self, memory: np.ndarray) -> None:
         """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):
         a backend that moves bytes by DMA (an RDMA or TCP transfer engine) registers it once

@@ -240,11 +240,11 @@ class Books:
             self._held.retire_down_paths()
 
     def snapshot(self, with_disk: bool, shared: FollowedCounts | None = None,
-                 remote_down: bool | None = None, remote_nodes_out: int = 0) -> StoreStats:
+                 remote: tuple[bool, int] | None = None) -> StoreStats:
         """A copy of the counters, with the tiers' evictions, demotions and drops, paths out
         of service retired first; ``shared``: other writers' counts as last seen;
-        ``remote_down``: whether the remote store is out of service, ``remote_nodes_out``
-        how many of its nodes are alone."""
+        ``remote``: whether the remote store is out of service, and how many of its nodes
+        are alone."""
         with self._lock:
             stats = self._stats
             stats.evictions = {str(n): i.evictions for n, i in self._in_use(with_disk)}
@@ -253,8 +253,8 @@ class Books:
             if shared is not None:
                 stats.shared_chunks, stats.shared_writers = shared.chunks, shared.writers
                 stats.shared_reclaimed, stats.shared_seats_freed = shared.reclaimed, shared.seats_freed
-            if remote_down is not None:
-                stats.remote_down, stats.remote_nodes_out = remote_down, remote_nodes_out
+            if remote is not None:
+                stats.remote_down, stats.remote_nodes_out = remote
             return stats.snapshot()
 
     # -- at open -------------------------------------------------------------------------

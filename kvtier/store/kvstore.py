@@ -246,8 +246,7 @@ class KVStore:
         others, remote = self._state.others, self._state.remote
         return self._books.snapshot(bool(self.config.disk_paths),
                                     None if others is None else others.counts(),
-                                    None if remote is None else remote.tier.down,
-                                    0 if remote is None else len(remote.tier.nodes_out()))
+                                    None if remote is None else remote.tier.health())
 
     def writers(self) -> list[WriterState]:
         """The other writers of this store's namespace on its disk paths, as last seen

@@ -96,16 +96,7 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
         extra += shared_samples(seen.chunks, seen.writers, seen.reclaimed, seen.seats_freed)
     if presence is not None:
         loaded.add(counters["load_chunks_remote"], tier="remote")
-        extra += [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked "
-                         "for in the remote store").add(presence.lookups),
-                  Sample("remote_up", "gauge", "1 while the remote store is in service").add(
-                      int(not presence.down)),
-                  Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's) "
-                         "out of service alone now: their chunks are misses").add(
-                      presence.nodes_out()),
-                  Sample("remote_records_passed_over_total", "counter", "Entries of the remote "
-                         "store's log of token records passed over unread: far larger than "
-                         "kvtier's (another client's)").add(presence.tiers[0].records_passed_over)]
+        extra += presence_samples(presence)
     tiers = [*stack.indexes, *([TierName.SHARED] if others else []),
              *([TierName.REMOTE] if presence else [])]
     return [loaded, evictions, slots, used, *verify_samples(counters, tiers),
@@ -114,6 +105,21 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
             Sample("loads_skipped_total", "counter", "Hits not loaded: recomputing was "
                    "faster (load_policy auto)").add(decider.skipped),
             Sample("drops_total", "counter", "Chunks evicted from the last tier").add(stack.drops)]
+
+
+def presence_samples(presence: RemotePresence) -> list[Sample]:
+    """The remote store's lookups and health, as the scheduler side sees them."""
+    from kvtier.metrics import Sample
+
+    return [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked for in "
+                   "the remote store").add(presence.lookups),
+            Sample("remote_up", "gauge", "1 while the remote store is in service").add(
+                int(not presence.down)),
+            Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's) out of "
+                   "service alone now: their chunks are misses").add(presence.nodes_out()),
+            Sample("remote_records_passed_over_total", "counter", "Entries of the remote store's "
+                   "log of token records passed over unread: far larger than kvtier's (another "
+                   "client's)").add(presence.tiers[0].records_passed_over)]
 
 
 def verify_samples(counters: Counter, tiers: list[TierName]) -> list[Sample]:
