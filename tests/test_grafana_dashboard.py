@@ -36,8 +36,8 @@ def grouping_labels(board: dict) -> set[str]:
 
 
 def live_samples(tmp_path: Path) -> list[dict]:
-    """Samples of a KVStore with a disk tier and a remote store, a scheduler side and a
-    worker, read live. The remote store is a closed port: a store connects lazily, and one
+    """Samples of a KVStore with a disk tier and a remote store, a scheduler side (the same)
+    and a worker, read live. The remote store is a closed port: a store connects lazily, and one
     out of service serves its remote metrics all the same."""
     pytest.importorskip("redis", reason="the remote extra (redis) is not installed: a store "
                                         "cannot serve its remote tier's metrics")
@@ -48,7 +48,7 @@ def live_samples(tmp_path: Path) -> list[dict]:
                          "remote_url": f"redis://127.0.0.1:{free_port()}"},
                  model="dashboard-test"):
         samples = read_metrics(f"127.0.0.1:{port}")
-    return samples + connector_samples(tmp_path / "disk")
+    return samples + connector_samples(tmp_path / "disk", f"redis://127.0.0.1:{free_port()}")
 
 
 def test_every_metric_the_dashboard_queries_is_served(tmp_path):

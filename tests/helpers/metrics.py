@@ -77,13 +77,15 @@ def served(collect: Callable) -> list[dict]:
         server.close()
 
 
-def connector_samples(disk: Path | None = None) -> list[dict]:
+def connector_samples(disk: Path | None = None, remote_url: str | None = None) -> list[dict]:
     """Samples of a scheduler side (following other engines' segments in ``disk`` when
-    given) and a worker, served and read as the connector serves them
-    (tests/test_readme_serve.py checks a real engine serves these names too)."""
+    given, with the remote store ``remote_url`` when given) and a worker, served and read as
+    the connector serves them (tests/test_readme_serve.py checks a real engine serves these
+    names too)."""
     geometry = KVGeometry(num_layers=2, page_bytes=4096, block_tokens=16, hash_block_tokens=16,
                           chunk_tokens=32, kv_dtype="bfloat16", page_shape="t")
     extra = {} if disk is None else {"disk_paths": [str(disk)], "disk_capacity": "1MiB"}
+    extra |= {} if remote_url is None else {"remote_url": remote_url}
     config = load_config({"chunk_tokens": 32, "host_capacity": 4 * geometry.chunk_bytes,
                           **extra}, environ={})
     side = SchedulerSide(config, geometry, [geometry.namespace("m", "", 1, 0)], 1)
