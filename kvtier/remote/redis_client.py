@@ -58,22 +58,39 @@ def connect(url: str, timeout_s: float, environ: Mapping[str, str],
         "retry": Retry(NoBackoff(), 0), "ssl": url_options.tls, **dict(url_options.client)}
     sockets = deadline_class(SSLConnection if url_options.tls else Connection)
     if url_options.cluster:
-        from redis.cluster import ClusterNode, RedisCluster
-
-        nodes = [(url_options.host, url_options.port), *startup]
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in dict.fromkeys(nodes)],
-                            connection_class=sockets, **options, **no_notifications(RedisCluster))
+        return _cluster(url_options.host, url_options.port, startup, sockets, options)
     client = redis.Redis(host=url_options.host, port=url_options.port, db=url_options.db,
-                         **options, **no_notifications(redis.Redis))
+                         **options, **no_notifications(redis.Redis, options))
     client.connection_pool.connection_class = sockets  # Redis() picks its own for TLS
     return client
 
 
-def no_notifications(client_class: type) -> dict[str, Any]:
+def _cluster(host: str, port: int, startup: Sequence[tuple[str, int]], sockets: type,
+             options: dict[str, Any]) -> Any:
+    """A cluster client whose every node's connections are ``sockets``. Made from a URL (a
+    plain ``redis://`` one: TLS is ``sockets``' and the options' to say), since only then do
+    redis-py's releases before 8.2 build each node's pool from the options, connection
+    class and all (given host and port, they pass the options to ``Redis()``, which refuses
+    a connection class)."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    named = f"[{host}]" if ":" in host else host
+    others = [ClusterNode(h, p) for h, p in dict.fromkeys(startup) if (h, p) != (host, port)]
+    options = {name: value for name, value in options.items() if name != "ssl"}
+    return RedisCluster(url=f"redis://{named}:{port}", startup_nodes=others,
+                        connection_class=sockets, **options,
+                        **no_notifications(RedisCluster, options))
+
+
+def no_notifications(client_class: type, options: Mapping[str, Any]) -> dict[str, Any]:
     """The option that keeps ``client_class``'s connections from turning on maintenance
-    notifications, where it has them (redis-py 8 turns them on by itself on RESP3, and a
-    store that sends them, Redis Software or Cloud, then pushes them among the replies
-    ``resp`` reads by hand: every read failed as an unexpected reply)."""
+    notifications, where it has them and ``options`` ask for RESP3 (redis-py 8 turns them on
+    by itself on RESP3, and a store that sends them, Redis Software or Cloud, then pushes
+    them among the replies ``resp`` reads by hand: every read failed as an unexpected
+    reply). On RESP2 none is given: they are off, and some releases refuse the option
+    there, even to turn them off."""
+    if str(options.get("protocol", 2)) != "3":
+        return {}
     if "maint_notifications_config" not in inspect.signature(client_class).parameters:
         return {}
     from redis.maint_notifications import MaintNotificationsConfig

@@ -62,7 +62,7 @@ class RedisTier(RemoteTier):
         self._cluster = parse_url(url).cluster
         self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
         self.outages = NodeOutages(retry_s, self.describe())  # a cluster's nodes out of service
-        self.slot_map = SlotMapRefresh(timeout_s)
+        self.slot_map = SlotMapRefresh(timeout_s, self._remade)
         self._said_cluster = False  # a redis:// URL naming a cluster's node was said
         self.records_passed_over = 0  # entries of the log of token records too large to read
 
@@ -169,6 +169,17 @@ class RedisTier(RemoteTier):
             if client is not None:
                 self._forget(client)
         return self._failed(what, explained(exc))
+
+    def _remade(self, old: Any) -> bool:
+        """``old`` replaced by a client made anew from every node it knew (``slot_map``);
+        False when another thread replaced or dropped it first."""
+        new = connect(self.url, self._timeout_s, self._environ, known_nodes(old) or self._startup)
+        with self._connecting:
+            if self._client is old:
+                self._client = new
+                return True
+        new.close()
+        return False
 
     def _forget(self, client: Any) -> None:
         """Make the cluster client anew at the next round trip, starting from every node
