@@ -16,8 +16,9 @@ TCP_S = 0.3  # the TCP connect's own time, before the handshake
 
 @pytest.fixture
 def handshakes(monkeypatch):
-    """The connect timeout each TLS handshake was given; the TCP connect takes ``TCP_S``."""
-    given: list[float | None] = []
+    """The connect timeout each TLS handshake was given; the TCP connect takes ``TCP_S``.
+    ``given.sockets``: the timeout of the socket each handshake ran on."""
+    given = Given()
     pairs: list[socket.socket] = []
 
     def tcp(self):
@@ -28,6 +29,7 @@ def handshakes(monkeypatch):
 
     def wrap(self, sock):
         given.append(self.socket_connect_timeout)
+        given.sockets.append(sock.gettimeout())
         return sock
 
     monkeypatch.setattr(redis_connection.Connection, "_connect", tcp)
@@ -37,8 +39,17 @@ def handshakes(monkeypatch):
         sock.close()
 
 
-def tls_connection(timeout: float | None):
-    return deadline_class(redis_connection.SSLConnection)(socket_connect_timeout=timeout)
+class Given(list):
+    sockets: list[float | None]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sockets = []
+
+
+def tls_connection(timeout: float | None, receives: float | None = None):
+    return deadline_class(redis_connection.SSLConnection)(socket_connect_timeout=timeout,
+                                                          socket_timeout=receives)
 
 
 def test_a_tls_handshake_gets_only_the_time_left_after_the_tcp_connect(handshakes):
@@ -48,6 +59,16 @@ def test_a_tls_handshake_gets_only_the_time_left_after_the_tcp_connect(handshake
     assert isinstance(sock, DeadlineSocket)
     assert handshakes[0] is not None and handshakes[0] <= 1.0 - TCP_S
     assert conn.socket_connect_timeout == 5.0  # what the connection asked for, restored
+
+
+def test_the_handshakes_socket_waits_only_the_time_left_then_the_receives_timeout(handshakes):
+    """redis-py before 8.2 leaves the socket at ``socket_timeout`` for the handshake: the
+    socket itself is given the time left, and the receives' timeout once it is over."""
+    conn = tls_connection(timeout=5.0, receives=7.0)
+    with bounded(1.0):
+        sock = conn._connect()
+    assert handshakes.sockets[0] is not None and handshakes.sockets[0] <= 1.0 - TCP_S
+    assert sock.gettimeout() == 7.0
 
 
 def test_without_a_deadline_the_handshake_gets_the_connect_timeout(handshakes):

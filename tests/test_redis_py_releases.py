@@ -1,8 +1,8 @@
 """The Redis tier on the oldest redis-py kvtier takes (pyproject's ``remote`` extra: 5.3),
 whose cluster client builds its nodes, asks for the slot map and drops connections other
 than the release the rest of the suite runs on: the cluster's round trips, redirects and a
-slot moved under load, one server's contract, in a fresh process with that release first
-on its path."""
+slot moved under load, a TLS cluster, a TLS handshake within the deadline, one server's
+contract, in a fresh process with that release first on its path."""
 
 import subprocess
 import sys
@@ -20,6 +20,9 @@ TESTS = ["tests/test_redis_redirects.py",
          "fails_no_other_round_trip",
          "tests/test_remote_cluster.py::test_a_hung_node_costs_its_own_keys_and_the_others_nodes_"
          "are_served",
+         "tests/test_remote_cluster.py::test_a_tls_cluster_gets_the_ca_and_client_certificate_"
+         "the_url_names",
+         "tests/test_deadline_connect.py",
          "tests/test_remote_contract.py"]
 
 

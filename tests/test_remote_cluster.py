@@ -333,3 +333,17 @@ def test_a_slot_moved_under_load_is_a_miss_of_its_key_and_fails_no_other_round_t
     finally:
         tier.close()
         cluster.stop()
+
+
+def test_a_cluster_option_the_installed_redis_py_would_drop_fails_the_start(tmp_path, monkeypatch):
+    """redis-py before 7.4 keeps only the options it knows for a cluster's nodes and drops
+    the rest (``ssl_ca_path``): a tier asked for one fails its start, naming it and the
+    release that keeps it, rather than connect without it."""
+    import redis.cluster
+
+    monkeypatch.setattr(redis.cluster, "REDIS_ALLOWED_KEYS",
+                        tuple(k for k in redis.cluster.REDIS_ALLOWED_KEYS if k != "ssl_ca_path"))
+    url = f"rediss+cluster://127.0.0.1:6379?ssl_ca_path={tmp_path}"
+    with pytest.raises(ValueError, match=r"ssl_ca_path: redis-py .* drops it .* 7\.4 or later"):
+        RedisTier(url, NS, RAW)
+    RedisTier(url.replace("+cluster", ""), NS, RAW).close()  # one server's client keeps it

@@ -108,6 +108,7 @@ class DeadlineMixin:
     handshake after it (redis-py gives the handshake the connect timeout again)."""
 
     socket_connect_timeout: float | None
+    socket_timeout: float | None
 
     def _connect(self) -> Any:
         with self._connect_bounded():
@@ -116,7 +117,11 @@ class DeadlineMixin:
 
     def _wrap_socket_with_ssl(self, sock: Any) -> Any:
         with self._connect_bounded():
-            return super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
+            if self.socket_connect_timeout is not None:  # (redis-py before 8.2 leaves the
+                sock.settimeout(self.socket_connect_timeout)  # socket_timeout set for it)
+            wrapped = super()._wrap_socket_with_ssl(sock)  # type: ignore[misc]
+        wrapped.settimeout(self.socket_timeout)  # what the connection's receives ask for
+        return wrapped
 
     @contextmanager
     def _connect_bounded(self) -> Iterator[None]:

@@ -75,11 +75,29 @@ def _cluster(host: str, port: int, startup: Sequence[tuple[str, int]], sockets: 
     from redis.cluster import ClusterNode, RedisCluster
 
     named = f"[{host}]" if ":" in host else host
-    others = [ClusterNode(h, p) for h, p in dict.fromkeys(startup) if (h, p) != (host, port)]
+    nodes = [ClusterNode(h, p) for h, p in dict.fromkeys([(host, port), *startup])]
     options = {name: value for name, value in options.items() if name != "ssl"}
-    return RedisCluster(url=f"redis://{named}:{port}", startup_nodes=others,
+    return RedisCluster(url=f"redis://{named}:{port}", startup_nodes=nodes,  # the URL's first
                         connection_class=sockets, **options,
                         **no_notifications(RedisCluster, options))
+
+
+def check_client(url: str) -> None:
+    """Raise ``ImportError`` when the client is missing (``client_module``), and
+    ``ValueError`` when ``url`` names a cluster with an option this redis-py drops for a
+    cluster's nodes (before 7.4: ``ssl_ca_path``; before 7.0 ``ssl_check_hostname`` too):
+    its nodes would connect without it."""
+    redis = client_module()
+    url_options = parse_url(url)
+    if not url_options.cluster:
+        return
+    from redis.cluster import REDIS_ALLOWED_KEYS
+
+    dropped = [name for name, _ in url_options.client if name not in REDIS_ALLOWED_KEYS]
+    if dropped:
+        raise ValueError(f"remote_url: {', '.join(dropped)}: redis-py {redis.__version__} "
+                         "drops it for a cluster's nodes; install redis-py 7.4 or later "
+                         "(pip install 'redis>=7.4'), or leave it out")
 
 
 def no_notifications(client_class: type, options: Mapping[str, Any]) -> dict[str, Any]:

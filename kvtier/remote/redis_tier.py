@@ -36,7 +36,7 @@ from kvtier.remote.node_outages import NodeOutages
 from kvtier.remote.pooled import Request, exchange
 from kvtier.remote.range_reads import RangeRead
 from kvtier.remote.record_log import ENTRY_MAX, LogEntries, LogRead
-from kvtier.remote.redis_client import answered, client_module, connect, explained, failed_reply, known_nodes
+from kvtier.remote.redis_client import answered, check_client, connect, explained, failed_reply, known_nodes
 from kvtier.remote.redis_cluster import ClusterReplies, cluster_exchange
 from kvtier.remote.redis_direct import Commands, Gets, Ranges, Sets
 from kvtier.remote.slot_map import SlotMapRefresh
@@ -56,7 +56,7 @@ class RedisTier(RemoteTier):
         self.url, self._ns, self._prefix = check_url(url), namespace.digest(), prefix
         self._format = ValueFormat(self._ns, raw_bytes, parts)
         self._timeout_s, self._environ = timeout_s, os.environ if environ is None else environ
-        client_module()  # a missing client fails the start, not the first round trip
+        check_client(url)  # a missing client fails the start, not the first round trip
         self._client: Any = None  # connected on first use: a store down at start is a miss
         self._connecting = threading.Lock()
         self._cluster = parse_url(url).cluster

@@ -55,6 +55,8 @@ class SlotMapRefresh:
     def start(self, client: Any) -> None:
         """Ask ``client`` for its slot map anew on a thread of its own, where the map is
         stale and no refresh runs (the flag cleared: one that fails sets it again)."""
+        if self._retired:
+            self._retire(None)  # those replaced long enough ago closed
         with self._lock:
             if self._closed or not self.stale or (self._thread is not None
                                                    and self._thread.is_alive()):
@@ -79,9 +81,11 @@ class SlotMapRefresh:
             self.refreshes += 1
 
     def _retire(self, client: Any) -> None:
-        """``client``, replaced, closed later; those replaced long enough ago closed now."""
+        """``client`` (None: none), replaced, closed later; those replaced long enough ago
+        closed now."""
         with self._lock:
-            self._retired.append((client, time.monotonic()))
+            if client is not None:
+                self._retired.append((client, time.monotonic()))
             due = time.monotonic() - self._timeout_s * RETIRED_TIMEOUTS
             done = [old for old, at in self._retired if at <= due]
             self._retired = [(old, at) for old, at in self._retired if at > due]
