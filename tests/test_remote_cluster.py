@@ -238,6 +238,47 @@ def test_a_hung_node_costs_its_own_keys_and_the_others_nodes_are_served(cluster)
     tier.close()
 
 
+def pooled_sockets(tier: RedisTier, port: int) -> set[int]:
+    """The sockets of the connections the tier's client keeps pooled for the node at ``port``."""
+    node = tier._client.get_node(host="127.0.0.1", port=port)
+    pool = tier._client.get_redis_connection(node).connection_pool
+    return {id(c._sock) for c in pool._available_connections if c._sock is not None}
+
+
+def test_a_node_hung_while_written_costs_its_keys_and_keeps_the_other_nodes_connections(cluster):
+    """The node written first stops (SIGSTOP) with a write of 16 MiB to it under way: its
+    send runs out the round trip's deadline. The nodes whose turn came after it fail their
+    keys, are not taken out, and their pooled connections stay as they were (none taken,
+    so none dropped); the next round trip serves them on those connections."""
+    raw = 1 << 20
+    keys = [key(300 + i) for i in range(48)]
+    victim = holder(cluster, keys[0])
+    data = [(k, np.full(raw, i, np.uint8)) for i, k in enumerate(keys)]
+    on_victim = [holder(cluster, k) is victim for k in keys]
+    assert sum(on_victim) >= 8  # 8 MiB or more: past what a stopped node's sockets take
+    tier = RedisTier(cluster.url, NS, raw, timeout_s=1.0, retry_s=60)
+    try:
+        for _ in range(10):  # on a loaded machine a first connection may take over the deadline
+            if all(r.ok for r in tier.put_many(data)):
+                break
+        others = [n.port for n in cluster.nodes if n is not victim]
+        before = {port: pooled_sockets(tier, port) for port in others}
+        assert all(before.values())
+        os.kill(victim.process.pid, signal.SIGSTOP)
+        try:
+            put = tier.put_many(data)
+            assert not any(r.ok for r in put)
+            assert {r.status for r in put} == {IOStatus.TIMED_OUT}
+            assert tier.outages.names() == [f"127.0.0.1:{victim.port}"] and not tier.down
+            assert {port: pooled_sockets(tier, port) for port in others} == before
+            again = tier.put_many(data)
+            assert [r.ok for r in again] == [not v for v in on_victim]
+        finally:
+            os.kill(victim.process.pid, signal.SIGCONT)
+    finally:
+        tier.close()
+
+
 def test_a_redis_url_naming_a_cluster_node_says_to_name_it_as_a_cluster(cluster, caplog):
     """``redis://`` naming one node of a cluster: the keys of its own slots are served, the
     others are misses (redirected), and a warning says, once, to use ``redis+cluster://``."""

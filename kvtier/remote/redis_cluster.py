@@ -120,26 +120,32 @@ def _exchange(client: Any, requests: Requests, replies: ClusterReplies) -> dict[
 def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
               taken: list[tuple[Any, Any]]) -> list[Sent]:
     """Each request sent to its node on a connection of its pool (added to ``taken``); the
-    exchanges sent. A node that fails to take one or to be written fails its keys (its
-    own failure unless the deadline had passed before its turn). A connection made now
-    gets its share of the time left (that over the nodes still to write and their reads):
-    a hung node's connect (accepted by its kernel, never answered) holds no other's."""
+    exchanges sent. A node that fails to take one or to be written fails its keys, as its
+    own failure. A connection made now gets its share of the time left (that over the
+    nodes still to write and their reads): a hung node's connect (accepted by its kernel,
+    never answered) holds no other's. A node whose turn comes once the deadline has passed
+    (a hung node's send took it) fails its keys, not its own failure, and no connection
+    of its pool is taken: its pooled ones stay in step, kept for the next round trip."""
     sent: list[Sent] = []
     for at, (node, request, indexes) in enumerate(requests):
-        own, left = not expired(), time_left()
+        if expired():
+            _node_failed(node, indexes, TimeoutError(
+                "not sent: another node of the cluster took the round trip's time"), replies, False)
+            continue
+        left = time_left()
         pool = client.get_redis_connection(node).connection_pool
         try:
             with bounded(None if left is None else left / (len(requests) - at + 1)):
                 taken.append((pool, pool.get_connection()))  # (made now where none is pooled)
         except Exception as exc:
-            _node_failed(node, indexes, exc, replies, own)
+            _node_failed(node, indexes, exc, replies)
             continue
         exchange = PooledExchange(taken[-1][1], request)
         try:
             exchange.send()
         except Exception as exc:
             taken[-1][1].disconnect()  # out of step
-            _node_failed(node, indexes, exc, replies, own)
+            _node_failed(node, indexes, exc, replies)
             continue
         sent.append((node, exchange, indexes))
     return sent
