@@ -27,6 +27,7 @@ class FakeEngine:
         self._errors: dict[str, BaseException] = {}
         self._refusing = False
         self.submitted = dict.fromkeys(queues, 0)
+        self.drains_timed_out = 0  # waits for every job that ended first (a slow drive)
         self.started = threading.Semaphore(0)  # released as each held job begins to wait
         self._held: dict[str, list[tuple[threading.Event, threading.Event]]] = {
             name: [] for name in queues}  # each held job's (turn, over), in arrival order
@@ -110,7 +111,9 @@ class FakeEngine:
         return self._engine.pending(queue_name)
 
     def drain(self, timeout: float | None = None) -> bool:
-        return self._engine.drain(timeout)
+        drained = self._engine.drain(timeout)
+        self.drains_timed_out += not drained
+        return drained
 
     def close(self, timeout: float | None = None) -> bool:
         return self._engine.close(timeout)
