@@ -227,7 +227,8 @@ class StoreMachine(RuleBasedStateMachine):
         stats = self.store.stats()
         names = ("corruptions", "io_errors", "no_space", "torn_slots", "load_timeouts",
                  "chunks_skipped", "dropped_writes", "drops", "paths_down")
-        return ", ".join(f"{name}={getattr(stats, name)}" for name in names)
+        return ", ".join([f"{name}={getattr(stats, name)}" for name in names]
+                         + [f"waits for the disk run out={self.engine.drains_timed_out}"])
 
     @invariant()
     def no_faults(self):
