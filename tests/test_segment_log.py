@@ -412,6 +412,39 @@ def test_neighbouring_chunks_of_another_writer_move_in_one_call_each_checked(tmp
     tier.close()
 
 
+def test_a_compressed_chunk_whose_log_says_a_longer_payload_than_its_slot_is_corrupt(tmp_path):
+    """A writer's log naming a payload longer than its slot's header says (a stale record,
+    or a hostile one) never has bytes the slot's checksum does not cover decoded: CORRUPT."""
+    import dataclasses
+
+    from kvtier.io.buffers import AlignedBuffer
+    from kvtier.io.format import HEADER_BYTES, decode_header
+    from kvtier.shared.reads import OtherReads
+    from kvtier.shared.view import SharedView
+    from tests.helpers.cowriter import write_log
+
+    tier = make_tier([tmp_path], writers=["a"], compression=True)
+    flat = AlignedBuffer(RAW, pin=False)
+    flat.array[:] = 7  # compresses well
+    assert tier.write(0, key(0), flat.array).ok
+    (slots,) = tmp_path.glob("*/writers/a/slots-0000.kvt")
+    header = decode_header(slots.read_bytes()[:HEADER_BYTES])
+    assert header.codec is not Codec.NONE and header.payload_bytes < RAW
+    reads = OtherReads([str(tmp_path)], NS, RAW, tier.stride, [False])
+    out = AlignedBuffer(RAW, pin=False)
+    for extra, ok in ((0, True), (64, False)):
+        told = dataclasses.replace(header, payload_bytes=header.payload_bytes + extra)
+        write_log(tmp_path, "a", [(0, told.encode()[:INDEX_ENTRY_BYTES])])
+        view = SharedView([str(tmp_path)], NS, RAW, ("b",), 30)
+        view.refresh()
+        got = reads.read_many([(view.ref(view.find(key(0))), out.array)])[0]
+        assert got.ok is ok, got
+        assert ok or "where the slot was recorded" in got.detail
+        view.close()
+    reads.close()
+    tier.close()
+
+
 def test_records_encoded_at_once_are_those_encoded_one_by_one():
     rng = np.random.default_rng(7)
     pairs = [(int(slot), rng.bytes(INDEX_ENTRY_BYTES)) for slot in rng.integers(0, 2**40, 300)]

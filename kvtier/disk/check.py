@@ -17,7 +17,7 @@ from kvtier.keys import ChunkKey
 
 def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray], got: int,
                  codec: Codec, ns_digest: bytes, raw_bytes: int, verify_payload: bool,
-                 wanted: Sequence[tuple[int, int]] | None = None) -> str:
+                 wanted: Sequence[tuple[int, int]] | None = None, stored: int | None = None) -> str:
     """Why the slot read into ``header_buf`` and ``payload`` (pieces in order; ``got``
     payload bytes arrived)
     does not hold chunk ``key`` of namespace ``ns_digest`` as written with ``codec``; empty
@@ -25,7 +25,9 @@ def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray
     the whole payload must have arrived and, with ``verify_payload``, match its checksum.
 
     With ``wanted`` (a read of some parts: the (size, index) of each part the slot must be
-    in, and which of them were read) only those parts were read and are checked."""
+    in, and which of them were read) only those parts were read and are checked. With
+    ``stored`` (the payload length the reader's index or a writer's log gives, which it
+    decodes) the header's must be the same: no byte its checksum does not cover is used."""
     try:
         header = decode_header(header_buf.data)
     except HeaderError as exc:
@@ -39,6 +41,8 @@ def slot_problem(header_buf: np.ndarray, key: ChunkKey, payload: list[np.ndarray
         return "slot header does not match what was written"
     if codec is Codec.NONE and header.payload_bytes != raw_bytes:
         return f"uncompressed payload of {header.payload_bytes} bytes, the chunk has {raw_bytes}"
+    if stored is not None and header.payload_bytes != stored:
+        return f"payload of {header.payload_bytes} bytes, {stored} where the slot was recorded"
     if got < header.payload_bytes:
         return f"payload truncated: {max(got, 0)} of {header.payload_bytes} bytes"
     if verify_payload and not _payload_ok(header, payload):

@@ -81,7 +81,7 @@ def checked(key: ChunkKey, dst: Target, codec: Codec, stored: int, landed: Landi
     its payload decoded into ``dst`` when compressed; else CORRUPT, ``dst`` junk."""
     header_buf, payload, _ = landed
     problem = slot_problem(header_buf, key, payload, arrived - HEADER_BYTES, codec,
-                           ns_digest, raw_bytes, verify_payload)
+                           ns_digest, raw_bytes, verify_payload, stored=stored)
     if problem:
         return IOResult(IOStatus.CORRUPT, arrived, problem)
     if codec is not Codec.NONE:

@@ -117,7 +117,10 @@ class LogFollower:
     Memory is bounded: a record naming a slot at or past ``max_slots`` counts in ``bad``,
     and ``refresh(room=n)`` keeps at most ``n`` slots known (records of further slots are
     passed over, their chunks unknown, and counted in ``over``). Never raises for what the
-    files hold; an ``OSError`` opening the segment's files propagates."""
+    files hold; an ``OSError`` opening or reading the segment's files propagates, and
+    every key the caller may know of and ``slots`` no longer names (dropped by a reset
+    before it, replaced by records read before it) is then in ``forgotten()``: a caller
+    that lets the writer go drops ``slots`` and ``forgotten()``."""
 
     _STUCK_LIMIT = 3
 
@@ -148,6 +151,18 @@ class LogFollower:
         if self._fd < 0:
             return reset, []
         changed: dict[int, tuple[ChunkKey | None, SlotHeader | None]] = {}
+        try:
+            self._read(budget, changed)
+        except OSError:  # ``slots`` has changes the caller never gets: what they replaced
+            for slot, (old, _) in changed.items():  # is handed over with what a reset drops
+                if old is not None:
+                    self._forgotten.setdefault(slot, old)
+            raise
+        return reset, [LogChange(slot, new, old) for slot, (old, new) in changed.items()]
+
+    def _read(self, budget: int, changed: dict[int, tuple[ChunkKey | None, SlotHeader | None]]) -> None:
+        """Read and apply at most ``budget`` bytes of records appended, noting each slot
+        changed in ``changed`` (its key before this refresh, its header now)."""
         size = os.fstat(self._fd).st_size
         while self._offset + RECORD_BYTES <= size:
             want = min(size - self._offset, self._piece, budget) // RECORD_BYTES * RECORD_BYTES
@@ -164,7 +179,6 @@ class LogFollower:
             self._piece = min(READ_PIECE, 2 * self._piece)
             if len(data) < want:  # the file is shorter than it was: cut meanwhile
                 break
-        return reset, [LogChange(slot, new, old) for slot, (old, new) in changed.items()]
 
     def _apply(self, data: bytes, size: int,
                changed: dict[int, tuple[ChunkKey | None, SlotHeader | None]]) -> int:

@@ -117,7 +117,10 @@ def writer_states(followed: dict[tuple[int, str], Followed],
     return [WriterState(w, lives[w], chunks[w], leases[w]) for w in sorted(chunks)]
 
 
-def chunk_of(sources: dict[int, Followed], key: ChunkKey, copy: Copy) -> OtherChunk:
-    """``copy`` of ``key`` as the chunk of the segment it is in (``sources``, by number)."""
-    by = sources[copy.source]  # the segment followed
+def chunk_of(sources: dict[int, Followed], key: ChunkKey, copy: Copy) -> OtherChunk | None:
+    """``copy`` of ``key`` as the chunk of the segment it is in (``sources``, by number);
+    None when that segment is no longer followed."""
+    by = sources.get(copy.source)  # the segment followed
+    if by is None:
+        return None
     return OtherChunk(by.writer, by.path, copy.slot, key, copy.codec, copy.payload_bytes)

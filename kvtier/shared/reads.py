@@ -163,7 +163,7 @@ class OtherReads:
             self._let_go(chunk, number)
             return short_read(chunk.writer, got, HEADER_BYTES + chunk.payload_bytes)
         problem = slot_problem(header_buf, ChunkKey(chunk.key), [payload], got - HEADER_BYTES,
-                               codec, self._digest, self._raw_bytes, True)
+                               codec, self._digest, self._raw_bytes, True, stored=chunk.payload_bytes)
         if problem:
             return IOResult(IOStatus.CORRUPT, max(got, 0), f"writer {chunk.writer}: {problem}")
         if compressed:

@@ -84,18 +84,16 @@ class SharedView:
         self._over_said = False  # whether passing over slots past max_slots was said
         self.on_let_go: Callable[[int, str], None] | None = None  # (path, writer) no longer followed
 
-    @property
-    def reclaimed(self) -> int:
-        return self._upkeep.reclaimed
-
-    @property
-    def seats_freed(self) -> int:
-        return self._upkeep.seats_freed
+    reclaimed = property(lambda self: self._upkeep.reclaimed)
+    seats_freed = property(lambda self: self._upkeep.seats_freed)
 
     def find(self, key: ChunkKey) -> OtherChunk | None:
-        with self._lock:
-            copy = self._index.first(key)
-            return None if copy is None else chunk_of(self._sources, key, copy)
+        with self._lock:  # a copy of a segment no longer followed is dropped, never served
+            while (copy := self._index.first(key)) is not None:
+                if (chunk := chunk_of(self._sources, key, copy)) is not None:
+                    return chunk
+                self._index.remove(key, copy.source, copy.slot)
+            return None
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
@@ -121,7 +119,8 @@ class SharedView:
             self._index.listener = lambda key, copy: listener(
                 key, None if copy is None else chunk_of(self._sources, key, copy))
             held, sources = self._index.packed_items(), dict(self._sources)
-        return [chunk_of(sources, key, unpack(packed)) for key, packed in held]
+        chunks = (chunk_of(sources, key, unpack(packed)) for key, packed in held)
+        return [chunk for chunk in chunks if chunk is not None]
 
     def generation(self, path: int, writer: str) -> int:
         """How many times that writer's log started over (its files may be new since)."""
@@ -283,8 +282,9 @@ class SharedView:
         return self._followed.pop(key, None)
 
     def _let_go(self, followed: Followed | None) -> None:
-        if followed is not None:
+        if followed is not None:  # every key it named: what it holds, what it dropped
             self._drop_slots(followed.source, followed.follower.slots)
+            self._drop_slots(followed.source, followed.follower.forgotten())
             with self._lock:
                 self._sources.pop(followed.source, None)
             followed.close()
