@@ -231,9 +231,13 @@ def test_a_hung_node_costs_its_own_keys_and_the_others_nodes_are_served(cluster)
     finally:
         os.kill(victim.process.pid, signal.SIGCONT)
     deadline = time.monotonic() + 30
-    while not all(r.ok for r in tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])):
+    while True:
+        ok = [r.ok for r in tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])]
+        if any(o and v for o, v in zip(ok, on_victim, strict=True)):
+            break
         assert time.monotonic() < deadline, "the node never came back"
         time.sleep(0.2)
+    assert all(ok)  # its trial asked for every one of its keys, not only the first
     assert tier.outages.names() == [] and tier.exists(keys) == [True] * len(keys)
     tier.close()
 
@@ -276,6 +280,37 @@ def test_a_node_hung_while_written_costs_its_keys_and_keeps_the_other_nodes_conn
         finally:
             os.kill(victim.process.pid, signal.SIGCONT)
     finally:
+        tier.close()
+
+
+def test_round_trips_at_once_after_retry_s_leave_the_hung_nodes_trial_to_one(cluster):
+    """A node still hung once its ``retry_s`` is over: of six round trips that start
+    together, one asks it (its trial) and waits out the deadline; the others answer its keys
+    at once and serve every other node's, and the node fails once more, not six times."""
+    keys = [key(500 + i) for i in range(24)]
+    tier = filled_tier(cluster, keys)
+    victim = holder(cluster, keys[0])
+    on_victim = [holder(cluster, k) is victim for k in keys]
+    os.kill(victim.process.pid, signal.SIGSTOP)
+    try:
+        tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])
+        assert tier.outages.failures == 1
+        time.sleep(2.1)  # past retry_s
+        start, results = threading.Barrier(6), []
+
+        def look() -> None:
+            start.wait()
+            results.append([r.ok for r in tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])])
+
+        threads = [threading.Thread(target=look) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert results == [[not v for v in on_victim]] * 6
+        assert tier.outages.failures == 2 and not tier.down
+    finally:
+        os.kill(victim.process.pid, signal.SIGCONT)
         tier.close()
 
 
@@ -323,6 +358,40 @@ def test_a_cluster_whose_every_node_is_hung_takes_the_tier_out(cluster):
         assert time.monotonic() < deadline, "the tier never came back"
         time.sleep(0.2)
     tier.close()
+
+
+def test_after_the_whole_cluster_was_out_a_node_still_hung_costs_its_own_keys(cluster):
+    """Every primary hung (the tier out), then all but one answer again: the one still hung
+    is the URL's node, which holds slot 0 (redis-py asks it first for the slot map, or for
+    its commands). Once ``retry_s`` has passed the other nodes' keys are served: the client
+    is kept (a client made anew in a round trip would spend its deadline on that node, and
+    fail it for every node), and the hung node's keys are misses."""
+    keys = [key(400 + i) for i in range(24)]
+    tier = filled_tier(cluster, keys)
+    hung = cluster.nodes[0]
+    assert cluster.url.endswith(f":{hung.port}") and holder(cluster, key(400)) is not None
+    on_hung = [holder(cluster, k) is hung for k in keys]
+    assert any(on_hung) and not all(on_hung)
+    for node in cluster.nodes:
+        os.kill(node.process.pid, signal.SIGSTOP)
+    try:
+        assert not any(r.ok for r in tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys]))
+        assert tier.down
+        for node in cluster.nodes[1:]:
+            os.kill(node.process.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while True:
+            got = [r.ok for r in tier.get_many(keys, [np.zeros(RAW, np.uint8) for _ in keys])]
+            assert not any(ok and h for ok, h in zip(got, on_hung, strict=True))
+            if got == [not h for h in on_hung]:
+                break
+            assert time.monotonic() < deadline, "the other nodes' keys were never served again"
+            time.sleep(0.2)
+        assert not tier.down and tier.outages.names() == [f"127.0.0.1:{hung.port}"]
+    finally:
+        for node in cluster.nodes:
+            os.kill(node.process.pid, signal.SIGCONT)
+        tier.close()
 
 
 def test_a_slot_moved_under_load_is_a_miss_of_its_key_and_fails_no_other_round_trip(tmp_path):

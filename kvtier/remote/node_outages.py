@@ -2,11 +2,14 @@
 
 A node that fails a round trip (its connection refused, reset, or no reply before the
 deadline) is out of service for ``retry_s``: its keys are answered at once as failures
-(misses) without asking it, while the other nodes go on serving theirs, and the round trip
-after ``retry_s`` asks it again (``on_trial``). Only a round trip that no node answered,
-once every primary of the slot map failed or is out, takes the whole tier out of service
-(``redis_cluster``, ``RemoteTier._failed``). Going out is logged once per outage (a
-warning), coming back once (info), the failed retries between at debug.
+(misses) without asking it, while the other nodes go on serving theirs. The first round
+trip after ``retry_s`` asks it again (its trial: ``admit`` claims it, ``on_trial``); the
+round trips beside that one, on other threads, still answer its keys at once, so a node
+that is still hung holds one caller's deadline a ``retry_s``, not every caller's. Only a
+round trip that no node answered, once every primary of the slot map failed or is out,
+takes the whole tier out of service (``redis_cluster``, ``RemoteTier._failed``). Going
+out is logged once per outage (a warning), coming back once (info), the failed retries
+between at debug.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("kvtier")
 
@@ -25,28 +29,46 @@ class NodeOut(ConnectionError):
 class NodeOutages:
     """Which nodes of one cluster are out of service now, by name (``host:port``)."""
 
-    def __init__(self, retry_s: float, store: str) -> None:
-        self.retry_s, self._store = retry_s, store
+    def __init__(self, retry_s: float, store: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.retry_s, self._store, self._clock = retry_s, store, clock
         self._lock = threading.Lock()
-        # a node that failed: until its next try, and whether its outage was logged (kept
-        # until it answers)
-        self._until: dict[str, tuple[float, bool]] = {}
+        # a node that failed: until its next try, whether its outage was logged (kept
+        # until it answers), and whether a round trip claimed its trial
+        self._until: dict[str, tuple[float, bool, bool]] = {}
         self.failures = 0  # round trips of one node that failed
 
-    def out(self, node: str) -> NodeOut | None:
-        """The answer for a key on ``node`` while it is out of service, else None."""
-        with self._lock:
-            until = self._until.get(node, (0.0, False))[0]
-        if time.monotonic() >= until:
-            return None
+    def _answer(self, node: str) -> NodeOut:
         return NodeOut(f"cluster node {node} out of service (tried again every {self.retry_s:g} s)")
 
-    def on_trial(self, node: str) -> bool:
-        """Whether ``node`` failed and has not answered since, its outage over: the next
-        round trip asks it again (last)."""
+    def out(self, node: str) -> NodeOut | None:
+        """The answer for a key on ``node`` while it is out of service (its trial claimed
+        by another round trip too), else None. Claims nothing."""
         with self._lock:
-            until = self._until.get(node)
-        return until is not None and time.monotonic() >= until[0]
+            until = self._until.get(node, (0.0, False, False))[0]
+        return self._answer(node) if self._clock() < until else None
+
+    def admit(self, node: str) -> NodeOut | None:
+        """``out``, asked once by a round trip about to ask ``node``: None where it may, and
+        then, for a node whose outage is over, that round trip claims its trial: out for
+        every other one until it answers or fails, or ``retry_s`` has passed again (a
+        trial that never reached it)."""
+        now = self._clock()
+        with self._lock:
+            entry = self._until.get(node)
+            if entry is None:
+                return None
+            if now < entry[0]:
+                return self._answer(node)
+            self._until[node] = (now + self.retry_s, entry[1], True)
+            return None
+
+    def on_trial(self, node: str) -> bool:
+        """Whether ``node`` failed and has not answered since, and a round trip claimed its
+        trial (``admit``): that one asks it, last."""
+        with self._lock:
+            entry = self._until.get(node)
+        return entry is not None and entry[2]
 
     def failed(self, node: str, exc: BaseException, quiet: bool = False) -> None:
         """Note that ``node`` failed a round trip (``exc``): out of service for ``retry_s``;
@@ -54,8 +76,8 @@ class NodeOutages:
         of service is logged instead)."""
         with self._lock:
             self.failures += 1
-            warned = self._until.get(node, (0.0, False))[1]  # for this outage already
-            self._until[node] = (time.monotonic() + self.retry_s, warned or not quiet)
+            warned = self._until.get(node, (0.0, False, False))[1]  # for this outage already
+            self._until[node] = (self._clock() + self.retry_s, warned or not quiet, False)
         if not (warned or quiet):
             log.warning("kvtier: remote tier %s: cluster node %s failed (%s); its keys are misses, "
                         "it is tried again every %g s", self._store, node, exc, self.retry_s)
@@ -68,12 +90,12 @@ class NodeOutages:
         if node not in self._until:  # (no lock: the common case, a node never out)
             return
         with self._lock:
-            logged = self._until.pop(node, (0.0, False))[1]
+            logged = self._until.pop(node, (0.0, False, False))[1]
         if logged:
             log.info("kvtier: remote tier %s: cluster node %s is back in service", self._store, node)
 
     def names(self) -> list[str]:
         """The nodes out of service now."""
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
-            return [node for node, (until, _) in self._until.items() if now < until]
+            return [node for node, (until, _, _) in self._until.items() if now < until]

@@ -69,9 +69,12 @@ def cluster_exchange(client: Any, names: Sequence[bytes],
     unreachable, as the module says (a slot no node serves too): what ``replies`` holds
     then is what was read before it. Without ``health`` (hints) no node is taken out."""
     by_node: dict[str, tuple[Any, list[int]]] = {}
+    admitted: dict[str, Any] = {}  # node name -> its keys' answer without asking it, or None
     for i, name in enumerate(names):
         node = client.get_node_from_key(name)
-        replies[i] = outages.out(node.name)
+        if node.name not in admitted:  # once a node: a trial claimed is this round trip's
+            admitted[node.name] = outages.admit(node.name)
+        replies[i] = admitted[node.name]
         if replies[i] is None:
             by_node.setdefault(node.name, (node, []))[1].append(i)
     trial = {name for name in by_node if outages.on_trial(name)}
@@ -220,7 +223,7 @@ def _follow(client: Any, redirected: dict[Target, list[int]],
         if node is None:  # a node the slot map does not know yet: asked for at the next
             replies.stale = True
             continue
-        if outages.out(node.name) is not None:
+        if outages.admit(node.name) is not None:
             continue
         request = make(indexes)
         request.asking = asking

@@ -60,7 +60,6 @@ class RedisTier(RemoteTier):
         self._client: Any = None  # connected on first use: a store down at start is a miss
         self._connecting = threading.Lock()
         self._cluster = parse_url(url).cluster
-        self._startup: list[tuple[str, int]] = []  # cluster nodes known, beyond the URL's
         self.outages = NodeOutages(retry_s, self.describe())  # a cluster's nodes out of service
         self.slot_map = SlotMapRefresh(timeout_s, self._remade)
         self._said_cluster = False  # a redis:// URL naming a cluster's node was said
@@ -76,7 +75,7 @@ class RedisTier(RemoteTier):
             if self.down:
                 return self._out_of_service()
             try:
-                self._client = connect(self.url, self._timeout_s, self._environ, self._startup)
+                self._client = connect(self.url, self._timeout_s, self._environ)
             except Exception as exc:  # down before the lock is released
                 return self._failed(what, explained(exc))
             return self._client
@@ -161,36 +160,24 @@ class RedisTier(RemoteTier):
                     "(docs/remote.md)", self.describe())
 
     def _broken(self, what: str, exc: BaseException) -> IOResult:
-        """A failed round trip. A cluster client is made anew at the next one, from every
-        node it knew: the slot map it holds may name a node that failed over."""
+        """A failed round trip. A cluster's slot map, which may name nodes that failed over,
+        is asked for anew off the round trips (``slot_map``); the client is kept: made anew
+        in a round trip, it would spend that round trip's deadline on a node still hung
+        (the URL's, or the one redis-py asks first), and fail it for every node."""
         if self._cluster:
-            with self._connecting:
-                client = self._client
-            if client is not None:
-                self._forget(client)
+            self.slot_map.mark()
         return self._failed(what, explained(exc))
 
     def _remade(self, old: Any) -> bool:
         """``old`` replaced by a client made anew from every node it knew (``slot_map``);
         False when another thread replaced or dropped it first."""
-        new = connect(self.url, self._timeout_s, self._environ, known_nodes(old) or self._startup)
+        new = connect(self.url, self._timeout_s, self._environ, known_nodes(old))
         with self._connecting:
             if self._client is old:
                 self._client = new
                 return True
         new.close()
         return False
-
-    def _forget(self, client: Any) -> None:
-        """Make the cluster client anew at the next round trip, starting from every node
-        ``client`` knew (unless another thread made a new one meanwhile)."""
-        with self._connecting:
-            if self._client is not client:
-                return
-            self._client = None
-        with contextlib.suppress(Exception):
-            self._startup = known_nodes(client) or self._startup
-            client.close()
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         replies = self._run("exists", [("exists", (self._key(k),)) for k in keys])

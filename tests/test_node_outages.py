@@ -1,0 +1,44 @@
+"""A Redis cluster's nodes out of service (``NodeOutages``), on a clock of the test's: a
+node that failed is out for ``retry_s``; then one round trip at a time asks it (its trial),
+the others answering its keys at once, until it answers, fails again, or ``retry_s`` passes
+with no word of the trial (one that never reached it)."""
+
+from kvtier.remote.node_outages import NodeOut, NodeOutages
+
+
+def outages_at(now: list[float]) -> NodeOutages:
+    return NodeOutages(5.0, "redis+cluster://test", clock=lambda: now[0])
+
+
+def test_one_round_trip_at_a_time_asks_a_node_whose_outage_is_over():
+    now = [0.0]
+    outages = outages_at(now)
+    assert outages.admit("a") is None and not outages.on_trial("a")  # never failed
+    outages.failed("a", TimeoutError("no reply"))
+    assert isinstance(outages.admit("a"), NodeOut) and outages.names() == ["a"]
+    now[0] = 5.0
+    assert outages.out("a") is None  # a look claims nothing
+    assert outages.admit("a") is None and outages.on_trial("a")  # this round trip's trial
+    for _ in range(3):  # every other round trip meanwhile: its keys answered at once
+        assert isinstance(outages.admit("a"), NodeOut) and outages.out("a") is not None
+    assert outages.names() == ["a"]
+    outages.failed("a", TimeoutError("no reply"))  # the trial failed: out again
+    assert not outages.on_trial("a") and isinstance(outages.admit("a"), NodeOut)
+    now[0] = 10.0
+    assert outages.admit("a") is None and isinstance(outages.admit("a"), NodeOut)
+    outages.answered("a")  # the trial answered: back for every round trip
+    assert outages.admit("a") is None and outages.admit("a") is None
+    assert outages.names() == [] and not outages.on_trial("a")
+    assert outages.failures == 2
+
+
+def test_a_trial_that_never_reached_its_node_is_claimed_again_after_retry_s():
+    now = [0.0]
+    outages = outages_at(now)
+    outages.failed("a", ConnectionRefusedError())
+    now[0] = 5.0
+    assert outages.admit("a") is None  # claimed; that round trip never asks it (its time ran out)
+    now[0] = 9.9
+    assert isinstance(outages.admit("a"), NodeOut)
+    now[0] = 10.0
+    assert outages.admit("a") is None and outages.on_trial("a")
