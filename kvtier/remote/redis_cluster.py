@@ -36,10 +36,12 @@ from typing import Any
 from kvtier.remote.deadline import bounded, expired, time_left
 from kvtier.remote.node_outages import NodeOutages
 from kvtier.remote.pooled import PooledExchange, Request
+from kvtier.remote.redis_client import as_builtin
 from kvtier.remote.resp import Target
 
 Requests = list[tuple[Any, Request[list[Any]], list[int]]]  # (node, request, indexes)
-Sent = tuple[Any, PooledExchange[list[Any]], list[int]]  # (node, exchange, indexes)
+# (node, exchange, indexes, whether its request went out with its share of the time left)
+Sent = tuple[Any, PooledExchange[list[Any]], list[int], bool]
 
 
 class ClusterReplies(list[Any]):
@@ -128,8 +130,12 @@ def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
     nodes still to write and their reads): a hung node's connect (accepted by its kernel,
     never answered) holds no other's. A node whose turn comes once the deadline has passed
     (a hung node's send took it) fails its keys, not its own failure, and no connection
-    of its pool is taken: its pooled ones stay in step, kept for the next round trip."""
+    of its pool is taken: its pooled ones stay in step, kept for the next round trip.
+    Each exchange sent says whether its node's turn came with at least its share of the
+    round trip's time left (that over every node and the reads): a node whose turn came
+    late (a slow node's large write before it) and that then times out is not blamed."""
     sent: list[Sent] = []
+    budget = time_left()
     for at, (node, request, indexes) in enumerate(requests):
         if expired():
             _node_failed(node, indexes, TimeoutError(
@@ -150,7 +156,8 @@ def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
             taken[-1][1].disconnect()  # out of step
             _node_failed(node, indexes, exc, replies)
             continue
-        sent.append((node, exchange, indexes))
+        fair = budget is None or left is None or left >= budget / (len(requests) + 1)
+        sent.append((node, exchange, indexes, fair))
     return sent
 
 
@@ -158,12 +165,13 @@ def _read_all(sent: list[Sent], replies: ClusterReplies) -> dict[Target, list[in
     """The replies of the exchanges ``sent``, read as they arrive, put in ``replies``; the
     indexes of the keys redirected, by where to."""
     redirected: dict[Target, list[int]] = {}
-    for (node, exchange, indexes), silent in _by_arrival(sent):
-        own = silent or not expired()  # else another node's reply took the time left
+    for (node, exchange, indexes, fair), silent in _by_arrival(sent):
+        began = silent or not expired()  # else another node's reply took the time left
         try:
             got = exchange.read()
         except Exception as exc:
             exchange.connection.disconnect()  # out of step
+            own = began and (fair or not isinstance(as_builtin(exc), TimeoutError))
             _node_failed(node, indexes, exc, replies, own)
             for i, reply in zip(indexes, exchange.request.done, strict=False):
                 replies[i] = reply  # those read before the failure, whole and checked
