@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, Protocol
 
+from kvtier.io.guarded import submit_guarded
 from kvtier.units import wait_limit
 
 CLOSE_TIMEOUT_S = 30.0  # how long closing waits for queued and running jobs
@@ -98,14 +99,7 @@ class IOEngine:
             future: Future = Future()
             self._inflight.add(future)
         future.add_done_callback(lambda f: self._finished(queue_name, f))
-        try:
-            queued = self._pools[queue_name].submit(_run, future, job)  # raises once shut down
-        except BaseException:
-            if future.cancel():  # the job never runs, even if the pool queued it
-                raise
-            return future  # a thread took it meanwhile: it ends as any job does
-        queued.add_done_callback(lambda q: future.cancel() if q.cancelled() else None)
-        return future
+        return submit_guarded(self._pools[queue_name], job, future=future)  # raises once shut down
 
     def _finished(self, queue_name: str, future: Future) -> None:
         with self._lock:
@@ -133,18 +127,6 @@ class IOEngine:
         for pool in self._pools.values():
             pool.shutdown(wait=drained, cancel_futures=not drained)
         return drained
-
-
-def _run(future: Future, job: Callable[[], Any]) -> None:
-    """Run ``job`` into ``future``, unless the future was cancelled first."""
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        result = job()
-    except BaseException as exc:
-        future.set_exception(exc)
-    else:
-        future.set_result(result)
 
 
 def _start_threads(pool: ThreadPoolExecutor, count: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.io.batch_writes import Settle, WriteGroup, WriteGroups
+from kvtier.io.guarded import submit_guarded
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey
 from kvtier.remote.base import RemoteTier
@@ -71,7 +72,7 @@ class RemoteLane:
         with self._lock:
             if self.closed:
                 raise RuntimeError("the remote tier is closed")
-            future = self._pool.submit(job)
+            future = submit_guarded(self._pool, job)  # never run late when it raises
             self._jobs.add(future)
         future.add_done_callback(self._done)
         return future

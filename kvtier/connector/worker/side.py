@@ -40,6 +40,7 @@ from kvtier.disk.lane import DiskLane, NoDisk, open_lane
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
+from kvtier.io.guarded import submit_guarded
 from kvtier.io.result import IOResult
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
@@ -144,8 +145,8 @@ class WorkerSide:
                         self._unfilled = 2  # this step's and the next's (``WorkerSaves.save``)
                 elif load.demotions:  # write-back victims must leave the staging slots first
                     gate, mark = ReadGate(), self._attached()[0].mark()  # (before the reads)
-                    self._loads.add(load, self._loader.submit(
-                        self._disk.demote_then_read, load, gate, self._submit_reads),
+                    self._loads.add(load, submit_guarded(  # (a job refused never runs late)
+                        self._loader, self._disk.demote_then_read, load, gate, self._submit_reads),
                                     started, gate, mark)
                 else:  # its copies into pages, later, wait for what came before (``mark``)
                     mark = self._attached()[0].mark()
@@ -287,8 +288,7 @@ class WorkerSide:
         if self._verify is not None:  # its reads go through the lanes too
             done = self._verify.close(max(0.0, deadline - time.monotonic())) and done
         if not done:
-            log.error("kvtier worker shut down with loads still running after %g s (a hung "
-                      "drive?)", timeout)
+            log.error("kvtier worker shut down with loads still running after %g s (a hung drive?)", timeout)
         remote_done = self._remote is None or self._remote.close(  # after the loads' reads
             max(0.0, deadline - time.monotonic()))
         if not self._lane.close(max(0.0, deadline - time.monotonic())) or not done or not remote_done:
