@@ -49,12 +49,14 @@ class Takes:
     """A stand-in for a source: one list of ``Found`` a drain, at most ``limit`` of it."""
 
     unnamed = dropped = 0
+    started = False
 
     def __init__(self, takes):
         self._takes = [list(t) for t in takes]
 
     def start(self, *args):
-        pass
+        self.started = True
+        return True
 
     def drain(self, limit=None):
         if not self._takes:

@@ -1,8 +1,9 @@
-"""A job a thread pool refused never runs later. ``ThreadPoolExecutor.submit`` queues a job
-before it starts a thread for it; when no thread can start (a pids limit) it raises, and a
-busy thread of the pool used to run the job once free: a remote put then read a host slot
-its owner had given back after being told the put never ran, and stored another chunk's
-bytes under its key, with a checksum of those bytes."""
+"""A job a thread pool refused never runs later, and the remote lane's threads all start
+with it. ``ThreadPoolExecutor.submit`` queues a job before it starts a thread for it; when
+no thread can start (a pids limit) it raises, and a busy thread of the pool used to run the
+job once free: a remote put then read a host slot its owner had given back after being told
+the put never ran, and stored another chunk's bytes under its key, with a checksum of those
+bytes."""
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -58,12 +59,12 @@ def test_a_job_whose_submit_raised_never_runs_once_a_thread_is_free(no_new_threa
     assert ran.is_set() is not guarded
 
 
-class SlowFirstPut(RemoteTier):
-    """A store whose first put waits for ``free``; every put is kept."""
+class Store(RemoteTier):
+    """A store that keeps every put."""
 
-    def __init__(self, free: threading.Event) -> None:
+    def __init__(self) -> None:
         super().__init__(RAW, 5.0)
-        self.free, self.puts, self.entered = free, [], threading.Event()
+        self.puts: list[bytes] = []
 
     def exists(self, keys):
         return [False] * len(keys)
@@ -72,33 +73,31 @@ class SlowFirstPut(RemoteTier):
         return [IOResult(IOStatus.MISSING)] * len(keys)
 
     def put_many(self, items):
-        if not self.puts:
-            self.entered.set()
-            self.free.wait(10)
-        self.puts += [(bytes(k), bytes(v[:8])) for k, v in items]
+        self.puts += [bytes(k) for k, _ in items]
         return [IOResult(IOStatus.OK, RAW)] * len(items)
 
     def describe(self):
-        return "slow first put"
+        return "kept"
 
 
-def test_a_remote_put_the_lane_could_not_start_never_reaches_the_store(no_new_threads):
-    free, host, settled = threading.Event(), np.zeros((2, RAW), np.uint8), []
-    tier = SlowFirstPut(free)
-    lane = RemoteLane(tier, threads=1, payload=lambda slot: host[slot],
-                      settle=lambda items, results: settled.append(results))
-    a, b = ChunkKey(b"\xaa" * 16), ChunkKey(b"\xbb" * 16)
-    host[0], host[1] = 1, 2
-    _, group = lane.put(RemotePut(a, 0))
-    lane.start(group)
-    assert tier.entered.wait(10)  # its job's thread is busy in the first put
+def lane_of(store: RemoteTier) -> RemoteLane:
+    host = np.zeros((8, RAW), np.uint8)
+    return RemoteLane(store, threads=2, payload=lambda slot: host[slot], settle=lambda *_: None)
+
+
+def test_a_remote_lane_starts_its_threads_with_it_and_none_in_a_step(no_new_threads):
+    """Its puts and reads never start a thread (one refused then would fail a step), and
+    a lane whose threads cannot start fails its own start, cleanly."""
+    store = Store()
+    lane = lane_of(store)
     no_new_threads.append("kvtier-remote")
-    _, group = lane.put(RemotePut(b, 1))
-    with pytest.raises(RuntimeError):
+    keys = [ChunkKey(bytes([i]) * 16) for i in range(8)]
+    for i, key in enumerate(keys):
+        _, group = lane.put(RemotePut(key, i))
         lane.start(group)
-    assert settled == [None]  # told the put never ran: its host slot goes back, and is reused
-    host[1] = 9
-    free.set()
-    assert lane.drain(10)
-    assert tier.puts == [(bytes(a), bytes(8 * [1]))]
+    reads = [lane.submit(lambda: store.get_many(keys, [None] * 8)) for _ in range(8)]
+    assert lane.drain(10) and all(r.result()[0].status is IOStatus.MISSING for r in reads)
+    assert sorted(store.puts) == sorted(bytes(k) for k in keys)
     assert lane.close(10)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        lane_of(Store())

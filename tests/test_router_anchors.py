@@ -46,12 +46,14 @@ class FoundInTakes:
     """A stand-in for ``StorageEvents``: hands out one list of found chunks a drain."""
 
     unnamed = dropped = 0
+    started = False
 
     def __init__(self, takes: list[list[Found]]) -> None:
         self._takes = takes
 
-    def start(self, own, listen) -> None:
-        pass
+    def start(self, own, listen) -> bool:
+        self.started = True
+        return True
 
     def drain(self, limit: int | None = None) -> list[Found]:
         return self._takes.pop(0) if self._takes else []

@@ -10,6 +10,7 @@ import threading
 from concurrent.futures import Future, wait
 
 from kvtier.disk.paths import DiskPaths
+from kvtier.io.guarded import start_thread
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.segment.slot_files import NO_SYNC
 
@@ -54,8 +55,9 @@ def sync_at_close(paths: DiskPaths, within_s: float) -> None:
     for index, path in enumerate(paths.states):
         if path.dir is not None and not path.dir.closed:
             syncs[index] = Future[IOResult]()
-            threading.Thread(target=_run, args=(syncs[index], paths, index), daemon=True,
-                             name=f"kvtier-sync-{index}").start()
+            if not start_thread(threading.Thread(target=_run, args=(syncs[index], paths, index),
+                                                 daemon=True, name=f"kvtier-sync-{index}")):
+                syncs[index].set_result(IOResult(IOStatus.IO_ERROR, detail="no thread to sync it"))
     wait(syncs.values(), within_s)
     for index, sync in syncs.items():
         result = sync.result() if sync.done() else IOResult(IOStatus.TIMED_OUT, detail=(

@@ -19,6 +19,7 @@ from kvtier.disk.recovery import RecoveryReport
 from kvtier.disk.retry import DiskRetries
 from kvtier.disk.tier import DiskTier
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine, IOExecutor
+from kvtier.io.guarded import start_thread
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.logs import FailureLog
@@ -197,7 +198,9 @@ class DiskLane:
         budget = min(max(PATHS_CLOSE_S, ends - time.monotonic()), threading.TIMEOUT_MAX)
         closing = threading.Thread(target=self._close_paths, args=(budget / 2,),
                                    name="kvtier-close", daemon=True)
-        closing.start()
+        if not start_thread(closing):
+            log.error("kvtier disk paths not closed: no thread could start to close them")
+            return False
         closing.join(budget)
         if closing.is_alive():
             log.error("kvtier disk paths not closed after %g s (a hung mount?): their leases "

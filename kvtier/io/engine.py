@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Any, Protocol
 
-from kvtier.io.guarded import submit_guarded
+from kvtier.io.guarded import start_threads, submit_guarded
 from kvtier.units import wait_limit
 
 CLOSE_TIMEOUT_S = 30.0  # how long closing waits for queued and running jobs
@@ -84,7 +84,7 @@ class IOEngine:
         self._closed = False
         try:
             for pool in self._pools.values():
-                _start_threads(pool, threads_per_queue)
+                start_threads(pool, threads_per_queue)
         except BaseException:
             self.close(0)
             raise
@@ -127,16 +127,3 @@ class IOEngine:
         for pool in self._pools.values():
             pool.shutdown(wait=drained, cancel_futures=not drained)
         return drained
-
-
-def _start_threads(pool: ThreadPoolExecutor, count: int) -> None:
-    """Start all ``count`` threads of ``pool`` now: each of ``count`` jobs holds its thread
-    until every one has one (the pool starts a thread for a job no idle thread takes)."""
-    started = threading.Barrier(count + 1)
-    try:
-        for _ in range(count):
-            pool.submit(started.wait, CLOSE_TIMEOUT_S)
-        started.wait(CLOSE_TIMEOUT_S)
-    except BaseException:
-        started.abort()  # the threads started let go at once
-        raise

@@ -1,4 +1,5 @@
-"""A job handed to a thread pool runs only if its submit did not fail.
+"""Threads that may not start: a job handed to a thread pool runs only if its submit did
+not fail, a pool's threads start with it, and a thread started on demand may be refused.
 
 ``ThreadPoolExecutor.submit`` queues a job before it starts a thread for it. When no
 thread can start (a cgroup's pids limit, ``RLIMIT_NPROC``, memory) it raises, yet the job
@@ -7,14 +8,23 @@ told it never ran and gave its buffers back, to be filled with other chunks that
 then reads or writes under its own key. ``submit_guarded`` hands the pool the job wrapped
 with a future of its own, cancelled when the submit raises; the wrapper runs the job only
 if it can still set that future running (``Future.set_running_or_notify_cancel``).
+``start_threads`` starts a pool's threads at once, where a failure fails the owner's start
+(the engine's) rather than a later step; ``start_thread`` starts one on demand and says
+whether it could, for the caller to go without it (a step of vLLM must never raise).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
+
+log = logging.getLogger("kvtier")
+JOIN_S = 30.0  # how long the threads of a pool starting may take to reach their first job
+_refused = threading.Event()  # a thread was refused: said once a process
 
 
 def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any,
@@ -26,16 +36,25 @@ def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any
     try:
         queued = pool.submit(run_into, future, partial(job, *args))
     except BaseException:
-        if future.cancel():  # the job never runs, even if the pool queued it
+        if _cancel(future):  # the job never runs, even if the pool queued it
             raise
         return future  # a thread took it meanwhile: it ends as any job does
-    queued.add_done_callback(lambda q: future.cancel() if q.cancelled() else None)
+    queued.add_done_callback(lambda q: _cancel(future) if q.cancelled() else None)
     return future
+
+
+def _cancel(future: Future) -> bool:
+    """Cancel ``future`` unless it runs or ran, and tell its waiters (``wait`` counts a
+    future cancelled as done only once told); True when cancelled."""
+    if not future.cancel():
+        return False
+    future.set_running_or_notify_cancel()
+    return True
 
 
 def run_into(future: Future, job: Callable[[], Any]) -> None:
     """Run ``job`` into ``future``, unless the future was cancelled first."""
-    if not future.set_running_or_notify_cancel():
+    if future.cancelled() or not future.set_running_or_notify_cancel():
         return
     try:
         result = job()
@@ -43,3 +62,39 @@ def run_into(future: Future, job: Callable[[], Any]) -> None:
         future.set_exception(exc)
     else:
         future.set_result(result)
+
+
+def start_threads(pool: ThreadPoolExecutor, count: int) -> None:
+    """Start all ``count`` threads of ``pool`` now: each of ``count`` jobs holds its thread
+    until every one has one (the pool starts a thread for a job no idle thread takes).
+    Raises when one cannot start; the pool is then shut down."""
+    started = threading.Barrier(count + 1)
+    try:
+        for _ in range(count):
+            pool.submit(started.wait, JOIN_S)
+        started.wait(JOIN_S)
+    except BaseException:
+        started.abort()  # the threads started let go at once
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+
+
+def started_pool(threads: int, name: str) -> ThreadPoolExecutor:
+    """A pool of ``threads`` threads named ``name``, every one started (``start_threads``)."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix=name)
+    start_threads(pool, threads)
+    return pool
+
+
+def start_thread(thread: threading.Thread) -> bool:
+    """Start ``thread``; False when no thread can start now (``RuntimeError``: a pids limit,
+    ``RLIMIT_NPROC``, memory), said once a process: the caller goes without it this time."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        if not _refused.is_set():
+            _refused.set()
+            log.warning("kvtier: a thread (%s) could not start (%s): what it was for waits for "
+                        "a later try (further refusals are not logged)", thread.name, exc)
+        return False
+    return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.io.batch_writes import Settle, WriteGroup, WriteGroups
-from kvtier.io.guarded import submit_guarded
+from kvtier.io.guarded import started_pool, submit_guarded
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey
 from kvtier.remote.base import RemoteTier
@@ -60,7 +60,7 @@ class RemoteLane:
         self.tier = tier
         self._payload = payload
         # reads have ``threads`` of their own beside the put jobs
-        self._pool = ThreadPoolExecutor(threads + PUT_JOBS, thread_name_prefix="kvtier-remote")
+        self._pool = started_pool(threads + PUT_JOBS, "kvtier-remote")  # none to start in a step
         self._lock = threading.Lock()
         self._jobs: set[Future] = set()
         self.closed = False

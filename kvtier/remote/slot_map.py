@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvtier.io.guarded import start_thread
 from kvtier.remote.deadline import bounded
 
 log = logging.getLogger("kvtier")
@@ -62,9 +63,12 @@ class SlotMapRefresh:
                                                    and self._thread.is_alive()):
                 return
             self.stale = False
-            self._thread = threading.Thread(target=self._refresh, args=(client,),
-                                            name="kvtier-slot-map", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._refresh, args=(client,),
+                                      name="kvtier-slot-map", daemon=True)
+            if start_thread(thread):
+                self._thread = thread
+            else:  # still stale: tried again at the next round trip
+                self.stale = True
 
     def _refresh(self, client: Any) -> None:
         try:

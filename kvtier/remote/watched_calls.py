@@ -20,9 +20,11 @@ given ``TimeoutError`` naming the deadline), then
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
+
+from kvtier.io.guarded import started_pool
 
 T = TypeVar("T")
 
@@ -34,7 +36,7 @@ class WatchedCalls:
                  name: str = "kvtier-remote-call") -> None:
         self.deadline_s = deadline_s
         self._on_late = on_late
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self._pool = started_pool(threads, name)  # none to start later, in a step
         self.late = 0  # calls that ran past their deadline
 
     def run(self, what: str, call: Callable[[], T], *, holds_memory: bool) -> T | None:

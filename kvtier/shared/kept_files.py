@@ -15,6 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from kvtier.io.guarded import start_thread
+
 MAX_OPEN = 256  # slot files of other writers kept open; the least recently opened close first
 SWEEP_S = 5.0  # how often reads close the kept files that were deleted (a reclaimed segment)
 
@@ -85,7 +87,9 @@ class KeptFiles:
     def sweep_soon(self) -> None:
         if time.monotonic() - self._swept > SWEEP_S and self._sweeping.acquire(blocking=False):
             self._swept = time.monotonic()
-            threading.Thread(target=self._sweep_then_free, name="kvtier-sweep", daemon=True).start()
+            if not start_thread(threading.Thread(target=self._sweep_then_free, name="kvtier-sweep",
+                                                 daemon=True)):
+                self._sweeping.release()  # tried again at a later call
 
     def _sweep_then_free(self) -> None:
         try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from kvtier.connector.common.model_settings import config_bytes
 from kvtier.connector.common.weights_digest import weights_digest
+from kvtier.io.guarded import start_thread
 
 CONFIG_FILE = "adapter_config.json"
 KEPT = 4096  # adapters whose digest is kept (least recently used dropped past it)
@@ -57,6 +58,8 @@ class AdapterDigests:
                 self._start(name_path)
                 return None
             self._kept.move_to_end(name_path)
+            if not digest:  # being read: by a reader, once one could start
+                self._add_reader()
             return digest or None
 
     def _start(self, name_path: tuple[str, str]) -> None:
@@ -66,11 +69,15 @@ class AdapterDigests:
             if oldest is None:
                 break
             del self._kept[oldest]
+        self._add_reader()
+        self._todo.put(name_path)
+
+    def _add_reader(self) -> None:
+        """One reader more, up to ``READERS`` (one refused now: tried again at the next ask)."""
         if len(self._readers) < READERS:
             reader = threading.Thread(target=self._read, name="kvtier-adapters", daemon=True)
-            self._readers.append(reader)
-            reader.start()
-        self._todo.put(name_path)
+            if start_thread(reader):
+                self._readers.append(reader)
 
     def _read(self) -> None:
         while (name_path := self._todo.get()) is not None:

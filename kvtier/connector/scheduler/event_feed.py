@@ -94,13 +94,16 @@ class EventFeed:
         return found
 
     def _start(self) -> None:
-        self._started = True
-        if self._storage is not None:
+        """Start each source's thread not started yet; started once all are (a thread
+        refused: tried again at the next call)."""
+        storage = self._storage is None or self._storage.started
+        if not storage and self._storage is not None:
             disk = self._stack.indexes.get(TierName.DISK)
             own = [] if disk is None else disk.visible()  # one pass here; the rest on its thread
-            self._storage.start(own, None if self._others is None else self._others.views[0].listen)
-        if self._remote is not None:
-            self._remote.start()
+            storage = self._storage.start(
+                own, None if self._others is None else self._others.views[0].listen)
+        remote = self._remote is None or self._remote.started or self._remote.start()
+        self._started = storage and remote
 
     def close(self) -> None:
         for source in (self._storage, self._remote):

@@ -28,6 +28,7 @@ from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.chunk_records import ChunkHashing, record_blocks
 from kvtier.connector.scheduler.events import ChunkBlocks
 from kvtier.connector.scheduler.storage_events import DUTY, FOUND_LIMIT, Found, take_all
+from kvtier.io.guarded import start_thread
 from kvtier.io.token_record import decode_record
 from kvtier.keys import KEY_BYTES, ChunkKey, Namespace
 from kvtier.remote.base import RECORD_LOG, RemoteTier
@@ -72,10 +73,16 @@ class RemoteEvents:
         self._thread: threading.Thread | None = None
         self._checked = time.monotonic()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="kvtier-remote-events",
-                                        daemon=True)
-        self._thread.start()
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self) -> bool:
+        """Start the thread; False when it could not start (tried again at a later call)."""
+        thread = threading.Thread(target=self._run, name="kvtier-remote-events", daemon=True)
+        if start_thread(thread):
+            self._thread = thread
+        return self._thread is not None
 
     def drain(self, limit: int | None = None) -> list[Found]:
         return take_all(self._found, limit)

@@ -9,12 +9,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.scheduler.remote_distrust import DistrustedKeys
+from kvtier.io.guarded import started_pool
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.opening import open_remote
@@ -67,7 +68,7 @@ class RemotePresence:
                  max_questions: int = MAX_QUESTIONS,
                  distrusted: DistrustedKeys | None = None) -> None:
         self.tiers, self._wait_s, self._max_questions = list(tiers), wait_s, max_questions
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="kvtier-remote-lookup")
+        self._pool = started_pool(2, "kvtier-remote-lookup")  # none to start later, in a step
         self._asked: dict[str, _Question] = {}  # req id -> its question
         self._distrusted = DistrustedKeys() if distrusted is None else distrusted
         self._out = 0  # questions sent and not over (answered, or cancelled unsent)

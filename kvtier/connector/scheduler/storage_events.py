@@ -27,6 +27,7 @@ from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.chunk_records import ChunkHashing, record_blocks
 from kvtier.connector.scheduler.events import ChunkBlocks
 from kvtier.io.format import HeaderError, decode_header
+from kvtier.io.guarded import start_thread
 from kvtier.io.token_record import read_record
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.slot_headers import read_headers
@@ -105,10 +106,17 @@ class StorageEvents:
         self._closing = threading.Event()  # the only end of a rest
         self._thread: threading.Thread | None = None
 
-    def start(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
-        self._thread = threading.Thread(target=self._run, args=(own, listen),
-                                        name="kvtier-storage-events", daemon=True)
-        self._thread.start()
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    def start(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> bool:
+        """Start the thread; False when it could not start (tried again at a later call)."""
+        thread = threading.Thread(target=self._run, args=(own, listen),
+                                  name="kvtier-storage-events", daemon=True)
+        if start_thread(thread):
+            self._thread = thread
+        return self._thread is not None
 
     def drain(self, limit: int | None = None) -> list[Found]:
         return take_all(self._found, limit)

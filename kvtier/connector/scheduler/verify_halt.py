@@ -16,6 +16,7 @@ import logging
 import threading
 from collections import Counter
 
+from kvtier.io.guarded import start_thread
 from kvtier.segment.halt_file import HaltFile
 
 log = logging.getLogger("kvtier")
@@ -53,8 +54,8 @@ class VerifyHalt:
                   f"The halt is {self.marker.path}: {HOW_TO_END}" if self.marker else
                   f"Until this engine restarts; first: {HOW_TO_END}")
         if self.marker is not None:  # on a thread: a hung filesystem must not stop a step
-            threading.Thread(target=self._write, args=(self.mismatches,), name="kvtier-halt-write",
-                             daemon=True).start()
+            start_thread(threading.Thread(target=self._write, args=(self.mismatches,),
+                                          name="kvtier-halt-write", daemon=True))  # (or not at all)
 
     def _write(self, mismatches: int) -> None:
         assert self.marker is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
 import torch
@@ -40,7 +39,7 @@ from kvtier.disk.lane import DiskLane, NoDisk, open_lane
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
-from kvtier.io.guarded import submit_guarded
+from kvtier.io.guarded import started_pool, submit_guarded
 from kvtier.io.result import IOResult
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
@@ -81,7 +80,7 @@ class WorkerSide:
         self._remote: WorkerRemote | None = None  # made in register() too
         self._saves: WorkerSaves | None = None
         self._verify: WorkerVerify | None = None
-        self._loader = ThreadPoolExecutor(2, thread_name_prefix="kvtier-load")
+        self._loader = started_pool(2, "kvtier-load")  # none to start later, in a step
         self._ledger = WorkerLedger()
         self._lock = self._ledger.lock
         self._loads = LoadTracker(config.load_timeout)

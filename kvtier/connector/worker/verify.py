@@ -4,7 +4,7 @@ cached copy that would have served it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 
 import torch
@@ -17,6 +17,7 @@ from kvtier.connector.worker.load_tracker import Reads
 from kvtier.connector.worker.pages import PagedKV
 from kvtier.disk.copies import blank_every_copy
 from kvtier.disk.lane import DiskLane, NoDisk
+from kvtier.io.guarded import started_pool
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.shared.misreads import proves_bad
@@ -48,7 +49,7 @@ class WorkerVerify:
         self._dtype = geometry.value_dtype or geometry.kv_dtype  # an fp8 cache's real format
         self._tolerance, self._timeout = tolerance, timeout
         self._kv_run = geometry.kv_run
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-verify")
+        self._pool = started_pool(1, "kvtier-verify")  # none to start later, in a step
         self._jobs: list[Future] = []
 
     @classmethod
