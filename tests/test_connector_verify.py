@@ -19,7 +19,7 @@ from kvtier.tiers.base import TierName
 from tests.helpers.scheduler_side import GEO as GEO_S
 from tests.helpers.scheduler_side import request, scheduler, store_all
 from tests.helpers.shared import wait_for
-from tests.helpers.worker_side import GEO, worker, worker_and_engine
+from tests.helpers.worker_side import GEO, same, worker, worker_and_engine
 
 HOST, DISK = TierName.HOST, TierName.DISK
 BLOCKS = ([1, 2, 3, 4, 5],)  # a 65-token request's blocks
@@ -388,3 +388,74 @@ def test_a_sampled_copy_the_store_lost_is_told_as_lost_and_one_timed_out_is_not(
     side.verify._unread(ChunkKey(b"k" * 16), SimpleNamespace(tier=REMOTE, req_id="r", refs=None))
     assert lost == []  # no certain loss: the workers say when there is one
     w.close()
+
+
+def test_a_check_failed_on_a_slot_still_written_back_keeps_it_until_the_write_is_over(tmp_path):
+    """Write-back, a slow drive: a sampled check's staging slot is one whose victim's
+    write-back (a demotion) is not over by ``load_timeout``, so the worker fails the check.
+    The slot stays reserved until that write is over: a store planned meanwhile goes
+    elsewhere, and the victim's disk copy holds the victim's bytes, not the next chunk's
+    (before, the slot was given back at once, and the write read another prompt's pages)."""
+    cfg = {"instance_id": "a", "write_policy": "write_back", "load_timeout": "100ms",
+           "verify_sample": 1}
+    side = scheduler(disk=tmp_path, **cfg)
+    w, kv, engine = worker_and_engine(tmp_path, **cfg)
+    original = [t.clone() for t in kv]
+
+    def settle(seconds: float = 0.3) -> None:
+        got, end = WorkerReport(), time.monotonic() + seconds
+        while time.monotonic() < end:
+            w.finished()
+            got = got.merged(w.report() or WorkerReport())
+            time.sleep(0.02)
+        side.worker_report(got)
+
+    def put(name: str, blocks: list[int], seed: int, held: bool = False) -> StepPlan:
+        meta = side.build_meta()
+        side.plan_stores(request(name, 64, seed=seed), (blocks,), 64, meta)
+        w.save(meta)
+        assert w.drain(0.5 if held else 5) is not held  # (held: the drive hung)
+        settle()
+        return meta
+
+    try:
+        put("x", [1, 2, 3, 4], 1)
+        put("y", [5, 6, 7, 8], 2)
+        put("z", [9, 10, 11, 12], 3)  # x's chunks written back to disk
+        x = side.chunk_keys(request("x", 64, seed=1), 2)
+        assert [side.stack.locate(k).tier for k in x] == [DISK, DISK]
+        sampled = request("x2", 65, seed=1)
+        assert side.num_new_matched_tokens(sampled, 0) == (0, False)
+        meta = side.build_meta()
+        side.plan_stores(sampled, ([1, 2, 3, 4, 13],), 64, meta)
+        assert len(meta.verifies) == 2 and len(meta.demotions) == 2
+        victims = {d.host_slot: d.key for d in meta.demotions}
+        engine.hold()  # their write-backs outlast load_timeout
+        w.save(meta)
+        settle(0.5)
+        assert side.counters["verify_unread_chunks"] == 2
+        host = side.stack.indexes[HOST]
+        assert all(host.has_entry(k) for k in x)  # the staging slots still reserved
+        later = put("n", [13, 14, 15, 12], 4, held=True)
+        assert not {s.host_slot for s in later.stores} & set(victims)
+        engine.release()
+        assert w.drain(5)
+        settle()
+        assert not any(host.has_entry(k) for k in x)  # ended once the writes were over
+        y = side.chunk_keys(request("y", 64, seed=2), 2)
+        assert set(victims.values()) == set(y) and all(side.stack.locate(k).tier is DISK for k in y)
+        again = request("y-again", 65, seed=2)
+        side.verify.rate = 0
+        loaded, _ = side.num_new_matched_tokens(again, 0)
+        for t in kv:
+            t[[1, 2, 3, 4]] = 0
+        side.plan_load(again, ([1, 2, 3, 4, 14],), 0, loaded)
+        w.start_loads(side.build_meta())
+        wait_for(lambda: again.request_id in w.finished())
+        assert not w.take_invalid_blocks()
+        for dst, src in zip([1, 2, 3, 4], [5, 6, 7, 8], strict=True):
+            assert all(same(kv[layer][dst], original[layer][src]) for layer in range(len(kv)))
+    finally:
+        engine.release()
+        side.close()
+        w.close(5)

@@ -52,7 +52,8 @@ class Outcomes:
                  stalled: StalledReads, disk_layout: SlotLayout | None,
                  remote_writes: RemoteWrites | None = None,
                  verify: VerifyPlanner | None = None,
-                 rewrites: DiskRewrites | None = None) -> None:
+                 rewrites: DiskRewrites | None = None,
+                 aborted: AbortedStores | None = None) -> None:
         self._verify, self._rewrites = verify, rewrites
         self.world_size, self.stack, self.counters = world_size, stack, counters
         self._loads, self._decider, self._layout = loads, decider, disk_layout
@@ -62,8 +63,7 @@ class Outcomes:
         self._ranks_down = RankCount()  # disk path index -> ranks without it
         self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
         self._disk_outcomes = RankOutcomes(world_size)
-        self._aborted = AbortedStores(stack)
-        self._after_demotion: dict[ChunkKey, ChunkKey] = {}  # victim -> store failed on it
+        self._aborted = AbortedStores(stack) if aborted is None else aborted  # (verify's too)
         self.payoff = Payoff(counters, lambda: decider.prefill_seconds_per_token.value)
 
     def apply(self, report: WorkerReport) -> None:
@@ -134,7 +134,7 @@ class Outcomes:
                 readers += 1
             victim = self._pending.demoting.get(dst.slot)
             if victim is not None and victim in self._pending.disk:  # a write-back past
-                self._after_demotion[victim] = key  # load_timeout still reads the slot
+                self._aborted.after_write_back(victim, key)  # load_timeout still reads it
                 readers += 1
             if readers:
                 self._aborted.hold(key, dst, readers)
@@ -150,8 +150,7 @@ class Outcomes:
                 continue
             dst, host = self._pending.disk.pop(key)
             self._pending.demoted(key)
-            if key in self._after_demotion:  # the store into its host slot failed meanwhile
-                self._aborted.release(self._after_demotion.pop(key))
+            self._aborted.written_back(key)  # a store or a check into its slot that failed
             aborted = key in self._aborted
             ok = self.stack.finish(key, dst, ok and not aborted)  # False: its path went down
             self.counters["disk_written_chunks" if ok else "disk_failed_chunks"] += 1

@@ -112,20 +112,32 @@ class AbortedStores:
     slot (their write-through disk writes, their remote writes).
 
     Contract: ``hold(key, host, readers)`` keeps ``host`` reserved for ``readers`` outcomes
-    still to come; each ``release(key)`` ends one, and the last ends the reservation
-    (``TierStack.finish``, not visible). ``key in`` says whether one is held.
+    still to come (more of them, for a reservation held already); each ``release(key)``
+    ends one, and the last ends the reservation (``TierStack.finish``, not visible). ``key
+    in`` says whether one is held. ``after_write_back(victim, key)`` names the write-back
+    of ``victim`` from ``key``'s slot as one of its readers: ``written_back(victim)``
+    releases it.
     """
 
     def __init__(self, stack: TierStack) -> None:
         self._stack = stack
         self._held: dict[ChunkKey, list] = {}  # key -> [host location, readers left]
+        self._after: dict[ChunkKey, ChunkKey] = {}  # victim written back -> key held for it
 
     def __contains__(self, key: object) -> bool:
         return key in self._held
 
     def hold(self, key: ChunkKey, host: Location, readers: int) -> None:
-        assert readers > 0 and key not in self._held, (key, readers)
-        self._held[key] = [host, readers]
+        held = self._held.get(key)
+        assert readers > 0 and (held is None or held[0] == host), (key, readers)
+        self._held[key] = [host, readers + (held[1] if held else 0)]
+
+    def after_write_back(self, victim: ChunkKey, key: ChunkKey) -> None:
+        self._after[victim] = key
+
+    def written_back(self, victim: ChunkKey) -> None:
+        if victim in self._after:
+            self.release(self._after.pop(victim))
 
     def release(self, key: ChunkKey) -> None:
         held = self._held.get(key)

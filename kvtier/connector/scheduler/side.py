@@ -29,7 +29,7 @@ from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
 from kvtier.connector.scheduler.pool_writes import PoolWrites, pool_write_tries
-from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
+from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_audit import remote_writes
 from kvtier.connector.scheduler.remote_presence import open_presence
 from kvtier.connector.scheduler.request_keys import RequestKeys
@@ -70,7 +70,7 @@ class SchedulerSide:
         self._namespace, self.keys = namespaces[0], RequestKeys(geometry, namespaces[0])
         self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
-        pending, stalled = PendingStores(), StalledReads()
+        pending, stalled, aborted = PendingStores(), StalledReads(), AbortedStores(self.stack)
         self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack)
         say_unstored_replies(geometry)
         self.others = follow_others(config, namespaces, geometry.chunk_bytes,
@@ -87,7 +87,8 @@ class SchedulerSide:
         self.halt = VerifyHalt(config.verify_halt_after, self.counters, HaltFile(
             config.disk_paths[0], namespaces[0].id) if self.disk_layout else None)
         self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending, stalled,
-                                    self.others, self.presence, self.remote_writes, self.halt)
+                                    self.others, self.presence, self.remote_writes, self.halt,
+                                    aborted)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
                                     self.events, self.verify, hashing)
         self._loads.records = self._stores.record if self.remote_writes is not None else None
@@ -95,7 +96,7 @@ class SchedulerSide:
                                 geometry.chunk_tokens, self.counters, self.others)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
                                   self.decider, pending, stalled, self.disk_layout,
-                                  self.remote_writes, self.verify, self._pool.rewrites)
+                                  self.remote_writes, self.verify, self._pool.rewrites, aborted)
 
     # -- keys ---------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.messages import NULL_BLOCK, ChunkLoad, ChunkVerify, StepPlan, WorkerReport
-from kvtier.connector.scheduler.records import PendingStores, StalledReads, Tracked
+from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_presence import RemotePresence
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.verify_halt import VerifyHalt
@@ -84,9 +84,11 @@ class VerifyPlanner:
     def __init__(self, config: KVTierConfig, stack: TierStack, counters: Counter,
                  world_size: int, pending: PendingStores, stalled: StalledReads,
                  others: OtherWriters | None, presence: RemotePresence | None,
-                 remote_writes: RemoteWrites | None, halt: VerifyHalt) -> None:
+                 remote_writes: RemoteWrites | None, halt: VerifyHalt,
+                 aborted: AbortedStores | None = None) -> None:
         self.rate, self.stack, self.counters = config.verify_sample, stack, counters
         self.world_size, self._pending, self._stalled = world_size, pending, stalled
+        self._aborted = AbortedStores(stack) if aborted is None else aborted
         self.others, self.presence, self.remote_writes = others, presence, remote_writes
         self.halt = halt
         self._share = 0.0  # hits since the last sample, times the rate
@@ -183,7 +185,8 @@ class VerifyPlanner:
 
     def _end(self, key: ChunkKey, check: _Check) -> None:
         ok = check.differed == 0 and check.failed == 0
-        if check.staged is not None and not (check.failed and self._stalled.hold(check.staged)):
+        if check.staged is not None and not (check.failed and (
+                self._stalled.hold(check.staged) or self._held_for_write_back(key, check.staged))):
             self.stack.finish(key, check.staged.dst, ok)  # a copy read and right is kept
         for pin in check.pinned:
             self.stack.unpin(*pin)
@@ -195,6 +198,17 @@ class VerifyPlanner:
             self._remove(key, check)
         else:
             self._unread(key, check)
+
+    def _held_for_write_back(self, key: ChunkKey, staged: StorePlan) -> bool:
+        """Whether the staging slot's victim is still being written back from it (past
+        ``load_timeout``: the worker found the slot busy and failed the check): its
+        reservation is then kept until that write is over, never reused under it."""
+        victim = self._pending.demoting.get(staged.dst.slot)
+        if victim is None or victim not in self._pending.disk:
+            return False
+        self._aborted.hold(key, staged.dst, 1)
+        self._aborted.after_write_back(victim, key)
+        return True
 
     def _undecided(self, key: ChunkKey) -> None:
         """Bytes that differ in a format kvtier cannot decode: a recompute need not give the
