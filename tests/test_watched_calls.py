@@ -96,3 +96,24 @@ def test_after_close_a_call_does_not_run():
     calls = WatchedCalls(5.0, Late())
     calls.close()
     assert calls.run("get", ran.set, holds_memory=True) is None and not ran.is_set()
+
+
+def test_the_client_is_closed_only_once_no_call_runs_in_it(monkeypatch):
+    """A late lookup is left running on its thread, and may still call into the client:
+    closing the client under it crashed the process (SIGSEGV in Mooncake's). ``close``
+    waits for it, and releases the client only when it is over; one still running then
+    leaves the client open until the process exits."""
+    import kvtier.remote.watched_calls as watched
+
+    late, release, closed = Late(), threading.Event(), []
+    calls = WatchedCalls(0.2, late)
+    assert calls.run("exists", blocked(release), holds_memory=False) is None  # late, running
+    monkeypatch.setattr(watched, "CLOSE_WAIT_S", 0.3)
+    assert calls.close(lambda: closed.append(1)) is False and closed == []
+    release.set()
+    calls = WatchedCalls(0.2, late)
+    release2 = threading.Event()
+    assert calls.run("exists", blocked(release2), holds_memory=False) is None
+    threading.Timer(0.2, release2.set).start()  # it ends while close waits
+    monkeypatch.setattr(watched, "CLOSE_WAIT_S", 10.0)
+    assert calls.close(lambda: closed.append(1)) is True and closed == [1]

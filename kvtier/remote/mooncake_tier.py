@@ -18,7 +18,6 @@ connection within ``timeout_s`` (a dead master refuses it at once).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections.abc import Callable, Collection, MutableMapping, Sequence
@@ -290,9 +289,6 @@ class MooncakeTier(RemoteTier):
 
     def close(self) -> None:
         super().close()
-        self._calls.close()
         with self._lock:
             client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # a master gone: nothing more to release
-                client.close()
+        self._calls.close(None if client is None else client.close)  # once no call runs

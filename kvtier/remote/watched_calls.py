@@ -19,14 +19,20 @@ given ``TimeoutError`` naming the deadline), then
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from typing import Any, TypeVar
 
 from kvtier.io.guarded import started_pool
 
 T = TypeVar("T")
+log = logging.getLogger("kvtier")
+CLOSE_WAIT_S = 10.0  # the longest closing waits for calls still running before closing the client
 
 
 class WatchedCalls:
@@ -37,6 +43,8 @@ class WatchedCalls:
         self.deadline_s = deadline_s
         self._on_late = on_late
         self._pool = started_pool(threads, name)  # none to start later, in a step
+        self._lock = threading.Lock()
+        self._running: set[Future] = set()  # calls submitted and not over (late ones too)
         self.late = 0  # calls that ran past their deadline
 
     def run(self, what: str, call: Callable[[], T], *, holds_memory: bool) -> T | None:
@@ -47,6 +55,9 @@ class WatchedCalls:
             future: Future[T] = self._pool.submit(call)
         except RuntimeError:  # closed meanwhile
             return None
+        with self._lock:
+            self._running.add(future)
+        future.add_done_callback(self._over)
         try:
             return future.result(timeout=self.deadline_s)
         except FutureTimeout:
@@ -67,6 +78,24 @@ class WatchedCalls:
         except CancelledError:  # closed before it ran: it holds nothing
             return None
 
-    def close(self) -> None:
-        """Take no more calls; those running end on their own threads."""
+    def _over(self, future: Future) -> None:
+        with self._lock:
+            self._running.discard(future)
+
+    def close(self, release: Callable[[], Any] | None = None) -> bool:
+        """Take no more calls, wait up to three deadlines (``CLOSE_WAIT_S`` at most, a second
+        at least) for those running (late ones too: they may still call into the client),
+        then ``release()`` (close the client; its errors are dropped) only when none is
+        left: a call into a closed client crashes the process. True when none was left."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            running = list(self._running)
+        wait_s = min(CLOSE_WAIT_S, max(1.0, 3 * self.deadline_s))
+        over = not wait_futures(running, timeout=wait_s).not_done
+        if not over:
+            log.warning("kvtier: remote calls still running %g s after the tier closed (a late "
+                        "call): its client is left open until the process exits", wait_s)
+        elif release is not None:
+            with contextlib.suppress(Exception):  # a master gone: nothing more to release
+                release()
+        return over
