@@ -67,3 +67,55 @@ def test_a_write_job_queued_behind_hung_ones_gives_its_slots_back_once_the_path_
             assert host.census().pins - before == 1  # the running write's, until it ends
         finally:
             engines[0].release("disk0")
+
+
+class Interrupting:
+    """A write's future whose first wait for its result is interrupted (Ctrl-C in the
+    thread waiting on it); everything else is the future's own."""
+
+    def __init__(self, future) -> None:
+        self._future = future
+
+    def result(self, timeout=None):
+        raise KeyboardInterrupt
+
+    def __getattr__(self, name):
+        return getattr(self._future, name)
+
+
+def test_a_put_interrupted_while_a_victim_is_written_back_leaves_its_slot_to_the_write(tmp_path):
+    """Write-back, host memory full: a put waits for its victim's write to disk and is
+    interrupted there. The victim's host slot stays reserved until its write ends (before,
+    it went back at once, the next put's chunk landed in it, and the write stored that
+    chunk's bytes under the victim's key, found after a reopen), and the write's disk slot
+    is finished then too."""
+    from kvtier.tiers.base import TierName
+    from tests.helpers.kv import same_bytes
+    from tests.helpers.store import load
+
+    make, engines = FakeEngine.factory()
+    cfg = config(tmp_path, host_chunks=2, disk_chunks=16, write_policy="write_back",
+                 load_timeout="1s")
+    first, second, victim_of_c = seq(0, 1), seq(1000, 1), seq(2000, 1)
+    store = KVStore(SMALL, cfg, io_engine=make)
+    store.put(first, make_kv(first))
+    store.put(seq(3000, 1), make_kv(seq(3000, 1)))  # host full: ``first`` the oldest
+    lane, submit = store._state.lane, store._state.lane.submit
+    engines[0].hold()  # the write-back of ``first`` waits
+    lane.submit = lambda queue, job: Interrupting(submit(queue, job))
+    try:
+        store.put(second, make_kv(second))
+        raise AssertionError("the put was not interrupted")
+    except KeyboardInterrupt:
+        pass
+    lane.submit = submit
+    store.put(victim_of_c, make_kv(victim_of_c))  # no slot of the write's: waits, then skips
+    engines[0].release()
+    assert engines[0].drain(5)
+    for tier in (TierName.HOST, TierName.DISK):
+        census = index_of(store, tier).census()
+        assert census.writing == 0 and census.pins == 0, (tier, census)
+    assert store.close()
+    with KVStore(SMALL, cfg) as reopened:
+        n, got = load(reopened, first)
+        assert n == 0 or same_bytes(got, make_kv(first)[:, :, :n])

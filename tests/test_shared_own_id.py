@@ -3,6 +3,8 @@ holds that segment (its lock and seat): a store left without a segment follows e
 there, so a segment another process opens later under the id where its search for one
 stopped is another writer's, whose chunks it reads, never its own, skipped."""
 
+import time
+
 from kvtier import KVStore
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.names import WRITERS_DIR, writer_ids
@@ -80,3 +82,42 @@ def test_a_path_where_a_store_holds_no_segment_is_read_under_no_id_of_its_own(tm
         for store in (b, c):
             if store is not None:
                 store.close()
+
+
+def test_a_flush_never_counts_a_chunk_of_its_own_segment_followed_while_its_path_came_back(
+        tmp_path, monkeypatch):
+    """A path taken out of service comes back: between its old directory's close and the
+    reopen the store holds no segment there, and a refresh of the view in that moment
+    follows the store's own segment as another writer's. Its chunks on disk were dropped
+    with the path, its old slots now free: a flush still writes the chunks held in memory
+    (before, it skipped them as "held by another writer" and said True; after a reopen they
+    were gone)."""
+    from kvtier.disk.paths import DiskPaths
+
+    cfg = config(tmp_path, host_chunks=8, disk_chunks=8, write_policy="write_through",
+                 disk_retry="10ms", share_refresh="60s")
+    store = KVStore(SMALL, cfg)
+    others, real = store._state.others, DiskPaths._open
+    first, later = seq(0, 4), seq(500_000, 4)
+    store.put(first, make_kv(first))
+    assert store.flush(5)
+
+    def refreshed_then_opened(self, path, busy):
+        others.refresh()  # the view's refresh falls between the close and the reopen
+        return real(self, path, busy)
+
+    monkeypatch.setattr(DiskPaths, "_open", refreshed_then_opened)
+    paths = store.disk.paths
+    paths.take_down(paths[0], "taken out by the test")
+    for _ in range(1000):
+        if store.stats().paths_back:
+            break
+        store.lookup(first)  # retires its slots, then tries the path again
+        time.sleep(0.01)
+    assert store.stats().paths_back
+    monkeypatch.setattr(DiskPaths, "_open", real)
+    store.put(later, make_kv(later))  # written through into the old slots, now free
+    assert store.flush(5)
+    assert store.close()
+    with KVStore(SMALL, cfg) as reopened:
+        assert exact(reopened, first) == 4 * CHUNK and exact(reopened, later) == 4 * CHUNK

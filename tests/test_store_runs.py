@@ -171,9 +171,9 @@ def test_a_demotion_that_raises_fails_the_run_held_before_it(tmp_path, monkeypat
         runner = store._runner
         real, moves = runner._move, []
 
-        def move(step):
+        def move(step, running):
             moves.append(step)
-            done = real(step)  # finishes the move's own reservation
+            done = real(step, running)  # finishes the move's own reservation
             if len(moves) == 2:
                 raise OSError("demotion failed")
             return done

@@ -172,7 +172,7 @@ def _open_beyond(parts: StoreParts, shape: StoreShape) -> None:
     host = host if isinstance(host, HostTier) else None
     others = _follow_others(shape, parts.lane, host)
     if others is not None:  # another writer's chunk is never copied into this segment
-        state.books.elsewhere(lambda key: others.find(key) is not None)
+        state.books.elsewhere(state.held_elsewhere)
     state.others = others
     state.remote = open_store_remote(shape.config, shape.namespace, shape.chunk_bytes, host,
                                      state.books)

@@ -16,7 +16,7 @@ from kvtier.store.disk_writes import StartedWrite
 from kvtier.store.remote import RemoteFlush
 from kvtier.store.state import DISK, GPU, HOST, StoreState
 from kvtier.store.sync_watch import SyncedIndex, SyncWatch
-from kvtier.store.writes import PlanRunner
+from kvtier.store.writes import PlanRunner, result_of
 from kvtier.tiers.stack import Location
 from kvtier.units import time_left
 
@@ -117,8 +117,8 @@ class Flusher:
         jobs = {index: lane.submit(queue, partial(self._sync_path, watch, queue, index))
                 for index, queue in enumerate(lane.queues)}
         done, pending = wait(jobs.values(), time_left(deadline))
-        failed = {index: job.result() for index, job in jobs.items()
-                  if job in done and not job.result().ok}
+        ended = {index: result_of(job) for index, job in jobs.items() if job in done}
+        failed = {index: result for index, result in ended.items() if not result.ok}
         with self._state.books.held() as b:
             for result in failed.values():
                 b.account_failure(result, "sync")
@@ -136,21 +136,20 @@ class Flusher:
         """Chunks held in memory with no disk copy a sync covered (one whose write is not
         over counts: it is not on disk yet; one of ``late``, written after its path's sync
         began, is not durable yet), nor one in another writer's segment (lock held: ``b``)."""
-        indexes, others = b.stack.indexes, self._state.others
+        indexes, elsewhere = b.stack.indexes, self._state.held_elsewhere
         held = set().union(*(indexes[tier].keys() for tier in (GPU, HOST) if tier in indexes))
         return sum(1 for key in held if (indexes[DISK].slot_of(key) is None or key in late)
-                   and (others is None or others.find(key) is None))
+                   and not elsewhere(key))
 
     def _device_only(self, b: Held) -> list[ChunkKey]:
         """Device pool chunks with no host or disk copy (lock held: ``b``), none in another
         writer's segment either."""
-        indexes, others = b.stack.indexes, self._state.others
+        indexes = b.stack.indexes
         if GPU not in indexes:
             return []
         below, held = [indexes[tier] for tier in (HOST, DISK)], indexes[GPU].keys()
-        return [key for key in held
-                if not any(index.has_entry(key) for index in below)
-                and (others is None or others.find(key) is None)]
+        return [key for key in held if not any(index.has_entry(key) for index in below)
+                and not self._state.held_elsewhere(key)]
 
     def _write_device_chunks(self, deadline: float | None) -> int:
         """Write each device pool chunk with no copy below it to disk, one at a time until
@@ -193,12 +192,11 @@ class Flusher:
         held: ``b``). A chunk another writer of a shared directory holds has one: it is not
         written to this store's segment again."""
         indexes = b.stack.indexes
-        host, disk, others = indexes[HOST], indexes[DISK], self._state.others
+        host, disk = indexes[HOST], indexes[DISK]
         found, visible = [], host.keys()
         for key in visible:
             slot = host.slot_of(key)
-            if slot is not None and not disk.has_entry(key) \
-                    and (others is None or others.find(key) is None):
+            if slot is not None and not disk.has_entry(key) and not self._state.held_elsewhere(key):
                 found.append((key, slot))
         return found
 

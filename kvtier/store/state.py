@@ -54,6 +54,14 @@ class StoreState:
         self.unwanted.discard((key, dst.tier))
         return True
 
+    def held_elsewhere(self, key: ChunkKey) -> bool:
+        """Whether another writer of the shared directory holds ``key``: never a segment
+        under this store's own writer id, which the view may follow while its path comes
+        back (the store holds no segment there for a moment), its old slots no copy."""
+        refs = None if self.others is None else self.others.find(key)
+        return refs is not None and not (isinstance(self.lane, DiskLane)
+                                         and refs[0].writer == self.lane.tier.writer)
+
     def sync(self) -> None:
         gpu = self.tiers.get(GPU)
         if gpu is not None and gpu.device.type == "cuda":

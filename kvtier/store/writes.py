@@ -84,10 +84,14 @@ class PlanRunner:
         by ``load_timeout`` (a hung drive): the later moves and the plan itself then fail,
         and their slots stay reserved until that write ends, as it still reads from them."""
         for i, move in enumerate(plan.demotions):
+            running: list[Future] = []  # its disk write, once submitted
             try:
-                hung = self._move(move)
-            except BaseException:
-                self._fail_reservations(plan, i + 1)
+                hung = self._move(move, running)
+            except BaseException:  # an interrupt while its write runs: failed once it ends
+                if running and not running[0].done():
+                    running[0].add_done_callback(partial(self._fail_reservations, plan, i + 1))
+                else:
+                    self._fail_reservations(plan, i + 1)
                 raise
             if hung is not None:
                 hung.add_done_callback(partial(self._fail_reservations, plan, i + 1))
@@ -102,7 +106,7 @@ class PlanRunner:
                 self.state.was_unwanted(key, dst)
         self.state.books.abort(aborted)
 
-    def _move(self, move: Move) -> Future | None:
+    def _move(self, move: Move, running: list[Future]) -> Future | None:
         """Copy one chunk down a tier and finish its reservation. A write to disk runs on the
         I/O engine; one not over by ``load_timeout`` is left running and returned: it is
         counted and logged, and its reservation is finished when it ends."""
@@ -117,7 +121,8 @@ class PlanRunner:
         if move.src.tier is not HOST:
             self._write_behind(move)
             return None
-        return self._disk_move(move, partial(self.state.transfers.copy, move.key, move.src, move.dst))
+        return self._disk_move(move, partial(self.state.transfers.copy, move.key, move.src, move.dst),
+                               running=running)
 
     def _write_behind(self, move: Move) -> None:
         """Write a device pool's victim to disk from a copy of its own in host memory, in
@@ -147,7 +152,7 @@ class PlanRunner:
         if write is None:
             self.finish(move.key, move.dst, False)
         else:
-            self._moved(move, _result_of(write))
+            self._moved(move, result_of(write))
 
     def write_staged(self, key: ChunkKey, staged: np.ndarray, dst: Location,
                      deadline: float | None = None) -> bool | None:
@@ -162,8 +167,8 @@ class PlanRunner:
             return None
         return self.state.books.slot_of(DISK, key) == dst.slot
 
-    def _disk_move(self, move: Move, job: Callable[[], IOResult],
-                   deadline: float | None = None) -> Future | None:
+    def _disk_move(self, move: Move, job: Callable[[], IOResult], deadline: float | None = None,
+                   running: list[Future] | None = None) -> Future | None:
         """Run a write to disk slot ``move.dst`` on the I/O engine; see ``_move``. Waited for
         ``load_timeout`` at most, or until the caller's ``deadline`` where that is sooner
         (then left running, finished when it ends: the drive is not counted as hung)."""
@@ -172,17 +177,22 @@ class PlanRunner:
         except BaseException:  # the engine is closed: nothing runs
             self.finish(move.key, move.dst, False)
             raise
+        if running is not None:
+            running.append(write)
         timeout, left = self.state.config.load_timeout, time_left(deadline)
         caller_first = left is not None and (timeout is None or left < timeout)
         try:
             result = write.result(timeout=left if caller_first else timeout)
         except TimeoutError:
             if caller_first:
-                write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
+                write.add_done_callback(lambda f: self._moved(move, result_of(f)))
                 return write
             return self._left_running(move, write)
         except Exception as exc:  # the copy raised: a failed write, never a crash
             result = IOResult(IOStatus.IO_ERROR, detail=repr(exc))
+        except BaseException:  # interrupted while waiting: the write goes on, and is
+            write.add_done_callback(lambda f: self._moved(move, result_of(f)))  # finished
+            raise  # when it ends (its slots stay reserved until then)
         self._moved(move, result)
         return None
 
@@ -191,7 +201,7 @@ class PlanRunner:
         self.state.books.timed_out(move.dst.slot, "disk write-back timed_out", f"a chunk moving to disk got "
                         f"no answer after {self.state.config.load_timeout:g} s (load_timeout); the put "
                         "or get that needed its host slot went on without it")
-        write.add_done_callback(lambda f: self._moved(move, _result_of(f)))
+        write.add_done_callback(lambda f: self._moved(move, result_of(f)))
         return write
 
     def _moved(self, move: Move, result: IOResult) -> None:
@@ -247,7 +257,8 @@ class PlanRunner:
             self.state.books.count("chunks_promoted")
 
 
-def _result_of(write: Future) -> IOResult:
+def result_of(write: Future) -> IOResult:
+    """What a disk job over came to; a job cancelled or raising is a failed one."""
     try:
         return write.result()
     except BaseException as exc:  # cancelled at close, or an unexpected error
