@@ -40,7 +40,7 @@ from kvtier.remote.redis_client import as_builtin
 from kvtier.remote.resp import Target
 
 Requests = list[tuple[Any, Request[list[Any]], list[int]]]  # (node, request, indexes)
-# (node, exchange, indexes, whether its request went out with its share of the time left)
+# (node, exchange, indexes, whether its node's turn came with its share of the time left)
 Sent = tuple[Any, PooledExchange[list[Any]], list[int], bool]
 
 

@@ -132,13 +132,10 @@ class Outcomes:
             readers = int(writing)
             if remote is not None and remote.hold_failed(key, dst, self._aborted.release):
                 readers += 1
-            victim = self._pending.demoting.get(dst.slot)
-            if victim is not None and victim in self._pending.disk:  # a write-back past
-                self._aborted.after_write_back(victim, key)  # load_timeout still reads it
-                readers += 1
             if readers:
                 self._aborted.hold(key, dst, readers)
-            else:
+            # a write-back past load_timeout still reading the slot holds it too
+            if not self._aborted.after_write_back(key, dst, self._pending) and not readers:
                 self.stack.finish(key, dst, False)
 
     def _disk_writes(self, report: WorkerReport) -> None:

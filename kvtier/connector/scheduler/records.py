@@ -114,9 +114,10 @@ class AbortedStores:
     Contract: ``hold(key, host, readers)`` keeps ``host`` reserved for ``readers`` outcomes
     still to come (more of them, for a reservation held already); each ``release(key)``
     ends one, and the last ends the reservation (``TierStack.finish``, not visible). ``key
-    in`` says whether one is held. ``after_write_back(victim, key)`` names the write-back
-    of ``victim`` from ``key``'s slot as one of its readers: ``written_back(victim)``
-    releases it.
+    in`` says whether one is held. ``after_write_back(key, host, pending)`` holds ``host``
+    for the write-back of its victim still running from it (a ``pending.demoting`` victim
+    whose disk write is in ``pending.disk``; True when there is one), until
+    ``written_back(victim)``.
     """
 
     def __init__(self, stack: TierStack) -> None:
@@ -132,8 +133,13 @@ class AbortedStores:
         assert readers > 0 and (held is None or held[0] == host), (key, readers)
         self._held[key] = [host, readers + (held[1] if held else 0)]
 
-    def after_write_back(self, victim: ChunkKey, key: ChunkKey) -> None:
+    def after_write_back(self, key: ChunkKey, host: Location, pending: PendingStores) -> bool:
+        victim = pending.demoting.get(host.slot)
+        if victim is None or victim not in pending.disk:
+            return False
+        self.hold(key, host, 1)
         self._after[victim] = key
+        return True
 
     def written_back(self, victim: ChunkKey) -> None:
         if victim in self._after:

@@ -185,9 +185,10 @@ class VerifyPlanner:
 
     def _end(self, key: ChunkKey, check: _Check) -> None:
         ok = check.differed == 0 and check.failed == 0
-        if check.staged is not None and not (check.failed and (
-                self._stalled.hold(check.staged) or self._held_for_write_back(key, check.staged))):
-            self.stack.finish(key, check.staged.dst, ok)  # a copy read and right is kept
+        staged = check.staged  # kept while a read into it, or a write-back from it, runs
+        if staged is not None and not (check.failed and (self._stalled.hold(staged)
+                                         or self._aborted.after_write_back(key, staged.dst, self._pending))):
+            self.stack.finish(key, staged.dst, ok)  # a copy read and right is kept
         for pin in check.pinned:
             self.stack.unpin(*pin)
         if ok and check.undecided:
@@ -198,17 +199,6 @@ class VerifyPlanner:
             self._remove(key, check)
         else:
             self._unread(key, check)
-
-    def _held_for_write_back(self, key: ChunkKey, staged: StorePlan) -> bool:
-        """Whether the staging slot's victim is still being written back from it (past
-        ``load_timeout``: the worker found the slot busy and failed the check): its
-        reservation is then kept until that write is over, never reused under it."""
-        victim = self._pending.demoting.get(staged.dst.slot)
-        if victim is None or victim not in self._pending.disk:
-            return False
-        self._aborted.hold(key, staged.dst, 1)
-        self._aborted.after_write_back(victim, key)
-        return True
 
     def _undecided(self, key: ChunkKey) -> None:
         """Bytes that differ in a format kvtier cannot decode: a recompute need not give the
