@@ -135,6 +135,27 @@ def test_a_tail_is_offered_once_the_prompt_is_computed_and_stored_once():
     assert not side.completes_chunks("a", 41)  # decode steps: nothing more to store
 
 
+def test_chunks_and_a_tail_a_request_finished_without_a_host_slot_for_are_counted():
+    side = scheduler()  # 4 host slots
+    holder = prompt("holder", 4 * CHUNK, seed=1)
+    held = StepPlan()
+    side.plan_stores(holder, blocks(4 * CHUNK), 4 * CHUNK, held)  # stores in flight: all 4
+    req = prompt("a", 2 * CHUNK + 8, seed=2)  # two chunks and a tail
+    for computed in (2 * CHUNK + 8, 2 * CHUNK + 9, 2 * CHUNK + 10):  # its prompt, 2 decodes
+        assert side.completes_chunks("a", computed)
+        meta = StepPlan()
+        side.plan_stores(req, blocks(computed), computed, meta)
+        assert meta.stores == []  # no host slot free: offered again at its next step
+    side.request_finished("a")
+    assert side.counters["store_no_room_chunks"] == 3
+    side.worker_report(WorkerReport(host_stored=Counter({s.key: 1 for s in held.stores})))
+    side.request_finished("holder")  # stored every chunk: none counted
+    late = prompt("b", 2 * CHUNK + 8, seed=3)
+    side.plan_stores(late, blocks(CHUNK), CHUNK, StepPlan())  # its first chunk, then room
+    side.request_finished("b")  # ended in its prefill: only what it computed counts
+    assert side.counters["store_no_room_chunks"] == 3
+
+
 def test_a_loads_tokens_are_counted_by_the_tier_they_come_from(tmp_path):
     from kvtier.tiers.base import TierName
 

@@ -120,11 +120,17 @@ def test_every_chunk_kvtier_stored_is_published_in_host_memory_and_on_disk(publi
     stored = [e for e in events if isinstance(e, BlockStored)]
     cpu = [tuple(e.token_ids) for e in stored if e.medium == "CPU"]
     disk = [tuple(e.token_ids) for e in stored if e.medium == "STORAGE"]
-    assert sorted(cpu) == sorted(full_chunks())  # each chunk once; no tail, nothing else
-    assert len(cpu) == out["kvtier"]["stored_chunks"] - 5  # the 5 tails are not published
-    assert set(disk) <= set(full_chunks()) and len(disk) == len(set(disk))
-    # written in the background (tails too, unpublished): all but a last few before the end
-    assert 6 <= len(disk) <= out["kvtier"]["disk_written_chunks"]
+    counts = out["kvtier"]
+    missed = counts.get("store_no_room_chunks", 0)  # a disk slow to end the writes before
+    assert counts["stored_chunks"] + missed == 8 + 5  # every chunk and tail: stored or counted
+    assert len(cpu) == len(set(cpu)) and set(cpu) <= set(full_chunks())  # each once, no tail
+    assert counts["stored_chunks"] - 5 <= len(cpu) <= counts["stored_chunks"]  # tails unpublished
+    if not missed:
+        assert sorted(cpu) == sorted(full_chunks())
+    assert set(disk) <= set(cpu) and len(disk) == len(set(disk))
+    # written in the background (tails too, unpublished) from host slots, 3 at most at once:
+    # all but the last few before the end
+    assert len(cpu) - 3 <= len(disk) <= counts.get("disk_written_chunks", 0)
     assert all(e.locality == "LOCAL" and e.group_idx == 0 for e in stored if e.medium != "GPU")
 
 
@@ -167,12 +173,13 @@ def test_host_memorys_evictions_are_published_as_removals(published):
             assert held.get(key, 0) == 1, "a removal of a chunk not stored there"
             held[key] -= 1
             removals += 1
-    assert removals >= 5  # 8 chunks (and 5 tails) through 3 host slots
+    # 8 chunks (and 5 tails) through 3 host slots; fewer where some found no slot free
+    assert removals >= (5 if not published[0]["kvtier"].get("store_no_room_chunks") else 0)
     assert 0 < sum(held.values()) <= 3
 
 
 def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_request(runs):
-    (_, first), (out, again), *_ = runs
+    (before, first), (out, again), *_ = runs
     from vllm.distributed.kv_events import BlockStored
 
     written = {tuple(e.token_ids): (tuple(e.block_hashes), e.parent_block_hash)
@@ -184,7 +191,8 @@ def test_a_restarted_engine_publishes_its_disk_from_token_records_without_a_requ
     # the rest of the disk is unnamed: the prompts' tails (one more where a preempted
     # request's grown prompt was offered again), vLLM has no hash for their last block; how
     # many writes the first run's counters saw depends on when its last ones ended
-    assert out["kvtier"]["kv_events_unnamed"] >= 5
+    missed = before["kvtier"].get("store_no_room_chunks", 0)  # never stored, never on disk
+    assert out["kvtier"]["kv_events_unnamed"] >= 5 - missed
     for tokens, named in written.items():
         assert replayed[tokens] == named  # the same hashes as before the restart
 

@@ -23,6 +23,10 @@ _PLAIN = [  # (metric, help, counter)
     ("store_failures_total", "Chunks that failed to store", "store_failed_chunks"),
     ("disk_write_failures_total", "Chunks that failed to reach disk", "disk_failed_chunks"),
     ("load_failures_total", "Chunks that failed to load (recomputed)", "load_failed_chunks"),
+    ("store_no_room_chunks_total", "Chunks (prompt tails too) of finished requests never "
+     "stored: no host slot was free at any of their steps, all held by writes to disk or the "
+     "remote store and by loads in flight (host_capacity too small for the write rate)",
+     "store_no_room_chunks"),
     ("load_cut_chunks_total", "Hits recomputed for want of a free host slot to stage them in "
      "(host_capacity too small for the loads running at once)", "load_cut_chunks"),
     ("room_waits_total", "Times a request was asked to come back next step while host slots "

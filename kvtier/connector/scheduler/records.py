@@ -31,6 +31,7 @@ class Tracked:
 
     request: Any  # vLLM's Request
     stored_upto: int = 0  # chunks already offered for store
+    computed: int = 0  # its most tokens computed at a step planning stores
     store_done: bool = False  # no later chunk can be stored (its pages left a window)
     asynchronous: bool = False  # what the last match promised vLLM
     visible: int | None = None  # tokens its last match found cached, before any cut

@@ -208,6 +208,7 @@ class SchedulerSide:
         the offer there; the request's next step offers it again, while its blocks are
         still the request's own."""
         tracked = self.track(request)
+        tracked.computed = max(tracked.computed, num_computed_after)
         count = num_computed_after // self.geometry.chunk_tokens
         keys = self.chunk_keys(request, count, tracked.stored_upto)  # a decode step: none
         self._stores.plan(tracked, keys, block_ids, meta, stores=self.handoffs.stores)
@@ -268,8 +269,12 @@ class SchedulerSide:
 
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a
-        load from host memory is over before the request's first forward)."""
-        self._tracked.pop(req_id, None)
+        load from host memory is over before the request's first forward). Chunks it
+        computed and never stored, for want of a free host slot, are counted."""
+        tracked = self._tracked.pop(req_id, None)
+        if tracked is not None and self.handoffs.stores and self.keys.keyable(tracked):
+            self.counters["store_no_room_chunks"] += self._stores.unstored(
+                tracked, tracked.computed, self.keys.tail(tracked))
         self.handoffs.forget(req_id)
         if self.presence is not None:
             self.presence.forget(req_id)

@@ -123,6 +123,19 @@ class StorePlanner:
             return
         tracked.tail_done = tracked.tail_stored = True
 
+    def unstored(self, tracked: Tracked, computed: int, tail: Tail | None) -> int:
+        """The chunks (and prompt tail) of a request finishing with ``computed`` tokens
+        computed that were never offered for store: no host slot was free at any step since
+        (all held by writes to disk or the remote store and by loads in flight). None of a
+        request done storing (``store_done``), past ``_keep``, or on a consumer."""
+        if tracked.store_done:
+            return 0
+        keep = self._keep()
+        missed = max(0, min(computed // self.geometry.chunk_tokens, keep) - tracked.stored_upto)
+        if tail is not None and not tracked.tail_done and computed >= tail.end and tail.index < keep:
+            missed += 1
+        return missed
+
     def _keep(self) -> int:
         """The chunks of one request worth storing: as many as the largest tier holds. A
         longer prompt would lose its own first chunks to its later ones, and with them every
