@@ -5,6 +5,7 @@ again (a hung master would otherwise cost the k-th caller k set-ups)."""
 import socket
 import threading
 import time
+from typing import ClassVar
 
 import numpy as np
 
@@ -54,3 +55,58 @@ def test_callers_that_waited_on_a_failed_setup_do_not_set_it_up_again(monkeypatc
     assert len(answers) == 6 and not any(a is IOStatus.OK for a in answers)
     assert FailingStore.setups == 1 and tier.failures == 1
     tier.close()
+
+
+class SlowStore:
+    """A client whose lookups of key 0 and key 1 wait for the test (a healthy store, busy)."""
+
+    gates: ClassVar[dict[int, threading.Event]] = {0: threading.Event(), 1: threading.Event()}
+    names: ClassVar[list[str]] = []
+
+    def setup(self, *args) -> int:
+        return 0
+
+    def batch_is_exist(self, names: list[str]) -> list[int]:
+        for i, gate in SlowStore.gates.items():
+            if names == [SlowStore.names[i]]:
+                assert gate.wait(20), "the test never let the lookup end"
+        return [1] * len(names)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_call_queued_behind_calls_in_time_misses_alone_and_the_tier_stays_in_service(monkeypatch):
+    """Every call thread busy with lookups the store answers within the deadline: the lookup
+    still queued at its deadline fails alone (no answer: not "none held"), the tier is not
+    taken out of service, and the next lookup is answered."""
+    from kvtier.remote.watched_calls import WatchedCalls
+
+    monkeypatch.setattr(mooncake_tier, "client_module", lambda: type("M", (), {
+        "MooncakeDistributedStore": SlowStore}))
+    keys = [ChunkKey(bytes([i]) * 16) for i in range(3)]
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen(16)
+        url = f"mooncake://127.0.0.1:{master.getsockname()[1]}?host=127.0.0.1"
+        tier = mooncake_tier.MooncakeTier(url, NS, 4096, timeout_s=2.0, retry_s=60, environ={})
+        SlowStore.names = [tier._names([key])[0] for key in keys]
+        tier._calls.close()
+        tier._calls = WatchedCalls(2.0, tier._failed, threads=1)  # one call at a time
+        answers: dict[int, object] = {}
+        lookups = [threading.Thread(target=lambda i=i: answers.update(
+            {i: tier.exists_answered([keys[i]])})) for i in range(3)]
+        for lookup in lookups:
+            lookup.start()
+            time.sleep(0.1)  # in this order: 0 runs, 1 and 2 queued
+        time.sleep(0.9)
+        SlowStore.gates[0].set()  # 1 s in: the first ends in time, the second runs from now
+        lookups[2].join(10)  # the third's deadline: the second 1 s into its 2 s
+        SlowStore.gates[1].set()
+        for lookup in lookups:
+            lookup.join(10)
+        # the second's answer is None too: a call failed while it ran (no loss reported)
+        assert answers == {0: [True], 1: None, 2: None}
+        assert not tier.down and tier.failures == 1
+        assert tier.exists([keys[2]]) == [True]
+        tier.close()

@@ -81,6 +81,64 @@ def test_a_call_still_queued_at_its_deadline_never_runs_and_the_tier_hears_of_it
     calls.close()
 
 
+def submitted(calls: WatchedCalls, what: str, call, holds_memory: bool, answers: list) -> threading.Thread:
+    """``calls.run`` on a thread of its own (its answer, or what it raised, into
+    ``answers``), returned once the call is listed (queued or running)."""
+    before = len(calls._running)
+
+    def run():
+        try:
+            answers.append(calls.run(what, call, holds_memory=holds_memory))
+        except BaseException as exc:
+            answers.append(exc)
+    runner = threading.Thread(target=run)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while len(calls._running) == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return runner
+
+
+def test_a_call_queued_behind_calls_within_their_deadlines_fails_alone_and_nothing_is_late():
+    """Every thread busy with a healthy store's calls: the one still queued at its deadline
+    is not the store's fault. It fails alone (``CallsBusy``), the tier hears nothing."""
+    from kvtier.remote.watched_calls import CallsBusy
+
+    late, first, second, ran = Late(), threading.Event(), threading.Event(), threading.Event()
+    calls = WatchedCalls(2.0, late, threads=1)
+    answers: list = []
+    runners = [submitted(calls, "get", blocked(first, "a"), True, answers),
+               submitted(calls, "get", blocked(second, "b"), True, answers),
+               submitted(calls, "exists", ran.set, False, answers)]
+    time.sleep(1.0)
+    first.set()  # the first ends in time; the second runs from now, well within its deadline
+    runners[2].join(10)  # the lookup's deadline: the second 1 s into its 2 s
+    second.set()
+    for runner in runners:
+        runner.join(10)
+    assert answers[0::2] == ["a", "b"] and isinstance(answers[1], CallsBusy)  # in that order
+    assert "not started within 2 s" in str(answers[1])
+    assert late.calls == [] and calls.late == 0
+    assert not ran.is_set()
+    calls.close()
+
+
+def test_a_call_that_started_late_has_its_own_deadline_from_its_start():
+    late, first, second = Late(), threading.Event(), threading.Event()
+    calls = WatchedCalls(2.0, late, threads=1)
+    answers: list = []
+    runner = submitted(calls, "get", blocked(first, "a"), True, answers)
+    lookup = submitted(calls, "exists", blocked(second, "held"), False, answers)
+    time.sleep(1.5)
+    first.set()  # the lookup starts 1.5 s after it was asked
+    time.sleep(1.0)
+    second.set()  # 2.5 s after it was asked, 1 s after it started: an answer in time
+    for thread in (runner, lookup):
+        thread.join(10)
+    assert answers == ["a", "held"] and late.calls == [] and calls.late == 0
+    calls.close()
+
+
 def test_an_error_of_the_call_is_raised_to_its_caller():
     calls = WatchedCalls(5.0, Late())
 

@@ -162,6 +162,15 @@ class RemoteTier(abc.ABC):
         status = IOStatus.TIMED_OUT if isinstance(exc, TimeoutError) else IOStatus.IO_ERROR
         return IOResult(status, 0, f"{what}: {exc}")
 
+    def _busy(self, what: str, exc: BaseException) -> IOResult:
+        """Note a call that failed alone, the store not to blame (``CallsBusy``: every call
+        thread busy with calls within the deadline): a failed round trip to
+        ``exists_answered``, and the tier stays in service."""
+        with self._health:
+            self.failures += 1
+        log.debug("kvtier: remote tier %s: %s failed (%s)", self.describe(), what, exc)
+        return IOResult(IOStatus.TIMED_OUT, 0, f"{what}: {exc}")
+
     def _succeeded(self) -> None:
         """Note a round trip that worked: an outage logged is over (logged once)."""
         if not self._logged_down:

@@ -8,8 +8,9 @@ to ``register`` (the host tier's), else through that scratch (``staged`` counts 
 Every value read is checked down to its payload's checksum; one that fails is removed, so
 that the next put replaces it (a put never overwrites a value the store holds).
 
-Time: every client call runs watched by one deadline, ``timeout_s`` (``WatchedCalls``): past
-it the tier is out of service at once. The client's own timeouts come from ``timeout_s`` too
+Time: every client call runs watched by one deadline, ``timeout_s`` from its start
+(``WatchedCalls``): past it the tier is out of service at once; one still waiting for a call
+thread at its deadline behind calls in time fails alone. The client's own timeouts come from ``timeout_s`` too
 (``MC_RPC_TIMEOUT_MS``, ``MC_TCP_PROGRESS_TIMEOUT_SEC``, each only where unset). A dead master
 costs the client about 4.3 s a call and 4.4 s a setup, holding the GIL, so before the setup,
 and before the first round trip after a failed one, the master's port must take a TCP
@@ -45,7 +46,7 @@ from kvtier.remote.mooncake_log import RecordLog
 from kvtier.remote.mooncake_memory import RegisteredMemory
 from kvtier.remote.mooncake_pieces import fill_pieces, get_result, settle
 from kvtier.remote.values import ValueFormat, value_key
-from kvtier.remote.watched_calls import WatchedCalls
+from kvtier.remote.watched_calls import CallsBusy, WatchedCalls
 
 
 class MooncakeTier(RemoteTier):
@@ -166,6 +167,9 @@ class MooncakeTier(RemoteTier):
             return None
         try:
             answer = self._calls.run(what, lambda: call(client), holds_memory=False)
+        except CallsBusy as exc:  # this call alone
+            self._busy(what, exc)
+            return None
         except Exception as exc:  # a client that refuses its arguments: a failed trip
             self._failed(what, exc)
             return None
@@ -219,6 +223,8 @@ class MooncakeTier(RemoteTier):
         out of service at once; the call, which moves bytes of caller memory, is waited for."""
         try:
             results = self._calls.run(what, call, holds_memory=True)
+        except CallsBusy as exc:  # this call alone
+            return [self._busy(what, exc)] * count
         except Exception as exc:
             return [self._failed(what, exc)] * count
         return [self._out_of_service()] * count if results is None else results

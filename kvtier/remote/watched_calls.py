@@ -8,8 +8,13 @@ given ``TimeoutError`` naming the deadline), then
 
 - a call that holds no caller memory (``holds_memory=False``: a lookup) is left to end on its
   own thread, and the caller gets ``None`` within the deadline;
-- a call still queued at its deadline (every thread held by late calls) never runs: it is
-  failed the same way (``on_late``), so that its caller's None never reads as an answer;
+- a call still queued at its deadline never runs. Where a thread is held by a call past its
+  own deadline (the store is late), it is failed the same way (``on_late``), so that its
+  caller's None never reads as an answer. Where every thread is busy with calls still
+  within theirs (a healthy store under load), the store is not blamed: ``CallsBusy`` is
+  raised for that call alone;
+- a call that started after some time queued has its own deadline from its start (time
+  queued is not the store's): its caller waits less than two deadlines in all;
 - a call that moves bytes into or out of caller memory (a get, a put) is waited for to its
   end: the transfer engine owns those buffers until the call returns, and a caller that
   reused them sooner could find another transfer's bytes in them. Callers wait on such reads
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -35,6 +41,22 @@ log = logging.getLogger("kvtier")
 CLOSE_WAIT_S = 10.0  # the longest closing waits for calls still running before closing the client
 
 
+class CallsBusy(TimeoutError):
+    """A call still queued at its deadline, every call thread busy with calls within theirs
+    (none past it): that call fails, and the store is not to blame."""
+
+
+class _Running:
+    """When one call started running (None: not yet)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def run(self, call: Callable[[], T]) -> T:
+        self.started = time.monotonic()
+        return call()
+
+
 class WatchedCalls:
     """Run client calls on up to ``threads`` threads, each watched by ``deadline_s``."""
 
@@ -44,19 +66,21 @@ class WatchedCalls:
         self._on_late = on_late
         self._pool = started_pool(threads, name)  # none to start later, in a step
         self._lock = threading.Lock()
-        self._running: set[Future] = set()  # calls submitted and not over (late ones too)
+        self._running: dict[Future, _Running] = {}  # calls submitted and not over (late too)
         self.late = 0  # calls that ran past their deadline
 
     def run(self, what: str, call: Callable[[], T], *, holds_memory: bool) -> T | None:
-        """``call()``'s answer; None when it holds no memory and ran past the deadline, or
-        never ran (still queued at its deadline, or this object closed). An exception
-        ``call`` raises is raised here."""
-        try:
-            future: Future[T] = self._pool.submit(call)
-        except RuntimeError:  # closed meanwhile
-            return None
-        with self._lock:
-            self._running.add(future)
+        """``call()``'s answer; None when it holds no memory and ran past its deadline, or
+        never ran (still queued behind late calls at its deadline, or this object closed).
+        ``CallsBusy`` for a call still queued at its deadline behind calls within theirs. An
+        exception ``call`` raises is raised here."""
+        running = _Running()
+        with self._lock:  # listed before its end can unlist it
+            try:
+                future: Future[T] = self._pool.submit(running.run, call)
+            except RuntimeError:  # closed meanwhile
+                return None
+            self._running[future] = running
         future.add_done_callback(self._over)
         try:
             return future.result(timeout=self.deadline_s)
@@ -64,23 +88,38 @@ class WatchedCalls:
             pass
         except CancelledError:  # closed before it ran
             return None
-        if future.cancel():  # still queued behind late calls: it never runs, and no answer
-            self._on_late(what, TimeoutError(  # is no "not there" (the tier goes out of service)
-                f"not started within {self.deadline_s:g} s (remote_timeout): every call thread "
-                "is held by calls past it"))
+        if future.cancel():  # still queued: it never runs
+            self._unstarted(what)
             return None
+        started = running.started
+        assert started is not None  # not cancelled: it runs, or ran
+        try:  # its own deadline counts from its start: time queued is not the store's
+            return future.result(timeout=max(0.0, started + self.deadline_s - time.monotonic()))
+        except FutureTimeout:
+            pass
         self.late += 1
         self._on_late(what, TimeoutError(f"no answer within {self.deadline_s:g} s (remote_timeout)"))
         if not holds_memory:
             return None
-        try:
-            return future.result()
-        except CancelledError:  # closed before it ran: it holds nothing
-            return None
+        return future.result()
+
+    def _unstarted(self, what: str) -> None:
+        """A call cancelled while queued at its deadline: the tier hears of it where a call
+        past its own deadline holds a thread; ``CallsBusy`` where none does."""
+        now = time.monotonic()
+        with self._lock:
+            late = [f for f, r in self._running.items() if not f.done()
+                    and r.started is not None and now - r.started >= self.deadline_s]
+        if not late:
+            raise CallsBusy(f"{what}: not started within {self.deadline_s:g} s (remote_timeout): "
+                            "every call thread busy with calls within it")
+        self._on_late(what, TimeoutError(  # no answer is no "not there": the tier goes out
+            f"not started within {self.deadline_s:g} s (remote_timeout): every call thread "
+            "is held by calls past it"))
 
     def _over(self, future: Future) -> None:
         with self._lock:
-            self._running.discard(future)
+            self._running.pop(future, None)
 
     def close(self, release: Callable[[], Any] | None = None) -> bool:
         """Take no more calls, wait up to three deadlines (``CLOSE_WAIT_S`` at most, a second
@@ -89,7 +128,7 @@ class WatchedCalls:
         left: a call into a closed client crashes the process. True when none was left."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            running = list(self._running)
+            running = list(self._running.keys())
         wait_s = min(CLOSE_WAIT_S, max(1.0, 3 * self.deadline_s))
         over = not wait_futures(running, timeout=wait_s).not_done
         if not over:
