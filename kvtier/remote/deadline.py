@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kvtier.remote.resolve import RESOLVER
+
 _current = threading.local()  # .at: the monotonic time this thread's round trip must end by
 
 
@@ -104,18 +106,50 @@ class DeadlineSocket:
 
 class DeadlineMixin:
     """Mixed into a redis-py connection class: its socket is a ``DeadlineSocket``, and its
-    connect waits at most the time left too: the TCP connect, and a TLS connection's
-    handshake after it (redis-py gives the handshake the connect timeout again)."""
+    connect waits at most the time left too: the host name's lookup (``resolve.py``), the
+    TCP connect, and a TLS connection's handshake after it (redis-py gives the handshake
+    the connect timeout again)."""
 
     socket_connect_timeout: float | None
     socket_timeout: float | None
+    socket_type: int
+    host: str
+    port: int
 
     def _connect(self) -> Any:
+        host = getattr(self, "host", None)
+        if not isinstance(host, str):  # a Unix socket's: nothing to resolve
+            with self._connect_bounded():
+                return DeadlineSocket(super()._connect())  # type: ignore[misc]
         with self._connect_bounded():
-            sock = super()._connect()  # type: ignore[misc]
-        return DeadlineSocket(sock)
+            addresses = RESOLVER.addresses(host, self.port, self.socket_type, self.socket_connect_timeout)
+        failure: OSError | None = None
+        for address in addresses:  # in the resolver's order, as redis-py tries them
+            try:
+                with self._connect_bounded(), self._literal(host, address[4][0]):
+                    return DeadlineSocket(super()._connect())  # type: ignore[misc]
+            except OSError as exc:
+                failure = exc
+        raise failure or OSError(f"{host} resolved to no address")
+
+    @contextmanager
+    def _literal(self, name: str, address: str) -> Iterator[None]:
+        """Within the block the connection's host is ``address`` (redis-py's lookup of it
+        is then at once), its name kept for a TLS handshake (``_wrap_socket_with_ssl``)."""
+        self.host, self._host_name = address, name
+        try:
+            yield
+        finally:
+            self.host = name
 
     def _wrap_socket_with_ssl(self, sock: Any) -> Any:
+        literal, self.host = self.host, getattr(self, "_host_name", self.host)  # the name
+        try:  # the server's certificate is checked against
+            return self._wrap_bounded(sock)
+        finally:
+            self.host = literal
+
+    def _wrap_bounded(self, sock: Any) -> Any:
         with self._connect_bounded():
             if self.socket_connect_timeout is not None:  # (redis-py before 8.2 leaves the
                 sock.settimeout(self.socket_connect_timeout)  # socket_timeout set for it)
