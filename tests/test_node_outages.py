@@ -42,3 +42,18 @@ def test_a_trial_that_never_reached_its_node_is_claimed_again_after_retry_s():
     assert isinstance(outages.admit("a"), NodeOut)
     now[0] = 10.0
     assert outages.admit("a") is None and outages.on_trial("a")
+
+
+def test_a_node_no_round_trip_asks_any_more_is_forgotten_once_another_fails():
+    """A failed-over node's address is never asked again (the slot map moved on): its
+    entry goes, so that nodes that came and went do not pile up in a long-lived engine."""
+    from kvtier.remote import node_outages
+
+    now = [0.0]
+    outages = outages_at(now)
+    outages.failed("gone", ConnectionRefusedError())
+    now[0] = 6.0 + node_outages.FORGET_S  # its retry due longer than that: nothing asked it
+    outages.failed("b", TimeoutError("no reply"))
+    assert outages.names() == ["b"] and "gone" not in outages._until
+    outages.failed("b", TimeoutError("no reply"))  # one still failing stays, and warned once
+    assert list(outages._until) == ["b"] and outages._until["b"][1]

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 log = logging.getLogger("kvtier")
+FORGET_S = 600.0  # a node out that no round trip asked for this long after its retry is forgotten
 
 
 class NodeOut(ConnectionError):
@@ -74,10 +75,14 @@ class NodeOutages:
         """Note that ``node`` failed a round trip (``exc``): out of service for ``retry_s``;
         ``quiet``: logged at debug only, and its coming back too (the whole tier's going out
         of service is logged instead)."""
+        now = self._clock()
         with self._lock:
             self.failures += 1
             warned = self._until.get(node, (0.0, False, False))[1]  # for this outage already
-            self._until[node] = (self._clock() + self.retry_s, warned or not quiet, False)
+            self._until[node] = (now + self.retry_s, warned or not quiet, False)
+            for other, (until, _, _) in list(self._until.items()):  # asked no more: gone
+                if until + FORGET_S < now:  # (failed over, its address moved on)
+                    del self._until[other]
         if not (warned or quiet):
             log.warning("kvtier: remote tier %s: cluster node %s failed (%s); its keys are misses, "
                         "it is tried again every %g s", self._store, node, exc, self.retry_s)
