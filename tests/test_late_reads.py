@@ -226,3 +226,51 @@ def test_writes_a_hung_drive_never_ends_take_its_path_out_and_give_host_memory_b
         engine.release()
         side.close()
         scheduler.close()
+
+
+def test_a_demotion_whose_queued_write_was_cancelled_is_failed_once(tmp_path):
+    """A load's write-back demotions wait for their writes; a queued one cancelled (its drive
+    taken out of service meanwhile) is failed by the cancelling. The wait must end then (a
+    plain cancel told no waiter: the job's thread, stuck behind the hung one, would have),
+    and the demotion must not fail it again, nor the other writes that report their own
+    outcomes: a chunk failed twice by one rank reads, with two ranks, as failed by both."""
+    import threading
+    import time
+
+    from kvtier.connector.common.messages import DiskWrite
+    from kvtier.connector.worker.load_tracker import ReadGate
+    from tests.helpers.worker_side import worker_and_engine
+
+    side, _, engine = worker_and_engine(tmp_path, io_threads=1)
+    disk = side._disk
+    a, b = b"a" * 16, b"b" * 16
+    engine.hold()  # the drive stops answering
+    try:
+        disk.submit_writes([(0, a, 0)])  # holds the path's only thread
+        raised: list[BaseException] = []
+
+        load = RequestLoad("r", (), demotions=(DiskWrite(b, host_slot=1, disk_slot=1),))
+
+        def demote() -> None:  # the load's job: its demotions, then its reads (none)
+            try:
+                disk.demote_then_read(load, ReadGate(), lambda load: {})
+            except BaseException as exc:
+                raised.append(exc)
+        demoting = threading.Thread(target=demote)
+        demoting.start()
+        wait_until(lambda: len(disk._writing) == 2, "the demotion's write was never queued")
+        for _ in range(50):  # writes out past a timeout, three times: the path goes out
+            time.sleep(0.02)
+            if disk.note_stalled_writes(0.01):
+                break
+    finally:
+        engine.release()
+    demoting.join(10)
+    assert not demoting.is_alive(), "the demotion waited on for ever for a write cancelled"
+    assert raised == []
+    wait_until(lambda: not disk._writing, "the first write never ended")
+    report = side.report()
+    side.close()
+    assert report.paths_down
+    assert report.disk_written[a] + report.disk_failed[a] == 1  # its own outcome, once
+    assert (report.disk_written[b], report.disk_failed[b]) == (0, 1)  # failed once

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Generic, TypeVar
 
 from kvtier.io.batch_reads import READ_GROUP_BYTES
+from kvtier.io.guarded import cancel
 from kvtier.io.result import IOResult, IOStatus
 
 # the chunks of one write job, at most (at least one chunk), as for reads
@@ -148,7 +149,7 @@ class WriteGroups(Generic[T]):
         for group in dropped:
             self._over(group, [result] * len(group.items))
         for job in queued:
-            job.cancel()  # only one not running yet is: ``_ended`` gives its group back
+            cancel(job)  # only one not running yet is: ``_ended`` gives its group back
         return sum(len(group.items) for group in dropped)
 
     def _next(self) -> WriteGroup[T] | None:

@@ -25,6 +25,7 @@ from typing import Any
 log = logging.getLogger("kvtier")
 JOIN_S = 30.0  # how long the threads of a pool starting may take to reach their first job
 _refused = threading.Event()  # a thread was refused: said once a process
+_cancelling = threading.Lock()  # one cancel at a time: a future's waiters are told once
 
 
 def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any,
@@ -36,20 +37,26 @@ def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any
     try:
         queued = pool.submit(run_into, future, partial(job, *args))
     except BaseException:
-        if _cancel(future):  # the job never runs, even if the pool queued it
+        if cancel(future):  # the job never runs, even if the pool queued it
             raise
         return future  # a thread took it meanwhile: it ends as any job does
-    queued.add_done_callback(lambda q: _cancel(future) if q.cancelled() else None)
+    queued.add_done_callback(lambda q: cancel(future) if q.cancelled() else None)
     return future
 
 
-def _cancel(future: Future) -> bool:
-    """Cancel ``future`` unless it runs or ran, and tell its waiters (``wait`` counts a
-    future cancelled as done only once told); True when cancelled."""
-    if not future.cancel():
-        return False
-    future.set_running_or_notify_cancel()
-    return True
+def cancel(future: Future) -> bool:
+    """Cancel ``future`` unless it runs or ran, and tell its waiters at once: ``wait``
+    counts a future cancelled as done only once told, and a plain ``Future.cancel`` leaves
+    that to the thread that would have run it, which a job queued behind a hung one never
+    gets to. True when cancelled (now, or before). Every cancel of a guarded job's future
+    goes through here."""
+    with _cancelling:
+        if future.cancelled():  # cancelled here before: told then
+            return True
+        if not future.cancel():
+            return False
+        future.set_running_or_notify_cancel()
+        return True
 
 
 def run_into(future: Future, job: Callable[[], Any]) -> None:

@@ -16,6 +16,7 @@ from kvtier.connector.worker.ledger import WorkerLedger
 from kvtier.connector.worker.load_tracker import ReadGate, Reads, failed_read
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.batch_reads import ReadGroup, start_groups
+from kvtier.io.guarded import cancel
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.shared.reads import OtherReads, SlotRef
@@ -164,8 +165,8 @@ class WorkerDisk:
         done, _ = wait_futures([future for _, future in started], timeout=timeout)
         late = {slot_of[key] for keys, future in started if future not in done for key in keys}
         for _, future in started:
-            if future in done:
-                future.result()
+            if future in done and not future.cancelled():  # (a cancelled job's chunks are
+                future.result()  # failed by its cancelling: ``_write_over``)
         return late
 
     def submit_writes(self, items: list[tuple[int, bytes, int]]) -> list[tuple[list[ChunkKey], Future]]:
@@ -220,7 +221,7 @@ class WorkerDisk:
                 out.add(queue)
         for future, (_, slot, _) in list(self._writing.items()):
             if self._lane.queue_of(slot) in out:
-                future.cancel()  # only a job not running yet is: its outcome is a failure
+                cancel(future)  # only a job not running yet is: its outcome is a failure
         return bool(out)
 
     def _write(self, items: list, records: dict[ChunkKey, bytes]) -> None:
