@@ -154,6 +154,11 @@ def test_chunks_and_a_tail_a_request_finished_without_a_host_slot_for_are_counte
     side.plan_stores(late, blocks(CHUNK), CHUNK, StepPlan())  # its first chunk, then room
     side.request_finished("b")  # ended in its prefill: only what it computed counts
     assert side.counters["store_no_room_chunks"] == 3
+    drafts = prompt("c", 2 * CHUNK, seed=4)  # both chunks stored, then a step with drafts
+    side.plan_stores(drafts, blocks(2 * CHUNK), 2 * CHUNK, StepPlan())
+    side.plan_stores(drafts, blocks(3 * CHUNK), 2 * CHUNK + CHUNK, StepPlan())  # 1 + 31 drafts
+    side.request_finished("c")  # no third chunk: vLLM kept (and hashed) none of it
+    assert side.counters["store_no_room_chunks"] == 3
 
 
 def test_a_loads_tokens_are_counted_by_the_tier_they_come_from(tmp_path):

@@ -459,3 +459,23 @@ def test_a_check_failed_on_a_slot_still_written_back_keeps_it_until_the_write_is
         engine.release()
         side.close()
         w.close(5)
+
+
+def test_closing_waits_for_the_check_running_not_for_those_it_cancelled(tmp_path):
+    """Closing cancels the checks still queued (a pool's plain cancel tells no ``wait``er:
+    only the thread that would run them does) and waits for the one running: it ends as
+    soon as that one does, instead of always waiting its whole timeout and saying no."""
+    import threading
+
+    w, _ = worker(tmp_path, verify_sample=1)
+    verify = w._verify
+    assert verify is not None
+    started, release = threading.Event(), threading.Event()
+    running = verify._pool.submit(lambda: (started.set(), release.wait(20)))
+    queued = verify._pool.submit(lambda: None)  # behind it: the pool has one thread
+    verify._jobs = [running, queued]
+    assert started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert verify.close(timeout=20) is True
+    assert queued.cancelled() and running.done() and not running.cancelled()
+    w.close()

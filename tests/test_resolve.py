@@ -62,7 +62,7 @@ def test_a_resolver_that_does_not_answer_costs_the_caller_its_timeout_only():
     assert resolver.addresses("store.example", 6379, 0, 0.0) == LOCAL
 
 
-def test_an_answer_is_kept_then_asked_again_and_used_while_the_resolver_fails(monkeypatch):
+def test_an_answer_is_kept_and_past_that_used_at_once_while_the_name_is_asked_again(monkeypatch):
     lookups = Lookups()
     resolver = Resolver(lookup=lookups)
     assert resolver.addresses("store.example", 6379, 0, 5.0) == LOCAL
@@ -71,12 +71,47 @@ def test_an_answer_is_kept_then_asked_again_and_used_while_the_resolver_fails(mo
     monkeypatch.setattr(resolve, "TTL_S", 0.0)
     lookups.fail = True
     assert resolver.addresses("store.example", 6379, 0, 5.0) == LOCAL  # the last answer
+    wait_for(lambda: len(lookups.asked) == 2 and not resolver._asking)  # asked again: failed
     lookups.hang.set()
-    assert resolver.addresses("store.example", 6379, 0, 0.2) == LOCAL  # late: the last answer
-    assert lookups.asked == ["store.example"] * 3
+    answers: list = []
+    asking = threading.Thread(target=lambda: answers.append(
+        resolver.addresses("store.example", 6379, 0, None)))  # no bound: a wait would hang
+    asking.start()
+    asking.join(5)
+    assert answers == [LOCAL], "a kept answer waited on a resolver that does not answer"
     lookups.release.set()
     with pytest.raises(socket.gaierror):  # a name never answered: the resolver's error
         resolver.addresses("other.example", 6379, 0, 5.0)
+
+
+def test_a_literal_address_is_its_own_answer_without_the_resolver():
+    lookups = Lookups()
+    lookups.hang.set()  # a lookup would hang
+    resolver = Resolver(lookup=lookups)
+    (answer,) = resolver.addresses("127.0.0.1", 6379, socket.AF_INET, 0.0)
+    assert answer[4] == ("127.0.0.1", 6379) and lookups.asked == []
+    assert resolve.connect_host((socket.AF_INET6, 1, 6, "", ("fe80::1", 6379, 0, 2))) == "fe80::1%2"
+    assert resolve.connect_host(answer) == "127.0.0.1"
+
+
+def test_a_lookup_no_thread_can_start_for_fails_as_the_resolver_would():
+    from concurrent.futures import ThreadPoolExecutor
+
+    resolver = Resolver(lookup=Lookups())
+    resolver._pool = ThreadPoolExecutor(1)
+    resolver._pool.shutdown()  # every submit refused
+    with pytest.raises(OSError, match="no thread to look it up"):
+        resolver.addresses("store.example", 6379, 0, 1.0)
+    assert not resolver._asking
+    resolver.after_fork()  # as in a child process: new threads on the next lookup
+    assert resolver.addresses("store.example", 6379, 0, 5.0) == LOCAL
+
+
+def wait_for(done, limit_s: float = 10.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
 
 
 @needs_redis

@@ -175,3 +175,22 @@ def test_the_client_is_closed_only_once_no_call_runs_in_it(monkeypatch):
     threading.Timer(0.2, release2.set).start()  # it ends while close waits
     monkeypatch.setattr(watched, "CLOSE_WAIT_S", 10.0)
     assert calls.close(lambda: closed.append(1)) is True and closed == [1]
+
+
+def test_a_call_running_before_its_start_was_noted_is_waited_for_as_running(monkeypatch):
+    """The pool sets a call running before it notes its start: a caller whose wait ended in
+    between found it neither queued nor started (an AssertionError, which took the tier
+    out while the transfer went on in caller memory). It is waited for as running."""
+    from kvtier.remote import watched_calls
+
+    noted = watched_calls._Running.run
+
+    def slow_to_note(self, call):
+        time.sleep(0.3)  # the caller's 0.2 s wait ends before the start is noted
+        return noted(self, call)
+    monkeypatch.setattr(watched_calls._Running, "run", slow_to_note)
+    late = Late()
+    calls = WatchedCalls(0.2, late)
+    assert calls.run("get", lambda: "bytes", holds_memory=True) == "bytes"
+    assert late.calls == [] and calls.late == 0
+    calls.close()

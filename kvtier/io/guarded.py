@@ -25,7 +25,9 @@ from typing import Any
 log = logging.getLogger("kvtier")
 JOIN_S = 30.0  # how long the threads of a pool starting may take to reach their first job
 _refused = threading.Event()  # a thread was refused: said once a process
-_cancelling = threading.Lock()  # one cancel at a time: a future's waiters are told once
+# a future's waiters are told once: one cancel, or one start, at a time (reentrant: a
+# cancel's done callbacks run under it, and may cancel or submit in turn)
+_cancelling = threading.RLock()
 
 
 def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any,
@@ -61,8 +63,9 @@ def cancel(future: Future) -> bool:
 
 def run_into(future: Future, job: Callable[[], Any]) -> None:
     """Run ``job`` into ``future``, unless the future was cancelled first."""
-    if future.cancelled() or not future.set_running_or_notify_cancel():
-        return
+    with _cancelling:  # not between a cancel and its telling (told twice: RuntimeError)
+        if future.cancelled() or not future.set_running_or_notify_cancel():
+            return
     try:
         result = job()
     except BaseException as exc:

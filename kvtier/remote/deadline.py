@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kvtier.remote.resolve import RESOLVER
+from kvtier.remote.resolve import RESOLVER, connect_host
 
 _current = threading.local()  # .at: the monotonic time this thread's round trip must end by
 
@@ -126,7 +126,7 @@ class DeadlineMixin:
         failure: OSError | None = None
         for address in addresses:  # in the resolver's order, as redis-py tries them
             try:
-                with self._connect_bounded(), self._literal(host, address[4][0]):
+                with self._connect_bounded(), self._literal(host, connect_host(address)):
                     return DeadlineSocket(super()._connect())  # type: ignore[misc]
             except OSError as exc:
                 failure = exc

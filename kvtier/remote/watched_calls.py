@@ -91,8 +91,7 @@ class WatchedCalls:
         if future.cancel():  # still queued: it never runs
             self._unstarted(what)
             return None
-        started = running.started
-        assert started is not None  # not cancelled: it runs, or ran
+        started = running.started or time.monotonic()  # running, its start not noted yet
         try:  # its own deadline counts from its start: time queued is not the store's
             return future.result(timeout=max(0.0, started + self.deadline_s - time.monotonic()))
         except FutureTimeout:

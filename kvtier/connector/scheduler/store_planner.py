@@ -127,11 +127,14 @@ class StorePlanner:
         """The chunks (and prompt tail) of a request finishing with ``computed`` tokens
         computed that were never offered for store: no host slot was free at any step since
         (all held by writes to disk or the remote store and by loads in flight). None of a
-        request done storing (``store_done``), past ``_keep``, or on a consumer."""
+        request done storing (``store_done``), past ``_keep``, past the tokens vLLM hashed
+        (a step's speculative tokens are computed, not all kept), or on a consumer."""
         if tracked.store_done:
             return 0
         keep = self._keep()
-        missed = max(0, min(computed // self.geometry.chunk_tokens, keep) - tracked.stored_upto)
+        keyed = len(tracked.request.block_hashes) // self.geometry.hashes_per_chunk  # (drafts
+        full = min(computed // self.geometry.chunk_tokens, keep, keyed)  # a step counted: none)
+        missed = max(0, full - tracked.stored_upto)
         if tail is not None and not tracked.tail_done and computed >= tail.end and tail.index < keep:
             missed += 1
         return missed

@@ -143,4 +143,5 @@ class WorkerVerify:
     def close(self, timeout: float) -> bool:
         """Stop taking checks; True when the ones running ended within ``timeout``."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        return not wait_futures(self._jobs, timeout=timeout).not_done
+        running = [job for job in self._jobs if not job.cancelled()]  # (a cancel tells no
+        return not wait_futures(running, timeout=timeout).not_done  # ``wait``er)
