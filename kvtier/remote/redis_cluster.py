@@ -133,7 +133,8 @@ def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
     of its pool is taken: its pooled ones stay in step, kept for the next round trip.
     Each exchange sent says whether its node's turn came with at least its share of the
     round trip's time left (that over every node and the reads): a node whose turn came
-    late (a slow node's large write before it) and that then times out is not blamed."""
+    late (a slow node's large write before it) and that then times out, connecting or
+    reading, is not blamed."""
     sent: list[Sent] = []
     budget = time_left()
     for at, (node, request, indexes) in enumerate(requests):
@@ -142,12 +143,13 @@ def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
                 "not sent: another node of the cluster took the round trip's time"), replies, False)
             continue
         left = time_left()
+        fair = budget is None or left is None or left >= budget / (len(requests) + 1)
         pool = client.get_redis_connection(node).connection_pool
         try:
             with bounded(None if left is None else left / (len(requests) - at + 1)):
                 taken.append((pool, pool.get_connection()))  # (made now where none is pooled)
-        except Exception as exc:
-            _node_failed(node, indexes, exc, replies)
+        except Exception as exc:  # a connect cut short by the nodes before: not its own
+            _node_failed(node, indexes, exc, replies, fair or not isinstance(as_builtin(exc), TimeoutError))
             continue
         exchange = PooledExchange(taken[-1][1], request)
         try:
@@ -156,7 +158,6 @@ def _send_all(client: Any, requests: Requests, replies: ClusterReplies,
             taken[-1][1].disconnect()  # out of step
             _node_failed(node, indexes, exc, replies)
             continue
-        fair = budget is None or left is None or left >= budget / (len(requests) + 1)
         sent.append((node, exchange, indexes, fair))
     return sent
 
