@@ -27,9 +27,11 @@ def test_a_short_soak_serves_no_wrong_byte(tmp_path):
     assert counts["gets"] > 100 and counts["puts"] > 100
     assert sum(v for k, v in counts.items() if k.startswith("fault ")) >= 10
     # bytes flipped in, or cut off, the slot files the store wrote (wherever its layout puts
-    # them), and the store caught some of them on reading
+    # them), and faults met on reading, caught: whether a flipped byte is read again before
+    # its chunk leaves is chance (a short soak once read none of 11 back); that one read is
+    # caught is tests/test_disk_faults.py's
     assert counts.get("fault flip", 0) + counts.get("fault truncate", 0) >= 1
-    assert counts["counted corruptions"] >= 1
+    assert counts["counted corruptions"] + counts["counted io_errors"] >= 1
     assert counts["fault kill -9 of a writer"] >= 1 and data["fd_drift"] == 0
     assert counts["phases write_through"] >= 1 and counts["phases write_back"] >= 1
 
