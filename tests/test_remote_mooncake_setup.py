@@ -110,3 +110,45 @@ def test_a_call_queued_behind_calls_in_time_misses_alone_and_the_tier_stays_in_s
         assert not tier.down and tier.failures == 1
         assert tier.exists([keys[2]]) == [True]
         tier.close()
+
+
+class UnansweredStore:
+    """A client whose master takes connections but answers no call (until ``answers``)."""
+
+    answers = False
+
+    def setup(self, *args) -> int:
+        return 0
+
+    def batch_is_exist(self, names: list[str]) -> list[int]:
+        from kvtier.remote.mooncake_client import RPC_FAIL
+
+        return [1 if UnansweredStore.answers else RPC_FAIL] * len(names)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_tier_is_back_in_service_once_a_call_works_not_once_the_port_takes_a_connection(
+        monkeypatch, caplog):
+    """A paused or broken master whose port still takes connections (its kernel does): the
+    probe before a trial passes, the call fails. The tier is not said back in service then,
+    only once a call works."""
+    import logging
+
+    monkeypatch.setattr(mooncake_tier, "client_module", lambda: type("M", (), {
+        "MooncakeDistributedStore": UnansweredStore}))
+    caplog.set_level(logging.INFO, logger="kvtier")
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen(16)
+        url = f"mooncake://127.0.0.1:{master.getsockname()[1]}?host=127.0.0.1"
+        tier = mooncake_tier.MooncakeTier(url, NS, 4096, timeout_s=1.0, retry_s=0.1, environ={})
+        for _ in range(3):  # trials after remote_retry: the port takes them, the call fails
+            assert tier.exists_answered([ChunkKey(b"k" * 16)]) is None and tier.down
+            time.sleep(0.15)
+        assert "back in service" not in caplog.text
+        UnansweredStore.answers = True
+        assert tier.exists_answered([ChunkKey(b"k" * 16)]) == [True] and not tier.down
+        assert caplog.text.count("back in service") == 1
+        tier.close()

@@ -171,6 +171,16 @@ class RemoteTier(abc.ABC):
         log.debug("kvtier: remote tier %s: %s failed (%s)", self.describe(), what, exc)
         return IOResult(IOStatus.TIMED_OUT, 0, f"{what}: {exc}")
 
+    def _out_of_service(self) -> IOResult:
+        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.describe()} out of service")
+
+    def _answered(self, failures: int) -> None:
+        """A call went through with no failure of this tier's since it began (``failures``
+        then): an outage logged is over (not on a port taking a connection alone: a paused
+        server's kernel takes them)."""
+        if self.failures == failures:
+            self._succeeded()
+
     def _succeeded(self) -> None:
         """Note a round trip that worked: an outage logged is over (logged once)."""
         if not self._logged_down:

@@ -10,11 +10,12 @@ that the next put replaces it (a put never overwrites a value the store holds).
 
 Time: every client call runs watched by one deadline, ``timeout_s`` from its start
 (``WatchedCalls``): past it the tier is out of service at once; one still waiting for a call
-thread at its deadline behind calls in time fails alone. The client's own timeouts come from ``timeout_s`` too
-(``MC_RPC_TIMEOUT_MS``, ``MC_TCP_PROGRESS_TIMEOUT_SEC``, each only where unset). A dead master
-costs the client about 4.3 s a call and 4.4 s a setup, holding the GIL, so before the setup,
-and before the first round trip after a failed one, the master's port must take a TCP
-connection within ``timeout_s`` (a dead master refuses it at once).
+thread at its deadline behind calls in time fails alone. The client's own timeouts come from
+``timeout_s`` too (``MC_RPC_TIMEOUT_MS``, ``MC_TCP_PROGRESS_TIMEOUT_SEC``, each only where
+unset). A dead master costs the client about 4.3 s a call and 4.4 s a setup, holding the
+GIL, so before the setup, and before the first round trip after a failed one, the master's
+port must take a TCP connection within ``timeout_s`` (a dead master refuses it at once); the
+tier is back in service once a call succeeds (a paused master's kernel takes connections).
 """
 
 from __future__ import annotations
@@ -67,11 +68,9 @@ class MooncakeTier(RemoteTier):
         self._ns, self._prefix, self._timeout_s = namespace.digest(), prefix, timeout_s
         self._format = ValueFormat(self._ns, raw_bytes, parts)
         self._hb = self._format.header_bytes  # a value's bytes before its payload
-        self._environ = os.environ if environ is None else environ
-        self._module = client_module()
-        self._lock = threading.Lock()
+        self._environ, self._module = os.environ if environ is None else environ, client_module()
+        self._lock, self._connecting = threading.Lock(), threading.Lock()  # (one setup at a time)
         self._client: Any = None  # set up on first use: a master down at start is a miss
-        self._connecting = threading.Lock()
         self._suspect = False  # a round trip failed: probe before the next one
         self._memory = RegisteredMemory(redacted(url), self._hb, raw_bytes)
         self._calls = WatchedCalls(timeout_s, self._failed, name="kvtier-mooncake")
@@ -89,9 +88,8 @@ class MooncakeTier(RemoteTier):
         return [value_key(self._prefix, self._ns, k).decode() for k in keys]
 
     def _ready(self, what: str) -> Any:
-        """The client, or an ``IOResult`` saying why not. Before it is set up, and after a
-        failed round trip, the master's port must take a connection within ``timeout_s``:
-        a dead master is refused at once instead of the client's 4.3 s of reconnecting."""
+        """The client, or an ``IOResult`` saying why not. Before it is set up, and after a failed
+        round trip, the master's port must take a connection within ``timeout_s``."""
         if self.down:
             return self._out_of_service()
         with self._lock:
@@ -115,11 +113,7 @@ class MooncakeTier(RemoteTier):
             client = self._client
         if client is None:
             return self._out_of_service()
-        self._succeeded()  # the master answers again: an outage logged is over
-        return client
-
-    def _out_of_service(self) -> IOResult:
-        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.describe()} out of service")
+        return client  # (back in service once a call through it works: ``_answered``)
 
     def _connect(self) -> None:
         """Set the client up (it holds the GIL meanwhile: a master reachable but hung
@@ -136,10 +130,6 @@ class MooncakeTier(RemoteTier):
         with self._lock:
             self._suspect = True
         return super()._failed(what, exc)
-
-    def _note_broken(self, broken: IOResult | None) -> None:  # a holder did not answer
-        if broken is not None:
-            self._failed("get", ConnectionError(broken.detail))
 
     def _trip_failed(self, what: str, codes: Sequence[int]) -> IOResult | None:
         """The failure of a round trip the master did not answer (tier out of service)."""
@@ -165,6 +155,7 @@ class MooncakeTier(RemoteTier):
         client = self._ready(what)
         if isinstance(client, IOResult):
             return None
+        failures = self.failures
         try:
             answer = self._calls.run(what, lambda: call(client), holds_memory=False)
         except CallsBusy as exc:  # this call alone
@@ -173,7 +164,10 @@ class MooncakeTier(RemoteTier):
         except Exception as exc:  # a client that refuses its arguments: a failed trip
             self._failed(what, exc)
             return None
-        return None if answer is None or self._trip_failed(what, codes(answer)) is not None else answer
+        if answer is None or self._trip_failed(what, codes(answer)) is not None:
+            return None
+        self._answered(failures)
+        return answer
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
         codes = self._ask("exists", lambda client: client.batch_is_exist(self._names(keys)))
@@ -211,8 +205,8 @@ class MooncakeTier(RemoteTier):
                    else get_result(self._format, client, *item)
                    for item in zip(names, keys, codes, headers, payloads, strict=True)]
         broken = settle(client, names, results)
-        if failed is None:  # the master answered: a transfer of its holders failed
-            self._note_broken(broken)
+        if failed is None and broken is not None:  # the master answered: a holder did not
+            self._failed("get", ConnectionError(broken.detail))
         for result, out, payload, copy in zip(results, outs, payloads, staged, strict=True):
             if result.ok and copy:
                 out[: self.raw_bytes] = payload
@@ -221,13 +215,17 @@ class MooncakeTier(RemoteTier):
     def _watched(self, what: str, count: int, call: Callable[[], list[IOResult]]) -> list[IOResult]:
         """``call()`` on a watched thread (``WatchedCalls``): past ``timeout_s`` the tier is
         out of service at once; the call, which moves bytes of caller memory, is waited for."""
+        failures = self.failures
         try:
             results = self._calls.run(what, call, holds_memory=True)
         except CallsBusy as exc:  # this call alone
             return [self._busy(what, exc)] * count
         except Exception as exc:
             return [self._failed(what, exc)] * count
-        return [self._out_of_service()] * count if results is None else results
+        if results is None:
+            return [self._out_of_service()] * count
+        self._answered(failures)
+        return results
 
     def get_parts(self, keys: Sequence[ChunkKey], dsts: Sequence[np.ndarray],
                   wanted: Sequence[Collection[int]]) -> list[IOResult]:
@@ -268,7 +266,9 @@ class MooncakeTier(RemoteTier):
         results = [mooncake_ranges.outcome(self._format, key, chunk,
                                            area[i * self._hb:(i + 1) * self._hb], out, parts, GONE)
                    for i, (key, chunk, out, parts) in enumerate(zip(keys, codes, outs, wanted, strict=True))]
-        self._note_broken(settle(client, names, results))
+        broken = settle(client, names, results)
+        if broken is not None:  # a holder did not answer
+            self._failed("get", ConnectionError(broken.detail))
         return results
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:

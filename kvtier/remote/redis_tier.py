@@ -83,9 +83,6 @@ class RedisTier(RemoteTier):
     def describe(self) -> str:
         return redacted(self.url)
 
-    def _out_of_service(self) -> IOResult:
-        return IOResult(IOStatus.PATH_DOWN, 0, f"remote tier {self.describe()} out of service")
-
     def _key(self, key: ChunkKey) -> bytes:
         return value_key(self._prefix, self._ns, key)
 
