@@ -57,3 +57,16 @@ def test_a_node_no_round_trip_asks_any_more_is_forgotten_once_another_fails():
     assert outages.names() == ["b"] and "gone" not in outages._until
     outages.failed("b", TimeoutError("no reply"))  # one still failing stays, and warned once
     assert list(outages._until) == ["b"] and outages._until["b"][1]
+
+
+def test_a_reply_read_before_the_nodes_last_failure_does_not_bring_it_back():
+    """Two round trips at once: one read the node's reply, then the node hung and the other
+    failed on it and settled first. The older reply says nothing of the node now: it stays
+    out; a reply read after the failure brings it back."""
+    now = [10.0]
+    outages = outages_at(now)
+    outages.failed("a", TimeoutError("no reply"))  # noted at 10
+    outages.answered("a", 9.5)  # read at 9.5, settled after the failure
+    assert outages.names() == ["a"] and isinstance(outages.admit("a"), NodeOut)
+    outages.answered("a", 10.5)  # read after it
+    assert outages.names() == [] and outages.admit("a") is None

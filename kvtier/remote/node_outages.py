@@ -35,8 +35,8 @@ class NodeOutages:
         self.retry_s, self._store, self._clock = retry_s, store, clock
         self._lock = threading.Lock()
         # a node that failed: until its next try, whether its outage was logged (kept
-        # until it answers), and whether a round trip claimed its trial
-        self._until: dict[str, tuple[float, bool, bool]] = {}
+        # until it answers), whether a round trip claimed its trial, and when it last failed
+        self._until: dict[str, tuple[float, bool, bool, float]] = {}
         self.failures = 0  # round trips of one node that failed
 
     def _answer(self, node: str) -> NodeOut:
@@ -46,7 +46,7 @@ class NodeOutages:
         """The answer for a key on ``node`` while it is out of service (its trial claimed
         by another round trip too), else None. Claims nothing."""
         with self._lock:
-            until = self._until.get(node, (0.0, False, False))[0]
+            until = self._until.get(node, (0.0, False, False, 0.0))[0]
         return self._answer(node) if self._clock() < until else None
 
     def admit(self, node: str) -> NodeOut | None:
@@ -61,7 +61,7 @@ class NodeOutages:
                 return None
             if now < entry[0]:
                 return self._answer(node)
-            self._until[node] = (now + self.retry_s, entry[1], True)
+            self._until[node] = (now + self.retry_s, entry[1], True, entry[3])
             return None
 
     def on_trial(self, node: str) -> bool:
@@ -78,9 +78,9 @@ class NodeOutages:
         now = self._clock()
         with self._lock:
             self.failures += 1
-            warned = self._until.get(node, (0.0, False, False))[1]  # for this outage already
-            self._until[node] = (now + self.retry_s, warned or not quiet, False)
-            for other, (until, _, _) in list(self._until.items()):  # asked no more: gone
+            warned = self._until.get(node, (0.0, False, False, 0.0))[1]  # this outage's
+            self._until[node] = (now + self.retry_s, warned or not quiet, False, now)
+            for other, (until, *_) in list(self._until.items()):  # asked no more: gone
                 if until + FORGET_S < now:  # (failed over, its address moved on)
                     del self._until[other]
         if not (warned or quiet):
@@ -90,12 +90,17 @@ class NodeOutages:
             log.debug("kvtier: remote tier %s: cluster node %s failed (%s)", self._store,
                       node, exc)
 
-    def answered(self, node: str) -> None:
-        """Note that ``node`` answered a round trip: an outage of it is over."""
+    def answered(self, node: str, at: float | None = None) -> None:
+        """Note that ``node`` answered a round trip (its reply read at ``at``, on this
+        object's clock): an outage of it is over, unless it failed after that (a round
+        trip beside this one, settled first)."""
         if node not in self._until:  # (no lock: the common case, a node never out)
             return
         with self._lock:
-            logged = self._until.pop(node, (0.0, False, False))[1]
+            entry = self._until.get(node)
+            if entry is None or (at is not None and at < entry[3]):
+                return
+            logged = self._until.pop(node)[1]
         if logged:
             log.info("kvtier: remote tier %s: cluster node %s is back in service", self._store, node)
 
@@ -103,4 +108,4 @@ class NodeOutages:
         """The nodes out of service now."""
         now = self._clock()
         with self._lock:
-            return [node for node, (until, _, _) in self._until.items() if now < until]
+            return [node for node, (until, *_) in self._until.items() if now < until]

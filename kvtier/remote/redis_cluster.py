@@ -30,6 +30,7 @@ it anew; ``ASK`` does not (the map names the node that sent it, the slot only mi
 from __future__ import annotations
 
 import selectors
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -47,7 +48,7 @@ Sent = tuple[Any, PooledExchange[list[Any]], list[int], bool]
 class ClusterReplies(list[Any]):
     """Per-command replies in order (a refused command, or one whose node failed or is out
     of service, as its exception); ``stale``: the client's slot map is out of date (a
-    redirect, a node that failed); ``answered``: the nodes that answered, by name;
+    redirect, a node that failed); ``answered``: the nodes that answered, by name, and when;
     ``failed``: the nodes that failed (name, failure, whether theirs: not a deadline
     another node's reply had run out)."""
 
@@ -55,7 +56,7 @@ class ClusterReplies(list[Any]):
 
     def __init__(self, size: int) -> None:
         super().__init__([None] * size)
-        self.answered: list[str] = []
+        self.answered: list[tuple[str, float]] = []  # (node, when its reply was read)
         self.failed: list[tuple[str, BaseException, bool]] = []
 
 
@@ -97,8 +98,8 @@ def cluster_exchange(client: Any, names: Sequence[bytes],
 def _settle(replies: ClusterReplies, outages: NodeOutages, health: bool, quiet: bool = False) -> None:
     """Each node that answered back in service; with ``health`` each that failed (its own
     failure) out: ``quiet``, logged at debug only (the whole tier going out says it)."""
-    for name in replies.answered:
-        outages.answered(name)
+    for name, at in replies.answered:
+        outages.answered(name, at)
     for name, exc, own in replies.failed:
         if own and health:
             outages.failed(name, exc, quiet)
@@ -177,7 +178,7 @@ def _read_all(sent: list[Sent], replies: ClusterReplies) -> dict[Target, list[in
             for i, reply in zip(indexes, exchange.request.done, strict=False):
                 replies[i] = reply  # those read before the failure, whole and checked
             continue
-        replies.answered.append(node.name)
+        replies.answered.append((node.name, time.monotonic()))
         for i, reply in zip(indexes, got, strict=True):
             replies[i] = reply
         replies.stale |= exchange.request.stale
