@@ -10,6 +10,7 @@ import resource
 import stat
 from collections.abc import Sequence
 
+from kvtier.io.mounts import is_mounted, mount_points
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOG_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.shared.followed import FILES_PER_WRITER, MAX_WRITERS
@@ -34,18 +35,26 @@ class WriterListing:
     def __init__(self, roots: Sequence[str], ns_id: str, max_writers: int) -> None:
         self._roots, self._ns_id, self.max_writers = roots, ns_id, max_writers
         self._capped = False  # whether leaving writers unfollowed was said
+        self._said_mounted: set[str] = set()  # mount points passed over, said once each
         self._kinds: list[dict[str, tuple[int, int, bool]]] = [{} for _ in roots]
 
     def names(self, path: int, own: str | None) -> dict[str, int] | None:
         """The segments on path ``path`` of writers other than ``own``, by name, with their directories'
         inodes, at most ``max_writers`` (none when the path cannot be read; None when this
         process is out of files or memory, which says nothing about the path)."""
+        points = mount_points()  # never looked at: a hung mount holds whoever looks
         try:
-            with SafeDir.open(self._roots[path]) as top, top.subdir(self._ns_id) as ns_dir, \
-                    ns_dir.subdir(WRITERS_DIR) as writers:
-                names = sorted(name for name in writers.scan(MAX_LISTED)
-                               if name != own and WRITER_ID.fullmatch(name))
-                segments, others = self._sorted_out(path, writers, names)
+            with SafeDir.open(self._roots[path]) as top:
+                if is_mounted(points, top.fd, self._ns_id):
+                    return self._mounted(path, self._ns_id)
+                with top.subdir(self._ns_id) as ns_dir:
+                    if is_mounted(points, ns_dir.fd, WRITERS_DIR):
+                        return self._mounted(path, WRITERS_DIR)
+                    with ns_dir.subdir(WRITERS_DIR) as writers:
+                        names = sorted(name for name in writers.scan(MAX_LISTED)
+                                       if name != own and WRITER_ID.fullmatch(name))
+                        names = self._unmounted(path, points, writers, names)
+                        segments, others = self._sorted_out(path, writers, names)
         except OSError as exc:
             return None if exc.errno in _SHORT_OF_FILES else {}
         if len(segments) > self.max_writers:
@@ -73,6 +82,27 @@ class WriterListing:
                 break
         self._kinds[path] = kinds
         return segments, others
+
+    def _unmounted(self, path: int, points: frozenset[str], writers: SafeDir,
+                   names: list[str]) -> list[str]:
+        """``names`` less the mount points among them (each said once)."""
+        kept = []
+        for name in names:
+            if is_mounted(points, writers.fd, name):
+                self._mounted(path, name)
+            else:
+                kept.append(name)
+        return kept
+
+    def _mounted(self, path: int, name: str) -> dict[str, int]:
+        """A mount point where a directory of the namespace is expected: passed over (said
+        once), nothing of it followed: the answer of ``names`` for it ({})."""
+        if name not in self._said_mounted:
+            self._said_mounted.add(name)
+            log.warning("kvtier: %s under %s is a mount point: not followed (a file system "
+                        "mounted in a shared cache directory could hold every read of it)",
+                        name, self._roots[path])
+        return {}
 
     def _say_capped(self, path: int) -> None:
         if not self._capped:
