@@ -152,3 +152,27 @@ def test_the_tier_is_back_in_service_once_a_call_works_not_once_the_port_takes_a
         assert tier.exists_answered([ChunkKey(b"k" * 16)]) == [True] and not tier.down
         assert caplog.text.count("back in service") == 1
         tier.close()
+
+
+def test_a_threads_scratch_it_outgrew_is_unregistered_and_let_go():
+    """A thread's scratch grows by doubling; the one it outgrew stayed registered and held
+    for the tier's life (a thread that once staged a 256 MiB read kept every smaller one)."""
+    from kvtier.remote.mooncake_memory import RegisteredMemory
+
+    class Client:
+        def __init__(self):
+            self.registered: dict[int, int] = {}
+
+        def register_buffer(self, at: int, nbytes: int) -> int:
+            self.registered[at] = nbytes
+            return 0
+
+        def unregister_buffer(self, at: int) -> int:
+            return 0 if self.registered.pop(at, None) is not None else -1
+
+    client, memory = Client(), RegisteredMemory("mooncake://m", 128, 4096)
+    small = memory.area(client, 100)
+    assert memory.area(client, 100) is small  # kept while it fits
+    big = memory.area(client, 64 * 1024)
+    assert big.nbytes >= 64 * 1024 and list(client.registered) == [big.ctypes.data]
+    assert len(memory._scratch) == 1 and memory._scratch[0] is big

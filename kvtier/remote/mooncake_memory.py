@@ -62,17 +62,27 @@ class RegisteredMemory:
                        for low, high in self._registered)
 
     def area(self, client: Any, nbytes: int) -> np.ndarray:
-        """This thread's registered scratch, of ``nbytes`` at least (``OSError`` if refused)."""
-        area: np.ndarray | None = getattr(self._local, "area", None)
-        if area is not None and getattr(self._local, "client", None) is client and area.nbytes >= nbytes:
-            return area
-        grown = 0 if area is None else 2 * area.nbytes  # doubling: rarely registered again
+        """This thread's registered scratch, of ``nbytes`` at least (``OSError`` if refused).
+        One it outgrew is unregistered and let go: only this thread's calls use it, and the
+        one before this has returned."""
+        old: np.ndarray | None = getattr(self._local, "area", None)
+        same = getattr(self._local, "client", None) is client
+        if old is not None and same and old.nbytes >= nbytes:
+            return old
+        grown = 0 if old is None else 2 * old.nbytes  # doubling: rarely registered again
         area = np.zeros(max(nbytes, grown, 64 * self._hb), np.uint8)
         code = client.register_buffer(area.ctypes.data, area.nbytes)
         if code != 0:
             raise OSError(f"registering {area.nbytes} bytes of scratch failed ({code_name(code)})")
         with self._lock:
             self._scratch.append(area)
+            if old is not None:  # (another client's went with it)
+                self._scratch = [kept for kept in self._scratch if kept is not old]
+        if old is not None and same:
+            code = client.unregister_buffer(old.ctypes.data)
+            if code != 0:
+                log.debug("kvtier: remote tier %s: unregistering %d bytes of scratch failed (%s)",
+                          self._url, old.nbytes, code_name(code))
         self._local.area, self._local.client = area, client
         return area
 
