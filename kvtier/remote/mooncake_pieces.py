@@ -46,10 +46,9 @@ def get_result(form: ValueFormat, client: Any, name: str, key: ChunkKey, code: i
     return IOResult(IOStatus.IO_ERROR, 0, f"get: {code_name(code)}")
 
 
-def settle(client: Any, names: Sequence[str], results: Sequence[IOResult]) -> IOResult | None:
+def settle(client: Any, names: Sequence[str], results: Sequence[IOResult]) -> None:
     """After a get: values that failed their checks are removed, so that the next put stores
-    a good one. The first chunk whose transfer failed, or None."""
+    a good one."""
     bad = [name for name, r in zip(names, results, strict=True) if r.status is IOStatus.CORRUPT]
     if bad:
         client.batch_remove(bad, True)
-    return next((r for r in results if r.status is IOStatus.IO_ERROR), None)

@@ -13,7 +13,7 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.remote.mooncake_client import INVALID_PARAMS
+from kvtier.remote.mooncake_client import GONE, INVALID_PARAMS
 from kvtier.remote.values import ValueFormat
 
 
@@ -32,6 +32,15 @@ def read_ranges(client: Any, form: ValueFormat, names: Sequence[str], keys: Sequ
         [[[0]] * len(names)] + [[[hb + a for a, _ in r]] for r in runs],
         [[[hb]] * len(names)] + [[[e - a for a, e in r]] for r in runs])
     return [[answers[0][i][0], *answers[1 + i][0]] for i in range(len(names))]
+
+
+def outcomes(form: ValueFormat, keys: Sequence[ChunkKey], codes: Sequence[Sequence[int]],
+             headers: np.ndarray, outs: Sequence[np.ndarray],
+             wanted: Sequence[Collection[int]]) -> list[IOResult]:
+    """Each chunk's ``outcome``, its header read into its place in ``headers``."""
+    hb = form.header_bytes
+    return [outcome(form, key, chunk, headers[i * hb:(i + 1) * hb], out, parts, GONE)
+            for i, (key, chunk, out, parts) in enumerate(zip(keys, codes, outs, wanted, strict=True))]
 
 
 def outcome(form: ValueFormat, key: ChunkKey, codes: Sequence[int], header: np.ndarray,

@@ -16,6 +16,8 @@ unset). A dead master costs the client about 4.3 s a call and 4.4 s a setup, hol
 GIL, so before the setup, and before the first round trip after a failed one, the master's
 port must take a TCP connection within ``timeout_s`` (a dead master refuses it at once); the
 tier is back in service once a call succeeds (a paused master's kernel takes connections).
+A holder whose transfer failed while the master answered goes out of service alone
+(``mooncake_holders``): the other holders serve their keys meanwhile.
 """
 
 from __future__ import annotations
@@ -31,10 +33,8 @@ from kvtier.config.mooncake_url import parse_url
 from kvtier.config.redact import redacted
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.remote import mooncake_ranges
 from kvtier.remote.base import RemoteTier
 from kvtier.remote.mooncake_client import (
-    GONE,
     RPC_FAIL,
     RPC_TIMEOUT,
     client_module,
@@ -43,9 +43,11 @@ from kvtier.remote.mooncake_client import (
     set_up,
     unreachable,
 )
+from kvtier.remote.mooncake_holders import Holders, Read, pick
 from kvtier.remote.mooncake_log import RecordLog
 from kvtier.remote.mooncake_memory import RegisteredMemory
-from kvtier.remote.mooncake_pieces import fill_pieces, get_result, settle
+from kvtier.remote.mooncake_pieces import fill_pieces
+from kvtier.remote.mooncake_reads import ValueReads
 from kvtier.remote.values import ValueFormat, value_key
 from kvtier.remote.watched_calls import CallsBusy, WatchedCalls
 
@@ -74,6 +76,8 @@ class MooncakeTier(RemoteTier):
         self._suspect = False  # a round trip failed: probe before the next one
         self._memory = RegisteredMemory(redacted(url), self._hb, raw_bytes)
         self._calls = WatchedCalls(timeout_s, self._failed, name="kvtier-mooncake")
+        self._holders = Holders(retry_s, redacted(url))  # holders out of service alone
+        self._reads = ValueReads(self._format, self._memory, self._trip_failed)
         self._log = RecordLog(f"{prefix}log:{self._ns.hex()}", self._ask, self._memory.area)
 
     @property
@@ -196,20 +200,15 @@ class MooncakeTier(RemoteTier):
 
     def _get(self, client: Any, keys: Sequence[ChunkKey], outs: list[np.ndarray]) -> list[IOResult]:
         names = self._names(keys)
-        headers, payloads, staged = self._memory.pieces(client, outs)
-        codes = client.batch_get_into_multi_buffers(
-            names, [[h.ctypes.data, p.ctypes.data] for h, p in zip(headers, payloads, strict=True)],
-            [[self._hb, self.raw_bytes]] * len(keys))
-        failed = self._trip_failed("get", codes)
-        results = [failed if failed is not None and item[2] in (RPC_FAIL, RPC_TIMEOUT)
-                   else get_result(self._format, client, *item)
-                   for item in zip(names, keys, codes, headers, payloads, strict=True)]
-        broken = settle(client, names, results)
-        if failed is None and broken is not None:  # the master answered: a holder did not
-            self._failed("get", ConnectionError(broken.detail))
-        for result, out, payload, copy in zip(results, outs, payloads, staged, strict=True):
-            if result.ok and copy:
-                out[: self.raw_bytes] = payload
+        return self._by_holders(client, names, lambda at: self._reads.whole(
+            client, pick(names, at), pick(keys, at), pick(outs, at)))
+
+    def _by_holders(self, client: Any, names: list[str], read: Read) -> list[IOResult]:
+        """``read`` around the holders out of service (``mooncake_holders``): a failed
+        transfer the master could lay on no holder takes the tier out of service."""
+        results, unblamed = self._holders.read(client, names, read)
+        if unblamed is not None:
+            self._failed("get", ConnectionError(unblamed.detail))
         return results
 
     def _watched(self, what: str, count: int, call: Callable[[], list[IOResult]]) -> list[IOResult]:
@@ -258,18 +257,8 @@ class MooncakeTier(RemoteTier):
     def _read_ranges(self, client: Any, keys: Sequence[ChunkKey], outs: Sequence[np.ndarray],
                      wanted: Sequence[Collection[int]]) -> list[IOResult]:
         names = self._names(keys)
-        area = self._memory.area(client, len(keys) * self._hb)
-        codes = mooncake_ranges.read_ranges(client, self._format, names, keys, outs, wanted, area)
-        failed = self._trip_failed("get", [c for chunk in codes for c in chunk])
-        if failed is not None:
-            return [failed] * len(keys)
-        results = [mooncake_ranges.outcome(self._format, key, chunk,
-                                           area[i * self._hb:(i + 1) * self._hb], out, parts, GONE)
-                   for i, (key, chunk, out, parts) in enumerate(zip(keys, codes, outs, wanted, strict=True))]
-        broken = settle(client, names, results)
-        if broken is not None:  # a holder did not answer
-            self._failed("get", ConnectionError(broken.detail))
-        return results
+        return self._by_holders(client, names, lambda at: self._reads.ranges(
+            client, pick(names, at), pick(keys, at), pick(outs, at), pick(wanted, at)))
 
     def put_many(self, items: Sequence[tuple[ChunkKey, np.ndarray]]) -> list[IOResult]:
         wrong = [raw.nbytes for _, raw in items if raw.nbytes != self.raw_bytes]
@@ -292,6 +281,9 @@ class MooncakeTier(RemoteTier):
         failed = self._trip_failed("put", codes)
         return [failed if failed is not None and code in (RPC_FAIL, RPC_TIMEOUT)
                 else put_result(code, self.raw_bytes) for code in codes]
+
+    def nodes_out(self) -> list[str]:
+        return self._holders.outages.names()  # holders out of service alone, by endpoint
 
     def close(self) -> None:
         super().close()

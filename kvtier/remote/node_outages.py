@@ -1,4 +1,5 @@
-"""The nodes of a Redis cluster out of service: one node that fails costs its own keys only.
+"""The nodes of a store out of service alone (a Redis cluster's nodes, a Mooncake store's
+holders): one node that fails costs its own keys only.
 
 A node that fails a round trip (its connection refused, reset, or no reply before the
 deadline) is out of service for ``retry_s``: its keys are answered at once as failures
@@ -7,7 +8,8 @@ trip after ``retry_s`` asks it again (its trial: ``admit`` claims it, ``on_trial
 round trips beside that one, on other threads, still answer its keys at once, so a node
 that is still hung holds one caller's deadline a ``retry_s``, not every caller's. Only a
 round trip that no node answered, once every primary of the slot map failed or is out,
-takes the whole tier out of service (``redis_cluster``, ``RemoteTier._failed``). Going
+takes the whole tier out of service (``redis_cluster``, ``RemoteTier._failed``; a Mooncake
+store's holders: ``mooncake_holders``). Going
 out is logged once per outage (a warning), coming back once (info), the failed retries
 between at debug.
 """
@@ -28,11 +30,12 @@ class NodeOut(ConnectionError):
 
 
 class NodeOutages:
-    """Which nodes of one cluster are out of service now, by name (``host:port``)."""
+    """Which nodes of one store are out of service now, by name (``host:port``); ``noun``:
+    what logs and answers call a node."""
 
     def __init__(self, retry_s: float, store: str,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.retry_s, self._store, self._clock = retry_s, store, clock
+                 clock: Callable[[], float] = time.monotonic, noun: str = "cluster node") -> None:
+        self.retry_s, self._store, self._clock, self.noun = retry_s, store, clock, noun
         self._lock = threading.Lock()
         # a node that failed: until its next try, whether its outage was logged (kept
         # until it answers), whether a round trip claimed its trial, and when it last failed
@@ -40,7 +43,7 @@ class NodeOutages:
         self.failures = 0  # round trips of one node that failed
 
     def _answer(self, node: str) -> NodeOut:
-        return NodeOut(f"cluster node {node} out of service (tried again every {self.retry_s:g} s)")
+        return NodeOut(f"{self.noun} {node} out of service (tried again every {self.retry_s:g} s)")
 
     def out(self, node: str) -> NodeOut | None:
         """The answer for a key on ``node`` while it is out of service (its trial claimed
@@ -84,11 +87,10 @@ class NodeOutages:
                 if until + FORGET_S < now:  # (failed over, its address moved on)
                     del self._until[other]
         if not (warned or quiet):
-            log.warning("kvtier: remote tier %s: cluster node %s failed (%s); its keys are misses, "
-                        "it is tried again every %g s", self._store, node, exc, self.retry_s)
+            log.warning("kvtier: remote tier %s: %s %s failed (%s); its keys are misses, it is "
+                        "tried again every %g s", self._store, self.noun, node, exc, self.retry_s)
         else:
-            log.debug("kvtier: remote tier %s: cluster node %s failed (%s)", self._store,
-                      node, exc)
+            log.debug("kvtier: remote tier %s: %s %s failed (%s)", self._store, self.noun, node, exc)
 
     def answered(self, node: str, at: float | None = None) -> None:
         """Note that ``node`` answered a round trip (its reply read at ``at``, on this
@@ -102,7 +104,11 @@ class NodeOutages:
                 return
             logged = self._until.pop(node)[1]
         if logged:
-            log.info("kvtier: remote tier %s: cluster node %s is back in service", self._store, node)
+            log.info("kvtier: remote tier %s: %s %s is back in service", self._store, self.noun, node)
+
+    def any(self) -> bool:
+        """Whether some node failed and has not answered since (out now, or due its trial)."""
+        return bool(self._until)
 
     def names(self) -> list[str]:
         """The nodes out of service now."""

@@ -93,6 +93,7 @@ class MooncakeServer:
         self.master: subprocess.Popen | None = None
         self.holder: subprocess.Popen | None = None
         self._clients: list[Any] = []
+        self._holders: list[subprocess.Popen] = []
 
     @property
     def address(self) -> str:
@@ -124,16 +125,22 @@ class MooncakeServer:
         return self
 
     def _start_holder(self) -> None:
+        self.holder = self.another_holder()
+
+    def another_holder(self) -> subprocess.Popen:
+        """One more holder lending ``segment`` bytes (stopped with the server)."""
         with open(self.workdir / "holder.log", "ab") as err:
-            self.holder = subprocess.Popen(
+            holder = subprocess.Popen(
                 [sys.executable, __file__, "hold", self.address, str(self.segment)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                 preexec_fn=die_with_parent)
-        assert self.holder.stdout is not None
-        ready, _, _ = select.select([self.holder.stdout], [], [], 20)
-        line = self.holder.stdout.readline() if ready else b""
+        self._holders.append(holder)
+        assert holder.stdout is not None
+        ready, _, _ = select.select([holder.stdout], [], [], 20)
+        line = holder.stdout.readline() if ready else b""
         if line.strip() != b"ready":
             raise RuntimeError(f"the holder did not start ({line!r}): {self.log('holder')[-2000:]}")
+        return holder
 
     def log(self, which: str = "master") -> str:
         path = self.workdir / f"{which}.log"
@@ -159,7 +166,9 @@ class MooncakeServer:
         for client in self._clients:
             client.close()
         self._clients.clear()
-        _kill(self.holder)
+        for holder in self._holders:
+            _kill(holder)
+        self._holders.clear()
         _kill(self.master)
 
     def client(self) -> Any:

@@ -119,8 +119,9 @@ def presence_samples(presence: RemotePresence) -> list[Sample]:
                    "the remote store").add(presence.lookups),
             Sample("remote_up", "gauge", "1 while the remote store is in service").add(
                 int(not presence.down)),
-            Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's) out of "
-                   "service alone now: their chunks are misses").add(presence.nodes_out()),
+            Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's, a Mooncake "
+                   "store's holders) out of service alone now: their chunks are misses").add(
+                presence.nodes_out()),
             Sample("remote_records_passed_over_total", "counter", "Entries of the remote store's "
                    "log of token records passed over unread: far larger than kvtier's (another "
                    "client's)").add(presence.tiers[0].records_passed_over)]
