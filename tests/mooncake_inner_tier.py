@@ -96,13 +96,15 @@ def test_a_hung_holder_takes_the_tier_out_of_service_within_one_deadline(server,
     assert results[0][0].ok and np.array_equal(results[1][0], chunk(1))
 
 
-def test_a_dead_holder_costs_its_own_keys_while_the_other_holder_serves_its(server, tiers):
+def test_a_dead_holder_costs_its_own_keys_while_the_other_holder_serves_its(server, tiers, monkeypatch):
     """Two holders; one is killed. Until the master drops its segment, every get of its keys
     fails its transfer: that holder goes out of service alone, its keys answered PATH_DOWN
-    unread, while the other holder's keys are served with their bytes and the tier stays in
-    service (before, each failed transfer took the whole tier out)."""
+    unread (and no lookup promises them), while the other holder's keys are served with
+    their bytes and the tier stays in service (before, each failed transfer took the whole
+    tier out). A failed transfer takes the progress timeout (1 s here), within the deadline."""
+    monkeypatch.setenv("MC_TCP_PROGRESS_TIMEOUT_SEC", "1")
     second = server.another_holder()
-    t = tier(tiers, server, retry_s=30.0)  # no trial of the dead holder within the test
+    t = tier(tiers, server, timeout_s=3.0, retry_s=30.0)  # no trial of the dead holder meanwhile
     keys = [key(i) for i in range(24)]
     assert all(r.ok for r in t.put_many([(k, chunk(i)) for i, k in enumerate(keys)]))
     found = server.client().batch_get_replica_desc(t._names(keys))
@@ -110,16 +112,20 @@ def test_a_dead_holder_costs_its_own_keys_while_the_other_holder_serves_its(serv
     assert len(set(holder_of)) == 2, "the values should spread over both holders"
     second.kill()
     second.wait(10)
-    first, _ = get(t, keys)  # fails the dead holder's transfers (and may run past the deadline)
+    first, _ = get(t, keys)  # fails the dead holder's transfers
     dead = {holder_of[i] for i, r in enumerate(first) if r.status in FAILED}
-    assert len(dead) == 1, [r.status for r in first]
-    results, dsts = until(lambda: get(t, keys), lambda r: not t.down, 5)
+    assert len(dead) == 1 and not t.down, [r.status for r in first]
+    results, dsts = get(t, keys)
     assert not t.down and t.nodes_out() == sorted(dead)
+    held = t.exists_answered(keys)
+    assert held is not None
     for i, (result, dst) in enumerate(zip(results, dsts, strict=True)):
         if holder_of[i] in dead:
             assert result.status is IOStatus.PATH_DOWN and "holder" in result.detail, result
+            assert held[i] is None
         else:
             assert result.ok and np.array_equal(dst, chunk(i)), result
+            assert held[i] is True
 
 
 def holders_of_replicas(replicas) -> set[str]:

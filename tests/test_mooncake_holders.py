@@ -99,3 +99,63 @@ def test_holders_of_reads_memory_replicas_and_survives_a_refusing_client():
     assert holders_of(Refusing(), ["a"]) == [frozenset()]
     disk = SimpleNamespace(batch_get_replica_desc=lambda names: {"a": [replica("h9", memory=False)]})
     assert holders_of(disk, ["a"]) == [frozenset()]
+
+
+def test_a_holder_no_key_names_any_more_costs_no_lookup_after_its_retry():
+    """The master dropped a dead holder's segment: no get asks for its keys again, and
+    gets stop asking the master for holders once ``retry_s`` past its outage passed."""
+    now, client, holders = [0.0], Client({"a": ["h1"], "b": ["h2"]}), make([0.0])
+    holders = make(now)
+    client.dead = {"h2"}
+    holders.read(client, ["b"], client.read(["b"]))
+    del client.held["b"]
+    now[0] = 4.0
+    holders.read(client, ["a"], client.read(["a"]))
+    asked = client.lookups
+    now[0] = 11.0  # past its outage (5 s) and retry_s more
+    holders.read(client, ["a"], client.read(["a"]))
+    assert client.lookups == asked
+
+
+def test_an_answer_read_before_a_holders_failure_does_not_bring_it_back():
+    now, client, holders = [0.0], Client({"a": ["h1"], "b": ["h1"]}), make([0.0])
+    holders = make(now)
+
+    def slow(at):  # another get fails h1 while this one's read of it is under way
+        now[0] = 1.0
+        client.dead = {"h1"}
+        holders.read(client, ["b"], client.read(["b"]))
+        return [OK], True
+
+    now[0] = 0.5
+    holders.outages.failed("h0", ConnectionError("x"))  # some holder out: lookups made
+    holders.read(client, ["a"], slow)
+    assert "h1" in holders.outages.names()
+
+
+def test_a_key_on_several_holders_neither_blames_nor_clears_them():
+    client, holders = Client({"a": ["h1", "h2"], "b": ["h1"]}), make([0.0])
+    client.dead = {"h1", "h2"}
+    results, unblamed = holders.read(client, ["a"], client.read(["a"]))
+    assert results[0].status is IOStatus.IO_ERROR and unblamed is None
+    assert holders.outages.names() == []
+    holders.read(client, ["b"], client.read(["b"]))
+    assert holders.outages.names() == ["h1"]
+    client.dead = {"h1"}  # a is served by h2: h1 stays out
+    holders.read(client, ["a"], client.read(["a"]))
+    assert holders.outages.names() == ["h1"]
+
+
+def test_a_failure_other_than_a_transfers_is_the_tiers():
+    client, holders = Client({"a": ["h1"]}), make([0.0])
+    other = IOResult(IOStatus.IO_ERROR, 0, "get: INTERNAL_ERROR (-1)")
+    _, unblamed = holders.read(client, ["a"], lambda at: ([other], True))
+    assert unblamed is other and holders.outages.names() == []
+
+
+def test_a_lookup_says_a_key_held_only_on_holders_out_is_no_answer():
+    client, holders = Client({"a": ["h1"], "b": ["h2"], "c": ["h1", "h2"]}), make([0.0])
+    holders.outages.failed("h1", ConnectionError("x"))
+    found = holders_of(client, ["a", "b", "c", "d"])
+    assert holders.servable([True, True, True, False], found) == [None, True, True, False]
+    assert holders.servable([True], None) == [True]

@@ -19,9 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.remote.mooncake_client import TRANSFER_FAIL, code_name
 from kvtier.remote.node_outages import NodeOutages
 
 Read = Callable[[list[int]], tuple[list[IOResult], bool]]
+TRANSFER = code_name(TRANSFER_FAIL)  # in a result's detail: its transfer from a holder failed
 
 
 def holders_of(client: Any, names: Sequence[str]) -> list[frozenset[str]]:
@@ -47,10 +49,13 @@ def _endpoints(replicas: Any) -> set[str]:
 
 
 class Holders:
-    """The holders of one Mooncake tier out of service alone; see the module docstring."""
+    """The holders of one Mooncake tier out of service alone; see the module docstring. Only
+    a key with one holder says anything of it: a read of a key with several reads one of
+    them, and which is not known."""
 
     def __init__(self, retry_s: float, store: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.outages = NodeOutages(retry_s, store, clock, noun="holder")
+        self._clock = clock
 
     def read(self, client: Any, names: Sequence[str], read: Read) -> tuple[list[IOResult], IOResult | None]:
         """The results of a get of ``names``, ``read(indexes)`` reading those given (and
@@ -62,12 +67,19 @@ class Holders:
         results: list[IOResult] = [skipped.get(i, IOResult(IOStatus.PATH_DOWN)) for i in range(len(names))]
         if not at:
             return results, None
+        asked_at = self._clock()  # an answer read before a holder's later failure is no news
         got, answered = read(at)
         for i, result in zip(at, got, strict=True):
             results[i] = result
         if not answered:  # the master did not answer: the tier's failure, said already
             return results, None
-        return results, self._settle(client, names, at, results, held)
+        return results, self._settle(client, names, at, results, held, asked_at)
+
+    def servable(self, held: Sequence[bool], found: Sequence[frozenset[str]] | None) -> list[bool | None]:
+        """``held`` (whether the store holds each key), None for each held only on holders
+        out now (``found``: ``holders_of`` them; no trial claimed: a lookup reads nothing)."""
+        out = [bool(hs) and all(self.outages.out(h) is not None for h in hs) for hs in found or ()]
+        return [None if i < len(out) and out[i] and h else h for i, h in enumerate(held)]
 
     def _skipped(self, held: list[frozenset[str]]) -> dict[int, IOResult]:
         """The answers of the keys whose every holder is out (one trial claimed per holder)."""
@@ -77,26 +89,26 @@ class Holders:
                 if holders and all(verdict[h] is not None for h in holders)}
 
     def _settle(self, client: Any, names: Sequence[str], at: list[int], results: list[IOResult],
-                held: list[frozenset[str]] | None) -> IOResult | None:
+                held: list[frozenset[str]] | None, asked_at: float) -> IOResult | None:
         """Holders whose transfers failed out, those that served back; the first failure
-        laid on no holder."""
+        laid on no holder (not a transfer's, or of a key the master names no holder of)."""
         failed = [i for i in at if results[i].status is IOStatus.IO_ERROR]
         if failed and held is None:
-            found = holders_of(client, [names[i] for i in failed])
             held = [frozenset()] * len(names)
-            for i, holders in zip(failed, found, strict=True):
+            for i, holders in zip(failed, holders_of(client, pick(names, failed)), strict=True):
                 held[i] = holders
         blamed: dict[str, str] = {}  # holder -> what its first failed transfer said
         unblamed = None
         for i in failed:
             holders = held[i] if held is not None else frozenset()
-            for holder in holders:
-                blamed.setdefault(holder, results[i].detail)
-            if not holders and unblamed is None:
-                unblamed = results[i]
-        served = {h for i in at if results[i].ok for h in held[i]} if held is not None else set()
+            if TRANSFER not in results[i].detail or not holders:
+                unblamed = unblamed or results[i]
+            elif len(holders) == 1:
+                blamed.setdefault(next(iter(holders)), results[i].detail)
+        served = {h for i in at if results[i].ok and len(held[i]) == 1
+                  for h in held[i]} if held is not None else set()
         for holder in served - blamed.keys():
-            self.outages.answered(holder)
+            self.outages.answered(holder, asked_at)
         for holder, detail in blamed.items():
             self.outages.failed(holder, ConnectionError(detail))
         return unblamed

@@ -13,7 +13,7 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.remote.mooncake_client import GONE, INVALID_PARAMS
+from kvtier.remote.mooncake_client import GONE, INVALID_PARAMS, code_name
 from kvtier.remote.values import ValueFormat
 
 
@@ -58,4 +58,4 @@ def outcome(form: ValueFormat, key: ChunkKey, codes: Sequence[int], header: np.n
         return IOResult(IOStatus.CORRUPT, 0, f"a range read {bad} of {expected}: not this layout")
     if bad in gone:
         return IOResult(IOStatus.MISSING)
-    return IOResult(IOStatus.IO_ERROR, 0, f"get: error {bad}")
+    return IOResult(IOStatus.IO_ERROR, 0, f"get: {code_name(bad)}")

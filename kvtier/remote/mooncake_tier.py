@@ -43,7 +43,7 @@ from kvtier.remote.mooncake_client import (
     set_up,
     unreachable,
 )
-from kvtier.remote.mooncake_holders import Holders, Read, pick
+from kvtier.remote.mooncake_holders import Holders, Read, holders_of, pick
 from kvtier.remote.mooncake_log import RecordLog
 from kvtier.remote.mooncake_memory import RegisteredMemory
 from kvtier.remote.mooncake_pieces import fill_pieces
@@ -174,8 +174,20 @@ class MooncakeTier(RemoteTier):
         return answer
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        codes = self._ask("exists", lambda client: client.batch_is_exist(self._names(keys)))
-        return [False] * len(keys) if codes is None else [code == 1 for code in codes]
+        held = self.exists_answered(keys)
+        return [False] * len(keys) if held is None else [bool(h) for h in held]
+
+    def exists_answered(self, keys: Sequence[ChunkKey]) -> list[bool | None] | None:
+        """As the contract says; None for a key held only on holders out (a get misses it)."""
+        names = self._names(keys)
+        codes = self._ask("exists", lambda client: client.batch_is_exist(names))
+        if codes is None:
+            return None
+        held = [code == 1 for code in codes]
+        if not (self._holders.outages.any() and any(held)):
+            return list(held)
+        found = self._ask("exists", lambda client: holders_of(client, names), lambda _: ())
+        return self._holders.servable(held, found)  # (one more lookup while a holder is out)
 
     def remove(self, keys: Sequence[ChunkKey]) -> bool:
         return self._ask("remove", lambda c: c.batch_remove(self._names(keys), True)) is not None
@@ -204,8 +216,7 @@ class MooncakeTier(RemoteTier):
             client, pick(names, at), pick(keys, at), pick(outs, at)))
 
     def _by_holders(self, client: Any, names: list[str], read: Read) -> list[IOResult]:
-        """``read`` around the holders out of service (``mooncake_holders``): a failed
-        transfer the master could lay on no holder takes the tier out of service."""
+        """``read`` around the holders out (``mooncake_holders``); a failure laid on none: out."""
         results, unblamed = self._holders.read(client, names, read)
         if unblamed is not None:
             self._failed("get", ConnectionError(unblamed.detail))
@@ -238,12 +249,9 @@ class MooncakeTier(RemoteTier):
             return self.get_many(keys, dsts)
         results: list[IOResult | None] = [None] * len(keys)
         whole = [i for i in range(len(keys)) if i not in set(alone)]
-        for i, result in zip(whole, self.get_many([keys[i] for i in whole], [dsts[i] for i in whole])
-                             if whole else [], strict=True):
-            results[i] = result
-        for i, result in zip(alone, self._get_ranges([keys[i] for i in alone],
-                                                     [outs[i] for i in alone],
-                                                     [wanted[i] for i in alone]), strict=True):
+        got = self.get_many(pick(keys, whole), pick(dsts, whole)) if whole else []
+        ranged = self._get_ranges(pick(keys, alone), pick(outs, alone), pick(wanted, alone))
+        for i, result in [*zip(whole, got, strict=True), *zip(alone, ranged, strict=True)]:
             results[i] = result
         return [r for r in results if r is not None]
 

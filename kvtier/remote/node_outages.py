@@ -107,8 +107,13 @@ class NodeOutages:
             log.info("kvtier: remote tier %s: %s %s is back in service", self._store, self.noun, node)
 
     def any(self) -> bool:
-        """Whether some node failed and has not answered since (out now, or due its trial)."""
-        return bool(self._until)
+        """Whether some node is out now or was within ``retry_s`` (its trial due, or under
+        way): one no round trip asks for again (gone) counts no longer."""
+        if not self._until:  # (no lock: the common case, no node out)
+            return False
+        now = self._clock()
+        with self._lock:
+            return any(now < until + self.retry_s for until, *_ in self._until.values())
 
     def names(self) -> list[str]:
         """The nodes out of service now."""
