@@ -80,7 +80,7 @@ class DiskLane:
                         floor=config.disk_min_free, retry=config.disk_retry,
                         writers=writers or writer_ids(config.instance_id),
                         lease_timeout=config.lease_timeout, share_writers=config.share_writers,
-                        parts=parts)
+                        parts=parts, answer_timeout=config.load_timeout)
         queues = [*tier.queues, *map(_moves, tier.queues)] if move_lanes else tier.queues
         try:
             engine = engine_factory(queues, config.io_threads)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.config.settings import DiskFloor
+from kvtier.io.answers import wait_for_answer
 from kvtier.segment.cachedir import CacheDir
 
 
@@ -24,9 +25,18 @@ class OpenArgs:
     floor: DiskFloor
     share_writers: int = 1
     lease_timeout: float = 120.0  # stated in the lease, for readers configured otherwise
+    answer_timeout: float | None = 10.0  # a root's file system must answer within it (load_timeout)
 
     def open(self, root: str, writer: str) -> tuple[CacheDir, int]:
-        """``writer``'s segment at ``root``, opened with every check, and its inode."""
+        """``writer``'s segment at ``root``, opened with every check, and its inode; a
+        ``TimeoutError`` when ``root``'s file system did not answer within
+        ``answer_timeout`` (``kvtier.io.answers``: a hung mount), before anything is opened."""
+        try:
+            wait_for_answer(root, self.answer_timeout)
+        except TimeoutError:
+            raise
+        except OSError:  # an answer: the open below says what is wrong, as the operator needs
+            pass
         directory = CacheDir(Path(root), self.namespace_id, self.meta, writer=writer,
                              num_slots=self.num_slots,
                              stride=self.stride, file_slots=self.file_slots,

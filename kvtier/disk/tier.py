@@ -57,7 +57,8 @@ class DiskTier:
                  o_direct: bool | None = None, floor: DiskFloor | None = None,
                  retry: float | None = 30.0, verify_payload: bool = True,
                  writers: Sequence[str] | None = None, lease_timeout: float = 120.0,
-                 share_writers: int = 1, parts: Sequence[int] = ()) -> None:
+                 share_writers: int = 1, parts: Sequence[int] = (),
+                 answer_timeout: float | None = 10.0) -> None:
         if not paths:
             raise ValueError("DiskTier needs at least one path")
         self.namespace, self.ns_digest = namespace, namespace.digest()
@@ -76,7 +77,7 @@ class DiskTier:
         opener = OpenArgs(namespace.id, writers, meta, num_slots=self.layout.per_path,
                           stride=self.stride, file_slots=self.file_slots, o_direct=o_direct,
                           floor=floor or DiskFloor(), share_writers=share_writers,
-                          lease_timeout=lease_timeout)
+                          lease_timeout=lease_timeout, answer_timeout=answer_timeout)
         self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S, beat_every(lease_timeout))
         self._paths = self._health.states  # the same list: one state per path
         self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)

@@ -50,8 +50,9 @@ class OtherWriters:
     (blocking: an I/O thread), results never exceptions: only when made with ``reads``.
     ``own()`` names this process's writer id of each rank on each disk path (``OwnSegments``:
     those segments are its own; None where it holds none: every writer there is followed;
-    it may change between refreshes). The views are refreshed once when made (``refresh``),
-    then every ``share_refresh`` seconds by a thread, until ``close``. Thread-safe.
+    it may change between refreshes). The views are refreshed by a thread once when made
+    (waited for ``load_timeout`` at most: a hung mount's is left to go on), then every
+    ``share_refresh`` seconds, until ``close``. Thread-safe.
     """
 
     def __init__(self, config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
@@ -63,11 +64,12 @@ class OtherWriters:
         self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout,
                                  slots, clock=clock)
                       for ns, writer in zip(namespaces, own(), strict=True)]
-        if reads is not None:
-            for view in self.views:  # a segment's files closed before a reclaim deletes them
+        for view in self.views:
+            view.answer_timeout = config.load_timeout
+            if reads is not None:  # a segment's files closed before a reclaim deletes them
                 view.on_let_go = reads.kept.let_go_writer
-        self.refresh()
-        self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0)
+        self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0,
+                                     first_wait=config.load_timeout)
 
     def refresh(self) -> None:
         """Read what every other writer's log gained (blocking I/O: off any hot path)."""

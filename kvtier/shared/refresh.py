@@ -13,23 +13,32 @@ SOON_GAP_S = 0.01  # refreshes asked for with ``soon`` come at most this often
 
 
 class RefreshThread:
-    """A daemon thread calling ``refresh()`` every ``every`` seconds until ``close``, and
-    sooner when ``soon()`` asks (a request waits for another engine's chunks); an exception
-    is logged once (the views it refreshes are then only stale) and the next refresh tried
-    as usual."""
+    """A daemon thread calling ``refresh()`` at once, then every ``every`` seconds until
+    ``close``, and sooner when ``soon()`` asks (a request waits for another engine's
+    chunks); an exception is logged once (the views it refreshes are then only stale) and
+    the next refresh tried as usual. Made, it waits for the first refresh ``first_wait``
+    seconds at most (None: as long as it takes): one held longer (a hung mount) goes on in
+    the background, and the views are empty until it ends."""
 
-    def __init__(self, refresh: Callable[[], None], every: float) -> None:
+    def __init__(self, refresh: Callable[[], None], every: float, first_wait: float | None = None) -> None:
         self._refresh, self._every = refresh, every
         self._stop = threading.Event()
         self._wake = threading.Event()  # a refresh wanted before ``every`` is over
+        self._wake.set()  # the first one at once
+        self._first = threading.Event()
         self._failed = False
         self._thread = threading.Thread(target=self._run, name="kvtier-share", daemon=True)
         self._thread.start()
+        if not self._first.wait(wait_limit(first_wait)):
+            log.warning("kvtier: the first look at other writers' segments has not ended in %g s "
+                        "(a hung mount?): the engine starts without their chunks, found once "
+                        "it ends", first_wait)
 
     def _run(self) -> None:
         while True:
             self._wake.wait(self._every)
             if self._stop.is_set():
+                self._first.set()
                 return
             self._wake.clear()
             try:
@@ -40,6 +49,7 @@ class RefreshThread:
                                 "again every %g s; further failures are not logged)", exc,
                                 self._every)
                 self._failed = True
+            self._first.set()
             if self._stop.wait(SOON_GAP_S):  # refreshes asked for soon: this far apart at least
                 return
 

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from kvtier.io.answers import answers
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
 from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
@@ -53,8 +54,8 @@ class SharedView:
     each segment the view stops following, to close its files. Once per heartbeat interval
     it also gives back the seats that name no writer with a segment and that it watched
     stand unchanged for ``lease_timeout`` (``OrphanWatch``; ``seats_freed``). A path that
-    cannot be read holds nothing this time; a listing that fails for want of files or
-    memory in this process (``EMFILE``) leaves the view as it was. One refresh reads at
+    cannot be read holds nothing this time; one that does not answer within ``answer_timeout``
+    (a hung mount), or a listing short of files (``EMFILE``), leaves it as it was. One refresh reads at
     most ``REFRESH_BYTES`` of log a path: each writer's share first, then what the others
     left to those with more. Every time is ``clock``'s. Each change to the view is O(1)
     (``ChunkIndex``). Memory is bounded by ``max_slots``, the slots the namespace's whole
@@ -83,6 +84,7 @@ class SharedView:
         self._listing = WriterListing(self._roots, namespace.id, self.max_writers)
         self._over_said = False  # whether passing over slots past max_slots was said
         self.on_let_go: Callable[[int, str], None] | None = None  # (path, writer) no longer followed
+        self.answer_timeout: float | None = 10.0  # a path must answer within it (load_timeout)
 
     reclaimed = property(lambda self: self._upkeep.reclaimed)
     seats_freed = property(lambda self: self._upkeep.seats_freed)
@@ -139,11 +141,12 @@ class SharedView:
     def refresh(self) -> None:
         seats_due = self._upkeep.seats_due()
         for path in range(len(self._roots)):
+            answered = answers(self._roots[path], self.answer_timeout)  # not: a hung mount
+            names = self._listing.names(path, self.own[path]) if answered else None
+            if names is None:
+                continue  # a hung mount, or this process short of files: the view stays as it was
             if seats_due:
                 self._upkeep.free_seats(path)
-            names = self._listing.names(path, self.own[path])
-            if names is None:
-                continue  # this process is short of files: the view stays as it was
             with self._lock:  # gone, or made again since (another directory of that name)
                 gone = [self._forget(k) for k, f in list(self._followed.items())
                         if k[0] == path and names.get(k[1]) != f.inode]
@@ -261,8 +264,7 @@ class SharedView:
         for change in changes:
             if change.previous is not None:
                 self._index.remove(change.previous, source, change.slot)
-            header = change.header
-            if header is not None:
+            if (header := change.header) is not None:
                 self._index.put(header.key, Copy(source, change.slot, int(header.codec),
                                                  header.payload_bytes))
 

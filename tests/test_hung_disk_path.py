@@ -1,0 +1,83 @@
+"""A disk path whose file system stopped answering (a hung NFS or NVMe-oF mount, a stopped
+FUSE daemon) holds every call on it for ever. The store, and so the engine, starts without
+it: its file system is asked for its statistics on a thread of its own and given
+``load_timeout`` to answer (``kvtier/io/answers.py``); the path starts out of service, the
+others serve, the shared view's first look is not held either, and once the mount answers
+again the path comes back at its next try. Run in a private mount namespace (``unshare
+-m``) on a FUSE mount whose daemon never answers (``tests/helpers/hung_mount.py``)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = """
+import json, os, sys, threading, time
+from tests.helpers.hung_mount import hang, release
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.store import config, exact, seq
+from kvtier import KVStore
+from kvtier.io.answers import outstanding
+
+good, hung = sys.argv[1], sys.argv[2]
+device = hang(hung)
+made = []
+cfg = config(good, disk_chunks=32, load_timeout="1s", disk_retry="0.2s", share_refresh="0.2s")
+cfg["disk_paths"] = [good, hung]
+start = threading.Thread(target=lambda: made.append(KVStore(SMALL, cfg)), daemon=True)
+start.start()
+start.join(60)
+out = {"started": bool(made)}
+if made:
+    store = made[0]
+    out["down_at_start"] = sorted(store.stats().paths_down)
+    tokens = seq(0, 8)
+    store.put(tokens, make_kv(tokens))
+    store.flush(timeout=30)
+    out["served"] = exact(store, tokens)
+    out["written"] = store.stats().disk_writes
+    time.sleep(1)  # tries of the hung path meanwhile fail at once, holding nothing
+    out["down_while_hung"] = sorted(store.stats().paths_down)
+    out["questions"] = outstanding()
+    release(hung, device)
+    deadline = time.monotonic() + 30
+    while store.stats().paths_down and time.monotonic() < deadline:
+        store.put(seq(1000, 1), make_kv(seq(1000, 1)))  # a store's call polls the tries
+        time.sleep(0.1)
+    out["down_after"] = sorted(store.stats().paths_down)
+    store.close()
+else:
+    release(hung, device)
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def mounted(tmp_path):
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root, unshare and /dev/fuse for a FUSE mount that never answers")
+    good, hung = tmp_path / "good", tmp_path / "hung"
+    good.mkdir(mode=0o700)
+    hung.mkdir(mode=0o700)
+    return good, hung
+
+
+def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_once_it_answers(mounted):
+    good, hung = mounted
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
+                          SCRIPT, str(good), str(hung)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if run.returncode != 0 and "cannot mount a FUSE" in run.stderr:
+        pytest.skip(f"no FUSE mount here: {run.stderr.strip()[-200:]}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["started"], "the store's start was held by the hung mount"
+    assert out["down_at_start"] == [str(hung)] and out["down_while_hung"] == [str(hung)]
+    assert out["served"] == 8 * 16 and out["written"] > 0
+    assert out["questions"] == 1, "each try of the hung path left a question behind"
+    assert out["down_after"] == [], "the path did not come back once its mount answered"
