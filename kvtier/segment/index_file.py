@@ -8,6 +8,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
+from kvtier.io.answers import answers
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -183,14 +184,17 @@ def open_segment_dir(root: str, namespace_id: str, writer: str) -> SafeDir:
         return writers.subdir(writer)
 
 
-def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout,
-                    writer: str) -> dict[ChunkKey, tuple[int, SlotHeader]]:
+def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout, writer: str,
+                    answer_timeout: float | None = None) -> dict[ChunkKey, tuple[int, SlotHeader]]:
     """What ``writer``'s segments of a namespace hold on ``roots``, from the index files
-    alone (missing, unsafe or unreadable paths hold nothing). Reads only: the process that
-    writes holds the lock."""
+    alone (missing, unsafe or unreadable paths hold nothing, nor, with ``answer_timeout``,
+    one whose file system does not answer within it: a hung mount). Reads only: the
+    process that writes holds the lock."""
     found: list[tuple[int, SlotHeader]] = []
     digest = namespace.digest()
     for index, root in enumerate(roots):
+        if answer_timeout is not None and not answers(root, answer_timeout):
+            continue
         try:
             with open_segment_dir(root, namespace.id, writer) as directory:
                 for local, entry in written_index_entries(directory, layout.per_path):

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from kvtier.config.settings import KVTierConfig
+from kvtier.io.answers import answers
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
@@ -41,7 +42,13 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
     take any segment's index for its own."""
     if config.instance_id:
         return [config.instance_id] * len(namespaces)
-    return [_this_engines(config.disk_paths, ns) for ns in namespaces]
+    return [_this_engines(answering(config), ns) for ns in namespaces]
+
+
+def answering(config: KVTierConfig) -> tuple[str, ...]:
+    """The disk paths whose file systems answer within ``load_timeout`` (not a hung mount:
+    ``kvtier.io.answers``); a path that does not holds no segment to be found."""
+    return tuple(root for root in config.disk_paths if answers(root, config.load_timeout))
 
 
 def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
@@ -98,7 +105,7 @@ class EngineSegments:
     its own."""
 
     def __init__(self, config: KVTierConfig, namespaces: list[Namespace]) -> None:
-        self._roots, self._namespaces = config.disk_paths, namespaces
+        self._config, self._roots, self._namespaces = config, config.disk_paths, namespaces
         self._found: list[str | None] = [config.instance_id] * len(namespaces)
 
     def __call__(self) -> list[OwnSegments]:
@@ -106,7 +113,7 @@ class EngineSegments:
         for rank, namespace in enumerate(self._namespaces):
             writer = self._found[rank]
             if writer is None:  # one look at the default ids answers both
-                self._found[rank], unheld = _look(self._roots, namespace)
+                self._found[rank], unheld = _look(answering(self._config), namespace)
                 writer = self._found[rank] or unheld
             own.append((writer,) * len(self._roots))
         return own
@@ -145,7 +152,7 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
     ids = writer_ids(config.instance_id)
     if config.instance_id or leader is None or namespace.tp_rank == 0 or not config.disk_paths:
         return ids
-    first = leaders_writer(config.disk_paths, leader)
+    first = leaders_writer(answering(config), leader)
     return ids if first is None else [first, *[i for i in ids if i != first]]
 
 

@@ -35,7 +35,7 @@ def recover_disk(config: KVTierConfig, namespaces: Sequence[Namespace], writers:
         log.warning("kvtier: the writer id of this engine's workers is not known (set "
                     "instance_id): chunks on disk from before this start are not used")
         return 0
-    per_rank = [read_disk_index(list(config.disk_paths), ns, layout, str(writer))
+    per_rank = [read_disk_index(list(config.disk_paths), ns, layout, str(writer), config.load_timeout)
                 for ns, writer in zip(namespaces, writers, strict=True)]
     common = [(key, slot, header) for key, (slot, header) in per_rank[0].items()
               if all(other.get(key, (None,))[0] == slot for other in per_rank[1:])]
