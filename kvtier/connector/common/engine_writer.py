@@ -61,6 +61,8 @@ def _look(roots: tuple[str, ...], namespace: Namespace) -> tuple[str | None, str
     """``workers_writer``'s answer, and the first default writer id when no process of this
     host holds its segment of ``namespace`` (the workers would take it; else None), from one
     look at each default id."""
+    if not roots:  # none looked at (none answered): nothing is known of any id
+        return None, None
     first = writer_ids(None)[0]
     held = _held_here(roots, namespace, lambda name, lease: name == first or _ours(lease))
     unheld = None if any(name == first for name, _, _ in held) else first

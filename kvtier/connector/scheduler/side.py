@@ -85,7 +85,7 @@ class SchedulerSide:
         self._loads = LoadPlanner(config, geometry, self.stack, self.decider, self.counters, pending,
                                   stalled, self.others, self.presence, self.remote_writes)
         self.halt = VerifyHalt(config.verify_halt_after, self.counters, HaltFile(
-            config.disk_paths[0], namespaces[0].id) if self.disk_layout else None)
+            config.disk_paths[0], namespaces[0].id) if self.disk_layout else None, config.load_timeout)
         self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending, stalled,
                                     self.others, self.presence, self.remote_writes, self.halt,
                                     aborted)

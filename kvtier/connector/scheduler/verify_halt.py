@@ -16,6 +16,7 @@ import logging
 import threading
 from collections import Counter
 
+from kvtier.io.answers import answers
 from kvtier.io.guarded import start_thread
 from kvtier.segment.halt_file import HaltFile
 
@@ -29,7 +30,8 @@ class VerifyHalt:
     """Counts mismatches; ``halted`` once ``limit`` of them were found (never with 0), or
     while the namespace's halt file (``marker``) exists."""
 
-    def __init__(self, limit: int, counters: Counter, marker: HaltFile | None = None) -> None:
+    def __init__(self, limit: int, counters: Counter, marker: HaltFile | None = None,
+                 answer_timeout: float | None = 10.0) -> None:
         self.limit, self.counters, self.marker = limit, counters, marker
         self.mismatches = 0
         self.halted = False
@@ -38,8 +40,9 @@ class VerifyHalt:
         self._unreadable = False  # the last look could not read the file (said once)
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        if marker is not None:
-            self.look()
+        if marker is not None:  # a first look before any step, unless its path hangs
+            if answers(str(marker.root), answer_timeout):  # (then the thread's looks follow)
+                self.look()
             threading.Thread(target=self._watch, name="kvtier-halt", daemon=True).start()
 
     def mismatch(self) -> None:
