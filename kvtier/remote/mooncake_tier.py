@@ -178,10 +178,11 @@ class MooncakeTier(RemoteTier):
         return [False] * len(keys) if held is None else [bool(h) for h in held]
 
     def exists_answered(self, keys: Sequence[ChunkKey]) -> list[bool | None] | None:
-        """As the contract says; None for a key held only on holders out (a get misses it)."""
-        names = self._names(keys)
+        """As the contract says (None when a call failed meanwhile); None for a key held
+        only on holders out (a get misses it)."""
+        names, failures = self._names(keys), self.failures
         codes = self._ask("exists", lambda client: client.batch_is_exist(names))
-        if codes is None:
+        if codes is None or self.failures != failures or self.down:
             return None
         held = [code == 1 for code in codes]
         if not (self._holders.outages.any() and any(held)):
@@ -216,8 +217,7 @@ class MooncakeTier(RemoteTier):
             client, pick(names, at), pick(keys, at), pick(outs, at)))
 
     def _by_holders(self, client: Any, names: list[str], read: Read) -> list[IOResult]:
-        """``read`` around the holders out (``mooncake_holders``); a failure laid on none: out."""
-        results, unblamed = self._holders.read(client, names, read)
+        results, unblamed = self._holders.read(client, names, read)  # (``mooncake_holders``)
         if unblamed is not None:
             self._failed("get", ConnectionError(unblamed.detail))
         return results
