@@ -103,6 +103,38 @@ def test_a_mount_taken_away_and_made_anew_answers_a_question_asked_again(mounted
     assert out == {"hung": False, "at_once": False, "asked_again": True, "held": 1}
 
 
+ASK_TOGETHER = """
+import json, os, sys
+from kvtier.io import answers
+from tests.helpers.hung_mount import hang, release
+paths = sys.argv[1:]
+devices = [hang(path) for path in paths]
+answers.ask(paths, 0.2)
+out = {"asked": answers.outstanding()}
+answers.ask(paths, 0.2)  # asked already: no thread more
+out["again"] = answers.outstanding()
+out["answered"] = [answers.answers(path, 0.2) for path in paths]
+for path, device in zip(paths, devices):
+    release(path, device)
+print(json.dumps(out))
+"""
+
+
+def test_hung_paths_are_asked_together(mounted, tmp_path):
+    """Two hung paths at start cost one wait, not two: both are asked before either is
+    waited for, and asking again starts no other thread."""
+    _, hung = mounted
+    other = tmp_path / "hung-too"
+    other.mkdir(mode=0o700)
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
+                          ASK_TOGETHER, str(hung), str(other)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    skip_without_mounts(run)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == {"asked": 2, "again": 2,
+                                                       "answered": [False, False]}
+
+
 def skip_without_mounts(run: subprocess.CompletedProcess) -> None:
     """Skip where this machine gives no private mount namespace or FUSE mount (a container
     without the right to mount)."""

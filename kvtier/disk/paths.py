@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from kvtier.disk.opening import OpenArgs
+from kvtier.io.answers import ask
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.segment.cachedir import CacheDir, CacheDirError
 from kvtier.segment.lease import Lease, LeaseLost
@@ -80,6 +81,7 @@ class DiskPaths:
         self._settled = False  # a path opened under ``writer``: it stays this store's id
         self.writer = opener.writers[0]
         busy: set[str] = set()  # ids whose segment another process of this host holds
+        ask(roots, opener.answer_timeout)  # every path at once: hung ones cost one wait
         for path in self.states:
             try:
                 path.dir, path.inode = self._open(path, busy)

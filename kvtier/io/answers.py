@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import Future
 
 MIN_WAIT_S = 5.0  # the least a path's file system is given to answer
@@ -52,9 +53,7 @@ def wait_for_answer(path: str, timeout: float | None) -> None:
     with _LOCK:
         if now - _ANSWERED.get(path, -FRESH_S) < FRESH_S:
             return
-        held = _HELD.get(path)
-        if (held is None or now - held[1] >= REASK_S) and _RUNNING[path] < MAX_HELD:
-            held = _ask_anew(path, now)
+        held = _question(path, now)
     if held is None:  # no thread could be started: not answered this time
         raise TimeoutError(f"{path}: its file system could not be asked (no thread left)")
     asked, since = held
@@ -81,6 +80,27 @@ def outstanding() -> int:
     """Threads asking still, their questions unanswered (each held in a hung call)."""
     with _LOCK:
         return sum(_RUNNING.values())
+
+
+def ask(paths: Iterable[str], timeout: float | None) -> None:
+    """Ask each of ``paths`` now, waiting for none (their waits then run together: several
+    hung paths cost one wait, not one each)."""
+    if answer_wait(timeout) is None:
+        return
+    now = time.monotonic()
+    with _LOCK:
+        for path in paths:
+            if now - _ANSWERED.get(path, -FRESH_S) >= FRESH_S:
+                _question(path, now)
+
+
+def _question(path: str, now: float) -> tuple[Future[None], float] | None:
+    """The question of ``path`` to wait on (lock held): the latest held, or a new one where
+    none is, or it was asked ``REASK_S`` ago (``MAX_HELD`` threads a path at most)."""
+    held = _HELD.get(path)
+    if (held is None or now - held[1] >= REASK_S) and _RUNNING[path] < MAX_HELD:
+        held = _ask_anew(path, now)
+    return held
 
 
 def _ask_anew(path: str, now: float) -> tuple[Future[None], float] | None:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from kvtier.config.settings import KVTierConfig
-from kvtier.io.answers import answers
+from kvtier.io.answers import answers, ask
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
@@ -48,6 +48,7 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
 def answering(config: KVTierConfig) -> tuple[str, ...]:
     """The disk paths whose file systems answer within ``load_timeout`` (not a hung mount:
     ``kvtier.io.answers``); a path that does not holds no segment to be found."""
+    ask(config.disk_paths, config.load_timeout)  # every path at once: hung ones cost one wait
     return tuple(root for root in config.disk_paths if answers(root, config.load_timeout))
 
 
