@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import Future
 
+from kvtier.io.guarded import start_thread
+
 MIN_WAIT_S = 5.0  # the least a path's file system is given to answer
 REASK_S = 60.0  # a question held this long is asked again beside it
 MAX_HELD = 3  # threads held in unanswered questions per path, at most
@@ -107,10 +109,8 @@ def _ask_anew(path: str, now: float) -> tuple[Future[None], float] | None:
     """A new question of ``path`` on a thread of its own (lock held), or None when no
     thread starts (the latest question stays)."""
     asked: Future[None] = Future()
-    try:
-        threading.Thread(target=_ask, args=(path, asked), daemon=True,
-                         name=f"kvtier-answer {path}").start()
-    except RuntimeError:  # no thread left in this process
+    if not start_thread(threading.Thread(target=_ask, args=(path, asked), daemon=True,
+                                         name=f"kvtier-answer {path}")):
         return _HELD.get(path)
     _RUNNING[path] += 1
     _HELD[path] = (asked, now)
