@@ -68,3 +68,20 @@ def test_rank_1_takes_the_id_rank_0_took_though_a_lower_one_is_free(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_rank_1_waits_for_no_segment_when_no_path_answers(tmp_path, monkeypatch):
+    """A hung mount on every path: rank 0 holds no segment there to be found, so rank 1 takes
+    the ids in their order at once rather than look for one for LEADER_WAIT_S."""
+    from kvtier.config.settings import load_config
+    from kvtier.connector.common import engine_writer
+
+    config = load_config({"disk_paths": [str(tmp_path)]}, environ={})
+    monkeypatch.setattr(engine_writer, "answers", lambda root, timeout: False)
+
+    def looked(*args, **kwargs):
+        raise AssertionError("rank 0's writer looked for under no path that answers")
+
+    monkeypatch.setattr(engine_writer, "leaders_writer", looked)
+    ns0, ns1 = GEO.namespace("m", "", 2, 0), GEO.namespace("m", "", 2, 1)
+    assert engine_writer.rank_writer_ids(config, ns1, ns0) == engine_writer.writer_ids(None)

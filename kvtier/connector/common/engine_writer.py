@@ -155,7 +155,10 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
     ids = writer_ids(config.instance_id)
     if config.instance_id or leader is None or namespace.tp_rank == 0 or not config.disk_paths:
         return ids
-    first = leaders_writer(answering(config), leader)
+    roots = answering(config)
+    if not roots:  # no path answers: rank 0 holds no segment to be found, none is waited for
+        return ids
+    first = leaders_writer(roots, leader)
     return ids if first is None else [first, *[i for i in ids if i != first]]
 
 
