@@ -31,6 +31,31 @@ def test_submit_returns_at_once_and_futures_carry_values_and_errors(make):
 
 
 @ENGINES
+def test_a_job_counts_until_the_callbacks_added_before_it_ended_have_run(make):
+    """Owners give back what a job held (a host slot it read into, a pin) from its future's
+    callbacks: once a drain returns True, or pending() reads 0, they have run. Else a put
+    that drained the writes holding every host slot finds no room yet, and skips a chunk."""
+    engine = make(["a"], 1)
+    gate, in_callback, let_go, given_back = (threading.Event(), threading.Event(),
+                                             threading.Event(), [])
+    job = engine.submit("a", lambda: gate.wait(10))
+
+    def give_back(_):
+        in_callback.set()
+        let_go.wait(10)
+        given_back.append(True)
+
+    job.add_done_callback(give_back)
+    gate.set()
+    assert in_callback.wait(5) and job.done()
+    assert engine.pending() == 1 and engine.pending("a") == 1  # its callback still runs
+    assert not engine.drain(0.1)
+    let_go.set()
+    assert engine.drain(5) and given_back == [True] and engine.pending() == 0
+    assert engine.close(1)
+
+
+@ENGINES
 def test_jobs_of_one_queue_run_in_parallel_on_its_threads(make):
     engine = make(["a"], 3)
     barrier = threading.Barrier(3, timeout=5)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from typing import Any, Protocol
 
 from kvtier.io.guarded import start_threads, submit_guarded
-from kvtier.units import wait_limit
+from kvtier.io.in_flight import InFlight
 
 CLOSE_TIMEOUT_S = 30.0  # how long closing waits for queued and running jobs
 
@@ -34,8 +33,12 @@ class IOExecutor(Protocol):
       exception is in its future. Once closed, ``submit`` raises ``RuntimeError``. A
       ``submit`` that raises never runs its job.
     - ``pending(queue=None)`` counts jobs submitted and not finished (for back-pressure), of
-      one queue or of all.
-    - ``drain(timeout)`` waits until no job is pending; True if none is left.
+      one queue or of all. A job that ran is finished once its future is settled and the
+      callbacks added to it before then have run (they give back what the job held: a
+      drain followed by a look for room must find it given back); one cancelled, once
+      cancelled.
+    - ``drain(timeout)`` waits until every job pending at the call is finished; True if
+      none of them is left.
     - ``closed`` is True once ``close`` has drained (or given up) and ``submit`` refuses.
     - ``close(timeout)`` drains for at most ``timeout``, then stops. Jobs still running then
       (an I/O call blocked on a hung drive) cannot be stopped: the jobs not started yet are
@@ -78,8 +81,7 @@ class IOEngine:
             name: ThreadPoolExecutor(threads_per_queue, thread_name_prefix=f"kvtier-io-{i}")
             for i, name in enumerate(queues)
         }
-        self._pending = dict.fromkeys(self._pools, 0)
-        self._inflight: set[Future] = set()
+        self._jobs = InFlight()
         self._lock = threading.Lock()
         self._closed = False
         try:
@@ -95,26 +97,16 @@ class IOEngine:
         with self._lock:
             if self._closed:
                 raise RuntimeError("kvtier I/O engine is closed")
-            self._pending[queue_name] += 1
             future: Future = Future()
-            self._inflight.add(future)
-        future.add_done_callback(lambda f: self._finished(queue_name, f))
-        return submit_guarded(self._pools[queue_name], job, future=future)  # raises once shut down
-
-    def _finished(self, queue_name: str, future: Future) -> None:
-        with self._lock:
-            self._pending[queue_name] -= 1
-            self._inflight.discard(future)
+            over = self._jobs.add(future, queue_name)
+        # raises once shut down
+        return submit_guarded(self._pools[queue_name], job, future=future, over=over)
 
     def pending(self, queue_name: str | None = None) -> int:
-        with self._lock:
-            return sum(self._pending.values()) if queue_name is None else self._pending[queue_name]
+        return self._jobs.count(queue_name)
 
     def drain(self, timeout: float | None = None) -> bool:
-        with self._lock:
-            futures = set(self._inflight)
-        _, not_done = wait_futures(futures, timeout=wait_limit(timeout))
-        return not not_done
+        return self._jobs.drain(timeout)
 
     @property
     def closed(self) -> bool:

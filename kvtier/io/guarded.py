@@ -31,13 +31,16 @@ _cancelling = threading.RLock()
 
 
 def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any,
-                   future: Future | None = None) -> Future:
+                   future: Future | None = None, over: Callable[[], Any] | None = None) -> Future:
     """``job(*args)`` submitted to ``pool``, settling ``future`` (a new one when None),
     which is returned. Re-raises what the submit raised, the job then never run; a job
-    cancelled in the pool's queue (a shutdown that cancels what waits) cancels the future."""
+    cancelled in the pool's queue (a shutdown that cancels what waits) cancels the future.
+    ``over``, when given, is called on the pool's thread once a job that ran has settled
+    its future and that future's callbacks have run (a waiter of the future is told
+    before they run); never for a job cancelled before it ran."""
     future = Future() if future is None else future
     try:
-        queued = pool.submit(run_into, future, partial(job, *args))
+        queued = pool.submit(run_into, future, partial(job, *args), over)
     except BaseException:
         if cancel(future):  # the job never runs, even if the pool queued it
             raise
@@ -61,8 +64,8 @@ def cancel(future: Future) -> bool:
         return True
 
 
-def run_into(future: Future, job: Callable[[], Any]) -> None:
-    """Run ``job`` into ``future``, unless the future was cancelled first."""
+def run_into(future: Future, job: Callable[[], Any], over: Callable[[], Any] | None = None) -> None:
+    """Run ``job`` into ``future``, unless the future was cancelled first; then ``over()``."""
     with _cancelling:  # not between a cancel and its telling (told twice: RuntimeError)
         if future.cancelled() or not future.set_running_or_notify_cancel():
             return
@@ -71,7 +74,10 @@ def run_into(future: Future, job: Callable[[], Any]) -> None:
     except BaseException as exc:
         future.set_exception(exc)
     else:
-        future.set_result(result)
+        future.set_result(result)  # its callbacks run here, on this thread
+    finally:
+        if over is not None:
+            over()
 
 
 def start_threads(pool: ThreadPoolExecutor, count: int) -> None:

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from kvtier.io.batch_writes import Settle, WriteGroup, WriteGroups
 from kvtier.io.guarded import started_pool, submit_guarded
+from kvtier.io.in_flight import InFlight
 from kvtier.io.result import IOResult
 from kvtier.keys import ChunkKey
 from kvtier.remote.base import RemoteTier
@@ -62,7 +62,7 @@ class RemoteLane:
         # reads have ``threads`` of their own beside the put jobs
         self._pool = started_pool(threads + PUT_JOBS, "kvtier-remote")  # none to start in a step
         self._lock = threading.Lock()
-        self._jobs: set[Future] = set()
+        self._jobs = InFlight()
         self.closed = False
         per_group = max(1, tier.put_group_bytes // max(1, tier.raw_bytes))
         self._puts = WriteGroups(self.submit, self._put_group, settle, per_group, PUT_JOBS,
@@ -72,14 +72,10 @@ class RemoteLane:
         with self._lock:
             if self.closed:
                 raise RuntimeError("the remote tier is closed")
-            future = submit_guarded(self._pool, job)  # never run late when it raises
-            self._jobs.add(future)
-        future.add_done_callback(self._done)
-        return future
-
-    def _done(self, future: Future) -> None:
-        with self._lock:
-            self._jobs.discard(future)
+            future: Future = Future()
+            over = self._jobs.add(future)
+            # a job whose submit raises never runs late
+            return submit_guarded(self._pool, job, future=future, over=over)
 
     def put(self, item: RemotePut) -> tuple[Future[IOResult], WriteGroup[RemotePut] | None]:
         return self._puts.add(item)
@@ -100,14 +96,10 @@ class RemoteLane:
     def drain(self, timeout: float | None = None) -> bool:
         """Wait for the jobs submitted so far (and the puts they take on); True when over."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                jobs = list(self._jobs)
-            if not jobs:
-                return True
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if wait_futures(jobs, timeout=left).not_done:
+        while self._jobs.count():  # a job over may have submitted another (the puts waiting)
+            if not self._jobs.drain(None if deadline is None else deadline - time.monotonic()):
                 return False
+        return True
 
     def close(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

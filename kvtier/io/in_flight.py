@@ -1,0 +1,70 @@
+"""The jobs a pool of threads has taken and not finished, for a count and a drain.
+
+A job's owner gives back what the job held (a host slot it read into, a pin, a reservation)
+from the callbacks it adds to the job's future. A waiter of a future is told before those
+callbacks run (``Future.set_result`` wakes waiters first), so a drain built on
+``concurrent.futures.wait`` may return while they still run, and a look for room made just
+after it finds none. ``InFlight`` counts a job that ran until its future is settled and
+the callbacks added to it before then have run (``over``, called on the job's own thread:
+``guarded.submit_guarded``); one cancelled before it ran, until it is cancelled (its waiters,
+which a drain also waits for, are told once the canceller's callbacks have run:
+``guarded.cancel``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from functools import partial
+
+from kvtier.units import wait_limit
+
+
+class InFlight:
+    """Jobs taken and not finished, each under a label (a queue's name), or None."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ended = threading.Condition(self._lock)  # told as each job finishes
+        self._jobs: dict[Future, Hashable] = {}
+
+    def add(self, future: Future, label: Hashable = None) -> Callable[[], None]:
+        """Count ``future``'s job (not done yet) until it finishes; returns the ``over`` to
+        hand to ``submit_guarded`` with it."""
+        with self._lock:
+            self._jobs[future] = label
+        future.add_done_callback(lambda f: self._finished(f) if f.cancelled() else None)
+        return partial(self._finished, future)
+
+    def _finished(self, future: Future) -> None:
+        with self._lock:
+            if self._jobs.pop(future, self) is not self:  # once, whichever way it ended
+                self._ended.notify_all()
+
+    def count(self, label: Hashable = None) -> int:
+        """Jobs not finished: those under ``label``, or all of them (None)."""
+        with self._lock:
+            if label is None:
+                return len(self._jobs)
+            return sum(1 for each in self._jobs.values() if each == label)
+
+    def futures(self) -> list[Future]:
+        with self._lock:
+            return list(self._jobs)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every job not finished at the call is; True when none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            futures = set(self._jobs)
+            waiting = set(futures)
+            while waiting := {f for f in waiting if f in self._jobs}:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._ended.wait(wait_limit(left))
+        left = None if deadline is None else deadline - time.monotonic()
+        return not wait_futures(futures, timeout=wait_limit(left)).not_done
