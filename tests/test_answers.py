@@ -21,6 +21,24 @@ def test_an_error_is_an_answer(tmp_path):
     assert answers(str(tmp_path / "gone"), 5.0)
 
 
+def test_a_soft_mounts_timeout_is_said_as_its_own_and_is_no_answer(tmp_path, monkeypatch):
+    """A soft NFS mount whose server is gone answers ETIMEDOUT after its own timeout: said as
+    that, not as a path that did not answer at all, and taken as no answer."""
+    import errno
+    import os
+
+    def timed_out(path):
+        raise OSError(errno.ETIMEDOUT, os.strerror(errno.ETIMEDOUT), path)
+
+    monkeypatch.setattr(os, "statvfs", timed_out)
+    path = str(tmp_path / "soft")
+    with pytest.raises(TimeoutError, match="server timed out") as raised:
+        wait_for_answer(path, 5.0)
+    assert raised.value.errno == errno.ETIMEDOUT and "did not answer" not in str(raised.value)
+    assert not answers(path, 5.0)
+    assert outstanding() == 0
+
+
 def test_a_path_is_given_at_least_min_wait_s():
     assert answer_wait(0.001) == MIN_WAIT_S and answer_wait(30.0) == 30.0 and answer_wait(None) is None
 

@@ -61,14 +61,19 @@ def wait_for_answer(path: str, timeout: float | None) -> None:
     asked, since = held
     try:  # a question older than its wait already: the path is known not to answer
         asked.result(max(0.0, since + wait - now))
-    except TimeoutError:
+    except TimeoutError as exc:
+        if exc.errno is not None:  # its own answer (ETIMEDOUT): a soft mount's server is gone
+            raise TimeoutError(exc.errno, f"{path}: its file system answered that its server "
+                               f"timed out ({os.strerror(exc.errno)}; a soft mount whose "
+                               "server does not answer?)") from None
         raise TimeoutError(f"{path}: its file system did not answer within {wait:g} s "
                            f"(asked {time.monotonic() - since:.0f} s ago; a hung mount?)") from None
 
 
 def answers(path: str, timeout: float | None) -> bool:
     """Whether the file system under ``path`` answers within its wait (``wait_for_answer``);
-    one that answers with an error answers."""
+    one that answers with an error answers, but for ``ETIMEDOUT`` (a soft mount whose
+    server is gone: every later call would wait as long)."""
     try:
         wait_for_answer(path, timeout)
     except TimeoutError:
