@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
@@ -30,30 +31,28 @@ class InFlight:
         self._lock = threading.Lock()
         self._ended = threading.Condition(self._lock)  # told as each job finishes
         self._jobs: dict[Future, Hashable] = {}
+        self._counts: Counter[Hashable] = Counter()  # jobs not finished, by label
 
     def add(self, future: Future, label: Hashable = None) -> Callable[[], None]:
         """Count ``future``'s job (not done yet) until it finishes; returns the ``over`` to
         hand to ``submit_guarded`` with it."""
         with self._lock:
             self._jobs[future] = label
+            self._counts[label] += 1
         future.add_done_callback(lambda f: self._finished(f) if f.cancelled() else None)
         return partial(self._finished, future)
 
     def _finished(self, future: Future) -> None:
         with self._lock:
-            if self._jobs.pop(future, self) is not self:  # once, whichever way it ended
+            label = self._jobs.pop(future, self)
+            if label is not self:  # once, whichever way it ended
+                self._counts[label] -= 1
                 self._ended.notify_all()
 
     def count(self, label: Hashable = None) -> int:
         """Jobs not finished: those under ``label``, or all of them (None)."""
         with self._lock:
-            if label is None:
-                return len(self._jobs)
-            return sum(1 for each in self._jobs.values() if each == label)
-
-    def futures(self) -> list[Future]:
-        with self._lock:
-            return list(self._jobs)
+            return len(self._jobs) if label is None else self._counts[label]
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every job not finished at the call is; True when none is left."""
