@@ -7,7 +7,9 @@ Several threads put and get overlapping prefixes through a KVStore with a small 
 a disk tier, and check every byte they get back. Meanwhile faults are injected: bytes flipped
 in the slot files, slot files truncated, I/O errors and slow I/O from a wrapper around
 preadv/pwritev, and, between phases, a second process writing to the same directory killed
-with SIGKILL before the store is reopened. A path taken out of service by an EIO burst is tried
+with SIGKILL before the store is reopened; and at each phase's end, a targeted flip: a byte of the
+payload of a chunk just flushed, read back by a store opened anew (a miss, counted as a
+corruption, never its bytes). A path taken out of service by an EIO burst is tried
 again after 2 s (``disk_retry``; 30 s by default); I/O calls that take 1.5 s stand for a hung
 drive, given up on after 1 s (``load_timeout``). Phases alternate write-through and
 write-back (where putting a chunk may first have to write an evicted one to disk). Reported:
@@ -51,6 +53,7 @@ import numpy as np
 import torch
 
 from kvtier import KVLayout, KVStore
+from kvtier.io.format import HEADER_BYTES, HeaderError, decode_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's tests/
 from tests.helpers.subprocesses import die_with_parent
@@ -209,6 +212,53 @@ def damage_a_file(path: Path, kind: str, rng: random.Random) -> bool:
         else:
             f.truncate(rng.randrange(size))
     return True
+
+
+PROBE_TOKENS = 9_000_000  # first token of the probes' one-chunk prompts: no worker puts them
+
+
+def probe_a_flip(path: Path, cfg: dict, phase: int, counts: Counter) -> None:
+    """A targeted fault at a phase's end: a chunk put and flushed, a byte in the middle of
+    its payload on disk flipped, then a get of it from the store opened anew must serve none
+    of it, and count a corruption. (Whether the workers' gets read a byte flipped at random
+    is chance: most land in slots never read again.)"""
+    tokens = list(range(PROBE_TOKENS + phase * CHUNK, PROBE_TOKENS + (phase + 1) * CHUNK))
+    with KVStore(LAYOUT, cfg) as store:
+        store.put(tokens, expected_kv(tokens))
+        flushed = bool(store.flush(timeout=30))
+        key = store.keys(tokens)[0]
+    if not flushed or not flip_payload(path, key):
+        counts["probe flips not made (not flushed, or its slot not found)"] += 1
+        return
+    out = torch.zeros(LAYOUT.shape(len(tokens)), dtype=torch.bfloat16)
+    with KVStore(LAYOUT, cfg) as store:
+        n = store.get(tokens, out)
+        corruptions = store.stats().corruptions
+    if n and not torch.equal(out[:, :, :n].view(torch.int16),
+                             expected_kv(tokens)[:, :, :n].view(torch.int16)):
+        counts["wrong_bytes_served"] += 1
+    counts["probe flips caught" if n == 0 and corruptions >= 1 else "probe flips missed"] += 1
+
+
+def flip_payload(path: Path, key: bytes) -> bool:
+    """Flip the middle byte of the payload of the slot under ``path`` whose header names
+    ``key``; False when no slot does."""
+    for slots in (f for f in path.rglob("slots-*.kvt") if f.is_file() and not f.is_symlink()):
+        stride = json.loads((slots.parents[2] / "namespace.json").read_text())["stride"]
+        with open(slots, "r+b") as f:
+            for offset in range(0, slots.stat().st_size - stride + 1, stride):
+                f.seek(offset)
+                try:
+                    header = decode_header(f.read(HEADER_BYTES))
+                except HeaderError:
+                    continue
+                if header.key == key:
+                    f.seek(offset + HEADER_BYTES + header.payload_bytes // 2)
+                    byte = f.read(1)
+                    f.seek(f.tell() - 1)
+                    f.write(bytes([byte[0] ^ 0xFF]))
+                    return True
+    return False
 
 
 class RemoteFaults:
@@ -438,6 +488,7 @@ def run(args: argparse.Namespace, path: Path, server: RemoteFaults | None) -> No
             each.close()
         if server is not None:
             server.idle()
+        probe_a_flip(path, config(path, policy, None, args.shared, "soak-main"), phase, counts)
         samples.append({"fds": len(os.listdir("/proc/self/fd")), "rss_mib": resident_mib()})
         kill_a_writer(path, rng, config(path, policy, remote, args.shared, "soak-main"))
         counts["fault kill -9 of a writer"] += 1

@@ -32,6 +32,8 @@ def test_a_short_soak_serves_no_wrong_byte(tmp_path):
     # caught is tests/test_disk_faults.py's
     assert counts.get("fault flip", 0) + counts.get("fault truncate", 0) >= 1
     assert counts["counted corruptions"] + counts["counted io_errors"] >= 1
+    # the byte flipped at each phase's end in a chunk read back next is caught every time
+    assert counts["probe flips caught"] == data["phases"] and "probe flips missed" not in counts
     assert counts["fault kill -9 of a writer"] >= 1 and data["fd_drift"] == 0
     assert counts["phases write_through"] >= 1 and counts["phases write_back"] >= 1
 
