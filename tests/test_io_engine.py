@@ -7,6 +7,7 @@ import time
 import pytest
 
 from kvtier.io.engine import IOEngine
+from kvtier.io.guarded import cancel
 from tests.helpers.disk_helpers import wait_until
 from tests.helpers.fake_io import FakeEngine
 
@@ -53,6 +54,39 @@ def test_a_job_counts_until_the_callbacks_added_before_it_ended_have_run(make):
     let_go.set()
     assert engine.drain(5) and given_back == [True] and engine.pending() == 0
     assert engine.close(1)
+
+
+@ENGINES
+def test_a_job_cancelled_counts_until_the_cancels_callbacks_have_run(make):
+    """A queued job cancelled (a path out of service, a close) gives back what it would have
+    used from its future's callbacks, run by the cancel: counted until they are over."""
+    engine = make(["a"], 1)
+    gate, in_callback, let_go = threading.Event(), threading.Event(), threading.Event()
+    held = engine.submit("a", lambda: gate.wait(10))
+    queued = engine.submit("a", lambda: "never")
+
+    def give_back(_):
+        in_callback.set()
+        let_go.wait(10)
+
+    queued.add_done_callback(give_back)
+    canceller = threading.Thread(target=cancel, args=(queued,))
+    canceller.start()
+    assert in_callback.wait(5) and queued.cancelled()
+    assert engine.pending("a") == 2  # the cancelled job's callback still runs
+    let_go.set()
+    canceller.join(5)
+    assert engine.pending("a") == 1 and not held.done()
+    gate.set()
+    assert engine.drain(5) and engine.pending() == 0
+    assert engine.close(1)
+
+
+def test_a_job_for_an_unknown_queue_is_refused_and_never_counted():
+    engine = IOEngine(["a"], 1)
+    with pytest.raises(KeyError):
+        engine.submit("b", lambda: None)
+    assert engine.pending() == 0 and engine.drain(0) and engine.close(1)
 
 
 @ENGINES

@@ -33,10 +33,10 @@ class IOExecutor(Protocol):
       exception is in its future. Once closed, ``submit`` raises ``RuntimeError``. A
       ``submit`` that raises never runs its job.
     - ``pending(queue=None)`` counts jobs submitted and not finished (for back-pressure), of
-      one queue or of all. A job that ran is finished once its future is settled and the
-      callbacks added to it before then have run (they give back what the job held: a
-      drain followed by a look for room must find it given back); one cancelled, once
-      cancelled.
+      one queue or of all. A job is finished once it is over (run, or cancelled through
+      ``guarded.cancel``) and the callbacks of its future have run: they give back what
+      the job held, and a drain followed by a look for room must find it given back. So
+      a callback never drains the engine its job ran on.
     - ``drain(timeout)`` waits until every job pending at the call is finished; True if
       none of them is left.
     - ``closed`` is True once ``close`` has drained (or given up) and ``submit`` refuses.
@@ -92,15 +92,15 @@ class IOEngine:
             raise
 
     def submit(self, queue_name: str, job: Callable[[], Any]) -> Future:
+        pool = self._pools[queue_name]  # (an unknown queue counts no job)
         # never hold our lock around the pool's submit: closing holds the pool's lock while
-        # cancelled jobs' callbacks take ours, and a job may submit another (a write group)
+        # it cancels queued jobs, and a job may submit another (a write group)
         with self._lock:
             if self._closed:
                 raise RuntimeError("kvtier I/O engine is closed")
             future: Future = Future()
             over = self._jobs.add(future, queue_name)
-        # raises once shut down
-        return submit_guarded(self._pools[queue_name], job, future=future, over=over)
+        return submit_guarded(pool, job, future=future, over=over)  # raises once shut down
 
     def pending(self, queue_name: str | None = None) -> int:
         return self._jobs.count(queue_name)

@@ -28,6 +28,8 @@ _refused = threading.Event()  # a thread was refused: said once a process
 # a future's waiters are told once: one cancel, or one start, at a time (reentrant: a
 # cancel's done callbacks run under it, and may cancel or submit in turn)
 _cancelling = threading.RLock()
+_overs: dict[Future, Callable[[], Any]] = {}  # a guarded job's ``over``, until it is called
+_overs_lock = threading.Lock()
 
 
 def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any,
@@ -35,12 +37,15 @@ def submit_guarded(pool: ThreadPoolExecutor, job: Callable[..., Any], *args: Any
     """``job(*args)`` submitted to ``pool``, settling ``future`` (a new one when None),
     which is returned. Re-raises what the submit raised, the job then never run; a job
     cancelled in the pool's queue (a shutdown that cancels what waits) cancels the future.
-    ``over``, when given, is called on the pool's thread once a job that ran has settled
-    its future and that future's callbacks have run (a waiter of the future is told
-    before they run); never for a job cancelled before it ran."""
+    ``over``, when given, is called once the job is over and the callbacks of its future
+    have run (a waiter of the future is told before they run): on the pool's thread after
+    a job that ran, by ``cancel`` after one cancelled."""
     future = Future() if future is None else future
+    if over is not None:
+        with _overs_lock:
+            _overs[future] = over
     try:
-        queued = pool.submit(run_into, future, partial(job, *args), over)
+        queued = pool.submit(run_into, future, partial(job, *args))
     except BaseException:
         if cancel(future):  # the job never runs, even if the pool queued it
             raise
@@ -61,11 +66,12 @@ def cancel(future: Future) -> bool:
         if not future.cancel():
             return False
         future.set_running_or_notify_cancel()
-        return True
+    _over(future)  # after its callbacks, which ``Future.cancel`` ran
+    return True
 
 
-def run_into(future: Future, job: Callable[[], Any], over: Callable[[], Any] | None = None) -> None:
-    """Run ``job`` into ``future``, unless the future was cancelled first; then ``over()``."""
+def run_into(future: Future, job: Callable[[], Any]) -> None:
+    """Run ``job`` into ``future``, unless the future was cancelled first; then its ``over``."""
     with _cancelling:  # not between a cancel and its telling (told twice: RuntimeError)
         if future.cancelled() or not future.set_running_or_notify_cancel():
             return
@@ -76,8 +82,15 @@ def run_into(future: Future, job: Callable[[], Any], over: Callable[[], Any] | N
     else:
         future.set_result(result)  # its callbacks run here, on this thread
     finally:
-        if over is not None:
-            over()
+        _over(future)
+
+
+def _over(future: Future) -> None:
+    """Call the ``over`` ``submit_guarded`` was given for ``future``, once."""
+    with _overs_lock:
+        over = _overs.pop(future, None)
+    if over is not None:
+        over()
 
 
 def start_threads(pool: ThreadPoolExecutor, count: int) -> None:

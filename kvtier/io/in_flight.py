@@ -4,11 +4,10 @@ A job's owner gives back what the job held (a host slot it read into, a pin, a r
 from the callbacks it adds to the job's future. A waiter of a future is told before those
 callbacks run (``Future.set_result`` wakes waiters first), so a drain built on
 ``concurrent.futures.wait`` may return while they still run, and a look for room made just
-after it finds none. ``InFlight`` counts a job that ran until its future is settled and
-the callbacks added to it before then have run (``over``, called on the job's own thread:
-``guarded.submit_guarded``); one cancelled before it ran, until it is cancelled (its waiters,
-which a drain also waits for, are told once the canceller's callbacks have run:
-``guarded.cancel``).
+after it finds none. ``InFlight`` counts a job until it is over and the callbacks of its
+future have run: its ``over`` is called then, on the job's own thread for a job that ran,
+by ``guarded.cancel`` for one cancelled (``guarded.submit_guarded``). A callback of a job
+that drains the pool it ran on would wait for itself: none may.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_futures
 from functools import partial
 
 from kvtier.units import wait_limit
@@ -39,7 +37,6 @@ class InFlight:
         with self._lock:
             self._jobs[future] = label
             self._counts[label] += 1
-        future.add_done_callback(lambda f: self._finished(f) if f.cancelled() else None)
         return partial(self._finished, future)
 
     def _finished(self, future: Future) -> None:
@@ -58,12 +55,10 @@ class InFlight:
         """Wait until every job not finished at the call is; True when none is left."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            futures = set(self._jobs)
-            waiting = set(futures)
+            waiting = set(self._jobs)
             while waiting := {f for f in waiting if f in self._jobs}:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
                 self._ended.wait(wait_limit(left))
-        left = None if deadline is None else deadline - time.monotonic()
-        return not wait_futures(futures, timeout=wait_limit(left)).not_done
+            return True
