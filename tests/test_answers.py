@@ -61,3 +61,18 @@ def test_a_thread_that_cannot_start_is_no_answer_this_time_and_poisons_nothing(t
 
 def fail_start(self):
     raise RuntimeError("can't start new thread")
+
+
+def test_a_path_statvfs_refuses_is_an_answer_and_leaves_no_question(tmp_path, monkeypatch):
+    """Whatever ``statvfs`` raises is its answer (a path it refuses: the open then says what
+    is wrong), never a question held for ever nor a hung mount."""
+    import os
+
+    def refused(path):
+        raise ValueError("embedded null byte")
+
+    monkeypatch.setattr(os, "statvfs", refused)
+    path = str(tmp_path / "refused")
+    with pytest.raises(ValueError):
+        wait_for_answer(path, 5.0)
+    assert answers(path, 5.0) and outstanding() == 0

@@ -402,3 +402,25 @@ def test_a_write_tried_again_keeps_the_stamp_its_slot_was_given(tmp_path, monkey
     headers = dict(tier.scan_headers([0, 1, 2])[0])
     assert headers[0].generation < headers[1].generation < headers[2].generation
     tier.close()
+
+
+def test_a_try_of_a_path_that_does_not_answer_leaves_its_old_files_alone(tmp_path, monkeypatch):
+    """A path taken down because its mount hung is tried again: while it still does not
+    answer, its old directory is not closed (a close may wait on the dead server for ever,
+    and hold the thread that tries), and it is not opened; once it answers, both happen."""
+    from kvtier.disk import paths as paths_module
+
+    disk = make_tier([tmp_path], retry=0.001)
+    path = disk.paths[0]
+    old = path.dir
+    disk.paths.take_down(path, "test: a hung mount")
+    closes = []
+    monkeypatch.setattr(old, "close", lambda: closes.append(True))
+    monkeypatch.setattr(paths_module, "answers", lambda root, timeout: False)
+    time.sleep(0.01)
+    assert not disk.revive(0) and closes == [] and path.dir is None and path.stale is old
+    monkeypatch.undo()
+    time.sleep(0.01)
+    path.retry_at = 0.0  # due again at once
+    assert disk.revive(0) and path.dir is not None and path.dir is not old
+    disk.close()

@@ -89,3 +89,19 @@ def test_the_scheduler_side_reads_each_paths_index_and_maps_its_slots(tmp_path):
     found = read_disk_index(roots, ns, SlotLayout(raw, 2, capacity), writer)
     assert {key: slot for key, (slot, _) in found.items()} == {key: slot for slot, key in keys.items()}
     assert all(header.key == key for key, (_, header) in found.items())
+
+
+def test_the_scheduler_side_asks_every_path_at_once_before_it_reads_any(tmp_path, monkeypatch):
+    """Several hung mounts cost the start one wait, not one each: every path is asked
+    before any is waited on (``answers.ask``)."""
+    from kvtier.keys import Namespace
+    from kvtier.segment.index_file import SlotLayout, read_disk_index
+
+    calls = []
+    monkeypatch.setattr(index_file, "ask", lambda roots, timeout: calls.append(("ask", list(roots))))
+    monkeypatch.setattr(index_file, "answers",
+                        lambda root, timeout: calls.append(("wait", root)) or False)
+    roots = [str(tmp_path / name) for name in ("a", "b", "c")]
+    ns = Namespace(model="m", kv_dtype="bfloat16", layout="t", block_tokens=16, chunk_tokens=16)
+    assert read_disk_index(roots, ns, SlotLayout(4096, 3, 6 * 8192), "w", answer_timeout=5.0) == {}
+    assert calls == [("ask", roots)] + [("wait", root) for root in roots]

@@ -192,3 +192,23 @@ def test_a_look_that_read_before_the_engines_own_halt_file_was_written_ends_noth
     assert (ns / "halt.json").exists()
     assert halt.halted, "a look older than the halt file ended the halt"
     halt.close()
+
+
+def test_the_watcher_looks_only_at_a_path_that_answers(tmp_path, monkeypatch):
+    """The halt file's path on a hung mount: the watcher's looks wait for it to answer
+    (each asked, bounded), rather than block its thread for ever in a look."""
+    import kvtier.connector.scheduler.verify_halt as verify_halt
+
+    marker, _ = namespace(tmp_path)
+    answering, looked = threading.Event(), []
+    monkeypatch.setattr(verify_halt, "LOOK_EVERY_S", 0.01)
+    monkeypatch.setattr(verify_halt, "answers", lambda root, timeout: answering.is_set())
+    monkeypatch.setattr(VerifyHalt, "look", lambda self: looked.append(True))
+    halt = VerifyHalt(3, Counter(), marker)
+    try:
+        threading.Event().wait(0.2)
+        assert looked == []  # not even the first look, before any step
+        answering.set()
+        wait_for(lambda: looked)
+    finally:
+        halt.close()

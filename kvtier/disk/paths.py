@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from kvtier.disk.opening import OpenArgs
-from kvtier.io.answers import ask
+from kvtier.io.answers import answers, ask
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.segment.cachedir import CacheDir, CacheDirError
 from kvtier.segment.lease import Lease, LeaseLost
@@ -250,6 +250,10 @@ class DiskPaths:
                 return False
             path.retry_every = max(path.retry_every, min(2 * path.retry_every, _RETRY_MAX_S))
             path.retry_at = time.monotonic() + path.retry_every
+        if not answers(path.root, self._opener.answer_timeout):  # a hung mount: its old
+            log.debug("kvtier disk path %s still does not answer", path.root)  # files are
+            return False  # not closed either (a close may wait on its server)
+        with self._lock:
             stale, path.stale = path.stale, None
         if stale is not None:
             stale.close()

@@ -78,7 +78,7 @@ def answers(path: str, timeout: float | None) -> bool:
         wait_for_answer(path, timeout)
     except TimeoutError:
         return False
-    except OSError:
+    except Exception:  # (``OSError``, or a path ``statvfs`` refuses: the open says which)
         return True
     return True
 
@@ -123,10 +123,10 @@ def _ask_anew(path: str, now: float) -> tuple[Future[None], float] | None:
 
 
 def _ask(path: str, asked: Future[None]) -> None:
-    error = None
+    error: BaseException | None = None
     try:
         os.statvfs(path)
-    except OSError as exc:
+    except BaseException as exc:  # an answer, whatever it is (a path statvfs refuses too)
         error = exc
     with _LOCK:  # no longer outstanding once its answer is out
         _RUNNING[path] -= 1

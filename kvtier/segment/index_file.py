@@ -8,7 +8,7 @@ from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 
 from kvtier.errors import ConfigError
-from kvtier.io.answers import answers
+from kvtier.io.answers import answers, ask
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -192,6 +192,7 @@ def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout, 
     process that writes holds the lock."""
     found: list[tuple[int, SlotHeader]] = []
     digest = namespace.digest()
+    ask(roots, answer_timeout)  # every path at once: hung ones cost one wait, not one each
     for index, root in enumerate(roots):
         if answer_timeout is not None and not answers(root, answer_timeout):
             continue

@@ -40,10 +40,11 @@ class VerifyHalt:
         self._unreadable = False  # the last look could not read the file (said once)
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._answer_timeout = answer_timeout
         if marker is not None:  # a first look before any step, unless its path hangs
             if answers(str(marker.root), answer_timeout):  # (then the thread's looks follow)
                 self.look()
-            threading.Thread(target=self._watch, name="kvtier-halt", daemon=True).start()
+            start_thread(threading.Thread(target=self._watch, name="kvtier-halt", daemon=True))
 
     def mismatch(self) -> None:
         with self._lock:
@@ -114,9 +115,11 @@ class VerifyHalt:
                     if self.marker else "the halt")
 
     def _watch(self) -> None:
+        assert self.marker is not None
         while not self._stop.wait(LOOK_EVERY_S):
-            try:
-                self.look()
+            try:  # a path that does not answer (a hung mount) is looked at once it does
+                if answers(str(self.marker.root), self._answer_timeout):
+                    self.look()
             except Exception as exc:  # a thread of its own: logged, never raised
                 log.warning("kvtier: could not look for the halt file: %r", exc)
 
