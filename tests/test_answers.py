@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from kvtier.io.answers import MIN_WAIT_S, answer_wait, answers, outstanding, wait_for_answer
+from tests.helpers.disk_helpers import wait_until
 
 
 def test_a_directory_answers_and_no_question_is_left_behind(tmp_path):
@@ -76,3 +77,37 @@ def test_a_path_statvfs_refuses_is_an_answer_and_leaves_no_question(tmp_path, mo
     with pytest.raises(ValueError):
         wait_for_answer(path, 5.0)
     assert answers(path, 5.0) and outstanding() == 0
+
+
+def test_an_answer_however_recent_is_asked_again_with_fresh_s_0(tmp_path, monkeypatch):
+    """A mount that hung just after it answered: a look that must not block (the shared
+    view's, on its one thread) asks again rather than take the recent answer."""
+    import os
+
+    import kvtier.io.answers as answers_module
+
+    path = str(tmp_path)
+    assert answers(path, 5.0)
+    release, real = threading.Event(), os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: release.wait(10) and real(p))  # hung now
+    monkeypatch.setattr(answers_module, "MIN_WAIT_S", 0.2)
+    try:
+        assert answers(path, 0.2)  # the recent answer stands for a plain question
+        assert not answers(path, 0.2, fresh_s=0)  # asked afresh: no answer
+    finally:
+        release.set()
+    wait_until(lambda: outstanding() == 0, "the question held to end")
+
+
+def test_the_shared_view_asks_each_path_before_each_look(tmp_path, monkeypatch):
+    import kvtier.shared.view as view_module
+    from kvtier.shared.view import SharedView
+    from tests.helpers.worker_side import GEO
+
+    asked = []
+    monkeypatch.setattr(view_module, "answers",
+                        lambda root, timeout, fresh_s=5.0: asked.append(fresh_s) or False)
+    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, ("b",), 30)
+    view.refresh()
+    view.refresh()
+    assert asked == [0, 0]

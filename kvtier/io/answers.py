@@ -43,17 +43,18 @@ def answer_wait(timeout: float | None) -> float | None:
     return None if timeout is None else max(timeout, MIN_WAIT_S)
 
 
-def wait_for_answer(path: str, timeout: float | None) -> None:
+def wait_for_answer(path: str, timeout: float | None, fresh_s: float = FRESH_S) -> None:
     """Return once the file system under ``path`` answered a ``statvfs`` within
-    ``answer_wait(timeout)`` (None: as long as it takes, asked on this thread); raise
-    ``TimeoutError`` when it did not, or the ``OSError`` it answered."""
+    ``answer_wait(timeout)`` (None: as long as it takes, asked on this thread), or did
+    within the last ``fresh_s`` seconds; raise ``TimeoutError`` when it did not, or the
+    ``OSError`` it answered."""
     wait = answer_wait(timeout)
     if wait is None:
         os.statvfs(path)
         return
     now = time.monotonic()
     with _LOCK:
-        if now - _ANSWERED.get(path, -FRESH_S) < FRESH_S:
+        if fresh_s > 0 and now - _ANSWERED.get(path, -fresh_s) < fresh_s:
             return
         held = _question(path, now)
     if held is None:  # no thread could be started: not answered this time
@@ -70,12 +71,12 @@ def wait_for_answer(path: str, timeout: float | None) -> None:
                            f"(asked {time.monotonic() - since:.0f} s ago; a hung mount?)") from None
 
 
-def answers(path: str, timeout: float | None) -> bool:
+def answers(path: str, timeout: float | None, fresh_s: float = FRESH_S) -> bool:
     """Whether the file system under ``path`` answers within its wait (``wait_for_answer``);
     one that answers with an error answers, but for ``ETIMEDOUT`` (a soft mount whose
     server is gone: every later call would wait as long)."""
     try:
-        wait_for_answer(path, timeout)
+        wait_for_answer(path, timeout, fresh_s)
     except TimeoutError:
         return False
     except Exception:  # (``OSError``, or a path ``statvfs`` refuses: the open says which)

@@ -55,7 +55,8 @@ class SharedView:
     it also gives back the seats that name no writer with a segment and that it watched
     stand unchanged for ``lease_timeout`` (``OrphanWatch``; ``seats_freed``). A path that
     cannot be read holds nothing this time; one that does not answer within ``answer_timeout``
-    (a hung mount), or a listing short of files (``EMFILE``), leaves it as it was. One refresh reads at
+    (a hung mount: asked before each look, as one that hung since would hold this thread for
+    good), or a listing short of files (``EMFILE``), leaves it as it was. One refresh reads at
     most ``REFRESH_BYTES`` of log a path: each writer's share first, then what the others
     left to those with more. Every time is ``clock``'s. Each change to the view is O(1)
     (``ChunkIndex``). Memory is bounded by ``max_slots``, the slots the namespace's whole
@@ -77,9 +78,7 @@ class SharedView:
         self._followed: dict[tuple[int, str], Followed] = {}
         self._sources: dict[int, Followed] = {}
         self._index = ChunkIndex()
-        self.refreshes = 0
-        self.bytes_read = 0
-        self._failed = False
+        self.refreshes, self.bytes_read, self._failed = 0, 0, False
         self.max_writers = followable_writers(len(self._roots))
         self._listing = WriterListing(self._roots, namespace.id, self.max_writers)
         self._over_said = False  # whether passing over slots past max_slots was said
@@ -141,7 +140,7 @@ class SharedView:
     def refresh(self) -> None:
         seats_due = self._upkeep.seats_due()
         for path in range(len(self._roots)):
-            answered = answers(self._roots[path], self.answer_timeout)  # not: a hung mount
+            answered = answers(self._roots[path], self.answer_timeout, fresh_s=0)  # each look
             names = self._listing.names(path, self.own[path]) if answered else None
             if names is None:
                 continue  # a hung mount, or this process short of files: the view stays as it was
