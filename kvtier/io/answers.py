@@ -11,9 +11,11 @@ caller's timeout (``load_timeout``), never under ``MIN_WAIT_S`` (a busy server's
 not a hung mount's). A path that did not answer is out of service, and the engine starts
 without it. A later try waits on the question still held, until its wait after it was
 asked (a path that has not answered for that long fails at once), rather than leave
-another thread behind it; a question held ``REASK_S`` is asked again, beside it (a mount
-lazily unmounted and mounted anew answers the new one), with ``MAX_HELD`` threads held
-per path at most. A path that answered within ``FRESH_S`` is not asked again.
+another thread behind it; a question held ``REASK_S`` is asked again, beside it, with
+``MAX_HELD`` threads held per path at most; a path whose mount was lazily unmounted and
+mounted anew (a new mount ID in ``/proc/self/mountinfo``) is asked afresh at once, however
+many threads the hung mount holds. A path that answered within ``FRESH_S`` is not asked
+again (unless the caller says otherwise: ``fresh_s``).
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 
 from kvtier.io.guarded import start_thread
+from kvtier.io.mounts import mount_of
 
 MIN_WAIT_S = 5.0  # the least a path's file system is given to answer
 REASK_S = 60.0  # a question held this long is asked again beside it
 MAX_HELD = 3  # threads held in unanswered questions per path, at most
 FRESH_S = 5.0  # an answer this recent stands for the next question
 
-_HELD: dict[str, tuple[Future[None], float]] = {}  # path -> its latest question unanswered
-_RUNNING: Counter[str] = Counter()  # path -> its threads still asking
+# questions are kept by (path, the ID of the mount it is under): a mount lazily unmounted
+# and mounted anew is asked afresh, however many threads the hung one holds
+Where = tuple[str, int | None]
+_HELD: dict[Where, tuple[Future[None], float]] = {}  # its latest question unanswered
+_RUNNING: Counter[Where] = Counter()  # its threads still asking
 _ANSWERED: dict[str, float] = {}  # path -> when it last answered
 _LOCK = threading.Lock()
 
@@ -52,11 +58,11 @@ def wait_for_answer(path: str, timeout: float | None, fresh_s: float = FRESH_S) 
     if wait is None:
         os.statvfs(path)
         return
-    now = time.monotonic()
+    now, where = time.monotonic(), (path, mount_of(path))
     with _LOCK:
         if fresh_s > 0 and now - _ANSWERED.get(path, -fresh_s) < fresh_s:
             return
-        held = _question(path, now)
+        held = _question(where, now)
     if held is None:  # no thread could be started: not answered this time
         raise TimeoutError(f"{path}: its file system could not be asked (no thread left)")
     asked, since = held
@@ -96,47 +102,49 @@ def ask(paths: Iterable[str], timeout: float | None) -> None:
     if answer_wait(timeout) is None:
         return
     now = time.monotonic()
+    wheres = [(path, mount_of(path)) for path in paths]
     with _LOCK:
-        for path in paths:
-            if now - _ANSWERED.get(path, -FRESH_S) >= FRESH_S:
-                _question(path, now)
+        for where in wheres:
+            if now - _ANSWERED.get(where[0], -FRESH_S) >= FRESH_S:
+                _question(where, now)
 
 
-def _question(path: str, now: float) -> tuple[Future[None], float] | None:
-    """The question of ``path`` to wait on (lock held): the latest held, or a new one where
-    none is, or it was asked ``REASK_S`` ago (``MAX_HELD`` threads a path at most)."""
-    held = _HELD.get(path)
-    if (held is None or now - held[1] >= REASK_S) and _RUNNING[path] < MAX_HELD:
-        held = _ask_anew(path, now)
+def _question(where: Where, now: float) -> tuple[Future[None], float] | None:
+    """The question of a path to wait on (lock held): the latest held, or a new one where
+    none is, or it was asked ``REASK_S`` ago (``MAX_HELD`` threads a path and mount at
+    most)."""
+    held = _HELD.get(where)
+    if (held is None or now - held[1] >= REASK_S) and _RUNNING[where] < MAX_HELD:
+        held = _ask_anew(where, now)
     return held
 
 
-def _ask_anew(path: str, now: float) -> tuple[Future[None], float] | None:
-    """A new question of ``path`` on a thread of its own (lock held), or None when no
+def _ask_anew(where: Where, now: float) -> tuple[Future[None], float] | None:
+    """A new question of a path on a thread of its own (lock held), or None when no
     thread starts (the latest question stays)."""
     asked: Future[None] = Future()
-    if not start_thread(threading.Thread(target=_ask, args=(path, asked), daemon=True,
-                                         name=f"kvtier-answer {path}")):
-        return _HELD.get(path)
-    _RUNNING[path] += 1
-    _HELD[path] = (asked, now)
-    return _HELD[path]
+    if not start_thread(threading.Thread(target=_ask, args=(where, asked), daemon=True,
+                                         name=f"kvtier-answer {where[0]}")):
+        return _HELD.get(where)
+    _RUNNING[where] += 1
+    _HELD[where] = (asked, now)
+    return _HELD[where]
 
 
-def _ask(path: str, asked: Future[None]) -> None:
+def _ask(where: Where, asked: Future[None]) -> None:
     error: BaseException | None = None
     try:
-        os.statvfs(path)
+        os.statvfs(where[0])
     except BaseException as exc:  # an answer, whatever it is (a path statvfs refuses too)
         error = exc
     with _LOCK:  # no longer outstanding once its answer is out
-        _RUNNING[path] -= 1
-        if _RUNNING[path] <= 0:
-            del _RUNNING[path]
-        if _HELD.get(path, (None,))[0] is asked:
-            del _HELD[path]
+        _RUNNING[where] -= 1
+        if _RUNNING[where] <= 0:
+            del _RUNNING[where]
+        if _HELD.get(where, (None,))[0] is asked:
+            del _HELD[where]
         if error is None:
-            _ANSWERED[path] = time.monotonic()
+            _ANSWERED[where[0]] = time.monotonic()
     if error is None:
         asked.set_result(None)
     else:
