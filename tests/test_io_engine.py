@@ -82,6 +82,20 @@ def test_a_job_cancelled_counts_until_the_cancels_callbacks_have_run(make):
     assert engine.close(1)
 
 
+@ENGINES
+def test_a_job_cancelled_plainly_is_over_once_a_thread_reaches_it(make):
+    """A ``Future.cancel`` not through ``guarded.cancel`` tells no one; the job still ends
+    once a thread takes it from the queue, so a drain does not wait for it for ever."""
+    engine = make(["a"], 1)
+    gate = threading.Event()
+    engine.submit("a", lambda: gate.wait(10))
+    queued = engine.submit("a", lambda: "never")
+    assert queued.cancel()
+    gate.set()
+    assert engine.drain(5) and engine.pending() == 0
+    assert engine.close(1)
+
+
 def test_a_job_for_an_unknown_queue_is_refused_and_never_counted():
     engine = IOEngine(["a"], 1)
     with pytest.raises(KeyError):

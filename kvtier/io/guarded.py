@@ -73,8 +73,10 @@ def cancel(future: Future) -> bool:
 def run_into(future: Future, job: Callable[[], Any]) -> None:
     """Run ``job`` into ``future``, unless the future was cancelled first; then its ``over``."""
     with _cancelling:  # not between a cancel and its telling (told twice: RuntimeError)
-        if future.cancelled() or not future.set_running_or_notify_cancel():
-            return
+        cancelled = future.cancelled() or not future.set_running_or_notify_cancel()
+    if cancelled:  # its callbacks ran at the cancel (a plain ``Future.cancel`` too): over
+        _over(future)
+        return
     try:
         result = job()
     except BaseException as exc:
