@@ -105,9 +105,12 @@ def test_the_shared_view_asks_each_path_before_each_look(tmp_path, monkeypatch):
     from tests.helpers.worker_side import GEO
 
     asked = []
-    monkeypatch.setattr(view_module, "answers",
-                        lambda root, timeout, fresh_s=5.0: asked.append(fresh_s) or False)
-    view = SharedView([str(tmp_path)], GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, ("b",), 30)
+    monkeypatch.setattr(view_module, "ask", lambda roots, timeout, fresh_s=5.0:
+                        asked.append(("ask", tuple(roots), fresh_s)))
+    monkeypatch.setattr(view_module, "answers", lambda root, timeout, fresh_s=5.0:
+                        asked.append(("wait", root, fresh_s)) or False)
+    roots = (str(tmp_path / "a"), str(tmp_path / "b"))
+    view = SharedView(roots, GEO.namespace("m", "", 1, 0), GEO.chunk_bytes, ("b", "b"), 30)
     view.refresh()
-    view.refresh()
-    assert asked == [0, 0]
+    # every path asked at once (hung ones cost one wait), none taking a recent answer
+    assert asked == [("ask", roots, 0), ("wait", roots[0], 0), ("wait", roots[1], 0)]

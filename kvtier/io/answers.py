@@ -96,16 +96,16 @@ def outstanding() -> int:
         return sum(_RUNNING.values())
 
 
-def ask(paths: Iterable[str], timeout: float | None) -> None:
-    """Ask each of ``paths`` now, waiting for none (their waits then run together: several
-    hung paths cost one wait, not one each)."""
+def ask(paths: Iterable[str], timeout: float | None, fresh_s: float = FRESH_S) -> None:
+    """Ask each of ``paths`` now (but those that answered within ``fresh_s``), waiting for
+    none (their waits then run together: several hung paths cost one wait, not one each)."""
     if answer_wait(timeout) is None:
         return
     now = time.monotonic()
     wheres = [(path, mount_of(path)) for path in paths]
     with _LOCK:
         for where in wheres:
-            if now - _ANSWERED.get(where[0], -FRESH_S) >= FRESH_S:
+            if fresh_s <= 0 or now - _ANSWERED.get(where[0], -fresh_s) >= fresh_s:
                 _question(where, now)
 
 

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from kvtier.io.answers import answers
+from kvtier.io.answers import answers, ask
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
 from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
@@ -139,6 +139,7 @@ class SharedView:
 
     def refresh(self) -> None:
         seats_due = self._upkeep.seats_due()
+        ask(self._roots, self.answer_timeout, fresh_s=0)  # all at once: hung ones cost one wait
         for path in range(len(self._roots)):
             answered = answers(self._roots[path], self.answer_timeout, fresh_s=0)  # each look
             names = self._listing.names(path, self.own[path]) if answered else None
