@@ -424,3 +424,23 @@ def test_a_try_of_a_path_that_does_not_answer_leaves_its_old_files_alone(tmp_pat
     path.retry_at = 0.0  # due again at once
     assert disk.revive(0) and path.dir is not None and path.dir is not old
     disk.close()
+
+
+def test_a_path_whose_file_system_was_unmounted_is_not_reopened_on_the_disk_beneath(tmp_path):
+    """A network mount taken away (unmounted, lazily or not) leaves its path a plain
+    directory of the file system beneath, the root disk say: a try of the path does not
+    reopen it there (the cache would fill a disk not meant for it), until a file system is
+    mounted where it was again."""
+    from kvtier.io.mounts import mount_point_of
+
+    disk = make_tier([tmp_path], retry=0.001)
+    path = disk.paths[0]
+    assert path.mount_point == mount_point_of(str(tmp_path))
+    disk.paths.take_down(path, "test: its server went away")
+    path.mount_point = str(tmp_path)  # as if its file system had been mounted right there
+    time.sleep(0.01)
+    assert not disk.revive(0) and path.dir is None
+    assert f"the file system mounted at {tmp_path} is gone" in disk.paths.down[0]
+    path.mount_point, path.retry_at = mount_point_of(str(tmp_path)), 0.0  # mounted again
+    assert disk.revive(0) and path.dir is not None
+    disk.close()

@@ -31,3 +31,17 @@ def test_no_table_no_mount(tmp_path):
 
 def test_this_processs_table_names_a_mount_for_any_path(tmp_path):
     assert mount_of(str(tmp_path)) is not None
+
+
+def test_a_path_fell_through_once_its_mount_is_gone_not_while_it_or_a_deeper_one_is_there(tmp_path):
+    from kvtier.io.mounts import fell_through
+
+    table = tmp_path / "mountinfo"
+    table.write_text(TABLE)
+    where = str(table)
+    assert fell_through("/work/cache/ns", "/work/cache", where) is None  # still mounted
+    assert fell_through("/work/cache/ns", "/", where) is None  # a mount put over it: not lower
+    assert fell_through("/work/cache/ns", None, where) is None  # never opened: cannot tell
+    table.write_text(TABLE.replace("30 27 0:40 / /work/cache", "30 27 0:40 / /elsewhere")
+                     .replace("31 27 0:41 / /work/cache", "31 27 0:41 / /elsewhere2"))
+    assert fell_through("/work/cache/ns", "/work/cache", where) == "/work"  # on the disk beneath

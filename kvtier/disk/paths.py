@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from kvtier.disk.opening import OpenArgs
 from kvtier.io.answers import answers, ask
+from kvtier.io.mounts import fell_through, mount_point_of
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.segment.cachedir import CacheDir, CacheDirError
 from kvtier.segment.lease import Lease, LeaseLost
@@ -47,6 +48,7 @@ class PathState:
         self.retry_every = retry  # None: never tried again
         self.retry_first = retry
         self.back_at = 0.0  # when it last came back into service
+        self.mount_point: str | None = None  # where its file system was mounted when it opened
 
     @property
     def own(self) -> str | None:
@@ -85,6 +87,7 @@ class DiskPaths:
         for path in self.states:
             try:
                 path.dir, path.inode = self._open(path, busy)
+                path.mount_point = mount_point_of(path.root)
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
         self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
@@ -253,6 +256,14 @@ class DiskPaths:
         if not answers(path.root, self._opener.answer_timeout):  # a hung mount: its old
             log.debug("kvtier disk path %s still does not answer", path.root)  # files are
             return False  # not closed either (a close may wait on its server)
+        if (now_on := fell_through(path.root, path.mount_point)) is not None:
+            reason = (f"the file system mounted at {path.mount_point} is gone (the path is on "
+                      f"the one at {now_on} now): not reopened until it is mounted again")
+            with self._lock:
+                said, path.down_reason = path.down_reason == reason, reason
+            if not said:  # said once: the cache is not for that disk
+                log.warning("kvtier disk path %s: %s", path.root, reason)
+            return False
         with self._lock:
             stale, path.stale = path.stale, None
         if stale is not None:
@@ -262,6 +273,7 @@ class DiskPaths:
         except OSError as exc:
             log.debug("kvtier disk path %s still out of service: %s", path.root, exc)
             return False
+        path.mount_point = mount_point_of(path.root) or path.mount_point
         with self._lock:
             was, path.down_reason = path.down_reason, ""
             path.eio_run, path.inode, path.checked_at = 0, inode, time.monotonic()

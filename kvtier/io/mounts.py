@@ -25,18 +25,41 @@ def mount_points(table: str = MOUNTINFO) -> frozenset[str]:
 
 
 def mount_of(path: str, table: str = MOUNTINFO) -> int | None:
-    """The ID of the mount ``path`` is under, from the mount table alone (a hung mount
-    cannot hold it): the one whose mount point is the longest leading part of ``path``
+    """The ID of the mount ``path`` is under (``mounted_at``). A mount lazily unmounted and
+    mounted anew at the same place has a new ID. None where the table cannot be read."""
+    mount = mounted_at(path, table)
+    return None if mount is None else mount[0]
+
+
+def mounted_at(path: str, table: str = MOUNTINFO) -> tuple[int, str] | None:
+    """(ID, mount point) of the mount ``path`` is under, from the mount table alone (a hung
+    mount cannot hold it): the one whose mount point is the longest leading part of ``path``
     (made absolute, its symlinks not followed: that would ask the file system), the last
-    listed of equals (mounted on top). A mount lazily unmounted and mounted anew at the same
-    place has a new ID. None where the table cannot be read."""
+    listed of equals (mounted on top). None where the table cannot be read."""
     where = os.path.abspath(path)
-    best: tuple[int, int] | None = None  # (length of its mount point, its ID)
+    best: tuple[int, str] | None = None
     for mount_id, point in _mounts(table):
         under = point == "/" or where == point or where.startswith(point.rstrip("/") + "/")
-        if under and (best is None or len(point) >= best[0]):
-            best = (len(point), mount_id)
-    return None if best is None else best[1]
+        if under and (best is None or len(point) >= len(best[1])):
+            best = (mount_id, point)
+    return best
+
+
+def mount_point_of(path: str, table: str = MOUNTINFO) -> str | None:
+    """The mount point of the mount ``path`` is under (``mounted_at``)."""
+    mount = mounted_at(path, table)
+    return None if mount is None else mount[1]
+
+
+def fell_through(path: str, opened_on: str | None, table: str = MOUNTINFO) -> str | None:
+    """The mount point ``path`` is on now, when that is nearer ``/`` than ``opened_on``, the
+    one it was on when opened: the file system mounted there is gone, and the path is a
+    plain directory of the one beneath (a network mount unmounted: the root disk, say).
+    None when it is not so, or cannot be told."""
+    now = mount_point_of(path, table)
+    if opened_on is None or now is None or len(now) >= len(opened_on):
+        return None
+    return now
 
 
 def _mounts(table: str) -> list[tuple[int, str]]:
