@@ -1,7 +1,7 @@
 """Which mount a path is under, from the mount table alone (``kvtier.io.mounts.mount_of``):
 how a question of a hung mount's path knows the mount was made anew there."""
 
-from kvtier.io.mounts import mount_of
+from kvtier.io.mounts import mount_of, mounts_of
 
 TABLE = """\
 22 1 0:21 / / rw - overlay overlay rw
@@ -23,6 +23,7 @@ def test_the_longest_mount_point_over_a_path_is_its_mount_the_last_of_equals_on_
     assert mount_of("/work/my cache/x", where) == 32  # a space, escaped in the table
     assert mount_of("/etc", where) == 22
     assert mount_of("/work/./cache/../cache", where) == 31  # made absolute, no symlink followed
+    assert mounts_of(["/work/cache/ns", "/etc", "/work/my cache"], where) == [31, 22, 32]
 
 
 def test_no_table_no_mount(tmp_path):

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 
 from kvtier.io.guarded import start_thread
-from kvtier.io.mounts import mount_of
+from kvtier.io.mounts import mount_of, mounts_of
 
 MIN_WAIT_S = 5.0  # the least a path's file system is given to answer
 REASK_S = 60.0  # a question held this long is asked again beside it
@@ -58,10 +58,11 @@ def wait_for_answer(path: str, timeout: float | None, fresh_s: float = FRESH_S) 
     if wait is None:
         os.statvfs(path)
         return
-    now, where = time.monotonic(), (path, mount_of(path))
+    now = time.monotonic()
+    if fresh_s > 0 and now - _ANSWERED.get(path, -fresh_s) < fresh_s:
+        return  # (one dict read: no mount table read, no lock, for the common case)
+    where = (path, mount_of(path))
     with _LOCK:
-        if fresh_s > 0 and now - _ANSWERED.get(path, -fresh_s) < fresh_s:
-            return
         held = _question(where, now)
     if held is None:  # no thread could be started: not answered this time
         raise TimeoutError(f"{path}: its file system could not be asked (no thread left)")
@@ -102,11 +103,14 @@ def ask(paths: Iterable[str], timeout: float | None, fresh_s: float = FRESH_S) -
     if answer_wait(timeout) is None:
         return
     now = time.monotonic()
-    wheres = [(path, mount_of(path)) for path in paths]
+    due = [path for path in paths
+           if fresh_s <= 0 or now - _ANSWERED.get(path, -fresh_s) >= fresh_s]
+    if not due:
+        return
+    wheres = list(zip(due, mounts_of(due), strict=True))  # the mount table read once
     with _LOCK:
         for where in wheres:
-            if fresh_s <= 0 or now - _ANSWERED.get(where[0], -fresh_s) >= fresh_s:
-                _question(where, now)
+            _question(where, now)
 
 
 def _question(where: Where, now: float) -> tuple[Future[None], float] | None:

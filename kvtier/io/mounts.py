@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 
 MOUNTINFO = "/proc/self/mountinfo"
 MAX_TABLE = 16 * 2**20  # bytes of the mount table read at most
@@ -31,14 +32,25 @@ def mount_of(path: str, table: str = MOUNTINFO) -> int | None:
     return None if mount is None else mount[0]
 
 
+def mounts_of(paths: Sequence[str], table: str = MOUNTINFO) -> list[int | None]:
+    """``mount_of`` each of ``paths``, the mount table read once."""
+    mounts = _mounts(table)
+    return [None if (mount := _over(path, mounts)) is None else mount[0] for path in paths]
+
+
 def mounted_at(path: str, table: str = MOUNTINFO) -> tuple[int, str] | None:
     """(ID, mount point) of the mount ``path`` is under, from the mount table alone (a hung
     mount cannot hold it): the one whose mount point is the longest leading part of ``path``
     (made absolute, its symlinks not followed: that would ask the file system), the last
     listed of equals (mounted on top). None where the table cannot be read."""
+    return _over(path, _mounts(table))
+
+
+def _over(path: str, mounts: list[tuple[int, str]]) -> tuple[int, str] | None:
+    """The mount of ``mounts`` that ``path`` is under (``mounted_at``)."""
     where = os.path.abspath(path)
     best: tuple[int, str] | None = None
-    for mount_id, point in _mounts(table):
+    for mount_id, point in mounts:
         under = point == "/" or where == point or where.startswith(point.rstrip("/") + "/")
         if under and (best is None or len(point) >= len(best[1])):
             best = (mount_id, point)
