@@ -17,7 +17,7 @@ pytest.importorskip("vllm")
 from vllm.v1.request import Request
 
 from kvtier.config.settings import load_config
-from kvtier.connector.common.messages import StepPlan
+from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.scheduler.events import KVEvents
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.scheduler.storage_events import StorageEvents
@@ -25,6 +25,7 @@ from kvtier.connector.vllm_events import VllmHashing
 from kvtier.io.format import Codec, SlotHeader
 from kvtier.io.token_record import encode_record, read_record
 from kvtier.keys import ChunkKey
+from kvtier.segment.index_file import read_disk_index
 from kvtier.tiers.base import TierName
 from tests.helpers.vllm_requests import vllm_chain
 from tests.helpers.vllm_requests import vllm_request as make_request
@@ -262,3 +263,23 @@ def test_a_co_writers_record_that_lies_about_its_tokens_is_not_published(tmp_pat
     b = side(tmp_path, "b")
     held_back(b)  # neither the lie nor the chunk after it is published
     b.close()
+
+
+def test_a_path_back_after_being_out_since_the_start_publishes_its_chunks(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    write(root, "a", TOKENS)
+    root.rename(tmp_path / "away")
+    s = side(root, "a")  # the path missing at start: nothing of it known
+    assert s.recovered == 0 and s.take_events() == []
+    s.worker_report(WorkerReport(paths_down=Counter({0: 1})))
+    (tmp_path / "away").rename(root)
+    held = read_disk_index([str(root)], GEO.namespace("m", "", 1, 0), s.disk_layout, "a")
+    assert len(held) == 2
+    s.worker_report(WorkerReport(paths_up=Counter({0: 1}), paths_found={
+        (0, slot, key): (1, header.generation) for key, (slot, header) in held.items()}))
+    hashes = chain(TOKENS)
+    assert sorted(events_until(s, 2)) == sorted([
+        ("stored", "STORAGE", tuple(hashes[0:2]), TOKENS[:32]),
+        ("stored", "STORAGE", tuple(hashes[2:4]), TOKENS[32:])])
+    s.close()

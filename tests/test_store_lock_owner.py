@@ -193,7 +193,7 @@ def test_open_books_shares_its_lock_with_the_lane_only():
     assert isinstance(lock, type(threading.Lock()))
     with books.held():
         assert lock.locked()  # the same lock
-        on_back(0)
+        on_back(0, [])
     assert not lock.locked() and books.snapshot(with_disk=True).paths_back == 1
 
 

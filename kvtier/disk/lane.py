@@ -15,8 +15,8 @@ import numpy as np
 
 from kvtier.config.settings import Compression, KVTierConfig, ODirect
 from kvtier.disk.durable import sync_at_close, sync_path
-from kvtier.disk.recovery import RecoveryReport
-from kvtier.disk.retry import DiskRetries
+from kvtier.disk.recovery import RecoveredSlot, RecoveryReport
+from kvtier.disk.retry import DiskRetries, OnBack
 from kvtier.disk.tier import DiskTier
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine, IOExecutor
 from kvtier.io.guarded import start_thread
@@ -46,7 +46,8 @@ class DiskLane:
       engine is built by ``engine_factory`` (:class:`IOEngine` unless a test passes its own).
     - ``recover()`` rebuilds what the tier holds from disk (torn slots logged once).
     - ``poll()`` starts the due tries of paths out of service; it does no I/O. A path that
-      comes back calls ``on_back(index)`` with ``lock`` held, after ``newly_down`` forgets it.
+      comes back calls ``on_back(index, found)`` with ``lock`` held, after ``newly_down``
+      forgets it: ``found``, what a path out since the start holds (``DiskRetries``).
     - ``newly_down()`` (lock held) returns each path that went out of service since it was
       last reported, once: the owner retires its slots.
     - ``note_failure(result, op)`` logs a failed request once per kind (a path going down is
@@ -60,16 +61,15 @@ class DiskLane:
     """
 
     def __init__(self, tier: DiskTier, engine: IOExecutor, lock: threading.Lock,
-                 on_back: Callable[[int], None], failures: FailureLog, move_lanes: bool) -> None:
+                 on_back: OnBack, failures: FailureLog, move_lanes: bool, threads: int = 8) -> None:
         self.tier, self.engine, self.failures = tier, engine, failures
-        self._move_lanes = move_lanes
-        self._on_back = on_back
+        self._move_lanes, self._on_back = move_lanes, on_back
         self._reported: set[int] = set()
-        self._retries = DiskRetries(tier, engine, lock, self._back)
+        self._retries = DiskRetries(tier, engine, lock, self._back, threads)
 
     @classmethod
     def open(cls, config: KVTierConfig, namespace: Namespace, raw_bytes: int, element_bytes: int,
-             *, lock: threading.Lock, on_back: Callable[[int], None], failures: FailureLog,
+             *, lock: threading.Lock, on_back: OnBack, failures: FailureLog,
              move_lanes: bool = False, engine_factory: EngineFactory = IOEngine,
              writers: Sequence[str] | None = None, parts: Sequence[int] = ()) -> DiskLane:
         """``writers``: the writer ids to try in order (default: ``writer_ids(instance_id)``);
@@ -87,7 +87,7 @@ class DiskLane:
         except BaseException:
             tier.close()
             raise
-        return cls(tier, engine, lock, on_back, failures, move_lanes)
+        return cls(tier, engine, lock, on_back, failures, move_lanes, config.io_threads)
 
     @property
     def num_slots(self) -> int:
@@ -173,10 +173,10 @@ class DiskLane:
         self._reported.update(down)
         return down
 
-    def _back(self, index: int) -> None:
+    def _back(self, index: int, found: list[RecoveredSlot]) -> None:
         if index in self._reported:
             self._reported.discard(index)
-            self._on_back(index)
+            self._on_back(index, found)
 
     def note_failure(self, result: IOResult, op: str) -> str | None:
         if result.status is not IOStatus.PATH_DOWN:

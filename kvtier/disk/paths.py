@@ -49,6 +49,7 @@ class PathState:
         self.retry_first = retry
         self.back_at = 0.0  # when it last came back into service
         self.mount_point: str | None = None  # where its file system was mounted when it opened
+        self.served = False  # in service at some time since the start (see ``DiskRetries``)
 
     @property
     def own(self) -> str | None:
@@ -87,7 +88,7 @@ class DiskPaths:
         for path in self.states:
             try:
                 path.dir, path.inode = self._open(path, busy)
-                path.mount_point = mount_point_of(path.root)
+                path.mount_point, path.served = mount_point_of(path.root), True
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
         self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
@@ -277,7 +278,7 @@ class DiskPaths:
         with self._lock:
             was, path.down_reason = path.down_reason, ""
             path.eio_run, path.inode, path.checked_at = 0, inode, time.monotonic()
-            path.dir, path.back_at = directory, path.checked_at
+            path.dir, path.back_at, path.served = directory, path.checked_at, True
         log.warning("kvtier disk path back in service: %s (was out: %s)", path.root, was)
         return True
 

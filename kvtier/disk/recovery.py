@@ -38,7 +38,7 @@ class DiskRecovery:
     """Finds the chunks that the slots of ``paths`` (laid out as ``layout``) hold for the
     namespace ``ns_digest``.
 
-    Contract: ``recover`` reads each path in service: its index file when it has one (an
+    Contract: ``recover`` reads each path in service (or one: ``only``): its index file when it has one (an
     entry for a slot past the end of its file counts as torn), else every slot header
     within the slot files as they are, and then rebuilds that index. Only headers of this
     namespace that check out are kept, and of several copies of one key the newest. An
@@ -51,13 +51,14 @@ class DiskRecovery:
     def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout) -> None:
         self._paths, self._ns_digest, self._layout = paths, ns_digest, layout
 
-    def recover(self, threads: int = 8) -> RecoveryReport:
-        """The newest copy of each key, from index files or ``threads`` header scans."""
+    def recover(self, threads: int = 8, only: int | None = None) -> RecoveryReport:
+        """The newest copy of each key, from index files or ``threads`` header scans; with
+        ``only``, of that path alone."""
         found: list[Found] = []
         scanned = torn = 0
         for index, path in enumerate(self._paths.states):
             directory = path.dir
-            if directory is None:
+            if directory is None or only not in (None, index):
                 continue
             try:
                 part, n, bad = self._recover_path(index, directory, threads)

@@ -10,6 +10,7 @@ to the write: writes run on several threads and paths at once and finish in any 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 Stamp = tuple[int, int]  # (generation, created_ns)
@@ -22,25 +23,38 @@ class WriteStamps:
     stamp, or a new one kept for it when the slot was not reserved; ``written(slot)``, once
     the write succeeded, lets it go: a write tried again after a failure keeps its place.
     Generations only grow: ``restart(last)`` carries on past ``last`` (what a restart found
-    on disk) and forgets the stamps given before. ``reserve`` and ``take`` may run on
-    different threads (a dict's set and pop are atomic)."""
+    on disk) and forgets the stamps given before; ``past(last)`` carries on past ``last``
+    and keeps them. ``reserve`` and ``take`` may run on different threads (a dict's set
+    and pop are atomic; the count is taken under a lock)."""
 
     def __init__(self) -> None:
         self._next = itertools.count(time.time_ns())
         self._given: dict[int, Stamp] = {}
+        self._lock = threading.Lock()
 
     def reserve(self, slot: int) -> None:
-        self._given[slot] = (next(self._next), time.time_ns())
+        self._given[slot] = self._stamp()
 
     def of(self, slot: int) -> Stamp:
         stamp = self._given.get(slot)
         if stamp is None:
-            stamp = self._given[slot] = (next(self._next), time.time_ns())
+            stamp = self._given[slot] = self._stamp()
         return stamp
+
+    def _stamp(self) -> Stamp:
+        with self._lock:  # not between ``past``'s look at the count and its replacement
+            return next(self._next), time.time_ns()
 
     def written(self, slot: int) -> None:
         self._given.pop(slot, None)
 
     def restart(self, last_generation: int) -> None:
-        self._next = itertools.count(max(last_generation + 1, time.time_ns()))
+        with self._lock:
+            self._next = itertools.count(max(last_generation + 1, time.time_ns()))
         self._given.clear()
+
+    def past(self, generation: int) -> None:
+        """Every later stamp's generation is past ``generation`` (a path's chunks recovered
+        while the tier runs), the stamps given kept."""
+        with self._lock:
+            self._next = itertools.count(max(generation + 1, next(self._next)))

@@ -275,15 +275,16 @@ class DiskTier:
 
     def revive(self, index: int) -> bool:
         """Try to bring path ``index`` back (blocking: run it on the path's queue); True when
-        it is back in service, its slots empty to the bookkeeping. See :class:`DiskPaths`."""
+        it is back in service, its slots empty to the bookkeeping. See :class:`DiskRetries`."""
         return self._health.revive(index)
 
-    def recover(self, threads: int = 8) -> RecoveryReport:
+    def recover(self, threads: int = 8, path: int | None = None) -> RecoveryReport:
         """Rebuild the slot map: from each path's index file, or by scanning slot headers
-        (``threads`` at a time) where the index is missing. Newest copy of each key wins."""
-        report = self._recovery.recover(threads)
+        (``threads`` at a time) where the index is missing. Newest copy of each key wins.
+        With ``path``: that path's alone, while the tier runs (its slots unused till then)."""
+        report = self._recovery.recover(threads, path)
         last_generation = max((r.header.generation for r in report.slots), default=0)
-        self.stamps.restart(last_generation)
+        (self.stamps.restart if path is None else self.stamps.past)(last_generation)
         for recovered in report.slots:
             self._lengths[recovered.slot] = recovered.header.payload_bytes
             self._codecs[recovered.slot] = recovered.header.codec

@@ -8,13 +8,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.disk.lane import DiskLane, NoDisk, open_lane
+from kvtier.disk.retry import OnBack
 from kvtier.io.engine import EngineFactory
 from kvtier.keys import Namespace
 from kvtier.layout import DTYPE_BYTES, KVLayout
@@ -128,8 +128,7 @@ def _open_tiers(parts: StoreParts, shape: StoreShape, device: torch.device | str
 def _open_bookkeeping(parts: StoreParts, shape: StoreShape, io_engine: EngineFactory) -> None:
     cfg, layout = shape.config, shape.layout
 
-    def lane(lock: threading.Lock, on_back: Callable[[int], None],
-             failures: FailureLog) -> DiskLane | NoDisk:
+    def lane(lock: threading.Lock, on_back: OnBack, failures: FailureLog) -> DiskLane | NoDisk:
         # write-back moves get their own queue per path: a put or get waiting on one must
         # not queue behind background writes and read-ahead
         parts.lane = open_lane(cfg, shape.namespace, shape.chunk_bytes, DTYPE_BYTES[layout.dtype],

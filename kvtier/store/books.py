@@ -11,6 +11,7 @@ from typing import Any
 
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.disk.recovery import RecoveredSlot
+from kvtier.disk.retry import OnBack
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.logs import FailureLog
@@ -58,8 +59,7 @@ class Held:
     def count(self, name: str, n: int = 1) -> None:
         setattr(self.stats, name, getattr(self.stats, name) + n)
 
-    def account_write(self, result: IOResult) -> None:
-        """Count a disk write's outcome."""
+    def account_write(self, result: IOResult) -> None:  # a disk write's outcome
         if result.ok:
             self.stats.disk_writes += 1
             self.stats.disk_write_bytes += result.nbytes
@@ -80,11 +80,13 @@ class Held:
             self.stats.paths_down[self._lane.roots[index]] = reason
             self.stack.indexes[DISK].retire(self._lane.slots_of_path(index))
 
-    def path_back(self, index: int) -> None:
-        """A disk path came back into service, empty."""
+    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> None:
+        """A disk path came back into service, holding ``found`` (empty unless it was out
+        since the start: ``DiskRetries``); a key held elsewhere meanwhile keeps that copy."""
         self.stats.paths_back += 1
         self.stats.paths_down.pop(self._lane.roots[index], None)
         self.stack.indexes[DISK].unretire(self._lane.slots_of_path(index))
+        self.stats.recovered_chunks += adopt(self.stack.indexes[DISK], found)
 
 
 class Books:
@@ -118,9 +120,8 @@ class Books:
         """The lock, held for the ``with`` it opens, and the bookkeeping under it."""
         return self._held
 
-    def path_back(self, index: int) -> None:
-        """A disk path came back (the lane calls it with the lock held)."""
-        self._held.path_back(index)
+    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> None:
+        self._held.path_back(index, found)  # the lane calls it with the lock held
 
     # -- where chunks are ----------------------------------------------------------------
 
@@ -182,8 +183,7 @@ class Books:
         with self._lock:
             return self._stack.pin_prefix(keys, tier)
 
-    def unpin(self, pins: Pins) -> None:
-        """Give back each pin, all under one hold of the lock."""
+    def unpin(self, pins: Pins) -> None:  # each pin, all under one hold of the lock
         with self._lock:
             for key, loc in pins:
                 self._stack.unpin(key, loc)
@@ -262,10 +262,8 @@ class Books:
     def adopt(self, found: Iterable[RecoveredSlot], torn: int) -> None:
         """What the disk holds at start, oldest first (evicted first)."""
         with self._lock:
-            index = self._stack.indexes[DISK]
-            for slot in sorted(found, key=lambda r: r.header.generation):
-                index.adopt(slot.header.key, slot.slot)
-            self._stats.recovered_chunks, self._stats.torn_slots = len(index), torn
+            self._stats.recovered_chunks = adopt(self._stack.indexes[DISK], found)
+            self._stats.torn_slots = torn
             self._held.retire_down_paths()
 
     def elsewhere(self, on_disk: Callable[[ChunkKey], bool]) -> None:
@@ -275,7 +273,14 @@ class Books:
             self._stack.on_disk_elsewhere = on_disk
 
 
-LaneOpener = Callable[[threading.Lock, Callable[[int], None], FailureLog], Lane]
+def adopt(index: SlotIndex, found: Iterable[RecoveredSlot]) -> int:
+    """Put the chunks ``found`` on disk in ``index``, oldest first (evicted first), each
+    whose key and slot are free there; how many were."""
+    return sum(index.adopt(slot.header.key, slot.slot)
+               for slot in sorted(found, key=lambda r: r.header.generation))
+
+
+LaneOpener = Callable[[threading.Lock, OnBack, FailureLog], Lane]
 
 
 def open_books(open_lane: LaneOpener,
@@ -286,9 +291,9 @@ def open_books(open_lane: LaneOpener,
     lock, failures = threading.Lock(), FailureLog()
     opened: list[Books] = []
 
-    def on_back(index: int) -> None:
+    def on_back(index: int, found: list[RecoveredSlot]) -> None:
         if opened:
-            opened[0].path_back(index)
+            opened[0].path_back(index, found)
 
     lane = open_lane(lock, on_back, failures)
     opened.append(Books(TierStack(levels(lane)), lane, StoreStats(), failures, lock))

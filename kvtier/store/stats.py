@@ -31,7 +31,7 @@ class StoreStats:
     io_errors: int = 0
     load_timeouts: int = 0  # disk reads (and write-back moves) given up on after load_timeout
     no_space: int = 0  # writes refused by the free-space floor or ENOSPC
-    recovered_chunks: int = 0  # found on disk at start
+    recovered_chunks: int = 0  # found on disk at start (or on a path back, out since then)
     torn_slots: int = 0  # bad slots found at start
     paths_down: dict[str, str] = field(default_factory=dict)
     paths_back: int = 0  # times a path out of service was tried again and came back

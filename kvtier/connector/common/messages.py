@@ -165,7 +165,9 @@ class WorkerReport:
     chunk's); a read that failed otherwise (a timeout, a redirect) says nothing of it.
     ``other_bad``: the keys whose read (a load's or a check's) of another engine's copy
     proved that copy bad (``kvtier.shared.misreads.proves_bad``); another failure of such a
-    read (an I/O error, a short read, a timeout) says nothing of the copy.
+    read (an I/O error, a short read, a timeout) says nothing of the copy. ``paths_found``:
+    what a path back after being out since the start holds, by (path, slot, key): the ranks
+    that found that key in that slot, and the oldest of their generations for it.
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -189,6 +191,7 @@ class WorkerReport:
     remote_absent: set = field(default_factory=set)
     verify_undecided: Counter = field(default_factory=Counter)
     other_bad: set = field(default_factory=set)
+    paths_found: dict = field(default_factory=dict)  # (path, slot, key) -> (ranks, generation)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -214,7 +217,7 @@ class WorkerReport:
             {**self.remote_records, **other.remote_records},
             self.remote_absent | other.remote_absent,
             self.verify_undecided + other.verify_undecided,
-            self.other_bad | other.other_bad,
+            self.other_bad | other.other_bad, _found(self.paths_found, other.paths_found),
         )
 
     def is_empty(self) -> bool:
@@ -224,4 +227,14 @@ class WorkerReport:
                     or self.reads_stalled or self.reads_over or self.remote_written
                     or self.remote_failed or self.load_seconds or self.verified
                     or self.verify_differed or self.verify_failed or self.remote_records
-                    or self.remote_absent or self.verify_undecided or self.other_bad)
+                    or self.remote_absent or self.verify_undecided or self.other_bad
+                    or self.paths_found)
+
+
+def _found(one: dict, other: dict) -> dict:
+    """Two ranks' ``paths_found``, added up."""
+    both = dict(one)
+    for where, (ranks, generation) in other.items():
+        had = both.get(where)
+        both[where] = (ranks, generation) if had is None else (had[0] + ranks, min(had[1], generation))
+    return both

@@ -49,6 +49,13 @@ class EventFeed:
         self._anchors.order(self._found(), self._publish, self.events.published)
         return self.events.take()
 
+    def adopted(self, own: Sequence[tuple[ChunkKey, int]]) -> None:
+        """Chunks ``own`` (key, disk slot) of a disk path back after being out since the
+        start joined the disk tier: their records are read as the start's were (once the
+        reads began; before, the first take lists them with the rest of the tier)."""
+        if self._storage is not None and self._storage.started:
+            self._storage.add_own(own)
+
     def remote_lost(self, keys: Iterable[ChunkKey]) -> None:
         """The engine learnt that the remote store lost ``keys`` (a read of them answered
         missing or damaged, or a sampled check removed them as wrong): the removal of each

@@ -13,6 +13,7 @@ from collections import Counter
 from kvtier.connector.common.messages import WorkerReport
 from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.load_planner import LoadPlanner
+from kvtier.connector.scheduler.paths_back import DiskPathsBack
 from kvtier.connector.scheduler.payoff import Payoff
 from kvtier.connector.scheduler.pool_writes import DiskRewrites
 from kvtier.connector.scheduler.rank_counts import RankCount, RankOutcomes
@@ -20,7 +21,6 @@ from kvtier.connector.scheduler.records import AbortedStores, PendingStores, Sta
 from kvtier.connector.scheduler.remote_writes import RemoteWrites
 from kvtier.connector.scheduler.verify_planner import VerifyPlanner
 from kvtier.keys import ChunkKey
-from kvtier.segment.index_file import SlotLayout
 from kvtier.tiers.base import TierName
 from kvtier.tiers.stack import TierStack
 
@@ -42,25 +42,25 @@ class Outcomes:
     the chunk never becomes visible; so do write-back demotions still writing from the slot
     (a worker gives up waiting for them after ``load_timeout``, and fails the stores into
     their slots). A pending disk write ends the same way; one of a stored chunk that failed
-    may be written again from its host slot, kept pinned (``rewrites``: a producer's). A disk path's
-    slots are retired when a first rank takes it out of service and come back (empty) when
-    every rank that did has it back. Outcomes of keys not pending are ignored.
+    may be written again from its host slot, kept pinned (``rewrites``: a producer's). Disk
+    paths out of service and back: ``paths`` (``DiskPathsBack``). Outcomes of keys not
+    pending are ignored.
     """
 
     def __init__(self, world_size: int, stack: TierStack, counters: Counter,
                  loads: LoadPlanner, decider: LoadDecider, pending: PendingStores,
-                 stalled: StalledReads, disk_layout: SlotLayout | None,
+                 stalled: StalledReads, paths: DiskPathsBack | None,
                  remote_writes: RemoteWrites | None = None,
                  verify: VerifyPlanner | None = None,
                  rewrites: DiskRewrites | None = None,
                  aborted: AbortedStores | None = None) -> None:
         self._verify, self._rewrites = verify, rewrites
         self.world_size, self.stack, self.counters = world_size, stack, counters
-        self._loads, self._decider, self._layout = loads, decider, disk_layout
+        self._loads, self._decider = loads, decider
         self._pending, self._stalled = pending, stalled
         self._remote_writes = remote_writes
         self._loads_done = RankCount()  # req id -> ranks whose load is over
-        self._ranks_down = RankCount()  # disk path index -> ranks without it
+        self.paths = paths
         self._host_outcomes = RankOutcomes(world_size)  # key -> ranks stored, failed
         self._disk_outcomes = RankOutcomes(world_size)
         self._aborted = AbortedStores(stack) if aborted is None else aborted  # (verify's too)
@@ -80,8 +80,8 @@ class Outcomes:
             plan = self._stalled.over(key, ranks)
             if plan is not None:
                 self.stack.finish(plan.key, plan.dst, False)
-        if self._layout is not None:
-            self._paths_changed(report, self._layout)
+        if self.paths is not None:
+            self.paths.apply(report)
         if self._rewrites is not None:  # once the paths out of service are known
             self._rewrites.plan()
 
@@ -157,13 +157,3 @@ class Outcomes:
                                            and self._rewrites.over(key, ok, host)):
                 self.stack.unpin(key, host)  # else pinned still: written again from there
 
-    def _paths_changed(self, report: WorkerReport, layout: SlotLayout) -> None:
-        """A disk path's slots leave the index when a rank takes it out of service, and
-        come back (empty) when every rank that did has it back."""
-        index = self.stack.indexes[DISK]
-        for path, ranks in report.paths_down.items():
-            if self._ranks_down.up(path, ranks):
-                index.retire(range(path, layout.num_slots, layout.num_paths))
-        for path, ranks in report.paths_up.items():
-            if self._ranks_down.down(path, ranks):
-                index.unretire(range(path, layout.num_slots, layout.num_paths))

@@ -28,6 +28,7 @@ from kvtier.connector.scheduler.handoff import Handoffs, Role
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
+from kvtier.connector.scheduler.paths_back import paths_back
 from kvtier.connector.scheduler.pool_writes import PoolWrites, pool_write_tries
 from kvtier.connector.scheduler.records import AbortedStores, PendingStores, StalledReads, Tracked
 from kvtier.connector.scheduler.remote_audit import remote_writes
@@ -87,15 +88,15 @@ class SchedulerSide:
         self.halt = VerifyHalt(config.verify_halt_after, self.counters, HaltFile(
             config.disk_paths[0], namespaces[0].id) if self.disk_layout else None, config.load_timeout)
         self.verify = VerifyPlanner(config, self.stack, self.counters, world_size, pending, stalled,
-                                    self.others, self.presence, self.remote_writes, self.halt,
-                                    aborted)
+                                    self.others, self.presence, self.remote_writes, self.halt, aborted)
         self._stores = StorePlanner(config, geometry, self.stack, pending, self.remote_writes,
                                     self.events, self.verify, hashing)
         self._loads.records = self._stores.record if self.remote_writes is not None else None
         self._pool = PoolWrites(config, role, self.stack, pending, self.remote_writes,
                                 geometry.chunk_tokens, self.counters, self.others)
+        paths = paths_back(world_size, self.stack, self.disk_layout, self.feed)
         self._outcomes = Outcomes(world_size, self.stack, self.counters, self._loads,
-                                  self.decider, pending, stalled, self.disk_layout,
+                                  self.decider, pending, stalled, paths,
                                   self.remote_writes, self.verify, self._pool.rewrites, aborted)
 
     # -- keys ---------------------------------------------------------------------------

@@ -76,7 +76,8 @@ class StorageEvents:
     of events) to read the header of each chunk of ``own`` ((key, slot) of this engine's
     disk tier, as ``own_writer``'s segment holds them) and, with ``listen`` (rank 0's
     ``SharedView.listen``, called on the thread), of each chunk other segments hold, then
-    of each they gain; a chunk they lose is reported gone. ``drain(limit)`` returns what was
+    of each they gain; a chunk they lose is reported gone; ``add_own(own)`` reads more of
+    this engine's (a disk path's, back into service). ``drain(limit)`` returns what was
     found since the last call (at most ``limit``), in order. A header that cannot be read,
     is not the chunk's, or holds no record naming its key (``record_blocks``) finds nothing
     (counted in ``unnamed``). At most ``QUEUE_LIMIT`` headers wait: past it the newest are
@@ -161,10 +162,13 @@ class StorageEvents:
             self._todo.extend(kept)
             self._wake.notify()
 
-    def _begin(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
+    def add_own(self, own: Sequence[tuple[ChunkKey, int]]) -> None:
+        """Read the records of more chunks (key, slot) of this engine's disk tier."""
         paths = len(self._roots)
-        self._add([_Read(key, slot % paths, self._own, slot // paths, False)
-                   for key, slot in own])
+        self._add([_Read(key, slot % paths, self._own, slot // paths, False) for key, slot in own])
+
+    def _begin(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
+        self.add_own(own)
         if listen is None:
             return
         with self._wake:  # never held around ``listen``: the view's lock comes first

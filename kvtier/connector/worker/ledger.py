@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from kvtier.connector.common.messages import ChunkStore, WorkerReport
 from kvtier.connector.worker.counters import SOURCES, WorkerCounters
 from kvtier.disk.lane import DiskLane, NoDisk
+from kvtier.disk.recovery import RecoveredSlot
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.logs import FailureLog
 from kvtier.metrics import Sample
@@ -81,9 +82,13 @@ class WorkerLedger:
         for index in self.lane.newly_down():
             self.pending.paths_down[index] += 1
 
-    def path_back(self, index: int) -> None:
-        """A disk path came back into service: the scheduler side un-retires it."""
+    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> None:
+        """A disk path came back into service: the scheduler side un-retires it, and adopts
+        what it holds (``found``: a path out since the start) where every rank holds it."""
         self.pending.paths_up[index] += 1
+        for chunk in found:
+            self.pending.paths_found[(index, chunk.slot, chunk.header.key)] = (
+                1, chunk.header.generation)
 
     def load_over(self, req_id: str, invalid: set[int], asynchronous: bool,
                   whole: bool = False) -> None:
