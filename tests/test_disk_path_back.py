@@ -2,6 +2,7 @@
 one that was in service before comes back empty (the store, the vLLM connector's worker and
 scheduler sides)."""
 
+import threading
 import time
 from collections import Counter
 
@@ -9,7 +10,11 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan, WorkerReport
+from kvtier.disk.recovery import DiskRecovery
 from kvtier.disk.stamps import WriteStamps
+from kvtier.io import bounded_jobs
+from kvtier.segment import index_file
+from kvtier.segment.index_file import read_disk_index
 from kvtier.tiers.base import TierName
 from tests.helpers.disk_helpers import failing_io, wait_until
 from tests.helpers.kv import CHUNK, SMALL, index_of, make_kv
@@ -203,9 +208,14 @@ def test_the_scheduler_adopts_what_every_rank_found_in_the_same_slot_oldest_firs
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=one))
     assert adopted == [] and len(disk) == 1 and disk.free_slots == disk.num_slots // 2 - 1
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=two))
-    assert adopted == [(b, 1), (a, 3)]  # c, d: not in the same slot on both ranks
+    assert adopted == [(a, 3), (b, 1)]  # newest first; c, d: not in one slot on both ranks
     assert disk.slot_of(e) == 0  # the copy stored meanwhile stays
     assert disk.free_slots == disk.num_slots - 3
+    fill = [bytes([10 + n]) * 16 for n in range(disk.free_slots)]
+    for key in fill:  # the tier full: the victims come in the order adoption left
+        assert disk.reserve(key) is not None and disk.commit(key)
+    victims = [disk.reserve(bytes([40 + n]) * 16).victim for n in range(3)]
+    assert victims == [b, a, e]  # what a path back held goes before what the run stored
 
 
 def test_a_path_out_again_before_every_rank_has_it_back_forgets_what_was_found(tmp_path):
@@ -225,3 +235,107 @@ def test_a_path_back_empty_adopts_nothing(tmp_path, world):
     side.worker_report(WorkerReport(paths_down=Counter({0: world})))
     side.worker_report(WorkerReport(paths_up=Counter({0: world})))
     assert adopted == [] and disk.free_slots == disk.num_slots
+
+
+# -- a read-back at start that does not end ------------------------------------------------
+
+
+class StuckReadBack:
+    """Once ``armed``, path 1's next read-back (the tier's at start, or an index read of the
+    scheduler side's) blocks until released, as on a mount that stops answering after it
+    answered (``hung`` says which did); a start waits 0.3 s for read-backs."""
+
+    def __init__(self) -> None:
+        self.armed, self.hung, self.release = False, [], threading.Event()
+
+    def hang_once(self, index: int) -> None:
+        if self.armed and index == 1:
+            self.armed = False
+            self.hung.append(index)
+            self.release.wait(30)
+
+
+@pytest.fixture
+def stuck(monkeypatch):
+    stuck = StuckReadBack()
+    real_tier, real_index = DiskRecovery._recover_path, index_file._index_entries
+
+    def tier_read(self, index, directory, threads):
+        stuck.hang_once(index)
+        return real_tier(self, index, directory, threads)
+
+    def index_read(root, namespace, layout, writer, index):
+        stuck.hang_once(index)
+        return real_index(root, namespace, layout, writer, index)
+
+    monkeypatch.setattr(DiskRecovery, "_recover_path", tier_read)
+    monkeypatch.setattr(index_file, "_index_entries", index_read)
+    monkeypatch.setattr(bounded_jobs, "READ_BACK_TIMES", 0)
+    monkeypatch.setattr(bounded_jobs, "READ_BACK_MIN_S", 0.3)
+    yield stuck
+    stuck.release.set()
+
+
+def test_a_path_not_read_back_in_time_starts_out_and_brings_its_chunks_later(tmp_path, stuck):
+    cfg, b = written_then_path_b_missing(tmp_path)
+    (tmp_path / "away").rename(b)
+    stuck.armed = True
+    with KVStore(SMALL, {**cfg, "disk_retry": 1.0}) as store:  # before: the start held
+        assert stuck.hung == [1]
+        assert "not read back within 0.3 s" in store.stats().paths_down[str(b)]
+        assert 0 < store.stats().recovered_chunks < 6
+        until_back(store, seq(90_000, 1))  # read back again at the try (still stuck beside)
+        assert store.stats().recovered_chunks == 6
+        assert exact(store, TOKENS) == 6 * CHUNK
+
+
+def test_the_scheduler_side_reads_no_index_that_does_not_end_in_time(tmp_path, stuck):
+    cfg, b = written_then_path_b_missing(tmp_path)
+    (tmp_path / "away").rename(b)
+    with KVStore(SMALL, cfg) as store:
+        tier = store.disk
+        args = (tier.roots, tier.namespace, tier.layout, tier.writer)
+    stuck.armed = True
+    part = read_disk_index(*args, answer_timeout=10.0)
+    assert stuck.hung == [1] and 0 < len(part) < 6
+    assert all(slot % 2 == 0 for slot, _ in part.values())  # path 0's slots only
+    assert len(read_disk_index(*args, answer_timeout=10.0)) == 6  # not stuck now
+
+
+def test_a_read_back_at_a_try_holds_no_flush_and_is_given_up_when_it_hangs(tmp_path, stuck, caplog):
+    import logging
+
+    cfg, b = written_then_path_b_missing(tmp_path)
+    probe = seq(90_000, 1)
+    with KVStore(SMALL, cfg) as store, caplog.at_level(logging.INFO, logger="kvtier"):
+        stuck.armed = True  # the try's read-back of path b stops answering
+        (tmp_path / "away").rename(b)
+        time.sleep(0.01)
+        wait_until(lambda: store.lookup(probe) is not None and stuck.hung == [1],
+                   "the try never began its read-back")
+        assert not store.flush(timeout=10).timed_out  # before: its drain waited on the read-back
+        until_back(store, probe)  # given up after 0.3 s, the path tried again: read back whole
+        assert store.stats().recovered_chunks == 6
+        assert any("not read back within 0.3 s" in r.getMessage() for r in caplog.records)
+        assert exact(store, TOKENS) == 6 * CHUNK
+
+
+def test_a_path_out_again_drops_what_was_found_on_it():
+    """(so that a report holding the path back, what it held, and the path out again, in
+    one step or in two merged, adopts nothing of it)"""
+    from kvtier.connector.worker.ledger import WorkerLedger
+    from kvtier.disk.recovery import RecoveredSlot
+    from kvtier.io.format import Codec, SlotHeader
+
+    a, b = KEYS[:2]
+    found = [RecoveredSlot(3, SlotHeader(b"n" * 16, a, Codec.NONE, 1, 1, 1, 7, 1))]
+    ledger = WorkerLedger()
+    ledger.lane = type("Lane", (), {"newly_down": lambda self: {0: "out again"}})()
+    ledger.path_back(0, found)
+    assert ledger.pending.paths_found == {(0, 3, a): (1, 7)}
+    ledger.note_down_paths()
+    assert ledger.pending.paths_found == {} and ledger.pending.paths_down == Counter({0: 1})
+    step = WorkerReport(paths_up=Counter({0: 1, 1: 1}),
+                        paths_found={(0, 3, a): (1, 7), (1, 2, b): (1, 8)})
+    later = WorkerReport(paths_down=Counter({0: 1}))
+    assert step.merged(later).paths_found == {(1, 2, b): (1, 8)}

@@ -81,3 +81,15 @@ def test_make_policy_by_name():
     assert type(make_policy("fifo")) is FIFOPolicy
     with pytest.raises(ValueError):
         make_policy("random")
+
+
+def test_a_key_inserted_first_goes_before_every_key_tracked(policy):
+    for key in "abc":
+        policy.insert(key)
+    policy.insert("x", first=True)
+    policy.insert("y", first=True)
+    assert policy.victim() == "y"
+    policy.remove("y")
+    assert policy.victim() == "x"
+    policy.remove("x")
+    assert policy.victim() == "a"

@@ -28,3 +28,15 @@ def test_only_commits_on_a_path_after_its_sync_began_are_late():
     index.unwatch(watch)
     _committed(index, 6)
     assert watch.late == set(late)
+
+
+def test_a_chunk_adopted_on_a_path_after_its_sync_began_is_late_too():
+    """(a path back after being out since the start: what it holds no sync of this flush
+    covered)"""
+    index = SyncedIndex(8, LRUPolicy(), lambda slot: f"disk{slot % 2}")
+    watch = index.watch()
+    assert index.adopt(_key(1), 1)  # before its path's sync began
+    watch.begin("disk1")
+    assert index.adopt(_key(3), 3) and index.adopt(_key(4), 4, first=True)
+    assert not index.adopt(_key(3), 5)  # taken: nothing noted
+    assert watch.late == {_key(3)}

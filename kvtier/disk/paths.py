@@ -49,7 +49,7 @@ class PathState:
         self.retry_first = retry
         self.back_at = 0.0  # when it last came back into service
         self.mount_point: str | None = None  # where its file system was mounted when it opened
-        self.served = False  # in service at some time since the start (see ``DiskRetries``)
+        self.read_back = False  # what it holds was read back since the start (``DiskRetries``)
 
     @property
     def own(self) -> str | None:
@@ -88,7 +88,7 @@ class DiskPaths:
         for path in self.states:
             try:
                 path.dir, path.inode = self._open(path, busy)
-                path.mount_point, path.served = mount_point_of(path.root), True
+                path.mount_point = mount_point_of(path.root)
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
         self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
@@ -237,6 +237,11 @@ class DiskPaths:
                   "not tried again: disk_retry is off" if path.retry_every is None
                   else f"tried again in {path.retry_every:g} s")
 
+    @property
+    def answer_timeout(self) -> float | None:
+        """How long a path's file system is given to answer (``load_timeout``; None: off)."""
+        return self._opener.answer_timeout
+
     def revive_due(self) -> list[int]:
         """Indexes of paths out of service whose next try is due (no I/O: cheap to call)."""
         now = time.monotonic()
@@ -278,7 +283,7 @@ class DiskPaths:
         with self._lock:
             was, path.down_reason = path.down_reason, ""
             path.eio_run, path.inode, path.checked_at = 0, inode, time.monotonic()
-            path.dir, path.back_at, path.served = directory, path.checked_at, True
+            path.dir, path.back_at = directory, path.checked_at
         log.warning("kvtier disk path back in service: %s (was out: %s)", path.root, was)
         return True
 

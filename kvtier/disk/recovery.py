@@ -4,13 +4,16 @@ reading every slot header where an index is missing."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import cast
 
 import numpy as np
 
 from kvtier.disk.paths import DiskPaths, PathState
+from kvtier.io.bounded_jobs import read_back_wait, run_bounded
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader, is_blank
 from kvtier.segment.cachedir import CacheDir
@@ -38,39 +41,68 @@ class DiskRecovery:
     """Finds the chunks that the slots of ``paths`` (laid out as ``layout``) hold for the
     namespace ``ns_digest``.
 
-    Contract: ``recover`` reads each path in service (or one: ``only``): its index file when it has one (an
-    entry for a slot past the end of its file counts as torn), else every slot header
-    within the slot files as they are, and then rebuilds that index. Only headers of this
-    namespace that check out are kept, and of several copies of one key the newest. An
+    Contract: ``recover`` reads each path in service (or one: ``only``): its index file when
+    it has one (an entry for a slot past the end of its file counts as torn), else every slot
+    header within the slot files as they are, and then rebuilds that index. Only headers of
+    this namespace that check out are kept, and of several copies of one key the newest. An
     I/O error reading a slot header counts the slot as bad and goes to ``paths.failed``;
     one reading or rebuilding a path's index (a full disk, a failing one) takes that path
-    out of service, and what it held is not reported. Nothing else changes: the tier
-    applies the report to its own state.
+    out of service, and what it held is not reported. At start (every path) the paths are
+    read at once, and one not read back within ``read_back_wait(answer_timeout)`` (a mount
+    that hung after it answered, a long scan) is taken out of service, what it held not
+    reported. A path read back whole and still in service is marked so
+    (``PathState.read_back``). Nothing else changes: the tier applies the report to its own
+    state.
     """
 
-    def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout) -> None:
+    def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout,
+                 answer_timeout: float | None = None) -> None:
         self._paths, self._ns_digest, self._layout = paths, ns_digest, layout
+        self._wait = read_back_wait(answer_timeout)
 
     def recover(self, threads: int = 8, only: int | None = None) -> RecoveryReport:
         """The newest copy of each key, from index files or ``threads`` header scans; with
-        ``only``, of that path alone."""
+        ``only``, of that path alone (as long as it takes: the caller runs it on the path's
+        own queue)."""
+        todo = {index: path.dir for index, path in enumerate(self._paths.states)
+                if path.dir is not None and only in (None, index)}
+        jobs = {index: partial(self._recover_path, index, directory, threads)
+                for index, directory in todo.items()}
+        if only is None and self._wait is not None:
+            results = run_bounded(jobs, self._wait, "kvtier-read-back")
+        else:
+            results = {index: _outcome(job) for index, job in jobs.items()}
         found: list[Found] = []
         scanned = torn = 0
-        for index, path in enumerate(self._paths.states):
-            directory = path.dir
-            if directory is None or only not in (None, index):
-                continue
-            try:
-                part, n, bad = self._recover_path(index, directory, threads)
-            except OSError as exc:  # a full disk, a failing one: out, as any path that fails
-                self._paths.take_down(path, f"cannot read back what it holds: {exc}", directory)
-                continue
-            found += part
-            scanned += n
-            torn += bad
+        for index, directory in todo.items():
+            part = self._path_read(index, directory, results.get(index))
+            if part is not None:
+                found += part[0]
+                scanned += part[1]
+                torn += part[2]
         newest, duplicates = newest_per_key(found)
         best = [RecoveredSlot(slot, header) for slot, header in newest.values()]
         return RecoveryReport(best, scanned, torn, duplicates)
+
+    def _path_read(self, index: int, directory: CacheDir | None,
+                   result: tuple[list[Found], int, int] | BaseException | None
+                   ) -> tuple[list[Found], int, int] | None:
+        """Path ``index``'s read-back, or None when it is taken out for it: not over in time,
+        or an I/O error (a bug's exception is raised)."""
+        path = self._paths.states[index]
+        if result is None:
+            self._paths.take_down(path, f"not read back within {self._wait:g} s at start (a mount "
+                                  "that stopped answering, or a scan of every slot header where "
+                                  "its index is missing): read back when it is tried again",
+                                  directory)
+            return None
+        if isinstance(result, OSError):  # a full disk, a failing one: out, as any path that fails
+            self._paths.take_down(path, f"cannot read back what it holds: {result}", directory)
+            return None
+        if isinstance(result, BaseException):
+            raise result
+        path.read_back = path.dir is directory
+        return result
 
     def _recover_path(self, index: int, directory: CacheDir,
                       threads: int) -> tuple[list[Found], int, int]:
@@ -165,3 +197,11 @@ class DiskRecovery:
             return None, False
         header = valid_header(buf, self._ns_digest, self._layout)
         return header, header is None
+
+
+def _outcome(job: Callable[[], tuple[list[Found], int, int]]) -> tuple[list[Found], int, int] | BaseException:
+    """What ``job`` returned, or the ``OSError`` it raised."""
+    try:
+        return job()
+    except OSError as exc:
+        return exc

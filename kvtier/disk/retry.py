@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 
-from kvtier.disk.recovery import RecoveredSlot
+from kvtier.disk.recovery import RecoveredSlot, RecoveryReport
 from kvtier.disk.tier import DiskTier
+from kvtier.io.bounded_jobs import read_back_wait
 from kvtier.io.engine import IOExecutor
+from kvtier.io.guarded import start_thread
 
 log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
@@ -21,26 +24,33 @@ class DiskRetries:
     time, and calls ``on_back(index, found)`` (with ``lock`` held) for each path that came
     back.
 
-    ``found``: a path out of service since the start (never opened by this tier: its file
-    system hung, its segment's lock or every seat was held) is read back as at start, from
-    its index file or a scan of its slot headers (``threads`` at a time), before it is said
-    to be back; ``found`` is what it holds, as ``DiskTier.recover`` reports it. A path that
-    was in service before comes back empty (``found`` is empty): what it held while it
-    failed (a sync that failed loses writes no one can name) is not vouched for. A path
-    that fails again while it is read back is not said to be back.
+    ``found``: a path out of service since the start (never read back by this tier: its
+    file system hung, or stopped answering during its read-back at start; its segment's
+    lock or every seat was held) is read back as at start, from its index file or a scan of
+    its slot headers (``threads`` at a time), before it is said to be back; ``found`` is
+    what it holds, as ``DiskTier.recover`` reports it. A path that was in service before
+    comes back empty (``found`` is empty): what it held while it failed (a sync that failed
+    loses writes no one can name) is not vouched for. A path that fails again while it is
+    read back is not said to be back.
 
     ``poll`` does no I/O and may be called on every store; the tries run on the engine's
     queue of that path, so a hung mount holds up only that path's own threads. A try the
-    engine refuses (closed) is not started, and is due again at the next ``poll``.
+    engine refuses (closed) is not started, and is due again at the next ``poll``. A
+    read-back runs on a daemon thread of its own, never on the engine's queues (a flush's
+    drain, a close, do not wait for it); one not over within ``read_back_wait`` of the
+    tier's ``load_timeout`` (a mount that stopped answering) is given up at a ``poll``: the
+    path is taken out again, to be tried again (what the read-back finds later is dropped).
     """
 
     def __init__(self, disk: DiskTier, engine: IOExecutor, lock: threading.Lock,
                  on_back: OnBack, threads: int = 8) -> None:
         self._disk, self._engine, self._lock, self._on_back = disk, engine, lock, on_back
-        self._threads = threads
+        self._threads, self._wait = threads, read_back_wait(disk.paths.answer_timeout)
         self._trying: set[int] = set()
+        self._reading: dict[int, tuple[float, object]] = {}  # path -> (began, its read-back)
 
     def poll(self) -> None:
+        self._give_up_late_reads()
         for index in self._disk.revive_due():
             with self._lock:
                 if index in self._trying:
@@ -53,27 +63,53 @@ class DiskRetries:
                     self._trying.discard(index)
 
     def _try(self, index: int) -> None:
-        found: list[RecoveredSlot] | None = None
+        """On the path's queue: reopen it; said back at once unless it must be read back."""
+        back = False
         try:
-            found = self._back(index)
+            back = self._disk.revive(index)
         finally:
             with self._lock:
-                self._trying.discard(index)
-                if found is not None:
-                    self._on_back(index, found)
+                reading = back and not self._disk.paths.states[index].read_back
+                if not reading:
+                    self._trying.discard(index)
+                    if back:
+                        self._on_back(index, [])
+        if reading:
+            token = object()
+            with self._lock:
+                self._reading[index] = (time.monotonic(), token)
+            thread = threading.Thread(target=self._read_back, args=(index, token), daemon=True,
+                                      name="kvtier-read-back")
+            if not start_thread(thread):
+                self._read_back(index, token)  # no thread to be had: here, as at start
 
-    def _back(self, index: int) -> list[RecoveredSlot] | None:
-        """What path ``index`` holds once it is back in service (see the class); None
-        while it is out."""
+    def _read_back(self, index: int, token: object) -> None:
+        """What path ``index`` holds, then said back (unless given up on meanwhile)."""
         path = self._disk.paths.states[index]
-        served = path.served
-        if not self._disk.revive(index):
-            return None
-        if served:
-            return []
-        report = self._disk.recover(self._threads, path=index)
-        if path.dir is None:
-            return None
-        log.info("kvtier disk path %s, out of service since the start: %d chunks found on "
-                 "it (%d slots torn)", path.root, len(report.slots), report.torn)
-        return report.slots
+        report: RecoveryReport | None = None
+        try:
+            report = self._disk.recover(self._threads, path=index)
+        finally:
+            with self._lock:
+                if self._reading.get(index, (0.0, None))[1] is token:
+                    del self._reading[index]
+                    self._trying.discard(index)
+                    if report is not None and path.dir is not None and not self._engine.closed:
+                        log.info("kvtier disk path %s, out of service since the start: %d chunks "
+                                 "found on it (%d slots torn)", path.root, len(report.slots),
+                                 report.torn)
+                        self._on_back(index, report.slots)
+
+    def _give_up_late_reads(self) -> None:
+        if not self._reading or self._wait is None:
+            return
+        now, paths = time.monotonic(), self._disk.paths
+        with self._lock:
+            late = [i for i, (began, _) in self._reading.items() if now - began > self._wait]
+            for index in late:
+                del self._reading[index]
+                self._trying.discard(index)
+        for index in late:
+            path = paths.states[index]
+            paths.take_down(path, f"not read back within {self._wait:g} s (a mount that stopped "
+                            "answering?): read back when it is tried again", path.dir)

@@ -80,7 +80,7 @@ class DiskTier:
                           lease_timeout=lease_timeout, answer_timeout=answer_timeout)
         self._health = DiskPaths(paths, retry, opener, _HEALTH_EVERY_S, beat_every(lease_timeout))
         self._paths = self._health.states  # the same list: one state per path
-        self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout)
+        self._recovery = DiskRecovery(self._health, self.ns_digest, self.layout, answer_timeout)
         self._lengths = np.zeros(self.num_slots, dtype=np.uint32)  # payload <= MAX_RAW_BYTES
         self._codecs = np.zeros(self.num_slots, dtype=np.uint8)
         self.stamps = WriteStamps()  # each write's generation and time (``reserve`` a slot's)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 from kvtier.errors import ConfigError
 from kvtier.io.answers import answers, ask
+from kvtier.io.bounded_jobs import read_back_wait, run_bounded
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -188,20 +190,32 @@ def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout, 
                     answer_timeout: float | None = None) -> dict[ChunkKey, tuple[int, SlotHeader]]:
     """What ``writer``'s segments of a namespace hold on ``roots``, from the index files
     alone (missing, unsafe or unreadable paths hold nothing, nor, with ``answer_timeout``,
-    one whose file system does not answer within it: a hung mount). Reads only: the
-    process that writes holds the lock."""
+    one whose file system does not answer within it, or whose read is not over within
+    ``read_back_wait`` of it: a hung mount). Reads only: the process that writes holds
+    the lock."""
+    ask(roots, answer_timeout)  # every path at once: hung ones cost one wait, not one each
+    jobs = {index: partial(_index_entries, root, namespace, layout, writer, index)
+            for index, root in enumerate(roots)
+            if answer_timeout is None or answers(root, answer_timeout)}
+    if answer_timeout is None:
+        read: dict = {index: job() for index, job in jobs.items()}
+    else:
+        read = run_bounded(jobs, read_back_wait(answer_timeout), "kvtier-index-read")
+    return newest_per_key([f for part in read.values() if isinstance(part, list) for f in part])[0]
+
+
+def _index_entries(root: str, namespace: Namespace, layout: SlotLayout, writer: str,
+                   index: int) -> list[tuple[int, SlotHeader]]:
+    """(slot, header) of each valid entry of ``writer``'s index on path ``index``
+    (``root``); an error ends the list (each entry found before it was checked)."""
     found: list[tuple[int, SlotHeader]] = []
     digest = namespace.digest()
-    ask(roots, answer_timeout)  # every path at once: hung ones cost one wait, not one each
-    for index, root in enumerate(roots):
-        if answer_timeout is not None and not answers(root, answer_timeout):
-            continue
-        try:
-            with open_segment_dir(root, namespace.id, writer) as directory:
-                for local, entry in written_index_entries(directory, layout.per_path):
-                    header = valid_header(entry, digest, layout)
-                    if header is not None:
-                        found.append((local * layout.num_paths + index, header))
-        except OSError:  # entries already found on this path are kept: each was checked
-            continue
-    return newest_per_key(found)[0]
+    try:
+        with open_segment_dir(root, namespace.id, writer) as directory:
+            for local, entry in written_index_entries(directory, layout.per_path):
+                header = valid_header(entry, digest, layout)
+                if header is not None:
+                    found.append((local * layout.num_paths + index, header))
+    except OSError:
+        pass
+    return found

@@ -274,10 +274,10 @@ class Books:
 
 
 def adopt(index: SlotIndex, found: Iterable[RecoveredSlot]) -> int:
-    """Put the chunks ``found`` on disk in ``index``, oldest first (evicted first), each
-    whose key and slot are free there; how many were."""
-    return sum(index.adopt(slot.header.key, slot.slot)
-               for slot in sorted(found, key=lambda r: r.header.generation))
+    """Put the chunks ``found`` on disk in ``index``, to be evicted before every chunk held
+    and oldest first, each whose key and slot are free there; how many were."""
+    return sum(index.adopt(slot.header.key, slot.slot, first=True)
+               for slot in sorted(found, key=lambda r: r.header.generation, reverse=True))
 
 
 LaneOpener = Callable[[threading.Lock, OnBack, FailureLog], Lane]

@@ -31,8 +31,8 @@ class SyncedIndex(SlotIndex):
     Contract (the store's lock held, as for every ``SlotIndex`` call): ``watch()`` starts a
     ``SyncWatch`` for one flush, ``unwatch(watch)`` ends it. Once ``watch.begin(queue)``
     said that the flush's sync of the disk path of ``queue`` begins (``queue_of(slot)``
-    names each slot's), and until ``unwatch``, each key that ``commit`` makes visible on a
-    slot of that queue joins ``watch.late``. A key committed before is covered by the
+    names each slot's), and until ``unwatch``, each key that ``commit`` (or ``adopt``) makes
+    visible on a slot of that queue joins ``watch.late``. A key committed before is covered by the
     sync: its slot and index entry were written before the commit. Nothing is noted while
     no flush watches, so what a watch holds is bounded by the writes over during one flush.
     """
@@ -54,11 +54,20 @@ class SyncedIndex(SlotIndex):
     def commit(self, key: ChunkKey) -> bool:
         if not super().commit(key):
             return False
-        if self._watches:
-            slot = self.slot_of(key)
-            assert slot is not None, "a key just committed is visible"
-            queue = self._queue_of(slot)
-            for watch in self._watches:
-                if queue in watch.begun:
-                    watch.late.add(key)
+        slot = self.slot_of(key)
+        assert slot is not None, "a key just committed is visible"
+        self._note(key, slot)
         return True
+
+    def adopt(self, key: ChunkKey, slot: int, first: bool = False) -> bool:
+        """(a path back read back: no sync of this flush covered what it found)"""
+        if not super().adopt(key, slot, first):
+            return False
+        self._note(key, slot)
+        return True
+
+    def _note(self, key: ChunkKey, slot: int) -> None:
+        queue = self._queue_of(slot) if self._watches else ""
+        for watch in self._watches:
+            if queue in watch.begun:
+                watch.late.add(key)

@@ -156,15 +156,16 @@ class SlotIndex:
         assert entry.state is EntryState.WRITING, f"abort of a key in state {entry.state}"
         self._release(entry.slot)
 
-    def adopt(self, key: ChunkKey, slot: int) -> bool:
-        """Record ``key`` as visible in ``slot``; False if the key or the slot is taken."""
+    def adopt(self, key: ChunkKey, slot: int, first: bool = False) -> bool:
+        """Record ``key`` as visible in ``slot`` (with ``first``, evicted before every key
+        held: ``EvictionPolicy.insert``); False if the key or the slot is taken."""
         if key in self._entries or not 0 <= slot < self.num_slots or not self._is_free[slot]:
             return False
         self._is_free[slot] = 0
         self._num_free -= 1
         self._entries[key] = SlotEntry(slot, EntryState.READY)
         self._num_visible += 1
-        self._policy.insert(key)
+        self._policy.insert(key, first)
         return True
 
     def pin(self, key: ChunkKey) -> int | None:

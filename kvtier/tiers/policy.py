@@ -27,7 +27,9 @@ class EvictionPolicy(ABC, Generic[K]):
     """Chooses which evictable key goes first. See the module docstring for the contract."""
 
     @abstractmethod
-    def insert(self, key: K) -> None: ...
+    def insert(self, key: K, first: bool = False) -> None:
+        """Track ``key``; with ``first``, to go before every key tracked (a chunk found on
+        disk while the tier runs is colder than those the run used)."""
 
     @abstractmethod
     def remove(self, key: K) -> None: ...
@@ -49,9 +51,11 @@ class LRUPolicy(EvictionPolicy[K]):
     def __init__(self) -> None:
         self._order: OrderedDict[K, None] = OrderedDict()
 
-    def insert(self, key: K) -> None:
+    def insert(self, key: K, first: bool = False) -> None:
         assert key not in self._order, "insert of a key already tracked"
         self._order[key] = None
+        if first:
+            self._order.move_to_end(key, last=False)
 
     def remove(self, key: K) -> None:
         del self._order[key]

@@ -8,7 +8,7 @@ scheduler side's bookkeeping; workers only move bytes and report outcomes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Self
 
@@ -167,7 +167,8 @@ class WorkerReport:
     proved that copy bad (``kvtier.shared.misreads.proves_bad``); another failure of such a
     read (an I/O error, a short read, a timeout) says nothing of the copy. ``paths_found``:
     what a path back after being out since the start holds, by (path, slot, key): the ranks
-    that found that key in that slot, and the oldest of their generations for it.
+    that found that key in that slot, and the oldest of their generations for it; a path
+    taken out again since is not in it (a rank's report, and one ``merged`` after it).
     """
 
     host_stored: Counter = field(default_factory=Counter)
@@ -217,7 +218,8 @@ class WorkerReport:
             {**self.remote_records, **other.remote_records},
             self.remote_absent | other.remote_absent,
             self.verify_undecided + other.verify_undecided,
-            self.other_bad | other.other_bad, _found(self.paths_found, other.paths_found),
+            self.other_bad | other.other_bad,
+            _found(without_paths(self.paths_found, other.paths_down), other.paths_found),
         )
 
     def is_empty(self) -> bool:
@@ -229,6 +231,13 @@ class WorkerReport:
                     or self.verify_differed or self.verify_failed or self.remote_records
                     or self.remote_absent or self.verify_undecided or self.other_bad
                     or self.paths_found)
+
+
+def without_paths(found: dict, paths: Iterable[int]) -> dict:
+    """``paths_found`` but what was found on ``paths`` (each out of service again since:
+    what it held is no longer vouched for)."""
+    gone = set(paths)
+    return {where: seen for where, seen in found.items() if where[0] not in gone} if gone else found
 
 
 def _found(one: dict, other: dict) -> dict:

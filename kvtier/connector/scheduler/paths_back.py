@@ -30,8 +30,9 @@ class DiskPathsBack:
       start (``kvtier.disk.retry.DiskRetries``) are gathered;
     - back (``paths_up``): once every rank that took a path out has it back, its slots come
       back into service and each chunk every rank (``world_size``) found in the same slot is
-      adopted, oldest first (evicted first), unless the index holds the key (a copy stored
-      elsewhere meanwhile) or the slot; ``on_adopted`` is told them (the KV events).
+      adopted, to be evicted before every chunk held, oldest first, unless the index holds
+      the key (a copy stored elsewhere meanwhile) or the slot; ``on_adopted`` is told them
+      (the KV events), newest first.
 
     A path back from a fault after it had been in service comes back empty: no rank finds
     anything on it.
@@ -60,9 +61,10 @@ class DiskPathsBack:
 
     def _back(self, path: int, found: dict[tuple[int, ChunkKey], tuple[int, int]]) -> None:
         self._index.unretire(self._slots(path))
-        whole = sorted((generation, slot, ChunkKey(key)) for (slot, key), (ranks, generation)
-                       in found.items() if ranks >= self.world_size)
-        adopted = [(key, slot) for _, slot, key in whole if self._index.adopt(key, slot)]
+        whole = sorted(((generation, slot, ChunkKey(key)) for (slot, key), (ranks, generation)
+                        in found.items() if ranks >= self.world_size), reverse=True)
+        adopted = [(key, slot) for _, slot, key in whole  # newest first, each before the last
+                   if self._index.adopt(key, slot, first=True)]
         if found:
             log.info("kvtier disk path %d back on every rank: %d chunks on it adopted (%d found "
                      "on every rank)", path, len(adopted), len(whole))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from kvtier.connector.common.messages import ChunkStore, WorkerReport
+from kvtier.connector.common.messages import ChunkStore, WorkerReport, without_paths
 from kvtier.connector.worker.counters import SOURCES, WorkerCounters
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.disk.recovery import RecoveredSlot
@@ -81,6 +81,7 @@ class WorkerLedger:
         """Report each disk path that went out of service, once."""
         for index in self.lane.newly_down():
             self.pending.paths_down[index] += 1
+            self.pending.paths_found = without_paths(self.pending.paths_found, {index})
 
     def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> None:
         """A disk path came back into service: the scheduler side un-retires it, and adopts

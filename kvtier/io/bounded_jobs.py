@@ -1,0 +1,62 @@
+"""Jobs that may block on a file system that stops answering (a hung network mount), run
+at once each on a daemon thread of its own and waited for until a deadline: what is not over
+by then is left running, and the caller goes on without it.
+
+Used where a start must not wait for ever: reading back what each disk path holds. A path
+whose read-back is not over within ``read_back_wait(load_timeout)`` starts out of service
+and is read back when it is tried again; the wait is generous (a read of a large index on a
+network file system, a scan of every slot header where an index is missing, are slow but
+move), since what is left behind costs the chunks on that path until its next try.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping
+from typing import TypeVar
+
+from kvtier.io.guarded import start_thread
+
+READ_BACK_TIMES = 6  # a path's read-back at start is given this many load_timeouts
+READ_BACK_MIN_S = 30.0  # and never less than this
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+
+
+def read_back_wait(timeout: float | None) -> float | None:
+    """How long a start waits for a disk path's read-back, for ``load_timeout`` ``timeout``
+    (None: as long as it takes)."""
+    return None if timeout is None else max(READ_BACK_MIN_S, READ_BACK_TIMES * timeout)
+
+
+def run_bounded(jobs: Mapping[K, Callable[[], T]], wait: float | None,
+                name: str) -> dict[K, T | BaseException]:
+    """Run every job at once, each on a daemon thread named ``name``, and return, by key,
+    what each that ended within ``wait`` seconds (None: as long as they take) returned or
+    raised; a job not over then is missing, and goes on running (it must not touch what the
+    caller keeps). A job whose thread cannot start runs on the caller's thread."""
+    done: dict[K, T | BaseException] = {}
+    over = threading.Condition()
+
+    def run(key: K, job: Callable[[], T]) -> None:
+        try:
+            result: T | BaseException = job()
+        except BaseException as exc:  # handed to the caller, who decides
+            result = exc
+        with over:
+            done[key] = result
+            over.notify_all()
+
+    for key, job in jobs.items():
+        if not start_thread(threading.Thread(target=run, args=(key, job), name=name, daemon=True)):
+            run(key, job)
+    deadline = None if wait is None else time.monotonic() + wait
+    with over:
+        while len(done) < len(jobs):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            over.wait(left)
+        return dict(done)
