@@ -444,3 +444,15 @@ def test_a_path_whose_file_system_was_unmounted_is_not_reopened_on_the_disk_bene
     path.mount_point, path.retry_at = mount_point_of(str(tmp_path)), 0.0  # mounted again
     assert disk.revive(0) and path.dir is not None
     disk.close()
+
+
+def test_a_path_out_at_start_knows_where_its_file_system_was_mounted(tmp_path):
+    """(a mount hung at start, then unmounted lazily: its path is not reopened on the disk
+    beneath, whose old cache there would be read back as its own)"""
+    from kvtier.io.mounts import mount_point_of
+
+    disk = make_tier([tmp_path / "missing"], retry=0.001)
+    path = disk.paths[0]
+    assert path.dir is None and path.mount_point == mount_point_of(str(tmp_path / "missing"))
+    assert path.mount_point is not None
+    disk.close()

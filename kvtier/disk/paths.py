@@ -48,7 +48,7 @@ class PathState:
         self.retry_every = retry  # None: never tried again
         self.retry_first = retry
         self.back_at = 0.0  # when it last came back into service
-        self.mount_point: str | None = None  # where its file system was mounted when it opened
+        self.mount_point: str | None = None  # where its file system was mounted at start or open
         self.read_back = False  # what it holds was read back since the start (``DiskRetries``)
 
     @property
@@ -85,10 +85,10 @@ class DiskPaths:
         self.writer = opener.writers[0]
         busy: set[str] = set()  # ids whose segment another process of this host holds
         ask(roots, opener.answer_timeout)  # every path at once: hung ones cost one wait
-        for path in self.states:
+        for path in self.states:  # (the mount table only: a hung mount's point is known too)
+            path.mount_point = mount_point_of(path.root)
             try:
                 path.dir, path.inode = self._open(path, busy)
-                path.mount_point = mount_point_of(path.root)
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
         self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
