@@ -3,6 +3,7 @@ producer's hand-off in ``kv_transfer_params``, hostile hand-offs refused, and a 
 that stores nothing and waits, bounded, for a handed-off prompt to show in a shared
 directory before loading it, or recomputes what never came."""
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -11,7 +12,14 @@ import pytest
 
 from kvtier.config.settings import WritePolicy, load_config
 from kvtier.connector.common.messages import StepPlan, WorkerReport
-from kvtier.connector.scheduler.handoff import ASK_EVERY_S, Handoff, Handoffs, Role, fit_role
+from kvtier.connector.scheduler.handoff import (
+    ASK_EVERY_S,
+    Handoff,
+    Handoffs,
+    Role,
+    fit_role,
+    has_pool,
+)
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.keys import Namespace
 from tests.helpers.handoff_requests import DIGEST, NS, request
@@ -67,7 +75,7 @@ def test_a_producer_hands_off_its_prompts_length_and_namespace_and_only_a_produc
 
 def test_a_consumer_waits_asking_again_then_recomputes_what_never_came_said_once(caplog):
     clock, counters, asked = Clock(), Counter(), []
-    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock)
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock=clock)
     whole, req = (request(name, 65, Handoff(65, DIGEST).params()) for name in ("w", "r"))
     assert handoffs.match(whole, 64, 64, 64, 0, asked.append) == 64  # all there: no wait
     assert handoffs.match(req, 32, 32, 64, 0, asked.append) is None  # half: ask again
@@ -94,7 +102,7 @@ def test_the_wait_is_for_what_is_visible_not_for_what_a_cut_lets_load():
     """What the load policy or host memory's room cuts off is no reason to wait: the
     handed-off tokens are all in the pool."""
     counters = Counter()
-    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, Clock())
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock=Clock())
     first, second, third = (request(name, 65, Handoff(65, DIGEST).params()) for name in "rst")
     assert handoffs.match(first, 0, 64, 64, 0, print) == 0  # recompute is faster: at once
     assert handoffs.match(second, 32, 64, 64, 0, print) == 32  # host memory stages half
@@ -108,7 +116,7 @@ def test_a_request_whose_wait_was_met_is_not_held_back_again_when_preempted():
     segment turned over), they are recomputed at once, not waited for until load_timeout
     for writes nobody will make. Found by a review."""
     clock, counters = Clock(), Counter()
-    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock)
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock=clock)
     req = request("r", 65, Handoff(65, DIGEST).params())
     assert handoffs.match(req, 32, 32, 64, 0, print) is None  # half there: it waits
     clock.now += 1.0
@@ -120,9 +128,31 @@ def test_a_request_whose_wait_was_met_is_not_held_back_again_when_preempted():
     assert handoffs.match(req, 0, 0, 64, 0, print) is None  # a new request of that id
 
 
+def test_a_consumer_sharing_no_pool_waits_for_nothing():
+    """(nothing can come: each handed-off request would wait its whole load_timeout)"""
+    counters = Counter()
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, pooled=False, clock=Clock())
+    assert handoffs.match(request("r", 65, Handoff(65, DIGEST).params()), 0, 0, 64, 0, print) == 0
+    assert not counters
+    config = load_config({"chunk_tokens": 32, "host_capacity": "1MiB"}, environ={})
+    assert not has_pool(config) and has_pool(dataclasses.replace(config, remote_url="redis://h:1"))
+
+
+def test_tokens_recomputed_count_only_those_past_what_vllm_holds():
+    """vLLM's own hits (block-aligned) may reach past the pool's whole chunks: the tokens
+    recomputed for want of the hand-off are those past what vLLM holds."""
+    clock, counters = Clock(), Counter()
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock=clock)
+    req = request("r", 65, Handoff(65, DIGEST).params())
+    assert handoffs.match(req, 0, -16, 64, 48, print) is None  # vLLM holds 48, the pool 32
+    clock.now += 3.0
+    assert handoffs.match(req, 0, -16, 64, 48, print) == 0
+    assert counters["handoff_tokens_recomputed"] == 16  # 64 - 48 (before: 32)
+
+
 def test_a_hand_off_of_another_namespace_or_none_is_not_waited_for():
     counters = Counter()
-    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, Clock())
+    handoffs = Handoffs(Role.CONSUMER, NS, 2.0, counters, clock=Clock())
     other = Namespace(model="other", kv_dtype="bfloat16", layout="l", block_tokens=16,
                       chunk_tokens=32).digest().hex()
     assert handoffs.match(request("r", 65, Handoff(65, other).params()), 0, 0, 64, 0, print) == 0
@@ -366,10 +396,10 @@ def test_params_any_client_can_send_hold_no_producer_and_at_most_so_many_request
     from kvtier.connector.scheduler import handoff as handoff_module
 
     params = Handoff(65, DIGEST).params()
-    producer = Handoffs(Role.PRODUCER, NS, 2.0, Counter(), Clock())
+    producer = Handoffs(Role.PRODUCER, NS, 2.0, Counter(), clock=Clock())
     assert producer.match(request("p", 65, params), 0, 0, 64, 0, lambda r: None) == 0
     monkeypatch.setattr(handoff_module, "MAX_WAITING", 2)
-    both = Handoffs(Role.BOTH, NS, 2.0, Counter(), Clock())
+    both = Handoffs(Role.BOTH, NS, 2.0, Counter(), clock=Clock())
     waits = [both.match(request(n, 65, params), 0, 0, 64, 0, lambda r: None) for n in "abc"]
     assert waits == [None, None, 0]
     assert both.match(request("a", 65, params), 0, 0, 64, 0, lambda r: None) is None  # still

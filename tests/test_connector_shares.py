@@ -70,6 +70,27 @@ def test_with_tensor_parallel_every_rank_must_hold_the_chunk(tmp_path):
     a.close()
 
 
+def test_a_chunk_written_again_elsewhere_after_one_rank_failed_is_found(tmp_path):
+    """(rank 1's write of a chunk failed and took its path out; the producer wrote the chunk
+    again, every rank, to another slot: rank 0's first copy is the old one, which rank 1
+    lacks; the copy every rank holds is found)"""
+    import dataclasses
+
+    a = scheduler(world=2, disk=tmp_path, instance_id="a", share_writers=2)
+    stores = store_all(a, request("x", 64), world=2).stores
+    write_as(tmp_path, "a", stores, world=2, ranks=[0])  # rank 1's write failed
+    again = [dataclasses.replace(s, disk_slot=s.disk_slot + 4) for s in stores]
+    write_as(tmp_path, "a", again, world=2)
+    b = scheduler(world=2, disk=tmp_path, instance_id="b", share_writers=2)
+    assert b.num_new_matched_tokens(request("y", 65), 0) == (64, True)
+    b.plan_load(request("y", 65), ([1, 2, 3, 4, 5],), 0, 64)
+    (load,) = b.build_meta().loads
+    assert sorted(c.other[0].slot for c in load.chunks) == sorted(s.disk_slot for s in again)
+    assert all(c.other[0].slot == c.other[1].slot for c in load.chunks)
+    b.close()
+    a.close()
+
+
 def test_a_worker_reads_another_engines_pages_and_never_writes_them(tmp_path):
     a, kv_a = worker(tmp_path, instance_id="a", share_writers=2)
     from kvtier.connector.common.messages import ChunkStore

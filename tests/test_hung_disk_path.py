@@ -2,8 +2,9 @@
 FUSE daemon) holds every call on it for ever. The store, and so the engine, starts without
 it: its file system is asked for its statistics on a thread of its own and given
 ``load_timeout`` to answer (``kvtier/io/answers.py``); the path starts out of service, the
-others serve, the shared view's first look is not held either, and once the mount answers
-again the path comes back at its next try. Run in a private mount namespace (``unshare
+others serve, the shared view's first look is not held either; the hung mount taken away
+(unmounted lazily), the path is not reopened on the directory beneath it, and once a file
+system is mounted there again the path comes back at its next try. Run in a private mount namespace (``unshare
 -m``) on a FUSE mount whose daemon never answers (``tests/helpers/hung_mount.py``), for
 the store alone and for the vLLM connector's scheduler side, which looks at the paths too
 (a real engine on a hung mount: the same, about 95 s of CI for one engine, so not here)."""
@@ -20,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import json, os, sys, threading, time
-from tests.helpers.hung_mount import hang, release
+from tests.helpers.hung_mount import hang, mount_again, release
 from tests.helpers.kv import SMALL, make_kv
 from tests.helpers.store import config, exact, seq
 from kvtier import KVStore
@@ -46,7 +47,14 @@ if made:
     time.sleep(1)  # tries of the hung path meanwhile fail at once, holding nothing
     out["down_while_hung"] = sorted(store.stats().paths_down)
     out["questions"] = outstanding()
-    release(hung, device)
+    release(hung, device)  # the hung mount taken away, nothing mounted there yet
+    path, deadline = store.disk.paths[1], time.monotonic() + 20
+    while "is gone" not in path.down_reason and time.monotonic() < deadline:
+        path.retry_at = 0.0  # tried at once, again and again: never reopened beneath it
+        store.put(seq(1000, 1), make_kv(seq(1000, 1)))
+        time.sleep(0.1)
+    out["down_unmounted"] = path.down_reason if path.dir is None else ""
+    mount_again(hung)
     deadline = time.monotonic() + 30
     while store.stats().paths_down and time.monotonic() < deadline:
         store.put(seq(1000, 1), make_kv(seq(1000, 1)))  # a store's call polls the tries
@@ -141,7 +149,7 @@ def mounted(tmp_path):
     return good, hung
 
 
-def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_once_it_answers(mounted):
+def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_once_mounted_again(mounted):
     good, hung = mounted
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
                           SCRIPT, str(good), str(hung)], cwd=ROOT, capture_output=True, text=True,
@@ -153,7 +161,8 @@ def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_onc
     assert out["down_at_start"] == [str(hung)] and out["down_while_hung"] == [str(hung)]
     assert out["served"] == 8 * 16 and out["written"] > 0
     assert out["questions"] == 1, "each try of the hung path left a question behind"
-    assert out["down_after"] == [], "the path did not come back once its mount answered"
+    assert "is gone" in out["down_unmounted"], "reopened on the directory beneath the mount"
+    assert out["down_after"] == [], "the path did not come back once mounted again"
 
 
 

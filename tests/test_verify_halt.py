@@ -212,3 +212,31 @@ def test_the_watcher_looks_only_at_a_path_that_answers(tmp_path, monkeypatch):
         wait_for(lambda: looked)
     finally:
         halt.close()
+
+
+def test_a_halt_ends_only_when_its_file_is_gone_from_the_disk_path(tmp_path):
+    """(not when the disk path is unmounted or replaced, its directories stop being safe,
+    or a backup hard-links the file: each cannot tell whether the halt still holds)"""
+    marker, ns = namespace(tmp_path)
+    marker.write({"mismatches": 3})
+    halt = VerifyHalt(3, Counter(), marker)
+    assert halt.halted
+    root = ns.parent
+    root.rename(tmp_path / "unmounted")  # the disk path gone
+    halt.look()
+    assert halt.halted
+    (tmp_path / "unmounted").rename(root)
+    os.chmod(ns, 0o777)  # its namespace's directory writable by anyone: not kvtier's
+    halt.look()
+    assert halt.halted
+    os.chmod(ns, 0o700)
+    os.link(ns / "halt.json", tmp_path / "backup.json")  # a second hard link
+    halt.look()
+    assert halt.halted
+    os.unlink(tmp_path / "backup.json")
+    halt.look()
+    assert halt.halted
+    os.unlink(ns / "halt.json")
+    halt.look()
+    assert not halt.halted
+    halt.close()

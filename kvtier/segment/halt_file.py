@@ -44,7 +44,7 @@ class HaltFile:
 
     def read(self) -> dict[str, Any] | None:
         """What the halt file says (``{}`` when it is not JSON), or None when there is none
-        that counts: missing, not a regular file of this user (``UnsafeEntry``), or
+        that counts: missing, not a regular file of this user alone (``UnsafeEntry``), or
         unreadable (offline commands; an engine follows the file with ``look``)."""
         try:
             data = self.look()
@@ -59,19 +59,32 @@ class HaltFile:
         return record if isinstance(record, dict) else {}
 
     def look(self) -> bytes | None:
-        """The halt file's bytes, or None when there is none that counts: missing (ENOENT,
-        the file or its namespace's directory) or not a regular file of this user.
-        ``OSError`` when it cannot be told (EIO, ESTALE, EACCES on a network filesystem): a
-        halt must not end because its file could not be read for a moment."""
-        try:
-            with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
-                return ns.read_file(HALT_FILE, HALT_MAX_BYTES)
-        except UnsafeEntry:  # a symlink, a FIFO, another user's: not kvtier's halt
-            return None
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                return None
-            raise
+        """The halt file's bytes, or None when there is none: the file, or its namespace's
+        directory, does not exist in the disk path (ENOENT). ``OSError`` when it cannot be
+        told, and a halt must not end for it: the disk path itself missing or not kvtier's
+        (unmounted: the directory beneath, another user's), the namespace's directory not
+        kvtier's, something under the file's name that is not a regular file of this user
+        alone (a symlink, a FIFO, another user's, a second hard link: ``UnsafeEntry``; such
+        a thing starts no halt either), or a read that failed (EIO, ESTALE, EACCES on a
+        network filesystem)."""
+        with SafeDir.open(self.root) as top:  # any error here: cannot be told
+            try:
+                ns = top.subdir(self.namespace_id)
+            except UnsafeEntry:
+                raise
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    return None  # (a namespace never made, or cleared: no halt in it)
+                raise
+            with ns:
+                try:
+                    return ns.read_file(HALT_FILE, HALT_MAX_BYTES)
+                except UnsafeEntry:
+                    raise
+                except OSError as exc:
+                    if exc.errno == errno.ENOENT:
+                        return None
+                    raise
 
     def remove(self) -> bool:
         """Remove the halt file; False when there was none of this user's."""

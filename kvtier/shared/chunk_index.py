@@ -77,7 +77,8 @@ class ChunkIndex:
     (nothing when unknown), True when that was ``key``'s last copy; ``items()`` lists one
     copy of each key; ``listener``, when set, is called with (key, copy) when a key gains
     its first copy and (key, None) when it loses its last;
-    ``first(key)`` is one copy of ``key`` (None when none is known); ``at(key, source,
+    ``first(key)`` is one copy of ``key`` (None when none is known), ``copies(key)`` every
+    one; ``at(key, source,
     slot)`` is that copy, if known; ``len()`` counts the distinct keys. Each is O(1),
     whatever the number of copies of one key. A key with one copy costs one dict entry
     and one integer. Not thread-safe: the caller holds its lock."""
@@ -129,6 +130,13 @@ class ChunkIndex:
         if held is None:
             return None
         return unpack(held if isinstance(held, int) else held.packed[0])
+
+    def copies(self, key: ChunkKey) -> list[Copy]:
+        """Every copy of ``key`` known, ``first``'s first (O(copies))."""
+        held = self._by_key.get(key)
+        if held is None:
+            return []
+        return [unpack(held)] if isinstance(held, int) else [unpack(p) for p in held.packed]
 
     def at(self, key: ChunkKey, source: int, slot: int) -> Copy | None:
         held = self._by_key.get(key)

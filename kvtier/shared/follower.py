@@ -86,16 +86,19 @@ class OtherWriters:
         self._thread.soon()
 
     def find(self, key: ChunkKey) -> Refs | None:
-        first = self.views[0].find(key)
-        if first is None:
-            return None
-        chunks = [first]
-        for view in self.views[1:]:
-            chunk = view.find_at(key, first.writer, first.path, first.slot)
-            if chunk is None:
-                return None
-            chunks.append(chunk)
-        return tuple(view.ref(chunk) for view, chunk in zip(self.views, chunks, strict=True))
+        """Where another engine holds ``key`` on every rank, in one slot of one writer's
+        segment on one path: of rank 0's copies (a chunk written again elsewhere after one
+        rank's write of it failed leaves rank 0 a copy the others lack), the first every
+        other rank holds there too."""
+        for first in self.views[0].copies(key, 1 if len(self.views) == 1 else 0):
+            chunks = [first]
+            for view in self.views[1:]:
+                if (chunk := view.find_at(key, first.writer, first.path, first.slot)) is None:
+                    break
+                chunks.append(chunk)
+            else:
+                return tuple(view.ref(chunk) for view, chunk in zip(self.views, chunks, strict=True))
+        return None
 
     def read_failed(self, refs: Refs, proven: bool) -> bool:
         if proven or self._misreads.missed(refs):

@@ -37,33 +37,29 @@ APPLY_BATCH = 4096  # log changes applied under the view's lock at once
 class SharedView:
     """Chunks that other writers of ``namespace`` committed under ``roots``.
 
-    Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
-    ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
-    valid writer id other than ``own[path]``, this process's segment there if it holds one
-    (``OwnSegments``): at most ``max_writers``, fewer under a low open-file limit
-    (``followable_writers``), segments first: junk never hides one, ``WriterListing``),
-    reads each writer's lease and what its log gained since the last refresh, and updates
-    the view; a writer whose segment vanished is forgotten. ``find(key)`` returns where
-    another writer holds ``key`` (None if none); ``drop(chunk)`` forgets a copy until its
-    writer's log names that slot again. ``writers()`` says who is there and who is live
-    (``LeaseWatch``: a lease that changed within ``lease_timeout``). A writer's chunks stay
-    readable after its lease expired, until its segment is reclaimed (``Upkeep``): by
-    ``refresh`` itself, once this reader watched the lease stand still for ``lease_timeout``
-    and no process of this host holds the segment's lock; the view lets go of the segment
-    first (followed again if it stays). ``on_let_go(path, writer)``, when set, hears of
-    each segment the view stops following, to close its files. Once per heartbeat interval
-    it also gives back the seats that name no writer with a segment and that it watched
-    stand unchanged for ``lease_timeout`` (``OrphanWatch``; ``seats_freed``). A path that
-    cannot be read holds nothing this time; one that does not answer within ``answer_timeout``
-    (a hung mount: asked before each look, as one that hung since would hold this thread for
-    good), or a listing short of files (``EMFILE``), leaves it as it was. One refresh reads at
-    most ``REFRESH_BYTES`` of log a path: each writer's share first, then what the others
-    left to those with more. Every time is ``clock``'s. Each change to the view is O(1)
-    (``ChunkIndex``). Memory is bounded by ``max_slots``, the slots the namespace's whole
-    directory holds on one path (``directory_slots``): no writer's log names a slot past
-    it, and the writers of a path together are followed in at most that many slots (their
-    logs' further slots are passed over: misses, counted in ``passed_over``, said once).
-    Thread-safe.
+    Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's ``writers/`` (its
+    first ``MAX_LISTED`` entries, of which the regular directories with a valid writer id other than
+    ``own[path]``, this process's segment there if it holds one (``OwnSegments``): at most ``max_writers``,
+    fewer under a low open-file limit (``followable_writers``), segments first: junk never hides one,
+    ``WriterListing``), reads each writer's lease and what its log gained since the last refresh, and
+    updates the view; a writer whose segment vanished is forgotten. ``find(key)`` returns where another
+    writer holds ``key`` (None if none), ``copies(key)`` every place, ``find``'s first; ``drop(chunk)``
+    forgets a copy until its writer's log names that slot again. ``writers()`` says who is there and who is
+    live (``LeaseWatch``: a lease that changed within ``lease_timeout``). A writer's chunks stay readable
+    after its lease expired, until its segment is reclaimed (``Upkeep``): by ``refresh`` itself, once this
+    reader watched the lease stand still for ``lease_timeout`` and no process of this host holds the
+    segment's lock; the view lets go of the segment first (followed again if it stays). ``on_let_go(path,
+    writer)``, when set, hears of each segment the view stops following, to close its files. Once per
+    heartbeat interval it also gives back the seats that name no writer with a segment and that it watched
+    stand unchanged for ``lease_timeout`` (``OrphanWatch``; ``seats_freed``). A path that cannot be read
+    holds nothing this time; one that does not answer within ``answer_timeout`` (a hung mount: asked before
+    each look, as one that hung since would hold this thread for good), or a listing short of files
+    (``EMFILE``), leaves it as it was. One refresh reads at most ``REFRESH_BYTES`` of log a path: each
+    writer's share first, then what the others left to those with more. Every time is ``clock``'s. Each
+    change to the view is O(1) (``ChunkIndex``). Memory is bounded by ``max_slots``, the slots the
+    namespace's whole directory holds on one path (``directory_slots``): no writer's log names a slot past
+    it, and the writers of a path together are followed in at most that many slots (their logs' further
+    slots are passed over: misses, counted in ``passed_over``, said once). Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int,
@@ -89,12 +85,17 @@ class SharedView:
     seats_freed = property(lambda self: self._upkeep.seats_freed)
 
     def find(self, key: ChunkKey) -> OtherChunk | None:
-        with self._lock:  # a copy of a segment no longer followed is dropped, never served
-            while (copy := self._index.first(key)) is not None:
-                if (chunk := chunk_of(self._sources, key, copy)) is not None:
-                    return chunk
-                self._index.remove(key, copy.source, copy.slot)
-            return None
+        return next(iter(self.copies(key, 1)), None)
+
+    def copies(self, key: ChunkKey, most: int = 0) -> list[OtherChunk]:  # most 0: every one
+        found: list[OtherChunk] = []
+        with self._lock:
+            for copy in self._index.copies(key):
+                if (chunk := chunk_of(self._sources, key, copy)) is None:
+                    self._index.remove(key, copy.source, copy.slot)  # never served
+                elif not most or len(found) < most:
+                    found.append(chunk)
+        return found
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
@@ -191,8 +192,7 @@ class SharedView:
 
     @property
     def passed_over(self) -> int:
-        """Log records of slots passed over for want of room (``max_slots``), by the
-        writers followed now."""
+        """Log records of slots passed over for want of room (``max_slots``), by writers followed."""
         with self._lock:
             return sum(f.follower.over for f in self._followed.values())
 

@@ -26,6 +26,15 @@ def hang(where: str) -> int:
     return device
 
 
+def mount_again(where: str) -> None:
+    """Mount a file system that answers (a tmpfs, mode 0700) at ``where``: an operator's
+    mount made anew where a hung one was taken away."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"tmpfs", os.fsencode(where), b"tmpfs", 0, b"mode=0700") != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"cannot mount a tmpfs at {where}: {os.strerror(code)}")
+
+
 def release(where: str, device: int) -> None:
     """End the hang (the calls waiting fail) and take the mount away (the directory under
     it shows again)."""

@@ -86,15 +86,17 @@ class Handoffs:
     again; ``visible``: those found cached, before a cut that waiting cannot change: the
     load policy, host memory's room; ``end``: the furthest token stored chunks can reach)
     and returns it, or None while the handed-off tokens up to ``end`` are not all visible
-    and its wait (``timeout_s`` from the first ask; 30 s when None) is not over; once it is
+    and its wait (``timeout_s`` from the first ask; 30 s when None) is not over (never
+    without a pool shared with other engines: ``pooled``, ``has_pool``); once it is
     (met or run out) every later ask of the request (a preemption asks again) is answered at
     once. ``ask_again(req_id)`` is called, at most every
     ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the request
     is over."""
 
     def __init__(self, role: Role, namespace: Namespace, timeout_s: float | None,
-                 counters: Counter, clock: Callable[[], float] = time.monotonic) -> None:
-        self.role, self._digest = role, namespace.digest().hex()
+                 counters: Counter, pooled: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.role, self._digest, self._pooled = role, namespace.digest().hex(), pooled
         self._timeout_s = WAIT_S_WITHOUT_LOAD_TIMEOUT if timeout_s is None else timeout_s
         self._counters, self._clock = counters, clock
         self._since: dict[str, tuple[float, float]] = {}  # req id -> (first ask, last ask)
@@ -116,8 +118,9 @@ class Handoffs:
     def match(self, request: Any, found: int | None, visible: int | None, end: int,
               num_computed: int, ask_again: Callable[[str], None]) -> int | None:
         handoff = Handoff.of(getattr(request, "kv_transfer_params", None))
-        if handoff is None or found is None or visible is None or self.role is Role.PRODUCER:
-            return found  # (a producer computes its prompts: it waits for no one's)
+        if handoff is None or found is None or visible is None or self.role is Role.PRODUCER \
+                or not self._pooled:  # (a producer computes its prompts: it waits for no one's;
+            return found  # an engine sharing no pool would wait for nothing that can come)
         req_id = request.request_id
         if req_id in self._over:  # asked again (preempted, or not scheduled): what the pool
             return found  # holds, at once: the producer wrote what it had long ago
@@ -143,7 +146,8 @@ class Handoffs:
             return None
         self._end(req_id)
         self._counters["handoffs_incomplete"] += 1
-        self._counters["handoff_tokens_recomputed"] += wanted - visible
+        self._counters["handoff_tokens_recomputed"] += wanted - max(visible, 0)  # (vLLM's own
+        # hits may reach past the pool's whole chunks: what it recomputes is past those)
         self._say("incomplete", f"a handed-off prompt was not all in the pool after "
                   f"{self._timeout_s:g} s (load_timeout): its missing tokens are recomputed "
                   "(the producer died, or its writes failed or are slow; counted in "
@@ -178,8 +182,14 @@ def fit_role(role: Role, config: KVTierConfig) -> KVTierConfig:
                     config.write_policy.value, config.remote_min_hits)
         config = dataclasses.replace(config, write_policy=WritePolicy.WRITE_THROUGH,
                                      remote_min_hits=0)
-    if role is not Role.BOTH and not config.remote_url and not shares_directory(config):
+    if role is not Role.BOTH and not has_pool(config):
         log.warning("kvtier: kv_role %s but no pool shared with other engines: set disk_paths "
                     "on a directory they share (with share_writers above 1), or remote_url; "
-                    "until then nothing is handed off", role.value)
+                    "until then nothing is handed off (a consumer waits for nothing)", role.value)
     return config
+
+
+def has_pool(config: KVTierConfig) -> bool:
+    """Whether this engine shares a pool with other engines: a directory they follow, or a
+    remote store."""
+    return bool(config.remote_url) or shares_directory(config)

@@ -24,7 +24,7 @@ from kvtier.connector.scheduler.decider import LoadDecider
 from kvtier.connector.scheduler.disk_recovery import disk_layout, recover_disk
 from kvtier.connector.scheduler.event_feed import event_feed
 from kvtier.connector.scheduler.events import EventFactory, KVEvents
-from kvtier.connector.scheduler.handoff import Handoffs, Role
+from kvtier.connector.scheduler.handoff import Handoffs, Role, has_pool
 from kvtier.connector.scheduler.load_planner import LoadPlanner
 from kvtier.connector.scheduler.metrics import metric_samples
 from kvtier.connector.scheduler.outcomes import Outcomes
@@ -69,7 +69,7 @@ class SchedulerSide:
         self.stack = tier_stack(config, geometry, self.disk_layout, self.events)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
         self._namespace, self.keys = namespaces[0], RequestKeys(geometry, namespaces[0])
-        self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters)
+        self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters, has_pool(config))
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled, aborted = PendingStores(), StalledReads(), AbortedStores(self.stack)
         self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack)
