@@ -240,3 +240,25 @@ def test_a_halt_ends_only_when_its_file_is_gone_from_the_disk_path(tmp_path):
     halt.look()
     assert not halt.halted
     halt.close()
+
+
+def test_the_halt_file_is_synced_and_its_name_too(tmp_path, monkeypatch):
+    """(a restart after a power loss still finds the halt; a filesystem that syncs nothing
+    halts all the same)"""
+    from kvtier.segment import halt_file
+
+    marker, _ = namespace(tmp_path)
+    synced = []
+
+    def fsync(fd):
+        synced.append(os.path.isdir(f"/proc/self/fd/{fd}"))
+        raise OSError(errno.EINVAL, "this filesystem syncs nothing")
+
+    class Os:  # this module's os only: other threads of the process sync as they do
+        def __getattr__(self, name):
+            return fsync if name == "fsync" else getattr(os, name)
+
+    monkeypatch.setattr(halt_file, "os", Os())
+    marker.write({"mismatches": 3})
+    assert synced == [False, True]  # the file, then its directory
+    assert marker.read()["mismatches"] == 3

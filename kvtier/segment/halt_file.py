@@ -21,6 +21,7 @@ from typing import Any
 
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment.names import HALT_FILE
+from kvtier.segment.slot_files import NO_SYNC
 
 HALT_MAX_BYTES = 4096
 
@@ -36,11 +37,17 @@ class HaltFile:
         return self.root / self.namespace_id / HALT_FILE
 
     def write(self, record: dict[str, Any]) -> None:
-        """Make the halt file hold ``record`` (and when) as JSON. ``OSError`` when it
-        cannot (the namespace's directory does not exist yet, a full disk)."""
+        """Make the halt file hold ``record`` (and when) as JSON, durably (synced). ``OSError``
+        when it cannot (the namespace's directory does not exist yet, a full disk)."""
         data = json.dumps({**record, "at": time.time()}, sort_keys=True).encode()[:HALT_MAX_BYTES]
         with SafeDir.open(self.root) as top, top.subdir(self.namespace_id) as ns:
             ns.replace_file(HALT_FILE, data)
+            fd = ns.open_file(HALT_FILE, os.O_RDONLY)  # synced, and its name: a restart after
+            try:  # a power loss still finds the halt
+                _sync(fd)
+            finally:
+                os.close(fd)
+            _sync(ns.fd)
 
     def read(self) -> dict[str, Any] | None:
         """What the halt file says (``{}`` when it is not JSON), or None when there is none
@@ -93,3 +100,13 @@ class HaltFile:
                 return ns.remove_file(HALT_FILE)
         except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
             return False
+
+
+def _sync(fd: int) -> None:
+    """``fsync``, on a filesystem that syncs anything (``NO_SYNC``: one that syncs nothing
+    loses nothing by it)."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in NO_SYNC:
+            raise
