@@ -24,7 +24,9 @@ then after ``sleep`` seconds; with ``mark`` it creates that file when it starts;
 most ``max_repeats`` times (its results are the runs' results in order, each with its
 ``repeat``). A phase with ``watch`` (token lists) runs nothing: it polls until kvtier's
 scheduler side sees every chunk of each list in another engine's segment, at most
-``timeout`` seconds, and gives the wall-clock time each became visible (null: never).
+``timeout`` seconds, and gives the wall-clock time each became visible (null: never). A
+phase with ``reset_cache`` first resets vLLM's caches and the connector's
+(``reset_prefix_cache(reset_connector=True)``, as a weight update in place does).
 """
 
 from __future__ import annotations
@@ -176,6 +178,8 @@ def run_phases(llm, spec: dict) -> dict:
         time.sleep(phase.get("sleep", 0))
         if phase.get("mark"):
             open(phase["mark"], "w").close()
+        if phase.get("reset_cache") and not llm.reset_prefix_cache(reset_connector=True):
+            raise SystemExit("vLLM's cache reset (reset_connector) failed")
         if phase.get("watch") is not None:
             out["phases"].append(watch_visible(llm, phase["watch"], phase.get("timeout", 60)))
             continue

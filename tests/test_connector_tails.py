@@ -65,7 +65,7 @@ def test_a_repeated_prompt_loads_all_but_its_last_token(length):
     side = scheduler(host_capacity=8 * GEO.chunk_bytes)
     meta = store(side, prompt("a", length))
     tail = meta.stores[-1]
-    assert tail.key == prompt_tail(prompt("x", length), GEO, side._namespace).key
+    assert tail.key == prompt_tail(prompt("x", length), GEO, side.keys.namespace).key
     full = length // CHUNK
     first = full * CHUNK // BLOCK
     assert tail.block_ids == tuple(range(100 + first, 100 + -(-length // BLOCK)))
@@ -179,13 +179,13 @@ def test_a_short_prompts_tail_is_keyed_by_its_adapters_name_and_path_not_its_id(
     def key(**lora):
         req = prompt("a", 10)
         req.lora_request = SimpleNamespace(**lora)
-        return prompt_tail(req, GEO, scheduler()._namespace).key
+        return prompt_tail(req, GEO, scheduler().keys.namespace).key
 
     base = key(lora_name="sql", lora_path="/a/v1", lora_int_id=1)
     assert key(lora_name="sql", lora_path="/a/v1", lora_int_id=7) == base  # another process
     assert key(lora_name="sql", lora_path="/a/v2", lora_int_id=1) != base  # re-pointed
     assert key(lora_name="text", lora_path="/a/v1", lora_int_id=1) != base
-    assert prompt_tail(prompt("a", 10), GEO, scheduler()._namespace).key != base
+    assert prompt_tail(prompt("a", 10), GEO, scheduler().keys.namespace).key != base
 
 
 def test_a_prompt_that_grows_in_its_session_offers_its_new_tail():
@@ -199,7 +199,7 @@ def test_a_prompt_that_grows_in_its_session_offers_its_new_tail():
     (tail,) = meta.stores
     assert tail.key != first.stores[-1].key and tail.block_ids == (102, 103)
     assert tail.key == prompt_tail(prompt("x", 40).__class__("x", req.prompt_token_ids), GEO,
-                                   side._namespace).key
+                                   side.keys.namespace).key
 
 
 def test_remote_presence_asks_again_when_a_requests_keys_change():

@@ -260,8 +260,9 @@ def test_a_second_store_gets_the_disk_once_the_first_is_gone(tmp_path):
     first.close()
     time.sleep(0.01)  # past disk_retry
     tokens = seq(0, 2)
-    second.put(tokens, make_kv(tokens))  # tries the path again
-    second.flush()
+    second.put(tokens, make_kv(tokens))  # tries the path again (read back on a thread of its own)
+    wait_until(lambda: second.lookup(seq(900, 1)) is not None and not second.stats().paths_down,
+               "the path never came back")
     second.put(seq(100, 2), make_kv(seq(100, 2)))
     second.flush()
     assert not second.stats().paths_down and second.stats().disk_writes >= 2

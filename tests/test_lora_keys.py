@@ -98,7 +98,7 @@ def test_until_its_adapter_is_read_a_request_neither_loads_nor_stores(tmp_path, 
 
 def test_a_request_without_an_adapter_keeps_its_keys():
     side, req, per = scheduler(), request("a", 64), GEO.hashes_per_chunk
-    assert side.chunk_keys(req, 4) == [block_hash_chunk_key(side._namespace, h)
+    assert side.chunk_keys(req, 4) == [block_hash_chunk_key(side.keys.namespace, h)
                                        for h in req.block_hashes[per - 1::per]]
 
 
@@ -117,9 +117,9 @@ def test_a_prompt_tail_carries_its_adapters_files(tmp_path):
     path = adapter(tmp_path / "sql")
     side = scheduler()
     req = with_lora(prompt("a", 10), path)
-    before = prompt_tail(req, GEO, side._namespace, digest(req)).key
+    before = prompt_tail(req, GEO, side.keys.namespace, digest(req)).key
     adapter(path, weights=b"C" * 5000)
-    assert prompt_tail(req, GEO, side._namespace, digest(req)).key != before
+    assert prompt_tail(req, GEO, side.keys.namespace, digest(req)).key != before
 
 
 def test_the_last_adapters_are_kept_and_one_used_again_after_is_read_again(tmp_path, monkeypatch):

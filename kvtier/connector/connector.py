@@ -257,6 +257,11 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # write again) come only with steps, so an idle engine keeps stepping a while
         return self._scheduler is not None and self._scheduler.has_pending_push_work()
 
+    def reset_cache(self) -> bool | None:
+        # vLLM's reset_connector (a weight update in place, a pause clearing the caches):
+        # nothing stored before is loaded again (``SchedulerSide.reset_cache``)
+        return None if self._scheduler is None else self._scheduler.reset_cache()
+
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)
         scheduler = self._scheduler_side  # a producer hands off what it stored (``handoff``)

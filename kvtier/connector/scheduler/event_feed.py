@@ -56,6 +56,15 @@ class EventFeed:
         if self._storage is not None and self._storage.started:
             self._storage.add_own(own)
 
+    def reset(self) -> None:
+        """vLLM's cache reset: nothing held now is told again. The events forget every chunk
+        (``KVEvents.clear``), and the reads of token records stop: chunks on disk and in the
+        remote store from before, this engine's or another's, are never loaded again."""
+        self.close()
+        self._storage = self._remote = None
+        self._anchors = Anchors(self._counters)
+        self.events.clear()
+
     def remote_lost(self, keys: Iterable[ChunkKey]) -> None:
         """The engine learnt that the remote store lost ``keys`` (a read of them answered
         missing or damaged, or a sampled check removed them as wrong): the removal of each

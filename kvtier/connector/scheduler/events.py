@@ -120,7 +120,7 @@ class KVEvents:
         self.geometry, self.factory, self.counters = geometry, factory, counters
         self.still_held: Callable[[ChunkKey], bool] = lambda key: False
         self._blocks: dict[ChunkKey, ChunkBlocks] = {}
-        self._backlog = EventBacklog(limit, counters)
+        self._backlog, self._limit = EventBacklog(limit, counters), limit
         self.per_take = per_take
         self._left: set[ChunkKey] = set()
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
@@ -130,6 +130,12 @@ class KVEvents:
     def __len__(self) -> int:
         """Chunks recorded."""
         return len(self._blocks)
+
+    def clear(self) -> None:
+        """Forget every chunk and every change waiting: vLLM's cache reset told the router
+        every block is gone (``AllBlocksCleared``), and no chunk held now is loaded again."""
+        self._blocks, self._left, self._storage, self._remote, self._keys = {}, set(), {}, set(), {}
+        self._backlog = EventBacklog(self._limit, self.counters)
 
     def published(self, block_hash: bytes) -> bool:
         """Whether the router holds a chunk ending with block ``block_hash`` once the events

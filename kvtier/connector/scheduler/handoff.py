@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +33,7 @@ PARAMS_KEY = "kvtier"  # kvtier's entry in kv_transfer_params
 ASK_EVERY_S = 0.02  # a waiting request asks the pool again at most this often
 WAIT_S_WITHOUT_LOAD_TIMEOUT = 30.0  # the wait for a hand-off with load_timeout off
 MAX_WAITING = 4096  # requests waiting for handed-off KV at once; more load what is there
+EPOCH_BYTES = 16  # a cache reset's epoch (``Handoffs.reset``)
 
 
 class Role(enum.Enum):
@@ -54,13 +56,17 @@ class Role(enum.Enum):
 @dataclass(frozen=True)
 class Handoff:
     """What a producer stored of a request: its prompt's first ``tokens`` tokens, under
-    ``namespace`` (a digest, hex: the same model, layout and chunking as the consumer's)."""
+    ``namespace`` (a digest, hex: the same model, layout and chunking as the consumer's),
+    keyed in ``epoch`` (hex: the producer's since its last cache reset, ``Handoffs.epoch``;
+    empty before any)."""
 
     tokens: int
     namespace: str
+    epoch: str = ""
 
     def params(self) -> dict[str, Any]:
-        return {PARAMS_KEY: {"tokens": self.tokens, "namespace": self.namespace}}
+        return {PARAMS_KEY: {"tokens": self.tokens, "namespace": self.namespace,
+                             **({"epoch": self.epoch} if self.epoch else {})}}
 
     @classmethod
     def of(cls, params: Any) -> Handoff | None:
@@ -69,11 +75,16 @@ class Handoff:
         entry = params.get(PARAMS_KEY) if isinstance(params, dict) else None
         if not isinstance(entry, dict):
             return None
-        tokens, namespace = entry.get("tokens"), entry.get("namespace")
+        tokens, namespace, epoch = entry.get("tokens"), entry.get("namespace"), entry.get("epoch", "")
         if type(tokens) is not int or tokens < 0 or not isinstance(namespace, str) \
-                or len(namespace) > 128:
+                or len(namespace) > 128 or not isinstance(epoch, str) or not _is_epoch(epoch):
             return None
-        return cls(tokens, namespace)
+        return cls(tokens, namespace, epoch)
+
+
+def _is_epoch(text: str) -> bool:
+    """An epoch as ``Handoffs.reset`` makes them (hex, ``EPOCH_BYTES``), or none."""
+    return text == "" or (len(text) == 2 * EPOCH_BYTES and all(c in "0123456789abcdef" for c in text))
 
 
 class Handoffs:
@@ -91,7 +102,11 @@ class Handoffs:
     (met or run out) every later ask of the request (a preemption asks again) is answered at
     once. ``ask_again(req_id)`` is called, at most every
     ``ASK_EVERY_S``, for the pool to be looked at anew. ``forget(req_id)`` when the request
-    is over."""
+    is over. ``epoch``: what every key this engine makes adds (b"" until ``reset``: vLLM's
+    cache reset, new weights in place: a random one, so that no chunk stored before, here
+    or by any engine, matches a key made since); ``epoch_of(request)`` the one a request is
+    keyed in: on a consumer, that of the hand-off it carries (its producer's, whose weights
+    a prefill/decode split trusts as its own; a consumer stores nothing), else ``epoch``."""
 
     def __init__(self, role: Role, namespace: Namespace, timeout_s: float | None,
                  counters: Counter, pooled: bool = True,
@@ -102,18 +117,31 @@ class Handoffs:
         self._since: dict[str, tuple[float, float]] = {}  # req id -> (first ask, last ask)
         self._said: set[str] = set()  # what was logged once
         self._over: set[str] = set()  # requests whose wait is over, met or run out: no other
+        self.epoch = b""
+
+    def reset(self) -> None:
+        self.epoch = secrets.token_bytes(EPOCH_BYTES)
+
+    def epoch_of(self, request: Any) -> bytes:
+        handoff = Handoff.of(getattr(request, "kv_transfer_params", None))
+        if self.role is Role.CONSUMER and handoff is not None and handoff.namespace == self._digest:
+            return bytes.fromhex(handoff.epoch)
+        return self.epoch
 
     @property
     def stores(self) -> bool:
         return self.role is not Role.CONSUMER
 
-    def params(self, request: Any, stored: int | None = None) -> dict[str, Any] | None:
+    def params(self, request: Any, stored: int | None = None,
+               epoch: bytes | None = None) -> dict[str, Any] | None:
+        """(``epoch``: the request's keys', this engine's now when None)"""
         if self.role is not Role.PRODUCER:
             return None
         length = getattr(request, "num_prompt_tokens", None)
         if not isinstance(length, int):
             return None
-        return Handoff(length if stored is None else min(length, stored), self._digest).params()
+        return Handoff(length if stored is None else min(length, stored), self._digest,
+                       (self.epoch if epoch is None else epoch).hex()).params()
 
     def match(self, request: Any, found: int | None, visible: int | None, end: int,
               num_computed: int, ask_again: Callable[[str], None]) -> int | None:

@@ -54,6 +54,7 @@ class Tracked:
     verify_remote: frozenset = frozenset()  # its chunks the remote store said it holds
     adapter: bytes | None = None  # its LoRA adapter's part of its keys, once known
     adapter_since: float | None = None  # when it first waited for its adapter to be read
+    epoch: bytes = b""  # what a cache reset adds to its keys (``Handoffs.epoch_of``)
 
 
 @dataclass

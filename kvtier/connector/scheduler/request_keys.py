@@ -3,15 +3,18 @@ namespace, with the request's LoRA adapter's files (``AdapterDigests``), and its
 tail (``tails.prompt_tail``).
 
 A request's adapter part is fixed once known (kept on its ``Tracked``), so its keys never
-change between the match, the load, its stores and its hand-off. While its adapter's files
-are being read the request is asked about again (``pending``), for ``ADAPTER_WAIT_S`` at
-most; past that it neither loads nor stores chunks (``keyable`` is False), as without kvtier.
+change between the match, the load, its stores and its hand-off; so is its epoch
+(``Handoffs.epoch_of``: what a cache reset adds to every key made since), kept with it.
+While its adapter's files are being read the request is asked about again (``pending``),
+for ``ADAPTER_WAIT_S`` at most; past that it neither loads nor stores chunks (``keyable``
+is False), as without kvtier.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.adapters import AdapterDigests
@@ -30,23 +33,33 @@ class RequestKeys:
     keyable); ``pending(tracked)`` whether its adapter is still being read."""
 
     def __init__(self, geometry: KVGeometry, namespace: Namespace,
+                 epoch_of: Callable[[Any], bytes] = lambda request: b"",
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.geometry, self.namespace, self._clock = geometry, namespace, clock
-        self.adapters = AdapterDigests()
+        self.adapters, self._epoch_of = AdapterDigests(), epoch_of
 
     def adapter(self, tracked: Tracked) -> bytes | None:
-        """The adapter part of its keys: b"" (no adapter), its digest, None while it is being
-        read, ``UNKEYABLE`` once it waited ``ADAPTER_WAIT_S``."""
+        """The adapter part of its keys, its epoch's after it: b"" (no adapter, no reset),
+        None while its adapter is being read, ``UNKEYABLE`` once it waited
+        ``ADAPTER_WAIT_S``."""
         if tracked.adapter is not None:
             return tracked.adapter
         tracked.adapter = self.adapters.of(tracked.request)
-        if tracked.adapter is None:
+        if tracked.adapter is not None:
+            tracked.epoch = self._epoch_of(tracked.request)
+            tracked.adapter += tracked.epoch
+        else:
             now = self._clock()
             if tracked.adapter_since is None:
                 tracked.adapter_since = now
             if now - tracked.adapter_since >= ADAPTER_WAIT_S:
                 tracked.adapter = UNKEYABLE
         return tracked.adapter
+
+    def unkey(self, tracked: Tracked) -> None:
+        """A request tracked at a cache reset neither loads nor stores any more: its keys
+        name chunks of the weights before, and what vLLM holds of it was computed with them."""
+        tracked.adapter = UNKEYABLE
 
     def pending(self, tracked: Tracked) -> bool:
         return self.adapter(tracked) is None

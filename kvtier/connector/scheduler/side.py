@@ -68,8 +68,8 @@ class SchedulerSide:
         self.events = KVEvents(geometry, event_factory, self.counters) if event_factory else None
         self.stack = tier_stack(config, geometry, self.disk_layout, self.events)
         self.decider = LoadDecider(config.load_policy is LoadPolicy.AUTO)
-        self._namespace, self.keys = namespaces[0], RequestKeys(geometry, namespaces[0])
         self.handoffs = Handoffs(role, namespaces[0], config.load_timeout, self.counters, has_pool(config))
+        self.keys = RequestKeys(geometry, namespaces[0], self.handoffs.epoch_of)
         self._tracked: dict[str, Tracked] = {}  # req id -> what is kept of it
         pending, stalled, aborted = PendingStores(), StalledReads(), AbortedStores(self.stack)
         self.recovered = recover_disk(config, namespaces, self.writers, self.disk_layout, self.stack)
@@ -261,7 +261,23 @@ class SchedulerSide:
         tracked = self._tracked.get(request.request_id)
         stored = self._pool.tokens(tracked, self.chunk_keys(request, tracked.stored_upto)) \
             if tracked else 0
-        return self.handoffs.params(request, stored)
+        return self.handoffs.params(request, stored, tracked.epoch if tracked else None)
+
+    def reset_cache(self) -> bool:
+        """vLLM's cache reset (``reset_connector``: new weights loaded in place, a paused
+        engine's caches cleared): no chunk stored before, in any tier or pool, is loaded
+        again. Keys made from now on are in a new epoch (``Handoffs.reset``); a request
+        tracked now neither loads nor stores any more (``RequestKeys.unkey``); the KV events
+        forget what they told (``EventFeed.reset``). Chunks of before stay till evicted."""
+        self.handoffs.reset()
+        for tracked in self._tracked.values():
+            self.keys.unkey(tracked)
+        if self.feed is not None:
+            self.feed.reset()
+        self.counters["cache_resets"] += 1
+        log.warning("kvtier: cache reset (vLLM's reset_connector): nothing cached before is "
+                    "loaded again")
+        return True
 
     def has_pending_push_work(self) -> bool:
         """Whether vLLM should step this engine though it has no request: a producer's pool
