@@ -285,6 +285,8 @@ def test_a_remote_chunk_whose_read_failed_is_not_offered_to_its_request_again(se
         b.step()
         assert b.worker.take_invalid_blocks() == {9, 10, 11, 12}
         assert b.scheduler.counters["load_failed_chunks"] == 2
+        # a value gone since the lookup is a miss, not a failure of the store
+        assert b.worker.stats().data.get("remote_failures", 0) == (fault == "corrupt") * 2
         assert b.match(req) == (0, False)  # recomputed, not loaded again (and again)
         # a new request for the same prefix is not trapped by a damaged value either
         assert b.match(request("r2", 2 * CHUNK + 1, seed=13)) == (0, False)

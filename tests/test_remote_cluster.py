@@ -172,14 +172,16 @@ def cluster(tmp_path_factory):
     started.stop()
 
 
-def filled_tier(cluster, keys: list[ChunkKey]) -> RedisTier:
+def filled_tier(cluster, keys: list[ChunkKey], timeout_s: float = 1.0,
+                retry_s: float = 2.0) -> RedisTier:
     """A tier on ``cluster`` (deadline 1 s, retry after 2 s) that holds ``keys``, spread by
     slot over every node."""
-    tier = RedisTier(cluster.url, NS, RAW, timeout_s=1.0, retry_s=2.0, parts=(RAW // 2, RAW // 2))
+    tier = RedisTier(cluster.url, NS, RAW, timeout_s=timeout_s, retry_s=retry_s,
+                     parts=(RAW // 2, RAW // 2))
     for _ in range(10):  # on a loaded machine a first connection may take over the deadline
         if all(r.ok for r in tier.put_many([(k, chunk(i)) for i, k in enumerate(keys)])):
             break
-        time.sleep(2.1)  # past retry_s
+        time.sleep(retry_s + 0.1)
     held = [node.client().dbsize() for node in cluster.nodes]
     assert sum(held) >= len(keys) and all(h > 0 for h in held), held
     return tier
@@ -457,3 +459,56 @@ def test_a_cluster_option_the_installed_redis_py_would_drop_fails_the_start(tmp_
     with pytest.raises(ValueError, match=r"ssl_ca_path: redis-py .* drops it .* 7\.4 or later"):
         RedisTier(url, NS, RAW)
     RedisTier(url.replace("+cluster", ""), NS, RAW).close()  # one server's client keeps it
+
+
+def test_a_cluster_named_by_a_host_name_is_asked_by_that_name_again(cluster, monkeypatch):
+    """Its slot map is asked of the URL's name, never of the addresses found behind it:
+    a cluster replaced whole (a redeploy, a managed service's nodes replaced), its name
+    moved to new addresses, is found there again. Before, redis-py swapped the name for
+    the addresses its first slot map named, and the tier stayed out until a restart."""
+    import socket
+
+    from kvtier.remote import resolve
+
+    def lookup(host, port, family, kind):  # the cluster's name, as a DNS server would say
+        assert host == "kvcluster", host
+        return socket.getaddrinfo("127.0.0.1", port, family, kind)
+
+    monkeypatch.setattr(resolve.RESOLVER, "_lookup_fn", lookup)
+    port = cluster.nodes[0].port
+    tier = RedisTier(f"redis+cluster://kvcluster:{port}", NS, RAW, timeout_s=5.0, retry_s=0.1)
+    try:
+        assert tier.put_many([(key(500), chunk(500))])[0].ok
+        assert sorted(tier._client.nodes_manager.startup_nodes) == [f"kvcluster:{port}"]
+    finally:
+        tier.close()
+
+
+def test_a_cluster_whose_every_node_hangs_is_said_out_once_not_back_and_out_again(cluster, caplog):
+    """Callers at once while every node hangs: one holds each node's trial, the others are
+    answered at once without asking any node; that is no news of the store, and before it
+    logged the tier back in service, then out again, every retry_s."""
+    keys = [key(700 + i) for i in range(12)]
+    tier = filled_tier(cluster, keys, timeout_s=0.3, retry_s=0.5)
+    for node in cluster.nodes:
+        os.kill(node.process.pid, signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.INFO, logger="kvtier"):
+            until = time.monotonic() + 3.0
+
+            def look() -> None:
+                while time.monotonic() < until:
+                    tier.exists_answered(keys)
+                    time.sleep(0.01)
+
+            callers = [threading.Thread(target=look) for _ in range(4)]
+            for caller in callers:
+                caller.start()
+            for caller in callers:
+                caller.join()
+        said = [r.getMessage() for r in caplog.records if "cluster node" not in r.getMessage()]
+        assert not [m for m in said if "back in service" in m], said
+    finally:
+        for node in cluster.nodes:
+            os.kill(node.process.pid, signal.SIGCONT)
+        tier.close()

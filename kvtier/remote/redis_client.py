@@ -79,6 +79,10 @@ def _cluster(host: str, port: int, startup: Sequence[tuple[str, int]], sockets: 
     options = {name: value for name, value in options.items() if name != "ssl"}
     return RedisCluster(url=f"redis://{named}:{port}", startup_nodes=nodes,  # the URL's first
                         connection_class=sockets, **options,
+                        # its slot map is asked of the URL's (and ``startup``'s) names, never
+                        # swapped for the addresses found: a cluster replaced whole, its name
+                        # moved to new addresses, is found again there
+                        dynamic_startup_nodes=False,
                         **no_notifications(RedisCluster, options))
 
 

@@ -57,6 +57,7 @@ class ClusterReplies(list[Any]):
     def __init__(self, size: int) -> None:
         super().__init__([None] * size)
         self.answered: list[tuple[str, float]] = []  # (node, when its reply was read)
+        self.heard = False  # some node answered, in the whole round trip
         self.failed: list[tuple[str, BaseException, bool]] = []
 
 
@@ -179,6 +180,7 @@ def _read_all(sent: list[Sent], replies: ClusterReplies) -> dict[Target, list[in
                 replies[i] = reply  # those read before the failure, whole and checked
             continue
         replies.answered.append((node.name, time.monotonic()))
+        replies.heard = True
         for i, reply in zip(indexes, got, strict=True):
             replies[i] = reply
         replies.stale |= exchange.request.stale

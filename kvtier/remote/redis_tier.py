@@ -111,36 +111,39 @@ class RedisTier(RemoteTier):
                 return client
             read: list[Callable[[BaseException], list[Any]]] = []
             try:
-                replies = self._round_trip(client, names, make, read, health)
+                replies, answered = self._round_trip(client, names, make, read, health)
             except Exception as exc:  # the client raises its own errors for every transport fault
                 # (without health, hints: a failed read of the log costs that read only)
                 failure = (self._broken(what, exc) if health
                            else IOResult(IOStatus.IO_ERROR, 0, f"{what}: {explained(exc)}"))
                 kept = [exc if r is None else r for r in (read[0](exc) if read else [])]
                 return kept if any(not isinstance(r, BaseException) for r in kept) else failure
-        self._succeeded()
+        if answered:  # (every node of a cluster out: answered without asking any, no news)
+            self._succeeded()
         return replies
 
     def _round_trip(self, client: Any, names: Sequence[bytes],
                     make: Callable[[list[int]], Request[list[Any]]],
-                    read: list[Callable[[BaseException], list[Any]]], health: bool) -> list[Any]:
-        """The replies to ``make``'s requests. Adds to ``read`` what gives, after a failure
-        (the argument), a reply per name: those read before it, the failure for the rest.
-        Without ``health`` no cluster node is taken out of service."""
+                    read: list[Callable[[BaseException], list[Any]]],
+                    health: bool) -> tuple[list[Any], bool]:
+        """The replies to ``make``'s requests, and whether the store answered (a cluster:
+        some node). Adds to ``read`` what gives, after a failure (the argument), a reply per
+        name: those read before it, the failure for the rest. Without ``health`` no cluster
+        node is taken out of service."""
         if not self._cluster:  # one connection, sent again on a fresh one if it was dead
             request = make(list(range(len(names))))
             read.append(lambda exc: [*request.done, *[exc] * (len(names) - len(request.done))])
             replies = exchange(client.connection_pool, request)
             if request.targets:
                 self._cluster_node()
-            return replies
+            return replies, True
         self.slot_map.start(client)  # where a reply said the map is stale: off this thread
         answers = ClusterReplies(len(names))
         read.append(lambda _: list(answers))
         cluster_exchange(client, names, make, self.outages, answers, health)
         if answers.stale:
             self.slot_map.mark()
-        return list(answers)
+        return list(answers), answers.heard
 
     def nodes_out(self) -> list[str]:
         return self.outages.names()

@@ -40,7 +40,7 @@ from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
 from kvtier.io.guarded import started_pool, submit_guarded
-from kvtier.io.result import IOResult
+from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
 from kvtier.shared.reads import OtherReads, other_reads
@@ -219,7 +219,8 @@ class WorkerSide:
         with self._lock:
             if remote and self._remote is not None:
                 self._remote.note_failure(result, "read")
-                self._ledger.record(lambda st: st.record_failure("remote_failures"))
+                if result.status is not IOStatus.MISSING:  # gone since the lookup: a miss
+                    self._ledger.record(lambda st: st.record_failure("remote_failures"))
             else:
                 self._ledger.note_failure(result, "read")
 
