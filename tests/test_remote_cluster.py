@@ -512,3 +512,26 @@ def test_a_cluster_whose_every_node_hangs_is_said_out_once_not_back_and_out_agai
         for node in cluster.nodes:
             os.kill(node.process.pid, signal.SIGCONT)
         tier.close()
+
+
+def test_a_lookup_the_acl_refuses_is_said_once_naming_the_permission(tmp_path, caplog):
+    """Without +exists every lookup is refused key by key: the tier stays in service (its
+    reads and writes work), and said nothing before; its lookups stopped without a word."""
+    single = RedisServer(tmp_path / "single").start()
+    env = {USER_ENV: "kvtier", PASSWORD_ENV: "secret"}
+    rules = [r for r in documented_acl("server") if r != "+exists"]
+    assert len(rules) == len(documented_acl("server")) - 1
+    try:
+        single.client().execute_command("ACL", "SETUSER", "kvtier", "reset", "on", ">secret", *rules)
+        tier = RedisTier(single.url, NS, RAW, timeout_s=5.0, retry_s=0.1, environ=env)
+        try:
+            assert tier.put_many([(key(1), chunk(1))])[0].ok
+            with caplog.at_level(logging.WARNING, logger="kvtier"):
+                assert tier.exists_answered([key(1)]) == [None]
+                assert tier.exists_answered([key(1)]) == [None] and not tier.down
+            said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+            assert len(said) == 1 and "+exists" in said[0], said
+        finally:
+            tier.close()
+    finally:
+        single.stop()

@@ -63,6 +63,7 @@ class RedisTier(RemoteTier):
         self.outages = NodeOutages(retry_s, self.describe())  # a cluster's nodes out of service
         self.slot_map = SlotMapRefresh(timeout_s, self._remade)
         self._said_cluster = False  # a redis:// URL naming a cluster's node was said
+        self._refused: set[str] = set()  # the kinds of command the store's ACL refused, said
         self.records_passed_over = 0  # entries of the log of token records too large to read
 
     def _connected(self, what: str) -> Any:
@@ -89,9 +90,19 @@ class RedisTier(RemoteTier):
     def _run(self, what: str, commands: list[tuple[str, tuple]],
              health: bool = True) -> list[Any] | IOResult:
         """One pipelined round trip of ``commands`` (name, args: the key first); per-command
-        replies (exceptions in place), or the failure of the whole."""
-        return self._trip(what, [args[0] for _, args in commands],
-                          lambda at: Commands(pick(commands, at)), health)
+        replies (exceptions in place), or the failure of the whole. A command the store's
+        ACL refuses is said once per kind (a warning naming the permission): the tier stays
+        in service, and its lookups, removals or records would stop without a word."""
+        replies = self._trip(what, [args[0] for _, args in commands],
+                             lambda at: Commands(pick(commands, at)), health)
+        if not isinstance(replies, IOResult) and what not in self._refused:
+            refused = [e for e in map(explained, (r for r in replies if isinstance(r, Exception)))
+                       if isinstance(e, PermissionError)]
+            if refused:
+                self._refused.add(what)
+                log.warning("kvtier: remote tier %s: %s refused: %s", self.describe(), what,
+                            refused[0])
+        return replies
 
     def _trip(self, what: str, names: Sequence[bytes], make: Callable[[list[int]], Request[list[Any]]],
               health: bool = True) -> list[Any] | IOResult:
