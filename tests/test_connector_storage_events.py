@@ -283,3 +283,17 @@ def test_a_path_back_after_being_out_since_the_start_publishes_its_chunks(tmp_pa
         ("stored", "STORAGE", tuple(hashes[0:2]), TOKENS[:32]),
         ("stored", "STORAGE", tuple(hashes[2:4]), TOKENS[32:])])
     s.close()
+
+
+def test_a_loss_told_after_a_read_queued_behind_a_loss_waits_after_that_read():
+    """Another segment's chunk gained, lost, gained and lost again before the reader gets to
+    them: the last loss is queued after the second read. Before, it was dropped as a loss
+    already waiting, and the chunk stayed published as STORAGE with no segment holding it."""
+    from kvtier.shared.followed import OtherChunk
+
+    reader = StorageEvents(["/nowhere"], GEO.namespace("m", "", 1, 0), "me", 4096, GEO, HASHING)
+    key, chunk = ChunkKey(b"x" * 16), OtherChunk("a", 0, 7, ChunkKey(b"x" * 16), 0, 0)
+    for told in (chunk, None, chunk, None, None):
+        reader._changed(key, told)
+    assert ["loss" if item == key else "read" for item in reader._todo] == [
+        "read", "loss", "read", "loss"]

@@ -378,8 +378,8 @@ def test_a_refused_chunk_carried_over_holds_back_no_batch_of_old_entries():
             return [None if k == refused else True for k in keys]
 
     events = RemoteEvents(Store(), NS, GEO, HASHING)
-    events._new = lambda entries: {ChunkKey(k): "blocks" for k, _ in entries
-                                   if ChunkKey(k) not in events._named}
+    events._new = lambda entries: ({ChunkKey(k): "blocks" for k, _ in entries
+                                    if ChunkKey(k) not in events._named}, 0)
     for _ in range(4):
         events._follow()
     assert [f.key for f in events.drain()] == [named, last]

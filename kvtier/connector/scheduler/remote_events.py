@@ -98,7 +98,6 @@ class RemoteEvents:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._forget_lost()
                 self._follow()
                 if time.monotonic() - self._checked >= CHECK_EVERY_S:
                     self._check()
@@ -113,10 +112,11 @@ class RemoteEvents:
         while not self._stop.is_set() and len(self._found) < FOUND_LIMIT:
             started = time.monotonic()
             answer = self._tier.read_records(self._after, BATCH)
-            if answer is None:
+            self._forget_lost()  # told before what was read was logged: a chunk lost, written
+            if answer is None:  # again and logged again is named again
                 return
             after, entries = answer
-            fresh = self._new(entries)
+            fresh, unnamed = self._new(entries)
             new = {**self._unanswered, **fresh}
             held = self._tier.exists_answered(list(new)) if new else []
             if held is None:
@@ -131,13 +131,16 @@ class RemoteEvents:
                 elif there is None and len(self._unanswered) < UNANSWERED:
                     self._unanswered[key] = blocks
             self._after = after
+            self.unnamed += unnamed  # counted once the round is over (once if read again)
             if len(entries) < BATCH:
                 return
             self._stop.wait((time.monotonic() - started) * (1 / DUTY - 1))
 
-    def _new(self, entries: list[tuple[bytes, bytes]]) -> dict[ChunkKey, ChunkBlocks]:
-        """The chunks ``entries`` name that are not named already, each once."""
+    def _new(self, entries: list[tuple[bytes, bytes]]) -> tuple[dict[ChunkKey, ChunkBlocks], int]:
+        """The chunks ``entries`` name that are not named already, each once; and how many
+        entries name nothing."""
         new: dict[ChunkKey, ChunkBlocks] = {}
+        unnamed = 0
         for key, data in entries:
             if ChunkKey(key) in self._named or ChunkKey(key) in new:
                 continue
@@ -145,10 +148,10 @@ class RemoteEvents:
             blocks = None if record is None else record_blocks(
                 record, ChunkKey(key), self._geometry, self._namespace, self._hashing)
             if blocks is None:
-                self.unnamed += 1
+                unnamed += 1
             else:
                 new[ChunkKey(key)] = blocks
-        return new
+        return new, unnamed
 
     def _name(self, key: ChunkKey, blocks: ChunkBlocks) -> None:
         self._found.append(Found(key, blocks, False, remote=True))

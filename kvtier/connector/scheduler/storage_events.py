@@ -81,7 +81,8 @@ class StorageEvents:
     found since the last call (at most ``limit``), in order. A header that cannot be read,
     is not the chunk's, or holds no record naming its key (``record_blocks``) finds nothing
     (counted in ``unnamed``). At most ``QUEUE_LIMIT`` headers wait: past it the newest are
-    not read (``dropped``). A loss waits once however often it is told, and only for a chunk
+    not read (``dropped``). A loss waits once however often it is told (until a read of the
+    chunk is queued after it: a loss told after that read waits after it), and only for a chunk
     named (found, and no loss of it found since) or being read: a loss of any other names
     nothing anyone was told, and is dropped, so that an idle engine whose reads wait queues
     no more losses than the chunks it named and the reads waiting. What the follower tells
@@ -152,6 +153,7 @@ class StorageEvents:
                         continue
                     room -= 1
                     self._reading[item.key] += 1
+                    self._losses.discard(item.key)  # a loss after this read queues anew
                 elif item in self._losses:  # a loss goes in once while it waits: a writer
                     continue  # starting its log over and over queues no more than its chunks
                 elif item not in self._told and not self._reading[item]:
