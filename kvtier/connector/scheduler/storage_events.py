@@ -36,6 +36,7 @@ from kvtier.shared.followed import OtherChunk
 log = logging.getLogger("kvtier")
 QUEUE_LIMIT = 1 << 20  # headers waiting to be read; past it the newest are not read
 FOUND_LIMIT = 16384  # chunks found and not yet taken; past it no more headers are read
+ADD_BATCH = 4096  # reads of a listing queued under the lock at a time
 BATCH = 512  # headers read at a time (about 20 ms of naming with blocks of 16 tokens)
 Listen = Callable[[Callable[[ChunkKey, OtherChunk | None], None]], list[OtherChunk]]
 DUTY = 0.25  # the share of one core the reads may take: a batch is followed by a rest
@@ -178,10 +179,12 @@ class StorageEvents:
         reads: list[_Read | ChunkKey] = []
         try:
             reads += [self._other(chunk) for chunk in listen(self._changed)]
-        finally:
+        finally:  # a batch at a time: the follower's news (under its view's lock, which a
+            for start in range(0, len(reads), ADD_BATCH):  # step's lookup waits on) never
+                self._add(reads[start:start + ADD_BATCH])  # waits for the whole listing
             with self._wake:  # the news since the listing follows it, in the order it came
                 self._listing, early, self._early = False, self._early, []
-                self._add(reads + early)
+                self._add(early)
 
     def _run(self, own: Sequence[tuple[ChunkKey, int]], listen: Listen | None) -> None:
         try:
