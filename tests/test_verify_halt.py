@@ -32,6 +32,7 @@ def test_past_the_limit_the_file_is_written_and_a_restart_finds_it(tmp_path):
     halt.mismatch()
     assert halt.halted and counters["verify_halted"] == 1
     wait_for(lambda: (ns / "halt.json").exists())  # written off the scheduler's thread
+    wait_for(lambda: not any(t.name == "kvtier-halt-write" for t in threading.enumerate()))
     assert json.loads((ns / "halt.json").read_text())["mismatches"] == 2
     restarted = VerifyHalt(2, Counter(), marker)
     assert restarted.halted
