@@ -25,9 +25,9 @@ def sync_path(paths: DiskPaths, index: int) -> IOResult:
     since its last good sync may not be on the disk, and an index synced later would vouch
     for them. So a failed sync takes the path out of service at once (its chunks leave the
     owner's index, a miss from then on), and it comes back empty, as any path that was in
-    service does: a later sync vouches only for what was written since. On a filesystem that syncs no file
-    (``NO_SYNC``: some FUSE and network filesystems), where nothing was lost by it, the
-    sync is IO_ERROR (not synced) and the path stays."""
+    service does: a later sync vouches only for what was written since. On a filesystem
+    that syncs no file (``NO_SYNC``: some FUSE and network filesystems), where nothing was
+    lost by it, the sync is IO_ERROR (not synced) and the path stays."""
     path = paths[index]
     directory = path.dir
     if directory is None:

@@ -64,20 +64,19 @@ class DiskRetries:
 
     def _try(self, index: int) -> None:
         """On the path's queue: reopen it; said back at once unless it must be read back."""
-        back = False
+        back, token = False, object()
         try:
             back = self._disk.revive(index)
         finally:
             with self._lock:
                 reading = back and not self._disk.paths.states[index].read_back
-                if not reading:
+                if reading:
+                    self._reading[index] = (time.monotonic(), token)
+                else:
                     self._trying.discard(index)
                     if back:
                         self._on_back(index, [])
         if reading:
-            token = object()
-            with self._lock:
-                self._reading[index] = (time.monotonic(), token)
             thread = threading.Thread(target=self._read_back, args=(index, token), daemon=True,
                                       name="kvtier-read-back")
             if not start_thread(thread):

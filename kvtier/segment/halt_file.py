@@ -21,7 +21,7 @@ from typing import Any
 
 from kvtier.io.safefs import SafeDir, UnsafeEntry
 from kvtier.segment.names import HALT_FILE
-from kvtier.segment.slot_files import NO_SYNC
+from kvtier.segment.slot_files import sync_if_able
 
 HALT_MAX_BYTES = 4096
 
@@ -44,10 +44,10 @@ class HaltFile:
             ns.replace_file(HALT_FILE, data)
             fd = ns.open_file(HALT_FILE, os.O_RDONLY)  # synced, and its name: a restart after
             try:  # a power loss still finds the halt
-                _sync(fd)
+                sync_if_able(fd)
             finally:
                 os.close(fd)
-            _sync(ns.fd)
+            sync_if_able(ns.fd)
 
     def read(self) -> dict[str, Any] | None:
         """What the halt file says (``{}`` when it is not JSON), or None when there is none
@@ -76,22 +76,12 @@ class HaltFile:
         network filesystem)."""
         with SafeDir.open(self.root) as top:  # any error here: cannot be told
             try:
-                ns = top.subdir(self.namespace_id)
-            except UnsafeEntry:
-                raise
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    return None  # (a namespace never made, or cleared: no halt in it)
-                raise
-            with ns:
-                try:
+                with top.subdir(self.namespace_id) as ns:
                     return ns.read_file(HALT_FILE, HALT_MAX_BYTES)
-                except UnsafeEntry:
-                    raise
-                except OSError as exc:
-                    if exc.errno == errno.ENOENT:
-                        return None
-                    raise
+            except OSError as exc:  # gone (the file, or a namespace cleared or never made)
+                if exc.errno == errno.ENOENT and not isinstance(exc, UnsafeEntry):
+                    return None
+                raise
 
     def remove(self) -> bool:
         """Remove the halt file; False when there was none of this user's."""
@@ -101,12 +91,3 @@ class HaltFile:
         except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
             return False
 
-
-def _sync(fd: int) -> None:
-    """``fsync``, on a filesystem that syncs anything (``NO_SYNC``: one that syncs nothing
-    loses nothing by it)."""
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in NO_SYNC:
-            raise

@@ -82,8 +82,14 @@ def sync_segment(slot_fds: Iterable[int], index_fd: int, dir_fd: int) -> None:
     for fd in slot_fds:
         os.fdatasync(fd)
     os.fdatasync(index_fd)
+    sync_if_able(dir_fd)
+
+
+def sync_if_able(fd: int) -> None:
+    """``fsync`` ``fd``, on a filesystem that syncs anything (``NO_SYNC``: one that syncs
+    nothing loses nothing by it)."""
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     except OSError as exc:
         if exc.errno not in NO_SYNC:
             raise

@@ -78,8 +78,7 @@ class ChunkIndex:
     copy of each key; ``listener``, when set, is called with (key, copy) when a key gains
     its first copy and (key, None) when it loses its last;
     ``first(key)`` is one copy of ``key`` (None when none is known), ``copies(key)`` every
-    one; ``at(key, source,
-    slot)`` is that copy, if known; ``len()`` counts the distinct keys. Each is O(1),
+    one; ``at(key, source, slot)`` is that copy, if known; ``len()`` counts the distinct keys. Each is O(1),
     whatever the number of copies of one key. A key with one copy costs one dict entry
     and one integer. Not thread-safe: the caller holds its lock."""
 

@@ -37,29 +37,33 @@ APPLY_BATCH = 4096  # log changes applied under the view's lock at once
 class SharedView:
     """Chunks that other writers of ``namespace`` committed under ``roots``.
 
-    Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's ``writers/`` (its
-    first ``MAX_LISTED`` entries, of which the regular directories with a valid writer id other than
-    ``own[path]``, this process's segment there if it holds one (``OwnSegments``): at most ``max_writers``,
-    fewer under a low open-file limit (``followable_writers``), segments first: junk never hides one,
-    ``WriterListing``), reads each writer's lease and what its log gained since the last refresh, and
-    updates the view; a writer whose segment vanished is forgotten. ``find(key)`` returns where another
-    writer holds ``key`` (None if none), ``copies(key)`` every place, ``find``'s first; ``drop(chunk)``
-    forgets a copy until its writer's log names that slot again. ``writers()`` says who is there and who is
-    live (``LeaseWatch``: a lease that changed within ``lease_timeout``). A writer's chunks stay readable
-    after its lease expired, until its segment is reclaimed (``Upkeep``): by ``refresh`` itself, once this
-    reader watched the lease stand still for ``lease_timeout`` and no process of this host holds the
-    segment's lock; the view lets go of the segment first (followed again if it stays). ``on_let_go(path,
-    writer)``, when set, hears of each segment the view stops following, to close its files. Once per
-    heartbeat interval it also gives back the seats that name no writer with a segment and that it watched
-    stand unchanged for ``lease_timeout`` (``OrphanWatch``; ``seats_freed``). A path that cannot be read
-    holds nothing this time; one that does not answer within ``answer_timeout`` (a hung mount: asked before
-    each look, as one that hung since would hold this thread for good), or a listing short of files
-    (``EMFILE``), leaves it as it was. One refresh reads at most ``REFRESH_BYTES`` of log a path: each
-    writer's share first, then what the others left to those with more. Every time is ``clock``'s. Each
-    change to the view is O(1) (``ChunkIndex``). Memory is bounded by ``max_slots``, the slots the
-    namespace's whole directory holds on one path (``directory_slots``): no writer's log names a slot past
-    it, and the writers of a path together are followed in at most that many slots (their logs' further
-    slots are passed over: misses, counted in ``passed_over``, said once). Thread-safe.
+    Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
+    ``writers/`` (its first ``MAX_LISTED`` entries, of which the regular directories with a
+    valid writer id other than ``own[path]``, this process's segment there if it holds one
+    (``OwnSegments``): at most ``max_writers``, fewer under a low open-file limit
+    (``followable_writers``), segments first: junk never hides one, ``WriterListing``),
+    reads each writer's lease and what its log gained since the last refresh, and updates
+    the view; a writer whose segment vanished is forgotten. ``find(key)`` returns where
+    another writer holds ``key`` (None if none), ``copies(key)`` every place (``find``'s
+    first); ``drop(chunk)`` forgets a copy until its writer's log names that slot again.
+    ``writers()`` says who is there and who is live (``LeaseWatch``: a lease that changed
+    within ``lease_timeout``). A writer's chunks stay readable after its lease expired,
+    until its segment is reclaimed (``Upkeep``): by ``refresh`` itself, once this reader
+    watched the lease stand still for ``lease_timeout`` and no process of this host holds
+    the segment's lock; the view lets go of the segment first (followed again if it stays).
+    ``on_let_go(path, writer)``, when set, hears of each segment the view stops following,
+    to close its files. Once per heartbeat interval it also gives back the seats that name
+    no writer with a segment and that it watched stand unchanged for ``lease_timeout``
+    (``OrphanWatch``; ``seats_freed``). A path that cannot be read holds nothing this time;
+    one that does not answer within ``answer_timeout`` (a hung mount: asked before each
+    look, as one that hung since would hold this thread for good), or a listing short of
+    files (``EMFILE``), leaves it as it was. One refresh reads at most ``REFRESH_BYTES`` of
+    log a path: each writer's share first, then what the others left to those with more.
+    Every time is ``clock``'s. Each change to the view is O(1) (``ChunkIndex``). Memory is
+    bounded by ``max_slots``, the slots the namespace's whole directory holds on one path
+    (``directory_slots``): no writer's log names a slot past it, and the writers of a path
+    together are followed in at most that many slots (their logs' further slots are passed
+    over: misses, counted in ``passed_over``, said once). Thread-safe.
     """
 
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int,
@@ -88,14 +92,11 @@ class SharedView:
         return next(iter(self.copies(key, 1)), None)
 
     def copies(self, key: ChunkKey, most: int = 0) -> list[OtherChunk]:  # most 0: every one
-        found: list[OtherChunk] = []
-        with self._lock:
-            for copy in self._index.copies(key):
-                if (chunk := chunk_of(self._sources, key, copy)) is None:
-                    self._index.remove(key, copy.source, copy.slot)  # never served
-                elif not most or len(found) < most:
-                    found.append(chunk)
-        return found
+        with self._lock:  # a copy of a segment no longer followed is dropped, never served
+            chunks = [(copy, chunk_of(self._sources, key, copy)) for copy in self._index.copies(key)]
+            for copy in [copy for copy, chunk in chunks if chunk is None]:
+                self._index.remove(key, copy.source, copy.slot)
+        return [chunk for _, chunk in chunks if chunk is not None][:most or None]
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
@@ -105,8 +106,11 @@ class SharedView:
             return None if copy is None else chunk_of(self._sources, key, copy)
 
     def ref(self, chunk: OtherChunk) -> SlotRef:
-        """What a reader needs to read ``chunk`` (with its writer's log generation)."""
-        return chunk.ref(self.generation(chunk.path, chunk.writer))
+        """What a reader needs to read ``chunk``, with how many times its writer's log started
+        over (its files may be new since)."""
+        with self._lock:
+            followed = self._followed.get((chunk.path, chunk.writer))
+            return chunk.ref(followed.generation if followed else -1)
 
     def drop(self, chunk: OtherChunk) -> None:
         with self._lock:
@@ -123,12 +127,6 @@ class SharedView:
             held, sources = self._index.packed_items(), dict(self._sources)
         chunks = (chunk_of(sources, key, unpack(packed)) for key, packed in held)
         return [chunk for chunk in chunks if chunk is not None]
-
-    def generation(self, path: int, writer: str) -> int:
-        """How many times that writer's log started over (its files may be new since)."""
-        with self._lock:
-            followed = self._followed.get((path, writer))
-            return followed.generation if followed else -1
 
     def __len__(self) -> int:
         with self._lock:

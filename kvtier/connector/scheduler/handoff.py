@@ -174,8 +174,8 @@ class Handoffs:
             return None
         self._end(req_id)
         self._counters["handoffs_incomplete"] += 1
-        self._counters["handoff_tokens_recomputed"] += wanted - max(visible, 0)  # (vLLM's own
-        # hits may reach past the pool's whole chunks: what it recomputes is past those)
+        # vLLM's own hits may reach past the pool's whole chunks: it recomputes what is past them
+        self._counters["handoff_tokens_recomputed"] += wanted - max(visible, 0)
         self._say("incomplete", f"a handed-off prompt was not all in the pool after "
                   f"{self._timeout_s:g} s (load_timeout): its missing tokens are recomputed "
                   "(the producer died, or its writes failed or are slow; counted in "

@@ -112,8 +112,10 @@ class RemoteEvents:
         while not self._stop.is_set() and len(self._found) < FOUND_LIMIT:
             started = time.monotonic()
             answer = self._tier.read_records(self._after, BATCH)
-            self._forget_lost()  # told before what was read was logged: a chunk lost, written
-            if answer is None:  # again and logged again is named again
+            # losses told before what was read was logged: a chunk lost, then written and
+            # logged again, is named again
+            self._forget_lost()
+            if answer is None:
                 return
             after, entries = answer
             fresh, unnamed = self._new(entries)
