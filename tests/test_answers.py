@@ -94,6 +94,7 @@ def test_an_answer_however_recent_is_asked_again_with_fresh_s_0(tmp_path, monkey
     try:
         assert answers(path, 0.2)  # the recent answer stands for a plain question
         assert not answers(path, 0.2, fresh_s=0)  # asked afresh: no answer
+        assert outstanding(path) == 1 and outstanding(path + "-other") == 0
     finally:
         release.set()
     wait_until(lambda: outstanding() == 0, "the question held to end")

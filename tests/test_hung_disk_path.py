@@ -46,7 +46,7 @@ if made:
     out["written"] = store.stats().disk_writes
     time.sleep(1)  # tries of the hung path meanwhile fail at once, holding nothing
     out["down_while_hung"] = sorted(store.stats().paths_down)
-    out["questions"] = outstanding()
+    out["questions"] = outstanding(hung)  # (the good path's own, asked each look, may be under way)
     release(hung, device)  # the hung mount taken away, nothing mounted there yet
     path, deadline = store.disk.paths[1], time.monotonic() + 20
     while "is gone" not in path.down_reason and time.monotonic() < deadline:

@@ -91,10 +91,11 @@ def answers(path: str, timeout: float | None, fresh_s: float = FRESH_S) -> bool:
     return True
 
 
-def outstanding() -> int:
-    """Threads asking still, their questions unanswered (each held in a hung call)."""
+def outstanding(path: str | None = None) -> int:
+    """Threads asking still, their questions unanswered (each held in a hung call): of
+    ``path`` alone, or of every path (None)."""
     with _LOCK:
-        return sum(_RUNNING.values())
+        return sum(n for where, n in _RUNNING.items() if path is None or where[0] == path)
 
 
 def ask(paths: Iterable[str], timeout: float | None, fresh_s: float = FRESH_S) -> None:
