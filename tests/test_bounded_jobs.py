@@ -4,7 +4,8 @@
 import threading
 
 from kvtier.io import bounded_jobs
-from kvtier.io.bounded_jobs import read_back_wait, run_bounded
+from kvtier.io.bounded_jobs import path_job_wait, run_bounded
+from tests.helpers.disk_helpers import wait_until
 
 
 def test_what_ended_is_returned_and_what_did_not_is_missing():
@@ -31,6 +32,21 @@ def test_a_job_whose_thread_cannot_start_runs_on_the_callers(monkeypatch):
 
 
 def test_a_start_waits_for_a_read_back_a_few_load_timeouts_and_no_less_than_a_floor():
-    assert read_back_wait(None) is None
-    assert read_back_wait(0.001) == bounded_jobs.READ_BACK_MIN_S
-    assert read_back_wait(600) == 600 * bounded_jobs.READ_BACK_TIMES
+    assert path_job_wait(None) is None
+    assert path_job_wait(0.001) == bounded_jobs.PATH_JOB_MIN_S
+    assert path_job_wait(600) == 600 * bounded_jobs.PATH_JOB_TIMES
+
+
+def test_what_a_job_left_behind_returns_later_is_handed_to_left_over_and_nothing_else():
+    """A job given up on may have opened something (a path's segment, locked): what it
+    returns once it ends goes to ``left_over`` on its thread, never to the caller; a job
+    that ended in time, or one that raises late, hands over nothing."""
+    release, handed = threading.Event(), []
+    got = run_bounded({"quick": lambda: "q", "late": lambda: release.wait(30) and "l",
+                       "late-raise": lambda: release.wait(30) and 1 / 0},
+                      0.2, "test-jobs", left_over=handed.append)
+    assert got == {"quick": "q"}
+    release.set()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "test-jobs"],
+               "the jobs left behind to end")
+    assert handed == ["l"]

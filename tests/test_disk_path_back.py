@@ -270,8 +270,8 @@ def stuck(monkeypatch):
 
     monkeypatch.setattr(DiskRecovery, "_recover_path", tier_read)
     monkeypatch.setattr(index_file, "_index_entries", index_read)
-    monkeypatch.setattr(bounded_jobs, "READ_BACK_TIMES", 0)
-    monkeypatch.setattr(bounded_jobs, "READ_BACK_MIN_S", 0.3)
+    monkeypatch.setattr(bounded_jobs, "PATH_JOB_TIMES", 0)
+    monkeypatch.setattr(bounded_jobs, "PATH_JOB_MIN_S", 0.3)
     yield stuck
     stuck.release.set()
 

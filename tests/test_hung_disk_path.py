@@ -90,12 +90,7 @@ def test_a_mount_taken_away_and_made_anew_answers_a_question_asked_again(mounted
     beside it, up to ``MAX_HELD``; once the mount under the path is another (a new mount ID),
     the path is asked afresh at once, the threads the hung one holds notwithstanding."""
     _, hung = mounted
-    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
-                          ASK_AGAIN, str(hung)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    skip_without_mounts(run)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = unshared(ASK_AGAIN, str(hung), timeout=60)
     assert out == {"hung": [False] * 4, "held_before": 3, "at_once": True, "held": 3}
 
 
@@ -122,13 +117,19 @@ def test_hung_paths_are_asked_together(mounted, tmp_path):
     _, hung = mounted
     other = tmp_path / "hung-too"
     other.mkdir(mode=0o700)
+    out = unshared(ASK_TOGETHER, str(hung), str(other), timeout=60)
+    assert out == {"asked": 2, "again": 2, "answered": [False, False]}
+
+
+def unshared(script: str, *args: str, timeout: int) -> dict:
+    """Run ``script`` with ``args`` in a private mount namespace of its own; the JSON it
+    printed last (skipped where this machine cannot mount)."""
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
-                          ASK_TOGETHER, str(hung), str(other)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          script, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
     skip_without_mounts(run)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout.splitlines()[-1]) == {"asked": 2, "again": 2,
-                                                       "answered": [False, False]}
+    return json.loads(run.stdout.splitlines()[-1])
 
 
 def skip_without_mounts(run: subprocess.CompletedProcess) -> None:
@@ -151,12 +152,7 @@ def mounted(tmp_path):
 
 def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_once_mounted_again(mounted):
     good, hung = mounted
-    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
-                          SCRIPT, str(good), str(hung)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=180, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    skip_without_mounts(run)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = unshared(SCRIPT, str(good), str(hung), timeout=180)
     assert out["started"], "the store's start was held by the hung mount"
     assert out["down_at_start"] == [str(hung)] and out["down_while_hung"] == [str(hung)]
     assert out["served"] == 8 * 16 and out["written"] > 0
@@ -194,10 +190,67 @@ def test_a_vllm_scheduler_side_starts_with_its_first_disk_path_hung(mounted):
     workers' writer ids, their index files, other writers' segments, and the verification
     halt file (on the first path). With the first path hung it starts all the same."""
     good, hung = mounted
-    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
-                          SCHEDULER, str(hung), str(good)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    skip_without_mounts(run)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.splitlines()[-1])
+    out = unshared(SCHEDULER, str(hung), str(good), timeout=120)
     assert out["started"], "the scheduler side's start was held by the hung mount"
+
+
+STATFS_ONLY = """
+import json, sys, threading, time
+from kvtier import KVStore
+from kvtier.config.settings import load_config
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.io import answers, bounded_jobs
+from tests.helpers.hung_mount import StatfsOnly
+from tests.helpers.kv import SMALL, make_kv
+from tests.helpers.scheduler_side import GEO
+from tests.helpers.store import config, exact, seq
+
+answers.MIN_WAIT_S, bounded_jobs.PATH_JOB_MIN_S, bounded_jobs.PATH_JOB_TIMES = 1.0, 2.0, 1
+stuck, good = sys.argv[1], sys.argv[2]
+mount, out = StatfsOnly(stuck), {}
+
+
+def started(name, make):
+    made = []
+    thread = threading.Thread(target=lambda: made.append(make()), daemon=True)
+    thread.start()
+    thread.join(60)
+    out[name] = bool(made)
+    return made[0] if made else None
+
+
+cfg = {**config(good, disk_chunks=32), "load_timeout": "1s", "disk_retry": "1h",
+       "share_refresh": "off", "disk_paths": [stuck, good]}
+store = started("store", lambda: KVStore(SMALL, cfg))
+if store is not None:
+    out["down"] = list(store.stats().paths_down.values())
+    tokens = seq(0, 8)
+    store.put(tokens, make_kv(tokens))
+    store.flush(timeout=30)
+    out["served"] = exact(store, tokens)
+side = started("scheduler", lambda: SchedulerSide(load_config(
+    {"chunk_tokens": 32, "host_capacity": 4 * GEO.chunk_bytes, "disk_paths": [stuck, good],
+     "disk_capacity": 16 * (4096 + GEO.chunk_bytes), "load_timeout": "1s",
+     "share_refresh": "off", "verify_halt_after": 2}, environ={}),
+    GEO, [GEO.namespace("m", "", 1, 0)], 1))
+out["statfs"] = mount.statfs
+mount.release()  # the calls held fail
+for made in (store, side):
+    if made is not None:
+        made.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_mount_that_answers_its_statistics_then_holds_every_open_holds_no_start(mounted):
+    """A FUSE daemon whose back end hung answers ``statfs`` (what ``kvtier.io.answers``
+    asks) and holds every open: the store starts without that path (its open waited for
+    ``path_job_wait``), and so does the vLLM connector's scheduler side, which looks there
+    for its workers' writer ids, its index files and the halt file (each look bounded)."""
+    good, stuck = mounted
+    out = unshared(STATFS_ONLY, str(stuck), str(good), timeout=120)
+    assert out["store"], "the store's start was held by the open of the stuck path"
+    assert len(out["down"]) == 1 and "cannot open: no end to it within 2 s" in out["down"][0]
+    assert out["served"] == 8 * 16
+    assert out["scheduler"], "the scheduler side's start was held by a look at the stuck path"
+    assert out["statfs"] >= 1, "the path never answered its statistics: not the case tested"

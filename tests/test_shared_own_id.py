@@ -92,21 +92,21 @@ def test_a_flush_never_counts_a_chunk_of_its_own_segment_followed_while_its_path
     with the path, its old slots now free: a flush still writes the chunks held in memory
     (before, it skipped them as "held by another writer" and said True; after a reopen they
     were gone)."""
-    from kvtier.disk.paths import DiskPaths
+    from kvtier.disk.path_opener import PathOpener
 
     cfg = config(tmp_path, host_chunks=8, disk_chunks=8, write_policy="write_through",
                  disk_retry="10ms", share_refresh="60s")
     store = KVStore(SMALL, cfg)
-    others, real = store._state.others, DiskPaths._open
+    others, real = store._state.others, PathOpener.open
     first, later = seq(0, 4), seq(500_000, 4)
     store.put(first, make_kv(first))
     assert store.flush(5)
 
-    def refreshed_then_opened(self, path, busy):
+    def refreshed_then_opened(self, root, busy, bounded=False):
         others.refresh()  # the view's refresh falls between the close and the reopen
-        return real(self, path, busy)
+        return real(self, root, busy, bounded)
 
-    monkeypatch.setattr(DiskPaths, "_open", refreshed_then_opened)
+    monkeypatch.setattr(PathOpener, "open", refreshed_then_opened)
     paths = store.disk.paths
     paths.take_down(paths[0], "taken out by the test")
     for _ in range(1000):
@@ -115,7 +115,7 @@ def test_a_flush_never_counts_a_chunk_of_its_own_segment_followed_while_its_path
         store.lookup(first)  # retires its slots, then tries the path again
         time.sleep(0.01)
     assert store.stats().paths_back
-    monkeypatch.setattr(DiskPaths, "_open", real)
+    monkeypatch.setattr(PathOpener, "open", real)
     store.put(later, make_kv(later))  # written through into the old slots, now free
     assert store.flush(5)
     assert store.close()

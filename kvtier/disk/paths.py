@@ -11,13 +11,13 @@ import time
 from collections.abc import Sequence
 
 from kvtier.disk.opening import OpenArgs
+from kvtier.disk.path_opener import PathOpener
 from kvtier.io.answers import answers, ask
 from kvtier.io.mounts import fell_through, mount_point_of
 from kvtier.io.result import IOResult, IOStatus
-from kvtier.segment.cachedir import CacheDir, CacheDirError
+from kvtier.segment.cachedir import CacheDir
 from kvtier.segment.lease import Lease, LeaseLost
 from kvtier.segment.lease_keeper import LeaseKeeper
-from kvtier.segment.seat_reclaim import SeatReclaimer
 
 log = logging.getLogger("kvtier.disk.tier")  # these are the disk tier's messages
 
@@ -61,8 +61,9 @@ class PathState:
 
 
 class DiskPaths:
-    """The paths of one tier, each opened at start (a path that cannot be opened starts out
-    of service), and the rules that take a path out of service and bring it back.
+    """The paths of one tier, each opened at start (a path that cannot be opened, or whose
+    open does not end in time: ``PathOpener``, starts out of service), and the rules that
+    take a path out of service and bring it back.
 
     Contract: a path goes down on a fatal error (read-only, gone, no permission, ...), on
     ``_EIO_LIMIT`` I/O errors or timeouts in a row, or when its directory is no longer the
@@ -78,58 +79,22 @@ class DiskPaths:
     def __init__(self, roots: Sequence[str], retry: float | None, opener: OpenArgs,
                  check_every: float, beat_every: float) -> None:
         self.states = [PathState(root, retry) for root in roots]
-        self._opener, self._check_every = opener, check_every
-        self._seats = SeatReclaimer(opener.lease_timeout)
+        self._opener, self._check_every = PathOpener(opener), check_every
         self._lock = threading.Lock()  # I/O threads may find a path failing together
-        self._settled = False  # a path opened under ``writer``: it stays this store's id
-        self.writer = opener.writers[0]
         busy: set[str] = set()  # ids whose segment another process of this host holds
         ask(roots, opener.answer_timeout)  # every path at once: hung ones cost one wait
         for path in self.states:  # (the mount table only: a hung mount's point is known too)
             path.mount_point = mount_point_of(path.root)
-            try:
-                path.dir, path.inode = self._open(path, busy)
+            try:  # bounded: a mount may stop answering after it answered
+                path.dir, path.inode = self._opener.open(path.root, busy, bounded=True)
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
         self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
 
-    def _open(self, path: PathState, busy: set[str]) -> tuple[CacheDir, int]:
-        """Open ``path`` under this store's id once one of its paths has opened; until then
-        under the first candidate whose segment no other process holds (``busy`` gathers
-        those). ``writer`` becomes the candidate where the search stopped, even when that
-        open fails for another reason (no seat free), but it is this store's own on a path
-        only once it holds that segment there (``own``): another process may open it first.
-        So a store none of whose paths ever opened looks for an id again at each try: the
-        segment it stopped at may have been taken since, and one before it let go of."""
-        if self._settled:
-            return self._open_as(path.root, self.writer)
-        free = [w for w in self._opener.writers if w not in busy] or list(self._opener.writers[-1:])
-        for i, writer in enumerate(free):
-            try:
-                opened = self._open_as(path.root, writer)
-            except OSError as exc:
-                if exc.errno == errno.EBUSY:
-                    busy.add(writer)
-                    if i + 1 < len(free):
-                        continue  # another process of this host writes that segment
-                else:
-                    self.writer = writer
-                raise
-            self.writer, self._settled = writer, True  # every path: the same writer
-            return opened
-        raise AssertionError("unreachable: the last candidate returns or raises")
-
-    def _open_as(self, root: str, writer: str) -> tuple[CacheDir, int]:
-        """Open ``root`` as ``writer``; when no seat is free, reclaim the seats of holders
-        watched gone for ``lease_timeout`` since earlier tries (``SeatReclaimer``), and try
-        once more if any was freed."""
-        try:
-            return self._opener.open(root, writer)
-        except CacheDirError as exc:
-            if exc.errno != errno.EDQUOT \
-                    or not self._seats.free_seats(root, self._opener.namespace_id, writer):
-                raise
-        return self._opener.open(root, writer)
+    @property
+    def writer(self) -> str:
+        """This store's writer id (``PathOpener.writer``)."""
+        return self._opener.writer
 
     @property
     def own(self) -> tuple[str | None, ...]:
@@ -240,7 +205,7 @@ class DiskPaths:
     @property
     def answer_timeout(self) -> float | None:
         """How long a path's file system is given to answer (``load_timeout``; None: off)."""
-        return self._opener.answer_timeout
+        return self._opener.args.answer_timeout
 
     def revive_due(self) -> list[int]:
         """Indexes of paths out of service whose next try is due (no I/O: cheap to call)."""
@@ -259,7 +224,7 @@ class DiskPaths:
                 return False
             path.retry_every = max(path.retry_every, min(2 * path.retry_every, _RETRY_MAX_S))
             path.retry_at = time.monotonic() + path.retry_every
-        if not answers(path.root, self._opener.answer_timeout):  # a hung mount: its old
+        if not answers(path.root, self.answer_timeout):  # a hung mount: its old
             log.debug("kvtier disk path %s still does not answer", path.root)  # files are
             return False  # not closed either (a close may wait on its server)
         if (now_on := fell_through(path.root, path.mount_point)) is not None:
@@ -275,7 +240,7 @@ class DiskPaths:
         if stale is not None:
             stale.close()
         try:
-            directory, inode = self._open(path, set())
+            directory, inode = self._opener.open(path.root, set(), bounded=True)
         except OSError as exc:
             log.debug("kvtier disk path %s still out of service: %s", path.root, exc)
             return False

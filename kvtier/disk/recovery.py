@@ -13,7 +13,7 @@ from typing import cast
 import numpy as np
 
 from kvtier.disk.paths import DiskPaths, PathState
-from kvtier.io.bounded_jobs import read_back_wait, run_bounded
+from kvtier.io.bounded_jobs import path_job_wait, run_bounded
 from kvtier.io.buffers import AlignedBuffer
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader, is_blank
 from kvtier.segment.cachedir import CacheDir
@@ -48,7 +48,7 @@ class DiskRecovery:
     I/O error reading a slot header counts the slot as bad and goes to ``paths.failed``;
     one reading or rebuilding a path's index (a full disk, a failing one) takes that path
     out of service, and what it held is not reported. At start (every path) the paths are
-    read at once, and one not read back within ``read_back_wait(answer_timeout)`` (a mount
+    read at once, and one not read back within ``path_job_wait(answer_timeout)`` (a mount
     that hung after it answered, a long scan) is taken out of service, what it held not
     reported. A path read back whole and still in service is marked so
     (``PathState.read_back``). Nothing else changes: the tier applies the report to its own
@@ -58,7 +58,7 @@ class DiskRecovery:
     def __init__(self, paths: DiskPaths, ns_digest: bytes, layout: SlotLayout,
                  answer_timeout: float | None = None) -> None:
         self._paths, self._ns_digest, self._layout = paths, ns_digest, layout
-        self._wait = read_back_wait(answer_timeout)
+        self._wait = path_job_wait(answer_timeout)
 
     def recover(self, threads: int = 8, only: int | None = None) -> RecoveryReport:
         """The newest copy of each key, from index files or ``threads`` header scans; with

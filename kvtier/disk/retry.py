@@ -10,7 +10,7 @@ from functools import partial
 
 from kvtier.disk.recovery import RecoveredSlot, RecoveryReport
 from kvtier.disk.tier import DiskTier
-from kvtier.io.bounded_jobs import read_back_wait
+from kvtier.io.bounded_jobs import path_job_wait
 from kvtier.io.engine import IOExecutor
 from kvtier.io.guarded import start_thread
 
@@ -37,7 +37,7 @@ class DiskRetries:
     queue of that path, so a hung mount holds up only that path's own threads. A try the
     engine refuses (closed) is not started, and is due again at the next ``poll``. A
     read-back runs on a daemon thread of its own, never on the engine's queues (a flush's
-    drain, a close, do not wait for it); one not over within ``read_back_wait`` of the
+    drain, a close, do not wait for it); one not over within ``path_job_wait`` of the
     tier's ``load_timeout`` (a mount that stopped answering) is given up at a ``poll``: the
     path is taken out again, to be tried again (what the read-back finds later is dropped).
     """
@@ -45,7 +45,7 @@ class DiskRetries:
     def __init__(self, disk: DiskTier, engine: IOExecutor, lock: threading.Lock,
                  on_back: OnBack, threads: int = 8) -> None:
         self._disk, self._engine, self._lock, self._on_back = disk, engine, lock, on_back
-        self._threads, self._wait = threads, read_back_wait(disk.paths.answer_timeout)
+        self._threads, self._wait = threads, path_job_wait(disk.paths.answer_timeout)
         self._trying: set[int] = set()
         self._reading: dict[int, tuple[float, object]] = {}  # path -> (began, its read-back)
 

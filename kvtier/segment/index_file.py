@@ -10,7 +10,7 @@ from functools import partial
 
 from kvtier.errors import ConfigError
 from kvtier.io.answers import answers, ask
-from kvtier.io.bounded_jobs import read_back_wait, run_bounded
+from kvtier.io.bounded_jobs import path_job_wait, run_bounded
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -191,7 +191,7 @@ def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout, 
     """What ``writer``'s segments of a namespace hold on ``roots``, from the index files
     alone (missing, unsafe or unreadable paths hold nothing, nor, with ``answer_timeout``,
     one whose file system does not answer within it, or whose read is not over within
-    ``read_back_wait`` of it: a hung mount). Reads only: the process that writes holds
+    ``path_job_wait`` of it: a hung mount). Reads only: the process that writes holds
     the lock."""
     ask(roots, answer_timeout)  # every path at once: hung ones cost one wait, not one each
     jobs = {index: partial(_index_entries, root, namespace, layout, writer, index)
@@ -200,7 +200,7 @@ def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout, 
     if answer_timeout is None:
         read: dict = {index: job() for index, job in jobs.items()}
     else:
-        read = run_bounded(jobs, read_back_wait(answer_timeout), "kvtier-index-read")
+        read = run_bounded(jobs, path_job_wait(answer_timeout), "kvtier-index-read")
     return newest_per_key([f for part in read.values() if isinstance(part, list) for f in part])[0]
 
 

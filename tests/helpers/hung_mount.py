@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
+import struct
+import threading
 
 MNT_DETACH = 2
 
@@ -40,3 +43,50 @@ def release(where: str, device: int) -> None:
     it shows again)."""
     os.close(device)
     ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(where), MNT_DETACH)
+
+
+FUSE_STATFS, FUSE_INIT = 17, 26
+IN_HEADER = struct.Struct("<IIQQIIIHH")  # fuse_in_header: len, opcode, unique, nodeid, ...
+OUT_HEADER = struct.Struct("<IiQ")  # fuse_out_header: len, error, unique
+INIT_IN = struct.Struct("<IIII")  # fuse_init_in, its start: major, minor, max_readahead, flags
+INIT_OUT = struct.Struct("<IIIIHHIIHH32x")  # fuse_init_out, no feature asked (64 bytes)
+STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # fuse_kstatfs (80 bytes)
+
+
+class StatfsOnly:
+    """A FUSE mount at ``where`` whose daemon (a thread of this process) answers the
+    kernel's first message and every ``statfs``, and nothing else: a file system that
+    answers its statistics (``kvtier.io.answers`` asks them), then holds every open,
+    lookup or read for ever, as a FUSE daemon whose back end hung does. ``release`` ends
+    it (the calls held fail) and takes the mount away."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.device = hang(where)
+        self._stop_r, self._stop_w = os.pipe()
+        self.statfs = 0  # statfs answered
+        self._thread = threading.Thread(target=self._serve, name="statfs-only", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while self._stop_r not in select.select([self.device, self._stop_r], [], [])[0]:
+                message = os.read(self.device, 1 << 20)
+                _, opcode, unique = IN_HEADER.unpack_from(message)[:3]
+                if opcode == FUSE_INIT:
+                    _, minor, readahead, _ = INIT_IN.unpack_from(message, IN_HEADER.size)
+                    self._reply(unique, INIT_OUT.pack(7, minor, readahead, 0, 16, 12, 4096, 1, 1, 0))
+                elif opcode == FUSE_STATFS:
+                    self.statfs += 1
+                    self._reply(unique, STATFS_OUT.pack(1 << 20, 1 << 19, 1 << 19, 1024, 512,
+                                                        4096, 255, 4096, 0))
+        finally:
+            os.close(self.device)  # (the only holder: its release ends every call held)
+
+    def _reply(self, unique: int, body: bytes) -> None:
+        os.write(self.device, OUT_HEADER.pack(OUT_HEADER.size + len(body), 0, unique) + body)
+
+    def release(self) -> None:
+        os.write(self._stop_w, b"x")
+        self._thread.join(10)
+        ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(self.where), MNT_DETACH)

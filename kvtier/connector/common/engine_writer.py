@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 from kvtier.config.settings import KVTierConfig
 from kvtier.io.answers import answers, ask
+from kvtier.io.bounded_jobs import path_job_wait
+from kvtier.io.root_looks import look_at_roots
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
 from kvtier.segment.lease import LeaseInfo, read_lease
@@ -42,7 +44,8 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
     take any segment's index for its own."""
     if config.instance_id:
         return [config.instance_id] * len(namespaces)
-    return [_this_engines(answering(config), ns) for ns in namespaces]
+    wait = path_job_wait(config.load_timeout)
+    return [_this_engines(answering(config), ns, wait) for ns in namespaces]
 
 
 def answering(config: KVTierConfig) -> tuple[str, ...]:
@@ -52,29 +55,31 @@ def answering(config: KVTierConfig) -> tuple[str, ...]:
     return tuple(root for root in config.disk_paths if answers(root, config.load_timeout))
 
 
-def _this_engines(roots: tuple[str, ...], namespace: Namespace) -> str | None:
+def _this_engines(roots: tuple[str, ...], namespace: Namespace, wait: float | None) -> str | None:
     """``workers_writer``, else see ``engine_writers``."""
-    workers, unheld = _look(roots, namespace)
+    workers, unheld = _look(roots, namespace, wait)
     return workers or unheld
 
 
-def _look(roots: tuple[str, ...], namespace: Namespace) -> tuple[str | None, str | None]:
+def _look(roots: tuple[str, ...], namespace: Namespace,
+          wait: float | None) -> tuple[str | None, str | None]:
     """``workers_writer``'s answer, and the first default writer id when no process of this
     host holds its segment of ``namespace`` (the workers would take it; else None), from one
-    look at each default id."""
+    look at each default id (a path whose look is not over within ``wait``: none there)."""
     if not roots:  # none looked at (none answered): nothing is known of any id
         return None, None
     first = writer_ids(None)[0]
-    held = _held_here(roots, namespace, lambda name, lease: name == first or _ours(lease))
+    held = _held_here(roots, namespace, lambda name, lease: name == first or _ours(lease), wait)
     unheld = None if any(name == first for name, _, _ in held) else first
     return _workers_among(held), unheld
 
 
-def workers_writer(roots: tuple[str, ...], namespace: Namespace) -> str | None:
+def workers_writer(roots: tuple[str, ...], namespace: Namespace,
+                   wait: float | None = None) -> str | None:
     """The default writer id of a segment of ``namespace`` held by a worker in this process,
     else by a child of it (its lease says so, written in this PID namespace); None when no
     worker of this engine holds one. Only such segments have their lock tried."""
-    return _workers_among(_held_here(roots, namespace, lambda name, lease: _ours(lease)))
+    return _workers_among(_held_here(roots, namespace, lambda name, lease: _ours(lease), wait))
 
 
 def _ours(lease: LeaseInfo) -> bool:
@@ -110,13 +115,14 @@ class EngineSegments:
     def __init__(self, config: KVTierConfig, namespaces: list[Namespace]) -> None:
         self._config, self._roots, self._namespaces = config, config.disk_paths, namespaces
         self._found: list[str | None] = [config.instance_id] * len(namespaces)
+        self._wait = path_job_wait(config.load_timeout)
 
     def __call__(self) -> list[OwnSegments]:
         own = []
         for rank, namespace in enumerate(self._namespaces):
             writer = self._found[rank]
             if writer is None:  # one look at the default ids answers both
-                self._found[rank], unheld = _look(answering(self._config), namespace)
+                self._found[rank], unheld = _look(answering(self._config), namespace, self._wait)
                 writer = self._found[rank] or unheld
             own.append((writer,) * len(self._roots))
         return own
@@ -126,13 +132,13 @@ LEADER_WAIT_S = 10.0  # the ranks set their disk tiers up at about the same time
 
 
 def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = LEADER_WAIT_S,
-                   parent: int | None = None) -> str | None:
+                   parent: int | None = None, wait: float | None = None) -> str | None:
     """The writer id rank 0 of this engine holds: the one segment of ``leader`` (rank 0's
     namespace) held on this host whose lease names ``parent`` (default: this process's
     parent) as its writer's parent, from another process (a sibling worker) of this PID
     namespace (``LeaseInfo.this_pid_space``). Waited for up
-    to ``timeout`` seconds; None when there is not exactly one (the caller then takes the
-    first id free, as rank 0 did)."""
+    to ``timeout`` seconds (each look at a path ``wait``: ``_held_here``); None when there
+    is not exactly one (the caller then takes the first id free, as rank 0 did)."""
     parent = os.getppid() if parent is None else parent
     deadline = time.monotonic() + timeout
 
@@ -140,7 +146,7 @@ def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = L
         return lease.this_pid_space() and lease.ppid == parent and lease.pid != os.getpid()
 
     while True:
-        found = [name for name, _, sure in _held_here(roots, leader, sibling) if sure]
+        found = [name for name, _, sure in _held_here(roots, leader, sibling, wait) if sure]
         if len(found) == 1:
             return found[0]
         if len(found) > 1 or time.monotonic() >= deadline:
@@ -158,12 +164,12 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
     roots = answering(config)
     if not roots:  # no path answers: rank 0 holds no segment to be found, none is waited for
         return ids
-    first = leaders_writer(roots, leader)
+    first = leaders_writer(roots, leader, wait=path_job_wait(config.load_timeout))
     return ids if first is None else [first, *[i for i in ids if i != first]]
 
 
 def _held_here(roots: tuple[str, ...], namespace: Namespace,
-               wanted: Callable[[str, LeaseInfo], bool],
+               wanted: Callable[[str, LeaseInfo], bool], wait: float | None,
                ) -> list[tuple[str, LeaseInfo, bool]]:
     """The segments of ``namespace`` under this host's default writer ids (the only ones its
     engines take without an ``instance_id``) whose lock a process of this host holds, or
@@ -171,22 +177,32 @@ def _held_here(roots: tuple[str, ...], namespace: Namespace,
     lock is surely held (a lock that cannot be opened, a directory say, is not); only those
     ``wanted`` (by id and lease) have their lock tried (a try takes the lock for a moment).
     Each id is looked up by name: ``writers/`` is not listed (other hosts' writers, or
-    entries stuffed there, cost nothing)."""
-    found, host = [], host_name()
-    for root in roots:
-        try:
-            with SafeDir.open(root) as top, top.subdir(namespace.id) as ns_dir, \
-                    ns_dir.subdir(WRITERS_DIR) as writers:
-                for name in default_writer_ids(host):
-                    try:
-                        with writers.subdir(name) as segment:
-                            lease = read_lease(segment)
-                            if lease is not None and lease.host == host and wanted(name, lease):
-                                locked = locked_here(segment)
-                                if locked is not False:
-                                    found.append((name, lease, locked is True))
-                    except OSError:
-                        continue
-        except OSError:
-            continue
+    entries stuffed there, cost nothing). The paths are looked at together, each on a
+    thread of its own, for ``wait`` seconds (``look_at_roots``: a mount that answered, then
+    hung, holds none of its callers); a path whose look did not end holds none."""
+    host = host_name()
+    looked = look_at_roots(roots, lambda root: _held_at(root, namespace, wanted, host), wait,
+                           "kvtier-writers-look")
+    return [held for root in roots if isinstance(found := looked.get(root), list) for held in found]
+
+
+def _held_at(root: str, namespace: Namespace, wanted: Callable[[str, LeaseInfo], bool],
+             host: str) -> list[tuple[str, LeaseInfo, bool]]:
+    """``_held_here`` on one path."""
+    found: list[tuple[str, LeaseInfo, bool]] = []
+    try:
+        with SafeDir.open(root) as top, top.subdir(namespace.id) as ns_dir, \
+                ns_dir.subdir(WRITERS_DIR) as writers:
+            for name in default_writer_ids(host):
+                try:
+                    with writers.subdir(name) as segment:
+                        lease = read_lease(segment)
+                        if lease is not None and lease.host == host and wanted(name, lease):
+                            locked = locked_here(segment)
+                            if locked is not False:
+                                found.append((name, lease, locked is True))
+                except OSError:
+                    continue
+    except OSError:
+        pass
     return found

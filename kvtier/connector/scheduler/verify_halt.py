@@ -16,7 +16,7 @@ import logging
 import threading
 from collections import Counter
 
-from kvtier.io.answers import answers
+from kvtier.io.answers import answer_wait, answers
 from kvtier.io.guarded import start_thread
 from kvtier.segment.halt_file import HaltFile
 
@@ -42,9 +42,12 @@ class VerifyHalt:
         self._stop = threading.Event()
         self._answer_timeout = answer_timeout
         if marker is not None:  # a first look before any step, unless its path hangs
-            if answers(str(marker.root), answer_timeout):  # (then the thread's looks follow)
+            first = threading.Event()
+            if start_thread(threading.Thread(target=self._watch, args=(first,), name="kvtier-halt",
+                                             daemon=True)):
+                first.wait(answer_wait(answer_timeout))  # (or in the middle of the look)
+            elif answers(str(marker.root), answer_timeout):
                 self.look()
-            start_thread(threading.Thread(target=self._watch, name="kvtier-halt", daemon=True))
 
     def mismatch(self) -> None:
         with self._lock:
@@ -114,14 +117,18 @@ class VerifyHalt:
         log.warning("kvtier: %s was removed: hits are served again", self.marker.path
                     if self.marker else "the halt")
 
-    def _watch(self) -> None:
+    def _watch(self, first: threading.Event) -> None:
+        """Look now (the start waits for it: ``first``), then every ``LOOK_EVERY_S``."""
         assert self.marker is not None
-        while not self._stop.wait(LOOK_EVERY_S):
+        while True:
             try:  # a path that does not answer (a hung mount) is looked at once it does
                 if answers(str(self.marker.root), self._answer_timeout):
                     self.look()
             except Exception as exc:  # a thread of its own: logged, never raised
                 log.warning("kvtier: could not look for the halt file: %r", exc)
+            first.set()
+            if self._stop.wait(LOOK_EVERY_S):
+                return
 
     def close(self) -> None:
         self._stop.set()

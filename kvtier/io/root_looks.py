@@ -1,0 +1,56 @@
+"""Looks at disk paths that may hold their caller for ever, bounded in time, one at most
+under way per path and kind of look.
+
+A path's file system may answer its statistics (``kvtier.io.answers``) and then hold every
+open, lookup or read: a FUSE daemon whose back end hung, a mount that stopped answering
+just after it answered. A look that must not hold its caller (an engine's start, a step)
+runs on a daemon thread and is waited for until a deadline (``run_bounded``); a path whose
+look of that kind is still under way from an earlier call is not looked at again (no
+thread more is left behind it) and counts, as one not over in time, as not answered.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from kvtier.io.bounded_jobs import run_bounded
+
+T = TypeVar("T")
+
+_UNDER_WAY: set[tuple[str, str]] = set()  # (path, kind): a look still running
+_LOCK = threading.Lock()
+
+
+def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | None,
+                  kind: str, left_over: Callable[[T], None] | None = None,
+                  ) -> dict[str, T | BaseException]:
+    """``look(root)`` for each of ``roots`` at once, each on a daemon thread named
+    ``kind``, waited for ``wait`` seconds together (None: as long as they take); by root,
+    what each that ended in time returned or raised. A root missing did not end in time,
+    or still had a look of ``kind`` under way: it was not looked at again. What a look
+    returns after its wait goes to ``left_over`` (``run_bounded``)."""
+    jobs: dict[str, Callable[[], T]] = {}
+    with _LOCK:
+        for root in dict.fromkeys(roots):
+            if (root, kind) not in _UNDER_WAY:
+                _UNDER_WAY.add((root, kind))
+                jobs[root] = _looking(root, kind, look)
+    return run_bounded(jobs, wait, kind, left_over)
+
+
+def under_way(kind: str) -> list[str]:
+    """The paths whose look of ``kind`` has not ended."""
+    with _LOCK:
+        return sorted(root for root, of in _UNDER_WAY if of == kind)
+
+
+def _looking(root: str, kind: str, look: Callable[[str], T]) -> Callable[[], T]:
+    def job() -> T:
+        try:
+            return look(root)
+        finally:
+            with _LOCK:
+                _UNDER_WAY.discard((root, kind))
+    return job

@@ -1,0 +1,36 @@
+"""Looks at disk paths bounded in time, one at most under way per path and kind
+(``kvtier/io/root_looks.py``): a path whose look hangs is passed over at once afterwards,
+and no thread more is left behind it."""
+
+import threading
+
+from kvtier.io.root_looks import look_at_roots, under_way
+from tests.helpers.disk_helpers import wait_until
+
+
+def test_a_hung_look_is_missing_and_not_started_again_until_it_ends():
+    release, calls = threading.Event(), []
+
+    def look(root):
+        calls.append(root)
+        if root == "hung":
+            release.wait(30)
+        return root.upper()
+
+    try:
+        assert look_at_roots(["ok", "hung"], look, 0.2, "test-look") == {"ok": "OK"}
+        assert under_way("test-look") == ["hung"] and under_way("other-kind") == []
+        assert look_at_roots(["ok", "hung"], look, 0.2, "test-look") == {"ok": "OK"}
+        assert calls.count("hung") == 1, "a second thread was left behind the hung path"
+    finally:
+        release.set()
+    wait_until(lambda: under_way("test-look") == [], "the hung look to end")
+    assert look_at_roots(["hung"], look, 5.0, "test-look") == {"hung": "HUNG"}
+
+
+def test_what_a_look_raises_is_returned_by_its_root():
+    def look(root):
+        raise PermissionError(root)
+
+    got = look_at_roots(["a"], look, 5.0, "test-look-raises")
+    assert isinstance(got["a"], PermissionError) and under_way("test-look-raises") == []
