@@ -446,6 +446,7 @@ def test_a_check_failed_on_a_slot_still_written_back_keeps_it_until_the_write_is
         assert set(victims.values()) == set(y) and all(side.stack.locate(k).tier is DISK for k in y)
         again = request("y-again", 65, seed=2)
         side.verify.rate = 0
+        w._loads.timeout = 30.0  # the drive no longer held: a loaded machine's read is no fault
         loaded, _ = side.num_new_matched_tokens(again, 0)
         for t in kv:
             t[[1, 2, 3, 4]] = 0
