@@ -115,3 +115,15 @@ def test_the_shared_view_asks_each_path_before_each_look(tmp_path, monkeypatch):
     view.refresh()
     # every path asked at once (hung ones cost one wait), none taking a recent answer
     assert asked == [("ask", roots, 0), ("wait", roots[0], 0), ("wait", roots[1], 0)]
+
+
+def test_a_special_file_at_the_path_answers_at_once_without_being_opened(tmp_path):
+    """The question opens the path's directory too (``O_DIRECTORY``): a FIFO put at the
+    path is refused before it is opened, never waited on for a writer."""
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(NotADirectoryError):
+        wait_for_answer(str(fifo), 5.0)
+    assert answers(str(fifo), 5.0) and outstanding(str(fifo)) == 0

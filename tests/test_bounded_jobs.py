@@ -39,14 +39,15 @@ def test_a_start_waits_for_a_read_back_a_few_load_timeouts_and_no_less_than_a_fl
 
 def test_what_a_job_left_behind_returns_later_is_handed_to_left_over_and_nothing_else():
     """A job given up on may have opened something (a path's segment, locked): what it
-    returns once it ends goes to ``left_over`` on its thread, never to the caller; a job
-    that ended in time, or one that raises late, hands over nothing."""
+    returns or raises once it ends goes to ``left_over`` on its thread, never to the
+    caller; a job that ended in time hands over nothing."""
     release, handed = threading.Event(), []
     got = run_bounded({"quick": lambda: "q", "late": lambda: release.wait(30) and "l",
                        "late-raise": lambda: release.wait(30) and 1 / 0},
-                      0.2, "test-jobs", left_over=handed.append)
+                      0.2, "test-jobs", left_over=lambda key, outcome: handed.append((key, outcome)))
     assert got == {"quick": "q"}
     release.set()
     wait_until(lambda: not [t for t in threading.enumerate() if t.name == "test-jobs"],
                "the jobs left behind to end")
-    assert handed == ["l"]
+    assert sorted(key for key, _ in handed) == ["late", "late-raise"]
+    assert dict(handed)["late"] == "l" and isinstance(dict(handed)["late-raise"], ZeroDivisionError)

@@ -13,6 +13,7 @@ from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad,
 from kvtier.disk.recovery import DiskRecovery
 from kvtier.disk.stamps import WriteStamps
 from kvtier.io import bounded_jobs
+from kvtier.io.root_looks import under_way
 from kvtier.segment import index_file
 from kvtier.segment.index_file import read_disk_index
 from kvtier.tiers.base import TierName
@@ -299,7 +300,11 @@ def test_the_scheduler_side_reads_no_index_that_does_not_end_in_time(tmp_path, s
     part = read_disk_index(*args, answer_timeout=10.0)
     assert stuck.hung == [1] and 0 < len(part) < 6
     assert all(slot % 2 == 0 for slot, _ in part.values())  # path 0's slots only
-    assert len(read_disk_index(*args, answer_timeout=10.0)) == 6  # not stuck now
+    assert read_disk_index(*args, answer_timeout=10.0) == part  # the hung read still held:
+    assert stuck.hung == [1]  # path 1 is passed over, no second read left behind it
+    stuck.release.set()
+    wait_until(lambda: not under_way("kvtier-index-read"), "the held read to end")
+    assert len(read_disk_index(*args, answer_timeout=10.0)) == 6
 
 
 def test_a_read_back_at_a_try_holds_no_flush_and_is_given_up_when_it_hangs(tmp_path, stuck, caplog):

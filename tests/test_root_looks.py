@@ -34,3 +34,24 @@ def test_what_a_look_raises_is_returned_by_its_root():
 
     got = look_at_roots(["a"], look, 5.0, "test-look-raises")
     assert isinstance(got["a"], PermissionError) and under_way("test-look-raises") == []
+
+
+def test_a_late_look_is_under_way_until_what_it_left_is_dealt_with():
+    """A late open's directory still holds its segment's lock until ``left_over`` closed
+    it: until then the path is not looked at (opened) again beside it."""
+    release, closing, closed = threading.Event(), threading.Event(), threading.Event()
+
+    def left_over(got):
+        closing.set()
+        closed.wait(30)
+
+    try:
+        assert look_at_roots(["slow"], lambda root: release.wait(30) and root, 0.1,
+                             "test-look-left", left_over) == {}
+        release.set()
+        wait_until(closing.is_set, "the late look to hand over what it opened")
+        assert under_way("test-look-left") == ["slow"]
+    finally:
+        release.set()
+        closed.set()
+    wait_until(lambda: under_way("test-look-left") == [], "the late look to be over")

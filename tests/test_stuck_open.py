@@ -13,7 +13,7 @@ import pytest
 
 from kvtier import KVStore
 from kvtier.disk.opening import OpenArgs
-from kvtier.io import bounded_jobs
+from kvtier.io import bounded_jobs, root_looks
 from tests.helpers.disk_helpers import wait_until
 from tests.helpers.kv import CHUNK, SMALL, make_kv
 from tests.helpers.store import config, exact, seq
@@ -123,3 +123,38 @@ def test_a_try_whose_open_hangs_gives_up_and_the_next_starts_none_beside_it(tmp_
             store.lookup(seq(90_000, 1))
             return store.stats().paths_back >= 1
         wait_until(back, "the path never came back once its open ended")
+
+
+def test_a_look_for_the_workers_id_that_does_not_end_leaves_the_id_unknown(tmp_path, monkeypatch):
+    """The scheduler side takes the first default id for its workers' only when no process
+    of this host holds it on any path: a path whose look did not end may hold it, so the
+    id stays unknown (None: no segment is taken for its own), and the path's look still
+    under way is not started again beside it."""
+    from kvtier.config.settings import load_config
+    from kvtier.connector.common import engine_writer
+    from tests.helpers.worker_side import GEO
+
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        root.mkdir()
+    release, real, looks = threading.Event(), engine_writer._held_at, []
+
+    def held_at(root, *args):
+        looks.append(root)
+        if root == str(roots[1]):
+            release.wait(30)
+        return real(root, *args)
+
+    monkeypatch.setattr(engine_writer, "_held_at", held_at)
+    monkeypatch.setattr(bounded_jobs, "PATH_JOB_TIMES", 0)
+    monkeypatch.setattr(bounded_jobs, "PATH_JOB_MIN_S", 0.3)
+    cfg = load_config({"disk_paths": [str(r) for r in roots], "chunk_tokens": 32}, environ={})
+    namespace = GEO.namespace("m", "", 1, 0)
+    try:
+        assert engine_writer.engine_writers(cfg, [namespace]) == [None]
+        assert engine_writer.engine_writers(cfg, [namespace]) == [None]
+        assert looks.count(str(roots[1])) == 1
+    finally:
+        release.set()
+    wait_until(lambda: not root_looks.under_way("kvtier-writers-look"), "the held look to end")
+    assert engine_writer.engine_writers(cfg, [namespace]) == [engine_writer.writer_ids(None)[0]]

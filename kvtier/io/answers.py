@@ -1,21 +1,22 @@
 """Whether the file system under a path answers, within a deadline, before it is used.
 
-A path on a network or FUSE file system whose server stopped answering (an NFS server
-down under a hard mount, an NVMe-oF target gone, a FUSE daemon stopped) holds every call
-on it, for ever: the kernel waits for the server, and a thread in such a call cannot be
-stopped. So before a disk path is opened (at start, and at each try of a path out of
-service) its file system is asked for its statistics (``statvfs``, which a network file
-system always takes to its server, unlike a ``stat`` its attribute cache may answer) on a
-daemon thread of its own, and the opener waits at most ``answer_wait(timeout)``: the
+A path on a network or FUSE file system whose server stopped answering (an NFS server down
+under a hard mount, an NVMe-oF target gone, a FUSE daemon stopped) holds every call on it,
+for ever: the kernel waits for the server, and a thread in such a call cannot be stopped. So
+before a disk path is opened (at start, and at each try of a path out of service) its file
+system is asked for its statistics (``statvfs``, which a network file system always takes to
+its server, unlike a ``stat`` its attribute cache may answer), then to open the path's
+directory (a FUSE daemon may answer the first from its own state while its back end hangs),
+on a daemon thread of its own, and the opener waits at most ``answer_wait(timeout)``: the
 caller's timeout (``load_timeout``), never under ``MIN_WAIT_S`` (a busy server's answer is
 not a hung mount's). A path that did not answer is out of service, and the engine starts
-without it. A later try waits on the question still held, until its wait after it was
-asked (a path that has not answered for that long fails at once), rather than leave
-another thread behind it; a question held ``REASK_S`` is asked again, beside it, with
-``MAX_HELD`` threads held per path at most; a path whose mount was lazily unmounted and
-mounted anew (a new mount ID in ``/proc/self/mountinfo``) is asked afresh at once, however
-many threads the hung mount holds. A path that answered within ``FRESH_S`` is not asked
-again (unless the caller says otherwise: ``fresh_s``).
+without it. A later try waits on the question still held, until its wait after it was asked
+(a path that has not answered for that long fails at once), rather than leave another thread
+behind it; a question held ``REASK_S`` is asked again, beside it, with ``MAX_HELD`` threads
+held per path at most; a path whose mount was lazily unmounted and mounted anew (a new mount
+ID in ``/proc/self/mountinfo``) is asked afresh at once, however many threads the hung mount
+holds. A path that answered within ``FRESH_S`` is not asked again (unless the caller says
+otherwise: ``fresh_s``).
 """
 
 from __future__ import annotations
@@ -50,13 +51,13 @@ def answer_wait(timeout: float | None) -> float | None:
 
 
 def wait_for_answer(path: str, timeout: float | None, fresh_s: float = FRESH_S) -> None:
-    """Return once the file system under ``path`` answered a ``statvfs`` within
+    """Return once the file system under ``path`` answered (``statvfs``, an open) within
     ``answer_wait(timeout)`` (None: as long as it takes, asked on this thread), or did
     within the last ``fresh_s`` seconds; raise ``TimeoutError`` when it did not, or the
     ``OSError`` it answered."""
     wait = answer_wait(timeout)
     if wait is None:
-        os.statvfs(path)
+        _asked(path)
         return
     now = time.monotonic()
     if fresh_s > 0 and now - _ANSWERED.get(path, -fresh_s) < fresh_s:
@@ -136,10 +137,17 @@ def _ask_anew(where: Where, now: float) -> tuple[Future[None], float] | None:
     return _HELD[where]
 
 
+def _asked(path: str) -> None:
+    """What a path is asked: its file system's statistics, then an open of its directory
+    (never blocking on a special file: ``O_DIRECTORY`` refuses one before opening it)."""
+    os.statvfs(path)
+    os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC))
+
+
 def _ask(where: Where, asked: Future[None]) -> None:
     error: BaseException | None = None
     try:
-        os.statvfs(where[0])
+        _asked(where[0])
     except BaseException as exc:  # an answer, whatever it is (a path statvfs refuses too)
         error = exc
     with _LOCK:  # no longer outstanding once its answer is out

@@ -34,13 +34,14 @@ def path_job_wait(timeout: float | None) -> float | None:
 
 
 def run_bounded(jobs: Mapping[K, Callable[[], T]], wait: float | None, name: str,
-                left_over: Callable[[T], None] | None = None) -> dict[K, T | BaseException]:
+                left_over: Callable[[K, T | BaseException], None] | None = None,
+                ) -> dict[K, T | BaseException]:
     """Run every job at once, each on a daemon thread named ``name``, and return, by key,
     what each that ended within ``wait`` seconds (None: as long as they take) returned or
     raised; a job not over then is missing, and goes on running (it must not touch what the
-    caller keeps). What such a job returns once it ends is handed to ``left_over`` on its
-    thread (to close what it opened: nobody else ever sees it). A job whose thread cannot
-    start runs on the caller's thread."""
+    caller keeps). What such a job returns or raises once it ends is handed to
+    ``left_over(key, outcome)`` on its thread (to close what it opened: nobody else ever
+    sees it). A job whose thread cannot start runs on the caller's thread."""
     done: dict[K, T | BaseException] = {}
     over = threading.Condition()
     taken = False  # the caller went on: what ends from now on is left over
@@ -55,8 +56,8 @@ def run_bounded(jobs: Mapping[K, Callable[[], T]], wait: float | None, name: str
             if not late:
                 done[key] = result
                 over.notify_all()
-        if late and left_over is not None and not isinstance(result, BaseException):
-            left_over(result)
+        if late and left_over is not None:
+            left_over(key, result)
 
     for key, job in jobs.items():
         if not start_thread(threading.Thread(target=run, args=(key, job), name=name, daemon=True)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TypeVar
 
 from kvtier.io.bounded_jobs import run_bounded
@@ -30,14 +31,22 @@ def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | 
     ``kind``, waited for ``wait`` seconds together (None: as long as they take); by root,
     what each that ended in time returned or raised. A root missing did not end in time,
     or still had a look of ``kind`` under way: it was not looked at again. What a look
-    returns after its wait goes to ``left_over`` (``run_bounded``)."""
-    jobs: dict[str, Callable[[], T]] = {}
+    returns after its wait goes to ``left_over``, and only then is that look over."""
     with _LOCK:
-        for root in dict.fromkeys(roots):
-            if (root, kind) not in _UNDER_WAY:
-                _UNDER_WAY.add((root, kind))
-                jobs[root] = _looking(root, kind, look)
-    return run_bounded(jobs, wait, kind, left_over)
+        due = [root for root in dict.fromkeys(roots) if (root, kind) not in _UNDER_WAY]
+        _UNDER_WAY.update((root, kind) for root in due)
+
+    def late(root: str, outcome: T | BaseException) -> None:
+        try:
+            if left_over is not None and not isinstance(outcome, BaseException):
+                left_over(outcome)
+        finally:
+            _over(root, kind)
+
+    done = run_bounded({root: partial(look, root) for root in due}, wait, kind, late)
+    for root in done:
+        _over(root, kind)
+    return done
 
 
 def under_way(kind: str) -> list[str]:
@@ -46,11 +55,6 @@ def under_way(kind: str) -> list[str]:
         return sorted(root for root, of in _UNDER_WAY if of == kind)
 
 
-def _looking(root: str, kind: str, look: Callable[[str], T]) -> Callable[[], T]:
-    def job() -> T:
-        try:
-            return look(root)
-        finally:
-            with _LOCK:
-                _UNDER_WAY.discard((root, kind))
-    return job
+def _over(root: str, kind: str) -> None:
+    with _LOCK:
+        _UNDER_WAY.discard((root, kind))

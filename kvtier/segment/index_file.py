@@ -6,11 +6,10 @@ from __future__ import annotations
 import os
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass
-from functools import partial
 
 from kvtier.errors import ConfigError
 from kvtier.io.answers import answers, ask
-from kvtier.io.bounded_jobs import path_job_wait, run_bounded
+from kvtier.io.bounded_jobs import path_job_wait
 from kvtier.io.format import (
     HEADER_BYTES,
     INDEX_ENTRY_BYTES,
@@ -20,6 +19,7 @@ from kvtier.io.format import (
     decode_header,
     is_blank,
 )
+from kvtier.io.root_looks import look_at_roots
 from kvtier.io.safefs import SafeDir, read_at
 from kvtier.io.vectored import RUN_BYTES
 from kvtier.keys import ChunkKey, Namespace
@@ -191,16 +191,15 @@ def read_disk_index(roots: list[str], namespace: Namespace, layout: SlotLayout, 
     """What ``writer``'s segments of a namespace hold on ``roots``, from the index files
     alone (missing, unsafe or unreadable paths hold nothing, nor, with ``answer_timeout``,
     one whose file system does not answer within it, or whose read is not over within
-    ``path_job_wait`` of it: a hung mount). Reads only: the process that writes holds
-    the lock."""
+    ``path_job_wait`` of it: a hung mount, or one with a read of an index still under way
+    from an earlier call, another rank's say: ``look_at_roots``). Reads only: the process
+    that writes holds the lock."""
     ask(roots, answer_timeout)  # every path at once: hung ones cost one wait, not one each
-    jobs = {index: partial(_index_entries, root, namespace, layout, writer, index)
-            for index, root in enumerate(roots)
-            if answer_timeout is None or answers(root, answer_timeout)}
-    if answer_timeout is None:
-        read: dict = {index: job() for index, job in jobs.items()}
-    else:
-        read = run_bounded(jobs, path_job_wait(answer_timeout), "kvtier-index-read")
+    index_of = {root: index for index, root in enumerate(roots)}
+    answering = [root for root in roots if answer_timeout is None or answers(root, answer_timeout)]
+    read = look_at_roots(answering, lambda root: _index_entries(
+        root, namespace, layout, writer, index_of[root]), path_job_wait(answer_timeout),
+        "kvtier-index-read")
     return newest_per_key([f for part in read.values() if isinstance(part, list) for f in part])[0]
 
 

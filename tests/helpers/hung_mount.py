@@ -45,23 +45,26 @@ def release(where: str, device: int) -> None:
     ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(where), MNT_DETACH)
 
 
-FUSE_STATFS, FUSE_INIT = 17, 26
+FUSE_STATFS, FUSE_INIT, FUSE_OPENDIR, FUSE_RELEASEDIR = 17, 26, 27, 29
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # fuse_in_header: len, opcode, unique, nodeid, ...
 OUT_HEADER = struct.Struct("<IiQ")  # fuse_out_header: len, error, unique
 INIT_IN = struct.Struct("<IIII")  # fuse_init_in, its start: major, minor, max_readahead, flags
 INIT_OUT = struct.Struct("<IIIIHHIIHH32x")  # fuse_init_out, no feature asked (64 bytes)
 STATFS_OUT = struct.Struct("<QQQQQIIII24x")  # fuse_kstatfs (80 bytes)
+OPEN_OUT = struct.Struct("<QIi")  # fuse_open_out: fh, open_flags, backing_id
 
 
 class StatfsOnly:
     """A FUSE mount at ``where`` whose daemon (a thread of this process) answers the
-    kernel's first message and every ``statfs``, and nothing else: a file system that
-    answers its statistics (``kvtier.io.answers`` asks them), then holds every open,
-    lookup or read for ever, as a FUSE daemon whose back end hung does. ``release`` ends
-    it (the calls held fail) and takes the mount away."""
+    kernel's first message and every ``statfs`` (and, ``top``, every open and close of its
+    top directory), and nothing else: a file system that answers its statistics, then
+    holds every other call for ever, as a FUSE daemon whose back end hung does
+    (``kvtier.io.answers`` asks both: without ``top`` it does not answer; with it, it
+    answers and then holds whatever looks further). ``release`` ends it (the calls held
+    fail) and takes the mount away."""
 
-    def __init__(self, where: str) -> None:
-        self.where = where
+    def __init__(self, where: str, top: bool = False) -> None:
+        self.where, self.top = where, top
         self.device = hang(where)
         self._stop_r, self._stop_w = os.pipe()
         self.statfs = 0  # statfs answered
@@ -80,6 +83,10 @@ class StatfsOnly:
                     self.statfs += 1
                     self._reply(unique, STATFS_OUT.pack(1 << 20, 1 << 19, 1 << 19, 1024, 512,
                                                         4096, 255, 4096, 0))
+                elif self.top and opcode == FUSE_OPENDIR:
+                    self._reply(unique, OPEN_OUT.pack(1, 0, 0))
+                elif self.top and opcode == FUSE_RELEASEDIR:
+                    self._reply(unique, b"")
         finally:
             os.close(self.device)  # (the only holder: its release ends every call held)
 

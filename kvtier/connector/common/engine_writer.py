@@ -65,12 +65,14 @@ def _look(roots: tuple[str, ...], namespace: Namespace,
           wait: float | None) -> tuple[str | None, str | None]:
     """``workers_writer``'s answer, and the first default writer id when no process of this
     host holds its segment of ``namespace`` (the workers would take it; else None), from one
-    look at each default id (a path whose look is not over within ``wait``: none there)."""
+    look at each default id (a path whose look is not over within ``wait`` may hold it: not
+    known)."""
     if not roots:  # none looked at (none answered): nothing is known of any id
         return None, None
     first = writer_ids(None)[0]
-    held = _held_here(roots, namespace, lambda name, lease: name == first or _ours(lease), wait)
-    unheld = None if any(name == first for name, _, _ in held) else first
+    held, whole = _held_here(roots, namespace, lambda name, lease: name == first or _ours(lease),
+                             wait)
+    unheld = None if not whole or any(name == first for name, _, _ in held) else first
     return _workers_among(held), unheld
 
 
@@ -79,7 +81,7 @@ def workers_writer(roots: tuple[str, ...], namespace: Namespace,
     """The default writer id of a segment of ``namespace`` held by a worker in this process,
     else by a child of it (its lease says so, written in this PID namespace); None when no
     worker of this engine holds one. Only such segments have their lock tried."""
-    return _workers_among(_held_here(roots, namespace, lambda name, lease: _ours(lease), wait))
+    return _workers_among(_held_here(roots, namespace, lambda name, lease: _ours(lease), wait)[0])
 
 
 def _ours(lease: LeaseInfo) -> bool:
@@ -146,7 +148,7 @@ def leaders_writer(roots: tuple[str, ...], leader: Namespace, timeout: float = L
         return lease.this_pid_space() and lease.ppid == parent and lease.pid != os.getpid()
 
     while True:
-        found = [name for name, _, sure in _held_here(roots, leader, sibling, wait) if sure]
+        found = [name for name, _, sure in _held_here(roots, leader, sibling, wait)[0] if sure]
         if len(found) == 1:
             return found[0]
         if len(found) > 1 or time.monotonic() >= deadline:
@@ -170,7 +172,7 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
 
 def _held_here(roots: tuple[str, ...], namespace: Namespace,
                wanted: Callable[[str, LeaseInfo], bool], wait: float | None,
-               ) -> list[tuple[str, LeaseInfo, bool]]:
+               ) -> tuple[list[tuple[str, LeaseInfo, bool]], bool]:
     """The segments of ``namespace`` under this host's default writer ids (the only ones its
     engines take without an ``instance_id``) whose lock a process of this host holds, or
     that cannot be told (``held_here``'s cautious answer), with their leases and whether the
@@ -179,11 +181,12 @@ def _held_here(roots: tuple[str, ...], namespace: Namespace,
     Each id is looked up by name: ``writers/`` is not listed (other hosts' writers, or
     entries stuffed there, cost nothing). The paths are looked at together, each on a
     thread of its own, for ``wait`` seconds (``look_at_roots``: a mount that answered, then
-    hung, holds none of its callers); a path whose look did not end holds none."""
+    hung, holds none of its callers); also whether every path's look ended."""
     host = host_name()
     looked = look_at_roots(roots, lambda root: _held_at(root, namespace, wanted, host), wait,
                            "kvtier-writers-look")
-    return [held for root in roots if isinstance(found := looked.get(root), list) for held in found]
+    found = [held for root in roots if isinstance(got := looked.get(root), list) for held in got]
+    return found, all(root in looked for root in roots)
 
 
 def _held_at(root: str, namespace: Namespace, wanted: Callable[[str, LeaseInfo], bool],

@@ -45,7 +45,8 @@ class VerifyHalt:
             first = threading.Event()
             if start_thread(threading.Thread(target=self._watch, args=(first,), name="kvtier-halt",
                                              daemon=True)):
-                first.wait(answer_wait(answer_timeout))  # (or in the middle of the look)
+                wait = answer_wait(answer_timeout)  # its path asked, then the file read
+                first.wait(None if wait is None else 2 * wait)  # (a path hung: not waited for)
             elif answers(str(marker.root), answer_timeout):
                 self.look()
 
