@@ -344,3 +344,35 @@ def test_a_path_out_again_drops_what_was_found_on_it():
                         paths_found={(0, 3, a): (1, 7), (1, 2, b): (1, 8)})
     later = WorkerReport(paths_down=Counter({0: 1}))
     assert step.merged(later).paths_found == {(1, 2, b): (1, 8)}
+
+
+def test_a_path_back_with_many_chunks_is_adopted_a_few_a_report_newest_first(tmp_path, monkeypatch):
+    """A path back with a hundred thousand chunks would hold one scheduler step for
+    seconds: they are adopted ``ADOPT_PER_STEP`` a worker report, newest first, their
+    slots out of service until then (a store meanwhile never lands on one); the order of
+    eviction is the one adopting all at once leaves; a path out again drops the rest."""
+    from kvtier.connector.scheduler import paths_back
+
+    monkeypatch.setattr(paths_back, "ADOPT_PER_STEP", 2)
+    side, disk, adopted = two_path_scheduler(tmp_path, world=1)
+    a, b, c, d = KEYS[:4]
+    side.worker_report(WorkerReport(paths_down=Counter({1: 1})))
+    found = {(1, 1, a): (1, 10), (1, 3, b): (1, 30), (1, 5, c): (1, 50), (1, 7, d): (1, 70)}
+    side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=found))
+    assert adopted == [(d, 7), (c, 5)] and disk.free_slots == disk.num_slots - 4
+    fill = [bytes([10 + n]) * 16 for n in range(disk.free_slots)]
+    for key in fill:  # every free slot taken: none of those kept for b and a
+        reservation = disk.reserve(key)
+        assert reservation is not None and reservation.slot not in (1, 3) and disk.commit(key)
+    side.worker_report(WorkerReport())
+    assert adopted[2:] == [(b, 3), (a, 1)]
+    victims = [disk.reserve(bytes([40 + n]) * 16).victim for n in range(4)]
+    assert victims == [a, b, c, d]  # oldest first, before what the run stored
+    (tmp_path / "again").mkdir()
+    side, disk, adopted = two_path_scheduler(tmp_path / "again", world=1)
+    side.worker_report(WorkerReport(paths_down=Counter({1: 1})))
+    side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=found))
+    side.worker_report(WorkerReport(paths_down=Counter({1: 1})))  # out again: the rest dropped
+    side.worker_report(WorkerReport(paths_up=Counter({1: 1})))
+    assert adopted == [(d, 7), (c, 5)] and len(disk) == 0  # (what it held went with it)
+    assert disk.free_slots == disk.num_slots

@@ -236,12 +236,16 @@ class SlotIndex:
                 dropped.append(by_slot[slot])
         return dropped
 
-    def unretire(self, slots: range) -> None:
+    def unretire(self, slots: range, but: Collection[int] = ()) -> set[int]:
         """Put retired ``slots`` back in service; one still held (pinned by a reader, or
-        being written) is freed when its holder lets go."""
-        held = {e.slot for e in self._entries.values()}
+        being written) is freed when its holder lets go. Those of ``but`` that no entry
+        holds stay retired, for ``adopt_retired``: returned."""
+        held, kept = {e.slot for e in self._entries.values()}, set()
         for slot in slots:
             if not self._retired[slot]:
+                continue
+            if slot in but and slot not in held:
+                kept.add(slot)
                 continue
             self._retired[slot] = 0
             self._num_retired -= 1
@@ -249,6 +253,21 @@ class SlotIndex:
                 self._is_free[slot] = 1
                 self._num_free += 1
                 self._list(slot)
+        return kept
+
+    def adopt_retired(self, key: ChunkKey, slot: int, first: bool = False) -> bool:
+        """Put ``slot``, kept retired by ``unretire``, back in service holding ``key`` as
+        ``adopt`` does, or free when ``key`` is held already (False)."""
+        if not self._retired[slot]:
+            return False
+        self._retired[slot] = 0
+        self._num_retired -= 1
+        self._is_free[slot] = 1
+        self._num_free += 1
+        if self.adopt(key, slot, first):
+            return True
+        self._list(slot)
+        return False
 
     def _list(self, slot: int) -> None:
         """Put a free ``slot`` on the free list, unless it is there already or was never

@@ -5,6 +5,7 @@ back, with the chunks a path out since the start holds."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from kvtier.connector.common.messages import WorkerReport
@@ -19,6 +20,7 @@ from kvtier.tiers.stack import TierStack
 log = logging.getLogger("kvtier")
 
 Adopted = list[tuple[ChunkKey, int]]  # (key, disk slot)
+ADOPT_PER_STEP = 4096  # chunks adopted per worker report at most: one step is never held long
 
 
 class DiskPathsBack:
@@ -32,7 +34,9 @@ class DiskPathsBack:
       back into service and each chunk every rank (``world_size``) found in the same slot is
       adopted, to be evicted before every chunk held, oldest first, unless the index holds
       the key (a copy stored elsewhere meanwhile) or the slot; ``on_adopted`` is told them
-      (the KV events), newest first.
+      (the KV events), newest first. They are adopted ``ADOPT_PER_STEP`` a report, the
+      newest first, their slots kept out of service until then (a path back with a
+      hundred thousand chunks holds no step for long); a path out again drops the rest.
 
     A path back from a fault after it had been in service comes back empty: no rank finds
     anything on it.
@@ -45,10 +49,12 @@ class DiskPathsBack:
         self.on_adopted = on_adopted
         self._ranks_down = RankCount()  # disk path index -> ranks without it
         self._found: dict[int, dict[tuple[int, ChunkKey], tuple[int, int]]] = {}
+        self._adopting: dict[int, deque[tuple[ChunkKey, int]]] = {}  # path -> newest first
 
     def apply(self, report: WorkerReport) -> None:
         for path, ranks in report.paths_down.items():
             self._found.pop(path, None)
+            self._adopting.pop(path, None)  # (its slots kept out go out with the path)
             if self._ranks_down.up(path, ranks):
                 self._index.retire(self._slots(path))
         for (path, slot, key), (ranks, generation) in report.paths_found.items():
@@ -58,16 +64,32 @@ class DiskPathsBack:
         for path, ranks in report.paths_up.items():
             if self._ranks_down.down(path, ranks):
                 self._back(path, self._found.pop(path, {}))
+        if self._adopting:
+            self._adopt(ADOPT_PER_STEP)
 
     def _back(self, path: int, found: dict[tuple[int, ChunkKey], tuple[int, int]]) -> None:
-        self._index.unretire(self._slots(path))
         whole = sorted(((generation, slot, ChunkKey(key)) for (slot, key), (ranks, generation)
                         in found.items() if ranks >= self.world_size), reverse=True)
-        adopted = [(key, slot) for _, slot, key in whole  # newest first, each before the last
-                   if self._index.adopt(key, slot, first=True)]
+        kept = self._index.unretire(self._slots(path), but={slot for _, slot, _ in whole})
         if found:
-            log.info("kvtier disk path %d back on every rank: %d chunks on it adopted (%d found "
-                     "on every rank)", path, len(adopted), len(whole))
+            log.info("kvtier disk path %d back on every rank: %d chunks found on it by every "
+                     "rank, adopted over the next steps", path, len(whole))
+        if kept:  # newest first, each before the last
+            self._adopting[path] = deque((key, slot) for _, slot, key in whole if slot in kept)
+
+    def _adopt(self, budget: int) -> None:
+        adopted: Adopted = []
+        for path, pending in list(self._adopting.items()):
+            taken = min(budget, len(pending))
+            for _ in range(taken):
+                key, slot = pending.popleft()
+                if self._index.adopt_retired(key, slot, first=True):
+                    adopted.append((key, slot))
+            budget -= taken
+            if not pending:
+                del self._adopting[path]
+            if budget <= 0:
+                break
         if adopted and self.on_adopted is not None:
             self.on_adopted(adopted)
 
