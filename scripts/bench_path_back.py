@@ -3,10 +3,12 @@
     python scripts/bench_path_back.py [--chunks 200000] [--json out/bench_path_back.json]
 
 The vLLM connector's scheduler side, its second disk path out since the start, gets the
-worker report that brings the path back with N chunks found on it, then empty reports (one
-a step) until every chunk is adopted. Timed twice in one run, side by side: every chunk
-adopted in the report that brings the path back (``ADOPT_PER_STEP`` = N), and kvtier's
-``ADOPT_PER_STEP`` a report. No file is written: the chunks are named in the report.
+worker report that brings the path back with N chunks found on it, then plans steps
+(``build_meta``, as vLLM's scheduler does once a step) until every chunk is adopted; the
+first step is timed with the report before it (both fall between the same two forward
+passes). Timed twice in one run, side by side: every chunk adopted at the first step
+(``ADOPT_PER_STEP`` = N), and kvtier's ``ADOPT_PER_STEP`` a step. No file is written:
+the chunks are named in the report.
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ def steps_held(chunks: int, per_step: int) -> dict:
         found = {(1, 2 * i + 1, os.urandom(16)): (1, i) for i in range(chunks)}
         began = time.perf_counter()
         side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=found))
+        side.build_meta()
         back, later = time.perf_counter() - began, []
-        while len(disk) < chunks:
+        while side.has_pending_push_work():  # (vLLM steps an idle engine meanwhile)
             began = time.perf_counter()
-            side.worker_report(WorkerReport())
+            side.build_meta()
             later.append(time.perf_counter() - began)
+        assert len(disk) == chunks, f"{len(disk)} of {chunks} chunks adopted"
         side.close()
     return {"per_step": per_step, "back_s": back, "later_steps": len(later),
             "later_max_s": max(later, default=0.0),

@@ -278,6 +278,7 @@ def test_a_path_back_after_being_out_since_the_start_publishes_its_chunks(tmp_pa
     assert len(held) == 2
     s.worker_report(WorkerReport(paths_up=Counter({0: 1}), paths_found={
         (0, slot, key): (1, header.generation) for key, (slot, header) in held.items()}))
+    s.build_meta()  # adopted at the next step
     hashes = chain(TOKENS)
     assert sorted(events_until(s, 2)) == sorted([
         ("stored", "STORAGE", tuple(hashes[0:2]), TOKENS[:32]),

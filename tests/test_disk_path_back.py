@@ -209,6 +209,7 @@ def test_the_scheduler_adopts_what_every_rank_found_in_the_same_slot_oldest_firs
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=one))
     assert adopted == [] and len(disk) == 1 and disk.free_slots == disk.num_slots // 2 - 1
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=two))
+    side.build_meta()  # adopted at the next step
     assert adopted == [(a, 3), (b, 1)]  # newest first; c, d: not in one slot on both ranks
     assert disk.slot_of(e) == 0  # the copy stored meanwhile stays
     assert disk.free_slots == disk.num_slots - 3
@@ -348,9 +349,10 @@ def test_a_path_out_again_drops_what_was_found_on_it():
 
 def test_a_path_back_with_many_chunks_is_adopted_a_few_a_report_newest_first(tmp_path, monkeypatch):
     """A path back with a hundred thousand chunks would hold one scheduler step for
-    seconds: they are adopted ``ADOPT_PER_STEP`` a worker report, newest first, their
-    slots out of service until then (a store meanwhile never lands on one); the order of
-    eviction is the one adopting all at once leaves; a path out again drops the rest."""
+    seconds: they are adopted ``ADOPT_PER_STEP`` a scheduler step (vLLM steps an idle
+    engine while some are left), newest first, their slots out of service until then (a
+    store meanwhile never lands on one); the order of eviction is the one adopting all at
+    once leaves; a path out again drops the rest."""
     from kvtier.connector.scheduler import paths_back
 
     monkeypatch.setattr(paths_back, "ADOPT_PER_STEP", 2)
@@ -359,20 +361,43 @@ def test_a_path_back_with_many_chunks_is_adopted_a_few_a_report_newest_first(tmp
     side.worker_report(WorkerReport(paths_down=Counter({1: 1})))
     found = {(1, 1, a): (1, 10), (1, 3, b): (1, 30), (1, 5, c): (1, 50), (1, 7, d): (1, 70)}
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=found))
+    assert adopted == [] and side.has_pending_push_work()
+    side.build_meta()
     assert adopted == [(d, 7), (c, 5)] and disk.free_slots == disk.num_slots - 4
     fill = [bytes([10 + n]) * 16 for n in range(disk.free_slots)]
     for key in fill:  # every free slot taken: none of those kept for b and a
         reservation = disk.reserve(key)
         assert reservation is not None and reservation.slot not in (1, 3) and disk.commit(key)
-    side.worker_report(WorkerReport())
-    assert adopted[2:] == [(b, 3), (a, 1)]
+    side.build_meta()
+    assert adopted[2:] == [(b, 3), (a, 1)] and not side.has_pending_push_work()
     victims = [disk.reserve(bytes([40 + n]) * 16).victim for n in range(4)]
     assert victims == [a, b, c, d]  # oldest first, before what the run stored
     (tmp_path / "again").mkdir()
     side, disk, adopted = two_path_scheduler(tmp_path / "again", world=1)
     side.worker_report(WorkerReport(paths_down=Counter({1: 1})))
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=found))
+    side.build_meta()
     side.worker_report(WorkerReport(paths_down=Counter({1: 1})))  # out again: the rest dropped
     side.worker_report(WorkerReport(paths_up=Counter({1: 1})))
     assert adopted == [(d, 7), (c, 5)] and len(disk) == 0  # (what it held went with it)
     assert disk.free_slots == disk.num_slots
+
+
+def test_a_key_discarded_while_its_old_copy_waits_to_be_adopted_is_not_adopted(tmp_path, monkeypatch):
+    """A key stored again while its old copy on the path back waits to be adopted, then
+    found wrong by a sampled check (discarded from every tier): the old copy is not adopted
+    either (before a batched adoption, it was adopted first and went with the discard)."""
+    from kvtier.connector.scheduler import paths_back
+
+    monkeypatch.setattr(paths_back, "ADOPT_PER_STEP", 1)
+    side, disk, adopted = two_path_scheduler(tmp_path, world=1)
+    a, b = KEYS[:2]
+    side.worker_report(WorkerReport(paths_down=Counter({1: 1})))
+    found = {(1, 1, a): (1, 10), (1, 3, b): (1, 30)}
+    side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found=found))
+    assert disk.adopt(a, 0)  # stored again meanwhile, on path 0
+    side.stack.discard(a)  # then found wrong: gone from every tier
+    side.build_meta()
+    side.build_meta()
+    assert adopted == [(b, 3)] and disk.slot_of(a) is None and disk.slot_of(b) == 3
+    assert disk.free_slots == disk.num_slots - 1  # slot 1 back in service, empty

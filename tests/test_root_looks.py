@@ -55,3 +55,25 @@ def test_a_late_look_is_under_way_until_what_it_left_is_dealt_with():
         release.set()
         closed.set()
     wait_until(lambda: under_way("test-look-left") == [], "the late look to be over")
+
+
+def test_a_path_with_a_look_past_its_deadline_is_not_looked_at_by_any_kind():
+    """A path whose open hung is not waited for again by every other look at it (the
+    scheduler side's writer ids, its index files): any kind passes it over at once."""
+    from kvtier.io.root_looks import stuck
+
+    release, calls = threading.Event(), []
+
+    def look(root):
+        calls.append(root)
+        release.wait(30)
+        return root
+
+    try:
+        assert look_at_roots(["p"], look, 0.1, "test-kind-a") == {} and stuck("p")
+        assert look_at_roots(["p", "q"], lambda root: root, 5.0, "test-kind-b") == {"q": "q"}
+        assert calls == ["p"] and not stuck("q")
+    finally:
+        release.set()
+    wait_until(lambda: not stuck("p"), "the look past its deadline to end")
+    assert look_at_roots(["p"], lambda root: root, 5.0, "test-kind-b") == {"p": "p"}

@@ -10,7 +10,7 @@ from functools import partial
 
 from kvtier.disk.opening import OpenArgs
 from kvtier.io.bounded_jobs import path_job_wait
-from kvtier.io.root_looks import look_at_roots, under_way
+from kvtier.io.root_looks import look_at_roots, stuck, under_way
 from kvtier.segment.cachedir import CacheDir, CacheDirError
 from kvtier.segment.seat_reclaim import SeatReclaimer
 
@@ -48,7 +48,8 @@ class PathOpener:
     ``bounded``: the open runs on a thread of its own and is waited for
     ``path_job_wait(answer_timeout)``; one not over then (a mount that answered, then hung
     in the middle of the open) raises ``TimeoutError``, and what it opens later is closed.
-    While it runs on, a bounded open of the same root raises ``TimeoutError`` at once (no
+    While it runs on, or a look of any kind at the root runs on past its deadline
+    (``root_looks``), a bounded open of the same root raises ``TimeoutError`` at once (no
     second thread is left behind a hung mount). The search itself never touches this
     opener's state: the caller's thread applies it.
     """
@@ -66,9 +67,9 @@ class PathOpener:
         search = partial(_search, partial(self._open_as, root),
                          [self.writer] if self.settled else free, not self.settled)
         if bounded and self._wait is not None:
-            if root in under_way(self._kind):
-                raise TimeoutError("an earlier open of it has not ended (a mount that stopped "
-                                   "answering in the middle of the open?)")
+            if root in under_way(self._kind) or stuck(root):
+                raise TimeoutError("an earlier open or look of it has not ended (a mount that "
+                                   "stopped answering after it answered?)")
             done = look_at_roots([root], lambda _: search(), self._wait, self._kind, Search.close)
             if root not in done:
                 raise TimeoutError(f"no end to it within {self._wait:g} s (a mount that "

@@ -6,7 +6,9 @@ open, lookup or read: a FUSE daemon whose back end hung, a mount that stopped an
 just after it answered. A look that must not hold its caller (an engine's start, a step)
 runs on a daemon thread and is waited for until a deadline (``run_bounded``); a path whose
 look of that kind is still under way from an earlier call is not looked at again (no
-thread more is left behind it) and counts, as one not over in time, as not answered.
+thread more is left behind it) and counts, as one not over in time, as not answered; nor
+is one with a look of any kind still under way past its deadline (a path whose open hung
+is not waited for again by every other look at it).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from kvtier.io.bounded_jobs import run_bounded
 
 T = TypeVar("T")
 
-_UNDER_WAY: set[tuple[str, str]] = set()  # (path, kind): a look still running
+# (path, kind) of each look still running -> whether it is past its deadline (its caller
+# went on without it)
+_UNDER_WAY: dict[tuple[str, str], bool] = {}
 _LOCK = threading.Lock()
 
 
@@ -30,22 +34,29 @@ def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | 
     """``look(root)`` for each of ``roots`` at once, each on a daemon thread named
     ``kind``, waited for ``wait`` seconds together (None: as long as they take); by root,
     what each that ended in time returned or raised. A root missing did not end in time,
-    or still had a look of ``kind`` under way: it was not looked at again. What a look
-    returns after its wait goes to ``left_over``, and only then is that look over."""
+    or still had a look of ``kind`` under way, or one of any kind past its deadline: it was
+    not looked at again. What a look returns after its wait goes to ``left_over``, and only
+    then is that look over."""
     with _LOCK:
-        due = [root for root in dict.fromkeys(roots) if (root, kind) not in _UNDER_WAY]
-        _UNDER_WAY.update((root, kind) for root in due)
+        late = {root for (root, _), past in _UNDER_WAY.items() if past}
+        due = [root for root in dict.fromkeys(roots)
+               if (root, kind) not in _UNDER_WAY and root not in late]
+        _UNDER_WAY.update(((root, kind), False) for root in due)
 
-    def late(root: str, outcome: T | BaseException) -> None:
+    def ended_late(root: str, outcome: T | BaseException) -> None:
         try:
             if left_over is not None and not isinstance(outcome, BaseException):
                 left_over(outcome)
         finally:
             _over(root, kind)
 
-    done = run_bounded({root: partial(look, root) for root in due}, wait, kind, late)
-    for root in done:
-        _over(root, kind)
+    done = run_bounded({root: partial(look, root) for root in due}, wait, kind, ended_late)
+    with _LOCK:
+        for root in due:
+            if root in done:
+                _UNDER_WAY.pop((root, kind), None)
+            elif (root, kind) in _UNDER_WAY:  # (not ended since, its left-over dealt with)
+                _UNDER_WAY[(root, kind)] = True
     return done
 
 
@@ -55,6 +66,12 @@ def under_way(kind: str) -> list[str]:
         return sorted(root for root, of in _UNDER_WAY if of == kind)
 
 
+def stuck(root: str) -> bool:
+    """Whether a look of any kind at ``root`` is still under way past its deadline."""
+    with _LOCK:
+        return any(past for (at, _), past in _UNDER_WAY.items() if at == root)
+
+
 def _over(root: str, kind: str) -> None:
     with _LOCK:
-        _UNDER_WAY.discard((root, kind))
+        _UNDER_WAY.pop((root, kind), None)

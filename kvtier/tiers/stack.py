@@ -92,6 +92,7 @@ class TierStack:
         self.demotions = 0
         self.on_disk_elsewhere: Callable[[ChunkKey], bool] | None = None
         self.on_disk_reserved: Callable[[int], None] | None = None
+        self.on_discard: Callable[[ChunkKey], None] | None = None  # told each key discarded
 
     def locate(self, key: ChunkKey) -> Location | None:
         """The hottest visible location of ``key``."""
@@ -218,5 +219,8 @@ class TierStack:
         return False
 
     def discard(self, key: ChunkKey) -> int:
-        """Drop ``key`` from every tier (for example after a failed checksum)."""
+        """Drop ``key`` from every tier (for example after a failed checksum); ``on_discard``
+        is told."""
+        if self.on_discard is not None:
+            self.on_discard(key)
         return sum(index.discard(key) for index in self.indexes.values())

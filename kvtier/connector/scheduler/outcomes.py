@@ -85,6 +85,14 @@ class Outcomes:
         if self._rewrites is not None:  # once the paths out of service are known
             self._rewrites.plan()
 
+    def step(self) -> None:
+        """Once a scheduler step: a few chunks of a disk path back adopted (``DiskPathsBack``)."""
+        if self.paths is not None:
+            self.paths.step()
+
+    def adopting(self) -> bool:
+        return self.paths is not None and self.paths.adopting
+
     def _loads_over(self, report: WorkerReport) -> None:
         for req_id, keys in report.load_failed.items():
             self._loads.note_failed(req_id, keys, keys & report.other_bad)

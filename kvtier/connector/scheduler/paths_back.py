@@ -34,9 +34,11 @@ class DiskPathsBack:
       back into service and each chunk every rank (``world_size``) found in the same slot is
       adopted, to be evicted before every chunk held, oldest first, unless the index holds
       the key (a copy stored elsewhere meanwhile) or the slot; ``on_adopted`` is told them
-      (the KV events), newest first. They are adopted ``ADOPT_PER_STEP`` a report, the
-      newest first, their slots kept out of service until then (a path back with a
-      hundred thousand chunks holds no step for long); a path out again drops the rest.
+      (the KV events), newest first. They are adopted ``ADOPT_PER_STEP`` a scheduler step
+      (``step``; ``adopting`` says some are left: vLLM keeps an idle engine stepping),
+      the newest first, their slots kept out of service until then (a path back with a
+      hundred thousand chunks holds no step for long); a path out again drops the rest,
+      and a key discarded from every tier meanwhile (a failed check) is not adopted.
 
     A path back from a fault after it had been in service comes back empty: no rank finds
     anything on it.
@@ -46,10 +48,12 @@ class DiskPathsBack:
                  on_adopted: Callable[[Adopted], None] | None = None) -> None:
         self.world_size, self._layout = world_size, layout
         self._index: SlotIndex = stack.indexes[TierName.DISK]
+        stack.on_discard = self._discarded
         self.on_adopted = on_adopted
         self._ranks_down = RankCount()  # disk path index -> ranks without it
         self._found: dict[int, dict[tuple[int, ChunkKey], tuple[int, int]]] = {}
         self._adopting: dict[int, deque[tuple[ChunkKey, int]]] = {}  # path -> newest first
+        self._discards: set[ChunkKey] = set()  # discarded while some wait to be adopted
 
     def apply(self, report: WorkerReport) -> None:
         for path, ranks in report.paths_down.items():
@@ -64,6 +68,12 @@ class DiskPathsBack:
         for path, ranks in report.paths_up.items():
             if self._ranks_down.down(path, ranks):
                 self._back(path, self._found.pop(path, {}))
+
+    @property
+    def adopting(self) -> bool:
+        return bool(self._adopting)
+
+    def step(self) -> None:
         if self._adopting:
             self._adopt(ADOPT_PER_STEP)
 
@@ -84,14 +94,23 @@ class DiskPathsBack:
             for _ in range(taken):
                 key, slot = pending.popleft()
                 if self._index.adopt_retired(key, slot, first=True):
-                    adopted.append((key, slot))
+                    if key not in self._discards:
+                        adopted.append((key, slot))
+                    else:  # its slot back in service, empty
+                        self._index.discard(key)
             budget -= taken
             if not pending:
                 del self._adopting[path]
             if budget <= 0:
                 break
+        if not self._adopting:
+            self._discards.clear()
         if adopted and self.on_adopted is not None:
             self.on_adopted(adopted)
+
+    def _discarded(self, key: ChunkKey) -> None:
+        if self._adopting:
+            self._discards.add(key)
 
     def _slots(self, path: int) -> range:
         return range(path, self._layout.num_slots, self._layout.num_paths)

@@ -249,6 +249,7 @@ class SchedulerSide:
             self.presence.next_step()
         if self._audit is not None:  # before the writes are taken: lost host chunks go again
             self._audit.tick()
+        self._outcomes.step()  # a disk path back: a few of its chunks adopted a step
         meta.loads = self._loads.take_new()
         meta.rewrites = self._pool.rewrites.take_new()  # a producer's failed disk writes
         if self.remote_writes is not None:
@@ -275,14 +276,13 @@ class SchedulerSide:
         if self.feed is not None:
             self.feed.reset()
         self.counters["cache_resets"] += 1
-        log.warning("kvtier: cache reset (vLLM's reset_connector): nothing cached before is "
-                    "loaded again")
+        log.warning("kvtier: cache reset (vLLM's reset_connector): nothing cached before loads")
         return True
 
     def has_pending_push_work(self) -> bool:
-        """Whether vLLM should step this engine though it has no request: a producer's pool
-        writes are out after a recent hand-off (``PoolWrites.pushing``)."""
-        return self._pool.pushing()
+        """Whether vLLM should step this engine with no request: a producer's pool writes out
+        after a hand-off (``PoolWrites.pushing``), or a disk path back's chunks to adopt."""
+        return self._pool.pushing() or self._outcomes.adopting()
 
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a
