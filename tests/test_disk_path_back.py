@@ -347,7 +347,7 @@ def test_a_path_out_again_drops_what_was_found_on_it():
     assert step.merged(later).paths_found == {(1, 2, b): (1, 8)}
 
 
-def test_a_path_back_with_many_chunks_is_adopted_a_few_a_report_newest_first(tmp_path, monkeypatch):
+def test_a_path_back_with_many_chunks_is_adopted_a_few_a_step_newest_first(tmp_path, monkeypatch):
     """A path back with a hundred thousand chunks would hold one scheduler step for
     seconds: they are adopted ``ADOPT_PER_STEP`` a scheduler step (vLLM steps an idle
     engine while some are left), newest first, their slots out of service until then (a
@@ -401,3 +401,22 @@ def test_a_key_discarded_while_its_old_copy_waits_to_be_adopted_is_not_adopted(t
     side.build_meta()
     assert adopted == [(b, 3)] and disk.slot_of(a) is None and disk.slot_of(b) == 3
     assert disk.free_slots == disk.num_slots - 1  # slot 1 back in service, empty
+
+
+def test_a_discard_while_a_path_was_adopting_counts_for_no_later_path_back(tmp_path, monkeypatch):
+    """A key discarded while path 1's chunks waited to be adopted, path 1 then out again:
+    a later path back holding that key (written since) adopts it."""
+    from kvtier.connector.scheduler import paths_back
+
+    monkeypatch.setattr(paths_back, "ADOPT_PER_STEP", 1)
+    side, disk, adopted = two_path_scheduler(tmp_path, world=1)
+    a, b = KEYS[:2]
+    side.worker_report(WorkerReport(paths_down=Counter({1: 1})))
+    side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found={
+        (1, 1, a): (1, 10), (1, 3, b): (1, 30)}))
+    side.stack.discard(a)  # a copy found wrong while path 1 adopts
+    side.worker_report(WorkerReport(paths_down=Counter({1: 1, 0: 1})))  # both out, none adopted
+    side.worker_report(WorkerReport(paths_up=Counter({1: 1, 0: 1}), paths_found={(0, 2, a): (1, 50)}))
+    for _ in range(3):
+        side.build_meta()
+    assert adopted == [(a, 2)] and disk.slot_of(a) == 2

@@ -77,3 +77,34 @@ def test_a_path_with_a_look_past_its_deadline_is_not_looked_at_by_any_kind():
         release.set()
     wait_until(lambda: not stuck("p"), "the look past its deadline to end")
     assert look_at_roots(["p"], lambda root: root, 5.0, "test-kind-b") == {"p": "p"}
+
+
+def test_a_look_started_after_a_late_one_ended_is_not_taken_for_it(monkeypatch):
+    """The first caller's look ends late just as it goes on, and another caller starts a
+    fresh look of the same kind: the fresh look is not marked past its deadline (it would
+    make every other look pass the path over while it runs)."""
+    from kvtier.io import root_looks
+    from kvtier.io.root_looks import stuck
+
+    real, first, second, fresh = root_looks.run_bounded, threading.Event(), threading.Event(), []
+
+    def then_a_fresh_look(jobs, wait, name, left_over=None):
+        done = real(jobs, wait, name, left_over)
+        if not fresh:
+            first.set()  # the first look ends late now...
+            wait_until(lambda: under_way("test-fresh") == [], "the late look to end")
+            thread = threading.Thread(target=lambda: fresh.append(look_at_roots(
+                ["p"], lambda root: second.wait(30) and root, 30.0, "test-fresh")))
+            fresh.append(thread)  # ...and another caller looks at the path afresh
+            thread.start()
+            wait_until(lambda: under_way("test-fresh") == ["p"], "the fresh look to start")
+        return done
+
+    monkeypatch.setattr(root_looks, "run_bounded", then_a_fresh_look)
+    try:
+        assert look_at_roots(["p"], lambda root: first.wait(30) and root, 0.1, "test-fresh") == {}
+        assert not stuck("p")
+    finally:
+        second.set()
+    fresh[0].join(30)
+    assert fresh[1:] == [{"p": "p"}]

@@ -22,9 +22,9 @@ from kvtier.io.bounded_jobs import run_bounded
 
 T = TypeVar("T")
 
-# (path, kind) of each look still running -> whether it is past its deadline (its caller
-# went on without it)
-_UNDER_WAY: dict[tuple[str, str], bool] = {}
+# (path, kind) of each look still running -> (the look, whether it is past its deadline:
+# its caller went on without it)
+_UNDER_WAY: dict[tuple[str, str], tuple[object, bool]] = {}
 _LOCK = threading.Lock()
 
 
@@ -37,26 +37,28 @@ def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | 
     or still had a look of ``kind`` under way, or one of any kind past its deadline: it was
     not looked at again. What a look returns after its wait goes to ``left_over``, and only
     then is that look over."""
+    this = object()  # these looks (a later call's looks of the same kind are others)
     with _LOCK:
-        late = {root for (root, _), past in _UNDER_WAY.items() if past}
+        late = {root for (root, _), (_, past) in _UNDER_WAY.items() if past}
         due = [root for root in dict.fromkeys(roots)
                if (root, kind) not in _UNDER_WAY and root not in late]
-        _UNDER_WAY.update(((root, kind), False) for root in due)
+        _UNDER_WAY.update(((root, kind), (this, False)) for root in due)
 
     def ended_late(root: str, outcome: T | BaseException) -> None:
         try:
             if left_over is not None and not isinstance(outcome, BaseException):
                 left_over(outcome)
         finally:
-            _over(root, kind)
+            _over(root, kind, this)
 
     done = run_bounded({root: partial(look, root) for root in due}, wait, kind, ended_late)
     with _LOCK:
         for root in due:
-            if root in done:
-                _UNDER_WAY.pop((root, kind), None)
-            elif (root, kind) in _UNDER_WAY:  # (not ended since, its left-over dealt with)
-                _UNDER_WAY[(root, kind)] = True
+            if _UNDER_WAY.get((root, kind), (None,))[0] is this:  # (not ended late since)
+                if root in done:
+                    del _UNDER_WAY[(root, kind)]
+                else:
+                    _UNDER_WAY[(root, kind)] = (this, True)
     return done
 
 
@@ -69,9 +71,10 @@ def under_way(kind: str) -> list[str]:
 def stuck(root: str) -> bool:
     """Whether a look of any kind at ``root`` is still under way past its deadline."""
     with _LOCK:
-        return any(past for (at, _), past in _UNDER_WAY.items() if at == root)
+        return any(past for (at, _), (_, past) in _UNDER_WAY.items() if at == root)
 
 
-def _over(root: str, kind: str) -> None:
+def _over(root: str, kind: str, look: object) -> None:
     with _LOCK:
-        _UNDER_WAY.pop((root, kind), None)
+        if _UNDER_WAY.get((root, kind), (None,))[0] is look:
+            del _UNDER_WAY[(root, kind)]

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 
 from kvtier.config.settings import KVTierConfig
-from kvtier.io.answers import answer_wait, answers, ask
+from kvtier.io.answers import answers, ask
+from kvtier.io.bounded_jobs import path_job_wait
 from kvtier.io.root_looks import look_at_roots
 from kvtier.io.safefs import SafeDir
 from kvtier.keys import Namespace
@@ -43,7 +44,7 @@ def engine_writers(config: KVTierConfig, namespaces: list[Namespace]) -> list[st
     take any segment's index for its own."""
     if config.instance_id:
         return [config.instance_id] * len(namespaces)
-    wait = _look_wait(config.load_timeout)
+    wait = path_job_wait(config.load_timeout)
     return [_this_engines(answering(config), ns, wait) for ns in namespaces]
 
 
@@ -52,13 +53,6 @@ def answering(config: KVTierConfig) -> tuple[str, ...]:
     ``kvtier.io.answers``); a path that does not holds no segment to be found."""
     ask(config.disk_paths, config.load_timeout)  # every path at once: hung ones cost one wait
     return tuple(root for root in config.disk_paths if answers(root, config.load_timeout))
-
-
-def _look_wait(timeout: float | None) -> float | None:
-    """How long a look at the paths for a writer id is waited for: the path's answer and a
-    few small reads (a lease each), twice what an answer is given."""
-    wait = answer_wait(timeout)
-    return None if wait is None else 2 * wait
 
 
 def _this_engines(roots: tuple[str, ...], namespace: Namespace, wait: float | None) -> str | None:
@@ -123,7 +117,7 @@ class EngineSegments:
     def __init__(self, config: KVTierConfig, namespaces: list[Namespace]) -> None:
         self._config, self._roots, self._namespaces = config, config.disk_paths, namespaces
         self._found: list[str | None] = [config.instance_id] * len(namespaces)
-        self._wait = _look_wait(config.load_timeout)
+        self._wait = path_job_wait(config.load_timeout)
 
     def __call__(self) -> list[OwnSegments]:
         own = []
@@ -172,7 +166,7 @@ def rank_writer_ids(config: KVTierConfig, namespace: Namespace,
     roots = answering(config)
     if not roots:  # no path answers: rank 0 holds no segment to be found, none is waited for
         return ids
-    first = leaders_writer(roots, leader, wait=_look_wait(config.load_timeout))
+    first = leaders_writer(roots, leader, wait=path_job_wait(config.load_timeout))
     return ids if first is None else [first, *[i for i in ids if i != first]]
 
 

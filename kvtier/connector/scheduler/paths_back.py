@@ -20,7 +20,7 @@ from kvtier.tiers.stack import TierStack
 log = logging.getLogger("kvtier")
 
 Adopted = list[tuple[ChunkKey, int]]  # (key, disk slot)
-ADOPT_PER_STEP = 4096  # chunks adopted per worker report at most: one step is never held long
+ADOPT_PER_STEP = 4096  # chunks adopted per scheduler step at most: no step is held long
 
 
 class DiskPathsBack:
@@ -59,6 +59,8 @@ class DiskPathsBack:
         for path, ranks in report.paths_down.items():
             self._found.pop(path, None)
             self._adopting.pop(path, None)  # (its slots kept out go out with the path)
+            if not self._adopting:
+                self._discards.clear()
             if self._ranks_down.up(path, ranks):
                 self._index.retire(self._slots(path))
         for (path, slot, key), (ranks, generation) in report.paths_found.items():
