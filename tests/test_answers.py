@@ -1,6 +1,7 @@
 """Asking a path's file system to answer within a deadline (kvtier/io/answers.py); a file
 system that never answers is tests/test_hung_disk_path.py's."""
 
+import errno
 import threading
 
 import pytest
@@ -127,3 +128,15 @@ def test_a_special_file_at_the_path_answers_at_once_without_being_opened(tmp_pat
     with pytest.raises(NotADirectoryError):
         wait_for_answer(str(fifo), 5.0)
     assert answers(str(fifo), 5.0) and outstanding(str(fifo)) == 0
+
+
+def test_a_symlink_at_the_path_is_not_followed_by_the_question(tmp_path):
+    """A path that is a symlink answers (refused, as ``SafeDir.open`` refuses it) without
+    its target being asked: a hostile link to a hung mount holds no question."""
+    import os
+
+    (tmp_path / "target").mkdir()
+    os.symlink(tmp_path / "target", tmp_path / "link")
+    with pytest.raises(OSError) as raised:
+        wait_for_answer(str(tmp_path / "link"), 5.0)
+    assert raised.value.errno in (errno.ELOOP, errno.ENOTDIR)  # (not followed: refused)

@@ -138,10 +138,12 @@ def _ask_anew(where: Where, now: float) -> tuple[Future[None], float] | None:
 
 
 def _asked(path: str) -> None:
-    """What a path is asked: its file system's statistics, then an open of its directory
-    (never blocking on a special file: ``O_DIRECTORY`` refuses one before opening it)."""
+    """What a path is asked: its file system's statistics, then an open of its directory,
+    as ``SafeDir.open`` opens it (no symlink followed; never blocking on a special file:
+    ``O_DIRECTORY`` refuses one before opening it). Whatever it raises is its answer."""
     os.statvfs(path)
-    os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC))
+    os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC))
 
 
 def _ask(where: Where, asked: Future[None]) -> None:

@@ -76,11 +76,11 @@ class ChunkIndex:
     slot for ``key``), True when ``key`` had none; ``remove(key, source, slot)`` forgets it
     (nothing when unknown), True when that was ``key``'s last copy; ``items()`` lists one
     copy of each key; ``listener``, when set, is called with (key, copy) when a key gains
-    its first copy and (key, None) when it loses its last;
-    ``first(key)`` is one copy of ``key`` (None when none is known), ``copies(key)`` every
-    one; ``at(key, source, slot)`` is that copy, if known; ``len()`` counts the distinct keys. Each is O(1),
-    whatever the number of copies of one key. A key with one copy costs one dict entry
-    and one integer. Not thread-safe: the caller holds its lock."""
+    its first copy and (key, None) when it loses its last; ``first(key)`` is one copy of
+    ``key`` (None when none is known), ``copies(key)`` every one; ``at(key, source, slot)``
+    is that copy, if known; ``len()`` counts the distinct keys. Each is O(1), whatever the
+    number of copies of one key. A key with one copy costs one dict entry and one integer.
+    Not thread-safe: the caller holds its lock."""
 
     def __init__(self) -> None:
         self._by_key: dict[ChunkKey, int | _Copies] = {}

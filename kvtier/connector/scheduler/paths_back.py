@@ -59,8 +59,6 @@ class DiskPathsBack:
         for path, ranks in report.paths_down.items():
             self._found.pop(path, None)
             self._adopting.pop(path, None)  # (its slots kept out go out with the path)
-            if not self._adopting:
-                self._discards.clear()
             if self._ranks_down.up(path, ranks):
                 self._index.retire(self._slots(path))
         for (path, slot, key), (ranks, generation) in report.paths_found.items():
@@ -87,6 +85,8 @@ class DiskPathsBack:
             log.info("kvtier disk path %d back on every rank: %d chunks found on it by every "
                      "rank, adopted over the next steps", path, len(whole))
         if kept:  # newest first, each before the last
+            if not self._adopting:  # discards told before are of no chunk waiting now
+                self._discards.clear()
             self._adopting[path] = deque((key, slot) for _, slot, key in whole if slot in kept)
 
     def _adopt(self, budget: int) -> None:
@@ -105,8 +105,6 @@ class DiskPathsBack:
                 del self._adopting[path]
             if budget <= 0:
                 break
-        if not self._adopting:
-            self._discards.clear()
         if adopted and self.on_adopted is not None:
             self.on_adopted(adopted)
 
