@@ -26,7 +26,8 @@ most ``max_repeats`` times (its results are the runs' results in order, each wit
 scheduler side sees every chunk of each list in another engine's segment, at most
 ``timeout`` seconds, and gives the wall-clock time each became visible (null: never). A
 phase with ``reset_cache`` first resets vLLM's caches and the connector's
-(``reset_prefix_cache(reset_connector=True)``, as a weight update in place does).
+(``reset_prefix_cache(reset_connector=True)``, as a weight update in place does); with
+``reset_prefix``, vLLM's prefix cache alone (``reset_prefix_cache()``).
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ def run_phases(llm, spec: dict) -> dict:
             open(phase["mark"], "w").close()
         if phase.get("reset_cache") and not llm.reset_prefix_cache(reset_connector=True):
             raise SystemExit("vLLM's cache reset (reset_connector) failed")
+        if phase.get("reset_prefix") and not llm.reset_prefix_cache():
+            raise SystemExit("vLLM's prefix cache reset failed")
         if phase.get("watch") is not None:
             out["phases"].append(watch_visible(llm, phase["watch"], phase.get("timeout", 60)))
             continue

@@ -20,6 +20,7 @@ CHUNK = 256
 PROMPTS = prompts(21, 4, 600)  # two full chunks and a tail each: 8 chunks on 3 host slots
 LAST = prompts(22, 1, 100)  # one more step or so, for the last reports
 OTHERS = prompts(23, 3, 100)  # the restarted engine's: none of the first run's tokens
+AFTER = prompts(24, 1, 100)  # the restarted engine's, after vLLM's prefix cache was reset
 
 
 class Subscriber:
@@ -84,14 +85,17 @@ def events_run(tmp_path_factory, work, phases: list, name: str, **more) -> tuple
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The engine, then the same engine restarted on its disk with other prompts only; then
+    """The engine, then the same engine restarted on its disk with other prompts only (then
+    vLLM's prefix cache reset, kvtier's not, and one more prompt); then
     an engine with no disk on a remote store (redis-server) computing some of the first's
     prompts, and another engine on the first's directory (a segment of its own) and on that
     store, with other prompts only."""
     work = tmp_path_factory.mktemp("events")
     (work / "disk").mkdir(mode=0o700)
     first = events_run(tmp_path_factory, work, [phase(PROMPTS), phase(LAST)], "events")
-    again = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16)], "restarted")
+    again = events_run(tmp_path_factory, work, [phase(OTHERS, max_tokens=16),
+                                                 {**phase(AFTER), "reset_prefix": True}],
+                       "restarted")
     server = RedisServer(work / "redis").start()  # a remote store for the last two
     try:
         writer = events_run(tmp_path_factory, work, [phase(PROMPTS[:2]), phase(LAST)],
@@ -226,3 +230,29 @@ def test_another_engine_on_the_remote_store_publishes_the_first_ones_chunks_as_r
     assert 1 <= len(remote) <= before["kvtier"]["remote_written_chunks"]
     for tokens, named in remote.items():
         assert written[tokens] == named  # as the engine that computed them named them
+
+
+def test_after_vllms_prefix_cache_reset_every_chunk_on_disk_is_published_again(runs):
+    """vLLM's ``AllBlocksCleared`` makes a router forget every block of the engine, kvtier's
+    too: the chunks the router had been told of are told again after it, a parent first."""
+    _, (out, again), *_ = runs
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    (clear,) = [i for i, e in enumerate(again) if isinstance(e, AllBlocksCleared)]
+    before: dict = {}
+    for e in again[:clear]:
+        if e.medium in ("CPU", "STORAGE"):
+            held = (e.medium, tuple(e.block_hashes))
+            (before.__setitem__ if isinstance(e, BlockStored) else before.pop)(held, e)
+    assert any(medium == "STORAGE" for medium, _ in before)  # the disk, named from records
+    told, parents = set(), set()
+    for e in again[clear + 1:]:
+        if isinstance(e, BlockStored) and e.medium in ("CPU", "STORAGE"):
+            told.add((e.medium, tuple(e.block_hashes)))
+            # a parent the engine holds is told before its child
+            assert e.parent_block_hash is None or e.parent_block_hash in parents \
+                or not any(e.parent_block_hash == h[-1] for _, h in before)
+            parents.add(e.block_hashes[-1])
+        assert not isinstance(e, BlockRemoved) or e.medium == "GPU"
+    assert set(before) <= told
+    assert out["kvtier"]["kv_events_retold"] == len(before)

@@ -3,9 +3,12 @@ prefix that only kvtier's tiers still hold (the engine's GPU cache evicted it) g
 engine holding it, because kvtier published it in the engines' KV event streams
 (docs/vllm.md, "Routers"). Without kvtier's events the router sees no holder at all: both
 engines cost the same, and its tie-break sends every prefix to one of them, so half the
-prefixes (each engine holds two) land on the wrong one."""
+prefixes (each engine holds two) land on the wrong one. After vLLM's prefix cache is reset
+alone (its ``AllBlocksCleared`` makes the router forget every block of the engine), kvtier
+tells its chunks again, and routing goes on following them."""
 
 import time
+import urllib.request
 
 import pytest
 
@@ -32,7 +35,8 @@ def fleet(tmp_path_factory):
         disk = work / f"disk-{i}"
         disk.mkdir(mode=0o700)
         configs.append(EngineConfig(model, disk_extra(disk, CHUNK), GPU_BLOCKS))
-    with Fleet(work, {**engine_env(), "OMP_WAIT_POLICY": "PASSIVE"}) as fleet:
+    env = {**engine_env(), "OMP_WAIT_POLICY": "PASSIVE", "VLLM_SERVER_DEV_MODE": "1"}
+    with Fleet(work, env) as fleet:  # dev mode: vLLM's /reset_prefix_cache
         fleet.start_engines(configs)
         fleet.start_router("kv_aware", log_level="debug")  # subscribed before any event
         yield fleet
@@ -63,6 +67,17 @@ def served_by(fleet, before: list[dict], timeout: float = 10.0) -> tuple[int, li
         time.sleep(0.1)
 
 
+def routed_to_holders(fleet) -> None:
+    """Each prefix, sent through the router, is served by the engine whose kvtier holds it."""
+    for i, prompt in enumerate(PREFIXES):
+        before = counters(fleet)
+        complete(fleet.router, prompt)
+        engine, delta = served_by(fleet, before)
+        assert engine == i % 2, f"prefix {i}, held by engine {i % 2}, was sent to engine {engine}"
+        assert delta[engine]["gpu"] == 0, "the GPU cache still held the prefix"
+        assert delta[engine]["kvtier"] >= 2 * CHUNK - 1, "kvtier did not serve the prefix"
+
+
 def test_a_prefix_only_kvtier_holds_is_routed_to_the_engine_holding_it(fleet):
     engines = fleet.engines
     for i, prompt in enumerate(PREFIXES + FILLERS):
@@ -71,12 +86,18 @@ def test_a_prefix_only_kvtier_holds_is_routed_to_the_engine_holding_it(fleet):
     for engine, prompt in zip(engines, TICKS, strict=True):
         complete(engine.url, prompt)
     time.sleep(1.0)  # the router takes them in
-    for i, prompt in enumerate(PREFIXES):
-        before = counters(fleet)
-        complete(fleet.router, prompt)
-        engine, delta = served_by(fleet, before)
-        assert engine == i % 2, f"prefix {i}, held by engine {i % 2}, was sent to engine {engine}"
-        assert delta[engine]["gpu"] == 0, "the GPU cache still held the prefix"
-        assert delta[engine]["kvtier"] >= 2 * CHUNK - 1, "kvtier did not serve the prefix"
+    routed_to_holders(fleet)
     router = scrape(fleet.router_metrics)
     assert total(router, "vllm_router_kv_placement_lookups_total", result="hit") >= len(PREFIXES)
+
+
+def test_after_vllms_prefix_cache_reset_the_router_still_sees_kvtiers_chunks(fleet):
+    """vLLM's plain reset (kvtier's tiers kept) of both engines, with no request after it:
+    each idle engine steps to tell its chunks again, and the prefixes, gone from the GPU
+    caches, still go to the engines holding them."""
+    for engine in fleet.engines:
+        reset = urllib.request.Request(f"{engine.url}/reset_prefix_cache", b"", method="POST")
+        with urllib.request.urlopen(reset, timeout=30) as reply:
+            assert reply.status == 200
+    time.sleep(1.5)  # the engines step, and the router takes their events in
+    routed_to_holders(fleet)  # the first prefix too: told again before any request came

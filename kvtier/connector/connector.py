@@ -24,7 +24,7 @@ from kvtier.connector.common.messages import StepPlan, WorkerReport
 from kvtier.connector.common.model_settings import settings_digest
 from kvtier.connector.scheduler.handoff import Role, fit_role
 from kvtier.connector.scheduler.side import SchedulerSide
-from kvtier.connector.vllm_events import VllmHashing, event_factory
+from kvtier.connector.vllm_events import GpuClears, VllmHashing, event_factory
 from kvtier.connector.worker.counters import WorkerCounters
 from kvtier.connector.worker.side import WorkerSide
 from kvtier.errors import ConfigError
@@ -104,6 +104,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         self._metrics = None
+        self._clears: GpuClears | None = None
         port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
@@ -112,6 +113,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
                 self.config, self.geometry, namespaces, tp,
                 event_factory(vllm_config, kv_cache_config, block), kv_role,
                 VllmHashing(vllm_config, block))
+            self._clears = GpuClears() if self._scheduler.events is not None else None
             if port:
                 self._metrics = serve_metrics(port, self._scheduler.metric_samples,
                                               self.config.metrics_host)
@@ -226,6 +228,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         scheduler = self._scheduler_side
+        self._look_for_clears()
         meta = KVTierMetadata()
         scheduler.build_meta(meta)
         scheduled = scheduler_output.num_scheduled_tokens
@@ -255,7 +258,19 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
     def has_pending_push_work(self) -> bool:
         # a producer's pool writes after a hand-off: their outcomes (and a failed one's
         # write again) come only with steps, so an idle engine keeps stepping a while
-        return self._scheduler is not None and self._scheduler.has_pending_push_work()
+        if self._scheduler is None:
+            return False
+        self._look_for_clears()
+        return self._scheduler.has_pending_push_work()
+
+    def _look_for_clears(self) -> None:
+        # vLLM's GPU cache cleared without kvtier's (a plain reset_prefix_cache): its
+        # AllBlocksCleared, published before kvtier's events, makes a router forget kvtier's
+        # chunks too, which are loaded still: they are told again (KVEvents.router_cleared)
+        manager, events = self._kv_cache_manager, self._scheduler_side.events
+        if self._clears is not None and manager is not None and events is not None \
+                and self._clears.look(manager.block_pool):
+            events.router_cleared()
 
     def reset_cache(self) -> bool | None:
         # vLLM's reset_connector (a weight update in place, a pause clearing the caches):

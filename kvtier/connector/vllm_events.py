@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
     BlockHash,
@@ -73,6 +73,25 @@ def _where(remote: bool) -> dict[str, str]:
     """``locality`` (and for the remote store ``ownership``, which vllm-router requires of
     a REMOTE block: its external tier) of one of kvtier's events."""
     return {"locality": "REMOTE", "ownership": OWNERSHIP} if remote else {"locality": "LOCAL"}
+
+
+class GpuClears:
+    """Whether vLLM cleared its GPU cache since the last look (``reset_prefix_cache``): the
+    newest ``AllBlocksCleared`` in its block pool's queue of events is one not seen before.
+    vLLM hands that queue to its publisher after the connector's looks of a step (its
+    ``has_requests`` and ``build_connector_meta``), and kvtier's events right after it."""
+
+    def __init__(self) -> None:
+        self._last: AllBlocksCleared | None = None  # kept, so that its id is no other's
+
+    def look(self, block_pool: Any) -> bool:
+        for event in reversed(getattr(block_pool, "kv_event_queue", None) or ()):
+            if isinstance(event, AllBlocksCleared):
+                if event is self._last:
+                    return False
+                self._last = event
+                return True
+        return False
 
 
 def event_factory(vllm_config: Any, kv_cache_config: Any, block_tokens: int) -> VllmEvents | None:

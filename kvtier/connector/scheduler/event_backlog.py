@@ -37,7 +37,8 @@ class EventBacklog:
     ``place(slot)`` is the place of the stored change of ``slot`` waiting (None: none);
     ``held(slot)`` whether the router holds ``slot`` once the changes waiting are handed
     over (a stored change waits, or one was handed and no removal since, handed or waiting:
-    a slot told of is remembered until its removal is handed over).
+    a slot told of is remembered until its removal is handed over). ``cleared()``: the
+    router forgot every slot; the ones it was told of and still held are returned.
     ``take(count)`` hands over the oldest ``count`` changes at most, as ``(stored, slot,
     blocks)``, and keeps the rest in order. At most ``limit`` stored changes wait: past it
     the oldest of them is dropped (the router is told nothing of it), counted in
@@ -82,6 +83,14 @@ class EventBacklog:
         elif slot not in self._removed and slot not in self._cancelled:
             self._removed[slot] = (self._next, blocks)
             self._next += 1
+
+    def cleared(self) -> list[Slot]:
+        """The router forgot every slot (vLLM's ``AllBlocksCleared``, handed over before the
+        changes waiting now): returns the slots it had been told of that are still held, to
+        be told again; the removals waiting are dropped (it holds none of those now)."""
+        held = [slot for slot in self._told if slot not in self._removed]
+        self._told, self._removed = set(), OrderedDict()
+        return held
 
     def take(self, count: int) -> list[tuple[bool, Slot, Any]]:
         taken: list[tuple[bool, Slot, Any]] = []

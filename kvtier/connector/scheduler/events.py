@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from kvtier.connector.common.geometry import KVGeometry
 from kvtier.connector.scheduler.event_backlog import EventBacklog
+from kvtier.connector.scheduler.event_retell import Retell
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 
@@ -112,7 +113,11 @@ class KVEvents:
     router would ignore); a removal of a chunk the router was told of is never dropped.
     ``counters["kv_events"]`` counts the events taken. A chunk stored again goes after
     its parent's stored change waiting, unless the router holds the parent already.
-    Nothing here blocks or does I/O.
+    ``router_cleared()``: the router forgot every chunk while the tiers still hold them
+    (vLLM's plain cache reset): each one it had been told of is told again, a chunk after
+    its parent, as room in the takes allows (``Retell``; ``retelling`` while some wait);
+    a chunk stored meanwhile goes after its parent, told first. Nothing here blocks or
+    does I/O.
     """
 
     def __init__(self, geometry: KVGeometry, factory: EventFactory, counters: Counter,
@@ -126,6 +131,7 @@ class KVEvents:
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
         self._remote: set[ChunkKey] = set()  # published as held by the remote store
         self._keys: dict[bytes, ChunkKey] = {}  # the recorded chunks by their last block hash
+        self._retell = Retell()  # told of, to be told again after the router forgot them
 
     def __len__(self) -> int:
         """Chunks recorded."""
@@ -135,7 +141,16 @@ class KVEvents:
         """Forget every chunk and every change waiting: vLLM's cache reset told the router
         every block is gone (``AllBlocksCleared``), and no chunk held now is loaded again."""
         self._blocks, self._left, self._storage, self._remote, self._keys = {}, set(), {}, set(), {}
-        self._backlog = EventBacklog(self._limit, self.counters)
+        self._backlog, self._retell = EventBacklog(self._limit, self.counters), Retell()
+
+    def router_cleared(self) -> None:
+        slots = self._backlog.cleared()
+        self.counters["kv_events_retold"] += len(slots)
+        self._retell.add(slots, self._parent_key)
+
+    @property
+    def retelling(self) -> bool:
+        return len(self._retell) > 0
 
     def published(self, block_hash: bytes) -> bool:
         """Whether the router holds a chunk ending with block ``block_hash`` once the events
@@ -223,11 +238,30 @@ class KVEvents:
             self._queue_event(stored, key, MEDIUMS[TierName.DISK])
 
     def _queue_event(self, stored: bool, key: ChunkKey, medium: str, remote: bool = False) -> None:
+        if self._retell.drop((key, medium, remote)) and not stored:
+            return  # gone before it was told again: the router holds nothing of it
         blocks = self._blocks.get(key)
         if blocks is None:
             return
+        if stored:
+            self._tell_ancestors(key)
         after = self._parent_place(blocks) if stored else -1
         self._backlog.change(stored, (key, medium, remote), blocks, after)
+
+    def _parent_key(self, key: ChunkKey) -> ChunkKey | None:
+        blocks = self._blocks.get(key)
+        return None if blocks is None or blocks.parent is None else self._keys.get(blocks.parent)
+
+    def _tell_ancestors(self, key: ChunkKey) -> None:
+        """The ancestors of chunk ``key`` still to be told again are told now, first."""
+        chain = []
+        parent = self._parent_key(key)
+        while parent is not None and parent in self._retell and parent not in chain:
+            chain.append(parent)
+            parent = self._parent_key(parent)
+        for ancestor in reversed(chain):
+            for slot in self._retell.pop(ancestor):
+                self._queue_event(True, *slot)
 
     def _parent_place(self, blocks: ChunkBlocks) -> int:
         """The place of the parent's first stored change waiting, which a chunk of
@@ -253,6 +287,8 @@ class KVEvents:
                 if blocks is not None and self._keys.get(blocks.hashes[-1]) == key:
                     del self._keys[blocks.hashes[-1]]
         self._left.clear()
+        for slot in self._retell.next(self.per_take - len(self._backlog)):
+            self._queue_event(True, *slot)
         events: list[Any] = []
         for stored, (_, medium, remote), blocks in self._backlog.take(self.per_take):
             make = self.factory.stored if stored else self.factory.removed

@@ -69,6 +69,9 @@ _PLAIN = [  # (metric, help, counter)
     ("kv_events_dropped_total", "KV stored events dropped, the oldest first, while vLLM took "
      "none (more than 65,536 waiting; never a removal), and chunks named from token records "
      "dropped while waiting for the chunk before them (more than 65,536)", "kv_events_dropped"),
+    ("kv_events_retold_total", "Chunks told again in KV events after vLLM's prefix cache was "
+     "reset alone (its AllBlocksCleared makes a router forget kvtier's chunks too)",
+     "kv_events_retold"),
     ("kv_events_unnamed_total", "Chunks on disk (at start, or in other engines' segments) "
      "and remote log entries not named in KV events: no token record naming their key",
      "kv_events_unnamed"),

@@ -55,8 +55,7 @@ class SchedulerSide:
     ``counters`` (chunks loaded by tier, stored, written, failed), ``recovered`` (chunks
     found on disk at start), ``disk_layout`` (None without disk paths), ``events`` (the KV
     events of its tiers, made by ``event_factory``; None while vLLM's are off). With
-    ``hashing`` (vLLM's), each chunk written to disk keeps a token record in its header.
-    """
+    ``hashing`` (vLLM's), each chunk written to disk keeps a token record in its header."""
 
     def __init__(self, config: KVTierConfig, geometry: KVGeometry, namespaces: list[Namespace],
                  world_size: int, event_factory: EventFactory | None = None,
@@ -189,8 +188,7 @@ class SchedulerSide:
         return tracked is not None and self._tail_due(tracked, num_computed_after)
 
     def _tail_due(self, tracked: Tracked, num_computed_after: int) -> bool:
-        """Whether the request's prompt tail is computed and not offered yet (every full
-        chunk before it offered)."""
+        """Whether the request's prompt tail is computed and not offered yet (its chunks were)."""
         tail = self.tail(tracked.request)  # first: a prompt that grew has a new tail to offer
         if tracked.tail_done:
             return False
@@ -281,8 +279,10 @@ class SchedulerSide:
 
     def has_pending_push_work(self) -> bool:
         """Whether vLLM should step this engine with no request: a producer's pool writes out
-        after a hand-off (``PoolWrites.pushing``), or a disk path back's chunks to adopt."""
-        return self._pool.pushing() or self._outcomes.adopting()
+        after a hand-off (``PoolWrites.pushing``), a disk path back's chunks to adopt, or
+        chunks to tell a router again (``KVEvents.retelling``)."""
+        retelling = self.events is not None and self.events.retelling
+        return self._pool.pushing() or self._outcomes.adopting() or retelling
 
     def request_finished(self, req_id: str) -> bool:
         """True while an asynchronous load into the request's blocks is still running (a

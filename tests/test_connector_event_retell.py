@@ -1,0 +1,177 @@
+"""After vLLM cleared its GPU cache alone (a plain ``reset_prefix_cache``), a router forgets
+every block of the engine, kvtier's too: each chunk the router had been told of and the
+tiers still hold is told again (``event_retell.py``, ``KVEvents.router_cleared``), a chunk
+after its parent, a share per take; one stored meanwhile follows its parent, one removed
+meanwhile is not told. vLLM's ``AllBlocksCleared`` is seen in its block pool's queue
+(``GpuClears``), and an idle engine steps until every chunk is told again."""
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from kvtier.config.settings import load_config
+from kvtier.connector.scheduler.event_retell import Retell, depths
+from kvtier.connector.scheduler.events import KVEvents
+from kvtier.connector.scheduler.side import SchedulerSide
+from kvtier.connector.scheduler.tier_watch import WatchedIndex
+from kvtier.keys import ChunkKey
+from kvtier.tiers.base import TierName
+from kvtier.tiers.policy import make_policy
+from tests.helpers.scheduler_side import CHUNK, GEO
+from tests.test_connector_event_backlog import Anchored, Chained, chunk, prompt
+
+
+def last(i: int) -> bytes:
+    return chunk(i)[1].hashes[-1]
+
+
+def tiers(events: KVEvents) -> tuple[WatchedIndex, WatchedIndex]:
+    return (WatchedIndex(100, make_policy("lru"), TierName.HOST, events),
+            WatchedIndex(100, make_policy("lru"), TierName.DISK, events))
+
+
+def put(index: WatchedIndex, *keys: ChunkKey) -> None:
+    for key in keys:
+        index.reserve(key)
+        index.commit(key)
+
+
+def drain(events: KVEvents, router: Anchored) -> list[int]:
+    sizes = []
+    while size := router.apply(events.take()):
+        sizes.append(size)
+    return sizes
+
+
+def test_every_chunk_held_is_told_again_after_the_router_forgot_them_a_parent_first():
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Chained(), counters)
+    events.per_take = 4
+    host, disk = tiers(events)
+    router = Anchored()
+    keys = prompt(events, 6)
+    put(host, *keys)
+    put(disk, *keys[:3])
+    drain(events, router)
+    held = ({("CPU", False, last(i)) for i in range(6)}
+            | {("STORAGE", False, last(i)) for i in range(3)})
+    assert router.held == held
+    host.discard(keys[5])  # its removal waits when the router forgets all
+    router.held.clear()  # vLLM's AllBlocksCleared, handed over before the events waiting
+    events.router_cleared()
+    assert events.retelling and counters["kv_events_retold"] == 8
+    assert drain(events, router) == [4, 4]  # a share per take; the removal not handed
+    assert router.held == held - {("CPU", False, last(5))}  # the Anchored router kept each
+    assert not events.retelling
+
+
+def test_a_chunk_stored_meanwhile_follows_its_parent_told_first():
+    events = KVEvents(GEO, Chained(), Counter())
+    events.per_take = 1
+    host, _ = tiers(events)
+    router = Anchored()
+    keys = prompt(events, 4)
+    put(host, *keys[:3])
+    drain(events, router)
+    router.held.clear()
+    events.router_cleared()
+    put(host, keys[3])  # its parent, grandparent and root wait to be told again
+    drain(events, router)
+    assert router.held == {("CPU", False, last(i)) for i in range(4)}
+
+
+def test_a_chunk_removed_before_it_was_told_again_is_not_told():
+    events = KVEvents(GEO, Chained(), Counter())
+    host, _ = tiers(events)
+    router = Anchored()
+    (root, child) = prompt(events, 2)
+    put(host, root, child)
+    drain(events, router)
+    router.held.clear()
+    events.router_cleared()
+    host.discard(child)
+    taken = events.take()
+    assert [(e[0], e[3]) for e in taken] == [("stored", last(0))]  # no removal of the child
+    assert len(events) == 1  # the child's record let go
+
+
+def test_a_second_clear_before_the_first_was_told_tells_both_once():
+    counters: Counter = Counter()
+    events = KVEvents(GEO, Chained(), counters)
+    events.per_take = 2
+    host, _ = tiers(events)
+    router = Anchored()
+    keys = prompt(events, 5)
+    put(host, *keys)
+    drain(events, router)
+    router.held.clear()
+    events.router_cleared()
+    router.apply(events.take())  # two told again
+    router.held.clear()
+    events.router_cleared()  # those two again, the three still waiting kept
+    assert drain(events, router) == [2, 2, 1]
+    assert router.held == {("CPU", False, last(i)) for i in range(5)}
+
+
+def test_nothing_is_told_again_after_a_reset_of_kvtiers_cache_too():
+    """``reset_connector``: kvtier's events forgot every chunk first (``KVEvents.clear``)."""
+    events = KVEvents(GEO, Chained(), Counter())
+    host, _ = tiers(events)
+    put(host, *prompt(events, 2))
+    events.take()
+    events.clear()
+    events.router_cleared()
+    assert not events.retelling and events.take() == []
+
+
+def test_chunks_are_ordered_by_their_ancestors_each_visited_once():
+    parents = {ChunkKey(b"c"): ChunkKey(b"b"), ChunkKey(b"b"): ChunkKey(b"a"),
+               ChunkKey(b"y"): ChunkKey(b"x"), ChunkKey(b"x"): ChunkKey(b"y")}  # x, y: a loop
+    found = depths({ChunkKey(k) for k in (b"c", b"a", b"b", b"z", b"x")}, parents.get)
+    assert {k: found[ChunkKey(k)] for k in (b"a", b"b", b"c", b"z")} == \
+        {b"a": 0, b"b": 1, b"c": 2, b"z": 0}
+    assert found[ChunkKey(b"x")] in (0, 1)
+    retell = Retell()
+    slots = [(ChunkKey(k), "CPU", False) for k in (b"c", b"b", b"a")]
+    retell.add(slots, parents.get)
+    assert retell.pop(ChunkKey(b"b")) == [slots[1]] and ChunkKey(b"b") not in retell
+    assert retell.next(5) == [slots[2], slots[0]] and len(retell) == 0
+
+
+def pool(*queue) -> SimpleNamespace:
+    return SimpleNamespace(kv_event_queue=list(queue))
+
+
+def test_vllms_clear_is_seen_once_in_its_block_pools_queue():
+    pytest.importorskip("vllm")
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved
+
+    from kvtier.connector.vllm_events import GpuClears
+
+    clears = GpuClears()
+    other = BlockRemoved(block_hashes=[], medium="GPU")
+    assert not clears.look(pool()) and not clears.look(pool(other))
+    first = AllBlocksCleared()
+    assert clears.look(pool(other, first, other))
+    assert not clears.look(pool(other, first))  # the same, not taken yet: seen already
+    assert clears.look(pool(first, AllBlocksCleared()))  # another reset before the take
+    assert not clears.look(SimpleNamespace())  # a pool without events
+
+
+def test_an_idle_engine_steps_while_chunks_wait_to_be_told_again():
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
+    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
+    assert side.events is not None
+    side.events.per_take = 2
+    for key in prompt(side.events, 3):
+        side.events.stored(key, TierName.HOST)
+    side.take_events()
+    side.take_events()
+    assert not side.has_pending_push_work()
+    side.events.router_cleared()
+    steps = 0
+    while side.has_pending_push_work() and steps < 10:  # vLLM steps the idle engine
+        steps += 1
+        side.take_events()
+    assert steps == 2
