@@ -6,7 +6,6 @@ it goes before its children (and after its parent), and a chunk whose stored cha
 dropped is told once stored again. A parent counts as published only while the router
 holds it once the events waiting are taken."""
 
-from array import array
 from collections import Counter
 
 from kvtier.connector.scheduler.anchors import Anchors
@@ -17,46 +16,8 @@ from kvtier.connector.scheduler.tier_watch import WatchedIndex
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 from kvtier.tiers.policy import make_policy
+from tests.helpers.event_router import Anchored, Chained, Factory, Router, chunk, prompt, recorded
 from tests.helpers.scheduler_side import GEO
-
-
-class Factory:
-    """A stand-in for ``VllmEvents``: (kind, medium, remote, last hash)."""
-
-    def extra_keys(self, request, start, stop):
-        return None
-
-    def stored(self, blocks, medium, remote=False):
-        return [("stored", medium, remote, blocks.hashes[-1])]
-
-    def removed(self, blocks, medium, remote=False):
-        return [("removed", medium, remote, blocks.hashes[-1])]
-
-
-class Router:
-    """What a router credits the engine with, per medium, from the events it was given."""
-
-    def __init__(self) -> None:
-        self.held: set[tuple[str, bool, bytes]] = set()
-
-    def apply(self, events) -> int:
-        for kind, medium, remote, last in events:
-            (self.held.add if kind == "stored" else self.held.discard)((medium, remote, last))
-        return len(events)
-
-
-def chunk(i: int) -> tuple[ChunkKey, ChunkBlocks]:
-    h = i.to_bytes(32, "big")
-    return ChunkKey(i.to_bytes(16, "big")), ChunkBlocks((h, h), None, array("i", [i] * 32))
-
-
-def recorded(events: KVEvents, count: int, first: int = 0) -> list[ChunkKey]:
-    keys = []
-    for i in range(first, first + count):
-        key, blocks = chunk(i)
-        events.record(key, None, 0, blocks)
-        keys.append(key)
-    return keys
 
 
 def test_every_removal_of_a_retired_path_reaches_the_router_a_share_per_take():
@@ -128,42 +89,6 @@ def test_the_backlog_hands_changes_over_in_the_order_they_came():
     assert backlog.take(3) == [(True, slots[0], "a"), (False, slots[1], "b"),
                                (True, slots[2], "c")]
     assert backlog.take(3) == [(False, slots[3], "d")] and len(backlog) == 0
-
-
-class Anchored(Router):
-    """A router that drops a stored chunk whose parent block it was not told of (vllm-router
-    0.1.17: "unknown parent; skipping unanchored store"), as the events of ``Chained`` say."""
-
-    def apply(self, events) -> int:
-        known = {last for _, _, last in self.held}
-        for kind, medium, remote, last, parent in events:
-            if kind == "removed":
-                self.held.discard((medium, remote, last))
-            elif parent is None or parent in known:
-                self.held.add((medium, remote, last))
-                known.add(last)
-        return len(events)
-
-
-class Chained(Factory):
-    """``Factory``'s events, and the hash of the block before the chunk."""
-
-    def stored(self, blocks, medium, remote=False):
-        return [(*event, blocks.parent) for event in super().stored(blocks, medium, remote)]
-
-    def removed(self, blocks, medium, remote=False):
-        return [(*event, blocks.parent) for event in super().removed(blocks, medium, remote)]
-
-
-def prompt(events: KVEvents, count: int, first: int = 0) -> list[ChunkKey]:
-    """``count`` chunks of one prompt, recorded: each one's last block the next one's parent."""
-    keys, parent = [], None
-    for i in range(first, first + count):
-        key, blocks = chunk(i)
-        events.record(key, None, 0, ChunkBlocks(blocks.hashes, parent, blocks.tokens))
-        keys.append(key)
-        parent = blocks.hashes[-1]
-    return keys
 
 
 def test_a_chunk_stored_again_before_the_take_goes_before_its_children():

@@ -1,9 +1,10 @@
 """After vLLM cleared its GPU cache alone (a plain ``reset_prefix_cache``), a router forgets
 every block of the engine, kvtier's too: each chunk the router had been told of and the
-tiers still hold is told again (``event_retell.py``, ``KVEvents.router_cleared``), a chunk
-after its parent, a share per take; one stored meanwhile follows its parent, one removed
-meanwhile is not told. vLLM's ``AllBlocksCleared`` is seen in its block pool's queue
-(``GpuClears``), and an idle engine steps until every chunk is told again."""
+tiers still hold, or whose stored change waited, is told again (``event_retell.py``,
+``KVEvents.router_cleared``), after its ancestors, a share per take; one stored meanwhile
+follows its parent, one removed meanwhile is not told. vLLM's ``AllBlocksCleared`` is seen
+in its block pool's queue (``GpuClears``), and an idle engine steps until every chunk is
+told again."""
 
 from collections import Counter
 from types import SimpleNamespace
@@ -11,15 +12,15 @@ from types import SimpleNamespace
 import pytest
 
 from kvtier.config.settings import load_config
-from kvtier.connector.scheduler.event_retell import Retell, depths
-from kvtier.connector.scheduler.events import KVEvents
+from kvtier.connector.scheduler.event_retell import Retell
+from kvtier.connector.scheduler.events import ChunkBlocks, KVEvents
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.scheduler.tier_watch import WatchedIndex
 from kvtier.keys import ChunkKey
 from kvtier.tiers.base import TierName
 from kvtier.tiers.policy import make_policy
+from tests.helpers.event_router import Anchored, Chained, chunk, prompt
 from tests.helpers.scheduler_side import CHUNK, GEO
-from tests.test_connector_event_backlog import Anchored, Chained, chunk, prompt
 
 
 def last(i: int) -> bytes:
@@ -125,18 +126,59 @@ def test_nothing_is_told_again_after_a_reset_of_kvtiers_cache_too():
     assert not events.retelling and events.take() == []
 
 
-def test_chunks_are_ordered_by_their_ancestors_each_visited_once():
-    parents = {ChunkKey(b"c"): ChunkKey(b"b"), ChunkKey(b"b"): ChunkKey(b"a"),
-               ChunkKey(b"y"): ChunkKey(b"x"), ChunkKey(b"x"): ChunkKey(b"y")}  # x, y: a loop
-    found = depths({ChunkKey(k) for k in (b"c", b"a", b"b", b"z", b"x")}, parents.get)
-    assert {k: found[ChunkKey(k)] for k in (b"a", b"b", b"c", b"z")} == \
-        {b"a": 0, b"b": 1, b"c": 2, b"z": 0}
-    assert found[ChunkKey(b"x")] in (0, 1)
-    retell = Retell()
-    slots = [(ChunkKey(k), "CPU", False) for k in (b"c", b"b", b"a")]
-    retell.add(slots, parents.get)
-    assert retell.pop(ChunkKey(b"b")) == [slots[1]] and ChunkKey(b"b") not in retell
-    assert retell.next(5) == [slots[2], slots[0]] and len(retell) == 0
+def test_the_slots_waiting_are_returned_each_once_and_wait_till_dropped():
+    retell = Retell([("CPU", False), ("STORAGE", False)])
+    a, b, c, d = [(ChunkKey(bytes([n]) * 16), "CPU", False) for n in range(4)]
+    retell.add({a, b, c})
+    got = retell.next(2)
+    assert len(got) == 2 and len(retell) == 3  # waiting till dropped
+    assert all(retell.drop(slot) for slot in got) and not retell.drop(got[0])
+    (left,) = {a, b, c} - set(got)
+    assert retell.drop(left)  # told with a child before its turn, say
+    assert retell.next(5) == []  # dropped: not returned
+    retell.add({got[0], d})
+    retell.add({got[0], c})  # a second clear while some wait: each kept once
+    assert len(retell) == len({got[0], c, d}) and retell.of(d[0]) == [d]
+    rest = retell.next(5)
+    assert sorted(rest) == sorted({got[0], c, d}) and retell.next(5) == []
+    assert all(retell.drop(slot) for slot in rest) and len(retell) == 0
+
+
+def test_a_child_waiting_when_the_router_forgot_all_goes_after_its_parent_told_again():
+    """The child's stored change waited (its parent told) when the router forgot every
+    block: it is told anew after its parent, not first (a router drops it then)."""
+    events = KVEvents(GEO, Chained(), Counter())
+    events.per_take = 1
+    host, _ = tiers(events)
+    router = Anchored()
+    keys = prompt(events, 3)
+    put(host, keys[0])
+    drain(events, router)
+    put(host, keys[1], keys[2])  # both wait, the router holding their parent
+    router.held.clear()
+    events.router_cleared()
+    drain(events, router)
+    assert router.held == {("CPU", False, last(i)) for i in range(3)}
+
+
+def test_a_chunk_named_from_its_record_is_not_held_back_by_a_parent_waiting_to_be_told():
+    """A parent waiting to be told again counts as published: a chunk named under it goes
+    now, its parent told first, rather than wait for it (and be dropped past a bound)."""
+    events = KVEvents(GEO, Chained(), Counter())
+    host, _ = tiers(events)
+    router = Anchored()
+    (parent,) = prompt(events, 1)
+    put(host, parent)
+    drain(events, router)
+    router.held.clear()
+    events.router_cleared()
+    assert events.published(last(0))
+    child, blocks = chunk(1)
+    events.found(child, ChunkBlocks(blocks.hashes, last(0), blocks.tokens), shared=False,
+                 on_disk=True)
+    events.per_take = 1
+    drain(events, router)
+    assert router.held == {("CPU", False, last(0)), ("STORAGE", False, last(1))}
 
 
 def pool(*queue) -> SimpleNamespace:

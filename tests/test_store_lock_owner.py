@@ -12,7 +12,8 @@ import pytest
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.shared.follower import FollowedCounts
-from kvtier.store.books import Books, Skip, open_books
+from kvtier.store.books import Books, open_books
+from kvtier.store.skip import Skip
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
 from kvtier.tiers.policy import LRUPolicy

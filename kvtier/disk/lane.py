@@ -173,10 +173,11 @@ class DiskLane:
         self._reported.update(down)
         return down
 
-    def _back(self, index: int, found: list[RecoveredSlot]) -> None:
-        if index in self._reported:
-            self._reported.discard(index)
-            self._on_back(index, found)
+    def _back(self, index: int, found: list[RecoveredSlot]) -> Callable[[], bool] | None:
+        if index not in self._reported:
+            return None
+        self._reported.discard(index)
+        return self._on_back(index, found)
 
     def note_failure(self, result: IOResult, op: str) -> str | None:
         if result.status is not IOStatus.PATH_DOWN:

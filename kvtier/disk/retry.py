@@ -16,7 +16,9 @@ from kvtier.io.guarded import start_thread
 
 log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
-OnBack = Callable[[int, list[RecoveredSlot]], None]
+# a path back: its index and what it holds; returns None, or a call that adopts a share of
+# it with the lock taken (not held by the caller) and says whether some are left
+OnBack = Callable[[int, list[RecoveredSlot]], "Callable[[], bool] | None"]
 
 
 class DiskRetries:
@@ -28,7 +30,9 @@ class DiskRetries:
     file system hung, or stopped answering during its read-back at start; its segment's
     lock or every seat was held) is read back as at start, from its index file or a scan of
     its slot headers (``threads`` at a time), before it is said to be back; ``found`` is
-    what it holds, as ``DiskTier.recover`` reports it. A path that was in service before
+    what it holds, as ``DiskTier.recover`` reports it. Where ``on_back`` returns a call, the
+    read-back's thread makes it, without the lock, until it returns False (the owner adopts
+    ``found`` a share a lock hold) or the engine closes. A path that was in service before
     comes back empty (``found`` is empty): what it held while it failed (a sync that failed
     loses writes no one can name) is not vouched for. A path that fails again while it is
     read back is not said to be back.
@@ -86,6 +90,7 @@ class DiskRetries:
         """What path ``index`` holds, then said back (unless given up on meanwhile)."""
         path = self._disk.paths.states[index]
         report: RecoveryReport | None = None
+        more = None
         try:
             report = self._disk.recover(self._threads, path=index)
         finally:
@@ -97,7 +102,9 @@ class DiskRetries:
                         log.info("kvtier disk path %s, out of service since the start: %d chunks "
                                  "found on it (%d slots torn)", path.root, len(report.slots),
                                  report.torn)
-                        self._on_back(index, report.slots)
+                        more = self._on_back(index, report.slots)
+        while more is not None and not self._engine.closed and more():
+            pass  # each call holds the lock for one share only
 
     def _give_up_late_reads(self) -> None:
         if not self._reading or self._wait is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Sequence
-from enum import Enum
 from typing import Any
 
 from kvtier.disk.lane import DiskLane, NoDisk
@@ -16,6 +15,8 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.logs import FailureLog
 from kvtier.shared.follower import FollowedCounts
+from kvtier.store.adoption import Adoption, adopt
+from kvtier.store.skip import Skip
 from kvtier.store.stats import StoreStats
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
@@ -24,17 +25,8 @@ from kvtier.tiers.stack import Location, StorePlan, TierStack
 
 DISK = TierName.DISK
 Lane = DiskLane | NoDisk
+AdoptSome = Callable[[], bool]  # adopts a share of a path's chunks: whether some are left
 Pins = Iterable[tuple[ChunkKey, Location]]
-
-
-class Skip(Enum):
-    """Why a chunk was not planned (``put``) or fetched (``get``)."""
-
-    PRESENT = "present"  # put: cached already, or being written
-    NO_ROOM = "no room"  # no slot free now
-    NO_ROOM_BELOW = "no room below"  # get: room only by dropping a later chunk of its own
-    BUSY = "busy"  # get: another get is reading it into host memory: wait for that
-    END = "end"  # get: not cached, or its staging slot could not be written back in time
 
 
 class Held:
@@ -42,12 +34,15 @@ class Held:
     inside that ``with`` only. ``stack``, ``stats`` and ``failures`` are read and changed
     freely there; the methods are the steps the parts share."""
 
-    __slots__ = ("_lane", "_lock", "failures", "stack", "stats")
+    __slots__ = ("_lane", "_lock", "adoption", "failures", "stack", "stats")
 
     def __init__(self, stack: TierStack, stats: StoreStats, failures: FailureLog, lane: Lane,
                  lock: threading.Lock) -> None:
         self.stack, self.stats, self.failures = stack, stats, failures
         self._lane, self._lock = lane, lock
+        self.adoption = Adoption(stack.indexes[DISK]) if DISK in stack.indexes else None
+        if self.adoption is not None:
+            stack.on_discard = self.adoption.discarded
 
     def __enter__(self) -> Held:
         self._lock.acquire()
@@ -78,15 +73,28 @@ class Held:
         """Take the slots of paths that went out of service away from the disk index."""
         for index, reason in self._lane.newly_down().items():
             self.stats.paths_down[self._lane.roots[index]] = reason
+            if self.adoption is not None:
+                self.adoption.path_out(index)  # its chunks waiting go out with it
             self.stack.indexes[DISK].retire(self._lane.slots_of_path(index))
 
-    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> None:
+    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> AdoptSome | None:
         """A disk path came back into service, holding ``found`` (empty unless it was out
-        since the start: ``DiskRetries``); a key held elsewhere meanwhile keeps that copy."""
+        since the start: ``DiskRetries``); a key held elsewhere meanwhile keeps that copy.
+        ``found`` is adopted a share a lock hold (``Adoption``): returns the call that adopts
+        the next share and says whether some are left (made without the lock: it takes it),
+        or None when none waits."""
         self.stats.paths_back += 1
         self.stats.paths_down.pop(self._lane.roots[index], None)
-        self.stack.indexes[DISK].unretire(self._lane.slots_of_path(index))
-        self.stats.recovered_chunks += adopt(self.stack.indexes[DISK], found)
+        if self.adoption is None:
+            return None
+        waiting = self.adoption.start(index, self._lane.slots_of_path(index), found)
+        return self._adopt_some if waiting else None
+
+    def _adopt_some(self) -> bool:
+        with self:
+            assert self.adoption is not None
+            self.stats.recovered_chunks += self.adoption.step()
+            return self.adoption.waiting
 
 
 class Books:
@@ -120,8 +128,8 @@ class Books:
         """The lock, held for the ``with`` it opens, and the bookkeeping under it."""
         return self._held
 
-    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> None:
-        self._held.path_back(index, found)  # the lane calls it with the lock held
+    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> AdoptSome | None:
+        return self._held.path_back(index, found)  # the lane calls it with the lock held
 
     # -- where chunks are ----------------------------------------------------------------
 
@@ -273,13 +281,6 @@ class Books:
             self._stack.on_disk_elsewhere = on_disk
 
 
-def adopt(index: SlotIndex, found: Iterable[RecoveredSlot]) -> int:
-    """Put the chunks ``found`` on disk in ``index``, to be evicted before every chunk held
-    and oldest first, each whose key and slot are free there; how many were."""
-    return sum(index.adopt(slot.header.key, slot.slot, first=True)
-               for slot in sorted(found, key=lambda r: r.header.generation, reverse=True))
-
-
 LaneOpener = Callable[[threading.Lock, OnBack, FailureLog], Lane]
 
 
@@ -291,9 +292,8 @@ def open_books(open_lane: LaneOpener,
     lock, failures = threading.Lock(), FailureLog()
     opened: list[Books] = []
 
-    def on_back(index: int, found: list[RecoveredSlot]) -> None:
-        if opened:
-            opened[0].path_back(index, found)
+    def on_back(index: int, found: list[RecoveredSlot]) -> AdoptSome | None:
+        return opened[0].path_back(index, found) if opened else None
 
     lane = open_lane(lock, on_back, failures)
     opened.append(Books(TierStack(levels(lane)), lane, StoreStats(), failures, lock))

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from kvtier.io.batch_reads import READ_GROUP_BYTES
 from kvtier.keys import ChunkKey
-from kvtier.store.books import Skip
 from kvtier.store.chunk_runs import Run
 from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState
 from kvtier.store.reads import Fetcher
+from kvtier.store.skip import Skip
 from kvtier.store.state import DISK, HOST, StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.base import TierName

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvtier.keys import ChunkKey
-from kvtier.store.books import Skip
 from kvtier.store.chunk_runs import Run
+from kvtier.store.skip import Skip
 from kvtier.store.state import StoreState
 from kvtier.store.writes import PlanRunner
 from kvtier.tiers.stack import StorePlan

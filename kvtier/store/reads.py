@@ -11,10 +11,11 @@ import numpy as np
 
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
-from kvtier.store.books import Held, Skip
+from kvtier.store.books import Held
 from kvtier.store.direct import DirectTarget
 from kvtier.store.fetch import Fetch, FetchState, Source, fingerprint
 from kvtier.store.read_jobs import ReadJobs
+from kvtier.store.skip import Skip
 from kvtier.store.staging import Stagings
 from kvtier.store.state import DISK, HOST, REMOTE, SHARED, StoreState
 from kvtier.store.writes import PlanRunner
@@ -35,8 +36,7 @@ class Fetcher:
     begun, grouped; ``complete(fetch)`` says where the chunk can be copied from (for a
     direct read: its disk slot, the bytes being in place), or None when its read failed (the
     chunk is dropped) or was not over in time (a direct read's pages are then detached from
-    the caller); ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned.
-    """
+    the caller); ``release(*fetches)`` unpins what ``begin`` and ``complete`` pinned."""
 
     def __init__(self, state: StoreState, runner: PlanRunner) -> None:
         self.state, self.runner, self.books = state, runner, state.books

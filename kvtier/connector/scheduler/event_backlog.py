@@ -38,7 +38,7 @@ class EventBacklog:
     ``held(slot)`` whether the router holds ``slot`` once the changes waiting are handed
     over (a stored change waits, or one was handed and no removal since, handed or waiting:
     a slot told of is remembered until its removal is handed over). ``cleared()``: the
-    router forgot every slot; the ones it was told of and still held are returned.
+    router forgot every slot; those it holds once told anew are returned, and nothing waits.
     ``take(count)`` hands over the oldest ``count`` changes at most, as ``(stored, slot,
     blocks)``, and keeps the rest in order. At most ``limit`` stored changes wait: past it
     the oldest of them is dropped (the router is told nothing of it), counted in
@@ -84,12 +84,16 @@ class EventBacklog:
             self._removed[slot] = (self._next, blocks)
             self._next += 1
 
-    def cleared(self) -> list[Slot]:
+    def cleared(self) -> set[Slot]:
         """The router forgot every slot (vLLM's ``AllBlocksCleared``, handed over before the
-        changes waiting now): returns the slots it had been told of that are still held, to
-        be told again; the removals waiting are dropped (it holds none of those now)."""
-        held = [slot for slot in self._told if slot not in self._removed]
-        self._told, self._removed = set(), OrderedDict()
+        changes waiting now): returns the slots it was told of and that are still held, those
+        whose stored change waits and those dropped, all to be told anew; nothing waits any
+        more (the removals: it holds none of those now)."""
+        held = self._told  # taken over, not copied: a disk may hold a million of them
+        held.difference_update(self._removed)
+        held.update(self._stored, self._dropped)
+        self._stored, self._places, self._stale, self._told = {}, [], 0, set()
+        self._cancelled, self._removed, self._dropped = OrderedDict(), OrderedDict(), OrderedDict()
         return held
 
     def take(self, count: int) -> list[tuple[bool, Slot, Any]]:

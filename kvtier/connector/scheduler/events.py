@@ -114,9 +114,11 @@ class KVEvents:
     ``counters["kv_events"]`` counts the events taken. A chunk stored again goes after
     its parent's stored change waiting, unless the router holds the parent already.
     ``router_cleared()``: the router forgot every chunk while the tiers still hold them
-    (vLLM's plain cache reset): each one it had been told of is told again, a chunk after
-    its parent, as room in the takes allows (``Retell``; ``retelling`` while some wait);
-    a chunk stored meanwhile goes after its parent, told first. Nothing here blocks or
+    (vLLM's plain cache reset): each one it had been told of, or was to be, is told again
+    as room in the takes allows (``Retell``; ``retelling`` until every change waiting
+    then and since is taken), each after
+    its ancestors waiting, told first; a chunk stored meanwhile goes after its parent too,
+    and ``published`` counts a parent waiting to be told again. Nothing here blocks or
     does I/O.
     """
 
@@ -131,7 +133,8 @@ class KVEvents:
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
         self._remote: set[ChunkKey] = set()  # published as held by the remote store
         self._keys: dict[bytes, ChunkKey] = {}  # the recorded chunks by their last block hash
-        self._retell = Retell()  # told of, to be told again after the router forgot them
+        self._retell = Retell(PLACES)  # to be told again after the router forgot them
+        self._retelling = False  # since the router forgot all, until every change is taken
 
     def __len__(self) -> int:
         """Chunks recorded."""
@@ -141,16 +144,18 @@ class KVEvents:
         """Forget every chunk and every change waiting: vLLM's cache reset told the router
         every block is gone (``AllBlocksCleared``), and no chunk held now is loaded again."""
         self._blocks, self._left, self._storage, self._remote, self._keys = {}, set(), {}, set(), {}
-        self._backlog, self._retell = EventBacklog(self._limit, self.counters), Retell()
+        self._backlog, self._retell = EventBacklog(self._limit, self.counters), Retell(PLACES)
+        self._retelling = False
 
     def router_cleared(self) -> None:
         slots = self._backlog.cleared()
         self.counters["kv_events_retold"] += len(slots)
-        self._retell.add(slots, self._parent_key)
+        self._retell.add(slots)
+        self._retelling = self._retelling or bool(slots)
 
     @property
     def retelling(self) -> bool:
-        return len(self._retell) > 0
+        return self._retelling
 
     def published(self, block_hash: bytes) -> bool:
         """Whether the router holds a chunk ending with block ``block_hash`` once the events
@@ -158,7 +163,8 @@ class KVEvents:
         a chunk whose parent it is, queued now, follows it (``anchors.py``). A chunk whose
         stored event was cancelled, dropped or followed by its removal is not."""
         key = self._keys.get(block_hash)
-        return key is not None and any(self._backlog.held((key, *place)) for place in PLACES)
+        return key is not None and (any(self._backlog.held((key, *place)) for place in PLACES)
+                                    or bool(self._retell.of(key)))
 
     def record(self, key: ChunkKey, request: Any, chunk: int,
                blocks: ChunkBlocks | None = None) -> None:
@@ -253,15 +259,9 @@ class KVEvents:
         return None if blocks is None or blocks.parent is None else self._keys.get(blocks.parent)
 
     def _tell_ancestors(self, key: ChunkKey) -> None:
-        """The ancestors of chunk ``key`` still to be told again are told now, first."""
-        chain = []
-        parent = self._parent_key(key)
-        while parent is not None and parent in self._retell and parent not in chain:
-            chain.append(parent)
-            parent = self._parent_key(parent)
-        for ancestor in reversed(chain):
-            for slot in self._retell.pop(ancestor):
-                self._queue_event(True, *slot)
+        """The ancestors of chunk ``key`` waiting to be told again are told now, first."""
+        for slot in self._retell.ancestors(key, self._parent_key):
+            self._queue_event(True, *slot)
 
     def _parent_place(self, blocks: ChunkBlocks) -> int:
         """The place of the parent's first stored change waiting, which a chunk of
@@ -288,10 +288,12 @@ class KVEvents:
                     del self._keys[blocks.hashes[-1]]
         self._left.clear()
         for slot in self._retell.next(self.per_take - len(self._backlog)):
-            self._queue_event(True, *slot)
+            if self._retell.drop(slot):  # one at a time: those after it wait while it is told
+                self._queue_event(True, *slot)
         events: list[Any] = []
         for stored, (_, medium, remote), blocks in self._backlog.take(self.per_take):
             make = self.factory.stored if stored else self.factory.removed
             events += make(blocks, medium, remote=True) if remote else make(blocks, medium)
         self.counters["kv_events"] += len(events)
+        self._retelling = self._retelling and bool(len(self._retell) or len(self._backlog))
         return events
