@@ -36,6 +36,7 @@ from kvtier.connector.common.messages import WorkerReport
 from kvtier.connector.scheduler import paths_back
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.disk.recovery import RecoveredSlot
+from kvtier.disk.retry import SHARE_PAUSE_S
 from kvtier.io.format import Codec, SlotHeader
 from kvtier.layout import KVLayout
 from kvtier.store import adoption
@@ -89,6 +90,7 @@ def store_calls_held(chunks: int, per_hold: int) -> dict:
             books = store._books  # white-box: the lock and the call a read-back makes
             found = [RecoveredSlot(2 * i + 1, SlotHeader(b"n" * 16, os.urandom(16), Codec.NONE,
                                                          0, 0, 0, i, 0)) for i in range(chunks)]
+            found.reverse()  # newest first, as a read-back's thread sorts them off the lock
             with books.held() as held:  # the path taken out, as at start
                 held.stack.indexes[TierName.DISK].retire(range(1, 2 * chunks, 2))
             calls: list[float] = []
@@ -108,8 +110,8 @@ def store_calls_held(chunks: int, per_hold: int) -> dict:
             began = time.perf_counter()
             with books.held():  # the read-back's thread: on_back with the lock held
                 more = books.path_back(1, found)
-            while more is not None and more():  # then a share a hold
-                pass
+            while more is not None and more():  # then a share a hold, as DiskRetries does
+                time.sleep(SHARE_PAUSE_S)
             took = time.perf_counter() - began
             time.sleep(0.05)
             stop.set()
@@ -124,7 +126,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=200_000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    batched = paths_back.ADOPT_PER_STEP
+    batched, per_hold = paths_back.ADOPT_PER_STEP, adoption.ADOPT_PER_HOLD
     rows = [steps_held(args.chunks, args.chunks), steps_held(args.chunks, batched)]
     for row in rows:
         print(f"ADOPT_PER_STEP {row['per_step']:>7}: the step back {row['back_s'] * 1e3:7.0f} ms, "
@@ -132,7 +134,7 @@ def main() -> None:
               f"(mean {row['later_mean_s'] * 1e3:.0f} ms)")
     print(f"the step back held {rows[1]['back_s'] / rows[0]['back_s']:.2f}x as long as adopting all at once")
     store = [store_calls_held(args.chunks, args.chunks),
-             store_calls_held(args.chunks, adoption.ADOPT_PER_HOLD)]
+             store_calls_held(args.chunks, per_hold)]
     for row in store:
         print(f"KVStore, ADOPT_PER_HOLD {row['per_hold']:>7}: adopted in {row['adopted_s']:.2f} s; "
               f"{row['lookups']} lookups meanwhile, the longest {row['lookup_max_s'] * 1e3:.0f} ms "

@@ -23,9 +23,10 @@ KEYS = [ChunkKey(bytes([n]) * 16) for n in range(1, 9)]
 
 
 def found(*chunks: tuple[ChunkKey, int, int]) -> list[RecoveredSlot]:
-    """(key, slot, generation) of each chunk a path back holds."""
+    """(key, slot, generation) of each chunk a path back holds, newest first (as a
+    read-back's thread sorts them)."""
     return [RecoveredSlot(slot, SlotHeader(b"n" * 16, key, Codec.NONE, 0, 0, 0, generation, 0))
-            for key, slot, generation in chunks]
+            for key, slot, generation in sorted(chunks, key=lambda c: c[2], reverse=True)]
 
 
 def path_one_out(slots: int = 8) -> tuple[SlotIndex, range]:
@@ -93,6 +94,10 @@ def test_a_store_adopts_a_path_back_a_share_per_lock_hold(tmp_path, monkeypatch)
     real = Adoption.step
     monkeypatch.setattr(Adoption, "step", lambda self, budget=None: shares.append(
         real(self, budget)) or shares[-1])
+    given = []
+    start = Adoption.start
+    monkeypatch.setattr(Adoption, "start", lambda self, path, slots, found: given.append(
+        [r.header.generation for r in found]) or start(self, path, slots, found))
     with KVStore(SMALL, {**cfg, "disk_retry": 0.001}) as store:
         at_start = store.stats().recovered_chunks
         assert 0 < at_start < 12 and str(roots[1]) in store.stats().paths_down
@@ -104,5 +109,6 @@ def test_a_store_adopts_a_path_back_a_share_per_lock_hold(tmp_path, monkeypatch)
             return store.stats().recovered_chunks == 12
         wait_until(adopted, "the path's chunks were never all adopted")
         assert shares == [3, 3] and not store.stats().paths_down
+        assert given[-1] == sorted(given[-1], reverse=True)  # newest first, sorted off the lock
         assert exact(store, tokens) == 12 * CHUNK and store.stats().corruptions == 0
     assert TierName.DISK in store.stats().chunks_loaded

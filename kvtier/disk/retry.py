@@ -18,6 +18,7 @@ log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
 # a path back: its index and what it holds; returns None, or a call that adopts a share of
 # it with the lock taken (not held by the caller) and says whether some are left
+SHARE_PAUSE_S = 0.001  # between two shares of an adoption: a waiting caller takes the lock
 OnBack = Callable[[int, list[RecoveredSlot]], "Callable[[], bool] | None"]
 
 
@@ -30,7 +31,7 @@ class DiskRetries:
     file system hung, or stopped answering during its read-back at start; its segment's
     lock or every seat was held) is read back as at start, from its index file or a scan of
     its slot headers (``threads`` at a time), before it is said to be back; ``found`` is
-    what it holds, as ``DiskTier.recover`` reports it. Where ``on_back`` returns a call, the
+    what it holds, as ``DiskTier.recover`` reports it, newest first. Where ``on_back`` returns a call, the
     read-back's thread makes it, without the lock, until it returns False (the owner adopts
     ``found`` a share a lock hold) or the engine closes. A path that was in service before
     comes back empty (``found`` is empty): what it held while it failed (a sync that failed
@@ -93,6 +94,7 @@ class DiskRetries:
         more = None
         try:
             report = self._disk.recover(self._threads, path=index)
+            report.slots.sort(key=lambda r: r.header.generation, reverse=True)  # off the lock
         finally:
             with self._lock:
                 if self._reading.get(index, (0.0, None))[1] is token:
@@ -104,7 +106,7 @@ class DiskRetries:
                                  report.torn)
                         more = self._on_back(index, report.slots)
         while more is not None and not self._engine.closed and more():
-            pass  # each call holds the lock for one share only
+            time.sleep(SHARE_PAUSE_S)  # the lock to a caller waiting (it is no fair lock)
 
     def _give_up_late_reads(self) -> None:
         if not self._reading or self._wait is None:

@@ -8,7 +8,7 @@ lock would hold every get and put for a second or more, so each lock hold adopts
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvtier.disk.recovery import RecoveredSlot
 from kvtier.keys import ChunkKey
@@ -21,14 +21,14 @@ class Adoption:
     """The chunks of each path back waiting to be adopted into the disk index.
 
     Contract (every call with the store's lock held): ``start(path, slots, found)`` puts
-    ``slots`` (the path's) back in service but those ``found`` holds, which stay retired and
-    wait, newest first; True when some wait. ``step(budget)`` adopts at most ``budget`` of
-    them (``ADOPT_PER_HOLD`` unless given), to be evicted before every chunk held, oldest
-    first (each adopted goes to the front), each unless the index holds its key (a copy
-    stored elsewhere meanwhile) or it was discarded meanwhile (``discarded``: a failed
-    check of another copy), whose slot comes back empty; returns how many were adopted.
-    ``path_out(path)``: the path went out of service again, its chunks waiting are dropped
-    (their slots go out with it). ``waiting``: whether some wait.
+    ``slots`` (the path's) back in service but those ``found`` (newest first: sorted off
+    the lock) holds, which stay retired and wait; True when some wait. ``step(budget)``
+    adopts at most ``budget`` of them (``ADOPT_PER_HOLD`` unless given), to be evicted
+    before every chunk held, oldest first (each adopted goes to the front), each unless the
+    index holds its key (a copy stored elsewhere meanwhile) or it was discarded meanwhile
+    (``discarded``: a failed check of another copy), whose slot comes back empty; returns
+    how many were adopted. ``path_out(path)``: the path went out of service again, its
+    chunks waiting are dropped (their slots go out with it). ``waiting``: whether some wait.
     """
 
     def __init__(self, index: SlotIndex) -> None:
@@ -40,14 +40,13 @@ class Adoption:
     def waiting(self) -> bool:
         return bool(self._waiting)
 
-    def start(self, path: int, slots: range, found: Iterable[RecoveredSlot]) -> bool:
-        newest = sorted(found, key=lambda r: r.header.generation, reverse=True)
-        kept = self._index.unretire(slots, but={r.slot for r in newest})
+    def start(self, path: int, slots: range, found: Sequence[RecoveredSlot]) -> bool:
+        kept = self._index.unretire(slots, but={r.slot for r in found})
         if not kept:
             return False
         if not self._waiting:  # discards told before are of no chunk waiting now
             self._discards.clear()
-        self._waiting[path] = deque((r.header.key, r.slot) for r in newest if r.slot in kept)
+        self._waiting[path] = deque((r.header.key, r.slot) for r in found if r.slot in kept)
         return True
 
     def step(self, budget: int | None = None) -> int:

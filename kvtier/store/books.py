@@ -77,12 +77,12 @@ class Held:
                 self.adoption.path_out(index)  # its chunks waiting go out with it
             self.stack.indexes[DISK].retire(self._lane.slots_of_path(index))
 
-    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> AdoptSome | None:
+    def path_back(self, index: int, found: Sequence[RecoveredSlot] = ()) -> AdoptSome | None:
         """A disk path came back into service, holding ``found`` (empty unless it was out
-        since the start: ``DiskRetries``); a key held elsewhere meanwhile keeps that copy.
-        ``found`` is adopted a share a lock hold (``Adoption``): returns the call that adopts
-        the next share and says whether some are left (made without the lock: it takes it),
-        or None when none waits."""
+        since the start: ``DiskRetries``, newest first), adopted a share a lock hold
+        (``Adoption``; a key held elsewhere meanwhile keeps that copy): returns the call that
+        adopts the next share (without the lock: it takes it) and says whether some are
+        left, or None when none waits."""
         self.stats.paths_back += 1
         self.stats.paths_down.pop(self._lane.roots[index], None)
         if self.adoption is None:
@@ -128,7 +128,7 @@ class Books:
         """The lock, held for the ``with`` it opens, and the bookkeeping under it."""
         return self._held
 
-    def path_back(self, index: int, found: Iterable[RecoveredSlot] = ()) -> AdoptSome | None:
+    def path_back(self, index: int, found: Sequence[RecoveredSlot] = ()) -> AdoptSome | None:
         return self._held.path_back(index, found)  # the lane calls it with the lock held
 
     # -- where chunks are ----------------------------------------------------------------
