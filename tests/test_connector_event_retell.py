@@ -217,3 +217,36 @@ def test_an_idle_engine_steps_while_chunks_wait_to_be_told_again():
         steps += 1
         side.take_events()
     assert steps == 2
+
+
+@pytest.mark.parametrize("vllm_cleared", [True, False])
+def test_kvtiers_reset_tells_the_removals_where_vllms_own_reset_failed(vllm_cleared):
+    """vLLM resets the connector (``reset_connector``) even when its own reset failed (blocks
+    in use): no ``AllBlocksCleared`` then, so the router is told each removal instead of
+    crediting chunks this engine never loads again."""
+    pytest.importorskip("vllm")
+    from vllm.distributed.kv_events import AllBlocksCleared
+
+    from kvtier.connector.connector import KVTierConnector
+    from kvtier.connector.vllm_events import GpuClears
+
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
+    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
+    assert side.events is not None
+    keys = prompt(side.events, 3)
+    for key in keys:
+        side.events.stored(key, TierName.HOST)
+    assert len(side.take_events()) == 3
+    side.events.stored(keys[2], TierName.DISK)  # waiting: never told, nothing to remove
+    connector = KVTierConnector.__new__(KVTierConnector)  # its scheduler side alone
+    queue = pool(AllBlocksCleared()) if vllm_cleared else pool()
+    connector._scheduler, connector._clears = side, GpuClears()
+    connector._kv_cache_manager = SimpleNamespace(block_pool=queue)
+    assert connector.reset_cache() is True
+    taken = side.take_events()
+    if vllm_cleared:
+        assert taken == []
+    else:
+        assert sorted((e[0], e[1], e[3]) for e in taken) == \
+            sorted(("removed", "CPU", last(i)) for i in range(3))
+    assert side.take_events() == [] and len(side.events) == 0

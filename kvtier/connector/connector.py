@@ -274,8 +274,14 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
 
     def reset_cache(self) -> bool | None:
         # vLLM's reset_connector (a weight update in place, a pause clearing the caches):
-        # nothing stored before is loaded again (``SchedulerSide.reset_cache``)
-        return None if self._scheduler is None else self._scheduler.reset_cache()
+        # nothing stored before is loaded again (``SchedulerSide.reset_cache``). vLLM resets
+        # the connector even when its own reset failed (blocks in use): no AllBlocksCleared
+        # then, and the router is told the removal of kvtier's chunks instead
+        if self._scheduler is None:
+            return None
+        manager = self._kv_cache_manager
+        told = self._clears is None or (manager is not None and self._clears.look(manager.block_pool))
+        return self._scheduler.reset_cache(told)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)

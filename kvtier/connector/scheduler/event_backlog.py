@@ -19,6 +19,7 @@ a new place, say, after a take handed its removal): then the chunk takes a new p
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 from typing import Any
 
@@ -49,7 +50,9 @@ class EventBacklog:
     tier held it, so that they take no more room than the records of the chunks the tiers
     held."""
 
-    def __init__(self, limit: int, counters: Counter) -> None:
+    def __init__(self, limit: int, counters: Counter,
+                 removals: Iterable[tuple[Slot, Any]] = ()) -> None:
+        """``removals``: (slot, blocks) of each removal to be handed over first."""
         self._limit, self._counters = limit, counters
         self._stored: dict[Slot, tuple[int, Any]] = {}  # the stored changes: (place, blocks)
         self._places: list[tuple[int, Slot]] = []  # a heap of their places, and of others
@@ -59,6 +62,8 @@ class EventBacklog:
         self._dropped: OrderedDict[Slot, None] = OrderedDict()  # stored changes dropped
         self._told: set[Slot] = set()  # slots handed over as stored, not removed since
         self._next = 0  # the order of a change among both
+        for slot, blocks in removals:
+            self.change(False, slot, blocks)
 
     def __len__(self) -> int:
         return len(self._stored) + len(self._removed)
@@ -83,6 +88,11 @@ class EventBacklog:
         elif slot not in self._removed and slot not in self._cancelled:
             self._removed[slot] = (self._next, blocks)
             self._next += 1
+
+    def told(self, blocks: dict[ChunkKey, Any]) -> list[tuple[Slot, Any]]:
+        """The slots the router holds now (told of, and no removal handed over since) whose
+        chunk ``blocks`` names, each with what it names."""
+        return [(slot, blocks[slot[0]]) for slot in self._told if slot[0] in blocks]
 
     def cleared(self) -> set[Slot]:
         """The router forgot every slot (vLLM's ``AllBlocksCleared``, handed over before the

@@ -56,14 +56,16 @@ class EventFeed:
         if self._storage is not None and self._storage.started:
             self._storage.add_own(own)
 
-    def reset(self) -> None:
+    def reset(self, router_told: bool = True) -> None:
         """vLLM's cache reset: nothing held now is told again. The events forget every chunk
-        (``KVEvents.clear``), and the reads of token records stop: chunks on disk and in the
-        remote store from before, this engine's or another's, are never loaded again."""
+        (``KVEvents.clear``; unless ``router_told``, by vLLM's ``AllBlocksCleared``, the
+        router is told their removal), and the reads of token records stop: chunks on disk
+        and in the remote store from before, this engine's or another's, are never loaded
+        again."""
         self.close()
         self._storage = self._remote = None
         self._anchors = Anchors(self._counters)
-        self.events.clear()
+        self.events.clear(router_told)
 
     def remote_lost(self, keys: Iterable[ChunkKey]) -> None:
         """The engine learnt that the remote store lost ``keys`` (a read of them answered

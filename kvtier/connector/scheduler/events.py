@@ -127,8 +127,7 @@ class KVEvents:
         self.geometry, self.factory, self.counters = geometry, factory, counters
         self.still_held: Callable[[ChunkKey], bool] = lambda key: False
         self._blocks: dict[ChunkKey, ChunkBlocks] = {}
-        self._backlog, self._limit = EventBacklog(limit, counters), limit
-        self.per_take = per_take
+        self._backlog, self._limit, self.per_take = EventBacklog(limit, counters), limit, per_take
         self._left: set[ChunkKey] = set()
         self._storage: dict[ChunkKey, int] = {}  # OWN_DISK | SHARED: who holds it there
         self._remote: set[ChunkKey] = set()  # published as held by the remote store
@@ -140,12 +139,14 @@ class KVEvents:
         """Chunks recorded."""
         return len(self._blocks)
 
-    def clear(self) -> None:
-        """Forget every chunk and every change waiting: vLLM's cache reset told the router
-        every block is gone (``AllBlocksCleared``), and no chunk held now is loaded again."""
+    def clear(self, router_told: bool = True) -> None:
+        """Forget every chunk and every change waiting: no chunk held now is loaded again.
+        Unless ``router_told`` (by vLLM's ``AllBlocksCleared``; not when its own reset
+        failed, blocks in use), the removal of each chunk the router holds is queued."""
+        told = [] if router_told else self._backlog.told(self._blocks)
         self._blocks, self._left, self._storage, self._remote, self._keys = {}, set(), {}, set(), {}
-        self._backlog, self._retell = EventBacklog(self._limit, self.counters), Retell(PLACES)
-        self._retelling = False
+        self._backlog = EventBacklog(self._limit, self.counters, removals=told)
+        self._retell, self._retelling = Retell(PLACES), False
 
     def router_cleared(self) -> None:
         slots = self._backlog.cleared()

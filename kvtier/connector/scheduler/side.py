@@ -262,17 +262,17 @@ class SchedulerSide:
             if tracked else 0
         return self.handoffs.params(request, stored, tracked.epoch if tracked else None)
 
-    def reset_cache(self) -> bool:
-        """vLLM's cache reset (``reset_connector``: new weights loaded in place, a paused
-        engine's caches cleared): no chunk stored before, in any tier or pool, is loaded
-        again. Keys made from now on are in a new epoch (``Handoffs.reset``); a request
-        tracked now neither loads nor stores any more (``RequestKeys.unkey``); the KV events
-        forget what they told (``EventFeed.reset``). Chunks of before stay till evicted."""
+    def reset_cache(self, router_told: bool = True) -> bool:
+        """vLLM's cache reset (``reset_connector``: new weights loaded in place, a paused engine's
+        caches cleared): nothing stored before, in any tier or pool, is loaded again. Keys are
+        in a new epoch from now on (``Handoffs.reset``); a request tracked now neither loads nor
+        stores (``RequestKeys.unkey``); the KV events forget what they told, its removal told
+        unless ``router_told`` (``EventFeed.reset``). Chunks of before stay till evicted."""
         self.handoffs.reset()
         for tracked in self._tracked.values():
             self.keys.unkey(tracked)
         if self.feed is not None:
-            self.feed.reset()
+            self.feed.reset(router_told)
         self.counters["cache_resets"] += 1
         log.warning("kvtier: cache reset (vLLM's reset_connector): nothing cached before loads")
         return True
