@@ -250,3 +250,38 @@ def test_kvtiers_reset_tells_the_removals_where_vllms_own_reset_failed(vllm_clea
         assert sorted((e[0], e[1], e[3]) for e in taken) == \
             sorted(("removed", "CPU", last(i)) for i in range(3))
     assert side.take_events() == [] and len(side.events) == 0
+
+
+def test_a_removal_still_waiting_at_a_failed_vllm_reset_is_told():
+    """The chunk's record was let go at a take while its removal waited behind a burst of
+    stores: the removal, told after kvtier's reset, names it from its waiting change."""
+    events = KVEvents(GEO, Chained(), Counter())
+    events.per_take = 2
+    host, _ = tiers(events)
+    router = Anchored()
+    first, *others = prompt(events, 5)
+    put(host, first)
+    drain(events, router)
+    put(host, *others)  # more than a take
+    host.discard(first)  # its removal waits behind them; its record goes at the next take
+    router.apply(events.take())
+    events.clear(router_told=False)  # vLLM's own reset failed: no AllBlocksCleared
+    drain(events, router)
+    assert router.held == set()
+
+
+def test_an_idle_engine_steps_until_the_removals_of_a_failed_reset_are_told():
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
+    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
+    assert side.events is not None
+    side.events.per_take = 2
+    for key in prompt(side.events, 5):
+        side.events.stored(key, TierName.HOST)
+    while side.take_events():
+        pass
+    side.reset_cache(router_told=False)  # five removals, two a take
+    steps = 0
+    while side.has_pending_push_work() and steps < 10:
+        steps += 1
+        side.take_events()
+    assert steps == 3 and side.take_events() == []

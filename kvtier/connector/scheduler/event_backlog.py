@@ -90,9 +90,16 @@ class EventBacklog:
             self._next += 1
 
     def told(self, blocks: dict[ChunkKey, Any]) -> list[tuple[Slot, Any]]:
-        """The slots the router holds now (told of, and no removal handed over since) whose
-        chunk ``blocks`` names, each with what it names."""
-        return [(slot, blocks[slot[0]]) for slot in self._told if slot[0] in blocks]
+        """The slots the router holds now (told of, and no removal handed over since), each
+        with what its event names: its removal's waiting (its record may be let go), else
+        its chunk's in ``blocks``."""
+        told = []
+        for slot in self._told:
+            waiting = self._removed.get(slot)
+            named = waiting[1] if waiting is not None else blocks.get(slot[0])
+            if named is not None:
+                told.append((slot, named))
+        return told
 
     def cleared(self) -> set[Slot]:
         """The router forgot every slot (vLLM's ``AllBlocksCleared``, handed over before the

@@ -146,7 +146,7 @@ class KVEvents:
         told = [] if router_told else self._backlog.told(self._blocks)
         self._blocks, self._left, self._storage, self._remote, self._keys = {}, set(), {}, set(), {}
         self._backlog = EventBacklog(self._limit, self.counters, removals=told)
-        self._retell, self._retelling = Retell(PLACES), False
+        self._retell, self._retelling = Retell(PLACES), bool(told)  # an idle engine steps
 
     def router_cleared(self) -> None:
         slots = self._backlog.cleared()
