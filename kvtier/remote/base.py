@@ -34,7 +34,10 @@ class RemoteTier(abc.ABC):
       be used), ``TIMED_OUT`` or ``IO_ERROR`` (the store is slow or down), ``PATH_DOWN``
       (the tier is out of service until its next retry).
     - Health: a failed round trip takes the tier out of service for ``retry_s``, then the
-      next call tries again; ``down`` says whether it is out now. Going out of service is
+      next round trip tries again (its trial: ``_admit`` claims it; until it ends, within
+      ``trial_s``, every other call finds the tier out, as before, rather than each wait on
+      a store still hung); ``down`` says whether it is out now (for the trial's own thread:
+      not). Going out of service is
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
     - ``remove(keys)``: the values gone from the store (True once it answered).
@@ -55,18 +58,22 @@ class RemoteTier(abc.ABC):
 
     read_group_bytes = 8 * 2**20
     put_group_bytes = 32 * 2**20
+    trial_s = 30.0  # a trial's claim lapses after this (a backend sets its round trip's bound)
 
     def __init__(self, raw_bytes: int, retry_s: float, parts: Sequence[int] = ()) -> None:
         self.raw_bytes, self.retry_s, self.parts = raw_bytes, retry_s, tuple(parts)
         self._health = threading.Lock()
         self._down_until = 0.0
+        self._trial: tuple[float, int] | None = None  # (until when, the thread) of a trial
         self._logged_down = False  # the warning of the outage now is out: retries at debug
         self._closed = False
         self.failures = 0  # round trips that failed
 
     @property
     def down(self) -> bool:
-        return self._closed or time.monotonic() < self._down_until
+        now, trial = time.monotonic(), self._trial
+        return self._closed or now < self._down_until or (
+            trial is not None and now < trial[0] and trial[1] != threading.get_ident())
 
     @abc.abstractmethod
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
@@ -148,11 +155,28 @@ class RemoteTier(abc.ABC):
                                 f"tier reads into writable contiguous buffers of {self.raw_bytes}")
         return None
 
+    def _admit(self, claim: bool = True) -> bool:
+        """Whether a round trip may go to the store now: in service, or out with its retry
+        due and no trial under way, which this one claims (``claim``; a call that is no news
+        of the store's health, a read of hints, goes without claiming it)."""
+        if self.down:
+            return False
+        if not claim or not self._logged_down:
+            return True
+        with self._health:
+            now, trial = time.monotonic(), self._trial
+            if trial is not None and now < trial[0] and trial[1] != threading.get_ident():
+                return False  # another's trial came first
+            if self._logged_down:
+                self._trial = (now + self.trial_s, threading.get_ident())
+            return True
+
     def _failed(self, what: str, exc: BaseException) -> IOResult:
         """Note a failed round trip: out of service for ``retry_s`` (logged when it goes)."""
         with self._health:
             self.failures += 1
             self._down_until = time.monotonic() + self.retry_s
+            self._trial = None
             first, self._logged_down = not self._logged_down, True
         if first:
             log.warning("kvtier: remote tier %s: %s failed (%s); out of service, tried again "
@@ -186,7 +210,7 @@ class RemoteTier(abc.ABC):
         if not self._logged_down:
             return
         with self._health:
-            was_down, self._logged_down = self._logged_down, False
+            was_down, self._logged_down, self._trial = self._logged_down, False, None
         if was_down:
             log.info("kvtier: remote tier %s is back in service", self.describe())
 

@@ -56,6 +56,7 @@ class RedisTier(RemoteTier):
         self.url, self._ns, self._prefix = check_url(url), namespace.digest(), prefix
         self._format = ValueFormat(self._ns, raw_bytes, parts)
         self._timeout_s, self._environ = timeout_s, os.environ if environ is None else environ
+        self.trial_s = 2 * timeout_s  # a round trip (its connect too) ends well within it
         check_client(url)  # a missing client fails the start, not the first round trip
         self._client: Any = None  # connected on first use: a store down at start is a miss
         self._connecting = threading.Lock()
@@ -114,7 +115,7 @@ class RedisTier(RemoteTier):
         cluster, the node).
         Without ``health`` (the log of token records: hints) a failure takes no one out of
         service."""
-        if self.down:
+        if not self._admit(health):  # out, or another round trip's trial under way
             return self._out_of_service()
         with bounded(self._timeout_s):
             client = self._connected(what)

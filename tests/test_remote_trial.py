@@ -1,0 +1,84 @@
+"""A single Redis server that hangs (SIGSTOP: its port takes connections, nothing answers):
+once ``retry_s`` is over, one round trip asks it again (its trial) and waits out its bound;
+every other call meanwhile finds the tier out of service and answers at once, instead of
+each waiting out its own bound on a store still hung. A trial that works brings the tier
+back for all."""
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvtier.io.result import IOStatus
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.remote.redis_tier import RedisTier
+from tests.helpers.redis_server import RedisServer, needs_redis
+
+pytestmark = needs_redis
+RAW = 4096
+NS = Namespace(model="m", kv_dtype="bfloat16", layout="l", block_tokens=16, chunk_tokens=256)
+KEYS = [ChunkKey(i.to_bytes(16, "big")) for i in range(4)]
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = RedisServer(tmp_path / "redis").start()
+    yield srv
+    srv.stop()
+
+
+def gets_at_once(tier: RedisTier, count: int) -> list[IOStatus]:
+    """``count`` gets of every key started together: the first status of each."""
+    start, statuses = threading.Barrier(count), []
+
+    def get() -> None:
+        start.wait()
+        statuses.append(tier.get_many(KEYS, [np.zeros(RAW, np.uint8) for _ in KEYS])[0].status)
+
+    threads = [threading.Thread(target=get) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return statuses
+
+
+def test_once_retry_s_is_over_one_round_trip_tries_a_hung_store_the_others_answer_at_once(server):
+    tier = RedisTier(server.url, NS, RAW, timeout_s=0.5, retry_s=1.0)
+    assert all(r.ok for r in tier.put_many([(k, np.full(RAW, 7, np.uint8)) for k in KEYS]))
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].status is IOStatus.TIMED_OUT
+        assert tier.down and tier.failures == 1
+        time.sleep(1.1)  # past retry_s: the next round trip is the trial
+        statuses = gets_at_once(tier, 6)
+        assert sorted(s.name for s in statuses) == ["PATH_DOWN"] * 5 + ["TIMED_OUT"]
+        assert tier.failures == 2 and tier.down  # failed once more, not six times
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+    time.sleep(1.1)  # the store answers again: the next trial brings the tier back
+    got = tier.get_many(KEYS, [np.zeros(RAW, np.uint8) for _ in KEYS])
+    assert all(r.ok for r in got) and not tier.down
+    assert gets_at_once(tier, 4) == [IOStatus.OK] * 4  # in service for all
+    tier.close()
+
+
+def test_a_trial_that_never_ends_lapses_and_another_round_trip_tries(server):
+    """A trial's claim lapses after ``trial_s`` (a round trip that neither failed nor
+    answered: it cannot happen with a bounded round trip, and must not hold the tier out)."""
+    tier = RedisTier(server.url, NS, RAW, timeout_s=0.5, retry_s=0.2)
+    assert tier.put_many([(KEYS[0], np.full(RAW, 7, np.uint8))])[0].ok
+    tier._failed("get", TimeoutError("a round trip failed"))  # out of service
+    time.sleep(0.3)
+    claimed = threading.Thread(target=tier._admit)  # a thread that claims the trial and ends
+    claimed.start()
+    claimed.join()
+    assert tier.down  # for every other thread, until the claim lapses
+    assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].status is IOStatus.PATH_DOWN
+    time.sleep(tier.trial_s + 0.1)
+    assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].ok and not tier.down
+    tier.close()
