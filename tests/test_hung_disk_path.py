@@ -9,16 +9,11 @@ system is mounted there again the path comes back at its next try. Run in a priv
 the store alone and for the vLLM connector's scheduler side, which looks at the paths too
 (a real engine on a hung mount: the same, about 95 s of CI for one engine, so not here)."""
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.hung_mount import fuse_dirs, unshared
+
 SCRIPT = """
 import json, os, sys, threading, time
 from tests.helpers.hung_mount import hang, mount_again, release
@@ -121,33 +116,9 @@ def test_hung_paths_are_asked_together(mounted, tmp_path):
     assert out == {"asked": 2, "again": 2, "answered": [False, False]}
 
 
-def unshared(script: str, *args: str, timeout: int) -> dict:
-    """Run ``script`` with ``args`` in a private mount namespace of its own; the JSON it
-    printed last (skipped where this machine cannot mount)."""
-    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
-                          script, *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    skip_without_mounts(run)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.splitlines()[-1])
-
-
-def skip_without_mounts(run: subprocess.CompletedProcess) -> None:
-    """Skip where this machine gives no private mount namespace or FUSE mount (a container
-    without the right to mount)."""
-    if run.returncode != 0 and ("Operation not permitted" in run.stderr[-2000:]
-                                or "cannot mount a FUSE" in run.stderr):
-        pytest.skip(f"no private FUSE mount here: {run.stderr.strip()[-200:]}")
-
-
 @pytest.fixture
 def mounted(tmp_path):
-    if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root, unshare and /dev/fuse for a FUSE mount that never answers")
-    good, hung = tmp_path / "good", tmp_path / "hung"
-    good.mkdir(mode=0o700)
-    hung.mkdir(mode=0o700)
-    return good, hung
+    return fuse_dirs(tmp_path)
 
 
 def test_the_store_starts_without_a_path_whose_mount_hangs_and_takes_it_back_once_mounted_again(mounted):

@@ -49,9 +49,9 @@ def test_a_gone_writers_chunks_leave_the_view_a_batch_at_a_time(tmp_path, monkey
     import shutil
     import threading
 
-    from kvtier.shared import view as view_module
+    from kvtier.shared import view_logs
 
-    monkeypatch.setattr(view_module, "APPLY_BATCH", 2)
+    monkeypatch.setattr(view_logs, "APPLY_BATCH", 2)
     with KVStore(SMALL, config(tmp_path, disk_chunks=32, share_writers=2, instance_id="pod",
                                share_refresh="off")) as store:
         store.put(seq(0, 5), make_kv(seq(0, 5)))

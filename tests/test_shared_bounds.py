@@ -14,6 +14,7 @@ import kvtier
 from kvtier.segment.log import RECORD_BYTES
 from kvtier.segment.names import LOG_FILE, WRITERS_DIR
 from kvtier.shared import view as view_module
+from kvtier.shared import view_logs
 from kvtier.shared.view import SharedView
 from tests.helpers.cowriter import entry, segment, write_log
 from tests.helpers.disk_helpers import NS, RAW, key
@@ -130,7 +131,7 @@ def test_a_log_of_zeros_costs_a_record_or_two_a_refresh(tmp_path):
 
 def test_one_refresh_reads_a_bounded_share_and_the_next_ones_go_on(tmp_path, monkeypatch):
     budget = 100 * RECORD_BYTES
-    monkeypatch.setattr(view_module, "REFRESH_BYTES", budget, raising=False)
+    monkeypatch.setattr(view_logs, "REFRESH_BYTES", budget)
     write_log(tmp_path, "busy", [(slot, entry(slot)) for slot in range(250)])
     write_log(tmp_path, "quiet", [(slot, entry(1000 + slot)) for slot in range(10)])
     view = reader(tmp_path)

@@ -4,20 +4,18 @@ on every disk path, followed through their logs. Bookkeeping only: reads are
 
 from __future__ import annotations
 
+import itertools
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 from kvtier.io.answers import answers, ask
+from kvtier.io.bounded_jobs import path_job_wait
+from kvtier.io.root_looks import look_at_roots
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
-from kvtier.segment.lease import MAX_LEASE_BYTES, LeaseInfo, LeaseWatch
-from kvtier.segment.log import RECORD_BYTES, REFRESH_BYTES, LogChange
-from kvtier.segment.names import LEASE_FILE
-from kvtier.shared.chunk_index import ChunkIndex, Copy, unpack
+from kvtier.segment.index_file import MAX_SLOTS
+from kvtier.shared.chunk_index import unpack
 from kvtier.shared.followed import (
-    Followed,
     OtherChunk,
     OwnSegments,
     WriterState,
@@ -28,13 +26,13 @@ from kvtier.shared.followed import (
 )
 from kvtier.shared.listing import WriterListing
 from kvtier.shared.reads import SlotRef
-from kvtier.shared.upkeep import Upkeep
+from kvtier.shared.view_logs import LogFollowing
 
 log = logging.getLogger("kvtier")
-APPLY_BATCH = 4096  # log changes applied under the view's lock at once
+_VIEWS = itertools.count()  # each view's looks are a kind of their own (``root_looks``)
 
 
-class SharedView:
+class SharedView(LogFollowing):
     """Chunks that other writers of ``namespace`` committed under ``roots``.
 
     Contract: ``refresh()`` (blocking I/O; run it off any hot path) lists each path's
@@ -57,8 +55,12 @@ class SharedView:
     (``OrphanWatch``; ``seats_freed``). A path that cannot be read holds nothing this time;
     one that does not answer within ``answer_timeout`` (a hung mount: asked before each
     look, as one that hung since would hold this thread for good), or a listing short of
-    files (``EMFILE``), leaves it as it was. One refresh reads at most ``REFRESH_BYTES`` of
-    log a path: each writer's share first, then what the others left to those with more.
+    files (``EMFILE``), leaves it as it was. Each path's look is waited for
+    ``path_job_wait(answer_timeout)`` at most (``look_at_roots``): one that answered and
+    then hung below its top directory holds one refresh that long, once, and is passed
+    over until that look ends; the other paths are followed meanwhile (``LogFollowing``).
+    One refresh reads at most ``REFRESH_BYTES`` of log a path: each writer's share first,
+    then what the others left to those with more.
     Every time is ``clock``'s. Each change to the view is O(1) (``ChunkIndex``). Memory is
     bounded by ``max_slots``, the slots the namespace's whole directory holds on one path
     (``directory_slots``): no writer's log names a slot past it, and the writers of a path
@@ -69,21 +71,13 @@ class SharedView:
     def __init__(self, roots: Sequence[str], namespace: Namespace, raw_bytes: int,
                  own: OwnSegments, lease_timeout: float, max_slots: int = MAX_SLOTS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._roots, self._ns, self._raw_bytes, self.own = list(roots), namespace, raw_bytes, own
-        self.max_slots = max_slots
-        self._digest = namespace.digest()
-        self._watch = LeaseWatch(lease_timeout, clock)
-        self._upkeep = Upkeep(self._roots, namespace.id, self._watch, clock)
-        self._lock = threading.Lock()
-        self._followed: dict[tuple[int, str], Followed] = {}
-        self._sources: dict[int, Followed] = {}
-        self._index = ChunkIndex()
-        self.refreshes, self.bytes_read, self._failed = 0, 0, False
+        super().__init__(roots, namespace, raw_bytes, lease_timeout, max_slots, clock)
+        self.own, self.refreshes = own, 0
         self.max_writers = followable_writers(len(self._roots))
         self._listing = WriterListing(self._roots, namespace.id, self.max_writers)
         self._over_said = False  # whether passing over slots past max_slots was said
-        self.on_let_go: Callable[[int, str], None] | None = None  # (path, writer) no longer followed
         self.answer_timeout: float | None = 10.0  # a path must answer within it (load_timeout)
+        self._kind, self._late_said = f"kvtier-share-look {next(_VIEWS)}", False
 
     reclaimed = property(lambda self: self._upkeep.reclaimed)
     seats_freed = property(lambda self: self._upkeep.seats_freed)
@@ -139,54 +133,13 @@ class SharedView:
     def refresh(self) -> None:
         seats_due = self._upkeep.seats_due()
         ask(self._roots, self.answer_timeout, fresh_s=0)  # all at once: hung ones cost one wait
-        for path in range(len(self._roots)):
-            answered = answers(self._roots[path], self.answer_timeout, fresh_s=0)  # each look
-            names = self._listing.names(path, self.own[path]) if answered else None
-            if names is None:
-                continue  # a hung mount, or this process short of files: the view stays as it was
-            if seats_due:
-                self._upkeep.free_seats(path)
-            with self._lock:  # gone, or made again since (another directory of that name)
-                gone = [self._forget(k) for k, f in list(self._followed.items())
-                        if k[0] == path and names.get(k[1]) != f.inode]
-            for followed in gone:
-                self._let_go(followed)
-            self._follow(path, list(names))
+        for path, root in enumerate(self._roots):
+            if answers(root, self.answer_timeout, fresh_s=0):  # asked before each look
+                self._look(path, seats_due)
         self.refreshes += 1
         if not self._over_said and self.passed_over:
             self._over_said = True
             say_passed_over(self.max_slots)
-
-    def _follow(self, path: int, names: list[str]) -> None:
-        """Each writer of ``names`` one refresh further: its lease, and its share of
-        ``REFRESH_BYTES`` of log; then what the others left, to those with more."""
-        left = REFRESH_BYTES
-        share = max(RECORD_BYTES, left // max(1, len(names)))
-        used = self._slots_followed(path)
-        for first in (True, False):
-            for writer in names:
-                followed = self._followed.get((path, writer))
-                if not first and (followed is None or not followed.follower.behind):
-                    continue
-                if not first and left < RECORD_BYTES:
-                    return  # every lease was read: the rest of the logs waits
-                before, had = self.bytes_read, self._slots_of(path, writer)
-                self._step(path, writer, self.max_slots - (used - had),
-                           share if first else left, first)
-                used += self._slots_of(path, writer) - had
-                left -= self.bytes_read - before
-
-    def _step(self, path: int, writer: str, room: int, budget: int, first: bool) -> None:
-        try:
-            if first:
-                self._refresh_one(path, writer, room, budget)
-            else:
-                self._read_log(self._followed[(path, writer)], room, budget)
-        except Exception as exc:  # one writer's trouble must not stop the others'
-            if not self._failed:
-                log.warning("kvtier: following writer %s on %s failed: %r (further "
-                            "failures are not logged)", writer, self._roots[path], exc)
-            self._failed = True
 
     @property
     def passed_over(self) -> int:
@@ -194,105 +147,36 @@ class SharedView:
         with self._lock:
             return sum(f.follower.over for f in self._followed.values())
 
-    def _slots_of(self, path: int, writer: str) -> int:
-        followed = self._followed.get((path, writer))
-        return 0 if followed is None else len(followed.follower.slots)
+    def _look(self, path: int, seats_due: bool) -> None:
+        """Path ``path``'s part of a refresh, bounded: past its wait it goes on alone (said
+        once), and the path is passed over until it ends (``look_at_roots``)."""
+        root, wait = self._roots[path], path_job_wait(self.answer_timeout)
+        done = look_at_roots([root], lambda _: self._look_at(path, seats_due), wait, self._kind)
+        if root not in done:
+            if not self._late_said:
+                self._late_said = True
+                log.warning("kvtier: a look at other writers' segments on %s has not ended "
+                            "within %g s (a mount that answered, then hung?): that path is "
+                            "passed over until it ends, the others are followed", root, wait)
+        elif isinstance(ended := done[root], BaseException):
+            raise ended
 
-    def _slots_followed(self, path: int) -> int:
-        with self._lock:
-            return sum(len(f.follower.slots) for (p, _), f in self._followed.items() if p == path)
-
-    def _refresh_one(self, path: int, writer: str, room: int, budget: int) -> None:
-        """Follow ``writer`` on ``path`` one refresh further (reading at most ``budget``
-        bytes of its log), knowing at most ``room`` of its slots; reclaim its segment when
-        its lease stood still that long."""
-        key = (path, writer)
-        followed = self._followed.get(key)
-        if followed is None:
-            try:
-                directory = open_segment_dir(self._roots[path], self._ns.id, writer)
-                followed = Followed(path, writer, directory, self._digest, self._raw_bytes,
-                                    self.max_slots)
-            except OSError as exc:  # unsafe or vanished
-                log.debug("kvtier: cannot follow writer %s on %s: %s", writer,
-                          self._roots[path], exc)
-                return
-            with self._lock:
-                self._followed[key], self._sources[followed.source] = followed, followed
-        try:
-            lease_bytes = followed.dir.read_file(LEASE_FILE, MAX_LEASE_BYTES)
-        except OSError:
-            lease_bytes = None
-        if not self._watch.observe(f"{path}:{writer}", lease_bytes) \
-                and self._upkeep.may_reclaim(followed):
-            with self._lock:  # let go first (``Upkeep``): followed again if it stays
-                self._forget(key)
+    def _look_at(self, path: int, seats_due: bool) -> None:
+        names = self._listing.names(path, self.own[path])
+        if names is None:
+            return  # a hung mount, or this process short of files: the view stays as it was
+        if seats_due:
+            self._upkeep.free_seats(path)
+        with self._lock:  # gone, or made again since (another directory of that name)
+            gone = [self._forget(k) for k, f in list(self._followed.items())
+                    if k[0] == path and names.get(k[1]) != f.inode]
+        for followed in gone:
             self._let_go(followed)
-            self._upkeep.reclaim(followed)
-            return
-        with self._lock:
-            followed.lease = LeaseInfo.parse(lease_bytes)  # never raises: damaged is none
-        self._read_log(followed, room, budget)
-
-    def _read_log(self, followed: Followed, room: int, budget: int) -> None:
-        """What ``followed``'s log gained, at most ``budget`` bytes of it, into the view."""
-        follower = followed.follower
-        before = follower.bytes_read
-        try:
-            reset, changes = follower.refresh(budget, room=max(0, room))
-        except OSError as exc:  # unsafe or vanished: what it held is not trusted any more
-            log.debug("kvtier: cannot follow writer %s on %s: %s", followed.writer,
-                      self._roots[followed.path], exc)
-            with self._lock:
-                self._forget((followed.path, followed.writer))
-            self._let_go(followed)
-            return
-        self.bytes_read += follower.bytes_read - before
-        if reset:
-            with self._lock:
-                followed.renew()
-            self._drop_slots(followed.source, follower.forgotten())
-        for start in range(0, len(changes), APPLY_BATCH):  # lookups get the lock in between
-            with self._lock:
-                if self._sources.get(followed.source) is followed:  # not forgotten since
-                    self._apply(followed, changes[start:start + APPLY_BATCH])
-
-    def _apply(self, followed: Followed, changes: list[LogChange]) -> None:
-        source = followed.source
-        for change in changes:
-            if change.previous is not None:
-                self._index.remove(change.previous, source, change.slot)
-            if (header := change.header) is not None:
-                self._index.put(header.key, Copy(source, change.slot, int(header.codec),
-                                                 header.payload_bytes))
-
-    def _drop_slots(self, source: int, slots: dict[int, ChunkKey]) -> None:
-        """``source``'s copies in ``slots`` out of the index, ``APPLY_BATCH`` under the lock
-        at a time: lookups get it in between (a copy not dropped yet: a miss at its read)."""
-        items = list(slots.items())
-        for start in range(0, len(items), APPLY_BATCH):
-            with self._lock:
-                for slot, key in items[start:start + APPLY_BATCH]:
-                    self._index.remove(key, source, slot)
-
-    def _forget(self, key: tuple[int, str]) -> Followed | None:
-        """A writer no longer followed (lock held); ``_let_go`` it once the lock is released."""
-        self._watch.forget(f"{key[0]}:{key[1]}")  # a writer gone: nothing kept of it
-        self._upkeep.forget(*key)
-        return self._followed.pop(key, None)
-
-    def _let_go(self, followed: Followed | None) -> None:
-        if followed is not None:  # every key it named: what it holds, what it dropped
-            self._drop_slots(followed.source, followed.follower.slots)
-            self._drop_slots(followed.source, followed.follower.forgotten())
-            with self._lock:
-                self._sources.pop(followed.source, None)
-            followed.close()
-            if self.on_let_go is not None:
-                self.on_let_go(followed.path, followed.writer)
+        self._follow(path, list(names))
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             gone = [self._forget(key) for key in list(self._followed)]
         for followed in gone:
             self._let_go(followed)

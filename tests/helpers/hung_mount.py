@@ -8,12 +8,19 @@ outlive the test."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import select
 import struct
+import subprocess
+import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 MNT_DETACH = 2
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def hang(where: str) -> int:
@@ -97,3 +104,35 @@ class StatfsOnly:
         os.write(self._stop_w, b"x")
         self._thread.join(10)
         ctypes.CDLL(None, use_errno=True).umount2(os.fsencode(self.where), MNT_DETACH)
+
+
+def unshared(script: str, *args: str, timeout: int) -> dict:
+    """Run ``script`` with ``args`` in a private mount namespace of its own; the JSON it
+    printed last (skipped where this machine cannot mount)."""
+    run = subprocess.run(["unshare", "-m", "--propagation", "private", "--", sys.executable, "-c",
+                          script, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    skip_without_mounts(run)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def skip_without_mounts(run: subprocess.CompletedProcess) -> None:
+    """Skip where this machine gives no private mount namespace or FUSE mount (a container
+    without the right to mount)."""
+    if run.returncode != 0 and ("Operation not permitted" in run.stderr[-2000:]
+                                or "cannot mount a FUSE" in run.stderr):
+        pytest.skip(f"no private FUSE mount here: {run.stderr.strip()[-200:]}")
+
+
+def fuse_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """Two empty directories, ``good`` and ``hung`` (for a FUSE mount), where this machine
+    can mount one in a namespace of its own (skipped elsewhere)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root, unshare and /dev/fuse for a FUSE mount that never answers")
+    good, hung = tmp_path / "good", tmp_path / "hung"
+    good.mkdir(mode=0o700)
+    hung.mkdir(mode=0o700)
+    return good, hung
