@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -51,7 +51,8 @@ class PathOpener:
     While it runs on, or a look of any kind at the root runs on past its deadline
     (``root_looks``), a bounded open of the same root raises ``TimeoutError`` at once (no
     second thread is left behind a hung mount). The search itself never touches this
-    opener's state: the caller's thread applies it.
+    opener's state: the caller's thread applies it. ``open_many(roots, busy)``, once
+    settled, opens ``roots`` at once, each bounded so (hung paths cost one wait together).
     """
 
     def __init__(self, args: OpenArgs) -> None:
@@ -63,22 +64,49 @@ class PathOpener:
         self._kind = f"kvtier-open {next(_OPENERS)}"  # this opener's opens under way, by root
 
     def open(self, root: str, busy: set[str], bounded: bool = False) -> Opened:
+        ended = self._bounded([root], busy)[root] if bounded else self._search(root, busy)()
+        if isinstance(ended, BaseException):
+            raise ended
+        return self._apply(ended, busy)
+
+    def open_many(self, roots: Sequence[str], busy: set[str]) -> dict[str, Opened | OSError]:
+        """Once ``settled``: each of ``roots`` opened at once, each bounded as ``open``'s
+        (so hung paths cost one wait together): by root, its directory or why not."""
+        assert self.settled, "the writer id is searched for one path at a time"
+        opened: dict[str, Opened | OSError] = {}
+        for root, ended in self._bounded(roots, busy).items():
+            try:
+                if isinstance(ended, BaseException):
+                    raise ended
+                opened[root] = self._apply(ended, busy)
+            except OSError as exc:
+                opened[root] = exc
+        return opened
+
+    def _search(self, root: str, busy: set[str]) -> Callable[[], Search]:
         free = [w for w in self.args.writers if w not in busy] or list(self.args.writers[-1:])
-        search = partial(_search, partial(self._open_as, root),
-                         [self.writer] if self.settled else free, not self.settled)
-        if bounded and self._wait is not None:
-            if root in under_way(self._kind) or stuck(root):
-                raise TimeoutError("an earlier open or look of it has not ended (a mount that "
-                                   "stopped answering after it answered?)")
-            done = look_at_roots([root], lambda _: search(), self._wait, self._kind, Search.close)
-            if root not in done:
-                raise TimeoutError(f"no end to it within {self._wait:g} s (a mount that "
-                                   "stopped answering in the middle of the open?)")
-            ended = done[root]
-            if isinstance(ended, BaseException):
-                raise ended
-        else:
-            ended = search()
+        return partial(_search, partial(self._open_as, root),
+                       [self.writer] if self.settled else free, not self.settled)
+
+    def _bounded(self, roots: Sequence[str], busy: set[str]) -> dict[str, Search | BaseException]:
+        """Each root's search on a thread of its own, all waited for ``_wait`` together."""
+        if self._wait is None:
+            return {root: self._search(root, busy)() for root in roots}
+        searches, late = {root: self._search(root, busy) for root in roots}, under_way(self._kind)
+        ended: dict[str, Search | BaseException] = {
+            root: TimeoutError("an earlier open or look of it has not ended (a mount that "
+                               "stopped answering after it answered?)")
+            for root in roots if root in late or stuck(root)}
+        done = look_at_roots([r for r in roots if r not in ended], lambda root: searches[root](),
+                             self._wait, self._kind, Search.close)
+        for root in roots:
+            ended.setdefault(root, done.get(root, TimeoutError(
+                f"no end to it within {self._wait:g} s (a mount that stopped answering in the "
+                "middle of the open?)")))
+        return ended
+
+    def _apply(self, ended: Search, busy: set[str]) -> Opened:
+        """The caller's thread takes a search's outcome: the ids found busy, the writer."""
         busy |= ended.busy
         self.writer = ended.writer or self.writer
         if ended.opened is None:

@@ -81,15 +81,30 @@ class DiskPaths:
         self.states = [PathState(root, retry) for root in roots]
         self._opener, self._check_every = PathOpener(opener), check_every
         self._lock = threading.Lock()  # I/O threads may find a path failing together
-        busy: set[str] = set()  # ids whose segment another process of this host holds
         ask(roots, opener.answer_timeout)  # every path at once: hung ones cost one wait
         for path in self.states:  # (the mount table only: a hung mount's point is known too)
             path.mount_point = mount_point_of(path.root)
-            try:  # bounded: a mount may stop answering after it answered
+        self._open_at_start()
+        self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
+
+    def _open_at_start(self) -> None:
+        """Each path opened, bounded (a mount may stop answering after it answered): one at
+        a time until one opens under the writer id searched for, then the others at once
+        under that id, so that paths hung below their top directory cost one wait together."""
+        busy: set[str] = set()  # ids whose segment another process of this host holds
+        pending = list(self.states)
+        while pending and not self._opener.settled:
+            path = pending.pop(0)
+            try:
                 path.dir, path.inode = self._opener.open(path.root, busy, bounded=True)
             except OSError as exc:
                 self.take_down(path, f"cannot open: {exc}")
-        self._keeper = LeaseKeeper(self._leases, beat_every, self._lease_taken)
+        opened = self._opener.open_many([p.root for p in pending], busy) if pending else {}
+        for path in pending:
+            if isinstance(outcome := opened[path.root], OSError):
+                self.take_down(path, f"cannot open: {outcome}")
+            else:
+                path.dir, path.inode = outcome
 
     @property
     def writer(self) -> str:
