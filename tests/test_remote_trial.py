@@ -82,3 +82,35 @@ def test_a_trial_that_never_ends_lapses_and_another_round_trip_tries(server):
     time.sleep(tier.trial_s + 0.1)
     assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].ok and not tier.down
     tier.close()
+
+
+class _Node:
+    name = "10.0.0.1:7000"
+
+
+class _Cluster:
+    """A cluster client whose every key is on one node."""
+
+    def get_node_from_key(self, name):
+        return _Node()
+
+    def get_primaries(self):
+        return [_Node()]
+
+
+def test_a_round_trip_that_asked_no_node_lets_its_trial_go(monkeypatch):
+    """Every key of the trial on a cluster node out of service alone: the round trip asks
+    nothing (no news of the store), and its claim is let go rather than hold the tier out
+    for every other thread."""
+    tier = RedisTier("redis+cluster://127.0.0.1:1", NS, RAW, timeout_s=1.0, retry_s=0.1)
+    monkeypatch.setattr(tier, "_connected", lambda what: _Cluster())
+    monkeypatch.setattr(tier.slot_map, "start", lambda client: None)
+    tier._failed("get", ConnectionError("the whole cluster unreachable"))
+    tier.outages.failed(_Node.name, TimeoutError("the node failed"), quiet=True)
+    time.sleep(0.15)  # past the tier's retry_s, not the node's own outage
+    tier.outages._until[_Node.name] = (time.monotonic() + 5, False, False, time.monotonic())
+    trial = threading.Thread(target=lambda: tier._trip("exists", [b"k"], lambda at: None))
+    trial.start()
+    trial.join()
+    assert not tier.down  # to every other thread: the next round trip is a trial again
+    tier.close()

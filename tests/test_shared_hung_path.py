@@ -5,6 +5,15 @@ runs on, and goes on following the writers of the other paths. Before, the refre
 stayed held in the listing of that path for good, and the chunks other engines wrote after
 it were never found."""
 
+import threading
+
+import pytest
+
+from kvtier.io import bounded_jobs, root_looks
+from kvtier.shared.followed import Followed
+from kvtier.shared.view import SharedView
+from tests.helpers.cowriter import entry, write_log
+from tests.helpers.disk_helpers import NS, RAW, key, wait_until
 from tests.helpers.hung_mount import fuse_dirs, unshared
 
 SCRIPT = """
@@ -44,3 +53,67 @@ def test_a_path_that_hangs_below_its_top_directory_holds_no_shared_view_for_good
     assert out["flushed"]
     assert out["statfs"] >= 1, "the path never answered its statistics: not the case tested"
     assert out["found"] == out["served"] == 4 * 16, out
+
+
+@pytest.fixture
+def short_wait(monkeypatch):
+    monkeypatch.setattr(bounded_jobs, "PATH_JOB_TIMES", 0)
+    monkeypatch.setattr(bounded_jobs, "PATH_JOB_MIN_S", 0.5)
+
+
+def two_roots(tmp_path) -> list[str]:
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        root.mkdir(mode=0o700)
+        write_log(root, "w1", [(0, entry(0)), (1, entry(1))])
+    return [str(root) for root in roots]
+
+
+def held_listing(view: SharedView, release: threading.Event) -> threading.Event:
+    """Path 0's listing held until ``release``: a mount that answered its top directory."""
+    real, held = view._listing.names, threading.Event()
+
+    def names(path, own):
+        if path == 0:
+            held.set()
+            release.wait(30)
+        return real(path, own)
+    view._listing.names = names
+    return held
+
+
+def test_a_slow_look_passes_its_path_over_for_its_own_kind_only(tmp_path, short_wait):
+    """A look past its wait may only be slow (many writers on a slow mount): later refreshes
+    pass the path over while it runs, the store's own opens and tries do not."""
+    roots = two_roots(tmp_path)
+    view = SharedView(roots, NS, RAW, (None, None), 120.0)
+    release = threading.Event()
+    held = held_listing(view, release)
+    view.refresh()
+    assert held.is_set() and view.find(key(0)) is not None  # path 1's copy, followed
+    assert roots[0] in root_looks.under_way(view._kind) and not root_looks.stuck(roots[0])
+    release.set()
+    wait_until(lambda: not root_looks.under_way(view._kind), "the slow look to end")
+    view.refresh()
+    assert {chunk.path for chunk in view.copies(key(0))} == {0, 1}
+    assert view.close()
+
+
+def test_a_path_whose_look_still_runs_keeps_its_files_open_at_close(tmp_path, short_wait,
+                                                                    monkeypatch):
+    """Closing a file on a hung FUSE mount waits for it (FLUSH): the files of a path whose
+    look still runs are left to the process's exit, and close says so."""
+    roots = two_roots(tmp_path)
+    view = SharedView(roots, NS, RAW, (None, None), 120.0)
+    view.refresh()  # both paths followed: their log files open
+    release = threading.Event()
+    held = held_listing(view, release)
+    view.refresh()  # path 0 passed over after the wait
+    assert held.is_set()
+    closed, real_close = [], Followed.close
+    monkeypatch.setattr(Followed, "close", lambda self: (closed.append(self.path), real_close(self)))
+    try:
+        assert view.close() is False
+        assert closed == [1]
+    finally:
+        release.set()

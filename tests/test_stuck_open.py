@@ -192,3 +192,24 @@ def test_paths_after_the_first_that_opened_are_opened_at_once(tmp_path, monkeypa
             assert looks[:2] == [[str(roots[0])], [str(roots[1]), str(roots[2])]]
     finally:
         release.set()
+
+
+def test_a_bug_in_one_paths_open_closes_what_the_others_opened(tmp_path, monkeypatch):
+    """Not an OSError (a bug): the start fails with it, as before, and the segments the
+    other paths opened beside it are closed (their locks let go)."""
+    roots = [tmp_path / name for name in "abc"]
+    for root in roots:
+        root.mkdir()
+    opened, real = [], OpenArgs.open
+
+    def open_(args, root, writer):
+        if root == str(roots[1]):
+            raise ValueError("a bug in b's open")
+        got = real(args, root, writer)
+        opened.append(got[0])
+        return got
+
+    monkeypatch.setattr(OpenArgs, "open", open_)
+    with pytest.raises(ValueError, match="a bug"):
+        KVStore(SMALL, {**config(tmp_path, host_chunks=2), "disk_paths": [str(r) for r in roots]})
+    assert len(opened) == 2 and all(directory.closed for directory in opened)

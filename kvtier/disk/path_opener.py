@@ -69,16 +69,15 @@ class PathOpener:
             raise ended
         return self._apply(ended, busy)
 
-    def open_many(self, roots: Sequence[str], busy: set[str]) -> dict[str, Opened | OSError]:
+    def open_many(self, roots: Sequence[str], busy: set[str]) -> dict[str, Opened | BaseException]:
         """Once ``settled``: each of ``roots`` opened at once, each bounded as ``open``'s
-        (so hung paths cost one wait together): by root, its directory or why not."""
+        (so hung paths cost one wait together): by root, its directory or what it raised
+        (every outcome taken, so that what opened is the caller's to keep or close)."""
         assert self.settled, "the writer id is searched for one path at a time"
-        opened: dict[str, Opened | OSError] = {}
+        opened: dict[str, Opened | BaseException] = {}
         for root, ended in self._bounded(roots, busy).items():
             try:
-                if isinstance(ended, BaseException):
-                    raise ended
-                opened[root] = self._apply(ended, busy)
+                opened[root] = ended if isinstance(ended, BaseException) else self._apply(ended, busy)
             except OSError as exc:
                 opened[root] = exc
         return opened

@@ -101,10 +101,16 @@ class DiskPaths:
                 self.take_down(path, f"cannot open: {exc}")
         opened = self._opener.open_many([p.root for p in pending], busy) if pending else {}
         for path in pending:
-            if isinstance(outcome := opened[path.root], OSError):
+            if isinstance(outcome := opened[path.root], BaseException):
                 self.take_down(path, f"cannot open: {outcome}")
             else:
                 path.dir, path.inode = outcome
+        for outcome in opened.values():
+            if isinstance(outcome, BaseException) and not isinstance(outcome, OSError):
+                for path in self.states:  # a bug: raised as one path's open raises it, once
+                    if path.dir is not None:  # what the others opened is closed (their locks)
+                        path.dir.close()
+                raise outcome
 
     @property
     def writer(self) -> str:

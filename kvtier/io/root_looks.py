@@ -23,20 +23,22 @@ from kvtier.io.bounded_jobs import run_bounded
 T = TypeVar("T")
 
 # (path, kind) of each look still running -> (the look, whether it is past its deadline:
-# its caller went on without it)
+# its caller went on without it, and other kinds of look pass the path over)
 _UNDER_WAY: dict[tuple[str, str], tuple[object, bool]] = {}
 _LOCK = threading.Lock()
 
 
 def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | None,
                   kind: str, left_over: Callable[[T], None] | None = None,
-                  ) -> dict[str, T | BaseException]:
+                  blocks_others: bool = True) -> dict[str, T | BaseException]:
     """``look(root)`` for each of ``roots`` at once, each on a daemon thread named
     ``kind``, waited for ``wait`` seconds together (None: as long as they take); by root,
     what each that ended in time returned or raised. A root missing did not end in time,
     or still had a look of ``kind`` under way, or one of any kind past its deadline: it was
     not looked at again. What a look returns after its wait goes to ``left_over``, and only
-    then is that look over."""
+    then is that look over. Without ``blocks_others`` a look past its deadline keeps only
+    looks of its own kind off the root (a look that may be slow on a healthy mount: reading
+    many writers' logs)."""
     this = object()  # these looks (a later call's looks of the same kind are others)
     with _LOCK:
         late = {root for (root, _), (_, past) in _UNDER_WAY.items() if past}
@@ -58,7 +60,7 @@ def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | 
                 if root in done:
                     del _UNDER_WAY[(root, kind)]
                 else:
-                    _UNDER_WAY[(root, kind)] = (this, True)
+                    _UNDER_WAY[(root, kind)] = (this, blocks_others)
     return done
 
 

@@ -165,11 +165,19 @@ class RemoteTier(abc.ABC):
             return True
         with self._health:
             now, trial = time.monotonic(), self._trial
-            if trial is not None and now < trial[0] and trial[1] != threading.get_ident():
-                return False  # another's trial came first
+            if now < self._down_until or (
+                    trial is not None and now < trial[0] and trial[1] != threading.get_ident()):
+                return False  # another's trial came first (it may have failed since)
             if self._logged_down:
                 self._trial = (now + self.trial_s, threading.get_ident())
             return True
+
+    def _no_news(self) -> None:
+        """A round trip that asked the store nothing (every node of a cluster out): a trial
+        this thread claimed is let go, for the next round trip to make."""
+        with self._health:
+            if self._trial is not None and self._trial[1] == threading.get_ident():
+                self._trial = None
 
     def _failed(self, what: str, exc: BaseException) -> IOResult:
         """Note a failed round trip: out of service for ``retry_s`` (logged when it goes)."""

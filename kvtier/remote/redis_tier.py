@@ -132,6 +132,8 @@ class RedisTier(RemoteTier):
                 return kept if any(not isinstance(r, BaseException) for r in kept) else failure
         if answered:  # (every node of a cluster out: answered without asking any, no news)
             self._succeeded()
+        else:
+            self._no_news()
         return replies
 
     def _round_trip(self, client: Any, names: Sequence[bytes],

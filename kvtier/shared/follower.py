@@ -144,11 +144,13 @@ class OtherWriters:
             log.warning("kvtier: a look at other writers' segments has not ended in %s s (a "
                         "hung mount?): its files stay open until the process exits", timeout)
             return False
-        for view in self.views:
-            view.close()
-        if self._reads is not None:
+        closed = all([view.close() for view in self.views])  # every view, then
+        if not closed:  # a path whose look still runs: its files' close would wait on it
+            log.warning("kvtier: a look at other writers' segments on a disk path has not ended "
+                        "(a hung mount?): their files stay open until the process exits")
+        elif self._reads is not None:
             self._reads.close()
-        return True
+        return closed
 
 
 def follow_others(config: KVTierConfig, namespaces: Sequence[Namespace], raw_bytes: int,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from kvtier.io.answers import answers, ask
 from kvtier.io.bounded_jobs import path_job_wait
-from kvtier.io.root_looks import look_at_roots
+from kvtier.io.root_looks import look_at_roots, stuck, under_way
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.segment.index_file import MAX_SLOTS
 from kvtier.shared.chunk_index import unpack
@@ -151,7 +151,8 @@ class SharedView(LogFollowing):
         """Path ``path``'s part of a refresh, bounded: past its wait it goes on alone (said
         once), and the path is passed over until it ends (``look_at_roots``)."""
         root, wait = self._roots[path], path_job_wait(self.answer_timeout)
-        done = look_at_roots([root], lambda _: self._look_at(path, seats_due), wait, self._kind)
+        done = look_at_roots([root], lambda _: self._look_at(path, seats_due), wait, self._kind,
+                             blocks_others=False)  # a slow look is no hung mount to the others
         if root not in done:
             if not self._late_said:
                 self._late_said = True
@@ -174,9 +175,15 @@ class SharedView(LogFollowing):
             self._let_go(followed)
         self._follow(path, list(names))
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop following; False when a path's look still runs (a hung mount), whose files
+        are left open (their close would wait on the mount), to the process's exit."""
+        late = under_way(self._kind)
+        hung = {i for i, root in enumerate(self._roots) if root in late or stuck(root)}
         with self._lock:
             self._closed = True
             gone = [self._forget(key) for key in list(self._followed)]
         for followed in gone:
-            self._let_go(followed)
+            if followed is not None and followed.path not in hung:
+                self._let_go(followed)
+        return not hung
