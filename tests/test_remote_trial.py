@@ -69,7 +69,8 @@ def test_once_retry_s_is_over_one_round_trip_tries_a_hung_store_the_others_answe
 
 def test_a_trial_that_never_ends_lapses_and_another_round_trip_tries(server):
     """A trial's claim lapses after ``trial_s`` (a round trip that neither failed nor
-    answered: it cannot happen with a bounded round trip, and must not hold the tier out)."""
+    answered: it cannot happen with a bounded round trip, and must not hold the tier out);
+    writes are never turned away by another's trial."""
     tier = RedisTier(server.url, NS, RAW, timeout_s=0.5, retry_s=0.2)
     assert tier.put_many([(KEYS[0], np.full(RAW, 7, np.uint8))])[0].ok
     tier._failed("get", TimeoutError("a round trip failed"))  # out of service
@@ -79,6 +80,8 @@ def test_a_trial_that_never_ends_lapses_and_another_round_trip_tries(server):
     claimed.join()
     assert tier.down  # for every other thread, until the claim lapses
     assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].status is IOStatus.PATH_DOWN
+    # a write goes on beside another's trial (held back, it would be lost)
+    assert tier.put_many([(KEYS[1], np.full(RAW, 8, np.uint8))])[0].ok
     time.sleep(tier.trial_s + 0.1)
     assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].ok and not tier.down
     tier.close()

@@ -34,10 +34,10 @@ class RemoteTier(abc.ABC):
       be used), ``TIMED_OUT`` or ``IO_ERROR`` (the store is slow or down), ``PATH_DOWN``
       (the tier is out of service until its next retry).
     - Health: a failed round trip takes the tier out of service for ``retry_s``, then the
-      next round trip tries again (its trial: ``_admit`` claims it; until it ends, within
-      ``trial_s``, every other call finds the tier out, as before, rather than each wait on
-      a store still hung); ``down`` says whether it is out now (for the trial's own thread:
-      not). Going out of service is
+      next lookup or read tries again (its trial: ``_admit`` claims it; until it ends,
+      within ``trial_s``, every other lookup and read finds the tier out, as before, rather
+      than each wait on a store still hung; writes go on); ``down`` says whether it is out
+      now (for the trial's own thread: not). Going out of service is
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
     - ``remove(keys)``: the values gone from the store (True once it answered).
@@ -157,9 +157,10 @@ class RemoteTier(abc.ABC):
 
     def _admit(self, claim: bool = True) -> bool:
         """Whether a round trip may go to the store now: in service, or out with its retry
-        due and no trial under way, which this one claims (``claim``; a call that is no news
-        of the store's health, a read of hints, goes without claiming it)."""
-        if self.down:
+        due and no trial under way, which this one claims. Without ``claim`` (a write, off
+        any request's path, or a read of hints) it goes once the retry is due, another's
+        trial or not, and claims none: a write held back would be lost."""
+        if self._closed or time.monotonic() < self._down_until:
             return False
         if not claim or not self._logged_down:
             return True

@@ -115,7 +115,8 @@ class RedisTier(RemoteTier):
         cluster, the node).
         Without ``health`` (the log of token records: hints) a failure takes no one out of
         service."""
-        if not self._admit(health):  # out, or another round trip's trial under way
+        # out, or (a lookup or read: on a request's path) another round trip's trial under way
+        if not self._admit(health and what in ("exists", "get")):
             return self._out_of_service()
         with bounded(self._timeout_s):
             client = self._connected(what)
