@@ -182,3 +182,23 @@ def test_directories_that_are_no_segment_only_fill_the_places_segments_leave(tmp
         "a-000", "z-real"]
     assert list(WriterListing([str(tmp_path)], NS.id, 2).names(0, "z-real")) == [
         "a-000", "a-001"]
+
+
+def test_a_late_look_on_another_path_takes_nothing_of_a_paths_share(tmp_path, monkeypatch):
+    """A look past its wait on one path reads on beside the next refreshes of the others:
+    what it reads counts towards the view's bytes, never towards another path's share."""
+    budget = 100 * RECORD_BYTES
+    monkeypatch.setattr(view_logs, "REFRESH_BYTES", budget)
+    write_log(tmp_path, "busy", [(slot, entry(slot)) for slot in range(250)])
+    write_log(tmp_path, "quiet", [(slot, entry(1000 + slot)) for slot in range(10)])
+    view = reader(tmp_path)
+    real = view._read_log
+
+    def beside(followed, room, budget):  # another path's late look, counting as it reads
+        with view._lock:
+            view.bytes_read += 50 * RECORD_BYTES
+        real(followed, room, budget)
+    view._read_log = beside
+    view.refresh()
+    assert view._path_bytes[0] == budget  # this path's whole share, as alone
+    view.close()

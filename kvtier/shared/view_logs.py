@@ -45,6 +45,7 @@ class LogFollowing:
         self._sources: dict[int, Followed] = {}
         self._index = ChunkIndex()
         self.bytes_read, self._failed, self._closed = 0, False, False
+        self._path_bytes: dict[int, int] = {}  # log bytes read by path (one look at a time each)
         self.on_let_go: Callable[[int, str], None] | None = None  # (path, writer) no longer followed
 
     def _follow(self, path: int, names: list[str]) -> None:
@@ -62,11 +63,11 @@ class LogFollowing:
                     continue
                 if not first and left < RECORD_BYTES:
                     return  # every lease was read: the rest of the logs waits
-                before, had = self.bytes_read, self._slots_of(path, writer)
+                before, had = self._path_bytes.get(path, 0), self._slots_of(path, writer)
                 self._step(path, writer, self.max_slots - (used - had),
                            share if first else left, first)
                 used += self._slots_of(path, writer) - had
-                left -= self.bytes_read - before
+                left -= self._path_bytes.get(path, 0) - before  # not another path's late look's
 
     def _step(self, path: int, writer: str, room: int, budget: int, first: bool) -> None:
         try:
@@ -79,7 +80,6 @@ class LogFollowing:
                 log.warning("kvtier: following writer %s on %s failed: %r (further "
                             "failures are not logged)", writer, self._roots[path], exc)
             self._failed = True
-
 
     def _slots_of(self, path: int, writer: str) -> int:
         followed = self._followed.get((path, writer))
@@ -138,7 +138,10 @@ class LogFollowing:
                 self._forget((followed.path, followed.writer))
             self._let_go(followed)
             return
-        self.bytes_read += follower.bytes_read - before
+        read = follower.bytes_read - before
+        self._path_bytes[followed.path] = self._path_bytes.get(followed.path, 0) + read
+        with self._lock:  # (a late look on another path may count beside this one)
+            self.bytes_read += read
         if reset:
             with self._lock:
                 followed.renew()
