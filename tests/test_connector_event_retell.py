@@ -38,6 +38,14 @@ def put(index: WatchedIndex, *keys: ChunkKey) -> None:
         index.commit(key)
 
 
+def side_with_events() -> SchedulerSide:
+    """A scheduler side with KV events on (``Chained``'s stand-ins for vLLM's)."""
+    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
+    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
+    assert side.events is not None
+    return side
+
+
 def drain(events: KVEvents, router: Anchored) -> list[int]:
     sizes = []
     while size := router.apply(events.take()):
@@ -202,9 +210,7 @@ def test_vllms_clear_is_seen_once_in_its_block_pools_queue():
 
 
 def test_an_idle_engine_steps_while_chunks_wait_to_be_told_again():
-    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
-    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
-    assert side.events is not None
+    side = side_with_events()
     side.events.per_take = 2
     for key in prompt(side.events, 3):
         side.events.stored(key, TierName.HOST)
@@ -230,9 +236,7 @@ def test_kvtiers_reset_tells_the_removals_where_vllms_own_reset_failed(vllm_clea
     from kvtier.connector.connector import KVTierConnector
     from kvtier.connector.vllm_events import GpuClears
 
-    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
-    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
-    assert side.events is not None
+    side = side_with_events()
     keys = prompt(side.events, 3)
     for key in keys:
         side.events.stored(key, TierName.HOST)
@@ -271,9 +275,7 @@ def test_a_removal_still_waiting_at_a_failed_vllm_reset_is_told():
 
 
 def test_an_idle_engine_steps_until_the_removals_of_a_failed_reset_are_told():
-    cfg = load_config({"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes}, environ={})
-    side = SchedulerSide(cfg, GEO, [GEO.namespace("m", "", 1, 0)], 1, Chained())
-    assert side.events is not None
+    side = side_with_events()
     side.events.per_take = 2
     for key in prompt(side.events, 5):
         side.events.stored(key, TierName.HOST)

@@ -267,10 +267,15 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # vLLM's GPU cache cleared without kvtier's (a plain reset_prefix_cache): its
         # AllBlocksCleared, published before kvtier's events, makes a router forget kvtier's
         # chunks too, which are loaded still: they are told again (KVEvents.router_cleared)
-        manager, events = self._kv_cache_manager, self._scheduler_side.events
-        if self._clears is not None and manager is not None and events is not None \
-                and self._clears.look(manager.block_pool):
+        events = self._scheduler_side.events
+        if events is not None and self._gpu_cleared():
             events.router_cleared()
+
+    def _gpu_cleared(self) -> bool:
+        """Whether vLLM's GPU cache was cleared since the last look (``GpuClears``)."""
+        manager = self._kv_cache_manager
+        return self._clears is not None and manager is not None \
+            and self._clears.look(manager.block_pool)
 
     def reset_cache(self) -> bool | None:
         # vLLM's reset_connector (a weight update in place, a pause clearing the caches):
@@ -279,9 +284,7 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         # then, and the router is told the removal of kvtier's chunks instead
         if self._scheduler is None:
             return None
-        manager = self._kv_cache_manager
-        told = self._clears is None or (manager is not None and self._clears.look(manager.block_pool))
-        return self._scheduler.reset_cache(told)
+        return self._scheduler.reset_cache(self._clears is None or self._gpu_cleared())
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict | None]:
         self._local_computed.pop(request.request_id, None)

@@ -16,9 +16,9 @@ from kvtier.io.guarded import start_thread
 
 log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
+SHARE_PAUSE_S = 0.001  # between two shares of an adoption: a waiting caller takes the lock
 # a path back: its index and what it holds; returns None, or a call that adopts a share of
 # it with the lock taken (not held by the caller) and says whether some are left
-SHARE_PAUSE_S = 0.001  # between two shares of an adoption: a waiting caller takes the lock
 OnBack = Callable[[int, list[RecoveredSlot]], "Callable[[], bool] | None"]
 
 
@@ -29,14 +29,15 @@ class DiskRetries:
 
     ``found``: a path out of service since the start (never read back by this tier: its
     file system hung, or stopped answering during its read-back at start; its segment's
-    lock or every seat was held) is read back as at start, from its index file or a scan of
-    its slot headers (``threads`` at a time), before it is said to be back; ``found`` is
-    what it holds, as ``DiskTier.recover`` reports it, newest first. Where ``on_back`` returns a call, the
-    read-back's thread makes it, without the lock, until it returns False (the owner adopts
-    ``found`` a share a lock hold) or the engine closes. A path that was in service before
-    comes back empty (``found`` is empty): what it held while it failed (a sync that failed
-    loses writes no one can name) is not vouched for. A path that fails again while it is
-    read back is not said to be back.
+    lock or every seat was held) is read back as at start, from its index file or a scan
+    of its slot headers (``threads`` at a time), before it is said to be back; ``found``
+    is what it holds, as ``DiskTier.recover`` reports it, newest first. Where
+    ``on_back`` returns a call, the read-back's thread makes it, without the lock, until
+    it returns False (the owner adopts ``found`` a share a lock hold) or the engine
+    closes. A path that was in service before comes back empty (``found`` is empty):
+    what it held while it failed (a sync that failed loses writes no one can name) is
+    not vouched for. A path that fails again while it is read back is not said to be
+    back.
 
     ``poll`` does no I/O and may be called on every store; the tries run on the engine's
     queue of that path, so a hung mount holds up only that path's own threads. A try the

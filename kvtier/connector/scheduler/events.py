@@ -114,12 +114,11 @@ class KVEvents:
     ``counters["kv_events"]`` counts the events taken. A chunk stored again goes after
     its parent's stored change waiting, unless the router holds the parent already.
     ``router_cleared()``: the router forgot every chunk while the tiers still hold them
-    (vLLM's plain cache reset): each one it had been told of, or was to be, is told again
-    as room in the takes allows (``Retell``; ``retelling`` until every change waiting
-    then and since is taken), each after
-    its ancestors waiting, told first; a chunk stored meanwhile goes after its parent too,
-    and ``published`` counts a parent waiting to be told again. Nothing here blocks or
-    does I/O.
+    (vLLM's plain cache reset): each one it had been told of, or was to be, is told
+    again as room in the takes allows (``Retell``; ``retelling`` until every change
+    waiting then and since is taken), each after its ancestors waiting, told first; a
+    chunk stored meanwhile goes after its parent too, and ``published`` counts a parent
+    waiting to be told again. Nothing here blocks or does I/O.
     """
 
     def __init__(self, geometry: KVGeometry, factory: EventFactory, counters: Counter,
