@@ -228,6 +228,7 @@ def test_a_path_out_again_before_every_rank_has_it_back_forgets_what_was_found(t
     side.worker_report(WorkerReport(paths_down=Counter({1: 1})))  # out again on that rank
     side.worker_report(WorkerReport(paths_up=Counter({1: 1})))  # back: found nothing anew
     side.worker_report(WorkerReport(paths_up=Counter({1: 1}), paths_found={(1, 3, a): (1, 2)}))
+    side.build_meta()  # (the path's slots back in service at the next step)
     assert adopted == [] and len(disk) == 0 and disk.free_slots == disk.num_slots
 
 
@@ -236,7 +237,10 @@ def test_a_path_back_empty_adopts_nothing(tmp_path, world):
     side, disk, adopted = two_path_scheduler(tmp_path, world)
     side.worker_report(WorkerReport(paths_down=Counter({0: world})))
     side.worker_report(WorkerReport(paths_up=Counter({0: world})))
+    assert disk.free_slots == disk.num_slots // 2 and side.has_pending_push_work()
+    side.build_meta()  # the path's slots back in service at the next step
     assert adopted == [] and disk.free_slots == disk.num_slots
+    assert not side.has_pending_push_work()
 
 
 # -- a read-back at start that does not end ------------------------------------------------
@@ -370,7 +374,9 @@ def test_a_path_back_with_many_chunks_is_adopted_a_few_a_step_newest_first(tmp_p
         reservation = disk.reserve(key)
         assert reservation is not None and reservation.slot not in (1, 3) and disk.commit(key)
     side.build_meta()
-    assert adopted[2:] == [(b, 3), (a, 1)] and not side.has_pending_push_work()
+    assert adopted[2:] == [(b, 3), (a, 1)] and side.has_pending_push_work()
+    side.build_meta()  # then the path's other slots: none
+    assert adopted[4:] == [] and not side.has_pending_push_work()
     victims = [disk.reserve(bytes([40 + n]) * 16).victim for n in range(4)]
     assert victims == [a, b, c, d]  # oldest first, before what the run stored
     (tmp_path / "again").mkdir()
@@ -380,6 +386,7 @@ def test_a_path_back_with_many_chunks_is_adopted_a_few_a_step_newest_first(tmp_p
     side.build_meta()
     side.worker_report(WorkerReport(paths_down=Counter({1: 1})))  # out again: the rest dropped
     side.worker_report(WorkerReport(paths_up=Counter({1: 1})))
+    side.build_meta()
     assert adopted == [(d, 7), (c, 5)] and len(disk) == 0  # (what it held went with it)
     assert disk.free_slots == disk.num_slots
 
@@ -400,6 +407,7 @@ def test_a_key_discarded_while_its_old_copy_waits_to_be_adopted_is_not_adopted(t
     side.stack.discard(a)  # then found wrong: gone from every tier
     side.build_meta()
     side.build_meta()
+    side.build_meta()  # the path's other slots
     assert adopted == [(b, 3)] and disk.slot_of(a) is None and disk.slot_of(b) == 3
     assert disk.free_slots == disk.num_slots - 1  # slot 1 back in service, empty
 

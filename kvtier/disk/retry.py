@@ -17,8 +17,8 @@ from kvtier.io.guarded import start_thread
 log = logging.getLogger("kvtier.disk.tier")  # the disk tier's messages
 
 SHARE_PAUSE_S = 0.001  # between two shares of an adoption: a waiting caller takes the lock
-# a path back: its index and what it holds; returns None, or a call that adopts a share of
-# it with the lock taken (not held by the caller) and says whether some are left
+# a path back: its index and what it holds; returns None, or a call that takes a share of
+# it back with the lock taken (not held by the caller) and says whether some is left
 OnBack = Callable[[int, list[RecoveredSlot]], "Callable[[], bool] | None"]
 
 
@@ -32,9 +32,10 @@ class DiskRetries:
     lock or every seat was held) is read back as at start, from its index file or a scan
     of its slot headers (``threads`` at a time), before it is said to be back; ``found``
     is what it holds, as ``DiskTier.recover`` reports it, newest first. Where
-    ``on_back`` returns a call, the read-back's thread makes it, without the lock, until
-    it returns False (the owner adopts ``found`` a share a lock hold) or the engine
-    closes. A path that was in service before comes back empty (``found`` is empty):
+    ``on_back`` returns a call, the thread that said the path back (the read-back's, or
+    the try's on the path's queue) makes it, without the lock, until it returns False (the
+    owner adopts ``found`` and puts the path's slots back in service a share a lock hold)
+    or the engine closes. A path that was in service before comes back empty (``found`` is empty):
     what it held while it failed (a sync that failed loses writes no one can name) is
     not vouched for. A path that fails again while it is read back is not said to be
     back.
@@ -70,7 +71,7 @@ class DiskRetries:
 
     def _try(self, index: int) -> None:
         """On the path's queue: reopen it; said back at once unless it must be read back."""
-        back, token = False, object()
+        back, token, more = False, object(), None
         try:
             back = self._disk.revive(index)
         finally:
@@ -81,7 +82,8 @@ class DiskRetries:
                 else:
                     self._trying.discard(index)
                     if back:
-                        self._on_back(index, [])
+                        more = self._on_back(index, [])
+        self._shares(more)
         if reading:
             thread = threading.Thread(target=self._read_back, args=(index, token), daemon=True,
                                       name="kvtier-read-back")
@@ -106,6 +108,10 @@ class DiskRetries:
                                  "found on it (%d slots torn)", path.root, len(report.slots),
                                  report.torn)
                         more = self._on_back(index, report.slots)
+        self._shares(more)
+
+    def _shares(self, more: Callable[[], bool] | None) -> None:
+        """The rest of a path's way back, a share a hold of the lock (``OnBack``)."""
         while more is not None and not self._engine.closed and more():
             time.sleep(SHARE_PAUSE_S)  # the lock to a caller waiting (it is no fair lock)
 

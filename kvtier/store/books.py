@@ -15,11 +15,12 @@ from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.logs import FailureLog
 from kvtier.shared.follower import FollowedCounts
-from kvtier.store.adoption import Adoption, adopt
+from kvtier.store import adoption
 from kvtier.store.skip import Skip
 from kvtier.store.stats import StoreStats
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.path_adoption import PathAdoption
 from kvtier.tiers.prefix import InOther, Ours, find, walk_cached
 from kvtier.tiers.stack import Location, StorePlan, TierStack
 
@@ -40,7 +41,7 @@ class Held:
                  lock: threading.Lock) -> None:
         self.stack, self.stats, self.failures = stack, stats, failures
         self._lane, self._lock = lane, lock
-        self.adoption = Adoption(stack.indexes[DISK]) if DISK in stack.indexes else None
+        self.adoption = PathAdoption(stack.indexes[DISK]) if DISK in stack.indexes else None
         if self.adoption is not None:
             stack.on_discard = self.adoption.discarded
 
@@ -78,22 +79,22 @@ class Held:
             self.stack.indexes[DISK].retire(self._lane.slots_of_path(index))
 
     def path_back(self, index: int, found: Sequence[RecoveredSlot] = ()) -> AdoptSome | None:
-        """A disk path came back into service, holding ``found`` (empty unless it was out
-        since the start: ``DiskRetries``, newest first), adopted a share a lock hold
-        (``Adoption``; a key held elsewhere meanwhile keeps that copy): returns the call that
-        adopts the next share (without the lock: it takes it) and says whether some are
-        left, or None when none waits."""
+        """A disk path came back, holding ``found`` (empty unless it was out since the
+        start: ``DiskRetries``, newest first): the call that adopts them, then puts its
+        other slots back in service, a share a lock hold (``PathAdoption``), taking the
+        lock, and says whether some is left; None without a disk tier."""
         self.stats.paths_back += 1
         self.stats.paths_down.pop(self._lane.roots[index], None)
         if self.adoption is None:
             return None
-        waiting = self.adoption.start(index, self._lane.slots_of_path(index), found)
-        return self._adopt_some if waiting else None
+        self.adoption.start(index, self._lane.slots_of_path(index),
+                            ((r.header.key, r.slot) for r in found))
+        return self._adopt_some
 
     def _adopt_some(self) -> bool:
         with self:
             assert self.adoption is not None
-            self.stats.recovered_chunks += self.adoption.step()
+            self.stats.recovered_chunks += len(self.adoption.step(adoption.ADOPT_PER_HOLD))
             return self.adoption.waiting
 
 
@@ -270,13 +271,12 @@ class Books:
     def adopt(self, found: Iterable[RecoveredSlot], torn: int) -> None:
         """What the disk holds at start, oldest first (evicted first)."""
         with self._lock:
-            self._stats.recovered_chunks = adopt(self._stack.indexes[DISK], found)
+            self._stats.recovered_chunks = adoption.adopt(self._stack.indexes[DISK], found)
             self._stats.torn_slots = torn
             self._held.retire_down_paths()
 
     def elsewhere(self, on_disk: Callable[[ChunkKey], bool]) -> None:
-        """A victim bound for disk that ``on_disk`` says is on disk elsewhere is dropped
-        (``TierStack.on_disk_elsewhere``)."""
+        """A victim bound for disk that ``on_disk`` says is on disk elsewhere is dropped."""
         with self._lock:
             self._stack.on_disk_elsewhere = on_disk
 

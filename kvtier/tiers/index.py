@@ -47,6 +47,7 @@ class SlotIndex:
         self._listed = bytearray(num_slots)  # in ``_free``: a slot is listed at most once
         self._fresh = 0  # slots from here on were never handed out (may be adopted since)
         self._is_free = bytearray(b"\x01") * num_slots
+        self._key_at: list[ChunkKey | None] = [None] * num_slots  # the entry holding a slot
         self._retired = bytearray(num_slots)
         self._num_retired = 0
         self._num_free = num_slots
@@ -121,6 +122,7 @@ class SlotIndex:
             self._num_visible -= 1
             self.evictions += 1
         self._entries[key] = SlotEntry(slot, EntryState.WRITING)
+        self._key_at[slot] = key
         return Reservation(key, slot, victim)
 
     def peek(self, keep: Collection[ChunkKey] = (),
@@ -164,6 +166,7 @@ class SlotIndex:
         self._is_free[slot] = 0
         self._num_free -= 1
         self._entries[key] = SlotEntry(slot, EntryState.READY)
+        self._key_at[slot] = key
         self._num_visible += 1
         self._policy.insert(key, first)
         return True
@@ -221,44 +224,40 @@ class SlotIndex:
 
     def retire(self, slots: range) -> list[ChunkKey]:
         """Take ``slots`` out of service; return the visible keys that were dropped."""
-        by_slot = {e.slot: k for k, e in self._entries.items() if e.state is EntryState.READY}
-        dropped = []
+        dropped, ready = [], EntryState.READY
         for slot in slots:
             if self._retired[slot]:
                 continue
             self._retired[slot] = 1
             self._num_retired += 1
+            key = self._key_at[slot]
             if self._is_free[slot]:
                 self._is_free[slot] = 0
                 self._num_free -= 1
-            elif slot in by_slot:
-                self.discard(by_slot[slot])
-                dropped.append(by_slot[slot])
+            elif key is not None and self._entries[key].state is ready:
+                self.discard(key)
+                dropped.append(key)
         return dropped
 
-    def unretire(self, slots: range, but: Collection[int] = ()) -> set[int]:
+    def unretire(self, slots: range) -> None:
         """Put retired ``slots`` back in service; one still held (pinned by a reader, or
-        being written) is freed when its holder lets go. Those of ``but`` that no entry
-        holds stay retired, for ``adopt_retired``: returned."""
-        held, kept = {e.slot for e in self._entries.values()}, set()
+        being written) is freed when its holder lets go."""
+        key_at = self._key_at
         for slot in slots:
             if not self._retired[slot]:
                 continue
-            if slot in but and slot not in held:
-                kept.add(slot)
-                continue
             self._retired[slot] = 0
             self._num_retired -= 1
-            if slot not in held:
+            if key_at[slot] is None:
                 self._is_free[slot] = 1
                 self._num_free += 1
                 self._list(slot)
-        return kept
 
     def adopt_retired(self, key: ChunkKey, slot: int, first: bool = False) -> bool:
-        """Put ``slot``, kept retired by ``unretire``, back in service holding ``key`` as
-        ``adopt`` does, or free when ``key`` is held already (False)."""
-        if not self._retired[slot]:
+        """Put a retired ``slot`` back in service holding ``key`` as ``adopt`` does, or free
+        when ``key`` is held already (False); False, changing nothing, when ``slot`` is not
+        retired or an entry holds it (``unretire`` frees it once let go)."""
+        if not self._retired[slot] or self._key_at[slot] is not None:
             return False
         self._retired[slot] = 0
         self._num_retired -= 1
@@ -293,6 +292,7 @@ class SlotIndex:
 
     def _release(self, slot: int) -> None:
         assert not self._is_free[slot], "slot freed twice"
+        self._key_at[slot] = None
         if self._retired[slot]:
             return
         self._is_free[slot] = 1

@@ -5,21 +5,20 @@ back, with the chunks a path out since the start holds."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
 
-from kvtier.connector.common.messages import WorkerReport
+from kvtier.connector.common.messages import WorkerReport, found_added, without_paths
 from kvtier.connector.scheduler.event_feed import EventFeed
 from kvtier.connector.scheduler.rank_counts import RankCount
 from kvtier.keys import ChunkKey
 from kvtier.segment.index_file import SlotLayout
 from kvtier.tiers.base import TierName
 from kvtier.tiers.index import SlotIndex
+from kvtier.tiers.path_adoption import Adopted, PathAdoption
 from kvtier.tiers.stack import TierStack
 
 log = logging.getLogger("kvtier")
 
-Adopted = list[tuple[ChunkKey, int]]  # (key, disk slot)
 ADOPT_PER_STEP = 4096  # chunks adopted per scheduler step at most: no step is held long
 
 
@@ -32,13 +31,15 @@ class DiskPathsBack:
       start (``kvtier.disk.retry.DiskRetries``) are gathered;
     - back (``paths_up``): once every rank that took a path out has it back, its slots come
       back into service and each chunk every rank (``world_size``) found in the same slot is
-      adopted, to be evicted before every chunk held, oldest first, unless the index holds
-      the key (a copy stored elsewhere meanwhile) or the slot; ``on_adopted`` is told them
-      (the KV events), newest first. They are adopted ``ADOPT_PER_STEP`` a scheduler step
-      (``step``; ``adopting`` says some are left: vLLM keeps an idle engine stepping),
-      the newest first, their slots kept out of service until then (a path back with a
-      hundred thousand chunks holds no step for long); a path out again drops the rest,
-      and a key discarded from every tier meanwhile (a failed check) is not adopted.
+      adopted (``PathAdoption``: to be evicted before every chunk held, oldest first, unless
+      the index holds the key, a copy stored elsewhere meanwhile, or the slot, or the key
+      was discarded from every tier meanwhile by a failed check); ``on_adopted`` is told
+      them (the KV events), newest first. The work is spread over the scheduler steps
+      (``step``: the path's slots ``ADOPT_PER_STEP`` times ``SLOTS_PER_CHUNK`` a step, then
+      ``ADOPT_PER_STEP`` chunks a step; ``adopting`` says some is left: vLLM keeps an idle
+      engine stepping), the slots of the chunks found kept out of service until they are
+      adopted, so that a path back with hundreds of thousands of chunks holds no step for
+      long; a path out again drops the rest.
 
     A path back from a fault after it had been in service comes back empty: no rank finds
     anything on it.
@@ -48,69 +49,44 @@ class DiskPathsBack:
                  on_adopted: Callable[[Adopted], None] | None = None) -> None:
         self.world_size, self._layout = world_size, layout
         self._index: SlotIndex = stack.indexes[TierName.DISK]
-        stack.on_discard = self._discarded
+        self._adoption = PathAdoption(self._index)
+        stack.on_discard = self._adoption.discarded
         self.on_adopted = on_adopted
         self._ranks_down = RankCount()  # disk path index -> ranks without it
-        self._found: dict[int, dict[tuple[int, ChunkKey], tuple[int, int]]] = {}
-        self._adopting: dict[int, deque[tuple[ChunkKey, int]]] = {}  # path -> newest first
-        self._discards: set[ChunkKey] = set()  # discarded while some wait to be adopted
+        self._found: dict[tuple[int, int, ChunkKey], tuple[int, int]] = {}  # paths_found
 
     def apply(self, report: WorkerReport) -> None:
+        if report.paths_down:
+            self._found = without_paths(self._found, report.paths_down)
         for path, ranks in report.paths_down.items():
-            self._found.pop(path, None)
-            self._adopting.pop(path, None)  # (its slots kept out go out with the path)
+            self._adoption.path_out(path)  # (its slots kept out go out with the path)
             if self._ranks_down.up(path, ranks):
                 self._index.retire(self._slots(path))
-        for (path, slot, key), (ranks, generation) in report.paths_found.items():
-            found = self._found.setdefault(path, {})
-            had = found.get((slot, key), (0, generation))
-            found[(slot, key)] = (had[0] + ranks, min(had[1], generation))
+        if report.paths_found:
+            self._found = found_added(self._found, report.paths_found)
         for path, ranks in report.paths_up.items():
             if self._ranks_down.down(path, ranks):
-                self._back(path, self._found.pop(path, {}))
+                self._back(path)
 
     @property
     def adopting(self) -> bool:
-        return bool(self._adopting)
+        return self._adoption.waiting
 
     def step(self) -> None:
-        if self._adopting:
-            self._adopt(ADOPT_PER_STEP)
+        if self._adoption.waiting:
+            adopted = self._adoption.step(ADOPT_PER_STEP)
+            if adopted and self.on_adopted is not None:
+                self.on_adopted(adopted)
 
-    def _back(self, path: int, found: dict[tuple[int, ChunkKey], tuple[int, int]]) -> None:
-        whole = sorted(((generation, slot, ChunkKey(key)) for (slot, key), (ranks, generation)
-                        in found.items() if ranks >= self.world_size), reverse=True)
-        kept = self._index.unretire(self._slots(path), but={slot for _, slot, _ in whole})
-        if found:
+    def _back(self, path: int) -> None:
+        whole = sorted([(generation, slot, key) for (on, slot, key), (ranks, generation)
+                        in self._found.items() if on == path and ranks >= self.world_size],
+                       reverse=True)  # newest first
+        self._found = without_paths(self._found, (path,))
+        if whole:
             log.info("kvtier disk path %d back on every rank: %d chunks found on it by every "
                      "rank, adopted over the next steps", path, len(whole))
-        if kept:  # newest first, each before the last
-            if not self._adopting:  # discards told before are of no chunk waiting now
-                self._discards.clear()
-            self._adopting[path] = deque((key, slot) for _, slot, key in whole if slot in kept)
-
-    def _adopt(self, budget: int) -> None:
-        adopted: Adopted = []
-        for path, pending in list(self._adopting.items()):
-            taken = min(budget, len(pending))
-            for _ in range(taken):
-                key, slot = pending.popleft()
-                if self._index.adopt_retired(key, slot, first=True):
-                    if key not in self._discards:
-                        adopted.append((key, slot))
-                    else:  # its slot back in service, empty
-                        self._index.discard(key)
-            budget -= taken
-            if not pending:
-                del self._adopting[path]
-            if budget <= 0:
-                break
-        if adopted and self.on_adopted is not None:
-            self.on_adopted(adopted)
-
-    def _discarded(self, key: ChunkKey) -> None:
-        if self._adopting:
-            self._discards.add(key)
+        self._adoption.start(path, self._slots(path), [(key, slot) for _, slot, key in whole])
 
     def _slots(self, path: int) -> range:
         return range(path, self._layout.num_slots, self._layout.num_paths)
