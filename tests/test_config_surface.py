@@ -85,9 +85,11 @@ def test_serve_metrics_refuses_a_port_above_65535_with_a_config_error():
         serve_metrics(65536, lambda: [], "127.0.0.1")
 
 
-def fake_vllm_config(extra: dict, tp: int) -> SimpleNamespace:
+def fake_vllm_config(extra: dict, tp: int, dp: int = 0) -> SimpleNamespace:
     return SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra),
-                           parallel_config=SimpleNamespace(tensor_parallel_size=tp))
+                           parallel_config=SimpleNamespace(
+                               tensor_parallel_size=tp, data_parallel_rank=dp,
+                               data_parallel_rank_local=dp))
 
 
 @pytest.mark.parametrize(("port", "tp"), [(65535, 1), (65534, 2), (65530, 8)])
@@ -104,15 +106,29 @@ def test_the_connector_refuses_a_metrics_port_its_workers_cannot_serve(monkeypat
             KVTierConnector(fake_vllm_config({"metrics_port": port}, tp), role)
         message = str(info.value)
         assert f"bad value {port} for 'metrics_port' (given config)" in message
-        assert f"{tp} ranks" in message and f"1-{65535 - tp}" in message
+        assert f"{tp} TP ranks at DP rank 0" in message and f"1-{65535 - tp}," in message
 
 
 def test_a_metrics_port_that_fits_every_rank_passes():
     pytest.importorskip("vllm")
-    from kvtier.connector.connector import check_metrics_ports
+    from kvtier.connector.connector import metrics_base
 
-    check_metrics_ports(load_config({"metrics_port": 65533}, environ={}), 2)
-    check_metrics_ports(load_config(environ={}), 4096)  # no port: nothing to check
+    assert metrics_base(load_config({"metrics_port": 65533}, environ={}), 2) == 65533
+    assert metrics_base(load_config(environ={}), 4096) == 0  # no port: nothing to check
+
+
+def test_each_data_parallel_engine_on_a_host_serves_metrics_on_ports_of_its_own():
+    """Engines of DP ranks 0..d on one host each serve a scheduler side and a worker per TP
+    rank: the engine of DP rank d starts at ``metrics_port + d * (1 + TP)`` (they all took
+    ``metrics_port``, and every engine but the first failed to start: a review)."""
+    pytest.importorskip("vllm")
+    from kvtier.connector.connector import metrics_base
+
+    config = load_config({"metrics_port": 9400}, environ={})
+    ports = [{metrics_base(config, 2, dp) + r for r in range(3)} for dp in range(4)]
+    assert set.union(*ports) == set(range(9400, 9412))
+    with pytest.raises(ConfigError, match="DP rank 3"):
+        metrics_base(load_config({"metrics_port": 65530}, environ={}), 2, 3)
 
 
 # disk_min_free printed exactly

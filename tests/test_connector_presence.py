@@ -190,7 +190,7 @@ def test_a_chunk_whose_load_failed_is_not_held_for_its_request_again():
     presence = RemotePresence([Store()], wait_s=30, distrusted=DistrustedKeys(60, 16, clock))
     try:
         assert answer(presence, "r", [A, B]) == [True, True]
-        presence.failed("r", [B])
+        presence.failed("r", [B], damaged=[B])
         assert presence.held("r", [A, B]) == [True, False]
         # the store still says it holds B: another request does not trust it for a while
         assert answer(presence, "q", [A, B]) == [True, False]
@@ -198,6 +198,26 @@ def test_a_chunk_whose_load_failed_is_not_held_for_its_request_again():
         assert answer(presence, "q2", [A, B]) == [True, True]
         # the request whose load failed never trusts it again, even asking about more keys
         assert answer(presence, "r", [A, B, C]) == [True, False, True]
+    finally:
+        presence.close()
+
+
+def test_a_chunk_whose_read_failed_on_its_way_is_distrusted_only_until_the_store_is_tried_again():
+    """A read that timed out, or found the workers' store out of service, says nothing of
+    the value: another request trusts the chunk again after ``retry_s`` (the workers' wait
+    before they try the store again), not ``DISTRUST_S``; its own request never does."""
+    clock = Clock()
+    presence = RemotePresence([Store()], wait_s=30, distrusted=DistrustedKeys(60, 16, clock),
+                              retry_s=10)
+    try:
+        assert answer(presence, "r", [A, B, C]) == [True, True, True]
+        presence.failed("r", [B, C], damaged=[C])  # B timed out, C failed its checks
+        assert answer(presence, "q", [A, B, C]) == [True, False, False]
+        clock.now = 11
+        assert answer(presence, "q2", [A, B, C]) == [True, True, False]
+        assert presence.held("r", [A, B, C]) == [True, False, False]
+        clock.now = 61
+        assert answer(presence, "q3", [A, B, C]) == [True, True, True]
     finally:
         presence.close()
 

@@ -302,7 +302,8 @@ def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed
     """An engine that wrote a chunk to the store remembers it is there and does not write it
     again; once its read from there found the value damaged, its recompute writes it over
     it. A read that failed otherwise (a timeout, a redirect) is no news of the value: the
-    recompute writes nothing (it wrote it again; found by a review)."""
+    recompute writes nothing (it wrote it again; found by a review), and other requests
+    leave it out only until the store is tried again (60 s before: a review)."""
     a, b, c = Engine(server), Engine(server), Engine(server)
     try:
         req = request("r", CHUNK + 1, seed=16)
@@ -321,6 +322,10 @@ def test_a_chunk_whose_remote_value_was_damaged_is_written_again_when_recomputed
         b.scheduler.plan_load(req, ([9, 10],), 0, CHUNK)
         b.step()
         assert b.worker.take_invalid_blocks() == {9, 10}
+        # left out of other requests' loads: a damaged value for DISTRUST_S, a read that
+        # failed on its way only until the workers try the store again (remote_retry)
+        left = b.scheduler.presence._distrusted._until[key] - time.monotonic()  # white-box
+        assert 50 < left <= 60 if fault == "corrupt" else 0 < left <= 10
         b.scheduler.request_finished("r")
         written = b.scheduler.counters["remote_written_chunks"]
         b.store(request("r", CHUNK + 1, seed=16), [9, 10])  # recomputed, stored again

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from kvtier.connector.common.messages import StepPlan, WorkerReport
+from kvtier.connector.common.messages import ChunkLoad, RequestLoad, StepPlan, WorkerReport
 from kvtier.connector.scheduler.side import SchedulerSide
 from kvtier.connector.scheduler.verify_planner import MAX_IN_FLIGHT
 from kvtier.io.buffers import AlignedBuffer
@@ -217,6 +217,52 @@ def test_a_copy_that_cannot_be_read_is_neither_right_nor_wrong_and_is_dropped(tm
         assert not side.counters["verify_mismatches_disk"]
         host = side.stack.indexes[HOST]
         assert all(side.stack.locate(k) is None and not host.has_entry(k) for k in keys)
+    finally:
+        side.close()
+        w.close(5)
+
+
+def checked_in_an_unfilled_step(side: SchedulerSide, w, name: str, count: int) -> None:
+    """``check``'s request, in a step where a load left blocks unfilled (a sync load whose
+    chunk lost its host slot since the match): what the step computed may have attended
+    them, so its checks are not made (``verify_skipped``)."""
+    req = request(name, 65)
+    assert side.num_new_matched_tokens(req, 0) == (0, False)
+    meta = side.build_meta()
+    side.plan_stores(req, BLOCKS, 64, meta)
+    assert len(meta.verifies) == count
+    w.start_loads(StepPlan(loads=[RequestLoad("r", (ChunkLoad(b"X" * 16, (7, 8), 0, None),))]))
+    w.save(meta)
+    w.finished()
+    report = w.report()
+    assert w.take_invalid_blocks() == {7, 8} and sum(report.verify_skipped.values()) == count
+    assert not (report.verified or report.verify_differed or report.verify_failed)
+    side.worker_report(report)
+
+
+def test_checks_in_a_step_whose_kv_may_be_wrong_are_not_made_and_keep_their_copies(sides):
+    """A copy compared with pages that may have attended unfilled blocks would be found
+    wrong, removed everywhere, and counted towards ``verify_halt_after`` (a review): the
+    check is not made, nothing is counted, the copy stays."""
+    side, w = sides()
+    keys = store(side, w, "x")
+    wrong_pages_into(w, side.stack.locate(keys[1]).slot)  # a check made would find it
+    checked_in_an_unfilled_step(side, w, "y", 2)
+    assert not any(side.counters[name] for name in (
+        "verify_mismatches_host", "chunks_verified", "verify_unread_chunks"))
+    host = side.stack.indexes[HOST]
+    assert all(side.stack.locate(k).tier is HOST and not host.pinned(k) for k in keys)
+
+
+def test_a_check_not_made_of_a_copy_on_disk_leaves_it_there_and_its_staging_slot_empty(tmp_path):
+    """The staging slot a check not made reserved was never read into: it is given back,
+    not kept as a copy of the chunk."""
+    side, w, _, keys = restarted_with_engine(tmp_path)
+    try:
+        checked_in_an_unfilled_step(side, w, "y", 2)
+        host = side.stack.indexes[HOST]
+        assert all(side.stack.locate(k).tier is DISK and not host.has_entry(k) for k in keys)
+        assert host.free_slots == host.num_slots
     finally:
         side.close()
         w.close(5)

@@ -253,7 +253,7 @@ def test_a_demotion_whose_queued_write_was_cancelled_is_failed_once(tmp_path):
 
         def demote() -> None:  # the load's job: its demotions, then its reads (none)
             try:
-                disk.demote_then_read(load, ReadGate(), lambda load: {})
+                disk.demote_then_read(load, ReadGate(), lambda load: {}, side._loader).result(10)
             except BaseException as exc:
                 raised.append(exc)
         demoting = threading.Thread(target=demote)
@@ -274,3 +274,44 @@ def test_a_demotion_whose_queued_write_was_cancelled_is_failed_once(tmp_path):
     assert report.paths_down
     assert report.disk_written[a] + report.disk_failed[a] == 1  # its own outcome, once
     assert (report.disk_written[b], report.disk_failed[b]) == (0, 1)  # failed once
+
+
+def test_loads_whose_write_backs_wait_on_a_hung_drive_hold_up_no_load_on_another_path(tmp_path):
+    """write_back: loads whose victims must first be written to a drive that stopped
+    answering wait for those writes without holding a thread: a load whose write-back and
+    read are on a healthy path loads (both loader threads had waited on the hung drive, and
+    it was given up at load_timeout and recomputed, its staging slot held meanwhile: a
+    review); the hung ones keep their staging slots until the drive answers."""
+    import time
+
+    from kvtier.connector.common.messages import DiskWrite
+    from tests.helpers.worker_side import worker_and_engine
+
+    side, _, engine = worker_and_engine(tmp_path, paths=2, load_timeout=0.3,
+                                        write_policy="write_back")
+    try:
+        def key(n: int) -> bytes:
+            return bytes([n]) * 16
+        side.save(StepPlan(stores=[ChunkStore(key(1), (1, 2), host_slot=3, disk_slot=1)]
+                           + [ChunkStore(key(10 + i), (3, 4), host_slot=i) for i in range(3)]))
+        side.drain()
+        side.finished()
+        side.report()
+        engine.hold(engine.queues[0])  # path 0 (even disk slots) stops answering
+        side.start_loads(StepPlan(loads=[RequestLoad(  # write-backs to path 0
+            f"h{i}", (ChunkLoad(key(1), (5, 6), 0, host_slot=i, disk_slot=1),),
+            demotions=(DiskWrite(key(10 + i), i, 2 * i),), asynchronous=True) for i in range(2)]))
+        side.start_loads(StepPlan(loads=[RequestLoad(  # write-back and read on path 1
+            "ok", (ChunkLoad(key(1), (7, 8), 0, host_slot=2, disk_slot=1),),
+            demotions=(DiskWrite(key(12), 2, 3),), asynchronous=True)]))
+        finished: set[str] = set()
+        deadline = time.monotonic() + 10
+        while "ok" not in finished and time.monotonic() < deadline:
+            finished |= side.finished()
+            side.save(StepPlan())  # steps go on
+            time.sleep(0.02)
+        assert "ok" in finished
+        assert side.take_invalid_blocks().isdisjoint({7, 8})  # loaded, not recomputed
+    finally:
+        engine.release()
+        side.close(2)

@@ -176,3 +176,52 @@ def test_a_threads_scratch_it_outgrew_is_unregistered_and_let_go():
     big = memory.area(client, 64 * 1024)
     assert big.nbytes >= 64 * 1024 and list(client.registered) == [big.ctypes.data]
     assert len(memory._scratch) == 1 and memory._scratch[0] is big
+
+
+class AnyStore:
+    """A client that sets up, and holds nothing."""
+
+    def setup(self, *args) -> int:
+        return 0
+
+    def register_buffer(self, *args) -> int:
+        return 0
+
+    def batch_is_exist(self, names) -> list[int]:
+        return [0] * len(names)
+
+    def close(self) -> None:
+        pass
+
+
+class AnyModule:
+    MooncakeDistributedStore = AnyStore
+
+
+def test_a_masters_name_the_resolver_does_not_answer_for_holds_a_caller_no_longer_than_the_timeout(
+        monkeypatch):
+    """The master's port probe and the client's own address look the master's name up
+    within ``remote_timeout`` (``RESOLVER``), as the Redis tier does: a resolver that does
+    not answer held each caller for its own timeouts and retries (a review: 4 s against a
+    timeout of 0.5 s)."""
+    from kvtier.remote import resolve
+
+    release, real = threading.Event(), socket.getaddrinfo
+
+    def hung_lookup(host, *args, **kwargs):  # the master's name: a resolver that never answers
+        if host != "master.example":
+            return real(host, *args, **kwargs)
+        release.wait(10)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    monkeypatch.setattr(socket, "getaddrinfo", hung_lookup)
+    monkeypatch.setattr("kvtier.remote.mooncake_client.RESOLVER", resolve.Resolver())
+    monkeypatch.setattr(mooncake_tier, "client_module", lambda: AnyModule)
+    tier = mooncake_tier.MooncakeTier("mooncake://master.example:50051", NS, 4096,
+                                      timeout_s=0.5, retry_s=60, environ={})
+    try:
+        began = time.monotonic()
+        assert tier.exists_answered([ChunkKey(b"k" * 16)]) is None  # failed: out of service
+        assert time.monotonic() - began < 2.0 and tier.down
+    finally:
+        release.set()
+        tier.close()

@@ -117,3 +117,40 @@ def test_a_round_trip_that_asked_no_node_lets_its_trial_go(monkeypatch):
     trial.join()
     assert not tier.down  # to every other thread: the next round trip is a trial again
     tier.close()
+
+
+def test_the_tier_reads_out_of_service_until_a_round_trip_works_not_until_retry_s_is_over(server):
+    """``down`` lets a trial go once ``retry_s`` is over; the health the gauges show
+    (``out_of_service``, ``health``) stays out until a round trip works (a store still dead
+    read in service between two retries: a review)."""
+    tier = RedisTier(server.url, NS, RAW, timeout_s=0.5, retry_s=0.2)
+    assert tier.put_many([(KEYS[0], np.full(RAW, 7, np.uint8))])[0].ok
+    tier._failed("get", TimeoutError("a round trip failed"))  # out of service
+    assert tier.down and tier.out_of_service and tier.health() == (True, 0)
+    time.sleep(0.3)  # past retry_s, no round trip since
+    assert not tier.down and tier.out_of_service and tier.health() == (True, 0)
+    assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].ok
+    assert not tier.out_of_service and tier.health() == (False, 0)
+    tier.close()
+
+
+def test_a_round_trip_that_answers_after_anothers_failure_does_not_bring_the_tier_back(
+        server, monkeypatch):
+    """A round trip under way when another fails, and answering after it (a proxy, or a
+    failover, serving some connections and not others), is no news that the store is back:
+    the tier stays out until a round trip begun since works (a review)."""
+    tier = RedisTier(server.url, NS, RAW, timeout_s=0.5, retry_s=0.2)
+    assert tier.put_many([(KEYS[0], np.full(RAW, 7, np.uint8))])[0].ok
+    real = tier._round_trip
+
+    def failed_meanwhile(*args, **kwargs):
+        replies = real(*args, **kwargs)
+        tier._failed("get", TimeoutError("another round trip failed"))
+        return replies
+    monkeypatch.setattr(tier, "_round_trip", failed_meanwhile)
+    assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].ok  # its own answer holds
+    time.sleep(0.3)  # past retry_s
+    assert tier.out_of_service  # not brought back by the late answer
+    monkeypatch.undo()
+    assert tier.get_many(KEYS[:1], [np.zeros(RAW, np.uint8)])[0].ok and not tier.out_of_service
+    tier.close()

@@ -65,18 +65,20 @@ class KVTierStats(WorkerCounters, KVConnectorStats):
 MAX_PORT = 65535
 
 
-def check_metrics_ports(config: KVTierConfig, tp: int) -> None:
-    """``ConfigError`` unless every side's metrics port is a TCP port: the scheduler side
-    serves on ``metrics_port`` and the worker of TP rank r on ``metrics_port + 1 + r``."""
+def metrics_base(config: KVTierConfig, tp: int, dp: int = 0) -> int:
+    """The scheduler side's metrics port (0: none): an engine of (local) DP rank ``dp``
+    serves from ``metrics_port + dp * (1 + tp)``, its scheduler side there and the worker of
+    TP rank r on that plus 1 + r; ``ConfigError`` unless every one is a TCP port."""
     port = config.metrics_port
-    if port and port + tp > MAX_PORT:
+    base = port + dp * (1 + tp) if port else 0
+    if base + tp > MAX_PORT:
         raise ConfigError(
             f"kvtier config: bad value {port} for 'metrics_port' "
-            f"({config.sources.get('metrics_port', 'default')}): the worker of TP rank r serves "
-            f"on metrics_port + 1 + r, up to {port + tp} for {tp} ranks, above {MAX_PORT}; "
-            f"allowed: a TCP port 1-{MAX_PORT - tp} for {tp} ranks, or 0, off or none for no "
-            "metrics endpoint"
-        )
+            f"({config.sources.get('metrics_port', 'default')}): the worker of TP rank r of DP "
+            f"rank d serves on metrics_port + d * (1 + TP) + 1 + r, up to {base + tp} for {tp} "
+            f"TP ranks at DP rank {dp}, above {MAX_PORT}; allowed: a TCP port 1-"
+            f"{MAX_PORT - tp - dp * (1 + tp)}, or 0, off or none for no metrics endpoint")
+    return base
 
 
 class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
@@ -93,8 +95,9 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         kv_role = Role.of(getattr(self._kv_transfer_config, "kv_role", None))
         self.config = fit_role(kv_role, load_config(extra))
         apply_log_level()
-        tp = vllm_config.parallel_config.tensor_parallel_size
-        check_metrics_ports(self.config, tp)
+        parallel = vllm_config.parallel_config
+        tp, dp = parallel.tensor_parallel_size, parallel.data_parallel_rank_local
+        port = metrics_base(self.config, tp, parallel.data_parallel_rank if dp is None else dp)
         self.geometry = geometry_from_vllm(vllm_config, kv_cache_config, self.config)
         model = vllm_config.model_config
         settings = settings_digest(vllm_config, kv_cache_config)
@@ -105,7 +108,6 @@ class KVTierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker: WorkerSide | None = None
         self._metrics = None
         self._clears: GpuClears | None = None
-        port = self.config.metrics_port
         if role is KVConnectorRole.SCHEDULER:
             self._recompute_failed_loads()
             block = self.geometry.block_tokens

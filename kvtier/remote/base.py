@@ -36,8 +36,10 @@ class RemoteTier(abc.ABC):
     - Health: a failed round trip takes the tier out of service for ``retry_s``, then the
       next lookup or read tries again (its trial: ``_admit`` claims it; until it ends,
       within ``trial_s``, every other lookup and read finds the tier out, as before, rather
-      than each wait on a store still hung; writes go on); ``down`` says whether it is out
-      now (for the trial's own thread: not). Going out of service is
+      than each wait on a store still hung; writes go on); ``down`` says whether a lookup
+      or read would find it out now (for the trial's own thread: not). ``out_of_service``
+      (and ``health``, the gauges') says whether it is out until a round trip works: from
+      a failure until one works, a retry due or not. Going out of service is
       logged once (a warning), coming back once (info), the failed retries between at debug.
     - ``close()`` releases the connections; later calls answer ``PATH_DOWN``.
     - ``remove(keys)``: the values gone from the store (True once it answered).
@@ -74,6 +76,10 @@ class RemoteTier(abc.ABC):
         now, trial = time.monotonic(), self._trial
         return self._closed or now < self._down_until or (
             trial is not None and now < trial[0] and trial[1] != threading.get_ident())
+
+    @property
+    def out_of_service(self) -> bool:
+        return self._logged_down or self.down
 
     @abc.abstractmethod
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]: ...
@@ -129,9 +135,9 @@ class RemoteTier(abc.ABC):
         return []
 
     def health(self) -> tuple[bool, int]:
-        """Whether the store is out of service now (``down``), and how many of its nodes
-        are alone (``nodes_out``)."""
-        return self.down, len(self.nodes_out())
+        """Whether the store is out of service (``out_of_service``), and how many of its
+        nodes are alone (``nodes_out``)."""
+        return self.out_of_service, len(self.nodes_out())
 
     def register(self, memory: np.ndarray) -> None:
         """Memory that later gets and puts will use (a host tier's whole buffer, ``uint8``):

@@ -7,11 +7,13 @@ import contextlib
 import math
 import socket
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 from kvtier.config.mooncake_url import MooncakeOptions
 from kvtier.io.result import IOResult, IOStatus
+from kvtier.remote.resolve import RESOLVER
 
 # Mooncake's error codes (mooncake-store's ErrorCode), as its client returns them
 NO_SPACE, INVALID_PARAMS, NOT_FOUND, TRANSFER_FAIL, RPC_FAIL, RPC_TIMEOUT = \
@@ -50,11 +52,25 @@ def unreachable(what: str, code: int) -> OSError | None:
     return None
 
 
-def reachable(master: str, timeout_s: float) -> None:
-    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection within ``timeout_s``."""
+def master_address(master: str, timeout_s: float) -> tuple[int, tuple]:
+    """The family and socket address of ``master`` (``host:port``), its name looked up
+    within ``timeout_s`` (``RESOLVER``: a resolver that does not answer holds no caller
+    longer); ``OSError`` when it has none."""
     host, _, port = master.rpartition(":")
+    family, _, _, _, address = RESOLVER.addresses(host.strip("[]"), int(port), socket.AF_UNSPEC,
+                                                  timeout_s)[0]
+    return family, address
+
+
+def reachable(master: str, timeout_s: float) -> None:
+    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection within
+    ``timeout_s``, its name looked up within it too."""
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        family, address = master_address(master, timeout_s)
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.connect(address)
     except TimeoutError:
         raise TimeoutError(f"master {master} did not take a connection within {timeout_s:g} s") from None
     except OSError as exc:
@@ -74,13 +90,14 @@ def unset_only(environ: MutableMapping[str, str], values: dict[str, str]) -> Ite
             environ.pop(name, None)
 
 
-def local_address(master: str) -> str:
-    """The local address that routes to ``master`` (``host:port``): peers reach us there."""
-    host, _, port = master.rpartition(":")
-    with contextlib.suppress(OSError), socket.socket(
-            socket.AF_INET6 if host.startswith("[") else socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host.strip("[]"), int(port)))  # a datagram socket: nothing is sent
-        return str(s.getsockname()[0])
+def local_address(master: str, timeout_s: float) -> str:
+    """The local address that routes to ``master`` (``host:port``, its name looked up
+    within ``timeout_s``): peers reach us there."""
+    with contextlib.suppress(OSError):
+        family, address = master_address(master, timeout_s)
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(address)  # a datagram socket: nothing is sent
+            return str(s.getsockname()[0])
     return socket.gethostname()
 
 
@@ -98,7 +115,7 @@ def set_up(module: Any, opts: MooncakeOptions, timeout_s: float, environ: Mutabl
     ``timeout_s`` where the operator set none (it holds the GIL meanwhile: a master
     reachable but hung costs the process up to its RPC timeout, ``timeout_s``);
     ``ConnectionError`` when the setup fails."""
-    host = opts.host or local_address(opts.master)
+    host = opts.host or local_address(opts.master, timeout_s)
     rpc_ms = str(max(1, round(timeout_s * 1000)))
     environ.setdefault("MC_TCP_PROGRESS_TIMEOUT_SEC", str(max(1, math.ceil(timeout_s))))
     with SETUP_LOCK, unset_only(environ, {"MC_RPC_TIMEOUT_MS": rpc_ms, "MC_STORE_CLIENT_SETUP_RETRIES": "1"}):

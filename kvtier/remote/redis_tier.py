@@ -118,6 +118,7 @@ class RedisTier(RemoteTier):
         # out, or (a lookup or read: on a request's path) another round trip's trial under way
         if not self._admit(health and what in ("exists", "get")):
             return self._out_of_service()
+        failures = self.failures  # a late answer after another's failure is no news of health
         with bounded(self._timeout_s):
             client = self._connected(what)
             if isinstance(client, IOResult):
@@ -132,7 +133,7 @@ class RedisTier(RemoteTier):
                 kept = [exc if r is None else r for r in (read[0](exc) if read else [])]
                 return kept if any(not isinstance(r, BaseException) for r in kept) else failure
         if answered:  # (every node of a cluster out: answered without asking any, no news)
-            self._succeeded()
+            self._answered(failures)
         else:
             self._no_news()
         return replies

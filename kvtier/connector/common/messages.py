@@ -160,7 +160,9 @@ class WorkerReport:
     ``load_seconds``: each load's time, the slowest rank's. ``verified``/``verify_differed``/
     ``verify_failed`` count, per chunk key, the ranks whose cached copy matched what was
     computed, differed from it, or could not be read (a ``ChunkVerify``); ``verify_undecided``
-    those whose bytes differed in a format kvtier cannot decode (no verdict). ``remote_absent``:
+    those whose bytes differed in a format kvtier cannot decode (no verdict);
+    ``verify_skipped`` those whose check was not made (a step whose computed KV may be wrong:
+    a load left blocks unfilled): no verdict, the copy kept. ``remote_absent``:
     the keys a rank's remote read found the store without (missing, or a value not the
     chunk's); a read that failed otherwise (a timeout, a redirect) says nothing of it.
     ``other_bad``: the keys whose read (a load's or a check's) of another engine's copy
@@ -193,6 +195,7 @@ class WorkerReport:
     verify_undecided: Counter = field(default_factory=Counter)
     other_bad: set = field(default_factory=set)
     paths_found: dict = field(default_factory=dict)  # (path, slot, key) -> (ranks, generation)
+    verify_skipped: Counter = field(default_factory=Counter)
 
     @classmethod
     def of(cls, report: WorkerReport) -> Self:
@@ -219,7 +222,8 @@ class WorkerReport:
             self.remote_absent | other.remote_absent,
             self.verify_undecided + other.verify_undecided,
             self.other_bad | other.other_bad,
-            _found(without_paths(self.paths_found, other.paths_down), other.paths_found),
+            found_added(without_paths(self.paths_found, other.paths_down), other.paths_found),
+            self.verify_skipped + other.verify_skipped,
         )
 
     def is_empty(self) -> bool:
@@ -230,7 +234,7 @@ class WorkerReport:
                     or self.remote_failed or self.load_seconds or self.verified
                     or self.verify_differed or self.verify_failed or self.remote_records
                     or self.remote_absent or self.verify_undecided or self.other_bad
-                    or self.paths_found)
+                    or self.paths_found or self.verify_skipped)
 
 
 def without_paths(found: dict, paths: Iterable[int]) -> dict:
@@ -240,8 +244,11 @@ def without_paths(found: dict, paths: Iterable[int]) -> dict:
     return {where: seen for where, seen in found.items() if where[0] not in gone} if gone else found
 
 
-def _found(one: dict, other: dict) -> dict:
-    """Two ranks' ``paths_found``, added up."""
+def found_added(one: dict, other: dict) -> dict:
+    """Two ranks' (or reports') ``paths_found``, added up: the larger copied, the other
+    added to it."""
+    if len(one) < len(other):
+        one, other = other, one
     both = dict(one)
     for where, (ranks, generation) in other.items():
         had = both.get(where)

@@ -70,6 +70,7 @@ class LoadPlanner:
         self._new: list[RequestLoad] = []
         self._failures: dict[str, set[bytes]] = {}
         self._bad: dict[str, set[bytes]] = {}  # of those, another engine's copy proved bad
+        self._damaged: dict[str, set[bytes]] = {}  # of those, the remote store's copy
         # a chunk's token record from its request and index (``StorePlanner.record``), for the
         # store's log of a chunk a hit sends there; None: none kept
         self.records: Callable[[Any, int], bytes] | None = None
@@ -228,17 +229,21 @@ class LoadPlanner:
 
     # -- finish ---------------------------------------------------------------------------
 
-    def note_failed(self, req_id: str, keys: set[bytes], bad: set[bytes] | None = None) -> None:
+    def note_failed(self, req_id: str, keys: set[bytes], bad: set[bytes] | None = None,
+                    damaged: set[bytes] | None = None) -> None:
         """Some rank failed to load ``keys`` of ``req_id``'s load; of those, its reads of
-        another engine's copy of ``bad`` proved that copy bad."""
+        another engine's copy of ``bad`` proved that copy bad, and the remote store's
+        copies of ``damaged`` were missing or failed their checks."""
         self._failures.setdefault(req_id, set()).update(keys)
         if bad:
             self._bad.setdefault(req_id, set()).update(bad)
+        if damaged:
+            self._damaged.setdefault(req_id, set()).update(damaged)
 
     def finish(self, req_id: str) -> None:
         """The workers finished loading ``req_id``: keep what arrived, drop what failed."""
         failed = self._failures.pop(req_id, set())
-        bad = self._bad.pop(req_id, set())
+        bad, damaged = self._bad.pop(req_id, set()), self._damaged.pop(req_id, set())
         load = self._loads.pop(req_id, None)
         if load is None:
             return
@@ -260,17 +265,18 @@ class LoadPlanner:
                 self.others.read_ok(refs)
         for key in reversed(load.order):  # its staged copies were committed head first:
             self.stack.touch(key)  # the head made the most recent again
-        self._remote_outcomes(req_id, load, failed)
+        self._remote_outcomes(req_id, load, failed, damaged)
 
-    def _remote_outcomes(self, req_id: str, load: Load, failed: set[bytes]) -> None:
+    def _remote_outcomes(self, req_id: str, load: Load, failed: set[bytes],
+                         damaged: set[bytes]) -> None:
         """Chunks read from the remote store are known to be there; those whose read failed
-        are not offered again (``RemotePresence.failed``: the store may still say it holds
-        them); chunks loaded from here earned a hit (``remote_min_hits``), and one whose hit
+        are not offered again for a while (``RemotePresence.failed``: the store may still
+        say it holds them); chunks loaded from here earned a hit (``remote_min_hits``), and one whose hit
         sends it to the store goes with its token record (``records``) for the store's log."""
         lost = load.remote & failed
         self.counters["load_failed_chunks"] += len(lost)
         if lost and self.presence is not None:
-            self.presence.failed(req_id, lost)
+            self.presence.failed(req_id, lost, lost & damaged)
         if self.remote_writes is None:
             return
         for key in load.remote - failed:

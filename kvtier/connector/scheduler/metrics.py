@@ -121,7 +121,7 @@ def presence_samples(presence: RemotePresence) -> list[Sample]:
     return [Sample("remote_lookups_total", "counter", "Requests whose chunks were looked for in "
                    "the remote store").add(presence.lookups),
             Sample("remote_up", "gauge", "1 while the remote store is in service").add(
-                int(not presence.down)),
+                int(not presence.out_of_service)),
             Sample("remote_nodes_out", "gauge", "Nodes of the remote store (a cluster's, a Mooncake "
                    "store's holders) out of service alone now: their chunks are misses").add(
                 presence.nodes_out()),

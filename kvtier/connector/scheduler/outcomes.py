@@ -95,7 +95,8 @@ class Outcomes:
 
     def _loads_over(self, report: WorkerReport) -> None:
         for req_id, keys in report.load_failed.items():
-            self._loads.note_failed(req_id, keys, keys & report.other_bad)
+            self._loads.note_failed(req_id, keys, keys & report.other_bad,
+                                    keys & report.remote_absent)
         if self._remote_writes is not None:
             for key in report.remote_absent:  # written again at its next store
                 self._remote_writes.lost(ChunkKey(key))

@@ -4,6 +4,8 @@ The store answers a lookup (EXISTS) for a damaged value as it does for a good on
 chunk whose read just failed its checks would be offered to each new request, each paying
 a failed load. Distrusting it for a while stops that; forgetting it later lets a value
 rewritten since (by this engine, once it recomputed the chunk, or by another) hit again.
+A read that failed on its way (a timeout, the workers' store out of service) says nothing
+of the value: that chunk is distrusted only until the workers try the store again.
 """
 
 from __future__ import annotations
@@ -19,18 +21,19 @@ DISTRUST_MAX = 4096  # chunks distrusted at once, at most: the oldest is forgott
 
 
 class DistrustedKeys:
-    """Contract: ``add(keys)`` distrusts ``keys`` for ``ttl_s`` seconds from now (one added
-    again starts over); ``key in`` says whether a key is distrusted now. At most
-    ``capacity`` keys are kept, the oldest forgotten first (forgetting one costs at most
-    one more failed load). Not thread-safe: the scheduler side's thread only."""
+    """Contract: ``add(keys, ttl_s)`` distrusts ``keys`` for ``ttl_s`` seconds from now
+    (the default given at construction when None; one added again starts over); ``key in``
+    says whether a key is distrusted now. At most ``capacity`` keys are kept, the oldest
+    forgotten first (forgetting one costs at most one more failed load). Not thread-safe:
+    the scheduler side's thread only."""
 
     def __init__(self, ttl_s: float = DISTRUST_S, capacity: int = DISTRUST_MAX,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._ttl_s, self._capacity, self._clock = ttl_s, max(1, capacity), clock
         self._until: OrderedDict[ChunkKey, float] = OrderedDict()  # key -> distrusted until
 
-    def add(self, keys: Iterable[ChunkKey]) -> None:
-        until = self._clock() + self._ttl_s
+    def add(self, keys: Iterable[ChunkKey], ttl_s: float | None = None) -> None:
+        until = self._clock() + (self._ttl_s if ttl_s is None else ttl_s)
         for key in keys:
             self._until.pop(key, None)
             self._until[key] = until

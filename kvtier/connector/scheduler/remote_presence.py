@@ -55,10 +55,12 @@ class RemotePresence:
     (once per scheduler step) renews. At most ``max_questions`` are out (sent, not answered)
     at once; past that a request's question waits (None: ask again) to be sent.
 
-    ``failed(req_id, keys)``: a load of ``keys`` from the store failed (a value evicted
-    since the lookup, or damaged): they are not held for that request from then on, nor
-    for any request while distrusted (``DistrustedKeys``: the store still says it holds a
-    damaged value). ``close()`` stops the threads and the tiers.
+    ``failed(req_id, keys, damaged)``: a load of ``keys`` from the store failed: they are
+    not held for that request from then on, nor for any request while distrusted
+    (``DistrustedKeys``): those ``damaged`` (a value evicted since the lookup, or one that
+    failed its checks: the store still says it holds it) for ``DISTRUST_S``, the others (a
+    timeout, the workers' store out of service) for ``retry_s``, the workers' wait before
+    they try the store again. ``close()`` stops the threads and the tiers.
 
     ``take_absent()``: the keys the store answered "not there" (every tier's round trip
     answered, so the store's word: a chunk a restart or an eviction lost) since the last
@@ -66,8 +68,9 @@ class RemotePresence:
 
     def __init__(self, tiers: Sequence[RemoteTier], wait_s: float,
                  max_questions: int = MAX_QUESTIONS,
-                 distrusted: DistrustedKeys | None = None) -> None:
+                 distrusted: DistrustedKeys | None = None, retry_s: float = 10.0) -> None:
         self.tiers, self._wait_s, self._max_questions = list(tiers), wait_s, max_questions
+        self._retry_s = retry_s
         self._pool = started_pool(2, "kvtier-remote-lookup")  # none to start later, in a step
         self._asked: dict[str, _Question] = {}  # req id -> its question
         self._distrusted = DistrustedKeys() if distrusted is None else distrusted
@@ -82,6 +85,11 @@ class RemotePresence:
     @property
     def down(self) -> bool:
         return any(tier.down for tier in self.tiers)
+
+    @property
+    def out_of_service(self) -> bool:
+        """Some tier out until a round trip works (``RemoteTier.out_of_service``)."""
+        return any(tier.out_of_service for tier in self.tiers)
 
     def nodes_out(self) -> int:
         """The store's nodes out of service alone now (a cluster's), as any rank's copy
@@ -217,13 +225,16 @@ class RemotePresence:
         """A new scheduler step: its inline waits start from ``INLINE_WAIT_S`` again."""
         self._wait_left = INLINE_WAIT_S
 
-    def failed(self, req_id: str, keys: Iterable[ChunkKey]) -> None:
-        """Loading ``keys`` of ``req_id`` from the store failed."""
-        failed = set(keys)
+    def failed(self, req_id: str, keys: Iterable[ChunkKey],
+               damaged: Iterable[ChunkKey] = ()) -> None:
+        """Loading ``keys`` of ``req_id`` from the store failed; ``damaged`` were read and
+        are not there as stored (missing, or failing their checks)."""
+        failed, damaged = set(keys), set(damaged)
         question = self._asked.get(req_id)
         if question is not None:
             question.refused |= failed
-        self._distrusted.add(failed)
+        self._distrusted.add(failed & damaged)
+        self._distrusted.add(failed - damaged, self._retry_s)
 
     def gone(self, keys: Iterable[ChunkKey]) -> None:
         """The store is known not to hold ``keys`` any more (a read of them answered missing
@@ -267,4 +278,5 @@ def open_presence(config: KVTierConfig, namespaces: Sequence[Namespace],
     tiers = [open_remote(config, ns, raw_bytes) for ns in namespaces]
     if not tiers or tiers[0] is None:
         return None
-    return RemotePresence([t for t in tiers if t is not None], 2 * config.remote_timeout)
+    return RemotePresence([t for t in tiers if t is not None], 2 * config.remote_timeout,
+                          retry_s=config.remote_retry)

@@ -48,7 +48,9 @@ class _Check:
     differed: int = 0
     failed: int = 0
     undecided: int = 0  # bytes differed in a format kvtier cannot decode
+    skipped: int = 0  # not made: the step's computed KV may be wrong
     bad: bool = False  # some rank's read proved another engine's copy bad
+    damaged: bool = False  # some rank read the store's copy missing or failing its checks
 
 
 class VerifyPlanner:
@@ -169,7 +171,7 @@ class VerifyPlanner:
 
     def apply(self, report: WorkerReport) -> None:
         answers = (report.verified, report.verify_differed, report.verify_failed,
-                   report.verify_undecided)
+                   report.verify_undecided, report.verify_skipped)
         for key in set().union(*answers):
             check = self._checks.get(key)
             if check is None:
@@ -178,8 +180,11 @@ class VerifyPlanner:
             check.differed += report.verify_differed[key]
             check.failed += report.verify_failed[key]
             check.undecided += report.verify_undecided[key]
+            check.skipped += report.verify_skipped[key]
             check.bad = check.bad or key in report.other_bad
-            if check.verified + check.differed + check.failed + check.undecided >= self.world_size:
+            check.damaged = check.damaged or key in report.remote_absent
+            if check.verified + check.differed + check.failed + check.undecided \
+                    + check.skipped >= self.world_size:
                 del self._checks[key]
                 self._end(key, check)
 
@@ -188,10 +193,12 @@ class VerifyPlanner:
         staged = check.staged  # kept while a read into it, or a write-back from it, runs
         if staged is not None and not (check.failed and (self._stalled.hold(staged)
                                          or self._aborted.after_write_back(key, staged.dst, self._pending))):
-            self.stack.finish(key, staged.dst, ok)  # a copy read and right is kept
-        for pin in check.pinned:
+            self.stack.finish(key, staged.dst, ok and not check.skipped)  # a copy read and
+        for pin in check.pinned:  # right is kept (one a rank never read is not)
             self.stack.unpin(*pin)
-        if ok and check.undecided:
+        if ok and check.skipped:  # no verdict: the copy kept, nothing counted
+            log.debug("kvtier: a sampled check of chunk %s was not made", key.hex()[:16])
+        elif ok and check.undecided:
             self._undecided(key)
         elif ok:
             self.counters["chunks_verified"] += 1
@@ -219,8 +226,8 @@ class VerifyPlanner:
         ``remote_absent``, as a load's; one that timed out or failed is no loss)."""
         self.counters["verify_unread_chunks"] += 1
         if check.tier is REMOTE:
-            if self.presence is not None:
-                self.presence.failed(check.req_id, [key])
+            if self.presence is not None:  # (distrusted the longer when damaged)
+                self.presence.failed(check.req_id, [key], [key] if check.damaged else [])
         elif check.refs is not None:
             if self.others is not None:  # as a failed load's read of it
                 self.others.read_failed(check.refs, check.bad)

@@ -34,16 +34,17 @@ class WorkerCounters:
         self.data.setdefault("load_seconds", [])
         self.data.setdefault("load_seconds_sum", 0.0)
 
-    def record_load(self, load: Any, copied: dict[str, int], host_bytes: int, seconds: float,
-                    failed: int, read_bytes: int = 0) -> None:
-        """A load over: of the ``host_bytes`` copied into GPU blocks, ``copied[source]`` came
-        from each of ``SOURCES`` (read into a host slot first), and its disk reads (this
-        rank's and other engines' segments) read ``read_bytes`` in all."""
-        staged = [source_of(c) for c in load.chunks if c.staged]
+    def record_load(self, chunks: dict[str, int], copied: dict[str, int], host_bytes: int,
+                    seconds: float, failed: int, read_bytes: int = 0) -> None:
+        """A load over: ``chunks[where]`` chunks copied into GPU blocks from host memory
+        (``host``) or read into a host slot first from each of ``SOURCES`` (never one it
+        did not copy: cut, or after a failure); of the ``host_bytes`` copied,
+        ``copied[source]`` came from each source, and its disk reads (this rank's and other
+        engines' segments) read ``read_bytes`` in all; ``failed`` reads failed."""
         self.data["loads"] += 1
-        self.data["chunks_from_host"] += len(load.chunks) - len(staged)
+        self.data["chunks_from_host"] += chunks.get("host", 0)
         for source in SOURCES:
-            self.data[f"chunks_from_{source}"] += staged.count(source)
+            self.data[f"chunks_from_{source}"] += chunks.get(source, 0)
             self.data[f"load_bytes_{source}"] += copied.get(source, 0)
         self.data["load_bytes_host"] += host_bytes
         self.data["load_failures"] += failed

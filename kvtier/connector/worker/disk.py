@@ -3,9 +3,10 @@ path and into neighbouring runs, with their outcomes written into the worker's l
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from functools import partial
 
@@ -13,10 +14,10 @@ import numpy as np
 
 from kvtier.connector.common.messages import ChunkStore, DiskWrite, RequestLoad
 from kvtier.connector.worker.ledger import WorkerLedger
-from kvtier.connector.worker.load_tracker import ReadGate, Reads, failed_read
+from kvtier.connector.worker.load_tracker import ReadGate, Reads, after_all, failed_read
 from kvtier.disk.lane import DiskLane, NoDisk
 from kvtier.io.batch_reads import ReadGroup, start_groups
-from kvtier.io.guarded import cancel
+from kvtier.io.guarded import cancel, submit_guarded
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import ChunkKey
 from kvtier.shared.reads import OtherReads, SlotRef
@@ -81,17 +82,33 @@ class WorkerDisk:
         return futures
 
     def demote_then_read(self, load: RequestLoad, gate: ReadGate,
-                         read: Callable[[RequestLoad], Reads]) -> Reads:
-        """A load's write-back demotions (out of its staging slots), then its reads
-        (``read``), unless the load was given up on meanwhile (``gate``)."""
+                         read: Callable[[RequestLoad], Reads], pool: ThreadPoolExecutor) -> Future[Reads]:
+        """A load's write-back demotions (out of its staging slots) started, then, once
+        every one is over, its reads (``read``, run on ``pool``), unless the load was given
+        up on meanwhile (``gate``): the future of its reads. No thread waits on the writes
+        meanwhile: one drive that stops answering holds up only the loads writing to it. A
+        write job that raised fails the load (the scheduler side frees the demotions' disk
+        reservations)."""
+        job: Future[Reads] = Future()
         try:
-            self.demote(load.demotions)
-        except Exception:  # the scheduler side frees their disk reservations
+            started = self.submit_writes([(d.disk_slot, d.key, d.host_slot) for d in load.demotions])
+        except Exception as exc:  # the scheduler side frees their disk reservations
             self._ledger.disk_writes_failed(demotion.key for demotion in load.demotions)
-            raise
-        if not gate.open():  # given up on meanwhile: read nothing
-            return {}
-        return read(load)
+            job.set_exception(exc)
+            return job
+
+        def writes_over() -> None:
+            raised = [f.exception() for _, f in started if not f.cancelled() and f.exception()]
+            if raised:
+                self._ledger.disk_writes_failed(demotion.key for demotion in load.demotions)
+                job.set_exception(raised[0])
+            elif not gate.open():  # given up on meanwhile: read nothing
+                job.set_result({})
+            else:
+                with contextlib.suppress(Exception):  # (refused: the job is cancelled)
+                    submit_guarded(pool, read, load, future=job)
+        after_all([future for _, future in started], writes_over)
+        return job
 
     def _spread(self, items: list) -> list[list]:
         """A path's reads in as many groups as it has threads."""

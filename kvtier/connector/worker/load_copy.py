@@ -26,11 +26,13 @@ class LoadCopy:
     host_bytes: int = 0  # copied into vLLM's pages
     read_bytes: int = 0  # read from disk for it
     copied: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    chunks: dict[str, int] = field(default_factory=dict)  # copied, by where: host or a source
 
     def fail_all(self, load: RequestLoad) -> None:
         """Nothing of ``load`` counts as loaded: every block is recomputed."""
         self.invalid.update(b for c in load.chunks for b in c.block_ids if b != NULL_BLOCK)
         self.failed_keys.update(c.key for c in load.chunks if c.key)
+        self.chunks.clear()
 
     def report(self, pending: WorkerReport, req_id: str) -> None:
         """What the scheduler side learns of it: the keys whose reads failed, those whose
@@ -74,7 +76,9 @@ def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostT
             pages.scatter(host.slot(chunk.host_slot), chunk.block_ids, chunk.first_block, after)
             moved = pages.bytes_of(chunk.block_ids)
             done.host_bytes += moved
+            where = "host" if result is None else source_of(chunk)
+            done.chunks[where] = done.chunks.get(where, 0) + 1
             if result is not None:
-                done.copied[source_of(chunk)] += moved
+                done.copied[where] += moved
     finally:
         pages.synchronize()

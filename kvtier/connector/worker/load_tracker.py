@@ -41,13 +41,15 @@ def when_all_over(job: Future[Reads]) -> Future[IOResult]:
             reads = list(done.result().values())
         except BaseException:  # no read started
             reads = []
-        _after_all(reads, lambda: over.set_result(IOResult(IOStatus.OK)))
+        after_all(reads, lambda: over.set_result(IOResult(IOStatus.OK)))
 
     job.add_done_callback(job_done)
     return over
 
 
-def _after_all(futures: list[Future], then: Callable[[], None]) -> None:
+def after_all(futures: list[Future], then: Callable[[], None]) -> None:
+    """``then()`` once every one of ``futures`` is over (at once when none is), on the
+    thread that settled the last."""
     if not futures:
         then()
         return

@@ -39,7 +39,7 @@ from kvtier.disk.lane import DiskLane, NoDisk, open_lane
 from kvtier.disk.tier import DiskTier
 from kvtier.io.buffers import align_up
 from kvtier.io.engine import CLOSE_TIMEOUT_S, EngineFactory, IOEngine
-from kvtier.io.guarded import started_pool, submit_guarded
+from kvtier.io.guarded import started_pool
 from kvtier.io.result import IOResult, IOStatus
 from kvtier.keys import Namespace
 from kvtier.metrics import Sample
@@ -144,9 +144,8 @@ class WorkerSide:
                         self._unfilled = 2  # this step's and the next's (``WorkerSaves.save``)
                 elif load.demotions:  # write-back victims must leave the staging slots first
                     gate, mark = ReadGate(), self._attached()[0].mark()  # (before the reads)
-                    self._loads.add(load, submit_guarded(  # (a job refused never runs late)
-                        self._loader, self._disk.demote_then_read, load, gate, self._submit_reads),
-                                    started, gate, mark)
+                    self._loads.add(load, self._disk.demote_then_read(
+                        load, gate, self._submit_reads, self._loader), started, gate, mark)
                 else:  # its copies into pages, later, wait for what came before (``mark``)
                     mark = self._attached()[0].mark()
                     self._loads.add(load, resolved(self._submit_reads(load)), started, after=mark)
@@ -210,7 +209,7 @@ class WorkerSide:
                 self._ledger.pending.load_samples.append(
                     (done.read_bytes + done.copied["remote"], done.host_bytes, seconds))
             self._ledger.record(lambda st: st.record_load(
-                load, done.copied, done.host_bytes, seconds, len(done.failed_keys),
+                done.chunks, done.copied, done.host_bytes, seconds, len(done.failed_keys),
                 done.read_bytes))
         return not done.invalid
 
@@ -228,13 +227,14 @@ class WorkerSide:
 
     def save(self, meta: StepPlan) -> None:
         """After the forward: write-back demotions, then GPU pages -> host slots (waited
-        for), then write-through disk writes and remote writes in the background
-        (``WorkerSaves``). Failures are reported as failed stores, never raised into the
-        engine's step."""
+        for), then write-through disk and remote writes in the background (``WorkerSaves``),
+        then the checks. Failures are reported, never raised into the engine's step."""
         assert self._saves is not None and self._verify is not None, "register() comes first"
         unfilled, self._unfilled = self._unfilled > 0, max(0, self._unfilled - 1)
         busy = self._saves.save(meta, unfilled)
-        if meta.verifies:  # after the stores: checks read slots they may have written back
+        if meta.verifies and unfilled:  # this step's KV may have attended unfilled blocks
+            self._verify.skip(meta.verifies)
+        elif meta.verifies:  # after the stores: checks read slots they may have written back
             self._verify.start(meta.verifies, busy)
 
     def _submit_reads(self, load: RequestLoad) -> Reads:

@@ -37,7 +37,8 @@ class WorkerVerify:
     decode differ) or ``verify_failed`` (the copy could not be read, in ``load_timeout``, or
     the check could not start); a read given up on is reported in
     ``reads_stalled``, and in ``reads_over`` once it ends. A copy that differed has this
-    rank's disk copy (``disk_copy``) blanked before it is reported.
+    rank's disk copy (``disk_copy``) blanked before it is reported. ``skip(verifies)``
+    ends each check ``verify_skipped`` at once (no verdict: the step's KV may be wrong).
     """
 
     def __init__(self, pages: PagedKV, host: HostTier, ledger: WorkerLedger,
@@ -135,6 +136,12 @@ class WorkerVerify:
     def _read_over(self, key: bytes) -> None:
         with self._ledger.lock:
             self._ledger.pending.reads_over[key] += 1
+
+    def skip(self, verifies: Sequence[ChunkVerify]) -> None:
+        """Checks not made: this step's computed KV may be wrong (a load left blocks
+        unfilled that it may have attended); no verdict, the cached copies kept."""
+        for check in verifies:
+            self._end(check, "verify_skipped")
 
     def _end(self, check: ChunkVerify, outcome: str) -> None:
         with self._ledger.lock:
