@@ -108,3 +108,21 @@ def test_a_look_started_after_a_late_one_ended_is_not_taken_for_it(monkeypatch):
         second.set()
     fresh[0].join(30)
     assert fresh[1:] == [{"p": "p"}]
+
+
+def test_what_a_late_look_raises_is_logged(caplog):
+    """Its caller went on without it: what it raised is said in the log, not lost."""
+    import logging
+
+    release = threading.Event()
+
+    def look(root):
+        release.wait(30)
+        raise PermissionError(f"{root}: denied")
+
+    with caplog.at_level(logging.INFO, logger="kvtier"):
+        assert look_at_roots(["late"], look, 0.1, "test-look-late-raises") == {}
+        release.set()
+        wait_until(lambda: under_way("test-look-late-raises") == [], "the late look to end")
+    assert any("late: denied" in r.getMessage() and "test-look-late-raises" in r.getMessage()
+               for r in caplog.records)

@@ -13,6 +13,7 @@ is not waited for again by every other look at it).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -21,6 +22,7 @@ from typing import TypeVar
 from kvtier.io.bounded_jobs import run_bounded
 
 T = TypeVar("T")
+log = logging.getLogger("kvtier")
 
 # (path, kind) of each look still running -> (the look, whether it is past its deadline:
 # its caller went on without it, and other kinds of look pass the path over)
@@ -35,10 +37,10 @@ def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | 
     ``kind``, waited for ``wait`` seconds together (None: as long as they take); by root,
     what each that ended in time returned or raised. A root missing did not end in time,
     or still had a look of ``kind`` under way, or one of any kind past its deadline: it was
-    not looked at again. What a look returns after its wait goes to ``left_over``, and only
-    then is that look over. Without ``blocks_others`` a look past its deadline keeps only
-    looks of its own kind off the root (a look that may be slow on a healthy mount: reading
-    many writers' logs)."""
+    not looked at again. What a look returns after its wait goes to ``left_over`` (what one
+    raises is logged), and only then is that look over. Without ``blocks_others`` a look
+    past its deadline keeps only looks of its own kind off the root (a look that may be
+    slow on a healthy mount: reading many writers' logs)."""
     this = object()  # these looks (a later call's looks of the same kind are others)
     with _LOCK:
         late = {root for (root, _), (_, past) in _UNDER_WAY.items() if past}
@@ -48,7 +50,10 @@ def look_at_roots(roots: Iterable[str], look: Callable[[str], T], wait: float | 
 
     def ended_late(root: str, outcome: T | BaseException) -> None:
         try:
-            if left_over is not None and not isinstance(outcome, BaseException):
+            if isinstance(outcome, BaseException):  # its caller went on: said here, once
+                log.info("kvtier: a look at %s (%s) that ended past its wait failed: %s",
+                         root, kind, outcome)
+            elif left_over is not None:
                 left_over(outcome)
         finally:
             _over(root, kind, this)
