@@ -218,6 +218,10 @@ def test_a_chunk_whose_read_failed_on_its_way_is_distrusted_only_until_the_store
         assert presence.held("r", [A, B, C]) == [True, False, False]
         clock.now = 61
         assert answer(presence, "q3", [A, B, C]) == [True, True, True]
+        presence.failed("q3", [C], damaged=[C])  # damaged: a minute
+        presence.failed("q4", [C])  # then a read of it timed out: no shorter for it
+        clock.now = 61 + 11
+        assert answer(presence, "q5", [A, C]) == [True, False]
     finally:
         presence.close()
 

@@ -254,6 +254,28 @@ def test_checks_in_a_step_whose_kv_may_be_wrong_are_not_made_and_keep_their_copi
     assert all(side.stack.locate(k).tier is HOST and not host.pinned(k) for k in keys)
 
 
+def test_with_tensor_parallelism_a_check_one_rank_did_not_make_has_no_verdict(tmp_path):
+    """A load left blocks unfilled on one rank only (one that raised there): the other
+    ranks' KV came through that rank's in the all-reduce, so their check that differed
+    says nothing of the copy either; it is kept and nothing counted (a review)."""
+    side = scheduler(world=2, verify_sample=1)
+    try:
+        store_all(side, request("x", 64), world=2)
+        req = request("y", 65)
+        assert side.num_new_matched_tokens(req, 0) == (0, False)
+        meta = side.build_meta()
+        side.plan_stores(req, BLOCKS, 64, meta)
+        keys = [v.source.key for v in meta.verifies]
+        assert len(keys) == 2
+        side.worker_report(WorkerReport(verify_skipped=Counter(keys)).merged(
+            WorkerReport(verify_differed=Counter(keys))))
+        assert not any(side.counters[name] for name in (
+            "verify_mismatches_host", "chunks_verified", "verify_unread_chunks"))
+        assert all(side.stack.locate(k) is not None for k in keys)
+    finally:
+        side.close()
+
+
 def test_a_check_not_made_of_a_copy_on_disk_leaves_it_there_and_its_staging_slot_empty(tmp_path):
     """The staging slot a check not made reserved was never read into: it is given back,
     not kept as a copy of the chunk."""

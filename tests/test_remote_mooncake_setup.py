@@ -225,3 +225,22 @@ def test_a_masters_name_the_resolver_does_not_answer_for_holds_a_caller_no_longe
     finally:
         release.set()
         tier.close()
+
+
+def test_the_master_is_reached_on_any_of_its_addresses_and_named_by_ipv4_first(monkeypatch):
+    """A name with an IPv6 and an IPv4 address (``localhost`` on many hosts), the master
+    listening on IPv4 only: the port probe tries each address (it tried the first only, and
+    the tier never came up: a review), and the client's own address is IPv4's."""
+    from kvtier.remote import mooncake_client, resolve
+
+    def both(host, port, family, kind):  # (nothing listens on 127.0.0.2, nor on ::1)
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+    monkeypatch.setattr(mooncake_client, "RESOLVER", resolve.Resolver(lookup=both))
+    with socket.socket() as master:
+        master.bind(("127.0.0.1", 0))
+        master.listen(4)
+        where = f"master.example:{master.getsockname()[1]}"
+        mooncake_client.reachable(where, 2.0)
+        assert mooncake_client.local_address(where, 2.0).startswith("127.0.0.")

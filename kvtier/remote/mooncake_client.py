@@ -52,25 +52,34 @@ def unreachable(what: str, code: int) -> OSError | None:
     return None
 
 
-def master_address(master: str, timeout_s: float) -> tuple[int, tuple]:
-    """The family and socket address of ``master`` (``host:port``), its name looked up
-    within ``timeout_s`` (``RESOLVER``: a resolver that does not answer holds no caller
-    longer); ``OSError`` when it has none."""
+def master_addresses(master: str, timeout_s: float) -> list[tuple[int, tuple]]:
+    """The family and socket address of each address of ``master`` (``host:port``), its
+    name looked up within ``timeout_s`` (``RESOLVER``: a resolver that does not answer
+    holds no caller longer), IPv4 first unless the host is bracketed; ``OSError`` when it
+    has none."""
     host, _, port = master.rpartition(":")
-    family, _, _, _, address = RESOLVER.addresses(host.strip("[]"), int(port), socket.AF_UNSPEC,
-                                                  timeout_s)[0]
-    return family, address
+    found = [(family, address) for family, _, _, _, address in RESOLVER.addresses(
+        host.strip("[]"), int(port), socket.AF_UNSPEC, timeout_s)]
+    first = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+    return sorted(found, key=lambda found: found[0] != first)
 
 
 def reachable(master: str, timeout_s: float) -> None:
-    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection within
-    ``timeout_s``, its name looked up within it too."""
-    deadline = time.monotonic() + timeout_s
+    """``OSError`` unless ``master`` (``host:port``) takes a TCP connection on one of its
+    addresses within ``timeout_s``, its name looked up within it too."""
+    deadline, failure = time.monotonic() + timeout_s, OSError("its name has no address")
     try:
-        family, address = master_address(master, timeout_s)
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            sock.connect(address)
+        for family, address in master_addresses(master, timeout_s):
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as sock:
+                    sock.settimeout(max(0.001, deadline - time.monotonic()))
+                    sock.connect(address)
+                return
+            except OSError as exc:  # the next address, while time is left
+                failure = exc
+                if time.monotonic() >= deadline:
+                    break
+        raise failure
     except TimeoutError:
         raise TimeoutError(f"master {master} did not take a connection within {timeout_s:g} s") from None
     except OSError as exc:
@@ -94,7 +103,7 @@ def local_address(master: str, timeout_s: float) -> str:
     """The local address that routes to ``master`` (``host:port``, its name looked up
     within ``timeout_s``): peers reach us there."""
     with contextlib.suppress(OSError):
-        family, address = master_address(master, timeout_s)
+        family, address = master_addresses(master, timeout_s)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(address)  # a datagram socket: nothing is sent
             return str(s.getsockname()[0])

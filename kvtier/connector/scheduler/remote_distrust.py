@@ -22,10 +22,10 @@ DISTRUST_MAX = 4096  # chunks distrusted at once, at most: the oldest is forgott
 
 class DistrustedKeys:
     """Contract: ``add(keys, ttl_s)`` distrusts ``keys`` for ``ttl_s`` seconds from now
-    (the default given at construction when None; one added again starts over); ``key in``
-    says whether a key is distrusted now. At most ``capacity`` keys are kept, the oldest
-    forgotten first (forgetting one costs at most one more failed load). Not thread-safe:
-    the scheduler side's thread only."""
+    (the default given at construction when None; one added again starts over, unless it
+    was distrusted for longer); ``key in`` says whether a key is distrusted now. At most
+    ``capacity`` keys are kept, the oldest forgotten first (forgetting one costs at most one
+    more failed load). Not thread-safe: the scheduler side's thread only."""
 
     def __init__(self, ttl_s: float = DISTRUST_S, capacity: int = DISTRUST_MAX,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -34,9 +34,8 @@ class DistrustedKeys:
 
     def add(self, keys: Iterable[ChunkKey], ttl_s: float | None = None) -> None:
         until = self._clock() + (self._ttl_s if ttl_s is None else ttl_s)
-        for key in keys:
-            self._until.pop(key, None)
-            self._until[key] = until
+        for key in keys:  # (a shorter time never cuts a longer one short)
+            self._until[key] = max(until, self._until.pop(key, until))
         while len(self._until) > self._capacity:
             self._until.popitem(last=False)
 

@@ -196,7 +196,8 @@ class VerifyPlanner:
             self.stack.finish(key, staged.dst, ok and not check.skipped)  # a copy read and
         for pin in check.pinned:  # right is kept (one a rank never read is not)
             self.stack.unpin(*pin)
-        if ok and check.skipped:  # no verdict: the copy kept, nothing counted
+        if check.skipped and not check.failed:  # no verdict, whatever another rank found
+            # (its KV came through this rank's in the all-reduce): kept, nothing counted
             log.debug("kvtier: a sampled check of chunk %s was not made", key.hex()[:16])
         elif ok and check.undecided:
             self._undecided(key)
