@@ -21,6 +21,9 @@ import json, os, subprocess, sys
 from kvtier.shared.listing import WriterListing
 root, mounts = sys.argv[1], json.loads(sys.argv[2])
 for where in mounts:
+    if os.path.isfile(where):  # a file of a segment: another file mounted over it
+        subprocess.run(["mount", "--bind", "/proc/self/cmdline", where], check=True)
+        continue
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", where], check=True)
     os.makedirs(os.path.join(where, "w-inside"), exist_ok=True)
     open(os.path.join(where, "lease"), "w").close()
@@ -52,6 +55,18 @@ def test_a_writer_directory_that_is_a_mount_point_is_passed_over(tmp_path):
     segment(writers / "a")
     (writers / "b").mkdir(mode=0o700)  # a mount point: a segment's files inside it
     found = listed(tmp_path, ["ns/writers/b"])
+    assert list(found) == ["a"]
+
+
+def test_a_writer_whose_segment_holds_a_mount_point_is_passed_over(tmp_path):
+    """A file system mounted on a file of a co-writer's segment (FUSE mounts one on a file
+    it owns): a FUSE server that answers an open and never a close would hold each reader's
+    I/O thread for good (a review)."""
+    writers = tmp_path / "ns" / "writers"
+    segment(writers / "a")
+    segment(writers / "b")
+    (writers / "b" / "slots-0000.kvt").write_bytes(b"")
+    found = listed(tmp_path, ["ns/writers/b/slots-0000.kvt"])
     assert list(found) == ["a"]
 
 

@@ -157,3 +157,38 @@ def test_close_never_waits_for_ever_on_a_hung_beat(monkeypatch):
     thread.join(WAIT_S)
     assert not thread.is_alive()  # once its beat returned, its thread ended
     assert hung.count == 1  # and never beat after close
+
+
+def test_a_path_whose_lease_beats_fail_goes_out_before_the_others_take_its_writer_for_gone(
+        tmp_path):
+    """A beat that fails (the filesystem full, the lease file swapped for a directory)
+    leaves the lease standing still while the writer writes on: the other engines would
+    reclaim a live segment (a review deleted a live writer's slot file so). Once beats
+    failed ``HUNG_TURNS`` times in a row the path goes out, as for a hung beat; a beat
+    that works again in between starts the count over."""
+    import errno
+
+    roots = [tmp_path / "p0", tmp_path / "p1"]
+    for root in roots:
+        root.mkdir(mode=0o700)
+    tier = make_tier(roots, writers=["node-a"], lease_timeout=0.6)  # a beat every 0.1 s
+    failing = tier.paths[0].dir
+    assert failing is not None and failing.lease is not None
+    outcomes = iter([OSError(errno.ENOSPC, "No space left on device")] * (HUNG_TURNS - 1)
+                    + [None] + [OSError(errno.ENOSPC, "No space left on device")] * 99)
+    beats: list[object] = []
+
+    def beat():
+        outcome = next(outcomes)
+        beats.append(outcome)
+        if outcome is not None:
+            raise outcome
+    failing.lease.beat = beat
+    try:
+        wait_for(lambda: 0 in tier.paths.down, WAIT_S)
+        assert len(beats) >= 2 * HUNG_TURNS  # not at the first run of failures: one worked
+        down = tier.paths.down
+        assert list(down) == [0] and "heartbeat" in down[0] and "in a row" in down[0]
+        assert tier.paths[1].dir is not None
+    finally:
+        tier.close()

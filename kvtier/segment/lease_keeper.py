@@ -27,6 +27,17 @@ class LeaseHung(LeaseLost):
                          "other engines would take this writer for gone")
 
 
+class LeaseFailing(LeaseLost):
+    """The beats of this writer's lease have failed ``HUNG_TURNS`` times in a row (a full
+    filesystem, the lease file swapped for a directory): its lease stands still as a hung
+    one's does."""
+
+    def __init__(self, path: str, failed: int, error: OSError) -> None:
+        super().__init__(error.errno or errno.EIO, f"the lease heartbeat of {path} failed "
+                         f"{failed} times in a row ({error.strerror or error}): its lease stands "
+                         "still, and the other engines would take this writer for gone")
+
+
 class _Beater:
     """One lease's beat thread (``kvtier-beat``), long-lived: it beats the lease once each
     time ``ask`` is called, and ends once ``stop`` was called and its beat under way, if
@@ -92,8 +103,11 @@ class LeaseKeeper:
     its next turn. A lease no longer listed has its thread end (once its beat under way
     returned); one listed anew (a path back in service) gets a thread. A beat that finds
     another writer's lease, or its seat gone, calls ``on_conflict(lease, error)``; one that
-    fails otherwise (the segment was taken away, the path is down) is logged at debug
-    level: the path's own health checks report it. ``close`` stops the turns, then waits
+    fails otherwise (the segment was taken away, the path is down, the filesystem is full)
+    is logged at debug level (the path's own health checks report it), and once beats have
+    failed ``HUNG_TURNS`` times in a row ``on_conflict(lease, LeaseFailing)`` is called, as
+    for a hung beat: a lease that stands still while its writer writes on would have the
+    others reclaim a live segment. ``close`` stops the turns, then waits
     for the beats under way, ``CLOSE_WAIT_S`` at most in all (a hung one ends on its own;
     its lease is closed after it, ``Lease.close``)."""
 
@@ -103,6 +117,7 @@ class LeaseKeeper:
         self._leases, self._every, self._on_conflict = leases, every, on_conflict
         self._stop = threading.Event()
         self._beaters: dict[Lease, _Beater] = {}  # threads alive (the keeper's thread only)
+        self._failed: dict[Lease, int] = {}  # beats failed in a row (each lease's own thread)
         self._thread = threading.Thread(target=self._run, name="kvtier-lease", daemon=True)
         self._thread.start()
 
@@ -138,12 +153,18 @@ class LeaseKeeper:
         return beater
 
     def _beat(self, lease: Lease) -> None:
+        """One beat (on the lease's own thread: its count of failures in a row is its own)."""
         try:
             lease.beat()
         except LeaseLost as exc:
             self._on_conflict(lease, exc)
         except OSError as exc:
+            failed = self._failed[lease] = self._failed.get(lease, 0) + 1
             log.debug("kvtier: lease heartbeat failed: %s", exc)
+            if failed == HUNG_TURNS:
+                self._on_conflict(lease, LeaseFailing(lease.path, failed, exc))
+        else:
+            self._failed.pop(lease, None)
 
     def close(self) -> None:
         self._stop.set()

@@ -4,7 +4,7 @@ one chunk a log names."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvtier.keys import ChunkKey
@@ -77,10 +77,10 @@ class ChunkIndex:
     (nothing when unknown), True when that was ``key``'s last copy; ``items()`` lists one
     copy of each key; ``listener``, when set, is called with (key, copy) when a key gains
     its first copy and (key, None) when it loses its last; ``first(key)`` is one copy of
-    ``key`` (None when none is known), ``copies(key)`` every one; ``at(key, source, slot)``
-    is that copy, if known; ``len()`` counts the distinct keys. Each is O(1), whatever the
-    number of copies of one key. A key with one copy costs one dict entry and one integer.
-    Not thread-safe: the caller holds its lock."""
+    ``key`` (None when none is known), ``copies(key)`` every one, lazily (O(1) a copy);
+    ``at(key, source, slot)`` is that copy, if known; ``len()`` counts the distinct keys.
+    Each is O(1), whatever the number of copies of one key. A key with one copy costs one
+    dict entry and one integer. Not thread-safe: the caller holds its lock."""
 
     def __init__(self) -> None:
         self._by_key: dict[ChunkKey, int | _Copies] = {}
@@ -130,12 +130,12 @@ class ChunkIndex:
             return None
         return unpack(held if isinstance(held, int) else held.packed[0])
 
-    def copies(self, key: ChunkKey) -> list[Copy]:
-        """Every copy of ``key`` known, ``first``'s first (O(copies))."""
+    def copies(self, key: ChunkKey) -> Iterator[Copy]:
+        """Every copy of ``key`` known, ``first``'s first, unpacked as they are taken (O(1)
+        each: take no more than needed; change nothing of ``key`` before the last is)."""
         held = self._by_key.get(key)
-        if held is None:
-            return []
-        return [unpack(held)] if isinstance(held, int) else [unpack(p) for p in held.packed]
+        if held is not None:
+            yield from (unpack(p) for p in ((held,) if isinstance(held, int) else held.packed))
 
     def at(self, key: ChunkKey, source: int, slot: int) -> Copy | None:
         held = self._by_key.get(key)

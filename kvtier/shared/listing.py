@@ -10,7 +10,7 @@ import resource
 import stat
 from collections.abc import Sequence
 
-from kvtier.io.mounts import is_mounted, mount_points
+from kvtier.io.mounts import holding_mounts, is_mounted, mount_points
 from kvtier.io.safefs import SafeDir
 from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOG_FILE, WRITER_ID, WRITERS_DIR
 from kvtier.shared.followed import FILES_PER_WRITER, MAX_WRITERS
@@ -85,10 +85,12 @@ class WriterListing:
 
     def _unmounted(self, path: int, points: frozenset[str], writers: SafeDir,
                    names: list[str]) -> list[str]:
-        """``names`` less the mount points among them (each said once)."""
-        kept = []
+        """``names`` less the mount points among them and those holding one (a file system
+        mounted on a file of a segment: its reads, or its close, may never end), each said
+        once."""
+        mounted, kept = holding_mounts(points, writers.fd), []
         for name in names:
-            if is_mounted(points, writers.fd, name):
+            if name in mounted:
                 self._mounted(path, name)
             else:
                 kept.append(name)
@@ -99,8 +101,8 @@ class WriterListing:
         once), nothing of it followed: the answer of ``names`` for it ({})."""
         if name not in self._said_mounted:
             self._said_mounted.add(name)
-            log.warning("kvtier: %s under %s is a mount point: not followed (a file system "
-                        "mounted in a shared cache directory could hold every read of it)",
+            log.warning("kvtier: %s under %s is or holds a mount point: not followed (a file "
+                        "system mounted in a shared cache directory could hold every read of it)",
                         name, self._roots[path])
         return {}
 

@@ -29,6 +29,7 @@ from kvtier.shared.reads import SlotRef
 from kvtier.shared.view_logs import LogFollowing
 
 log = logging.getLogger("kvtier")
+COPIES_TRIED = 64  # copies of one key a lookup looks at, at most
 _VIEWS = itertools.count()  # each view's looks are a kind of their own (``root_looks``)
 
 
@@ -85,12 +86,24 @@ class SharedView(LogFollowing):
     def find(self, key: ChunkKey) -> OtherChunk | None:
         return next(iter(self.copies(key, 1)), None)
 
-    def copies(self, key: ChunkKey, most: int = 0) -> list[OtherChunk]:  # most 0: every one
+    def copies(self, key: ChunkKey, most: int = 0) -> list[OtherChunk]:
+        """At most ``most`` copies of ``key`` (0: every one), of the first ``COPIES_TRIED``
+        the view knows (a writer may name one key in every slot of its segment: a lookup
+        must not cost the step, under the view's lock, one pass over them all)."""
+        found: list[OtherChunk] = []
         with self._lock:  # a copy of a segment no longer followed is dropped, never served
-            chunks = [(copy, chunk_of(self._sources, key, copy)) for copy in self._index.copies(key)]
-            for copy in [copy for copy, chunk in chunks if chunk is None]:
+            gone = []
+            for copy in itertools.islice(self._index.copies(key), COPIES_TRIED):
+                chunk = chunk_of(self._sources, key, copy)
+                if chunk is None:
+                    gone.append(copy)
+                    continue
+                found.append(chunk)
+                if len(found) == most:
+                    break
+            for copy in gone:
                 self._index.remove(key, copy.source, copy.slot)
-        return [chunk for _, chunk in chunks if chunk is not None][:most or None]
+        return found
 
     def find_at(self, key: ChunkKey, writer: str, path: int, slot: int) -> OtherChunk | None:
         """``key`` as held by ``writer`` in that slot, if the view knows it there."""
