@@ -20,7 +20,8 @@ class SlotIndex:
       of the policy's victim (outside ``spare`` while it has one there); ``None`` when the
       key is already present in any state, or when every slot is pinned or being written
       ("no room"). A reserved key is invisible. ``peek(keep)`` says what a ``reserve`` with
-      ``keep`` would do, changing nothing: a free slot, the victim it would evict, or none.
+      ``keep`` would do, changing no entry: a free slot, the victim it would evict, or none
+      (each pinned key either passes goes to the end of the policy's order: ``victim``).
     - ``commit(key)`` makes a reserved key visible (False, and aborted, when its slot was
       retired meanwhile: no visible key ever lies on a retired slot); ``abort(key)`` frees
       its slot.
@@ -74,7 +75,7 @@ class SlotIndex:
 
     def keys(self) -> list[ChunkKey]:
         """Visible keys, in no particular order."""
-        return [k for k, e in self._entries.items() if e.state is EntryState.READY]
+        return [k for k, _ in self.visible()]
 
     def visible(self) -> list[tuple[ChunkKey, int]]:
         """(key, slot) of each visible key, in no particular order: one pass."""
@@ -109,12 +110,14 @@ class SlotIndex:
             return None
         victim: ChunkKey | None = None
         slot = self._take_free() if self._num_free else None
+        if slot is None and self.reusable_slots == 0:
+            return None  # every key pinned: none to scan them all for
         if slot is None:  # a victim outside ``spare`` (a read's next chunks) while one is,
             # never one of ``keep`` (those a promotion must not cost)
-            victim = self._policy.victim(lambda k: self._unpinned(k) and k not in spare
-                                         and k not in keep) if spare or keep else None
+            victim = self._policy.victim(lambda k: not self.pinned(k) and k not in spare
+                                         and k not in keep, self.pinned) if spare or keep else None
             if victim is None and not keep:
-                victim = self._policy.victim(self._unpinned)
+                victim = self._policy.victim(lambda k: not self.pinned(k), self.pinned)
             if victim is None:
                 return None
             self._policy.remove(victim)
@@ -131,9 +134,10 @@ class SlotIndex:
         ``(False, victim)``; ``(False, None)``, none (``key`` has an entry, or no room)."""
         if key is not None and key in self._entries:
             return False, None
-        if self._num_free:
-            return True, None
-        return False, self._policy.victim(lambda k: self._unpinned(k) and k not in keep)
+        if self._num_free or not self.reusable_slots:
+            return bool(self._num_free), None
+        return False, self._policy.victim(lambda k: not self.pinned(k) and k not in keep,
+                                          self.pinned)
 
     @property
     def in_service(self) -> int:
@@ -203,8 +207,7 @@ class SlotIndex:
 
     def touch(self, key: ChunkKey) -> None:
         """Record an access to a visible key (it counts as recent for the policy)."""
-        entry = self._entries.get(key)
-        if entry is not None and entry.state is EntryState.READY:
+        if self.slot_of(key) is not None:
             self._policy.touch(key)
 
     def discard(self, key: ChunkKey) -> bool:
@@ -274,9 +277,6 @@ class SlotIndex:
         if slot < self._fresh and not self._listed[slot]:
             self._listed[slot] = 1
             self._free.append(slot)
-
-    def _unpinned(self, key: ChunkKey) -> bool:
-        return self._entries[key].pins == 0
 
     def _take_free(self) -> int:
         while True:  # skip slots adopted since they were listed

@@ -4,10 +4,12 @@ Contract (every implementation, checked by ``tests/test_policy.py``):
 
 - The policy tracks a set of keys. ``insert`` adds a key (it must be absent), ``remove``
   drops it (it must be present), ``touch`` records an access to a present key.
-- ``victim(evictable)`` returns the first tracked key in eviction order for which
+- ``victim(evictable, in_use)`` returns the first tracked key in eviction order for which
   ``evictable(key)`` is true, or ``None``. It does not remove the key: the caller decides
-  and then calls ``remove``. The owner passes a predicate that refuses pinned keys; since
-  few keys are pinned at once, the scan past them is short.
+  and then calls ``remove``. The owner passes a predicate that refuses pinned keys, and
+  ``in_use`` that says which are pinned: each of those the scan passes goes to the end of
+  the order (a second chance: it was in use when its turn came), so that keys pinned for
+  long (writes to a disk that hangs) cost the scans after it nothing.
 - insert, remove and touch are O(1).
 """
 
@@ -38,7 +40,8 @@ class EvictionPolicy(ABC, Generic[K]):
     def touch(self, key: K) -> None: ...
 
     @abstractmethod
-    def victim(self, evictable: Callable[[K], bool] = lambda key: True) -> K | None:
+    def victim(self, evictable: Callable[[K], bool] = lambda key: True,
+               in_use: Callable[[K], bool] | None = None) -> K | None:
         ...
 
     @abstractmethod
@@ -63,8 +66,18 @@ class LRUPolicy(EvictionPolicy[K]):
     def touch(self, key: K) -> None:
         self._order.move_to_end(key)
 
-    def victim(self, evictable: Callable[[K], bool] = lambda key: True) -> K | None:
-        return next((key for key in self._order if evictable(key)), None)
+    def victim(self, evictable: Callable[[K], bool] = lambda key: True,
+               in_use: Callable[[K], bool] | None = None) -> K | None:
+        found, passed = None, []
+        for key in self._order:
+            if evictable(key):
+                found = key
+                break
+            if in_use is not None and in_use(key):
+                passed.append(key)
+        for key in passed:  # (after the scan: an OrderedDict is not changed while iterated)
+            self._order.move_to_end(key)
+        return found
 
     def __len__(self) -> int:
         return len(self._order)

@@ -88,8 +88,9 @@ class PendingStores:
 
     host: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
     disk: dict[ChunkKey, tuple[Location, Location | None]] = field(default_factory=dict)
-    # write-back victims being written to disk, by the host slot they leave
+    # write-back victims being written to disk, by the host slot they leave, and back
     demoting: dict[int, ChunkKey] = field(default_factory=dict)
+    _leaving: dict[ChunkKey, set[int]] = field(default_factory=dict)
 
     def demotion_writes(self, moves: tuple[Move, ...]) -> list[DiskWrite]:
         """Host victims that must reach disk before their slot is reused (write-back),
@@ -99,13 +100,16 @@ class PendingStores:
             assert move.src.tier is TierName.HOST and move.dst.tier is TierName.DISK, move
             writes.append(DiskWrite(move.key, move.src.slot, move.dst.slot))
             self.disk[move.key] = (move.dst, None)
+            if (before := self.demoting.get(move.src.slot)) is not None:
+                self._leaving[before].discard(move.src.slot)
             self.demoting[move.src.slot] = move.key
+            self._leaving.setdefault(move.key, set()).add(move.src.slot)
         return writes
 
     def demoted(self, key: ChunkKey) -> None:
-        """``key``'s disk write is over: if it was a demotion, its host slot is left."""
-        for slot in [slot for slot, victim in self.demoting.items() if victim == key] \
-                if self.demoting else ():
+        """``key``'s disk write is over: if it was a demotion, its host slot is left (O(1):
+        a report ending thousands of them at once was O(n^2))."""
+        for slot in self._leaving.pop(key, ()):
             del self.demoting[slot]
 
 
