@@ -322,9 +322,9 @@ def test_inspect_of_a_truncated_slot_file_is_at_most_full(cache):
 
 
 def old_namespace(root, files=()):
-    """A namespace of another format version, laid out as version 1 did: its files directly in
-    the namespace directory."""
-    described = json.dumps({"format_version": 99, "model": "old"})
+    """A namespace of an older format version, laid out as version 1 did: its files directly
+    in the namespace directory."""
+    described = json.dumps({"format_version": 1, "model": "old"})
     old = root / namespace_id_of(described)
     old.mkdir(mode=0o700)
     (old / "namespace.json").write_text(json.dumps({"namespace": described, "stride": 8192,

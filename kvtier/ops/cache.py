@@ -68,13 +68,15 @@ class NamespaceDir:
 
     @property
     def status(self) -> str:
-        """ok | stale (another format version) | damaged (namespace.json not trusted) |
-        orphaned (no namespace.json) | unsafe."""
+        """ok | stale (an older format version) | newer (a later one: a newer kvtier's,
+        never removed by this one) | damaged (namespace.json not trusted) | orphaned (no
+        namespace.json) | unsafe."""
         if self.unsafe:
             return "unsafe"
         if self.meta is None:
             return "damaged" if self.has_meta_file else "orphaned"
-        return "ok" if self.meta.format_version == FORMAT_VERSION else "stale"
+        version = self.meta.format_version
+        return "ok" if version == FORMAT_VERSION else "stale" if version < FORMAT_VERSION else "newer"
 
     @property
     def readable(self) -> bool:

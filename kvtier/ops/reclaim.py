@@ -94,13 +94,17 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
 
 def _skip_unreadable(directory: NamespaceDir, report: GcReport) -> None:
     """Record a namespace whose segments gc cannot read, and which it leaves alone: damaged
-    metadata (never a reason to delete), or, without ``stale``, another format version or
-    no metadata (``--stale`` removes those)."""
+    metadata (never a reason to delete), a newer kvtier's format, or, without ``stale``,
+    an older format version or no metadata (``--stale`` removes those)."""
     if directory.status == "damaged":
         why = damaged_reason(directory)
     elif directory.status == "stale":
         version = directory.meta.format_version if directory.meta else 0
         why = f"written by format version {version}; --stale removes it"
+    elif directory.status == "newer":
+        version = directory.meta.format_version if directory.meta else 0
+        why = (f"written by format version {version}, a newer kvtier's: left to that kvtier "
+               "(never removed by this one)")
     else:
         why = ("no namespace.json; --stale removes it when a slot header or index entry proves "
                "it kvtier's")
