@@ -100,6 +100,24 @@ def test_verify_finds_a_torn_header(cache):
     assert code == 1 and only_writer(data)["torn"] == [4]
 
 
+def test_verify_calls_a_header_with_a_generation_no_engine_accepts_torn_and_repairs_it(cache):
+    """A checked header whose generation is past ``MAX_GENERATION``: the engines' reader
+    rejects it, and verify called it ok (and --repair re-indexed it at every run: a review)."""
+    import dataclasses
+
+    from kvtier.io.format import HEADER_BYTES, decode_header
+
+    with open(slot_file(cache), "r+b") as slots:
+        header = decode_header(slots.read(HEADER_BYTES))
+        slots.seek(0)
+        slots.write(dataclasses.replace(header, generation=(1 << 63) + 5).encode()[:HEADER_BYTES])
+    code, data = as_json("verify", cache)
+    assert code == 1 and only_writer(data)["torn"] == [0]
+    assert as_json("verify", cache, "--repair")[0] == 0
+    code, data = as_json("verify", cache)
+    assert code == 0 and only_writer(data)["ok"] == 5 and recovered(cache) == 5
+
+
 def test_verify_reindexes_slots_the_index_lost(cache):
     index = segment_dir(cache) / "index.kvt"
     index.write_bytes(bytes(index.stat().st_size))

@@ -19,6 +19,7 @@ from kvtier.io.format import (
 )
 from kvtier.io.safefs import CacheDirError, SafeDir, read_at
 from kvtier.ops.cache import NamespaceMeta
+from kvtier.segment.index_file import MAX_GENERATION
 
 Look = tuple[str, bytes]  # (verdict, the slot's first INDEX_ENTRY_BYTES; b"" when free)
 
@@ -71,14 +72,16 @@ def look(data: bytes, digest: bytes, raw_bytes: int) -> Look:
 
 
 def verdict(data: bytes, digest: bytes, raw_bytes: int) -> str:
-    """free | torn (no checked header) | foreign (another namespace's) | mismatched (this
-    namespace's, for another chunk size) | corrupt (its payload fails its checksum, or is
-    short) | ok."""
+    """free | torn (no checked header, or one whose generation no engine accepts) | foreign
+    (another namespace's) | mismatched (this namespace's, for another chunk size) | corrupt
+    (its payload fails its checksum, or is short) | ok."""
     if len(data) < HEADER_BYTES or is_blank(data):
         return "free"
     try:
         header = decode_header(data[:HEADER_BYTES])
     except HeaderError:
+        return "torn"
+    if header.generation >= MAX_GENERATION:  # as the engines' reader (``valid_header``)
         return "torn"
     if header.namespace != digest:
         return "foreign"
