@@ -10,6 +10,8 @@ import os
 import shutil
 import time
 
+import pytest
+
 from kvtier import KVStore
 from kvtier.keys import namespace_id_of
 from kvtier.segment.halt_file import HaltFile
@@ -64,6 +66,24 @@ def test_verify_repair_says_a_halt_file_it_cannot_remove_is_a_problem(tmp_path, 
     assert report["problem"].endswith("halt.json: Read-only file system"), report["problem"]
 
 
+@pytest.mark.parametrize("what", ["hard link", "oversized"])
+def test_a_halt_file_kvtier_cannot_read_is_a_problem_not_no_halt(tmp_path, what):
+    """An engine halted before keeps its halt when it cannot read the file; verify took it
+    for no halt and said all was well (a review)."""
+    root = tmp_path / "cache"
+    ns = namespace_of(make_cache(root, 2))
+    HaltFile(root, ns.name).write({"why": "test"})
+    if what == "hard link":
+        os.link(ns / "halt.json", tmp_path / "another-name")
+    else:
+        (ns / "halt.json").write_bytes(b" " * 5000)
+    for repair in ((), ("--repair",)):
+        code, out = cli("verify", root, "--json", *repair)
+        report = json.loads(out[out.index("{"):])["namespaces"][0]
+        assert code == 1 and "halt.json cannot be told" in report["problem"], report
+    assert (ns / "halt.json").exists()  # not kvtier's to remove
+
+
 def test_an_empty_namespace_prefix_is_refused_not_taken_for_every_namespace(tmp_path):
     root = tmp_path / "cache"
     ns = namespace_of(make_cache(root, 1))
@@ -89,12 +109,12 @@ def test_clear_json_asks_on_stderr_and_prints_only_json(tmp_path):
 
 
 def _stale_copy(root):
-    """Two writers' namespace, relabelled as a newer format version's."""
+    """Two writers' namespace, relabelled as an older format version's."""
     a, _ = two_writers(root)
     ns = a.parent.parent
     meta = json.loads((ns / "namespace.json").read_text())
     described = json.loads(meta["namespace"])
-    described["format_version"] = 4
+    described["format_version"] = 2
     meta["namespace"] = json.dumps(described, sort_keys=True)
     moved = root / namespace_id_of(meta["namespace"])
     shutil.move(ns, moved)

@@ -6,10 +6,9 @@ checked against the chunk size), each only as far as its files can hold slots, a
 the files (slots freed by ``gc``, never written) are skipped without reading. ``--repair``
 changes nothing when a slot shows that the metadata disagrees with the slots (a good header
 of this namespace for another chunk size): blanking then would destroy good chunks, nor in a
-segment in use. A good slot that the index does not name is indexed, unless its entry is
-the slot's tombstone (``kvtier.io.format.mark_removed``): a removal killed between its entry
-and its header, which a repair finishes (the header blanked) rather than bring the chunk
-back.
+segment in use. A good slot that the index does not name is indexed, unless its entry is the
+slot's tombstone (``kvtier.io.format.mark_removed``): a removal killed between its entry and
+its header, which a repair finishes (the header blanked) rather than bring the chunk back.
 
 A segment in use is being written while it is read: its slots that look bad are read again
 after a pause, and only those still bad the same way count (``kvtier.ops.recheck``).
@@ -111,13 +110,16 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
     if not ns.readable:
         why = ns.problem or "written by another format version"
         return NamespaceVerify(ns.id, f"{ns.status}: {why}")
-    halt = HaltFile(ns.root, ns.id)
-    report = NamespaceVerify(ns.id, halted=halt.read() is not None)
+    halt, where = HaltFile(ns.root, ns.id), str(ns.root / ns.id / "halt.json")
+    report = NamespaceVerify(ns.id)
+    try:
+        report.halted = halt.look() is not None
+    except OSError as exc:  # an engine halted before keeps its halt: said, never passed over
+        report.problem = f"halt.json cannot be told: {error_text(exc, where)}; remove it by hand"
     if repair and report.halted and not ns.unsafe:
         try:
             report.halt_removed = halt.remove()
         except OSError as exc:  # a read-only mount, or a directory not ours to write
-            where = str(ns.root / ns.id / "halt.json")
             report.problem = f"halt.json not removed: {error_text(exc, where)}"
     clock = NamespaceClock(ns)
     for segment in ns.segments:
