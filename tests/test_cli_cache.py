@@ -273,10 +273,13 @@ def test_symlinks_are_never_followed_out_of_the_root(cache, tmp_path):
     (outside / "namespace.json").write_text("{}")
     (outside / "slots-0000.kvt").write_bytes(b"precious")
     (cache / ("cd" * 16)).symlink_to(outside)
-    _, data = as_json("inspect", cache)
-    assert len(data["namespaces"]) == 1  # the link is not a namespace
-    assert as_json("clear", cache, "--yes")[0] == 0
+    code, data = as_json("inspect", cache)
+    statuses = {ns["id"]: ns["status"] for ns in data["namespaces"]}
+    assert code == 1 and statuses["cd" * 16] == "unsafe"  # named like one: never followed
+    code, data = as_json("clear", cache, "--yes")
+    assert code == 1, data  # the link left alone, said
     assert (outside / "slots-0000.kvt").read_bytes() == b"precious"
+    assert (cache / ("cd" * 16)).is_symlink()
     link_root = tmp_path / "link-root"
     link_root.symlink_to(cache)
     result = kvtier("inspect", link_root)

@@ -4,6 +4,7 @@ clean CLI error. Each test names the finding of the hardening issue it reproduce
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -429,3 +430,31 @@ def test_a_disk_path_that_is_a_symlink_to_a_directory_is_named_a_symlink(tmp_pat
         (reason,) = store.disk.down_paths.values()
     assert f"{link} is a symlink" in reason and "not a directory" not in reason
     assert not any(real.iterdir())  # nothing written through the link
+
+
+@pytest.mark.parametrize("what", ["namespace symlink", "namespace file", "seats symlink"])
+def test_a_namespace_an_engine_would_take_out_of_service_is_reported_unsafe(cache, tmp_path, what):
+    """A namespace directory swapped for a symlink or a file, or its ``seats`` for a
+    symlink: an engine takes the disk path out of service; inspect and verify said all was
+    well (no namespace at all, or ok) and exited 0 (a review). Nothing is removed."""
+    root, segment, _ = cache
+    ns = namespace_of(segment)
+    if what == "namespace symlink":
+        moved = tmp_path / "elsewhere"
+        ns.rename(moved)
+        ns.symlink_to(moved)
+    elif what == "namespace file":
+        shutil.rmtree(ns)
+        ns.write_bytes(b"")
+    else:
+        seats = ns / "seats"
+        if seats.exists():
+            shutil.rmtree(seats)
+        seats.symlink_to(tmp_path)
+    for command in ("inspect", "verify"):
+        code, report = data(cli(command, root, "--json"))
+        (found,) = report["namespaces"]
+        assert code == 1 and found["id"] == ns.name, (command, report)
+        assert "out of service" in json.dumps(found), (command, found)
+    code, report = data(cli("gc", root, "--stale", "--json"))
+    assert ns.is_symlink() or ns.exists()

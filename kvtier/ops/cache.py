@@ -24,7 +24,14 @@ from kvtier.ops.listing import namespace_names, root_names, segment_names, write
 from kvtier.ops.meta import MetaError, NamespaceMeta, parse_meta
 from kvtier.segment.cachedir import MAX_META_BYTES
 from kvtier.segment.index_file import MAX_SLOTS, open_segment_dir
-from kvtier.segment.names import META_FILE, NAMESPACE_NAME, WRITER_ID, WRITERS_DIR, slot_number
+from kvtier.segment.names import (
+    META_FILE,
+    NAMESPACE_NAME,
+    SEATS_DIR,
+    WRITER_ID,
+    WRITERS_DIR,
+    slot_number,
+)
 
 CacheRootError = CacheDirError  # a path the commands must not operate on, and why
 __all__ = ["CacheRootError", "MetaError", "NamespaceDir", "NamespaceMeta", "Segment", "cache_root",
@@ -168,7 +175,13 @@ def namespaces(root: Path, only: str | None = None) -> list[NamespaceDir]:
     with SafeDir.open(root) as top:
         for name in root_names(top) if only is None else [only]:
             info = top.lstat(name) if NAMESPACE_NAME.fullmatch(name) else None
-            if info is None or not stat.S_ISDIR(info.st_mode):
+            if info is None:
+                continue
+            if not stat.S_ISDIR(info.st_mode):  # an engine takes the path out of service
+                found.append(NamespaceDir(root, name, None, f"{root / name} is "
+                                          f"{kind_of(info.st_mode)}, not a directory: an "
+                                          "engine takes this disk path out of service",
+                                          unsafe=True))
                 continue
             try:
                 with top.subdir(name) as directory:
@@ -190,6 +203,11 @@ def _describe(root: Path, name: str, directory: SafeDir) -> NamespaceDir | None:
     if not has_meta and not has_writers and not any(
             slot_number(n) is not None for n in namespace_names(directory)):
         return None
+    seats = directory.lstat(SEATS_DIR)
+    if seats is not None and not stat.S_ISDIR(seats.st_mode):
+        return NamespaceDir(root, name, None, f"{directory.path}/{SEATS_DIR} is "
+                            f"{kind_of(seats.st_mode)}, not a directory: an engine takes "
+                            "this disk path out of service", unsafe=True, has_meta_file=has_meta)
     try:
         writers, ignored = list_writers(directory) if has_writers else ((), ())
         data = directory.read_file(META_FILE, MAX_META_BYTES)
