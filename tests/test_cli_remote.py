@@ -117,6 +117,16 @@ def test_inspect_without_the_redis_client_says_which_extra_to_install(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("args", "says"), [(("--limit", "0"), "--limit"),
+                                            (("--limit", "-1"), "--limit"),
+                                            (("--namespace", ""), "--namespace is empty")])
+def test_inspect_of_a_store_refuses_a_limit_below_one_and_an_empty_namespace(args, says):
+    """Both were taken (``listed the first 0 keys only``, exit 0; every namespace for an
+    empty one, as an unset shell variable gives: a review), before any connection."""
+    result = run("inspect", "redis://127.0.0.1:1/0", *args)
+    assert result.returncode == 2 and says in result.stderr and "Traceback" not in result.stderr
+
+
 def test_inspect_checks_every_part_of_a_hybrid_models_values(server):
     from kvtier.keys import ChunkKey, Namespace
     from kvtier.remote.redis_tier import RedisTier

@@ -70,9 +70,10 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
     """Show every namespace under PATH and its writers: what they hold, whether in use.
 
     Model, dtype, layout, chunk size, TP rank, chunks and slots, stored bytes, fill, age,
-    compression ratio, and status (ok; stale: another format version; orphaned: no metadata;
-    damaged: metadata not trusted; unsafe: an entry kvtier would not use); then each writer's
-    segment: its lease (host, pid, heartbeats, age), whether it is in use, chunks and bytes.
+    compression ratio, and status (ok; stale: an older format version; newer: a later one;
+    orphaned: no metadata; damaged: metadata not trusted; unsafe: an entry kvtier would not
+    use); then each writer's segment: its lease (host, pid, heartbeats, age), whether it is
+    in use, chunks and bytes.
     Exit 1 when a namespace is damaged or unsafe.
 
     With a remote store's URL (redis://, rediss://, redis+cluster://): its kvtier chunks per
@@ -81,6 +82,9 @@ def inspect(path: Annotated[str, typer.Argument(help="A cache root (one of the d
     a value checked is damaged.
     """
     if "://" in path:
+        if limit < 1 or (namespace is not None and not namespace):
+            raise fail("--limit must be at least 1" if limit < 1 else "--namespace is empty; "
+                       "give a namespace id's first characters, or leave it out for every one")
         inspect_remote(path, prefix, limit, namespace, as_json, 60.0 if timeout is None else timeout)
         return
     with watchdog(600.0 if timeout is None else timeout, "inspect"):  # the printing too
