@@ -138,6 +138,24 @@ def test_gc_stale_reports_the_segments_it_removes_and_its_dry_run_says_so_first(
         assert report["namespaces_removed"] == []
 
 
+def test_gc_stale_dry_run_says_what_the_run_does_with_an_unsafe_segment_and_leaves_no_lock(tmp_path):
+    """A stale namespace one of whose segments holds a symlink: the dry run promised the
+    namespace removed where the run left it (exit 1), and the run left a lock file it made
+    in the namespace directory (a review)."""
+    ns = _stale_copy(tmp_path / "root")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    (ns / "writers" / "w-b" / "slots-0001.kvt").symlink_to(outside)
+    code_dry, dry = as_json("gc", tmp_path / "root", "--stale", "--dry-run")
+    code, real = as_json("gc", tmp_path / "root", "--stale")
+    for report in (dry, real):
+        assert report["namespaces_removed"] == [], report
+        assert [s.rsplit("/", 1)[-1] for s in report["segments_removed"]] == ["w-a"], report
+        assert [s.rsplit("/", 1)[-1] for s in report["skipped_unsafe"]] == ["w-b"], report
+    assert code_dry == code == 1
+    assert not (ns / "lock").exists() and outside.read_bytes() == b"precious"
+
+
 def test_inspect_lists_thousands_of_writer_like_entries_a_line_each(tmp_path):
     root = tmp_path / "cache"
     segment = make_cache(root, 1)

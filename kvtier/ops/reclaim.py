@@ -233,18 +233,8 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
     directory = replace(directory, proven=not refusal)  # its clock may then be read in it
     if refusal:
         report.skip(report.skipped_unsafe, directory.id, refusal)
-    elif dry_run:  # as the removal decides: each segment not in use goes, the rest stay
-        if top_lock_held(directory):
-            report.skip(report.skipped_in_use, directory.id)
-            return
-        busy = [segment for segment in directory.segments if in_use(segment, watch=True)]
-        for segment in directory.segments:
-            if segment in busy:
-                report.skip(report.skipped_in_use, segment.label)
-            else:
-                report.segments_removed.append(segment.label)
-        if not busy:
-            report.namespaces_removed.append(directory.id)
+    elif dry_run:  # as the removal decides: each segment not in use nor unsafe goes, the
+        _dry_removal(directory, report)  # rest stay, and so does the namespace with them
     else:
         done = Removal()
         try:
@@ -254,6 +244,28 @@ def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> N
         report.namespaces_removed += done.removed
         report.segments_removed += done.segments_removed
         _take_left(done, report)
+
+
+def _dry_removal(directory: NamespaceDir, report: GcReport) -> None:
+    """What ``remove_namespace`` would do with ``directory``, said in ``report``."""
+    if top_lock_held(directory):
+        report.skip(report.skipped_in_use, directory.id)
+        return
+    kept = bool(directory.ignored)  # entries of writers/ kvtier did not write: left
+    if directory.ignored:
+        report.left[f"{directory.id}/{WRITERS_DIR}"] = list(directory.ignored)
+    for segment in directory.segments:
+        problem = segment_problem(segment)
+        if problem:
+            report.skip(report.skipped_unsafe, segment.label, problem)
+        elif in_use(segment, watch=True):
+            report.skip(report.skipped_in_use, segment.label)
+        else:
+            report.segments_removed.append(segment.label)
+            continue
+        kept = True
+    if not kept:
+        report.namespaces_removed.append(directory.id)
 
 
 def _take_left(done: Removal, report: GcReport) -> None:

@@ -10,6 +10,7 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -193,7 +194,8 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
     version, is held meanwhile; one in use leaves the namespace alone) and the directory if
     nothing else is left in it. The outcome goes to ``done``."""
     with SafeDir.open(directory.root) as top, top.subdir(directory.id) as handle:
-        old_layout = directory.status != "ok" or handle.lstat(LOCK_FILE) is not None
+        had_lock = handle.lstat(LOCK_FILE) is not None
+        old_layout = directory.status != "ok" or had_lock
         try:
             lock = hold(handle, NamespaceClock(directory)) if old_layout else -1
         except OSError as exc:
@@ -201,6 +203,7 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
                 raise
             done.in_use.append(directory.id)
             return
+        left = None
         try:
             if handle.lstat(SEATS_DIR) is not None:  # each segment removed gives its seat back:
                 with handle.subdir(SEATS_DIR) as seats:  # past its bound, nothing is removed
@@ -211,6 +214,9 @@ def remove_namespace(directory: NamespaceDir, done: Removal) -> None:
             left = _remove_files(handle, _NAMESPACE_FILES, locked=lock >= 0,
                                  listing=namespace_names)
         finally:
+            if lock >= 0 and left is None and not had_lock:  # the lock file it made goes
+                with contextlib.suppress(OSError):  # again with the namespace left
+                    handle.remove_file(LOCK_FILE)
             if lock >= 0:
                 os.close(lock)
         if not left and not remove_dir(top, directory.id):
