@@ -118,6 +118,16 @@ def test_verify_calls_a_header_with_a_generation_no_engine_accepts_torn_and_repa
     assert code == 0 and only_writer(data)["ok"] == 5 and recovered(cache) == 5
 
 
+def test_verify_finds_an_index_naming_chunks_of_a_slot_file_gone(cache):
+    """The slot file removed: the index was not read at all (no slot file to bound it), and
+    verify said all was well (a review)."""
+    slot_file(cache).unlink()
+    code, data = as_json("verify", cache)
+    assert code == 1 and only_writer(data)["stale_index"] == list(range(6))
+    assert as_json("verify", cache, "--repair")[0] == 0
+    assert as_json("verify", cache)[0] == 0
+
+
 def test_verify_reindexes_slots_the_index_lost(cache):
     index = segment_dir(cache) / "index.kvt"
     index.write_bytes(bytes(index.stat().st_size))

@@ -180,8 +180,9 @@ def hold(directory: SafeDir, clock: Clock) -> int:
 
 
 def _index_slots(segment: Segment, sizes: dict[int, int]) -> int:
-    """Slots the index is read for: no further than the slot files go."""
-    return min(MAX_SLOTS, (max(sizes) + 1) * segment.meta.file_slots if sizes else 0)
+    """Slots the index is read for: no further than the slot files go, or, with none left,
+    as far as the index goes (each entry then names a slot that is not there)."""
+    return min(MAX_SLOTS, (max(sizes) + 1) * segment.meta.file_slots if sizes else MAX_SLOTS)
 
 
 def index_entries(segment: Segment, directory: SafeDir,
