@@ -192,6 +192,16 @@ def test_a_small_page_is_still_a_table():
     assert result.exit_code == 0 and "┃ metric" in result.stdout
 
 
+def test_a_large_integer_counter_prints_exactly_as_in_json():
+    """The text went through a float (123456789012345677877719597056 for
+    123456789012345678901234567890: a review)."""
+    body = b"kvtier_big_total 123456789012345678901234567890\n"
+    with page(body) as address:
+        text, as_json = kvtier("stats", address), kvtier("stats", address, "--json")
+    assert text.exit_code == 0 and "123456789012345678901234567890" in text.stdout
+    assert "123456789012345678901234567890" in as_json.stdout
+
+
 # ---- --timeout bounds the whole command ------------------------------------------------
 
 

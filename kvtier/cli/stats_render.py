@@ -48,7 +48,9 @@ def _labels(sample: dict) -> str:
 
 
 def _value(value: float) -> str:
-    return f"{value:.0f}" if float(value).is_integer() else f"{value:.3f}"
+    if isinstance(value, int):  # read as an integer: exact, as --json gives it
+        return str(value)
+    return f"{value:.0f}" if value.is_integer() else f"{value:.3f}"
 
 
 def _line(sample: dict) -> str:
