@@ -108,8 +108,7 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
     namespace cannot be read at all); whether engines halted its hits (``halt_file``), and
     with ``repair`` the halt removed: the operator has looked at the cache."""
     if not ns.readable:
-        why = ns.problem or "written by another format version"
-        return NamespaceVerify(ns.id, f"{ns.status}: {why}")
+        return NamespaceVerify(ns.id, f"{ns.status}: {ns.problem or 'another format version'}")
     halt, where = HaltFile(ns.root, ns.id), str(ns.root / ns.id / "halt.json")
     report = NamespaceVerify(ns.id)
     try:
