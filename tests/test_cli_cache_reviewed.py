@@ -81,6 +81,8 @@ def test_a_halt_file_kvtier_cannot_read_is_a_problem_not_no_halt(tmp_path, what)
         code, out = cli("verify", root, "--json", *repair)
         report = json.loads(out[out.index("{"):])["namespaces"][0]
         assert code == 1 and "halt.json cannot be told" in report["problem"], report
+    _, inspected = as_json("inspect", root)
+    assert "halt.json cannot be told" in inspected["namespaces"][0]["problem"]
     assert (ns / "halt.json").exists()  # not kvtier's to remove
 
 

@@ -35,10 +35,10 @@ class DiskRetries:
     ``on_back`` returns a call, the thread that said the path back (the read-back's, or
     the try's on the path's queue) makes it, without the lock, until it returns False (the
     owner adopts ``found`` and puts the path's slots back in service a share a lock hold)
-    or the engine closes. A path that was in service before comes back empty (``found`` is empty):
-    what it held while it failed (a sync that failed loses writes no one can name) is
-    not vouched for. A path that fails again while it is read back is not said to be
-    back.
+    or the engine closes. A path that was in service before comes back empty (``found``
+    is empty): what it held while it failed (a sync that failed loses writes no one can
+    name) is not vouched for. A path that fails again while it is read back is not said
+    to be back.
 
     ``poll`` does no I/O and may be called on every store; the tries run on the engine's
     queue of that path, so a hung mount holds up only that path's own threads. A try the

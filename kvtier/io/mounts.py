@@ -94,22 +94,21 @@ def holding_mounts(points: frozenset[str], directory_fd: int) -> set[str]:
     """The entries of the directory open as ``directory_fd`` that are one of ``points``
     (``mount_points``) or hold one below them (a file system mounted on a file of a
     writer's segment), found by the kernel's path of that directory, not by looking."""
-    if not points:
-        return set()
-    try:
-        where = os.readlink(f"/proc/self/fd/{directory_fd}").rstrip("/") + "/"
-    except OSError:
-        return set()
-    return {point[len(where):].split("/", 1)[0] for point in points if point.startswith(where)}
+    where = _path_of(directory_fd) if points else None
+    return set() if where is None else {
+        point[len(where):].split("/", 1)[0] for point in points if point.startswith(where)}
 
 
 def is_mounted(points: frozenset[str], directory_fd: int, name: str) -> bool:
     """Whether entry ``name`` of the directory open as ``directory_fd`` is one of ``points``
     (``mount_points``), found by the kernel's path of that directory, not by looking."""
-    if not points:
-        return False
+    where = _path_of(directory_fd) if points else None
+    return where is not None and f"{where}{name}" in points
+
+
+def _path_of(directory_fd: int) -> str | None:
+    """The kernel's path of the directory open as ``directory_fd``, with a trailing slash."""
     try:
-        where = os.readlink(f"/proc/self/fd/{directory_fd}")
+        return os.readlink(f"/proc/self/fd/{directory_fd}").rstrip("/") + "/"
     except OSError:
-        return False
-    return f"{where.rstrip('/')}/{name}" in points
+        return None

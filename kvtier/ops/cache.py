@@ -148,6 +148,11 @@ def error_text(exc: OSError, where: str = "") -> str:
     return f"{name}: {text}" if name and name not in text else text
 
 
+def halt_unknown(error: OSError, where: str) -> str:
+    """The problem of a ``halt.json`` whose halt cannot be told (``HaltFile.stands``)."""
+    return f"halt.json cannot be told: {error_text(error, where)}; remove it by hand"
+
+
 def cache_root(path: str | Path) -> Path:
     """``path`` checked to be a real directory of this user; raises ``CacheRootError``."""
     try:

@@ -7,12 +7,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kvtier.io.format import SlotHeader
-from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, halt_unknown, slot_file_sizes
 from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.segments import busy_reason, file_problem, index_entries, top_lock_held
 from kvtier.segment.halt_file import HaltFile
 from kvtier.segment.lease import read_lease
-from kvtier.segment.names import LEASE_FILE
+from kvtier.segment.names import HALT_FILE, LEASE_FILE
 
 
 @dataclass
@@ -98,8 +98,11 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
         tp=f"{ns.get('tp_rank', 0)}/{ns.get('tp_size', 1)}" if ns else "",
         model_settings=str(ns.get("model_settings", "")),
         format_version=_int(ns.get("format_version")), ignored=list(directory.ignored),
-        halted=HaltFile(directory.root, directory.id).read() is not None,
         clock_problem=clock.problem)
+    report.halted, unknown = HaltFile(directory.root, directory.id).stands()
+    if unknown is not None:
+        report.problem = "; ".join(filter(None, (report.problem, halt_unknown(
+            unknown, str(directory.path / HALT_FILE)))))
     created: list[int] = []
     for segment in directory.segments:
         writer, headers = inspect_segment(segment, directory.readable, file_now)

@@ -205,16 +205,21 @@ def _namespace_chunks(directory: NamespaceDir, report: GcReport,
                       removed: set[str]) -> list[Chunk]:
     chunks = []
     for segment in directory.segments:
-        if segment.label in removed:
-            continue
-        problem = segment_problem(segment)
-        if problem:
-            report.skip(report.skipped_unsafe, segment.label, problem)
-        elif in_use(segment, watch=True):
-            report.skip(report.skipped_in_use, segment.label)
-        else:
+        if segment.label not in removed and _free_to_change(segment, report):
             chunks += _chunks(segment, report)
     return chunks
+
+
+def _free_to_change(segment: Segment, report: GcReport) -> bool:
+    """Whether gc may change ``segment``: neither unsafe nor in use (each said in ``report``)."""
+    problem = segment_problem(segment)
+    if problem:
+        report.skip(report.skipped_unsafe, segment.label, problem)
+        return False
+    if in_use(segment, watch=True):
+        report.skip(report.skipped_in_use, segment.label)
+        return False
+    return True
 
 
 def _chunks(segment: Segment, report: GcReport) -> list[Chunk]:
@@ -255,15 +260,10 @@ def _dry_removal(directory: NamespaceDir, report: GcReport) -> None:
     if directory.ignored:
         report.left[f"{directory.id}/{WRITERS_DIR}"] = list(directory.ignored)
     for segment in directory.segments:
-        problem = segment_problem(segment)
-        if problem:
-            report.skip(report.skipped_unsafe, segment.label, problem)
-        elif in_use(segment, watch=True):
-            report.skip(report.skipped_in_use, segment.label)
-        else:
+        if _free_to_change(segment, report):
             report.segments_removed.append(segment.label)
-            continue
-        kept = True
+        else:
+            kept = True
     if not kept:
         report.namespaces_removed.append(directory.id)
 

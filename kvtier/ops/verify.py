@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header, removed_from
 from kvtier.io.safefs import CacheDirError, SafeDir
-from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, halt_unknown, slot_file_sizes, slot_files
 from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.recheck import read_again, seen_of
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, index_tombstones, rewrite_log
@@ -110,11 +110,10 @@ def verify_namespace(ns: NamespaceDir, repair: bool = False,
     if not ns.readable:
         return NamespaceVerify(ns.id, f"{ns.status}: {ns.problem or 'another format version'}")
     halt, where = HaltFile(ns.root, ns.id), str(ns.root / ns.id / "halt.json")
-    report = NamespaceVerify(ns.id)
-    try:
-        report.halted = halt.look() is not None
-    except OSError as exc:  # an engine halted before keeps its halt: said, never passed over
-        report.problem = f"halt.json cannot be told: {error_text(exc, where)}; remove it by hand"
+    halted, unknown = halt.stands()
+    report = NamespaceVerify(ns.id, halted=halted)
+    if unknown is not None:
+        report.problem = halt_unknown(unknown, where)
     if repair and report.halted and not ns.unsafe:
         try:
             report.halt_removed = halt.remove()

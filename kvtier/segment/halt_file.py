@@ -65,6 +65,14 @@ class HaltFile:
             return {}
         return record if isinstance(record, dict) else {}
 
+    def stands(self) -> tuple[bool, OSError | None]:
+        """Whether a halt stands (``look``), and, when that cannot be told, why (an engine
+        halted before then keeps its halt: offline commands say so, never "no halt")."""
+        try:
+            return self.look() is not None, None
+        except OSError as exc:
+            return False, exc
+
     def look(self) -> bytes | None:
         """The halt file's bytes, or None when there is none: the file, or its namespace's
         directory, does not exist in the disk path (ENOENT). ``OSError`` when it cannot be

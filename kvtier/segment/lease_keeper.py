@@ -141,6 +141,7 @@ class LeaseKeeper:
                 self._on_conflict(lease, LeaseHung(lease.path, HUNG_TURNS * self._every))
         for lease in self._beaters.keys() - set(listed):
             self._beaters[lease].stop()
+            self._failed.pop(lease, None)
 
     def _start(self, lease: Lease) -> _Beater | None:
         beater = _Beater(lease, self._beat)

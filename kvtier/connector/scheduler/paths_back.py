@@ -35,11 +35,11 @@ class DiskPathsBack:
       the index holds the key, a copy stored elsewhere meanwhile, or the slot, or the key
       was discarded from every tier meanwhile by a failed check); ``on_adopted`` is told
       them (the KV events), newest first. The work is spread over the scheduler steps
-      (``step``: the path's slots ``ADOPT_PER_STEP`` times ``SLOTS_PER_CHUNK`` a step, then
-      ``ADOPT_PER_STEP`` chunks a step; ``adopting`` says some is left: vLLM keeps an idle
-      engine stepping), the slots of the chunks found kept out of service until they are
-      adopted, so that a path back with hundreds of thousands of chunks holds no step for
-      long; a path out again drops the rest.
+      (``step``: ``ADOPT_PER_STEP`` chunks a step, then the path's other slots
+      ``ADOPT_PER_STEP`` times ``SLOTS_PER_CHUNK`` a step; ``adopting`` says some is left:
+      vLLM keeps an idle engine stepping), each slot out of service until its turn, so that
+      a path back with hundreds of thousands of chunks holds no step for long; a path out
+      again drops the rest.
 
     A path back from a fault after it had been in service comes back empty: no rank finds
     anything on it.
