@@ -209,9 +209,12 @@ def _two_copies_on_disk(store: KVStore, engine, kv) -> None:
     one, other = A[:CHUNK], seq(1000, 1)
     store.put(one, kv)
     store.put(other, make_kv(other))
+    assert store.flush()  # written: neither is held in host memory by its write
     for n in range(4):  # out of host memory: both on disk only
         store.put(seq(2000 + 100 * n, 1), make_kv(seq(2000 + 100 * n, 1)))
     assert store.flush()
+    gone = (*store.keys(one), *store.keys(other))
+    assert all(store._books.slot_of(HOST, key) is None for key in gone)
     engine.fail(OSError(errno.EIO, "injected"), *engine.queues)
     assert load(store, one)[0] == 0 and load(store, other)[0] == 0  # dropped, not blanked
     engine.heal()
