@@ -225,12 +225,12 @@ def _free_to_change(segment: Segment, report: GcReport) -> bool:
 def _chunks(segment: Segment, report: GcReport) -> list[Chunk]:
     try:
         with segment.open() as handle:
-            entries = index_entries(segment, handle, slot_file_sizes(segment.meta, handle))
+            return [Chunk(segment, slot, h.generation, h.created_ns, h.payload_bytes)
+                    for slot, h in index_entries(segment, handle, slot_file_sizes(segment.meta, handle))
+                    if h is not None]
     except OSError as exc:
         report.skip(report.skipped_unsafe, segment.label, error_text(exc, str(segment.path)))
         return []
-    return [Chunk(segment, slot, h.generation, h.created_ns, h.payload_bytes)
-            for slot, h in entries if h is not None]
 
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:

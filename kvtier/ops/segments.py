@@ -21,7 +21,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, REMOVED, HeaderError, SlotHeader, decode_header
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
@@ -186,19 +186,19 @@ def _index_slots(segment: Segment, sizes: dict[int, int]) -> int:
 
 
 def index_entries(segment: Segment, directory: SafeDir,
-                  sizes: dict[int, int]) -> list[tuple[int, SlotHeader | None]]:
+                  sizes: dict[int, int]) -> Generator[tuple[int, SlotHeader | None], None, None]:
     """(slot, header, or None when the entry is bad or names a slot past the end of the
-    files) for every non-blank entry of the segment's index file, read no further than the
-    files (``sizes``: ``slot_file_sizes``)."""
+    files) for every non-blank entry of the segment's index file, in slot order, read no
+    further than the files (``sizes``: ``slot_file_sizes``) and a MiB at a time: a caller
+    that keeps only what it needs of each holds no more (the index stays open in
+    ``directory`` until the iterator is done or closed)."""
     meta = segment.meta
     stride, per_file = meta.stride, meta.file_slots
     slots = _index_slots(segment, sizes)
     layout = SlotLayout(meta.raw_bytes, 1, slots * stride)
-    entries = []
     for slot, entry in written_index_entries(directory, slots):
         present = sizes.get(slot // per_file, 0) >= (slot % per_file + 1) * stride
-        entries.append((slot, valid_header(entry, segment.digest, layout) if present else None))
-    return entries
+        yield slot, valid_header(entry, segment.digest, layout) if present else None
 
 
 def index_tombstones(segment: Segment, directory: SafeDir, sizes: dict[int, int]) -> dict[int, bytes]:

@@ -21,10 +21,11 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, decode_header, removed_from
+from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, SlotHeader, decode_header, removed_from
 from kvtier.io.safefs import CacheDirError, SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, halt_unknown, slot_file_sizes, slot_files
 from kvtier.ops.clock import NamespaceClock
+from kvtier.ops.index_cursor import IndexCursor, Named
 from kvtier.ops.recheck import read_again, seen_of
 from kvtier.ops.segments import busy_reason, file_problem, hold, index_entries, index_tombstones, rewrite_log
 from kvtier.ops.slot_reads import Look, open_slot_file, slots_of_file
@@ -95,8 +96,8 @@ class _Scan:
     fixes: list[tuple[int, bytes | None]] = field(default_factory=list)  # index: entry or blank
     suspects: dict[int, tuple] = field(default_factory=dict)  # bad slots: ``seen_of``, first read
 
-    def suspect(self, slot: int, seen: Look, indexed: dict) -> None:
-        self.suspects[slot] = seen_of(slot, seen, indexed)
+    def suspect(self, slot: int, seen: Look, named: Named) -> None:
+        self.suspects[slot] = seen_of(seen, named)
 
 
 _PROBLEMS = ("corrupt", "torn", "foreign", "mismatched", "unindexed", "removed", "stale_index")
@@ -189,38 +190,39 @@ def _hold_for_repair(directory: SafeDir, report: VerifyReport, clock: NamespaceC
 
 def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
           progress: Callable[[int], None] | None) -> _Scan:
+    """One pass over the segment's slot files in slot order, its index walked alongside
+    (``IndexCursor``: no entry held but the slot's own)."""
     scan = _Scan(slot_files(directory))
     sizes = slot_file_sizes(segment.meta, directory, scan.names)
-    indexed = dict(index_entries(segment, directory, sizes))
     scan.tombstones = index_tombstones(segment, directory, sizes)
-    seen: set[int] = set()
     stride, per_file = segment.meta.stride, segment.meta.file_slots
-    for number, size in sizes.items():
-        fd = open_slot_file(directory, scan.names[number], os.O_RDONLY)
-        try:
-            for local, (verdict, entry) in slots_of_file(fd, size // stride, segment.meta,
-                                                         segment.digest):
-                if isinstance(local, range):  # a hole: free slots, never read
-                    report.slots += len(local)
-                    report.free += len(local)
-                    _stale(report, [number * per_file + i for i in local], indexed, scan, seen)
+    entries = index_entries(segment, directory, sizes)
+    try:
+        index = IndexCursor(entries)
+        for number, size in sizes.items():
+            fd = open_slot_file(directory, scan.names[number], os.O_RDONLY)
+            try:
+                for local, (verdict, entry) in slots_of_file(fd, size // stride, segment.meta,
+                                                             segment.digest):
+                    if isinstance(local, range):  # a hole: free slots, never read
+                        report.slots += len(local)
+                        report.free += len(local)
+                        first = number * per_file
+                        _stale(report, index.within(first + local.start, first + local.stop), scan)
+                        if progress:
+                            progress(len(local))
+                        continue
+                    slot = number * per_file + local
+                    report.slots += 1
+                    if _classify(report, slot, (verdict, entry), index.at(slot), scan):
+                        scan.blanks.append((slot, number, local * stride))
                     if progress:
-                        progress(len(local))
-                    continue
-                slot = number * per_file + local
-                report.slots += 1
-                seen.add(slot)
-                if _classify(report, slot, (verdict, entry), indexed, scan):
-                    scan.blanks.append((slot, number, local * stride))
-                if progress:
-                    progress(1)
-        finally:
-            os.close(fd)
-    for slot in indexed:
-        if slot not in seen:  # the index names a slot past the end of the files
-            report.stale_index.append(slot)
-            scan.fixes.append((slot, None))
-            scan.suspect(slot, ("free", b""), indexed)
+                        progress(1)
+            finally:
+                os.close(fd)
+        _stale(report, index.rest(), scan)  # the index names slots past the end of the files
+    finally:
+        entries.close()
     return scan
 
 
@@ -240,18 +242,15 @@ def _recheck(segment: Segment, directory: SafeDir, scan: _Scan, report: VerifyRe
     scan.fixes = [fix for fix in scan.fixes if fix[0] not in passed]
 
 
-def _stale(report: VerifyReport, slots: list[int], indexed: dict, scan: _Scan,
-           seen: set[int]) -> None:
-    """Free slots: any the index names are stale entries."""
-    seen.update(slots)
-    for slot in slots:
-        if slot in indexed:
-            report.stale_index.append(slot)
-            scan.fixes.append((slot, None))
-            scan.suspect(slot, ("free", b""), indexed)
+def _stale(report: VerifyReport, entries: list[tuple[int, SlotHeader | None]], scan: _Scan) -> None:
+    """Index entries of slots that hold nothing (free, or past the end of the files)."""
+    for slot, header in entries:
+        report.stale_index.append(slot)
+        scan.fixes.append((slot, None))
+        scan.suspect(slot, ("free", b""), (True, header))
 
 
-def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: _Scan) -> bool:
+def _classify(report: VerifyReport, slot: int, seen: Look, named: Named, scan: _Scan) -> bool:
     """Count one slot read; True when a repair blanks its header."""
     verdict, entry = seen
     if verdict == "free":
@@ -260,20 +259,20 @@ def _classify(report: VerifyReport, slot: int, seen: Look, indexed: dict, scan: 
         report.ok += 1
         if removed_from(scan.tombstones.get(slot), entry):  # a removal killed between the
             report.removed.append(slot)  # entry's tombstone and the header's blanking:
-            scan.suspect(slot, seen, indexed)  # finished, never indexed again
+            scan.suspect(slot, seen, named)  # finished, never indexed again
             return True
-        if indexed.get(slot) != decode_header(entry):  # none, or another chunk's (a crash
+        if named[1] != decode_header(entry):  # none, or another chunk's (a crash
             report.unindexed.append(slot)  # between the slot's write and its entry's)
             scan.fixes.append((slot, entry))
-            scan.suspect(slot, seen, indexed)
+            scan.suspect(slot, seen, named)
         return False
     else:
         getattr(report, verdict).append(slot)
-        scan.suspect(slot, seen, indexed)
-    if slot in indexed:  # the index names a slot that holds nothing good
+        scan.suspect(slot, seen, named)
+    if named[0]:  # the index names a slot that holds nothing good
         if verdict == "free":
             report.stale_index.append(slot)
-            scan.suspect(slot, seen, indexed)
+            scan.suspect(slot, seen, named)
         scan.fixes.append((slot, None))
     return verdict in ("corrupt", "torn", "foreign")
 
