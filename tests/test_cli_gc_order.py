@@ -6,11 +6,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from kvtier import KVStore
 from kvtier.disk import stamps
 from kvtier.ops import reclaim
 from kvtier.ops.cache import NamespaceDir, Segment, namespaces
-from kvtier.ops.victims import WINDOW_S, Chunk, victims, windows
+from kvtier.ops.victims import WINDOW_S, SegmentChunks, free_order, victims
 from tests.helpers.cli import as_json
 from tests.helpers.fake_io import FakeEngine
 from tests.helpers.kv import CHUNK, CHUNK_BYTES, SMALL, make_kv
@@ -69,22 +71,49 @@ def test_gc_older_than_frees_the_rest_of_a_prompt_written_over_time(tmp_path, mo
     assert served(tmp_path, seq(5000, 2)) == (2 * CHUNK, 2)
 
 
-def chunk(writer, generation, seconds):
+def written(writer, *chunks):
+    """``writer``'s segment holding ``chunks``, each ``(generation, seconds)``: written at
+    ``seconds``, one byte stored, in slot ``generation``."""
     ns = NamespaceDir(Path("/cache"), "0" * 32, None)
-    return Chunk(Segment(ns, writer), generation, generation, int(seconds * 1e9), 1)
+    generations = np.array([generation for generation, _ in chunks], dtype=np.uint64)
+    created = np.array([int(seconds * 1e9) for _, seconds in chunks], dtype=np.uint64)
+    return SegmentChunks(Segment(ns, writer), generations.astype(np.int64), generations,
+                         created, np.ones(len(chunks), dtype=np.int64))
+
+
+def freed(groups, order) -> list[tuple[str, int]]:
+    """(writer, generation) of each chunk of ``order`` (indexes over ``groups``)."""
+    every = [(g.segment.writer, int(n)) for g in groups for n in g.generations]
+    return [every[i] for i in order]
 
 
 def test_windows_go_oldest_first_and_each_from_its_last_write():
-    a1, a2, a3 = chunk("a", 1, 0), chunk("a", 2, 1), chunk("a", 3, 2)
-    b1, b2 = chunk("b", 7, 1), chunk("b", 8, 3)
-    a4 = chunk("a", 4, WINDOW_S + 1)  # past its window: starts the next
-    assert windows([a4, b1, a1, b2, a3, a2]) == [[a3, a2, a1], [b2, b1], [a4]]
-    assert victims([a1, a2, a3, a4, b1, b2], None, 4) == [a3, a2]
+    a = written("a", (4, WINDOW_S + 1), (1, 0), (3, 2), (2, 1))  # 4: past its window
+    b = written("b", (8, 3), (7, 1))
+    found = free_order([b, a])
+    assert freed([b, a], found.chunks) == [("a", 3), ("a", 2), ("a", 1), ("b", 8), ("b", 7),
+                                           ("a", 4)]
+    assert found.window_sizes.tolist() == [3, 2, 1]
+    chosen = victims([a, b], None, 4)
+    assert [(g.segment.writer, g.generations[i].tolist()) for g, i in chosen] == [("a", [3, 2])]
+
+
+def test_windows_that_start_together_go_by_writer():
+    a, b = written("a", (1, 5)), written("b", (1, 5))
+    assert freed([b, a], free_order([b, a]).chunks) == [("a", 1), ("b", 1)]
+
+
+def test_older_than_takes_whole_windows_then_the_target_goes_on_from_the_next():
+    old = time.time() - 1000
+    a = written("a", (1, old), (2, old + 1), (3, old + 900), (4, old + 901))
+    chosen = victims([a], 500, 1)  # the old window whole, then the last write of the next
+    assert [g.generations[i].tolist() for g, i in chosen] == [[2, 1, 4]]
+    assert victims([a], 2000, None) == [] and victims([], 1, 0) == []
 
 
 def test_a_clock_set_back_starts_a_new_window():
-    a1, a2 = chunk("a", 1, 100), chunk("a", 2, 50)  # written later, by a clock set back
-    assert windows([a1, a2]) == [[a2], [a1]]
+    a = written("a", (1, 100), (2, 50))  # 2: written later, by a clock set back
+    assert freed([a], free_order([a]).chunks) == [("a", 2), ("a", 1)]
 
 
 def test_gc_frees_only_the_writes_it_chose(tmp_path, monkeypatch):

@@ -5,16 +5,18 @@ entry a Python object, as they were held) a verify of a large cache took gigabyt
 
 Measured by ``tracemalloc`` (numpy's arrays included) as the growth of the peak from a
 small cache to a larger one, per chunk more: the fixed costs (an index piece, imports,
-listings) cancel out. The index is read in small pieces here, so that a piece holds far
-fewer entries than the caches do."""
+listings) cancel out. The index is read, and gc's write times looked at, in small pieces
+here, so that a piece holds far fewer entries than the caches do."""
 
 import tracemalloc
 
 import pytest
 
 from kvtier import KVStore
+from kvtier.ops import victims
 from kvtier.ops.cache import cache_root, namespaces
 from kvtier.ops.inspect import inspect_namespace
+from kvtier.ops.reclaim import gc
 from kvtier.ops.verify import verify_namespace
 from kvtier.segment import index_file
 from tests.helpers.kv import CHUNK, SMALL, make_kv
@@ -52,6 +54,7 @@ def peak(operation, root) -> int:
 
 def per_chunk(operation, caches, monkeypatch) -> float:
     monkeypatch.setattr(index_file, "INDEX_PIECE_ENTRIES", 64)
+    monkeypatch.setattr(victims, "BLOCK", 64)
     (small, small_result), (large, large_result) = (peak(operation, root) for root in caches)
     return (large - small) / (LARGER - SMALLER), small_result, large_result
 
@@ -71,3 +74,10 @@ def test_verify_holds_nothing_a_chunk(caches, monkeypatch):
     assert not large[0].problems
     assert grown < 20, f"verify held {grown:.0f} bytes a chunk"
 
+
+
+def test_gc_holds_a_few_numbers_a_chunk(caches, monkeypatch):
+    grown, small, large = per_chunk(lambda dirs: gc(dirs, target_bytes=0, dry_run=True), caches,
+                                    monkeypatch)
+    assert small.chunks_freed == SMALLER and large.chunks_freed == LARGER  # every chunk chosen
+    assert grown < 100, f"gc held {grown:.0f} bytes a chunk"

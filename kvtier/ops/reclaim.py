@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from kvtier.io.safefs import SafeDir
 from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes
 from kvtier.ops.clock import NamespaceClock
@@ -24,7 +26,7 @@ from kvtier.ops.segments import (
     segment_problem,
     top_lock_held,
 )
-from kvtier.ops.victims import Chunk, victims
+from kvtier.ops.victims import SegmentChunks, victims
 from kvtier.segment.names import SEATS_DIR, WRITERS_DIR
 from kvtier.segment.seat_orphans import free_orphan_seats
 
@@ -72,7 +74,7 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
     once for all of them), in a dry run as well: it says what the run would do."""
     report = GcReport(dry_run=dry_run)
     note_leases(dirs)
-    chunks = []
+    chunks: list[SegmentChunks] = []
     for directory in dirs:
         if directory.unsafe:
             report.skip(report.skipped_unsafe, directory.id, directory.problem)
@@ -84,11 +86,8 @@ def gc(dirs: list[NamespaceDir], *, older_than_s: float | None = None,
                 chunks += _namespace_chunks(directory, report, removed)
         else:
             _skip_unreadable(directory, report)
-    by_segment: dict[str, tuple[Segment, list[Chunk]]] = {}
-    for chunk in victims(chunks, older_than_s, target_bytes):
-        by_segment.setdefault(chunk.segment.label, (chunk.segment, []))[1].append(chunk)
-    for segment, mine in by_segment.values():
-        _free(segment, mine, report, dry_run)
+    for written, chosen in victims(chunks, older_than_s, target_bytes):
+        _free(written, chosen, report, dry_run)
     return report
 
 
@@ -111,21 +110,24 @@ def _skip_unreadable(directory: NamespaceDir, report: GcReport) -> None:
     report.skip(report.unreadable, directory.id, why)
 
 
-def _free(segment: Segment, mine: list[Chunk], report: GcReport, dry_run: bool) -> None:
-    """Free ``mine`` (chunks of ``segment``), counting exactly those freed."""
-    freed: list[int] = [c.slot for c in mine] if dry_run else []
+def _free(written: SegmentChunks, chosen: np.ndarray, report: GcReport, dry_run: bool) -> None:
+    """Free the chunks ``chosen`` (indexes) of ``written`` (a segment's), counting exactly
+    those freed (in a dry run, every one)."""
+    segment, slots = written.segment, written.slots[chosen]
+    freed: list[int] = []
     problem = ""
     try:
         if not dry_run:
-            problem = free_slots(segment, {c.slot: c.generation for c in mine}, freed)
+            generations = written.generations[chosen].tolist()
+            problem = free_slots(segment, dict(zip(slots.tolist(), generations, strict=True)), freed)
     except OSError as exc:
         if exc.errno == errno.EBUSY:  # in use since it was looked at
             report.skip(report.skipped_in_use, segment.label)
         else:
             problem = error_text(exc, str(segment.path))
-    done = set(freed)
-    report.chunks_freed += sum(c.slot in done for c in mine)
-    report.bytes_freed += sum(c.stored_bytes for c in mine if c.slot in done)
+    done = np.isin(slots, np.array(freed, dtype=np.int64)) if not dry_run else slice(None)
+    report.chunks_freed += len(slots[done])
+    report.bytes_freed += int(written.stored_bytes[chosen][done].sum())
     if problem:
         report.left[segment.label] = [problem]
 
@@ -202,11 +204,11 @@ def _free_seats(directory: NamespaceDir, gone_s: float, report: GcReport, dry_ru
 
 
 def _namespace_chunks(directory: NamespaceDir, report: GcReport,
-                      removed: set[str]) -> list[Chunk]:
+                      removed: set[str]) -> list[SegmentChunks]:
     chunks = []
     for segment in directory.segments:
         if segment.label not in removed and _free_to_change(segment, report):
-            chunks += _chunks(segment, report)
+            chunks.append(_chunks(segment, report))
     return chunks
 
 
@@ -222,15 +224,14 @@ def _free_to_change(segment: Segment, report: GcReport) -> bool:
     return True
 
 
-def _chunks(segment: Segment, report: GcReport) -> list[Chunk]:
+def _chunks(segment: Segment, report: GcReport) -> SegmentChunks:
     try:
         with segment.open() as handle:
-            return [Chunk(segment, slot, h.generation, h.created_ns, h.payload_bytes)
-                    for slot, h in index_entries(segment, handle, slot_file_sizes(segment.meta, handle))
-                    if h is not None]
+            return SegmentChunks.of(segment, index_entries(segment, handle,
+                                                           slot_file_sizes(segment.meta, handle)))
     except OSError as exc:
         report.skip(report.skipped_unsafe, segment.label, error_text(exc, str(segment.path)))
-        return []
+        return SegmentChunks.of(segment, ())
 
 
 def _remove_stale(directory: NamespaceDir, report: GcReport, dry_run: bool) -> None:
