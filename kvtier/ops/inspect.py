@@ -106,7 +106,7 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
     if unknown is not None:
         report.problem = "; ".join(filter(None, (report.problem, halt_unknown(
             unknown, str(directory.path / HALT_FILE)))))
-    created = array("q")
+    created = array("Q")
     for segment in directory.segments:
         writer, written = inspect_segment(segment, directory.readable, file_now)
         report.writers.append(writer)
@@ -117,7 +117,7 @@ def inspect_namespace(directory: NamespaceDir, now: float | None = None) -> Name
             report.status = "unsafe"
             report.problem = "; ".join(filter(None, (report.problem, writer.problem)))
     if created:
-        ages = np.maximum(0.0, now - np.frombuffer(created, dtype=np.int64) / 1e9)
+        ages = np.maximum(0.0, now - np.frombuffer(created, dtype=np.uint64) / 1e9)
         report.age_seconds = {"min": float(ages.min()), "median": float(np.median(ages)),
                               "max": float(ages.max())}
     return report
@@ -132,7 +132,7 @@ def inspect_segment(segment: Segment, readable: bool,
     lease's age not told)."""
     report = WriterReport(writer=segment.writer, status="unsafe" if segment.unsafe else "ok",
                           problem=segment.problem)
-    created = array("q")
+    created = array("Q")  # (a header's time is any 64-bit unsigned number)
     if segment.unsafe:
         return report, created
     try:
@@ -146,12 +146,13 @@ def inspect_segment(segment: Segment, readable: bool,
             report.in_use = bool(busy_reason(handle, lambda: file_now))
             if readable:
                 sizes = slot_file_sizes(segment.meta, handle)
-                _count_entries(report, index_entries(segment, handle, sizes), created)
+                counted, created = _count_entries(index_entries(segment, handle, sizes))
+                report.add(counted)  # (only once the whole index is read)
                 report.files, report.file_bytes = len(sizes), sum(sizes.values())
                 report.slots = sum(size // segment.meta.stride for size in sizes.values())
     except OSError as exc:
         report.status, report.problem = "unsafe", error_text(exc, str(segment.path))
-        return report, array("q")
+        return report, array("Q")
     if lease is not None:
         report.host, report.pid, report.beat = lease.host, lease.pid, lease.beat
         if written is not None and file_now is not None:
@@ -159,18 +160,18 @@ def inspect_segment(segment: Segment, readable: bool,
     return report, created
 
 
-def _count_entries(report: WriterReport, entries: Iterable[tuple[int, SlotHeader | None]],
-                   created: array[int]) -> None:
-    """Count ``entries`` into ``report`` (chunks, bytes, bad entries); their times into
-    ``created``."""
+def _count_entries(entries: Iterable[tuple[int, SlotHeader | None]]) -> tuple[Holdings, array[int]]:
+    """What ``entries`` count (chunks, bytes, bad entries), and each chunk's write time."""
+    counted, created = Holdings(), array("Q")
     for _, header in entries:
         if header is None:
-            report.bad_index_entries += 1
+            counted.bad_index_entries += 1
             continue
-        report.chunks += 1
-        report.stored_bytes += header.payload_bytes
-        report.raw_bytes += header.raw_bytes
+        counted.chunks += 1
+        counted.stored_bytes += header.payload_bytes
+        counted.raw_bytes += header.raw_bytes
         created.append(header.created_ns)
+    return counted, created
 
 
 def _first(data: dict, keys: tuple[str, ...]) -> dict:

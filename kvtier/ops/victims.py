@@ -19,6 +19,7 @@ kept of it is a head that can still be hit.
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections.abc import Iterable
@@ -132,7 +133,7 @@ def victims(groups: list[SegmentChunks], older_than_s: float | None,
     chosen = 0
     if older_than_s is not None:
         cutoff = time.time_ns() - older_than_s * 1e9  # a float: never overflows
-        old = int(np.count_nonzero(found.window_firsts < cutoff))  # old windows lead
+        old = _before(found.window_firsts, cutoff)  # old windows lead
         chosen = int(found.window_sizes[:old].sum())
     if target_bytes is not None and groups:
         stored = np.concatenate([group.stored_bytes for group in groups])[found.chunks[chosen:]]
@@ -142,8 +143,18 @@ def victims(groups: list[SegmentChunks], older_than_s: float | None,
     picked = found.chunks[:chosen]
     owner = np.searchsorted(found.starts, picked, side="right") - 1  # each one's segment
     by_owner = np.argsort(owner, kind="stable")  # (the order freed kept within each)
-    counts = np.bincount(owner, minlength=len(groups))
-    ends = np.cumsum(counts)
-    return [(group, picked[by_owner[end - count:end]] - found.starts[number])
-            for number, (group, count, end) in enumerate(zip(groups, counts, ends, strict=True))
-            if count]
+    ends = np.cumsum(np.bincount(owner, minlength=len(groups)))
+    owners, first = np.unique(owner, return_index=True)  # segments by their first victim
+    return [(groups[number], picked[by_owner[(ends[number - 1] if number else 0):ends[number]]]
+             - found.starts[number]) for number in owners[np.argsort(first)].tolist()]
+
+
+def _before(times: np.ndarray, cutoff: float) -> int:
+    """How many of ``times`` (sorted, uint64) are before ``cutoff``, compared exactly (a
+    float64 of today's nanoseconds is off by up to 256)."""
+    limit = math.ceil(cutoff)  # an integer is below the cutoff if and only if below this
+    if limit <= 0:
+        return 0
+    if limit >= 1 << 64:
+        return len(times)
+    return int(np.searchsorted(times, np.uint64(limit)))
