@@ -19,6 +19,7 @@ from kvtier.shared.followed import OwnSegments, WriterState, directory_slots
 from kvtier.shared.misreads import Misreads, proves_bad
 from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.shared.refresh import RefreshThread
+from kvtier.shared.trust import DISTRUST_S, WriterTrust
 from kvtier.shared.view import SharedView
 
 log = logging.getLogger("kvtier")
@@ -36,6 +37,7 @@ class FollowedCounts:
     writers: int
     reclaimed: int
     seats_freed: int
+    distrusted: int = 0  # times a writer whose copies kept proving bad was passed over
 
 
 class OtherWriters:
@@ -47,8 +49,10 @@ class OtherWriters:
     proved the copy bad, ``misreads.proves_bad``) drops it; any other failure (an I/O error,
     a short read, a read not over in time) leaves it found, a miss for that load only, until
     ``MISSES_IN_A_ROW`` of them in a row drop it (True when dropped); ``read_ok(refs)``
-    ends its run (``Misreads``). ``read_many(items)`` reads copies into memory, verified
-    (blocking: an I/O thread), results never exceptions: only when made with ``reads``.
+    ends its run (``Misreads``). A writer whose copies read lately mostly proved bad is
+    passed over by ``find`` for a while (``WriterTrust``: ``trust``). ``read_many(items)``
+    reads copies into memory, verified (blocking: an I/O thread), results never exceptions:
+    only when made with ``reads``.
     ``own()`` names this process's writer id of each rank on each disk path (``OwnSegments``:
     those segments are its own; None where it holds none: every writer there is followed;
     it may change between refreshes). The views are refreshed by a thread once when made
@@ -62,6 +66,7 @@ class OtherWriters:
         slots = directory_slots(raw_bytes, len(config.disk_paths), config.disk_capacity)
         self._own, self._reads = own, reads
         self._misreads = Misreads()
+        self.trust = WriterTrust(clock)
         self.views = [SharedView(config.disk_paths, ns, raw_bytes, writer, config.lease_timeout,
                                  slots, clock=clock)
                       for ns, writer in zip(namespaces, own(), strict=True)]
@@ -90,7 +95,10 @@ class OtherWriters:
         segment on one path: of rank 0's copies (a chunk written again elsewhere after one
         rank's write of it failed leaves rank 0 a copy the others lack), the first every
         other rank holds there too."""
-        for first in self.views[0].copies(key, 1 if len(self.views) == 1 else 0):
+        trust = self.trust  # a writer passed over: its copies are not offered
+        for first in self.views[0].copies(key, 0 if len(self.views) > 1 or trust.any_distrusted else 1):
+            if not trust.trusted((first.path, first.writer)):
+                continue
             chunks = [first]
             for view in self.views[1:]:
                 if (chunk := view.find_at(key, first.writer, first.path, first.slot)) is None:
@@ -101,6 +109,8 @@ class OtherWriters:
         return None
 
     def read_failed(self, refs: Refs, proven: bool) -> bool:
+        if proven:
+            self._judge(refs[0], True)
         if proven or self._misreads.missed(refs):
             self.drop(refs)
             return True
@@ -108,6 +118,14 @@ class OtherWriters:
 
     def read_ok(self, refs: Refs) -> None:
         self._misreads.forget(refs)
+        self._judge(refs[0], False)
+
+    def _judge(self, ref: SlotRef, bad: bool) -> None:
+        if self.trust.read((ref.path, ref.writer), bad):
+            log.warning("kvtier shared directory: writer %r on disk path %d: most copies of its "
+                        "read lately proved bad (its log names chunks its slots do not hold); "
+                        "its copies are passed over for %.0f s, and this engine writes its own",
+                        ref.writer, ref.path, DISTRUST_S)
 
     def read_over(self, refs: Refs, result: IOResult) -> None:
         """``read_ok`` or ``read_failed`` of ``refs``, as ``result`` says."""
@@ -134,7 +152,7 @@ class OtherWriters:
     def counts(self) -> FollowedCounts:
         return FollowedCounts(len(self.views[0]), len(self.views[0].writers()),
                               sum(v.reclaimed for v in self.views),
-                              sum(v.seats_freed for v in self.views))
+                              sum(v.seats_freed for v in self.views), self.trust.distrusted)
 
     def close(self, timeout: float | None = CLOSE_WAIT_S) -> bool:
         """Stop refreshing, waiting at most ``timeout`` for a refresh under way; one still

@@ -260,8 +260,7 @@ class Books:
             stats.demotions, stats.drops = self._stack.demotions, self._stack.drops
             self._held.retire_down_paths()
             if shared is not None:
-                stats.shared_chunks, stats.shared_writers = shared.chunks, shared.writers
-                stats.shared_reclaimed, stats.shared_seats_freed = shared.reclaimed, shared.seats_freed
+                stats.take_followed(shared)
             if remote is not None:
                 stats.remote_down, stats.remote_nodes_out = remote
             return stats.snapshot()

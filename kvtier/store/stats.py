@@ -6,6 +6,10 @@ import copy
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvtier.shared.follower import FollowedCounts
 
 log = logging.getLogger("kvtier")
 
@@ -42,6 +46,7 @@ class StoreStats:
     shared_writers: int = 0  # other writers seen, live or not
     shared_reclaimed: int = 0  # segments of writers gone that this store reclaimed
     shared_seats_freed: int = 0  # seats naming no writer that this store gave back
+    shared_writers_distrusted: int = 0  # times a writer whose copies proved bad was passed over
     remote_reads: int = 0  # chunks read from the remote store (remote_url)
     remote_read_bytes: int = 0
     remote_writes: int = 0  # chunks written to it
@@ -54,6 +59,12 @@ class StoreStats:
     remote_nodes_out: int = 0  # a cluster's nodes out of service alone now
     chunks_verified: int = 0  # compared with KV computed now (verify_against)
     verify_mismatches: Counter = field(default_factory=Counter)  # found wrong, by tier
+
+    def take_followed(self, seen: FollowedCounts) -> None:
+        """What the follower of the shared directory sees now."""
+        self.shared_chunks, self.shared_writers = seen.chunks, seen.writers
+        self.shared_reclaimed, self.shared_seats_freed = seen.reclaimed, seen.seats_freed
+        self.shared_writers_distrusted = seen.distrusted
 
     def snapshot(self) -> StoreStats:
         return copy.deepcopy(self)
@@ -140,15 +151,16 @@ def _shared_store_samples(stats: StoreStats) -> list:
     """The shared directory's metrics of a store that follows other writers' segments."""
     from kvtier.metrics import Sample
 
-    return [*shared_samples(stats.shared_chunks, stats.shared_writers,
-                            stats.shared_reclaimed, stats.shared_seats_freed),
+    return [*shared_samples(stats.shared_chunks, stats.shared_writers, stats.shared_reclaimed,
+                            stats.shared_seats_freed, stats.shared_writers_distrusted),
             Sample("shared_read_bytes_total", "counter", "Bytes read from other "
                    "writers' segments").add(stats.shared_read_bytes),
             Sample("shared_failures_total", "counter", "Reads of other writers' chunks "
                    "that failed their check or their I/O").add(stats.shared_failures)]
 
 
-def shared_samples(chunks: int, writers: int, reclaimed: int, seats_freed: int) -> list:
+def shared_samples(chunks: int, writers: int, reclaimed: int, seats_freed: int,
+                   distrusted: int) -> list:
     """The shared directory's metrics, for a store and for an engine's scheduler side."""
     from kvtier.metrics import Sample
 
@@ -157,7 +169,9 @@ def shared_samples(chunks: int, writers: int, reclaimed: int, seats_freed: int) 
             Sample("shared_reclaimed_total", "counter", "Segments of writers gone that this "
                    "one reclaimed").add(reclaimed),
             Sample("shared_seats_freed_total", "counter", "Seats naming no writer that this "
-                   "one gave back").add(seats_freed)]
+                   "one gave back").add(seats_freed),
+            Sample("shared_writers_distrusted_total", "counter", "Times a writer whose copies "
+                   "read lately mostly proved bad was passed over").add(distrusted)]
 
 
 def remote_samples(stats: StoreStats, backend: str, queued: int) -> list:

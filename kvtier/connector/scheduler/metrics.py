@@ -100,7 +100,8 @@ def metric_samples(stack: TierStack, counters: Counter, decider: LoadDecider,
     if others is not None:
         loaded.add(counters["load_chunks_shared"], tier="shared")
         seen = others.counts()
-        extra += shared_samples(seen.chunks, seen.writers, seen.reclaimed, seen.seats_freed)
+        extra += shared_samples(seen.chunks, seen.writers, seen.reclaimed, seen.seats_freed,
+                                seen.distrusted)
     if presence is not None:
         loaded.add(counters["load_chunks_remote"], tier="remote")
         extra += presence_samples(presence)
