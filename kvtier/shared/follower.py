@@ -19,7 +19,7 @@ from kvtier.shared.followed import OwnSegments, WriterState, directory_slots
 from kvtier.shared.misreads import Misreads, proves_bad
 from kvtier.shared.reads import OtherReads, SlotRef
 from kvtier.shared.refresh import RefreshThread
-from kvtier.shared.trust import DISTRUST_S, WriterTrust
+from kvtier.shared.trust import DISTRUST_S, Copy, WriterTrust
 from kvtier.shared.view import SharedView
 
 log = logging.getLogger("kvtier")
@@ -40,6 +40,11 @@ class FollowedCounts:
     distrusted: int = 0  # times a writer whose copies kept proving bad was passed over
 
 
+def _copy(refs: Refs) -> Copy:
+    """Rank 0's copy, as ``WriterTrust`` names it."""
+    return refs[0].path, refs[0].writer, refs[0].slot, refs[0].key
+
+
 class OtherWriters:
     """Contract: ``find(key)`` returns, for each rank in order, where another writer holds
     ``key``: the same writer and slot on every rank, since a writer's ranks write the slots
@@ -49,8 +54,8 @@ class OtherWriters:
     proved the copy bad, ``misreads.proves_bad``) drops it; any other failure (an I/O error,
     a short read, a read not over in time) leaves it found, a miss for that load only, until
     ``MISSES_IN_A_ROW`` of them in a row drop it (True when dropped); ``read_ok(refs)``
-    ends its run (``Misreads``). A writer whose copies read lately mostly proved bad is
-    passed over by ``find`` for a while (``WriterTrust``: ``trust``). ``read_many(items)``
+    ends its run (``Misreads``). A writer whose log names again chunks its slots were read
+    not to hold is passed over by ``find`` for a while (``WriterTrust``: ``trust``). ``read_many(items)``
     reads copies into memory, verified (blocking: an I/O thread), results never exceptions:
     only when made with ``reads``.
     ``own()`` names this process's writer id of each rank on each disk path (``OwnSegments``:
@@ -72,11 +77,17 @@ class OtherWriters:
                       for ns, writer in zip(namespaces, own(), strict=True)]
         for view in self.views:
             view.answer_timeout = config.load_timeout
-            if reads is not None:  # a segment's files closed before a reclaim deletes them
-                view.on_let_go = reads.kept.let_go_writer
+            view.on_let_go = self._let_go
         wait = answer_wait(config.load_timeout)  # a hung path's, then the other paths' looks
         self._thread = RefreshThread(self.refresh, config.share_refresh or 1.0,
                                      first_wait=None if wait is None else 2 * wait)
+
+    def _let_go(self, path: int, writer: str) -> None:
+        """A segment no longer followed (reclaimed, or gone): its files are closed before a
+        reclaim deletes them, and what it proved is forgotten (its id may be taken again)."""
+        if self._reads is not None:
+            self._reads.kept.let_go_writer(path, writer)
+        self.trust.forget((path, writer))
 
     def refresh(self) -> None:
         """Read what every other writer's log gained (blocking I/O: off any hot path)."""
@@ -109,23 +120,19 @@ class OtherWriters:
         return None
 
     def read_failed(self, refs: Refs, proven: bool) -> bool:
-        if proven:
-            self._judge(refs[0], True)
         if proven or self._misreads.missed(refs):
             self.drop(refs)
+            if proven and self.trust.bad(_copy(refs)):
+                log.warning("kvtier shared directory: writer %r on disk path %d names again "
+                            "chunks its slots were read not to hold; its copies are passed over "
+                            "for %.0f s, and this engine writes its own", refs[0].writer,
+                            refs[0].path, DISTRUST_S)
             return True
         return False
 
     def read_ok(self, refs: Refs) -> None:
         self._misreads.forget(refs)
-        self._judge(refs[0], False)
-
-    def _judge(self, ref: SlotRef, bad: bool) -> None:
-        if self.trust.read((ref.path, ref.writer), bad):
-            log.warning("kvtier shared directory: writer %r on disk path %d: most copies of its "
-                        "read lately proved bad (its log names chunks its slots do not hold); "
-                        "its copies are passed over for %.0f s, and this engine writes its own",
-                        ref.writer, ref.path, DISTRUST_S)
+        self.trust.good(_copy(refs))
 
     def read_over(self, refs: Refs, result: IOResult) -> None:
         """``read_ok`` or ``read_failed`` of ``refs``, as ``result`` says."""
