@@ -5,11 +5,12 @@
 A cache of N chunks (the tests' small layout: 4 KiB chunks, one writer) is written through a
 ``KVStore`` under DIR (a temporary directory by default), then ``inspect``, ``verify`` and
 ``gc`` (a dry run freeing every chunk: ``--target 0``) run on it, each in a process of its
-own, as the CLI calls them (``kvtier.ops``). Each reports the peak of what Python allocated
-while it ran (``tracemalloc``, numpy's arrays included), its time, and the peak's growth per
-chunk from the smallest cache to each larger one (fixed costs, such as the MiB of index
-read at a time, cancel out). Run with ``PYTHONPATH`` at another checkout to measure that
-one's commands the same way.
+own, as the CLI calls them (``kvtier.ops``); then ``gc-free``, the same ``gc`` run for
+real (every slot checked against the index, the log started afresh, the space punched
+out). Each reports the peak of what Python allocated while it ran (``tracemalloc``, numpy's
+arrays included), its time, and the peak's growth per chunk from the smallest cache to
+each larger one (fixed costs, such as the MiB of index read at a time, cancel out). Run
+with ``PYTHONPATH`` at another checkout to measure that one's commands the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("inspect", "verify", "gc")
+COMMANDS = ("inspect", "verify", "gc", "gc-free")  # gc-free last: it empties the cache
 PUT_CHUNKS = 512
 
 MEASURE = """
@@ -41,7 +42,7 @@ elif command == "verify":
     chunks = sum(w.ok for d in dirs for w in verify_namespace(d).writers)
 else:
     from kvtier.ops.reclaim import gc
-    chunks = gc(dirs, target_bytes=0, dry_run=True).chunks_freed
+    chunks = gc(dirs, target_bytes=0, dry_run=command == "gc").chunks_freed
 print(json.dumps({"chunks": chunks, "peak": tracemalloc.get_traced_memory()[1],
                   "seconds": time.perf_counter() - started}))
 """

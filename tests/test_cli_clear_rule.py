@@ -8,11 +8,13 @@ import json
 import os
 import shutil
 
+import numpy as np
 from typer.testing import CliRunner
 
 from kvtier.cli.main import app
 from kvtier.ops.cache import cache_root, namespaces, slot_file_sizes
-from kvtier.ops.segments import free_slots, index_entries
+from kvtier.ops.segments import index_entries
+from kvtier.ops.slot_freeing import free_slots
 from kvtier.segment.lease import MAX_LEASE_BYTES
 from tests.helpers.hostile import label, make_cache, namespace_of, tree_digest
 from tests.helpers.store import STRIDE
@@ -129,7 +131,8 @@ def test_an_orphan_whose_first_slot_was_freed_is_proven_by_a_later_one(tmp_path)
     with ns.segments[0].open() as handle:
         entries = dict(index_entries(ns.segments[0], handle, slot_file_sizes(ns.segments[0].meta, handle)))
     freed: list[int] = []
-    assert free_slots(ns.segments[0], {0: entries[0].generation}, freed) == ""  # as gc frees it
+    assert free_slots(ns.segments[0], np.array([0]), np.array([entries[0].generation], np.uint64),
+                      freed) == ""  # as gc frees it
     assert freed == [0] and first_data(segment / "slots-0000.kvt") > 0  # slot 0 is a hole
     (namespace_of(segment) / "namespace.json").unlink()
     (segment / "index.kvt").unlink()  # only the slots themselves can prove it

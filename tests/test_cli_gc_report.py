@@ -149,10 +149,10 @@ def test_gc_frees_nothing_in_a_segment_whose_slot_file_cannot_be_written(tmp_pat
 
 
 def test_gc_counts_the_chunks_it_freed_before_a_failure(tmp_path, monkeypatch):
-    from kvtier.ops import segments
+    from kvtier.ops import slot_freeing
 
     a, b = two_writers(tmp_path)
-    monkeypatch.setattr(segments, "_punch", failing_for("w", "slots-0000.kvt"))
+    monkeypatch.setattr(slot_freeing, "_punch", failing_for("w", "slots-0000.kvt"))
     code, data = report("gc", tmp_path, "--older-than", "0s")
     assert code == 1 and data["chunks_freed"] == 5  # every index entry was blanked
     assert sorted(data["left"]) == sorted([label(a), label(b)])

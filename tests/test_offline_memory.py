@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from kvtier import KVStore
-from kvtier.ops import victims
+from kvtier.ops import slot_freeing, victims
 from kvtier.ops.cache import cache_root, namespaces
 from kvtier.ops.inspect import inspect_namespace
 from kvtier.ops.reclaim import gc
@@ -80,4 +80,15 @@ def test_gc_holds_a_few_numbers_a_chunk(caches, monkeypatch):
     grown, small, large = per_chunk(lambda dirs: gc(dirs, target_bytes=0, dry_run=True), caches,
                                     monkeypatch)
     assert small.chunks_freed == SMALLER and large.chunks_freed == LARGER  # every chunk chosen
+    assert grown < 100, f"gc held {grown:.0f} bytes a chunk"
+
+
+def test_a_gc_that_frees_every_chunk_holds_a_few_numbers_a_chunk(tmp_path, monkeypatch):
+    """Not a dry run: the slots chosen are checked against the index, the log started afresh
+    without them, their entries blanked and their space punched out."""
+    roots = build(tmp_path / "smaller", SMALLER), build(tmp_path / "larger", LARGER)
+    monkeypatch.setattr(slot_freeing, "BLOCK", 64)
+    grown, small, large = per_chunk(lambda dirs: gc(dirs, target_bytes=0), roots, monkeypatch)
+    assert small.chunks_freed == SMALLER and large.chunks_freed == LARGER
+    assert [inspect_namespace(d).chunks for d in namespaces(cache_root(roots[1]), None)] == [0]
     assert grown < 100, f"gc held {grown:.0f} bytes a chunk"

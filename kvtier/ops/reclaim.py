@@ -8,6 +8,7 @@ Reports name a namespace by its id and a segment by its path under the cache roo
 from __future__ import annotations
 
 import errno
+from array import array
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,7 +19,6 @@ from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.provenance import damaged_reason, removal_refusal
 from kvtier.ops.removal import Removal, remove_namespace, remove_segment
 from kvtier.ops.segments import (
-    free_slots,
     idle_for,
     in_use,
     index_entries,
@@ -26,6 +26,7 @@ from kvtier.ops.segments import (
     segment_problem,
     top_lock_held,
 )
+from kvtier.ops.slot_freeing import free_slots
 from kvtier.ops.victims import SegmentChunks, victims
 from kvtier.segment.names import SEATS_DIR, WRITERS_DIR
 from kvtier.segment.seat_orphans import free_orphan_seats
@@ -114,18 +115,17 @@ def _free(written: SegmentChunks, chosen: np.ndarray, report: GcReport, dry_run:
     """Free the chunks ``chosen`` (indexes) of ``written`` (a segment's), counting exactly
     those freed (in a dry run, every one)."""
     segment, slots = written.segment, written.slots[chosen]
-    freed: list[int] = []
+    freed = array("q")
     problem = ""
     try:
         if not dry_run:
-            generations = written.generations[chosen].tolist()
-            problem = free_slots(segment, dict(zip(slots.tolist(), generations, strict=True)), freed)
+            problem = free_slots(segment, slots, written.generations[chosen], freed)
     except OSError as exc:
         if exc.errno == errno.EBUSY:  # in use since it was looked at
             report.skip(report.skipped_in_use, segment.label)
         else:
             problem = error_text(exc, str(segment.path))
-    done = np.isin(slots, np.array(freed, dtype=np.int64)) if not dry_run else slice(None)
+    done = np.isin(slots, np.frombuffer(freed, dtype=np.int64)) if not dry_run else slice(None)
     report.chunks_freed += len(slots[done])
     report.bytes_freed += int(written.stored_bytes[chosen][done].sum())
     if problem:

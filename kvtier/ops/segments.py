@@ -1,5 +1,6 @@
 """What the offline commands read and change in one writer's segment: whether it is in use,
-its index entries, the lock an operation that changes it holds, and freeing its slots.
+its index entries, the lock an operation that changes it holds, and its log started afresh
+(``kvtier.ops.slot_freeing`` frees its slots).
 
 A segment is in use when a process holds its ``lock`` (``flock``: decisive on this machine),
 or when its lease was written on another machine, not closed, and recently by the
@@ -15,17 +16,18 @@ say (where a filesystem's clients set them, by their own clocks).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import stat
 import time
+from array import array
 from collections.abc import Callable, Generator
 
-from kvtier.io.format import HEADER_BYTES, INDEX_ENTRY_BYTES, REMOVED, HeaderError, SlotHeader, decode_header
+import numpy as np
+
+from kvtier.io.format import INDEX_ENTRY_BYTES, REMOVED, SlotHeader
 from kvtier.io.safefs import CacheDirError, SafeDir, kind_of
-from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_file_sizes, slot_files
+from kvtier.ops.cache import NamespaceDir, Segment, error_text, slot_files
 from kvtier.ops.clock import NamespaceClock
 from kvtier.ops.liveness import LOOKS, changed_while_watched, note_lease
 from kvtier.segment.index_file import MAX_SLOTS, SlotLayout, valid_header, written_index_entries
@@ -33,12 +35,9 @@ from kvtier.segment.lease import MAX_LEASE_BYTES, REMOTE_LEASE_S, read_lease
 from kvtier.segment.lease_age import dated_here, remote_holder
 from kvtier.segment.lock import held_here as lock_held
 from kvtier.segment.lock import lock_namespace
-from kvtier.segment.log import entries_of
 from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 
-_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 Clock = Callable[[], int | None]  # the filesystem's clock: the time now, or None when not known
 
 def busy_reason(directory: SafeDir, clock: Clock, watch: bool = False) -> str:
@@ -207,83 +206,12 @@ def index_tombstones(segment: Segment, directory: SafeDir, sizes: dict[int, int]
     return dict(written_index_entries(directory, _index_slots(segment, sizes), REMOVED))
 
 
-def free_slots(segment: Segment, chosen: dict[int, int], freed: list[int]) -> str:
-    """Free the slots of ``chosen`` (slot: the generation of the write gc chose there) whose
-    index entry still names that write once the segment's lock is held (a writer may have
-    opened the segment and written them again since gc read it): start the segment's log
-    afresh without them (readers following it forget them first), blank their index
-    entries, then punch their space out of the files (their headers blanked where holes
-    cannot be punched). The index and slot files are all opened before anything changes,
-    and the log is restarted next, so a file that cannot be written changes nothing
-    (``OSError``). Each slot goes to ``freed`` once its index entry is blank (an error
-    part-way leaves there what was done). Returns ``rewrite_log``'s problem ("" when the
-    log was restarted, or there is none)."""
-    stride, per_file = segment.meta.stride, segment.meta.file_slots
-    with segment.open() as handle:
-        lock = hold(handle, NamespaceClock(segment.ns))
-        try:
-            index, files = _open_for_writing(handle, {slot // per_file for slot in chosen})
-            try:
-                slots = _still_chosen(index, chosen)
-                problem = rewrite_log(segment, handle, slot_file_sizes(segment.meta, handle),
-                                      set(slots))
-                for slot in slots:
-                    os.pwrite(index, bytes(INDEX_ENTRY_BYTES), slot * INDEX_ENTRY_BYTES)
-                    freed.append(slot)
-                for slot in slots:
-                    _punch(files[slot // per_file], (slot % per_file) * stride, stride)
-            finally:
-                for fd in (index, *files.values()):
-                    os.close(fd)
-        finally:
-            os.close(lock)
-    return problem
-
-
-def _still_chosen(index: int, chosen: dict[int, int]) -> list[int]:
-    """The slots of ``chosen`` whose entry in the index (open as ``index``) still names the
-    write of the generation chosen."""
-    slots = []
-    for slot, generation in sorted(chosen.items()):
-        entry = os.pread(index, INDEX_ENTRY_BYTES, slot * INDEX_ENTRY_BYTES)
-        try:
-            if decode_header(entry).generation == generation:
-                slots.append(slot)
-        except HeaderError:
-            continue
-    return slots
-
-
-def _open_for_writing(directory: SafeDir, numbers: set[int]) -> tuple[int, dict[int, int]]:
-    """Descriptors, opened for writing, of the index and of the slot files ``numbers`` (by
-    number): all of them, or none (``OSError``)."""
-    names = slot_files(directory)
-    opened: list[int] = []
-    try:
-        opened.append(directory.open_file(INDEX_FILE, os.O_RDWR))
-        for number in sorted(numbers):
-            if number not in names:
-                raise CacheDirError(errno.ENOENT, f"{directory.path}: slot file {number} is gone")
-            opened.append(directory.open_file(names[number], os.O_RDWR))
-    except BaseException:
-        for fd in opened:
-            os.close(fd)
-        raise
-    return opened[0], dict(zip(sorted(numbers), opened[1:], strict=True))
-
-
-def _punch(fd: int, offset: int, length: int) -> None:
-    """Give ``length`` bytes at ``offset`` back to the filesystem (a hole); where holes
-    cannot be made, blank the slot's header instead."""
-    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE,
-                       ctypes.c_long(offset), ctypes.c_long(length)) != 0:
-        os.pwrite(fd, bytes(HEADER_BYTES), offset)
-
-
 def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int],
-                without: set[int] | frozenset[int] = frozenset()) -> str:
+                without: np.ndarray | None = None) -> str:
     """Start the segment's ``log.kvt`` afresh from its index, less the slots ``without`` (a
-    new file with a new epoch), so that readers following the log forget what is freed.
+    new file with a new epoch), so that readers following the log forget what is freed;
+    ``without``: sorted, int64. What is kept is held as the log's records are (the slot and
+    the index entry, 136 bytes a chunk), never as a Python object a chunk.
     Only a log that is a regular file of this user is rewritten: anything else there is not
     kvtier's and is left alone, and the answer says so ("" when the log was rewritten, or
     there is none). The caller holds the segment's lock."""
@@ -292,8 +220,14 @@ def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int],
         return ""
     if problem:
         return f"{problem}; so it was not started afresh"
-    kept = [(slot, entry) for slot, entry in written_index_entries(directory, _index_slots(segment, sizes))
-            if slot not in without]
-    snapshot = entries_of(kept)
+    gone = np.empty(0, np.int64) if without is None else without
+    slots, entries = array("Q"), bytearray()
+    for slot, entry in written_index_entries(directory, _index_slots(segment, sizes)):
+        at = int(np.searchsorted(gone, slot))
+        if at == len(gone) or gone[at] != slot:
+            slots.append(slot)
+            entries += entry
+    snapshot = (np.frombuffer(slots, dtype=np.uint64),
+                np.frombuffer(entries, dtype=np.uint8).reshape(-1, INDEX_ENTRY_BYTES))
     SegmentLog(directory, segment.digest, lambda: snapshot, rotate_after=MAX_SLOTS).close()
     return ""
