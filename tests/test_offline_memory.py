@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from kvtier import KVStore
-from kvtier.ops import slot_freeing, victims
+from kvtier.ops import segments, slot_freeing, victims
 from kvtier.ops.cache import cache_root, namespaces
 from kvtier.ops.inspect import inspect_namespace
 from kvtier.ops.reclaim import gc
@@ -88,6 +88,7 @@ def test_a_gc_that_frees_every_chunk_holds_a_few_numbers_a_chunk(tmp_path, monke
     without them, their entries blanked and their space punched out."""
     roots = build(tmp_path / "smaller", SMALLER), build(tmp_path / "larger", LARGER)
     monkeypatch.setattr(slot_freeing, "BLOCK", 64)
+    monkeypatch.setattr(segments, "LOG_BLOCK", 64)
     grown, small, large = per_chunk(lambda dirs: gc(dirs, target_bytes=0), roots, monkeypatch)
     assert small.chunks_freed == SMALLER and large.chunks_freed == LARGER
     assert [inspect_namespace(d).chunks for d in namespaces(cache_root(roots[1]), None)] == [0]

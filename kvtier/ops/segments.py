@@ -39,6 +39,8 @@ from kvtier.segment.log_writer import SegmentLog
 from kvtier.segment.names import INDEX_FILE, LEASE_FILE, LOCK_FILE, LOG_FILE
 
 Clock = Callable[[], int | None]  # the filesystem's clock: the time now, or None when not known
+LOG_BLOCK = 8192  # index entries a log started afresh looks up in ``without`` at a time
+
 
 def busy_reason(directory: SafeDir, clock: Clock, watch: bool = False) -> str:
     """Why the segment open in ``directory`` is in use ("" when it is not); ``clock``: the
@@ -209,24 +211,35 @@ def index_tombstones(segment: Segment, directory: SafeDir, sizes: dict[int, int]
 def rewrite_log(segment: Segment, directory: SafeDir, sizes: dict[int, int],
                 without: np.ndarray | None = None) -> str:
     """Start the segment's ``log.kvt`` afresh from its index, less the slots ``without`` (a
-    new file with a new epoch), so that readers following the log forget what is freed;
-    ``without``: sorted, int64. What is kept is held as the log's records are (the slot and
-    the index entry, 136 bytes a chunk), never as a Python object a chunk.
-    Only a log that is a regular file of this user is rewritten: anything else there is not
-    kvtier's and is left alone, and the answer says so ("" when the log was rewritten, or
-    there is none). The caller holds the segment's lock."""
+    new file with a new epoch), so that readers following the log forget what is freed.
+    What is kept is held as the log's records are (the slot and the index entry, 136 bytes
+    a chunk), never as a Python object a chunk; ``without`` is looked up a block of entries
+    at a time. Only a log that is a regular file of this user is rewritten: anything else
+    there is not kvtier's and is left alone, and the answer says so ("" when the log was
+    rewritten, or there is none). The caller holds the segment's lock."""
     problem = _entry_problem(directory, LOG_FILE)
     if problem is None:
         return ""
     if problem:
         return f"{problem}; so it was not started afresh"
-    gone = np.empty(0, np.int64) if without is None else without
+    gone = np.unique(np.empty(0, np.int64) if without is None else without)  # sorted
     slots, entries = array("Q"), bytearray()
+    block, rows = array("Q"), bytearray()
+
+    def keep_block() -> None:
+        found = np.frombuffer(block, dtype=np.uint64).astype(np.int64)
+        at = np.minimum(np.searchsorted(gone, found), max(len(gone) - 1, 0))
+        kept = (gone[at] != found) if len(gone) else np.ones(len(found), bool)
+        slots.extend(found[kept].astype(np.uint64).tolist())
+        entries.extend(np.frombuffer(rows, np.uint8).reshape(-1, INDEX_ENTRY_BYTES)[kept].tobytes())
+        del block[:], rows[:]
+
     for slot, entry in written_index_entries(directory, _index_slots(segment, sizes)):
-        at = int(np.searchsorted(gone, slot))
-        if at == len(gone) or gone[at] != slot:
-            slots.append(slot)
-            entries += entry
+        block.append(slot)
+        rows += entry
+        if len(block) == LOG_BLOCK:
+            keep_block()
+    keep_block()
     snapshot = (np.frombuffer(slots, dtype=np.uint64),
                 np.frombuffer(entries, dtype=np.uint8).reshape(-1, INDEX_ENTRY_BYTES))
     SegmentLog(directory, segment.digest, lambda: snapshot, rotate_after=MAX_SLOTS).close()
