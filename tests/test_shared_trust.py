@@ -198,3 +198,14 @@ def test_a_writer_id_taken_again_after_its_segment_went_starts_trusted(tmp_path)
             assert again.flush()
             wait_for(lambda: reader.lookup(prompt).tokens == 4 * CHUNK)
             assert exact(reader, prompt) == 4 * CHUNK
+
+
+def test_a_new_writer_among_as_many_passed_over_as_are_counted_is_counted(monkeypatch):
+    """Every writer counted but the new one passed over: none to let go but it, kept."""
+    monkeypatch.setattr(trust_module, "MAX_WRITERS", 2)
+    trust = WriterTrust(Clock())
+    for liar in (LIAR, (0, "liar-2")):
+        for n in list(range(BAD_COPIES)) * 2:
+            trust.bad(copy(liar, n))
+    trust.good(copy(OTHER, 0))
+    assert not trust.trusted(LIAR) and not trust.trusted((0, "liar-2")) and trust.trusted(OTHER)

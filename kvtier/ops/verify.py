@@ -16,6 +16,7 @@ after a pause, and only those still bad the same way count (``kvtier.ops.recheck
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -196,8 +197,7 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
     sizes = slot_file_sizes(segment.meta, directory, scan.names)
     scan.tombstones = index_tombstones(segment, directory, sizes)
     stride, per_file = segment.meta.stride, segment.meta.file_slots
-    entries = index_entries(segment, directory, sizes)
-    try:
+    with contextlib.closing(index_entries(segment, directory, sizes)) as entries:
         index = IndexCursor(entries)
         for number, size in sizes.items():
             fd = open_slot_file(directory, scan.names[number], os.O_RDONLY)
@@ -221,8 +221,6 @@ def _scan(segment: Segment, directory: SafeDir, report: VerifyReport,
             finally:
                 os.close(fd)
         _stale(report, index.rest(), scan)  # the index names slots past the end of the files
-    finally:
-        entries.close()
     return scan
 
 

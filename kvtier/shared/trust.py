@@ -103,12 +103,14 @@ class WriterTrust:
             return None
         if reads is None or now - reads.since >= WINDOW_S:
             reads = self._reads[writer] = _Reads(now)
-            if len(self._reads) > MAX_WRITERS:
-                self._let_go_oldest(now)
         self._reads.move_to_end(writer)
+        if len(self._reads) > MAX_WRITERS:
+            self._let_go_oldest(now)
         return reads
 
     def _let_go_oldest(self, now: float) -> None:
+        """Forget the writer counted longest ago that is not passed over (never the one
+        just counted: it is the last)."""
         for name, reads in self._reads.items():
             if reads.distrusted_until <= now:
                 del self._reads[name]
