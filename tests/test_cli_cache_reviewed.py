@@ -1,7 +1,7 @@
 """The offline cache commands where a review found them wrong: an index entry naming another
-chunk than its slot holds, a halt file that cannot be removed, an empty ``--namespace``, a
-timeout too large for a timer, ``clear --json`` asking its question, ``gc --stale``'s report,
-and a ``writers/`` directory stuffed with writer-like entries."""
+chunk than its slot holds, a halt file that cannot be removed, an empty ``--namespace`` or
+one naming none, a timeout too large for a timer, ``clear --json`` asking its question,
+``gc --stale``'s report, and a ``writers/`` directory stuffed with writer-like entries."""
 
 import errno
 import fcntl
@@ -93,6 +93,24 @@ def test_an_empty_namespace_prefix_is_refused_not_taken_for_every_namespace(tmp_
         result = kvtier(command[0], root, "--namespace", "", *command[1:])
         assert result.returncode == 2 and "--namespace is empty" in result.stderr, command
     assert ns.exists()
+
+
+def test_a_namespace_prefix_naming_none_fails_and_an_empty_root_says_so(tmp_path):
+    """A typo in ``--namespace`` is not "all clear" (exit 1, naming it); a root where no
+    engine has written says that, not an empty table."""
+    root = tmp_path / "cache"
+    ns = namespace_of(make_cache(root, 1))
+    other = "f" if not ns.name.startswith("f") else "e"
+    for command in (["clear", "--yes"], ["gc", "--stale"], ["verify"], ["inspect"]):
+        result = kvtier(command[0], root, "--namespace", other, *command[1:])
+        assert result.returncode == 1, (command, result.stdout, result.stderr)
+        assert f"no namespace under {root} has an id starting with '{other}'" in result.stderr
+    assert ns.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    for command in ("verify", "inspect"):
+        result = kvtier(command, empty)
+        assert result.returncode == 0 and "no kvtier namespace under" in result.stdout, command
 
 
 def test_a_timeout_past_what_a_timer_takes_is_no_deadline(tmp_path):

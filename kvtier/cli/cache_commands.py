@@ -39,7 +39,7 @@ def _dirs(path: str, prefix: str | None) -> tuple[list[NamespaceDir], str]:
     """The namespaces under ``path`` (those whose id starts with ``prefix``), and why the
     root's were not looked at ("" when they were): it holds more entries than the commands
     list (``ROOT_LISTED``). A whole namespace id as ``prefix`` is looked up by its name, and
-    the root is not listed."""
+    the root is not listed. A ``prefix`` that names no namespace fails (exit 1)."""
     if not path:
         raise fail("PATH is empty; name a cache directory (one of the disk_paths)")
     if prefix is not None and not prefix:  # an unset shell variable: not "every namespace"
@@ -53,7 +53,11 @@ def _dirs(path: str, prefix: str | None) -> tuple[list[NamespaceDir], str]:
             raise fail(error_text(exc, path)) from exc
         return [], (f"{error_text(exc, path)}; its namespaces were not looked at (name one "
                     "with --namespace and its whole id, which is looked up without a listing)")
-    return [d for d in found if prefix is None or d.id.startswith(prefix)], ""
+    chosen = [d for d in found if prefix is None or d.id.startswith(prefix)]
+    if prefix is not None and not chosen:  # a typo in a script must not pass as "all clear"
+        raise fail(f"no namespace under {path} has an id starting with {prefix!r}; "
+                   f"`kvtier inspect {path}` lists them", code=1)
+    return chosen, ""
 
 
 @app.command()

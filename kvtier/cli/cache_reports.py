@@ -59,8 +59,20 @@ def print_root_problem(problem: str) -> None:
         console.print(_show(problem), highlight=False)
 
 
+def print_nothing_there(path: str, problem: str) -> bool:
+    """Say so, and return True, when ``path`` holds no namespace (an engine not yet started
+    there, or a path that is not a cache root: a table with no rows would not say which)."""
+    if problem:
+        return False
+    console.print(f"no kvtier namespace under {_show(path)}: no engine has written there "
+                  "(is it one of the disk_paths?)")
+    return True
+
+
 def print_inspect(path: str, reports: list[NamespaceReport], problem: str = "") -> None:
     print_root_problem(problem)
+    if not reports and print_nothing_there(path, problem):
+        return
     rows: list[tuple[str, ...]] = []
     for r in reports:
         ages = "/".join(age_text(r.age_seconds.get(k)) for k in ("min", "median", "max"))
@@ -96,6 +108,8 @@ def print_inspect(path: str, reports: list[NamespaceReport], problem: str = "") 
 
 def print_verify(path: str, reports: list[NamespaceVerify], problem: str = "") -> None:
     print_root_problem(problem)
+    if not reports and print_nothing_there(path, problem):
+        return
     rows: list[tuple[str, ...]] = []
     for r in reports:
         for w in r.writers:
