@@ -157,6 +157,8 @@ def run_spec(spec: dict) -> dict:
         from vllm.config import KVEventsConfig
 
         kwargs["kv_events_config"] = KVEventsConfig(**spec["kv_events_config"])
+    if spec.get("attention_backend"):  # e.g. CPU_MLA: the same on every x86 CPU, AMX or not
+        kwargs["attention_backend"] = spec["attention_backend"]
     llm = LLM(model=spec["model"], skip_tokenizer_init=True, enforce_eager=True,
               dtype=spec.get("dtype", "bfloat16"), max_model_len=spec.get("max_model_len", 9216),
               enable_prefix_caching=spec.get("prefix_caching", False),
