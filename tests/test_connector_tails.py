@@ -2,6 +2,7 @@
 prompt is computed and matched only by an identical prompt, which then loads all but its
 last token; loads cover the last block partly."""
 
+import dataclasses
 import hashlib
 import time
 from collections import Counter
@@ -98,6 +99,23 @@ def test_a_tail_matches_only_an_identical_prompt():
     for other in (changed, longer, shorter):  # only the full chunk
         assert side.num_new_matched_tokens(other, 0) == (CHUNK, False)
     assert side.num_new_matched_tokens(salted, 0) == (0, False)
+
+
+def test_where_the_engine_cannot_go_on_from_a_partial_hit_only_whole_prompts_are_loaded():
+    """vLLM's reference MLA backend on the CPU (``decode_only_hits``): a hit must leave one
+    token, a decode; a prompt sharing only a prefix with a stored one computes it all."""
+    side = scheduler(host_capacity=8 * GEO.chunk_bytes,
+                     geometry=dataclasses.replace(GEO, decode_only_hits=True))
+    store(side, prompt("a", 40))
+    store(side, prompt("b", 2 * CHUNK, seed=1))
+    assert side.num_new_matched_tokens(prompt("c", 40), 0) == (39, False)
+    assert side.num_new_matched_tokens(prompt("d", 2 * CHUNK, seed=1), 0) == (2 * CHUNK - 1, False)
+    longer, changed = prompt("e", 40), prompt("f", 40)
+    longer.prompt_token_ids += [5] * 10
+    changed.prompt_token_ids[-1] += 1
+    for other in (longer, changed):  # the first chunk is found: it is not loaded
+        assert side.num_new_matched_tokens(other, 0) == (0, False)
+    assert side.num_new_matched_tokens(prompt("g", 2 * CHUNK + 8, seed=1), 0) == (0, False)
 
 
 def test_a_short_prompt_with_another_salt_misses():

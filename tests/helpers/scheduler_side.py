@@ -27,13 +27,14 @@ def request(name: str, tokens: int, seed: int = 0) -> Request:
     return Request(name, tokens, [bytes([seed, i]) * 16 for i in range(tokens // BLOCK)])
 
 
-def scheduler(world: int = 1, disk=None, disk_slots=8, **extra) -> SchedulerSide:
+def scheduler(world: int = 1, disk=None, disk_slots=8, geometry: KVGeometry = GEO,
+              **extra) -> SchedulerSide:
     cfg = {"chunk_tokens": CHUNK, "host_capacity": 4 * GEO.chunk_bytes, "load_policy": "always",
            **extra}
     if disk is not None:
         cfg.update(disk_paths=[str(disk)], disk_capacity=disk_slots * (4096 + GEO.chunk_bytes))
-    namespaces = [GEO.namespace("m", "", world, r) for r in range(world)]
-    return SchedulerSide(load_config(cfg, environ={}), GEO, namespaces, world)
+    namespaces = [geometry.namespace("m", "", world, r) for r in range(world)]
+    return SchedulerSide(load_config(cfg, environ={}), geometry, namespaces, world)
 
 
 def store_all(side: SchedulerSide, req: Request, world: int = 1, disk_ok: bool = True):

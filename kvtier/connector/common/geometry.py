@@ -1,19 +1,18 @@
 """What kvtier needs to know about vLLM's paged KV cache, on both sides of the connector.
 
-The scheduler side derives it from vLLM's ``KVCacheConfig``; the worker side checks it
-against the KV tensors it is handed. A chunk in a host slot or on disk is the chunk's pages,
-layer by layer: ``(num_layers, blocks_per_chunk, page_bytes)``, whole pages copied as bytes
-(so the bytes are whatever vLLM keeps in a page, in whatever layout it uses: see
-``page_view`` for layouts whose pages are one run per head).
+The scheduler side derives it from vLLM's ``KVCacheConfig``; the worker side checks it against the KV
+tensors it is handed. A chunk in a host slot or on disk is the chunk's pages, layer by layer:
+``(num_layers, blocks_per_chunk, page_bytes)``, whole pages copied as bytes (so the bytes are whatever
+vLLM keeps in a page, in whatever layout it uses: see ``page_view`` for layouts whose pages are one run
+per head).
 
-A hybrid model (vLLM's hybrid KV cache manager on) has several KV cache groups: full
-attention, sliding window, chunked local attention, each with its own block table. A chunk
-then covers every group: the layers are in group order (the first group's layers, then the
-next group's), and a chunk's block ids are each group's blocks for its tokens, group after
-group. A group keeps no block for tokens that fell out of its window (vLLM's null block):
-those pages are neither stored (the chunk is not offered) nor loaded (nothing to fill).
-On disk each group's part of a chunk is checked on its own (``part_bytes``), so a load reads
-only the parts of the groups it fills, and a chunk no group needs is not read at all.
+A hybrid model (vLLM's hybrid KV cache manager on) has several KV cache groups: full attention, sliding
+window, chunked local attention, each with its own block table. A chunk then covers every group: the
+layers are in group order (the first group's layers, then the next group's), and a chunk's block ids are
+each group's blocks for its tokens, group after group. A group keeps no block for tokens that fell out
+of its window (vLLM's null block): those pages are neither stored (the chunk is not offered) nor loaded
+(nothing to fill). On disk each group's part of a chunk is checked on its own (``part_bytes``), so a
+load reads only the parts of the groups it fills, and a chunk no group needs is not read at all.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.messages import NULL_BLOCK
 from kvtier.connector.common.page_values import kv_run, value_dtype
+from kvtier.connector.common.prefill_support import continues_prefill
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 
@@ -52,6 +52,7 @@ class KVGeometry:
     retained_tokens: int = 0  # kept past a sliding window (vLLM's extra_retained_tokens)
     kv_run: tuple[int, int] = (0, 0)  # values of K, then of V, in turn in a page (page_values); 0s: one part
     value_dtype: str = ""  # what a page's values decode as (page_values); "": as kv_dtype
+    decode_only_hits: bool = False  # a hit must leave one token (prefill_support)
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -60,11 +61,11 @@ class KVGeometry:
 
     @property
     def loads_whole(self) -> bool:
-        """Whether a failed load must be recomputed whole, as a request, not from its first
-        failed block: with several groups vLLM cannot map a block id back to a request, and
-        with a sliding window (or chunked local attention) recomputing from a failed block
-        would need the window before it, which the load skipped (the null block). Such
-        loads are all asynchronous, the only kind vLLM takes back as a failed request."""
+        """Whether a failed load must be recomputed whole, as a request, not from its first failed block: with
+        several groups vLLM cannot map a block id back to a request, and with a sliding window (or chunked
+        local attention) recomputing from a failed block would need the window before it, which the load
+        skipped (the null block). Such loads are all asynchronous, the only kind vLLM takes back as a failed
+        request."""
         return len(self.groups) > 1 or any(k.startswith(("sliding", "local"))
                                            for k in self.group_kinds)
 
@@ -180,17 +181,16 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
     if len(shapes) != 1:
         raise ConfigError(f"kvtier: the KV cache groups of {model} lay their pages out "
                           f"differently ({', '.join(sorted(shapes))}); kvtier needs one page shape")
-    hybrid = len(groups) > 1
     return KVGeometry(
         num_layers=sum(len(g.layer_names) for g in groups), page_bytes=spec.page_size_bytes,
         block_tokens=block, hash_block_tokens=hash_block, chunk_tokens=config.chunk_tokens,
         kv_dtype=str(spec.dtype).removeprefix("torch."), page_shape=shapes.pop(),
-        group_layers=tuple(len(g.layer_names) for g in groups) if hybrid else (),
-        layer_names=tuple(name for g in groups for name in g.layer_names),
-        group_kinds=tuple(kinds),
+        group_layers=tuple(len(g.layer_names) for g in groups) if len(groups) > 1 else (),
+        layer_names=tuple(name for g in groups for name in g.layer_names), group_kinds=tuple(kinds),
         page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
         retained_tokens=max(int(getattr(s, "extra_retained_tokens", 0) or 0) for s in specs),
-        kv_run=kv_run(spec), value_dtype=value_dtype(spec, cache_dtype))
+        kv_run=kv_run(spec), value_dtype=value_dtype(spec, cache_dtype),
+        decode_only_hits=not continues_prefill(vllm_config))
 
 
 def _check_parallel(parallel) -> None:

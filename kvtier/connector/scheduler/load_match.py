@@ -56,7 +56,7 @@ class LoadMatcher:
             return None, False
         hit = min(len(locations) * chunk, limit)
         wanted = tracked.visible = hit - num_computed
-        if wanted <= 0:
+        if wanted <= 0 or self._partial(tracked, hit):
             return 0, False
         first = num_computed // chunk
         matched = locations[first:]
@@ -72,7 +72,7 @@ class LoadMatcher:
             return None, False
         needed = matched[:loadable]
         wanted = end - num_computed
-        if wanted <= 0:
+        if wanted <= 0 or self._partial(tracked, end):
             self.counters["load_cut_chunks"] += len(matched) - loadable
             return 0, False
         from_disk = sum(1 for loc in needed if loc.tier in READ)
@@ -85,6 +85,11 @@ class LoadMatcher:
         # load back as a request only then.
         tracked.asynchronous = from_disk > 0 or self.geometry.loads_whole
         return wanted, tracked.asynchronous
+
+    def _partial(self, tracked: Tracked, end: int) -> bool:
+        """Whether a load up to token ``end`` leaves vLLM more than one token to compute where
+        its attention cannot go on from a partial hit (``KVGeometry.decode_only_hits``)."""
+        return self.geometry.decode_only_hits and end < tracked.request.num_tokens - 1
 
     def _fit(self, keys: list[ChunkKey], matched: Sequence[Matched], first: int, hit: int,
              loadable: int, patient: bool) -> tuple[int | None, int]:
