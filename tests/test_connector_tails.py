@@ -102,10 +102,10 @@ def test_a_tail_matches_only_an_identical_prompt():
 
 
 def test_where_the_engine_cannot_go_on_from_a_partial_hit_only_whole_prompts_are_loaded():
-    """vLLM's reference MLA backend on the CPU (``decode_only_hits``): a hit must leave one
+    """vLLM's reference MLA backend on the CPU (``reference_cpu_mla``): a hit must leave one
     token, a decode; a prompt sharing only a prefix with a stored one computes it all."""
     side = scheduler(host_capacity=8 * GEO.chunk_bytes,
-                     geometry=dataclasses.replace(GEO, decode_only_hits=True))
+                     geometry=dataclasses.replace(GEO, reference_cpu_mla=True))
     store(side, prompt("a", 40))
     store(side, prompt("b", 2 * CHUNK, seed=1))
     assert side.num_new_matched_tokens(prompt("c", 40), 0) == (39, False)

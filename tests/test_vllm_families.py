@@ -118,7 +118,7 @@ def test_disk_hits_after_a_restart_give_the_same_outputs(runs):
 def test_a_partial_hit_is_loaded_only_where_the_engine_can_go_on_from_it(runs):
     """Prompts sharing BURST's first 520 tokens and nothing more: their first two chunks are
     on disk. vLLM's reference MLA backend on the CPU (deepseek here) computes later tokens
-    over loaded KV wrongly (``prefill_support``): there they load nothing; elsewhere they
+    over loaded KV wrongly (``reference_mla``): there they load nothing; elsewhere they
     load those chunks."""
     sharing = [BURST[0][:520] + p for p in prompts(13, 2, 180)]
     after = run_engine(spec(runs["model"], "kvtier", runs["extra"], [phase(sharing)],

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from kvtier.config.settings import KVTierConfig
 from kvtier.connector.common.messages import NULL_BLOCK
 from kvtier.connector.common.page_values import kv_run, value_dtype
-from kvtier.connector.common.prefill_support import continues_prefill
+from kvtier.connector.common.reference_mla import is_reference_cpu_mla
 from kvtier.errors import ConfigError
 from kvtier.keys import Namespace
 
@@ -52,7 +52,7 @@ class KVGeometry:
     retained_tokens: int = 0  # kept past a sliding window (vLLM's extra_retained_tokens)
     kv_run: tuple[int, int] = (0, 0)  # values of K, then of V, in turn in a page (page_values); 0s: one part
     value_dtype: str = ""  # what a page's values decode as (page_values); "": as kv_dtype
-    decode_only_hits: bool = False  # a hit must leave one token (prefill_support)
+    reference_cpu_mla: bool = False  # vLLM's reference MLA backend on the CPU (reference_mla)
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -190,7 +190,7 @@ def geometry_from_vllm(vllm_config, kv_cache_config, config: KVTierConfig) -> KV
         page_order=_page_order(getattr(kv_cache_config, "kv_cache_layout", None)),
         retained_tokens=max(int(getattr(s, "extra_retained_tokens", 0) or 0) for s in specs),
         kv_run=kv_run(spec), value_dtype=value_dtype(spec, cache_dtype),
-        decode_only_hits=not continues_prefill(vllm_config))
+        reference_cpu_mla=is_reference_cpu_mla(vllm_config, config.verify_sample))
 
 
 def _check_parallel(parallel) -> None:

@@ -88,8 +88,8 @@ class LoadMatcher:
 
     def _partial(self, tracked: Tracked, end: int) -> bool:
         """Whether a load up to token ``end`` leaves vLLM more than one token to compute where
-        its attention cannot go on from a partial hit (``KVGeometry.decode_only_hits``)."""
-        return self.geometry.decode_only_hits and end < tracked.request.num_tokens - 1
+        its attention cannot go on from a partial hit (``reference_mla``)."""
+        return self.geometry.reference_cpu_mla and end < tracked.request.num_tokens - 1
 
     def _fit(self, keys: list[ChunkKey], matched: Sequence[Matched], first: int, hit: int,
              loadable: int, patient: bool) -> tuple[int | None, int]:
