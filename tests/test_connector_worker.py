@@ -1,9 +1,11 @@
 """The connector's worker side with a synthetic paged cache: copies, disk I/O, failures."""
 
+import dataclasses
 import errno
 import time
 from collections import Counter
 
+import pytest
 import torch
 
 from kvtier.connector.common.messages import ChunkLoad, ChunkStore, RequestLoad, StepPlan
@@ -115,6 +117,24 @@ def test_a_load_without_a_host_slot_fails_cleanly(tmp_path):
                        asynchronous=True)
     side.start_loads(StepPlan(loads=[load]))
     assert side.finished() == {"r"} and side.take_invalid_blocks() == {5, 6}
+    side.close()
+
+
+@pytest.mark.parametrize("reference_cpu_mla, invalid", [(False, {9, 10}), (True, {7, 8, 9, 10})])
+def test_a_chunk_not_loaded_invalidates_the_rest_or_on_the_reference_mla_backend_all(
+        tmp_path, reference_cpu_mla, invalid):
+    """vLLM recomputes from the first invalid block. Its reference MLA backend on the CPU
+    cannot go on from part of a hit: there a load whose second chunk is not loaded reports
+    every block invalid, and its first chunk, which loaded, is not reported failed."""
+    side, _ = worker(tmp_path, disk=False)
+    side.geometry = dataclasses.replace(side.geometry, reference_cpu_mla=reference_cpu_mla)
+    side.save(StepPlan(stores=[ChunkStore(b"a" * 16, (1, 2), host_slot=0)]))
+    load = RequestLoad("r", (ChunkLoad(b"a" * 16, (7, 8), 0, 0),
+                             ChunkLoad(b"b" * 16, (9, 10), 0, host_slot=None)))
+    side.start_loads(StepPlan(loads=[load]))
+    side.finished()  # (a step's end: what vLLM asks for then)
+    assert side.take_invalid_blocks() == invalid
+    assert b"a" * 16 not in side.report().load_failed.get("r", set())
     side.close()
 
 

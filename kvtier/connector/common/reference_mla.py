@@ -1,5 +1,5 @@
-"""vLLM's reference MLA backend on the CPU (a DeepSeek-style model where the CPU has no AMX
-tiles, or where ``CPU_MLA`` is asked for), and what kvtier does differently there.
+"""vLLM's reference MLA backend on the CPU (a DeepSeek-style model where the CPU is not x86
+with AMX tiles, or where ``CPU_MLA`` is asked for), and what kvtier does differently there.
 
 It does not compute a prompt's later tokens over KV loaded for its earlier ones as it
 computes them in one pass: vLLM turns its own prefix caching and chunked prefill off there
@@ -7,7 +7,9 @@ computes them in one pass: vLLM turns its own prefix caching and chunked prefill
 request at a time), prompts whose first 512 tokens were loaded stored the KV of their next
 188 off a one-pass computation by more than float32 rounding (sampled checks found every
 such chunk), while a hit that leaves one token, computed as a decode, gives the outputs of
-no hit. So kvtier loads only such hits there (``scheduler/load_match.py``).
+no hit. So kvtier loads only such hits there (``scheduler/load_match.py``), and a load
+with a chunk that failed has every block recomputed, not those from that chunk on
+(``worker/load_copy.py``): vLLM would go on from the chunks before it.
 
 Nor does it compute a prompt's KV alike in a batch and alone: six prompts computed in one
 batch, then one at a time, differed by up to 60 % of a page's largest value from the second
@@ -47,8 +49,9 @@ def is_reference_cpu_mla(vllm_config: Any, verify_sample: float = 0.0) -> bool:
 
 
 def _amx_mla(vllm_config: Any) -> bool:
-    """Whether vLLM picks its AMX MLA backend (with its own prefix caching on): an x86 CPU
-    with AMX tiles, and ``CPU_MLA`` not asked for."""
+    """Whether vLLM serves with its AMX MLA kernels (its own prefix caching on): an x86 CPU
+    with AMX tiles, and ``CPU_MLA`` not asked for, for every layer or for MLA ones
+    (``backend_per_kind``); a DeepSeek-V4 model there has them whatever is asked for."""
     import torch
     from vllm.platforms import CpuArchEnum, current_platform
 
@@ -56,6 +59,10 @@ def _amx_mla(vllm_config: Any) -> bool:
         return False
     if not torch.cpu._is_amx_tile_supported():
         return False
-    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
-    return getattr(backend, "name", None) != "CPU_MLA"
-
+    model = getattr(vllm_config, "model_config", None)
+    if getattr(getattr(model, "hf_config", None), "model_type", None) == "deepseek_v4":
+        return True
+    attention = getattr(vllm_config, "attention_config", None)
+    asked = [getattr(attention, "backend", None),
+             *(getattr(attention, "backend_per_kind", None) or {}).values()]
+    return not any(getattr(backend, "name", backend) == "CPU_MLA" for backend in asked)

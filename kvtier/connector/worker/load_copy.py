@@ -45,12 +45,12 @@ class LoadCopy:
 
 
 def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostTier,
-                    done: LoadCopy, after: object = None) -> None:
-    """Copy ``load``'s chunks whose reads (``reads``; none for chunks held in host memory)
-    checked out into their pages (after ``after``: ``PagedKV.mark``); from the first that
-    did not, its blocks and every later chunk's are invalid. Raises on a copy that fails
-    (``done`` says what came before), once the copies queued before it are over: vLLM may
-    give the blocks to another request as soon as the load is reported."""
+                    done: LoadCopy, after: object = None, whole: bool = False) -> None:
+    """Copy ``load``'s chunks whose reads (``reads``; none for chunks held in host memory) checked
+    out into their pages (after ``after``: ``PagedKV.mark``); from the first that did not, its
+    blocks and every later chunk's are invalid, with ``whole`` every block of the load (an engine
+    that cannot go on from part of a hit: ``reference_mla``). Raises on a copy that fails (``done``
+    says what came before), once the copies queued before it are over (vLLM reuses the blocks)."""
     broken = False
     try:  # a copy that raises still waits for those queued before it (a CUDA stream)
         for chunk in load.chunks:
@@ -80,5 +80,7 @@ def copy_into_pages(load: RequestLoad, reads: Reads, pages: PagedKV, host: HostT
             done.chunks[where] = done.chunks.get(where, 0) + 1
             if result is not None:
                 done.copied[where] += moved
+        if whole and done.invalid:  # vLLM recomputes from the load's first block
+            done.invalid.update(b for c in load.chunks for b in c.block_ids if b != NULL_BLOCK)
     finally:
         pages.synchronize()

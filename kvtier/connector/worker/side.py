@@ -191,7 +191,7 @@ class WorkerSide:
         pages, host = self._attached()
         done = LoadCopy()
         try:
-            copy_into_pages(load, reads, pages, host, done, after)
+            copy_into_pages(load, reads, pages, host, done, after, self.geometry.reference_cpu_mla)
         except Exception as exc:  # never take the engine down: recompute instead
             self._ledger.unexpected("load failed", load.req_id, exc)
             done.fail_all(load)
