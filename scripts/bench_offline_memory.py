@@ -17,36 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("inspect", "verify", "gc", "gc-free")  # gc-free last: it empties the cache
+HELPER_NAMES = {"inspect": "inspect", "verify": "verify", "gc": "gc-dry", "gc-free": "gc"}
 PUT_CHUNKS = 512
-
-MEASURE = """
-import json, sys, time, tracemalloc
-from kvtier.ops.cache import cache_root, namespaces
-command, root = sys.argv[1], sys.argv[2]
-dirs = namespaces(cache_root(root), None)
-tracemalloc.start()
-started = time.perf_counter()
-if command == "inspect":
-    from kvtier.ops.inspect import inspect_namespace
-    chunks = sum(inspect_namespace(d).chunks for d in dirs)
-elif command == "verify":
-    from kvtier.ops.verify import verify_namespace
-    chunks = sum(w.ok for d in dirs for w in verify_namespace(d).writers)
-else:
-    from kvtier.ops.reclaim import gc
-    chunks = gc(dirs, target_bytes=0, dry_run=command == "gc").chunks_freed
-print(json.dumps({"chunks": chunks, "peak": tracemalloc.get_traced_memory()[1],
-                  "seconds": time.perf_counter() - started}))
-"""
-
 
 def build(root: Path, chunks: int) -> None:
     sys.path.insert(0, str(ROOT))
@@ -65,9 +43,13 @@ def build(root: Path, chunks: int) -> None:
 
 
 def measure(command: str, root: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", MEASURE, command, str(root)], check=True,
-                          capture_output=True, text=True, env=os.environ)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """``command`` run on the cache at ``root`` in a process of its own, reading as the CLI
+    does (``tests/helpers/peak_memory.py``)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.peak_memory import peak
+
+    found = peak(HELPER_NAMES[command], root, small_pieces=False, timeout=3600)
+    return {key: found[key] for key in ("chunks", "peak", "seconds")}
 
 
 def main() -> None:

@@ -3,11 +3,10 @@ a load whose second chunk is corrupt on disk has the whole prompt recomputed in 
 not from that chunk on over the first. Were it recomputed so, the chunk stored again would
 be KV that a one-pass computation does not give, which a sampled check then finds."""
 
-import json
-
 import pytest
 
 from tests.helpers.vllm_engine import (
+    corrupt_every_slot,
     disk_extra,
     family_model,
     have_vllm,
@@ -24,14 +23,6 @@ PROMPT = prompts(11, 1, 1000)  # three chunks of 256 tokens and a tail
 REFERENCE = {"attention_backend": "CPU_MLA"}
 
 
-def flip_a_byte_of_slot(disk, slot: int) -> None:
-    (slots,) = disk.glob("*/writers/*/slots-0000.kvt")
-    stride = json.loads((slots.parents[2] / "namespace.json").read_text())["stride"]
-    data = bytearray(slots.read_bytes())
-    data[slot * stride + 4096 + 12345] ^= 0xFF
-    slots.write_bytes(bytes(data))
-
-
 def test_a_chunk_failed_after_the_first_has_the_whole_prompt_recomputed(tmp_path_factory):
     work = tmp_path_factory.mktemp("reference-mla")
     model = family_model(tmp_path_factory.getbasetemp(), "deepseek")
@@ -39,7 +30,7 @@ def test_a_chunk_failed_after_the_first_has_the_whole_prompt_recomputed(tmp_path
     disk.mkdir(mode=0o700)
     extra = {**disk_extra(disk, 256), "verify_sample": 0, "verify_halt_after": 0}
     run_engine(spec(model, "kvtier", extra, [phase(PROMPT)], **REFERENCE), work, "store")
-    flip_a_byte_of_slot(disk, 1)  # a fresh disk takes a prompt's chunks in order: its second
+    corrupt_every_slot(disk, only=1)  # a fresh disk takes a prompt's chunks in order: its second
     again = run_engine(spec(model, "kvtier", extra, [phase(PROMPT)], **REFERENCE), work, "again")
     assert again["kvtier"]["load_failed_chunks"] == 1
     assert again["phases"][0][0]["cached"] == 0  # every block recomputed (999 from chunk 1 on)

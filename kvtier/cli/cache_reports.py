@@ -59,19 +59,17 @@ def print_root_problem(problem: str) -> None:
         console.print(_show(problem), highlight=False)
 
 
-def print_nothing_there(path: str, problem: str) -> bool:
-    """Say so, and return True, when ``path`` holds no namespace (an engine not yet started
-    there, or a path that is not a cache root: a table with no rows would not say which)."""
-    if problem:
-        return False
+def print_nothing_there(path: str) -> None:
+    """Say that ``path`` holds no namespace (an engine not yet started there, or a path that
+    is not a cache root: a table with no rows would not say which)."""
     console.print(f"no kvtier namespace under {_show(path)}: no engine has written there "
                   "(is it one of the disk_paths?)")
-    return True
 
 
 def print_inspect(path: str, reports: list[NamespaceReport], problem: str = "") -> None:
     print_root_problem(problem)
-    if not reports and print_nothing_there(path, problem):
+    if not reports and not problem:
+        print_nothing_there(path)
         return
     rows: list[tuple[str, ...]] = []
     for r in reports:
@@ -108,7 +106,8 @@ def print_inspect(path: str, reports: list[NamespaceReport], problem: str = "") 
 
 def print_verify(path: str, reports: list[NamespaceVerify], problem: str = "") -> None:
     print_root_problem(problem)
-    if not reports and print_nothing_there(path, problem):
+    if not reports and not problem:
+        print_nothing_there(path)
         return
     rows: list[tuple[str, ...]] = []
     for r in reports:

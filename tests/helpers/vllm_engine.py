@@ -61,12 +61,13 @@ def disk_extra(disk: Path, chunk_tokens: int) -> dict:
             "disk_capacity": "256MiB", "load_policy": "always"}
 
 
-def corrupt_every_slot(disk: Path) -> None:
-    """Flip a byte in the payload of every slot of the one namespace under ``disk``."""
+def corrupt_every_slot(disk: Path, only: int | None = None) -> None:
+    """Flip a byte in the payload of every slot (or of slot ``only``) of the one namespace
+    under ``disk``."""
     (slots,) = disk.glob("*/writers/*/slots-0000.kvt")
     stride = json.loads((slots.parents[2] / "namespace.json").read_text())["stride"]
     data = bytearray(slots.read_bytes())
-    for slot in range(len(data) // stride):
+    for slot in range(len(data) // stride) if only is None else (only,):
         data[slot * stride + 4096 + 12345] ^= 0xFF
     slots.write_bytes(bytes(data))
 
